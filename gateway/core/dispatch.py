@@ -1,0 +1,156 @@
+"""Dispatchers: the global choice of a worker for a ready call.
+
+A dispatcher gets a ``DispatchView`` (a snapshot: the call's predicted compute time and each worker's
+predicted queue time, queue length and in-flight count, all computed by the scheduler) and returns a
+worker index. It never fetches or mutates shared state; a dispatcher may keep its own small state
+(the round-robin pointer, its RNG).
+
+Registered dispatchers (``DISPATCHERS``):
+
+``rr``   round-robin over the workers, ignoring load and speed. What vLLM deployments behind a plain
+         Kubernetes Service or an nginx upstream get, and the paper's vLLM baseline.
+``p2c``  power of two choices on queue length (queued + in flight): two distinct workers sampled at
+         random, the shorter wins. Ray Serve's default request router.
+``lw``   least predicted outstanding work: the worker with the smallest ``t_queue`` (seconds of work
+         per batch slot). AIBrix's least-busy-time and llm-d's load-aware scorers do this; it is the
+         strongest simple baseline. Ties go to the worker that computes the call fastest.
+``wb``   HexGen-Flow's workload-balanced, heterogeneity-aware score (below).
+
+The ``wb`` score, normalised (the paper leaves beta and the t_queue -> 0 case open):
+
+    Score(q, m) = (1 - alpha) * beta / (beta + t_queue(m)) - alpha * t_comp(q, m) / beta
+    beta        = min over m of t_comp(q, m)
+
+``beta`` is the call's best-case compute time, which makes both terms dimensionless: the load term is
+in (0, 1] and equals 1 for an idle worker (no division by zero), the compute term is alpha times how
+many times slower than the fastest worker m is for this call. alpha = 0 is pure load balancing (the
+``lw`` choice), alpha = 1 always picks the fastest GPU; in between, heavy calls go to fast GPUs while
+light calls spill onto idle slow ones. The highest score wins; ties go to the lower ``t_comp``, then the
+lower index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Rng(Protocol):
+    """The part of ``random.Random`` a dispatcher may use; injected, never created here."""
+
+    def random(self) -> float:
+        """A float in [0, 1)."""
+        ...
+
+
+@dataclass(slots=True)
+class DispatchView:
+    """What a dispatcher sees for one call; lists are indexed by worker, only eligible workers included.
+
+    ``workers`` holds the eligible worker indices; the other lists are aligned with it.
+    """
+
+    workers: Sequence[int]
+    t_comp: Sequence[float]
+    t_queue: Sequence[float]
+    queue_len: Sequence[int]
+    inflight: Sequence[int]
+    alpha: float
+
+
+class Dispatcher(Protocol):
+    """Chooses a worker for a call. Returns a position in ``view.workers``."""
+
+    def choose(self, view: DispatchView) -> int:
+        """Position (in ``view.workers``) of the chosen worker."""
+        ...
+
+
+class RoundRobin:
+    """vLLM behind a plain load balancer: the next worker in turn."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def choose(self, view: DispatchView) -> int:
+        """The first eligible worker at or after the turn pointer (by worker index), wrapping around.
+
+        Walking by worker index means a temporarily ineligible worker does not shift the others' turns.
+        """
+        pos = 0
+        for i, w in enumerate(view.workers):
+            if w >= self._next:
+                pos = i
+                break
+        self._next = view.workers[pos] + 1
+        return pos
+
+
+class PowerOfTwo:
+    """Ray Serve's router: sample two distinct workers, send to the one with the shorter queue."""
+
+    def __init__(self, rng: Rng) -> None:
+        self._rng = rng
+
+    def choose(self, view: DispatchView) -> int:
+        """The shorter of two random distinct workers (queued + in flight); ties to the first sample."""
+        n = len(view.workers)
+        if n == 1:
+            return 0
+        a = int(self._rng.random() * n) % n
+        b = int(self._rng.random() * (n - 1)) % (n - 1)
+        if b >= a:
+            b += 1
+        la = view.queue_len[a] + view.inflight[a]
+        lb = view.queue_len[b] + view.inflight[b]
+        return b if lb < la else a
+
+
+class LeastWork:
+    """AIBrix least-busy-time / llm-d load-aware: least predicted outstanding work per slot."""
+
+    def choose(self, view: DispatchView) -> int:
+        """Minimum ``t_queue``; ties to the lower ``t_comp``, then the lower position."""
+        best = 0
+        for i in range(1, len(view.workers)):
+            if (view.t_queue[i], view.t_comp[i]) < (view.t_queue[best], view.t_comp[best]):
+                best = i
+        return best
+
+
+class WorkloadBalanced:
+    """HexGen-Flow's score: balance queue load against this call's compute time on each GPU."""
+
+    def choose(self, view: DispatchView) -> int:
+        """Maximum of ``(1-alpha) * beta/(beta + t_queue) - alpha * t_comp/beta``."""
+        alpha = view.alpha
+        beta = min(view.t_comp)
+        if beta <= 0.0:
+            beta = 1e-9
+        best = 0
+        best_score = -float("inf")
+        for i in range(len(view.workers)):
+            tc = view.t_comp[i]
+            score = (1.0 - alpha) * beta / (beta + view.t_queue[i]) - alpha * tc / beta
+            if score > best_score or (score == best_score and tc < view.t_comp[best]):
+                best, best_score = i, score
+        return best
+
+
+DispatcherFactory = Callable[[Rng], Dispatcher]
+
+DISPATCHERS: dict[str, DispatcherFactory] = {}
+
+
+def register_dispatcher(name: str, factory: DispatcherFactory) -> None:
+    """Register a dispatcher factory; a duplicate name raises."""
+    if name in DISPATCHERS:
+        raise ValueError(f"dispatcher {name!r} already registered")
+    DISPATCHERS[name] = factory
+
+
+register_dispatcher("rr", lambda rng: RoundRobin())
+register_dispatcher("p2c", lambda rng: PowerOfTwo(rng))
+register_dispatcher("lw", lambda rng: LeastWork())
+register_dispatcher("wb", lambda rng: WorkloadBalanced())

@@ -1,0 +1,136 @@
+"""Latency estimates: ``t_comp(call, worker)`` and ``t_queue(worker)``.
+
+``t_comp`` starts from the worker's performance profile (a lone request's latency for the call's token
+counts) and is corrected online by the observed/predicted ratio, kept per (worker, stage kind) as an
+exponentially weighted moving average. The ratio absorbs what the profile does not know: the slowdown
+of running inside a batch, a GPU that is slower than its datasheet, a different model build. A ratio
+carries the time of its last update and reads as unknown (1.0) once older than ``max_age_s``: a worker
+that has been idle for a long time is judged by its profile again.
+
+``t_queue`` is the predicted outstanding work per batch slot: the corrected ``t_comp`` of every call
+waiting in the worker's gateway queue plus the predicted remaining time of every call in flight,
+divided by the worker's capacity (calls it runs concurrently). It is 0 for an idle worker and grows
+smoothly with load, so it is well defined for the dispatch score (see ``dispatch.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.core.profile import PerfProfile
+
+
+@dataclass(slots=True)
+class Ratio:
+    """An EWMA of observed/predicted latency with the time it was last updated."""
+
+    value: float
+    updated_at: float
+    samples: int
+
+
+@dataclass(slots=True)
+class WorkerLoad:
+    """Running sums that make ``t_queue`` O(1): queued work, and in-flight work with start times."""
+
+    queued_work: float = 0.0
+    queued: int = 0
+    inflight_work: float = 0.0
+    inflight_start_sum: float = 0.0
+    inflight: int = 0
+
+    def outstanding(self, now: float) -> float:
+        """Predicted seconds of work left: queued plus in-flight remainder (each at least 10% left)."""
+        if self.inflight:
+            remaining = self.inflight_work - (self.inflight * now - self.inflight_start_sum)
+            remaining = max(remaining, 0.1 * self.inflight_work)
+        else:
+            remaining = 0.0
+        return self.queued_work + remaining
+
+
+class Estimator:
+    """Per-worker latency estimates with online correction.
+
+    Args:
+        profiles: the performance profile of each worker, by worker index.
+        capacities: concurrent calls per worker (the gateway's in-flight limit).
+        ewma: weight of a new observation in the ratio.
+        max_age_s: a ratio older than this reads as unknown.
+        clamp: observed/predicted ratios are clamped to [1/clamp, clamp] so one outlier (a request that
+            waited in vLLM's own queue, a network stall) cannot wreck the estimate.
+    """
+
+    def __init__(
+        self,
+        profiles: Sequence[PerfProfile],
+        capacities: Sequence[int],
+        *,
+        ewma: float = 0.2,
+        max_age_s: float = 600.0,
+        clamp: float = 8.0,
+    ) -> None:
+        if len(profiles) != len(capacities):
+            raise ValueError("profiles and capacities differ in length")
+        if not 0.0 < ewma <= 1.0:
+            raise ValueError("ewma must be in (0, 1]")
+        self.profiles = list(profiles)
+        self.capacities = [max(1, c) for c in capacities]
+        self.loads = [WorkerLoad() for _ in profiles]
+        self.ewma = ewma
+        self.max_age_s = max_age_s
+        self.clamp = clamp
+        self._ratios: list[dict[str, Ratio]] = [{} for _ in profiles]
+        # Profile latencies are pure functions of (worker, tokens); memoise the hot path.
+        self._base_cache: list[dict[tuple[int, int], float]] = [{} for _ in profiles]
+
+    def base_latency(self, worker: int, input_tokens: int, output_tokens: int) -> float:
+        """The profile's lone-request latency, uncorrected."""
+        cache = self._base_cache[worker]
+        key = (input_tokens, output_tokens)
+        v = cache.get(key)
+        if v is None:
+            v = self.profiles[worker].single_latency(input_tokens, output_tokens)
+            if len(cache) < 65536:
+                cache[key] = v
+        return v
+
+    def ratio(self, worker: int, kind: str, now: float) -> float:
+        """The current correction factor for (worker, kind); 1.0 when unknown or stale."""
+        r = self._ratios[worker].get(kind)
+        if r is None or now - r.updated_at > self.max_age_s:
+            return 1.0
+        return r.value
+
+    def t_comp(self, worker: int, kind: str, input_tokens: int, output_tokens: int, now: float) -> float:
+        """Predicted latency of a call on ``worker`` (profile x online correction)."""
+        return self.base_latency(worker, input_tokens, output_tokens) * self.ratio(worker, kind, now)
+
+    def t_queue(self, worker: int, now: float) -> float:
+        """Predicted outstanding work per batch slot on ``worker`` (seconds)."""
+        return self.loads[worker].outstanding(now) / self.capacities[worker]
+
+    def observe(
+        self, worker: int, kind: str, input_tokens: int, output_tokens: int, observed_s: float, now: float
+    ) -> None:
+        """Fold one observed latency into the (worker, kind) ratio."""
+        predicted = self.base_latency(worker, input_tokens, output_tokens)
+        if predicted <= 0.0 or observed_s < 0.0:
+            return
+        x = min(max(observed_s / predicted, 1.0 / self.clamp), self.clamp)
+        r = self._ratios[worker].get(kind)
+        if r is None or now - r.updated_at > self.max_age_s:
+            self._ratios[worker][kind] = Ratio(x, now, 1)
+        else:
+            r.value += self.ewma * (x - r.value)
+            r.updated_at = now
+            r.samples += 1
+
+    def ratios(self, worker: int, now: float) -> dict[str, tuple[float, float]]:
+        """``kind -> (ratio, age_s)`` of the fresh ratios of a worker, for status pages."""
+        return {
+            k: (r.value, now - r.updated_at)
+            for k, r in self._ratios[worker].items()
+            if now - r.updated_at <= self.max_age_s
+        }

@@ -1,0 +1,101 @@
+"""Iteration-time model of one vLLM engine: the numbers behind every latency estimate.
+
+vLLM runs iteration-level continuous batching: every iteration (one forward pass) processes one decode
+token for each running call plus, with chunked prefill, up to ``max_batched_tokens - decoding`` prompt
+tokens of calls still in prefill. The duration of one iteration is modelled as
+
+    t_iter = iter_base_s + token_s * tokens_in_batch + ctx_s * context_tokens_read
+
+* ``iter_base_s``: the memory-bound floor of a forward pass (reading the weights once), plus launch
+  overhead; what a batch-1 decode step costs at zero context.
+* ``token_s``: compute per batched token (``2 * params / effective FLOP/s``): prefill chunks are
+  dominated by it, large decode batches grow with it.
+* ``ctx_s``: attention over the KV cache, proportional to the context tokens read in the iteration
+  (``kv_bytes_per_token / effective bandwidth``), so decode steps slow down as contexts grow.
+
+``request_overhead_s`` is latency per request that does not occupy the GPU (API server, tokenisation,
+detokenisation, client framework); it is added to what a caller observes but does not hold a batch slot.
+
+The same profile drives the simulator's worker model, the emulated worker and the scheduler's
+``t_comp`` estimate, so the three agree by construction. The constants come from ``config/gpus.yaml``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PerfProfile:
+    """Performance model of one engine (a GPU type, a model, a tensor-parallel degree)."""
+
+    gpu: str
+    model: str
+    iter_base_s: float
+    token_s: float
+    ctx_s: float
+    request_overhead_s: float
+    kv_capacity_tokens: int
+    max_num_seqs: int
+    max_batched_tokens: int
+
+    @property
+    def name(self) -> str:
+        """``GPU/model``, the profile's display name."""
+        return f"{self.gpu}/{self.model}"
+
+    def iter_time(self, tokens: int, ctx: float) -> float:
+        """Duration of one iteration that processes ``tokens`` and reads ``ctx`` context tokens."""
+        return self.iter_base_s + self.token_s * tokens + self.ctx_s * ctx
+
+    def engine_latency(self, input_tokens: int, output_tokens: int) -> float:
+        """Time a lone request spends in the engine: chunked prefill, then one decode step per token.
+
+        The prefill's last iteration yields the first output token, so ``output_tokens - 1`` decode
+        iterations follow. Closed form of the simulator's worker model with a batch of one.
+        """
+        chunk = self.max_batched_tokens
+        full, rest = divmod(max(input_tokens, 1), chunk)
+        n_chunks = full + (1 if rest else 0)
+        # Context read while prefilling chunk i is the i*chunk tokens already in the KV cache.
+        prefill = n_chunks * self.iter_base_s + self.token_s * max(input_tokens, 1)
+        prefill += self.ctx_s * chunk * (full * (full - 1) / 2 + (full if rest else 0))
+        n = max(output_tokens - 1, 0)
+        ctx0 = max(input_tokens, 1)
+        decode = n * (self.iter_base_s + self.token_s) + self.ctx_s * (n * ctx0 + n * (n - 1) / 2)
+        return prefill + decode
+
+    def single_latency(self, input_tokens: int, output_tokens: int) -> float:
+        """What a caller observes for a lone request: engine time plus the per-request overhead."""
+        return self.request_overhead_s + self.engine_latency(input_tokens, output_tokens)
+
+    def decode_throughput(self, batch: int, mean_ctx: float) -> float:
+        """Decode tokens per second with ``batch`` running calls of mean context ``mean_ctx``."""
+        return batch / self.iter_time(batch, batch * mean_ctx)
+
+    def prefill_throughput(self, mean_ctx: float) -> float:
+        """Prompt tokens per second when every iteration is a full prefill chunk."""
+        chunk = self.max_batched_tokens
+        return chunk / self.iter_time(chunk, mean_ctx)
+
+
+def iterations_within(a: float, g: float, elapsed: float) -> int:
+    """Largest k >= 0 with ``k * a + g * k * (k - 1) / 2 <= elapsed``.
+
+    The time of k iterations whose duration starts at ``a`` and grows by ``g`` per iteration (context
+    grows linearly while the batch is unchanged). Used to find where a running segment stands.
+    """
+    if elapsed <= 0.0:
+        return 0
+    if g <= 0.0:
+        return int(elapsed / a) if a > 0.0 else 0
+    # g/2 k^2 + (a - g/2) k - elapsed = 0
+    h = a - g / 2.0
+    k = int((-h + math.sqrt(h * h + 2.0 * g * elapsed)) / g)
+    # Guard the float rounding on both sides.
+    while k > 0 and k * a + g * k * (k - 1) / 2.0 > elapsed:
+        k -= 1
+    while (k + 1) * a + g * (k + 1) * k / 2.0 <= elapsed:
+        k += 1
+    return k

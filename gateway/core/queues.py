@@ -1,0 +1,239 @@
+"""Queue disciplines: the order in which a worker's gateway-held queue releases calls.
+
+Each worker has its own queue (late binding: the gateway holds calls until the worker has a free
+slot). The scheduler fills a call's ``t_comp``, ``budget``, ``stage_cost`` and ``remaining_cost``
+before pushing it, and a discipline turns them into a static heap key, so push and pop are O(log n).
+
+Registered disciplines (``QUEUES``):
+
+``fcfs``     first come, first served: vLLM's own waiting queue (and Ray Serve's, AIBrix's).
+``urgency``  HexGen-Flow: the most urgent call first, ``U = t_comp(q, m) - (budget - waited)`` with
+             ``waited = now - ready_at``. Since ``now`` is common to every call compared, the order
+             equals ascending ``ready_at + budget - t_comp``: least slack against the stage budget.
+``edf``      earliest end-to-end deadline first (classic real-time EDF on the workflow deadline).
+``llf``      least laxity first on the end-to-end deadline: ``deadline - now - (t_comp + expected
+             remaining work of the workflow)``, the DAG-job form of LLF.
+``vtc``      virtual token counter (Sheng et al., OSDI 2024, "Fairness in Serving Large Language
+             Models"): each tenant has a counter of service received (input tokens + 2 x output tokens);
+             the backlogged tenant with the smallest counter is served next, and a tenant that becomes
+             backlogged is lifted to the smallest counter among the backlogged, so idling earns no credit.
+             Counters are shared by all workers' queues of one scheduler.
+
+Ties are broken by submission order (``call.seq``), so every discipline is deterministic.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from gateway.core.workflow import Call
+
+
+class WorkerQueue(Protocol):
+    """One worker's gateway-held queue."""
+
+    def push(self, call: Call) -> None:
+        """Add a call whose scheduling fields are filled."""
+        ...
+
+    def pop(self, now: float) -> Call | None:
+        """Remove and return the next call, or None when empty."""
+        ...
+
+    def remove(self, call: Call) -> bool:
+        """Remove a specific call (cancellation, worker removal); True if it was queued."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Call]: ...
+
+
+class FcfsQueue:
+    """First come, first served."""
+
+    def __init__(self) -> None:
+        self._q: deque[Call] = deque()
+
+    def push(self, call: Call) -> None:
+        """Append at the tail."""
+        self._q.append(call)
+
+    def pop(self, now: float) -> Call | None:
+        """The oldest call."""
+        return self._q.popleft() if self._q else None
+
+    def remove(self, call: Call) -> bool:
+        """Remove a specific call."""
+        try:
+            self._q.remove(call)
+        except ValueError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[Call]:
+        return iter(list(self._q))
+
+
+class KeyedQueue:
+    """A min-heap on a static key computed at push; removal is lazy."""
+
+    def __init__(self, key: Callable[[Call], float]) -> None:
+        self._key = key
+        self._heap: list[tuple[float, int, Call]] = []
+        self._removed: set[int] = set()
+        self._n = 0
+
+    def push(self, call: Call) -> None:
+        """Insert with the discipline's key; ``call.key`` records it for status pages and tests."""
+        call.key = self._key(call)
+        heapq.heappush(self._heap, (call.key, call.seq, call))
+        self._n += 1
+
+    def pop(self, now: float) -> Call | None:
+        """The call with the smallest key."""
+        while self._heap:
+            _, _, call = heapq.heappop(self._heap)
+            if call.seq in self._removed:
+                self._removed.discard(call.seq)
+                continue
+            self._n -= 1
+            return call
+        return None
+
+    def remove(self, call: Call) -> bool:
+        """Mark a call removed; it is skipped when it reaches the top."""
+        if call.seq in self._removed or not any(c is call for _, _, c in self._heap):
+            return False
+        self._removed.add(call.seq)
+        self._n -= 1
+        return True
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[Call]:
+        return iter([c for _, _, c in sorted(self._heap, key=lambda e: (e[0], e[1])) if c.seq not in self._removed])
+
+
+def urgency_key(call: Call) -> float:
+    """Ascending order of this key is descending urgency ``t_comp - (budget - waited)``."""
+    return call.ready_at + call.budget - call.t_comp
+
+
+def edf_key(call: Call) -> float:
+    """The workflow's absolute deadline."""
+    return call.deadline
+
+
+def llf_key(call: Call) -> float:
+    """Laxity plus ``now``: deadline minus this call's and the workflow's expected remaining work."""
+    return call.deadline - call.t_comp - call.remaining_cost
+
+
+class VtcCounters:
+    """Per-tenant virtual token counters shared by every worker queue of one scheduler."""
+
+    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
+        self.input_weight = input_weight
+        self.output_weight = output_weight
+        self.counter: dict[str, float] = {}
+        self.backlog: dict[str, int] = {}
+
+    def on_enqueue(self, tenant: str) -> None:
+        """A call of ``tenant`` was queued; lift the counter if the tenant just became backlogged."""
+        if self.backlog.get(tenant, 0) == 0:
+            active = [self.counter.get(t, 0.0) for t, n in self.backlog.items() if n > 0]
+            floor = min(active) if active else max(self.counter.values(), default=0.0)
+            self.counter[tenant] = max(self.counter.get(tenant, 0.0), floor)
+        self.backlog[tenant] = self.backlog.get(tenant, 0) + 1
+
+    def on_dequeue(self, call: Call) -> None:
+        """Charge the tenant for the call's service."""
+        t = call.tenant
+        self.backlog[t] -= 1
+        self.counter[t] = self.counter.get(t, 0.0) + (
+            self.input_weight * call.spec.input_tokens + self.output_weight * call.spec.output_tokens
+        )
+
+
+class VtcQueue:
+    """Per-tenant FIFOs; serves the backlogged tenant with the smallest shared counter."""
+
+    def __init__(self, counters: VtcCounters) -> None:
+        self._c = counters
+        self._by_tenant: dict[str, deque[Call]] = {}
+        self._n = 0
+
+    def push(self, call: Call) -> None:
+        """Append to the tenant's FIFO."""
+        self._c.on_enqueue(call.tenant)
+        self._by_tenant.setdefault(call.tenant, deque()).append(call)
+        self._n += 1
+
+    def pop(self, now: float) -> Call | None:
+        """Oldest call of the tenant with the smallest counter (ties: oldest call)."""
+        best: tuple[float, int] | None = None
+        best_q: deque[Call] | None = None
+        for tenant, q in self._by_tenant.items():
+            if not q:
+                continue
+            rank = (self._c.counter.get(tenant, 0.0), q[0].seq)
+            if best is None or rank < best:
+                best, best_q = rank, q
+        if best_q is None:
+            return None
+        call = best_q.popleft()
+        self._n -= 1
+        self._c.on_dequeue(call)
+        return call
+
+    def remove(self, call: Call) -> bool:
+        """Remove a specific call without charging its tenant."""
+        q = self._by_tenant.get(call.tenant)
+        if q is None or call not in q:
+            return False
+        q.remove(call)
+        self._n -= 1
+        self._c.backlog[call.tenant] -= 1
+        return True
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[Call]:
+        return iter(sorted((c for q in self._by_tenant.values() for c in q), key=lambda c: c.seq))
+
+
+QueueFactory = Callable[[], WorkerQueue]
+"""Makes one worker's queue. Built per scheduler by a ``QueueFamily``, so shared state stays local."""
+
+QueueFamily = Callable[[], QueueFactory]
+"""Makes the per-scheduler factory (a fresh VTC counter set per scheduler, for example)."""
+
+QUEUES: dict[str, QueueFamily] = {}
+
+
+def register_queue(name: str, family: QueueFamily) -> None:
+    """Register a queue discipline; a duplicate name raises."""
+    if name in QUEUES:
+        raise ValueError(f"queue discipline {name!r} already registered")
+    QUEUES[name] = family
+
+
+def _vtc_family() -> QueueFactory:
+    counters = VtcCounters()
+    return lambda: VtcQueue(counters)
+
+
+register_queue("fcfs", lambda: FcfsQueue)
+register_queue("urgency", lambda: lambda: KeyedQueue(urgency_key))
+register_queue("edf", lambda: lambda: KeyedQueue(edf_key))
+register_queue("llf", lambda: lambda: KeyedQueue(llf_key))
+register_queue("vtc", _vtc_family)

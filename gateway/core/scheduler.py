@@ -1,0 +1,206 @@
+"""The scheduler facade both drivers use: ``submit``, ``pop_next``, ``on_finish``.
+
+The live gateway drives it with ``time.monotonic()``, the simulator with virtual time; it holds no
+clock and no RNG of its own (the RNG is injected), so the same calls give the same decisions.
+
+Life of a call:
+    driver: call ready               -> ``submit(call, now)``: budget, dispatch, push to worker queue
+    driver: worker has a free slot   -> ``pop_next(worker, now)``: the queue discipline's choice
+    driver: call returned            -> ``on_finish(call, now, observed_s)``: loads and estimates
+    driver: call failed on a worker  -> ``on_fail(call, now)``: frees the slot; the driver resubmits
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng
+from gateway.core.estimates import Estimator
+from gateway.core.policy import Policy, get_policy
+from gateway.core.profile import PerfProfile
+from gateway.core.queues import QUEUES, WorkerQueue
+from gateway.core.slo import stage_budget
+from gateway.core.workflow import Call
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker as the scheduler knows it: a name, its performance profile and its slot count."""
+
+    name: str
+    profile: PerfProfile
+    capacity: int
+
+
+class NoEligibleWorker(RuntimeError):
+    """Every worker is marked ineligible (down or draining)."""
+
+
+class Scheduler:
+    """Global dispatch into per-worker queues, plus the estimates that drive it.
+
+    Args:
+        workers: the cluster.
+        policy: a registered policy name or a ``Policy``.
+        rng: injected randomness (for ``p2c``); any object with ``random()``.
+        alpha: the WB balance parameter; defaults to the policy's.
+        estimator: options for ``Estimator`` (``ewma``, ``max_age_s``, ``clamp``).
+    """
+
+    def __init__(
+        self,
+        workers: Sequence[WorkerInfo],
+        policy: str | Policy,
+        rng: Rng,
+        *,
+        alpha: float | None = None,
+        ewma: float = 0.2,
+        max_age_s: float = 600.0,
+    ) -> None:
+        if not workers:
+            raise ValueError("a scheduler needs at least one worker")
+        self.workers = list(workers)
+        self.policy = get_policy(policy) if isinstance(policy, str) else policy
+        self._dispatcher = DISPATCHERS[self.policy.dispatcher](rng)
+        make_queue = QUEUES[self.policy.queue]()
+        self.queues: list[WorkerQueue] = [make_queue() for _ in self.workers]
+        self.estimator = Estimator(
+            [w.profile for w in self.workers],
+            [w.capacity for w in self.workers],
+            ewma=ewma,
+            max_age_s=max_age_s,
+        )
+        self.alpha = self.policy.default_alpha if alpha is None else alpha
+        self.eligible = [True] * len(self.workers)
+        self._seq = 0
+        self._ref_cache: dict[tuple[int, int], float] = {}
+        self.dispatch_counts: list[dict[str, int]] = [{} for _ in self.workers]
+
+    @property
+    def alpha(self) -> float:
+        """The WB balance parameter in [0, 1]."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {value}")
+        self._alpha = value
+
+    def reference_cost(self, kind: str, input_tokens: int, output_tokens: int) -> float:
+        """Cluster-mean lone-request latency of a call: the common unit of stage budgets."""
+        key = (input_tokens, output_tokens)
+        v = self._ref_cache.get(key)
+        if v is None:
+            est = self.estimator
+            v = sum(est.base_latency(i, input_tokens, output_tokens) for i in range(len(self.workers)))
+            v /= len(self.workers)
+            if len(self._ref_cache) < 65536:
+                self._ref_cache[key] = v
+        return v
+
+    def set_eligible(self, worker: int, eligible: bool) -> None:
+        """Mark a worker as (in)eligible for new dispatches (health, draining)."""
+        self.eligible[worker] = eligible
+
+    def submit(self, call: Call, now: float) -> int:
+        """Compute the call's stage budget, choose a worker, and queue the call there."""
+        wf = call.workflow
+        call.stage_cost = wf.stage_cost(call.spec, self.reference_cost)
+        call.remaining_cost = wf.expected_remaining(self.reference_cost)
+        call.budget = stage_budget(wf.deadline, now, call.stage_cost, call.remaining_cost)
+        call.ready_at = now
+        self._seq += 1
+        call.seq = self._seq
+        w = self._choose(call, now)
+        self._enqueue(call, w, now)
+        return w
+
+    def _choose(self, call: Call, now: float) -> int:
+        est = self.estimator
+        spec = call.spec
+        idx = [i for i, ok in enumerate(self.eligible) if ok]
+        if not idx:
+            raise NoEligibleWorker("no eligible worker")
+        t_comp = [est.t_comp(i, spec.kind, spec.input_tokens, spec.output_tokens, now) for i in idx]
+        view = DispatchView(
+            workers=idx,
+            t_comp=t_comp,
+            t_queue=[est.t_queue(i, now) for i in idx],
+            queue_len=[len(self.queues[i]) for i in idx],
+            inflight=[est.loads[i].inflight for i in idx],
+            alpha=self._alpha,
+        )
+        pos = self._dispatcher.choose(view)
+        call.t_comp = t_comp[pos]
+        return idx[pos]
+
+    def _enqueue(self, call: Call, w: int, now: float) -> None:
+        call.worker = w
+        load = self.estimator.loads[w]
+        load.queued += 1
+        load.queued_work += call.t_comp
+        self.queues[w].push(call)
+        counts = self.dispatch_counts[w]
+        counts[call.kind] = counts.get(call.kind, 0) + 1
+
+    def pop_next(self, worker: int, now: float) -> Call | None:
+        """The next call for ``worker`` by its queue discipline; marks it in flight."""
+        call = self.queues[worker].pop(now)
+        if call is None:
+            return None
+        load = self.estimator.loads[worker]
+        load.queued -= 1
+        load.queued_work -= call.t_comp
+        if load.queued == 0:
+            load.queued_work = 0.0  # shed float drift
+        load.inflight += 1
+        load.inflight_work += call.t_comp
+        load.inflight_start_sum += now
+        call.started_at = now
+        return call
+
+    def _release(self, call: Call) -> None:
+        load = self.estimator.loads[call.worker]
+        load.inflight -= 1
+        load.inflight_work -= call.t_comp
+        load.inflight_start_sum -= call.started_at if call.started_at is not None else 0.0
+        if load.inflight == 0:
+            load.inflight_work = 0.0
+            load.inflight_start_sum = 0.0
+
+    def on_finish(self, call: Call, now: float, observed_s: float | None = None) -> None:
+        """A call returned: free its slot and correct the estimator with its observed latency."""
+        self._release(call)
+        call.finished_at = now
+        if observed_s is None and call.started_at is not None:
+            observed_s = now - call.started_at
+        if observed_s is not None:
+            s = call.spec
+            self.estimator.observe(call.worker, s.kind, s.input_tokens, s.output_tokens, observed_s, now)
+
+    def on_fail(self, call: Call, now: float) -> None:
+        """A call failed on its worker: free the slot. The driver decides whether to resubmit."""
+        self._release(call)
+        call.started_at = None
+        call.attempts += 1
+
+    def drain_worker(self, worker: int) -> list[Call]:
+        """Take every queued call off a worker (it left or went down) so the driver can resubmit them."""
+        q = self.queues[worker]
+        out = list(q)
+        for c in out:
+            q.remove(c)
+        load = self.estimator.loads[worker]
+        load.queued = 0
+        load.queued_work = 0.0
+        return out
+
+    def queue_len(self, worker: int) -> int:
+        """Calls waiting in the worker's gateway queue."""
+        return len(self.queues[worker])
+
+    def inflight(self, worker: int) -> int:
+        """Calls sent to the worker and not yet returned."""
+        return self.estimator.loads[worker].inflight

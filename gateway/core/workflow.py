@@ -1,0 +1,307 @@
+"""Workflows: DAGs of LLM calls, revealed online.
+
+A Text-to-SQL query is a chain of *stages*; a stage is a group of calls that run in parallel (two SQL
+candidates, several evaluations) or a single call (a ``revise`` round). A stage becomes ready when the
+previous one has finished; whether another ``revise`` round follows depends on executing the SQL, so the
+scheduler never sees the future of a workflow. What it may use is the workflow's *template*: the expected
+shape of the stages still to come (mean token counts, mean rounds), which is what stage budgets need.
+
+Classes:
+    CallSpec          what one LLM call asks for (stage kind, input and output tokens)
+    Call              a call inside the scheduler, with its deadline, budget and bookkeeping
+    Workflow          the interface a driver (simulator or live gateway) steps through
+    StagedWorkflow    a workflow whose stages are known to the driver (trace replay, synthetic load)
+    PhaseSpec, WorkflowTemplate, CHESS_TEMPLATE   the expected shape used for budgets
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+CostFn = Callable[[str, int, int], float]
+"""Reference cost of a call: ``cost(kind, input_tokens, output_tokens) -> seconds``."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """One LLM call as a workflow asks for it."""
+
+    kind: str
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    """A call inside the scheduler.
+
+    The driver fills the identity and request fields; ``Scheduler.submit`` fills the scheduling fields
+    (``worker``, ``t_comp``, ``budget``, ``key``); the driver records ``started_at``/``finished_at``.
+    Times are in the driver's clock (virtual seconds in the simulator, monotonic seconds live).
+    """
+
+    id: int
+    workflow: Workflow
+    spec: CallSpec
+    ready_at: float
+    seq: int = 0
+    worker: int = -1
+    t_comp: float = 0.0
+    stage_cost: float = 0.0
+    remaining_cost: float = 0.0
+    budget: float = 0.0
+    key: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempts: int = 0
+
+    @property
+    def kind(self) -> str:
+        """The stage kind (``generate_candidate``, ``revise``, ...)."""
+        return self.spec.kind
+
+    @property
+    def tenant(self) -> str:
+        """The tenant the call's workflow belongs to."""
+        return self.workflow.tenant
+
+    @property
+    def deadline(self) -> float:
+        """Absolute end-to-end deadline of the call's workflow."""
+        return self.workflow.deadline
+
+
+class Workflow:
+    """The interface a driver steps through; the scheduler reads only the attributes below.
+
+    Drivers call ``start()`` once at arrival and ``complete(spec)`` for every finished call; both return
+    the calls that became ready. ``done`` turns true after the last call completes.
+    """
+
+    wid: int
+    tenant: str
+    arrival: float
+    deadline: float
+
+    def start(self) -> list[CallSpec]:
+        """Calls ready at arrival."""
+        raise NotImplementedError
+
+    def complete(self, spec: CallSpec) -> list[CallSpec]:
+        """Record that one call finished; return the calls that became ready because of it."""
+        raise NotImplementedError
+
+    @property
+    def done(self) -> bool:
+        """True once every call of the workflow has finished."""
+        raise NotImplementedError
+
+    def stage_cost(self, spec: CallSpec, cost: CostFn) -> float:
+        """Expected duration of the stage ``spec`` belongs to (parallel calls count once)."""
+        return cost(spec.kind, spec.input_tokens, spec.output_tokens)
+
+    def expected_remaining(self, cost: CostFn) -> float:
+        """Expected duration of the stages after the current one, from the template only."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSpec:
+    """One phase of a template: a stage kind, its mean tokens, parallel width and expected rounds.
+
+    ``rounds`` is the expected number of sequential repetitions (0.8 for an optional stage that runs
+    in 80% of queries, 3.3 for revise rounds); ``width`` the number of calls run in parallel per round.
+    """
+
+    kind: str
+    input_tokens: int
+    output_tokens: int
+    rounds: float = 1.0
+    width: int = 1
+    repeatable: bool = False
+
+
+@dataclass(frozen=True)
+class WorkflowTemplate:
+    """Expected shape of a workflow: ordered phases. Used for budgets, never to peek at the future."""
+
+    name: str
+    phases: tuple[PhaseSpec, ...]
+
+    def phase_costs(self, cost: CostFn) -> list[float]:
+        """Expected duration of each phase (rounds x one call; parallel calls count once)."""
+        return [p.rounds * cost(p.kind, p.input_tokens, p.output_tokens) for p in self.phases]
+
+    def advance(self, cursor: int, kind: str) -> int:
+        """Index of the phase a new stage of ``kind`` belongs to, given the current phase ``cursor``.
+
+        A repeatable phase (revise rounds) matches its own kind again; otherwise the search starts
+        after ``cursor``, skipping optional phases that did not run. ``cursor`` is -1 before the first
+        stage. An unknown kind keeps the cursor (it adds nothing to the expected remaining cost).
+        """
+        if 0 <= cursor < len(self.phases):
+            cur = self.phases[cursor]
+            if cur.repeatable and cur.kind == kind:
+                return cursor
+        for i in range(cursor + 1, len(self.phases)):
+            if self.phases[i].kind == kind:
+                return i
+        return cursor
+
+    def remaining_after(self, index: int, rounds_done: int, cost: CostFn) -> float:
+        """Expected cost of what follows the current round of phase ``index``."""
+        costs = self.phase_costs(cost)
+        rest = sum(costs[index + 1 :])
+        if index < 0:
+            return sum(costs)
+        p = self.phases[index] if index < len(self.phases) else None
+        if p is not None and p.repeatable:
+            extra_rounds = max(p.rounds - rounds_done, 0.0)
+            rest += extra_rounds * cost(p.kind, p.input_tokens, p.output_tokens)
+        return rest
+
+    def standard_calls(self) -> list[CallSpec]:
+        """The critical path of a typical workflow: each phase with integer rounds >= 0.5, width 1."""
+        out: list[CallSpec] = []
+        for p in self.phases:
+            for _ in range(round(p.rounds)):
+                out.append(CallSpec(p.kind, p.input_tokens, p.output_tokens))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One stage of a ``StagedWorkflow``: calls that run in parallel."""
+
+    kind: str
+    calls: tuple[CallSpec, ...]
+
+
+@dataclass(eq=False)
+class StagedWorkflow(Workflow):
+    """A workflow whose stage list the driver holds (trace replay, synthetic load, single chat calls).
+
+    Stages are released one at a time, so the scheduler sees exactly what a live gateway would see.
+    """
+
+    wid: int
+    tenant: str
+    arrival: float
+    deadline: float
+    stages: Sequence[Stage]
+    template: WorkflowTemplate | None = None
+    _index: int = field(default=-1, repr=False)
+    _pending: int = field(default=0, repr=False)
+    _cursor: int = field(default=-1, repr=False)
+    _rounds: int = field(default=0, repr=False)
+
+    def start(self) -> list[CallSpec]:
+        """Release the first stage."""
+        if self._index != -1:
+            raise RuntimeError(f"workflow {self.wid} started twice")
+        return self._release_next()
+
+    def _release_next(self) -> list[CallSpec]:
+        self._index += 1
+        if self._index >= len(self.stages):
+            return []
+        stage = self.stages[self._index]
+        self._pending = len(stage.calls)
+        if self.template is not None:
+            prev_cursor = self._cursor
+            self._cursor = self.template.advance(prev_cursor, stage.kind)
+            self._rounds = self._rounds + 1 if self._cursor == prev_cursor else 1
+        return list(stage.calls)
+
+    def complete(self, spec: CallSpec) -> list[CallSpec]:
+        """One call of the current stage finished; release the next stage when all have."""
+        if self._pending <= 0:
+            raise RuntimeError(f"workflow {self.wid}: completion without a pending call")
+        self._pending -= 1
+        if self._pending > 0:
+            return []
+        return self._release_next()
+
+    @property
+    def done(self) -> bool:
+        """True once the last stage has completed."""
+        return self._index >= len(self.stages)
+
+    @property
+    def num_calls(self) -> int:
+        """Total calls of the workflow (known to the driver, not used by the scheduler)."""
+        return sum(len(s.calls) for s in self.stages)
+
+    def expected_remaining(self, cost: CostFn) -> float:
+        """Expected cost after the current stage, from the template (0 without a template)."""
+        if self.template is None:
+            return 0.0
+        return self.template.remaining_after(self._cursor, self._rounds, cost)
+
+
+def group_calls(calls: Sequence[CallSpec], parallel_kinds: frozenset[str]) -> list[Stage]:
+    """Group a flat call list into stages: consecutive calls of a parallel kind form one stage."""
+    stages: list[Stage] = []
+    run: list[CallSpec] = []
+    for c in calls:
+        if run and c.kind == run[0].kind and c.kind in parallel_kinds:
+            run.append(c)
+            continue
+        if run:
+            stages.append(Stage(run[0].kind, tuple(run)))
+        run = [c]
+    if run:
+        stages.append(Stage(run[0].kind, tuple(run)))
+    return stages
+
+
+# Stage kinds of the CHESS workflow (names as in the hexgen traces, normalised).
+IR = "information_retriever"
+KEYWORDS = "extract_keywords"
+CANDIDATE = "generate_candidate"
+REVISE = "revise"
+UNIT_TESTER = "unit_tester"
+UNIT_TEST = "generate_unit_test"
+EVALUATE = "evaluate"
+CHAT = "chat"
+
+CHESS_PARALLEL_KINDS = frozenset({CANDIDATE, EVALUATE})
+
+# Expected shape of a CHESS query, from the per-step means of the five hexgen traces (296+123 BIRD
+# questions, Llama-3.1-70B): the IR agent's first call, keyword extraction (in 83% of queries), three
+# more IR calls, 2 parallel candidates, ~3.3 revise rounds, the unit-tester agent around test generation,
+# ~5 parallel evaluations, and the final unit-tester call.
+CHESS_TEMPLATE = WorkflowTemplate(
+    name="chess",
+    phases=(
+        PhaseSpec(IR, 308, 5),
+        PhaseSpec(KEYWORDS, 667, 45, rounds=0.83),
+        PhaseSpec(IR, 308, 5, rounds=3.0, repeatable=True),
+        PhaseSpec(CANDIDATE, 11748, 678, width=2),
+        PhaseSpec(REVISE, 5963, 79, rounds=3.3, repeatable=True),
+        PhaseSpec(UNIT_TESTER, 275, 4),
+        PhaseSpec(UNIT_TEST, 1109, 103),
+        PhaseSpec(UNIT_TESTER, 275, 4),
+        PhaseSpec(EVALUATE, 961, 22, width=5),
+        PhaseSpec(UNIT_TESTER, 275, 4),
+    ),
+)
+
+# The calibration workflow: the critical path of a typical query with one call per phase and one revise
+# round; its single-request latency per GPU is what hexgen-traces' SOURCE.md publishes, and the SLO
+# is a multiple of its cluster-mean latency (as in the paper's simulator).
+STANDARD_WORKFLOW: tuple[CallSpec, ...] = (
+    CallSpec(IR, 308, 5),
+    CallSpec(KEYWORDS, 667, 45),
+    CallSpec(IR, 308, 5),
+    CallSpec(IR, 308, 5),
+    CallSpec(IR, 308, 5),
+    CallSpec(CANDIDATE, 11748, 678),
+    CallSpec(REVISE, 5963, 79),
+    CallSpec(UNIT_TESTER, 275, 4),
+    CallSpec(UNIT_TEST, 1109, 103),
+    CallSpec(UNIT_TESTER, 275, 4),
+    CallSpec(EVALUATE, 961, 22),
+    CallSpec(UNIT_TESTER, 275, 4),
+)
