@@ -76,6 +76,8 @@ class Scheduler:
         self._seq = 0
         self._ref_cache: dict[tuple[int, int], float] = {}
         self.dispatch_counts: list[dict[str, int]] = [{} for _ in self.workers]
+        # One stable bound method, so templates can cache their cost sums per scheduler.
+        self._cost = self.reference_cost
 
     @property
     def alpha(self) -> float:
@@ -107,8 +109,8 @@ class Scheduler:
     def submit(self, call: Call, now: float) -> int:
         """Compute the call's stage budget, choose a worker, and queue the call there."""
         wf = call.workflow
-        call.stage_cost = wf.stage_cost(call.spec, self.reference_cost)
-        call.remaining_cost = wf.expected_remaining(self.reference_cost)
+        call.stage_cost = wf.stage_cost(call.spec, self._cost)
+        call.remaining_cost = wf.expected_remaining(self._cost)
         call.budget = stage_budget(wf.deadline, now, call.stage_cost, call.remaining_cost)
         call.ready_at = now
         self._seq += 1

@@ -128,10 +128,25 @@ class WorkflowTemplate:
 
     name: str
     phases: tuple[PhaseSpec, ...]
+    # Per cost function: suffix sums of phase costs. Keyed by the cost function object, so a driver
+    # should pass the same object every time (the scheduler does); bounded.
+    _suffix: dict[object, list[float]] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def phase_costs(self, cost: CostFn) -> list[float]:
         """Expected duration of each phase (rounds x one call; parallel calls count once)."""
         return [p.rounds * cost(p.kind, p.input_tokens, p.output_tokens) for p in self.phases]
+
+    def _suffix_sums(self, cost: CostFn) -> list[float]:
+        sums = self._suffix.get(cost)
+        if sums is None:
+            costs = self.phase_costs(cost)
+            sums = [0.0] * (len(costs) + 1)
+            for i in range(len(costs) - 1, -1, -1):
+                sums[i] = sums[i + 1] + costs[i]
+            if len(self._suffix) >= 64:
+                self._suffix.clear()
+            self._suffix[cost] = sums
+        return sums
 
     def advance(self, cursor: int, kind: str) -> int:
         """Index of the phase a new stage of ``kind`` belongs to, given the current phase ``cursor``.
@@ -150,15 +165,16 @@ class WorkflowTemplate:
         return cursor
 
     def remaining_after(self, index: int, rounds_done: int, cost: CostFn) -> float:
-        """Expected cost of what follows the current round of phase ``index``."""
-        costs = self.phase_costs(cost)
-        rest = sum(costs[index + 1 :])
+        """Expected cost of what follows the current round of phase ``index`` (-1: before the first)."""
+        sums = self._suffix_sums(cost)
         if index < 0:
-            return sum(costs)
-        p = self.phases[index] if index < len(self.phases) else None
-        if p is not None and p.repeatable:
-            extra_rounds = max(p.rounds - rounds_done, 0.0)
-            rest += extra_rounds * cost(p.kind, p.input_tokens, p.output_tokens)
+            return sums[0]
+        rest = sums[min(index + 1, len(self.phases))]
+        if index < len(self.phases):
+            p = self.phases[index]
+            if p.repeatable:
+                extra_rounds = max(p.rounds - rounds_done, 0.0)
+                rest += extra_rounds * cost(p.kind, p.input_tokens, p.output_tokens)
         return rest
 
     def standard_calls(self) -> list[CallSpec]:
@@ -195,6 +211,14 @@ class StagedWorkflow(Workflow):
     _pending: int = field(default=0, repr=False)
     _cursor: int = field(default=-1, repr=False)
     _rounds: int = field(default=0, repr=False)
+
+    def fresh(self) -> StagedWorkflow:
+        """An unstarted copy (same id, tenant, times and stages), for replaying a workload again."""
+        return StagedWorkflow(self.wid, self.tenant, self.arrival, self.deadline, self.stages, self.template)
+
+    def shifted(self, arrival: float, deadline: float) -> StagedWorkflow:
+        """An unstarted copy with new arrival and deadline times."""
+        return StagedWorkflow(self.wid, self.tenant, arrival, deadline, self.stages, self.template)
 
     def start(self) -> list[CallSpec]:
         """Release the first stage."""

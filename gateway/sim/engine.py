@@ -1,0 +1,237 @@
+"""The simulated vLLM engine: iteration-level continuous batching with chunked prefill and KV limits.
+
+One ``SimEngine`` models one vLLM server (V1 scheduler semantics):
+
+* calls the gateway sends wait in the engine's own FIFO (vLLM's waiting queue);
+* at every iteration boundary, waiting calls are admitted in order while fewer than ``max_num_seqs``
+  run and the KV cache can hold the call's prompt plus its output (head-of-line blocking, as vLLM);
+* every iteration runs one decode token for each decoding call and fills the rest of the
+  ``max_batched_tokens`` budget with prompt chunks, first come first served (chunked prefill); the
+  iteration that finishes a prompt also yields its first output token;
+* the iteration's duration is ``PerfProfile.iter_time(tokens, context)``.
+
+Simulating every iteration would cost hundreds of events per call, so the engine advances in
+*segments*: between two changes of the batch (a prompt finishes, a call finishes, a call is admitted)
+every iteration has the same token count and the context grows linearly, so the duration of k
+iterations has a closed form and the segment is one event. A call that arrives mid-segment interrupts
+it at the next iteration boundary, exactly where vLLM would admit it.
+
+KV: a call reserves ``input + output`` tokens at admission and frees them when it finishes, so the
+engine never preempts (vLLM preempts and recomputes under KV pressure; reserving up front is the
+conservative equivalent and keeps the capacity invariant checkable).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from gateway.core.profile import PerfProfile, iterations_within
+from gateway.core.workflow import Call
+
+
+@dataclass(slots=True, eq=False)
+class _Running:
+    call: Call
+    prompt_left: int
+    out_tokens: int
+    kv: int
+    finish_d: int = 0
+    admitted_at: float = 0.0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters for invariant checks and reports."""
+
+    iterations: int = 0
+    max_running: int = 0
+    max_kv: int = 0
+    busy_s: float = 0.0
+    segments: int = 0
+
+
+@dataclass(eq=False)
+class SimEngine:
+    """One simulated vLLM server. The simulator calls ``add``, ``kick`` and ``on_wake``."""
+
+    profile: PerfProfile
+    index: int = 0
+    waiting: deque[_Running] = field(default_factory=deque)
+    stats: EngineStats = field(default_factory=EngineStats)
+
+    def __post_init__(self) -> None:
+        p = self.profile
+        self._base = p.iter_base_s
+        self._tok = p.token_s
+        self._ctx = p.ctx_s
+        self._prefill: deque[_Running] = deque()
+        self._prefill_left = 0
+        self._decode: list[tuple[int, int, _Running]] = []
+        self._d = 0  # decode iterations so far (decoders advance one token per iteration)
+        self._ctx_total = 0.0  # context tokens held by running calls
+        self._kv_used = 0
+        self._running = 0
+        self._seq = 0
+        # Current segment (valid while busy).
+        self.busy = False
+        self.version = 0
+        self._seg_start = 0.0
+        self._seg_k = 0
+        self._seg_tok = 0  # prompt tokens per iteration in this segment
+        self._seg_first = 0.0  # duration of the segment's first iteration
+        self._seg_growth = 0.0  # duration growth per iteration
+        self._seg_gctx = 0  # context growth per iteration
+        self.wake_at = 0.0
+
+    # -- what the simulator sees ------------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        """Calls admitted into the batch (prefilling or decoding)."""
+        return self._running
+
+    @property
+    def kv_used(self) -> int:
+        """KV-cache tokens reserved by running calls."""
+        return self._kv_used
+
+    def add(self, call: Call) -> None:
+        """Put a call into the engine's waiting queue; ``kick`` afterwards to let it in."""
+        s = call.spec
+        self.waiting.append(_Running(call, max(s.input_tokens, 1), max(s.output_tokens, 1),
+                                     max(s.input_tokens, 1) + max(s.output_tokens, 1)))
+
+    def kick(self, now: float) -> bool:
+        """Replan after ``add``: start if idle, or cut the running segment at the next boundary.
+
+        Returns True when a new wake-up time was set (``wake_at``, with a new ``version``).
+        """
+        if not self.busy:
+            return self._plan(now)
+        if not self._can_admit():
+            return False  # nothing could enter at the next boundary anyway
+        elapsed = now - self._seg_start
+        k = iterations_within(self._seg_first, self._seg_growth, elapsed)
+        if self._seg_time(k) < elapsed:
+            k += 1  # mid-iteration: the admission happens when the current iteration ends
+        if k >= self._seg_k:
+            return False  # the segment ends first; admission happens then
+        t = self._seg_start + self._seg_time(k)
+        self._apply(k, t)
+        return self._plan(t)
+
+    def on_wake(self, now: float) -> list[Call]:
+        """The planned segment ended at ``now``: apply it, return the calls that finished.
+
+        Leaves the engine unplanned; the simulator adds any new calls and then calls ``kick``.
+        """
+        done = self._apply(self._seg_k, now)
+        self.busy = False
+        return done
+
+    # -- internals --------------------------------------------------------------------------------
+    def _can_admit(self) -> bool:
+        if not self.waiting or self._running >= self.profile.max_num_seqs:
+            return False
+        return self._kv_used + self.waiting[0].kv <= self.profile.kv_capacity_tokens or self._running == 0
+
+    def _seg_time(self, k: int) -> float:
+        return k * self._seg_first + self._seg_growth * k * (k - 1) / 2.0
+
+    def _admit(self, now: float) -> None:
+        cap = self.profile.kv_capacity_tokens
+        max_seqs = self.profile.max_num_seqs
+        while self.waiting and self._running < max_seqs:
+            r = self.waiting[0]
+            # A call larger than the whole cache still runs alone rather than deadlocking the engine.
+            if self._kv_used + r.kv > cap and self._running > 0:
+                break
+            self.waiting.popleft()
+            r.admitted_at = now
+            self._prefill.append(r)
+            self._prefill_left += r.prompt_left
+            self._kv_used += r.kv
+            self._running += 1
+        st = self.stats
+        st.max_running = max(st.max_running, self._running)
+        st.max_kv = max(st.max_kv, self._kv_used)
+
+    def _plan(self, now: float) -> bool:
+        self._admit(now)
+        if self._running == 0:
+            self.busy = False
+            return False
+        b = len(self._decode)
+        k = 1 << 62
+        tok = 0
+        if self._prefill:
+            budget = self.profile.max_batched_tokens - b
+            if budget > 0:
+                head = self._prefill[0].prompt_left
+                k_pre = -(-head // budget)
+                if self._prefill_left >= k_pre * budget:
+                    k, tok = k_pre, budget
+                elif k_pre > 1:
+                    k, tok = k_pre - 1, budget
+                else:
+                    k, tok = 1, self._prefill_left
+        if b:
+            k = min(k, self._decode[0][0] - self._d)
+        if k <= 0 or k == 1 << 62:
+            k = 1
+        tokens = b + tok
+        self._seg_tok = tok
+        self._seg_gctx = tokens
+        self._seg_first = self._base + self._tok * tokens + self._ctx * self._ctx_total
+        self._seg_growth = self._ctx * tokens
+        self._seg_k = k
+        self._seg_start = now
+        self.busy = True
+        self.version += 1
+        self.wake_at = now + self._seg_time(k)
+        self.stats.segments += 1
+        return True
+
+    def _apply(self, k: int, now: float) -> list[Call]:
+        """Advance k iterations of the current segment, ending at ``now``."""
+        st = self.stats
+        st.iterations += k
+        st.busy_s += now - self._seg_start
+        self._d += k
+        self._ctx_total += k * self._seg_gctx
+        done: list[Call] = []
+        consume = k * self._seg_tok
+        if consume:
+            self._prefill_left -= consume
+            pre = self._prefill
+            while consume and pre:
+                r = pre[0]
+                if r.prompt_left > consume:
+                    r.prompt_left -= consume
+                    break
+                consume -= r.prompt_left
+                r.prompt_left = 0
+                pre.popleft()
+                # The last prompt chunk yields the first output token.
+                left = r.out_tokens - 1
+                if left <= 0:
+                    self._finish(r, done)
+                else:
+                    r.finish_d = self._d + left
+                    self._seq += 1
+                    heapq.heappush(self._decode, (r.finish_d, self._seq, r))
+        dec = self._decode
+        while dec and dec[0][0] <= self._d:
+            _, _, r = heapq.heappop(dec)
+            self._finish(r, done)
+        return done
+
+    def _finish(self, r: _Running, done: list[Call]) -> None:
+        s = r.call.spec
+        self._ctx_total -= max(s.input_tokens, 1) + r.out_tokens - 1
+        if self._ctx_total < 0.5:
+            self._ctx_total = 0.0
+        self._kv_used -= r.kv
+        self._running -= 1
+        done.append(r.call)

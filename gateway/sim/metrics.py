@@ -1,0 +1,72 @@
+"""Summaries of simulated (or live) runs: latency percentiles, SLO attainment, throughput."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from gateway.sim.simulator import SimResult, WorkflowRecord
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of sorted values, linear interpolation (NumPy's default)."""
+    if not sorted_values:
+        return math.nan
+    if len(sorted_values) == 1:
+        return float(sorted_values[0])
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    frac = pos - lo
+    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Headline figures of one run."""
+
+    workflows: int
+    completed: int
+    p50_s: float
+    p95_s: float
+    p99_s: float
+    mean_s: float
+    slo_attainment: float
+    throughput_qps: float
+    calls: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def summarize(result: SimResult, total: int | None = None, tenant: str | None = None) -> Summary:
+    """Summarise a run. Unfinished workflows count as missed deadlines and as infinitely late.
+
+    ``total`` is the number of workflows submitted (defaults to finished + unfinished).
+    """
+    recs: list[WorkflowRecord] = [r for r in result.workflows if tenant is None or r.tenant == tenant]
+    n_total = total if total is not None else len(recs) + (result.unfinished if tenant is None else 0)
+    lat = sorted(r.latency for r in recs)
+    missing = n_total - len(recs)
+    # Unfinished workflows are treated as later than every finished one.
+    padded = lat + [math.inf] * missing
+    met = sum(1 for r in recs if r.met)
+    if recs:
+        first = min(r.arrival for r in recs)
+        last = max(r.finish for r in recs)
+        span = last - first
+    else:
+        span = 0.0
+    return Summary(
+        workflows=n_total,
+        completed=len(recs),
+        p50_s=percentile(padded, 50),
+        p95_s=percentile(padded, 95),
+        p99_s=percentile(padded, 99),
+        mean_s=sum(lat) / len(lat) if lat else math.nan,
+        slo_attainment=met / n_total if n_total else math.nan,
+        throughput_qps=len(recs) / span if span > 0 else math.nan,
+        calls=result.num_calls,
+    )

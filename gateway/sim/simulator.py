@@ -1,0 +1,209 @@
+"""The discrete-event simulator: workflows arrive, the shared scheduler dispatches, engines batch.
+
+The event loop is SimPy-style: a heap of ``(time, seq, kind, payload)`` with a per-run counter, so
+ties are FIFO and runs are deterministic. It drives exactly the ``gateway.core.Scheduler`` the live
+gateway drives, with virtual time:
+
+    arrival      -> workflow.start() -> Scheduler.submit() each ready call -> fill the worker
+    fill worker  -> while in flight < capacity: Scheduler.pop_next() -> engine.add(); engine.kick()
+    engine wake  -> finished calls: Scheduler.on_finish() (slot free) -> result event after the
+                    profile's per-request overhead -> fill the worker again
+    result       -> workflow.complete() -> submit the calls that became ready
+
+The only randomness is the injected ``random.Random(seed)`` (used by ``p2c``); workloads are built
+before the run from their own seeds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gateway.core.policy import Policy
+from gateway.core.scheduler import Scheduler, WorkerInfo
+from gateway.core.workflow import Call, Workflow
+from gateway.sim.engine import EngineStats, SimEngine
+
+_ARRIVAL = 0
+_WAKE = 1
+_RESULT = 2
+
+
+@dataclass(slots=True)
+class WorkflowRecord:
+    """Outcome of one workflow."""
+
+    wid: int
+    tenant: str
+    arrival: float
+    deadline: float
+    finish: float
+    calls: int
+
+    @property
+    def latency(self) -> float:
+        """End-to-end latency in seconds."""
+        return self.finish - self.arrival
+
+    @property
+    def met(self) -> bool:
+        """Whether the workflow finished by its deadline."""
+        return self.finish <= self.deadline + 1e-9
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """Timeline of one call (kept when ``record_calls`` is set)."""
+
+    wid: int
+    kind: str
+    worker: int
+    ready: float
+    start: float
+    engine_done: float
+    result: float
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced."""
+
+    workflows: list[WorkflowRecord]
+    calls: list[CallRecord] = field(default_factory=list)
+    engine_stats: list[EngineStats] = field(default_factory=list)
+    dispatch_counts: list[dict[str, int]] = field(default_factory=list)
+    num_calls: int = 0
+    end_time: float = 0.0
+    unfinished: int = 0
+
+
+class Simulator:
+    """One simulated run of a workload on a cluster under one policy.
+
+    Args:
+        workers: the cluster (profiles and gateway capacities).
+        policy: policy name or object.
+        alpha: the WB balance parameter (None: the policy's default).
+        seed: seed of the scheduler's RNG.
+        record_calls: keep a ``CallRecord`` per call (for invariant tests and timelines).
+        horizon_s: stop after this much virtual time (unfinished workflows are counted).
+    """
+
+    def __init__(
+        self,
+        workers: Sequence[WorkerInfo],
+        policy: str | Policy,
+        *,
+        alpha: float | None = None,
+        seed: int = 0,
+        record_calls: bool = False,
+        horizon_s: float = float("inf"),
+    ) -> None:
+        self.workers = list(workers)
+        self.scheduler = Scheduler(self.workers, policy, random.Random(seed), alpha=alpha)
+        self.engines = [SimEngine(w.profile, i) for i, w in enumerate(self.workers)]
+        self.record_calls = record_calls
+        self.horizon_s = horizon_s
+
+    def run(self, workflows: Sequence[Workflow]) -> SimResult:
+        """Simulate until every workflow finished (or the horizon); return the records."""
+        sched = self.scheduler
+        engines = self.engines
+        caps = [w.capacity for w in self.workers]
+        overhead = [w.profile.request_overhead_s for w in self.workers]
+        heap: list[tuple[float, int, int, object]] = []
+        seq = 0
+        for wf in workflows:
+            seq += 1
+            heap.append((wf.arrival, seq, _ARRIVAL, wf))
+        heapq.heapify(heap)
+        records: list[WorkflowRecord] = []
+        call_records: list[CallRecord] = []
+        ncalls: dict[int, int] = {}
+        call_id = 0
+        pending = len(workflows)
+        now = 0.0
+
+        def fill(w: int, t: float) -> None:
+            nonlocal seq
+            eng = engines[w]
+            added = False
+            while sched.inflight(w) < caps[w]:
+                c = sched.pop_next(w, t)
+                if c is None:
+                    break
+                eng.add(c)
+                added = True
+            if added and eng.kick(t):
+                seq += 1
+                heapq.heappush(heap, (eng.wake_at, seq, _WAKE, (w, eng.version)))
+
+        def submit(wf: Workflow, specs: list[object], t: float) -> None:
+            nonlocal call_id
+            touched: list[int] = []
+            for spec in specs:
+                call_id += 1
+                c = Call(call_id, wf, spec, t)  # type: ignore[arg-type]
+                w = sched.submit(c, t)
+                if w not in touched:
+                    touched.append(w)
+            ncalls[wf.wid] = ncalls.get(wf.wid, 0) + len(specs)
+            for w in touched:
+                fill(w, t)
+
+        while heap and pending:
+            now, _, kind, payload = heapq.heappop(heap)
+            if now > self.horizon_s:
+                break
+            if kind == _WAKE:
+                w, version = payload  # type: ignore[misc]
+                eng = engines[w]
+                if version != eng.version or not eng.busy:
+                    continue
+                finished = eng.on_wake(now)
+                o = overhead[w]
+                for c in finished:
+                    started = c.started_at if c.started_at is not None else now
+                    sched.on_finish(c, now, observed_s=now + o - started)
+                    seq += 1
+                    heapq.heappush(heap, (now + o, seq, _RESULT, c))
+                    if self.record_calls:
+                        call_records.append(
+                            CallRecord(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o)
+                        )
+                fill(w, now)
+                if not eng.busy and eng.kick(now):
+                    seq += 1
+                    heapq.heappush(heap, (eng.wake_at, seq, _WAKE, (w, eng.version)))
+            elif kind == _RESULT:
+                c = payload  # type: ignore[assignment]
+                assert isinstance(c, Call)
+                wf = c.workflow
+                nxt = wf.complete(c.spec)
+                if nxt:
+                    submit(wf, list(nxt), now)
+                elif wf.done:
+                    pending -= 1
+                    records.append(
+                        WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls.get(wf.wid, 0))
+                    )
+            else:
+                wf = payload  # type: ignore[assignment]
+                assert isinstance(wf, Workflow)
+                first = wf.start()
+                if first:
+                    submit(wf, list(first), now)
+                else:
+                    pending -= 1
+                    records.append(WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, 0))
+        return SimResult(
+            workflows=records,
+            calls=call_records,
+            engine_stats=[e.stats for e in engines],
+            dispatch_counts=sched.dispatch_counts,
+            num_calls=call_id,
+            end_time=now,
+            unfinished=pending,
+        )

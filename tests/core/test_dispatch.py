@@ -1,0 +1,107 @@
+"""Dispatchers: table-driven scores and tie-breaks."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.dispatch import (
+    DISPATCHERS,
+    DispatchView,
+    LeastWork,
+    PowerOfTwo,
+    RoundRobin,
+    WorkloadBalanced,
+    register_dispatcher,
+)
+
+
+def view(t_comp: list[float], t_queue: list[float], alpha: float = 0.5, workers: list[int] | None = None,
+         queue_len: list[int] | None = None, inflight: list[int] | None = None) -> DispatchView:
+    n = len(t_comp)
+    return DispatchView(
+        workers=workers if workers is not None else list(range(n)),
+        t_comp=t_comp,
+        t_queue=t_queue,
+        queue_len=queue_len or [0] * n,
+        inflight=inflight or [0] * n,
+        alpha=alpha,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "alpha", "t_comp", "t_queue", "expected"),
+    [
+        ("alpha 0 is pure load balance", 0.0, [10.0, 20.0], [5.0, 1.0], 1),
+        ("alpha 1 always takes the fastest GPU", 1.0, [10.0, 20.0], [500.0, 0.0], 0),
+        ("heavy call goes to the fast GPU despite some queue", 0.5, [10.0, 20.0], [3.0, 0.0], 0),
+        ("light call spills onto the idle slow GPU", 0.3, [1.0, 2.0], [30.0, 0.0], 1),
+        ("idle workers: no division by zero, fastest wins", 0.5, [4.0, 8.0, 6.0], [0.0, 0.0, 0.0], 0),
+        ("equal scores tie to the lower t_comp", 0.0, [9.0, 3.0], [0.0, 0.0], 1),
+        ("equal everything ties to the lower position", 0.5, [3.0, 3.0], [1.0, 1.0], 0),
+    ],
+)
+def test_wb_score_table(name: str, alpha: float, t_comp: list[float], t_queue: list[float], expected: int) -> None:
+    assert WorkloadBalanced().choose(view(t_comp, t_queue, alpha)) == expected, name
+
+
+def test_wb_score_formula_matches_documentation() -> None:
+    # Score = (1-a) * beta/(beta + tq) - a * tc/beta with beta = min tc.
+    a, tc, tq = 0.4, [2.0, 5.0], [6.0, 0.5]
+    beta = 2.0
+    scores = [(1 - a) * beta / (beta + q) - a * c / beta for c, q in zip(tc, tq, strict=True)]
+    assert WorkloadBalanced().choose(view(tc, tq, a)) == scores.index(max(scores))
+
+
+@pytest.mark.parametrize(
+    ("t_comp", "t_queue", "expected"),
+    [
+        ([1.0, 1.0, 1.0], [3.0, 1.0, 2.0], 1),
+        ([5.0, 2.0], [1.0, 1.0], 1),  # tie on load goes to the faster worker
+        ([2.0, 2.0], [0.0, 0.0], 0),  # full tie goes to the first
+    ],
+)
+def test_least_work_picks_least_outstanding_work(t_comp: list[float], t_queue: list[float], expected: int) -> None:
+    assert LeastWork().choose(view(t_comp, t_queue)) == expected
+
+
+def test_round_robin_cycles_by_worker_index_and_skips_ineligible() -> None:
+    rr = RoundRobin()
+    picks = []
+    for _ in range(4):
+        v = view([1.0] * 3, [0.0] * 3)
+        picks.append(v.workers[rr.choose(v)])
+    assert picks == [0, 1, 2, 0]
+    # Worker 1 becomes ineligible: the turn passes to 2 without shifting later turns.
+    v = view([1.0, 1.0], [0.0, 0.0], workers=[0, 2])
+    assert v.workers[rr.choose(v)] == 2
+    v = view([1.0] * 3, [0.0] * 3)
+    assert v.workers[rr.choose(v)] == 0
+
+
+class SeqRng:
+    """A fake RNG returning a fixed sequence."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = list(values)
+
+    def random(self) -> float:
+        return self.values.pop(0)
+
+
+@pytest.mark.parametrize(
+    ("draws", "lengths", "expected"),
+    [
+        ([0.0, 0.0], [5, 1, 9], 1),  # samples 0 and 1: 1 is shorter
+        ([0.0, 0.99], [5, 1, 9], 0),  # samples 0 and 2: 0 is shorter
+        ([0.5, 0.0], [4, 4, 4], 1),  # tie keeps the first sample
+    ],
+)
+def test_power_of_two_picks_shorter_of_two_distinct_samples(draws: list[float], lengths: list[int], expected: int) -> None:
+    v = view([1.0] * 3, [0.0] * 3, queue_len=lengths)
+    assert PowerOfTwo(SeqRng(draws)).choose(v) == expected
+
+
+def test_duplicate_dispatcher_registration_raises() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        register_dispatcher("wb", lambda rng: WorkloadBalanced())
+    assert set(DISPATCHERS) >= {"rr", "p2c", "lw", "wb"}

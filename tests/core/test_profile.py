@@ -1,0 +1,37 @@
+"""The iteration-time model: closed forms agree with iteration-by-iteration sums."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.profile import PerfProfile, iterations_within
+
+P = PerfProfile("X", "m", 0.02, 2e-4, 5e-8, 0.7, 100_000, 16, 512)
+
+
+def brute_engine_latency(p: PerfProfile, n_in: int, n_out: int) -> float:
+    t, done = 0.0, 0
+    while done < n_in:
+        k = min(p.max_batched_tokens, n_in - done)
+        t += p.iter_time(k, done)
+        done += k
+    for j in range(n_out - 1):
+        t += p.iter_time(1, n_in + j)
+    return t
+
+
+@pytest.mark.parametrize(("n_in", "n_out"), [(1, 1), (511, 2), (512, 5), (513, 5), (3000, 100), (12000, 678)])
+def test_engine_latency_closed_form_matches_iteration_sum(n_in: int, n_out: int) -> None:
+    assert P.engine_latency(n_in, n_out) == pytest.approx(brute_engine_latency(P, n_in, n_out), rel=1e-9)
+    assert P.single_latency(n_in, n_out) == pytest.approx(P.engine_latency(n_in, n_out) + 0.7)
+
+
+@pytest.mark.parametrize(("a", "g", "elapsed"), [(0.1, 0.0, 1.05), (0.1, 0.01, 3.0), (0.02, 1e-6, 10.0), (0.5, 0.0, 0.2)])
+def test_iterations_within_is_the_largest_fitting_count(a: float, g: float, elapsed: float) -> None:
+    k = iterations_within(a, g, elapsed)
+    assert k * a + g * k * (k - 1) / 2 <= elapsed
+    assert (k + 1) * a + g * (k + 1) * k / 2 > elapsed
+
+
+def test_throughput_grows_with_batch() -> None:
+    assert P.decode_throughput(16, 1000) > 4 * P.decode_throughput(1, 1000)

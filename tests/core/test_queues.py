@@ -1,0 +1,136 @@
+"""Queue disciplines: urgency order, EDF, LLF, FCFS and VTC fair share."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.queues import QUEUES, FcfsQueue, KeyedQueue, VtcCounters, VtcQueue, register_queue, urgency_key
+from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
+
+
+def wf(tenant: str = "t", deadline: float = 100.0, wid: int = 0) -> StagedWorkflow:
+    return StagedWorkflow(wid, tenant, 0.0, deadline, [Stage("x", (CallSpec("x", 1, 1),))])
+
+
+_seq = 0
+
+
+def call(*, ready: float = 0.0, budget: float = 10.0, t_comp: float = 1.0, deadline: float = 100.0,
+         remaining: float = 0.0, tenant: str = "t", tokens: tuple[int, int] = (100, 10)) -> Call:
+    global _seq
+    _seq += 1
+    c = Call(_seq, wf(tenant, deadline), CallSpec("x", *tokens), ready, seq=_seq)
+    c.budget, c.t_comp, c.remaining_cost = budget, t_comp, remaining
+    return c
+
+
+def drain(q: object, now: float = 0.0) -> list[Call]:
+    out = []
+    while (c := q.pop(now)) is not None:  # type: ignore[attr-defined]
+        out.append(c)
+    return out
+
+
+def test_urgency_queue_pops_tightest_slack_first() -> None:
+    q = QUEUES["urgency"]()()
+    relaxed = call(ready=0.0, budget=50.0, t_comp=5.0)  # slack 45
+    tight = call(ready=0.0, budget=10.0, t_comp=8.0)  # slack 2
+    waited = call(ready=-30.0, budget=40.0, t_comp=5.0)  # waited 30 s: slack 5
+    for c in (relaxed, tight, waited):
+        q.push(c)
+    assert drain(q) == [tight, waited, relaxed]
+
+
+def test_urgency_equals_documented_formula_at_any_now() -> None:
+    # U = t_comp - (budget - (now - ready)); order by U descending == key ascending.
+    cs = [call(ready=r, budget=b, t_comp=t) for r, b, t in [(0, 10, 3), (5, 4, 1), (-2, 20, 9), (1, 1, 0.5)]]
+    for now in (0.0, 7.0, 100.0):
+        by_u = sorted(cs, key=lambda c: -(c.t_comp - (c.budget - (now - c.ready_at))))
+        assert sorted(cs, key=urgency_key) == by_u
+
+
+def test_urgency_ties_are_fifo() -> None:
+    q = KeyedQueue(urgency_key)
+    a, b = call(budget=5.0), call(budget=5.0)
+    q.push(b)
+    q.push(a)
+    # Same key: submission order (seq) decides, not push order.
+    assert drain(q) == [a, b]
+
+
+@pytest.mark.parametrize(
+    ("discipline", "fields", "expected_order"),
+    [
+        ("edf", [{"deadline": 50.0}, {"deadline": 20.0}, {"deadline": 30.0}], [1, 2, 0]),
+        # llf: deadline - t_comp - remaining: 100-10-80=10, 60-5-0=55, 70-30-30=10 (tie: FIFO)
+        ("llf", [{"deadline": 100.0, "t_comp": 10.0, "remaining": 80.0},
+                 {"deadline": 60.0, "t_comp": 5.0},
+                 {"deadline": 70.0, "t_comp": 30.0, "remaining": 30.0}], [0, 2, 1]),
+        ("fcfs", [{"deadline": 50.0}, {"deadline": 20.0}, {"deadline": 30.0}], [0, 1, 2]),
+    ],
+)
+def test_deadline_disciplines_table(discipline: str, fields: list[dict[str, float]], expected_order: list[int]) -> None:
+    q = QUEUES[discipline]()()
+    cs = [call(**f) for f in fields]  # type: ignore[arg-type]
+    for c in cs:
+        q.push(c)
+    assert drain(q) == [cs[i] for i in expected_order]
+
+
+def test_keyed_queue_remove_skips_removed_call() -> None:
+    q = KeyedQueue(urgency_key)
+    a, b = call(budget=1.0), call(budget=2.0)
+    q.push(a)
+    q.push(b)
+    assert q.remove(a) and not q.remove(a)
+    assert len(q) == 1 and drain(q) == [b]
+
+
+def test_fcfs_remove() -> None:
+    q = FcfsQueue()
+    a, b = call(), call()
+    q.push(a)
+    q.push(b)
+    assert q.remove(a) and list(q) == [b]
+
+
+def test_vtc_serves_the_tenant_with_less_service_first() -> None:
+    counters = VtcCounters()
+    q = VtcQueue(counters)
+    heavy = [call(tenant="heavy", tokens=(1000, 100)) for _ in range(3)]
+    light = [call(tenant="light", tokens=(100, 10)) for _ in range(3)]
+    for c in heavy + light:
+        q.push(c)
+    order = [c.tenant for c in drain(q)]
+    # heavy is first by age, then light is served until it has caught up with heavy's 1200 tokens.
+    assert order == ["heavy", "light", "light", "light", "heavy", "heavy"]
+
+
+def test_vtc_lifts_a_newly_backlogged_tenant_so_idling_earns_no_credit() -> None:
+    counters = VtcCounters()
+    q = VtcQueue(counters)
+    for _ in range(5):
+        q.push(call(tenant="busy", tokens=(1000, 0)))
+    for _ in range(3):
+        q.pop(0.0)
+    assert counters.counter["busy"] == 3000
+    q.push(call(tenant="late", tokens=(10, 0)))
+    # The late tenant starts at the smallest backlogged counter, not at 0.
+    assert counters.counter["late"] == 3000
+
+
+def test_vtc_counters_are_shared_between_worker_queues() -> None:
+    family = QUEUES["vtc"]()
+    q1, q2 = family(), family()
+    q1.push(call(tenant="a", tokens=(500, 0)))
+    q1.push(call(tenant="b", tokens=(500, 0)))
+    assert q1.pop(0.0).tenant == "a"  # type: ignore[union-attr]
+    # q2 never served anyone, but tenant a was served on q1: b goes first on q2.
+    q2.push(call(tenant="a", tokens=(10, 0)))
+    q2.push(call(tenant="b", tokens=(10, 0)))
+    assert q2.pop(0.0).tenant == "b"  # type: ignore[union-attr]
+
+
+def test_duplicate_queue_registration_raises() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        register_queue("fcfs", lambda: FcfsQueue)

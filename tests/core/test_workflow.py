@@ -1,0 +1,89 @@
+"""Workflows are revealed stage by stage; the template gives the expected remaining cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.workflow import (
+    CANDIDATE,
+    CHESS_PARALLEL_KINDS,
+    CHESS_TEMPLATE,
+    EVALUATE,
+    IR,
+    KEYWORDS,
+    REVISE,
+    STANDARD_WORKFLOW,
+    UNIT_TESTER,
+    CallSpec,
+    StagedWorkflow,
+    group_calls,
+)
+
+
+def unit_cost(kind: str, n_in: int, n_out: int) -> float:
+    return 1.0
+
+
+def chess_calls(revises: int) -> list[CallSpec]:
+    c = [CallSpec(IR, 300, 5), CallSpec(KEYWORDS, 600, 40)] + [CallSpec(IR, 300, 5)] * 3
+    c += [CallSpec(CANDIDATE, 11000, 600)] * 2 + [CallSpec(REVISE, 6000, 80)] * revises
+    c += [CallSpec(UNIT_TESTER, 270, 4), CallSpec(EVALUATE, 900, 20), CallSpec(EVALUATE, 900, 20)]
+    return c
+
+
+def test_group_calls_runs_candidates_and_evaluations_in_parallel() -> None:
+    stages = group_calls(chess_calls(2), CHESS_PARALLEL_KINDS)
+    assert [(s.kind, len(s.calls)) for s in stages] == [
+        (IR, 1), (KEYWORDS, 1), (IR, 1), (IR, 1), (IR, 1), (CANDIDATE, 2), (REVISE, 1), (REVISE, 1),
+        (UNIT_TESTER, 1), (EVALUATE, 2),
+    ]
+
+
+def test_staged_workflow_releases_one_stage_at_a_time() -> None:
+    wf = StagedWorkflow(0, "t", 0.0, 100.0, group_calls(chess_calls(0), CHESS_PARALLEL_KINDS), CHESS_TEMPLATE)
+    released = [wf.start()]
+    while not wf.done:
+        ready: list[CallSpec] = []
+        for spec in released[-1]:
+            ready += wf.complete(spec)
+        if ready:
+            released.append(ready)
+    assert [len(r) for r in released] == [1, 1, 1, 1, 1, 2, 1, 2]
+    with pytest.raises(RuntimeError):
+        wf.complete(released[0][0])
+
+
+def test_expected_remaining_shrinks_as_the_workflow_advances() -> None:
+    wf = StagedWorkflow(0, "t", 0.0, 100.0, group_calls(chess_calls(3), CHESS_PARALLEL_KINDS), CHESS_TEMPLATE)
+    seen = []
+    ready = wf.start()
+    while ready:
+        seen.append(wf.expected_remaining(unit_cost))
+        nxt: list[CallSpec] = []
+        for spec in ready:
+            nxt += wf.complete(spec)
+        ready = nxt
+    assert seen[0] == pytest.approx(sum(p.rounds for p in CHESS_TEMPLATE.phases) - 1.0)
+    assert all(a >= b for a, b in zip(seen, seen[1:], strict=False))
+    assert seen[-1] < 3.0
+
+
+def test_template_revise_rounds_reduce_expected_remaining() -> None:
+    t = CHESS_TEMPLATE
+    i = t.advance(3, REVISE)
+    assert t.phases[i].kind == REVISE and t.advance(i, REVISE) == i
+    assert t.remaining_after(i, 1, unit_cost) > t.remaining_after(i, 3, unit_cost)
+
+
+def test_template_skips_optional_phase_and_does_not_rematch_non_repeatable() -> None:
+    t = CHESS_TEMPLATE
+    first = t.advance(-1, IR)
+    assert first == 0
+    # No keyword extraction: the next IR call matches the repeatable IR phase after it, not phase 0.
+    assert t.advance(first, IR) == 2
+
+
+def test_standard_workflow_is_the_templates_critical_path() -> None:
+    kinds = [c.kind for c in CHESS_TEMPLATE.standard_calls()]
+    assert kinds[:6] == [c.kind for c in STANDARD_WORKFLOW][:6]
+    assert len(STANDARD_WORKFLOW) == 12
