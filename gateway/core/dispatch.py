@@ -19,14 +19,19 @@ Registered dispatchers (``DISPATCHERS``):
 The ``wb`` score, normalised (the paper leaves beta and the t_queue -> 0 case open):
 
     Score(q, m) = (1 - alpha) * beta / (beta + t_queue(m)) - alpha * t_comp(q, m) / beta
-    beta        = min over m of t_comp(q, m)
+    beta        = max(budget(q), min over m of t_comp(q, m))
 
-``beta`` is the call's best-case compute time, which makes both terms dimensionless: the load term is
-in (0, 1] and equals 1 for an idle worker (no division by zero), the compute term is alpha times how
-many times slower than the fastest worker m is for this call. alpha = 0 is pure load balancing (the
-``lw`` choice), alpha = 1 always picks the fastest GPU; in between, heavy calls go to fast GPUs while
-light calls spill onto idle slow ones. The highest score wins; ties go to the lower ``t_comp``, then the
-lower index.
+``beta`` is the call's stage budget (its share of the time left before the workflow's deadline,
+``slo.py``), floored at the call's best-case compute time; a late call (budget <= 0) gets the floor.
+Both terms are then dimensionless: the load term says how much of the budget the queue would leave
+(1 for an idle worker, so t_queue -> 0 is well defined), the compute term how much of the budget the
+call's compute would use on m. Measuring against the budget couples dispatch to urgency: a call with a
+loose budget is placed mostly by load (with alpha = 0.5 and small queues the score is about
+``const - (t_queue + t_comp) / beta``: earliest finish), so it can run on a slow GPU that is free and
+still meet its budget; a call that is behind has a small beta, its compute term dominates, and it goes
+to the fastest GPU, where the urgency queue lets it pass the calls that can wait. alpha = 0 is pure
+load balancing (the ``lw`` choice), alpha = 1 always picks the fastest GPU. The highest score wins;
+ties go to the lower ``t_comp``, then the lower index.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ class Rng(Protocol):
 class DispatchView:
     """What a dispatcher sees for one call; lists are indexed by worker, only eligible workers included.
 
-    ``workers`` holds the eligible worker indices; the other lists are aligned with it.
+    ``workers`` holds the eligible worker indices; the other lists are aligned with it. ``budget`` is the
+    call's stage budget in seconds (``slo.stage_budget``; negative when the workflow is late).
     """
 
     workers: Sequence[int]
@@ -57,6 +63,7 @@ class DispatchView:
     queue_len: Sequence[int]
     inflight: Sequence[int]
     alpha: float
+    budget: float = 0.0
 
 
 class Dispatcher(Protocol):
@@ -125,9 +132,7 @@ class WorkloadBalanced:
     def choose(self, view: DispatchView) -> int:
         """Maximum of ``(1-alpha) * beta/(beta + t_queue) - alpha * t_comp/beta``."""
         alpha = view.alpha
-        beta = min(view.t_comp)
-        if beta <= 0.0:
-            beta = 1e-9
+        beta = max(view.budget, min(view.t_comp), 1e-9)
         best = 0
         best_score = -float("inf")
         for i in range(len(view.workers)):
@@ -151,6 +156,6 @@ def register_dispatcher(name: str, factory: DispatcherFactory) -> None:
 
 
 register_dispatcher("rr", lambda rng: RoundRobin())
-register_dispatcher("p2c", lambda rng: PowerOfTwo(rng))
+register_dispatcher("p2c", PowerOfTwo)
 register_dispatcher("lw", lambda rng: LeastWork())
 register_dispatcher("wb", lambda rng: WorkloadBalanced())

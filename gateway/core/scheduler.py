@@ -133,6 +133,7 @@ class Scheduler:
             queue_len=[len(self.queues[i]) for i in idx],
             inflight=[est.loads[i].inflight for i in idx],
             alpha=self._alpha,
+            budget=call.budget,
         )
         pos = self._dispatcher.choose(view)
         call.t_comp = t_comp[pos]

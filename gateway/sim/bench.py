@@ -33,7 +33,7 @@ from gateway.sim.simulator import Simulator
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
 from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals
 
-ProgressFn = Callable[[int], None]
+ProgressFn = Callable[[int], object]
 
 
 def standard_latency(workers: Sequence[WorkerInfo]) -> float:
@@ -87,9 +87,7 @@ class Setup:
     tenants: list[TenantSpec] | None = None
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
-    _templates: dict[tuple[int, float], list[StagedWorkflow]] = field(
-        default_factory=dict, init=False, repr=False
-    )
+    _templates: dict[tuple[int, float], list[StagedWorkflow]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.slo_s = self.slo_scale * standard_latency(self.workers)

@@ -99,8 +99,14 @@ class SimEngine:
     def add(self, call: Call) -> None:
         """Put a call into the engine's waiting queue; ``kick`` afterwards to let it in."""
         s = call.spec
-        self.waiting.append(_Running(call, max(s.input_tokens, 1), max(s.output_tokens, 1),
-                                     max(s.input_tokens, 1) + max(s.output_tokens, 1)))
+        self.waiting.append(
+            _Running(
+                call,
+                max(s.input_tokens, 1),
+                max(s.output_tokens, 1),
+                max(s.input_tokens, 1) + max(s.output_tokens, 1),
+            )
+        )
 
     def kick(self, now: float) -> bool:
         """Replan after ``add``: start if idle, or cut the running segment at the next boundary.

@@ -20,10 +20,11 @@ import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from gateway.core.policy import Policy
 from gateway.core.scheduler import Scheduler, WorkerInfo
-from gateway.core.workflow import Call, Workflow
+from gateway.core.workflow import Call, CallSpec, Workflow
 from gateway.sim.engine import EngineStats, SimEngine
 
 _ARRIVAL = 0
@@ -113,11 +114,12 @@ class Simulator:
         engines = self.engines
         caps = [w.capacity for w in self.workers]
         overhead = [w.profile.request_overhead_s for w in self.workers]
-        heap: list[tuple[float, int, int, object]] = []
+        # (time, seq, kind, payload, worker, version): seq makes ties FIFO and deterministic.
+        heap: list[tuple[float, int, int, object, int, int]] = []
         seq = 0
         for wf in workflows:
             seq += 1
-            heap.append((wf.arrival, seq, _ARRIVAL, wf))
+            heap.append((wf.arrival, seq, _ARRIVAL, wf, -1, 0))
         heapq.heapify(heap)
         records: list[WorkflowRecord] = []
         call_records: list[CallRecord] = []
@@ -138,14 +140,14 @@ class Simulator:
                 added = True
             if added and eng.kick(t):
                 seq += 1
-                heapq.heappush(heap, (eng.wake_at, seq, _WAKE, (w, eng.version)))
+                heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, w, eng.version))
 
-        def submit(wf: Workflow, specs: list[object], t: float) -> None:
+        def submit(wf: Workflow, specs: list[CallSpec], t: float) -> None:
             nonlocal call_id
             touched: list[int] = []
             for spec in specs:
                 call_id += 1
-                c = Call(call_id, wf, spec, t)  # type: ignore[arg-type]
+                c = Call(call_id, wf, spec, t)
                 w = sched.submit(c, t)
                 if w not in touched:
                     touched.append(w)
@@ -154,11 +156,10 @@ class Simulator:
                 fill(w, t)
 
         while heap and pending:
-            now, _, kind, payload = heapq.heappop(heap)
+            now, _, kind, payload, w, version = heapq.heappop(heap)
             if now > self.horizon_s:
                 break
             if kind == _WAKE:
-                w, version = payload  # type: ignore[misc]
                 eng = engines[w]
                 if version != eng.version or not eng.busy:
                     continue
@@ -168,33 +169,29 @@ class Simulator:
                     started = c.started_at if c.started_at is not None else now
                     sched.on_finish(c, now, observed_s=now + o - started)
                     seq += 1
-                    heapq.heappush(heap, (now + o, seq, _RESULT, c))
+                    heapq.heappush(heap, (now + o, seq, _RESULT, c, w, 0))
                     if self.record_calls:
-                        call_records.append(
-                            CallRecord(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o)
-                        )
+                        call_records.append(CallRecord(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o))
                 fill(w, now)
                 if not eng.busy and eng.kick(now):
                     seq += 1
-                    heapq.heappush(heap, (eng.wake_at, seq, _WAKE, (w, eng.version)))
+                    heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, w, eng.version))
             elif kind == _RESULT:
-                c = payload  # type: ignore[assignment]
-                assert isinstance(c, Call)
+                c = cast(Call, payload)
                 wf = c.workflow
                 nxt = wf.complete(c.spec)
                 if nxt:
-                    submit(wf, list(nxt), now)
+                    submit(wf, nxt, now)
                 elif wf.done:
                     pending -= 1
                     records.append(
                         WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls.get(wf.wid, 0))
                     )
             else:
-                wf = payload  # type: ignore[assignment]
-                assert isinstance(wf, Workflow)
+                wf = cast(Workflow, payload)
                 first = wf.start()
                 if first:
-                    submit(wf, list(first), now)
+                    submit(wf, first, now)
                 else:
                     pending -= 1
                     records.append(WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, 0))

@@ -15,8 +15,15 @@ from gateway.core.dispatch import (
 )
 
 
-def view(t_comp: list[float], t_queue: list[float], alpha: float = 0.5, workers: list[int] | None = None,
-         queue_len: list[int] | None = None, inflight: list[int] | None = None) -> DispatchView:
+def view(
+    t_comp: list[float],
+    t_queue: list[float],
+    alpha: float = 0.5,
+    workers: list[int] | None = None,
+    queue_len: list[int] | None = None,
+    inflight: list[int] | None = None,
+    budget: float = 0.0,
+) -> DispatchView:
     n = len(t_comp)
     return DispatchView(
         workers=workers if workers is not None else list(range(n)),
@@ -25,6 +32,7 @@ def view(t_comp: list[float], t_queue: list[float], alpha: float = 0.5, workers:
         queue_len=queue_len or [0] * n,
         inflight=inflight or [0] * n,
         alpha=alpha,
+        budget=budget,
     )
 
 
@@ -44,12 +52,27 @@ def test_wb_score_table(name: str, alpha: float, t_comp: list[float], t_queue: l
     assert WorkloadBalanced().choose(view(t_comp, t_queue, alpha)) == expected, name
 
 
-def test_wb_score_formula_matches_documentation() -> None:
-    # Score = (1-a) * beta/(beta + tq) - a * tc/beta with beta = min tc.
-    a, tc, tq = 0.4, [2.0, 5.0], [6.0, 0.5]
-    beta = 2.0
+@pytest.mark.parametrize("budget", [-5.0, 0.0, 1.0, 3.0, 10.0, 100.0])
+def test_wb_score_formula_matches_documentation(budget: float) -> None:
+    # Score = (1-a) * beta/(beta + tq) - a * tc/beta with beta = max(budget, min tc).
+    a, tc, tq = 0.4, [2.0, 5.0, 3.0], [6.0, 0.5, 2.0]
+    beta = max(budget, 2.0)
     scores = [(1 - a) * beta / (beta + q) - a * c / beta for c, q in zip(tc, tq, strict=True)]
-    assert WorkloadBalanced().choose(view(tc, tq, a)) == scores.index(max(scores))
+    assert WorkloadBalanced().choose(view(tc, tq, a, budget=budget)) == scores.index(max(scores))
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected", "why"),
+    [
+        (200.0, 1, "a loose budget: the idle slow GPU still meets it, the busy fast one is left free"),
+        (12.0, 0, "a tight budget: the fast GPU, whose urgency queue lets the call pass"),
+        (-30.0, 0, "a late call: beta falls to the best-case compute time, the fast GPU"),
+    ],
+)
+def test_wb_budget_couples_dispatch_to_urgency(budget: float, expected: int, why: str) -> None:
+    # Fast GPU: 10 s compute but 15 s of queued work per slot (finishes later); slow GPU: 20 s, idle.
+    v = view([10.0, 20.0], [15.0, 0.0], alpha=0.5, budget=budget)
+    assert WorkloadBalanced().choose(v) == expected, why
 
 
 @pytest.mark.parametrize(
@@ -96,7 +119,9 @@ class SeqRng:
         ([0.5, 0.0], [4, 4, 4], 1),  # tie keeps the first sample
     ],
 )
-def test_power_of_two_picks_shorter_of_two_distinct_samples(draws: list[float], lengths: list[int], expected: int) -> None:
+def test_power_of_two_picks_shorter_of_two_distinct_samples(
+    draws: list[float], lengths: list[int], expected: int
+) -> None:
     v = view([1.0] * 3, [0.0] * 3, queue_len=lengths)
     assert PowerOfTwo(SeqRng(draws)).choose(v) == expected
 

@@ -26,7 +26,9 @@ def test_engine_latency_closed_form_matches_iteration_sum(n_in: int, n_out: int)
     assert P.single_latency(n_in, n_out) == pytest.approx(P.engine_latency(n_in, n_out) + 0.7)
 
 
-@pytest.mark.parametrize(("a", "g", "elapsed"), [(0.1, 0.0, 1.05), (0.1, 0.01, 3.0), (0.02, 1e-6, 10.0), (0.5, 0.0, 0.2)])
+@pytest.mark.parametrize(
+    ("a", "g", "elapsed"), [(0.1, 0.0, 1.05), (0.1, 0.01, 3.0), (0.02, 1e-6, 10.0), (0.5, 0.0, 0.2)]
+)
 def test_iterations_within_is_the_largest_fitting_count(a: float, g: float, elapsed: float) -> None:
     k = iterations_within(a, g, elapsed)
     assert k * a + g * k * (k - 1) / 2 <= elapsed

@@ -6,8 +6,21 @@ from pathlib import Path
 import pytest
 
 CORE = Path(__file__).resolve().parents[2] / "gateway" / "core"
-FORBIDDEN = {"asyncio", "httpx", "fastapi", "starlette", "prometheus_client", "time", "random", "socket",
-             "requests", "threading", "subprocess", "os", "datetime"}
+FORBIDDEN = {
+    "asyncio",
+    "httpx",
+    "fastapi",
+    "starlette",
+    "prometheus_client",
+    "time",
+    "random",
+    "socket",
+    "requests",
+    "threading",
+    "subprocess",
+    "os",
+    "datetime",
+}
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from gateway.core.queues import QUEUES, FcfsQueue, KeyedQueue, VtcCounters, VtcQueue, register_queue, urgency_key
+from gateway.core.queues import (
+    QUEUES,
+    FcfsQueue,
+    KeyedQueue,
+    VtcCounters,
+    VtcQueue,
+    register_queue,
+    urgency_key,
+)
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 
 
@@ -12,14 +22,21 @@ def wf(tenant: str = "t", deadline: float = 100.0, wid: int = 0) -> StagedWorkfl
     return StagedWorkflow(wid, tenant, 0.0, deadline, [Stage("x", (CallSpec("x", 1, 1),))])
 
 
-_seq = 0
+_SEQ = itertools.count(1)
 
 
-def call(*, ready: float = 0.0, budget: float = 10.0, t_comp: float = 1.0, deadline: float = 100.0,
-         remaining: float = 0.0, tenant: str = "t", tokens: tuple[int, int] = (100, 10)) -> Call:
-    global _seq
-    _seq += 1
-    c = Call(_seq, wf(tenant, deadline), CallSpec("x", *tokens), ready, seq=_seq)
+def call(
+    *,
+    ready: float = 0.0,
+    budget: float = 10.0,
+    t_comp: float = 1.0,
+    deadline: float = 100.0,
+    remaining: float = 0.0,
+    tenant: str = "t",
+    tokens: tuple[int, int] = (100, 10),
+) -> Call:
+    n = next(_SEQ)
+    c = Call(n, wf(tenant, deadline), CallSpec("x", *tokens), ready, seq=n)
     c.budget, c.t_comp, c.remaining_cost = budget, t_comp, remaining
     return c
 
@@ -63,9 +80,15 @@ def test_urgency_ties_are_fifo() -> None:
     [
         ("edf", [{"deadline": 50.0}, {"deadline": 20.0}, {"deadline": 30.0}], [1, 2, 0]),
         # llf: deadline - t_comp - remaining: 100-10-80=10, 60-5-0=55, 70-30-30=10 (tie: FIFO)
-        ("llf", [{"deadline": 100.0, "t_comp": 10.0, "remaining": 80.0},
-                 {"deadline": 60.0, "t_comp": 5.0},
-                 {"deadline": 70.0, "t_comp": 30.0, "remaining": 30.0}], [0, 2, 1]),
+        (
+            "llf",
+            [
+                {"deadline": 100.0, "t_comp": 10.0, "remaining": 80.0},
+                {"deadline": 60.0, "t_comp": 5.0},
+                {"deadline": 70.0, "t_comp": 30.0, "remaining": 30.0},
+            ],
+            [0, 2, 1],
+        ),
         ("fcfs", [{"deadline": 50.0}, {"deadline": 20.0}, {"deadline": 30.0}], [0, 1, 2]),
     ],
 )

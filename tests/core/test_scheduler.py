@@ -67,7 +67,9 @@ def test_observed_latency_corrects_the_estimate_and_goes_stale(fast: PerfProfile
         s.submit(c, float(i))
         s.pop_next(0, float(i))
         s.on_finish(c, float(i), observed_s=2.0 * base)
-    assert s.estimator.t_comp(0, SPEC.kind, SPEC.input_tokens, SPEC.output_tokens, 8.0) == pytest.approx(2 * base, rel=0.01)
+    assert s.estimator.t_comp(0, SPEC.kind, SPEC.input_tokens, SPEC.output_tokens, 8.0) == pytest.approx(
+        2 * base, rel=0.01
+    )
     # Other stage kinds are unaffected; a stale ratio reads as unknown.
     assert s.estimator.ratio(0, "revise", 8.0) == 1.0
     assert s.estimator.ratio(0, SPEC.kind, 500.0) == 1.0

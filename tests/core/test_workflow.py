@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from gateway.core.workflow import (
@@ -34,8 +36,16 @@ def chess_calls(revises: int) -> list[CallSpec]:
 def test_group_calls_runs_candidates_and_evaluations_in_parallel() -> None:
     stages = group_calls(chess_calls(2), CHESS_PARALLEL_KINDS)
     assert [(s.kind, len(s.calls)) for s in stages] == [
-        (IR, 1), (KEYWORDS, 1), (IR, 1), (IR, 1), (IR, 1), (CANDIDATE, 2), (REVISE, 1), (REVISE, 1),
-        (UNIT_TESTER, 1), (EVALUATE, 2),
+        (IR, 1),
+        (KEYWORDS, 1),
+        (IR, 1),
+        (IR, 1),
+        (IR, 1),
+        (CANDIDATE, 2),
+        (REVISE, 1),
+        (REVISE, 1),
+        (UNIT_TESTER, 1),
+        (EVALUATE, 2),
     ]
 
 
@@ -64,7 +74,7 @@ def test_expected_remaining_shrinks_as_the_workflow_advances() -> None:
             nxt += wf.complete(spec)
         ready = nxt
     assert seen[0] == pytest.approx(sum(p.rounds for p in CHESS_TEMPLATE.phases) - 1.0)
-    assert all(a >= b for a, b in zip(seen, seen[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(seen))
     assert seen[-1] < 3.0
 
 

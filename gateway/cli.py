@@ -1,0 +1,366 @@
+"""``hexflow``: the command line.
+
+    hexflow simulate   one policy, one run on the simulator
+    hexflow bench      policies side by side: latency, SLO attainment, capacity, fluid bound
+    hexflow tune       the alpha tuner on a window of traffic
+
+Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
+with one line naming the file and field, and exit status 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.core.policy import POLICIES, get_policy
+from gateway.core.scheduler import WorkerInfo
+from gateway.errors import GatewayError
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad command-line input detected after parsing."""
+
+
+def _fmt(x: float, digits: int = 1) -> str:
+    return "inf" if not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def _workers(cluster: str) -> list[WorkerInfo]:
+    from gateway.config import load_cluster
+
+    return load_cluster(cluster)
+
+
+def _queries(trace: str, n: int, seed: int) -> tuple[str, list[list[object]]]:
+    from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
+
+    src = resolve_trace(trace)
+    name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
+    # The generator makes exactly n queries; a trace is replayed as recorded and cycled to n.
+    queries = load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
+    return name, queries  # type: ignore[return-value]
+
+
+def _setup(args: argparse.Namespace) -> object:
+    from gateway.sim.bench import Setup
+    from gateway.sim.workload import parse_tenants
+
+    workers = _workers(args.cluster)
+    name, queries = _queries(args.trace, args.workflows, args.seed)
+    tenants = None
+    if args.tenants:
+        try:
+            tenants = parse_tenants(args.tenants)
+        except ValueError as exc:
+            raise UsageError(f"--tenants: {exc}") from None
+    return Setup(
+        workers=workers,
+        queries=queries,  # type: ignore[arg-type]
+        trace=name,
+        n_workflows=args.workflows,
+        slo_scale=args.slo_scale,
+        seed=args.seed,
+        cv=args.cv,
+        tenants=tenants,
+    )
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise UsageError("--policies: give at least one policy")
+    for n in names:
+        get_policy(n)
+    return names
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """One policy, one run: headline figures, per tenant when there are several."""
+    from gateway.sim.bench import Setup, fluid_bound
+    from gateway.sim.metrics import summarize
+    from gateway.sim.simulator import Simulator
+
+    get_policy(args.policy)
+    setup = _setup(args)
+    assert isinstance(setup, Setup)
+    bound = fluid_bound(setup.workers, setup.queries)
+    rate = args.rate if args.rate is not None else round(0.6 * bound, 4)
+    wfs = setup.workflows(rate)
+    t0 = time.perf_counter()
+    res = Simulator(setup.workers, args.policy, alpha=args.alpha, seed=args.seed).run(wfs)
+    wall = time.perf_counter() - t0
+    tenants = sorted({w.tenant for w in wfs})
+    rows = []
+    summaries = {}
+    for t in [None, *tenants] if len(tenants) > 1 else [None]:
+        s = summarize(res, total=sum(1 for w in wfs if t is None or w.tenant == t), tenant=t)
+        summaries[t or "all"] = s.as_dict()
+        rows.append(
+            [
+                t or "all",
+                str(s.workflows),
+                _fmt(s.p50_s),
+                _fmt(s.p95_s),
+                _fmt(s.p99_s),
+                f"{s.slo_attainment:.3f}",
+                _fmt(s.throughput_qps, 4),
+            ]
+        )
+    print(
+        f"{setup.trace} on {args.cluster} [{', '.join(w.profile.gpu for w in setup.workers)}], policy {args.policy}"
+        f", rate {rate:g} qps (fluid bound {bound:.4f}), SLO {setup.slo_s:.1f} s"
+    )
+    print(_table(["tenant", "workflows", "p50_s", "p95_s", "p99_s", "slo", "tput_qps"], rows))
+    print(f"simulated {res.num_calls} calls in {wall:.2f} s wall ({res.num_calls / max(wall, 1e-9):,.0f} calls/s)")
+    if args.json:
+        out = {
+            "policy": args.policy,
+            "trace": setup.trace,
+            "cluster": args.cluster,
+            "rate_qps": rate,
+            "alpha": args.alpha,
+            "slo_s": setup.slo_s,
+            "fluid_bound_qps": bound,
+            "summary": summaries,
+            "calls_per_s": res.num_calls / max(wall, 1e-9),
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2, default=lambda x: None) + "\n")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Policies side by side; JSON with ``results``, ``capacity_qps`` and ``fluid_bound_qps``."""
+    from tqdm import tqdm
+
+    from gateway.sim.bench import Setup, bench_runs_estimate, plot_report, run_bench
+
+    policies = _policies(args.policies)
+    setup = _setup(args)
+    assert isinstance(setup, Setup)
+    rates = [float(r) for r in args.rate.split(",")] if args.rate else None
+    if rates is not None and any(not r > 0 for r in rates):
+        raise UsageError("--rate: rates must be positive")
+    with tqdm(
+        total=bench_runs_estimate(len(policies), len(rates or [0] * 7)),
+        desc="bench",
+        unit="run",
+        disable=args.quiet or None,
+        leave=False,
+    ) as bar:
+        report = run_bench(
+            setup,
+            policies,
+            rates=rates,
+            fixed_alpha=args.alpha,
+            find_capacity=not args.no_capacity,
+            progress=bar.update,
+        )
+    bound = report.fluid_bound_qps
+    print(
+        f"{report.trace} on {args.cluster} [{', '.join(report.cluster)}], SLO {report.slo_scale:g}x = "
+        f"{report.slo_s:.1f} s, {setup.n_workflows} workflows per run, seed {setup.seed}"
+    )
+    print(f"fluid bound: {bound:.4f} workflows/s")
+    if report.capacity_qps:
+        ref = report.capacity_qps.get("rr-fcfs")
+        best_base = max((v for k, v in report.capacity_qps.items() if k != "hexgen"), default=0.0)
+        rows = []
+        for p in policies:
+            cap = report.capacity_qps[p]
+            rows.append(
+                [
+                    p,
+                    f"{cap:.4f}",
+                    f"{cap / bound:.1%}" if bound else "-",
+                    f"{cap / ref:.2f}x" if ref else "-",
+                    "-" if report.alphas.get(p) is None else f"{report.alphas[p]:.1f}",
+                ]
+            )
+        print(_table(["policy", "capacity_qps", "of_bound", "vs_rr-fcfs", "alpha"], rows))
+        if "hexgen" in report.capacity_qps and best_base > 0:
+            print(f"hexgen capacity vs best baseline: {report.capacity_qps['hexgen'] / best_base:.2f}x")
+    ref_rate = report.reference_rate_qps
+    if ref_rate:
+        at_ref = {p.policy: p.summary for p in report.results if abs(p.rate_qps - ref_rate) < 1e-12}
+        base = at_ref.get("rr-fcfs")
+        rows = []
+        for p in policies:
+            s = at_ref[p]
+            rows.append(
+                [
+                    p,
+                    _fmt(s.p50_s),
+                    _fmt(s.p95_s),
+                    _fmt(s.p99_s),
+                    f"{s.slo_attainment:.3f}",
+                    f"{base.p95_s / s.p95_s:.2f}x" if base and s.p95_s > 0 and math.isfinite(base.p95_s) else "-",
+                ]
+            )
+        print(f"at rr-fcfs's capacity rate {ref_rate:.4f} qps:")
+        print(_table(["policy", "p50_s", "p95_s", "p99_s", "slo", "p95_gain_vs_rr"], rows))
+    if args.json:
+        report.write_json(Path(args.json))
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot_report(report, Path(args.plot))
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Tune alpha on a window of traffic; print the table of all grid points."""
+    from gateway.sim.bench import Setup, fluid_bound
+    from gateway.sim.tune import ALPHA_GRID, tune_alpha
+
+    policy = get_policy(args.policy)
+    if not policy.uses_alpha:
+        raise UsageError(f"--policy: {policy.name} does not use alpha")
+    setup = _setup(args)
+    assert isinstance(setup, Setup)
+    rate = args.rate if args.rate is not None else round(0.6 * fluid_bound(setup.workers, setup.queries), 4)
+    wfs = setup.workflows(rate)
+    window = [w for w in wfs if w.arrival <= args.window_s] or wfs[:1]
+    grid = ALPHA_GRID if not args.grid else tuple(float(x) for x in args.grid.split(","))
+    if any(not 0.0 <= a <= 1.0 for a in grid):
+        raise UsageError("--grid: alphas must be in [0, 1]")
+    t0 = time.perf_counter()
+    res = tune_alpha(setup.workers, policy.name, window, grid=grid, seed=args.seed)
+    wall = time.perf_counter() - t0
+    rows = [
+        [
+            f"{p.alpha:.2f}",
+            _fmt(p.summary.p50_s),
+            _fmt(p.summary.p95_s),
+            f"{p.summary.slo_attainment:.3f}",
+            "<-" if p.alpha == res.alpha else "",
+        ]
+        for p in res.points
+    ]
+    print(f"window: {len(window)} workflows over {args.window_s:g} s at {rate:g} qps on {args.cluster}")
+    print(_table(["alpha", "p50_s", "p95_s", "slo", "chosen"], rows))
+    print(f"alpha = {res.alpha:.2f}  (tuned in {wall:.2f} s)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "alpha": res.alpha,
+                    "rate_qps": rate,
+                    "window_workflows": len(window),
+                    "seconds": wall,
+                    "points": [{"alpha": p.alpha, **p.summary.as_dict()} for p in res.points],
+                },
+                indent=2,
+                default=lambda x: None,
+            )
+            + "\n"
+        )
+    return 0
+
+
+def _common(p: argparse.ArgumentParser, *, workflows: int) -> None:
+    p.add_argument(
+        "--trace",
+        default="chess-bird",
+        help="trace file, trace name under ../shared/data/hexgen-traces, or chess-bird (built in)",
+    )
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+    p.add_argument(
+        "--slo-scale",
+        type=float,
+        default=5.0,
+        help="SLO = this x the cluster-mean single-request latency of the standard workflow",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workflows", type=int, default=workflows, help="workflows per run (a trace is cycled)")
+    p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of inter-arrivals (1: Poisson)")
+    p.add_argument(
+        "--tenants",
+        default=None,
+        help="tenant mix, e.g. gold:share=0.3:slo_scale=0.6,chat:kind=chat:share=0.2:deadline_s=20",
+    )
+    p.add_argument("--json", default=None, help="write results as JSON here")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(prog="hexflow", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    names = ", ".join(POLICIES)
+
+    p = sub.add_parser("simulate", help="one policy, one run on the simulator")
+    _common(p, workflows=400)
+    p.add_argument("--policy", default="hexgen", help=f"one of: {names}")
+    p.add_argument("--rate", type=float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)")
+    p.add_argument("--alpha", type=float, default=None, help="WB alpha (default: the policy's)")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("bench", help="policies side by side: P50/P95/P99, SLO attainment, capacity")
+    _common(p, workflows=300)
+    p.add_argument(
+        "--policies",
+        default="hexgen,wb-fcfs,rr-pq,rr-fcfs,p2c-fcfs,lw-fcfs,llf,edf,vtc",
+        help=f"comma-separated, from: {names}",
+    )
+    p.add_argument("--rate", default=None, help="arrival rate(s), comma-separated (default: fractions of the bound)")
+    p.add_argument("--alpha", type=float, default=None, help="fixed alpha (default: tuned per rate on another window)")
+    p.add_argument("--plot", default=None, help="write a PNG of P95 and SLO attainment against rate")
+    p.add_argument("--no-capacity", action="store_true", help="skip the capacity bisection")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("tune", help="tune alpha on a window of traffic by simulation")
+    _common(p, workflows=400)
+    p.add_argument("--policy", default="hexgen")
+    p.add_argument("--rate", type=float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)")
+    p.add_argument("--window-s", type=float, default=300.0, help="length of the traffic window (seconds)")
+    p.add_argument("--grid", default=None, help="alphas to try, comma-separated (default 0, 0.1, ..., 1)")
+    p.set_defaults(func=cmd_tune)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hexflow`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name in ("workflows",):
+        if getattr(args, name, 1) is not None and getattr(args, name, 1) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if getattr(args, "slo_scale", 1.0) <= 0 or getattr(args, "cv", 1.0) <= 0:
+        parser.error("--slo-scale and --cv must be positive")
+    alpha = getattr(args, "alpha", None)
+    if alpha is not None and not 0.0 <= alpha <= 1.0:
+        parser.error("--alpha must be in [0, 1]")
+    rate = getattr(args, "rate", None)
+    if isinstance(rate, float) and not rate > 0:
+        parser.error("--rate must be positive")
+    try:
+        return int(args.func(args))
+    except (GatewayError, UsageError) as exc:
+        print(f"hexflow: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("hexflow: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Cluster files: loading into the scheduler's workers, expansion, and one-line config errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import (
+    CLUSTERS_DIR,
+    ClusterConfig,
+    GpuCatalog,
+    build_workers,
+    known_clusters,
+    load_cluster,
+    load_cluster_config,
+    load_gpu_catalog,
+    load_yaml_model,
+    resolve_cluster_path,
+)
+from gateway.errors import ConfigError, UnknownNameError
+
+CLUSTER_FILES = sorted(CLUSTERS_DIR.glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def catalog() -> GpuCatalog:
+    return load_gpu_catalog()
+
+
+def write(tmp_path: Path, text: str, name: str = "cluster.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_repo_ships_the_expected_cluster_files() -> None:
+    assert {"paper-4gpu", "paper-alt", "mixed-12", "small-8b"} <= set(known_clusters())
+
+
+@pytest.mark.parametrize("path", CLUSTER_FILES, ids=lambda p: p.stem)
+def test_every_cluster_file_loads(catalog: GpuCatalog, path: Path) -> None:
+    cfg = load_cluster_config(path, catalog)
+    workers = build_workers(cfg, catalog)
+    assert cfg.name == path.stem
+    assert len(workers) == len(cfg.expanded()) >= 1
+    assert len({w.name for w in workers}) == len(workers)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "gpus", "model"),
+    [
+        ("paper-4gpu", ["A100", "A100", "A6000", "L40S"], "llama-3.1-70b"),
+        ("paper-alt", ["A100", "A6000", "A100", "A6000"], "llama-3.1-70b"),
+        ("small-8b", ["H100", "A100", "L40S", "L4"], "llama-3.1-8b"),
+    ],
+)
+def test_named_cluster_has_the_documented_workers(
+    catalog: GpuCatalog, cluster: str, gpus: list[str], model: str
+) -> None:
+    workers = load_cluster(cluster, catalog)
+    assert [w.profile.gpu for w in workers] == gpus
+    assert {w.profile.model for w in workers} == {model}
+
+
+def test_mixed_12_spans_h100_to_l4(catalog: GpuCatalog) -> None:
+    workers = load_cluster("mixed-12", catalog)
+    assert len(workers) == 12
+    assert workers[0].profile.gpu == "H100" and workers[-1].profile.gpu == "L4"
+
+
+def test_default_names_use_the_expanded_index_and_defaults_fill_in(catalog: GpuCatalog) -> None:
+    workers = load_cluster("paper-4gpu", catalog)
+    assert [w.name for w in workers] == ["A100-0", "A100-1", "A6000-2", "L40S-3"]
+    assert all(w.capacity == 8 for w in workers)
+    assert workers[0].profile == catalog.profile("A100", "llama-3.1-70b")
+
+
+def test_count_expands_named_entries_and_workers_may_override_the_model(tmp_path: Path, catalog: GpuCatalog) -> None:
+    path = write(
+        tmp_path,
+        "name: t\nworkers:\n"
+        "  - {gpu: H100, name: fast, count: 2, capacity: 16}\n"
+        "  - {gpu: L4, model: llama-3.1-8b, url: 'http://10.0.0.7:8000'}\n",
+    )
+    cfg = load_cluster_config(path, catalog)
+    rows = [(w.name, w.gpu, w.model, w.capacity, w.url) for w in cfg.expanded()]
+    assert rows == [
+        ("fast-0", "H100", "llama-3.1-70b", 16, None),
+        ("fast-1", "H100", "llama-3.1-70b", 16, None),
+        ("L4-2", "L4", "llama-3.1-8b", 8, "http://10.0.0.7:8000"),
+    ]
+    assert [w.profile.model for w in build_workers(cfg, catalog)] == [
+        "llama-3.1-70b",
+        "llama-3.1-70b",
+        "llama-3.1-8b",
+    ]
+
+
+def test_resolve_cluster_path_maps_a_bare_name_into_config_clusters() -> None:
+    assert resolve_cluster_path("paper-4gpu") == CLUSTERS_DIR / "paper-4gpu.yaml"
+    assert resolve_cluster_path("elsewhere/x.yaml") == Path("elsewhere/x.yaml")
+    assert resolve_cluster_path(Path("x")) == Path("x")
+
+
+def test_resolve_cluster_path_of_an_unknown_bare_name_lists_known_clusters() -> None:
+    with pytest.raises(UnknownNameError, match="paper-4gpu"):
+        resolve_cluster_path("no-such-cluster")
+
+
+GOOD_WORKER = "  - gpu: A100\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "problem"),
+    [
+        pytest.param(
+            "name: x\nworkers:\n" + GOOD_WORKER * 2 + "  - gpu: A1000\n",
+            "workers.2.gpu",
+            "unknown GPU 'A1000'; known: A100, ",
+            id="unknown-gpu",
+        ),
+        pytest.param(
+            "name: x\nworkers:\n  - gpu: A100\n    capacity: -3\n",
+            "workers.0.capacity",
+            "greater than or equal to 1",
+            id="negative-capacity",
+        ),
+        pytest.param(
+            "name: x\nworkers:\n  - gpu: A100\n    colour: red\n",
+            "workers.0.colour",
+            "unknown key; allowed: name, gpu, model, capacity, count, url",
+            id="extra-key",
+        ),
+        pytest.param(
+            "name: x\nworkers:\n  - gpu: A100\n   bad: [\n",
+            "line 4, column 4",
+            "invalid YAML",
+            id="malformed-yaml",
+        ),
+        pytest.param(
+            "name: x\nmodel: gpt-5\nworkers:\n" + GOOD_WORKER,
+            "model",
+            "unknown model 'gpt-5'",
+            id="unknown-model",
+        ),
+        pytest.param(
+            "name: x\nworkers:\n" + GOOD_WORKER + "  - gpu: L4\n    model: llama-2\n",
+            "workers.1.model",
+            "unknown model 'llama-2'",
+            id="unknown-worker-model",
+        ),
+        pytest.param(
+            "name: x\nworkers:\n  - {gpu: A100, name: w}\n  - {gpu: L4, name: w}\n",
+            "workers.1.name",
+            "duplicate worker name 'w'",
+            id="duplicate-name",
+        ),
+        pytest.param(
+            "name: x\nworkers:\n  - {gpu: A100, count: 2, url: 'http://a:8000'}\n",
+            "workers.0",
+            "a url names one worker",
+            id="url-with-count",
+        ),
+        pytest.param("name: x\nworkers: []\n", "workers", "at least 1 item", id="no-workers"),
+        pytest.param("workers:\n" + GOOD_WORKER, "name", "required key is missing", id="missing-name"),
+        pytest.param("- gpu: A100\n", "", "expected a mapping", id="not-a-mapping"),
+        pytest.param("", "", "the file is empty", id="empty-file"),
+    ],
+)
+def test_invalid_cluster_file_raises_config_error_naming_file_and_field(
+    tmp_path: Path, catalog: GpuCatalog, text: str, field: str, problem: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_cluster(path, catalog)
+    err = info.value
+    assert (err.path, err.field) == (str(path), field)
+    assert problem in err.problem
+    assert str(err).startswith(f"{path}: {field + ': ' if field else ''}")
+    assert "\n" not in str(err)
+
+
+def test_missing_cluster_file_raises_config_error_naming_the_file(tmp_path: Path, catalog: GpuCatalog) -> None:
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError, match=r"absent\.yaml: file not found$"):
+        load_cluster(path, catalog)
+
+
+def test_gpu_pair_without_profile_is_reported_on_the_worker_gpu(tmp_path: Path, catalog: GpuCatalog) -> None:
+    data = catalog.model_dump()
+    del data["profiles"]["llama-3.1-8b"]["L4"]
+    partial = GpuCatalog.model_validate(data)
+    path = write(tmp_path, "name: x\nmodel: llama-3.1-8b\nworkers:\n  - gpu: H100\n  - gpu: L4\n")
+    with pytest.raises(ConfigError) as info:
+        load_cluster(path, partial)
+    assert info.value.field == "workers.1.gpu"
+    assert "no profile for llama-3.1-8b on L4" in info.value.problem
+
+
+def test_several_problems_report_the_first_and_count_the_rest(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nworkers:\n  - {gpu: A100, capacity: 0, count: 0}\n")
+    with pytest.raises(ConfigError, match=r"\(and 1 more problem\)$"):
+        load_yaml_model(path, ClusterConfig)
+
+
+def test_cluster_model_validates_without_a_catalog() -> None:
+    cfg = ClusterConfig.model_validate({"name": "x", "workers": [{"gpu": "Z9"}]})
+    assert cfg.expanded()[0].name == "Z9-0"
