@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -150,7 +151,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Policies side by side; JSON with ``results``, ``capacity_qps`` and ``fluid_bound_qps``."""
     from tqdm import tqdm
 
-    from gateway.sim.bench import Setup, bench_runs_estimate, plot_report, run_bench
+    from gateway.sim.bench import Setup, plot_report, run_bench
 
     policies = _policies(args.policies)
     setup = _setup(args)
@@ -159,9 +160,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if rates is not None and any(not r > 0 for r in rates):
         raise UsageError("--rate: rates must be positive")
     with tqdm(
-        total=bench_runs_estimate(len(policies), len(rates or [0] * 7)),
+        total=2 * len(policies),
         desc="bench",
-        unit="run",
+        unit="phase",
         disable=args.quiet or None,
         leave=False,
     ) as bar:
@@ -171,6 +172,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             rates=rates,
             fixed_alpha=args.alpha,
             find_capacity=not args.no_capacity,
+            jobs=args.jobs,
             progress=bar.update,
         )
     bound = report.fluid_bound_qps
@@ -314,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("bench", help="policies side by side: P50/P95/P99, SLO attainment, capacity")
-    _common(p, workflows=300)
+    _common(p, workflows=1000)
     p.add_argument(
         "--policies",
         default="hexgen,wb-fcfs,rr-pq,rr-fcfs,p2c-fcfs,lw-fcfs,llf,edf,vtc",
@@ -325,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help="write a PNG of P95 and SLO attainment against rate")
     p.add_argument("--no-capacity", action="store_true", help="skip the capacity bisection")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="policies run in parallel")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("tune", help="tune alpha on a window of traffic by simulation")

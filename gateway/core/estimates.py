@@ -107,6 +107,24 @@ class Estimator:
         """Predicted latency of a call on ``worker`` (profile x online correction)."""
         return self.base_latency(worker, input_tokens, output_tokens) * self.ratio(worker, kind, now)
 
+    def estimates(
+        self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
+    ) -> tuple[list[float], list[float]]:
+        """``t_comp`` and ``t_queue`` for each of ``workers`` (one pass; the dispatch hot path)."""
+        key = (input_tokens, output_tokens)
+        max_age = self.max_age_s
+        t_comp: list[float] = []
+        t_queue: list[float] = []
+        for w in workers:
+            base = self._base_cache[w].get(key)
+            if base is None:
+                base = self.base_latency(w, input_tokens, output_tokens)
+            r = self._ratios[w].get(kind)
+            t_comp.append(base if r is None or now - r.updated_at > max_age else base * r.value)
+            load = self.loads[w]
+            t_queue.append(load.outstanding(now) / self.capacities[w] if load.inflight or load.queued else 0.0)
+        return t_comp, t_queue
+
     def t_queue(self, worker: int, now: float) -> float:
         """Predicted outstanding work per batch slot on ``worker`` (seconds)."""
         return self.loads[worker].outstanding(now) / self.capacities[worker]

@@ -73,6 +73,8 @@ class Scheduler:
         )
         self.alpha = self.policy.default_alpha if alpha is None else alpha
         self.eligible = [True] * len(self.workers)
+        self._all = list(range(len(self.workers)))
+        self._n_eligible = len(self.workers)
         self._seq = 0
         self._ref_cache: dict[tuple[int, int], float] = {}
         self.dispatch_counts: list[dict[str, int]] = [{} for _ in self.workers]
@@ -105,6 +107,7 @@ class Scheduler:
     def set_eligible(self, worker: int, eligible: bool) -> None:
         """Mark a worker as (in)eligible for new dispatches (health, draining)."""
         self.eligible[worker] = eligible
+        self._n_eligible = sum(self.eligible)
 
     def submit(self, call: Call, now: float) -> int:
         """Compute the call's stage budget, choose a worker, and queue the call there."""
@@ -122,14 +125,14 @@ class Scheduler:
     def _choose(self, call: Call, now: float) -> int:
         est = self.estimator
         spec = call.spec
-        idx = [i for i, ok in enumerate(self.eligible) if ok]
+        idx = self._all if self._n_eligible == len(self.workers) else [i for i, ok in enumerate(self.eligible) if ok]
         if not idx:
             raise NoEligibleWorker("no eligible worker")
-        t_comp = [est.t_comp(i, spec.kind, spec.input_tokens, spec.output_tokens, now) for i in idx]
+        t_comp, t_queue = est.estimates(idx, spec.kind, spec.input_tokens, spec.output_tokens, now)
         view = DispatchView(
             workers=idx,
             t_comp=t_comp,
-            t_queue=[est.t_queue(i, now) for i in idx],
+            t_queue=t_queue,
             queue_len=[len(self.queues[i]) for i in idx],
             inflight=[est.loads[i].inflight for i in idx],
             alpha=self._alpha,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,31 +46,40 @@ def standard_latency(workers: Sequence[WorkerInfo]) -> float:
 
 
 def fluid_bound(workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]]) -> float:
-    """Upper bound on sustainable workflows/s: every worker at its best batch on the workload mix.
+    """The cluster's aggregate batched throughput for the workload mix (workflows/s).
 
-    Per worker: the GPU time one average workflow needs when prompts run as full prefill chunks and
-    decodes run in a batch as large as the worker's slots, ``max_num_seqs`` and its KV cache allow;
-    the bound is the sum over workers of 1 / that time (the cluster processing the mix in parallel).
+    Per worker, a lower bound on the GPU time one average workflow needs, from the iteration model
+    ``t = iter_base_s + token_s * tokens + ctx_s * context``: every prompt and output token costs
+    ``token_s``; every context token read costs ``ctx_s`` (a decode step at position j reads j tokens,
+    a prefill chunk reads the prompt before it); and every iteration costs ``iter_base_s``, with at
+    least ``decode tokens / B`` iterations (B: the largest batch the worker's slots, ``max_num_seqs``
+    and KV cache allow for the mix) and at least ``all tokens / max_batched_tokens``. The bound is the
+    sum over workers of 1 / that time: every worker busy all the time on the mix, at its best batch.
+    Request overheads (off the GPU) are excluded. A scheduler that specialises workers by call type
+    could beat it only by the difference in the workers' relative speeds per call type.
     """
     calls = [c for q in queries for c in q]
     if not calls:
         return 0.0
     n_q = len(queries)
-    mean_in = sum(c.input_tokens for c in calls) / len(calls)
-    mean_out = sum(c.output_tokens for c in calls) / len(calls)
     tot_in = sum(c.input_tokens for c in calls) / n_q
     tot_out = sum(c.output_tokens for c in calls) / n_q
-    # Decode-weighted mean context: a call's decode steps read its prompt plus half its output.
-    dec_ctx = sum(c.output_tokens * (c.input_tokens + c.output_tokens / 2) for c in calls)
-    dec_ctx /= max(sum(c.output_tokens for c in calls), 1)
+    mean_kv = (tot_in + tot_out) * n_q / len(calls)
     rate = 0.0
     for w in workers:
         p = w.profile
-        kv_batch = p.kv_capacity_tokens / (mean_in + mean_out)
-        batch = max(1, int(min(w.capacity, p.max_num_seqs, kv_batch)))
-        prefill_s = tot_in / p.prefill_throughput(mean_in / 2)
-        decode_s = tot_out / p.decode_throughput(batch, dec_ctx)
-        rate += 1.0 / (prefill_s + decode_s)
+        chunk = p.max_batched_tokens
+        ctx_reads = 0.0
+        for c in calls:
+            n = max(c.output_tokens - 1, 0)
+            full, rest = divmod(max(c.input_tokens, 1), chunk)
+            ctx_reads += chunk * (full * (full - 1) / 2 + (full if rest else 0))
+            ctx_reads += n * c.input_tokens + n * (n - 1) / 2
+        ctx_reads /= n_q
+        batch = max(1.0, min(float(w.capacity), float(p.max_num_seqs), p.kv_capacity_tokens / mean_kv))
+        iterations = max(tot_out / batch, (tot_in + tot_out) / chunk)
+        t = p.token_s * (tot_in + tot_out) + p.ctx_s * ctx_reads + p.iter_base_s * iterations
+        rate += 1.0 / t
     return rate
 
 
@@ -178,13 +188,20 @@ class Bench:
                 self.progress(1)
         return r
 
-    def capacity(self, policy: str, hi: float, *, target: float = 0.95, rel_tol: float = 0.01) -> float:
-        """Highest rate with SLO attainment >= target, by bisection on [hi/64, hi]."""
-        lo = hi / 64.0
-        if self.point(policy, lo).summary.slo_attainment < target:
-            return 0.0
+    def capacity(self, policy: str, bound: float, *, target: float = 0.95, rel_tol: float = 0.015) -> float:
+        """Highest rate with SLO attainment >= target, by geometric bisection below ``1.05 * bound``.
+
+        The bracket starts at [0.3, 1.05] x the fluid bound and widens downwards while even its low
+        end misses the target (a policy far from the bound, such as round-robin on a mixed cluster).
+        """
+        hi = 1.05 * bound
         if self.point(policy, hi).summary.slo_attainment >= target:
             return hi
+        lo = 0.3 * bound
+        while self.point(policy, lo).summary.slo_attainment < target:
+            hi, lo = lo, lo / 2.0
+            if lo < bound / 256.0:
+                return 0.0
         while (hi - lo) / hi > rel_tol:
             mid = math.sqrt(lo * hi)
             if self.point(policy, mid).summary.slo_attainment >= target:
@@ -196,14 +213,6 @@ class Bench:
     def points(self) -> list[PointResult]:
         """Every measurement so far, sorted by policy then rate."""
         return sorted(self._cache.values(), key=lambda p: (p.policy, p.rate_qps))
-
-
-BISECTION_STEPS = 9
-
-
-def bench_runs_estimate(n_policies: int, n_rates: int) -> int:
-    """Upper estimate of simulation runs for a progress bar."""
-    return n_policies * (BISECTION_STEPS + n_rates + 2)
 
 
 @dataclass
@@ -271,6 +280,56 @@ class BenchReport:
         path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
 
 
+GRID_FRACTIONS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9)
+
+
+@dataclass
+class _PolicyOutcome:
+    capacity: float | None
+    points: list[PointResult]
+    alphas: dict[float, float]
+
+
+def _policy_task(
+    setup: Setup, policy: str, rates: Sequence[float], find_capacity: bool, fixed_alpha: float | None, bound: float
+) -> _PolicyOutcome:
+    """Everything one policy needs: capacity by bisection, then the given rates (a worker process's job)."""
+    bench = Bench(setup, fixed_alpha=fixed_alpha)
+    cap = bench.capacity(policy, bound) if find_capacity else None
+    for r in rates:
+        bench.point(policy, r)
+    return _PolicyOutcome(cap, bench.points(), {r: a for (_, r), a in bench._alpha_cache.items()})
+
+
+def _run_tasks(
+    setup: Setup,
+    tasks: Sequence[tuple[str, Sequence[float], bool]],
+    fixed_alpha: float | None,
+    bound: float,
+    jobs: int,
+    progress: ProgressFn | None,
+) -> list[_PolicyOutcome]:
+    if jobs <= 1 or len(tasks) <= 1:
+        out = []
+        for policy, rates, cap in tasks:
+            out.append(_policy_task(setup, policy, rates, cap, fixed_alpha, bound))
+            if progress is not None:
+                progress(1)
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(_policy_task, setup, p, r, c, fixed_alpha, bound) for p, r, c in tasks]
+        results = []
+        for f in futures:
+            results.append(f.result())
+            if progress is not None:
+                progress(1)
+        return results
+
+
 def run_bench(
     setup: Setup,
     policies: Sequence[str],
@@ -278,36 +337,46 @@ def run_bench(
     rates: Sequence[float] | None = None,
     fixed_alpha: float | None = None,
     find_capacity: bool = True,
+    jobs: int = 1,
     progress: ProgressFn | None = None,
 ) -> BenchReport:
     """Capacity of every policy, then every policy at the given rates and at rr-fcfs's capacity.
 
-    Without ``rates``, a grid of fractions of the fluid bound is used.
+    Without ``rates``, a grid of fractions of the fluid bound is used. ``jobs`` > 1 runs policies in
+    parallel worker processes (results are identical: every run is seeded). ``progress`` is called
+    with 1 after each policy's phase.
     """
     for p in policies:
         get_policy(p)  # unknown names fail before any work
     bound = fluid_bound(setup.workers, setup.queries)
-    bench = Bench(setup, fixed_alpha=fixed_alpha, progress=progress)
-    capacity: dict[str, float] = {}
-    if find_capacity:
-        for p in policies:
-            capacity[p] = bench.capacity(p, hi=bound * 1.05)
-    grid = list(rates) if rates else [round(bound * f, 6) for f in (0.2, 0.4, 0.6, 0.7, 0.8, 0.9)]
+    grid = list(rates) if rates else [round(bound * f, 6) for f in GRID_FRACTIONS]
+    # rr-fcfs first: its capacity is the reference rate every policy is also measured at.
+    order = sorted(policies, key=lambda p: p != "rr-fcfs")
+    outcomes = dict(
+        zip(order, _run_tasks(setup, [(p, grid, find_capacity) for p in order], fixed_alpha, bound, jobs, progress),
+            strict=True)
+    )
+    capacity = {p: o.capacity for p, o in outcomes.items() if o.capacity is not None}
     ref = capacity.get("rr-fcfs")
     if ref is not None and ref > 0:
-        grid.append(ref)
+        extra = _run_tasks(setup, [(p, [ref], False) for p in order], fixed_alpha, bound, jobs, progress)
+        for p, o in zip(order, extra, strict=True):
+            outcomes[p].points += [x for x in o.points if x.rate_qps == ref]
+            outcomes[p].alphas.update(o.alphas)
+    results = sorted((x for o in outcomes.values() for x in o.points), key=lambda x: (x.policy, x.rate_qps))
+    alphas: dict[str, float | None] = {}
     for p in policies:
-        for r in grid:
-            bench.point(p, r)
-    alphas = {p: (bench.alpha_for(p, ref) if ref else bench.alpha_for(p, grid[0])) for p in policies}
+        a = outcomes[p].alphas
+        at = ref if ref else grid[0]
+        alphas[p] = None if not get_policy(p).uses_alpha else (fixed_alpha if fixed_alpha is not None else a.get(round(at, 9)))
     return BenchReport(
         trace=setup.trace,
         cluster=[w.profile.gpu for w in setup.workers],
         slo_scale=setup.slo_scale,
         slo_s=setup.slo_s,
         fluid_bound_qps=bound,
-        capacity_qps=capacity,
-        results=bench.points(),
+        capacity_qps={p: capacity[p] for p in policies if p in capacity},
+        results=results,
         reference_rate_qps=ref,
         alphas=alphas,
         seed=setup.seed,
