@@ -353,8 +353,11 @@ def run_bench(
     # rr-fcfs first: its capacity is the reference rate every policy is also measured at.
     order = sorted(policies, key=lambda p: p != "rr-fcfs")
     outcomes = dict(
-        zip(order, _run_tasks(setup, [(p, grid, find_capacity) for p in order], fixed_alpha, bound, jobs, progress),
-            strict=True)
+        zip(
+            order,
+            _run_tasks(setup, [(p, grid, find_capacity) for p in order], fixed_alpha, bound, jobs, progress),
+            strict=True,
+        )
     )
     capacity = {p: o.capacity for p, o in outcomes.items() if o.capacity is not None}
     ref = capacity.get("rr-fcfs")
@@ -366,9 +369,12 @@ def run_bench(
     results = sorted((x for o in outcomes.values() for x in o.points), key=lambda x: (x.policy, x.rate_qps))
     alphas: dict[str, float | None] = {}
     for p in policies:
-        a = outcomes[p].alphas
-        at = ref if ref else grid[0]
-        alphas[p] = None if not get_policy(p).uses_alpha else (fixed_alpha if fixed_alpha is not None else a.get(round(at, 9)))
+        if not get_policy(p).uses_alpha:
+            alphas[p] = None
+        elif fixed_alpha is not None:
+            alphas[p] = fixed_alpha
+        else:
+            alphas[p] = outcomes[p].alphas.get(round(ref if ref else grid[0], 9))
     return BenchReport(
         trace=setup.trace,
         cluster=[w.profile.gpu for w in setup.workers],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections import defaultdict
@@ -59,7 +60,7 @@ def test_every_workflow_finishes_and_no_call_runs_before_its_dependencies(setup:
             stages[c.ready].append(c)
         times = sorted(stages)
         assert times[0] == pytest.approx(arrival[wid])
-        for prev, nxt in zip(times, times[1:], strict=False):
+        for prev, nxt in itertools.pairwise(times):
             assert nxt == max(c.result for c in stages[prev])
 
 
