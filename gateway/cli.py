@@ -80,6 +80,7 @@ def _setup(args: argparse.Namespace) -> object:
         seed=args.seed,
         cv=args.cv,
         tenants=tenants,
+        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
     )
 
 
@@ -298,6 +299,11 @@ def _common(p: argparse.ArgumentParser, *, workflows: int) -> None:
         "--tenants",
         default=None,
         help="tenant mix, e.g. gold:share=0.3:slo_scale=0.6,chat:kind=chat:share=0.2:deadline_s=20",
+    )
+    p.add_argument(
+        "--arrivals",
+        default=None,
+        help="replay the arrival pattern of a CSV with a timestamp column (Azure LLM trace format), rescaled to --rate",
     )
     p.add_argument("--json", default=None, help="write results as JSON here")
 

@@ -25,6 +25,7 @@ the field that holds them.
 
 from __future__ import annotations
 
+import os
 import types
 import typing
 from collections.abc import Mapping
@@ -49,7 +50,8 @@ from gateway.errors import ConfigError, UnknownNameError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """The repository (or install) root: the folder that holds ``gateway/`` and ``config/``."""
-CONFIG_DIR = REPO_ROOT / "config"
+CONFIG_DIR = Path(os.environ.get("HEXFLOW_CONFIG_DIR") or REPO_ROOT / "config")
+"""``config/`` of the checkout, or ``$HEXFLOW_CONFIG_DIR`` (set in the container image)."""
 DEFAULT_GPU_CATALOG = CONFIG_DIR / "gpus.yaml"
 CLUSTERS_DIR = CONFIG_DIR / "clusters"
 

@@ -17,6 +17,7 @@ Method (what ``hexflow bench`` runs):
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -29,10 +30,11 @@ from typing import Any
 from gateway.core.policy import get_policy
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import STANDARD_WORKFLOW, CallSpec, StagedWorkflow
+from gateway.errors import ConfigError
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
-from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals
+from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals, replay_arrivals
 
 ProgressFn = Callable[[int], object]
 
@@ -95,6 +97,7 @@ class Setup:
     seed: int = 0
     cv: float = 1.0
     tenants: list[TenantSpec] | None = None
+    arrivals_csv: Path | None = None
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
     _templates: dict[tuple[int, float], list[StagedWorkflow]] = field(default_factory=dict, init=False, repr=False)
@@ -107,7 +110,21 @@ class Setup:
         a = self._units.get(seed)
         if a is None:
             rng = random.Random(seed)
-            if self.cv == 1.0:
+            if self.arrivals_csv is not None:
+                # A recorded arrival pattern (Azure LLM trace format), rescaled to a mean of 1/s. Another
+                # window (seed) starts at another offset into the recording.
+                rows = replay_arrivals(self.arrivals_csv)
+                if len(rows) < 2:
+                    raise ConfigError(str(self.arrivals_csv), "", "needs at least two arrival rows")
+                start = 0 if seed == self.seed else (seed * 7919) % len(rows)
+                gaps = [b - a for a, b in itertools.pairwise(rows)]
+                gaps = (gaps[start:] + gaps[:start]) * (self.n_workflows // len(gaps) + 1)
+                mean = sum(gaps) / len(gaps)
+                t, a = 0.0, [0.0]
+                for g in gaps[: self.n_workflows - 1]:
+                    t += g / mean if mean > 0 else 1.0
+                    a.append(t)
+            elif self.cv == 1.0:
                 a = poisson_arrivals(self.n_workflows, 1.0, rng)
             else:
                 a = gamma_arrivals(self.n_workflows, 1.0, self.cv, rng)

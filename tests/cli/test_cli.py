@@ -99,3 +99,21 @@ def test_tune_prints_the_grid(capsys: pytest.CaptureFixture[str]) -> None:
     code, stdout, _ = run(["tune", *FAST, "--grid", "0,0.5,1"], capsys)
     assert code == 0
     assert "alpha =" in stdout and stdout.count("\n") >= 6
+
+
+def test_simulate_replays_a_timestamp_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    csv = tmp_path / "arrivals.csv"
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:15:{s:02d}.0000000,100,10" for s in (0, 1, 1, 2, 9, 10, 30, 31, 31, 40)]
+    csv.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "sim.json"
+    code, _, err = run(["simulate", *FAST, "--arrivals", str(csv), "--rate", "0.05", "--json", str(out)], capsys)
+    assert code == 0, err
+    assert json.loads(out.read_text())["summary"]["all"]["workflows"] == 30
+
+
+def test_bad_arrivals_file_names_the_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    csv = tmp_path / "arrivals.csv"
+    csv.write_text("when,x\nyesterday,1\n")
+    code, _, err = run(["simulate", *FAST, "--arrivals", str(csv)], capsys)
+    assert code == 2 and "arrivals.csv" in err and "Traceback" not in err
