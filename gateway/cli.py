@@ -245,7 +245,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if any(not 0.0 <= a <= 1.0 for a in grid):
         raise UsageError("--grid: alphas must be in [0, 1]")
     t0 = time.perf_counter()
-    res = tune_alpha(setup.workers, policy.name, window, grid=grid, seed=args.seed)
+    res = tune_alpha(setup.workers, policy.name, window, grid=grid, seed=args.seed, smooth=not args.no_smooth)
     wall = time.perf_counter() - t0
     rows = [
         [
@@ -342,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)")
     p.add_argument("--window-s", type=float, default=300.0, help="length of the traffic window (seconds)")
     p.add_argument("--grid", default=None, help="alphas to try, comma-separated (default 0, 0.1, ..., 1)")
+    p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
     p.set_defaults(func=cmd_tune)
     return parser
 
