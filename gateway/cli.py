@@ -3,6 +3,7 @@
     hexflow simulate   one policy, one run on the simulator
     hexflow bench      policies side by side: latency, SLO attainment, capacity, fluid bound
     hexflow tune       the alpha tuner on a window of traffic
+    hexflow emulate    an emulated vLLM worker (a test double for a GPU; see workers/emulator.py)
 
 Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
 with one line naming the file and field, and exit status 2; never a traceback.
@@ -344,13 +345,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", default=None, help="alphas to try, comma-separated (default 0, 0.1, ..., 1)")
     p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
     p.set_defaults(func=cmd_tune)
+    sub.add_parser("emulate", help="run an emulated vLLM worker (see `hexflow emulate --help`)", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hexflow`` console script."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["emulate"]:
+        # The emulated vLLM worker has its own argument set; hand over unchanged.
+        from workers.emulator import main as emulate
+
+        return emulate(args_list[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     for name in ("workflows",):
         if getattr(args, name, 1) is not None and getattr(args, name, 1) < 1:
             parser.error(f"--{name} must be >= 1")

@@ -38,7 +38,11 @@ class _Running:
     out_tokens: int
     kv: int
     finish_d: int = 0
-    admitted_at: float = 0.0
+    admitted_at: float | None = None
+    join_d: int = -1  # decode counter when the prompt finished (-1: still waiting or prefilling)
+    prefill_done_at: float | None = None
+    priority: int = 0
+    order: int = 0
 
 
 @dataclass(slots=True)
@@ -54,12 +58,17 @@ class EngineStats:
 
 @dataclass(eq=False)
 class SimEngine:
-    """One simulated vLLM server. The simulator calls ``add``, ``kick`` and ``on_wake``."""
+    """One simulated vLLM server. The simulator calls ``add``, ``kick`` and ``on_wake``.
+
+    With ``priority_scheduling`` the waiting queue is ordered by (priority, arrival), as vLLM's
+    ``--scheduling-policy priority`` does (lower value first); running calls are not preempted.
+    """
 
     profile: PerfProfile
     index: int = 0
     waiting: deque[_Running] = field(default_factory=deque)
     stats: EngineStats = field(default_factory=EngineStats)
+    priority_scheduling: bool = False
 
     def __post_init__(self) -> None:
         p = self.profile
@@ -74,6 +83,8 @@ class SimEngine:
         self._kv_used = 0
         self._running = 0
         self._seq = 0
+        self._order = 0
+        self._states: dict[int, _Running] = {}
         # Current segment (valid while busy).
         self.busy = False
         self.version = 0
@@ -96,17 +107,50 @@ class SimEngine:
         """KV-cache tokens reserved by running calls."""
         return self._kv_used
 
-    def add(self, call: Call) -> None:
+    def add(self, call: Call, priority: int = 0) -> None:
         """Put a call into the engine's waiting queue; ``kick`` afterwards to let it in."""
         s = call.spec
-        self.waiting.append(
-            _Running(
-                call,
-                max(s.input_tokens, 1),
-                max(s.output_tokens, 1),
-                max(s.input_tokens, 1) + max(s.output_tokens, 1),
-            )
-        )
+        n_in, n_out = max(s.input_tokens, 1), max(s.output_tokens, 1)
+        self._order += 1
+        r = _Running(call, n_in, n_out, n_in + n_out, priority=priority, order=self._order)
+        self._states[call.id] = r
+        w = self.waiting
+        if self.priority_scheduling and w and (priority, r.order) < (w[-1].priority, w[-1].order):
+            items = sorted([*w, r], key=lambda x: (x.priority, x.order))
+            w.clear()
+            w.extend(items)
+        else:
+            w.append(r)
+
+    def progress(self, call: Call, now: float) -> tuple[int, float | None]:
+        """Output tokens ``call`` has produced by ``now``, and when its first token came (None: not yet).
+
+        Exact at iteration boundaries within the running segment; used to stream tokens in real time.
+        """
+        r = self._states.get(call.id)
+        if r is None or r.prefill_done_at is None:
+            return 0, None
+        d = self._d
+        if self.busy and self._seg_gctx:
+            k = iterations_within(self._seg_first, self._seg_growth, now - self._seg_start)
+            d += min(k, self._seg_k)
+        return min(r.out_tokens, 1 + max(d - r.join_d, 0)), r.prefill_done_at
+
+    def call_state(self, call: Call) -> tuple[float | None, float | None]:
+        """(admitted at, first token at) in model time for a call still in the engine; None: not yet."""
+        r = self._states.get(call.id)
+        if r is None:
+            return None, None
+        return r.admitted_at, r.prefill_done_at
+
+    def remove(self, call: Call) -> bool:
+        """Drop a call that is still waiting (a client went away); running calls run to completion."""
+        for r in self.waiting:
+            if r.call is call:
+                self.waiting.remove(r)
+                self._states.pop(call.id, None)
+                return True
+        return False
 
     def kick(self, now: float) -> bool:
         """Replan after ``add``: start if idle, or cut the running segment at the next boundary.
@@ -220,6 +264,8 @@ class SimEngine:
                 r.prompt_left = 0
                 pre.popleft()
                 # The last prompt chunk yields the first output token.
+                r.prefill_done_at = now
+                r.join_d = self._d
                 left = r.out_tokens - 1
                 if left <= 0:
                     self._finish(r, done)
@@ -240,4 +286,5 @@ class SimEngine:
             self._ctx_total = 0.0
         self._kv_used -= r.kv
         self._running -= 1
+        self._states.pop(r.call.id, None)
         done.append(r.call)

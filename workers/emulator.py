@@ -1,0 +1,615 @@
+"""Emulated vLLM worker: an OpenAI-compatible HTTP server that is a TEST DOUBLE for a GPU.
+
+    python -m workers.emulator --gpu A100 --model llama-3.1-70b --port 8001 [--time-scale 0.05] [--seed N]
+        [--max-num-seqs N] [--max-model-len N] [--scheduling-policy fcfs|priority] [--served-model-name NAME]
+
+It serves vLLM's API surface (``/v1/chat/completions`` and ``/v1/completions``, streaming with
+``stream_options.include_usage`` too, ``/v1/models``, ``/health``, ``/metrics`` with vLLM's V1 metric
+names) and runs every request through the simulator's engine model (continuous batching, chunked
+prefill, KV capacity, an engine waiting queue, vLLM's ``priority`` field) in real time scaled by
+``--time-scale``. It computes nothing: its text comes from a pluggable ``Responder`` (by default filler
+of exactly the requested length), and its token counts follow a documented deterministic rule
+(``count_tokens``). Use it to exercise the live gateway on machines without GPUs; never in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.core.profile import PerfProfile
+from workers.engine_rt import RealTimeEngine, Ticket
+
+CHAT_TEMPLATE_TOKENS_PER_MESSAGE = 4
+CHAT_TEMPLATE_TOKENS_FIXED = 3
+DEFAULT_MAX_MODEL_LEN = 32768
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def count_tokens(text: str) -> int:
+    """The emulator's tokenizer: one token per whitespace-separated word (deterministic, documented).
+
+    A caller that wants a prompt of exactly N tokens sends N words; the gateway's trace replay does.
+    """
+    return len(text.split())
+
+
+def chat_prompt_tokens(messages: Sequence[dict[str, Any]]) -> int:
+    """Prompt tokens of a chat request: the words of every message plus the chat template's overhead
+    (4 per message and 3 for the assistant header, as Llama-3's template roughly adds)."""
+    n = CHAT_TEMPLATE_TOKENS_FIXED
+    for m in messages:
+        n += CHAT_TEMPLATE_TOKENS_PER_MESSAGE + count_tokens(_content_text(m.get("content")))
+    return n
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    raise _ApiError(400, "message content must be a string or a list of parts")
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """What a responder sees of a request."""
+
+    kind: str  # "chat" or "completion"
+    prompt_text: str
+    messages: list[dict[str, Any]] | None
+    prompt_tokens: int
+    max_tokens: int
+    seed: int | None
+
+
+class Responder(Protocol):
+    """Produces the text of a response of exactly ``n_tokens`` tokens (``count_tokens``)."""
+
+    def text(self, request: GenRequest, n_tokens: int, rng: random.Random) -> str:
+        """The response text."""
+        ...
+
+
+class FillerResponder:
+    """Filler words, exactly ``n_tokens`` of them (the default: trace replay only needs lengths)."""
+
+    WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+
+    def text(self, request: GenRequest, n_tokens: int, rng: random.Random) -> str:
+        """``n_tokens`` filler words."""
+        return " ".join(self.WORDS[i % len(self.WORDS)] for i in range(n_tokens))
+
+
+class _ApiError(Exception):
+    def __init__(self, status: int, message: str, err_type: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+        self.param = param
+
+
+def error_body(status: int, message: str, err_type: str, param: str | None = None) -> dict[str, Any]:
+    """vLLM's OpenAI-style error body."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
+class LagMonitor:
+    """Measures event-loop lag: how late a 10 ms sleep wakes up (the emulator's own health)."""
+
+    def __init__(self, interval_s: float = 0.01, keep: int = 6000) -> None:
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+        self.keep = keep
+        self.max_lag_s = 0.0
+
+    async def run(self) -> None:
+        """Sample until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(self.interval_s)
+            lag = max(loop.time() - t0 - self.interval_s, 0.0)
+            self.max_lag_s = max(self.max_lag_s, lag)
+            self.samples.append(lag)
+            if len(self.samples) > self.keep:
+                del self.samples[: self.keep // 2]
+
+    def quantile(self, q: float) -> float:
+        """Lag quantile over the recent samples (0 when none)."""
+        if not self.samples:
+            return 0.0
+        s = sorted(self.samples)
+        return s[min(int(q * len(s)), len(s) - 1)]
+
+
+class _EngineMetrics(Collector):
+    """Gauges read from the engine at scrape time, plus the emulator's own (``hexflow_emulator_*``)."""
+
+    def __init__(self, engine: RealTimeEngine, model_name: str, lag: LagMonitor) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.lag = lag
+
+    def collect(self) -> Any:
+        for name, doc, v in (
+            (
+                "hexflow_emulator_event_loop_lag_p99_seconds",
+                "Event-loop lag, p99 of recent samples.",
+                self.lag.quantile(0.99),
+            ),
+            ("hexflow_emulator_event_loop_lag_max_seconds", "Largest event-loop lag seen.", self.lag.max_lag_s),
+            (
+                "hexflow_emulator_model_iterations",
+                "Engine iterations modelled so far.",
+                self.engine.iterations_advanced,
+            ),
+            (
+                "hexflow_emulator_model_cpu_seconds",
+                "CPU seconds spent advancing the engine model.",
+                self.engine.advance_cpu_s,
+            ),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], float(v))
+            yield g
+        labels = ["model_name", "engine"]
+        values = [self.model_name, "0"]
+        for name, doc, v in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", self.engine.running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", self.engine.waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", self.engine.kv_usage),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, float(v))
+            yield g
+
+
+class _Metrics:
+    def __init__(self, engine: RealTimeEngine, model_name: str, lag: LagMonitor) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_EngineMetrics(engine, model_name, lag))
+        labels = ["model_name", "engine"]
+        self.labels = {"model_name": model_name, "engine": "0"}
+        r = self.registry
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=r
+        )
+        self.success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*labels, "finished_reason"],
+            registry=r,
+        )
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            labels,
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels, registry=r
+        )
+        buckets = (
+            0.001,
+            0.005,
+            0.01,
+            0.02,
+            0.04,
+            0.06,
+            0.08,
+            0.1,
+            0.25,
+            0.5,
+            0.75,
+            1.0,
+            2.5,
+            5.0,
+            7.5,
+            10.0,
+            20.0,
+            40.0,
+            80.0,
+            160.0,
+            640.0,
+            2560.0,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token in seconds.", labels, buckets=buckets, registry=r
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency in seconds.",
+            labels,
+            buckets=buckets,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "vllm:request_queue_time_seconds", "Time spent in the WAITING phase.", labels, buckets=buckets, registry=r
+        )
+        for m in (self.prompt_tokens, self.generation_tokens, self.prefix_queries, self.prefix_hits):
+            m.labels(**self.labels)
+
+    def record(self, ticket: Ticket, prompt_tokens: int, output_tokens: int, reason: str) -> None:
+        lab = self.labels
+        self.prompt_tokens.labels(**lab).inc(prompt_tokens)
+        self.generation_tokens.labels(**lab).inc(output_tokens)
+        self.prefix_queries.labels(**lab).inc(prompt_tokens)
+        self.success.labels(**lab, finished_reason=reason).inc()
+        end = ticket.engine_done_real if ticket.engine_done_real is not None else time.monotonic()
+        self.e2e.labels(**lab).observe(end - ticket.arrived_real)
+        if ticket.first_token_real is not None:
+            self.ttft.labels(**lab).observe(ticket.first_token_real - ticket.arrived_real)
+        if ticket.admitted_real is not None:
+            self.queue.labels(**lab).observe(max(ticket.admitted_real - ticket.arrived_real, 0.0))
+
+
+@dataclass
+class EmulatorConfig:
+    """Settings of one emulated worker."""
+
+    profile: PerfProfile
+    served_model_name: str
+    time_scale: float = 1.0
+    seed: int = 0
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    priority_scheduling: bool = False
+    add_request_overhead: bool = True
+
+
+class Emulator:
+    """The emulated worker's state: engine, metrics, responder."""
+
+    def __init__(self, cfg: EmulatorConfig, responder: Responder | None = None) -> None:
+        self.cfg = cfg
+        self.engine = RealTimeEngine(
+            cfg.profile, time_scale=cfg.time_scale, priority_scheduling=cfg.priority_scheduling
+        )
+        self.lag = LagMonitor()
+        self.metrics = _Metrics(self.engine, cfg.served_model_name, self.lag)
+        self.responder: Responder = responder or FillerResponder()
+        self._seed = cfg.seed
+        self.created = int(time.time())
+
+    def _rng(self, request_seed: int | None, prompt: str) -> random.Random:
+        # Deterministic per (emulator seed, request seed or prompt): the same request gets the same text.
+        base = request_seed if request_seed is not None else hash(prompt) & 0xFFFFFFFF
+        return random.Random(self._seed * 1_000_003 + base)
+
+    def check_model(self, model: Any) -> None:
+        if model is not None and model != self.cfg.served_model_name:
+            raise _ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+
+    def lengths(self, body: dict[str, Any], prompt_tokens: int) -> tuple[int, int]:
+        """(output tokens to produce, max_tokens) after vLLM's checks."""
+        max_len = self.cfg.max_model_len
+        mt = body.get("max_completion_tokens", body.get("max_tokens"))
+        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
+            raise _ApiError(400, f"max_tokens must be at least 1, got {mt}.", param="max_tokens")
+        min_t = body.get("min_tokens", 0)
+        if not isinstance(min_t, int) or isinstance(min_t, bool) or min_t < 0:
+            raise _ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_t}.", param="min_tokens")
+        if prompt_tokens >= max_len:
+            raise _ApiError(
+                400,
+                f"This model's maximum context length is {max_len} tokens. However, your request has "
+                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+                param="messages",
+            )
+        max_tokens = mt if mt is not None else max_len - prompt_tokens
+        if prompt_tokens + max_tokens > max_len:
+            raise _ApiError(
+                400,
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
+                f"completion). Please reduce the length of the messages or completion.",
+                param="max_tokens",
+            )
+        if min_t > max_tokens:
+            raise _ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_t}.")
+        # The filler responder always produces max_tokens: it never emits EOS early.
+        return max_tokens, max_tokens
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    if len(raw) > MAX_BODY_BYTES:
+        raise _ApiError(413, "Request body too large.", "BadRequestError")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _ApiError(400, f"JSON decode error: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+    if not isinstance(body, dict):
+        raise _ApiError(400, "The request body must be a JSON object.")
+    return body
+
+
+def _priority(body: dict[str, Any], emu: Emulator) -> int:
+    p = body.get("priority", 0)
+    if not isinstance(p, int) or isinstance(p, bool):
+        raise _ApiError(400, "priority must be an integer.", param="priority")
+    if p != 0 and not emu.cfg.priority_scheduling:
+        raise _ApiError(400, "Priority scheduling is not enabled.", param="priority")
+    return p
+
+
+def create_app(cfg: EmulatorConfig, responder: Responder | None = None) -> FastAPI:
+    """The emulated worker's ASGI app (the engine driver runs in its lifespan)."""
+    emu = Emulator(cfg, responder)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks = [
+            asyncio.create_task(emu.engine.run(), name="emulator-engine"),
+            asyncio.create_task(emu.lag.run(), name="emulator-lag-monitor"),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    app = FastAPI(title="Emulated vLLM worker (test double)", lifespan=lifespan)
+    app.state.emulator = emu
+
+    @app.exception_handler(_ApiError)
+    async def api_error(_: Request, exc: _ApiError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status, exc.message, exc.err_type, exc.param), status_code=exc.status)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        name = cfg.served_model_name
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": emu.created,
+                    "owned_by": "vllm",
+                    "root": name,
+                    "parent": None,
+                    "max_model_len": cfg.max_model_len,
+                }
+            ],
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(emu.metrics.registry).decode(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> Response:
+        body = _parse_body(await request.body())
+        emu.check_model(body.get("model"))
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise _ApiError(400, "messages must be a non-empty list of message objects.", param="messages")
+        prompt_tokens = chat_prompt_tokens(messages)
+        text = " ".join(_content_text(m.get("content")) for m in messages)
+        req = GenRequest("chat", text, messages, prompt_tokens, 0, body.get("seed"))
+        return await _generate(emu, body, req, chat=True)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> Response:
+        body = _parse_body(await request.body())
+        emu.check_model(body.get("model"))
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompt_tokens, text = count_tokens(prompt), prompt
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompt_tokens, text = len(prompt), " ".join(map(str, prompt))
+        elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt_tokens, text = count_tokens(prompt[0]), prompt[0]
+        else:
+            raise _ApiError(
+                400, "prompt must be a string, a list with one string, or a list of token ids.", param="prompt"
+            )
+        req = GenRequest("completion", text, None, prompt_tokens, 0, body.get("seed"))
+        if "max_tokens" not in body and "max_completion_tokens" not in body:
+            body = {**body, "max_tokens": 16}  # the OpenAI completions default
+        return await _generate(emu, body, req, chat=False)
+
+    return app
+
+
+async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, chat: bool) -> Response:
+    n_out, max_tokens = emu.lengths(body, req.prompt_tokens)
+    priority = _priority(body, emu)
+    if body.get("n", 1) != 1:
+        raise _ApiError(400, "Only n=1 is supported by the emulated worker.", param="n")
+    stream = bool(body.get("stream", False))
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
+    if not stream and body.get("stream_options") is not None:
+        raise _ApiError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
+    rng = emu._rng(req.seed, req.prompt_text)
+    words = emu.responder.text(
+        GenRequest(req.kind, req.prompt_text, req.messages, req.prompt_tokens, max_tokens, req.seed), n_out, rng
+    ).split()
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    model = emu.cfg.served_model_name
+    created = int(time.time())
+    reason = "length" if n_out >= max_tokens else "stop"
+    ticket = emu.engine.submit(req.prompt_tokens, max(n_out, 1), priority)
+    overhead = emu.cfg.profile.request_overhead_s * emu.cfg.time_scale if emu.cfg.add_request_overhead else 0.0
+    usage = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + n_out, "completion_tokens": n_out}
+
+    if not stream:
+        try:
+            while not ticket.done:
+                ticket.changed.clear()
+                await ticket.changed.wait()
+        except asyncio.CancelledError:
+            emu.engine.cancel(ticket)
+            raise
+        if overhead > 0:
+            await asyncio.sleep(overhead)
+        emu.metrics.record(ticket, req.prompt_tokens, n_out, reason)
+        text = " ".join(words)
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": [], "reasoning_content": None},
+                "logprobs": None,
+                "finish_reason": reason,
+                "stop_reason": None,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
+            obj = "text_completion"
+        return JSONResponse(
+            {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage}
+        )
+
+    async def events() -> AsyncIterator[bytes]:
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        sent = 0
+
+        def chunk(delta_words: list[str], finish: str | None, first: bool = False) -> bytes:
+            text = " ".join(delta_words)
+            if chat:
+                delta: dict[str, Any] = {"content": (" " if sent and delta_words else "") + text}
+                if first:
+                    delta = {"role": "assistant", "content": ""}
+                c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                c = {
+                    "index": 0,
+                    "text": (" " if sent and delta_words else "") + text,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            payload: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model, "choices": [c]}
+            if include_usage:
+                payload["usage"] = None
+            return f"data: {json.dumps(payload)}\n\n".encode()
+
+        emu.engine.streaming += 1
+        try:
+            if chat:
+                yield chunk([], None, first=True)
+            while True:
+                ticket.changed.clear()
+                n = emu.engine.progress(ticket)
+                if n > sent:
+                    piece = words[sent:n]
+                    last = n >= n_out and ticket.done
+                    if last and overhead > 0:
+                        await asyncio.sleep(overhead)
+                    out = chunk(piece, reason if last else None)
+                    sent = n
+                    yield out
+                    if last:
+                        break
+                elif ticket.done:
+                    if overhead > 0:
+                        await asyncio.sleep(overhead)
+                    yield chunk([], reason)
+                    break
+                await ticket.changed.wait()
+            emu.metrics.record(ticket, req.prompt_tokens, n_out, reason)
+            if include_usage:
+                final = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage}
+                yield f"data: {json.dumps(final)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+        except asyncio.CancelledError:
+            emu.engine.cancel(ticket)
+            raise
+        finally:
+            emu.engine.streaming -= 1
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Arguments of ``python -m workers.emulator``."""
+    p = argparse.ArgumentParser(
+        prog="python -m workers.emulator", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    p.add_argument("--gpu", required=True, help="GPU profile from config/gpus.yaml (A100, H100, A6000, L40S, ...)")
+    p.add_argument("--model", default="llama-3.1-70b", help="model profile from config/gpus.yaml")
+    p.add_argument("--served-model-name", default=None, help="model name clients send (default: --model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per modelled second (0.05: 20x faster)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="override the profile's batch limit")
+    p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument(
+        "--no-request-overhead",
+        action="store_true",
+        help="do not add the profile's per-request overhead (API server time) to responses",
+    )
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    """Resolve the profile and build the config (raises GatewayError for unknown names)."""
+    from dataclasses import replace
+
+    from gateway.config import load_gpu_catalog
+
+    profile = load_gpu_catalog().profile(args.gpu, args.model)
+    if args.max_num_seqs is not None:
+        profile = replace(profile, max_num_seqs=args.max_num_seqs)
+    return EmulatorConfig(
+        profile=profile,
+        served_model_name=args.served_model_name or args.model,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        priority_scheduling=args.scheduling_policy == "priority",
+        add_request_overhead=not args.no_request_overhead,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one emulated worker until interrupted."""
+    import uvicorn
+
+    from gateway.errors import GatewayError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.time_scale > 0:
+        parser.error("--time-scale must be positive")
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        parser.error("--max-num-seqs must be >= 1")
+    try:
+        cfg = config_from_args(args)
+    except GatewayError as exc:
+        print(f"emulator: error: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
