@@ -115,14 +115,25 @@ class Estimator:
         max_age = self.max_age_s
         t_comp: list[float] = []
         t_queue: list[float] = []
+        base_cache = self._base_cache
+        ratios = self._ratios
+        loads = self.loads
+        caps = self.capacities
         for w in workers:
-            base = self._base_cache[w].get(key)
+            base = base_cache[w].get(key)
             if base is None:
                 base = self.base_latency(w, input_tokens, output_tokens)
-            r = self._ratios[w].get(kind)
+            r = ratios[w].get(kind)
             t_comp.append(base if r is None or now - r.updated_at > max_age else base * r.value)
-            load = self.loads[w]
-            t_queue.append(load.outstanding(now) / self.capacities[w] if load.inflight or load.queued else 0.0)
+            load = loads[w]
+            if load.inflight:
+                rem = load.inflight_work - (load.inflight * now - load.inflight_start_sum)
+                floor = 0.1 * load.inflight_work
+                t_queue.append((load.queued_work + (rem if rem > floor else floor)) / caps[w])
+            elif load.queued:
+                t_queue.append(load.queued_work / caps[w])
+            else:
+                t_queue.append(0.0)
         return t_comp, t_queue
 
     def t_queue(self, worker: int, now: float) -> float:

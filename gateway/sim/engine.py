@@ -110,7 +110,8 @@ class SimEngine:
     def add(self, call: Call, priority: int = 0) -> None:
         """Put a call into the engine's waiting queue; ``kick`` afterwards to let it in."""
         s = call.spec
-        n_in, n_out = max(s.input_tokens, 1), max(s.output_tokens, 1)
+        n_in = s.input_tokens if s.input_tokens > 1 else 1
+        n_out = s.output_tokens if s.output_tokens > 1 else 1
         self._order += 1
         r = _Running(call, n_in, n_out, n_in + n_out, priority=priority, order=self._order)
         self._states[call.id] = r
@@ -204,8 +205,10 @@ class SimEngine:
             self._kv_used += r.kv
             self._running += 1
         st = self.stats
-        st.max_running = max(st.max_running, self._running)
-        st.max_kv = max(st.max_kv, self._kv_used)
+        if self._running > st.max_running:
+            st.max_running = self._running
+        if self._kv_used > st.max_kv:
+            st.max_kv = self._kv_used
 
     def _plan(self, now: float) -> bool:
         self._admit(now)
@@ -280,8 +283,8 @@ class SimEngine:
         return done
 
     def _finish(self, r: _Running, done: list[Call]) -> None:
-        s = r.call.spec
-        self._ctx_total -= max(s.input_tokens, 1) + r.out_tokens - 1
+        # prompt (kv - out) plus the out - 1 decoded tokens
+        self._ctx_total -= r.kv - 1
         if self._ctx_total < 0.5:
             self._ctx_total = 0.0
         self._kv_used -= r.kv
