@@ -205,9 +205,9 @@ class SimEngine:
             self._kv_used += r.kv
             self._running += 1
         st = self.stats
-        if self._running > st.max_running:
+        if self._running > st.max_running:  # noqa: PLR1730 (hot path: no builtin call)
             st.max_running = self._running
-        if self._kv_used > st.max_kv:
+        if self._kv_used > st.max_kv:  # noqa: PLR1730
             st.max_kv = self._kv_used
 
     def _plan(self, now: float) -> bool:
