@@ -20,10 +20,15 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.core.policy import POLICIES, get_policy
 from gateway.core.scheduler import WorkerInfo
+from gateway.core.workflow import CallSpec
 from gateway.errors import GatewayError
+
+if TYPE_CHECKING:
+    from gateway.sim.bench import Setup
 
 EXIT_USAGE = 2
 
@@ -50,17 +55,17 @@ def _workers(cluster: str) -> list[WorkerInfo]:
     return load_cluster(cluster)
 
 
-def _queries(trace: str, n: int, seed: int) -> tuple[str, list[list[object]]]:
+def _queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
     from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
 
     src = resolve_trace(trace)
     name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
     # The generator makes exactly n queries; a trace is replayed as recorded and cycled to n.
     queries = load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
-    return name, queries  # type: ignore[return-value]
+    return name, queries
 
 
-def _setup(args: argparse.Namespace) -> object:
+def _setup(args: argparse.Namespace) -> Setup:
     from gateway.sim.bench import Setup
     from gateway.sim.workload import parse_tenants
 
@@ -74,7 +79,7 @@ def _setup(args: argparse.Namespace) -> object:
             raise UsageError(f"--tenants: {exc}") from None
     return Setup(
         workers=workers,
-        queries=queries,  # type: ignore[arg-type]
+        queries=queries,
         trace=name,
         n_workflows=args.workflows,
         slo_scale=args.slo_scale,
@@ -96,13 +101,12 @@ def _policies(text: str) -> list[str]:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """One policy, one run: headline figures, per tenant when there are several."""
-    from gateway.sim.bench import Setup, fluid_bound
+    from gateway.sim.bench import fluid_bound
     from gateway.sim.metrics import summarize
     from gateway.sim.simulator import Simulator
 
     get_policy(args.policy)
     setup = _setup(args)
-    assert isinstance(setup, Setup)
     bound = fluid_bound(setup.workers, setup.queries)
     rate = args.rate if args.rate is not None else round(0.6 * bound, 4)
     wfs = setup.workflows(rate)
@@ -153,11 +157,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Policies side by side; JSON with ``results``, ``capacity_qps`` and ``fluid_bound_qps``."""
     from tqdm import tqdm
 
-    from gateway.sim.bench import Setup, plot_report, run_bench
+    from gateway.sim.bench import plot_report, run_bench
 
     policies = _policies(args.policies)
     setup = _setup(args)
-    assert isinstance(setup, Setup)
     rates = [float(r) for r in args.rate.split(",")] if args.rate else None
     if rates is not None and any(not r > 0 for r in rates):
         raise UsageError("--rate: rates must be positive")
@@ -231,14 +234,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune alpha on a window of traffic; print the table of all grid points."""
-    from gateway.sim.bench import Setup, fluid_bound
+    from gateway.sim.bench import fluid_bound
     from gateway.sim.tune import ALPHA_GRID, tune_alpha
 
     policy = get_policy(args.policy)
     if not policy.uses_alpha:
         raise UsageError(f"--policy: {policy.name} does not use alpha")
     setup = _setup(args)
-    assert isinstance(setup, Setup)
     rate = args.rate if args.rate is not None else round(0.6 * fluid_bound(setup.workers, setup.queries), 4)
     wfs = setup.workflows(rate)
     window = [w for w in wfs if w.arrival <= args.window_s] or wfs[:1]
