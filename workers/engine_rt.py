@@ -59,7 +59,7 @@ class RealTimeEngine:
         time_scale: float = 1.0,
         priority_scheduling: bool = False,
         tick_s: float = 0.01,
-        tick_groups: int = 5,
+        tick_groups: int = 10,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not time_scale > 0:
