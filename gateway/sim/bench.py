@@ -227,6 +227,10 @@ class Bench:
                 hi = mid
         return lo
 
+    def tuned_alphas(self) -> dict[float, float]:
+        """The alpha tuned at each rate so far (rates rounded as cache keys)."""
+        return {r: a for (_, r), a in self._alpha_cache.items()}
+
     def points(self) -> list[PointResult]:
         """Every measurement so far, sorted by policy then rate."""
         return sorted(self._cache.values(), key=lambda p: (p.policy, p.rate_qps))
@@ -315,7 +319,7 @@ def _policy_task(
     cap = bench.capacity(policy, bound) if find_capacity else None
     for r in rates:
         bench.point(policy, r)
-    return _PolicyOutcome(cap, bench.points(), {r: a for (_, r), a in bench._alpha_cache.items()})
+    return _PolicyOutcome(cap, bench.points(), bench.tuned_alphas())
 
 
 def _run_tasks(
