@@ -6,51 +6,24 @@ server uses (``tiny-llama``, 4096), so the same assertions apply to both.
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.emulator_process import emulator_process
+
 SERVED = "tiny-llama"
 MAX_MODEL_LEN = 4096
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def emulator_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
-    log_path = Path(tmp_path_factory.mktemp("emulator")) / "emulator.log"
-    cmd = [sys.executable, "-m", "workers.emulator", "--gpu", "A100", "--model", "llama-3.1-8b",
-           "--served-model-name", SERVED, "--max-model-len", str(MAX_MODEL_LEN), "--port", str(port),
-           "--time-scale", "0.01", "--scheduling-policy", "priority"]  # fmt: skip
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"emulator did not start: {log_path.read_text()}")
-                time.sleep(0.1)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+    args = ["--gpu", "A100", "--model", "llama-3.1-8b", "--served-model-name", SERVED, "--max-model-len"]
+    args += [str(MAX_MODEL_LEN), "--time-scale", "0.01", "--scheduling-policy", "priority"]
+    with emulator_process(args, Path(tmp_path_factory.mktemp("emulator")) / "emulator.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="session", params=["emulator", pytest.param("vllm", marks=pytest.mark.vllm_cpu)])

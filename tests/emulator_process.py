@@ -1,0 +1,45 @@
+"""Start an emulated worker as a real subprocess (uvicorn on a free loopback port) for tests."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def emulator_process(args: Sequence[str], log_path: Path, *, start_timeout_s: float = 30.0) -> Iterator[str]:
+    """Run ``python -m workers.emulator ARGS --port P``; yield its base URL once ``/health`` answers."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "workers.emulator", *args, "--port", str(port)]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while True:
+                try:
+                    if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"emulator did not start: {log_path.read_text()}")
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
