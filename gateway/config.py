@@ -44,7 +44,7 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.core.profile import PerfProfile
+from gateway.core.profile import PerfProfile, profile_from
 from gateway.core.scheduler import WorkerInfo
 from gateway.errors import ConfigError, UnknownNameError
 
@@ -247,18 +247,7 @@ class GpuCatalog(_Strict):
 
         Raises ``UnknownNameError`` for an unknown GPU, an unknown model, or a pair without a profile.
         """
-        p = self.profile_spec(gpu, model)
-        return PerfProfile(
-            gpu=gpu,
-            model=model,
-            iter_base_s=p.iter_base_s,
-            token_s=p.token_s,
-            ctx_s=p.ctx_s,
-            request_overhead_s=p.request_overhead_s,
-            kv_capacity_tokens=p.kv_capacity_tokens,
-            max_num_seqs=p.max_num_seqs,
-            max_batched_tokens=p.max_batched_tokens,
-        )
+        return profile_from(gpu, model, self.profile_spec(gpu, model))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -80,6 +80,23 @@ class PerfProfile:
         return chunk / self.iter_time(chunk, mean_ctx)
 
 
+CONSTANTS: tuple[str, ...] = (
+    "iter_base_s",
+    "token_s",
+    "ctx_s",
+    "request_overhead_s",
+    "kv_capacity_tokens",
+    "max_num_seqs",
+    "max_batched_tokens",
+)
+"""The fields of ``PerfProfile`` besides its name: what a config entry or a fit must provide."""
+
+
+def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
+    """A ``PerfProfile`` whose constants are read from the same-named attributes of ``source``."""
+    return PerfProfile(gpu, model, *(getattr(source, name) for name in CONSTANTS))
+
+
 def iterations_within(a: float, g: float, elapsed: float) -> int:
     """Largest k >= 0 with ``k * a + g * k * (k - 1) / 2 <= elapsed``.
 

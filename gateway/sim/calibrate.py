@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import DEFAULT_GPU_CATALOG, GpuCatalog, GpuSpec, ModelSpec, load_gpu_catalog
-from gateway.core.profile import PerfProfile
+from gateway.core.profile import PerfProfile, profile_from
 from gateway.core.workflow import STANDARD_WORKFLOW, CallSpec
 from gateway.errors import ConfigError
 
@@ -98,17 +98,7 @@ class FittedProfile:
 
     def perf(self) -> PerfProfile:
         """The unrounded ``PerfProfile``."""
-        return PerfProfile(
-            gpu=self.gpu,
-            model=self.model,
-            iter_base_s=self.iter_base_s,
-            token_s=self.token_s,
-            ctx_s=self.ctx_s,
-            request_overhead_s=self.request_overhead_s,
-            kv_capacity_tokens=self.kv_capacity_tokens,
-            max_num_seqs=self.max_num_seqs,
-            max_batched_tokens=self.max_batched_tokens,
-        )
+        return profile_from(self.gpu, self.model, self)
 
 
 def workflow_latency(p: PerfProfile, calls: Sequence[CallSpec] = STANDARD_WORKFLOW) -> float:

@@ -37,3 +37,13 @@ def test_iterations_within_is_the_largest_fitting_count(a: float, g: float, elap
 
 def test_throughput_grows_with_batch() -> None:
     assert P.decode_throughput(16, 1000) > 4 * P.decode_throughput(1, 1000)
+
+
+def test_constants_list_matches_the_profile_fields() -> None:
+    import dataclasses
+
+    from gateway.core.profile import CONSTANTS, profile_from
+
+    names = [f.name for f in dataclasses.fields(PerfProfile)]
+    assert tuple(names[2:]) == CONSTANTS
+    assert profile_from("X", "m", P) == P
