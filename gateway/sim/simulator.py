@@ -6,9 +6,11 @@ gateway drives, with virtual time:
 
     arrival      -> workflow.start() -> Scheduler.submit() each ready call -> fill the worker
     fill worker  -> while in flight < capacity: Scheduler.pop_next() -> engine.add(); engine.kick()
-    engine wake  -> finished calls: Scheduler.on_finish() (slot free) -> result event after the
-                    profile's per-request overhead -> fill the worker again
-    result       -> workflow.complete() -> submit the calls that became ready
+    engine wake  -> finished calls leave the engine -> result event after the profile's per-request
+                    overhead (API server time, off the GPU)
+    result       -> Scheduler.on_finish() (the gateway's slot frees when it sees the response, as
+                    live) -> workflow.complete() -> submit the calls that became ready -> fill the
+                    worker that returned the call
 
 The only randomness is the injected ``random.Random(seed)`` (used by ``p2c``); workloads are built
 before the run from their own seeds.
@@ -166,23 +168,25 @@ class Simulator:
                 finished = eng.on_wake(now)
                 o = overhead[w]
                 for c in finished:
-                    started = c.started_at if c.started_at is not None else now
-                    sched.on_finish(c, now, observed_s=now + o - started)
                     seq += 1
                     heapq.heappush(heap, (now + o, seq, _RESULT, c, w, 0))
                     if self.record_calls:
+                        started = c.started_at if c.started_at is not None else now
                         call_records.append(CallRecord(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o))
-                fill(w, now)
                 if not eng.busy and eng.kick(now):
                     seq += 1
                     heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, w, eng.version))
             elif kind == _RESULT:
+                # The gateway sees the call return only now (after the per-request overhead): the slot
+                # frees and the estimator learns here, exactly as in the live gateway.
                 c = cast(Call, payload)
+                sched.on_finish(c, now)
                 wf = c.workflow
                 nxt = wf.complete(c.spec)
                 if nxt:
                     submit(wf, nxt, now)
-                elif wf.done:
+                fill(w, now)
+                if not nxt and wf.done:
                     pending -= 1
                     records.append(
                         WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls.get(wf.wid, 0))

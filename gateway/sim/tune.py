@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.core.scheduler import WorkerInfo
+from gateway.core.dag import DagWorkflow
 from gateway.core.workflow import StagedWorkflow
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator
@@ -61,7 +62,7 @@ def _smoothed(points: Sequence[TunePoint]) -> list[float]:
 def tune_alpha(
     workers: Sequence[WorkerInfo],
     policy: str,
-    window: Sequence[StagedWorkflow],
+    window: Sequence[StagedWorkflow | DagWorkflow],
     *,
     grid: Sequence[float] = ALPHA_GRID,
     seed: int = 0,

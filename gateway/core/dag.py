@@ -1,0 +1,228 @@
+"""Explicit DAG workflows: every call and its dependencies are given up front (``POST /v1/workflows``).
+
+A node becomes ready when all the nodes it depends on have finished; the nodes released by one
+completion (or at start) form one *stage* for budgeting. Stage budgets need the expected cost of what
+follows the current stage, and a DAG workflow offers two sources for it:
+
+* ``template=None``: the DAG itself. The expected remaining cost is the longest path (by reference
+  cost) through the nodes not yet released, so a chain of stages is budgeted exactly.
+* ``template=<WorkflowTemplate>``: the template's expectation, as for a ``StagedWorkflow``. Trace replay
+  uses this so that the live gateway budgets a replayed CHESS query exactly as the simulator does
+  (a DAG that is a chain of stages then behaves identically to the ``StagedWorkflow`` of those stages).
+
+``DagWorkflow.validate`` reports the first problem of a node list (dangling dependency, self-loop,
+cycle, duplicate id) as a ``DagError`` naming the node, so the API can answer 422.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gateway.core.workflow import CallSpec, CostFn, Workflow, WorkflowTemplate
+
+
+class DagError(ValueError):
+    """A node list is not a DAG (cycle, dangling or duplicate id). The message names the node."""
+
+
+@dataclass(frozen=True, slots=True)
+class DagCallSpec(CallSpec):
+    """A call of a DAG workflow: the ``CallSpec`` plus the node's index in the workflow."""
+
+    node: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class DagNode:
+    """One node as a client gives it: an id, the call's shape and the ids it depends on."""
+
+    id: str
+    kind: str
+    input_tokens: int
+    output_tokens: int
+    depends_on: tuple[str, ...] = ()
+
+
+def _topo_order(nodes: Sequence[DagNode]) -> list[int]:
+    """Indices in a topological order; raises ``DagError`` on a problem."""
+    index: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        if n.id in index:
+            raise DagError(f"calls.{i}.id: duplicate call id {n.id!r} (also calls.{index[n.id]})")
+        index[n.id] = i
+    indeg = [0] * len(nodes)
+    children: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        seen: set[str] = set()
+        for d in n.depends_on:
+            if d == n.id:
+                raise DagError(f"calls.{i}.depends_on: call {n.id!r} depends on itself")
+            if d not in index:
+                raise DagError(f"calls.{i}.depends_on: call {n.id!r} depends on unknown call {d!r}")
+            if d in seen:
+                continue
+            seen.add(d)
+            indeg[i] += 1
+            children[index[d]].append(i)
+    order = [i for i in range(len(nodes)) if indeg[i] == 0]
+    head = 0
+    while head < len(order):
+        for c in children[order[head]]:
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                order.append(c)
+        head += 1
+    if len(order) < len(nodes):
+        stuck = sorted(nodes[i].id for i in range(len(nodes)) if indeg[i] > 0)
+        shown = ", ".join(repr(s) for s in stuck[:5]) + (", ..." if len(stuck) > 5 else "")
+        raise DagError(f"calls: the dependencies form a cycle through {shown}")
+    return order
+
+
+@dataclass(eq=False)
+class DagWorkflow(Workflow):
+    """A workflow given as a DAG of calls. Build with ``DagWorkflow.build`` (validates)."""
+
+    wid: int
+    tenant: str
+    arrival: float
+    deadline: float
+    nodes: tuple[DagNode, ...]
+    template: WorkflowTemplate | None = None
+    _order: tuple[int, ...] = field(default=(), repr=False)
+    _deps: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+    _children: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+    _missing: list[int] = field(default_factory=list, repr=False)
+    _released: list[bool] = field(default_factory=list, repr=False)
+    _finished: int = field(default=0, repr=False)
+    _started: bool = field(default=False, repr=False)
+    _cursor: int = field(default=-1, repr=False)
+    _rounds: int = field(default=0, repr=False)
+    _remaining_cache: tuple[object, int, float] | None = field(default=None, repr=False)
+    _n_released: int = field(default=0, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        wid: int,
+        tenant: str,
+        arrival: float,
+        deadline: float,
+        nodes: Sequence[DagNode],
+        template: WorkflowTemplate | None = None,
+    ) -> DagWorkflow:
+        """Validate ``nodes`` (raises ``DagError``) and build an unstarted workflow."""
+        if not nodes:
+            raise DagError("calls: a workflow needs at least one call")
+        order = _topo_order(nodes)
+        wf = cls(wid, tenant, arrival, deadline, tuple(nodes), template)
+        wf._order = tuple(order)
+        index = {n.id: i for i, n in enumerate(nodes)}
+        wf._deps = tuple(tuple(sorted({index[d] for d in n.depends_on})) for n in nodes)
+        children: list[list[int]] = [[] for _ in nodes]
+        for i, deps in enumerate(wf._deps):
+            for d in deps:
+                children[d].append(i)
+        wf._children = tuple(tuple(c) for c in children)
+        wf._reset()
+        return wf
+
+    def _reset(self) -> None:
+        self._missing = [len(d) for d in self._deps]
+        self._released = [False] * len(self.nodes)
+        self._finished = 0
+        self._started = False
+        self._cursor = -1
+        self._rounds = 0
+        self._remaining_cache = None
+        self._n_released = 0
+
+    def fresh(self) -> DagWorkflow:
+        """An unstarted copy with the same times."""
+        return self.shifted(self.arrival, self.deadline)
+
+    def shifted(self, arrival: float, deadline: float) -> DagWorkflow:
+        """An unstarted copy with new arrival and deadline times (validation is not repeated)."""
+        wf = DagWorkflow(self.wid, self.tenant, arrival, deadline, self.nodes, self.template)
+        wf._order, wf._deps, wf._children = self._order, self._deps, self._children
+        wf._reset()
+        return wf
+
+    def spec(self, i: int) -> DagCallSpec:
+        """The call spec of node ``i``."""
+        n = self.nodes[i]
+        return DagCallSpec(n.kind, n.input_tokens, n.output_tokens, i)
+
+    def _release(self, ready: list[int]) -> list[CallSpec]:
+        for i in ready:
+            self._released[i] = True
+        self._n_released += len(ready)
+        if ready and self.template is not None:
+            prev = self._cursor
+            self._cursor = self.template.advance(prev, self.nodes[ready[0]].kind)
+            self._rounds = self._rounds + 1 if self._cursor == prev else 1
+        return [self.spec(i) for i in ready]
+
+    def start(self) -> list[CallSpec]:
+        """The calls without dependencies."""
+        if self._started:
+            raise RuntimeError(f"workflow {self.wid} started twice")
+        self._started = True
+        return self._release([i for i in range(len(self.nodes)) if not self._deps[i]])
+
+    def complete(self, spec: CallSpec) -> list[CallSpec]:
+        """Node ``spec.node`` finished; release the nodes whose last dependency it was."""
+        if not isinstance(spec, DagCallSpec) or not 0 <= spec.node < len(self.nodes):
+            raise RuntimeError(f"workflow {self.wid}: completion of a call that is not one of its nodes")
+        i = spec.node
+        if not self._released[i] or self._missing[i] < 0:
+            raise RuntimeError(f"workflow {self.wid}: node {self.nodes[i].id!r} completed twice or before release")
+        self._missing[i] = -1
+        self._finished += 1
+        ready: list[int] = []
+        for c in self._children[i]:
+            self._missing[c] -= 1
+            if self._missing[c] == 0:
+                ready.append(c)
+        return self._release(ready)
+
+    @property
+    def done(self) -> bool:
+        """True once every node has finished."""
+        return self._started and self._finished == len(self.nodes)
+
+    @property
+    def num_calls(self) -> int:
+        """Number of nodes."""
+        return len(self.nodes)
+
+    def expected_remaining(self, cost: CostFn) -> float:
+        """Expected cost after the current stage: the template's, or the DAG's unreleased critical path."""
+        if self.template is not None:
+            return self.template.remaining_after(self._cursor, self._rounds, cost)
+        cached = self._remaining_cache
+        if cached is not None and cached[0] is cost and cached[1] == self._n_released:
+            return cached[2]
+        longest = [0.0] * len(self.nodes)
+        best = 0.0
+        for i in reversed(self._order):
+            if self._released[i]:
+                continue
+            n = self.nodes[i]
+            tail = max((longest[c] for c in self._children[i]), default=0.0)
+            longest[i] = cost(n.kind, n.input_tokens, n.output_tokens) + tail
+            best = max(best, longest[i])
+        self._remaining_cache = (cost, self._n_released, best)
+        return best
+
+
+def chain_nodes(stages: Sequence[Sequence[CallSpec]], prefix: str = "c") -> list[DagNode]:
+    """DAG nodes for a chain of stages: every call of stage k depends on every call of stage k-1."""
+    out: list[DagNode] = []
+    prev: tuple[str, ...] = ()
+    for k, stage in enumerate(stages):
+        ids = tuple(f"{prefix}{k}.{j}" for j in range(len(stage)))
+        out.extend(DagNode(ids[j], s.kind, s.input_tokens, s.output_tokens, prev) for j, s in enumerate(stage))
+        prev = ids
+    return out
