@@ -278,6 +278,12 @@ class WorkerConfig(_Strict):
     url: str | None = Field(
         None, pattern=r"^https?://\S+$", description="Base URL of the worker's OpenAI-compatible server."
     )
+    served_model: str | None = Field(
+        None,
+        min_length=1,
+        description="Model name the worker serves (the 'model' field of requests sent to it); "
+        "default: the profile's model name.",
+    )
 
     @field_validator("gpu")
     @classmethod
@@ -311,6 +317,7 @@ class ResolvedWorker:
     model: str
     capacity: int
     url: str | None
+    served_model: str | None = None
 
 
 class ClusterConfig(_Strict):
@@ -363,7 +370,7 @@ class ClusterConfig(_Strict):
                 index = len(out)
                 base = f"{w.gpu}-{index}" if w.name is None else w.name
                 name = base if w.name is None or w.count == 1 else f"{base}-{k}"
-                rw = ResolvedWorker(name, w.gpu, w.model or self.model, w.capacity, w.url)
+                rw = ResolvedWorker(name, w.gpu, w.model or self.model, w.capacity, w.url, w.served_model)
                 out.append((entry, rw))
         return out
 

@@ -80,6 +80,13 @@ def _topo_order(nodes: Sequence[DagNode]) -> list[int]:
     return order
 
 
+def validate_nodes(nodes: Sequence[DagNode]) -> None:
+    """Raise ``DagError`` naming the first problem of a node list (empty, duplicate id, dangling, cycle)."""
+    if not nodes:
+        raise DagError("calls: a workflow needs at least one call")
+    _topo_order(nodes)
+
+
 @dataclass(eq=False)
 class DagWorkflow(Workflow):
     """A workflow given as a DAG of calls. Build with ``DagWorkflow.build`` (validates)."""

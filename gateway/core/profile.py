@@ -23,7 +23,7 @@ The same profile drives the simulator's worker model, the emulated worker and th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +116,21 @@ def iterations_within(a: float, g: float, elapsed: float) -> int:
     while (k + 1) * a + g * (k + 1) * k / 2.0 <= elapsed:
         k += 1
     return k
+
+
+def time_scaled(profile: PerfProfile, scale: float) -> PerfProfile:
+    """The profile of an engine running ``1/scale`` times faster (an emulated worker at ``--time-scale``).
+
+    Every latency the model predicts is multiplied by ``scale``; capacities are unchanged.
+    """
+    if not scale > 0:
+        raise ValueError(f"time scale must be positive, got {scale}")
+    if scale == 1.0:
+        return profile
+    return replace(
+        profile,
+        iter_base_s=profile.iter_base_s * scale,
+        token_s=profile.token_s * scale,
+        ctx_s=profile.ctx_s * scale,
+        request_overhead_s=profile.request_overhead_s * scale,
+    )

@@ -8,6 +8,7 @@ Life of a call:
     driver: worker has a free slot   -> ``pop_next(worker, now)``: the queue discipline's choice
     driver: call returned            -> ``on_finish(call, now, observed_s)``: loads and estimates
     driver: call failed on a worker  -> ``on_fail(call, now)``: frees the slot; the driver resubmits
+    driver: queued call abandoned    -> ``cancel(call)``: off its queue, loads corrected
 """
 
 from __future__ import annotations
@@ -191,6 +192,23 @@ class Scheduler:
         self._release(call)
         call.started_at = None
         call.attempts += 1
+
+    def cancel(self, call: Call) -> bool:
+        """Take a queued call off its worker's queue (its workflow failed or was abandoned).
+
+        Returns False when the call is not queued (already in flight or finished); an in-flight call is
+        released with ``on_fail`` instead.
+        """
+        if call.worker < 0 or call.started_at is not None:
+            return False
+        if not self.queues[call.worker].remove(call):
+            return False
+        load = self.estimator.loads[call.worker]
+        load.queued -= 1
+        load.queued_work -= call.t_comp
+        if load.queued == 0:
+            load.queued_work = 0.0
+        return True
 
     def drain_worker(self, worker: int) -> list[Call]:
         """Take every queued call off a worker (it left or went down) so the driver can resubmit them."""

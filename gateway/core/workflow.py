@@ -330,3 +330,6 @@ STANDARD_WORKFLOW: tuple[CallSpec, ...] = (
     CallSpec(EVALUATE, 961, 22),
     CallSpec(UNIT_TESTER, 275, 4),
 )
+
+TEMPLATES: dict[str, WorkflowTemplate] = {CHESS_TEMPLATE.name: CHESS_TEMPLATE}
+"""Registered templates by name (``/v1/workflows`` accepts ``template: chess`` as a budgeting hint)."""

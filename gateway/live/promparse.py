@@ -1,0 +1,160 @@
+"""A pure parser of a vLLM worker's ``/metrics`` text (Prometheus text exposition format).
+
+    parse_worker_metrics(text, model=None) -> WorkerMetrics     the load and counters the gateway reads
+    parse_families(text) -> {sample name: [(labels, value)]}    every sample, e.g. of the gateway's own /metrics
+
+No I/O: the caller fetches the text. ``prometheus_client``'s parser names counter families without
+``_total`` and yields the samples with their suffixes (``_total``, ``_created``, ``_sum``, ``_count``,
+``_bucket``); this module works on sample names and ignores ``_created`` samples. Any malformed text
+raises ``MetricsParseError`` and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+KV_CACHE_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+"""The name of the KV-cache usage gauge before vLLM's V1 engine."""
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+REQUEST_SUCCESS = "vllm:request_success_total"
+E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+
+_MAX_MESSAGE = 200
+
+
+class MetricsParseError(ValueError):
+    """The text is not in the Prometheus text exposition format."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMetrics:
+    """What the gateway reads from one worker's ``/metrics``; None where the text has no such metric.
+
+    Gauges and counters are summed over their series (engines of a data-parallel server,
+    ``finished_reason`` of ``request_success``), except ``kv_cache_usage``, a fraction in [0, 1], which
+    is the mean over engines. Counters are cumulative since the worker started.
+    """
+
+    running: float | None
+    """Requests in the engines' running batches."""
+    waiting: float | None
+    """Requests queued in the engines."""
+    kv_cache_usage: float | None
+    """KV-cache usage, 0..1 (``vllm:kv_cache_usage_perc``, or the older ``vllm:gpu_cache_usage_perc``)."""
+    prompt_tokens_total: float | None
+    """Prefill tokens processed."""
+    generation_tokens_total: float | None
+    """Tokens generated."""
+    preemptions_total: float | None
+    """Requests preempted by the engine (KV cache full)."""
+    request_success_total: float | None
+    """Requests finished, for any ``finished_reason``."""
+    e2e_latency_sum: float | None
+    """Sum of the end-to-end latencies of finished requests, seconds."""
+    e2e_latency_count: float | None
+    """Finished requests observed by the end-to-end latency histogram."""
+
+
+def _families(text: str) -> Iterator[Metric]:
+    """The parsed families; any failure of the parser becomes ``MetricsParseError``."""
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises ValueError, but also IndexError, KeyError, ...
+        msg = str(exc) or type(exc).__name__
+        if len(msg) > _MAX_MESSAGE:
+            msg = msg[:_MAX_MESSAGE] + "..."
+        raise MetricsParseError(f"malformed metrics text: {msg}") from None
+    return iter(families)
+
+
+def parse_families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample of ``text``: sample name (with its suffix) -> ``[(labels, value), ...]`` in text order.
+
+    ``_created`` samples are included (this is the raw view). ``MetricsParseError`` on malformed text.
+    """
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in _families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return out
+
+
+def _declared(family: Metric) -> list[str]:
+    """Sample names a family declares even when it has no series yet (a labelled metric never set)."""
+    if family.type == "counter":
+        return [f"{family.name}_total"]
+    if family.type in ("histogram", "gaugehistogram", "summary"):
+        return [f"{family.name}_sum", f"{family.name}_count"]
+    return [family.name]
+
+
+class _Samples:
+    """Samples by name: the ones of the wanted model, and which names appear at all."""
+
+    def __init__(self, text: str, model: str | None) -> None:
+        self.values: dict[str, list[float]] = {}
+        self.present: set[str] = set()
+        self.declared: set[str] = set()
+        for family in _families(text):
+            self.declared.update(_declared(family))
+            for s in family.samples:
+                if s.name.endswith("_created"):
+                    continue
+                self.present.add(s.name)
+                if model is None or s.labels.get("model_name") == model:
+                    self.values.setdefault(s.name, []).append(float(s.value))
+
+    def _values(self, name: str) -> list[float] | None:
+        """The wanted series' values; [] for a declared family without series; None when absent.
+
+        A family whose series all belong to other models is absent for the wanted model.
+        """
+        if name in self.values:
+            return self.values[name]
+        if name in self.present or name not in self.declared:
+            return None
+        return []
+
+    def sum(self, name: str) -> float | None:
+        vals = self._values(name)
+        return None if vals is None else float(sum(vals))
+
+    def mean(self, name: str) -> float | None:
+        vals = self._values(name)
+        if vals is None:
+            return None
+        return float(sum(vals) / len(vals)) if vals else 0.0
+
+
+def parse_worker_metrics(text: str, model: str | None = None) -> WorkerMetrics:
+    """The load and counters of a vLLM worker from its ``/metrics`` text.
+
+    With ``model``, only series labelled ``model_name=model`` count. A value is None when its family is
+    not in the text, or when all its series belong to other models; a family that is declared but has no
+    series yet (a labelled histogram before its first observation) gives 0.0. Raises
+    ``MetricsParseError`` on malformed text.
+    """
+    s = _Samples(text, model)
+    kv = s.mean(KV_CACHE_USAGE)
+    if kv is None:
+        kv = s.mean(KV_CACHE_USAGE_OLD)
+    return WorkerMetrics(
+        running=s.sum(RUNNING),
+        waiting=s.sum(WAITING),
+        kv_cache_usage=kv,
+        prompt_tokens_total=s.sum(PROMPT_TOKENS),
+        generation_tokens_total=s.sum(GENERATION_TOKENS),
+        preemptions_total=s.sum(PREEMPTIONS),
+        request_success_total=s.sum(REQUEST_SUCCESS),
+        e2e_latency_sum=s.sum(f"{E2E_LATENCY}_sum"),
+        e2e_latency_count=s.sum(f"{E2E_LATENCY}_count"),
+    )

@@ -1,0 +1,88 @@
+"""``hexflow serve``: build the gateway from its config and run it under uvicorn with graceful shutdown.
+
+On SIGTERM (or SIGINT) the gateway stops intake at once (``/readyz`` turns 503, new workflows get 503),
+uvicorn stops accepting connections, and in-flight workflows get ``shutdown_grace_s`` to finish before
+the worker pool is stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from gateway.live.app import create_app
+from gateway.live.service import Gateway
+from gateway.live.settings import LoadedConfig, load_gateway_config
+from gateway.live.tenants import TenantStore
+from gateway.live.transport import HttpTransport
+
+log = logging.getLogger("hexflow.server")
+
+
+def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
+    """The ASGI app for a loaded config (tenants are loaded now, so a bad file fails before serving)."""
+    tenants = TenantStore.load(loaded.tenants_path)
+    cfg = loaded.cfg
+
+    async def make() -> Gateway:
+        t = cfg.timeouts
+        transport = HttpTransport(
+            connect_s=t.connect_s,
+            call_s=t.call_s,
+            keepalive_expiry_s=t.keepalive_expiry_s,
+            max_connections=t.max_connections,
+            probe_timeout_s=cfg.health.timeout_s,
+            scrape_timeout_s=cfg.scrape.timeout_s,
+        )
+        return _GatewayWithTransport(loaded, tenants, transport, background=background)
+
+    return create_app(make, max_body_bytes=cfg.limits.max_body_bytes)
+
+
+class _GatewayWithTransport(Gateway):
+    """A gateway that closes its HTTP transport when stopped."""
+
+    async def stop(self) -> None:
+        await super().stop()
+        close = getattr(self.transport, "aclose", None)
+        if close is not None:
+            await close()
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server, marking the gateway as draining the moment a stop signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        gw = getattr(self._app.state, "gateway", None)
+        if isinstance(gw, Gateway) and not gw.draining:
+            log.warning("signal %d: draining (grace %.0f s)", sig, gw.cfg.shutdown_grace_s)
+            gw.draining = True
+        super().handle_exit(sig, frame)
+
+
+def serve(
+    config_path: Path | str, *, host: str | None = None, port: int | None = None, log_level: str = "info"
+) -> None:
+    """Run the gateway until SIGTERM/SIGINT."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    loaded = load_gateway_config(config_path)
+    app = build_app(loaded)
+    cfg = loaded.cfg
+    config = uvicorn.Config(
+        app,
+        host=host or cfg.listen.host,
+        port=cfg.listen.port if port is None else port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 1,
+        timeout_keep_alive=5,
+        access_log=False,
+    )
+    GatewayServer(config, app).run()

@@ -1,0 +1,370 @@
+"""The gateway service: admission, workflow execution, and the parts the HTTP app is a face for.
+
+``Gateway`` owns the scheduler (``gateway.core``), the worker pool (drain loops), the tenants store,
+the metrics and the background tuner. ``Gateway.run_workflow`` executes one DAG workflow: it submits
+the calls that are ready, and each call's completion callback (run synchronously by the pool, before
+the worker is refilled) releases the calls that became ready, exactly as the simulator's result event
+does. The HTTP layer (``gateway.live.app``) only validates, authenticates and translates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
+from gateway.core.scheduler import Scheduler
+from gateway.core.workflow import WorkflowTemplate
+from gateway.live.metrics import GatewayMetrics
+from gateway.live.pool import CallFailed, CallResult, Clock, LiveCall, Transport, WorkerEndpoint, WorkerPool
+from gateway.live.settings import LoadedConfig
+from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.tuning import AlphaTuner, WindowRecorder
+
+log = logging.getLogger("hexflow.gateway")
+
+
+class Rejected(Exception):
+    """Admission refused: ``status`` (429 or 503) with a ``Retry-After`` in seconds."""
+
+    def __init__(self, message: str, status: int, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """What to send for one node: the endpoint and the body (``model`` is filled per worker)."""
+
+    endpoint: str
+    body: dict[str, Any]
+    stream: asyncio.Queue[bytes | None] | None = None
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One call's outcome inside a workflow."""
+
+    node: int
+    kind: str
+    worker: str | None = None
+    queued_s: float = 0.0
+    run_s: float = 0.0
+    attempts: int = 0
+    result: CallResult | None = None
+    error: CallFailed | None = None
+
+
+@dataclass(slots=True)
+class WorkflowOutcome:
+    """A finished (or failed) workflow."""
+
+    id: str
+    tenant: str
+    status: str  # ok | failed
+    deadline_s: float
+    latency_s: float
+    calls: list[CallRecord]
+    error: CallFailed | None = None
+
+    @property
+    def deadline_met(self) -> bool:
+        """Finished, and within the deadline."""
+        return self.status == "ok" and self.latency_s <= self.deadline_s
+
+
+@dataclass(eq=False)
+class _Execution:
+    wf: DagWorkflow
+    requests: list[CallRequest]
+    records: list[CallRecord]
+    done: asyncio.Future[None]
+    live: dict[int, LiveCall] = field(default_factory=dict)
+    error: CallFailed | None = None
+
+
+class Gateway:
+    """The live gateway's state and operations (one per process).
+
+    Args:
+        loaded: the validated configuration.
+        tenants: the tenants store.
+        transport: how to reach workers.
+        clock: the scheduling clock (``time.monotonic``; a fake one in parity tests).
+        background: start health, scrape, tenants and tuning tasks (tests may turn them off).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        tenants: TenantStore,
+        transport: Transport,
+        *,
+        clock: Clock = time.monotonic,
+        background: bool = True,
+    ) -> None:
+        cfg = loaded.cfg
+        self.loaded = loaded
+        self.cfg = cfg
+        self.tenants = tenants
+        self.transport = transport
+        self.clock = clock
+        self.epoch = clock()
+        self.scheduler = Scheduler(loaded.workers, cfg.policy, random.Random(cfg.seed), alpha=cfg.alpha)
+        self.metrics = GatewayMetrics([w.name for w in loaded.workers], [t.name for t in tenants.tenants])
+        self.metrics.alpha.set(self.scheduler.alpha)
+        endpoints = [
+            WorkerEndpoint(i, rw.name, rw.url or "", rw.served_model or rw.model, rw.capacity)
+            for i, rw in enumerate(loaded.resolved)
+        ]
+        self.pool = WorkerPool(
+            endpoints,
+            self.scheduler,
+            transport,
+            self.metrics,
+            clock=clock,
+            max_attempts=cfg.retries.max_attempts,
+            failures_to_down=cfg.health.failures_to_down,
+            parked_timeout_s=cfg.limits.parked_timeout_s,
+            health_period_s=cfg.health.period_s if background else 0.0,
+            scrape_period_s=cfg.scrape.period_s if background else 0.0,
+        )
+        self.recorder = WindowRecorder(cfg.tuning.window_s, cfg.tuning.max_window_workflows)
+        self.tuner = AlphaTuner(self, cfg.tuning) if background and cfg.tuning.enabled else None
+        self.background = background
+        self.draining = False
+        self.ready = False
+        self._ids = itertools.count(1)
+        self._wids = itertools.count(1)
+        self._active: dict[str, int] = {}
+        self.active_total = 0
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._executions: set[_Execution] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start the pool and the background tasks; probe workers once so readiness is known."""
+        await self.pool.start()
+        if self.background:
+            await self.pool.check_health()
+            self._tasks.append(asyncio.create_task(self._tenants_loop(), name="tenants-watch"))
+            if self.tuner is not None and self.scheduler.policy.uses_alpha:
+                self._tasks.append(asyncio.create_task(self.tuner.run(self._stop), name="alpha-tuner"))
+        self.ready = True
+
+    async def drain(self, grace_s: float) -> bool:
+        """Stop intake and wait up to ``grace_s`` for in-flight workflows; True when all finished."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            log.error("shutdown grace period over with %d workflows in progress", self.active_total)
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Stop background tasks and the pool (calls still in flight fail with 503)."""
+        self.ready = False
+        self._stop.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        if self.tuner is not None:
+            self.tuner.close()
+        await self.pool.stop()
+
+    async def _tenants_loop(self) -> None:
+        before = (self.tenants.generation, self.tenants.reload_failures)
+        period = self.cfg.tenants_reload_s
+        while not self._stop.is_set():
+            await asyncio.sleep(period)
+            changed = await asyncio.to_thread(self.tenants.reload_if_changed)
+            after = (self.tenants.generation, self.tenants.reload_failures)
+            if after != before:
+                self.metrics.tenant_reloads.labels(result="ok" if changed else "failed").inc()
+                if changed:
+                    for t in self.tenants.tenants:
+                        self.metrics.add_tenant(t.name)
+                    log.info("tenants reloaded (generation %d)", self.tenants.generation)
+            before = after
+
+    # ------------------------------------------------------------------ admission
+
+    def admit(self, tenant: Tenant, n_calls: int) -> None:
+        """Refuse a new workflow (``Rejected``) when draining, unhealthy or at a bound."""
+        lim = self.cfg.limits
+        if self.draining:
+            raise Rejected("the gateway is shutting down", 503, 5)
+        if self.pool.healthy == 0:
+            raise Rejected("no healthy worker", 503, max(1, round(self.cfg.health.period_s)))
+        queued = sum(self.scheduler.queue_len(i) for i in range(len(self.scheduler.workers)))
+        if queued + n_calls > lim.max_queued_calls:
+            raise Rejected(f"the gateway's queues are full ({queued} calls waiting)", 429, 2)
+        if self.active_total >= lim.max_active_workflows:
+            raise Rejected(f"too many workflows in progress ({self.active_total})", 429, 2)
+        if self._active.get(tenant.name, 0) >= tenant.max_concurrent_workflows:
+            raise Rejected(
+                f"tenant {tenant.name!r} has {tenant.max_concurrent_workflows} workflows in progress (its maximum)",
+                429,
+                1,
+            )
+
+    # ------------------------------------------------------------------ execution
+
+    def new_workflow_id(self) -> str:
+        """A unique workflow id for responses."""
+        return f"wf-{uuid.uuid4().hex[:16]}"
+
+    async def run_workflow(
+        self,
+        tenant: Tenant,
+        deadline_s: float,
+        nodes: list[DagNode],
+        requests: list[CallRequest],
+        *,
+        template: WorkflowTemplate | None = None,
+        wf_id: str | None = None,
+        on_call_done: Callable[[CallRecord], None] | None = None,
+    ) -> WorkflowOutcome:
+        """Run a validated DAG to completion (or first failure). Admission must have passed.
+
+        Cancelling the awaiting task (client gone) abandons the workflow: queued calls leave their
+        queues and in-flight ones are cancelled.
+        """
+        now = self.clock()
+        wid = next(self._wids)
+        wf = DagWorkflow.build(wid, tenant.name, now, now + deadline_s, nodes, template)
+        loop = asyncio.get_running_loop()
+        ex = _Execution(wf, requests, [CallRecord(i, n.kind) for i, n in enumerate(nodes)], loop.create_future())
+        self._active[tenant.name] = self._active.get(tenant.name, 0) + 1
+        self.active_total += 1
+        self._idle.clear()
+        self.metrics.active.set(self.active_total)
+        self._executions.add(ex)
+
+        def launch(specs: list[Any]) -> None:
+            for spec in specs:
+                assert isinstance(spec, DagCallSpec)
+                req = requests[spec.node]
+                call = LiveCall(
+                    id=next(self._ids),
+                    workflow=wf,
+                    spec=spec,
+                    ready_at=self.clock(),
+                    endpoint=req.endpoint,
+                    body=req.body,
+                    on_done=on_done,
+                    stream=req.stream,
+                )
+                ex.live[spec.node] = call
+                self.pool.submit(call)
+
+        def on_done(call: LiveCall, outcome: CallResult | CallFailed) -> None:
+            spec = call.spec
+            assert isinstance(spec, DagCallSpec)
+            rec = ex.records[spec.node]
+            rec.attempts = call.attempts + (1 if isinstance(outcome, CallResult) else 0)
+            if call.worker >= 0:
+                rec.worker = self.scheduler.workers[call.worker].name
+            rec.queued_s = max(call.sent_at - call.ready_at, 0.0) if call.sent_at else self.clock() - call.ready_at
+            rec.run_s = max(self.clock() - call.sent_at, 0.0) if call.sent_at else 0.0
+            ex.live.pop(spec.node, None)
+            if isinstance(outcome, CallFailed):
+                rec.error = outcome
+                if ex.error is None:
+                    ex.error = outcome
+                    for other in list(ex.live.values()):
+                        self.pool.cancel(other)
+                    ex.live.clear()
+                    if not ex.done.done():
+                        ex.done.set_result(None)
+                return
+            rec.result = outcome
+            if on_call_done is not None:
+                on_call_done(rec)
+            if ex.error is not None:
+                return
+            launch(wf.complete(spec))
+            if wf.done and not ex.done.done():
+                ex.done.set_result(None)
+
+        try:
+            launch(wf.start())
+            await ex.done
+        except asyncio.CancelledError:
+            for other in list(ex.live.values()):
+                self.pool.cancel(other)
+            ex.live.clear()
+            self._finish(ex, tenant, "failed", None)
+            raise
+        latency = self.clock() - wf.arrival
+        outcome = WorkflowOutcome(
+            wf_id or self.new_workflow_id(),
+            tenant.name,
+            "failed" if ex.error is not None else "ok",
+            deadline_s,
+            latency,
+            ex.records,
+            ex.error,
+        )
+        if ex.error is None:
+            self._finish(ex, tenant, "met" if latency <= deadline_s else "missed", latency)
+            self.recorder.record(wf)
+        else:
+            self._finish(ex, tenant, "failed", None)
+        return outcome
+
+    def _finish(self, ex: _Execution, tenant: Tenant, outcome: str, latency: float | None) -> None:
+        if ex not in self._executions:
+            return
+        self._executions.discard(ex)
+        self._active[tenant.name] = max(self._active.get(tenant.name, 1) - 1, 0)
+        self.active_total -= 1
+        self.metrics.active.set(self.active_total)
+        self.metrics.workflow_done(tenant.name, latency, outcome)
+        if self.active_total == 0:
+            self._idle.set()
+
+    def rejected(self, tenant: str) -> None:
+        """Count a workflow refused at admission."""
+        self.metrics.workflow_done(tenant, None, "rejected")
+
+    # ------------------------------------------------------------------ status
+
+    def refresh_gauges(self) -> None:
+        """Point-in-time gauges, before a scrape of ``/metrics``."""
+        for i, w in enumerate(self.scheduler.workers):
+            self.metrics.queue_depth.labels(worker=w.name).set(self.scheduler.queue_len(i))
+            self.metrics.inflight.labels(worker=w.name).set(self.scheduler.inflight(i))
+        self.metrics.parked.set(len(self.pool.parked))
+
+    def status(self) -> dict[str, Any]:
+        """What ``/v1/status`` shows."""
+        return {
+            "policy": self.scheduler.policy.name,
+            "alpha": self.scheduler.alpha,
+            "ready": self.ready and not self.draining and self.pool.healthy > 0,
+            "draining": self.draining,
+            "active_workflows": self.active_total,
+            "active_by_tenant": {k: v for k, v in self._active.items() if v},
+            "parked_calls": len(self.pool.parked),
+            "tenants": {"generation": self.tenants.generation, "last_error": self.tenants.last_error},
+            "tuning": None if self.tuner is None else self.tuner.status(),
+            "workers": self.pool.status(),
+        }

@@ -1,0 +1,171 @@
+"""``config/gateway.yaml``: everything the live gateway needs, validated once at start.
+
+    hexflow serve --config config/gateway.yaml
+
+Relative paths in the file (``tenants_file``) are resolved against the file's own folder. Every
+section has production defaults; only ``cluster`` (the workers, each with a ``url``) is required.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config import ClusterConfig, FieldError, GpuCatalog, _Strict, load_gpu_catalog, load_yaml_model
+from gateway.core.policy import POLICIES
+from gateway.core.profile import time_scaled
+from gateway.core.scheduler import WorkerInfo
+
+PosFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+Alpha = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class ListenConfig(_Strict):
+    """Where the gateway's HTTP server listens."""
+
+    host: str = Field("127.0.0.1", description="Bind address (0.0.0.0 in containers).")
+    port: int = Field(8080, ge=0, le=65535, description="TCP port (0: any free port).")
+
+
+class LimitsConfig(_Strict):
+    """Bounds on what one request and the whole gateway may hold (memory is bounded by these)."""
+
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted (413 above).")
+    max_calls_per_workflow: int = Field(512, ge=1, le=100_000, description="Calls in one /v1/workflows DAG.")
+    max_queued_calls: int = Field(
+        20_000, ge=1, description="Calls waiting in all gateway queues; new workflows get 429 while it is reached."
+    )
+    max_active_workflows: int = Field(10_000, ge=1, description="Workflows in progress at once (429 above).")
+    max_tokens: int = Field(32_768, ge=1, description="Largest input or output token count of one call.")
+    max_prompt_chars: int = Field(1 << 20, ge=1, description="Largest text of one call's messages.")
+    parked_timeout_s: PosFloat = Field(
+        60.0, description="How long a call waits for any healthy worker before its workflow fails (503)."
+    )
+
+
+class TimeoutsConfig(_Strict):
+    """HTTP client settings for talking to workers (one shared ``httpx.AsyncClient``)."""
+
+    connect_s: PosFloat = Field(2.0, description="TCP connect timeout.")
+    call_s: PosFloat = Field(900.0, description="Longest an LLM call may take on a worker (read timeout).")
+    keepalive_expiry_s: PosFloat = Field(
+        4.0, description="Idle keep-alive connections are closed after this (below uvicorn/vLLM's 5 s)."
+    )
+    max_connections: int = Field(2048, ge=1, description="Connection pool size across all workers.")
+
+
+class ScrapeConfig(_Strict):
+    """Scraping every worker's ``/metrics`` (vLLM's ``vllm:*`` series)."""
+
+    period_s: PosFloat = Field(1.0, description="Scrape period.")
+    timeout_s: PosFloat = Field(2.0, description="Timeout of one scrape.")
+
+
+class HealthConfig(_Strict):
+    """Worker health: probes of ``/health`` and failures of real calls."""
+
+    period_s: PosFloat = Field(2.0, description="Probe period of each worker's /health.")
+    timeout_s: PosFloat = Field(2.0, description="Timeout of one probe.")
+    failures_to_down: int = Field(
+        2, ge=1, description="Consecutive failed probes or calls after which a worker is marked down."
+    )
+
+
+class RetryConfig(_Strict):
+    """What happens to a call when its worker fails it (connection error, 5xx, timeout)."""
+
+    max_attempts: int = Field(3, ge=1, le=20, description="Attempts per call, on any workers, before it fails.")
+
+
+class TuningConfig(_Strict):
+    """Background alpha re-tuning by replaying the recent window in the simulator (separate process)."""
+
+    enabled: bool = Field(True, description="Re-tune alpha in the background (only for WB policies).")
+    interval_s: PosFloat = Field(60.0, description="Seconds between tuning runs.")
+    window_s: PosFloat = Field(600.0, description="The recent window of workflows replayed.")
+    max_window_workflows: int = Field(2000, ge=1, description="Most workflows kept in the window.")
+    min_workflows: int = Field(20, ge=1, description="Tune only when the window holds at least this many.")
+    hysteresis: float = Field(
+        0.03,
+        ge=0.0,
+        lt=1.0,
+        description="Switch alpha only if the chosen one's simulated P95 beats the current one's by this fraction.",
+    )
+    grid: list[Alpha] | None = Field(None, description="Alpha grid (default 0, 0.1, ..., 1).")
+
+
+class GatewayConfig(_Strict):
+    """The whole gateway configuration file."""
+
+    cluster: ClusterConfig = Field(description="The workers (each with a url), as in config/clusters/*.yaml.")
+    policy: str = Field("hexgen", description="Scheduling policy (hexgen, rr-fcfs, lw-fcfs, ...).")
+    alpha: Alpha | None = Field(None, description="Starting alpha (default: the policy's).")
+    seed: int = Field(0, description="Seed of the scheduler's RNG (p2c) and of the tuner.")
+    tenants_file: str = Field("tenants.yaml", description="Tenants file, relative to this file's folder.")
+    tenants_reload_s: PosFloat = Field(2.0, description="How often the tenants file is checked for changes.")
+    gpu_catalog: str | None = Field(None, description="GPU catalogue file (default: the packaged gpus.yaml).")
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    tuning: TuningConfig = Field(default_factory=TuningConfig)
+    time_scale: PosFloat = Field(
+        1.0,
+        description="Emulated workers only: they run at --time-scale S, so every GPU profile's latency is "
+        "multiplied by S. 1 for real GPUs.",
+    )
+    shutdown_grace_s: PosFloat = Field(30.0, description="On SIGTERM, how long in-flight workflows may finish.")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy {v!r}; known: {', '.join(sorted(POLICIES))}")
+        return v
+
+    @model_validator(mode="after")
+    def _urls(self) -> GatewayConfig:
+        for i, w in enumerate(self.cluster.workers):
+            if w.url is None:
+                raise FieldError(f"cluster.workers.{i}.url", "every live worker needs a url (http://host:port)")
+        return self
+
+
+class LoadedConfig:
+    """A validated gateway config with its resolved paths, catalogue and scheduler workers."""
+
+    def __init__(self, cfg: GatewayConfig, base_dir: Path, catalog: GpuCatalog) -> None:
+        self.cfg = cfg
+        self.base_dir = base_dir
+        self.catalog = catalog
+        self.resolved = cfg.cluster.expanded()
+        self.workers: list[WorkerInfo] = [
+            WorkerInfo(
+                name=w.name, profile=time_scaled(catalog.profile(w.gpu, w.model), cfg.time_scale), capacity=w.capacity
+            )
+            for w in self.resolved
+        ]
+
+    @property
+    def tenants_path(self) -> Path:
+        """The tenants file, resolved against the config file's folder."""
+        p = Path(self.cfg.tenants_file)
+        return p if p.is_absolute() else self.base_dir / p
+
+
+def load_gateway_config(path: Path | str) -> LoadedConfig:
+    """Load and validate ``gateway.yaml`` (raises ``ConfigError`` naming file and field)."""
+    path = Path(path)
+    # First pass without the catalogue to learn which catalogue to use, then validate names against it.
+    raw = load_yaml_model(path, GatewayConfig)
+    catalog_path = None
+    if raw.gpu_catalog is not None:
+        p = Path(raw.gpu_catalog)
+        catalog_path = p if p.is_absolute() else path.parent / p
+    catalog = load_gpu_catalog(catalog_path)
+    cfg = load_yaml_model(path, GatewayConfig, context={"catalog": catalog})
+    return LoadedConfig(cfg, path.parent, catalog)

@@ -1,0 +1,357 @@
+"""Tenants of the live gateway (``config/tenants.yaml``): API keys, deadline ranges, weights, limits.
+
+The file holds only SHA-256 digests of the API keys (``hash_key``; the CLI's ``hexflow tenants hash-key
+KEY`` prints one), never a key itself::
+
+    tenants:
+      - name: interactive
+        api_key_sha256: [0ca740ac...]     # 64 lowercase hex characters each
+        default_deadline_s: 120
+        min_deadline_s: 5
+        max_deadline_s: 600
+        priority_weight: 2
+        max_concurrent_workflows: 64
+
+Models:
+    TenantConfig, TenantsFile       the file, validated (``extra="forbid"``; errors are ``ConfigError``)
+    Tenant                          what lookups return: a tenant without its key hashes
+
+Runtime:
+    TenantStore.load(path)          parse the file; ``ConfigError`` on a bad one
+    store.authenticate(api_key)     the key's tenant, or None
+    store.check_deadline(t, d)      the effective deadline, or ``DeadlineOutOfRange``
+    store.reload_if_changed()       hot reload: swap in a changed, valid file; keep the old state otherwise
+    store.watch(period_s, stop)     poll ``reload_if_changed`` until ``stop`` is set
+
+Readers never lock: the whole state is one immutable snapshot held by one attribute, replaced by a single
+assignment on a successful reload, so a reader sees either the old tenants or the new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from gateway.config import CONFIG_DIR, FieldError, load_yaml_model
+from gateway.errors import BadRequest, ConfigError
+
+log = logging.getLogger("hexflow.tenants")
+
+DEFAULT_TENANTS = CONFIG_DIR / "tenants.yaml"
+"""The tenants file of the checkout (or of ``$HEXFLOW_CONFIG_DIR``)."""
+
+_HEX = frozenset("0123456789abcdef")
+_SHA256_HEX_LEN = 64
+
+
+def hash_key(key: str) -> str:
+    """The SHA-256 digest of an API key (UTF-8), as 64 lowercase hex characters: what the file stores."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _check_key_hash(value: Any) -> str:
+    """Accept a SHA-256 hex digest; the error never repeats the value (it may be a plaintext key)."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a SHA-256 digest (64 lowercase hex characters), got a {type(value).__name__}")
+    if len(value) == _SHA256_HEX_LEN and set(value) <= _HEX:
+        return value
+    if len(value) == _SHA256_HEX_LEN and set(value.lower()) <= _HEX:
+        raise ValueError("write the SHA-256 digest in lowercase hex")
+    raise ValueError(
+        "expected a SHA-256 digest (64 lowercase hex characters); this looks like a plaintext key: "
+        "store the output of `hexflow tenants hash-key KEY` instead, never the key itself"
+    )
+
+
+KeyHash = Annotated[str, BeforeValidator(_check_key_hash)]
+TenantName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+PosFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TenantConfig(_Strict):
+    """One entry of ``tenants``: a caller of the gateway, its keys, deadlines and share."""
+
+    name: TenantName = Field(description="Tenant name, also a Prometheus label value: [A-Za-z0-9_.-]{1,64}.")
+    api_key_sha256: list[KeyHash] = Field(
+        min_length=1, description="SHA-256 digests of the tenant's API keys (`hexflow tenants hash-key KEY`)."
+    )
+    default_deadline_s: PosFloat = Field(description="Deadline of a workflow that asks for none, seconds.")
+    min_deadline_s: PosFloat = Field(1.0, description="Shortest deadline the tenant may ask for, seconds.")
+    max_deadline_s: PosFloat = Field(description="Longest deadline the tenant may ask for, seconds.")
+    priority_weight: PosFloat = Field(1.0, description="Relative share of the tenant when workers are contended.")
+    max_concurrent_workflows: int = Field(64, ge=1, description="Workflows of the tenant in flight at once.")
+
+    @model_validator(mode="after")
+    def _deadlines_ordered(self) -> TenantConfig:
+        lo, default, hi = self.min_deadline_s, self.default_deadline_s, self.max_deadline_s
+        if not lo <= default <= hi:
+            raise ValueError(
+                f"tenant {self.name!r}: min_deadline_s <= default_deadline_s <= max_deadline_s must hold, "
+                f"got {lo:g} <= {default:g} <= {hi:g}"
+            )
+        return self
+
+
+class TenantsFile(_Strict):
+    """``config/tenants.yaml``: the tenants, with unique names and no key hash shared by two of them."""
+
+    tenants: list[TenantConfig] = Field(min_length=1, description="The tenants.")
+
+    @model_validator(mode="after")
+    def _unique(self) -> TenantsFile:
+        names: dict[str, int] = {}
+        owners: dict[str, str] = {}
+        for i, t in enumerate(self.tenants):
+            if t.name in names:
+                raise FieldError(
+                    f"tenants.{i}.name", f"duplicate tenant name {t.name!r} (also tenants.{names[t.name]})"
+                )
+            names[t.name] = i
+            for k, h in enumerate(t.api_key_sha256):
+                other = owners.get(h)
+                if other is not None and other != t.name:
+                    raise FieldError(
+                        f"tenants.{i}.api_key_sha256.{k}",
+                        f"key hash {h[:12]}... belongs to two tenants, {other!r} and {t.name!r}",
+                    )
+                owners[h] = t.name
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A tenant as lookups return it (its key hashes stay inside the store)."""
+
+    name: str
+    default_deadline_s: float
+    min_deadline_s: float
+    max_deadline_s: float
+    priority_weight: float
+    max_concurrent_workflows: int
+
+    @classmethod
+    def from_config(cls, c: TenantConfig) -> Tenant:
+        """The tenant of one file entry."""
+        return cls(
+            c.name,
+            c.default_deadline_s,
+            c.min_deadline_s,
+            c.max_deadline_s,
+            c.priority_weight,
+            c.max_concurrent_workflows,
+        )
+
+
+class DeadlineOutOfRange(BadRequest, ValueError):
+    """A caller asked for a deadline outside its tenant's ``[min_deadline_s, max_deadline_s]``."""
+
+    def __init__(self, tenant: Tenant, deadline_s: float) -> None:
+        self.tenant = tenant.name
+        self.deadline_s = deadline_s
+        self.min_deadline_s = tenant.min_deadline_s
+        self.max_deadline_s = tenant.max_deadline_s
+        super().__init__(
+            f"deadline_s={deadline_s:g} is outside tenant {tenant.name}'s range "
+            f"[{tenant.min_deadline_s:g}, {tenant.max_deadline_s:g}]"
+        )
+
+
+def check_deadline(tenant: Tenant, deadline_s: float | None) -> float:
+    """The effective deadline: the tenant's default for None, else ``deadline_s`` if finite and in range.
+
+    Raises ``DeadlineOutOfRange`` (a ``BadRequest`` and a ``ValueError``) otherwise.
+    """
+    if deadline_s is None:
+        return tenant.default_deadline_s
+    d = float(deadline_s)
+    if not (math.isfinite(d) and tenant.min_deadline_s <= d <= tenant.max_deadline_s):
+        raise DeadlineOutOfRange(tenant, d)
+    return d
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """Everything readers use, replaced whole on a reload."""
+
+    tenants: tuple[Tenant, ...]
+    by_name: Mapping[str, Tenant]
+    by_hash: Mapping[str, Tenant]
+    generation: int
+
+    @classmethod
+    def build(cls, config: TenantsFile, generation: int) -> _Snapshot:
+        tenants = tuple(Tenant.from_config(c) for c in config.tenants)
+        by_hash = {h: t for c, t in zip(config.tenants, tenants, strict=True) for h in c.api_key_sha256}
+        return cls(
+            tenants,
+            MappingProxyType({t.name: t for t in tenants}),
+            MappingProxyType(by_hash),
+            generation,
+        )
+
+
+_StatKey = tuple[int, int, int, int, int]
+
+
+def _stat_key(st: os.stat_result) -> _StatKey:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+
+class TenantStore:
+    """The tenants in force, with lock-free lookups and hot reload of their file.
+
+    Build one with ``TenantStore.load(path)``, or ``TenantStore(config)`` for tenants without a file
+    (``reload_if_changed`` then never changes anything).
+    """
+
+    def __init__(self, config: TenantsFile, path: Path | str | None = None) -> None:
+        self._path = None if path is None else Path(path)
+        self._state = _Snapshot.build(config, 0)
+        self._lock = threading.Lock()  # one reload at a time; readers never take it
+        self._seen_key: _StatKey | None = None  # stat of the file last looked at; None: missing/unread
+        self._seen_sha: str | None = None  # SHA-256 of the content last parsed (good or bad)
+        self._last_error: str | None = None
+        self._reload_failures = 0
+
+    @classmethod
+    def load(cls, path: Path | str = DEFAULT_TENANTS) -> TenantStore:
+        """Parse a tenants file; ``ConfigError`` (one line naming file and field) on a bad one."""
+        key, sha = _fingerprint(Path(path))
+        store = cls(load_yaml_model(path, TenantsFile), path)
+        store._seen_key, store._seen_sha = key, sha
+        return store
+
+    # ---------------------------------------------------------------------------------------------- lookups
+
+    @property
+    def path(self) -> Path | None:
+        """The file the tenants come from (None for a store built from a model)."""
+        return self._path
+
+    @property
+    def tenants(self) -> tuple[Tenant, ...]:
+        """The tenants in force, in file order."""
+        return self._state.tenants
+
+    @property
+    def generation(self) -> int:
+        """0 after loading; +1 on each successful reload."""
+        return self._state.generation
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the latest reload failed; None once a reload succeeds (or none has failed)."""
+        return self._last_error
+
+    @property
+    def reload_failures(self) -> int:
+        """Reloads that failed since the store was built (each broken version of the file counts once)."""
+        return self._reload_failures
+
+    def authenticate(self, api_key: str) -> Tenant | None:
+        """The tenant owning ``api_key``, or None for an unknown (or empty) key."""
+        if not api_key:
+            return None
+        return self._state.by_hash.get(hash_key(api_key))
+
+    def get(self, name: str) -> Tenant | None:
+        """The tenant called ``name``, or None."""
+        return self._state.by_name.get(name)
+
+    def check_deadline(self, tenant: Tenant, deadline_s: float | None) -> float:
+        """The effective deadline of a request of ``tenant``; see ``check_deadline``."""
+        return check_deadline(tenant, deadline_s)
+
+    # ---------------------------------------------------------------------------------------------- reload
+
+    def reload_if_changed(self) -> bool:
+        """Re-read the file if it changed; True when a new, valid version was swapped in.
+
+        The file's stat (mtime, ctime, size, inode) gates the read, and the content's SHA-256 gates the
+        parse, so unchanged content is never parsed twice, broken content included: a failure is logged
+        once (``hexflow.tenants``, level ERROR), counted in ``reload_failures`` and kept in
+        ``last_error``, and the previous tenants stay in force until the file changes again. A missing
+        or unreadable file is a failed reload too.
+        """
+        if self._path is None:
+            return False
+        with self._lock:
+            try:
+                st = self._path.stat()
+            except OSError as exc:
+                if self._seen_key is None and self._seen_sha is None:
+                    return False  # still missing: reported already
+                self._seen_key, self._seen_sha = None, None
+                problem = "file not found" if isinstance(exc, FileNotFoundError) else f"cannot stat the file: {exc}"
+                return self._fail(str(ConfigError(str(self._path), "", problem)))
+            key = _stat_key(st)
+            if key == self._seen_key:
+                return False
+            try:
+                data = self._path.read_bytes()
+            except OSError as exc:
+                self._seen_key, self._seen_sha = key, None
+                return self._fail(str(ConfigError(str(self._path), "", f"cannot read the file: {exc}")))
+            self._seen_key = key
+            sha = hashlib.sha256(data).hexdigest()
+            if sha == self._seen_sha:
+                return False
+            self._seen_sha = sha
+            try:
+                config = load_yaml_model(self._path, TenantsFile)
+            except ConfigError as exc:
+                return self._fail(str(exc))
+            self._state = _Snapshot.build(config, self._state.generation + 1)  # the one atomic swap
+            self._last_error = None
+            log.info(
+                "tenants reloaded from %s: generation %d, %d tenants",
+                self._path,
+                self._state.generation,
+                len(self._state.tenants),
+            )
+            return True
+
+    def _fail(self, problem: str) -> bool:
+        self._last_error = problem
+        self._reload_failures += 1
+        log.error("tenants reload failed, keeping generation %d: %s", self._state.generation, problem)
+        return False
+
+    async def watch(self, period_s: float, stop: asyncio.Event) -> None:
+        """Call ``reload_if_changed`` (in a thread) every ``period_s`` seconds until ``stop`` is set."""
+        if not (math.isfinite(period_s) and period_s > 0):
+            raise ValueError(f"period_s must be a positive number of seconds, got {period_s!r}")
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=period_s)
+            if stop.is_set():
+                return
+            try:
+                await asyncio.to_thread(self.reload_if_changed)
+            except Exception:  # keep watching: the next change may be fine
+                log.exception("tenants reload raised")
+
+
+def _fingerprint(path: Path) -> tuple[_StatKey | None, str | None]:
+    """The stat key and content SHA-256 of ``path``, or Nones where it cannot be read."""
+    try:
+        key = _stat_key(path.stat())
+        return key, hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None, None

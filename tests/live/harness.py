@@ -1,0 +1,128 @@
+"""In-process test rigs: emulated workers on loopback ports and a gateway app driven through ASGI."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+import yaml
+from fastapi import FastAPI
+
+from gateway.config import load_gpu_catalog
+from gateway.live.server import build_app
+from gateway.live.settings import load_gateway_config
+from tests.emulator_process import free_port
+from workers.emulator import EmulatorConfig, create_app
+
+REPO = Path(__file__).resolve().parents[2]
+INTERACTIVE_KEY = "demo-interactive-key"
+BATCH_KEY = "demo-batch-key"
+
+
+@contextlib.asynccontextmanager
+async def emulators(gpus: Sequence[str], *, time_scale: float = 0.02, **kw: Any) -> AsyncIterator[list[str]]:
+    """Start one emulated worker per GPU name on loopback ports in this event loop; yield their URLs."""
+    catalog = load_gpu_catalog()
+    servers: list[uvicorn.Server] = []
+    tasks: list[asyncio.Task[None]] = []
+    urls: list[str] = []
+    for gpu in gpus:
+        port = free_port()
+        app = create_app(
+            EmulatorConfig(
+                profile=catalog.profile(gpu, "llama-3.1-70b"),
+                served_model_name="llama-3.1-70b",
+                time_scale=time_scale,
+                **kw,
+            )
+        )
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+        servers.append(server)
+        tasks.append(asyncio.create_task(server.serve()))
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        for s in servers:
+            while not s.started:
+                await asyncio.sleep(0.01)
+        yield urls
+    finally:
+        for s in servers:
+            s.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def write_config(
+    tmp: Path, urls: Sequence[str], gpus: Sequence[str], *, time_scale: float = 0.02, **overrides: Any
+) -> Path:
+    """A gateway.yaml for the given workers (tenants: a copy of the repo's demo file) in ``tmp``."""
+    tenants = tmp / "tenants.yaml"
+    if not tenants.exists():
+        tenants.write_text((REPO / "config" / "tenants.yaml").read_text())
+    cfg: dict[str, Any] = {
+        "policy": "hexgen",
+        "time_scale": time_scale,
+        "tenants_file": "tenants.yaml",
+        "tenants_reload_s": 0.1,
+        "cluster": {
+            "name": "test",
+            "workers": [
+                {"name": f"{g.lower()}-{i}", "gpu": g, "url": u, "capacity": 4}
+                for i, (g, u) in enumerate(zip(gpus, urls, strict=True))
+            ],
+        },
+        "health": {"period_s": 0.2, "timeout_s": 1.0, "failures_to_down": 2},
+        "scrape": {"period_s": 0.2, "timeout_s": 1.0},
+        "tuning": {"enabled": False},
+        "shutdown_grace_s": 5,
+    }
+    for k, v in overrides.items():
+        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+            cfg[k] = {**cfg[k], **v}
+        else:
+            cfg[k] = v
+    path = tmp / "gateway.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def gateway_client(
+    config: Path, *, key: str = INTERACTIVE_KEY
+) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI]]:
+    """The gateway app with its lifespan running, and an ASGI client authenticated as ``key``."""
+    app = build_app(load_gateway_config(config))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway", headers={"Authorization": f"Bearer {key}"}, timeout=60
+        ) as client:
+            yield client, app
+
+
+def chain(
+    n_stages: int, *, width: int = 1, prompt: int = 200, out: int = 10, kind: str = "step"
+) -> list[dict[str, Any]]:
+    """A /v1/workflows call list: ``n_stages`` stages of ``width`` parallel synthetic calls."""
+    calls: list[dict[str, Any]] = []
+    prev: list[str] = []
+    for k in range(n_stages):
+        ids = [f"s{k}c{j}" for j in range(width)]
+        for i in ids:
+            calls.append(
+                {
+                    "id": i,
+                    "kind": kind,
+                    "depends_on": prev,
+                    "prompt_tokens": prompt,
+                    "max_tokens": out,
+                    "min_tokens": out,
+                    "ignore_eos": True,
+                }
+            )
+        prev = ids
+    return calls
