@@ -348,7 +348,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
     p.set_defaults(func=cmd_tune)
     sub.add_parser("emulate", help="run an emulated vLLM worker (see `hexflow emulate --help`)", add_help=False)
+
+    p = sub.add_parser("serve", help="run the live gateway (FastAPI) in front of vLLM workers")
+    p.add_argument("--config", default="config/gateway.yaml", help="gateway.yaml (workers, policy, limits, tenants)")
+    p.add_argument("--host", default=None, help="bind address (default: the config's listen.host)")
+    p.add_argument("--port", type=int, default=None, help="port (default: the config's listen.port)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_serve)
     return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the gateway until SIGTERM/SIGINT (config errors are reported before anything starts)."""
+    from gateway.live.server import serve
+
+    serve(args.config, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,15 @@ def free_port() -> int:
 @contextmanager
 def emulator_process(args: Sequence[str], log_path: Path, *, start_timeout_s: float = 30.0) -> Iterator[str]:
     """Run ``python -m workers.emulator ARGS --port P``; yield its base URL once ``/health`` answers."""
+    with emulator_subprocess(args, log_path, start_timeout_s=start_timeout_s) as (url, _):
+        yield url
+
+
+@contextmanager
+def emulator_subprocess(
+    args: Sequence[str], log_path: Path, *, start_timeout_s: float = 30.0
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Like ``emulator_process`` but also yields the process (to kill it in failure tests)."""
     port = free_port()
     cmd = [sys.executable, "-m", "workers.emulator", *args, "--port", str(port)]
     with log_path.open("wb") as log:
@@ -39,7 +48,8 @@ def emulator_process(args: Sequence[str], log_path: Path, *, start_timeout_s: fl
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"emulator did not start: {log_path.read_text()}")
                 time.sleep(0.1)
-            yield url
+            yield url, proc
         finally:
-            proc.terminate()
+            if proc.poll() is None:
+                proc.terminate()
             proc.wait(timeout=10)

@@ -407,8 +407,12 @@ class WorkerPool:
             await self.check_health()
             await asyncio.sleep(self.health_period_s)
 
-    async def check_health(self) -> None:
-        """Probe every worker once, concurrently; update up/down; expire parked calls."""
+    async def check_health(self, *, initial: bool = False) -> None:
+        """Probe every worker once, concurrently; update up/down; expire parked calls.
+
+        ``initial``: the probe at start; a worker that does not answer it starts down (it joins when a
+        later probe succeeds), so readiness means a worker really answered.
+        """
 
         async def one(st: WorkerState) -> None:
             try:
@@ -419,7 +423,7 @@ class WorkerPool:
                 self.mark_up(st)
             elif st.up:
                 st.failures += 1
-                if st.failures >= self.failures_to_down:
+                if initial or st.failures >= self.failures_to_down:
                     self.mark_down(st, "health probe failed")
 
         await asyncio.gather(*(one(st) for st in self.workers))

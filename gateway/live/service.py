@@ -159,7 +159,7 @@ class Gateway:
         """Start the pool and the background tasks; probe workers once so readiness is known."""
         await self.pool.start()
         if self.background:
-            await self.pool.check_health()
+            await self.pool.check_health(initial=True)
             self._tasks.append(asyncio.create_task(self._tenants_loop(), name="tenants-watch"))
             if self.tuner is not None and self.scheduler.policy.uses_alpha:
                 self._tasks.append(asyncio.create_task(self.tuner.run(self._stop), name="alpha-tuner"))

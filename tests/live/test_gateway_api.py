@@ -23,3 +23,45 @@ async def test_workflow_runs_every_call_in_dependency_order(tmp_path: Path) -> N
         status = (await client.get("/v1/status")).json()
         assert status["policy"] == "hexgen" and len(status["workers"]) == 2
         assert sum(w["completed"] for w in status["workers"]) == 6
+
+
+async def test_bad_input_gets_a_4xx_that_names_the_problem(tmp_path: Path) -> None:
+    async with emulators(["A100"]) as urls:
+        cfg = write_config(tmp_path, urls, ["A100"], limits={"max_body_bytes": 4096})
+        async with gateway_client(cfg) as (client, _):
+            ok_call = {"id": "a", "prompt_tokens": 10, "max_tokens": 2}
+            cases: list[tuple[dict[str, object] | bytes, int, str]] = [
+                (b"{not json", 422, "malformed JSON"),
+                ({"calls": []}, 422, "calls"),
+                ({"calls": [{"id": "a", "max_tokens": 2}]}, 422, "exactly one of messages and prompt_tokens"),
+                ({"calls": [{**ok_call, "max_tokens": 0}]}, 422, "calls.0.max_tokens"),
+                ({"calls": [ok_call], "bogus": 1}, 422, "bogus"),
+                ({"calls": [ok_call, {**ok_call}]}, 422, "duplicate call id 'a'"),
+                ({"calls": [{**ok_call, "depends_on": ["zz"]}]}, 422, "unknown call 'zz'"),
+                (
+                    {"calls": [{**ok_call, "depends_on": ["b"]}, {**ok_call, "id": "b", "depends_on": ["a"]}]},
+                    422,
+                    "cycle",
+                ),
+                ({"calls": [ok_call], "deadline_s": 1.0}, 422, "outside tenant interactive's range [5, 600]"),
+                ({"calls": [ok_call], "deadline_s": 10_000}, 422, "outside tenant"),
+                ({"calls": [{**ok_call, "prompt_tokens": 10**6}]}, 422, "calls.0.prompt_tokens"),
+                ({"calls": [ok_call] * 1, "template": "nope"}, 422, "template"),
+                ({"calls": [{**ok_call, "kind": "bad kind!"}]}, 422, "calls.0.kind"),
+                ({"calls": [ok_call], "pad": "x" * 5000}, 413, "exceeds the limit of 4096 bytes"),
+            ]
+            for body, status, needle in cases:
+                if isinstance(body, bytes):
+                    r = await client.post("/v1/workflows", content=body, headers={"content-type": "application/json"})
+                else:
+                    r = await client.post("/v1/workflows", json=body)
+                assert r.status_code == status, (body, r.text)
+                err = r.json()["error"]
+                assert needle in err["message"], (needle, err)
+            r = await client.post("/v1/workflows", json={"calls": [ok_call]}, headers={"Authorization": "Bearer nope"})
+            assert r.status_code == 401 and "unknown API key" in r.json()["error"]["message"]
+            r = await client.post("/v1/workflows", json={"calls": [ok_call]}, headers={"Authorization": ""})
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            # Nothing above reached a worker, and the gateway still works.
+            r = await client.post("/v1/workflows", json={"calls": [ok_call]})
+            assert r.status_code == 200, r.text
