@@ -126,3 +126,22 @@ def chain(
             )
         prev = ids
     return calls
+
+
+@contextlib.asynccontextmanager
+async def gateway_server(config: Path) -> AsyncIterator[tuple[str, FastAPI]]:
+    """The gateway served by uvicorn on a loopback port in this event loop; yields its base URL."""
+    app = build_app(load_gateway_config(config))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("the gateway server stopped during start-up")
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        await task

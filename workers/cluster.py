@@ -1,0 +1,235 @@
+"""A whole emulated cluster in one process: one emulated vLLM worker per worker of a cluster file.
+
+    python -m workers.cluster --cluster paper-4gpu --base-port 8001 --time-scale 0.05
+        [--host 127.0.0.1] [--scheduling-policy fcfs|priority] [--seed N] [--no-request-overhead]
+    hexflow emulate-cluster ...   (the same)
+
+Worker ``i`` of the cluster (``ClusterConfig.expanded()`` order, the scheduler's order) listens on
+``base-port + i``; with ``--base-port 0`` every worker gets a free port. All servers run in one asyncio
+loop (one ``uvicorn.Server`` task each); their sockets are bound before anything starts, so a port
+in use is reported at once. When every worker answers, one line per worker is printed to stdout::
+
+    A100-0 http://127.0.0.1:8001 A100
+
+SIGTERM or SIGINT stops all of them gracefully. Like ``workers.emulator`` this is a TEST DOUBLE for
+GPUs; never use it in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+
+import uvicorn
+
+from workers.emulator import DEFAULT_MAX_MODEL_LEN, EmulatorConfig, create_app
+
+START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatedWorker:
+    """One worker of the emulated cluster: its name, GPU, URL and emulator settings."""
+
+    name: str
+    gpu: str
+    url: str
+    config: EmulatorConfig
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals alone: the cluster handles them once for all servers."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def bind_sockets(host: str, base_port: int, n: int) -> list[socket.socket]:
+    """``n`` listening TCP sockets on ``base_port``, ``base_port + 1``, ... (any free ports for 0).
+
+    Raises ``OSError`` naming the port that could not be bound (the sockets bound so far are closed).
+    """
+    out: list[socket.socket] = []
+    try:
+        for i in range(n):
+            port = base_port + i if base_port else 0
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            out.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            sock.listen(2048)
+            sock.setblocking(False)
+    except BaseException:
+        for s in out:
+            s.close()
+        raise
+    return out
+
+
+def plan_cluster(
+    cluster: str,
+    sockets: Sequence[socket.socket],
+    *,
+    host: str,
+    time_scale: float,
+    priority_scheduling: bool = False,
+    seed: int = 0,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    add_request_overhead: bool = True,
+) -> list[EmulatedWorker]:
+    """The emulated workers of a cluster file (name or path), one per bound socket, in scheduler order.
+
+    Raises ``GatewayError`` for a bad cluster file and ``ValueError`` when the socket count differs.
+    """
+    from gateway.config import load_cluster_config, load_gpu_catalog
+
+    catalog = load_gpu_catalog()
+    resolved = load_cluster_config(cluster, catalog).expanded()
+    if len(resolved) != len(sockets):
+        raise ValueError(f"{len(resolved)} workers but {len(sockets)} sockets")
+    url_host = f"[{host}]" if ":" in host else host
+    out = []
+    for i, (rw, sock) in enumerate(zip(resolved, sockets, strict=True)):
+        port = int(sock.getsockname()[1])
+        cfg = EmulatorConfig(
+            profile=catalog.profile(rw.gpu, rw.model),
+            served_model_name=rw.served_model or rw.model,
+            time_scale=time_scale,
+            seed=seed * 1000 + i,
+            max_model_len=max_model_len,
+            priority_scheduling=priority_scheduling,
+            add_request_overhead=add_request_overhead,
+        )
+        out.append(EmulatedWorker(rw.name, rw.gpu, f"http://{url_host}:{port}", cfg))
+    return out
+
+
+async def serve_cluster(workers: Sequence[EmulatedWorker], sockets: Sequence[socket.socket]) -> int:
+    """Serve every worker on its socket until SIGTERM/SIGINT; 0 on a clean stop, 1 if a server failed."""
+    servers = [
+        _Server(
+            uvicorn.Config(
+                create_app(w.config),
+                log_level="warning",
+                lifespan="on",
+                timeout_graceful_shutdown=5,
+                timeout_keep_alive=5,
+                access_log=False,
+            )
+        )
+        for w in workers
+    ]
+    tasks = [
+        asyncio.create_task(s.serve(sockets=[sock]), name=f"emulator-{w.name}")
+        for s, sock, w in zip(servers, sockets, workers, strict=True)
+    ]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    failed = False
+    try:
+        deadline = loop.time() + START_TIMEOUT_S
+        while not all(s.started for s in servers):
+            if any(t.done() for t in tasks) or loop.time() > deadline or stop.is_set():
+                failed = not stop.is_set()
+                break
+            await asyncio.sleep(0.02)
+        else:
+            for w in workers:
+                print(f"{w.name} {w.url} {w.gpu}", flush=True)
+        if not failed:
+            stopper = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            failed = stopper not in done
+            stopper.cancel()
+    finally:
+        for s in servers:
+            s.should_exit = True
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+    for w, r in zip(workers, results, strict=True):
+        if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
+            print(f"cluster: worker {w.name} failed: {r!r}", file=sys.stderr)
+            failed = True
+    if failed:
+        print("cluster: a worker stopped or did not start; shutting the cluster down", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Arguments of ``python -m workers.cluster``."""
+    p = argparse.ArgumentParser(
+        prog="python -m workers.cluster", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--base-port", type=int, default=8001, help="port of the first worker (0: any free ports)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per modelled second (0.05: 20x faster)")
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    p.add_argument(
+        "--no-request-overhead",
+        action="store_true",
+        help="do not add the profile's per-request overhead (API server time) to responses",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the emulated cluster until SIGTERM/SIGINT (bad input: one line on stderr, exit 2)."""
+    from gateway.config import load_cluster_config
+    from gateway.errors import GatewayError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.time_scale > 0:
+        parser.error("--time-scale must be positive")
+    if not 0 <= args.base_port <= 65535:
+        parser.error("--base-port must be in 0..65535")
+    try:
+        n = len(load_cluster_config(args.cluster).expanded())
+        if args.base_port and args.base_port + n - 1 > 65535:
+            raise ValueError(f"--base-port {args.base_port}: {n} workers need ports up to {args.base_port + n - 1}")
+        sockets = bind_sockets(args.host, args.base_port, n)
+    except (GatewayError, OSError, ValueError) as exc:
+        print(f"cluster: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        workers = plan_cluster(
+            args.cluster,
+            sockets,
+            host=args.host,
+            time_scale=args.time_scale,
+            priority_scheduling=args.scheduling_policy == "priority",
+            seed=args.seed,
+            max_model_len=args.max_model_len,
+            add_request_overhead=not args.no_request_overhead,
+        )
+        return asyncio.run(serve_cluster(workers, sockets))
+    except GatewayError as exc:
+        print(f"cluster: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        for s in sockets:
+            s.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
