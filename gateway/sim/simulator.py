@@ -67,6 +67,8 @@ class CallRecord:
     start: float
     engine_done: float
     result: float
+    node: int = -1
+    """The call's node index in a ``DagWorkflow`` (-1 for other workflows)."""
 
 
 @dataclass
@@ -172,7 +174,10 @@ class Simulator:
                     heapq.heappush(heap, (now + o, seq, _RESULT, c, w, 0))
                     if self.record_calls:
                         started = c.started_at if c.started_at is not None else now
-                        call_records.append(CallRecord(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o))
+                        node = getattr(c.spec, "node", -1)
+                        call_records.append(
+                            CallRecord(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o, node)
+                        )
                 if not eng.busy and eng.kick(now):
                     seq += 1
                     heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, w, eng.version))
