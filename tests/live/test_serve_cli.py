@@ -1,0 +1,48 @@
+"""``hexflow serve`` refuses a bad configuration with one line and exit status 2, before serving."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from tests.live.harness import write_config
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda t: t.replace("policy: hexgen", "policy: nope"), "policy: unknown policy 'nope'"),
+        (lambda t: t.replace("gpu: A100", "gpu: A1000"), "unknown GPU 'A1000'"),
+        (lambda t: t.replace("url: http://127.0.0.1:1", "url: ftp://x"), "cluster.workers.0.url"),
+        (
+            lambda t: t.replace("tenants_file: tenants.yaml", "tenants_file: missing.yaml"),
+            "missing.yaml: file not found",
+        ),
+        (lambda t: t + "bogus: 1\n", "bogus"),
+        (lambda t: t.replace("tenants_reload_s: 0.1", "tenants_reload_s: -1"), "tenants_reload_s"),
+    ],
+)
+def test_bad_config_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mutate: object, needle: str
+) -> None:
+    cfg = write_config(tmp_path, ["http://127.0.0.1:1"], ["A100"])
+    assert callable(mutate)
+    cfg.write_text(mutate(cfg.read_text()))
+    assert main(["serve", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hexflow: error:") and needle in err and "\n" not in err, err
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml: file not found" in capsys.readouterr().err
+
+
+def test_bad_tenants_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_config(tmp_path, ["http://127.0.0.1:1"], ["A100"])
+    (tmp_path / "tenants.yaml").write_text("tenants:\n  - name: x\n    api_key_sha256: [plaintext-key]\n")
+    assert main(["serve", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "tenants.yaml" in err and "hash-key" in err
