@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import yaml
 
@@ -52,6 +53,7 @@ class StreamStats:
     sent: int = 0
     ok: int = 0
     errors: int = 0
+    wall_s: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
 
     def pct(self, q: float) -> float:
@@ -184,19 +186,22 @@ def rig(workdir: Path, *, capacity: int = 1024) -> Iterator[tuple[str, str, int]
 
 
 async def _stream(
-    client: httpx.AsyncClient, url: str, rate: float, duration_s: float, seed: int, stats: StreamStats
+    session: aiohttp.ClientSession, url: str, rate: float, duration_s: float, seed: int, stats: StreamStats
 ) -> None:
     rng = random.Random(seed)
     t0 = time.perf_counter()
     tasks: set[asyncio.Task[None]] = set()
     headers = {"Authorization": f"Bearer {API_KEY}"}
+    payload = json.dumps(BODY).encode()
+    headers["Content-Type"] = "application/json"
 
     async def one() -> None:
         t = time.perf_counter()
         try:
-            r = await client.post(url, json=BODY, headers=headers)
-            ok = r.status_code == 200
-        except httpx.HTTPError:
+            async with session.post(url, data=payload, headers=headers) as r:
+                await r.read()
+                ok = r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             ok = False
         if ok:
             stats.ok += 1
@@ -216,25 +221,30 @@ async def _stream(
         next_t += rng.expovariate(rate)
     if tasks:
         await asyncio.gather(*tasks)
+    stats.wall_s = time.perf_counter() - t0
 
 
 async def measure(
     worker: str, gateway: str, gw_pid: int, rate: float, duration_s: float, *, direct: bool = True, seed: int = 0
 ) -> tuple[StreamStats, StreamStats, float]:
-    """Run the gateway stream (and the direct stream) for ``duration_s``; returns stats and gateway CPU s."""
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=4096, keepalive_expiry=4.0)
-    async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
-        # Warm both paths (connections, first-call imports).
-        for _ in range(20):
-            await client.post(
-                gateway + "/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {API_KEY}"}
-            )
-            await client.post(worker + "/v1/chat/completions", json=BODY)
+    """Run the gateway stream (and the direct stream) for ``duration_s``; returns stats and gateway CPU s.
+
+    The load generator uses aiohttp (cheaper per request than httpx), so it is not the bottleneck
+    when searching the gateway's highest sustained rate.
+    """
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30.0)) as session:
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        for _ in range(20):  # warm both paths (connections, first-call imports)
+            async with session.post(gateway + "/v1/chat/completions", json=BODY, headers=auth) as r:
+                await r.read()
+            async with session.post(worker + "/v1/chat/completions", json=BODY) as r:
+                await r.read()
         gs, ds = StreamStats(), StreamStats()
         cpu0 = _cpu_seconds(gw_pid)
-        jobs = [_stream(client, gateway + "/v1/chat/completions", rate, duration_s, seed, gs)]
+        jobs = [_stream(session, gateway + "/v1/chat/completions", rate, duration_s, seed, gs)]
         if direct:
-            jobs.append(_stream(client, worker + "/v1/chat/completions", rate, duration_s, seed + 1, ds))
+            jobs.append(_stream(session, worker + "/v1/chat/completions", rate, duration_s, seed + 1, ds))
         await asyncio.gather(*jobs)
         cpu = _cpu_seconds(gw_pid) - cpu0
     return gs, ds, cpu
@@ -245,7 +255,7 @@ def run_overhead(
     duration_s: float = 10.0,
     *,
     max_rate_search: bool = False,
-    p99_limit_ms: float = 50.0,
+    p99_limit_ms: float = 20.0,
     seed: int = 0,
 ) -> OverheadReport:
     """Start the rig, measure side by side, optionally search the highest sustained rate."""
@@ -270,17 +280,19 @@ def run_overhead(
         if max_rate_search:
             r = rate
             best: float | None = None
+            span = min(duration_s, 6.0)
             while r <= 5000:
-                g, _, c = asyncio.run(measure(worker, gateway, pid, r, min(duration_s, 6.0), direct=False, seed=seed))
-                achieved = g.ok / min(duration_s, 6.0)
+                g, _, c = asyncio.run(measure(worker, gateway, pid, r, span, direct=False, seed=seed))
                 row = {
                     "rate": r,
-                    "achieved": achieved,
+                    "offered": g.sent / span,
+                    "achieved": g.ok / max(g.wall_s, span),
                     "p99_ms": g.pct(99),
                     "cpu_ms_per_call": 1000.0 * c / max(g.ok, 1),
                 }
                 report.search.append(row)
-                if g.errors or achieved < 0.97 * r * (g.sent / max(g.sent, 1)) * 0.97 or g.pct(99) > p99_limit_ms:
+                # Kept up: no errors, the backlog drained right after the window, P99 under the limit.
+                if g.errors or g.wall_s > span + p99_limit_ms / 1000.0 + 0.5 or g.pct(99) > p99_limit_ms:
                     break
                 best = r
                 r *= 1.5
@@ -300,7 +312,7 @@ def format_report(rep: OverheadReport) -> str:
     ]
     for row in rep.search:
         lines.append(
-            f"  rate {row['rate']:7.1f}/s: achieved {row['achieved']:7.1f}/s  p99 {row['p99_ms']:7.2f} ms  "
+            f"  offered {row['offered']:7.1f}/s: achieved {row['achieved']:7.1f}/s  p99 {row['p99_ms']:7.2f} ms  "
             f"CPU {row['cpu_ms_per_call']:.2f} ms/call"
         )
     if rep.search:
