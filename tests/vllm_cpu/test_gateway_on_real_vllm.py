@@ -105,15 +105,19 @@ async def test_tight_deadline_call_submitted_last_starts_first(tmp_path: Path, v
             r = await client.post("/v1/workflows", json=body, headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200, r.text
 
-        # Calls are told apart by length: the blocker 400 tokens, loose ones 8, the urgent one 9.
-        blocker = asyncio.create_task(post(BATCH_KEY, 3600, 400))
-        await asyncio.sleep(0.2)
+        async def until(cond: Any, what: str) -> None:
+            for _ in range(400):
+                if cond():
+                    return
+                await asyncio.sleep(0.005)
+            raise AssertionError(f"timed out waiting until {what} (sent so far: {sent})")
+
+        # Calls are told apart by length: the blocker 3000 tokens, loose ones 8, the urgent one 9.
+        blocker = asyncio.create_task(post(BATCH_KEY, 3600, 3000))
+        await until(lambda: len(sent) == 1, "the blocker is in flight")
         loose = [asyncio.create_task(post(BATCH_KEY, 3600, 8)) for _ in range(4)]
-        await asyncio.sleep(0.2)
-        queued_before = gw.scheduler.queue_len(0)
-        sent_before = len(sent)
+        await until(lambda: gw.scheduler.queue_len(0) == 4, "the loose calls are queued")
+        assert len(sent) == 1, f"the blocker finished before the test could queue calls behind it: {sent}"
         urgent = asyncio.create_task(post(INTERACTIVE_KEY, 30, 9))
         await asyncio.gather(blocker, *loose, urgent)
-        assert queued_before >= 2, f"no queue had formed when the urgent call arrived (sent so far: {sent})"
-        assert sorted(sent) == [8, 8, 8, 8, 9, 400], sent
-        assert sent[sent_before] == 9, f"the urgent call did not start next, ahead of the queued loose ones: {sent}"
+        assert sent == [3000, 9, 8, 8, 8, 8], f"the urgent call did not start first after the blocker: {sent}"
