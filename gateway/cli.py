@@ -4,6 +4,10 @@
     hexflow bench      policies side by side: latency, SLO attainment, capacity, fluid bound
     hexflow tune       the alpha tuner on a window of traffic
     hexflow emulate    an emulated vLLM worker (a test double for a GPU; see workers/emulator.py)
+    hexflow emulate-cluster   every worker of a cluster file as emulated workers in one process
+    hexflow serve      the live gateway
+    hexflow replay     send a trace's workflows to a running gateway in real time and measure
+    hexflow bench --live   policies on the live gateway over an emulated cluster, next to the simulator
 
 Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
 with one line naming the file and field, and exit status 2; never a traceback.
@@ -31,6 +35,10 @@ if TYPE_CHECKING:
     from gateway.sim.bench import Setup
 
 EXIT_USAGE = 2
+BENCH_WORKFLOWS = 1000
+"""Workflows per simulated ``bench`` run (default)."""
+LIVE_BENCH_WORKFLOWS = 150
+"""Workflows per policy of ``bench --live`` (default): each is replayed in real time."""
 
 
 class UsageError(Exception):
@@ -155,6 +163,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Policies side by side; JSON with ``results``, ``capacity_qps`` and ``fluid_bound_qps``."""
+    if args.live:
+        return cmd_bench_live(args)
+    if args.workflows is None:
+        args.workflows = BENCH_WORKFLOWS
     from tqdm import tqdm
 
     from gateway.sim.bench import plot_report, run_bench
@@ -229,6 +241,103 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         plot_report(report, Path(args.plot))
         print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_bench_live(args: argparse.Namespace) -> int:
+    """``bench --live``: each policy on the live gateway over an emulated cluster, and its simulation."""
+    from gateway.live.livebench import format_live_report, plot_live_report, run_live_bench
+
+    policies = _policies(args.policies)
+    if args.tenants:
+        raise UsageError("--tenants: not supported with --live (the replay uses one tenant)")
+    rate: float | None = None
+    if args.rate:
+        try:
+            rate = float(args.rate)
+        except ValueError:
+            raise UsageError(f"--rate: with --live give one rate in workflows/s, got {args.rate!r}") from None
+        if not (rate > 0 and math.isfinite(rate)):
+            raise UsageError("--rate: must be a positive number")
+    if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
+        raise UsageError("--time-scale: must be a positive number")
+    report = run_live_bench(
+        args.cluster,
+        args.trace,
+        policies,
+        time_scale=args.time_scale,
+        workflows=args.workflows if args.workflows is not None else LIVE_BENCH_WORKFLOWS,
+        rate_qps=rate,
+        slo_scale=args.slo_scale,
+        seed=args.seed,
+        alpha=args.alpha,
+        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
+        cv=args.cv,
+        progress=not args.quiet,
+        log_dir=Path(args.log_dir) if args.log_dir else None,
+    )
+    print(format_live_report(report))
+    if args.json:
+        report.write_json(Path(args.json))
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot_live_report(report, Path(args.plot))
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay a workload against a running gateway in real time; print and optionally save the report."""
+    import asyncio
+
+    from gateway.live.replay import format_report, replay, replay_setup, replay_workload
+
+    try:
+        rate = float(args.rate)
+    except ValueError:
+        rate = math.nan
+    if not (rate > 0 and math.isfinite(rate)):
+        raise UsageError(f"--rate: expected a positive number of workflows per modelled second, got {args.rate!r}")
+    if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
+        raise UsageError(f"--time-scale: must be a positive number, got {args.time_scale:g}")
+    if args.deadline_s is not None and not (args.deadline_s > 0 and math.isfinite(args.deadline_s)):
+        raise UsageError(f"--deadline-s: must be a positive number of modelled seconds, got {args.deadline_s:g}")
+    if args.concurrency_limit is not None and args.concurrency_limit < 1:
+        raise UsageError("--concurrency-limit: must be >= 1")
+    if args.timeout_s is not None and not args.timeout_s > 0:
+        raise UsageError("--timeout-s: must be positive")
+    key = args.api_key or os.environ.get("HEXFLOW_API_KEY", "")
+    if not key.strip():
+        raise UsageError("--api-key: give the tenant's API key (or set HEXFLOW_API_KEY)")
+    if not args.gateway.startswith(("http://", "https://")):
+        raise UsageError(f"--gateway: expected a URL like http://127.0.0.1:8080, got {args.gateway!r}")
+    setup = replay_setup(
+        args.trace,
+        _workers(args.cluster),
+        workflows=args.workflows,
+        seed=args.seed,
+        slo_scale=args.slo_scale,
+        deadline_s=args.deadline_s,
+        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
+    )
+    workload = replay_workload(setup, rate)
+    report = asyncio.run(
+        replay(
+            workload,
+            gateway=args.gateway.rstrip("/"),
+            api_key=key.strip(),
+            time_scale=args.time_scale,
+            trace=setup.trace,
+            rate_qps=rate,
+            timeout_s=args.timeout_s,
+            concurrency_limit=args.concurrency_limit,
+            progress=not args.quiet,
+        )
+    )
+    print(format_report(report))
+    if args.json:
+        report.write_json(Path(args.json))
+        print(f"wrote {args.json}")
     return 0
 
 
@@ -337,7 +446,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-capacity", action="store_true", help="skip the capacity bisection")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="policies run in parallel")
-    p.set_defaults(func=cmd_bench)
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="run each policy on the live gateway over an emulated cluster and compare with the simulator "
+        f"(default {LIVE_BENCH_WORKFLOWS} workflows, rate 0.55 x the fluid bound)",
+    )
+    p.add_argument("--time-scale", type=float, default=0.05, help="--live: real seconds per modelled second")
+    p.add_argument(
+        "--log-dir", default=None, help="--live: keep subprocess logs and configs here (default: a temporary folder)"
+    )
+    p.set_defaults(func=cmd_bench, workflows=None)
 
     p = sub.add_parser("tune", help="tune alpha on a window of traffic by simulation")
     _common(p, workflows=400)
@@ -348,6 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
     p.set_defaults(func=cmd_tune)
     sub.add_parser("emulate", help="run an emulated vLLM worker (see `hexflow emulate --help`)", add_help=False)
+    sub.add_parser(
+        "emulate-cluster",
+        help="run every worker of a cluster as emulated workers (see `hexflow emulate-cluster --help`)",
+        add_help=False,
+    )
 
     p = sub.add_parser("serve", help="run the live gateway (FastAPI) in front of vLLM workers")
     p.add_argument("--config", default="config/gateway.yaml", help="gateway.yaml (workers, policy, limits, tenants)")
@@ -355,6 +479,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None, help="port (default: the config's listen.port)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("replay", help="send a workload to a running gateway in real time and measure it")
+    p.add_argument(
+        "--trace",
+        default="chess-bird",
+        help="trace file, trace name under ../shared/data/hexgen-traces, or chess-bird (built in)",
+    )
+    p.add_argument("--rate", required=True, help="arrival rate, workflows per modelled second")
+    p.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's base URL")
+    p.add_argument("--api-key", default=None, help="the tenant's API key (default: $HEXFLOW_API_KEY)")
+    p.add_argument("--workflows", type=int, default=100, help="workflows to send (a trace is cycled)")
+    p.add_argument("--seed", type=int, default=0, help="seed of queries and arrivals (as in hexflow bench)")
+    p.add_argument("--deadline-s", type=float, default=None, help="deadline of every workflow, modelled seconds")
+    p.add_argument(
+        "--slo-scale",
+        type=float,
+        default=5.0,
+        help="without --deadline-s: deadline = this x the cluster-mean latency of the standard workflow",
+    )
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name: sets the SLO with --slo-scale")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="the gateway's time_scale (emulated workers): wall seconds per modelled second",
+    )
+    p.add_argument("--arrivals", default=None, help="replay the arrival pattern of a CSV, rescaled to --rate")
+    p.add_argument("--concurrency-limit", type=int, default=None, help="most workflows in flight (client side)")
+    p.add_argument("--timeout-s", type=float, default=None, help="per-request timeout, wall seconds")
+    p.add_argument("--json", default=None, help="write the report (with every workflow) as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_replay)
     return parser
 
 
@@ -374,6 +530,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from workers.emulator import main as emulate
 
         return emulate(args_list[1:])
+    if args_list[:1] == ["emulate-cluster"]:
+        from workers.cluster import main as emulate_cluster
+
+        return emulate_cluster(args_list[1:])
     parser = build_parser()
     args = parser.parse_args(args_list)
     for name in ("workflows",):

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.core.scheduler import WorkerInfo
 from gateway.core.dag import DagWorkflow
+from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import StagedWorkflow
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator

@@ -1,0 +1,658 @@
+"""``hexflow bench --live``: policies measured on the real gateway over an emulated cluster, next to the
+simulator's prediction for the identical workload.
+
+    hexflow bench --live --cluster paper-4gpu --trace trace1 --policies hexgen,rr-fcfs --time-scale 0.05
+        --workflows 150 [--rate R] [--slo-scale X] [--alpha A] [--json OUT] [--plot PNG]
+
+For each policy in turn:
+
+1. start the emulated cluster (``python -m workers.cluster``, every worker of the cluster file on a free
+   port, at ``time_scale``);
+2. write a ``gateway.yaml`` for it (``write_gateway_config``: the policy, its alpha, ``time_scale``,
+   background tuning off so runs are reproducible) and a tenants file with one throw-away key whose
+   limits never bind, then start ``python -m gateway.cli serve`` on a free port and wait for
+   ``/readyz`` with every worker healthy;
+3. replay the workload (``gateway.live.replay``), then stop both processes (SIGTERM, then wait).
+
+The prediction is the simulator run on the *same* workflows (``ReplayWorkflow.dag``: the DAG the
+gateway builds) on the unscaled profiles, with the same policy, alpha and scheduler seed. Alpha of the
+policies that read it is tuned by the simulator on another window at the same rate
+(``gateway.sim.bench.tuned_alpha``), as ``hexflow bench`` does, unless fixed with ``--alpha``. The
+default rate is 0.55 x the cluster's fluid bound for the workload.
+
+Subprocess logs go to a temporary folder, removed after a successful run; when a process fails to
+start, the tail of its log is printed and ``LiveBenchError`` raised (the CLI: one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import yaml
+
+from gateway.config import REPO_ROOT, ClusterConfig, build_workers, load_cluster_config, load_gpu_catalog
+from gateway.core.policy import get_policy
+from gateway.errors import GatewayError
+from gateway.live.replay import ReplayReport, ReplayWorkflow, fmt, replay, replay_setup, replay_workload, table
+from gateway.live.settings import LoadedConfig, load_gateway_config
+from gateway.live.tenants import hash_key
+from gateway.sim.bench import fluid_bound, tuned_alpha
+from gateway.sim.metrics import Summary, summarize
+from gateway.sim.simulator import Simulator
+
+__all__ = [
+    "DEFAULT_RATE_FRACTION",
+    "LiveBenchError",
+    "LiveBenchReport",
+    "PolicyRun",
+    "format_live_report",
+    "plot_live_report",
+    "run_live_bench",
+    "simulate_jittered",
+    "simulate_workload",
+    "write_gateway_config",
+    "write_tenants_file",
+]
+
+DEFAULT_RATE_FRACTION = 0.55
+"""Default arrival rate as a fraction of the fluid bound."""
+JITTER_WALL_S = 0.01
+"""Arrival jitter of the simulated band: up to this many *wall* seconds (modelled: / time_scale)."""
+JITTER_REPLICAS = 10
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+BENCH_TENANT = "bench"
+_WORKER_LINE = re.compile(r"^(\S+) (https?://\S+) (\S+)$")
+
+
+class LiveBenchError(GatewayError):
+    """A live benchmark could not run: a subprocess did not start, or the replay could not begin."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Config files
+# --------------------------------------------------------------------------------------------------
+
+
+def write_tenants_file(path: Path, api_key: str, *, max_concurrent_workflows: int, deadline_s: float) -> Path:
+    """A tenants file with one tenant (``bench``) whose key is ``api_key`` and whose limits never bind.
+
+    Any deadline from a millisecond to a year is accepted; ``deadline_s`` is the default.
+    """
+    lo, hi = 1e-3, 3.2e7
+    doc = {
+        "tenants": [
+            {
+                "name": BENCH_TENANT,
+                "api_key_sha256": [hash_key(api_key)],
+                "default_deadline_s": min(max(deadline_s, lo), hi),
+                "min_deadline_s": lo,
+                "max_deadline_s": hi,
+                "priority_weight": 1,
+                "max_concurrent_workflows": max(1, max_concurrent_workflows),
+            }
+        ]
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def write_gateway_config(
+    cluster: ClusterConfig | str | Path,
+    urls: Sequence[str],
+    path: Path,
+    *,
+    policy: str,
+    alpha: float | None,
+    time_scale: float,
+    tuning_enabled: bool,
+    tenants_file: str | Path,
+    port: int = 8080,
+    seed: int = 0,
+    shutdown_grace_s: float = 5.0,
+) -> LoadedConfig:
+    """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
+
+    ``cluster`` is a loaded cluster or a cluster file (name or path). Workers keep the cluster's names,
+    GPUs, models and capacities. The file is loaded back with ``load_gateway_config`` and returned, so
+    an invalid result raises ``ConfigError`` here.
+    """
+    cfg = cluster if isinstance(cluster, ClusterConfig) else load_cluster_config(cluster)
+    resolved = cfg.expanded()
+    if len(resolved) != len(urls):
+        raise ValueError(f"the cluster has {len(resolved)} workers but {len(urls)} urls were given")
+    workers: list[dict[str, Any]] = []
+    for rw, url in zip(resolved, urls, strict=True):
+        w: dict[str, Any] = {"name": rw.name, "gpu": rw.gpu, "model": rw.model, "capacity": rw.capacity, "url": url}
+        if rw.served_model is not None:
+            w["served_model"] = rw.served_model
+        workers.append(w)
+    doc: dict[str, Any] = {
+        "policy": policy,
+        "alpha": alpha,
+        "seed": seed,
+        "time_scale": time_scale,
+        "tenants_file": str(tenants_file),
+        "cluster": {"name": cfg.name, "description": cfg.description, "model": cfg.model, "workers": workers},
+        "listen": {"host": "127.0.0.1", "port": port},
+        "tuning": {"enabled": tuning_enabled},
+        "shutdown_grace_s": shutdown_grace_s,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return load_gateway_config(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Subprocesses
+# --------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(f"  | {line}" for line in text.splitlines()[-lines:]) or "  | (empty log)"
+
+
+class _Process:
+    """A child process with its output in a log file; ``stop`` sends SIGTERM, waits, then kills."""
+
+    def __init__(self, name: str, cmd: Sequence[str], log_path: Path, stdout_path: Path | None = None) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.stdout_path = stdout_path
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        self._files: list[IO[bytes]] = [log_path.open("wb")]
+        out = self._files[0]
+        if stdout_path is not None:
+            out = stdout_path.open("wb")
+            self._files.append(out)
+        self.proc = subprocess.Popen(list(cmd), stdout=out, stderr=self._files[0], stdin=subprocess.DEVNULL, env=env)
+
+    def failed_to_start(self, what: str) -> LiveBenchError:
+        """Print the log's tail to stderr and build the one-line error."""
+        self.stop()
+        code = self.proc.returncode
+        state = f"exited with status {code}" if code is not None and code != -signal.SIGTERM else "did not start"
+        print(f"hexflow: {self.name} {state}; last lines of {self.log_path}:\n{_tail(self.log_path)}", file=sys.stderr)
+        return LiveBenchError(f"{self.name} {state} ({what}); its log: {self.log_path}")
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; close the log files. Returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for f in self._files:
+            f.close()
+        return self.proc.returncode
+
+
+@contextlib.contextmanager
+def _cluster_process(cluster: str, time_scale: float, log_dir: Path, tag: str) -> Iterator[tuple[_Process, list[str]]]:
+    """The emulated cluster on free ports; yields the process and the workers' URLs in cluster order."""
+    cmd = [sys.executable, "-m", "workers.cluster", "--cluster", cluster, "--base-port", "0"]
+    cmd += ["--time-scale", repr(time_scale)]
+    out_path = log_dir / f"cluster-{tag}.out"
+    proc = _Process("the emulated cluster", cmd, log_dir / f"cluster-{tag}.log", out_path)
+    try:
+        n = len(load_cluster_config(cluster).expanded())
+        deadline = time.monotonic() + START_TIMEOUT_S
+        urls: list[str] = []
+        while True:
+            lines = out_path.read_text(errors="replace").splitlines()
+            urls = [m.group(2) for m in map(_WORKER_LINE.match, lines) if m]
+            if len(urls) >= n:
+                break
+            if proc.proc.poll() is not None or time.monotonic() > deadline:
+                raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for {n} workers")
+            time.sleep(0.05)
+        yield proc, urls[:n]
+    finally:
+        proc.stop()
+
+
+@contextlib.contextmanager
+def _gateway_process(config: Path, port: int, n_workers: int, log_dir: Path, tag: str) -> Iterator[str]:
+    """``hexflow serve`` on ``port``; yields its URL once ``/readyz`` reports every worker healthy."""
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
+    cmd += ["--log-level", "warning"]
+    proc = _Process("the gateway", cmd, log_dir / f"gateway-{tag}.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                r = httpx.get(f"{url}/readyz", timeout=2.0)
+                if r.status_code == 200 and r.json().get("healthy_workers", 0) >= n_workers:
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            if proc.proc.poll() is not None or time.monotonic() > deadline:
+                raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for /readyz with {n_workers} workers")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.stop()
+
+
+# --------------------------------------------------------------------------------------------------
+# The benchmark
+# --------------------------------------------------------------------------------------------------
+
+
+def simulate_workload(
+    workers: Sequence[Any], workload: Sequence[ReplayWorkflow], policy: str, *, alpha: float | None, seed: int
+) -> tuple[Summary, dict[str, int]]:
+    """The simulator's prediction for a replay workload: summary and calls dispatched per worker."""
+    res = Simulator(workers, policy, alpha=alpha, seed=seed).run([w.dag() for w in workload])
+    counts = {w.name: sum(c.values()) for w, c in zip(workers, res.dispatch_counts, strict=True)}
+    return summarize(res, total=len(workload)), counts
+
+
+@dataclass(frozen=True)
+class Band:
+    """Minimum, median and maximum of one figure over jittered simulations."""
+
+    low: float
+    median: float
+    high: float
+
+    def as_list(self) -> list[float | None]:
+        """``[low, median, high]`` for JSON (non-finite: null)."""
+        return [_num(self.low), _num(self.median), _num(self.high)]
+
+
+def simulate_jittered(
+    workers: Sequence[Any],
+    workload: Sequence[ReplayWorkflow],
+    policy: str,
+    *,
+    alpha: float | None,
+    seed: int,
+    jitter_s: float,
+    replicas: int = JITTER_REPLICAS,
+) -> dict[str, Band]:
+    """How sensitive the prediction is to timing noise: P50/P95/P99/SLO bands over ``replicas`` runs.
+
+    The first run is the exact prediction; each other run delays every arrival (and its deadline) by
+    an independent uniform ``[0, jitter_s)`` modelled seconds, about what a live run's wall-clock noise
+    amounts to. Near a policy's capacity the tail can move a lot on such noise; a live figure inside
+    the band is as good as the simulator can predict it.
+    """
+    import random
+    import statistics
+
+    figures: dict[str, list[float]] = {"p50_s": [], "p95_s": [], "p99_s": [], "slo_attainment": []}
+    for k in range(replicas):
+        rng = random.Random(seed * 1009 + k)
+        dags = []
+        for w in workload:
+            d = w.dag()
+            j = rng.uniform(0.0, jitter_s) if k else 0.0
+            dags.append(d.shifted(d.arrival + j, d.deadline + j))
+        s = summarize(Simulator(workers, policy, alpha=alpha, seed=seed).run(dags), total=len(workload))
+        for key, values in figures.items():
+            values.append(float(getattr(s, key)))
+    return {k: Band(min(v), statistics.median(v), max(v)) for k, v in figures.items()}
+
+
+@dataclass
+class PolicyRun:
+    """One policy: the live replay, the simulated prediction and the calls each worker served."""
+
+    policy: str
+    alpha: float | None
+    live: ReplayReport
+    simulated: Summary
+    live_calls_per_worker: dict[str, int] = field(default_factory=dict)
+    sim_calls_per_worker: dict[str, int] = field(default_factory=dict)
+    sim_band: dict[str, Band] = field(default_factory=dict)
+
+    @property
+    def p95_ratio(self) -> float:
+        """Live P95 / simulated P95."""
+        return _ratio(self.live.p95_s, self.simulated.p95_s)
+
+    @property
+    def slo_ratio(self) -> float:
+        """Live SLO attainment / simulated SLO attainment."""
+        return _ratio(self.live.slo_attainment, self.simulated.slo_attainment)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
+
+
+def _num(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+@dataclass
+class LiveBenchReport:
+    """Everything ``hexflow bench --live`` reports."""
+
+    cluster: str
+    gpus: list[str]
+    trace: str
+    time_scale: float
+    rate_qps: float
+    fluid_bound_qps: float
+    slo_scale: float
+    slo_s: float
+    workflows: int
+    seed: int
+    runs: list[PolicyRun]
+    wall_s: float
+
+    def gains_vs_rr_fcfs(self) -> dict[str, dict[str, float]]:
+        """For each policy but ``rr-fcfs``: rr-fcfs's P95 / the policy's, live and simulated."""
+        ref = next((r for r in self.runs if r.policy == "rr-fcfs"), None)
+        if ref is None:
+            return {}
+        return {
+            r.policy: {
+                "p95_live": _ratio(ref.live.p95_s, r.live.p95_s),
+                "p95_sim": _ratio(ref.simulated.p95_s, r.simulated.p95_s),
+            }
+            for r in self.runs
+            if r.policy != "rr-fcfs"
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (non-finite numbers become null)."""
+        policies = []
+        for r in self.runs:
+            sim = {k: (_num(v) if isinstance(v, float) else v) for k, v in r.simulated.as_dict().items()}
+            policies.append(
+                {
+                    "policy": r.policy,
+                    "alpha": r.alpha,
+                    "live": r.live.to_json(),
+                    "simulated": sim,
+                    "ratios": {"p95_live_over_sim": _num(r.p95_ratio), "slo_live_over_sim": _num(r.slo_ratio)},
+                    "simulated_jitter_band": {k: b.as_list() for k, b in r.sim_band.items()},
+                    "calls_per_worker": {"live": r.live_calls_per_worker, "simulated": r.sim_calls_per_worker},
+                }
+            )
+        return {
+            "cluster": self.cluster,
+            "gpus": self.gpus,
+            "trace": self.trace,
+            "time_scale": self.time_scale,
+            "rate_qps": self.rate_qps,
+            "fluid_bound_qps": self.fluid_bound_qps,
+            "slo_scale": self.slo_scale,
+            "slo_s": self.slo_s,
+            "workflows": self.workflows,
+            "seed": self.seed,
+            "wall_s": self.wall_s,
+            "policies": policies,
+            "gain_vs_rr_fcfs": {p: {k: _num(v) for k, v in g.items()} for p, g in self.gains_vs_rr_fcfs().items()},
+        }
+
+    def write_json(self, path: Path) -> None:
+        """Write ``to_json()`` (strict JSON)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
+
+
+def run_live_bench(
+    cluster: str,
+    trace: str,
+    policies: Sequence[str],
+    *,
+    time_scale: float,
+    workflows: int,
+    rate_qps: float | None = None,
+    slo_scale: float = 5.0,
+    seed: int = 0,
+    alpha: float | None = None,
+    arrivals_csv: Path | None = None,
+    cv: float = 1.0,
+    progress: bool = True,
+    log_dir: Path | None = None,
+    log: Any = None,
+) -> LiveBenchReport:
+    """Measure every policy live and predict it by simulation (see the module docstring).
+
+    Subprocess logs and config files go to ``log_dir`` (kept), or to a temporary folder that is removed
+    after a successful run. ``log`` is a callable taking one line of progress text (default: stderr).
+    """
+    say = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    for p in policies:
+        get_policy(p)
+    if not (time_scale > 0 and math.isfinite(time_scale)):
+        raise ValueError(f"time scale must be a positive number, got {time_scale}")
+    catalog = load_gpu_catalog()
+    cluster_cfg = load_cluster_config(cluster, catalog)
+    workers = build_workers(cluster_cfg, catalog)
+    setup = replay_setup(
+        trace, workers, workflows=workflows, seed=seed, slo_scale=slo_scale, arrivals_csv=arrivals_csv, cv=cv
+    )
+    bound = fluid_bound(workers, setup.queries)
+    rate = rate_qps if rate_qps is not None else round(DEFAULT_RATE_FRACTION * bound, 6)
+    workload = replay_workload(setup, rate)
+    keep = log_dir is not None
+    if log_dir is None:
+        log_dir = Path(tempfile.mkdtemp(prefix="hexflow-livebench-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(24)
+    tenants = write_tenants_file(
+        log_dir / "tenants.yaml", key, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale
+    )
+    runs: list[PolicyRun] = []
+    t_start = time.monotonic()
+    ok = False
+    try:
+        for policy in policies:
+            a = alpha
+            if a is None and get_policy(policy).uses_alpha:
+                a = tuned_alpha(setup, policy, rate)
+            sim, sim_counts = simulate_workload(workers, workload, policy, alpha=a, seed=seed)
+            band = simulate_jittered(workers, workload, policy, alpha=a, seed=seed, jitter_s=JITTER_WALL_S / time_scale)
+            say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting the emulated cluster and the gateway")
+            with _cluster_process(cluster, time_scale, log_dir, policy) as (_, urls):
+                cfg_path = log_dir / f"gateway-{policy}.yaml"
+                port = _free_port()
+                write_gateway_config(
+                    cluster_cfg,
+                    urls,
+                    cfg_path,
+                    policy=policy,
+                    alpha=a,
+                    time_scale=time_scale,
+                    tuning_enabled=False,
+                    tenants_file=tenants,
+                    port=port,
+                    seed=seed,
+                )
+                with _gateway_process(cfg_path, port, len(urls), log_dir, policy) as url:
+                    try:
+                        rep = asyncio.run(
+                            replay(
+                                workload,
+                                gateway=url,
+                                api_key=key,
+                                time_scale=time_scale,
+                                trace=setup.trace,
+                                rate_qps=rate,
+                                progress=progress,
+                                desc=f"{policy} live",
+                            )
+                        )
+                    except GatewayError as exc:
+                        raise LiveBenchError(f"{policy}: {exc}") from None
+                    live_counts = _live_calls_per_worker(url)
+            runs.append(PolicyRun(policy, a, rep, sim, live_counts, sim_counts, band))
+            say(
+                f"{policy}: live P95 {fmt(rep.p95_s)} s, SLO {fmt(rep.slo_attainment, 3)}; "
+                f"simulated P95 {fmt(sim.p95_s)} s, SLO {fmt(sim.slo_attainment, 3)} ({rep.wall_s:.0f} s wall)"
+            )
+        ok = True
+    finally:
+        if ok and not keep:
+            shutil.rmtree(log_dir, ignore_errors=True)
+        elif not ok:
+            say(f"subprocess logs are in {log_dir}")
+    return LiveBenchReport(
+        cluster=cluster_cfg.name,
+        gpus=[w.profile.gpu for w in workers],
+        trace=setup.trace,
+        time_scale=time_scale,
+        rate_qps=rate,
+        fluid_bound_qps=bound,
+        slo_scale=slo_scale,
+        slo_s=setup.slo_s,
+        workflows=len(workload),
+        seed=seed,
+        runs=runs,
+        wall_s=time.monotonic() - t_start,
+    )
+
+
+def _live_calls_per_worker(url: str) -> dict[str, int]:
+    """Calls each worker completed, from the gateway's ``/v1/status`` (empty if it cannot be read)."""
+    try:
+        status = httpx.get(f"{url}/v1/status", timeout=5.0).json()
+        return {str(w["name"]): int(w["completed"]) for w in status["workers"]}
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _band_cell(b: Band, digits: int) -> str:
+    return f"{fmt(b.low, digits)}-{fmt(b.high, digits)}"
+
+
+def format_live_report(rep: LiveBenchReport) -> str:
+    """The tables ``hexflow bench --live`` prints."""
+    lines = [
+        f"{rep.trace} on {rep.cluster} [{', '.join(rep.gpus)}], {rep.workflows} workflows at {rep.rate_qps:.4g}/s "
+        f"({rep.rate_qps / rep.fluid_bound_qps:.2f} x fluid bound {rep.fluid_bound_qps:.4f}), "
+        f"SLO {rep.slo_scale:g}x = {rep.slo_s:.1f} s, time scale {rep.time_scale:g}, seed {rep.seed}",
+        "latency in modelled seconds; live: measured by the client through the gateway; sim: the simulator's "
+        "prediction for the same workflows;",
+        f"sim band: min-max over the sim and {JITTER_REPLICAS - 1} simulations with each arrival delayed by up "
+        f"to {JITTER_WALL_S * 1000:.0f} ms of wall time ({JITTER_WALL_S / rep.time_scale:.2g} modelled s)",
+    ]
+    rows = []
+    for r in rep.runs:
+        a = "-" if r.alpha is None else f"{r.alpha:.2f}"
+        lv, sm = r.live, r.simulated
+        rows.append(
+            [
+                r.policy,
+                a,
+                "live",
+                fmt(lv.p50_s),
+                fmt(lv.p95_s),
+                fmt(lv.p99_s),
+                fmt(lv.slo_attainment, 3),
+                fmt(lv.throughput_qps, 4),
+                f"{lv.completed}/{lv.workflows}",
+                fmt(r.p95_ratio, 2),
+                fmt(r.slo_ratio, 3),
+            ]
+        )
+        rows.append(
+            [
+                r.policy,
+                a,
+                "sim",
+                fmt(sm.p50_s),
+                fmt(sm.p95_s),
+                fmt(sm.p99_s),
+                fmt(sm.slo_attainment, 3),
+                fmt(sm.throughput_qps, 4),
+                f"{sm.completed}/{sm.workflows}",
+                "",
+                "",
+            ]
+        )
+        if r.sim_band:
+            band = [_band_cell(r.sim_band[k], d) for k, d in (("p50_s", 0), ("p95_s", 0), ("p99_s", 0))]
+            band.append(_band_cell(r.sim_band["slo_attainment"], 2))
+            rows.append([r.policy, a, "sim band", *band, "", "", "", ""])
+    headers = ["policy", "alpha", "run", "p50_s", "p95_s", "p99_s", "slo", "tput_qps", "done"]
+    lines.append(table([*headers, "p95_live/sim", "slo_live/sim"], rows))
+    gains = rep.gains_vs_rr_fcfs()
+    if gains:
+        lines.append("P95 gain over rr-fcfs (rr-fcfs P95 / policy P95):")
+        lines.append(
+            table(
+                ["policy", "live", "sim"],
+                [[p, f"{fmt(g['p95_live'], 2)}x", f"{fmt(g['p95_sim'], 2)}x"] for p, g in gains.items()],
+            )
+        )
+    lines.append(f"wall time {rep.wall_s:.0f} s")
+    return "\n".join(lines)
+
+
+def plot_live_report(rep: LiveBenchReport, path: Path) -> None:
+    """Bars of P95 latency and SLO attainment per policy, live next to simulated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r.policy for r in rep.runs]
+    xs = list(range(len(names)))
+    width = 0.38
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, live, sim, label in (
+        (ax1, [r.live.p95_s for r in rep.runs], [r.simulated.p95_s for r in rep.runs], "P95 latency (modelled s)"),
+        (
+            ax2,
+            [r.live.slo_attainment for r in rep.runs],
+            [r.simulated.slo_attainment for r in rep.runs],
+            "SLO attainment",
+        ),
+    ):
+        ax.bar([x - width / 2 for x in xs], [v if math.isfinite(v) else 0.0 for v in live], width, label="live")
+        ax.bar([x + width / 2 for x in xs], [v if math.isfinite(v) else 0.0 for v in sim], width, label="simulated")
+        ax.set_xticks(xs, names)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    ax1.axhline(rep.slo_s, color="red", ls=":", lw=1, label="SLO")
+    ax2.set_ylim(0, 1.05)
+    ax1.legend(fontsize=8)
+    fig.suptitle(
+        f"{rep.trace} on {rep.cluster}, {rep.workflows} workflows at {rep.rate_qps:.4g}/s, "
+        f"time scale {rep.time_scale:g}"
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
