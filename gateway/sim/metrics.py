@@ -19,7 +19,14 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     frac = pos - lo
-    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
+    a, b = float(sorted_values[lo]), float(sorted_values[hi])
+    if frac == 0.0 or a == b:
+        return a
+    if math.isinf(b):
+        # Unfinished workflows are padded as +inf: a percentile that reaches into them is infinite
+        # (interpolating would give inf * 0 = nan at the boundary).
+        return b
+    return a + (b - a) * frac
 
 
 @dataclass(frozen=True)

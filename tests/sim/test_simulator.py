@@ -138,3 +138,13 @@ def test_simulator_speed_on_paper_cluster(cluster: list[WorkerInfo]) -> None:
     res = Simulator(cluster, "hexgen").run(wfs)
     rate = res.num_calls / (time.perf_counter() - t0)
     assert rate > 5_000, f"{rate:.0f} simulated calls/s"
+
+
+def test_percentile_reaching_into_unfinished_workflows_is_inf() -> None:
+    from gateway.sim.metrics import percentile
+
+    inf = float("inf")
+    assert percentile([1.0, inf, inf, inf], 95) == inf
+    assert percentile([1.0, 2.0, inf], 50) == 2.0
+    assert percentile([1.0, 2.0, inf], 75) == inf
+    assert percentile([1.0, 3.0], 50) == 2.0
