@@ -8,6 +8,8 @@
     hexflow serve      the live gateway
     hexflow replay     send a trace's workflows to a running gateway in real time and measure
     hexflow bench --live   policies on the live gateway over an emulated cluster, next to the simulator
+    hexflow overhead   the gateway's added latency and CPU per call, against calling a worker directly
+    hexflow tenants hash-key KEY   the SHA-256 hash that config/tenants.yaml stores for an API key
 
 Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
 with one line naming the file and field, and exit status 2; never a traceback.
@@ -511,7 +513,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="write the report (with every workflow) as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser(
+        "overhead",
+        help="gateway overhead: the same call to a worker directly and through the gateway, side by side",
+    )
+    p.add_argument("--rate", type=float, default=200.0, help="calls/s of each stream (gateway and direct)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of measurement")
+    p.add_argument("--max-rate-search", action="store_true", help="also find the highest rate the gateway sustains")
+    p.add_argument("--p99-limit-ms", type=float, default=20.0, help="P99 bound of a sustained rate")
+    p.add_argument("--json", default=None, help="write the report as JSON here")
+    p.set_defaults(func=cmd_overhead)
+
+    p = sub.add_parser("tenants", help="tenant helpers (hash an API key for config/tenants.yaml)")
+    tsub = p.add_subparsers(dest="tenants_command", required=True)
+    q = tsub.add_parser("hash-key", help="print the SHA-256 hash of an API key (what tenants.yaml stores)")
+    q.add_argument("key", help="the API key (use '-' to read it from stdin, keeping it out of shell history)")
+    q.set_defaults(func=cmd_hash_key)
     return parser
+
+
+def cmd_overhead(args: argparse.Namespace) -> int:
+    """Measure the gateway's added latency and CPU per call against calling a worker directly."""
+    from pathlib import Path
+
+    from gateway.live.overhead import format_report, run_overhead, write_json
+
+    if not args.rate > 0 or not args.duration > 0 or not args.p99_limit_ms > 0:
+        raise UsageError("--rate, --duration and --p99-limit-ms must be positive")
+    rep = run_overhead(args.rate, args.duration, max_rate_search=args.max_rate_search, p99_limit_ms=args.p99_limit_ms)
+    print(format_report(rep))
+    if args.json:
+        write_json(rep, Path(args.json))
+    return 0
+
+
+def cmd_hash_key(args: argparse.Namespace) -> int:
+    """Print the hash of an API key for ``api_key_sha256`` in tenants.yaml."""
+    from gateway.live.tenants import hash_key
+
+    key = sys.stdin.readline().strip() if args.key == "-" else args.key
+    if not key:
+        raise UsageError("the key is empty")
+    print(hash_key(key))
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

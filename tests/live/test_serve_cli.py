@@ -46,3 +46,19 @@ def test_bad_tenants_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["serve", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "tenants.yaml" in err and "hash-key" in err
+
+
+def test_tenants_hash_key_matches_the_store(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.live.tenants import TenantStore
+
+    assert main(["tenants", "hash-key", "demo-batch-key"]) == 0
+    digest = capsys.readouterr().out.strip()
+    store = TenantStore.load(Path(__file__).resolve().parents[2] / "config" / "tenants.yaml")
+    tenant = store.authenticate("demo-batch-key")
+    assert tenant is not None and tenant.name == "batch" and len(digest) == 64
+    assert digest in (Path(__file__).resolve().parents[2] / "config" / "tenants.yaml").read_text()
+
+
+def test_overhead_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["overhead", "--duration", "0"]) == 2
+    assert "must be positive" in capsys.readouterr().err
