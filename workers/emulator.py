@@ -509,7 +509,10 @@ async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, cha
                 ticket.changed.clear()
                 await ticket.changed.wait()
             if overhead > 0:
-                await asyncio.sleep(overhead)
+                # The overhead counts from the model's finish time, not from when the driver noticed it,
+                # so event-loop lag on a busy machine is absorbed instead of added to every response.
+                done_at = ticket.engine_done_real if ticket.engine_done_real is not None else time.monotonic()
+                await asyncio.sleep(max(done_at + overhead - time.monotonic(), 0.0))
         except asyncio.CancelledError:
             emu.engine.cancel(ticket)
             raise
