@@ -145,6 +145,9 @@ class VtcCounters:
         self.output_weight = output_weight
         self.counter: dict[str, float] = {}
         self.backlog: dict[str, int] = {}
+        self.weights: dict[str, float] = {}
+        """Tenant share weights (weighted VTC): service is charged divided by the weight, so a tenant
+        of weight 2 gets twice the tokens of a weight-1 tenant while both are backlogged. Default 1."""
 
     def on_enqueue(self, tenant: str) -> None:
         """A call of ``tenant`` was queued; lift the counter if the tenant just became backlogged."""
@@ -158,9 +161,8 @@ class VtcCounters:
         """Charge the tenant for the call's service."""
         t = call.tenant
         self.backlog[t] -= 1
-        self.counter[t] = self.counter.get(t, 0.0) + (
-            self.input_weight * call.spec.input_tokens + self.output_weight * call.spec.output_tokens
-        )
+        cost = self.input_weight * call.spec.input_tokens + self.output_weight * call.spec.output_tokens
+        self.counter[t] = self.counter.get(t, 0.0) + cost / self.weights.get(t, 1.0)
 
 
 class VtcQueue:
@@ -170,6 +172,11 @@ class VtcQueue:
         self._c = counters
         self._by_tenant: dict[str, deque[Call]] = {}
         self._n = 0
+
+    @property
+    def counters(self) -> VtcCounters:
+        """The counters shared with the scheduler's other worker queues."""
+        return self._c
 
     def push(self, call: Call) -> None:
         """Append to the tenant's FIFO."""

@@ -20,7 +20,7 @@ from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng
 from gateway.core.estimates import Estimator
 from gateway.core.policy import Policy, get_policy
 from gateway.core.profile import PerfProfile
-from gateway.core.queues import QUEUES, WorkerQueue
+from gateway.core.queues import QUEUES, VtcCounters, WorkerQueue
 from gateway.core.slo import stage_budget
 from gateway.core.workflow import Call
 
@@ -104,6 +104,13 @@ class Scheduler:
             if len(self._ref_cache) < 65536:
                 self._ref_cache[key] = v
         return v
+
+    def set_tenant_weights(self, weights: dict[str, float]) -> None:
+        """Tenants' share weights, for queue disciplines that use them (``vtc``); others ignore them."""
+        for q in self.queues:
+            counters = getattr(q, "counters", None)
+            if isinstance(counters, VtcCounters):
+                counters.weights = {t: w for t, w in weights.items() if w > 0}
 
     def set_eligible(self, worker: int, eligible: bool) -> None:
         """Mark a worker as (in)eligible for new dispatches (health, draining)."""

@@ -122,6 +122,7 @@ class Gateway:
         self.scheduler = Scheduler(loaded.workers, cfg.policy, random.Random(cfg.seed), alpha=cfg.alpha)
         self.metrics = GatewayMetrics([w.name for w in loaded.workers], [t.name for t in tenants.tenants])
         self.metrics.alpha.set(self.scheduler.alpha)
+        self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in tenants.tenants})
         endpoints = [
             WorkerEndpoint(i, rw.name, rw.url or "", rw.served_model or rw.model, rw.capacity)
             for i, rw in enumerate(loaded.resolved)
@@ -201,6 +202,7 @@ class Gateway:
                 if changed:
                     for t in self.tenants.tenants:
                         self.metrics.add_tenant(t.name)
+                    self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in self.tenants.tenants})
                     log.info("tenants reloaded (generation %d)", self.tenants.generation)
             before = after
 

@@ -157,3 +157,25 @@ def test_vtc_counters_are_shared_between_worker_queues() -> None:
 def test_duplicate_queue_registration_raises() -> None:
     with pytest.raises(ValueError, match="already registered"):
         register_queue("fcfs", lambda: FcfsQueue)
+
+
+def test_vtc_tenant_weights_split_service_in_proportion() -> None:
+    import random as _random
+
+    from gateway.config import load_gpu_catalog
+    from gateway.core.scheduler import Scheduler, WorkerInfo
+    from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
+
+    prof = load_gpu_catalog().profile("A100", "llama-3.1-70b")
+    s = Scheduler([WorkerInfo("w", prof, 1)], "vtc", _random.Random(0))
+    s.set_tenant_weights({"gold": 2.0, "bronze": 1.0})
+    spec = CallSpec("k", 100, 10)
+    n = 0
+    for tenant in ("gold", "bronze"):
+        wf = StagedWorkflow(0, tenant, 0.0, 1e9, [Stage("k", (spec,))])
+        for _ in range(60):
+            n += 1
+            s.submit(Call(n, wf, spec, 0.0), 0.0)
+    served = [s.pop_next(0, 0.0) for _ in range(60)]
+    gold = sum(1 for c in served if c is not None and c.tenant == "gold")
+    assert gold == 40  # 2:1 while both are backlogged
