@@ -480,6 +480,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="bind address (default: the config's listen.host)")
     p.add_argument("--port", type=int, default=None, help="port (default: the config's listen.port)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="override the config's time_scale (emulated workers' --time-scale)",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("replay", help="send a workload to a running gateway in real time and measure it")
@@ -563,7 +569,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the gateway until SIGTERM/SIGINT (config errors are reported before anything starts)."""
     from gateway.live.server import serve
 
-    serve(args.config, host=args.host, port=args.port, log_level=args.log_level)
+    serve(args.config, host=args.host, port=args.port, log_level=args.log_level, time_scale=args.time_scale)
     return 0
 
 

@@ -70,11 +70,16 @@ class GatewayServer(uvicorn.Server):
 
 
 def serve(
-    config_path: Path | str, *, host: str | None = None, port: int | None = None, log_level: str = "info"
+    config_path: Path | str,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    log_level: str = "info",
+    time_scale: float | None = None,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    loaded = load_gateway_config(config_path)
+    loaded = load_gateway_config(config_path, time_scale=time_scale)
     app = build_app(loaded)
     cfg = loaded.cfg
     config = uvicorn.Config(

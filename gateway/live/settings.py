@@ -17,6 +17,7 @@ from gateway.config import ClusterConfig, FieldError, GpuCatalog, _Strict, load_
 from gateway.core.policy import POLICIES
 from gateway.core.profile import time_scaled
 from gateway.core.scheduler import WorkerInfo
+from gateway.errors import ConfigError
 
 PosFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 Alpha = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
@@ -157,8 +158,11 @@ class LoadedConfig:
         return p if p.is_absolute() else self.base_dir / p
 
 
-def load_gateway_config(path: Path | str) -> LoadedConfig:
-    """Load and validate ``gateway.yaml`` (raises ``ConfigError`` naming file and field)."""
+def load_gateway_config(path: Path | str, *, time_scale: float | None = None) -> LoadedConfig:
+    """Load and validate ``gateway.yaml`` (raises ``ConfigError`` naming file and field).
+
+    ``time_scale`` overrides the file's (``hexflow serve --time-scale``, for emulated clusters).
+    """
     path = Path(path)
     # First pass without the catalogue to learn which catalogue to use, then validate names against it.
     raw = load_yaml_model(path, GatewayConfig)
@@ -168,4 +172,8 @@ def load_gateway_config(path: Path | str) -> LoadedConfig:
         catalog_path = p if p.is_absolute() else path.parent / p
     catalog = load_gpu_catalog(catalog_path)
     cfg = load_yaml_model(path, GatewayConfig, context={"catalog": catalog})
+    if time_scale is not None:
+        if not time_scale > 0:
+            raise ConfigError(str(path), "time_scale", f"must be positive, got {time_scale}")
+        cfg = cfg.model_copy(update={"time_scale": time_scale})
     return LoadedConfig(cfg, path.parent, catalog)
