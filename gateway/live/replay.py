@@ -42,6 +42,7 @@ from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CHESS_TEMPLATE, CallSpec, Stage
 from gateway.errors import GatewayError
 from gateway.sim.bench import Setup
+from gateway.sim.metrics import percentile
 from gateway.sim.workload import CHESS_BIRD, TenantSpec, load_queries, resolve_trace
 
 __all__ = [
@@ -210,23 +211,9 @@ class WorkflowResult:
         return self.completed and self.latency_s is not None and self.latency_s <= self.deadline_s + 1e-9
 
 
-def padded_percentile(sorted_values: Sequence[float], q: float) -> float:
-    """``gateway.sim.metrics.percentile`` (linear interpolation) where ``inf`` stands for "never finished".
-
-    Between a finite value and ``inf``, or two ``inf``, the percentile is ``inf`` (plain interpolation
-    would give NaN); exactly on a finite value it is that value.
-    """
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    a, b, frac = float(sorted_values[lo]), float(sorted_values[hi]), pos - lo
-    if frac == 0.0 or a == b:
-        return a
-    if math.isinf(b):
-        return math.inf
-    return a + (b - a) * frac
+padded_percentile = percentile
+"""``gateway.sim.metrics.percentile``: ``inf`` stands for "never finished" and a percentile reaching into
+it is ``inf`` (kept under this name for callers of the replay module)."""
 
 
 def _num(x: float | None) -> float | None:
