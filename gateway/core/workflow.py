@@ -264,6 +264,59 @@ class StagedWorkflow(Workflow):
         return self.template.remaining_after(self._cursor, self._rounds, cost)
 
 
+@dataclass(eq=False)
+class OnlineWorkflow(Workflow):
+    """A workflow whose driver decides each next stage at run time, after seeing the last one's results.
+
+    The Text-to-SQL pipeline is one: whether another ``revise`` round follows depends on executing the
+    SQL. The driver announces every stage with ``begin_stage`` before submitting its calls, so the stage
+    budgets follow the template exactly as for a ``StagedWorkflow`` of the same stages; it records what
+    ran (kinds and token counts) so the alpha tuner can replay it. ``start``/``complete`` are not used.
+    """
+
+    wid: int
+    tenant: str
+    arrival: float
+    deadline: float
+    template: WorkflowTemplate | None = None
+    stages: list[Stage] = field(default_factory=list)
+    _cursor: int = field(default=-1, repr=False)
+    _rounds: int = field(default=0, repr=False)
+    _pending: int = field(default=0, repr=False)
+
+    def begin_stage(self, kind: str, calls: Sequence[CallSpec]) -> None:
+        """The driver is about to submit ``calls`` as the next stage (of ``kind``)."""
+        self.stages.append(Stage(kind, tuple(calls)))
+        self._pending += len(calls)
+        if self.template is not None:
+            prev = self._cursor
+            self._cursor = self.template.advance(prev, kind)
+            self._rounds = self._rounds + 1 if self._cursor == prev else 1
+
+    def stage_call_done(self) -> None:
+        """One call of the current stage returned (bookkeeping for ``done``)."""
+        self._pending = max(self._pending - 1, 0)
+
+    def start(self) -> list[CallSpec]:
+        """Not used: the driver submits stages itself."""
+        return []
+
+    def complete(self, spec: CallSpec) -> list[CallSpec]:
+        """Not used: the driver submits stages itself."""
+        return []
+
+    @property
+    def done(self) -> bool:
+        """No call in flight (the driver decides when the workflow is over)."""
+        return self._pending == 0
+
+    def expected_remaining(self, cost: CostFn) -> float:
+        """Expected cost after the current stage, from the template (0 without a template)."""
+        if self.template is None:
+            return 0.0
+        return self.template.remaining_after(self._cursor, self._rounds, cost)
+
+
 def group_calls(calls: Sequence[CallSpec], parallel_kinds: frozenset[str]) -> list[Stage]:
     """Group a flat call list into stages: consecutive calls of a parallel kind form one stage."""
     stages: list[Stage] = []

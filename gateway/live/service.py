@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.scheduler import Scheduler
-from gateway.core.workflow import WorkflowTemplate
+from gateway.core.workflow import CallSpec, OnlineWorkflow, WorkflowTemplate
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import CallFailed, CallResult, Clock, LiveCall, Transport, WorkerEndpoint, WorkerPool
 from gateway.live.settings import LoadedConfig
@@ -150,7 +150,7 @@ class Gateway:
         self.active_total = 0
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._executions: set[_Execution] = set()
+        self._executions: set[object] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -254,11 +254,7 @@ class Gateway:
         wf = DagWorkflow.build(wid, tenant.name, now, now + deadline_s, nodes, template)
         loop = asyncio.get_running_loop()
         ex = _Execution(wf, requests, [CallRecord(i, n.kind) for i, n in enumerate(nodes)], loop.create_future())
-        self._active[tenant.name] = self._active.get(tenant.name, 0) + 1
-        self.active_total += 1
-        self._idle.clear()
-        self.metrics.active.set(self.active_total)
-        self._executions.add(ex)
+        self._begin(ex, tenant)
 
         def launch(specs: list[Any]) -> None:
             for spec in specs:
@@ -332,7 +328,14 @@ class Gateway:
             self._finish(ex, tenant, "failed", None)
         return outcome
 
-    def _finish(self, ex: _Execution, tenant: Tenant, outcome: str, latency: float | None) -> None:
+    def _begin(self, ex: object, tenant: Tenant) -> None:
+        self._active[tenant.name] = self._active.get(tenant.name, 0) + 1
+        self.active_total += 1
+        self._idle.clear()
+        self.metrics.active.set(self.active_total)
+        self._executions.add(ex)
+
+    def _finish(self, ex: object, tenant: Tenant, outcome: str, latency: float | None) -> None:
         if ex not in self._executions:
             return
         self._executions.discard(ex)
@@ -342,6 +345,81 @@ class Gateway:
         self.metrics.workflow_done(tenant.name, latency, outcome)
         if self.active_total == 0:
             self._idle.set()
+
+    # ------------------------------------------------------------------ online workflows (stage by stage)
+
+    def open_workflow(self, tenant: Tenant, deadline_s: float, template: WorkflowTemplate | None) -> OnlineWorkflow:
+        """Start a workflow whose stages the caller decides as it goes (the Text-to-SQL pipeline).
+
+        Admission must have passed. Every workflow opened must be closed with ``close_workflow``.
+        """
+        now = self.clock()
+        wf = OnlineWorkflow(next(self._wids), tenant.name, now, now + deadline_s, template)
+        self._begin(wf, tenant)
+        return wf
+
+    def close_workflow(self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool = False) -> float:
+        """Account an online workflow's end (met, missed or failed); returns its latency in seconds."""
+        latency = self.clock() - wf.arrival
+        if failed:
+            self._finish(wf, tenant, "failed", None)
+        else:
+            self._finish(wf, tenant, "met" if self.clock() <= wf.deadline else "missed", latency)
+            self.recorder.record_online(wf)
+        return latency
+
+    async def run_stage(
+        self, wf: OnlineWorkflow, kind: str, calls: list[tuple[CallSpec, CallRequest]]
+    ) -> list[tuple[CallRecord, CallResult | CallFailed]]:
+        """Run one stage (calls in parallel) of an online workflow; returns each call's record and outcome.
+
+        The stage is announced to the workflow first, so budgets follow its template. A cancelled caller
+        takes its queued and in-flight calls back.
+        """
+        wf.begin_stage(kind, [spec for spec, _ in calls])
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[CallResult | CallFailed]] = []
+        live: list[LiveCall] = []
+        records: list[CallRecord] = []
+        for i, (spec, req) in enumerate(calls):
+            fut: asyncio.Future[CallResult | CallFailed] = loop.create_future()
+            rec = CallRecord(i, spec.kind)
+
+            def done(
+                call: LiveCall,
+                outcome: CallResult | CallFailed,
+                fut: asyncio.Future[CallResult | CallFailed] = fut,
+                rec: CallRecord = rec,
+            ) -> None:
+                if call.worker >= 0:
+                    rec.worker = self.scheduler.workers[call.worker].name
+                now = self.clock()
+                rec.queued_s = max((call.sent_at or now) - call.ready_at, 0.0)
+                rec.run_s = max(now - call.sent_at, 0.0) if call.sent_at else 0.0
+                rec.attempts = call.attempts + (1 if isinstance(outcome, CallResult) else 0)
+                if isinstance(outcome, CallResult):
+                    rec.result = outcome
+                else:
+                    rec.error = outcome
+                wf.stage_call_done()
+                if not fut.done():
+                    fut.set_result(outcome)
+
+            call = LiveCall(
+                id=next(self._ids), workflow=wf, spec=spec, ready_at=self.clock(), endpoint=req.endpoint,
+                body=req.body, on_done=done, stream=req.stream,
+            )  # fmt: skip
+            futures.append(fut)
+            live.append(call)
+            records.append(rec)
+            self.pool.submit(call)
+        try:
+            outcomes = await asyncio.gather(*futures)
+        except asyncio.CancelledError:
+            for c in live:
+                self.pool.cancel(c)
+            raise
+        return list(zip(records, outcomes, strict=True))
 
     def rejected(self, tenant: str) -> None:
         """Count a workflow refused at admission."""

@@ -21,9 +21,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.core.dag import DagNode, DagWorkflow
+from gateway.core.dag import DagNode, DagWorkflow, chain_nodes
 from gateway.core.scheduler import WorkerInfo
-from gateway.core.workflow import TEMPLATES
+from gateway.core.workflow import TEMPLATES, OnlineWorkflow
 
 if TYPE_CHECKING:
     from gateway.live.service import Gateway
@@ -57,6 +57,14 @@ class WindowRecorder:
         nodes = tuple((n.id, n.kind, n.input_tokens, n.output_tokens, n.depends_on) for n in wf.nodes)
         name = wf.template.name if wf.template is not None else None
         self._entries.append(WindowEntry(wf.arrival, wf.deadline, wf.tenant, nodes, name))
+
+    def record_online(self, wf: OnlineWorkflow) -> None:
+        """Record a finished online workflow as the chain of the stages it ran."""
+        nodes = chain_nodes([st.calls for st in wf.stages])
+        rows = tuple((n.id, n.kind, n.input_tokens, n.output_tokens, n.depends_on) for n in nodes)
+        name = wf.template.name if wf.template is not None else None
+        if rows:
+            self._entries.append(WindowEntry(wf.arrival, wf.deadline, wf.tenant, rows, name))
 
     def snapshot(self, now: float) -> list[WindowEntry]:
         """Entries that arrived within ``window_s`` of ``now``, oldest first (older ones are dropped)."""

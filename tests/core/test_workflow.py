@@ -97,3 +97,31 @@ def test_standard_workflow_is_the_templates_critical_path() -> None:
     kinds = [c.kind for c in CHESS_TEMPLATE.standard_calls()]
     assert kinds[:6] == [c.kind for c in STANDARD_WORKFLOW][:6]
     assert len(STANDARD_WORKFLOW) == 12
+
+
+def test_online_workflow_budgets_like_the_staged_workflow_of_its_stages() -> None:
+    from gateway.core.workflow import CHESS_TEMPLATE, OnlineWorkflow, Stage, StagedWorkflow
+
+    def cost(kind: str, i: int, o: int) -> float:
+        return i / 1000 + o / 10
+
+    stages = [
+        Stage("information_retriever", (CallSpec("information_retriever", 300, 7),)),
+        Stage("generate_candidate", (CallSpec("generate_candidate", 9000, 600),) * 2),
+        Stage("revise", (CallSpec("revise", 7000, 120),)),
+        Stage("revise", (CallSpec("revise", 7000, 120),)),
+        Stage("evaluate", (CallSpec("evaluate", 1000, 30),) * 2),
+    ]
+    staged = StagedWorkflow(0, "t", 0.0, 100.0, stages, CHESS_TEMPLATE)
+    online = OnlineWorkflow(0, "t", 0.0, 100.0, CHESS_TEMPLATE)
+    released = staged.start()
+    for st in stages:
+        online.begin_stage(st.kind, st.calls)
+        assert online.expected_remaining(cost) == staged.expected_remaining(cost)
+        assert not online.done
+        for spec in released:
+            online.stage_call_done()
+            nxt = staged.complete(spec)
+        released = nxt
+        assert online.done
+    assert [s.kind for s in online.stages] == [s.kind for s in stages]
