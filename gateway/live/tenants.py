@@ -96,6 +96,10 @@ class TenantConfig(_Strict):
     max_deadline_s: PosFloat = Field(description="Longest deadline the tenant may ask for, seconds.")
     priority_weight: PosFloat = Field(1.0, description="Relative share of the tenant when workers are contended.")
     max_concurrent_workflows: int = Field(64, ge=1, description="Workflows of the tenant in flight at once.")
+    databases: list[Annotated[str, Field(pattern=r"^(\*|[A-Za-z0-9_.-]{1,64})$")]] = Field(
+        default_factory=lambda: ["*"],
+        description="Database ids the tenant may query with /v1/text2sql ('*': all configured ones).",
+    )
 
     @model_validator(mode="after")
     def _deadlines_ordered(self) -> TenantConfig:
@@ -144,6 +148,11 @@ class Tenant:
     max_deadline_s: float
     priority_weight: float
     max_concurrent_workflows: int
+    databases: tuple[str, ...] = ("*",)
+
+    def allows(self, db_id: str) -> bool:
+        """Whether the tenant may query database ``db_id``."""
+        return "*" in self.databases or db_id in self.databases
 
     @classmethod
     def from_config(cls, c: TenantConfig) -> Tenant:
@@ -155,6 +164,7 @@ class Tenant:
             c.max_deadline_s,
             c.priority_weight,
             c.max_concurrent_workflows,
+            tuple(c.databases),
         )
 
 
