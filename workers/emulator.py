@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import sys
 import time
 import uuid
@@ -85,6 +86,14 @@ class Responder(Protocol):
 
     def text(self, request: GenRequest, n_tokens: int, rng: random.Random) -> str:
         """The response text."""
+        ...
+
+
+class ScriptedResponder(Protocol):
+    """A responder that may answer with text of its own length (scripted answers for end-to-end tests)."""
+
+    def answer(self, request: GenRequest) -> str | None:
+        """The whole answer, or None to fall back to ``text`` (filler of the requested length)."""
         ...
 
 
@@ -493,12 +502,29 @@ async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, cha
     include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
     rng = emu._rng(req.seed, req.prompt_text)
     gen = GenRequest(req.kind, req.prompt_text, req.messages, req.prompt_tokens, max_tokens, req.seed)
-    words = emu.responder.text(gen, n_out, rng).split()
+    scripted = getattr(emu.responder, "answer", None)
+    natural = scripted(gen) if callable(scripted) else None
+    if isinstance(natural, str):
+        # A scripted answer has its own length (the model "stops"): clipped to max_tokens, padded with
+        # filler up to min_tokens. Tokens keep their leading whitespace so the text survives exactly.
+        toks = re.findall(r"\s*\S+", natural)
+        min_t = body.get("min_tokens", 0) or 0
+        n_out = min(max_tokens, max(len(toks), min_t, 1))
+        reason_override: str | None = "length" if len(toks) >= max_tokens else "stop"
+        filler = FillerResponder.WORDS
+        toks = toks[:n_out] + [" " + filler[i % len(filler)] for i in range(n_out - len(toks))]
+        pieces = toks
+        full_text = "".join(toks)
+    else:
+        words = emu.responder.text(gen, n_out, rng).split()
+        pieces = [" " + w for w in words]
+        full_text = " ".join(words)
+        reason_override = None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16]
     model = emu.cfg.served_model_name
     fingerprint = emu.fingerprint
     created = int(time.time())
-    reason = "length" if n_out >= max_tokens else "stop"
+    reason = reason_override or ("length" if n_out >= max_tokens else "stop")
     ticket = emu.engine.submit(req.prompt_tokens, max(n_out, 1), priority)
     overhead = emu.cfg.profile.request_overhead_s * emu.cfg.time_scale if emu.cfg.add_request_overhead else 0.0
     usage = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + n_out, "completion_tokens": n_out}
@@ -517,7 +543,7 @@ async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, cha
             emu.engine.cancel(ticket)
             raise
         emu.metrics.record(ticket, req.prompt_tokens, n_out, reason)
-        text = " ".join(words)
+        text = full_text
         if chat:
             message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
                        "function_call": None, "reasoning": None}  # fmt: skip
@@ -569,7 +595,7 @@ async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, cha
                 n = emu.engine.progress(ticket)
                 if n > sent:
                     # One chunk per tick with every token produced since the last (vLLM: one per token).
-                    piece = "".join(" " + w for w in words[sent:n])
+                    piece = "".join(pieces[sent:n])
                     last = n >= n_out and ticket.done
                     if last and overhead > 0:
                         await asyncio.sleep(overhead)
