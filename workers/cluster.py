@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from workers.emulator import DEFAULT_MAX_MODEL_LEN, EmulatorConfig, create_app
+from workers.emulator import DEFAULT_MAX_MODEL_LEN, EmulatorConfig, Responder, create_app
 
 START_TIMEOUT_S = 60.0
 
@@ -115,12 +115,17 @@ def plan_cluster(
     return out
 
 
-async def serve_cluster(workers: Sequence[EmulatedWorker], sockets: Sequence[socket.socket]) -> int:
-    """Serve every worker on its socket until SIGTERM/SIGINT; 0 on a clean stop, 1 if a server failed."""
+async def serve_cluster(
+    workers: Sequence[EmulatedWorker], sockets: Sequence[socket.socket], responder: Responder | None = None
+) -> int:
+    """Serve every worker on its socket until SIGTERM/SIGINT; 0 on a clean stop, 1 if a server failed.
+
+    ``responder`` (e.g. scripted answers) is shared by every worker; default: filler text.
+    """
     servers = [
         _Server(
             uvicorn.Config(
-                create_app(w.config),
+                create_app(w.config, responder),
                 log_level="warning",
                 lifespan="on",
                 timeout_graceful_shutdown=5,
@@ -185,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     p.add_argument(
+        "--answers", default=None, help="scripted answers file (question -> gold SQL) for the Text-to-SQL pipeline"
+    )
+    p.add_argument(
         "--no-request-overhead",
         action="store_true",
         help="do not add the profile's per-request overhead (API server time) to responses",
@@ -222,8 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_model_len=args.max_model_len,
             add_request_overhead=not args.no_request_overhead,
         )
-        return asyncio.run(serve_cluster(workers, sockets))
-    except GatewayError as exc:
+        responder: Responder | None = None
+        if args.answers:
+            from workers.scripted import AnswersResponder
+
+            responder = AnswersResponder.from_file(args.answers)
+        return asyncio.run(serve_cluster(workers, sockets, responder))
+    except (GatewayError, ValueError, OSError) as exc:
         print(f"cluster: error: {exc}", file=sys.stderr)
         return 2
     finally:

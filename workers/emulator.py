@@ -643,6 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not add the profile's per-request overhead (API server time) to responses",
     )
+    p.add_argument(
+        "--answers", default=None, help="scripted answers file (question -> gold SQL) for the Text-to-SQL pipeline"
+    )
     return p
 
 
@@ -678,12 +681,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--time-scale must be positive")
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         parser.error("--max-num-seqs must be >= 1")
+    responder: Responder | None = None
     try:
         cfg = config_from_args(args)
-    except GatewayError as exc:
+        if args.answers:
+            from workers.scripted import AnswersResponder
+
+            responder = AnswersResponder.from_file(args.answers)
+    except (GatewayError, ValueError, OSError) as exc:
         print(f"emulator: error: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(
+        create_app(cfg, responder), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5
+    )
     return 0
 
 
