@@ -281,6 +281,24 @@ TenantDep = Annotated[Tenant, Depends(auth)]
 """The authenticated tenant of a request (401 otherwise)."""
 
 
+def deadline_or_raise(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> float:
+    """The effective deadline, or a 422 naming the tenant's range."""
+    try:
+        return gw.tenants.check_deadline(tenant, deadline_s)
+    except DeadlineOutOfRange as exc:
+        raise ApiError(422, str(exc), param="deadline_s") from exc
+
+
+def admit_or_raise(gw: Gateway, tenant: Tenant, n_calls: int) -> None:
+    """Admission control: 429 or 503 with Retry-After (counted as a rejected workflow)."""
+    try:
+        gw.admit(tenant, n_calls)
+    except Rejected as exc:
+        gw.rejected(tenant.name)
+        err_type = "rate_limit_error" if exc.status == 429 else "service_unavailable"
+        raise ApiError(exc.status, str(exc), err_type, headers={"Retry-After": str(exc.retry_after_s)}) from exc
+
+
 def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes: int = 1 << 20) -> FastAPI:
     """The ASGI app. ``make_gateway`` builds the (unstarted) service inside the lifespan."""
 
@@ -343,20 +361,6 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
         log.exception("unexpected error: %r", exc)
         return JSONResponse(error_json(500, f"internal error: {type(exc).__name__}", "internal_error"), status_code=500)
 
-    def deadline_for(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> float:
-        try:
-            return gw.tenants.check_deadline(tenant, deadline_s)
-        except DeadlineOutOfRange as exc:
-            raise ApiError(422, str(exc), param="deadline_s") from exc
-
-    def admit(gw: Gateway, tenant: Tenant, n_calls: int) -> None:
-        try:
-            gw.admit(tenant, n_calls)
-        except Rejected as exc:
-            gw.rejected(tenant.name)
-            err_type = "rate_limit_error" if exc.status == 429 else "service_unavailable"
-            raise ApiError(exc.status, str(exc), err_type, headers={"Retry-After": str(exc.retry_after_s)}) from exc
-
     @app.post("/v1/workflows", response_model=WorkflowResponse)
     async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> JSONResponse:
         """Run a DAG of LLM calls; returns every call's result and timings."""
@@ -366,7 +370,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
             raise ApiError(
                 422, f"calls: {len(req.calls)} calls exceed the limit of {lim.max_calls_per_workflow}", param="calls"
             )
-        deadline = deadline_for(gw, tenant, req.deadline_s)
+        deadline = deadline_or_raise(gw, tenant, req.deadline_s)
         wf_id = gw.new_workflow_id()
         salt = hash(wf_id) & 0xFFFFFF
         nodes: list[DagNode] = []
@@ -384,7 +388,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
             validate_nodes(nodes)
         except DagError as exc:
             raise ApiError(422, str(exc), param=str(exc).split(":")[0]) from exc
-        admit(gw, tenant, len(nodes))
+        admit_or_raise(gw, tenant, len(nodes))
         template = TEMPLATES[req.template] if req.template else None
         out = await gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id)
         resp = workflow_response(req, out)
@@ -437,7 +441,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
                 raise ApiError(422, f"{DEADLINE_HEADER}: not a number: {header!r}", param=DEADLINE_HEADER) from exc
             if not math.isfinite(deadline_arg):
                 raise ApiError(422, f"{DEADLINE_HEADER}: must be finite", param=DEADLINE_HEADER)
-        deadline = deadline_for(gw, tenant, deadline_arg)
+        deadline = deadline_or_raise(gw, tenant, deadline_arg)
         n_in = message_tokens(messages)
         if n_in > gw.cfg.limits.max_tokens:
             raise ApiError(422, f"messages: about {n_in} tokens exceed the limit of {gw.cfg.limits.max_tokens}")
@@ -445,7 +449,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
         stream = bool(body.get("stream"))
         queue: asyncio.Queue[bytes | None] | None = asyncio.Queue(maxsize=4096) if stream else None
         node = DagNode("chat", CHAT, n_in, mt or DEFAULT_CHAT_OUTPUT_TOKENS)
-        admit(gw, tenant, 1)
+        admit_or_raise(gw, tenant, 1)
         run = asyncio.create_task(
             gw.run_workflow(tenant, deadline, [node], [CallRequest("/v1/chat/completions", fwd, queue)])
         )
@@ -542,6 +546,9 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
         gw = gw_of(request)
         return PlainTextResponse(gw.metrics.render(gw.refresh_gauges), media_type="text/plain; version=0.0.4")
 
+    from gateway.live.text2sql_route import router
+
+    app.include_router(router)
     return app
 
 

@@ -20,6 +20,7 @@ from gateway.live.service import Gateway
 from gateway.live.settings import LoadedConfig, load_gateway_config
 from gateway.live.tenants import TenantStore
 from gateway.live.transport import HttpTransport
+from gateway.text2sql.db import DatabaseRegistry, load_databases
 
 log = logging.getLogger("hexflow.server")
 
@@ -28,6 +29,8 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
     """The ASGI app for a loaded config (tenants are loaded now, so a bad file fails before serving)."""
     tenants = TenantStore.load(loaded.tenants_path)
     cfg = loaded.cfg
+    db_path = loaded.databases_path
+    databases_file = load_databases(db_path) if db_path is not None else None  # a bad file fails now
 
     async def make() -> Gateway:
         t = cfg.timeouts
@@ -39,7 +42,10 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
             probe_timeout_s=cfg.health.timeout_s,
             scrape_timeout_s=cfg.scrape.timeout_s,
         )
-        return _GatewayWithTransport(loaded, tenants, transport, background=background)
+        gw = _GatewayWithTransport(loaded, tenants, transport, background=background)
+        if databases_file is not None and db_path is not None:
+            gw.databases = DatabaseRegistry(databases_file, base_dir=db_path.parent)
+        return gw
 
     return create_app(make, max_body_bytes=cfg.limits.max_body_bytes)
 
@@ -49,6 +55,8 @@ class _GatewayWithTransport(Gateway):
 
     async def stop(self) -> None:
         await super().stop()
+        if self.databases is not None:
+            await self.databases.close()
         close = getattr(self.transport, "aclose", None)
         if close is not None:
             await close()

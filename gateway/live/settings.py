@@ -97,6 +97,17 @@ class TuningConfig(_Strict):
     grid: list[Alpha] | None = Field(None, description="Alpha grid (default 0, 0.1, ..., 1).")
 
 
+class Text2SqlConfig(_Strict):
+    """``POST /v1/text2sql``: the pipeline's shape and the limits on a question."""
+
+    candidates: int = Field(2, ge=1, le=8, description="SQL candidates generated in parallel.")
+    max_revisions: int = Field(10, ge=0, le=50, description="Most revise rounds per candidate.")
+    unit_tests: int = Field(3, ge=0, le=20, description="Unit tests asked of the unit-test stage.")
+    max_question_chars: int = Field(2000, ge=1, description="Longest question accepted (422 above).")
+    max_evidence_chars: int = Field(4000, ge=0, description="Longest evidence (hint) accepted (422 above).")
+    schema_max_chars: int = Field(24_000, ge=1000, description="Serialised schema longer than this is cut.")
+
+
 class GatewayConfig(_Strict):
     """The whole gateway configuration file."""
 
@@ -106,6 +117,10 @@ class GatewayConfig(_Strict):
     seed: int = Field(0, description="Seed of the scheduler's RNG (p2c) and of the tuner.")
     tenants_file: str = Field("tenants.yaml", description="Tenants file, relative to this file's folder.")
     tenants_reload_s: PosFloat = Field(2.0, description="How often the tenants file is checked for changes.")
+    databases_file: str | None = Field(
+        None, description="Databases for /v1/text2sql (db_id -> url), relative to this file's folder; none: disabled."
+    )
+    text2sql: Text2SqlConfig = Field(default_factory=Text2SqlConfig)
     gpu_catalog: str | None = Field(None, description="GPU catalogue file (default: the packaged gpus.yaml).")
     listen: ListenConfig = Field(default_factory=ListenConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -150,6 +165,14 @@ class LoadedConfig:
             )
             for w in self.resolved
         ]
+
+    @property
+    def databases_path(self) -> Path | None:
+        """The databases file, resolved against the config file's folder (None: text2sql disabled)."""
+        if self.cfg.databases_file is None:
+            return None
+        p = Path(self.cfg.databases_file)
+        return p if p.is_absolute() else self.base_dir / p
 
     @property
     def tenants_path(self) -> Path:

@@ -1,0 +1,1 @@
+"""Text-to-SQL pipeline: SQL safety checks, database access, prompts and the agentic workflow."""
