@@ -17,7 +17,7 @@ from gateway.config import load_gpu_catalog
 from gateway.live.server import build_app
 from gateway.live.settings import load_gateway_config
 from tests.emulator_process import free_port
-from workers.emulator import EmulatorConfig, create_app
+from workers.emulator import EmulatorConfig, Responder, create_app
 
 REPO = Path(__file__).resolve().parents[2]
 INTERACTIVE_KEY = "demo-interactive-key"
@@ -25,7 +25,9 @@ BATCH_KEY = "demo-batch-key"
 
 
 @contextlib.asynccontextmanager
-async def emulators(gpus: Sequence[str], *, time_scale: float = 0.02, **kw: Any) -> AsyncIterator[list[str]]:
+async def emulators(
+    gpus: Sequence[str], *, time_scale: float = 0.02, responder: Responder | None = None, **kw: Any
+) -> AsyncIterator[list[str]]:
     """Start one emulated worker per GPU name on loopback ports in this event loop; yield their URLs."""
     catalog = load_gpu_catalog()
     servers: list[uvicorn.Server] = []
@@ -39,7 +41,8 @@ async def emulators(gpus: Sequence[str], *, time_scale: float = 0.02, **kw: Any)
                 served_model_name="llama-3.1-70b",
                 time_scale=time_scale,
                 **kw,
-            )
+            ),
+            responder,
         )
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
         servers.append(server)
