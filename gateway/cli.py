@@ -10,6 +10,7 @@
     hexflow bench --live   policies on the live gateway over an emulated cluster, next to the simulator
     hexflow overhead   the gateway's added latency and CPU per call, against calling a worker directly
     hexflow tenants hash-key KEY   the SHA-256 hash that config/tenants.yaml stores for an API key
+    hexflow demo       the main job: demo questions through /v1/text2sql on an emulated cluster
 
 Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
 with one line naming the file and field, and exit status 2; never a traceback.
@@ -531,6 +532,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="write the report as JSON here")
     p.set_defaults(func=cmd_overhead)
 
+    p = sub.add_parser(
+        "demo",
+        help="the main job: emulated cluster + gateway, demo questions from two tenants through /v1/text2sql",
+    )
+    p.add_argument("--questions", type=int, default=24, help="questions to ask (cycled over the demo set)")
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
+    p.add_argument("--time-scale", type=float, default=0.05, help="emulated GPUs run this much of real time")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write every answer and the summary as JSON here")
+    p.add_argument("--quiet", action="store_true", help="print only the summary")
+    p.set_defaults(func=cmd_demo)
+
     p = sub.add_parser("tenants", help="tenant helpers (hash an API key for config/tenants.yaml)")
     tsub = p.add_subparsers(dest="tenants_command", required=True)
     q = tsub.add_parser("hash-key", help="print the SHA-256 hash of an API key (what tenants.yaml stores)")
@@ -551,6 +564,29 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     print(format_report(rep))
     if args.json:
         write_json(rep, Path(args.json))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the Text-to-SQL demo end to end on emulated workers."""
+    from pathlib import Path
+
+    from gateway.text2sql.demo_run import format_summary, run_demo
+
+    if args.questions < 1:
+        raise UsageError("--questions must be at least 1")
+    if not args.time_scale > 0:
+        raise UsageError("--time-scale must be positive")
+    rep = run_demo(args.questions, cluster=args.cluster, time_scale=args.time_scale, seed=args.seed, quiet=args.quiet)
+    print()
+    print(format_summary(rep))
+    total = len(rep.answers)
+    correct = sum(a.correct for a in rep.answers)
+    print(f"{correct}/{total} answers match the gold result; {rep.wall_s:.0f} s wall")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep.as_dict(), indent=2, default=str))
     return 0
 
 

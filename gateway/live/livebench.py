@@ -129,6 +129,7 @@ def write_gateway_config(
     port: int = 8080,
     seed: int = 0,
     shutdown_grace_s: float = 5.0,
+    databases_file: str | Path | None = None,
 ) -> LoadedConfig:
     """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
 
@@ -157,6 +158,8 @@ def write_gateway_config(
         "tuning": {"enabled": tuning_enabled},
         "shutdown_grace_s": shutdown_grace_s,
     }
+    if databases_file is not None:
+        doc["databases_file"] = str(databases_file)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_gateway_config(path)
@@ -167,7 +170,7 @@ def write_gateway_config(
 # --------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -221,10 +224,12 @@ class _Process:
 
 
 @contextlib.contextmanager
-def _cluster_process(cluster: str, time_scale: float, log_dir: Path, tag: str) -> Iterator[tuple[_Process, list[str]]]:
+def cluster_process(
+    cluster: str, time_scale: float, log_dir: Path, tag: str, extra_args: Sequence[str] = ()
+) -> Iterator[tuple[_Process, list[str]]]:
     """The emulated cluster on free ports; yields the process and the workers' URLs in cluster order."""
     cmd = [sys.executable, "-m", "workers.cluster", "--cluster", cluster, "--base-port", "0"]
-    cmd += ["--time-scale", repr(time_scale)]
+    cmd += ["--time-scale", repr(time_scale), *extra_args]
     out_path = log_dir / f"cluster-{tag}.out"
     proc = _Process("the emulated cluster", cmd, log_dir / f"cluster-{tag}.log", out_path)
     try:
@@ -245,7 +250,7 @@ def _cluster_process(cluster: str, time_scale: float, log_dir: Path, tag: str) -
 
 
 @contextlib.contextmanager
-def _gateway_process(config: Path, port: int, n_workers: int, log_dir: Path, tag: str) -> Iterator[str]:
+def gateway_process(config: Path, port: int, n_workers: int, log_dir: Path, tag: str) -> Iterator[str]:
     """``hexflow serve`` on ``port``; yields its URL once ``/readyz`` reports every worker healthy."""
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
     cmd += ["--log-level", "warning"]
@@ -484,9 +489,9 @@ def run_live_bench(
             sim, sim_counts = simulate_workload(workers, workload, policy, alpha=a, seed=seed)
             band = simulate_jittered(workers, workload, policy, alpha=a, seed=seed, jitter_s=JITTER_WALL_S / time_scale)
             say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting the emulated cluster and the gateway")
-            with _cluster_process(cluster, time_scale, log_dir, policy) as (_, urls):
+            with cluster_process(cluster, time_scale, log_dir, policy) as (_, urls):
                 cfg_path = log_dir / f"gateway-{policy}.yaml"
-                port = _free_port()
+                port = free_port()
                 write_gateway_config(
                     cluster_cfg,
                     urls,
@@ -499,7 +504,7 @@ def run_live_bench(
                     port=port,
                     seed=seed,
                 )
-                with _gateway_process(cfg_path, port, len(urls), log_dir, policy) as url:
+                with gateway_process(cfg_path, port, len(urls), log_dir, policy) as url:
                     try:
                         rep = asyncio.run(
                             replay(

@@ -382,7 +382,9 @@ class _Run:
             else:
                 texts.append(_output_text(outcome))
         if self.on_event is not None:
-            await self.on_event({"event": "stage", "kind": kind, "calls": [s.as_dict() for s in self.stages[-len(results):]]})
+            await self.on_event(
+                {"event": "stage", "kind": kind, "calls": [s.as_dict() for s in self.stages[-len(results) :]]}
+            )
         if failure is not None:
             raise _StageFailed(kind, failure)
         return texts

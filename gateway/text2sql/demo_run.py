@@ -1,0 +1,229 @@
+"""``hexflow demo``: the main job in one command, on emulated workers.
+
+    hexflow demo [--questions N] [--json OUT] [--cluster paper-4gpu] [--time-scale 0.05]
+
+It writes the project's demo database (``demo.py``, deterministic) and the emulated model's scripted
+answers (``answers.py``: the gold SQL, with deliberately wrong first attempts for about a quarter of
+the questions), starts an emulated mixed-GPU cluster answering from that script and a gateway in front
+of it, sends demo questions concurrently from two tenants with different deadlines (``interactive``:
+tight, ``batch``: loose) through ``POST /v1/text2sql``, prints every answer and an SLO summary per
+tenant, checks each answer against the gold result, and stops everything it started.
+
+Deadlines are wall-clock seconds of the emulation: with ``--time-scale 0.05`` the emulated GPUs run 20x
+faster than the GPUs they model, and so does everything the gateway plans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sqlite3
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from gateway.config import CONFIG_DIR
+from gateway.sim.metrics import percentile
+from gateway.text2sql.answers import build_demo_answers, write_answers
+from gateway.text2sql.demo import demo_questions, write_sqlite
+from gateway.text2sql.evaluate import gold_is_ordered, results_match
+
+DB_ID = "demo_retail"
+TENANTS = (("interactive", "demo-interactive-key", 8.0), ("batch", "demo-batch-key", 40.0))
+
+
+@dataclass
+class DemoAnswer:
+    """One question's outcome."""
+
+    tenant: str
+    question: str
+    status: str
+    http_status: int
+    sql: str | None
+    row_count: int
+    revisions: int
+    latency_s: float
+    deadline_s: float
+    deadline_met: bool
+    correct: bool
+    error: str | None = None
+
+
+@dataclass
+class DemoReport:
+    """The demo's answers and its per-tenant summary."""
+
+    questions: int
+    time_scale: float
+    cluster: str
+    answers: list[DemoAnswer] = field(default_factory=list)
+    summary: dict[str, dict[str, float]] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return asdict(self)
+
+
+def _gold_rows(db_path: Path, sql: str) -> list[list[Any]]:
+    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as conn:
+        return [list(r) for r in conn.execute(sql).fetchall()]
+
+
+async def _ask(
+    client: httpx.AsyncClient, url: str, key: str, tenant: str, q: Any, deadline_s: float, db_path: Path
+) -> DemoAnswer:
+    body = {"question": q.question, "db_id": DB_ID, "deadline_s": deadline_s}
+    if q.evidence:
+        body["evidence"] = q.evidence
+    t = time.monotonic()
+    r = await client.post(f"{url}/v1/text2sql", json=body, headers={"Authorization": f"Bearer {key}"})
+    elapsed = time.monotonic() - t
+    try:
+        data = r.json()
+    except ValueError:
+        data = {}
+    status = str(data.get("status") or (data.get("error") or {}).get("type") or f"http {r.status_code}")
+    rows = data.get("rows") or []
+    correct = False
+    if status == "ok":
+        correct = results_match(_gold_rows(db_path, q.query), rows, ordered=gold_is_ordered(q.query))
+    err = data.get("error")
+    return DemoAnswer(
+        tenant=tenant,
+        question=q.question,
+        status=status,
+        http_status=r.status_code,
+        sql=data.get("sql"),
+        row_count=int(data.get("row_count") or 0),
+        revisions=int(data.get("revisions") or 0),
+        latency_s=float(data.get("latency_s") or elapsed),
+        deadline_s=deadline_s,
+        deadline_met=bool(data.get("deadline_met")),
+        correct=correct,
+        error=err if isinstance(err, str) else (json.dumps(err) if err else None),
+    )
+
+
+async def _send_all(url: str, questions: list[Any], db_path: Path, on_answer: Any) -> list[DemoAnswer]:
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
+    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+        tasks = []
+        for i, q in enumerate(questions):
+            tenant, key, deadline = TENANTS[i % len(TENANTS)]
+            tasks.append(asyncio.create_task(_ask(client, url, key, tenant, q, deadline, db_path)))
+            await asyncio.sleep(0.05)  # a steady stream, not one burst
+        out = []
+        for fut in asyncio.as_completed(tasks):
+            a = await fut
+            on_answer(a)
+            out.append(a)
+    return out
+
+
+def summarize_answers(answers: list[DemoAnswer]) -> dict[str, dict[str, float]]:
+    """Per tenant: questions, ok, correct, deadline met, latency P50/P95."""
+    out: dict[str, dict[str, float]] = {}
+    for tenant in sorted({a.tenant for a in answers}):
+        mine = [a for a in answers if a.tenant == tenant]
+        lat = sorted(a.latency_s for a in mine)
+        out[tenant] = {
+            "questions": len(mine),
+            "ok": sum(a.status == "ok" for a in mine),
+            "correct": sum(a.correct for a in mine),
+            "deadline_met": sum(a.deadline_met for a in mine) / len(mine),
+            "p50_s": percentile(lat, 50),
+            "p95_s": percentile(lat, 95),
+            "deadline_s": mine[0].deadline_s,
+        }
+    return out
+
+
+def format_summary(rep: DemoReport) -> str:
+    """The SLO summary table."""
+    lines = [
+        f"{'tenant':<12} {'deadline':>8} {'questions':>9} {'ok':>4} {'correct':>7} {'met':>6} {'p50_s':>7} {'p95_s':>7}"
+    ]
+    for tenant, s in rep.summary.items():
+        lines.append(
+            f"{tenant:<12} {s['deadline_s']:>7.1f}s {int(s['questions']):>9} {int(s['ok']):>4} {int(s['correct']):>7} "
+            f"{s['deadline_met']:>6.1%} {s['p50_s']:>7.2f} {s['p95_s']:>7.2f}"
+        )
+    return "\n".join(lines)
+
+
+def run_demo(
+    questions: int = 24,
+    *,
+    cluster: str = "paper-4gpu",
+    time_scale: float = 0.05,
+    seed: int = 0,
+    quiet: bool = False,
+    keep_dir: Path | None = None,
+) -> DemoReport:
+    """Start the emulated cluster and the gateway, ask the questions, stop everything; return the report."""
+    from gateway.live.livebench import cluster_process, free_port, gateway_process, write_gateway_config
+
+    all_q = demo_questions()
+    if not questions >= 1:
+        raise ValueError("--questions must be at least 1")
+    chosen = [all_q[i % len(all_q)] for i in range(questions)]
+    t0 = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="hexflow-demo-"))
+    try:
+        db_path = write_sqlite(tmp / f"{DB_ID}.sqlite", seed=seed)
+        (tmp / "databases.yaml").write_text(
+            yaml.safe_dump({"databases": {DB_ID: {"url": f"sqlite:///{db_path.name}", "description": "demo retail"}}})
+        )
+        answers_path = tmp / "answers.json"
+        write_answers(answers_path, build_demo_answers(seed=seed))
+        shutil.copy(CONFIG_DIR / "tenants.yaml", tmp / "tenants.yaml")
+        say = (lambda _m: None) if quiet else print
+        say(
+            f"demo: database {db_path.name}, {len(chosen)} questions, "
+            + f"cluster {cluster} (emulated, time scale {time_scale:g})"
+        )
+        with cluster_process(cluster, time_scale, tmp, "demo", ["--answers", str(answers_path)]) as (_, urls):
+            port = free_port()
+            write_gateway_config(
+                cluster,
+                urls,
+                tmp / "gateway.yaml",
+                policy="hexgen",
+                alpha=None,
+                time_scale=time_scale,
+                tuning_enabled=False,
+                tenants_file="tenants.yaml",
+                port=port,
+                seed=seed,
+                databases_file="databases.yaml",
+            )
+            with gateway_process(tmp / "gateway.yaml", port, len(urls), tmp, "demo") as url:
+                say(f"demo: gateway {url} in front of {len(urls)} workers; asking...")
+
+                def show(a: DemoAnswer) -> None:
+                    if quiet:
+                        return
+                    mark = "ok " if a.correct else ("-- " if a.status != "ok" else "!! ")
+                    sql = (a.sql or a.error or "").replace("\n", " ")[:90]
+                    print(
+                        f"{mark}[{a.tenant:<11}] {a.latency_s:5.2f}s/{a.deadline_s:4.0f}s rev={a.revisions} "
+                        f"{a.status:<12} {a.question[:60]!r} -> {sql}"
+                    )
+
+                answers = asyncio.run(_send_all(url, chosen, db_path, show))
+        rep = DemoReport(questions=len(chosen), time_scale=time_scale, cluster=cluster, answers=answers)
+        rep.summary = summarize_answers(answers)
+        rep.wall_s = time.monotonic() - t0
+        return rep
+    finally:
+        if keep_dir is not None:
+            shutil.copytree(tmp, keep_dir, dirs_exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
