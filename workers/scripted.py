@@ -27,9 +27,9 @@ from typing import Any
 
 from workers.emulator import FillerResponder, GenRequest
 
-_TASK = re.compile(r"^### Task:\s*(\S+)\s*$", re.MULTILINE)
-_QUESTION = re.compile(r"^Question:\s*(.+?)\s*$", re.MULTILINE)
-_CANDIDATE = re.compile(r"^Candidate:\s*(\d+)\s*$", re.MULTILINE)
+_TASK = re.compile(r"^\s*### Task:\s*(\S+)\s*$", re.MULTILINE)
+_QUESTION = re.compile(r"^\s*Question:\s*(.+?)\s*$", re.MULTILINE)
+_CANDIDATE = re.compile(r"^\s*Candidate:\s*(\d+)\s*$", re.MULTILINE)
 _CANDIDATE_SQL = re.compile(r"Candidate SQL:\s*```sql\s*(.*?)```", re.DOTALL)
 _TABLES = re.compile(r"\b(?:FROM|JOIN)\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 
