@@ -169,6 +169,8 @@ class Text2SqlResult:
     error: str | None = None
     failed_stage: str | None = None
     http_status: int = 200
+    local_s: float = 0.0
+    """Time spent outside LLM calls: schema, prompts, SQL extraction, checks, execution, selection."""
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON body."""
@@ -186,6 +188,7 @@ class Text2SqlResult:
             "deadline_s": self.deadline_s,
             "latency_s": round(self.latency_s, 4),
             "deadline_met": self.deadline_met,
+            "local_s": round(self.local_s, 6),
         }
         if self.error is not None:
             d["error"] = self.error
@@ -265,6 +268,7 @@ class Text2SqlPipeline:
         schema_text = serialize_schema(schema, max_chars=self.cfg.schema_max_chars)
         wf = self.gw.open_workflow(tenant, deadline_s, CHESS_TEMPLATE)
         run = _Run(self, wf, db, question, evidence or "none", schema_text, stages, on_event)
+        run.local_s = time.monotonic() - t0
         failed = True
         try:
             result = await run.go()
@@ -295,6 +299,7 @@ class Text2SqlPipeline:
             latency_s=latency,
             deadline_met=met,
             error=None if status == "ok" else run.last_problem,
+            local_s=run.local_s,
         )
 
     def _failed(
@@ -355,6 +360,7 @@ class _Run:
         self.on_event = on_event
         self.candidates: list[Candidate] = []
         self.last_problem: str | None = None
+        self.local_s = 0.0
         self.system = pipe.prompts.render("system", dialect=db.dialect)
 
     def past_deadline(self) -> bool:
@@ -391,6 +397,13 @@ class _Run:
 
     async def execute(self, cand: Candidate, text: str) -> None:
         """Extract, check and run a candidate's SQL; record the problem (if any) for a revision."""
+        t = time.monotonic()
+        try:
+            await self._execute(cand, text)
+        finally:
+            self.local_s += time.monotonic() - t
+
+    async def _execute(self, cand: Candidate, text: str) -> None:
         sql = extract_sql(text)
         if sql is None:
             cand.sql, cand.result, cand.problem = None, None, "The answer contained no SQL query."
@@ -495,7 +508,10 @@ class _Run:
             )
             for c, v in zip(valid, verdicts, strict=True):
                 c.verdict = extract_verdict(v)
-        return "ok", select(valid)
+        t = time.monotonic()
+        chosen = select(valid)
+        self.local_s += time.monotonic() - t
+        return "ok", chosen
 
 
 def select(valid: list[Candidate]) -> Candidate:
