@@ -193,6 +193,14 @@ def _scan_statement(text: str, start: int, inline: bool) -> tuple[str, int]:
     return text[start:], n
 
 
+def _statements(sql: str) -> int:
+    """How many non-empty statements ``sql`` holds (0 when it does not parse)."""
+    try:
+        return sum(1 for e in sqlglot.parse(sql) if e is not None)
+    except Exception:
+        return 0
+
+
 def _parses(sql: str) -> bool:
     try:
         tree = sqlglot.parse_one(sql, read="sqlite")
@@ -257,6 +265,12 @@ def _extract_sql(text: str) -> str | None:
         else:
             lang = info.split()[0].lower() if info else ""
         if lang in _SQL_LANGS:
+            whole = _strip_sql(body)
+            if _statements(whole) > 1:
+                # A SQL block with several statements is kept whole, not cut to its first statement, so the
+                # safety check refuses it and the model is asked to revise (a smuggled write never slips by).
+                blocks.append(whole)
+                continue
             sql = _best(_candidates(body))
             if sql is None:
                 stripped = _strip_sql(body)

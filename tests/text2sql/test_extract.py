@@ -133,3 +133,14 @@ def test_spider_gold_queries_survive_extraction() -> None:
         got = extract_sql(f"```sql\n{item['query']}\n```")
         assert got is not None and normalise_sql(got) == normalise_sql(item["query"]), item["query"]
         assert extract_sql(f"The query is:\n{item['query']}\nIt answers the question.") == got.strip()
+
+
+def test_a_sql_block_with_several_statements_is_kept_whole_for_the_safety_check() -> None:
+    from gateway.text2sql.sqlsafe import SqlRejected, check_sql
+
+    out = extract_sql("Here:\n```sql\nSELECT name FROM t; DROP TABLE t;\n```")
+    assert out is not None and "DROP TABLE t" in out
+    import pytest
+
+    with pytest.raises(SqlRejected):
+        check_sql(out, "sqlite")
