@@ -1,11 +1,11 @@
 # Two commands on a fresh machine:
-#   make demo   set up the venv and run the main job (a side-by-side policy benchmark, simulated cluster)
+#   make demo   set up the venv and run the main job (Text-to-SQL questions through the gateway, emulated GPUs)
 #   make test   set up the venv and run lint, type checks and the test suite (what .ci/run calls)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-vllm lint typecheck bench-full clean
+.PHONY: setup demo bench-demo test test-vllm lint typecheck bench-full clean
 
 $(BIN)/hexflow: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,7 +15,13 @@ $(BIN)/hexflow: pyproject.toml
 
 setup: $(BIN)/hexflow
 
+# The main job: an emulated mixed-GPU cluster answering from a script, the gateway in front of it, and demo
+# questions from two tenants through POST /v1/text2sql (about a minute).
 demo: setup
+	$(BIN)/hexflow demo --questions 48 --json out/demo.json
+
+# The simulated policy benchmark on the built-in CHESS/BIRD workload (a few minutes).
+bench-demo: setup
 	$(BIN)/hexflow bench --trace chess-bird --cluster paper-4gpu \
 	  --policies hexgen,lw-fcfs,p2c-fcfs,rr-fcfs --workflows 200 \
 	  --json out/demo-bench.json --plot out/demo-bench.png

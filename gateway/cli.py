@@ -11,6 +11,9 @@
     hexflow overhead   the gateway's added latency and CPU per call, against calling a worker directly
     hexflow tenants hash-key KEY   the SHA-256 hash that config/tenants.yaml stores for an API key
     hexflow demo       the main job: demo questions through /v1/text2sql on an emulated cluster
+    hexflow eval       execution accuracy of a running gateway on a Spider-format dataset (/v1/text2sql)
+    hexflow databases  the databases file (for hexflow serve) of a Spider-format dataset
+    hexflow answers    scripted answers of a Spider-format dataset (for hexflow emulate-cluster --answers)
 
 Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
 with one line naming the file and field, and exit status 2; never a traceback.
@@ -538,11 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--questions", type=int, default=24, help="questions to ask (cycled over the demo set)")
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
-    p.add_argument("--time-scale", type=float, default=0.05, help="emulated GPUs run this much of real time")
+    p.add_argument("--time-scale", type=float, default=0.25, help="emulated GPUs run this much of real time")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write every answer and the summary as JSON here")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(func=cmd_demo)
+
+    _add_eval_parsers(sub)
 
     p = sub.add_parser("tenants", help="tenant helpers (hash an API key for config/tenants.yaml)")
     tsub = p.add_subparsers(dest="tenants_command", required=True)
@@ -587,6 +592,146 @@ def cmd_demo(args: argparse.Namespace) -> int:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(rep.as_dict(), indent=2, default=str))
+    return 0
+
+
+def _add_eval_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``eval``, ``databases`` and ``answers``: a Spider-format dataset end to end (``gateway.text2sql.eval_run``).
+
+    Numbers are parsed by the commands, not by argparse, so bad values stop with one line (exit 2).
+    """
+    p = sub.add_parser("eval", help="execution accuracy of a running gateway on a Spider-format dataset")
+    p.add_argument("--dataset", default=None, help="folder with dev.json and database/<db_id>/<db_id>.sqlite")
+    p.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's base URL")
+    p.add_argument("--api-key", default=None, help="the tenant's API key (default: $HEXFLOW_API_KEY)")
+    p.add_argument("--limit", default=None, help="only the first N questions of dev.json")
+    p.add_argument("--concurrency", default="8", help="questions in flight at once")
+    p.add_argument("--deadline-s", default=None, help="deadline of every question (default: the tenant's)")
+    p.add_argument("--timeout-s", default="600", help="per-request timeout, wall seconds")
+    p.add_argument("--json", default=None, help="write the report (with every question) as JSON here (required)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("databases", help="write the databases file of a Spider-format dataset (for hexflow serve)")
+    p.add_argument("--spider", default=None, help="dataset folder with database/<db_id>/<db_id>.sqlite")
+    p.add_argument("--out", default=None, help="the databases YAML to write")
+    p.add_argument("--statement-timeout-s", default="5", help="per-query time limit of each database")
+    p.set_defaults(func=cmd_databases)
+
+    p = sub.add_parser(
+        "answers", help="write scripted answers of a Spider-format dataset (hexflow emulate-cluster --answers)"
+    )
+    p.add_argument("--spider", default=None, help="dataset folder with dev.json")
+    p.add_argument("--out", default=None, help="the answers JSON to write")
+    p.add_argument("--wrong-fraction", default="0.25", help="share of questions with a wrong first candidate")
+    p.add_argument("--seed", default="0", help="which questions get a wrong candidate")
+    p.add_argument("--limit", default=None, help="only the first N questions of dev.json")
+    p.set_defaults(func=cmd_answers)
+
+
+def _int_arg(name: str, text: str, *, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{name}: expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise UsageError(f"{name}: expected an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def _positive_float_arg(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{name}: expected a positive number, got {text!r}")
+    return value
+
+
+def _dataset_dir(name: str, text: str | None, *, needs_dev_json: bool) -> Path:
+    if not text:
+        raise UsageError(f"{name}: give the dataset folder")
+    path = Path(text)
+    if not path.is_dir():
+        raise UsageError(f"{name}: {text} is not a folder")
+    if needs_dev_json and not (path / "dev.json").is_file():
+        raise UsageError(f"{name}: {text} has no dev.json (expected a Spider-format dataset)")
+    return path
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Send a dataset's questions to a running gateway and report execution accuracy and latency."""
+    import asyncio
+
+    from gateway.text2sql.eval_run import evaluate, format_report, spider_items
+
+    dataset = _dataset_dir("--dataset", args.dataset, needs_dev_json=True)
+    key = (args.api_key or os.environ.get("HEXFLOW_API_KEY", "")).strip()
+    if not key:
+        raise UsageError("--api-key: give the tenant's API key (or set HEXFLOW_API_KEY)")
+    if not args.gateway.startswith(("http://", "https://")):
+        raise UsageError(f"--gateway: expected a URL like http://127.0.0.1:8080, got {args.gateway!r}")
+    limit = None if args.limit is None else _int_arg("--limit", args.limit, minimum=1)
+    concurrency = _int_arg("--concurrency", args.concurrency, minimum=1)
+    deadline = None if args.deadline_s is None else _positive_float_arg("--deadline-s", args.deadline_s)
+    timeout = _positive_float_arg("--timeout-s", args.timeout_s)
+    if not args.json:
+        raise UsageError("--json: give the file to write the report to")
+    items = spider_items(dataset, limit)
+    if not items:
+        raise UsageError(f"--dataset: no runnable question in {dataset} (no database file for any of them)")
+    report = asyncio.run(
+        evaluate(
+            items,
+            gateway=args.gateway,
+            api_key=key,
+            concurrency=concurrency,
+            deadline_s=deadline,
+            timeout_s=timeout,
+            progress=not args.quiet,
+        )
+    )
+    print(format_report(report))
+    print(f"wrote {report.write_json(args.json)}")
+    return 0
+
+
+def cmd_databases(args: argparse.Namespace) -> int:
+    """Write the databases file of a Spider-format dataset."""
+    import yaml
+
+    from gateway.text2sql.eval_run import write_databases_file
+
+    dataset = _dataset_dir("--spider", args.spider, needs_dev_json=False)
+    timeout = _positive_float_arg("--statement-timeout-s", args.statement_timeout_s)
+    if not args.out:
+        raise UsageError("--out: give the databases file to write")
+    out = write_databases_file(dataset, args.out, statement_timeout_s=timeout)
+    n = len(yaml.safe_load(out.read_text(encoding="utf-8"))["databases"])
+    print(f"wrote {out}: {n} databases")
+    return 0
+
+
+def cmd_answers(args: argparse.Namespace) -> int:
+    """Write scripted answers (gold SQL, some wrong first candidates) of a Spider-format dataset."""
+    from gateway.text2sql.answers import answers_from_spider, write_answers
+
+    dataset = _dataset_dir("--spider", args.spider, needs_dev_json=True)
+    try:
+        fraction = float(args.wrong_fraction)
+    except ValueError:
+        fraction = math.nan
+    if not 0.0 <= fraction <= 1.0:
+        raise UsageError(f"--wrong-fraction: expected a number in [0, 1], got {args.wrong_fraction!r}")
+    seed = _int_arg("--seed", args.seed, minimum=0)
+    limit = None if args.limit is None else _int_arg("--limit", args.limit, minimum=1)
+    if not args.out:
+        raise UsageError("--out: give the answers file to write")
+    answers = answers_from_spider(dataset, wrong_fraction=fraction, seed=seed, limit=limit)
+    out = write_answers(Path(args.out), answers)
+    wrong = sum(1 for e in answers.values() if e.get("wrong"))
+    print(f"wrote {out}: {len(answers)} questions, {wrong} with a wrong first candidate")
     return 0
 
 

@@ -1,6 +1,6 @@
 """``hexflow demo``: the main job in one command, on emulated workers.
 
-    hexflow demo [--questions N] [--json OUT] [--cluster paper-4gpu] [--time-scale 0.05]
+    hexflow demo [--questions N] [--json OUT] [--cluster paper-4gpu] [--time-scale 0.25]
 
 It writes the project's demo database (``demo.py``, deterministic) and the emulated model's scripted
 answers (``answers.py``: the gold SQL, with deliberately wrong first attempts for about a quarter of
@@ -9,8 +9,10 @@ of it, sends demo questions concurrently from two tenants with different deadlin
 tight, ``batch``: loose) through ``POST /v1/text2sql``, prints every answer and an SLO summary per
 tenant, checks each answer against the gold result, and stops everything it started.
 
-Deadlines are wall-clock seconds of the emulation: with ``--time-scale 0.05`` the emulated GPUs run 20x
-faster than the GPUs they model, and so does everything the gateway plans.
+Deadlines are wall-clock seconds of the emulation: with ``--time-scale 0.25`` the emulated GPUs run 4x
+faster than the GPUs they model, and so does everything the gateway plans. The interactive tenant's
+tight deadline (6 s) against the batch tenant's (30 s) shows in their latencies: the gateway's urgency
+queues serve interactive stages first when workers are contended.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from gateway.text2sql.demo import demo_questions, write_sqlite
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
 
 DB_ID = "demo_retail"
-TENANTS = (("interactive", "demo-interactive-key", 8.0), ("batch", "demo-batch-key", 40.0))
+TENANTS = (("interactive", "demo-interactive-key", 6.0), ("batch", "demo-batch-key", 30.0))
 
 
 @dataclass
@@ -163,7 +165,7 @@ def run_demo(
     questions: int = 24,
     *,
     cluster: str = "paper-4gpu",
-    time_scale: float = 0.05,
+    time_scale: float = 0.25,
     seed: int = 0,
     quiet: bool = False,
     keep_dir: Path | None = None,
