@@ -131,3 +131,18 @@ async def test_stream_sends_each_stage_then_the_result(tmp_path: Path) -> None:
             assert [p["event"] for p in parsed][-1] == "result" and parsed[-1]["status"] == "ok"
             stages = [p["kind"] for p in parsed if p["event"] == "stage"]
             assert stages[:3] == ["extract_keywords", "information_retriever", "generate_candidate"]
+
+
+async def test_a_tenant_only_reaches_its_databases(tmp_path: Path) -> None:
+    _setup(tmp_path)
+    tenants = (Path(__file__).resolve().parents[2] / "config" / "tenants.yaml").read_text()
+    # The batch tenant may use another database only.
+    marker = "  - name: batch\n"
+    assert marker in tenants
+    (tmp_path / "tenants.yaml").write_text(tenants.replace(marker, marker + "    databases: [finance]\n"))
+    async with emulators(["A100"], time_scale=0.01) as urls:
+        cfg = write_config(tmp_path, urls, ["A100"], time_scale=0.01, databases_file="databases.yaml")
+        async with gateway_client(cfg, key=BATCH_KEY) as (client, _):
+            r = await client.post("/v1/text2sql", json={"question": "How many?", "db_id": DB_ID})
+            assert r.status_code == 404
+            assert "allowed for tenant batch: (none)" in r.json()["error"]["message"]
