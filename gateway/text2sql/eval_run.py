@@ -7,17 +7,17 @@ missing are skipped and counted (Spider dev here lacks ``wta_1``: 62 of 1,034 qu
 
 End to end on emulated workers that answer from a script (no GPU, no model), from the repository root::
 
-    mkdir -p run && cp config/gateway.yaml config/tenants.yaml run/ \\
-        && echo "databases_file: databases.yaml" >> run/gateway.yaml
+    mkdir -p out/spider && cp config/gateway.yaml config/tenants.yaml out/spider/ \\
+        && echo "databases_file: databases.yaml" >> out/spider/gateway.yaml
     # 1. the databases file and the scripted answers (gold SQL, a wrong first attempt for 25 %)
-    hexflow databases --spider ../shared/data/spider-dev --out run/databases.yaml
-    hexflow answers --spider ../shared/data/spider-dev --out run/answers.json
+    hexflow databases --spider ../shared/data/spider-dev --out out/spider/databases.yaml
+    hexflow answers --spider ../shared/data/spider-dev --out out/spider/answers.json
     # 2. the emulated cluster (ports 8001-8004, as config/gateway.yaml expects) and the gateway
-    hexflow emulate-cluster --cluster paper-4gpu --time-scale 0.05 --answers run/answers.json &
-    hexflow serve --config run/gateway.yaml --time-scale 0.05 &
+    hexflow emulate-cluster --cluster paper-4gpu --time-scale 0.05 --answers out/spider/answers.json &
+    hexflow serve --config out/spider/gateway.yaml --time-scale 0.05 &
     # 3. every runnable question through /v1/text2sql, checked against the gold result
     hexflow eval --dataset ../shared/data/spider-dev --gateway http://127.0.0.1:8080 \\
-        --api-key demo-batch-key --json run/eval.json
+        --api-key demo-batch-key --json out/spider/eval.json
 
 With real vLLM workers only ``hexflow databases``, ``hexflow serve`` and ``hexflow eval`` are needed.
 
@@ -345,7 +345,7 @@ def format_report(report: EvalReport) -> str:
         groups.append(("difficulty", {k: v.as_dict() for k, v in sorted(acc.by_difficulty.items())}))
     groups.append(("db_id", report.by_db()))
     for title, rows in groups:
-        width = max(len(title), *(len(k) for k in rows))
+        width = max([len(title), *(len(k) for k in rows)])
         lines.append("")
         lines.append(f"{title:<{width}}  {'n':>5}  {'correct':>7}  {'accuracy':>8}")
         for k, v in rows.items():
