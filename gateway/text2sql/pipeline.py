@@ -42,12 +42,14 @@ from gateway.core.workflow import (
 from gateway.live.pool import CallFailed, CallResult
 from gateway.live.service import CallRecord, CallRequest, Gateway
 from gateway.live.tenants import Tenant
+from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult, serialize_schema
 from gateway.text2sql.evaluate import results_match
 from gateway.text2sql.extract import extract_list, extract_sql, extract_verdict
-from gateway.text2sql.sqlsafe import SqlRejected, check_sql
+from gateway.text2sql.sqlsafe import SqlRejected
 
 CHARS_PER_TOKEN = 4
+_EMPTY = "It returned no rows."
 STRATEGIES: tuple[tuple[str, str], ...] = (
     (
         "divide_and_conquer",
@@ -109,7 +111,7 @@ class Candidate:
 
     @property
     def valid(self) -> bool:
-        """Executed without error and returned rows."""
+        """Executed without error, and returned rows (or an empty result the model confirmed)."""
         return self.result is not None and self.problem is None
 
     def as_dict(self) -> dict[str, Any]:
@@ -170,7 +172,8 @@ class Text2SqlResult:
     failed_stage: str | None = None
     http_status: int = 200
     local_s: float = 0.0
-    """Time spent outside LLM calls: schema, prompts, SQL extraction, checks, execution, selection."""
+    """Wall time of the work outside LLM calls: schema, SQL extraction, checks, execution, selection (on a
+    busy event loop it includes waiting for the loop)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON body."""
@@ -261,24 +264,26 @@ class Text2SqlPipeline:
         """Answer one question; never raises for model or SQL problems (they are statuses)."""
         t0 = time.monotonic()
         stages: list[StageReport] = []
-        try:
-            schema = await db.schema()
-        except DatabaseUnavailable as exc:
-            return self._failed(request_id, "schema", str(exc), 503, stages, deadline_s, t0)
-        schema_text = serialize_schema(schema, max_chars=self.cfg.schema_max_chars)
+        # The workflow (and its deadline clock) opens at arrival: fetching the schema is part of the answer.
         wf = self.gw.open_workflow(tenant, deadline_s, CHESS_TEMPLATE)
-        run = _Run(self, wf, db, question, evidence or "none", schema_text, stages, on_event)
-        run.local_s = time.monotonic() - t0
+        run: _Run | None = None
         failed = True
         try:
+            try:
+                schema = await db.schema()
+            except DatabaseUnavailable as exc:
+                return self._failed(request_id, "schema", str(exc), 503, stages, deadline_s, t0)
+            schema_text = serialize_schema(schema, max_chars=self.cfg.schema_max_chars)
+            run = _Run(self, wf, db, question, evidence or "none", schema_text, stages, on_event)
+            run.local_s = time.monotonic() - t0
             result = await run.go()
             failed = False
         except _StageFailed as exc:
             return self._failed(
-                request_id, exc.stage, str(exc.err), exc.err.status, stages, deadline_s, t0, candidates=run.candidates
+                request_id, exc.stage, str(exc.err), exc.err.status, stages, deadline_s, t0, candidates=_cands(run)
             )
         except DatabaseUnavailable as exc:
-            return self._failed(request_id, "execute", str(exc), 503, stages, deadline_s, t0, candidates=run.candidates)
+            return self._failed(request_id, "execute", str(exc), 503, stages, deadline_s, t0, candidates=_cands(run))
         finally:
             latency = self.gw.close_workflow(wf, tenant, failed=failed)
         status, chosen = result
@@ -404,14 +409,14 @@ class _Run:
             self.local_s += time.monotonic() - t
 
     async def _execute(self, cand: Candidate, text: str) -> None:
+        prev_sql, prev_problem = cand.sql, cand.problem
         sql = extract_sql(text)
         if sql is None:
             cand.sql, cand.result, cand.problem = None, None, "The answer contained no SQL query."
             return
         cand.sql = sql
         try:
-            runnable = check_sql(sql, self.db.dialect)
-            res = await self.db.execute(runnable)
+            res = await self.db.execute(sql)  # checks the statement (sqlsafe) before it runs
         except SqlRejected as exc:
             cand.result, cand.problem = None, f"The query was refused: {exc}"
             return
@@ -419,7 +424,13 @@ class _Run:
             cand.result, cand.problem = None, f"Executing it failed: {exc}"
             return
         if res.row_count == 0:
-            cand.result, cand.problem = res, "It returned no rows."
+            # An empty result is suspicious and asked to be revised once; if the revision gives the same
+            # query back, the model stands by it and the empty result is the answer (some questions have
+            # one), instead of spending every remaining revision round on it.
+            confirmed = (
+                prev_problem == _EMPTY and prev_sql is not None and normalise_sql(prev_sql) == normalise_sql(sql)
+            )
+            cand.result, cand.problem = res, None if confirmed else _EMPTY
             return
         cand.result, cand.problem = res, None
 
@@ -528,6 +539,10 @@ def select(valid: list[Candidate]) -> Candidate:
         return (-verdict, -groups[_result_key(c.result)], c.index)
 
     return min(valid, key=rank)
+
+
+def _cands(run: _Run | None) -> list[Candidate] | None:
+    return run.candidates if run is not None else None
 
 
 def _report(rec: CallRecord, outcome: CallResult | CallFailed) -> StageReport:

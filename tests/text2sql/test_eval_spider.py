@@ -117,14 +117,17 @@ def _expected(items: Sequence[EvalItem], answers: Mapping[str, AnswerEntry]) -> 
         assert gold is not None, it.gold  # every Spider dev gold query runs here
         first = _rows(it.db_path, candidate_sql(answers[it.question], 0))
         first_ok = bool(first)  # executes and returns rows
-        gold_ok = bool(gold)
-        correct.append(gold_ok and len(gold) <= MAX_ROWS)
-        if gold_ok:
+        correct.append(len(gold) <= MAX_ROWS)
+        statuses.append("ok")
+        if gold:
             revisions.append(0 if first_ok else 1)
-            statuses.append("ok")
-        else:  # the gold returns nothing: candidate 1 (and a failing candidate 0) revise every round
-            revisions.append(MAX_REVISIONS + (0 if first_ok else MAX_REVISIONS))
-            statuses.append("ok" if first_ok else "no_valid_sql")
+        else:
+            # The gold returns nothing: an empty result is revised once and accepted when the revision
+            # gives the same query back. Candidate 1 (the gold) takes one revision; candidate 0 takes one
+            # if it was the gold too, two if its wrong first attempt failed or was empty (revised to the
+            # gold, then confirmed), none if its wrong attempt returned rows (the evaluator rejects it).
+            first_is_gold = candidate_sql(answers[it.question], 0) == it.gold
+            revisions.append(1 + (1 if first_is_gold else (0 if first_ok else 2)))
     return correct, revisions, statuses
 
 
