@@ -616,6 +616,7 @@ def _add_eval_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--spider", default=None, help="dataset folder with database/<db_id>/<db_id>.sqlite")
     p.add_argument("--out", default=None, help="the databases YAML to write")
     p.add_argument("--statement-timeout-s", default="5", help="per-query time limit of each database")
+    p.add_argument("--max-rows", default=None, help="row cap of each result (default 1000; raise it for evaluation)")
     p.set_defaults(func=cmd_databases)
 
     p = sub.add_parser(
@@ -707,7 +708,15 @@ def cmd_databases(args: argparse.Namespace) -> int:
     timeout = _positive_float_arg("--statement-timeout-s", args.statement_timeout_s)
     if not args.out:
         raise UsageError("--out: give the databases file to write")
-    out = write_databases_file(dataset, args.out, statement_timeout_s=timeout)
+    max_rows = None
+    if args.max_rows is not None:
+        try:
+            max_rows = int(args.max_rows)
+        except ValueError:
+            raise UsageError(f"--max-rows: not an integer: {args.max_rows!r}") from None
+        if max_rows < 1:
+            raise UsageError("--max-rows must be at least 1")
+    out = write_databases_file(dataset, args.out, statement_timeout_s=timeout, max_rows=max_rows)
     n = len(yaml.safe_load(out.read_text(encoding="utf-8"))["databases"])
     print(f"wrote {out}: {n} databases")
     return 0
