@@ -400,15 +400,16 @@ class _Run:
             raise _StageFailed(kind, failure)
         return texts
 
-    async def execute(self, cand: Candidate, text: str) -> None:
-        """Extract, check and run a candidate's SQL; record the problem (if any) for a revision."""
+    async def execute_all(self, cands: list[Candidate], texts: list[str]) -> None:
+        """Execute a stage's candidates concurrently; their wall time counts once towards ``local_s``."""
         t = time.monotonic()
         try:
-            await self._execute(cand, text)
+            await asyncio.gather(*(self.execute(c, x) for c, x in zip(cands, texts, strict=True)))
         finally:
             self.local_s += time.monotonic() - t
 
-    async def _execute(self, cand: Candidate, text: str) -> None:
+    async def execute(self, cand: Candidate, text: str) -> None:
+        """Extract, check and run a candidate's SQL; record the problem (if any) for a revision."""
         prev_sql, prev_problem = cand.sql, cand.problem
         sql = extract_sql(text)
         if sql is None:
@@ -466,7 +467,7 @@ class _Run:
                 for c in self.candidates
             ],
         )
-        await asyncio.gather(*(self.execute(c, t) for c, t in zip(self.candidates, texts, strict=True)))
+        await self.execute_all(self.candidates, texts)
         # 4. revisions, one stage per round, in parallel across candidates
         for _ in range(self.cfg.max_revisions):
             todo = [c for c in self.candidates if not c.valid]
@@ -490,7 +491,7 @@ class _Run:
             )
             for c in todo:
                 c.revisions += 1
-            await asyncio.gather(*(self.execute(c, t) for c, t in zip(todo, texts, strict=True)))
+            await self.execute_all(todo, texts)
         valid = [c for c in self.candidates if c.valid]
         problems = [c.problem for c in self.candidates if c.problem]
         self.last_problem = problems[-1] if problems else None
