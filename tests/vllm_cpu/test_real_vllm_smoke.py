@@ -337,7 +337,7 @@ def test_a_repeated_prompt_hits_the_prefix_cache(client: httpx.Client, observed:
 # --------------------------------------------------------------------------------------------- scheduling
 # These tests hold long requests open (3000 tokens take over 10 s here) and cancel them, so that what they
 # check does not depend on how fast /metrics answers on a loaded machine.
-LONG = 3000
+LONG = 4000  # near the 4096-token context: the tiny model on a CPU decodes a few thousand tokens/s
 
 
 async def gauges(ac: httpx.AsyncClient) -> tuple[float, float]:
@@ -346,12 +346,12 @@ async def gauges(ac: httpx.AsyncClient) -> tuple[float, float]:
 
 
 async def poll_until(ac: httpx.AsyncClient, done: Callable[[float, float], bool]) -> tuple[float, float]:
-    """Scrape the gauges until ``done(waiting, running)`` (at most 200 scrapes); returns the last values."""
+    """Scrape the gauges until ``done(waiting, running)`` (at most 500 scrapes); returns the last values."""
     waiting, running = await gauges(ac)
-    for _ in range(200):
+    for _ in range(500):
         if done(waiting, running):
             break
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.02)
         waiting, running = await gauges(ac)
     return waiting, running
 
