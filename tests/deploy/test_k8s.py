@@ -1,0 +1,355 @@
+"""The Kubernetes manifests (``deploy/k8s``): every overlay renders with kustomize and is safe to run.
+
+Renders each overlay with ``kubectl kustomize`` (offline) and checks probes, pod security, resources,
+shutdown timing against the gateway config, the tenants Secret, RBAC, the PDB and GPU scheduling.
+Skipped where kubectl is not installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.live.settings import load_gateway_config
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
+KUBECTL = shutil.which("kubectl")
+
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
+
+Doc = dict[str, Any]
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _render(overlay: str) -> list[Doc]:
+    assert KUBECTL is not None
+    out = subprocess.run(
+        [KUBECTL, "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+_CACHE: dict[str, list[Doc]] = {}
+
+
+@pytest.fixture(params=OVERLAYS)
+def rendered(request: pytest.FixtureRequest) -> tuple[str, list[Doc]]:
+    name: str = request.param
+    if name not in _CACHE:
+        _CACHE[name] = _render(name)
+    return name, _CACHE[name]
+
+
+def _of_kind(docs: list[Doc], kind: str) -> list[Doc]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def _one(docs: list[Doc], kind: str, name_prefix: str) -> Doc:
+    found = [d for d in _of_kind(docs, kind) if d["metadata"]["name"].startswith(name_prefix)]
+    assert len(found) == 1, f"expected one {kind} {name_prefix}*, got {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def _gateway(docs: list[Doc]) -> Doc:
+    return _one(docs, "Deployment", "hexflow-gateway")
+
+
+def _gateway_container(docs: list[Doc]) -> Doc:
+    (c,) = [c for c in _gateway(docs)["spec"]["template"]["spec"]["containers"] if c["name"] == "gateway"]
+    return c
+
+
+def _gateway_yaml(docs: list[Doc]) -> str:
+    return _one(docs, "ConfigMap", "hexflow-gateway-config")["data"]["gateway.yaml"]
+
+
+def _tenants_secret(docs: list[Doc]) -> Doc:
+    return _one(docs, "Secret", "hexflow-tenants")
+
+
+def _secret_values(secret: Doc) -> dict[str, str]:
+    values = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+    values.update(secret.get("stringData") or {})
+    return values
+
+
+def _pod_specs(docs: list[Doc]) -> list[tuple[str, Doc]]:
+    return [
+        (f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]["spec"])
+        for d in docs
+        if d["kind"] in WORKLOAD_KINDS
+    ]
+
+
+def _keys(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        return set(node) | set().union(*(_keys(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_keys(v) for v in node))
+    return set()
+
+
+def _prestop_sleep_s(container: Doc) -> float:
+    pre = container.get("lifecycle", {}).get("preStop", {})
+    if "sleep" in pre:
+        return float(pre["sleep"]["seconds"])
+    cmd = pre.get("exec", {}).get("command", [])
+    return float(cmd[-1]) if cmd and cmd[0] == "sleep" else 0.0
+
+
+def test_every_overlay_found() -> None:
+    assert {"emulated", "gpu"} <= set(OVERLAYS)
+
+
+def test_gateway_probes(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    c = _gateway_container(docs)
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["http"] == 8080
+    assert c["args"][:3] == ["serve", "--config", "/etc/hexflow/gateway.yaml"]
+
+
+def test_gateway_rollout_and_service(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    dep = _gateway(docs)
+    # One replica (queues live in process memory); never zero ready pods during a rollout.
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    svc = _one(docs, "Service", "hexflow-gateway")
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert [p["port"] for p in svc["spec"]["ports"]] == [8080]
+    assert svc["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_gateway_security_context(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    pod = _gateway(docs)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    sc = _gateway_container(docs)["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["runAsUser"] == 10001
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert (sc.get("seccompProfile") or pod["securityContext"]["seccompProfile"])["type"] == "RuntimeDefault"
+    mounts = {m["mountPath"] for m in _gateway_container(docs)["volumeMounts"]}
+    assert "/tmp" in mounts  # the only writable path
+
+
+def test_no_container_runs_as_root(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    for where, pod in _pod_specs(docs):
+        pod_sc = pod.get("securityContext") or {}
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            sc = c.get("securityContext") or {}
+            uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+            non_root = sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
+            assert non_root is True, f"{where}/{c['name']}: runAsNonRoot not set"
+            assert uid is not None and uid != 0, f"{where}/{c['name']}: runs as uid {uid}"
+            assert sc.get("allowPrivilegeEscalation") is False, f"{where}/{c['name']}: privilege escalation allowed"
+            assert not sc.get("privileged", False), f"{where}/{c['name']}: privileged"
+            assert "ALL" in sc.get("capabilities", {}).get("drop", []), f"{where}/{c['name']}: capabilities kept"
+
+
+def test_resources_on_every_container(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    for where, pod in _pod_specs(docs):
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            res = c.get("resources") or {}
+            for section in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(res.get(section, {})), f"{where}/{c['name']}: {section} missing"
+
+
+def test_grace_period_covers_drain(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    grace_cfg = yaml.safe_load(_gateway_yaml(docs))["shutdown_grace_s"]
+    pod = _gateway(docs)["spec"]["template"]["spec"]
+    pre_stop = _prestop_sleep_s(_gateway_container(docs))
+    assert pre_stop > 0, "a preStop sleep lets the endpoints go before SIGTERM"
+    assert pod["terminationGracePeriodSeconds"] > grace_cfg + pre_stop
+
+
+def test_tenants_secret_mounted(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    secret = _tenants_secret(docs)
+    tenants = yaml.safe_load(_secret_values(secret)["tenants.yaml"])
+    assert tenants["tenants"]
+    for t in tenants["tenants"]:
+        assert t["api_key_sha256"] and all(SHA256.match(h) for h in t["api_key_sha256"]), t["name"]
+
+    pod = _gateway(docs)["spec"]["template"]["spec"]
+    name = secret["metadata"]["name"]
+    mounted = {}  # volume name -> path of tenants.yaml inside it
+    for v in pod["volumes"]:
+        if v.get("secret", {}).get("secretName") == name:
+            mounted[v["name"]] = "tenants.yaml"
+        for src in v.get("projected", {}).get("sources", []):
+            if src.get("secret", {}).get("name") == name:
+                items = {i["key"]: i["path"] for i in src["secret"].get("items", [])}
+                mounted[v["name"]] = items.get("tenants.yaml", "tenants.yaml")
+    assert mounted, "the gateway does not mount the tenants Secret"
+    paths = {
+        f"{m['mountPath'].rstrip('/')}/{mounted[m['name']]}"
+        for m in _gateway_container(docs)["volumeMounts"]
+        if m["name"] in mounted
+    }
+    assert yaml.safe_load(_gateway_yaml(docs))["tenants_file"] in paths
+
+
+def test_no_secret_material_in_plain_manifests(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    secrets = [v for s in _of_kind(docs, "Secret") for v in _secret_values(s).values()]
+    digests = {h for s in secrets for h in re.findall(r"[0-9a-f]{64}", s)}
+    assert digests
+    for cm in _of_kind(docs, "ConfigMap"):
+        for key, text in (cm.get("data") or {}).items():
+            assert not any(s.strip() in text for s in secrets), f"{cm['metadata']['name']}/{key} holds Secret data"
+            assert not digests & set(re.findall(r"[0-9a-f]{64}", text)), f"{cm['metadata']['name']}/{key}"
+    # No plaintext API keys anywhere: not as manifest fields, nor inside the embedded YAML files.
+    embedded = [yaml.safe_load(t) for cm in _of_kind(docs, "ConfigMap") for t in (cm.get("data") or {}).values()]
+    embedded += [yaml.safe_load(s) for s in secrets]
+    for node in docs + embedded:
+        bad = {k for k in _keys(node) if isinstance(k, str) and k.lower() in {"api_key", "api_keys", "apikey"}}
+        assert not bad, bad
+    for d in docs:
+        for c in (
+            (d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []))
+            if d["kind"] in WORKLOAD_KINDS
+            else []
+        ):
+            for env in c.get("env", []):
+                assert "value" not in env or "key" not in env["name"].lower(), f"{c['name']}: {env['name']} inlined"
+
+
+def test_rendered_gateway_config_loads(rendered: tuple[str, list[Doc]], tmp_path: Path) -> None:
+    name, docs = rendered
+    raw = yaml.safe_load(_gateway_yaml(docs))
+    assert raw["tenants_file"] == "/etc/hexflow/secrets/tenants.yaml"
+    shutil.copy(REPO / "config" / "tenants.yaml", tmp_path / "tenants.yaml")
+    raw["tenants_file"] = str(tmp_path / "tenants.yaml")
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    loaded = load_gateway_config(path)
+    assert loaded.tenants_path == tmp_path / "tenants.yaml"
+    assert loaded.cfg.listen.port == 8080
+
+    urls = [w.url for w in loaded.cfg.cluster.workers]
+    hosts = {re.match(r"^http://([^:/]+)", u).group(1) for u in urls}  # type: ignore[union-attr]
+    services = {s["metadata"]["name"] for s in _of_kind(docs, "Service")}
+    for host in hosts:
+        parts = host.split(".")
+        assert parts[-2:] == ["hexflow", "svc"], host
+        # http://<svc>.hexflow.svc or http://<pod>.<headless svc>.hexflow.svc (StatefulSet)
+        assert parts[-3] in services, f"{host}: no Service {parts[-3]}"
+    if name == "emulated":
+        assert loaded.cfg.time_scale == 0.05
+        assert len(urls) == 4
+
+
+def test_statefulset_worker_names_exist(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    cfg = yaml.safe_load(_gateway_yaml(docs))
+    sets = {s["metadata"]["name"]: s for s in _of_kind(docs, "StatefulSet")}
+    for w in cfg["cluster"]["workers"]:
+        host = w["url"].split("//", 1)[1].split(":", 1)[0].split(".")
+        if len(host) == 4:  # <pod>.<svc>.hexflow.svc
+            sts = sets[host[1]]
+            assert sts["spec"]["serviceName"] == host[1]
+            ordinal = int(host[0].rsplit("-", 1)[1])
+            assert host[0] == f"{host[1]}-{ordinal}" and ordinal < sts["spec"]["replicas"], w["url"]
+            svc = _one(docs, "Service", host[1])
+            assert svc["spec"]["clusterIP"] == "None"
+
+
+def test_rbac_read_only_discovery(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    assert not _of_kind(docs, "ClusterRole") and not _of_kind(docs, "ClusterRoleBinding")
+    (role,) = _of_kind(docs, "Role")
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == [""]
+        assert set(rule["resources"]) <= {"pods", "endpoints"}
+        assert set(rule["verbs"]) <= {"get", "list", "watch"}
+    (binding,) = _of_kind(docs, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    sa = _gateway(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    assert {"kind": "ServiceAccount", "name": sa, "namespace": "hexflow"} in binding["subjects"]
+    assert any(d["metadata"]["name"] == sa for d in _of_kind(docs, "ServiceAccount"))
+
+
+def test_pdb(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    (pdb,) = _of_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    labels = _gateway(docs)["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_everything_in_namespace(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    assert [d["metadata"]["name"] for d in _of_kind(docs, "Namespace")] == ["hexflow"]
+    for d in docs:
+        if d["kind"] != "Namespace":
+            assert d["metadata"].get("namespace") == "hexflow", f"{d['kind']}/{d['metadata']['name']}"
+
+
+def test_workers_carry_discovery_labels(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    cfg = yaml.safe_load(_gateway_yaml(docs))
+    gpus_in_cfg = {w["gpu"] for w in cfg["cluster"]["workers"]}
+    seen = set()
+    for d in docs:
+        if d["kind"] not in WORKLOAD_KINDS or d["metadata"]["name"].startswith("hexflow-gateway"):
+            continue
+        meta = d["spec"]["template"]["metadata"]
+        assert meta["labels"]["hexflow.io/role"] == "worker"
+        seen.add(meta["labels"]["hexflow.io/gpu"])
+        assert int(meta["annotations"]["hexflow.io/capacity"]) >= 1
+        assert meta["annotations"]["hexflow.io/model"] == cfg["cluster"]["model"]
+        (c,) = d["spec"]["template"]["spec"]["containers"]
+        assert "priority" in " ".join(c["args"]), "workers must schedule by priority"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert seen == gpus_in_cfg
+
+
+def test_gpu_workers_request_gpus() -> None:
+    if "gpu" not in OVERLAYS:
+        pytest.skip("no gpu overlay")
+    docs = _CACHE.get("gpu") or _render("gpu")
+    workers = [
+        d
+        for d in _of_kind(docs, "StatefulSet")
+        if d["spec"]["template"]["metadata"]["labels"].get("hexflow.io/role") == "worker"
+    ]
+    assert {w["metadata"]["name"] for w in workers} == {"vllm-a100", "vllm-l40s"}
+    for w in workers:
+        pod = w["spec"]["template"]["spec"]
+        assert pod["nodeSelector"]["nvidia.com/gpu.product"]
+        (c,) = pod["containers"]
+        n = int(c["resources"]["limits"]["nvidia.com/gpu"])
+        assert n >= 1
+        tp = [a for a in c["args"] if a.startswith("--tensor-parallel-size")]
+        assert tp and int(tp[0].split("=")[1]) == n, "one GPU per tensor-parallel rank"
+        assert "--scheduling-policy=priority" in c["args"]
+    products = {
+        w["metadata"]["name"]: w["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] for w in workers
+    }
+    assert products == {"vllm-a100": "NVIDIA-A100-SXM4-80GB", "vllm-l40s": "NVIDIA-L40S"}
