@@ -549,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_eval_parsers(sub)
 
+    p = sub.add_parser("config-reference", help="print the configuration reference (docs/configuration.md)")
+    p.set_defaults(func=cmd_config_reference)
+
     p = sub.add_parser("tenants", help="tenant helpers (hash an API key for config/tenants.yaml)")
     tsub = p.add_subparsers(dest="tenants_command", required=True)
     q = tsub.add_parser("hash-key", help="print the SHA-256 hash of an API key (what tenants.yaml stores)")
@@ -741,6 +744,14 @@ def cmd_answers(args: argparse.Namespace) -> int:
     out = write_answers(Path(args.out), answers)
     wrong = sum(1 for e in answers.values() if e.get("wrong"))
     print(f"wrote {out}: {len(answers)} questions, {wrong} with a wrong first candidate")
+    return 0
+
+
+def cmd_config_reference(args: argparse.Namespace) -> int:
+    """Print the configuration reference generated from the pydantic models."""
+    from gateway.reference import reference
+
+    sys.stdout.write(reference())
     return 0
 
 
