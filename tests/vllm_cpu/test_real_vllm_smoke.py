@@ -337,7 +337,16 @@ def test_a_repeated_prompt_hits_the_prefix_cache(client: httpx.Client, observed:
 # --------------------------------------------------------------------------------------------- scheduling
 # These tests hold long requests open (3000 tokens take over 10 s here) and cancel them, so that what they
 # check does not depend on how fast /metrics answers on a loaded machine.
-LONG = 4000  # near the 4096-token context: the tiny model on a CPU decodes a few thousand tokens/s
+CONTEXT = 4096  # the test server's --max-model-len (tests/vllm_cpu/conftest.py)
+
+
+async def long_tokens(ac: httpx.AsyncClient) -> int:
+    """The longest exact generation that fits the context after the test prompt: long requests hold their slots
+    as long as possible (the tiny model on a CPU decodes a few thousand tokens a second, and the locally trained
+    tokenizer's prompt length can differ between builds, so the figure is measured, not assumed)."""
+    r = await ac.post(CHAT, json=chat_body(**exact(1)))
+    r.raise_for_status()
+    return int(CONTEXT - r.json()["usage"]["prompt_tokens"] - 8)
 
 
 async def gauges(ac: httpx.AsyncClient) -> tuple[float, float]:
@@ -367,8 +376,9 @@ async def test_requests_beyond_max_num_seqs_wait_and_a_disconnect_aborts_them(
 ) -> None:
     n = 2 * max_num_seqs + 1
     async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
+        long_n = await long_tokens(ac)
         before = (await ac.get("/metrics")).text
-        tasks = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(LONG)))) for _ in range(n)]
+        tasks = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(long_n)))) for _ in range(n)]
         queued = await poll_until(ac, lambda w, r: w + r >= n)
         await cancel_all(tasks)  # the client disconnects: vLLM aborts the requests
         drained = await poll_until(ac, lambda w, r: w + r == 0)
@@ -393,7 +403,8 @@ async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
     one long request frees exactly one slot.
     """
     async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
-        long = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(LONG)))) for _ in range(max_num_seqs)]
+        long_n = await long_tokens(ac)
+        long = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(long_n)))) for _ in range(max_num_seqs)]
         filled = await poll_until(ac, lambda w, r: r >= max_num_seqs)
         finished: list[str] = []
 
