@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.core.dag import DagError, DagNode, validate_nodes
 from gateway.core.workflow import CHAT, TEMPLATES
-from gateway.live.pool import CallFailed, CallResult
+from gateway.live.pool import CallFailed
 from gateway.live.schemas import CallReport, ErrorResponse, WorkflowCall, WorkflowRequest, WorkflowResponse
 from gateway.live.service import CallRequest, Gateway, Rejected, WorkflowOutcome
 from gateway.live.tenants import DeadlineOutOfRange, Tenant
@@ -200,20 +200,6 @@ def _call_request(c: WorkflowCall, salt: int) -> tuple[CallRequest, int, int]:
     return CallRequest("/v1/chat/completions", body), message_tokens(msgs), out_tokens
 
 
-def _output_text(result: CallResult | None) -> str | None:
-    if result is None or result.body is None:
-        return None
-    choices = result.body.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None
-    ch = choices[0]
-    msg = ch.get("message")
-    if isinstance(msg, dict) and isinstance(msg.get("content"), str):
-        return str(msg["content"])
-    text = ch.get("text")
-    return text if isinstance(text, str) else None
-
-
 def workflow_response(req: WorkflowRequest, out: WorkflowOutcome) -> WorkflowResponse:
     """The API view of a finished workflow."""
     calls = []
@@ -230,7 +216,7 @@ def workflow_response(req: WorkflowRequest, out: WorkflowOutcome) -> WorkflowRes
                 attempts=rec.attempts,
                 prompt_tokens=res.prompt_tokens if res else 0,
                 completion_tokens=res.completion_tokens if res else 0,
-                output=_output_text(res) if req.return_outputs else None,
+                output=res.text() if res is not None and req.return_outputs else None,
                 error=str(rec.error) if rec.error else None,
             )
         )

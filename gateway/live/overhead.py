@@ -37,6 +37,7 @@ import httpx
 import yaml
 
 from gateway.errors import GatewayError
+from gateway.live.livebench import free_port
 from gateway.sim.metrics import percentile
 
 API_KEY = "demo-interactive-key"
@@ -81,14 +82,6 @@ class OverheadReport:
     search: list[dict[str, float]] = field(default_factory=list)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cpu_seconds(pid: int) -> float:
     """utime + stime of a process, seconds (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -113,7 +106,7 @@ def _wait_ready(url: str, path: str, proc: subprocess.Popen[bytes], log: Path, t
 @contextlib.contextmanager
 def rig(workdir: Path, *, capacity: int = 1024) -> Iterator[tuple[str, str, int]]:
     """Start an emulated worker and a gateway in front of it; yield (worker url, gateway url, gateway pid)."""
-    wport, gport = _free_port(), _free_port()
+    wport, gport = free_port(), free_port()
     wlog, glog = workdir / "worker.log", workdir / "gateway.log"
     procs: list[subprocess.Popen[bytes]] = []
     try:

@@ -68,6 +68,18 @@ class CallResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
+    def text(self) -> str | None:
+        """The generated text of a chat or completions answer (None when the body holds none)."""
+        choices = (self.body or {}).get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None
+        ch = choices[0]
+        msg = ch.get("message")
+        if isinstance(msg, dict) and isinstance(msg.get("content"), str):
+            return str(msg["content"])
+        text = ch.get("text")
+        return text if isinstance(text, str) else None
+
 
 @dataclass(slots=True, eq=False)
 class LiveCall(Call):

@@ -280,11 +280,7 @@ class Gateway:
             spec = call.spec
             assert isinstance(spec, DagCallSpec)
             rec = ex.records[spec.node]
-            rec.attempts = call.attempts + (1 if isinstance(outcome, CallResult) else 0)
-            if call.worker >= 0:
-                rec.worker = self.scheduler.workers[call.worker].name
-            rec.queued_s = max(call.sent_at - call.ready_at, 0.0) if call.sent_at else self.clock() - call.ready_at
-            rec.run_s = max(self.clock() - call.sent_at, 0.0) if call.sent_at else 0.0
+            self._record(rec, call, outcome)
             ex.live.pop(spec.node, None)
             if isinstance(outcome, CallFailed):
                 rec.error = outcome
@@ -330,6 +326,15 @@ class Gateway:
         else:
             self._finish(ex, tenant, "failed", None)
         return outcome
+
+    def _record(self, rec: CallRecord, call: LiveCall, outcome: CallResult | CallFailed) -> None:
+        """Fill a call's record (worker, queue and run time, attempts) when it returns or fails for good."""
+        now = self.clock()
+        if call.worker >= 0:
+            rec.worker = self.scheduler.workers[call.worker].name
+        rec.queued_s = max((call.sent_at or now) - call.ready_at, 0.0)
+        rec.run_s = max(now - call.sent_at, 0.0) if call.sent_at else 0.0
+        rec.attempts = call.attempts + (1 if isinstance(outcome, CallResult) else 0)
 
     def _begin(self, ex: object, tenant: Tenant) -> None:
         self._active[tenant.name] = self._active.get(tenant.name, 0) + 1
@@ -394,12 +399,7 @@ class Gateway:
                 fut: asyncio.Future[CallResult | CallFailed] = fut,
                 rec: CallRecord = rec,
             ) -> None:
-                if call.worker >= 0:
-                    rec.worker = self.scheduler.workers[call.worker].name
-                now = self.clock()
-                rec.queued_s = max((call.sent_at or now) - call.ready_at, 0.0)
-                rec.run_s = max(now - call.sent_at, 0.0) if call.sent_at else 0.0
-                rec.attempts = call.attempts + (1 if isinstance(outcome, CallResult) else 0)
+                self._record(rec, call, outcome)
                 if isinstance(outcome, CallResult):
                     rec.result = outcome
                 else:

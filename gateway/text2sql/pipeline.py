@@ -210,18 +210,6 @@ def _tokens(text: str) -> int:
     return max(1, len(text) // CHARS_PER_TOKEN)
 
 
-def _output_text(res: CallResult) -> str:
-    body = res.body or {}
-    choices = body.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        msg = choices[0].get("message")
-        if isinstance(msg, dict) and isinstance(msg.get("content"), str):
-            return str(msg["content"])
-        if isinstance(choices[0].get("text"), str):
-            return str(choices[0]["text"])
-    return ""
-
-
 def _preview(result: QueryResult, n: int) -> str:
     lines = [" | ".join(result.columns)]
     for row in result.rows[:n]:
@@ -391,7 +379,7 @@ class _Run:
                 failure = failure or outcome
                 texts.append("")
             else:
-                texts.append(_output_text(outcome))
+                texts.append(outcome.text() or "")
         if self.on_event is not None:
             await self.on_event(
                 {"event": "stage", "kind": kind, "calls": [s.as_dict() for s in self.stages[-len(results) :]]}
