@@ -85,6 +85,27 @@ class Estimator:
         # Profile latencies are pure functions of (worker, tokens); memoise the hot path.
         self._base_cache: list[dict[tuple[int, int], float]] = [{} for _ in profiles]
 
+    def add_worker(self, profile: PerfProfile, capacity: int) -> int:
+        """Append a worker with fresh estimates; returns its index."""
+        self.profiles.append(profile)
+        self.capacities.append(max(1, capacity))
+        self.loads.append(WorkerLoad())
+        self._ratios.append({})
+        self._base_cache.append({})
+        return len(self.profiles) - 1
+
+    def reset_worker(self, worker: int, profile: PerfProfile, capacity: int) -> None:
+        """Give slot ``worker`` to a new worker: its profile and capacity, no load, no learned ratios."""
+        self.profiles[worker] = profile
+        self.capacities[worker] = max(1, capacity)
+        self.loads[worker] = WorkerLoad()
+        self._ratios[worker] = {}
+        self._base_cache[worker] = {}
+
+    def set_capacity(self, worker: int, capacity: int) -> None:
+        """Change a worker's concurrent-call count (its ``t_queue`` divisor)."""
+        self.capacities[worker] = max(1, capacity)
+
     def base_latency(self, worker: int, input_tokens: int, output_tokens: int) -> float:
         """The profile's lone-request latency, uncorrected."""
         cache = self._base_cache[worker]

@@ -9,11 +9,17 @@ Life of a call:
     driver: call returned            -> ``on_finish(call, now, observed_s)``: loads and estimates
     driver: call failed on a worker  -> ``on_fail(call, now)``: frees the slot; the driver resubmits
     driver: queued call abandoned    -> ``cancel(call)``: off its queue, loads corrected
+
+Membership can change while running (the live gateway's worker discovery): ``add_worker`` gives a new
+worker a slot (a freed one or a new index), ``remove_worker`` frees a slot once the driver has made
+the worker ineligible, re-dispatched its queue (``drain_worker``) and seen its last in-flight call
+return. Indices of members never change, so a call's ``worker`` stays valid while it is queued or in
+flight. Stage budgets use the mean over the current members as their unit of cost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng
@@ -38,11 +44,23 @@ class NoEligibleWorker(RuntimeError):
     """Every worker is marked ineligible (down or draining)."""
 
 
+class _ReferenceCost:
+    """The cost function of one membership epoch (a fresh object per epoch, so per-cost caches reset)."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[[str, int, int], float]) -> None:
+        self._fn = fn
+
+    def __call__(self, kind: str, input_tokens: int, output_tokens: int) -> float:
+        return self._fn(kind, input_tokens, output_tokens)
+
+
 class Scheduler:
     """Global dispatch into per-worker queues, plus the estimates that drive it.
 
     Args:
-        workers: the cluster.
+        workers: the cluster at start (may be empty when workers are discovered later).
         policy: a registered policy name or a ``Policy``.
         rng: injected randomness (for ``p2c``); any object with ``random()``.
         alpha: the WB balance parameter; defaults to the policy's.
@@ -59,13 +77,11 @@ class Scheduler:
         ewma: float = 0.2,
         max_age_s: float = 600.0,
     ) -> None:
-        if not workers:
-            raise ValueError("a scheduler needs at least one worker")
         self.workers = list(workers)
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self._dispatcher = DISPATCHERS[self.policy.dispatcher](rng)
-        make_queue = QUEUES[self.policy.queue]()
-        self.queues: list[WorkerQueue] = [make_queue() for _ in self.workers]
+        self._make_queue = QUEUES[self.policy.queue]()
+        self.queues: list[WorkerQueue] = [self._make_queue() for _ in self.workers]
         self.estimator = Estimator(
             [w.profile for w in self.workers],
             [w.capacity for w in self.workers],
@@ -74,13 +90,63 @@ class Scheduler:
         )
         self.alpha = self.policy.default_alpha if alpha is None else alpha
         self.eligible = [True] * len(self.workers)
+        self.member = [True] * len(self.workers)
         self._all = list(range(len(self.workers)))
         self._n_eligible = len(self.workers)
         self._seq = 0
         self._ref_cache: dict[tuple[int, int], float] = {}
         self.dispatch_counts: list[dict[str, int]] = [{} for _ in self.workers]
-        # One stable bound method, so templates can cache their cost sums per scheduler.
-        self._cost = self.reference_cost
+        # One stable cost object per membership, so templates can cache their cost sums per scheduler.
+        self._cost = _ReferenceCost(self.reference_cost)
+
+    # ------------------------------------------------------------------ membership
+
+    def members(self) -> list[int]:
+        """Indices of the current workers (slots in use)."""
+        return [i for i, m in enumerate(self.member) if m]
+
+    def add_worker(self, info: WorkerInfo, *, eligible: bool = True) -> int:
+        """Give a new worker a slot (a freed one if any); returns its index."""
+        free = next((i for i, m in enumerate(self.member) if not m), None)
+        if free is None:
+            self.workers.append(info)
+            self.queues.append(self._make_queue())
+            self.estimator.add_worker(info.profile, info.capacity)
+            self.eligible.append(False)
+            self.member.append(True)
+            self.dispatch_counts.append({})
+            w = len(self.workers) - 1
+        else:
+            w = free
+            self.workers[w] = info
+            self.queues[w] = self._make_queue()
+            self.estimator.reset_worker(w, info.profile, info.capacity)
+            self.member[w] = True
+            self.dispatch_counts[w] = {}
+        self._membership_changed()
+        self.set_eligible(w, eligible)
+        return w
+
+    def remove_worker(self, worker: int) -> None:
+        """Free a worker's slot. The driver must have drained its queue and seen its last call return."""
+        if not self.member[worker]:
+            raise ValueError(f"worker {worker} is not a member")
+        if len(self.queues[worker]) or self.estimator.loads[worker].inflight:
+            raise RuntimeError(f"worker {self.workers[worker].name} still has queued or in-flight calls")
+        self.member[worker] = False
+        self.set_eligible(worker, False)
+        self._membership_changed()
+
+    def set_capacity(self, worker: int, capacity: int) -> None:
+        """Change a member's concurrent-call count."""
+        info = self.workers[worker]
+        self.workers[worker] = WorkerInfo(info.name, info.profile, capacity)
+        self.estimator.set_capacity(worker, capacity)
+
+    def _membership_changed(self) -> None:
+        self._all = list(range(len(self.workers)))
+        self._ref_cache = {}
+        self._cost = _ReferenceCost(self.reference_cost)
 
     @property
     def alpha(self) -> float:
@@ -94,13 +160,18 @@ class Scheduler:
         self._alpha = value
 
     def reference_cost(self, kind: str, input_tokens: int, output_tokens: int) -> float:
-        """Cluster-mean lone-request latency of a call: the common unit of stage budgets."""
+        """Cluster-mean lone-request latency of a call: the common unit of stage budgets.
+
+        The mean is over the current members; with none (all workers gone) it is 0, which gives a stage
+        the whole remaining time (its calls are parked until a worker joins, then budgeted again).
+        """
         key = (input_tokens, output_tokens)
         v = self._ref_cache.get(key)
         if v is None:
             est = self.estimator
-            v = sum(est.base_latency(i, input_tokens, output_tokens) for i in range(len(self.workers)))
-            v /= len(self.workers)
+            idx = self.members()
+            v = sum(est.base_latency(i, input_tokens, output_tokens) for i in idx)
+            v = v / len(idx) if idx else 0.0
             if len(self._ref_cache) < 65536:
                 self._ref_cache[key] = v
         return v
@@ -113,8 +184,8 @@ class Scheduler:
                 counters.weights = {t: w for t, w in weights.items() if w > 0}
 
     def set_eligible(self, worker: int, eligible: bool) -> None:
-        """Mark a worker as (in)eligible for new dispatches (health, draining)."""
-        self.eligible[worker] = eligible
+        """Mark a worker as (in)eligible for new dispatches (health, draining); non-members never are."""
+        self.eligible[worker] = eligible and self.member[worker]
         self._n_eligible = sum(self.eligible)
 
     def submit(self, call: Call, now: float) -> int:

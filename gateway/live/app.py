@@ -411,7 +411,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
             raise ApiError(422, "messages: a non-empty list of message objects is required", param="messages")
         model = body.get("model")
         served = served_models(gw)
-        if model is not None and model not in served:
+        if model is not None and served and model not in served:
             raise ApiError(
                 404, f"the model {model!r} does not exist; served: {', '.join(served)}", "not_found_error", "model"
             )
@@ -492,8 +492,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
         return StreamingResponse(body(), media_type="text/event-stream")
 
     def served_models(gw: Gateway) -> list[str]:
-        names = {rw.served_model or rw.model for rw in gw.loaded.resolved}
-        return sorted(names)
+        return sorted({st.ep.served_model for st in gw.pool.workers if not st.removing})
 
     @app.get("/v1/models")
     async def models(request: Request, tenant: TenantDep) -> dict[str, Any]:

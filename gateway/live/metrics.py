@@ -1,6 +1,7 @@
 """The gateway's Prometheus metrics (prefix ``hexflow_``), in a registry of its own.
 
-Label values are bounded: ``tenant`` comes from the tenants file, ``worker`` from the config,
+Label values are bounded: ``tenant`` comes from the tenants file, ``worker`` from the config or from
+discovery (a removed worker's series are deleted, so pod churn does not grow the registry),
 ``outcome`` and ``reason`` from fixed sets, and ``kind`` (stage kinds are client-given on
 ``/v1/workflows``) through ``BoundedLabel``, which admits the first ``MAX_KINDS`` distinct values and
 maps the rest to ``other``.
@@ -29,6 +30,8 @@ maps the rest to ``other``.
 | hexflow_tenant_reloads_total | counter | result | ok, failed |
 | hexflow_parked_calls | gauge | | calls waiting for any healthy worker |
 | hexflow_active_workflows | gauge | | workflows in progress |
+| hexflow_discovery_pods | gauge | state | selected pods by state: ready, unready, pending (no IP yet), invalid |
+| hexflow_discovery_errors_total | counter | | failed lists or watches of the Kubernetes API |
 """
 
 from __future__ import annotations
@@ -144,6 +147,13 @@ class GatewayMetrics:
         self.tenant_reloads = Counter("hexflow_tenant_reloads", "Reloads of the tenants file.", ["result"], registry=r)
         self.parked = Gauge("hexflow_parked_calls", "Calls waiting for any healthy worker.", registry=r)
         self.active = Gauge("hexflow_active_workflows", "Workflows in progress.", registry=r)
+        self.discovery_pods = Gauge(
+            "hexflow_discovery_pods", "Selected worker pods by state (ready, unready, pending, invalid).", ["state"],
+            registry=r,
+        )  # fmt: skip
+        self.discovery_errors = Counter(
+            "hexflow_discovery_errors", "Failed lists or watches of the Kubernetes API.", registry=r
+        )
         self._recent: dict[str, deque[bool]] = {}
         for w in workers:
             self.up.labels(worker=w).set(1)
@@ -151,6 +161,24 @@ class GatewayMetrics:
             self.inflight.labels(worker=w)
         for t in tenants:
             self.add_tenant(t)
+
+    def _worker_metrics(self) -> list[Counter | Gauge | Histogram]:
+        return [
+            self.call_run, self.queue_wait_h, self.queue_depth, self.inflight, self.dispatches, self.estimate_ratio,
+            self.up, self.failures, self.retries, self.scrape_failures, self.vllm_waiting, self.vllm_running,
+            self.kv_usage,
+        ]  # fmt: skip
+
+    def add_worker(self, worker: str) -> None:
+        """Create a new worker's gauges (discovery; it starts down until it takes calls)."""
+        self.up.labels(worker=worker).set(0)
+        self.queue_depth.labels(worker=worker)
+        self.inflight.labels(worker=worker)
+
+    def remove_worker(self, worker: str) -> None:
+        """Delete every series of a worker that left the pool."""
+        for m in self._worker_metrics():
+            m.remove_by_labels({"worker": worker})
 
     def add_tenant(self, tenant: str) -> None:
         """Create a tenant's series at zero (so dashboards show it before its first workflow)."""

@@ -16,6 +16,12 @@ virtual time; ``tests/live/test_parity.py`` checks that both take the same decis
                            when one comes back, or fail after ``parked_timeout_s``: nothing is dropped
                            silently.
 
+Membership changes at run time (``gateway/live/discovery.py``): ``add_worker`` starts a drain loop for
+a new worker; ``set_ready(False)`` takes a worker out of dispatch (its queue is re-dispatched, its
+in-flight calls finish); ``remove_worker`` does the same and frees the worker once its last in-flight
+call has returned, or after ``remove_grace_s`` re-dispatches the calls still running there (their
+requests are cancelled) so that a pod that vanished without closing its connections loses nothing.
+
 Background tasks: a health prober (``/health`` of every worker), a scraper (``/metrics`` of every
 worker, concurrently, parsed by ``promparse``) and the drain loops. All state is touched only on the
 event loop, so no locks are needed.
@@ -32,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.core.scheduler import NoEligibleWorker, Scheduler
+from gateway.core.scheduler import NoEligibleWorker, Scheduler, WorkerInfo
 from gateway.core.workflow import Call
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.promparse import MetricsParseError, WorkerMetrics, parse_worker_metrics
@@ -103,6 +109,8 @@ class LiveCall(Call):
     last_error: str = ""
     priority: int = 0
     task: asyncio.Task[None] | None = None
+    worker_name: str = ""
+    requeue: bool = False
 
 
 @dataclass(slots=True)
@@ -138,6 +146,12 @@ class WorkerState:
 
     ep: WorkerEndpoint
     up: bool = True
+    ready: bool = True
+    removing: bool = False
+    gpu: str = ""
+    model: str = ""
+    loop_task: asyncio.Task[None] | None = None
+    removal_task: asyncio.Task[None] | None = None
     failures: int = 0
     kick: asyncio.Event = field(default_factory=asyncio.Event)
     metrics: WorkerMetrics | None = None
@@ -147,6 +161,11 @@ class WorkerState:
     inflight: set[LiveCall] = field(default_factory=set)
     sent: int = 0
     failed: int = 0
+
+    @property
+    def eligible(self) -> bool:
+        """Takes new dispatches: healthy, ready (discovery) and not being removed."""
+        return self.up and self.ready and not self.removing
 
 
 class WorkerPool:
@@ -160,6 +179,7 @@ class WorkerPool:
         clock: the scheduler's clock (``time.monotonic`` live; a fake in parity tests).
         max_attempts, failures_to_down, parked_timeout_s: failure handling (see the module doc).
         health_period_s, scrape_period_s: background task periods (0 disables the task, for tests).
+        remove_grace_s: how long a removed worker's in-flight calls may run before they are re-dispatched.
     """
 
     def __init__(
@@ -175,10 +195,11 @@ class WorkerPool:
         parked_timeout_s: float = 60.0,
         health_period_s: float = 2.0,
         scrape_period_s: float = 1.0,
+        remove_grace_s: float = 120.0,
     ) -> None:
         if len(endpoints) != len(scheduler.workers):
             raise ValueError("one endpoint per scheduler worker is needed")
-        self.workers = [WorkerState(ep) for ep in endpoints]
+        self.states: dict[int, WorkerState] = {ep.index: WorkerState(ep) for ep in endpoints}
         self.scheduler = scheduler
         self.transport = transport
         self.metrics = metrics
@@ -188,12 +209,24 @@ class WorkerPool:
         self.parked_timeout_s = parked_timeout_s
         self.health_period_s = health_period_s
         self.scrape_period_s = scrape_period_s
+        self.remove_grace_s = remove_grace_s
         self.epoch = clock()
         self.parked: deque[LiveCall] = deque()
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
         self.queued_total = 0
         self.dispatch_log: list[tuple[int, int]] | None = None  # (call id, worker) when recording
+        self.sent_log: list[tuple[float, str]] | None = None  # (time sent, worker name) when recording
+        self.on_removed: Callable[[str], None] | None = None  # called with a removed worker's name
+
+    @property
+    def workers(self) -> list[WorkerState]:
+        """The current workers, by scheduler index."""
+        return [self.states[i] for i in sorted(self.states)]
+
+    def by_name(self, name: str) -> WorkerState | None:
+        """The worker called ``name`` (None when it is not, or no longer, in the pool)."""
+        return next((st for st in self.states.values() if st.ep.name == name), None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -201,7 +234,7 @@ class WorkerPool:
         """Start the drain loops and the background tasks."""
         self._running = True
         for st in self.workers:
-            self._tasks.append(asyncio.create_task(self._drain_loop(st), name=f"drain-{st.ep.name}"))
+            self._start_loop(st)
         if self.health_period_s > 0:
             self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
         if self.scrape_period_s > 0:
@@ -216,6 +249,12 @@ class WorkerPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
+        loops = [t for st in self.workers for t in (st.loop_task, st.removal_task) if t is not None]
+        for t in loops:
+            t.cancel()
+        for t in loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
         parked, self.parked = list(self.parked), deque()
         for c in parked:
             self._resolve_error(c, CallFailed("the gateway is shutting down", status=503))
@@ -228,8 +267,110 @@ class WorkerPool:
 
     @property
     def healthy(self) -> int:
-        """Workers currently up."""
-        return sum(1 for st in self.workers if st.up)
+        """Workers currently taking calls (up, ready, not being removed)."""
+        return sum(1 for st in self.states.values() if st.eligible)
+
+    def _start_loop(self, st: WorkerState) -> None:
+        if self._running and st.loop_task is None:
+            st.loop_task = asyncio.create_task(self._drain_loop(st), name=f"drain-{st.ep.name}")
+
+    # ------------------------------------------------------------------ membership
+
+    def add_worker(
+        self, ep: WorkerEndpoint, info: WorkerInfo, *, ready: bool = True, gpu: str = "", model: str = ""
+    ) -> WorkerState:
+        """Add a worker at run time (``ep.index`` is assigned here); it takes calls at once when ready."""
+        if self.by_name(ep.name) is not None:
+            raise ValueError(f"a worker named {ep.name!r} is already in the pool")
+        idx = self.scheduler.add_worker(info, eligible=False)
+        ep.index = idx
+        st = WorkerState(ep, ready=ready, gpu=gpu or info.profile.gpu, model=model)
+        self.states[idx] = st
+        self.metrics.add_worker(ep.name)
+        log.info(
+            "worker %s added (%s, %s, capacity %d, ready %s)", ep.name, ep.url, info.profile.gpu, ep.capacity, ready
+        )
+        self._start_loop(st)
+        self._sync(st)
+        return st
+
+    def set_ready(self, st: WorkerState, ready: bool) -> None:
+        """Readiness from discovery: an unready worker gets no new calls; its queue is re-dispatched."""
+        if st.ready == ready:
+            return
+        log.info("worker %s %s", st.ep.name, "ready" if ready else "not ready: draining")
+        st.ready = ready
+        self._sync(st)
+
+    def set_capacity(self, st: WorkerState, capacity: int) -> None:
+        """Change a worker's in-flight limit."""
+        if capacity == st.ep.capacity:
+            return
+        st.ep.capacity = capacity
+        self.scheduler.set_capacity(st.ep.index, capacity)
+        st.kick.set()
+
+    def remove_worker(self, st: WorkerState) -> None:
+        """Take a worker out for good: no new calls, queue re-dispatched, freed after its last call."""
+        if st.removing:
+            return
+        log.info("worker %s removed: draining %d calls in flight", st.ep.name, len(st.inflight))
+        st.removing = True
+        self._sync(st)
+        if not st.inflight:
+            self._finish_removal(st)
+        elif self._running:
+            st.removal_task = asyncio.create_task(self._removal_deadline(st), name=f"remove-{st.ep.name}")
+
+    async def _removal_deadline(self, st: WorkerState) -> None:
+        await asyncio.sleep(self.remove_grace_s)
+        calls = list(st.inflight)
+        if calls:
+            log.warning(
+                "worker %s still has %d calls after %g s: re-dispatching them",
+                st.ep.name,
+                len(calls),
+                self.remove_grace_s,
+            )
+        for c in calls:
+            c.requeue = True
+            if c.task is not None:
+                c.task.cancel()
+
+    def _finish_removal(self, st: WorkerState) -> None:
+        if self.states.get(st.ep.index) is not st:
+            return
+        if st.loop_task is not None:
+            st.loop_task.cancel()
+            st.loop_task = None
+        t = st.removal_task
+        if t is not None and t is not asyncio.current_task():
+            t.cancel()
+        st.removal_task = None
+        del self.states[st.ep.index]
+        self.scheduler.remove_worker(st.ep.index)
+        self.metrics.remove_worker(st.ep.name)
+        log.info("worker %s is gone from the pool", st.ep.name)
+        if self.on_removed is not None:
+            self.on_removed(st.ep.name)
+
+    def _sync(self, st: WorkerState) -> None:
+        """Apply a worker's eligibility to the scheduler: re-dispatch its queue or the parked calls."""
+        ok = st.eligible
+        was = self.scheduler.eligible[st.ep.index]
+        self.scheduler.set_eligible(st.ep.index, ok)
+        if not st.removing:
+            self.metrics.worker_up(st.ep.name, ok)
+        if was and not ok:
+            for c in self.scheduler.drain_worker(st.ep.index):
+                assert isinstance(c, LiveCall)
+                self.submit(c)
+        elif ok and not was:
+            parked = list(self.parked)
+            self.parked.clear()
+            for c in parked:
+                self.submit(c)
+            st.kick.set()
 
     # ------------------------------------------------------------------ dispatch
 
@@ -246,8 +387,9 @@ class WorkerPool:
         call.parked_at = None
         if self.dispatch_log is not None:
             self.dispatch_log.append((call.id, w))
-        self.metrics.dispatch(self.workers[w].ep.name, call.kind)
-        self.workers[w].kick.set()
+        st = self.states[w]
+        self.metrics.dispatch(st.ep.name, call.kind)
+        st.kick.set()
 
     def cancel(self, call: LiveCall) -> None:
         """Abandon a call: off its queue, or its in-flight request cancelled (slot released)."""
@@ -269,7 +411,7 @@ class WorkerPool:
     def fill(self, st: WorkerState) -> list[LiveCall]:
         """Pop calls for a worker while it can take them; mark them in flight."""
         out: list[LiveCall] = []
-        if not st.up:
+        if not st.eligible:
             return out
         w = st.ep.index
         while self.can_send(st):
@@ -279,6 +421,9 @@ class WorkerPool:
                 break
             assert isinstance(c, LiveCall)
             c.sent_at = now
+            c.worker_name = st.ep.name
+            if self.sent_log is not None:
+                self.sent_log.append((now, st.ep.name))
             if c.key:
                 # vLLM's priority (lower runs sooner): the queue key in ms since the pool started, so a
                 # worker run with --scheduling-policy priority orders its own waiting queue the same way.
@@ -303,26 +448,36 @@ class WorkerPool:
         except asyncio.CancelledError:
             st.inflight.discard(call)
             self.scheduler.on_fail(call, self.clock())
+            if call.requeue and self._running:
+                # The worker was removed with this call still running: run it elsewhere, lose nothing.
+                call.requeue = False
+                call.attempts -= 1
+                self.metrics.retry(st.ep.name)
+                self._after_call(st)
+                self.submit(call)
+                return
             self._resolve_error(call, CallFailed("the call was cancelled", status=503))
-            st.kick.set()
+            self._after_call(st)
             raise
         except WorkerError as exc:
             st.inflight.discard(call)
             self.scheduler.on_fail(call, self.clock())
             self._worker_failed(st, call, str(exc), refused=exc.refused)
+            self._after_call(st)
             return
         except CallFailed as exc:
             st.inflight.discard(call)
             self.scheduler.on_fail(call, self.clock())
             self.metrics.call_failure(st.ep.name, "rejected")
             self._resolve_error(call, exc)
-            st.kick.set()
+            self._after_call(st)
             return
         except Exception as exc:  # a bug or an unexpected transport error: never lose the call
             log.exception("call %s on %s failed unexpectedly", call.id, st.ep.name)
             st.inflight.discard(call)
             self.scheduler.on_fail(call, self.clock())
             self._worker_failed(st, call, f"unexpected error: {exc!r}", refused=False)
+            self._after_call(st)
             return
         now = self.clock()
         st.inflight.discard(call)
@@ -333,7 +488,15 @@ class WorkerPool:
         st.sent += 1
         self.metrics.call_done(st.ep.name, call.kind, now - call.ready_at, observed, predicted)
         self._deliver(call, result)
-        st.kick.set()
+        self._after_call(st)
+
+    def _after_call(self, st: WorkerState) -> None:
+        """A call left the worker: refill it, or finish its removal once nothing is in flight."""
+        if st.removing:
+            if not st.inflight:
+                self._finish_removal(st)
+        else:
+            st.kick.set()
 
     def _resolve_error(self, call: LiveCall, exc: CallFailed) -> None:
         self._deliver(call, exc)
@@ -355,8 +518,6 @@ class WorkerPool:
         log.warning("call %s failed on worker %s (attempt %d): %s", call.id, st.ep.name, call.attempts, reason)
         if refused or st.failures >= self.failures_to_down:
             self.mark_down(st, reason)
-        else:
-            st.kick.set()
         if call.streamed:
             self._resolve_error(call, CallFailed(f"worker {st.ep.name} failed mid-stream: {reason}", 502))
         elif call.attempts >= self.max_attempts:
@@ -371,13 +532,10 @@ class WorkerPool:
         """Take a worker out of dispatch and re-dispatch its queue (in-flight calls finish or fail)."""
         if not st.up:
             return
-        log.error("worker %s marked down: %s", st.ep.name, reason)
+        if not st.removing:
+            log.error("worker %s marked down: %s", st.ep.name, reason)
         st.up = False
-        self.metrics.worker_up(st.ep.name, False)
-        self.scheduler.set_eligible(st.ep.index, False)
-        for c in self.scheduler.drain_worker(st.ep.index):
-            assert isinstance(c, LiveCall)
-            self.submit(c)
+        self._sync(st)
 
     def mark_up(self, st: WorkerState) -> None:
         """Put a worker back into dispatch and re-dispatch parked calls."""
@@ -386,13 +544,7 @@ class WorkerPool:
             return
         log.warning("worker %s is up again", st.ep.name)
         st.up = True
-        self.metrics.worker_up(st.ep.name, True)
-        self.scheduler.set_eligible(st.ep.index, True)
-        parked = list(self.parked)
-        self.parked.clear()
-        for c in parked:
-            self.submit(c)
-        st.kick.set()
+        self._sync(st)
 
     def expire_parked(self) -> None:
         """Fail parked calls that waited longer than ``parked_timeout_s`` for a healthy worker."""
@@ -438,7 +590,7 @@ class WorkerPool:
                 if initial or st.failures >= self.failures_to_down:
                     self.mark_down(st, "health probe failed")
 
-        await asyncio.gather(*(one(st) for st in self.workers))
+        await asyncio.gather(*(one(st) for st in self.workers if not st.removing))
         self.expire_parked()
 
     async def _scrape_loop(self) -> None:
@@ -490,6 +642,8 @@ class WorkerPool:
                     "url": st.ep.url,
                     "model": st.ep.served_model,
                     "up": st.up,
+                    "ready": st.ready,
+                    "removing": st.removing,
                     "capacity": st.ep.capacity,
                     "queued": self.scheduler.queue_len(w),
                     "inflight": self.scheduler.inflight(w),

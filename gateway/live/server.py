@@ -15,7 +15,9 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from gateway.errors import ConfigError
 from gateway.live.app import create_app
+from gateway.live.discovery import default_api_url
 from gateway.live.service import Gateway
 from gateway.live.settings import LoadedConfig, load_gateway_config
 from gateway.live.tenants import TenantStore
@@ -29,6 +31,14 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
     """The ASGI app for a loaded config (tenants are loaded now, so a bad file fails before serving)."""
     tenants = TenantStore.load(loaded.tenants_path)
     cfg = loaded.cfg
+    kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
+    if kube is not None and kube.api_url is None and default_api_url() is None:
+        raise ConfigError(
+            str(loaded.path),
+            "discovery.kubernetes.api_url",
+            "not set, and KUBERNETES_SERVICE_HOST is not in the environment (the gateway is not in a pod): "
+            "give the API server's URL",
+        )
     db_path = loaded.databases_path
     databases_file = load_databases(db_path) if db_path is not None else None  # a bad file fails now
 

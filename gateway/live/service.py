@@ -23,6 +23,7 @@ from typing import Any
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, OnlineWorkflow, WorkflowTemplate
+from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import CallFailed, CallResult, Clock, LiveCall, Transport, WorkerEndpoint, WorkerPool
 from gateway.live.settings import LoadedConfig
@@ -102,6 +103,7 @@ class Gateway:
         transport: how to reach workers.
         clock: the scheduling clock (``time.monotonic``; a fake one in parity tests).
         background: start health, scrape, tenants and tuning tasks (tests may turn them off).
+        kube_api: the Kubernetes API client for discovery (default: from the config; tests pass a fake's).
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class Gateway:
         *,
         clock: Clock = time.monotonic,
         background: bool = True,
+        kube_api: KubeApi | None = None,
     ) -> None:
         cfg = loaded.cfg
         self.loaded = loaded
@@ -139,7 +142,22 @@ class Gateway:
             parked_timeout_s=cfg.limits.parked_timeout_s,
             health_period_s=cfg.health.period_s if background else 0.0,
             scrape_period_s=cfg.scrape.period_s if background else 0.0,
+            remove_grace_s=cfg.discovery.remove_grace_s if cfg.discovery is not None else 120.0,
         )
+        for st, rw in zip(self.pool.workers, loaded.resolved, strict=True):
+            st.gpu, st.model = rw.gpu, rw.model
+        self.discovery: KubernetesDiscovery | None = None
+        kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
+        if kube is not None:
+            self.discovery = KubernetesDiscovery(
+                kube,
+                self.pool,
+                loaded.catalog,
+                time_scale=cfg.time_scale,
+                default_model=loaded.default_model,
+                metrics=self.metrics,
+                api=kube_api,
+            )
         self.recorder = WindowRecorder(cfg.tuning.window_s, cfg.tuning.max_window_workflows)
         self.tuner = AlphaTuner(self, cfg.tuning) if background and cfg.tuning.enabled else None
         self.background = background
@@ -160,8 +178,16 @@ class Gateway:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Start the pool and the background tasks; probe workers once so readiness is known."""
+        """Start the pool and the background tasks; probe workers once so readiness is known.
+
+        With discovery, the first list of the pods is awaited (up to its timeout) so the gateway starts
+        with its workers; if the API does not answer, it starts without them and keeps trying.
+        """
         await self.pool.start()
+        if self.discovery is not None:
+            self._tasks.append(asyncio.create_task(self.discovery.run(self._stop), name="discovery"))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.discovery.synced.wait(), self.discovery.cfg.timeout_s)
         if self.background:
             await self.pool.check_health(initial=True)
             self._tasks.append(asyncio.create_task(self._tenants_loop(), name="tenants-watch"))
@@ -191,6 +217,8 @@ class Gateway:
         self._tasks.clear()
         if self.tuner is not None:
             self.tuner.close()
+        if self.discovery is not None:
+            await self.discovery.close()
         await self.pool.stop()
 
     async def _tenants_loop(self) -> None:
@@ -218,7 +246,7 @@ class Gateway:
             raise Rejected("the gateway is shutting down", 503, 5)
         if self.pool.healthy == 0:
             raise Rejected("no healthy worker", 503, max(1, round(self.cfg.health.period_s)))
-        queued = sum(self.scheduler.queue_len(i) for i in range(len(self.scheduler.workers)))
+        queued = sum(self.scheduler.queue_len(i) for i in self.scheduler.members())
         if queued + n_calls > lim.max_queued_calls:
             raise Rejected(f"the gateway's queues are full ({queued} calls waiting)", 429, 2)
         if self.active_total >= lim.max_active_workflows:
@@ -330,8 +358,8 @@ class Gateway:
     def _record(self, rec: CallRecord, call: LiveCall, outcome: CallResult | CallFailed) -> None:
         """Fill a call's record (worker, queue and run time, attempts) when it returns or fails for good."""
         now = self.clock()
-        if call.worker >= 0:
-            rec.worker = self.scheduler.workers[call.worker].name
+        if call.worker_name:
+            rec.worker = call.worker_name
         rec.queued_s = max((call.sent_at or now) - call.ready_at, 0.0)
         rec.run_s = max(now - call.sent_at, 0.0) if call.sent_at else 0.0
         rec.attempts = call.attempts + (1 if isinstance(outcome, CallResult) else 0)
@@ -432,9 +460,10 @@ class Gateway:
 
     def refresh_gauges(self) -> None:
         """Point-in-time gauges, before a scrape of ``/metrics``."""
-        for i, w in enumerate(self.scheduler.workers):
-            self.metrics.queue_depth.labels(worker=w.name).set(self.scheduler.queue_len(i))
-            self.metrics.inflight.labels(worker=w.name).set(self.scheduler.inflight(i))
+        for st in self.pool.workers:
+            i = st.ep.index
+            self.metrics.queue_depth.labels(worker=st.ep.name).set(self.scheduler.queue_len(i))
+            self.metrics.inflight.labels(worker=st.ep.name).set(self.scheduler.inflight(i))
         self.metrics.parked.set(len(self.pool.parked))
 
     def status(self) -> dict[str, Any]:
@@ -449,5 +478,6 @@ class Gateway:
             "parked_calls": len(self.pool.parked),
             "tenants": {"generation": self.tenants.generation, "last_error": self.tenants.last_error},
             "tuning": None if self.tuner is None else self.tuner.status(),
+            "discovery": None if self.discovery is None else self.discovery.status(),
             "workers": self.pool.status(),
         }

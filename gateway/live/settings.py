@@ -3,7 +3,8 @@
     hexflow serve --config config/gateway.yaml
 
 Relative paths in the file (``tenants_file``) are resolved against the file's own folder. Every
-section has production defaults; only ``cluster`` (the workers, each with a ``url``) is required.
+section has production defaults; the workers come from ``cluster`` (each with a ``url``), from
+``discovery`` (Kubernetes pods selected by label), or both.
 """
 
 from __future__ import annotations
@@ -108,10 +109,78 @@ class Text2SqlConfig(_Strict):
     schema_max_chars: int = Field(24_000, ge=1000, description="Serialised schema longer than this is cut.")
 
 
+class KubernetesDiscoveryConfig(_Strict):
+    """Workers taken from Kubernetes pods selected by label (list + watch of the pods API).
+
+    A pod becomes a worker when it matches ``label_selector``, is Running with an IP and its ``Ready``
+    condition is true. Its GPU type is the value of the ``gpu_label`` label (a key of the GPU catalogue),
+    its model profile the ``model_annotation`` (default: ``default_model``), its in-flight limit the
+    ``capacity_annotation`` (default: ``default_capacity``), its port the ``port_annotation``, else the
+    container port named ``http``, else ``default_port``. A pod that turns unready (or starts
+    terminating) gets no new calls; a pod that is gone is removed once its in-flight calls return.
+    """
+
+    namespace: str | None = Field(
+        None, description="Namespace of the worker pods (default: the gateway's own, from its service account)."
+    )
+    label_selector: str = Field(
+        "hexflow.io/role=worker", min_length=1, description="Label selector of the worker pods."
+    )
+    period_s: PosFloat = Field(
+        10.0,
+        description="Discovery period: the pods are listed again at least this often (watch mode), or "
+        "exactly this often (poll mode); changes take effect within it.",
+    )
+    watch: bool = Field(True, description="Follow changes with a watch between lists (else poll every period_s).")
+    api_url: str | None = Field(
+        None,
+        pattern=r"^https?://\S+$",
+        description="API server URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).",
+    )
+    token_file: str = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        description="Bearer token file (re-read on every request: projected tokens rotate). Missing: no auth.",
+    )
+    ca_file: str | None = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+        description="CA bundle of the API server (missing file: the system's CAs).",
+    )
+    timeout_s: PosFloat = Field(10.0, description="Timeout of one list request (and of connecting).")
+    gpu_label: str = Field("hexflow.io/gpu", min_length=1, description="Pod label holding the GPU type.")
+    model_annotation: str = Field(
+        "hexflow.io/model", min_length=1, description="Pod annotation (or label) holding the model profile."
+    )
+    served_model_annotation: str = Field(
+        "hexflow.io/served-model",
+        min_length=1,
+        description="Pod annotation with the model name the worker serves (default: the model profile's name).",
+    )
+    capacity_annotation: str = Field(
+        "hexflow.io/capacity", min_length=1, description="Pod annotation (or label) with the in-flight limit."
+    )
+    port_annotation: str = Field("hexflow.io/port", min_length=1, description="Pod annotation with the HTTP port.")
+    default_model: str | None = Field(None, description="Model profile when a pod names none (default: cluster's).")
+    default_capacity: int = Field(8, ge=1, le=1024, description="In-flight limit when a pod names none.")
+    default_port: int = Field(8000, ge=1, le=65535, description="Port when a pod names none.")
+
+
+class DiscoveryConfig(_Strict):
+    """Where workers are discovered at run time (in addition to ``cluster.workers``)."""
+
+    kubernetes: KubernetesDiscoveryConfig | None = Field(None, description="Discover workers from Kubernetes pods.")
+    remove_grace_s: PosFloat = Field(
+        120.0,
+        description="A removed worker's calls still running after this are re-dispatched to other workers.",
+    )
+
+
 class GatewayConfig(_Strict):
     """The whole gateway configuration file."""
 
-    cluster: ClusterConfig = Field(description="The workers (each with a url), as in config/clusters/*.yaml.")
+    cluster: ClusterConfig | None = Field(
+        None, description="Static workers (each with a url), as in config/clusters/*.yaml; optional with discovery."
+    )
+    discovery: DiscoveryConfig | None = Field(None, description="Workers discovered at run time (Kubernetes).")
     policy: str = Field("hexgen", description="Scheduling policy (hexgen, rr-fcfs, lw-fcfs, ...).")
     alpha: Alpha | None = Field(None, description="Starting alpha (default: the policy's).")
     seed: int = Field(0, description="Seed of the scheduler's RNG (p2c) and of the tuner.")
@@ -145,7 +214,9 @@ class GatewayConfig(_Strict):
 
     @model_validator(mode="after")
     def _urls(self) -> GatewayConfig:
-        for i, w in enumerate(self.cluster.workers):
+        if self.cluster is None and (self.discovery is None or self.discovery.kubernetes is None):
+            raise FieldError("cluster", "no workers: give cluster.workers, discovery.kubernetes, or both")
+        for i, w in enumerate(self.cluster.workers if self.cluster is not None else []):
             if w.url is None:
                 raise FieldError(f"cluster.workers.{i}.url", "every live worker needs a url (http://host:port)")
         return self
@@ -157,14 +228,25 @@ class LoadedConfig:
     def __init__(self, cfg: GatewayConfig, base_dir: Path, catalog: GpuCatalog) -> None:
         self.cfg = cfg
         self.base_dir = base_dir
+        self.path = base_dir / "gateway.yaml"
         self.catalog = catalog
-        self.resolved = cfg.cluster.expanded()
+        self.resolved = cfg.cluster.expanded() if cfg.cluster is not None else []
         self.workers: list[WorkerInfo] = [
             WorkerInfo(
                 name=w.name, profile=time_scaled(catalog.profile(w.gpu, w.model), cfg.time_scale), capacity=w.capacity
             )
             for w in self.resolved
         ]
+
+    @property
+    def default_model(self) -> str:
+        """Model profile of a discovered pod that names none."""
+        kube = self.cfg.discovery.kubernetes if self.cfg.discovery is not None else None
+        if kube is not None and kube.default_model is not None:
+            return kube.default_model
+        if self.cfg.cluster is not None:
+            return self.cfg.cluster.model
+        return str(ClusterConfig.model_fields["model"].default)
 
     @property
     def databases_path(self) -> Path | None:
@@ -195,8 +277,17 @@ def load_gateway_config(path: Path | str, *, time_scale: float | None = None) ->
         catalog_path = p if p.is_absolute() else path.parent / p
     catalog = load_gpu_catalog(catalog_path)
     cfg = load_yaml_model(path, GatewayConfig, context={"catalog": catalog})
+    kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
+    if kube is not None and kube.default_model is not None and kube.default_model not in catalog.models:
+        raise ConfigError(
+            str(path),
+            "discovery.kubernetes.default_model",
+            f"unknown model {kube.default_model!r}; known: {', '.join(sorted(catalog.models))}",
+        )
     if time_scale is not None:
         if not time_scale > 0:
             raise ConfigError(str(path), "time_scale", f"must be positive, got {time_scale}")
         cfg = cfg.model_copy(update={"time_scale": time_scale})
-    return LoadedConfig(cfg, path.parent, catalog)
+    loaded = LoadedConfig(cfg, path.parent, catalog)
+    loaded.path = path
+    return loaded

@@ -152,6 +152,9 @@ class AlphaTuner:
         entries = gw.recorder.snapshot(gw.clock())
         if len(entries) < self.cfg.min_workflows:
             return self._count("skipped", {"reason": f"{len(entries)} workflows in the window"})
+        workers = [gw.scheduler.workers[i] for i in gw.scheduler.members()]
+        if not workers:
+            return self._count("skipped", {"reason": "no workers"})
         current = gw.scheduler.alpha
         grid = list(self.cfg.grid) if self.cfg.grid else []
         loop = asyncio.get_running_loop()
@@ -159,7 +162,7 @@ class AlphaTuner:
             out = await loop.run_in_executor(
                 self._pool(),
                 tune_window,
-                gw.loaded.workers,
+                workers,
                 gw.scheduler.policy.name,
                 entries,
                 grid,

@@ -125,6 +125,8 @@ def gateway_metric_names() -> frozenset[str]:
     m.tenant_reloads.labels(result="failed").inc()
     m.parked.set(0)
     m.active.set(1)
+    m.discovery_pods.labels(state="ready").set(2)
+    m.discovery_errors.inc()
     names = _sample_names(m.render().decode())
     # Every metric of the module docstring's table has samples (else the calls above missed one).
     table = re.findall(r"^\| (hexflow_\w+) \|", metrics_module.__doc__ or "", flags=re.MULTILINE)

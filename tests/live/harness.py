@@ -26,9 +26,17 @@ BATCH_KEY = "demo-batch-key"
 
 @contextlib.asynccontextmanager
 async def emulators(
-    gpus: Sequence[str], *, time_scale: float = 0.02, responder: Responder | None = None, **kw: Any
+    gpus: Sequence[str],
+    *,
+    time_scale: float = 0.02,
+    responder: Responder | None = None,
+    force_exit: bool = False,
+    **kw: Any,
 ) -> AsyncIterator[list[str]]:
-    """Start one emulated worker per GPU name on loopback ports in this event loop; yield their URLs."""
+    """Start one emulated worker per GPU name on loopback ports in this event loop; yield their URLs.
+
+    ``force_exit``: at the end, do not wait for requests still running (a test that abandoned one).
+    """
     catalog = load_gpu_catalog()
     servers: list[uvicorn.Server] = []
     tasks: list[asyncio.Task[None]] = []
@@ -56,6 +64,7 @@ async def emulators(
     finally:
         for s in servers:
             s.should_exit = True
+            s.force_exit = force_exit
         await asyncio.gather(*tasks, return_exceptions=True)
 
 

@@ -1,0 +1,491 @@
+"""Worker discovery from Kubernetes: the gateway's worker list follows pods selected by label.
+
+The discovery task lists the worker pods (``GET /api/v1/namespaces/{ns}/pods?labelSelector=...``) and
+then watches them from the list's ``resourceVersion``; every event updates its copy of the pods and
+reconciles the pool with it. It lists again every ``period_s`` (a watch can miss nothing that a fresh
+list does not correct), at once when the watch says its version expired (``410 Gone``), and after an
+error with a back-off of one period. With ``watch: false`` it only lists, every ``period_s``.
+
+Reconciling (``KubernetesDiscovery.reconcile``), for the pods this task manages:
+    pod Running, with an IP, ``Ready``, not terminating  -> a worker; added if new (``WorkerPool.add_worker``)
+    pod unready or terminating                           -> no new calls; queue re-dispatched
+                                                            (``WorkerPool.set_ready(False)``), in-flight calls finish
+    pod gone, or its address, GPU or model changed       -> removed (``WorkerPool.remove_worker``): no new calls,
+                                                            freed after its last in-flight call; a changed pod
+                                                            joins again under its name once the old one is gone
+    capacity annotation changed                          -> the in-flight limit changes in place
+
+A pod that has never been ready is not added (it joins when ready). A pod whose labels name an unknown
+GPU or model, or whose capacity or port annotation is not a number, is skipped and counted as
+``invalid`` (``hexflow_discovery_pods``), with one warning per pod and problem. Workers listed in
+``cluster.workers`` are never touched; a pod with the same name as one of them is skipped.
+
+The API client is a small aiohttp client of the two calls it needs, authenticated with the pod's
+service-account token (re-read on every request, since projected tokens rotate) and the cluster CA.
+The RBAC it needs: ``get``, ``list``, ``watch`` on ``pods`` in the namespace (``deploy/k8s/base/rbac.yaml``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from gateway.config import GpuCatalog
+from gateway.core.profile import time_scaled
+from gateway.core.scheduler import WorkerInfo
+from gateway.errors import UnknownNameError
+from gateway.live.metrics import GatewayMetrics
+from gateway.live.pool import WorkerEndpoint, WorkerPool
+from gateway.live.settings import KubernetesDiscoveryConfig
+
+log = logging.getLogger("hexflow.discovery")
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+POD_STATES = ("ready", "unready", "pending", "invalid")
+_MAX_LINE = 4 << 20  # one watch event (a pod object) is a few KiB; refuse absurd ones
+
+
+class KubeApiError(Exception):
+    """The API server refused or failed a request."""
+
+
+class WatchExpired(KubeApiError):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+class PodError(ValueError):
+    """A selected pod cannot be a worker (unknown GPU, bad annotation)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodWorker:
+    """What a pod says about the worker it runs."""
+
+    name: str
+    url: str
+    gpu: str
+    model: str
+    served_model: str
+    capacity: int
+    ready: bool
+
+    def same_engine(self, ep: WorkerEndpoint, gpu: str, model: str) -> bool:
+        """True when ``ep`` is this pod's engine (same address, GPU and model; capacity may differ)."""
+        return ep.url == self.url and ep.served_model == self.served_model and gpu == self.gpu and model == self.model
+
+
+def _meta(pod: dict[str, Any], key: str) -> dict[str, str]:
+    m = pod.get("metadata") or {}
+    v = m.get(key) or {}
+    return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
+
+
+def _int(value: str, what: str, lo: int, hi: int) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise PodError(f"{what} {value!r} is not an integer") from None
+    if not lo <= n <= hi:
+        raise PodError(f"{what} {n} is outside [{lo}, {hi}]")
+    return n
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """Running, not terminating, and its ``Ready`` condition is true."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running":
+        return False
+    for c in status.get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def pod_worker(pod: dict[str, Any], cfg: KubernetesDiscoveryConfig, default_model: str) -> PodWorker | None:
+    """The worker a pod stands for; None while it has no IP yet; ``PodError`` when it cannot be one."""
+    name = str((pod.get("metadata") or {}).get("name") or "")
+    if not name:
+        raise PodError("the pod has no name")
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    labels, ann = _meta(pod, "labels"), _meta(pod, "annotations")
+    gpu = labels.get(cfg.gpu_label)
+    if not gpu:
+        raise PodError(f"label {cfg.gpu_label} (the GPU type) is missing")
+    model = ann.get(cfg.model_annotation) or labels.get(cfg.model_annotation) or default_model
+    cap_s = ann.get(cfg.capacity_annotation) or labels.get(cfg.capacity_annotation)
+    capacity = cfg.default_capacity if cap_s is None else _int(cap_s, cfg.capacity_annotation, 1, 1024)
+    port_s = ann.get(cfg.port_annotation)
+    if port_s is not None:
+        port = _int(port_s, cfg.port_annotation, 1, 65535)
+    else:
+        port = cfg.default_port
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            for p in (c or {}).get("ports") or []:
+                if isinstance(p, dict) and p.get("name") == "http" and isinstance(p.get("containerPort"), int):
+                    port = p["containerPort"]
+    host = f"[{ip}]" if ":" in str(ip) else str(ip)
+    served = ann.get(cfg.served_model_annotation) or model
+    return PodWorker(name, f"http://{host}:{port}", gpu, model, served, capacity, pod_ready(pod))
+
+
+# ------------------------------------------------------------------------------------------------ client
+
+
+class KubeApi:
+    """The two calls discovery needs: list and watch pods by label in one namespace.
+
+    Args:
+        base_url: the API server (``https://host:port``).
+        namespace: where the pods are.
+        token_file: bearer token, re-read on every request (absent file: no ``Authorization``).
+        ca_file: CA bundle for ``https`` (absent file: the system's CAs).
+        timeout_s: connect timeout, and the read timeout of a list.
+    """
+
+    def __init__(
+        self, base_url: str, namespace: str, *, token_file: str | None, ca_file: str | None, timeout_s: float
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.namespace = namespace
+        self.token_file = token_file
+        self.timeout_s = timeout_s
+        self._ssl: ssl.SSLContext | bool = True
+        if ca_file and Path(ca_file).is_file():
+            self._ssl = ssl.create_default_context(cafile=ca_file)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _headers(self) -> dict[str, str]:
+        h = {"Accept": "application/json"}
+        if self.token_file:
+            with contextlib.suppress(OSError):
+                token = Path(self.token_file).read_text().strip()
+                if token:
+                    h["Authorization"] = f"Bearer {token}"
+        return h
+
+    def _url(self, selector: str, **params: str) -> str:
+        q = "&".join(f"{k}={quote(v, safe='')}" for k, v in {"labelSelector": selector, **params}.items())
+        return f"{self.base_url}/api/v1/namespaces/{quote(self.namespace, safe='')}/pods?{q}"
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=4),
+                read_bufsize=1 << 16,
+                max_line_size=_MAX_LINE,
+                max_field_size=1 << 16,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @staticmethod
+    async def _raise_for(resp: aiohttp.ClientResponse) -> None:
+        if resp.status < 400:
+            return
+        text = (await resp.text())[:500]
+        if resp.status == 410:
+            raise WatchExpired(text)
+        hint = ""
+        if resp.status in (401, 403):
+            hint = " (check the service account and its Role: get/list/watch on pods)"
+        raise KubeApiError(f"HTTP {resp.status} from the Kubernetes API{hint}: {text}")
+
+    async def list_pods(self, selector: str) -> tuple[list[dict[str, Any]], str]:
+        """The selected pods and the list's ``resourceVersion``."""
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.timeout_s)
+        async with self._client().get(self._url(selector), headers=self._headers(), timeout=timeout) as resp:
+            await self._raise_for(resp)
+            body = await resp.json(content_type=None)
+        if not isinstance(body, dict) or not isinstance(body.get("items"), list):
+            raise KubeApiError("the pod list is not a PodList")
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return [p for p in body["items"] if isinstance(p, dict)], rv
+
+    async def watch_pods(
+        self, selector: str, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Watch events ``(type, object)`` after ``resource_version`` for up to ``timeout_s`` seconds."""
+        url = self._url(
+            selector,
+            watch="1",
+            resourceVersion=resource_version,
+            allowWatchBookmarks="true",
+            timeoutSeconds=str(timeout_s),
+        )
+        # The server ends the watch after timeoutSeconds; the read timeout only guards a hung server.
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout_s, sock_read=timeout_s + self.timeout_s)
+        async with self._client().get(url, headers=self._headers(), timeout=timeout) as resp:
+            await self._raise_for(resp)
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line:
+                    continue
+                try:
+                    ev = json.loads(line)
+                except ValueError as exc:
+                    raise KubeApiError(f"a watch event is not JSON: {exc}") from exc
+                if not isinstance(ev, dict) or not isinstance(ev.get("object"), dict):
+                    raise KubeApiError("a watch event has no object")
+                kind, obj = str(ev.get("type")), ev["object"]
+                if kind == "ERROR":
+                    code = obj.get("code")
+                    if code == 410:
+                        raise WatchExpired(str(obj.get("message", "resource version expired")))
+                    raise KubeApiError(f"watch error {code}: {obj.get('message')}")
+                yield kind, obj
+
+
+def default_api_url() -> str | None:
+    """The in-cluster API server URL from the environment Kubernetes gives every pod."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host:
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    return f"https://{host}:{port}"
+
+
+def default_namespace() -> str:
+    """The gateway's own namespace (from its service account), else ``default``."""
+    with contextlib.suppress(OSError):
+        ns = (SA_DIR / "namespace").read_text().strip()
+        if ns:
+            return ns
+    return "default"
+
+
+# ------------------------------------------------------------------------------------------------ discovery
+
+
+class KubernetesDiscovery:
+    """Keeps the pool's discovered workers in step with the selected pods.
+
+    Args:
+        cfg: the ``discovery.kubernetes`` section.
+        pool: the worker pool to add workers to and remove them from.
+        catalog: GPU catalogue (pods' GPU and model names are looked up here).
+        time_scale: multiplies every profile (emulated workers; 1 for real GPUs).
+        default_model: model profile when a pod names none.
+        metrics: the gateway's metrics (pods by state, errors).
+        api: the API client (default: built from ``cfg``; a test may pass its own).
+    """
+
+    def __init__(
+        self,
+        cfg: KubernetesDiscoveryConfig,
+        pool: WorkerPool,
+        catalog: GpuCatalog,
+        *,
+        time_scale: float,
+        default_model: str,
+        metrics: GatewayMetrics,
+        api: KubeApi | None = None,
+    ) -> None:
+        if api is None:
+            base = cfg.api_url or default_api_url()
+            if base is None:
+                raise ValueError(
+                    "discovery.kubernetes.api_url is not set and KUBERNETES_SERVICE_HOST is not in the environment "
+                    "(is the gateway running in a pod?)"
+                )
+            api = KubeApi(
+                base,
+                cfg.namespace or default_namespace(),
+                token_file=cfg.token_file,
+                ca_file=cfg.ca_file,
+                timeout_s=cfg.timeout_s,
+            )
+        self.cfg = cfg
+        self.pool = pool
+        self.catalog = catalog
+        self.time_scale = time_scale
+        self.default_model = default_model
+        self.metrics = metrics
+        self.api = api
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.managed: set[str] = set()
+        self.synced = asyncio.Event()
+        self.last_list_at: float | None = None
+        self.last_error: str | None = None
+        self.lists = 0
+        self.events = 0
+        self._warned: dict[str, str] = {}
+        self._reconciling = False
+        self._again = False
+        self._clock: Callable[[], float] = time.monotonic
+        pool.on_removed = self._on_removed
+
+    # ------------------------------------------------------------------ reconcile
+
+    def _on_removed(self, name: str) -> None:
+        if name in self.managed:
+            self.managed.discard(name)
+            self.reconcile()  # a pod recreated under the same name can join now
+
+    def _warn(self, name: str, problem: str) -> None:
+        if self._warned.get(name) != problem:
+            self._warned[name] = problem
+            log.warning("pod %s is not a usable worker: %s", name, problem)
+
+    def _info(self, pw: PodWorker) -> WorkerInfo:
+        try:
+            profile = self.catalog.profile(pw.gpu, pw.model)
+        except UnknownNameError as exc:
+            raise PodError(str(exc)) from None
+        return WorkerInfo(pw.name, time_scaled(profile, self.time_scale), pw.capacity)
+
+    def reconcile(self) -> None:
+        """Bring the pool's discovered workers in line with ``self.pods``."""
+        if self._reconciling:  # a removal finished inside a reconcile: go round once more
+            self._again = True
+            return
+        self._reconciling = True
+        try:
+            self._again = True
+            while self._again:
+                self._again = False
+                self._reconcile_once()
+        finally:
+            self._reconciling = False
+
+    def _reconcile_once(self) -> None:
+        desired: dict[str, tuple[PodWorker, WorkerInfo]] = {}
+        counts = dict.fromkeys(POD_STATES, 0)
+        for name, pod in self.pods.items():
+            try:
+                pw = pod_worker(pod, self.cfg, self.default_model)
+                if pw is None:
+                    counts["pending"] += 1
+                    continue
+                info = self._info(pw)
+            except PodError as exc:
+                counts["invalid"] += 1
+                self._warn(name, str(exc))
+                continue
+            self._warned.pop(name, None)
+            counts["ready" if pw.ready else "unready"] += 1
+            desired[name] = (pw, info)
+        for state, n in counts.items():
+            self.metrics.discovery_pods.labels(state=state).set(n)
+        for name in sorted(self.managed):
+            st = self.pool.by_name(name)
+            if st is None:
+                self.managed.discard(name)
+                continue
+            if st.removing:
+                continue
+            want = desired.get(name)
+            if want is None or not want[0].same_engine(st.ep, st.gpu, st.model):
+                self.pool.remove_worker(st)
+                continue
+            pw = want[0]
+            self.pool.set_capacity(st, pw.capacity)
+            self.pool.set_ready(st, pw.ready)
+        for name, (pw, info) in desired.items():
+            if name in self.managed or not pw.ready:
+                continue
+            if self.pool.by_name(name) is not None:
+                self._warn(name, "a worker of cluster.workers has the same name")
+                continue
+            ep = WorkerEndpoint(-1, name, pw.url, pw.served_model, pw.capacity)
+            self.pool.add_worker(ep, info, ready=True, gpu=pw.gpu, model=pw.model)
+            self.managed.add(name)
+
+    def _apply_event(self, kind: str, obj: dict[str, Any]) -> str | None:
+        name = (obj.get("metadata") or {}).get("name")
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            return str(rv) if rv else None
+        if not isinstance(name, str):
+            return str(rv) if rv else None
+        self.events += 1
+        if kind == "DELETED":
+            self.pods.pop(name, None)
+        elif kind in ("ADDED", "MODIFIED"):
+            self.pods[name] = obj
+        self.reconcile()
+        return str(rv) if rv else None
+
+    # ------------------------------------------------------------------ loop
+
+    async def sync_once(self) -> str:
+        """List the pods and reconcile; returns the list's resourceVersion."""
+        items, rv = await self.api.list_pods(self.cfg.label_selector)
+        self.pods = {str(p["metadata"]["name"]): p for p in items if isinstance(p.get("metadata"), dict)}
+        self.lists += 1
+        self.last_list_at = self._clock()
+        self.last_error = None
+        self.reconcile()
+        self.synced.set()
+        return rv
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """List, watch and re-list until ``stop`` is set."""
+        period = self.cfg.period_s
+        while not stop.is_set():
+            try:
+                rv = await self.sync_once()
+                if not self.cfg.watch:
+                    await _sleep_or_stop(stop, period)
+                    continue
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + period
+                while not stop.is_set() and (left := deadline - loop.time()) > 0:
+                    async for kind, obj in self.api.watch_pods(self.cfg.label_selector, rv, max(1, round(left))):
+                        rv = self._apply_event(kind, obj) or rv
+                        if loop.time() >= deadline:
+                            break
+            except WatchExpired:
+                log.info("the pods watch expired; listing again")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # API down, bad answer: keep the current workers, retry
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self.metrics.discovery_errors.inc()
+                log.warning("worker discovery failed: %s (retrying in %g s)", self.last_error, period)
+                await _sleep_or_stop(stop, period)
+
+    async def close(self) -> None:
+        """Close the API client."""
+        await self.api.close()
+
+    def status(self) -> dict[str, Any]:
+        """What ``/v1/status`` shows of discovery."""
+        now = self._clock()
+        return {
+            "selector": self.cfg.label_selector,
+            "namespace": self.api.namespace,
+            "pods": len(self.pods),
+            "workers": sorted(self.managed),
+            "lists": self.lists,
+            "events": self.events,
+            "last_list_age_s": None if self.last_list_at is None else round(now - self.last_list_at, 3),
+            "last_error": self.last_error,
+            "invalid": dict(self._warned),
+        }
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
