@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.live.discovery import pod_worker
 from gateway.live.settings import load_gateway_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -252,32 +253,66 @@ def test_rendered_gateway_config_loads(rendered: tuple[str, list[Doc]], tmp_path
     assert loaded.tenants_path == tmp_path / "tenants.yaml"
     assert loaded.cfg.listen.port == 8080
 
-    urls = [w.url for w in loaded.cfg.cluster.workers]
-    hosts = {re.match(r"^http://([^:/]+)", u).group(1) for u in urls}  # type: ignore[union-attr]
-    services = {s["metadata"]["name"] for s in _of_kind(docs, "Service")}
-    for host in hosts:
-        parts = host.split(".")
-        assert parts[-2:] == ["hexflow", "svc"], host
-        # http://<svc>.hexflow.svc or http://<pod>.<headless svc>.hexflow.svc (StatefulSet)
-        assert parts[-3] in services, f"{host}: no Service {parts[-3]}"
+    kube = loaded.cfg.discovery.kubernetes if loaded.cfg.discovery is not None else None
+    assert kube is not None, "the overlays discover their workers from pods"
+    assert loaded.cfg.cluster is None, "no static worker list to keep in step with the replicas"
+    assert kube.api_url is None and kube.token_file.startswith("/var/run/secrets/kubernetes.io/serviceaccount/")
+    assert kube.watch and kube.period_s <= 30
     if name == "emulated":
         assert loaded.cfg.time_scale == 0.05
-        assert len(urls) == 4
+    else:
+        assert loaded.cfg.time_scale == 1.0
 
 
-def test_statefulset_worker_names_exist(rendered: tuple[str, list[Doc]]) -> None:
-    _, docs = rendered
-    cfg = yaml.safe_load(_gateway_yaml(docs))
-    sets = {s["metadata"]["name"]: s for s in _of_kind(docs, "StatefulSet")}
-    for w in cfg["cluster"]["workers"]:
-        host = w["url"].split("//", 1)[1].split(":", 1)[0].split(".")
-        if len(host) == 4:  # <pod>.<svc>.hexflow.svc
-            sts = sets[host[1]]
-            assert sts["spec"]["serviceName"] == host[1]
-            ordinal = int(host[0].rsplit("-", 1)[1])
-            assert host[0] == f"{host[1]}-{ordinal}" and ordinal < sts["spec"]["replicas"], w["url"]
-            svc = _one(docs, "Service", host[1])
-            assert svc["spec"]["clusterIP"] == "None"
+def _selected(selector: str, labels: dict[str, str]) -> bool:
+    for term in selector.split(","):
+        k, v = term.split("=", 1)
+        if labels.get(k) != v:
+            return False
+    return True
+
+
+def test_discovery_finds_every_worker_pod(rendered: tuple[str, list[Doc]], tmp_path: Path) -> None:
+    """Each worker pod template, given an IP, is a worker for the gateway's discovery; nothing else is."""
+    name, docs = rendered
+    raw = yaml.safe_load(_gateway_yaml(docs))
+    raw["tenants_file"] = str(REPO / "config" / "tenants.yaml")
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    loaded = load_gateway_config(path)
+    assert loaded.cfg.discovery is not None and loaded.cfg.discovery.kubernetes is not None
+    kube = loaded.cfg.discovery.kubernetes
+    replicas = 0
+    gpus = set()
+    for d in docs:
+        if d["kind"] not in WORKLOAD_KINDS:
+            continue
+        tmpl = d["spec"]["template"]
+        labels = tmpl["metadata"]["labels"]
+        if d["metadata"]["name"].startswith("hexflow-gateway"):
+            assert not _selected(kube.label_selector, labels), "the gateway must not discover itself"
+            continue
+        assert _selected(kube.label_selector, labels), f"{d['metadata']['name']} is not selected"
+        pod = {
+            "metadata": {"name": f"{d['metadata']['name']}-0", **tmpl["metadata"]},
+            "spec": tmpl["spec"],
+            "status": {"phase": "Running", "podIP": "10.1.2.3", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        pw = pod_worker(pod, kube, loaded.default_model)
+        assert pw is not None and pw.ready
+        (c,) = tmpl["spec"]["containers"]
+        (http,) = [p for p in c["ports"] if p["name"] == "http"]
+        assert pw.url == f"http://10.1.2.3:{http['containerPort']}"
+        loaded.catalog.profile(pw.gpu, pw.model)  # a known GPU/model pair: raises otherwise
+        assert c["readinessProbe"]["httpGet"]["port"] in ("http", http["containerPort"]), "Ready means serving"
+        served = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--served-model-name=")]
+        if served:
+            assert served == [pw.served_model], "requests name the model the engine serves"
+        replicas += d["spec"].get("replicas", 1)
+        gpus.add(pw.gpu)
+    assert replicas >= 3 and len(gpus) >= 2, "a mixed cluster"
+    if name == "emulated":
+        assert sorted(gpus) == ["A100", "A6000", "L40S"] and replicas == 4
 
 
 def test_rbac_read_only_discovery(rendered: tuple[str, list[Doc]]) -> None:
@@ -286,7 +321,7 @@ def test_rbac_read_only_discovery(rendered: tuple[str, list[Doc]]) -> None:
     (role,) = _of_kind(docs, "Role")
     for rule in role["rules"]:
         assert rule["apiGroups"] == [""]
-        assert set(rule["resources"]) <= {"pods", "endpoints"}
+        assert set(rule["resources"]) == {"pods"}
         assert set(rule["verbs"]) <= {"get", "list", "watch"}
     (binding,) = _of_kind(docs, "RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -314,7 +349,6 @@ def test_everything_in_namespace(rendered: tuple[str, list[Doc]]) -> None:
 def test_workers_carry_discovery_labels(rendered: tuple[str, list[Doc]]) -> None:
     _, docs = rendered
     cfg = yaml.safe_load(_gateway_yaml(docs))
-    gpus_in_cfg = {w["gpu"] for w in cfg["cluster"]["workers"]}
     seen = set()
     for d in docs:
         if d["kind"] not in WORKLOAD_KINDS or d["metadata"]["name"].startswith("hexflow-gateway"):
@@ -323,11 +357,11 @@ def test_workers_carry_discovery_labels(rendered: tuple[str, list[Doc]]) -> None
         assert meta["labels"]["hexflow.io/role"] == "worker"
         seen.add(meta["labels"]["hexflow.io/gpu"])
         assert int(meta["annotations"]["hexflow.io/capacity"]) >= 1
-        assert meta["annotations"]["hexflow.io/model"] == cfg["cluster"]["model"]
+        assert meta["annotations"]["hexflow.io/model"] == cfg["discovery"]["kubernetes"]["default_model"]
         (c,) = d["spec"]["template"]["spec"]["containers"]
         assert "priority" in " ".join(c["args"]), "workers must schedule by priority"
         assert c["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert seen == gpus_in_cfg
+    assert len(seen) >= 2
 
 
 def test_gpu_workers_request_gpus() -> None:
