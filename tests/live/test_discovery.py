@@ -226,20 +226,25 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
             # A pod added: a worker within two periods, and it takes calls.
             t0 = pool.clock()
             kube.add(make_pod("w-c", urls[2], "L40S", capacity=2))
-            took = await until(lambda: (st := pool.by_name("w-c")) is not None and st.eligible, 2 * period, "add")
+            t_add = await until(lambda: (st := pool.by_name("w-c")) is not None and st.eligible, 2 * period, "add")
             assert pool.by_name("w-c").ep.capacity == 2  # type: ignore[union-attr]
             await until(lambda: sends(pool, "w-c", t0), 10, "calls reach the added worker")
 
             # A pod made unready: drained (no new calls, queue re-dispatched) within two periods.
             kube.ready("w-b", False)
-            took = max(took, await until(lambda: not pool.by_name("w-b").eligible, 2 * period, "unready"))  # type: ignore[union-attr]
+            t_drain = await until(lambda: not pool.by_name("w-b").eligible, 2 * period, "unready")  # type: ignore[union-attr]
             t_unready = changes.at("w-b", "unready")
             await until(lambda: not pool.by_name("w-b").inflight, 10, "in-flight calls of w-b finish")  # type: ignore[union-attr]
             assert gw.scheduler.queue_len(pool.by_name("w-b").ep.index) == 0  # type: ignore[union-attr]
 
             # A pod deleted: removed within two periods (after its in-flight calls returned).
             kube.delete("w-a")
-            took = max(took, await until(lambda: pool.by_name("w-a") is None, 2 * period, "removal"))
+            t_gone = await until(lambda: pool.by_name("w-a") is None, 2 * period, "removal")
+            took = max(t_add, t_drain, t_gone)
+            print(
+                f"discovery ({'watch' if watch else 'poll'}, period {period} s): added {t_add:.3f} s, "
+                f"drained {t_drain:.3f} s, removed {t_gone:.3f} s after the API change"
+            )
             t_removed = changes.at("w-a", "removed")
 
             # Back to ready: calls again.
