@@ -48,7 +48,7 @@ class LimitsConfig(_Strict):
 
 
 class TimeoutsConfig(_Strict):
-    """HTTP client settings for talking to workers (one shared ``httpx.AsyncClient``)."""
+    """HTTP client settings for talking to workers (one shared aiohttp session)."""
 
     connect_s: PosFloat = Field(2.0, description="TCP connect timeout.")
     call_s: PosFloat = Field(900.0, description="Longest an LLM call may take on a worker (read timeout).")
