@@ -186,6 +186,8 @@ def test_rule_groups_and_alerts() -> None:
         "HexflowQueueGrowing",
         "HexflowNoHealthyWorker",
         "HexflowTenantReloadFailing",
+        "HexflowDiscoveryFailing",
+        "HexflowDiscoveryInvalidPods",
     ):
         assert name in alerts
         assert alerts[name]["labels"]["severity"] in ("page", "ticket")
