@@ -34,7 +34,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,7 +224,7 @@ class KubeApi:
 
     async def watch_pods(
         self, selector: str, resource_version: str, timeout_s: int
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]]]:
         """Watch events ``(type, object)`` after ``resource_version`` for up to ``timeout_s`` seconds."""
         url = self._url(
             selector,
@@ -386,6 +386,8 @@ class KubernetesDiscovery:
             self._warned.pop(name, None)
             counts["ready" if pw.ready else "unready"] += 1
             desired[name] = (pw, info)
+        for gone in self._warned.keys() - self.pods.keys():
+            del self._warned[gone]
         for state, n in counts.items():
             self.metrics.discovery_pods.labels(state=state).set(n)
         for name in sorted(self.managed):
@@ -452,10 +454,12 @@ class KubernetesDiscovery:
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + period
                 while not stop.is_set() and (left := deadline - loop.time()) > 0:
-                    async for kind, obj in self.api.watch_pods(self.cfg.label_selector, rv, max(1, round(left))):
-                        rv = self._apply_event(kind, obj) or rv
-                        if loop.time() >= deadline:
-                            break
+                    events = self.api.watch_pods(self.cfg.label_selector, rv, max(1, round(left)))
+                    async with contextlib.aclosing(events):  # leaving early closes the watch's connection
+                        async for kind, obj in events:
+                            rv = self._apply_event(kind, obj) or rv
+                            if loop.time() >= deadline:
+                                break
             except WatchExpired:
                 log.info("the pods watch expired; listing again")
             except asyncio.CancelledError:
