@@ -311,6 +311,8 @@ def test_discovery_finds_every_worker_pod(rendered: tuple[str, list[Doc]], tmp_p
         replicas += d["spec"].get("replicas", 1)
         gpus.add(pw.gpu)
     assert replicas >= 3 and len(gpus) >= 2, "a mixed cluster"
+    gw_spec = _gateway(docs)["spec"]["template"]["spec"]
+    assert gw_spec.get("automountServiceAccountToken", True), "discovery authenticates with the pod's token"
     if name == "emulated":
         assert sorted(gpus) == ["A100", "A6000", "L40S"] and replicas == 4
 
