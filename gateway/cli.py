@@ -12,8 +12,8 @@
     hexflow tenants hash-key KEY   the SHA-256 hash that config/tenants.yaml stores for an API key
     hexflow demo       the main job: demo questions through /v1/text2sql on an emulated cluster
     hexflow eval       execution accuracy of a running gateway on a Spider-format dataset (/v1/text2sql)
-    hexflow databases  the databases file (for hexflow serve) of a Spider-format dataset
-    hexflow answers    scripted answers of a Spider-format dataset (for hexflow emulate-cluster --answers)
+    hexflow databases  the databases file (for hexflow serve) of a Spider-format dataset or of the demo database
+    hexflow answers    scripted answers of a Spider-format dataset or of the demo questions (emulate --answers)
 
 Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
 with one line naming the file and field, and exit status 2; never a traceback.
@@ -615,21 +615,34 @@ def _add_eval_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("databases", help="write the databases file of a Spider-format dataset (for hexflow serve)")
+    p = sub.add_parser(
+        "databases",
+        help="write the databases file (for hexflow serve) of a Spider-format dataset or of the demo database",
+    )
     p.add_argument("--spider", default=None, help="dataset folder with database/<db_id>/<db_id>.sqlite")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="instead of --spider: the demo database (demo_retail.sqlite, as hexflow demo writes it) next to --out",
+    )
     p.add_argument("--out", default=None, help="the databases YAML to write")
     p.add_argument("--statement-timeout-s", default="5", help="per-query time limit of each database")
     p.add_argument("--max-rows", default=None, help="row cap of each result (default 1000; raise it for evaluation)")
+    p.add_argument("--seed", default=None, help="--demo only: seed of the demo data (default 0, as hexflow demo)")
     p.set_defaults(func=cmd_databases)
 
     p = sub.add_parser(
-        "answers", help="write scripted answers of a Spider-format dataset (hexflow emulate-cluster --answers)"
+        "answers",
+        help="write scripted answers (hexflow emulate --answers) of a Spider-format dataset or of the demo questions",
     )
     p.add_argument("--spider", default=None, help="dataset folder with dev.json")
+    p.add_argument(
+        "--demo", action="store_true", help="instead of --spider: the demo questions (those hexflow demo asks)"
+    )
     p.add_argument("--out", default=None, help="the answers JSON to write")
     p.add_argument("--wrong-fraction", default="0.25", help="share of questions with a wrong first candidate")
-    p.add_argument("--seed", default="0", help="which questions get a wrong candidate")
-    p.add_argument("--limit", default=None, help="only the first N questions of dev.json")
+    p.add_argument("--seed", default="0", help="which questions get a wrong candidate (--demo: also the data's seed)")
+    p.add_argument("--limit", default=None, help="--spider only: the first N questions of dev.json")
     p.set_defaults(func=cmd_answers)
 
 
@@ -701,13 +714,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_or_spider(args: argparse.Namespace, what: str) -> bool:
+    """True for ``--demo``, False for ``--spider``; a usage error unless exactly one of them is given."""
+    if args.demo and args.spider is not None:
+        raise UsageError("--demo and --spider exclude each other: give one of them")
+    if not args.demo and args.spider is None:
+        raise UsageError(f"give --spider DIR (a Spider-format dataset) or --demo ({what})")
+    return bool(args.demo)
+
+
 def cmd_databases(args: argparse.Namespace) -> int:
-    """Write the databases file of a Spider-format dataset."""
+    """Write the databases file of a Spider-format dataset, or the demo database and its databases file."""
     import yaml
 
+    from gateway.text2sql.demo import write_demo_databases
     from gateway.text2sql.eval_run import write_databases_file
 
-    dataset = _dataset_dir("--spider", args.spider, needs_dev_json=False)
+    demo = _demo_or_spider(args, "the project's demo database")
+    dataset = None if demo else _dataset_dir("--spider", args.spider, needs_dev_json=False)
     timeout = _positive_float_arg("--statement-timeout-s", args.statement_timeout_s)
     if not args.out:
         raise UsageError("--out: give the databases file to write")
@@ -719,6 +743,16 @@ def cmd_databases(args: argparse.Namespace) -> int:
             raise UsageError(f"--max-rows: not an integer: {args.max_rows!r}") from None
         if max_rows < 1:
             raise UsageError("--max-rows must be at least 1")
+    if args.seed is not None and not demo:
+        raise UsageError("--seed: only with --demo (a Spider dataset's databases are files, not generated)")
+    seed = 0 if args.seed is None else _int_arg("--seed", args.seed, minimum=0)
+    if dataset is None:
+        try:
+            out = write_demo_databases(args.out, seed, statement_timeout_s=timeout, max_rows=max_rows)
+        except ValueError as exc:
+            raise UsageError(f"--out: {exc}") from None
+        print(f"wrote {out}: 1 database (demo_retail, {out.parent / 'demo_retail.sqlite'})")
+        return 0
     out = write_databases_file(dataset, args.out, statement_timeout_s=timeout, max_rows=max_rows)
     n = len(yaml.safe_load(out.read_text(encoding="utf-8"))["databases"])
     print(f"wrote {out}: {n} databases")
@@ -726,10 +760,11 @@ def cmd_databases(args: argparse.Namespace) -> int:
 
 
 def cmd_answers(args: argparse.Namespace) -> int:
-    """Write scripted answers (gold SQL, some wrong first candidates) of a Spider-format dataset."""
-    from gateway.text2sql.answers import answers_from_spider, write_answers
+    """Write scripted answers (gold SQL, some wrong first candidates) of a Spider-format dataset or of the demo."""
+    from gateway.text2sql.answers import answers_from_spider, build_demo_answers, write_answers
 
-    dataset = _dataset_dir("--spider", args.spider, needs_dev_json=True)
+    demo = _demo_or_spider(args, "the demo questions")
+    dataset = None if demo else _dataset_dir("--spider", args.spider, needs_dev_json=True)
     try:
         fraction = float(args.wrong_fraction)
     except ValueError:
@@ -737,10 +772,15 @@ def cmd_answers(args: argparse.Namespace) -> int:
     if not 0.0 <= fraction <= 1.0:
         raise UsageError(f"--wrong-fraction: expected a number in [0, 1], got {args.wrong_fraction!r}")
     seed = _int_arg("--seed", args.seed, minimum=0)
+    if demo and args.limit is not None:
+        raise UsageError("--limit: only with --spider (--demo writes every demo question)")
     limit = None if args.limit is None else _int_arg("--limit", args.limit, minimum=1)
     if not args.out:
         raise UsageError("--out: give the answers file to write")
-    answers = answers_from_spider(dataset, wrong_fraction=fraction, seed=seed, limit=limit)
+    if dataset is None:
+        answers = build_demo_answers(seed=seed, wrong_fraction=fraction)
+    else:
+        answers = answers_from_spider(dataset, wrong_fraction=fraction, seed=seed, limit=limit)
     out = write_answers(Path(args.out), answers)
     wrong = sum(1 for e in answers.values() if e.get("wrong"))
     print(f"wrote {out}: {len(answers)} questions, {wrong} with a wrong first candidate")

@@ -25,7 +25,8 @@ cannot) and returns the same rows in both. Gold queries never select a raw DATE 
 drivers return ``datetime.date`` objects where SQLite returns text), and ``ORDER BY ... LIMIT`` queries
 break ties on a key so the answer is unique.
 
-Outputs: ``write_sqlite`` (a database file), ``postgres_script`` (DDL + INSERTs for PostgreSQL 15) and
+Outputs: ``write_sqlite`` (a database file), ``write_demo_databases`` (that file and a gateway databases
+file naming it: ``hexflow databases --demo``), ``postgres_script`` (DDL + INSERTs for PostgreSQL 15) and
 ``write_spider_dataset`` (``dev.json``, ``tables.json`` and ``database/demo_retail/demo_retail.sqlite``,
 the layout of the Spider dev set, so ``hexflow eval --dataset DIR`` runs on it unchanged).
 """
@@ -43,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import yaml
+
 __all__ = [
     "DB_ID",
     "ColumnSpec",
@@ -57,6 +60,7 @@ __all__ = [
     "load_sqlite",
     "postgres_script",
     "spider_tables_entry",
+    "write_demo_databases",
     "write_spider_dataset",
     "write_sqlite",
 ]
@@ -439,6 +443,36 @@ def write_sqlite(path: Path, seed: int = 0) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def write_demo_databases(
+    out_path: Path | str,
+    seed: int = 0,
+    *,
+    statement_timeout_s: float | None = None,
+    max_rows: int | None = None,
+) -> Path:
+    """Write the demo database next to ``out_path`` (``<folder>/demo_retail.sqlite``) and, at ``out_path``, a
+    databases file (``gateway.text2sql.db``) naming it by a path relative to that folder; returns ``out_path``.
+
+    Both are replaced atomically, so writing them again (the same ``seed``: the same data) is harmless
+    while a gateway reads them. The database file is made world-readable (it holds public demo data).
+    ``ValueError`` when ``out_path`` is the database file's own name.
+    """
+    out = Path(out_path)
+    if out.name == f"{DB_ID}.sqlite":
+        raise ValueError(f"{out}: that is where the database goes; name the databases file e.g. databases.yaml")
+    db = write_sqlite(out.parent / f"{DB_ID}.sqlite", seed)
+    db.chmod(0o644)
+    entry: dict[str, object] = {"url": f"sqlite:///{db.name}", "description": "demo retail"}
+    if statement_timeout_s is not None:
+        entry["statement_timeout_s"] = statement_timeout_s
+    if max_rows is not None:
+        entry["max_rows"] = max_rows
+    text = "# The demo database of HexGen-Flow (hexflow databases --demo); the path is relative to this file.\n"
+    text += yaml.safe_dump({"databases": {DB_ID: entry}}, sort_keys=False)
+    _write_text_atomic(out, text)
+    return out
 
 
 def _pg_literal(value: Value) -> str:

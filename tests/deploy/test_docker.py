@@ -5,6 +5,10 @@ PyYAML (profiles applied as Compose applies them). Compose v2 itself (``docker c
 needs no engine) also validates and renders the file, for the default profile, for ``--profile gpu`` and
 for the services the gpu stack is started with, and the normalised JSON it prints is checked. Those tests
 skip without Compose v2 unless ``HEXFLOW_REQUIRE_COMPOSE=1`` (set by .ci/run, which installs the plugin).
+
+The one-shot job demo-data (the demo Text-to-SQL data) is also run here, its paths mapped into a temporary
+folder, and one demo question goes through ``POST /v1/text2sql`` of a gateway configured by
+deploy/compose/gateway.yaml in front of emulated workers started with the compose services' commands.
 """
 
 from __future__ import annotations
@@ -13,21 +17,38 @@ import functools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from gateway.cli import main as hexflow
 from gateway.live.settings import load_gateway_config
+from gateway.live.tenants import TenantStore
+from gateway.text2sql.answers import load_answers
+from gateway.text2sql.db import DatabaseRegistry
+from gateway.text2sql.demo import DB_ID, demo_questions
+from gateway.text2sql.evaluate import execute_sqlite, gold_is_ordered, results_match
+from tests.live.harness import BATCH_KEY, emulators, gateway_client
+from workers.emulator import build_parser as emulator_parser
+from workers.scripted import AnswersResponder
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 WORKERS = ["worker-a100-0", "worker-a100-1", "worker-a6000-0", "worker-l40s-0"]
 VLLM_WORKERS = ["vllm-a100-0", "vllm-a100-1", "vllm-a6000-0", "vllm-l40s-0"]
+DEMO_DATA = "demo-data"
+"""The one-shot job that writes the demo Text-to-SQL data into the volume of the same name (every profile)."""
+DEMO_VOLUME = "demo-data"
+DEMO_WRITER_MOUNT = "/home/hexflow"  # the job's mount: the image user's home, so a new volume is writable by it
+DEMO_READER_MOUNT = "/etc/hexflow/demo"  # the gateways' and emulated workers' read-only mount
+COMPLETED = {"condition": "service_completed_successfully"}
 
 
 # ----------------------------------------------------------------------------------------- Dockerfile
@@ -144,10 +165,10 @@ def test_every_service_has_a_healthcheck(rendered: tuple[tuple[str, ...], dict[s
 
 def test_default_profile_gateway_and_emulated_workers() -> None:
     services = _render_here(())["services"]
-    assert set(services) == {"gateway", *WORKERS, "prometheus", "grafana"}
+    assert set(services) == {DEMO_DATA, "gateway", *WORKERS, "prometheus", "grafana"}
     gw = services["gateway"]
     assert "8080:8080" in gw["ports"]
-    assert {w: {"condition": "service_healthy"} for w in WORKERS} == gw["depends_on"]
+    assert {DEMO_DATA: COMPLETED, **{w: {"condition": "service_healthy"} for w in WORKERS}} == gw["depends_on"]
     assert "./deploy/compose/gateway.yaml:/etc/hexflow/gateway.yaml:ro" in gw["volumes"]
     assert "./config/tenants.yaml:/etc/hexflow/tenants.yaml:ro" in gw["volumes"]
     assert gw["build"]["target"] == "gateway"
@@ -189,7 +210,7 @@ def test_gpu_profile_vllm_workers_reserve_nvidia_gpus() -> None:
         assert not ids & seen, f"{name} shares GPUs with another worker"
         seen |= ids
     gw = services["gateway-gpu"]
-    assert {w: {"condition": "service_healthy"} for w in VLLM_WORKERS} == gw["depends_on"]
+    assert {DEMO_DATA: COMPLETED, **{w: {"condition": "service_healthy"} for w in VLLM_WORKERS}} == gw["depends_on"]
     assert "./deploy/compose/gateway-gpu.yaml:/etc/hexflow/gateway.yaml:ro" in gw["volumes"]
     # Prometheus scrapes worker-*:8000 and gateway:8080 whichever cluster runs.
     aliases = {a for n in [*VLLM_WORKERS, "gateway-gpu"] for a in services[n]["networks"]["default"]["aliases"]}
@@ -198,8 +219,8 @@ def test_gpu_profile_vllm_workers_reserve_nvidia_gpus() -> None:
 
 # ------------------------------------------------------------------- docker-compose, rendered by Compose v2
 PROM_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
-DEFAULT_STACK = {"gateway", *WORKERS, "prometheus", "grafana"}
-GPU_STACK = {"gateway-gpu", *VLLM_WORKERS, "prometheus", "grafana"}
+DEFAULT_STACK = {DEMO_DATA, "gateway", *WORKERS, "prometheus", "grafana"}
+GPU_STACK = {DEMO_DATA, "gateway-gpu", *VLLM_WORKERS, "prometheus", "grafana"}
 # (profiles, services named on the command line, the services Compose renders for them). "gpu-up" is what the
 # documented `docker compose --profile gpu up -d gateway-gpu prometheus grafana` starts: the named services and
 # their dependencies, so neither the emulated workers nor the default gateway, whose host names the vLLM
@@ -302,6 +323,9 @@ def test_compose_v2_every_service_has_a_healthcheck_and_waits_for_healthy(stack:
         assert hc.get("test") and not hc.get("disable"), f"{name} has no healthcheck"
         assert hc["test"][0] in {"CMD", "CMD-SHELL"}, f"{name}: {hc['test']}"
         for dep, spec in (svc.get("depends_on") or {}).items():
+            if dep == DEMO_DATA:  # a one-shot job: it is waited for until it has exited 0, not until healthy
+                assert spec["condition"] == "service_completed_successfully", f"{name} starts before {dep} is done"
+                continue
             assert spec["condition"] == "service_healthy", f"{name} starts before {dep} is healthy"
 
 
@@ -316,9 +340,10 @@ def test_compose_v2_gateway_and_workers(stack: str, gateway: str, workers: list[
     assert gw["build"]["target"] == "gateway"
     assert gw["command"] == ["serve", "--config", "/etc/hexflow/gateway.yaml", "--host", "0.0.0.0", "--port", "8080"]
     assert [(p["target"], str(p["published"])) for p in gw["ports"]] == [(8080, "8080")]
-    assert {dep: spec["condition"] for dep, spec in gw["depends_on"].items()} == dict.fromkeys(
-        workers, "service_healthy"
-    )
+    assert {dep: spec["condition"] for dep, spec in gw["depends_on"].items()} == {
+        DEMO_DATA: "service_completed_successfully",
+        **dict.fromkeys(workers, "service_healthy"),
+    }
     for w in workers:
         cmd = services[w]["command"]
         assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
@@ -426,3 +451,187 @@ def test_compose_gateway_configs_load(name: str, hosts: list[str], time_scale: f
     shutil.copy(ROOT / "config" / "tenants.yaml", tmp_path / "tenants.yaml")
     (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(raw))
     assert load_gateway_config(tmp_path / "gateway.yaml").tenants_path.is_file()
+
+
+# ------------------------------------------------------------- demo data: POST /v1/text2sql on the compose stack
+# The one-shot job demo-data writes the demo database, its databases file and the scripted answers into the
+# volume demo-data; the emulated workers (--answers) and the gateways (databases_file) read them read-only.
+DEMO_FILES = {"databases": "databases.yaml", "answers": "answers.json"}  # subcommand -> file in the volume
+READERS = {(): ["gateway", *WORKERS], ("gpu",): ["gateway", *WORKERS, "gateway-gpu"]}
+
+
+def _short_volume(spec: str) -> tuple[str, str, bool]:
+    """(source, target, read_only) of a short-syntax volume ``SOURCE:TARGET[:MODE]``."""
+    parts = spec.split(":")
+    return parts[0], parts[1], len(parts) > 2 and "ro" in parts[2].split(",")
+
+
+def _demo_mount(svc: dict[str, Any]) -> tuple[str, bool] | None:
+    """(target, read_only) of a service's mount of the volume demo-data (PyYAML rendering), or None."""
+    found = [(t, ro) for src, t, ro in map(_short_volume, svc.get("volumes", [])) if src == DEMO_VOLUME]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def _demo_data_commands(job: dict[str, Any]) -> list[list[str]]:
+    """The command lines of the demo-data job's shell script (``CMD && CMD ...``), in order."""
+    assert job["entrypoint"] == ["sh", "-ec"], job["entrypoint"]
+    (script,) = job["command"]
+    commands: list[list[str]] = [[]]
+    for token in shlex.split(script):
+        if token == "&&":
+            commands.append([])
+        else:
+            assert not set(token) & set(";|&<>`$"), f"the script is plain commands joined by &&: {script!r}"
+            commands[-1].append(token)
+    return commands
+
+
+def _out_files(job: dict[str, Any]) -> dict[str, PurePosixPath]:
+    """``hexflow`` subcommand -> the file it writes, relative to the job's mount of the volume."""
+    out = {}
+    for argv in _demo_data_commands(job):
+        assert argv[:1] == ["hexflow"] and "--demo" in argv and "--spider" not in argv, argv
+        out[argv[1]] = PurePosixPath(argv[argv.index("--out") + 1]).relative_to(DEMO_WRITER_MOUNT)
+    return out
+
+
+def _local(path: str, mount: str, volume: Path) -> Path:
+    """A path inside a container's mount of the volume, as a path in ``volume`` (ValueError when outside)."""
+    return volume.joinpath(*PurePosixPath(path).relative_to(mount).parts)
+
+
+def test_dockerfile_user_owns_the_demo_data_mount() -> None:
+    """A new named volume takes the owner of the folder it is first mounted on: the job mounts the home of the
+    image's user, created by useradd --create-home, so the non-root job can write to it."""
+    final = _final()
+    uid = [args for instr, args in final if instr == "USER"][-1].split(":")[0]
+    (useradd,) = [shlex.split(args) for instr, args in final if instr == "RUN" and "useradd" in args]
+    assert "--create-home" in useradd and useradd[useradd.index("--uid") + 1] == uid
+    assert f"/home/{useradd[-1]}" == DEMO_WRITER_MOUNT
+
+
+@pytest.mark.parametrize("profiles", list(READERS), ids=["default", "gpu"])
+def test_demo_data_job_and_its_readers(profiles: tuple[str, ...]) -> None:
+    doc = _render_here(profiles)
+    services = doc["services"]
+    assert DEMO_VOLUME in doc["volumes"]
+    job = services[DEMO_DATA]
+    assert "profiles" not in job, "every profile's gateway needs the demo data"
+    assert job["build"] == services["gateway"]["build"] and job["image"] == services["gateway"]["image"]
+    assert "user" not in job and job["restart"] == "no"
+    assert _demo_mount(job) == (DEMO_WRITER_MOUNT, False)
+    assert _out_files(job) == {cmd: PurePosixPath(name) for cmd, name in DEMO_FILES.items()}
+    assert "/home/hexflow/answers.json" in " ".join(job["healthcheck"]["test"])
+    mounting = {name for name, svc in services.items() if _demo_mount(svc) is not None}
+    assert mounting == {DEMO_DATA, *READERS[profiles]}
+    for name in READERS[profiles]:
+        svc = services[name]
+        assert _demo_mount(svc) == (DEMO_READER_MOUNT, True), f"{name} mounts the demo data writable"
+        assert svc["depends_on"][DEMO_DATA] == COMPLETED, f"{name} may start before the demo data is written"
+    for w in WORKERS:
+        cmd = services[w]["command"]
+        assert cmd[cmd.index("--answers") + 1] == f"{DEMO_READER_MOUNT}/{DEMO_FILES['answers']}"
+
+
+@pytest.mark.parametrize(
+    ("gateway", "config"), [("gateway", "gateway.yaml"), ("gateway-gpu", "gateway-gpu.yaml")], ids=["default", "gpu"]
+)
+def test_compose_gateway_configs_name_the_demo_databases(gateway: str, config: str) -> None:
+    services = _render_here(("gpu",))["services"]
+    binds = dict(_short_volume(v)[:2] for v in services[gateway]["volumes"])
+    assert binds[f"./deploy/compose/{config}"] == "/etc/hexflow/gateway.yaml"
+    loaded = load_gateway_config(ROOT / "deploy" / "compose" / config)
+    assert loaded.databases_path is not None
+    written = _out_files(services[DEMO_DATA])["databases"]
+    assert loaded.databases_path.as_posix() == f"{DEMO_READER_MOUNT}/{written}", "not the file demo-data writes"
+    # The mounted tenants file lets every tenant query the demo database.
+    tenants_src = next(src for src, dst in binds.items() if dst == loaded.tenants_path.as_posix())
+    store = TenantStore.load(ROOT / tenants_src)
+    assert store.tenants and all(t.allows(DB_ID) for t in store.tenants)
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_compose_v2_demo_data_is_written_before_workers_and_gateways_and_read_only(stack: str) -> None:
+    profiles, named, _ = STACKS[stack]
+    doc = _compose_config(profiles, named)
+    services = doc["services"]
+    assert DEMO_VOLUME in doc["volumes"]
+    job = services[DEMO_DATA]
+    assert job["restart"] == "no" and "user" not in job and job["build"]["target"] == "gateway"
+    mounts = {
+        name: [v for v in svc.get("volumes", []) if v["type"] == "volume" and v["source"] == DEMO_VOLUME]
+        for name, svc in services.items()
+    }
+    assert [(v["target"], bool(v.get("read_only"))) for v in mounts.pop(DEMO_DATA)] == [(DEMO_WRITER_MOUNT, False)]
+    readers = {name for name, m in mounts.items() if m}
+    emulated = {n for n in services if n in WORKERS}
+    gateways = {n for n in services if n in {"gateway", "gateway-gpu"}}
+    assert readers == emulated | gateways
+    for name in readers:
+        assert [(v["target"], v.get("read_only")) for v in mounts[name]] == [(DEMO_READER_MOUNT, True)], name
+        assert services[name]["depends_on"][DEMO_DATA]["condition"] == "service_completed_successfully", name
+    written = _out_files(job)
+    for name in emulated:
+        cmd = services[name]["command"]
+        assert cmd[cmd.index("--answers") + 1] == f"{DEMO_READER_MOUNT}/{written['answers']}"
+
+
+async def test_demo_data_job_run_here_then_one_question_end_to_end(tmp_path: Path) -> None:
+    """The job's commands (paths mapped into a folder standing for the volume) write files that the compose
+    gateway config and the emulated workers' --answers load; one demo question then ends with the gold rows."""
+    services = _render_here(())["services"]
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    commands = [
+        [str(_local(a, DEMO_WRITER_MOUNT, volume)) if a.startswith(f"{DEMO_WRITER_MOUNT}/") else a for a in argv]
+        for argv in _demo_data_commands(services[DEMO_DATA])
+    ]
+    for argv in commands:
+        assert hexflow(argv[1:]) == 0, argv
+    first = {p.name: p.read_bytes() for p in volume.iterdir()}
+    for argv in commands:  # idempotent: a second `up` writes the same files again and exits 0
+        assert hexflow(argv[1:]) == 0, argv
+    assert {p.name: p.read_bytes() for p in volume.iterdir()} == first
+    assert set(first) == {"databases.yaml", "answers.json", f"{DB_ID}.sqlite"}
+
+    # The gateway: deploy/compose/gateway.yaml, its databases_file mapped from the mount into the volume folder.
+    raw = yaml.safe_load((ROOT / "deploy" / "compose" / "gateway.yaml").read_text())
+    databases = _local(raw["databases_file"], DEMO_READER_MOUNT, volume)
+    registry = DatabaseRegistry.from_file(databases)
+    assert registry.ids() == [DB_ID]
+    db_file = registry.config(DB_ID).sqlite_path()
+    assert db_file == (volume / f"{DB_ID}.sqlite").resolve()
+    # The workers: each compose worker's own command line; --answers mapped the same way.
+    workers = raw["cluster"]["workers"]
+    args = [emulator_parser().parse_args(services[urlsplit(w["url"]).hostname]["command"][1:]) for w in workers]
+    assert [a.gpu for a in args] == [w["gpu"] for w in workers]
+    (answers_path,) = {a.answers for a in args}
+    answers = load_answers(_local(answers_path, DEMO_READER_MOUNT, volume))
+    assert len(answers) == len(demo_questions())
+    responder = AnswersResponder(dict(answers))
+
+    q = next(q for q in demo_questions() if str(answers[q.question].get("note", "")).startswith("error"))
+    time_scale = 0.01
+    async with emulators([a.gpu for a in args], time_scale=time_scale, responder=responder) as urls:
+        shutil.copy(ROOT / "config" / "tenants.yaml", tmp_path / "tenants.yaml")
+        raw.update(
+            time_scale=time_scale,
+            tenants_file=str(tmp_path / "tenants.yaml"),
+            databases_file=str(databases),
+            health={"period_s": 0.2, "timeout_s": 1.0, "failures_to_down": 2},
+            scrape={"period_s": 0.2, "timeout_s": 1.0},
+            tuning={"enabled": False},
+        )
+        for w, url in zip(workers, urls, strict=True):
+            w["url"] = url
+        (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(raw))
+        async with gateway_client(tmp_path / "gateway.yaml", key=BATCH_KEY) as (client, _):
+            body = {"question": q.question, "db_id": DB_ID, "evidence": q.evidence}
+            r = await client.post("/v1/text2sql", json={k: v for k, v in body.items() if v is not None})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["status"] == "ok", out
+    assert out["revisions"] == 1  # the scripted wrong first candidate failed and was revised to the gold
+    gold = execute_sqlite(db_file, q.query)
+    assert results_match(gold, out["rows"], ordered=gold_is_ordered(q.query)), (q.query, out["sql"])
