@@ -371,13 +371,24 @@ async def cancel_all(tasks: Iterable[asyncio.Task[httpx.Response]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _finished(text: str) -> float:
+    return sample_value(text, "vllm:request_success_total")  # every finished_reason
+
+
 async def test_requests_beyond_max_num_seqs_wait_and_a_disconnect_aborts_them(
     vllm_url: str, max_num_seqs: int, observed: dict[str, Any]
 ) -> None:
     n = 2 * max_num_seqs + 1
     async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
+        finished0 = _finished((await ac.get("/metrics")).text)
         long_n = await long_tokens(ac)
-        before = (await ac.get("/metrics")).text
+        # vLLM updates its counters asynchronously: wait until the probe request above is counted, so that
+        # it does not land in the difference below.
+        for _ in range(250):
+            before = (await ac.get("/metrics")).text
+            if _finished(before) > finished0:
+                break
+            await asyncio.sleep(0.02)
         tasks = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(long_n)))) for _ in range(n)]
         queued = await poll_until(ac, lambda w, r: w + r >= n)
         await cancel_all(tasks)  # the client disconnects: vLLM aborts the requests
@@ -403,6 +414,7 @@ async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
     one long request frees exactly one slot.
     """
     async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
+        await poll_until(ac, lambda w, r: w + r == 0)  # requests of an earlier test are gone
         long_n = await long_tokens(ac)
         long = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(long_n)))) for _ in range(max_num_seqs)]
         filled = await poll_until(ac, lambda w, r: r >= max_num_seqs)
@@ -421,6 +433,7 @@ async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
         results = await asyncio.gather(low, high)
         await cancel_all(long[1:])
     observed["priority_order"] = finished
-    assert (filled, low_queued, both_queued) == ((0, max_num_seqs), (1, max_num_seqs), (2, max_num_seqs))
+    seen = f"gauges (waiting, running): {filled}, {low_queued}, {both_queued}; order {finished}"
+    assert (filled, low_queued, both_queued) == ((0, max_num_seqs), (1, max_num_seqs), (2, max_num_seqs)), seen
     assert [r.status_code for r in results] == [200, 200]
-    assert finished == ["high", "low"]
+    assert finished == ["high", "low"], seen
