@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.cli import main as cli_main
 from gateway.live.discovery import pod_worker
 from gateway.live.settings import load_gateway_config
 
@@ -389,3 +390,32 @@ def test_gpu_workers_request_gpus() -> None:
         w["metadata"]["name"]: w["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] for w in workers
     }
     assert products == {"vllm-a100": "NVIDIA-A100-SXM4-80GB", "vllm-l40s": "NVIDIA-L40S"}
+
+
+def test_emulated_overlay_serves_text2sql_on_the_demo_data(tmp_path: Path) -> None:
+    """Init containers write the demo database (gateway) and answers (workers) where the main containers read them."""
+    if "emulated" not in OVERLAYS:
+        pytest.skip("no emulated overlay")
+    docs = _CACHE.setdefault("emulated", _render("emulated"))
+    cfg = yaml.safe_load(_gateway_yaml(docs))
+    pods = [(d["metadata"]["name"], d["spec"]["template"]["spec"]) for d in docs if d["kind"] in WORKLOAD_KINDS]
+    assert len(pods) == 5
+    for name, pod in pods:
+        (init,) = pod["initContainers"]
+        (main,) = pod["containers"]
+        out = init["command"][init["command"].index("--out") + 1]
+        wanted = (
+            cfg["databases_file"]
+            if name.startswith("hexflow-gateway")
+            else main["args"][main["args"].index("--answers") + 1]
+        )
+        assert out == wanted, name
+        mounts = {m["name"]: m for m in main["volumeMounts"]}
+        (vol,) = [m for m in init["volumeMounts"] if out.startswith(m["mountPath"] + "/")]
+        assert mounts[vol["name"]]["mountPath"] == vol["mountPath"] and mounts[vol["name"]]["readOnly"] is True
+        assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == vol["name"])
+        # The init command works: run it with its output mapped into tmp_path.
+        local = tmp_path / name / Path(out).name
+        argv = [a if a != out else str(local) for a in init["command"][1:]]
+        assert init["command"][0] == "hexflow"
+        assert cli_main(argv) == 0 and local.is_file()
