@@ -413,27 +413,36 @@ async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
     Long requests fill the running slots; a low- then a high-priority request queue behind them; cancelling
     one long request frees exactly one slot.
     """
+    expected = ((0, max_num_seqs), (1, max_num_seqs), (2, max_num_seqs))
+    tries: list[str] = []
     async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
-        await poll_until(ac, lambda w, r: w + r == 0)  # requests of an earlier test are gone
-        long_n = await long_tokens(ac)
-        long = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(long_n)))) for _ in range(max_num_seqs)]
-        filled = await poll_until(ac, lambda w, r: r >= max_num_seqs)
-        finished: list[str] = []
+        # The order only means something on a run where both short requests were seen waiting behind the long
+        # ones. vLLM updates its gauges asynchronously, so that moment is sometimes missed (CI once read (0, 0));
+        # such a run is repeated (at most 3 runs), never counted as a pass.
+        for _ in range(3):
+            await poll_until(ac, lambda w, r: w + r == 0)  # requests of an earlier run or test are gone
+            long_n = await long_tokens(ac)
+            long = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(long_n)))) for _ in range(max_num_seqs)]
+            filled = await poll_until(ac, lambda w, r: r >= max_num_seqs)
+            finished: list[str] = []
 
-        async def send(name: str, priority: int) -> httpx.Response:
-            response = await ac.post(CHAT, json=chat_body(**exact(4), priority=priority))
-            finished.append(name)
-            return response
+            async def send(name: str, priority: int, finished: list[str] = finished) -> httpx.Response:
+                response = await ac.post(CHAT, json=chat_body(**exact(4), priority=priority))
+                finished.append(name)
+                return response
 
-        low = asyncio.create_task(send("low", 10))  # arrives first
-        low_queued = await poll_until(ac, lambda w, r: w >= 1)
-        high = asyncio.create_task(send("high", -10))
-        both_queued = await poll_until(ac, lambda w, r: w >= 2)
-        await cancel_all(long[:1])
-        results = await asyncio.gather(low, high)
-        await cancel_all(long[1:])
-    observed["priority_order"] = finished
-    seen = f"gauges (waiting, running): {filled}, {low_queued}, {both_queued}; order {finished}"
-    assert (filled, low_queued, both_queued) == ((0, max_num_seqs), (1, max_num_seqs), (2, max_num_seqs)), seen
+            low = asyncio.create_task(send("low", 10))  # arrives first
+            low_queued = await poll_until(ac, lambda w, r: w >= 1)
+            high = asyncio.create_task(send("high", -10))
+            both_queued = await poll_until(ac, lambda w, r: w >= 2)
+            await cancel_all(long[:1])
+            results = await asyncio.gather(low, high)
+            await cancel_all(long[1:])
+            seen = f"gauges (waiting, running): {filled}, {low_queued}, {both_queued}; order {finished}"
+            tries.append(seen)
+            if (filled, low_queued, both_queued) == expected:
+                break
+    observed["priority_order"] = {"order": finished, "runs": tries}
+    assert (filled, low_queued, both_queued) == expected, tries
     assert [r.status_code for r in results] == [200, 200]
     assert finished == ["high", "low"], seen
