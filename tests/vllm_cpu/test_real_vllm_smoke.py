@@ -354,15 +354,36 @@ async def gauges(ac: httpx.AsyncClient) -> tuple[float, float]:
     return sample_value(text, "vllm:num_requests_waiting"), sample_value(text, "vllm:num_requests_running")
 
 
-async def poll_until(ac: httpx.AsyncClient, done: Callable[[float, float], bool]) -> tuple[float, float]:
-    """Scrape the gauges until ``done(waiting, running)`` (at most 500 scrapes); returns the last values."""
+async def poll_until(
+    ac: httpx.AsyncClient, done: Callable[[float, float], bool], timeout_s: float = 60.0
+) -> tuple[float, float]:
+    """Scrape the gauges until ``done(waiting, running)`` or ``timeout_s``; returns the last values.
+
+    Bounded by time, not by a count of scrapes: with the CPU busy decoding, one scrape of vLLM's /metrics can
+    take seconds (up to 27 s was measured on this machine with two long requests running)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
     waiting, running = await gauges(ac)
-    for _ in range(500):
-        if done(waiting, running):
-            break
+    while not done(waiting, running) and loop.time() < deadline:
         await asyncio.sleep(0.02)
         waiting, running = await gauges(ac)
     return waiting, running
+
+
+def _outcomes(tasks: Iterable[asyncio.Task[httpx.Response]]) -> list[str]:
+    """What each request task came to so far (for assertion messages)."""
+    out = []
+    for t in tasks:
+        if not t.done():
+            out.append("running")
+        elif t.cancelled():
+            out.append("cancelled")
+        elif t.exception() is not None:
+            out.append(repr(t.exception()))
+        else:
+            r = t.result()
+            out.append(f"{r.status_code} {r.text[:200]}")
+    return out
 
 
 async def cancel_all(tasks: Iterable[asyncio.Task[httpx.Response]]) -> None:
@@ -391,6 +412,7 @@ async def test_requests_beyond_max_num_seqs_wait_and_a_disconnect_aborts_them(
             await asyncio.sleep(0.02)
         tasks = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(long_n)))) for _ in range(n)]
         queued = await poll_until(ac, lambda w, r: w + r >= n)
+        outcomes = _outcomes(tasks)
         await cancel_all(tasks)  # the client disconnects: vLLM aborts the requests
         drained = await poll_until(ac, lambda w, r: w + r == 0)
         after = (await ac.get("/metrics")).text
@@ -400,7 +422,7 @@ async def test_requests_beyond_max_num_seqs_wait_and_a_disconnect_aborts_them(
         for reason in ("stop", "length", "abort", "error")
     }
     observed["queue"] = {"requests": n, "waiting_running": queued, "after_disconnect": drained, "success": success}
-    assert queued == (n - max_num_seqs, max_num_seqs)
+    assert queued == (n - max_num_seqs, max_num_seqs), (long_n, outcomes)
     assert drained == (0, 0)
     assert sum(success.values()) == 0  # aborted requests are not counted in request_success_total
 
