@@ -549,6 +549,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_eval_parsers(sub)
 
+    p = sub.add_parser(
+        "discover",
+        help="list the worker pods the gateway's Kubernetes discovery selects, and what it makes of each",
+    )
+    p.add_argument("--config", default="config/gateway.yaml", help="gateway.yaml with a discovery.kubernetes section")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_discover)
+
     p = sub.add_parser("config-reference", help="print the configuration reference (docs/configuration.md)")
     p.set_defaults(func=cmd_config_reference)
 
@@ -803,6 +811,64 @@ def cmd_hash_key(args: argparse.Namespace) -> int:
     if not key:
         raise UsageError("the key is empty")
     print(hash_key(key))
+    return 0
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    """One list of the worker pods, each with the state discovery gives it (exit 1 when the API fails)."""
+    import asyncio
+    import json
+
+    import aiohttp
+
+    from gateway.live.discovery import KubeApiError, api_from_config, pod_state
+    from gateway.live.settings import load_gateway_config
+
+    loaded = load_gateway_config(args.config)
+    kube = loaded.cfg.discovery.kubernetes if loaded.cfg.discovery is not None else None
+    if kube is None:
+        raise UsageError(f"{args.config}: no discovery.kubernetes section")
+    try:
+        api = api_from_config(kube)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+    async def list_once() -> list[dict[str, object]]:
+        try:
+            pods, _ = await api.list_pods(kube.label_selector)
+        finally:
+            await api.close()
+        rows: list[dict[str, object]] = []
+        for pod in pods:
+            state, got, problem = pod_state(pod, kube, loaded.catalog, loaded.default_model, loaded.cfg.time_scale)
+            pw = got[0] if got is not None else None
+            rows.append(
+                {
+                    "pod": (pod.get("metadata") or {}).get("name", "?"),
+                    "state": state,
+                    "url": pw.url if pw else None,
+                    "gpu": pw.gpu if pw else None,
+                    "model": pw.model if pw else None,
+                    "capacity": pw.capacity if pw else None,
+                    "problem": problem or None,
+                }
+            )
+        return rows
+
+    try:
+        rows = asyncio.run(list_once())
+    except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        print(f"hexflow: the Kubernetes API at {api.base_url} failed: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"namespace": api.namespace, "selector": kube.label_selector, "pods": rows}, indent=2))
+        return 0
+    print(f"{len(rows)} pods match {kube.label_selector!r} in namespace {api.namespace}")
+    for r in rows:
+        what = r["problem"] or f"{r['url']}  {r['gpu']}/{r['model']}  capacity {r['capacity']}"
+        if r["state"] == "pending":
+            what = "no IP yet"
+        print(f"  {r['pod']:<32} {r['state']:<8} {what}")
     return 0
 
 

@@ -144,6 +144,33 @@ def pod_worker(pod: dict[str, Any], cfg: KubernetesDiscoveryConfig, default_mode
     return PodWorker(name, f"http://{host}:{port}", gpu, model, served, capacity, pod_ready(pod))
 
 
+def pod_worker_info(
+    pod: dict[str, Any], cfg: KubernetesDiscoveryConfig, catalog: GpuCatalog, default_model: str, time_scale: float
+) -> tuple[PodWorker, WorkerInfo] | None:
+    """The worker of a pod and its scheduler profile; None while pending (no IP); ``PodError`` if unusable."""
+    pw = pod_worker(pod, cfg, default_model)
+    if pw is None:
+        return None
+    try:
+        profile = catalog.profile(pw.gpu, pw.model)
+    except UnknownNameError as exc:
+        raise PodError(str(exc)) from None
+    return pw, WorkerInfo(pw.name, time_scaled(profile, time_scale), pw.capacity)
+
+
+def pod_state(
+    pod: dict[str, Any], cfg: KubernetesDiscoveryConfig, catalog: GpuCatalog, default_model: str, time_scale: float
+) -> tuple[str, tuple[PodWorker, WorkerInfo] | None, str]:
+    """``(state, worker, problem)``: state is one of ``POD_STATES`` (what ``hexflow_discovery_pods`` counts)."""
+    try:
+        got = pod_worker_info(pod, cfg, catalog, default_model, time_scale)
+    except PodError as exc:
+        return "invalid", None, str(exc)
+    if got is None:
+        return "pending", None, ""
+    return ("ready" if got[0].ready else "unready"), got, ""
+
+
 # ------------------------------------------------------------------------------------------------ client
 
 
@@ -266,6 +293,23 @@ def default_api_url() -> str | None:
     return f"https://{host}:{port}"
 
 
+def api_from_config(cfg: KubernetesDiscoveryConfig) -> KubeApi:
+    """The API client ``cfg`` describes (``ValueError`` when no API server URL is known)."""
+    base = cfg.api_url or default_api_url()
+    if base is None:
+        raise ValueError(
+            "discovery.kubernetes.api_url is not set and KUBERNETES_SERVICE_HOST is not in the environment "
+            "(is the gateway running in a pod?)"
+        )
+    return KubeApi(
+        base,
+        cfg.namespace or default_namespace(),
+        token_file=cfg.token_file,
+        ca_file=cfg.ca_file,
+        timeout_s=cfg.timeout_s,
+    )
+
+
 def default_namespace() -> str:
     """The gateway's own namespace (from its service account), else ``default``."""
     with contextlib.suppress(OSError):
@@ -302,27 +346,13 @@ class KubernetesDiscovery:
         metrics: GatewayMetrics,
         api: KubeApi | None = None,
     ) -> None:
-        if api is None:
-            base = cfg.api_url or default_api_url()
-            if base is None:
-                raise ValueError(
-                    "discovery.kubernetes.api_url is not set and KUBERNETES_SERVICE_HOST is not in the environment "
-                    "(is the gateway running in a pod?)"
-                )
-            api = KubeApi(
-                base,
-                cfg.namespace or default_namespace(),
-                token_file=cfg.token_file,
-                ca_file=cfg.ca_file,
-                timeout_s=cfg.timeout_s,
-            )
+        self.api = api if api is not None else api_from_config(cfg)
         self.cfg = cfg
         self.pool = pool
         self.catalog = catalog
         self.time_scale = time_scale
         self.default_model = default_model
         self.metrics = metrics
-        self.api = api
         self.pods: dict[str, dict[str, Any]] = {}
         self.managed: set[str] = set()
         self.synced = asyncio.Event()
@@ -348,13 +378,6 @@ class KubernetesDiscovery:
             self._warned[name] = problem
             log.warning("pod %s is not a usable worker: %s", name, problem)
 
-    def _info(self, pw: PodWorker) -> WorkerInfo:
-        try:
-            profile = self.catalog.profile(pw.gpu, pw.model)
-        except UnknownNameError as exc:
-            raise PodError(str(exc)) from None
-        return WorkerInfo(pw.name, time_scaled(profile, self.time_scale), pw.capacity)
-
     def reconcile(self) -> None:
         """Bring the pool's discovered workers in line with ``self.pods``."""
         if self._reconciling:  # a removal finished inside a reconcile: go round once more
@@ -373,19 +396,14 @@ class KubernetesDiscovery:
         desired: dict[str, tuple[PodWorker, WorkerInfo]] = {}
         counts = dict.fromkeys(POD_STATES, 0)
         for name, pod in self.pods.items():
-            try:
-                pw = pod_worker(pod, self.cfg, self.default_model)
-                if pw is None:
-                    counts["pending"] += 1
-                    continue
-                info = self._info(pw)
-            except PodError as exc:
-                counts["invalid"] += 1
-                self._warn(name, str(exc))
+            state, got, problem = pod_state(pod, self.cfg, self.catalog, self.default_model, self.time_scale)
+            counts[state] += 1
+            if problem:
+                self._warn(name, problem)
                 continue
             self._warned.pop(name, None)
-            counts["ready" if pw.ready else "unready"] += 1
-            desired[name] = (pw, info)
+            if got is not None:
+                desired[name] = got
         for gone in self._warned.keys() - self.pods.keys():
             del self._warned[gone]
         for state, n in counts.items():

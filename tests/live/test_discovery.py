@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -408,3 +410,41 @@ def test_config_needs_workers_and_an_api_server(tmp_path: Path, monkeypatch: pyt
     cfg.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match=r"default_model.*gpt-17"):
         load_gateway_config(cfg)
+
+
+async def _hexflow(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_hexflow_discover_shows_what_discovery_makes_of_each_pod(tmp_path: Path) -> None:
+    async with fake_kube() as kube:
+        kube.add(make_pod("w-a", "http://10.0.0.1:8000", "A100", capacity=6))
+        kube.add(make_pod("w-b", "http://10.0.0.2:8000", "L40S", ready=False))
+        kube.add(make_pod("w-x", "http://10.0.0.3:8000", "TPU"))
+        kube.add(make_pod("other", "http://10.0.0.4:8000", "A100", role="database"))
+        starting = make_pod("w-p", "http://10.0.0.5:8000", "A100", ready=False)
+        starting["status"].pop("podIP")
+        kube.add(starting)
+        cfg = discovery_config(tmp_path, kube.url, period_s=1)
+        code, out, err = await _hexflow("discover", "--config", str(cfg), "--json")
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["namespace"] == "hexflow" and doc["selector"] == "hexflow.io/role=worker"
+        pods = {p["pod"]: p for p in doc["pods"]}
+        assert set(pods) == {"w-a", "w-b", "w-x", "w-p"}
+        assert pods["w-a"] == {
+            "pod": "w-a", "state": "ready", "url": "http://10.0.0.1:8000", "gpu": "A100",
+            "model": "llama-3.1-70b", "capacity": 6, "problem": None,
+        }  # fmt: skip
+        assert pods["w-b"]["state"] == "unready" and pods["w-p"]["state"] == "pending"
+        assert pods["w-x"]["state"] == "invalid" and "unknown GPU 'TPU'" in pods["w-x"]["problem"]
+        code, out, _ = await _hexflow("discover", "--config", str(cfg))
+        assert code == 0 and out.startswith("4 pods match 'hexflow.io/role=worker' in namespace hexflow")
+        (tmp_path / "token").write_text("wrong\n")
+        code, _, err = await _hexflow("discover", "--config", str(cfg))
+        assert code == 1 and "HTTP 401" in err and "Role" in err
