@@ -19,6 +19,7 @@ maps the rest to ``other``.
 | hexflow_dispatch_total | counter | worker, kind | dispatch decisions |
 | hexflow_estimate_ratio | histogram | worker | observed / predicted call latency (1 = perfect) |
 | hexflow_worker_up | gauge | worker | 1 when the worker takes calls |
+| hexflow_worker_draining | gauge | worker | 1 while discovery drains the worker (pod unready, terminating or deleted) |
 | hexflow_call_failures_total | counter | worker, reason | worker_error, rejected |
 | hexflow_call_retries_total | counter | worker | calls re-dispatched after their worker failed them |
 | hexflow_scrape_failures_total | counter | worker | failed scrapes of a worker's /metrics |
@@ -126,6 +127,12 @@ class GatewayMetrics:
             registry=r,
         )
         self.up = Gauge("hexflow_worker_up", "1 when the worker takes calls.", ["worker"], registry=r)
+        self.draining = Gauge(
+            "hexflow_worker_draining",
+            "1 while discovery drains the worker (pod unready, terminating or deleted).",
+            ["worker"],
+            registry=r,
+        )
         self.failures = Counter("hexflow_call_failures", "Failed calls.", ["worker", "reason"], registry=r)
         self.retries = Counter(
             "hexflow_call_retries", "Calls re-dispatched after a worker failed them.", ["worker"], registry=r
@@ -157,6 +164,7 @@ class GatewayMetrics:
         self._recent: dict[str, deque[bool]] = {}
         for w in workers:
             self.up.labels(worker=w).set(1)
+            self.draining.labels(worker=w).set(0)
             self.queue_depth.labels(worker=w)
             self.inflight.labels(worker=w)
         for t in tenants:
@@ -165,13 +173,14 @@ class GatewayMetrics:
     def _worker_metrics(self) -> list[Counter | Gauge | Histogram]:
         return [
             self.call_run, self.queue_wait_h, self.queue_depth, self.inflight, self.dispatches, self.estimate_ratio,
-            self.up, self.failures, self.retries, self.scrape_failures, self.vllm_waiting, self.vllm_running,
-            self.kv_usage,
+            self.up, self.draining, self.failures, self.retries, self.scrape_failures, self.vllm_waiting,
+            self.vllm_running, self.kv_usage,
         ]  # fmt: skip
 
     def add_worker(self, worker: str) -> None:
         """Create a new worker's gauges (discovery; it starts down until it takes calls)."""
         self.up.labels(worker=worker).set(0)
+        self.draining.labels(worker=worker).set(0)
         self.queue_depth.labels(worker=worker)
         self.inflight.labels(worker=worker)
 
@@ -213,6 +222,10 @@ class GatewayMetrics:
     def worker_up(self, worker: str, up: bool) -> None:
         """A worker went up or down."""
         self.up.labels(worker=worker).set(1 if up else 0)
+
+    def worker_draining(self, worker: str, draining: bool) -> None:
+        """Discovery started or stopped draining a worker."""
+        self.draining.labels(worker=worker).set(1 if draining else 0)
 
     def scrape_failure(self, worker: str) -> None:
         """A scrape of the worker's /metrics failed."""

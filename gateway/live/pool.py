@@ -359,8 +359,8 @@ class WorkerPool:
         ok = st.eligible
         was = self.scheduler.eligible[st.ep.index]
         self.scheduler.set_eligible(st.ep.index, ok)
-        if not st.removing:
-            self.metrics.worker_up(st.ep.name, ok)
+        self.metrics.worker_up(st.ep.name, ok)
+        self.metrics.worker_draining(st.ep.name, st.removing or not st.ready)
         if was and not ok:
             for c in self.scheduler.drain_worker(st.ep.index):
                 assert isinstance(c, LiveCall)

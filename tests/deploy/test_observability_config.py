@@ -116,6 +116,7 @@ def gateway_metric_names() -> frozenset[str]:
     m.call_failure("w", "worker_error")
     m.retry("w")
     m.worker_up("w", True)
+    m.worker_draining("w", False)
     m.scrape_failure("w")
     m.scraped("w", parse_worker_metrics(emulator_metrics_text()))
     m.workflow_done("t", 3.0, "met")

@@ -238,6 +238,8 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
             t_unready = changes.at("w-b", "unready")
             await until(lambda: not pool.by_name("w-b").inflight, 10, "in-flight calls of w-b finish")  # type: ignore[union-attr]
             assert gw.scheduler.queue_len(pool.by_name("w-b").ep.index) == 0  # type: ignore[union-attr]
+            text = (await client.get("/metrics")).text
+            assert 'hexflow_worker_draining{worker="w-b"} 1.0' in text and 'hexflow_worker_up{worker="w-b"} 0.0' in text
 
             # A pod deleted: removed within two periods (after its in-flight calls returned).
             kube.delete("w-a")
@@ -267,6 +269,7 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
             metrics = (await client.get("/metrics")).text
             assert 'worker="w-a"' not in metrics, "a removed worker's series are deleted"
             assert 'hexflow_worker_up{worker="w-c"} 1.0' in metrics
+            assert 'hexflow_worker_draining{worker="w-b"} 0.0' in metrics
             assert 'hexflow_discovery_pods{state="invalid"} 1.0' in metrics
             assert 'hexflow_discovery_pods{state="ready"} 2.0' in metrics
             status = (await client.get("/v1/status")).json()
