@@ -350,7 +350,12 @@ async def long_tokens(ac: httpx.AsyncClient) -> int:
 
 
 async def gauges(ac: httpx.AsyncClient) -> tuple[float, float]:
-    text = (await ac.get("/metrics")).text
+    try:
+        text = (await ac.get("/metrics")).text
+    except httpx.RemoteProtocolError:
+        # A pooled keep-alive connection the server had just closed (seen in CI right after requests on other
+        # connections were cancelled): one retry goes out on a fresh connection.
+        text = (await ac.get("/metrics")).text
     return sample_value(text, "vllm:num_requests_waiting"), sample_value(text, "vllm:num_requests_running")
 
 
