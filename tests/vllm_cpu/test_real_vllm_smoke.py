@@ -349,13 +349,18 @@ async def long_tokens(ac: httpx.AsyncClient) -> int:
     return int(CONTEXT - r.json()["usage"]["prompt_tokens"] - 8)
 
 
-async def gauges(ac: httpx.AsyncClient) -> tuple[float, float]:
+async def scrape(ac: httpx.AsyncClient) -> str:
+    """vLLM's /metrics text."""
     try:
-        text = (await ac.get("/metrics")).text
+        return (await ac.get("/metrics")).text
     except httpx.RemoteProtocolError:
         # A pooled keep-alive connection the server had just closed (seen in CI right after requests on other
         # connections were cancelled): one retry goes out on a fresh connection.
-        text = (await ac.get("/metrics")).text
+        return (await ac.get("/metrics")).text
+
+
+async def gauges(ac: httpx.AsyncClient) -> tuple[float, float]:
+    text = await scrape(ac)
     return sample_value(text, "vllm:num_requests_waiting"), sample_value(text, "vllm:num_requests_running")
 
 
@@ -406,12 +411,12 @@ async def test_requests_beyond_max_num_seqs_wait_and_a_disconnect_aborts_them(
 ) -> None:
     n = 2 * max_num_seqs + 1
     async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
-        finished0 = _finished((await ac.get("/metrics")).text)
+        finished0 = _finished(await scrape(ac))
         long_n = await long_tokens(ac)
         # vLLM updates its counters asynchronously: wait until the probe request above is counted, so that
         # it does not land in the difference below.
         for _ in range(250):
-            before = (await ac.get("/metrics")).text
+            before = await scrape(ac)
             if _finished(before) > finished0:
                 break
             await asyncio.sleep(0.02)
@@ -420,7 +425,7 @@ async def test_requests_beyond_max_num_seqs_wait_and_a_disconnect_aborts_them(
         outcomes = _outcomes(tasks)
         await cancel_all(tasks)  # the client disconnects: vLLM aborts the requests
         drained = await poll_until(ac, lambda w, r: w + r == 0)
-        after = (await ac.get("/metrics")).text
+        after = await scrape(ac)
     success = {
         reason: sample_value(after, "vllm:request_success_total", finished_reason=reason)
         - sample_value(before, "vllm:request_success_total", finished_reason=reason)
