@@ -1,7 +1,7 @@
 """One contract, two backends: the emulated worker (always) and the real vLLM CPU server (``-m vllm_cpu``).
 
 The emulated worker is started as a subprocess serving the name and context length the real test
-server uses (``tiny-llama``, 4096), so the same assertions apply to both.
+server uses (``tiny-llama``, 16384: ``tests/vllm_cpu/conftest.py``), so the same assertions apply to both.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from tests.emulator_process import emulator_process
 
 SERVED = "tiny-llama"
-MAX_MODEL_LEN = 4096
+MAX_MODEL_LEN = 16384  # as tests/vllm_cpu/conftest.py: one server on port 18150 serves both suites
 
 
 @pytest.fixture(scope="session")

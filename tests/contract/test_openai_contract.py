@@ -85,6 +85,9 @@ def test_completions_and_stream_without_role_chunk(client: httpx.Client) -> None
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
 
 
+TOO_LONG = "word " * (MAX_MODEL_LEN + 1000)  # a prompt over the context
+
+
 @pytest.mark.parametrize(
     ("body", "status", "err_type", "param"),
     [
@@ -94,10 +97,10 @@ def test_completions_and_stream_without_role_chunk(client: httpx.Client) -> None
         (chat_body(-1), 400, "BadRequestError", "max_tokens"),
         ({**chat_body(2), "min_tokens": 5}, 400, "BadRequestError", None),
         (chat_body(MAX_MODEL_LEN * 10), 400, "BadRequestError", "max_tokens"),
-        ({"model": SERVED, "messages": [{"role": "user", "content": "word " * 5000}], "max_tokens": 4}, 400,
+        ({"model": SERVED, "messages": [{"role": "user", "content": TOO_LONG}], "max_tokens": 4}, 400,
          "BadRequestError", "input_tokens"),
-        ({"model": SERVED, "messages": [{"role": "user", "content": "word " * 5000}], "max_tokens": 4,
-          "stream": True}, 400, "BadRequestError", "input_tokens"),
+        ({"model": SERVED, "messages": [{"role": "user", "content": TOO_LONG}], "max_tokens": 4, "stream": True}, 400,
+         "BadRequestError", "input_tokens"),
     ],
 )  # fmt: skip
 def test_errors_share_vllms_status_type_and_param(

@@ -24,7 +24,10 @@ PORT = int(os.environ.get("HEXFLOW_VLLM_CPU_PORT", "18150"))
 # Small on purpose: a few concurrent requests must queue (vllm:num_requests_waiting > 0). A reused server is
 # assumed to run `serve`'s default unless HEXFLOW_VLLM_CPU_MAX_NUM_SEQS says otherwise.
 MAX_NUM_SEQS = 2
-MAX_MODEL_LEN = 4096
+# Long on purpose (the tiny model allows 16384 positions): the scheduling tests hold slots with the longest
+# generation that fits, and on a loaded 2-core machine what the client sees of the server (a /metrics scrape,
+# a stream's chunks) can lag by seconds; 16k-token requests outlast that lag, 4k-token ones did not always.
+MAX_MODEL_LEN = 16384
 
 
 @pytest.fixture(scope="session")

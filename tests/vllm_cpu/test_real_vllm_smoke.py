@@ -16,6 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.vllm_cpu.conftest import MAX_MODEL_LEN
 from workers.cpu_vllm import SERVED_MODEL_NAME
 
 pytestmark = pytest.mark.vllm_cpu
@@ -335,9 +336,9 @@ def test_a_repeated_prompt_hits_the_prefix_cache(client: httpx.Client, observed:
 
 
 # --------------------------------------------------------------------------------------------- scheduling
-# These tests hold long requests open (3000 tokens take over 10 s here) and cancel them, so that what they
+# These tests hold long requests open (the longest generation that fits the context) and cancel them, so that what they
 # check does not depend on how fast /metrics answers on a loaded machine.
-CONTEXT = 4096  # the test server's --max-model-len (tests/vllm_cpu/conftest.py)
+CONTEXT = MAX_MODEL_LEN  # the test server's --max-model-len
 
 
 async def long_tokens(ac: httpx.AsyncClient) -> int:
@@ -380,23 +381,7 @@ async def poll_until(
     return waiting, running
 
 
-def _outcomes(tasks: Iterable[asyncio.Task[httpx.Response]]) -> list[str]:
-    """What each request task came to so far (for assertion messages)."""
-    out = []
-    for t in tasks:
-        if not t.done():
-            out.append("running")
-        elif t.cancelled():
-            out.append("cancelled")
-        elif t.exception() is not None:
-            out.append(repr(t.exception()))
-        else:
-            r = t.result()
-            out.append(f"{r.status_code} {r.text[:200]}")
-    return out
-
-
-async def cancel_all(tasks: Iterable[asyncio.Task[httpx.Response]]) -> None:
+async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -406,24 +391,73 @@ def _finished(text: str) -> float:
     return sample_value(text, "vllm:request_success_total")  # every finished_reason
 
 
+class Stream:
+    """A streaming chat request running in the background; counts the content chunks it has received.
+
+    Whether a request runs or waits is read from its own stream (a waiting request has received no token),
+    not from vLLM's gauges: on this 2-core machine a /metrics scrape can take seconds while the engine decodes,
+    so the gauges cannot show a short-lived state reliably.
+    """
+
+    def __init__(self, ac: httpx.AsyncClient, body: dict[str, Any]) -> None:
+        self.chunks = 0
+        self.first_at: float | None = None
+        self.done = False
+        self.status: int | None = None
+        self.task = asyncio.create_task(self._run(ac, {**body, "stream": True}))
+
+    async def _run(self, ac: httpx.AsyncClient, body: dict[str, Any]) -> None:
+        async with ac.stream("POST", CHAT, json=body) as response:
+            self.status = response.status_code
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[len("data: ") :]).get("choices") or []
+                if choices and (choices[0].get("delta") or {}).get("content"):
+                    self.chunks += 1
+                    if self.first_at is None:
+                        self.first_at = time.monotonic()
+        self.done = True
+
+
+async def wait_for(cond: Callable[[], bool], timeout_s: float = 60.0) -> bool:
+    """Poll ``cond`` every 10 ms; False after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def baseline(ac: httpx.AsyncClient, finished0: float) -> str:
+    """/metrics once the requests sent since ``finished0`` was read are counted (counters update asynchronously)."""
+    text = await scrape(ac)
+    for _ in range(250):
+        if _finished(text) > finished0:
+            break
+        await asyncio.sleep(0.02)
+        text = await scrape(ac)
+    return text
+
+
 async def test_requests_beyond_max_num_seqs_wait_and_a_disconnect_aborts_them(
     vllm_url: str, max_num_seqs: int, observed: dict[str, Any]
 ) -> None:
     n = 2 * max_num_seqs + 1
     async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
+        await poll_until(ac, lambda w, r: w + r == 0)  # requests of an earlier test are gone
         finished0 = _finished(await scrape(ac))
         long_n = await long_tokens(ac)
-        # vLLM updates its counters asynchronously: wait until the probe request above is counted, so that
-        # it does not land in the difference below.
-        for _ in range(250):
-            before = await scrape(ac)
-            if _finished(before) > finished0:
-                break
-            await asyncio.sleep(0.02)
-        tasks = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(long_n)))) for _ in range(n)]
-        queued = await poll_until(ac, lambda w, r: w + r >= n)
-        outcomes = _outcomes(tasks)
-        await cancel_all(tasks)  # the client disconnects: vLLM aborts the requests
+        before = await baseline(ac, finished0)  # the probe request of long_tokens is counted
+        streams = [Stream(ac, chat_body(**exact(long_n))) for _ in range(n)]
+        started = await wait_for(lambda: sum(st.chunks > 0 for st in streams) >= max_num_seqs)
+        # Give the requests beyond the slots time to start too, if the server ran them (it must not).
+        await wait_for(lambda: min(sorted(st.chunks for st in streams)[-max_num_seqs:]) >= 50, 10)
+        await asyncio.sleep(0.3)
+        chunks = [st.chunks for st in streams]
+        still_running = not any(st.done for st in streams)
+        await cancel_all([st.task for st in streams])  # the client disconnects: vLLM aborts the requests
         drained = await poll_until(ac, lambda w, r: w + r == 0)
         after = await scrape(ac)
     success = {
@@ -431,8 +465,9 @@ async def test_requests_beyond_max_num_seqs_wait_and_a_disconnect_aborts_them(
         - sample_value(before, "vllm:request_success_total", finished_reason=reason)
         for reason in ("stop", "length", "abort", "error")
     }
-    observed["queue"] = {"requests": n, "waiting_running": queued, "after_disconnect": drained, "success": success}
-    assert queued == (n - max_num_seqs, max_num_seqs), (long_n, outcomes)
+    observed["queue"] = {"requests": n, "chunks_per_request": chunks, "after_disconnect": drained, "success": success}
+    assert started and still_running, f"the long requests must still be running: chunks {chunks} of {long_n}"
+    assert sorted(c > 0 for c in chunks) == [False] * (n - max_num_seqs) + [True] * max_num_seqs, chunks
     assert drained == (0, 0)
     assert sum(success.values()) == 0  # aborted requests are not counted in request_success_total
 
@@ -440,41 +475,35 @@ async def test_requests_beyond_max_num_seqs_wait_and_a_disconnect_aborts_them(
 async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
     vllm_url: str, max_num_seqs: int, observed: dict[str, Any]
 ) -> None:
-    """With --scheduling-policy priority, of two queued requests the one with the lower value starts first.
+    """With --scheduling-policy priority, of two waiting requests the one with the lower value starts first.
 
     Long requests fill the running slots; a low- then a high-priority request queue behind them; cancelling
-    one long request frees exactly one slot.
+    one long request frees exactly one slot. The order only means something on a run where the long requests
+    still ran when the slot was freed and neither short request had started (read from their streams); a run
+    that missed that (the tiny model can finish 4000 tokens quickly) is repeated, at most 3 runs, never counted
+    as a pass.
     """
-    expected = ((0, max_num_seqs), (1, max_num_seqs), (2, max_num_seqs))
-    tries: list[str] = []
+    runs: list[dict[str, Any]] = []
     async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
-        # The order only means something on a run where both short requests were seen waiting behind the long
-        # ones. vLLM updates its gauges asynchronously, so that moment is sometimes missed (CI once read (0, 0));
-        # such a run is repeated (at most 3 runs), never counted as a pass.
         for _ in range(3):
             await poll_until(ac, lambda w, r: w + r == 0)  # requests of an earlier run or test are gone
             long_n = await long_tokens(ac)
-            long = [asyncio.create_task(ac.post(CHAT, json=chat_body(**exact(long_n)))) for _ in range(max_num_seqs)]
-            filled = await poll_until(ac, lambda w, r: r >= max_num_seqs)
-            finished: list[str] = []
-
-            async def send(name: str, priority: int, finished: list[str] = finished) -> httpx.Response:
-                response = await ac.post(CHAT, json=chat_body(**exact(4), priority=priority))
-                finished.append(name)
-                return response
-
-            low = asyncio.create_task(send("low", 10))  # arrives first
-            low_queued = await poll_until(ac, lambda w, r: w >= 1)
-            high = asyncio.create_task(send("high", -10))
-            both_queued = await poll_until(ac, lambda w, r: w >= 2)
-            await cancel_all(long[:1])
-            results = await asyncio.gather(low, high)
-            await cancel_all(long[1:])
-            seen = f"gauges (waiting, running): {filled}, {low_queued}, {both_queued}; order {finished}"
-            tries.append(seen)
-            if (filled, low_queued, both_queued) == expected:
+            longs = [Stream(ac, chat_body(**exact(long_n))) for _ in range(max_num_seqs)]
+            filled = await wait_for(lambda longs=longs: all(st.chunks > 0 for st in longs))
+            low = Stream(ac, chat_body(**exact(4), priority=10))  # arrives first
+            await asyncio.sleep(0.3)
+            high = Stream(ac, chat_body(**exact(4), priority=-10))
+            await asyncio.sleep(0.3)
+            valid = filled and not any(st.done for st in longs) and low.chunks == 0 and high.chunks == 0
+            await cancel_all([longs[0].task])  # one slot frees
+            await asyncio.gather(low.task, high.task)
+            await cancel_all([st.task for st in longs[1:]])
+            run = {"valid": valid, "long_chunks": [st.chunks for st in longs], "status": [low.status, high.status]}
+            runs.append(run)
+            if valid:
                 break
-    observed["priority_order"] = {"order": finished, "runs": tries}
-    assert (filled, low_queued, both_queued) == expected, tries
-    assert [r.status_code for r in results] == [200, 200]
-    assert finished == ["high", "low"], seen
+    observed["priority_order"] = runs
+    assert runs[-1]["valid"], f"the long requests finished before the short ones queued, in every run: {runs}"
+    assert (low.status, high.status) == (200, 200)
+    assert low.first_at is not None and high.first_at is not None
+    assert high.first_at < low.first_at, f"the low-priority request started first: {runs}"

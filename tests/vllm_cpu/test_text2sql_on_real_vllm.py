@@ -29,8 +29,8 @@ def _config(tmp: Path, url: str) -> Path:
         "policy": "hexgen",
         "tenants_file": "tenants.yaml",
         "databases_file": "databases.yaml",
-        # The test server has a 4096-token context: a short schema and two revision rounds keep every
-        # prompt inside it and the run short on a CPU.
+        # A short schema and two revision rounds keep every prompt well inside the test server's context and
+        # the run short on a CPU.
         "text2sql": {"candidates": 2, "max_revisions": 2, "schema_max_chars": 2500},
         "cluster": {
             "name": "cpu",
