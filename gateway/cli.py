@@ -241,6 +241,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
         print(f"at rr-fcfs's capacity rate {ref_rate:.4f} qps:")
         print(_table(["policy", "p50_s", "p95_s", "p99_s", "slo", "p95_gain_vs_rr"], rows))
+    for rate in rates or []:  # the rates asked for with --rate, each in a table of its own
+        at = {p.policy: p.summary for p in report.results if abs(p.rate_qps - rate) < 1e-12}
+        base = at.get("rr-fcfs")
+        rows = []
+        for p in policies:
+            s = at[p]
+            rows.append(
+                [
+                    p,
+                    _fmt(s.p50_s),
+                    _fmt(s.p95_s),
+                    _fmt(s.p99_s),
+                    f"{s.slo_attainment:.3f}",
+                    f"{base.p95_s / s.p95_s:.2f}x" if base and s.p95_s > 0 and math.isfinite(base.p95_s) else "-",
+                ]
+            )
+        print(f"at {rate:.4f} qps:")
+        print(_table(["policy", "p50_s", "p95_s", "p99_s", "slo", "p95_gain_vs_rr"], rows))
     if args.json:
         report.write_json(Path(args.json))
         print(f"wrote {args.json}")

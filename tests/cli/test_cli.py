@@ -95,6 +95,17 @@ def test_bench_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "fluid bound" in stdout
 
 
+def test_bench_prints_a_table_for_each_rate_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--policies", "hexgen,lw-fcfs", *FAST, "--no-capacity", "--rate", "0.02,0.04", "--quiet"]
+    code, stdout, _ = run(argv, capsys)
+    assert code == 0, stdout
+    for rate in ("0.0200", "0.0400"):
+        table = stdout.split(f"at {rate} qps:\n", 1)[1]
+        lines = table.splitlines()
+        assert lines[0].split() == ["policy", "p50_s", "p95_s", "p99_s", "slo", "p95_gain_vs_rr"]
+        assert [ln.split()[0] for ln in lines[2:4]] == ["hexgen", "lw-fcfs"]
+
+
 def test_tune_prints_the_grid(capsys: pytest.CaptureFixture[str]) -> None:
     code, stdout, _ = run(["tune", *FAST, "--grid", "0,0.5,1"], capsys)
     assert code == 0
