@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from gateway.config import CONFIG_DIR
 from gateway.sim.metrics import percentile
 from gateway.text2sql.answers import build_demo_answers, write_answers
-from gateway.text2sql.demo import demo_questions, write_sqlite
+from gateway.text2sql.demo import demo_questions, write_demo_databases
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
 
 DB_ID = "demo_retail"
@@ -180,10 +179,8 @@ def run_demo(
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="hexflow-demo-"))
     try:
-        db_path = write_sqlite(tmp / f"{DB_ID}.sqlite", seed=seed)
-        (tmp / "databases.yaml").write_text(
-            yaml.safe_dump({"databases": {DB_ID: {"url": f"sqlite:///{db_path.name}", "description": "demo retail"}}})
-        )
+        write_demo_databases(tmp / "databases.yaml", seed)
+        db_path = tmp / f"{DB_ID}.sqlite"
         answers_path = tmp / "answers.json"
         write_answers(answers_path, build_demo_answers(seed=seed))
         shutil.copy(CONFIG_DIR / "tenants.yaml", tmp / "tenants.yaml")
