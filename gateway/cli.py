@@ -38,7 +38,7 @@ from gateway.core.workflow import CallSpec
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
-    from gateway.sim.bench import Setup
+    from gateway.sim.bench import BenchReport, Setup
 
 EXIT_USAGE = 2
 BENCH_WORKFLOWS = 1000
@@ -224,41 +224,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"hexgen capacity vs best baseline: {report.capacity_qps['hexgen'] / best_base:.2f}x")
     ref_rate = report.reference_rate_qps
     if ref_rate:
-        at_ref = {p.policy: p.summary for p in report.results if abs(p.rate_qps - ref_rate) < 1e-12}
-        base = at_ref.get("rr-fcfs")
-        rows = []
-        for p in policies:
-            s = at_ref[p]
-            rows.append(
-                [
-                    p,
-                    _fmt(s.p50_s),
-                    _fmt(s.p95_s),
-                    _fmt(s.p99_s),
-                    f"{s.slo_attainment:.3f}",
-                    f"{base.p95_s / s.p95_s:.2f}x" if base and s.p95_s > 0 and math.isfinite(base.p95_s) else "-",
-                ]
-            )
-        print(f"at rr-fcfs's capacity rate {ref_rate:.4f} qps:")
-        print(_table(["policy", "p50_s", "p95_s", "p99_s", "slo", "p95_gain_vs_rr"], rows))
+        _print_rate_table(report, policies, ref_rate, f"at rr-fcfs's capacity rate {ref_rate:.4f} qps:")
     for rate in rates or []:  # the rates asked for with --rate, each in a table of its own
-        at = {p.policy: p.summary for p in report.results if abs(p.rate_qps - rate) < 1e-12}
-        base = at.get("rr-fcfs")
-        rows = []
-        for p in policies:
-            s = at[p]
-            rows.append(
-                [
-                    p,
-                    _fmt(s.p50_s),
-                    _fmt(s.p95_s),
-                    _fmt(s.p99_s),
-                    f"{s.slo_attainment:.3f}",
-                    f"{base.p95_s / s.p95_s:.2f}x" if base and s.p95_s > 0 and math.isfinite(base.p95_s) else "-",
-                ]
-            )
-        print(f"at {rate:.4f} qps:")
-        print(_table(["policy", "p50_s", "p95_s", "p99_s", "slo", "p95_gain_vs_rr"], rows))
+        _print_rate_table(report, policies, rate, f"at {rate:.4f} qps:")
     if args.json:
         report.write_json(Path(args.json))
         print(f"wrote {args.json}")
@@ -266,6 +234,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
         plot_report(report, Path(args.plot))
         print(f"wrote {args.plot}")
     return 0
+
+
+def _print_rate_table(report: BenchReport, policies: Sequence[str], rate: float, title: str) -> None:
+    """Latency and SLO attainment of every policy at one rate, with the P95 gain over rr-fcfs when measured."""
+    at = {p.policy: p.summary for p in report.results if abs(p.rate_qps - rate) < 1e-12}
+    base = at.get("rr-fcfs")
+    rows = []
+    for p in policies:
+        s = at[p]
+        rows.append(
+            [
+                p,
+                _fmt(s.p50_s),
+                _fmt(s.p95_s),
+                _fmt(s.p99_s),
+                f"{s.slo_attainment:.3f}",
+                f"{base.p95_s / s.p95_s:.2f}x" if base and s.p95_s > 0 and math.isfinite(base.p95_s) else "-",
+            ]
+        )
+    print(title)
+    print(_table(["policy", "p50_s", "p95_s", "p99_s", "slo", "p95_gain_vs_rr"], rows))
 
 
 def cmd_bench_live(args: argparse.Namespace) -> int:
