@@ -561,6 +561,18 @@ def _band_cell(b: Band, digits: int) -> str:
     return f"{fmt(b.low, digits)}-{fmt(b.high, digits)}"
 
 
+def _summary_cells(x: ReplayReport | Summary) -> list[str]:
+    """P50/P95/P99, SLO attainment, throughput and completed/sent of a live or simulated run."""
+    return [
+        fmt(x.p50_s),
+        fmt(x.p95_s),
+        fmt(x.p99_s),
+        fmt(x.slo_attainment, 3),
+        fmt(x.throughput_qps, 4),
+        f"{x.completed}/{x.workflows}",
+    ]
+
+
 def format_live_report(rep: LiveBenchReport) -> str:
     """The tables ``hexflow bench --live`` prints."""
     lines = [
@@ -576,36 +588,8 @@ def format_live_report(rep: LiveBenchReport) -> str:
     for r in rep.runs:
         a = "-" if r.alpha is None else f"{r.alpha:.2f}"
         lv, sm = r.live, r.simulated
-        rows.append(
-            [
-                r.policy,
-                a,
-                "live",
-                fmt(lv.p50_s),
-                fmt(lv.p95_s),
-                fmt(lv.p99_s),
-                fmt(lv.slo_attainment, 3),
-                fmt(lv.throughput_qps, 4),
-                f"{lv.completed}/{lv.workflows}",
-                fmt(r.p95_ratio, 2),
-                fmt(r.slo_ratio, 3),
-            ]
-        )
-        rows.append(
-            [
-                r.policy,
-                a,
-                "sim",
-                fmt(sm.p50_s),
-                fmt(sm.p95_s),
-                fmt(sm.p99_s),
-                fmt(sm.slo_attainment, 3),
-                fmt(sm.throughput_qps, 4),
-                f"{sm.completed}/{sm.workflows}",
-                "",
-                "",
-            ]
-        )
+        rows.append([r.policy, a, "live", *_summary_cells(lv), fmt(r.p95_ratio, 2), fmt(r.slo_ratio, 3)])
+        rows.append([r.policy, a, "sim", *_summary_cells(sm), "", ""])
         if r.sim_band:
             band = [_band_cell(r.sim_band[k], d) for k, d in (("p50_s", 0), ("p95_s", 0), ("p99_s", 0))]
             band.append(_band_cell(r.sim_band["slo_attainment"], 2))
