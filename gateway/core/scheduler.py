@@ -19,8 +19,9 @@ flight. Stage budgets use the mean over the current members as their unit of cos
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng
 from gateway.core.estimates import Estimator
@@ -42,18 +43,6 @@ class WorkerInfo:
 
 class NoEligibleWorker(RuntimeError):
     """Every worker is marked ineligible (down or draining)."""
-
-
-class _ReferenceCost:
-    """The cost function of one membership epoch (a fresh object per epoch, so per-cost caches reset)."""
-
-    __slots__ = ("_fn",)
-
-    def __init__(self, fn: Callable[[str, int, int], float]) -> None:
-        self._fn = fn
-
-    def __call__(self, kind: str, input_tokens: int, output_tokens: int) -> float:
-        return self._fn(kind, input_tokens, output_tokens)
 
 
 class Scheduler:
@@ -96,8 +85,9 @@ class Scheduler:
         self._seq = 0
         self._ref_cache: dict[tuple[int, int], float] = {}
         self.dispatch_counts: list[dict[str, int]] = [{} for _ in self.workers]
-        # One stable cost object per membership, so templates can cache their cost sums per scheduler.
-        self._cost = _ReferenceCost(self.reference_cost)
+        # One cost object per membership (a partial compares by identity), so templates can cache their
+        # cost sums per scheduler and start afresh when the workers change.
+        self._cost = partial(self.reference_cost)
 
     # ------------------------------------------------------------------ membership
 
@@ -146,7 +136,7 @@ class Scheduler:
     def _membership_changed(self) -> None:
         self._all = list(range(len(self.workers)))
         self._ref_cache = {}
-        self._cost = _ReferenceCost(self.reference_cost)
+        self._cost = partial(self.reference_cost)
 
     @property
     def alpha(self) -> float:

@@ -81,9 +81,12 @@ class PodWorker:
     capacity: int
     ready: bool
 
-    def same_engine(self, ep: WorkerEndpoint, gpu: str, model: str) -> bool:
-        """True when ``ep`` is this pod's engine (same address, GPU and model; capacity may differ)."""
-        return ep.url == self.url and ep.served_model == self.served_model and gpu == self.gpu and model == self.model
+    def same_engine(self, ep: WorkerEndpoint, info: WorkerInfo) -> bool:
+        """True when ``ep``/``info`` is this pod's engine (same address, GPU and model; capacity may differ)."""
+        p = info.profile
+        return (
+            ep.url == self.url and ep.served_model == self.served_model and (p.gpu, p.model) == (self.gpu, self.model)
+        )
 
 
 def _meta(pod: dict[str, Any], key: str) -> dict[str, str]:
@@ -416,7 +419,7 @@ class KubernetesDiscovery:
             if st.removing:
                 continue
             want = desired.get(name)
-            if want is None or not want[0].same_engine(st.ep, st.gpu, st.model):
+            if want is None or not want[0].same_engine(st.ep, self.pool.scheduler.workers[st.ep.index]):
                 self.pool.remove_worker(st)
                 continue
             pw = want[0]
@@ -429,7 +432,7 @@ class KubernetesDiscovery:
                 self._warn(name, "a worker of cluster.workers has the same name")
                 continue
             ep = WorkerEndpoint(-1, name, pw.url, pw.served_model, pw.capacity)
-            self.pool.add_worker(ep, info, ready=True, gpu=pw.gpu, model=pw.model)
+            self.pool.add_worker(ep, info, ready=True)
             self.managed.add(name)
 
     def _apply_event(self, kind: str, obj: dict[str, Any]) -> str | None:

@@ -148,8 +148,6 @@ class WorkerState:
     up: bool = True
     ready: bool = True
     removing: bool = False
-    gpu: str = ""
-    model: str = ""
     loop_task: asyncio.Task[None] | None = None
     removal_task: asyncio.Task[None] | None = None
     failures: int = 0
@@ -276,15 +274,13 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ membership
 
-    def add_worker(
-        self, ep: WorkerEndpoint, info: WorkerInfo, *, ready: bool = True, gpu: str = "", model: str = ""
-    ) -> WorkerState:
+    def add_worker(self, ep: WorkerEndpoint, info: WorkerInfo, *, ready: bool = True) -> WorkerState:
         """Add a worker at run time (``ep.index`` is assigned here); it takes calls at once when ready."""
         if self.by_name(ep.name) is not None:
             raise ValueError(f"a worker named {ep.name!r} is already in the pool")
         idx = self.scheduler.add_worker(info, eligible=False)
         ep.index = idx
-        st = WorkerState(ep, ready=ready, gpu=gpu or info.profile.gpu, model=model)
+        st = WorkerState(ep, ready=ready)
         self.states[idx] = st
         self.metrics.add_worker(ep.name)
         log.info(

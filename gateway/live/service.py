@@ -144,8 +144,6 @@ class Gateway:
             scrape_period_s=cfg.scrape.period_s if background else 0.0,
             remove_grace_s=cfg.discovery.remove_grace_s if cfg.discovery is not None else 120.0,
         )
-        for st, rw in zip(self.pool.workers, loaded.resolved, strict=True):
-            st.gpu, st.model = rw.gpu, rw.model
         self.discovery: KubernetesDiscovery | None = None
         kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
         if kube is not None:
