@@ -436,18 +436,16 @@ class KubernetesDiscovery:
             self.managed.add(name)
 
     def _apply_event(self, kind: str, obj: dict[str, Any]) -> str | None:
-        name = (obj.get("metadata") or {}).get("name")
-        rv = (obj.get("metadata") or {}).get("resourceVersion")
-        if kind == "BOOKMARK":
-            return str(rv) if rv else None
-        if not isinstance(name, str):
-            return str(rv) if rv else None
-        self.events += 1
-        if kind == "DELETED":
-            self.pods.pop(name, None)
-        elif kind in ("ADDED", "MODIFIED"):
-            self.pods[name] = obj
-        self.reconcile()
+        """Fold one watch event into ``self.pods`` and reconcile; returns the event's resourceVersion."""
+        meta = obj.get("metadata") or {}
+        name, rv = meta.get("name"), meta.get("resourceVersion")
+        if kind != "BOOKMARK" and isinstance(name, str):
+            self.events += 1
+            if kind == "DELETED":
+                self.pods.pop(name, None)
+            elif kind in ("ADDED", "MODIFIED"):
+                self.pods[name] = obj
+            self.reconcile()
         return str(rv) if rv else None
 
     # ------------------------------------------------------------------ loop
