@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,16 @@ async def emulators(
             s.should_exit = True
             s.force_exit = force_exit
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def wait_for(cond: Callable[[], object], timeout_s: float = 60.0) -> bool:
+    """Poll ``cond`` every 10 ms until it is true (True) or ``timeout_s`` has passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def write_config(

@@ -25,7 +25,7 @@ from gateway.live.pool import WorkerPool, WorkerState
 from gateway.live.server import build_app
 from gateway.live.settings import KubernetesDiscoveryConfig, load_gateway_config
 from tests.live.fake_kube import FakeKube, make_pod
-from tests.live.harness import REPO, chain, emulators, gateway_client
+from tests.live.harness import REPO, chain, emulators, gateway_client, wait_for
 
 KCFG = KubernetesDiscoveryConfig()
 
@@ -155,10 +155,8 @@ async def fake_kube() -> AsyncIterator[FakeKube]:
 async def until(pred: Callable[[], object], timeout: float, what: str) -> float:
     """Wait for ``pred``; returns the seconds it took (fails the test after ``timeout``)."""
     t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        await asyncio.sleep(0.01)
+    if not await wait_for(pred, timeout):
+        raise AssertionError(f"not within {timeout:g} s: {what}")
     return time.monotonic() - t0
 
 

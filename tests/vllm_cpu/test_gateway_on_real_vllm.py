@@ -15,7 +15,7 @@ import yaml
 
 from gateway.config import CONFIG_DIR
 from gateway.live.promparse import parse_families
-from tests.live.harness import BATCH_KEY, INTERACTIVE_KEY, gateway_client
+from tests.live.harness import BATCH_KEY, INTERACTIVE_KEY, gateway_client, wait_for
 from workers.cpu_vllm import SERVED_MODEL_NAME
 
 pytestmark = pytest.mark.vllm_cpu
@@ -110,14 +110,6 @@ async def test_tight_deadline_call_submitted_last_starts_first(tmp_path: Path, v
             r = await client.post("/v1/workflows", json=body, headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200, r.text
 
-        async def until(cond: Any, timeout_s: float = 10.0) -> bool:
-            deadline = asyncio.get_running_loop().time() + timeout_s
-            while not cond():
-                if asyncio.get_running_loop().time() > deadline:
-                    return False
-                await asyncio.sleep(0.005)
-            return True
-
         # Calls are told apart by length: the blocker 10000 tokens, loose ones 8, the urgent one 9. The order
         # only means something on a run where all five calls were queued while the blocker still ran; the
         # tiny model can finish the blocker first on an idle CPU, so such a run is repeated (at most 3 runs),
@@ -126,16 +118,16 @@ async def test_tight_deadline_call_submitted_last_starts_first(tmp_path: Path, v
         for _ in range(3):
             sent.clear()
             blocker = asyncio.create_task(post(BATCH_KEY, 3600, BLOCKER))
-            assert await until(lambda: len(sent) == 1), f"the blocker was not sent: {sent}"
+            assert await wait_for(lambda: len(sent) == 1, 10), f"the blocker was not sent: {sent}"
             loose = [asyncio.create_task(post(BATCH_KEY, 3600, 8)) for _ in range(4)]
-            queued = await until(lambda: gw.scheduler.queue_len(0) == 4 or len(sent) > 1)
+            queued = await wait_for(lambda: gw.scheduler.queue_len(0) == 4 or len(sent) > 1, 10)
             if not (queued and len(sent) == 1):
                 await asyncio.gather(blocker, *loose)
                 runs.append(list(sent))
                 continue
             urgent = asyncio.create_task(post(INTERACTIVE_KEY, 30, 9))
             # Valid only if the urgent call was queued while the blocker still ran (it may finish meanwhile).
-            queued = await until(lambda: gw.scheduler.queue_len(0) == 5 or len(sent) > 1)
+            queued = await wait_for(lambda: gw.scheduler.queue_len(0) == 5 or len(sent) > 1, 10)
             valid = queued and len(sent) == 1
             await asyncio.gather(blocker, *loose, urgent)
             if valid:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.live.harness import wait_for
 from tests.vllm_cpu.conftest import MAX_MODEL_LEN
 from workers.cpu_vllm import SERVED_MODEL_NAME
 
@@ -420,16 +421,6 @@ class Stream:
         self.done = True
 
 
-async def wait_for(cond: Callable[[], bool], timeout_s: float = 60.0) -> bool:
-    """Poll ``cond`` every 10 ms; False after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
-
-
 async def baseline(ac: httpx.AsyncClient, finished0: float) -> str:
     """/metrics once the requests sent since ``finished0`` was read are counted (counters update asynchronously)."""
     text = await scrape(ac)
@@ -489,7 +480,7 @@ async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
             await poll_until(ac, lambda w, r: w + r == 0)  # requests of an earlier run or test are gone
             long_n = await long_tokens(ac)
             longs = [Stream(ac, chat_body(**exact(long_n))) for _ in range(max_num_seqs)]
-            filled = await wait_for(lambda longs=longs: all(st.chunks > 0 for st in longs))
+            filled = await wait_for(lambda: all(st.chunks > 0 for st in longs))  # noqa: B023 (awaited at once)
             low = Stream(ac, chat_body(**exact(4), priority=10))  # arrives first
             await asyncio.sleep(0.3)
             high = Stream(ac, chat_body(**exact(4), priority=-10))
