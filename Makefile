@@ -43,7 +43,7 @@ test-vllm: setup
 
 # The full benchmark of the closing note: every shared trace, SLO scales 3, 5 and 8 (tens of minutes).
 bench-full: setup
-	$(BIN)/python -m gateway.sim.report --out out/bench
+	$(BIN)/python -m gateway.bench.report --out out/bench
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

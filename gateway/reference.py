@@ -16,7 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 FILES: tuple[tuple[str, str, str], ...] = (
-    ("config/gateway.yaml", "gateway.live.settings", "GatewayConfig"),
+    ("config/gateway.yaml", "gateway.config.gateway", "GatewayConfig"),
     ("config/tenants.yaml", "gateway.live.tenants", "TenantsFile"),
     ("databases file (gateway.yaml `databases_file`)", "gateway.text2sql.db", "DatabasesFile"),
     ("config/clusters/*.yaml", "gateway.config", "ClusterConfig"),

@@ -43,12 +43,12 @@ from urllib.parse import quote
 import aiohttp
 
 from gateway.config import GpuCatalog
+from gateway.config.gateway import KubernetesDiscoveryConfig
 from gateway.core.profile import time_scaled
 from gateway.core.scheduler import WorkerInfo
 from gateway.errors import UnknownNameError
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import WorkerEndpoint, WorkerPool
-from gateway.live.settings import KubernetesDiscoveryConfig
 
 log = logging.getLogger("hexflow.discovery")
 

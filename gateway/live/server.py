@@ -15,11 +15,11 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from gateway.config.gateway import LoadedConfig, load_gateway_config
 from gateway.errors import ConfigError
 from gateway.live.app import create_app
 from gateway.live.discovery import default_api_url
 from gateway.live.service import Gateway
-from gateway.live.settings import LoadedConfig, load_gateway_config
 from gateway.live.tenants import TenantStore
 from gateway.live.transport import HttpTransport
 from gateway.text2sql.db import DatabaseRegistry, load_databases

@@ -20,13 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.config.gateway import LoadedConfig
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, OnlineWorkflow, WorkflowTemplate
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import CallFailed, CallResult, Clock, LiveCall, Transport, WorkerEndpoint, WorkerPool
-from gateway.live.settings import LoadedConfig
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.tuning import AlphaTuner, WindowRecorder
 from gateway.text2sql.db import DatabaseRegistry

@@ -26,8 +26,8 @@ from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import TEMPLATES, OnlineWorkflow
 
 if TYPE_CHECKING:
+    from gateway.config.gateway import TuningConfig
     from gateway.live.service import Gateway
-    from gateway.live.settings import TuningConfig
 
 log = logging.getLogger("hexflow.tuning")
 

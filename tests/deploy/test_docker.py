@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from gateway.cli import main as hexflow
-from gateway.live.settings import load_gateway_config
+from gateway.config.gateway import load_gateway_config
 from gateway.live.tenants import TenantStore
 from gateway.text2sql.answers import load_answers
 from gateway.text2sql.db import DatabaseRegistry

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from gateway.cli import main as cli_main
+from gateway.config.gateway import load_gateway_config
 from gateway.live.discovery import pod_worker
-from gateway.live.settings import load_gateway_config
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"

@@ -32,8 +32,8 @@ import pytest
 import yaml
 
 from gateway.config import load_gpu_catalog
+from gateway.config.tenants import hash_key
 from gateway.live.metrics import OUTCOMES
-from gateway.live.tenants import hash_key
 from tests.emulator_process import free_port
 from tests.live.harness import BATCH_KEY, INTERACTIVE_KEY, chain, emulators, gateway_server, write_config
 

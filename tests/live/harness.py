@@ -15,8 +15,8 @@ import yaml
 from fastapi import FastAPI
 
 from gateway.config import load_gpu_catalog
+from gateway.config.gateway import load_gateway_config
 from gateway.live.server import build_app
-from gateway.live.settings import load_gateway_config
 from tests.emulator_process import free_port
 from workers.emulator import EmulatorConfig, Responder, create_app
 

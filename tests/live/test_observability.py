@@ -6,8 +6,8 @@ import asyncio
 import os
 from pathlib import Path
 
+from gateway.config.tenants import hash_key
 from gateway.live.promparse import parse_families
-from gateway.live.tenants import hash_key
 from tests.live.harness import chain, emulators, gateway_client, write_config
 
 GPUS = ["A100", "L40S"]

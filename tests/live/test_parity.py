@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from gateway.bench.simbench import fluid_bound
+from gateway.config.gateway import load_gateway_config
 from gateway.core.dag import DagCallSpec, DagWorkflow, chain_nodes
 from gateway.core.workflow import CHESS_TEMPLATE
 from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint
 from gateway.live.service import CallRequest, Gateway
-from gateway.live.settings import load_gateway_config
 from gateway.live.tenants import Tenant, TenantStore
-from gateway.sim.bench import fluid_bound
 from gateway.sim.simulator import Simulator
 from gateway.sim.workload import generate_chess_bird, poisson_arrivals, to_stages
 from tests.live.harness import write_config

@@ -6,12 +6,12 @@ import asyncio
 import random
 from pathlib import Path
 
+from gateway.config.gateway import load_gateway_config
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import CallFailed, CallResult, LiveCall, WorkerEndpoint, WorkerPool
 from gateway.live.promparse import WorkerMetrics
-from gateway.live.settings import load_gateway_config
 from tests.live.harness import write_config
 
 

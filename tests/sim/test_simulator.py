@@ -9,11 +9,11 @@ from collections import defaultdict
 
 import pytest
 
+from gateway.bench.simbench import Setup, fluid_bound
 from gateway.config import load_cluster, load_gpu_catalog
 from gateway.core.policy import POLICIES
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CANDIDATE, CHESS_TEMPLATE, STANDARD_WORKFLOW, Stage, StagedWorkflow
-from gateway.sim.bench import Setup, fluid_bound
 from gateway.sim.simulator import CallRecord, SimResult, Simulator
 from gateway.sim.workload import TenantSpec, generate_chess_bird
 

@@ -1,6 +1,6 @@
 """The full simulated benchmark: every hexgen trace, several SLO scales, every policy (``make bench-full``).
 
-    python -m gateway.sim.report --out out/bench [--traces trace1,...] [--slo-scales 3,5,8]
+    python -m gateway.bench.report --out out/bench [--traces trace1,...] [--slo-scales 3,5,8]
         [--cluster paper-4gpu] [--workflows 1000] [--jobs 2]
 
 For each (trace, SLO scale) it runs ``hexflow bench`` (JSON and plot per run) and then writes
@@ -22,10 +22,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from gateway.bench.simbench import BenchReport, Setup, plot_report, run_bench
 from gateway.config import load_cluster
 from gateway.core.policy import POLICIES
 from gateway.errors import GatewayError
-from gateway.sim.bench import BenchReport, Setup, plot_report, run_bench
 from gateway.sim.metrics import summarize
 from gateway.sim.simulator import Simulator
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
@@ -107,7 +107,7 @@ def _md(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the full benchmark and write the summary."""
-    ap = argparse.ArgumentParser(prog="python -m gateway.sim.report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gateway.bench.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out/bench")
     ap.add_argument("--traces", default=",".join(TRACES))
     ap.add_argument("--slo-scales", default="3,5,8")

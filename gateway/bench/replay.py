@@ -37,11 +37,11 @@ from typing import Any
 
 import httpx
 
+from gateway.bench.simbench import Setup
 from gateway.core.dag import DagWorkflow, chain_nodes
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CHESS_TEMPLATE, CallSpec, Stage
 from gateway.errors import GatewayError
-from gateway.sim.bench import Setup
 from gateway.sim.metrics import percentile
 from gateway.sim.workload import CHESS_BIRD, TenantSpec, load_queries, resolve_trace
 

@@ -357,7 +357,7 @@ def format_report(report: EvalReport) -> str:
 
 
 async def _check_gateway(client: httpx.AsyncClient) -> None:
-    from gateway.live.replay import ReplayError, check_gateway
+    from gateway.bench.replay import ReplayError, check_gateway
 
     try:
         await check_gateway(client)

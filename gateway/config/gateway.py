@@ -14,7 +14,9 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from gateway.config import ClusterConfig, FieldError, GpuCatalog, _Strict, load_gpu_catalog, load_yaml_model
+from gateway.config.base import FieldError, _Strict, load_yaml_model
+from gateway.config.cluster import ClusterConfig
+from gateway.config.gpus import GpuCatalog, load_gpu_catalog
 from gateway.core.policy import POLICIES
 from gateway.core.profile import time_scaled
 from gateway.core.scheduler import WorkerInfo

@@ -12,12 +12,12 @@ For each policy in turn:
    background tuning off so runs are reproducible) and a tenants file with one throw-away key whose
    limits never bind, then start ``python -m gateway.cli serve`` on a free port and wait for
    ``/readyz`` with every worker healthy;
-3. replay the workload (``gateway.live.replay``), then stop both processes (SIGTERM, then wait).
+3. replay the workload (``gateway.bench.replay``), then stop both processes (SIGTERM, then wait).
 
 The prediction is the simulator run on the *same* workflows (``ReplayWorkflow.dag``: the DAG the
 gateway builds) on the unscaled profiles, with the same policy, alpha and scheduler seed. Alpha of the
 policies that read it is tuned by the simulator on another window at the same rate
-(``gateway.sim.bench.tuned_alpha``), as ``hexflow bench`` does, unless fixed with ``--alpha``. The
+(``gateway.bench.simbench.tuned_alpha``), as ``hexflow bench`` does, unless fixed with ``--alpha``. The
 default rate is 0.55 x the cluster's fluid bound for the workload.
 
 Subprocess logs go to a temporary folder, removed after a successful run; when a process fails to
@@ -48,13 +48,13 @@ from typing import IO, Any
 import httpx
 import yaml
 
+from gateway.bench.replay import ReplayReport, ReplayWorkflow, fmt, replay, replay_setup, replay_workload, table
+from gateway.bench.simbench import fluid_bound, tuned_alpha
 from gateway.config import REPO_ROOT, ClusterConfig, build_workers, load_cluster_config, load_gpu_catalog
+from gateway.config.gateway import LoadedConfig, load_gateway_config
+from gateway.config.tenants import hash_key
 from gateway.core.policy import get_policy
 from gateway.errors import GatewayError
-from gateway.live.replay import ReplayReport, ReplayWorkflow, fmt, replay, replay_setup, replay_workload, table
-from gateway.live.settings import LoadedConfig, load_gateway_config
-from gateway.live.tenants import hash_key
-from gateway.sim.bench import fluid_bound, tuned_alpha
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator
 

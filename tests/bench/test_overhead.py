@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from gateway.live.overhead import format_report, run_overhead
+from gateway.bench.overhead import format_report, run_overhead
 
 
 def test_overhead_smoke() -> None:

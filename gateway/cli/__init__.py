@@ -38,7 +38,7 @@ from gateway.core.workflow import CallSpec
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
-    from gateway.sim.bench import BenchReport, Setup
+    from gateway.bench.simbench import BenchReport, Setup
 
 EXIT_USAGE = 2
 BENCH_WORKFLOWS = 1000
@@ -80,7 +80,7 @@ def _queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
 
 
 def _setup(args: argparse.Namespace) -> Setup:
-    from gateway.sim.bench import Setup
+    from gateway.bench.simbench import Setup
     from gateway.sim.workload import parse_tenants
 
     workers = _workers(args.cluster)
@@ -115,7 +115,7 @@ def _policies(text: str) -> list[str]:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """One policy, one run: headline figures, per tenant when there are several."""
-    from gateway.sim.bench import fluid_bound
+    from gateway.bench.simbench import fluid_bound
     from gateway.sim.metrics import summarize
     from gateway.sim.simulator import Simulator
 
@@ -175,7 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.workflows = BENCH_WORKFLOWS
     from tqdm import tqdm
 
-    from gateway.sim.bench import plot_report, run_bench
+    from gateway.bench.simbench import plot_report, run_bench
 
     policies = _policies(args.policies)
     setup = _setup(args)
@@ -259,7 +259,7 @@ def _print_rate_table(report: BenchReport, policies: Sequence[str], rate: float,
 
 def cmd_bench_live(args: argparse.Namespace) -> int:
     """``bench --live``: each policy on the live gateway over an emulated cluster, and its simulation."""
-    from gateway.live.livebench import format_live_report, plot_live_report, run_live_bench
+    from gateway.bench.livebench import format_live_report, plot_live_report, run_live_bench
 
     policies = _policies(args.policies)
     if args.tenants:
@@ -303,7 +303,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """Replay a workload against a running gateway in real time; print and optionally save the report."""
     import asyncio
 
-    from gateway.live.replay import format_report, replay, replay_setup, replay_workload
+    from gateway.bench.replay import format_report, replay, replay_setup, replay_workload
 
     try:
         rate = float(args.rate)
@@ -356,7 +356,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune alpha on a window of traffic; print the table of all grid points."""
-    from gateway.sim.bench import fluid_bound
+    from gateway.bench.simbench import fluid_bound
     from gateway.sim.tune import ALPHA_GRID, tune_alpha
 
     policy = get_policy(args.policy)
@@ -579,7 +579,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     """Measure the gateway's added latency and CPU per call against calling a worker directly."""
     from pathlib import Path
 
-    from gateway.live.overhead import format_report, run_overhead, write_json
+    from gateway.bench.overhead import format_report, run_overhead, write_json
 
     if not args.rate > 0 or not args.duration > 0 or not args.p99_limit_ms > 0:
         raise UsageError("--rate, --duration and --p99-limit-ms must be positive")
@@ -594,7 +594,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run the Text-to-SQL demo end to end on emulated workers."""
     from pathlib import Path
 
-    from gateway.text2sql.demo_run import format_summary, run_demo
+    from gateway.bench.demo import format_summary, run_demo
 
     if args.questions < 1:
         raise UsageError("--questions must be at least 1")
@@ -614,7 +614,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_eval_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``eval``, ``databases`` and ``answers``: a Spider-format dataset end to end (``gateway.text2sql.eval_run``).
+    """``eval``, ``databases`` and ``answers``: a Spider-format dataset end to end (``gateway.bench.text2sql_eval``).
 
     Numbers are parsed by the commands, not by argparse, so bad values stop with one line (exit 2).
     """
@@ -696,7 +696,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Send a dataset's questions to a running gateway and report execution accuracy and latency."""
     import asyncio
 
-    from gateway.text2sql.eval_run import evaluate, format_report, spider_items
+    from gateway.bench.text2sql_eval import evaluate, format_report, spider_items
 
     dataset = _dataset_dir("--dataset", args.dataset, needs_dev_json=True)
     key = (args.api_key or os.environ.get("HEXFLOW_API_KEY", "")).strip()
@@ -742,8 +742,8 @@ def cmd_databases(args: argparse.Namespace) -> int:
     """Write the databases file of a Spider-format dataset, or the demo database and its databases file."""
     import yaml
 
+    from gateway.bench.text2sql_eval import write_databases_file
     from gateway.text2sql.demo import write_demo_databases
-    from gateway.text2sql.eval_run import write_databases_file
 
     demo = _demo_or_spider(args, "the project's demo database")
     dataset = None if demo else _dataset_dir("--spider", args.spider, needs_dev_json=False)
@@ -812,7 +812,7 @@ def cmd_config_reference(args: argparse.Namespace) -> int:
 
 def cmd_hash_key(args: argparse.Namespace) -> int:
     """Print the hash of an API key for ``api_key_sha256`` in tenants.yaml."""
-    from gateway.live.tenants import hash_key
+    from gateway.config.tenants import hash_key
 
     key = sys.stdin.readline().strip() if args.key == "-" else args.key
     if not key:
@@ -828,8 +828,8 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
     import aiohttp
 
+    from gateway.config.gateway import load_gateway_config
     from gateway.live.discovery import KubeApiError, api_from_config, pod_state
-    from gateway.live.settings import load_gateway_config
 
     loaded = load_gateway_config(args.config)
     kube = loaded.cfg.discovery.kubernetes if loaded.cfg.discovery is not None else None
@@ -921,6 +921,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("hexflow: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,10 +16,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gateway.cli import main
-from gateway.config import load_cluster
-from gateway.core.workflow import CHESS_TEMPLATE
-from gateway.live.replay import (
+from gateway.bench.replay import (
     ReplayError,
     ReplayWorkflow,
     padded_percentile,
@@ -27,10 +24,13 @@ from gateway.live.replay import (
     replay_setup,
     replay_workload,
 )
+from gateway.bench.simbench import Setup, fluid_bound
+from gateway.cli import main
+from gateway.config import load_cluster
+from gateway.config.gateway import load_gateway_config
+from gateway.core.workflow import CHESS_TEMPLATE
 from gateway.live.schemas import WorkflowRequest
 from gateway.live.server import build_app
-from gateway.live.settings import load_gateway_config
-from gateway.sim.bench import Setup, fluid_bound
 from gateway.sim.metrics import percentile
 from gateway.sim.simulator import Simulator
 from gateway.sim.workload import generate_chess_bird, poisson_arrivals

@@ -36,8 +36,8 @@ import aiohttp
 import httpx
 import yaml
 
+from gateway.bench.livebench import free_port
 from gateway.errors import GatewayError
-from gateway.live.livebench import free_port
 from gateway.sim.metrics import percentile
 
 API_KEY = "demo-interactive-key"

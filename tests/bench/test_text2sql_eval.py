@@ -31,10 +31,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.cli import main
-from gateway.text2sql.answers import AnswerEntry, answers_from_spider, candidate_sql
-from gateway.text2sql.db import DatabaseConfig, load_databases
-from gateway.text2sql.eval_run import (
+from gateway.bench.text2sql_eval import (
     EvalError,
     EvalItem,
     EvalReport,
@@ -43,6 +40,9 @@ from gateway.text2sql.eval_run import (
     spider_items,
     write_databases_file,
 )
+from gateway.cli import main
+from gateway.text2sql.answers import AnswerEntry, answers_from_spider, candidate_sql
+from gateway.text2sql.db import DatabaseConfig, load_databases
 from gateway.text2sql.evaluate import execute_sqlite
 from tests.emulator_process import free_port
 from tests.live.harness import BATCH_KEY, emulators, gateway_server, write_config

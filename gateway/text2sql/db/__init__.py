@@ -48,13 +48,12 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
-from urllib.parse import quote, urlsplit, urlunsplit
+from typing import Any, ClassVar, Literal
+from urllib.parse import quote
 
 import asyncpg
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.config import load_yaml_model
+from gateway.config.databases import DatabaseConfig, DatabasesFile, Dialect, load_databases
 from gateway.errors import UnknownNameError
 from gateway.text2sql.sqlsafe import SqlRejected, check_sql, is_dangerous_function
 
@@ -82,7 +81,6 @@ __all__ = [
     "serialize_schema",
 ]
 
-Dialect = Literal["sqlite", "postgres"]
 Descriptions = Mapping[str, Mapping[str, str]]
 """Column descriptions of one database: table -> column -> text (names matched case-insensitively)."""
 Scalar = int | float | str | bool | None
@@ -94,108 +92,6 @@ _FETCH_CHUNK = 256
 
 # --------------------------------------------------------------------------------------------------
 # Configuration
-
-DbId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-_SQLITE_PREFIX = "sqlite:///"
-
-
-def _redact(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-class DatabaseConfig(BaseModel):
-    """One database: where it is and the limits every query on it runs under."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    url: str = Field(
-        description="sqlite:///relative/path.sqlite, sqlite:////absolute/path.sqlite, "
-        "or postgresql://user[:password]@host[:port]/dbname."
-    )
-    description: str = Field("", description="Free text: what the database holds.")
-    statement_timeout_s: float = Field(5.0, gt=0.0, le=3600.0, allow_inf_nan=False, description="Per query.")
-    connect_timeout_s: float = Field(10.0, gt=0.0, le=600.0, allow_inf_nan=False, description="PostgreSQL.")
-    max_rows: int = Field(1000, ge=1, le=10_000_000, description="Rows a result keeps; more -> truncated.")
-    max_result_bytes: int = Field(1_048_576, ge=1024, description="JSON size a result keeps; more -> truncated.")
-    sample_values: int = Field(3, ge=0, le=20, description="Distinct example values per column in the schema.")
-    pool_size: int = Field(4, ge=1, le=64, description="PostgreSQL connections at most.")
-    db_schema: str = Field(
-        "public", alias="schema", min_length=1, max_length=63, description="PostgreSQL schema to introspect."
-    )
-
-    @field_validator("url")
-    @classmethod
-    def _check_url(cls, v: str) -> str:
-        if v.startswith(_SQLITE_PREFIX):
-            if not v[len(_SQLITE_PREFIX) :].strip():
-                raise ValueError("sqlite URL without a path; expected sqlite:///path/to/file.sqlite")
-            return v
-        if v.startswith("sqlite:"):
-            raise ValueError("sqlite URLs start with 'sqlite:///' (then a relative path, or '/' and an absolute one)")
-        parts = urlsplit(v)
-        if parts.scheme not in ("postgresql", "postgres"):
-            raise ValueError(
-                f"unsupported URL {_redact(v)!r}; expected sqlite:///path.sqlite or postgresql://user@host:port/dbname"
-            )
-        try:
-            _ = parts.port
-        except ValueError as exc:
-            raise ValueError(f"invalid port in {_redact(v)!r}: {exc}") from None
-        if not parts.hostname or not parts.path.strip("/"):
-            raise ValueError(f"PostgreSQL URL {_redact(v)!r} needs a host and a database name")
-        return v
-
-    @property
-    def dialect(self) -> Dialect:
-        """``"sqlite"`` or ``"postgres"``, from the URL."""
-        return "sqlite" if self.url.startswith(_SQLITE_PREFIX) else "postgres"
-
-    def sqlite_path(self, base_dir: Path | str | None = None) -> Path:
-        """The SQLite file; a relative path is taken relative to ``base_dir`` (default: the cwd)."""
-        if self.dialect != "sqlite":
-            raise ValueError(f"not a sqlite URL: {_redact(self.url)}")
-        path = Path(self.url[len(_SQLITE_PREFIX) :])
-        if not path.is_absolute() and base_dir is not None:
-            path = Path(base_dir) / path
-        return path
-
-    @property
-    def safe_url(self) -> str:
-        """The URL without its password, for messages and logs."""
-        return _redact(self.url)
-
-
-class DatabasesFile(BaseModel):
-    """A databases file: db_id -> ``DatabaseConfig``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    databases: dict[DbId, DatabaseConfig] = Field(min_length=1, description="db_id -> database.")
-
-
-def load_databases(path: Path | str) -> DatabasesFile:
-    """Load a databases file; relative SQLite paths are made absolute against the file's folder.
-
-    Every failure (missing file, bad YAML, invalid field) is a one-line ``ConfigError``.
-    """
-    loaded = load_yaml_model(path, DatabasesFile)
-    base = Path(path).resolve().parent
-    resolved = {
-        db_id: (
-            cfg.model_copy(update={"url": _SQLITE_PREFIX + str(cfg.sqlite_path(base))})
-            if cfg.dialect == "sqlite"
-            else cfg
-        )
-        for db_id, cfg in loaded.databases.items()
-    }
-    return loaded.model_copy(update={"databases": resolved})
-
 
 # --------------------------------------------------------------------------------------------------
 # Results and errors

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.bench.simbench import Bench, Setup, fluid_bound, plot_report, run_bench, standard_latency
 from gateway.config import load_cluster
-from gateway.sim.bench import Bench, Setup, fluid_bound, plot_report, run_bench, standard_latency
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
 from gateway.sim.workload import generate_chess_bird
 

@@ -170,7 +170,7 @@ def run_demo(
     keep_dir: Path | None = None,
 ) -> DemoReport:
     """Start the emulated cluster and the gateway, ask the questions, stop everything; return the report."""
-    from gateway.live.livebench import cluster_process, free_port, gateway_process, write_gateway_config
+    from gateway.bench.livebench import cluster_process, free_port, gateway_process, write_gateway_config
 
     all_q = demo_questions()
     if not questions >= 1:

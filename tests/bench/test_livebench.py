@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.bench import livebench
+from gateway.bench.livebench import write_gateway_config, write_tenants_file
 from gateway.cli import main
 from gateway.config import build_workers, load_cluster_config
-from gateway.live import livebench
-from gateway.live.livebench import write_gateway_config, write_tenants_file
 from gateway.live.tenants import TenantStore
 from tests.emulator_process import free_port
 

@@ -1,0 +1,197 @@
+"""Cluster files (``config/clusters/*.yaml``) and the scheduler's workers built from them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from gateway.config.base import CLUSTERS_DIR, FieldError, Name, _known, _Strict, load_yaml_model
+from gateway.config.gpus import GpuCatalog, load_gpu_catalog
+from gateway.core.scheduler import WorkerInfo
+from gateway.errors import UnknownNameError
+
+
+def _catalog_from(info: ValidationInfo) -> GpuCatalog | None:
+    ctx = info.context
+    if isinstance(ctx, Mapping):
+        cat = ctx.get("catalog")
+        if isinstance(cat, GpuCatalog):
+            return cat
+    return None
+
+
+class WorkerConfig(_Strict):
+    """One entry of a cluster's ``workers`` list: ``count`` identical vLLM engines."""
+
+    name: Name | None = Field(
+        None,
+        description="Worker name; default '<gpu>-<index>' (index in the expanded list). "
+        "With count > 1 a given name becomes '<name>-<k>'.",
+    )
+    gpu: str = Field(min_length=1, description="GPU type, a key of gpus.yaml's 'gpus'.")
+    model: str | None = Field(None, min_length=1, description="Served model; default: the cluster's.")
+    capacity: int = Field(8, ge=1, le=1024, description="Gateway in-flight limit for this worker.")
+    count: int = Field(1, ge=1, le=1024, description="Number of identical workers this entry stands for.")
+    url: str | None = Field(
+        None, pattern=r"^https?://\S+$", description="Base URL of the worker's OpenAI-compatible server."
+    )
+    served_model: str | None = Field(
+        None,
+        min_length=1,
+        description="Model name the worker serves (the 'model' field of requests sent to it); "
+        "default: the profile's model name.",
+    )
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str, info: ValidationInfo) -> str:
+        cat = _catalog_from(info)
+        if cat is not None and v not in cat.gpus:
+            raise ValueError(f"unknown GPU {v!r}; known: {_known(cat.gpus)}")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str | None, info: ValidationInfo) -> str | None:
+        cat = _catalog_from(info)
+        if v is not None and cat is not None and v not in cat.models:
+            raise ValueError(f"unknown model {v!r}; known: {_known(cat.models)}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_url_one_worker(self) -> WorkerConfig:
+        if self.url is not None and self.count > 1:
+            raise ValueError("a url names one worker; give each worker its own entry instead of count")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedWorker:
+    """One worker after expansion: defaults filled in, ``count`` unrolled."""
+
+    name: str
+    gpu: str
+    model: str
+    capacity: int
+    url: str | None
+    served_model: str | None = None
+
+
+class ClusterConfig(_Strict):
+    """A cluster file: a named list of workers, each a vLLM engine on some GPU type."""
+
+    name: Name = Field(description="Cluster name (used in reports).")
+    description: str = Field("", description="Free text: where the setting comes from.")
+    model: str = Field(
+        "llama-3.1-70b",
+        min_length=1,
+        validate_default=True,
+        description="Model served unless a worker overrides.",
+    )
+    workers: list[WorkerConfig] = Field(min_length=1, description="The workers, in scheduler order.")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str, info: ValidationInfo) -> str:
+        cat = _catalog_from(info)
+        if cat is not None and v not in cat.models:
+            raise ValueError(f"unknown model {v!r}; known: {_known(cat.models)}")
+        return v
+
+    @model_validator(mode="after")
+    def _check_workers(self, info: ValidationInfo) -> ClusterConfig:
+        cat = _catalog_from(info)
+        if cat is not None:
+            for i, w in enumerate(self.workers):
+                model = w.model or self.model
+                profiled = cat.profiles.get(model, {})
+                if w.gpu in cat.gpus and model in cat.models and w.gpu not in profiled:
+                    raise FieldError(
+                        f"workers.{i}.gpu",
+                        f"no profile for {model} on {w.gpu}; profiled GPUs: {_known(profiled)}",
+                    )
+        seen: dict[str, int] = {}
+        for i, (entry, rw) in enumerate(self._expand()):
+            if rw.name in seen:
+                raise FieldError(
+                    f"workers.{entry}.name",
+                    f"duplicate worker name {rw.name!r} (also worker {seen[rw.name]} after expansion)",
+                )
+            seen[rw.name] = i
+        return self
+
+    def _expand(self) -> list[tuple[int, ResolvedWorker]]:
+        out: list[tuple[int, ResolvedWorker]] = []
+        for entry, w in enumerate(self.workers):
+            for k in range(w.count):
+                index = len(out)
+                base = f"{w.gpu}-{index}" if w.name is None else w.name
+                name = base if w.name is None or w.count == 1 else f"{base}-{k}"
+                rw = ResolvedWorker(name, w.gpu, w.model or self.model, w.capacity, w.url, w.served_model)
+                out.append((entry, rw))
+        return out
+
+    def expanded(self) -> list[ResolvedWorker]:
+        """The workers with ``count`` unrolled, names and models filled in, in file order.
+
+        Default names are ``<gpu>-<index>`` with the index of the worker in this list, so they are
+        unique and match the scheduler's worker indices (``A100-0, A100-1, A6000-2, L40S-3``).
+        """
+        return [rw for _, rw in self._expand()]
+
+
+def known_clusters() -> list[str]:
+    """Names of the cluster files in ``config/clusters``."""
+    return sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml"))
+
+
+def resolve_cluster_path(name_or_path: str | Path) -> Path:
+    """A cluster file path: a ``Path`` or anything path-like is kept, a bare name is looked up.
+
+    ``"paper-4gpu"`` -> ``config/clusters/paper-4gpu.yaml``; ``"my/x.yaml"`` is a path. A bare name
+    without a file raises ``UnknownNameError`` listing the known clusters; a path is not checked here
+    (loading reports a missing file as ``ConfigError``).
+    """
+    if isinstance(name_or_path, Path):
+        return name_or_path
+    s = name_or_path
+    if "/" in s or "\\" in s or s.endswith((".yaml", ".yml")):
+        return Path(s)
+    p = CLUSTERS_DIR / f"{s}.yaml"
+    if not p.is_file():
+        raise UnknownNameError("cluster", s, known_clusters())
+    return p
+
+
+def load_cluster_config(path: Path | str, catalog: GpuCatalog | None = None) -> ClusterConfig:
+    """Load a cluster file (a path or a bare name), checking GPU and model names against ``catalog``.
+
+    ``catalog`` defaults to ``load_gpu_catalog()``.
+    """
+    cat = load_gpu_catalog() if catalog is None else catalog
+    return load_yaml_model(resolve_cluster_path(path), ClusterConfig, context={"catalog": cat})
+
+
+def build_workers(cluster: ClusterConfig, catalog: GpuCatalog) -> list[WorkerInfo]:
+    """The scheduler's view of a cluster: one ``WorkerInfo`` per expanded worker, in file order.
+
+    Raises ``UnknownNameError`` for a GPU/model pair without a profile (``load_cluster_config``
+    already reports those as ``ConfigError``).
+    """
+    return [
+        WorkerInfo(name=w.name, profile=catalog.profile(w.gpu, w.model), capacity=w.capacity)
+        for w in cluster.expanded()
+    ]
+
+
+def load_cluster(path: Path | str, catalog: GpuCatalog | None = None) -> list[WorkerInfo]:
+    """Load a cluster file (a path or a bare name) into the scheduler's workers.
+
+    Use ``load_cluster_config`` + ``build_workers`` when the ``ClusterConfig`` (name, urls) is needed
+    as well; ``ClusterConfig.expanded()[i]`` describes ``WorkerInfo`` ``i``.
+    """
+    cat = load_gpu_catalog() if catalog is None else catalog
+    return build_workers(load_cluster_config(path, cat), cat)

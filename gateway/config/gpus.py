@@ -1,0 +1,189 @@
+"""``config/gpus.yaml``: GPU specs, model specs, the fitter's inputs and the fitted profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from gateway.config.base import (
+    DEFAULT_GPU_CATALOG,
+    FieldError,
+    Fraction,
+    Name,
+    NonNegFloat,
+    PosFloat,
+    _known,
+    _Strict,
+    load_yaml_model,
+)
+from gateway.core.profile import PerfProfile, profile_from
+from gateway.errors import UnknownNameError
+
+
+class GpuSpec(_Strict):
+    """One GPU type as its vendor's spec sheet describes it."""
+
+    description: str = Field("", description="Full product name (form factor, memory variant).")
+    tflops_bf16: PosFloat = Field(description="Peak dense BF16 tensor-core throughput, TFLOP/s.")
+    mem_bw_tbs: PosFloat = Field(description="Peak memory bandwidth, TB/s.")
+    mem_gb: PosFloat = Field(description="Memory per GPU, GB (10^9 bytes).")
+    source: str = Field(min_length=1, description="Where the numbers come from (spec sheet name, URL).")
+
+
+class ModelSpec(_Strict):
+    """A served model: what its weights and its KV cache cost."""
+
+    params: PosFloat = Field(description="Parameter count.")
+    dtype_bytes: int = Field(2, ge=1, le=4, description="Bytes per weight and per KV element (bf16: 2).")
+    layers: int = Field(ge=1, description="Transformer layers.")
+    kv_heads: int = Field(ge=1, description="Key/value heads (grouped-query attention).")
+    head_dim: int = Field(ge=1, description="Dimension of one attention head.")
+    source: str = Field(min_length=1, description="Where the architecture numbers come from.")
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of weights read by one forward pass (all of them: dense model)."""
+        return self.params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token occupies: layers x kv_heads x head_dim x (K, V) x dtype bytes."""
+        return self.layers * self.kv_heads * self.head_dim * 2 * self.dtype_bytes
+
+
+class ProfileSpec(_Strict):
+    """Performance constants of one engine (a model on ``tp`` GPUs of one type); see ``PerfProfile``."""
+
+    tp: int = Field(ge=1, le=64, description="Tensor-parallel degree: GPUs per engine.")
+    iter_base_s: PosFloat = Field(description="Seconds per iteration at zero batch and context.")
+    token_s: PosFloat = Field(description="Seconds per batched token (prefill or decode) per iteration.")
+    ctx_s: NonNegFloat = Field(description="Seconds per context token read by attention per iteration.")
+    request_overhead_s: NonNegFloat = Field(description="Per-request latency off the GPU, seconds.")
+    kv_capacity_tokens: int = Field(ge=1, description="KV-cache capacity of the engine, tokens.")
+    max_num_seqs: int = Field(64, ge=1, le=4096, description="vLLM --max-num-seqs: running calls.")
+    max_batched_tokens: int = Field(
+        2048, ge=16, le=1 << 20, description="vLLM --max-num-batched-tokens: chunked-prefill budget."
+    )
+    basis: str = Field("", description="How the constants were obtained (fitted, derived, ...).")
+
+
+class PublishedLatency(_Strict):
+    """Published single-request latencies of one GPU, the calibration targets."""
+
+    workflow_s: PosFloat = Field(description="Whole STANDARD_WORKFLOW, seconds (sum of its calls).")
+    candidate_s: PosFloat = Field(description="One generate_candidate call (11748 in, 678 out), seconds.")
+
+
+class TpRule(_Strict):
+    """Tensor-parallel degree of a model's engines: a default and per-GPU exceptions."""
+
+    default: int = Field(ge=1, le=64, description="GPUs per engine unless listed in per_gpu.")
+    per_gpu: dict[str, Annotated[int, Field(ge=1, le=64)]] = Field(
+        default_factory=dict, description="GPU name -> GPUs per engine."
+    )
+
+    def for_gpu(self, gpu: str) -> int:
+        """The degree for ``gpu``."""
+        return self.per_gpu.get(gpu, self.default)
+
+
+class CalibrationSpec(_Strict):
+    """Inputs of the fitter (``gateway.sim.calibrate``), which writes the ``profiles`` section."""
+
+    model: str = Field(description="The model the published latencies were measured with.")
+    source: str = Field(min_length=1, description="Where the published latencies come from.")
+    published: dict[str, PublishedLatency] = Field(description="GPU name -> published latencies.")
+    reference_gpu: str = Field(description="Fitted GPU whose bandwidth efficiency and overhead derived profiles reuse.")
+    decode_from: dict[str, str] = Field(
+        default_factory=dict,
+        description="GPU -> fitted GPU whose decode constants it reuses (calibration model only).",
+    )
+    tp: dict[str, TpRule] = Field(description="Model name -> tensor-parallel rule.")
+    prefill_mfu: Fraction = Field(0.5, description="Model-FLOPs utilisation assumed for batched tokens.")
+    gpu_memory_utilization: Fraction = Field(0.9, description="vLLM --gpu-memory-utilization.")
+    max_num_seqs: int = Field(64, ge=1, le=4096, description="vLLM --max-num-seqs of every profile.")
+    max_batched_tokens: int = Field(
+        2048, ge=16, le=1 << 20, description="vLLM --max-num-batched-tokens of every profile."
+    )
+
+
+class GpuCatalog(_Strict):
+    """``config/gpus.yaml``: GPU specs, model specs, the fitter's inputs and the fitted profiles."""
+
+    gpus: dict[Name, GpuSpec] = Field(min_length=1, description="GPU name -> spec sheet numbers.")
+    models: dict[Name, ModelSpec] = Field(min_length=1, description="Model name -> architecture.")
+    calibration: CalibrationSpec = Field(description="Inputs of gateway.sim.calibrate.")
+    profiles: dict[str, dict[str, ProfileSpec]] = Field(
+        default_factory=dict, description="Model name -> GPU name -> fitted constants."
+    )
+
+    @model_validator(mode="after")
+    def _names_exist(self) -> GpuCatalog:
+        gpus, models = self.gpus, self.models
+        cal = self.calibration
+
+        def gpu(field: str, name: str) -> None:
+            if name not in gpus:
+                raise FieldError(field, f"unknown GPU {name!r}; known: {_known(gpus)}")
+
+        def model(field: str, name: str) -> None:
+            if name not in models:
+                raise FieldError(field, f"unknown model {name!r}; known: {_known(models)}")
+
+        for m, per_gpu in self.profiles.items():
+            model(f"profiles.{m}", m)
+            for g in per_gpu:
+                gpu(f"profiles.{m}.{g}", g)
+        model("calibration.model", cal.model)
+        gpu("calibration.reference_gpu", cal.reference_gpu)
+        if cal.reference_gpu not in cal.published:
+            raise FieldError(
+                "calibration.reference_gpu",
+                f"{cal.reference_gpu!r} has no published latency; fitted: {_known(cal.published)}",
+            )
+        for g in cal.published:
+            gpu(f"calibration.published.{g}", g)
+        for g, src in cal.decode_from.items():
+            gpu(f"calibration.decode_from.{g}", g)
+            if src not in cal.published:
+                raise FieldError(
+                    f"calibration.decode_from.{g}",
+                    f"{src!r} has no published latency; fitted: {_known(cal.published)}",
+                )
+        for m, rule in cal.tp.items():
+            model(f"calibration.tp.{m}", m)
+            for g in rule.per_gpu:
+                gpu(f"calibration.tp.{m}.per_gpu.{g}", g)
+        for m in models:
+            if m not in cal.tp:
+                raise FieldError("calibration.tp", f"no tensor-parallel rule for model {m!r}")
+        return self
+
+    def profile_names(self) -> list[str]:
+        """Every ``GPU/model`` pair that has a profile."""
+        return sorted(f"{g}/{m}" for m, per_gpu in self.profiles.items() for g in per_gpu)
+
+    def profile_spec(self, gpu: str, model: str) -> ProfileSpec:
+        """The raw constants of ``gpu`` serving ``model``; ``UnknownNameError`` when there are none."""
+        if model not in self.models:
+            raise UnknownNameError("model", model, list(self.models))
+        if gpu not in self.gpus:
+            raise UnknownNameError("GPU", gpu, list(self.gpus))
+        spec = self.profiles.get(model, {}).get(gpu)
+        if spec is None:
+            raise UnknownNameError("profile", f"{gpu}/{model}", self.profile_names())
+        return spec
+
+    def profile(self, gpu: str, model: str) -> PerfProfile:
+        """The performance model of one engine of ``model`` on ``gpu`` GPUs.
+
+        Raises ``UnknownNameError`` for an unknown GPU, an unknown model, or a pair without a profile.
+        """
+        return profile_from(gpu, model, self.profile_spec(gpu, model))
+
+
+def load_gpu_catalog(path: Path | str | None = None) -> GpuCatalog:
+    """Load the GPU catalogue; default: the repository's ``config/gpus.yaml``."""
+    return load_yaml_model(DEFAULT_GPU_CATALOG if path is None else path, GpuCatalog)
