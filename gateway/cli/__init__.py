@@ -920,4 +920,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hexflow: interrupted", file=sys.stderr)
         return 130
-

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gateway.core.workflow import CallSpec, CostFn, Workflow, WorkflowTemplate
+from gateway.core.workflow import CallSpec, CostFn, TemplateCursor, Workflow, WorkflowTemplate
 
 
 class DagError(ValueError):
@@ -104,8 +104,7 @@ class DagWorkflow(Workflow):
     _released: list[bool] = field(default_factory=list, repr=False)
     _finished: int = field(default=0, repr=False)
     _started: bool = field(default=False, repr=False)
-    _cursor: int = field(default=-1, repr=False)
-    _rounds: int = field(default=0, repr=False)
+    _cursor: TemplateCursor = field(default_factory=lambda: TemplateCursor(None), repr=False)
     _remaining_cache: tuple[object, int, float] | None = field(default=None, repr=False)
     _n_released: int = field(default=0, repr=False)
 
@@ -140,8 +139,7 @@ class DagWorkflow(Workflow):
         self._released = [False] * len(self.nodes)
         self._finished = 0
         self._started = False
-        self._cursor = -1
-        self._rounds = 0
+        self._cursor = TemplateCursor(self.template)
         self._remaining_cache = None
         self._n_released = 0
 
@@ -165,10 +163,8 @@ class DagWorkflow(Workflow):
         for i in ready:
             self._released[i] = True
         self._n_released += len(ready)
-        if ready and self.template is not None:
-            prev = self._cursor
-            self._cursor = self.template.advance(prev, self.nodes[ready[0]].kind)
-            self._rounds = self._rounds + 1 if self._cursor == prev else 1
+        if ready:
+            self._cursor.enter(self.nodes[ready[0]].kind)
         return [self.spec(i) for i in ready]
 
     def start(self) -> list[CallSpec]:
@@ -207,7 +203,7 @@ class DagWorkflow(Workflow):
     def expected_remaining(self, cost: CostFn) -> float:
         """Expected cost after the current stage: the template's, or the DAG's unreleased critical path."""
         if self.template is not None:
-            return self.template.remaining_after(self._cursor, self._rounds, cost)
+            return self._cursor.remaining(cost)
         cached = self._remaining_cache
         if cached is not None and cached[0] is cost and cached[1] == self._n_released:
             return cached[2]

@@ -12,6 +12,8 @@ Classes:
     Workflow          the interface a driver (simulator or live gateway) steps through
     StagedWorkflow    a workflow whose stages are known to the driver (trace replay, synthetic load)
     PhaseSpec, WorkflowTemplate, CHESS_TEMPLATE   the expected shape used for budgets
+    TemplateCursor    where a workflow stands in its template (every workflow kind walks one)
+    deadline_met      the one rule for "met its deadline" (every driver and report asks it)
 """
 
 from __future__ import annotations
@@ -21,6 +23,20 @@ from dataclasses import dataclass, field
 
 CostFn = Callable[[str, int, int], float]
 """Reference cost of a call: ``cost(kind, input_tokens, output_tokens) -> seconds``."""
+
+DEADLINE_TOLERANCE_S = 1e-9
+"""A workflow finishing this close after its deadline still meets it (absorbs float rounding of
+``arrival + deadline_s``)."""
+
+
+def deadline_met(finish: float, deadline: float, *, valid: bool = True) -> bool:
+    """The one deadline rule: a workflow meets its deadline when it finished by then *with a valid answer*.
+
+    Every driver and report asks this (the simulator's records, the live gateway's metrics and responses,
+    the Text-to-SQL pipeline); none compares times itself. ``valid`` is false for a failed workflow and for
+    a Text-to-SQL answer without usable SQL.
+    """
+    return valid and finish <= deadline + DEADLINE_TOLERANCE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +121,14 @@ class Workflow:
         """Expected duration of the stages after the current one, from the template only."""
         raise NotImplementedError
 
+    def remaining(self, now: float) -> float:
+        """Seconds left before the deadline at ``now`` (negative once it has passed)."""
+        return self.deadline - now
+
+    def met(self, finish: float, *, valid: bool = True) -> bool:
+        """Whether finishing at ``finish`` (with a ``valid`` answer) meets the deadline: ``deadline_met``."""
+        return deadline_met(finish, self.deadline, valid=valid)
+
 
 @dataclass(frozen=True, slots=True)
 class PhaseSpec:
@@ -186,6 +210,34 @@ class WorkflowTemplate:
         return out
 
 
+@dataclass(slots=True)
+class TemplateCursor:
+    """Where a workflow stands in its template: the phase of its current stage and the rounds of it so far.
+
+    Every workflow kind walks its template through one of these (``enter`` when a stage starts), and asks
+    it for the expected cost of what is still to come (``remaining``). Without a template nothing is
+    expected to follow.
+    """
+
+    template: WorkflowTemplate | None
+    phase: int = -1
+    rounds: int = 0
+
+    def enter(self, kind: str) -> None:
+        """A stage of ``kind`` starts: move to its phase (a repeated phase counts another round)."""
+        if self.template is None:
+            return
+        prev = self.phase
+        self.phase = self.template.advance(prev, kind)
+        self.rounds = self.rounds + 1 if self.phase == prev else 1
+
+    def remaining(self, cost: CostFn) -> float:
+        """Expected cost after the current stage, from the template (0 without a template)."""
+        if self.template is None:
+            return 0.0
+        return self.template.remaining_after(self.phase, self.rounds, cost)
+
+
 @dataclass(frozen=True, slots=True)
 class Stage:
     """One stage of a ``StagedWorkflow``: calls that run in parallel."""
@@ -209,8 +261,10 @@ class StagedWorkflow(Workflow):
     template: WorkflowTemplate | None = None
     _index: int = field(default=-1, repr=False)
     _pending: int = field(default=0, repr=False)
-    _cursor: int = field(default=-1, repr=False)
-    _rounds: int = field(default=0, repr=False)
+    _cursor: TemplateCursor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._cursor = TemplateCursor(self.template)
 
     def fresh(self) -> StagedWorkflow:
         """An unstarted copy (same id, tenant, times and stages), for replaying a workload again."""
@@ -232,10 +286,7 @@ class StagedWorkflow(Workflow):
             return []
         stage = self.stages[self._index]
         self._pending = len(stage.calls)
-        if self.template is not None:
-            prev_cursor = self._cursor
-            self._cursor = self.template.advance(prev_cursor, stage.kind)
-            self._rounds = self._rounds + 1 if self._cursor == prev_cursor else 1
+        self._cursor.enter(stage.kind)
         return list(stage.calls)
 
     def complete(self, spec: CallSpec) -> list[CallSpec]:
@@ -259,9 +310,7 @@ class StagedWorkflow(Workflow):
 
     def expected_remaining(self, cost: CostFn) -> float:
         """Expected cost after the current stage, from the template (0 without a template)."""
-        if self.template is None:
-            return 0.0
-        return self.template.remaining_after(self._cursor, self._rounds, cost)
+        return self._cursor.remaining(cost)
 
 
 @dataclass(eq=False)
@@ -280,18 +329,17 @@ class OnlineWorkflow(Workflow):
     deadline: float
     template: WorkflowTemplate | None = None
     stages: list[Stage] = field(default_factory=list)
-    _cursor: int = field(default=-1, repr=False)
-    _rounds: int = field(default=0, repr=False)
     _pending: int = field(default=0, repr=False)
+    _cursor: TemplateCursor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._cursor = TemplateCursor(self.template)
 
     def begin_stage(self, kind: str, calls: Sequence[CallSpec]) -> None:
         """The driver is about to submit ``calls`` as the next stage (of ``kind``)."""
         self.stages.append(Stage(kind, tuple(calls)))
         self._pending += len(calls)
-        if self.template is not None:
-            prev = self._cursor
-            self._cursor = self.template.advance(prev, kind)
-            self._rounds = self._rounds + 1 if self._cursor == prev else 1
+        self._cursor.enter(kind)
 
     def stage_call_done(self) -> None:
         """One call of the current stage returned (bookkeeping for ``done``)."""
@@ -312,9 +360,7 @@ class OnlineWorkflow(Workflow):
 
     def expected_remaining(self, cost: CostFn) -> float:
         """Expected cost after the current stage, from the template (0 without a template)."""
-        if self.template is None:
-            return 0.0
-        return self.template.remaining_after(self._cursor, self._rounds, cost)
+        return self._cursor.remaining(cost)
 
 
 def group_calls(calls: Sequence[CallSpec], parallel_kinds: frozenset[str]) -> list[Stage]:

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.core.dag import DagError, DagNode, validate_nodes
+from gateway.core.tokens import message_tokens
 from gateway.core.workflow import CHAT, TEMPLATES
 from gateway.live.pool import CallFailed
 from gateway.live.schemas import CallReport, ErrorResponse, WorkflowCall, WorkflowRequest, WorkflowResponse
@@ -46,7 +47,6 @@ log = logging.getLogger("hexflow.app")
 DEADLINE_HEADER = "x-hexflow-deadline-s"
 SYNTHETIC_VOCAB = (100, 1100)
 """Token ids of synthetic prompts: ``[100, 1100)`` exists in every real vocabulary (and the tiny test model's)."""
-CHARS_PER_TOKEN = 4
 DEFAULT_CHAT_OUTPUT_TOKENS = 256
 
 
@@ -167,18 +167,6 @@ def synthetic_prompt(n: int, salt: int) -> list[int]:
     while len(out) < n:
         out.extend(_SYNTH_BASE[: n - len(out)])
     return out
-
-
-def message_tokens(messages: list[dict[str, Any]]) -> int:
-    """A tokenizer-free estimate of a chat prompt's tokens (characters / 4, plus template overhead)."""
-    chars = 0
-    for m in messages:
-        c = m.get("content")
-        if isinstance(c, str):
-            chars += len(c)
-        elif isinstance(c, list):
-            chars += sum(len(str(p.get("text", ""))) for p in c if isinstance(p, dict))
-    return max(1, chars // CHARS_PER_TOKEN + 4 * len(messages) + 3)
 
 
 def _call_request(c: WorkflowCall, salt: int) -> tuple[CallRequest, int, int]:

@@ -26,7 +26,7 @@ from typing import cast
 
 from gateway.core.policy import Policy
 from gateway.core.scheduler import Scheduler, WorkerInfo
-from gateway.core.workflow import Call, CallSpec, Workflow
+from gateway.core.workflow import Call, CallSpec, Workflow, deadline_met
 from gateway.sim.engine import EngineStats, SimEngine
 
 _ARRIVAL = 0
@@ -53,7 +53,7 @@ class WorkflowRecord:
     @property
     def met(self) -> bool:
         """Whether the workflow finished by its deadline."""
-        return self.finish <= self.deadline + 1e-9
+        return deadline_met(self.finish, self.deadline)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,91 @@
+"""The port the Text-to-SQL pipeline needs from whatever runs its LLM calls: ``StageRunner``.
+
+The pipeline is a domain, not a server: it decides which stages run (how many candidates, whether another
+``revise`` round follows) and never knows how calls are scheduled or sent. The live gateway implements
+this port (``gateway.live.text2sql_runner``); a test can implement it with a few lines.
+
+One runner serves one question (one workflow, one tenant):
+
+    runner.open(deadline_s)                 the workflow starts now, under the CHESS template's budgets
+    await runner.run_stage(kind, calls)     one stage of parallel calls; one ``StageCallResult`` each
+    runner.remaining()                      seconds to the deadline on the runner's own clock (< 0: past)
+    runner.close(valid=...)                 the workflow ends; returns its latency and whether the
+                                            deadline was met (in time *and* a valid answer)
+
+Everything the pipeline reads about time comes from the runner's clock, so it never mixes two clocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.errors import GatewayError
+
+
+@dataclass(frozen=True, slots=True)
+class StageCall:
+    """One chat-completion call of a stage.
+
+    ``input_tokens`` and ``output_tokens`` are what the scheduler assumes (budgets, dispatch);
+    ``max_tokens`` caps what the worker generates.
+    """
+
+    messages: tuple[dict[str, Any], ...]
+    input_tokens: int
+    output_tokens: int
+    max_tokens: int
+    temperature: float = 0.0
+
+
+class StageCallError(GatewayError):
+    """A call of a stage failed after the runner's retries (worker error, timeout, no worker).
+
+    ``status`` is the HTTP status the failure maps to (502 upstream error, 503 no worker, 504 timeout).
+    """
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class StageCallResult:
+    """What came back for one call: the answer text or the error, and where and how long it ran."""
+
+    worker: str | None
+    queued_s: float
+    run_s: float
+    text: str | None = None
+    error: StageCallError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """A closed workflow: its latency (runner clock) and whether it met its deadline with a valid answer."""
+
+    latency_s: float
+    deadline_met: bool
+
+
+class StageRunner(Protocol):
+    """Runs one question's LLM calls under its deadline (see the module docstring)."""
+
+    def open(self, deadline_s: float) -> None:
+        """Start the workflow now; its deadline is ``deadline_s`` from now. Called once, first."""
+        ...
+
+    async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
+        """Run one stage (``calls`` in parallel); one result per call, in order. Never raises for a failed
+        call (its result carries the error); a cancelled caller takes its calls back."""
+        ...
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (negative once it has passed)."""
+        ...
+
+    def close(self, *, valid: bool, failed: bool = False) -> Closed:
+        """End the workflow: ``valid`` when the answer is usable, ``failed`` when a stage failed outright.
+        Called exactly once after ``open``, also on errors and cancellation."""
+        ...
