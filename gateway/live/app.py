@@ -37,9 +37,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.core.dag import DagError, DagNode, validate_nodes
 from gateway.core.tokens import message_tokens
 from gateway.core.workflow import CHAT, TEMPLATES
-from gateway.live.pool import CallFailed
+from gateway.errors import CallFailed, Rejected
 from gateway.live.schemas import CallReport, ErrorResponse, WorkflowCall, WorkflowRequest, WorkflowResponse
-from gateway.live.service import CallRequest, Gateway, Rejected, WorkflowOutcome
+from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
 from gateway.live.tenants import DeadlineOutOfRange, Tenant
 
 log = logging.getLogger("hexflow.app")

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from gateway.core.scheduler import NoEligibleWorker, Scheduler, WorkerInfo
 from gateway.core.workflow import Call
+from gateway.errors import CallFailed, WorkerError
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.promparse import MetricsParseError, WorkerMetrics, parse_worker_metrics
 
@@ -47,23 +48,6 @@ log = logging.getLogger("hexflow.pool")
 
 Clock = Callable[[], float]
 _PRIO_MAX = float(2**31 - 1)
-
-
-class CallFailed(Exception):
-    """A call could not be completed. ``status`` is the HTTP status to report for it."""
-
-    def __init__(self, message: str, status: int = 502, body: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = body
-
-
-class WorkerError(Exception):
-    """The worker failed a call (connection error, timeout, 5xx): retry elsewhere."""
-
-    def __init__(self, message: str, *, refused: bool = False) -> None:
-        super().__init__(message)
-        self.refused = refused
 
 
 @dataclass(slots=True)

@@ -24,23 +24,15 @@ from gateway.config.gateway import LoadedConfig
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, OnlineWorkflow, WorkflowTemplate
+from gateway.errors import CallFailed, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.metrics import GatewayMetrics
-from gateway.live.pool import CallFailed, CallResult, Clock, LiveCall, Transport, WorkerEndpoint, WorkerPool
+from gateway.live.pool import CallResult, Clock, LiveCall, Transport, WorkerEndpoint, WorkerPool
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.tuning import AlphaTuner, WindowRecorder
 from gateway.text2sql.db import DatabaseRegistry
 
 log = logging.getLogger("hexflow.gateway")
-
-
-class Rejected(Exception):
-    """Admission refused: ``status`` (429 or 503) with a ``Retry-After`` in seconds."""
-
-    def __init__(self, message: str, status: int, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.status = status
-        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from gateway.live.pool import CallFailed, CallResult, LiveCall, WorkerEndpoint, WorkerError
+from gateway.errors import CallFailed, WorkerError
+from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint
 
 
 class HttpTransport:

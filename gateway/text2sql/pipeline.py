@@ -39,7 +39,8 @@ from gateway.core.workflow import (
     CallSpec,
     OnlineWorkflow,
 )
-from gateway.live.pool import CallFailed, CallResult
+from gateway.errors import CallFailed
+from gateway.live.pool import CallResult
 from gateway.live.service import CallRecord, CallRequest, Gateway
 from gateway.live.tenants import Tenant
 from gateway.text2sql.answers import normalise_sql

@@ -9,8 +9,9 @@ from pathlib import Path
 from gateway.config.gateway import load_gateway_config
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
+from gateway.errors import CallFailed
 from gateway.live.metrics import GatewayMetrics
-from gateway.live.pool import CallFailed, CallResult, LiveCall, WorkerEndpoint, WorkerPool
+from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint, WorkerPool
 from gateway.live.promparse import WorkerMetrics
 from tests.live.harness import write_config
 
