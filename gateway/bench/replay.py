@@ -38,9 +38,10 @@ from typing import Any
 import httpx
 
 from gateway.bench.simbench import Setup
+from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagWorkflow, chain_nodes
 from gateway.core.scheduler import WorkerInfo
-from gateway.core.workflow import CHESS_TEMPLATE, CallSpec, Stage
+from gateway.core.workflow import CallSpec, Stage
 from gateway.errors import GatewayError
 from gateway.sim.metrics import percentile
 from gateway.sim.workload import CHESS_BIRD, TenantSpec, load_queries, resolve_trace

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.policy import get_policy
 from gateway.core.scheduler import WorkerInfo
-from gateway.core.workflow import STANDARD_WORKFLOW, CallSpec, StagedWorkflow
+from gateway.core.workflow import CallSpec, StagedWorkflow
 from gateway.errors import ConfigError
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator

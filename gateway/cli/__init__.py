@@ -804,7 +804,7 @@ def cmd_answers(args: argparse.Namespace) -> int:
 
 def cmd_config_reference(args: argparse.Namespace) -> int:
     """Print the configuration reference generated from the pydantic models."""
-    from gateway.reference import reference
+    from gateway.config.reference import reference
 
     sys.stdout.write(reference())
     return 0

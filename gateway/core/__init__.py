@@ -1,15 +1,14 @@
 """Pure scheduling policy: workflows, estimates, budgets, dispatchers, queue disciplines, scheduler.
 
 Nothing here performs I/O, reads a clock or creates randomness; time and the RNG are arguments.
-``tests/core/test_purity.py`` walks these modules with ``ast`` and fails on a forbidden import.
+Import-linter contracts (``pyproject.toml``) and ``tests/core/test_purity.py`` keep it that way. The
+numbers of the workflow templates are data (``config/workflows.yaml``, ``gateway.config.workflows``).
 """
 
 from gateway.core.policy import POLICIES, Policy, get_policy
 from gateway.core.profile import PerfProfile
 from gateway.core.scheduler import Scheduler, WorkerInfo
 from gateway.core.workflow import (
-    CHESS_TEMPLATE,
-    STANDARD_WORKFLOW,
     Call,
     CallSpec,
     Stage,
@@ -19,9 +18,7 @@ from gateway.core.workflow import (
 )
 
 __all__ = [
-    "CHESS_TEMPLATE",
     "POLICIES",
-    "STANDARD_WORKFLOW",
     "Call",
     "CallSpec",
     "PerfProfile",

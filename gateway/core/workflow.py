@@ -11,7 +11,8 @@ Classes:
     Call              a call inside the scheduler, with its deadline, budget and bookkeeping
     Workflow          the interface a driver (simulator or live gateway) steps through
     StagedWorkflow    a workflow whose stages are known to the driver (trace replay, synthetic load)
-    PhaseSpec, WorkflowTemplate, CHESS_TEMPLATE   the expected shape used for budgets
+    PhaseSpec, WorkflowTemplate   the expected shape used for budgets (the numbers are data:
+                      ``config/workflows.yaml``, loaded by ``gateway.config.workflows``)
     TemplateCursor    where a workflow stands in its template (every workflow kind walks one)
     deadline_met      the one rule for "met its deadline" (every driver and report asks it)
 """
@@ -388,47 +389,3 @@ UNIT_TESTER = "unit_tester"
 UNIT_TEST = "generate_unit_test"
 EVALUATE = "evaluate"
 CHAT = "chat"
-
-CHESS_PARALLEL_KINDS = frozenset({CANDIDATE, EVALUATE})
-
-# Expected shape of a CHESS query, measured over all five hexgen traces pooled (419 BIRD questions,
-# 8010 calls, Llama-3.1-70B): per-step mean tokens, keyword extraction in 82% of queries, 3.39 revise
-# rounds on average, 2 parallel candidates and ~5 parallel evaluations. (SOURCE.md's per-step means
-# are the paper simulator's constants, close to trace1's; they define STANDARD_WORKFLOW below.)
-CHESS_TEMPLATE = WorkflowTemplate(
-    name="chess",
-    phases=(
-        PhaseSpec(IR, 306, 7),
-        PhaseSpec(KEYWORDS, 677, 49, rounds=0.82),
-        PhaseSpec(IR, 306, 5, rounds=3.0, repeatable=True),
-        PhaseSpec(CANDIDATE, 10790, 672, width=2),
-        PhaseSpec(REVISE, 6988, 129, rounds=3.39, repeatable=True),
-        PhaseSpec(UNIT_TESTER, 275, 5),
-        PhaseSpec(UNIT_TEST, 1145, 100, rounds=0.96),
-        PhaseSpec(UNIT_TESTER, 275, 5),
-        PhaseSpec(EVALUATE, 1077, 30, width=5, rounds=0.96),
-        PhaseSpec(UNIT_TESTER, 275, 5),
-    ),
-)
-
-# The calibration workflow: the critical path of a typical query with one call per phase and one revise
-# round, at SOURCE.md's per-step mean tokens. The GPU profiles are fitted so that its single-request
-# latency equals the per-GPU figures SOURCE.md publishes, and the SLO is a multiple of its cluster-mean
-# latency (as in the paper's simulator).
-STANDARD_WORKFLOW: tuple[CallSpec, ...] = (
-    CallSpec(IR, 308, 5),
-    CallSpec(KEYWORDS, 667, 45),
-    CallSpec(IR, 308, 5),
-    CallSpec(IR, 308, 5),
-    CallSpec(IR, 308, 5),
-    CallSpec(CANDIDATE, 11748, 678),
-    CallSpec(REVISE, 5963, 79),
-    CallSpec(UNIT_TESTER, 275, 4),
-    CallSpec(UNIT_TEST, 1109, 103),
-    CallSpec(UNIT_TESTER, 275, 4),
-    CallSpec(EVALUATE, 961, 22),
-    CallSpec(UNIT_TESTER, 275, 4),
-)
-
-TEMPLATES: dict[str, WorkflowTemplate] = {CHESS_TEMPLATE.name: CHESS_TEMPLATE}
-"""Registered templates by name (``/v1/workflows`` accepts ``template: chess`` as a budgeting hint)."""

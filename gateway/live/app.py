@@ -34,9 +34,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.config.workflows import TEMPLATES
 from gateway.core.dag import DagError, DagNode, validate_nodes
 from gateway.core.tokens import message_tokens
-from gateway.core.workflow import CHAT, TEMPLATES
+from gateway.core.workflow import CHAT
 from gateway.errors import CallFailed, Rejected
 from gateway.live.schemas import CallReport, ErrorResponse, WorkflowCall, WorkflowRequest, WorkflowResponse
 from gateway.live.service import CallRequest, Gateway, WorkflowOutcome

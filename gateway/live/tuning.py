@@ -21,9 +21,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.config.workflows import TEMPLATES
 from gateway.core.dag import DagNode, DagWorkflow, chain_nodes
 from gateway.core.scheduler import WorkerInfo
-from gateway.core.workflow import TEMPLATES, OnlineWorkflow
+from gateway.core.workflow import OnlineWorkflow
 
 if TYPE_CHECKING:
     from gateway.config.gateway import TuningConfig

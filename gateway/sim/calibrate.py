@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import DEFAULT_GPU_CATALOG, GpuCatalog, GpuSpec, ModelSpec, load_gpu_catalog
+from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.profile import PerfProfile, profile_from
-from gateway.core.workflow import STANDARD_WORKFLOW, CallSpec
+from gateway.core.workflow import CallSpec
 from gateway.errors import ConfigError
 
 CANDIDATE_CALL = CallSpec("generate_candidate", 11748, 678)

@@ -27,11 +27,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal, get_args
 
+from gateway.config.workflows import CHESS_PARALLEL_KINDS, CHESS_TEMPLATE
 from gateway.core.workflow import (
     CANDIDATE,
     CHAT,
-    CHESS_PARALLEL_KINDS,
-    CHESS_TEMPLATE,
     EVALUATE,
     IR,
     KEYWORDS,

@@ -28,17 +28,8 @@ from importlib import resources
 from string import Template
 from typing import Any
 
-from gateway.core.workflow import (
-    CANDIDATE,
-    CHESS_TEMPLATE,
-    EVALUATE,
-    IR,
-    KEYWORDS,
-    REVISE,
-    UNIT_TEST,
-    CallSpec,
-    OnlineWorkflow,
-)
+from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST, CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed
 from gateway.live.pool import CallResult
 from gateway.live.service import CallRecord, CallRequest, Gateway

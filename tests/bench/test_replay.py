@@ -28,7 +28,7 @@ from gateway.bench.simbench import Setup, fluid_bound
 from gateway.cli import main
 from gateway.config import load_cluster
 from gateway.config.gateway import load_gateway_config
-from gateway.core.workflow import CHESS_TEMPLATE
+from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.live.schemas import WorkflowRequest
 from gateway.live.server import build_app
 from gateway.sim.metrics import percentile

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from gateway.config import DEFAULT_GPU_CATALOG, GpuCatalog, load_gpu_catalog
+from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.profile import PerfProfile
-from gateway.core.workflow import STANDARD_WORKFLOW
 from gateway.errors import ConfigError, UnknownNameError
 
 GPUS = ["A100", "H100", "H200", "A800", "A6000", "L40S", "L40", "A40", "L4"]

@@ -7,8 +7,9 @@ import random
 import pytest
 
 from gateway.config import load_cluster
+from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagCallSpec, DagError, DagNode, DagWorkflow, chain_nodes
-from gateway.core.workflow import CHESS_TEMPLATE, StagedWorkflow
+from gateway.core.workflow import StagedWorkflow
 from gateway.sim.simulator import Simulator
 from gateway.sim.workload import TenantSpec, build_workload, generate_chess_bird, poisson_arrivals
 

@@ -6,9 +6,10 @@ import random
 
 import pytest
 
+from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.profile import PerfProfile
 from gateway.core.scheduler import NoEligibleWorker, Scheduler, WorkerInfo
-from gateway.core.workflow import CHESS_TEMPLATE, Call, CallSpec, Stage, StagedWorkflow
+from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.errors import UnknownNameError
 
 SPEC = CallSpec("generate_candidate", 8000, 400)

@@ -6,15 +6,13 @@ import itertools
 
 import pytest
 
+from gateway.config.workflows import CHESS_PARALLEL_KINDS, CHESS_TEMPLATE, STANDARD_WORKFLOW
 from gateway.core.workflow import (
     CANDIDATE,
-    CHESS_PARALLEL_KINDS,
-    CHESS_TEMPLATE,
     EVALUATE,
     IR,
     KEYWORDS,
     REVISE,
-    STANDARD_WORKFLOW,
     UNIT_TESTER,
     CallSpec,
     StagedWorkflow,
@@ -100,7 +98,8 @@ def test_standard_workflow_is_the_templates_critical_path() -> None:
 
 
 def test_online_workflow_budgets_like_the_staged_workflow_of_its_stages() -> None:
-    from gateway.core.workflow import CHESS_TEMPLATE, OnlineWorkflow, Stage, StagedWorkflow
+    from gateway.config.workflows import CHESS_TEMPLATE
+    from gateway.core.workflow import OnlineWorkflow, Stage, StagedWorkflow
 
     def cost(kind: str, i: int, o: int) -> float:
         return i / 1000 + o / 10

@@ -17,8 +17,8 @@ import pytest
 
 from gateway.bench.simbench import fluid_bound
 from gateway.config.gateway import load_gateway_config
+from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagCallSpec, DagWorkflow, chain_nodes
-from gateway.core.workflow import CHESS_TEMPLATE
 from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint
 from gateway.live.service import CallRequest, Gateway
 from gateway.live.tenants import Tenant, TenantStore

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from gateway.config import DEFAULT_GPU_CATALOG, GpuCatalog, load_gpu_catalog
+from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.profile import PerfProfile
-from gateway.core.workflow import STANDARD_WORKFLOW
 from gateway.sim.calibrate import fit, fit_profiles, main, render_profiles_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,9 +11,10 @@ import pytest
 
 from gateway.bench.simbench import Setup, fluid_bound
 from gateway.config import load_cluster, load_gpu_catalog
+from gateway.config.workflows import CHESS_TEMPLATE, STANDARD_WORKFLOW
 from gateway.core.policy import POLICIES
 from gateway.core.scheduler import WorkerInfo
-from gateway.core.workflow import CANDIDATE, CHESS_TEMPLATE, STANDARD_WORKFLOW, Stage, StagedWorkflow
+from gateway.core.workflow import CANDIDATE, Stage, StagedWorkflow
 from gateway.sim.simulator import CallRecord, SimResult, Simulator
 from gateway.sim.workload import TenantSpec, generate_chess_bird
 

@@ -14,18 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.core.workflow import (
-    CANDIDATE,
-    CHAT,
-    CHESS_TEMPLATE,
-    EVALUATE,
-    IR,
-    KEYWORDS,
-    REVISE,
-    UNIT_TEST,
-    UNIT_TESTER,
-    CallSpec,
-)
+from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.workflow import CANDIDATE, CHAT, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST, UNIT_TESTER, CallSpec
 from gateway.errors import ConfigError, UnknownNameError
 from gateway.sim.workload import (
     CHESS_BIRD,

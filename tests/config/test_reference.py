@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.reference import reference
+from gateway.config.reference import reference
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def test_configuration_reference_is_in_sync_with_the_models() -> None:

@@ -17,10 +17,11 @@ from pydantic_core import PydanticUndefined
 
 FILES: tuple[tuple[str, str, str], ...] = (
     ("config/gateway.yaml", "gateway.config.gateway", "GatewayConfig"),
-    ("config/tenants.yaml", "gateway.live.tenants", "TenantsFile"),
-    ("databases file (gateway.yaml `databases_file`)", "gateway.text2sql.db", "DatabasesFile"),
-    ("config/clusters/*.yaml", "gateway.config", "ClusterConfig"),
-    ("config/gpus.yaml", "gateway.config", "GpuCatalog"),
+    ("config/tenants.yaml", "gateway.config.tenants", "TenantsFile"),
+    ("databases file (gateway.yaml `databases_file`)", "gateway.config.databases", "DatabasesFile"),
+    ("config/clusters/*.yaml", "gateway.config.cluster", "ClusterConfig"),
+    ("config/gpus.yaml", "gateway.config.gpus", "GpuCatalog"),
+    ("config/workflows.yaml", "gateway.config.workflows", "WorkflowsFile"),
 )
 
 
