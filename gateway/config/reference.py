@@ -21,7 +21,7 @@ FILES: tuple[tuple[str, str, str], ...] = (
     ("databases file (gateway.yaml `databases_file`)", "gateway.config.databases", "DatabasesFile"),
     ("config/clusters/*.yaml", "gateway.config.cluster", "ClusterConfig"),
     ("config/gpus.yaml", "gateway.config.gpus", "GpuCatalog"),
-    ("config/workflows.yaml", "gateway.config.workflows", "WorkflowsFile"),
+    ("gateway/config/workflows.yaml (packaged data)", "gateway.config.workflows", "WorkflowsFile"),
 )
 
 

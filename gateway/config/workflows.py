@@ -1,10 +1,10 @@
-"""``config/workflows.yaml``: workflow templates (the expected shape the scheduler budgets stages with) and
+"""``gateway/config/workflows.yaml``: workflow templates (the expected shape the scheduler budgets stages with) and
 the calibration workflow the GPU profiles are fitted to.
 
 The scheduling core defines the types (``WorkflowTemplate``, ``PhaseSpec``, ``CallSpec``); the numbers are
 data, measured from traces, and live in the YAML file. The file is loaded once, on first use:
 
-    WORKFLOWS = load_workflows()          # the repository's (or $HEXFLOW_CONFIG_DIR's) workflows.yaml
+    WORKFLOWS = load_workflows()          # the packaged workflows.yaml
     CHESS_TEMPLATE, STANDARD_WORKFLOW, CHESS_PARALLEL_KINDS, TEMPLATES   its contents, as module constants
 """
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from gateway.config.base import CONFIG_DIR, FieldError, Name, NonNegFloat, _Strict, load_yaml_model
+from gateway.config.base import FieldError, Name, NonNegFloat, _Strict, load_yaml_model
 from gateway.core.workflow import CallSpec, PhaseSpec, WorkflowTemplate
 
-DEFAULT_WORKFLOWS = CONFIG_DIR / "workflows.yaml"
-"""The workflows file of the checkout (or of ``$HEXFLOW_CONFIG_DIR``)."""
+DEFAULT_WORKFLOWS = Path(__file__).with_name("workflows.yaml")
+"""The packaged workflows file (measured data shipped with the code, not an operator setting)."""
 
 
 class CallModel(_Strict):
@@ -48,7 +48,7 @@ class TemplateModel(_Strict):
 
 
 class WorkflowsFile(_Strict):
-    """``config/workflows.yaml``."""
+    """``gateway/config/workflows.yaml``."""
 
     templates: dict[Name, TemplateModel] = Field(min_length=1, description="Template name -> template.")
     standard_workflow: list[CallModel] = Field(
@@ -72,7 +72,7 @@ class Workflows:
 
 
 def load_workflows(path: Path | str | None = None) -> Workflows:
-    """Load a workflows file (default: ``config/workflows.yaml``); errors are one-line ``ConfigError``."""
+    """Load a workflows file (default: ``gateway/config/workflows.yaml``); errors are one-line ``ConfigError``."""
     f = load_yaml_model(DEFAULT_WORKFLOWS if path is None else path, WorkflowsFile)
     templates = {
         name: WorkflowTemplate(

@@ -2,7 +2,7 @@
 
 Nothing here performs I/O, reads a clock or creates randomness; time and the RNG are arguments.
 Import-linter contracts (``pyproject.toml``) and ``tests/core/test_purity.py`` keep it that way. The
-numbers of the workflow templates are data (``config/workflows.yaml``, ``gateway.config.workflows``).
+numbers of the workflow templates are data (``gateway/config/workflows.yaml``, ``gateway.config.workflows``).
 """
 
 from gateway.core.policy import POLICIES, Policy, get_policy

@@ -12,7 +12,7 @@ Classes:
     Workflow          the interface a driver (simulator or live gateway) steps through
     StagedWorkflow    a workflow whose stages are known to the driver (trace replay, synthetic load)
     PhaseSpec, WorkflowTemplate   the expected shape used for budgets (the numbers are data:
-                      ``config/workflows.yaml``, loaded by ``gateway.config.workflows``)
+                      ``gateway/config/workflows.yaml``, loaded by ``gateway.config.workflows``)
     TemplateCursor    where a workflow stands in its template (every workflow kind walks one)
     deadline_met      the one rule for "met its deadline" (every driver and report asks it)
 """

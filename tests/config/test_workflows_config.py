@@ -1,4 +1,4 @@
-"""config/workflows.yaml: the template and calibration workflow are data, loaded into the core's types."""
+"""gateway/config/workflows.yaml (packaged data): the template and calibration workflow are data, loaded into the core's types."""
 
 from pathlib import Path
 
