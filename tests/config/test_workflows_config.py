@@ -1,4 +1,4 @@
-"""gateway/config/workflows.yaml (packaged data): the template and calibration workflow are data, loaded into the core's types."""
+"""gateway/config/workflows.yaml (packaged data): templates and the calibration workflow, as core types."""
 
 from pathlib import Path
 
