@@ -1,19 +1,33 @@
 # Two commands on a fresh machine:
 #   make demo   set up the venv and run the main job (Text-to-SQL questions through the gateway, emulated GPUs)
 #   make test   set up the venv and run lint, type checks and the test suite (what .ci/run calls)
+#
+# Installs are reproducible: requirements.lock pins every runtime and dev dependency with its hashes, and
+# `make setup` installs exactly that with pip (nothing else needed on a fresh machine), then the project
+# itself without dependencies. The venv is rebuilt when pyproject.toml or the lock changes.
+#   make lock   re-resolve the lock after editing the dependencies in pyproject.toml (keeps the other
+#               pins; `make lock LOCK_FLAGS=--upgrade` moves every pin to its newest allowed release)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo bench-demo test test-vllm lint typecheck bench-full clean
+LOCK ?= requirements.lock
+LOCK_FLAGS ?=
 
-$(BIN)/hexflow: pyproject.toml
+.PHONY: setup lock demo bench-demo test test-vllm lint typecheck bench-full clean
+
+$(BIN)/hexflow: pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --require-hashes -r $(LOCK)
+	$(BIN)/pip install -q --no-deps -e .
 	touch $(BIN)/hexflow
 
 setup: $(BIN)/hexflow
+
+# uv resolves (it is in the lock's dev extras); pip installs. Universal: one lock for every platform.
+lock: setup
+	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 --universal --generate-hashes \
+	  --quiet $(LOCK_FLAGS) -o $(LOCK)
 
 # The main job: an emulated mixed-GPU cluster answering from a script, the gateway in front of it, and demo
 # questions from two tenants through POST /v1/text2sql (about a minute).
@@ -26,9 +40,11 @@ bench-demo: setup
 	  --policies hexgen,lw-fcfs,p2c-fcfs,rr-fcfs --workflows 200 \
 	  --json out/demo-bench.json --plot out/demo-bench.png
 
+# ruff, then the architecture: the import-linter contracts in pyproject.toml ([tool.importlinter]).
 lint: setup
 	$(BIN)/ruff check gateway workers tests
 	$(BIN)/ruff format --check gateway workers tests
+	$(BIN)/lint-imports --no-cache
 
 typecheck: setup
 	$(BIN)/mypy
@@ -46,4 +62,4 @@ bench-full: setup
 	$(BIN)/python -m gateway.bench.report --out out/bench
 
 clean:
-	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache .import_linter_cache

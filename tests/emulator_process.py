@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -12,12 +11,9 @@ from pathlib import Path
 
 import httpx
 
+from gateway.bench.procs import free_port
 
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["emulator_process", "emulator_subprocess", "free_port"]
 
 
 @contextmanager

@@ -10,6 +10,10 @@ prefill, KV capacity, an engine waiting queue, vLLM's ``priority`` field) in rea
 ``--time-scale``. It computes nothing: its text comes from a pluggable ``Responder`` (by default filler
 of exactly the requested length), and its token counts follow a documented deterministic rule
 (``count_tokens``). Use it to exercise the live gateway on machines without GPUs; never in production.
+
+One concept in one module (about 700 lines): the emulated worker's HTTP surface (``create_app``), the
+token rule and responders it answers with, its metrics and its command line belong together, as vLLM's
+own ``api_server`` does; the engine model it drives lives in ``workers/engine_rt.py`` and the simulator.
 """
 
 from __future__ import annotations

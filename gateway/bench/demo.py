@@ -29,8 +29,8 @@ from typing import Any
 
 import httpx
 
+from gateway.bench.stats import percentile, table
 from gateway.config import CONFIG_DIR
-from gateway.sim.metrics import percentile
 from gateway.text2sql.answers import build_demo_answers, write_answers
 from gateway.text2sql.demo import demo_questions, write_demo_databases
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
@@ -149,15 +149,22 @@ def summarize_answers(answers: list[DemoAnswer]) -> dict[str, dict[str, float]]:
 
 def format_summary(rep: DemoReport) -> str:
     """The SLO summary table."""
-    lines = [
-        f"{'tenant':<12} {'deadline':>8} {'questions':>9} {'ok':>4} {'correct':>7} {'met':>6} {'p50_s':>7} {'p95_s':>7}"
+    rows = [
+        [
+            tenant,
+            f"{s['deadline_s']:.1f}s",
+            str(int(s["questions"])),
+            str(int(s["ok"])),
+            str(int(s["correct"])),
+            f"{s['deadline_met']:.1%}",
+            f"{s['p50_s']:.2f}",
+            f"{s['p95_s']:.2f}",
+        ]
+        for tenant, s in rep.summary.items()
     ]
-    for tenant, s in rep.summary.items():
-        lines.append(
-            f"{tenant:<12} {s['deadline_s']:>7.1f}s {int(s['questions']):>9} {int(s['ok']):>4} {int(s['correct']):>7} "
-            f"{s['deadline_met']:>6.1%} {s['p50_s']:>7.2f} {s['p95_s']:>7.2f}"
-        )
-    return "\n".join(lines)
+    return table(
+        ["tenant", "deadline", "questions", "ok", "correct", "met", "p50_s", "p95_s"], rows, left=1, rule=False
+    )
 
 
 def run_demo(
@@ -170,7 +177,7 @@ def run_demo(
     keep_dir: Path | None = None,
 ) -> DemoReport:
     """Start the emulated cluster and the gateway, ask the questions, stop everything; return the report."""
-    from gateway.bench.livebench import cluster_process, free_port, gateway_process, write_gateway_config
+    from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config
 
     all_q = demo_questions()
     if not questions >= 1:

@@ -21,38 +21,32 @@ policies that read it is tuned by the simulator on another window at the same ra
 default rate is 0.55 x the cluster's fluid bound for the workload.
 
 Subprocess logs go to a temporary folder, removed after a successful run; when a process fails to
-start, the tail of its log is printed and ``LiveBenchError`` raised (the CLI: one line, exit 2).
+start, the tail of its log is printed and ``gateway.bench.procs.StartError`` raised (the CLI: one line,
+exit 2). The processes and their config files are ``gateway.bench.procs``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
-import os
-import re
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
-import yaml
 
-from gateway.bench.replay import ReplayReport, ReplayWorkflow, fmt, replay, replay_setup, replay_workload, table
+from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config, write_tenants_file
+from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
 from gateway.bench.simbench import fluid_bound, tuned_alpha
-from gateway.config import REPO_ROOT, ClusterConfig, build_workers, load_cluster_config, load_gpu_catalog
-from gateway.config.gateway import LoadedConfig, load_gateway_config
-from gateway.config.tenants import hash_key
+from gateway.bench.stats import finite_or_none, fmt, table
+from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
 from gateway.core.policy import get_policy
 from gateway.errors import GatewayError
 from gateway.sim.metrics import Summary, summarize
@@ -68,8 +62,6 @@ __all__ = [
     "run_live_bench",
     "simulate_jittered",
     "simulate_workload",
-    "write_gateway_config",
-    "write_tenants_file",
 ]
 
 DEFAULT_RATE_FRACTION = 0.55
@@ -77,200 +69,10 @@ DEFAULT_RATE_FRACTION = 0.55
 JITTER_WALL_S = 0.01
 """Arrival jitter of the simulated band: up to this many *wall* seconds (modelled: / time_scale)."""
 JITTER_REPLICAS = 10
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
-BENCH_TENANT = "bench"
-_WORKER_LINE = re.compile(r"^(\S+) (https?://\S+) (\S+)$")
 
 
 class LiveBenchError(GatewayError):
     """A live benchmark could not run: a subprocess did not start, or the replay could not begin."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Config files
-# --------------------------------------------------------------------------------------------------
-
-
-def write_tenants_file(path: Path, api_key: str, *, max_concurrent_workflows: int, deadline_s: float) -> Path:
-    """A tenants file with one tenant (``bench``) whose key is ``api_key`` and whose limits never bind.
-
-    Any deadline from a millisecond to a year is accepted; ``deadline_s`` is the default.
-    """
-    lo, hi = 1e-3, 3.2e7
-    doc = {
-        "tenants": [
-            {
-                "name": BENCH_TENANT,
-                "api_key_sha256": [hash_key(api_key)],
-                "default_deadline_s": min(max(deadline_s, lo), hi),
-                "min_deadline_s": lo,
-                "max_deadline_s": hi,
-                "priority_weight": 1,
-                "max_concurrent_workflows": max(1, max_concurrent_workflows),
-            }
-        ]
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def write_gateway_config(
-    cluster: ClusterConfig | str | Path,
-    urls: Sequence[str],
-    path: Path,
-    *,
-    policy: str,
-    alpha: float | None,
-    time_scale: float,
-    tuning_enabled: bool,
-    tenants_file: str | Path,
-    port: int = 8080,
-    seed: int = 0,
-    shutdown_grace_s: float = 5.0,
-    databases_file: str | Path | None = None,
-) -> LoadedConfig:
-    """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
-
-    ``cluster`` is a loaded cluster or a cluster file (name or path). Workers keep the cluster's names,
-    GPUs, models and capacities. The file is loaded back with ``load_gateway_config`` and returned, so
-    an invalid result raises ``ConfigError`` here.
-    """
-    cfg = cluster if isinstance(cluster, ClusterConfig) else load_cluster_config(cluster)
-    resolved = cfg.expanded()
-    if len(resolved) != len(urls):
-        raise ValueError(f"the cluster has {len(resolved)} workers but {len(urls)} urls were given")
-    workers: list[dict[str, Any]] = []
-    for rw, url in zip(resolved, urls, strict=True):
-        w: dict[str, Any] = {"name": rw.name, "gpu": rw.gpu, "model": rw.model, "capacity": rw.capacity, "url": url}
-        if rw.served_model is not None:
-            w["served_model"] = rw.served_model
-        workers.append(w)
-    doc: dict[str, Any] = {
-        "policy": policy,
-        "alpha": alpha,
-        "seed": seed,
-        "time_scale": time_scale,
-        "tenants_file": str(tenants_file),
-        "cluster": {"name": cfg.name, "description": cfg.description, "model": cfg.model, "workers": workers},
-        "listen": {"host": "127.0.0.1", "port": port},
-        "tuning": {"enabled": tuning_enabled},
-        "shutdown_grace_s": shutdown_grace_s,
-    }
-    if databases_file is not None:
-        doc["databases_file"] = str(databases_file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return load_gateway_config(path)
-
-
-# --------------------------------------------------------------------------------------------------
-# Subprocesses
-# --------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(f"  | {line}" for line in text.splitlines()[-lines:]) or "  | (empty log)"
-
-
-class _Process:
-    """A child process with its output in a log file; ``stop`` sends SIGTERM, waits, then kills."""
-
-    def __init__(self, name: str, cmd: Sequence[str], log_path: Path, stdout_path: Path | None = None) -> None:
-        self.name = name
-        self.log_path = log_path
-        self.stdout_path = stdout_path
-        env = dict(os.environ)
-        env["PYTHONUNBUFFERED"] = "1"
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-        self._files: list[IO[bytes]] = [log_path.open("wb")]
-        out = self._files[0]
-        if stdout_path is not None:
-            out = stdout_path.open("wb")
-            self._files.append(out)
-        self.proc = subprocess.Popen(list(cmd), stdout=out, stderr=self._files[0], stdin=subprocess.DEVNULL, env=env)
-
-    def failed_to_start(self, what: str) -> LiveBenchError:
-        """Print the log's tail to stderr and build the one-line error."""
-        self.stop()
-        code = self.proc.returncode
-        state = f"exited with status {code}" if code is not None and code != -signal.SIGTERM else "did not start"
-        print(f"hexflow: {self.name} {state}; last lines of {self.log_path}:\n{_tail(self.log_path)}", file=sys.stderr)
-        return LiveBenchError(f"{self.name} {state} ({what}); its log: {self.log_path}")
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
-        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; close the log files. Returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for f in self._files:
-            f.close()
-        return self.proc.returncode
-
-
-@contextlib.contextmanager
-def cluster_process(
-    cluster: str, time_scale: float, log_dir: Path, tag: str, extra_args: Sequence[str] = ()
-) -> Iterator[tuple[_Process, list[str]]]:
-    """The emulated cluster on free ports; yields the process and the workers' URLs in cluster order."""
-    cmd = [sys.executable, "-m", "workers.cluster", "--cluster", cluster, "--base-port", "0"]
-    cmd += ["--time-scale", repr(time_scale), *extra_args]
-    out_path = log_dir / f"cluster-{tag}.out"
-    proc = _Process("the emulated cluster", cmd, log_dir / f"cluster-{tag}.log", out_path)
-    try:
-        n = len(load_cluster_config(cluster).expanded())
-        deadline = time.monotonic() + START_TIMEOUT_S
-        urls: list[str] = []
-        while True:
-            lines = out_path.read_text(errors="replace").splitlines()
-            urls = [m.group(2) for m in map(_WORKER_LINE.match, lines) if m]
-            if len(urls) >= n:
-                break
-            if proc.proc.poll() is not None or time.monotonic() > deadline:
-                raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for {n} workers")
-            time.sleep(0.05)
-        yield proc, urls[:n]
-    finally:
-        proc.stop()
-
-
-@contextlib.contextmanager
-def gateway_process(config: Path, port: int, n_workers: int, log_dir: Path, tag: str) -> Iterator[str]:
-    """``hexflow serve`` on ``port``; yields its URL once ``/readyz`` reports every worker healthy."""
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
-    cmd += ["--log-level", "warning"]
-    proc = _Process("the gateway", cmd, log_dir / f"gateway-{tag}.log")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                r = httpx.get(f"{url}/readyz", timeout=2.0)
-                if r.status_code == 200 and r.json().get("healthy_workers", 0) >= n_workers:
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            if proc.proc.poll() is not None or time.monotonic() > deadline:
-                raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for /readyz with {n_workers} workers")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.stop()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -297,7 +99,7 @@ class Band:
 
     def as_list(self) -> list[float | None]:
         """``[low, median, high]`` for JSON (non-finite: null)."""
-        return [_num(self.low), _num(self.median), _num(self.high)]
+        return [finite_or_none(self.low), finite_or_none(self.median), finite_or_none(self.high)]
 
 
 def simulate_jittered(
@@ -361,10 +163,6 @@ def _ratio(a: float, b: float) -> float:
     return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
 
 
-def _num(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
-
-
 @dataclass
 class LiveBenchReport:
     """Everything ``hexflow bench --live`` reports."""
@@ -400,14 +198,17 @@ class LiveBenchReport:
         """The JSON document (non-finite numbers become null)."""
         policies = []
         for r in self.runs:
-            sim = {k: (_num(v) if isinstance(v, float) else v) for k, v in r.simulated.as_dict().items()}
+            sim = {k: (finite_or_none(v) if isinstance(v, float) else v) for k, v in r.simulated.as_dict().items()}
             policies.append(
                 {
                     "policy": r.policy,
                     "alpha": r.alpha,
                     "live": r.live.to_json(),
                     "simulated": sim,
-                    "ratios": {"p95_live_over_sim": _num(r.p95_ratio), "slo_live_over_sim": _num(r.slo_ratio)},
+                    "ratios": {
+                        "p95_live_over_sim": finite_or_none(r.p95_ratio),
+                        "slo_live_over_sim": finite_or_none(r.slo_ratio),
+                    },
                     "simulated_jitter_band": {k: b.as_list() for k, b in r.sim_band.items()},
                     "calls_per_worker": {"live": r.live_calls_per_worker, "simulated": r.sim_calls_per_worker},
                 }
@@ -425,7 +226,9 @@ class LiveBenchReport:
             "seed": self.seed,
             "wall_s": self.wall_s,
             "policies": policies,
-            "gain_vs_rr_fcfs": {p: {k: _num(v) for k, v in g.items()} for p, g in self.gains_vs_rr_fcfs().items()},
+            "gain_vs_rr_fcfs": {
+                p: {k: finite_or_none(v) for k, v in g.items()} for p, g in self.gains_vs_rr_fcfs().items()
+            },
         }
 
     def write_json(self, path: Path) -> None:

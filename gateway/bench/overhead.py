@@ -36,9 +36,9 @@ import aiohttp
 import httpx
 import yaml
 
-from gateway.bench.livebench import free_port
+from gateway.bench.procs import free_port
+from gateway.bench.stats import percentile
 from gateway.errors import GatewayError
-from gateway.sim.metrics import percentile
 
 API_KEY = "demo-interactive-key"
 BODY = {

@@ -38,12 +38,12 @@ from typing import Any
 import httpx
 
 from gateway.bench.simbench import Setup
+from gateway.bench.stats import finite_or_none, fmt, percentile, table
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagWorkflow, chain_nodes
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage
 from gateway.errors import GatewayError
-from gateway.sim.metrics import percentile
 from gateway.sim.workload import CHESS_BIRD, TenantSpec, load_queries, resolve_trace
 
 __all__ = [
@@ -217,10 +217,6 @@ padded_percentile = percentile
 it is ``inf`` (kept under this name for callers of the replay module)."""
 
 
-def _num(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
-
-
 @dataclass
 class ReplayReport:
     """Headline figures of a replay, in modelled seconds, client-side and as the gateway saw them."""
@@ -310,16 +306,16 @@ class ReplayReport:
             "rejected": self.rejected,
             "failed": self.failed,
             "by_status": self.by_status,
-            "p50_s": _num(self.p50_s),
-            "p95_s": _num(self.p95_s),
-            "p99_s": _num(self.p99_s),
-            "mean_s": _num(self.mean_s),
-            "slo_attainment": _num(self.slo_attainment),
-            "throughput_qps": _num(self.throughput_qps),
-            "gateway_p50_s": _num(self.gateway_p50_s),
-            "gateway_p95_s": _num(self.gateway_p95_s),
-            "gateway_p99_s": _num(self.gateway_p99_s),
-            "gateway_mean_s": _num(self.gateway_mean_s),
+            "p50_s": finite_or_none(self.p50_s),
+            "p95_s": finite_or_none(self.p95_s),
+            "p99_s": finite_or_none(self.p99_s),
+            "mean_s": finite_or_none(self.mean_s),
+            "slo_attainment": finite_or_none(self.slo_attainment),
+            "throughput_qps": finite_or_none(self.throughput_qps),
+            "gateway_p50_s": finite_or_none(self.gateway_p50_s),
+            "gateway_p95_s": finite_or_none(self.gateway_p95_s),
+            "gateway_p99_s": finite_or_none(self.gateway_p99_s),
+            "gateway_mean_s": finite_or_none(self.gateway_mean_s),
             "wall_s": self.wall_s,
             "max_send_lag_s": self.max_send_lag_s,
         }
@@ -343,20 +339,6 @@ class ReplayReport:
         """Write ``to_json()`` (strict JSON: no NaN or Infinity)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
-
-
-def fmt(x: float, digits: int = 1) -> str:
-    """A number for a table: ``inf``/``nan`` spelled out, else ``digits`` decimals."""
-    return f"{x:.{digits}f}" if math.isfinite(x) else ("inf" if x == math.inf else "-")
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A right-aligned plain-text table."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    out = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
-    out.append("  ".join("-" * w for w in widths))
-    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(out)
 
 
 def format_report(rep: ReplayReport) -> str:

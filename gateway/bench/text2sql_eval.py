@@ -50,8 +50,8 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.bench.stats import percentile, table
 from gateway.errors import GatewayError
-from gateway.sim.metrics import percentile
 from gateway.text2sql.evaluate import ExecutionAccuracy, execute_sqlite, gold_is_ordered, results_match
 
 __all__ = [
@@ -345,11 +345,9 @@ def format_report(report: EvalReport) -> str:
         groups.append(("difficulty", {k: v.as_dict() for k, v in sorted(acc.by_difficulty.items())}))
     groups.append(("db_id", report.by_db()))
     for title, rows in groups:
-        width = max([len(title), *(len(k) for k in rows)])
+        cells = [[k, str(int(v["count"])), str(int(v["correct"])), f"{v['accuracy']:.1%}"] for k, v in rows.items()]
         lines.append("")
-        lines.append(f"{title:<{width}}  {'n':>5}  {'correct':>7}  {'accuracy':>8}")
-        for k, v in rows.items():
-            lines.append(f"{k:<{width}}  {int(v['count']):>5}  {int(v['correct']):>7}  {v['accuracy']:>8.1%}")
+        lines.append(table([title, "n", "correct", "accuracy"], cells, left=1, rule=False))
     return "\n".join(lines)
 
 

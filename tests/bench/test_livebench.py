@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.bench import livebench
-from gateway.bench.livebench import write_gateway_config, write_tenants_file
+from gateway.bench import procs
+from gateway.bench.procs import write_gateway_config, write_tenants_file
 from gateway.cli import main
 from gateway.config import build_workers, load_cluster_config
 from gateway.live.tenants import TenantStore
@@ -67,7 +67,7 @@ def test_bench_live_measures_both_policies_and_their_simulation(
 def test_bench_live_reports_a_subprocess_that_does_not_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(livebench, "START_TIMEOUT_S", 0.0)
+    monkeypatch.setattr(procs, "START_TIMEOUT_S", 0.0)
     argv = [*LIVE, "--policies", "rr-fcfs", "--workflows", "3", "--json", str(tmp_path / "x.json")]
     code, _, err = run([*argv, "--log-dir", str(tmp_path / "logs")], capsys)
     assert code == 2

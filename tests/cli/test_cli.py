@@ -128,3 +128,28 @@ def test_bad_arrivals_file_names_the_column(tmp_path: Path, capsys: pytest.Captu
     csv.write_text("when,x\nyesterday,1\n")
     code, _, err = run(["simulate", *FAST, "--arrivals", str(csv)], capsys)
     assert code == 2 and "arrivals.csv" in err and "Traceback" not in err
+
+
+def test_every_command_group_registers_its_commands_in_the_documented_order(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    listed = out.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert listed == [
+        "simulate",
+        "bench",
+        "tune",
+        "emulate",
+        "emulate-cluster",
+        "serve",
+        "replay",
+        "overhead",
+        "demo",
+        "eval",
+        "databases",
+        "answers",
+        "discover",
+        "config-reference",
+        "tenants",
+    ]

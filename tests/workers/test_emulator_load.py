@@ -1,65 +1,41 @@
-"""One emulator process holds 256 concurrent streaming requests with event-loop lag under 20 ms."""
+"""One emulator process serves 256 concurrent streaming requests, every one to the end, none lost.
+
+The machine-dependent figures of the same load (event-loop lag, model CPU per iteration) are printed here
+and by ``python -m gateway.bench.emulator_load``; no test bounds them, since a busy machine moves them.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from gateway.bench.emulator_load import MODEL, format_report, run_load
 from tests.emulator_process import emulator_process
-from tests.workers.conftest import MODEL
+
+STREAMS = 256
+MAX_TOKENS = 200
 
 
 @pytest.fixture
 def emulator(tmp_path: Path) -> Iterator[str]:
-    args = ["--gpu", "A100", "--time-scale", "0.05", "--max-num-seqs", "256"]
+    args = ["--gpu", "A100", "--model", MODEL, "--time-scale", "0.05", "--max-num-seqs", str(STREAMS)]
     with emulator_process(args, tmp_path / "emulator.log") as url:
         yield url
 
 
-def _gauge(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    assert m, name
-    return float(m.group(1))
-
-
-def test_256_concurrent_streams_with_low_event_loop_lag(emulator: str) -> None:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "w " * 300}],
-        "max_tokens": 200,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-
-    async def one(client: httpx.AsyncClient) -> int:
-        n = 0
-        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            assert r.status_code == 200
-            async for line in r.aiter_lines():
-                n += bool(line)
-        return n
-
-    async def main() -> tuple[list[int], str]:
-        limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
-        async with httpx.AsyncClient(base_url=emulator, limits=limits, timeout=120.0) as client:
-            counts = await asyncio.gather(*(one(client) for _ in range(256)))
-        # A fresh connection: pooled ones may have passed the server's keep-alive timeout.
-        async with httpx.AsyncClient(base_url=emulator, timeout=10.0) as client:
-            return list(counts), (await client.get("/metrics")).text
-
-    counts, metrics = asyncio.run(main())
-    assert all(n >= 4 for n in counts)
-    assert _gauge(metrics, "hexflow_emulator_event_loop_lag_p99_seconds") < 0.020
-    iterations = _gauge(metrics, "hexflow_emulator_model_iterations")
-    cpu = _gauge(metrics, "hexflow_emulator_model_cpu_seconds")
-    assert iterations > 200
-    print(
-        f"\nmodel CPU per iteration: {cpu / iterations * 1e6:.1f} us over {iterations:.0f} iterations; "
-        f"lag p99 {_gauge(metrics, 'hexflow_emulator_event_loop_lag_p99_seconds') * 1e3:.2f} ms, "
-        f"max {_gauge(metrics, 'hexflow_emulator_event_loop_lag_max_seconds') * 1e3:.2f} ms"
-    )
+def test_256_concurrent_streams_all_complete_and_none_is_lost(emulator: str) -> None:
+    rep = asyncio.run(run_load(emulator, streams=STREAMS, max_tokens=MAX_TOKENS))
+    assert [s.status for s in rep.streams] == [200] * STREAMS
+    assert all(s.done for s in rep.streams), "a stream ended without data: [DONE]"
+    assert [s.completion_tokens for s in rep.streams] == [MAX_TOKENS] * STREAMS
+    # Tokens arrive as they are produced, in several chunks, not in one piece at the end.
+    assert all(s.chunks >= 4 for s in rep.streams)
+    assert rep.complete == STREAMS
+    # The worker counted every request and token it served, and batched them over many engine iterations.
+    assert rep.requests_succeeded == STREAMS
+    assert rep.generation_tokens == STREAMS * MAX_TOKENS
+    assert rep.model_iterations > 200
+    print("\n" + format_report(rep))

@@ -1,0 +1,236 @@
+"""The child processes the bench tools run, and the files they read: an emulated cluster
+(``python -m workers.cluster``), a gateway (``python -m gateway.cli serve``) with its ``gateway.yaml`` and
+tenants file, and a free loopback port for each.
+
+A process that fails to start has the tail of its log printed to stderr and raises ``StartError`` (a
+``GatewayError``: the CLI prints one line and exits 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import yaml
+
+from gateway.config import REPO_ROOT, ClusterConfig, load_cluster_config
+from gateway.config.gateway import LoadedConfig, load_gateway_config
+from gateway.config.tenants import hash_key
+from gateway.errors import GatewayError
+
+__all__ = [
+    "BENCH_TENANT",
+    "ChildProcess",
+    "StartError",
+    "cluster_process",
+    "free_port",
+    "gateway_process",
+    "write_gateway_config",
+    "write_tenants_file",
+]
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+BENCH_TENANT = "bench"
+_WORKER_LINE = re.compile(r"^(\S+) (https?://\S+) (\S+)$")
+
+
+class StartError(GatewayError):
+    """A child process (the emulated cluster, the gateway) exited or did not become ready in time."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Config files
+# --------------------------------------------------------------------------------------------------
+
+
+def write_tenants_file(path: Path, api_key: str, *, max_concurrent_workflows: int, deadline_s: float) -> Path:
+    """A tenants file with one tenant (``bench``) whose key is ``api_key`` and whose limits never bind.
+
+    Any deadline from a millisecond to a year is accepted; ``deadline_s`` is the default.
+    """
+    lo, hi = 1e-3, 3.2e7
+    doc = {
+        "tenants": [
+            {
+                "name": BENCH_TENANT,
+                "api_key_sha256": [hash_key(api_key)],
+                "default_deadline_s": min(max(deadline_s, lo), hi),
+                "min_deadline_s": lo,
+                "max_deadline_s": hi,
+                "priority_weight": 1,
+                "max_concurrent_workflows": max(1, max_concurrent_workflows),
+            }
+        ]
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def write_gateway_config(
+    cluster: ClusterConfig | str | Path,
+    urls: Sequence[str],
+    path: Path,
+    *,
+    policy: str,
+    alpha: float | None,
+    time_scale: float,
+    tuning_enabled: bool,
+    tenants_file: str | Path,
+    port: int = 8080,
+    seed: int = 0,
+    shutdown_grace_s: float = 5.0,
+    databases_file: str | Path | None = None,
+) -> LoadedConfig:
+    """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
+
+    ``cluster`` is a loaded cluster or a cluster file (name or path). Workers keep the cluster's names,
+    GPUs, models and capacities. The file is loaded back with ``load_gateway_config`` and returned, so
+    an invalid result raises ``ConfigError`` here.
+    """
+    cfg = cluster if isinstance(cluster, ClusterConfig) else load_cluster_config(cluster)
+    resolved = cfg.expanded()
+    if len(resolved) != len(urls):
+        raise ValueError(f"the cluster has {len(resolved)} workers but {len(urls)} urls were given")
+    workers: list[dict[str, Any]] = []
+    for rw, url in zip(resolved, urls, strict=True):
+        w: dict[str, Any] = {"name": rw.name, "gpu": rw.gpu, "model": rw.model, "capacity": rw.capacity, "url": url}
+        if rw.served_model is not None:
+            w["served_model"] = rw.served_model
+        workers.append(w)
+    doc: dict[str, Any] = {
+        "policy": policy,
+        "alpha": alpha,
+        "seed": seed,
+        "time_scale": time_scale,
+        "tenants_file": str(tenants_file),
+        "cluster": {"name": cfg.name, "description": cfg.description, "model": cfg.model, "workers": workers},
+        "listen": {"host": "127.0.0.1", "port": port},
+        "tuning": {"enabled": tuning_enabled},
+        "shutdown_grace_s": shutdown_grace_s,
+    }
+    if databases_file is not None:
+        doc["databases_file"] = str(databases_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return load_gateway_config(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Subprocesses
+# --------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(f"  | {line}" for line in text.splitlines()[-lines:]) or "  | (empty log)"
+
+
+class ChildProcess:
+    """A child process with its output in a log file; ``stop`` sends SIGTERM, waits, then kills."""
+
+    def __init__(self, name: str, cmd: Sequence[str], log_path: Path, stdout_path: Path | None = None) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.stdout_path = stdout_path
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        self._files: list[IO[bytes]] = [log_path.open("wb")]
+        out = self._files[0]
+        if stdout_path is not None:
+            out = stdout_path.open("wb")
+            self._files.append(out)
+        self.proc = subprocess.Popen(list(cmd), stdout=out, stderr=self._files[0], stdin=subprocess.DEVNULL, env=env)
+
+    def failed_to_start(self, what: str) -> StartError:
+        """Print the log's tail to stderr and build the one-line error."""
+        self.stop()
+        code = self.proc.returncode
+        state = f"exited with status {code}" if code is not None and code != -signal.SIGTERM else "did not start"
+        print(f"hexflow: {self.name} {state}; last lines of {self.log_path}:\n{_tail(self.log_path)}", file=sys.stderr)
+        return StartError(f"{self.name} {state} ({what}); its log: {self.log_path}")
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; close the log files. Returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for f in self._files:
+            f.close()
+        return self.proc.returncode
+
+
+@contextlib.contextmanager
+def cluster_process(
+    cluster: str, time_scale: float, log_dir: Path, tag: str, extra_args: Sequence[str] = ()
+) -> Iterator[tuple[ChildProcess, list[str]]]:
+    """The emulated cluster on free ports; yields the process and the workers' URLs in cluster order."""
+    cmd = [sys.executable, "-m", "workers.cluster", "--cluster", cluster, "--base-port", "0"]
+    cmd += ["--time-scale", repr(time_scale), *extra_args]
+    out_path = log_dir / f"cluster-{tag}.out"
+    proc = ChildProcess("the emulated cluster", cmd, log_dir / f"cluster-{tag}.log", out_path)
+    try:
+        n = len(load_cluster_config(cluster).expanded())
+        deadline = time.monotonic() + START_TIMEOUT_S
+        urls: list[str] = []
+        while True:
+            lines = out_path.read_text(errors="replace").splitlines()
+            urls = [m.group(2) for m in map(_WORKER_LINE.match, lines) if m]
+            if len(urls) >= n:
+                break
+            if proc.proc.poll() is not None or time.monotonic() > deadline:
+                raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for {n} workers")
+            time.sleep(0.05)
+        yield proc, urls[:n]
+    finally:
+        proc.stop()
+
+
+@contextlib.contextmanager
+def gateway_process(config: Path, port: int, n_workers: int, log_dir: Path, tag: str) -> Iterator[str]:
+    """``hexflow serve`` on ``port``; yields its URL once ``/readyz`` reports every worker healthy."""
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
+    cmd += ["--log-level", "warning"]
+    proc = ChildProcess("the gateway", cmd, log_dir / f"gateway-{tag}.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                r = httpx.get(f"{url}/readyz", timeout=2.0)
+                if r.status_code == 200 and r.json().get("healthy_workers", 0) >= n_workers:
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            if proc.proc.poll() is not None or time.monotonic() > deadline:
+                raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for /readyz with {n_workers} workers")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.stop()

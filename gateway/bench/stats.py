@@ -1,0 +1,45 @@
+"""The figures and tables every bench tool prints: one percentile, one number format, one text table.
+
+``percentile`` is the simulator's (``gateway.sim.metrics``, which ``summarize`` needs): it is re-exported
+here so that a live measurement and a simulated one are summarised by the same function, and bench
+modules import it from this module.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from gateway.sim.metrics import percentile
+
+__all__ = ["finite_or_none", "fmt", "percentile", "table"]
+
+
+def fmt(x: float, digits: int = 1) -> str:
+    """A number for a table: ``digits`` decimals; ``inf`` for +infinity (never finished), ``-`` for NaN or -inf."""
+    return f"{x:.{digits}f}" if math.isfinite(x) else ("inf" if x == math.inf else "-")
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """``x`` when it is a finite number, else ``None`` (strict JSON has no NaN or Infinity)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 0, rule: bool = True) -> str:
+    """A plain-text table, columns two spaces apart, each as wide as its widest cell.
+
+    The first ``left`` columns are left-aligned (labels), the others right-aligned (numbers); ``rule``
+    puts a line of dashes under the headers.
+    """
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    out = [line(headers)]
+    if rule:
+        out.append("  ".join("-" * w for w in widths))
+    out += [line(r) for r in rows]
+    return "\n".join(out)

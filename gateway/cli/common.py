@@ -1,0 +1,97 @@
+"""What several command groups share: the usage error, the workload arguments of the simulator's commands,
+and parsers of numbers given as text (so that a bad value stops with one line and exit status 2)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import TypeAlias
+
+from gateway.core.policy import get_policy
+from gateway.core.scheduler import WorkerInfo
+
+__all__ = [
+    "Subparsers",
+    "UsageError",
+    "add_workload_args",
+    "int_arg",
+    "load_workers",
+    "policy_names",
+    "positive_float_arg",
+]
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""The ``add_subparsers`` result each command module registers its commands on."""
+
+
+class UsageError(Exception):
+    """Bad command-line input detected after parsing."""
+
+
+def load_workers(cluster: str) -> list[WorkerInfo]:
+    """The workers of a cluster file (name or path)."""
+    from gateway.config import load_cluster
+
+    return load_cluster(cluster)
+
+
+def policy_names(text: str) -> list[str]:
+    """The policies of a comma-separated list, each checked (an unknown one raises ``GatewayError``)."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise UsageError("--policies: give at least one policy")
+    for n in names:
+        get_policy(n)
+    return names
+
+
+def add_workload_args(p: argparse.ArgumentParser, *, workflows: int) -> None:
+    """The workload arguments of simulate, bench and tune: trace, cluster, SLO, seed, arrivals, tenants."""
+    p.add_argument(
+        "--trace",
+        default="chess-bird",
+        help="trace file, trace name under ../shared/data/hexgen-traces, or chess-bird (built in)",
+    )
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+    p.add_argument(
+        "--slo-scale",
+        type=float,
+        default=5.0,
+        help="SLO = this x the cluster-mean single-request latency of the standard workflow",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workflows", type=int, default=workflows, help="workflows per run (a trace is cycled)")
+    p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of inter-arrivals (1: Poisson)")
+    p.add_argument(
+        "--tenants",
+        default=None,
+        help="tenant mix, e.g. gold:share=0.3:slo_scale=0.6,chat:kind=chat:share=0.2:deadline_s=20",
+    )
+    p.add_argument(
+        "--arrivals",
+        default=None,
+        help="replay the arrival pattern of a CSV with a timestamp column (Azure LLM trace format), rescaled to --rate",
+    )
+    p.add_argument("--json", default=None, help="write results as JSON here")
+
+
+def int_arg(name: str, text: str, *, minimum: int) -> int:
+    """``text`` as an integer >= ``minimum``, else a ``UsageError`` naming the option ``name``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{name}: expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise UsageError(f"{name}: expected an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def positive_float_arg(name: str, text: str) -> float:
+    """``text`` as a finite positive number, else a ``UsageError`` naming the option ``name``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{name}: expected a positive number, got {text!r}")
+    return value

@@ -1,0 +1,130 @@
+"""Measurements of a live gateway from outside: ``replay`` (a trace's workflows sent to a running gateway in
+real time) and ``overhead`` (the gateway's added latency and CPU per call, against calling a worker directly)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+from gateway.cli.common import Subparsers, UsageError, load_workers
+
+__all__ = ["add_overhead", "add_replay"]
+
+
+def add_replay(sub: Subparsers) -> None:
+    """``hexflow replay``."""
+    p = sub.add_parser("replay", help="send a workload to a running gateway in real time and measure it")
+    p.add_argument(
+        "--trace",
+        default="chess-bird",
+        help="trace file, trace name under ../shared/data/hexgen-traces, or chess-bird (built in)",
+    )
+    p.add_argument("--rate", required=True, help="arrival rate, workflows per modelled second")
+    p.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's base URL")
+    p.add_argument("--api-key", default=None, help="the tenant's API key (default: $HEXFLOW_API_KEY)")
+    p.add_argument("--workflows", type=int, default=100, help="workflows to send (a trace is cycled)")
+    p.add_argument("--seed", type=int, default=0, help="seed of queries and arrivals (as in hexflow bench)")
+    p.add_argument("--deadline-s", type=float, default=None, help="deadline of every workflow, modelled seconds")
+    p.add_argument(
+        "--slo-scale",
+        type=float,
+        default=5.0,
+        help="without --deadline-s: deadline = this x the cluster-mean latency of the standard workflow",
+    )
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name: sets the SLO with --slo-scale")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="the gateway's time_scale (emulated workers): wall seconds per modelled second",
+    )
+    p.add_argument("--arrivals", default=None, help="replay the arrival pattern of a CSV, rescaled to --rate")
+    p.add_argument("--concurrency-limit", type=int, default=None, help="most workflows in flight (client side)")
+    p.add_argument("--timeout-s", type=float, default=None, help="per-request timeout, wall seconds")
+    p.add_argument("--json", default=None, help="write the report (with every workflow) as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_replay)
+
+
+def add_overhead(sub: Subparsers) -> None:
+    """``hexflow overhead``."""
+    p = sub.add_parser(
+        "overhead",
+        help="gateway overhead: the same call to a worker directly and through the gateway, side by side",
+    )
+    p.add_argument("--rate", type=float, default=200.0, help="calls/s of each stream (gateway and direct)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of measurement")
+    p.add_argument("--max-rate-search", action="store_true", help="also find the highest rate the gateway sustains")
+    p.add_argument("--p99-limit-ms", type=float, default=20.0, help="P99 bound of a sustained rate")
+    p.add_argument("--json", default=None, help="write the report as JSON here")
+    p.set_defaults(func=cmd_overhead)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay a workload against a running gateway in real time; print and optionally save the report."""
+    import asyncio
+
+    from gateway.bench.replay import format_report, replay, replay_setup, replay_workload
+
+    try:
+        rate = float(args.rate)
+    except ValueError:
+        rate = math.nan
+    if not (rate > 0 and math.isfinite(rate)):
+        raise UsageError(f"--rate: expected a positive number of workflows per modelled second, got {args.rate!r}")
+    if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
+        raise UsageError(f"--time-scale: must be a positive number, got {args.time_scale:g}")
+    if args.deadline_s is not None and not (args.deadline_s > 0 and math.isfinite(args.deadline_s)):
+        raise UsageError(f"--deadline-s: must be a positive number of modelled seconds, got {args.deadline_s:g}")
+    if args.concurrency_limit is not None and args.concurrency_limit < 1:
+        raise UsageError("--concurrency-limit: must be >= 1")
+    if args.timeout_s is not None and not args.timeout_s > 0:
+        raise UsageError("--timeout-s: must be positive")
+    key = args.api_key or os.environ.get("HEXFLOW_API_KEY", "")
+    if not key.strip():
+        raise UsageError("--api-key: give the tenant's API key (or set HEXFLOW_API_KEY)")
+    if not args.gateway.startswith(("http://", "https://")):
+        raise UsageError(f"--gateway: expected a URL like http://127.0.0.1:8080, got {args.gateway!r}")
+    setup = replay_setup(
+        args.trace,
+        load_workers(args.cluster),
+        workflows=args.workflows,
+        seed=args.seed,
+        slo_scale=args.slo_scale,
+        deadline_s=args.deadline_s,
+        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
+    )
+    workload = replay_workload(setup, rate)
+    report = asyncio.run(
+        replay(
+            workload,
+            gateway=args.gateway.rstrip("/"),
+            api_key=key.strip(),
+            time_scale=args.time_scale,
+            trace=setup.trace,
+            rate_qps=rate,
+            timeout_s=args.timeout_s,
+            concurrency_limit=args.concurrency_limit,
+            progress=not args.quiet,
+        )
+    )
+    print(format_report(report))
+    if args.json:
+        report.write_json(Path(args.json))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_overhead(args: argparse.Namespace) -> int:
+    """Measure the gateway's added latency and CPU per call against calling a worker directly."""
+    from gateway.bench.overhead import format_report, run_overhead, write_json
+
+    if not args.rate > 0 or not args.duration > 0 or not args.p99_limit_ms > 0:
+        raise UsageError("--rate, --duration and --p99-limit-ms must be positive")
+    rep = run_overhead(args.rate, args.duration, max_rate_search=args.max_rate_search, p99_limit_ms=args.p99_limit_ms)
+    print(format_report(rep))
+    if args.json:
+        write_json(rep, Path(args.json))
+    return 0

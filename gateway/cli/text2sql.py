@@ -1,0 +1,227 @@
+"""The Text-to-SQL commands: ``demo`` (the main job on an emulated cluster), ``eval`` (execution accuracy of
+a running gateway on a Spider-format dataset), ``databases`` and ``answers`` (the files ``serve`` and
+``emulate --answers`` read, for a Spider-format dataset or the demo).
+
+Numbers of ``eval``, ``databases`` and ``answers`` are parsed by the commands, not by argparse, so bad
+values stop with one line (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+
+from gateway.cli.common import Subparsers, UsageError, int_arg, positive_float_arg
+
+__all__ = ["add_answers", "add_databases", "add_demo", "add_eval"]
+
+
+def add_demo(sub: Subparsers) -> None:
+    """``hexflow demo``."""
+    p = sub.add_parser(
+        "demo",
+        help="the main job: emulated cluster + gateway, demo questions from two tenants through /v1/text2sql",
+    )
+    p.add_argument("--questions", type=int, default=24, help="questions to ask (cycled over the demo set)")
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
+    p.add_argument("--time-scale", type=float, default=0.25, help="emulated GPUs run this much of real time")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write every answer and the summary as JSON here")
+    p.add_argument("--quiet", action="store_true", help="print only the summary")
+    p.set_defaults(func=cmd_demo)
+
+
+def add_eval(sub: Subparsers) -> None:
+    """``hexflow eval``."""
+    p = sub.add_parser("eval", help="execution accuracy of a running gateway on a Spider-format dataset")
+    p.add_argument("--dataset", default=None, help="folder with dev.json and database/<db_id>/<db_id>.sqlite")
+    p.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's base URL")
+    p.add_argument("--api-key", default=None, help="the tenant's API key (default: $HEXFLOW_API_KEY)")
+    p.add_argument("--limit", default=None, help="only the first N questions of dev.json")
+    p.add_argument("--concurrency", default="8", help="questions in flight at once")
+    p.add_argument("--deadline-s", default=None, help="deadline of every question (default: the tenant's)")
+    p.add_argument("--timeout-s", default="600", help="per-request timeout, wall seconds")
+    p.add_argument("--json", default=None, help="write the report (with every question) as JSON here (required)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
+
+def add_databases(sub: Subparsers) -> None:
+    """``hexflow databases``."""
+    p = sub.add_parser(
+        "databases",
+        help="write the databases file (for hexflow serve) of a Spider-format dataset or of the demo database",
+    )
+    p.add_argument("--spider", default=None, help="dataset folder with database/<db_id>/<db_id>.sqlite")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="instead of --spider: the demo database (demo_retail.sqlite, as hexflow demo writes it) next to --out",
+    )
+    p.add_argument("--out", default=None, help="the databases YAML to write")
+    p.add_argument("--statement-timeout-s", default="5", help="per-query time limit of each database")
+    p.add_argument("--max-rows", default=None, help="row cap of each result (default 1000; raise it for evaluation)")
+    p.add_argument("--seed", default=None, help="--demo only: seed of the demo data (default 0, as hexflow demo)")
+    p.set_defaults(func=cmd_databases)
+
+
+def add_answers(sub: Subparsers) -> None:
+    """``hexflow answers``."""
+    p = sub.add_parser(
+        "answers",
+        help="write scripted answers (hexflow emulate --answers) of a Spider-format dataset or of the demo questions",
+    )
+    p.add_argument("--spider", default=None, help="dataset folder with dev.json")
+    p.add_argument(
+        "--demo", action="store_true", help="instead of --spider: the demo questions (those hexflow demo asks)"
+    )
+    p.add_argument("--out", default=None, help="the answers JSON to write")
+    p.add_argument("--wrong-fraction", default="0.25", help="share of questions with a wrong first candidate")
+    p.add_argument("--seed", default="0", help="which questions get a wrong candidate (--demo: also the data's seed)")
+    p.add_argument("--limit", default=None, help="--spider only: the first N questions of dev.json")
+    p.set_defaults(func=cmd_answers)
+
+
+def _dataset_dir(name: str, text: str | None, *, needs_dev_json: bool) -> Path:
+    if not text:
+        raise UsageError(f"{name}: give the dataset folder")
+    path = Path(text)
+    if not path.is_dir():
+        raise UsageError(f"{name}: {text} is not a folder")
+    if needs_dev_json and not (path / "dev.json").is_file():
+        raise UsageError(f"{name}: {text} has no dev.json (expected a Spider-format dataset)")
+    return path
+
+
+def _demo_or_spider(args: argparse.Namespace, what: str) -> bool:
+    """True for ``--demo``, False for ``--spider``; a usage error unless exactly one of them is given."""
+    if args.demo and args.spider is not None:
+        raise UsageError("--demo and --spider exclude each other: give one of them")
+    if not args.demo and args.spider is None:
+        raise UsageError(f"give --spider DIR (a Spider-format dataset) or --demo ({what})")
+    return bool(args.demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the Text-to-SQL demo end to end on emulated workers."""
+    from gateway.bench.demo import format_summary, run_demo
+
+    if args.questions < 1:
+        raise UsageError("--questions must be at least 1")
+    if not args.time_scale > 0:
+        raise UsageError("--time-scale must be positive")
+    rep = run_demo(args.questions, cluster=args.cluster, time_scale=args.time_scale, seed=args.seed, quiet=args.quiet)
+    print()
+    print(format_summary(rep))
+    total = len(rep.answers)
+    correct = sum(a.correct for a in rep.answers)
+    print(f"{correct}/{total} answers match the gold result; {rep.wall_s:.0f} s wall")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep.as_dict(), indent=2, default=str))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Send a dataset's questions to a running gateway and report execution accuracy and latency."""
+    import asyncio
+
+    from gateway.bench.text2sql_eval import evaluate, format_report, spider_items
+
+    dataset = _dataset_dir("--dataset", args.dataset, needs_dev_json=True)
+    key = (args.api_key or os.environ.get("HEXFLOW_API_KEY", "")).strip()
+    if not key:
+        raise UsageError("--api-key: give the tenant's API key (or set HEXFLOW_API_KEY)")
+    if not args.gateway.startswith(("http://", "https://")):
+        raise UsageError(f"--gateway: expected a URL like http://127.0.0.1:8080, got {args.gateway!r}")
+    limit = None if args.limit is None else int_arg("--limit", args.limit, minimum=1)
+    concurrency = int_arg("--concurrency", args.concurrency, minimum=1)
+    deadline = None if args.deadline_s is None else positive_float_arg("--deadline-s", args.deadline_s)
+    timeout = positive_float_arg("--timeout-s", args.timeout_s)
+    if not args.json:
+        raise UsageError("--json: give the file to write the report to")
+    items = spider_items(dataset, limit)
+    if not items:
+        raise UsageError(f"--dataset: no runnable question in {dataset} (no database file for any of them)")
+    report = asyncio.run(
+        evaluate(
+            items,
+            gateway=args.gateway,
+            api_key=key,
+            concurrency=concurrency,
+            deadline_s=deadline,
+            timeout_s=timeout,
+            progress=not args.quiet,
+        )
+    )
+    print(format_report(report))
+    print(f"wrote {report.write_json(args.json)}")
+    return 0
+
+
+def cmd_databases(args: argparse.Namespace) -> int:
+    """Write the databases file of a Spider-format dataset, or the demo database and its databases file."""
+    import yaml
+
+    from gateway.bench.text2sql_eval import write_databases_file
+    from gateway.text2sql.demo import write_demo_databases
+
+    demo = _demo_or_spider(args, "the project's demo database")
+    dataset = None if demo else _dataset_dir("--spider", args.spider, needs_dev_json=False)
+    timeout = positive_float_arg("--statement-timeout-s", args.statement_timeout_s)
+    if not args.out:
+        raise UsageError("--out: give the databases file to write")
+    max_rows = None
+    if args.max_rows is not None:
+        try:
+            max_rows = int(args.max_rows)
+        except ValueError:
+            raise UsageError(f"--max-rows: not an integer: {args.max_rows!r}") from None
+        if max_rows < 1:
+            raise UsageError("--max-rows must be at least 1")
+    if args.seed is not None and not demo:
+        raise UsageError("--seed: only with --demo (a Spider dataset's databases are files, not generated)")
+    seed = 0 if args.seed is None else int_arg("--seed", args.seed, minimum=0)
+    if dataset is None:
+        try:
+            out = write_demo_databases(args.out, seed, statement_timeout_s=timeout, max_rows=max_rows)
+        except ValueError as exc:
+            raise UsageError(f"--out: {exc}") from None
+        print(f"wrote {out}: 1 database (demo_retail, {out.parent / 'demo_retail.sqlite'})")
+        return 0
+    out = write_databases_file(dataset, args.out, statement_timeout_s=timeout, max_rows=max_rows)
+    n = len(yaml.safe_load(out.read_text(encoding="utf-8"))["databases"])
+    print(f"wrote {out}: {n} databases")
+    return 0
+
+
+def cmd_answers(args: argparse.Namespace) -> int:
+    """Write scripted answers (gold SQL, some wrong first candidates) of a Spider-format dataset or of the demo."""
+    from gateway.text2sql.answers import answers_from_spider, build_demo_answers, write_answers
+
+    demo = _demo_or_spider(args, "the demo questions")
+    dataset = None if demo else _dataset_dir("--spider", args.spider, needs_dev_json=True)
+    try:
+        fraction = float(args.wrong_fraction)
+    except ValueError:
+        fraction = math.nan
+    if not 0.0 <= fraction <= 1.0:
+        raise UsageError(f"--wrong-fraction: expected a number in [0, 1], got {args.wrong_fraction!r}")
+    seed = int_arg("--seed", args.seed, minimum=0)
+    if demo and args.limit is not None:
+        raise UsageError("--limit: only with --spider (--demo writes every demo question)")
+    limit = None if args.limit is None else int_arg("--limit", args.limit, minimum=1)
+    if not args.out:
+        raise UsageError("--out: give the answers file to write")
+    if dataset is None:
+        answers = build_demo_answers(seed=seed, wrong_fraction=fraction)
+    else:
+        answers = answers_from_spider(dataset, wrong_fraction=fraction, seed=seed, limit=limit)
+    out = write_answers(Path(args.out), answers)
+    wrong = sum(1 for e in answers.values() if e.get("wrong"))
+    print(f"wrote {out}: {len(answers)} questions, {wrong} with a wrong first candidate")
+    return 0
