@@ -6,7 +6,8 @@ Nothing here performs I/O, reads a clock or creates randomness; time and the RNG
 
 from gateway.core.policy import POLICIES, Policy, get_policy
 from gateway.core.profile import PerfProfile
-from gateway.core.scheduler import Scheduler, WorkerInfo
+from gateway.core.scheduler import Scheduler
+from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import (
     CHESS_TEMPLATE,
     STANDARD_WORKFLOW,

@@ -104,7 +104,7 @@ def test_scheduler_membership_reuses_freed_slots_and_rebudgets() -> None:
     assert s.submit(call, 0.0) == 1 - w
     again = s.add_worker(WorkerInfo("c", cat.profile("A6000", "llama-3.1-70b"), 2))
     assert again == w, "a freed slot is reused"
-    assert s.estimator.loads[again].queued == 0 and s.estimator.capacities[again] == 2
+    assert s.estimator.loads[again].queued == 0 and s.workers[again].capacity == 2
 
 
 # ------------------------------------------------------------------------------------------------ live rig
