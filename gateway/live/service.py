@@ -27,8 +27,9 @@ from gateway.core.workflow import CallSpec, OnlineWorkflow, WorkflowTemplate
 from gateway.errors import CallFailed, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.metrics import GatewayMetrics
-from gateway.live.pool import CallResult, Clock, LiveCall, Transport, WorkerEndpoint, WorkerPool
+from gateway.live.pool import Clock, WorkerPool
 from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.transport import CallResult, LiveCall, Transport
 from gateway.live.tuning import AlphaTuner, WindowRecorder
 from gateway.text2sql.db import DatabaseRegistry
 
@@ -119,12 +120,7 @@ class Gateway:
         self.metrics = GatewayMetrics([w.name for w in loaded.workers], [t.name for t in tenants.tenants])
         self.metrics.alpha.set(self.scheduler.alpha)
         self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in tenants.tenants})
-        endpoints = [
-            WorkerEndpoint(i, rw.name, rw.url or "", rw.served_model or rw.model, rw.capacity)
-            for i, rw in enumerate(loaded.resolved)
-        ]
         self.pool = WorkerPool(
-            endpoints,
             self.scheduler,
             transport,
             self.metrics,
@@ -179,7 +175,7 @@ class Gateway:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.discovery.synced.wait(), self.discovery.cfg.timeout_s)
         if self.background:
-            await self.pool.check_health(initial=True)
+            await self.pool.monitor.check_health(initial=True)
             self._tasks.append(asyncio.create_task(self._tenants_loop(), name="tenants-watch"))
             if self.tuner is not None and self.scheduler.policy.uses_alpha:
                 self._tasks.append(asyncio.create_task(self.tuner.run(self._stop), name="alpha-tuner"))
@@ -196,7 +192,7 @@ class Gateway:
         return True
 
     async def stop(self) -> None:
-        """Stop background tasks and the pool (calls still in flight fail with 503)."""
+        """Stop background tasks and the pool (calls still in flight fail with 503); close the transport."""
         self.ready = False
         self._stop.set()
         for t in self._tasks:
@@ -210,6 +206,7 @@ class Gateway:
         if self.discovery is not None:
             await self.discovery.close()
         await self.pool.stop()
+        await self.transport.aclose()
 
     async def _tenants_loop(self) -> None:
         before = (self.tenants.generation, self.tenants.reload_failures)
@@ -451,9 +448,9 @@ class Gateway:
     def refresh_gauges(self) -> None:
         """Point-in-time gauges, before a scrape of ``/metrics``."""
         for st in self.pool.workers:
-            i = st.ep.index
-            self.metrics.queue_depth.labels(worker=st.ep.name).set(self.scheduler.queue_len(i))
-            self.metrics.inflight.labels(worker=st.ep.name).set(self.scheduler.inflight(i))
+            i = st.index
+            self.metrics.queue_depth.labels(worker=st.name).set(self.scheduler.queue_len(i))
+            self.metrics.inflight.labels(worker=st.name).set(self.scheduler.inflight(i))
         self.metrics.parked.set(len(self.pool.parked))
 
     def status(self) -> dict[str, Any]:

@@ -40,9 +40,9 @@ from gateway.core.workflow import (
     OnlineWorkflow,
 )
 from gateway.errors import CallFailed
-from gateway.live.pool import CallResult
 from gateway.live.service import CallRecord, CallRequest, Gateway
 from gateway.live.tenants import Tenant
+from gateway.live.transport import CallResult
 from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult, serialize_schema
 from gateway.text2sql.evaluate import results_match

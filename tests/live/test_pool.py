@@ -8,11 +8,13 @@ from pathlib import Path
 
 from gateway.config.gateway import load_gateway_config
 from gateway.core.scheduler import Scheduler
+from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import CallFailed
 from gateway.live.metrics import GatewayMetrics
-from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint, WorkerPool
+from gateway.live.pool import WorkerPool
 from gateway.live.promparse import WorkerMetrics
+from gateway.live.transport import CallResult, LiveCall
 from tests.live.harness import write_config
 
 
@@ -21,27 +23,28 @@ class Hold:
         self.release = asyncio.Event()
         self.sent = 0
 
-    async def send(self, worker: WorkerEndpoint, call: LiveCall) -> CallResult:
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
         self.sent += 1
         await self.release.wait()
         return CallResult({})
 
-    async def probe(self, worker: WorkerEndpoint) -> bool:
+    async def probe(self, worker: WorkerInfo) -> bool:
         return True
 
-    async def scrape(self, worker: WorkerEndpoint) -> str:
+    async def scrape(self, worker: WorkerInfo) -> str:
         return ""
+
+    async def aclose(self) -> None:
+        pass
 
 
 def _pool(tmp: Path, transport: Hold, clock: list[float]) -> WorkerPool:
     loaded = load_gateway_config(write_config(tmp, ["http://127.0.0.1:1"], ["A100"]))
     sched = Scheduler(loaded.workers, "hexgen", random.Random(0))
-    eps = [WorkerEndpoint(0, "w", "http://127.0.0.1:1", "m", 4)]
     return WorkerPool(
-        eps,
         sched,
         transport,
-        GatewayMetrics(["w"], []),
+        GatewayMetrics([w.name for w in loaded.workers], []),
         clock=lambda: clock[0],
         health_period_s=0,
         scrape_period_s=0,
@@ -69,13 +72,13 @@ async def test_growing_vllm_waiting_queue_holds_dispatch(tmp_path: Path) -> None
         pool.submit(_call(1, out))
         await asyncio.sleep(0.01)
         assert t.sent == 1
-        pool.apply_scrape(st, _m(0.0))
-        pool.apply_scrape(st, _m(3.0))  # vLLM's own queue grows: hold
+        pool.monitor.apply_scrape(st, _m(0.0))
+        pool.monitor.apply_scrape(st, _m(3.0))  # vLLM's own queue grows: hold
         assert st.held
         pool.submit(_call(2, out))
         await asyncio.sleep(0.01)
         assert t.sent == 1 and pool.scheduler.queue_len(0) == 1
-        pool.apply_scrape(st, _m(3.0))  # not growing any more: release
+        pool.monitor.apply_scrape(st, _m(3.0))  # not growing any more: release
         assert not st.held
         await asyncio.sleep(0.01)
         assert t.sent == 2
