@@ -161,7 +161,6 @@ class WorkerPool:
         self.epoch = clock()
         self.parked: deque[LiveCall] = deque()
         self._running = False
-        self.dispatch_log: list[tuple[int, int]] | None = None  # (call id, worker) when recording
         self.sent_log: list[tuple[float, str]] | None = None  # (time sent, worker name) when recording
         self.on_removed: Callable[[str], None] | None = None  # called with a removed worker's name
 
@@ -324,8 +323,6 @@ class WorkerPool:
             self.parked.append(call)
             return
         call.parked_at = None
-        if self.dispatch_log is not None:
-            self.dispatch_log.append((call.id, w))
         st = self.states[w]
         self.metrics.dispatch(st.name, call.kind)
         st.kick.set()

@@ -47,7 +47,12 @@ class CallRequest:
 
 @dataclass(slots=True)
 class CallRecord:
-    """One call's outcome inside a workflow."""
+    """One call's outcome inside a workflow, as the caller is told it.
+
+    The worker's name, the last attempt's queue and run seconds, the attempts, and the worker's answer
+    or the final error. The simulator keeps a different record, ``gateway.sim.simulator.CallTimeline``
+    (absolute virtual times, with the engine's finish time that only it knows), for timelines.
+    """
 
     node: int
     kind: str

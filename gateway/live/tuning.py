@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.core.dag import DagNode, DagWorkflow, chain_nodes
-from gateway.core.scheduler import WorkerInfo
+from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import TEMPLATES, OnlineWorkflow
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from gateway.config import load_cluster, load_gpu_catalog
 from gateway.core.policy import POLICIES
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CANDIDATE, CHESS_TEMPLATE, STANDARD_WORKFLOW, Stage, StagedWorkflow
-from gateway.sim.simulator import CallRecord, SimResult, Simulator
+from gateway.sim.simulator import CallTimeline, SimResult, Simulator
 from gateway.sim.workload import TenantSpec, generate_chess_bird
 
 PUBLISHED = {  # hexgen-traces SOURCE.md: (standard workflow s, candidate generation s), Llama-3.1-70B
@@ -47,7 +47,7 @@ def test_every_workflow_finishes_and_no_call_runs_before_its_dependencies(setup:
     res = run(setup, policy)
     assert res.unfinished == 0 and len(res.workflows) == setup.n_workflows
     assert res.num_calls == sum(len(q) for q in setup.queries)
-    by_wf: dict[int, list[CallRecord]] = defaultdict(list)
+    by_wf: dict[int, list[CallTimeline]] = defaultdict(list)
     for c in res.calls:
         assert c.ready <= c.start <= c.engine_done <= c.result
         by_wf[c.wid].append(c)
@@ -55,7 +55,7 @@ def test_every_workflow_finishes_and_no_call_runs_before_its_dependencies(setup:
     for wid, calls in by_wf.items():
         # Calls released together form a stage; each stage is released when the previous one's
         # results are all in, never earlier.
-        stages: dict[float, list[CallRecord]] = defaultdict(list)
+        stages: dict[float, list[CallTimeline]] = defaultdict(list)
         for c in calls:
             stages[c.ready].append(c)
         times = sorted(stages)
