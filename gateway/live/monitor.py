@@ -20,9 +20,10 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.live.promparse import WorkerMetrics, parse_worker_metrics
+from gateway.live.worker_state import WorkerState
 
-if TYPE_CHECKING:  # the pool owns the monitor; the monitor acts on the pool's workers
-    from gateway.live.pool import WorkerPool, WorkerState
+if TYPE_CHECKING:  # the pool owns the monitor; the monitor acts on the pool
+    from gateway.live.pool import WorkerPool
 
 log = logging.getLogger("hexflow.pool")
 
@@ -117,16 +118,3 @@ class WorkerMonitor:
         self.pool.metrics.scraped(st.name, m)
         if was_held and not st.held:
             st.kick.set()
-
-
-def scrape_status(st: WorkerState, now: float) -> dict[str, Any] | None:
-    """The ``vllm`` part of a worker's ``/v1/status`` entry: its last scrape (None before the first)."""
-    m = st.metrics
-    if m is None:
-        return None
-    return {
-        "running": m.running,
-        "waiting": m.waiting,
-        "kv_cache_usage": m.kv_cache_usage,
-        "age_s": None if st.scraped_at is None else round(now - st.scraped_at, 3),
-    }
