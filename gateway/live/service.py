@@ -23,7 +23,7 @@ from typing import Any
 from gateway.config.gateway import LoadedConfig
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.scheduler import Scheduler
-from gateway.core.workflow import CallSpec, OnlineWorkflow, WorkflowTemplate
+from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate
 from gateway.errors import CallFailed, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.metrics import GatewayMetrics
@@ -282,19 +282,7 @@ class Gateway:
         def launch(specs: list[Any]) -> None:
             for spec in specs:
                 assert isinstance(spec, DagCallSpec)
-                req = requests[spec.node]
-                call = LiveCall(
-                    id=next(self._ids),
-                    workflow=wf,
-                    spec=spec,
-                    ready_at=self.clock(),
-                    endpoint=req.endpoint,
-                    body=req.body,
-                    on_done=on_done,
-                    stream=req.stream,
-                )
-                ex.live[spec.node] = call
-                self.pool.submit(call)
+                ex.live[spec.node] = self._submit(wf, spec, requests[spec.node], on_done)
 
         def on_done(call: LiveCall, outcome: CallResult | CallFailed) -> None:
             spec = call.spec
@@ -303,7 +291,6 @@ class Gateway:
             self._record(rec, call, outcome)
             ex.live.pop(spec.node, None)
             if isinstance(outcome, CallFailed):
-                rec.error = outcome
                 if ex.error is None:
                     ex.error = outcome
                     for other in list(ex.live.values()):
@@ -312,7 +299,6 @@ class Gateway:
                     if not ex.done.done():
                         ex.done.set_result(None)
                 return
-            rec.result = outcome
             if on_call_done is not None:
                 on_call_done(rec)
             if ex.error is not None:
@@ -347,14 +333,41 @@ class Gateway:
             self._finish(ex, tenant, "failed", None)
         return outcome
 
+    def _submit(
+        self,
+        wf: Workflow,
+        spec: CallSpec,
+        req: CallRequest,
+        on_done: Callable[[LiveCall, CallResult | CallFailed], None],
+    ) -> LiveCall:
+        """Make the call of one node or stage call and hand it to the pool."""
+        call = LiveCall(
+            id=next(self._ids),
+            workflow=wf,
+            spec=spec,
+            ready_at=self.clock(),
+            endpoint=req.endpoint,
+            body=req.body,
+            on_done=on_done,
+            stream=req.stream,
+        )
+        self.pool.submit(call)
+        return call
+
     def _record(self, rec: CallRecord, call: LiveCall, outcome: CallResult | CallFailed) -> None:
-        """Fill a call's record (worker, queue and run time, attempts) when it returns or fails for good."""
+        """Fill a call's record when it returns or fails for good: worker, the last attempt's queue and
+        run time, attempts, and the answer or the error."""
         now = self.clock()
         if call.worker_name:
             rec.worker = call.worker_name
         rec.queued_s = max((call.sent_at or now) - call.ready_at, 0.0)
         rec.run_s = max(now - call.sent_at, 0.0) if call.sent_at else 0.0
-        rec.attempts = call.attempts + (1 if isinstance(outcome, CallResult) else 0)
+        if isinstance(outcome, CallResult):
+            rec.attempts = call.attempts + 1
+            rec.result = outcome
+        else:
+            rec.attempts = call.attempts
+            rec.error = outcome
 
     def _begin(self, ex: object, tenant: Tenant) -> None:
         self._active[tenant.name] = self._active.get(tenant.name, 0) + 1
@@ -420,22 +433,13 @@ class Gateway:
                 rec: CallRecord = rec,
             ) -> None:
                 self._record(rec, call, outcome)
-                if isinstance(outcome, CallResult):
-                    rec.result = outcome
-                else:
-                    rec.error = outcome
                 wf.stage_call_done()
                 if not fut.done():
                     fut.set_result(outcome)
 
-            call = LiveCall(
-                id=next(self._ids), workflow=wf, spec=spec, ready_at=self.clock(), endpoint=req.endpoint,
-                body=req.body, on_done=done, stream=req.stream,
-            )  # fmt: skip
             futures.append(fut)
-            live.append(call)
             records.append(rec)
-            self.pool.submit(call)
+            live.append(self._submit(wf, spec, req, done))
         try:
             outcomes = await asyncio.gather(*futures)
         except asyncio.CancelledError:
