@@ -98,7 +98,7 @@ class Gateway:
     Args:
         loaded: the validated configuration.
         tenants: the tenants store.
-        transport: how to reach workers.
+        transport: how to reach workers (``stop`` closes it).
         clock: the scheduling clock (``time.monotonic``; a fake one in parity tests).
         background: start health, scrape, tenants and tuning tasks (tests may turn them off).
         kube_api: the Kubernetes API client for discovery (default: from the config; tests pass a fake's).
