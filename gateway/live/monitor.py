@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from gateway.live.promparse import WorkerMetrics, parse_worker_metrics
 from gateway.live.worker_state import WorkerState
@@ -59,7 +60,7 @@ class WorkerMonitor:
         self._tasks.clear()
 
     @staticmethod
-    async def _every(period_s: float, step: Any) -> None:
+    async def _every(period_s: float, step: Callable[[], Awaitable[None]]) -> None:
         while True:
             await step()
             await asyncio.sleep(period_s)
