@@ -23,8 +23,8 @@ from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.errors import ConfigError
 from gateway.live.discovery import PodError, pod_ready, pod_worker
 from gateway.live.pool import WorkerPool
-from gateway.live.worker_state import WorkerState
 from gateway.live.server import build_app
+from gateway.live.worker_state import WorkerState
 from tests.live.fake_kube import FakeKube, make_pod
 from tests.live.harness import REPO, chain, emulators, gateway_client, wait_for
 
