@@ -334,7 +334,8 @@ class WorkerPool:
         * a result: the estimator learns the observed latency; the callback gets the result;
         * ``WorkerError`` (or an unexpected exception): counted against the worker (it may be marked
           down), then retried elsewhere up to ``max_attempts`` or failed with ``CallFailed`` 502;
-        * ``CallFailed`` (the worker refused the request): delivered as it is;
+        * ``CallFailed`` (the worker refused the request): delivered as it is (checked after
+          ``WorkerError``, as the transport's classes are distinct);
         * cancelled: re-dispatched when its worker was removed with it still running (``requeue``; not
           counted as an attempt), else failed with ``CallFailed`` 503.
 
@@ -361,11 +362,11 @@ class WorkerPool:
                     self.submit(call)
                     return True
                 self._deliver(call, CallFailed("the call was cancelled", status=503))
+            elif isinstance(outcome, WorkerError):
+                self._worker_failed(st, call, str(outcome), refused=outcome.refused)
             elif isinstance(outcome, CallFailed):
                 self.metrics.call_failure(st.name, "rejected")
                 self._deliver(call, outcome)
-            elif isinstance(outcome, WorkerError):
-                self._worker_failed(st, call, str(outcome), refused=outcome.refused)
             else:
                 log.error("call %s on %s failed unexpectedly", call.id, st.name, exc_info=outcome)
                 self._worker_failed(st, call, f"unexpected error: {outcome!r}", refused=False)
