@@ -334,8 +334,7 @@ class WorkerPool:
         * a result: the estimator learns the observed latency; the callback gets the result;
         * ``WorkerError`` (or an unexpected exception): counted against the worker (it may be marked
           down), then retried elsewhere up to ``max_attempts`` or failed with ``CallFailed`` 502;
-        * ``CallFailed`` (the worker refused the request): delivered as it is (checked after
-          ``WorkerError``, as the transport's classes are distinct);
+        * ``CallFailed`` (the worker refused the request): delivered as it is;
         * cancelled: re-dispatched when its worker was removed with it still running (``requeue``; not
           counted as an attempt), else failed with ``CallFailed`` 503.
 
