@@ -24,6 +24,7 @@ Loading:
     resolve_cluster_path(name_or_path)          ``paper-4gpu`` -> config/clusters/paper-4gpu.yaml
     load_cluster_config(path, catalog=None)     a cluster file, names checked against the catalogue
     build_workers(cluster, catalog)             the scheduler's ``WorkerInfo`` list for a cluster
+    make_worker(catalog, name=, gpu=, ...)      one ``WorkerInfo`` (the one place it is built)
     load_cluster(path, catalog=None)            both steps: file -> ``list[WorkerInfo]``
 
 Building a model does no I/O: the catalogue is passed to cluster validation through pydantic's
@@ -52,6 +53,7 @@ from gateway.config.cluster import (
     known_clusters,
     load_cluster,
     load_cluster_config,
+    make_worker,
     resolve_cluster_path,
 )
 from gateway.config.gpus import (
@@ -92,5 +94,6 @@ __all__ = [
     "load_cluster_config",
     "load_gpu_catalog",
     "load_yaml_model",
+    "make_worker",
     "resolve_cluster_path",
 ]

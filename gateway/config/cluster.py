@@ -1,4 +1,8 @@
-"""Cluster files (``config/clusters/*.yaml``) and the scheduler's workers built from them."""
+"""Cluster files (``config/clusters/*.yaml``) and the scheduler's workers built from them.
+
+``make_worker`` is the one place a ``WorkerInfo`` (``gateway.core.worker``) is built, for the workers of
+a cluster file (``build_workers``, the gateway's ``LoadedConfig``) and for the pods discovery finds.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gateway.config.base import CLUSTERS_DIR, FieldError, Name, _known, _Strict, load_yaml_model
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog
-from gateway.core.scheduler import WorkerInfo
+from gateway.core.profile import time_scaled
+from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError
 
 
@@ -70,7 +75,12 @@ class WorkerConfig(_Strict):
 
 @dataclass(frozen=True, slots=True)
 class ResolvedWorker:
-    """One worker after expansion: defaults filled in, ``count`` unrolled."""
+    """One entry of a cluster file after expansion: defaults filled in, ``count`` unrolled.
+
+    Names only (GPU type, model), checked against a catalogue but not looked up in it: what tools that
+    start workers need (``workers/cluster.py``, the live bench). ``build_workers`` turns each into the
+    ``WorkerInfo`` that the scheduler and the pool use.
+    """
 
     name: str
     gpu: str
@@ -175,14 +185,49 @@ def load_cluster_config(path: Path | str, catalog: GpuCatalog | None = None) -> 
     return load_yaml_model(resolve_cluster_path(path), ClusterConfig, context={"catalog": cat})
 
 
-def build_workers(cluster: ClusterConfig, catalog: GpuCatalog) -> list[WorkerInfo]:
+def make_worker(
+    catalog: GpuCatalog,
+    *,
+    name: str,
+    gpu: str,
+    model: str,
+    capacity: int,
+    url: str | None = None,
+    served_model: str | None = None,
+    time_scale: float = 1.0,
+) -> WorkerInfo:
+    """The ``WorkerInfo`` of a worker: its profile looked up in ``catalog`` and scaled by ``time_scale``.
+
+    ``served_model`` defaults to ``model``; ``url`` to none (a simulated worker). Raises
+    ``UnknownNameError`` for a GPU/model pair without a profile.
+    """
+    return WorkerInfo(
+        name=name,
+        profile=time_scaled(catalog.profile(gpu, model), time_scale),
+        capacity=capacity,
+        url=url or "",
+        served_model=served_model or model,
+    )
+
+
+def build_workers(cluster: ClusterConfig, catalog: GpuCatalog, *, time_scale: float = 1.0) -> list[WorkerInfo]:
     """The scheduler's view of a cluster: one ``WorkerInfo`` per expanded worker, in file order.
 
+    ``time_scale`` multiplies every profile's latencies (emulated workers; see ``time_scaled``).
     Raises ``UnknownNameError`` for a GPU/model pair without a profile (``load_cluster_config``
     already reports those as ``ConfigError``).
     """
     return [
-        WorkerInfo(name=w.name, profile=catalog.profile(w.gpu, w.model), capacity=w.capacity)
+        make_worker(
+            catalog,
+            name=w.name,
+            gpu=w.gpu,
+            model=w.model,
+            capacity=w.capacity,
+            url=w.url,
+            served_model=w.served_model,
+            time_scale=time_scale,
+        )
         for w in cluster.expanded()
     ]
 

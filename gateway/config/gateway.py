@@ -15,11 +15,10 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import FieldError, _Strict, load_yaml_model
-from gateway.config.cluster import ClusterConfig
+from gateway.config.cluster import ClusterConfig, build_workers
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog
 from gateway.core.policy import POLICIES
-from gateway.core.profile import time_scaled
-from gateway.core.scheduler import WorkerInfo
+from gateway.core.worker import WorkerInfo
 from gateway.errors import ConfigError
 
 PosFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
@@ -233,12 +232,9 @@ class LoadedConfig:
         self.path = base_dir / "gateway.yaml"
         self.catalog = catalog
         self.resolved = cfg.cluster.expanded() if cfg.cluster is not None else []
-        self.workers: list[WorkerInfo] = [
-            WorkerInfo(
-                name=w.name, profile=time_scaled(catalog.profile(w.gpu, w.model), cfg.time_scale), capacity=w.capacity
-            )
-            for w in self.resolved
-        ]
+        self.workers: list[WorkerInfo] = (
+            build_workers(cfg.cluster, catalog, time_scale=cfg.time_scale) if cfg.cluster is not None else []
+        )
 
     @property
     def default_model(self) -> str:

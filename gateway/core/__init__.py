@@ -7,7 +7,8 @@ numbers of the workflow templates are data (``gateway/config/workflows.yaml``, `
 
 from gateway.core.policy import POLICIES, Policy, get_policy
 from gateway.core.profile import PerfProfile
-from gateway.core.scheduler import Scheduler, WorkerInfo
+from gateway.core.scheduler import Scheduler
+from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import (
     Call,
     CallSpec,

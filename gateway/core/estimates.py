@@ -16,9 +16,9 @@ smoothly with load, so it is well defined for the dispatch score (see ``dispatch
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from gateway.core.profile import PerfProfile
+from gateway.core.worker import WorkerInfo
 
 
 @dataclass(slots=True)
@@ -53,9 +53,11 @@ class WorkerLoad:
 class Estimator:
     """Per-worker latency estimates with online correction.
 
+    The estimator holds the workers' descriptions (``workers``, by index): the profile and the capacity
+    are read from there, and nowhere else (``Scheduler.workers`` is this list).
+
     Args:
-        profiles: the performance profile of each worker, by worker index.
-        capacities: concurrent calls per worker (the gateway's in-flight limit).
+        workers: the workers, by worker index (profile and in-flight limit of each).
         ewma: weight of a new observation in the ratio.
         max_age_s: a ratio older than this reads as unknown.
         clamp: observed/predicted ratios are clamped to [1/clamp, clamp] so one outlier (a request that
@@ -64,47 +66,41 @@ class Estimator:
 
     def __init__(
         self,
-        profiles: Sequence[PerfProfile],
-        capacities: Sequence[int],
+        workers: Sequence[WorkerInfo],
         *,
         ewma: float = 0.2,
         max_age_s: float = 600.0,
         clamp: float = 8.0,
     ) -> None:
-        if len(profiles) != len(capacities):
-            raise ValueError("profiles and capacities differ in length")
         if not 0.0 < ewma <= 1.0:
             raise ValueError("ewma must be in (0, 1]")
-        self.profiles = list(profiles)
-        self.capacities = [max(1, c) for c in capacities]
-        self.loads = [WorkerLoad() for _ in profiles]
+        self.workers = list(workers)
+        self.loads = [WorkerLoad() for _ in self.workers]
         self.ewma = ewma
         self.max_age_s = max_age_s
         self.clamp = clamp
-        self._ratios: list[dict[str, Ratio]] = [{} for _ in profiles]
+        self._ratios: list[dict[str, Ratio]] = [{} for _ in self.workers]
         # Profile latencies are pure functions of (worker, tokens); memoise the hot path.
-        self._base_cache: list[dict[tuple[int, int], float]] = [{} for _ in profiles]
+        self._base_cache: list[dict[tuple[int, int], float]] = [{} for _ in self.workers]
 
-    def add_worker(self, profile: PerfProfile, capacity: int) -> int:
+    def add_worker(self, info: WorkerInfo) -> int:
         """Append a worker with fresh estimates; returns its index."""
-        self.profiles.append(profile)
-        self.capacities.append(max(1, capacity))
+        self.workers.append(info)
         self.loads.append(WorkerLoad())
         self._ratios.append({})
         self._base_cache.append({})
-        return len(self.profiles) - 1
+        return len(self.workers) - 1
 
-    def reset_worker(self, worker: int, profile: PerfProfile, capacity: int) -> None:
+    def reset_worker(self, worker: int, info: WorkerInfo) -> None:
         """Give slot ``worker`` to a new worker: its profile and capacity, no load, no learned ratios."""
-        self.profiles[worker] = profile
-        self.capacities[worker] = max(1, capacity)
+        self.workers[worker] = info
         self.loads[worker] = WorkerLoad()
         self._ratios[worker] = {}
         self._base_cache[worker] = {}
 
     def set_capacity(self, worker: int, capacity: int) -> None:
-        """Change a worker's concurrent-call count (its ``t_queue`` divisor)."""
-        self.capacities[worker] = max(1, capacity)
+        """Change a worker's concurrent-call count (its ``t_queue`` divisor): a new ``WorkerInfo``."""
+        self.workers[worker] = replace(self.workers[worker], capacity=capacity)
 
     def base_latency(self, worker: int, input_tokens: int, output_tokens: int) -> float:
         """The profile's lone-request latency, uncorrected."""
@@ -112,7 +108,7 @@ class Estimator:
         key = (input_tokens, output_tokens)
         v = cache.get(key)
         if v is None:
-            v = self.profiles[worker].single_latency(input_tokens, output_tokens)
+            v = self.workers[worker].profile.single_latency(input_tokens, output_tokens)
             if len(cache) < 65536:
                 cache[key] = v
         return v
@@ -139,7 +135,7 @@ class Estimator:
         base_cache = self._base_cache
         ratios = self._ratios
         loads = self.loads
-        caps = self.capacities
+        infos = self.workers
         for w in workers:
             base = base_cache[w].get(key)
             if base is None:
@@ -150,16 +146,16 @@ class Estimator:
             if load.inflight:
                 rem = load.inflight_work - (load.inflight * now - load.inflight_start_sum)
                 floor = 0.1 * load.inflight_work
-                t_queue.append((load.queued_work + (rem if rem > floor else floor)) / caps[w])
+                t_queue.append((load.queued_work + (rem if rem > floor else floor)) / infos[w].capacity)
             elif load.queued:
-                t_queue.append(load.queued_work / caps[w])
+                t_queue.append(load.queued_work / infos[w].capacity)
             else:
                 t_queue.append(0.0)
         return t_comp, t_queue
 
     def t_queue(self, worker: int, now: float) -> float:
         """Predicted outstanding work per batch slot on ``worker`` (seconds)."""
-        return self.loads[worker].outstanding(now) / self.capacities[worker]
+        return self.loads[worker].outstanding(now) / self.workers[worker].capacity
 
     def observe(
         self, worker: int, kind: str, input_tokens: int, output_tokens: int, observed_s: float, now: float

@@ -20,25 +20,17 @@ flight. Stage budgets use the mean over the current members as their unit of cos
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 
 from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng
 from gateway.core.estimates import Estimator
 from gateway.core.policy import Policy, get_policy
-from gateway.core.profile import PerfProfile
 from gateway.core.queues import QUEUES, VtcCounters, WorkerQueue
 from gateway.core.slo import stage_budget
+from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
 
-
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """A worker as the scheduler knows it: a name, its performance profile and its slot count."""
-
-    name: str
-    profile: PerfProfile
-    capacity: int
+__all__ = ["NoEligibleWorker", "Scheduler", "WorkerInfo"]
 
 
 class NoEligibleWorker(RuntimeError):
@@ -66,17 +58,11 @@ class Scheduler:
         ewma: float = 0.2,
         max_age_s: float = 600.0,
     ) -> None:
-        self.workers = list(workers)
+        self.estimator = Estimator(workers, ewma=ewma, max_age_s=max_age_s)
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self._dispatcher = DISPATCHERS[self.policy.dispatcher](rng)
         self._make_queue = QUEUES[self.policy.queue]()
         self.queues: list[WorkerQueue] = [self._make_queue() for _ in self.workers]
-        self.estimator = Estimator(
-            [w.profile for w in self.workers],
-            [w.capacity for w in self.workers],
-            ewma=ewma,
-            max_age_s=max_age_s,
-        )
         self.alpha = self.policy.default_alpha if alpha is None else alpha
         self.eligible = [True] * len(self.workers)
         self.member = [True] * len(self.workers)
@@ -91,6 +77,14 @@ class Scheduler:
 
     # ------------------------------------------------------------------ membership
 
+    @property
+    def workers(self) -> list[WorkerInfo]:
+        """The workers by index (the estimator's list: a worker's capacity is stored there only).
+
+        Read-only: change membership with ``add_worker``/``remove_worker``, capacity with ``set_capacity``.
+        """
+        return self.estimator.workers
+
     def members(self) -> list[int]:
         """Indices of the current workers (slots in use)."""
         return [i for i, m in enumerate(self.member) if m]
@@ -99,18 +93,16 @@ class Scheduler:
         """Give a new worker a slot (a freed one if any); returns its index."""
         free = next((i for i, m in enumerate(self.member) if not m), None)
         if free is None:
-            self.workers.append(info)
+            self.estimator.add_worker(info)
             self.queues.append(self._make_queue())
-            self.estimator.add_worker(info.profile, info.capacity)
             self.eligible.append(False)
             self.member.append(True)
             self.dispatch_counts.append({})
             w = len(self.workers) - 1
         else:
             w = free
-            self.workers[w] = info
             self.queues[w] = self._make_queue()
-            self.estimator.reset_worker(w, info.profile, info.capacity)
+            self.estimator.reset_worker(w, info)
             self.member[w] = True
             self.dispatch_counts[w] = {}
         self._membership_changed()
@@ -128,9 +120,7 @@ class Scheduler:
         self._membership_changed()
 
     def set_capacity(self, worker: int, capacity: int) -> None:
-        """Change a member's concurrent-call count."""
-        info = self.workers[worker]
-        self.workers[worker] = WorkerInfo(info.name, info.profile, capacity)
+        """Change a member's concurrent-call count (the one way a worker's capacity changes)."""
         self.estimator.set_capacity(worker, capacity)
 
     def _membership_changed(self) -> None:

@@ -481,7 +481,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
         return StreamingResponse(body(), media_type="text/event-stream")
 
     def served_models(gw: Gateway) -> list[str]:
-        return sorted({st.ep.served_model for st in gw.pool.workers if not st.removing})
+        return sorted({st.info.served_model for st in gw.pool.workers if not st.removing})
 
     @app.get("/v1/models")
     async def models(request: Request, tenant: TenantDep) -> dict[str, Any]:

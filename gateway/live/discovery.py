@@ -42,13 +42,12 @@ from urllib.parse import quote
 
 import aiohttp
 
-from gateway.config import GpuCatalog
+from gateway.config import GpuCatalog, make_worker
 from gateway.config.gateway import KubernetesDiscoveryConfig
-from gateway.core.profile import time_scaled
-from gateway.core.scheduler import WorkerInfo
+from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError
 from gateway.live.metrics import GatewayMetrics
-from gateway.live.pool import WorkerEndpoint, WorkerPool
+from gateway.live.pool import WorkerPool
 
 log = logging.getLogger("hexflow.discovery")
 
@@ -81,11 +80,13 @@ class PodWorker:
     capacity: int
     ready: bool
 
-    def same_engine(self, ep: WorkerEndpoint, info: WorkerInfo) -> bool:
-        """True when ``ep``/``info`` is this pod's engine (same address, GPU and model; capacity may differ)."""
+    def same_engine(self, info: WorkerInfo) -> bool:
+        """True when ``info`` is this pod's engine (same address, GPU and model; capacity may differ)."""
         p = info.profile
         return (
-            ep.url == self.url and ep.served_model == self.served_model and (p.gpu, p.model) == (self.gpu, self.model)
+            info.url == self.url
+            and info.served_model == self.served_model
+            and (p.gpu, p.model) == (self.gpu, self.model)
         )
 
 
@@ -155,10 +156,19 @@ def pod_worker_info(
     if pw is None:
         return None
     try:
-        profile = catalog.profile(pw.gpu, pw.model)
+        info = make_worker(
+            catalog,
+            name=pw.name,
+            gpu=pw.gpu,
+            model=pw.model,
+            capacity=pw.capacity,
+            url=pw.url,
+            served_model=pw.served_model,
+            time_scale=time_scale,
+        )
     except UnknownNameError as exc:
         raise PodError(str(exc)) from None
-    return pw, WorkerInfo(pw.name, time_scaled(profile, time_scale), pw.capacity)
+    return pw, info
 
 
 def pod_state(
@@ -419,7 +429,7 @@ class KubernetesDiscovery:
             if st.removing:
                 continue
             want = desired.get(name)
-            if want is None or not want[0].same_engine(st.ep, self.pool.scheduler.workers[st.ep.index]):
+            if want is None or not want[0].same_engine(st.info):
                 self.pool.remove_worker(st)
                 continue
             pw = want[0]
@@ -431,8 +441,7 @@ class KubernetesDiscovery:
             if self.pool.by_name(name) is not None:
                 self._warn(name, "a worker of cluster.workers has the same name")
                 continue
-            ep = WorkerEndpoint(-1, name, pw.url, pw.served_model, pw.capacity)
-            self.pool.add_worker(ep, info, ready=True)
+            self.pool.add_worker(info, ready=True)
             self.managed.add(name)
 
     def _apply_event(self, kind: str, obj: dict[str, Any]) -> str | None:

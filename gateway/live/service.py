@@ -23,12 +23,13 @@ from typing import Any
 from gateway.config.gateway import LoadedConfig
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.scheduler import Scheduler
-from gateway.core.workflow import CallSpec, OnlineWorkflow, WorkflowTemplate
+from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate
 from gateway.errors import CallFailed, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.metrics import GatewayMetrics
-from gateway.live.pool import CallResult, Clock, LiveCall, Transport, WorkerEndpoint, WorkerPool
+from gateway.live.pool import Clock, WorkerPool
 from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.transport import CallResult, LiveCall, Transport
 from gateway.live.tuning import AlphaTuner, WindowRecorder
 from gateway.text2sql.db import DatabaseRegistry
 
@@ -46,7 +47,12 @@ class CallRequest:
 
 @dataclass(slots=True)
 class CallRecord:
-    """One call's outcome inside a workflow."""
+    """One call's outcome inside a workflow, as the caller is told it.
+
+    The worker's name, the last attempt's queue and run seconds, the attempts, and the worker's answer
+    or the final error. The simulator keeps a different record, ``gateway.sim.simulator.CallTimeline``
+    (absolute virtual times, with the engine's finish time that only it knows), for timelines.
+    """
 
     node: int
     kind: str
@@ -92,7 +98,7 @@ class Gateway:
     Args:
         loaded: the validated configuration.
         tenants: the tenants store.
-        transport: how to reach workers.
+        transport: how to reach workers (``stop`` closes it).
         clock: the scheduling clock (``time.monotonic``; a fake one in parity tests).
         background: start health, scrape, tenants and tuning tasks (tests may turn them off).
         kube_api: the Kubernetes API client for discovery (default: from the config; tests pass a fake's).
@@ -119,12 +125,7 @@ class Gateway:
         self.metrics = GatewayMetrics([w.name for w in loaded.workers], [t.name for t in tenants.tenants])
         self.metrics.alpha.set(self.scheduler.alpha)
         self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in tenants.tenants})
-        endpoints = [
-            WorkerEndpoint(i, rw.name, rw.url or "", rw.served_model or rw.model, rw.capacity)
-            for i, rw in enumerate(loaded.resolved)
-        ]
         self.pool = WorkerPool(
-            endpoints,
             self.scheduler,
             transport,
             self.metrics,
@@ -179,7 +180,7 @@ class Gateway:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.discovery.synced.wait(), self.discovery.cfg.timeout_s)
         if self.background:
-            await self.pool.check_health(initial=True)
+            await self.pool.monitor.check_health(initial=True)
             self._tasks.append(asyncio.create_task(self._tenants_loop(), name="tenants-watch"))
             if self.tuner is not None and self.scheduler.policy.uses_alpha:
                 self._tasks.append(asyncio.create_task(self.tuner.run(self._stop), name="alpha-tuner"))
@@ -196,7 +197,7 @@ class Gateway:
         return True
 
     async def stop(self) -> None:
-        """Stop background tasks and the pool (calls still in flight fail with 503)."""
+        """Stop background tasks and the pool (calls still in flight fail with 503); close the transport."""
         self.ready = False
         self._stop.set()
         for t in self._tasks:
@@ -210,6 +211,7 @@ class Gateway:
         if self.discovery is not None:
             await self.discovery.close()
         await self.pool.stop()
+        await self.transport.aclose()
 
     async def _tenants_loop(self) -> None:
         before = (self.tenants.generation, self.tenants.reload_failures)
@@ -280,19 +282,7 @@ class Gateway:
         def launch(specs: list[Any]) -> None:
             for spec in specs:
                 assert isinstance(spec, DagCallSpec)
-                req = requests[spec.node]
-                call = LiveCall(
-                    id=next(self._ids),
-                    workflow=wf,
-                    spec=spec,
-                    ready_at=self.clock(),
-                    endpoint=req.endpoint,
-                    body=req.body,
-                    on_done=on_done,
-                    stream=req.stream,
-                )
-                ex.live[spec.node] = call
-                self.pool.submit(call)
+                ex.live[spec.node] = self._submit(wf, spec, requests[spec.node], on_done)
 
         def on_done(call: LiveCall, outcome: CallResult | CallFailed) -> None:
             spec = call.spec
@@ -301,7 +291,6 @@ class Gateway:
             self._record(rec, call, outcome)
             ex.live.pop(spec.node, None)
             if isinstance(outcome, CallFailed):
-                rec.error = outcome
                 if ex.error is None:
                     ex.error = outcome
                     for other in list(ex.live.values()):
@@ -310,7 +299,6 @@ class Gateway:
                     if not ex.done.done():
                         ex.done.set_result(None)
                 return
-            rec.result = outcome
             if on_call_done is not None:
                 on_call_done(rec)
             if ex.error is not None:
@@ -345,14 +333,41 @@ class Gateway:
             self._finish(ex, tenant, "failed", None)
         return outcome
 
+    def _submit(
+        self,
+        wf: Workflow,
+        spec: CallSpec,
+        req: CallRequest,
+        on_done: Callable[[LiveCall, CallResult | CallFailed], None],
+    ) -> LiveCall:
+        """Make the call of one node or stage call and hand it to the pool."""
+        call = LiveCall(
+            id=next(self._ids),
+            workflow=wf,
+            spec=spec,
+            ready_at=self.clock(),
+            endpoint=req.endpoint,
+            body=req.body,
+            on_done=on_done,
+            stream=req.stream,
+        )
+        self.pool.submit(call)
+        return call
+
     def _record(self, rec: CallRecord, call: LiveCall, outcome: CallResult | CallFailed) -> None:
-        """Fill a call's record (worker, queue and run time, attempts) when it returns or fails for good."""
+        """Fill a call's record when it returns or fails for good: worker, the last attempt's queue and
+        run time, attempts, and the answer or the error."""
         now = self.clock()
         if call.worker_name:
             rec.worker = call.worker_name
         rec.queued_s = max((call.sent_at or now) - call.ready_at, 0.0)
         rec.run_s = max(now - call.sent_at, 0.0) if call.sent_at else 0.0
-        rec.attempts = call.attempts + (1 if isinstance(outcome, CallResult) else 0)
+        if isinstance(outcome, CallResult):
+            rec.attempts = call.attempts + 1
+            rec.result = outcome
+        else:
+            rec.attempts = call.attempts
+            rec.error = outcome
 
     def _begin(self, ex: object, tenant: Tenant) -> None:
         self._active[tenant.name] = self._active.get(tenant.name, 0) + 1
@@ -418,22 +433,13 @@ class Gateway:
                 rec: CallRecord = rec,
             ) -> None:
                 self._record(rec, call, outcome)
-                if isinstance(outcome, CallResult):
-                    rec.result = outcome
-                else:
-                    rec.error = outcome
                 wf.stage_call_done()
                 if not fut.done():
                     fut.set_result(outcome)
 
-            call = LiveCall(
-                id=next(self._ids), workflow=wf, spec=spec, ready_at=self.clock(), endpoint=req.endpoint,
-                body=req.body, on_done=done, stream=req.stream,
-            )  # fmt: skip
             futures.append(fut)
-            live.append(call)
             records.append(rec)
-            self.pool.submit(call)
+            live.append(self._submit(wf, spec, req, done))
         try:
             outcomes = await asyncio.gather(*futures)
         except asyncio.CancelledError:
@@ -451,9 +457,9 @@ class Gateway:
     def refresh_gauges(self) -> None:
         """Point-in-time gauges, before a scrape of ``/metrics``."""
         for st in self.pool.workers:
-            i = st.ep.index
-            self.metrics.queue_depth.labels(worker=st.ep.name).set(self.scheduler.queue_len(i))
-            self.metrics.inflight.labels(worker=st.ep.name).set(self.scheduler.inflight(i))
+            i = st.index
+            self.metrics.queue_depth.labels(worker=st.name).set(self.scheduler.queue_len(i))
+            self.metrics.inflight.labels(worker=st.name).set(self.scheduler.inflight(i))
         self.metrics.parked.set(len(self.pool.parked))
 
     def status(self) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""HTTP transport to OpenAI-compatible workers (vLLM or the emulated worker) over one shared client.
+"""How the gateway reaches workers: the ``Transport`` interface, its data types, and the HTTP one.
+
+``Transport`` is the one interface behind which all network I/O to workers sits (``send`` a call,
+``probe`` ``/health``, ``scrape`` ``/metrics``, ``aclose``); tests swap in a fake. ``LiveCall`` is what
+is sent (the scheduler's ``Call`` plus the request and its callback), ``CallResult`` what comes back.
+``HttpTransport`` is the production implementation over one shared aiohttp session.
 
 Error classification (what the pool does with it):
 
@@ -13,13 +18,92 @@ once a byte has been forwarded the call is no longer retryable (``LiveCall.strea
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import aiohttp
 
+from gateway.core.worker import WorkerInfo
+from gateway.core.workflow import Call
 from gateway.errors import CallFailed, WorkerError
-from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint
+
+
+@dataclass(slots=True)
+class CallResult:
+    """A worker's answer to one call."""
+
+    body: dict[str, Any] | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def text(self) -> str | None:
+        """The generated text of a chat or completions answer (None when the body holds none)."""
+        choices = (self.body or {}).get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None
+        ch = choices[0]
+        msg = ch.get("message")
+        if isinstance(msg, dict) and isinstance(msg.get("content"), str):
+            return str(msg["content"])
+        text = ch.get("text")
+        return text if isinstance(text, str) else None
+
+
+@dataclass(slots=True, eq=False)
+class LiveCall(Call):
+    """A call of the live gateway: the scheduler's ``Call`` plus the request to send and its callback.
+
+    ``endpoint`` is ``/v1/chat/completions`` or ``/v1/completions``; ``body`` the request body without
+    ``model`` (the transport fills in the chosen worker's served model). ``on_done`` is called exactly
+    once, synchronously, with the result or the final ``CallFailed`` (before the worker is refilled, so
+    the successors of a call are queued before its slot is reused, as in the simulator). ``stream``
+    receives the worker's raw server-sent-event lines for a streaming pass-through; ``None`` when not
+    streaming.
+
+    Times: ``ready_at`` (the core's) is when the call was last queued; ``sent_at`` when its last attempt
+    was sent. ``sent_at`` equals the core's ``started_at`` while the call is in flight, but the scheduler
+    clears ``started_at`` when an attempt fails, and the call's record still needs the last attempt's
+    queue and run time, so the pool keeps ``sent_at`` (0.0: never sent).
+    """
+
+    endpoint: str = "/v1/chat/completions"
+    body: dict[str, Any] = field(default_factory=dict)
+    on_done: Callable[[LiveCall, CallResult | CallFailed], None] | None = None
+    stream: asyncio.Queue[bytes | None] | None = None
+    streamed: bool = False
+    sent_at: float = 0.0
+    parked_at: float | None = None
+    last_error: str = ""
+    priority: int = 0
+    task: asyncio.Task[None] | None = None
+    worker_name: str = ""
+    requeue: bool = False
+
+
+class Transport(Protocol):
+    """How the pool talks to workers (``HttpTransport`` in production; a fake in tests).
+
+    The gateway owns its transport and closes it with ``aclose`` when it stops.
+    """
+
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
+        """Run one call on the worker; raise ``WorkerError`` (retryable) or ``CallFailed`` (final)."""
+        ...
+
+    async def probe(self, worker: WorkerInfo) -> bool:
+        """True when the worker's health endpoint answers OK."""
+        ...
+
+    async def scrape(self, worker: WorkerInfo) -> str:
+        """The worker's ``/metrics`` text (raise on failure)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections (idempotent)."""
+        ...
 
 
 class HttpTransport:
@@ -64,12 +148,12 @@ class HttpTransport:
         return self._session
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (idempotent)."""
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
 
-    async def send(self, worker: WorkerEndpoint, call: LiveCall) -> CallResult:
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
         """POST the call to the worker; stream it through when ``call.stream`` is set."""
         body = {"priority": call.priority, **call.body, "model": worker.served_model}
         url = worker.url.rstrip("/") + call.endpoint
@@ -107,7 +191,7 @@ class HttpTransport:
                 pending = pending[pending.rfind(b"\n") + 1 :]
         return CallResult(None, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
 
-    async def probe(self, worker: WorkerEndpoint) -> bool:
+    async def probe(self, worker: WorkerInfo) -> bool:
         """GET /health."""
         try:
             async with self.session.get(worker.url.rstrip("/") + "/health", timeout=self.probe_timeout) as r:
@@ -116,7 +200,7 @@ class HttpTransport:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
-    async def scrape(self, worker: WorkerEndpoint) -> str:
+    async def scrape(self, worker: WorkerInfo) -> str:
         """GET /metrics (raises on failure)."""
         async with self.session.get(worker.url.rstrip("/") + "/metrics", timeout=self.scrape_timeout) as r:
             r.raise_for_status()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.config.workflows import TEMPLATES
 from gateway.core.dag import DagNode, DagWorkflow, chain_nodes
-from gateway.core.scheduler import WorkerInfo
+from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import OnlineWorkflow
 
 if TYPE_CHECKING:

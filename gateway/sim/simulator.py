@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from gateway.core.policy import Policy
-from gateway.core.scheduler import Scheduler, WorkerInfo
+from gateway.core.scheduler import Scheduler
+from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec, Workflow, deadline_met
 from gateway.sim.engine import EngineStats, SimEngine
 
@@ -57,8 +58,14 @@ class WorkflowRecord:
 
 
 @dataclass(slots=True)
-class CallRecord:
-    """Timeline of one call (kept when ``record_calls`` is set)."""
+class CallTimeline:
+    """Timeline of one simulated call (kept when ``record_calls`` is set): absolute virtual times.
+
+    Not the live gateway's ``gateway.live.service.CallRecord``, on purpose: this one holds the moments
+    of one call in virtual time (with ``engine_done``, when the engine finished it, which only the
+    simulator knows) for invariant tests and timelines; the live record holds what a caller is told
+    about a call (worker name, queue and run seconds, attempts, and the worker's answer or error).
+    """
 
     wid: int
     kind: str
@@ -76,7 +83,7 @@ class SimResult:
     """Everything a run produced."""
 
     workflows: list[WorkflowRecord]
-    calls: list[CallRecord] = field(default_factory=list)
+    calls: list[CallTimeline] = field(default_factory=list)
     engine_stats: list[EngineStats] = field(default_factory=list)
     dispatch_counts: list[dict[str, int]] = field(default_factory=list)
     num_calls: int = 0
@@ -92,7 +99,7 @@ class Simulator:
         policy: policy name or object.
         alpha: the WB balance parameter (None: the policy's default).
         seed: seed of the scheduler's RNG.
-        record_calls: keep a ``CallRecord`` per call (for invariant tests and timelines).
+        record_calls: keep a ``CallTimeline`` per call (for invariant tests and timelines).
         horizon_s: stop after this much virtual time (unfinished workflows are counted).
     """
 
@@ -126,7 +133,7 @@ class Simulator:
             heap.append((wf.arrival, seq, _ARRIVAL, wf, -1, 0))
         heapq.heapify(heap)
         records: list[WorkflowRecord] = []
-        call_records: list[CallRecord] = []
+        call_records: list[CallTimeline] = []
         ncalls: dict[int, int] = {}
         call_id = 0
         pending = len(workflows)
@@ -176,7 +183,7 @@ class Simulator:
                         started = c.started_at if c.started_at is not None else now
                         node = getattr(c.spec, "node", -1)
                         call_records.append(
-                            CallRecord(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o, node)
+                            CallTimeline(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o, node)
                         )
                 if not eng.busy and eng.kick(now):
                     seq += 1

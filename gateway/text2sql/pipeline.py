@@ -31,9 +31,9 @@ from typing import Any
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST, CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed
-from gateway.live.pool import CallResult
 from gateway.live.service import CallRecord, CallRequest, Gateway
 from gateway.live.tenants import Tenant
+from gateway.live.transport import CallResult
 from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult, serialize_schema
 from gateway.text2sql.evaluate import results_match

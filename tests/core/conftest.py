@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.core.profile import PerfProfile
-from gateway.core.scheduler import WorkerInfo
+from gateway.core.worker import WorkerInfo
 
 
 def make_profile(gpu: str = "FAST", base: float = 0.02, token: float = 2e-4, overhead: float = 0.5) -> PerfProfile:

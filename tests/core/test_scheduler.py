@@ -118,3 +118,18 @@ def test_on_fail_frees_the_slot_and_counts_the_attempt(cluster: list[WorkerInfo]
 def test_alpha_out_of_range_is_rejected(cluster: list[WorkerInfo]) -> None:
     with pytest.raises(ValueError, match="alpha"):
         Scheduler(cluster, "hexgen", random.Random(0), alpha=1.5)
+
+
+def test_a_worker_needs_a_capacity_of_at_least_one(fast: PerfProfile) -> None:
+    with pytest.raises(ValueError, match="capacity must be at least 1"):
+        WorkerInfo("w", fast, 0)
+
+
+def test_set_capacity_replaces_the_workers_description_that_estimates_read(cluster: list[WorkerInfo]) -> None:
+    s = Scheduler(cluster, "lw-fcfs", random.Random(0))
+    c = Call(1, one_call_wf(), SPEC, 0.0)
+    w = s.submit(c, 0.0)
+    before = s.estimator.t_queue(w, 0.0)
+    s.set_capacity(w, 2 * cluster[w].capacity)
+    assert s.workers[w].capacity == 2 * cluster[w].capacity and s.workers[w].name == cluster[w].name
+    assert s.estimator.t_queue(w, 0.0) == pytest.approx(before / 2)

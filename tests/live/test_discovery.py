@@ -22,8 +22,9 @@ from gateway.core.scheduler import Scheduler, WorkerInfo
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.errors import ConfigError
 from gateway.live.discovery import PodError, pod_ready, pod_worker
-from gateway.live.pool import WorkerPool, WorkerState
+from gateway.live.pool import WorkerPool
 from gateway.live.server import build_app
+from gateway.live.worker_state import WorkerState
 from tests.live.fake_kube import FakeKube, make_pod
 from tests.live.harness import REPO, chain, emulators, gateway_client, wait_for
 
@@ -104,7 +105,7 @@ def test_scheduler_membership_reuses_freed_slots_and_rebudgets() -> None:
     assert s.submit(call, 0.0) == 1 - w
     again = s.add_worker(WorkerInfo("c", cat.profile("A6000", "llama-3.1-70b"), 2))
     assert again == w, "a freed slot is reused"
-    assert s.estimator.loads[again].queued == 0 and s.estimator.capacities[again] == 2
+    assert s.estimator.loads[again].queued == 0 and s.workers[again].capacity == 2
 
 
 # ------------------------------------------------------------------------------------------------ live rig
@@ -192,7 +193,7 @@ class Changes:
                 _orig(st, *a)
                 if (st.ready, st.removing) != before:
                     action = "removed" if _m == "remove_worker" else ("ready" if st.ready else "unready")
-                    self.log.append((pool.clock(), st.ep.name, action))
+                    self.log.append((pool.clock(), st.name, action))
 
             setattr(pool, method, wrapped)
 
@@ -219,7 +220,7 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
             pool: WorkerPool = gw.pool
             pool.sent_log = []
             changes = Changes(pool)
-            assert {st.ep.name for st in pool.workers} == {"w-a", "w-b"}, "the first list is awaited at start"
+            assert {st.name for st in pool.workers} == {"w-a", "w-b"}, "the first list is awaited at start"
             load = Load(client)
             await until(lambda: sends(pool, "w-a", 0) and sends(pool, "w-b", 0), 10, "calls reach both workers")
 
@@ -227,7 +228,7 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
             t0 = pool.clock()
             kube.add(make_pod("w-c", urls[2], "L40S", capacity=2))
             t_add = await until(lambda: (st := pool.by_name("w-c")) is not None and st.eligible, 2 * period, "add")
-            assert pool.by_name("w-c").ep.capacity == 2  # type: ignore[union-attr]
+            assert pool.by_name("w-c").info.capacity == 2  # type: ignore[union-attr]
             await until(lambda: sends(pool, "w-c", t0), 10, "calls reach the added worker")
 
             # A pod made unready: drained (no new calls, queue re-dispatched) within two periods.
@@ -235,7 +236,7 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
             t_drain = await until(lambda: not pool.by_name("w-b").eligible, 2 * period, "unready")  # type: ignore[union-attr]
             t_unready = changes.at("w-b", "unready")
             await until(lambda: not pool.by_name("w-b").inflight, 10, "in-flight calls of w-b finish")  # type: ignore[union-attr]
-            assert gw.scheduler.queue_len(pool.by_name("w-b").ep.index) == 0  # type: ignore[union-attr]
+            assert gw.scheduler.queue_len(pool.by_name("w-b").index) == 0  # type: ignore[union-attr]
             text = (await client.get("/metrics")).text
             assert 'hexflow_worker_draining{worker="w-b"} 1.0' in text and 'hexflow_worker_up{worker="w-b"} 0.0' in text
 
@@ -287,14 +288,14 @@ async def test_pod_recreated_under_the_same_name_rejoins_with_its_new_address(tm
         async with gateway_client(discovery_config(tmp_path, kube.url, period_s=0.5)) as (client, app):
             pool: WorkerPool = app.state.gateway.pool
             first = pool.by_name("vllm-a100-0")
-            assert first is not None and first.ep.url == urls[0]
+            assert first is not None and first.info.url == urls[0]
             kube.update("vllm-a100-0", lambda p: p["status"].update(podIP="127.0.0.1"))  # same IP: nothing changes
             kube.update(
                 "vllm-a100-0",
                 lambda p: p["spec"]["containers"][0]["ports"][0].update(containerPort=int(urls[1].rsplit(":", 1)[1])),
             )
             await until(
-                lambda: (st := pool.by_name("vllm-a100-0")) is not None and st.ep.url == urls[1] and st.eligible,
+                lambda: (st := pool.by_name("vllm-a100-0")) is not None and st.info.url == urls[1] and st.eligible,
                 1.0,
                 "the pod's new address replaces the old",
             )
@@ -319,7 +320,7 @@ async def test_expired_watch_relists_and_api_failures_keep_the_workers(tmp_path:
             # The API fails for a while (server errors, then a rotated token the gateway has not read yet).
             kube.fail_next = 3
             await until(lambda: kube.fail_next == 0, 5, "the failures are seen")
-            assert {st.ep.name for st in pool.workers} == {"w-a", "w-b"}, "an API outage removes nobody"
+            assert {st.name for st in pool.workers} == {"w-a", "w-b"}, "an API outage removes nobody"
             r = await client.post("/v1/workflows", json={"calls": chain(2, width=2), "deadline_s": 60})
             assert r.status_code == 200 and r.json()["status"] == "ok"
             kube.token = "rotated-token"
@@ -371,11 +372,11 @@ async def test_static_workers_and_discovered_ones_side_by_side(tmp_path: Path) -
         )
         async with gateway_client(cfg) as (client, app):
             gw = app.state.gateway
-            assert [(st.ep.name, st.ep.url) for st in gw.pool.workers] == [("static-0", urls[0]), ("pod-0", urls[1])]
+            assert [(st.name, st.info.url) for st in gw.pool.workers] == [("static-0", urls[0]), ("pod-0", urls[1])]
             kube.delete("pod-0")
             kube.delete("static-0")
             await until(lambda: len(gw.pool.workers) == 1, 1.0, "the pod is removed")
-            assert gw.pool.workers[0].ep.name == "static-0", "static workers are never removed by discovery"
+            assert gw.pool.workers[0].name == "static-0", "static workers are never removed by discovery"
             models = (await client.get("/v1/models")).json()
             assert [m["id"] for m in models["data"]] == ["llama-3.1-70b"]
 

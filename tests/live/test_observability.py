@@ -21,7 +21,7 @@ async def test_metrics_cover_the_required_families_with_bounded_labels(tmp_path:
         # Client-chosen kinds are bounded: the 33rd distinct kind and later become "other".
         many = [{"id": f"k{i}", "kind": f"kind{i}", "prompt_tokens": 5, "max_tokens": 1} for i in range(40)]
         assert (await client.post("/v1/workflows", json={"calls": many})).status_code == 200
-        await app.state.gateway.pool.scrape_all()
+        await app.state.gateway.pool.monitor.scrape_all()
         text = (await client.get("/metrics")).text
         fam = parse_families(text)
         for name in (

@@ -19,9 +19,10 @@ from gateway.bench.simbench import fluid_bound
 from gateway.config.gateway import load_gateway_config
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagCallSpec, DagWorkflow, chain_nodes
-from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint
+from gateway.core.worker import WorkerInfo
 from gateway.live.service import CallRequest, Gateway
 from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.transport import CallResult, LiveCall
 from gateway.sim.simulator import Simulator
 from gateway.sim.workload import generate_chess_bird, poisson_arrivals, to_stages
 from tests.live.harness import write_config
@@ -46,19 +47,22 @@ class ReplayTransport:
         self.pending: dict[tuple[int, int], asyncio.Future[CallResult]] = {}
         self.sent: list[tuple[int, int, int, float]] = []  # (wid, node, worker, time)
 
-    async def send(self, worker: WorkerEndpoint, call: LiveCall) -> CallResult:
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
         assert isinstance(call.spec, DagCallSpec)
         key = (self.wid_of[call.workflow.wid], call.spec.node)
-        self.sent.append((*key, worker.index, self.clock()))
+        self.sent.append((*key, call.worker, self.clock()))
         fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         self.pending[key] = fut
         return await fut
 
-    async def probe(self, worker: WorkerEndpoint) -> bool:
+    async def probe(self, worker: WorkerInfo) -> bool:
         return True
 
-    async def scrape(self, worker: WorkerEndpoint) -> str:
+    async def scrape(self, worker: WorkerInfo) -> str:
         return ""
+
+    async def aclose(self) -> None:
+        pass
 
 
 async def settle() -> None:

@@ -1,102 +1,29 @@
-"""Worker pool units: the vLLM waiting-queue hold, parked calls, cancellation."""
+"""Worker pool units: parked calls, cancellation, capacity changes."""
 
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 
 from gateway.config.gateway import load_gateway_config
-from gateway.core.scheduler import Scheduler
-from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import CallFailed
-from gateway.live.metrics import GatewayMetrics
-from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint, WorkerPool
-from gateway.live.promparse import WorkerMetrics
+from gateway.live.service import Gateway
+from gateway.live.tenants import TenantStore
+from tests.live.fake_transport import Hold, one_call, one_worker_pool
 from tests.live.harness import write_config
-
-
-class Hold:
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.sent = 0
-
-    async def send(self, worker: WorkerEndpoint, call: LiveCall) -> CallResult:
-        self.sent += 1
-        await self.release.wait()
-        return CallResult({})
-
-    async def probe(self, worker: WorkerEndpoint) -> bool:
-        return True
-
-    async def scrape(self, worker: WorkerEndpoint) -> str:
-        return ""
-
-
-def _pool(tmp: Path, transport: Hold, clock: list[float]) -> WorkerPool:
-    loaded = load_gateway_config(write_config(tmp, ["http://127.0.0.1:1"], ["A100"]))
-    sched = Scheduler(loaded.workers, "hexgen", random.Random(0))
-    eps = [WorkerEndpoint(0, "w", "http://127.0.0.1:1", "m", 4)]
-    return WorkerPool(
-        eps,
-        sched,
-        transport,
-        GatewayMetrics(["w"], []),
-        clock=lambda: clock[0],
-        health_period_s=0,
-        scrape_period_s=0,
-        parked_timeout_s=5.0,
-    )
-
-
-def _call(i: int, outcomes: list[object]) -> LiveCall:
-    wf = StagedWorkflow(i, "t", 0.0, 100.0, [Stage("k", (CallSpec("k", 10, 2),))])
-    return LiveCall(id=i, workflow=wf, spec=CallSpec("k", 10, 2), ready_at=0.0, on_done=lambda c, o: outcomes.append(o))
-
-
-def _m(waiting: float) -> WorkerMetrics:
-    return WorkerMetrics(0.0, waiting, 0.1, None, None, None, None, None, None)
-
-
-async def test_growing_vllm_waiting_queue_holds_dispatch(tmp_path: Path) -> None:
-    t = Hold()
-    clock = [0.0]
-    pool = _pool(tmp_path, t, clock)
-    await pool.start()
-    st = pool.workers[0]
-    try:
-        out: list[object] = []
-        pool.submit(_call(1, out))
-        await asyncio.sleep(0.01)
-        assert t.sent == 1
-        pool.apply_scrape(st, _m(0.0))
-        pool.apply_scrape(st, _m(3.0))  # vLLM's own queue grows: hold
-        assert st.held
-        pool.submit(_call(2, out))
-        await asyncio.sleep(0.01)
-        assert t.sent == 1 and pool.scheduler.queue_len(0) == 1
-        pool.apply_scrape(st, _m(3.0))  # not growing any more: release
-        assert not st.held
-        await asyncio.sleep(0.01)
-        assert t.sent == 2
-        t.release.set()
-        await asyncio.sleep(0.01)
-        assert len(out) == 2 and all(isinstance(o, CallResult) for o in out)
-    finally:
-        await pool.stop()
 
 
 async def test_parked_calls_wait_for_a_worker_then_fail_with_503(tmp_path: Path) -> None:
     t = Hold()
     clock = [0.0]
-    pool = _pool(tmp_path, t, clock)
+    pool = one_worker_pool(tmp_path, t, clock)
     await pool.start()
     st = pool.workers[0]
     try:
         pool.mark_down(st, "test")
         out: list[object] = []
-        pool.submit(_call(1, out))
-        pool.submit(_call(2, out))
+        pool.submit(one_call(1, out))
+        pool.submit(one_call(2, out))
         assert len(pool.parked) == 2
         pool.mark_up(st)  # comes back: parked calls are dispatched
         await asyncio.sleep(0.01)
@@ -104,7 +31,7 @@ async def test_parked_calls_wait_for_a_worker_then_fail_with_503(tmp_path: Path)
         t.release.set()
         await asyncio.sleep(0.01)
         pool.mark_down(st, "test again")
-        pool.submit(_call(3, out))
+        pool.submit(one_call(3, out))
         clock[0] = 6.0
         pool.expire_parked()
         assert isinstance(out[-1], CallFailed) and out[-1].status == 503 and "no healthy worker" in str(out[-1])
@@ -115,11 +42,11 @@ async def test_parked_calls_wait_for_a_worker_then_fail_with_503(tmp_path: Path)
 async def test_cancel_takes_queued_and_in_flight_calls_back(tmp_path: Path) -> None:
     t = Hold()
     clock = [0.0]
-    pool = _pool(tmp_path, t, clock)
+    pool = one_worker_pool(tmp_path, t, clock)
     await pool.start()
     try:
         out: list[object] = []
-        calls = [_call(i, out) for i in range(6)]
+        calls = [one_call(i, out) for i in range(6)]
         for c in calls:
             pool.submit(c)
         await asyncio.sleep(0.01)
@@ -135,3 +62,33 @@ async def test_cancel_takes_queued_and_in_flight_calls_back(tmp_path: Path) -> N
         assert pool.scheduler.inflight(0) == 0
     finally:
         await pool.stop()
+
+
+async def test_set_capacity_changes_the_one_capacity_that_dispatch_and_status_read(tmp_path: Path) -> None:
+    t = Hold()
+    pool = one_worker_pool(tmp_path, t, [0.0])
+    await pool.start()
+    st = pool.workers[0]
+    try:
+        out: list[object] = []
+        for i in range(6):
+            pool.submit(one_call(i, out))
+        await asyncio.sleep(0.01)
+        assert t.sent == 4
+        pool.set_capacity(st, 5)
+        await asyncio.sleep(0.01)
+        assert t.sent == 5, "the drain loop fills the new slot"
+        assert st.info is pool.scheduler.workers[st.index] and st.info.capacity == 5
+        assert pool.status()[0]["capacity"] == 5
+    finally:
+        t.release.set()
+        await pool.stop()
+
+
+async def test_the_gateway_closes_its_transport_when_it_stops(tmp_path: Path) -> None:
+    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:1"], ["A100"]))
+    t = Hold()
+    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), t, background=False)
+    await gw.start()
+    await gw.stop()
+    assert t.closed == 1

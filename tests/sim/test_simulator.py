@@ -15,7 +15,7 @@ from gateway.config.workflows import CHESS_TEMPLATE, STANDARD_WORKFLOW
 from gateway.core.policy import POLICIES
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CANDIDATE, Stage, StagedWorkflow
-from gateway.sim.simulator import CallRecord, SimResult, Simulator
+from gateway.sim.simulator import CallTimeline, SimResult, Simulator
 from gateway.sim.workload import TenantSpec, generate_chess_bird
 
 PUBLISHED = {  # hexgen-traces SOURCE.md: (standard workflow s, candidate generation s), Llama-3.1-70B
@@ -48,7 +48,7 @@ def test_every_workflow_finishes_and_no_call_runs_before_its_dependencies(setup:
     res = run(setup, policy)
     assert res.unfinished == 0 and len(res.workflows) == setup.n_workflows
     assert res.num_calls == sum(len(q) for q in setup.queries)
-    by_wf: dict[int, list[CallRecord]] = defaultdict(list)
+    by_wf: dict[int, list[CallTimeline]] = defaultdict(list)
     for c in res.calls:
         assert c.ready <= c.start <= c.engine_done <= c.result
         by_wf[c.wid].append(c)
@@ -56,7 +56,7 @@ def test_every_workflow_finishes_and_no_call_runs_before_its_dependencies(setup:
     for wid, calls in by_wf.items():
         # Calls released together form a stage; each stage is released when the previous one's
         # results are all in, never earlier.
-        stages: dict[float, list[CallRecord]] = defaultdict(list)
+        stages: dict[float, list[CallTimeline]] = defaultdict(list)
         for c in calls:
             stages[c.ready].append(c)
         times = sorted(stages)

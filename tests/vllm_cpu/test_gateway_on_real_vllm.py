@@ -76,7 +76,7 @@ async def test_workflows_complete_and_real_vllm_metrics_are_scraped(tmp_path: Pa
         )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 4
         gw = app.state.gateway
-        await gw.pool.scrape_all()
+        await gw.pool.monitor.scrape_all()
         st = gw.pool.workers[0]
         assert st.metrics is not None and st.metrics.running is not None and st.metrics.kv_cache_usage is not None
         assert st.metrics.generation_tokens_total is not None and st.metrics.generation_tokens_total >= 3 * 4 * 8

@@ -1,0 +1,92 @@
+"""A worker of the live pool: its runtime state, and its ``/v1/status`` entry.
+
+The worker's description (name, profile, capacity, address) is its ``WorkerInfo`` in the scheduler;
+``WorkerState`` refers to it by index instead of copying it, so a capacity change
+(``WorkerPool.set_capacity`` -> ``Scheduler.set_capacity``) is seen everywhere at once. The pool
+(``pool.py``) and its monitor (``monitor.py``) write the fields; nothing else does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.core.scheduler import Scheduler
+from gateway.core.worker import WorkerInfo
+from gateway.live.promparse import WorkerMetrics
+from gateway.live.transport import LiveCall
+
+
+@dataclass(slots=True, eq=False)
+class WorkerState:
+    """The pool's runtime state of one worker; its description is the scheduler's ``WorkerInfo``.
+
+    ``up`` (health), ``ready`` (discovery) and ``removing`` decide eligibility; ``inflight`` are the calls
+    sent and not yet returned; ``kick`` wakes the drain loop. ``metrics``, ``scraped_at`` and ``held``
+    are written by the monitor (the last scrape, and whether vLLM's waiting queue is growing).
+    """
+
+    index: int
+    scheduler: Scheduler = field(repr=False)
+    up: bool = True
+    ready: bool = True
+    removing: bool = False
+    loop_task: asyncio.Task[None] | None = None
+    removal_task: asyncio.Task[None] | None = None
+    failures: int = 0
+    kick: asyncio.Event = field(default_factory=asyncio.Event)
+    metrics: WorkerMetrics | None = None
+    scraped_at: float | None = None
+    held: bool = False
+    inflight: set[LiveCall] = field(default_factory=set)
+    sent: int = 0
+    failed: int = 0
+
+    @property
+    def info(self) -> WorkerInfo:
+        """The worker's description (name, profile, capacity, address), read from the scheduler."""
+        return self.scheduler.workers[self.index]
+
+    @property
+    def name(self) -> str:
+        """The worker's name."""
+        return self.info.name
+
+    @property
+    def eligible(self) -> bool:
+        """Takes new dispatches: healthy, ready (discovery) and not being removed."""
+        return self.up and self.ready and not self.removing
+
+    def status(self, now: float) -> dict[str, Any]:
+        """This worker's entry of ``/v1/status``."""
+        info, sched, w = self.info, self.scheduler, self.index
+        ratios = sched.estimator.ratios(w, now)
+        return {
+            "name": info.name,
+            "url": info.url,
+            "model": info.served_model,
+            "up": self.up,
+            "ready": self.ready,
+            "removing": self.removing,
+            "capacity": info.capacity,
+            "queued": sched.queue_len(w),
+            "inflight": sched.inflight(w),
+            "held": self.held,
+            "t_queue_s": round(sched.estimator.t_queue(w, now), 6),
+            "estimate_ratios": {k: {"ratio": round(r, 4), "age_s": round(a, 3)} for k, (r, a) in ratios.items()},
+            "completed": self.sent,
+            "failed": self.failed,
+            "vllm": self._scrape_status(now),
+        }
+
+    def _scrape_status(self, now: float) -> dict[str, Any] | None:
+        m = self.metrics
+        if m is None:
+            return None
+        return {
+            "running": m.running,
+            "waiting": m.waiting,
+            "kv_cache_usage": m.kv_cache_usage,
+            "age_s": None if self.scraped_at is None else round(now - self.scraped_at, 3),
+        }

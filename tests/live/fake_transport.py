@@ -1,0 +1,62 @@
+"""A fake ``Transport`` and a one-worker pool around it, for the pool and monitor unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+from gateway.config.gateway import load_gateway_config
+from gateway.core.scheduler import Scheduler
+from gateway.core.worker import WorkerInfo
+from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
+from gateway.live.metrics import GatewayMetrics
+from gateway.live.pool import WorkerPool
+from gateway.live.transport import CallResult, LiveCall
+from tests.live.harness import write_config
+
+
+class Hold:
+    """Holds every sent call until ``release`` is set; probes answer ``healthy``; counts what it did."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.sent = 0
+        self.healthy = True
+        self.metrics_text = ""
+        self.closed = 0
+
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
+        self.sent += 1
+        await self.release.wait()
+        return CallResult({})
+
+    async def probe(self, worker: WorkerInfo) -> bool:
+        return self.healthy
+
+    async def scrape(self, worker: WorkerInfo) -> str:
+        return self.metrics_text
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+def one_worker_pool(tmp: Path, transport: Hold, clock: list[float]) -> WorkerPool:
+    """A pool of one A100 worker (capacity 4) on a fake clock; background tasks off."""
+    loaded = load_gateway_config(write_config(tmp, ["http://127.0.0.1:1"], ["A100"]))
+    sched = Scheduler(loaded.workers, "hexgen", random.Random(0))
+    return WorkerPool(
+        sched,
+        transport,
+        GatewayMetrics([w.name for w in loaded.workers], []),
+        clock=lambda: clock[0],
+        health_period_s=0,
+        scrape_period_s=0,
+        parked_timeout_s=5.0,
+    )
+
+
+def one_call(i: int, outcomes: list[object]) -> LiveCall:
+    """A one-call workflow whose outcome is appended to ``outcomes``."""
+    wf = StagedWorkflow(i, "t", 0.0, 100.0, [Stage("k", (CallSpec("k", 10, 2),))])
+    return LiveCall(id=i, workflow=wf, spec=CallSpec("k", 10, 2), ready_at=0.0, on_done=lambda c, o: outcomes.append(o))

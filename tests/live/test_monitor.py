@@ -1,0 +1,83 @@
+"""The pool's monitor: health probes take workers in and out, scrapes hold dispatch and feed status."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from gateway.live.promparse import WorkerMetrics
+from gateway.live.transport import CallResult
+from tests.live.fake_transport import Hold, one_call, one_worker_pool
+
+
+def _m(waiting: float) -> WorkerMetrics:
+    return WorkerMetrics(0.0, waiting, 0.1, None, None, None, None, None, None)
+
+
+async def test_growing_vllm_waiting_queue_holds_dispatch(tmp_path: Path) -> None:
+    t = Hold()
+    clock = [0.0]
+    pool = one_worker_pool(tmp_path, t, clock)
+    await pool.start()
+    st = pool.workers[0]
+    try:
+        out: list[object] = []
+        pool.submit(one_call(1, out))
+        await asyncio.sleep(0.01)
+        assert t.sent == 1
+        pool.monitor.apply_scrape(st, _m(0.0))
+        pool.monitor.apply_scrape(st, _m(3.0))  # vLLM's own queue grows: hold
+        assert st.held
+        pool.submit(one_call(2, out))
+        await asyncio.sleep(0.01)
+        assert t.sent == 1 and pool.scheduler.queue_len(0) == 1
+        pool.monitor.apply_scrape(st, _m(3.0))  # not growing any more: release
+        assert not st.held
+        await asyncio.sleep(0.01)
+        assert t.sent == 2
+        t.release.set()
+        await asyncio.sleep(0.01)
+        assert len(out) == 2 and all(isinstance(o, CallResult) for o in out)
+    finally:
+        await pool.stop()
+
+
+async def test_failed_probes_mark_a_worker_down_after_the_threshold_and_a_success_brings_it_back(
+    tmp_path: Path,
+) -> None:
+    t = Hold()
+    pool = one_worker_pool(tmp_path, t, [0.0])
+    st = pool.workers[0]
+    t.healthy = False
+    await pool.monitor.check_health()
+    assert st.up and st.failures == 1, "one failed probe is not enough (failures_to_down is 2)"
+    await pool.monitor.check_health()
+    assert not st.up and pool.healthy == 0
+    t.healthy = True
+    await pool.monitor.check_health()
+    assert st.up and st.failures == 0 and pool.healthy == 1
+
+
+async def test_a_worker_that_fails_the_initial_probe_starts_down(tmp_path: Path) -> None:
+    t = Hold()
+    t.healthy = False
+    pool = one_worker_pool(tmp_path, t, [0.0])
+    await pool.monitor.check_health(initial=True)
+    assert not pool.workers[0].up
+
+
+async def test_a_scrape_shows_in_status_and_a_bad_one_is_counted(tmp_path: Path) -> None:
+    t = Hold()
+    clock = [0.0]
+    pool = one_worker_pool(tmp_path, t, clock)
+    st = pool.workers[0]
+    assert pool.status()[0]["vllm"] is None, "nothing scraped yet"
+    model = f'{{model_name="{st.info.served_model}"}}'
+    t.metrics_text = f"vllm:num_requests_waiting{model} 2\nvllm:num_requests_running{model} 3\n"
+    await pool.monitor.scrape_all()
+    clock[0] = 1.5
+    assert pool.status()[0]["vllm"] == {"running": 3.0, "waiting": 2.0, "kv_cache_usage": None, "age_s": 1.5}
+    t.metrics_text = "this is { not prometheus"
+    await pool.monitor.scrape_all()
+    failures = pool.metrics.scrape_failures.labels(worker=st.name)._value.get()
+    assert failures == 1 and st.metrics is not None and st.metrics.waiting == 2.0, "a bad scrape keeps the last"
