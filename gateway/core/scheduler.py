@@ -30,6 +30,7 @@ from gateway.core.profile import PerfProfile
 from gateway.core.queues import QUEUES, VtcCounters, WorkerQueue
 from gateway.core.slo import stage_budget
 from gateway.core.workflow import Call
+from gateway.errors import ServiceUnavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +42,8 @@ class WorkerInfo:
     capacity: int
 
 
-class NoEligibleWorker(RuntimeError):
-    """Every worker is marked ineligible (down or draining)."""
+class NoEligibleWorker(ServiceUnavailable, RuntimeError):
+    """Every worker is marked ineligible (down or draining): 503, retry after a second."""
 
 
 class Scheduler:
