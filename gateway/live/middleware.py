@@ -15,8 +15,10 @@ class _BodyTooLarge(Exception):
 class BodyLimit:
     """ASGI middleware: 413 for a request body over ``max_bytes`` (declared or streamed).
 
-    A declared ``Content-Length`` over the limit is refused before the app runs; a streamed body is
-    counted as the app reads it, and refused when it goes over (unless the app has already answered).
+    A declared ``Content-Length`` over the limit is refused before the app runs; a streamed (chunked) body
+    is counted as the app reads it, and refused when it goes over: the read raises, and whatever the app
+    answers then (FastAPI turns a failed body read into a 400) is replaced by the 413, unless the app had
+    already started its answer.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -38,26 +40,33 @@ class BodyLimit:
                     await self._reject(send, declared)
                     return
         seen = 0
+        too_big = False
 
         async def limited() -> Message:
-            nonlocal seen
+            nonlocal seen, too_big
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.max_bytes:
+                    too_big = True
                     raise _BodyTooLarge
             return msg
 
-        started = False
+        started = replaced = False
 
-        async def tracking_send(msg: Message) -> None:
-            nonlocal started
+        async def guarded_send(msg: Message) -> None:
+            nonlocal started, replaced
             if msg["type"] == "http.response.start":
                 started = True
-            await send(msg)
+                if too_big:  # the app turned _BodyTooLarge into an answer of its own (FastAPI: 400)
+                    replaced = True
+                    await self._reject(send, seen)
+                    return
+            if not replaced:
+                await send(msg)
 
         try:
-            await self.app(scope, limited, tracking_send)
+            await self.app(scope, limited, guarded_send)
         except _BodyTooLarge:
             if not started:
                 await self._reject(send, seen)

@@ -4,7 +4,7 @@ headers, and no hostile input (lone surrogates, NaN, deep nesting) turns an erro
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +70,11 @@ CASES: dict[str, tuple[Callable[[], GatewayError], int, str, str | None, dict[st
 }  # fmt: skip
 
 
-def _test_app() -> FastAPI:
+def _test_app(max_body_bytes: int = 1 << 20) -> FastAPI:
     async def never() -> Gateway:
         raise AssertionError("the lifespan does not run in these tests")
 
-    app = create_app(never)
+    app = create_app(never, max_body_bytes=max_body_bytes)
 
     async def raise_case(name: str) -> None:
         raise CASES[name][0]()
@@ -137,6 +137,28 @@ async def test_a_validation_error_with_surrogates_and_nan_is_still_a_422() -> No
     body = r.json()
     assert body["error"]["message"] == "calls.0.id\ud800: bad \ud800"
     assert body["detail"][0]["input"] == "nan" and body["detail"][0]["ctx"] == {"error": "\ud800"}
+
+
+@pytest.mark.parametrize("path", ["/v1/workflows", "/v1/chat/completions", "/v1/text2sql"])
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_a_body_over_the_limit_is_a_413_declared_or_streamed(path: str, chunked: bool) -> None:
+    parts = [b'{"question": "', *[b"x" * 1000] * 5, b'"}']
+
+    async def stream() -> AsyncIterator[bytes]:
+        for p in parts:
+            yield p
+
+    async with _client(_test_app(max_body_bytes=4096)) as client:
+        content = stream() if chunked else b"".join(parts)
+        r = await client.post(path, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    seen = 5014 if chunked else 5016  # streamed: counted up to the chunk that went over
+    assert r.json()["error"] == {
+        "message": f"request body of {seen} bytes exceeds the limit of 4096 bytes",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": 413,
+    }
 
 
 @pytest.mark.parametrize(
