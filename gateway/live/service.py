@@ -332,7 +332,7 @@ class Gateway:
         try:
             launch(wf.start())
             await ex.done
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled (client gone) or a bug: the workflow ends as failed either way
             for other in list(ex.live.values()):
                 self.pool.cancel(other)
             ex.live.clear()

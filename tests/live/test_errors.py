@@ -198,6 +198,11 @@ async def test_hostile_requests_get_a_4xx_naming_the_problem_never_a_500(tmp_pat
             ("/v1/chat/completions", json.dumps(chat_ok).encode(), {"authorization": b"Bearer \xed\xa0\x80"}, 401,
              None),
             ("/v1/text2sql", b'{"question": "how many \\ud800?", "db_id": "x"}', {}, 422, "question"),
+            # Sizes are checked before anything is built from them: no 10**12-token prompt, no float overflow.
+            ("/v1/workflows", b'{"calls": [{"id": "a", "prompt_tokens": 1000000000000, "max_tokens": 1}]}', {}, 422,
+             "calls.0.prompt_tokens"),
+            ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1'
+             + b"0" * 400 + b"}", {}, 422, "max_tokens"),
         ]  # fmt: skip
         for path, content, headers, status, param in cases:
             r = await client.post(path, content=content, headers={"content-type": "application/json", **headers})

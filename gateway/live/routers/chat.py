@@ -1,8 +1,8 @@
 """The OpenAI-compatible surface: ``POST /v1/chat/completions`` (streaming too) and ``GET /v1/models``.
 
 A chat completion is scheduled as a one-call workflow under the tenant's SLO. Errors: 422 for a body
-that is not a JSON object with a non-empty ``messages`` list, a bad ``max_tokens``, a bad deadline header
-or a prompt over ``limits.max_tokens``; 404 for a model the cluster does not serve; 429/503 from
+that is not a JSON object with a non-empty ``messages`` list, a bad ``max_tokens``, a bad deadline header,
+or a prompt or ``max_tokens`` over ``limits.max_tokens``; 404 for a model the cluster does not serve; 429/503 from
 admission. A worker's error answer is passed through with its status, message, type and param; once a
 stream has started, a failure is sent as a last server-sent event ``{"error": {...}}``.
 """
@@ -81,6 +81,9 @@ async def chat(request: Request, tenant: TenantDep) -> Response:
     mt = body.get("max_completion_tokens", body.get("max_tokens"))
     if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
         raise Unprocessable(f"max_tokens must be a positive integer, got {mt!r}", param="max_tokens")
+    limit = gw.cfg.limits.max_tokens
+    if mt is not None and mt > limit:  # as for a workflow call; a huge int would not even fit a float
+        raise Unprocessable(f"max_tokens: {mt} exceeds the limit of {limit}", param="max_tokens")
     deadline = deadline_or_raise(gw, tenant, _deadline_header(request))
     n_in = message_tokens(messages)
     if n_in > gw.cfg.limits.max_tokens:

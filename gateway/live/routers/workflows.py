@@ -96,6 +96,11 @@ def workflow_response(req: WorkflowRequest, out: WorkflowOutcome) -> WorkflowRes
     )
 
 
+def _check_limit(i: int, name: str, value: int, limit: int) -> None:
+    if value > limit:
+        raise Unprocessable(f"calls.{i}.{name}: {value} exceeds the limit of {limit}", param=f"calls.{i}.{name}")
+
+
 @router.post("/v1/workflows", response_model=WorkflowResponse)
 async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> JSONResponse:
     """Run a DAG of LLM calls; returns every call's result and timings."""
@@ -111,12 +116,11 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
     nodes: list[DagNode] = []
     requests: list[CallRequest] = []
     for i, c in enumerate(req.calls):
+        if c.prompt_tokens is not None:  # checked before a synthetic prompt of that length is built
+            _check_limit(i, "prompt_tokens", c.prompt_tokens, lim.max_tokens)
         cr, n_in, n_out = _call_request(c, salt * 1000 + i)
-        for name, v in (("prompt_tokens", n_in), ("max_tokens", c.max_tokens)):
-            if v > lim.max_tokens:
-                raise Unprocessable(
-                    f"calls.{i}.{name}: {v} exceeds the limit of {lim.max_tokens}", param=f"calls.{i}.{name}"
-                )
+        _check_limit(i, "prompt_tokens", n_in, lim.max_tokens)
+        _check_limit(i, "max_tokens", c.max_tokens, lim.max_tokens)
         nodes.append(DagNode(c.id, c.kind, n_in, n_out, tuple(c.depends_on)))
         requests.append(cr)
     validate_nodes(nodes)  # DagError: 422 naming the call

@@ -1,4 +1,5 @@
-"""The live gateway's workflow outcomes ask core's one deadline rule (``deadline_met``, ``Workflow.met``)."""
+"""How the live gateway ends a workflow: core's one deadline rule decides met or missed, and a workflow
+that raises still ends (as failed) and gives its concurrency slot back."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from gateway.config.gateway import load_gateway_config
+from gateway.core.dag import DagNode
 from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint
-from gateway.live.service import Gateway, WorkflowOutcome
+from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
 from gateway.live.tenants import Tenant, TenantStore
 from tests.live.harness import write_config
 
@@ -78,3 +80,13 @@ async def test_close_workflow_counts_met_only_for_a_valid_answer_by_the_deadline
 def test_workflow_outcome_meets_its_deadline_only_when_ok_and_in_time(status: str, latency_s: float, met: bool) -> None:
     out = WorkflowOutcome("wf-1", "t", status, 10.0, latency_s, [])
     assert out.deadline_met is met
+
+
+async def test_a_workflow_that_raises_ends_as_failed_and_frees_its_slot(tmp_path: Path) -> None:
+    gw = _gateway(tmp_path, FakeClock())
+    # An output length no float can hold: the scheduler's cost estimate raises inside run_workflow.
+    nodes = [DagNode("a", "call", 10, 10**400)]
+    with pytest.raises(OverflowError):
+        await gw.run_workflow(TENANT, 10.0, nodes, [CallRequest("/v1/completions", {})])
+    assert gw.active_total == 0
+    assert _count(gw, "failed") == 1.0
