@@ -1,17 +1,26 @@
 """The gateway's error tree: every error the project raises on purpose is a ``GatewayError``.
 
-    GatewayError              status 500, internal_error
-    ├── ConfigError           a config, cluster, GPU catalogue or trace file is invalid (names file and field)
-    ├── UnknownNameError      an unknown policy, GPU, model or workload name was asked for
-    ├── BadRequest            a caller's input is invalid (400)
-    ├── Rejected              admission refused a workflow (429 over the tenant's limit, 503 overloaded)
-    ├── CallFailed            a call could not be completed (its ``status``: 502 upstream, 503, 504, ...)
-    └── WorkerError           a worker failed a call (connection, timeout, 5xx): the pool retries elsewhere
+    GatewayError                  500 internal_error
+    ├── ConfigError               a config, cluster, GPU catalogue or trace file is invalid (names file and field)
+    ├── UnknownNameError          400: an unknown policy, GPU, model or workload name was asked for
+    ├── BadRequest                400 invalid_request_error: a caller's input is invalid
+    │   ├── Unprocessable         422: well-formed but invalid (a field, a limit, a DAG: ``core.dag.DagError``,
+    │   │                         a deadline outside the tenant's range: ``live.tenants.DeadlineOutOfRange``)
+    │   ├── Unauthorized          401 authentication_error, ``WWW-Authenticate: Bearer``
+    │   ├── NotFound              404 not_found_error (an unknown model or database)
+    │   └── PayloadTooLarge       413: a request body over the limit
+    ├── ServiceUnavailable        503 service_unavailable with ``Retry-After`` (starting; no eligible worker:
+    │                             ``core.scheduler.NoEligibleWorker``)
+    ├── Rejected                  admission refused a workflow (429 over a limit, 503 overloaded), ``Retry-After``
+    ├── UpstreamError             a workflow failed on a worker: the worker's 4xx passed through, else 502/503/504
+    ├── CallFailed                a call could not be completed (its ``status``: 502 upstream, 503, 504, ...)
+    └── WorkerError               a worker failed a call (connection, timeout, 5xx): the pool retries elsewhere
 
 Each class knows the HTTP ``status`` and the OpenAI-style ``error_type`` it is answered with (and, where
-one applies, the ``param`` and ``headers``), so the server renders every one of them with one handler.
-Foreign exceptions (yaml, pydantic, json, aiohttp) are translated into these at the boundary where they
-occur, so the CLI can print one clear line and exit with status 2.
+one applies, the ``param``, the ``headers`` and ``extra`` body fields), so the server renders every one of
+them with one handler, as ``error.response_body()``. Foreign exceptions (yaml, pydantic, json, aiohttp) are
+translated into these at the boundary where they occur, so the CLI can print one clear line and exit with
+status 2.
 """
 
 from __future__ import annotations
@@ -23,13 +32,45 @@ class GatewayError(Exception):
     """Base class of every error the gateway raises on purpose.
 
     Class attributes (instances may override them): ``status`` (HTTP), ``error_type`` (OpenAI-style
-    ``error.type``), ``param`` (the request field at fault) and ``headers`` (e.g. ``Retry-After``).
+    ``error.type``), ``param`` (the request field at fault), ``headers`` (e.g. ``Retry-After``) and
+    ``extra`` (body fields beside ``error``, e.g. the failed workflow's report).
     """
 
     status: int = 500
     error_type: str = "internal_error"
     param: str | None = None
     headers: dict[str, str] | None = None
+    extra: dict[str, Any] | None = None
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        if param is not None:
+            self.param = param
+        if headers is not None:
+            self.headers = headers
+        if extra is not None:
+            self.extra = extra
+
+    @property
+    def message(self) -> str:
+        """The message, as the error body carries it."""
+        return str(self)
+
+    def response_body(self) -> dict[str, Any]:
+        """The OpenAI-style answer: ``{"error": {"message", "type", "param", "code"}}`` and ``extra``."""
+        return error_body(self.status, self.message, self.error_type, self.param) | (self.extra or {})
+
+
+def error_body(status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
+    """The OpenAI-style error body, for errors that are not ``GatewayError`` (a framework's own)."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
 
 
 class ConfigError(GatewayError):
@@ -63,6 +104,44 @@ class BadRequest(GatewayError):
     error_type = "invalid_request_error"
 
 
+class Unprocessable(BadRequest):
+    """A well-formed request that is invalid: a field's value, a limit, the shape of a DAG (422)."""
+
+    status = 422
+
+
+class Unauthorized(BadRequest):
+    """A missing or unknown API key (401)."""
+
+    status = 401
+    error_type = "authentication_error"
+    headers = {"WWW-Authenticate": "Bearer"}  # noqa: RUF012 (read-only; instances override, never mutate)
+
+
+class NotFound(BadRequest):
+    """Something the request names does not exist (404): a model, a database."""
+
+    status = 404
+    error_type = "not_found_error"
+
+
+class PayloadTooLarge(BadRequest):
+    """A request body over the size limit (413)."""
+
+    status = 413
+
+
+class ServiceUnavailable(GatewayError):
+    """The gateway cannot serve now (503); a retry after ``retry_after_s`` seconds may succeed."""
+
+    status = 503
+    error_type = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
+
 class Rejected(GatewayError):
     """Admission refused a workflow: 429 (the tenant is over its limit) or 503 (the gateway is overloaded),
     with the seconds after which a retry may succeed."""
@@ -73,6 +152,41 @@ class Rejected(GatewayError):
         self.error_type = "rate_limit_error" if status == 429 else "service_unavailable"
         self.retry_after_s = retry_after_s
         self.headers = {"Retry-After": str(retry_after_s)}
+
+
+class UpstreamError(GatewayError):
+    """A workflow failed on a worker: a worker's 4xx is answered with its status, anything else 502/503/504.
+
+    ``error_type`` defaults to ``upstream_error`` for 5xx and ``invalid_request_error`` for 4xx;
+    ``UpstreamError.answer`` keeps the worker's own message, type and param when it sent an error body.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        status: int,
+        *,
+        error_type: str | None = None,
+        param: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, param=param, extra=extra)
+        self.status = status
+        self.error_type = error_type or ("upstream_error" if status >= 500 else "invalid_request_error")
+
+    @classmethod
+    def answer(cls, failed: CallFailed) -> UpstreamError:
+        """The worker's own error answer (message, type, param) for ``failed``, else its message and status."""
+        e = failed.body.get("error") if failed.body is not None else None
+        if isinstance(e, dict):
+            param = e.get("param")
+            return cls(
+                str(e.get("message", failed)),
+                failed.status,
+                error_type=str(e.get("type", "upstream_error")),
+                param=None if param is None else str(param),
+            )
+        return cls(str(failed), failed.status)
 
 
 class CallFailed(GatewayError):

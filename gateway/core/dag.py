@@ -20,10 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gateway.core.workflow import CallSpec, CostFn, TemplateCursor, Workflow, WorkflowTemplate
+from gateway.errors import Unprocessable
 
 
-class DagError(ValueError):
-    """A node list is not a DAG (cycle, dangling or duplicate id). The message names the node."""
+class DagError(Unprocessable, ValueError):
+    """A node list is not a DAG (cycle, dangling or duplicate id): a 422 whose ``param`` names the field at
+    fault (``calls``, ``calls.3.depends_on``) and whose message starts with it."""
+
+    def __init__(self, param: str, problem: str) -> None:
+        super().__init__(f"{param}: {problem}", param=param)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,7 @@ def _topo_order(nodes: Sequence[DagNode]) -> list[int]:
     index: dict[str, int] = {}
     for i, n in enumerate(nodes):
         if n.id in index:
-            raise DagError(f"calls.{i}.id: duplicate call id {n.id!r} (also calls.{index[n.id]})")
+            raise DagError(f"calls.{i}.id", f"duplicate call id {n.id!r} (also calls.{index[n.id]})")
         index[n.id] = i
     indeg = [0] * len(nodes)
     children: list[list[int]] = [[] for _ in nodes]
@@ -57,9 +62,9 @@ def _topo_order(nodes: Sequence[DagNode]) -> list[int]:
         seen: set[str] = set()
         for d in n.depends_on:
             if d == n.id:
-                raise DagError(f"calls.{i}.depends_on: call {n.id!r} depends on itself")
+                raise DagError(f"calls.{i}.depends_on", f"call {n.id!r} depends on itself")
             if d not in index:
-                raise DagError(f"calls.{i}.depends_on: call {n.id!r} depends on unknown call {d!r}")
+                raise DagError(f"calls.{i}.depends_on", f"call {n.id!r} depends on unknown call {d!r}")
             if d in seen:
                 continue
             seen.add(d)
@@ -76,14 +81,14 @@ def _topo_order(nodes: Sequence[DagNode]) -> list[int]:
     if len(order) < len(nodes):
         stuck = sorted(nodes[i].id for i in range(len(nodes)) if indeg[i] > 0)
         shown = ", ".join(repr(s) for s in stuck[:5]) + (", ..." if len(stuck) > 5 else "")
-        raise DagError(f"calls: the dependencies form a cycle through {shown}")
+        raise DagError("calls", f"the dependencies form a cycle through {shown}")
     return order
 
 
 def validate_nodes(nodes: Sequence[DagNode]) -> None:
     """Raise ``DagError`` naming the first problem of a node list (empty, duplicate id, dangling, cycle)."""
     if not nodes:
-        raise DagError("calls: a workflow needs at least one call")
+        raise DagError("calls", "a workflow needs at least one call")
     _topo_order(nodes)
 
 
@@ -120,7 +125,7 @@ class DagWorkflow(Workflow):
     ) -> DagWorkflow:
         """Validate ``nodes`` (raises ``DagError``) and build an unstarted workflow."""
         if not nodes:
-            raise DagError("calls: a workflow needs at least one call")
+            raise DagError("calls", "a workflow needs at least one call")
         order = _topo_order(nodes)
         wf = cls(wid, tenant, arrival, deadline, tuple(nodes), template)
         wf._order = tuple(order)

@@ -29,12 +29,13 @@ from gateway.core.queues import QUEUES, VtcCounters, WorkerQueue
 from gateway.core.slo import stage_budget
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
+from gateway.errors import ServiceUnavailable
 
 __all__ = ["NoEligibleWorker", "Scheduler", "WorkerInfo"]
 
 
-class NoEligibleWorker(RuntimeError):
-    """Every worker is marked ineligible (down or draining)."""
+class NoEligibleWorker(ServiceUnavailable, RuntimeError):
+    """Every worker is marked ineligible (down or draining): 503, retry after a second."""
 
 
 class Scheduler:

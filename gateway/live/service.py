@@ -4,7 +4,7 @@
 the metrics and the background tuner. ``Gateway.run_workflow`` executes one DAG workflow: it submits
 the calls that are ready, and each call's completion callback (run synchronously by the pool, before
 the worker is refilled) releases the calls that became ready, exactly as the simulator's result event
-does. The HTTP layer (``gateway.live.app``) only validates, authenticates and translates.
+does. The HTTP layer (``gateway.live.app`` and its routers) only validates, authenticates and translates.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 from gateway.config.gateway import LoadedConfig
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.scheduler import Scheduler
-from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate
+from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate, deadline_met
 from gateway.errors import CallFailed, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.metrics import GatewayMetrics
@@ -78,8 +78,8 @@ class WorkflowOutcome:
 
     @property
     def deadline_met(self) -> bool:
-        """Finished, and within the deadline."""
-        return self.status == "ok" and self.latency_s <= self.deadline_s
+        """Finished without error within the deadline: core's ``deadline_met`` (the one rule)."""
+        return deadline_met(self.latency_s, self.deadline_s, valid=self.status == "ok")
 
 
 @dataclass(eq=False)
@@ -232,23 +232,33 @@ class Gateway:
     # ------------------------------------------------------------------ admission
 
     def admit(self, tenant: Tenant, n_calls: int) -> None:
-        """Refuse a new workflow (``Rejected``) when draining, unhealthy or at a bound."""
+        """Admit a new workflow of ``n_calls`` calls, or refuse it with ``Rejected`` (503 when draining or
+        no worker is healthy, 429 at a queue or concurrency bound, with ``Retry-After``), counted as a
+        rejected workflow of the tenant."""
+        refusal = self._refusal(tenant, n_calls)
+        if refusal is not None:
+            self.rejected(tenant.name)
+            raise refusal
+
+    def _refusal(self, tenant: Tenant, n_calls: int) -> Rejected | None:
+        """Why a new workflow cannot be admitted now, or None."""
         lim = self.cfg.limits
         if self.draining:
-            raise Rejected("the gateway is shutting down", 503, 5)
+            return Rejected("the gateway is shutting down", 503, 5)
         if self.pool.healthy == 0:
-            raise Rejected("no healthy worker", 503, max(1, round(self.cfg.health.period_s)))
+            return Rejected("no healthy worker", 503, max(1, round(self.cfg.health.period_s)))
         queued = sum(self.scheduler.queue_len(i) for i in self.scheduler.members())
         if queued + n_calls > lim.max_queued_calls:
-            raise Rejected(f"the gateway's queues are full ({queued} calls waiting)", 429, 2)
+            return Rejected(f"the gateway's queues are full ({queued} calls waiting)", 429, 2)
         if self.active_total >= lim.max_active_workflows:
-            raise Rejected(f"too many workflows in progress ({self.active_total})", 429, 2)
+            return Rejected(f"too many workflows in progress ({self.active_total})", 429, 2)
         if self._active.get(tenant.name, 0) >= tenant.max_concurrent_workflows:
-            raise Rejected(
+            return Rejected(
                 f"tenant {tenant.name!r} has {tenant.max_concurrent_workflows} workflows in progress (its maximum)",
                 429,
                 1,
             )
+        return None
 
     # ------------------------------------------------------------------ execution
 
@@ -310,7 +320,7 @@ class Gateway:
         try:
             launch(wf.start())
             await ex.done
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled (client gone) or a bug: the workflow ends as failed either way
             for other in list(ex.live.values()):
                 self.pool.cancel(other)
             ex.live.clear()
@@ -327,7 +337,7 @@ class Gateway:
             ex.error,
         )
         if ex.error is None:
-            self._finish(ex, tenant, "met" if latency <= deadline_s else "missed", latency)
+            self._finish(ex, tenant, "met" if outcome.deadline_met else "missed", latency)
             self.recorder.record(wf)
         else:
             self._finish(ex, tenant, "failed", None)
@@ -399,13 +409,19 @@ class Gateway:
         self._begin(wf, tenant)
         return wf
 
-    def close_workflow(self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool = False) -> float:
-        """Account an online workflow's end (met, missed or failed); returns its latency in seconds."""
-        latency = self.clock() - wf.arrival
+    def close_workflow(self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool = False, valid: bool = True) -> float:
+        """Account an online workflow's end; returns its latency in seconds.
+
+        ``failed``: it ended in an error (counted as failed). Otherwise it is met when it finished by its
+        deadline with a ``valid`` answer (``Workflow.met``: a Text-to-SQL answer without valid SQL is
+        missed even in time, as its response's ``deadline_met`` says), else missed.
+        """
+        now = self.clock()
+        latency = now - wf.arrival
         if failed:
             self._finish(wf, tenant, "failed", None)
         else:
-            self._finish(wf, tenant, "met" if self.clock() <= wf.deadline else "missed", latency)
+            self._finish(wf, tenant, "met" if wf.met(now, valid=valid) else "missed", latency)
             self.recorder.record_online(wf)
         return latency
 

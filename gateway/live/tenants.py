@@ -43,7 +43,7 @@ from types import MappingProxyType
 
 from gateway.config.base import load_yaml_model
 from gateway.config.tenants import DEFAULT_TENANTS, TenantConfig, TenantsFile, hash_key
-from gateway.errors import BadRequest, ConfigError
+from gateway.errors import ConfigError, Unprocessable
 
 log = logging.getLogger("hexflow.tenants")
 
@@ -78,8 +78,10 @@ class Tenant:
         )
 
 
-class DeadlineOutOfRange(BadRequest, ValueError):
-    """A caller asked for a deadline outside its tenant's ``[min_deadline_s, max_deadline_s]``."""
+class DeadlineOutOfRange(Unprocessable, ValueError):
+    """A caller asked for a deadline outside its tenant's ``[min_deadline_s, max_deadline_s]`` (422)."""
+
+    param = "deadline_s"
 
     def __init__(self, tenant: Tenant, deadline_s: float) -> None:
         self.tenant = tenant.name

@@ -16,10 +16,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.live.app import ApiError, TenantDep, admit_or_raise, deadline_or_raise, gw_of
+from gateway.errors import NotFound, Unprocessable
+from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
+from gateway.live.responses import JSONResponse
 from gateway.live.service import Gateway
 from gateway.text2sql.db import DatabaseRegistry, UnknownDatabase
 
@@ -42,7 +44,7 @@ router = APIRouter()
 def _registry(gw: Gateway) -> DatabaseRegistry:
     reg = gw.databases
     if reg is None:
-        raise ApiError(404, "no databases are configured on this gateway (databases_file)", "not_found_error", "db_id")
+        raise NotFound("no databases are configured on this gateway (databases_file)", param="db_id")
     return reg
 
 
@@ -55,30 +57,28 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
     reg = _registry(gw)
     allowed = [d for d in reg.ids() if tenant.allows(d)]
     if req.db_id not in allowed:
-        raise ApiError(
-            404,
+        raise NotFound(
             f"unknown database {req.db_id!r}; allowed for tenant {tenant.name}: {', '.join(allowed) or '(none)'}",
-            "not_found_error",
-            "db_id",
+            param="db_id",
         )
     lim = gw.cfg.text2sql
     question = req.question.strip()
     if not question:
-        raise ApiError(422, "question: must not be empty", param="question")
+        raise Unprocessable("question: must not be empty", param="question")
     if len(question) > lim.max_question_chars:
-        raise ApiError(
-            422, f"question: {len(question)} characters exceed the limit of {lim.max_question_chars}", param="question"
+        raise Unprocessable(
+            f"question: {len(question)} characters exceed the limit of {lim.max_question_chars}", param="question"
         )
     evidence = (req.evidence or "").strip()
     if len(evidence) > lim.max_evidence_chars:
-        raise ApiError(
-            422, f"evidence: {len(evidence)} characters exceed the limit of {lim.max_evidence_chars}", param="evidence"
+        raise Unprocessable(
+            f"evidence: {len(evidence)} characters exceed the limit of {lim.max_evidence_chars}", param="evidence"
         )
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
     try:
         db = reg.get(req.db_id)
     except UnknownDatabase as exc:  # removed between the check and now
-        raise ApiError(404, str(exc), "not_found_error", "db_id") from exc
+        raise NotFound(str(exc), param="db_id") from exc
     admit_or_raise(gw, tenant, 1)
     pipe = Text2SqlPipeline(
         gw,

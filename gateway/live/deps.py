@@ -1,0 +1,111 @@
+"""What every route needs from a request: the running gateway, the tenant, a deadline, admission.
+
+All of them raise ``GatewayError``s (rendered by the app's one handler): ``gw_of`` 503 while the gateway
+starts, ``auth`` 401, ``deadline_or_raise`` 422 (``DeadlineOutOfRange``), ``admit_or_raise`` 429/503
+(``Rejected``), ``unicode_body`` 422 for a JSON body holding a lone surrogate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from gateway.errors import ServiceUnavailable, Unauthorized, Unprocessable
+from gateway.live.service import Gateway
+from gateway.live.tenants import Tenant
+
+
+def gw_of(request: Request) -> Gateway:
+    """The running gateway (503 while it starts)."""
+    gw = getattr(request.app.state, "gateway", None)
+    if not isinstance(gw, Gateway):
+        raise ServiceUnavailable("the gateway is starting", retry_after_s=1)
+    return gw
+
+
+async def auth(request: Request) -> Tenant:
+    """Authenticate ``Authorization: Bearer <key>`` against the tenants store.
+
+    ``async`` on purpose: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop per
+    request that cost more CPU than the rest of the gateway's work on a call.
+    """
+    gw = gw_of(request)
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    tenant = gw.tenants.authenticate(key.strip())
+    if tenant is None:
+        raise Unauthorized("unknown API key")
+    return tenant
+
+
+TenantDep = Annotated[Tenant, Depends(auth)]
+"""The authenticated tenant of a request (401 otherwise)."""
+
+
+def deadline_or_raise(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> float:
+    """The effective deadline; ``DeadlineOutOfRange`` (422, naming the tenant's range) otherwise."""
+    return gw.tenants.check_deadline(tenant, deadline_s)
+
+
+def admit_or_raise(gw: Gateway, tenant: Tenant, n_calls: int) -> None:
+    """Admission control: ``Rejected`` (429 or 503 with Retry-After), counted as a rejected workflow."""
+    gw.admit(tenant, n_calls)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate; valid pairs (an escaped emoji) match too, so a match is checked."""
+
+
+async def unicode_body(request: Request) -> None:
+    """422 for a JSON request body with a lone surrogate in a string (``"\\ud800"``).
+
+    ``json.loads`` accepts such an escape, but the string is not Unicode text: it cannot be encoded
+    for a worker, a database or a log line. The check is a regular-expression scan of the raw body; only a
+    body that escapes a surrogate is parsed to look for one without its pair.
+    """
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return
+    raw = await request.body()
+    if not _SURROGATE_ESCAPE.search(raw):
+        return
+    try:
+        parsed = json.loads(raw)
+    except (ValueError, RecursionError):
+        return  # not JSON: the route's parser answers that
+    where = lone_surrogate_at(parsed)
+    if where is not None:
+        raise Unprocessable(f"{where}: not valid Unicode text (a lone surrogate escape)", param=where)
+
+
+def lone_surrogate_at(value: Any) -> str | None:
+    """The dotted path (``calls.0.id``; ``body`` for the root) of the first string in ``value``, key or
+    value, that holds a lone surrogate; None when there is none. Iterative: JSON may nest deeply."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            if not _is_text(v):
+                return path or "body"
+        elif isinstance(v, dict):
+            items = list(v.items())
+            for k, child in reversed(items):
+                sub = f"{path}.{k}" if path else str(k)
+                if not _is_text(str(k)):
+                    return path or "body"
+                stack.append((sub, child))
+        elif isinstance(v, list):
+            stack.extend((f"{path}.{i}" if path else str(i), child) for i, child in reversed(list(enumerate(v))))
+    return None
+
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

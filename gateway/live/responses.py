@@ -1,0 +1,56 @@
+"""JSON answers that cannot fail to encode: every response of the gateway, errors first of all.
+
+Starlette's ``JSONResponse`` encodes with ``ensure_ascii=False`` and then UTF-8, which raises on a lone
+surrogate (a client may send ``"\\ud800"`` as a JSON escape; ``json.loads`` accepts it) and turns an error
+answer into a 500. ``JSONResponse`` here encodes the same bytes for every valid string and writes a lone
+surrogate back as its JSON escape, so the body stays valid JSON. ``plain`` makes arbitrary values (a
+framework's error details: exceptions, NaN) JSON-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from starlette.responses import JSONResponse as StarletteJSONResponse
+
+from gateway.errors import GatewayError
+
+
+def dumps(content: Any) -> bytes:
+    """Compact JSON as UTF-8; a lone surrogate is written as its ``\\uXXXX`` escape, not an error.
+
+    Inside a JSON string ``backslashreplace`` writes exactly the JSON escape (``\\ud800``); a backslash of
+    the text itself is already escaped by ``json.dumps``, so the result parses back to the same string.
+    """
+    text = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+    return text.encode("utf-8", "backslashreplace")
+
+
+class JSONResponse(StarletteJSONResponse):
+    """Starlette's ``JSONResponse`` (the same bytes) that also encodes a lone surrogate (see ``dumps``)."""
+
+    def render(self, content: Any) -> bytes:
+        """The body."""
+        return dumps(content)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON-safe data: unknown objects by ``str``, NaN and infinities as strings."""
+
+    def finite(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return str(x)
+        if isinstance(x, dict):
+            return {str(k): finite(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [finite(v) for v in x]
+        return x
+
+    return finite(json.loads(json.dumps(value, default=str)))
+
+
+def error_response(exc: GatewayError) -> JSONResponse:
+    """The answer for a ``GatewayError``: its body, status and headers."""
+    return JSONResponse(exc.response_body(), status_code=exc.status, headers=exc.headers)

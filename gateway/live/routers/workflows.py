@@ -1,0 +1,133 @@
+"""``POST /v1/workflows``: a DAG of LLM calls under the tenant's deadline (``WorkflowRequest``).
+
+Errors (all ``GatewayError``s): 422 for more calls than ``limits.max_calls_per_workflow``, a prompt or
+``max_tokens`` over ``limits.max_tokens``, a deadline outside the tenant's range, or a DAG with a cycle,
+a dangling or a duplicate id; 429/503 from admission. A workflow that failed on a worker answers the
+worker's 4xx (or 502/503/504) with the workflow's report beside the error (``"workflow"``).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from gateway.config.workflows import TEMPLATES
+from gateway.core.dag import DagNode, validate_nodes
+from gateway.core.tokens import message_tokens
+from gateway.errors import Unprocessable, UpstreamError
+from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
+from gateway.live.responses import JSONResponse
+from gateway.live.schemas import CallReport, WorkflowCall, WorkflowRequest, WorkflowResponse
+from gateway.live.service import CallRequest, WorkflowOutcome
+
+SYNTHETIC_VOCAB = (100, 1100)
+"""Token ids of synthetic prompts: ``[100, 1100)`` exists in every real vocabulary (and the tiny test model's)."""
+
+router = APIRouter()
+
+_SYNTH_BASE: list[int] = []
+_SYNTH_BASE_LEN = 1 << 16
+
+
+def synthetic_prompt(n: int, salt: int) -> list[int]:
+    """``n`` token ids from ``SYNTHETIC_VOCAB``, starting at a ``salt``-dependent offset of a fixed random
+    sequence (so calls do not share prefixes by accident). A slice, not a Python loop per token: a trace
+    workflow asks for ~50k tokens and this runs on the event loop."""
+    if not _SYNTH_BASE:
+        rng = random.Random(0x5EED)
+        lo, hi = SYNTHETIC_VOCAB
+        _SYNTH_BASE.extend(rng.randrange(lo, hi) for _ in range(_SYNTH_BASE_LEN))
+    start = (salt * 2654435761) % _SYNTH_BASE_LEN
+    out = _SYNTH_BASE[start : start + n]
+    while len(out) < n:
+        out.extend(_SYNTH_BASE[: n - len(out)])
+    return out
+
+
+def _call_request(c: WorkflowCall, salt: int) -> tuple[CallRequest, int, int]:
+    """The worker request for a workflow call, with the (input, output) tokens the scheduler assumes."""
+    body: dict[str, Any] = {"max_tokens": c.max_tokens}
+    if c.min_tokens:
+        body["min_tokens"] = c.min_tokens
+    if c.ignore_eos:
+        body["ignore_eos"] = True
+    if c.temperature is not None:
+        body["temperature"] = c.temperature
+    out_tokens = c.expected_output_tokens or c.max_tokens
+    if c.prompt_tokens is not None:
+        body["prompt"] = synthetic_prompt(c.prompt_tokens, salt)
+        return CallRequest("/v1/completions", body), c.prompt_tokens, out_tokens
+    msgs = [m.model_dump(exclude_none=True) for m in c.messages or ()]
+    body["messages"] = msgs
+    return CallRequest("/v1/chat/completions", body), message_tokens(msgs), out_tokens
+
+
+def workflow_response(req: WorkflowRequest, out: WorkflowOutcome) -> WorkflowResponse:
+    """The API view of a finished workflow."""
+    calls = []
+    for rec in out.calls:
+        c = req.calls[rec.node]
+        res = rec.result
+        calls.append(
+            CallReport(
+                id=c.id,
+                kind=c.kind,
+                worker=rec.worker,
+                queued_s=round(rec.queued_s, 6),
+                run_s=round(rec.run_s, 6),
+                attempts=rec.attempts,
+                prompt_tokens=res.prompt_tokens if res else 0,
+                completion_tokens=res.completion_tokens if res else 0,
+                output=res.text() if res is not None and req.return_outputs else None,
+                error=str(rec.error) if rec.error else None,
+            )
+        )
+    return WorkflowResponse(
+        id=out.id,
+        tenant=out.tenant,
+        status="ok" if out.status == "ok" else "failed",
+        deadline_s=out.deadline_s,
+        latency_s=round(out.latency_s, 6),
+        deadline_met=out.deadline_met,
+        calls=calls,
+        error=str(out.error) if out.error else None,
+    )
+
+
+def _check_limit(i: int, name: str, value: int, limit: int) -> None:
+    if value > limit:
+        raise Unprocessable(f"calls.{i}.{name}: {value} exceeds the limit of {limit}", param=f"calls.{i}.{name}")
+
+
+@router.post("/v1/workflows", response_model=WorkflowResponse)
+async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> JSONResponse:
+    """Run a DAG of LLM calls; returns every call's result and timings."""
+    gw = gw_of(request)
+    lim = gw.cfg.limits
+    if len(req.calls) > lim.max_calls_per_workflow:
+        raise Unprocessable(
+            f"calls: {len(req.calls)} calls exceed the limit of {lim.max_calls_per_workflow}", param="calls"
+        )
+    deadline = deadline_or_raise(gw, tenant, req.deadline_s)
+    wf_id = gw.new_workflow_id()
+    salt = hash(wf_id) & 0xFFFFFF
+    nodes: list[DagNode] = []
+    requests: list[CallRequest] = []
+    for i, c in enumerate(req.calls):
+        if c.prompt_tokens is not None:  # checked before a synthetic prompt of that length is built
+            _check_limit(i, "prompt_tokens", c.prompt_tokens, lim.max_tokens)
+        cr, n_in, n_out = _call_request(c, salt * 1000 + i)
+        _check_limit(i, "prompt_tokens", n_in, lim.max_tokens)
+        _check_limit(i, "max_tokens", c.max_tokens, lim.max_tokens)
+        nodes.append(DagNode(c.id, c.kind, n_in, n_out, tuple(c.depends_on)))
+        requests.append(cr)
+    validate_nodes(nodes)  # DagError: 422 naming the call
+    admit_or_raise(gw, tenant, len(nodes))
+    template = TEMPLATES[req.template] if req.template else None
+    out = await gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id)
+    resp = workflow_response(req, out)
+    if out.error is not None:
+        raise UpstreamError(str(out.error), out.error.status, extra={"workflow": resp.model_dump()})
+    return JSONResponse(resp.model_dump())

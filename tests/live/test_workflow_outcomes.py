@@ -1,0 +1,96 @@
+"""How the live gateway ends a workflow: core's one deadline rule decides met or missed, and a workflow
+that raises still ends (as failed) and gives its concurrency slot back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config.gateway import load_gateway_config
+from gateway.core.dag import DagNode
+from gateway.core.worker import WorkerInfo
+from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
+from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.transport import CallResult, LiveCall
+from tests.live.harness import write_config
+
+TENANT = Tenant("t", 10.0, 1.0, 100.0, 1.0, 10)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class NoTransport:
+    """A transport the test never reaches (no call is sent)."""
+
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
+        raise AssertionError("no call is sent")
+
+    async def probe(self, worker: WorkerInfo) -> bool:
+        return True
+
+    async def scrape(self, worker: WorkerInfo) -> str:
+        return ""
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _gateway(tmp_path: Path, clock: FakeClock) -> Gateway:
+    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]))
+    return Gateway(loaded, TenantStore.load(loaded.tenants_path), NoTransport(), clock=clock, background=False)
+
+
+def _count(gw: Gateway, outcome: str) -> float:
+    value = gw.metrics.registry.get_sample_value("hexflow_workflows_total", {"tenant": "t", "outcome": outcome})
+    return value or 0.0
+
+
+@pytest.mark.parametrize(
+    ("finish", "kwargs", "outcome"),
+    [
+        (5.0, {}, "met"),
+        (10.0, {}, "met"),  # on the deadline is in time
+        (10.5, {}, "missed"),
+        (5.0, {"valid": False}, "missed"),  # in time, but no valid answer (Text-to-SQL without SQL)
+        (5.0, {"failed": True}, "failed"),
+    ],
+)
+async def test_close_workflow_counts_met_only_for_a_valid_answer_by_the_deadline(
+    tmp_path: Path, finish: float, kwargs: dict[str, bool], outcome: str
+) -> None:
+    clock = FakeClock()
+    gw = _gateway(tmp_path, clock)
+    wf = gw.open_workflow(TENANT, 10.0, None)
+    clock.t = finish
+    latency = gw.close_workflow(wf, TENANT, **kwargs)
+    assert latency == finish
+    assert {o: _count(gw, o) for o in ("met", "missed", "failed")} == {
+        o: 1.0 if o == outcome else 0.0 for o in ("met", "missed", "failed")
+    }
+    assert gw.active_total == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "latency_s", "met"),
+    [("ok", 3.0, True), ("ok", 10.0, True), ("ok", 10.000001, False), ("failed", 3.0, False)],
+)
+def test_workflow_outcome_meets_its_deadline_only_when_ok_and_in_time(status: str, latency_s: float, met: bool) -> None:
+    out = WorkflowOutcome("wf-1", "t", status, 10.0, latency_s, [])
+    assert out.deadline_met is met
+
+
+async def test_a_workflow_that_raises_ends_as_failed_and_frees_its_slot(tmp_path: Path) -> None:
+    gw = _gateway(tmp_path, FakeClock())
+    # An output length no float can hold: the scheduler's cost estimate raises inside run_workflow.
+    nodes = [DagNode("a", "call", 10, 10**400)]
+    with pytest.raises(OverflowError):
+        await gw.run_workflow(TENANT, 10.0, nodes, [CallRequest("/v1/completions", {})])
+    assert gw.active_total == 0
+    assert _count(gw, "failed") == 1.0
