@@ -30,7 +30,6 @@ from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import CallResult, Clock, LiveCall, Transport, WorkerEndpoint, WorkerPool
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.tuning import AlphaTuner, WindowRecorder
-from gateway.text2sql.db import DatabaseRegistry
 
 log = logging.getLogger("hexflow.gateway")
 
@@ -151,8 +150,6 @@ class Gateway:
         self.recorder = WindowRecorder(cfg.tuning.window_s, cfg.tuning.max_window_workflows)
         self.tuner = AlphaTuner(self, cfg.tuning) if background and cfg.tuning.enabled else None
         self.background = background
-        self.databases: DatabaseRegistry | None = None
-        """Databases of ``/v1/text2sql`` (set by the server when ``databases_file`` is configured)."""
         self.draining = False
         self.ready = False
         self._ids = itertools.count(1)
@@ -384,13 +381,18 @@ class Gateway:
         self._begin(wf, tenant)
         return wf
 
-    def close_workflow(self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool = False) -> float:
-        """Account an online workflow's end (met, missed or failed); returns its latency in seconds."""
-        latency = self.clock() - wf.arrival
+    def close_workflow(self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool = False, valid: bool = True) -> float:
+        """Account an online workflow's end (met, missed or failed); returns its latency in seconds.
+
+        ``valid``: the workflow produced a usable answer; without one it counts as missed even in time
+        (the one deadline rule, ``OnlineWorkflow.met``).
+        """
+        now = self.clock()
+        latency = now - wf.arrival
         if failed:
             self._finish(wf, tenant, "failed", None)
         else:
-            self._finish(wf, tenant, "met" if self.clock() <= wf.deadline else "missed", latency)
+            self._finish(wf, tenant, "met" if wf.met(now, valid=valid) else "missed", latency)
             self.recorder.record_online(wf)
         return latency
 
