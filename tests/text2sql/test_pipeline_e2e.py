@@ -182,3 +182,14 @@ async def test_the_route_owns_one_service_built_at_start_and_closed_after_the_ga
 
             monkeypatch.setattr(service, "close", close)
     assert closed_after_stop == [True]
+
+
+async def test_without_a_databases_file_every_question_is_a_404(tmp_path: Path) -> None:
+    async with emulators(["A100"], time_scale=0.01) as urls:
+        cfg = write_config(tmp_path, urls, ["A100"], time_scale=0.01)
+        async with gateway_client(cfg, key=BATCH_KEY) as (client, _):
+            r = await client.post("/v1/text2sql", json={"question": "How many?", "db_id": DB_ID})
+            assert r.status_code == 404
+            err = r.json()["error"]
+            assert err["message"] == "no databases are configured on this gateway (databases_file)"
+            assert (err["type"], err["param"]) == ("not_found_error", "db_id")
