@@ -4,7 +4,7 @@ Routes (one router per surface, under ``gateway.live.routers``):
     POST /v1/workflows          a DAG of LLM calls under the tenant's deadline (``routers.workflows``)
     POST /v1/chat/completions   OpenAI-compatible pass-through (streaming too), a one-call workflow
     GET  /v1/models             the models the cluster serves (OpenAI-compatible; ``routers.chat``)
-    POST /v1/text2sql           a question in, SQL and its result out (``text2sql_route``)
+    POST /v1/text2sql           a question in, SQL and its result out (``routers.text2sql``)
     GET  /v1/status             workers, queues, in-flight calls, alpha, estimates, tuning
     GET  /healthz               the process is alive
     GET  /readyz                config loaded, not shutting down, and at least one worker healthy
@@ -38,10 +38,9 @@ from gateway.errors import GatewayError, error_body
 from gateway.live.deps import unicode_body
 from gateway.live.middleware import BodyLimit
 from gateway.live.responses import JSONResponse, error_response, plain
-from gateway.live.routers import chat, ops, workflows
+from gateway.live.routers import chat, ops, text2sql, workflows
 from gateway.live.schemas import ErrorResponse
 from gateway.live.service import Gateway
-from gateway.live.text2sql_route import router as text2sql_router
 
 log = logging.getLogger("hexflow.app")
 
@@ -82,7 +81,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
     app.include_router(workflows.router)
     app.include_router(chat.router)
     app.include_router(ops.router)
-    app.include_router(text2sql_router)
+    app.include_router(text2sql.router)
     return app
 
 

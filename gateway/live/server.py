@@ -19,10 +19,11 @@ from gateway.config.gateway import LoadedConfig, load_gateway_config
 from gateway.errors import ConfigError
 from gateway.live.app import create_app
 from gateway.live.discovery import default_api_url
+from gateway.live.routers.text2sql import install_text2sql
 from gateway.live.service import Gateway
 from gateway.live.tenants import TenantStore
 from gateway.live.transport import HttpTransport
-from gateway.text2sql.db import DatabaseRegistry, load_databases
+from gateway.text2sql.service import Text2SqlService
 
 log = logging.getLogger("hexflow.server")
 
@@ -39,8 +40,7 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
             "not set, and KUBERNETES_SERVICE_HOST is not in the environment (the gateway is not in a pod): "
             "give the API server's URL",
         )
-    db_path = loaded.databases_path
-    databases_file = load_databases(db_path) if db_path is not None else None  # a bad file fails now
+    text2sql = Text2SqlService.from_config(cfg.text2sql, loaded.databases_path)  # a bad databases file fails now
 
     async def make() -> Gateway:
         t = cfg.timeouts
@@ -52,12 +52,11 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
             probe_timeout_s=cfg.health.timeout_s,
             scrape_timeout_s=cfg.scrape.timeout_s,
         )
-        gw = _GatewayWithTransport(loaded, tenants, transport, background=background)
-        if databases_file is not None and db_path is not None:
-            gw.databases = DatabaseRegistry(databases_file, base_dir=db_path.parent)
-        return gw
+        return _GatewayWithTransport(loaded, tenants, transport, background=background)
 
-    return create_app(make, max_body_bytes=cfg.limits.max_body_bytes)
+    app = create_app(make, max_body_bytes=cfg.limits.max_body_bytes)
+    install_text2sql(app, text2sql)
+    return app
 
 
 class _GatewayWithTransport(Gateway):
@@ -65,8 +64,6 @@ class _GatewayWithTransport(Gateway):
 
     async def stop(self) -> None:
         await super().stop()
-        if self.databases is not None:
-            await self.databases.close()
         close = getattr(self.transport, "aclose", None)
         if close is not None:
             await close()

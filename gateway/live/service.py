@@ -31,7 +31,6 @@ from gateway.live.pool import Clock, WorkerPool
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall, Transport
 from gateway.live.tuning import AlphaTuner, WindowRecorder
-from gateway.text2sql.db import DatabaseRegistry
 
 log = logging.getLogger("hexflow.gateway")
 
@@ -152,8 +151,6 @@ class Gateway:
         self.recorder = WindowRecorder(cfg.tuning.window_s, cfg.tuning.max_window_workflows)
         self.tuner = AlphaTuner(self, cfg.tuning) if background and cfg.tuning.enabled else None
         self.background = background
-        self.databases: DatabaseRegistry | None = None
-        """Databases of ``/v1/text2sql`` (set by the server when ``databases_file`` is configured)."""
         self.draining = False
         self.ready = False
         self._ids = itertools.count(1)

@@ -32,7 +32,7 @@ executing the SQL, never assumed: a mutation can leave the result unchanged.
 
 Builders:
 
-* ``build_demo_answers(seed, wrong_fraction)``: the demo questions (``demo.py``); ``round(wrong_fraction *
+* ``build_demo_answers(seed, wrong_fraction)``: the demo questions (``gateway.text2sql.demo``); ``round(wrong_fraction *
   n)`` questions, chosen by ``random.Random(seed)``, get one wrong first candidate, cycling through three
   kinds checked on the demo database built from ``seed``: ``error`` (a misspelled column: fails to
   execute), ``empty`` (a wrong literal value: no rows) and ``different`` (a mutation that returns other,

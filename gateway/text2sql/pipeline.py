@@ -1,4 +1,4 @@
-"""The agentic Text-to-SQL pipeline (CHESS / CHASE-SQL shape), run stage by stage through the live gateway.
+"""The agentic Text-to-SQL pipeline (CHESS / CHASE-SQL shape), run stage by stage through a ``StageRunner``.
 
     extract_keywords -> schema linking (information_retriever) -> N candidates in parallel
     (generate_candidate, one strategy each) -> execute each; an error, an unparseable answer or an empty
@@ -7,14 +7,22 @@
     per executable candidate in parallel (evaluate) -> selection: evaluator verdicts first, ties broken
     by how many candidates agree on the execution result, then by candidate order.
 
-Every stage is announced to the gateway with its calls' token counts (``Gateway.run_stage``), so stage
-budgets and urgency follow the CHESS template exactly as the simulator's ``chess-bird`` workload models
-it. SQL is extracted from model output (``extract``), checked and parsed with sqlglot (``sqlsafe``)
-and executed read-only with a timeout and row and byte caps (``db``).
+The pipeline is a domain: it decides which stages run and never knows how calls are scheduled or sent.
+Every stage goes to the runner (``gateway.text2sql.port``) with its calls' token counts
+(``gateway.core.tokens.message_tokens``), so the live gateway's stage budgets and urgency follow the
+CHESS template exactly as the simulator's ``chess-bird`` workload models it. SQL is extracted from model
+output (``extract``), checked and parsed with sqlglot (``sqlsafe``) and executed read-only with a
+timeout and row and byte caps (``db``).
+
+Time: everything about the deadline comes from the runner (``remaining()``, ``Closed``), one clock. The
+only other clock is the ``local_s`` stopwatch (``time.perf_counter``), the wall time of local work,
+reported as such and never compared with the runner's.
 
 Deadlines: no new revision round starts after the deadline; past the deadline with an executable
 candidate, unit tests and evaluation are skipped and the best candidate by agreement is returned
-(``deadline_met`` false); past it without one, the status is ``deadline_exceeded``.
+(``deadline_met`` false); past it without one, the status is ``deadline_exceeded``. ``deadline_met`` is
+the runner's verdict (``gateway.core.workflow.deadline_met``: in time *and* a valid answer), the same the
+gateway's metrics count.
 """
 
 from __future__ import annotations
@@ -24,23 +32,20 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from importlib import resources
-from string import Template
 from typing import Any
 
 from gateway.config.workflows import CHESS_TEMPLATE
-from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST, CallSpec, OnlineWorkflow
-from gateway.errors import CallFailed
-from gateway.live.service import CallRecord, CallRequest, Gateway
-from gateway.live.tenants import Tenant
-from gateway.live.transport import CallResult
+from gateway.core.tokens import message_tokens
+from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST
 from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult, serialize_schema
 from gateway.text2sql.evaluate import results_match
 from gateway.text2sql.extract import extract_list, extract_sql, extract_verdict
+from gateway.text2sql.port import Closed, StageCall, StageCallError, StageRunner
+from gateway.text2sql.prompt_templates import Prompts
+from gateway.text2sql.result import Candidate, StageReport, Text2SqlResult, select
 from gateway.text2sql.sqlsafe import SqlRejected
 
-CHARS_PER_TOKEN = 4
 _EMPTY = "It returned no rows."
 STRATEGIES: tuple[tuple[str, str], ...] = (
     (
@@ -52,6 +57,7 @@ STRATEGIES: tuple[tuple[str, str], ...] = (
     ("step_by_step", "Identify the needed columns, the join path and the filters step by step, then write it."),
 )
 EventFn = Callable[[dict[str, Any]], Awaitable[None]]
+_EXPECTED_OUTPUT = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
 
 
 @dataclass(frozen=True)
@@ -75,131 +81,20 @@ class PipelineConfig:
     )
 
 
-class Prompts:
-    """The prompt templates (``gateway/text2sql/prompts/*.txt``, ``$name`` placeholders)."""
-
-    NAMES = ("system", "extract_keywords", "schema_linking", "candidate", "revise", "unit_tests", "evaluate")
-
-    def __init__(self) -> None:
-        base = resources.files("gateway.text2sql") / "prompts"
-        self.templates = {n: Template((base / f"{n}.txt").read_text(encoding="utf-8")) for n in self.NAMES}
-
-    def render(self, name: str, **values: object) -> str:
-        """Fill a template; every placeholder must be given (a missing one is a bug: KeyError)."""
-        return self.templates[name].substitute({k: str(v) for k, v in values.items()})
-
-
-@dataclass
-class Candidate:
-    """One SQL candidate through its revisions."""
-
-    index: int
-    strategy: str
-    sql: str | None = None
-    result: QueryResult | None = None
-    problem: str | None = None
-    revisions: int = 0
-    verdict: bool | None = None
-
-    @property
-    def valid(self) -> bool:
-        """Executed without error, and returned rows (or an empty result the model confirmed)."""
-        return self.result is not None and self.problem is None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The response view."""
-        return {
-            "index": self.index,
-            "strategy": self.strategy,
-            "sql": self.sql,
-            "valid": self.valid,
-            "row_count": None if self.result is None else self.result.row_count,
-            "problem": self.problem,
-            "revisions": self.revisions,
-            "verdict": self.verdict,
-        }
-
-
-@dataclass
-class StageReport:
-    """One call of one stage, for the response."""
-
-    kind: str
-    worker: str | None
-    queued_s: float
-    run_s: float
-    error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The response view."""
-        d: dict[str, Any] = {
-            "kind": self.kind,
-            "worker": self.worker,
-            "queued_s": round(self.queued_s, 4),
-            "run_s": round(self.run_s, 4),
-        }
-        if self.error:
-            d["error"] = self.error
-        return d
-
-
-@dataclass
-class Text2SqlResult:
-    """What ``/v1/text2sql`` returns."""
-
-    id: str
-    status: str  # ok | no_valid_sql | deadline_exceeded | failed
-    sql: str | None
-    columns: list[str]
-    rows: list[list[Any]]
-    row_count: int
-    truncated: bool
-    candidates: list[dict[str, Any]]
-    revisions: int
-    stages: list[StageReport]
-    deadline_s: float
-    latency_s: float
-    deadline_met: bool
-    error: str | None = None
-    failed_stage: str | None = None
-    http_status: int = 200
-    local_s: float = 0.0
-    """Wall time of the work outside LLM calls: schema, SQL extraction, checks, execution, selection (on a
-    busy event loop it includes waiting for the loop)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON body."""
-        d = {
-            "id": self.id,
-            "status": self.status,
-            "sql": self.sql,
-            "columns": self.columns,
-            "rows": self.rows,
-            "row_count": self.row_count,
-            "truncated": self.truncated,
-            "candidates": self.candidates,
-            "revisions": self.revisions,
-            "stages": [s.as_dict() for s in self.stages],
-            "deadline_s": self.deadline_s,
-            "latency_s": round(self.latency_s, 4),
-            "deadline_met": self.deadline_met,
-            "local_s": round(self.local_s, 6),
-        }
-        if self.error is not None:
-            d["error"] = self.error
-            d["failed_stage"] = self.failed_stage
-        return d
-
-
 class _StageFailed(Exception):
-    def __init__(self, stage: str, err: CallFailed) -> None:
+    def __init__(self, stage: str, err: StageCallError) -> None:
         super().__init__(f"stage {stage} failed: {err}")
         self.stage = stage
         self.err = err
 
 
-def _tokens(text: str) -> int:
-    return max(1, len(text) // CHARS_PER_TOKEN)
+@dataclass(frozen=True)
+class _Failure:
+    """Why a run ended without an answer: the stage, the message and its HTTP status."""
+
+    stage: str
+    message: str
+    status: int
 
 
 def _preview(result: QueryResult, n: int) -> str:
@@ -209,30 +104,27 @@ def _preview(result: QueryResult, n: int) -> str:
     return "\n".join(lines)
 
 
-def _result_key(result: QueryResult) -> tuple[tuple[str, ...], ...]:
-    """An order-insensitive, hashable form of a result set (for agreement between candidates)."""
-    rows = [tuple(repr(round(v, 6)) if isinstance(v, float) else repr(v) for v in row) for row in result.rows]
-    return tuple(sorted(rows))
+def _refusal(exc: SqlRejected) -> str:
+    """The problem a model is told when its SQL was refused (the parser's own words too, when it has some)."""
+    text = f"The query was refused: {exc}"
+    return f"{text}. The parser said: {exc.detail}" if exc.detail else text
 
 
 class Text2SqlPipeline:
-    """Runs one question through the pipeline on the live gateway.
+    """Runs questions through the pipeline; one instance serves every request (it holds no per-run state).
 
     Args:
-        gateway: the running gateway (scheduling and workers).
         config: stage counts and output budgets.
-        prompts: the prompt templates.
-        served_model: unused by workers (the pool fills ``model``); kept for request logs.
+        prompts: the prompt templates (``Prompts.load()``: read once, at start-up).
     """
 
-    def __init__(self, gateway: Gateway, config: PipelineConfig | None = None, prompts: Prompts | None = None) -> None:
-        self.gw = gateway
-        self.cfg = config or PipelineConfig()
-        self.prompts = prompts or Prompts()
+    def __init__(self, config: PipelineConfig, prompts: Prompts) -> None:
+        self.cfg = config
+        self.prompts = prompts
 
     async def answer(
         self,
-        tenant: Tenant,
+        runner: StageRunner,
         db: Database,
         question: str,
         evidence: str,
@@ -241,34 +133,37 @@ class Text2SqlPipeline:
         request_id: str,
         on_event: EventFn | None = None,
     ) -> Text2SqlResult:
-        """Answer one question; never raises for model or SQL problems (they are statuses)."""
-        t0 = time.monotonic()
+        """Answer one question with ``runner`` (fresh, unopened); never raises for model, SQL or database
+        problems (they are statuses). The runner is opened first (the deadline runs from arrival: fetching
+        the schema is part of the answer) and closed exactly once, also on cancellation."""
+        started = time.perf_counter()
         stages: list[StageReport] = []
-        # The workflow (and its deadline clock) opens at arrival: fetching the schema is part of the answer.
-        wf = self.gw.open_workflow(tenant, deadline_s, CHESS_TEMPLATE)
+        runner.open(deadline_s)
         run: _Run | None = None
-        failed = True
+        outcome: tuple[str, Candidate | None] | _Failure = _Failure("open", "cancelled", 500)
         try:
             try:
                 schema = await db.schema()
             except DatabaseUnavailable as exc:
-                return self._failed(request_id, "schema", str(exc), 503, stages, deadline_s, t0)
-            schema_text = serialize_schema(schema, max_chars=self.cfg.schema_max_chars)
-            run = _Run(self, wf, db, question, evidence or "none", schema_text, stages, on_event)
-            run.local_s = time.monotonic() - t0
-            result = await run.go()
-            failed = False
-        except _StageFailed as exc:
-            return self._failed(
-                request_id, exc.stage, str(exc.err), exc.err.status, stages, deadline_s, t0, candidates=_cands(run)
-            )
-        except DatabaseUnavailable as exc:
-            return self._failed(request_id, "execute", str(exc), 503, stages, deadline_s, t0, candidates=_cands(run))
+                outcome = _Failure("schema", str(exc), exc.status)
+            else:
+                schema_text = serialize_schema(schema, max_chars=self.cfg.schema_max_chars)
+                run = _Run(self, runner, db, question, evidence or "none", schema_text, stages, on_event)
+                run.local_s = time.perf_counter() - started
+                try:
+                    outcome = await run.go()
+                except _StageFailed as exc:
+                    outcome = _Failure(exc.stage, str(exc.err), exc.err.status)
+                except DatabaseUnavailable as exc:
+                    outcome = _Failure("execute", str(exc), exc.status)
         finally:
-            latency = self.gw.close_workflow(wf, tenant, failed=failed)
-        status, chosen = result
+            ok = isinstance(outcome, tuple) and outcome[0] == "ok"
+            closed = runner.close(valid=ok, failed=isinstance(outcome, _Failure))
+        candidates = run.candidates if run is not None else []
+        if isinstance(outcome, _Failure):
+            return _failed(request_id, outcome, stages, deadline_s, closed, candidates)
+        status, chosen = outcome
         res = chosen.result if chosen is not None else None
-        met = status == "ok" and latency <= deadline_s
         return Text2SqlResult(
             id=request_id,
             status=status,
@@ -277,46 +172,43 @@ class Text2SqlPipeline:
             rows=res.rows if res is not None else [],
             row_count=res.row_count if res is not None else 0,
             truncated=res.truncated if res is not None else False,
-            candidates=[c.as_dict() for c in run.candidates],
-            revisions=sum(c.revisions for c in run.candidates),
+            candidates=[c.as_dict() for c in candidates],
+            revisions=sum(c.revisions for c in candidates),
             stages=stages,
             deadline_s=deadline_s,
-            latency_s=latency,
-            deadline_met=met,
-            error=None if status == "ok" else run.last_problem,
-            local_s=run.local_s,
+            latency_s=closed.latency_s,
+            deadline_met=closed.deadline_met,
+            error=None if status == "ok" or run is None else run.last_problem,
+            local_s=run.local_s if run is not None else 0.0,
         )
 
-    def _failed(
-        self,
-        request_id: str,
-        stage: str,
-        message: str,
-        status: int,
-        stages: list[StageReport],
-        deadline_s: float,
-        t0: float,
-        *,
-        candidates: list[Candidate] | None = None,
-    ) -> Text2SqlResult:
-        return Text2SqlResult(
-            id=request_id,
-            status="failed",
-            sql=None,
-            columns=[],
-            rows=[],
-            row_count=0,
-            truncated=False,
-            candidates=[c.as_dict() for c in candidates or []],
-            revisions=sum(c.revisions for c in candidates or []),
-            stages=stages,
-            deadline_s=deadline_s,
-            latency_s=time.monotonic() - t0,
-            deadline_met=False,
-            error=message,
-            failed_stage=stage,
-            http_status=status if status >= 500 else 502,
-        )
+
+def _failed(
+    request_id: str,
+    failure: _Failure,
+    stages: list[StageReport],
+    deadline_s: float,
+    closed: Closed,
+    candidates: list[Candidate],
+) -> Text2SqlResult:
+    return Text2SqlResult(
+        id=request_id,
+        status="failed",
+        sql=None,
+        columns=[],
+        rows=[],
+        row_count=0,
+        truncated=False,
+        candidates=[c.as_dict() for c in candidates],
+        revisions=sum(c.revisions for c in candidates),
+        stages=stages,
+        deadline_s=deadline_s,
+        latency_s=closed.latency_s,
+        deadline_met=closed.deadline_met,
+        error=failure.message,
+        failed_stage=failure.stage,
+        http_status=failure.status if failure.status >= 500 else 502,
+    )
 
 
 class _Run:
@@ -325,7 +217,7 @@ class _Run:
     def __init__(
         self,
         pipe: Text2SqlPipeline,
-        wf: OnlineWorkflow,
+        runner: StageRunner,
         db: Database,
         question: str,
         evidence: str,
@@ -334,9 +226,8 @@ class _Run:
         on_event: EventFn | None,
     ) -> None:
         self.p = pipe
-        self.gw = pipe.gw
         self.cfg = pipe.cfg
-        self.wf = wf
+        self.runner = runner
         self.db = db
         self.question = question
         self.evidence = evidence
@@ -349,29 +240,28 @@ class _Run:
         self.system = pipe.prompts.render("system", dialect=db.dialect)
 
     def past_deadline(self) -> bool:
-        return self.gw.clock() > self.wf.deadline
+        return self.runner.remaining() < 0
 
     async def stage(self, kind: str, prompts: list[str]) -> list[str]:
         """Run one stage of ``len(prompts)`` parallel calls; returns their output texts."""
         max_tokens = self.cfg.max_tokens[kind]
-        expected = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
-        out_tokens = min(max_tokens, expected.get(kind, max_tokens))
+        out_tokens = min(max_tokens, _EXPECTED_OUTPUT.get(kind, max_tokens))
         calls = []
         for text in prompts:
-            messages = [{"role": "system", "content": self.system}, {"role": "user", "content": text}]
-            body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
-            spec = CallSpec(kind, _tokens(self.system) + _tokens(text) + 8, out_tokens)
-            calls.append((spec, CallRequest("/v1/chat/completions", body)))
-        results = await self.gw.run_stage(self.wf, kind, calls)
+            messages = ({"role": "system", "content": self.system}, {"role": "user", "content": text})
+            calls.append(StageCall(messages, message_tokens(messages), out_tokens, max_tokens, temperature=0.0))
+        results = await self.runner.run_stage(kind, calls)
         texts: list[str] = []
-        failure: CallFailed | None = None
-        for rec, outcome in results:
-            self.stages.append(_report(rec, outcome))
-            if isinstance(outcome, CallFailed):
-                failure = failure or outcome
+        failure: StageCallError | None = None
+        for r in results:
+            self.stages.append(
+                StageReport(kind, r.worker, r.queued_s, r.run_s, None if r.error is None else str(r.error))
+            )
+            if r.error is not None:
+                failure = failure or r.error
                 texts.append("")
             else:
-                texts.append(outcome.text() or "")
+                texts.append(r.text or "")
         if self.on_event is not None:
             await self.on_event(
                 {"event": "stage", "kind": kind, "calls": [s.as_dict() for s in self.stages[-len(results) :]]}
@@ -382,11 +272,11 @@ class _Run:
 
     async def execute_all(self, cands: list[Candidate], texts: list[str]) -> None:
         """Execute a stage's candidates concurrently; their wall time counts once towards ``local_s``."""
-        t = time.monotonic()
+        t = time.perf_counter()
         try:
             await asyncio.gather(*(self.execute(c, x) for c, x in zip(cands, texts, strict=True)))
         finally:
-            self.local_s += time.monotonic() - t
+            self.local_s += time.perf_counter() - t
 
     async def execute(self, cand: Candidate, text: str) -> None:
         """Extract, check and run a candidate's SQL; record the problem (if any) for a revision."""
@@ -399,7 +289,7 @@ class _Run:
         try:
             res = await self.db.execute(sql)  # checks the statement (sqlsafe) before it runs
         except SqlRejected as exc:
-            cand.result, cand.problem = None, f"The query was refused: {exc}"
+            cand.result, cand.problem = None, _refusal(exc)
             return
         except QueryFailed as exc:
             cand.result, cand.problem = None, f"Executing it failed: {exc}"
@@ -500,40 +390,16 @@ class _Run:
             )
             for c, v in zip(valid, verdicts, strict=True):
                 c.verdict = extract_verdict(v)
-        t = time.monotonic()
+        t = time.perf_counter()
         chosen = select(valid)
-        self.local_s += time.monotonic() - t
+        self.local_s += time.perf_counter() - t
         return "ok", chosen
 
 
-def select(valid: list[Candidate]) -> Candidate:
-    """The chosen candidate: evaluator verdicts first, then agreement of execution results, then order."""
-    groups: dict[tuple[tuple[str, ...], ...], int] = {}
-    for c in valid:
-        assert c.result is not None
-        k = _result_key(c.result)
-        groups[k] = groups.get(k, 0) + 1
-
-    def rank(c: Candidate) -> tuple[int, int, int]:
-        assert c.result is not None
-        verdict = 1 if c.verdict is True else (0 if c.verdict is None else -1)
-        return (-verdict, -groups[_result_key(c.result)], c.index)
-
-    return min(valid, key=rank)
-
-
-def _cands(run: _Run | None) -> list[Candidate] | None:
-    return run.candidates if run is not None else None
-
-
-def _report(rec: CallRecord, outcome: CallResult | CallFailed) -> StageReport:
-    return StageReport(
-        rec.kind, rec.worker, rec.queued_s, rec.run_s, str(outcome) if isinstance(outcome, CallFailed) else None
-    )
-
-
 __all__ = [
+    "STRATEGIES",
     "Candidate",
+    "EventFn",
     "PipelineConfig",
     "Prompts",
     "StageReport",

@@ -45,6 +45,8 @@ class StageCallError(GatewayError):
     ``status`` is the HTTP status the failure maps to (502 upstream error, 503 no worker, 504 timeout).
     """
 
+    error_type = "upstream_error"
+
     def __init__(self, message: str, status: int = 502) -> None:
         super().__init__(message)
         self.status = status

@@ -16,6 +16,12 @@ It rejects, with ``SqlRejected`` naming what it found:
 It returns the text to run: the caller's own text minus trailing semicolons and trailing comments,
 never SQL regenerated from the syntax tree, so dialect details survive untouched.
 
+Every reason is in this module's own words, whatever sqlglot's version says: a text that does not
+parse is ``cannot parse SQL: not one valid <dialect> query ...`` (the parser's own description is kept
+apart, in ``SqlRejected.detail``), and a statement that is not a query is ``only read-only queries
+(SELECT, WITH, VALUES) may run; found <KEYWORD>``, the keyword read from the text itself when sqlglot
+does not model the statement (so a statement sqlglot learns to parse keeps its wording).
+
 This check is the first of two layers: the databases themselves are opened read-only (SQLite
 ``mode=ro``, PostgreSQL ``READ ONLY`` transactions), so a query the parser misreads still cannot
 write. The module is pure: no I/O.
@@ -67,10 +73,15 @@ DANGEROUS_FUNCTIONS: tuple[str, ...] = tuple(sorted(_EXACT_FUNCTIONS)) + tuple(f
 
 
 class SqlRejected(BadRequest):
-    """The SQL is not a single read-only query; the message says what was found."""
+    """The SQL is not a single read-only query; the message (``reason``) says what was found, in our words.
 
-    def __init__(self, reason: str) -> None:
+    ``detail`` is the parser's own description when the text did not parse (None otherwise): useful to a
+    model revising its query, never part of the message (its wording belongs to sqlglot's version).
+    """
+
+    def __init__(self, reason: str, *, detail: str | None = None) -> None:
         self.reason = reason
+        self.detail = detail
         super().__init__(reason)
 
 
@@ -142,29 +153,51 @@ def _lock_text(lock: exp.Expr) -> str:
     return "FOR KEY SHARE" if key else "FOR SHARE"
 
 
+def _root_keyword(node: exp.Expr, sql: str, dialect: str) -> str:
+    """The keyword naming a forbidden statement: ours for a statement sqlglot models (``WITH ... INSERT``
+    is an INSERT), else the text's first word (sqlglot's ``Command`` fallback, whatever it covers)."""
+    if isinstance(node, exp.Command):
+        return _first_word(sql, dialect) or _keyword(node)
+    return _keyword(node)
+
+
 def _first_word(sql: str, dialect: str) -> str:
     """The statement's first token (comments skipped), upper case, for messages."""
     tokens = sqlglot.tokenize(sql, read=dialect)
     return tokens[0].text[:30].upper() if tokens else ""
 
 
-def _parse_problem(exc: ParseError | TokenError) -> str:
-    """One line from a sqlglot error: what was expected, and where."""
-    details = exc.errors[0] if isinstance(exc, ParseError) and exc.errors else None
-    if details and details.get("description"):
+_NOT_A_QUERY = "only read-only queries (SELECT, WITH, VALUES) may run; found {}"
+
+
+def _unparseable(exc: ParseError | TokenError, dialect: str) -> SqlRejected:
+    """Our reason for a text that does not parse (where the parser stopped, if it says), its words apart."""
+    details = exc.errors[0] if isinstance(exc, ParseError) and exc.errors else {}
+    reason = f"cannot parse SQL: not one valid {dialect} query"
+    line, col, near = details.get("line"), details.get("col"), details.get("highlight")
+    if isinstance(near, str) and near.strip():
+        reason += f"; parsing stopped at {_one_line(near, 40)!r}"
+    if isinstance(line, int) and isinstance(col, int):
+        reason += f" (line {line}, column {col})"
+    description = details.get("description")
+    if description:
         token = r"<Token token_type: TokenType\.\w+, text: (.*?), line: .*?>"
-        description = re.sub(token, r"'\1'", str(details["description"]))
-        where = f"line {details.get('line')}, column {details.get('col')}"
-        return f"{description} ({where})"
-    text = " ".join(str(exc).split())
-    return text[:200] or type(exc).__name__
+        detail = re.sub(token, r"'\1'", str(description))
+    else:
+        detail = str(exc)
+    return SqlRejected(reason, detail=_one_line(detail, 200) or type(exc).__name__)
 
 
-def _check_tree(root: exp.Expr) -> None:
+def _one_line(text: str, limit: int) -> str:
+    return " ".join(text.split())[:limit]
+
+
+def _check_tree(root: exp.Expr, sql: str, dialect: str) -> None:
     for node in root.walk():
         if isinstance(node, _FORBIDDEN_CLASSES):
-            where = "" if node is root else " (nested inside the query)"
-            raise SqlRejected(f"only read-only queries may run; found {_keyword(node)}{where}")
+            if node is root:
+                raise SqlRejected(_NOT_A_QUERY.format(_root_keyword(node, sql, dialect)))
+            raise SqlRejected(_NOT_A_QUERY.format(f"{_keyword(node)} (nested inside the query)"))
         if isinstance(node, exp.Select):
             if node.args.get("into") is not None:
                 raise SqlRejected("SELECT ... INTO is not allowed: it creates a table")
@@ -201,7 +234,7 @@ def check_sql(sql: str, dialect: str) -> str:
     try:
         parsed = sqlglot.parse(sql, read=read)
     except (ParseError, TokenError) as exc:
-        raise SqlRejected(f"cannot parse SQL: {_parse_problem(exc)}") from None
+        raise _unparseable(exc, read) from None
     statements = [s for s in parsed if s is not None and not isinstance(s, _EMPTY_CLASSES)]
     if not statements:
         raise SqlRejected("empty SQL: expected one read-only query (found only comments or semicolons)")
@@ -209,9 +242,9 @@ def check_sql(sql: str, dialect: str) -> str:
         kinds = ", ".join(_statement_kind(s) for s in statements[:4])
         raise SqlRejected(f"more than one statement ({len(statements)}: {kinds}); send exactly one query")
     root = statements[0]
-    _check_tree(root)
+    _check_tree(root, sql, read)
     if not isinstance(root, _QUERY_CLASSES):
-        raise SqlRejected(f"only read-only queries (SELECT, WITH, VALUES) may run; found {_first_word(sql, read)!r}")
+        raise SqlRejected(_NOT_A_QUERY.format(_first_word(sql, read) or "no statement"))
     return _text_to_run(sql, read)
 
 

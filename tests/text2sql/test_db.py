@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.errors import ConfigError, UnknownNameError
+from gateway.errors import ConfigError, GatewayError, UnknownNameError
 from gateway.text2sql.db import (
     ColumnInfo,
     DatabaseConfig,
@@ -463,6 +463,33 @@ async def test_registry_base_dir_resolves_relative_paths(sqlite_file: Path) -> N
     cfg = DatabasesFile.model_validate({"databases": {"shop": {"url": f"sqlite:///{sqlite_file.name}"}}})
     reg = DatabaseRegistry(cfg, base_dir=sqlite_file.parent)
     assert (await reg.get("shop").execute("SELECT 1")).rows == [[1]]
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "error_type"),
+    [
+        (QueryFailed("error", "no such table: x"), 422, "invalid_request_error"),
+        (QueryFailed("timeout", "statement timed out after 1 s"), 504, "timeout_error"),
+        (DatabaseUnavailable("database 'shop': cannot open SQLite file"), 503, "service_unavailable"),
+        (UnknownDatabase("nope", ["shop"]), 404, "not_found_error"),
+        (
+            SqlRejected("only read-only queries (SELECT, WITH, VALUES) may run; found DROP"),
+            400,
+            "invalid_request_error",
+        ),
+    ],
+)
+def test_database_errors_are_gateway_errors_with_their_http_status(
+    error: GatewayError, status: int, error_type: str
+) -> None:
+    assert isinstance(error, GatewayError)
+    assert (error.status, error.error_type) == (status, error_type)
+
+
+def test_unknown_database_may_name_only_the_databases_a_tenant_may_use() -> None:
+    err = UnknownDatabase("shop", [], message="unknown database 'shop'; allowed for tenant batch: (none)")
+    assert str(err) == "unknown database 'shop'; allowed for tenant batch: (none)"
+    assert err.param == "db_id" and err.known == []
 
 
 # ---------------------------------------------------------------------------------------------- Spider

@@ -7,6 +7,7 @@ import re
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from gateway.text2sql.demo import (
     write_spider_dataset,
     write_sqlite,
 )
+from gateway.text2sql.demo.questions import QUESTIONS_RESOURCE, parse_questions
 
 QUESTIONS = demo_questions()
 
@@ -99,6 +101,31 @@ def test_questions_are_many_unique_and_cover_every_difficulty() -> None:
     constructs = ["JOIN", "GROUP BY", "HAVING", "ORDER BY", "LIMIT", "DISTINCT", "UNION", "INTERSECT", "EXCEPT"]
     for construct in [*constructs, "WITH", "NOT IN", "AVG(", "SUM(", "MAX(", "BETWEEN", "IS NULL", "CASE"]:
         assert construct in text, construct
+
+
+def test_questions_are_package_data_with_one_line_queries() -> None:
+    text = (resources.files("gateway.text2sql") / QUESTIONS_RESOURCE).read_text(encoding="utf-8")
+    assert parse_questions(json.loads(text)) == tuple(QUESTIONS)
+    assert demo_questions() is not demo_questions()  # a fresh list each call: callers may change theirs
+    for q in QUESTIONS:
+        for sql in (q.query, q.query_pg):
+            assert sql is None or sql == " ".join(sql.split()), sql
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ({"question": "q"}, "expected a list of questions"),
+        (["q"], "[0]: expected an object"),
+        ([{"question": "q", "query": "SELECT 1"}], "missing fields ['difficulty']"),
+        ([{"question": "q", "query": "SELECT 1", "difficulty": "easy", "gold": "x"}], "unknown fields ['gold']"),
+        ([{"question": "q", "query": "SELECT 1", "difficulty": "trivial"}], "[0].difficulty: expected one of"),
+        ([{"question": "", "query": "SELECT 1", "difficulty": "easy"}], "[0].question: expected a non-empty string"),
+    ],
+)
+def test_a_bad_questions_file_names_the_entry_and_the_field(data: object, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        parse_questions(data, "questions.json")
 
 
 @pytest.mark.parametrize("q", QUESTIONS, ids=[f"q{i}" for i in range(len(QUESTIONS))])

@@ -13,11 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gateway.text2sql.answers import build_demo_answers
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
 from gateway.text2sql.evaluate import execute_sqlite, gold_is_ordered, results_match
+from gateway.text2sql.prompt_templates import Prompts
+from gateway.text2sql.service import Text2SqlService
 from tests.live.harness import BATCH_KEY, emulators, gateway_client, write_config
 from workers.scripted import AnswersResponder
 
@@ -146,3 +149,47 @@ async def test_a_tenant_only_reaches_its_databases(tmp_path: Path) -> None:
             r = await client.post("/v1/text2sql", json={"question": "How many?", "db_id": DB_ID})
             assert r.status_code == 404
             assert "allowed for tenant batch: (none)" in r.json()["error"]["message"]
+
+
+async def test_the_route_owns_one_service_built_at_start_and_closed_after_the_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _setup(tmp_path)
+    loads: list[int] = []
+    real_load = Prompts.load.__func__  # type: ignore[attr-defined]
+
+    def counting_load(cls: type[Prompts]) -> Prompts:
+        loads.append(1)
+        return real_load(cls)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Prompts, "load", classmethod(counting_load))
+    responder = AnswersResponder(dict(build_demo_answers()))
+    closed_after_stop: list[bool] = []
+    async with emulators(["A100"], time_scale=0.01, responder=responder) as urls:
+        cfg = write_config(tmp_path, urls, ["A100"], time_scale=0.01, databases_file="databases.yaml")
+        async with gateway_client(cfg, key=BATCH_KEY) as (client, app):
+            service, gw = app.state.text2sql, app.state.gateway
+            assert isinstance(service, Text2SqlService) and not hasattr(gw, "databases")
+            for q in demo_questions()[:2]:
+                r = await client.post("/v1/text2sql", json={"question": q.question, "db_id": DB_ID})
+                assert r.status_code == 200, r.text
+            assert loads == [1]  # the prompt templates were read once, at start-up, not per request
+            real_close = service.close
+
+            async def close() -> None:
+                closed_after_stop.append(gw.draining and not gw.ready)
+                await real_close()
+
+            monkeypatch.setattr(service, "close", close)
+    assert closed_after_stop == [True]
+
+
+async def test_without_a_databases_file_every_question_is_a_404(tmp_path: Path) -> None:
+    async with emulators(["A100"], time_scale=0.01) as urls:
+        cfg = write_config(tmp_path, urls, ["A100"], time_scale=0.01)
+        async with gateway_client(cfg, key=BATCH_KEY) as (client, _):
+            r = await client.post("/v1/text2sql", json={"question": "How many?", "db_id": DB_ID})
+            assert r.status_code == 404
+            err = r.json()["error"]
+            assert err["message"] == "no databases are configured on this gateway (databases_file)"
+            assert (err["type"], err["param"]) == ("not_found_error", "db_id")

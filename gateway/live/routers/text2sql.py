@@ -5,25 +5,30 @@ Request ``{question, db_id, evidence?, deadline_s?, stream?}``. Errors: unknown 
 the tenant's range 422, a database that is down 503 (the body says which stage failed), admission
 429/503 as for every workflow. With ``stream: true`` each stage's completion is sent as a server-sent
 event ``{"event": "stage", ...}`` and the result last (``{"event": "result", ...}``), then ``[DONE]``.
+
+The route owns its state: a ``Text2SqlService`` (databases, pipeline, prompt templates, limits) that
+``install_text2sql`` puts on ``app.state.text2sql`` and closes once the gateway has drained and stopped.
+The pipeline runs its calls through ``GatewayStageRunner`` (``gateway.live.text2sql_runner``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.errors import NotFound, Unprocessable
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
 from gateway.live.responses import JSONResponse
-from gateway.live.service import Gateway
-from gateway.text2sql.db import DatabaseRegistry, UnknownDatabase
+from gateway.live.text2sql_runner import GatewayStageRunner
+from gateway.text2sql.db import UnknownDatabase
+from gateway.text2sql.service import NO_DATABASES, Text2SqlService
 
 
 class Text2SqlRequest(BaseModel):
@@ -41,57 +46,43 @@ class Text2SqlRequest(BaseModel):
 router = APIRouter()
 
 
-def _registry(gw: Gateway) -> DatabaseRegistry:
-    reg = gw.databases
-    if reg is None:
-        raise NotFound("no databases are configured on this gateway (databases_file)", param="db_id")
-    return reg
+def install_text2sql(app: FastAPI, service: Text2SqlService) -> None:
+    """Give ``app`` its Text-to-SQL service: on ``app.state.text2sql`` now, closed when the app's lifespan
+    ends (after the gateway drained in-flight questions and stopped)."""
+    app.state.text2sql = service
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[Any]:
+        try:
+            async with inner(a) as state:
+                yield state
+        finally:
+            await service.close()
+
+    app.router.lifespan_context = lifespan
+
+
+def _service(request: Request) -> Text2SqlService:
+    service = getattr(request.app.state, "text2sql", None)
+    if not isinstance(service, Text2SqlService):
+        raise UnknownDatabase("", [], message=NO_DATABASES)
+    return service
 
 
 @router.post("/v1/text2sql", response_model=None)
 async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) -> Response:
     """Answer a question with SQL executed on the tenant's database."""
-    from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
-
     gw = gw_of(request)
-    reg = _registry(gw)
-    allowed = [d for d in reg.ids() if tenant.allows(d)]
-    if req.db_id not in allowed:
-        raise NotFound(
-            f"unknown database {req.db_id!r}; allowed for tenant {tenant.name}: {', '.join(allowed) or '(none)'}",
-            param="db_id",
-        )
-    lim = gw.cfg.text2sql
-    question = req.question.strip()
-    if not question:
-        raise Unprocessable("question: must not be empty", param="question")
-    if len(question) > lim.max_question_chars:
-        raise Unprocessable(
-            f"question: {len(question)} characters exceed the limit of {lim.max_question_chars}", param="question"
-        )
-    evidence = (req.evidence or "").strip()
-    if len(evidence) > lim.max_evidence_chars:
-        raise Unprocessable(
-            f"evidence: {len(evidence)} characters exceed the limit of {lim.max_evidence_chars}", param="evidence"
-        )
+    service = _service(request)
+    db = service.database(req.db_id, tenant=tenant.name, allows=tenant.allows)
+    question, evidence = service.check_question(req.question, req.evidence)
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
-    try:
-        db = reg.get(req.db_id)
-    except UnknownDatabase as exc:  # removed between the check and now
-        raise NotFound(str(exc), param="db_id") from exc
     admit_or_raise(gw, tenant, 1)
-    pipe = Text2SqlPipeline(
-        gw,
-        PipelineConfig(
-            candidates=lim.candidates,
-            max_revisions=lim.max_revisions,
-            unit_tests=lim.unit_tests,
-            schema_max_chars=lim.schema_max_chars,
-        ),
-    )
+    runner = GatewayStageRunner(gw, tenant)
     rid = f"t2s-{uuid.uuid4().hex[:16]}"
     if not req.stream:
-        result = await pipe.answer(tenant, db, question, evidence, deadline, request_id=rid)
+        result = await service.answer(runner, db, question, evidence, deadline, request_id=rid)
         return JSONResponse(result.as_dict(), status_code=result.http_status)
 
     events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=1024)
@@ -101,7 +92,7 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
 
     async def produce() -> None:
         try:
-            result = await pipe.answer(tenant, db, question, evidence, deadline, request_id=rid, on_event=on_event)
+            result = await service.answer(runner, db, question, evidence, deadline, request_id=rid, on_event=on_event)
             await events.put({"event": "result", **result.as_dict()})
         finally:
             await events.put(None)

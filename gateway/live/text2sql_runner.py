@@ -1,0 +1,76 @@
+"""The live gateway's side of the Text-to-SQL port: ``GatewayStageRunner`` runs a pipeline's stages on ``Gateway``.
+
+One runner per question: ``open`` starts an online workflow under the CHESS template (``open_workflow``),
+``run_stage`` turns each ``StageCall`` into a ``/v1/chat/completions`` request scheduled as one stage
+(``run_stage``) and each call's record and outcome into a ``StageCallResult`` (a failed call keeps its
+status: 502 upstream, 503 no worker, 504 timeout, a worker's 4xx), ``remaining`` reads the gateway's
+clock, and ``close`` accounts the workflow (``close_workflow``: met, missed or failed) and answers with
+the same rule (``OnlineWorkflow.met``), so the response and the metrics agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.workflow import CallSpec, OnlineWorkflow
+from gateway.errors import CallFailed
+from gateway.live.service import CallRecord, CallRequest, Gateway
+from gateway.live.tenants import Tenant
+from gateway.live.transport import CallResult
+from gateway.text2sql.port import Closed, StageCall, StageCallError, StageCallResult
+
+CHAT_ENDPOINT = "/v1/chat/completions"
+
+
+class GatewayStageRunner:
+    """``StageRunner`` on the live gateway, for one question of ``tenant`` (admission already passed)."""
+
+    def __init__(self, gateway: Gateway, tenant: Tenant) -> None:
+        self.gw = gateway
+        self.tenant = tenant
+        self._wf: OnlineWorkflow | None = None
+        self._closed: Closed | None = None
+
+    def _workflow(self) -> OnlineWorkflow:
+        if self._wf is None:
+            raise RuntimeError("the runner is not open")
+        return self._wf
+
+    def open(self, deadline_s: float) -> None:
+        """Start the online workflow now, its deadline ``deadline_s`` from now."""
+        if self._wf is not None:
+            raise RuntimeError("the runner is open already (one runner per question)")
+        self._wf = self.gw.open_workflow(self.tenant, deadline_s, CHESS_TEMPLATE)
+
+    async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
+        """One stage of parallel calls on the gateway; one result per call, in order."""
+        wf = self._workflow()
+        pairs = [(CallSpec(kind, c.input_tokens, c.output_tokens), _request(c)) for c in calls]
+        outcomes = await self.gw.run_stage(wf, kind, pairs)
+        return [_result(rec, outcome) for rec, outcome in outcomes]
+
+    def remaining(self) -> float:
+        """Seconds to the deadline on the gateway's clock (negative once past)."""
+        return self._workflow().remaining(self.gw.clock())
+
+    def close(self, *, valid: bool, failed: bool = False) -> Closed:
+        """Account the workflow's end with the gateway (once; a second call returns the first answer)."""
+        if self._closed is not None:
+            return self._closed
+        wf = self._workflow()
+        latency = self.gw.close_workflow(wf, self.tenant, failed=failed, valid=valid)
+        self._closed = Closed(latency, not failed and wf.met(wf.arrival + latency, valid=valid))
+        return self._closed
+
+
+def _request(call: StageCall) -> CallRequest:
+    body = {"messages": list(call.messages), "max_tokens": call.max_tokens, "temperature": call.temperature}
+    return CallRequest(CHAT_ENDPOINT, body)
+
+
+def _result(rec: CallRecord, outcome: CallResult | CallFailed) -> StageCallResult:
+    if isinstance(outcome, CallFailed):
+        error = StageCallError(str(outcome), outcome.status)
+        return StageCallResult(rec.worker, rec.queued_s, rec.run_s, error=error)
+    return StageCallResult(rec.worker, rec.queued_s, rec.run_s, text=outcome.text() or "")

@@ -1,0 +1,200 @@
+"""PostgreSQL databases: an asyncpg pool whose sessions default to read-only; every query runs in a
+``READ ONLY`` transaction with ``SET LOCAL statement_timeout``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, Literal
+
+import asyncpg
+
+from gateway.config.databases import DatabaseConfig, Dialect
+from gateway.text2sql.db.base import Database
+from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
+from gateway.text2sql.db.results import CappedRows, QueryResult
+from gateway.text2sql.db.schema import (
+    ColumnInfo,
+    Descriptions,
+    ForeignKey,
+    Scalar,
+    SchemaInfo,
+    TableInfo,
+    describe,
+    quote_ident,
+    sample_value,
+)
+
+_SAMPLE_SCAN_ROWS = 10_000  # samples come from at most this many rows of a table
+
+
+_PG_COLUMNS = """
+SELECT c.relname, c.relkind::text, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY c.relname, a.attnum
+"""
+
+_PG_KEYS = """
+SELECT con.contype::text AS contype, cl.relname, con.conname,
+  ARRAY(SELECT a.attname FROM unnest(con.conkey) WITH ORDINALITY AS k(num, ord)
+        JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.num ORDER BY k.ord) AS cols,
+  rcl.relname AS ref_table, rns.nspname AS ref_schema,
+  ARRAY(SELECT a.attname FROM unnest(con.confkey) WITH ORDINALITY AS k(num, ord)
+        JOIN pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.num ORDER BY k.ord) AS ref_cols
+FROM pg_constraint con
+JOIN pg_class cl ON cl.oid = con.conrelid
+JOIN pg_namespace n ON n.oid = cl.relnamespace
+LEFT JOIN pg_class rcl ON rcl.oid = con.confrelid
+LEFT JOIN pg_namespace rns ON rns.oid = rcl.relnamespace
+WHERE n.nspname = $1 AND con.contype IN ('p', 'f')
+ORDER BY cl.relname, con.conname
+"""
+
+
+class PostgresDatabase(Database):
+    """A PostgreSQL database behind an asyncpg pool (created on first use, at most ``pool_size``)."""
+
+    dialect: ClassVar[Dialect] = "postgres"
+
+    def __init__(self, db_id: str, config: DatabaseConfig, *, descriptions: Descriptions | None = None) -> None:
+        super().__init__(db_id, config, descriptions=descriptions)
+        self._pool: Any = None
+        self._pool_lock = asyncio.Lock()
+
+    def _unavailable(self, exc: BaseException) -> DatabaseUnavailable:
+        why = str(exc) or type(exc).__name__
+        return DatabaseUnavailable(f"database {self.db_id!r}: cannot connect to {self.config.safe_url}: {why}")
+
+    async def _get_pool(self) -> Any:
+        async with self._pool_lock:
+            if self._pool is None:
+                try:
+                    self._pool = await asyncpg.create_pool(
+                        self.config.url,
+                        min_size=0,
+                        max_size=self.config.pool_size,
+                        timeout=self.config.connect_timeout_s,
+                        server_settings={
+                            "application_name": "hexflow-text2sql",
+                            "default_transaction_read_only": "on",
+                        },
+                    )
+                except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+                    raise self._unavailable(exc) from None
+            return self._pool
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Any]:
+        pool = await self._get_pool()
+        try:
+            conn = await pool.acquire()
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise self._unavailable(exc) from None
+        try:
+            yield conn
+        finally:
+            await pool.release(conn)
+
+    async def _in_readonly_transaction(self, fn: Callable[[Any], Any]) -> Any:
+        """``await fn(conn)`` inside a READ ONLY transaction with the statement timeout set.
+
+        Errors become ``QueryFailed``/``DatabaseUnavailable``; ``asyncio.wait_for`` of the timeout
+        plus 2 s backs the server-side timeout up.
+        """
+        timeout = self.config.statement_timeout_s
+        ms = max(1, round(timeout * 1000))
+
+        async def body(conn: Any) -> Any:
+            async with conn.transaction(readonly=True):
+                await conn.execute(f"SET LOCAL statement_timeout = {ms}")
+                return await fn(conn)
+
+        async with self._connection() as conn:
+            try:
+                return await asyncio.wait_for(body(conn), timeout + 2.0)
+            except (TimeoutError, asyncpg.QueryCanceledError):
+                raise QueryFailed("timeout", self._timeout_message()) from None
+            except (asyncpg.PostgresConnectionError, OSError) as exc:
+                raise self._unavailable(exc) from None
+            except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise QueryFailed("error", str(exc) or type(exc).__name__) from None
+
+    async def _run(self, sql: str) -> QueryResult:
+        start = time.perf_counter()
+        cfg = self.config
+
+        async def query(conn: Any) -> QueryResult:
+            stmt = await conn.prepare(sql)
+            rows = CappedRows([str(a.name) for a in stmt.get_attributes()], cfg.max_rows, cfg.max_result_bytes)
+            cursor = await stmt.cursor()
+            while n := rows.want():
+                batch = await cursor.fetch(n)
+                if not batch:
+                    break
+                rows.add(tuple(r.values()) for r in batch)
+            return rows.result(start)
+
+        result: QueryResult = await self._in_readonly_transaction(query)
+        return result
+
+    async def _introspect(self) -> SchemaInfo:
+        cfg = self.config
+        schema = cfg.db_schema
+
+        async def read(conn: Any) -> list[TableInfo]:
+            col_rows = await conn.fetch(_PG_COLUMNS, schema)
+            key_rows = await conn.fetch(_PG_KEYS, schema)
+            pks: dict[str, tuple[str, ...]] = {}
+            fks: dict[str, list[ForeignKey]] = {}
+            for r in key_rows:
+                if r["contype"] == "p":
+                    pks[r["relname"]] = tuple(r["cols"])
+                elif r["ref_table"] is not None:
+                    ref = r["ref_table"] if r["ref_schema"] == schema else f"{r['ref_schema']}.{r['ref_table']}"
+                    fks.setdefault(r["relname"], []).append(ForeignKey(tuple(r["cols"]), ref, tuple(r["ref_cols"])))
+            columns: dict[str, list[ColumnInfo]] = {}
+            kinds: dict[str, Literal["table", "view"]] = {}
+            for relname, relkind, attname, typ, notnull in col_rows:
+                pk = pks.get(relname, ())
+                samples = await self._samples(conn, relname, attname) if cfg.sample_values else ()
+                columns.setdefault(relname, []).append(ColumnInfo(attname, typ, attname in pk, not notnull, samples))
+                kinds[relname] = "view" if relkind in ("v", "m") else "table"
+            return [
+                TableInfo(name, tuple(cols), pks.get(name, ()), tuple(fks.get(name, ())), kind=kinds[name])
+                for name, cols in columns.items()
+            ]
+
+        tables: list[TableInfo] = await self._in_readonly_transaction(read)
+        return SchemaInfo(self.db_id, "postgres", describe(tables, self.descriptions), cfg.description)
+
+    async def _samples(self, conn: Any, table: str, column: str) -> tuple[Scalar, ...]:
+        """Up to ``sample_values`` distinct values, the smallest among the first rows of the table.
+
+        Runs in a savepoint: a column whose type has no equality or order (json, xml, ...) or a scan
+        that hits the statement timeout costs its samples, nothing more."""
+        c = quote_ident(column)
+        t = f"{quote_ident(self.config.db_schema)}.{quote_ident(table)}"
+        sql = (
+            f"SELECT DISTINCT {c} FROM (SELECT {c} FROM {t} WHERE {c} IS NOT NULL LIMIT {_SAMPLE_SCAN_ROWS}) AS _s "
+            f"ORDER BY 1 LIMIT {self.config.sample_values}"
+        )
+        try:
+            async with conn.transaction():
+                rows = await conn.fetch(sql)
+        except asyncpg.PostgresError as exc:
+            if isinstance(exc, asyncpg.PostgresConnectionError):
+                raise
+            return ()
+        return tuple(sample_value(r[0]) for r in rows)
+
+    async def close(self) -> None:
+        """Close the pool (a later query creates a new one)."""
+        async with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()

@@ -1,0 +1,79 @@
+"""``open_database`` (a config -> the ``Database`` of its dialect) and ``DatabaseRegistry`` (db_id -> Database)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from gateway.config.databases import DatabaseConfig, DatabasesFile, load_databases
+from gateway.text2sql.db.base import Database
+from gateway.text2sql.db.errors import UnknownDatabase
+from gateway.text2sql.db.postgres import PostgresDatabase
+from gateway.text2sql.db.schema import Descriptions
+from gateway.text2sql.db.sqlite import SqliteDatabase
+
+
+def open_database(
+    db_id: str,
+    config: DatabaseConfig,
+    *,
+    base_dir: Path | str | None = None,
+    descriptions: Descriptions | None = None,
+) -> Database:
+    """The ``Database`` for ``config``'s dialect (no I/O: files and servers are opened on first use)."""
+    if config.dialect == "sqlite":
+        return SqliteDatabase(db_id, config, base_dir=base_dir, descriptions=descriptions)
+    return PostgresDatabase(db_id, config, descriptions=descriptions)
+
+
+class DatabaseRegistry:
+    """The databases of a databases file by db_id; each ``Database`` is created on first ``get``."""
+
+    def __init__(
+        self,
+        config: DatabasesFile,
+        *,
+        base_dir: Path | str | None = None,
+        descriptions: Mapping[str, Descriptions] | None = None,
+    ) -> None:
+        """``base_dir`` resolves relative SQLite paths (``load_databases`` already made them absolute);
+        ``descriptions`` maps db_id -> table -> column -> description."""
+        self._configs = dict(config.databases)
+        self._base_dir = base_dir
+        self._descriptions = dict(descriptions or {})
+        self._open: dict[str, Database] = {}
+
+    @classmethod
+    def from_file(cls, path: Path | str, *, descriptions: Mapping[str, Descriptions] | None = None) -> DatabaseRegistry:
+        """A registry of the databases file at ``path`` (``ConfigError`` when it is invalid)."""
+        return cls(load_databases(path), base_dir=Path(path).resolve().parent, descriptions=descriptions)
+
+    def ids(self) -> list[str]:
+        """The db_ids, sorted."""
+        return sorted(self._configs)
+
+    def __contains__(self, db_id: object) -> bool:
+        return db_id in self._configs
+
+    def config(self, db_id: str) -> DatabaseConfig:
+        """The configuration of ``db_id`` (``UnknownDatabase`` when there is none)."""
+        try:
+            return self._configs[db_id]
+        except KeyError:
+            raise UnknownDatabase(db_id, self._configs) from None
+
+    def get(self, db_id: str) -> Database:
+        """The database ``db_id``, created on the first call and cached; ``UnknownDatabase`` if unknown."""
+        db = self._open.get(db_id)
+        if db is None:
+            db = open_database(
+                db_id, self.config(db_id), base_dir=self._base_dir, descriptions=self._descriptions.get(db_id)
+            )
+            self._open[db_id] = db
+        return db
+
+    async def close(self) -> None:
+        """Close every database created so far."""
+        opened, self._open = list(self._open.values()), {}
+        for db in opened:
+            await db.close()

@@ -1,0 +1,187 @@
+"""The demo database's rows: generated from a seed by ``random.Random`` over built-in word lists, so every
+machine builds the same data."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+
+from gateway.text2sql.demo.schema import TABLES, Value
+
+# ---------------------------------------------------------------------------------------------- data
+
+_FIRST_NAMES = (
+    "Ana", "Ben", "Carla", "David", "Elena", "Felix", "Greta", "Hugo", "Ines", "Jonas", "Karin", "Luis",
+    "Marta", "Nils", "Olga", "Pedro", "Rita", "Sven", "Tomas", "Ute", "Vera", "Walter", "Yara", "Zoe",
+    "Laura", "Marco", "Sofia", "Paul", "Nina", "Oscar",
+)  # fmt: skip
+_LAST_NAMES = (
+    "Almeida", "Berger", "Costa", "Dubois", "Eriksen", "Fischer", "Garcia", "Hansen", "Ionescu", "Jensen",
+    "Keller", "Lopez", "Martin", "Novak", "Olsen", "Petit", "Quinn", "Rossi", "Schmidt", "Torres",
+    "Weber", "Silva", "Moreau", "Bianchi",
+)  # fmt: skip
+_CITIES = (
+    ("Lisbon", "Portugal"), ("Porto", "Portugal"), ("Madrid", "Spain"), ("Barcelona", "Spain"),
+    ("Paris", "France"), ("Lyon", "France"), ("Berlin", "Germany"), ("Munich", "Germany"),
+    ("Rome", "Italy"), ("Milan", "Italy"), ("Dublin", "Ireland"), ("Vienna", "Austria"),
+)  # fmt: skip
+_STORE_CITIES = ("Lisbon", "Porto", "Madrid", "Paris", "Berlin", "Munich", "Rome", "Dublin")
+_DEPARTMENTS = (
+    ("Sales", "Lisbon", "Sales Associate"),
+    ("Marketing", "Paris", "Marketing Specialist"),
+    ("Finance", "Lisbon", "Accountant"),
+    ("Operations", "Berlin", "Operations Analyst"),
+    ("Human Resources", "Madrid", "HR Specialist"),
+    ("Customer Support", "Dublin", "Support Agent"),
+    ("Engineering", "Berlin", "Software Engineer"),
+)
+_CATEGORIES = {
+    "Electronics": (("Wireless", "Smart", "Portable", "Compact", "Pro"), ("Headphones", "Speaker", "Charger", "Camera", "Keyboard")),  # noqa: E501
+    "Home": (("Cozy", "Classic", "Modern", "Rustic"), ("Lamp", "Blanket", "Vase", "Clock", "Mirror")),
+    "Clothing": (("Cotton", "Wool", "Linen", "Denim"), ("Shirt", "Sweater", "Jacket", "Scarf")),
+    "Sports": (("Trail", "Indoor", "Pro", "Light"), ("Running Shoes", "Yoga Mat", "Water Bottle", "Backpack")),
+    "Books": (("Illustrated", "Pocket", "Collected"), ("Cookbook", "Atlas", "Novel", "Poems")),
+    "Toys": (("Wooden", "Giant", "Mini"), ("Puzzle", "Robot", "Train Set", "Board Game")),
+    "Beauty": (("Natural", "Fresh", "Gentle"), ("Face Cream", "Shampoo", "Soap")),
+}  # fmt: skip
+_PRICE_CENTS = {
+    "Electronics": (1999, 59999),
+    "Home": (899, 14999),
+    "Clothing": (999, 12999),
+    "Sports": (599, 17999),
+    "Books": (499, 4999),
+    "Toys": (699, 8999),
+    "Beauty": (299, 4999),
+}
+_STATUSES = ("delivered", "delivered", "delivered", "delivered", "shipped", "pending", "cancelled", "returned")
+_TIERS = ("bronze", "bronze", "silver", "silver", "gold", None, None)
+_EPOCH = dt.date(2019, 1, 1)
+_LAST_DAY = dt.date(2024, 12, 31)
+_N_CUSTOMERS = 300
+_N_PRODUCTS = 80
+_N_ORDERS = 1200
+
+
+def _day(rng: random.Random, start: dt.date, end: dt.date) -> str:
+    return (start + dt.timedelta(days=rng.randrange((end - start).days + 1))).isoformat()
+
+
+def _money(cents: int) -> float:
+    return round(cents / 100, 2)
+
+
+def demo_rows(seed: int = 0) -> dict[str, list[tuple[Value, ...]]]:
+    """The rows of every table, generated from ``seed``: the same output on every call and machine."""
+    rng = random.Random(seed)
+    rows: dict[str, list[tuple[Value, ...]]] = {t.name: [] for t in TABLES}
+
+    for i, (name, city, _title) in enumerate(_DEPARTMENTS, start=1):
+        rows["departments"].append((i, name, _money(rng.randrange(20_000_000, 200_000_000, 50_000)), city))
+
+    country_of = dict(_CITIES)
+    for i, city in enumerate(_STORE_CITIES, start=1):
+        kind = ("Central", "Riverside", "Old Town", "Station")[i % 4]
+        opened = _day(rng, dt.date(2010, 1, 1), dt.date(2021, 12, 31))
+        rows["stores"].append((i, f"{city} {kind}", city, country_of[city], opened, rng.randrange(300, 2500, 10)))
+
+    # employees: a CEO, one director per department, two team leads per department, then staff.
+    used_names: set[tuple[str, str]] = set()
+
+    def person() -> tuple[str, str]:
+        while True:
+            pair = (rng.choice(_FIRST_NAMES), rng.choice(_LAST_NAMES))
+            if pair not in used_names:
+                used_names.add(pair)
+                return pair
+
+    store_ids = list(range(1, len(_STORE_CITIES) + 1))
+    employees: list[tuple[Value, ...]] = []
+    staff: list[tuple[int, int, int | None, str]] = []  # (employee_id, department_id, store_id, job_title)
+
+    def hire(title: str, dept: int, manager: int | None, salary: tuple[int, int], years: tuple[int, int]) -> int:
+        emp_id = len(employees) + 1
+        first, last = person()
+        in_store = _DEPARTMENTS[dept - 1][0] in ("Sales", "Customer Support") and title != "Director"
+        store = rng.choice(store_ids) if in_store else None
+        hired = _day(rng, dt.date(years[0], 1, 1), dt.date(years[1], 12, 31))
+        pay = rng.randrange(salary[0], salary[1], 100)
+        employees.append((emp_id, first, last, title, dept, store, manager, hired, pay))
+        staff.append((emp_id, dept, store, title))
+        return emp_id
+
+    ceo = hire("Chief Executive Officer", 4, None, (180_000, 220_000), (2010, 2011))
+    directors = [hire("Director", d, ceo, (110_000, 160_000), (2011, 2016)) for d in range(1, len(_DEPARTMENTS) + 1)]
+    leads: list[tuple[int, int]] = []
+    for d, director in enumerate(directors, start=1):
+        for _ in range(2):
+            leads.append((d, hire("Team Lead", d, director, (62_000, 95_000), (2013, 2020))))
+    for n in range(38):
+        d, lead = leads[n % len(leads)] if n < len(leads) else rng.choice(leads)
+        hire(_DEPARTMENTS[d - 1][2], d, lead, (34_000, 78_000), (2015, 2024))
+    rows["employees"] = employees
+
+    signups: dict[int, dt.date] = {}
+    for i in range(1, _N_CUSTOMERS + 1):
+        first, last = rng.choice(_FIRST_NAMES), rng.choice(_LAST_NAMES)
+        city, country = rng.choice(_CITIES)
+        email = None if rng.random() < 0.12 else f"{first.lower()}.{last.lower()}{i}@mail.example"
+        signup = _day(rng, _EPOCH, dt.date(2024, 6, 30))
+        rows["customers"].append((i, first, last, email, city, country, signup, rng.choice(_TIERS)))
+        signups[i] = dt.date.fromisoformat(signup)
+
+    price_cents: dict[int, int] = {}
+    pools: dict[str, list[str]] = {}
+    for category, (adjectives, nouns) in _CATEGORIES.items():
+        pools[category] = [f"{a} {n}" for a in adjectives for n in nouns]
+        rng.shuffle(pools[category])
+    categories = list(_CATEGORIES)
+    for i in range(1, _N_PRODUCTS + 1):
+        if i <= 2 * len(categories):
+            category = categories[(i - 1) % len(categories)]
+        else:
+            category = rng.choice([c for c in categories if pools[c]])
+        name = pools[category].pop()
+        low, high = _PRICE_CENTS[category]
+        price_cents[i] = rng.randrange(low + 1, high + 2, 10) - 1  # x.x9 prices
+        discontinued = 1 if rng.random() < 0.1 else 0
+        rows["products"].append((i, name, category, _money(price_cents[i]), rng.randrange(0, 500), discontinued))
+
+    # orders: a tenth of the customers never order; a few products are never sold.
+    buyers = [c for c in signups if rng.random() >= 0.1]
+    unsold = set(rng.sample(range(1, _N_PRODUCTS + 1), 6))
+    sellable = [p for p in range(1, _N_PRODUCTS + 1) if p not in unsold]
+    staff_by_store: dict[int, list[int]] = {s: [] for s in store_ids}
+    for s_emp, s_dept, s_store, _s_title in staff:
+        if s_store is not None and s_dept == 1:  # sales staff take store orders
+            staff_by_store[s_store].append(s_emp)
+    online_staff = [s[0] for s in staff if s[1] == 6 and s[3] != "Director"]
+    item_id = 0
+    for order_id in range(1, _N_ORDERS + 1):
+        cust = rng.choice(buyers)
+        when = _day(rng, signups[cust], _LAST_DAY)
+        status = rng.choice(_STATUSES)
+        store: int | None = None
+        emp_id: int | None = None
+        if rng.random() < 0.4:
+            channel = "online"
+            emp_id = rng.choice(online_staff) if rng.random() < 0.3 else None
+        else:
+            channel = "store"
+            store = rng.choice(store_ids)
+            emp_id = rng.choice(staff_by_store[store] or [e for v in staff_by_store.values() for e in v])
+        rows["orders"].append((order_id, cust, emp_id, store, channel, when, status))
+        picked: set[int] = set()
+        for _ in range(1 + min(rng.randrange(4), rng.randrange(4))):
+            product = rng.choice(sellable)
+            if product in picked:
+                continue
+            picked.add(product)
+            item_id += 1
+            list_cents = price_cents[product]
+            discount = rng.choice((0, 0, 0, 0, 10, 20))
+            unit_cents = list_cents - (list_cents * discount) // 100
+            rows["order_items"].append((item_id, order_id, product, 1 + rng.randrange(5), _money(unit_cents)))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- writers

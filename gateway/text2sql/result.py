@@ -1,0 +1,146 @@
+"""What one question's run produces: candidates, per-call stage reports, the result body, and the selection rule.
+
+Candidate        one SQL candidate through its revisions (its SQL, result, problem, verdict)
+StageReport      one call of one stage: where and how long it ran, its error
+Text2SqlResult   what ``POST /v1/text2sql`` answers (``as_dict`` is the JSON body)
+select(valid)    the chosen candidate: evaluator verdicts, then agreement of results, then order
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.text2sql.db import QueryResult
+
+
+@dataclass
+class Candidate:
+    """One SQL candidate through its revisions."""
+
+    index: int
+    strategy: str
+    sql: str | None = None
+    result: QueryResult | None = None
+    problem: str | None = None
+    revisions: int = 0
+    verdict: bool | None = None
+
+    @property
+    def valid(self) -> bool:
+        """Executed without error, and returned rows (or an empty result the model confirmed)."""
+        return self.result is not None and self.problem is None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The response view."""
+        return {
+            "index": self.index,
+            "strategy": self.strategy,
+            "sql": self.sql,
+            "valid": self.valid,
+            "row_count": None if self.result is None else self.result.row_count,
+            "problem": self.problem,
+            "revisions": self.revisions,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass
+class StageReport:
+    """One call of one stage, for the response."""
+
+    kind: str
+    worker: str | None
+    queued_s: float
+    run_s: float
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The response view."""
+        d: dict[str, Any] = {
+            "kind": self.kind,
+            "worker": self.worker,
+            "queued_s": round(self.queued_s, 4),
+            "run_s": round(self.run_s, 4),
+        }
+        if self.error:
+            d["error"] = self.error
+        return d
+
+
+@dataclass
+class Text2SqlResult:
+    """What ``/v1/text2sql`` returns.
+
+    ``latency_s`` and ``deadline_met`` come from the runner that ran the calls (``StageRunner.close``): the
+    same clock and the same rule (``gateway.core.workflow.deadline_met``, met only with a valid answer) as
+    the gateway's metrics.
+    """
+
+    id: str
+    status: str  # ok | no_valid_sql | deadline_exceeded | failed
+    sql: str | None
+    columns: list[str]
+    rows: list[list[Any]]
+    row_count: int
+    truncated: bool
+    candidates: list[dict[str, Any]]
+    revisions: int
+    stages: list[StageReport]
+    deadline_s: float
+    latency_s: float
+    deadline_met: bool
+    error: str | None = None
+    failed_stage: str | None = None
+    http_status: int = 200
+    local_s: float = 0.0
+    """Wall time of the work outside LLM calls: schema, SQL extraction, checks, execution, selection (on a
+    busy event loop it includes waiting for the loop). A stopwatch of its own (``time.perf_counter``), never
+    compared with the runner's clock."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON body."""
+        d = {
+            "id": self.id,
+            "status": self.status,
+            "sql": self.sql,
+            "columns": self.columns,
+            "rows": self.rows,
+            "row_count": self.row_count,
+            "truncated": self.truncated,
+            "candidates": self.candidates,
+            "revisions": self.revisions,
+            "stages": [s.as_dict() for s in self.stages],
+            "deadline_s": self.deadline_s,
+            "latency_s": round(self.latency_s, 4),
+            "deadline_met": self.deadline_met,
+            "local_s": round(self.local_s, 6),
+        }
+        if self.error is not None:
+            d["error"] = self.error
+            d["failed_stage"] = self.failed_stage
+        return d
+
+
+def result_key(result: QueryResult) -> tuple[tuple[str, ...], ...]:
+    """An order-insensitive, hashable form of a result set (for agreement between candidates)."""
+    rows = [tuple(repr(round(v, 6)) if isinstance(v, float) else repr(v) for v in row) for row in result.rows]
+    return tuple(sorted(rows))
+
+
+def select(valid: list[Candidate]) -> Candidate:
+    """The chosen candidate: evaluator verdicts first, then agreement of execution results, then order.
+
+    Every candidate in ``valid`` has a result (``Candidate.valid``); ``ValueError`` for an empty list.
+    """
+    keys = {c.index: result_key(c.result) for c in valid if c.result is not None}
+    groups: dict[tuple[tuple[str, ...], ...], int] = {}
+    for k in keys.values():
+        groups[k] = groups.get(k, 0) + 1
+
+    def rank(c: Candidate) -> tuple[int, int, int]:
+        verdict = 1 if c.verdict is True else (0 if c.verdict is None else -1)
+        agreement = groups[keys[c.index]] if c.index in keys else 0
+        return (-verdict, -agreement, c.index)
+
+    return min(valid, key=rank)

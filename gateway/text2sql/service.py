@@ -1,0 +1,112 @@
+"""``Text2SqlService``: what ``POST /v1/text2sql`` serves from, built once at start-up and closed at shutdown.
+
+It holds the database registry (from the gateway config's ``databases_file``), the pipeline (its stage
+counts from the config's ``text2sql`` section, its prompt templates read once) and the limits on a
+question. The HTTP route (``gateway.live.routers.text2sql``) owns one; this module knows no HTTP and no
+gateway: the route hands ``answer`` a ``StageRunner``.
+
+Errors (``GatewayError``\\ s the route renders with their own status):
+    UnknownDatabase   404   no databases configured, or a db_id the tenant may not use (the message lists those it may)
+    InvalidQuestion   422   an empty or too long question, or a too long evidence (``param`` names the field)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from gateway.config.databases import load_databases
+from gateway.config.gateway import Text2SqlConfig
+from gateway.errors import BadRequest
+from gateway.text2sql.db import Database, DatabaseRegistry, UnknownDatabase
+from gateway.text2sql.pipeline import EventFn, PipelineConfig, Text2SqlPipeline
+from gateway.text2sql.port import StageRunner
+from gateway.text2sql.prompt_templates import Prompts
+from gateway.text2sql.result import Text2SqlResult
+
+NO_DATABASES = "no databases are configured on this gateway (databases_file)"
+
+
+class InvalidQuestion(BadRequest):
+    """A question or evidence the route refuses (422); ``param`` is the field at fault."""
+
+    status = 422
+
+    def __init__(self, param: str, problem: str) -> None:
+        super().__init__(f"{param}: {problem}")
+        self.param = param
+
+
+class Text2SqlService:
+    """The databases, the pipeline and the question limits of ``/v1/text2sql``.
+
+    Args:
+        settings: the gateway config's ``text2sql`` section.
+        registry: the databases (None: no ``databases_file``, every request is a 404).
+        pipeline: the pipeline, its prompt templates loaded.
+    """
+
+    def __init__(self, settings: Text2SqlConfig, registry: DatabaseRegistry | None, pipeline: Text2SqlPipeline) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.pipeline = pipeline
+
+    @classmethod
+    def from_config(cls, settings: Text2SqlConfig, databases_path: Path | None) -> Text2SqlService:
+        """Read the databases file (``ConfigError`` when it is invalid) and the prompt templates, now."""
+        registry = None
+        if databases_path is not None:
+            registry = DatabaseRegistry(load_databases(databases_path), base_dir=databases_path.parent)
+        config = PipelineConfig(
+            candidates=settings.candidates,
+            max_revisions=settings.max_revisions,
+            unit_tests=settings.unit_tests,
+            schema_max_chars=settings.schema_max_chars,
+        )
+        return cls(settings, registry, Text2SqlPipeline(config, Prompts.load()))
+
+    def database(self, db_id: str, *, tenant: str, allows: Callable[[str], bool]) -> Database:
+        """The database ``db_id`` for a tenant that ``allows`` it; ``UnknownDatabase`` (404) otherwise."""
+        if self.registry is None:
+            raise UnknownDatabase(db_id, [], message=NO_DATABASES)
+        allowed = [d for d in self.registry.ids() if allows(d)]
+        if db_id not in allowed:
+            names = ", ".join(allowed) or "(none)"
+            raise UnknownDatabase(
+                db_id, allowed, message=f"unknown database {db_id!r}; allowed for tenant {tenant}: {names}"
+            )
+        return self.registry.get(db_id)
+
+    def check_question(self, question: str, evidence: str | None) -> tuple[str, str]:
+        """The question and evidence, stripped; ``InvalidQuestion`` (422) when empty or over the limits."""
+        lim = self.settings
+        q = question.strip()
+        if not q:
+            raise InvalidQuestion("question", "must not be empty")
+        if len(q) > lim.max_question_chars:
+            raise InvalidQuestion("question", f"{len(q)} characters exceed the limit of {lim.max_question_chars}")
+        ev = (evidence or "").strip()
+        if len(ev) > lim.max_evidence_chars:
+            raise InvalidQuestion("evidence", f"{len(ev)} characters exceed the limit of {lim.max_evidence_chars}")
+        return q, ev
+
+    async def answer(
+        self,
+        runner: StageRunner,
+        db: Database,
+        question: str,
+        evidence: str,
+        deadline_s: float,
+        *,
+        request_id: str,
+        on_event: EventFn | None = None,
+    ) -> Text2SqlResult:
+        """Run the pipeline for one question on ``runner`` (see ``Text2SqlPipeline.answer``)."""
+        return await self.pipeline.answer(
+            runner, db, question, evidence, deadline_s, request_id=request_id, on_event=on_event
+        )
+
+    async def close(self) -> None:
+        """Close the databases opened so far (connection pools)."""
+        if self.registry is not None:
+            await self.registry.close()

@@ -1,0 +1,167 @@
+"""``GatewayStageRunner``: the live gateway's side of the pipeline's port, on a fake clock and a fake transport.
+
+Each StageCall becomes a ``/v1/chat/completions`` call scheduled as one stage; each outcome comes back as
+a ``StageCallResult`` (a failed call with its own status); ``close`` accounts the workflow with the
+gateway and answers with the same deadline rule its metrics count (no valid answer: missed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config.gateway import load_gateway_config
+from gateway.core.workflow import CallSpec
+from gateway.errors import CallFailed
+from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint
+from gateway.live.service import Gateway
+from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.text2sql_runner import GatewayStageRunner
+from gateway.text2sql.port import StageCall, StageCallError, StageRunner
+from tests.live.harness import write_config
+
+TENANT = Tenant("t", 10.0, 1.0, 1e9, 1.0, 100)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class ScriptedTransport:
+    """Answers each chat call after one second of fake time; a user message "refuse" gets a final 400."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.sent: list[tuple[str, dict[str, Any], CallSpec]] = []
+
+    async def send(self, worker: WorkerEndpoint, call: LiveCall) -> CallResult:
+        self.sent.append((call.endpoint, dict(call.body), call.spec))
+        self.clock.t += 1.0
+        user = call.body["messages"][-1]["content"]
+        if user == "refuse":
+            raise CallFailed("the worker refused the request", 400)
+        return CallResult({"choices": [{"message": {"content": f"echo {user}"}}]})
+
+    async def probe(self, worker: WorkerEndpoint) -> bool:
+        return True
+
+    async def scrape(self, worker: WorkerEndpoint) -> str:
+        return ""
+
+
+@pytest.fixture
+async def live(tmp_path: Path) -> AsyncIterator[tuple[Gateway, FakeClock, ScriptedTransport]]:
+    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]))
+    clock = FakeClock()
+    transport = ScriptedTransport(clock)
+    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), transport, clock=clock, background=False)
+    await gw.start()
+    try:
+        yield gw, clock, transport
+    finally:
+        await gw.stop()
+
+
+def call(text: str, input_tokens: int = 40, output_tokens: int = 20, max_tokens: int = 64) -> StageCall:
+    messages = ({"role": "system", "content": "sys"}, {"role": "user", "content": text})
+    return StageCall(messages, input_tokens, output_tokens, max_tokens)
+
+
+def outcomes(gw: Gateway) -> dict[str, float]:
+    text = gw.metrics.render().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("hexflow_workflows_total{") and 'tenant="t"' in line:
+            outcome = line.split('outcome="')[1].split('"')[0]
+            out[outcome] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def test_stage_calls_become_chat_requests_and_outcomes_come_back_per_call(
+    live: tuple[Gateway, FakeClock, ScriptedTransport],
+) -> None:
+    gw, clock, transport = live
+    runner = GatewayStageRunner(gw, TENANT)
+    _: StageRunner = runner
+    runner.open(10.0)
+    assert runner.remaining() == 10.0
+    results = await runner.run_stage("generate_candidate", [call("hello", 40, 20, 64), call("refuse", 50, 30, 96)])
+    assert results[0].text == "echo hello" and results[0].error is None and results[0].worker == "a100-0"
+    assert results[1].text is None and isinstance(results[1].error, StageCallError)
+    assert results[1].error.status == 400 and str(results[1].error) == "the worker refused the request"
+    assert all(r.run_s > 0 for r in results)
+    endpoints = {endpoint for endpoint, _, _ in transport.sent}
+    assert endpoints == {"/v1/chat/completions"}
+    sent = {body["messages"][-1]["content"]: (body, spec) for _, body, spec in transport.sent}
+    body, spec = sent["hello"]
+    assert body["max_tokens"] == 64 and body["temperature"] == 0.0 and len(body["messages"]) == 2
+    assert spec == CallSpec("generate_candidate", 40, 20)
+    assert sent["refuse"][1] == CallSpec("generate_candidate", 50, 30)
+    assert runner.remaining() == 10.0 - (clock.t - 1000.0)
+    closed = runner.close(valid=True)
+    assert closed.latency_s == clock.t - 1000.0 and closed.deadline_met
+    assert runner.close(valid=False) is closed  # once
+    assert outcomes(gw) == {"met": 1.0}
+    assert gw.active_total == 0
+
+
+@pytest.mark.parametrize(
+    ("valid", "failed", "late", "met", "outcome"),
+    [
+        (True, False, False, True, "met"),
+        (False, False, False, False, "missed"),  # in time without a valid answer: missed, in both
+        (True, False, True, False, "missed"),
+        (False, True, False, False, "failed"),
+    ],
+)
+async def test_close_answers_with_the_rule_the_metrics_count(
+    live: tuple[Gateway, FakeClock, ScriptedTransport], valid: bool, failed: bool, late: bool, met: bool, outcome: str
+) -> None:
+    gw, clock, _ = live
+    runner = GatewayStageRunner(gw, TENANT)
+    runner.open(5.0)
+    clock.t += 6.0 if late else 4.0
+    closed = runner.close(valid=valid, failed=failed)
+    assert closed.deadline_met is met
+    assert outcomes(gw) == {outcome: 1.0}
+
+
+async def test_a_cancelled_stage_takes_its_calls_back(live: tuple[Gateway, FakeClock, ScriptedTransport]) -> None:
+    gw, _, transport = live
+    block: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+
+    async def hang(worker: WorkerEndpoint, c: LiveCall) -> CallResult:
+        return await block
+
+    transport.send = hang  # type: ignore[method-assign]
+    runner = GatewayStageRunner(gw, TENANT)
+    runner.open(10.0)
+    task = asyncio.create_task(runner.run_stage("revise", [call("x")]))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    runner.close(valid=False, failed=True)
+    assert outcomes(gw) == {"failed": 1.0} and gw.active_total == 0
+
+
+async def test_a_runner_is_opened_once_and_used_only_while_open(
+    live: tuple[Gateway, FakeClock, ScriptedTransport],
+) -> None:
+    gw, _, _ = live
+    runner = GatewayStageRunner(gw, TENANT)
+    with pytest.raises(RuntimeError, match="not open"):
+        runner.remaining()
+    runner.open(10.0)
+    with pytest.raises(RuntimeError, match="open already"):
+        runner.open(10.0)
+    runner.close(valid=True)
