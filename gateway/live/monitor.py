@@ -101,10 +101,12 @@ class WorkerMonitor:
                 text = await pool.transport.scrape(st.info)
                 m = parse_worker_metrics(text, st.info.served_model)
             except Exception as exc:  # unreachable, an error status, or a text that does not parse
-                pool.metrics.scrape_failure(st.name)
+                if pool.is_member(st):
+                    pool.metrics.scrape_failure(st.name)
                 log.debug("scrape of %s failed: %s", st.name, exc)
                 return
-            self.apply_scrape(st, m)
+            if pool.is_member(st):  # removed while the scrape was in flight: its series are gone for good
+                self.apply_scrape(st, m)
 
         await asyncio.gather(*(one(st) for st in pool.workers))
 

@@ -184,6 +184,10 @@ class WorkerPool:
         self.scheduler.set_capacity(st.index, capacity)
         st.kick.set()
 
+    def is_member(self, st: WorkerState) -> bool:
+        """Whether ``st`` is still in the pool (not finished removing; not replaced under its name)."""
+        return self.states.get(st.index) is st
+
     def remove_worker(self, st: WorkerState) -> None:
         """Take a worker out for good: no new calls, queue re-dispatched, freed after its last call."""
         if st.removing:
@@ -212,7 +216,7 @@ class WorkerPool:
                 c.task.cancel()
 
     def _finish_removal(self, st: WorkerState) -> None:
-        if self.states.get(st.index) is not st:
+        if not self.is_member(st):
             return
         name = st.name
         if st.loop_task is not None:

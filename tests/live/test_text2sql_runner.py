@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 
 from gateway.config.gateway import load_gateway_config
+from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
 from gateway.errors import CallFailed
-from gateway.live.pool import CallResult, LiveCall, WorkerEndpoint
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.text2sql_runner import GatewayStageRunner
+from gateway.live.transport import CallResult, LiveCall
 from gateway.text2sql.port import StageCall, StageCallError, StageRunner
 from tests.live.harness import write_config
 
@@ -42,7 +43,7 @@ class ScriptedTransport:
         self.clock = clock
         self.sent: list[tuple[str, dict[str, Any], CallSpec]] = []
 
-    async def send(self, worker: WorkerEndpoint, call: LiveCall) -> CallResult:
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
         self.sent.append((call.endpoint, dict(call.body), call.spec))
         self.clock.t += 1.0
         user = call.body["messages"][-1]["content"]
@@ -50,11 +51,14 @@ class ScriptedTransport:
             raise CallFailed("the worker refused the request", 400)
         return CallResult({"choices": [{"message": {"content": f"echo {user}"}}]})
 
-    async def probe(self, worker: WorkerEndpoint) -> bool:
+    async def probe(self, worker: WorkerInfo) -> bool:
         return True
 
-    async def scrape(self, worker: WorkerEndpoint) -> str:
+    async def scrape(self, worker: WorkerInfo) -> str:
         return ""
+
+    async def aclose(self) -> None:
+        return None
 
 
 @pytest.fixture
@@ -138,7 +142,7 @@ async def test_a_cancelled_stage_takes_its_calls_back(live: tuple[Gateway, FakeC
     gw, _, transport = live
     block: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
 
-    async def hang(worker: WorkerEndpoint, c: LiveCall) -> CallResult:
+    async def hang(worker: WorkerInfo, c: LiveCall) -> CallResult:
         return await block
 
     transport.send = hang  # type: ignore[method-assign]
