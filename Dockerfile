@@ -38,11 +38,15 @@ WORKDIR /src
 # Every dependency ships manylinux wheels for CPython 3.11 (amd64 and arm64), so the builder needs no
 # compiler either; should one ever build from source, install build-essential HERE, never below.
 RUN python -m venv /opt/venv
+# The dependencies are exactly requirements-runtime.lock (pinned, hash-checked: the runtime subset of the
+# lock `make setup` installs); then the project itself, without resolving anything again.
+COPY requirements-runtime.lock ./
+RUN /opt/venv/bin/pip install --require-hashes -r requirements-runtime.lock
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY workers ./workers
 RUN pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/venv/bin/pip install /wheels/*.whl \
+ && /opt/venv/bin/pip install --no-deps /wheels/*.whl \
  && /opt/venv/bin/pip uninstall --yes pip setuptools wheel \
  && rm -rf /wheels
 

@@ -25,9 +25,12 @@ $(BIN)/hexflow: pyproject.toml $(LOCK)
 setup: $(BIN)/hexflow
 
 # uv resolves (it is in the lock's dev extras); pip installs. Universal: one lock for every platform.
+# requirements-runtime.lock is the runtime subset at the same pins (the container image installs it).
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 --universal --generate-hashes \
 	  --quiet $(LOCK_FLAGS) -o $(LOCK)
+	$(BIN)/uv pip compile pyproject.toml --python-version 3.11 --universal --generate-hashes \
+	  --quiet -c $(LOCK) -o requirements-runtime.lock
 
 # The main job: an emulated mixed-GPU cluster answering from a script, the gateway in front of it, and demo
 # questions from two tenants through POST /v1/text2sql (about a minute).
