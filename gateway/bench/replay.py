@@ -42,7 +42,7 @@ from gateway.bench.stats import finite_or_none, fmt, percentile, table
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagWorkflow, chain_nodes
 from gateway.core.scheduler import WorkerInfo
-from gateway.core.workflow import CallSpec, Stage
+from gateway.core.workflow import CallSpec, Stage, deadline_met
 from gateway.errors import GatewayError
 from gateway.sim.workload import CHESS_BIRD, TenantSpec, load_queries, resolve_trace
 
@@ -208,8 +208,8 @@ class WorkflowResult:
 
     @property
     def met(self) -> bool:
-        """Completed within its deadline, measured client-side."""
-        return self.completed and self.latency_s is not None and self.latency_s <= self.deadline_s + 1e-9
+        """Completed within its deadline, measured client-side (the one rule, ``deadline_met``)."""
+        return self.latency_s is not None and deadline_met(self.latency_s, self.deadline_s, valid=self.completed)
 
 
 padded_percentile = percentile
