@@ -1,12 +1,13 @@
 """Background alpha re-tuning: replay the recent window of workflows in the simulator, off the loop.
 
-Every finished workflow is recorded (arrival, deadline, tenant, its calls with their token counts and
-dependencies, its budgeting template). Every ``tuning.interval_s`` the window is sent, as plain data,
-to a separate process (a one-worker ``ProcessPoolExecutor`` with the ``spawn`` start method, so no
-event-loop state is forked) that runs ``gateway.sim.tune.tune_alpha`` on the gateway's own cluster
-model and policy. The chosen alpha is applied only if its simulated P95 beats the current alpha's by
-``hysteresis`` (so the gateway does not flap between equivalent values); every run is logged and
-counted in ``hexflow_tuning_runs_total{result=applied|kept|skipped|failed}``.
+Every finished workflow is recorded as a ``WindowEntry``: arrival, deadline, tenant, its ``DagNode``s
+(frozen dataclasses: the calls with their token counts and dependencies) and its budgeting template's
+name. Every ``tuning.interval_s`` the window is pickled to a separate process (a one-worker
+``ProcessPoolExecutor`` with the ``spawn`` start method, so no event-loop state is forked) that rebuilds
+the workflows and runs ``gateway.sim.tune.tune_alpha`` on the gateway's own cluster model and policy. The
+chosen alpha is applied only if its simulated P95 beats the current alpha's by ``hysteresis`` (so the
+gateway does not flap between equivalent values); every run is logged and counted in
+``hexflow_tuning_runs_total{result=applied|kept|skipped|failed}``.
 """
 
 from __future__ import annotations
@@ -32,17 +33,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hexflow.tuning")
 
-NodeRow = tuple[str, str, int, int, tuple[str, ...]]
-
 
 @dataclass(frozen=True, slots=True)
 class WindowEntry:
-    """One recorded workflow, as plain picklable data."""
+    """One recorded workflow, picklable for the tuning process: its nodes and its template's name."""
 
     arrival: float
     deadline: float
     tenant: str
-    nodes: tuple[NodeRow, ...]
+    nodes: tuple[DagNode, ...]
     template: str | None
 
 
@@ -55,17 +54,15 @@ class WindowRecorder:
 
     def record(self, wf: DagWorkflow) -> None:
         """Record a finished workflow."""
-        nodes = tuple((n.id, n.kind, n.input_tokens, n.output_tokens, n.depends_on) for n in wf.nodes)
         name = wf.template.name if wf.template is not None else None
-        self._entries.append(WindowEntry(wf.arrival, wf.deadline, wf.tenant, nodes, name))
+        self._entries.append(WindowEntry(wf.arrival, wf.deadline, wf.tenant, wf.nodes, name))
 
     def record_online(self, wf: OnlineWorkflow) -> None:
         """Record a finished online workflow as the chain of the stages it ran."""
-        nodes = chain_nodes([st.calls for st in wf.stages])
-        rows = tuple((n.id, n.kind, n.input_tokens, n.output_tokens, n.depends_on) for n in nodes)
+        nodes = tuple(chain_nodes([st.calls for st in wf.stages]))
         name = wf.template.name if wf.template is not None else None
-        if rows:
-            self._entries.append(WindowEntry(wf.arrival, wf.deadline, wf.tenant, rows, name))
+        if nodes:
+            self._entries.append(WindowEntry(wf.arrival, wf.deadline, wf.tenant, nodes, name))
 
     def snapshot(self, now: float) -> list[WindowEntry]:
         """Entries that arrived within ``window_s`` of ``now``, oldest first (older ones are dropped)."""
@@ -84,9 +81,8 @@ def rebuild(entries: Sequence[WindowEntry]) -> list[DagWorkflow]:
     t0 = entries[0].arrival
     out = []
     for i, e in enumerate(entries):
-        nodes = [DagNode(n[0], n[1], n[2], n[3], n[4]) for n in e.nodes]
         template = TEMPLATES.get(e.template) if e.template is not None else None
-        out.append(DagWorkflow.build(i, e.tenant, e.arrival - t0, e.deadline - t0, nodes, template))
+        out.append(DagWorkflow.build(i, e.tenant, e.arrival - t0, e.deadline - t0, e.nodes, template))
     return out
 
 

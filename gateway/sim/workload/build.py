@@ -1,0 +1,61 @@
+"""Building a workload: one staged workflow per arrival, assigned to a tenant by share."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Sequence
+
+from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.workflow import CHAT, CallSpec, Stage, StagedWorkflow
+from gateway.sim.workload.generator import sample_chat_call
+from gateway.sim.workload.tenants import TenantSpec
+from gateway.sim.workload.traces import to_stages
+
+__all__ = ["build_workload"]
+
+
+def build_workload(
+    queries: Sequence[list[CallSpec]],
+    arrivals: Sequence[float],
+    *,
+    tenants: Sequence[TenantSpec],
+    slo_s: float,
+    rng: random.Random,
+) -> list[StagedWorkflow]:
+    """One workflow per arrival, ids 0..n-1 in arrival order.
+
+    Each arrival goes to a tenant drawn by share. A Text-to-SQL tenant's k-th workflow replays
+    ``queries[k % len(queries)]`` (counting only Text-to-SQL workflows, so a chat tenant does not make
+    queries be skipped), staged by ``to_stages`` with the ``CHESS_TEMPLATE``. A chat tenant's workflow is
+    one stage with one ``CHAT`` call drawn by ``sample_chat_call`` and no template.
+    """
+    if not tenants:
+        raise ValueError("at least one tenant is needed")
+    if not (slo_s > 0 and math.isfinite(slo_s)):
+        raise ValueError(f"slo_s must be a positive number, got {slo_s}")
+    if not queries and any(t.kind == "text2sql" for t in tenants):
+        raise ValueError("a text2sql tenant needs at least one query")
+    cumulative: list[float] = []
+    total = 0.0
+    for t in tenants:
+        total += t.share
+        cumulative.append(total)
+    staged: dict[int, tuple[Stage, ...]] = {}
+    out: list[StagedWorkflow] = []
+    k = 0
+    for wid, arrival in enumerate(sorted(arrivals)):
+        tenant = tenants[bisect.bisect_right(cumulative, rng.random() * total)]
+        deadline = arrival + tenant.relative_deadline(slo_s)
+        if tenant.kind == "chat":
+            call = sample_chat_call(rng)
+            stages: tuple[Stage, ...] = (Stage(CHAT, (call,)),)
+            out.append(StagedWorkflow(wid, tenant.name, arrival, deadline, stages, template=None))
+            continue
+        q = k % len(queries)
+        k += 1
+        if q not in staged:
+            staged[q] = tuple(to_stages(queries[q]))
+        out.append(StagedWorkflow(wid, tenant.name, arrival, deadline, staged[q], template=CHESS_TEMPLATE))
+    return out
