@@ -20,6 +20,9 @@ or a client-side concurrency limit counts against it). Workflows refused with 42
 (never retried); any other non-200 answer or a transport error is *failed*. As in the simulator's
 ``summarize``, a workflow that did not complete counts as infinitely late in the percentiles and as a
 missed deadline.
+
+One concept in one module (about 500 lines): replaying one workload against a gateway, from building it
+to the report; its halves (the workload, the HTTP client loop, the report) share the record types.
 """
 
 from __future__ import annotations

@@ -41,6 +41,9 @@ Builders:
   ``dev.json``; wrong candidates come from the gold by one of the ``MUTATIONS`` (drop the WHERE clause,
   misspell the first column, flip the first comparison of the WHERE clause, ``LIMIT 1`` -> ``LIMIT 2``),
   not executed here; ``note`` names the mutation.
+
+One concept in one module (about 500 lines): the answers-file format, with its validation, its builders
+(demo, Spider) and the wrong-candidate generator the builders share.
 """
 
 from __future__ import annotations
