@@ -17,6 +17,7 @@ from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.demo import DB_ID, demo_questions, postgres_script
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
 from tests.live.harness import BATCH_KEY, emulators, gateway_client, write_config
+from tests.text2sql.conftest import PgTestDb
 from workers.scripted import AnswersResponder
 
 ATTACKS = {
@@ -44,16 +45,16 @@ async def _gold(url: str, sql: str) -> list[list[Any]]:
         await conn.close()
 
 
-async def test_demo_on_postgres_refuses_writes_and_runaways(tmp_path: Path, pg_url: str) -> None:
-    conn = await asyncpg.connect(pg_url)
+async def test_demo_on_postgres_refuses_writes_and_runaways(tmp_path: Path, pg: PgTestDb) -> None:
+    conn = await asyncpg.connect(pg.admin_url)  # the admin loads the data; the gateway reads as pg.url
     try:
         await conn.execute(postgres_script())
     finally:
         await conn.close()
-    before = await _table_counts(pg_url)
+    before = await _table_counts(pg.admin_url)
     assert before["orders"] > 0 and "pwned" not in before
     (tmp_path / "databases.yaml").write_text(
-        yaml.safe_dump({"databases": {DB_ID: {"url": pg_url, "statement_timeout_s": 1.0}}})
+        yaml.safe_dump({"databases": {DB_ID: {"url": pg.url, "statement_timeout_s": 1.0}}})
     )
     questions = demo_questions()[:12]
     answers: dict[str, Any] = {}
@@ -79,7 +80,7 @@ async def test_demo_on_postgres_refuses_writes_and_runaways(tmp_path: Path, pg_u
     for q, out in zip(questions, results, strict=True):
         gold_sql = q.sql_for("postgres")
         assert out["status"] == "ok", (q.question, out)
-        assert results_match(await _gold(pg_url, gold_sql), out["rows"], ordered=gold_is_ordered(gold_sql))
+        assert results_match(await _gold(pg.admin_url, gold_sql), out["rows"], ordered=gold_is_ordered(gold_sql))
         assert normalise_sql(out["sql"]) == normalise_sql(gold_sql)
         kind = attack_of.get(q.question)
         first = out["candidates"][0]
@@ -89,4 +90,4 @@ async def test_demo_on_postgres_refuses_writes_and_runaways(tmp_path: Path, pg_u
         assert first["revisions"] == 1, (kind, first)
         assert out["revisions"] == 1
     # The database is exactly as it was.
-    assert await _table_counts(pg_url) == before
+    assert await _table_counts(pg.admin_url) == before

@@ -1,6 +1,7 @@
 """The database layer's errors, all ``GatewayError``\\ s that know their HTTP status and OpenAI error type.
 
     QueryFailed          422 (504 for a timeout)  the engine refused or aborted a query that passed the check
+                                                  (``kind``: "error", "timeout", "too_large")
     DatabaseUnavailable  503                      a database cannot be opened or reached
     UnknownDatabase      404                      no database by that db_id (for this tenant)
 
@@ -18,14 +19,16 @@ from gateway.errors import GatewayError, UnknownNameError
 class QueryFailed(GatewayError):
     """The engine refused or aborted a query that passed the static check.
 
-    ``kind`` is ``"timeout"`` (the statement timeout fired: status 504) or ``"error"`` (the engine's message:
-    status 422, the statement was well formed but could not be run).
+    ``kind`` is ``"timeout"`` (the statement timeout fired: status 504), ``"too_large"`` (a value or a
+    single row is larger than the database's ``max_result_bytes``: status 422; the engine stopped it
+    before it reached the gateway's memory) or ``"error"`` (the engine's message: status 422, the
+    statement was well formed but could not be run).
     """
 
     status = 422
     error_type = "invalid_request_error"
 
-    def __init__(self, kind: Literal["error", "timeout"], message: str) -> None:
+    def __init__(self, kind: Literal["error", "timeout", "too_large"], message: str) -> None:
         self.kind = kind
         if kind == "timeout":
             self.status = 504

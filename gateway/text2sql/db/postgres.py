@@ -1,5 +1,18 @@
 """PostgreSQL databases: an asyncpg pool whose sessions default to read-only; every query runs in a
-``READ ONLY`` transaction with ``SET LOCAL statement_timeout``."""
+``READ ONLY`` transaction with ``SET LOCAL statement_timeout``.
+
+Walls that hold even when the static check is switched off (tested so):
+
+* the role: when the pool is created, a role that can do more than read (superuser, BYPASSRLS,
+  CREATEROLE, REPLICATION, server-file/program/signal roles; ``pgrole``) makes the database unavailable;
+* the transaction: ``READ ONLY``, with the statement timeout, and a client-side backstop 2 s later;
+* the size: the model's query runs wrapped (``capped_query``) so that the server itself blanks every
+  row once the running total of the rows' text size passes ``max_result_bytes``: no value or row
+  larger than the cap, and no more than about the cap in all, ever reaches the gateway, whatever the
+  query builds (a 400 MB ``repeat()`` stays on the server). A first row over the cap is
+  ``QueryFailed("too_large")``; a later one truncates the result;
+* the event loop: converting fetched rows to JSON-safe values runs in a worker thread.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +27,8 @@ import asyncpg
 from gateway.config.databases import DatabaseConfig, Dialect
 from gateway.text2sql.db.base import Database
 from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
-from gateway.text2sql.db.results import CappedRows, QueryResult
+from gateway.text2sql.db.pgrole import ROLE_QUERY, role_problems
+from gateway.text2sql.db.results import CappedRows, QueryResult, RowTooLarge, too_large
 from gateway.text2sql.db.schema import (
     ColumnInfo,
     Descriptions,
@@ -56,6 +70,56 @@ ORDER BY cl.relname, con.conname
 """
 
 
+_SIZE_COLUMN = "_hexflow_running_size"
+
+
+def capped_query(sql: str, columns: int, max_bytes: int) -> str:
+    """``sql`` wrapped so that the server sends no row data past ``max_bytes`` of text in all.
+
+    The first column is the running total of ``octet_length(row::text)`` over the rows so far (in the
+    query's own order: a window over the rows as they come, no sort); the other ``columns`` are the
+    query's columns, NULL once that total is past ``max_bytes`` (the caller stops at the first such row).
+    The column list renames the query's columns (``c1..cn``), so duplicate names cannot clash. The
+    newline before the closing parenthesis ends a trailing ``--`` comment.
+    """
+    names = [f"c{i}" for i in range(1, columns + 1)]
+    alias = f"q({', '.join(names)})" if names else "q"
+    values = "".join(f", CASE WHEN w.{_SIZE_COLUMN} <= {max_bytes} THEN w.{n} END" for n in names)
+    return (
+        f"SELECT w.{_SIZE_COLUMN}{values} FROM ("
+        f"SELECT q.*, sum(octet_length(q::text)) OVER (ROWS UNBOUNDED PRECEDING) AS {_SIZE_COLUMN} "
+        f"FROM (\n{sql}\n) AS {alias}) AS w"
+    )
+
+
+def _convert(rows: CappedRows, batch: list[Any], max_bytes: int) -> bool:
+    """Add ``batch`` (rows of ``capped_query``) to ``rows``; False once the server blanked a row.
+
+    Runs in a worker thread (``asyncio.to_thread``): conversion never holds the event loop.
+    """
+    kept: list[tuple[Any, ...]] = []
+    over = False
+    for r in batch:
+        if r[0] is not None and r[0] > max_bytes:
+            over = True
+            break
+        kept.append(tuple(r)[1:])
+    rows.add(kept)
+    if over and not rows.truncated:
+        if not rows.rows:
+            raise RowTooLarge(too_large(max_bytes))
+        rows.truncated = True
+    return not rows.truncated
+
+
+class _RollBack(Exception):
+    """Leaves the transaction block by rolling it back, carrying the result out."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self.result = result
+
+
 class PostgresDatabase(Database):
     """A PostgreSQL database behind an asyncpg pool (created on first use, at most ``pool_size``)."""
 
@@ -86,7 +150,35 @@ class PostgresDatabase(Database):
                     )
                 except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
                     raise self._unavailable(exc) from None
+                try:
+                    await self._check_role(self._pool)
+                except BaseException:
+                    pool, self._pool = self._pool, None
+                    await pool.close()
+                    raise
             return self._pool
+
+    async def _check_role(self, pool: Any) -> None:
+        """``DatabaseUnavailable`` unless the login role is a least-privilege reader (``pgrole``)."""
+        try:
+            async with pool.acquire() as conn:
+                role = str(await conn.fetchval("SELECT session_user"))
+                problems = role_problems(await conn.fetch(ROLE_QUERY))
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise self._unavailable(exc) from None
+        if problems:
+            raise DatabaseUnavailable(
+                f"database {self.db_id!r}: refusing to query as role {role!r}: it {'; it '.join(problems)}. "
+                "Connect as a least-privilege reader (deploy/postgres/reader-role.sql)"
+            )
+
+    async def check(self) -> None:
+        """Connect (checking the role) and run ``SELECT 1``; ``DatabaseUnavailable`` says why not."""
+        async with self._connection() as conn:
+            try:
+                await conn.fetchval("SELECT 1")
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise self._unavailable(exc) from None
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Any]:
@@ -101,7 +193,9 @@ class PostgresDatabase(Database):
             await pool.release(conn)
 
     async def _in_readonly_transaction(self, fn: Callable[[Any], Any]) -> Any:
-        """``await fn(conn)`` inside a READ ONLY transaction with the statement timeout set.
+        """``await fn(conn)`` inside a READ ONLY transaction with the statement timeout set, always
+        rolled back, never committed: the few things PostgreSQL lets a read-only transaction do
+        (``lo_from_bytea`` creates a large object, ``pg_notify`` queues a notification) leave no trace.
 
         Errors become ``QueryFailed``/``DatabaseUnavailable``; ``asyncio.wait_for`` of the timeout
         plus 2 s backs the server-side timeout up.
@@ -110,9 +204,12 @@ class PostgresDatabase(Database):
         ms = max(1, round(timeout * 1000))
 
         async def body(conn: Any) -> Any:
-            async with conn.transaction(readonly=True):
-                await conn.execute(f"SET LOCAL statement_timeout = {ms}")
-                return await fn(conn)
+            try:
+                async with conn.transaction(readonly=True):
+                    await conn.execute(f"SET LOCAL statement_timeout = {ms}")
+                    raise _RollBack(await fn(conn))
+            except _RollBack as done:
+                return done.result
 
         async with self._connection() as conn:
             try:
@@ -129,17 +226,20 @@ class PostgresDatabase(Database):
         cfg = self.config
 
         async def query(conn: Any) -> QueryResult:
-            stmt = await conn.prepare(sql)
-            rows = CappedRows([str(a.name) for a in stmt.get_attributes()], cfg.max_rows, cfg.max_result_bytes)
+            names = [str(a.name) for a in (await conn.prepare(sql)).get_attributes()]
+            stmt = await conn.prepare(capped_query(sql, len(names), cfg.max_result_bytes))
+            rows = CappedRows(names, cfg.max_rows, cfg.max_result_bytes)
             cursor = await stmt.cursor()
             while n := rows.want():
                 batch = await cursor.fetch(n)
-                if not batch:
+                if not batch or not await asyncio.to_thread(_convert, rows, batch, cfg.max_result_bytes):
                     break
-                rows.add(tuple(r.values()) for r in batch)
             return rows.result(start)
 
-        result: QueryResult = await self._in_readonly_transaction(query)
+        try:
+            result: QueryResult = await self._in_readonly_transaction(query)
+        except RowTooLarge as exc:
+            raise QueryFailed("too_large", str(exc)) from None
         return result
 
     async def _introspect(self) -> SchemaInfo:

@@ -50,8 +50,21 @@ def json_value(v: object) -> Any:
     return str(v)
 
 
+def too_large(max_bytes: int) -> str:
+    """The message of a ``QueryFailed("too_large", ...)``: a value or one row over the byte cap."""
+    return f"a value or a single row of the result is larger than the limit of {max_bytes} bytes"
+
+
+class RowTooLarge(Exception):
+    """The first row alone is over the byte cap (the caller raises ``QueryFailed("too_large")``)."""
+
+
 class CappedRows:
-    """Collects converted rows up to the row cap and the byte cap."""
+    """Collects converted rows up to the row cap and the byte cap.
+
+    A row that does not fit after others truncates the result; a first row that alone is over the byte
+    cap raises ``RowTooLarge`` (no part of the answer can be returned, and the query should change).
+    """
 
     def __init__(self, columns: list[str], max_rows: int, max_bytes: int) -> None:
         self.columns = columns
@@ -74,10 +87,13 @@ class CappedRows:
             row = [json_value(v) for v in raw]
             n = len(json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode()) + 1
             if self.size + n > self.max_bytes:
+                if not self.rows:
+                    raise RowTooLarge(too_large(self.max_bytes))
                 self.truncated = True
                 return
             self.rows.append(row)
             self.size += n
 
     def result(self, start: float) -> QueryResult:
+        """The rows collected so far, ``elapsed_s`` counted from ``start`` (``time.perf_counter``)."""
         return QueryResult(self.columns, self.rows, len(self.rows), self.truncated, time.perf_counter() - start)

@@ -1,15 +1,25 @@
 """SQLite databases: a file opened read-only, one connection per query in a worker thread.
 
-The second wall behind ``check_sql``: ``mode=ro``, ``PRAGMA query_only``, no attached databases, and an
-authorizer that refuses ``ATTACH``/``DETACH``/``PRAGMA`` and dangerous functions; a progress handler
-enforces the statement timeout.
+The second wall behind ``check_sql``, which holds even when that check is switched off (tested so):
+
+* the file is opened with ``mode=ro`` and ``PRAGMA query_only``, with no attached databases;
+* an authorizer allows only what a query does (``SELECT``, reading columns, ``WITH RECURSIVE`` and
+  function calls, minus ``load_extension`` and the shell's file functions): every write, DDL,
+  ``ATTACH``, ``PRAGMA`` and transaction statement is refused by the engine itself;
+* no string or blob (and so no row) may grow beyond ``max_result_bytes``
+  (``SQLITE_LIMIT_LENGTH``): ``zeroblob(1e9)``, ``randomblob``, ``printf('%.*c', ...)`` and the like
+  fail with "too big" before they allocate; the failure is ``QueryFailed("too_large")``;
+* the statement timeout holds twice: a progress handler every 1000 VM steps, and a timer thread that
+  calls ``Connection.interrupt()`` (thread-safe) at the deadline, which also stops one long VM step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import re
 import sqlite3
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,7 +29,7 @@ from urllib.parse import quote
 from gateway.config.databases import DatabaseConfig, Dialect
 from gateway.text2sql.db.base import Database
 from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
-from gateway.text2sql.db.results import CappedRows, QueryResult
+from gateway.text2sql.db.results import CappedRows, QueryResult, RowTooLarge, too_large
 from gateway.text2sql.db.schema import (
     ColumnInfo,
     Descriptions,
@@ -31,14 +41,25 @@ from gateway.text2sql.db.schema import (
     quote_ident,
     sample_value,
 )
-from gateway.text2sql.sqlsafe import is_dangerous_function
+
+_ALLOWED_ACTIONS: frozenset[int] = frozenset(
+    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+)
+"""Authorizer actions a query may take; every other one (writes, DDL, ATTACH, PRAGMA, BEGIN...) is denied."""
+
+DENIED_SQLITE_FUNCTIONS: frozenset[str] = frozenset(
+    {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "sqlite_compileoption_get"}
+)
+"""Functions the engine refuses whatever the static check said (lower case)."""
+
+_SQLITE_TOOBIG = 18
 
 
 def _sqlite_authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None) -> int:
-    """Refuse ATTACH, DETACH, PRAGMA and dangerous functions in user SQL."""
-    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH, sqlite3.SQLITE_PRAGMA):
+    """Allow reads, recursion and function calls (not those in ``DENIED_SQLITE_FUNCTIONS``); deny the rest."""
+    if action not in _ALLOWED_ACTIONS:
         return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_FUNCTION and arg2 and is_dangerous_function(arg2):
+    if action == sqlite3.SQLITE_FUNCTION and arg2 and arg2.lower() in DENIED_SQLITE_FUNCTIONS:
         return sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_OK
 
@@ -59,6 +80,80 @@ class _Deadline:
             self.fired = True
             return 1
         return 0
+
+
+class _Watchdog:
+    """Calls ``conn.interrupt()`` from a timer thread at the deadline, unless stopped before.
+
+    The progress handler cannot stop one long VM step (a huge ``zeroblob``, a sort); ``interrupt`` can,
+    and is safe to call from another thread. ``stop()`` is called before the connection is closed, and
+    the lock makes sure the timer never touches a closed connection.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, seconds: float) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._active = True
+        self.fired = False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._active:
+                self.fired = True
+                self._conn.interrupt()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._active = False
+        self._timer.cancel()
+
+
+_PRINTF_SPEC = re.compile(r"%[-+ 0#,!]*(\*|\d*)(?:\.(\*|\d*))?l{0,2}([a-zA-Z%])")
+_helper = threading.local()
+
+
+class _BoundedPrintf:
+    """``printf``/``format`` whose widths and precisions may not exceed the length limit.
+
+    SQLite 3.40's ``printf('%.*c', 2000000000, 'x')`` spends seconds in one call (no memory, but one VM
+    step ``interrupt()`` cannot stop). This replacement refuses a width or precision over the limit and
+    hands every other call to the built-in ``printf`` of a private in-memory connection of the thread.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.tripped = False
+
+    def __call__(self, fmt: object = None, *args: object) -> str | None:
+        if isinstance(fmt, str):
+            self._check(fmt, args)
+        conn: sqlite3.Connection | None = getattr(_helper, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(":memory:", check_same_thread=True)
+            _helper.conn = conn
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.limit)
+        marks = ", ".join("?" * (1 + len(args)))
+        value = conn.execute(f"SELECT printf({marks})", (fmt, *args)).fetchone()[0]
+        return None if value is None else str(value)
+
+    def _check(self, fmt: str, args: Sequence[object]) -> None:
+        pos = 0
+        for m in _PRINTF_SPEC.finditer(fmt):
+            for part in m.group(1), m.group(2):
+                if part == "*":
+                    value = args[pos] if pos < len(args) else 0
+                    pos += 1
+                    n = abs(int(value)) if isinstance(value, int | float) and math.isfinite(value) else 0
+                else:
+                    n = int(part) if part else 0
+                if n > self.limit:
+                    self.tripped = True
+                    raise ValueError("printf width or precision over the length limit")
+            if m.group(3) != "%":
+                pos += 1
 
 
 class SqliteDatabase(Database):
@@ -92,6 +187,7 @@ class SqliteDatabase(Database):
                 conn.close()
             raise DatabaseUnavailable(f"database {self.db_id!r}: cannot open SQLite file {self.path}: {exc}") from None
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.config.max_result_bytes)
         return conn
 
     async def _run(self, sql: str) -> QueryResult:
@@ -106,6 +202,10 @@ class SqliteDatabase(Database):
             conn.set_progress_handler(deadline, 1000)
             conn.set_authorizer(_sqlite_authorizer)
             deadline.start(cfg.statement_timeout_s)
+            printf = _BoundedPrintf(cfg.max_result_bytes)
+            conn.create_function("printf", -1, printf)
+            conn.create_function("format", -1, printf)
+            watchdog = _Watchdog(conn, cfg.statement_timeout_s)
             try:
                 cur = conn.execute(sql)
                 rows = CappedRows([d[0] for d in cur.description or ()], cfg.max_rows, cfg.max_result_bytes)
@@ -115,10 +215,18 @@ class SqliteDatabase(Database):
                         break
                     rows.add(batch)
                 return rows.result(start)
+            except RowTooLarge as exc:
+                raise QueryFailed("too_large", str(exc)) from None
+            except sqlite3.DataError:  # SQLITE_TOOBIG: a string or blob over SQLITE_LIMIT_LENGTH
+                raise QueryFailed("too_large", too_large(cfg.max_result_bytes)) from None
             except (sqlite3.Error, sqlite3.Warning) as exc:
-                if deadline.fired:
+                if deadline.fired or watchdog.fired:
                     raise QueryFailed("timeout", self._timeout_message()) from None
+                if printf.tripped or getattr(exc, "sqlite_errorcode", None) == _SQLITE_TOOBIG:
+                    raise QueryFailed("too_large", too_large(cfg.max_result_bytes)) from None
                 raise QueryFailed("error", str(exc) or type(exc).__name__) from None
+            finally:
+                watchdog.stop()
         finally:
             conn.close()
 
