@@ -53,7 +53,16 @@ def add_databases(sub: Subparsers) -> None:
     """``hexflow databases``."""
     p = sub.add_parser(
         "databases",
-        help="write the databases file (for hexflow serve) of a Spider-format dataset or of the demo database",
+        help="write the databases file (for hexflow serve) of a Spider-format dataset or of the demo database; "
+        "or --check one",
+    )
+    p.add_argument(
+        "--check",
+        default=None,
+        metavar="FILE",
+        help="instead of writing: connect to every database of this databases file as the gateway would "
+        "(PostgreSQL: and check the role is a least-privilege reader) and print ok or unavailable and why "
+        "for each; exit status 1 when one is unavailable",
     )
     p.add_argument("--spider", default=None, help="dataset folder with database/<db_id>/<db_id>.sqlite")
     p.add_argument(
@@ -164,8 +173,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_databases(args: argparse.Namespace) -> int:
-    """Write the databases file of a Spider-format dataset, or the demo database and its databases file."""
+    """Write the databases file of a Spider-format dataset, or the demo database and its databases file;
+    or, with ``--check``, check every database of a databases file."""
     import yaml
+
+    if args.check is not None:
+        if args.demo or args.spider is not None or args.out is not None:
+            raise UsageError("--check FILE: checks an existing databases file; drop --demo, --spider and --out")
+        return check_databases(args.check)
 
     from gateway.bench.text2sql_eval import write_databases_file
     from gateway.text2sql.demo import write_demo_databases
@@ -197,6 +212,32 @@ def cmd_databases(args: argparse.Namespace) -> int:
     n = len(yaml.safe_load(out.read_text(encoding="utf-8"))["databases"])
     print(f"wrote {out}: {n} databases")
     return 0
+
+
+def check_databases(path: str) -> int:
+    """``hexflow databases --check FILE``: one line per database, ok or unavailable and why; 1 if any is not."""
+    import asyncio
+
+    from gateway.text2sql.db import DatabaseRegistry
+
+    registry = DatabaseRegistry.from_file(path)
+
+    async def run() -> dict[str, str | None]:
+        try:
+            return await registry.check()
+        finally:
+            await registry.close()
+
+    results = asyncio.run(run())
+    width = max(len(db_id) for db_id in results)
+    for db_id, problem in results.items():
+        url = registry.config(db_id).safe_url
+        print(
+            f"{db_id:<{width}}  ok           {url}" if problem is None else f"{db_id:<{width}}  unavailable  {problem}"
+        )
+    bad = sum(problem is not None for problem in results.values())
+    print(f"{len(results) - bad}/{len(results)} databases ok")
+    return 1 if bad else 0
 
 
 def cmd_answers(args: argparse.Namespace) -> int:

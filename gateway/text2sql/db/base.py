@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from gateway.config.databases import DatabaseConfig, Dialect
+from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
 from gateway.text2sql.db.results import QueryResult
 from gateway.text2sql.db.schema import Descriptions, SchemaInfo
 from gateway.text2sql.sqlsafe import check_sql
@@ -30,6 +31,14 @@ class Database(ABC):
         Raises ``QueryFailed`` (engine error or timeout) and ``DatabaseUnavailable``.
         """
         return await self._run(check_sql(sql, self.dialect))
+
+    async def check(self) -> None:
+        """Open the database as a query would (for PostgreSQL: connect and check the role) and run
+        ``SELECT 1``; ``DatabaseUnavailable`` says why it cannot be used."""
+        try:
+            await self._run("SELECT 1")
+        except QueryFailed as exc:
+            raise DatabaseUnavailable(f"database {self.db_id!r}: SELECT 1 failed: {exc}") from None
 
     @abstractmethod
     async def _run(self, sql: str) -> QueryResult:

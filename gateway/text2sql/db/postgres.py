@@ -172,14 +172,6 @@ class PostgresDatabase(Database):
                 "Connect as a least-privilege reader (deploy/postgres/reader-role.sql)"
             )
 
-    async def check(self) -> None:
-        """Connect (checking the role) and run ``SELECT 1``; ``DatabaseUnavailable`` says why not."""
-        async with self._connection() as conn:
-            try:
-                await conn.fetchval("SELECT 1")
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                raise self._unavailable(exc) from None
-
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Any]:
         pool = await self._get_pool()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.config.databases import DatabaseConfig, DatabasesFile, load_databases
 from gateway.text2sql.db.base import Database
-from gateway.text2sql.db.errors import UnknownDatabase
+from gateway.text2sql.db.errors import DatabaseUnavailable, UnknownDatabase
 from gateway.text2sql.db.postgres import PostgresDatabase
 from gateway.text2sql.db.schema import Descriptions
 from gateway.text2sql.db.sqlite import SqliteDatabase
@@ -71,6 +72,20 @@ class DatabaseRegistry:
             )
             self._open[db_id] = db
         return db
+
+    async def check(self) -> dict[str, str | None]:
+        """Open every database as a query would (``Database.check``), all at once: db_id -> None when it
+        can be used, else the reason it is unavailable (for PostgreSQL: down, or a role refused)."""
+
+        async def one(db_id: str) -> str | None:
+            try:
+                await self.get(db_id).check()
+            except DatabaseUnavailable as exc:
+                return str(exc)
+            return None
+
+        results = await asyncio.gather(*(one(db_id) for db_id in self.ids()))
+        return dict(zip(self.ids(), results, strict=True))
 
     async def close(self) -> None:
         """Close every database created so far."""
