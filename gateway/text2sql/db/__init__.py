@@ -14,10 +14,14 @@ A databases file (YAML) names each database and its limits::
 SQLite URLs follow SQLAlchemy: ``sqlite:///rel/path.sqlite`` is relative (to the YAML file's
 folder), ``sqlite:////abs/path.sqlite`` is absolute.
 
-Every query passes ``check_sql`` (one read-only statement) and then runs behind a second, engine-side
-barrier: SQLite files are opened with ``mode=ro`` (plus ``query_only`` and an authorizer that refuses
-``ATTACH``/``PRAGMA``/dangerous functions); PostgreSQL queries run in ``READ ONLY`` transactions on
-sessions whose default is read-only. Each query has a statement timeout, a row cap and a byte cap.
+Every query passes ``check_sql`` (one read-only statement) and then runs behind engine-side walls that
+hold on their own (tested with the check switched off): SQLite files are opened with ``mode=ro`` (plus
+``query_only`` and an authorizer that allows only reads and function calls); PostgreSQL queries run as
+a least-privilege role (checked when the pool is created: ``pgrole``; the recipe is
+``deploy/postgres/reader-role.sql``) in ``READ ONLY`` transactions that are always rolled back. Each
+query has a statement timeout (SQLite: also a watchdog thread that interrupts one long VM step), a row
+cap and a byte cap that holds before memory is spent (SQLite: ``SQLITE_LIMIT_LENGTH``; PostgreSQL: the
+server blanks rows past the cap), and rows are converted to JSON-safe values off the event loop.
 
 Models and results:
     DatabaseConfig, DatabasesFile, load_databases(path)        the YAML file
@@ -27,14 +31,16 @@ Models and results:
 
 Databases:
     Database (abstract), SqliteDatabase, PostgresDatabase, open_database(db_id, config, ...)
-    DatabaseRegistry                                            db_id -> Database, created lazily
+    DatabaseRegistry                                            db_id -> Database, created lazily;
+                                                                check(): each one usable, or why not
 
 Errors:
-    QueryFailed(kind="error"|"timeout"), DatabaseUnavailable, UnknownDatabase, SqlRejected
-    (``GatewayError``\ s with their HTTP status: 422/504, 503, 404, 400)
+    QueryFailed(kind="error"|"timeout"|"too_large"), DatabaseUnavailable, UnknownDatabase, SqlRejected
+    (``GatewayError``\ s with their HTTP status: 422/504/422, 503, 404, 400)
 
 Modules: ``schema`` (schema models and prompt text), ``results`` (rows and caps), ``base`` (``Database``),
-``sqlite``, ``postgres``, ``registry``, ``errors``; this package re-exports their public names.
+``sqlite``, ``postgres``, ``pgrole`` (the PostgreSQL role check), ``registry``, ``errors``; this package
+re-exports their public names.
 """
 
 from gateway.config.databases import DatabaseConfig, DatabasesFile, Dialect, load_databases
