@@ -12,6 +12,7 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -137,42 +138,47 @@ async def test_pg_capped_query_keeps_order_names_and_types(pg_capped: PostgresDa
 # ---------------------------------------------------------------------------------------------- the event loop
 
 
-@pytest.fixture
-def conversion_waits_for_the_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """Make converting a value wait until a coroutine on the event loop has run (``event.set()``).
+@dataclass
+class _Handshake:
+    started: threading.Event
+    released: threading.Event
 
-    If conversion ran on the loop, the coroutine could not run while it waits and the query would fail
-    the check below; in a worker thread, the loop stays free and the coroutine completes meanwhile.
+
+@pytest.fixture
+def conversion_waits_for_the_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Handshake]:
+    """Converting the first value signals ``started`` and then waits until a coroutine on the event loop
+    has seen that and set ``released``.
+
+    Were the conversion on the loop, that coroutine could not run while it waits: the wait would give up
+    and the query fail. In a worker thread, the loop stays free and the coroutine completes meanwhile.
     """
-    event = threading.Event()
+    handshake = _Handshake(threading.Event(), threading.Event())
     real = results_module.json_value
-    seen: list[bool] = []
 
     def waiting(v: object) -> object:
-        if not seen:
-            seen.append(event.wait(timeout=5.0))
-            assert seen[0], "the event loop was blocked while a result was being converted"
+        if not handshake.started.is_set():
+            handshake.started.set()
+            assert handshake.released.wait(timeout=10.0), "the event loop was blocked while rows were converted"
         return real(v)
 
     monkeypatch.setattr(results_module, "json_value", waiting)
-    yield event
+    yield handshake
 
 
-async def _loop_stays_free(db: SqliteDatabase | PostgresDatabase, sql: str, event: threading.Event) -> None:
+async def _loop_stays_free(db: SqliteDatabase | PostgresDatabase, sql: str, handshake: _Handshake) -> None:
     query = asyncio.create_task(db.execute(sql))
 
-    async def trivial() -> None:
-        await asyncio.sleep(0)
-        event.set()
+    async def trivial() -> None:  # runs on the loop while the conversion is under way
+        assert await asyncio.to_thread(handshake.started.wait, 10.0)
+        handshake.released.set()
 
-    await asyncio.wait_for(trivial(), timeout=10.0)
-    assert not query.done() or query.exception() is None
+    await asyncio.wait_for(trivial(), timeout=30.0)
     result = await query
     assert result.row_count > 0
 
 
 async def test_pg_conversion_leaves_the_event_loop_free(
-    pg_capped: PostgresDatabase, conversion_waits_for_the_loop: threading.Event
+    pg_capped: PostgresDatabase, conversion_waits_for_the_loop: _Handshake
 ) -> None:
     await _loop_stays_free(
         pg_capped, "SELECT g, repeat('x', 1000) FROM generate_series(1, 500) AS g", conversion_waits_for_the_loop
@@ -180,7 +186,7 @@ async def test_pg_conversion_leaves_the_event_loop_free(
 
 
 async def test_sqlite_conversion_leaves_the_event_loop_free(
-    tiny: Path, conversion_waits_for_the_loop: threading.Event
+    tiny: Path, conversion_waits_for_the_loop: _Handshake
 ) -> None:
     db = SqliteDatabase("tiny", DatabaseConfig(url=f"sqlite:///{tiny}"))
     await _loop_stays_free(db, "SELECT a, hex(zeroblob(1000)) FROM t", conversion_waits_for_the_loop)
