@@ -91,3 +91,29 @@ async def test_demo_on_postgres_refuses_writes_and_runaways(tmp_path: Path, pg: 
         assert out["revisions"] == 1
     # The database is exactly as it was.
     assert await _table_counts(pg.admin_url) == before
+
+
+async def test_a_superuser_database_is_503_with_the_reason_and_the_reader_one_works(
+    tmp_path: Path, pg: PgTestDb
+) -> None:
+    conn = await asyncpg.connect(pg.admin_url)
+    try:
+        await conn.execute(postgres_script())
+    finally:
+        await conn.close()
+    q = demo_questions()[0]
+    (tmp_path / "databases.yaml").write_text(
+        yaml.safe_dump({"databases": {"root_pg": {"url": pg.admin_url}, DB_ID: {"url": pg.url}}})
+    )
+    responder = AnswersResponder({q.question: {"gold": q.sql_for("postgres")}})
+    async with emulators(["A100"], time_scale=0.01, responder=responder) as urls:
+        cfg = write_config(tmp_path, urls, ["A100"], time_scale=0.01, databases_file="databases.yaml")
+        async with gateway_client(cfg, key=BATCH_KEY) as (client, _):
+            r = await client.post("/v1/text2sql", json={"question": q.question, "db_id": "root_pg", "deadline_s": 600})
+            assert r.status_code == 503, r.text
+            body = r.json()
+            assert body["status"] == "failed"
+            assert "role 'postgres'" in body["error"] and "superuser" in body["error"]
+            r = await client.post("/v1/text2sql", json={"question": q.question, "db_id": DB_ID, "deadline_s": 600})
+            assert r.status_code == 200, r.text
+            assert r.json()["status"] == "ok"
