@@ -40,7 +40,13 @@ class DatabaseConfig(BaseModel):
     statement_timeout_s: float = Field(5.0, gt=0.0, le=3600.0, allow_inf_nan=False, description="Per query.")
     connect_timeout_s: float = Field(10.0, gt=0.0, le=600.0, allow_inf_nan=False, description="PostgreSQL.")
     max_rows: int = Field(1000, ge=1, le=10_000_000, description="Rows a result keeps; more -> truncated.")
-    max_result_bytes: int = Field(1_048_576, ge=1024, description="JSON size a result keeps; more -> truncated.")
+    max_result_bytes: int = Field(
+        1_048_576,
+        ge=1024,
+        description="JSON size a result keeps; more -> truncated. Also the largest value or row a query may "
+        "build or return (SQLite: the engine's length limit; PostgreSQL: checked by the server): "
+        "a first row over it is refused as too large.",
+    )
     sample_values: int = Field(3, ge=0, le=20, description="Distinct example values per column in the schema.")
     pool_size: int = Field(4, ge=1, le=64, description="PostgreSQL connections at most.")
     db_schema: str = Field(
