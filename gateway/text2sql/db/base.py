@@ -29,7 +29,9 @@ class Database(ABC):
 
         Raises ``QueryFailed`` (engine error or timeout) and ``DatabaseUnavailable``.
         """
-        return await self._run(check_sql(sql, self.dialect))
+        return await self._run(
+            check_sql(sql, self.dialect, schemas=(self.config.db_schema, *self.config.allow_schemas))
+        )
 
     @abstractmethod
     async def _run(self, sql: str) -> QueryResult:
