@@ -83,9 +83,9 @@ _CONSTRUCTS = {
     "RangeTableSample": "TABLESAMPLE",
     "RangeTableFunc": "XMLTABLE",
     "JsonTable": "JSON_TABLE",
-    "XmlExpr": "XML functions",
+    "XmlExpr": "an XML function",
     "XmlSerialize": "XMLSERIALIZE",
-    "ParamRef": "query parameters ($n)",
+    "ParamRef": "a query parameter ($n)",
     "IntoClause": "SELECT ... INTO",
 }
 
@@ -157,7 +157,7 @@ class _Checker:
             if kind == "LockingClause":
                 strength = _enum_name(getattr(node, "strength", ""))
                 raise SqlRejected(f"locking reads are not allowed; found {_LOCKS.get(strength, 'FOR UPDATE')}")
-            what = _CONSTRUCTS.get(kind) or ("SQL/JSON constructors" if kind.startswith("Json") else kind)
+            what = _CONSTRUCTS.get(kind) or (f"a SQL/JSON construct ({kind})" if kind.startswith("Json") else f"the {kind} construct")
             raise SqlRejected(f"{what} is not allowed in a query")
         method = getattr(self, f"_{kind}", None)
         if method is not None:
@@ -189,12 +189,16 @@ class _Checker:
             )
 
     def _A_Expr(self, node: ast.A_Expr) -> None:  # noqa: N802
-        if "BETWEEN" in _enum_name(node.kind):
-            return
-        names = _strings(node.name)
-        shown = ".".join(names)
-        if len(names) > 2 or (len(names) == 2 and names[0] != "pg_catalog") or names[-1] not in POSTGRES_OPERATORS:
-            raise SqlRejected(f"operator {shown} is not allowed in a query")
+        if "BETWEEN" not in _enum_name(node.kind):
+            _check_operator(node.name)
+
+    def _SubLink(self, node: ast.SubLink) -> None:  # noqa: N802 - x op ANY/ALL (subquery)
+        if node.operName:
+            _check_operator(node.operName)
+
+    def _SortBy(self, node: ast.SortBy) -> None:  # noqa: N802 - ORDER BY x USING op
+        if node.useOp:
+            _check_operator(node.useOp)
 
     def _SQLValueFunction(self, node: ast.SQLValueFunction) -> None:  # noqa: N802
         op = _enum_name(node.op)
@@ -218,6 +222,12 @@ class _Checker:
                 f"system catalog {shown} is not allowed in a query; read tables of schema(s) {allowed} "
                 "(pg_catalog only if the database config allows it)"
             )
+
+
+def _check_operator(name: Sequence[object]) -> None:
+    names = _strings(name)
+    if len(names) > 2 or (len(names) == 2 and names[0] != "pg_catalog") or names[-1] not in POSTGRES_OPERATORS:
+        raise SqlRejected(f"operator {'.'.join(names)} is not allowed in a query")
 
 
 def _tokens(sql: str) -> list[tuple[int, int, str]]:
