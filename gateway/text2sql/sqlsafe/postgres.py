@@ -157,7 +157,9 @@ class _Checker:
             if kind == "LockingClause":
                 strength = _enum_name(getattr(node, "strength", ""))
                 raise SqlRejected(f"locking reads are not allowed; found {_LOCKS.get(strength, 'FOR UPDATE')}")
-            what = _CONSTRUCTS.get(kind) or (f"a SQL/JSON construct ({kind})" if kind.startswith("Json") else f"the {kind} construct")
+            what = _CONSTRUCTS.get(kind) or (
+                f"a SQL/JSON construct ({kind})" if kind.startswith("Json") else f"the {kind} construct"
+            )
             raise SqlRejected(f"{what} is not allowed in a query")
         method = getattr(self, f"_{kind}", None)
         if method is not None:
