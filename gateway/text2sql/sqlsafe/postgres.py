@@ -226,7 +226,7 @@ class _Checker:
             )
 
 
-def _check_operator(name: Sequence[object]) -> None:
+def _check_operator(name: Sequence[object] | None) -> None:
     names = _strings(name)
     if len(names) > 2 or (len(names) == 2 and names[0] != "pg_catalog") or names[-1] not in POSTGRES_OPERATORS:
         raise SqlRejected(f"operator {'.'.join(names)} is not allowed in a query")
