@@ -205,7 +205,7 @@ class _Checker:
     def _SQLValueFunction(self, node: ast.SQLValueFunction) -> None:  # noqa: N802
         op = _enum_name(node.op)
         if op not in _DATE_KEYWORDS:
-            keyword = op.removeprefix("SVFOP_").rstrip("_N").removesuffix("_")
+            keyword = op.removeprefix("SVFOP_").removesuffix("_N")
             raise SqlRejected(f"{keyword} is not allowed in a query; only date/time keywords such as CURRENT_DATE")
 
     def _RangeVar(self, node: ast.RangeVar) -> None:  # noqa: N802
