@@ -52,6 +52,14 @@ class DatabaseConfig(BaseModel):
     db_schema: str = Field(
         "public", alias="schema", min_length=1, max_length=63, description="PostgreSQL schema to introspect."
     )
+    allow_schemas: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="PostgreSQL: schemas besides `schema` that model-written queries may read (names as the "
+        "server spells them, e.g. `reporting`). System catalogs are refused unless listed here: `pg_catalog` "
+        "(then also unqualified `pg_*` names) or `information_schema`. Every other schema is refused. "
+        "SQLite ignores it: a query reads the `main` database only.",
+    )
 
     @field_validator("url")
     @classmethod

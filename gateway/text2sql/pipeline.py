@@ -11,7 +11,7 @@ The pipeline is a domain: it decides which stages run and never knows how calls 
 Every stage goes to the runner (``gateway.text2sql.port``) with its calls' token counts
 (``gateway.core.tokens.message_tokens``), so the live gateway's stage budgets and urgency follow the
 CHESS template exactly as the simulator's ``chess-bird`` workload models it. SQL is extracted from model
-output (``extract``), checked and parsed with sqlglot (``sqlsafe``) and executed read-only with a
+output (``extract``), checked against the dialect's allowlists (``sqlsafe``) and executed read-only with a
 timeout and row and byte caps (``db``).
 
 Time: everything about the deadline comes from the runner (``remaining()``, ``Closed``), one clock. The

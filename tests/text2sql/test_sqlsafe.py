@@ -28,9 +28,7 @@ ACCEPTED: list[tuple[str, str]] = [
     ("sqlite", "VALUES (1, 'a'), (2, 'b')"),
     ("sqlite", "SELECT 'a;b' AS semicolon_in_string"),
     ("sqlite", 'SELECT "weird name" FROM "order items" LIMIT 5 OFFSET 2'),
-    ("sqlite", "SELECT * FROM pragma_table_info('singer')"),
-    ("postgres", "SELECT current_setting('statement_timeout')"),
-    ("postgres", "SELECT x::text, now() - interval '1 day' FROM generate_series(1, 3) AS g(x)"),
+    ("postgres", "SELECT x::text, now() - interval '1 day' FROM unnest(ARRAY[1, 2, 3]) AS g(x)"),
     ("postgres", "SELECT DISTINCT ON (a) a, b FROM t ORDER BY a, b"),
     ("postgres", "(SELECT 1) UNION ALL (SELECT 2)"),
     ("postgres", "SELECT lower(name), lo FROM t"),
@@ -205,7 +203,8 @@ def test_unknown_dialect_is_a_programming_error() -> None:
     assert check_sql("select 1", "postgresql") == "select 1"
 
 
-def test_dangerous_function_names() -> None:
+def test_the_authorizers_short_blocklist_is_still_exported() -> None:
+    # gateway.text2sql.db.sqlite's authorizer (the engine-side wall) still uses it; the static check does not.
     assert is_dangerous_function("PG_SLEEP")
     assert is_dangerous_function("pg_sleep_until")
     assert is_dangerous_function("dblink_connect")

@@ -30,7 +30,9 @@ class Database(ABC):
 
         Raises ``QueryFailed`` (engine error or timeout) and ``DatabaseUnavailable``.
         """
-        return await self._run(check_sql(sql, self.dialect))
+        return await self._run(
+            check_sql(sql, self.dialect, schemas=(self.config.db_schema, *self.config.allow_schemas))
+        )
 
     async def check(self) -> None:
         """Open the database as a query would (for PostgreSQL: connect and check the role) and run

@@ -146,6 +146,11 @@ class PostgresDatabase(Database):
                         server_settings={
                             "application_name": "hexflow-text2sql",
                             "default_transaction_read_only": "on",
+                            # Unqualified names resolve in the configured schema(s) only, as the static
+                            # check assumes (pg_catalog is always searched first by the server).
+                            "search_path": ", ".join(
+                                quote_ident(s) for s in (self.config.db_schema, *self.config.allow_schemas)
+                            ),
                         },
                     )
                 except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:

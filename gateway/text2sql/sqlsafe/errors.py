@@ -1,0 +1,36 @@
+"""``SqlRejected`` and the reasons shared by both dialects' checks, in this package's own words."""
+
+from __future__ import annotations
+
+from gateway.errors import BadRequest
+from gateway.text2sql.sqlsafe.allowlist import FUNCTION_KINDS
+
+__all__ = ["NOT_A_QUERY", "SqlRejected", "function_refused", "one_line"]
+
+NOT_A_QUERY = "only read-only queries (SELECT, WITH, VALUES) may run; found {}"
+"""The reason for a statement that is not a query (``{}``: its keyword, read from the text)."""
+
+
+class SqlRejected(BadRequest):
+    """The SQL is not a single read-only query; the message (``reason``) says what was found, in our words.
+
+    ``detail`` is the parser's own description when the text did not parse (None otherwise): useful to a
+    model revising its query, never part of the message (its wording belongs to the parser's version).
+    """
+
+    def __init__(self, reason: str, *, detail: str | None = None) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(reason)
+
+
+def function_refused(name: str, dialect: str, why: str = "") -> SqlRejected:
+    """The refusal of a call of ``name`` (as written, e.g. ``public.pg_sleep``) in a ``dialect`` query."""
+    reason = f"calling function {name}() is not allowed"
+    reason += f": {why}" if why else f": not on the {dialect} allowlist ({FUNCTION_KINDS})"
+    return SqlRejected(reason)
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line (blanks collapsed), at most ``limit`` characters."""
+    return " ".join(text.split())[:limit]
