@@ -19,7 +19,7 @@ from gateway.core.tokens import message_tokens
 from gateway.errors import Unprocessable, UpstreamError
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
 from gateway.live.responses import JSONResponse
-from gateway.live.schemas import CallReport, WorkflowCall, WorkflowRequest, WorkflowResponse
+from gateway.live.schemas import CallReport, WorkflowCall, WorkflowRequest, WorkflowResponse, route_responses
 from gateway.live.service import CallRequest, WorkflowOutcome
 
 SYNTHETIC_VOCAB = (100, 1100)
@@ -101,7 +101,11 @@ def _check_limit(i: int, name: str, value: int, limit: int) -> None:
         raise Unprocessable(f"calls.{i}.{name}: {value} exceeds the limit of {limit}", param=f"calls.{i}.{name}")
 
 
-@router.post("/v1/workflows", response_model=WorkflowResponse)
+@router.post(
+    "/v1/workflows",
+    response_model=WorkflowResponse,
+    responses=route_responses(400, 401, 413, 422, 429, 502, 503, 504),
+)
 async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> JSONResponse:
     """Run a DAG of LLM calls; returns every call's result and timings."""
     gw = gw_of(request)
