@@ -15,16 +15,29 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 KIND_PATTERN = r"^[A-Za-z0-9_.-]{1,48}$"
-NUMBER_PATTERN = r"^-?(0|[1-9][0-9]{0,17})(\.[0-9]{1,17})?([eE][-+]?[0-9]{1,3})?$"
-"""A JSON number as a header value (``x-hexflow-deadline-s``): what ``float`` parses, less its extras
-(``inf``, ``nan``, ``1_0``, surrounding spaces)."""
+NUMBER_PATTERN = r"^(-?(0|[1-9][0-9]{0,17})(\.[0-9]{1,17})?([eE][-+]?[0-9]{1,3})?)?$"
+"""A JSON number, or nothing, as a header value (``x-hexflow-deadline-s``; empty: as if not sent): what
+``float`` parses, less its extras (``inf``, ``nan``, ``1_0``, surrounding spaces)."""
 
-_STRICT = ConfigDict(strict=True, extra="forbid")
 _OPEN = ConfigDict(strict=True, extra="allow")
+
+
+def _integral(v: Any) -> Any:
+    """JSON Schema's ``integer`` includes ``37.0``: an integral float becomes the int; anything else is left
+    to the strict check (``"37"``, ``true`` and ``37.5`` stay errors)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+"""A strict int that also takes an integral JSON number (``37.0``), as JSON Schema's ``integer`` does."""
+PosInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+"""A positive ``Int`` (the bound inside the type: on an optional field it then reaches the JSON schema)."""
 
 
 # ----------------------------------------------------------------------------------------------- messages
@@ -89,18 +102,17 @@ class WorkflowCall(BaseModel):
         description="Chat messages (exactly one of ``messages`` and ``prompt_tokens``).",
         json_schema_extra=_no_default,
     )
-    prompt_tokens: Annotated[int, Field(ge=1)] | SkipJsonSchema[None] = Field(
+    prompt_tokens: PosInt | SkipJsonSchema[None] = Field(
         None,
         description="A synthetic prompt of exactly this many tokens (trace replay), instead of messages.",
         json_schema_extra=_no_default,
     )
-    max_tokens: int = Field(256, ge=1, description="Most output tokens.")
-    min_tokens: int = Field(0, ge=0, description="Fewest output tokens (vLLM's min_tokens; at most max_tokens).")
+    max_tokens: Int = Field(256, ge=1, description="Most output tokens.")
+    min_tokens: Int = Field(0, ge=0, description="Fewest output tokens (vLLM's min_tokens; at most max_tokens).")
     ignore_eos: bool = Field(False, description="Generate until max_tokens (vLLM's ignore_eos; exact output lengths).")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    expected_output_tokens: int | None = Field(
+    expected_output_tokens: PosInt | None = Field(
         None,
-        ge=1,
         description="Output length the scheduler should expect (default: max_tokens, or min_tokens if exact).",
     )
 
@@ -209,19 +221,21 @@ class ChatCompletionRequest(BaseModel):
 
     messages: list[Message] = Field(min_length=1, description="The conversation so far.")
     model: str | None = Field(None, description="A model the cluster serves (``GET /v1/models``); 404 otherwise.")
-    max_tokens: int | None = Field(None, ge=1, description="Most output tokens (default 256 for scheduling).")
-    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name of ``max_tokens``.")
+    max_tokens: PosInt | None = Field(None, description="Most output tokens (default 256 for scheduling).")
+    max_completion_tokens: PosInt | None = Field(None, description="OpenAI's newer name of ``max_tokens``.")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    n: Literal[1] | None = Field(None, description="Completions per request: the gateway schedules one.")
+    n: Annotated[Literal[1], BeforeValidator(_integral)] | None = Field(
+        None, description="Completions per request: the gateway schedules one."
+    )
     stream: bool | None = Field(None, description="Answer server-sent events (``text/event-stream``).")
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None, description="Up to 4 stop sequences.")
-    seed: int | None = None
+    seed: Int | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     user: str | None = None
-    priority: int | None = Field(None, description="Ignored: the gateway sets the priority from its own queue.")
+    priority: Int | None = Field(None, description="Ignored: the gateway sets the priority from its own queue.")
 
     @field_validator("stop")
     @classmethod
@@ -296,7 +310,7 @@ class Text2SqlRequest(BaseModel):
     model_config = ConfigDict(
         strict=True,
         extra="forbid",
-        json_schema_extra={"examples": [{"question": "How many singers are there?", "db_id": "concert_singer"}]},
+        json_schema_extra={"examples": [{"question": "How many customers are there?", "db_id": "demo_retail"}]},
     )
 
     question: str = Field(pattern=r"\S", description="The question in natural language (not blank).")
@@ -416,6 +430,17 @@ class ErrorResponse(BaseModel):
 
 
 # ----------------------------------------------------------------------------------------------- statuses
+def sse_content(data: str) -> dict[str, Any]:
+    """The ``text/event-stream`` entry of a 200 that may stream: the schema of one event (OpenAPI 3.1 reads
+    ``schema`` of an event stream per event), ``data`` described as ``data``."""
+    event = {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"type": "string", "description": data}, "event": {"type": "string"}},
+    }
+    return {"text/event-stream": {"schema": event}}
+
+
 _RETRY_AFTER = {
     "Retry-After": {"description": "Seconds after which a retry may succeed.", "schema": {"type": "string"}}
 }

@@ -17,6 +17,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import StringConstraints
+from pydantic.json_schema import SkipJsonSchema
 
 from gateway.core.dag import DagNode
 from gateway.core.tokens import message_tokens
@@ -24,7 +26,14 @@ from gateway.core.workflow import CHAT
 from gateway.errors import NotFound, Unprocessable, UpstreamError, error_body
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
 from gateway.live.responses import JSONResponse
-from gateway.live.schemas import NUMBER_PATTERN, ChatCompletion, ChatCompletionRequest, ModelList, route_responses
+from gateway.live.schemas import (
+    NUMBER_PATTERN,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ModelList,
+    route_responses,
+    sse_content,
+)
 from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
 
 DEADLINE_HEADER = "x-hexflow-deadline-s"
@@ -39,7 +48,7 @@ def served_models(gw: Gateway) -> list[str]:
 
 
 def _deadline_header(header: str | None) -> float | None:
-    if header is None:
+    if not header:  # absent, or empty (as if absent)
         return None
     deadline = float(header)  # the header's pattern (NUMBER_PATTERN) admits only JSON numbers
     if not math.isfinite(deadline):  # 1e999
@@ -48,10 +57,9 @@ def _deadline_header(header: str | None) -> float | None:
 
 
 DeadlineHeader = Annotated[
-    str | None,
+    Annotated[str, StringConstraints(pattern=NUMBER_PATTERN)] | SkipJsonSchema[None],
     Header(
         alias=DEADLINE_HEADER,
-        pattern=NUMBER_PATTERN,
         description="End-to-end deadline in seconds, within the tenant's range (default: the tenant's).",
     ),
 ]
@@ -74,7 +82,10 @@ DeadlineHeader = Annotated[
         ok={
             "model": ChatCompletion,
             "description": "The worker's chat completion; with ``stream: true``, its server-sent events.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": sse_content(
+                'JSON of a ``chat.completion.chunk`` (the worker\'s), of an ``{"error": ...}`` as the last event '
+                "after a failure, or ``[DONE]``."
+            ),
         },
     ),
 )
@@ -88,7 +99,10 @@ async def chat(
     gateway does not know are passed to the worker as sent.
     """
     gw = gw_of(request)
-    body = req.model_dump(exclude_unset=True)  # what the client sent (unknown fields too), type-checked
+    # What the client sent, type-checked; unknown fields as they are. A null in a field the gateway knows
+    # means "the default" (OpenAI's semantics): left out, so a worker need not accept null there.
+    known = ChatCompletionRequest.model_fields
+    body = {k: v for k, v in req.model_dump(exclude_unset=True).items() if v is not None or k not in known}
     messages = body["messages"]
     model = req.model
     served = served_models(gw)

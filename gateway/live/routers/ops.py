@@ -52,7 +52,10 @@ async def readyz(request: Request) -> JSONResponse:
             "description": "Prometheus text exposition format 0.0.4.",
             "content": {"text/plain": {"schema": {"type": "string"}}},
         },
-        **route_responses(503),
+        503: {  # as JSON, like every error (the route's own class is text/plain)
+            **{k: v for k, v in route_responses(503)[503].items() if k != "model"},
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+        },
     },
 )
 async def metrics(request: Request) -> PlainTextResponse:

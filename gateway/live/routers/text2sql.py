@@ -25,7 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
 from gateway.live.responses import JSONResponse
-from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses
+from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
 from gateway.live.text2sql_runner import GatewayStageRunner
 from gateway.text2sql.db import UnknownDatabase
 from gateway.text2sql.service import NO_DATABASES, InvalidQuestion, Text2SqlService
@@ -86,7 +86,10 @@ def _responses() -> dict[int | str, dict[str, Any]]:
             "model": Text2SqlResponse,
             "description": "The answer (``status``: ok, no_valid_sql, deadline_exceeded); with ``stream: true``, "
             "server-sent events: each stage, then the result, then ``[DONE]``.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": sse_content(
+                'JSON of a stage event ``{"event": "stage", ...}``, then of the result '
+                '``{"event": "result", ...}``, then ``[DONE]``.'
+            ),
         },
     )
     either = {

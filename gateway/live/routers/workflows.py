@@ -96,6 +96,20 @@ def workflow_response(req: WorkflowRequest, out: WorkflowOutcome) -> WorkflowRes
     )
 
 
+def _default_max_tokens(i: int, c: WorkflowCall, limit: int) -> None:
+    """A call that leaves ``max_tokens`` out gets the default or the limit, whichever is lower (the default
+    the document states); ``min_tokens`` must still fit under it."""
+    if "max_tokens" in c.model_fields_set or c.max_tokens <= limit:
+        return
+    c.max_tokens = limit
+    if c.min_tokens > c.max_tokens:
+        raise Unprocessable(
+            f"calls.{i}: min_tokens={c.min_tokens} exceeds max_tokens={c.max_tokens} (the default, capped at "
+            "limits.max_tokens)",
+            param=f"calls.{i}.min_tokens",
+        )
+
+
 def _check_limit(i: int, name: str, value: int, limit: int) -> None:
     if value > limit:
         raise Unprocessable(f"calls.{i}.{name}: {value} exceeds the limit of {limit}", param=f"calls.{i}.{name}")
@@ -120,6 +134,7 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
     nodes: list[DagNode] = []
     requests: list[CallRequest] = []
     for i, c in enumerate(req.calls):
+        _default_max_tokens(i, c, lim.max_tokens)
         if c.prompt_tokens is not None:  # checked before a synthetic prompt of that length is built
             _check_limit(i, "prompt_tokens", c.prompt_tokens, lim.max_tokens)
         cr, n_in, n_out = _call_request(c, salt * 1000 + i)
