@@ -142,6 +142,82 @@ def test_the_document_lists_every_route(gateway_app: FastAPI) -> None:
     assert labels == sorted(ROUTES)
 
 
+def _walk(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        yield node
+        for v in node.values():
+            yield from _walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v)
+
+
+def test_the_document_states_what_the_routes_do(gateway_app: FastAPI) -> None:
+    """Statuses, media types, security, the one-of rule and the running limits, as the routes have them."""
+    doc = gateway_app.openapi()
+    paths = doc["paths"]
+    statuses = {(m.upper(), p): set(op["responses"]) for p, ops in paths.items() for m, op in ops.items()}
+    assert statuses[("GET", "/healthz")] == {"200"}
+    assert statuses[("POST", "/v1/workflows")] == {"200", "400", "401", "413", "422", "429", "502", "503", "504"}
+    assert {"404", "413", "422", "429", "502", "503"} <= statuses[("POST", "/v1/chat/completions")]
+    assert {"404", "413", "422", "429", "502", "503"} <= statuses[("POST", "/v1/text2sql")]
+    assert statuses[("GET", "/readyz")] == {"200", "503"}
+    assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    assert set(paths["/metrics"]["get"]["responses"]["503"]["content"]) == {"application/json"}
+    assert "text/event-stream" in paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+    assert "Retry-After" in paths["/v1/workflows"]["post"]["responses"]["429"]["headers"]
+    # The bearer scheme on every authenticated route, and only there.
+    assert doc["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The tenant's API key: ``Authorization: Bearer <key>``.",
+    }
+    secured = {p for p, ops in paths.items() for op in ops.values() if op.get("security") == [{"bearer": []}]}
+    assert secured == {"/v1/workflows", "/v1/chat/completions", "/v1/models", "/v1/text2sql"}
+    # Request schemas: strict types, exactly one of messages and prompt_tokens, the running limits.
+    schemas = doc["components"]["schemas"]
+    call = schemas["WorkflowCall"]
+    assert call["oneOf"] == [
+        {"required": ["messages"], "not": {"required": ["prompt_tokens"]}},
+        {"required": ["prompt_tokens"], "not": {"required": ["messages"]}},
+    ]
+    assert call["additionalProperties"] is False
+    assert call["properties"]["max_tokens"] == {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 48,
+        "default": 48,
+        "title": "Max Tokens",
+        "description": "Most output tokens.",
+    }
+    assert schemas["WorkflowRequest"]["properties"]["calls"]["maxItems"] == 6
+    chat = schemas["ChatCompletionRequest"]
+    assert chat["additionalProperties"] is True and chat["required"] == ["messages"]
+    assert {"type": "integer", "minimum": 1, "maximum": 48} in chat["properties"]["max_tokens"]["anyOf"]
+    assert {"type": "boolean"} in chat["properties"]["stream"]["anyOf"]
+    assert schemas["Text2SqlRequest"]["properties"]["question"]["maxLength"] == 400
+    # pydantic writes a bound it cannot place as "ge"/"le": JSON Schema ignores those keys.
+    leaked = [n for n in _walk(schemas) if {"ge", "le", "gt", "lt"} & set(n) and "type" in n]
+    assert not leaked
+
+
+def test_swagger_ui_and_redoc_are_served_by_the_gateway(gateway_app: FastAPI) -> None:
+    """The documentation pages load their scripts and styles from the gateway: they work offline."""
+    with schemathesis.python.asgi.get_client(gateway_app) as client:
+        for page in ("/docs", "/redoc"):
+            r = client.get(page)
+            assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+            assets = re.findall(r'(?:src|href)="([^"]+)"', r.text)
+            assert assets and all(a.startswith("/static/docs/") for a in assets), assets
+            assert "http://" not in r.text and "https://" not in r.text
+            for asset in assets:
+                got = client.get(asset)
+                assert got.status_code == 200 and len(got.content) > 500, asset
+        assert "openapi.json" in client.get("/docs").text
+        for licence in ("swagger-ui/LICENSE", "swagger-ui/NOTICE", "redoc/LICENSE"):
+            assert client.get(f"/static/docs/{licence}").status_code == 200
+
+
 @pytest.mark.parametrize("route", ROUTES)
 def test_every_route_keeps_its_contract(gateway_app: FastAPI, route: str) -> None:
     _fuzz(gateway_app, route, EXAMPLES_PER_ROUTE)
