@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
