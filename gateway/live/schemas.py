@@ -19,9 +19,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, f
 from pydantic.json_schema import SkipJsonSchema
 
 KIND_PATTERN = r"^[A-Za-z0-9_.-]{1,48}$"
-NUMBER_PATTERN = r"^(-?(0|[1-9][0-9]{0,17})(\.[0-9]{1,17})?([eE][-+]?[0-9]{1,3})?)?$"
+NUMBER_PATTERN = r"^(-?(0|[1-9][0-9]{0,17})(\.[0-9]{1,17})?([eE][-+]?[0-9]{1,2})?)?$"
 """A JSON number, or nothing, as a header value (``x-hexflow-deadline-s``; empty: as if not sent): what
-``float`` parses, less its extras (``inf``, ``nan``, ``1_0``, surrounding spaces)."""
+``float`` parses, less its extras (``inf``, ``nan``, ``1_0``, surrounding spaces), with an exponent of at
+most two digits, so that every value the pattern admits is a finite float."""
 
 _OPEN = ConfigDict(strict=True, extra="allow")
 

@@ -138,6 +138,11 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
         if c.prompt_tokens is not None:  # checked before a synthetic prompt of that length is built
             _check_limit(i, "prompt_tokens", c.prompt_tokens, lim.max_tokens)
         cr, n_in, n_out = _call_request(c, salt * 1000 + i)
+        if c.messages is not None and n_in > lim.max_tokens:  # an estimate: named as one
+            raise Unprocessable(
+                f"calls.{i}.messages: about {n_in} tokens exceed the limit of {lim.max_tokens}",
+                param=f"calls.{i}.messages",
+            )
         _check_limit(i, "prompt_tokens", n_in, lim.max_tokens)
         _check_limit(i, "max_tokens", c.max_tokens, lim.max_tokens)
         nodes.append(DagNode(c.id, c.kind, n_in, n_out, tuple(c.depends_on)))
