@@ -231,19 +231,12 @@ class ChatCompletionRequest(BaseModel):
     )
     stream: bool | None = Field(None, description="Answer server-sent events (``text/event-stream``).")
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(None, description="Up to 4 stop sequences.")
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(None, description="Up to 4 stop sequences.")
     seed: Int | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     user: str | None = None
     priority: Int | None = Field(None, description="Ignored: the gateway sets the priority from its own queue.")
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 4:
-            raise ValueError("at most 4 stop sequences")
-        return v
 
 
 class ChatMessageOut(BaseModel):

@@ -91,6 +91,9 @@ def gateway_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
             limits={"max_tokens": 48, "max_calls_per_workflow": 6, "max_body_bytes": 65536},
             databases_file="databases.yaml",
             text2sql={"candidates": 1, "max_revisions": 1, "unit_tests": 1, "max_question_chars": 400},
+            # A busy machine must not turn the worker "down" mid-run: a 503 would be a (false) failure.
+            health={"period_s": 0.5, "timeout_s": 30.0, "failures_to_down": 1000},
+            scrape={"period_s": 0.5, "timeout_s": 30.0},
         )
         app = build_app(load_gateway_config(cfg))
         try:
