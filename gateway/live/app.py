@@ -14,13 +14,12 @@ Routes (one router per surface, under ``gateway.live.routers``):
 
 Every error body is OpenAI-style ``{"error": {"message", "type", "param", "code"}}``: 401 for a
 missing or unknown API key, 400 for a body too deeply nested to parse, 404 for an unknown model or
-database, 413 for a body over ``limits.max_body_bytes``, 422 for malformed JSON, a field of the wrong type
-(never coerced) or out of range, a string that is not Unicode text (a lone surrogate), a deadline
-outside the tenant's range or a DAG with a cycle or dangling dependency, 429 (with ``Retry-After``) when a
-queue or concurrency
-bound is reached, 503 (with ``Retry-After``) when no worker is healthy or the gateway is shutting down.
-A call the worker rejects (4xx) returns that status and message; a call that failed on every attempt
-returns 502 (504 when it ran out of time).
+database, 413 for a body over ``limits.max_body_bytes``, 422 for malformed JSON, a field of the wrong
+type (never coerced) or out of range, a string that is not Unicode text (a lone surrogate), a deadline
+outside the tenant's range or a DAG with a cycle or dangling dependency, 429 (with ``Retry-After``)
+when a queue or concurrency bound is reached, 503 (with ``Retry-After``) when no worker is healthy or
+the gateway is shutting down. A call the worker rejects (4xx) returns that status and message; a call
+that failed on every attempt returns 502 (504 when it ran out of time).
 
 The document is complete: strict request models (``gateway.live.schemas``), every route's true error
 statuses, the bearer security scheme, and the configuration's limits written into the schemas once the
