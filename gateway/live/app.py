@@ -8,15 +8,23 @@ Routes (one router per surface, under ``gateway.live.routers``):
     GET  /v1/status             workers, queues, in-flight calls, alpha, estimates, tuning
     GET  /healthz               the process is alive
     GET  /readyz                config loaded, not shutting down, and at least one worker healthy
-    GET  /metrics               Prometheus (``hexflow_*``; ``routers.ops``)
+    GET  /metrics               Prometheus (``hexflow_*``, ``text/plain``; ``routers.ops``)
+    GET  /openapi.json          the API contract; ``/docs`` (Swagger UI) and ``/redoc`` render it with assets
+                                served by the gateway itself (``/static/docs``: no network needed)
 
 Every error body is OpenAI-style ``{"error": {"message", "type", "param", "code"}}``: 401 for a
-missing or unknown API key, 413 for a body over ``limits.max_body_bytes``, 422 for malformed JSON,
-bad fields, a string that is not Unicode text (a lone surrogate), a deadline outside the tenant's range
-or a DAG with a cycle or dangling dependency, 429 (with ``Retry-After``) when a queue or concurrency
-bound is reached, 503 (with ``Retry-After``) when no worker is healthy or the gateway is shutting down.
-A call the worker rejects (4xx) returns that status and message; a call that failed on every attempt
-returns 502.
+missing or unknown API key, 400 for a body too deeply nested to parse, 404 for an unknown model or
+database, 413 for a body over ``limits.max_body_bytes``, 422 for malformed JSON, a field of the wrong
+type (never coerced) or out of range, a string that is not Unicode text (a lone surrogate), a deadline
+outside the tenant's range or a DAG with a cycle or dangling dependency, 429 (with ``Retry-After``)
+when a queue or concurrency bound is reached, 503 (with ``Retry-After``) when no worker is healthy or
+the gateway is shutting down. A call the worker rejects (4xx) returns that status and message; a call
+that failed on every attempt returns 502 (504 when it ran out of time).
+
+The document is complete: strict request models (``gateway.live.schemas``), every route's true error
+statuses, the bearer security scheme, and the configuration's limits written into the schemas once the
+gateway has started (``openapi_with_limits``). tests/live/test_openapi.py fuzzes every route with
+schemathesis against it.
 
 Routes raise ``GatewayError``s (``gateway.errors``) and one handler renders them all; the framework's
 own errors (validation, unknown route) and unexpected exceptions have a handler each. Rendering never
@@ -28,19 +36,27 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.staticfiles import StaticFiles
 
 from gateway.errors import GatewayError, error_body
 from gateway.live.deps import unicode_body
 from gateway.live.middleware import BodyLimit
 from gateway.live.responses import JSONResponse, error_response, plain
 from gateway.live.routers import chat, ops, text2sql, workflows
-from gateway.live.schemas import ErrorResponse
 from gateway.live.service import Gateway
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+"""Swagger UI and ReDoc, vendored from npm (versions and licences: static/README.md)."""
+STATIC_URL = "/static/docs"
 
 log = logging.getLogger("hexflow.app")
 
@@ -66,12 +82,8 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
         lifespan=lifespan,
         default_response_class=JSONResponse,
         dependencies=[Depends(unicode_body)],
-        responses={
-            401: {"model": ErrorResponse},
-            422: {"model": ErrorResponse},
-            429: {"model": ErrorResponse},
-            503: {"model": ErrorResponse},
-        },
+        docs_url=None,
+        redoc_url=None,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
@@ -82,7 +94,89 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
     app.include_router(chat.router)
     app.include_router(ops.router)
     app.include_router(text2sql.router)
+    _serve_docs(app)
+    app.openapi = lambda: openapi_with_limits(app)  # type: ignore[method-assign]
     return app
+
+
+def _serve_docs(app: FastAPI) -> None:
+    """``/docs`` and ``/redoc`` with their scripts and styles from ``STATIC_DIR`` (works offline)."""
+    app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{STATIC_URL}/swagger-ui/swagger-ui-bundle.js",
+            swagger_css_url=f"{STATIC_URL}/swagger-ui/swagger-ui.css",
+            swagger_favicon_url=f"{STATIC_URL}/swagger-ui/favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None},  # no call to the public validator
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{STATIC_URL}/redoc/redoc.standalone.js",
+            redoc_favicon_url=f"{STATIC_URL}/swagger-ui/favicon-32x32.png",
+            with_google_fonts=False,
+        )
+
+
+def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document, with the running gateway's limits as ``maximum``/``maxItems``/``maxLength``.
+
+    Before the gateway has started the document is built without them (and not cached), so a client never
+    sees limits other than the ones the routes enforce.
+    """
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    doc = get_openapi(
+        title=app.title,
+        version=app.version,
+        openapi_version=app.openapi_version,
+        description=app.description,
+        routes=app.routes,
+    )
+    gw = getattr(app.state, "gateway", None)
+    if not isinstance(gw, Gateway):
+        return doc
+    lim = gw.cfg.limits
+    schemas = doc.get("components", {}).get("schemas", {})
+    call = schemas.get("WorkflowCall", {}).get("properties", {})
+    for name in ("prompt_tokens", "max_tokens", "min_tokens"):
+        _set(call.get(name), "integer", "maximum", lim.max_tokens)
+    if "max_tokens" in call:  # the default is capped at the limit too (routers.workflows)
+        call["max_tokens"]["default"] = min(call["max_tokens"].get("default", lim.max_tokens), lim.max_tokens)
+    _set(
+        schemas.get("WorkflowRequest", {}).get("properties", {}).get("calls"),
+        "array",
+        "maxItems",
+        lim.max_calls_per_workflow,
+    )
+    chat_req = schemas.get("ChatCompletionRequest", {}).get("properties", {})
+    for name in ("max_tokens", "max_completion_tokens"):
+        _set(chat_req.get(name), "integer", "maximum", lim.max_tokens)
+    t2s = getattr(app.state, "text2sql", None)
+    settings = getattr(t2s, "settings", None)
+    if settings is not None:
+        t2s_req = schemas.get("Text2SqlRequest", {}).get("properties", {})
+        _set(t2s_req.get("question"), "string", "maxLength", settings.max_question_chars)
+        _set(t2s_req.get("evidence"), "string", "maxLength", settings.max_evidence_chars)
+    app.openapi_schema = doc
+    return doc
+
+
+def _set(schema: dict[str, Any] | None, type_: str, key: str, value: int) -> None:
+    """Set ``key`` on ``schema`` where it has type ``type_`` (itself, or its branch of an ``anyOf``)."""
+    if schema is None:
+        return
+    if schema.get("type") == type_:
+        schema[key] = value
+    for branch in schema.get("anyOf", ()):
+        _set(branch, type_, key, value)
 
 
 async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
@@ -122,6 +216,15 @@ async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), status_code=500)
 
 
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "constrained-int", "constrained-str"})
+
+
 def _loc(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body",)]
+    """``calls.0.max_tokens``: the location without ``body`` and pydantic's union member tags
+    (``list[Message]``, ``constrained-int``, ``function-after[...]``)."""
+    parts = [
+        str(p)
+        for p in loc
+        if p != "body" and not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS or p.startswith("function-")))
+    ]
     return ".".join(parts) or "body"

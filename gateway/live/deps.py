@@ -12,6 +12,7 @@ import re
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gateway.errors import ServiceUnavailable, Unauthorized, Unprocessable
 from gateway.live.service import Gateway
@@ -26,7 +27,15 @@ def gw_of(request: Request) -> Gateway:
     return gw
 
 
-async def auth(request: Request) -> Tenant:
+BEARER = HTTPBearer(
+    auto_error=False, scheme_name="bearer", description="The tenant's API key: ``Authorization: Bearer <key>``."
+)
+"""The OpenAPI security scheme of the authenticated routes (``auth`` checks the key itself)."""
+
+
+async def auth(
+    request: Request, _scheme: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)] = None
+) -> Tenant:
     """Authenticate ``Authorization: Bearer <key>`` against the tenants store.
 
     ``async`` on purpose: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop per

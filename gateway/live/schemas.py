@@ -1,27 +1,92 @@
-"""Request and response models of the gateway's HTTP API (OpenAPI is generated from these)."""
+"""Request and response models of the gateway's HTTP API (OpenAPI is generated from these).
+
+Request models are strict (``ConfigDict(strict=True)``): a JSON value of the wrong type is a 422, never
+coerced (``"stream": "yes"``, ``"deadline_s": true``, ``"max_tokens": "5"``); an integer is accepted where a
+number is expected. The chat request keeps OpenAI's open shape (``extra="allow"``: fields the gateway does
+not know are passed to the worker as sent); the gateway's own requests forbid unknown fields.
+
+Limits that come from the configuration (``limits.max_tokens``, ``limits.max_calls_per_workflow``, the
+Text-to-SQL question lengths) are written into the served document by ``gateway.live.app``; rules that
+JSON Schema cannot state (unique call ids, known dependencies, no cycle, ``min_tokens <= max_tokens``, the
+tenant's deadline range, a prompt's estimated tokens) are checked by the routes and answered 422.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 KIND_PATTERN = r"^[A-Za-z0-9_.-]{1,48}$"
+NUMBER_PATTERN = r"^(-?(0|[1-9][0-9]{0,17})(\.[0-9]{1,17})?([eE][-+]?[0-9]{1,2})?)?$"
+"""A JSON number, or nothing, as a header value (``x-hexflow-deadline-s``; empty: as if not sent): what
+``float`` parses, less its extras (``inf``, ``nan``, ``1_0``, surrounding spaces), with an exponent of at
+most two digits, so that every value the pattern admits is a finite float."""
+
+_OPEN = ConfigDict(strict=True, extra="allow")
+
+
+def _integral(v: Any) -> Any:
+    """JSON Schema's ``integer`` includes ``37.0``: an integral float becomes the int; anything else is left
+    to the strict check (``"37"``, ``true`` and ``37.5`` stay errors)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+"""A strict int that also takes an integral JSON number (``37.0``), as JSON Schema's ``integer`` does."""
+PosInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+"""A positive ``Int`` (the bound inside the type: on an optional field it then reaches the JSON schema)."""
+
+
+# ----------------------------------------------------------------------------------------------- messages
+class ContentPart(BaseModel):
+    """One part of a message's content (``{"type": "text", "text": ...}``; other OpenAI part types pass)."""
+
+    model_config = _OPEN
+
+    type: str = Field(min_length=1, max_length=64, description="``text``, ``image_url``, ...")
+    text: str | None = Field(None, description="The text of a ``text`` part.")
 
 
 class Message(BaseModel):
-    """One chat message."""
+    """One chat message (OpenAI's shape; fields beside ``role`` and ``content`` are passed through)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        strict=True,
+        extra="allow",
+        json_schema_extra={"examples": [{"role": "user", "content": "How many singers are there?"}]},
+    )
 
-    role: str = Field(min_length=1, max_length=32)
-    content: str | list[dict[str, Any]] | None = None
+    role: str = Field(min_length=1, max_length=32, description="``system``, ``user``, ``assistant``, ``tool``, ...")
+    content: str | list[ContentPart] | None = Field(None, description="A string, or a list of content parts.")
+
+
+# ----------------------------------------------------------------------------------------------- workflows
+def _no_default(schema: dict[str, Any]) -> None:
+    """Leave ``default: null`` out of a field whose schema does not allow null."""
+    schema.pop("default", None)
+
+
+_ONE_PROMPT: list[JsonValue] = [
+    {"required": ["messages"], "not": {"required": ["prompt_tokens"]}},
+    {"required": ["prompt_tokens"], "not": {"required": ["messages"]}},
+]
 
 
 class WorkflowCall(BaseModel):
     """One LLM call of a workflow: either ``messages`` (chat) or a synthetic prompt of ``prompt_tokens``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": _ONE_PROMPT,
+            "examples": [{"id": "link", "kind": "schema_linking", "prompt_tokens": 12, "max_tokens": 4}],
+        },
+    )
 
     id: Annotated[str, Field(min_length=1, max_length=64, description="Unique within the workflow.")]
     kind: Annotated[
@@ -33,19 +98,33 @@ class WorkflowCall(BaseModel):
     depends_on: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=512, description="Ids of the calls whose results this call needs."
     )
-    messages: list[Message] | None = Field(None, min_length=1, max_length=256, description="Chat messages.")
-    prompt_tokens: int | None = Field(
-        None, ge=1, description="A synthetic prompt of exactly this many tokens (trace replay), instead of messages."
+    messages: Annotated[list[Message], Field(min_length=1, max_length=256)] | SkipJsonSchema[None] = Field(
+        None,
+        description="Chat messages (exactly one of ``messages`` and ``prompt_tokens``).",
+        json_schema_extra=_no_default,
     )
-    max_tokens: int = Field(256, ge=1, description="Most output tokens.")
-    min_tokens: int = Field(0, ge=0, description="Fewest output tokens (vLLM's min_tokens).")
+    prompt_tokens: PosInt | SkipJsonSchema[None] = Field(
+        None,
+        description="A synthetic prompt of exactly this many tokens (trace replay), instead of messages.",
+        json_schema_extra=_no_default,
+    )
+    max_tokens: Int = Field(256, ge=1, description="Most output tokens.")
+    min_tokens: Int = Field(0, ge=0, description="Fewest output tokens (vLLM's min_tokens; at most max_tokens).")
     ignore_eos: bool = Field(False, description="Generate until max_tokens (vLLM's ignore_eos; exact output lengths).")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    expected_output_tokens: int | None = Field(
+    expected_output_tokens: PosInt | None = Field(
         None,
-        ge=1,
         description="Output length the scheduler should expect (default: max_tokens, or min_tokens if exact).",
     )
+
+    @field_validator("messages", "prompt_tokens", mode="before")
+    @classmethod
+    def _not_null(cls, v: Any) -> Any:
+        # Leave the field out instead: ``null`` would make "exactly one of" ambiguous (the schema's oneOf
+        # counts a present key).
+        if v is None:
+            raise ValueError("must not be null (leave the field out)")
+        return v
 
     @model_validator(mode="after")
     def _one_prompt(self) -> WorkflowCall:
@@ -59,10 +138,31 @@ class WorkflowCall(BaseModel):
 class WorkflowRequest(BaseModel):
     """``POST /v1/workflows``: a DAG of LLM calls run under the tenant's deadline."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "calls": [
+                        {"id": "link", "kind": "schema_linking", "prompt_tokens": 12, "max_tokens": 4},
+                        {
+                            "id": "sql",
+                            "kind": "sql_generation",
+                            "depends_on": ["link"],
+                            "messages": [{"role": "user", "content": "Write the SQL."}],
+                            "max_tokens": 4,
+                        },
+                    ]
+                }
+            ]
+        },
+    )
 
     calls: list[WorkflowCall] = Field(min_length=1, description="The calls; dependencies form a DAG.")
-    deadline_s: float | None = Field(None, description="End-to-end deadline; default: the tenant's.")
+    deadline_s: float | None = Field(
+        None, gt=0, description="End-to-end deadline, within the tenant's range; default: the tenant's."
+    )
     template: Literal["chess"] | None = Field(
         None,
         description="Budget stages with this template's expectation instead of the DAG's own critical path "
@@ -99,6 +199,210 @@ class WorkflowResponse(BaseModel):
     error: str | None = None
 
 
+# ----------------------------------------------------------------------------------------------- chat
+class StreamOptions(BaseModel):
+    """OpenAI's ``stream_options``."""
+
+    model_config = _OPEN
+
+    include_usage: bool | None = Field(None, description="Send a last chunk with the usage.")
+
+
+class ChatCompletionRequest(BaseModel):
+    """``POST /v1/chat/completions``: OpenAI's request. Fields not listed here are passed to the worker
+    as sent; ``model`` and ``priority`` are not (the gateway picks the worker and sets the priority)."""
+
+    model_config = ConfigDict(
+        strict=True,
+        extra="allow",
+        json_schema_extra={
+            "examples": [{"model": "llama-3.1-70b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}]
+        },
+    )
+
+    messages: list[Message] = Field(min_length=1, description="The conversation so far.")
+    model: str | None = Field(None, description="A model the cluster serves (``GET /v1/models``); 404 otherwise.")
+    max_tokens: PosInt | None = Field(None, description="Most output tokens (default 256 for scheduling).")
+    max_completion_tokens: PosInt | None = Field(None, description="OpenAI's newer name of ``max_tokens``.")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: Annotated[Literal[1], BeforeValidator(_integral)] | None = Field(
+        None, description="Completions per request: the gateway schedules one."
+    )
+    stream: bool | None = Field(None, description="Answer server-sent events (``text/event-stream``).")
+    stream_options: StreamOptions | None = None
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(None, description="Up to 4 stop sequences.")
+    seed: Int | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    user: str | None = None
+    priority: Int | None = Field(None, description="Ignored: the gateway sets the priority from its own queue.")
+
+
+class ChatMessageOut(BaseModel):
+    """The message of a choice."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    """One choice of a chat completion."""
+
+    model_config = ConfigDict(extra="allow")
+
+    index: int
+    message: ChatMessageOut
+    finish_reason: str | None = None
+
+
+class Usage(BaseModel):
+    """Token counts of a completion."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(BaseModel):
+    """The worker's ``chat.completion`` object, passed through (vLLM adds fields of its own)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: str = Field(description="``chat.completion``.")
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    """One served model."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    """``GET /v1/models``."""
+
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+# ----------------------------------------------------------------------------------------------- text2sql
+class Text2SqlRequest(BaseModel):
+    """``POST /v1/text2sql``."""
+
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        json_schema_extra={"examples": [{"question": "How many customers are there?", "db_id": "demo_retail"}]},
+    )
+
+    question: str = Field(pattern=r"\S", description="The question in natural language (not blank).")
+    db_id: str = Field(min_length=1, max_length=64, description="Which database (see the databases file).")
+    evidence: str | None = Field(None, description="A hint (BIRD-style evidence), optional.")
+    deadline_s: float | None = Field(
+        None, gt=0, description="End-to-end deadline, within the tenant's range; default: the tenant's."
+    )
+    stream: bool = Field(False, description="Send stage completions as server-sent events, the result last.")
+
+
+class Text2SqlStage(BaseModel):
+    """One call of one stage."""
+
+    kind: str
+    worker: str | None
+    queued_s: float
+    run_s: float
+    error: str | None = None
+
+
+class Text2SqlCandidate(BaseModel):
+    """One SQL candidate through its revisions."""
+
+    index: int
+    strategy: str
+    sql: str | None
+    valid: bool
+    row_count: int | None
+    problem: str | None
+    revisions: int
+    verdict: bool | None
+
+
+class Text2SqlResponse(BaseModel):
+    """The answer to a question: the chosen SQL and its result, every candidate and every stage's call.
+    ``status`` other than ``ok`` comes with ``error`` (and ``failed_stage`` when a stage failed)."""
+
+    id: str
+    status: Literal["ok", "no_valid_sql", "deadline_exceeded", "failed"]
+    sql: str | None
+    columns: list[str]
+    rows: list[list[Any]]
+    row_count: int
+    truncated: bool
+    candidates: list[Text2SqlCandidate]
+    revisions: int
+    stages: list[Text2SqlStage]
+    deadline_s: float
+    latency_s: float
+    deadline_met: bool
+    local_s: float
+    error: str | None = None
+    failed_stage: str | None = None
+
+
+# ----------------------------------------------------------------------------------------------- ops
+class Health(BaseModel):
+    """``GET /healthz``."""
+
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    """``GET /readyz``: ready, or why not."""
+
+    ready: bool
+    healthy_workers: int | None = None
+    reason: str | None = Field(None, description="Why not ready: starting, shutting down, no healthy worker.")
+
+
+class WorkerStatus(BaseModel):
+    """One worker in ``/v1/status`` (more fields than these: queues, estimates, metrics)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+
+
+class GatewayStatus(BaseModel):
+    """``GET /v1/status``: workers, queues, in-flight calls, current alpha, tuning and discovery state."""
+
+    model_config = ConfigDict(extra="allow")
+
+    policy: str
+    alpha: float
+    ready: bool
+    draining: bool
+    active_workflows: int
+    active_by_tenant: dict[str, int]
+    parked_calls: int
+    tenants: dict[str, Any]
+    tuning: dict[str, Any] | None
+    discovery: dict[str, Any] | None
+    workers: list[WorkerStatus]
+
+
+# ----------------------------------------------------------------------------------------------- errors
 class ErrorDetail(BaseModel):
     """OpenAI-style error object."""
 
@@ -109,6 +413,58 @@ class ErrorDetail(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """Every 4xx/5xx body: ``{"error": {...}}`` as OpenAI clients expect."""
+    """Every 4xx/5xx body: ``{"error": {...}}`` as OpenAI clients expect. A 422 from validation adds every
+    problem under ``detail``; a failed workflow adds its report under ``workflow``."""
+
+    model_config = ConfigDict(extra="allow")
 
     error: ErrorDetail
+    detail: list[Any] | None = None
+    workflow: WorkflowResponse | None = None
+
+
+# ----------------------------------------------------------------------------------------------- statuses
+def sse_content(data: str) -> dict[str, Any]:
+    """The ``text/event-stream`` entry of a 200 that may stream: the schema of one event (OpenAPI 3.1 reads
+    ``schema`` of an event stream per event), ``data`` described as ``data``."""
+    event = {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"type": "string", "description": data}, "event": {"type": "string"}},
+    }
+    return {"text/event-stream": {"schema": event}}
+
+
+_RETRY_AFTER = {
+    "Retry-After": {"description": "Seconds after which a retry may succeed.", "schema": {"type": "string"}}
+}
+_STATUS_TEXT: dict[int, str] = {
+    400: "The body is not JSON the gateway could read (nested too deeply), or the worker refused the call "
+    "(its 4xx, message and param passed through).",
+    401: "Missing or unknown API key (``WWW-Authenticate: Bearer``).",
+    404: "An unknown model or database.",
+    413: "The request body is over ``limits.max_body_bytes``.",
+    422: "Malformed JSON, a field of the wrong type or out of range, or a rule the schema cannot state "
+    "(the message names the field).",
+    429: "Over the tenant's queue or concurrency limit (``Retry-After``).",
+    502: "The call failed on every attempt (the worker answered garbage, or a 5xx).",
+    503: "No healthy worker, the gateway is starting or shutting down, or a database is down (``Retry-After``"
+    " where a retry may succeed).",
+    504: "A call timed out on its worker.",
+}
+
+
+def route_responses(*statuses: int, ok: dict[str, Any] | None = None) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route: ``ok`` (its 200, when it differs from the response model's) and one
+    ``ErrorResponse`` entry per error status the route can answer, ``Retry-After`` declared on 429/503."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        if status == 200:
+            if ok is not None:
+                out[200] = ok
+            continue
+        entry: dict[str, Any] = {"model": ErrorResponse, "description": _STATUS_TEXT[status]}
+        if status in (429, 503):
+            entry["headers"] = _RETRY_AFTER
+        out[status] = entry
+    return out

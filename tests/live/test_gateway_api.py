@@ -65,3 +65,61 @@ async def test_bad_input_gets_a_4xx_that_names_the_problem(tmp_path: Path) -> No
             # Nothing above reached a worker, and the gateway still works.
             r = await client.post("/v1/workflows", json={"calls": [ok_call]})
             assert r.status_code == 200, r.text
+
+
+async def test_types_are_strict_never_coerced(tmp_path: Path) -> None:
+    """A JSON value of the wrong type is a 422 naming the field, on every route; an integral number is an
+    integer (JSON Schema's rule), and a header that is empty counts as absent."""
+    async with emulators(["A100"]) as urls, gateway_client(write_config(tmp_path, urls, ["A100"])) as (client, _):
+        msgs = [{"role": "user", "content": "hi"}]
+        call = {"id": "a", "prompt_tokens": 10, "max_tokens": 2}
+        cases: list[tuple[str, dict[str, object], str]] = [
+            ("/v1/chat/completions", {"messages": msgs, "stream": "yes"}, "stream"),
+            ("/v1/chat/completions", {"messages": msgs, "max_tokens": "5"}, "max_tokens"),
+            ("/v1/chat/completions", {"messages": msgs, "max_tokens": True}, "max_tokens"),
+            ("/v1/chat/completions", {"messages": msgs, "temperature": "0.5"}, "temperature"),
+            ("/v1/chat/completions", {"messages": msgs, "n": 2}, "n"),
+            ("/v1/chat/completions", {"messages": [{"role": 1, "content": "hi"}]}, "messages.0.role"),
+            ("/v1/workflows", {"calls": [call], "deadline_s": True}, "deadline_s"),
+            ("/v1/workflows", {"calls": [call], "return_outputs": "false"}, "return_outputs"),
+            ("/v1/workflows", {"calls": [{**call, "max_tokens": 2.5}]}, "calls.0.max_tokens"),
+            ("/v1/workflows", {"calls": [{**call, "ignore_eos": 1}]}, "calls.0.ignore_eos"),
+            ("/v1/workflows", {"calls": [{**call, "messages": msgs}]}, "exactly one of messages and prompt_tokens"),
+            ("/v1/workflows", {"calls": [{**call, "messages": None}]}, "calls.0.messages"),
+            ("/v1/text2sql", {"question": "q?", "db_id": "x", "stream": "yes"}, "stream"),
+            ("/v1/text2sql", {"question": "q?", "db_id": "x", "deadline_s": True}, "deadline_s"),
+        ]
+        for path, body, needle in cases:
+            r = await client.post(path, json=body)
+            assert r.status_code == 422, (path, body, r.text)
+            assert needle in r.json()["error"]["message"], (needle, r.json())
+        r = await client.post("/v1/workflows", json={"calls": [{**call, "max_tokens": 2.0}], "deadline_s": 30})
+        assert r.status_code == 200, r.text
+        for value in ("", "30"):
+            r = await client.post(
+                "/v1/chat/completions",
+                json={"messages": msgs, "max_tokens": 2},
+                headers={"x-hexflow-deadline-s": value},
+            )
+            assert r.status_code == 200, (value, r.text)
+        for value in ("soon", "1_0", "inf", "nan", " 30", "1e400"):
+            r = await client.post(
+                "/v1/chat/completions", json={"messages": msgs}, headers={"x-hexflow-deadline-s": value}
+            )
+            assert r.status_code == 422 and "x-hexflow-deadline-s" in r.json()["error"]["message"], (value, r.text)
+
+
+async def test_chat_passes_fields_it_does_not_know_to_the_worker(tmp_path: Path) -> None:
+    """OpenAI clients send fields the gateway does not declare: they reach the worker as sent (the
+    emulated worker refuses a negative ``min_tokens``, and its refusal comes back), and a null in a field
+    the gateway declares means its default."""
+    async with emulators(["A100"]) as urls, gateway_client(write_config(tmp_path, urls, ["A100"])) as (client, _):
+        msgs = [{"role": "user", "content": "hi", "name": "alice"}]
+        r = await client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, "min_tokens": -1})
+        assert r.status_code == 400 and "min_tokens" in r.json()["error"]["message"], r.text
+        r = await client.post(
+            "/v1/chat/completions",
+            json={"messages": msgs, "max_tokens": 3, "n": None, "stop": None, "logit_bias": {}, "extra_x": [1]},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 3

@@ -13,10 +13,12 @@ import asyncio
 import json
 import math
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import StringConstraints
+from pydantic.json_schema import SkipJsonSchema
 
 from gateway.core.dag import DagNode
 from gateway.core.tokens import message_tokens
@@ -24,6 +26,14 @@ from gateway.core.workflow import CHAT
 from gateway.errors import NotFound, Unprocessable, UpstreamError, error_body
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
 from gateway.live.responses import JSONResponse
+from gateway.live.schemas import (
+    NUMBER_PATTERN,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ModelList,
+    route_responses,
+    sse_content,
+)
 from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
 
 DEADLINE_HEADER = "x-hexflow-deadline-s"
@@ -37,59 +47,79 @@ def served_models(gw: Gateway) -> list[str]:
     return sorted({st.info.served_model for st in gw.pool.workers if not st.removing})
 
 
-def _parse_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except RecursionError as exc:
-        raise Unprocessable("malformed JSON: nested too deeply") from exc
-    except ValueError as exc:
-        raise Unprocessable(f"malformed JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise Unprocessable("the body must be a JSON object")
-    return body
-
-
-def _deadline_header(request: Request) -> float | None:
-    header = request.headers.get(DEADLINE_HEADER)
-    if header is None:
+def _deadline_header(header: str | None) -> float | None:
+    if not header:  # absent, or empty (as if absent)
         return None
-    try:
-        deadline = float(header)
-    except ValueError as exc:
-        raise Unprocessable(f"{DEADLINE_HEADER}: not a number: {header!r}", param=DEADLINE_HEADER) from exc
-    if not math.isfinite(deadline):
+    deadline = float(header)  # the header's pattern (NUMBER_PATTERN) admits only JSON numbers
+    if not math.isfinite(deadline):  # 1e999
         raise Unprocessable(f"{DEADLINE_HEADER}: must be finite", param=DEADLINE_HEADER)
     return deadline
 
 
-@router.post("/v1/chat/completions", response_model=None)
-async def chat(request: Request, tenant: TenantDep) -> Response:
+DeadlineHeader = Annotated[
+    Annotated[str, StringConstraints(pattern=NUMBER_PATTERN)] | SkipJsonSchema[None],
+    Header(
+        alias=DEADLINE_HEADER,
+        description="End-to-end deadline in seconds, within the tenant's range (default: the tenant's).",
+    ),
+]
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses=route_responses(
+        200,
+        400,
+        401,
+        404,
+        413,
+        422,
+        429,
+        502,
+        503,
+        504,
+        ok={
+            "model": ChatCompletion,
+            "description": "The worker's chat completion; with ``stream: true``, its server-sent events.",
+            "content": sse_content(
+                'JSON of a ``chat.completion.chunk`` (the worker\'s), of an ``{"error": ...}`` as the last event '
+                "after a failure, or ``[DONE]``."
+            ),
+        },
+    ),
+)
+async def chat(
+    req: ChatCompletionRequest, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
+) -> Response:
     """OpenAI-compatible chat completions, scheduled as a one-call workflow under the tenant's SLO.
 
     The deadline is the tenant's default, or the ``x-hexflow-deadline-s`` header (within the
-    tenant's range). A client ``priority`` is ignored: the gateway sets it from its own queue.
+    tenant's range). A client ``priority`` is ignored: the gateway sets it from its own queue. Fields the
+    gateway does not know are passed to the worker as sent.
     """
     gw = gw_of(request)
-    body = _parse_body(await request.body())
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise Unprocessable("messages: a non-empty list of message objects is required", param="messages")
-    model = body.get("model")
+    # What the client sent, type-checked; unknown fields as they are. A null in a field the gateway knows
+    # means "the default" (OpenAI's semantics): left out, so a worker need not accept null there.
+    known = ChatCompletionRequest.model_fields
+    body = {k: v for k, v in req.model_dump(exclude_unset=True).items() if v is not None or k not in known}
+    messages = body["messages"]
+    model = req.model
     served = served_models(gw)
     if model is not None and served and model not in served:
         raise NotFound(f"the model {model!r} does not exist; served: {', '.join(served)}", param="model")
-    mt = body.get("max_completion_tokens", body.get("max_tokens"))
-    if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
-        raise Unprocessable(f"max_tokens must be a positive integer, got {mt!r}", param="max_tokens")
     limit = gw.cfg.limits.max_tokens
-    if mt is not None and mt > limit:  # as for a workflow call; a huge int would not even fit a float
-        raise Unprocessable(f"max_tokens: {mt} exceeds the limit of {limit}", param="max_tokens")
-    deadline = deadline_or_raise(gw, tenant, _deadline_header(request))
+    for name in ("max_tokens", "max_completion_tokens"):  # as for a workflow call
+        value = body.get(name)
+        if value is not None and value > limit:
+            raise Unprocessable(f"{name}: {value} exceeds the limit of {limit}", param=name)
+    mt = req.max_completion_tokens or req.max_tokens
+    deadline = deadline_or_raise(gw, tenant, _deadline_header(deadline_header))
     n_in = message_tokens(messages)
     if n_in > gw.cfg.limits.max_tokens:
         raise Unprocessable(f"messages: about {n_in} tokens exceed the limit of {gw.cfg.limits.max_tokens}")
     fwd = {k: v for k, v in body.items() if k not in ("model", "priority")}
-    stream = bool(body.get("stream"))
+    stream = bool(req.stream)
     queue: asyncio.Queue[bytes | None] | None = asyncio.Queue(maxsize=4096) if stream else None
     node = DagNode("chat", CHAT, n_in, mt or DEFAULT_CHAT_OUTPUT_TOKENS)
     admit_or_raise(gw, tenant, 1)
@@ -152,7 +182,7 @@ async def _stream_response(run: asyncio.Task[WorkflowOutcome], queue: asyncio.Qu
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", response_model=ModelList, responses=route_responses(401, 503))
 async def models(request: Request, tenant: TenantDep) -> dict[str, Any]:
     """The models the cluster serves (OpenAI-compatible list)."""
     gw = gw_of(request)

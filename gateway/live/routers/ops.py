@@ -9,24 +9,29 @@ from fastapi.responses import PlainTextResponse
 
 from gateway.live.deps import gw_of
 from gateway.live.responses import JSONResponse
+from gateway.live.schemas import GatewayStatus, Health, Readiness, route_responses
 from gateway.live.service import Gateway
 
 router = APIRouter()
 
 
-@router.get("/v1/status")
+@router.get("/v1/status", response_model=GatewayStatus, responses=route_responses(503))
 async def status(request: Request) -> dict[str, Any]:
     """Workers, queue depths, in-flight calls, current alpha, estimates and tuning state."""
     return gw_of(request).status()
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health)
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready: starting, shutting down, or no healthy worker."}},
+)
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: configuration loaded, not draining, at least one healthy worker."""
     gw = getattr(request.app.state, "gateway", None)
@@ -39,7 +44,20 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse({"ready": True, "healthy_workers": gw.pool.healthy})
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {
+            "description": "Prometheus text exposition format 0.0.4.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+        503: {  # as JSON, like every error (the route's own class is text/plain)
+            **{k: v for k, v in route_responses(503)[503].items() if k != "model"},
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+        },
+    },
+)
 async def metrics(request: Request) -> PlainTextResponse:
     """Prometheus exposition of the ``hexflow_*`` metrics."""
     gw = gw_of(request)

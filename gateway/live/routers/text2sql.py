@@ -22,26 +22,13 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
 from gateway.live.responses import JSONResponse
+from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
 from gateway.live.text2sql_runner import GatewayStageRunner
 from gateway.text2sql.db import UnknownDatabase
-from gateway.text2sql.service import NO_DATABASES, Text2SqlService
-
-
-class Text2SqlRequest(BaseModel):
-    """``POST /v1/text2sql``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    question: str = Field(description="The question in natural language.")
-    db_id: str = Field(min_length=1, max_length=64, description="Which database (see the databases file).")
-    evidence: str | None = Field(None, description="A hint (BIRD-style evidence), optional.")
-    deadline_s: float | None = Field(None, description="End-to-end deadline; default: the tenant's.")
-    stream: bool = Field(False, description="Send stage completions as server-sent events, the result last.")
-
+from gateway.text2sql.service import NO_DATABASES, InvalidQuestion, Text2SqlService
 
 router = APIRouter()
 
@@ -70,12 +57,59 @@ def _service(request: Request) -> Text2SqlService:
     return service
 
 
-@router.post("/v1/text2sql", response_model=None)
+def _check_lengths(service: Text2SqlService, req: Text2SqlRequest) -> None:
+    """The question and evidence as sent within their limits (the ``maxLength`` the document states):
+    ``check_question`` measures them stripped."""
+    for name, text, limit in (
+        ("question", req.question, service.settings.max_question_chars),
+        ("evidence", req.evidence or "", service.settings.max_evidence_chars),
+    ):
+        if len(text) > limit:
+            raise InvalidQuestion(name, f"{len(text)} characters exceed the limit of {limit}")
+
+
+def _responses() -> dict[int | str, dict[str, Any]]:
+    """A failed stage answers 502/503/504 with the result's body (``status: failed``, ``failed_stage``);
+    the gateway's own refusals with an ``ErrorResponse``."""
+    out = route_responses(
+        200,
+        400,
+        401,
+        404,
+        413,
+        422,
+        429,
+        502,
+        503,
+        504,
+        ok={
+            "model": Text2SqlResponse,
+            "description": "The answer (``status``: ok, no_valid_sql, deadline_exceeded); with ``stream: true``, "
+            "server-sent events: each stage, then the result, then ``[DONE]``.",
+            "content": sse_content(
+                'JSON of a stage event ``{"event": "stage", ...}``, then of the result '
+                '``{"event": "result", ...}``, then ``[DONE]``.'
+            ),
+        },
+    )
+    either = {
+        "anyOf": [{"$ref": "#/components/schemas/Text2SqlResponse"}, {"$ref": "#/components/schemas/ErrorResponse"}]
+    }
+    for status in (502, 503, 504):
+        entry = {k: v for k, v in out[status].items() if k != "model"}
+        entry["description"] += " A stage that failed answers the result (``status: failed``, ``failed_stage``)."
+        entry["content"] = {"application/json": {"schema": either}}
+        out[status] = entry
+    return out
+
+
+@router.post("/v1/text2sql", response_model=None, responses=_responses())
 async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) -> Response:
     """Answer a question with SQL executed on the tenant's database."""
     gw = gw_of(request)
     service = _service(request)
     db = service.database(req.db_id, tenant=tenant.name, allows=tenant.allows)
+    _check_lengths(service, req)
     question, evidence = service.check_question(req.question, req.evidence)
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
     admit_or_raise(gw, tenant, 1)

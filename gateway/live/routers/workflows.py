@@ -19,7 +19,7 @@ from gateway.core.tokens import message_tokens
 from gateway.errors import Unprocessable, UpstreamError
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
 from gateway.live.responses import JSONResponse
-from gateway.live.schemas import CallReport, WorkflowCall, WorkflowRequest, WorkflowResponse
+from gateway.live.schemas import CallReport, WorkflowCall, WorkflowRequest, WorkflowResponse, route_responses
 from gateway.live.service import CallRequest, WorkflowOutcome
 
 SYNTHETIC_VOCAB = (100, 1100)
@@ -96,12 +96,30 @@ def workflow_response(req: WorkflowRequest, out: WorkflowOutcome) -> WorkflowRes
     )
 
 
+def _default_max_tokens(i: int, c: WorkflowCall, limit: int) -> None:
+    """A call that leaves ``max_tokens`` out gets the default or the limit, whichever is lower (the default
+    the document states); ``min_tokens`` must still fit under it."""
+    if "max_tokens" in c.model_fields_set or c.max_tokens <= limit:
+        return
+    c.max_tokens = limit
+    if c.min_tokens > c.max_tokens:
+        raise Unprocessable(
+            f"calls.{i}: min_tokens={c.min_tokens} exceeds max_tokens={c.max_tokens} (the default, capped at "
+            "limits.max_tokens)",
+            param=f"calls.{i}.min_tokens",
+        )
+
+
 def _check_limit(i: int, name: str, value: int, limit: int) -> None:
     if value > limit:
         raise Unprocessable(f"calls.{i}.{name}: {value} exceeds the limit of {limit}", param=f"calls.{i}.{name}")
 
 
-@router.post("/v1/workflows", response_model=WorkflowResponse)
+@router.post(
+    "/v1/workflows",
+    response_model=WorkflowResponse,
+    responses=route_responses(400, 401, 413, 422, 429, 502, 503, 504),
+)
 async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> JSONResponse:
     """Run a DAG of LLM calls; returns every call's result and timings."""
     gw = gw_of(request)
@@ -116,9 +134,15 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
     nodes: list[DagNode] = []
     requests: list[CallRequest] = []
     for i, c in enumerate(req.calls):
+        _default_max_tokens(i, c, lim.max_tokens)
         if c.prompt_tokens is not None:  # checked before a synthetic prompt of that length is built
             _check_limit(i, "prompt_tokens", c.prompt_tokens, lim.max_tokens)
         cr, n_in, n_out = _call_request(c, salt * 1000 + i)
+        if c.messages is not None and n_in > lim.max_tokens:  # an estimate: named as one
+            raise Unprocessable(
+                f"calls.{i}.messages: about {n_in} tokens exceed the limit of {lim.max_tokens}",
+                param=f"calls.{i}.messages",
+            )
         _check_limit(i, "prompt_tokens", n_in, lim.max_tokens)
         _check_limit(i, "max_tokens", c.max_tokens, lim.max_tokens)
         nodes.append(DagNode(c.id, c.kind, n_in, n_out, tuple(c.depends_on)))
