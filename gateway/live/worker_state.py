@@ -3,12 +3,14 @@
 The worker's description (name, profile, capacity, address) is its ``WorkerInfo`` in the scheduler;
 ``WorkerState`` refers to it by index instead of copying it, so a capacity change
 (``WorkerPool.set_capacity`` -> ``Scheduler.set_capacity``) is seen everywhere at once. The pool
-(``pool.py``) and its monitor (``monitor.py``) write the fields; nothing else does.
+(``pool.py``) and its monitor (``monitor.py``) write the fields; nothing else does. ``recent`` is the
+window that outlier ejection judges (``outliers.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,12 @@ class WorkerState:
     ``up`` (health), ``ready`` (discovery) and ``removing`` decide eligibility; ``inflight`` are the calls
     sent and not yet returned; ``kick`` wakes the drain loop. ``metrics``, ``scraped_at`` and ``held``
     are written by the monitor (the last scrape, and whether vLLM's waiting queue is growing).
+
+    Outlier ejection: ``recent`` holds the worker's last calls, each ``None`` (failed) or its
+    observed/predicted latency ratio; ``ejected_until`` is set while the worker is ejected (the time its
+    back-off ends, after which a probe call may re-admit it), with ``ejected_reason``; ``ejections``
+    counts the ejections since it last stayed admitted for long (the back-off doubles with each);
+    ``readmitted_at`` is when a probe last re-admitted it; ``probing`` while that probe runs.
     """
 
     index: int
@@ -42,6 +50,12 @@ class WorkerState:
     inflight: set[LiveCall] = field(default_factory=set)
     sent: int = 0
     failed: int = 0
+    recent: deque[float | None] = field(default_factory=deque)
+    ejected_until: float | None = None
+    ejected_reason: str = ""
+    ejections: int = 0
+    readmitted_at: float | None = None
+    probing: bool = False
 
     @property
     def info(self) -> WorkerInfo:
@@ -55,8 +69,23 @@ class WorkerState:
 
     @property
     def eligible(self) -> bool:
-        """Takes new dispatches: healthy, ready (discovery) and not being removed."""
-        return self.up and self.ready and not self.removing
+        """Takes new dispatches: healthy, ready (discovery), not ejected and not being removed."""
+        return self.up and self.ready and not self.removing and self.ejected_until is None
+
+    @property
+    def ejected(self) -> bool:
+        """Ejected as an outlier (until a probe call re-admits it)."""
+        return self.ejected_until is not None
+
+    def recent_error_rate(self) -> float | None:
+        """The share of failed calls in the recent window (None when it is empty)."""
+        n = len(self.recent)
+        return sum(1 for x in self.recent if x is None) / n if n else None
+
+    def recent_latency_ratio(self) -> float | None:
+        """The mean observed/predicted latency of the recent window's returned calls (None: none)."""
+        ok = [x for x in self.recent if x is not None]
+        return sum(ok) / len(ok) if ok else None
 
     def status(self, now: float) -> dict[str, Any]:
         """This worker's entry of ``/v1/status``."""
@@ -77,7 +106,21 @@ class WorkerState:
             "estimate_ratios": {k: {"ratio": round(r, 4), "age_s": round(a, 3)} for k, (r, a) in ratios.items()},
             "completed": self.sent,
             "failed": self.failed,
+            "ejected": self.ejected,
+            "ejected_for_s": None if self.ejected_until is None else round(max(self.ejected_until - now, 0.0), 3),
+            "ejected_reason": self.ejected_reason if self.ejected else None,
+            "ejections": self.ejections,
+            "recent": self._recent_status(),
             "vllm": self._scrape_status(now),
+        }
+
+    def _recent_status(self) -> dict[str, Any]:
+        err = self.recent_error_rate()
+        ratio = self.recent_latency_ratio()
+        return {
+            "calls": len(self.recent),
+            "error_rate": None if err is None else round(err, 4),
+            "latency_ratio": None if ratio is None else round(ratio, 4),
         }
 
     def _scrape_status(self, now: float) -> dict[str, Any] | None:

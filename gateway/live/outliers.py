@@ -1,0 +1,90 @@
+"""Outlier ejection: the verdict on a worker whose recent calls fail or run slow far more than its peers'.
+
+A worker that refuses connections is marked down at once, and one that fails ``failures_to_down`` calls
+or probes in a row is marked down until its ``/health`` answers again. Neither catches a worker that
+answers ``/health`` but fails every other call, answers garbage now and then, or turns slow on some
+calls only. Outlier ejection does, by comparing each worker with its peers (``health.outlier`` in
+``gateway.yaml``, ``OutlierConfig``):
+
+* every call that ends on a worker leaves one entry in its window (``WorkerState.recent``): ``None``
+  for a worker error (timeouts and malformed answers included), else its observed/predicted latency
+  (the profile's lone-request latency for the call's tokens), clamped to [1/8, 8]; refusals of the
+  request itself (4xx) and cancelled calls leave none;
+* ``OutlierDetector.verdict`` names the reason to eject a worker, or None: a share of failed calls of
+  at least ``error_rate`` and ``error_rate_margin`` above its peers' (the windows of the other workers
+  that take calls, pooled), or a mean latency ratio ``latency_ratio`` times its peers';
+* ``OutlierDetector.backoff`` is the ejection's length: ``base_ejection_s``, doubled for every
+  ejection (or failed probe) since the worker was last re-admitted for longer than ``max_ejection_s``.
+
+The pool (``pool.py``) asks for the verdict after every call, ejects within ``max_ejected_fraction``,
+and its monitor (``monitor.py``) re-admits an ejected worker once a probe call answers. Pure: no I/O,
+no clock (times are arguments).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from gateway.config.gateway import OutlierConfig
+from gateway.live.worker_state import WorkerState
+
+RATIO_CLAMP = 8.0
+
+
+class OutlierDetector:
+    """Keeps the workers' windows and judges them against their peers (see the module doc)."""
+
+    def __init__(self, cfg: OutlierConfig) -> None:
+        self.cfg = cfg
+
+    def new_window(self) -> deque[float | None]:
+        """An empty window of ``cfg.window`` calls."""
+        return deque(maxlen=self.cfg.window)
+
+    @staticmethod
+    def record(st: WorkerState, ratio: float | None) -> None:
+        """One call ended on ``st``: ``None`` when it failed, else its observed/predicted latency."""
+        if ratio is not None:
+            ratio = min(max(ratio, 1.0 / RATIO_CLAMP), RATIO_CLAMP)
+        st.recent.append(ratio)
+
+    def verdict(self, st: WorkerState, peers: Iterable[WorkerState]) -> str | None:
+        """Why ``st`` should be ejected, compared with ``peers`` (``st`` itself is skipped), or None."""
+        cfg = self.cfg
+        n = len(st.recent)
+        if not cfg.enabled or n < cfg.min_calls:
+            return None
+        errors = sum(1 for x in st.recent if x is None)
+        peer_n = peer_errors = 0
+        peer_ratios: list[float] = []
+        for p in peers:
+            if p is st:
+                continue
+            peer_n += len(p.recent)
+            for x in p.recent:
+                if x is None:
+                    peer_errors += 1
+                else:
+                    peer_ratios.append(x)
+        rate = errors / n
+        peer_rate = peer_errors / peer_n if peer_n else 0.0
+        if rate >= cfg.error_rate and rate - peer_rate >= cfg.error_rate_margin:
+            return f"{errors} of its last {n} calls failed (peers: {peer_rate:.0%})"
+        ok = [x for x in st.recent if x is not None]
+        if len(ok) >= cfg.min_calls and len(peer_ratios) >= cfg.min_calls:
+            mine = sum(ok) / len(ok)
+            theirs = sum(peer_ratios) / len(peer_ratios)
+            if mine >= cfg.latency_ratio * theirs:
+                return (
+                    f"its last {len(ok)} calls took {mine:.3g}x their predicted latency on average "
+                    f"(peers: {theirs:.3g}x)"
+                )
+        return None
+
+    def backoff(self, st: WorkerState, now: float) -> float:
+        """The length of ``st``'s next ejection (forgets old ejections after ``max_ejection_s`` admitted)."""
+        cfg = self.cfg
+        if st.readmitted_at is not None and st.ejected_until is None and now - st.readmitted_at > cfg.max_ejection_s:
+            st.ejections = 0
+        return float(min(cfg.base_ejection_s * 2.0 ** min(st.ejections, 30), cfg.max_ejection_s))
