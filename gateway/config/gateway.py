@@ -52,14 +52,14 @@ class TimeoutsConfig(_Strict):
     """Timeouts of a call to a worker, phase by phase, and the HTTP client's settings (one aiohttp session).
 
     A call has four bounds: the TCP connect (``connect_s``); for a streaming call, the response headers
-    (``headers_s``; vLLM sends them before it generates) and every gap between two chunks of the
-    stream, the first included (``stream_idle_s``); and the whole call, scaled by what it should take:
-    ``min(call_s, call_floor_s + call_factor x the worker's predicted latency for the call's tokens)``
-    (the profile's lone-request latency, not corrected by what the worker did lately, so a worker that
-    turned slow does not earn itself longer timeouts). A non-streaming answer's headers come with the
-    answer, so they are bounded by the whole-call bound. A call that times out is a worker error: it is
-    retried on another worker (unless it already streamed bytes to the client) and counts against the
-    worker (``health``).
+    (``headers_s``; vLLM sends them before it generates); every gap between two chunks of an answer
+    once its headers came, a stream's first event included (``stream_idle_s``); and the whole call,
+    scaled by what it should take: ``min(call_s, call_floor_s + call_factor x predicted)``, where
+    ``predicted`` is the worker's profile latency for the call's tokens, not corrected by what the worker
+    did lately (a worker that turned slow does not earn itself longer timeouts). A non-streaming
+    answer's headers come with the answer, so the whole-call bound is theirs. A call that times out is a
+    worker error: it is retried on another worker (unless it already streamed bytes to the client) and
+    counts against the worker (``health``).
     """
 
     connect_s: PosFloat = Field(
@@ -67,7 +67,7 @@ class TimeoutsConfig(_Strict):
     )
     headers_s: PosFloat = Field(30.0, description="Streaming calls: longest wait for the worker's response headers.")
     stream_idle_s: PosFloat = Field(
-        60.0, description="Streaming calls: longest gap between two chunks of the stream (the first one included)."
+        60.0, description="Longest gap between two chunks of an answer after its headers (a stream's first included)."
     )
     call_s: PosFloat = Field(900.0, description="Longest an LLM call may take on a worker, whatever its size.")
     call_floor_s: PosFloat = Field(
@@ -104,13 +104,14 @@ class OutlierConfig(_Strict):
 
     Each worker keeps its last ``window`` call outcomes: failed (a worker error or a timeout) or
     returned, with the observed/predicted latency of a returned call (its profile's lone-request
-    latency, each ratio clamped to [1/8, 8] so that one stall weighs little). Once it has ``min_calls``
-    of them it is compared with its peers (the other workers' windows, pooled) after each call:
+    latency). Once it has ``min_calls`` of them it is compared with its peers (the windows of the other
+    workers that take calls, pooled) after each call:
 
     * error rate: its share of failed calls is at least ``error_rate`` and exceeds its peers' share by
       ``error_rate_margin``;
-    * latency: the mean ratio of its returned calls is at least ``latency_ratio`` times its peers'
-      (judged only when peers have ``min_calls`` returned calls between them).
+    * latency: the typical ratio of its returned calls (their mean less the largest tenth, so one stall
+      weighs nothing) is at least ``latency_ratio`` times its peers' (judged only when peers have
+      ``min_calls`` returned calls between them).
 
     An ejected worker takes no new calls (its queue is re-dispatched, calls in flight finish) for
     ``base_ejection_s``, doubled at each ejection that follows a re-admission within ``max_ejection_s``
@@ -141,7 +142,7 @@ class OutlierConfig(_Strict):
         3.0,
         gt=1.0,
         allow_inf_nan=False,
-        description="Eject when the mean observed/predicted latency of its calls is this many times its peers'.",
+        description="Eject when its calls' typical observed/predicted latency is this many times its peers'.",
     )
     base_ejection_s: PosFloat = Field(30.0, description="First ejection's length; it doubles on repeated ejections.")
     max_ejection_s: PosFloat = Field(300.0, description="Longest ejection; also how long a re-admission is remembered.")

@@ -8,11 +8,14 @@ calls only. Outlier ejection does, by comparing each worker with its peers (``he
 
 * every call that ends on a worker leaves one entry in its window (``WorkerState.recent``): ``None``
   for a worker error (timeouts and malformed answers included), else its observed/predicted latency
-  (the profile's lone-request latency for the call's tokens), clamped to [1/8, 8]; refusals of the
-  request itself (4xx) and cancelled calls leave none;
+  (the profile's lone-request latency for the call's tokens), clamped to [1/100, 100]; refused
+  connections (a worker gone: health handles it), refusals of the request itself (4xx) and cancelled
+  calls leave none;
 * ``OutlierDetector.verdict`` names the reason to eject a worker, or None: a share of failed calls of
   at least ``error_rate`` and ``error_rate_margin`` above its peers' (the windows of the other workers
-  that take calls, pooled), or a mean latency ratio ``latency_ratio`` times its peers';
+  that take calls, pooled), or a typical latency ratio ``latency_ratio`` times its peers'. The typical
+  ratio is the mean of the ratios less their largest tenth (at least one): one stall does not eject a
+  worker, but one that is slow on a fifth of its calls (say, only on long prompts) stands out.
 * ``OutlierDetector.backoff`` is the ejection's length: ``base_ejection_s``, doubled for every
   ejection (or failed probe) since the worker was last re-admitted for longer than ``max_ejection_s``.
 
@@ -27,9 +30,9 @@ from collections import deque
 from collections.abc import Iterable
 
 from gateway.config.gateway import OutlierConfig
-from gateway.live.worker_state import WorkerState
+from gateway.live.worker_state import WorkerState, typical_ratio
 
-RATIO_CLAMP = 8.0
+RATIO_CLAMP = 100.0
 
 
 class OutlierDetector:
@@ -73,13 +76,10 @@ class OutlierDetector:
             return f"{errors} of its last {n} calls failed (peers: {peer_rate:.0%})"
         ok = [x for x in st.recent if x is not None]
         if len(ok) >= cfg.min_calls and len(peer_ratios) >= cfg.min_calls:
-            mine = sum(ok) / len(ok)
-            theirs = sum(peer_ratios) / len(peer_ratios)
+            mine = typical_ratio(ok)
+            theirs = typical_ratio(peer_ratios)
             if mine >= cfg.latency_ratio * theirs:
-                return (
-                    f"its last {len(ok)} calls took {mine:.3g}x their predicted latency on average "
-                    f"(peers: {theirs:.3g}x)"
-                )
+                return f"its last {len(ok)} calls took {mine:.3g}x their predicted latency (peers: {theirs:.3g}x)"
         return None
 
     def backoff(self, st: WorkerState, now: float) -> float:

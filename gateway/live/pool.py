@@ -115,6 +115,8 @@ class WorkerPool:
         self.parked: deque[LiveCall] = deque()
         self._running = False
         self.sent_log: list[tuple[float, str]] | None = None  # (time sent, worker name) when recording
+        # The latest health changes, (time, worker name, what): down, up, ejected, readmitted, probe_failed.
+        self.events: deque[tuple[float, str, str]] = deque(maxlen=256)
         self.on_removed: Callable[[str], None] | None = None  # called with a removed worker's name
 
     def _new_state(self, index: int, scheduler: Scheduler, *, ready: bool = True) -> WorkerState:
@@ -437,11 +439,11 @@ class WorkerPool:
         call.failed_on.add(st.name)
         self.metrics.call_failure(st.name, "worker_error")
         log.warning("call %s failed on worker %s (attempt %d): %s", call.id, st.name, call.attempts, reason)
-        self.outliers.record(st, None)
+        if not refused:  # a refused connection is a worker gone (restarting), not an outlier: health handles it
+            self.outliers.record(st, None)
+            self._judge(st)
         if refused or st.failures >= self.failures_to_down:
             self.mark_down(st, reason)
-        else:
-            self._judge(st)
         if call.streamed:
             self._deliver(call, CallFailed(f"worker {st.name} failed mid-stream: {reason}", 502))
         elif call.attempts >= self.max_attempts:
@@ -467,8 +469,9 @@ class WorkerPool:
     # ------------------------------------------------------------------ outlier ejection
 
     def _judge(self, st: WorkerState) -> None:
-        """Eject ``st`` when its recent calls make it an outlier among the workers taking calls."""
-        if not st.eligible:
+        """Eject ``st`` when its recent calls make it an outlier among the workers taking calls (a worker
+        marked down is judged too: the health probe that brings it back may pass while its calls fail)."""
+        if st.ejected or st.removing or not self.is_member(st):
             return
         reason = self.outliers.verdict(st, [w for w in self.states.values() if w.eligible])
         if reason is not None and self._may_eject(st):
@@ -490,6 +493,7 @@ class WorkerPool:
         st.ejected_until = now + length
         st.ejected_reason = reason
         log.error("worker %s ejected for %g s: %s", st.name, length, reason)
+        self.events.append((now, st.name, "ejected"))
         self.metrics.ejection(st.name)
         self._sync(st)
 
@@ -498,11 +502,11 @@ class WorkerPool:
         if not st.ejected:
             return
         st.ejected_until = None
-        st.ejected_reason = ""
         st.recent.clear()
         st.failures = 0
         st.readmitted_at = self.clock()
         log.warning("worker %s re-admitted: its probe call answered", st.name)
+        self.events.append((st.readmitted_at, st.name, "readmitted"))
         self._sync(st)
 
     def probe_failed(self, st: WorkerState, reason: str) -> None:
@@ -514,6 +518,7 @@ class WorkerPool:
         st.ejections += 1
         st.ejected_until = now + length
         log.warning("worker %s stays ejected for %g s: its probe call failed: %s", st.name, length, reason)
+        self.events.append((now, st.name, "probe_failed"))
         self.metrics.ejection(st.name)
 
     def probe_call(self) -> LiveCall:
@@ -536,6 +541,7 @@ class WorkerPool:
         if not st.removing:
             log.error("worker %s marked down: %s", st.name, reason)
         st.up = False
+        self.events.append((self.clock(), st.name, "down"))
         self._sync(st)
 
     def mark_up(self, st: WorkerState) -> None:
@@ -545,6 +551,7 @@ class WorkerPool:
             return
         log.warning("worker %s is up again", st.name)
         st.up = True
+        self.events.append((self.clock(), st.name, "up"))
         self._sync(st)
 
     def expire_parked(self) -> None:

@@ -6,9 +6,10 @@ is sent (the scheduler's ``Call`` plus the request and its callback), ``CallResu
 ``HttpTransport`` is the production implementation over one shared aiohttp session.
 
 Timeouts, phase by phase (``timeouts`` in ``gateway.yaml``): ``HttpTransport`` bounds the TCP connect,
-a streaming call's wait for the response headers and every gap between two chunks of its stream; the
-pool bounds the whole call by what it should take (``WorkerPool``; a non-streaming answer's headers
-come with the answer, so the whole-call bound is theirs too).
+a streaming call's wait for the response headers, and every gap between two chunks of an answer once
+its headers came (a stream's first event included); the pool bounds the whole call by what it should
+take (``WorkerPool``; a non-streaming answer's headers come with the answer, so the whole-call bound is
+theirs).
 
 Error classification (what the pool does with it):
 
@@ -133,7 +134,8 @@ class HttpTransport:
     Args:
         connect_s: TCP connect timeout (a worker not reached in it counts as refused).
         headers_s: a streaming call's longest wait for the response headers.
-        stream_idle_s: a streaming call's longest gap between two chunks, the first included.
+        stream_idle_s: the longest gap between two chunks of an answer after its headers (a stream's
+            first event included).
         max_response_bytes: the largest answer body read (a larger one is a worker error).
         call_s: the longest any call may take here (the pool bounds each call more tightly).
         probe_timeout_s, scrape_timeout_s: timeouts of ``/health`` probes and ``/metrics`` scrapes.
@@ -213,13 +215,14 @@ class HttpTransport:
             raise WorkerError(f"transport error: {exc!r}") from exc
 
     async def _read_body(self, r: aiohttp.ClientResponse) -> bytes:
-        """The whole body, refused beyond ``max_response_bytes`` before more of it is held."""
+        """The whole body, each chunk within ``stream_idle_s``, refused beyond ``max_response_bytes``
+        before more of it is held."""
         cap = self.max_response_bytes
         if r.content_length is not None and r.content_length > cap:
             raise WorkerError(f"answer of {r.content_length} bytes is over the limit of {cap}")
         parts: list[bytes] = []
         size = 0
-        while chunk := await r.content.readany():
+        while chunk := await self._next_chunk(r):
             size += len(chunk)
             if size > cap:
                 raise WorkerError(f"answer is over the limit of {cap} bytes")
@@ -227,14 +230,14 @@ class HttpTransport:
         return b"".join(parts)
 
     async def _next_chunk(self, r: aiohttp.ClientResponse) -> bytes:
-        """The stream's next chunk (b"" at its end), within ``stream_idle_s``."""
+        """The body's next chunk (b"" at its end), within ``stream_idle_s``."""
         idle = asyncio.timeout(self.stream_idle_s)
         try:
             async with idle:
                 return await r.content.readany()
         except TimeoutError as exc:
             if idle.expired():
-                raise WorkerError(f"timed out: the stream sent nothing for {self.stream_idle_s:g} s") from exc
+                raise WorkerError(f"timed out: the answer sent nothing for {self.stream_idle_s:g} s") from exc
             raise
 
     async def _relay_stream(self, r: aiohttp.ClientResponse, call: LiveCall) -> CallResult:

@@ -20,6 +20,15 @@ from gateway.live.promparse import WorkerMetrics
 from gateway.live.transport import LiveCall
 
 
+def typical_ratio(ratios: list[float]) -> float:
+    """The mean of ``ratios`` without their largest tenth (at least one of two or more): one stall
+    weighs nothing, a worker slow on a fifth of its calls still stands out (1.0 when empty)."""
+    if len(ratios) < 2:
+        return ratios[0] if ratios else 1.0
+    kept = sorted(ratios)[: len(ratios) - max(1, len(ratios) // 10)]
+    return sum(kept) / len(kept)
+
+
 @dataclass(slots=True, eq=False)
 class WorkerState:
     """The pool's runtime state of one worker; its description is the scheduler's ``WorkerInfo``.
@@ -30,9 +39,10 @@ class WorkerState:
 
     Outlier ejection: ``recent`` holds the worker's last calls, each ``None`` (failed) or its
     observed/predicted latency ratio; ``ejected_until`` is set while the worker is ejected (the time its
-    back-off ends, after which a probe call may re-admit it), with ``ejected_reason``; ``ejections``
-    counts the ejections since it last stayed admitted for long (the back-off doubles with each);
-    ``readmitted_at`` is when a probe last re-admitted it; ``probing`` while that probe runs.
+    back-off ends, after which a probe call may re-admit it); ``ejected_reason`` says why it was last
+    ejected; ``ejections`` counts the ejections since it last stayed admitted for long (the back-off
+    doubles with each); ``readmitted_at`` is when a probe last re-admitted it; ``probing`` while that
+    probe runs.
     """
 
     index: int
@@ -83,9 +93,9 @@ class WorkerState:
         return sum(1 for x in self.recent if x is None) / n if n else None
 
     def recent_latency_ratio(self) -> float | None:
-        """The mean observed/predicted latency of the recent window's returned calls (None: none)."""
+        """The typical observed/predicted latency of the recent window's returned calls (None: none)."""
         ok = [x for x in self.recent if x is not None]
-        return sum(ok) / len(ok) if ok else None
+        return typical_ratio(ok) if ok else None
 
     def status(self, now: float) -> dict[str, Any]:
         """This worker's entry of ``/v1/status``."""
