@@ -3,7 +3,7 @@
 * health: every ``health_period_s`` each worker's ``/health`` is probed, concurrently. A success marks
   the worker up (``WorkerPool.mark_up``); ``failures_to_down`` consecutive failures (counted with the
   call failures) mark it down. Parked calls that waited too long are failed afterwards
-  (``WorkerPool.expire_parked``). The same round sends a probe call (``WorkerPool.probe_call``, a
+  (``WorkerPool.expire_parked``). The same round sends a probe call (``outliers.probe_call``, a
   one-token completion, in a task of its own, within ``outlier.probe_timeout_s``) to every ejected
   worker whose back-off is over: an answer re-admits it (``WorkerPool.readmit``), a failure keeps it
   out for a longer back-off (``WorkerPool.probe_failed``). A ``/health`` that answers is not enough
@@ -24,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from gateway.live.outliers import probe_call
 from gateway.live.promparse import WorkerMetrics, parse_worker_metrics
 from gateway.live.worker_state import WorkerState
 
@@ -120,7 +121,7 @@ class WorkerMonitor:
         timeout = pool.outliers.cfg.probe_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                await pool.transport.send(st.info, pool.probe_call())
+                await pool.transport.send(st.info, probe_call(pool.clock()))
         except Exception as exc:  # WorkerError, CallFailed, a timeout: the worker is not back
             reason = f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
             if pool.is_member(st):

@@ -19,9 +19,10 @@ calls only. Outlier ejection does, by comparing each worker with its peers (``he
 * ``OutlierDetector.backoff`` is the ejection's length: ``base_ejection_s``, doubled for every
   ejection (or failed probe) since the worker was last re-admitted for longer than ``max_ejection_s``.
 
-The pool (``pool.py``) asks for the verdict after every call, ejects within ``max_ejected_fraction``,
-and its monitor (``monitor.py``) re-admits an ejected worker once a probe call answers. Pure: no I/O,
-no clock (times are arguments).
+The pool (``pool.py``) asks ``OutlierDetector.judge`` after every call (the verdict, within
+``max_ejected_fraction`` and never for the last worker taking calls) and ejects; its monitor
+(``monitor.py``) sends an ejected worker ``probe_call()`` once the back-off is over, and the pool
+re-admits it when that answers. No I/O, no clock (times are arguments).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from collections import deque
 from collections.abc import Iterable
 
 from gateway.config.gateway import OutlierConfig
+from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
+from gateway.live.transport import LiveCall
 from gateway.live.worker_state import WorkerState, typical_ratio
 
 RATIO_CLAMP = 100.0
@@ -82,9 +85,41 @@ class OutlierDetector:
                 return f"its last {len(ok)} calls took {mine:.3g}x their predicted latency (peers: {theirs:.3g}x)"
         return None
 
+    def judge(self, st: WorkerState, members: Iterable[WorkerState]) -> str | None:
+        """Why ``st`` is to be ejected now, or None: its verdict against the workers taking calls, when
+        ejecting it keeps within ``max_ejected_fraction`` of ``members`` and leaves one taking calls."""
+        if st.ejected or st.removing:
+            return None
+        pool = [w for w in members if not w.removing]
+        reason = self.verdict(st, [w for w in pool if w.eligible])
+        if reason is None:
+            return None
+        ejected = sum(1 for w in pool if w.ejected)
+        if ejected + 1 > int(self.cfg.max_ejected_fraction * len(pool)):
+            return None
+        if not any(w.eligible for w in pool if w is not st):
+            return None
+        return reason
+
     def backoff(self, st: WorkerState, now: float) -> float:
         """The length of ``st``'s next ejection (forgets old ejections after ``max_ejection_s`` admitted)."""
         cfg = self.cfg
         if st.readmitted_at is not None and st.ejected_until is None and now - st.readmitted_at > cfg.max_ejection_s:
             st.ejections = 0
         return float(min(cfg.base_ejection_s * 2.0 ** min(st.ejections, 30), cfg.max_ejection_s))
+
+
+def probe_call(now: float) -> LiveCall:
+    """The call that probes an ejected worker: a one-token completion of a one-token prompt, sent (and
+    its answer checked) like any call, so a worker whose ``/health`` answers but whose engine does not
+    stays out."""
+    spec = CallSpec("probe", 1, 1)
+    wf = StagedWorkflow(0, "", now, now, [Stage("probe", (spec,))])
+    return LiveCall(
+        id=0,
+        workflow=wf,
+        spec=spec,
+        ready_at=now,
+        endpoint="/v1/completions",
+        body={"prompt": [100], "max_tokens": 1, "temperature": 0},
+    )

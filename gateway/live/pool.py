@@ -24,6 +24,10 @@ latency on the worker, at most ``call_s``), whatever the transport; ``HttpTransp
 (connect, a stream's headers and gaps). So every call ends, and with at most ``max_attempts`` attempts
 and ``parked_timeout_s`` of parking, so does every workflow.
 
+One concept in one module (about 560 lines): the pool's workers and what happens to their calls
+(membership, dispatch, drain loops, the call's end, retries, parking, down/up and ejection); the
+monitor, the outlier verdicts and the worker's state are modules of their own.
+
 Every way a sent call can end (result, ``WorkerError``, ``CallFailed``, cancellation, a bug) goes through
 one method, ``WorkerPool._settle``.
 
@@ -53,7 +57,6 @@ from typing import Any
 from gateway.config.gateway import OutlierConfig, TimeoutsConfig
 from gateway.core.scheduler import NoEligibleWorker, Scheduler
 from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import CallFailed, WorkerError
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.monitor import WorkerMonitor
@@ -473,17 +476,9 @@ class WorkerPool:
         marked down is judged too: the health probe that brings it back may pass while its calls fail)."""
         if st.ejected or st.removing or not self.is_member(st):
             return
-        reason = self.outliers.verdict(st, [w for w in self.states.values() if w.eligible])
-        if reason is not None and self._may_eject(st):
+        reason = self.outliers.judge(st, list(self.states.values()))
+        if reason is not None:
             self.eject(st, reason)
-
-    def _may_eject(self, st: WorkerState) -> bool:
-        """Within ``max_ejected_fraction`` of the workers, and never the last one taking calls."""
-        members = [w for w in self.states.values() if not w.removing]
-        ejected = sum(1 for w in members if w.ejected)
-        if ejected + 1 > int(self.outliers.cfg.max_ejected_fraction * len(members)):
-            return False
-        return any(w.eligible for w in members if w is not st)
 
     def eject(self, st: WorkerState, reason: str) -> None:
         """Take an outlier out of dispatch for its back-off (queue re-dispatched; in-flight calls finish)."""
@@ -520,19 +515,6 @@ class WorkerPool:
         log.warning("worker %s stays ejected for %g s: its probe call failed: %s", st.name, length, reason)
         self.events.append((now, st.name, "probe_failed"))
         self.metrics.ejection(st.name)
-
-    def probe_call(self) -> LiveCall:
-        """The call that probes an ejected worker: a one-token completion of a one-token prompt."""
-        spec = CallSpec("probe", 1, 1)
-        wf = StagedWorkflow(0, "", 0.0, 0.0, [Stage("probe", (spec,))])
-        return LiveCall(
-            id=0,
-            workflow=wf,
-            spec=spec,
-            ready_at=self.clock(),
-            endpoint="/v1/completions",
-            body={"prompt": [100], "max_tokens": 1, "temperature": 0},
-        )
 
     def mark_down(self, st: WorkerState, reason: str) -> None:
         """Take a worker out of dispatch and re-dispatch its queue (in-flight calls finish or fail)."""
