@@ -15,7 +15,10 @@ calls only. Outlier ejection does, by comparing each worker with its peers (``he
   at least ``error_rate`` and ``error_rate_margin`` above its peers' (the windows of the other workers
   that take calls, pooled), or a typical latency ratio ``latency_ratio`` times its peers'. The typical
   ratio is the mean of the ratios less their largest tenth (at least one): one stall does not eject a
-  worker, but one that is slow on a fifth of its calls (say, only on long prompts) stands out.
+  worker, but one that is slow on a fifth of its calls (say, only on long prompts) stands out. For
+  latency the peers are the workers of the same profile (GPU and model) when they have ``min_calls``
+  returned calls between them: a profile that is off for a GPU type is off for all its workers, and
+  that is a calibration matter, not an outlier;
 * ``OutlierDetector.backoff`` is the ejection's length: ``base_ejection_s``, doubled for every
   ejection (or failed probe) since the worker was last re-admitted for longer than ``max_ejection_s``.
 
@@ -64,15 +67,22 @@ class OutlierDetector:
         errors = sum(1 for x in st.recent if x is None)
         peer_n = peer_errors = 0
         peer_ratios: list[float] = []
+        kin_ratios: list[float] = []  # the peers with the same profile: a profile that is off is off for all
+        name = st.info.profile.name
         for p in peers:
             if p is st:
                 continue
             peer_n += len(p.recent)
+            same = p.info.profile.name == name
             for x in p.recent:
                 if x is None:
                     peer_errors += 1
                 else:
                     peer_ratios.append(x)
+                    if same:
+                        kin_ratios.append(x)
+        if len(kin_ratios) >= cfg.min_calls:
+            peer_ratios = kin_ratios
         rate = errors / n
         peer_rate = peer_errors / peer_n if peer_n else 0.0
         if rate >= cfg.error_rate and rate - peer_rate >= cfg.error_rate_margin:

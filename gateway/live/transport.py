@@ -244,12 +244,20 @@ class HttpTransport:
         assert call.stream is not None
         if r.content_type != "text/event-stream":
             raise WorkerError(f"answered a streaming call with {r.content_type!r}, not server-sent events")
+        # Nothing goes to the client before the stream's first line is known to be an event: until then a
+        # worker that answers garbage loses only its own attempt (the call is still retryable).
+        chunk = b""
+        while not _sse_head_known(chunk):
+            more = await self._next_chunk(r)
+            if not more:
+                break
+            chunk += more
+        if chunk and not _looks_like_sse(chunk):
+            raise WorkerError(f"answered a streaming call with garbage: {chunk[:60]!r}")
         usage: dict[str, Any] = {}
         pending = b""
         tail = b""
-        while chunk := await self._next_chunk(r):
-            if not call.streamed and not _looks_like_sse(chunk):
-                raise WorkerError(f"answered a streaming call with garbage: {chunk[:60]!r}")
+        while chunk:
             call.streamed = True
             await call.stream.put(chunk)
             tail = (tail + chunk)[-64:]
@@ -265,6 +273,7 @@ class HttpTransport:
                         if isinstance(data, dict) and isinstance(data.get("usage"), dict):
                             usage = data["usage"]
                 pending = pending[pending.rfind(b"\n") + 1 :]
+            chunk = await self._next_chunk(r)
         if not tail.rstrip().endswith(b"data: [DONE]"):
             raise WorkerError("the stream ended before its last event (data: [DONE]): truncated")
         return CallResult(None, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
@@ -286,6 +295,12 @@ class HttpTransport:
 
 
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+
+
+def _sse_head_known(head: bytes) -> bool:
+    """Whether enough of a stream's start has come to tell whether it is server-sent events."""
+    text = head.lstrip(b"\r\n")
+    return len(text) >= 6 or b"\n" in text or len(head) > 65536
 
 
 def _looks_like_sse(chunk: bytes) -> bool:

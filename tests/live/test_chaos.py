@@ -25,7 +25,7 @@ from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import WorkerError
 from gateway.live.pool import WorkerPool
-from gateway.live.transport import HttpTransport, LiveCall, _result
+from gateway.live.transport import HttpTransport, LiveCall, _looks_like_sse, _result, _sse_head_known
 from tests.live.chaos_worker import chaos_worker
 from tests.live.harness import chain, emulators, gateway_client, wait_for, write_config
 
@@ -260,3 +260,10 @@ def test_a_200_answer_without_choices_or_with_odd_usage_is_sorted() -> None:
         _result(200, b'{"object": "error"}')
     res = _result(200, b'{"choices": [{"text": "x"}], "usage": {"prompt_tokens": "many", "completion_tokens": 1e400}}')
     assert (res.prompt_tokens, res.completion_tokens) == (0, 0)
+
+
+def test_a_stream_is_judged_by_its_first_line_even_when_it_comes_in_pieces() -> None:
+    assert not _sse_head_known(b"da") and not _sse_head_known(b"\n\n")
+    assert _sse_head_known(b"data: {") and _sse_head_known(b": ok\n")
+    assert _looks_like_sse(b"\ndata: {}") and _looks_like_sse(b": keep-alive\n")
+    assert not _looks_like_sse(b"<html>") and not _looks_like_sse(b'{"id": 1}')

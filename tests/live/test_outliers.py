@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.config import load_gpu_catalog
+from gateway.config.cluster import make_worker
 from gateway.config.gateway import OutlierConfig, TimeoutsConfig, load_gateway_config
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
@@ -64,14 +66,20 @@ def _pool(tmp: Path, t: Scripted, n: int = 2, *, outlier: OutlierConfig | None =
     )
 
 
-def _state(name_index: int, window: list[float | None]) -> WorkerState:
-    st = WorkerState.__new__(WorkerState)
-    st.recent = deque(window)
-    st.ejections = 0
-    st.readmitted_at = None
-    st.ejected_until = None
-    st.index = name_index
-    return st
+GPUS = ["A100", "A100", "A100", "L40S", "L40S"]
+_SCHED = Scheduler(
+    [
+        make_worker(load_gpu_catalog(), name=f"w{i}", gpu=g, model="llama-3.1-70b", capacity=4)
+        for i, g in enumerate(GPUS)
+    ],
+    "rr-fcfs",
+    random.Random(0),
+)
+
+
+def _state(index: int, window: list[float | None]) -> WorkerState:
+    """Worker ``index`` of ``GPUS`` with the given recent window."""
+    return WorkerState(index, _SCHED, recent=deque(window))
 
 
 # ---------------------------------------------------------------------------------------------- verdicts
@@ -98,6 +106,15 @@ def test_latency_verdict_ignores_one_stall_but_not_a_worker_slow_on_a_fifth_of_i
     assert reason is not None and "predicted latency" in reason
     assert det.verdict(slow, [_state(1, [1.0] * 4)]) is None, "peers with fewer than min_calls: no comparison"
     assert typical_ratio([]) == 1.0 and typical_ratio([2.0]) == 2.0 and typical_ratio([1.0, 9.0]) == 1.0
+
+
+def test_latency_is_compared_with_the_workers_of_the_same_profile_when_they_have_data() -> None:
+    det = OutlierDetector(OutlierConfig(min_calls=5, latency_ratio=3.0))
+    a100s = [_state(0, [1.0] * 10), _state(1, [1.1] * 10)]
+    # Both L40S run 3.5x their profile: the profile is off, not the worker.
+    assert det.verdict(_state(3, [3.5] * 10), [*a100s, _state(4, [3.4] * 10)]) is None
+    # One L40S without a same-profile peer with data: compared with everyone else.
+    assert det.verdict(_state(3, [3.5] * 10), [*a100s, _state(4, [])]) is not None
 
 
 def test_ratios_are_clamped_when_recorded() -> None:
