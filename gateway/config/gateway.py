@@ -110,9 +110,9 @@ class OutlierConfig(_Strict):
     * error rate: its share of failed calls is at least ``error_rate`` and exceeds its peers' share by
       ``error_rate_margin``;
     * latency: the typical ratio of its returned calls (their mean less the largest tenth, so one stall
-      weighs nothing) is at least ``latency_ratio`` times its peers' (judged only when peers have
-      ``min_calls`` returned calls between them; the peers of its own GPU and model when they have
-      that many, since a profile that is off is off for every worker of its type).
+      weighs nothing) is at least ``latency_ratio`` times its peers' (the median of the typical ratios
+      of the peers with ``min_calls`` returned calls; those of its own GPU and model when any has, since
+      a profile that is off is off for every worker of its type).
 
     An ejected worker takes no new calls (its queue is re-dispatched, calls in flight finish) for
     ``base_ejection_s``, doubled at each ejection that follows a re-admission within ``max_ejection_s``

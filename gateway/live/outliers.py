@@ -13,12 +13,12 @@ calls only. Outlier ejection does, by comparing each worker with its peers (``he
   calls leave none;
 * ``OutlierDetector.verdict`` names the reason to eject a worker, or None: a share of failed calls of
   at least ``error_rate`` and ``error_rate_margin`` above its peers' (the windows of the other workers
-  that take calls, pooled), or a typical latency ratio ``latency_ratio`` times its peers'. The typical
-  ratio is the mean of the ratios less their largest tenth (at least one): one stall does not eject a
-  worker, but one that is slow on a fifth of its calls (say, only on long prompts) stands out. For
-  latency the peers are the workers of the same profile (GPU and model) when they have ``min_calls``
-  returned calls between them: a profile that is off for a GPU type is off for all its workers, and
-  that is a calibration matter, not an outlier;
+  that take calls, pooled), or a typical latency ratio ``latency_ratio`` times its peers' (the median
+  of the typical ratios of the peers with ``min_calls`` returned calls). A window's typical ratio is
+  the mean of its ratios less their largest tenth (at least one): one stall does not eject a worker,
+  but one that is slow on a fifth of its calls (say, only on long prompts) stands out. For latency the
+  peers are the workers of the same profile (GPU and model) when any has the calls: a profile that is
+  off for a GPU type is off for all its workers, a calibration matter, not an outlier;
 * ``OutlierDetector.backoff`` is the ejection's length: ``base_ejection_s``, doubled for every
   ejection (or failed probe) since the worker was last re-admitted for longer than ``max_ejection_s``.
 
@@ -30,13 +30,14 @@ re-admits it when that answers. No I/O, no clock (times are arguments).
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Iterable
 
 from gateway.config.gateway import OutlierConfig
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.live.transport import LiveCall
-from gateway.live.worker_state import WorkerState, typical_ratio
+from gateway.live.worker_state import WorkerState
 
 RATIO_CLAMP = 100.0
 
@@ -56,43 +57,43 @@ class OutlierDetector:
         """One call ended on ``st``: ``None`` when it failed, else its observed/predicted latency."""
         if ratio is not None:
             ratio = min(max(ratio, 1.0 / RATIO_CLAMP), RATIO_CLAMP)
-        st.recent.append(ratio)
+        st.add_recent(ratio)
 
     def verdict(self, st: WorkerState, peers: Iterable[WorkerState]) -> str | None:
-        """Why ``st`` should be ejected, compared with ``peers`` (``st`` itself is skipped), or None."""
+        """Why ``st`` should be ejected, compared with ``peers`` (``st`` itself is skipped), or None.
+
+        O(peers) from each worker's window summary, so it can run after every call."""
         cfg = self.cfg
         n = len(st.recent)
         if not cfg.enabled or n < cfg.min_calls:
             return None
-        errors = sum(1 for x in st.recent if x is None)
         peer_n = peer_errors = 0
-        peer_ratios: list[float] = []
-        kin_ratios: list[float] = []  # the peers with the same profile: a profile that is off is off for all
+        typicals: list[float] = []  # of the peers with min_calls returned calls
+        kin: list[float] = []  # of those, the ones with the same profile: a profile that is off is off for all
         name = st.info.profile.name
         for p in peers:
             if p is st:
                 continue
             peer_n += len(p.recent)
-            same = p.info.profile.name == name
-            for x in p.recent:
-                if x is None:
-                    peer_errors += 1
-                else:
-                    peer_ratios.append(x)
-                    if same:
-                        kin_ratios.append(x)
-        if len(kin_ratios) >= cfg.min_calls:
-            peer_ratios = kin_ratios
+            peer_errors += p.recent_failed
+            if p.recent_typical is not None and p.recent_returned >= cfg.min_calls:
+                typicals.append(p.recent_typical)
+                if p.info.profile.name == name:
+                    kin.append(p.recent_typical)
+        errors = st.recent_failed
         rate = errors / n
         peer_rate = peer_errors / peer_n if peer_n else 0.0
         if rate >= cfg.error_rate and rate - peer_rate >= cfg.error_rate_margin:
             return f"{errors} of its last {n} calls failed (peers: {peer_rate:.0%})"
-        ok = [x for x in st.recent if x is not None]
-        if len(ok) >= cfg.min_calls and len(peer_ratios) >= cfg.min_calls:
-            mine = typical_ratio(ok)
-            theirs = typical_ratio(peer_ratios)
+        mine = st.recent_typical
+        base = kin or typicals
+        if mine is not None and st.recent_returned >= cfg.min_calls and base:
+            theirs = statistics.median(base)
             if mine >= cfg.latency_ratio * theirs:
-                return f"its last {len(ok)} calls took {mine:.3g}x their predicted latency (peers: {theirs:.3g}x)"
+                return (
+                    f"its last {st.recent_returned} calls took {mine:.3g}x their predicted latency "
+                    f"(peers: {theirs:.3g}x)"
+                )
         return None
 
     def judge(self, st: WorkerState, members: Iterable[WorkerState]) -> str | None:

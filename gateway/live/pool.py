@@ -497,7 +497,7 @@ class WorkerPool:
         if not st.ejected:
             return
         st.ejected_until = None
-        st.recent.clear()
+        st.clear_recent()
         st.failures = 0
         st.readmitted_at = self.clock()
         log.warning("worker %s re-admitted: its probe call answered", st.name)

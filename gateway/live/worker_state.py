@@ -38,11 +38,12 @@ class WorkerState:
     are written by the monitor (the last scrape, and whether vLLM's waiting queue is growing).
 
     Outlier ejection: ``recent`` holds the worker's last calls, each ``None`` (failed) or its
-    observed/predicted latency ratio; ``ejected_until`` is set while the worker is ejected (the time its
-    back-off ends, after which a probe call may re-admit it); ``ejected_reason`` says why it was last
-    ejected; ``ejections`` counts the ejections since it last stayed admitted for long (the back-off
-    doubles with each); ``readmitted_at`` is when a probe last re-admitted it; ``probing`` while that
-    probe runs.
+    observed/predicted latency ratio, summed up in ``recent_failed``, ``recent_returned`` and
+    ``recent_typical`` (``add_recent`` keeps them in step); ``ejected_until`` is set while the worker
+    is ejected (the time its back-off ends, after which a probe call may re-admit it);
+    ``ejected_reason`` says why it was last ejected; ``ejections`` counts the ejections since it last
+    stayed admitted for long (the back-off doubles with each); ``readmitted_at`` is when a probe last
+    re-admitted it; ``probing`` while that probe runs.
     """
 
     index: int
@@ -61,6 +62,9 @@ class WorkerState:
     sent: int = 0
     failed: int = 0
     recent: deque[float | None] = field(default_factory=deque)
+    recent_failed: int = 0
+    recent_returned: int = 0
+    recent_typical: float | None = None
     ejected_until: float | None = None
     ejected_reason: str = ""
     ejections: int = 0
@@ -87,15 +91,28 @@ class WorkerState:
         """Ejected as an outlier (until a probe call re-admits it)."""
         return self.ejected_until is not None
 
+    def add_recent(self, entry: float | None) -> None:
+        """Append one call to the recent window and refresh its summary (failed, returned, typical ratio)."""
+        self.recent.append(entry)
+        ok = [x for x in self.recent if x is not None]
+        self.recent_returned = len(ok)
+        self.recent_failed = len(self.recent) - len(ok)
+        self.recent_typical = typical_ratio(ok) if ok else None
+
+    def clear_recent(self) -> None:
+        """Forget the recent window (a re-admitted worker starts clean)."""
+        self.recent.clear()
+        self.recent_failed = self.recent_returned = 0
+        self.recent_typical = None
+
     def recent_error_rate(self) -> float | None:
         """The share of failed calls in the recent window (None when it is empty)."""
         n = len(self.recent)
-        return sum(1 for x in self.recent if x is None) / n if n else None
+        return self.recent_failed / n if n else None
 
     def recent_latency_ratio(self) -> float | None:
         """The typical observed/predicted latency of the recent window's returned calls (None: none)."""
-        ok = [x for x in self.recent if x is not None]
-        return typical_ratio(ok) if ok else None
+        return self.recent_typical
 
     def status(self, now: float) -> dict[str, Any]:
         """This worker's entry of ``/v1/status``."""

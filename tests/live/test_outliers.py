@@ -79,7 +79,10 @@ _SCHED = Scheduler(
 
 def _state(index: int, window: list[float | None]) -> WorkerState:
     """Worker ``index`` of ``GPUS`` with the given recent window."""
-    return WorkerState(index, _SCHED, recent=deque(window))
+    st = WorkerState(index, _SCHED, recent=deque())
+    for x in window:
+        st.add_recent(x)
+    return st
 
 
 # ---------------------------------------------------------------------------------------------- verdicts
@@ -123,6 +126,9 @@ def test_ratios_are_clamped_when_recorded() -> None:
     OutlierDetector.record(st, 0.0)
     OutlierDetector.record(st, None)
     assert list(st.recent) == [100.0, 0.01, None]
+    assert (st.recent_failed, st.recent_returned, st.recent_error_rate()) == (1, 2, pytest.approx(1 / 3))
+    st.clear_recent()
+    assert (st.recent_failed, st.recent_returned, st.recent_latency_ratio()) == (0, 0, None)
 
 
 def test_backoff_doubles_up_to_its_cap_and_is_forgotten_after_a_long_admission() -> None:
