@@ -49,14 +49,47 @@ class LimitsConfig(_Strict):
 
 
 class TimeoutsConfig(_Strict):
-    """HTTP client settings for talking to workers (one shared aiohttp session)."""
+    """Timeouts of a call to a worker, phase by phase, and the HTTP client's settings (one aiohttp session).
 
-    connect_s: PosFloat = Field(2.0, description="TCP connect timeout.")
-    call_s: PosFloat = Field(900.0, description="Longest an LLM call may take on a worker (read timeout).")
+    A call has four bounds: the TCP connect (``connect_s``); for a streaming call, the response headers
+    (``headers_s``; vLLM sends them before it generates); every gap between two chunks of an answer
+    once its headers came, a stream's first event included (``stream_idle_s``); and the whole call,
+    scaled by what it should take: ``min(call_s, call_floor_s + call_factor x predicted)``, where
+    ``predicted`` is the worker's profile latency for the call's tokens, not corrected by what the worker
+    did lately (a worker that turned slow does not earn itself longer timeouts). A non-streaming
+    answer's headers come with the answer, so the whole-call bound is theirs. A call that times out is a
+    worker error: it is retried on another worker (unless it already streamed bytes to the client) and
+    counts against the worker (``health``).
+    """
+
+    connect_s: PosFloat = Field(
+        2.0, description="TCP connect timeout; a worker that cannot be reached in it is marked down."
+    )
+    headers_s: PosFloat = Field(30.0, description="Streaming calls: longest wait for the worker's response headers.")
+    stream_idle_s: PosFloat = Field(
+        60.0, description="Longest gap between two chunks of an answer after its headers (a stream's first included)."
+    )
+    call_s: PosFloat = Field(900.0, description="Longest an LLM call may take on a worker, whatever its size.")
+    call_floor_s: PosFloat = Field(
+        30.0, description="Whole-call bound: this plus call_factor x the call's predicted latency (capped at call_s)."
+    )
+    call_factor: float = Field(
+        10.0,
+        ge=1.0,
+        allow_inf_nan=False,
+        description="Whole-call bound: how many times its predicted latency a call may take (plus call_floor_s).",
+    )
+    max_response_bytes: int = Field(
+        32 << 20, ge=1024, description="Largest answer body read from a worker (a larger one is a worker error)."
+    )
     keepalive_expiry_s: PosFloat = Field(
         4.0, description="Idle keep-alive connections are closed after this (below uvicorn/vLLM's 5 s)."
     )
     max_connections: int = Field(2048, ge=1, description="Connection pool size across all workers.")
+
+    def call_timeout(self, predicted_s: float) -> float:
+        """The whole-call bound of a call predicted to take ``predicted_s`` seconds on its worker."""
+        return min(self.call_s, self.call_floor_s + self.call_factor * max(predicted_s, 0.0))
 
 
 class ScrapeConfig(_Strict):
@@ -66,18 +99,88 @@ class ScrapeConfig(_Strict):
     timeout_s: PosFloat = Field(2.0, description="Timeout of one scrape.")
 
 
-class HealthConfig(_Strict):
-    """Worker health: probes of ``/health`` and failures of real calls."""
+class OutlierConfig(_Strict):
+    """Outlier ejection: a worker whose recent calls fail or run slow far more than its peers' is ejected.
 
-    period_s: PosFloat = Field(2.0, description="Probe period of each worker's /health.")
+    Each worker keeps its last ``window`` call outcomes: failed (a worker error or a timeout) or
+    returned, with the observed/predicted latency of a returned call (its profile's lone-request
+    latency). Once it has ``min_calls`` of them it is compared with its peers (the windows of the other
+    workers that take calls, pooled) after each call:
+
+    * error rate: its share of failed calls is at least ``error_rate`` and exceeds its peers' share by
+      ``error_rate_margin``;
+    * latency: the typical ratio of its returned calls (their mean less the largest tenth, so one stall
+      weighs nothing) is at least ``latency_ratio`` times its peers' (the median of the typical ratios
+      of the peers with ``min_calls`` returned calls; those of its own GPU and model when any has, since
+      a profile that is off is off for every worker of its type).
+
+    An ejected worker takes no new calls (its queue is re-dispatched, calls in flight finish) for
+    ``base_ejection_s``, doubled at each ejection that follows a re-admission within ``max_ejection_s``
+    (capped at ``max_ejection_s``). Then the health round sends it a probe call (a one-token
+    completion, within ``probe_timeout_s``): an answer re-admits it with a clean window, a failure
+    keeps it out for another back-off. At most ``max_ejected_fraction`` of the workers are ejected at
+    once, and never the last one that takes calls.
+    """
+
+    enabled: bool = Field(True, description="Eject outliers (else only consecutive failures mark a worker down).")
+    window: int = Field(20, ge=2, le=1000, description="Recent calls per worker that are judged.")
+    min_calls: int = Field(5, ge=1, le=1000, description="Calls in a worker's window before it is judged.")
+    error_rate: float = Field(
+        0.3,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Eject a worker when at least this share of its window failed...",
+    )
+    error_rate_margin: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="...and that share is at least this much above its peers'.",
+    )
+    latency_ratio: float = Field(
+        3.0,
+        gt=1.0,
+        allow_inf_nan=False,
+        description="Eject when its calls' typical observed/predicted latency is this many times its peers'.",
+    )
+    base_ejection_s: PosFloat = Field(30.0, description="First ejection's length; it doubles on repeated ejections.")
+    max_ejection_s: PosFloat = Field(300.0, description="Longest ejection; also how long a re-admission is remembered.")
+    max_ejected_fraction: float = Field(
+        0.5, gt=0.0, le=1.0, allow_inf_nan=False, description="Largest share of the workers ejected at once."
+    )
+    probe_timeout_s: PosFloat = Field(10.0, description="Timeout of the probe call that re-admits a worker.")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> OutlierConfig:
+        if self.min_calls > self.window:
+            raise FieldError("min_calls", f"must not exceed window ({self.window}), got {self.min_calls}")
+        if self.base_ejection_s > self.max_ejection_s:
+            raise FieldError("base_ejection_s", f"must not exceed max_ejection_s ({self.max_ejection_s:g})")
+        return self
+
+
+class HealthConfig(_Strict):
+    """Worker health: probes of ``/health``, failures of real calls, and outlier ejection."""
+
+    period_s: PosFloat = Field(
+        2.0, description="Probe period of each worker's /health (and of ejected workers' probe calls)."
+    )
     timeout_s: PosFloat = Field(2.0, description="Timeout of one probe.")
     failures_to_down: int = Field(
         2, ge=1, description="Consecutive failed probes or calls after which a worker is marked down."
     )
+    outlier: OutlierConfig = Field(default_factory=OutlierConfig)
 
 
 class RetryConfig(_Strict):
-    """What happens to a call when its worker fails it (connection error, 5xx, timeout)."""
+    """What happens to a call when its worker fails it (connection error, 5xx, timeout, malformed answer).
+
+    The call is sent again, to a worker that has not failed it yet when one takes calls, until it has
+    had ``max_attempts`` attempts; then its workflow fails with 502. A streaming call that already sent
+    bytes to the client is never retried.
+    """
 
     max_attempts: int = Field(3, ge=1, le=20, description="Attempts per call, on any workers, before it fails.")
 

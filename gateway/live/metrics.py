@@ -22,6 +22,7 @@ maps the rest to ``other``.
 | hexflow_worker_draining | gauge | worker | 1 while discovery drains the worker (pod unready, terminating or deleted) |
 | hexflow_call_failures_total | counter | worker, reason | worker_error, rejected |
 | hexflow_call_retries_total | counter | worker | calls re-dispatched after their worker failed them |
+| hexflow_worker_ejections_total | counter | worker | outlier ejections (and failed probe calls that kept one out) |
 | hexflow_scrape_failures_total | counter | worker | failed scrapes of a worker's /metrics |
 | hexflow_worker_vllm_waiting | gauge | worker | the worker's scraped vllm:num_requests_waiting |
 | hexflow_worker_vllm_running | gauge | worker | the worker's scraped vllm:num_requests_running |
@@ -137,6 +138,10 @@ class GatewayMetrics:
         self.retries = Counter(
             "hexflow_call_retries", "Calls re-dispatched after a worker failed them.", ["worker"], registry=r
         )
+        self.ejections = Counter(
+            "hexflow_worker_ejections", "Outlier ejections of a worker (and failed re-admission probes).", ["worker"],
+            registry=r,
+        )  # fmt: skip
         self.scrape_failures = Counter(
             "hexflow_scrape_failures", "Failed scrapes of a worker's /metrics.", ["worker"], registry=r
         )
@@ -174,7 +179,7 @@ class GatewayMetrics:
         return [
             self.call_run, self.queue_wait_h, self.queue_depth, self.inflight, self.dispatches, self.estimate_ratio,
             self.up, self.draining, self.failures, self.retries, self.scrape_failures, self.vllm_waiting,
-            self.vllm_running, self.kv_usage,
+            self.vllm_running, self.kv_usage, self.ejections,
         ]  # fmt: skip
 
     def add_worker(self, worker: str) -> None:
@@ -218,6 +223,10 @@ class GatewayMetrics:
     def retry(self, worker: str) -> None:
         """A call failed by ``worker`` is re-dispatched."""
         self.retries.labels(worker=worker).inc()
+
+    def ejection(self, worker: str) -> None:
+        """A worker was ejected as an outlier, or stays ejected after a failed probe call."""
+        self.ejections.labels(worker=worker).inc()
 
     def worker_up(self, worker: str, up: bool) -> None:
         """A worker went up or down."""

@@ -3,7 +3,11 @@
 * health: every ``health_period_s`` each worker's ``/health`` is probed, concurrently. A success marks
   the worker up (``WorkerPool.mark_up``); ``failures_to_down`` consecutive failures (counted with the
   call failures) mark it down. Parked calls that waited too long are failed afterwards
-  (``WorkerPool.expire_parked``).
+  (``WorkerPool.expire_parked``). The same round sends a probe call (``outliers.probe_call``, a
+  one-token completion, in a task of its own, within ``outlier.probe_timeout_s``) to every ejected
+  worker whose back-off is over: an answer re-admits it (``WorkerPool.readmit``), a failure keeps it
+  out for a longer back-off (``WorkerPool.probe_failed``). A ``/health`` that answers is not enough
+  to re-admit an outlier: the workers this catches mostly answer it.
 * scrape: every ``scrape_period_s`` each worker's ``/metrics`` is fetched, concurrently, and parsed by
   ``promparse``. The result is kept on the worker's ``WorkerState`` (``/v1/status`` shows it) and
   exported as gateway metrics; dispatch to a worker is *held* while vLLM's own waiting queue grows
@@ -20,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from gateway.live.outliers import probe_call
 from gateway.live.promparse import WorkerMetrics, parse_worker_metrics
 from gateway.live.worker_state import WorkerState
 
@@ -42,6 +47,7 @@ class WorkerMonitor:
         self.health_period_s = health_period_s
         self.scrape_period_s = scrape_period_s
         self._tasks: list[asyncio.Task[None]] = []
+        self._probes: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         """Start the enabled background tasks."""
@@ -52,12 +58,14 @@ class WorkerMonitor:
 
     async def stop(self) -> None:
         """Cancel the background tasks and wait for them."""
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._probes]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
+        self._probes.clear()
 
     @staticmethod
     async def _every(period_s: float, step: Callable[[], Awaitable[None]]) -> None:
@@ -89,6 +97,40 @@ class WorkerMonitor:
 
         await asyncio.gather(*(one(st) for st in pool.workers if not st.removing))
         pool.expire_parked()
+        self.probe_ejected()
+
+    # ------------------------------------------------------------------ re-admission of outliers
+
+    def probe_ejected(self) -> list[asyncio.Task[None]]:
+        """Start a probe call to every ejected worker whose back-off is over (one at a time per worker)."""
+        pool = self.pool
+        now = pool.clock()
+        started: list[asyncio.Task[None]] = []
+        for st in pool.workers:
+            if st.ejected_until is None or st.probing or st.removing or now < st.ejected_until:
+                continue
+            st.probing = True
+            t = asyncio.create_task(self._probe(st), name=f"probe-{st.name}")
+            self._probes.add(t)
+            t.add_done_callback(self._probes.discard)
+            started.append(t)
+        return started
+
+    async def _probe(self, st: WorkerState) -> None:
+        pool = self.pool
+        timeout = pool.outliers.cfg.probe_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                await pool.transport.send(st.info, probe_call(pool.clock()))
+        except Exception as exc:  # WorkerError, CallFailed, a timeout: the worker is not back
+            reason = f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
+            if pool.is_member(st):
+                pool.probe_failed(st, reason)
+        else:
+            if pool.is_member(st):
+                pool.readmit(st)
+        finally:
+            st.probing = False
 
     # ------------------------------------------------------------------ scrape
 

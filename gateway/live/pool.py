@@ -11,10 +11,22 @@ virtual time; ``tests/live/test_parity.py`` checks that both take the same decis
                            became ready -> kick the worker that returned the call
     worker failure      -> ``Scheduler.on_fail``; after ``failures_to_down`` consecutive failures (or a
                            refused connection) the worker is marked down, its queue is drained and
-                           every call re-dispatched; the failed call is retried elsewhere up to
-                           ``max_attempts``. With no healthy worker calls are *parked* and re-dispatched
-                           when one comes back, or fail after ``parked_timeout_s``: nothing is dropped
-                           silently.
+                           every call re-dispatched; the failed call is retried on a worker that has
+                           not failed it, up to ``max_attempts``. With no healthy worker calls are
+                           *parked* and re-dispatched when one comes back, or fail after
+                           ``parked_timeout_s``: nothing is dropped silently.
+    every call's end    -> outlier ejection (``outliers.py``): a worker whose recent calls fail or run
+                           slow far more than its peers' is ejected for a back-off, and re-admitted by
+                           the monitor once a probe call answers.
+
+A sent call is bounded as a whole here (``timeouts``: ``call_floor_s + call_factor x`` its predicted
+latency on the worker, at most ``call_s``), whatever the transport; ``HttpTransport`` bounds its phases
+(connect, a stream's headers and gaps). So every call ends, and with at most ``max_attempts`` attempts
+and ``parked_timeout_s`` of parking, so does every workflow.
+
+One concept in one module (about 560 lines): the pool's workers and what happens to their calls
+(membership, dispatch, drain loops, the call's end, retries, parking, down/up and ejection); the
+monitor, the outlier verdicts and the worker's state are modules of their own.
 
 Every way a sent call can end (result, ``WorkerError``, ``CallFailed``, cancellation, a bug) goes through
 one method, ``WorkerPool._settle``.
@@ -42,11 +54,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from gateway.config.gateway import OutlierConfig, TimeoutsConfig
 from gateway.core.scheduler import NoEligibleWorker, Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.errors import CallFailed, WorkerError
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.monitor import WorkerMonitor
+from gateway.live.outliers import OutlierDetector
 from gateway.live.transport import CallResult, LiveCall, Transport
 from gateway.live.worker_state import WorkerState
 
@@ -68,6 +82,8 @@ class WorkerPool:
         max_attempts, failures_to_down, parked_timeout_s: failure handling (see the module doc).
         health_period_s, scrape_period_s: the monitor's periods (0 disables a task, for tests).
         remove_grace_s: how long a removed worker's in-flight calls may run before they are re-dispatched.
+        timeouts: the whole-call bound (``call_s``, ``call_floor_s``, ``call_factor``; default: defaults).
+        outlier: outlier ejection (default: its defaults).
     """
 
     def __init__(
@@ -83,8 +99,12 @@ class WorkerPool:
         health_period_s: float = 2.0,
         scrape_period_s: float = 1.0,
         remove_grace_s: float = 120.0,
+        timeouts: TimeoutsConfig | None = None,
+        outlier: OutlierConfig | None = None,
     ) -> None:
-        self.states: dict[int, WorkerState] = {i: WorkerState(i, scheduler) for i in scheduler.members()}
+        self.timeouts = timeouts if timeouts is not None else TimeoutsConfig()
+        self.outliers = OutlierDetector(outlier if outlier is not None else OutlierConfig())
+        self.states: dict[int, WorkerState] = {i: self._new_state(i, scheduler) for i in scheduler.members()}
         self.scheduler = scheduler
         self.transport = transport
         self.metrics = metrics
@@ -98,7 +118,12 @@ class WorkerPool:
         self.parked: deque[LiveCall] = deque()
         self._running = False
         self.sent_log: list[tuple[float, str]] | None = None  # (time sent, worker name) when recording
+        # The latest health changes, (time, worker name, what): down, up, ejected, readmitted, probe_failed.
+        self.events: deque[tuple[float, str, str]] = deque(maxlen=256)
         self.on_removed: Callable[[str], None] | None = None  # called with a removed worker's name
+
+    def _new_state(self, index: int, scheduler: Scheduler, *, ready: bool = True) -> WorkerState:
+        return WorkerState(index, scheduler, ready=ready, recent=self.outliers.new_window())
 
     @property
     def workers(self) -> list[WorkerState]:
@@ -154,7 +179,7 @@ class WorkerPool:
         if self.by_name(info.name) is not None:
             raise ValueError(f"a worker named {info.name!r} is already in the pool")
         idx = self.scheduler.add_worker(info, eligible=False)
-        st = WorkerState(idx, self.scheduler, ready=ready)
+        st = self._new_state(idx, self.scheduler, ready=ready)
         self.states[idx] = st
         self.metrics.add_worker(info.name)
         log.info(
@@ -319,15 +344,28 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ execution
 
+    def predicted_s(self, st: WorkerState, call: LiveCall) -> float:
+        """The call's lone-request latency on the worker by its profile (no online correction)."""
+        spec = call.spec
+        return self.scheduler.estimator.base_latency(st.index, spec.input_tokens, spec.output_tokens)
+
     async def _execute(self, st: WorkerState, call: LiveCall) -> None:
-        """Send one call; every way out of ``Transport.send`` is settled by ``_settle``."""
+        """Send one call within its whole-call bound; every way out is settled by ``_settle``."""
+        predicted = self.predicted_s(st, call)
+        limit = self.timeouts.call_timeout(predicted)
+        bound = asyncio.timeout(limit)
         try:
-            result = await self.transport.send(st.info, call)
+            async with bound:
+                result = await self.transport.send(st.info, call)
         except asyncio.CancelledError as exc:
             if not self._settle(st, call, exc):
                 raise
             return
         except Exception as exc:  # WorkerError, CallFailed, or a bug: never lose the call
+            if isinstance(exc, TimeoutError) and bound.expired():
+                exc = WorkerError(
+                    f"timed out: no answer within the call's bound of {limit:.3g} s (predicted {predicted:.3g} s)"
+                )
             self._settle(st, call, exc)
             return
         self._settle(st, call, result)
@@ -352,7 +390,10 @@ class WorkerPool:
             st.failures = 0
             st.sent += 1
             self.metrics.call_done(st.name, call.kind, now - call.ready_at, observed, call.t_comp)
+            predicted = self.predicted_s(st, call)
+            self.outliers.record(st, observed / predicted if predicted > 0 else 1.0)
             self._deliver(call, outcome)
+            self._judge(st)
         else:
             self.scheduler.on_fail(call, now)
             if isinstance(outcome, asyncio.CancelledError):
@@ -398,8 +439,12 @@ class WorkerPool:
         st.failures += 1
         st.failed += 1
         call.last_error = f"{st.name}: {reason}"
+        call.failed_on.add(st.name)
         self.metrics.call_failure(st.name, "worker_error")
         log.warning("call %s failed on worker %s (attempt %d): %s", call.id, st.name, call.attempts, reason)
+        if not refused:  # a refused connection is a worker gone (restarting), not an outlier: health handles it
+            self.outliers.record(st, None)
+            self._judge(st)
         if refused or st.failures >= self.failures_to_down:
             self.mark_down(st, reason)
         if call.streamed:
@@ -408,7 +453,68 @@ class WorkerPool:
             self._deliver(call, CallFailed(f"call failed after {call.attempts} attempts; last: {call.last_error}", 502))
         else:
             self.metrics.retry(st.name)
+            self._resubmit(call)
+
+    def _resubmit(self, call: LiveCall) -> None:
+        """Dispatch a failed call again, to a worker that has not failed it while any such takes calls."""
+        avoid = [w for w in self.states.values() if w.name in call.failed_on and w.eligible]
+        if not avoid or self.healthy <= len(avoid):
             self.submit(call)
+            return
+        for w in avoid:
+            self.scheduler.set_eligible(w.index, False)
+        try:
+            self.submit(call)
+        finally:
+            for w in avoid:
+                self.scheduler.set_eligible(w.index, True)
+
+    # ------------------------------------------------------------------ outlier ejection
+
+    def _judge(self, st: WorkerState) -> None:
+        """Eject ``st`` when its recent calls make it an outlier among the workers taking calls (a worker
+        marked down is judged too: the health probe that brings it back may pass while its calls fail)."""
+        if st.ejected or st.removing or not self.is_member(st):
+            return
+        reason = self.outliers.judge(st, list(self.states.values()))
+        if reason is not None:
+            self.eject(st, reason)
+
+    def eject(self, st: WorkerState, reason: str) -> None:
+        """Take an outlier out of dispatch for its back-off (queue re-dispatched; in-flight calls finish)."""
+        now = self.clock()
+        length = self.outliers.backoff(st, now)
+        st.ejections += 1
+        st.ejected_until = now + length
+        st.ejected_reason = reason
+        log.error("worker %s ejected for %g s: %s", st.name, length, reason)
+        self.events.append((now, st.name, "ejected"))
+        self.metrics.ejection(st.name)
+        self._sync(st)
+
+    def readmit(self, st: WorkerState) -> None:
+        """A probe call answered: the ejected worker takes calls again, with a clean window."""
+        if not st.ejected:
+            return
+        st.ejected_until = None
+        st.clear_recent()
+        st.failures = 0
+        st.readmitted_at = self.clock()
+        log.warning("worker %s re-admitted: its probe call answered", st.name)
+        self.events.append((st.readmitted_at, st.name, "readmitted"))
+        self._sync(st)
+
+    def probe_failed(self, st: WorkerState, reason: str) -> None:
+        """A probe call failed: the worker stays ejected for another, longer back-off."""
+        if not st.ejected:
+            return
+        now = self.clock()
+        length = self.outliers.backoff(st, now)
+        st.ejections += 1
+        st.ejected_until = now + length
+        log.warning("worker %s stays ejected for %g s: its probe call failed: %s", st.name, length, reason)
+        self.events.append((now, st.name, "probe_failed"))
+        self.metrics.ejection(st.name)
 
     def mark_down(self, st: WorkerState, reason: str) -> None:
         """Take a worker out of dispatch and re-dispatch its queue (in-flight calls finish or fail)."""
@@ -417,6 +523,7 @@ class WorkerPool:
         if not st.removing:
             log.error("worker %s marked down: %s", st.name, reason)
         st.up = False
+        self.events.append((self.clock(), st.name, "down"))
         self._sync(st)
 
     def mark_up(self, st: WorkerState) -> None:
@@ -426,6 +533,7 @@ class WorkerPool:
             return
         log.warning("worker %s is up again", st.name)
         st.up = True
+        self.events.append((self.clock(), st.name, "up"))
         self._sync(st)
 
     def expire_parked(self) -> None:

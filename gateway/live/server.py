@@ -51,6 +51,9 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
             max_connections=t.max_connections,
             probe_timeout_s=cfg.health.timeout_s,
             scrape_timeout_s=cfg.scrape.timeout_s,
+            headers_s=t.headers_s,
+            stream_idle_s=t.stream_idle_s,
+            max_response_bytes=t.max_response_bytes,
         )
         return _GatewayWithTransport(loaded, tenants, transport, background=background)
 

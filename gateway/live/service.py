@@ -135,6 +135,8 @@ class Gateway:
             health_period_s=cfg.health.period_s if background else 0.0,
             scrape_period_s=cfg.scrape.period_s if background else 0.0,
             remove_grace_s=cfg.discovery.remove_grace_s if cfg.discovery is not None else 120.0,
+            timeouts=cfg.timeouts,
+            outlier=cfg.health.outlier,
         )
         self.discovery: KubernetesDiscovery | None = None
         kube = cfg.discovery.kubernetes if cfg.discovery is not None else None

@@ -5,15 +5,27 @@
 is sent (the scheduler's ``Call`` plus the request and its callback), ``CallResult`` what comes back.
 ``HttpTransport`` is the production implementation over one shared aiohttp session.
 
+Timeouts, phase by phase (``timeouts`` in ``gateway.yaml``): ``HttpTransport`` bounds the TCP connect,
+a streaming call's wait for the response headers, and every gap between two chunks of an answer once
+its headers came (a stream's first event included); the pool bounds the whole call by what it should
+take (``WorkerPool``; a non-streaming answer's headers come with the answer, so the whole-call bound is
+theirs).
+
 Error classification (what the pool does with it):
 
-* connection refused / reset, timeouts, HTTP 5xx, a malformed response: ``WorkerError`` -> the call is
-  retried on another worker (a refused connection marks the worker down at once);
-* HTTP 4xx: ``CallFailed`` with the worker's status and OpenAI-style error body -> the caller gets it
-  (the request itself is wrong, e.g. longer than the model's context; retrying elsewhere cannot help).
+* connection refused or not made within ``connect_s``: ``WorkerError(refused=True)`` -> the worker is
+  marked down at once and the call retried on another worker;
+* a broken connection, a timed-out phase, HTTP 5xx/408/429, and every malformed answer (a body that is
+  not a JSON object with ``choices``, one larger than ``max_response_bytes``, a stream that is not
+  server-sent events or that ends without ``data: [DONE]``): ``WorkerError`` -> the call is retried on
+  another worker, and the failure counts against the worker (``failures_to_down``, outlier ejection);
+* any other HTTP 4xx: ``CallFailed`` with the worker's status and OpenAI-style error body -> the caller
+  gets it (the request itself is wrong, e.g. longer than the model's context; retrying cannot help).
 
-Streaming calls forward the worker's server-sent-event lines into ``LiveCall.stream`` as they arrive;
-once a byte has been forwarded the call is no longer retryable (``LiveCall.streamed``).
+Streaming calls forward the worker's server-sent-event bytes into ``LiveCall.stream`` as they arrive;
+once a byte has been forwarded the call is no longer retryable (``LiveCall.streamed``). The first chunk
+is checked before it is forwarded, so a worker that answers garbage to a streaming call loses only its
+own attempt.
 """
 
 from __future__ import annotations
@@ -67,6 +79,9 @@ class LiveCall(Call):
     was sent. ``sent_at`` equals the core's ``started_at`` while the call is in flight, but the scheduler
     clears ``started_at`` when an attempt fails, and the call's record still needs the last attempt's
     queue and run time, so the pool keeps ``sent_at`` (0.0: never sent).
+
+    ``failed_on`` names the workers whose attempts at the call failed: a retry goes elsewhere while any
+    other worker takes calls.
     """
 
     endpoint: str = "/v1/chat/completions"
@@ -81,6 +96,7 @@ class LiveCall(Call):
     task: asyncio.Task[None] | None = None
     worker_name: str = ""
     requeue: bool = False
+    failed_on: set[str] = field(default_factory=set)
 
 
 class Transport(Protocol):
@@ -114,6 +130,15 @@ class HttpTransport:
     costs a fraction of it. Keep-alive connections expire after ``keepalive_expiry_s``, below the 5 s
     after which uvicorn and vLLM close idle connections (so a request never races a server-side close).
     The session is created lazily inside the running event loop.
+
+    Args:
+        connect_s: TCP connect timeout (a worker not reached in it counts as refused).
+        headers_s: a streaming call's longest wait for the response headers.
+        stream_idle_s: the longest gap between two chunks of an answer after its headers (a stream's
+            first event included).
+        max_response_bytes: the largest answer body read (a larger one is a worker error).
+        call_s: the longest any call may take here (the pool bounds each call more tightly).
+        probe_timeout_s, scrape_timeout_s: timeouts of ``/health`` probes and ``/metrics`` scrapes.
     """
 
     def __init__(
@@ -125,9 +150,15 @@ class HttpTransport:
         max_connections: int = 2048,
         probe_timeout_s: float = 2.0,
         scrape_timeout_s: float = 2.0,
+        headers_s: float = 30.0,
+        stream_idle_s: float = 60.0,
+        max_response_bytes: int = 32 << 20,
     ) -> None:
         self.connect_s = connect_s
         self.call_s = call_s
+        self.headers_s = headers_s
+        self.stream_idle_s = stream_idle_s
+        self.max_response_bytes = max_response_bytes
         self.keepalive_expiry_s = keepalive_expiry_s
         self.max_connections = max_connections
         self.probe_timeout = aiohttp.ClientTimeout(total=probe_timeout_s)
@@ -157,26 +188,79 @@ class HttpTransport:
         """POST the call to the worker; stream it through when ``call.stream`` is set."""
         body = {"priority": call.priority, **call.body, "model": worker.served_model}
         url = worker.url.rstrip("/") + call.endpoint
+        streaming = call.stream is not None
         try:
-            async with self.session.post(url, json=body) as r:
-                if call.stream is not None and r.status == 200:
+            # A streaming answer's headers come before generation (vLLM sends them at once); a plain
+            # answer's come with it, under the pool's whole-call bound.
+            headers = asyncio.timeout(self.headers_s if streaming else None)
+            try:
+                async with headers:
+                    r = await self.session.post(url, json=body)
+            except TimeoutError as exc:
+                if headers.expired():
+                    raise WorkerError(f"timed out: no response headers within {self.headers_s:g} s") from exc
+                raise
+            async with r:
+                if streaming and r.status == 200:
                     return await self._relay_stream(r, call)
-                content = await r.read()
+                content = await self._read_body(r)
                 return _result(r.status, content)
         except aiohttp.ClientConnectorError as exc:
             raise WorkerError(f"cannot connect: {exc}", refused=True) from exc
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise WorkerError(f"cannot connect within {self.connect_s:g} s", refused=True) from exc
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise WorkerError(f"timed out ({type(exc).__name__})") from exc
         except aiohttp.ClientError as exc:
             raise WorkerError(f"transport error: {exc!r}") from exc
 
+    async def _read_body(self, r: aiohttp.ClientResponse) -> bytes:
+        """The whole body, each chunk within ``stream_idle_s``, refused beyond ``max_response_bytes``
+        before more of it is held."""
+        cap = self.max_response_bytes
+        if r.content_length is not None and r.content_length > cap:
+            raise WorkerError(f"answer of {r.content_length} bytes is over the limit of {cap}")
+        parts: list[bytes] = []
+        size = 0
+        while chunk := await self._next_chunk(r):
+            size += len(chunk)
+            if size > cap:
+                raise WorkerError(f"answer is over the limit of {cap} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def _next_chunk(self, r: aiohttp.ClientResponse) -> bytes:
+        """The body's next chunk (b"" at its end), within ``stream_idle_s``."""
+        idle = asyncio.timeout(self.stream_idle_s)
+        try:
+            async with idle:
+                return await r.content.readany()
+        except TimeoutError as exc:
+            if idle.expired():
+                raise WorkerError(f"timed out: the answer sent nothing for {self.stream_idle_s:g} s") from exc
+            raise
+
     async def _relay_stream(self, r: aiohttp.ClientResponse, call: LiveCall) -> CallResult:
         assert call.stream is not None
+        if r.content_type != "text/event-stream":
+            raise WorkerError(f"answered a streaming call with {r.content_type!r}, not server-sent events")
+        # Nothing goes to the client before the stream's first line is known to be an event: until then a
+        # worker that answers garbage loses only its own attempt (the call is still retryable).
+        chunk = b""
+        while not _sse_head_known(chunk):
+            more = await self._next_chunk(r)
+            if not more:
+                break
+            chunk += more
+        if chunk and not _looks_like_sse(chunk):
+            raise WorkerError(f"answered a streaming call with garbage: {chunk[:60]!r}")
         usage: dict[str, Any] = {}
         pending = b""
-        async for chunk in r.content.iter_any():
+        tail = b""
+        while chunk:
             call.streamed = True
             await call.stream.put(chunk)
+            tail = (tail + chunk)[-64:]
             # Find the usage line (stream_options.include_usage) without holding the whole stream.
             pending = (pending + chunk)[-65536:]
             if b'"usage"' in chunk or b'"usage"' in pending:
@@ -189,7 +273,10 @@ class HttpTransport:
                         if isinstance(data, dict) and isinstance(data.get("usage"), dict):
                             usage = data["usage"]
                 pending = pending[pending.rfind(b"\n") + 1 :]
-        return CallResult(None, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+            chunk = await self._next_chunk(r)
+        if not tail.rstrip().endswith(b"data: [DONE]"):
+            raise WorkerError("the stream ended before its last event (data: [DONE]): truncated")
+        return CallResult(None, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
 
     async def probe(self, worker: WorkerInfo) -> bool:
         """GET /health."""
@@ -201,10 +288,25 @@ class HttpTransport:
             return False
 
     async def scrape(self, worker: WorkerInfo) -> str:
-        """GET /metrics (raises on failure)."""
+        """GET /metrics (raises on failure, and on a text over ``max_response_bytes``)."""
         async with self.session.get(worker.url.rstrip("/") + "/metrics", timeout=self.scrape_timeout) as r:
             r.raise_for_status()
-            return await r.text()
+            return (await self._read_body(r)).decode(r.charset or "utf-8", errors="replace")
+
+
+_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+
+
+def _sse_head_known(head: bytes) -> bool:
+    """Whether enough of a stream's start has come to tell whether it is server-sent events."""
+    text = head.lstrip(b"\r\n")
+    return len(text) >= 6 or b"\n" in text or len(head) > 65536
+
+
+def _looks_like_sse(chunk: bytes) -> bool:
+    """Whether the first chunk of a stream starts like server-sent events (a field or a comment)."""
+    head = chunk.lstrip(b"\r\n")
+    return not head or head.startswith(_SSE_FIELDS)
 
 
 def _result(status: int, content: bytes) -> CallResult:
@@ -221,9 +323,17 @@ def _result(status: int, content: bytes) -> CallResult:
         )
     if not isinstance(data, dict):
         raise WorkerError("worker answered 200 with a body that is not a JSON object")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+        raise WorkerError("worker answered 200 without choices (not a completion)")
     raw_usage = data.get("usage")
     usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
-    return CallResult(data, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    return CallResult(data, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
+
+
+def _count(v: Any) -> int:
+    """A token count from a worker's usage (0 for anything that is not a non-negative integer)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
 
 
 def _error_message(data: Any) -> str | None:

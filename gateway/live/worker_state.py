@@ -3,12 +3,14 @@
 The worker's description (name, profile, capacity, address) is its ``WorkerInfo`` in the scheduler;
 ``WorkerState`` refers to it by index instead of copying it, so a capacity change
 (``WorkerPool.set_capacity`` -> ``Scheduler.set_capacity``) is seen everywhere at once. The pool
-(``pool.py``) and its monitor (``monitor.py``) write the fields; nothing else does.
+(``pool.py``) and its monitor (``monitor.py``) write the fields; nothing else does. ``recent`` is the
+window that outlier ejection judges (``outliers.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,15 @@ from gateway.live.promparse import WorkerMetrics
 from gateway.live.transport import LiveCall
 
 
+def typical_ratio(ratios: list[float]) -> float:
+    """The mean of ``ratios`` without their largest tenth (at least one of two or more): one stall
+    weighs nothing, a worker slow on a fifth of its calls still stands out (1.0 when empty)."""
+    if len(ratios) < 2:
+        return ratios[0] if ratios else 1.0
+    kept = sorted(ratios)[: len(ratios) - max(1, len(ratios) // 10)]
+    return sum(kept) / len(kept)
+
+
 @dataclass(slots=True, eq=False)
 class WorkerState:
     """The pool's runtime state of one worker; its description is the scheduler's ``WorkerInfo``.
@@ -25,6 +36,14 @@ class WorkerState:
     ``up`` (health), ``ready`` (discovery) and ``removing`` decide eligibility; ``inflight`` are the calls
     sent and not yet returned; ``kick`` wakes the drain loop. ``metrics``, ``scraped_at`` and ``held``
     are written by the monitor (the last scrape, and whether vLLM's waiting queue is growing).
+
+    Outlier ejection: ``recent`` holds the worker's last calls, each ``None`` (failed) or its
+    observed/predicted latency ratio, summed up in ``recent_failed``, ``recent_returned`` and
+    ``recent_typical`` (``add_recent`` keeps them in step); ``ejected_until`` is set while the worker
+    is ejected (the time its back-off ends, after which a probe call may re-admit it);
+    ``ejected_reason`` says why it was last ejected; ``ejections`` counts the ejections since it last
+    stayed admitted for long (the back-off doubles with each); ``readmitted_at`` is when a probe last
+    re-admitted it; ``probing`` while that probe runs.
     """
 
     index: int
@@ -42,6 +61,15 @@ class WorkerState:
     inflight: set[LiveCall] = field(default_factory=set)
     sent: int = 0
     failed: int = 0
+    recent: deque[float | None] = field(default_factory=deque)
+    recent_failed: int = 0
+    recent_returned: int = 0
+    recent_typical: float | None = None
+    ejected_until: float | None = None
+    ejected_reason: str = ""
+    ejections: int = 0
+    readmitted_at: float | None = None
+    probing: bool = False
 
     @property
     def info(self) -> WorkerInfo:
@@ -55,8 +83,36 @@ class WorkerState:
 
     @property
     def eligible(self) -> bool:
-        """Takes new dispatches: healthy, ready (discovery) and not being removed."""
-        return self.up and self.ready and not self.removing
+        """Takes new dispatches: healthy, ready (discovery), not ejected and not being removed."""
+        return self.up and self.ready and not self.removing and self.ejected_until is None
+
+    @property
+    def ejected(self) -> bool:
+        """Ejected as an outlier (until a probe call re-admits it)."""
+        return self.ejected_until is not None
+
+    def add_recent(self, entry: float | None) -> None:
+        """Append one call to the recent window and refresh its summary (failed, returned, typical ratio)."""
+        self.recent.append(entry)
+        ok = [x for x in self.recent if x is not None]
+        self.recent_returned = len(ok)
+        self.recent_failed = len(self.recent) - len(ok)
+        self.recent_typical = typical_ratio(ok) if ok else None
+
+    def clear_recent(self) -> None:
+        """Forget the recent window (a re-admitted worker starts clean)."""
+        self.recent.clear()
+        self.recent_failed = self.recent_returned = 0
+        self.recent_typical = None
+
+    def recent_error_rate(self) -> float | None:
+        """The share of failed calls in the recent window (None when it is empty)."""
+        n = len(self.recent)
+        return self.recent_failed / n if n else None
+
+    def recent_latency_ratio(self) -> float | None:
+        """The typical observed/predicted latency of the recent window's returned calls (None: none)."""
+        return self.recent_typical
 
     def status(self, now: float) -> dict[str, Any]:
         """This worker's entry of ``/v1/status``."""
@@ -77,7 +133,21 @@ class WorkerState:
             "estimate_ratios": {k: {"ratio": round(r, 4), "age_s": round(a, 3)} for k, (r, a) in ratios.items()},
             "completed": self.sent,
             "failed": self.failed,
+            "ejected": self.ejected,
+            "ejected_for_s": None if self.ejected_until is None else round(max(self.ejected_until - now, 0.0), 3),
+            "ejected_reason": self.ejected_reason if self.ejected else None,
+            "ejections": self.ejections,
+            "recent": self._recent_status(),
             "vllm": self._scrape_status(now),
+        }
+
+    def _recent_status(self) -> dict[str, Any]:
+        err = self.recent_error_rate()
+        ratio = self.recent_latency_ratio()
+        return {
+            "calls": len(self.recent),
+            "error_rate": None if err is None else round(err, 4),
+            "latency_ratio": None if ratio is None else round(ratio, 4),
         }
 
     def _scrape_status(self, now: float) -> dict[str, Any] | None:

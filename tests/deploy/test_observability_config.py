@@ -115,6 +115,7 @@ def gateway_metric_names() -> frozenset[str]:
     m.call_done("w", "sql", 1.5, 1.2, 1.0)
     m.call_failure("w", "worker_error")
     m.retry("w")
+    m.ejection("w")
     m.worker_up("w", True)
     m.worker_draining("w", False)
     m.scrape_failure("w")

@@ -1,0 +1,136 @@
+"""Outlier ejection: the verdict on a worker whose recent calls fail or run slow far more than its peers'.
+
+A worker that refuses connections is marked down at once, and one that fails ``failures_to_down`` calls
+or probes in a row is marked down until its ``/health`` answers again. Neither catches a worker that
+answers ``/health`` but fails every other call, answers garbage now and then, or turns slow on some
+calls only. Outlier ejection does, by comparing each worker with its peers (``health.outlier`` in
+``gateway.yaml``, ``OutlierConfig``):
+
+* every call that ends on a worker leaves one entry in its window (``WorkerState.recent``): ``None``
+  for a worker error (timeouts and malformed answers included), else its observed/predicted latency
+  (the profile's lone-request latency for the call's tokens), clamped to [1/100, 100]; refused
+  connections (a worker gone: health handles it), refusals of the request itself (4xx) and cancelled
+  calls leave none;
+* ``OutlierDetector.verdict`` names the reason to eject a worker, or None: a share of failed calls of
+  at least ``error_rate`` and ``error_rate_margin`` above its peers' (the windows of the other workers
+  that take calls, pooled), or a typical latency ratio ``latency_ratio`` times its peers' (the median
+  of the typical ratios of the peers with ``min_calls`` returned calls). A window's typical ratio is
+  the mean of its ratios less their largest tenth (at least one): one stall does not eject a worker,
+  but one that is slow on a fifth of its calls (say, only on long prompts) stands out. For latency the
+  peers are the workers of the same profile (GPU and model) when any has the calls: a profile that is
+  off for a GPU type is off for all its workers, a calibration matter, not an outlier;
+* ``OutlierDetector.backoff`` is the ejection's length: ``base_ejection_s``, doubled for every
+  ejection (or failed probe) since the worker was last re-admitted for longer than ``max_ejection_s``.
+
+The pool (``pool.py``) asks ``OutlierDetector.judge`` after every call (the verdict, within
+``max_ejected_fraction`` and never for the last worker taking calls) and ejects; its monitor
+(``monitor.py``) sends an ejected worker ``probe_call()`` once the back-off is over, and the pool
+re-admits it when that answers. No I/O, no clock (times are arguments).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterable
+
+from gateway.config.gateway import OutlierConfig
+from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
+from gateway.live.transport import LiveCall
+from gateway.live.worker_state import WorkerState
+
+RATIO_CLAMP = 100.0
+
+
+class OutlierDetector:
+    """Keeps the workers' windows and judges them against their peers (see the module doc)."""
+
+    def __init__(self, cfg: OutlierConfig) -> None:
+        self.cfg = cfg
+
+    def new_window(self) -> deque[float | None]:
+        """An empty window of ``cfg.window`` calls."""
+        return deque(maxlen=self.cfg.window)
+
+    @staticmethod
+    def record(st: WorkerState, ratio: float | None) -> None:
+        """One call ended on ``st``: ``None`` when it failed, else its observed/predicted latency."""
+        if ratio is not None:
+            ratio = min(max(ratio, 1.0 / RATIO_CLAMP), RATIO_CLAMP)
+        st.add_recent(ratio)
+
+    def verdict(self, st: WorkerState, peers: Iterable[WorkerState]) -> str | None:
+        """Why ``st`` should be ejected, compared with ``peers`` (``st`` itself is skipped), or None.
+
+        O(peers) from each worker's window summary, so it can run after every call."""
+        cfg = self.cfg
+        n = len(st.recent)
+        if not cfg.enabled or n < cfg.min_calls:
+            return None
+        peer_n = peer_errors = 0
+        typicals: list[float] = []  # of the peers with min_calls returned calls
+        kin: list[float] = []  # of those, the ones with the same profile: a profile that is off is off for all
+        name = st.info.profile.name
+        for p in peers:
+            if p is st:
+                continue
+            peer_n += len(p.recent)
+            peer_errors += p.recent_failed
+            if p.recent_typical is not None and p.recent_returned >= cfg.min_calls:
+                typicals.append(p.recent_typical)
+                if p.info.profile.name == name:
+                    kin.append(p.recent_typical)
+        errors = st.recent_failed
+        rate = errors / n
+        peer_rate = peer_errors / peer_n if peer_n else 0.0
+        if rate >= cfg.error_rate and rate - peer_rate >= cfg.error_rate_margin:
+            return f"{errors} of its last {n} calls failed (peers: {peer_rate:.0%})"
+        mine = st.recent_typical
+        base = kin or typicals
+        if mine is not None and st.recent_returned >= cfg.min_calls and base:
+            theirs = statistics.median(base)
+            if mine >= cfg.latency_ratio * theirs:
+                return (
+                    f"its last {st.recent_returned} calls took {mine:.3g}x their predicted latency "
+                    f"(peers: {theirs:.3g}x)"
+                )
+        return None
+
+    def judge(self, st: WorkerState, members: Iterable[WorkerState]) -> str | None:
+        """Why ``st`` is to be ejected now, or None: its verdict against the workers taking calls, when
+        ejecting it keeps within ``max_ejected_fraction`` of ``members`` and leaves one taking calls."""
+        if st.ejected or st.removing:
+            return None
+        pool = [w for w in members if not w.removing]
+        reason = self.verdict(st, [w for w in pool if w.eligible])
+        if reason is None:
+            return None
+        ejected = sum(1 for w in pool if w.ejected)
+        if ejected + 1 > int(self.cfg.max_ejected_fraction * len(pool)):
+            return None
+        if not any(w.eligible for w in pool if w is not st):
+            return None
+        return reason
+
+    def backoff(self, st: WorkerState, now: float) -> float:
+        """The length of ``st``'s next ejection (forgets old ejections after ``max_ejection_s`` admitted)."""
+        cfg = self.cfg
+        if st.readmitted_at is not None and st.ejected_until is None and now - st.readmitted_at > cfg.max_ejection_s:
+            st.ejections = 0
+        return float(min(cfg.base_ejection_s * 2.0 ** min(st.ejections, 30), cfg.max_ejection_s))
+
+
+def probe_call(now: float) -> LiveCall:
+    """The call that probes an ejected worker: a one-token completion of a one-token prompt, sent (and
+    its answer checked) like any call, so a worker whose ``/health`` answers but whose engine does not
+    stays out."""
+    spec = CallSpec("probe", 1, 1)
+    wf = StagedWorkflow(0, "", now, now, [Stage("probe", (spec,))])
+    return LiveCall(
+        id=0,
+        workflow=wf,
+        spec=spec,
+        ready_at=now,
+        endpoint="/v1/completions",
+        body={"prompt": [100], "max_tokens": 1, "temperature": 0},
+    )

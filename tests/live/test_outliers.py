@@ -1,0 +1,257 @@
+"""Outlier ejection and the whole-call bound, on a fake transport: verdicts, back-off, limits, probes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from gateway.config import load_gpu_catalog
+from gateway.config.cluster import make_worker
+from gateway.config.gateway import OutlierConfig, TimeoutsConfig, load_gateway_config
+from gateway.core.scheduler import Scheduler
+from gateway.core.worker import WorkerInfo
+from gateway.errors import CallFailed, ConfigError, WorkerError
+from gateway.live.metrics import GatewayMetrics
+from gateway.live.outliers import OutlierDetector
+from gateway.live.pool import WorkerPool
+from gateway.live.transport import CallResult, LiveCall
+from gateway.live.worker_state import WorkerState, typical_ratio
+from tests.live.fake_transport import one_call
+from tests.live.harness import write_config
+
+OK_BODY = {"choices": [{"text": "x"}]}
+
+
+class Scripted:
+    """Answers by worker name: ``ok``, ``fail`` (a worker error) or ``hang`` (never answers)."""
+
+    def __init__(self, behaviour: dict[str, str]) -> None:
+        self.behaviour = behaviour
+        self.sent: list[tuple[str, str]] = []  # (worker, endpoint)
+
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
+        self.sent.append((worker.name, call.endpoint))
+        what = self.behaviour.get(worker.name, "ok")
+        if what == "fail":
+            raise WorkerError("scripted failure")
+        if what == "hang":
+            await asyncio.Event().wait()
+        return CallResult(OK_BODY)
+
+    async def probe(self, worker: WorkerInfo) -> bool:
+        return True
+
+    async def scrape(self, worker: WorkerInfo) -> str:
+        return ""
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _pool(tmp: Path, t: Scripted, n: int = 2, *, outlier: OutlierConfig | None = None, **timeouts: float) -> WorkerPool:
+    loaded = load_gateway_config(write_config(tmp, [f"http://127.0.0.1:{i + 1}" for i in range(n)], ["A100"] * n))
+    sched = Scheduler(loaded.workers, "rr-fcfs", random.Random(0))
+    return WorkerPool(
+        sched,
+        t,
+        GatewayMetrics([w.name for w in loaded.workers], []),
+        health_period_s=0,
+        scrape_period_s=0,
+        timeouts=TimeoutsConfig(**timeouts),
+        outlier=outlier or OutlierConfig(min_calls=3, window=10),
+    )
+
+
+GPUS = ["A100", "A100", "A100", "L40S", "L40S"]
+_SCHED = Scheduler(
+    [
+        make_worker(load_gpu_catalog(), name=f"w{i}", gpu=g, model="llama-3.1-70b", capacity=4)
+        for i, g in enumerate(GPUS)
+    ],
+    "rr-fcfs",
+    random.Random(0),
+)
+
+
+def _state(index: int, window: list[float | None]) -> WorkerState:
+    """Worker ``index`` of ``GPUS`` with the given recent window."""
+    st = WorkerState(index, _SCHED, recent=deque())
+    for x in window:
+        st.add_recent(x)
+    return st
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+
+
+def test_error_rate_verdict_needs_enough_calls_and_a_margin_over_the_peers() -> None:
+    det = OutlierDetector(OutlierConfig(min_calls=4, error_rate=0.3, error_rate_margin=0.2))
+    healthy = _state(1, [1.0] * 10)
+    assert det.verdict(_state(0, [None, None, 1.0]), [healthy]) is None, "3 calls are too few to judge"
+    flaky = _state(0, [None, 1.0, None, 1.0])
+    assert det.verdict(flaky, [healthy]) == "2 of its last 4 calls failed (peers: 0%)"
+    # Everyone fails as much (the model, not the worker): nobody is an outlier.
+    assert det.verdict(flaky, [_state(1, [None, 1.0] * 5)]) is None
+    assert det.verdict(flaky, []) is not None, "without peers' data the peers' error rate reads 0"
+    assert OutlierDetector(OutlierConfig(enabled=False)).verdict(flaky, [healthy]) is None
+
+
+def test_latency_verdict_ignores_one_stall_but_not_a_worker_slow_on_a_fifth_of_its_calls() -> None:
+    det = OutlierDetector(OutlierConfig(min_calls=5, latency_ratio=3.0))
+    peers = [_state(1, [1.2] * 10), _state(2, [0.9] * 10)]
+    assert det.verdict(_state(0, [1.0] * 9 + [60.0]), peers) is None, "one stall"
+    slow = _state(0, [1.0] * 16 + [30.0] * 4)
+    reason = det.verdict(slow, peers)
+    assert reason is not None and "predicted latency" in reason
+    assert det.verdict(slow, [_state(1, [1.0] * 4)]) is None, "peers with fewer than min_calls: no comparison"
+    assert typical_ratio([]) == 1.0 and typical_ratio([2.0]) == 2.0 and typical_ratio([1.0, 9.0]) == 1.0
+
+
+def test_latency_is_compared_with_the_workers_of_the_same_profile_when_they_have_data() -> None:
+    det = OutlierDetector(OutlierConfig(min_calls=5, latency_ratio=3.0))
+    a100s = [_state(0, [1.0] * 10), _state(1, [1.1] * 10)]
+    # Both L40S run 3.5x their profile: the profile is off, not the worker.
+    assert det.verdict(_state(3, [3.5] * 10), [*a100s, _state(4, [3.4] * 10)]) is None
+    # One L40S without a same-profile peer with data: compared with everyone else.
+    assert det.verdict(_state(3, [3.5] * 10), [*a100s, _state(4, [])]) is not None
+
+
+def test_ratios_are_clamped_when_recorded() -> None:
+    st = _state(0, [])
+    OutlierDetector.record(st, 1e9)
+    OutlierDetector.record(st, 0.0)
+    OutlierDetector.record(st, None)
+    assert list(st.recent) == [100.0, 0.01, None]
+    assert (st.recent_failed, st.recent_returned, st.recent_error_rate()) == (1, 2, pytest.approx(1 / 3))
+    st.clear_recent()
+    assert (st.recent_failed, st.recent_returned, st.recent_latency_ratio()) == (0, 0, None)
+
+
+def test_backoff_doubles_up_to_its_cap_and_is_forgotten_after_a_long_admission() -> None:
+    det = OutlierDetector(OutlierConfig(base_ejection_s=10, max_ejection_s=35))
+    st = _state(0, [])
+    lengths = []
+    for _ in range(4):
+        lengths.append(det.backoff(st, 0.0))
+        st.ejections += 1
+    assert lengths == [10, 20, 35, 35]
+    st.readmitted_at = 100.0
+    assert det.backoff(st, 120.0) == 35, "re-admitted 20 s ago: still remembered"
+    assert det.backoff(st, 136.0) == 10, "admitted for longer than max_ejection_s: forgotten"
+
+
+def test_outlier_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="min_calls"):
+        OutlierConfig(window=5, min_calls=6)
+    with pytest.raises(ValueError, match="base_ejection_s"):
+        OutlierConfig(base_ejection_s=400)
+
+
+def test_a_bad_outlier_section_names_the_field(tmp_path: Path) -> None:
+    path = write_config(tmp_path, ["http://127.0.0.1:1"], ["A100"], health={"outlier": {"window": 1}})
+    with pytest.raises(ConfigError, match=r"health\.outlier\.window"):
+        load_gateway_config(path)
+
+
+# ------------------------------------------------------------------------------------------- pool
+
+
+async def test_a_call_that_never_answers_is_failed_at_its_bound_and_retried_on_another_worker(
+    tmp_path: Path,
+) -> None:
+    t = Scripted({"a100-0": "hang"})
+    pool = _pool(tmp_path, t, call_floor_s=0.05, call_factor=1.0)
+    await pool.start()
+    try:
+        out: list[object] = []
+        c = one_call(1, out)
+        pool.submit(c)
+        for _ in range(200):
+            if out:
+                break
+            await asyncio.sleep(0.01)
+        assert len(out) == 1 and isinstance(out[0], CallResult)
+        assert [w for w, _ in t.sent] == ["a100-0", "a100-1"]
+        assert c.failed_on == {"a100-0"} and "no answer within the call's bound" in c.last_error
+        assert list(pool.workers[0].recent) == [None]
+    finally:
+        await pool.stop()
+
+
+async def test_retries_avoid_every_worker_that_failed_the_call_while_another_takes_calls(tmp_path: Path) -> None:
+    t = Scripted({"a100-0": "fail", "a100-1": "fail"})
+    pool = _pool(tmp_path, t, 3, outlier=OutlierConfig(enabled=False))
+    pool.failures_to_down = 100
+    await pool.start()
+    try:
+        out: list[object] = []
+        pool.submit(one_call(1, out))
+        await asyncio.sleep(0.05)
+        assert [w for w, _ in t.sent] == ["a100-0", "a100-1", "a100-2"]
+        assert isinstance(out[0], CallResult)
+        # When every worker failed it, the retry may go anywhere (up to max_attempts).
+        t.behaviour = {"a100-0": "fail", "a100-1": "fail", "a100-2": "fail"}
+        t.sent.clear()
+        pool.submit(one_call(2, out))
+        await asyncio.sleep(0.05)
+        assert len(t.sent) == 3 and isinstance(out[1], CallFailed) and out[1].status == 502
+    finally:
+        await pool.stop()
+
+
+async def test_a_failing_worker_is_ejected_never_the_last_one_and_readmitted_by_a_probe_call(tmp_path: Path) -> None:
+    t = Scripted({"a100-0": "fail"})
+    pool = _pool(tmp_path, t, outlier=OutlierConfig(min_calls=3, window=10, base_ejection_s=0.01, max_ejection_s=1))
+    pool.failures_to_down = 100
+    bad, good = pool.workers
+    await pool.start()
+    try:
+        out: list[object] = []
+        for i in range(12):
+            pool.submit(one_call(i, out))
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        assert len(out) == 12 and all(isinstance(o, CallResult) for o in out)
+        assert bad.ejected and not bad.eligible and bad.ejections == 1 and good.eligible
+        assert "calls failed" in bad.ejected_reason and pool.status()[0]["ejected"] is True
+        assert pool.healthy == 1
+        # The back-off is over: the probe call fails (the worker still fails): longer back-off.
+        await asyncio.sleep(0.02)
+        await asyncio.gather(*pool.monitor.probe_ejected())
+        assert bad.ejected and bad.ejections == 2 and t.sent[-1] == ("a100-0", "/v1/completions")
+        # It recovers: the next probe re-admits it with a clean window.
+        t.behaviour = {}
+        await asyncio.sleep(0.05)
+        await asyncio.gather(*pool.monitor.probe_ejected())
+        assert not bad.ejected and bad.eligible and not bad.recent and pool.healthy == 2
+        assert [e for _, w, e in pool.events if w == "a100-0"] == ["ejected", "probe_failed", "readmitted"]
+        # The good worker, now alone taking calls, is never ejected, whatever it does.
+        t.behaviour = {"a100-0": "hang", "a100-1": "fail"}
+        pool.eject(bad, "test")
+        for i in range(6):
+            pool.submit(one_call(100 + i, out))
+        await asyncio.sleep(0.05)
+        assert good.eligible and not good.ejected
+    finally:
+        await pool.stop()
+
+
+async def test_at_most_max_ejected_fraction_of_the_workers_are_ejected(tmp_path: Path) -> None:
+    t = Scripted({"a100-0": "fail", "a100-1": "fail", "a100-2": "fail"})
+    pool = _pool(tmp_path, t, 4, outlier=OutlierConfig(min_calls=3, window=10, error_rate_margin=0.0))
+    pool.failures_to_down = 100
+    await pool.start()
+    try:
+        out: list[object] = []
+        for i in range(40):
+            pool.submit(one_call(i, out))
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.05)
+        assert sum(st.ejected for st in pool.workers) == 2, "half of 4 workers at most"
+        assert len(out) == 40, "every call ended"
+    finally:
+        await pool.stop()
