@@ -37,7 +37,7 @@ EXAMPLES_PER_ROUTE = 40
 SLOW_EXAMPLES_PER_ROUTE = 400
 SEMANTIC_RULES = re.compile(
     r"outside tenant .*'s range"  # a deadline outside the tenant's range (per tenant: not in the schema)
-    r"|duplicate call id|unknown call|cycle"  # the DAG of a workflow
+    r"|duplicate call id|unknown call|cycle|depends on itself"  # the DAG of a workflow
     r"|min_tokens=\d+ exceeds max_tokens"  # min_tokens <= max_tokens
     r"|tokens exceed the limit"  # a prompt's estimated tokens (characters / 4 plus overheads)
     r"|question: must not be empty"  # a question of whitespace only: \S in the schema, stripped text here
@@ -69,7 +69,26 @@ def _config(examples: int) -> schemathesis.Config:
         {
             "seed": 20261201,
             "generation": {"max-examples": examples, "deterministic": True, "database": "none"},
-            "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "401", "404", "422", "429"]}},
+            "checks": {
+                "positive_data_acceptance": {"expected-statuses": ["2xx", "401", "404", "422", "429"]},
+                # A body over limits.max_body_bytes is refused (413) before it is read: a valid refusal.
+                "negative_data_rejection": {
+                    "expected-statuses": [
+                        "400",
+                        "401",
+                        "403",
+                        "404",
+                        "405",
+                        "406",
+                        "409",
+                        "413",
+                        "415",
+                        "422",
+                        "428",
+                        "429",
+                    ]
+                },
+            },
             "phases": {"stateful": {"enabled": False}},  # no links between the routes: nothing to chain
         }
     )
