@@ -99,27 +99,33 @@ class KeyedQueue:
     def pop(self, now: float) -> Call | None:
         """The call with the smallest key."""
         while self._heap:
-            _, _, call = heapq.heappop(self._heap)
-            if call.seq in self._removed:
-                self._removed.discard(call.seq)
+            _, entry, call = heapq.heappop(self._heap)
+            if entry in self._removed:
+                self._removed.discard(entry)
                 continue
             self._n -= 1
             return call
         return None
 
     def remove(self, call: Call) -> bool:
-        """Mark a call removed; it is skipped when it reaches the top."""
-        if call.seq in self._removed or not any(c is call for _, _, c in self._heap):
-            return False
-        self._removed.add(call.seq)
-        self._n -= 1
-        return True
+        """Mark a call's live entry removed; it is skipped when it reaches the top.
+
+        Entries are identified by the ``seq`` they were pushed with, not by ``call.seq``: a call taken off
+        this queue and resubmitted (elsewhere, or here again) gets a new ``seq`` while its stale entry is
+        still in the heap, and must neither count nor show here again.
+        """
+        for _, entry, c in self._heap:
+            if c is call and entry not in self._removed:
+                self._removed.add(entry)
+                self._n -= 1
+                return True
+        return False
 
     def __len__(self) -> int:
         return self._n
 
     def __iter__(self) -> Iterator[Call]:
-        return iter([c for _, _, c in sorted(self._heap, key=lambda e: (e[0], e[1])) if c.seq not in self._removed])
+        return iter([c for _, e, c in sorted(self._heap, key=lambda e: (e[0], e[1])) if e not in self._removed])
 
 
 def urgency_key(call: Call) -> float:

@@ -179,3 +179,21 @@ def test_vtc_tenant_weights_split_service_in_proportion() -> None:
     served = [s.pop_next(0, 0.0) for _ in range(60)]
     gold = sum(1 for c in served if c is not None and c.tenant == "gold")
     assert gold == 40  # 2:1 while both are backlogged
+
+
+def test_a_call_resubmitted_after_removal_counts_once_and_leaves_no_ghost() -> None:
+    """Drained off a worker, resubmitted elsewhere with a new seq: the stale heap entry of the first queue
+    must not show in it, be removable again, or make its length negative."""
+    for name in ("urgency", "edf", "llf"):
+        q = QUEUES[name]()()
+        other = QUEUES[name]()()
+        c = call()
+        q.push(c)
+        assert q.remove(c) and len(q) == 0
+        c.seq = next(_SEQ)  # the scheduler gives a resubmitted call a new seq
+        other.push(c)
+        assert list(q) == [] and not q.remove(c) and len(q) == 0, name
+        assert q.pop(0.0) is None and len(other) == 1 and other.pop(0.0) is c
+        c.seq = next(_SEQ)
+        q.push(c)  # and back on the first queue again: a live entry beside the stale one
+        assert len(q) == 1 and list(q) == [c] and q.remove(c) and len(q) == 0 and q.pop(0.0) is None
