@@ -2,18 +2,21 @@
 
 All of them raise ``GatewayError``s (rendered by the app's one handler): ``gw_of`` 503 while the gateway
 starts, ``auth`` 401, ``deadline_or_raise`` 422 (``DeadlineOutOfRange``), ``admit_or_raise`` 429/503
-(``Rejected``), ``unicode_body`` 422 for a JSON body holding a lone surrogate.
+(``Rejected``), ``unicode_body`` 422 for a JSON body holding a lone surrogate, ``until_disconnect``
+``ClientDisconnected`` (499, which nobody reads: the client is gone) when the client leaves first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from typing import Annotated, Any
+from collections.abc import Awaitable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 
-from gateway.errors import ServiceUnavailable, Unauthorized, Unprocessable
+from gateway.errors import GatewayError, ServiceUnavailable, Unauthorized, Unprocessable
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 
@@ -55,6 +58,61 @@ def deadline_or_raise(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> 
 def admit_or_raise(gw: Gateway, tenant: Tenant, n_calls: int) -> None:
     """Admission control: ``Rejected`` (429 or 503 with Retry-After), counted as a rejected workflow."""
     gw.admit(tenant, n_calls)
+
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(GatewayError):
+    """The client closed its connection before the answer was ready; the work for it was cancelled.
+
+    Rendered as 499 ("client closed request", nginx's convention), which nobody receives: it exists so
+    that the route ends through the one error handler, without logging a fault.
+    """
+
+    status = 499
+    error_type = "client_closed_request"
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Return when the client has gone: the ASGI ``http.disconnect`` message.
+
+    Call it only once the request body has been read (the route's parameters are): until then
+    ``receive`` yields the body's chunks, which this would consume.
+    """
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` while watching the client's connection; when the client leaves first, cancel the
+    work (the gateway abandons its workflow: queued calls dropped, worker requests aborted, counted
+    ``cancelled``), wait for it to unwind and raise ``ClientDisconnected``.
+
+    The one way a non-streaming route ties its work to its client (a streaming response is cancelled
+    by the framework when its client goes). The body must have been read already (``wait_disconnect``).
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_disconnect(request))
+    gone = False
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            if watcher.exception() is None:
+                gone = True
+            else:  # the connection cannot be watched (never expected): the work runs to its end
+                await asyncio.wait({task})
+    finally:  # also when the route itself is cancelled: nothing it started is left running
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+        await asyncio.wait({watcher})
+    if gone and (task.cancelled() or task.exception() is not None):
+        raise ClientDisconnected("the client closed the connection; its work was cancelled")
+    return task.result()
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
