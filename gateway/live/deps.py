@@ -89,30 +89,38 @@ async def wait_disconnect(request: Request) -> None:
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await ``work`` while watching the client's connection; when the client leaves first, cancel the
     work (the gateway abandons its workflow: queued calls dropped, worker requests aborted, counted
-    ``cancelled``), wait for it to unwind and raise ``ClientDisconnected``.
+    ``cancelled``), let it unwind and raise ``ClientDisconnected``.
 
     The one way a non-streaming route ties its work to its client (a streaming response is cancelled
-    by the framework when its client goes). The body must have been read already (``wait_disconnect``).
+    by the framework when its client goes). ``work`` runs in the route's own task, so what it does
+    before its first wait (admission, submitting the first calls) happens at once, as without the
+    watch; a watcher task cancels the route's task when ``http.disconnect`` comes. The body must have
+    been read already (``wait_disconnect``).
     """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_disconnect(request))
+    route = asyncio.current_task()
+    if route is None:  # not in a task (never under an ASGI server): nothing to cancel
+        return await work
     gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await wait_disconnect(request)
+        gone = True
+        route.cancel()
+
+    watcher = asyncio.create_task(watch(), name="client-watch")
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            if watcher.exception() is None:
-                gone = True
-            else:  # the connection cannot be watched (never expected): the work runs to its end
-                await asyncio.wait({task})
-    finally:  # also when the route itself is cancelled: nothing it started is left running
+        result = await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        route.uncancel()
+        raise ClientDisconnected("the client closed the connection; its work was cancelled") from None
+    finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})
-        await asyncio.wait({watcher})
-    if gone and (task.cancelled() or task.exception() is not None):
-        raise ClientDisconnected("the client closed the connection; its work was cancelled")
-    return task.result()
+    if gone:  # the work finished although it was cancelled: keep its result, withdraw the cancellation
+        route.uncancel()
+    return result
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

@@ -94,18 +94,16 @@ async def chat(request: Request, tenant: TenantDep) -> Response:
     queue: asyncio.Queue[bytes | None] | None = asyncio.Queue(maxsize=4096) if stream else None
     node = DagNode("chat", CHAT, n_in, mt or DEFAULT_CHAT_OUTPUT_TOKENS)
     admit_or_raise(gw, tenant, 1)
-    run = asyncio.create_task(
-        gw.run_workflow(tenant, deadline, [node], [CallRequest("/v1/chat/completions", fwd, queue)])
-    )
+    work = gw.run_workflow(tenant, deadline, [node], [CallRequest("/v1/chat/completions", fwd, queue)])
     if queue is None:
-        out = await until_disconnect(request, run)  # a client that leaves cancels the call
+        out = await until_disconnect(request, work)  # a client that leaves cancels the call
         if out.error is not None:
             raise UpstreamError.answer(out.error)
         result = out.calls[0].result
         if result is None or result.body is None:
             raise UpstreamError("the worker's answer has no body", 502)
         return JSONResponse(result.body)
-    return await _stream_response(request, run, queue)
+    return await _stream_response(request, asyncio.create_task(work), queue)
 
 
 async def _stream_response(
