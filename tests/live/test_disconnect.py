@@ -68,10 +68,10 @@ def _dispatched(gw: Gateway, kind: str | None = None) -> float:
 
 
 @asynccontextmanager
-async def _request_then_leave(base: str, path: str, body: dict[str, Any]) -> AsyncIterator[None]:
-    """Send ``POST path`` on a raw connection; leaving the block closes the connection without reading."""
+async def _request_then_leave(base: str, path: str, body: dict[str, Any]) -> AsyncIterator[asyncio.StreamReader]:
+    """Send ``POST path`` on a raw connection; leaving the block closes the connection."""
     u = urlsplit(base)
-    _, writer = await asyncio.open_connection(u.hostname, u.port)
+    reader, writer = await asyncio.open_connection(u.hostname, u.port)
     raw = json.dumps(body).encode()
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {u.netloc}\r\nAuthorization: Bearer {INTERACTIVE_KEY}\r\n"
@@ -80,7 +80,7 @@ async def _request_then_leave(base: str, path: str, body: dict[str, Any]) -> Asy
     writer.write(head.encode() + raw)
     await writer.drain()
     try:
-        yield
+        yield reader
     finally:
         writer.close()
         await writer.wait_closed()
@@ -159,6 +159,29 @@ async def test_a_chat_completion_whose_client_leaves_is_cancelled(tmp_path: Path
                 return (await _emulator_counts(urls[0]))["aborted"] == 1
 
             await _until_async(aborted, "the worker to see its request aborted")
+            assert _outcome(gw, "met") == _outcome(gw, "missed") == 0
+
+
+async def test_a_streaming_chat_whose_client_leaves_mid_stream_is_cancelled(tmp_path: Path) -> None:
+    async with emulators(["A100"], time_scale=SLOW) as urls:
+        cfg = _config(tmp_path, urls, capacity=2)
+        async with gateway_server(cfg) as (base, app):
+            gw: Gateway = app.state.gateway
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000, "stream": True}
+            async with _request_then_leave(base, "/v1/chat/completions", body) as reader:
+                received = b""
+                while b"data: " not in received:  # the stream has started: tokens are flowing
+                    chunk = await reader.read(4096)
+                    assert chunk, "the gateway closed the stream"
+                    received += chunk
+                assert received.startswith(b"HTTP/1.1 200")
+            await _until(lambda: _outcome(gw, "cancelled") == 1, "the stream to be counted cancelled")
+            await _until(lambda: _idle(gw), "the gateway to hold nothing of the stream")
+
+            async def aborted() -> bool:
+                return (await _emulator_counts(urls[0]))["aborted"] == 1
+
+            await _until_async(aborted, "the worker to see its stream aborted")
             assert _outcome(gw, "met") == _outcome(gw, "missed") == 0
 
 
