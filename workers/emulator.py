@@ -248,6 +248,16 @@ class _Metrics:
             m.labels(**self.labels)
         for reason in ("stop", "length", "abort", "error", "repetition"):
             self.success.labels(**self.labels, finished_reason=reason)
+        # The emulator's own: what reached the engine, and what its client abandoned (vLLM aborts a
+        # request whose connection closes, and counts it nowhere; tests need to see it).
+        self.received = Counter(
+            "hexflow_emulator_requests_received", "Generation requests that reached the engine.", registry=r
+        )
+        self.aborted = Counter(
+            "hexflow_emulator_requests_aborted",
+            "Generation requests aborted because their client closed the connection first.",
+            registry=r,
+        )
 
     def record(self, ticket: Ticket, prompt_tokens: int, output_tokens: int, reason: str) -> None:
         lab = self.labels
@@ -460,7 +470,7 @@ def create_app(cfg: EmulatorConfig, responder: Responder | None = None) -> FastA
         prompt_tokens = chat_prompt_tokens(messages)
         text = " ".join(_content_text(m.get("content")) for m in messages)
         req = GenRequest("chat", text, messages, prompt_tokens, 0, body.get("seed"))
-        return await _generate(emu, body, req, chat=True)
+        return await _generate(emu, request, body, req, chat=True)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
@@ -480,7 +490,7 @@ def create_app(cfg: EmulatorConfig, responder: Responder | None = None) -> FastA
         req = GenRequest("completion", text, None, prompt_tokens, 0, body.get("seed"))
         if "max_tokens" not in body and "max_completion_tokens" not in body:
             body = {**body, "max_tokens": 16}  # the OpenAI completions default
-        return await _generate(emu, body, req, chat=False)
+        return await _generate(emu, request, body, req, chat=False)
 
     return app
 
@@ -497,7 +507,39 @@ _NULL_TOP = {
 }
 
 
-async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, chat: bool) -> Response:
+async def _client_gone(request: Request) -> None:
+    """Return when the client closed its connection (ASGI ``http.disconnect``; the body is read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _finished(ticket: Ticket, overhead: float) -> None:
+    """Wait until the engine finished the request, plus the request overhead."""
+    while not ticket.done:
+        ticket.changed.clear()
+        await ticket.changed.wait()
+    if overhead > 0:
+        # The overhead counts from the model's finish time, not from when the driver noticed it,
+        # so event-loop lag on a busy machine is absorbed instead of added to every response.
+        done_at = ticket.engine_done_real if ticket.engine_done_real is not None else time.monotonic()
+        await asyncio.sleep(max(done_at + overhead - time.monotonic(), 0.0))
+
+
+async def _finished_unless_gone(emu: Emulator, request: Request, ticket: Ticket, overhead: float) -> bool:
+    """Wait for the request's end while watching its connection, as vLLM's ``with_cancellation`` does;
+    False when the client left first."""
+    work = asyncio.ensure_future(_finished(ticket, overhead))
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (work, gone):
+            t.cancel()
+        await asyncio.wait({work, gone})
+    return not work.cancelled() and work.exception() is None
+
+
+async def _generate(emu: Emulator, request: Request, body: dict[str, Any], req: GenRequest, *, chat: bool) -> Response:
     n_out, max_tokens = emu.lengths(body, req.prompt_tokens)
     priority = _priority(body, emu)
     if body.get("n", 1) != 1:
@@ -530,22 +572,20 @@ async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, cha
     created = int(time.time())
     reason = reason_override or ("length" if n_out >= max_tokens else "stop")
     ticket = emu.engine.submit(req.prompt_tokens, max(n_out, 1), priority)
+    emu.metrics.received.inc()
     overhead = emu.cfg.profile.request_overhead_s * emu.cfg.time_scale if emu.cfg.add_request_overhead else 0.0
     usage = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + n_out, "completion_tokens": n_out}
 
     if not stream:
+        finished = False
         try:
-            while not ticket.done:
-                ticket.changed.clear()
-                await ticket.changed.wait()
-            if overhead > 0:
-                # The overhead counts from the model's finish time, not from when the driver noticed it,
-                # so event-loop lag on a busy machine is absorbed instead of added to every response.
-                done_at = ticket.engine_done_real if ticket.engine_done_real is not None else time.monotonic()
-                await asyncio.sleep(max(done_at + overhead - time.monotonic(), 0.0))
-        except asyncio.CancelledError:
-            emu.engine.cancel(ticket)
-            raise
+            finished = await _finished_unless_gone(emu, request, ticket, overhead)
+        finally:
+            if not finished:  # the client went away (vLLM aborts such a request)
+                emu.engine.cancel(ticket)
+                emu.metrics.aborted.inc()
+        if not finished:
+            return Response(status_code=499)
         emu.metrics.record(ticket, req.prompt_tokens, n_out, reason)
         text = full_text
         if chat:
@@ -620,6 +660,7 @@ async def _generate(emu: Emulator, body: dict[str, Any], req: GenRequest, *, cha
             yield b"data: [DONE]\n\n"
         except asyncio.CancelledError:
             emu.engine.cancel(ticket)
+            emu.metrics.aborted.inc()
             raise
         finally:
             emu.engine.streaming -= 1

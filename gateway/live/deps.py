@@ -2,19 +2,22 @@
 
 All of them raise ``GatewayError``s (rendered by the app's one handler): ``gw_of`` 503 while the gateway
 starts, ``auth`` 401, ``deadline_or_raise`` 422 (``DeadlineOutOfRange``), ``admit_or_raise`` 429/503
-(``Rejected``), ``unicode_body`` 422 for a JSON body holding a lone surrogate.
+(``Rejected``), ``unicode_body`` 422 for a JSON body holding a lone surrogate, ``until_disconnect``
+``ClientDisconnected`` (499, which nobody reads: the client is gone) when the client leaves first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from typing import Annotated, Any
+from collections.abc import Awaitable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gateway.errors import ServiceUnavailable, Unauthorized, Unprocessable
+from gateway.errors import GatewayError, ServiceUnavailable, Unauthorized, Unprocessable
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 
@@ -64,6 +67,69 @@ def deadline_or_raise(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> 
 def admit_or_raise(gw: Gateway, tenant: Tenant, n_calls: int) -> None:
     """Admission control: ``Rejected`` (429 or 503 with Retry-After), counted as a rejected workflow."""
     gw.admit(tenant, n_calls)
+
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(GatewayError):
+    """The client closed its connection before the answer was ready; the work for it was cancelled.
+
+    Rendered as 499 ("client closed request", nginx's convention), which nobody receives: it exists so
+    that the route ends through the one error handler, without logging a fault.
+    """
+
+    status = 499
+    error_type = "client_closed_request"
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Return when the client has gone: the ASGI ``http.disconnect`` message.
+
+    Call it only once the request body has been read (the route's parameters are): until then
+    ``receive`` yields the body's chunks, which this would consume.
+    """
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` while watching the client's connection; when the client leaves first, cancel the
+    work (the gateway abandons its workflow: queued calls dropped, worker requests aborted, counted
+    ``cancelled``), let it unwind and raise ``ClientDisconnected``.
+
+    The one way a non-streaming route ties its work to its client (a streaming response is cancelled
+    by the framework when its client goes). ``work`` runs in the route's own task, so what it does
+    before its first wait (admission, submitting the first calls) happens at once, as without the
+    watch; a watcher task cancels the route's task when ``http.disconnect`` comes. The body must have
+    been read already (``wait_disconnect``).
+    """
+    route = asyncio.current_task()
+    if route is None:  # not in a task (never under an ASGI server): nothing to cancel
+        return await work
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await wait_disconnect(request)
+        gone = True
+        route.cancel()
+
+    watcher = asyncio.create_task(watch(), name="client-watch")
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        route.uncancel()
+        raise ClientDisconnected("the client closed the connection; its work was cancelled") from None
+    finally:
+        watcher.cancel()
+    if gone:  # the work finished although it was cancelled: keep its result, withdraw the cancellation
+        route.uncancel()
+    return result
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

@@ -9,7 +9,7 @@ maps the rest to ``other``.
 | metric | type | labels | meaning |
 |---|---|---|---|
 | hexflow_workflow_latency_seconds | histogram | tenant | end-to-end latency of finished workflows |
-| hexflow_workflows_total | counter | tenant, outcome | outcome: met, missed, rejected, failed |
+| hexflow_workflows_total | counter | tenant, outcome | outcome: met, missed, rejected, failed, cancelled |
 | hexflow_slo_attainment | gauge | tenant | share of the tenant's last 1000 finished workflows that met the deadline |
 | hexflow_stage_latency_seconds | histogram | kind | one call: ready -> result (queue wait + run) |
 | hexflow_call_run_seconds | histogram | kind, worker | one call: sent -> result |
@@ -49,7 +49,9 @@ MAX_KINDS = 32
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 3600)
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900)
 RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5, 10)
-OUTCOMES = ("met", "missed", "rejected", "failed")
+OUTCOMES = ("met", "missed", "rejected", "failed", "cancelled")
+"""How a workflow can end. ``cancelled``: abandoned before it finished because its client went away (or
+the gateway's shutdown grace ran out); neither met nor missed, and not in the SLO attainment."""
 
 
 class BoundedLabel:
@@ -84,7 +86,7 @@ class GatewayMetrics:
         )
         self.workflows = Counter(
             "hexflow_workflows",
-            "Workflows by outcome (met, missed, rejected, failed).",
+            "Workflows by outcome (met, missed, rejected, failed, cancelled).",
             ["tenant", "outcome"],
             registry=r,
         )
@@ -250,7 +252,7 @@ class GatewayMetrics:
             self.kv_usage.labels(worker=worker).set(m.kv_cache_usage)
 
     def workflow_done(self, tenant: str, latency_s: float | None, outcome: str) -> None:
-        """A workflow ended with ``outcome`` (met, missed, rejected, failed)."""
+        """A workflow ended with ``outcome`` (one of ``OUTCOMES``); only met and missed count towards attainment."""
         self.workflows.labels(tenant=tenant, outcome=outcome).inc()
         if latency_s is not None:
             self.workflow_latency.labels(tenant=tenant).observe(latency_s)

@@ -1,12 +1,15 @@
 """``hexflow serve``: build the gateway from its config and run it under uvicorn with graceful shutdown.
 
-On SIGTERM (or SIGINT) the gateway stops intake at once (``/readyz`` turns 503, new workflows get 503),
-uvicorn stops accepting connections, and in-flight workflows get ``shutdown_grace_s`` to finish before
-the worker pool is stopped.
+On SIGTERM (or SIGINT) the gateway stops intake at once: ``/readyz`` turns 503 and new workflows get 503
+with ``Retry-After``, while the listener stays open, so a client or load balancer that has not yet seen
+the change is answered, not refused. In-flight workflows get ``shutdown_grace_s`` to finish; only then
+is uvicorn told to exit (it closes the listener and the idle connections), and the worker pool is
+stopped. The process exits 0. A second signal skips the rest of the drain; a third SIGINT forces the exit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 from pathlib import Path
@@ -73,18 +76,50 @@ class _GatewayWithTransport(Gateway):
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server, marking the gateway as draining the moment a stop signal arrives."""
+    """uvicorn's server with the gateway's shutdown: drain first, with the listener open, then exit.
+
+    uvicorn closes its listener as soon as it is told to exit, so new connections would be refused
+    during the drain. Here the first stop signal only starts the gateway's drain (intake answers 503
+    at once, ``Gateway.begin_drain``); the server's tick (on the event loop, every 0.1 s) starts the
+    wait for in-flight workflows, and ``should_exit`` is set when they have finished or the grace
+    period is over. uvicorn then waits for the last responses (1 s more when the grace ran out, after
+    which it cancels what still runs: those workflows count as ``cancelled``) and the app's lifespan
+    stops the gateway.
+    """
 
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
         self._app = app
+        self._draining: Gateway | None = None
+        self._drainer: asyncio.Task[None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """A stop signal (runs in the signal handler: only sets flags)."""
         gw = getattr(self._app.state, "gateway", None)
-        if isinstance(gw, Gateway) and not gw.draining:
-            log.warning("signal %d: draining (grace %.0f s)", sig, gw.cfg.shutdown_grace_s)
-            gw.draining = True
-        super().handle_exit(sig, frame)
+        if self._draining is not None or not isinstance(gw, Gateway) or not gw.ready:
+            # A second signal (skip the rest of the drain), or one before the gateway serves.
+            if self._draining is not None:
+                log.warning("signal %d during the drain: stopping now", sig)
+            super().handle_exit(sig, frame)
+            return
+        grace = gw.cfg.shutdown_grace_s
+        log.warning("signal %d: draining for up to %.0f s; new requests get 503", sig, grace)
+        gw.begin_drain(grace)
+        self._draining = gw
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's periodic tick; starts the drain a signal asked for."""
+        if self._draining is not None and self._drainer is None:
+            self._drainer = asyncio.create_task(self._drain(self._draining), name="shutdown-drain")
+        return await super().on_tick(counter)
+
+    async def _drain(self, gw: Gateway) -> None:
+        drained = await gw.drain(gw.cfg.shutdown_grace_s)
+        if drained:
+            log.warning("drained; exiting")
+        else:
+            self.config.timeout_graceful_shutdown = 1
+        self.should_exit = True
 
 
 def serve(
@@ -109,7 +144,8 @@ def serve(
         timeout_keep_alive=5,
         access_log=False,
     )
-    # uvicorn re-raises a captured SIGTERM after its graceful shutdown, under the handler that was in
-    # place before it started; this one makes a drained shutdown exit 0 (Kubernetes reads it as clean).
-    signal.signal(signal.SIGTERM, lambda _sig, _frame: log.warning("drained; exiting"))
+    # uvicorn re-raises a signal it handled itself (a second one, during the drain) after its shutdown,
+    # under the handler that was in place before it started; this one keeps that exit 0 for SIGTERM
+    # (Kubernetes reads it as clean).
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: log.warning("exiting"))
     GatewayServer(config, app).run()

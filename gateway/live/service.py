@@ -89,6 +89,7 @@ class _Execution:
     done: asyncio.Future[None]
     live: dict[int, LiveCall] = field(default_factory=dict)
     error: CallFailed | None = None
+    abandoned: bool = False
 
 
 class Gateway:
@@ -164,6 +165,7 @@ class Gateway:
         self._executions: set[object] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._drain_until: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -185,11 +187,24 @@ class Gateway:
                 self._tasks.append(asyncio.create_task(self.tuner.run(self._stop), name="alpha-tuner"))
         self.ready = True
 
-    async def drain(self, grace_s: float) -> bool:
-        """Stop intake and wait up to ``grace_s`` for in-flight workflows; True when all finished."""
+    def begin_drain(self, grace_s: float) -> None:
+        """Stop intake now (``/readyz`` and new workflows answer 503) and start the grace period.
+
+        The grace period is counted once, from the first call: a later ``drain`` waits only for what
+        is left of it (the signal handler starts the drain, the app's lifespan waits for it again).
+        """
         self.draining = True
+        if self._drain_until is None:
+            self._drain_until = time.monotonic() + grace_s
+
+    async def drain(self, grace_s: float) -> bool:
+        """Stop intake and wait for in-flight workflows until the grace period (``grace_s`` from the
+        first ``begin_drain``) is over; True when all finished."""
+        self.begin_drain(grace_s)
+        assert self._drain_until is not None
+        left = max(self._drain_until - time.monotonic(), 0.0)
         try:
-            await asyncio.wait_for(self._idle.wait(), grace_s)
+            await asyncio.wait_for(self._idle.wait(), left)
         except TimeoutError:
             log.error("shutdown grace period over with %d workflows in progress", self.active_total)
             return False
@@ -279,7 +294,8 @@ class Gateway:
         """Run a validated DAG to completion (or first failure). Admission must have passed.
 
         Cancelling the awaiting task (client gone) abandons the workflow: queued calls leave their
-        queues and in-flight ones are cancelled.
+        queues, in-flight ones are cancelled (their requests are aborted), no further call is
+        submitted, and the workflow is counted ``cancelled`` (never met, not recorded for the tuner).
         """
         now = self.clock()
         wid = next(self._wids)
@@ -299,6 +315,8 @@ class Gateway:
             rec = ex.records[spec.node]
             self._record(rec, call, outcome)
             ex.live.pop(spec.node, None)
+            if ex.abandoned:  # a call that settled after its workflow was given up releases nothing
+                return
             if isinstance(outcome, CallFailed):
                 if ex.error is None:
                     ex.error = outcome
@@ -319,11 +337,12 @@ class Gateway:
         try:
             launch(wf.start())
             await ex.done
-        except BaseException:  # cancelled (client gone) or a bug: the workflow ends as failed either way
+        except BaseException as exc:  # cancelled (client gone), or a bug: abandon the workflow either way
+            ex.abandoned = True
             for other in list(ex.live.values()):
                 self.pool.cancel(other)
             ex.live.clear()
-            self._finish(ex, tenant, "failed", None)
+            self._finish(ex, tenant, "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed", None)
             raise
         latency = self.clock() - wf.arrival
         outcome = WorkflowOutcome(
@@ -408,16 +427,27 @@ class Gateway:
         self._begin(wf, tenant)
         return wf
 
-    def close_workflow(self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool = False, valid: bool = True) -> float:
+    def close_workflow(
+        self,
+        wf: OnlineWorkflow,
+        tenant: Tenant,
+        *,
+        failed: bool = False,
+        valid: bool = True,
+        cancelled: bool = False,
+    ) -> float:
         """Account an online workflow's end; returns its latency in seconds.
 
-        ``failed``: it ended in an error (counted as failed). Otherwise it is met when it finished by its
-        deadline with a ``valid`` answer (``Workflow.met``: a Text-to-SQL answer without valid SQL is
-        missed even in time, as its response's ``deadline_met`` says), else missed.
+        ``cancelled``: abandoned because its client went away (counted as cancelled); ``failed``: it
+        ended in an error (counted as failed). Neither is recorded for the tuner. Otherwise it is met
+        when it finished by its deadline with a ``valid`` answer (``Workflow.met``: a Text-to-SQL answer
+        without valid SQL is missed even in time, as its response's ``deadline_met`` says), else missed.
         """
         now = self.clock()
         latency = now - wf.arrival
-        if failed:
+        if cancelled:
+            self._finish(wf, tenant, "cancelled", None)
+        elif failed:
             self._finish(wf, tenant, "failed", None)
         else:
             self._finish(wf, tenant, "met" if wf.met(now, valid=valid) else "missed", latency)

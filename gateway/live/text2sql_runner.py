@@ -5,7 +5,8 @@ One runner per question: ``open`` starts an online workflow under the CHESS temp
 (``run_stage``) and each call's record and outcome into a ``StageCallResult`` (a failed call keeps its
 status: 502 upstream, 503 no worker, 504 timeout, a worker's 4xx), ``remaining`` reads the gateway's
 clock, and ``close`` accounts the workflow (``close_workflow``: met, missed or failed) and answers with
-the same rule (``OnlineWorkflow.met``), so the response and the metrics agree.
+the same rule (``OnlineWorkflow.met``), so the response and the metrics agree; an abandoned question
+(``cancelled``) is counted cancelled.
 """
 
 from __future__ import annotations
@@ -54,13 +55,16 @@ class GatewayStageRunner:
         """Seconds to the deadline on the gateway's clock (negative once past)."""
         return self._workflow().remaining(self.gw.clock())
 
-    def close(self, *, valid: bool, failed: bool = False) -> Closed:
-        """Account the workflow's end with the gateway (once; a second call returns the first answer)."""
+    def close(self, *, valid: bool, failed: bool = False, cancelled: bool = False) -> Closed:
+        """Account the workflow's end with the gateway (once; a second call returns the first answer).
+
+        ``cancelled`` (the client went away) is counted as cancelled, never met."""
         if self._closed is not None:
             return self._closed
         wf = self._workflow()
-        latency = self.gw.close_workflow(wf, self.tenant, failed=failed, valid=valid)
-        self._closed = Closed(latency, not failed and wf.met(wf.arrival + latency, valid=valid))
+        latency = self.gw.close_workflow(wf, self.tenant, failed=failed, valid=valid, cancelled=cancelled)
+        met = not failed and not cancelled and wf.met(wf.arrival + latency, valid=valid)
+        self._closed = Closed(latency, met)
         return self._closed
 
 

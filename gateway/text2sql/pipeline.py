@@ -141,6 +141,7 @@ class Text2SqlPipeline:
         runner.open(deadline_s)
         run: _Run | None = None
         outcome: tuple[str, Candidate | None] | _Failure = _Failure("open", "cancelled", 500)
+        cancelled = False
         try:
             try:
                 schema = await db.schema()
@@ -156,9 +157,12 @@ class Text2SqlPipeline:
                     outcome = _Failure(exc.stage, str(exc.err), exc.err.status)
                 except DatabaseUnavailable as exc:
                     outcome = _Failure("execute", str(exc), exc.status)
+        except asyncio.CancelledError:  # the caller gave up (the client went away): no further stage
+            cancelled = True
+            raise
         finally:
             ok = isinstance(outcome, tuple) and outcome[0] == "ok"
-            closed = runner.close(valid=ok, failed=isinstance(outcome, _Failure))
+            closed = runner.close(valid=ok, failed=isinstance(outcome, _Failure), cancelled=cancelled)
         candidates = run.candidates if run is not None else []
         if isinstance(outcome, _Failure):
             return _failed(request_id, outcome, stages, deadline_s, closed, candidates)

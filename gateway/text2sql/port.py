@@ -10,7 +10,8 @@ One runner serves one question (one workflow, one tenant):
     await runner.run_stage(kind, calls)     one stage of parallel calls; one ``StageCallResult`` each
     runner.remaining()                      seconds to the deadline on the runner's own clock (< 0: past)
     runner.close(valid=...)                 the workflow ends; returns its latency and whether the
-                                            deadline was met (in time *and* a valid answer)
+                                            deadline was met (in time *and* a valid answer);
+                                            ``cancelled=True`` when the question was abandoned
 
 Everything the pipeline reads about time comes from the runner's clock, so it never mixes two clocks.
 """
@@ -87,7 +88,8 @@ class StageRunner(Protocol):
         """Seconds left before the deadline (negative once it has passed)."""
         ...
 
-    def close(self, *, valid: bool, failed: bool = False) -> Closed:
-        """End the workflow: ``valid`` when the answer is usable, ``failed`` when a stage failed outright.
+    def close(self, *, valid: bool, failed: bool = False, cancelled: bool = False) -> Closed:
+        """End the workflow: ``valid`` when the answer is usable, ``failed`` when a stage failed outright,
+        ``cancelled`` when the question was abandoned (its caller was cancelled: the client went away).
         Called exactly once after ``open``, also on errors and cancellation."""
         ...

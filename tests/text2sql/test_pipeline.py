@@ -81,9 +81,9 @@ class FakeRunner:
         assert self.deadline is not None
         return self.deadline - self.now
 
-    def close(self, *, valid: bool, failed: bool = False) -> Closed:
+    def close(self, *, valid: bool, failed: bool = False, cancelled: bool = False) -> Closed:
         assert self.deadline is not None
-        self.closes.append({"valid": valid, "failed": failed})
+        self.closes.append({"valid": valid, "failed": failed} | ({"cancelled": True} if cancelled else {}))
         return Closed(self.now - self.arrival, not failed and deadline_met(self.now, self.deadline, valid=valid))
 
     @property
@@ -226,7 +226,7 @@ async def test_a_database_that_is_down_fails_at_the_schema_stage(pipeline: Text2
     assert runner.closes == [{"valid": False, "failed": True}]
 
 
-async def test_a_cancelled_question_closes_its_runner_once_as_failed(
+async def test_a_cancelled_question_closes_its_runner_once_as_cancelled(
     pipeline: Text2SqlPipeline, demo_db: Database
 ) -> None:
     runner = _runner(block_on="generate_candidate")
@@ -236,4 +236,4 @@ async def test_a_cancelled_question_closes_its_runner_once_as_failed(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert runner.closes == [{"valid": False, "failed": True}]
+    assert runner.closes == [{"valid": False, "failed": True, "cancelled": True}]

@@ -4,7 +4,8 @@ A chat completion is scheduled as a one-call workflow under the tenant's SLO. Er
 that is not a JSON object with a non-empty ``messages`` list, a bad ``max_tokens``, a bad deadline header,
 or a prompt or ``max_tokens`` over ``limits.max_tokens``; 404 for a model the cluster does not serve; 429/503 from
 admission. A worker's error answer is passed through with its status, message, type and param; once a
-stream has started, a failure is sent as a last server-sent event ``{"error": {...}}``.
+stream has started, a failure is sent as a last server-sent event ``{"error": {...}}``. A client that
+disconnects, streaming or not, cancels its call (the worker's request is aborted): counted ``cancelled``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from gateway.core.dag import DagNode
 from gateway.core.tokens import message_tokens
 from gateway.core.workflow import CHAT
 from gateway.errors import NotFound, Unprocessable, UpstreamError, error_body
-from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
+from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import (
     NUMBER_PATTERN,
@@ -123,28 +124,33 @@ async def chat(
     queue: asyncio.Queue[bytes | None] | None = asyncio.Queue(maxsize=4096) if stream else None
     node = DagNode("chat", CHAT, n_in, mt or DEFAULT_CHAT_OUTPUT_TOKENS)
     admit_or_raise(gw, tenant, 1)
-    run = asyncio.create_task(
-        gw.run_workflow(tenant, deadline, [node], [CallRequest("/v1/chat/completions", fwd, queue)])
-    )
+    work = gw.run_workflow(tenant, deadline, [node], [CallRequest("/v1/chat/completions", fwd, queue)])
     if queue is None:
-        try:
-            out = await run
-        except asyncio.CancelledError:
-            run.cancel()
-            raise
+        out = await until_disconnect(request, work)  # a client that leaves cancels the call
         if out.error is not None:
             raise UpstreamError.answer(out.error)
         result = out.calls[0].result
         if result is None or result.body is None:
             raise UpstreamError("the worker's answer has no body", 502)
         return JSONResponse(result.body)
-    return await _stream_response(run, queue)
+    return await _stream_response(request, asyncio.create_task(work), queue)
 
 
-async def _stream_response(run: asyncio.Task[WorkflowOutcome], queue: asyncio.Queue[bytes | None]) -> Response:
-    """The worker's server-sent events as they come; an error before the first one is a proper status."""
+async def _stream_response(
+    request: Request, run: asyncio.Task[WorkflowOutcome], queue: asyncio.Queue[bytes | None]
+) -> Response:
+    """The worker's server-sent events as they come; an error before the first one is a proper status.
+
+    Until the first event the client's connection is watched here (the call may wait in a queue), after
+    it by the streaming response: a client that leaves at any point cancels the call."""
     first = asyncio.ensure_future(queue.get())
-    done, _ = await asyncio.wait({first, run}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await until_disconnect(request, asyncio.wait({first, run}, return_when=asyncio.FIRST_COMPLETED))
+    except BaseException:
+        first.cancel()
+        run.cancel()
+        await asyncio.wait({run})
+        raise
     if first not in done:
         first.cancel()
         out = run.result()

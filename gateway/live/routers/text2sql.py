@@ -5,6 +5,8 @@ Request ``{question, db_id, evidence?, deadline_s?, stream?}``. Errors: unknown 
 the tenant's range 422, a database that is down 503 (the body says which stage failed), admission
 429/503 as for every workflow. With ``stream: true`` each stage's completion is sent as a server-sent
 event ``{"event": "stage", ...}`` and the result last (``{"event": "result", ...}``), then ``[DONE]``.
+A client that disconnects (streaming or not) cancels the question: no later stage is sent, the calls in
+flight are aborted, and the workflow is counted ``cancelled``.
 
 The route owns its state: a ``Text2SqlService`` (databases, pipeline, prompt templates, limits) that
 ``install_text2sql`` puts on ``app.state.text2sql`` and closes once the gateway has drained and stopped.
@@ -23,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
+from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
 from gateway.live.text2sql_runner import GatewayStageRunner
@@ -116,7 +118,10 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
     runner = GatewayStageRunner(gw, tenant)
     rid = f"t2s-{uuid.uuid4().hex[:16]}"
     if not req.stream:
-        result = await service.answer(runner, db, question, evidence, deadline, request_id=rid)
+        # A client that leaves cancels the question: no later stage, in-flight calls aborted.
+        result = await until_disconnect(
+            request, service.answer(runner, db, question, evidence, deadline, request_id=rid)
+        )
         return JSONResponse(result.as_dict(), status_code=result.http_status)
 
     events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=1024)

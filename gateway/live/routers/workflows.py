@@ -3,7 +3,8 @@
 Errors (all ``GatewayError``s): 422 for more calls than ``limits.max_calls_per_workflow``, a prompt or
 ``max_tokens`` over ``limits.max_tokens``, a deadline outside the tenant's range, or a DAG with a cycle,
 a dangling or a duplicate id; 429/503 from admission. A workflow that failed on a worker answers the
-worker's 4xx (or 502/503/504) with the workflow's report beside the error (``"workflow"``).
+worker's 4xx (or 502/503/504) with the workflow's report beside the error (``"workflow"``). A client
+that disconnects cancels its workflow (``until_disconnect``): counted ``cancelled``, no later call sent.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gateway.config.workflows import TEMPLATES
 from gateway.core.dag import DagNode, validate_nodes
 from gateway.core.tokens import message_tokens
 from gateway.errors import Unprocessable, UpstreamError
-from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
+from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import CallReport, WorkflowCall, WorkflowRequest, WorkflowResponse, route_responses
 from gateway.live.service import CallRequest, WorkflowOutcome
@@ -150,7 +151,10 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
     validate_nodes(nodes)  # DagError: 422 naming the call
     admit_or_raise(gw, tenant, len(nodes))
     template = TEMPLATES[req.template] if req.template else None
-    out = await gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id)
+    # A client that leaves cancels the workflow (queued calls dropped, worker requests aborted).
+    out = await until_disconnect(
+        request, gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id)
+    )
     resp = workflow_response(req, out)
     if out.error is not None:
         raise UpstreamError(str(out.error), out.error.status, extra={"workflow": resp.model_dump()})
