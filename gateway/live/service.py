@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import random
@@ -467,27 +468,32 @@ class Gateway:
         futures: list[asyncio.Future[CallResult | CallFailed]] = []
         live: list[LiveCall] = []
         records: list[CallRecord] = []
-        for i, (spec, req) in enumerate(calls):
+
+        def done_of(
+            call: LiveCall,
+            outcome: CallResult | CallFailed,
+            *,
+            fut: asyncio.Future[CallResult | CallFailed],
+            rec: CallRecord,
+        ) -> None:
+            self._record(rec, call, outcome)
+            wf.stage_call_done()
+            if not fut.done():
+                fut.set_result(outcome)
+
+        for i, (spec, _) in enumerate(calls):
             fut: asyncio.Future[CallResult | CallFailed] = loop.create_future()
             rec = CallRecord(i, spec.kind)
 
-            def done(
-                call: LiveCall,
-                outcome: CallResult | CallFailed,
-                fut: asyncio.Future[CallResult | CallFailed] = fut,
-                rec: CallRecord = rec,
-            ) -> None:
-                self._record(rec, call, outcome)
-                wf.stage_call_done()
-                if not fut.done():
-                    fut.set_result(outcome)
-
             futures.append(fut)
             records.append(rec)
-            live.append(self._submit(wf, spec, req, done))
         try:
+            for (spec, req), fut, rec in zip(calls, futures, records, strict=True):
+                live.append(self._submit(wf, spec, req, functools.partial(done_of, fut=fut, rec=rec)))
             outcomes = await asyncio.gather(*futures)
-        except asyncio.CancelledError:
+        except BaseException:
+            # Cancelled, or a submission failed part-way: take back every call already submitted, so none
+            # of the stage's calls keeps running for a caller that is gone.
             for c in live:
                 self.pool.cancel(c)
             raise

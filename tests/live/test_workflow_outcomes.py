@@ -10,6 +10,7 @@ import pytest
 from gateway.config.gateway import load_gateway_config
 from gateway.core.dag import DagNode
 from gateway.core.worker import WorkerInfo
+from gateway.core.workflow import CallSpec
 from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall
@@ -94,3 +95,27 @@ async def test_a_workflow_that_raises_ends_as_failed_and_frees_its_slot(tmp_path
         await gw.run_workflow(TENANT, 10.0, nodes, [CallRequest("/v1/completions", {})])
     assert gw.active_total == 0
     assert _count(gw, "failed") == 1.0
+
+
+async def test_a_stage_whose_submission_fails_part_way_takes_back_the_calls_already_submitted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw = _gateway(tmp_path, FakeClock())
+    submitted: list[LiveCall] = []
+    cancelled: list[LiveCall] = []
+    real_submit = gw._submit
+
+    def submit_then_fail(*args: object, **kwargs: object) -> LiveCall:
+        if submitted:
+            raise RuntimeError("the second submission fails")
+        call = real_submit(*args, **kwargs)  # type: ignore[arg-type]
+        submitted.append(call)
+        return call
+
+    monkeypatch.setattr(gw, "_submit", submit_then_fail)
+    monkeypatch.setattr(gw.pool, "cancel", cancelled.append)
+    wf = gw.open_workflow(TENANT, 10.0, None)
+    req = CallRequest("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+    with pytest.raises(RuntimeError, match="second submission"):
+        await gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), req), (CallSpec("k", 10, 2), req)])
+    assert len(submitted) == 1 and cancelled == submitted, "the submitted call keeps running for nobody"
