@@ -139,10 +139,24 @@ async def test_models_health_and_metric_names(emulator: EmuFactory) -> None:
     assert 'vllm:generation_tokens_total{engine="0",model_name="llama-3.1-70b"} 5.0' in metrics
 
 
+async def _gauge(c: object, name: str) -> float:
+    text = (await c.get("/metrics")).text  # type: ignore[attr-defined]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+async def _until_gauge(c: object, name: str, value: float) -> None:
+    """Wait (bounded) until the emulator's gauge reads ``value``: order comes from its state, not sleeps."""
+    for _ in range(2000):
+        if await _gauge(c, name) == value:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{name} never reached {value}")
+
+
 async def test_priority_field_orders_the_engine_waiting_queue(emulator: EmuFactory) -> None:
-    async with emulator(a100(max_num_seqs=1), time_scale=0.01, priority_scheduling=True) as c:
+    async with emulator(a100(max_num_seqs=1), time_scale=0.05, priority_scheduling=True) as c:
         first = asyncio.create_task(c.post("/v1/chat/completions", json=chat(100, 600)))
-        await asyncio.sleep(0.02)
+        await _until_gauge(c, "vllm:num_requests_running", 1.0)  # the one slot is taken
         done: list[str] = []
 
         async def send(tag: str, prio: int) -> None:
@@ -150,8 +164,10 @@ async def test_priority_field_orders_the_engine_waiting_queue(emulator: EmuFacto
             done.append(tag)
 
         low = asyncio.create_task(send("low", 10))
-        await asyncio.sleep(0.005)
+        await _until_gauge(c, "vllm:num_requests_waiting", 1.0)  # low waits first
         high = asyncio.create_task(send("high", 0))
+        await _until_gauge(c, "vllm:num_requests_waiting", 2.0)
+        assert not first.done(), "the blocker finished before both short requests were waiting"
         await asyncio.gather(first, low, high)
     assert done == ["high", "low"]
 
