@@ -1,16 +1,33 @@
-"""Latency estimates: ``t_comp(call, worker)`` and ``t_queue(worker)``.
+"""Latency estimates: ``t_comp(call, worker)`` and ``t_queue(worker)``, from a model of vLLM's batching.
 
-``t_comp`` starts from the worker's performance profile (a lone request's latency for the call's token
-counts) and is corrected online by the observed/predicted ratio, kept per (worker, stage kind) as an
-exponentially weighted moving average. The ratio absorbs what the profile does not know: the slowdown
-of running inside a batch, a GPU that is slower than its datasheet, a different model build. A ratio
-carries the time of its last update and reads as unknown (1.0) once older than ``max_age_s``: a worker
-that has been idle for a long time is judged by its profile again.
+A vLLM engine runs iteration-level continuous batching with chunked prefill (``profile.py``): prompt
+tokens are processed first come first served and do not get faster with batch size (prefill is
+compute-bound), while decode advances every running call by one token per iteration, so the decodes
+of many calls overlap and each iteration gets slower as the batch and its contexts grow. The estimates
+follow that, per worker:
 
-``t_queue`` is the predicted outstanding work per batch slot: the corrected ``t_comp`` of every call
-waiting in the worker's gateway queue plus the predicted remaining time of every call in flight,
-divided by the worker's capacity (calls it runs concurrently). It is 0 for an idle worker and grows
-smoothly with load, so it is well defined for the dispatch score (see ``dispatch.py``).
+``t_queue(worker)``: how long a call sent now waits before its own prompt is processed:
+    * the prefill still ahead of it in the engine: the engine's prefill clock ``prefill_free_at``,
+      advanced by each call sent to the worker (``start``) by that call's prefill time, from
+      ``max(clock, now)``; the calls in flight past their prefill do not delay a newcomer's prompt;
+    * the prefill of the calls waiting in the worker's gateway queue (they go first);
+    * when no slot is free for it (calls in flight + waiting >= capacity), the time until enough
+      in-flight calls return: the mean predicted remaining time of the calls in flight for the first
+      slot, and a further ``service / capacity`` for each slot after that.
+
+``t_comp(call, worker)``: the call's own time once its prompt is up: its prefill, then ``output - 1``
+decode iterations at the iteration time of the batch it joins (the calls in flight plus itself, at most
+``max_num_seqs``, with their mean contexts), plus the per-request overhead; corrected online by the
+observed/predicted ratio kept per (worker, stage kind) as an exponentially weighted moving average.
+The ratio absorbs what the model does not know: prompts of later calls that stall this call's decode,
+a GPU slower than its datasheet, another model build. It carries the time of its last update and reads
+as unknown (1.0) once older than ``max_age_s``: a worker idle for long is judged by its profile again.
+
+The scheduler reports every transition (``enqueue``, ``dequeue``, ``start``, ``release``) so the state
+is a handful of running sums and ``t_queue`` is O(1). An idle worker has ``t_queue`` 0, and both
+estimates grow smoothly with load, so the dispatch scores stay well defined (see ``dispatch.py``).
+``base_latency`` (a lone request on the profile) stays the unit of stage budgets and reference costs:
+it does not depend on the load.
 """
 
 from __future__ import annotations
@@ -18,7 +35,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
+from gateway.core.workflow import Call
 
 
 @dataclass(slots=True)
@@ -32,22 +51,48 @@ class Ratio:
 
 @dataclass(slots=True)
 class WorkerLoad:
-    """Running sums that make ``t_queue`` O(1): queued work, and in-flight work with start times."""
+    """Running sums that make both estimates O(1) per worker.
 
-    queued_work: float = 0.0
+    Attributes:
+        queued: calls in the worker's gateway queue.
+        queued_prefill_s: predicted prefill seconds of those calls.
+        queued_work: their predicted ``t_comp`` (seconds), for status pages.
+        inflight: calls sent to the worker and not yet returned.
+        inflight_ctx: sum of the mean decode contexts (``input + output / 2``) of the calls in flight.
+        inflight_end_sum: sum of the predicted return times of the calls in flight.
+        inflight_service_sum: sum of their predicted times on the worker (``service_s``).
+        prefill_free_at: when the engine is predicted to finish the prompts of the calls in flight.
+    """
+
     queued: int = 0
-    inflight_work: float = 0.0
-    inflight_start_sum: float = 0.0
+    queued_prefill_s: float = 0.0
+    queued_work: float = 0.0
     inflight: int = 0
+    inflight_ctx: float = 0.0
+    inflight_end_sum: float = 0.0
+    inflight_service_sum: float = 0.0
+    prefill_free_at: float = 0.0
 
     def outstanding(self, now: float) -> float:
-        """Predicted seconds of work left: queued plus in-flight remainder (each at least 10% left)."""
-        if self.inflight:
-            remaining = self.inflight_work - (self.inflight * now - self.inflight_start_sum)
-            remaining = max(remaining, 0.1 * self.inflight_work)
-        else:
-            remaining = 0.0
-        return self.queued_work + remaining
+        """Predicted seconds of work left on the worker: queued ``t_comp`` plus in-flight remainder.
+
+        Calls past their predicted return still hold their slots: the in-flight remainder is at least
+        10% of their predicted time, so a busy worker never reads as idle.
+        """
+        if not self.inflight:
+            return self.queued_work
+        rem = self.inflight_end_sum - self.inflight * now
+        floor = 0.1 * self.inflight_service_sum
+        return self.queued_work + (rem if rem > floor else floor)
+
+
+def prefill_time(p: PerfProfile, input_tokens: int) -> float:
+    """Engine seconds to process a prompt alone: its chunks, each reading the context before it."""
+    chunk = p.max_batched_tokens
+    n = input_tokens if input_tokens > 1 else 1
+    full, rest = divmod(n, chunk)
+    n_chunks = full + (1 if rest else 0)
+    return n_chunks * p.iter_base_s + p.token_s * n + p.ctx_s * chunk * (full * (full - 1) / 2 + (full if rest else 0))
 
 
 class Estimator:
@@ -82,6 +127,7 @@ class Estimator:
         self._ratios: list[dict[str, Ratio]] = [{} for _ in self.workers]
         # Profile latencies are pure functions of (worker, tokens); memoise the hot path.
         self._base_cache: list[dict[tuple[int, int], float]] = [{} for _ in self.workers]
+        self._prefill_cache: list[dict[int, float]] = [{} for _ in self.workers]
 
     def add_worker(self, info: WorkerInfo) -> int:
         """Append a worker with fresh estimates; returns its index."""
@@ -89,6 +135,7 @@ class Estimator:
         self.loads.append(WorkerLoad())
         self._ratios.append({})
         self._base_cache.append({})
+        self._prefill_cache.append({})
         return len(self.workers) - 1
 
     def reset_worker(self, worker: int, info: WorkerInfo) -> None:
@@ -97,13 +144,16 @@ class Estimator:
         self.loads[worker] = WorkerLoad()
         self._ratios[worker] = {}
         self._base_cache[worker] = {}
+        self._prefill_cache[worker] = {}
 
     def set_capacity(self, worker: int, capacity: int) -> None:
-        """Change a worker's concurrent-call count (its ``t_queue`` divisor): a new ``WorkerInfo``."""
+        """Change a worker's concurrent-call count (its batch and slot limit): a new ``WorkerInfo``."""
         self.workers[worker] = replace(self.workers[worker], capacity=capacity)
 
+    # ------------------------------------------------------------------ profile (load-independent)
+
     def base_latency(self, worker: int, input_tokens: int, output_tokens: int) -> float:
-        """The profile's lone-request latency, uncorrected."""
+        """The profile's lone-request latency, uncorrected (the unit of stage budgets)."""
         cache = self._base_cache[worker]
         key = (input_tokens, output_tokens)
         v = cache.get(key)
@@ -113,6 +163,16 @@ class Estimator:
                 cache[key] = v
         return v
 
+    def prefill_s(self, worker: int, input_tokens: int) -> float:
+        """The profile's prefill seconds for a prompt of ``input_tokens`` on ``worker``."""
+        cache = self._prefill_cache[worker]
+        v = cache.get(input_tokens)
+        if v is None:
+            v = prefill_time(self.workers[worker].profile, input_tokens)
+            if len(cache) < 65536:
+                cache[input_tokens] = v
+        return v
+
     def ratio(self, worker: int, kind: str, now: float) -> float:
         """The current correction factor for (worker, kind); 1.0 when unknown or stale."""
         r = self._ratios[worker].get(kind)
@@ -120,48 +180,126 @@ class Estimator:
             return 1.0
         return r.value
 
+    # ------------------------------------------------------------------ load-aware estimates
+
+    def _own(self, worker: int, input_tokens: int, output_tokens: int, extra_ctx: float) -> float:
+        """Uncorrected time of a call once its prompt is up: prefill, batched decode, overhead."""
+        info = self.workers[worker]
+        p = info.profile
+        load = self.loads[worker]
+        n = load.inflight + 1
+        limit = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
+        ctx = load.inflight_ctx + extra_ctx
+        if n > limit:
+            ctx *= limit / n
+            n = limit
+        out = output_tokens - 1 if output_tokens > 1 else 0
+        step = p.iter_base_s + p.token_s * n + p.ctx_s * ctx
+        return p.request_overhead_s + self.prefill_s(worker, input_tokens) + out * step
+
     def t_comp(self, worker: int, kind: str, input_tokens: int, output_tokens: int, now: float) -> float:
-        """Predicted latency of a call on ``worker`` (profile x online correction)."""
-        return self.base_latency(worker, input_tokens, output_tokens) * self.ratio(worker, kind, now)
+        """Predicted time of a call on ``worker`` once its prompt is up, in the batch it would join."""
+        extra = input_tokens + output_tokens / 2.0
+        return self._own(worker, input_tokens, output_tokens, extra) * self.ratio(worker, kind, now)
+
+    def t_queue(self, worker: int, now: float) -> float:
+        """Predicted wait of a call sent to ``worker`` now before its prompt is processed (seconds).
+
+        The later of two: the prompts ahead of it are done (the engine's prefill clock plus the prefill
+        of the calls queued ahead), and it holds a slot. Slots free at ``capacity`` calls per mean
+        remaining time of the calls ahead, so the slot wait is ``behind * mean_remaining / capacity``
+        with ``behind`` the returns needed before a slot is left for this call.
+        """
+        load = self.loads[worker]
+        wait = load.prefill_free_at - now
+        wait = max(wait, 0.0)
+        wait += load.queued_prefill_s
+        cap = self.workers[worker].capacity
+        behind = load.inflight + load.queued + 1 - cap
+        if behind > 0:
+            slot = behind * load.outstanding(now) / ((load.inflight + load.queued) * cap)
+            wait = max(wait, slot)
+        return wait
 
     def estimates(
         self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
     ) -> tuple[list[float], list[float]]:
         """``t_comp`` and ``t_queue`` for each of ``workers`` (one pass; the dispatch hot path)."""
-        key = (input_tokens, output_tokens)
-        max_age = self.max_age_s
         t_comp: list[float] = []
         t_queue: list[float] = []
-        base_cache = self._base_cache
-        ratios = self._ratios
-        loads = self.loads
-        infos = self.workers
+        extra = input_tokens + output_tokens / 2.0
         for w in workers:
-            base = base_cache[w].get(key)
-            if base is None:
-                base = self.base_latency(w, input_tokens, output_tokens)
-            r = ratios[w].get(kind)
-            t_comp.append(base if r is None or now - r.updated_at > max_age else base * r.value)
-            load = loads[w]
-            if load.inflight:
-                rem = load.inflight_work - (load.inflight * now - load.inflight_start_sum)
-                floor = 0.1 * load.inflight_work
-                t_queue.append((load.queued_work + (rem if rem > floor else floor)) / infos[w].capacity)
-            elif load.queued:
-                t_queue.append(load.queued_work / infos[w].capacity)
-            else:
-                t_queue.append(0.0)
+            t_comp.append(self._own(w, input_tokens, output_tokens, extra) * self.ratio(w, kind, now))
+            t_queue.append(self.t_queue(w, now))
         return t_comp, t_queue
 
-    def t_queue(self, worker: int, now: float) -> float:
-        """Predicted outstanding work per batch slot on ``worker`` (seconds)."""
-        return self.loads[worker].outstanding(now) / self.workers[worker].capacity
+    # ------------------------------------------------------------------ transitions (the scheduler reports)
 
-    def observe(
-        self, worker: int, kind: str, input_tokens: int, output_tokens: int, observed_s: float, now: float
-    ) -> None:
-        """Fold one observed latency into the (worker, kind) ratio."""
-        predicted = self.base_latency(worker, input_tokens, output_tokens)
+    def enqueue(self, call: Call, worker: int) -> None:
+        """``call`` (its ``t_comp`` filled) joined ``worker``'s gateway queue."""
+        load = self.loads[worker]
+        s = call.spec
+        pre = self.prefill_s(worker, s.input_tokens) * self.ratio(worker, s.kind, call.ready_at)
+        call.prefill_s = pre
+        load.queued += 1
+        load.queued_prefill_s += pre
+        load.queued_work += call.t_comp
+
+    def dequeue(self, call: Call, worker: int) -> None:
+        """``call`` left ``worker``'s gateway queue (started, cancelled or drained)."""
+        load = self.loads[worker]
+        load.queued -= 1
+        load.queued_prefill_s -= call.prefill_s
+        load.queued_work -= call.t_comp
+        if load.queued <= 0:  # shed float drift
+            load.queued = 0
+            load.queued_prefill_s = 0.0
+            load.queued_work = 0.0
+
+    def start(self, call: Call, worker: int, now: float) -> None:
+        """``call`` was sent to ``worker`` at ``now``: its prompt joins the engine's prefill clock.
+
+        Its predicted time on the worker (``call.service_s``: the engine wait for the prompts ahead of
+        it plus its own time in the batch it joins) is what ``observe`` compares the observed time with.
+        """
+        load = self.loads[worker]
+        s = call.spec
+        r = self.ratio(worker, s.kind, now)
+        begin = load.prefill_free_at if load.prefill_free_at > now else now
+        own = self._own(worker, s.input_tokens, s.output_tokens, s.input_tokens + s.output_tokens / 2.0)
+        call.service_s = (begin - now) + own * r
+        call.model_s = (begin - now) + own
+        load.prefill_free_at = begin + call.prefill_s
+        load.inflight += 1
+        load.inflight_ctx += s.input_tokens + s.output_tokens / 2.0
+        load.inflight_end_sum += now + call.service_s
+        load.inflight_service_sum += call.service_s
+
+    def release(self, call: Call, worker: int) -> None:
+        """``call`` returned from ``worker`` (answered or failed): it leaves the batch."""
+        load = self.loads[worker]
+        s = call.spec
+        load.inflight -= 1
+        load.inflight_ctx -= s.input_tokens + s.output_tokens / 2.0
+        started = call.started_at if call.started_at is not None else 0.0
+        load.inflight_end_sum -= started + call.service_s
+        load.inflight_service_sum -= call.service_s
+        if load.inflight <= 0:  # an empty engine: no prompts ahead, no float drift
+            load.inflight = 0
+            load.inflight_ctx = 0.0
+            load.inflight_end_sum = 0.0
+            load.inflight_service_sum = 0.0
+            load.prefill_free_at = 0.0
+
+    def observe(self, call: Call, observed_s: float, now: float) -> None:
+        """Fold one observed latency (sent to returned) into the (worker, kind) ratio.
+
+        The ratio compares with the load-aware prediction made when the call was sent (``service_s``),
+        uncorrected (``model_s``), so the ratio converges to what the model misses.
+        """
+        worker = call.worker
+        kind = call.spec.kind
+        predicted = call.model_s
         if predicted <= 0.0 or observed_s < 0.0:
             return
         x = min(max(observed_s / predicted, 1.0 / self.clamp), self.clamp)

@@ -204,9 +204,7 @@ class Scheduler:
 
     def _enqueue(self, call: Call, w: int, now: float) -> None:
         call.worker = w
-        load = self.estimator.loads[w]
-        load.queued += 1
-        load.queued_work += call.t_comp
+        self.estimator.enqueue(call, w)
         self.queues[w].push(call)
         counts = self.dispatch_counts[w]
         counts[call.kind] = counts.get(call.kind, 0) + 1
@@ -216,25 +214,14 @@ class Scheduler:
         call = self.queues[worker].pop(now)
         if call is None:
             return None
-        load = self.estimator.loads[worker]
-        load.queued -= 1
-        load.queued_work -= call.t_comp
-        if load.queued == 0:
-            load.queued_work = 0.0  # shed float drift
-        load.inflight += 1
-        load.inflight_work += call.t_comp
-        load.inflight_start_sum += now
+        est = self.estimator
+        est.dequeue(call, worker)
+        est.start(call, worker, now)
         call.started_at = now
         return call
 
     def _release(self, call: Call) -> None:
-        load = self.estimator.loads[call.worker]
-        load.inflight -= 1
-        load.inflight_work -= call.t_comp
-        load.inflight_start_sum -= call.started_at if call.started_at is not None else 0.0
-        if load.inflight == 0:
-            load.inflight_work = 0.0
-            load.inflight_start_sum = 0.0
+        self.estimator.release(call, call.worker)
 
     def on_finish(self, call: Call, now: float, observed_s: float | None = None) -> None:
         """A call returned: free its slot and correct the estimator with its observed latency."""
@@ -243,8 +230,7 @@ class Scheduler:
         if observed_s is None and call.started_at is not None:
             observed_s = now - call.started_at
         if observed_s is not None:
-            s = call.spec
-            self.estimator.observe(call.worker, s.kind, s.input_tokens, s.output_tokens, observed_s, now)
+            self.estimator.observe(call, observed_s, now)
 
     def on_fail(self, call: Call, now: float) -> None:
         """A call failed on its worker: free the slot. The driver decides whether to resubmit."""
@@ -262,11 +248,7 @@ class Scheduler:
             return False
         if not self.queues[call.worker].remove(call):
             return False
-        load = self.estimator.loads[call.worker]
-        load.queued -= 1
-        load.queued_work -= call.t_comp
-        if load.queued == 0:
-            load.queued_work = 0.0
+        self.estimator.dequeue(call, call.worker)
         return True
 
     def drain_worker(self, worker: int) -> list[Call]:
@@ -275,9 +257,7 @@ class Scheduler:
         out = list(q)
         for c in out:
             q.remove(c)
-        load = self.estimator.loads[worker]
-        load.queued = 0
-        load.queued_work = 0.0
+            self.estimator.dequeue(c, worker)
         return out
 
     def queue_len(self, worker: int) -> int:

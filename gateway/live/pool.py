@@ -345,9 +345,15 @@ class WorkerPool:
     # ------------------------------------------------------------------ execution
 
     def predicted_s(self, st: WorkerState, call: LiveCall) -> float:
-        """The call's lone-request latency on the worker by its profile (no online correction)."""
+        """The call's time on the worker as the model predicted it when sent (no online correction).
+
+        The load-aware prediction (``call.model_s``: the prompts ahead of it in the engine, then its own
+        time in the batch it joined), never less than the lone-request latency: a busy worker is not
+        judged slow for being busy, and a timeout scaled from it leaves room for the load.
+        """
         spec = call.spec
-        return self.scheduler.estimator.base_latency(st.index, spec.input_tokens, spec.output_tokens)
+        base = self.scheduler.estimator.base_latency(st.index, spec.input_tokens, spec.output_tokens)
+        return call.model_s if call.model_s > base else base
 
     async def _execute(self, st: WorkerState, call: LiveCall) -> None:
         """Send one call within its whole-call bound; every way out is settled by ``_settle``."""

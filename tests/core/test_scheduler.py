@@ -125,11 +125,17 @@ def test_a_worker_needs_a_capacity_of_at_least_one(fast: PerfProfile) -> None:
         WorkerInfo("w", fast, 0)
 
 
-def test_set_capacity_replaces_the_workers_description_that_estimates_read(cluster: list[WorkerInfo]) -> None:
-    s = Scheduler(cluster, "lw-fcfs", random.Random(0))
-    c = Call(1, one_call_wf(), SPEC, 0.0)
-    w = s.submit(c, 0.0)
-    before = s.estimator.t_queue(w, 0.0)
-    s.set_capacity(w, 2 * cluster[w].capacity)
-    assert s.workers[w].capacity == 2 * cluster[w].capacity and s.workers[w].name == cluster[w].name
-    assert s.estimator.t_queue(w, 0.0) == pytest.approx(before / 2)
+def test_set_capacity_replaces_the_workers_description_that_estimates_read(fast: PerfProfile) -> None:
+    # One slot, one call in flight and one queued: a newcomer waits for two returns. With four slots it
+    # waits only for the prompts ahead of it.
+    s = Scheduler([WorkerInfo("w", fast, 1)], "lw-fcfs", random.Random(0))
+    for i in (1, 2):
+        s.submit(Call(i, one_call_wf(wid=i), SPEC, 0.0), 0.0)
+    s.pop_next(0, 0.0)
+    est = s.estimator
+    prompts_ahead = est.loads[0].prefill_free_at + est.loads[0].queued_prefill_s
+    before = est.t_queue(0, 0.0)
+    assert before > prompts_ahead
+    s.set_capacity(0, 4)
+    assert s.workers[0].capacity == 4 and s.workers[0].name == "w"
+    assert est.t_queue(0, 0.0) == pytest.approx(prompts_ahead)
