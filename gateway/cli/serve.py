@@ -113,7 +113,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
                     "url": pw.url if pw else None,
                     "gpu": pw.gpu if pw else None,
                     "model": pw.model if pw else None,
-                    "capacity": pw.capacity if pw else None,
+                    "capacity": got[1].capacity if got is not None else None,
                     "problem": problem or None,
                 }
             )

@@ -38,7 +38,13 @@ class WorkerConfig(_Strict):
     )
     gpu: str = Field(min_length=1, description="GPU type, a key of gpus.yaml's 'gpus'.")
     model: str | None = Field(None, min_length=1, description="Served model; default: the cluster's.")
-    capacity: int = Field(8, ge=1, le=1024, description="Gateway in-flight limit for this worker.")
+    capacity: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Gateway in-flight limit for this worker; default: derived from its profile (the batch "
+        "its KV cache and max_num_seqs allow, lowered where a larger batch would slow decode steps over 2x).",
+    )
     count: int = Field(1, ge=1, le=1024, description="Number of identical workers this entry stands for.")
     url: str | None = Field(
         None, pattern=r"^https?://\S+$", description="Base URL of the worker's OpenAI-compatible server."
@@ -85,7 +91,7 @@ class ResolvedWorker:
     name: str
     gpu: str
     model: str
-    capacity: int
+    capacity: int | None
     url: str | None
     served_model: str | None = None
 
@@ -191,20 +197,22 @@ def make_worker(
     name: str,
     gpu: str,
     model: str,
-    capacity: int,
+    capacity: int | None,
     url: str | None = None,
     served_model: str | None = None,
     time_scale: float = 1.0,
 ) -> WorkerInfo:
     """The ``WorkerInfo`` of a worker: its profile looked up in ``catalog`` and scaled by ``time_scale``.
 
-    ``served_model`` defaults to ``model``; ``url`` to none (a simulated worker). Raises
-    ``UnknownNameError`` for a GPU/model pair without a profile.
+    ``capacity`` None: derived from the profile (``PerfProfile.derived_capacity``). ``served_model``
+    defaults to ``model``; ``url`` to none (a simulated worker). Raises ``UnknownNameError`` for a
+    GPU/model pair without a profile.
     """
+    profile = catalog.profile(gpu, model)
     return WorkerInfo(
         name=name,
-        profile=time_scaled(catalog.profile(gpu, model), time_scale),
-        capacity=capacity,
+        profile=time_scaled(profile, time_scale),
+        capacity=profile.derived_capacity() if capacity is None else capacity,
         url=url or "",
         served_model=served_model or model,
     )

@@ -264,7 +264,9 @@ class KubernetesDiscoveryConfig(_Strict):
     )
     port_annotation: str = Field("hexflow.io/port", min_length=1, description="Pod annotation with the HTTP port.")
     default_model: str | None = Field(None, description="Model profile when a pod names none (default: cluster's).")
-    default_capacity: int = Field(8, ge=1, le=1024, description="In-flight limit when a pod names none.")
+    default_capacity: int | None = Field(
+        None, ge=1, le=1024, description="In-flight limit when a pod names none; default: derived from its profile."
+    )
     default_port: int = Field(8000, ge=1, le=65535, description="Port when a pod names none.")
 
 

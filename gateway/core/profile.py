@@ -25,6 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+CAPACITY_CALL_TOKENS = 4096
+"""Prompt + output tokens of a typical call, for ``derived_capacity`` (CHESS calls average 3-4k)."""
+CAPACITY_SLOWDOWN = 2.0
+"""How much slower than a lone decode step a full batch's step may be, for ``derived_capacity``."""
+
 
 @dataclass(frozen=True, slots=True)
 class PerfProfile:
@@ -73,6 +78,28 @@ class PerfProfile:
     def decode_throughput(self, batch: int, mean_ctx: float) -> float:
         """Decode tokens per second with ``batch`` running calls of mean context ``mean_ctx``."""
         return batch / self.iter_time(batch, batch * mean_ctx)
+
+    def derived_capacity(self, call_tokens: int = CAPACITY_CALL_TOKENS, slowdown: float = CAPACITY_SLOWDOWN) -> int:
+        """The in-flight limit of a worker whose config names none: the largest batch that
+
+        1. vLLM runs at once (``max_num_seqs``);
+        2. the KV cache holds with ``call_tokens`` (prompt + output) per call;
+        3. keeps a decode step within ``slowdown`` x a lone one, where latency binds: a step costs
+           ``iter_base_s + n * (token_s + ctx_s * call_tokens)`` with n calls, so on an engine whose
+           weight reads (``iter_base_s``) dominate, many calls share a step almost for free, and on one
+           where compute and attention dominate, a large batch slows every call in it.
+        """
+        if call_tokens < 1 or slowdown < 1.0:
+            raise ValueError("call_tokens must be >= 1 and slowdown >= 1")
+        by_kv = self.kv_capacity_tokens // call_tokens
+        per_call = self.token_s + self.ctx_s * call_tokens
+        # base + n * per_call <= slowdown * (base + per_call)
+        by_latency = (
+            int(((slowdown - 1.0) * self.iter_base_s + slowdown * per_call) / per_call)
+            if per_call > 0
+            else self.max_num_seqs
+        )
+        return max(1, min(self.max_num_seqs, by_kv, by_latency))
 
     def prefill_throughput(self, mean_ctx: float) -> float:
         """Prompt tokens per second when every iteration is a full prefill chunk."""

@@ -80,7 +80,7 @@ class PodWorker:
     gpu: str
     model: str
     served_model: str
-    capacity: int
+    capacity: int | None
     ready: bool
 
     def same_engine(self, info: WorkerInfo) -> bool:
@@ -436,7 +436,7 @@ class KubernetesDiscovery:
                 self.pool.remove_worker(st)
                 continue
             pw = want[0]
-            self.pool.set_capacity(st, pw.capacity)
+            self.pool.set_capacity(st, want[1].capacity)
             self.pool.set_ready(st, pw.ready)
         for name, (pw, info) in desired.items():
             if name in self.managed or not pw.ready:

@@ -72,8 +72,15 @@ def test_mixed_12_spans_h100_to_l4(catalog: GpuCatalog) -> None:
 def test_default_names_use_the_expanded_index_and_defaults_fill_in(catalog: GpuCatalog) -> None:
     workers = load_cluster("paper-4gpu", catalog)
     assert [w.name for w in workers] == ["A100-0", "A100-1", "A6000-2", "L40S-3"]
-    assert all(w.capacity == 8 for w in workers)
+    assert all(w.capacity == w.profile.derived_capacity() for w in workers)
     assert workers[0].profile == catalog.profile("A100", "llama-3.1-70b")
+
+
+def test_an_explicit_capacity_overrides_the_derived_one(tmp_path: Path, catalog: GpuCatalog) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("name: c\nworkers:\n  - {gpu: A100, capacity: 3}\n  - {gpu: A100}\n")
+    workers = load_cluster(path, catalog)
+    assert [w.capacity for w in workers] == [3, catalog.profile("A100", "llama-3.1-70b").derived_capacity()]
 
 
 def test_count_expands_named_entries_and_workers_may_override_the_model(tmp_path: Path, catalog: GpuCatalog) -> None:
@@ -88,7 +95,7 @@ def test_count_expands_named_entries_and_workers_may_override_the_model(tmp_path
     assert rows == [
         ("fast-0", "H100", "llama-3.1-70b", 16, None),
         ("fast-1", "H100", "llama-3.1-70b", 16, None),
-        ("L4-2", "L4", "llama-3.1-8b", 8, "http://10.0.0.7:8000"),
+        ("L4-2", "L4", "llama-3.1-8b", None, "http://10.0.0.7:8000"),  # None: derived
     ]
     assert [w.profile.model for w in build_workers(cfg, catalog)] == [
         "llama-3.1-70b",

@@ -47,3 +47,28 @@ def test_constants_list_matches_the_profile_fields() -> None:
     names = [f.name for f in dataclasses.fields(PerfProfile)]
     assert tuple(names[2:]) == CONSTANTS
     assert profile_from("X", "m", P) == P
+
+
+@pytest.mark.parametrize(
+    ("kv_tokens", "max_seqs", "iter_base", "expected"),
+    [
+        (1_000_000, 64, 0.02, 51),  # latency binds: 51 calls make a step 2x a lone one
+        (1_000_000, 16, 0.02, 16),  # vLLM's max_num_seqs binds
+        (40_960, 64, 0.02, 10),  # the KV cache binds: 10 calls of 4096 tokens
+        (1_000_000, 64, 1.0, 64),  # weight reads dominate a step: batching is almost free
+    ],
+)
+def test_derived_capacity_is_the_largest_batch_that_kv_seqs_and_latency_allow(
+    kv_tokens: int, max_seqs: int, iter_base: float, expected: int
+) -> None:
+    p = PerfProfile("G", "m", iter_base, 2e-4, 5e-8, 0.0, kv_tokens, max_seqs, 2048)
+    assert p.derived_capacity() == expected
+    if expected < max_seqs and expected < kv_tokens // 4096:  # latency bound: the next call would break it
+        assert p.iter_time(expected, expected * 4096) <= 2 * p.iter_time(1, 4096)
+        assert p.iter_time(expected + 1, (expected + 1) * 4096) > 2 * p.iter_time(1, 4096)
+
+
+def test_derived_capacity_refuses_nonsense_parameters() -> None:
+    p = PerfProfile("G", "m", 0.02, 2e-4, 5e-8, 0.0, 10_000, 64, 2048)
+    with pytest.raises(ValueError, match="slowdown"):
+        p.derived_capacity(slowdown=0.5)

@@ -44,7 +44,11 @@ def test_pod_worker_reads_labels_annotations_and_ports() -> None:
     # Defaults: model and capacity from the config; port from the annotation when no port is named http.
     bare = make_pod("w1", "http://10.0.0.8:9000", "L40S", capacity=None, model=None, named_port=False)
     pw = pod_worker(bare, KCFG, "llama-3.1-8b")
-    assert pw is not None and (pw.model, pw.capacity, pw.url) == ("llama-3.1-8b", 8, "http://10.0.0.8:9000")
+    assert pw is not None and (pw.model, pw.capacity, pw.url) == (
+        "llama-3.1-8b",
+        None,
+        "http://10.0.0.8:9000",
+    )  # None: derived
     bare["metadata"]["annotations"].pop("hexflow.io/port")
     pw = pod_worker(bare, KCFG, "llama-3.1-8b")
     assert pw is not None and pw.url == "http://10.0.0.8:8000"  # default_port
