@@ -206,6 +206,7 @@ def design_matrix(calls: Sequence[CallSpec], chunk: int) -> np.ndarray:
     Evaluated through ``PerfProfile`` itself (one unit constant at a time), so the fit is exact for
     the model the simulator runs.
     """
+
     def unit(i: int) -> PerfProfile:
         x, t, c, o = (1.0 if i == j else 0.0 for j in range(4))
         return PerfProfile("unit", "unit", x, t, c, o, 1 << 40, 1, chunk)
