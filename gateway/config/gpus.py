@@ -118,10 +118,10 @@ class CalibrationSpec(_Strict):
     max_request_overhead_s: NonNegFloat = Field(
         0.1, description="Upper bound of a fitted request_overhead_s (host-side latency, off the GPU), seconds."
     )
-    reference_gpu: str = Field(description="Fitted GPU whose bandwidth efficiency and overhead derived profiles reuse.")
+    reference_gpu: str = Field(description="Fitted GPU whose efficiencies (and overhead) derived profiles reuse.")
     decode_from: dict[str, str] = Field(
         default_factory=dict,
-        description="GPU -> fitted GPU whose decode constants it reuses (calibration model only).",
+        description="GPU -> fitted GPU whose efficiencies and overhead it reuses (calibration model only).",
     )
     tp: dict[str, TpRule] = Field(description="Model name -> tensor-parallel rule.")
     gpu_memory_utilization: Fraction = Field(0.9, description="vLLM --gpu-memory-utilization.")
