@@ -69,11 +69,22 @@ class ProfileSpec(_Strict):
     basis: str = Field("", description="How the constants were obtained (fitted, derived, ...).")
 
 
+class StepTokens(_Strict):
+    """The token counts one published step latency was measured at."""
+
+    input_tokens: int = Field(ge=1, le=10_000_000, description="Prompt tokens.")
+    output_tokens: int = Field(ge=1, le=10_000_000, description="Generated tokens.")
+
+
 class PublishedLatency(_Strict):
     """Published single-request latencies of one GPU, the calibration targets."""
 
-    workflow_s: PosFloat = Field(description="Whole STANDARD_WORKFLOW, seconds (sum of its calls).")
-    candidate_s: PosFloat = Field(description="One generate_candidate call (11748 in, 678 out), seconds.")
+    workflow_s: PosFloat = Field(
+        description="Published whole STANDARD_WORKFLOW, seconds (its steps summed); reported, not fitted."
+    )
+    steps: dict[Name, PosFloat] = Field(
+        min_length=1, description="Stage kind -> one call alone at calibration.steps' tokens, seconds (fitted)."
+    )
 
 
 class TpRule(_Strict):
@@ -94,14 +105,25 @@ class CalibrationSpec(_Strict):
 
     model: str = Field(description="The model the published latencies were measured with.")
     source: str = Field(min_length=1, description="Where the published latencies come from.")
+    steps: dict[Name, StepTokens] = Field(
+        min_length=1, description="Stage kind -> the tokens its published latencies were measured at."
+    )
     published: dict[str, PublishedLatency] = Field(description="GPU name -> published latencies.")
-    reference_gpu: str = Field(description="Fitted GPU whose bandwidth efficiency and overhead derived profiles reuse.")
+    target_error: Fraction = Field(
+        0.10, description="Largest |fitted/published - 1| a fitted step should have; the report explains any above it."
+    )
+    min_request_overhead_s: NonNegFloat = Field(
+        0.001, description="Lower bound of a fitted request_overhead_s (host-side latency, off the GPU), seconds."
+    )
+    max_request_overhead_s: NonNegFloat = Field(
+        0.1, description="Upper bound of a fitted request_overhead_s (host-side latency, off the GPU), seconds."
+    )
+    reference_gpu: str = Field(description="Fitted GPU whose efficiencies (and overhead) derived profiles reuse.")
     decode_from: dict[str, str] = Field(
         default_factory=dict,
-        description="GPU -> fitted GPU whose decode constants it reuses (calibration model only).",
+        description="GPU -> fitted GPU whose efficiencies and overhead it reuses (calibration model only).",
     )
     tp: dict[str, TpRule] = Field(description="Model name -> tensor-parallel rule.")
-    prefill_mfu: Fraction = Field(0.5, description="Model-FLOPs utilisation assumed for batched tokens.")
     gpu_memory_utilization: Fraction = Field(0.9, description="vLLM --gpu-memory-utilization.")
     max_num_seqs: int = Field(64, ge=1, le=4096, description="vLLM --max-num-seqs of every profile.")
     max_batched_tokens: int = Field(
@@ -143,8 +165,14 @@ class GpuCatalog(_Strict):
                 "calibration.reference_gpu",
                 f"{cal.reference_gpu!r} has no published latency; fitted: {_known(cal.published)}",
             )
-        for g in cal.published:
+        for g, pub in cal.published.items():
             gpu(f"calibration.published.{g}", g)
+            for kind in pub.steps:
+                if kind not in cal.steps:
+                    raise FieldError(
+                        f"calibration.published.{g}.steps.{kind}",
+                        f"unknown step {kind!r}; calibration.steps: {_known(cal.steps)}",
+                    )
         for g, src in cal.decode_from.items():
             gpu(f"calibration.decode_from.{g}", g)
             if src not in cal.published:
@@ -152,6 +180,8 @@ class GpuCatalog(_Strict):
                     f"calibration.decode_from.{g}",
                     f"{src!r} has no published latency; fitted: {_known(cal.published)}",
                 )
+        if cal.min_request_overhead_s > cal.max_request_overhead_s:
+            raise FieldError("calibration.min_request_overhead_s", "is above calibration.max_request_overhead_s")
         for m, rule in cal.tp.items():
             model(f"calibration.tp.{m}", m)
             for g in rule.per_gpu:

@@ -52,7 +52,7 @@ class WorkflowsFile(_Strict):
 
     templates: dict[Name, TemplateModel] = Field(min_length=1, description="Template name -> template.")
     standard_workflow: list[CallModel] = Field(
-        min_length=1, description="The calibration workflow: the critical path of a typical query."
+        min_length=1, description="The calibration workflow: the published standard workflow, call by call."
     )
 
     @model_validator(mode="after")
@@ -96,6 +96,6 @@ CHESS_TEMPLATE: WorkflowTemplate = WORKFLOWS.templates["chess"]
 CHESS_PARALLEL_KINDS: frozenset[str] = WORKFLOWS.parallel_kinds["chess"]
 """Stage kinds of CHESS whose consecutive calls run in parallel."""
 STANDARD_WORKFLOW: tuple[CallSpec, ...] = WORKFLOWS.standard_workflow
-"""The calibration workflow (GPU profiles are fitted to its published latency; SLOs are multiples of it)."""
+"""The calibration workflow (its published latency is its published steps summed; SLOs are multiples of it)."""
 TEMPLATES: dict[str, WorkflowTemplate] = WORKFLOWS.templates
 """Registered templates by name (``/v1/workflows`` accepts ``template: chess`` as a budgeting hint)."""

@@ -1,35 +1,48 @@
 """Fit the per-engine performance profiles of ``config/gpus.yaml`` to published latencies.
 
-The iteration-time model (``gateway.core.profile``) has four constants per engine. Published data
-gives two numbers per GPU for Llama-3.1-70B (hexgen-traces SOURCE.md): the single-request latency of
-the whole ``STANDARD_WORKFLOW`` and of one ``generate_candidate`` call. The fit per published GPU:
+The iteration-time model (``gateway.core.profile``) has four constants per engine. For a lone request
+its latency is linear in them: ``iter_base_s * iterations + token_s * tokens + ctx_s * context_reads
++ request_overhead_s``. Published data (hexgen-traces SOURCE.md, the HexGen-Flow repository's
+profiling tables) gives, per GPU, the lone latency of each of the seven CHESS steps with
+Llama-3.1-70B at its mean tokens (``calibration.steps``). The fit per published GPU:
 
-* ``token_s = 2 * params / (tp * peak_flops * prefill_mfu)``: compute per batched token, from the
-  spec sheet (the published numbers barely constrain it: lone requests are decode-bound);
-* ``ctx_s = iter_base_s * kv_bytes_per_token / weight_bytes``: attention reads the KV cache at the
-  same effective bandwidth as the weights;
-* ``iter_base_s`` and ``request_overhead_s`` solve the 2x2 linear system that meets both targets
-  exactly (with ``ctx_s`` tied to ``iter_base_s`` the latency is linear in the two).
+* all four constants are fitted to every published step at once: the constants with the smallest
+  largest relative error (a linear program; among the constants that reach it, the smallest sum of
+  relative errors). The largest error is what ``calibration.target_error`` (10%) is about, so the
+  fit minimises it directly rather than a sum of squares that can leave one short step far off;
+* within hardware bounds, so a fit never beats the spec sheet: ``iter_base_s >= weight_bytes / (tp *
+  bandwidth)`` (a decode step reads every weight once; each of the ``tp`` GPUs reads its shard),
+  ``token_s >= 2 * params / (tp * peak FLOP/s)`` and ``ctx_s >= kv_bytes_per_token / (tp *
+  bandwidth)`` (attention reads the KV cache), and ``request_overhead_s`` within
+  ``calibration.min_request_overhead_s`` and ``max_request_overhead_s`` (1 ms, 100 ms): the overhead
+  is host-side latency (HTTP, API server, tokenisation) that does not use the GPU, and the gateway
+  holds a slot for it, so a fit must not park GPU time there.
 
-Pairs without published numbers are derived from spec sheets:
+Where the published steps cannot all be met within the target, the report (``render_report``,
+written above the profiles) says why: steps faster than the hardware floor (every constant at its
+bound, no overhead), a fit that would reach the target only beyond the spec sheet's peaks, or steps
+that no constants of the model fit together even without the bounds.
 
-* ``iter_base_s = weight_bytes / (tp * bandwidth * mbu)`` with ``mbu`` the effective bandwidth
-  efficiency implied by the reference GPU's fit (A100: 0.84). Several published fits imply an
-  efficiency above 1 (A800 1.8, A6000 1.2), which no hardware reaches, so it is not extrapolated
-  to other models;
-* a GPU in ``calibration.decode_from`` (H200 <- H100, L40S <- L40) reuses that fitted GPU's
-  efficiency and overhead for the calibration model instead (same architecture and software stack,
-  own bandwidth from its spec sheet), so it ranks consistently with its sibling;
-* ``request_overhead_s`` is host-side (API server, tokenisation, the agent framework) and does not
-  depend on the model: a derived profile takes the overhead fitted on the same GPU (or on its
-  ``decode_from`` source), else the reference GPU's. This keeps Llama-3.1-8B faster than 70B on the
-  same GPU for whole workflows, not only per call.
+The ratio of a bound to the fitted constant is an efficiency (``mbu`` for the weights, ``mfu`` for
+batched tokens, ``kv_bu`` for the KV cache). Pairs without published numbers are derived from their
+own spec sheet's bounds divided by a fitted GPU's efficiencies:
+
+* a GPU in ``calibration.decode_from`` (H200 <- H100, L40S <- L40) takes that fitted sibling's
+  efficiencies and overhead (same architecture and software stack, its own bandwidth and FLOP/s), so
+  it ranks consistently with its sibling;
+* every other pair (the L4, Llama-3.1-8B everywhere) takes ``calibration.reference_gpu``'s (A100)
+  efficiencies;
+* ``request_overhead_s`` is host-side and does not depend on the model: a derived profile takes the
+  overhead fitted on the same GPU (or on its ``decode_from`` source), else the reference GPU's.
+
+``iter_base_s``, ``token_s`` and ``ctx_s`` are written rounded *up* to 6 significant digits, so the
+catalogue never holds a constant below its hardware bound.
 
 ``kv_capacity_tokens = floor((tp * mem_gb * gpu_memory_utilization - weight_GB) / kv_bytes_per_token)``.
 
-Run ``python -m gateway.sim.calibrate`` to print the fitted ``profiles`` section as YAML followed by
-a table of predicted vs published latencies (as YAML comments); ``--write`` replaces the generated
-section of the catalogue file, ``--check`` exits 1 when it is stale.
+Run ``python -m gateway.sim.calibrate`` to print the generated section (the fit report as YAML
+comments, then the ``profiles`` section); ``--write`` replaces the generated section of the
+catalogue file and prints the report, ``--check`` exits 1 when the profiles are stale.
 """
 
 from __future__ import annotations
@@ -37,32 +50,91 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from scipy.optimize import linprog
+
 from gateway.config import DEFAULT_GPU_CATALOG, GpuCatalog, GpuSpec, ModelSpec, load_gpu_catalog
 from gateway.config.workflows import STANDARD_WORKFLOW
-from gateway.core.profile import PerfProfile, profile_from
+from gateway.core.profile import CONSTANTS, PerfProfile, profile_from
 from gateway.core.workflow import CallSpec
 from gateway.errors import ConfigError
-
-CANDIDATE_CALL = CallSpec("generate_candidate", 11748, 678)
-"""The call whose lone latency is published per GPU (mean generate_candidate tokens)."""
 
 GENERATED_MARKER = "# --- generated by `python -m gateway.sim.calibrate --write`; do not edit below this line ---"
 """The line in ``gpus.yaml`` after which ``--write`` replaces everything."""
 
 SIG_DIGITS = 6
 
+FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
+"""The constants the fit determines, in the order of its vectors."""
+
 ProfileDict = dict[str, Any]
 Profiles = dict[str, dict[str, ProfileDict]]
+Vector = tuple[float, float, float, float]
 
 
 def round_sig(v: float, digits: int = SIG_DIGITS) -> float:
     """``v`` rounded to ``digits`` significant digits."""
     return float(f"{v:.{digits}g}")
+
+
+def round_sig_up(v: float, digits: int = SIG_DIGITS) -> float:
+    """The smallest number of ``digits`` significant digits that is ``>= v`` (``v > 0``)."""
+    r = round_sig(v, digits)
+    if r >= v:
+        return r
+    # r is the nearest such number below v; the next one up is one unit of the last digit higher.
+    return round_sig(r + 10.0 ** (math.floor(math.log10(v)) - digits + 1), digits)
+
+
+@dataclass(frozen=True)
+class Floors:
+    """The smallest constants one engine's spec sheets allow (``tp`` GPUs at their peaks)."""
+
+    iter_base_s: float
+    """``weight_bytes / (tp * bandwidth)``: one decode step reads every weight once."""
+    token_s: float
+    """``2 * params / (tp * peak FLOP/s)``: the compute of one batched token."""
+    ctx_s: float
+    """``kv_bytes_per_token / (tp * bandwidth)``: attention reads each context token's K and V."""
+
+    def efficiencies(self, iter_base_s: float, token_s: float, ctx_s: float) -> tuple[float, float, float]:
+        """``(mbu, mfu, kv_bu)``: each floor over the constant (1 = the spec sheet's peak)."""
+
+        def ratio(floor: float, v: float) -> float:
+            return floor / v if v > 0.0 else math.inf
+
+        return ratio(self.iter_base_s, iter_base_s), ratio(self.token_s, token_s), ratio(self.ctx_s, ctx_s)
+
+
+def hardware_floors(model: ModelSpec, gpu: GpuSpec, tp: int) -> Floors:
+    """The spec-sheet floors of ``model`` on ``tp`` GPUs of type ``gpu``."""
+    bw = tp * gpu.mem_bw_tbs * 1e12
+    return Floors(
+        iter_base_s=model.weight_bytes / bw,
+        token_s=2.0 * model.params / (tp * gpu.tflops_bf16 * 1e12),
+        ctx_s=model.kv_bytes_per_token / bw,
+    )
+
+
+@dataclass(frozen=True)
+class GpuFit:
+    """The fit of the calibration model on one GPU with published step latencies."""
+
+    gpu: str
+    constants: Vector
+    """``(iter_base_s, token_s, ctx_s, request_overhead_s)``, unrounded."""
+    floors: Floors
+    max_error: float
+    """Largest ``|fitted / published - 1|`` over the published steps (unrounded constants)."""
+    free_constants: Vector
+    """The same fit with only ``constants >= 0``: what the published numbers alone ask for."""
+    free_max_error: float
 
 
 @dataclass(frozen=True)
@@ -81,15 +153,26 @@ class FittedProfile:
     max_batched_tokens: int
     basis: str
     mbu: float
+    """Bandwidth efficiency of the weights' read: ``floors.iter_base_s / iter_base_s``."""
+    mfu: float
+    """FLOP/s efficiency of batched tokens: ``floors.token_s / token_s``."""
+    kv_bu: float
+    """Bandwidth efficiency of the KV cache's read: ``floors.ctx_s / ctx_s``."""
+    floors: Floors
+    published_fit: GpuFit | None = None
+    """The fit behind this profile when it is fitted to published steps."""
     notes: dict[str, str] = field(default_factory=dict)
 
     def rounded(self) -> ProfileDict:
-        """The constants as written to ``gpus.yaml``: floats to 6 significant digits."""
+        """The constants as written to ``gpus.yaml``: floats to 6 significant digits.
+
+        The three hardware-bounded constants are rounded up, so they stay at or above their floors.
+        """
         return {
             "tp": self.tp,
-            "iter_base_s": round_sig(self.iter_base_s),
-            "token_s": round_sig(self.token_s),
-            "ctx_s": round_sig(self.ctx_s),
+            "iter_base_s": round_sig_up(self.iter_base_s),
+            "token_s": round_sig_up(self.token_s),
+            "ctx_s": round_sig_up(self.ctx_s),
             "request_overhead_s": round_sig(self.request_overhead_s),
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "max_num_seqs": self.max_num_seqs,
@@ -101,41 +184,91 @@ class FittedProfile:
         """The unrounded ``PerfProfile``."""
         return profile_from(self.gpu, self.model, self)
 
+    def rounded_perf(self) -> PerfProfile:
+        """The ``PerfProfile`` of the constants as written to ``gpus.yaml``."""
+        spec = self.rounded()
+        return PerfProfile(self.gpu, self.model, *(spec[k] for k in CONSTANTS))
+
 
 def workflow_latency(p: PerfProfile, calls: Sequence[CallSpec] = STANDARD_WORKFLOW) -> float:
     """Single-request latency of a sequential workflow: the sum of its calls' lone latencies."""
     return sum(p.single_latency(c.input_tokens, c.output_tokens) for c in calls)
 
 
-def candidate_latency(p: PerfProfile) -> float:
-    """Single-request latency of the published ``generate_candidate`` call."""
-    return p.single_latency(CANDIDATE_CALL.input_tokens, CANDIDATE_CALL.output_tokens)
+def calibration_steps(cat: GpuCatalog) -> dict[str, CallSpec]:
+    """``calibration.steps`` as calls: stage kind -> the call its published latencies were measured at."""
+    return {k: CallSpec(k, s.input_tokens, s.output_tokens) for k, s in cat.calibration.steps.items()}
 
 
-def _unit_profile(iter_base_s: float, token_s: float, ctx_s: float, chunk: int) -> PerfProfile:
-    return PerfProfile("unit", "unit", iter_base_s, token_s, ctx_s, 0.0, 1 << 40, 1, chunk)
+def design_matrix(calls: Sequence[CallSpec], chunk: int) -> np.ndarray:
+    """Row per call: its lone latency's coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s)``.
 
-
-def _coefficients(ratio: float, chunk: int, calls: Sequence[CallSpec]) -> tuple[float, float]:
-    """``(a, b)`` with ``sum(engine_latency) = a * iter_base_s + b * token_s``.
-
-    ``ctx_s`` is tied to ``iter_base_s`` by ``ctx_s = ratio * iter_base_s``.
-
-    Evaluated through ``PerfProfile`` itself, so the fit is exact for the model the simulator runs.
+    Evaluated through ``PerfProfile`` itself (one unit constant at a time), so the fit is exact for
+    the model the simulator runs.
     """
-    unit_x = _unit_profile(1.0, 0.0, ratio, chunk)
-    unit_t = _unit_profile(0.0, 1.0, 0.0, chunk)
-    a = sum(unit_x.engine_latency(c.input_tokens, c.output_tokens) for c in calls)
-    b = sum(unit_t.engine_latency(c.input_tokens, c.output_tokens) for c in calls)
-    return a, b
+
+    def unit(i: int) -> PerfProfile:
+        x, t, c, o = (1.0 if i == j else 0.0 for j in range(4))
+        return PerfProfile("unit", "unit", x, t, c, o, 1 << 40, 1, chunk)
+
+    units = [unit(i) for i in range(4)]
+    return np.array([[u.single_latency(c.input_tokens, c.output_tokens) for u in units] for c in calls])
 
 
-def _token_s(model: ModelSpec, gpu: GpuSpec, tp: int, mfu: float) -> float:
-    return 2.0 * model.params / (tp * gpu.tflops_bf16 * 1e12 * mfu)
+def minimax_fit(
+    a: np.ndarray, y: np.ndarray, lower: Sequence[float], upper: Sequence[float], scale: Sequence[float], where: str
+) -> tuple[Vector, float]:
+    """Constants ``x`` within ``[lower, upper]`` minimising ``max |a x / y - 1|``; then, among those,
+    the sum of ``|a x / y - 1|``. Returns ``(x, max error)``.
+
+    ``scale`` is each constant's order of magnitude (the LP solves for ``x / scale``, well conditioned).
+    """
+    n = len(y)
+    sc = np.asarray(scale, dtype=float)
+    m = a / y[:, None] * sc
+    bounds = [(lo / s, hi / s) for lo, hi, s in zip(lower, upper, sc, strict=True)]
+    ones = np.ones(n)
+    # Phase 1: min e  subject to  -e <= m z - 1 <= e.
+    r1 = linprog(
+        np.r_[np.zeros(4), 1.0],
+        A_ub=np.r_[np.c_[m, -ones], np.c_[-m, -ones]],
+        b_ub=np.r_[ones, -ones],
+        bounds=[*bounds, (0.0, None)],
+        method="highs",
+    )
+    if r1.status != 0:
+        raise ValueError(f"{where}: the fit failed: {r1.message}")
+    e = float(r1.x[4])
+    # Phase 2: min sum d  subject to  -d <= m z - 1 <= d,  d <= e (the minimax error stays reached).
+    eye = np.eye(n)
+    r2 = linprog(
+        np.r_[np.zeros(4), ones],
+        A_ub=np.r_[np.c_[m, -eye], np.c_[-m, -eye]],
+        b_ub=np.r_[ones, -ones],
+        bounds=[*bounds] + [(0.0, e * (1 + 1e-9) + 1e-12)] * n,
+        method="highs",
+    )
+    x = r2.x[:4] * sc if r2.status == 0 else r1.x[:4] * sc
+    err = float(np.max(np.abs(a @ x / y - 1.0)))
+    return (float(x[0]), float(x[1]), float(x[2]), float(x[3])), err
 
 
-def _roofline_base(model: ModelSpec, gpu: GpuSpec, tp: int, mbu: float) -> float:
-    return model.weight_bytes / (tp * gpu.mem_bw_tbs * 1e12 * mbu)
+def fit_gpu(cat: GpuCatalog, gpu: str) -> GpuFit:
+    """Fit the calibration model's constants on ``gpu`` to its published steps (module docstring)."""
+    cal = cat.calibration
+    pub = cal.published[gpu]
+    steps = calibration_steps(cat)
+    calls = [steps[k] for k in pub.steps]
+    y = np.array([pub.steps[k] for k in pub.steps])
+    a = design_matrix(calls, cal.max_batched_tokens)
+    floors = hardware_floors(cat.models[cal.model], cat.gpus[gpu], cal.tp[cal.model].for_gpu(gpu))
+    lower = (floors.iter_base_s, floors.token_s, floors.ctx_s, cal.min_request_overhead_s)
+    # The overhead's scale is 10 ms whatever its bound (the bound may be 0).
+    scale = (floors.iter_base_s, floors.token_s, floors.ctx_s, 0.01)
+    where = f"{gpu}/{cal.model}"
+    x, err = minimax_fit(a, y, lower, (math.inf, math.inf, math.inf, cal.max_request_overhead_s), scale, where)
+    free_x, free_err = minimax_fit(a, y, (0.0,) * 4, (math.inf,) * 4, scale, where)
+    return GpuFit(gpu, x, floors, err, free_x, free_err)
 
 
 def _kv_capacity(model: ModelSpec, gpu: GpuSpec, tp: int, util: float, where: str) -> int:
@@ -149,29 +282,6 @@ def _kv_capacity(model: ModelSpec, gpu: GpuSpec, tp: int, util: float, where: st
     return cap
 
 
-def _solve(
-    ratio: float, token_s: float, *, workflow_s: float, candidate_s: float, chunk: int, where: str
-) -> tuple[float, float]:
-    """``(iter_base_s, request_overhead_s)`` meeting both published latencies exactly."""
-    a_c, b_c = _coefficients(ratio, chunk, [CANDIDATE_CALL])
-    a_w, b_w = _coefficients(ratio, chunk, STANDARD_WORKFLOW)
-    n = len(STANDARD_WORKFLOW)
-    # o + a_c x = C - b_c t ;  n o + a_w x = W - b_w t
-    rc = candidate_s - b_c * token_s
-    rw = workflow_s - b_w * token_s
-    det = a_w - n * a_c
-    if det == 0.0:
-        raise ValueError(f"{where}: the two targets do not determine the constants")
-    x = (rw - n * rc) / det
-    o = (rc * a_w - a_c * rw) / det
-    if x <= 0.0 or o < 0.0:
-        raise ValueError(
-            f"{where}: published latencies (workflow {workflow_s} s, candidate {candidate_s} s) give "
-            f"iter_base_s={x:.4g}, request_overhead_s={o:.4g}; both must be positive"
-        )
-    return x, o
-
-
 def _as_catalog(catalog: GpuCatalog | Mapping[str, Any]) -> GpuCatalog:
     if isinstance(catalog, GpuCatalog):
         return catalog
@@ -183,71 +293,58 @@ def fit(catalog: GpuCatalog | Mapping[str, Any]) -> list[FittedProfile]:
     """Every (model, GPU) profile, unrounded, with provenance notes; see the module docstring.
 
     ``catalog`` is a ``GpuCatalog`` or the parsed YAML mapping (its ``profiles`` are ignored).
-    Raises ``ValueError`` when published numbers cannot be met with positive constants or a model
-    does not fit in its engine's memory.
+    Raises ``ValueError`` when a fit fails or a model does not fit in its engine's memory.
     """
     cat = _as_catalog(catalog)
     cal = cat.calibration
     chunk = cal.max_batched_tokens
     util = cal.gpu_memory_utilization
-    mfu = cal.prefill_mfu
-    cal_model = cat.models[cal.model]
 
     # 1. The calibration model on the GPUs with published numbers.
-    fitted: dict[str, tuple[float, float, float]] = {}  # gpu -> (iter_base_s, overhead, mbu)
-    for g, target in cal.published.items():
-        gpu = cat.gpus[g]
-        tp = cal.tp[cal.model].for_gpu(g)
-        ratio = cal_model.kv_bytes_per_token / cal_model.weight_bytes
-        t = _token_s(cal_model, gpu, tp, mfu)
-        x, o = _solve(
-            ratio,
-            t,
-            workflow_s=target.workflow_s,
-            candidate_s=target.candidate_s,
-            chunk=chunk,
-            where=f"{g}/{cal.model}",
-        )
-        mbu = cal_model.weight_bytes / (tp * gpu.mem_bw_tbs * 1e12 * x)
-        fitted[g] = (x, o, mbu)
-    _, ref_overhead, ref_mbu = fitted[cal.reference_gpu]
+    fitted = {g: fit_gpu(cat, g) for g in cal.published}
+
+    def efficiencies(g: str) -> tuple[float, float, float]:
+        f = fitted[g]
+        return f.floors.efficiencies(*f.constants[:3])
 
     def host_overhead(g: str) -> tuple[float, str]:
         """The per-request overhead measured on ``g``'s machines (its own fit, or its source's)."""
         src = g if g in fitted else cal.decode_from.get(g)
         if src is not None and src in fitted:
-            return fitted[src][1], f"{src}/{cal.model} fitted overhead (host-side, model-independent)"
-        return ref_overhead, f"{cal.reference_gpu}/{cal.model} fitted overhead"
+            return fitted[src].constants[3], f"{src}/{cal.model} fitted overhead (host-side, model-independent)"
+        return fitted[cal.reference_gpu].constants[3], f"{cal.reference_gpu}/{cal.model} fitted overhead"
 
     out: list[FittedProfile] = []
     for m, model in cat.models.items():
-        ratio = model.kv_bytes_per_token / model.weight_bytes
         for g, gpu in cat.gpus.items():
             tp = cal.tp[m].for_gpu(g)
-            t = _token_s(model, gpu, tp, mfu)
-            spec_note = f"spec: 2*params/(tp*{gpu.tflops_bf16:g} TFLOP/s*{mfu:g} MFU)"
-            if m == cal.model and g in fitted:
-                x, o, mbu = fitted[g]
-                target = cal.published[g]
-                src = (
-                    f"fitted to hexgen-traces SOURCE.md published latency "
-                    f"({target.workflow_s:g} s workflow, {target.candidate_s:g} s candidate)"
-                )
+            floors = hardware_floors(model, gpu, tp)
+            gpu_fit = fitted.get(g) if m == cal.model else None
+            bw = f"tp*{gpu.mem_bw_tbs:g} TB/s"
+            if gpu_fit is not None:
+                x, t, c, o = gpu_fit.constants
+                mbu, mfu, kv_bu = efficiencies(g)
+                n = len(cal.published[g].steps)
+                src = f"fitted to {n} published steps"
                 basis = "fitted"
-                x_note, o_note = f"{src}; mbu {mbu:.3f}", src
-            elif m == cal.model and g in cal.decode_from:
-                s = cal.decode_from[g]
-                _, o, mbu = fitted[s]
-                x = _roofline_base(model, gpu, tp, mbu)
-                basis = f"derived: decode efficiency and overhead of fitted {s}"
-                x_note = f"weights/(tp*bw*mbu) with {s}'s fitted mbu {mbu:.3f}"
-                o_note = f"{s}/{cal.model} fitted overhead"
+                x_note = f"{src}; weights/({bw}) / {mbu:.3f}"
+                t_note = f"{src}; 2*params/(tp*{gpu.tflops_bf16:g} TFLOP/s) / {mfu:.3f}"
+                c_note = f"{src}; kv_bytes/({bw}) / {kv_bu:.3f}"
+                o_note = f"{src}; host-side, within [{cal.min_request_overhead_s:g}, {cal.max_request_overhead_s:g}] s"
             else:
-                mbu = ref_mbu
-                o, o_note = host_overhead(g)
-                x = _roofline_base(model, gpu, tp, mbu)
-                basis = f"derived: roofline with {cal.reference_gpu} efficiency"
-                x_note = f"weights/(tp*bw*mbu) with {cal.reference_gpu}'s fitted mbu {mbu:.3f}"
+                s = cal.decode_from[g] if m == cal.model and g in cal.decode_from else cal.reference_gpu
+                mbu, mfu, kv_bu = efficiencies(s)
+                x, t, c = floors.iter_base_s / mbu, floors.token_s / mfu, floors.ctx_s / kv_bu
+                if s == cal.reference_gpu:
+                    basis = f"derived: spec sheet with {s} efficiencies"
+                    o, o_note = host_overhead(g)
+                else:
+                    basis = f"derived: spec sheet with the efficiencies and overhead of fitted {s}"
+                    o, o_note = fitted[s].constants[3], f"{s}/{cal.model} fitted overhead"
+                eff = f"{s}'s fitted efficiency"
+                x_note = f"weights/({bw}) / {mbu:.3f}, {eff}"
+                t_note = f"2*params/(tp*{gpu.tflops_bf16:g} TFLOP/s) / {mfu:.3f}, {eff}"
+                c_note = f"kv_bytes/({bw}) / {kv_bu:.3f}, {eff}"
             cap = _kv_capacity(model, gpu, tp, util, f"{g}/{m}")
             out.append(
                 FittedProfile(
@@ -256,18 +353,22 @@ def fit(catalog: GpuCatalog | Mapping[str, Any]) -> list[FittedProfile]:
                     tp=tp,
                     iter_base_s=x,
                     token_s=t,
-                    ctx_s=x * ratio,
+                    ctx_s=c,
                     request_overhead_s=o,
                     kv_capacity_tokens=cap,
                     max_num_seqs=cal.max_num_seqs,
                     max_batched_tokens=chunk,
                     basis=basis,
                     mbu=mbu,
+                    mfu=mfu,
+                    kv_bu=kv_bu,
+                    floors=floors,
+                    published_fit=gpu_fit,
                     notes={
                         "tp": f"{tp} x {gpu.mem_gb:g} GB for {model.weight_bytes / 1e9:.1f} GB of weights",
                         "iter_base_s": x_note,
-                        "token_s": spec_note,
-                        "ctx_s": f"iter_base_s*kv_bytes/weight_bytes ({model.kv_bytes_per_token} B/token)",
+                        "token_s": t_note,
+                        "ctx_s": f"{c_note} ({model.kv_bytes_per_token} B/token)",
                         "request_overhead_s": o_note,
                         "kv_capacity_tokens": f"floor((tp*{gpu.mem_gb:g} GB*{util:g} - weights)/kv_bytes)",
                         "max_num_seqs": "calibration.max_num_seqs",
@@ -287,6 +388,91 @@ def fit_profiles(catalog_data: GpuCatalog | Mapping[str, Any]) -> Profiles:
     for p in fit(catalog_data):
         out.setdefault(p.model, {})[p.gpu] = p.rounded()
     return out
+
+
+@dataclass(frozen=True)
+class StepError:
+    """One published step on one GPU next to what the written profile predicts."""
+
+    gpu: str
+    call: CallSpec
+    published_s: float
+    fitted_s: float
+    """Lone latency under the profile as written (rounded constants)."""
+    floor_s: float
+    """The fastest the spec sheet allows: every constant at its floor, no request overhead."""
+
+    @property
+    def error(self) -> float:
+        """``fitted / published - 1``."""
+        return self.fitted_s / self.published_s - 1.0
+
+
+def step_errors(cat: GpuCatalog, p: FittedProfile) -> list[StepError]:
+    """The published steps of ``p``'s GPU (calibration model only; else empty), fitted vs published."""
+    cal = cat.calibration
+    if p.model != cal.model or p.gpu not in cal.published:
+        return []
+    steps = calibration_steps(cat)
+    perf = p.rounded_perf()
+    floor = PerfProfile(
+        p.gpu, p.model, p.floors.iter_base_s, p.floors.token_s, p.floors.ctx_s, 0.0, 1 << 40, 1, p.max_batched_tokens
+    )
+    out = []
+    for kind, published in cal.published[p.gpu].steps.items():
+        c = steps[kind]
+        out.append(
+            StepError(
+                gpu=p.gpu,
+                call=c,
+                published_s=published,
+                fitted_s=perf.single_latency(c.input_tokens, c.output_tokens),
+                floor_s=floor.single_latency(c.input_tokens, c.output_tokens),
+            )
+        )
+    return out
+
+
+def explain(cat: GpuCatalog, p: FittedProfile) -> str:
+    """One sentence on ``p``'s fit: its largest error and, above the target, why it is not lower."""
+    rows = step_errors(cat, p)
+    gf = p.published_fit
+    if not rows or gf is None:
+        return ""
+    target = cat.calibration.target_error
+    worst = max(rows, key=lambda r: abs(r.error))
+    head = f"{p.gpu}: largest |error| {abs(worst.error):.1%} ({worst.call.kind})"
+    eff = f"efficiencies: weights {p.mbu:.2f}, FLOP/s {p.mfu:.2f}, KV {p.kv_bu:.2f} of peak"
+    if abs(worst.error) <= target:
+        return f"{head} <= {target:.0%}; {eff}; overhead {p.request_overhead_s:.3g} s."
+    why = []
+    below = [r for r in rows if r.published_s < r.floor_s]
+    if below:
+        listed = ", ".join(f"{r.call.kind} {r.published_s:g} s < {r.floor_s:.3g} s" for r in below)
+        why.append(
+            f"published steps faster than the hardware floor at tp={p.tp} (weights and KV at peak bandwidth, "
+            f"tokens at peak FLOP/s, no overhead): {listed}"
+        )
+    names = ("weights bandwidth", "FLOP/s", "KV bandwidth")
+    free_eff = gf.floors.efficiencies(*gf.free_constants[:3])
+    over = ", ".join(
+        (f"{v:.0%} of peak {n}" if math.isfinite(v) else f"no cost for the {n.split()[0]} at all")
+        for n, v in zip(names, free_eff, strict=True)
+        if v > 1.0 + 1e-3  # beyond the peak, not at it (solver noise)
+    )
+    if gf.free_max_error <= target:
+        why.append(
+            f"without the hardware bounds the fit reaches {gf.free_max_error:.1%}, but only at {over}: "
+            "the bounds are kept"
+        )
+    else:
+        beyond = f", at {over}" if over else ""
+        why.append(
+            f"even without the hardware bounds no constants fit every step within {target:.0%} "
+            f"(best {gf.free_max_error:.1%}{beyond}): the published steps are not consistent with one "
+            "iteration-time model; the bounds are kept and the error is spread over the steps"
+        )
+    return f"{head} > {target:.0%}: " + "; ".join(why) + f". {eff}."
 
 
 def _fmt(v: Any) -> str:
@@ -323,36 +509,70 @@ def render_profiles_yaml(fits: Sequence[FittedProfile]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_table(cat: GpuCatalog, fits: Sequence[FittedProfile]) -> str:
-    """Predicted vs published single-request latencies, as YAML comment lines."""
-    head = (
-        f"{'profile':<22}{'tp':>3}{'iter_base_s':>13}{'token_s':>12}{'overhead_s':>12}{'mbu':>7}"
-        f"{'cand_s':>9}{'pub':>8}{'wf_s':>9}{'pub':>8}"
+def _comment_block(text: str, indent: str = "#   ") -> list[str]:
+    return textwrap.wrap(text, width=110, initial_indent="# ", subsequent_indent=indent)
+
+
+def render_report(cat: GpuCatalog, fits: Sequence[FittedProfile]) -> str:
+    """The fit report as YAML comment lines: each published step fitted vs published, then every profile.
+
+    The first table lists, per GPU with published numbers, each step's published latency, the
+    profile's (rounded constants), the error and the hardware floor, then the standard workflow
+    (``STANDARD_WORKFLOW``, summed) against its published figure, and a sentence on the fit (why it
+    misses the target, where it does). The second lists every profile's constants, efficiencies
+    and predicted latencies.
+    """
+    cal = cat.calibration
+    rows = _comment_block(
+        f"Fit of {cal.model} to the published single-request latencies ({cal.source}). Seconds, one request "
+        "alone; fitted = the profile below (rounded constants); error = fitted/published - 1, target |error| <= "
+        f"{cal.target_error:.0%}; floor = the fastest the spec sheet allows (weights and KV cache read at peak "
+        "bandwidth, tokens computed at peak FLOP/s, no request overhead).",
+        indent="# ",
     )
-    rows = ["# Predicted single-request latency (rounded constants) vs hexgen-traces SOURCE.md", "# " + head]
+    rows += [
+        "#",
+        f"# {'gpu':<7}{'step':<24}{'in':>6}{'out':>5}{'published':>11}{'fitted':>10}{'error':>8}{'floor':>9}",
+    ]
+    fitted = [p for p in fits if p.published_fit is not None]
+    for p in fitted:
+        for r in step_errors(cat, p):
+            rows.append(
+                f"# {p.gpu:<7}{r.call.kind:<24}{r.call.input_tokens:>6}{r.call.output_tokens:>5}"
+                f"{r.published_s:>11.4f}{r.fitted_s:>10.4f}{r.error:>+8.1%}{r.floor_s:>9.4f}"
+            )
+        wf_pub = cal.published[p.gpu].workflow_s
+        wf = workflow_latency(p.rounded_perf())
+        label = f"standard workflow ({len(STANDARD_WORKFLOW)} calls)"
+        rows.append(f"# {p.gpu:<7}{label:<35}{wf_pub:>11.4f}{wf:>10.4f}{wf / wf_pub - 1:>+8.1%}")
+    rows.append("#")
+    for p in fitted:
+        rows.extend(_comment_block(explain(cat, p)))
+    rows.append("#")
+    rows.append(
+        "# Every profile: constants, efficiencies (floor/constant: 1 = peak) and predicted lone latencies, seconds"
+    )
+    cand = calibration_steps(cat).get("generate_candidate")
+    head = (
+        f"{'profile':<22}{'tp':>3}{'iter_base_s':>12}{'token_s':>11}{'ctx_s':>11}{'overhead_s':>11}"
+        f"{'mbu':>6}{'mfu':>6}{'kv_bu':>6}{'cand_s':>9}{'wf_s':>9}"
+    )
+    rows.append("# " + head)
     for p in fits:
-        spec = p.rounded()
-        perf = PerfProfile(
-            gpu=p.gpu,
-            model=p.model,
-            iter_base_s=spec["iter_base_s"],
-            token_s=spec["token_s"],
-            ctx_s=spec["ctx_s"],
-            request_overhead_s=spec["request_overhead_s"],
-            kv_capacity_tokens=spec["kv_capacity_tokens"],
-            max_num_seqs=spec["max_num_seqs"],
-            max_batched_tokens=spec["max_batched_tokens"],
-        )
-        pub = cat.calibration.published.get(p.gpu) if p.model == cat.calibration.model else None
-        pub_c = f"{pub.candidate_s:8.2f}" if pub is not None else f"{'-':>8}"
-        pub_w = f"{pub.workflow_s:8.2f}" if pub is not None else f"{'-':>8}"
+        perf = p.rounded_perf()
+        cand_s = f"{perf.single_latency(cand.input_tokens, cand.output_tokens):9.2f}" if cand else f"{'-':>9}"
         rows.append(
             "# "
-            f"{p.gpu + '/' + p.model:<22}{p.tp:>3}{p.iter_base_s:>13.5g}{p.token_s:>12.4g}"
-            f"{p.request_overhead_s:>12.4g}{p.mbu:>7.2f}"
-            f"{candidate_latency(perf):>9.2f}{pub_c}{workflow_latency(perf):>9.2f}{pub_w}"
+            f"{p.gpu + '/' + p.model:<22}{p.tp:>3}{perf.iter_base_s:>12.5g}{perf.token_s:>11.4g}{perf.ctx_s:>11.4g}"
+            f"{perf.request_overhead_s:>11.4g}{p.mbu:>6.2f}{p.mfu:>6.2f}{p.kv_bu:>6.2f}"
+            f"{cand_s}{workflow_latency(perf):>9.2f}"
         )
     return "\n".join(rows) + "\n"
+
+
+def render_generated(cat: GpuCatalog, fits: Sequence[FittedProfile]) -> str:
+    """Everything below the generated-section marker: the report, then the ``profiles`` section."""
+    return render_report(cat, fits) + render_profiles_yaml(fits)
 
 
 def _split_generated(text: str, where: str) -> str:
@@ -362,12 +582,28 @@ def _split_generated(text: str, where: str) -> str:
     return text[: idx + len(GENERATED_MARKER)] + "\n"
 
 
+def _same_profiles(current: Profiles, expected: Profiles) -> bool:
+    """The two sections hold the same constants (floats to 1e-9 relative: solver noise below the rounding)."""
+    if current.keys() != expected.keys():
+        return False
+    for m, per_gpu in expected.items():
+        if current[m].keys() != per_gpu.keys():
+            return False
+        for g, want in per_gpu.items():
+            have = current[m][g]
+            for k, v in want.items():
+                ok = math.isclose(have[k], v, rel_tol=1e-9) if isinstance(v, float) else have[k] == v
+                if not ok:
+                    return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gateway.sim.calibrate [--catalog PATH] [--write | --check]``."""
     ap = argparse.ArgumentParser(prog="python -m gateway.sim.calibrate", description=__doc__.split("\n")[0])
     ap.add_argument("--catalog", type=Path, default=DEFAULT_GPU_CATALOG, help="gpus.yaml to fit")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="replace the generated profiles section")
+    mode.add_argument("--write", action="store_true", help="replace the generated section (report and profiles)")
     mode.add_argument("--check", action="store_true", help="exit 1 when the profiles section is stale")
     args = ap.parse_args(argv)
     path: Path = args.catalog
@@ -377,24 +613,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    section = render_profiles_yaml(fits)
-    table = render_table(cat, fits)
     if args.check:
         expected = fit_profiles(cat)
         current = {m: {g: s.model_dump() for g, s in per.items()} for m, per in cat.profiles.items()}
-        if current != expected:
+        if not _same_profiles(current, expected):
             print(f"{path}: profiles are stale; run python -m gateway.sim.calibrate --write", file=sys.stderr)
             return 1
         print(f"{path}: profiles are up to date")
         return 0
     if args.write:
         head = _split_generated(path.read_text(encoding="utf-8"), str(path))
-        path.write_text(head + section, encoding="utf-8")
+        path.write_text(head + render_generated(cat, fits), encoding="utf-8")
         print(f"wrote {len(fits)} profiles to {path}")
-        print(table, end="")
+        print(render_report(cat, fits), end="")
         return 0
-    print(section, end="")
-    print(table, end="")
+    print(render_generated(cat, fits), end="")
     return 0
 
 

@@ -20,7 +20,7 @@ def test_the_repository_file_gives_the_chess_template_and_calibration_workflow()
     assert frozenset({CANDIDATE, EVALUATE}) == CHESS_PARALLEL_KINDS
     revise = next(p for p in CHESS_TEMPLATE.phases if p.kind == REVISE)
     assert revise == PhaseSpec(REVISE, 6988, 129, rounds=3.39, repeatable=True)
-    assert len(STANDARD_WORKFLOW) == 12
+    assert len(STANDARD_WORKFLOW) == 15  # the published standard workflow: 4 revise calls among them
     assert STANDARD_WORKFLOW[5] == CallSpec(CANDIDATE, 11748, 678)
 
 

@@ -67,8 +67,12 @@ async def test_worker_killed_mid_workflow_loses_nothing(tmp_path: Path) -> None:
             async with gateway_client(cfg) as (client, app):
                 body = {"calls": chain(4, width=2, prompt=3000, out=60)}
                 tasks = [asyncio.create_task(client.post("/v1/workflows", json=body)) for _ in range(6)]
-                await asyncio.sleep(0.6)
                 gw = app.state.gateway
+                # Kill as soon as the victim holds calls (a fixed sleep raced the workflows' end under load).
+                for _ in range(500):
+                    if gw.pool.workers[0].inflight:
+                        break
+                    await asyncio.sleep(0.01)
                 assert gw.pool.workers[0].inflight, "the victim has no call in flight to lose"
                 # Kill the victim hard (no graceful close): in-flight calls see broken connections.
                 proc.send_signal(signal.SIGKILL)
