@@ -1,18 +1,27 @@
-"""Side-by-side policy benchmarks on the simulator: latency, SLO attainment and capacity.
+"""Side-by-side policy benchmarks on the simulator: capacity, latency and SLO attainment, over several seeds.
 
-Method (what ``hexflow bench`` runs):
+Method (what ``hexflow bench`` runs; ``docs/benchmarks.md`` has the reasoning):
 
 * The SLO of a workflow is ``slo_scale`` x the cluster-mean single-request latency of the standard
   workflow (``STANDARD_WORKFLOW``), as in the HexGen-Flow paper's simulator.
-* Arrivals are Poisson (or Gamma with a given CV). Every run of every policy at every rate uses the
-  same unit-rate arrival sequence, scaled by 1/rate, and the same query sequence: common random numbers,
-  so differences between policies are differences of policy, not of luck.
-* Capacity is the highest arrival rate at which SLO attainment stays >= 95%, found by bisection.
-* Policies that read alpha (``hexgen``, ``wb-fcfs``) run as the product runs them: alpha is tuned by
-  the simulator on a *different* window of traffic at the same rate (another seed), then applied.
-* ``fluid_bound_qps`` is the cluster's aggregate batched throughput for the workload's mix: each
-  worker at its best batch (capacity, KV and ``max_num_seqs`` limits), the mix's mean contexts; no
-  scheduler can sustain more.
+* A point is measured on ``n_seeds`` seeds (default 3): seed s fixes the arrival sequence, the order of
+  the queries and the scheduler's RNG. Within a seed every policy at every rate sees the same unit-rate
+  arrival sequence, scaled by 1/rate, and the same queries: common random numbers, so differences
+  between policies are differences of policy, not of luck; across seeds the luck changes, and the
+  report gives each seed's value with the mean and spread.
+* Capacity is the highest arrival rate with SLO attainment >= 95%, found per seed by geometric
+  bisection to ``rel_tol`` (default 1%) relative precision, below the fluid bound.
+* "Best baseline" is the baseline (``Policy.role == "baseline"``: a system a user could deploy instead)
+  with the highest mean capacity; ablations of ours are reported but never count. Its mean capacity is
+  the *reference rate*: every policy's P95 is measured there too, on every seed.
+* Policies that read alpha (``hexgen``, ``wb-fcfs``) run as the product runs them: alpha is tuned by the
+  simulator on a window of traffic from a *tuning seed* that is never measured (``seed + 1000``), once
+  per capacity search, at the reference rate (the rate the comparison is about), and then held fixed for
+  every seed and rate of the search. Without a baseline in the run, the tuning rate is a coarse (5%)
+  capacity estimate of the policy at its default alpha on the tuning seed; without a capacity search,
+  it is the median of the rates asked for.
+* ``fluid_bound_qps`` is the linear program of ``gateway.bench.bound``: the highest workflow rate any
+  scheduler could sustain on the cluster at the engines' own limits, for the run's workload mix.
 """
 
 from __future__ import annotations
@@ -21,12 +30,16 @@ import itertools
 import json
 import math
 import random
+import statistics
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.bound import FluidBound, fluid_bound, solve_fluid_bound
+from gateway.bench.stats import Spread, finite_or_none, spread
 from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.policy import get_policy
 from gateway.core.scheduler import WorkerInfo
@@ -37,7 +50,34 @@ from gateway.sim.simulator import Simulator
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
 from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals, replay_arrivals
 
+__all__ = [
+    "N_SEEDS",
+    "REL_TOL",
+    "TUNE_SEED_OFFSET",
+    "Bench",
+    "BenchReport",
+    "PointResult",
+    "PolicyResult",
+    "Setup",
+    "bench_steps",
+    "fluid_bound",
+    "plot_report",
+    "run_bench",
+    "run_point",
+    "standard_latency",
+    "tuned_alpha",
+]
+
 ProgressFn = Callable[[int], object]
+
+N_SEEDS = 3
+"""Seeds per point (default)."""
+REL_TOL = 0.01
+"""Relative precision of a capacity (default)."""
+TARGET = 0.95
+"""SLO attainment a rate must reach to count as sustained."""
+TUNE_SEED_OFFSET = 1000
+"""Alpha is tuned on seed ``seed + TUNE_SEED_OFFSET``, never one of the measured seeds."""
 
 
 def standard_latency(workers: Sequence[WorkerInfo]) -> float:
@@ -48,47 +88,12 @@ def standard_latency(workers: Sequence[WorkerInfo]) -> float:
     return total / len(workers)
 
 
-def fluid_bound(workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]]) -> float:
-    """The cluster's aggregate batched throughput for the workload mix (workflows/s).
-
-    Per worker, a lower bound on the GPU time one average workflow needs, from the iteration model
-    ``t = iter_base_s + token_s * tokens + ctx_s * context``: every prompt and output token costs
-    ``token_s``; every context token read costs ``ctx_s`` (a decode step at position j reads j tokens,
-    a prefill chunk reads the prompt before it); and every iteration costs ``iter_base_s``, with at
-    least ``decode tokens / B`` iterations (B: the largest batch the worker's slots, ``max_num_seqs``
-    and KV cache allow for the mix) and at least ``all tokens / max_batched_tokens``. The bound is the
-    sum over workers of 1 / that time: every worker busy all the time on the mix, at its best batch.
-    Request overheads (off the GPU) are excluded. A scheduler that specialises workers by call type
-    could beat it only by the difference in the workers' relative speeds per call type.
-    """
-    calls = [c for q in queries for c in q]
-    if not calls:
-        return 0.0
-    n_q = len(queries)
-    tot_in = sum(c.input_tokens for c in calls) / n_q
-    tot_out = sum(c.output_tokens for c in calls) / n_q
-    mean_kv = (tot_in + tot_out) * n_q / len(calls)
-    rate = 0.0
-    for w in workers:
-        p = w.profile
-        chunk = p.max_batched_tokens
-        ctx_reads = 0.0
-        for c in calls:
-            n = max(c.output_tokens - 1, 0)
-            full, rest = divmod(max(c.input_tokens, 1), chunk)
-            ctx_reads += chunk * (full * (full - 1) / 2 + (full if rest else 0))
-            ctx_reads += n * c.input_tokens + n * (n - 1) / 2
-        ctx_reads /= n_q
-        batch = max(1.0, min(float(w.capacity), float(p.max_num_seqs), p.kv_capacity_tokens / mean_kv))
-        iterations = max(tot_out / batch, (tot_in + tot_out) / chunk)
-        t = p.token_s * (tot_in + tot_out) + p.ctx_s * ctx_reads + p.iter_base_s * iterations
-        rate += 1.0 / t
-    return rate
-
-
 @dataclass
 class Setup:
-    """A benchmark scenario: cluster, queries, load shape, SLO, tenants and seed."""
+    """A benchmark scenario: cluster, queries, load shape, SLO, tenants and seeds.
+
+    The measured seeds are ``seed, seed + 1, ..., seed + n_seeds - 1``; ``tune_seed`` is apart from them.
+    """
 
     workers: list[WorkerInfo]
     queries: list[list[CallSpec]]
@@ -99,12 +104,32 @@ class Setup:
     cv: float = 1.0
     tenants: list[TenantSpec] | None = None
     arrivals_csv: Path | None = None
+    n_seeds: int = N_SEEDS
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
-    _templates: dict[tuple[int, float], list[StagedWorkflow]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.n_workflows < 1:
+            raise ValueError(f"n_workflows must be at least 1, got {self.n_workflows}")
+        if self.n_seeds < 1:
+            raise ValueError(f"n_seeds must be at least 1, got {self.n_seeds}")
         self.slo_s = self.slo_scale * standard_latency(self.workers)
+
+    @property
+    def seeds(self) -> list[int]:
+        """The measured seeds."""
+        return [self.seed + i for i in range(self.n_seeds)]
+
+    @property
+    def tune_seed(self) -> int:
+        """The seed of the alpha tuner's traffic window (never measured)."""
+        return self.seed + TUNE_SEED_OFFSET
+
+    @cached_property
+    def bound(self) -> FluidBound:
+        """The fluid bound for the mix of the base seed's workflows (tenants' chat calls included)."""
+        mix = [[c for stage in wf.stages for c in stage.calls] for wf in self.workflows(1.0)]
+        return solve_fluid_bound(self.workers, mix)
 
     def unit_arrivals(self, seed: int) -> list[float]:
         """Arrival times at rate 1/s (scaled by 1/rate for each run): common random numbers."""
@@ -149,116 +174,231 @@ class Setup:
 def run_point(
     setup: Setup, policy: str, rate: float, *, alpha: float | None = None, seed: int | None = None
 ) -> Summary:
-    """Simulate one policy at one arrival rate and summarise."""
-    wfs = setup.workflows(rate, seed)
-    res = Simulator(setup.workers, policy, alpha=alpha, seed=setup.seed).run(wfs)
+    """Simulate one policy at one arrival rate on one seed (default: the setup's) and summarise."""
+    s = setup.seed if seed is None else seed
+    wfs = setup.workflows(rate, s)
+    res = Simulator(setup.workers, policy, alpha=alpha, seed=s).run(wfs)
     return summarize(res, total=len(wfs))
 
 
 def tuned_alpha(setup: Setup, policy: str, rate: float, grid: Sequence[float] = ALPHA_GRID) -> float:
-    """Alpha chosen by the tuner on another window of traffic (seed + 1) at the same rate."""
-    window = setup.workflows(rate, seed=setup.seed + 1)
-    return tune_alpha(setup.workers, policy, window, grid=grid, seed=setup.seed).alpha
+    """Alpha chosen by the tuner on the tuning seed's window of traffic at ``rate``."""
+    window = setup.workflows(rate, seed=setup.tune_seed)
+    return tune_alpha(setup.workers, policy, window, grid=grid, seed=setup.tune_seed).alpha
 
 
 @dataclass
 class PointResult:
-    """One (policy, rate) measurement."""
+    """One (policy, rate, seed) measurement."""
 
     policy: str
     rate_qps: float
+    seed: int
     alpha: float | None
     summary: Summary
 
 
 class Bench:
-    """Runs policies on a setup; alpha-reading policies are tuned per rate (cached)."""
+    """Measures policies on a setup, caching every (policy, alpha, seed, rate) run."""
 
-    def __init__(self, setup: Setup, *, fixed_alpha: float | None = None, progress: ProgressFn | None = None):
+    def __init__(self, setup: Setup, *, progress: ProgressFn | None = None):
         self.setup = setup
-        self.fixed_alpha = fixed_alpha
         self.progress = progress
-        self._alpha_cache: dict[tuple[str, float], float] = {}
-        self._cache: dict[tuple[str, float], PointResult] = {}
+        self._cache: dict[tuple[str, float | None, int, float], PointResult] = {}
 
-    def alpha_for(self, policy: str, rate: float) -> float | None:
-        """The alpha a policy runs with at ``rate`` (None for policies without alpha)."""
-        if not get_policy(policy).uses_alpha:
-            return None
-        if self.fixed_alpha is not None:
-            return self.fixed_alpha
-        key = (policy, round(rate, 9))
-        a = self._alpha_cache.get(key)
-        if a is None:
-            a = tuned_alpha(self.setup, policy, rate)
-            self._alpha_cache[key] = a
-        return a
-
-    def point(self, policy: str, rate: float) -> PointResult:
-        """Measure (cached) one policy at one rate."""
-        key = (policy, round(rate, 9))
+    def point(self, policy: str, rate: float, *, seed: int | None = None, alpha: float | None = None) -> PointResult:
+        """Measure (cached) one policy at one rate on one seed (default: the setup's) with ``alpha``."""
+        s = self.setup.seed if seed is None else seed
+        key = (policy, alpha, s, round(rate, 12))
         r = self._cache.get(key)
         if r is None:
-            alpha = self.alpha_for(policy, rate)
-            r = PointResult(policy, rate, alpha, run_point(self.setup, policy, rate, alpha=alpha))
+            r = PointResult(policy, rate, s, alpha, run_point(self.setup, policy, rate, alpha=alpha, seed=s))
             self._cache[key] = r
             if self.progress is not None:
                 self.progress(1)
         return r
 
-    def capacity(self, policy: str, bound: float, *, target: float = 0.95, rel_tol: float = 0.015) -> float:
-        """Highest rate with SLO attainment >= target, by geometric bisection below ``1.05 * bound``.
+    def capacity(
+        self,
+        policy: str,
+        ceiling: float,
+        *,
+        seed: int | None = None,
+        alpha: float | None = None,
+        guess: float | None = None,
+        target: float = TARGET,
+        rel_tol: float = REL_TOL,
+    ) -> float:
+        """Highest rate with SLO attainment >= ``target``, by geometric bisection, at most ``ceiling``.
 
-        The bracket starts at [0.3, 1.05] x the fluid bound and widens downwards while even its low
-        end misses the target (a policy far from the bound, such as round-robin on a mixed cluster).
+        Returns ``ceiling`` when even it is sustained (on a finite run a rate at the fluid bound can
+        pass), 0.0 when not even ``ceiling / 256`` is. The bracket starts at [0.25, 1] x ``ceiling``,
+        or at ``guess`` / 1.08 .. ``guess`` x 1.08 (another seed's capacity), and widens until it
+        holds the crossing; it is then halved until ``(hi - lo) / hi <= rel_tol`` and ``lo`` returned.
         """
-        hi = 1.05 * bound
-        if self.point(policy, hi).summary.slo_attainment >= target:
-            return hi
-        lo = 0.3 * bound
-        while self.point(policy, lo).summary.slo_attainment < target:
-            hi, lo = lo, lo / 2.0
-            if lo < bound / 256.0:
+        if not (ceiling > 0 and math.isfinite(ceiling)):
+            raise ValueError(f"capacity search needs a positive finite ceiling, got {ceiling}")
+        if not 0 < rel_tol < 1:
+            raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol}")
+
+        def ok(rate: float) -> bool:
+            return self.point(policy, rate, seed=seed, alpha=alpha).summary.slo_attainment >= target
+
+        if guess is not None and 0 < guess < ceiling:
+            lo, hi = guess / 1.08, min(guess * 1.08, ceiling)
+        else:
+            lo, hi = 0.25 * ceiling, ceiling
+        step = hi / lo
+        while ok(hi):
+            if hi >= ceiling:
+                return ceiling
+            lo, hi = hi, min(hi * step, ceiling)
+        while not ok(lo):
+            hi, lo = lo, lo / step
+            if lo < ceiling / 256.0:
                 return 0.0
         while (hi - lo) / hi > rel_tol:
             mid = math.sqrt(lo * hi)
-            if self.point(policy, mid).summary.slo_attainment >= target:
+            if ok(mid):
                 lo = mid
             else:
                 hi = mid
         return lo
 
-    def tuned_alphas(self) -> dict[float, float]:
-        """The alpha tuned at each rate so far (rates rounded as cache keys)."""
-        return {r: a for (_, r), a in self._alpha_cache.items()}
-
     def points(self) -> list[PointResult]:
-        """Every measurement so far, sorted by policy then rate."""
-        return sorted(self._cache.values(), key=lambda p: (p.policy, p.rate_qps))
+        """Every measurement so far, sorted by policy, rate, then seed."""
+        return sorted(self._cache.values(), key=lambda p: (p.policy, p.rate_qps, p.seed))
+
+
+@dataclass
+class PolicyResult:
+    """What one policy achieved: its alpha, per-seed capacities, and every run it made."""
+
+    policy: str
+    alpha: float | None
+    capacity_per_seed: list[float]
+    """Empty when no capacity search ran."""
+    points: list[PointResult]
+
+    @property
+    def role(self) -> str:
+        """``ours``, ``baseline`` or ``ablation`` (``Policy.role``)."""
+        return get_policy(self.policy).role
+
+    @property
+    def capacity(self) -> Spread | None:
+        """Mean and spread of the per-seed capacities (None without a capacity search)."""
+        return spread(self.capacity_per_seed) if self.capacity_per_seed else None
+
+    def at(self, rate: float) -> list[PointResult]:
+        """The runs at ``rate`` (one per seed measured there), in seed order."""
+        return sorted((p for p in self.points if abs(p.rate_qps - rate) <= 1e-12 * rate), key=lambda p: p.seed)
 
 
 @dataclass
 class BenchReport:
-    """Everything ``hexflow bench`` reports."""
+    """Everything ``hexflow bench`` reports (``to_json`` documents the fields)."""
 
     trace: str
     cluster: list[str]
     slo_scale: float
     slo_s: float
     fluid_bound_qps: float
-    capacity_qps: dict[str, float]
-    results: list[PointResult]
-    reference_rate_qps: float | None
-    alphas: dict[str, float | None]
-    seed: int
+    policies: dict[str, PolicyResult]
+    seeds: list[int]
+    tune_seed: int
+    tune_rate_qps: float | None
     n_workflows: int
+    rel_tol: float
+    rates: list[float]
+    seconds: float = 0.0
+
+    @property
+    def capacity_qps(self) -> dict[str, float]:
+        """Mean capacity of every policy whose capacity was searched."""
+        return {p: r.capacity.mean for p, r in self.policies.items() if r.capacity is not None}
+
+    @property
+    def best_baseline(self) -> str | None:
+        """The baseline with the highest mean capacity (None without baselines or capacity search)."""
+        base = {p: c for p, c in self.capacity_qps.items() if get_policy(p).role == "baseline"}
+        return max(base, key=lambda p: base[p]) if base else None
+
+    @property
+    def reference_rate_qps(self) -> float | None:
+        """The best baseline's mean capacity: where every policy's P95 is compared."""
+        best = self.best_baseline
+        return self.capacity_qps[best] if best is not None else None
+
+    @property
+    def alphas(self) -> dict[str, float | None]:
+        """The alpha each policy ran with (None for policies that do not read alpha)."""
+        return {p: r.alpha for p, r in self.policies.items()}
+
+    @property
+    def results(self) -> list[PointResult]:
+        """Every run, sorted by policy, rate, then seed."""
+        return sorted(
+            (x for r in self.policies.values() for x in r.points), key=lambda p: (p.policy, p.rate_qps, p.seed)
+        )
+
+    def ratio_vs_best_baseline(self, policy: str) -> tuple[float, list[float]] | None:
+        """``policy``'s mean capacity over the best baseline's, and the per-seed (paired) ratios."""
+        best = self.best_baseline
+        r = self.policies[policy]
+        if best is None or r.capacity is None:
+            return None
+        b = self.policies[best]
+        mean = r.capacity.mean / b.capacity.mean if b.capacity and b.capacity.mean > 0 else math.nan
+        paired = [x / y if y > 0 else math.nan for x, y in zip(r.capacity_per_seed, b.capacity_per_seed, strict=True)]
+        return mean, paired
+
+    def p95_at(self, policy: str, rate: float) -> Spread | None:
+        """Mean and spread over seeds of ``policy``'s P95 at ``rate`` (None if not measured there)."""
+        runs = self.policies[policy].at(rate)
+        return spread([p.summary.p95_s for p in runs]) if runs else None
+
+    def p95_gain_vs_best(self, policy: str, rate: float) -> float | None:
+        """The lowest mean P95 of any baseline at ``rate`` over ``policy``'s: >1 means ``policy`` is faster."""
+        mine = self.p95_at(policy, rate)
+        base = [s.mean for p in self.policies if get_policy(p).role == "baseline" and (s := self.p95_at(p, rate))]
+        if mine is None or not base or not mine.mean > 0 or not math.isfinite(min(base)):
+            return None
+        return min(base) / mine.mean
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON document: ``results`` (per policy and rate), ``capacity_qps``, ``fluid_bound_qps``."""
+        """The JSON document.
 
-        def num(x: float | None) -> float | None:
-            return x if x is not None and math.isfinite(x) else None
-
+        Top level: ``fluid_bound_qps``; ``best_baseline`` (name) and ``best_baseline_capacity_qps``;
+        ``ours`` and ``ratio_vs_best_baseline`` (ours's mean capacity over the best baseline's; null when
+        either is missing); ``reference_rate_qps`` (the best baseline's capacity); ``capacity_qps``
+        (mean per policy); ``seeds``, ``tune_seed``, ``tune_rate_qps``. ``policies``: per policy its role,
+        alpha, capacity (mean, std, min, max, per_seed), share of the fluid bound, ratio to the best
+        baseline (mean and per seed), P95 at the reference rate (mean, std, min, max, per_seed) and the
+        P95 gain there (the lowest mean P95 of any baseline at that rate over the policy's). ``results``:
+        every run (policy, seed, rate, latency percentiles, SLO attainment, throughput). Non-finite
+        numbers are null.
+        """
+        num = finite_or_none
+        ref = self.reference_rate_qps
+        best = self.best_baseline
+        pols: dict[str, Any] = {}
+        for name, r in self.policies.items():
+            cap = r.capacity
+            ratio = self.ratio_vs_best_baseline(name)
+            p95 = self.p95_at(name, ref) if ref is not None else None
+            gain = self.p95_gain_vs_best(name, ref) if ref is not None else None
+            pols[name] = {
+                "role": r.role,
+                "alpha": r.alpha,
+                "capacity_qps": cap.as_dict() if cap else None,
+                "share_of_fluid_bound": num(cap.mean / self.fluid_bound_qps) if cap else None,
+                "ratio_vs_best_baseline": (
+                    {"mean": num(ratio[0]), "per_seed": [num(x) for x in ratio[1]]} if ratio else None
+                ),
+                "p95_at_reference_s": p95.as_dict() if p95 else None,
+                "p95_gain_vs_best_baseline": num(gain),
+            }
         results = []
         for p in self.results:
             s = p.summary
@@ -266,6 +406,7 @@ class BenchReport:
                 {
                     "policy": p.policy,
                     "trace": self.trace,
+                    "seed": p.seed,
                     "rate_qps": p.rate_qps,
                     "alpha": p.alpha,
                     "p50_s": num(s.p50_s),
@@ -279,20 +420,29 @@ class BenchReport:
                     "calls": s.calls,
                 }
             )
-        share = {
-            k: (v / self.fluid_bound_qps if self.fluid_bound_qps > 0 else None) for k, v in self.capacity_qps.items()
-        }
+        ours = next((p for p in self.policies if get_policy(p).role == "ours"), None)
+        ours_ratio = self.ratio_vs_best_baseline(ours) if ours else None
         return {
             "trace": self.trace,
             "cluster": self.cluster,
             "slo_scale": self.slo_scale,
             "slo_s": self.slo_s,
-            "seed": self.seed,
             "n_workflows": self.n_workflows,
+            "seeds": self.seeds,
+            "tune_seed": self.tune_seed,
+            "tune_rate_qps": self.tune_rate_qps,
+            "rel_tol": self.rel_tol,
+            "target_slo_attainment": TARGET,
             "fluid_bound_qps": self.fluid_bound_qps,
+            "best_baseline": best,
+            "best_baseline_capacity_qps": ref,
+            "ours": ours,
+            "ratio_vs_best_baseline": num(ours_ratio[0]) if ours_ratio else None,
+            "reference_rate_qps": ref,
             "capacity_qps": self.capacity_qps,
-            "capacity_share_of_fluid_bound": share,
-            "reference_rate_qps": self.reference_rate_qps,
+            "policies": pols,
+            "rates": self.rates,
+            "seconds": self.seconds,
             "results": results,
         }
 
@@ -302,54 +452,92 @@ class BenchReport:
         path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
 
 
-GRID_FRACTIONS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.7, 0.8, 0.9)
+GRID_FRACTIONS: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+"""Rates (fractions of the fluid bound) measured when neither a capacity search nor rates are asked for."""
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One policy's work in one phase (a worker process's job)."""
+
+    policy: str
+    alpha: float | None
+    """Alpha to run with (None: the policy's default, or no alpha)."""
+    tune_rate: float | None
+    """Tune alpha at this rate first (alpha-reading policies without a fixed alpha)."""
+    coarse_tune: bool
+    """No tuning rate is known yet: tune at a coarse capacity estimate of the policy itself."""
+    find_capacity: bool
+    rates: tuple[float, ...]
+    rel_tol: float
+    ceiling: float
 
 
 @dataclass
-class _PolicyOutcome:
-    capacity: float | None
+class _Outcome:
+    alpha: float | None
+    tune_rate: float | None
+    capacities: list[float]
     points: list[PointResult]
-    alphas: dict[float, float]
 
 
-def _policy_task(
-    setup: Setup, policy: str, rates: Sequence[float], find_capacity: bool, fixed_alpha: float | None, bound: float
-) -> _PolicyOutcome:
-    """Everything one policy needs: capacity by bisection, then the given rates (a worker process's job)."""
-    bench = Bench(setup, fixed_alpha=fixed_alpha)
-    cap = bench.capacity(policy, bound) if find_capacity else None
-    for r in rates:
-        bench.point(policy, r)
-    return _PolicyOutcome(cap, bench.points(), bench.tuned_alphas())
+def _policy_task(setup: Setup, task: _Task) -> _Outcome:
+    """Tune (if asked), search the capacity on every seed (each seed's search bracketed by the previous
+    seed's capacity), then measure the given rates on every seed."""
+    bench = Bench(setup)
+    alpha, tune_rate = task.alpha, task.tune_rate
+    if task.coarse_tune:
+        tune_rate = bench.capacity(task.policy, task.ceiling, seed=setup.tune_seed, alpha=alpha, rel_tol=0.05)
+        tune_rate = tune_rate or task.ceiling / 256.0
+    if tune_rate is not None:
+        alpha = tuned_alpha(setup, task.policy, tune_rate)
+    caps: list[float] = []
+    if task.find_capacity:
+        for s in setup.seeds:
+            guess = caps[-1] if caps else None
+            caps.append(
+                bench.capacity(task.policy, task.ceiling, seed=s, alpha=alpha, guess=guess, rel_tol=task.rel_tol)
+            )
+    for r in task.rates:
+        for s in setup.seeds:
+            bench.point(task.policy, r, seed=s, alpha=alpha)
+    points = [p for p in bench.points() if p.seed in setup.seeds]  # the coarse estimate's runs are not reported
+    return _Outcome(alpha, tune_rate, caps, points)
 
 
-def _run_tasks(
-    setup: Setup,
-    tasks: Sequence[tuple[str, Sequence[float], bool]],
-    fixed_alpha: float | None,
-    bound: float,
-    jobs: int,
-    progress: ProgressFn | None,
-) -> list[_PolicyOutcome]:
+def _run_tasks(setup: Setup, tasks: Sequence[_Task], jobs: int, progress: ProgressFn | None) -> list[_Outcome]:
+    """Run tasks serially or in ``jobs`` worker processes; results in task order either way."""
     if jobs <= 1 or len(tasks) <= 1:
         out = []
-        for policy, rates, cap in tasks:
-            out.append(_policy_task(setup, policy, rates, cap, fixed_alpha, bound))
+        for t in tasks:
+            out.append(_policy_task(setup, t))
             if progress is not None:
                 progress(1)
         return out
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(_policy_task, setup, p, r, c, fixed_alpha, bound) for p, r, c in tasks]
-        results = []
-        for f in futures:
-            results.append(f.result())
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
+        futures = {pool.submit(_policy_task, setup, t): i for i, t in enumerate(tasks)}
+        results: list[_Outcome | None] = [None] * len(tasks)
+        for f in as_completed(futures):
+            results[futures[f]] = f.result()
             if progress is not None:
                 progress(1)
-        return results
+    return [r for r in results if r is not None]
+
+
+def _split(policies: Sequence[str], fixed_alpha: float | None) -> tuple[list[str], list[str]]:
+    """(policies that need no tuning, policies whose alpha is tuned)."""
+    tuned = [p for p in policies if get_policy(p).uses_alpha and fixed_alpha is None]
+    return [p for p in policies if p not in tuned], tuned
+
+
+def bench_steps(policies: Sequence[str], *, find_capacity: bool, fixed_alpha: float | None = None) -> int:
+    """How many progress steps ``run_bench`` reports: one per policy per phase it takes part in."""
+    plain, tuned = _split(policies, fixed_alpha)
+    return len(plain) * (2 if find_capacity else 1) + len(tuned)
 
 
 def run_bench(
@@ -359,88 +547,115 @@ def run_bench(
     rates: Sequence[float] | None = None,
     fixed_alpha: float | None = None,
     find_capacity: bool = True,
+    rel_tol: float = REL_TOL,
     jobs: int = 1,
     progress: ProgressFn | None = None,
 ) -> BenchReport:
-    """Capacity of every policy, then every policy at the given rates and at rr-fcfs's capacity.
+    """Capacities on every seed, the best baseline, alpha tuned once, and P95 at the best baseline's capacity.
 
-    Without ``rates``, a grid of fractions of the fluid bound is used. ``jobs`` > 1 runs policies in
-    parallel worker processes (results are identical: every run is seeded). ``progress`` is called
-    with 1 after each policy's phase.
+    Phases: (1) the policies that need no tuning (no alpha, or ``fixed_alpha``): capacity per seed and
+    the given ``rates``; (2) the alpha-reading policies: alpha tuned once on the tuning seed at the best
+    baseline's mean capacity (module docstring for the fallbacks), then capacity per seed and the
+    ``rates``; (3) the phase-1 policies at the reference rate. Without a capacity search, every policy
+    runs the ``rates`` (default: fractions of the fluid bound). ``jobs`` > 1 runs policies in parallel
+    worker processes (results are identical: every run is seeded). ``progress`` is called with 1 after
+    each policy's phase (``bench_steps`` of them).
     """
+    import time
+
+    t0 = time.perf_counter()
     for p in policies:
         get_policy(p)  # unknown names fail before any work
-    bound = fluid_bound(setup.workers, setup.queries)
-    grid = list(rates) if rates else [round(bound * f, 6) for f in GRID_FRACTIONS]
-    # rr-fcfs first: its capacity is the reference rate every policy is also measured at.
-    order = sorted(policies, key=lambda p: p != "rr-fcfs")
-    outcomes = dict(
-        zip(
-            order,
-            _run_tasks(setup, [(p, grid, find_capacity) for p in order], fixed_alpha, bound, jobs, progress),
-            strict=True,
-        )
-    )
-    capacity = {p: o.capacity for p, o in outcomes.items() if o.capacity is not None}
-    ref = capacity.get("rr-fcfs")
-    if ref is not None and ref > 0:
-        extra = _run_tasks(setup, [(p, [ref], False) for p in order], fixed_alpha, bound, jobs, progress)
-        for p, o in zip(order, extra, strict=True):
-            outcomes[p].points += [x for x in o.points if x.rate_qps == ref]
-            outcomes[p].alphas.update(o.alphas)
-    results = sorted((x for o in outcomes.values() for x in o.points), key=lambda x: (x.policy, x.rate_qps))
-    alphas: dict[str, float | None] = {}
-    for p in policies:
-        if not get_policy(p).uses_alpha:
-            alphas[p] = None
-        elif fixed_alpha is not None:
-            alphas[p] = fixed_alpha
-        else:
-            alphas[p] = outcomes[p].alphas.get(round(ref if ref else grid[0], 9))
+    if len(set(policies)) != len(policies):
+        raise ValueError("a policy is listed twice")
+    bound = setup.bound.rate_qps
+    grid = list(rates) if rates else ([] if find_capacity else [round(bound * f, 6) for f in GRID_FRACTIONS])
+    plain, tuned = _split(policies, fixed_alpha)
+
+    def alpha_of(p: str) -> float | None:
+        return fixed_alpha if get_policy(p).uses_alpha else None
+
+    outcomes: dict[str, _Outcome] = {}
+    first = [_Task(p, alpha_of(p), None, False, find_capacity, tuple(grid), rel_tol, bound) for p in plain]
+    outcomes.update(zip(plain, _run_tasks(setup, first, jobs, progress), strict=True))
+    # The best baseline's mean capacity: the reference rate, and the rate alpha is tuned at.
+    base = {
+        p: statistics.fmean(o.capacities)
+        for p, o in outcomes.items()
+        if o.capacities and get_policy(p).role == "baseline"
+    }
+    ref = max(base.values()) if base else None
+    tune_rate = ref if find_capacity else (statistics.median(grid) if grid else None)
+    second = [
+        _Task(p, None, tune_rate, find_capacity and tune_rate is None, find_capacity, tuple(grid), rel_tol, bound)
+        for p in tuned
+    ]
+    if ref is not None:
+        second = [replace(t, rates=(*t.rates, ref)) for t in second]
+    outcomes.update(zip(tuned, _run_tasks(setup, second, jobs, progress), strict=True))
+    if ref is not None and plain:
+        third = [
+            _Task(p, o.alpha, None, False, False, (ref,), rel_tol, bound) for p, o in outcomes.items() if p in plain
+        ]
+        for p, o in zip(plain, _run_tasks(setup, third, jobs, progress), strict=True):
+            outcomes[p].points += o.points
+    elif find_capacity and progress is not None:
+        progress(len(plain))  # no reference rate: phase 3 has nothing to do
+    report_tune = next((o.tune_rate for p, o in outcomes.items() if p in tuned), None)
     return BenchReport(
         trace=setup.trace,
         cluster=[w.profile.gpu for w in setup.workers],
         slo_scale=setup.slo_scale,
         slo_s=setup.slo_s,
         fluid_bound_qps=bound,
-        capacity_qps={p: capacity[p] for p in policies if p in capacity},
-        results=results,
-        reference_rate_qps=ref,
-        alphas=alphas,
-        seed=setup.seed,
+        policies={p: PolicyResult(p, outcomes[p].alpha, outcomes[p].capacities, outcomes[p].points) for p in policies},
+        seeds=setup.seeds,
+        tune_seed=setup.tune_seed,
+        tune_rate_qps=report_tune,
         n_workflows=setup.n_workflows,
+        rel_tol=rel_tol,
+        rates=grid,
+        seconds=time.perf_counter() - t0,
     )
 
 
 def plot_report(report: BenchReport, path: Path) -> None:
-    """P95 latency and SLO attainment against arrival rate, one line per policy."""
+    """P95 latency and SLO attainment against arrival rate, one line per policy (mean over the seeds run
+    at each rate), with the fluid bound and the reference rate marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    by_policy: dict[str, list[PointResult]] = {}
-    for p in report.results:
-        by_policy.setdefault(p.policy, []).append(p)
-    for name, pts in sorted(by_policy.items()):
-        pts.sort(key=lambda x: x.rate_qps)
-        xs = [x.rate_qps for x in pts]
-        p95 = [x.summary.p95_s if math.isfinite(x.summary.p95_s) else math.nan for x in pts]
-        ax1.plot(xs, p95, marker="o", ms=3, label=name)
-        ax2.plot(xs, [x.summary.slo_attainment for x in pts], marker="o", ms=3, label=name)
+    for name, r in report.policies.items():
+        by_rate: dict[float, list[Summary]] = {}
+        for p in r.points:
+            by_rate.setdefault(p.rate_qps, []).append(p.summary)
+        xs = sorted(by_rate)
+        p95 = [statistics.fmean(s.p95_s for s in by_rate[x]) for x in xs]
+        p95 = [v if math.isfinite(v) else math.nan for v in p95]
+        slo = [statistics.fmean(s.slo_attainment for s in by_rate[x]) for x in xs]
+        ax1.plot(xs, p95, marker="o", ms=3, lw=0.8, label=name)
+        ax2.plot(xs, slo, marker="o", ms=3, lw=0.8, label=name)
+    ref = report.reference_rate_qps
     for ax in (ax1, ax2):
         ax.axvline(report.fluid_bound_qps, color="grey", ls="--", lw=1, label="fluid bound")
+        if ref is not None:
+            ax.axvline(ref, color="black", ls=":", lw=1, label=f"best baseline ({report.best_baseline})")
         ax.set_xlabel("arrival rate (workflows/s)")
         ax.grid(alpha=0.3)
     ax1.set_ylabel("P95 end-to-end latency (s)")
     ax1.axhline(report.slo_s, color="red", ls=":", lw=1, label="SLO")
     ax1.set_yscale("log")
     ax2.set_ylabel("SLO attainment")
-    ax2.axhline(0.95, color="red", ls=":", lw=1)
+    ax2.axhline(TARGET, color="red", ls=":", lw=1)
     ax2.set_ylim(0, 1.02)
     ax2.legend(fontsize=8, loc="lower left")
-    fig.suptitle(f"{report.trace} on [{', '.join(report.cluster)}], SLO {report.slo_scale:g}x ({report.slo_s:.0f} s)")
+    fig.suptitle(
+        f"{report.trace} on [{', '.join(report.cluster)}], SLO {report.slo_scale:g}x ({report.slo_s:.0f} s), "
+        f"{report.n_workflows} workflows x {len(report.seeds)} seeds"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

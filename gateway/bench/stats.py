@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gateway.sim.metrics import percentile
 
-__all__ = ["finite_or_none", "fmt", "percentile", "table"]
+__all__ = ["Spread", "finite_or_none", "fmt", "percentile", "spread", "table"]
 
 
 def fmt(x: float, digits: int = 1) -> str:
@@ -23,6 +24,42 @@ def fmt(x: float, digits: int = 1) -> str:
 def finite_or_none(x: float | None) -> float | None:
     """``x`` when it is a finite number, else ``None`` (strict JSON has no NaN or Infinity)."""
     return x if x is not None and math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean and spread of a few repeated measurements (one per seed)."""
+
+    mean: float
+    std: float
+    """Sample standard deviation (n - 1); 0.0 for a single value."""
+    min: float
+    max: float
+    values: tuple[float, ...]
+
+    def as_dict(self) -> dict[str, float | list[float | None] | None]:
+        """For JSON: non-finite numbers become ``None``."""
+        return {
+            "mean": finite_or_none(self.mean),
+            "std": finite_or_none(self.std),
+            "min": finite_or_none(self.min),
+            "max": finite_or_none(self.max),
+            "per_seed": [finite_or_none(v) for v in self.values],
+        }
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Mean, sample standard deviation, min and max of ``values`` (at least one; an infinite value makes the
+    mean infinite, as an unfinished run's percentile should)."""
+    if not values:
+        raise ValueError("spread of no values")
+    n = len(values)
+    mean = sum(values) / n
+    if n > 1 and math.isfinite(mean):
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    else:
+        std = 0.0 if n == 1 else math.nan
+    return Spread(mean, std, min(values), max(values), tuple(values))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 0, rule: bool = True) -> str:

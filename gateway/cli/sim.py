@@ -8,13 +8,13 @@ import json
 import math
 import os
 import random
+import statistics
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.bench.stats import fmt, table
-from gateway.cli.common import Subparsers, UsageError, add_workload_args, load_workers, policy_names
+from gateway.cli.common import Subparsers, UsageError, add_workload_args, int_arg, load_workers, policy_names
 from gateway.core.policy import POLICIES, get_policy
 from gateway.core.workflow import CallSpec
 
@@ -45,11 +45,20 @@ def add_bench(sub: Subparsers) -> None:
     add_workload_args(p, workflows=1000)
     p.add_argument(
         "--policies",
-        default="hexgen,wb-fcfs,rr-pq,rr-fcfs,p2c-fcfs,lw-fcfs,llf,edf,vtc",
-        help=f"comma-separated, from: {', '.join(POLICIES)}",
+        default=",".join(POLICIES),
+        help=f"comma-separated, from: {', '.join(POLICIES)} (default: all)",
     )
-    p.add_argument("--rate", default=None, help="arrival rate(s), comma-separated (default: fractions of the bound)")
-    p.add_argument("--alpha", type=float, default=None, help="fixed alpha (default: tuned per rate on another window)")
+    p.add_argument("--seeds", default=3, help="seeds per point, each a capacity search (default 3)")
+    p.add_argument("--rel-tol", type=float, default=0.01, help="relative precision of each capacity (default 0.01)")
+    p.add_argument(
+        "--rate", default=None, help="also measure at these rates, comma-separated (without capacity: the rates)"
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="fixed alpha (default: tuned once, on a separate seed, at the best baseline's capacity)",
+    )
     p.add_argument("--plot", default=None, help="write a PNG of P95 and SLO attainment against rate")
     p.add_argument("--no-capacity", action="store_true", help="skip the capacity bisection")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -89,7 +98,7 @@ def _queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
     return name, queries
 
 
-def _setup(args: argparse.Namespace) -> Setup:
+def _setup(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
     from gateway.bench.simbench import Setup
     from gateway.sim.workload import parse_tenants
 
@@ -111,6 +120,7 @@ def _setup(args: argparse.Namespace) -> Setup:
         cv=args.cv,
         tenants=tenants,
         arrivals_csv=Path(args.arrivals) if args.arrivals else None,
+        n_seeds=n_seeds,
     )
 
 
@@ -169,65 +179,38 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Policies side by side; JSON with ``results``, ``capacity_qps`` and ``fluid_bound_qps``."""
+    """Policies side by side over several seeds: capacities (mean, spread, per seed), the best baseline, the
+    ratio to it, the fluid bound, and P95 at the best baseline's capacity; the same in ``--json``."""
     if args.live:
         return cmd_bench_live(args)
     if args.workflows is None:
         args.workflows = BENCH_WORKFLOWS
     from tqdm import tqdm
 
-    from gateway.bench.simbench import plot_report, run_bench
+    from gateway.bench.simbench import bench_steps, plot_report, run_bench
 
     policies = policy_names(args.policies)
-    setup = _setup(args)
+    seeds = int_arg("--seeds", str(args.seeds), minimum=1)
+    rel_tol = args.rel_tol
+    if not 0 < rel_tol < 1:
+        raise UsageError("--rel-tol: must be in (0, 1)")
+    setup = _setup(args, n_seeds=seeds)
     rates = [float(r) for r in args.rate.split(",")] if args.rate else None
     if rates is not None and any(not r > 0 for r in rates):
         raise UsageError("--rate: rates must be positive")
-    with tqdm(
-        total=2 * len(policies),
-        desc="bench",
-        unit="phase",
-        disable=args.quiet or None,
-        leave=False,
-    ) as bar:
+    steps = bench_steps(policies, find_capacity=not args.no_capacity, fixed_alpha=args.alpha)
+    with tqdm(total=steps, desc="bench", unit="policy-phase", disable=args.quiet or None, leave=False) as bar:
         report = run_bench(
             setup,
             policies,
             rates=rates,
             fixed_alpha=args.alpha,
             find_capacity=not args.no_capacity,
+            rel_tol=rel_tol,
             jobs=args.jobs,
             progress=bar.update,
         )
-    bound = report.fluid_bound_qps
-    print(
-        f"{report.trace} on {args.cluster} [{', '.join(report.cluster)}], SLO {report.slo_scale:g}x = "
-        f"{report.slo_s:.1f} s, {setup.n_workflows} workflows per run, seed {setup.seed}"
-    )
-    print(f"fluid bound: {bound:.4f} workflows/s")
-    if report.capacity_qps:
-        ref = report.capacity_qps.get("rr-fcfs")
-        best_base = max((v for k, v in report.capacity_qps.items() if k != "hexgen"), default=0.0)
-        rows = []
-        for p in policies:
-            cap = report.capacity_qps[p]
-            rows.append(
-                [
-                    p,
-                    f"{cap:.4f}",
-                    f"{cap / bound:.1%}" if bound else "-",
-                    f"{cap / ref:.2f}x" if ref else "-",
-                    "-" if report.alphas.get(p) is None else f"{report.alphas[p]:.1f}",
-                ]
-            )
-        print(table(["policy", "capacity_qps", "of_bound", "vs_rr-fcfs", "alpha"], rows))
-        if "hexgen" in report.capacity_qps and best_base > 0:
-            print(f"hexgen capacity vs best baseline: {report.capacity_qps['hexgen'] / best_base:.2f}x")
-    ref_rate = report.reference_rate_qps
-    if ref_rate:
-        _print_rate_table(report, policies, ref_rate, f"at rr-fcfs's capacity rate {ref_rate:.4f} qps:")
-    for rate in rates or []:  # the rates asked for with --rate, each in a table of its own
-        _print_rate_table(report, policies, rate, f"at {rate:.4f} qps:")
+    print(format_bench_report(report, args.cluster))
     if args.json:
         report.write_json(Path(args.json))
         print(f"wrote {args.json}")
@@ -237,25 +220,86 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_rate_table(report: BenchReport, policies: Sequence[str], rate: float, title: str) -> None:
-    """Latency and SLO attainment of every policy at one rate, with the P95 gain over rr-fcfs when measured."""
-    at = {p.policy: p.summary for p in report.results if abs(p.rate_qps - rate) < 1e-12}
-    base = at.get("rr-fcfs")
+def format_bench_report(report: BenchReport, cluster: str) -> str:
+    """The printed form of a bench report: the same figures as its JSON."""
+    bound = report.fluid_bound_qps
+    seeds = report.seeds
+    tuning = (
+        f"alpha tuned once on seed {report.tune_seed} at {report.tune_rate_qps:.4f} qps"
+        if report.tune_rate_qps is not None
+        else "alpha fixed"
+    )
+    lines = [
+        f"{report.trace} on {cluster} [{', '.join(report.cluster)}], SLO {report.slo_scale:g}x = {report.slo_s:.1f} s, "
+        f"{report.n_workflows} workflows per run, seeds {', '.join(map(str, seeds))}; {tuning}",
+        f"fluid bound (LP at the engines' limits): {bound:.4f} workflows/s",
+    ]
+    best = report.best_baseline
+    ref = report.reference_rate_qps
+    if report.capacity_qps:
+        rows = []
+        for p, r in report.policies.items():
+            cap = r.capacity
+            if cap is None:
+                continue
+            ratio = report.ratio_vs_best_baseline(p)
+            p95 = report.p95_at(p, ref) if ref is not None else None
+            rows.append(
+                [
+                    p,
+                    r.role,
+                    f"{cap.mean:.4f}",
+                    f"{cap.min:.4f}-{cap.max:.4f}",
+                    " ".join(f"{v:.4f}" for v in cap.values),
+                    f"{cap.mean / bound:.1%}" if bound > 0 else "-",
+                    f"{ratio[0]:.3f}x" if ratio else "-",
+                    "-" if r.alpha is None else f"{r.alpha:.1f}",
+                    fmt(p95.mean) if p95 else "-",
+                ]
+            )
+        headers = ["policy", "role", "capacity_qps", "min-max", "per_seed", "of_bound", "vs_best", "alpha", "p95@ref_s"]
+        lines.append(table(headers, rows, left=2))
+        if best is not None and ref is not None:
+            lines.append(
+                f"best baseline: {best}, capacity {ref:.4f} qps (mean of {len(seeds)} seeds; "
+                f"ablations are not baselines)"
+            )
+            for p, r in report.policies.items():
+                ratio = report.ratio_vs_best_baseline(p)
+                if r.role != "ours" or ratio is None:
+                    continue
+                per_seed = ", ".join(f"{x:.3f}x" for x in ratio[1])
+                gain = report.p95_gain_vs_best(p, ref)
+                p95_text = f"; P95 at {ref:.4f} qps {gain:.2f}x lower than the best baseline's" if gain else ""
+                lines.append(f"{p} vs best baseline: capacity {ratio[0]:.3f}x (per seed {per_seed}){p95_text}")
+    for rate in report.rates:  # the rates asked for (or the grid), each in a table of its own
+        lines += _rate_table(report, rate, f"at {rate:.4f} qps:")
+    lines.append(f"({report.seconds:.0f} s)")
+    return "\n".join(lines)
+
+
+def _rate_table(report: BenchReport, rate: float, title: str) -> list[str]:
+    """Latency and SLO attainment of every policy at one rate (means over seeds), with the P95 gain over
+    the best baseline at that rate (the baseline with the lowest mean P95 there)."""
     rows = []
-    for p in policies:
-        s = at[p]
+    for p in report.policies:
+        runs = report.policies[p].at(rate)
+        if not runs:
+            continue
+        mean = {k: statistics.fmean(getattr(x.summary, k) for x in runs) for k in ("p50_s", "p95_s", "p99_s")}
+        slo = statistics.fmean(x.summary.slo_attainment for x in runs)
+        gain = report.p95_gain_vs_best(p, rate)
         rows.append(
             [
                 p,
-                fmt(s.p50_s),
-                fmt(s.p95_s),
-                fmt(s.p99_s),
-                f"{s.slo_attainment:.3f}",
-                f"{base.p95_s / s.p95_s:.2f}x" if base and s.p95_s > 0 and math.isfinite(base.p95_s) else "-",
+                fmt(mean["p50_s"]),
+                fmt(mean["p95_s"]),
+                fmt(mean["p99_s"]),
+                f"{slo:.3f}",
+                f"{gain:.2f}x" if gain else "-",
             ]
         )
-    print(title)
-    print(table(["policy", "p50_s", "p95_s", "p99_s", "slo", "p95_gain_vs_rr"], rows))
+    return [title, table(["policy", "p50_s", "p95_s", "p99_s", "slo", "p95_gain_vs_best"], rows)]
 
 
 def cmd_bench_live(args: argparse.Namespace) -> int:

@@ -14,6 +14,10 @@ Registered dispatchers (``DISPATCHERS``):
 ``lw``   least predicted outstanding work: the worker with the smallest ``t_queue`` (seconds of work
          per batch slot). AIBrix's least-busy-time and llm-d's load-aware scorers do this; it is the
          strongest simple baseline. Ties go to the worker that computes the call fastest.
+``eft``  earliest finish time: the worker with the smallest ``t_queue + t_comp`` (when the call could
+         start there plus how long it would run there). The classic list-scheduling heuristic for
+         heterogeneous clusters (HEFT's processor choice, Topcuoglu et al. 2002). Ties go to the lower
+         ``t_comp``, then the lower position.
 ``wb``   HexGen-Flow's workload-balanced, heterogeneity-aware score (below).
 
 The ``wb`` score, normalised (the paper leaves beta and the t_queue -> 0 case open):
@@ -126,6 +130,20 @@ class LeastWork:
         return best
 
 
+class EarliestFinish:
+    """HEFT-style earliest finish time: least predicted ``t_queue + t_comp``."""
+
+    def choose(self, view: DispatchView) -> int:
+        """Minimum ``t_queue + t_comp``; ties to the lower ``t_comp``, then the lower position."""
+        best = 0
+        best_key = (view.t_queue[0] + view.t_comp[0], view.t_comp[0])
+        for i in range(1, len(view.workers)):
+            key = (view.t_queue[i] + view.t_comp[i], view.t_comp[i])
+            if key < best_key:
+                best, best_key = i, key
+        return best
+
+
 class WorkloadBalanced:
     """HexGen-Flow's score: balance queue load against this call's compute time on each GPU."""
 
@@ -158,4 +176,5 @@ def register_dispatcher(name: str, factory: DispatcherFactory) -> None:
 register_dispatcher("rr", lambda rng: RoundRobin())
 register_dispatcher("p2c", PowerOfTwo)
 register_dispatcher("lw", lambda rng: LeastWork())
+register_dispatcher("eft", lambda rng: EarliestFinish())
 register_dispatcher("wb", lambda rng: WorkloadBalanced())

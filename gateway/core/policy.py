@@ -1,43 +1,58 @@
 """Named scheduling policies: a dispatcher plus a queue discipline, each standing for a real system.
 
-==========  ==========  ==========  =================================================================
-policy      dispatcher  queue       stands for
-==========  ==========  ==========  =================================================================
-hexgen      wb          urgency     HexGen-Flow: workload-balanced heterogeneity-aware dispatch and
-                                    urgency-driven per-worker queues with stage budgets
-wb-fcfs     wb          fcfs        the paper's ablation without the priority queue
-rr-pq       rr          urgency     the paper's ablation without the workload-balanced dispatcher
-rr-fcfs     rr          fcfs        vLLM replicas behind a round-robin load balancer (the paper's
-                                    baseline)
-p2c-fcfs    p2c         fcfs        Ray Serve's power-of-two-choices request router
-lw-fcfs     lw          fcfs        least predicted outstanding work: AIBrix least-busy-time, llm-d
-                                    load-aware scorer; the strongest simple baseline
-llf         lw          llf         least laxity first on the end-to-end deadline, load-aware dispatch
-edf         lw          edf         earliest deadline first, load-aware dispatch
-vtc         lw          vtc         virtual token counter fair share across tenants (Sheng et al.)
-==========  ==========  ==========  =================================================================
+==========  ==========  ==========  ========  ======================================================
+policy      dispatcher  queue       role      stands for
+==========  ==========  ==========  ========  ======================================================
+hexgen      wb          urgency     ours      HexGen-Flow: workload-balanced heterogeneity-aware
+                                              dispatch and urgency-driven per-worker queues with
+                                              stage budgets
+wb-fcfs     wb          fcfs        ablation  the paper's ablation without the priority queue
+rr-pq       rr          urgency     ablation  the paper's ablation without the workload-balanced
+                                              dispatcher
+rr-fcfs     rr          fcfs        baseline  vLLM replicas behind a round-robin load balancer (the
+                                              paper's baseline)
+p2c-fcfs    p2c         fcfs        baseline  Ray Serve's power-of-two-choices request router
+lw-fcfs     lw          fcfs        baseline  least predicted outstanding work: AIBrix
+                                              least-busy-time, llm-d load-aware scorer
+eft-fcfs    eft         fcfs        baseline  earliest finish time (least ``t_queue + t_comp``), the
+                                              classic heterogeneous-cluster heuristic (HEFT)
+llf         lw          llf         baseline  least laxity first on the end-to-end deadline,
+                                              load-aware dispatch
+edf         lw          edf         baseline  earliest deadline first, load-aware dispatch
+vtc         lw          vtc         baseline  virtual token counter fair share across tenants
+                                              (Sheng et al.)
+==========  ==========  ==========  ========  ======================================================
 
-The deadline-aware and fairness baselines use the strongest dispatcher (``lw``) so that they are
+The deadline-aware and fairness baselines use the load-aware dispatcher (``lw``) so that they are
 compared on their queue discipline, not handicapped by round-robin.
+
+``role`` is the one classification every report uses: a *baseline* is a system a user could deploy
+instead of ours, and "best baseline" is the best of these only; an *ablation* is ours with a part
+removed (reported, never counted as a baseline); *ours* is the system under test.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from gateway.core.dispatch import DISPATCHERS
 from gateway.core.queues import QUEUES
 from gateway.errors import UnknownNameError
 
+Role = Literal["ours", "baseline", "ablation"]
+"""What a policy is in a comparison (module docstring)."""
+
 
 @dataclass(frozen=True)
 class Policy:
-    """A named bundle of a dispatcher and a queue discipline."""
+    """A named bundle of a dispatcher and a queue discipline, and its role in comparisons."""
 
     name: str
     dispatcher: str
     queue: str
     system: str
+    role: Role
     default_alpha: float = 0.0
 
     @property
@@ -50,14 +65,21 @@ POLICIES: dict[str, Policy] = {}
 
 
 def register_policy(policy: Policy) -> None:
-    """Register a policy; a duplicate name or an unknown dispatcher/queue raises."""
+    """Register a policy; a duplicate name, an unknown dispatcher/queue or an unknown role raises."""
     if policy.name in POLICIES:
         raise ValueError(f"policy {policy.name!r} already registered")
+    if policy.role not in get_args(Role):
+        raise ValueError(f"policy {policy.name!r}: role must be one of {get_args(Role)}, got {policy.role!r}")
     if policy.dispatcher not in DISPATCHERS:
         raise UnknownNameError("dispatcher", policy.dispatcher, list(DISPATCHERS))
     if policy.queue not in QUEUES:
         raise UnknownNameError("queue discipline", policy.queue, list(QUEUES))
     POLICIES[policy.name] = policy
+
+
+def policies_with_role(role: Role) -> list[str]:
+    """Names of the registered policies with ``role``, in registration order."""
+    return [p.name for p in POLICIES.values() if p.role == role]
 
 
 def get_policy(name: str) -> Policy:
@@ -69,14 +91,15 @@ def get_policy(name: str) -> Policy:
 
 
 for _p in (
-    Policy("hexgen", "wb", "urgency", "HexGen-Flow (WB dispatch + urgency queues)", default_alpha=0.3),
-    Policy("wb-fcfs", "wb", "fcfs", "HexGen-Flow ablation: no priority queue", default_alpha=0.3),
-    Policy("rr-pq", "rr", "urgency", "HexGen-Flow ablation: no WB dispatcher"),
-    Policy("rr-fcfs", "rr", "fcfs", "vLLM behind a round-robin load balancer"),
-    Policy("p2c-fcfs", "p2c", "fcfs", "Ray Serve power-of-two-choices router"),
-    Policy("lw-fcfs", "lw", "fcfs", "AIBrix least-busy-time / llm-d load-aware (least outstanding work)"),
-    Policy("llf", "lw", "llf", "least laxity first on the end-to-end deadline"),
-    Policy("edf", "lw", "edf", "earliest deadline first"),
-    Policy("vtc", "lw", "vtc", "virtual token counter fair share across tenants"),
+    Policy("hexgen", "wb", "urgency", "HexGen-Flow (WB dispatch + urgency queues)", "ours", default_alpha=0.3),
+    Policy("wb-fcfs", "wb", "fcfs", "HexGen-Flow ablation: no priority queue", "ablation", default_alpha=0.3),
+    Policy("rr-pq", "rr", "urgency", "HexGen-Flow ablation: no WB dispatcher", "ablation"),
+    Policy("rr-fcfs", "rr", "fcfs", "vLLM behind a round-robin load balancer", "baseline"),
+    Policy("p2c-fcfs", "p2c", "fcfs", "Ray Serve power-of-two-choices router", "baseline"),
+    Policy("lw-fcfs", "lw", "fcfs", "AIBrix least-busy-time / llm-d load-aware (least outstanding work)", "baseline"),
+    Policy("eft-fcfs", "eft", "fcfs", "earliest finish time (HEFT-style heterogeneous list scheduling)", "baseline"),
+    Policy("llf", "lw", "llf", "least laxity first on the end-to-end deadline", "baseline"),
+    Policy("edf", "lw", "edf", "earliest deadline first", "baseline"),
+    Policy("vtc", "lw", "vtc", "virtual token counter fair share across tenants", "baseline"),
 ):
     register_policy(_p)

@@ -7,6 +7,7 @@ import pytest
 from gateway.core.dispatch import (
     DISPATCHERS,
     DispatchView,
+    EarliestFinish,
     LeastWork,
     PowerOfTwo,
     RoundRobin,
@@ -87,6 +88,23 @@ def test_least_work_picks_least_outstanding_work(t_comp: list[float], t_queue: l
     assert LeastWork().choose(view(t_comp, t_queue)) == expected
 
 
+@pytest.mark.parametrize(
+    ("name", "t_comp", "t_queue", "expected"),
+    [
+        ("idle slow GPU finishes first", [10.0, 20.0], [15.0, 0.0], 1),
+        ("busy fast GPU still finishes first", [10.0, 20.0], [5.0, 0.0], 0),
+        ("least work alone would pick the idle slow GPU", [2.0, 30.0], [10.0, 0.0], 0),
+        ("equal finish times tie to the lower t_comp", [12.0, 4.0], [0.0, 8.0], 1),
+        ("equal everything ties to the lower position", [3.0, 3.0, 3.0], [1.0, 1.0, 1.0], 0),
+        ("one worker", [7.0], [100.0], 0),
+    ],
+)
+def test_earliest_finish_picks_least_queue_plus_compute(
+    name: str, t_comp: list[float], t_queue: list[float], expected: int
+) -> None:
+    assert EarliestFinish().choose(view(t_comp, t_queue)) == expected, name
+
+
 def test_round_robin_cycles_by_worker_index_and_skips_ineligible() -> None:
     rr = RoundRobin()
     picks = []
@@ -129,4 +147,4 @@ def test_power_of_two_picks_shorter_of_two_distinct_samples(
 def test_duplicate_dispatcher_registration_raises() -> None:
     with pytest.raises(ValueError, match="already registered"):
         register_dispatcher("wb", lambda rng: WorkloadBalanced())
-    assert set(DISPATCHERS) >= {"rr", "p2c", "lw", "wb"}
+    assert set(DISPATCHERS) >= {"rr", "p2c", "lw", "eft", "wb"}

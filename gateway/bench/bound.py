@@ -1,0 +1,191 @@
+"""The fluid bound: the highest workflow rate any scheduler could sustain on a cluster, as a linear program.
+
+The bound models each worker as the simulated vLLM engine (``gateway.sim.engine``) does, at the engine's
+own limits and not at the gateway's in-flight cap (``WorkerInfo.capacity`` is ignored: a scheduler that
+sent more calls at once could use the engine's full batch). Over a long run, per second of time, a
+worker ``w`` that serves ``x[w, c]`` calls of type ``c`` and runs ``I[w]`` iterations must satisfy
+
+* GPU time:  ``sum_c x[w,c] * (token_s * tokens_c + ctx_s * ctx_c) + iter_base_s * I[w] <= 1``
+  (an iteration lasts ``iter_base_s + token_s * tokens + ctx_s * context``; the engine is busy at most
+  all the time; the per-request overhead is off the GPU and excluded);
+* batch slots:  ``sum_c x[w,c] * iters_c <= max_num_seqs * I[w]`` (a call holds a slot for at least
+  its ``iters_c`` iterations: its prefill chunks, then one iteration per further output token);
+* batched tokens:  ``sum_c x[w,c] * tokens_c <= max(max_batched_tokens, max_num_seqs) * I[w]``;
+* KV cache:  ``sum_c x[w,c] * min(kv_c, kv_capacity_tokens) * iters_c <= kv_capacity_tokens * I[w]``
+  (a call reserves ``input + output`` tokens for every iteration it holds a slot; a call larger than
+  the whole cache runs alone, so it counts as the whole cache);
+
+and every call of the mix is served somewhere: ``sum_w x[w,c] = lambda * n_c`` with ``n_c`` calls of
+type ``c`` per workflow. The bound is the largest ``lambda``. The per-call quantities are lower bounds
+on what the engine spends on any schedule, for a call with ``i`` prompt and ``o`` output tokens
+(both at least 1, as the engine counts them) and prefill chunk ``B = max_batched_tokens``:
+
+* ``tokens_c = i + o - 1``: the prompt once, then ``o - 1`` decode tokens (the prefill's last chunk
+  yields the first output token);
+* ``iters_c = ceil(i / B) + o - 1``;
+* ``ctx_c``: each iteration reads the context the call holds at its start. Decoding reads
+  ``i, i+1, ..., i+o-2``; prefilling in ``k = ceil(i / B)`` chunks reads at least
+  ``sum_{j=1}^{k-1} (i - j * B)`` (the smallest chunk first; no chunking reads less).
+
+It is a relaxation, so it bounds every scheduler, whatever order and placement it chooses, on every run
+whose completed workflows have this mix. Calls are grouped by their exact ``(input, output)`` pair; when
+a mix has more distinct pairs than ``max_groups``, pairs are merged into narrow geometric buckets and a
+bucket gets the componentwise minimum of its members' per-call use on each worker, which keeps it a bound
+(and, with buckets ``bucket_ratio`` wide, within about that much of the exact value).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+
+from gateway.core.profile import PerfProfile
+from gateway.core.worker import WorkerInfo
+from gateway.core.workflow import CallSpec
+
+__all__ = ["MAX_GROUPS", "FluidBound", "call_resources", "fluid_bound", "solve_fluid_bound"]
+
+MAX_GROUPS = 2000
+"""Distinct call types solved exactly; more are merged into geometric buckets."""
+
+_ROWS = 4  # constraints per worker: GPU time, slots, batched tokens, KV
+
+
+@dataclass(frozen=True)
+class FluidBound:
+    """The solved program: the bound and where it binds."""
+
+    rate_qps: float
+    """The largest sustainable workflow rate (workflows/s)."""
+    calls_per_s: tuple[float, ...]
+    """Per worker: calls/s it serves at the bound."""
+    gpu_busy: tuple[float, ...]
+    """Per worker: fraction of time busy at the bound (1.0: the worker limits it)."""
+    groups: int
+    """Call types (or buckets) in the program."""
+
+
+def call_resources(profile: PerfProfile, n_in: np.ndarray, n_out: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-call minimum resource use on an engine: ``gpu_s`` (token and context time, no iteration base),
+    ``iters`` (iterations holding a slot), ``tokens`` (batched tokens) and ``kv_iters`` (KV token-iterations).
+
+    ``n_in`` and ``n_out`` are token counts (clamped to at least 1, as the engine does).
+    """
+    i = np.maximum(n_in, 1).astype(np.float64)
+    o = np.maximum(n_out, 1).astype(np.float64)
+    chunk = float(profile.max_batched_tokens)
+    k = np.ceil(i / chunk)
+    prefill_ctx = (k - 1.0) * i - chunk * (k - 1.0) * k / 2.0
+    n = o - 1.0
+    decode_ctx = n * i + n * (n - 1.0) / 2.0
+    tokens = i + n
+    iters = k + n
+    kv = np.minimum(i + o, float(profile.kv_capacity_tokens))
+    return {
+        "gpu_s": profile.token_s * tokens + profile.ctx_s * (prefill_ctx + decode_ctx),
+        "iters": iters,
+        "tokens": tokens,
+        "kv_iters": kv * iters,
+    }
+
+
+def _groups(
+    calls: Counter[tuple[int, int]], max_groups: int, bucket_ratio: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(inputs, outputs, counts, group index) of the distinct call types; the group index maps each
+    type to its bucket (identity when there are at most ``max_groups`` types)."""
+    keys = sorted(calls)
+    n_in = np.array([k[0] for k in keys], dtype=np.int64)
+    n_out = np.array([k[1] for k in keys], dtype=np.int64)
+    counts = np.array([calls[k] for k in keys], dtype=np.float64)
+    if len(keys) <= max_groups:
+        return n_in, n_out, counts, np.arange(len(keys))
+    step = math.log(bucket_ratio)
+    bi = np.floor(np.log(np.maximum(n_in, 1)) / step).astype(np.int64)
+    bo = np.floor(np.log(np.maximum(n_out, 1)) / step).astype(np.int64)
+    _, group = np.unique(np.stack([bi, bo], axis=1), axis=0, return_inverse=True)
+    return n_in, n_out, counts, group.reshape(-1)
+
+
+def solve_fluid_bound(
+    workers: Sequence[WorkerInfo],
+    queries: Sequence[Sequence[CallSpec]],
+    *,
+    max_groups: int = MAX_GROUPS,
+    bucket_ratio: float = 1.02,
+) -> FluidBound:
+    """Solve the fluid-bound program (module docstring) for the workload mix ``queries`` (one call list per
+    workflow). An empty mix has no bound: ``rate_qps`` is infinite. Raises ``RuntimeError`` if the solver
+    fails (it should not: the program is always feasible and bounded for a non-empty mix)."""
+    if not workers:
+        raise ValueError("the fluid bound needs at least one worker")
+    if not bucket_ratio > 1.0:
+        raise ValueError(f"bucket_ratio must be > 1, got {bucket_ratio}")
+    mix = Counter((c.input_tokens, c.output_tokens) for q in queries for c in q)
+    n_w = len(workers)
+    if not mix:
+        return FluidBound(math.inf, (0.0,) * n_w, (0.0,) * n_w, 0)
+    n_in, n_out, counts, group = _groups(mix, max_groups, bucket_ratio)
+    n_g = int(group.max()) + 1
+    per_wf = np.zeros(n_g)
+    np.add.at(per_wf, group, counts / len(queries))
+
+    # Variables: [lambda, x[w, g] for w, g (row-major), I[w]].
+    n_x = n_w * n_g
+    n_var = 1 + n_x + n_w
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    g_idx = np.arange(n_g)
+    for w, info in enumerate(workers):
+        p = info.profile
+        res = call_resources(p, n_in, n_out)
+        x_cols = 1 + w * n_g + g_idx
+        i_col = np.array([1 + n_x + w])
+        limits = (
+            (res["gpu_s"], 1.0, p.iter_base_s),
+            (res["iters"], float(p.max_num_seqs), -1.0),
+            (res["tokens"], float(max(p.max_batched_tokens, p.max_num_seqs)), -1.0),
+            (res["kv_iters"], float(p.kv_capacity_tokens), -1.0),
+        )
+        for r, (use, scale, i_coef) in enumerate(limits):
+            # A bucket uses the least any of its members uses (a relaxation: still a bound).
+            least = np.full(n_g, np.inf)
+            np.minimum.at(least, group, use)
+            row = _ROWS * w + r
+            coef = least / scale if r else least
+            rows += [np.full(n_g, row), np.array([row])]
+            cols += [x_cols, i_col]
+            vals += [coef, np.array([i_coef])]
+    a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(_ROWS * n_w, n_var))
+    b_ub = np.array([1.0 if r == 0 else 0.0 for _ in range(n_w) for r in range(_ROWS)])
+    # Every call type is served: sum_w x[w, g] - per_wf[g] * lambda = 0.
+    eq_rows = np.concatenate([np.repeat(g_idx, n_w), g_idx])
+    eq_cols = np.concatenate([(1 + np.arange(n_w)[None, :] * n_g + g_idx[:, None]).reshape(-1), np.zeros(n_g, int)])
+    eq_vals = np.concatenate([np.ones(n_x), -per_wf])
+    a_eq = coo_matrix((eq_vals, (eq_rows, eq_cols)), shape=(n_g, n_var))
+    c = np.zeros(n_var)
+    c[0] = -1.0
+    sol = linprog(c, A_ub=a_ub.tocsr(), b_ub=b_ub, A_eq=a_eq.tocsr(), b_eq=np.zeros(n_g), method="highs")
+    if sol.status != 0:
+        raise RuntimeError(f"fluid-bound program not solved: {sol.message}")
+    x = sol.x[1 : 1 + n_x].reshape(n_w, n_g)
+    busy = []
+    for w, info in enumerate(workers):
+        p = info.profile
+        least = np.full(n_g, np.inf)
+        np.minimum.at(least, group, call_resources(p, n_in, n_out)["gpu_s"])
+        busy.append(float(x[w] @ least + p.iter_base_s * sol.x[1 + n_x + w]))
+    return FluidBound(float(sol.x[0]), tuple(float(v) for v in x.sum(axis=1)), tuple(busy), n_g)
+
+
+def fluid_bound(workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]]) -> float:
+    """The largest workflow rate (workflows/s) any scheduler could sustain on ``workers`` for the mix
+    ``queries``: ``solve_fluid_bound(...).rate_qps``."""
+    return solve_fluid_bound(workers, queries).rate_qps
