@@ -221,17 +221,36 @@ class Estimator:
             wait = max(wait, slot)
         return wait
 
+    def harm(self, worker: int, input_tokens: int) -> float:
+        """Seconds of delay a call's prompt would impose on the calls in flight on ``worker``.
+
+        Chunked prefill runs a prompt's chunks inside the iterations every running call waits for, so
+        each call in flight is stalled for about the prompt's prefill time: the sum over them is
+        ``prefill * inflight``, from the profile (the online ratio is left out: it measures how much the
+        calls' decode stretches under load, and a prompt's own prefill barely does). Earliest-finish
+        placement ignores it; it is why a long prompt sent to a worker full of decoding calls costs the
+        cluster more than its own latency.
+        """
+        n = self.loads[worker].inflight
+        if not n:
+            return 0.0
+        return self.prefill_s(worker, input_tokens) * n
+
     def estimates(
         self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
-    ) -> tuple[list[float], list[float]]:
-        """``t_comp`` and ``t_queue`` for each of ``workers`` (one pass; the dispatch hot path)."""
+    ) -> tuple[list[float], list[float], list[float]]:
+        """``t_comp``, ``t_queue`` and ``harm`` for each of ``workers`` (one pass; the dispatch hot path)."""
         t_comp: list[float] = []
         t_queue: list[float] = []
+        harm: list[float] = []
         extra = input_tokens + output_tokens / 2.0
         for w in workers:
-            t_comp.append(self._own(w, input_tokens, output_tokens, extra) * self.ratio(w, kind, now))
+            r = self.ratio(w, kind, now)
+            t_comp.append(self._own(w, input_tokens, output_tokens, extra) * r)
             t_queue.append(self.t_queue(w, now))
-        return t_comp, t_queue
+            n = self.loads[w].inflight
+            harm.append(self.prefill_s(w, input_tokens) * n if n else 0.0)
+        return t_comp, t_queue, harm
 
     # ------------------------------------------------------------------ transitions (the scheduler reports)
 

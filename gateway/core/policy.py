@@ -3,9 +3,11 @@
 ==========  ==========  ==========  ========  ======================================================
 policy      dispatcher  queue       role      stands for
 ==========  ==========  ==========  ========  ======================================================
-hexgen      wb          urgency     ours      HexGen-Flow: workload-balanced heterogeneity-aware
+hexgen      wbi         urgency     ours      HexGen-Flow: workload-balanced heterogeneity-aware
                                               dispatch and urgency-driven per-worker queues with
-                                              stage budgets
+                                              stage budgets, plus interference-aware placement
+hexgen-     wb          urgency     ablation  the paper's method as published: ``hexgen`` without
+paper                                         interference-aware placement
 wb-fcfs     wb          fcfs        ablation  the paper's ablation without the priority queue
 rr-pq       rr          urgency     ablation  the paper's ablation without the workload-balanced
                                               dispatcher
@@ -41,6 +43,9 @@ from gateway.core.queues import QUEUES
 from gateway.errors import UnknownNameError
 
 Role = Literal["ours", "baseline", "ablation"]
+
+ALPHA_DISPATCHERS: frozenset[str] = frozenset({"wb", "wbi"})
+"""Dispatchers that read alpha (their policies are tuned by the alpha tuner)."""
 """What a policy is in a comparison (module docstring)."""
 
 
@@ -58,7 +63,7 @@ class Policy:
     @property
     def uses_alpha(self) -> bool:
         """True when the dispatcher reads alpha (so the tuner has something to tune)."""
-        return self.dispatcher == "wb"
+        return self.dispatcher in ALPHA_DISPATCHERS
 
 
 POLICIES: dict[str, Policy] = {}
@@ -91,7 +96,15 @@ def get_policy(name: str) -> Policy:
 
 
 for _p in (
-    Policy("hexgen", "wb", "urgency", "HexGen-Flow (WB dispatch + urgency queues)", "ours", default_alpha=0.3),
+    Policy(
+        "hexgen",
+        "wbi",
+        "urgency",
+        "HexGen-Flow (WB dispatch + urgency queues + interference-aware placement)",
+        "ours",
+        default_alpha=0.3,
+    ),
+    Policy("hexgen-paper", "wb", "urgency", "HexGen-Flow as published (no interference term)", "ablation", 0.3),
     Policy("wb-fcfs", "wb", "fcfs", "HexGen-Flow ablation: no priority queue", "ablation", default_alpha=0.3),
     Policy("rr-pq", "rr", "urgency", "HexGen-Flow ablation: no WB dispatcher", "ablation"),
     Policy("rr-fcfs", "rr", "fcfs", "vLLM behind a round-robin load balancer", "baseline"),

@@ -188,7 +188,7 @@ class Scheduler:
         idx = self._all if self._n_eligible == len(self.workers) else [i for i, ok in enumerate(self.eligible) if ok]
         if not idx:
             raise NoEligibleWorker("no eligible worker")
-        t_comp, t_queue = est.estimates(idx, spec.kind, spec.input_tokens, spec.output_tokens, now)
+        t_comp, t_queue, harm = est.estimates(idx, spec.kind, spec.input_tokens, spec.output_tokens, now)
         view = DispatchView(
             workers=idx,
             t_comp=t_comp,
@@ -197,6 +197,7 @@ class Scheduler:
             inflight=[est.loads[i].inflight for i in idx],
             alpha=self._alpha,
             budget=call.budget,
+            harm=harm,
         )
         pos = self._dispatcher.choose(view)
         call.t_comp = t_comp[pos]

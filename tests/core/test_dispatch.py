@@ -77,6 +77,29 @@ def test_wb_budget_couples_dispatch_to_urgency(budget: float, expected: int, why
 
 
 @pytest.mark.parametrize(
+    ("interference", "t_comp", "harm", "expected", "why"),
+    [
+        (1.0, [10.0, 10.0], [30.0, 0.0], 1, "equal otherwise: the prompt goes where it stalls no decoding call"),
+        (0.0, [10.0, 10.0], [30.0, 0.0], 0, "the paper's score ignores harm: tie to the lower index"),
+        (1.0, [10.0, 10.0], [], 0, "no harm reported: the paper's score"),
+        (1.0, [10.0, 14.0], [0.5, 0.0], 0, "a small harm does not outweigh a faster worker"),
+        (1.0, [10.0, 14.0], [60.0, 0.0], 1, "a large one does"),
+    ],
+)
+def test_wbi_charges_the_prompts_stall_of_calls_in_flight_as_queue_time(
+    interference: float, t_comp: list[float], harm: list[float], expected: int, why: str
+) -> None:
+    v = view(t_comp, [0.0, 0.0], 0.3, budget=60.0)
+    v.harm = harm
+    assert WorkloadBalanced(interference).choose(v) == expected, why
+
+
+def test_wbi_refuses_a_negative_weight() -> None:
+    with pytest.raises(ValueError, match="interference"):
+        WorkloadBalanced(-1.0)
+
+
+@pytest.mark.parametrize(
     ("t_comp", "t_queue", "expected"),
     [
         ([1.0, 1.0, 1.0], [3.0, 1.0, 2.0], 1),
@@ -147,4 +170,4 @@ def test_power_of_two_picks_shorter_of_two_distinct_samples(
 def test_duplicate_dispatcher_registration_raises() -> None:
     with pytest.raises(ValueError, match="already registered"):
         register_dispatcher("wb", lambda rng: WorkloadBalanced())
-    assert set(DISPATCHERS) >= {"rr", "p2c", "lw", "eft", "wb"}
+    assert set(DISPATCHERS) >= {"rr", "p2c", "lw", "eft", "wb", "wbi"}

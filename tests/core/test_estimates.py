@@ -111,3 +111,13 @@ def test_a_stale_ratio_reads_as_unknown(fast: PerfProfile) -> None:
     est.observe(c, 3 * c.model_s, 1.0)
     assert est.ratio(0, SHORT.kind, 2.0) > 1.0
     assert est.ratio(0, SHORT.kind, 20.0) == 1.0
+
+
+def test_harm_is_the_prompts_prefill_times_the_calls_it_would_stall(fast: PerfProfile) -> None:
+    est = Estimator([WorkerInfo("w", fast, 8)])
+    assert est.harm(0, 8000) == 0.0  # nothing in flight: nobody to stall
+    for i in range(3):
+        sent(est, call(i, SHORT), 0.0)
+    assert est.harm(0, 8000) == pytest.approx(3 * prefill_time(fast, 8000))
+    _, _, harm = est.estimates([0], LONG.kind, 8000, 400, 0.0)
+    assert harm == [pytest.approx(est.harm(0, 8000))]

@@ -9,7 +9,7 @@ from gateway.core.policy import POLICIES, Policy, get_policy, policies_with_role
 
 def test_roles_split_ours_baselines_and_ablations() -> None:
     assert policies_with_role("ours") == ["hexgen"]
-    assert set(policies_with_role("ablation")) == {"wb-fcfs", "rr-pq"}
+    assert set(policies_with_role("ablation")) == {"hexgen-paper", "wb-fcfs", "rr-pq"}
     assert set(policies_with_role("baseline")) == {"rr-fcfs", "p2c-fcfs", "lw-fcfs", "eft-fcfs", "llf", "edf", "vtc"}
     assert sum(len(policies_with_role(r)) for r in ("ours", "baseline", "ablation")) == len(POLICIES)
 
