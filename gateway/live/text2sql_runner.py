@@ -25,11 +25,13 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 
 
 class GatewayStageRunner:
-    """``StageRunner`` on the live gateway, for one question of ``tenant`` (admission already passed)."""
+    """``StageRunner`` on the live gateway, for one question of ``tenant`` (admission already passed;
+    ``best_effort``: its admission said so, every call runs at the lowest urgency)."""
 
-    def __init__(self, gateway: Gateway, tenant: Tenant) -> None:
+    def __init__(self, gateway: Gateway, tenant: Tenant, *, best_effort: bool = False) -> None:
         self.gw = gateway
         self.tenant = tenant
+        self.best_effort = best_effort
         self._wf: OnlineWorkflow | None = None
         self._closed: Closed | None = None
 
@@ -42,7 +44,7 @@ class GatewayStageRunner:
         """Start the online workflow now, its deadline ``deadline_s`` from now."""
         if self._wf is not None:
             raise RuntimeError("the runner is open already (one runner per question)")
-        self._wf = self.gw.open_workflow(self.tenant, deadline_s, CHESS_TEMPLATE)
+        self._wf = self.gw.open_workflow(self.tenant, deadline_s, CHESS_TEMPLATE, best_effort=self.best_effort)
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
         """One stage of parallel calls on the gateway; one result per call, in order."""
