@@ -16,14 +16,30 @@ the same per-slot unit as ``t_queue``).
 The queue term ``q(w)``:
 
 * the first remaining stage waits behind the work queued now: ``q(w) = t_queue(w, now)``;
-* later stages start when the earlier ones finish, when the queue will be different. We forecast it as
-  the queue seen now (``later_queue_weight = 1``, the default): the *stationary* forecast. It is what
-  makes admission keep its promises: under overload the backlog does not drain (new arrivals replace the
-  work that leaves), and once admission keeps predicted completions within deadlines, the backlog stays
-  near its present level, so the present level is the best forecast we have. It is conservative for the
-  ``urgency`` discipline (a workflow's later stages have tighter budgets and overtake fresh arrivals), so
-  a caller that wants an optimistic bound passes ``later_queue_weight = 0`` (later stages on an idle
-  cluster). With an idle cluster both choices agree: the critical path itself.
+* later stages start when the earlier ones finish, when the queue will be different: ``q(w) =
+  later_queue_weight x t_queue(w, now)``. The default weight is 1, the *stationary* forecast: each later
+  stage waits as long as a stage would wait now. Under sustained load the backlog does not drain (new
+  arrivals replace the work that leaves), and while admission keeps predicted completions within
+  deadlines it stays near its present level, so the present level is the forecast. Measured
+  (``hexflow bench overload``): with weight 0 (later stages on an idle cluster) admission let in about
+  twice what the cluster could serve in time and most of it was shed; with weight 1, >= 95% of the
+  accepted workflows met their deadline. Weight 0 is the optimistic bound: shedding uses it, so it drops
+  only a workflow that cannot make it even if nothing stood in its way after its queued calls.
+
+The fluid bound: a new workflow cannot finish before the cluster has worked through everything ahead of
+it. Under the deadline-ordered disciplines (urgency, EDF, LLF) that is all the work of workflows admitted
+before it: what is queued and in flight now (``t_queue x capacity`` summed, spread over every slot) plus
+what those workflows will still submit (``committed_s``: the driver knows it, ``plan_work`` of each
+admitted plan less what it has submitted), plus its own work. Work is counted in *cluster seconds*: a
+call's ``1 / sum over workers of capacity / t_comp`` (``cluster_call_time``), the time the whole cluster
+needs per call of that shape when every slot is busy. Counting only the queue seen now would let a burst
+of arrivals each see a short queue and together commit the cluster far past their deadlines: the work
+of their later stages is not in any queue yet.
+
+    duration = max(critical path with the queue ahead, backlog + committed_s + own work)
+
+A running workflow (``workflow_completion``, for shedding) is predicted with the first term only: its
+pending calls where they are, then its expected remaining stages at the later-stage weight.
 
 Plans (``StagePlan``) describe what remains: ``template_plan`` (a template's phases, with their expected
 rounds and widths: the Text-to-SQL pipeline), ``dag_plan`` (explicit DAG nodes grouped by dependency depth:
@@ -128,13 +144,16 @@ class CompletionPredictor:
         scheduler: the scheduler whose eligible members and estimator are read (never changed).
         now: the decision instant, in the scheduler's clock.
         later_queue_weight: the share of today's ``t_queue`` that stages after the first are forecast to
-            wait (1: the stationary forecast, the default; 0: later stages on an idle cluster). See the
-            module docstring.
+            wait (1, the default: the stationary forecast; 0: later stages on an idle cluster, the optimistic
+            bound). See the module docstring.
+        committed_s: cluster seconds of work that admitted workflows will still submit (fluid bound).
 
     With no eligible worker every prediction is ``inf`` (nothing can run).
     """
 
-    def __init__(self, scheduler: Scheduler, now: float, *, later_queue_weight: float = 1.0) -> None:
+    def __init__(
+        self, scheduler: Scheduler, now: float, *, later_queue_weight: float = 1.0, committed_s: float = 0.0
+    ) -> None:
         if not (0.0 <= later_queue_weight <= 1.0):
             raise ValueError(f"later_queue_weight must be in [0, 1], got {later_queue_weight}")
         self.now = now
@@ -143,7 +162,12 @@ class CompletionPredictor:
         est = scheduler.estimator
         self._workers = [w for w in scheduler.members() if scheduler.eligible[w]]
         self._tq = [est.t_queue(w, now) for w in self._workers]
-        self._slot = [1.0 / scheduler.workers[w].capacity for w in self._workers]
+        self._cap = [scheduler.workers[w].capacity for w in self._workers]
+        self._slot = [1.0 / c for c in self._cap]
+        slots = sum(self._cap)
+        self._backlog = sum(q * c for q, c in zip(self._tq, self._cap, strict=True)) / slots if slots else math.inf
+        self.committed_s = max(committed_s, 0.0)
+        self._cluster: dict[CallSpec, float] = {}
         self._tc: dict[CallSpec, list[float]] = {}
         self._stage: dict[tuple[tuple[CallSpec, ...], float, float], float] = {}
         self._tq_any: dict[int, float] = {}
@@ -165,6 +189,23 @@ class CompletionPredictor:
             v = [est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, self.now) for w in self._workers]
             self._tc[key] = v
         return v
+
+    def cluster_call_time(self, spec: CallSpec) -> float:
+        """Cluster seconds per call of this shape when every slot is busy: ``1 / sum_w capacity_w / t_comp``."""
+        key = CallSpec(spec.kind, spec.input_tokens, spec.output_tokens)
+        v = self._cluster.get(key)
+        if v is None:
+            rate = sum(c / t for c, t in zip(self._cap, self._t_comp(key), strict=True) if t > 0)
+            v = self._cluster[key] = 1.0 / rate if rate > 0 else math.inf
+        return v
+
+    def plan_work(self, plan: Sequence[StagePlan]) -> float:
+        """Cluster seconds of all of ``plan``'s calls (parallel ones each count): its share of the fluid bound."""
+        return sum(st.rounds * sum(self.cluster_call_time(c) for c in st.calls) for st in plan)
+
+    def fluid_time(self, plan: Sequence[StagePlan], *, drained_s: float = 0.0) -> float:
+        """Seconds until the cluster could have worked through the backlog, the committed work and ``plan``."""
+        return max(self._backlog + self.committed_s - drained_s, 0.0) + self.plan_work(plan)
 
     def stage_time(self, calls: Sequence[CallSpec], *, queue_weight: float = 1.0, drained_s: float = 0.0) -> float:
         """Seconds until the slowest of ``calls`` (run in parallel, starting now) finishes.
@@ -198,7 +239,14 @@ class CompletionPredictor:
     # ------------------------------------------------------------------ new workflows
 
     def duration(self, plan: Sequence[StagePlan], *, drained_s: float = 0.0) -> float:
-        """Seconds from ``now`` until ``plan`` would be done if its first stage were submitted now."""
+        """Seconds from ``now`` until ``plan`` would be done if its first stage were submitted now: the larger
+        of its path behind the queue ahead (``path_time``) and the fluid bound (``fluid_time``)."""
+        if not self._workers:
+            return math.inf
+        return max(self.path_time(plan, drained_s=drained_s), self.fluid_time(plan, drained_s=drained_s))
+
+    def path_time(self, plan: Sequence[StagePlan], *, drained_s: float = 0.0) -> float:
+        """The critical path of ``plan``: stage after stage, the first behind the queue ahead."""
         total = 0.0
         later = self.later_queue_weight
         for k, st in enumerate(plan):
@@ -230,7 +278,7 @@ class CompletionPredictor:
         """
         if self.duration(plan) <= deadline_s:
             return 0.0
-        top = max(self._tq, default=0.0)
+        top = max(max(self._tq, default=0.0), self._backlog + self.committed_s)
         if not self._workers or self.duration(plan, drained_s=top) > deadline_s:
             return None
         lo, hi = 0.0, top

@@ -53,10 +53,15 @@ SHED_PERIOD_S = 0.2
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """A workflow admitted: ``best_effort`` when it is predicted to miss its deadline and its tenant runs
-    such work at the lowest urgency instead of refusing it (pass it on to ``run_workflow``/``open_workflow``)."""
+    """A workflow admitted (pass it on to ``run_workflow``/``open_workflow``).
+
+    ``best_effort``: it is predicted to miss its deadline and its tenant runs such work at the lowest
+    urgency instead of refusing it. ``work_s``: the cluster seconds of work it is expected to submit
+    (``CompletionPredictor.plan_work``), committed until it submits them: later admissions wait behind it.
+    """
 
     best_effort: bool = False
+    work_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +200,9 @@ class Gateway:
         self._pending: dict[Workflow, set[LiveCall]] = {}
         self._best_effort: set[Workflow] = set()
         self._shed: dict[Workflow, Rejected] = {}
+        # Work admitted workflows have yet to submit (cluster seconds): the fluid bound of admission.
+        self._work_left: dict[Workflow, float] = {}
+        self.committed_s = 0.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -291,18 +299,25 @@ class Gateway:
         ``Admission(best_effort=True)``.
         """
         refusal = self._refusal(tenant, n_calls)
-        if refusal is None and plan is not None and deadline_s is not None and tenant.predictive_admission:
-            miss = self._deadline_refusal(plan, deadline_s)
-            if miss is not None:
-                if tenant.on_predicted_miss == "best_effort":
-                    self.metrics.demoted.labels(tenant=tenant.name, when="admission").inc()
-                    return Admission(best_effort=True)
-                refusal = (miss, "deadline")
+        work = 0.0
+        if refusal is None and plan is not None:
+            pred = CompletionPredictor(self.scheduler, self.clock(), committed_s=self.committed_s)
+            work = pred.plan_work(plan)
+            if deadline_s is not None and tenant.predictive_admission:
+                miss = self._deadline_refusal(pred, plan, deadline_s)
+                if miss is not None:
+                    if tenant.on_predicted_miss == "best_effort":
+                        # Behind every other call: it delays nobody, so it commits no work ahead of others.
+                        self.metrics.demoted.labels(tenant=tenant.name, when="admission").inc()
+                        return Admission(best_effort=True)
+                    refusal = (miss, "deadline")
         if refusal is not None:
             error, reason = refusal
             self.rejected(tenant.name, reason)
             raise error
-        return Admission()
+        if math.isfinite(work):
+            self.committed_s += work  # now, so that the next admission (before this one starts) counts it
+        return Admission(work_s=work if math.isfinite(work) else 0.0)
 
     def _refusal(self, tenant: Tenant, n_calls: int) -> tuple[Rejected, str] | None:
         """Why a new workflow cannot be admitted now (the error and its metric reason), or None."""
@@ -324,7 +339,9 @@ class Gateway:
             ), "concurrency"
         return None
 
-    def _deadline_refusal(self, plan: Sequence[StagePlan], deadline_s: float) -> Rejected | None:
+    def _deadline_refusal(
+        self, pred: CompletionPredictor, plan: Sequence[StagePlan], deadline_s: float
+    ) -> Rejected | None:
         """A 429 when ``plan`` started now is predicted to finish after ``deadline_s``, else None.
 
         ``Retry-After``: the seconds until the backlog ahead would have drained enough for the workflow to
@@ -332,7 +349,6 @@ class Gateway:
         critical path on empty queues cannot be met by waiting: the message says so, and ``Retry-After``
         is the time for the whole backlog to drain.
         """
-        pred = CompletionPredictor(self.scheduler, self.clock())
         predicted = pred.duration(plan)
         if predicted <= deadline_s:
             return None
@@ -368,10 +384,10 @@ class Gateway:
         template: WorkflowTemplate | None = None,
         wf_id: str | None = None,
         on_call_done: Callable[[CallRecord], None] | None = None,
-        best_effort: bool = False,
+        admission: Admission | None = None,
     ) -> WorkflowOutcome:
-        """Run a validated DAG to completion (or first failure). Admission must have passed
-        (``best_effort``: its ``Admission`` said so: every call runs at the lowest urgency).
+        """Run a validated DAG to completion (or first failure). Admission must have passed (``admission``:
+        its answer; best effort runs every call at the lowest urgency, its work is committed until submitted).
 
         Shed (its predicted completion passed its deadline while calls were queued, and its tenant rejects
         such work): raises ``Rejected`` (503, ``Retry-After``), counted ``shed``.
@@ -386,8 +402,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         ex = _Execution(wf, requests, [CallRecord(i, n.kind) for i, n in enumerate(nodes)], loop.create_future())
         self._begin(ex, tenant)
-        if best_effort:
-            self._best_effort.add(wf)
+        self._admitted(wf, admission)
 
         def launch(specs: list[Any]) -> None:
             for spec in specs:
@@ -487,6 +502,11 @@ class Gateway:
             call.on_done = None
             return call
         pending.add(call)
+        left = self._work_left.get(wf)
+        if left is not None:  # submitted work is in the queues now (t_queue): no longer committed
+            done = min(CompletionPredictor(self.scheduler, call.ready_at).cluster_call_time(spec), left)
+            self._work_left[wf] = left - done
+            self.committed_s = max(self.committed_s - done, 0.0)
         self.pool.submit(call)
         return call
 
@@ -521,6 +541,9 @@ class Gateway:
             self._pending.pop(wf, None)
             self._best_effort.discard(wf)
             self._shed.pop(wf, None)
+            self.committed_s = max(self.committed_s - self._work_left.pop(wf, 0.0), 0.0)
+            if not self._work_left:
+                self.committed_s = 0.0  # no float drift: nothing is committed
         self._active[tenant.name] = max(self._active.get(tenant.name, 1) - 1, 0)
         self.active_total -= 1
         self.metrics.active.set(self.active_total)
@@ -531,19 +554,32 @@ class Gateway:
     # ------------------------------------------------------------------ online workflows (stage by stage)
 
     def open_workflow(
-        self, tenant: Tenant, deadline_s: float, template: WorkflowTemplate | None, *, best_effort: bool = False
+        self,
+        tenant: Tenant,
+        deadline_s: float,
+        template: WorkflowTemplate | None,
+        *,
+        admission: Admission | None = None,
     ) -> OnlineWorkflow:
         """Start a workflow whose stages the caller decides as it goes (the Text-to-SQL pipeline).
 
-        Admission must have passed (``best_effort``: as its ``Admission`` said). Every workflow opened must
+        Admission must have passed (``admission``: its answer, as for ``run_workflow``). Every workflow opened must
         be closed with ``close_workflow``. Once shed, every call of it fails with the shed error (503).
         """
         now = self.clock()
         wf = OnlineWorkflow(next(self._wids), tenant.name, now, now + deadline_s, template)
         self._begin(wf, tenant)
-        if best_effort:
-            self._best_effort.add(wf)
+        self._admitted(wf, admission)
         return wf
+
+    def _admitted(self, wf: Workflow, admission: Admission | None) -> None:
+        """Take over what admission decided for a workflow that now exists: best effort, committed work."""
+        if admission is None:
+            return
+        if admission.best_effort:
+            self._best_effort.add(wf)
+        if admission.work_s > 0.0:
+            self._work_left[wf] = admission.work_s
 
     def close_workflow(
         self,
@@ -650,7 +686,8 @@ class Gateway:
             tenant = self.tenants.get(wf.tenant)
             if tenant is None or not tenant.predictive_admission:
                 continue
-            pred = pred or CompletionPredictor(self.scheduler, now)
+            # Optimistic after its queued calls (later stages meet no queue): shedding cannot be undone.
+            pred = pred or CompletionPredictor(self.scheduler, now, later_queue_weight=0.0)
             completion = pred.workflow_completion(wf, calls)
             if completion <= wf.deadline:
                 continue
@@ -696,6 +733,15 @@ class Gateway:
 
     # ------------------------------------------------------------------ status
 
+    def _chess_prediction(self) -> float:
+        """Predicted seconds of a CHESS workflow admitted now (the status page's load figure)."""
+        from gateway.config.workflows import CHESS_TEMPLATE
+        from gateway.core.predict import template_plan
+
+        pred = CompletionPredictor(self.scheduler, self.clock(), committed_s=self.committed_s)
+        d = pred.duration(template_plan(CHESS_TEMPLATE))
+        return d if math.isfinite(d) else -1.0
+
     def refresh_gauges(self) -> None:
         """Point-in-time gauges, before a scrape of ``/metrics``."""
         for st in self.pool.workers:
@@ -714,6 +760,11 @@ class Gateway:
             "active_workflows": self.active_total,
             "active_by_tenant": {k: v for k, v in self._active.items() if v},
             "parked_calls": len(self.pool.parked),
+            "overload": {
+                "committed_s": round(self.committed_s, 6),
+                "best_effort_workflows": len(self._best_effort),
+                "chess_predicted_s": round(self._chess_prediction(), 6),
+            },
             "tenants": {"generation": self.tenants.generation, "last_error": self.tenants.last_error},
             "tuning": None if self.tuner is None else self.tuner.status(),
             "discovery": None if self.discovery is None else self.discovery.status(),

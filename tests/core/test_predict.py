@@ -58,8 +58,8 @@ def test_queue_ahead_counts_for_the_first_stage_and_is_forecast_for_later_ones(
     s = Scheduler(cluster, "lw-fcfs", random.Random(0))
     load(s, queued)
     p = CompletionPredictor(s, 0.0, later_queue_weight=later_weight)
-    one = p.duration(calls_plan([[SMALL]]))
-    two = p.duration(calls_plan([[SMALL], [SMALL]]))
+    one = p.path_time(calls_plan([[SMALL]]))
+    two = p.path_time(calls_plan([[SMALL], [SMALL]]))
     idle = p.critical_path(calls_plan([[SMALL]]))
     if queued:
         assert one > idle  # the first stage waits behind the queue
@@ -82,7 +82,7 @@ def test_prediction_picks_the_worker_that_finishes_first_not_the_fastest(cluster
             c.t_comp = lone(s, w, BIG)
             s._enqueue(c, w, 0.0)
     p = CompletionPredictor(s, 0.0)
-    assert p.duration(calls_plan([[SMALL]])) == pytest.approx(lone(s, 2, SMALL))
+    assert p.path_time(calls_plan([[SMALL]])) == pytest.approx(lone(s, 2, SMALL))
 
 
 def test_parallel_siblings_contend_for_the_same_worker(fast_worker_only: Scheduler) -> None:
@@ -91,6 +91,26 @@ def test_parallel_siblings_contend_for_the_same_worker(fast_worker_only: Schedul
     t2 = p.stage_time([BIG, BIG])
     # One worker of capacity 4: the second call sees the first's per-slot work ahead of it.
     assert t2 == pytest.approx(t1 + t1 / 4)
+
+
+def test_fluid_bound_counts_the_backlog_the_committed_work_and_the_plans_own_work(cluster: list[WorkerInfo]) -> None:
+    s = Scheduler(cluster, "lw-fcfs", random.Random(0))
+    load(s, 12)
+    idle = CompletionPredictor(Scheduler(cluster, "lw-fcfs", random.Random(0)), 0.0)
+    p = CompletionPredictor(s, 0.0)
+    plan = calls_plan([[BIG, BIG], [SMALL]])
+    # Cluster seconds per call: every slot of every worker at its own speed.
+    rate = sum(w.capacity / lone(s, i, BIG) for i, w in enumerate(cluster))
+    assert p.cluster_call_time(BIG) == pytest.approx(1.0 / rate)
+    assert p.plan_work(plan) == pytest.approx(2 * p.cluster_call_time(BIG) + p.cluster_call_time(SMALL))
+    backlog = sum(s.estimator.t_queue(i, 0.0) * w.capacity for i, w in enumerate(cluster)) / 12
+    assert p.fluid_time(plan) == pytest.approx(backlog + p.plan_work(plan))
+    assert idle.fluid_time(plan) == pytest.approx(idle.plan_work(plan))
+    # Work admitted but not submitted yet counts: it makes the fluid bound the larger term.
+    busy = CompletionPredictor(s, 0.0, committed_s=100.0)
+    assert busy.fluid_time(plan) == pytest.approx(p.fluid_time(plan) + 100.0)
+    assert busy.duration(plan) == pytest.approx(busy.fluid_time(plan)) and busy.duration(plan) > p.duration(plan)
+    assert p.duration(plan) == pytest.approx(max(p.path_time(plan), p.fluid_time(plan)))
 
 
 @pytest.fixture
@@ -120,7 +140,7 @@ def test_retry_after_is_when_the_backlog_has_drained_enough(
 ) -> None:
     s = Scheduler(cluster, "lw-fcfs", random.Random(0))
     load(s, queued)
-    p = CompletionPredictor(s, 0.0)
+    p = CompletionPredictor(s, 0.0, committed_s=5.0 if queued else 0.0)
     plan = calls_plan([[BIG], [SMALL]])
     deadline = deadline_factor * p.critical_path(plan)
     r = p.retry_after_s(plan, deadline)
@@ -129,7 +149,7 @@ def test_retry_after_is_when_the_backlog_has_drained_enough(
     elif expect == "never":
         assert r is None
     else:
-        assert r is not None and 0.0 < r <= max(s.estimator.t_queue(w, 0.0) for w in range(3))
+        assert r is not None and 0.0 < r <= max(s.estimator.t_queue(w, 0.0) for w in range(3)) + 5.0
         assert p.duration(plan, drained_s=r) <= deadline
         assert p.duration(plan, drained_s=max(r - 0.1, 0.0)) > deadline
 

@@ -127,7 +127,7 @@ async def chat(
     plan = calls_plan([[CallSpec(CHAT, node.input_tokens, node.output_tokens)]])
     admission = admit_or_raise(gw, tenant, 1, plan, deadline)
     work = gw.run_workflow(
-        tenant, deadline, [node], [CallRequest("/v1/chat/completions", fwd, queue)], best_effort=admission.best_effort
+        tenant, deadline, [node], [CallRequest("/v1/chat/completions", fwd, queue)], admission=admission
     )
     if queue is None:
         out = await until_disconnect(request, work)  # a client that leaves cancels the call

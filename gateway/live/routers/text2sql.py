@@ -118,7 +118,7 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
     # Predicted as the CHESS template's expected stages (the pipeline decides its real stages as it goes).
     admission = admit_or_raise(gw, tenant, 1, template_plan(CHESS_TEMPLATE), deadline)
-    runner = GatewayStageRunner(gw, tenant, best_effort=admission.best_effort)
+    runner = GatewayStageRunner(gw, tenant, admission=admission)
     rid = f"t2s-{uuid.uuid4().hex[:16]}"
     if not req.stream:
         # A client that leaves cancels the question: no later stage, in-flight calls aborted.

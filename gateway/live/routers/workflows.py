@@ -157,9 +157,7 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
     # A client that leaves cancels the workflow (queued calls dropped, worker requests aborted).
     out = await until_disconnect(
         request,
-        gw.run_workflow(
-            tenant, deadline, nodes, requests, template=template, wf_id=wf_id, best_effort=admission.best_effort
-        ),
+        gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id, admission=admission),
     )
     resp = workflow_response(req, out)
     if out.error is not None:
