@@ -1,6 +1,6 @@
 """``hexflow bench overload``: does admission keep its promises under overload? Emulated workers, real gateway.
 
-    hexflow bench overload [--cluster paper-4gpu] [--time-scale 0.02] [--capacity-fraction 0.5]
+    hexflow bench overload [--cluster paper-4gpu] [--time-scale 0.05] [--capacity-fraction 0.75]
         [--factor 5] [--capacity-s 40] [--burst-s 30] [--quiet-s 15] [--bursts 3] [--json OUT] [--plot PNG]
 
 1. start the emulated cluster (``python -m workers.cluster`` at ``time_scale``) and a gateway in front of it
@@ -352,8 +352,8 @@ def _phase_report(p: Phase, answers: Sequence[Answer], rss: Sequence[tuple[float
 def run_overload(
     *,
     cluster: str = "paper-4gpu",
-    time_scale: float = 0.02,
-    capacity_fraction: float = 0.5,
+    time_scale: float = 0.05,
+    capacity_fraction: float = 0.75,
     factor: float = 5.0,
     capacity_s: float = 40.0,
     burst_s: float = 30.0,

@@ -77,9 +77,9 @@ def add_bench_overload(sub: Subparsers) -> None:
         "rejected and shed workflows, the share of accepted that met the deadline, goodput, and the gateway's RSS.",
     )
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
-    p.add_argument("--time-scale", type=float, default=0.02, help="wall seconds per modelled second (emulated)")
+    p.add_argument("--time-scale", type=float, default=0.05, help="wall seconds per modelled second (emulated)")
     p.add_argument(
-        "--capacity-fraction", type=float, default=0.5, help="the sustainable rate, as a fraction of the fluid bound"
+        "--capacity-fraction", type=float, default=0.75, help="the sustainable rate, as a fraction of the fluid bound"
     )
     p.add_argument("--factor", type=float, default=5.0, help="overload rate = this x the sustainable rate")
     p.add_argument("--capacity-s", type=float, default=40.0, help="wall seconds of arrivals at the sustainable rate")

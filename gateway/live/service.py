@@ -48,6 +48,11 @@ from gateway.live.tuning import AlphaTuner, WindowRecorder
 log = logging.getLogger("hexflow.gateway")
 
 SHED_PERIOD_S = 0.2
+ADMISSION_HEADROOM = 0.9
+"""A workflow is admitted when its predicted completion is within this share of its deadline: the margin
+absorbs what the estimates do not see yet (a batch growing slower as admitted work arrives, the
+estimator's lag). Measured with ``hexflow bench overload``: without it about 90% of accepted workflows met
+their deadline under 5x overload; the goal is 95%."""
 """How often admitted workflows are checked for a predicted deadline miss (wall seconds)."""
 
 
@@ -349,10 +354,11 @@ class Gateway:
         critical path on empty queues cannot be met by waiting: the message says so, and ``Retry-After``
         is the time for the whole backlog to drain.
         """
+        target = ADMISSION_HEADROOM * deadline_s
         predicted = pred.duration(plan)
-        if predicted <= deadline_s:
+        if predicted <= target:
             return None
-        wait = pred.retry_after_s(plan, deadline_s)
+        wait = pred.retry_after_s(plan, target)
         if wait is None:
             backlog = max((self.scheduler.estimator.t_queue(w, pred.now) for w in self.scheduler.members()), default=1)
             return Rejected(
@@ -362,8 +368,8 @@ class Gateway:
                 _whole_seconds(backlog),
             )
         return Rejected(
-            f"the workflow is predicted to finish in {predicted:.3g} s, after its deadline of {deadline_s:.3g} s "
-            f"(the queue ahead of it); retry after about {wait:.3g} s",
+            f"the workflow is predicted to finish in {predicted:.3g} s, too close to or after its deadline of "
+            f"{deadline_s:.3g} s (the queue ahead of it); retry after about {wait:.3g} s",
             429,
             _whole_seconds(wait),
         )
