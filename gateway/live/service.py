@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config.gateway import LoadedConfig
+from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
-from gateway.core.predict import CompletionPredictor, StagePlan
+from gateway.core.predict import CompletionPredictor, StagePlan, template_plan
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate, deadline_met
 from gateway.errors import CallFailed, Rejected
@@ -741,9 +742,6 @@ class Gateway:
 
     def _chess_prediction(self) -> float:
         """Predicted seconds of a CHESS workflow admitted now (the status page's load figure)."""
-        from gateway.config.workflows import CHESS_TEMPLATE
-        from gateway.core.predict import template_plan
-
         pred = CompletionPredictor(self.scheduler, self.clock(), committed_s=self.committed_s)
         d = pred.duration(template_plan(CHESS_TEMPLATE))
         return d if math.isfinite(d) else -1.0
