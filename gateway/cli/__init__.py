@@ -8,6 +8,7 @@
     hexflow serve      the live gateway
     hexflow replay     send a trace's workflows to a running gateway in real time and measure
     hexflow bench --live   policies on the live gateway over an emulated cluster, next to the simulator
+    hexflow bench overload   admission under 5x overload bursts on an emulated cluster: met, goodput, RSS
     hexflow overhead   the gateway's added latency and CPU per call, against calling a worker directly
     hexflow tenants hash-key KEY   the SHA-256 hash that config/tenants.yaml stores for an API key
     hexflow demo       the main job: demo questions through /v1/text2sql on an emulated cluster

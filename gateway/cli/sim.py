@@ -21,7 +21,7 @@ from gateway.core.workflow import CallSpec
 if TYPE_CHECKING:
     from gateway.bench.simbench import BenchReport, Setup
 
-__all__ = ["BENCH_WORKFLOWS", "LIVE_BENCH_WORKFLOWS", "add_bench", "add_simulate", "add_tune"]
+__all__ = ["BENCH_WORKFLOWS", "LIVE_BENCH_WORKFLOWS", "add_bench", "add_bench_overload", "add_simulate", "add_tune"]
 
 BENCH_WORKFLOWS = 1000
 """Workflows per simulated ``bench`` run (default)."""
@@ -74,6 +74,69 @@ def add_bench(sub: Subparsers) -> None:
         "--log-dir", default=None, help="--live: keep subprocess logs and configs here (default: a temporary folder)"
     )
     p.set_defaults(func=cmd_bench, workflows=None)
+    add_bench_overload(p.add_subparsers(dest="bench_command", metavar="{overload}", required=False))
+
+
+def add_bench_overload(sub: Subparsers) -> None:
+    """``hexflow bench overload``: admission under overload on emulated workers (``gateway.bench.overload``)."""
+    p = sub.add_parser(
+        "overload",
+        help="admission under overload: capacity, then bursts at a multiple of it, on emulated workers",
+        description="Capacity, then overload bursts, against a live gateway over an emulated cluster: accepted, "
+        "rejected and shed workflows, the share of accepted that met the deadline, goodput, and the gateway's RSS.",
+    )
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+    p.add_argument("--time-scale", type=float, default=0.05, help="wall seconds per modelled second (emulated)")
+    p.add_argument(
+        "--capacity-fraction", type=float, default=0.75, help="the sustainable rate, as a fraction of the fluid bound"
+    )
+    p.add_argument("--factor", type=float, default=5.0, help="overload rate = this x the sustainable rate")
+    p.add_argument("--capacity-s", type=float, default=40.0, help="wall seconds of arrivals at the sustainable rate")
+    p.add_argument("--burst-s", type=float, default=30.0, help="wall seconds of each overload burst")
+    p.add_argument("--quiet-s", type=float, default=15.0, help="wall seconds without arrivals between phases")
+    p.add_argument("--bursts", type=int, default=3, help="overload bursts")
+    p.add_argument("--slo-scale", type=float, default=5.0, help="deadline = this x the standard workflow's latency")
+    p.add_argument(
+        "--no-predictive", action="store_true", help="turn predictive admission off (concurrency limits only)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the workflows and arrivals")
+    p.add_argument("--log-dir", default=None, help="keep subprocess logs and configs here")
+    p.add_argument("--json", default=None, help="write the report as JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG of the gateway's RSS over time")
+    p.set_defaults(func=cmd_bench_overload)
+
+
+def cmd_bench_overload(args: argparse.Namespace) -> int:
+    """Run the overload benchmark; print the report; exit 1 when a goal of the issue is not met."""
+    from gateway.bench.overload import format_report, plot_report, run_overload
+
+    try:
+        rep = run_overload(
+            cluster=args.cluster,
+            time_scale=args.time_scale,
+            capacity_fraction=args.capacity_fraction,
+            factor=args.factor,
+            capacity_s=args.capacity_s,
+            burst_s=args.burst_s,
+            quiet_s=args.quiet_s,
+            bursts=args.bursts,
+            slo_scale=args.slo_scale,
+            predictive=not args.no_predictive,
+            seed=args.seed,
+            log_dir=Path(args.log_dir) if args.log_dir else None,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(format_report(rep))
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot_report(rep, Path(args.plot))
+        print(f"wrote {args.plot}")
+    return 0 if all(rep.checks().values()) else 1
 
 
 def add_tune(sub: Subparsers) -> None:

@@ -8,7 +8,7 @@ prints one), never a key itself. The runtime store (hot reload, authentication) 
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -56,6 +56,19 @@ class TenantConfig(_Strict):
     max_deadline_s: PosFloat = Field(description="Longest deadline the tenant may ask for, seconds.")
     priority_weight: PosFloat = Field(1.0, description="Relative share of the tenant when workers are contended.")
     max_concurrent_workflows: int = Field(64, ge=1, description="Workflows of the tenant in flight at once.")
+    predictive_admission: bool = Field(
+        True,
+        description="Admit a workflow only if its predicted completion (the queue ahead of it on the workers "
+        "it would use, plus its critical path) meets its deadline, and watch admitted workflows whose queued "
+        "calls can no longer make it (see on_predicted_miss). false: only the concurrency limits apply.",
+    )
+    on_predicted_miss: Literal["reject", "best_effort"] = Field(
+        "reject",
+        description="What happens to a workflow predicted to miss its deadline (with predictive_admission). "
+        "reject: refused at admission with 429 and a Retry-After computed from the queue, and, once admitted, "
+        "shed as soon as its queued calls can no longer make it (503 with Retry-After; counted 'shed'). "
+        "best_effort: admitted (or kept) at the lowest urgency: its calls wait behind every other call.",
+    )
     databases: list[Annotated[str, Field(pattern=r"^(\*|[A-Za-z0-9_.-]{1,64})$")]] = Field(
         default_factory=lambda: ["*"],
         description="Database ids the tenant may query with /v1/text2sql ('*': all configured ones).",

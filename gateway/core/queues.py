@@ -20,6 +20,11 @@ Registered disciplines (``QUEUES``):
              Counters are shared by all workers' queues of one scheduler.
 
 Ties are broken by submission order (``call.seq``), so every discipline is deterministic.
+
+Every registered discipline has a *best-effort lane* (``LanedQueue``): a call flagged ``best_effort`` (its
+workflow is predicted to miss its deadline and its tenant chose best effort over rejection) waits, first
+come first served, behind every other call of the worker; it is sent only when the discipline's own queue
+is empty, and never charged to a VTC counter.
 """
 
 from __future__ import annotations
@@ -224,6 +229,50 @@ class VtcQueue:
         return iter(sorted((c for q in self._by_tenant.values() for c in q), key=lambda c: c.seq))
 
 
+class LanedQueue:
+    """A discipline's queue with a best-effort lane behind it (see the module docstring)."""
+
+    def __init__(self, primary: WorkerQueue) -> None:
+        self._primary = primary
+        self._low: deque[Call] = deque()
+
+    @property
+    def counters(self) -> VtcCounters | None:
+        """The discipline's shared VTC counters, if it has any (``Scheduler.set_tenant_weights``)."""
+        c = getattr(self._primary, "counters", None)
+        return c if isinstance(c, VtcCounters) else None
+
+    def push(self, call: Call) -> None:
+        """Queue by the discipline, or at the tail of the best-effort lane."""
+        if call.best_effort:
+            self._low.append(call)
+        else:
+            self._primary.push(call)
+
+    def pop(self, now: float) -> Call | None:
+        """The discipline's next call; a best-effort call only when the discipline has none."""
+        c = self._primary.pop(now)
+        if c is None and self._low:
+            c = self._low.popleft()
+        return c
+
+    def remove(self, call: Call) -> bool:
+        """Remove a specific call from whichever lane holds it."""
+        if self._primary.remove(call):
+            return True
+        try:
+            self._low.remove(call)
+        except ValueError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._primary) + len(self._low)
+
+    def __iter__(self) -> Iterator[Call]:
+        return iter([*self._primary, *self._low])
+
+
 QueueFactory = Callable[[], WorkerQueue]
 """Makes one worker's queue. Built per scheduler by a ``QueueFamily``, so shared state stays local."""
 
@@ -234,10 +283,15 @@ QUEUES: dict[str, QueueFamily] = {}
 
 
 def register_queue(name: str, family: QueueFamily) -> None:
-    """Register a queue discipline; a duplicate name raises."""
+    """Register a queue discipline; a duplicate name raises. Its queues get a best-effort lane."""
     if name in QUEUES:
         raise ValueError(f"queue discipline {name!r} already registered")
-    QUEUES[name] = family
+
+    def laned() -> QueueFactory:
+        make = family()
+        return lambda: LanedQueue(make())
+
+    QUEUES[name] = laned
 
 
 def _vtc_family() -> QueueFactory:

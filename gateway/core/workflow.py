@@ -77,6 +77,9 @@ class Call:
     started_at: float | None = None
     finished_at: float | None = None
     attempts: int = 0
+    best_effort: bool = False
+    """Run at the lowest urgency: the call waits behind every other call of its worker's queue (a workflow
+    predicted to miss its deadline whose tenant asked for best effort rather than rejection)."""
 
     @property
     def kind(self) -> str:

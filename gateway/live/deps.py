@@ -2,7 +2,8 @@
 
 All of them raise ``GatewayError``s (rendered by the app's one handler): ``gw_of`` 503 while the gateway
 starts, ``auth`` 401, ``deadline_or_raise`` 422 (``DeadlineOutOfRange``), ``admit_or_raise`` 429/503
-(``Rejected``), ``unicode_body`` 422 for a JSON body holding a lone surrogate, ``until_disconnect``
+(``Rejected``: a bound, or a predicted deadline miss),
+``unicode_body`` 422 for a JSON body holding a lone surrogate, ``until_disconnect``
 ``ClientDisconnected`` (499, which nobody reads: the client is gone) when the client leaves first.
 """
 
@@ -11,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from gateway.core.predict import StagePlan
 from gateway.errors import GatewayError, ServiceUnavailable, Unauthorized, Unprocessable
-from gateway.live.service import Gateway
+from gateway.live.service import Admission, Gateway
 from gateway.live.tenants import Tenant
 
 
@@ -64,9 +66,16 @@ def deadline_or_raise(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> 
     return gw.tenants.check_deadline(tenant, deadline_s)
 
 
-def admit_or_raise(gw: Gateway, tenant: Tenant, n_calls: int) -> None:
-    """Admission control: ``Rejected`` (429 or 503 with Retry-After), counted as a rejected workflow."""
-    gw.admit(tenant, n_calls)
+def admit_or_raise(
+    gw: Gateway, tenant: Tenant, n_calls: int, plan: Sequence[StagePlan], deadline_s: float
+) -> Admission:
+    """Admission control: ``Rejected`` (429 or 503 with Retry-After), counted as a rejected workflow.
+
+    ``plan`` is the workflow's expected stages (``gateway.core.predict``) and ``deadline_s`` its deadline:
+    a workflow predicted to miss it is refused (429, ``Retry-After`` from the queue) or, for a best-effort
+    tenant, admitted at the lowest urgency (``Admission.best_effort``, to pass on to the run).
+    """
+    return gw.admit(tenant, n_calls, plan, deadline_s)
 
 
 T = TypeVar("T")

@@ -9,7 +9,9 @@ maps the rest to ``other``.
 | metric | type | labels | meaning |
 |---|---|---|---|
 | hexflow_workflow_latency_seconds | histogram | tenant | end-to-end latency of finished workflows |
-| hexflow_workflows_total | counter | tenant, outcome | outcome: met, missed, rejected, failed, cancelled |
+| hexflow_workflows_total | counter | tenant, outcome | outcome: met, missed, rejected, failed, cancelled, shed |
+| hexflow_admission_rejections_total | counter | tenant, reason | why admission refused (``REJECT_REASONS``) |
+| hexflow_workflows_demoted_total | counter | tenant, when | run at the lowest urgency: admission, queued |
 | hexflow_slo_attainment | gauge | tenant | share of the tenant's last 1000 finished workflows that met the deadline |
 | hexflow_stage_latency_seconds | histogram | kind | one call: ready -> result (queue wait + run) |
 | hexflow_call_run_seconds | histogram | kind, worker | one call: sent -> result |
@@ -49,9 +51,17 @@ MAX_KINDS = 32
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 3600)
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900)
 RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5, 10)
-OUTCOMES = ("met", "missed", "rejected", "failed", "cancelled")
+OUTCOMES = ("met", "missed", "rejected", "failed", "cancelled", "shed")
 """How a workflow can end. ``cancelled``: abandoned before it finished because its client went away (or
-the gateway's shutdown grace ran out); neither met nor missed, and not in the SLO attainment."""
+the gateway's shutdown grace ran out); ``shed``: admitted, then dropped because its queued calls could no
+longer make its deadline (its tenant rejects rather than runs late). Neither is met nor missed, and neither
+is in the SLO attainment."""
+REJECT_REASONS = ("draining", "no_worker", "queue_full", "concurrency", "deadline")
+"""Why admission refused a workflow (``hexflow_admission_rejections_total``): shutting down, no healthy
+worker, the gateway's queues full, a concurrency bound (the gateway's or the tenant's), or its predicted
+completion misses its deadline."""
+DEMOTED_WHEN = ("admission", "queued")
+"""When a workflow of a best-effort tenant was demoted to the lowest urgency."""
 
 
 class BoundedLabel:
@@ -86,8 +96,20 @@ class GatewayMetrics:
         )
         self.workflows = Counter(
             "hexflow_workflows",
-            "Workflows by outcome (met, missed, rejected, failed, cancelled).",
+            "Workflows by outcome (met, missed, rejected, failed, cancelled, shed).",
             ["tenant", "outcome"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "hexflow_admission_rejections",
+            "Workflows refused at admission, by reason (draining, no_worker, queue_full, concurrency, deadline).",
+            ["tenant", "reason"],
+            registry=r,
+        )
+        self.demoted = Counter(
+            "hexflow_workflows_demoted",
+            "Workflows predicted to miss their deadline run at the lowest urgency (when: admission, queued).",
+            ["tenant", "when"],
             registry=r,
         )
         self.slo = Gauge(
@@ -200,6 +222,10 @@ class GatewayMetrics:
         """Create a tenant's series at zero (so dashboards show it before its first workflow)."""
         for o in OUTCOMES:
             self.workflows.labels(tenant=tenant, outcome=o)
+        for reason in REJECT_REASONS:
+            self.rejections.labels(tenant=tenant, reason=reason)
+        for when in DEMOTED_WHEN:
+            self.demoted.labels(tenant=tenant, when=when)
         self._recent.setdefault(tenant, deque(maxlen=1000))
 
     def dispatch(self, worker: str, kind: str) -> None:

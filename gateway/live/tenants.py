@@ -11,6 +11,8 @@ KEY`` prints one), never a key itself::
         max_deadline_s: 600
         priority_weight: 2
         max_concurrent_workflows: 64
+        predictive_admission: true        # refuse what is predicted to miss its deadline
+        on_predicted_miss: reject         # or best_effort: run it at the lowest urgency
 
 Models (``gateway.config.tenants``):
     TenantConfig, TenantsFile       the file, validated (``extra="forbid"``; errors are ``ConfigError``)
@@ -59,6 +61,8 @@ class Tenant:
     priority_weight: float
     max_concurrent_workflows: int
     databases: tuple[str, ...] = ("*",)
+    predictive_admission: bool = True
+    on_predicted_miss: str = "reject"
 
     def allows(self, db_id: str) -> bool:
         """Whether the tenant may query database ``db_id``."""
@@ -75,6 +79,8 @@ class Tenant:
             c.priority_weight,
             c.max_concurrent_workflows,
             tuple(c.databases),
+            c.predictive_admission,
+            c.on_predicted_miss,
         )
 
 

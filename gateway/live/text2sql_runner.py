@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed
-from gateway.live.service import CallRecord, CallRequest, Gateway
+from gateway.live.service import Admission, CallRecord, CallRequest, Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult
 from gateway.text2sql.port import Closed, StageCall, StageCallError, StageCallResult
@@ -25,11 +25,13 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 
 
 class GatewayStageRunner:
-    """``StageRunner`` on the live gateway, for one question of ``tenant`` (admission already passed)."""
+    """``StageRunner`` on the live gateway, for one question of ``tenant`` (admission already passed;
+    ``admission``: what admission decided, handed on to the workflow)."""
 
-    def __init__(self, gateway: Gateway, tenant: Tenant) -> None:
+    def __init__(self, gateway: Gateway, tenant: Tenant, *, admission: Admission | None = None) -> None:
         self.gw = gateway
         self.tenant = tenant
+        self.admission = admission
         self._wf: OnlineWorkflow | None = None
         self._closed: Closed | None = None
 
@@ -42,7 +44,7 @@ class GatewayStageRunner:
         """Start the online workflow now, its deadline ``deadline_s`` from now."""
         if self._wf is not None:
             raise RuntimeError("the runner is open already (one runner per question)")
-        self._wf = self.gw.open_workflow(self.tenant, deadline_s, CHESS_TEMPLATE)
+        self._wf = self.gw.open_workflow(self.tenant, deadline_s, CHESS_TEMPLATE, admission=self.admission)
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
         """One stage of parallel calls on the gateway; one result per call, in order."""

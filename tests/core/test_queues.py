@@ -197,3 +197,25 @@ def test_a_call_resubmitted_after_removal_counts_once_and_leaves_no_ghost() -> N
         c.seq = next(_SEQ)
         q.push(c)  # and back on the first queue again: a live entry beside the stale one
         assert len(q) == 1 and list(q) == [c] and q.remove(c) and len(q) == 0 and q.pop(0.0) is None
+
+
+@pytest.mark.parametrize("discipline", sorted(QUEUES))
+def test_best_effort_calls_wait_behind_every_other_call(discipline: str) -> None:
+    q = QUEUES[discipline]()()
+    late = call(budget=0.1, deadline=1.0)
+    late.best_effort = True  # the most urgent by every key, but demoted
+    normal = [call(budget=50.0, deadline=100.0), call(budget=60.0, deadline=200.0)]
+    q.push(late)
+    for c in normal:
+        q.push(c)
+    assert len(q) == 3 and list(q)[-1] is late
+    out = drain(q)
+    assert out[-1] is late and set(out[:2]) == set(normal)
+
+
+def test_best_effort_call_can_be_removed() -> None:
+    q = QUEUES["urgency"]()()
+    c = call()
+    c.best_effort = True
+    q.push(c)
+    assert q.remove(c) and not q.remove(c) and len(q) == 0

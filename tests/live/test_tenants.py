@@ -62,7 +62,7 @@ def test_repo_demo_file_authenticates_both_demo_keys() -> None:
     interactive = store.authenticate("demo-interactive-key")
     batch = store.authenticate("demo-batch-key")
     assert interactive == Tenant("interactive", 120.0, 5.0, 600.0, 2.0, 64)
-    assert batch == Tenant("batch", 600.0, 10.0, 3600.0, 1.0, 128)
+    assert batch == Tenant("batch", 600.0, 10.0, 3600.0, 1.0, 128, on_predicted_miss="best_effort")
     assert [t.name for t in store.tenants] == ["interactive", "batch"]
     assert store.get("batch") is batch and store.get("nobody") is None
     assert store.generation == 0 and store.last_error is None and store.reload_failures == 0

@@ -22,8 +22,9 @@ from pydantic import StringConstraints
 from pydantic.json_schema import SkipJsonSchema
 
 from gateway.core.dag import DagNode
+from gateway.core.predict import calls_plan
 from gateway.core.tokens import message_tokens
-from gateway.core.workflow import CHAT
+from gateway.core.workflow import CHAT, CallSpec
 from gateway.errors import NotFound, Unprocessable, UpstreamError, error_body
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
 from gateway.live.responses import JSONResponse
@@ -123,8 +124,11 @@ async def chat(
     stream = bool(req.stream)
     queue: asyncio.Queue[bytes | None] | None = asyncio.Queue(maxsize=4096) if stream else None
     node = DagNode("chat", CHAT, n_in, mt or DEFAULT_CHAT_OUTPUT_TOKENS)
-    admit_or_raise(gw, tenant, 1)
-    work = gw.run_workflow(tenant, deadline, [node], [CallRequest("/v1/chat/completions", fwd, queue)])
+    plan = calls_plan([[CallSpec(CHAT, node.input_tokens, node.output_tokens)]])
+    admission = admit_or_raise(gw, tenant, 1, plan, deadline)
+    work = gw.run_workflow(
+        tenant, deadline, [node], [CallRequest("/v1/chat/completions", fwd, queue)], admission=admission
+    )
     if queue is None:
         out = await until_disconnect(request, work)  # a client that leaves cancels the call
         if out.error is not None:

@@ -25,6 +25,8 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.predict import template_plan
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
@@ -114,8 +116,9 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
     _check_lengths(service, req)
     question, evidence = service.check_question(req.question, req.evidence)
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
-    admit_or_raise(gw, tenant, 1)
-    runner = GatewayStageRunner(gw, tenant)
+    # Predicted as the CHESS template's expected stages (the pipeline decides its real stages as it goes).
+    admission = admit_or_raise(gw, tenant, 1, template_plan(CHESS_TEMPLATE), deadline)
+    runner = GatewayStageRunner(gw, tenant, admission=admission)
     rid = f"t2s-{uuid.uuid4().hex[:16]}"
     if not req.stream:
         # A client that leaves cancels the question: no later stage, in-flight calls aborted.

@@ -2,7 +2,9 @@
 
 Errors (all ``GatewayError``s): 422 for more calls than ``limits.max_calls_per_workflow``, a prompt or
 ``max_tokens`` over ``limits.max_tokens``, a deadline outside the tenant's range, or a DAG with a cycle,
-a dangling or a duplicate id; 429/503 from admission. A workflow that failed on a worker answers the
+a dangling or a duplicate id; 429/503 from admission (429 too when the workflow is predicted to miss its
+deadline: its critical path on the workers it would use, behind their queues), 503 when it is shed later.
+A workflow that failed on a worker answers the
 worker's 4xx (or 502/503/504) with the workflow's report beside the error (``"workflow"``). A client
 that disconnects cancels its workflow (``until_disconnect``): counted ``cancelled``, no later call sent.
 """
@@ -16,6 +18,7 @@ from fastapi import APIRouter, Request
 
 from gateway.config.workflows import TEMPLATES
 from gateway.core.dag import DagNode, validate_nodes
+from gateway.core.predict import dag_plan
 from gateway.core.tokens import message_tokens
 from gateway.errors import Unprocessable, UpstreamError
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
@@ -149,11 +152,12 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
         nodes.append(DagNode(c.id, c.kind, n_in, n_out, tuple(c.depends_on)))
         requests.append(cr)
     validate_nodes(nodes)  # DagError: 422 naming the call
-    admit_or_raise(gw, tenant, len(nodes))
+    admission = admit_or_raise(gw, tenant, len(nodes), dag_plan(nodes), deadline)
     template = TEMPLATES[req.template] if req.template else None
     # A client that leaves cancels the workflow (queued calls dropped, worker requests aborted).
     out = await until_disconnect(
-        request, gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id)
+        request,
+        gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id, admission=admission),
     )
     resp = workflow_response(req, out)
     if out.error is not None:

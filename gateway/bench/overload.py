@@ -1,0 +1,533 @@
+"""``hexflow bench overload``: does admission keep its promises under overload? Emulated workers, real gateway.
+
+    hexflow bench overload [--cluster paper-4gpu] [--time-scale 0.05] [--capacity-fraction 0.75]
+        [--factor 5] [--capacity-s 40] [--burst-s 30] [--quiet-s 15] [--bursts 3] [--json OUT] [--plot PNG]
+
+1. start the emulated cluster (``python -m workers.cluster`` at ``time_scale``) and a gateway in front of it
+   (policy ``hexgen``, tuning off) whose one tenant has ``predictive_admission`` on and
+   ``on_predicted_miss: reject`` (``--no-predictive``: off, today's concurrency-only admission);
+2. *capacity*: CHESS workflows (the built-in ``chess-bird`` generator, deadline ``slo_scale`` x the standard
+   workflow's cluster-mean latency) arrive as a Poisson process at the sustainable rate, ``capacity_fraction``
+   x the cluster's fluid bound, for ``capacity_s`` wall seconds;
+3. *overload*: ``bursts`` bursts at ``factor`` x that rate, each ``burst_s`` long, separated by ``quiet_s``
+   without arrivals; then every answer is awaited.
+
+Reported per phase: workflows sent, accepted (not refused at admission), rejected (429 or 503 at admission),
+shed (admitted, then dropped with 503), met (200 and ``deadline_met``), the fraction of accepted that met
+their deadline, and goodput (met workflows per wall second of the phase's arrival window, so a burst's
+goodput counts the work it brought, finished when it may). The gateway process's resident memory is sampled
+every ``RSS_PERIOD_S`` (``/proc/<pid>/status``) and printed at the start, peak and end of each phase (a
+burst's end is the start of the quiet period after it; the last phase ends when the last answer came).
+The goals of issue 12 are checked: >= 95% of accepted workflows meet their deadline under overload, overload
+goodput >= 90% of goodput at capacity, and RSS bounded (the last burst's peak within 1.5x the first's).
+
+The capacity phase is the "goodput at capacity" reference, and shows the rate is sustainable (its met
+fraction is reported; it should be >= 95%). ``tests/bench/test_overload.py`` runs a smoke-sized version and
+asserts behaviour only; the figures are this command's to print.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import random
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from gateway.bench.procs import ChildProcess, StartError, cluster_process, free_port, write_gateway_config
+from gateway.bench.replay import ReplayWorkflow, replay_setup, replay_workload
+from gateway.bench.simbench import fluid_bound
+from gateway.bench.stats import fmt, table
+from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
+from gateway.config.tenants import hash_key
+
+__all__ = ["OverloadReport", "PhaseReport", "format_report", "plot_report", "run_overload"]
+
+RSS_PERIOD_S = 0.25
+START_TIMEOUT_S = 60.0
+TENANT = "overload"
+
+
+@dataclass(slots=True)
+class Answer:
+    """One workflow as the client saw it (wall seconds from the start of the run)."""
+
+    phase: str
+    sent_at: float
+    status: int = 0
+    met: bool = False
+    shed: bool = False
+    retry_after: int | None = None
+    latency_s: float = math.nan
+
+
+@dataclass
+class PhaseReport:
+    """The figures of one phase (capacity, or one burst)."""
+
+    name: str
+    start_s: float
+    rate_wall: float
+    window_s: float
+    sent: int
+    accepted: int
+    rejected: int
+    shed: int
+    met: int
+    failed: int
+    retry_after_min: int | None
+    retry_after_max: int | None
+    rss_start_mb: float | None
+    rss_peak_mb: float | None
+    rss_end_mb: float | None
+
+    @property
+    def met_of_accepted(self) -> float:
+        """Share of accepted workflows that met their deadline (NaN when none was accepted)."""
+        return self.met / self.accepted if self.accepted else math.nan
+
+    @property
+    def goodput(self) -> float:
+        """Met workflows per wall second of the phase's arrival window."""
+        return self.met / self.window_s if self.window_s > 0 else math.nan
+
+
+@dataclass
+class OverloadReport:
+    """The run: its setting, every phase, the RSS samples and the goal checks."""
+
+    cluster: str
+    time_scale: float
+    fluid_bound_qps: float
+    capacity_rate_qps: float
+    factor: float
+    deadline_wall_s: float
+    predictive: bool
+    phases: list[PhaseReport] = field(default_factory=list)
+    rss: list[tuple[float, float]] = field(default_factory=list)
+    """(wall seconds since the start, MB) samples of the gateway process."""
+    wall_s: float = 0.0
+
+    @property
+    def bursts(self) -> list[PhaseReport]:
+        """The overload phases."""
+        return [p for p in self.phases if p.name.startswith("burst")]
+
+    @property
+    def overload_met_of_accepted(self) -> float:
+        """Share of the accepted workflows of every burst that met their deadline."""
+        acc = sum(p.accepted for p in self.bursts)
+        return sum(p.met for p in self.bursts) / acc if acc else math.nan
+
+    @property
+    def goodput_ratio(self) -> float:
+        """Mean goodput over the bursts divided by goodput at capacity."""
+        cap = self.phases[0].goodput if self.phases else math.nan
+        b = self.bursts
+        mean = sum(p.goodput for p in b) / len(b) if b else math.nan
+        return mean / cap if cap > 0 else math.nan
+
+    @property
+    def rss_bounded(self) -> bool:
+        """The last burst's RSS peak is within 1.5x the first burst's (no growth from burst to burst)."""
+        b = [p for p in self.bursts if p.rss_peak_mb is not None]
+        if len(b) < 2:
+            return True
+        first, last = b[0].rss_peak_mb, b[-1].rss_peak_mb
+        assert first is not None and last is not None
+        return last <= 1.5 * first
+
+    def checks(self) -> dict[str, bool]:
+        """The goals of issue 12, item 5."""
+        return {
+            "accepted_met_ge_95pct": self.overload_met_of_accepted >= 0.95,
+            "goodput_ge_90pct_of_capacity": self.goodput_ratio >= 0.90,
+            "rss_bounded": self.rss_bounded,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as strict JSON (NaN as null)."""
+
+        def clean(x: Any) -> Any:
+            return None if isinstance(x, float) and not math.isfinite(x) else x
+
+        phases = [
+            {k: clean(v) for k, v in {**asdict(p), "met_of_accepted": p.met_of_accepted, "goodput": p.goodput}.items()}
+            for p in self.phases
+        ]
+        return {
+            "cluster": self.cluster,
+            "time_scale": self.time_scale,
+            "fluid_bound_qps": self.fluid_bound_qps,
+            "capacity_rate_qps": self.capacity_rate_qps,
+            "factor": self.factor,
+            "deadline_wall_s": self.deadline_wall_s,
+            "predictive": self.predictive,
+            "phases": phases,
+            "overload_met_of_accepted": clean(self.overload_met_of_accepted),
+            "goodput_ratio": clean(self.goodput_ratio),
+            "checks": self.checks(),
+            "rss_mb": [[round(t, 3), round(m, 2)] for t, m in self.rss],
+            "wall_s": self.wall_s,
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# Processes
+# --------------------------------------------------------------------------------------------------
+
+
+def write_overload_tenants(path: Path, api_key: str, *, predictive: bool, deadline_s: float) -> Path:
+    """One tenant (``overload``) whose concurrency never binds: admission is the predictive check alone."""
+    doc = {
+        "tenants": [
+            {
+                "name": TENANT,
+                "api_key_sha256": [hash_key(api_key)],
+                "default_deadline_s": deadline_s,
+                "min_deadline_s": 1e-3,
+                "max_deadline_s": 3.2e7,
+                "max_concurrent_workflows": 100_000,
+                "predictive_admission": predictive,
+                "on_predicted_miss": "reject",
+            }
+        ]
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _start_gateway(config: Path, port: int, n_workers: int, log_dir: Path) -> tuple[ChildProcess, str]:
+    """``hexflow serve`` (its pid is needed for RSS); returns once ``/readyz`` sees every worker."""
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
+    cmd += ["--log-level", "warning"]
+    proc = ChildProcess("the gateway", cmd, log_dir / "gateway-overload.log")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            r = httpx.get(f"{url}/readyz", timeout=2.0)
+            if r.status_code == 200 and r.json().get("healthy_workers", 0) >= n_workers:
+                return proc, url
+        except (httpx.HTTPError, ValueError):
+            pass
+        if proc.proc.poll() is not None or time.monotonic() > deadline:
+            raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for /readyz with {n_workers} workers")
+        time.sleep(0.1)
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of a process in MB (Linux ``/proc``); None where it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Load
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Arrivals at ``rate`` (wall, per second) from ``start`` for ``length`` wall seconds."""
+
+    name: str
+    start: float
+    length: float
+    rate: float
+
+
+def arrivals(phases: Sequence[Phase], rng: random.Random) -> list[tuple[float, str]]:
+    """Poisson arrival times (wall seconds from the start) of every phase, with its name."""
+    out: list[tuple[float, str]] = []
+    for p in phases:
+        t = p.start + rng.expovariate(p.rate)
+        while t < p.start + p.length:
+            out.append((t, p.name))
+            t += rng.expovariate(p.rate)
+    return out
+
+
+async def _drive(
+    url: str,
+    api_key: str,
+    bodies: Sequence[bytes],
+    schedule: Sequence[tuple[float, str]],
+    pid: int,
+    timeout_s: float,
+) -> tuple[list[Answer], list[tuple[float, float]], float]:
+    """Send every workflow at its time, sample RSS meanwhile; returns answers, RSS samples, wall seconds."""
+    answers = [Answer(phase, t) for t, phase in schedule]
+    samples: list[tuple[float, float]] = []
+    t0 = time.monotonic()
+    stop = asyncio.Event()
+
+    async def sample() -> None:
+        while not stop.is_set():
+            m = rss_mb(pid)
+            if m is not None:
+                samples.append((time.monotonic() - t0, m))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), RSS_PERIOD_S)
+
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout_s, headers=headers) as client:
+
+        async def one(i: int) -> None:
+            a = answers[i]
+            delay = a.sent_at - (time.monotonic() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            start = time.monotonic()
+            try:
+                r = await client.post("/v1/workflows", content=bodies[i % len(bodies)])
+            except httpx.HTTPError:
+                return
+            a.latency_s = time.monotonic() - start
+            a.status = r.status_code
+            ra = r.headers.get("retry-after")
+            a.retry_after = int(ra) if ra is not None and ra.isdigit() else None
+            try:
+                data = r.json()
+            except ValueError:
+                return
+            if r.status_code == 200:
+                a.met = bool(data.get("deadline_met"))
+            elif r.status_code == 503:
+                msg = str((data.get("error") or {}).get("message", ""))
+                a.shed = msg.startswith("shed")
+
+        sampler = asyncio.create_task(sample())
+        try:
+            await asyncio.gather(*(one(i) for i in range(len(answers))))
+        finally:
+            stop.set()
+            await sampler
+    return answers, samples, time.monotonic() - t0
+
+
+def _phase_report(p: Phase, answers: Sequence[Answer], rss: Sequence[tuple[float, float]], end: float) -> PhaseReport:
+    mine = [a for a in answers if a.phase == p.name]
+    refused = [a for a in mine if a.status == 429 or (a.status == 503 and not a.shed)]
+    accepted = [a for a in mine if a not in refused]
+    retry = [a.retry_after for a in refused if a.retry_after is not None]
+    window = [m for t, m in rss if p.start <= t <= end]
+    return PhaseReport(
+        name=p.name,
+        start_s=p.start,
+        rate_wall=p.rate,
+        window_s=p.length,
+        sent=len(mine),
+        accepted=len(accepted),
+        rejected=len(refused),
+        shed=sum(a.shed for a in mine),
+        met=sum(a.met for a in mine),
+        failed=sum(1 for a in accepted if a.status != 200 and not a.shed),
+        retry_after_min=min(retry) if retry else None,
+        retry_after_max=max(retry) if retry else None,
+        rss_start_mb=window[0] if window else None,
+        rss_peak_mb=max(window) if window else None,
+        rss_end_mb=window[-1] if window else None,
+    )
+
+
+def run_overload(
+    *,
+    cluster: str = "paper-4gpu",
+    time_scale: float = 0.05,
+    capacity_fraction: float = 0.75,
+    factor: float = 5.0,
+    capacity_s: float = 40.0,
+    burst_s: float = 30.0,
+    quiet_s: float = 15.0,
+    bursts: int = 3,
+    slo_scale: float = 5.0,
+    predictive: bool = True,
+    seed: int = 0,
+    log_dir: Path | None = None,
+    say: Callable[[str], None] | None = None,
+) -> OverloadReport:
+    """Run the benchmark (see the module docstring) and return its report."""
+    say = say if say is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    for name, v in (("time_scale", time_scale), ("capacity_fraction", capacity_fraction), ("factor", factor)):
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be a positive number, got {v}")
+    if bursts < 1 or capacity_s <= 0 or burst_s <= 0 or quiet_s < 0:
+        raise ValueError("bursts >= 1, capacity_s > 0, burst_s > 0 and quiet_s >= 0 are required")
+    catalog = load_gpu_catalog()
+    cluster_cfg = load_cluster_config(cluster, catalog)
+    workers = build_workers(cluster_cfg, catalog)
+    probe = replay_setup("chess-bird", workers, workflows=50, seed=seed, slo_scale=slo_scale)
+    bound = fluid_bound(workers, probe.queries)
+    rate_cap_model = capacity_fraction * bound
+    cap_rate_wall = rate_cap_model / time_scale
+    phases = [Phase("capacity", 0.0, capacity_s, cap_rate_wall)]
+    t = capacity_s + quiet_s
+    for k in range(bursts):
+        phases.append(Phase(f"burst{k + 1}", t, burst_s, factor * cap_rate_wall))
+        t += burst_s + quiet_s
+    schedule = arrivals(phases, random.Random(seed))
+    n = max(len(schedule), 1)
+    setup = replay_setup("chess-bird", workers, workflows=min(n, 2000), seed=seed, slo_scale=slo_scale)
+    workload: list[ReplayWorkflow] = replay_workload(setup, rate_cap_model)
+    bodies = [json.dumps(w.body(time_scale)).encode() for w in workload]
+    deadline_wall = setup.slo_s * time_scale
+    keep = log_dir is not None
+    log_dir = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="hexflow-overload-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(24)
+    tenants = write_overload_tenants(log_dir / "tenants.yaml", key, predictive=predictive, deadline_s=deadline_wall)
+    say(
+        f"fluid bound {bound:.4g} wf/s (modelled); capacity rate {rate_cap_model:.4g} wf/s "
+        f"= {cap_rate_wall:.3g}/s wall; "
+        f"overload {factor:g}x in {bursts} bursts of {burst_s:g} s; deadline {deadline_wall:.3g} s wall; "
+        f"{len(schedule)} workflows"
+    )
+    report = OverloadReport(
+        cluster=cluster_cfg.name,
+        time_scale=time_scale,
+        fluid_bound_qps=bound,
+        capacity_rate_qps=rate_cap_model,
+        factor=factor,
+        deadline_wall_s=deadline_wall,
+        predictive=predictive,
+    )
+    ok = False
+    try:
+        with cluster_process(cluster, time_scale, log_dir, "overload") as (_, urls):
+            cfg_path = log_dir / "gateway-overload.yaml"
+            port = free_port()
+            write_gateway_config(
+                cluster_cfg,
+                urls,
+                cfg_path,
+                policy="hexgen",
+                alpha=None,
+                time_scale=time_scale,
+                tuning_enabled=False,
+                tenants_file=tenants,
+                port=port,
+                seed=seed,
+            )
+            proc, url = _start_gateway(cfg_path, port, len(urls), log_dir)
+            try:
+                answers, rss, wall = asyncio.run(
+                    _drive(url, key, bodies, schedule, proc.proc.pid, timeout_s=4 * deadline_wall + 60.0)
+                )
+            finally:
+                proc.stop()
+        report.rss = rss
+        report.wall_s = wall
+        ends = [p.start for p in phases[1:]] + [wall]
+        report.phases = [_phase_report(p, answers, rss, end) for p, end in zip(phases, ends, strict=True)]
+        ok = True
+    except StartError:
+        say(f"subprocess logs are in {log_dir}")
+        raise
+    finally:
+        if ok and not keep:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------------
+
+
+def _mb(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def format_report(rep: OverloadReport) -> str:
+    """What ``hexflow bench overload`` prints."""
+    rows = []
+    for p in rep.phases:
+        ra = "-" if p.retry_after_min is None else f"{p.retry_after_min}-{p.retry_after_max}"
+        rows.append(
+            [
+                p.name,
+                f"{p.rate_wall:.2f}",
+                str(p.sent),
+                str(p.accepted),
+                str(p.rejected),
+                str(p.shed),
+                str(p.met),
+                fmt(p.met_of_accepted * 100, 1),
+                f"{p.goodput:.3f}",
+                ra,
+                f"{_mb(p.rss_start_mb)}/{_mb(p.rss_peak_mb)}/{_mb(p.rss_end_mb)}",
+            ]
+        )
+    head = (
+        f"cluster {rep.cluster}, time scale {rep.time_scale:g}, admission "
+        f"{'predictive' if rep.predictive else 'concurrency only'}; fluid bound {rep.fluid_bound_qps:.4g} wf/s, "
+        f"capacity rate {rep.capacity_rate_qps:.4g} wf/s (modelled), overload {rep.factor:g}x; "
+        f"deadline {rep.deadline_wall_s:.3g} s wall; {rep.wall_s:.0f} s wall"
+    )
+    t = table(
+        [
+            "phase",
+            "rate/s",
+            "sent",
+            "accepted",
+            "rejected",
+            "shed",
+            "met",
+            "met% of acc",
+            "goodput/s",
+            "Retry-After",
+            "RSS MB start/peak/end",
+        ],
+        rows,
+        left=1,
+    )
+    checks = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in rep.checks().items())
+    tail = (
+        f"overload: {fmt(rep.overload_met_of_accepted * 100, 1)}% of accepted met their deadline; goodput "
+        f"{fmt(rep.goodput_ratio * 100, 1)}% of goodput at capacity. Goals: {checks}"
+    )
+    return "\n".join([head, t, tail])
+
+
+def plot_report(rep: OverloadReport, path: Path) -> None:
+    """RSS of the gateway over time, with the phases shaded, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    if rep.rss:
+        ts, ms = zip(*rep.rss, strict=True)
+        ax.plot(ts, ms, lw=1.2, color="tab:blue", label="gateway RSS")
+    for p in rep.phases:
+        ax.axvspan(
+            p.start_s, p.start_s + p.window_s, alpha=0.15, color="tab:red" if p.name != "capacity" else "tab:green"
+        )
+    ax.set_xlabel("wall seconds")
+    ax.set_ylabel("RSS (MB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"gateway memory: capacity (green), {rep.factor:g}x overload bursts (red)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

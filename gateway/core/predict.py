@@ -1,0 +1,328 @@
+"""Completion prediction: when would a workflow finish if it were admitted (or kept) now?
+
+Admission control, load shedding and (later) deadline-aware degradation and scheduling ask one question:
+given the cluster's state at ``now``, when will this workflow's remaining work be done? The answer here is
+the *critical path of the remaining stages on the workers each call would most likely get*:
+
+    stage time   = max over the stage's calls c of  min over eligible workers w of (q(w) + t_comp(c, w))
+    completion   = now + sum over remaining stages s (in order) of rounds(s) x stage time(s)
+
+``t_comp`` and ``t_queue`` come from the scheduler's estimator (its public methods only: ``t_queue(w, now)``
+and ``t_comp(w, kind, in, out, now)``), so the prediction follows the estimator as it learns (online
+correction of profiles, and whatever queue model it uses). Parallel calls of one stage contend: each call
+after the first sees the per-slot work of its siblings already placed on a worker (``t_comp / capacity``,
+the same per-slot unit as ``t_queue``).
+
+The queue term ``q(w)``:
+
+* the first remaining stage waits behind the work queued now: ``q(w) = t_queue(w, now)``;
+* later stages start when the earlier ones finish, when the queue will be different: ``q(w) =
+  later_queue_weight x t_queue(w, now)``. The default weight is 1, the *stationary* forecast: each later
+  stage waits as long as a stage would wait now. Under sustained load the backlog does not drain (new
+  arrivals replace the work that leaves), and while admission keeps predicted completions within
+  deadlines it stays near its present level, so the present level is the forecast. Measured
+  (``hexflow bench overload``): with weight 0 (later stages on an idle cluster) admission let in about
+  twice what the cluster could serve in time and most of it was shed; with weight 1, >= 95% of the
+  accepted workflows met their deadline. Weight 0 is the optimistic bound: shedding uses it, so it drops
+  only a workflow that cannot make it even if nothing stood in its way after its queued calls.
+
+The fluid bound: a new workflow cannot finish before the cluster has worked through everything ahead of
+it. Under the deadline-ordered disciplines (urgency, EDF, LLF) that is all the work of workflows admitted
+before it: what is queued and in flight now (``t_queue x capacity`` summed, spread over every slot) plus
+what those workflows will still submit (``committed_s``: the driver knows it, ``plan_work`` of each
+admitted plan less what it has submitted), plus its own work. Work is counted in *cluster seconds*: a
+call's ``1 / sum over workers of capacity / t_comp`` (``cluster_call_time``), the time the whole cluster
+needs per call of that shape when every slot is busy. Counting only the queue seen now would let a burst
+of arrivals each see a short queue and together commit the cluster far past their deadlines: the work
+of their later stages is not in any queue yet.
+
+    duration = max(critical path with the queue ahead, backlog + committed_s + own work)
+
+A running workflow (``workflow_completion``, for shedding) is predicted with the first term only: its
+pending calls where they are, then its expected remaining stages at the later-stage weight.
+
+Plans (``StagePlan``) describe what remains: ``template_plan`` (a template's phases, with their expected
+rounds and widths: the Text-to-SQL pipeline), ``dag_plan`` (explicit DAG nodes grouped by dependency depth:
+``/v1/workflows``), ``calls_plan`` (stages given as call lists: a chat call, a trace workflow). A workflow
+already running is predicted with ``CompletionPredictor.workflow_completion``: its pending calls where they
+are (queued on a worker or in flight), then ``Workflow.expected_remaining`` with the predictor's cost.
+
+Cost: one ``CompletionPredictor`` per decision instant (``now`` is fixed); it snapshots ``t_queue`` of the
+eligible workers once and caches ``t_comp`` per call shape and stage times per stage, so one admission is a
+few hundred arithmetic operations and a shedding sweep over many workflows reuses the cached figures.
+Pure: no clock, no I/O; ``now`` is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gateway.core.dag import DagNode
+from gateway.core.scheduler import Scheduler
+from gateway.core.workflow import Call, CallSpec, Workflow, WorkflowTemplate
+
+__all__ = ["CompletionPredictor", "StagePlan", "calls_plan", "dag_plan", "template_plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """One remaining stage: calls that run in parallel, repeated ``rounds`` times in sequence (expected).
+
+    ``rounds`` may be fractional: an optional phase that runs in 82% of workflows has 0.82, a repeatable one
+    its mean repetitions (the expectation of the stage's contribution to the critical path).
+    """
+
+    calls: tuple[CallSpec, ...]
+    rounds: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.calls:
+            raise ValueError("a stage needs at least one call")
+        if not (self.rounds >= 0.0 and math.isfinite(self.rounds)):
+            raise ValueError(f"rounds must be a finite number >= 0, got {self.rounds}")
+
+
+def template_plan(template: WorkflowTemplate, *, phase: int = -1, rounds_done: int = 0) -> tuple[StagePlan, ...]:
+    """The stages a template still expects after round ``rounds_done`` of phase ``phase`` (-1: all of them).
+
+    Each phase is one stage of ``width`` identical calls repeated ``rounds`` times; a repeatable phase in
+    progress keeps its expected rounds beyond those done (as ``WorkflowTemplate.remaining_after`` counts).
+    """
+    out: list[StagePlan] = []
+    for i, p in enumerate(template.phases):
+        if i < phase:
+            continue
+        rounds = p.rounds
+        if i == phase:
+            if not p.repeatable:
+                continue
+            rounds = max(p.rounds - rounds_done, 0.0)
+        if rounds <= 0.0:
+            continue
+        spec = CallSpec(p.kind, p.input_tokens, p.output_tokens)
+        out.append(StagePlan((spec,) * p.width, rounds))
+    return tuple(out)
+
+
+def dag_plan(nodes: Sequence[DagNode]) -> tuple[StagePlan, ...]:
+    """The nodes of a (valid) DAG grouped by depth: stage k holds the nodes whose longest chain of
+    dependencies has k links. A node runs no earlier than its depth's stage, so stage by stage is the
+    critical path when the levels are balanced, and an upper bound of it otherwise."""
+    index = {n.id: i for i, n in enumerate(nodes)}
+    depth: list[int | None] = [None] * len(nodes)
+    for start in range(len(nodes)):
+        if depth[start] is not None:
+            continue
+        stack = [start]
+        while stack:  # iterative: a DAG may be a long chain
+            i = stack[-1]
+            deps = [index[d] for d in nodes[i].depends_on if d in index]
+            todo = [d for d in deps if depth[d] is None]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            depth[i] = 1 + max((depth[d] or 0 for d in deps), default=-1)
+    levels: dict[int, list[CallSpec]] = defaultdict(list)
+    for n, d in zip(nodes, depth, strict=True):
+        levels[d or 0].append(CallSpec(n.kind, n.input_tokens, n.output_tokens))
+    return tuple(StagePlan(tuple(levels[k])) for k in sorted(levels))
+
+
+def calls_plan(stages: Iterable[Sequence[CallSpec]]) -> tuple[StagePlan, ...]:
+    """Stages given as lists of parallel calls, each run once (a chat call: ``calls_plan([[spec]])``)."""
+    return tuple(StagePlan(tuple(s)) for s in stages if s)
+
+
+class CompletionPredictor:
+    """Predicted completion times on one scheduler at one instant ``now``.
+
+    Args:
+        scheduler: the scheduler whose eligible members and estimator are read (never changed).
+        now: the decision instant, in the scheduler's clock.
+        later_queue_weight: the share of today's ``t_queue`` that stages after the first are forecast to
+            wait (1, the default: the stationary forecast; 0: later stages on an idle cluster, the optimistic
+            bound). See the module docstring.
+        committed_s: cluster seconds of work that admitted workflows will still submit (fluid bound).
+
+    With no eligible worker every prediction is ``inf`` (nothing can run).
+    """
+
+    def __init__(
+        self, scheduler: Scheduler, now: float, *, later_queue_weight: float = 1.0, committed_s: float = 0.0
+    ) -> None:
+        if not (0.0 <= later_queue_weight <= 1.0):
+            raise ValueError(f"later_queue_weight must be in [0, 1], got {later_queue_weight}")
+        self.now = now
+        self.later_queue_weight = later_queue_weight
+        self._sched = scheduler
+        est = scheduler.estimator
+        self._workers = [w for w in scheduler.members() if scheduler.eligible[w]]
+        self._tq = [est.t_queue(w, now) for w in self._workers]
+        self._cap = [scheduler.workers[w].capacity for w in self._workers]
+        self._slot = [1.0 / c for c in self._cap]
+        slots = sum(self._cap)
+        self._backlog = sum(q * c for q, c in zip(self._tq, self._cap, strict=True)) / slots if slots else math.inf
+        self.committed_s = max(committed_s, 0.0)
+        self._cluster: dict[CallSpec, float] = {}
+        self._tc: dict[CallSpec, list[float]] = {}
+        self._stage: dict[tuple[tuple[CallSpec, ...], float, float], float] = {}
+        self._tq_any: dict[int, float] = {}
+        self._cost = self.call_cost  # one object, so workflows' cost caches keyed by it stay warm
+
+    # ------------------------------------------------------------------ building blocks
+
+    @property
+    def backlog_s(self) -> float:
+        """The smallest per-slot backlog among eligible workers (seconds): when the least loaded worker
+        could start new work (``inf`` with no eligible worker)."""
+        return min(self._tq, default=math.inf)
+
+    def _t_comp(self, spec: CallSpec) -> list[float]:
+        key = CallSpec(spec.kind, spec.input_tokens, spec.output_tokens)  # a subclass (DagCallSpec) keys as its shape
+        v = self._tc.get(key)
+        if v is None:
+            est = self._sched.estimator
+            v = [est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, self.now) for w in self._workers]
+            self._tc[key] = v
+        return v
+
+    def cluster_call_time(self, spec: CallSpec) -> float:
+        """Cluster seconds per call of this shape when every slot is busy: ``1 / sum_w capacity_w / t_comp``."""
+        key = CallSpec(spec.kind, spec.input_tokens, spec.output_tokens)
+        v = self._cluster.get(key)
+        if v is None:
+            rate = sum(c / t for c, t in zip(self._cap, self._t_comp(key), strict=True) if t > 0)
+            v = self._cluster[key] = 1.0 / rate if rate > 0 else math.inf
+        return v
+
+    def plan_work(self, plan: Sequence[StagePlan]) -> float:
+        """Cluster seconds of all of ``plan``'s calls (parallel ones each count): its share of the fluid bound."""
+        return sum(st.rounds * sum(self.cluster_call_time(c) for c in st.calls) for st in plan)
+
+    def fluid_time(self, plan: Sequence[StagePlan], *, drained_s: float = 0.0) -> float:
+        """Seconds until the cluster could have worked through the backlog, the committed work and ``plan``."""
+        return max(self._backlog + self.committed_s - drained_s, 0.0) + self.plan_work(plan)
+
+    def stage_time(self, calls: Sequence[CallSpec], *, queue_weight: float = 1.0, drained_s: float = 0.0) -> float:
+        """Seconds until the slowest of ``calls`` (run in parallel, starting now) finishes.
+
+        Each call goes to the worker where it would finish first: ``queue_weight x max(t_queue - drained_s,
+        0)`` plus the work of siblings placed there before it, plus its ``t_comp``. ``drained_s``: as if every
+        backlog had drained by that many seconds (``retry_after_s`` uses it).
+        """
+        key = (tuple(calls), queue_weight, drained_s)
+        cached = self._stage.get(key)
+        if cached is not None:
+            return cached
+        if not self._workers:
+            return math.inf
+        base = [max(q - drained_s, 0.0) * queue_weight for q in self._tq]
+        extra = [0.0] * len(self._workers)
+        worst = 0.0
+        for c in calls:
+            tcs = self._t_comp(c)
+            best, pos = math.inf, 0
+            for i, tc in enumerate(tcs):
+                v = base[i] + extra[i] + tc
+                if v < best:
+                    best, pos = v, i
+            extra[pos] += tcs[pos] * self._slot[pos]
+            worst = max(worst, best)
+        if len(self._stage) < 4096:
+            self._stage[key] = worst
+        return worst
+
+    # ------------------------------------------------------------------ new workflows
+
+    def duration(self, plan: Sequence[StagePlan], *, drained_s: float = 0.0) -> float:
+        """Seconds from ``now`` until ``plan`` would be done if its first stage were submitted now: the larger
+        of its path behind the queue ahead (``path_time``) and the fluid bound (``fluid_time``)."""
+        if not self._workers:
+            return math.inf
+        return max(self.path_time(plan, drained_s=drained_s), self.fluid_time(plan, drained_s=drained_s))
+
+    def path_time(self, plan: Sequence[StagePlan], *, drained_s: float = 0.0) -> float:
+        """The critical path of ``plan``: stage after stage, the first behind the queue ahead."""
+        total = 0.0
+        later = self.later_queue_weight
+        for k, st in enumerate(plan):
+            if k == 0:
+                first = min(st.rounds, 1.0)
+                total += first * self.stage_time(st.calls, queue_weight=1.0, drained_s=drained_s)
+                rest = st.rounds - first
+            else:
+                rest = st.rounds
+            if rest > 0.0:
+                total += rest * self.stage_time(st.calls, queue_weight=later, drained_s=drained_s)
+        return total
+
+    def critical_path(self, plan: Sequence[StagePlan]) -> float:
+        """Seconds ``plan`` takes on an idle cluster (no queue anywhere): a floor for any deadline."""
+        return sum(st.rounds * self.stage_time(st.calls, queue_weight=0.0) for st in plan)
+
+    def completion(self, plan: Sequence[StagePlan]) -> float:
+        """Predicted absolute completion time of ``plan`` started now."""
+        return self.now + self.duration(plan)
+
+    def retry_after_s(self, plan: Sequence[StagePlan], deadline_s: float, *, tolerance_s: float = 0.05) -> float | None:
+        """How long until the backlog has drained enough for ``plan`` to fit in ``deadline_s``.
+
+        0 when it fits now; None when it does not fit even with every queue empty (the deadline is shorter
+        than the critical path). Assumes the backlog drains at one second of per-slot work per second and
+        nothing new arrives ahead of it: a lower bound under load, which is what Retry-After promises
+        (do not retry *sooner*). Bisection on the drained seconds, to ``tolerance_s``.
+        """
+        if self.duration(plan) <= deadline_s:
+            return 0.0
+        top = max(max(self._tq, default=0.0), self._backlog + self.committed_s)
+        if not self._workers or self.duration(plan, drained_s=top) > deadline_s:
+            return None
+        lo, hi = 0.0, top
+        while hi - lo > tolerance_s:
+            mid = (lo + hi) / 2
+            if self.duration(plan, drained_s=mid) <= deadline_s:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    # ------------------------------------------------------------------ running workflows
+
+    def _queue_on(self, worker: int) -> float:
+        v = self._tq_any.get(worker)
+        if v is None:
+            v = self._tq_any[worker] = self._sched.estimator.t_queue(worker, self.now)
+        return v
+
+    def call_cost(self, kind: str, input_tokens: int, output_tokens: int) -> float:
+        """A later call's predicted time (forecast queue plus ``t_comp`` on its best worker): the ``CostFn``
+        handed to ``Workflow.expected_remaining``."""
+        return self.stage_time((CallSpec(kind, input_tokens, output_tokens),), queue_weight=self.later_queue_weight)
+
+    def pending_time(self, calls: Iterable[Call]) -> float:
+        """Seconds until the last of a workflow's current calls is done, each where it is now.
+
+        In flight: its predicted time left (``started_at + t_comp - now``, at least 0). Queued on a worker:
+        that worker's whole ``t_queue`` plus its ``t_comp`` (its place in the queue is the discipline's, so
+        the whole backlog is the safe side). Not on a queue (parked, not yet dispatched): as a new call.
+        """
+        worst = 0.0
+        for c in calls:
+            if c.started_at is not None:
+                t = max(c.started_at + c.t_comp - self.now, 0.0)
+            elif c.worker >= 0 and c.t_comp > 0.0:
+                t = self._queue_on(c.worker) + c.t_comp
+            else:
+                t = self.stage_time((c.spec,))
+            worst = max(worst, t)
+        return worst
+
+    def workflow_completion(self, wf: Workflow, pending: Iterable[Call]) -> float:
+        """Predicted absolute completion of a running workflow: its ``pending`` calls (the current stage),
+        then what its template or DAG still expects (``Workflow.expected_remaining`` with ``call_cost``:
+        parallel calls of a later stage count once, as stage budgets count them)."""
+        return self.now + self.pending_time(pending) + wf.expected_remaining(self._cost)

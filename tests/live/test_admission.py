@@ -1,0 +1,292 @@
+"""Admission that keeps promises: a workflow predicted to miss its deadline is refused (429 + Retry-After)
+or run best effort; admitted work that falls behind is shed or demoted. Fake clock, no worker reached."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.config.base import load_yaml_model
+from gateway.config.gateway import load_gateway_config
+from gateway.config.tenants import TenantsFile, hash_key
+from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.dag import DagNode
+from gateway.core.predict import CompletionPredictor, calls_plan, template_plan
+from gateway.core.workflow import CallSpec
+from gateway.errors import CallFailed, ConfigError, Rejected
+from gateway.live.service import ADMISSION_HEADROOM, CallRequest, Gateway
+from gateway.live.tenants import Tenant, TenantStore
+from tests.live.fake_transport import Hold
+from tests.live.harness import write_config
+
+CALL = CallSpec("generate_candidate", 8000, 400)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def tenant_entry(name: str, **kw: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "api_key_sha256": [hash_key(f"{name}-key")],
+        "default_deadline_s": 60,
+        "min_deadline_s": 0.001,
+        "max_deadline_s": 1000,
+        "max_concurrent_workflows": 1000,
+        **kw,
+    }
+
+
+def make_gateway(tmp_path: Path, clock: FakeClock, capacity: int = 2) -> Gateway:
+    """One A100 worker (no drain loop runs: submitted calls stay queued until a test sends them) and three
+    tenants: ``rej`` (reject), ``be`` (best effort), ``off`` (predictive admission off)."""
+    doc = {
+        "tenants": [
+            tenant_entry("rej"),
+            tenant_entry("be", on_predicted_miss="best_effort"),
+            tenant_entry("off", predictive_admission=False),
+        ]
+    }
+    (tmp_path / "tenants.yaml").write_text(yaml.safe_dump(doc))
+    cfg = write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"])
+    text = cfg.read_text().replace("capacity: 4", f"capacity: {capacity}")
+    cfg.write_text(text)
+    loaded = load_gateway_config(cfg)
+    return Gateway(loaded, TenantStore.load(loaded.tenants_path), Hold(), clock=clock, background=False)
+
+
+def tenant(gw: Gateway, name: str) -> Tenant:
+    t = gw.tenants.get(name)
+    assert t is not None
+    return t
+
+
+def lone_s(gw: Gateway, spec: CallSpec = CALL) -> float:
+    return gw.scheduler.estimator.t_comp(0, spec.kind, spec.input_tokens, spec.output_tokens, 0.0)
+
+
+def fill_queue(gw: Gateway, n: int) -> list[asyncio.Task[Any]]:
+    """Queue ``n`` calls of an 'off' tenant's workflows (never shed): the backlog ahead of new work."""
+    node = DagNode("x", CALL.kind, CALL.input_tokens, CALL.output_tokens)
+    off = tenant(gw, "off")
+    return [
+        asyncio.create_task(gw.run_workflow(off, 1e6, [node], [CallRequest("/v1/completions", {})])) for _ in range(n)
+    ]
+
+
+def rejections(gw: Gateway, name: str, reason: str) -> float:
+    v = gw.metrics.registry.get_sample_value("hexflow_admission_rejections_total", {"tenant": name, "reason": reason})
+    return v or 0.0
+
+
+def outcomes(gw: Gateway, name: str, outcome: str) -> float:
+    v = gw.metrics.registry.get_sample_value("hexflow_workflows_total", {"tenant": name, "outcome": outcome})
+    return v or 0.0
+
+
+# ------------------------------------------------------------------------------------------ admission
+
+
+@pytest.mark.parametrize(
+    ("queued", "deadline_lone", "who", "expect"),
+    [
+        (0, 3.0, "rej", "admit"),  # idle: the call fits
+        (20, 3.0, "rej", "429"),  # ten calls' worth of backlog per slot ahead: it cannot fit
+        (20, 3.0, "be", "best_effort"),  # the same, for a best-effort tenant: admitted, demoted
+        (20, 3.0, "off", "admit"),  # predictive admission off: only the concurrency bounds apply
+        (20, 200.0, "rej", "admit"),  # a deadline long enough for the backlog
+    ],
+)
+async def test_admission_decision_follows_the_predicted_completion(
+    tmp_path: Path, queued: int, deadline_lone: float, who: str, expect: str
+) -> None:
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    fill_queue(gw, queued)
+    await asyncio.sleep(0)
+    assert sum(gw.scheduler.queue_len(w) for w in gw.scheduler.members()) == queued
+    plan = calls_plan([[CALL]])
+    deadline = deadline_lone * lone_s(gw)
+    if expect == "429":
+        with pytest.raises(Rejected) as info:
+            gw.admit(tenant(gw, who), 1, plan, deadline)
+        err = info.value
+        assert err.status == 429 and "predicted" in err.message
+        assert rejections(gw, who, "deadline") == 1 and outcomes(gw, who, "rejected") == 1
+    else:
+        adm = gw.admit(tenant(gw, who), 1, plan, deadline)
+        assert adm.best_effort is (expect == "best_effort")
+        demoted = gw.metrics.registry.get_sample_value(
+            "hexflow_workflows_demoted_total", {"tenant": who, "when": "admission"}
+        )
+        assert demoted == (1.0 if expect == "best_effort" else 0.0)
+    for t in list(asyncio.all_tasks() - {asyncio.current_task()}):
+        t.cancel()
+
+
+async def test_retry_after_is_when_the_backlog_would_have_drained_enough(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    fill_queue(gw, 20)
+    await asyncio.sleep(0)
+    plan = calls_plan([[CALL]])
+    deadline = 3.0 * lone_s(gw)
+    with pytest.raises(Rejected) as info:
+        gw.admit(tenant(gw, "rej"), 1, plan, deadline)
+    retry = int(info.value.headers["Retry-After"])  # type: ignore[index]
+    pred = CompletionPredictor(gw.scheduler, clock.t)
+    target = ADMISSION_HEADROOM * deadline  # admission keeps a margin below the deadline
+    wait = pred.retry_after_s(plan, target)
+    assert wait is not None and retry == max(1, math.ceil(wait))
+    # Sane: no sooner than the part of the backlog that must drain, no later than all of it.
+    backlog = gw.scheduler.estimator.t_queue(0, clock.t)
+    assert pred.duration(plan, drained_s=retry) <= target
+    assert 1 <= retry <= math.ceil(backlog)
+    for t in list(asyncio.all_tasks() - {asyncio.current_task()}):
+        t.cancel()
+    await asyncio.sleep(0)
+
+
+async def test_a_deadline_shorter_than_the_critical_path_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    plan = template_plan(CHESS_TEMPLATE)
+    with pytest.raises(Rejected) as info:
+        gw.admit(tenant(gw, "rej"), 1, plan, 0.01)
+    assert info.value.status == 429 and "longer deadline" in info.value.message
+    assert int(info.value.headers["Retry-After"]) >= 1  # type: ignore[index]
+
+
+async def test_concurrency_refusals_are_counted_by_reason(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    small = Tenant("rej", 60, 0.001, 1000, 1.0, 1)  # at most one workflow in progress
+    gw._active["rej"] = 1
+    with pytest.raises(Rejected) as info:
+        gw.admit(small, 1, calls_plan([[CALL]]), 1e6)
+    assert info.value.status == 429
+    assert rejections(gw, "rej", "concurrency") == 1 and rejections(gw, "rej", "deadline") == 0
+
+
+# ------------------------------------------------------------------------------------------ shedding
+
+
+async def start_workflow(gw: Gateway, who: str, deadline_s: float) -> asyncio.Task[Any]:
+    nodes = [DagNode("a", CALL.kind, CALL.input_tokens, CALL.output_tokens)]
+    task = asyncio.create_task(
+        gw.run_workflow(tenant(gw, who), deadline_s, nodes, [CallRequest("/v1/completions", {})])
+    )
+    await asyncio.sleep(0)
+    return task
+
+
+async def test_reject_tenant_workflow_that_can_no_longer_make_it_is_shed_with_503(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    deadline = 10 * lone_s(gw)
+    task = await start_workflow(gw, "rej", deadline)
+    assert gw.shed_overdue() == (0, 0)  # in time: untouched
+    clock.t += deadline - 0.5 * lone_s(gw)  # still queued, and a call takes longer than what is left
+    assert gw.shed_overdue() == (1, 0)
+    with pytest.raises(Rejected) as info:
+        await task
+    err = info.value
+    assert err.status == 503 and "deadline" in err.message
+    assert int(err.headers["Retry-After"]) >= 1  # type: ignore[index]
+    assert gw.scheduler.queue_len(0) == 0 and gw.active_total == 0
+    assert outcomes(gw, "rej", "shed") == 1 and outcomes(gw, "rej", "failed") == 0
+
+
+async def test_best_effort_tenant_workflow_is_demoted_not_shed(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    deadline = 10 * lone_s(gw)
+    late = await start_workflow(gw, "be", deadline)
+    clock.t += deadline - 0.5 * lone_s(gw)
+    assert gw.shed_overdue() == (0, 1)
+    assert gw.shed_overdue() == (0, 0)  # once
+    on_time = await start_workflow(gw, "off", 1e6)
+    # The demoted call waits behind the later, normal one.
+    first = gw.scheduler.pop_next(0, clock.t)
+    second = gw.scheduler.pop_next(0, clock.t)
+    assert first is not None and second is not None
+    assert first.tenant == "off" and second.tenant == "be" and second.best_effort
+    demoted = gw.metrics.registry.get_sample_value(
+        "hexflow_workflows_demoted_total", {"tenant": "be", "when": "queued"}
+    )
+    assert demoted == 1
+    for t in (late, on_time):
+        t.cancel()
+
+
+async def test_a_workflow_whose_calls_are_all_in_flight_is_never_shed(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    deadline = 2 * lone_s(gw)
+    task = await start_workflow(gw, "rej", deadline)
+    sent = gw.pool.fill(gw.pool.workers[0])  # marks the call in flight (no request is made here)
+    assert len(sent) == 1
+    clock.t += 10 * deadline  # hopelessly late, but nothing of it is queued
+    assert gw.shed_overdue() == (0, 0)
+    task.cancel()
+
+
+async def test_online_workflow_shed_fails_its_stage_and_later_calls(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    t = tenant(gw, "rej")
+    deadline = 10 * lone_s(gw)
+    wf = gw.open_workflow(t, deadline, CHESS_TEMPLATE)
+    stage = asyncio.create_task(gw.run_stage(wf, CALL.kind, [(CALL, CallRequest("/v1/chat/completions", {}))]))
+    await asyncio.sleep(0)
+    clock.t += deadline
+    assert gw.shed_overdue() == (1, 0)
+    [(_, outcome)] = await stage
+    assert isinstance(outcome, CallFailed) and outcome.status == 503
+    # A stage the pipeline still tries fails at once, without reaching a queue.
+    [(_, again)] = await gw.run_stage(wf, CALL.kind, [(CALL, CallRequest("/v1/chat/completions", {}))])
+    assert isinstance(again, CallFailed) and gw.scheduler.queue_len(0) == 0
+    gw.close_workflow(wf, t, failed=True)
+    assert outcomes(gw, "rej", "shed") == 1 and gw.active_total == 0
+
+
+# ------------------------------------------------------------------------------------------ tenants file
+
+
+@pytest.mark.parametrize(
+    ("extra", "ok"),
+    [
+        ({}, True),
+        ({"on_predicted_miss": "best_effort"}, True),
+        ({"on_predicted_miss": "reject", "predictive_admission": False}, True),
+        ({"on_predicted_miss": "drop"}, False),
+        ({"predictive_admission": "sometimes"}, False),
+    ],
+)
+def test_tenants_file_validates_the_overload_settings(tmp_path: Path, extra: dict[str, Any], ok: bool) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(yaml.safe_dump({"tenants": [tenant_entry("a", **extra)]}))
+    if ok:
+        f = load_yaml_model(path, TenantsFile)
+        t = Tenant.from_config(f.tenants[0])
+        assert t.on_predicted_miss == extra.get("on_predicted_miss", "reject")
+        assert t.predictive_admission is extra.get("predictive_admission", True)
+    else:
+        with pytest.raises(ConfigError) as info:
+            load_yaml_model(path, TenantsFile)
+        assert next(iter(extra)) in str(info.value)
+
+
+def test_shipped_tenants_file_sets_overload_behaviour() -> None:
+    store = TenantStore.load()
+    assert {t.name: t.on_predicted_miss for t in store.tenants} == {"interactive": "reject", "batch": "best_effort"}
