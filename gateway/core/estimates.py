@@ -61,6 +61,8 @@ class WorkerLoad:
         inflight_ctx: sum of the mean decode contexts (``input + output / 2``) of the calls in flight.
         inflight_end_sum: sum of the predicted return times of the calls in flight.
         inflight_service_sum: sum of their predicted times on the worker (``service_s``).
+        queued_gpu_s: engine seconds the queued calls will occupy the worker (``gpu_s``).
+        inflight_gpu_s: the same for the calls in flight, from their start.
         prefill_free_at: when the engine is predicted to finish the prompts of the calls in flight.
     """
 
@@ -71,6 +73,8 @@ class WorkerLoad:
     inflight_ctx: float = 0.0
     inflight_end_sum: float = 0.0
     inflight_service_sum: float = 0.0
+    queued_gpu_s: float = 0.0
+    inflight_gpu_s: float = 0.0
     prefill_free_at: float = 0.0
 
     def outstanding(self, now: float) -> float:
@@ -197,6 +201,31 @@ class Estimator:
         step = p.iter_base_s + p.token_s * n + p.ctx_s * ctx
         return p.request_overhead_s + self.prefill_s(worker, input_tokens) + out * step
 
+    def gpu_s(self, worker: int, input_tokens: int, output_tokens: int) -> float:
+        """Engine seconds a call takes from ``worker``'s throughput when the worker runs a full batch.
+
+        Its prefill (compute-bound: not shared), its decode tokens' compute and attention, and its share of
+        each decode step's fixed cost (``iter_base_s``) over a batch of ``min(capacity, max_num_seqs)``
+        calls. The reciprocal is the worker's rate for calls of this shape when busy: what admission's fluid
+        forecast counts work in (the latency a call sees is ``t_comp``; this is what it costs others).
+        """
+        info = self.workers[worker]
+        p = info.profile
+        batch = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
+        out = output_tokens - 1 if output_tokens > 1 else 0
+        step = p.token_s + p.ctx_s * (input_tokens + output_tokens / 2.0) + p.iter_base_s / batch
+        return self.prefill_s(worker, input_tokens) + out * step
+
+    def backlog_s(self, worker: int, now: float) -> float:
+        """Engine seconds of work outstanding on ``worker``: its queued calls' ``gpu_s`` plus what is left
+        of its in-flight calls' (each at least 10% left, as in ``WorkerLoad.outstanding``)."""
+        load = self.loads[worker]
+        if not load.inflight or load.inflight_service_sum <= 0.0:
+            return load.queued_gpu_s
+        left = (load.inflight_end_sum - load.inflight * now) / load.inflight_service_sum
+        left = min(max(left, 0.1), 1.0)
+        return load.queued_gpu_s + load.inflight_gpu_s * left
+
     def t_comp(self, worker: int, kind: str, input_tokens: int, output_tokens: int, now: float) -> float:
         """Predicted time of a call on ``worker`` once its prompt is up, in the batch it would join."""
         extra = input_tokens + output_tokens / 2.0
@@ -260,9 +289,11 @@ class Estimator:
         s = call.spec
         pre = self.prefill_s(worker, s.input_tokens) * self.ratio(worker, s.kind, call.ready_at)
         call.prefill_s = pre
+        call.gpu_s = self.gpu_s(worker, s.input_tokens, s.output_tokens)
         load.queued += 1
         load.queued_prefill_s += pre
         load.queued_work += call.t_comp
+        load.queued_gpu_s += call.gpu_s
 
     def dequeue(self, call: Call, worker: int) -> None:
         """``call`` left ``worker``'s gateway queue (started, cancelled or drained)."""
@@ -270,10 +301,12 @@ class Estimator:
         load.queued -= 1
         load.queued_prefill_s -= call.prefill_s
         load.queued_work -= call.t_comp
+        load.queued_gpu_s -= call.gpu_s
         if load.queued <= 0:  # shed float drift
             load.queued = 0
             load.queued_prefill_s = 0.0
             load.queued_work = 0.0
+            load.queued_gpu_s = 0.0
 
     def start(self, call: Call, worker: int, now: float) -> None:
         """``call`` was sent to ``worker`` at ``now``: its prompt joins the engine's prefill clock.
@@ -293,6 +326,7 @@ class Estimator:
         load.inflight_ctx += s.input_tokens + s.output_tokens / 2.0
         load.inflight_end_sum += now + call.service_s
         load.inflight_service_sum += call.service_s
+        load.inflight_gpu_s += call.gpu_s
 
     def release(self, call: Call, worker: int) -> None:
         """``call`` returned from ``worker`` (answered or failed): it leaves the batch."""
@@ -303,11 +337,13 @@ class Estimator:
         started = call.started_at if call.started_at is not None else 0.0
         load.inflight_end_sum -= started + call.service_s
         load.inflight_service_sum -= call.service_s
+        load.inflight_gpu_s -= call.gpu_s
         if load.inflight <= 0:  # an empty engine: no prompts ahead, no float drift
             load.inflight = 0
             load.inflight_ctx = 0.0
             load.inflight_end_sum = 0.0
             load.inflight_service_sum = 0.0
+            load.inflight_gpu_s = 0.0
             load.prefill_free_at = 0.0
 
     def observe(self, call: Call, observed_s: float, now: float) -> None:

@@ -54,7 +54,7 @@ class Call:
     """A call inside the scheduler.
 
     The driver fills the identity and request fields; ``Scheduler.submit`` fills the scheduling fields
-    (``worker``, ``t_comp``, ``budget``, ``key``) and the estimator its own (``prefill_s``; at start
+    (``worker``, ``t_comp``, ``budget``, ``key``) and the estimator its own (``prefill_s``, ``gpu_s``; at start
     ``service_s``, the predicted time on the worker, and ``model_s``, the same uncorrected); the driver
     records ``started_at``/``finished_at``.
     Times are in the driver's clock (virtual seconds in the simulator, monotonic seconds live).
@@ -68,6 +68,7 @@ class Call:
     worker: int = -1
     t_comp: float = 0.0
     prefill_s: float = 0.0
+    gpu_s: float = 0.0
     service_s: float = 0.0
     model_s: float = 0.0
     stage_cost: float = 0.0
