@@ -59,6 +59,7 @@ class WorkerLoad:
         queued_work: their predicted ``t_comp`` (seconds), for status pages.
         inflight: calls sent to the worker and not yet returned.
         inflight_ctx: sum of the mean decode contexts (``input + output / 2``) of the calls in flight.
+        inflight_prefill_s: sum of their prefill seconds: the prefill clock never runs further ahead.
         inflight_end_sum: sum of the predicted return times of the calls in flight.
         inflight_service_sum: sum of their predicted times on the worker (``service_s``).
         queued_gpu_s: engine seconds the queued calls will occupy the worker (``gpu_s``).
@@ -71,6 +72,7 @@ class WorkerLoad:
     queued_work: float = 0.0
     inflight: int = 0
     inflight_ctx: float = 0.0
+    inflight_prefill_s: float = 0.0
     inflight_end_sum: float = 0.0
     inflight_service_sum: float = 0.0
     queued_gpu_s: float = 0.0
@@ -287,7 +289,9 @@ class Estimator:
         """``call`` (its ``t_comp`` filled) joined ``worker``'s gateway queue."""
         load = self.loads[worker]
         s = call.spec
-        pre = self.prefill_s(worker, s.input_tokens) * self.ratio(worker, s.kind, call.ready_at)
+        # The profile's prefill, not corrected by the ratio: the ratio measures how much calls stretch under
+        # load, mostly their decode stalled by other prompts; a prompt's own processing barely does.
+        pre = self.prefill_s(worker, s.input_tokens)
         call.prefill_s = pre
         call.gpu_s = self.gpu_s(worker, s.input_tokens, s.output_tokens)
         load.queued += 1
@@ -322,18 +326,25 @@ class Estimator:
         call.service_s = (begin - now) + own * r
         call.model_s = (begin - now) + own
         load.prefill_free_at = begin + call.prefill_s
+        load.inflight_prefill_s += call.prefill_s
         load.inflight += 1
         load.inflight_ctx += s.input_tokens + s.output_tokens / 2.0
         load.inflight_end_sum += now + call.service_s
         load.inflight_service_sum += call.service_s
         load.inflight_gpu_s += call.gpu_s
 
-    def release(self, call: Call, worker: int) -> None:
-        """``call`` returned from ``worker`` (answered or failed): it leaves the batch."""
+    def release(self, call: Call, worker: int, now: float | None = None) -> None:
+        """``call`` returned from ``worker`` (answered or failed) at ``now``: it leaves the batch.
+
+        With ``now``, the prefill clock is pulled back to at most the prompts still in flight from now: the
+        clock only ever adds predicted prefill times, so a worker faster than its profile (or a prompt cut
+        short) would otherwise leave it running ahead of the engine for as long as calls stay in flight.
+        """
         load = self.loads[worker]
         s = call.spec
         load.inflight -= 1
         load.inflight_ctx -= s.input_tokens + s.output_tokens / 2.0
+        load.inflight_prefill_s -= call.prefill_s
         started = call.started_at if call.started_at is not None else 0.0
         load.inflight_end_sum -= started + call.service_s
         load.inflight_service_sum -= call.service_s
@@ -341,10 +352,13 @@ class Estimator:
         if load.inflight <= 0:  # an empty engine: no prompts ahead, no float drift
             load.inflight = 0
             load.inflight_ctx = 0.0
+            load.inflight_prefill_s = 0.0
             load.inflight_end_sum = 0.0
             load.inflight_service_sum = 0.0
             load.inflight_gpu_s = 0.0
             load.prefill_free_at = 0.0
+        elif now is not None:
+            load.prefill_free_at = min(load.prefill_free_at, now + load.inflight_prefill_s)
 
     def observe(self, call: Call, observed_s: float, now: float) -> None:
         """Fold one observed latency (sent to returned) into the (worker, kind) ratio.

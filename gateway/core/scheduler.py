@@ -221,12 +221,12 @@ class Scheduler:
         call.started_at = now
         return call
 
-    def _release(self, call: Call) -> None:
-        self.estimator.release(call, call.worker)
+    def _release(self, call: Call, now: float) -> None:
+        self.estimator.release(call, call.worker, now)
 
     def on_finish(self, call: Call, now: float, observed_s: float | None = None) -> None:
         """A call returned: free its slot and correct the estimator with its observed latency."""
-        self._release(call)
+        self._release(call, now)
         call.finished_at = now
         if observed_s is None and call.started_at is not None:
             observed_s = now - call.started_at
@@ -235,7 +235,7 @@ class Scheduler:
 
     def on_fail(self, call: Call, now: float) -> None:
         """A call failed on its worker: free the slot. The driver decides whether to resubmit."""
-        self._release(call)
+        self._release(call, now)
         call.started_at = None
         call.attempts += 1
 

@@ -32,6 +32,13 @@ SLOW = 1.0  # real time: every call runs for seconds, so the client surely leave
 
 def _config(tmp: Path, urls: list[str], *, capacity: int, time_scale: float = SLOW, **overrides: Any) -> Path:
     workers = [{"name": f"a100-{i}", "gpu": "A100", "url": u, "capacity": capacity} for i, u in enumerate(urls)]
+    # These tests hold a slot busy on purpose and queue work behind it: deadline-based admission would
+    # (rightly) refuse that work, so the tenant here is admitted by its concurrency bounds only.
+    tenants = tmp / "tenants.yaml"
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "tenants.yaml").read_text())
+    for t in doc["tenants"]:
+        t["predictive_admission"] = False
+    tenants.write_text(yaml.safe_dump(doc))
     return write_config(
         tmp,
         urls,

@@ -66,7 +66,7 @@ class ReplayTransport:
 
 
 async def settle() -> None:
-    for _ in range(20):
+    for _ in range(200):
         await asyncio.sleep(0)
 
 
