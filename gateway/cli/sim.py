@@ -1,5 +1,6 @@
 """The simulator's commands: ``simulate`` (one policy, one run), ``bench`` (policies side by side, or with
-``--live`` on the live gateway next to the simulator) and ``tune`` (the alpha tuner on a window of traffic)."""
+``--live`` on the live gateway next to the simulator; ``bench tuner`` lives in ``gateway.cli.tuner``) and ``tune``
+(the alpha tuner on a window of traffic)."""
 
 from __future__ import annotations
 

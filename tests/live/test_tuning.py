@@ -3,8 +3,10 @@ pickled for the tuning process and rebuilt identically; a run every K workflows;
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
@@ -13,9 +15,12 @@ from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagNode, DagWorkflow, chain_nodes
 from gateway.core.workflow import CANDIDATE, IR, REVISE, CallSpec, OnlineWorkflow
 from gateway.errors import ConfigError
-from gateway.live.tuning import Retuner, TuneOutcome, WindowRecorder, rebuild
+from gateway.live.tuning import AlphaTuner, Retuner, TuneOutcome, WindowRecorder, rebuild
 from gateway.sim.tune import ALPHA_GRID
 from tests.live.harness import write_config
+
+if TYPE_CHECKING:
+    from gateway.live.service import Gateway
 
 
 def shape(wf: DagWorkflow) -> tuple[object, ...]:
@@ -135,3 +140,37 @@ def test_a_gateway_file_with_the_old_window_key_names_it(tmp_path: Path) -> None
     path = write_config(tmp_path, ["http://127.0.0.1:1"], ["A100"], tuning={"window_s": 600})
     with pytest.raises(ConfigError, match=r"tuning\.window_s"):
         load_gateway_config(path)
+
+
+async def test_the_background_task_tunes_only_once_k_more_workflows_have_finished(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class StubGateway:
+        recorder = WindowRecorder(10)
+
+    gw = StubGateway()
+    cfg = TuningConfig(interval_s=0.01, every_workflows=2, window_workflows=10, min_workflows=1)
+    tuner = AlphaTuner(cast("Gateway", gw), cfg)
+    runs: list[int] = []
+
+    async def tune_once() -> str:
+        runs.append(gw.recorder.total)
+        tuner.retuner.take_window(0.0)
+        return "kept"
+
+    monkeypatch.setattr(tuner, "tune_once", tune_once)
+    stop = asyncio.Event()
+    task = asyncio.create_task(tuner.run(stop))
+    gw.recorder.record(_entry_wf(0, 0.0))
+    for _ in range(5):  # several check intervals with one new workflow: not due
+        await asyncio.sleep(0.01)
+    assert runs == []
+    gw.recorder.record(_entry_wf(1, 1.0))
+    async with asyncio.timeout(5):
+        while not runs:
+            await asyncio.sleep(0.01)
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+    assert runs == [2], "one run per K workflows, however many checks pass"
+    stop.set()
+    await task
