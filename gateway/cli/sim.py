@@ -1,5 +1,6 @@
 """The simulator's commands: ``simulate`` (one policy, one run), ``bench`` (policies side by side, or with
-``--live`` on the live gateway next to the simulator) and ``tune`` (the alpha tuner on a window of traffic)."""
+``--live`` on the live gateway next to the simulator; ``bench tuner`` lives in ``gateway.cli.tuner``) and ``tune``
+(the alpha tuner on a window of traffic)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from gateway.bench.stats import fmt, table
 from gateway.cli.common import Subparsers, UsageError, add_workload_args, int_arg, load_workers, policy_names
+from gateway.cli.tuner import add_bench_tuner
 from gateway.core.policy import POLICIES, get_policy
 from gateway.core.workflow import CallSpec
 
@@ -74,7 +76,9 @@ def add_bench(sub: Subparsers) -> None:
         "--log-dir", default=None, help="--live: keep subprocess logs and configs here (default: a temporary folder)"
     )
     p.set_defaults(func=cmd_bench, workflows=None)
-    add_bench_overload(p.add_subparsers(dest="bench_command", metavar="{overload}", required=False))
+    bench_sub = p.add_subparsers(dest="bench_command", metavar="{overload,tuner}", required=False)
+    add_bench_overload(bench_sub)
+    add_bench_tuner(bench_sub)
 
 
 def add_bench_overload(sub: Subparsers) -> None:
@@ -145,7 +149,11 @@ def add_tune(sub: Subparsers) -> None:
     add_workload_args(p, workflows=400)
     p.add_argument("--policy", default="hexgen")
     p.add_argument("--rate", type=float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)")
-    p.add_argument("--window-s", type=float, default=300.0, help="length of the traffic window (seconds)")
+    p.add_argument(
+        "--window",
+        default=None,
+        help="workflows in the window: the first N of the run (default: the gateway's tuning.window_workflows)",
+    )
     p.add_argument("--grid", default=None, help="alphas to try, comma-separated (default 0, 0.1, ..., 1)")
     p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
     p.set_defaults(func=cmd_tune)
@@ -418,7 +426,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     setup = _setup(args)
     rate = args.rate if args.rate is not None else round(0.6 * fluid_bound(setup.workers, setup.queries), 4)
     wfs = setup.workflows(rate)
-    window = [w for w in wfs if w.arrival <= args.window_s] or wfs[:1]
+    from gateway.config.gateway import TuningConfig
+
+    n = TuningConfig().window_workflows if args.window is None else int_arg("--window", args.window, minimum=1)
+    window = wfs[:n]
     grid = ALPHA_GRID if not args.grid else tuple(float(x) for x in args.grid.split(","))
     if any(not 0.0 <= a <= 1.0 for a in grid):
         raise UsageError("--grid: alphas must be in [0, 1]")
@@ -435,7 +446,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         ]
         for p in res.points
     ]
-    print(f"window: {len(window)} workflows over {args.window_s:g} s at {rate:g} qps on {args.cluster}")
+    span = window[-1].arrival - window[0].arrival
+    print(f"window: {len(window)} workflows over {span:.0f} s at {rate:g} qps on {args.cluster}")
     print(table(["alpha", "p50_s", "p95_s", "slo", "chosen"], rows))
     print(f"alpha = {res.alpha:.2f}  (tuned in {wall:.2f} s)")
     if args.json:

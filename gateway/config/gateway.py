@@ -186,12 +186,32 @@ class RetryConfig(_Strict):
 
 
 class TuningConfig(_Strict):
-    """Background alpha re-tuning by replaying the recent window in the simulator (separate process)."""
+    """Background alpha re-tuning: the last ``window_workflows`` finished workflows, replayed in the simulator.
+
+    The window is counted in workflows, not seconds: at the HexGen-Flow paper's rates (about 0.1
+    workflows/s on a 4-GPU cluster) a 300 s window holds about 28 workflows, too few for a P95 to tell
+    alphas apart (``hexflow bench tuner`` measures it: docs/benchmarks.md, "Alpha tuner"). ``max_age_s``
+    is only a staleness guard: workflows that arrived longer ago are left out, so after a quiet spell
+    the tuner does not replay traffic of another time of day. A run is due once ``every_workflows``
+    more workflows have finished since the last one; the task checks every ``interval_s``.
+    """
 
     enabled: bool = Field(True, description="Re-tune alpha in the background (only for WB policies).")
-    interval_s: PosFloat = Field(60.0, description="Seconds between tuning runs.")
-    window_s: PosFloat = Field(600.0, description="The recent window of workflows replayed.")
-    max_window_workflows: int = Field(2000, ge=1, description="Most workflows kept in the window.")
+    window_workflows: int = Field(
+        300,
+        ge=10,
+        le=10_000,
+        description="The last this many finished workflows are replayed (the window; also the most kept in memory).",
+    )
+    every_workflows: int = Field(
+        50, ge=1, description="Re-tune once this many more workflows have finished since the last run."
+    )
+    interval_s: PosFloat = Field(
+        60.0, description="How often the task checks whether a run is due (at most one run per interval)."
+    )
+    max_age_s: PosFloat = Field(
+        7200.0, description="Staleness guard: workflows that arrived longer ago than this are left out of the window."
+    )
     min_workflows: int = Field(20, ge=1, description="Tune only when the window holds at least this many.")
     hysteresis: float = Field(
         0.03,
@@ -199,7 +219,32 @@ class TuningConfig(_Strict):
         lt=1.0,
         description="Switch alpha only if the chosen one's simulated P95 beats the current one's by this fraction.",
     )
-    grid: list[Alpha] | None = Field(None, description="Alpha grid (default 0, 0.1, ..., 1).")
+    grid: list[Alpha] | None = Field(
+        None, min_length=1, description="Alpha grid (default 0, 0.1, ..., 1); the simulation runs once per value."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        # The window used to be counted in seconds; say what replaced the old keys instead of "extra input".
+        if isinstance(data, dict):
+            for old in ("window_s", "max_window_workflows"):
+                if old in data:
+                    raise FieldError(
+                        f"tuning.{old}",
+                        f"{old} was removed: the window is counted in workflows now "
+                        "(window_workflows; max_age_s is the staleness guard)",
+                    )
+        return data
+
+    @model_validator(mode="after")
+    def _sizes(self) -> TuningConfig:
+        if self.min_workflows > self.window_workflows:
+            raise FieldError(
+                "tuning.min_workflows",
+                f"must not exceed window_workflows ({self.window_workflows}), got {self.min_workflows}",
+            )
+        return self
 
 
 class Text2SqlConfig(_Strict):

@@ -186,7 +186,7 @@ class Gateway:
                 metrics=self.metrics,
                 api=kube_api,
             )
-        self.recorder = WindowRecorder(cfg.tuning.window_s, cfg.tuning.max_window_workflows)
+        self.recorder = WindowRecorder(cfg.tuning.window_workflows, cfg.tuning.max_age_s)
         self.tuner = AlphaTuner(self, cfg.tuning) if background and cfg.tuning.enabled else None
         self.background = background
         self.draining = False

@@ -1,12 +1,19 @@
-"""Background alpha re-tuning: replay the recent window of workflows in the simulator, off the loop.
+"""Background alpha re-tuning: replay the last finished workflows in the simulator, off the event loop.
 
 Every finished workflow is recorded as a ``WindowEntry``: arrival, deadline, tenant, its ``DagNode``s
 (frozen dataclasses: the calls with their token counts and dependencies) and its budgeting template's
-name. Every ``tuning.interval_s`` the window is pickled to a separate process (a one-worker
-``ProcessPoolExecutor`` with the ``spawn`` start method, so no event-loop state is forked) that rebuilds
-the workflows and runs ``gateway.sim.tune.tune_alpha`` on the gateway's own cluster model and policy. The
-chosen alpha is applied only if its simulated P95 beats the current alpha's by ``hysteresis`` (so the
-gateway does not flap between equivalent values); every run is logged and counted in
+name. The window is the last ``tuning.window_workflows`` of them in the order they finished (a bounded
+deque; ``tuning.max_age_s`` leaves out stale ones). Counting workflows, not seconds, is what makes the
+window's P95 worth trusting at any traffic rate: ``hexflow bench tuner`` measures the effect.
+
+``Retuner`` holds the decisions and no I/O, so the live task and the benchmark share them: a run is due
+once ``tuning.every_workflows`` more workflows have finished since the last one; it replays the window
+(``tune_window``: ``gateway.sim.tune.tune_alpha`` on the gateway's own cluster model and policy); the
+chosen alpha is applied only if its simulated P95 beats the current alpha's by ``tuning.hysteresis`` (so
+the gateway does not flap between equivalent values). ``AlphaTuner`` is the live task: every
+``tuning.interval_s`` it asks whether a run is due, and runs ``tune_window`` in a separate process (a
+one-worker ``ProcessPoolExecutor`` with the ``spawn`` start method, so no event-loop state is forked and
+the loop never waits on the simulation). Every run is logged and counted in
 ``hexflow_tuning_runs_total{result=applied|kept|skipped|failed}``.
 """
 
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import multiprocessing
 import time
 from collections import deque
@@ -25,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.config.workflows import TEMPLATES
 from gateway.core.dag import DagNode, DagWorkflow, chain_nodes
 from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import OnlineWorkflow
+from gateway.core.workflow import OnlineWorkflow, StagedWorkflow
 
 if TYPE_CHECKING:
     from gateway.config.gateway import TuningConfig
@@ -46,28 +54,44 @@ class WindowEntry:
 
 
 class WindowRecorder:
-    """The recent window of finished workflows (bounded by age and count)."""
+    """The tuner's window: the last ``size`` finished workflows, in the order they finished.
 
-    def __init__(self, window_s: float, max_workflows: int) -> None:
-        self.window_s = window_s
-        self._entries: deque[WindowEntry] = deque(maxlen=max_workflows)
+    Memory is bounded by ``size`` (a deque that drops the oldest entry). ``max_age_s`` is a staleness
+    guard: a snapshot leaves out (and forgets) entries that arrived more than ``max_age_s`` before ``now``.
+    ``total`` counts every workflow ever recorded, which is what the tuner's trigger counts.
+    """
+
+    def __init__(self, size: int, max_age_s: float = math.inf) -> None:
+        if size < 1:
+            raise ValueError(f"the window must hold at least one workflow, got {size}")
+        if not max_age_s > 0:
+            raise ValueError(f"max_age_s must be positive, got {max_age_s}")
+        self.size = size
+        self.max_age_s = max_age_s
+        self.total = 0
+        self._entries: deque[WindowEntry] = deque(maxlen=size)
+
+    def _add(self, entry: WindowEntry) -> None:
+        self._entries.append(entry)
+        self.total += 1
 
     def record(self, wf: DagWorkflow) -> None:
         """Record a finished workflow."""
         name = wf.template.name if wf.template is not None else None
-        self._entries.append(WindowEntry(wf.arrival, wf.deadline, wf.tenant, wf.nodes, name))
+        self._add(WindowEntry(wf.arrival, wf.deadline, wf.tenant, wf.nodes, name))
 
-    def record_online(self, wf: OnlineWorkflow) -> None:
-        """Record a finished online workflow as the chain of the stages it ran."""
+    def record_online(self, wf: OnlineWorkflow | StagedWorkflow) -> None:
+        """Record a finished workflow of stages (online, or staged in a simulation) as the chain of its stages."""
         nodes = tuple(chain_nodes([st.calls for st in wf.stages]))
         name = wf.template.name if wf.template is not None else None
         if nodes:
-            self._entries.append(WindowEntry(wf.arrival, wf.deadline, wf.tenant, nodes, name))
+            self._add(WindowEntry(wf.arrival, wf.deadline, wf.tenant, nodes, name))
 
     def snapshot(self, now: float) -> list[WindowEntry]:
-        """Entries that arrived within ``window_s`` of ``now``, oldest first (older ones are dropped)."""
-        while self._entries and self._entries[0].arrival < now - self.window_s:
-            self._entries.popleft()
+        """The window at ``now``, oldest arrival first (the replay's order); stale entries are dropped."""
+        cutoff = now - self.max_age_s
+        if any(e.arrival < cutoff for e in self._entries):
+            self._entries = deque((e for e in self._entries if e.arrival >= cutoff), maxlen=self.size)
         return sorted(self._entries, key=lambda e: e.arrival)
 
     def __len__(self) -> int:
@@ -104,20 +128,60 @@ def tune_window(
     seed: int,
     current: float,
 ) -> TuneOutcome:
-    """Run in the tuning process: the simulator's tuner on the recorded window."""
-    from gateway.sim.tune import ALPHA_GRID, tune_alpha
+    """Run in the tuning process (and by ``hexflow bench tuner``): the simulator's tuner on the window."""
+    from gateway.sim.tune import tune_alpha
 
     t = time.perf_counter()
-    res = tune_alpha(workers, policy, rebuild(entries), grid=grid or ALPHA_GRID, seed=seed, current=current)
+    res = tune_alpha(workers, policy, rebuild(entries), grid=grid, seed=seed, current=current)
     return TuneOutcome(res.alpha, {p.alpha: p.summary.p95_s for p in res.points}, len(entries), time.perf_counter() - t)
 
 
+class Retuner:
+    """The tuner's decisions, without I/O or clock: when a run is due, what it replays, whether to apply.
+
+    Shared by the live task (``AlphaTuner``) and ``hexflow bench tuner``, so the benchmark measures the
+    same window, trigger and rule as the gateway runs.
+    """
+
+    def __init__(self, cfg: TuningConfig, recorder: WindowRecorder) -> None:
+        self.cfg = cfg
+        self.recorder = recorder
+        self.last_total = 0
+        """``recorder.total`` when the last run took its window."""
+
+    def due(self) -> bool:
+        """Whether ``every_workflows`` more workflows finished since the last run took its window."""
+        return self.recorder.total - self.last_total >= self.cfg.every_workflows
+
+    def take_window(self, now: float) -> list[WindowEntry]:
+        """The window to replay now; the next run is due ``every_workflows`` workflows from here."""
+        self.last_total = self.recorder.total
+        return self.recorder.snapshot(now)
+
+    def enough(self, entries: Sequence[WindowEntry]) -> bool:
+        """Whether the window is big enough to tune on (``min_workflows``)."""
+        return len(entries) >= self.cfg.min_workflows
+
+    def grid(self) -> list[float]:
+        """The alphas each run tries."""
+        from gateway.sim.tune import ALPHA_GRID
+
+        return list(self.cfg.grid) if self.cfg.grid is not None else list(ALPHA_GRID)
+
+    def should_apply(self, out: TuneOutcome, current: float) -> bool:
+        """Apply the chosen alpha only if its simulated P95 beats the current alpha's by ``hysteresis``."""
+        cur_p95 = _nearest(out.p95_by_alpha, current)
+        new_p95 = out.p95_by_alpha[out.chosen]
+        return out.chosen != current and new_p95 < cur_p95 * (1.0 - self.cfg.hysteresis)
+
+
 class AlphaTuner:
-    """The background task: periodically tunes alpha in a separate process and applies it."""
+    """The background task: re-tunes alpha in a separate process when a run is due, and applies it."""
 
     def __init__(self, gateway: Gateway, cfg: TuningConfig) -> None:
         self.gw = gateway
         self.cfg = cfg
+        self.retuner = Retuner(cfg, gateway.recorder)
         self._executor: ProcessPoolExecutor | None = None
         self.last: dict[str, Any] | None = None
         self.runs = 0
@@ -134,26 +198,26 @@ class AlphaTuner:
             self._executor = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Tune every ``interval_s`` until ``stop`` is set."""
+        """Every ``interval_s`` until ``stop`` is set: tune when a run is due (``Retuner.due``)."""
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), self.cfg.interval_s)
                 return
             except TimeoutError:
                 pass
-            await self.tune_once()
+            if self.retuner.due():
+                await self.tune_once()
 
     async def tune_once(self) -> str:
-        """One tuning run; returns its result label (applied, kept, skipped, failed)."""
+        """One tuning run now, due or not; returns its result label (applied, kept, skipped, failed)."""
         gw = self.gw
-        entries = gw.recorder.snapshot(gw.clock())
-        if len(entries) < self.cfg.min_workflows:
+        entries = self.retuner.take_window(gw.clock())
+        if not self.retuner.enough(entries):
             return self._count("skipped", {"reason": f"{len(entries)} workflows in the window"})
         workers = [gw.scheduler.workers[i] for i in gw.scheduler.members()]
         if not workers:
             return self._count("skipped", {"reason": "no workers"})
         current = gw.scheduler.alpha
-        grid = list(self.cfg.grid) if self.cfg.grid else []
         loop = asyncio.get_running_loop()
         try:
             out = await loop.run_in_executor(
@@ -162,7 +226,7 @@ class AlphaTuner:
                 workers,
                 gw.scheduler.policy.name,
                 entries,
-                grid,
+                self.retuner.grid(),
                 gw.cfg.seed,
                 current,
             )
@@ -180,7 +244,7 @@ class AlphaTuner:
             "current_p95_s": cur_p95,
             "chosen_p95_s": new_p95,
         }
-        if out.chosen != current and new_p95 < cur_p95 * (1.0 - self.cfg.hysteresis):
+        if self.retuner.should_apply(out, current):
             gw.scheduler.alpha = out.chosen
             gw.metrics.alpha.set(out.chosen)
             log.info("alpha %.2f -> %.2f (simulated P95 %.2f s -> %.2f s)", current, out.chosen, cur_p95, new_p95)
@@ -202,7 +266,13 @@ class AlphaTuner:
 
     def status(self) -> dict[str, Any]:
         """For ``/v1/status``."""
-        return {"runs": self.runs, "last": self.last, "window_workflows": len(self.gw.recorder)}
+        rec = self.gw.recorder
+        return {
+            "runs": self.runs,
+            "last": self.last,
+            "window_workflows": len(rec),
+            "finished_since_last_run": rec.total - self.retuner.last_total,
+        }
 
 
 def _nearest(p95: dict[float, float], alpha: float) -> float:

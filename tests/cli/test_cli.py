@@ -153,3 +153,9 @@ def test_every_command_group_registers_its_commands_in_the_documented_order(
         "config-reference",
         "tenants",
     ]
+
+
+def test_tune_window_counts_workflows(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = run(["tune", *FAST, "--grid", "0,1", "--window", "12"], capsys)
+    assert code == 0
+    assert "window: 12 workflows" in stdout
