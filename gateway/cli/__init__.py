@@ -4,6 +4,7 @@
     hexflow bench      policies side by side: latency, SLO attainment, capacity, fluid bound
     hexflow tune       the alpha tuner on a window of traffic
     hexflow bench tuner   the background alpha tuner, run as live, against the best fixed alpha in hindsight
+    hexflow sim-speed  the simulator's own speed: simulated calls/s per cluster and policy
     hexflow emulate    an emulated vLLM worker (a test double for a GPU; see workers/emulator.py)
     hexflow emulate-cluster   every worker of a cluster file as emulated workers in one process
     hexflow serve      the live gateway
@@ -20,7 +21,7 @@
 Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
 with one line naming the file and field, and exit status 2; never a traceback.
 
-Each command group registers its own subparsers in its own module (``sim``: simulate, bench, tune;
+Each command group registers its own subparsers in its own module (``sim``: simulate, bench, tune, sim-speed;
 ``tuner``: bench tuner; ``serve``: serve, emulate, emulate-cluster, discover; ``measure``: replay, overhead;
 ``text2sql``: demo, eval, databases, answers; ``config``: config-reference, tenants); this module orders
 them for the help, checks the arguments every command shares, and turns a ``GatewayError`` or
@@ -45,6 +46,7 @@ _COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     sim.add_simulate,
     sim.add_bench,
     sim.add_tune,
+    sim.add_sim_speed,
     serve.add_emulate,
     serve.add_emulate_cluster,
     serve.add_serve,

@@ -1,6 +1,6 @@
 """The simulator's commands: ``simulate`` (one policy, one run), ``bench`` (policies side by side, or with
-``--live`` on the live gateway next to the simulator; ``bench tuner`` lives in ``gateway.cli.tuner``) and ``tune``
-(the alpha tuner on a window of traffic)."""
+``--live`` on the live gateway next to the simulator; ``bench tuner`` lives in ``gateway.cli.tuner``), ``tune``
+(the alpha tuner on a window of traffic) and ``sim-speed`` (how many calls per second the simulator itself runs)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,15 @@ from gateway.core.workflow import CallSpec
 if TYPE_CHECKING:
     from gateway.bench.simbench import BenchReport, Setup
 
-__all__ = ["BENCH_WORKFLOWS", "LIVE_BENCH_WORKFLOWS", "add_bench", "add_bench_overload", "add_simulate", "add_tune"]
+__all__ = [
+    "BENCH_WORKFLOWS",
+    "LIVE_BENCH_WORKFLOWS",
+    "add_bench",
+    "add_bench_overload",
+    "add_sim_speed",
+    "add_simulate",
+    "add_tune",
+]
 
 BENCH_WORKFLOWS = 1000
 """Workflows per simulated ``bench`` run (default)."""
@@ -157,6 +165,21 @@ def add_tune(sub: Subparsers) -> None:
     p.add_argument("--grid", default=None, help="alphas to try, comma-separated (default 0, 0.1, ..., 1)")
     p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
     p.set_defaults(func=cmd_tune)
+
+
+def add_sim_speed(sub: Subparsers) -> None:
+    """``hexflow sim-speed``."""
+    p = sub.add_parser("sim-speed", help="the simulator's own speed: simulated calls/s per cluster and policy")
+    add_workload_args(p, workflows=1000)
+    p.add_argument(
+        "--clusters",
+        default="paper-4gpu,mixed-64",
+        help="comma-separated cluster files or names (default paper-4gpu,mixed-64; --cluster is ignored)",
+    )
+    p.add_argument("--policies", default="hexgen,lw-fcfs", help="comma-separated (default hexgen,lw-fcfs)")
+    p.add_argument("--load", type=float, default=0.7, help="arrival rate as a fraction of the fluid bound (0.7)")
+    p.add_argument("--repeats", default=3, help="runs per point; the fastest counts (default 3)")
+    p.set_defaults(func=cmd_sim_speed)
 
 
 def _queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
@@ -412,6 +435,46 @@ def cmd_bench_live(args: argparse.Namespace) -> int:
     if args.plot:
         plot_live_report(report, Path(args.plot))
         print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_sim_speed(args: argparse.Namespace) -> int:
+    """Simulated calls per second (wall and CPU time) of each policy on each cluster, under load."""
+    from gateway.bench.simspeed import measure_speed
+
+    policies = policy_names(args.policies)
+    clusters = [c.strip() for c in args.clusters.split(",") if c.strip()]
+    if not clusters:
+        raise UsageError("--clusters: give at least one cluster")
+    repeats = int_arg("--repeats", str(args.repeats), minimum=1)
+    if not (args.load > 0 and math.isfinite(args.load)):
+        raise UsageError("--load: must be a positive number")
+    results = []
+    for cluster in clusters:
+        args.cluster = cluster
+        results += measure_speed(cluster, _setup(args), policies, load=args.load, repeats=repeats)
+    rows = [
+        [
+            r.cluster,
+            str(r.workers),
+            r.policy,
+            f"{r.rate_qps:.4f}",
+            str(r.calls),
+            f"{r.wall_s:.2f}",
+            f"{r.calls_per_s:,.0f}",
+            f"{r.calls_per_cpu_s:,.0f}",
+        ]
+        for r in results
+    ]
+    print(
+        f"{args.trace}, {args.workflows} workflows at {args.load:g} x the fluid bound, fastest of {repeats} "
+        f"run{'s' if repeats > 1 else ''}"
+    )
+    print(table(["cluster", "workers", "policy", "rate_qps", "calls", "wall_s", "calls/s", "calls/cpu_s"], rows))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -173,17 +173,21 @@ class WorkloadBalanced:
     def choose(self, view: DispatchView) -> int:
         """Maximum of ``(1-alpha) * beta/(beta + t_queue + w * harm) - alpha * t_comp/beta``."""
         alpha = view.alpha
-        beta = max(view.budget, min(view.t_comp), 1e-9)
-        harm = view.harm if self.interference > 0.0 and view.harm else None
+        t_comp = view.t_comp
+        beta = max(view.budget, min(t_comp), 1e-9)
+        load_w = (1.0 - alpha) * beta  # the score's first product, hoisted (same operands, same order)
         w = self.interference
+        t_queue = view.t_queue
+        if w > 0.0 and view.harm:
+            harm = view.harm
+            t_queue = [tq + w * h for tq, h in zip(t_queue, harm, strict=True)]
         best = 0
         best_score = -float("inf")
-        for i in range(len(view.workers)):
-            tc = view.t_comp[i]
-            tq = view.t_queue[i] + w * harm[i] if harm is not None else view.t_queue[i]
-            score = (1.0 - alpha) * beta / (beta + tq) - alpha * tc / beta
-            if score > best_score or (score == best_score and tc < view.t_comp[best]):
-                best, best_score = i, score
+        best_tc = t_comp[0]
+        for i, (tc, tq) in enumerate(zip(t_comp, t_queue, strict=True)):
+            score = load_w / (beta + tq) - alpha * tc / beta
+            if score > best_score or (score == best_score and tc < best_tc):
+                best, best_score, best_tc = i, score, tc
         return best
 
 

@@ -131,17 +131,49 @@ class Estimator:
         self.max_age_s = max_age_s
         self.clamp = clamp
         self._ratios: list[dict[str, Ratio]] = [{} for _ in self.workers]
-        # Profile latencies are pure functions of (worker, tokens); memoise the hot path.
-        self._base_cache: list[dict[tuple[int, int], float]] = [{} for _ in self.workers]
-        self._prefill_cache: list[dict[int, float]] = [{} for _ in self.workers]
+        # Profile latencies are pure functions of (profile, tokens); memoise the hot path. Workers with
+        # equal profiles share one cache (a cluster of 64 engines has a handful of profiles), so a new
+        # token count costs one computation per profile, not per worker.
+        self._profiles: list[PerfProfile] = []
+        """Distinct profiles; ``_group[w]`` is worker w's position here."""
+        self._group: list[int] = []
+        self._base_cache: list[dict[tuple[int, int], float]] = []
+        """Per profile: lone-request latency by (input, output) tokens."""
+        self._prefill_cache: list[dict[int, float]] = []
+        """Per profile: prefill seconds by input tokens."""
+        self._consts: list[tuple[float, float, float, float, int, int, int]] = []
+        """Per worker, what ``estimates`` reads: iter_base_s, token_s, ctx_s, request_overhead_s, the batch
+        limit (min of capacity and max_num_seqs), capacity and the profile group. Rebuilt whenever a
+        worker's ``WorkerInfo`` changes (``add_worker``, ``reset_worker``, ``set_capacity``)."""
+        for w in range(len(self.workers)):
+            self._index_worker(w)
+
+    def _index_worker(self, worker: int) -> None:
+        """(Re)build the per-worker constants and profile group of slot ``worker`` from ``workers``."""
+        info = self.workers[worker]
+        p = info.profile
+        try:
+            g = self._profiles.index(p)
+        except ValueError:
+            g = len(self._profiles)
+            self._profiles.append(p)
+            self._base_cache.append({})
+            self._prefill_cache.append({})
+        limit = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
+        const = (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, limit, info.capacity, g)
+        if worker == len(self._group):
+            self._group.append(g)
+            self._consts.append(const)
+        else:
+            self._group[worker] = g
+            self._consts[worker] = const
 
     def add_worker(self, info: WorkerInfo) -> int:
         """Append a worker with fresh estimates; returns its index."""
         self.workers.append(info)
         self.loads.append(WorkerLoad())
         self._ratios.append({})
-        self._base_cache.append({})
-        self._prefill_cache.append({})
+        self._index_worker(len(self.workers) - 1)
         return len(self.workers) - 1
 
     def reset_worker(self, worker: int, info: WorkerInfo) -> None:
@@ -149,32 +181,58 @@ class Estimator:
         self.workers[worker] = info
         self.loads[worker] = WorkerLoad()
         self._ratios[worker] = {}
-        self._base_cache[worker] = {}
-        self._prefill_cache[worker] = {}
+        self._index_worker(worker)
 
     def set_capacity(self, worker: int, capacity: int) -> None:
         """Change a worker's concurrent-call count (its batch and slot limit): a new ``WorkerInfo``."""
         self.workers[worker] = replace(self.workers[worker], capacity=capacity)
+        self._index_worker(worker)
 
     # ------------------------------------------------------------------ profile (load-independent)
 
     def base_latency(self, worker: int, input_tokens: int, output_tokens: int) -> float:
         """The profile's lone-request latency, uncorrected (the unit of stage budgets)."""
-        cache = self._base_cache[worker]
+        g = self._group[worker]
+        cache = self._base_cache[g]
         key = (input_tokens, output_tokens)
         v = cache.get(key)
         if v is None:
-            v = self.workers[worker].profile.single_latency(input_tokens, output_tokens)
+            v = self._profiles[g].single_latency(input_tokens, output_tokens)
+            if len(cache) < 65536:
+                cache[key] = v
+        return v
+
+    def mean_base_latency(self, workers: Sequence[int], input_tokens: int, output_tokens: int) -> float:
+        """Mean of ``base_latency`` over ``workers`` (0.0 for none): the reference cost of stage budgets.
+
+        Computed once per distinct profile, then summed in the order of ``workers`` (the same sum, term
+        by term, as adding ``base_latency`` worker by worker).
+        """
+        if not workers:
+            return 0.0
+        by_group = [self._group_base(g, input_tokens, output_tokens) for g in range(len(self._profiles))]
+        group = self._group
+        return sum([by_group[group[w]] for w in workers]) / len(workers)
+
+    def _group_base(self, g: int, input_tokens: int, output_tokens: int) -> float:
+        cache = self._base_cache[g]
+        key = (input_tokens, output_tokens)
+        v = cache.get(key)
+        if v is None:
+            v = self._profiles[g].single_latency(input_tokens, output_tokens)
             if len(cache) < 65536:
                 cache[key] = v
         return v
 
     def prefill_s(self, worker: int, input_tokens: int) -> float:
         """The profile's prefill seconds for a prompt of ``input_tokens`` on ``worker``."""
-        cache = self._prefill_cache[worker]
+        return self._group_prefill(self._group[worker], input_tokens)
+
+    def _group_prefill(self, g: int, input_tokens: int) -> float:
+        cache = self._prefill_cache[g]
         v = cache.get(input_tokens)
         if v is None:
-            v = prefill_time(self.workers[worker].profile, input_tokens)
+            v = prefill_time(self._profiles[g], input_tokens)
             if len(cache) < 65536:
                 cache[input_tokens] = v
         return v
@@ -271,17 +329,64 @@ class Estimator:
         self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
     ) -> tuple[list[float], list[float], list[float]]:
         """``t_comp``, ``t_queue`` and ``harm`` for each of ``workers`` (one pass; the dispatch hot path)."""
+        t_comp, t_queue, harm, _ = self.snapshot(workers, kind, input_tokens, output_tokens, now)
+        return t_comp, t_queue, harm
+
+    def snapshot(
+        self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
+    ) -> tuple[list[float], list[float], list[float], list[int]]:
+        """``estimates`` plus each worker's calls in flight: everything a dispatch view needs, in one pass.
+
+        The loop is ``t_comp``, ``t_queue`` and ``harm`` written out inline (the same operations in the same
+        order, so the same floats): with tens of workers it runs once per worker for every call, and
+        method calls and attribute lookups would dominate the simulator's time.
+        """
         t_comp: list[float] = []
         t_queue: list[float] = []
         harm: list[float] = []
+        inflight: list[int] = []
         extra = input_tokens + output_tokens / 2.0
+        out = output_tokens - 1 if output_tokens > 1 else 0
+        pres = [self._group_prefill(g, input_tokens) for g in range(len(self._profiles))]
+        loads = self.loads
+        consts = self._consts
+        ratios = self._ratios
+        max_age = self.max_age_s
         for w in workers:
-            r = self.ratio(w, kind, now)
-            t_comp.append(self._own(w, input_tokens, output_tokens, extra) * r)
-            t_queue.append(self.t_queue(w, now))
-            n = self.loads[w].inflight
-            harm.append(self.prefill_s(w, input_tokens) * n if n else 0.0)
-        return t_comp, t_queue, harm
+            base, tok, ctx_s, overhead, limit, cap, g = consts[w]
+            load = loads[w]
+            r = ratios[w].get(kind)
+            rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
+            busy = load.inflight
+            # t_comp (``_own`` x ratio)
+            n = busy + 1
+            ctx = load.inflight_ctx + extra
+            if n > limit:
+                ctx *= limit / n
+                n = limit
+            pre = pres[g]
+            t_comp.append((overhead + pre + out * (base + tok * n + ctx_s * ctx)) * rv)
+            # t_queue
+            wait = load.prefill_free_at - now
+            if wait < 0.0:  # noqa: PLR1730 (hot path: no builtin call)
+                wait = 0.0
+            wait += load.queued_prefill_s
+            queued = load.queued
+            behind = busy + queued + 1 - cap
+            if behind > 0:
+                if busy:  # ``load.outstanding(now)``
+                    rem = load.inflight_end_sum - busy * now
+                    floor = 0.1 * load.inflight_service_sum
+                    work = load.queued_work + (rem if rem > floor else floor)
+                else:
+                    work = load.queued_work
+                slot = behind * work / ((busy + queued) * cap)
+                if slot > wait:  # noqa: PLR1730
+                    wait = slot
+            t_queue.append(wait)
+            harm.append(pre * busy if busy else 0.0)
+            inflight.append(busy)
+        return t_comp, t_queue, harm, inflight
 
     # ------------------------------------------------------------------ transitions (the scheduler reports)
 

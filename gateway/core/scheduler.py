@@ -149,10 +149,7 @@ class Scheduler:
         key = (input_tokens, output_tokens)
         v = self._ref_cache.get(key)
         if v is None:
-            est = self.estimator
-            idx = self.members()
-            v = sum(est.base_latency(i, input_tokens, output_tokens) for i in idx)
-            v = v / len(idx) if idx else 0.0
+            v = self.estimator.mean_base_latency(self.members(), input_tokens, output_tokens)
             if len(self._ref_cache) < 65536:
                 self._ref_cache[key] = v
         return v
@@ -188,13 +185,16 @@ class Scheduler:
         idx = self._all if self._n_eligible == len(self.workers) else [i for i, ok in enumerate(self.eligible) if ok]
         if not idx:
             raise NoEligibleWorker("no eligible worker")
-        t_comp, t_queue, harm = est.estimates(idx, spec.kind, spec.input_tokens, spec.output_tokens, now)
+        t_comp, t_queue, harm, inflight = est.snapshot(idx, spec.kind, spec.input_tokens, spec.output_tokens, now)
+        loads = est.loads
         view = DispatchView(
             workers=idx,
             t_comp=t_comp,
             t_queue=t_queue,
-            queue_len=[len(self.queues[i]) for i in idx],
-            inflight=[est.loads[i].inflight for i in idx],
+            # The estimator counts every push and pop of the worker queues (``_enqueue``, ``pop_next``,
+            # ``cancel``, ``drain_worker``), so its ``queued`` is the queue's length without a method call.
+            queue_len=[loads[i].queued for i in idx],
+            inflight=inflight,
             alpha=self._alpha,
             budget=call.budget,
             harm=harm,

@@ -140,6 +140,7 @@ def test_every_command_group_registers_its_commands_in_the_documented_order(
         "simulate",
         "bench",
         "tune",
+        "sim-speed",
         "emulate",
         "emulate-cluster",
         "serve",

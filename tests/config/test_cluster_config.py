@@ -35,7 +35,7 @@ def write(tmp_path: Path, text: str, name: str = "cluster.yaml") -> Path:
 
 
 def test_the_repo_ships_the_expected_cluster_files() -> None:
-    assert {"paper-4gpu", "paper-alt", "mixed-12", "small-8b"} <= set(known_clusters())
+    assert {"paper-4gpu", "paper-alt", "mixed-12", "mixed-16", "mixed-64", "small-8b"} <= set(known_clusters())
 
 
 @pytest.mark.parametrize("path", CLUSTER_FILES, ids=lambda p: p.stem)
@@ -67,6 +67,24 @@ def test_mixed_12_spans_h100_to_l4(catalog: GpuCatalog) -> None:
     workers = load_cluster("mixed-12", catalog)
     assert len(workers) == 12
     assert workers[0].profile.gpu == "H100" and workers[-1].profile.gpu == "L4"
+
+
+MIXED_16 = {"H200": 1, "H100": 3, "A100": 4, "A800": 2, "L40S": 2, "A6000": 2, "A40": 1, "L4": 1}
+
+
+@pytest.mark.parametrize(("cluster", "scale"), [("mixed-16", 1), ("mixed-64", 4)])
+def test_mixed_scale_clusters_hold_the_enterprise_mix_in_the_same_proportions(
+    catalog: GpuCatalog, cluster: str, scale: int
+) -> None:
+    workers = load_cluster(cluster, catalog)
+    counts: dict[str, int] = {}
+    for w in workers:
+        counts[w.profile.gpu] = counts.get(w.profile.gpu, 0) + 1
+    assert counts == {gpu: n * scale for gpu, n in MIXED_16.items()}
+    assert len(workers) == 16 * scale
+    assert {w.profile.model for w in workers} == {"llama-3.1-70b"}
+    # Fastest first, as in mixed-12: an H200 engine leads, an L4 engine closes.
+    assert workers[0].profile.gpu == "H200" and workers[-1].profile.gpu == "L4"
 
 
 def test_default_names_use_the_expanded_index_and_defaults_fill_in(catalog: GpuCatalog) -> None:

@@ -1,0 +1,71 @@
+"""How fast the simulator runs: simulated calls per second of wall and CPU time, per cluster and policy.
+
+The figure that bounds every simulated benchmark (a capacity search runs the simulator a few hundred
+times) and the one the scale clusters stress: dispatch looks at every worker for every call. Each
+measurement runs ``workflows`` workflows of the setup's queries at ``load`` x the fluid bound (busy
+queues, full batches: the regime a capacity search spends its time in), ``repeats`` times on fresh
+workflows, and keeps the fastest run (the least disturbed by other processes on the machine).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gateway.bench.simbench import Setup
+from gateway.sim.simulator import Simulator
+
+__all__ = ["SpeedResult", "measure_speed"]
+
+
+@dataclass(frozen=True)
+class SpeedResult:
+    """One (cluster, policy) measurement: the fastest of its repeats."""
+
+    cluster: str
+    policy: str
+    workers: int
+    rate_qps: float
+    calls: int
+    wall_s: float
+    cpu_s: float
+
+    @property
+    def calls_per_s(self) -> float:
+        """Simulated calls per second of wall time."""
+        return self.calls / self.wall_s if self.wall_s > 0 else float("inf")
+
+    @property
+    def calls_per_cpu_s(self) -> float:
+        """Simulated calls per second of this process's CPU time (less sensitive to a busy machine)."""
+        return self.calls / self.cpu_s if self.cpu_s > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields and both rates, for JSON."""
+        return {**asdict(self), "calls_per_s": self.calls_per_s, "calls_per_cpu_s": self.calls_per_cpu_s}
+
+
+def measure_speed(
+    cluster: str, setup: Setup, policies: Sequence[str], *, load: float = 0.7, repeats: int = 3
+) -> list[SpeedResult]:
+    """Time ``policies`` on ``setup`` (its workers, queries and base seed) at ``load`` x the fluid bound."""
+    if not load > 0:
+        raise ValueError(f"load must be positive, got {load}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    rate = load * setup.bound.rate_qps
+    out = []
+    for policy in policies:
+        runs: list[tuple[float, float, int]] = []
+        for _ in range(repeats):
+            wfs = setup.workflows(rate)
+            sim = Simulator(setup.workers, policy, seed=setup.seed)
+            w0, c0 = time.perf_counter(), time.process_time()
+            res = sim.run(wfs)
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            runs.append((wall, cpu, res.num_calls))
+        wall, cpu, calls = min(runs)
+        out.append(SpeedResult(cluster, policy, len(setup.workers), rate, calls, wall, cpu))
+    return out

@@ -1,0 +1,68 @@
+"""The dispatch hot path (``Estimator.snapshot``, ``mean_base_latency``) equals the per-worker methods exactly."""
+
+from __future__ import annotations
+
+import random
+
+from gateway.config import load_cluster
+from gateway.core.estimates import Estimator
+from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
+
+KINDS = ("generate_candidate", "revise", "evaluate")
+
+
+def loaded_estimator(seed: int) -> tuple[Estimator, float]:
+    """mixed-12 (seven profiles, shared caches) with calls queued, in flight and observed, some ratios stale."""
+    est = Estimator(load_cluster("mixed-12"), max_age_s=50.0)
+    rng = random.Random(seed)
+    wf = StagedWorkflow(0, "t", 0.0, 1e9, [Stage("x", (CallSpec("x", 1, 1),))])
+    now = 0.0
+    for i in range(400):
+        now += rng.random()
+        spec = CallSpec(rng.choice(KINDS), rng.randint(1, 9000), rng.randint(1, 700))
+        w = rng.randrange(len(est.workers))
+        call = Call(i, wf, spec, now)
+        call.t_comp = est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, now)
+        call.worker = w
+        est.enqueue(call, w)
+        if rng.random() < 0.7:
+            est.dequeue(call, w)
+            est.start(call, w, now)
+            call.started_at = now
+            if rng.random() < 0.5:
+                est.release(call, w)
+                est.observe(call, call.service_s * rng.uniform(0.5, 2.0), now)
+    return est, now
+
+
+def test_snapshot_equals_the_per_worker_estimates_bit_for_bit() -> None:
+    for seed in range(3):
+        est, now = loaded_estimator(seed)
+        everyone = list(range(len(est.workers)))
+        for workers in (everyone, everyone[::3], [5, 0, 11]):
+            for n_in, n_out in ((1, 1), (308, 5), (11748, 678), (4096, 2)):
+                for kind in KINDS:
+                    t_comp, t_queue, harm, inflight = est.snapshot(workers, kind, n_in, n_out, now)
+                    assert t_comp == [est.t_comp(w, kind, n_in, n_out, now) for w in workers]
+                    assert t_queue == [est.t_queue(w, now) for w in workers]
+                    assert harm == [est.harm(w, n_in) for w in workers]
+                    assert inflight == [est.loads[w].inflight for w in workers]
+                    assert est.estimates(workers, kind, n_in, n_out, now) == (t_comp, t_queue, harm)
+
+
+def test_mean_base_latency_is_the_mean_of_the_per_worker_latencies() -> None:
+    est = Estimator(load_cluster("mixed-12"))
+    for workers in (list(range(12)), [11, 3, 3, 0], []):
+        for n_in, n_out in ((1, 1), (308, 5), (11748, 678)):
+            per_worker = [est.base_latency(w, n_in, n_out) for w in workers]
+            expected = sum(per_worker) / len(workers) if workers else 0.0
+            assert est.mean_base_latency(workers, n_in, n_out) == expected
+
+
+def test_a_capacity_change_reaches_the_snapshot() -> None:
+    est, now = loaded_estimator(7)
+    before = est.snapshot([2], "revise", 5963, 79, now)
+    est.set_capacity(2, 1)
+    after = est.snapshot([2], "revise", 5963, 79, now)
+    assert after[1] == [est.t_queue(2, now)] and after[0] == [est.t_comp(2, "revise", 5963, 79, now)]
+    assert after != before
