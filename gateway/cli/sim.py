@@ -46,6 +46,11 @@ def add_simulate(sub: Subparsers) -> None:
     p.add_argument("--policy", default="hexgen", help=f"one of: {', '.join(POLICIES)}")
     p.add_argument("--rate", type=float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)")
     p.add_argument("--alpha", type=float, default=None, help="WB alpha (default: the policy's)")
+    p.add_argument(
+        "--admission",
+        action="store_true",
+        help="admit each workflow as the live gateway does (predicted completion within 90%% of the deadline)",
+    )
     p.set_defaults(func=cmd_simulate)
 
 
@@ -230,7 +235,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     rate = args.rate if args.rate is not None else round(0.6 * bound, 4)
     wfs = setup.workflows(rate)
     t0 = time.perf_counter()
-    res = Simulator(setup.workers, args.policy, alpha=args.alpha, seed=args.seed).run(wfs)
+    res = Simulator(setup.workers, args.policy, alpha=args.alpha, seed=args.seed, admission=args.admission).run(wfs)
     wall = time.perf_counter() - t0
     tenants = sorted({w.tenant for w in wfs})
     rows = []
@@ -255,6 +260,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     print(table(["tenant", "workflows", "p50_s", "p95_s", "p99_s", "slo", "tput_qps"], rows))
     print(f"simulated {res.num_calls} calls in {wall:.2f} s wall ({res.num_calls / max(wall, 1e-9):,.0f} calls/s)")
+    admitted = None
+    if args.admission:
+        met = sum(1 for r in res.workflows if r.met)
+        span = max(w.arrival for w in wfs) - min(w.arrival for w in wfs) if len(wfs) > 1 else 0.0
+        share = met / max(len(wfs) - len(res.rejected), 1)
+        goodput = met / span if span > 0 else math.nan
+        admitted = {
+            "arrived": len(wfs),
+            "rejected": len(res.rejected),
+            "met": met,
+            "met_share_of_accepted": share,
+            "goodput_qps": goodput if math.isfinite(goodput) else None,
+        }
+        print(
+            f"admission: {len(res.rejected)} of {len(wfs)} refused; {met} met their deadline "
+            f"({share:.1%} of accepted); goodput {fmt(goodput, 4)}/s"
+        )
     if args.json:
         out = {
             "policy": args.policy,
@@ -265,6 +287,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "slo_s": setup.slo_s,
             "fluid_bound_qps": bound,
             "summary": summaries,
+            "admission": admitted,
             "calls_per_s": res.num_calls / max(wall, 1e-9),
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

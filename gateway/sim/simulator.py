@@ -19,15 +19,17 @@ before the run from their own seeds.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from gateway.core.policy import Policy
+from gateway.core.predict import CompletionPredictor, calls_plan
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import Call, CallSpec, Workflow, deadline_met
+from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow, deadline_met
 from gateway.sim.engine import EngineStats, SimEngine
 
 _ARRIVAL = 0
@@ -89,6 +91,8 @@ class SimResult:
     num_calls: int = 0
     end_time: float = 0.0
     unfinished: int = 0
+    rejected: list[int] = field(default_factory=list)
+    """Ids of the workflows refused at admission (``Simulator(admission=True)``)."""
 
 
 class Simulator:
@@ -101,6 +105,12 @@ class Simulator:
         seed: seed of the scheduler's RNG.
         record_calls: keep a ``CallTimeline`` per call (for invariant tests and timelines).
         horizon_s: stop after this much virtual time (unfinished workflows are counted).
+        admission: admit each arriving workflow as the live gateway does (``gateway.core.predict``: refused
+            when its predicted completion is beyond ``admission_headroom`` of the time to its deadline, with
+            the work of admitted workflows committed until submitted). Refused workflows are listed in
+            ``SimResult.rejected`` and have no record (they count as missed). Workflows other than
+            ``StagedWorkflow`` are always admitted.
+        admission_headroom: the share of the deadline a prediction must fit in (the live gateway's 0.9).
     """
 
     def __init__(
@@ -112,7 +122,13 @@ class Simulator:
         seed: int = 0,
         record_calls: bool = False,
         horizon_s: float = float("inf"),
+        admission: bool = False,
+        admission_headroom: float = 0.9,
     ) -> None:
+        if not 0.0 < admission_headroom <= 1.0:
+            raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
+        self.admission = admission
+        self.admission_headroom = admission_headroom
         self.workers = list(workers)
         self.scheduler = Scheduler(self.workers, policy, random.Random(seed), alpha=alpha)
         self.engines = [SimEngine(w.profile, i) for i, w in enumerate(self.workers)]
@@ -153,16 +169,43 @@ class Simulator:
                 seq += 1
                 heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, w, eng.version))
 
+        # Admission (off by default): cluster seconds of work admitted workflows have still to submit.
+        committed = 0.0
+        work_left: dict[int, float] = {}
+        rejected: list[int] = []
+
+        def admit(wf: Workflow, t: float) -> bool:
+            nonlocal committed
+            if not isinstance(wf, StagedWorkflow):
+                return True
+            plan = calls_plan([st.calls for st in wf.stages])
+            pred = CompletionPredictor(sched, t, committed_s=committed)
+            if pred.duration(plan) > self.admission_headroom * (wf.deadline - t):
+                return False
+            work = pred.plan_work(plan)
+            if math.isfinite(work):
+                committed += work
+                work_left[wf.wid] = work
+            return True
+
         def submit(wf: Workflow, specs: list[CallSpec], t: float) -> None:
-            nonlocal call_id
+            nonlocal call_id, committed
             touched: list[int] = []
+            left = work_left.get(wf.wid)
+            pred = CompletionPredictor(sched, t) if left is not None else None
             for spec in specs:
                 call_id += 1
                 c = Call(call_id, wf, spec, t)
+                if pred is not None and left is not None:  # submitted: in the queues now, no longer committed
+                    done = min(pred.cluster_call_time(spec), left)
+                    left -= done
+                    committed = max(committed - done, 0.0)
                 w = sched.submit(c, t)
                 if w not in touched:
                     touched.append(w)
             ncalls[wf.wid] = ncalls.get(wf.wid, 0) + len(specs)
+            if left is not None:
+                work_left[wf.wid] = left
             for w in touched:
                 fill(w, t)
 
@@ -200,11 +243,16 @@ class Simulator:
                 fill(w, now)
                 if not nxt and wf.done:
                     pending -= 1
+                    committed = max(committed - work_left.pop(wf.wid, 0.0), 0.0)
                     records.append(
                         WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls.get(wf.wid, 0))
                     )
             else:
                 wf = cast(Workflow, payload)
+                if self.admission and not admit(wf, now):
+                    rejected.append(wf.wid)
+                    pending -= 1
+                    continue
                 first = wf.start()
                 if first:
                     submit(wf, first, now)
@@ -219,4 +267,5 @@ class Simulator:
             num_calls=call_id,
             end_time=now,
             unfinished=pending,
+            rejected=rejected,
         )

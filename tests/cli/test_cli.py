@@ -76,6 +76,29 @@ def test_simulate_prints_summary_and_writes_json(tmp_path: Path, capsys: pytest.
     assert doc["summary"]["all"]["workflows"] == 30
 
 
+def test_simulate_with_admission_reports_refusals_and_promises_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim.json"
+    argv = [
+        "simulate",
+        "--trace",
+        "chess-bird",
+        "--workflows",
+        "60",
+        "--rate",
+        "2.0",
+        "--admission",
+        "--json",
+        str(out),
+    ]
+    code, stdout, _ = run(argv, capsys)
+    assert code == 0 and "admission:" in stdout
+    adm = json.loads(out.read_text())["admission"]
+    assert adm["arrived"] == 60 and 0 < adm["rejected"] < 60  # 10x the cluster's bound: most refused
+    assert adm["met_share_of_accepted"] >= 0.9
+
+
 def test_simulate_reports_each_tenant(capsys: pytest.CaptureFixture[str]) -> None:
     code, stdout, _ = run(
         ["simulate", *FAST, "--tenants", "gold:share=0.5:slo_scale=0.5,chat:kind=chat:share=0.5"], capsys
