@@ -11,9 +11,10 @@ Registered dispatchers (``DISPATCHERS``):
          Kubernetes Service or an nginx upstream get, and the paper's vLLM baseline.
 ``p2c``  power of two choices on queue length (queued + in flight): two distinct workers sampled at
          random, the shorter wins. Ray Serve's default request router.
-``lw``   least predicted outstanding work: the worker with the smallest ``t_queue`` (seconds of work
-         per batch slot). AIBrix's least-busy-time and llm-d's load-aware scorers do this; it is the
-         strongest simple baseline. Ties go to the worker that computes the call fastest.
+``lw``   least predicted wait: the worker with the smallest ``t_queue`` (how long the call would wait
+         there before its prompt is processed, from the estimator's batching model). AIBrix's
+         least-busy-time and llm-d's load-aware scorers do this. Ties go to the worker that computes the
+         call fastest.
 ``eft``  earliest finish time: the worker with the smallest ``t_queue + t_comp`` (when the call could
          start there plus how long it would run there). The classic list-scheduling heuristic for
          heterogeneous clusters (HEFT's processor choice, Topcuoglu et al. 2002). Ties go to the lower
@@ -133,7 +134,7 @@ class PowerOfTwo:
 
 
 class LeastWork:
-    """AIBrix least-busy-time / llm-d load-aware: least predicted outstanding work per slot."""
+    """AIBrix least-busy-time / llm-d load-aware: least predicted wait before the call's prompt runs."""
 
     def choose(self, view: DispatchView) -> int:
         """Minimum ``t_queue``; ties to the lower ``t_comp``, then the lower position."""
