@@ -199,15 +199,16 @@ class _EngineMetrics(Collector):
             g = GaugeMetricFamily(name, doc, labels=labels)
             g.add_metric(values, float(v))
             yield g
-        # vLLM's cache config as labels of a constant gauge; num_gpu_blocks x block_size is the KV
-        # capacity in tokens (what ``hexflow calibrate`` reads).
+        # vLLM's cache config as labels of a constant gauge (vLLM 0.32's label names; older versions have
+        # num_gpu_blocks only): the KV capacity in tokens, which ``hexflow calibrate`` reads.
+        cap = self.engine.profile.kv_capacity_tokens
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            labels=["block_size", "num_gpu_blocks"],
+            labels=["block_size", "num_gpu_blocks", "kv_cache_size_tokens", "enable_prefix_caching"],
         )
-        blocks = self.engine.profile.kv_capacity_tokens // KV_BLOCK_SIZE
-        info.add_metric([str(KV_BLOCK_SIZE), str(blocks)], 1.0)
+        blocks = cap // KV_BLOCK_SIZE
+        info.add_metric([str(KV_BLOCK_SIZE), str(blocks), str(blocks * KV_BLOCK_SIZE), "False"], 1.0)
         yield info
 
 

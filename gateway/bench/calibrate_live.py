@@ -41,8 +41,9 @@ less than least squares would); the report lists each probe's error. ``ctx_s`` w
 latencies of short contexts and is the least determined constant; the probe table shows how much each
 probe depends on it.
 
-**KV capacity**: ``--kv-tokens`` when given; else vLLM's ``vllm:cache_config_info`` gauge
-(``num_gpu_blocks x block_size``, the engine's own figure); else estimated from
+**KV capacity**: ``--kv-tokens`` when given; else vLLM's ``vllm:cache_config_info`` gauge (its
+``kv_cache_size_tokens`` label, or ``num_gpu_blocks x block_size`` before vLLM 0.32: the engine's own
+figure); else estimated from
 ``vllm:kv_cache_usage_perc`` read halfway through the largest batch probe (tokens held / usage: coarse,
 a block's worth per request). ``max_num_seqs`` and ``max_batched_tokens`` are not in vLLM's metrics;
 pass the worker's ``--max-num-seqs`` and ``--max-num-batched-tokens`` (defaults: 64 and 2048).
@@ -106,6 +107,8 @@ __all__ = [
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_ON_RATIO = 0.8
+"""Without a hit counter: a repeated prompt faster than this fraction of its first send reads as cached."""
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 TOKEN_ID_RANGE = (1000, 30000)
@@ -450,12 +453,14 @@ def _load_from(text: str) -> _Load:
     usage = statistics.fmean(v for _, v in usage_rows) if usage_rows else None
     kv: int | None = None
     for labels, _ in fam.get(CACHE_CONFIG_INFO, []):
-        try:
-            blocks, size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
-        except (KeyError, ValueError):
+        # vLLM 0.32 labels the capacity in tokens; older versions give blocks and the block size.
+        with contextlib.suppress(KeyError, ValueError):
+            kv = int(labels["kv_cache_size_tokens"])
             continue
-        if blocks > 0 and size > 0:
-            kv = blocks * size
+        with contextlib.suppress(KeyError, ValueError):
+            kv = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+    if kv is not None and kv < 1:
+        kv = None
     return _Load(total(RUNNING), total(WAITING), usage, kv, total(PREFIX_HITS))
 
 
@@ -653,7 +658,7 @@ async def calibrate(
     if kv_tokens is not None:
         kv, kv_source = kv_tokens, "--kv-tokens"
     elif kv_found is not None:
-        kv, kv_source = kv_found, f"{CACHE_CONFIG_INFO} (num_gpu_blocks x block_size)"
+        kv, kv_source = kv_found, CACHE_CONFIG_INFO
     elif kv_usage_est is not None:
         kv, kv_source = kv_usage_est, f"estimated from {KV_CACHE_USAGE} during the largest batch probe (coarse)"
     else:
@@ -811,7 +816,9 @@ def format_report(res: CalibrationResult) -> str:
         hits = (
             "" if res.prefix_hits_tokens is None else f", vllm:prefix_cache_hits +{res.prefix_hits_tokens:.0f} tokens"
         )
-        verdict = "prefix caching is on" if res.prefix_ratio < 0.8 else "no sign of prefix caching"
+        # The hit counter is the engine's own word; without it, a repeat well below the first send's latency.
+        on = res.prefix_hits_tokens > 0 if res.prefix_hits_tokens is not None else res.prefix_ratio < PREFIX_ON_RATIO
+        verdict = "prefix caching is on" if on else "no sign of prefix caching"
         lines.append(f"  repeated prompt: {res.prefix_ratio:.2f} x the first send's latency{hits} ({verdict})")
     if not res.metrics_available:
         lines.append("  the worker has no readable /metrics: no back-off on queued traffic was possible")
