@@ -2,6 +2,7 @@
 
     python -m workers.cluster --cluster paper-4gpu --base-port 8001 --time-scale 0.05
         [--host 127.0.0.1] [--scheduling-policy fcfs|priority] [--seed N] [--no-request-overhead]
+        [--catalog GPUS_YAML]
     hexflow emulate-cluster ...   (the same)
 
 Worker ``i`` of the cluster (``ClusterConfig.expanded()`` order, the scheduler's order) listens on
@@ -87,15 +88,17 @@ def plan_cluster(
     seed: int = 0,
     max_model_len: int = DEFAULT_MAX_MODEL_LEN,
     add_request_overhead: bool = True,
+    catalog: str | None = None,
 ) -> list[EmulatedWorker]:
     """The emulated workers of a cluster file (name or path), one per bound socket, in scheduler order.
 
+    ``catalog``: the GPU catalogue whose profiles the workers run (default: the packaged one).
     Raises ``GatewayError`` for a bad cluster file and ``ValueError`` when the socket count differs.
     """
     from gateway.config import load_cluster_config, load_gpu_catalog
 
-    catalog = load_gpu_catalog()
-    resolved = load_cluster_config(cluster, catalog).expanded()
+    cat = load_gpu_catalog(catalog)
+    resolved = load_cluster_config(cluster, cat).expanded()
     if len(resolved) != len(sockets):
         raise ValueError(f"{len(resolved)} workers but {len(sockets)} sockets")
     url_host = f"[{host}]" if ":" in host else host
@@ -103,7 +106,7 @@ def plan_cluster(
     for i, (rw, sock) in enumerate(zip(resolved, sockets, strict=True)):
         port = int(sock.getsockname()[1])
         cfg = EmulatorConfig(
-            profile=catalog.profile(rw.gpu, rw.model),
+            profile=cat.profile(rw.gpu, rw.model),
             served_model_name=rw.served_model or rw.model,
             time_scale=time_scale,
             seed=seed * 1000 + i,
@@ -190,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     p.add_argument(
+        "--catalog", default=None, help="GPU catalogue whose profiles the workers run (default: the packaged gpus.yaml)"
+    )
+    p.add_argument(
         "--answers", default=None, help="scripted answers file (question -> gold SQL) for the Text-to-SQL pipeline"
     )
     p.add_argument(
@@ -212,7 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 <= args.base_port <= 65535:
         parser.error("--base-port must be in 0..65535")
     try:
-        n = len(load_cluster_config(args.cluster).expanded())
+        from gateway.config import load_gpu_catalog
+
+        n = len(load_cluster_config(args.cluster, load_gpu_catalog(args.catalog)).expanded())
         if args.base_port and args.base_port + n - 1 > 65535:
             raise ValueError(f"--base-port {args.base_port}: {n} workers need ports up to {args.base_port + n - 1}")
         sockets = bind_sockets(args.host, args.base_port, n)
@@ -229,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             max_model_len=args.max_model_len,
             add_request_overhead=not args.no_request_overhead,
+            catalog=args.catalog,
         )
         responder: Responder | None = None
         if args.answers:

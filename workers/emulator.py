@@ -2,6 +2,7 @@
 
     python -m workers.emulator --gpu A100 --model llama-3.1-70b --port 8001 [--time-scale 0.05] [--seed N]
         [--max-num-seqs N] [--max-model-len N] [--scheduling-policy fcfs|priority] [--served-model-name NAME]
+        [--catalog GPUS_YAML]
 
 It serves vLLM's API surface (``/v1/chat/completions`` and ``/v1/completions``, streaming with
 ``stream_options.include_usage`` too, ``/v1/models``, ``/health``, ``/metrics`` with vLLM's V1 metric
@@ -10,6 +11,8 @@ prefill, KV capacity, an engine waiting queue, vLLM's ``priority`` field) in rea
 ``--time-scale``. It computes nothing: its text comes from a pluggable ``Responder`` (by default filler
 of exactly the requested length), and its token counts follow a documented deterministic rule
 (``count_tokens``). Use it to exercise the live gateway on machines without GPUs; never in production.
+``--catalog`` reads the profile from another ``gpus.yaml`` (any constants: ``hexflow bench fidelity``
+runs workers whose speed is not in the packaged catalogue and calibrates them with ``hexflow calibrate``).
 
 One concept in one module (about 700 lines): the emulated worker's HTTP surface (``create_app``), the
 token rule and responders it answers with, its metrics and its command line belong together, as vLLM's
@@ -43,6 +46,8 @@ from workers.engine_rt import RealTimeEngine, Ticket
 CHAT_TEMPLATE_TOKENS_PER_MESSAGE = 4
 CHAT_TEMPLATE_TOKENS_FIXED = 3
 DEFAULT_MAX_MODEL_LEN = 32768
+KV_BLOCK_SIZE = 16
+"""Tokens per KV-cache block reported in ``vllm:cache_config_info`` (vLLM's default on GPUs)."""
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
@@ -194,6 +199,17 @@ class _EngineMetrics(Collector):
             g = GaugeMetricFamily(name, doc, labels=labels)
             g.add_metric(values, float(v))
             yield g
+        # vLLM's cache config as labels of a constant gauge (vLLM 0.32's label names; older versions have
+        # num_gpu_blocks only): the KV capacity in tokens, which ``hexflow calibrate`` reads.
+        cap = self.engine.profile.kv_capacity_tokens
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "num_gpu_blocks", "kv_cache_size_tokens", "enable_prefix_caching"],
+        )
+        blocks = cap // KV_BLOCK_SIZE
+        info.add_metric([str(KV_BLOCK_SIZE), str(blocks), str(blocks * KV_BLOCK_SIZE), "False"], 1.0)
+        yield info
 
 
 class _Metrics:
@@ -675,6 +691,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gpu", required=True, help="GPU profile from config/gpus.yaml (A100, H100, A6000, L40S, ...)")
     p.add_argument("--model", default="llama-3.1-70b", help="model profile from config/gpus.yaml")
+    p.add_argument(
+        "--catalog", default=None, help="GPU catalogue to read the profile from (default: the packaged gpus.yaml)"
+    )
     p.add_argument("--served-model-name", default=None, help="model name clients send (default: --model)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
@@ -700,7 +719,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
     from gateway.config import load_gpu_catalog
 
-    profile = load_gpu_catalog().profile(args.gpu, args.model)
+    profile = load_gpu_catalog(args.catalog).profile(args.gpu, args.model)
     if args.max_num_seqs is not None:
         profile = replace(profile, max_num_seqs=args.max_num_seqs)
     return EmulatorConfig(

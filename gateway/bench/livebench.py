@@ -253,8 +253,14 @@ def run_live_bench(
     progress: bool = True,
     log_dir: Path | None = None,
     log: Any = None,
+    gpu_catalog: Path | None = None,
+    emulator_catalog: Path | None = None,
 ) -> LiveBenchReport:
     """Measure every policy live and predict it by simulation (see the module docstring).
+
+    ``gpu_catalog``: the catalogue the gateway and the simulator read (default: the packaged one);
+    ``emulator_catalog``: the one the emulated workers run (default: ``gpu_catalog``). They differ in
+    ``hexflow bench fidelity``: workers of one speed, predicted with profiles calibrated against them.
 
     Subprocess logs and config files go to ``log_dir`` (kept), or to a temporary folder that is removed
     after a successful run. ``log`` is a callable taking one line of progress text (default: stderr).
@@ -264,8 +270,10 @@ def run_live_bench(
         get_policy(p)
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time scale must be a positive number, got {time_scale}")
-    catalog = load_gpu_catalog()
+    catalog = load_gpu_catalog(gpu_catalog)
     cluster_cfg = load_cluster_config(cluster, catalog)
+    worker_catalog = emulator_catalog if emulator_catalog is not None else gpu_catalog
+    cluster_args = ["--catalog", str(worker_catalog)] if worker_catalog is not None else []
     workers = build_workers(cluster_cfg, catalog)
     setup = replay_setup(
         trace, workers, workflows=workflows, seed=seed, slo_scale=slo_scale, arrivals_csv=arrivals_csv, cv=cv
@@ -292,7 +300,7 @@ def run_live_bench(
             sim, sim_counts = simulate_workload(workers, workload, policy, alpha=a, seed=seed)
             band = simulate_jittered(workers, workload, policy, alpha=a, seed=seed, jitter_s=JITTER_WALL_S / time_scale)
             say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting the emulated cluster and the gateway")
-            with cluster_process(cluster, time_scale, log_dir, policy) as (_, urls):
+            with cluster_process(cluster, time_scale, log_dir, policy, cluster_args) as (_, urls):
                 cfg_path = log_dir / f"gateway-{policy}.yaml"
                 port = free_port()
                 write_gateway_config(
@@ -306,6 +314,7 @@ def run_live_bench(
                     tenants_file=tenants,
                     port=port,
                     seed=seed,
+                    gpu_catalog=gpu_catalog.resolve() if gpu_catalog is not None else None,
                 )
                 with gateway_process(cfg_path, port, len(urls), log_dir, policy) as url:
                     try:

@@ -92,11 +92,13 @@ def write_gateway_config(
     seed: int = 0,
     shutdown_grace_s: float = 5.0,
     databases_file: str | Path | None = None,
+    gpu_catalog: str | Path | None = None,
 ) -> LoadedConfig:
     """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
 
     ``cluster`` is a loaded cluster or a cluster file (name or path). Workers keep the cluster's names,
-    GPUs, models and capacities. The file is loaded back with ``load_gateway_config`` and returned, so
+    GPUs, models and capacities; ``gpu_catalog`` is the GPU catalogue the gateway reads (default: the
+    packaged one). The file is loaded back with ``load_gateway_config`` and returned, so
     an invalid result raises ``ConfigError`` here.
     """
     cfg = cluster if isinstance(cluster, ClusterConfig) else load_cluster_config(cluster)
@@ -122,6 +124,8 @@ def write_gateway_config(
     }
     if databases_file is not None:
         doc["databases_file"] = str(databases_file)
+    if gpu_catalog is not None:
+        doc["gpu_catalog"] = str(gpu_catalog)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_gateway_config(path)

@@ -12,6 +12,8 @@
     hexflow bench --live   policies on the live gateway over an emulated cluster, next to the simulator
     hexflow bench overload   admission under 5x overload bursts on an emulated cluster: met, goodput, RSS
     hexflow overhead   the gateway's added latency and CPU per call, against calling a worker directly
+    hexflow calibrate  measure a live worker and fit its gpus.yaml profile (bounded, safe in production)
+    hexflow bench fidelity   calibrate emulated workers of unknown speed, then live replay vs the simulator
     hexflow tenants hash-key KEY   the SHA-256 hash that config/tenants.yaml stores for an API key
     hexflow demo       the main job: demo questions through /v1/text2sql on an emulated cluster
     hexflow eval       execution accuracy of a running gateway on a Spider-format dataset (/v1/text2sql)
@@ -23,9 +25,9 @@ with one line naming the file and field, and exit status 2; never a traceback.
 
 Each command group registers its own subparsers in its own module (``sim``: simulate, bench, tune, sim-speed;
 ``tuner``: bench tuner; ``serve``: serve, emulate, emulate-cluster, discover; ``measure``: replay, overhead;
-``text2sql``: demo, eval, databases, answers; ``config``: config-reference, tenants); this module orders
-them for the help, checks the arguments every command shares, and turns a ``GatewayError`` or
-``UsageError`` into one line.
+``calibrate``: calibrate, bench fidelity; ``text2sql``: demo, eval, databases, answers; ``config``:
+config-reference, tenants); this module orders them for the help, checks the arguments every command
+shares, and turns a ``GatewayError`` or ``UsageError`` into one line.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from gateway.cli import config, measure, serve, sim, text2sql
+from gateway.cli import calibrate, config, measure, serve, sim, text2sql
 from gateway.cli.common import Subparsers, UsageError
 from gateway.errors import GatewayError
 
@@ -52,6 +54,7 @@ _COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     serve.add_serve,
     measure.add_replay,
     measure.add_overhead,
+    calibrate.add_calibrate,
     text2sql.add_demo,
     text2sql.add_eval,
     text2sql.add_databases,

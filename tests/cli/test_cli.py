@@ -169,6 +169,7 @@ def test_every_command_group_registers_its_commands_in_the_documented_order(
         "serve",
         "replay",
         "overhead",
+        "calibrate",
         "demo",
         "eval",
         "databases",

@@ -1,0 +1,310 @@
+"""``hexflow bench fidelity``: does the simulator predict a cluster it only knows through ``hexflow calibrate``?
+
+    hexflow bench fidelity [--cluster paper-4gpu] [--trace chess-bird] [--policies hexgen] [--workflows 150]
+        [--time-scale 0.05] [--budget-s 90] [--slo-scale 5] [--seed 0] [--log-dir DIR] [--json OUT]
+
+1. **Unknown workers.** A "truth" catalogue is the packaged ``gpus.yaml`` with every profile of the
+   cluster's GPU types changed, each constant by its own factor (``FACTOR_SETS``, a different set per
+   GPU type), so no worker runs at a speed the catalogue knows. The emulated cluster runs it
+   (``python -m workers.cluster --catalog truth-gpus.yaml``).
+2. **Calibrate.** One worker of each GPU type is calibrated (``gateway.bench.calibrate_live``, the
+   ``hexflow calibrate`` plan within ``--budget-s`` wall seconds); its constants, measured in wall
+   seconds, are divided by the time scale (modelled seconds) and written as that GPU's profile of a
+   "calibrated" catalogue.
+3. **Replay and predict.** ``gateway.bench.livebench.run_live_bench`` replays the trace live through
+   the gateway over the truth-speed emulated cluster, with the gateway and the simulator both reading
+   the calibrated catalogue; the simulator is also run with the truth catalogue for reference (how
+   much of any gap the calibration explains).
+
+The target (issue 14): live P95 and SLO attainment within 5% of the simulator's prediction with the
+calibrated profiles (``within_target``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.bench.calibrate_live import CalibrationResult, PlanSettings, calibrate, profile_entry
+from gateway.bench.livebench import LiveBenchReport, format_live_report, run_live_bench
+from gateway.bench.procs import cluster_process
+from gateway.bench.replay import replay_setup, replay_workload
+from gateway.bench.stats import finite_or_none, fmt, table
+from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
+from gateway.config.gpus import GpuCatalog
+from gateway.core.profile import PerfProfile
+from gateway.sim.calibrate import workflow_latency
+from gateway.sim.metrics import summarize
+from gateway.sim.simulator import Simulator
+
+__all__ = [
+    "FACTOR_SETS",
+    "TARGET",
+    "FidelityReport",
+    "GpuCalibration",
+    "format_fidelity_report",
+    "perturbed_catalog",
+    "run_fidelity",
+]
+
+TARGET = 0.05
+"""Largest relative gap between live and simulated P95 and SLO attainment (issue 14)."""
+
+FACTOR_SETS: tuple[dict[str, float], ...] = (
+    {"iter_base_s": 1.3, "token_s": 0.7, "ctx_s": 1.5, "request_overhead_s": 1.6, "kv_capacity_tokens": 0.8},
+    {"iter_base_s": 0.8, "token_s": 1.25, "ctx_s": 0.6, "request_overhead_s": 0.7, "kv_capacity_tokens": 1.1},
+    {"iter_base_s": 1.15, "token_s": 1.4, "ctx_s": 1.2, "request_overhead_s": 1.3, "kv_capacity_tokens": 0.9},
+)
+"""How the truth catalogue changes each GPU type's constants (the i-th GPU type takes set i mod 3)."""
+
+
+def perturbed_catalog(base: dict[str, Any], model: str, gpus: Sequence[str]) -> dict[str, Any]:
+    """``base`` (a parsed ``gpus.yaml``) with the ``model`` profile of each of ``gpus`` changed by
+    ``FACTOR_SETS`` (KV capacity rounded down to whole 16-token blocks)."""
+    doc: dict[str, Any] = yaml.safe_load(yaml.safe_dump(base))
+    for i, g in enumerate(gpus):
+        entry = doc["profiles"][model][g]
+        for k, f in FACTOR_SETS[i % len(FACTOR_SETS)].items():
+            entry[k] = int(entry[k] * f) // 16 * 16 if k == "kv_capacity_tokens" else float(f"{entry[k] * f:.6g}")
+        entry["basis"] = f"fidelity benchmark: {entry.get('basis', '')} x {FACTOR_SETS[i % len(FACTOR_SETS)]}"
+    return doc
+
+
+def _write_catalog(doc: dict[str, Any], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    load_gpu_catalog(path)  # validate now: a bad entry is reported here, not by a child process
+    return path
+
+
+@dataclass
+class GpuCalibration:
+    """One GPU type: its truth profile, the calibrated one (modelled seconds) and the calibration."""
+
+    gpu: str
+    truth: PerfProfile
+    calibrated: PerfProfile
+    result: CalibrationResult
+
+    def workflow_error(self) -> float:
+        """The standard workflow's lone latency under the calibrated profile over the truth's, minus 1."""
+        return workflow_latency(self.calibrated) / workflow_latency(self.truth) - 1.0
+
+    def decode_error(self, batch: int = 16, ctx: int = 4000) -> float:
+        """A decode step of ``batch`` calls of ``ctx`` context each, calibrated over truth, minus 1."""
+        return self.calibrated.iter_time(batch, batch * ctx) / self.truth.iter_time(batch, batch * ctx) - 1.0
+
+
+@dataclass
+class FidelityReport:
+    """The calibrations, the live-vs-simulated runs, and the simulator's figures with the truth profiles."""
+
+    calibrations: list[GpuCalibration]
+    live: LiveBenchReport
+    truth_sim: dict[str, dict[str, float]]
+    """Policy -> ``{"p95_s", "slo_attainment"}`` simulated with the truth profiles (reference)."""
+
+    def gaps(self) -> dict[str, dict[str, float]]:
+        """Policy -> live/simulated - 1 of P95 and SLO attainment (calibrated profiles)."""
+        return {r.policy: {"p95": r.p95_ratio - 1.0, "slo": r.slo_ratio - 1.0} for r in self.live.runs}
+
+    def within_target(self) -> bool:
+        """Every policy's live P95 and SLO attainment within ``TARGET`` of the simulator's."""
+        return all(math.isfinite(v) and abs(v) <= TARGET for g in self.gaps().values() for v in (g["p95"], g["slo"]))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (non-finite numbers become null)."""
+        cal = []
+        for c in self.calibrations:
+            cal.append(
+                {
+                    "gpu": c.gpu,
+                    "truth": {k: getattr(c.truth, k) for k in _CONSTANTS},
+                    "calibrated": {k: getattr(c.calibrated, k) for k in _CONSTANTS},
+                    "workflow_latency_error": finite_or_none(c.workflow_error()),
+                    "decode_step_error_16x4000": finite_or_none(c.decode_error()),
+                    "probes": len(c.result.measurements),
+                    "calibration_wall_s": c.result.wall_s,
+                }
+            )
+        return {
+            "target": TARGET,
+            "within_target": self.within_target(),
+            "calibrations": cal,
+            "gaps": {p: {k: finite_or_none(v) for k, v in g.items()} for p, g in self.gaps().items()},
+            "simulated_with_truth": {
+                p: {k: finite_or_none(v) for k, v in d.items()} for p, d in self.truth_sim.items()
+            },
+            "live_bench": self.live.to_json(),
+        }
+
+
+_CONSTANTS = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "kv_capacity_tokens")
+
+
+def run_fidelity(
+    *,
+    cluster: str = "paper-4gpu",
+    trace: str = "chess-bird",
+    policies: Sequence[str] = ("hexgen",),
+    workflows: int = 150,
+    time_scale: float = 0.05,
+    budget_s: float = 90.0,
+    slo_scale: float = 5.0,
+    seed: int = 0,
+    log_dir: Path | None = None,
+    progress: bool = True,
+    settings: PlanSettings | None = None,
+) -> FidelityReport:
+    """Calibrate, replay live, simulate (the module docstring). Subprocess logs, the two catalogues and
+    the configs go to ``log_dir`` (kept) or a temporary folder removed after a successful run."""
+    if not (time_scale > 0 and math.isfinite(time_scale)):
+        raise ValueError(f"time scale must be a positive number, got {time_scale}")
+    say = print if progress else (lambda *_a, **_k: None)
+    keep = log_dir is not None
+    folder = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="hexflow-fidelity-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    base = yaml.safe_load(Path(DEFAULT_GPU_CATALOG).read_text())
+    resolved = load_cluster_config(cluster).expanded()
+    gpus = list(dict.fromkeys(rw.gpu for rw in resolved))
+    models = {rw.model for rw in resolved}
+    if len(models) != 1:
+        raise ValueError(f"{cluster}: the fidelity benchmark needs one model, the cluster serves {sorted(models)}")
+    model = models.pop()
+    truth_path = _write_catalog(perturbed_catalog(base, model, gpus), folder / "truth-gpus.yaml")
+    truth_cat = load_gpu_catalog(truth_path)
+    ok = False
+    try:
+        calibrations: list[GpuCalibration] = []
+        cal_doc = yaml.safe_load(yaml.safe_dump(base))
+        with cluster_process(cluster, time_scale, folder, "calibrate", ["--catalog", str(truth_path)]) as (_, urls):
+            for g in gpus:
+                i = next(k for k, rw in enumerate(resolved) if rw.gpu == g)
+                rw = resolved[i]
+                spec = truth_cat.profile_spec(g, model)
+                s = settings or PlanSettings(max_num_seqs=spec.max_num_seqs, max_batched_tokens=spec.max_batched_tokens)
+                say(f"calibrating {rw.name} ({g}) at {urls[i]} within {budget_s:g} s", file=sys.stderr, flush=True)
+                res = asyncio.run(
+                    calibrate(
+                        urls[i],
+                        rw.served_model or model,
+                        gpu=g,
+                        tp=spec.tp,
+                        budget_s=budget_s,
+                        settings=s,
+                        progress=progress,
+                    )
+                )
+                entry = profile_entry(res, scale=time_scale)
+                cal_doc["profiles"][model][g] = entry
+                calibrations.append(GpuCalibration(g, truth_cat.profile(g, model), _perf(g, model, entry), res))
+        cal_path = _write_catalog(cal_doc, folder / "calibrated-gpus.yaml")
+        live = run_live_bench(
+            cluster,
+            trace,
+            policies,
+            time_scale=time_scale,
+            workflows=workflows,
+            slo_scale=slo_scale,
+            seed=seed,
+            progress=progress,
+            log_dir=folder / "live",
+            gpu_catalog=cal_path,
+            emulator_catalog=truth_path,
+        )
+        truth_sim = _simulate_with(truth_cat, cluster, trace, live, seed=seed, slo_scale=slo_scale)
+        ok = True
+    finally:
+        if ok and not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+        elif not ok:
+            print(f"hexflow: fidelity logs and catalogues are in {folder}", file=sys.stderr)
+    return FidelityReport(calibrations, live, truth_sim)
+
+
+def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
+    return PerfProfile(gpu, model, *(entry[k] for k in (*_CONSTANTS, "max_num_seqs", "max_batched_tokens")))
+
+
+def _simulate_with(
+    catalog: GpuCatalog, cluster: str, trace: str, live: LiveBenchReport, *, seed: int, slo_scale: float
+) -> dict[str, dict[str, float]]:
+    """The simulator on the live runs' workload (same rate, seeds, alpha) with ``catalog``'s profiles.
+
+    The workload's deadlines come from the live bench's SLO (the calibrated catalogue's), so the two
+    predictions are judged against the same deadline."""
+    workers = build_workers(load_cluster_config(cluster, catalog), catalog)
+    setup = replay_setup(trace, workers, workflows=live.workflows, seed=seed, slo_scale=slo_scale)
+    factor = live.slo_s / setup.slo_s if setup.slo_s > 0 else 1.0
+    workload = replay_workload(setup, live.rate_qps)
+    out = {}
+    for r in live.runs:
+        dags = [w.dag() for w in workload]
+        dags = [d.shifted(d.arrival, d.arrival + (d.deadline - d.arrival) * factor) for d in dags]
+        res = Simulator(workers, r.policy, alpha=r.alpha, seed=seed).run(dags)
+        s = summarize(res, total=len(dags))
+        out[r.policy] = {"p95_s": float(s.p95_s), "slo_attainment": float(s.slo_attainment)}
+    return out
+
+
+def format_fidelity_report(rep: FidelityReport) -> str:
+    """The tables ``hexflow bench fidelity`` prints."""
+    rows = []
+    for c in rep.calibrations:
+        t, k = c.truth, c.calibrated
+        rows.append(
+            [
+                c.gpu,
+                f"{k.iter_base_s:.4g} ({k.iter_base_s / t.iter_base_s - 1:+.0%})",
+                f"{k.token_s:.4g} ({k.token_s / t.token_s - 1:+.0%})",
+                f"{k.ctx_s:.3g} ({(k.ctx_s / t.ctx_s - 1) if t.ctx_s else math.nan:+.0%})",
+                f"{k.request_overhead_s:.3g} ({k.request_overhead_s / t.request_overhead_s - 1:+.0%})",
+                f"{k.kv_capacity_tokens} ({k.kv_capacity_tokens / t.kv_capacity_tokens - 1:+.1%})",
+                f"{c.workflow_error():+.1%}",
+                f"{c.decode_error():+.1%}",
+                f"{len(c.result.measurements)} in {c.result.wall_s:.0f} s",
+            ]
+        )
+    head = ["gpu", "iter_base_s", "token_s", "ctx_s", "overhead_s", "kv_tokens", "workflow", "decode 16x4k", "probes"]
+    lines = [
+        "calibrated profiles (modelled seconds) and their error against the truth the emulated workers ran:",
+        table(head, rows),
+        "",
+        format_live_report(rep.live),
+        "",
+    ]
+    grows = []
+    for r in rep.live.runs:
+        g = rep.gaps()[r.policy]
+        ts = rep.truth_sim.get(r.policy, {})
+        grows.append(
+            [
+                r.policy,
+                fmt(r.live.p95_s),
+                fmt(r.simulated.p95_s),
+                f"{g['p95']:+.1%}",
+                fmt(r.live.slo_attainment, 3),
+                fmt(r.simulated.slo_attainment, 3),
+                f"{g['slo']:+.1%}",
+                fmt(ts.get("p95_s", math.nan)),
+                fmt(ts.get("slo_attainment", math.nan), 3),
+            ]
+        )
+    lines.append(f"live against the simulator with the calibrated profiles (target: within {TARGET:.0%}):")
+    lines.append(
+        table(
+            ["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap", "truth-sim p95", "truth-sim slo"],
+            grows,
+        )
+    )
+    lines.append("within target" if rep.within_target() else "NOT within target")
+    return "\n".join(lines)

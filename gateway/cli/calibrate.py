@@ -1,0 +1,156 @@
+"""``calibrate`` (a live worker's performance profile, measured: ``gateway.bench.calibrate_live``) and
+``bench fidelity`` (calibrated profiles against emulated workers of unknown speed, then live replay next
+to the simulator: ``gateway.bench.fidelity``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+from gateway.cli.common import Subparsers, UsageError
+
+__all__ = ["add_bench_fidelity", "add_calibrate"]
+
+
+def add_calibrate(sub: Subparsers) -> None:
+    """``hexflow calibrate``."""
+    p = sub.add_parser(
+        "calibrate",
+        help="measure a live worker with a short, bounded probe plan and fit its gpus.yaml profile",
+        description="Probe a live OpenAI-compatible worker (lone requests over a grid of lengths, batches, a "
+        "repeated prefix; KV capacity from its metrics), fit the iteration-time profile the simulator and the "
+        "scheduler use, and write a gpus.yaml profile entry with the fit error of every probe. Safe against a "
+        "production worker: bounded concurrency, a hard time budget, and back-off while others' requests queue.",
+    )
+    p.add_argument("--worker", required=True, help="the worker's base URL (e.g. http://10.0.0.5:8000)")
+    p.add_argument("--model", required=True, help="the served model name (and the profile's model key)")
+    p.add_argument("--gpu", default="measured", help="the profile's GPU key in gpus.yaml (default: measured)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the worker (written to the entry)")
+    p.add_argument("--out", default=None, help="write the profile entry (YAML) here (default: print it)")
+    p.add_argument("--budget-s", type=float, default=300.0, help="wall seconds the probes may take (default 300)")
+    p.add_argument("--max-concurrency", type=int, default=16, help="largest batch probe (default 16)")
+    p.add_argument("--max-prompt", type=int, default=4096, help="longest probe prompt, tokens (default 4096)")
+    p.add_argument("--max-output", type=int, default=256, help="longest probe output, tokens (default 256)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="the worker's vLLM --max-num-seqs (default 64)")
+    p.add_argument(
+        "--max-batched-tokens", type=int, default=2048, help="the worker's vLLM --max-num-batched-tokens (default 2048)"
+    )
+    p.add_argument("--kv-tokens", type=int, default=None, help="KV capacity in tokens (default: from its metrics)")
+    p.add_argument("--repeats", type=int, default=2, help="rounds of the plan while budget remains (default 2)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="an emulated worker's time scale: divide the written constants by it (real workers: 1)",
+    )
+    p.add_argument("--plot", default=None, help="write a PNG of measured against fitted latency")
+    p.add_argument("--json", default=None, help="write every probe and the fit as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Run the calibration, print the report and the profile entry (or write it to ``--out``)."""
+    from gateway.bench.calibrate_live import PlanSettings, calibrate, format_report, plot_fit, render_profile_yaml
+
+    if not args.time_scale > 0:
+        raise UsageError("--time-scale must be positive")
+    if args.tp < 1:
+        raise UsageError("--tp must be >= 1")
+    settings = PlanSettings(
+        max_prompt=args.max_prompt,
+        max_output=args.max_output,
+        max_concurrency=args.max_concurrency,
+        max_num_seqs=args.max_num_seqs,
+        max_batched_tokens=args.max_batched_tokens,
+        repeats=args.repeats,
+    )
+    try:
+        settings.validate()
+        res = asyncio.run(
+            calibrate(
+                args.worker,
+                args.model,
+                gpu=args.gpu,
+                tp=args.tp,
+                budget_s=args.budget_s,
+                settings=settings,
+                kv_tokens=args.kv_tokens,
+                progress=not args.quiet,
+            )
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(format_report(res))
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot_fit(res, Path(args.plot))
+        print(f"wrote {args.plot}")
+    text = render_profile_yaml(res, scale=args.time_scale)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+def add_bench_fidelity(sub: Subparsers) -> None:
+    """``hexflow bench fidelity``."""
+    p = sub.add_parser(
+        "fidelity",
+        help="calibrate emulated workers of unknown speed, then replay live and compare with the simulator",
+        description="Start an emulated cluster whose profiles are NOT the catalogue's (every constant scaled by "
+        "its own factor), calibrate each GPU type with hexflow calibrate, write a catalogue of the calibrated "
+        "profiles, then replay a trace live through the gateway and simulate it with those profiles: live against "
+        "simulated P95 and SLO attainment.",
+    )
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+    p.add_argument("--trace", default="chess-bird", help="trace file or name (default: chess-bird, built in)")
+    p.add_argument("--policies", default="hexgen", help="comma-separated policies (default: hexgen)")
+    p.add_argument("--workflows", type=int, default=150, help="workflows replayed per policy")
+    p.add_argument("--time-scale", type=float, default=0.05, help="wall seconds per modelled second")
+    p.add_argument("--budget-s", type=float, default=90.0, help="calibration budget per GPU type, wall seconds")
+    p.add_argument("--slo-scale", type=float, default=5.0, help="deadline = this x the standard workflow's latency")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", default=None, help="keep subprocess logs, catalogues and configs here")
+    p.add_argument("--json", default=None, help="write the report as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_bench_fidelity)
+
+
+def cmd_bench_fidelity(args: argparse.Namespace) -> int:
+    """Run the fidelity benchmark; exit 1 when live P95 or SLO attainment is off the simulator's by > 5%."""
+    from gateway.bench.fidelity import format_fidelity_report, run_fidelity
+    from gateway.cli.common import policy_names
+
+    try:
+        rep = run_fidelity(
+            cluster=args.cluster,
+            trace=args.trace,
+            policies=policy_names(args.policies),
+            workflows=args.workflows,
+            time_scale=args.time_scale,
+            budget_s=args.budget_s,
+            slo_scale=args.slo_scale,
+            seed=args.seed,
+            log_dir=Path(args.log_dir) if args.log_dir else None,
+            progress=not args.quiet,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(format_fidelity_report(rep))
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if rep.within_target() else 1
