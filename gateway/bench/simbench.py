@@ -628,7 +628,9 @@ def plot_report(report: BenchReport, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, r in report.policies.items():
+    cmap = plt.get_cmap("tab20")
+    colors = [cmap(i) for i in range(20)]  # distinct colours (dark shades first): no two policies share one
+    for k, (name, r) in enumerate(report.policies.items()):
         by_rate: dict[float, list[Summary]] = {}
         for p in r.points:
             by_rate.setdefault(p.rate_qps, []).append(p.summary)
@@ -636,8 +638,10 @@ def plot_report(report: BenchReport, path: Path) -> None:
         p95 = [statistics.fmean(s.p95_s for s in by_rate[x]) for x in xs]
         p95 = [v if math.isfinite(v) else math.nan for v in p95]
         slo = [statistics.fmean(s.slo_attainment for s in by_rate[x]) for x in xs]
-        ax1.plot(xs, p95, marker="o", ms=3, lw=0.8, label=name)
-        ax2.plot(xs, slo, marker="o", ms=3, lw=0.8, label=name)
+        color = colors[(2 * k) % 20 + (k // 10) % 2]
+        width = 2.0 if r.role == "ours" else 0.8
+        ax1.plot(xs, p95, marker="o", ms=3, lw=width, color=color, label=name)
+        ax2.plot(xs, slo, marker="o", ms=3, lw=width, color=color, label=name)
     ref = report.reference_rate_qps
     for ax in (ax1, ax2):
         ax.axvline(report.fluid_bound_qps, color="grey", ls="--", lw=1, label="fluid bound")
