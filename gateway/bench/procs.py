@@ -57,7 +57,9 @@ class StartError(GatewayError):
 def write_tenants_file(path: Path, api_key: str, *, max_concurrent_workflows: int, deadline_s: float) -> Path:
     """A tenants file with one tenant (``bench``) whose key is ``api_key`` and whose limits never bind.
 
-    Any deadline from a millisecond to a year is accepted; ``deadline_s`` is the default.
+    Any deadline from a millisecond to a year is accepted; ``deadline_s`` is the default. Predictive
+    admission is off: a live run is compared with the simulator admitting every workflow, so the gateway
+    must admit every workflow too (``hexflow bench overload`` measures admission with its own tenants).
     """
     lo, hi = 1e-3, 3.2e7
     doc = {
@@ -70,6 +72,7 @@ def write_tenants_file(path: Path, api_key: str, *, max_concurrent_workflows: in
                 "max_deadline_s": hi,
                 "priority_weight": 1,
                 "max_concurrent_workflows": max(1, max_concurrent_workflows),
+                "predictive_admission": False,
             }
         ]
     }

@@ -123,6 +123,8 @@ def test_written_gateway_config_loads_and_the_tenant_accepts_the_key(tmp_path: P
     store = TenantStore.load(loaded.tenants_path)
     tenant = store.authenticate("secret-key")
     assert tenant is not None and tenant.max_concurrent_workflows == 500
+    # The simulator it is compared with admits every workflow: so does the gateway's bench tenant.
+    assert tenant.predictive_admission is False
     assert store.check_deadline(tenant, 0.01) == pytest.approx(0.01)
     assert store.authenticate("other") is None
     with pytest.raises(ValueError, match="4 workers but 3 urls"):
