@@ -45,6 +45,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
+from gateway.core.prefix import best_case_cached
 from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
@@ -71,20 +72,25 @@ class FluidBound:
     """Call types (or buckets) in the program."""
 
 
-def call_resources(profile: PerfProfile, n_in: np.ndarray, n_out: np.ndarray) -> dict[str, np.ndarray]:
+def call_resources(
+    profile: PerfProfile, n_in: np.ndarray, n_out: np.ndarray, n_cached: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Per-call minimum resource use on an engine: ``gpu_s`` (token and context time, no iteration base),
     ``iters`` (iterations holding a slot), ``tokens`` (batched tokens) and ``kv_iters`` (KV token-iterations).
 
-    ``n_in`` and ``n_out`` are token counts (clamped to at least 1, as the engine does).
+    ``n_in`` and ``n_out`` are token counts (clamped to at least 1, as the engine does); ``n_cached`` the
+    prompt tokens served from the prefix cache (not prefilled, but read as context by every iteration).
     """
     i = np.maximum(n_in, 1).astype(np.float64)
     o = np.maximum(n_out, 1).astype(np.float64)
+    h = np.zeros_like(i) if n_cached is None else np.minimum(np.asarray(n_cached, dtype=np.float64), i - 1.0)
+    p = i - h
     chunk = float(profile.max_batched_tokens)
-    k = np.ceil(i / chunk)
-    prefill_ctx = (k - 1.0) * i - chunk * (k - 1.0) * k / 2.0
+    k = np.ceil(p / chunk)
+    prefill_ctx = h * k + (k - 1.0) * p - chunk * (k - 1.0) * k / 2.0
     n = o - 1.0
     decode_ctx = n * i + n * (n - 1.0) / 2.0
-    tokens = i + n
+    tokens = p + n
     iters = k + n
     kv = np.minimum(i + o, float(profile.kv_capacity_tokens))
     return {
@@ -96,21 +102,23 @@ def call_resources(profile: PerfProfile, n_in: np.ndarray, n_out: np.ndarray) ->
 
 
 def _groups(
-    calls: Counter[tuple[int, int]], max_groups: int, bucket_ratio: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(inputs, outputs, counts, group index) of the distinct call types; the group index maps each
+    calls: Counter[tuple[int, int, int]], max_groups: int, bucket_ratio: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(inputs, outputs, cached, counts, group index) of the distinct call types; the group index maps each
     type to its bucket (identity when there are at most ``max_groups`` types)."""
     keys = sorted(calls)
     n_in = np.array([k[0] for k in keys], dtype=np.int64)
     n_out = np.array([k[1] for k in keys], dtype=np.int64)
+    n_cached = np.array([k[2] for k in keys], dtype=np.int64)
     counts = np.array([calls[k] for k in keys], dtype=np.float64)
     if len(keys) <= max_groups:
-        return n_in, n_out, counts, np.arange(len(keys))
+        return n_in, n_out, n_cached, counts, np.arange(len(keys))
     step = math.log(bucket_ratio)
     bi = np.floor(np.log(np.maximum(n_in, 1)) / step).astype(np.int64)
     bo = np.floor(np.log(np.maximum(n_out, 1)) / step).astype(np.int64)
-    _, group = np.unique(np.stack([bi, bo], axis=1), axis=0, return_inverse=True)
-    return n_in, n_out, counts, group.reshape(-1)
+    bc = np.floor(np.log(np.maximum(n_in - n_cached, 1)) / step).astype(np.int64)
+    _, group = np.unique(np.stack([bi, bo, bc], axis=1), axis=0, return_inverse=True)
+    return n_in, n_out, n_cached, counts, group.reshape(-1)
 
 
 def solve_fluid_bound(
@@ -119,19 +127,27 @@ def solve_fluid_bound(
     *,
     max_groups: int = MAX_GROUPS,
     bucket_ratio: float = 1.02,
+    prefix_caching: bool = False,
 ) -> FluidBound:
     """Solve the fluid-bound program (module docstring) for the workload mix ``queries`` (one call list per
-    workflow). An empty mix has no bound: ``rate_qps`` is infinite. Raises ``RuntimeError`` if the solver
-    fails (it should not: the program is always feasible and bounded for a non-empty mix)."""
+    workflow, in issue order). An empty mix has no bound: ``rate_qps`` is infinite. Raises ``RuntimeError``
+    if the solver fails (it should not: the program is always feasible and bounded for a non-empty mix).
+
+    ``prefix_caching``: the engines cache prompt prefixes; every call is then credited with the most any
+    cache could serve it (``gateway.core.prefix.best_case_cached``), so the program stays a bound.
+    """
     if not workers:
         raise ValueError("the fluid bound needs at least one worker")
     if not bucket_ratio > 1.0:
         raise ValueError(f"bucket_ratio must be > 1, got {bucket_ratio}")
-    mix = Counter((c.input_tokens, c.output_tokens) for q in queries for c in q)
+    mix: Counter[tuple[int, int, int]] = Counter()
+    for q in queries:
+        hits = best_case_cached([(c.prefix, c.input_tokens) for c in q]) if prefix_caching else [0] * len(q)
+        mix.update((c.input_tokens, c.output_tokens, h) for c, h in zip(q, hits, strict=True))
     n_w = len(workers)
     if not mix:
         return FluidBound(math.inf, (0.0,) * n_w, (0.0,) * n_w, 0)
-    n_in, n_out, counts, group = _groups(mix, max_groups, bucket_ratio)
+    n_in, n_out, n_cached, counts, group = _groups(mix, max_groups, bucket_ratio)
     n_g = int(group.max()) + 1
     per_wf = np.zeros(n_g)
     np.add.at(per_wf, group, counts / len(queries))
@@ -145,7 +161,7 @@ def solve_fluid_bound(
     g_idx = np.arange(n_g)
     for w, info in enumerate(workers):
         p = info.profile
-        res = call_resources(p, n_in, n_out)
+        res = call_resources(p, n_in, n_out, n_cached)
         x_cols = 1 + w * n_g + g_idx
         i_col = np.array([1 + n_x + w])
         limits = (
@@ -180,12 +196,14 @@ def solve_fluid_bound(
     for w, info in enumerate(workers):
         p = info.profile
         least = np.full(n_g, np.inf)
-        np.minimum.at(least, group, call_resources(p, n_in, n_out)["gpu_s"])
+        np.minimum.at(least, group, call_resources(p, n_in, n_out, n_cached)["gpu_s"])
         busy.append(float(x[w] @ least + p.iter_base_s * sol.x[1 + n_x + w]))
     return FluidBound(float(sol.x[0]), tuple(float(v) for v in x.sum(axis=1)), tuple(busy), n_g)
 
 
-def fluid_bound(workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]]) -> float:
+def fluid_bound(
+    workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]], *, prefix_caching: bool = False
+) -> float:
     """The largest workflow rate (workflows/s) any scheduler could sustain on ``workers`` for the mix
     ``queries``: ``solve_fluid_bound(...).rate_qps``."""
-    return solve_fluid_bound(workers, queries).rate_qps
+    return solve_fluid_bound(workers, queries, prefix_caching=prefix_caching).rate_qps

@@ -105,6 +105,7 @@ class Setup:
     tenants: list[TenantSpec] | None = None
     arrivals_csv: Path | None = None
     n_seeds: int = N_SEEDS
+    prefix_caching: bool = False
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
 
@@ -129,7 +130,7 @@ class Setup:
     def bound(self) -> FluidBound:
         """The fluid bound for the mix of the base seed's workflows (tenants' chat calls included)."""
         mix = [[c for stage in wf.stages for c in stage.calls] for wf in self.workflows(1.0)]
-        return solve_fluid_bound(self.workers, mix)
+        return solve_fluid_bound(self.workers, mix, prefix_caching=self.prefix_caching)
 
     def unit_arrivals(self, seed: int) -> list[float]:
         """Arrival times at rate 1/s (scaled by 1/rate for each run): common random numbers."""
@@ -177,14 +178,16 @@ def run_point(
     """Simulate one policy at one arrival rate on one seed (default: the setup's) and summarise."""
     s = setup.seed if seed is None else seed
     wfs = setup.workflows(rate, s)
-    res = Simulator(setup.workers, policy, alpha=alpha, seed=s).run(wfs)
+    res = Simulator(setup.workers, policy, alpha=alpha, seed=s, prefix_caching=setup.prefix_caching).run(wfs)
     return summarize(res, total=len(wfs))
 
 
 def tuned_alpha(setup: Setup, policy: str, rate: float, grid: Sequence[float] = ALPHA_GRID) -> float:
     """Alpha chosen by the tuner on the tuning seed's window of traffic at ``rate``."""
     window = setup.workflows(rate, seed=setup.tune_seed)
-    return tune_alpha(setup.workers, policy, window, grid=grid, seed=setup.tune_seed).alpha
+    return tune_alpha(
+        setup.workers, policy, window, grid=grid, seed=setup.tune_seed, prefix_caching=setup.prefix_caching
+    ).alpha
 
 
 @dataclass

@@ -72,6 +72,12 @@ def add_workload_args(p: argparse.ArgumentParser, *, workflows: int) -> None:
         default=None,
         help="replay the arrival pattern of a CSV with a timestamp column (Azure LLM trace format), rescaled to --rate",
     )
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="engines without prefix caching (vLLM caches prompt prefixes by default; so does the simulator)",
+    )
     p.add_argument("--json", default=None, help="write results as JSON here")
 
 

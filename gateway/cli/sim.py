@@ -222,6 +222,7 @@ def _setup(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
         tenants=tenants,
         arrivals_csv=Path(args.arrivals) if args.arrivals else None,
         n_seeds=n_seeds,
+        prefix_caching=args.prefix_caching,
     )
 
 
@@ -233,11 +234,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     get_policy(args.policy)
     setup = _setup(args)
-    bound = fluid_bound(setup.workers, setup.queries)
+    bound = fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching)
     rate = args.rate if args.rate is not None else round(0.6 * bound, 4)
     wfs = setup.workflows(rate)
     t0 = time.perf_counter()
-    res = Simulator(setup.workers, args.policy, alpha=args.alpha, seed=args.seed, admission=args.admission).run(wfs)
+    res = Simulator(
+        setup.workers,
+        args.policy,
+        alpha=args.alpha,
+        seed=args.seed,
+        admission=args.admission,
+        prefix_caching=setup.prefix_caching,
+    ).run(wfs)
     wall = time.perf_counter() - t0
     tenants = sorted({w.tenant for w in wfs})
     rows = []
@@ -512,7 +520,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if not policy.uses_alpha:
         raise UsageError(f"--policy: {policy.name} does not use alpha")
     setup = _setup(args)
-    rate = args.rate if args.rate is not None else round(0.6 * fluid_bound(setup.workers, setup.queries), 4)
+    rate = (
+        args.rate
+        if args.rate is not None
+        else round(0.6 * fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching), 4)
+    )
     wfs = setup.workflows(rate)
     from gateway.config.gateway import TuningConfig
 
@@ -522,7 +534,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if any(not 0.0 <= a <= 1.0 for a in grid):
         raise UsageError("--grid: alphas must be in [0, 1]")
     t0 = time.perf_counter()
-    res = tune_alpha(setup.workers, policy.name, window, grid=grid, seed=args.seed, smooth=not args.no_smooth)
+    res = tune_alpha(
+        setup.workers,
+        policy.name,
+        window,
+        grid=grid,
+        seed=args.seed,
+        smooth=not args.no_smooth,
+        prefix_caching=setup.prefix_caching,
+    )
     wall = time.perf_counter() - t0
     rows = [
         [

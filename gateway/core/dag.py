@@ -162,7 +162,7 @@ class DagWorkflow(Workflow):
     def spec(self, i: int) -> DagCallSpec:
         """The call spec of node ``i``."""
         n = self.nodes[i]
-        return DagCallSpec(n.kind, n.input_tokens, n.output_tokens, i)
+        return DagCallSpec(n.kind, n.input_tokens, n.output_tokens, node=i)
 
     def _release(self, ready: list[int]) -> list[CallSpec]:
         for i in ready:

@@ -21,6 +21,11 @@ Registered dispatchers (``DISPATCHERS``):
          ``t_comp``, then the lower position.
 ``wb``   HexGen-Flow's workload-balanced, heterogeneity-aware score (below), as the paper has it.
 ``wbi``  ``wb`` with the call's interference added to the queue term (below): what ``hexgen`` runs.
+``llmd`` llm-d's inference scheduler (its default scheduling profile): per worker, a weighted sum of the
+         prefix-cache score (share of the prompt the worker is believed to hold, weight 3), the queue
+         score (waiting calls, min-max normalised over the workers so the shortest scores 1, weight 2)
+         and the KV-cache score (1 - KV utilisation, weight 2); the highest sum wins, ties at random
+         (its max-score picker).
 
 The ``wb`` score, normalised (the paper leaves beta and the t_queue -> 0 case open):
 
@@ -73,6 +78,9 @@ class DispatchView:
     ``workers`` holds the eligible worker indices; the other lists are aligned with it. ``budget`` is the
     call's stage budget in seconds (``slo.stage_budget``; negative when the workflow is late). ``harm`` is
     the delay the call's prompt would impose on the calls in flight on each worker (empty: unknown, 0).
+    ``cached`` is the prompt tokens each worker is believed to hold for this call (empty: no prefix index),
+    ``input_tokens`` the call's prompt length, ``kv_util`` each worker's KV-cache use in [0, 1] (filled for
+    dispatchers that ask for it with ``wants_kv_util``).
     """
 
     workers: Sequence[int]
@@ -83,6 +91,9 @@ class DispatchView:
     alpha: float
     budget: float = 0.0
     harm: Sequence[float] = ()
+    cached: Sequence[int] = ()
+    input_tokens: int = 0
+    kv_util: Sequence[float] = ()
 
 
 class Dispatcher(Protocol):
@@ -192,6 +203,50 @@ class WorkloadBalanced:
         return best
 
 
+class LlmdScorer:
+    """llm-d's endpoint picker with its default profile: prefix-cache 3, queue 2, KV-cache utilisation 2.
+
+    Each scorer gives every worker a score in [0, 1] and the weighted sums are compared (llm-d's
+    ``prefix-cache-scorer``, ``queue-scorer`` and ``kv-cache-utilization-scorer`` with the weights of its
+    default ``EndpointPickerConfig``); ``max-score-picker`` takes the highest, breaking ties at random.
+    The queue is the worker's waiting calls (vLLM's ``num_requests_waiting``; here the calls waiting for
+    a slot), and the prefix score the share of the prompt's tokens the worker is believed to hold.
+    """
+
+    wants_kv_util = True
+    PREFIX_WEIGHT = 3.0
+    QUEUE_WEIGHT = 2.0
+    KV_WEIGHT = 2.0
+
+    def __init__(self, rng: Rng) -> None:
+        self._rng = rng
+
+    def choose(self, view: DispatchView) -> int:
+        """The highest weighted score; ties at random."""
+        n = len(view.workers)
+        q = view.queue_len
+        q_min = min(q)
+        q_span = max(q) - q_min
+        n_in = view.input_tokens if view.input_tokens > 0 else 1
+        cached = view.cached
+        kv = view.kv_util
+        best: list[int] = []
+        best_score = -float("inf")
+        for i in range(n):
+            score = self.QUEUE_WEIGHT * ((q_min + q_span - q[i]) / q_span if q_span else 1.0)
+            if cached:
+                score += self.PREFIX_WEIGHT * cached[i] / n_in
+            if kv:
+                score += self.KV_WEIGHT * (1.0 - min(max(kv[i], 0.0), 1.0))
+            if score > best_score + 1e-12:
+                best, best_score = [i], score
+            elif score >= best_score - 1e-12:
+                best.append(i)
+        if len(best) == 1:
+            return best[0]
+        return best[int(self._rng.random() * len(best)) % len(best)]
+
+
 DispatcherFactory = Callable[[Rng], Dispatcher]
 
 DISPATCHERS: dict[str, DispatcherFactory] = {}
@@ -210,3 +265,4 @@ register_dispatcher("lw", lambda rng: LeastWork())
 register_dispatcher("eft", lambda rng: EarliestFinish())
 register_dispatcher("wb", lambda rng: WorkloadBalanced())
 register_dispatcher("wbi", lambda rng: WorkloadBalanced(interference=1.0))
+register_dispatcher("llmd", LlmdScorer)

@@ -65,6 +65,7 @@ class WorkerLoad:
         queued_gpu_s: engine seconds the queued calls will occupy the worker (``gpu_s``).
         inflight_gpu_s: the same for the calls in flight, from their start.
         prefill_free_at: when the engine is predicted to finish the prompts of the calls in flight.
+        inflight_kv: KV-cache tokens the calls in flight reserve (``input + output`` each).
     """
 
     queued: int = 0
@@ -78,6 +79,7 @@ class WorkerLoad:
     queued_gpu_s: float = 0.0
     inflight_gpu_s: float = 0.0
     prefill_free_at: float = 0.0
+    inflight_kv: int = 0
 
     def outstanding(self, now: float) -> float:
         """Predicted seconds of work left on the worker: queued ``t_comp`` plus in-flight remainder.
@@ -246,8 +248,9 @@ class Estimator:
 
     # ------------------------------------------------------------------ load-aware estimates
 
-    def _own(self, worker: int, input_tokens: int, output_tokens: int, extra_ctx: float) -> float:
-        """Uncorrected time of a call once its prompt is up: prefill, batched decode, overhead."""
+    def _own(self, worker: int, input_tokens: int, output_tokens: int, extra_ctx: float, cached: int = 0) -> float:
+        """Uncorrected time of a call once its prompt is up: prefill (less ``cached`` tokens), batched decode,
+        overhead."""
         info = self.workers[worker]
         p = info.profile
         load = self.loads[worker]
@@ -259,22 +262,23 @@ class Estimator:
             n = limit
         out = output_tokens - 1 if output_tokens > 1 else 0
         step = p.iter_base_s + p.token_s * n + p.ctx_s * ctx
-        return p.request_overhead_s + self.prefill_s(worker, input_tokens) + out * step
+        return p.request_overhead_s + self.prefill_s(worker, input_tokens - cached) + out * step
 
-    def gpu_s(self, worker: int, input_tokens: int, output_tokens: int) -> float:
+    def gpu_s(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
         """Engine seconds a call takes from ``worker``'s throughput when the worker runs a full batch.
 
         Its prefill (compute-bound: not shared), its decode tokens' compute and attention, and its share of
         each decode step's fixed cost (``iter_base_s``) over a batch of ``min(capacity, max_num_seqs)``
         calls. The reciprocal is the worker's rate for calls of this shape when busy: what admission's fluid
         forecast counts work in (the latency a call sees is ``t_comp``; this is what it costs others).
+        ``cached`` prompt tokens served from the prefix cache are not prefilled.
         """
         info = self.workers[worker]
         p = info.profile
         batch = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
         out = output_tokens - 1 if output_tokens > 1 else 0
         step = p.token_s + p.ctx_s * (input_tokens + output_tokens / 2.0) + p.iter_base_s / batch
-        return self.prefill_s(worker, input_tokens) + out * step
+        return self.prefill_s(worker, input_tokens - cached) + out * step
 
     def backlog_s(self, worker: int, now: float) -> float:
         """Engine seconds of work outstanding on ``worker``: its queued calls' ``gpu_s`` plus what is left
@@ -333,13 +337,21 @@ class Estimator:
         return t_comp, t_queue, harm
 
     def snapshot(
-        self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
+        self,
+        workers: Sequence[int],
+        kind: str,
+        input_tokens: int,
+        output_tokens: int,
+        now: float,
+        cached: Sequence[int] | None = None,
     ) -> tuple[list[float], list[float], list[float], list[int]]:
         """``estimates`` plus each worker's calls in flight: everything a dispatch view needs, in one pass.
 
-        The loop is ``t_comp``, ``t_queue`` and ``harm`` written out inline (the same operations in the same
-        order, so the same floats): with tens of workers it runs once per worker for every call, and
-        method calls and attribute lookups would dominate the simulator's time.
+        ``cached`` (aligned with ``workers``): prompt tokens each worker is expected to have cached; only the
+        rest count as prefill (in ``t_comp`` and ``harm``). The loop is ``t_comp``, ``t_queue`` and ``harm``
+        written out inline (the same operations in the same order, so the same floats): with tens of workers
+        it runs once per worker for every call, and method calls and attribute lookups would dominate the
+        simulator's time.
         """
         t_comp: list[float] = []
         t_queue: list[float] = []
@@ -352,7 +364,7 @@ class Estimator:
         consts = self._consts
         ratios = self._ratios
         max_age = self.max_age_s
-        for w in workers:
+        for i, w in enumerate(workers):
             base, tok, ctx_s, overhead, limit, cap, g = consts[w]
             load = loads[w]
             r = ratios[w].get(kind)
@@ -364,7 +376,7 @@ class Estimator:
             if n > limit:
                 ctx *= limit / n
                 n = limit
-            pre = pres[g]
+            pre = pres[g] if cached is None or not cached[i] else self._group_prefill(g, input_tokens - cached[i])
             t_comp.append((overhead + pre + out * (base + tok * n + ctx_s * ctx)) * rv)
             # t_queue
             wait = load.prefill_free_at - now
@@ -396,9 +408,9 @@ class Estimator:
         s = call.spec
         # The profile's prefill, not corrected by the ratio: the ratio measures how much calls stretch under
         # load, mostly their decode stalled by other prompts; a prompt's own processing barely does.
-        pre = self.prefill_s(worker, s.input_tokens)
+        pre = self.prefill_s(worker, s.input_tokens - call.cached)
         call.prefill_s = pre
-        call.gpu_s = self.gpu_s(worker, s.input_tokens, s.output_tokens)
+        call.gpu_s = self.gpu_s(worker, s.input_tokens, s.output_tokens, call.cached)
         load.queued += 1
         load.queued_prefill_s += pre
         load.queued_work += call.t_comp
@@ -427,7 +439,7 @@ class Estimator:
         s = call.spec
         r = self.ratio(worker, s.kind, now)
         begin = load.prefill_free_at if load.prefill_free_at > now else now
-        own = self._own(worker, s.input_tokens, s.output_tokens, s.input_tokens + s.output_tokens / 2.0)
+        own = self._own(worker, s.input_tokens, s.output_tokens, s.input_tokens + s.output_tokens / 2.0, call.cached)
         call.service_s = (begin - now) + own * r
         call.model_s = (begin - now) + own
         load.prefill_free_at = begin + call.prefill_s
@@ -437,6 +449,7 @@ class Estimator:
         load.inflight_end_sum += now + call.service_s
         load.inflight_service_sum += call.service_s
         load.inflight_gpu_s += call.gpu_s
+        load.inflight_kv += s.input_tokens + s.output_tokens
 
     def release(self, call: Call, worker: int, now: float | None = None) -> None:
         """``call`` returned from ``worker`` (answered or failed) at ``now``: it leaves the batch.
@@ -454,6 +467,7 @@ class Estimator:
         load.inflight_end_sum -= started + call.service_s
         load.inflight_service_sum -= call.service_s
         load.inflight_gpu_s -= call.gpu_s
+        load.inflight_kv -= s.input_tokens + s.output_tokens
         if load.inflight <= 0:  # an empty engine: no prompts ahead, no float drift
             load.inflight = 0
             load.inflight_ctx = 0.0
@@ -461,6 +475,7 @@ class Estimator:
             load.inflight_end_sum = 0.0
             load.inflight_service_sum = 0.0
             load.inflight_gpu_s = 0.0
+            load.inflight_kv = 0
             load.prefill_free_at = 0.0
         elif now is not None:
             load.prefill_free_at = min(load.prefill_free_at, now + load.inflight_prefill_s)

@@ -7,7 +7,9 @@ hexgen      wbi         urgency     ours      HexGen-Flow: workload-balanced het
                                               dispatch and urgency-driven per-worker queues with
                                               stage budgets, plus interference-aware placement
 hexgen-     wb          urgency     ablation  the paper's method as published: ``hexgen`` without
-paper                                         interference-aware placement
+paper                                         interference-aware or prefix-aware placement
+hexgen-     wbi         urgency     ablation  ``hexgen`` blind to the prefix cache (its estimates count
+noprefix                                      every prompt token as prefill)
 wb-fcfs     wb          fcfs        ablation  the paper's ablation without the priority queue
 rr-pq       rr          urgency     ablation  the paper's ablation without the workload-balanced
                                               dispatcher
@@ -23,7 +25,14 @@ llf         lw          llf         baseline  least laxity first on the end-to-e
 edf         lw          edf         baseline  earliest deadline first, load-aware dispatch
 vtc         lw          vtc         baseline  virtual token counter fair share across tenants
                                               (Sheng et al.)
+llmd        llmd        fcfs        baseline  llm-d's inference scheduler, default profile:
+                                              prefix-cache (3), queue (2) and KV-cache utilisation
+                                              (2) scorers, highest weighted sum wins
 ==========  ==========  ==========  ========  ======================================================
+
+``hexgen`` and ``llmd`` are prefix-aware: where the engines cache prompt prefixes (vLLM's default), the
+scheduler keeps an index of the prefixes it sent to each worker and their estimates count cached tokens
+out of a call's prefill, so WB's compute term itself prefers the worker that holds a call's prefix.
 
 The deadline-aware and fairness baselines use the load-aware dispatcher (``lw``) so that they are
 compared on their queue discipline, not handicapped by round-robin.
@@ -59,6 +68,9 @@ class Policy:
     system: str
     role: Role
     default_alpha: float = 0.0
+    prefix_aware: bool = False
+    """The scheduler tracks which prompt prefixes each worker holds (``gateway.core.prefix.PrefixIndex``) and
+    counts cached tokens out of the call's prefill on each worker (only where the engines cache prefixes)."""
 
     @property
     def uses_alpha(self) -> bool:
@@ -103,8 +115,12 @@ for _p in (
         "HexGen-Flow (WB dispatch + urgency queues + interference-aware placement)",
         "ours",
         default_alpha=0.3,
+        prefix_aware=True,
     ),
-    Policy("hexgen-paper", "wb", "urgency", "HexGen-Flow as published (no interference term)", "ablation", 0.3),
+    Policy(
+        "hexgen-paper", "wb", "urgency", "HexGen-Flow as published (no interference or prefix term)", "ablation", 0.3
+    ),
+    Policy("hexgen-noprefix", "wbi", "urgency", "hexgen blind to the prefix cache", "ablation", 0.3),
     Policy("wb-fcfs", "wb", "fcfs", "HexGen-Flow ablation: no priority queue", "ablation", default_alpha=0.3),
     Policy("rr-pq", "rr", "urgency", "HexGen-Flow ablation: no WB dispatcher", "ablation"),
     Policy("rr-fcfs", "rr", "fcfs", "vLLM behind a round-robin load balancer", "baseline"),
@@ -114,5 +130,13 @@ for _p in (
     Policy("llf", "lw", "llf", "least laxity first on the end-to-end deadline", "baseline"),
     Policy("edf", "lw", "edf", "earliest deadline first", "baseline"),
     Policy("vtc", "lw", "vtc", "virtual token counter fair share across tenants", "baseline"),
+    Policy(
+        "llmd",
+        "llmd",
+        "fcfs",
+        "llm-d inference scheduler (prefix-cache 3 + queue 2 + KV-utilisation 2 scorers)",
+        "baseline",
+        prefix_aware=True,
+    ),
 ):
     register_policy(_p)

@@ -25,6 +25,7 @@ from functools import partial
 from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng
 from gateway.core.estimates import Estimator
 from gateway.core.policy import Policy, get_policy
+from gateway.core.prefix import PrefixIndex, cached_tokens, segment_keys
 from gateway.core.queues import QUEUES, VtcCounters, WorkerQueue
 from gateway.core.slo import stage_budget
 from gateway.core.worker import WorkerInfo
@@ -47,6 +48,9 @@ class Scheduler:
         rng: injected randomness (for ``p2c``); any object with ``random()``.
         alpha: the WB balance parameter; defaults to the policy's.
         estimator: options for ``Estimator`` (``ewma``, ``max_age_s``, ``clamp``).
+        prefix_caching: the workers cache prompt prefixes (vLLM's default). A prefix-aware policy then keeps
+            a ``PrefixIndex`` per worker (what it sent there) and counts the tokens a worker is believed to
+            hold out of a call's prefill there.
     """
 
     def __init__(
@@ -58,10 +62,16 @@ class Scheduler:
         alpha: float | None = None,
         ewma: float = 0.2,
         max_age_s: float = 600.0,
+        prefix_caching: bool = False,
     ) -> None:
         self.estimator = Estimator(workers, ewma=ewma, max_age_s=max_age_s)
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self._dispatcher = DISPATCHERS[self.policy.dispatcher](rng)
+        self._wants_kv = bool(getattr(self._dispatcher, "wants_kv_util", False))
+        self.prefix_aware = prefix_caching and self.policy.prefix_aware
+        self.prefix_index: list[PrefixIndex] = (
+            [PrefixIndex(w.profile.kv_capacity_tokens) for w in self.workers] if self.prefix_aware else []
+        )
         self._make_queue = QUEUES[self.policy.queue]()
         self.queues: list[WorkerQueue] = [self._make_queue() for _ in self.workers]
         self.alpha = self.policy.default_alpha if alpha is None else alpha
@@ -100,12 +110,16 @@ class Scheduler:
             self.member.append(True)
             self.dispatch_counts.append({})
             w = len(self.workers) - 1
+            if self.prefix_aware:
+                self.prefix_index.append(PrefixIndex(info.profile.kv_capacity_tokens))
         else:
             w = free
             self.queues[w] = self._make_queue()
             self.estimator.reset_worker(w, info)
             self.member[w] = True
             self.dispatch_counts[w] = {}
+            if self.prefix_aware:
+                self.prefix_index[w] = PrefixIndex(info.profile.kv_capacity_tokens)
         self._membership_changed()
         self.set_eligible(w, eligible)
         return w
@@ -185,8 +199,21 @@ class Scheduler:
         idx = self._all if self._n_eligible == len(self.workers) else [i for i, ok in enumerate(self.eligible) if ok]
         if not idx:
             raise NoEligibleWorker("no eligible worker")
-        t_comp, t_queue, harm, inflight = est.snapshot(idx, spec.kind, spec.input_tokens, spec.output_tokens, now)
+        keys = None
+        cached: list[int] | None = None
+        if self.prefix_aware and spec.prefix:
+            keys = segment_keys(spec.prefix, call.workflow.wid)
+            ix = self.prefix_index
+            n_in = spec.input_tokens
+            cached = [cached_tokens(ix[w].match(keys), n_in) for w in idx]
+        t_comp, t_queue, harm, inflight = est.snapshot(
+            idx, spec.kind, spec.input_tokens, spec.output_tokens, now, cached
+        )
         loads = est.loads
+        kv_util: list[float] = []
+        if self._wants_kv:
+            workers = est.workers
+            kv_util = [loads[i].inflight_kv / workers[i].profile.kv_capacity_tokens for i in idx]
         view = DispatchView(
             workers=idx,
             t_comp=t_comp,
@@ -198,10 +225,19 @@ class Scheduler:
             alpha=self._alpha,
             budget=call.budget,
             harm=harm,
+            cached=cached or (),
+            input_tokens=spec.input_tokens,
+            kv_util=kv_util,
         )
         pos = self._dispatcher.choose(view)
         call.t_comp = t_comp[pos]
-        return idx[pos]
+        w = idx[pos]
+        if keys is not None and cached is not None:
+            call.cached = cached[pos]
+            self.prefix_index[w].record(keys)
+        else:
+            call.cached = 0
+        return w
 
     def _enqueue(self, call: Call, w: int, now: float) -> None:
         call.worker = w

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gateway.core.prefix import PrefixSeg
+
 CostFn = Callable[[str, int, int], float]
 """Reference cost of a call: ``cost(kind, input_tokens, output_tokens) -> seconds``."""
 
@@ -42,11 +44,16 @@ def deadline_met(finish: float, deadline: float, *, valid: bool = True) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class CallSpec:
-    """One LLM call as a workflow asks for it."""
+    """One LLM call as a workflow asks for it.
+
+    ``prefix``: the parts of its prompt that other calls share, in prompt order (``gateway.core.prefix``);
+    empty when nothing is known to be shared.
+    """
 
     kind: str
     input_tokens: int
     output_tokens: int
+    prefix: tuple[PrefixSeg, ...] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -78,6 +85,9 @@ class Call:
     started_at: float | None = None
     finished_at: float | None = None
     attempts: int = 0
+    cached: int = 0
+    """Prompt tokens the scheduler expects its worker to have cached (set at dispatch by a prefix-aware
+    policy; the estimates count only the rest as prefill)."""
     best_effort: bool = False
     """Run at the lowest urgency: the call waits behind every other call of its worker's queue (a workflow
     predicted to miss its deadline whose tenant asked for best effort rather than rejection)."""

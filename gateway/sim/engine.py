@@ -19,14 +19,25 @@ it at the next iteration boundary, exactly where vLLM would admit it.
 KV: a call reserves ``input + output`` tokens at admission and frees them when it finishes, so the
 engine never preempts (vLLM preempts and recomputes under KV pressure; reserving up front is the
 conservative equivalent and keeps the capacity invariant checkable).
+
+Prefix caching (``prefix_caching``, vLLM's ``--enable-prefix-caching``, on by default in vLLM V1): the
+engine keeps the prompt segments its calls shared (``CallSpec.prefix``, ``gateway.core.prefix``). A
+segment enters the cache when the prompt that holds it has been processed; a call admitted later whose
+chain matches skips those tokens' prefill (whole blocks, never the last token) but still holds and reads
+their KV. Segments in use by running calls stay; the others live in the free KV space and are evicted
+least recently used first when running calls need it. Calls admitted in the same iteration as the one
+that computes a segment do not hit it (as in vLLM, which only reuses computed blocks). A call still
+reserves its whole prompt, so two running calls sharing a segment count it twice (conservative: vLLM
+shares the blocks).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from gateway.core.prefix import Key, cached_tokens, segment_keys
 from gateway.core.profile import PerfProfile, iterations_within
 from gateway.core.workflow import Call
 
@@ -43,17 +54,25 @@ class _Running:
     prefill_done_at: float | None = None
     priority: int = 0
     order: int = 0
+    keys: list[tuple[Key, int]] = field(default_factory=list)  # the prompt's shared segments (caching on)
+    held: list[Key] = field(default_factory=list)  # cache entries this call pins while it runs
+    hit: int = 0  # prompt tokens served from the cache
 
 
 @dataclass(slots=True)
 class EngineStats:
-    """Counters for invariant checks and reports."""
+    """Counters for invariant checks and reports (``prompt_tokens``/``prefix_hit_tokens``: vLLM's
+    ``prefix_cache_queries``/``prefix_cache_hits`` in tokens; ``evicted_tokens``: cached segment tokens
+    evicted)."""
 
     iterations: int = 0
     max_running: int = 0
     max_kv: int = 0
     busy_s: float = 0.0
     segments: int = 0
+    prompt_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    evicted_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -69,6 +88,7 @@ class SimEngine:
     waiting: deque[_Running] = field(default_factory=deque)
     stats: EngineStats = field(default_factory=EngineStats)
     priority_scheduling: bool = False
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         p = self.profile
@@ -85,6 +105,9 @@ class SimEngine:
         self._seq = 0
         self._order = 0
         self._states: dict[int, _Running] = {}
+        # Prefix cache: key -> [tokens, running calls holding it], least recently used first.
+        self._cache: OrderedDict[Key, list[int]] = OrderedDict()
+        self._evictable = 0  # tokens of cache entries no running call holds (they live in free KV)
         # Current segment (valid while busy).
         self.busy = False
         self.version = 0
@@ -114,6 +137,8 @@ class SimEngine:
         n_out = s.output_tokens if s.output_tokens > 1 else 1
         self._order += 1
         r = _Running(call, n_in, n_out, n_in + n_out, priority=priority, order=self._order)
+        if self.prefix_caching and s.prefix:
+            r.keys = segment_keys(s.prefix, call.workflow.wid)
         self._states[call.id] = r
         w = self.waiting
         if self.priority_scheduling and w and (priority, r.order) < (w[-1].priority, w[-1].order):
@@ -200,6 +225,9 @@ class SimEngine:
                 break
             self.waiting.popleft()
             r.admitted_at = now
+            self.stats.prompt_tokens += r.prompt_left
+            if r.keys:
+                self._hit(r)
             self._prefill.append(r)
             self._prefill_left += r.prompt_left
             self._kv_used += r.kv
@@ -209,6 +237,80 @@ class SimEngine:
             st.max_running = self._running
         if self._kv_used > st.max_kv:  # noqa: PLR1730
             st.max_kv = self._kv_used
+        if self._evictable > cap - self._kv_used:
+            self._evict(cap - self._kv_used)
+
+    # -- prefix cache -----------------------------------------------------------------------------
+    def _hit(self, r: _Running) -> None:
+        """At admission: pin the cached leading segments of ``r``'s prompt and skip their prefill."""
+        cache = self._cache
+        matched = 0
+        for key, tokens in r.keys:
+            e = cache.get(key)
+            if e is None:
+                break
+            if not e[1]:
+                self._evictable -= e[0]
+            e[1] += 1
+            cache.move_to_end(key)
+            r.held.append(key)
+            matched += tokens
+        hit = cached_tokens(matched, r.prompt_left)
+        if hit:
+            r.hit = hit
+            r.prompt_left -= hit
+            self._ctx_total += hit  # the cached prefix is context the call's iterations read
+            self.stats.prefix_hit_tokens += hit
+
+    def _store(self, r: _Running) -> None:
+        """``r``'s prompt was processed: its segments are cached (pinned by ``r`` until it finishes)."""
+        cache = self._cache
+        held = r.held
+        for key, tokens in r.keys[len(held) :]:
+            e = cache.get(key)
+            if e is None:
+                cache[key] = [tokens, 1]
+            else:
+                if not e[1]:
+                    self._evictable -= e[0]
+                e[1] += 1
+                cache.move_to_end(key)
+            held.append(key)
+
+    def _unpin(self, r: _Running) -> None:
+        cache = self._cache
+        for key in r.held:
+            e = cache[key]
+            e[1] -= 1
+            if not e[1]:
+                self._evictable += e[0]
+        r.held = []
+
+    def _evict(self, room: int) -> None:
+        """Evict unpinned entries, least recently used first, until they fit in ``room`` free tokens."""
+        cache = self._cache
+        victims = []
+        total = self._evictable
+        for key, e in cache.items():
+            if total <= room:
+                break
+            if not e[1]:
+                victims.append(key)
+                total -= e[0]
+        for key in victims:
+            tokens = cache.pop(key)[0]
+            self._evictable -= tokens
+            self.stats.evicted_tokens += tokens
+
+    @property
+    def cached_segments(self) -> int:
+        """Prefix-cache entries held (pinned or evictable)."""
+        return len(self._cache)
+
+    @property
+    def evictable_tokens(self) -> int:
+        """Cached tokens no running call holds (they occupy free KV space)."""
+        return self._evictable
 
     def _plan(self, now: float) -> bool:
         self._admit(now)
@@ -269,6 +371,8 @@ class SimEngine:
                 # The last prompt chunk yields the first output token.
                 r.prefill_done_at = now
                 r.join_d = self._d
+                if r.keys:
+                    self._store(r)
                 left = r.out_tokens - 1
                 if left <= 0:
                     self._finish(r, done)
@@ -289,5 +393,7 @@ class SimEngine:
             self._ctx_total = 0.0
         self._kv_used -= r.kv
         self._running -= 1
+        if r.held:
+            self._unpin(r)
         self._states.pop(r.call.id, None)
         done.append(r.call)

@@ -111,6 +111,8 @@ class Simulator:
             ``SimResult.rejected`` and have no record (they count as missed). Workflows other than
             ``StagedWorkflow`` are always admitted.
         admission_headroom: the share of the deadline a prediction must fit in (the live gateway's 0.9).
+        prefix_caching: the engines cache prompt prefixes (vLLM's automatic prefix caching, ``SimEngine``),
+            and prefix-aware policies track them.
     """
 
     def __init__(
@@ -124,14 +126,18 @@ class Simulator:
         horizon_s: float = float("inf"),
         admission: bool = False,
         admission_headroom: float = 0.9,
+        prefix_caching: bool = False,
     ) -> None:
         if not 0.0 < admission_headroom <= 1.0:
             raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
         self.admission = admission
         self.admission_headroom = admission_headroom
         self.workers = list(workers)
-        self.scheduler = Scheduler(self.workers, policy, random.Random(seed), alpha=alpha)
-        self.engines = [SimEngine(w.profile, i) for i, w in enumerate(self.workers)]
+        self.prefix_caching = prefix_caching
+        self.scheduler = Scheduler(
+            self.workers, policy, random.Random(seed), alpha=alpha, prefix_caching=prefix_caching
+        )
+        self.engines = [SimEngine(w.profile, i, prefix_caching=prefix_caching) for i, w in enumerate(self.workers)]
         self.record_calls = record_calls
         self.horizon_s = horizon_s
 

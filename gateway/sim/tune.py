@@ -68,10 +68,12 @@ def tune_alpha(
     seed: int = 0,
     current: float | None = None,
     smooth: bool = True,
+    prefix_caching: bool = False,
 ) -> TuneResult:
     """Replay ``window`` once per alpha in ``grid``; return the best alpha and the table.
 
     The window's workflows are copied (``fresh()``) for every replay, so the caller's list is untouched.
+    ``prefix_caching``: the replay's engines cache prompt prefixes (as the workers do).
     """
     if not grid:
         raise ValueError("the alpha grid is empty")
@@ -81,7 +83,7 @@ def tune_alpha(
     points = []
     for a in grid:
         wfs = [w.shifted(w.arrival - t0, w.deadline - t0) for w in window]
-        res = Simulator(workers, policy, alpha=a, seed=seed).run(wfs)
+        res = Simulator(workers, policy, alpha=a, seed=seed, prefix_caching=prefix_caching).run(wfs)
         points.append(TunePoint(a, summarize(res, total=len(wfs))))
     ref = current if current is not None else 0.0
 

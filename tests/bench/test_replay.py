@@ -33,7 +33,7 @@ from gateway.live.schemas import WorkflowRequest
 from gateway.live.server import build_app
 from gateway.sim.metrics import percentile
 from gateway.sim.simulator import Simulator
-from gateway.sim.workload import generate_chess_bird, poisson_arrivals
+from gateway.sim.workload import load_queries, poisson_arrivals
 from tests.emulator_process import free_port
 from tests.live.harness import INTERACTIVE_KEY, emulators, write_config
 
@@ -63,7 +63,7 @@ async def live_gateway(tmp: Path, gpus: list[str] = GPUS, **overrides: Any) -> A
 def bench_setup(n: int, seed: int) -> Setup:
     """The scenario exactly as ``hexflow bench --trace chess-bird`` builds it."""
     workers = load_cluster(CLUSTER)
-    queries = generate_chess_bird(n, random.Random(seed))
+    queries = load_queries("chess-bird", n, random.Random(seed))
     return Setup(workers=workers, queries=queries, trace="chess-bird", n_workflows=n, slo_scale=5.0, seed=seed)
 
 

@@ -24,6 +24,7 @@ from gateway.bench.simbench import (
 )
 from gateway.config import load_cluster
 from gateway.core.policy import POLICIES
+from gateway.core.prefix import PrefixSeg, best_case_cached
 from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
@@ -102,7 +103,7 @@ def overload_throughputs(setup: Setup) -> dict[str, float]:
     out = {}
     for policy in POLICIES:
         wfs = setup.workflows(1.5 * setup.bound.rate_qps)
-        res = Simulator(setup.workers, policy, alpha=0.3).run(wfs)
+        res = Simulator(setup.workers, policy, alpha=0.3, prefix_caching=setup.prefix_caching).run(wfs)
         assert len(res.workflows) == len(wfs)
         span = max(r.finish for r in res.workflows) - min(w.arrival for w in wfs)
         out[policy] = len(wfs) / span
@@ -124,15 +125,30 @@ def test_no_policy_sustains_more_than_the_fluid_bound(in_flight: str) -> None:
         assert max(achieved.values()) >= 0.75 * bound, (bound, achieved)
 
 
-def test_no_policy_sustains_more_than_the_fluid_bound_on_a_recorded_trace() -> None:
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_no_policy_sustains_more_than_the_fluid_bound_on_a_recorded_trace(prefix_caching: bool) -> None:
     try:
         queries = load_queries("trace1", None, random.Random(0))
     except GatewayError:
         pytest.skip("trace1 (../shared/data/hexgen-traces) is not available")
     cluster = [replace(w, capacity=w.profile.max_num_seqs) for w in load_cluster("paper-4gpu")]
-    s = Setup(cluster, queries, "trace1", n_workflows=1500, n_seeds=1)
+    s = Setup(cluster, queries, "trace1", n_workflows=1500, n_seeds=1, prefix_caching=prefix_caching)
     achieved = overload_throughputs(s)
     assert max(achieved.values()) <= s.bound.rate_qps, achieved
+    if prefix_caching:
+        plain = Setup(cluster, queries, "trace1", n_workflows=1500, n_seeds=1)
+        assert s.bound.rate_qps > plain.bound.rate_qps  # cached prompts are not prefilled
+
+
+def test_best_case_cache_credits_shared_segments_and_repeats_of_per_query_ones() -> None:
+    tpl = PrefixSeg("tpl", 320)
+    q = PrefixSeg("q", 1000, per_query=True)
+    calls = [((tpl,), 400), ((q,), 1200), ((q,), 1100), ((), 50), ((tpl, q), 1400)]
+    # tpl is cached already; q from its second call on; a chain counts only while every segment matched.
+    assert best_case_cached(calls) == [320, 0, 992, 0, 1312]
+    wf = [CallSpec("revise", 1200, 10, (q,)), CallSpec("revise", 1200, 10, (q,))]
+    cluster = load_cluster("paper-4gpu")
+    assert solve_fluid_bound(cluster, [wf], prefix_caching=True).rate_qps > solve_fluid_bound(cluster, [wf]).rate_qps
 
 
 def test_capacity_bisection_brackets_the_95_percent_point_to_the_precision(setup: Setup) -> None:

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from gateway.core.prefix import PrefixSeg, cached_tokens, segment_keys
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.sim.engine import SimEngine
@@ -152,3 +153,200 @@ def test_kv_capacity_and_max_num_seqs_are_never_exceeded() -> None:
         assert eng.kv_used <= eng_profile.kv_capacity_tokens
     assert eng.stats.max_running <= eng_profile.max_num_seqs
     assert eng.stats.max_kv <= eng_profile.kv_capacity_tokens
+
+
+# -- prefix caching -------------------------------------------------------------------------------------------
+
+SHARED = [PrefixSeg("tpl-a", 600), PrefixSeg("tpl-b", 2000)]
+
+
+def _prefixed_arrivals(seed: int, n: int = 30) -> list[tuple[float, int, int, int, tuple[PrefixSeg, ...]]]:
+    """(time, input, output, workflow id, prefix): calls of a few workflows sharing templates and
+    per-workflow segments, some arriving together (so some hits wait on a prompt still being computed)."""
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for _ in range(n):
+        if rng.random() < 0.7:
+            t += rng.expovariate(2.0)
+        wid = rng.randrange(4)
+        chain: tuple[PrefixSeg, ...] = ()
+        r = rng.random()
+        if r < 0.4:
+            chain = (rng.choice(SHARED),)
+        elif r < 0.8:
+            chain = (SHARED[0], PrefixSeg("q", rng.choice([500, 1500]) if wid % 2 else 900, per_query=True))
+        prefix_len = sum(s.tokens for s in chain)
+        n_in = prefix_len + rng.choice([1, 7, 40, 300])
+        out.append((t, n_in, rng.choice([1, 3, 30, 90]), wid, chain))
+    return out
+
+
+def run_prefixed(
+    p: PerfProfile, arrivals: list[tuple[float, int, int, int, tuple[PrefixSeg, ...]]]
+) -> tuple[dict[int, float], SimEngine]:
+    eng = SimEngine(p, prefix_caching=True)
+    calls = []
+    for i, (_, n_in, n_out, wid, chain) in enumerate(arrivals):
+        spec = CallSpec("x", n_in, n_out, chain)
+        calls.append(Call(i, StagedWorkflow(wid, "t", 0.0, 1e9, [Stage("x", (spec,))]), spec, 0.0, seq=i))
+    events: list[tuple[float, int, int, int]] = [(t, 0, i, 0) for i, (t, *_rest) in enumerate(arrivals)]
+    heapq.heapify(events)
+    done: dict[int, float] = {}
+    seq = len(events)
+    while events:
+        t, kind, i, version = heapq.heappop(events)
+        if kind == 0:
+            eng.add(calls[i])
+            changed = eng.kick(t)
+        else:
+            if version != eng.version or not eng.busy:
+                continue
+            for c in eng.on_wake(t):
+                done[c.id] = t
+            changed = eng.kick(t)
+        assert eng.evictable_tokens <= p.kv_capacity_tokens - eng.kv_used or eng.running == 0
+        if changed:
+            seq += 1
+            heapq.heappush(events, (eng.wake_at, 1, seq, eng.version))
+    return done, eng
+
+
+def reference_prefixed(
+    p: PerfProfile, arrivals: list[tuple[float, int, int, int, tuple[PrefixSeg, ...]]]
+) -> tuple[dict[int, float], int]:
+    """``reference`` with vLLM's prefix cache: a prompt's segments are cached once it is processed, pinned
+    while a call using them runs, otherwise kept in free KV and evicted least recently used first; an
+    admitted call skips the whole blocks of its cached leading segments (never its last token)."""
+    cache: dict[object, list[int]] = {}  # key -> [tokens, pins, last use]
+    clock = 0
+    pending = sorted(range(len(arrivals)), key=lambda i: (arrivals[i][0], i))
+    waiting: list[int] = []
+    running: list[dict[str, object]] = []
+    kv = 0
+    t = 0.0
+    hits = 0
+    done: dict[int, float] = {}
+
+    def keys_of(i: int) -> list[tuple[object, int]]:
+        return segment_keys(arrivals[i][4], arrivals[i][3])
+
+    while pending or waiting or running:
+        while pending and arrivals[pending[0]][0] <= t:
+            waiting.append(pending.pop(0))
+        while waiting and len(running) < p.max_num_seqs:
+            i = waiting[0]
+            need = arrivals[i][1] + arrivals[i][2]
+            if kv + need > p.kv_capacity_tokens and running:
+                break
+            waiting.pop(0)
+            kv += need
+            held = []
+            matched = 0
+            for key, tokens in keys_of(i):
+                if key not in cache:
+                    break
+                clock += 1
+                cache[key][1] += 1
+                cache[key][2] = clock
+                held.append(key)
+                matched += tokens
+            hit = cached_tokens(matched, arrivals[i][1])
+            hits += hit
+            running.append(
+                {
+                    "i": i,
+                    "pre": arrivals[i][1] - hit,
+                    "done_pre": hit,
+                    "out": arrivals[i][2],
+                    "ctx": 0,
+                    "kv": need,
+                    "held": held,
+                }
+            )
+        free = p.kv_capacity_tokens - kv
+        for key in sorted((k for k, e in cache.items() if not e[1]), key=lambda k: cache[k][2]):
+            if sum(e[0] for e in cache.values() if not e[1]) <= free:
+                break
+            del cache[key]
+        if not running:
+            t = arrivals[pending[0]][0]
+            continue
+        decoders = [r for r in running if r["pre"] == 0]
+        budget = p.max_batched_tokens - len(decoders)
+        alloc = []
+        for r in running:
+            if r["pre"] > 0 and budget > 0:  # type: ignore[operator]
+                k = min(r["pre"], budget)  # type: ignore[type-var]
+                alloc.append((r, k))
+                budget -= k
+        tokens = len(decoders) + sum(k for _, k in alloc)
+        ctx = sum(r["ctx"] for r in decoders) + sum(r["done_pre"] for r in running if r["pre"] > 0)  # type: ignore[misc]
+        t += p.iter_time(tokens, ctx)
+        finished = []
+        for r in decoders:
+            r["ctx"] += 1  # type: ignore[operator]
+            r["out"] -= 1  # type: ignore[operator]
+            if r["out"] == 0:
+                finished.append(r)
+        for r, k in alloc:
+            r["pre"] -= k  # type: ignore[operator]
+            r["done_pre"] += k  # type: ignore[operator]
+            if r["pre"] == 0:
+                r["ctx"] = r["done_pre"]
+                held = r["held"]
+                for key, tokens in keys_of(r["i"])[len(held) :]:  # type: ignore[arg-type]
+                    clock += 1
+                    e = cache.setdefault(key, [tokens, 0, clock])
+                    e[1] += 1
+                    e[2] = clock
+                    held.append(key)  # type: ignore[attr-defined]
+                r["out"] -= 1  # type: ignore[operator]
+                if r["out"] == 0:
+                    finished.append(r)
+        for r in finished:
+            running.remove(r)
+            kv -= r["kv"]  # type: ignore[operator]
+            for key in r["held"]:  # type: ignore[attr-defined]
+                cache[key][1] -= 1
+            done[r["i"]] = t  # type: ignore[index]
+    return done, hits
+
+
+@pytest.mark.parametrize("kv_capacity", [60_000, 9_000])
+@pytest.mark.parametrize("seed", range(4))
+def test_prefix_cache_matches_the_reference_including_eviction(seed: int, kv_capacity: int) -> None:
+    p = PerfProfile("X", "m", 0.02, 2e-4, 5e-8, 0.0, kv_capacity, 6, 512)
+    arrivals = _prefixed_arrivals(seed)
+    got, eng = run_prefixed(p, arrivals)
+    want, hits = reference_prefixed(p, arrivals)
+    assert set(got) == set(want) == set(range(len(arrivals)))
+    for i in want:
+        assert got[i] == pytest.approx(want[i], rel=1e-9, abs=1e-9), i
+    assert eng.stats.prefix_hit_tokens == hits > 0
+    assert eng.stats.prompt_tokens == sum(a[1] for a in arrivals)
+    if kv_capacity == 9_000:
+        assert eng.stats.evicted_tokens > 0
+
+
+def test_a_cached_prefix_cuts_the_second_calls_latency_and_only_once_computed() -> None:
+    chain = (PrefixSeg("q", 4000, per_query=True),)
+    # Two calls of one workflow: the second arrives after the first's prompt is processed.
+    first, second = (0.0, 4100, 20, 1, chain), (10.0, 4100, 20, 1, chain)
+    got, eng = run_prefixed(PROFILE, [first, second])
+    assert got[1] - 10.0 < 0.5 * (got[0] - 0.0)
+    assert eng.stats.prefix_hit_tokens == 4000  # whole blocks of the 4000 shared tokens
+    # Another workflow's per-query segment is not shared; arriving together, nothing is computed yet.
+    got, eng = run_prefixed(PROFILE, [first, (10.0, 4100, 20, 2, chain)])
+    assert eng.stats.prefix_hit_tokens == 0
+    got, eng = run_prefixed(PROFILE, [first, (0.0, 4100, 20, 1, chain)])
+    assert eng.stats.prefix_hit_tokens == 0
+
+
+def test_without_prefix_caching_prefixes_change_nothing() -> None:
+    arrivals = _prefixed_arrivals(5)
+    plain = run_engine(PROFILE, [(t, n_in, n_out) for t, n_in, n_out, _, _ in arrivals])
+    want, hits = reference_prefixed(PROFILE, [(t, n_in, n_out, w, ()) for t, n_in, n_out, w, _ in arrivals])
+    assert hits == 0
+    for i in want:
+        assert plain[i] == pytest.approx(want[i], rel=1e-9, abs=1e-9)

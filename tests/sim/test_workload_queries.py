@@ -312,3 +312,47 @@ def test_chat_calls_follow_the_azure_conversation_lengths() -> None:
     # Means of ContextTokens / GeneratedTokens in AzureLLMInferenceTrace_conv.csv (SOURCE.md).
     assert statistics.fmean(c.input_tokens for c in calls) == pytest.approx(1155, rel=0.10)
     assert statistics.fmean(c.output_tokens for c in calls) == pytest.approx(211, rel=0.10)
+
+
+def test_chess_prefixes_share_only_what_the_token_counts_prove() -> None:
+    from gateway.core.prefix import PrefixSeg
+    from gateway.sim.workload.prefixes import EVALUATE_TAIL, KEYWORDS_TEMPLATE, REVISE_TAIL, chess_prefixes
+
+    q = [
+        CallSpec(IR, 301, 9),
+        CallSpec(KEYWORDS, 650, 40),
+        CallSpec(CANDIDATE, 11900, 600),
+        CallSpec(CANDIDATE, 8034, 500),
+        CallSpec(REVISE, 6000, 80),
+        CallSpec(REVISE, 6100, 80),
+        CallSpec(UNIT_TESTER, 271, 6),
+        CallSpec(UNIT_TEST, 1100, 100),
+        CallSpec(EVALUATE, 960, 20),
+        CallSpec(EVALUATE, 958, 20),
+    ]
+    got = chess_prefixes(q)
+    assert [(c.kind, c.input_tokens, c.output_tokens) for c in got] == [
+        (c.kind, c.input_tokens, c.output_tokens) for c in q
+    ]
+    pre = [c.prefix for c in got]
+    assert pre[0] == (PrefixSeg(f"{IR}/301", 301),)  # a fixed prompt: shared whole
+    assert pre[1] == (PrefixSeg(KEYWORDS, KEYWORDS_TEMPLATE),)
+    assert pre[2] == (PrefixSeg(f"{CANDIDATE}/longer-template", 3866),) and pre[3] == ()
+    assert pre[4] == pre[5] == (PrefixSeg(REVISE, 6000 - REVISE_TAIL, per_query=True),)
+    assert pre[6] == (PrefixSeg(f"{UNIT_TESTER}/271", 271),)
+    assert pre[7] == ()
+    assert pre[8] == pre[9] == (PrefixSeg(EVALUATE, 958 - EVALUATE_TAIL, per_query=True),)
+    assert all(sum(s.tokens for s in c.prefix) <= c.input_tokens for c in got)
+
+
+@pytest.mark.parametrize("name", TRACE_FILES)
+def test_every_traced_query_has_the_prompt_structure_the_prefix_model_assumes(name: str) -> None:
+    if not (SHARED_TRACE_DIR / f"{name}.json").is_file():
+        pytest.skip(f"{name} (../shared/data/hexgen-traces) is not available")
+    for q in load_queries(name, None, random.Random(0)):
+        cands = [c.input_tokens for c in q if c.kind == CANDIDATE]
+        assert len(cands) == 2 and cands[0] - cands[1] == 3866
+        assert {c.input_tokens for c in q if c.kind == IR} <= {301, 304, 308, 312}
+        assert {c.input_tokens for c in q if c.kind == UNIT_TESTER} <= {271, 275, 278}
+        assert all(c.input_tokens > 512 for c in q if c.kind == KEYWORDS)
+        assert all(sum(s.tokens for s in c.prefix) < c.input_tokens or c.kind in (IR, UNIT_TESTER) for c in q)

@@ -17,6 +17,7 @@ from gateway.config.workflows import CHESS_PARALLEL_KINDS
 from gateway.core.workflow import CANDIDATE, CallSpec, Stage, group_calls
 from gateway.errors import ConfigError, UnknownNameError
 from gateway.sim.workload.generator import generate_chess_bird
+from gateway.sim.workload.prefixes import chess_prefixes
 
 __all__ = [
     "CHESS_BIRD",
@@ -145,14 +146,16 @@ def load_queries(
 ) -> list[list[CallSpec]]:
     """The queries of a workload name: ``n`` generated ones for ``chess-bird``, else the trace's queries.
 
-    With ``n`` given, trace queries are cycled or cut to exactly ``n`` (``repeat_to``).
+    With ``n`` given, trace queries are cycled or cut to exactly ``n`` (``repeat_to``). Every call carries
+    the prompt prefixes it shares with others (``prefixes.chess_prefixes``); they matter only where the
+    engines cache prefixes.
     """
     source = resolve_trace(name_or_path, trace_dir)
     if source == CHESS_BIRD:
         if n is None:
             raise ValueError(f"the {CHESS_BIRD} workload needs a number of queries")
-        return generate_chess_bird(n, rng)
-    queries = load_trace(Path(source))
+        return [chess_prefixes(q) for q in generate_chess_bird(n, rng)]
+    queries = [chess_prefixes(q) for q in load_trace(Path(source))]
     return queries if n is None else repeat_to(queries, n)
 
 

@@ -1,0 +1,151 @@
+"""Prompt prefixes shared between calls, and the gateway's index of what each worker has cached.
+
+vLLM's automatic prefix caching keeps the KV blocks of prompts it has processed, keyed by a hash of the
+block's tokens chained to the hash of the block before it; a new prompt whose first blocks match skips
+their prefill (``vllm:prefix_cache_hits_total``). Only whole blocks (``BLOCK_TOKENS``) are reused, and at
+least the last prompt token is always computed.
+
+A call names the parts of its prompt that other calls share as a chain of segments (``PrefixSeg``): a
+stage's fixed template is shared by every workflow (``per_query`` false), the schema, question and
+candidate SQL that later rounds of the same workflow repeat are shared within that workflow only
+(``per_query`` true). A segment only counts after every segment before it matched, as the block-hash
+chain does. ``segment_keys`` turns a call's chain into cache keys (per-query segments keyed by the
+workflow's id).
+
+``PrefixIndex`` is the gateway's picture of one worker's cache: the segments of the calls it sent there,
+least recently used evicted first within the worker's KV capacity. The gateway cannot see vLLM's cache,
+so this is an approximation, as llm-d's approximate prefix-cache scorer is (an LRU of the block hashes
+of the requests it routed to each pod). The simulated engine (``gateway.sim.engine``) keeps the true
+cache, with eviction under KV pressure.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["BLOCK_TOKENS", "Key", "PrefixIndex", "PrefixSeg", "best_case_cached", "cached_tokens", "segment_keys"]
+
+BLOCK_TOKENS = 16
+"""vLLM's KV block size (``--block-size``, 16 by default): the unit of prefix reuse."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSeg:
+    """A run of prompt tokens other calls share: ``tokens`` long, named ``name``.
+
+    ``per_query``: shared only by calls of the same workflow (a schema and question that every revise round
+    repeats); otherwise shared by every call whose chain has it (a stage's fixed template).
+    """
+
+    name: str
+    tokens: int
+    per_query: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            raise ValueError(f"prefix segment {self.name!r}: tokens must be >= 0, got {self.tokens}")
+
+
+Key = Hashable
+"""A segment's cache key: its name (shared) or (workflow id, name) (per query)."""
+
+
+def segment_keys(prefix: Sequence[PrefixSeg], wid: int) -> list[tuple[Key, int]]:
+    """The cache keys of a call's chain, in order, with each segment's tokens (empty segments dropped).
+
+    A key names the segment and every segment before it (as vLLM's chained block hashes do), so equal keys
+    mean equal prompt prefixes.
+    """
+    out: list[tuple[Key, int]] = []
+    parent: Key = None
+    for seg in prefix:
+        if seg.tokens <= 0:
+            continue
+        own: Key = (wid, seg.name) if seg.per_query else seg.name
+        key: Key = own if parent is None else (parent, own)
+        out.append((key, seg.tokens))
+        parent = key
+    return out
+
+
+def cached_tokens(matched: int, input_tokens: int) -> int:
+    """Prompt tokens vLLM skips when ``matched`` leading tokens are cached: whole blocks only, and never
+    the last prompt token (it is computed to produce the first output)."""
+    usable = min(matched, input_tokens - 1)
+    if usable <= 0:
+        return 0
+    return usable - usable % BLOCK_TOKENS
+
+
+def best_case_cached(calls: Sequence[tuple[Sequence[PrefixSeg], int]]) -> list[int]:
+    """Prompt tokens each call of one workflow could at best take from the cache, calls in issue order.
+
+    ``calls`` holds each call's prefix chain and input tokens. Shared segments are taken as cached already
+    (another workflow computed them); a per-query segment is cached from the second call that has it on
+    (even calls issued together could be run one after the other). No cache can serve more, so fluid
+    bounds may count the rest as the only prefill.
+    """
+    seen: set[str] = set()
+    out: list[int] = []
+    for prefix, n_in in calls:
+        matched = 0
+        for seg in prefix:
+            if seg.per_query and seg.name not in seen:
+                break
+            matched += seg.tokens
+        out.append(cached_tokens(matched, n_in))
+        seen.update(seg.name for seg in prefix if seg.per_query)
+    return out
+
+
+class PrefixIndex:
+    """What the gateway believes one worker has cached: segment keys, least recently used first.
+
+    Args:
+        capacity_tokens: tokens the worker's KV cache holds (the index evicts beyond it).
+    """
+
+    def __init__(self, capacity_tokens: int) -> None:
+        if capacity_tokens < 0:
+            raise ValueError(f"capacity_tokens must be >= 0, got {capacity_tokens}")
+        self.capacity_tokens = capacity_tokens
+        self._lru: OrderedDict[Key, int] = OrderedDict()
+        self._total = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the index holds."""
+        return self._total
+
+    def match(self, keys: Sequence[tuple[Key, int]]) -> int:
+        """Leading tokens of the chain ``keys`` the worker is believed to hold (no recency update)."""
+        got = 0
+        lru = self._lru
+        for key, tokens in keys:
+            if key not in lru:
+                break
+            got += tokens
+        return got
+
+    def record(self, keys: Sequence[tuple[Key, int]]) -> None:
+        """A call with chain ``keys`` was sent to the worker: its segments are (about to be) cached there."""
+        lru = self._lru
+        for key, tokens in keys:
+            if key in lru:
+                lru.move_to_end(key)
+            else:
+                lru[key] = tokens
+                self._total += tokens
+        while self._total > self.capacity_tokens and lru:
+            _, tokens = lru.popitem(last=False)
+            self._total -= tokens
+
+    def clear(self) -> None:
+        """Forget everything (the worker restarted or left)."""
+        self._lru.clear()
+        self._total = 0

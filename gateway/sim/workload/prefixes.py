@@ -1,0 +1,90 @@
+"""Which parts of a CHESS query's prompts other calls share: prefix chains for trace and generated calls.
+
+The hexgen traces hold token counts, not prompts, so the shared prefixes are inferred from what the counts
+prove, and no more (``docs/benchmarks.md``, "Prefix caching"). Over the five traces (419 queries):
+
+* the four information-retriever calls and the three unit-tester calls have the same input length at the
+  same position in every query: fixed prompts. Each shares its whole prompt with the same call of every
+  other query (``information_retriever``/``unit_tester`` segments, one per prompt length);
+* extract_keywords (635-711 tokens) starts with a fixed few-shot template (CHESS's is 2,927 characters,
+  with the question and hint at its end): a shared ``extract_keywords`` segment of ``KEYWORDS_TEMPLATE``
+  tokens, less than every observed prompt;
+* the two candidates of a query differ in input by exactly 3866 tokens in every query: two templates over
+  the same schema and question, whose template text comes first. The longer template is therefore at
+  least 3866 tokens, all shared by every query's longer candidate; how long the shorter one is, the counts
+  do not say, so nothing of it is counted as shared;
+* the revise rounds of one query repeat one prompt (template, schema, question) and differ only in the SQL
+  and its result at the end (in most queries every round has the same length): a per-query ``revise``
+  segment of the shortest round's length less ``REVISE_TAIL`` tokens;
+* the evaluations of one query differ only in the unit test at the end (their lengths agree to a few
+  tokens): a per-query ``evaluate`` segment of the shortest one's length less ``EVALUATE_TAIL`` tokens.
+
+Nothing else is counted as shared (generate_unit_test, the shorter candidate template, templates shared
+across queries by revise and evaluate). Per-query segments are keyed by the workflow, so a trace query
+replayed twice in one run shares nothing between its two runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gateway.core.prefix import PrefixSeg
+from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TESTER, CallSpec
+
+__all__ = ["EVALUATE_TAIL", "KEYWORDS_TEMPLATE", "REVISE_TAIL", "chess_prefixes"]
+
+KEYWORDS_TEMPLATE = 512
+"""Tokens of extract_keywords' fixed template counted as shared (every traced prompt is longer: 635+)."""
+REVISE_TAIL = 256
+"""Tokens at the end of the shortest revise prompt of a query not counted as shared (its SQL and result)."""
+EVALUATE_TAIL = 64
+"""Tokens at the end of the shortest evaluation prompt of a query not counted as shared (its unit test)."""
+
+
+def chess_prefixes(query: Sequence[CallSpec]) -> list[CallSpec]:
+    """The calls of one CHESS query with their shared prefixes (``CallSpec.prefix``) filled in.
+
+    Calls of other kinds, and calls whose prefix is already set, are returned unchanged.
+    """
+    revise = [c.input_tokens for c in query if c.kind == REVISE]
+    evaluate = [c.input_tokens for c in query if c.kind == EVALUATE]
+    revise_shared = min(revise) - REVISE_TAIL if revise else 0
+    evaluate_shared = min(evaluate) - EVALUATE_TAIL if evaluate else 0
+    out: list[CallSpec] = []
+    i = 0
+    n = len(query)
+    while i < n:
+        c = query[i]
+        if c.kind == CANDIDATE:
+            j = i
+            while j < n and query[j].kind == CANDIDATE:
+                j += 1
+            group = list(query[i:j])
+            longest = max(x.input_tokens for x in group)
+            shortest = min(x.input_tokens for x in group)
+            gap = longest - shortest
+            for x in group:
+                if not x.prefix and gap > 0 and x.input_tokens == longest:
+                    x = replace(x, prefix=(PrefixSeg(f"{CANDIDATE}/longer-template", gap),))
+                out.append(x)
+            i = j
+            continue
+        if not c.prefix:
+            c = _with_prefix(c, revise_shared, evaluate_shared)
+        out.append(c)
+        i += 1
+    return out
+
+
+def _with_prefix(c: CallSpec, revise_shared: int, evaluate_shared: int) -> CallSpec:
+    kind = c.kind
+    if kind in (IR, UNIT_TESTER):
+        return replace(c, prefix=(PrefixSeg(f"{kind}/{c.input_tokens}", c.input_tokens),))
+    if kind == KEYWORDS and c.input_tokens > KEYWORDS_TEMPLATE:
+        return replace(c, prefix=(PrefixSeg(KEYWORDS, KEYWORDS_TEMPLATE),))
+    if kind == REVISE and revise_shared > 0:
+        return replace(c, prefix=(PrefixSeg(REVISE, revise_shared, per_query=True),))
+    if kind == EVALUATE and evaluate_shared > 0:
+        return replace(c, prefix=(PrefixSeg(EVALUATE, evaluate_shared, per_query=True),))
+    return c

@@ -1,0 +1,133 @@
+"""Prompt prefixes: chained keys, vLLM's block rounding, the gateway's per-worker index, llm-d's scorer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.core.dispatch import DispatchView, LlmdScorer
+from gateway.core.prefix import BLOCK_TOKENS, PrefixIndex, PrefixSeg, cached_tokens, segment_keys
+from gateway.core.scheduler import Scheduler
+from gateway.core.worker import WorkerInfo
+from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
+
+TPL = PrefixSeg("tpl", 320)
+Q = PrefixSeg("q", 1000, per_query=True)
+
+
+def test_keys_chain_and_per_query_segments_are_keyed_by_workflow() -> None:
+    a = segment_keys((TPL, Q), wid=1)
+    b = segment_keys((TPL, Q), wid=2)
+    assert a[0] == b[0]  # the template is shared
+    assert a[1] != b[1]  # the per-query part is not
+    # A segment's key names everything before it: the same segment after another template differs.
+    assert segment_keys((PrefixSeg("other", 320), Q), wid=1)[1] != a[1]
+    assert segment_keys((PrefixSeg("empty", 0), TPL), wid=1) == segment_keys((TPL,), wid=1)
+
+
+@pytest.mark.parametrize(
+    ("matched", "n_in", "want"),
+    [(0, 100, 0), (15, 100, 0), (16, 100, 16), (100, 100, 96), (99, 100, 96), (5000, 4100, 4096), (320, 321, 320)],
+)
+def test_only_whole_blocks_and_never_the_last_token_are_served(matched: int, n_in: int, want: int) -> None:
+    assert cached_tokens(matched, n_in) == want
+    assert want % BLOCK_TOKENS == 0 and want <= max(n_in - 1, 0)
+
+
+def test_index_matches_leading_segments_and_evicts_least_recently_used() -> None:
+    ix = PrefixIndex(capacity_tokens=2500)
+    q1 = segment_keys((TPL, Q), wid=1)
+    assert ix.match(q1) == 0
+    ix.record(q1)
+    assert ix.match(q1) == 1320
+    assert ix.match(segment_keys((TPL, Q), wid=2)) == 320  # the template only
+    ix.record(segment_keys((PrefixSeg("x", 1000),), wid=0))  # 2320 tokens held
+    ix.record(q1)  # q1's segments are now the most recent
+    ix.record(segment_keys((PrefixSeg("y", 500),), wid=0))  # over capacity: "x" goes first
+    assert ix.match(q1) == 1320
+    assert ix.match(segment_keys((PrefixSeg("x", 1000),), wid=0)) == 0
+    assert ix.tokens <= 2500
+    ix.clear()
+    assert ix.match(q1) == 0 and len(ix) == 0
+
+
+def test_segments_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="tokens must be >= 0"):
+        PrefixSeg("bad", -1)
+
+
+class _Rng:
+    def __init__(self, seed: int) -> None:
+        self._r = random.Random(seed)
+
+    def random(self) -> float:
+        return self._r.random()
+
+
+def llmd_view(queue_len: list[int], cached: list[int], kv: list[float], n_in: int = 1000) -> DispatchView:
+    n = len(queue_len)
+    return DispatchView(
+        workers=list(range(n)),
+        t_comp=[1.0] * n,
+        t_queue=[0.0] * n,
+        queue_len=queue_len,
+        inflight=[0] * n,
+        alpha=0.0,
+        cached=cached,
+        input_tokens=n_in,
+        kv_util=kv,
+    )
+
+
+@pytest.mark.parametrize(
+    ("queue_len", "cached", "kv", "want"),
+    [
+        # prefix 3 x share held, queue 2 x (max - q) / (max - min), KV 2 x (1 - use)
+        ([0, 0, 0], [0, 800, 0], [0.1, 0.1, 0.1], 1),  # the prefix decides
+        ([4, 0, 2], [0, 0, 0], [0.0, 0.0, 0.0], 1),  # the shortest queue
+        ([0, 0], [0, 0], [0.9, 0.2], 1),  # the emptier KV cache
+        # worker 0: 3 x 0.9 + 2 x 0 + 2 x 0.5 = 3.7; worker 1: 0 + 2 + 2 x 0.5 = 3.0
+        ([5, 0], [900, 0], [0.5, 0.5], 0),
+        # worker 0: 3 x 0.2 + 0 + 2 x 0.5 = 1.6; worker 1: 0 + 2 + 1 = 3.0
+        ([5, 0], [200, 0], [0.5, 0.5], 1),
+    ],
+)
+def test_llmd_scorer_weights_prefix_queue_and_kv_as_llm_d_defaults(
+    queue_len: list[int], cached: list[int], kv: list[float], want: int
+) -> None:
+    assert LlmdScorer(_Rng(0)).choose(llmd_view(queue_len, cached, kv)) == want
+
+
+def test_llmd_scorer_breaks_ties_at_random() -> None:
+    picks = {LlmdScorer(_Rng(s)).choose(llmd_view([0, 0, 0], [0, 0, 0], [0.0, 0.0, 0.0])) for s in range(30)}
+    assert picks == {0, 1, 2}
+
+
+def _call(cid: int, wid: int, spec: CallSpec) -> Call:
+    wf = StagedWorkflow(wid, "t", 0.0, 1e6, [Stage(spec.kind, (spec,))])
+    return Call(cid, wf, spec, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("policy", "caching", "follows"),
+    [("hexgen", True, True), ("hexgen", False, False), ("llmd", True, True), ("lw-fcfs", True, False)],
+)
+def test_prefix_aware_policies_send_a_workflows_next_round_where_its_prefix_is(
+    cluster: list[WorkerInfo], policy: str, caching: bool, follows: bool
+) -> None:
+    same = [WorkerInfo(f"w{i}", cluster[0].profile, 4) for i in range(3)]
+    sched = Scheduler(same, policy, _Rng(1), prefix_caching=caching)
+    spec = CallSpec("revise", 6000, 80, (PrefixSeg("revise", 5700, per_query=True),))
+    first = _call(1, 7, spec)
+    w1 = sched.submit(first, 0.0)
+    assert (first.cached == 0) and (sched.prefix_aware == (caching and policy != "lw-fcfs"))
+    started = sched.pop_next(w1, 0.0)
+    assert started is first
+    second = _call(2, 7, spec)
+    w2 = sched.submit(second, 1.0)  # the first round still runs on w1: a load-only choice goes elsewhere
+    assert (w2 == w1) == follows
+    assert second.cached == (5696 if follows else 0)
+    if follows:
+        # Its estimates count only the uncached prompt as prefill.
+        assert second.prefill_s == pytest.approx(sched.estimator.prefill_s(w2, 6000 - 5696))
