@@ -21,11 +21,25 @@ cache, with eviction under KV pressure.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BLOCK_TOKENS", "Key", "PrefixIndex", "PrefixSeg", "best_case_cached", "cached_tokens", "segment_keys"]
+__all__ = [
+    "BLOCK_TOKENS",
+    "CHARS_PER_TOKEN",
+    "Key",
+    "PrefixIndex",
+    "PrefixSeg",
+    "best_case_cached",
+    "cached_tokens",
+    "prompt_prefix",
+    "segment_keys",
+]
+
+CHARS_PER_TOKEN = 4
+"""Characters per token assumed for text prompts (the gateway's token estimate uses the same ratio)."""
 
 BLOCK_TOKENS = 16
 """vLLM's KV block size (``--block-size``, 16 by default): the unit of prefix reuse."""
@@ -55,19 +69,44 @@ Key = Hashable
 def segment_keys(prefix: Sequence[PrefixSeg], wid: int) -> list[tuple[Key, int]]:
     """The cache keys of a call's chain, in order, with each segment's tokens (empty segments dropped).
 
-    A key names the segment and every segment before it (as vLLM's chained block hashes do), so equal keys
-    mean equal prompt prefixes.
+    A key is the segment's own name with the hash of the key before it (as vLLM chains its block hashes),
+    so equal keys mean equal prompt prefixes (up to a 64-bit hash collision, as in vLLM).
     """
     out: list[tuple[Key, int]] = []
-    parent: Key = None
+    parent = 0
     for seg in prefix:
         if seg.tokens <= 0:
             continue
         own: Key = (wid, seg.name) if seg.per_query else seg.name
-        key: Key = own if parent is None else (parent, own)
+        key: Key = (parent, own)
         out.append((key, seg.tokens))
-        parent = key
+        parent = hash(key)  # chained like vLLM's block hashes; flat keys keep lookups O(1) in chain length
     return out
+
+
+def prompt_prefix(
+    prompt: str | Sequence[int], *, block_tokens: int = 64, max_blocks: int = 128
+) -> tuple[PrefixSeg, ...]:
+    """A prompt as a chain of full blocks, each named by a hash of its content (what llm-d's approximate
+    prefix scorer hashes): ``block_tokens`` token ids per block for a token-id prompt, ``block_tokens x
+    CHARS_PER_TOKEN`` characters for text. At most ``max_blocks`` blocks (the prompt's head: a shared
+    prefix is at the start); an incomplete last block is left out, as vLLM never caches one.
+
+    Two prompts share the leading segments of their chains exactly where their leading blocks are equal.
+    """
+    if block_tokens < 1 or max_blocks < 0:
+        raise ValueError(f"block_tokens must be >= 1 and max_blocks >= 0, got {block_tokens}, {max_blocks}")
+    if isinstance(prompt, str):
+        width = block_tokens * CHARS_PER_TOKEN
+        n = min(len(prompt) // width, max_blocks)
+        # Characters, not bytes, decide the blocks; each block's own text is hashed.
+        blocks = [prompt[i * width : (i + 1) * width].encode("utf-8", "surrogatepass") for i in range(n)]
+    else:
+        n = min(len(prompt) // block_tokens, max_blocks)
+        blocks = [
+            b",".join(str(t).encode() for t in prompt[i * block_tokens : (i + 1) * block_tokens]) for i in range(n)
+        ]
+    return tuple(PrefixSeg(hashlib.blake2b(b, digest_size=8).hexdigest(), block_tokens) for b in blocks)
 
 
 def cached_tokens(matched: int, input_tokens: int) -> int:
