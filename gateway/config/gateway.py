@@ -335,6 +335,13 @@ class GatewayConfig(_Strict):
     policy: str = Field("hexgen", description="Scheduling policy (hexgen, rr-fcfs, lw-fcfs, ...).")
     alpha: Alpha | None = Field(None, description="Starting alpha (default: the policy's).")
     seed: int = Field(0, description="Seed of the scheduler's RNG (p2c) and of the tuner.")
+    prefix_caching: bool = Field(
+        True,
+        description="The workers cache prompt prefixes (vLLM's automatic prefix caching, on by default). "
+        "Prefix-aware policies (hexgen, llmd) then keep an index of the prompt blocks sent to each worker and "
+        "prefer the worker that holds a call's prefix; the alpha tuner's replays cache too. false: workers "
+        "run with --no-enable-prefix-caching.",
+    )
     tenants_file: str = Field("tenants.yaml", description="Tenants file, relative to this file's folder.")
     tenants_reload_s: PosFloat = Field(2.0, description="How often the tenants file is checked for changes.")
     databases_file: str | None = Field(

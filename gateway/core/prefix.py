@@ -150,7 +150,7 @@ class PrefixIndex:
         if capacity_tokens < 0:
             raise ValueError(f"capacity_tokens must be >= 0, got {capacity_tokens}")
         self.capacity_tokens = capacity_tokens
-        self._lru: OrderedDict[Key, int] = OrderedDict()
+        self._lru: OrderedDict[Key, list[float]] = OrderedDict()  # key -> [tokens, cached from]
         self._total = 0
 
     def __len__(self) -> int:
@@ -161,28 +161,36 @@ class PrefixIndex:
         """Tokens the index holds."""
         return self._total
 
-    def match(self, keys: Sequence[tuple[Key, int]]) -> int:
-        """Leading tokens of the chain ``keys`` the worker is believed to hold (no recency update)."""
+    def match(self, keys: Sequence[tuple[Key, int]], now: float = float("inf")) -> int:
+        """Leading tokens of the chain ``keys`` the worker is believed to hold at ``now`` (no recency update).
+
+        A segment counts from the time ``record`` said it would be cached: vLLM reuses only blocks already
+        computed, so calls sent together (the evaluations of one query) do not share with one another.
+        """
         got = 0
         lru = self._lru
         for key, tokens in keys:
-            if key not in lru:
+            e = lru.get(key)
+            if e is None or e[1] > now:
                 break
             got += tokens
         return got
 
-    def record(self, keys: Sequence[tuple[Key, int]]) -> None:
-        """A call with chain ``keys`` was sent to the worker: its segments are (about to be) cached there."""
+    def record(self, keys: Sequence[tuple[Key, int]], ready_at: float = 0.0) -> None:
+        """A call with chain ``keys`` was sent to the worker; its prompt is predicted processed (its segments
+        cached) at ``ready_at``. A segment already held keeps the earlier of the two times."""
         lru = self._lru
         for key, tokens in keys:
-            if key in lru:
+            e = lru.get(key)
+            if e is not None:
                 lru.move_to_end(key)
+                e[1] = min(e[1], ready_at)
             else:
-                lru[key] = tokens
+                lru[key] = [tokens, ready_at]
                 self._total += tokens
         while self._total > self.capacity_tokens and lru:
-            _, tokens = lru.popitem(last=False)
-            self._total -= tokens
+            _, e = lru.popitem(last=False)
+            self._total -= int(e[0])
 
     def clear(self) -> None:
         """Forget everything (the worker restarted or left)."""

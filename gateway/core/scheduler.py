@@ -205,7 +205,7 @@ class Scheduler:
             keys = segment_keys(spec.prefix, call.workflow.wid)
             ix = self.prefix_index
             n_in = spec.input_tokens
-            cached = [cached_tokens(ix[w].match(keys), n_in) for w in idx]
+            cached = [cached_tokens(ix[w].match(keys, now), n_in) for w in idx]
         t_comp, t_queue, harm, inflight = est.snapshot(
             idx, spec.kind, spec.input_tokens, spec.output_tokens, now, cached
         )
@@ -234,7 +234,9 @@ class Scheduler:
         w = idx[pos]
         if keys is not None and cached is not None:
             call.cached = cached[pos]
-            self.prefix_index[w].record(keys)
+            # Cached there once its prompt is processed: after the predicted wait and its own prefill.
+            ready = now + t_queue[pos] + est.prefill_s(w, spec.input_tokens - call.cached)
+            self.prefix_index[w].record(keys, ready)
         else:
             call.cached = 0
         return w

@@ -29,19 +29,21 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.config.gateway import LoadedConfig
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.predict import CompletionPredictor, StagePlan, template_plan
+from gateway.core.prefix import prompt_prefix
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate, deadline_met
 from gateway.errors import CallFailed, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import Clock, WorkerPool
+from gateway.live.prompts import request_prompt
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall, Transport
 from gateway.live.tuning import AlphaTuner, WindowRecorder
@@ -156,7 +158,9 @@ class Gateway:
         self.transport = transport
         self.clock = clock
         self.epoch = clock()
-        self.scheduler = Scheduler(loaded.workers, cfg.policy, random.Random(cfg.seed), alpha=cfg.alpha)
+        self.scheduler = Scheduler(
+            loaded.workers, cfg.policy, random.Random(cfg.seed), alpha=cfg.alpha, prefix_caching=cfg.prefix_caching
+        )
         self.metrics = GatewayMetrics([w.name for w in loaded.workers], [t.name for t in tenants.tenants])
         self.metrics.alpha.set(self.scheduler.alpha)
         self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in tenants.tenants})
@@ -486,6 +490,10 @@ class Gateway:
         (soon, not inside this call: the caller may still be registering it).
         """
         pending = self._pending.setdefault(wf, set())
+        if self.scheduler.prefix_aware and not spec.prefix:
+            prompt = request_prompt(req.body)
+            if prompt:
+                spec = replace(spec, prefix=prompt_prefix(prompt))
 
         def settled(c: LiveCall, outcome: CallResult | CallFailed) -> None:
             pending.discard(c)

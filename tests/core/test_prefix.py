@@ -50,6 +50,11 @@ def test_index_matches_leading_segments_and_evicts_least_recently_used() -> None
     assert ix.tokens <= 2500
     ix.clear()
     assert ix.match(q1) == 0 and len(ix) == 0
+    # A segment counts once the call that carried it has had its prompt processed.
+    ix.record(q1, ready_at=5.0)
+    assert (ix.match(q1, now=4.9), ix.match(q1, now=5.0)) == (0, 1320)
+    ix.record(q1, ready_at=2.0)  # sent again: the earlier time holds
+    assert ix.match(q1, now=2.0) == 1320
 
 
 def test_segments_must_not_be_negative() -> None:
@@ -125,9 +130,23 @@ def test_prefix_aware_policies_send_a_workflows_next_round_where_its_prefix_is(
     started = sched.pop_next(w1, 0.0)
     assert started is first
     second = _call(2, 7, spec)
-    w2 = sched.submit(second, 1.0)  # the first round still runs on w1: a load-only choice goes elsewhere
+    # Later, the first round's prompt is processed but it still decodes on w1: a load-only choice goes
+    # elsewhere, a prefix-aware one where the prefix is.
+    w2 = sched.submit(second, 100.0)
     assert (w2 == w1) == follows
     assert second.cached == (5696 if follows else 0)
     if follows:
         # Its estimates count only the uncached prompt as prefill.
         assert second.prefill_s == pytest.approx(sched.estimator.prefill_s(w2, 6000 - 5696))
+
+
+def test_calls_sent_together_are_not_credited_with_each_others_prefix(cluster: list[WorkerInfo]) -> None:
+    same = [WorkerInfo(f"w{i}", cluster[0].profile, 4) for i in range(3)]
+    sched = Scheduler(same, "hexgen", _Rng(1), prefix_caching=True)
+    spec = CallSpec("evaluate", 900, 20, (PrefixSeg("evaluate", 850, per_query=True),))
+    calls = [_call(i, 7, spec) for i in range(3)]
+    for c in calls:
+        sched.submit(c, 0.0)
+    # vLLM reuses computed blocks only: siblings sent at once share nothing, so load spreads them.
+    assert [c.cached for c in calls] == [0, 0, 0]
+    assert len({c.worker for c in calls}) == 3
