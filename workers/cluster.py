@@ -2,7 +2,7 @@
 
     python -m workers.cluster --cluster paper-4gpu --base-port 8001 --time-scale 0.05
         [--host 127.0.0.1] [--scheduling-policy fcfs|priority] [--seed N] [--no-request-overhead]
-        [--catalog GPUS_YAML]
+        [--catalog GPUS_YAML] [--no-enable-prefix-caching] [--enable-prompt-tokens-details]
     hexflow emulate-cluster ...   (the same)
 
 Worker ``i`` of the cluster (``ClusterConfig.expanded()`` order, the scheduler's order) listens on
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from workers.emulator import DEFAULT_MAX_MODEL_LEN, EmulatorConfig, Responder, create_app
+from workers.emulator import DEFAULT_MAX_MODEL_LEN, EmulatorConfig, Responder, add_cache_arguments, create_app
 
 START_TIMEOUT_S = 60.0
 
@@ -89,10 +89,13 @@ def plan_cluster(
     max_model_len: int = DEFAULT_MAX_MODEL_LEN,
     add_request_overhead: bool = True,
     catalog: str | None = None,
+    prefix_caching: bool = True,
+    prompt_tokens_details: bool = False,
 ) -> list[EmulatedWorker]:
     """The emulated workers of a cluster file (name or path), one per bound socket, in scheduler order.
 
     ``catalog``: the GPU catalogue whose profiles the workers run (default: the packaged one).
+    ``prefix_caching``/``prompt_tokens_details``: as the emulator's ``EmulatorConfig`` (vLLM's flags).
     Raises ``GatewayError`` for a bad cluster file and ``ValueError`` when the socket count differs.
     """
     from gateway.config import load_cluster_config, load_gpu_catalog
@@ -113,6 +116,8 @@ def plan_cluster(
             max_model_len=max_model_len,
             priority_scheduling=priority_scheduling,
             add_request_overhead=add_request_overhead,
+            prefix_caching=prefix_caching,
+            prompt_tokens_details=prompt_tokens_details,
         )
         out.append(EmulatedWorker(rw.name, rw.gpu, f"http://{url_host}:{port}", cfg))
     return out
@@ -203,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not add the profile's per-request overhead (API server time) to responses",
     )
+    add_cache_arguments(p)
     return p
 
 
@@ -238,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_model_len=args.max_model_len,
             add_request_overhead=not args.no_request_overhead,
             catalog=args.catalog,
+            prefix_caching=args.enable_prefix_caching,
+            prompt_tokens_details=args.enable_prompt_tokens_details,
         )
         responder: Responder | None = None
         if args.answers:

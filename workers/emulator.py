@@ -2,7 +2,7 @@
 
     python -m workers.emulator --gpu A100 --model llama-3.1-70b --port 8001 [--time-scale 0.05] [--seed N]
         [--max-num-seqs N] [--max-model-len N] [--scheduling-policy fcfs|priority] [--served-model-name NAME]
-        [--catalog GPUS_YAML]
+        [--catalog GPUS_YAML] [--no-enable-prefix-caching] [--enable-prompt-tokens-details]
 
 It serves vLLM's API surface (``/v1/chat/completions`` and ``/v1/completions``, streaming with
 ``stream_options.include_usage`` too, ``/v1/models``, ``/health``, ``/metrics`` with vLLM's V1 metric
@@ -14,7 +14,15 @@ of exactly the requested length), and its token counts follow a documented deter
 ``--catalog`` reads the profile from another ``gpus.yaml`` (any constants: ``hexflow bench fidelity``
 runs workers whose speed is not in the packaged catalogue and calibrates them with ``hexflow calibrate``).
 
-One concept in one module (about 700 lines): the emulated worker's HTTP surface (``create_app``), the
+Prefix caching is on by default, as in vLLM V1 (``--no-enable-prefix-caching`` turns it off): the prompt,
+as the emulator tokenizes it (one token per word or token id; ``chat_prompt_words`` for chat), is cut into
+full 16-token blocks named by a hash of their words (``prompt_chain``); the engine model caches them and a
+later prompt with the same leading blocks skips their prefill. ``vllm:prefix_cache_queries`` and
+``vllm:prefix_cache_hits`` count the prompt tokens looked up and served from the cache (both 0 with caching
+off, as in vLLM), and ``--enable-prompt-tokens-details`` reports a request's hits as
+``usage.prompt_tokens_details.cached_tokens``, as vLLM's flag of that name does.
+
+One concept in one module (about 850 lines): the emulated worker's HTTP surface (``create_app``), the
 token rule and responders it answers with, its metrics and its command line belong together, as vLLM's
 own ``api_server`` does; the engine model it drives lives in ``workers/engine_rt.py`` and the simulator.
 """
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import random
 import re
@@ -37,17 +46,22 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.core.prefix import BLOCK_TOKENS, PrefixSeg
 from gateway.core.profile import PerfProfile
 from workers.engine_rt import RealTimeEngine, Ticket
 
 CHAT_TEMPLATE_TOKENS_PER_MESSAGE = 4
 CHAT_TEMPLATE_TOKENS_FIXED = 3
 DEFAULT_MAX_MODEL_LEN = 32768
-KV_BLOCK_SIZE = 16
-"""Tokens per KV-cache block reported in ``vllm:cache_config_info`` (vLLM's default on GPUs)."""
+KV_BLOCK_SIZE = BLOCK_TOKENS
+"""Tokens per KV-cache block (vLLM's default on GPUs): the unit of prefix caching, reported in
+``vllm:cache_config_info``."""
+CHAT_HEADER = ("<|start_header_id|>", "<|end_header_id|>")
+"""The words around a message's role in the emulator's chat template (``chat_prompt_words``)."""
+CHAT_END_OF_TURN = "<|eot_id|>"
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
@@ -66,6 +80,41 @@ def chat_prompt_tokens(messages: Sequence[dict[str, Any]]) -> int:
     for m in messages:
         n += CHAT_TEMPLATE_TOKENS_PER_MESSAGE + count_tokens(_content_text(m.get("content")))
     return n
+
+
+def chat_prompt_words(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """A chat request's prompt as the emulator tokenizes it: ``chat_prompt_tokens`` words, a Llama-3-like
+    rendering (each message as header, role, header end, its words, end of turn; then the assistant's
+    header). The prefix cache hashes these words, so the role and the template count as vLLM's would."""
+    start, end = CHAT_HEADER
+    words: list[str] = []
+    for m in messages:
+        role = "".join(str(m.get("role", "")).split())  # one word, whatever it holds
+        words += (start, role, end)
+        words += _content_text(m.get("content")).split()
+        words.append(CHAT_END_OF_TURN)
+    words += (start, "assistant", end)
+    return words
+
+
+def prompt_chain(words: Sequence[str], max_blocks: int) -> tuple[PrefixSeg, ...]:
+    """The prefix chain of a prompt of ``words`` (one token each): a shared segment per full
+    ``KV_BLOCK_SIZE``-word block, at most ``max_blocks``, named by a hash of the block's words.
+
+    The engine chains the names as vLLM chains its block hashes, so two prompts share exactly their equal
+    leading blocks; an incomplete last block is never cached (as in vLLM). One hash per block, not a
+    Python step per token: a 14k-token prompt is under a thousand blocks.
+    """
+    b = KV_BLOCK_SIZE
+    n = min(len(words) // b, max_blocks)
+    blake2b = hashlib.blake2b
+    # Words never hold whitespace, so the space-joined block is unambiguous.
+    return tuple(
+        PrefixSeg(
+            blake2b(" ".join(words[i * b : i * b + b]).encode("utf-8", "surrogatepass"), digest_size=8).hexdigest(), b
+        )
+        for i in range(n)
+    )
 
 
 def _content_text(content: Any) -> str:
@@ -166,6 +215,7 @@ class _EngineMetrics(Collector):
         self.engine = engine
         self.model_name = model_name
         self.lag = lag
+        self.created = time.time()
 
     def collect(self) -> Any:
         for name, doc, v in (
@@ -199,6 +249,25 @@ class _EngineMetrics(Collector):
             g = GaugeMetricFamily(name, doc, labels=labels)
             g.add_metric(values, float(v))
             yield g
+        # Counted when a request is admitted, from the engine's prefix cache (vLLM counts when it schedules a
+        # request; with caching off it looks nothing up and both stay 0).
+        caching = self.engine.prefix_caching
+        stats = self.engine.engine.stats
+        for name, doc, v in (
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                stats.prompt_tokens if caching else 0,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                stats.prefix_hit_tokens if caching else 0,
+            ),
+        ):
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(values, float(v), created=self.created)
+            yield c
         # vLLM's cache config as labels of a constant gauge (vLLM 0.32's label names; older versions have
         # num_gpu_blocks only): the KV capacity in tokens, which ``hexflow calibrate`` reads.
         cap = self.engine.profile.kv_capacity_tokens
@@ -208,7 +277,7 @@ class _EngineMetrics(Collector):
             labels=["block_size", "num_gpu_blocks", "kv_cache_size_tokens", "enable_prefix_caching"],
         )
         blocks = cap // KV_BLOCK_SIZE
-        info.add_metric([str(KV_BLOCK_SIZE), str(blocks), str(blocks * KV_BLOCK_SIZE), "False"], 1.0)
+        info.add_metric([str(KV_BLOCK_SIZE), str(blocks), str(blocks * KV_BLOCK_SIZE), str(caching)], 1.0)
         yield info
 
 
@@ -228,15 +297,6 @@ class _Metrics:
             "Count of successfully processed requests.",
             [*labels, "finished_reason"],
             registry=r,
-        )
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            labels,
-            registry=r,
-        )
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels, registry=r
         )
         # vLLM 0.32's bucket edges (tests/vllm_cpu/REAL_VLLM_NOTES.md).
         ttft_buckets = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
@@ -260,7 +320,7 @@ class _Metrics:
         self.queue = Histogram(
             "vllm:request_queue_time_seconds", "Time spent in the WAITING phase.", labels, buckets=buckets, registry=r
         )
-        for m in (self.prompt_tokens, self.generation_tokens, self.prefix_queries, self.prefix_hits):
+        for m in (self.prompt_tokens, self.generation_tokens):
             m.labels(**self.labels)
         for reason in ("stop", "length", "abort", "error", "repetition"):
             self.success.labels(**self.labels, finished_reason=reason)
@@ -279,7 +339,6 @@ class _Metrics:
         lab = self.labels
         self.prompt_tokens.labels(**lab).inc(prompt_tokens)
         self.generation_tokens.labels(**lab).inc(output_tokens)
-        self.prefix_queries.labels(**lab).inc(prompt_tokens)
         self.success.labels(**lab, finished_reason=reason).inc()
         end = ticket.engine_done_real if ticket.engine_done_real is not None else time.monotonic()
         self.e2e.labels(**lab).observe(end - ticket.arrived_real)
@@ -300,6 +359,10 @@ class EmulatorConfig:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     priority_scheduling: bool = False
     add_request_overhead: bool = True
+    prefix_caching: bool = True
+    """Cache prompt prefixes (vLLM's ``--enable-prefix-caching``, on by default in V1)."""
+    prompt_tokens_details: bool = False
+    """Report ``usage.prompt_tokens_details.cached_tokens`` (vLLM's ``--enable-prompt-tokens-details``)."""
 
 
 class Emulator:
@@ -308,7 +371,10 @@ class Emulator:
     def __init__(self, cfg: EmulatorConfig, responder: Responder | None = None) -> None:
         self.cfg = cfg
         self.engine = RealTimeEngine(
-            cfg.profile, time_scale=cfg.time_scale, priority_scheduling=cfg.priority_scheduling
+            cfg.profile,
+            time_scale=cfg.time_scale,
+            priority_scheduling=cfg.priority_scheduling,
+            prefix_caching=cfg.prefix_caching,
         )
         self.lag = LagMonitor()
         self.metrics = _Metrics(self.engine, cfg.served_model_name, self.lag)
@@ -485,28 +551,31 @@ def create_app(cfg: EmulatorConfig, responder: Responder | None = None) -> FastA
             raise _ApiError(400, "Cannot apply chat template to an empty conversation. Provide at least one message.")
         prompt_tokens = chat_prompt_tokens(messages)
         text = " ".join(_content_text(m.get("content")) for m in messages)
+        words = chat_prompt_words(messages) if cfg.prefix_caching else ()
         req = GenRequest("chat", text, messages, prompt_tokens, 0, body.get("seed"))
-        return await _generate(emu, request, body, req, chat=True)
+        return await _generate(emu, request, body, req, chat=True, prompt_words=words)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
         body = _parse_body(await request.body())
         emu.check_model(body.get("model"))
         prompt = body.get("prompt")
+        words: list[str]
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
         if isinstance(prompt, str):
-            prompt_tokens, text = count_tokens(prompt), prompt
+            text, words = prompt, prompt.split()  # count_tokens: one token per word
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            prompt_tokens, text = len(prompt), " ".join(map(str, prompt))
-        elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt_tokens, text = count_tokens(prompt[0]), prompt[0]
+            words = list(map(str, prompt))  # one token per id
+            text = " ".join(words)
         else:
             raise _ApiError(
                 400, "prompt must be a string, a list with one string, or a list of token ids.", param="prompt"
             )
-        req = GenRequest("completion", text, None, prompt_tokens, 0, body.get("seed"))
+        req = GenRequest("completion", text, None, len(words), 0, body.get("seed"))
         if "max_tokens" not in body and "max_completion_tokens" not in body:
             body = {**body, "max_tokens": 16}  # the OpenAI completions default
-        return await _generate(emu, request, body, req, chat=False)
+        return await _generate(emu, request, body, req, chat=False, prompt_words=words)
 
     return app
 
@@ -555,7 +624,11 @@ async def _finished_unless_gone(emu: Emulator, request: Request, ticket: Ticket,
     return not work.cancelled() and work.exception() is None
 
 
-async def _generate(emu: Emulator, request: Request, body: dict[str, Any], req: GenRequest, *, chat: bool) -> Response:
+async def _generate(
+    emu: Emulator, request: Request, body: dict[str, Any], req: GenRequest, *, chat: bool, prompt_words: Sequence[str]
+) -> Response:
+    """Run one request through the engine model and answer it (``prompt_words``: the prompt as the emulator
+    tokenizes it, hashed into its prefix chain when prefix caching is on)."""
     n_out, max_tokens = emu.lengths(body, req.prompt_tokens)
     priority = _priority(body, emu)
     if body.get("n", 1) != 1:
@@ -587,7 +660,8 @@ async def _generate(emu: Emulator, request: Request, body: dict[str, Any], req: 
     fingerprint = emu.fingerprint
     created = int(time.time())
     reason = reason_override or ("length" if n_out >= max_tokens else "stop")
-    ticket = emu.engine.submit(req.prompt_tokens, max(n_out, 1), priority)
+    prefix = prompt_chain(prompt_words, emu.cfg.max_model_len // KV_BLOCK_SIZE) if emu.cfg.prefix_caching else ()
+    ticket = emu.engine.submit(req.prompt_tokens, max(n_out, 1), priority, prefix)
     emu.metrics.received.inc()
     overhead = emu.cfg.profile.request_overhead_s * emu.cfg.time_scale if emu.cfg.add_request_overhead else 0.0
     usage = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + n_out, "completion_tokens": n_out}
@@ -615,7 +689,7 @@ async def _generate(emu: Emulator, request: Request, body: dict[str, Any], req: 
                       "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None,
                       "routed_experts": None}  # fmt: skip
             obj = "text_completion"
-        full_usage = {**usage, "prompt_tokens_details": None, "completion_tokens_details": None}
+        full_usage = {**usage, "prompt_tokens_details": _prompt_details(emu, ticket), "completion_tokens_details": None}
         doc = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
                **_NULL_TOP, "system_fingerprint": fingerprint, "usage": full_usage}  # fmt: skip
         if not chat:
@@ -671,8 +745,10 @@ async def _generate(emu: Emulator, request: Request, body: dict[str, Any], req: 
                 await ticket.changed.wait()
             emu.metrics.record(ticket, req.prompt_tokens, n_out, reason)
             if include_usage:
+                details = _prompt_details(emu, ticket)
+                final = usage if details is None else {**usage, "prompt_tokens_details": details}
                 yield event({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                             "usage": usage, "system_fingerprint": fingerprint})  # fmt: skip
+                             "usage": final, "system_fingerprint": fingerprint})  # fmt: skip
             yield b"data: [DONE]\n\n"
         except asyncio.CancelledError:
             emu.engine.cancel(ticket)
@@ -682,6 +758,29 @@ async def _generate(emu: Emulator, request: Request, body: dict[str, Any], req: 
             emu.engine.streaming -= 1
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _prompt_details(emu: Emulator, ticket: Ticket) -> dict[str, int] | None:
+    """``usage.prompt_tokens_details`` as vLLM sends it: only with ``--enable-prompt-tokens-details`` and
+    only when some prompt tokens came from the prefix cache."""
+    if emu.cfg.prompt_tokens_details and ticket.cached_tokens:
+        return {"cached_tokens": ticket.cached_tokens}
+    return None
+
+
+def add_cache_arguments(p: argparse.ArgumentParser) -> None:
+    """vLLM's prefix-caching flags (``python -m workers.emulator`` and ``python -m workers.cluster``)."""
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cache prompt prefixes, as vLLM V1 does by default (--no-enable-prefix-caching: off)",
+    )
+    p.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens, as vLLM's flag of that name",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -710,6 +809,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--answers", default=None, help="scripted answers file (question -> gold SQL) for the Text-to-SQL pipeline"
     )
+    add_cache_arguments(p)
     return p
 
 
@@ -730,6 +830,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         max_model_len=args.max_model_len,
         priority_scheduling=args.scheduling_policy == "priority",
         add_request_overhead=not args.no_request_overhead,
+        prefix_caching=args.enable_prefix_caching,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
     )
 
 

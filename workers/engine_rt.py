@@ -8,6 +8,10 @@ wall clock: virtual seconds are real seconds divided by ``time_scale`` (0.05 mak
 One driver task sleeps until the engine's next planned segment end or until a request arrives, then
 advances the model. Each request gets a ``Ticket`` whose ``changed`` event fires when its state moved
 (a prefill finished, output tokens were produced, it finished); streaming responses wait on it.
+
+With ``prefix_caching`` (vLLM's default) a request's prompt prefix chain (``gateway.core.prefix``: the
+emulator names each full block of the prompt by a hash of its tokens) goes into the engine's prefix cache,
+and a later request whose leading blocks match skips their prefill, as vLLM's automatic prefix caching.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway.core.prefix import PrefixSeg
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.sim.engine import SimEngine
@@ -36,6 +41,8 @@ class Ticket:
     engine_done_real: float | None = None
     first_token_real: float | None = None
     admitted_real: float | None = None
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache (known once admitted; vLLM's ``num_cached_tokens``)."""
 
 
 class RealTimeEngine:
@@ -46,6 +53,7 @@ class RealTimeEngine:
         time_scale: real seconds per virtual second.
         priority_scheduling: order the engine's waiting queue by the request ``priority`` (vLLM's
             ``--scheduling-policy priority``).
+        prefix_caching: cache the prompt prefixes requests name (vLLM's ``--enable-prefix-caching``).
         tick_s: real-time interval at which streaming requests are woken to emit new tokens. Streams
             are woken in ``tick_groups`` staggered groups (one group per tick, each stream every
             ``tick_s * tick_groups``), so hundreds of streams never all wake in one burst.
@@ -58,6 +66,7 @@ class RealTimeEngine:
         *,
         time_scale: float = 1.0,
         priority_scheduling: bool = False,
+        prefix_caching: bool = False,
         tick_s: float = 0.01,
         tick_groups: int = 10,
         clock: Callable[[], float] = time.monotonic,
@@ -71,7 +80,8 @@ class RealTimeEngine:
         self._tick_no = 0
         self._clock = clock
         self._t0 = clock()
-        self.engine = SimEngine(profile, priority_scheduling=priority_scheduling)
+        self.prefix_caching = prefix_caching
+        self.engine = SimEngine(profile, priority_scheduling=priority_scheduling, prefix_caching=prefix_caching)
         self._tickets: dict[int, Ticket] = {}
         self._unstarted: set[Ticket] = set()
         self._wakeup = asyncio.Event()
@@ -91,10 +101,18 @@ class RealTimeEngine:
         return self._t0 + v * self.time_scale
 
     # -- requests -----------------------------------------------------------------------------
-    def submit(self, input_tokens: int, output_tokens: int, priority: int = 0) -> Ticket:
-        """Queue a request in the engine; the driver admits it at the next iteration boundary."""
+    def submit(
+        self, input_tokens: int, output_tokens: int, priority: int = 0, prefix: tuple[PrefixSeg, ...] = ()
+    ) -> Ticket:
+        """Queue a request in the engine; the driver admits it at the next iteration boundary.
+
+        ``prefix``: the prompt's prefix chain (ignored without prefix caching). Every request shares the
+        engine's one dummy workflow, so only shared (not per-query) segments make sense here: name them by
+        their content and equal prompts match.
+        """
         self._next_id += 1
-        call = Call(self._next_id, _DUMMY_WORKFLOW, CallSpec("request", input_tokens, output_tokens), 0.0)
+        spec = CallSpec("request", input_tokens, output_tokens, prefix)
+        call = Call(self._next_id, _DUMMY_WORKFLOW, spec, 0.0)
         t = Ticket(call, self._clock())
         self._tickets[call.id] = t
         self._unstarted.add(t)
@@ -138,13 +156,19 @@ class RealTimeEngine:
         """Apply every segment that ended by ``now_v``, then let waiting requests in."""
         t_cpu = time.process_time()
         eng = self.engine
+        st = eng.stats
         while eng.busy and eng.wake_at <= now_v:
             at = eng.wake_at
-            before = eng.stats.iterations
+            before = st.iterations
             for call in eng.on_wake(at):
                 self._finish(call, at)
-            self.iterations_advanced += eng.stats.iterations - before
+            self.iterations_advanced += st.iterations - before
+            queried = st.prompt_tokens
             eng.kick(at)
+            if st.prompt_tokens != queried:
+                # Requests were admitted: note them now, while the engine still has their state (one
+                # that finishes within this advance would otherwise never show its admission).
+                self._mark_started()
         if kick or not eng.busy:
             eng.kick(now_v)
         self._mark_started()
@@ -158,6 +182,7 @@ class RealTimeEngine:
             admitted, first = self.engine.call_state(t.call)
             if admitted is not None and t.admitted_real is None:
                 t.admitted_real = self.to_real(admitted)
+                t.cached_tokens = self.engine.cached_of(t.call)
             if first is not None:
                 t.first_token_real = self.to_real(first)
                 self._unstarted.discard(t)

@@ -11,7 +11,9 @@ caller can simulate the identical workload (``ReplayWorkflow.dag``).
 
 Each workflow is sent at its arrival time as ``POST /v1/workflows``: its stages as a chain of synthetic
 calls (``chain_nodes``: every call of a stage depends on every call of the stage before), exact lengths
-(``min_tokens = max_tokens``, ``ignore_eos``), the CHESS template as budgeting hint and its deadline.
+(``min_tokens = max_tokens``, ``ignore_eos``), the prompt prefixes each call shares with others as the
+simulator models them (``shared_prefix``: a stage's template shared by every workflow, what a query's
+rounds repeat by that workflow only), the CHESS template as budgeting hint and its deadline.
 Times are scaled for emulated workers: wall seconds = modelled seconds x ``time_scale``; every figure
 is reported in modelled seconds.
 
@@ -44,6 +46,7 @@ from gateway.bench.simbench import Setup
 from gateway.bench.stats import finite_or_none, fmt, percentile, table
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagWorkflow, chain_nodes
+from gateway.core.prefix import PrefixSeg
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, deadline_met
 from gateway.errors import GatewayError
@@ -61,6 +64,7 @@ __all__ = [
     "replay",
     "replay_setup",
     "replay_workload",
+    "shared_prefix",
     "workload_queries",
 ]
 
@@ -99,9 +103,13 @@ class ReplayWorkflow:
         return [s.calls for s in self.stages]
 
     def calls(self) -> list[dict[str, Any]]:
-        """The ``calls`` of the ``/v1/workflows`` body: a chain of stages of exact-length synthetic calls."""
-        return [
-            {
+        """The ``calls`` of the ``/v1/workflows`` body: a chain of stages of exact-length synthetic calls,
+        each with its prompt's shared segments (``CallSpec.prefix``) as ``shared_prefix``."""
+        stages = self.stage_calls()
+        specs = [spec for stage in stages for spec in stage]
+        out = []
+        for n, spec in zip(chain_nodes(stages), specs, strict=True):
+            call: dict[str, Any] = {
                 "id": n.id,
                 "kind": n.kind,
                 "depends_on": list(n.depends_on),
@@ -110,8 +118,11 @@ class ReplayWorkflow:
                 "min_tokens": n.output_tokens,
                 "ignore_eos": True,
             }
-            for n in chain_nodes(self.stage_calls())
-        ]
+            segments = shared_prefix(spec.prefix)
+            if segments:
+                call["shared_prefix"] = segments
+            out.append(call)
+        return out
 
     def body(self, time_scale: float) -> dict[str, Any]:
         """The ``POST /v1/workflows`` body; the deadline in wall seconds (modelled x ``time_scale``)."""
@@ -132,6 +143,16 @@ class ReplayWorkflow:
             chain_nodes(self.stage_calls()),
             CHESS_TEMPLATE,
         )
+
+
+def shared_prefix(prefix: Sequence[PrefixSeg]) -> list[dict[str, Any]]:
+    """A call's prefix chain as the ``shared_prefix`` of ``/v1/workflows``: per-query segments are scoped to
+    the workflow, the others global (empty segments left out, as the engines skip them)."""
+    return [
+        {"name": seg.name, "tokens": seg.tokens, "scope": "workflow" if seg.per_query else "global"}
+        for seg in prefix
+        if seg.tokens > 0
+    ]
 
 
 def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:

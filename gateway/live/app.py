@@ -148,6 +148,8 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
     call = schemas.get("WorkflowCall", {}).get("properties", {})
     for name in ("prompt_tokens", "max_tokens", "min_tokens"):
         _set(call.get(name), "integer", "maximum", lim.max_tokens)
+    seg = schemas.get("SharedPrefixSegment", {}).get("properties", {})
+    _set(seg.get("tokens"), "integer", "maximum", lim.max_tokens)  # a segment fits in prompt_tokens
     if "max_tokens" in call:  # the default is capped at the limit too (routers.workflows)
         call["max_tokens"]["default"] = min(call["max_tokens"].get("default", lim.max_tokens), lim.max_tokens)
     _set(

@@ -71,9 +71,39 @@ def _no_default(schema: dict[str, Any]) -> None:
 
 
 _ONE_PROMPT: list[JsonValue] = [
-    {"required": ["messages"], "not": {"required": ["prompt_tokens"]}},
+    {"required": ["messages"], "not": {"anyOf": [{"required": ["prompt_tokens"]}, {"required": ["shared_prefix"]}]}},
     {"required": ["prompt_tokens"], "not": {"required": ["messages"]}},
 ]
+
+MAX_SHARED_PREFIX_SEGMENTS = 8
+"""Most segments in one call's ``shared_prefix``."""
+MAX_SEGMENT_NAME = 128
+"""Longest name of a ``shared_prefix`` segment."""
+
+
+class SharedPrefixSegment(BaseModel):
+    """A run of a synthetic prompt that other calls share: ``tokens`` token ids derived from ``name`` (and,
+    with scope ``workflow``, from the workflow's own id), so calls that name the same segments in the same
+    order send the same leading token ids and the worker's prefix cache serves them (vLLM's automatic
+    prefix caching)."""
+
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        json_schema_extra={"examples": [{"name": "sql_generation/template", "tokens": 1200, "scope": "global"}]},
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_SEGMENT_NAME,
+        description="What the segment is (a template, a schema): equal names, equal token ids.",
+    )
+    tokens: PosInt = Field(description="Its length in tokens.")
+    scope: Literal["workflow", "global"] = Field(
+        "global",
+        description="``global``: every call that names it shares it (a stage's fixed template); ``workflow``: "
+        "only calls of the same workflow do (the schema and question that later rounds repeat).",
+    )
 
 
 class WorkflowCall(BaseModel):
@@ -84,7 +114,19 @@ class WorkflowCall(BaseModel):
         extra="forbid",
         json_schema_extra={
             "oneOf": _ONE_PROMPT,
-            "examples": [{"id": "link", "kind": "schema_linking", "prompt_tokens": 12, "max_tokens": 4}],
+            "examples": [
+                {"id": "link", "kind": "schema_linking", "prompt_tokens": 12, "max_tokens": 4},
+                {
+                    "id": "revise",
+                    "kind": "revise",
+                    "prompt_tokens": 40,
+                    "shared_prefix": [
+                        {"name": "revise/template", "tokens": 16, "scope": "global"},
+                        {"name": "schema+question", "tokens": 16, "scope": "workflow"},
+                    ],
+                    "max_tokens": 4,
+                },
+            ],
         },
     )
 
@@ -108,6 +150,15 @@ class WorkflowCall(BaseModel):
         description="A synthetic prompt of exactly this many tokens (trace replay), instead of messages.",
         json_schema_extra=_no_default,
     )
+    shared_prefix: (
+        Annotated[list[SharedPrefixSegment], Field(max_length=MAX_SHARED_PREFIX_SEGMENTS)] | SkipJsonSchema[None]
+    ) = Field(
+        None,
+        description="With ``prompt_tokens`` only: the synthetic prompt starts with these segments, in order "
+        "(at most ``prompt_tokens`` tokens in all), and the call's own filler makes up the rest. Calls naming "
+        "the same segments send the same leading tokens, which the worker's prefix cache can serve.",
+        json_schema_extra=_no_default,
+    )
     max_tokens: Int = Field(256, ge=1, description="Most output tokens.")
     min_tokens: Int = Field(0, ge=0, description="Fewest output tokens (vLLM's min_tokens; at most max_tokens).")
     ignore_eos: bool = Field(False, description="Generate until max_tokens (vLLM's ignore_eos; exact output lengths).")
@@ -117,7 +168,7 @@ class WorkflowCall(BaseModel):
         description="Output length the scheduler should expect (default: max_tokens, or min_tokens if exact).",
     )
 
-    @field_validator("messages", "prompt_tokens", mode="before")
+    @field_validator("messages", "prompt_tokens", "shared_prefix", mode="before")
     @classmethod
     def _not_null(cls, v: Any) -> Any:
         # Leave the field out instead: ``null`` would make "exactly one of" ambiguous (the schema's oneOf
@@ -132,6 +183,12 @@ class WorkflowCall(BaseModel):
             raise ValueError("give exactly one of messages and prompt_tokens")
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
+        if self.shared_prefix is not None:
+            if self.prompt_tokens is None:
+                raise ValueError("shared_prefix needs prompt_tokens (chat messages carry their own text)")
+            total = sum(s.tokens for s in self.shared_prefix)
+            if total > self.prompt_tokens:
+                raise ValueError(f"shared_prefix: {total} tokens exceed prompt_tokens={self.prompt_tokens}")
         return self
 
 

@@ -169,6 +169,12 @@ class SimEngine:
             return None, None
         return r.admitted_at, r.prefill_done_at
 
+    def cached_of(self, call: Call) -> int:
+        """Prompt tokens of ``call`` served from the prefix cache (vLLM's ``num_cached_tokens``): set at
+        admission; 0 while it waits, without prefix caching, or once it has left the engine."""
+        r = self._states.get(call.id)
+        return r.hit if r is not None else 0
+
     def remove(self, call: Call) -> bool:
         """Drop a call that is still waiting (a client went away); running calls run to completion."""
         for r in self.waiting:

@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import random
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,14 @@ from gateway.bench.replay import (
     replay,
     replay_setup,
     replay_workload,
+    shared_prefix,
 )
 from gateway.bench.simbench import Setup, fluid_bound
 from gateway.cli import main
 from gateway.config import load_cluster
 from gateway.config.gateway import load_gateway_config
 from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.prefix import PrefixSeg
 from gateway.live.schemas import WorkflowRequest
 from gateway.live.server import build_app
 from gateway.sim.metrics import percentile
@@ -113,11 +116,41 @@ def test_body_is_a_chain_of_exact_length_calls_with_scaled_deadline() -> None:
             assert call["prompt_tokens"] == spec.input_tokens
             assert call["max_tokens"] == call["min_tokens"] == spec.output_tokens
             assert call["ignore_eos"] is True
+            # The prompt's shared segments, as the simulator's engines cache them.
+            want = [(p.name, p.tokens, "workflow" if p.per_query else "global") for p in spec.prefix]
+            got = [(p["name"], p["tokens"], p["scope"]) for p in call.get("shared_prefix", [])]
+            assert got == want
     assert all(c["depends_on"] == [] for c in by_stage[0])
     for prev, cur in itertools.pairwise(by_stage):
         for c in cur:
             assert c["depends_on"] == [p["id"] for p in prev]
     WorkflowRequest.model_validate(body)  # the gateway accepts it
+
+
+def test_every_shared_segment_of_a_trace_reaches_the_body() -> None:
+    """Over a recorded trace, every call's prefix chain becomes its ``shared_prefix``: templates global, what a
+    query's rounds repeat scoped to the workflow; the gateway accepts every body."""
+    wfs = replay_workload(replay_setup("trace1", load_cluster(CLUSTER), workflows=40, seed=0), 0.1)
+    scopes: Counter[str] = Counter()
+    for w in wfs:
+        body = w.body(0.05)
+        specs = [spec for stage in w.stages for spec in stage.calls]
+        for spec, call in zip(specs, body["calls"], strict=True):
+            segments = call.get("shared_prefix", [])
+            assert [(s["name"], s["tokens"]) for s in segments] == [(p.name, p.tokens) for p in spec.prefix]
+            assert sum(s["tokens"] for s in segments) <= call["prompt_tokens"]
+            scopes.update(s["scope"] for s in segments)
+        WorkflowRequest.model_validate(body)
+    assert scopes["global"] > 0 and scopes["workflow"] > 0
+
+
+def test_shared_prefix_maps_per_query_segments_to_the_workflow_scope() -> None:
+    chain = (PrefixSeg("tpl", 512), PrefixSeg("empty", 0), PrefixSeg("schema", 900, per_query=True))
+    assert shared_prefix(chain) == [
+        {"name": "tpl", "tokens": 512, "scope": "global"},
+        {"name": "schema", "tokens": 900, "scope": "workflow"},
+    ]
+    assert shared_prefix(()) == []
 
 
 def test_dag_of_a_replay_workflow_simulates_like_the_staged_workflow() -> None:

@@ -7,10 +7,12 @@ text itself, and stream granularity (vLLM sends one chunk per token, the emulato
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.contract.conftest import MAX_MODEL_LEN, SERVED
 
@@ -140,3 +142,37 @@ def test_metric_names_types_and_labels(client: httpx.Client) -> None:
         assert kind in (types.get(name), types.get(f"{name}_total")), name
     assert f'vllm:num_requests_running{{engine="0",model_name="{SERVED}"}}' in text
     assert f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{SERVED}"}}' in text
+
+
+def _counter(text: str, name: str) -> float:
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+QUERIES = "vllm:prefix_cache_queries_total"
+
+
+def _queried(client: httpx.Client, before: str, tokens: int) -> str:
+    """The metrics once the prefix-cache queries grew by ``tokens`` since ``before`` (vLLM's API process
+    folds in the engine's stats per step: let them land), or after 5 s."""
+    for _ in range(50):
+        after = client.get("/metrics").text
+        if _counter(after, QUERIES) - _counter(before, QUERIES) >= tokens:
+            break
+        time.sleep(0.1)
+    return after
+
+
+def test_a_repeated_prompt_is_served_from_the_prefix_cache(client: httpx.Client) -> None:
+    """Prefix caching is on by default in both: a prompt sent again takes its whole KV blocks (16 tokens in the
+    emulator, 128 in the CPU build) from the cache, never its last token, and the counters say so."""
+    body = chat_body(1)
+    body["messages"] = [{"role": "user", "content": "SELECT name FROM singer WHERE age > 40; " * 60}]
+    start = client.get("/metrics").text
+    first = client.post("/v1/chat/completions", json=body).json()["usage"]
+    before = _queried(client, start, first["prompt_tokens"])
+    usage = client.post("/v1/chat/completions", json=body).json()["usage"]
+    after = _queried(client, before, usage["prompt_tokens"])
+    assert _counter(after, QUERIES) - _counter(before, QUERIES) == usage["prompt_tokens"]
+    hits = _counter(after, "vllm:prefix_cache_hits_total") - _counter(before, "vllm:prefix_cache_hits_total")
+    assert 0 < hits < usage["prompt_tokens"]
+    assert 'enable_prefix_caching="True"' in after

@@ -39,6 +39,7 @@ SEMANTIC_RULES = re.compile(
     r"outside tenant .*'s range"  # a deadline outside the tenant's range (per tenant: not in the schema)
     r"|duplicate call id|unknown call|cycle|depends on itself"  # the DAG of a workflow
     r"|min_tokens=\d+ exceeds max_tokens"  # min_tokens <= max_tokens
+    r"|shared_prefix: \d+ tokens exceed prompt_tokens"  # a call's shared segments fit in its prompt
     r"|tokens exceed the limit"  # a prompt's estimated tokens (characters / 4 plus overheads)
     r"|question: must not be empty"  # a question of whitespace only: \S in the schema, stripped text here
 )
@@ -199,9 +200,16 @@ def test_the_document_states_what_the_routes_do(gateway_app: FastAPI) -> None:
     schemas = doc["components"]["schemas"]
     call = schemas["WorkflowCall"]
     assert call["oneOf"] == [
-        {"required": ["messages"], "not": {"required": ["prompt_tokens"]}},
+        {
+            "required": ["messages"],
+            "not": {"anyOf": [{"required": ["prompt_tokens"]}, {"required": ["shared_prefix"]}]},
+        },
         {"required": ["prompt_tokens"], "not": {"required": ["messages"]}},
     ]
+    assert call["properties"]["shared_prefix"]["maxItems"] == 8
+    segment = schemas["SharedPrefixSegment"]
+    assert segment["additionalProperties"] is False and segment["required"] == ["name", "tokens"]
+    assert segment["properties"]["tokens"]["maximum"] == 48 and segment["properties"]["name"]["maxLength"] == 128
     assert call["additionalProperties"] is False
     assert call["properties"]["max_tokens"] == {
         "type": "integer",

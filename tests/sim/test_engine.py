@@ -350,3 +350,29 @@ def test_without_prefix_caching_prefixes_change_nothing() -> None:
     assert hits == 0
     for i in want:
         assert plain[i] == pytest.approx(want[i], rel=1e-9, abs=1e-9)
+
+
+def test_cached_of_reports_each_calls_hit_while_it_runs() -> None:
+    chain = (PrefixSeg("template", 1000),)
+    eng = SimEngine(PROFILE, prefix_caching=True)
+    wf = StagedWorkflow(1, "t", 0.0, 1e9, [Stage("x", (CallSpec("x", 1, 1),))])
+    first, second, plain = (Call(i, wf, CallSpec("x", 1100, 5, chain if i < 3 else ()), 0.0) for i in (1, 2, 3))
+    eng.add(first)
+    eng.kick(0.0)
+    assert eng.cached_of(first) == 0
+    while eng.busy:  # run the first call to completion: its segment is cached
+        t = eng.wake_at
+        eng.on_wake(t)
+        eng.kick(t)
+    eng.add(second)
+    eng.add(plain)
+    assert eng.cached_of(second) == 0  # waiting: not admitted yet
+    eng.kick(t)
+    assert eng.cached_of(second) == cached_tokens(1000, 1100) == 992
+    assert eng.cached_of(plain) == 0
+    assert eng.stats.prefix_hit_tokens == 992
+    while eng.busy:
+        t = eng.wake_at
+        eng.on_wake(t)
+        eng.kick(t)
+    assert eng.cached_of(second) == 0  # gone from the engine

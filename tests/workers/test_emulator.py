@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
+from typing import Any
 
+import httpx
 import pytest
 
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.sim.engine import SimEngine
 from tests.workers.conftest import MODEL, EmuFactory, a100
-from workers.emulator import chat_prompt_tokens, count_tokens
+from workers.cluster import build_parser as cluster_parser
+from workers.emulator import (
+    build_parser,
+    chat_prompt_tokens,
+    chat_prompt_words,
+    config_from_args,
+    count_tokens,
+    prompt_chain,
+)
 
 
 def chat(words: int, max_tokens: int, **extra: object) -> dict[str, object]:
@@ -195,11 +206,15 @@ async def test_latency_matches_the_simulators_worker_model_within_15_percent(emu
     prof = a100()
     n_in = chat_prompt_tokens([{"content": "w " * words}])
     want = [(t + prof.request_overhead_s) * scale for t in predicted_batch_latencies(n, n_in, n_out)]
+    sent = itertools.count()
     async with emulator(time_scale=scale) as c:
 
         async def one() -> float:
+            # Every prompt starts differently: the model predicts uncached prompts (prefix caching is on).
+            content = f"request{next(sent)} " + "w " * (words - 1)
+            body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": n_out}
             t0 = time.monotonic()
-            r = await c.post("/v1/chat/completions", json=chat(words, n_out))
+            r = await c.post("/v1/chat/completions", json=body)
             assert r.status_code == 200
             return time.monotonic() - t0
 
@@ -213,3 +228,137 @@ async def test_latency_matches_the_simulators_worker_model_within_15_percent(emu
             if got == pytest.approx(sorted(want), rel=0.15):
                 break
     assert rounds[-1] == pytest.approx(sorted(want), rel=0.15), rounds
+
+
+# ------------------------------------------------------------------------------------------- prefix caching
+def _ids(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+async def _counters(c: httpx.AsyncClient) -> tuple[float, float]:
+    """(vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total)."""
+    return await _gauge(c, "vllm:prefix_cache_queries_total"), await _gauge(c, "vllm:prefix_cache_hits_total")
+
+
+async def _complete(c: httpx.AsyncClient, prompt: object) -> tuple[dict[str, Any], float, float, float]:
+    """One completion (1 output token, sent after the last finished): its usage, the model seconds the
+    engine was busy with it, and how much the two prefix-cache counters grew."""
+    emu = c.app.state.emulator  # type: ignore[attr-defined]
+    q0, h0 = await _counters(c)
+    busy0 = emu.engine.engine.stats.busy_s
+    r = await c.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    q1, h1 = await _counters(c)
+    return r.json()["usage"], emu.engine.engine.stats.busy_s - busy0, q1 - q0, h1 - h0
+
+
+async def test_a_repeated_long_prompt_is_served_from_the_prefix_cache(emulator: EmuFactory) -> None:
+    prompt = _ids(100, 4000)
+    async with emulator(time_scale=0.001, prompt_tokens_details=True) as c:
+        usage, busy_first, queried, hit = await _complete(c, prompt)
+        assert (queried, hit) == (4000, 0) and usage["prompt_tokens_details"] is None
+        usage, busy_again, queried, hit = await _complete(c, prompt)
+        # Every whole block but the one with the last token (always computed), as vLLM.
+        assert (queried, hit) == (4000, 3984)
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 3984} and usage["prompt_tokens"] == 4000
+        assert busy_again < busy_first / 4  # model time: 16 prompt tokens to compute instead of 4000
+        # Only the equal leading blocks count: a prompt that shares the first 2000 ids hits 2000 (125 blocks);
+        # one that differs in its first id shares nothing, though the rest is equal (block hashes chain).
+        _, _, _, hit = await _complete(c, prompt[:2000] + _ids(9000, 2000))
+        assert hit == 2000
+        _, _, _, hit = await _complete(c, [7, *prompt[1:]])
+        assert hit == 0
+        _, busy_other, _, hit = await _complete(c, _ids(20_000, 4000))
+        assert hit == 0 and busy_other == pytest.approx(busy_first, rel=1e-6)
+        metrics = (await c.get("/metrics")).text
+    assert 'enable_prefix_caching="True"' in metrics
+
+
+async def test_text_and_chat_prompts_are_cached_by_their_words(emulator: EmuFactory) -> None:
+    system = {"role": "system", "content": " ".join(f"rule{i}" for i in range(500))}
+    first = [system, {"role": "user", "content": "how many singers are there"}]
+    second = [system, {"role": "user", "content": "list every concert"}]
+    async with emulator(time_scale=0.001, prompt_tokens_details=True) as c:
+        text = " ".join(f"word{i}" for i in range(100))
+        _, _, _, hit = await _complete(c, text)
+        assert hit == 0
+        usage, _, _, hit = await _complete(c, [text])  # the same words: 6 whole blocks, the 7th incomplete
+        assert hit == 96 and usage["prompt_tokens_details"] == {"cached_tokens": 96}
+        for messages, want in ((first, 0), (second, 496)):
+            q0, h0 = await _counters(c)
+            r = await c.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 1})
+            q1, h1 = await _counters(c)
+            usage = r.json()["usage"]
+            assert q1 - q0 == usage["prompt_tokens"] == chat_prompt_tokens(messages)
+            # The system message (504 template tokens and words) and the next header's first two tokens:
+            # 506 equal tokens, 31 whole blocks.
+            assert h1 - h0 == want
+            assert usage["prompt_tokens_details"] == ({"cached_tokens": want} if want else None)
+
+
+async def test_streamed_usage_reports_cached_tokens(emulator: EmuFactory) -> None:
+    body = {"model": MODEL, "prompt": _ids(100, 500), "max_tokens": 3, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    async with emulator(time_scale=0.001, prompt_tokens_details=True) as c:
+        for want in (None, 496):
+            async with c.stream("POST", "/v1/completions", json=body) as r:
+                lines = [line async for line in r.aiter_lines() if line.startswith("data: {")]
+            usage = json.loads(lines[-1].removeprefix("data: "))["usage"]
+            assert usage.get("prompt_tokens_details") == (None if want is None else {"cached_tokens": want})
+
+
+async def test_without_prefix_caching_nothing_is_cached_or_counted(emulator: EmuFactory) -> None:
+    prompt = _ids(100, 4000)
+    async with emulator(time_scale=0.001, prefix_caching=False, prompt_tokens_details=True) as c:
+        usage, busy_first, queried, hit = await _complete(c, prompt)
+        usage, busy_again, queried, hit = await _complete(c, prompt)
+        metrics = (await c.get("/metrics")).text
+    # vLLM with caching off looks nothing up: both counters stay 0.
+    assert (queried, hit) == (0, 0) and usage["prompt_tokens_details"] is None
+    assert busy_again == pytest.approx(busy_first, rel=1e-6)
+    assert 'enable_prefix_caching="False"' in metrics
+    assert 'vllm:prefix_cache_queries_total{engine="0",model_name="llama-3.1-70b"} 0.0' in metrics
+
+
+async def test_cached_tokens_are_only_reported_with_prompt_tokens_details(emulator: EmuFactory) -> None:
+    async with emulator(time_scale=0.001) as c:
+        await _complete(c, _ids(100, 1000))
+        usage, _, _, hit = await _complete(c, _ids(100, 1000))
+    assert hit == 992 and usage["prompt_tokens_details"] is None  # vLLM's default: no details
+
+
+def test_chat_prompt_words_are_the_counted_tokens() -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a b"}, {"type": "text", "text": "c"}]},
+        {"role": "assistant", "content": None},
+    ]
+    words = chat_prompt_words(messages)
+    assert len(words) == chat_prompt_tokens(messages) == 3 + 3 * 4 + 2 + 3
+    assert words[:3] == ["<|start_header_id|>", "system", "<|end_header_id|>"]
+    # The role is part of the prompt: the same words from another role do not share the first block.
+    other = chat_prompt_words([{**messages[0], "role": "user"}, *messages[1:]])
+    assert prompt_chain(words, 10)[0] != prompt_chain(other, 10)[0]
+
+
+def test_prompt_chain_names_whole_blocks_by_their_words() -> None:
+    words = [f"w{i}" for i in range(40)]
+    chain = prompt_chain(words, 100)
+    assert [s.tokens for s in chain] == [16, 16] and not any(s.per_query for s in chain)
+    assert prompt_chain(words, 1) == chain[:1]
+    assert prompt_chain(words[:16] + ["x"] * 16, 100)[0] == chain[0]
+    assert prompt_chain(words[:16] + ["x"] * 16, 100)[1] != chain[1]
+    assert prompt_chain(words[:15], 100) == ()
+
+
+def test_command_line_prefix_caching_flags_mirror_vllm() -> None:
+    base = ["--gpu", "A100"]
+    on = config_from_args(build_parser().parse_args(base))
+    off = config_from_args(build_parser().parse_args([*base, "--no-enable-prefix-caching"]))
+    details = config_from_args(
+        build_parser().parse_args([*base, "--enable-prefix-caching", "--enable-prompt-tokens-details"])
+    )
+    assert (on.prefix_caching, on.prompt_tokens_details) == (True, False)
+    assert (off.prefix_caching, details.prefix_caching, details.prompt_tokens_details) == (False, True, True)
+    args = cluster_parser().parse_args(["--no-enable-prefix-caching", "--enable-prompt-tokens-details"])
+    assert (args.enable_prefix_caching, args.enable_prompt_tokens_details) == (False, True)

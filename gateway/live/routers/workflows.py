@@ -7,11 +7,19 @@ deadline: its critical path on the workers it would use, behind their queues), 5
 A workflow that failed on a worker answers the
 worker's 4xx (or 502/503/504) with the workflow's report beside the error (``"workflow"``). A client
 that disconnects cancels its workflow (``until_disconnect``): counted ``cancelled``, no later call sent.
+
+A call with ``prompt_tokens`` is sent as a synthetic token-id prompt (``synthetic_prompt``): its
+``shared_prefix`` segments first, each a token sequence derived from its name (scope ``global``) or from
+its name and the workflow's id (scope ``workflow``), then filler of the call's own. Calls that name the
+same segments thus send the same leading tokens, as the CHESS calls that share a template or a schema do,
+and a worker's prefix cache serves them; nothing else is shared, short of a 64-bit hash collision.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,7 +31,14 @@ from gateway.core.tokens import message_tokens
 from gateway.errors import Unprocessable, UpstreamError
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
 from gateway.live.responses import JSONResponse
-from gateway.live.schemas import CallReport, WorkflowCall, WorkflowRequest, WorkflowResponse, route_responses
+from gateway.live.schemas import (
+    CallReport,
+    SharedPrefixSegment,
+    WorkflowCall,
+    WorkflowRequest,
+    WorkflowResponse,
+    route_responses,
+)
 from gateway.live.service import CallRequest, WorkflowOutcome
 
 SYNTHETIC_VOCAB = (100, 1100)
@@ -33,25 +48,63 @@ router = APIRouter()
 
 _SYNTH_BASE: list[int] = []
 _SYNTH_BASE_LEN = 1 << 16
+_TAG_DIGITS = 4
+"""Leading ids of every synthetic sequence that spell its 64-bit key (base ``SYNTHETIC_VOCAB`` width): two
+sequences then start alike only when their keys agree in about 40 bits, not whenever their offsets into
+the base sequence happen to match."""
 
 
-def synthetic_prompt(n: int, salt: int) -> list[int]:
-    """``n`` token ids from ``SYNTHETIC_VOCAB``, starting at a ``salt``-dependent offset of a fixed random
-    sequence (so calls do not share prefixes by accident). A slice, not a Python loop per token: a trace
-    workflow asks for ~50k tokens and this runs on the event loop."""
+def _key(*parts: str) -> int:
+    """A 64-bit key from strings, the same in every process (``hash`` of a str is salted per process)."""
+    data = "\0".join(parts).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def _sequence(key: int, n: int) -> list[int]:
+    """``n`` token ids for ``key``: a tag spelling the key, then a slice of a fixed random sequence from a
+    key-dependent offset. A slice, not a Python loop per token: a trace workflow asks for ~50k tokens and
+    this runs on the event loop."""
     if not _SYNTH_BASE:
         rng = random.Random(0x5EED)
         lo, hi = SYNTHETIC_VOCAB
         _SYNTH_BASE.extend(rng.randrange(lo, hi) for _ in range(_SYNTH_BASE_LEN))
-    start = (salt * 2654435761) % _SYNTH_BASE_LEN
-    out = _SYNTH_BASE[start : start + n]
+    lo, hi = SYNTHETIC_VOCAB
+    width = hi - lo
+    tag = [lo + (key // width**k) % width for k in range(min(_TAG_DIGITS, n))]
+    start = (key >> 44) % _SYNTH_BASE_LEN
+    rest = n - len(tag)
+    out = tag + _SYNTH_BASE[start : start + rest]
     while len(out) < n:
         out.extend(_SYNTH_BASE[: n - len(out)])
     return out
 
 
-def _call_request(c: WorkflowCall, salt: int) -> tuple[CallRequest, int, int]:
-    """The worker request for a workflow call, with the (input, output) tokens the scheduler assumes."""
+def segment_key(seg: SharedPrefixSegment, workflow_id: str) -> int:
+    """The key of a ``shared_prefix`` segment's token ids: its name, and the workflow's id if its scope is
+    ``workflow`` (so only that workflow's calls share it)."""
+    if seg.scope == "workflow":
+        return _key("workflow", workflow_id, seg.name)
+    return _key("global", seg.name)
+
+
+def synthetic_prompt(n: int, salt: int, prefix: Sequence[tuple[int, int]] = ()) -> list[int]:
+    """``n`` token ids from ``SYNTHETIC_VOCAB``: the ``prefix`` segments, in order, as (key, tokens) each
+    (equal keys give equal ids: ``segment_key``), then ``n`` less their tokens of filler that depends on
+    ``salt`` (so calls share no more than their segments). The segments must fit in ``n`` tokens."""
+    out: list[int] = []
+    for key, tokens in prefix:
+        out += _sequence(key, tokens)
+    if len(out) > n:
+        raise ValueError(f"shared prefix of {len(out)} tokens exceeds the prompt's {n}")
+    out += _sequence(_key("filler", str(salt)), n - len(out))
+    return out
+
+
+def _call_request(c: WorkflowCall, salt: int, workflow_id: str) -> tuple[CallRequest, int, int]:
+    """The worker request for a workflow call, with the (input, output) tokens the scheduler assumes.
+
+    ``salt``: the call's own (its synthetic filler); ``workflow_id``: keys its ``workflow``-scope segments.
+    """
     body: dict[str, Any] = {"max_tokens": c.max_tokens}
     if c.min_tokens:
         body["min_tokens"] = c.min_tokens
@@ -61,7 +114,8 @@ def _call_request(c: WorkflowCall, salt: int) -> tuple[CallRequest, int, int]:
         body["temperature"] = c.temperature
     out_tokens = c.expected_output_tokens or c.max_tokens
     if c.prompt_tokens is not None:
-        body["prompt"] = synthetic_prompt(c.prompt_tokens, salt)
+        prefix = [(segment_key(s, workflow_id), s.tokens) for s in c.shared_prefix or ()]
+        body["prompt"] = synthetic_prompt(c.prompt_tokens, salt, prefix)
         return CallRequest("/v1/completions", body), c.prompt_tokens, out_tokens
     msgs = [m.model_dump(exclude_none=True) for m in c.messages or ()]
     body["messages"] = msgs
@@ -134,14 +188,14 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
         )
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
     wf_id = gw.new_workflow_id()
-    salt = hash(wf_id) & 0xFFFFFF
+    salt = _key("salt", wf_id)
     nodes: list[DagNode] = []
     requests: list[CallRequest] = []
     for i, c in enumerate(req.calls):
         _default_max_tokens(i, c, lim.max_tokens)
         if c.prompt_tokens is not None:  # checked before a synthetic prompt of that length is built
             _check_limit(i, "prompt_tokens", c.prompt_tokens, lim.max_tokens)
-        cr, n_in, n_out = _call_request(c, salt * 1000 + i)
+        cr, n_in, n_out = _call_request(c, salt + i, wf_id)
         if c.messages is not None and n_in > lim.max_tokens:  # an estimate: named as one
             raise Unprocessable(
                 f"calls.{i}.messages: about {n_in} tokens exceed the limit of {lim.max_tokens}",
