@@ -250,7 +250,7 @@ def _simulate_with(
     for r in live.runs:
         dags = [w.dag() for w in workload]
         dags = [d.shifted(d.arrival, d.arrival + (d.deadline - d.arrival) * factor) for d in dags]
-        res = Simulator(workers, r.policy, alpha=r.alpha, seed=seed).run(dags)
+        res = Simulator(workers, r.policy, alpha=r.alpha, seed=seed, prefix_caching=True).run(dags)
         s = summarize(res, total=len(dags))
         out[r.policy] = {"p95_s": float(s.p95_s), "slo_attainment": float(s.slo_attainment)}
     return out

@@ -84,7 +84,7 @@ def simulate_workload(
     workers: Sequence[Any], workload: Sequence[ReplayWorkflow], policy: str, *, alpha: float | None, seed: int
 ) -> tuple[Summary, dict[str, int]]:
     """The simulator's prediction for a replay workload: summary and calls dispatched per worker."""
-    res = Simulator(workers, policy, alpha=alpha, seed=seed).run([w.dag() for w in workload])
+    res = Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=True).run([w.dag() for w in workload])
     counts = {w.name: sum(c.values()) for w, c in zip(workers, res.dispatch_counts, strict=True)}
     return summarize(res, total=len(workload)), counts
 
@@ -130,7 +130,9 @@ def simulate_jittered(
             d = w.dag()
             j = rng.uniform(0.0, jitter_s) if k else 0.0
             dags.append(d.shifted(d.arrival + j, d.deadline + j))
-        s = summarize(Simulator(workers, policy, alpha=alpha, seed=seed).run(dags), total=len(workload))
+        s = summarize(
+            Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=True).run(dags), total=len(workload)
+        )
         for key, values in figures.items():
             values.append(float(getattr(s, key)))
     return {k: Band(min(v), statistics.median(v), max(v)) for k, v in figures.items()}

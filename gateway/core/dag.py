@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gateway.core.prefix import PrefixSeg
 from gateway.core.workflow import CallSpec, CostFn, TemplateCursor, Workflow, WorkflowTemplate
 from gateway.errors import Unprocessable
 
@@ -47,6 +48,8 @@ class DagNode:
     input_tokens: int
     output_tokens: int
     depends_on: tuple[str, ...] = ()
+    prefix: tuple[PrefixSeg, ...] = ()
+    """The parts of the call's prompt other calls share (``CallSpec.prefix``)."""
 
 
 def _topo_order(nodes: Sequence[DagNode]) -> list[int]:
@@ -162,7 +165,7 @@ class DagWorkflow(Workflow):
     def spec(self, i: int) -> DagCallSpec:
         """The call spec of node ``i``."""
         n = self.nodes[i]
-        return DagCallSpec(n.kind, n.input_tokens, n.output_tokens, node=i)
+        return DagCallSpec(n.kind, n.input_tokens, n.output_tokens, n.prefix, node=i)
 
     def _release(self, ready: list[int]) -> list[CallSpec]:
         for i in ready:
@@ -231,6 +234,8 @@ def chain_nodes(stages: Sequence[Sequence[CallSpec]], prefix: str = "c") -> list
     prev: tuple[str, ...] = ()
     for k, stage in enumerate(stages):
         ids = tuple(f"{prefix}{k}.{j}" for j in range(len(stage)))
-        out.extend(DagNode(ids[j], s.kind, s.input_tokens, s.output_tokens, prev) for j, s in enumerate(stage))
+        out.extend(
+            DagNode(ids[j], s.kind, s.input_tokens, s.output_tokens, prev, s.prefix) for j, s in enumerate(stage)
+        )
         prev = ids
     return out

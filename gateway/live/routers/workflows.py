@@ -27,6 +27,7 @@ from fastapi import APIRouter, Request
 from gateway.config.workflows import TEMPLATES
 from gateway.core.dag import DagNode, validate_nodes
 from gateway.core.predict import dag_plan
+from gateway.core.prefix import PrefixSeg
 from gateway.core.tokens import message_tokens
 from gateway.errors import Unprocessable, UpstreamError
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
@@ -203,7 +204,8 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
             )
         _check_limit(i, "prompt_tokens", n_in, lim.max_tokens)
         _check_limit(i, "max_tokens", c.max_tokens, lim.max_tokens)
-        nodes.append(DagNode(c.id, c.kind, n_in, n_out, tuple(c.depends_on)))
+        shared = tuple(PrefixSeg(x.name, x.tokens, per_query=x.scope == "workflow") for x in c.shared_prefix or ())
+        nodes.append(DagNode(c.id, c.kind, n_in, n_out, tuple(c.depends_on), shared))
         requests.append(cr)
     validate_nodes(nodes)  # DagError: 422 naming the call
     admission = admit_or_raise(gw, tenant, len(nodes), dag_plan(nodes), deadline)
