@@ -49,12 +49,31 @@ EXPECTED = {
 }
 
 
-def digest(cluster: str, policy: str) -> str:
+EXPECTED_CACHED = {
+    ("paper-4gpu", "hexgen"): "fdd559ac41455a72",
+    ("paper-4gpu", "llmd"): "8c9289d12cb45123",
+    ("paper-4gpu", "lw-fcfs"): "fc1ba958dc8d5cfe",
+    ("mixed-12", "hexgen"): "7a4850319f9dbd3e",
+    ("mixed-12", "llmd"): "6e8c2e531ec95be9",
+}
+"""The same runs with the engines caching prompt prefixes (pinned when prefix caching was added)."""
+
+
+def digest(cluster: str, policy: str, prefix_caching: bool = False) -> str:
     """The first 16 hex digits of the SHA-256 of the run's finish times and call placements."""
     workers = load_cluster(cluster)
     queries = load_queries("chess-bird", 60, random.Random(1))
-    setup = Setup(workers=workers, queries=queries, trace="chess-bird", n_workflows=60, slo_scale=3.0, seed=1)
-    res = Simulator(workers, policy, seed=1, record_calls=True).run(setup.workflows(1.2 * setup.bound.rate_qps))
+    setup = Setup(
+        workers=workers,
+        queries=queries,
+        trace="chess-bird",
+        n_workflows=60,
+        slo_scale=3.0,
+        seed=1,
+        prefix_caching=prefix_caching,
+    )
+    sim = Simulator(workers, policy, seed=1, record_calls=True, prefix_caching=prefix_caching)
+    res = sim.run(setup.workflows(1.2 * setup.bound.rate_qps))
     h = hashlib.sha256()
     for r in sorted(res.workflows, key=lambda r: r.wid):
         h.update(f"{r.wid}:{r.finish:.6f};".encode())
@@ -68,6 +87,14 @@ def test_simulated_decisions_match_the_reference_run(cluster: str, policy: str) 
     assert digest(cluster, policy) == EXPECTED[(cluster, policy)]
 
 
-if __name__ == "__main__":  # print the table above, for an intentional update
+@pytest.mark.parametrize(("cluster", "policy"), sorted(EXPECTED_CACHED))
+def test_simulated_decisions_with_prefix_caching_match_the_reference_run(cluster: str, policy: str) -> None:
+    assert digest(cluster, policy, prefix_caching=True) == EXPECTED_CACHED[(cluster, policy)]
+
+
+if __name__ == "__main__":  # print the tables above, for an intentional update
     for key in EXPECTED:
         print(f"    {key!r}: {digest(*key)!r},")
+    print()
+    for key in EXPECTED_CACHED:
+        print(f"    {key!r}: {digest(*key, prefix_caching=True)!r},")
