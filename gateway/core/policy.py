@@ -71,6 +71,11 @@ class Policy:
     prefix_aware: bool = False
     """The scheduler tracks which prompt prefixes each worker holds (``gateway.core.prefix.PrefixIndex``) and
     counts cached tokens out of the call's prefill on each worker (only where the engines cache prefixes)."""
+    prefix_credit: float = 1.0
+    """How many times their own prefill the cached tokens of a call are worth when the dispatcher compares
+    workers (the estimates it keeps for the queues count them once). Above 1 where keeping a workflow's
+    prefix on one worker pays later too: its next rounds hit only there, and a copy elsewhere costs that
+    worker a full prompt's stall and cache space."""
 
     @property
     def uses_alpha(self) -> bool:
@@ -116,6 +121,7 @@ for _p in (
         "ours",
         default_alpha=0.3,
         prefix_aware=True,
+        prefix_credit=3.0,
     ),
     Policy(
         "hexgen-paper", "wb", "urgency", "HexGen-Flow as published (no interference or prefix term)", "ablation", 0.3

@@ -69,6 +69,7 @@ class Scheduler:
         self._dispatcher = DISPATCHERS[self.policy.dispatcher](rng)
         self._wants_kv = bool(getattr(self._dispatcher, "wants_kv_util", False))
         self.prefix_aware = prefix_caching and self.policy.prefix_aware
+        self._prefix_credit = self.policy.prefix_credit
         self.prefix_index: list[PrefixIndex] = (
             [PrefixIndex(w.profile.kv_capacity_tokens) for w in self.workers] if self.prefix_aware else []
         )
@@ -206,8 +207,13 @@ class Scheduler:
             ix = self.prefix_index
             n_in = spec.input_tokens
             cached = [cached_tokens(ix[w].match(keys, now), n_in) for w in idx]
+        credit = cached
+        if cached is not None and self._prefix_credit != 1.0:
+            k = self._prefix_credit
+            top = spec.input_tokens - 1
+            credit = [min(int(c * k), top) if c else 0 for c in cached]
         t_comp, t_queue, harm, inflight = est.snapshot(
-            idx, spec.kind, spec.input_tokens, spec.output_tokens, now, cached
+            idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credit
         )
         loads = est.loads
         kv_util: list[float] = []
@@ -230,8 +236,10 @@ class Scheduler:
             kv_util=kv_util,
         )
         pos = self._dispatcher.choose(view)
-        call.t_comp = t_comp[pos]
         w = idx[pos]
+        if credit is not cached and cached is not None:  # the queues count the call's true saving
+            t_comp[pos] = est.snapshot([w], spec.kind, spec.input_tokens, spec.output_tokens, now, [cached[pos]])[0][0]
+        call.t_comp = t_comp[pos]
         if keys is not None and cached is not None:
             call.cached = cached[pos]
             # Cached there once its prompt is processed: after the predicted wait and its own prefill.

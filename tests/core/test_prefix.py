@@ -136,8 +136,11 @@ def test_prefix_aware_policies_send_a_workflows_next_round_where_its_prefix_is(
     assert (w2 == w1) == follows
     assert second.cached == (5696 if follows else 0)
     if follows:
-        # Its estimates count only the uncached prompt as prefill.
+        # Its estimates count only the uncached prompt as prefill, once (hexgen's dispatch credit of the
+        # cached tokens, 3x, is for choosing the worker only).
         assert second.prefill_s == pytest.approx(sched.estimator.prefill_s(w2, 6000 - 5696))
+        true_t_comp = sched.estimator.snapshot([w2], "revise", 6000, 80, 100.0, [5696])[0][0]
+        assert second.t_comp == pytest.approx(true_t_comp)
 
 
 def test_calls_sent_together_are_not_credited_with_each_others_prefix(cluster: list[WorkerInfo]) -> None:

@@ -50,10 +50,10 @@ EXPECTED = {
 
 
 EXPECTED_CACHED = {
-    ("paper-4gpu", "hexgen"): "fdd559ac41455a72",
+    ("paper-4gpu", "hexgen"): "bf9ceb12a43424c7",
     ("paper-4gpu", "llmd"): "8c9289d12cb45123",
     ("paper-4gpu", "lw-fcfs"): "fc1ba958dc8d5cfe",
-    ("mixed-12", "hexgen"): "7a4850319f9dbd3e",
+    ("mixed-12", "hexgen"): "7e015a41f1d4267e",
     ("mixed-12", "llmd"): "6e8c2e531ec95be9",
 }
 """The same runs with the engines caching prompt prefixes (pinned when prefix caching was added)."""
