@@ -128,6 +128,7 @@ def solve_fluid_bound(
     max_groups: int = MAX_GROUPS,
     bucket_ratio: float = 1.02,
     prefix_caching: bool = False,
+    engines: Sequence[int] | None = None,
 ) -> FluidBound:
     """Solve the fluid-bound program (module docstring) for the workload mix ``queries`` (one call list per
     workflow, in issue order). An empty mix has no bound: ``rate_qps`` is infinite. Raises ``RuntimeError``
@@ -135,9 +136,20 @@ def solve_fluid_bound(
 
     ``prefix_caching``: the engines cache prompt prefixes; every call is then credited with the most any
     cache could serve it (``gateway.core.prefix.best_case_cached``), so the program stays a bound.
+
+    ``engines``: how many identical engines each entry of ``workers`` stands for (default: one each). The
+    program for ``n`` identical engines is the program for one engine with ``n`` seconds of GPU time per
+    second (the other limits scale with its iterations): any solution of the one, split evenly over the
+    ``n``, is feasible for each, so the bound is exact and the program stays as small as the number of
+    distinct entries. ``calls_per_s`` is then per entry (all its engines), ``gpu_busy`` per engine.
     """
     if not workers:
         raise ValueError("the fluid bound needs at least one worker")
+    mult = [1] * len(workers) if engines is None else [int(n) for n in engines]
+    if len(mult) != len(workers):
+        raise ValueError(f"engines has {len(mult)} entries for {len(workers)} workers")
+    if any(n < 1 for n in mult):
+        raise ValueError(f"engines must be at least 1 each, got {list(mult)}")
     if not bucket_ratio > 1.0:
         raise ValueError(f"bucket_ratio must be > 1, got {bucket_ratio}")
     mix: Counter[tuple[int, int, int]] = Counter()
@@ -180,7 +192,7 @@ def solve_fluid_bound(
             cols += [x_cols, i_col]
             vals += [coef, np.array([i_coef])]
     a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(_ROWS * n_w, n_var))
-    b_ub = np.array([1.0 if r == 0 else 0.0 for _ in range(n_w) for r in range(_ROWS)])
+    b_ub = np.array([float(mult[w]) if r == 0 else 0.0 for w in range(n_w) for r in range(_ROWS)])
     # Every call type is served: sum_w x[w, g] - per_wf[g] * lambda = 0.
     eq_rows = np.concatenate([np.repeat(g_idx, n_w), g_idx])
     eq_cols = np.concatenate([(1 + np.arange(n_w)[None, :] * n_g + g_idx[:, None]).reshape(-1), np.zeros(n_g, int)])
@@ -197,7 +209,7 @@ def solve_fluid_bound(
         p = info.profile
         least = np.full(n_g, np.inf)
         np.minimum.at(least, group, call_resources(p, n_in, n_out, n_cached)["gpu_s"])
-        busy.append(float(x[w] @ least + p.iter_base_s * sol.x[1 + n_x + w]))
+        busy.append(float(x[w] @ least + p.iter_base_s * sol.x[1 + n_x + w]) / mult[w])
     return FluidBound(float(sol.x[0]), tuple(float(v) for v in x.sum(axis=1)), tuple(busy), n_g)
 
 

@@ -5,6 +5,7 @@
     hexflow tune       the alpha tuner on a window of traffic
     hexflow bench tuner   the background alpha tuner, run as live, against the best fixed alpha in hindsight
     hexflow sim-speed  the simulator's own speed: simulated calls/s per cluster and policy
+    hexflow plan       the cheapest mix of workers from the GPU catalogue that meets an SLO at a rate (simulated)
     hexflow emulate    an emulated vLLM worker (a test double for a GPU; see workers/emulator.py)
     hexflow emulate-cluster   every worker of a cluster file as emulated workers in one process
     hexflow serve      the live gateway
@@ -24,9 +25,9 @@ Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file)
 with one line naming the file and field, and exit status 2; never a traceback.
 
 Each command group registers its own subparsers in its own module (``sim``: simulate, bench, tune, sim-speed;
-``tuner``: bench tuner; ``serve``: serve, emulate, emulate-cluster, discover; ``measure``: replay, overhead;
-``calibrate``: calibrate, bench fidelity; ``text2sql``: demo, eval, databases, answers; ``config``:
-config-reference, tenants); this module orders them for the help, checks the arguments every command
+``tuner``: bench tuner; ``plan``: plan; ``serve``: serve, emulate, emulate-cluster, discover; ``measure``:
+replay, overhead; ``calibrate``: calibrate, bench fidelity; ``text2sql``: demo, eval, databases, answers;
+``config``: config-reference, tenants); this module orders them for the help, checks the arguments every command
 shares, and turns a ``GatewayError`` or ``UsageError`` into one line.
 """
 
@@ -36,7 +37,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from gateway.cli import calibrate, config, measure, serve, sim, text2sql
+from gateway.cli import calibrate, config, measure, plan, serve, sim, text2sql
 from gateway.cli.common import Subparsers, UsageError
 from gateway.errors import GatewayError
 
@@ -49,6 +50,7 @@ _COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     sim.add_bench,
     sim.add_tune,
     sim.add_sim_speed,
+    plan.add_plan,
     serve.add_emulate,
     serve.add_emulate_cluster,
     serve.add_serve,

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
+from pathlib import Path
 from typing import TypeAlias
 
 from gateway.core.policy import get_policy
 from gateway.core.scheduler import WorkerInfo
+from gateway.core.workflow import CallSpec
 
 __all__ = [
     "Subparsers",
@@ -18,6 +21,7 @@ __all__ = [
     "load_workers",
     "policy_names",
     "positive_float_arg",
+    "workload_queries",
 ]
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -45,19 +49,26 @@ def policy_names(text: str) -> list[str]:
     return names
 
 
-def add_workload_args(p: argparse.ArgumentParser, *, workflows: int) -> None:
-    """The workload arguments of simulate, bench and tune: trace, cluster, SLO, seed, arrivals, tenants."""
+def add_workload_args(
+    p: argparse.ArgumentParser, *, workflows: int, cluster: bool = True, slo_help: str | None = None
+) -> None:
+    """The workload arguments of simulate, bench, tune and plan: trace, cluster, SLO, seed, arrivals, tenants.
+
+    ``cluster`` False leaves out ``--cluster`` (``plan`` chooses the workers); ``slo_help`` replaces the help
+    of ``--slo-scale`` (what the SLO is a multiple of).
+    """
     p.add_argument(
         "--trace",
         default="chess-bird",
         help="trace file, trace name under ../shared/data/hexgen-traces, or chess-bird (built in)",
     )
-    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+    if cluster:
+        p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
     p.add_argument(
         "--slo-scale",
         type=float,
         default=5.0,
-        help="SLO = this x the cluster-mean single-request latency of the standard workflow",
+        help=slo_help or "SLO = this x the cluster-mean single-request latency of the standard workflow",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workflows", type=int, default=workflows, help="workflows per run (a trace is cycled)")
@@ -101,3 +112,14 @@ def positive_float_arg(name: str, text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise UsageError(f"{name}: expected a positive number, got {text!r}")
     return value
+
+
+def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
+    """(workload name, queries) of ``--trace``: the built-in generator makes exactly ``n`` queries (from
+    ``seed``); a trace file is replayed as recorded (runs cycle it to their number of workflows)."""
+    from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
+
+    src = resolve_trace(trace)
+    name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
+    queries = load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
+    return name, queries

@@ -8,7 +8,6 @@ import argparse
 import json
 import math
 import os
-import random
 import statistics
 import time
 from pathlib import Path
@@ -16,10 +15,17 @@ from typing import TYPE_CHECKING
 
 from gateway.bench.stats import fmt, table
 from gateway.cli.calibrate import add_bench_fidelity
-from gateway.cli.common import Subparsers, UsageError, add_workload_args, int_arg, load_workers, policy_names
+from gateway.cli.common import (
+    Subparsers,
+    UsageError,
+    add_workload_args,
+    int_arg,
+    load_workers,
+    policy_names,
+    workload_queries,
+)
 from gateway.cli.tuner import add_bench_tuner
 from gateway.core.policy import POLICIES, get_policy
-from gateway.core.workflow import CallSpec
 
 if TYPE_CHECKING:
     from gateway.bench.simbench import BenchReport, Setup
@@ -189,22 +195,12 @@ def add_sim_speed(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_sim_speed)
 
 
-def _queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
-    from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
-
-    src = resolve_trace(trace)
-    name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
-    # The generator makes exactly n queries; a trace is replayed as recorded and cycled to n.
-    queries = load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
-    return name, queries
-
-
 def _setup(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
     from gateway.bench.simbench import Setup
     from gateway.sim.workload import parse_tenants
 
     workers = load_workers(args.cluster)
-    name, queries = _queries(args.trace, args.workflows, args.seed)
+    name, queries = workload_queries(args.trace, args.workflows, args.seed)
     tenants = None
     if args.tenants:
         try:

@@ -30,6 +30,11 @@ class GpuSpec(_Strict):
     mem_bw_tbs: PosFloat = Field(description="Peak memory bandwidth, TB/s.")
     mem_gb: PosFloat = Field(description="Memory per GPU, GB (10^9 bytes).")
     source: str = Field(min_length=1, description="Where the numbers come from (spec sheet name, URL).")
+    usd_per_hour: PosFloat | None = Field(
+        None,
+        description="Price of one GPU of this type for an hour, USD; a worker (one engine) costs this times "
+        "its profile's tp. Indicative only: set what you pay. Unset: hexflow plan counts workers, not dollars.",
+    )
 
 
 class ModelSpec(_Strict):
@@ -205,6 +210,16 @@ class GpuCatalog(_Strict):
         if spec is None:
             raise UnknownNameError("profile", f"{gpu}/{model}", self.profile_names())
         return spec
+
+    def worker_usd_per_hour(self, gpu: str, model: str) -> float | None:
+        """Price of one worker (one engine of ``model`` on ``tp`` GPUs of type ``gpu``) for an hour, USD:
+        the GPU's ``usd_per_hour`` times the profile's ``tp``; None when the GPU has no price.
+
+        Raises ``UnknownNameError`` for an unknown GPU, an unknown model, or a pair without a profile.
+        """
+        spec = self.profile_spec(gpu, model)
+        price = self.gpus[gpu].usd_per_hour
+        return None if price is None else price * spec.tp
 
     def profile(self, gpu: str, model: str) -> PerfProfile:
         """The performance model of one engine of ``model`` on ``gpu`` GPUs.

@@ -164,6 +164,7 @@ def test_every_command_group_registers_its_commands_in_the_documented_order(
         "bench",
         "tune",
         "sim-speed",
+        "plan",
         "emulate",
         "emulate-cluster",
         "serve",

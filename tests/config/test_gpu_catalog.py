@@ -150,3 +150,24 @@ def test_invalid_catalog_raises_config_error_naming_file_and_field(
     assert info.value.field == field
     assert problem in info.value.problem
     assert str(info.value).startswith(f"{path}: {field}: ")
+
+
+def test_every_gpu_has_an_indicative_price_and_a_worker_costs_it_times_its_tp(catalog: GpuCatalog) -> None:
+    for gpu in GPUS:
+        price = catalog.gpus[gpu].usd_per_hour
+        assert price is not None and 0.1 < price < 20.0, gpu  # per GPU-hour, not per 8-GPU instance
+        for model in MODELS:
+            tp = catalog.profile_spec(gpu, model).tp
+            assert catalog.worker_usd_per_hour(gpu, model) == pytest.approx(price * tp)
+    # A 70B worker is 4 GPUs (8 on the L4), an 8B worker one.
+    assert catalog.worker_usd_per_hour("L4", "llama-3.1-70b") == pytest.approx(8 * catalog.gpus["L4"].usd_per_hour)
+    assert catalog.worker_usd_per_hour("A100", "llama-3.1-8b") == pytest.approx(catalog.gpus["A100"].usd_per_hour)
+
+
+def test_a_gpu_without_a_price_has_no_worker_price_and_a_price_must_be_positive(catalog: GpuCatalog) -> None:
+    data = catalog.model_dump()
+    data["gpus"]["A100"]["usd_per_hour"] = None
+    assert GpuCatalog.model_validate(data).worker_usd_per_hour("A100", "llama-3.1-70b") is None
+    data["gpus"]["A100"]["usd_per_hour"] = 0.0
+    with pytest.raises(ValueError, match="usd_per_hour"):
+        GpuCatalog.model_validate(data)

@@ -1,0 +1,513 @@
+"""Capacity planning on the simulator: the cheapest mix of workers that meets an SLO at a rate (``hexflow plan``).
+
+Method:
+
+* **Candidates.** Every mix of the given GPU types, ``n_i >= 0`` workers of type ``i``, ``1 <= sum n_i <=
+  max_workers``. A worker is one engine of the model as the catalogue sizes it (``tp`` GPUs of its type,
+  ``config/gpus.yaml``), priced at the GPU's ``usd_per_hour`` times ``tp``.
+* **Order.** By ``objective``: ``cost`` (USD per hour of the mix; needs a price on every type) or
+  ``workers`` (their count). Ties go to the other measure (when priced), then to more workers of the
+  types listed first: the list is the operator's order of preference.
+* **SLO.** One deadline in seconds for every candidate, never the candidate's own mean latency (that
+  would give a slower mix a looser SLO): ``slo_s`` as given, or ``slo_scale`` times the lone latency of the
+  standard workflow on one engine of the *reference GPU* (``calibration.reference_gpu`` of the catalogue,
+  or the first type given when the model has no profile there). Plans over different GPU lists are then
+  held to the same deadline.
+* **Pruning.** A mix whose fluid bound (``gateway.bench.bound``, the linear program of the highest rate any
+  scheduler could sustain, with the same prefix caching as the simulation) is below the rate cannot
+  sustain it, however it is scheduled: it is not simulated. Identical workers are one entry of the
+  program (its ``engines``), and call types are merged into ``BOUND_BUCKET_RATIO``-wide buckets (each
+  bucket uses the least any of its members does, so it stays a bound, a few percent above the exact
+  one): a program takes a fraction of a second whatever the mix. A finite simulated run may still meet
+  the SLO above the bound (the queue has not grown long yet); the plan is for a rate held indefinitely,
+  so the bound decides.
+* **Simulation.** The remaining mixes, in order, run the workload at the rate on ``n_seeds`` seeds with
+  ``policy`` (its default alpha unless one is given) and prefix caching as configured. A mix meets the SLO
+  when its SLO attainment is at least ``target`` on every seed; the first seed that misses ends its
+  runs. The first mix that meets it is the answer.
+* **Margin.** The answer's capacity on every seed (``Bench.capacity``: the highest rate with attainment
+  >= ``target``, bracketed from the planned rate, at most its fluid bound); the margin is the lowest of
+  them over the rate. A margin of 1.3 means the mix still meets the SLO at 1.3x the planned rate on every
+  seed.
+
+Everything is deterministic for a given workload and seed: every simulation is seeded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gateway.bench.bound import solve_fluid_bound
+from gateway.bench.simbench import REL_TOL, TARGET, Bench, Setup, standard_latency
+from gateway.bench.stats import finite_or_none
+from gateway.config.cluster import make_worker
+from gateway.config.gpus import GpuCatalog
+from gateway.core.policy import get_policy
+from gateway.core.worker import WorkerInfo
+from gateway.core.workflow import CallSpec
+from gateway.errors import UnknownNameError
+from gateway.sim.workload import TenantSpec
+
+__all__ = [
+    "BOUND_BUCKET_RATIO",
+    "BOUND_MAX_GROUPS",
+    "MAX_MIXES",
+    "Candidate",
+    "GpuOption",
+    "Objective",
+    "PlanReport",
+    "PlanSpec",
+    "Workload",
+    "enumerate_mixes",
+    "gpu_options",
+    "reference_slo",
+    "run_plan",
+]
+
+Objective = Literal["cost", "workers"]
+Verdict = Literal["pruned", "failed", "met"]
+
+MAX_MIXES = 200_000
+"""Most candidate mixes a plan enumerates (fewer GPU types or a lower ``max_workers`` when above)."""
+BOUND_BUCKET_RATIO = 1.1
+"""Width of the call-type buckets of the pruning bound (``solve_fluid_bound``'s ``bucket_ratio``)."""
+BOUND_MAX_GROUPS = 200
+"""Call types the pruning bound solves exactly; more are bucketed (``solve_fluid_bound``'s ``max_groups``)."""
+
+
+@dataclass(frozen=True)
+class GpuOption:
+    """One GPU type a plan may use: its workers' profile size and price."""
+
+    gpu: str
+    tp: int
+    """GPUs per worker (engine), from the profile."""
+    usd_per_hour: float | None
+    """Price of one worker for an hour (the GPU's price times ``tp``); None when unpriced."""
+
+
+def gpu_options(catalog: GpuCatalog, model: str, gpus: Sequence[str]) -> list[GpuOption]:
+    """The options for ``gpus`` serving ``model``, in the order given.
+
+    Raises ``ValueError`` for an empty or repeated list or a GPU without a profile for the model (naming
+    the profiled ones), ``UnknownNameError`` for an unknown model or GPU (listing the known ones).
+    """
+    if not gpus:
+        raise ValueError("give at least one GPU type")
+    if model not in catalog.models:
+        raise UnknownNameError("model", model, list(catalog.models))
+    seen: set[str] = set()
+    out = []
+    for g in gpus:
+        if g in seen:
+            raise ValueError(f"GPU {g!r} is listed twice")
+        seen.add(g)
+        if g not in catalog.gpus:
+            raise UnknownNameError("GPU", g, list(catalog.gpus))
+        profiled = catalog.profiles.get(model, {})
+        if g not in profiled:
+            raise ValueError(f"no profile for {model} on {g}; profiled GPUs: {', '.join(sorted(profiled))}")
+        out.append(GpuOption(g, catalog.profile_spec(g, model).tp, catalog.worker_usd_per_hour(g, model)))
+    return out
+
+
+def reference_slo(catalog: GpuCatalog, model: str, gpus: Sequence[str], slo_scale: float) -> tuple[float, str]:
+    """(SLO seconds, reference GPU): ``slo_scale`` x the standard workflow's lone latency on one engine of the
+    catalogue's reference GPU, or of ``gpus[0]`` when the model has no profile there."""
+    ref = catalog.calibration.reference_gpu
+    if ref not in catalog.profiles.get(model, {}):
+        ref = gpus[0]
+    worker = make_worker(catalog, name=f"{ref}-ref", gpu=ref, model=model, capacity=None)
+    return slo_scale * standard_latency([worker]), ref
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every candidate runs: queries, arrivals, tenants, seeds, prefix caching (``Setup`` less the
+    workers and the SLO)."""
+
+    queries: list[list[CallSpec]]
+    trace: str
+    n_workflows: int
+    seed: int = 0
+    n_seeds: int = 3
+    cv: float = 1.0
+    tenants: list[TenantSpec] | None = None
+    arrivals_csv: Path | None = None
+    prefix_caching: bool = True
+
+    def setup(self, workers: list[WorkerInfo], slo_s: float) -> Setup:
+        """The benchmark setup of this workload on ``workers``, its SLO fixed at ``slo_s`` seconds."""
+        s = Setup(
+            workers=workers,
+            queries=self.queries,
+            trace=self.trace,
+            n_workflows=self.n_workflows,
+            seed=self.seed,
+            cv=self.cv,
+            tenants=self.tenants,
+            arrivals_csv=self.arrivals_csv,
+            n_seeds=self.n_seeds,
+            prefix_caching=self.prefix_caching,
+        )
+        # Setup derives its SLO from its own workers; a plan holds every candidate to the same one.
+        s.slo_s = slo_s
+        return s
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What a plan is asked: the model, the GPU types, the rate and SLO, and how to search."""
+
+    model: str
+    gpus: tuple[str, ...]
+    rate_qps: float
+    slo_s: float
+    slo_reference: str = ""
+    """How ``slo_s`` was set (for the report), e.g. ``5 x standard workflow on A100``."""
+    policy: str = "hexgen"
+    alpha: float | None = None
+    max_workers: int = 16
+    objective: Objective | None = None
+    """None: ``cost`` when every type has a price, else ``workers``."""
+    budget_usd_per_hour: float | None = None
+    target: float = TARGET
+    find_margin: bool = True
+    rel_tol: float = REL_TOL
+
+    def __post_init__(self) -> None:
+        if not (self.rate_qps > 0 and math.isfinite(self.rate_qps)):
+            raise ValueError(f"rate must be a positive number, got {self.rate_qps}")
+        if not (self.slo_s > 0 and math.isfinite(self.slo_s)):
+            raise ValueError(f"SLO must be a positive number of seconds, got {self.slo_s}")
+        if self.max_workers < 1:
+            raise ValueError(f"max workers must be at least 1, got {self.max_workers}")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target SLO attainment must be in (0, 1], got {self.target}")
+        if self.budget_usd_per_hour is not None and not (
+            self.budget_usd_per_hour > 0 and math.isfinite(self.budget_usd_per_hour)
+        ):
+            raise ValueError(f"budget must be a positive number of USD per hour, got {self.budget_usd_per_hour}")
+        if not 0 < self.rel_tol < 1:
+            raise ValueError(f"rel_tol must be in (0, 1), got {self.rel_tol}")
+        if self.objective not in (None, "cost", "workers"):
+            raise ValueError(f"objective must be cost or workers, got {self.objective!r}")
+        get_policy(self.policy)
+
+
+def enumerate_mixes(k: int, max_workers: int) -> Iterator[tuple[int, ...]]:
+    """Every count vector of ``k`` types with a total of 1 to ``max_workers`` workers."""
+    for total in range(1, max_workers + 1):
+        # Stars and bars: the k - 1 cut points among total + k - 1 slots.
+        for cuts in itertools.combinations(range(total + k - 1), k - 1):
+            prev, counts = -1, []
+            for c in (*cuts, total + k - 1):
+                counts.append(c - prev - 1)
+                prev = c
+            yield tuple(counts)
+
+
+def _n_mixes(k: int, max_workers: int) -> int:
+    return math.comb(max_workers + k, k) - 1
+
+
+@dataclass
+class Candidate:
+    """One mix the plan considered and what became of it."""
+
+    counts: tuple[int, ...]
+    gpus: tuple[str, ...]
+    usd_per_hour: float | None
+    bound_qps: float
+    """Its fluid bound (``BOUND_BUCKET_RATIO`` buckets), workflows/s."""
+    verdict: Verdict
+    """``pruned`` (fluid bound below the rate: not simulated), ``failed`` or ``met``."""
+    attainment: list[float] = field(default_factory=list)
+    """SLO attainment per seed simulated (stops at the first seed below the target)."""
+    p95_s: list[float] = field(default_factory=list)
+    """P95 end-to-end latency per seed simulated."""
+
+    @property
+    def workers(self) -> int:
+        """Workers in the mix."""
+        return sum(self.counts)
+
+    @property
+    def label(self) -> str:
+        """``2xA100 + 1xL40S``."""
+        return " + ".join(f"{n}x{g}" for n, g in zip(self.counts, self.gpus, strict=True) if n)
+
+    @property
+    def min_attainment(self) -> float | None:
+        """The lowest attainment over the seeds simulated (None when not simulated)."""
+        return min(self.attainment) if self.attainment else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The candidate as JSON: mix (GPU -> count), label, workers, usd_per_hour, fluid bound, verdict,
+        attainment and P95 per seed simulated."""
+        return {
+            "mix": {g: n for g, n in zip(self.gpus, self.counts, strict=True) if n},
+            "label": self.label,
+            "workers": self.workers,
+            "usd_per_hour": self.usd_per_hour,
+            "fluid_bound_qps": finite_or_none(self.bound_qps),
+            "verdict": self.verdict,
+            "slo_attainment_per_seed": [finite_or_none(a) for a in self.attainment],
+            "p95_s_per_seed": [finite_or_none(p) for p in self.p95_s],
+        }
+
+
+@dataclass
+class PlanReport:
+    """What ``run_plan`` found (``to_json`` documents the fields)."""
+
+    spec: PlanSpec
+    objective: Objective
+    options: list[GpuOption]
+    trace: str
+    n_workflows: int
+    seeds: list[int]
+    prefix_caching: bool
+    considered: list[Candidate]
+    """Every mix considered, in order; the last is the answer when there is one."""
+    answer: Candidate | None
+    capacity_per_seed: list[float]
+    """The answer's capacity on every seed (empty without an answer or a margin search)."""
+    total_mixes: int
+    over_budget: int
+    """Mixes not tried because they cost more than the budget."""
+    programs_solved: int
+    simulations: int
+    seconds: float = 0.0
+
+    @property
+    def alpha(self) -> float | None:
+        """The alpha the policy ran with: the one given, else the policy's default (None when it reads none)."""
+        pol = get_policy(self.spec.policy)
+        if not pol.uses_alpha:
+            return None
+        return pol.default_alpha if self.spec.alpha is None else self.spec.alpha
+
+    @property
+    def capacity_qps(self) -> float | None:
+        """The answer's capacity: the lowest over the seeds."""
+        return min(self.capacity_per_seed) if self.capacity_per_seed else None
+
+    @property
+    def margin(self) -> float | None:
+        """The answer's capacity over the planned rate (None without one)."""
+        cap = self.capacity_qps
+        return None if cap is None else cap / self.spec.rate_qps
+
+    @property
+    def best_failed(self) -> Candidate | None:
+        """The simulated mix with the highest attainment that missed (None when none was simulated)."""
+        failed = [c for c in self.considered if c.verdict == "failed"]
+        return max(failed, key=lambda c: c.min_attainment or 0.0) if failed else None
+
+    def next_cheaper(self, n: int) -> list[Candidate]:
+        """The ``n`` mixes just before the answer in the order (or the last ``n`` considered without one),
+        cheapest first."""
+        before = self.considered[:-1] if self.answer is not None else self.considered
+        return before[-n:] if n > 0 else []
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document.
+
+        ``met`` (bool), ``answer`` (a candidate or null), ``capacity_qps`` (the answer's lowest capacity over
+        the seeds), ``capacity_per_seed``, ``margin`` (capacity over the rate); the question (``model``,
+        ``gpus`` with each one's ``tp`` and worker ``usd_per_hour``, ``rate_qps``, ``slo_s``,
+        ``slo_reference``, ``target_slo_attainment``, ``policy``, ``alpha`` (as run: the policy's default unless
+        given), ``objective``, ``budget_usd_per_hour``,
+        ``max_workers``); the workload (``trace``, ``n_workflows``, ``seeds``, ``prefix_caching``); the search
+        (``total_mixes``, ``over_budget``, ``programs_solved``, ``simulations``, ``seconds``);
+        ``best_failed`` (the missed mix with the highest attainment) and ``considered``: every mix
+        considered, in order, each with its verdict. Non-finite numbers are null.
+        """
+        s = self.spec
+        best = self.best_failed
+        return {
+            "met": self.answer is not None,
+            "answer": self.answer.to_json() if self.answer else None,
+            "capacity_qps": self.capacity_qps,
+            "capacity_per_seed": self.capacity_per_seed,
+            "margin": self.margin,
+            "model": s.model,
+            "gpus": [{"gpu": o.gpu, "tp": o.tp, "usd_per_hour": o.usd_per_hour} for o in self.options],
+            "rate_qps": s.rate_qps,
+            "slo_s": s.slo_s,
+            "slo_reference": s.slo_reference,
+            "target_slo_attainment": s.target,
+            "policy": s.policy,
+            "alpha": self.alpha,
+            "objective": self.objective,
+            "budget_usd_per_hour": s.budget_usd_per_hour,
+            "max_workers": s.max_workers,
+            "trace": self.trace,
+            "n_workflows": self.n_workflows,
+            "seeds": self.seeds,
+            "prefix_caching": self.prefix_caching,
+            "total_mixes": self.total_mixes,
+            "over_budget": self.over_budget,
+            "programs_solved": self.programs_solved,
+            "simulations": self.simulations,
+            "seconds": self.seconds,
+            "best_failed": best.to_json() if best else None,
+            "considered": [c.to_json() for c in self.considered],
+        }
+
+
+def _objective(spec: PlanSpec, options: Sequence[GpuOption]) -> Objective:
+    priced = all(o.usd_per_hour is not None for o in options)
+    unpriced = ", ".join(o.gpu for o in options if o.usd_per_hour is None)
+    if spec.objective == "cost" and not priced:
+        raise ValueError(f"the cost objective needs a usd_per_hour on every GPU; none on: {unpriced}")
+    if spec.budget_usd_per_hour is not None and not priced:
+        raise ValueError(f"a budget needs a usd_per_hour on every GPU; none on: {unpriced}")
+    return spec.objective or ("cost" if priced else "workers")
+
+
+def run_plan(
+    catalog: GpuCatalog,
+    workload: Workload,
+    spec: PlanSpec,
+    *,
+    progress: Callable[[int], object] | None = None,
+    describe: Callable[[str], object] | None = None,
+) -> PlanReport:
+    """Search the mixes of ``spec.gpus`` (module docstring) and return what was found.
+
+    ``progress`` is called with 1 after each simulated run, ``describe`` with what is being simulated.
+    Raises ``ValueError`` (or ``UnknownNameError``) for a question that cannot be planned: unknown or
+    unprofiled GPUs, a cost objective or budget without prices, too many mixes.
+    """
+    t0 = time.perf_counter()
+    options = gpu_options(catalog, spec.model, spec.gpus)
+    objective = _objective(spec, options)
+    k = len(options)
+    total = _n_mixes(k, spec.max_workers)
+    if total > MAX_MIXES:
+        raise ValueError(
+            f"{total:,} mixes of {k} GPU types up to {spec.max_workers} workers; at most {MAX_MIXES:,}: "
+            "lower the maximum number of workers or give fewer GPU types"
+        )
+    prices = [o.usd_per_hour for o in options]
+    gpus = tuple(o.gpu for o in options)
+
+    def cost(counts: tuple[int, ...]) -> float | None:
+        if any(p is None for p in prices):
+            return None
+        return sum(n * p for n, p in zip(counts, prices, strict=True) if p is not None)
+
+    def key(counts: tuple[int, ...]) -> tuple[float, float, tuple[int, ...]]:
+        c, w = cost(counts), float(sum(counts))
+        prefer_first = tuple(-n for n in counts)
+        if objective == "cost" and c is not None:
+            return (round(c, 9), w, prefer_first)
+        return (w, round(c, 9) if c is not None else 0.0, prefer_first)
+
+    mixes = sorted(enumerate_mixes(k, spec.max_workers), key=key)
+    over_budget = 0
+    if spec.budget_usd_per_hour is not None:
+        within = [m for m in mixes if (cost(m) or 0.0) <= spec.budget_usd_per_hour + 1e-9]
+        over_budget = len(mixes) - len(within)
+        mixes = within
+
+    # One template worker per type; each mix gets fresh, uniquely named copies.
+    templates = [make_worker(catalog, name=g, gpu=g, model=spec.model, capacity=None) for g in gpus]
+    base = workload.setup([templates[0]], spec.slo_s)
+    bound_mix = [[c for stage in wf.stages for c in stage.calls] for wf in base.workflows(1.0)]
+    programs = 0
+    sims = 0
+
+    def bound(counts: tuple[int, ...]) -> float:
+        nonlocal programs
+        idx = [i for i, n in enumerate(counts) if n]
+        programs += 1
+        return solve_fluid_bound(
+            [templates[i] for i in idx],
+            bound_mix,
+            prefix_caching=workload.prefix_caching,
+            engines=[counts[i] for i in idx],
+            max_groups=BOUND_MAX_GROUPS,
+            bucket_ratio=BOUND_BUCKET_RATIO,
+        ).rate_qps
+
+    def workers_of(counts: tuple[int, ...]) -> list[WorkerInfo]:
+        out: list[WorkerInfo] = []
+        for g, n in zip(gpus, counts, strict=True):
+            for _ in range(n):
+                out.append(make_worker(catalog, name=f"{g}-{len(out)}", gpu=g, model=spec.model, capacity=None))
+        return out
+
+    def count(n: int) -> None:
+        nonlocal sims
+        sims += n
+        if progress is not None:
+            progress(n)
+
+    considered: list[Candidate] = []
+    answer: Candidate | None = None
+    bench: Bench | None = None
+    for counts in mixes:
+        fb = bound(counts)
+        cand = Candidate(counts, gpus, cost(counts), fb, "pruned")
+        considered.append(cand)
+        if fb < spec.rate_qps:
+            continue
+        setup = workload.setup(workers_of(counts), spec.slo_s)
+        bench = Bench(setup, progress=count)
+        verdict: Verdict = "met"
+        for s in setup.seeds:
+            if describe is not None:
+                describe(f"{cand.label}, seed {s}")
+            summary = bench.point(spec.policy, spec.rate_qps, seed=s, alpha=spec.alpha).summary
+            cand.attainment.append(summary.slo_attainment)
+            cand.p95_s.append(summary.p95_s)
+            if not summary.slo_attainment >= spec.target:
+                verdict = "failed"  # the other seeds cannot make up for it
+                break
+        cand.verdict = verdict
+        if verdict == "met":
+            answer = cand
+            break
+
+    caps: list[float] = []
+    if answer is not None and bench is not None and spec.find_margin:
+        for s in bench.setup.seeds:
+            if describe is not None:
+                describe(f"margin of {answer.label}, seed {s}")
+            caps.append(
+                bench.capacity(
+                    spec.policy,
+                    answer.bound_qps,
+                    seed=s,
+                    alpha=spec.alpha,
+                    guess=caps[-1] if caps else spec.rate_qps,
+                    target=spec.target,
+                    rel_tol=spec.rel_tol,
+                )
+            )
+    return PlanReport(
+        spec=spec,
+        objective=objective,
+        options=options,
+        trace=workload.trace,
+        n_workflows=workload.n_workflows,
+        seeds=base.seeds,
+        prefix_caching=workload.prefix_caching,
+        considered=considered,
+        answer=answer,
+        capacity_per_seed=caps,
+        total_mixes=total,
+        over_budget=over_budget,
+        programs_solved=programs,
+        simulations=sims,
+        seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,247 @@
+"""``hexflow plan``: the cheapest (or smallest) mix of workers from the GPU catalogue that meets an SLO at an
+arrival rate, found on the simulator, with its margin (``gateway.bench.plan`` has the method)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gateway.bench.stats import fmt, table
+from gateway.cli.common import Subparsers, UsageError, add_workload_args, int_arg, workload_queries
+from gateway.core.policy import POLICIES, get_policy
+from gateway.errors import UnknownNameError
+
+if TYPE_CHECKING:
+    from gateway.bench.plan import Candidate, PlanReport
+
+__all__ = ["PLAN_WORKFLOWS", "add_plan", "format_plan_report"]
+
+PLAN_WORKFLOWS = 1000
+"""Workflows per simulated run of ``plan`` (default)."""
+
+
+def add_plan(sub: Subparsers) -> None:
+    """``hexflow plan``."""
+    p = sub.add_parser(
+        "plan",
+        help="the cheapest mix of workers from the GPU catalogue that meets an SLO at a rate (simulated)",
+        description="Search mixes of the given GPU types (each worker one engine of the model, as config/gpus.yaml "
+        "sizes it), cheapest first; skip those whose fluid bound is below the rate; simulate the rest at the rate "
+        "until one meets the SLO on every seed. Prints that mix, its margin (its own capacity over the rate) and "
+        "the cheaper mixes that did not make it. Exit 0: found; 1: no mix within the budget or --max-workers "
+        "meets the SLO; 2: bad input.",
+    )
+    add_workload_args(
+        p,
+        workflows=PLAN_WORKFLOWS,
+        cluster=False,
+        slo_help="SLO = this x the standard workflow's lone latency on one worker of the catalogue's reference "
+        "GPU (calibration.reference_gpu; the first of --gpus when the model has no profile there); the same "
+        "deadline for every mix (default 5)",
+    )
+    p.add_argument("--rate", type=float, required=True, help="arrival rate to plan for, workflows/s")
+    p.add_argument("--gpus", required=True, help="GPU types the mix may use, comma-separated (e.g. A100,L40S)")
+    p.add_argument("--model", default="llama-3.1-70b", help="served model (default llama-3.1-70b)")
+    p.add_argument("--slo-s", type=float, default=None, help="SLO in seconds (overrides --slo-scale)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="most USD per hour the mix may cost (worker price: the GPU's usd_per_hour x its tp); "
+        "mixes above it are not tried",
+    )
+    p.add_argument(
+        "--objective",
+        choices=("cost", "workers"),
+        default=None,
+        help="order mixes by cost (USD/h) or worker count (default: cost when every GPU has a price)",
+    )
+    p.add_argument("--max-workers", default="16", help="most workers in a mix (default 16)")
+    p.add_argument("--policy", default="hexgen", help=f"one of: {', '.join(POLICIES)} (default hexgen)")
+    p.add_argument("--alpha", type=float, default=None, help="WB alpha (default: the policy's)")
+    p.add_argument("--seeds", default="3", help="seeds per mix; a mix must meet the SLO on every one (default 3)")
+    p.add_argument("--target", type=float, default=0.95, help="SLO attainment a mix must reach (default 0.95)")
+    p.add_argument("--rel-tol", type=float, default=0.01, help="relative precision of the margin (default 0.01)")
+    p.add_argument("--no-margin", action="store_true", help="skip the answer's capacity search")
+    p.add_argument("--show", default="5", help="cheaper mixes listed before the answer (default 5)")
+    p.add_argument("--catalog", default=None, help="GPU catalogue file (default: the packaged config/gpus.yaml)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_plan)
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise UsageError(f"{name}: must be a positive number, got {value}")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Run the plan; print the table; write ``--json``; exit 1 when no mix meets the SLO."""
+    from tqdm import tqdm
+
+    from gateway.bench.plan import PlanSpec, Workload, gpu_options, reference_slo, run_plan
+    from gateway.config.gpus import load_gpu_catalog
+    from gateway.sim.workload import parse_tenants
+
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    if not gpus:
+        raise UsageError("--gpus: give at least one GPU type, e.g. --gpus A100,L40S")
+    _positive("--rate", args.rate)
+    _positive("--slo-s", args.slo_s)
+    _positive("--budget", args.budget)
+    if not 0 < args.target <= 1:
+        raise UsageError(f"--target: must be in (0, 1], got {args.target}")
+    if not 0 < args.rel_tol < 1:
+        raise UsageError(f"--rel-tol: must be in (0, 1), got {args.rel_tol}")
+    max_workers = int_arg("--max-workers", str(args.max_workers), minimum=1)
+    seeds = int_arg("--seeds", str(args.seeds), minimum=1)
+    show = int_arg("--show", str(args.show), minimum=0)
+    get_policy(args.policy)
+    catalog = load_gpu_catalog(args.catalog)
+    if args.model not in catalog.models:
+        raise UsageError(f"--model: unknown model {args.model!r}; known: {', '.join(sorted(catalog.models))}")
+    try:
+        gpu_options(catalog, args.model, gpus)
+    except (ValueError, UnknownNameError) as exc:
+        raise UsageError(f"--gpus: {exc}") from None
+    if args.slo_s is not None:
+        slo_s, slo_ref = args.slo_s, "given (--slo-s)"
+    else:
+        slo_s, ref = reference_slo(catalog, args.model, gpus, args.slo_scale)
+        slo_ref = f"{args.slo_scale:g} x the standard workflow alone on one {ref} worker"
+    tenants = None
+    if args.tenants:
+        try:
+            tenants = parse_tenants(args.tenants)
+        except ValueError as exc:
+            raise UsageError(f"--tenants: {exc}") from None
+    trace, queries = workload_queries(args.trace, args.workflows, args.seed)
+    workload = Workload(
+        queries=queries,
+        trace=trace,
+        n_workflows=args.workflows,
+        seed=args.seed,
+        n_seeds=seeds,
+        cv=args.cv,
+        tenants=tenants,
+        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
+        prefix_caching=args.prefix_caching,
+    )
+    try:
+        spec = PlanSpec(
+            model=args.model,
+            gpus=tuple(gpus),
+            rate_qps=args.rate,
+            slo_s=slo_s,
+            slo_reference=slo_ref,
+            policy=args.policy,
+            alpha=args.alpha,
+            max_workers=max_workers,
+            objective=args.objective,
+            budget_usd_per_hour=args.budget,
+            target=args.target,
+            find_margin=not args.no_margin,
+            rel_tol=args.rel_tol,
+        )
+        with tqdm(desc="plan", unit="run", disable=args.quiet or None, leave=False) as bar:
+            report = run_plan(catalog, workload, spec, progress=bar.update, describe=bar.set_postfix_str)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(format_plan_report(report, show=show))
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if report.answer is not None else 1
+
+
+def _usd(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _row(c: Candidate, rate: float, answer: bool) -> list[str]:
+    att = c.min_attainment
+    if c.verdict == "pruned":
+        verdict = "pruned: bound < rate"
+    elif c.verdict == "failed":
+        verdict = "missed the SLO"
+    else:
+        verdict = "meets the SLO  <- answer" if answer else "meets the SLO"
+    return [
+        c.label,
+        verdict,
+        str(c.workers),
+        _usd(c.usd_per_hour),
+        f"{c.bound_qps:.4f}",
+        "-" if att is None else f"{att:.3f}",
+        fmt(max(c.p95_s)) if c.p95_s else "-",
+    ]
+
+
+def format_plan_report(report: PlanReport, *, show: int = 5) -> str:
+    """The question, the table (the ``show`` mixes just cheaper than the answer, then the answer), the answer
+    with its margin, or why there is none."""
+    s = report.spec
+    alpha = f" (alpha {report.alpha:g})" if report.alpha is not None else ""
+    seeds = len(report.seeds)
+    lines = [
+        f"plan: {report.trace}, {report.n_workflows} workflows x {seeds} seed{'s' if seeds > 1 else ''}, "
+        f"{s.model} at {s.rate_qps:g} workflows/s; SLO {s.slo_s:.1f} s ({s.slo_reference}), attainment >= "
+        f"{s.target:.0%} on every seed; policy {s.policy}{alpha}; prefix caching "
+        f"{'on' if report.prefix_caching else 'off'}",
+    ]
+    per_worker = ", ".join(
+        f"{o.gpu} x{o.tp} GPUs" + (f" ${o.usd_per_hour:.2f}/h" if o.usd_per_hour is not None else "")
+        for o in report.options
+    )
+    budget = (
+        f"; {report.over_budget} over the ${s.budget_usd_per_hour:g}/h budget not tried"
+        if s.budget_usd_per_hour is not None
+        else ""
+    )
+    lines.append(
+        f"mixes: {report.total_mixes} of up to {s.max_workers} workers, by {report.objective} "
+        f"(a worker: {per_worker}){budget}"
+    )
+    rows = [_row(c, s.rate_qps, False) for c in report.next_cheaper(show)]
+    if report.answer is not None:
+        rows.append(_row(report.answer, s.rate_qps, True))
+    if rows:
+        lines += ["", table(["mix", "verdict", "workers", "usd/h", "bound_qps", "slo_min", "p95_s"], rows, left=2)]
+    lines.append("")
+    a = report.answer
+    if a is not None:
+        gpus = sum(n * o.tp for n, o in zip(a.counts, report.options, strict=True))
+        price = f", ${a.usd_per_hour:.2f}/h" if a.usd_per_hour is not None else ""
+        lines.append(f"answer: {a.label} ({a.workers} worker{'s' if a.workers > 1 else ''}, {gpus} GPUs{price})")
+        if report.capacity_per_seed:
+            per_seed = ", ".join(f"{c:.4g}" for c in report.capacity_per_seed)
+            lines.append(
+                f"margin: {report.margin:.2f}x: meets the SLO up to {report.capacity_qps:.4g} workflows/s on every "
+                f"seed (per seed {per_seed}); fluid bound {a.bound_qps:.4g} ({a.bound_qps / s.rate_qps:.2f}x)"
+            )
+        else:
+            lines.append(f"margin: not searched; fluid bound {a.bound_qps:.4g} ({a.bound_qps / s.rate_qps:.2f}x)")
+    else:
+        where = (
+            f"within the ${s.budget_usd_per_hour:g}/h budget"
+            if s.budget_usd_per_hour is not None
+            else f"of up to {s.max_workers} workers"
+        )
+        best = report.best_failed
+        if best is not None and best.min_attainment is not None:
+            why = f"best attainment {best.min_attainment:.3f} ({best.label})"
+        elif report.considered:
+            top = max(report.considered, key=lambda c: c.bound_qps)
+            why = f"every fluid bound is below the rate (highest {top.bound_qps:.4g}: {top.label})"
+        else:
+            why = "every mix costs more" if report.over_budget else "no mix to try"
+        lines.append(f"no mix {where} meets the SLO at {s.rate_qps:g} workflows/s: {why}")
+    lines.append(
+        f"searched {len(report.considered)} mixes: {report.programs_solved} fluid-bound programs, "
+        f"{report.simulations} simulated runs, {report.seconds:.1f} s"
+    )
+    return "\n".join(lines)
