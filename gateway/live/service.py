@@ -285,8 +285,7 @@ class Gateway:
             if after != before:
                 self.metrics.tenant_reloads.labels(result="ok" if changed else "failed").inc()
                 if changed:
-                    for t in self.tenants.tenants:
-                        self.metrics.add_tenant(t.name)
+                    self.metrics.set_tenants(t.name for t in self.tenants.tenants)
                     self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in self.tenants.tenants})
                     log.info("tenants reloaded (generation %d)", self.tenants.generation)
             before = after
@@ -318,7 +317,7 @@ class Gateway:
                 if miss is not None:
                     if tenant.on_predicted_miss == "best_effort":
                         # Behind every other call: it delays nobody, so it commits no work ahead of others.
-                        self.metrics.demoted.labels(tenant=tenant.name, when="admission").inc()
+                        self.metrics.demotion(tenant.name, "admission")
                         return Admission(best_effort=True)
                     refusal = (miss, "deadline")
         if refusal is not None:
@@ -672,7 +671,7 @@ class Gateway:
     def rejected(self, tenant: str, reason: str) -> None:
         """Count a workflow refused at admission, and why (one of ``metrics.REJECT_REASONS``)."""
         self.metrics.workflow_done(tenant, None, "rejected")
-        self.metrics.rejections.labels(tenant=tenant, reason=reason).inc()
+        self.metrics.rejection(tenant, reason)
 
     # ------------------------------------------------------------------ overload: shedding
 
@@ -708,7 +707,7 @@ class Gateway:
                 continue
             if tenant.on_predicted_miss == "best_effort":
                 self._demote(wf, queued)
-                self.metrics.demoted.labels(tenant=tenant.name, when="queued").inc()
+                self.metrics.demotion(tenant.name, "queued")
                 demoted += 1
             else:
                 self._shed_workflow(wf, completion - wf.deadline)
@@ -758,8 +757,7 @@ class Gateway:
         """Point-in-time gauges, before a scrape of ``/metrics``."""
         for st in self.pool.workers:
             i = st.index
-            self.metrics.queue_depth.labels(worker=st.name).set(self.scheduler.queue_len(i))
-            self.metrics.inflight.labels(worker=st.name).set(self.scheduler.inflight(i))
+            self.metrics.worker_gauges(st.name, self.scheduler.queue_len(i), self.scheduler.inflight(i))
         self.metrics.parked.set(len(self.pool.parked))
 
     def status(self) -> dict[str, Any]:
