@@ -293,11 +293,19 @@ class WorkerPool:
         st.kick.set()
 
     def cancel(self, call: LiveCall) -> None:
-        """Abandon a call: off its queue, or its in-flight request cancelled (slot released)."""
+        """Abandon a call: off its queue, or its in-flight request cancelled (slot released).
+
+        A queued or parked call is dropped without an answer, so its callback is released at once (it would
+        never run): the callback usually refers back to the call (its workflow's bookkeeping), and dropping
+        it lets reference counting free both without the cyclic garbage collector. An in-flight call is
+        answered (``CallFailed`` 503) when its cancelled request unwinds.
+        """
         if call in self.parked:
             self.parked.remove(call)
+            call.on_done = None
             return
         if self.scheduler.cancel(call):
+            call.on_done = None
             return
         if call.task is not None and not call.task.done():
             call.task.cancel()
@@ -365,7 +373,12 @@ class WorkerPool:
                 result = await self.transport.send(st.info, call)
         except asyncio.CancelledError as exc:
             if not self._settle(st, call, exc):
-                raise
+                # The task keeps the error it ends with; its traceback would hold this frame (the call, the
+                # bound, both referring to the task) and the transport's frames (their timers refer to the task
+                # too): cycles only the collector frees. The call is settled, so nothing of that is needed.
+                call.task = None
+                del bound
+                raise exc.with_traceback(None) from None
             return
         except Exception as exc:  # WorkerError, CallFailed, or a bug: never lose the call
             if isinstance(exc, TimeoutError) and bound.expired():

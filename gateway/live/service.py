@@ -120,13 +120,61 @@ class WorkflowOutcome:
 
 @dataclass(eq=False)
 class _Execution:
+    """One DAG workflow being run (``Gateway.run_workflow``): its calls in flight, their records, and the
+    callback that releases the successors of each call that returns.
+
+    The callback is a bound method, not a closure of ``run_workflow``: two closures that call each other
+    (submit the ready calls, and be called when one returns) reference each other through their cells, a
+    reference cycle per workflow that only the cyclic garbage collector frees. Here the references run one
+    way (a call's callback -> this -> the calls in ``live``) and ``live`` empties as calls settle, so a
+    finished workflow is freed by reference counting alone.
+    """
+
+    gw: Gateway
     wf: DagWorkflow
     requests: list[CallRequest]
     records: list[CallRecord]
     done: asyncio.Future[None]
+    on_call_done: Callable[[CallRecord], None] | None = None
     live: dict[int, LiveCall] = field(default_factory=dict)
     error: CallFailed | None = None
     abandoned: bool = False
+
+    def launch(self, specs: list[Any]) -> None:
+        """Submit the calls that became ready."""
+        for spec in specs:
+            assert isinstance(spec, DagCallSpec)
+            self.live[spec.node] = self.gw._submit(self.wf, spec, self.requests[spec.node], self.on_done)
+
+    def on_done(self, call: LiveCall, outcome: CallResult | CallFailed) -> None:
+        """A call returned or failed for good: record it, then release its successors (or fail the workflow)."""
+        spec = call.spec
+        assert isinstance(spec, DagCallSpec)
+        rec = self.records[spec.node]
+        self.gw._record(rec, call, outcome)
+        self.live.pop(spec.node, None)
+        if self.abandoned:  # a call that settled after its workflow was given up releases nothing
+            return
+        if isinstance(outcome, CallFailed):
+            if self.error is None:
+                self.error = outcome
+                self.cancel_live()
+                if not self.done.done():
+                    self.done.set_result(None)
+            return
+        if self.on_call_done is not None:
+            self.on_call_done(rec)
+        if self.error is not None:
+            return
+        self.launch(self.wf.complete(spec))
+        if self.wf.done and not self.done.done():
+            self.done.set_result(None)
+
+    def cancel_live(self) -> None:
+        """Take back every call still queued or in flight."""
+        for other in list(self.live.values()):
+            self.gw.pool.cancel(other)
+        self.live.clear()
 
 
 class Gateway:
@@ -410,48 +458,16 @@ class Gateway:
         wid = next(self._wids)
         wf = DagWorkflow.build(wid, tenant.name, now, now + deadline_s, nodes, template)
         loop = asyncio.get_running_loop()
-        ex = _Execution(wf, requests, [CallRecord(i, n.kind) for i, n in enumerate(nodes)], loop.create_future())
+        records = [CallRecord(i, n.kind) for i, n in enumerate(nodes)]
+        ex = _Execution(self, wf, requests, records, loop.create_future(), on_call_done)
         self._begin(ex, tenant)
         self._admitted(wf, admission)
-
-        def launch(specs: list[Any]) -> None:
-            for spec in specs:
-                assert isinstance(spec, DagCallSpec)
-                ex.live[spec.node] = self._submit(wf, spec, requests[spec.node], on_done)
-
-        def on_done(call: LiveCall, outcome: CallResult | CallFailed) -> None:
-            spec = call.spec
-            assert isinstance(spec, DagCallSpec)
-            rec = ex.records[spec.node]
-            self._record(rec, call, outcome)
-            ex.live.pop(spec.node, None)
-            if ex.abandoned:  # a call that settled after its workflow was given up releases nothing
-                return
-            if isinstance(outcome, CallFailed):
-                if ex.error is None:
-                    ex.error = outcome
-                    for other in list(ex.live.values()):
-                        self.pool.cancel(other)
-                    ex.live.clear()
-                    if not ex.done.done():
-                        ex.done.set_result(None)
-                return
-            if on_call_done is not None:
-                on_call_done(rec)
-            if ex.error is not None:
-                return
-            launch(wf.complete(spec))
-            if wf.done and not ex.done.done():
-                ex.done.set_result(None)
-
         try:
-            launch(wf.start())
+            ex.launch(wf.start())
             await ex.done
         except BaseException as exc:  # cancelled (client gone), or a bug: abandon the workflow either way
             ex.abandoned = True
-            for other in list(ex.live.values()):
-                self.pool.cancel(other)
-            ex.live.clear()
+            ex.cancel_live()
             self._finish(ex, tenant, "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed", None)
             raise
         shed = self._shed.get(wf)
