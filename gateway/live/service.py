@@ -59,6 +59,11 @@ their deadline under 5x overload; the goal is 95%."""
 """How often admitted workflows are checked for a predicted deadline miss (wall seconds)."""
 
 
+def new_workflow_id() -> str:
+    """A unique workflow id for responses: ``wf-`` and 16 random hex digits."""
+    return f"wf-{uuid.uuid4().hex[:16]}"
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     """A workflow admitted (pass it on to ``run_workflow``/``open_workflow``).
@@ -102,15 +107,26 @@ class CallRecord:
 
 @dataclass(slots=True)
 class WorkflowOutcome:
-    """A finished (or failed) workflow."""
+    """A finished (or failed) workflow.
 
-    id: str
+    ``wf_id``: the id the caller gave ``run_workflow``; without one, ``id`` makes one when first read (a
+    chat completion, a one-call workflow, never reads it: no random id per call).
+    """
+
+    wf_id: str | None
     tenant: str
     status: str  # ok | failed
     deadline_s: float
     latency_s: float
     calls: list[CallRecord]
     error: CallFailed | None = None
+
+    @property
+    def id(self) -> str:
+        """The workflow's id (``Gateway.new_workflow_id``'s form when the caller gave none)."""
+        if self.wf_id is None:
+            self.wf_id = new_workflow_id()
+        return self.wf_id
 
     @property
     def deadline_met(self) -> bool:
@@ -383,7 +399,7 @@ class Gateway:
             return Rejected("the gateway is shutting down", 503, 5), "draining"
         if self.pool.healthy == 0:
             return Rejected("no healthy worker", 503, max(1, round(self.cfg.health.period_s))), "no_worker"
-        queued = sum(self.scheduler.queue_len(i) for i in self.scheduler.members())
+        queued = self.scheduler.queued_total()
         if queued + n_calls > lim.max_queued_calls:
             return Rejected(f"the gateway's queues are full ({queued} calls waiting)", 429, 2), "queue_full"
         if self.active_total >= lim.max_active_workflows:
@@ -430,7 +446,7 @@ class Gateway:
 
     def new_workflow_id(self) -> str:
         """A unique workflow id for responses."""
-        return f"wf-{uuid.uuid4().hex[:16]}"
+        return new_workflow_id()
 
     async def run_workflow(
         self,
@@ -476,7 +492,7 @@ class Gateway:
             raise shed
         latency = self.clock() - wf.arrival
         outcome = WorkflowOutcome(
-            wf_id or self.new_workflow_id(),
+            wf_id,
             tenant.name,
             "failed" if ex.error is not None else "ok",
             deadline_s,
