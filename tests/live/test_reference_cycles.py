@@ -15,16 +15,18 @@ from typing import Any
 import pytest
 
 from gateway.config.gateway import load_gateway_config
-from gateway.core.dag import DagNode
+from gateway.core.dag import DagNode, DagWorkflow
+from gateway.core.predict import CompletionPredictor, calls_plan, dag_plan
 from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import CallSpec
+from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed, WorkerError
-from gateway.live.service import CallRequest, Gateway, _Execution
+from gateway.live.service import Admission, CallRecord, CallRequest, Gateway, _Execution
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 100.0, 1.0, 100)
+OURS = (LiveCall, _Execution, CallRecord, CompletionPredictor, DagWorkflow, OnlineWorkflow)
 DIAMOND = [
     DagNode("a", "k", 10, 2),
     DagNode("b", "k", 10, 2, ("a",)),
@@ -96,15 +98,22 @@ async def _cancel_after_start(work: Awaitable[Any]) -> None:
 
 def _scenarios(gw: Gateway) -> dict[str, Callable[[], Awaitable[Any]]]:
     def dag(prompts: list[str]) -> Callable[[], Awaitable[Any]]:
-        return lambda: gw.run_workflow(TENANT, 50.0, DIAMOND, [_req(p) for p in prompts], admission=gw.admit(TENANT, 4))
+        # Admitted with its plan: admission predicts its completion, and each submitted call's work is
+        # taken off the committed work (a predictor each).
+        return lambda: gw.run_workflow(
+            TENANT, 50.0, DIAMOND, [_req(p) for p in prompts], admission=gw.admit(TENANT, 4, dag_plan(DIAMOND), 50.0)
+        )
+
+    def stage_admission(n: int) -> Admission:
+        return gw.admit(TENANT, n, calls_plan([[CallSpec("k", 10, 2)] * n]), 50.0)
 
     async def stage(prompts: list[str]) -> None:
-        wf = gw.open_workflow(TENANT, 50.0, None, admission=gw.admit(TENANT, len(prompts)))
+        wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(len(prompts)))
         await gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), _req(p)) for p in prompts])
         gw.close_workflow(wf, TENANT)
 
     async def stage_cancelled() -> None:
-        wf = gw.open_workflow(TENANT, 50.0, None, admission=gw.admit(TENANT, 2))
+        wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(2))
         try:
             await _cancel_after_start(gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), _req("hang"))] * 2))
         finally:
@@ -156,7 +165,7 @@ async def test_a_finished_workflow_is_freed_without_the_cyclic_collector(tmp_pat
             gc.set_debug(gc.DEBUG_SAVEALL)
             try:
                 gc.collect()
-                ours = [o for o in gc.garbage if type(o) in (LiveCall, _Execution)]
+                ours = [o for o in gc.garbage if type(o) in OURS]
             finally:
                 gc.set_debug(0)
                 gc.garbage.clear()
