@@ -4,7 +4,9 @@ Label values are bounded: ``tenant`` comes from the tenants file, ``worker`` fro
 discovery (a removed worker's series are deleted, so pod churn does not grow the registry),
 ``outcome`` and ``reason`` from fixed sets, and ``kind`` (stage kinds are client-given on
 ``/v1/workflows``) through ``BoundedLabel``, which admits the first ``MAX_KINDS`` distinct values and
-maps the rest to ``other``.
+maps the rest to ``other``. The labelled children a call touches are resolved by ``labels()`` once and kept
+(``_WorkerSeries``, ``_TenantSeries``): the caches are as bounded as the labels, and a removed worker's go
+with its series.
 
 | metric | type | labels | meaning |
 |---|---|---|---|
@@ -82,7 +84,7 @@ class BoundedLabel:
         return "other"
 
 
-MetricT = TypeVar("MetricT", Counter, Gauge, Histogram)
+_MetricT = TypeVar("_MetricT", Counter, Gauge, Histogram)
 
 ATTAINMENT_WINDOW = 1000
 """Finished (met or missed) workflows per tenant that ``hexflow_slo_attainment`` is the share of."""
@@ -390,7 +392,7 @@ class GatewayMetrics:
 
     # ---------------------------------------------------------------------------------------------- per event
 
-    def _worker_child(self, metric: MetricT, worker: str, **labels: str) -> MetricT:
+    def _worker_child(self, metric: _MetricT, worker: str, **labels: str) -> _MetricT:
         """``metric.labels(worker=worker, **labels)``, cached in the worker's series."""
         key = (metric, *labels.values())  # metrics hash by identity
         cache = self._worker(worker).other
