@@ -68,7 +68,7 @@ from dataclasses import dataclass
 
 from gateway.core.dag import DagNode
 from gateway.core.scheduler import Scheduler
-from gateway.core.workflow import Call, CallSpec, Workflow, WorkflowTemplate
+from gateway.core.workflow import Call, CallSpec, CostFn, Workflow, WorkflowTemplate
 
 __all__ = ["SUSTAINABLE_SHARE", "CompletionPredictor", "StagePlan", "calls_plan", "dag_plan", "template_plan"]
 
@@ -200,7 +200,10 @@ class CompletionPredictor:
         self._stage: dict[tuple[tuple[CallSpec, ...], float, float], float] = {}
         self._pre: dict[tuple[str, int], list[float]] = {}
         self._tq_any: dict[int, float] = {}
-        self._cost = self.call_cost  # one object, so workflows' cost caches keyed by it stay warm
+        # ``call_cost`` as one object, so workflows' cost caches keyed by it stay warm; made on first use: a
+        # bound method refers back to its predictor, a cycle only the garbage collector frees, and most
+        # predictors (one per admission, per submitted call) never need it.
+        self._cost: CostFn | None = None
 
     # ------------------------------------------------------------------ building blocks
 
@@ -370,4 +373,7 @@ class CompletionPredictor:
         """Predicted absolute completion of a running workflow: its ``pending`` calls (the current stage),
         then what its template or DAG still expects (``Workflow.expected_remaining`` with ``call_cost``:
         parallel calls of a later stage count once, as stage budgets count them)."""
-        return self.now + self.pending_time(pending) + wf.expected_remaining(self._cost)
+        cost = self._cost
+        if cost is None:
+            cost = self._cost = self.call_cost
+        return self.now + self.pending_time(pending) + wf.expected_remaining(cost)

@@ -81,6 +81,7 @@ class Scheduler:
         self._all = list(range(len(self.workers)))
         self._n_eligible = len(self.workers)
         self._seq = 0
+        self._queued = 0  # calls in every worker queue: each push and each pop or removal counted here
         self._ref_cache: dict[tuple[int, int], float] = {}
         self.dispatch_counts: list[dict[str, int]] = [{} for _ in self.workers]
         # One cost object per membership (a partial compares by identity), so templates can cache their
@@ -253,6 +254,7 @@ class Scheduler:
         call.worker = w
         self.estimator.enqueue(call, w)
         self.queues[w].push(call)
+        self._queued += 1
         counts = self.dispatch_counts[w]
         counts[call.kind] = counts.get(call.kind, 0) + 1
 
@@ -261,6 +263,7 @@ class Scheduler:
         call = self.queues[worker].pop(now)
         if call is None:
             return None
+        self._queued -= 1
         est = self.estimator
         est.dequeue(call, worker)
         est.start(call, worker, now)
@@ -295,6 +298,7 @@ class Scheduler:
             return False
         if not self.queues[call.worker].remove(call):
             return False
+        self._queued -= 1
         self.estimator.dequeue(call, call.worker)
         return True
 
@@ -304,12 +308,17 @@ class Scheduler:
         out = list(q)
         for c in out:
             q.remove(c)
+            self._queued -= 1
             self.estimator.dequeue(c, worker)
         return out
 
     def queue_len(self, worker: int) -> int:
         """Calls waiting in the worker's gateway queue."""
         return len(self.queues[worker])
+
+    def queued_total(self) -> int:
+        """Calls waiting in every worker's gateway queue (the sum of ``queue_len`` over the members), in O(1)."""
+        return self._queued
 
     def inflight(self, worker: int) -> int:
         """Calls sent to the worker and not yet returned."""

@@ -4,7 +4,9 @@ Label values are bounded: ``tenant`` comes from the tenants file, ``worker`` fro
 discovery (a removed worker's series are deleted, so pod churn does not grow the registry),
 ``outcome`` and ``reason`` from fixed sets, and ``kind`` (stage kinds are client-given on
 ``/v1/workflows``) through ``BoundedLabel``, which admits the first ``MAX_KINDS`` distinct values and
-maps the rest to ``other``.
+maps the rest to ``other``. The labelled children a call touches are resolved by ``labels()`` once and kept
+(``_WorkerSeries``, ``_TenantSeries``): the caches are as bounded as the labels, and a removed worker's go
+with its series.
 
 | metric | type | labels | meaning |
 |---|---|---|---|
@@ -41,7 +43,8 @@ maps the rest to ``other``.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -79,6 +82,63 @@ class BoundedLabel:
             self._seen.add(value)
             return value
         return "other"
+
+
+_MetricT = TypeVar("_MetricT", Counter, Gauge, Histogram)
+
+ATTAINMENT_WINDOW = 1000
+"""Finished (met or missed) workflows per tenant that ``hexflow_slo_attainment`` is the share of."""
+
+
+class _Attainment:
+    """A tenant's last ``ATTAINMENT_WINDOW`` met/missed outcomes with a running count of the met ones, so
+    the attainment is O(1) per workflow (not a sum over the window)."""
+
+    __slots__ = ("met", "window")
+
+    def __init__(self) -> None:
+        self.window: deque[bool] = deque(maxlen=ATTAINMENT_WINDOW)
+        self.met = 0
+
+    def add(self, met: bool) -> float:
+        """Record one outcome; returns the share of the window that met its deadline."""
+        window = self.window
+        if len(window) == ATTAINMENT_WINDOW:
+            self.met -= window[0]  # about to fall out of the window
+        window.append(met)
+        self.met += met
+        return self.met / len(window)
+
+
+class _WorkerSeries:
+    """One worker's labelled children, each resolved by ``labels()`` once, on first use (not before: a series
+    appears in the exposition when it is first touched, as with ``labels()``), and forgotten with the worker.
+
+    ``labels()`` validates and converts its arguments and takes a lock on every call; a call through the
+    gateway touches about eight children, so the hot path reads them from here instead.
+    """
+
+    __slots__ = ("call_run", "dispatch", "estimate_ratio", "other", "queue_wait")
+
+    def __init__(self) -> None:
+        self.queue_wait: Histogram | None = None
+        self.estimate_ratio: Histogram | None = None
+        self.dispatch: dict[str, Counter] = {}  # by kind label (bounded: ``BoundedLabel``)
+        self.call_run: dict[str, Histogram] = {}  # by kind label
+        self.other: dict[tuple[Any, ...], Any] = {}  # (metric, other label values): the rarer ones
+
+
+class _TenantSeries:
+    """One tenant's labelled children (as ``_WorkerSeries``)."""
+
+    __slots__ = ("demoted", "latency", "outcomes", "rejections", "slo")
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, Counter] = {}
+        self.rejections: dict[str, Counter] = {}
+        self.demoted: dict[str, Counter] = {}
+        self.latency: Histogram | None = None
+        self.slo: Gauge | None = None
 
 
 class GatewayMetrics:
@@ -190,7 +250,11 @@ class GatewayMetrics:
         self.discovery_errors = Counter(
             "hexflow_discovery_errors", "Failed lists or watches of the Kubernetes API.", registry=r
         )
-        self._recent: dict[str, deque[bool]] = {}
+        # The labelled children the hot path uses, resolved by ``labels()`` once each (see ``_WorkerSeries``).
+        self._workers: dict[str, _WorkerSeries] = {}
+        self._tenants: dict[str, _TenantSeries] = {}
+        self._stage: dict[str, Histogram] = {}  # by kind label (at most MAX_KINDS + 1)
+        self._recent: dict[str, _Attainment] = {}
         for w in workers:
             self.up.labels(worker=w).set(1)
             self.draining.labels(worker=w).set(0)
@@ -206,6 +270,8 @@ class GatewayMetrics:
             self.vllm_running, self.kv_usage, self.ejections,
         ]  # fmt: skip
 
+    # ---------------------------------------------------------------------------------------------- membership
+
     def add_worker(self, worker: str) -> None:
         """Create a new worker's gauges (discovery; it starts down until it takes calls)."""
         self.up.labels(worker=worker).set(0)
@@ -214,7 +280,8 @@ class GatewayMetrics:
         self.inflight.labels(worker=worker)
 
     def remove_worker(self, worker: str) -> None:
-        """Delete every series of a worker that left the pool."""
+        """Delete every series of a worker that left the pool (and the children cached for it)."""
+        self._workers.pop(worker, None)
         for m in self._worker_metrics():
             m.remove_by_labels({"worker": worker})
 
@@ -226,66 +293,151 @@ class GatewayMetrics:
             self.rejections.labels(tenant=tenant, reason=reason)
         for when in DEMOTED_WHEN:
             self.demoted.labels(tenant=tenant, when=when)
-        self._recent.setdefault(tenant, deque(maxlen=1000))
+        self._recent.setdefault(tenant, _Attainment())
+
+    def set_tenants(self, tenants: Iterable[str]) -> None:
+        """The tenants in force after a reload: each one's series are created (``add_tenant``), and the children
+        cached for tenants no longer configured are dropped (their series stay, so totals never go back)."""
+        names = set(tenants)
+        for t in names:
+            self.add_tenant(t)
+        for t in [t for t in self._tenants if t not in names]:
+            del self._tenants[t]
+
+    def _worker(self, worker: str) -> _WorkerSeries:
+        s = self._workers.get(worker)
+        if s is None:
+            s = self._workers[worker] = _WorkerSeries()
+        return s
+
+    def _tenant(self, tenant: str) -> _TenantSeries:
+        s = self._tenants.get(tenant)
+        if s is None:
+            s = self._tenants[tenant] = _TenantSeries()
+        return s
+
+    # ---------------------------------------------------------------------------------------------- per call
 
     def dispatch(self, worker: str, kind: str) -> None:
         """One dispatch decision."""
-        self.dispatches.labels(worker=worker, kind=self.kind(kind)).inc()
+        k = self.kind(kind)
+        by_kind = self._worker(worker).dispatch
+        c = by_kind.get(k)
+        if c is None:
+            c = by_kind[k] = self.dispatches.labels(worker=worker, kind=k)
+        c.inc()
 
     def queue_wait(self, worker: str, seconds: float) -> None:
         """A call left the worker's gateway queue."""
-        self.queue_wait_h.labels(worker=worker).observe(max(seconds, 0.0))
+        s = self._worker(worker)
+        h = s.queue_wait
+        if h is None:
+            h = s.queue_wait = self.queue_wait_h.labels(worker=worker)
+        h.observe(max(seconds, 0.0))
 
     def call_done(self, worker: str, kind: str, total_s: float, run_s: float, predicted_s: float) -> None:
         """A call returned."""
         k = self.kind(kind)
-        self.stage_latency.labels(kind=k).observe(max(total_s, 0.0))
-        self.call_run.labels(kind=k, worker=worker).observe(max(run_s, 0.0))
+        stage = self._stage.get(k)
+        if stage is None:
+            stage = self._stage[k] = self.stage_latency.labels(kind=k)
+        stage.observe(max(total_s, 0.0))
+        s = self._worker(worker)
+        run = s.call_run.get(k)
+        if run is None:
+            run = s.call_run[k] = self.call_run.labels(kind=k, worker=worker)
+        run.observe(max(run_s, 0.0))
         if predicted_s > 0:
-            self.estimate_ratio.labels(worker=worker).observe(run_s / predicted_s)
+            ratio = s.estimate_ratio
+            if ratio is None:
+                ratio = s.estimate_ratio = self.estimate_ratio.labels(worker=worker)
+            ratio.observe(run_s / predicted_s)
+
+    def workflow_done(self, tenant: str, latency_s: float | None, outcome: str) -> None:
+        """A workflow ended with ``outcome`` (one of ``OUTCOMES``); only met and missed count towards attainment."""
+        s = self._tenant(tenant)
+        c = s.outcomes.get(outcome)
+        if c is None:
+            c = s.outcomes[outcome] = self.workflows.labels(tenant=tenant, outcome=outcome)
+        c.inc()
+        if latency_s is not None:
+            h = s.latency
+            if h is None:
+                h = s.latency = self.workflow_latency.labels(tenant=tenant)
+            h.observe(latency_s)
+        if outcome in ("met", "missed"):
+            recent = self._recent.get(tenant)
+            if recent is None:
+                recent = self._recent[tenant] = _Attainment()
+            g = s.slo
+            if g is None:
+                g = s.slo = self.slo.labels(tenant=tenant)
+            g.set(recent.add(outcome == "met"))
+
+    def rejection(self, tenant: str, reason: str) -> None:
+        """A workflow of ``tenant`` refused at admission, and why (one of ``REJECT_REASONS``)."""
+        by_reason = self._tenant(tenant).rejections
+        c = by_reason.get(reason)
+        if c is None:
+            c = by_reason[reason] = self.rejections.labels(tenant=tenant, reason=reason)
+        c.inc()
+
+    def demotion(self, tenant: str, when: str) -> None:
+        """A workflow of ``tenant`` demoted to the lowest urgency (``when``: one of ``DEMOTED_WHEN``)."""
+        by_when = self._tenant(tenant).demoted
+        c = by_when.get(when)
+        if c is None:
+            c = by_when[when] = self.demoted.labels(tenant=tenant, when=when)
+        c.inc()
+
+    # ---------------------------------------------------------------------------------------------- per event
+
+    def _worker_child(self, metric: _MetricT, worker: str, **labels: str) -> _MetricT:
+        """``metric.labels(worker=worker, **labels)``, cached in the worker's series."""
+        key = (metric, *labels.values())  # metrics hash by identity
+        cache = self._worker(worker).other
+        c = cache.get(key)
+        if c is None:
+            c = cache[key] = metric.labels(worker=worker, **labels)
+        return c
 
     def call_failure(self, worker: str, reason: str) -> None:
         """A call failed on a worker."""
-        self.failures.labels(worker=worker, reason=reason).inc()
+        self._worker_child(self.failures, worker, reason=reason).inc()
 
     def retry(self, worker: str) -> None:
         """A call failed by ``worker`` is re-dispatched."""
-        self.retries.labels(worker=worker).inc()
+        self._worker_child(self.retries, worker).inc()
 
     def ejection(self, worker: str) -> None:
         """A worker was ejected as an outlier, or stays ejected after a failed probe call."""
-        self.ejections.labels(worker=worker).inc()
+        self._worker_child(self.ejections, worker).inc()
 
     def worker_up(self, worker: str, up: bool) -> None:
         """A worker went up or down."""
-        self.up.labels(worker=worker).set(1 if up else 0)
+        self._worker_child(self.up, worker).set(1 if up else 0)
 
     def worker_draining(self, worker: str, draining: bool) -> None:
         """Discovery started or stopped draining a worker."""
-        self.draining.labels(worker=worker).set(1 if draining else 0)
+        self._worker_child(self.draining, worker).set(1 if draining else 0)
+
+    def worker_gauges(self, worker: str, queued: int, inflight: int) -> None:
+        """A worker's point-in-time queue depth and calls in flight (before a scrape of ``/metrics``)."""
+        self._worker_child(self.queue_depth, worker).set(queued)
+        self._worker_child(self.inflight, worker).set(inflight)
 
     def scrape_failure(self, worker: str) -> None:
         """A scrape of the worker's /metrics failed."""
-        self.scrape_failures.labels(worker=worker).inc()
+        self._worker_child(self.scrape_failures, worker).inc()
 
     def scraped(self, worker: str, m: WorkerMetrics) -> None:
         """Export the vLLM gauges of a fresh scrape."""
         if m.waiting is not None:
-            self.vllm_waiting.labels(worker=worker).set(m.waiting)
+            self._worker_child(self.vllm_waiting, worker).set(m.waiting)
         if m.running is not None:
-            self.vllm_running.labels(worker=worker).set(m.running)
+            self._worker_child(self.vllm_running, worker).set(m.running)
         if m.kv_cache_usage is not None:
-            self.kv_usage.labels(worker=worker).set(m.kv_cache_usage)
-
-    def workflow_done(self, tenant: str, latency_s: float | None, outcome: str) -> None:
-        """A workflow ended with ``outcome`` (one of ``OUTCOMES``); only met and missed count towards attainment."""
-        self.workflows.labels(tenant=tenant, outcome=outcome).inc()
-        if latency_s is not None:
-            self.workflow_latency.labels(tenant=tenant).observe(latency_s)
-        if outcome in ("met", "missed"):
-            recent = self._recent.setdefault(tenant, deque(maxlen=1000))
-            recent.append(outcome == "met")
-            self.slo.labels(tenant=tenant).set(sum(recent) / len(recent))
+            self._worker_child(self.kv_usage, worker).set(m.kv_cache_usage)
 
     def render(self, refresh: Callable[[], None] | None = None) -> bytes:
         """The exposition text (``refresh`` updates point-in-time gauges first)."""

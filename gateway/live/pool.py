@@ -121,6 +121,7 @@ class WorkerPool:
         # The latest health changes, (time, worker name, what): down, up, ejected, readmitted, probe_failed.
         self.events: deque[tuple[float, str, str]] = deque(maxlen=256)
         self.on_removed: Callable[[str], None] | None = None  # called with a removed worker's name
+        self._served: tuple[str, ...] | None = None  # served_models(), until the membership changes
 
     def _new_state(self, index: int, scheduler: Scheduler, *, ready: bool = True) -> WorkerState:
         return WorkerState(index, scheduler, ready=ready, recent=self.outliers.new_window())
@@ -129,6 +130,19 @@ class WorkerPool:
     def workers(self) -> list[WorkerState]:
         """The current workers, by scheduler index."""
         return [self.states[i] for i in sorted(self.states)]
+
+    def served_models(self) -> tuple[str, ...]:
+        """The models the workers serve (workers being removed excluded), sorted.
+
+        Computed once per membership (``add_worker``, ``remove_worker`` and the removal's end forget it),
+        not on every request that checks a model name.
+        """
+        served = self._served
+        if served is None:
+            served = self._served = tuple(
+                sorted({st.info.served_model for st in self.states.values() if not st.removing})
+            )
+        return served
 
     def by_name(self, name: str) -> WorkerState | None:
         """The worker called ``name`` (None when it is not, or no longer, in the pool)."""
@@ -181,6 +195,7 @@ class WorkerPool:
         idx = self.scheduler.add_worker(info, eligible=False)
         st = self._new_state(idx, self.scheduler, ready=ready)
         self.states[idx] = st
+        self._served = None
         self.metrics.add_worker(info.name)
         log.info(
             "worker %s added (%s, %s, capacity %d, ready %s)",
@@ -219,6 +234,7 @@ class WorkerPool:
             return
         log.info("worker %s removed: draining %d calls in flight", st.name, len(st.inflight))
         st.removing = True
+        self._served = None
         self._sync(st)
         if not st.inflight:
             self._finish_removal(st)
@@ -252,6 +268,7 @@ class WorkerPool:
             t.cancel()
         st.removal_task = None
         del self.states[st.index]
+        self._served = None
         self.scheduler.remove_worker(st.index)
         self.metrics.remove_worker(name)
         log.info("worker %s is gone from the pool", name)
@@ -293,11 +310,19 @@ class WorkerPool:
         st.kick.set()
 
     def cancel(self, call: LiveCall) -> None:
-        """Abandon a call: off its queue, or its in-flight request cancelled (slot released)."""
+        """Abandon a call: off its queue, or its in-flight request cancelled (slot released).
+
+        A queued or parked call is dropped without an answer, so its callback is released at once (it would
+        never run): the callback usually refers back to the call (its workflow's bookkeeping), and dropping
+        it lets reference counting free both without the cyclic garbage collector. An in-flight call is
+        answered (``CallFailed`` 503) when its cancelled request unwinds.
+        """
         if call in self.parked:
             self.parked.remove(call)
+            call.on_done = None
             return
         if self.scheduler.cancel(call):
+            call.on_done = None
             return
         if call.task is not None and not call.task.done():
             call.task.cancel()
@@ -365,7 +390,12 @@ class WorkerPool:
                 result = await self.transport.send(st.info, call)
         except asyncio.CancelledError as exc:
             if not self._settle(st, call, exc):
-                raise
+                # The task keeps the error it ends with; its traceback would hold this frame (the call, the
+                # bound, both referring to the task) and the transport's frames (their timers refer to the task
+                # too): cycles only the collector frees. The call is settled, so nothing of that is needed.
+                call.task = None
+                del bound
+                raise exc.with_traceback(None) from None
             return
         except Exception as exc:  # WorkerError, CallFailed, or a bug: never lose the call
             if isinstance(exc, TimeoutError) and bound.expired():

@@ -59,6 +59,11 @@ their deadline under 5x overload; the goal is 95%."""
 """How often admitted workflows are checked for a predicted deadline miss (wall seconds)."""
 
 
+def new_workflow_id() -> str:
+    """A unique workflow id for responses: ``wf-`` and 16 random hex digits."""
+    return f"wf-{uuid.uuid4().hex[:16]}"
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     """A workflow admitted (pass it on to ``run_workflow``/``open_workflow``).
@@ -102,15 +107,26 @@ class CallRecord:
 
 @dataclass(slots=True)
 class WorkflowOutcome:
-    """A finished (or failed) workflow."""
+    """A finished (or failed) workflow.
 
-    id: str
+    ``wf_id``: the id the caller gave ``run_workflow``; without one, ``id`` makes one when first read (a
+    chat completion, a one-call workflow, never reads it: no random id per call).
+    """
+
+    wf_id: str | None
     tenant: str
     status: str  # ok | failed
     deadline_s: float
     latency_s: float
     calls: list[CallRecord]
     error: CallFailed | None = None
+
+    @property
+    def id(self) -> str:
+        """The workflow's id (``Gateway.new_workflow_id``'s form when the caller gave none)."""
+        if self.wf_id is None:
+            self.wf_id = new_workflow_id()
+        return self.wf_id
 
     @property
     def deadline_met(self) -> bool:
@@ -120,13 +136,61 @@ class WorkflowOutcome:
 
 @dataclass(eq=False)
 class _Execution:
+    """One DAG workflow being run (``Gateway.run_workflow``): its calls in flight, their records, and the
+    callback that releases the successors of each call that returns.
+
+    The callback is a bound method, not a closure of ``run_workflow``: two closures that call each other
+    (submit the ready calls, and be called when one returns) reference each other through their cells, a
+    reference cycle per workflow that only the cyclic garbage collector frees. Here the references run one
+    way (a call's callback -> this -> the calls in ``live``) and ``live`` empties as calls settle, so a
+    finished workflow is freed by reference counting alone.
+    """
+
+    gw: Gateway
     wf: DagWorkflow
     requests: list[CallRequest]
     records: list[CallRecord]
     done: asyncio.Future[None]
+    on_call_done: Callable[[CallRecord], None] | None = None
     live: dict[int, LiveCall] = field(default_factory=dict)
     error: CallFailed | None = None
     abandoned: bool = False
+
+    def launch(self, specs: list[Any]) -> None:
+        """Submit the calls that became ready."""
+        for spec in specs:
+            assert isinstance(spec, DagCallSpec)
+            self.live[spec.node] = self.gw._submit(self.wf, spec, self.requests[spec.node], self.on_done)
+
+    def on_done(self, call: LiveCall, outcome: CallResult | CallFailed) -> None:
+        """A call returned or failed for good: record it, then release its successors (or fail the workflow)."""
+        spec = call.spec
+        assert isinstance(spec, DagCallSpec)
+        rec = self.records[spec.node]
+        self.gw._record(rec, call, outcome)
+        self.live.pop(spec.node, None)
+        if self.abandoned:  # a call that settled after its workflow was given up releases nothing
+            return
+        if isinstance(outcome, CallFailed):
+            if self.error is None:
+                self.error = outcome
+                self.cancel_live()
+                if not self.done.done():
+                    self.done.set_result(None)
+            return
+        if self.on_call_done is not None:
+            self.on_call_done(rec)
+        if self.error is not None:
+            return
+        self.launch(self.wf.complete(spec))
+        if self.wf.done and not self.done.done():
+            self.done.set_result(None)
+
+    def cancel_live(self) -> None:
+        """Take back every call still queued or in flight."""
+        for other in list(self.live.values()):
+            self.gw.pool.cancel(other)
+        self.live.clear()
 
 
 class Gateway:
@@ -285,8 +349,7 @@ class Gateway:
             if after != before:
                 self.metrics.tenant_reloads.labels(result="ok" if changed else "failed").inc()
                 if changed:
-                    for t in self.tenants.tenants:
-                        self.metrics.add_tenant(t.name)
+                    self.metrics.set_tenants(t.name for t in self.tenants.tenants)
                     self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in self.tenants.tenants})
                     log.info("tenants reloaded (generation %d)", self.tenants.generation)
             before = after
@@ -318,7 +381,7 @@ class Gateway:
                 if miss is not None:
                     if tenant.on_predicted_miss == "best_effort":
                         # Behind every other call: it delays nobody, so it commits no work ahead of others.
-                        self.metrics.demoted.labels(tenant=tenant.name, when="admission").inc()
+                        self.metrics.demotion(tenant.name, "admission")
                         return Admission(best_effort=True)
                     refusal = (miss, "deadline")
         if refusal is not None:
@@ -336,7 +399,7 @@ class Gateway:
             return Rejected("the gateway is shutting down", 503, 5), "draining"
         if self.pool.healthy == 0:
             return Rejected("no healthy worker", 503, max(1, round(self.cfg.health.period_s))), "no_worker"
-        queued = sum(self.scheduler.queue_len(i) for i in self.scheduler.members())
+        queued = self.scheduler.queued_total()
         if queued + n_calls > lim.max_queued_calls:
             return Rejected(f"the gateway's queues are full ({queued} calls waiting)", 429, 2), "queue_full"
         if self.active_total >= lim.max_active_workflows:
@@ -383,7 +446,7 @@ class Gateway:
 
     def new_workflow_id(self) -> str:
         """A unique workflow id for responses."""
-        return f"wf-{uuid.uuid4().hex[:16]}"
+        return new_workflow_id()
 
     async def run_workflow(
         self,
@@ -411,48 +474,16 @@ class Gateway:
         wid = next(self._wids)
         wf = DagWorkflow.build(wid, tenant.name, now, now + deadline_s, nodes, template)
         loop = asyncio.get_running_loop()
-        ex = _Execution(wf, requests, [CallRecord(i, n.kind) for i, n in enumerate(nodes)], loop.create_future())
+        records = [CallRecord(i, n.kind) for i, n in enumerate(nodes)]
+        ex = _Execution(self, wf, requests, records, loop.create_future(), on_call_done)
         self._begin(ex, tenant)
         self._admitted(wf, admission)
-
-        def launch(specs: list[Any]) -> None:
-            for spec in specs:
-                assert isinstance(spec, DagCallSpec)
-                ex.live[spec.node] = self._submit(wf, spec, requests[spec.node], on_done)
-
-        def on_done(call: LiveCall, outcome: CallResult | CallFailed) -> None:
-            spec = call.spec
-            assert isinstance(spec, DagCallSpec)
-            rec = ex.records[spec.node]
-            self._record(rec, call, outcome)
-            ex.live.pop(spec.node, None)
-            if ex.abandoned:  # a call that settled after its workflow was given up releases nothing
-                return
-            if isinstance(outcome, CallFailed):
-                if ex.error is None:
-                    ex.error = outcome
-                    for other in list(ex.live.values()):
-                        self.pool.cancel(other)
-                    ex.live.clear()
-                    if not ex.done.done():
-                        ex.done.set_result(None)
-                return
-            if on_call_done is not None:
-                on_call_done(rec)
-            if ex.error is not None:
-                return
-            launch(wf.complete(spec))
-            if wf.done and not ex.done.done():
-                ex.done.set_result(None)
-
         try:
-            launch(wf.start())
+            ex.launch(wf.start())
             await ex.done
         except BaseException as exc:  # cancelled (client gone), or a bug: abandon the workflow either way
             ex.abandoned = True
-            for other in list(ex.live.values()):
-                self.pool.cancel(other)
-            ex.live.clear()
+            ex.cancel_live()
             self._finish(ex, tenant, "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed", None)
             raise
         shed = self._shed.get(wf)
@@ -461,7 +492,7 @@ class Gateway:
             raise shed
         latency = self.clock() - wf.arrival
         outcome = WorkflowOutcome(
-            wf_id or self.new_workflow_id(),
+            wf_id,
             tenant.name,
             "failed" if ex.error is not None else "ok",
             deadline_s,
@@ -672,7 +703,7 @@ class Gateway:
     def rejected(self, tenant: str, reason: str) -> None:
         """Count a workflow refused at admission, and why (one of ``metrics.REJECT_REASONS``)."""
         self.metrics.workflow_done(tenant, None, "rejected")
-        self.metrics.rejections.labels(tenant=tenant, reason=reason).inc()
+        self.metrics.rejection(tenant, reason)
 
     # ------------------------------------------------------------------ overload: shedding
 
@@ -708,7 +739,7 @@ class Gateway:
                 continue
             if tenant.on_predicted_miss == "best_effort":
                 self._demote(wf, queued)
-                self.metrics.demoted.labels(tenant=tenant.name, when="queued").inc()
+                self.metrics.demotion(tenant.name, "queued")
                 demoted += 1
             else:
                 self._shed_workflow(wf, completion - wf.deadline)
@@ -758,8 +789,7 @@ class Gateway:
         """Point-in-time gauges, before a scrape of ``/metrics``."""
         for st in self.pool.workers:
             i = st.index
-            self.metrics.queue_depth.labels(worker=st.name).set(self.scheduler.queue_len(i))
-            self.metrics.inflight.labels(worker=st.name).set(self.scheduler.inflight(i))
+            self.metrics.worker_gauges(st.name, self.scheduler.queue_len(i), self.scheduler.inflight(i))
         self.metrics.parked.set(len(self.pool.parked))
 
     def status(self) -> dict[str, Any]:

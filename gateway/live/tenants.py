@@ -38,8 +38,9 @@ import logging
 import math
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
@@ -113,14 +114,23 @@ def check_deadline(tenant: Tenant, deadline_s: float | None) -> float:
     return d
 
 
+AUTH_CACHE_SIZE = 1024
+"""API keys whose tenant ``TenantStore.authenticate`` remembers (least recently used first out)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    """Everything readers use, replaced whole on a reload."""
+    """Everything readers use, replaced whole on a reload.
+
+    ``known_keys`` remembers the tenant of API keys presented recently (``TenantStore.authenticate``): it
+    belongs to the snapshot, so a reload, which swaps the snapshot, forgets it with the old tenants.
+    """
 
     tenants: tuple[Tenant, ...]
     by_name: Mapping[str, Tenant]
     by_hash: Mapping[str, Tenant]
     generation: int
+    known_keys: OrderedDict[str, Tenant] = field(default_factory=OrderedDict)
 
     @classmethod
     def build(cls, config: TenantsFile, generation: int) -> _Snapshot:
@@ -193,10 +203,32 @@ class TenantStore:
         return self._reload_failures
 
     def authenticate(self, api_key: str) -> Tenant | None:
-        """The tenant owning ``api_key``, or None for an unknown (or empty) key."""
+        """The tenant owning ``api_key``, or None for an unknown (or empty) key.
+
+        A key is looked up by its SHA-256 digest (what the file holds); the tenants of the last
+        ``AUTH_CACHE_SIZE`` valid keys are remembered, so a client's every request does not hash its key
+        again. Only valid keys are remembered: an unknown key is hashed each time, so a stream of made-up
+        keys can neither grow the cache nor push the valid ones out, and what the timing of an answer can
+        tell (the key was valid) is what the answer says anyway. A remembered key is found by a dict
+        lookup on the key itself (its hash is Python's keyed string hash; the key is compared only to an
+        entry with an equal hash). The cache lives in the snapshot: a reload forgets it.
+        """
         if not api_key:
             return None
-        return self._state.by_hash.get(hash_key(api_key))
+        state = self._state
+        known = state.known_keys
+        tenant = known.get(api_key)
+        if tenant is not None:
+            with contextlib.suppress(KeyError):  # evicted meanwhile by another thread: still the right tenant
+                known.move_to_end(api_key)
+            return tenant
+        tenant = state.by_hash.get(hash_key(api_key))
+        if tenant is not None:
+            known[api_key] = tenant
+            if len(known) > AUTH_CACHE_SIZE:
+                with contextlib.suppress(KeyError):
+                    known.popitem(last=False)
+        return tenant
 
     def get(self, name: str) -> Tenant | None:
         """The tenant called ``name``, or None."""

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.policy import POLICIES
 from gateway.core.profile import PerfProfile
 from gateway.core.scheduler import NoEligibleWorker, Scheduler, WorkerInfo
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
@@ -139,3 +140,50 @@ def test_set_capacity_replaces_the_workers_description_that_estimates_read(fast:
     s.set_capacity(0, 4)
     assert s.workers[0].capacity == 4 and s.workers[0].name == "w"
     assert est.t_queue(0, 0.0) == pytest.approx(prompts_ahead)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_queued_total_is_the_sum_of_the_queues(cluster: list[WorkerInfo], policy: str) -> None:
+    """``queued_total`` (O(1), for admission) follows every way a call enters or leaves a queue."""
+    s = Scheduler(cluster, policy, random.Random(0))
+    rng = random.Random(1)
+    queued: list[Call] = []
+    inflight: list[Call] = []
+    for i in range(400):
+        op = rng.random()
+        members = s.members()
+        if op < 0.45:
+            c = Call(i, one_call_wf(tenant=rng.choice("ab"), wid=i), SPEC, float(i))
+            c.best_effort = rng.random() < 0.2
+            try:
+                s.submit(c, float(i))
+                queued.append(c)
+            except NoEligibleWorker:
+                pass
+        elif op < 0.7 and members:
+            popped = s.pop_next(rng.choice(members), float(i))
+            if popped is not None:
+                queued.remove(popped)
+                inflight.append(popped)
+        elif op < 0.8 and queued:
+            c = rng.choice(queued)
+            assert s.cancel(c)
+            queued.remove(c)
+        elif op < 0.85 and inflight:
+            c = inflight.pop(rng.randrange(len(inflight)))
+            assert not s.cancel(c)  # in flight: not queued
+            s.on_finish(c, float(i))
+        elif op < 0.9 and members:
+            w = rng.choice(members)
+            for c in s.drain_worker(w):
+                queued.remove(c)
+        elif op < 0.95:
+            w = rng.choice(range(len(s.workers)))
+            s.set_eligible(w, not s.eligible[w] and s.member[w])
+        else:  # membership: remove an idle worker, or add one back into a free slot
+            idle = [w for w in members if s.queue_len(w) == 0 and s.inflight(w) == 0]
+            if idle and len(members) > 1:
+                s.remove_worker(rng.choice(idle))
+            else:
+                s.add_worker(cluster[rng.randrange(len(cluster))])
+        assert s.queued_total() == sum(s.queue_len(w) for w in s.members()) == len(queued)

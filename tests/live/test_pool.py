@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from gateway.config.gateway import load_gateway_config
@@ -92,3 +93,31 @@ async def test_the_gateway_closes_its_transport_when_it_stops(tmp_path: Path) ->
     await gw.start()
     await gw.stop()
     assert t.closed == 1
+
+
+async def test_served_models_follow_the_membership(tmp_path: Path) -> None:
+    """The served models are computed once per membership: a worker added, being removed, or gone shows."""
+    t = Hold()
+    pool = one_worker_pool(tmp_path, t, [0.0])
+    await pool.start()
+    try:
+        first = pool.workers[0].info
+        assert pool.served_models() == (first.served_model,)
+        assert pool.served_models() is pool.served_models()  # cached
+        st = pool.add_worker(replace(first, name="other", url="http://127.0.0.1:2", served_model="another-model"))
+        assert pool.served_models() == tuple(sorted({first.served_model, "another-model"}))
+        pool.remove_worker(st)  # nothing in flight: gone at once
+        assert not pool.is_member(st)
+        assert pool.served_models() == (first.served_model,)
+        out: list[object] = []
+        pool.submit(one_call(1, out))
+        await asyncio.sleep(0.01)
+        busy = pool.workers[0]
+        pool.remove_worker(busy)  # a call in flight: being removed, its model no longer offered
+        assert pool.is_member(busy) and pool.served_models() == ()
+        t.release.set()
+        await asyncio.sleep(0.01)
+        assert not pool.is_member(busy) and pool.served_models() == ()
+    finally:
+        t.release.set()
+        await pool.stop()

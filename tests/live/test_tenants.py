@@ -11,6 +11,7 @@ import pytest
 
 from gateway.config import REPO_ROOT
 from gateway.errors import BadRequest, ConfigError
+from gateway.live import tenants as tenants_module
 from gateway.live.tenants import (
     DeadlineOutOfRange,
     Tenant,
@@ -284,3 +285,65 @@ async def test_watch_rejects_a_bad_period() -> None:
     store = TenantStore.load(REPO_TENANTS)
     with pytest.raises(ValueError, match="period_s"):
         await store.watch(0.0, asyncio.Event())
+
+
+# -------------------------------------------------------------------------------------------------- key cache
+
+
+def test_a_valid_key_is_hashed_once_an_unknown_one_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = TenantStore.load(REPO_TENANTS)
+    hashed: list[str] = []
+
+    def counting(key: str) -> str:
+        hashed.append(key)
+        return hash_key(key)
+
+    monkeypatch.setattr(tenants_module, "hash_key", counting)
+    first = store.authenticate("demo-interactive-key")
+    for _ in range(5):
+        assert store.authenticate("demo-interactive-key") is first
+    assert hashed == ["demo-interactive-key"]
+    for _ in range(3):
+        assert store.authenticate("made-up") is None
+    assert hashed.count("made-up") == 3  # unknown keys are not remembered
+    assert list(store._state.known_keys) == ["demo-interactive-key"]
+
+
+def test_the_key_cache_is_bounded_least_recently_used_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tenants_module, "AUTH_CACHE_SIZE", 2)
+    keys = [f"key-{i}" for i in range(3)]
+    store = TenantStore(
+        TenantsFile.model_validate(
+            {
+                "tenants": [
+                    {
+                        "name": "a",
+                        "api_key_sha256": [hash_key(k) for k in keys],
+                        "default_deadline_s": 60,
+                        "min_deadline_s": 5,
+                        "max_deadline_s": 600,
+                    }
+                ]
+            }
+        )
+    )
+    assert store.authenticate(keys[0]) is not None
+    assert store.authenticate(keys[1]) is not None
+    assert store.authenticate(keys[0]) is not None  # used again: key-1 is now the least recent
+    assert store.authenticate(keys[2]) is not None
+    assert list(store._state.known_keys) == [keys[0], keys[2]]
+    assert store.authenticate(keys[1]) is not None  # forgotten, not refused: looked up by its digest again
+
+
+def test_a_reload_forgets_the_keys_it_removed(tmp_path: Path) -> None:
+    p = tmp_path / "tenants.yaml"
+    t0 = 1_700_000_000_000_000_000
+    write(p, "tenants:\n" + tenant_yaml("a", KEY_A) + tenant_yaml("b", KEY_B), t0)
+    store = TenantStore.load(p)
+    a = store.authenticate("key-a")
+    assert a is not None and store.authenticate("key-b") is not None
+    write(p, "tenants:\n" + tenant_yaml("b", KEY_B, default=90), t0 + 1)  # a is gone, b changed
+    assert store.reload_if_changed() is True
+    assert store.authenticate("key-a") is None
+    b = store.authenticate("key-b")
+    assert b is not None and b.default_deadline_s == 90.0

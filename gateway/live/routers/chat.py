@@ -44,9 +44,9 @@ DEFAULT_CHAT_OUTPUT_TOKENS = 256
 router = APIRouter()
 
 
-def served_models(gw: Gateway) -> list[str]:
+def served_models(gw: Gateway) -> tuple[str, ...]:
     """The models the cluster's workers serve (workers being removed excluded), sorted."""
-    return sorted({st.info.served_model for st in gw.pool.workers if not st.removing})
+    return gw.pool.served_models()
 
 
 def _deadline_header(header: str | None) -> float | None:
