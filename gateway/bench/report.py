@@ -40,7 +40,8 @@ def hindsight(setup: Setup, rate: float) -> dict[str, Any]:
     tuned = tuned_alpha(setup, "hexgen", rate)
     p95 = {}
     for a in ALPHA_GRID:
-        res = Simulator(setup.workers, "hexgen", alpha=a, seed=setup.seed).run(setup.workflows(rate))
+        sim = Simulator(setup.workers, "hexgen", alpha=a, seed=setup.seed, prefix_caching=setup.prefix_caching)
+        res = sim.run(setup.workflows(rate))
         p95[a] = summarize(res, total=setup.n_workflows).p95_s
     best = min(p95, key=lambda a: p95[a])
     return {
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 slo_scale=scale,
                 seed=args.seed,
                 n_seeds=args.seeds,
+                prefix_caching=True,  # as hexflow bench: vLLM caches prompt prefixes by default
             )
             t0 = time.perf_counter()
             report = run_bench(setup, policies, jobs=args.jobs)

@@ -61,7 +61,7 @@ def measure_speed(
         runs: list[tuple[float, float, int]] = []
         for _ in range(repeats):
             wfs = setup.workflows(rate)
-            sim = Simulator(setup.workers, policy, seed=setup.seed)
+            sim = Simulator(setup.workers, policy, seed=setup.seed, prefix_caching=setup.prefix_caching)
             w0, c0 = time.perf_counter(), time.process_time()
             res = sim.run(wfs)
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
