@@ -127,12 +127,20 @@ def tune_window(
     grid: Sequence[float],
     seed: int,
     current: float,
+    prefix_caching: bool = False,
 ) -> TuneOutcome:
-    """Run in the tuning process (and by ``hexflow bench tuner``): the simulator's tuner on the window."""
+    """Run in the tuning process (and by ``hexflow bench tuner``): the simulator's tuner on the window.
+
+    ``prefix_caching``: the replay's engines cache prompt prefixes, as the workers do. Recorded calls keep
+    the prefixes they named (``shared_prefix``); prompts the gateway hashed itself are not kept in the
+    window, so those calls replay without sharing (a conservative replay).
+    """
     from gateway.sim.tune import tune_alpha
 
     t = time.perf_counter()
-    res = tune_alpha(workers, policy, rebuild(entries), grid=grid, seed=seed, current=current)
+    res = tune_alpha(
+        workers, policy, rebuild(entries), grid=grid, seed=seed, current=current, prefix_caching=prefix_caching
+    )
     return TuneOutcome(res.alpha, {p.alpha: p.summary.p95_s for p in res.points}, len(entries), time.perf_counter() - t)
 
 
@@ -229,6 +237,7 @@ class AlphaTuner:
                 self.retuner.grid(),
                 gw.cfg.seed,
                 current,
+                gw.cfg.prefix_caching,
             )
         except Exception as exc:
             log.error("alpha tuning failed: %r", exc)
