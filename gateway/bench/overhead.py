@@ -1,6 +1,7 @@
 """Gateway overhead, measured side by side: the same chat call sent to a worker directly and through the gateway.
 
-    hexflow overhead [--rate 200] [--duration 10] [--max-rate-search] [--json OUT]
+    hexflow overhead [--rate 200] [--duration 10] [--p99-limit-ms 20]
+                     [--max-rate-search [--search-steps 10]] [--json OUT]
 
 Setup (all on this machine): one emulated worker (an A100 profile at a time scale so small that a call's
 modelled time is negligible, so what is measured is HTTP and software, not the model), and one gateway
@@ -10,10 +11,37 @@ queue: this measures the gateway's per-call cost, not scheduling delay). A Poiss
 at the same rate goes to the worker's ``/v1/chat/completions`` directly, interleaved in one run, so both
 see the same machine load. Reported:
 
-* added latency per call: gateway P50 / P99 minus direct P50 / P99 (milliseconds);
-* the gateway process's CPU time per call (from ``/proc/<pid>/stat``, utime + stime);
-* with ``--max-rate-search``, the highest rate (gateway stream only) at which the gateway keeps up:
-  achieved >= 97% of offered and P99 latency below ``--p99-limit-ms``.
+* each stream's P50 / P99 latency of its successful calls (milliseconds);
+* the added latency per call, P50 and P99 (see below), with the raw quantile differences beside them;
+* each stream's errors by HTTP status, with connection errors (``connection``), other client-side
+  protocol errors (``protocol``) and timeouts (``timeout``) counted apart;
+* the gateway process's CPU time per successful gateway call and its CPU utilisation over the
+  measurement, as a share of one core (from ``/proc/<pid>/stat``, utime + stime);
+* with ``--max-rate-search``, the highest rate (gateway stream only) at which the gateway keeps up,
+  found by a bounded bracket search; every rate tried and its outcome is in the report.
+
+Added latency. The two streams are independent (no call is sent both ways), so there is no per-call
+difference to take percentiles of. What is compared are the two latency distributions, through their
+quantile-difference (shift) function ``shift(q) = gateway_q - direct_q``. Subtracting percentiles one by
+one (``gateway_p99 - direct_p99``) can give an added P99 below the added P50, or a negative one, when the
+direct stream's tail is noisy or the direct stream itself falls behind. Here instead:
+
+* ``added_pX = max(0, max over q in [50, X] of shift(q))`` (q on a grid of whole percentiles, plus X):
+  the largest gap between the two distributions at any quantile from the median up to the X-th. This is
+  monotone in X by construction (``added_p99 >= added_p50 >= 0`` always holds) and errs on the side of
+  overstating, never understating, what the gateway adds at the tail;
+* ``added_p50_raw_ms`` / ``added_p99_raw_ms`` keep the plain differences ``shift(50)`` and ``shift(99)``;
+* the added figures are marked unreliable (``added_reliable`` false, and said so in the printed report)
+  when the direct stream did not keep up (see :func:`shortfalls`: errors, achieved below 97% of offered,
+  P99 above ``--p99-limit-ms``, a backlog that did not drain): its latencies then measure queueing on
+  this machine, and subtracting them says nothing about the gateway.
+
+A stream keeps up at a rate when it has no errors, achieves >= 97% of the offered rate, drains within
+its window (plus the P99 limit and half a second), and its P99 is below ``--p99-limit-ms``. The rate
+search (:func:`bracket_search`) probes the start rate; while it passes it doubles the rate, while it
+fails it halves it, until a passing and a failing rate bracket the limit; then it bisects between them
+until the bracket is within 5% or the step budget (``--search-steps``) is spent. The highest passing
+rate is reported (none when even the lowest rate tried failed).
 """
 
 from __future__ import annotations
@@ -21,13 +49,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,41 +75,205 @@ BODY = {
     "messages": [{"role": "user", "content": "How many heads of the departments are older than 56 ?"}],
     "max_tokens": 4,
 }
+KEEP_UP_SHARE = 0.97
+"""A stream keeps up when it achieves at least this share of the offered rate."""
+SEARCH_CEILING = 5000.0
+"""The rate search never probes above this many calls/s."""
+SEARCH_FLOOR = 1.0
+"""... nor below this many."""
+SEARCH_REL_TOL = 0.05
+"""The rate search stops bisecting once the failing rate is within 5% of the passing one."""
+
+
+def error_kind(status: int | None = None, exc: BaseException | None = None) -> str:
+    """The key a failed call is counted under: its HTTP status (``"503"``), or ``"timeout"``,
+    ``"connection"`` (refused, reset, disconnected) or ``"protocol"`` (another client-side error)."""
+    if exc is None:
+        if status is None:
+            raise ValueError("a failed call has an HTTP status or an exception")
+        return str(status)
+    # aiohttp's ServerTimeoutError is both a ClientError and a TimeoutError: a timeout first.
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientConnectionError):
+        return "connection"
+    return "protocol"
+
+
+def merge_errors(*counts: dict[str, int]) -> dict[str, int]:
+    """Error counts by kind, summed over streams; HTTP statuses first (ascending), then the other kinds."""
+    total: Counter[str] = Counter()
+    for c in counts:
+        total.update(c)
+    return {k: total[k] for k in sorted(total, key=lambda k: (not k.isdigit(), k)) if total[k]}
 
 
 @dataclass
 class StreamStats:
-    """Latencies of one stream of calls."""
+    """Latencies and errors of one stream of calls."""
 
     sent: int = 0
     ok: int = 0
-    errors: int = 0
     wall_s: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> int:
+        """Failed calls, all kinds."""
+        return sum(self.errors_by_kind.values())
+
+    def record_error(self, kind: str) -> None:
+        """Count one failed call under ``kind`` (see :func:`error_kind`)."""
+        self.errors_by_kind[kind] = self.errors_by_kind.get(kind, 0) + 1
 
     def pct(self, q: float) -> float:
         """Latency percentile in ms (nan when empty)."""
         return percentile(sorted(self.latencies_ms), q) if self.latencies_ms else float("nan")
 
+    def offered(self, duration_s: float) -> float:
+        """Calls/s sent over the window."""
+        return self.sent / duration_s
+
+    def achieved(self, duration_s: float) -> float:
+        """Successful calls/s, over the window or until the last call settled if later."""
+        return self.ok / max(self.wall_s, duration_s)
+
+
+def shortfalls(stats: StreamStats, duration_s: float, p99_limit_ms: float) -> list[str]:
+    """Why a stream did not keep up with its offered rate (empty when it did)."""
+    reasons: list[str] = []
+    if stats.errors:
+        reasons.append(f"{stats.errors} errors")
+    if not stats.latencies_ms:
+        reasons.append("no successful calls")
+        return reasons
+    offered, achieved = stats.offered(duration_s), stats.achieved(duration_s)
+    if achieved < KEEP_UP_SHARE * offered:
+        reasons.append(f"achieved {achieved:.1f}/s < {KEEP_UP_SHARE:.0%} of offered {offered:.1f}/s")
+    if stats.wall_s > duration_s + p99_limit_ms / 1000.0 + 0.5:
+        reasons.append(f"backlog drained {stats.wall_s - duration_s:.2f} s after the window")
+    p99 = stats.pct(99)
+    if p99 > p99_limit_ms:
+        reasons.append(f"p99 {p99:.1f} ms > limit {p99_limit_ms:g} ms")
+    return reasons
+
+
+@dataclass(frozen=True)
+class AddedLatency:
+    """The gateway's added latency, P50 and P99 (see the module docstring), and the raw differences."""
+
+    p50_ms: float
+    p99_ms: float
+    p50_raw_ms: float
+    p99_raw_ms: float
+
+
+def added_latency(gateway_ms: Sequence[float], direct_ms: Sequence[float]) -> AddedLatency:
+    """Added P50 / P99: the upper envelope of the quantile-difference function from the median up,
+    floored at 0, so ``p99_ms >= p50_ms >= 0``; nan when either stream has no latencies."""
+    if not gateway_ms or not direct_ms:
+        nan = float("nan")
+        return AddedLatency(nan, nan, nan, nan)
+    g, d = sorted(gateway_ms), sorted(direct_ms)
+
+    def shift(q: float) -> float:
+        return percentile(g, q) - percentile(d, q)
+
+    p50 = max(0.0, shift(50))
+    p99 = max([p50, *(shift(q) for q in range(51, 100))])
+    return AddedLatency(p50_ms=p50, p99_ms=p99, p50_raw_ms=shift(50), p99_raw_ms=shift(99))
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What :func:`bracket_search` found: the highest passing rate (None if none passed), every probe."""
+
+    best: float | None
+    tried: list[tuple[float, bool]]
+
+
+def bracket_search(
+    passes: Callable[[float], bool],
+    start: float,
+    *,
+    max_steps: int = 10,
+    floor: float = SEARCH_FLOOR,
+    ceiling: float = SEARCH_CEILING,
+    rel_tol: float = SEARCH_REL_TOL,
+) -> SearchResult:
+    """The highest rate for which ``passes(rate)`` holds, in at most ``max_steps`` probes.
+
+    Probes ``start`` (clamped to [floor, ceiling]); doubles while every probe passed, halves while every
+    probe failed (not below ``floor``, not above ``ceiling``); once a pass and a fail bracket the limit,
+    bisects until the failing rate is within ``rel_tol`` of the passing one.
+    """
+    if max_steps < 1:
+        raise ValueError("max_steps must be at least 1")
+    if not 0 < floor <= ceiling:
+        raise ValueError("need 0 < floor <= ceiling")
+    tried: list[tuple[float, bool]] = []
+    lo: float | None = None  # highest passing rate
+    hi: float | None = None  # lowest failing rate
+
+    def probe(rate: float) -> None:
+        nonlocal lo, hi
+        ok = passes(rate)
+        tried.append((rate, ok))
+        if ok:
+            lo = rate if lo is None else max(lo, rate)
+        else:
+            hi = rate if hi is None else min(hi, rate)
+
+    probe(min(max(start, floor), ceiling))
+    while len(tried) < max_steps:
+        if lo is None:
+            assert hi is not None
+            if hi <= floor:
+                break
+            probe(max(hi / 2.0, floor))
+        elif hi is None:
+            if lo >= ceiling:
+                break
+            probe(min(lo * 2.0, ceiling))
+        else:
+            if hi <= lo * (1.0 + rel_tol):
+                break
+            probe((lo + hi) / 2.0)
+    return SearchResult(best=lo, tried=tried)
+
 
 @dataclass
 class OverheadReport:
-    """The measured figures."""
+    """The measured figures (latencies in ms; ``*_errors`` map a kind, see :func:`error_kind`, to a count)."""
 
     rate: float
     duration_s: float
+    p99_limit_ms: float
     direct_p50_ms: float
     direct_p99_ms: float
     gateway_p50_ms: float
     gateway_p99_ms: float
     added_p50_ms: float
     added_p99_ms: float
+    added_p50_raw_ms: float
+    added_p99_raw_ms: float
+    added_reliable: bool
+    direct_shortfalls: list[str]
+    gateway_shortfalls: list[str]
     gateway_cpu_ms_per_call: float
+    gateway_cpu_util: float
     gateway_calls: int
     direct_calls: int
+    gateway_sent: int
+    direct_sent: int
+    gateway_achieved_rate: float
+    direct_achieved_rate: float
     errors: int
+    gateway_errors: dict[str, int]
+    direct_errors: dict[str, int]
     max_rate: float | None = None
-    search: list[dict[str, float]] = field(default_factory=list)
+    search: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -184,23 +378,24 @@ async def _stream(
     rng = random.Random(seed)
     t0 = time.perf_counter()
     tasks: set[asyncio.Task[None]] = set()
-    headers = {"Authorization": f"Bearer {API_KEY}"}
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
     payload = json.dumps(BODY).encode()
-    headers["Content-Type"] = "application/json"
 
     async def one() -> None:
         t = time.perf_counter()
+        kind: str | None = None
         try:
             async with session.post(url, data=payload, headers=headers) as r:
                 await r.read()
-                ok = r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            ok = False
-        if ok:
+                if r.status != 200:
+                    kind = error_kind(status=r.status)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            kind = error_kind(exc=exc)
+        if kind is None:
             stats.ok += 1
             stats.latencies_ms.append((time.perf_counter() - t) * 1000.0)
         else:
-            stats.errors += 1
+            stats.record_error(kind)
 
     next_t = rng.expovariate(rate)
     while next_t < duration_s:
@@ -217,10 +412,30 @@ async def _stream(
     stats.wall_s = time.perf_counter() - t0
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """One side-by-side run: both streams, and the gateway's CPU seconds over the wall seconds measured."""
+
+    gateway: StreamStats
+    direct: StreamStats
+    cpu_s: float
+    wall_s: float
+
+    @property
+    def cpu_ms_per_call(self) -> float:
+        """Gateway CPU milliseconds per successful gateway call."""
+        return 1000.0 * self.cpu_s / max(self.gateway.ok, 1)
+
+    @property
+    def cpu_util(self) -> float:
+        """Gateway CPU utilisation over the measurement, as a share of one core (1.0 = one core busy)."""
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
+
+
 async def measure(
     worker: str, gateway: str, gw_pid: int, rate: float, duration_s: float, *, direct: bool = True, seed: int = 0
-) -> tuple[StreamStats, StreamStats, float]:
-    """Run the gateway stream (and the direct stream) for ``duration_s``; returns stats and gateway CPU s.
+) -> Measurement:
+    """Run the gateway stream (and the direct stream) for ``duration_s``.
 
     The load generator uses aiohttp (cheaper per request than httpx), so it is not the bottleneck
     when searching the gateway's highest sustained rate.
@@ -234,13 +449,47 @@ async def measure(
             async with session.post(worker + "/v1/chat/completions", json=BODY) as r:
                 await r.read()
         gs, ds = StreamStats(), StreamStats()
-        cpu0 = _cpu_seconds(gw_pid)
+        cpu0, t0 = _cpu_seconds(gw_pid), time.perf_counter()
         jobs = [_stream(session, gateway + "/v1/chat/completions", rate, duration_s, seed, gs)]
         if direct:
             jobs.append(_stream(session, worker + "/v1/chat/completions", rate, duration_s, seed + 1, ds))
         await asyncio.gather(*jobs)
-        cpu = _cpu_seconds(gw_pid) - cpu0
-    return gs, ds, cpu
+        cpu, wall = _cpu_seconds(gw_pid) - cpu0, time.perf_counter() - t0
+    return Measurement(gateway=gs, direct=ds, cpu_s=cpu, wall_s=wall)
+
+
+def build_report(m: Measurement, rate: float, duration_s: float, p99_limit_ms: float) -> OverheadReport:
+    """The side-by-side figures of one measurement (no rate search)."""
+    gs, ds = m.gateway, m.direct
+    added = added_latency(gs.latencies_ms, ds.latencies_ms)
+    direct_short = shortfalls(ds, duration_s, p99_limit_ms)
+    return OverheadReport(
+        rate=rate,
+        duration_s=duration_s,
+        p99_limit_ms=p99_limit_ms,
+        direct_p50_ms=ds.pct(50),
+        direct_p99_ms=ds.pct(99),
+        gateway_p50_ms=gs.pct(50),
+        gateway_p99_ms=gs.pct(99),
+        added_p50_ms=added.p50_ms,
+        added_p99_ms=added.p99_ms,
+        added_p50_raw_ms=added.p50_raw_ms,
+        added_p99_raw_ms=added.p99_raw_ms,
+        added_reliable=not direct_short and not math.isnan(added.p50_ms),
+        direct_shortfalls=direct_short,
+        gateway_shortfalls=shortfalls(gs, duration_s, p99_limit_ms),
+        gateway_cpu_ms_per_call=m.cpu_ms_per_call,
+        gateway_cpu_util=m.cpu_util,
+        gateway_calls=gs.ok,
+        direct_calls=ds.ok,
+        gateway_sent=gs.sent,
+        direct_sent=ds.sent,
+        gateway_achieved_rate=gs.achieved(duration_s),
+        direct_achieved_rate=ds.achieved(duration_s),
+        errors=gs.errors + ds.errors,
+        gateway_errors=merge_errors(gs.errors_by_kind),
+        direct_errors=merge_errors(ds.errors_by_kind),
+    )
 
 
 def run_overhead(
@@ -249,48 +498,44 @@ def run_overhead(
     *,
     max_rate_search: bool = False,
     p99_limit_ms: float = 20.0,
+    search_steps: int = 10,
     seed: int = 0,
 ) -> OverheadReport:
     """Start the rig, measure side by side, optionally search the highest sustained rate."""
-    if not rate > 0 or not duration_s > 0:
-        raise GatewayError("rate and duration must be positive")
+    if not rate > 0 or not duration_s > 0 or not p99_limit_ms > 0:
+        raise GatewayError("rate, duration and the P99 limit must be positive")
+    if search_steps < 1:
+        raise GatewayError("search_steps must be at least 1")
     with tempfile.TemporaryDirectory(prefix="hexflow-overhead-") as tmp, rig(Path(tmp)) as (worker, gateway, pid):
-        gs, ds, cpu = asyncio.run(measure(worker, gateway, pid, rate, duration_s, seed=seed))
-        report = OverheadReport(
-            rate=rate,
-            duration_s=duration_s,
-            direct_p50_ms=ds.pct(50),
-            direct_p99_ms=ds.pct(99),
-            gateway_p50_ms=gs.pct(50),
-            gateway_p99_ms=gs.pct(99),
-            added_p50_ms=gs.pct(50) - ds.pct(50),
-            added_p99_ms=gs.pct(99) - ds.pct(99),
-            gateway_cpu_ms_per_call=1000.0 * cpu / max(gs.ok, 1),
-            gateway_calls=gs.ok,
-            direct_calls=ds.ok,
-            errors=gs.errors + ds.errors,
-        )
+        m = asyncio.run(measure(worker, gateway, pid, rate, duration_s, seed=seed))
+        report = build_report(m, rate, duration_s, p99_limit_ms)
         if max_rate_search:
-            r = rate
-            best: float | None = None
             span = min(duration_s, 6.0)
-            while r <= 5000:
-                g, _, c = asyncio.run(measure(worker, gateway, pid, r, span, direct=False, seed=seed))
-                row = {
-                    "rate": r,
-                    "offered": g.sent / span,
-                    "achieved": g.ok / max(g.wall_s, span),
-                    "p99_ms": g.pct(99),
-                    "cpu_ms_per_call": 1000.0 * c / max(g.ok, 1),
-                }
-                report.search.append(row)
-                # Kept up: no errors, the backlog drained right after the window, P99 under the limit.
-                if g.errors or g.wall_s > span + p99_limit_ms / 1000.0 + 0.5 or g.pct(99) > p99_limit_ms:
-                    break
-                best = r
-                r *= 1.5
-            report.max_rate = best
+
+            def passes(r: float) -> bool:
+                g = asyncio.run(measure(worker, gateway, pid, r, span, direct=False, seed=seed))
+                reasons = shortfalls(g.gateway, span, p99_limit_ms)
+                report.search.append(
+                    {
+                        "rate": r,
+                        "ok": not reasons,
+                        "reasons": reasons,
+                        "offered": g.gateway.offered(span),
+                        "achieved": g.gateway.achieved(span),
+                        "p99_ms": g.gateway.pct(99),
+                        "cpu_ms_per_call": g.cpu_ms_per_call,
+                        "cpu_util": g.cpu_util,
+                        "errors": merge_errors(g.gateway.errors_by_kind),
+                    }
+                )
+                return not reasons
+
+            report.max_rate = bracket_search(passes, rate, max_steps=search_steps).best
     return report
+
+
+def _errors_text(errors: dict[str, int]) -> str:
+    return ", ".join(f"{k} x{n}" for k, n in errors.items()) if errors else "none"
 
 
 def format_report(rep: OverheadReport) -> str:
@@ -298,25 +543,48 @@ def format_report(rep: OverheadReport) -> str:
     lines = [
         f"side by side at {rep.rate:g} calls/s each for {rep.duration_s:g} s "
         f"({rep.gateway_calls} via gateway, {rep.direct_calls} direct, {rep.errors} errors)",
-        f"  direct : p50 {rep.direct_p50_ms:6.2f} ms   p99 {rep.direct_p99_ms:6.2f} ms",
-        f"  gateway: p50 {rep.gateway_p50_ms:6.2f} ms   p99 {rep.gateway_p99_ms:6.2f} ms",
-        f"  added  : p50 {rep.added_p50_ms:6.2f} ms   p99 {rep.added_p99_ms:6.2f} ms",
-        f"  gateway CPU per call: {rep.gateway_cpu_ms_per_call:.2f} ms",
+        f"  direct : p50 {rep.direct_p50_ms:6.2f} ms   p99 {rep.direct_p99_ms:6.2f} ms   "
+        f"achieved {rep.direct_achieved_rate:.1f}/s of {rep.direct_sent / rep.duration_s:.1f}/s   "
+        f"errors: {_errors_text(rep.direct_errors)}",
+        f"  gateway: p50 {rep.gateway_p50_ms:6.2f} ms   p99 {rep.gateway_p99_ms:6.2f} ms   "
+        f"achieved {rep.gateway_achieved_rate:.1f}/s of {rep.gateway_sent / rep.duration_s:.1f}/s   "
+        f"errors: {_errors_text(rep.gateway_errors)}",
+        f"  added  : p50 {rep.added_p50_ms:6.2f} ms   p99 {rep.added_p99_ms:6.2f} ms   "
+        f"(raw differences of percentiles: p50 {rep.added_p50_raw_ms:.2f}, p99 {rep.added_p99_raw_ms:.2f})",
     ]
+    if not rep.added_reliable:
+        why = "; ".join(rep.direct_shortfalls) or "no latencies to compare"
+        lines.append(f"  added latency UNRELIABLE: the direct stream did not keep up ({why})")
+    if rep.gateway_shortfalls:
+        lines.append(f"  the gateway stream did not keep up: {'; '.join(rep.gateway_shortfalls)}")
+    lines.append(
+        f"  gateway CPU: {rep.gateway_cpu_ms_per_call:.2f} ms per call, "
+        f"{rep.gateway_cpu_util:.0%} of one core over the measurement"
+    )
     for row in rep.search:
         lines.append(
-            f"  offered {row['offered']:7.1f}/s: achieved {row['achieved']:7.1f}/s  p99 {row['p99_ms']:7.2f} ms  "
-            f"CPU {row['cpu_ms_per_call']:.2f} ms/call"
+            f"  rate {row['rate']:7.1f}/s {'pass' if row['ok'] else 'FAIL'}: offered {row['offered']:7.1f}/s  "
+            f"achieved {row['achieved']:7.1f}/s  p99 {row['p99_ms']:7.2f} ms  "
+            f"CPU {row['cpu_ms_per_call']:.2f} ms/call, {row['cpu_util']:.0%} of a core"
+            + (f"  ({'; '.join(row['reasons'])})" if row["reasons"] else "")
         )
     if rep.search:
-        lines.append(
-            f"  highest sustained rate: {rep.max_rate if rep.max_rate is not None else 'below the start rate'}"
-        )
+        best = f"{rep.max_rate:.1f} calls/s" if rep.max_rate is not None else "none (every rate tried failed)"
+        lines.append(f"  highest sustained rate: {best} ({len(rep.search)} rates tried)")
     return "\n".join(lines)
 
 
 def write_json(rep: OverheadReport, path: Path) -> None:
-    """Write the report as JSON."""
-    data: dict[str, Any] = asdict(rep)
+    """Write the report as JSON (NaN, for a stream with no successful call, is written as null)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2))
+    path.write_text(json.dumps(_nan_to_none(asdict(rep)), indent=2))
+
+
+def _nan_to_none(v: Any) -> Any:
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _nan_to_none(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_nan_to_none(x) for x in v]
+    return v

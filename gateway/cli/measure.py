@@ -56,8 +56,18 @@ def add_overhead(sub: Subparsers) -> None:
     )
     p.add_argument("--rate", type=float, default=200.0, help="calls/s of each stream (gateway and direct)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of measurement")
-    p.add_argument("--max-rate-search", action="store_true", help="also find the highest rate the gateway sustains")
-    p.add_argument("--p99-limit-ms", type=float, default=20.0, help="P99 bound of a sustained rate")
+    p.add_argument(
+        "--max-rate-search",
+        action="store_true",
+        help="also find the highest rate the gateway sustains (bracket search from --rate, up or down)",
+    )
+    p.add_argument("--search-steps", type=int, default=10, help="most rates the --max-rate-search probes (default 10)")
+    p.add_argument(
+        "--p99-limit-ms",
+        type=float,
+        default=20.0,
+        help="P99 bound of a sustained rate; a direct stream above it marks the added latency unreliable",
+    )
     p.add_argument("--json", default=None, help="write the report as JSON here")
     p.set_defaults(func=cmd_overhead)
 
@@ -123,7 +133,15 @@ def cmd_overhead(args: argparse.Namespace) -> int:
 
     if not args.rate > 0 or not args.duration > 0 or not args.p99_limit_ms > 0:
         raise UsageError("--rate, --duration and --p99-limit-ms must be positive")
-    rep = run_overhead(args.rate, args.duration, max_rate_search=args.max_rate_search, p99_limit_ms=args.p99_limit_ms)
+    if args.search_steps < 1:
+        raise UsageError(f"--search-steps must be at least 1, got {args.search_steps}")
+    rep = run_overhead(
+        args.rate,
+        args.duration,
+        max_rate_search=args.max_rate_search,
+        p99_limit_ms=args.p99_limit_ms,
+        search_steps=args.search_steps,
+    )
     print(format_report(rep))
     if args.json:
         write_json(rep, Path(args.json))
