@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import random
 import re
@@ -49,7 +48,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.core.prefix import BLOCK_TOKENS, PrefixSeg
+from gateway.core.prefix import BLOCK_TOKENS, PrefixSeg, prompt_prefix
 from gateway.core.profile import PerfProfile
 from workers.engine_rt import RealTimeEngine, Ticket
 
@@ -99,22 +98,10 @@ def chat_prompt_words(messages: Sequence[dict[str, Any]]) -> list[str]:
 
 def prompt_chain(words: Sequence[str], max_blocks: int) -> tuple[PrefixSeg, ...]:
     """The prefix chain of a prompt of ``words`` (one token each): a shared segment per full
-    ``KV_BLOCK_SIZE``-word block, at most ``max_blocks``, named by a hash of the block's words.
-
-    The engine chains the names as vLLM chains its block hashes, so two prompts share exactly their equal
-    leading blocks; an incomplete last block is never cached (as in vLLM). One hash per block, not a
-    Python step per token: a 14k-token prompt is under a thousand blocks.
-    """
-    b = KV_BLOCK_SIZE
-    n = min(len(words) // b, max_blocks)
-    blake2b = hashlib.blake2b
-    # Words never hold whitespace, so the space-joined block is unambiguous.
-    return tuple(
-        PrefixSeg(
-            blake2b(" ".join(words[i * b : i * b + b]).encode("utf-8", "surrogatepass"), digest_size=8).hexdigest(), b
-        )
-        for i in range(n)
-    )
+    ``KV_BLOCK_SIZE``-word block, at most ``max_blocks``, named by a hash of the block's words
+    (``gateway.core.prefix.prompt_prefix``). The engine chains the names as vLLM chains its block hashes, so
+    two prompts share exactly their equal leading blocks; an incomplete last block is never cached."""
+    return prompt_prefix(words, block_tokens=KV_BLOCK_SIZE, max_blocks=max_blocks)
 
 
 def _content_text(content: Any) -> str:

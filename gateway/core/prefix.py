@@ -85,12 +85,13 @@ def segment_keys(prefix: Sequence[PrefixSeg], wid: int) -> list[tuple[Key, int]]
 
 
 def prompt_prefix(
-    prompt: str | Sequence[int], *, block_tokens: int = 64, max_blocks: int = 128
+    prompt: str | Sequence[int | str], *, block_tokens: int = 64, max_blocks: int = 128
 ) -> tuple[PrefixSeg, ...]:
     """A prompt as a chain of full blocks, each named by a hash of its content (what llm-d's approximate
-    prefix scorer hashes): ``block_tokens`` token ids per block for a token-id prompt, ``block_tokens x
-    CHARS_PER_TOKEN`` characters for text. At most ``max_blocks`` blocks (the prompt's head: a shared
-    prefix is at the start); an incomplete last block is left out, as vLLM never caches one.
+    prefix scorer hashes): ``block_tokens`` tokens per block for a tokenised prompt (token ids, or words
+    without whitespace as the emulated worker counts them), ``block_tokens x CHARS_PER_TOKEN`` characters
+    for text. At most ``max_blocks`` blocks (the prompt's head: a shared prefix is at the start); an
+    incomplete last block is left out, as vLLM never caches one.
 
     Two prompts share the leading segments of their chains exactly where their leading blocks are equal.
     """
@@ -102,9 +103,12 @@ def prompt_prefix(
         # Characters, not bytes, decide the blocks; each block's own text is hashed.
         blocks = [prompt[i * width : (i + 1) * width].encode("utf-8", "surrogatepass") for i in range(n)]
     else:
+        # Tokens hold no whitespace, so a space-joined block is unambiguous; one join per block, not a Python
+        # step per token (a 14k-token prompt is under a thousand blocks).
         n = min(len(prompt) // block_tokens, max_blocks)
         blocks = [
-            b",".join(str(t).encode() for t in prompt[i * block_tokens : (i + 1) * block_tokens]) for i in range(n)
+            " ".join(map(str, prompt[i * block_tokens : (i + 1) * block_tokens])).encode("utf-8", "surrogatepass")
+            for i in range(n)
         ]
     return tuple(PrefixSeg(hashlib.blake2b(b, digest_size=8).hexdigest(), block_tokens) for b in blocks)
 

@@ -238,7 +238,7 @@ class Scheduler:
         )
         pos = self._dispatcher.choose(view)
         w = idx[pos]
-        if credit is not cached and cached is not None:  # the queues count the call's true saving
+        if cached is not None and credit is not cached:  # credited for the choice only: queues count the truth
             t_comp[pos] = est.snapshot([w], spec.kind, spec.input_tokens, spec.output_tokens, now, [cached[pos]])[0][0]
         call.t_comp = t_comp[pos]
         if keys is not None and cached is not None:
