@@ -41,6 +41,7 @@ from typing import Any
 from gateway.bench.bound import FluidBound, fluid_bound, solve_fluid_bound
 from gateway.bench.stats import Spread, finite_or_none, spread
 from gateway.config.workflows import STANDARD_WORKFLOW
+from gateway.core.degrade import QualityModel
 from gateway.core.policy import get_policy
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec, StagedWorkflow
@@ -48,7 +49,8 @@ from gateway.errors import ConfigError
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
-from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals, replay_arrivals
+from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals
+from gateway.sim.workload.arrivals import pattern_arrivals
 
 __all__ = [
     "N_SEEDS",
@@ -106,6 +108,8 @@ class Setup:
     arrivals_csv: Path | None = None
     n_seeds: int = N_SEEDS
     prefix_caching: bool = False
+    quality_model: QualityModel | None = None
+    """Accuracy per knob setting, for tenants whose workflows degrade (``TenantSpec.quality``)."""
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
 
@@ -140,7 +144,8 @@ class Setup:
             if self.arrivals_csv is not None:
                 # A recorded arrival pattern (Azure LLM trace format), rescaled to a mean of 1/s. Another
                 # window (seed) starts at another offset into the recording.
-                rows = replay_arrivals(self.arrivals_csv)
+                # Read at most a bounded number of rows (a long recording is cut; a ServeGen fit is sampled).
+                rows = pattern_arrivals(self.arrivals_csv, max(4 * self.n_workflows, 4000), random.Random(self.seed))
                 if len(rows) < 2:
                     raise ConfigError(str(self.arrivals_csv), "", "needs at least two arrival rows")
                 start = 0 if seed == self.seed else (seed * 7919) % len(rows)
@@ -169,7 +174,7 @@ class Setup:
             # Another window: the same query population in another order.
             queries = list(queries)
             random.Random(s).shuffle(queries)
-        return build_workload(queries, arrivals, tenants=tenants, slo_s=self.slo_s, rng=rng)
+        return build_workload(queries, arrivals, tenants=tenants, slo_s=self.slo_s, rng=rng, quality=self.quality_model)
 
 
 def run_point(

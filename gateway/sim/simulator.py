@@ -25,11 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from gateway.core.degrade import Knobs
 from gateway.core.policy import Policy
 from gateway.core.predict import CompletionPredictor, calls_plan
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow, deadline_met
+from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.engine import EngineStats, SimEngine
 
 _ARRIVAL = 0
@@ -47,6 +49,15 @@ class WorkflowRecord:
     deadline: float
     finish: float
     calls: int
+    knobs: Knobs | None = None
+    """The setting a degradable workflow ran at (``KnobbedWorkflow.used``); None: full quality."""
+    full_knobs: Knobs | None = None
+    """Its full-quality setting (None for a workflow that cannot degrade)."""
+
+    @property
+    def degraded(self) -> bool:
+        """Whether degradation removed work of this workflow."""
+        return self.knobs is not None and self.knobs != self.full_knobs
 
     @property
     def latency(self) -> float:
@@ -243,6 +254,8 @@ class Simulator:
                 c = cast(Call, payload)
                 sched.on_finish(c, now)
                 wf = c.workflow
+                if isinstance(wf, KnobbedWorkflow) and wf.degrader is not None and wf.last_of_stage:
+                    wf.decide(CompletionPredictor(sched, now))
                 nxt = wf.complete(c.spec)
                 if nxt:
                     submit(wf, nxt, now)
@@ -250,15 +263,18 @@ class Simulator:
                 if not nxt and wf.done:
                     pending -= 1
                     committed = max(committed - work_left.pop(wf.wid, 0.0), 0.0)
-                    records.append(
-                        WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls.get(wf.wid, 0))
-                    )
+                    rec = WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls.get(wf.wid, 0))
+                    if isinstance(wf, KnobbedWorkflow):
+                        rec.knobs, rec.full_knobs = wf.used, wf.full
+                    records.append(rec)
             else:
                 wf = cast(Workflow, payload)
                 if self.admission and not admit(wf, now):
                     rejected.append(wf.wid)
                     pending -= 1
                     continue
+                if isinstance(wf, KnobbedWorkflow) and wf.degrader is not None:
+                    wf.decide(CompletionPredictor(sched, now))
                 first = wf.start()
                 if first:
                     submit(wf, first, now)

@@ -1,12 +1,15 @@
-"""Arrival processes: Poisson, Gamma (burstiness set by the coefficient of variation) and CSV replay.
+"""Arrival processes: Poisson, Gamma (burstiness set by the coefficient of variation) and recorded patterns.
 
 Times are in seconds. ``replay_arrivals`` reads a CSV trace such as the Azure LLM inference trace 2023
-or BurstGPT. The random processes take a ``random.Random`` instance and never the global generator.
+or BurstGPT, ``jsonl_arrivals`` Mooncake's JSON lines, ``servegen_arrivals`` draws from ServeGen's
+per-window fits; ``pattern_arrivals`` picks by format. The random processes take a ``random.Random``
+instance and never the global generator.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import random
 from datetime import datetime
@@ -14,7 +17,14 @@ from pathlib import Path
 
 from gateway.errors import ConfigError
 
-__all__ = ["gamma_arrivals", "poisson_arrivals", "replay_arrivals"]
+__all__ = [
+    "gamma_arrivals",
+    "jsonl_arrivals",
+    "pattern_arrivals",
+    "poisson_arrivals",
+    "replay_arrivals",
+    "servegen_arrivals",
+]
 
 
 def _check_arrival_args(n: int, rate_qps: float) -> None:
@@ -176,3 +186,129 @@ def _read_times(reader: csv.DictReader[str], col: str, n: int | None, where: str
         prev = offset
         out.append(offset)
     return out
+
+
+def jsonl_arrivals(path: Path, n: int | None = None, key: str = "timestamp") -> list[float]:
+    """Arrival offsets (in the file's time unit) from a JSON-lines trace such as Mooncake's (``timestamp``
+    in milliseconds), 0.0 first; only the first ``n`` lines when given. Times must not go backwards."""
+    where = str(path)
+    out: list[float] = []
+    first: float | None = None
+    prev = 0.0
+    try:
+        with path.open(encoding="utf-8") as f:
+            for i, line in enumerate(f, start=1):
+                if n is not None and len(out) >= n:
+                    break
+                if not line.strip():
+                    continue
+                at = f"line {i}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(where, at, f"not valid JSON ({exc.msg})") from None
+                raw = obj.get(key) if isinstance(obj, dict) else None
+                if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+                    raise ConfigError(where, f"{at}.{key}", f"expected a number, got {raw!r}")
+                t = float(raw)
+                if first is None:
+                    first = t
+                offset = t - first
+                if offset < prev:
+                    raise ConfigError(where, at, "expected non-decreasing times (the trace must be sorted)")
+                prev = offset
+                out.append(offset)
+    except OSError as exc:
+        raise ConfigError(where, "", f"cannot read the arrival trace: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(where, "", "expected a UTF-8 JSON-lines file") from exc
+    return out
+
+
+SERVEGEN_WINDOW_S = 600.0
+"""Length of one ServeGen rate window (seconds)."""
+
+
+def servegen_arrivals(path: Path, n: int, rng: random.Random) -> list[float]:
+    """``n`` arrival offsets drawn from a ServeGen client trace (``chunk-<N>-trace.csv``: one row per
+    10-minute window, ``start_s, rate, cv, family, shape, scale``), the way ServeGen's own sampler draws
+    them: per window, gaps from the fitted Gamma or Weibull, rescaled so the window holds ``rate x 600``
+    requests. Windows without traffic are skipped (idle time is not kept: the caller rescales to its
+    rate anyway, and a rescaled idle hour would only stretch the run). Windows are taken in order and
+    cycled when ``n`` needs more."""
+    where = str(path)
+    windows: list[tuple[float, str, float, float]] = []
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            for i, row in enumerate(csv.reader(f), start=1):
+                if not row or not "".join(row).strip():
+                    continue
+                if len(row) < 6:
+                    raise ConfigError(
+                        where, f"row {i}", f"expected 6 fields (start, rate, cv, family, shape, scale), got {len(row)}"
+                    )
+                try:
+                    rate = float(row[1])
+                    shape = float(row[4])
+                    scale = float(row[5])
+                except ValueError:
+                    raise ConfigError(
+                        where, f"row {i}", "expected numbers in the rate, shape and scale fields"
+                    ) from None
+                family = row[3].strip()
+                if rate > 0:
+                    if family not in ("Gamma", "Weibull") or not (shape > 0 and scale > 0):
+                        raise ConfigError(
+                            where,
+                            f"row {i}",
+                            f"expected family Gamma or Weibull with positive parameters, got {family!r}",
+                        )
+                    windows.append((rate, family, shape, scale))
+    except OSError as exc:
+        raise ConfigError(where, "", f"cannot read the arrival trace: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(where, "", "expected a UTF-8 CSV file") from exc
+    if not windows:
+        raise ConfigError(where, "", "no window with traffic")
+    out: list[float] = []
+    t0 = 0.0
+    w = 0
+    while len(out) < n:
+        rate, family, shape, scale = windows[w % len(windows)]
+        w += 1
+        count = max(1, round(rate * SERVEGEN_WINDOW_S))
+        gaps = [
+            rng.gammavariate(shape, scale) if family == "Gamma" else rng.weibullvariate(scale, shape)
+            for _ in range(count)
+        ]
+        total = sum(gaps)
+        factor = SERVEGEN_WINDOW_S / total if total > 0 else 0.0
+        t = t0
+        for g in gaps:
+            t += g * factor
+            out.append(t)
+            if len(out) >= n:
+                break
+        t0 += SERVEGEN_WINDOW_S
+    first = out[0]
+    return [x - first for x in out]
+
+
+def pattern_arrivals(path: Path, n: int, rng: random.Random) -> list[float]:
+    """The first ``n`` arrival offsets of a recorded pattern, by format: a JSON-lines file (Mooncake), a
+    ServeGen client trace (a CSV without header), or a CSV with a time column (Azure LLM, BurstGPT)."""
+    if path.suffix == ".jsonl":
+        return jsonl_arrivals(path, n)
+    try:
+        with path.open(encoding="utf-8") as f:
+            head = f.readline()
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read the arrival trace: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "", "expected a UTF-8 text file") from exc
+    first = head.split(",")[0].strip()
+    try:
+        float(first)
+    except ValueError:
+        return replay_arrivals(path, n)
+    return servegen_arrivals(path, n, rng)

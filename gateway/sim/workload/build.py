@@ -8,7 +8,9 @@ import random
 from collections.abc import Sequence
 
 from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.degrade import Degrader, Knobs, QualityModel
 from gateway.core.workflow import CHAT, CallSpec, Stage, StagedWorkflow
+from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.workload.generator import sample_chat_call
 from gateway.sim.workload.tenants import TenantSpec
 from gateway.sim.workload.traces import to_stages
@@ -23,6 +25,8 @@ def build_workload(
     tenants: Sequence[TenantSpec],
     slo_s: float,
     rng: random.Random,
+    quality: QualityModel | None = None,
+    full: Knobs | None = None,
 ) -> list[StagedWorkflow]:
     """One workflow per arrival, ids 0..n-1 in arrival order.
 
@@ -30,6 +34,10 @@ def build_workload(
     ``queries[k % len(queries)]`` (counting only Text-to-SQL workflows, so a chat tenant does not make
     queries be skipped), staged by ``to_stages`` with the ``CHESS_TEMPLATE``. A chat tenant's workflow is
     one stage with one ``CHAT`` call drawn by ``sample_chat_call`` and no template.
+
+    A Text-to-SQL tenant whose ``quality`` is not ``full`` gets ``KnobbedWorkflow`` workflows that degrade under
+    its ``Degrader`` (``quality``: the accuracy model ranking the settings, required then; ``full``: the
+    pipeline's full-quality knobs, default two candidates, ten revision rounds, evaluation on).
     """
     if not tenants:
         raise ValueError("at least one tenant is needed")
@@ -42,6 +50,13 @@ def build_workload(
     for t in tenants:
         total += t.share
         cumulative.append(total)
+    full_knobs = full if full is not None else Knobs(2, 10, True)
+    degraders: dict[str, Degrader] = {}
+    for t in tenants:
+        if t.kind == "text2sql" and t.quality != "full":
+            if quality is None:
+                raise ValueError(f"tenant {t.name!r} degrades ({t.quality}): a quality model is needed")
+            degraders[t.name] = Degrader(t.quality, full_knobs, quality)
     staged: dict[int, tuple[Stage, ...]] = {}
     out: list[StagedWorkflow] = []
     k = 0
@@ -57,5 +72,20 @@ def build_workload(
         k += 1
         if q not in staged:
             staged[q] = tuple(to_stages(queries[q]))
-        out.append(StagedWorkflow(wid, tenant.name, arrival, deadline, staged[q], template=CHESS_TEMPLATE))
+        deg = degraders.get(tenant.name)
+        if deg is not None:
+            out.append(
+                KnobbedWorkflow(
+                    wid,
+                    tenant.name,
+                    arrival,
+                    deadline,
+                    staged[q],
+                    template=CHESS_TEMPLATE,
+                    full=full_knobs,
+                    degrader=deg,
+                )
+            )
+        else:
+            out.append(StagedWorkflow(wid, tenant.name, arrival, deadline, staged[q], template=CHESS_TEMPLATE))
     return out

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from gateway.core.degrade import QUALITY_MODES, QualityMode
+
 __all__ = ["TenantKind", "TenantSpec", "parse_tenants"]
 
 TenantKind = Literal["text2sql", "chat"]
@@ -20,7 +22,7 @@ class TenantSpec:
     ``share`` is its relative weight among the tenants (normalised over all of them). The deadline of
     each of its requests is ``deadline_s`` after arrival when set, else ``slo_scale`` times the
     workload's base SLO, else the base SLO itself. ``kind`` selects Text-to-SQL workflows or single chat
-    calls.
+    calls. ``quality``: how its Text-to-SQL workflows may degrade under load (``gateway.core.degrade``).
     """
 
     name: str
@@ -28,6 +30,7 @@ class TenantSpec:
     slo_scale: float | None = None
     share: float = 1.0
     kind: TenantKind = "text2sql"
+    quality: QualityMode = "full"
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -39,6 +42,8 @@ class TenantSpec:
                 raise ValueError(f"tenant {self.name!r}: {key} must be a positive number, got {value}")
         if self.kind not in _TENANT_KINDS:
             raise ValueError(f"tenant {self.name!r}: kind must be one of {', '.join(_TENANT_KINDS)}")
+        if self.quality not in QUALITY_MODES:
+            raise ValueError(f"tenant {self.name!r}: quality must be one of {', '.join(QUALITY_MODES)}")
 
     def relative_deadline(self, slo_s: float) -> float:
         """Seconds from arrival to deadline, given the workload's base SLO."""
@@ -49,14 +54,14 @@ class TenantSpec:
         return slo_s
 
 
-_TENANT_KEYS = ("deadline_s", "kind", "share", "slo_scale")
+_TENANT_KEYS = ("deadline_s", "kind", "quality", "share", "slo_scale")
 
 
 def parse_tenants(spec: str) -> list[TenantSpec]:
     """Parse a command-line tenant mix: comma-separated tenants, each ``name[:key=value]...``.
 
-    Keys: ``share``, ``slo_scale``, ``deadline_s`` (positive numbers) and ``kind`` (``text2sql`` or
-    ``chat``). Example:
+    Keys: ``share``, ``slo_scale``, ``deadline_s`` (positive numbers), ``kind`` (``text2sql`` or
+    ``chat``) and ``quality`` (``full``, ``adaptive`` or ``fast``). Example:
     ``gold:share=0.3:slo_scale=3,silver:share=0.7:slo_scale=8,chat:kind=chat:deadline_s=20``.
     Errors raise ``ValueError`` naming the offending part.
     """
@@ -103,6 +108,12 @@ def _tenant_from_fields(name: str, part: str, values: dict[str, str]) -> TenantS
         kind = "chat"
     else:
         raise ValueError(f"tenant spec part {part!r}: kind must be text2sql or chat, got {kind_text!r}")
+    quality_text = values.get("quality", "full")
+    quality: QualityMode | None = next((m for m in QUALITY_MODES if m == quality_text), None)
+    if quality is None:
+        raise ValueError(
+            f"tenant spec part {part!r}: quality must be one of {', '.join(QUALITY_MODES)}, got {quality_text!r}"
+        )
     try:
         return TenantSpec(
             name,
@@ -110,6 +121,7 @@ def _tenant_from_fields(name: str, part: str, values: dict[str, str]) -> TenantS
             slo_scale=numbers.get("slo_scale"),
             share=numbers.get("share", 1.0),
             kind=kind,
+            quality=quality,
         )
     except ValueError as exc:
         raise ValueError(f"tenant spec part {part!r}: {exc}") from None

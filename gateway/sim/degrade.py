@@ -1,0 +1,139 @@
+"""Degradation replayed in the simulator: traced CHESS queries whose remaining stages follow the knobs.
+
+A traced query is a fixed list of stages (``StagedWorkflow``). ``KnobbedWorkflow`` releases them under
+the knobs the degradation policy (``gateway.core.degrade.Degrader``) chose at the last boundary:
+
+* the candidate stage runs its first ``candidates`` calls;
+* ``revise`` stages after ``max_revisions`` of them are skipped (the trace's later rounds never run);
+* unit-test generation and evaluation are skipped when ``evaluate`` is off (always with one candidate).
+
+The simulator asks the policy at arrival and whenever a stage ends (``decide``), with the same prediction
+the live pipeline uses: the scheduler's ``CompletionPredictor.path_time`` of ``knob_plan`` (the template's
+remaining stages under each setting). ``used`` is what the workflow actually ran, the setting its answer's
+accuracy is looked up at (``QualityModel``): a knob counts as cut only where it removed work the trace had
+(a cap above the trace's revision rounds cost nothing and counts as full).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, knob_plan
+from gateway.core.predict import CompletionPredictor
+from gateway.core.workflow import CANDIDATE, REVISE, CallSpec, StagedWorkflow
+
+__all__ = ["KnobbedWorkflow", "decide"]
+
+
+@dataclass(eq=False)
+class KnobbedWorkflow(StagedWorkflow):
+    """A traced query whose remaining stages follow ``knobs`` (set by ``decide`` between stages)."""
+
+    full: Knobs = field(default_factory=lambda: Knobs(2, 10, True))
+    knobs: Knobs | None = None
+    degrader: Degrader | None = None
+    candidates_run: int | None = field(default=None, repr=False)
+    revisions_run: int = field(default=0, repr=False)
+    evaluate_run: bool | None = field(default=None, repr=False)
+    cut_candidates: bool = field(default=False, repr=False)
+    cut_revisions: int | None = field(default=None, repr=False)
+    cut_evaluate: bool = field(default=False, repr=False)
+    decisions: int = field(default=0, repr=False)
+    missed_prediction: bool = field(default=False, repr=False)
+
+    def fresh(self) -> KnobbedWorkflow:
+        """An unstarted copy (same id, tenant, times, stages and policy)."""
+        return self.shifted(self.arrival, self.deadline)
+
+    def shifted(self, arrival: float, deadline: float) -> KnobbedWorkflow:
+        """An unstarted copy with new arrival and deadline times."""
+        return KnobbedWorkflow(
+            self.wid,
+            self.tenant,
+            arrival,
+            deadline,
+            self.stages,
+            template=self.template,
+            full=self.full,
+            degrader=self.degrader,
+        )
+
+    @property
+    def last_of_stage(self) -> bool:
+        """True when one more completion ends the current stage (the next is released then)."""
+        return self._pending == 1
+
+    @property
+    def used(self) -> Knobs:
+        """The setting the workflow ran at: a knob counts as cut only where it removed traced work."""
+        return Knobs(
+            self.candidates_run if self.cut_candidates and self.candidates_run else self.full.candidates,
+            self.cut_revisions if self.cut_revisions is not None else self.full.max_revisions,
+            self.full.evaluate and not self.cut_evaluate,
+        )
+
+    @property
+    def degraded(self) -> bool:
+        """Whether any knob removed work of the trace."""
+        return self.used != self.full
+
+    def _release_next(self) -> list[CallSpec]:
+        k = self.knobs or self.full
+        while True:
+            self._index += 1
+            if self._index >= len(self.stages):
+                return []
+            stage = self.stages[self._index]
+            if stage.kind == REVISE:
+                if self.revisions_run >= k.max_revisions:
+                    if self.cut_revisions is None:
+                        self.cut_revisions = k.max_revisions
+                    continue
+                self.revisions_run += 1
+            elif stage.kind in SKIPPABLE:
+                ev = k.evaluate and (self.candidates_run or k.candidates) >= 2
+                if self.evaluate_run is None:
+                    self.evaluate_run = ev
+                if not self.evaluate_run:
+                    self.cut_evaluate = True
+                    continue
+            calls = stage.calls
+            if stage.kind == CANDIDATE:
+                if self.candidates_run is None:
+                    self.candidates_run = min(k.candidates, len(calls))
+                    self.cut_candidates = self.candidates_run < len(calls)
+                calls = calls[: self.candidates_run]
+            self._pending = len(calls)
+            self._cursor.enter(stage.kind)
+            return list(calls)
+
+    def decide(self, predictor: CompletionPredictor) -> Decision | None:
+        """Choose the knobs for the rest of the workflow at ``predictor.now`` (None without a policy)."""
+        deg = self.degrader
+        if deg is None or self.template is None:
+            return None
+        opts = deg.options(
+            candidates_fixed=self.candidates_run,
+            revisions_done=self.revisions_run,
+            evaluate_fixed=self.evaluate_run,
+        )
+        template = self.template
+        cur = self._cursor
+        phase, rounds = cur.phase, cur.rounds
+        d = deg.choose(
+            opts,
+            lambda k: predictor.path_time(
+                knob_plan(template, k, phase=phase, rounds_done=rounds, full_candidates=self.full.candidates)
+            ),
+            self.deadline - predictor.now,
+        )
+        self.knobs = d.knobs
+        self.decisions += 1
+        if not d.fits:
+            self.missed_prediction = True
+        return d
+
+
+def decide(wf: KnobbedWorkflow, predictor: CompletionPredictor) -> Decision | None:
+    """``wf.decide(predictor)``: the simulator's hook, at arrival and at every stage boundary."""
+    return wf.decide(predictor)
