@@ -214,8 +214,11 @@ function timeline(wf) {
   const calls = wf.calls;
   const LABEL = 190, W = 900, ROW = 16, TOP = 18;
   const H = TOP + ROW * Math.max(calls.length, 1) + 6;
-  const span = Math.max(wf.latency_s, wf.deadline_s, ...calls.map((c) => c.done_s), 1e-6);
-  const x = (t) => LABEL + ((W - LABEL - 10) * Math.max(t, 0)) / span;
+  // The axis covers the workflow; the deadline too unless it lies far beyond (then it is named at the edge).
+  const end = Math.max(wf.latency_s, ...calls.map((c) => c.done_s), 1e-6);
+  const deadlineShown = wf.deadline_s <= 1.5 * end;
+  const span = deadlineShown ? Math.max(end, wf.deadline_s) : 1.1 * end;
+  const x = (t) => LABEL + ((W - LABEL - 60) * Math.min(Math.max(t, 0), span)) / span;
   const root = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "timeline", role: "img" });
   for (let k = 0; k <= 4; k++) {
     const t = (span * k) / 4;
@@ -235,14 +238,18 @@ function timeline(wf) {
     g.append(svg("rect", { x: x(c.ready_s), y: y + 3, width: Math.max(x(sent) - x(c.ready_s), 1), height: 10, fill: "#b8c4d6" }));
     g.append(svg("rect", { x: x(sent), y: y + 3, width: Math.max(x(c.done_s) - x(sent), 1), height: 10,
       fill: c.ok ? (c.over_budget ? "#c0262d" : "#2f6fdb") : "#7a271a" }));
-    if (c.budget_s > 0) {
+    if (c.budget_s > 0 && c.ready_s + c.budget_s <= span) {
       const bx = x(c.ready_s + c.budget_s);
       g.append(svg("line", { x1: bx, x2: bx, y1: y + 1, y2: y + 15, stroke: "#6941c6", "stroke-width": 2 }));
     }
     root.append(g);
   });
-  const dx = x(wf.deadline_s);
-  root.append(svg("line", { x1: dx, x2: dx, y1: TOP - 6, y2: H, stroke: "#c0262d", "stroke-width": 2, "stroke-dasharray": "4 3" }));
+  if (deadlineShown) {
+    const dx = x(wf.deadline_s);
+    root.append(svg("line", { x1: dx, x2: dx, y1: TOP - 6, y2: H, stroke: "#c0262d", "stroke-width": 2, "stroke-dasharray": "4 3" }));
+  } else {
+    root.append(svg("text", { x: W - 4, y: TOP + 10, "text-anchor": "end", fill: "#c0262d" }, `deadline ${num(wf.deadline_s, 1)} s →`));
+  }
   return root;
 }
 
