@@ -372,6 +372,7 @@ class Gateway:
                 self.metrics.tenant_reloads.labels(result="ok" if changed else "failed").inc()
                 if changed:
                     self.metrics.set_tenants(t.name for t in self.tenants.tenants)
+                    self.outcome_window.forget(t.name for t in self.tenants.tenants)
                     self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in self.tenants.tenants})
                     log.info("tenants reloaded (generation %d)", self.tenants.generation)
             before = after

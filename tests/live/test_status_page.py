@@ -54,6 +54,7 @@ async def test_state_needs_an_admin_key_and_the_page_shell_does_not(tmp_path: Pa
             page = await _get(client, "/ui", None)
             assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
             assert "/ui/static/app.js" in page.text and "/ui/static/style.css" in page.text
+            assert "script-src 'self'" in page.headers["content-security-policy"]
             for asset in ("app.js", "style.css"):
                 assert (await _get(client, f"/ui/static/{asset}", None)).status_code == 200, asset
             missing = await _get(client, "/ui/api/state", None)

@@ -84,6 +84,11 @@ async def test_status_page_signs_in_shows_everything_and_updates_live(tmp_path: 
                 page = await browser.new_page(viewport={"width": 1360, "height": 1000})
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
+                # Console errors too (a Content-Security-Policy violation is one), except the 401 of the wrong key.
+                page.on(
+                    "console",
+                    lambda msg: errors.append(msg.text) if msg.type == "error" and "401" not in msg.text else None,
+                )
                 await page.goto(f"{base}/ui")
 
                 # Signed out: the form; a wrong key is refused with the gateway's message.

@@ -34,7 +34,9 @@ const ago = (s) => (s < 90 ? Math.round(s) + " s ago" : s < 5400 ? Math.round(s 
 
 function bar(frac, hot) {
   const f = Math.max(0, Math.min(1, frac || 0));
-  return el("span", { class: hot ? "bar hot" : "bar" }, el("i", { style: `width:${(100 * f).toFixed(1)}%` }));
+  const fill = el("i", {});
+  fill.style.width = `${(100 * f).toFixed(1)}%`; // CSSOM, not a style attribute: the page's CSP allows no inline style
+  return el("span", { class: hot ? "bar hot" : "bar" }, fill);
 }
 
 // ---------------------------------------------------------------- sign-in and polling
