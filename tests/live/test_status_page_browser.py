@@ -95,6 +95,7 @@ async def test_status_page_signs_in_shows_everything_and_updates_live(tmp_path: 
                 # Signed out: the form; a wrong key is refused with the gateway's message.
                 await expect(page.locator("#login")).to_be_visible(timeout=WAIT_MS)
                 await expect(page.locator("#main")).to_be_hidden()
+                await expect(page.locator("#summary")).to_be_hidden()
                 await page.fill("#key", INTERACTIVE_KEY)  # a tenant's key is not an admin key
                 await page.click("#login-button")
                 await expect(page.locator("#login-error")).to_contain_text("not an admin key", timeout=WAIT_MS)
@@ -148,6 +149,8 @@ async def test_status_page_signs_in_shows_everything_and_updates_live(tmp_path: 
                 # Signing out forgets the key.
                 await page.click("#logout")
                 await expect(page.locator("#login")).to_be_visible()
+                await expect(page.locator("#main")).to_be_hidden()
+                await expect(page.locator("#summary")).to_be_hidden()
                 assert await page.evaluate("sessionStorage.length") == 0
             finally:
                 await browser.close()
