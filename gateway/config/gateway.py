@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from gateway.config.base import FieldError, _Strict, load_yaml_model
 from gateway.config.cluster import ClusterConfig, build_workers
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog
+from gateway.config.tenants import KeyHash
 from gateway.core.policy import POLICIES
 from gateway.core.worker import WorkerInfo
 from gateway.errors import ConfigError
@@ -325,6 +326,44 @@ class DiscoveryConfig(_Strict):
     )
 
 
+class AdminConfig(_Strict):
+    """Operator access: the live status page (``/ui``) and, optionally, ``/v1/status`` and ``/metrics``.
+
+    Operators authenticate with ``Authorization: Bearer <key>`` against ``api_key_sha256`` (SHA-256
+    digests, as tenant keys: ``hexflow tenants hash-key KEY``). An admin key is not a tenant key: it runs
+    no workflows, and a tenant key opens no admin route. Without any admin key the status page is off
+    (``/ui`` answers 404 saying how to turn it on), and ``/v1/status`` and ``/metrics`` stay open.
+    The page's numbers: outcomes per tenant over the last ``window_s`` seconds (in 30 buckets), and the
+    last ``recent_workflows`` finished workflows with their calls' timings (the slowest are shown).
+    """
+
+    api_key_sha256: list[KeyHash] = Field(
+        default_factory=list,
+        description="SHA-256 digests of the operators' keys (`hexflow tenants hash-key KEY`); empty: /ui is off.",
+    )
+    protect_status: bool = Field(False, description="GET /v1/status needs an admin key (default: open).")
+    protect_metrics: bool = Field(
+        False, description="GET /metrics needs an admin key (Prometheus: bearer_token in its scrape config)."
+    )
+    window_s: float = Field(
+        300.0,
+        ge=30.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="The status page's rolling window: per-tenant attainment and goodput over this many seconds.",
+    )
+    recent_workflows: int = Field(
+        200, ge=1, le=10_000, description="Finished workflows kept for the status page's slowest-workflows list."
+    )
+
+    @model_validator(mode="after")
+    def _keys_for_protection(self) -> AdminConfig:
+        for name in ("protect_status", "protect_metrics"):
+            if getattr(self, name) and not self.api_key_sha256:
+                raise FieldError(f"admin.{name}", "needs admin.api_key_sha256: with no admin key nobody could read it")
+        return self
+
+
 class GatewayConfig(_Strict):
     """The whole gateway configuration file."""
 
@@ -362,6 +401,7 @@ class GatewayConfig(_Strict):
         "multiplied by S. 1 for real GPUs.",
     )
     shutdown_grace_s: PosFloat = Field(30.0, description="On SIGTERM, how long in-flight workflows may finish.")
+    admin: AdminConfig = Field(default_factory=AdminConfig)
 
     @field_validator("policy")
     @classmethod

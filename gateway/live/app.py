@@ -9,6 +9,7 @@ Routes (one router per surface, under ``gateway.live.routers``):
     GET  /healthz               the process is alive
     GET  /readyz                config loaded, not shutting down, and at least one worker healthy
     GET  /metrics               Prometheus (``hexflow_*``, ``text/plain``; ``routers.ops``)
+    GET  /ui                    the live status page (admin key; ``routers.ui``: its data is GET /ui/api/state)
     GET  /openapi.json          the API contract; ``/docs`` (Swagger UI) and ``/redoc`` render it with assets
                                 served by the gateway itself (``/static/docs``: no network needed)
 
@@ -53,7 +54,7 @@ from gateway.errors import GatewayError, error_body
 from gateway.live.deps import unicode_body
 from gateway.live.middleware import BodyLimit
 from gateway.live.responses import JSONResponse, error_response, plain
-from gateway.live.routers import chat, ops, text2sql, workflows
+from gateway.live.routers import chat, ops, text2sql, ui, workflows
 from gateway.live.service import Gateway
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -154,6 +155,8 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
     app.include_router(chat.router)
     app.include_router(ops.router)
     app.include_router(text2sql.router)
+    app.include_router(ui.router)
+    app.mount(ui.UI_STATIC_URL, StaticFiles(directory=ui.UI_DIR), name="ui-static")
     _serve_docs(app)
     app.openapi = lambda: openapi_with_limits(app)  # type: ignore[method-assign]
     return app

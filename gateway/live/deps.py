@@ -19,8 +19,9 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import HTTPConnection
 
+from gateway.config.tenants import hash_key
 from gateway.core.predict import StagePlan
-from gateway.errors import GatewayError, ServiceUnavailable, Unauthorized, Unprocessable
+from gateway.errors import GatewayError, NotFound, ServiceUnavailable, Unauthorized, Unprocessable
 from gateway.live.service import Admission, Gateway
 from gateway.live.tenants import Tenant
 
@@ -82,6 +83,43 @@ async def auth(
 
 TenantDep = Annotated[Tenant, Depends(auth)]
 """The authenticated tenant of a request (401 otherwise)."""
+
+UI_DISABLED = (
+    "the status page is off: no admin key is configured; add admin.api_key_sha256 (a list of "
+    "`hexflow tenants hash-key KEY` digests) to the gateway's config file and restart it"
+)
+
+
+def check_admin(gw: Gateway, header: str) -> None:
+    """``Authorization: Bearer <admin key>`` (``admin.api_key_sha256``): 401 when the key is missing or not an
+    admin key (a tenant's key is not one), 404 when no admin key is configured (``UI_DISABLED``)."""
+    keys = gw.admin_keys
+    if not keys:
+        raise NotFound(UI_DISABLED)
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise Unauthorized("missing admin key: send 'Authorization: Bearer <admin key>'")
+    if hash_key(key.strip()) not in keys:
+        raise Unauthorized("not an admin key (admin.api_key_sha256 in the gateway's config file)")
+
+
+async def admin_auth(request: Request) -> None:
+    """The status page's data: an admin key is required (``check_admin``)."""
+    check_admin(gw_of(request), request.headers.get("authorization", ""))
+
+
+async def status_access(request: Request) -> None:
+    """``/v1/status``: open, or an admin key when ``admin.protect_status`` is set."""
+    gw = gw_of(request)
+    if gw.cfg.admin.protect_status:
+        check_admin(gw, request.headers.get("authorization", ""))
+
+
+async def metrics_access(request: Request) -> None:
+    """``/metrics``: open, or an admin key when ``admin.protect_metrics`` is set."""
+    gw = gw_of(request)
+    if gw.cfg.admin.protect_metrics:
+        check_admin(gw, request.headers.get("authorization", ""))
 
 
 def deadline_or_raise(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> float:

@@ -38,6 +38,8 @@ with its series.
 | hexflow_active_workflows | gauge | | workflows in progress |
 | hexflow_discovery_pods | gauge | state | selected pods by state: ready, unready, pending (no IP yet), invalid |
 | hexflow_discovery_errors_total | counter | | failed lists or watches of the Kubernetes API |
+| hexflow_workflow_outcomes_total | counter | tenant, outcome | ``history.GOODPUT_OUTCOMES``: met, late, ... |
+| hexflow_goodput_workflows_total | counter | tenant | met their deadline with a valid answer (rate: goodput) |
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.live.history import GOODPUT_OUTCOMES
 from gateway.live.promparse import WorkerMetrics
 
 MAX_KINDS = 32
@@ -131,7 +134,7 @@ class _WorkerSeries:
 class _TenantSeries:
     """One tenant's labelled children (as ``_WorkerSeries``)."""
 
-    __slots__ = ("demoted", "latency", "outcomes", "rejections", "slo")
+    __slots__ = ("demoted", "goodput", "goodput_outcomes", "latency", "outcomes", "rejections", "slo")
 
     def __init__(self) -> None:
         self.outcomes: dict[str, Counter] = {}
@@ -139,6 +142,8 @@ class _TenantSeries:
         self.demoted: dict[str, Counter] = {}
         self.latency: Histogram | None = None
         self.slo: Gauge | None = None
+        self.goodput_outcomes: dict[str, Counter] = {}
+        self.goodput: Counter | None = None
 
 
 class GatewayMetrics:
@@ -250,6 +255,18 @@ class GatewayMetrics:
         self.discovery_errors = Counter(
             "hexflow_discovery_errors", "Failed lists or watches of the Kubernetes API.", registry=r
         )
+        self.workflow_outcomes = Counter(
+            "hexflow_workflow_outcomes",
+            "Workflows by goodput outcome (met, late, no_valid_answer, failed, rejected, cancelled).",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.goodput = Counter(
+            "hexflow_goodput_workflows",
+            "Workflows that met their deadline with a valid answer (goodput is its rate).",
+            ["tenant"],
+            registry=r,
+        )
         # The labelled children the hot path uses, resolved by ``labels()`` once each (see ``_WorkerSeries``).
         self._workers: dict[str, _WorkerSeries] = {}
         self._tenants: dict[str, _TenantSeries] = {}
@@ -294,6 +311,9 @@ class GatewayMetrics:
         for when in DEMOTED_WHEN:
             self.demoted.labels(tenant=tenant, when=when)
         self._recent.setdefault(tenant, _Attainment())
+        for o in GOODPUT_OUTCOMES:
+            self.workflow_outcomes.labels(tenant=tenant, outcome=o)
+        self.goodput.labels(tenant=tenant)
 
     def set_tenants(self, tenants: Iterable[str]) -> None:
         """The tenants in force after a reload: each one's series are created (``add_tenant``), and the children
@@ -373,6 +393,19 @@ class GatewayMetrics:
             if g is None:
                 g = s.slo = self.slo.labels(tenant=tenant)
             g.set(recent.add(outcome == "met"))
+
+    def workflow_outcome(self, tenant: str, outcome: str) -> None:
+        """A workflow ended with goodput ``outcome`` (one of ``history.GOODPUT_OUTCOMES``); ``met`` is goodput."""
+        s = self._tenant(tenant)
+        c = s.goodput_outcomes.get(outcome)
+        if c is None:
+            c = s.goodput_outcomes[outcome] = self.workflow_outcomes.labels(tenant=tenant, outcome=outcome)
+        c.inc()
+        if outcome == "met":
+            g = s.goodput
+            if g is None:
+                g = s.goodput = self.goodput.labels(tenant=tenant)
+            g.inc()
 
     def rejection(self, tenant: str, reason: str) -> None:
         """A workflow of ``tenant`` refused at admission, and why (one of ``REJECT_REASONS``)."""

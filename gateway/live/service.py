@@ -41,6 +41,14 @@ from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate, deadline_met
 from gateway.errors import CallFailed, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
+from gateway.live.history import (
+    MAX_CALLS,
+    FinishedWorkflow,
+    OutcomeWindow,
+    WorkflowHistory,
+    call_timings,
+    goodput_outcome,
+)
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import Clock, WorkerPool
 from gateway.live.prompts import request_prompt
@@ -91,7 +99,9 @@ class CallRecord:
     """One call's outcome inside a workflow, as the caller is told it.
 
     The worker's name, the last attempt's queue and run seconds, the attempts, and the worker's answer
-    or the final error. The simulator keeps a different record, ``gateway.sim.simulator.CallTimeline``
+    or the final error. ``ready_at``/``sent_at``/``done_at`` (the gateway's clock; None: not reached) and
+    ``budget_s`` (the stage budget the scheduler gave it) are the status page's timeline. The simulator
+    keeps a different record, ``gateway.sim.simulator.CallTimeline``
     (absolute virtual times, with the engine's finish time that only it knows), for timelines.
     """
 
@@ -103,6 +113,10 @@ class CallRecord:
     attempts: int = 0
     result: CallResult | None = None
     error: CallFailed | None = None
+    ready_at: float | None = None
+    sent_at: float | None = None
+    done_at: float | None = None
+    budget_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -152,6 +166,7 @@ class _Execution:
     records: list[CallRecord]
     done: asyncio.Future[None]
     on_call_done: Callable[[CallRecord], None] | None = None
+    wf_id: str | None = None
     live: dict[int, LiveCall] = field(default_factory=dict)
     error: CallFailed | None = None
     abandoned: bool = False
@@ -255,6 +270,13 @@ class Gateway:
                 api=kube_api,
             )
         self.recorder = WindowRecorder(cfg.tuning.window_workflows, cfg.tuning.max_age_s)
+        # The status page's memory (``gateway.live.history``): outcomes per tenant over a rolling window, the
+        # last finished workflows with their calls' timings, and the records of online workflows' calls so far.
+        self.outcome_window = OutcomeWindow(cfg.admin.window_s)
+        self.history = WorkflowHistory(cfg.admin.recent_workflows)
+        self._stage_records: dict[OnlineWorkflow, list[CallRecord]] = {}
+        self.admin_keys = frozenset(cfg.admin.api_key_sha256)
+        """SHA-256 digests of the operators' keys (``admin.api_key_sha256``); empty: the status page is off."""
         self.tuner = AlphaTuner(self, cfg.tuning) if background and cfg.tuning.enabled else None
         self.background = background
         self.draining = False
@@ -350,6 +372,7 @@ class Gateway:
                 self.metrics.tenant_reloads.labels(result="ok" if changed else "failed").inc()
                 if changed:
                     self.metrics.set_tenants(t.name for t in self.tenants.tenants)
+                    self.outcome_window.forget(t.name for t in self.tenants.tenants)
                     self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in self.tenants.tenants})
                     log.info("tenants reloaded (generation %d)", self.tenants.generation)
             before = after
@@ -475,7 +498,7 @@ class Gateway:
         wf = DagWorkflow.build(wid, tenant.name, now, now + deadline_s, nodes, template)
         loop = asyncio.get_running_loop()
         records = [CallRecord(i, n.kind) for i, n in enumerate(nodes)]
-        ex = _Execution(self, wf, requests, records, loop.create_future(), on_call_done)
+        ex = _Execution(self, wf, requests, records, loop.create_future(), on_call_done, wf_id)
         self._begin(ex, tenant)
         self._admitted(wf, admission)
         try:
@@ -564,6 +587,10 @@ class Gateway:
             rec.worker = call.worker_name
         rec.queued_s = max((call.sent_at or now) - call.ready_at, 0.0)
         rec.run_s = max(now - call.sent_at, 0.0) if call.sent_at else 0.0
+        rec.ready_at = call.ready_at
+        rec.sent_at = call.sent_at or None
+        rec.done_at = now
+        rec.budget_s = call.budget
         if isinstance(outcome, CallResult):
             rec.attempts = call.attempts + 1
             rec.result = outcome
@@ -578,11 +605,15 @@ class Gateway:
         self.metrics.active.set(self.active_total)
         self._executions.add(ex)
 
-    def _finish(self, ex: object, tenant: Tenant, outcome: str, latency: float | None) -> None:
+    def _finish(self, ex: object, tenant: Tenant, outcome: str, latency: float | None, *, valid: bool = True) -> None:
         if ex not in self._executions:
             return
         self._executions.discard(ex)
         wf = ex.wf if isinstance(ex, _Execution) else ex
+        if isinstance(ex, _Execution):
+            self._ended(ex.wf, tenant.name, outcome, valid, ex.records, ex.wf_id)
+        elif isinstance(wf, OnlineWorkflow):
+            self._ended(wf, tenant.name, outcome, valid, self._stage_records.pop(wf, []), None)
         if isinstance(wf, Workflow):
             self._pending.pop(wf, None)
             self._best_effort.discard(wf)
@@ -596,6 +627,38 @@ class Gateway:
         self.metrics.workflow_done(tenant.name, latency, outcome)
         if self.active_total == 0:
             self._idle.set()
+
+    def _ended(
+        self, wf: Workflow, tenant: str, status: str, valid: bool, records: Sequence[CallRecord], wf_id: str | None
+    ) -> None:
+        """Account a workflow that ran and ended (``status``: met, missed, failed, cancelled, shed): its goodput
+        outcome (metrics and the rolling window) and its timeline in the status page's history."""
+        now = self.clock()
+        outcome = goodput_outcome(status, valid=valid)
+        self.metrics.workflow_outcome(tenant, outcome)
+        self.outcome_window.add(tenant, outcome, now)
+        route = "text2sql" if isinstance(wf, OnlineWorkflow) else "workflows" if wf_id is not None else "chat"
+        calls, more = call_timings(
+            wf.arrival,
+            (
+                (r.kind, r.worker, r.ready_at, r.sent_at, r.done_at, r.budget_s, r.attempts, r.error is None)
+                for r in records
+                if r.ready_at is not None and r.done_at is not None
+            ),
+        )
+        self.history.add(
+            FinishedWorkflow(
+                id=wf_id or f"{route}-{wf.wid}",
+                tenant=tenant,
+                route=route,
+                outcome=outcome,
+                finished=now,
+                latency_s=now - wf.arrival,
+                deadline_s=wf.deadline - wf.arrival,
+                calls=calls,
+                more_calls=more,
+            )
+        )
 
     # ------------------------------------------------------------------ online workflows (stage by stage)
 
@@ -652,7 +715,7 @@ class Gateway:
         elif failed:
             self._finish(wf, tenant, "failed", None)
         else:
-            self._finish(wf, tenant, "met" if wf.met(now, valid=valid) else "missed", latency)
+            self._finish(wf, tenant, "met" if wf.met(now, valid=valid) else "missed", latency, valid=valid)
             self.recorder.record_online(wf)
         return latency
 
@@ -665,6 +728,7 @@ class Gateway:
         takes its queued and in-flight calls back.
         """
         wf.begin_stage(kind, [spec for spec, _ in calls])
+        kept = self._stage_records.setdefault(wf, [])
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[CallResult | CallFailed]] = []
         live: list[LiveCall] = []
@@ -688,6 +752,8 @@ class Gateway:
 
             futures.append(fut)
             records.append(rec)
+            if len(kept) < MAX_CALLS:  # the status page's timeline keeps the first calls only
+                kept.append(rec)
         try:
             for (spec, req), fut, rec in zip(calls, futures, records, strict=True):
                 live.append(self._submit(wf, spec, req, functools.partial(done_of, fut=fut, rec=rec)))
@@ -704,6 +770,8 @@ class Gateway:
         """Count a workflow refused at admission, and why (one of ``metrics.REJECT_REASONS``)."""
         self.metrics.workflow_done(tenant, None, "rejected")
         self.metrics.rejection(tenant, reason)
+        self.metrics.workflow_outcome(tenant, "rejected")
+        self.outcome_window.add(tenant, "rejected", self.clock())
 
     # ------------------------------------------------------------------ overload: shedding
 

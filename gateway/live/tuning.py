@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hexflow.tuning")
 
+TUNING_HISTORY = 50
+"""Tuning runs ``AlphaTuner.history`` keeps (the status page's tuning history)."""
+
 
 @dataclass(frozen=True, slots=True)
 class WindowEntry:
@@ -193,6 +196,8 @@ class AlphaTuner:
         self._executor: ProcessPoolExecutor | None = None
         self.last: dict[str, Any] | None = None
         self.runs = 0
+        self.history: deque[dict[str, Any]] = deque(maxlen=TUNING_HISTORY)
+        """The last ``TUNING_HISTORY`` runs, oldest first, each with ``at`` (the gateway clock): the status page's."""
 
     def _pool(self) -> ProcessPoolExecutor:
         if self._executor is None:
@@ -271,6 +276,7 @@ class AlphaTuner:
         self.runs += 1
         self.gw.metrics.tuning_runs.labels(result=result).inc()
         self.last = {"result": result, **info}
+        self.history.append({"at": self.gw.clock(), "alpha": self.gw.scheduler.alpha, **self.last})
         return result
 
     def status(self) -> dict[str, Any]:

@@ -157,6 +157,8 @@ def test_exported_names_include_what_the_dashboards_need() -> None:
     names = known_names()
     for n in (
         "hexflow_workflows_total",
+        "hexflow_workflow_outcomes_total",
+        "hexflow_goodput_workflows_total",
         "hexflow_stage_latency_seconds_bucket",
         "hexflow_estimate_ratio_bucket",
         "hexflow_worker_up",
@@ -190,6 +192,9 @@ def test_rule_groups_and_alerts() -> None:
         "HexflowTenantReloadFailing",
         "HexflowDiscoveryFailing",
         "HexflowDiscoveryInvalidPods",
+        "HexflowGoodputBurnRatePage",
+        "HexflowGoodputBurnRateTicket",
+        "HexflowGoodputZero",
     ):
         assert name in alerts
         assert alerts[name]["labels"]["severity"] in ("page", "ticket")
@@ -198,6 +203,8 @@ def test_rule_groups_and_alerts() -> None:
     assert len(records) == len(set(records))
     for window in ("5m", "30m", "1h", "6h"):
         assert f"tenant:hexflow_slo_errors:ratio_rate{window}" in records
+        assert f"tenant:hexflow_goodput_errors:ratio_rate{window}" in records
+    assert "tenant:hexflow_goodput_workflows:rate5m" in records
 
 
 # --- dashboards ------------------------------------------------------------------------------------

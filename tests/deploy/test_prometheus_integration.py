@@ -90,8 +90,13 @@ def _recording_rules() -> dict[str, str]:
 
 
 def _burn_rate_alerts() -> set[str]:
-    """The alerts built on the SLO error ratio recording rules (the burn-rate alerts)."""
-    return {r["alert"] for r in _rule_docs() if "alert" in r and "tenant:hexflow_slo_errors:" in r["expr"]}
+    """The alerts built on the SLO and goodput error ratio recording rules (the burn-rate alerts; without
+    rejected, failed or invalid answers in the workload, both ratios are the same)."""
+    return {
+        r["alert"]
+        for r in _rule_docs()
+        if "alert" in r and ("tenant:hexflow_slo_errors:" in r["expr"] or "tenant:hexflow_goodput_errors:" in r["expr"])
+    }
 
 
 def _rule(names: dict[str, str], prefix: str, suffix: str) -> str:
@@ -236,6 +241,18 @@ async def _check_slo(prom: httpx.AsyncClient, names: dict[str, str], log: Path) 
     for record in error_rules:
         err = await _settled(prom, record, stored, log)
         assert err == {"interactive": 0.0, "batch": 0.0, TIGHT: pytest.approx(err_t, rel=1e-12)}, (record, err)
+
+    # Goodput: the workload has no rejected, failed or invalid answers, so its goodput share is the attainment
+    # and its goodput error ratio the SLO's, every window; goodput per second is the met rate.
+    goodput_errors = sorted(n for n in names if n.startswith("tenant:hexflow_goodput_errors:"))
+    assert goodput_errors
+    for record in goodput_errors:
+        err = await _settled(prom, record, stored, log)
+        assert err == {"interactive": 0.0, "batch": 0.0, TIGHT: pytest.approx(err_t, rel=1e-12)}, (record, err)
+    share = await _settled(prom, _rule(names, "tenant:hexflow_goodput:", "ratio_rate5m"), stored, log)
+    assert share == {"interactive": 1.0, "batch": 1.0, TIGHT: pytest.approx(att_t, rel=1e-12)}, share
+    goodput = await _settled(prom, _rule(names, "tenant:hexflow_goodput_workflows", "rate5m"), stored, log)
+    assert set(goodput) == set(tenants) and min(goodput.values()) > 0, goodput
 
     # Rates of the series of one target are extrapolated alike: their ratios are the workload's.
     fin = await _settled(prom, finished, stored, log)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gateway.config.tenants import hash_key
 from gateway.live.promparse import parse_families
+from gateway.live.statuspage import page_state
 from tests.live.harness import chain, emulators, gateway_client, write_config
 
 GPUS = ["A100", "L40S"]
@@ -117,3 +118,8 @@ async def test_background_tuner_replays_the_window_in_another_process(tmp_path: 
         assert gw.scheduler.alpha == (last["chosen"] if result == "applied" else 0.3)
         status = (await client.get("/v1/status")).json()
         assert status["tuning"]["runs"] == 2 and status["alpha"] == gw.scheduler.alpha
+        # The status page's tuning history: both runs, newest first, with their age instead of a clock reading.
+        history = page_state(gw)["tuning"]["history"]
+        assert [run["result"] for run in history] == [result, "skipped"]
+        assert history[0]["chosen"] == last["chosen"] and history[0]["alpha"] == gw.scheduler.alpha
+        assert all(run["age_s"] >= 0 and "at" not in run for run in history)

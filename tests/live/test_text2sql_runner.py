@@ -169,3 +169,31 @@ async def test_a_runner_is_opened_once_and_used_only_while_open(
     with pytest.raises(RuntimeError, match="open already"):
         runner.open(10.0)
     runner.close(valid=True)
+
+
+@pytest.mark.parametrize(
+    ("valid", "advance_s", "outcome"),
+    [(True, 0.0, "met"), (True, 20.0, "late"), (False, 0.0, "no_valid_answer"), (False, 20.0, "no_valid_answer")],
+)
+async def test_a_closed_question_is_a_goodput_outcome_with_its_stages_timeline(
+    live: tuple[Gateway, FakeClock, ScriptedTransport], valid: bool, advance_s: float, outcome: str
+) -> None:
+    gw, clock, _ = live
+    runner = GatewayStageRunner(gw, TENANT)
+    runner.open(10.0)
+    await runner.run_stage("generate_candidate", [call("a"), call("b")])
+    await runner.run_stage("revise", [call("c")])
+    clock.t += advance_s
+    runner.close(valid=valid)
+    text = gw.metrics.render().decode()
+    assert f'hexflow_workflow_outcomes_total{{outcome="{outcome}",tenant="t"}} 1.0' in text
+    goodput = gw.metrics.registry.get_sample_value("hexflow_goodput_workflows_total", {"tenant": "t"})
+    assert goodput == (1.0 if outcome == "met" else None)  # "t" is not a configured tenant: no series before
+    [wf] = gw.history.slowest(5)
+    assert wf.route == "text2sql" and wf.tenant == "t" and wf.outcome == outcome and wf.deadline_s == 10.0
+    assert [c.kind for c in wf.calls] == ["generate_candidate", "generate_candidate", "revise"]
+    assert all(c.worker == "a100-0" and c.ok and c.budget_s > 0 for c in wf.calls)
+    assert wf.calls[2].ready_s >= max(wf.calls[0].done_s, wf.calls[1].done_s)  # the stages ran one after the other
+    assert wf.latency_s == pytest.approx(clock.t - 1000.0)
+    assert gw.outcome_window.summary(clock.t)["t"]["outcomes"][outcome] == 1
+    assert gw._stage_records == {}  # nothing kept for a closed workflow

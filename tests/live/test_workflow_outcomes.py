@@ -11,6 +11,7 @@ from gateway.config.gateway import load_gateway_config
 from gateway.core.dag import DagNode
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
+from gateway.live.history import GOODPUT_OUTCOMES
 from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall
@@ -79,6 +80,49 @@ async def test_close_workflow_counts_met_only_for_a_valid_answer_by_the_deadline
 
 
 @pytest.mark.parametrize(
+    ("finish", "kwargs", "outcome"),
+    [
+        (5.0, {}, "met"),
+        (10.5, {}, "late"),
+        (5.0, {"valid": False}, "no_valid_answer"),
+        (12.0, {"valid": False}, "no_valid_answer"),
+        (5.0, {"failed": True}, "failed"),
+        (5.0, {"cancelled": True}, "cancelled"),
+    ],
+)
+async def test_close_workflow_counts_exactly_one_goodput_outcome(
+    tmp_path: Path, finish: float, kwargs: dict[str, bool], outcome: str
+) -> None:
+    clock = FakeClock()
+    gw = _gateway(tmp_path, clock)
+    wf = gw.open_workflow(TENANT, 10.0, None)
+    clock.t = finish
+    gw.close_workflow(wf, TENANT, **kwargs)
+    counts = {
+        o: gw.metrics.registry.get_sample_value("hexflow_workflow_outcomes_total", {"tenant": "t", "outcome": o}) or 0.0
+        for o in GOODPUT_OUTCOMES
+    }
+    assert counts == {o: 1.0 if o == outcome else 0.0 for o in GOODPUT_OUTCOMES}
+    goodput = gw.metrics.registry.get_sample_value("hexflow_goodput_workflows_total", {"tenant": "t"}) or 0.0
+    assert goodput == (1.0 if outcome == "met" else 0.0)
+    [ended] = gw.history.slowest(1)
+    assert ended.outcome == outcome and ended.latency_s == finish and ended.calls == ()
+
+
+async def test_a_shed_workflow_counts_as_rejected_for_goodput(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gw = _gateway(tmp_path, clock)
+    wf = gw.open_workflow(TENANT, 10.0, None)
+    gw._shed_workflow(wf, 3.0)
+    gw.close_workflow(wf, TENANT)
+    assert _count(gw, "shed") == 1.0
+    value = gw.metrics.registry.get_sample_value(
+        "hexflow_workflow_outcomes_total", {"tenant": "t", "outcome": "rejected"}
+    )
+    assert value == 1.0
+
+
+@pytest.mark.parametrize(
     ("status", "latency_s", "met"),
     [("ok", 3.0, True), ("ok", 10.0, True), ("ok", 10.000001, False), ("failed", 3.0, False)],
 )
@@ -95,6 +139,10 @@ async def test_a_workflow_that_raises_ends_as_failed_and_frees_its_slot(tmp_path
         await gw.run_workflow(TENANT, 10.0, nodes, [CallRequest("/v1/completions", {})])
     assert gw.active_total == 0
     assert _count(gw, "failed") == 1.0
+    failed = gw.metrics.registry.get_sample_value(
+        "hexflow_workflow_outcomes_total", {"tenant": "t", "outcome": "failed"}
+    )
+    assert failed == 1.0
 
 
 async def test_a_stage_whose_submission_fails_part_way_takes_back_the_calls_already_submitted(

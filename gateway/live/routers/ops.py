@@ -1,13 +1,17 @@
-"""Operations: ``GET /v1/status``, ``/healthz`` (liveness), ``/readyz`` (readiness), ``/metrics`` (Prometheus)."""
+"""Operations: ``GET /v1/status``, ``/healthz`` (liveness), ``/readyz`` (readiness), ``/metrics`` (Prometheus).
+
+``/v1/status`` and ``/metrics`` are open unless ``admin.protect_status`` / ``admin.protect_metrics`` put them
+behind an admin key (401 without one).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
 
-from gateway.live.deps import gw_of
+from gateway.live.deps import gw_of, metrics_access, status_access
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import GatewayStatus, Health, Readiness, route_responses
 from gateway.live.service import Gateway
@@ -15,7 +19,12 @@ from gateway.live.service import Gateway
 router = APIRouter()
 
 
-@router.get("/v1/status", response_model=GatewayStatus, responses=route_responses(503))
+@router.get(
+    "/v1/status",
+    response_model=GatewayStatus,
+    responses=route_responses(401, 503),
+    dependencies=[Depends(status_access)],
+)
 async def status(request: Request) -> dict[str, Any]:
     """Workers, queue depths, in-flight calls, current alpha, estimates and tuning state."""
     return gw_of(request).status()
@@ -52,11 +61,15 @@ async def readyz(request: Request) -> JSONResponse:
             "description": "Prometheus text exposition format 0.0.4.",
             "content": {"text/plain": {"schema": {"type": "string"}}},
         },
-        503: {  # as JSON, like every error (the route's own class is text/plain)
-            **{k: v for k, v in route_responses(503)[503].items() if k != "model"},
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+        **{
+            status: {  # as JSON, like every error (the route's own class is text/plain)
+                **{k: v for k, v in route_responses(status)[status].items() if k != "model"},
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+            }
+            for status in (401, 503)
         },
     },
+    dependencies=[Depends(metrics_access)],
 )
 async def metrics(request: Request) -> PlainTextResponse:
     """Prometheus exposition of the ``hexflow_*`` metrics."""
