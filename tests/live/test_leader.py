@@ -17,6 +17,7 @@ from gateway.config.gateway import LeaderElectionConfig, load_gateway_config
 from gateway.errors import ConfigError
 from gateway.live.discovery import KubeApi, KubeConflict
 from gateway.live.leader import LeaderElector, micro_time
+from gateway.live.server import build_app
 from gateway.live.service import Gateway
 from tests.live.fake_kube import FakeKube
 from tests.live.harness import chain, emulators, gateway_client, wait_for, write_config
@@ -270,3 +271,11 @@ async def test_the_rbac_hint_names_leases_on_403(tmp_path: Path) -> None:
         with pytest.raises(Exception, match="leases"):
             await api.request_json("GET", f"{LEASE}/x")
         await api.close()
+
+
+def test_leader_election_outside_a_pod_needs_an_api_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    cfg = write_config(tmp_path, ["http://127.0.0.1:1"], ["A100"], leader_election={"enabled": True})
+    with pytest.raises(ConfigError) as err:
+        build_app(load_gateway_config(cfg))
+    assert err.value.field == "leader_election.api_url"
