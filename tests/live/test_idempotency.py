@@ -6,11 +6,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import yaml
 from starlette.responses import Response
 
 from gateway.errors import Rejected
 from gateway.live.idempotency import IdempotencyKeyReused, IdempotencyStore, StoredResponse, fingerprint
 from gateway.live.responses import JSONResponse
+from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
 from tests.live.harness import BATCH_KEY, chain, emulators, gateway_client, wait_for, write_config
 
 
@@ -216,3 +218,26 @@ async def test_idempotency_off_ignores_the_header(tmp_path: Path) -> None:
             b = await client.post("/v1/workflows", json=body, headers=key)
             assert a.status_code == b.status_code == 200
             assert a.json()["id"] != b.json()["id"]
+
+
+async def test_text2sql_route_answers_a_keyed_retry_from_the_first_run(tmp_path: Path) -> None:
+    write_sqlite(tmp_path / f"{DB_ID}.sqlite")
+    (tmp_path / "databases.yaml").write_text(
+        yaml.safe_dump({"databases": {DB_ID: {"url": f"sqlite:///{DB_ID}.sqlite", "statement_timeout_s": 2.0}}})
+    )
+    async with emulators(["A100"]) as urls:
+        cfg = write_config(tmp_path, urls, ["A100"], databases_file="databases.yaml")
+        async with gateway_client(cfg) as (client, app):
+            body = {"question": demo_questions()[0].question, "db_id": DB_ID, "deadline_s": 120}
+            key = {"Idempotency-Key": "q-1"}
+            a, b = await asyncio.gather(
+                client.post("/v1/text2sql", json=body, headers=key),
+                client.post("/v1/text2sql", json=body, headers=key),
+            )
+            assert a.status_code == b.status_code, a.text
+            assert a.json() == b.json() and a.json()["id"].startswith("t2s-")
+            again = await client.post("/v1/text2sql", json=body, headers=key)
+            assert again.json() == a.json() and again.headers["idempotent-replayed"] == "true"
+            assert app.state.gateway.idempotency.runs == 1
+            unknown = await client.post("/v1/text2sql", json={**body, "db_id": "nope"}, headers=key)
+            assert unknown.status_code == 422  # the key named another question
