@@ -41,6 +41,18 @@ STORED_STATUSES = frozenset(range(200, 500)) - {408, 425, 429, 499}
 refusal that asks for a retry (408, 425, 429), a disconnect (499) or any 5xx."""
 
 
+OPENAPI_PARAMETER: dict[str, Any] = {
+    "name": HEADER,
+    "in": "header",
+    "required": False,
+    "description": "Optional, per tenant: a retry with the same key and body gets the first run's answer "
+    "(``Idempotent-Replayed: true``) instead of running again; the same key with another body is 422. "
+    "Kept in this gateway replica's memory for ``idempotency.ttl_s``.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_CHARS, "pattern": "^[!-~]([ -~]*[!-~])?$"},
+}
+"""The header as the OpenAPI document declares it on the routes that honour it."""
+
+
 class IdempotencyKeyReused(Unprocessable):
     """The key was used before by the same tenant for another request (422)."""
 

@@ -30,7 +30,7 @@ from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.predict import template_plan
 from gateway.errors import Unprocessable
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, idempotent
-from gateway.live.idempotency import HEADER
+from gateway.live.idempotency import HEADER, OPENAPI_PARAMETER
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
 from gateway.live.service import Gateway
@@ -133,7 +133,12 @@ async def _answer(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, t
     return JSONResponse(result.as_dict(), status_code=result.http_status)
 
 
-@router.post("/v1/text2sql", response_model=None, responses=_responses())
+@router.post(
+    "/v1/text2sql",
+    response_model=None,
+    responses=_responses(),
+    openapi_extra={"parameters": [OPENAPI_PARAMETER]},
+)
 async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) -> Response:
     """Answer a question with SQL executed on the tenant's database.
 

@@ -34,6 +34,7 @@ from gateway.core.prefix import PrefixSeg
 from gateway.core.tokens import message_tokens
 from gateway.errors import Unprocessable, UpstreamError
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, idempotent
+from gateway.live.idempotency import OPENAPI_PARAMETER
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import (
     CallReport,
@@ -182,6 +183,7 @@ def _check_limit(i: int, name: str, value: int, limit: int) -> None:
     "/v1/workflows",
     response_model=WorkflowResponse,
     responses=route_responses(400, 401, 413, 422, 429, 502, 503, 504),
+    openapi_extra={"parameters": [OPENAPI_PARAMETER]},
 )
 async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> Response:
     """Run a DAG of LLM calls; returns every call's result and timings.
