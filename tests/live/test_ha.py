@@ -229,4 +229,7 @@ async def test_killing_the_leader_under_load_loses_no_keyed_workflow(tmp_path: P
                     await send(client, [new], again)
                     assert again.replayed and again.workflow_id == o.workflow_id
                 assert completed_workflows((await client.get(f"{new.url}/metrics")).text) == len(firsthand)
+                # The replica that never led completed nothing: followers refuse work.
+                (third,) = [r for r in rs if r is not old and r is not new]
+                assert completed_workflows((await client.get(f"{third.url}/metrics")).text) == 0
                 assert takeover_s < 30  # a lease period plus rounds; generous for a busy machine

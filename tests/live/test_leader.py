@@ -261,6 +261,8 @@ async def test_a_leader_gives_the_lease_up_when_it_shuts_down(tmp_path: Path) ->
         s = spec(kube)
         assert s["holderIdentity"] is None and s["leaseDurationSeconds"] == 1
         assert kube.writes[0] == "gw-me" and kube.writes[-1] is None
+        left = {t.get_name() for t in asyncio.all_tasks()} & {"leader-election", "alpha-tuner", "idempotent-work"}
+        assert not left, f"tasks left after shutdown: {left}"
 
 
 async def test_the_rbac_hint_names_leases_on_403(tmp_path: Path) -> None:
