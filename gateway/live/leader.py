@@ -216,7 +216,8 @@ class LeaderElector:
             self.last_error = f"{type(exc).__name__}: {exc}"[:500]
             log.warning("lease %s: %s", self.cfg.lease_name, self.last_error)
         if held:
-            self.renewed_at = self._clock()
+            # Counted from when the round started: the record the others see was written after that.
+            self.renewed_at = now
             self.last_error = None
             self._set_leading(True)
         elif self.leading and (
