@@ -364,6 +364,95 @@ class AdminConfig(_Strict):
         return self
 
 
+LEASE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+"""A Kubernetes object name (a DNS subdomain: lower-case letters, digits, ``-`` and ``.``, at most 253)."""
+
+
+class LeaderElectionConfig(_Strict):
+    """High availability: several gateway replicas, one leader holding a ``coordination.k8s.io/v1`` Lease.
+
+    Only the leader serves: the other replicas answer ``/readyz`` with 503 (so a Service routes nothing
+    to them) and refuse workflows with 503 and ``Retry-After``, while they keep their workers' health and
+    discovery current so that a take-over is immediate. The leader renews the Lease every
+    ``retry_period_s``; a leader that has not renewed for ``renew_deadline_s`` steps down (stops serving)
+    before another replica may take the Lease, which happens once it has seen the same Lease record for
+    ``lease_duration_s`` (judged on its own clock, as client-go does). A replica that shuts down gives the
+    Lease up at once. Off by default: one replica needs none of it.
+    """
+
+    enabled: bool = Field(False, description="Elect a leader among the gateway replicas (Kubernetes Lease).")
+    lease_name: str = Field(
+        "hexflow-gateway", pattern=LEASE_NAME, description="Name of the Lease object (one per gateway Deployment)."
+    )
+    namespace: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="Namespace of the Lease (default: the gateway's own, from its service account).",
+    )
+    identity: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description="This replica's name in the Lease's holderIdentity (default: $POD_NAME, else the host name).",
+    )
+    lease_duration_s: int = Field(
+        15, ge=1, le=3600, description="How long a Lease that is not renewed keeps other replicas out (seconds)."
+    )
+    renew_deadline_s: PosFloat = Field(
+        10.0, description="A leader that has not renewed its Lease for this long steps down (< lease_duration_s)."
+    )
+    retry_period_s: PosFloat = Field(
+        2.0, description="How often the leader renews, and how often the others try to acquire (< renew_deadline_s)."
+    )
+    api_url: str | None = Field(
+        None,
+        pattern=r"^https?://\S+$",
+        description="API server URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).",
+    )
+    token_file: str = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        description="Bearer token file (re-read on every request). Missing: no auth.",
+    )
+    ca_file: str | None = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+        description="CA bundle of the API server (missing file: the system's CAs).",
+    )
+
+    @model_validator(mode="after")
+    def _periods(self) -> LeaderElectionConfig:
+        # client-go's rules: the leader must give up before others may take over, and retry within its deadline.
+        if self.renew_deadline_s >= self.lease_duration_s:
+            raise FieldError(
+                "leader_election.renew_deadline_s",
+                f"must be less than lease_duration_s ({self.lease_duration_s}), got {self.renew_deadline_s:g}: "
+                "a leader that cannot renew must step down before another replica may take the lease",
+            )
+        if self.retry_period_s * 1.2 > self.renew_deadline_s:
+            raise FieldError(
+                "leader_election.retry_period_s",
+                f"must be at most renew_deadline_s / 1.2 ({self.renew_deadline_s / 1.2:.3g}, "
+                f"the jitter's margin), got {self.retry_period_s:g}",
+            )
+        return self
+
+
+class IdempotencyConfig(_Strict):
+    """``Idempotency-Key`` on ``POST /v1/workflows`` and ``/v1/text2sql``: a retry gets the first answer.
+
+    Keys are per tenant and per replica (kept in this process's memory): a retry that reaches another
+    replica runs the work again. A retry while the first request runs waits for its answer; after it,
+    the stored answer is returned for ``ttl_s``. At most ``max_keys`` keys and ``max_bytes`` of stored
+    answers are kept (the least recently used finished ones are dropped first).
+    """
+
+    enabled: bool = Field(True, description="Honour the Idempotency-Key header (else it is ignored).")
+    ttl_s: PosFloat = Field(600.0, description="How long a finished request's answer is kept for retries.")
+    max_keys: int = Field(10_000, ge=1, le=10_000_000, description="Most keys remembered (finished and running).")
+    max_bytes: int = Field(
+        64 << 20, ge=1 << 16, description="Most bytes of stored answers; a larger answer is not stored."
+    )
+
+
 class GatewayConfig(_Strict):
     """The whole gateway configuration file."""
 
@@ -402,6 +491,8 @@ class GatewayConfig(_Strict):
     )
     shutdown_grace_s: PosFloat = Field(30.0, description="On SIGTERM, how long in-flight workflows may finish.")
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
+    idempotency: IdempotencyConfig = Field(default_factory=IdempotencyConfig)
 
     @field_validator("policy")
     @classmethod

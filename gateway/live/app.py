@@ -7,7 +7,7 @@ Routes (one router per surface, under ``gateway.live.routers``):
     POST /v1/text2sql           a question in, SQL and its result out (``routers.text2sql``)
     GET  /v1/status             workers, queues, in-flight calls, alpha, estimates, tuning
     GET  /healthz               the process is alive
-    GET  /readyz                config loaded, not shutting down, and at least one worker healthy
+    GET  /readyz                config loaded, not shutting down, the leader (leader election), a worker healthy
     GET  /metrics               Prometheus (``hexflow_*``, ``text/plain``; ``routers.ops``)
     GET  /ui                    the live status page (admin key; ``routers.ui``: its data is GET /ui/api/state)
     GET  /openapi.json          the API contract; ``/docs`` (Swagger UI) and ``/redoc`` render it with assets

@@ -4,7 +4,8 @@ All of them raise ``GatewayError``s (rendered by the app's one handler): ``gw_of
 starts, ``auth`` 401, ``deadline_or_raise`` 422 (``DeadlineOutOfRange``), ``admit_or_raise`` 429/503
 (``Rejected``: a bound, or a predicted deadline miss),
 ``unicode_body`` 422 for a JSON body holding a lone surrogate, ``until_disconnect``
-``ClientDisconnected`` (499, which nobody reads: the client is gone) when the client leaves first.
+``ClientDisconnected`` (499, which nobody reads: the client is gone) when the client leaves first, and
+``idempotent`` 400 for a malformed ``Idempotency-Key``, 422 for a key reused for another request.
 """
 
 from __future__ import annotations
@@ -12,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 from starlette.requests import HTTPConnection
 
 from gateway.config.tenants import hash_key
 from gateway.core.predict import StagePlan
 from gateway.errors import GatewayError, NotFound, ServiceUnavailable, Unauthorized, Unprocessable
+from gateway.live.idempotency import HEADER, check_key, fingerprint
 from gateway.live.service import Admission, Gateway
 from gateway.live.tenants import Tenant
 
@@ -254,3 +258,23 @@ def _is_text(s: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+async def idempotent(
+    request: Request, tenant: Tenant, body: BaseModel, work: Callable[[], Awaitable[Response]]
+) -> Response:
+    """Run a route's ``work`` once per ``Idempotency-Key`` (``gateway.live.idempotency``), watching the client.
+
+    Without the header (or with ``idempotency.enabled: false``) the work simply runs, cancelled if the
+    client leaves. With it, the key is checked (400), the request is fingerprinted by route and ``body``
+    (422 when the tenant used the key for another request), and the answer comes from the store: the
+    first run's, once it finishes (``Idempotent-Replayed: true`` when it was not made for this request).
+    """
+    raw = request.headers.get(HEADER)
+    store = gw_of(request).idempotency
+    if raw is None or store is None:
+        return await until_disconnect(request, work())
+    key = check_key(raw)
+    fp = fingerprint(request.url.path, body.model_dump(mode="json"))
+    stored, replayed = await until_disconnect(request, store.run(tenant.name, key, fp, work))
+    return stored.response(replayed=replayed)

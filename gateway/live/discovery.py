@@ -20,7 +20,8 @@ GPU or model, or whose capacity or port annotation is not a number, is skipped a
 ``invalid`` (``hexflow_discovery_pods``), with one warning per pod and problem. Workers listed in
 ``cluster.workers`` are never touched; a pod with the same name as one of them is skipped.
 
-The API client is a small aiohttp client of the two calls it needs, authenticated with the pod's
+The API client is a small aiohttp client of the two calls it needs (and of the JSON requests leader
+election makes: ``gateway/live/leader.py``), authenticated with the pod's
 service-account token (re-read on every request, since projected tokens rotate) and the cluster CA.
 The RBAC it needs: ``get``, ``list``, ``watch`` on ``pods`` in the namespace (``deploy/k8s/base/rbac.yaml``).
 
@@ -65,6 +66,14 @@ class KubeApiError(Exception):
 
 class WatchExpired(KubeApiError):
     """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+class KubeNotFound(KubeApiError):
+    """The object does not exist (404)."""
+
+
+class KubeConflict(KubeApiError):
+    """An update named an older ``resourceVersion`` than the object's, or a create found it (409)."""
 
 
 class PodError(ValueError):
@@ -249,9 +258,16 @@ class KubeApi:
         text = (await resp.text())[:500]
         if resp.status == 410:
             raise WatchExpired(text)
+        if resp.status == 404:
+            raise KubeNotFound(f"HTTP 404 from the Kubernetes API: {text}")
+        if resp.status == 409:
+            raise KubeConflict(f"HTTP 409 from the Kubernetes API: {text}")
         hint = ""
         if resp.status in (401, 403):
-            hint = " (check the service account and its Role: get/list/watch on pods)"
+            hint = (
+                " (check the service account and its Role: get/list/watch on pods; "
+                "get/create/update on leases with leader election)"
+            )
         raise KubeApiError(f"HTTP {resp.status} from the Kubernetes API{hint}: {text}")
 
     async def list_pods(self, selector: str) -> tuple[list[dict[str, Any]], str]:
@@ -264,6 +280,25 @@ class KubeApi:
             raise KubeApiError("the pod list is not a PodList")
         rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         return [p for p in body["items"] if isinstance(p, dict)], rv
+
+    async def request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One JSON request to ``path`` (from the API root, e.g. ``/apis/coordination.k8s.io/v1/...``).
+
+        Raises ``KubeNotFound`` (404), ``KubeConflict`` (409) or ``KubeApiError``; bounded by ``timeout_s``.
+        """
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.timeout_s)
+        headers = self._headers()
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        data = None if body is None else json.dumps(body).encode()
+        async with self._client().request(
+            method, self.base_url + path, headers=headers, data=data, timeout=timeout
+        ) as resp:
+            await self._raise_for(resp)
+            out = await resp.json(content_type=None)
+        if not isinstance(out, dict):
+            raise KubeApiError(f"the answer to {method} {path} is not a JSON object")
+        return out
 
     async def watch_pods(
         self, selector: str, resource_version: str, timeout_s: int

@@ -40,6 +40,8 @@ with its series.
 | hexflow_discovery_errors_total | counter | | failed lists or watches of the Kubernetes API |
 | hexflow_workflow_outcomes_total | counter | tenant, outcome | ``history.GOODPUT_OUTCOMES``: met, late, ... |
 | hexflow_goodput_workflows_total | counter | tenant | met their deadline with a valid answer (rate: goodput) |
+| hexflow_leader | gauge | | 1 while this replica serves (holds the Lease; always 1 without leader election) |
+| hexflow_leader_changes_total | counter | event | acquired, lost: this replica became or stopped being the leader |
 """
 
 from __future__ import annotations
@@ -62,10 +64,10 @@ OUTCOMES = ("met", "missed", "rejected", "failed", "cancelled", "shed")
 the gateway's shutdown grace ran out); ``shed``: admitted, then dropped because its queued calls could no
 longer make its deadline (its tenant rejects rather than runs late). Neither is met nor missed, and neither
 is in the SLO attainment."""
-REJECT_REASONS = ("draining", "no_worker", "queue_full", "concurrency", "deadline")
-"""Why admission refused a workflow (``hexflow_admission_rejections_total``): shutting down, no healthy
-worker, the gateway's queues full, a concurrency bound (the gateway's or the tenant's), or its predicted
-completion misses its deadline."""
+REJECT_REASONS = ("draining", "not_leader", "no_worker", "queue_full", "concurrency", "deadline")
+"""Why admission refused a workflow (``hexflow_admission_rejections_total``): shutting down, this replica
+is not the leader (high availability), no healthy worker, the gateway's queues full, a concurrency bound
+(the gateway's or the tenant's), or its predicted completion misses its deadline."""
 DEMOTED_WHEN = ("admission", "queued")
 """When a workflow of a best-effort tenant was demoted to the lowest urgency."""
 
@@ -167,7 +169,8 @@ class GatewayMetrics:
         )
         self.rejections = Counter(
             "hexflow_admission_rejections",
-            "Workflows refused at admission, by reason (draining, no_worker, queue_full, concurrency, deadline).",
+            "Workflows refused at admission, by reason "
+            "(draining, not_leader, no_worker, queue_full, concurrency, deadline).",
             ["tenant", "reason"],
             registry=r,
         )
@@ -267,6 +270,15 @@ class GatewayMetrics:
             ["tenant"],
             registry=r,
         )
+        self.leader = Gauge(
+            "hexflow_leader", "1 while this replica serves (holds the Lease, or no leader election).", registry=r
+        )
+        self.leader_changes = Counter(
+            "hexflow_leader_changes", "This replica became (acquired) or stopped being (lost) the leader.", ["event"],
+            registry=r,
+        )  # fmt: skip
+        for event in ("acquired", "lost"):
+            self.leader_changes.labels(event=event)
         # The labelled children the hot path uses, resolved by ``labels()`` once each (see ``_WorkerSeries``).
         self._workers: dict[str, _WorkerSeries] = {}
         self._tenants: dict[str, _TenantSeries] = {}

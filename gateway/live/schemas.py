@@ -430,7 +430,10 @@ class Readiness(BaseModel):
 
     ready: bool
     healthy_workers: int | None = None
-    reason: str | None = Field(None, description="Why not ready: starting, shutting down, no healthy worker.")
+    reason: str | None = Field(
+        None, description="Why not ready: starting, shutting down, not the leader, no healthy worker."
+    )
+    leader: str | None = Field(None, description="With leader election: the replica that holds the Lease, if known.")
 
 
 class WorkerStatus(BaseModel):

@@ -43,6 +43,14 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
             "not set, and KUBERNETES_SERVICE_HOST is not in the environment (the gateway is not in a pod): "
             "give the API server's URL",
         )
+    le = cfg.leader_election
+    if le.enabled and le.api_url is None and default_api_url() is None:
+        raise ConfigError(
+            str(loaded.path),
+            "leader_election.api_url",
+            "not set, and KUBERNETES_SERVICE_HOST is not in the environment (the gateway is not in a pod): "
+            "give the API server's URL, or turn leader_election off for a single replica",
+        )
     text2sql = Text2SqlService.from_config(cfg.text2sql, loaded.databases_path)  # a bad databases file fails now
 
     async def make() -> Gateway:

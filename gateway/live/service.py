@@ -49,6 +49,9 @@ from gateway.live.history import (
     call_timings,
     goodput_outcome,
 )
+from gateway.live.idempotency import IdempotencyStore
+from gateway.live.leader import LeaderElector, default_identity
+from gateway.live.leader import lease_api as make_lease_api
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import Clock, WorkerPool
 from gateway.live.prompts import request_prompt
@@ -218,6 +221,7 @@ class Gateway:
         clock: the scheduling clock (``time.monotonic``; a fake one in parity tests).
         background: start health, scrape, tenants and tuning tasks (tests may turn them off).
         kube_api: the Kubernetes API client for discovery (default: from the config; tests pass a fake's).
+        lease_api: the Kubernetes API client for leader election (default: from ``leader_election``).
     """
 
     def __init__(
@@ -229,6 +233,7 @@ class Gateway:
         clock: Clock = time.monotonic,
         background: bool = True,
         kube_api: KubeApi | None = None,
+        lease_api: KubeApi | None = None,
     ) -> None:
         cfg = loaded.cfg
         self.loaded = loaded
@@ -278,6 +283,19 @@ class Gateway:
         self.admin_keys = frozenset(cfg.admin.api_key_sha256)
         """SHA-256 digests of the operators' keys (``admin.api_key_sha256``); empty: the status page is off."""
         self.tuner = AlphaTuner(self, cfg.tuning) if background and cfg.tuning.enabled else None
+        # High availability: only the leader serves and runs the leader-only tasks (``_on_leadership``).
+        self.elector: LeaderElector | None = None
+        le = cfg.leader_election
+        if le.enabled:
+            api = lease_api if lease_api is not None else make_lease_api(le)
+            self.elector = LeaderElector(le, api, le.identity or default_identity(), self._on_leadership)
+        self._leader_stop = asyncio.Event()
+        self._leader_tasks: list[asyncio.Task[None]] = []
+        self.metrics.leader.set(0 if le.enabled else 1)
+        idem = cfg.idempotency
+        self.idempotency = (
+            IdempotencyStore(idem.ttl_s, idem.max_keys, idem.max_bytes, time.monotonic) if idem.enabled else None
+        )
         self.background = background
         self.draining = False
         self.ready = False
@@ -316,10 +334,36 @@ class Gateway:
         if self.background:
             await self.pool.monitor.check_health(initial=True)
             self._tasks.append(asyncio.create_task(self._tenants_loop(), name="tenants-watch"))
-            if self.tuner is not None and self.scheduler.policy.uses_alpha:
-                self._tasks.append(asyncio.create_task(self.tuner.run(self._stop), name="alpha-tuner"))
             self._tasks.append(asyncio.create_task(self._shed_loop(), name="overload-shedding"))
+        if self.elector is not None:
+            self._tasks.append(asyncio.create_task(self.elector.run(self._stop), name="leader-election"))
+        else:
+            self._on_leadership(True)
         self.ready = True
+
+    @property
+    def leading(self) -> bool:
+        """True when this replica serves: leader election is off, or it holds the Lease."""
+        return self.elector is None or self.elector.leading
+
+    def _on_leadership(self, leading: bool) -> None:
+        """Start the leader-only background tasks (the alpha tuner) when leading; stop them when not.
+
+        Everything else runs on every replica: health probes, scrapes, discovery and tenants reloads keep
+        a follower ready to serve the moment it takes over.
+        """
+        if self.elector is not None:
+            self.metrics.leader.set(1 if leading else 0)
+            self.metrics.leader_changes.labels(event="acquired" if leading else "lost").inc()
+        self._leader_stop.set()
+        for t in self._leader_tasks:
+            t.cancel()
+        self._leader_tasks.clear()
+        if not leading or self._stop.is_set():
+            return
+        self._leader_stop = asyncio.Event()
+        if self.background and self.tuner is not None and self.scheduler.policy.uses_alpha:
+            self._leader_tasks.append(asyncio.create_task(self.tuner.run(self._leader_stop), name="alpha-tuner"))
 
     def begin_drain(self, grace_s: float) -> None:
         """Stop intake now (``/readyz`` and new workflows answer 503) and start the grace period.
@@ -335,6 +379,9 @@ class Gateway:
         """Stop intake and wait for in-flight workflows until the grace period (``grace_s`` from the
         first ``begin_drain``) is over; True when all finished."""
         self.begin_drain(grace_s)
+        if self.elector is not None:  # hand the Lease over now: a follower serves while this one drains
+            self._stop_election()
+            await self.elector.release()
         assert self._drain_until is not None
         left = max(self._drain_until - time.monotonic(), 0.0)
         try:
@@ -348,18 +395,32 @@ class Gateway:
         """Stop background tasks and the pool (calls still in flight fail with 503); close the transport."""
         self.ready = False
         self._stop.set()
-        for t in self._tasks:
+        self._leader_stop.set()
+        tasks = self._tasks + self._leader_tasks
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
+        self._leader_tasks.clear()
+        if self.elector is not None:
+            await self.elector.release()
+            await self.elector.close()
+        if self.idempotency is not None:
+            await self.idempotency.close()
         if self.tuner is not None:
             self.tuner.close()
         if self.discovery is not None:
             await self.discovery.close()
         await self.pool.stop()
         await self.transport.aclose()
+
+    def _stop_election(self) -> None:
+        """Stop the election rounds (before releasing the Lease, so no round takes it back)."""
+        for t in self._tasks:
+            if t.get_name() == "leader-election":
+                t.cancel()
 
     async def _tenants_loop(self) -> None:
         before = (self.tenants.generation, self.tenants.reload_failures)
@@ -420,6 +481,16 @@ class Gateway:
         lim = self.cfg.limits
         if self.draining:
             return Rejected("the gateway is shutting down", 503, 5), "draining"
+        if not self.leading:
+            assert self.elector is not None
+            leader = self.elector.holder
+            return Rejected(
+                "this gateway replica is not the leader"
+                + (f" ({leader} is)" if leader else " (none is yet)")
+                + "; send requests to the gateway's Service, which routes to the leader",
+                503,
+                max(1, math.ceil(self.cfg.leader_election.retry_period_s)),
+            ), "not_leader"
         if self.pool.healthy == 0:
             return Rejected("no healthy worker", 503, max(1, round(self.cfg.health.period_s))), "no_worker"
         queued = self.scheduler.queued_total()
@@ -865,7 +936,7 @@ class Gateway:
         return {
             "policy": self.scheduler.policy.name,
             "alpha": self.scheduler.alpha,
-            "ready": self.ready and not self.draining and self.pool.healthy > 0,
+            "ready": self.ready and not self.draining and self.leading and self.pool.healthy > 0,
             "draining": self.draining,
             "active_workflows": self.active_total,
             "active_by_tenant": {k: v for k, v in self._active.items() if v},
@@ -878,6 +949,8 @@ class Gateway:
             "tenants": {"generation": self.tenants.generation, "last_error": self.tenants.last_error},
             "tuning": None if self.tuner is None else self.tuner.status(),
             "discovery": None if self.discovery is None else self.discovery.status(),
+            "leader_election": None if self.elector is None else self.elector.status(),
+            "idempotency": None if self.idempotency is None else self.idempotency.status(),
             "workers": self.pool.status(),
         }
 

@@ -129,13 +129,23 @@ def test_gateway_probes(rendered: tuple[str, list[Doc]]) -> None:
     assert c["args"][:3] == ["serve", "--config", "/etc/hexflow/gateway.yaml"]
 
 
+def _leader_election(docs: list[Doc]) -> dict[str, Any]:
+    return dict(yaml.safe_load(_gateway_yaml(docs)).get("leader_election") or {})
+
+
 def test_gateway_rollout_and_service(rendered: tuple[str, list[Doc]]) -> None:
     _, docs = rendered
     dep = _gateway(docs)
-    # One replica (queues live in process memory); never zero ready pods during a rollout.
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    # Two replicas, one leader: only it is Ready, and only Ready pods get traffic. A rollout must be free to
+    # stop the old leader before a new pod is Ready (a new pod is Ready only once it leads).
+    assert dep["spec"]["replicas"] == 2
+    assert _leader_election(docs).get("enabled") is True, "several replicas need leader election"
+    assert dep["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "100%"},
+    }
     svc = _one(docs, "Service", "hexflow-gateway")
+    assert svc["spec"].get("publishNotReadyAddresses", False) is False
     assert svc["spec"]["type"] == "ClusterIP"
     assert [p["port"] for p in svc["spec"]["ports"]] == [8080]
     assert svc["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
@@ -259,6 +269,9 @@ def test_rendered_gateway_config_loads(rendered: tuple[str, list[Doc]], tmp_path
     assert loaded.cfg.cluster is None, "no static worker list to keep in step with the replicas"
     assert kube.api_url is None and kube.token_file.startswith("/var/run/secrets/kubernetes.io/serviceaccount/")
     assert kube.watch and kube.period_s <= 30
+    le = loaded.cfg.leader_election
+    assert le.enabled and le.api_url is None and le.namespace is None and le.identity is None
+    assert le.token_file == kube.token_file
     if name == "emulated":
         assert loaded.cfg.time_scale == 0.05
     else:
@@ -318,26 +331,66 @@ def test_discovery_finds_every_worker_pod(rendered: tuple[str, list[Doc]], tmp_p
         assert sorted(gpus) == ["A100", "A6000", "L40S"] and replicas == 4
 
 
-def test_rbac_read_only_discovery(rendered: tuple[str, list[Doc]]) -> None:
+def test_rbac_reads_pods_and_holds_only_its_lease(rendered: tuple[str, list[Doc]]) -> None:
     _, docs = rendered
     assert not _of_kind(docs, "ClusterRole") and not _of_kind(docs, "ClusterRoleBinding")
-    (role,) = _of_kind(docs, "Role")
-    for rule in role["rules"]:
+    roles = {r["metadata"]["name"]: r for r in _of_kind(docs, "Role")}
+    assert set(roles) == {"hexflow-gateway-discovery", "hexflow-gateway-leader-election"}
+    for rule in roles["hexflow-gateway-discovery"]["rules"]:
         assert rule["apiGroups"] == [""]
         assert set(rule["resources"]) == {"pods"}
         assert set(rule["verbs"]) <= {"get", "list", "watch"}
-    (binding,) = _of_kind(docs, "RoleBinding")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    lease = _leader_election(docs).get("lease_name", "hexflow-gateway")
+    granted: set[str] = set()
+    for rule in roles["hexflow-gateway-leader-election"]["rules"]:
+        assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
+        assert set(rule["verbs"]) <= {"get", "create", "update"}
+        if "create" not in rule["verbs"]:
+            assert rule["resourceNames"] == [lease], "get/update only on the gateway's own Lease"
+        granted |= set(rule["verbs"])
+    assert granted == {"get", "create", "update"}
     sa = _gateway(docs)["spec"]["template"]["spec"]["serviceAccountName"]
-    assert {"kind": "ServiceAccount", "name": sa, "namespace": "hexflow"} in binding["subjects"]
+    for binding in _of_kind(docs, "RoleBinding"):
+        assert binding["roleRef"]["name"] in roles
+        assert {"kind": "ServiceAccount", "name": sa, "namespace": "hexflow"} in binding["subjects"]
+    assert {b["roleRef"]["name"] for b in _of_kind(docs, "RoleBinding")} == set(roles)
     assert any(d["metadata"]["name"] == sa for d in _of_kind(docs, "ServiceAccount"))
 
 
-def test_pdb(rendered: tuple[str, list[Doc]]) -> None:
+def test_pod_name_is_the_lease_identity_and_followers_spread(rendered: tuple[str, list[Doc]]) -> None:
     _, docs = rendered
+    env = {e["name"]: e for e in _gateway_container(docs)["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert "identity" not in _leader_election(docs), "each replica's identity is its own pod name"
+    probe = _gateway_container(docs)["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/readyz"
+    le = _leader_election(docs)
+    # A leader that steps down leaves the endpoints within a probe; a new one joins within a probe.
+    assert probe["periodSeconds"] * probe["failureThreshold"] <= le["retry_period_s"]
+    anti = _gateway(docs)["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_no_pdb_counts_ready_pods_when_only_the_leader_is_ready(rendered: tuple[str, list[Doc]]) -> None:
+    _, docs = rendered
+    # Only the leader is Ready: a budget over Ready pods would block every drain of the leader's node.
+    assert not _of_kind(docs, "PodDisruptionBudget")
+
+
+def test_the_base_alone_is_one_replica_with_a_pdb() -> None:
+    assert KUBECTL is not None
+    out = subprocess.run(
+        [KUBECTL, "kustomize", str(K8S / "base")], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    dep = _gateway(docs)
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     (pdb,) = _of_kind(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
-    labels = _gateway(docs)["spec"]["template"]["metadata"]["labels"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 

@@ -189,6 +189,8 @@ def test_rule_groups_and_alerts() -> None:
         "HexflowWorkerDown",
         "HexflowQueueGrowing",
         "HexflowNoHealthyWorker",
+        "HexflowNoLeader",
+        "HexflowSeveralLeaders",
         "HexflowTenantReloadFailing",
         "HexflowDiscoveryFailing",
         "HexflowDiscoveryInvalidPods",

@@ -8,6 +8,13 @@ What it implements of ``GET /api/v1/namespaces/{ns}/pods``:
   ``timeoutSeconds``; an RV older than the compaction point gets an ``ERROR`` event with a 410 Status, as
   etcd compaction does; a selector change of a pod emits ADDED/DELETED for the watchers it enters/leaves;
 - bearer-token authentication (401 otherwise), and injectable failures (``fail_next``).
+
+And of ``coordination.k8s.io/v1`` Leases (leader election), as the real server:
+- ``GET .../leases/{name}`` (404 Status when absent), ``POST .../leases`` (201; 409 AlreadyExists),
+  ``PUT .../leases/{name}`` (404 when absent; 409 Conflict when the body's ``metadata.resourceVersion`` is
+  not the stored one; every write gets a new resourceVersion from the same counter as the pods');
+- ``lease_fail`` makes every lease request answer 500 (the API unreachable for leader election only),
+  and ``writes`` records each lease write's holder.
 """
 
 from __future__ import annotations
@@ -116,6 +123,10 @@ class FakeKube:
         self.lists = 0
         self.watches = 0
         self.unauthorized = 0
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.lease_fail = False
+        self.writes: list[str | None] = []
+        self.conflicts = 0
         self._changed = asyncio.Event()
         self._stopping = False
         self._runner: web.AppRunner | None = None
@@ -166,6 +177,10 @@ class FakeKube:
         """Serve on a loopback port; returns the base URL."""
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
+        leases = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+        app.router.add_post(leases, self._lease_create)
+        app.router.add_get(leases + "/{name}", self._lease_get)
+        app.router.add_put(leases + "/{name}", self._lease_update)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         port = free_port()
@@ -183,6 +198,64 @@ class FakeKube:
     def _status(self, code: int, message: str) -> web.Response:
         body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code}
         return web.json_response(body, status=code)
+
+    def _lease_refusal(self, request: web.Request) -> web.Response | None:
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            self.unauthorized += 1
+            return self._status(401, "Unauthorized")
+        if request.match_info["ns"] != self.namespace:
+            return self._status(404, f"namespace {request.match_info['ns']} not found")
+        if self.lease_fail:
+            return self._status(500, "injected failure")
+        return None
+
+    def _store_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        lease.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+        name = lease["metadata"]["name"]
+        self.leases[name] = copy.deepcopy(lease)
+        self.writes.append((lease.get("spec") or {}).get("holderIdentity"))
+        return lease
+
+    async def _lease_get(self, request: web.Request) -> web.Response:
+        refusal = self._lease_refusal(request)
+        if refusal is not None:
+            return refusal
+        lease = self.leases.get(request.match_info["name"])
+        if lease is None:
+            return self._status(404, f'leases.coordination.k8s.io "{request.match_info["name"]}" not found')
+        return web.json_response(lease)
+
+    async def _lease_create(self, request: web.Request) -> web.Response:
+        refusal = self._lease_refusal(request)
+        if refusal is not None:
+            return refusal
+        body = await request.json()
+        name = body["metadata"]["name"]
+        if name in self.leases:
+            return self._status(409, f'leases.coordination.k8s.io "{name}" already exists')
+        body["metadata"].pop("resourceVersion", None)
+        return web.json_response(self._store_lease(body), status=201)
+
+    async def _lease_update(self, request: web.Request) -> web.Response:
+        refusal = self._lease_refusal(request)
+        if refusal is not None:
+            return refusal
+        name = request.match_info["name"]
+        body = await request.json()
+        if body.get("metadata", {}).get("name") != name:
+            return self._status(400, "the name of the object does not match the name on the URL")
+        stored = self.leases.get(name)
+        if stored is None:
+            return self._status(404, f'leases.coordination.k8s.io "{name}" not found')
+        rv = body["metadata"].get("resourceVersion")
+        if rv and rv != stored["metadata"]["resourceVersion"]:
+            self.conflicts += 1
+            return self._status(
+                409, f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again"
+            )  # fmt: skip
+        return web.json_response(self._store_lease(body))
 
     async def _pods(self, request: web.Request) -> web.StreamResponse:
         if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":

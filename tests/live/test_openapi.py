@@ -42,6 +42,8 @@ SEMANTIC_RULES = re.compile(
     r"|shared_prefix: \d+ tokens exceed prompt_tokens"  # a call's shared segments fit in its prompt
     r"|tokens exceed the limit"  # a prompt's estimated tokens (characters / 4 plus overheads)
     r"|question: must not be empty"  # a question of whitespace only: \S in the schema, stripped text here
+    r"|Idempotency-Key '.*' was already used for a different request"  # a key's earlier request: state
+    r"|Idempotency-Key header is not supported with stream: true"  # a stream cannot be replayed
 )
 """The 422s a request valid under the schema may get: rules that JSON Schema cannot state."""
 

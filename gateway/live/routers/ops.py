@@ -39,15 +39,24 @@ async def healthz() -> dict[str, str]:
 @router.get(
     "/readyz",
     response_model=Readiness,
-    responses={503: {"model": Readiness, "description": "Not ready: starting, shutting down, or no healthy worker."}},
+    responses={
+        503: {
+            "model": Readiness,
+            "description": "Not ready: starting, shutting down, not the leader (high availability), or no healthy "
+            "worker.",
+        }
+    },
 )
 async def readyz(request: Request) -> JSONResponse:
-    """Readiness: configuration loaded, not draining, at least one healthy worker."""
+    """Readiness: configuration loaded, not draining, the leader (with leader election), a healthy worker."""
     gw = getattr(request.app.state, "gateway", None)
     if not isinstance(gw, Gateway) or not gw.ready:
         return JSONResponse({"ready": False, "reason": "starting"}, status_code=503)
     if gw.draining:
         return JSONResponse({"ready": False, "reason": "shutting down"}, status_code=503)
+    if not gw.leading:  # a follower replica: the Service must not route to it
+        leader = gw.elector.holder if gw.elector is not None else None
+        return JSONResponse({"ready": False, "reason": "not the leader", "leader": leader}, status_code=503)
     if gw.pool.healthy == 0:
         return JSONResponse({"ready": False, "reason": "no healthy worker"}, status_code=503)
     return JSONResponse({"ready": True, "healthy_workers": gw.pool.healthy})

@@ -6,7 +6,8 @@ the tenant's range 422, a database that is down 503 (the body says which stage f
 429/503 as for every workflow. With ``stream: true`` each stage's completion is sent as a server-sent
 event ``{"event": "stage", ...}`` and the result last (``{"event": "result", ...}``), then ``[DONE]``.
 A client that disconnects (streaming or not) cancels the question: no later stage is sent, the calls in
-flight are aborted, and the workflow is counted ``cancelled``.
+flight are aborted, and the workflow is counted ``cancelled``. With an ``Idempotency-Key`` (not with
+``stream: true``: 422) a retry gets the first run's answer (``deps.idempotent``).
 
 The route owns its state: a ``Text2SqlService`` (databases, pipeline, prompt templates, limits) that
 ``install_text2sql`` puts on ``app.state.text2sql`` and closes once the gateway has drained and stopped.
@@ -27,11 +28,15 @@ from fastapi.responses import Response, StreamingResponse
 
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.predict import template_plan
-from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
+from gateway.errors import Unprocessable
+from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, idempotent
+from gateway.live.idempotency import HEADER, OPENAPI_PARAMETER
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
+from gateway.live.service import Gateway
+from gateway.live.tenants import Tenant
 from gateway.live.text2sql_runner import GatewayStageRunner
-from gateway.text2sql.db import UnknownDatabase
+from gateway.text2sql.db import Database, UnknownDatabase
 from gateway.text2sql.service import NO_DATABASES, InvalidQuestion, Text2SqlService
 
 router = APIRouter()
@@ -107,26 +112,52 @@ def _responses() -> dict[int | str, dict[str, Any]]:
     return out
 
 
-@router.post("/v1/text2sql", response_model=None, responses=_responses())
-async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) -> Response:
-    """Answer a question with SQL executed on the tenant's database."""
-    gw = gw_of(request)
-    service = _service(request)
+def _admit(
+    gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, tenant: Tenant
+) -> tuple[Database, str, str, float, GatewayStageRunner]:
+    """Check the question and admit its workflow: the database, question, evidence, deadline and runner."""
     db = service.database(req.db_id, tenant=tenant.name, allows=tenant.allows)
     _check_lengths(service, req)
     question, evidence = service.check_question(req.question, req.evidence)
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
     # Predicted as the CHESS template's expected stages (the pipeline decides its real stages as it goes).
     admission = admit_or_raise(gw, tenant, 1, template_plan(CHESS_TEMPLATE), deadline)
-    runner = GatewayStageRunner(gw, tenant, admission=admission)
+    return db, question, evidence, deadline, GatewayStageRunner(gw, tenant, admission=admission)
+
+
+async def _answer(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, tenant: Tenant) -> Response:
+    """Admit and answer one question (the route's work without streaming, once per idempotency key)."""
+    db, question, evidence, deadline, runner = _admit(gw, service, req, tenant)
     rid = f"t2s-{uuid.uuid4().hex[:16]}"
+    result = await service.answer(runner, db, question, evidence, deadline, request_id=rid)
+    return JSONResponse(result.as_dict(), status_code=result.http_status)
+
+
+@router.post(
+    "/v1/text2sql",
+    response_model=None,
+    responses=_responses(),
+    openapi_extra={"parameters": [OPENAPI_PARAMETER]},
+)
+async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) -> Response:
+    """Answer a question with SQL executed on the tenant's database.
+
+    With an ``Idempotency-Key`` header (not with ``stream: true``), a retry of the same question gets the
+    first run's answer instead of running the pipeline again (``gateway.live.idempotency``).
+    """
+    gw = gw_of(request)
+    if req.stream and request.headers.get(HEADER) is not None and gw.idempotency is not None:
+        raise Unprocessable(
+            f"the {HEADER} header is not supported with stream: true (a stream cannot be replayed); "
+            "drop the header or ask without streaming",
+            param="stream",
+        )
+    service = _service(request)
     if not req.stream:
         # A client that leaves cancels the question: no later stage, in-flight calls aborted.
-        result = await until_disconnect(
-            request, service.answer(runner, db, question, evidence, deadline, request_id=rid)
-        )
-        return JSONResponse(result.as_dict(), status_code=result.http_status)
-
+        return await idempotent(request, tenant, req, lambda: _answer(gw, service, req, tenant))
+    db, question, evidence, deadline, runner = _admit(gw, service, req, tenant)
+    rid = f"t2s-{uuid.uuid4().hex[:16]}"
     events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=1024)
 
     async def on_event(ev: dict[str, Any]) -> None:

@@ -7,6 +7,8 @@ deadline: its critical path on the workers it would use, behind their queues), 5
 A workflow that failed on a worker answers the
 worker's 4xx (or 502/503/504) with the workflow's report beside the error (``"workflow"``). A client
 that disconnects cancels its workflow (``until_disconnect``): counted ``cancelled``, no later call sent.
+With an ``Idempotency-Key`` a retry gets the first run's answer (``deps.idempotent``); 422 when the key
+was used for another request.
 
 A call with ``prompt_tokens`` is sent as a synthetic token-id prompt (``synthetic_prompt``): its
 ``shared_prefix`` segments first, each a token sequence derived from its name (scope ``global``) or from
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from gateway.config.workflows import TEMPLATES
 from gateway.core.dag import DagNode, validate_nodes
@@ -30,7 +33,8 @@ from gateway.core.predict import dag_plan
 from gateway.core.prefix import PrefixSeg
 from gateway.core.tokens import message_tokens
 from gateway.errors import Unprocessable, UpstreamError
-from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
+from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, idempotent
+from gateway.live.idempotency import OPENAPI_PARAMETER
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import (
     CallReport,
@@ -40,7 +44,8 @@ from gateway.live.schemas import (
     WorkflowResponse,
     route_responses,
 )
-from gateway.live.service import CallRequest, WorkflowOutcome
+from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
+from gateway.live.tenants import Tenant
 
 SYNTHETIC_VOCAB = (100, 1100)
 """Token ids of synthetic prompts: ``[100, 1100)`` exists in every real vocabulary (and the tiny test model's)."""
@@ -178,10 +183,20 @@ def _check_limit(i: int, name: str, value: int, limit: int) -> None:
     "/v1/workflows",
     response_model=WorkflowResponse,
     responses=route_responses(400, 401, 413, 422, 429, 502, 503, 504),
+    openapi_extra={"parameters": [OPENAPI_PARAMETER]},
 )
-async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> JSONResponse:
-    """Run a DAG of LLM calls; returns every call's result and timings."""
+async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> Response:
+    """Run a DAG of LLM calls; returns every call's result and timings.
+
+    With an ``Idempotency-Key`` header, a retry of the same request (same tenant, key and body) gets the
+    first run's answer instead of running the workflow again (``gateway.live.idempotency``).
+    """
     gw = gw_of(request)
+    return await idempotent(request, tenant, req, lambda: _run(gw, req, tenant))
+
+
+async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
+    """Validate, admit and run the workflow (the route's work, once per idempotency key)."""
     lim = gw.cfg.limits
     if len(req.calls) > lim.max_calls_per_workflow:
         raise Unprocessable(
@@ -211,10 +226,7 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
     admission = admit_or_raise(gw, tenant, len(nodes), dag_plan(nodes), deadline)
     template = TEMPLATES[req.template] if req.template else None
     # A client that leaves cancels the workflow (queued calls dropped, worker requests aborted).
-    out = await until_disconnect(
-        request,
-        gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id, admission=admission),
-    )
+    out = await gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id, admission=admission)
     resp = workflow_response(req, out)
     if out.error is not None:
         raise UpstreamError(str(out.error), out.error.status, extra={"workflow": resp.model_dump()})

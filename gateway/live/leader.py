@@ -1,0 +1,288 @@
+"""Leader election among gateway replicas: one ``coordination.k8s.io/v1`` Lease, as client-go's leaderelection.
+
+Every replica runs ``LeaderElector.run``. Each round (every ``retry_period_s``; a follower's rounds are
+jittered by up to 20%) reads the Lease and then:
+
+    no Lease                                   -> create it, holding it (POST; a 409 means another won)
+    held by another, record seen unchanged for  -> follow (the holder counts as alive)
+      less than its leaseDurationSeconds
+    held by us, released (no holder), or        -> write ourselves as holder with a new renewTime (PUT
+      unchanged for leaseDurationSeconds           carrying the resourceVersion read: a 409 means another
+                                                   replica wrote first, and this round is lost)
+
+Expiry is judged as client-go judges it: by how long *this* replica has seen the same record (its own
+monotonic clock), never by comparing the record's ``renewTime`` with its wall clock, so clock skew between
+nodes does not matter. Taking over from another holder sets ``acquireTime`` and increments
+``leaseTransitions``; a renewal keeps both.
+
+A leader that has not renewed for ``renew_deadline_s`` (the API server unreachable, or a 409 because
+another replica took the Lease) steps down at once: ``on_change(False)``, after which the gateway
+refuses new work. Since ``renew_deadline_s < lease_duration_s``, it has stopped before any other replica
+may take over. Each API request is bounded by the time left to the deadline. ``release`` (on shutdown)
+gives the Lease up: no holder and a one-second duration, so a follower takes over within a round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from gateway.config.gateway import LeaderElectionConfig
+from gateway.live.discovery import KubeApi, KubeApiError, KubeConflict, KubeNotFound, default_api_url
+from gateway.live.discovery import default_namespace as _default_namespace
+
+log = logging.getLogger("hexflow.leader")
+
+JITTER = 0.2
+"""A follower waits ``retry_period_s`` times 1 to 1 + JITTER between rounds, so replicas started together
+do not all ask at the same instant."""
+
+
+def default_identity() -> str:
+    """This replica's name: ``$POD_NAME`` (the downward API), else the host name (a pod's is its name)."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def micro_time(t: datetime) -> str:
+    """A Kubernetes ``MicroTime``: RFC 3339 in UTC with microseconds (``2026-01-02T03:04:05.000006Z``)."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_api(cfg: LeaderElectionConfig) -> KubeApi:
+    """The API client of ``cfg`` (``ValueError`` when no API server URL is known)."""
+    base = cfg.api_url or default_api_url()
+    if base is None:
+        raise ValueError(
+            "leader_election.api_url is not set and KUBERNETES_SERVICE_HOST is not in the environment "
+            "(is the gateway running in a pod?)"
+        )
+    # A request may take at most the renew deadline: a leader must be able to step down in time.
+    return KubeApi(
+        base,
+        cfg.namespace or _default_namespace(),
+        token_file=cfg.token_file,
+        ca_file=cfg.ca_file,
+        timeout_s=cfg.renew_deadline_s,
+    )
+
+
+def _spec(lease: dict[str, Any]) -> dict[str, Any]:
+    spec = lease.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+class LeaderElector:
+    """Acquires and renews the Lease; tells ``on_change`` when this replica starts or stops leading.
+
+    Args:
+        cfg: the ``leader_election`` section.
+        api: the Kubernetes API client (its namespace is the Lease's).
+        identity: this replica's ``holderIdentity``.
+        on_change: called with True when this replica becomes the leader, False when it stops.
+        clock: monotonic seconds (expiry and deadlines are judged on it).
+        wall: the wall clock written into ``renewTime`` and ``acquireTime``.
+        rng: the followers' jitter.
+    """
+
+    def __init__(
+        self,
+        cfg: LeaderElectionConfig,
+        api: KubeApi,
+        identity: str,
+        on_change: Callable[[bool], None],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.api = api
+        self.identity = identity
+        self.on_change = on_change
+        self._clock = clock
+        self._wall = wall
+        self._rng = rng if rng is not None else random.Random()
+        self.leading = False
+        self.holder: str | None = None
+        self.renewed_at: float | None = None
+        self.observed: dict[str, Any] | None = None
+        self.observed_at: float | None = None
+        self.acquired = 0
+        self.lost = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self._released = False
+
+    @property
+    def path(self) -> str:
+        """The Lease collection's path in the API."""
+        return f"/apis/coordination.k8s.io/v1/namespaces/{quote(self.api.namespace, safe='')}/leases"
+
+    def _record(self, now_wall: str, old: dict[str, Any] | None) -> dict[str, Any]:
+        """The spec this replica writes as holder: a renewal keeps acquireTime and transitions."""
+        mine = old is not None and old.get("holderIdentity") == self.identity
+        transitions = int((old or {}).get("leaseTransitions") or 0)
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.cfg.lease_duration_s,
+            "acquireTime": (old or {}).get("acquireTime") if mine else now_wall,
+            "renewTime": now_wall,
+            "leaseTransitions": transitions if mine or old is None else transitions + 1,
+        }
+
+    def _observe(self, spec: dict[str, Any], now: float) -> None:
+        if spec != self.observed:
+            self.observed = copy.deepcopy(spec)
+            self.observed_at = now
+        holder = spec.get("holderIdentity")
+        self.holder = str(holder) if holder else None
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One round: True when this replica holds the Lease after it (acquired or renewed)."""
+        now = self._clock()
+        now_wall = micro_time(self._wall())
+        name = quote(self.cfg.lease_name, safe="")
+        try:
+            lease = await self.api.request_json("GET", f"{self.path}/{name}")
+        except KubeNotFound:
+            spec = self._record(now_wall, None)
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.cfg.lease_name, "namespace": self.api.namespace},
+                "spec": spec,
+            }
+            try:
+                await self.api.request_json("POST", self.path, body)
+            except KubeConflict:  # another replica created it first
+                return False
+            self._observe(spec, now)
+            return True
+        spec = _spec(lease)
+        self._observe(spec, now)
+        holder = self.holder
+        if holder is not None and holder != self.identity:
+            duration = spec.get("leaseDurationSeconds")
+            duration_s = float(duration) if isinstance(duration, int | float) else float(self.cfg.lease_duration_s)
+            assert self.observed_at is not None
+            if now - self.observed_at < duration_s:
+                return False  # held, and renewed within its duration as far as we have seen
+        new_spec = self._record(now_wall, spec)
+        lease["spec"] = new_spec  # metadata.resourceVersion stays: the update is refused if it changed
+        try:
+            await self.api.request_json("PUT", f"{self.path}/{name}", lease)
+        except KubeConflict:
+            return False
+        self._observe(new_spec, now)
+        return True
+
+    def _set_leading(self, leading: bool) -> None:
+        if leading == self.leading:
+            return
+        self.leading = leading
+        if leading:
+            self.acquired += 1
+            log.info("%s is the leader now (lease %s)", self.identity, self.cfg.lease_name)
+        else:
+            self.lost += 1
+            log.warning("%s stopped leading (lease %s): it no longer serves", self.identity, self.cfg.lease_name)
+        self.on_change(leading)
+
+    async def step(self) -> None:
+        """One round, bounded by the time left to the renew deadline; steps down when it has passed."""
+        now = self._clock()
+        left = self.cfg.renew_deadline_s
+        if self.leading and self.renewed_at is not None:
+            left = self.cfg.renew_deadline_s - (now - self.renewed_at)
+        held = False
+        try:
+            held = await asyncio.wait_for(self.try_acquire_or_renew(), max(left, 0.05))
+        except asyncio.CancelledError:
+            raise
+        except (KubeApiError, aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+            self.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            log.warning("lease %s: %s", self.cfg.lease_name, self.last_error)
+        if held:
+            # Counted from when the round started: the record the others see was written after that.
+            self.renewed_at = now
+            self.last_error = None
+            self._set_leading(True)
+        elif self.leading and (
+            (self.holder is not None and self.holder != self.identity)
+            or self.renewed_at is None
+            or self._clock() - self.renewed_at >= self.cfg.renew_deadline_s
+        ):
+            self._set_leading(False)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds until ``stop`` is set (the leader every ``retry_period_s``, followers with jitter)."""
+        while not stop.is_set():
+            await self.step()
+            wait = self.cfg.retry_period_s
+            if not self.leading:
+                wait *= 1.0 + JITTER * self._rng.random()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
+
+    async def release(self) -> None:
+        """Give the Lease up (shutdown): stop leading now, then clear the holder (bounded; errors logged)."""
+        if self._released:
+            return
+        self._released = True
+        was = self.leading
+        self._set_leading(False)
+        if not was:
+            return
+        name = quote(self.cfg.lease_name, safe="")
+        try:
+            lease = await asyncio.wait_for(
+                self.api.request_json("GET", f"{self.path}/{name}"), self.cfg.renew_deadline_s
+            )
+            spec = _spec(lease)
+            if spec.get("holderIdentity") != self.identity:
+                return
+            now_wall = micro_time(self._wall())
+            lease["spec"] = {
+                "holderIdentity": None,
+                "leaseDurationSeconds": 1,
+                "acquireTime": now_wall,
+                "renewTime": now_wall,
+                "leaseTransitions": spec.get("leaseTransitions") or 0,
+            }
+            put = self.api.request_json("PUT", f"{self.path}/{name}", lease)
+            await asyncio.wait_for(put, self.cfg.renew_deadline_s)
+            log.info("%s released lease %s", self.identity, self.cfg.lease_name)
+        except (KubeApiError, aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+            log.warning("could not release lease %s (it expires by itself): %s", self.cfg.lease_name, exc)
+
+    def status(self) -> dict[str, Any]:
+        """What ``/v1/status`` shows of leader election."""
+        now = self._clock()
+        return {
+            "identity": self.identity,
+            "leading": self.leading,
+            "leader": self.holder,
+            "lease": f"{self.api.namespace}/{self.cfg.lease_name}",
+            "renewed_age_s": None if self.renewed_at is None else round(now - self.renewed_at, 3),
+            "acquired": self.acquired,
+            "lost": self.lost,
+            "errors": self.errors,
+            "last_error": self.last_error,
+        }
+
+    async def close(self) -> None:
+        """Close the API client."""
+        await self.api.close()
