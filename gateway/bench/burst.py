@@ -1,0 +1,437 @@
+"""``hexflow bench burst``: goodput of correct answers under recorded bursty arrivals, with and without degradation.
+
+Dispatch and queue order cannot save a workflow admitted into a burst; doing less work per question can
+(``gateway.core.degrade``). This benchmark replays recorded arrival patterns (``PATTERNS``: Azure LLM
+2023 code and conversation, Mooncake's conversation trace, BurstGPT, a ServeGen client) rescaled to a
+share of the cluster's fluid bound, with the CHESS workflows of a trace, and measures per policy:
+
+* **SLO attainment**: workflows that finished by their deadline, over all that arrived;
+* **goodput of correct answers**: workflows that met their deadline, each weighted by the accuracy of
+  the setting it ran at (``QualityModel``: measured with ``hexflow bench quality``), per second of the
+  arrival span (and as a share of arrivals);
+* **accuracy**: the mean accuracy of the answers given (deadline or not);
+* **degraded**: the share of workflows that ran below full quality.
+
+Policies: the baselines at full quality (a user's alternatives: round-robin, power-of-two, least-work,
+earliest-finish, EDF, LLF, VTC, llm-d's scheduler), hexgen at full quality, and ``hexgen+adaptive``
+(hexgen whose tenant runs ``quality: adaptive``). Any policy may take ``+adaptive`` or ``+fast``; a ratio
+is always against the best baseline *without* degradation. Every point is measured on several seeds
+(another window of the recording and another query order each) with 1000 workflows by default; the
+steady check runs the same loads with Poisson arrivals and reports how many workflows degraded there.
+
+``timeline`` gives, for one run, SLO attainment and the degraded share per window of arrival time, and
+the arrival rate: the plot shows a burst going through.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gateway.bench.simbench import Setup
+from gateway.bench.stats import Spread, spread
+from gateway.core.degrade import QUALITY_MODES, QualityMode, QualityModel
+from gateway.core.policy import POLICIES
+from gateway.errors import ConfigError, UnknownNameError
+from gateway.sim.simulator import SimResult, Simulator
+from gateway.sim.workload import TenantSpec
+
+__all__ = [
+    "BASELINES",
+    "PATTERNS",
+    "BurstPoint",
+    "BurstReport",
+    "Outcome",
+    "outcome",
+    "parse_variant",
+    "resolve_pattern",
+    "run_burst",
+    "timeline",
+]
+
+SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+"""``../shared/data`` next to the repository: where the recorded patterns are looked up by name."""
+
+PATTERNS: dict[str, str] = {
+    "azure-code": "azure-llm-2023/AzureLLMInferenceTrace_code.csv",
+    "azure-conv": "azure-llm-2023/AzureLLMInferenceTrace_conv.csv",
+    "mooncake": "mooncake-fast25/conversation_trace.jsonl",
+    "burstgpt": "burstgpt-head/BurstGPT_1_head400.csv",
+    "servegen": "servegen-mlarge/trace/chunk-100-trace.csv",
+}
+"""Pattern names and their files under ``../shared/data`` (the ServeGen one is the top client by load)."""
+
+BASELINES: tuple[str, ...] = ("rr-fcfs", "p2c-fcfs", "lw-fcfs", "eft-fcfs", "edf", "llf", "vtc", "llmd")
+"""What a user could deploy instead, each at full quality."""
+
+STEADY = "poisson"
+"""The pattern name of steady Poisson arrivals (the no-degradation check)."""
+
+
+def resolve_pattern(name: str, data_dir: Path | None = None) -> Path | None:
+    """The file of a pattern name (``PATTERNS``) or a path; None for ``poisson``. An unknown name, or a
+    known one whose file is absent (no ``../shared/data``), raises ``UnknownNameError`` saying where
+    patterns come from."""
+    if name == STEADY:
+        return None
+    base = SHARED_DATA if data_dir is None else data_dir
+    rel = PATTERNS.get(name)
+    if rel is not None:
+        path = base / rel
+        if path.is_file():
+            return path
+        raise ConfigError(
+            str(path),
+            "",
+            f"arrival pattern {name!r} is a recording from the project's shared data folder ({rel} under "
+            "../shared/data next to the repository), which is absent here; use poisson or a path to a trace file",
+        )
+    path = Path(name)
+    if path.is_file():
+        return path
+    raise UnknownNameError("arrival pattern (or trace file)", name, [STEADY, *PATTERNS])
+
+
+def parse_variant(text: str) -> tuple[str, QualityMode]:
+    """``policy`` or ``policy+mode`` (``hexgen+adaptive``) -> (policy, quality mode); ``ValueError`` if bad."""
+    policy, plus, mode = text.partition("+")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r} in {text!r}; known: {', '.join(POLICIES)}")
+    if not plus:
+        return policy, "full"
+    for m in QUALITY_MODES:
+        if m == mode:
+            return policy, m
+    raise ValueError(f"unknown quality mode {mode!r} in {text!r}; known: {', '.join(QUALITY_MODES)}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One run's figures (see the module docstring)."""
+
+    arrived: int
+    met: int
+    correct_met: float
+    accuracy: float
+    degraded: int
+    span_s: float
+
+    @property
+    def attainment(self) -> float:
+        """Met / arrived."""
+        return self.met / self.arrived if self.arrived else 0.0
+
+    @property
+    def goodput_share(self) -> float:
+        """Correct answers within the deadline / arrived."""
+        return self.correct_met / self.arrived if self.arrived else 0.0
+
+    @property
+    def goodput_qps(self) -> float:
+        """Correct answers within the deadline per second of the arrival span."""
+        return self.correct_met / self.span_s if self.span_s > 0 else 0.0
+
+    @property
+    def degraded_share(self) -> float:
+        """Degraded / arrived."""
+        return self.degraded / self.arrived if self.arrived else 0.0
+
+
+def outcome(res: SimResult, arrived: int, span_s: float, quality: QualityModel, full_accuracy: float) -> Outcome:
+    """Summarise one run: a workflow that never finished counts as arrived and missed."""
+    met = 0
+    correct = 0.0
+    acc_sum = 0.0
+    degraded = 0
+    for r in res.workflows:
+        acc = quality.accuracy(r.knobs) if r.knobs is not None else full_accuracy
+        acc_sum += acc
+        if r.degraded:
+            degraded += 1
+        if r.met:
+            met += 1
+            correct += acc
+    n = len(res.workflows)
+    return Outcome(arrived, met, correct, acc_sum / n if n else 0.0, degraded, span_s)
+
+
+@dataclass
+class BurstPoint:
+    """One (pattern, load, policy variant) over the seeds."""
+
+    pattern: str
+    load: float
+    rate_qps: float
+    variant: str
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def mean(self, fn: Callable[[Outcome], float]) -> float:
+        """Mean of ``fn`` over the seeds."""
+        return statistics.fmean(fn(o) for o in self.outcomes) if self.outcomes else math.nan
+
+    def spread(self, fn: Callable[[Outcome], float]) -> Spread:
+        """Mean and range of ``fn`` over the seeds."""
+        return spread([fn(o) for o in self.outcomes])
+
+
+@dataclass
+class BurstReport:
+    """Every point of a run, and the ratios against the best baseline without degradation."""
+
+    trace: str
+    cluster: str
+    slo_s: float
+    bound_qps: float
+    workflows: int
+    seeds: list[int]
+    quality_source: str
+    points: list[BurstPoint]
+
+    def at(self, pattern: str, load: float) -> list[BurstPoint]:
+        """The points of one pattern and load, in run order."""
+        return [p for p in self.points if p.pattern == pattern and p.load == load]
+
+    def best_baseline(self, pattern: str, load: float) -> BurstPoint | None:
+        """The baseline (full quality) with the most goodput of correct answers at this pattern and load."""
+        base = [p for p in self.at(pattern, load) if parse_variant(p.variant)[0] in BASELINES and "+" not in p.variant]
+        return max(base, key=lambda p: p.mean(lambda o: o.correct_met), default=None)
+
+    def ratio(self, pattern: str, load: float, variant: str) -> tuple[float, list[float]] | None:
+        """Goodput of correct answers of ``variant`` over the best baseline's: mean ratio and per seed."""
+        best = self.best_baseline(pattern, load)
+        mine = next((p for p in self.at(pattern, load) if p.variant == variant), None)
+        if best is None or mine is None:
+            return None
+        per_seed = [
+            a.correct_met / b.correct_met if b.correct_met > 0 else math.inf
+            for a, b in zip(mine.outcomes, best.outcomes, strict=True)
+        ]
+        total_b = sum(o.correct_met for o in best.outcomes)
+        total_a = sum(o.correct_met for o in mine.outcomes)
+        return (total_a / total_b if total_b > 0 else math.inf), per_seed
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, for ``--json``."""
+        out: dict[str, Any] = {
+            "trace": self.trace,
+            "cluster": self.cluster,
+            "slo_s": self.slo_s,
+            "fluid_bound_qps": self.bound_qps,
+            "workflows": self.workflows,
+            "seeds": self.seeds,
+            "quality_source": self.quality_source,
+            "points": [],
+        }
+        for p in self.points:
+            best = self.best_baseline(p.pattern, p.load)
+            r = self.ratio(p.pattern, p.load, p.variant)
+            out["points"].append(
+                {
+                    "pattern": p.pattern,
+                    "load": p.load,
+                    "rate_qps": p.rate_qps,
+                    "variant": p.variant,
+                    "slo_attainment": p.mean(lambda o: o.attainment),
+                    "goodput_correct_qps": p.mean(lambda o: o.goodput_qps),
+                    "goodput_correct_share": p.mean(lambda o: o.goodput_share),
+                    "accuracy": p.mean(lambda o: o.accuracy),
+                    "degraded_share": p.mean(lambda o: o.degraded_share),
+                    "best_baseline": best.variant if best is not None else None,
+                    "ratio_vs_best_baseline": r[0] if r is not None else None,
+                    "ratio_per_seed": r[1] if r is not None else None,
+                    "per_seed": [
+                        {
+                            "arrived": o.arrived,
+                            "met": o.met,
+                            "correct_met": o.correct_met,
+                            "accuracy": o.accuracy,
+                            "degraded": o.degraded,
+                            "span_s": o.span_s,
+                        }
+                        for o in p.outcomes
+                    ],
+                }
+            )
+        return out
+
+
+def _setup_for(base: Setup, pattern_path: Path | None, mode: QualityMode) -> Setup:
+    """``base`` with the pattern's arrivals (Poisson when None) and one tenant at ``mode``."""
+    return replace(
+        base,
+        arrivals_csv=pattern_path,
+        cv=1.0,
+        tenants=[TenantSpec("default", quality=mode)],
+    )
+
+
+def run_burst(
+    base: Setup,
+    patterns: Sequence[tuple[str, Path | None]],
+    loads: Sequence[float],
+    variants: Sequence[str],
+    quality: QualityModel,
+    *,
+    full_accuracy: float | None = None,
+    progress: Callable[[int], object] | None = None,
+    cluster: str = "",
+) -> BurstReport:
+    """Measure every variant at every (pattern, load) on every seed of ``base``.
+
+    ``loads`` are shares of ``base``'s fluid bound; ``full_accuracy`` defaults to the model's accuracy at
+    the pipeline's full setting.
+    """
+    from gateway.core.degrade import Knobs
+
+    acc_full = full_accuracy if full_accuracy is not None else quality.accuracy(Knobs(2, 10, True))
+    bound = base.bound.rate_qps
+    parsed = [(v, *parse_variant(v)) for v in variants]
+    points: list[BurstPoint] = []
+    for name, path in patterns:
+        for load in loads:
+            rate = load * bound
+            for variant, policy, mode in parsed:
+                st = _setup_for(base, path, mode)
+                st.quality_model = quality
+                pt = BurstPoint(name, load, rate, variant)
+                for s in base.seeds:
+                    wfs = st.workflows(rate, s)
+                    res = Simulator(st.workers, policy, seed=s, prefix_caching=st.prefix_caching).run(wfs)
+                    span = (wfs[-1].arrival - wfs[0].arrival) if len(wfs) > 1 else 0.0
+                    pt.outcomes.append(outcome(res, len(wfs), span, quality, acc_full))
+                    if progress is not None:
+                        progress(1)
+                points.append(pt)
+    return BurstReport(
+        trace=base.trace,
+        cluster=cluster,
+        slo_s=base.slo_s,
+        bound_qps=bound,
+        workflows=base.n_workflows,
+        seeds=base.seeds,
+        quality_source=quality.source,
+        points=points,
+    )
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Per window of arrival time: arrivals per second, SLO attainment and degraded share of each variant."""
+
+    window_s: float
+    starts: list[float]
+    arrival_qps: list[float]
+    attainment: dict[str, list[float]]
+    degraded: dict[str, list[float]]
+
+
+def timeline(
+    base: Setup,
+    pattern: Path | None,
+    rate: float,
+    variants: Sequence[str],
+    quality: QualityModel,
+    *,
+    seed: int | None = None,
+    windows: int = 40,
+) -> Timeline:
+    """One seed's run of each variant, cut into ``windows`` windows of arrival time (see ``Timeline``)."""
+    s = base.seed if seed is None else seed
+    starts: list[float] = []
+    att: dict[str, list[float]] = {}
+    deg: dict[str, list[float]] = {}
+    qps: list[float] = []
+    width = 0.0
+    for variant in variants:
+        policy, mode = parse_variant(variant)
+        st = _setup_for(base, pattern, mode)
+        st.quality_model = quality
+        wfs = st.workflows(rate, s)
+        t0, t1 = wfs[0].arrival, wfs[-1].arrival
+        width = max((t1 - t0) / windows, 1e-9)
+        res = Simulator(st.workers, policy, seed=s, prefix_caching=st.prefix_caching).run(wfs)
+        by_id = {r.wid: r for r in res.workflows}
+        n = [0] * windows
+        met = [0] * windows
+        dg = [0] * windows
+        for wf in wfs:
+            k = min(int((wf.arrival - t0) / width), windows - 1)
+            n[k] += 1
+            r = by_id.get(wf.wid)
+            if r is not None and r.met:
+                met[k] += 1
+            if r is not None and r.degraded:
+                dg[k] += 1
+        att[variant] = [m / c if c else math.nan for m, c in zip(met, n, strict=True)]
+        deg[variant] = [d / c if c else math.nan for d, c in zip(dg, n, strict=True)]
+        if not qps:
+            starts = [k * width for k in range(windows)]
+            qps = [c / width for c in n]
+    return Timeline(width, starts, qps, att, deg)
+
+
+def plot_burst(report: BurstReport, tl: Timeline | None, path: Path, *, title: str = "") -> None:
+    """A PNG: goodput of correct answers against load per pattern (one panel each), and the timeline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    patterns = list(dict.fromkeys(p.pattern for p in report.points))
+    panels = len(patterns) + (2 if tl is not None else 0)
+    cols = min(3, panels)
+    rows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, name in zip(flat, patterns, strict=False):
+        variants = list(dict.fromkeys(p.variant for p in report.points if p.pattern == name))
+        for v in variants:
+            pts = sorted((p for p in report.points if p.pattern == name and p.variant == v), key=lambda p: p.load)
+            style = "-" if v.startswith("hexgen") else "--"
+            width = 2.2 if "+" in v else 1.2
+            ax.plot(
+                [p.load for p in pts],
+                [p.mean(lambda o: o.goodput_share) for p in pts],
+                style,
+                marker="o",
+                linewidth=width,
+                label=v,
+            )
+        ax.set_title(f"{name}: correct answers in time")
+        ax.set_xlabel("load (share of the fluid bound)")
+        ax.set_ylabel("share of arrivals")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    if patterns:
+        flat[0].legend(fontsize=7, ncol=2)
+    if tl is not None:
+        ax = flat[len(patterns)]
+        for v, ys in tl.attainment.items():
+            ax.plot(tl.starts, ys, label=v, linewidth=2.0 if "+" in v else 1.0)
+        ax2 = ax.twinx()
+        ax2.fill_between(tl.starts, tl.arrival_qps, step="post", alpha=0.15, color="grey")
+        ax2.set_ylabel("arrivals/s (grey)")
+        ax.set_title("through a burst: SLO attainment by arrival time")
+        ax.set_xlabel("arrival time (s)")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7)
+        ax = flat[len(patterns) + 1]
+        for v, ys in tl.degraded.items():
+            if any(y > 0 for y in ys if not math.isnan(y)):
+                ax.plot(tl.starts, ys, label=v)
+        ax.set_title("degraded share by arrival time")
+        ax.set_xlabel("arrival time (s)")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7)
+    for ax in flat[panels:]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,109 @@
+"""``hexflow bench burst`` (smoke-sized): bursty arrivals, degradation's effect, ratios against baselines only."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from gateway.bench.burst import (
+    BurstReport,
+    parse_variant,
+    plot_burst,
+    resolve_pattern,
+    run_burst,
+    timeline,
+)
+from gateway.bench.simbench import Setup
+from gateway.config import load_cluster
+from gateway.core.degrade import quality_from_rows
+from gateway.errors import ConfigError, UnknownNameError
+from gateway.sim.workload import load_queries
+
+Q = quality_from_rows([(2, 10, True, 0.9), (2, 10, False, 0.85), (1, 1, False, 0.8)], "test table")
+
+
+def _bursty(tmp_path: Path) -> Path:
+    """Quiet stretches, then everything at once: 40 arrivals within a second, twice."""
+    times = [float(i * 10) for i in range(20)]
+    times += [200.0 + i * 0.02 for i in range(40)]
+    times += [300.0 + i * 10 for i in range(20)]
+    times += [520.0 + i * 0.02 for i in range(40)]
+    p = tmp_path / "bursts.csv"
+    p.write_text("timestamp\n" + "\n".join(f"{t:.3f}" for t in times) + "\n")
+    return p
+
+
+def _setup(n: int = 120) -> Setup:
+    import random
+
+    queries = load_queries("chess-bird", 40, random.Random(0))
+    return Setup(
+        workers=load_cluster("paper-4gpu"),
+        queries=queries,
+        trace="chess-bird",
+        n_workflows=n,
+        slo_scale=3.0,
+        n_seeds=1,
+        prefix_caching=True,
+    )
+
+
+def test_variants_parse() -> None:
+    assert parse_variant("hexgen") == ("hexgen", "full")
+    assert parse_variant("llf+adaptive") == ("llf", "adaptive")
+    with pytest.raises(ValueError, match="unknown policy"):
+        parse_variant("nope+adaptive")
+    with pytest.raises(ValueError, match="quality mode"):
+        parse_variant("hexgen+best")
+
+
+def test_patterns_resolve_or_say_where_they_come_from(tmp_path: Path) -> None:
+    assert resolve_pattern("poisson") is None
+    with pytest.raises(ConfigError, match="shared data folder"):
+        resolve_pattern("mooncake", data_dir=tmp_path)
+    with pytest.raises(UnknownNameError):
+        resolve_pattern("no-such-pattern", data_dir=tmp_path)
+    f = _bursty(tmp_path)
+    assert resolve_pattern(str(f)) == f
+
+
+def test_degradation_lifts_goodput_in_bursts_and_is_off_in_steady_load(tmp_path: Path) -> None:
+    setup = _setup()
+    variants = ["lw-fcfs", "hexgen", "hexgen+adaptive"]
+    rep = run_burst(setup, [("bursts", _bursty(tmp_path))], [0.5], variants, Q)
+    assert isinstance(rep, BurstReport) and len(rep.points) == 3
+    burst = {p.variant: p for p in rep.at("bursts", 0.5)}
+    adaptive = burst["hexgen+adaptive"]
+    assert adaptive.mean(lambda o: o.degraded_share) > 0
+    assert adaptive.mean(lambda o: o.goodput_share) > burst["hexgen"].mean(lambda o: o.goodput_share)
+    # Accuracy is paid where work was skipped, never above full quality's.
+    assert adaptive.mean(lambda o: o.accuracy) < 0.9
+    for p in rep.points:
+        assert 0.0 <= p.mean(lambda o: o.goodput_share) <= p.mean(lambda o: o.attainment) + 1e-12
+    # The best baseline is a baseline: lw-fcfs is the only one here, never hexgen.
+    best = rep.best_baseline("bursts", 0.5)
+    assert best is not None and best.variant == "lw-fcfs"
+    r = rep.ratio("bursts", 0.5, "hexgen+adaptive")
+    assert r is not None and r[0] > 1.0 and len(r[1]) == 1
+    # Steady arrivals well below capacity: nothing degrades.
+    steady = run_burst(setup, [("poisson", None)], [0.3], ["hexgen+adaptive"], Q).points[0]
+    assert steady.mean(lambda o: o.attainment) == 1.0
+    assert steady.mean(lambda o: o.degraded_share) == 0.0
+    doc = rep.to_json()
+    assert doc["points"][0]["best_baseline"] == "lw-fcfs"
+    assert all(math.isfinite(p["goodput_correct_share"]) for p in doc["points"])
+
+
+def test_timeline_and_plot(tmp_path: Path) -> None:
+    setup = _setup(80)
+    pattern = _bursty(tmp_path)
+    tl = timeline(setup, pattern, 0.5 * setup.bound.rate_qps, ["hexgen", "hexgen+adaptive"], Q, windows=10)
+    assert len(tl.starts) == 10 and len(tl.arrival_qps) == 10
+    assert set(tl.attainment) == {"hexgen", "hexgen+adaptive"}
+    assert max(tl.arrival_qps) > 3 * min(q for q in tl.arrival_qps if q > 0)
+    rep = run_burst(setup, [("bursts", pattern)], [0.5], ["lw-fcfs", "hexgen+adaptive"], Q)
+    out = tmp_path / "burst.png"
+    plot_burst(rep, tl, out, title="test")
+    assert out.stat().st_size > 10_000
