@@ -9,11 +9,13 @@ The policy (``Degrader``), per workflow, at arrival and again at every stage bou
 
     slack(k) = time left to the deadline - predicted remaining duration with knobs k
 
-and it keeps the *most accurate* knobs whose slack is >= 0 (``QualityModel``: measured accuracy per knob
-setting; equal accuracy: the fuller, so work is cut only when the deadline needs it, never because the
-model measured no gain from it). Full quality while the slack allows, so steady load below capacity
-degrades nothing; when no setting fits, the floor (the fastest setting, which still gives an answer):
-it is the workflow's best chance and the cheapest for everyone else in the burst. Knobs already spent
+It keeps the fullest setting still open while its slack is >= 0: work is cut only when the deadline needs
+it, never because the quality model measured no gain from it, so steady load below capacity degrades
+nothing. Once the fullest does not fit, the *most accurate* setting whose slack is >= 0 (``QualityModel``:
+measured accuracy per setting), and among equally accurate ones the fastest: a workflow that degrades
+anyway gives back every second that costs it no accuracy, to the others in the burst. When no setting
+fits, the floor (the fastest setting, which still gives an answer): it is the workflow's best chance and
+the cheapest for everyone else in the burst. Knobs already spent
 stay spent (candidates generated, rounds run); the others are re-decided at each boundary, up as well as
 down.
 
@@ -268,9 +270,9 @@ class Degrader:
         predict: Callable[[Knobs], float],
         time_left_s: float,
     ) -> Decision:
-        """The most accurate of ``options`` predicted to finish within ``headroom x time_left_s`` (equal
-        accuracy: the first, the fuller: ``options`` are fullest first); none fits: the fastest. ``full``
-        mode takes the fullest option, ``fast`` the fastest, without predicting more than that one."""
+        """The first (fullest) of ``options`` if it is predicted to finish within ``headroom x time_left_s``;
+        else the most accurate that is (equal accuracy: the fastest); none fits: the fastest. ``full`` mode
+        takes the fullest option, ``fast`` the fastest, without predicting more than that one."""
         if not options:
             raise ValueError("no options to choose from")
         if self.mode == "full":
@@ -282,19 +284,21 @@ class Degrader:
             p = predict(k)
             return Decision(k, p, time_left_s, p <= self.headroom * time_left_s)
         limit = self.headroom * time_left_s
-        best: tuple[float, float, Knobs] | None = None  # (accuracy, predicted, knobs)
-        fastest: tuple[float, Knobs] | None = None
-        for k in options:
+        first = predict(options[0])
+        if first <= limit:
+            return Decision(options[0], first, time_left_s, True)
+        best: tuple[float, float, Knobs] | None = None  # (-accuracy, predicted, knobs)
+        fastest: tuple[float, Knobs] = (first, options[0])
+        for k in options[1:]:
             p = predict(k)
-            if fastest is None or p < fastest[0]:
+            if p < fastest[0]:
                 fastest = (p, k)
             if p <= limit:
-                acc = self.quality.accuracy(k)
-                if best is None or acc > best[0]:
-                    best = (acc, p, k)
+                cand = (-self.quality.accuracy(k), p, k)
+                if best is None or cand[:2] < best[:2]:
+                    best = cand
         if best is not None:
             return Decision(best[2], best[1], time_left_s, True)
-        assert fastest is not None
         return Decision(fastest[1], fastest[0], time_left_s, False)
 
 
