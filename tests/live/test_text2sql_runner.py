@@ -169,3 +169,22 @@ async def test_a_runner_is_opened_once_and_used_only_while_open(
     with pytest.raises(RuntimeError, match="open already"):
         runner.open(10.0)
     runner.close(valid=True)
+
+
+async def test_the_runner_predicts_a_plan_as_the_schedulers_completion_predictor(
+    live: tuple[Gateway, FakeClock, ScriptedTransport],
+) -> None:
+    from gateway.config.workflows import CHESS_TEMPLATE
+    from gateway.core.degrade import FLOOR, Knobs, knob_plan
+    from gateway.core.predict import CompletionPredictor
+
+    gw, clock, _ = live
+    runner = GatewayStageRunner(gw, TENANT)
+    with pytest.raises(RuntimeError, match="not open"):
+        runner.remaining_predictor()
+    runner.open(60.0)
+    predict = runner.remaining_predictor()
+    full, floor = knob_plan(CHESS_TEMPLATE, Knobs(2, 10, True)), knob_plan(CHESS_TEMPLATE, FLOOR)
+    expected = CompletionPredictor(gw.scheduler, clock.t).path_time
+    assert predict(full) == expected(full) > predict(floor) == expected(floor) > 0
+    runner.close(valid=False)
