@@ -24,6 +24,7 @@ from gateway.cli.common import (
     policy_names,
     workload_queries,
 )
+from gateway.cli.text2sql import add_bench_quality
 from gateway.cli.tuner import add_bench_tuner
 from gateway.core.policy import POLICIES, get_policy
 
@@ -96,10 +97,11 @@ def add_bench(sub: Subparsers) -> None:
         "--log-dir", default=None, help="--live: keep subprocess logs and configs here (default: a temporary folder)"
     )
     p.set_defaults(func=cmd_bench, workflows=None)
-    bench_sub = p.add_subparsers(dest="bench_command", metavar="{overload,tuner,fidelity}", required=False)
+    bench_sub = p.add_subparsers(dest="bench_command", metavar="{overload,tuner,fidelity,quality}", required=False)
     add_bench_overload(bench_sub)
     add_bench_tuner(bench_sub)
     add_bench_fidelity(bench_sub)
+    add_bench_quality(bench_sub)
 
 
 def add_bench_overload(sub: Subparsers) -> None:

@@ -1,9 +1,10 @@
 """The Text-to-SQL commands: ``demo`` (the main job on an emulated cluster), ``eval`` (execution accuracy of
 a running gateway on a Spider-format dataset), ``databases`` and ``answers`` (the files ``serve`` and
-``emulate --answers`` read, for a Spider-format dataset or the demo).
+``emulate --answers`` read, for a Spider-format dataset or the demo), and ``bench quality`` (accuracy per
+knob setting of the pipeline, in-process: ``gateway/config/quality.yaml``).
 
-Numbers of ``eval``, ``databases`` and ``answers`` are parsed by the commands, not by argparse, so bad
-values stop with one line (exit 2).
+Numbers of ``eval``, ``databases``, ``answers`` and ``bench quality`` are parsed by the commands, not by
+argparse, so bad values stop with one line (exit 2).
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from pathlib import Path
 
 from gateway.cli.common import Subparsers, UsageError, int_arg, positive_float_arg
 
-__all__ = ["add_answers", "add_databases", "add_demo", "add_eval"]
+__all__ = ["add_answers", "add_bench_quality", "add_databases", "add_demo", "add_eval"]
+
+QUALITY_OUT = "gateway/config/quality.yaml"
+"""Where ``bench quality --out`` writes the packaged quality model (from the repository root)."""
 
 
 def add_demo(sub: Subparsers) -> None:
@@ -265,4 +269,66 @@ def cmd_answers(args: argparse.Namespace) -> int:
     out = write_answers(Path(args.out), answers)
     wrong = sum(1 for e in answers.values() if e.get("wrong"))
     print(f"wrote {out}: {len(answers)} questions, {wrong} with a wrong first candidate")
+    return 0
+
+
+def add_bench_quality(sub: Subparsers) -> None:
+    """``hexflow bench quality``."""
+    p = sub.add_parser(
+        "quality",
+        help="accuracy of the Text-to-SQL pipeline at every knob setting (scripted answers, in-process)",
+        description="Run the real Text-to-SQL pipeline in-process with scripted answers (as the emulator gives "
+        "them) over the demo questions and, with --spider, Spider dev on its SQLite databases, once per knob "
+        "setting (candidates, revision cap, unit tests and evaluation) and seed; print the accuracy per setting "
+        f"and, with --out, write it as the quality model the degradation policy reads ({QUALITY_OUT}).",
+    )
+    p.add_argument("--spider", default=None, help="Spider-layout folder (dev.json, database/); default: demo only")
+    p.add_argument("--spider-limit", default=None, help="the first N questions of dev.json (default: all)")
+    p.add_argument("--seeds", default="0,1,2", help="seeds of the wrong-candidate assignment, comma-separated")
+    p.add_argument("--wrong-fraction", default="0.25", help="share of questions with a wrong first candidate")
+    p.add_argument("--max-candidates", default="3", help="measure up to this many candidates (default 3)")
+    p.add_argument("--out", default=None, help=f"write the quality file here (the packaged one: {QUALITY_OUT})")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench_quality)
+
+
+def cmd_bench_quality(args: argparse.Namespace) -> int:
+    """Measure accuracy per knob setting; print the table, write the quality file with ``--out``."""
+    from gateway.bench.quality import format_report, run_quality
+
+    seeds = [int_arg("--seeds", t.strip(), minimum=0) for t in str(args.seeds).split(",") if t.strip()]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise UsageError(f"--seeds: expected distinct seeds, comma-separated, got {args.seeds!r}")
+    try:
+        fraction = float(args.wrong_fraction)
+    except ValueError:
+        fraction = math.nan
+    if not 0.0 <= fraction <= 1.0:
+        raise UsageError(f"--wrong-fraction: expected a number in [0, 1], got {args.wrong_fraction!r}")
+    max_k = int_arg("--max-candidates", args.max_candidates, minimum=1)
+    if max_k > 8:
+        raise UsageError(f"--max-candidates: at most 8 (the pipeline's limit), got {max_k}")
+    spider = None if args.spider is None else _dataset_dir("--spider", args.spider, needs_dev_json=True)
+    if args.spider_limit is not None and spider is None:
+        raise UsageError("--spider-limit: only with --spider")
+    limit = None if args.spider_limit is None else int_arg("--spider-limit", args.spider_limit, minimum=1)
+    command = "hexflow bench quality" + (f" --spider {args.spider}" if spider is not None else "")
+    command += f" --spider-limit {limit}" if limit is not None else ""
+    command += f" --seeds {','.join(map(str, seeds))} --wrong-fraction {fraction:g} --max-candidates {max_k}"
+    command += f" --out {args.out}" if args.out else ""
+    report = run_quality(
+        seeds=seeds,
+        wrong_fraction=fraction,
+        spider=spider,
+        spider_limit=limit,
+        max_candidates=max_k,
+        command=command,
+        progress=not args.quiet,
+    )
+    print(format_report(report))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report.to_yaml(), encoding="utf-8")
+        print(f"wrote {out}")
     return 0

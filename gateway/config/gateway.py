@@ -253,6 +253,11 @@ class Text2SqlConfig(_Strict):
 
     candidates: int = Field(2, ge=1, le=8, description="SQL candidates generated in parallel.")
     max_revisions: int = Field(10, ge=0, le=50, description="Most revise rounds per candidate.")
+    evaluate: bool = Field(
+        True,
+        description="Generate unit tests and evaluate the candidates (never with a single candidate). These "
+        "are the full-quality knobs; a tenant with `quality: adaptive` or `fast` may get less (tenants.yaml).",
+    )
     unit_tests: int = Field(3, ge=0, le=20, description="Unit tests asked of the unit-test stage.")
     max_question_chars: int = Field(2000, ge=1, description="Longest question accepted (422 above).")
     max_evidence_chars: int = Field(4000, ge=0, description="Longest evidence (hint) accepted (422 above).")

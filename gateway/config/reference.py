@@ -22,6 +22,7 @@ FILES: tuple[tuple[str, str, str], ...] = (
     ("config/clusters/*.yaml", "gateway.config.cluster", "ClusterConfig"),
     ("config/gpus.yaml", "gateway.config.gpus", "GpuCatalog"),
     ("gateway/config/workflows.yaml (packaged data)", "gateway.config.workflows", "WorkflowsFile"),
+    ("gateway/config/quality.yaml (packaged data: hexflow bench quality)", "gateway.config.quality", "QualityFile"),
 )
 
 

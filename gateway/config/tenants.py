@@ -69,6 +69,15 @@ class TenantConfig(_Strict):
         "shed as soon as its queued calls can no longer make it (503 with Retry-After; counted 'shed'). "
         "best_effort: admitted (or kept) at the lowest urgency: its calls wait behind every other call.",
     )
+    quality: Literal["full", "adaptive", "fast"] = Field(
+        "full",
+        description="Answer quality of /v1/text2sql under load. full: always the configured pipeline "
+        "(text2sql.candidates, max_revisions, unit tests and evaluation). adaptive: at arrival and at each stage "
+        "boundary, the most accurate knob setting (gateway/config/quality.yaml) whose remaining stages the "
+        "scheduler predicts to finish within the deadline, else the floor (one candidate, one revision round, "
+        "no unit tests or evaluation); the response's `degraded` says what was skipped and why. fast: always "
+        "the floor.",
+    )
     databases: list[Annotated[str, Field(pattern=r"^(\*|[A-Za-z0-9_.-]{1,64})$")]] = Field(
         default_factory=lambda: ["*"],
         description="Database ids the tenant may query with /v1/text2sql ('*': all configured ones).",

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gateway.core.predict import StagePlan
-from gateway.core.workflow import CANDIDATE, EVALUATE, REVISE, UNIT_TEST, CallSpec, WorkflowTemplate
+from gateway.core.workflow import CANDIDATE, EVALUATE, REVISE, UNIT_TEST, UNIT_TESTER, CallSpec, WorkflowTemplate
 
 __all__ = [
     "FLOOR",
@@ -56,8 +56,9 @@ __all__ = [
 QualityMode = Literal["full", "adaptive", "fast"]
 QUALITY_MODES: tuple[QualityMode, ...] = ("full", "adaptive", "fast")
 
-SKIPPABLE = frozenset({UNIT_TEST, EVALUATE})
-"""Stage kinds that ``Knobs.evaluate = False`` skips: unit-test generation and candidate evaluation."""
+SKIPPABLE = frozenset({UNIT_TESTER, UNIT_TEST, EVALUATE})
+"""Stage kinds that ``Knobs.evaluate = False`` skips: CHESS's unit-tester agent, its unit-test generation and
+candidate evaluation (the traces' ``unit_tester`` calls are that agent's own steps around its two tools)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)

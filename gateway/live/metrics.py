@@ -14,6 +14,7 @@ with its series.
 | hexflow_workflows_total | counter | tenant, outcome | outcome: met, missed, rejected, failed, cancelled, shed |
 | hexflow_admission_rejections_total | counter | tenant, reason | why admission refused (``REJECT_REASONS``) |
 | hexflow_workflows_demoted_total | counter | tenant, when | run at the lowest urgency: admission, queued |
+| hexflow_degraded_workflows_total | counter | tenant, step | Text-to-SQL answers with a knob turned down |
 | hexflow_slo_attainment | gauge | tenant | share of the tenant's last 1000 finished workflows that met the deadline |
 | hexflow_stage_latency_seconds | histogram | kind | one call: ready -> result (queue wait + run) |
 | hexflow_call_run_seconds | histogram | kind, worker | one call: sent -> result |
@@ -56,6 +57,8 @@ from gateway.live.history import GOODPUT_OUTCOMES
 from gateway.live.promparse import WorkerMetrics
 
 MAX_KINDS = 32
+DEGRADED_STEPS = ("candidates", "revisions", "evaluation")
+"""The knobs a degraded Text-to-SQL question can have turned down (``gateway.text2sql.pipeline``'s)."""
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 3600)
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900)
 RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5, 10)
@@ -178,6 +181,13 @@ class GatewayMetrics:
             "hexflow_workflows_demoted",
             "Workflows predicted to miss their deadline run at the lowest urgency (when: admission, queued).",
             ["tenant", "when"],
+            registry=r,
+        )
+        self.degraded_workflows = Counter(
+            "hexflow_degraded_workflows",
+            "Text-to-SQL questions answered with a knob turned down to meet the deadline, per knob "
+            "(step: candidates, revisions, evaluation).",
+            ["tenant", "step"],
             registry=r,
         )
         self.slo = Gauge(
@@ -322,6 +332,8 @@ class GatewayMetrics:
             self.rejections.labels(tenant=tenant, reason=reason)
         for when in DEMOTED_WHEN:
             self.demoted.labels(tenant=tenant, when=when)
+        for step in DEGRADED_STEPS:
+            self.degraded_workflows.labels(tenant=tenant, step=step)
         self._recent.setdefault(tenant, _Attainment())
         for o in GOODPUT_OUTCOMES:
             self.workflow_outcomes.labels(tenant=tenant, outcome=o)
@@ -347,6 +359,11 @@ class GatewayMetrics:
         if s is None:
             s = self._tenants[tenant] = _TenantSeries()
         return s
+
+    def degraded(self, tenant: str, step: str) -> None:
+        """A question of ``tenant`` ran with knob ``step`` (``DEGRADED_STEPS``) turned down."""
+        if step in DEGRADED_STEPS:
+            self.degraded_workflows.labels(tenant=tenant, step=step).inc()
 
     # ---------------------------------------------------------------------------------------------- per call
 

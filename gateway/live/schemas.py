@@ -396,6 +396,20 @@ class Text2SqlCandidate(BaseModel):
     verdict: bool | None
 
 
+class Text2SqlDegradation(BaseModel):
+    """One knob a question ran with turned down, and the decision that turned it down."""
+
+    step: Literal["candidates", "revisions", "evaluation"]
+    detail: str = Field(description="What was skipped, in words (e.g. 'candidates 2 -> 1').")
+    at: str = Field(description="The stage boundary of the decision: 'arrival' or the stage kind just finished.")
+    reason: str = Field(description="'predicted to miss the deadline' (adaptive) or 'quality mode fast'.")
+    predicted_full_s: float | None = Field(
+        description="Predicted remaining seconds with the fullest knobs still open then (null: no worker)."
+    )
+    predicted_s: float | None = Field(description="Predicted remaining seconds with the knobs chosen.")
+    time_left_s: float = Field(description="Seconds to the deadline at the decision.")
+
+
 class Text2SqlResponse(BaseModel):
     """The answer to a question: the chosen SQL and its result, every candidate and every stage's call.
     ``status`` other than ``ok`` comes with ``error`` (and ``failed_stage`` when a stage failed)."""
@@ -414,6 +428,12 @@ class Text2SqlResponse(BaseModel):
     latency_s: float
     deadline_met: bool
     local_s: float
+    quality_mode: Literal["full", "adaptive", "fast"] = Field(
+        description="The tenant's quality mode (tenants.yaml `quality`)."
+    )
+    degraded: list[Text2SqlDegradation] = Field(
+        description="Knobs turned down to meet the deadline (empty: full quality), each with the decision why."
+    )
     error: str | None = None
     failed_stage: str | None = None
 

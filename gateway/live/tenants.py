@@ -46,6 +46,7 @@ from types import MappingProxyType
 
 from gateway.config.base import load_yaml_model
 from gateway.config.tenants import DEFAULT_TENANTS, TenantConfig, TenantsFile, hash_key
+from gateway.core.degrade import QualityMode
 from gateway.errors import ConfigError, Unprocessable
 
 log = logging.getLogger("hexflow.tenants")
@@ -64,6 +65,7 @@ class Tenant:
     databases: tuple[str, ...] = ("*",)
     predictive_admission: bool = True
     on_predicted_miss: str = "reject"
+    quality: QualityMode = "full"
 
     def allows(self, db_id: str) -> bool:
         """Whether the tenant may query database ``db_id``."""
@@ -82,6 +84,7 @@ class Tenant:
             tuple(c.databases),
             c.predictive_admission,
             c.on_predicted_miss,
+            c.quality,
         )
 
 

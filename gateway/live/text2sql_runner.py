@@ -4,9 +4,10 @@ One runner per question: ``open`` starts an online workflow under the CHESS temp
 ``run_stage`` turns each ``StageCall`` into a ``/v1/chat/completions`` request scheduled as one stage
 (``run_stage``) and each call's record and outcome into a ``StageCallResult`` (a failed call keeps its
 status: 502 upstream, 503 no worker, 504 timeout, a worker's 4xx), ``remaining`` reads the gateway's
-clock, and ``close`` accounts the workflow (``close_workflow``: met, missed or failed) and answers with
-the same rule (``OnlineWorkflow.met``), so the response and the metrics agree; an abandoned question
-(``cancelled``) is counted cancelled.
+clock, ``remaining_predictor`` is the scheduler's ``CompletionPredictor(scheduler, now).path_time`` (the
+prediction the simulator's degradation uses too), and ``close`` accounts the workflow (``close_workflow``:
+met, missed or failed) and answers with the same rule (``OnlineWorkflow.met``), so the response and the
+metrics agree; an abandoned question (``cancelled``) is counted cancelled.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.predict import CompletionPredictor
 from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed
 from gateway.live.service import Admission, CallRecord, CallRequest, Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult
-from gateway.text2sql.port import Closed, StageCall, StageCallError, StageCallResult
+from gateway.text2sql.port import Closed, RemainingPredictor, StageCall, StageCallError, StageCallResult
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 
@@ -56,6 +58,12 @@ class GatewayStageRunner:
     def remaining(self) -> float:
         """Seconds to the deadline on the gateway's clock (negative once past)."""
         return self._workflow().remaining(self.gw.clock())
+
+    def remaining_predictor(self) -> RemainingPredictor:
+        """The scheduler's critical path of a plan behind the queues now (``CompletionPredictor.path_time``,
+        later stages at the default stationary queue weight); one predictor per call, reused across plans."""
+        self._workflow()
+        return CompletionPredictor(self.gw.scheduler, self.gw.clock()).path_time
 
     def close(self, *, valid: bool, failed: bool = False, cancelled: bool = False) -> Closed:
         """Account the workflow's end with the gateway (once; a second call returns the first answer).

@@ -18,6 +18,15 @@ Time: everything about the deadline comes from the runner (``remaining()``, ``Cl
 only other clock is the ``local_s`` stopwatch (``time.perf_counter``), the wall time of local work,
 reported as such and never compared with the runner's.
 
+Degradation (``gateway.core.degrade``): the knobs of a question (SQL candidates, the revision cap, unit tests
+and evaluation) start at the configuration's (full quality) and, for a tenant whose quality mode is not
+``full``, are re-decided at arrival and at every stage boundary by the tenant's ``Degrader``: the most
+accurate setting (``QualityModel``) whose remaining plan (``knob_plan`` of the CHESS template from the
+phase just finished) the runner predicts to finish within the time left (``StageRunner.remaining_predictor``),
+else the floor. Knobs spent stay spent (candidates generated, rounds run, evaluation begun or skipped). What
+the final knobs skipped is reported in ``degraded`` with the decision that skipped it. Unit tests and
+evaluation never run with fewer than two candidates (nothing to choose between).
+
 Deadlines: no new revision round starts after the deadline; past the deadline with an executable
 candidate, unit tests and evaluation are skipped and the best candidate by agreement is returned
 (``deadline_met`` false); past it without one, the status is ``deadline_exceeded``. ``deadline_met`` is
@@ -34,16 +43,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.config.quality import QUALITY
 from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.degrade import Decision, Degrader, Knobs, QualityMode, QualityModel, degraded_steps, knob_plan
 from gateway.core.tokens import message_tokens
-from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST
+from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST, TemplateCursor
 from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult, serialize_schema
 from gateway.text2sql.evaluate import results_match
 from gateway.text2sql.extract import extract_list, extract_sql, extract_verdict
 from gateway.text2sql.port import Closed, StageCall, StageCallError, StageRunner
 from gateway.text2sql.prompt_templates import Prompts
-from gateway.text2sql.result import Candidate, StageReport, Text2SqlResult, select
+from gateway.text2sql.result import Candidate, Degradation, StageReport, Text2SqlResult, select
 from gateway.text2sql.sqlsafe import SqlRejected
 
 _EMPTY = "It returned no rows."
@@ -62,10 +73,14 @@ _EXPECTED_OUTPUT = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """Stage counts and output budgets (tokens) of the pipeline."""
+    """Stage counts and output budgets (tokens) of the pipeline: its full-quality knobs.
+
+    ``evaluate`` off (or a single candidate) skips unit-test generation and evaluation.
+    """
 
     candidates: int = 2
     max_revisions: int = 10
+    evaluate: bool = True
     unit_tests: int = 3
     schema_max_chars: int = 24_000
     preview_rows: int = 5
@@ -79,6 +94,36 @@ class PipelineConfig:
             EVALUATE: 96,
         }
     )
+
+    @property
+    def knobs(self) -> Knobs:
+        """The full-quality knobs: evaluation only with two candidates or more."""
+        return Knobs(self.candidates, self.max_revisions, self.evaluate and self.candidates >= 2)
+
+
+DEGRADED_STEPS: tuple[str, ...] = ("candidates", "revisions", "evaluation")
+"""The knobs a degraded question can have turned down (a bounded metric label)."""
+
+
+def degraded_by_step(full: Knobs, used: Knobs) -> list[tuple[str, str]]:
+    """``(step, words)`` for each knob ``used`` turned down from ``full`` (``DEGRADED_STEPS`` order; the words
+    are ``gateway.core.degrade.degraded_steps``')."""
+    one_each = (
+        ("candidates", Knobs(used.candidates, full.max_revisions, full.evaluate)),
+        ("revisions", Knobs(full.candidates, used.max_revisions, full.evaluate)),
+        ("evaluation", Knobs(full.candidates, full.max_revisions, used.evaluate)),
+    )
+    out: list[tuple[str, str]] = []
+    for step, k in one_each:
+        words = degraded_steps(full, k)
+        if words:
+            out.append((step, words[0]))
+    return out
+
+
+def _knob(k: Knobs, step: str) -> int | bool:
+    """The value of the knob ``step`` names."""
+    return k.candidates if step == "candidates" else k.max_revisions if step == "revisions" else k.evaluate
 
 
 class _StageFailed(Exception):
@@ -114,13 +159,19 @@ class Text2SqlPipeline:
     """Runs questions through the pipeline; one instance serves every request (it holds no per-run state).
 
     Args:
-        config: stage counts and output budgets.
+        config: stage counts and output budgets (the full-quality knobs).
         prompts: the prompt templates (``Prompts.load()``: read once, at start-up).
+        quality: accuracy per knob setting, ranking the settings an ``adaptive`` tenant may get (default:
+            the packaged, measured ``gateway/config/quality.yaml``).
     """
 
-    def __init__(self, config: PipelineConfig, prompts: Prompts) -> None:
+    def __init__(self, config: PipelineConfig, prompts: Prompts, quality: QualityModel | None = None) -> None:
         self.cfg = config
         self.prompts = prompts
+        self.quality = quality if quality is not None else QUALITY
+        self.degraders: dict[str, Degrader] = {
+            mode: Degrader(mode, config.knobs, self.quality) for mode in ("full", "adaptive", "fast")
+        }
 
     async def answer(
         self,
@@ -132,10 +183,15 @@ class Text2SqlPipeline:
         *,
         request_id: str,
         on_event: EventFn | None = None,
+        quality_mode: QualityMode = "full",
     ) -> Text2SqlResult:
         """Answer one question with ``runner`` (fresh, unopened); never raises for model, SQL or database
         problems (they are statuses). The runner is opened first (the deadline runs from arrival: fetching
-        the schema is part of the answer) and closed exactly once, also on cancellation."""
+        the schema is part of the answer) and closed exactly once, also on cancellation. ``quality_mode``:
+        the tenant's (``full`` never degrades; ``adaptive`` and ``fast``: see the module docstring)."""
+        degrader = self.degraders.get(quality_mode)
+        if degrader is None:
+            raise ValueError(f"quality mode must be one of full, adaptive, fast, got {quality_mode!r}")
         started = time.perf_counter()
         stages: list[StageReport] = []
         runner.open(deadline_s)
@@ -149,7 +205,7 @@ class Text2SqlPipeline:
                 outcome = _Failure("schema", str(exc), exc.status)
             else:
                 schema_text = serialize_schema(schema, max_chars=self.cfg.schema_max_chars)
-                run = _Run(self, runner, db, question, evidence or "none", schema_text, stages, on_event)
+                run = _Run(self, runner, db, question, evidence or "none", schema_text, stages, on_event, degrader)
                 run.local_s = time.perf_counter() - started
                 try:
                     outcome = await run.go()
@@ -164,8 +220,11 @@ class Text2SqlPipeline:
             ok = isinstance(outcome, tuple) and outcome[0] == "ok"
             closed = runner.close(valid=ok, failed=isinstance(outcome, _Failure), cancelled=cancelled)
         candidates = run.candidates if run is not None else []
+        degraded = run.degradations() if run is not None else []
         if isinstance(outcome, _Failure):
-            return _failed(request_id, outcome, stages, deadline_s, closed, candidates)
+            failed = _failed(request_id, outcome, stages, deadline_s, closed, candidates)
+            failed.degraded, failed.quality_mode = degraded, quality_mode
+            return failed
         status, chosen = outcome
         res = chosen.result if chosen is not None else None
         return Text2SqlResult(
@@ -184,6 +243,8 @@ class Text2SqlPipeline:
             deadline_met=closed.deadline_met,
             error=None if status == "ok" or run is None else run.last_problem,
             local_s=run.local_s if run is not None else 0.0,
+            degraded=degraded,
+            quality_mode=quality_mode,
         )
 
 
@@ -228,6 +289,7 @@ class _Run:
         schema: str,
         stages: list[StageReport],
         on_event: EventFn | None,
+        degrader: Degrader,
     ) -> None:
         self.p = pipe
         self.cfg = pipe.cfg
@@ -242,12 +304,78 @@ class _Run:
         self.last_problem: str | None = None
         self.local_s = 0.0
         self.system = pipe.prompts.render("system", dialect=db.dialect)
+        self.degrader = degrader
+        self.full = self.knobs = degrader.full
+        self.cursor = TemplateCursor(CHESS_TEMPLATE)
+        self.candidates_fixed: int | None = None
+        self.revisions_done = 0
+        self.evaluate_fixed: bool | None = None
+        self.revisions_capped = False  # the revision cap stopped a round a candidate needed
+        self.why: dict[str, tuple[str, Decision, float]] = {}  # step -> (boundary, decision, predicted full)
+
+    def decide(self, at: str) -> None:
+        """Re-decide the knobs still open at a stage boundary (``at``: "arrival" or the stage just finished).
+
+        ``full`` mode keeps the configured knobs and asks for no prediction."""
+        if self.degrader.mode == "full":
+            return
+        options = self.degrader.options(
+            candidates_fixed=self.candidates_fixed,
+            revisions_done=self.revisions_done,
+            evaluate_fixed=self.evaluate_fixed,
+        )
+        predict = self.runner.remaining_predictor()
+        phase, rounds = self.cursor.phase, self.cursor.rounds
+        predicted: dict[Knobs, float] = {}
+
+        def duration(k: Knobs) -> float:
+            v = predicted.get(k)
+            if v is None:
+                v = predicted[k] = predict(knob_plan(CHESS_TEMPLATE, k, phase=phase, rounds_done=rounds))
+            return v
+
+        decision = self.degrader.choose(options, duration, self.runner.remaining())
+        before, self.knobs = self.knobs, decision.knobs
+        fullest = duration(options[0])
+        for step, _ in degraded_by_step(self.full, decision.knobs):
+            if step not in self.why or _knob(before, step) != _knob(decision.knobs, step):
+                self.why[step] = (at, decision, fullest)  # turned (further) down here: this decision is why
+
+    def used(self) -> Knobs:
+        """The knobs as they ended: what was spent where it was, the decided ones elsewhere. A revision cap
+        counts only when it stopped a revision a candidate still needed (one that needed none lost nothing)."""
+        k = self.knobs
+        cands = self.candidates_fixed if self.candidates_fixed is not None else k.candidates
+        ev = self.evaluate_fixed if self.evaluate_fixed is not None else k.evaluate
+        return Knobs(cands, k.max_revisions if self.revisions_capped else self.full.max_revisions, ev)
+
+    def degradations(self) -> list[Degradation]:
+        """What the final knobs skipped relative to full quality, each with the decision that skipped it."""
+        out = []
+        for step, words in degraded_by_step(self.full, self.used()):
+            why = self.why.get(step)
+            if why is None:  # not turned down by a decision (cannot happen; never fail the answer for it)
+                continue
+            at, d, fullest = why
+            out.append(
+                Degradation(
+                    step=step,
+                    detail=words,
+                    at=at,
+                    reason="quality mode fast" if self.degrader.mode == "fast" else "predicted to miss the deadline",
+                    predicted_full_s=fullest,
+                    predicted_s=d.predicted_s,
+                    time_left_s=d.time_left_s,
+                )
+            )
+        return out
 
     def past_deadline(self) -> bool:
         return self.runner.remaining() < 0
 
     async def stage(self, kind: str, prompts: list[str]) -> list[str]:
         """Run one stage of ``len(prompts)`` parallel calls; returns their output texts."""
+        self.cursor.enter(kind)
         max_tokens = self.cfg.max_tokens[kind]
         out_tokens = min(max_tokens, _EXPECTED_OUTPUT.get(kind, max_tokens))
         calls = []
@@ -312,17 +440,20 @@ class _Run:
     async def go(self) -> tuple[str, Candidate | None]:
         q, ev = self.question, self.evidence
         render = self.p.prompts.render
+        self.decide("arrival")
         # 1. keywords
         (kw_text,) = await self.stage(KEYWORDS, [render("extract_keywords", question=q, evidence=ev)])
         keywords = extract_list(kw_text)
+        self.decide(KEYWORDS)
         # 2. schema linking
         (link_text,) = await self.stage(
             IR,
             [render("schema_linking", question=q, evidence=ev, keywords=json.dumps(keywords), schema=self.schema)],
         )
         linked = ", ".join(extract_list(link_text)) or "(all)"
+        self.decide(IR)
         # 3. candidates
-        n = self.cfg.candidates
+        n = self.candidates_fixed = self.knobs.candidates
         self.candidates = [Candidate(i, STRATEGIES[i % len(STRATEGIES)][0]) for i in range(n)]
         texts = await self.stage(
             CANDIDATE,
@@ -342,10 +473,14 @@ class _Run:
             ],
         )
         await self.execute_all(self.candidates, texts)
-        # 4. revisions, one stage per round, in parallel across candidates
-        for _ in range(self.cfg.max_revisions):
+        self.decide(CANDIDATE)
+        # 4. revisions, one stage per round, in parallel across candidates, up to the cap in force
+        while True:
             todo = [c for c in self.candidates if not c.valid]
             if not todo or self.past_deadline():
+                break
+            if self.revisions_done >= self.knobs.max_revisions:
+                self.revisions_capped = self.knobs.max_revisions < self.full.max_revisions
                 break
             texts = await self.stage(
                 REVISE,
@@ -365,14 +500,17 @@ class _Run:
             )
             for c in todo:
                 c.revisions += 1
+            self.revisions_done += 1
             await self.execute_all(todo, texts)
+            self.decide(REVISE)
         valid = [c for c in self.candidates if c.valid]
         problems = [c.problem for c in self.candidates if c.problem]
         self.last_problem = problems[-1] if problems else None
         if not valid:
             return ("deadline_exceeded" if self.past_deadline() else "no_valid_sql"), None
-        # 5-6. unit tests and evaluation (skipped past the deadline)
-        if not self.past_deadline():
+        # 5-6. unit tests and evaluation (skipped past the deadline, or when the knobs say so)
+        self.evaluate_fixed = self.knobs.evaluate and n >= 2
+        if self.evaluate_fixed and not self.past_deadline():
             (tests_text,) = await self.stage(
                 UNIT_TEST, [render("unit_tests", question=q, evidence=ev, schema=self.schema, n=self.cfg.unit_tests)]
             )
@@ -401,14 +539,17 @@ class _Run:
 
 
 __all__ = [
+    "DEGRADED_STEPS",
     "STRATEGIES",
     "Candidate",
+    "Degradation",
     "EventFn",
     "PipelineConfig",
     "Prompts",
     "StageReport",
     "Text2SqlPipeline",
     "Text2SqlResult",
+    "degraded_by_step",
     "results_match",
     "select",
 ]

@@ -9,6 +9,7 @@ One runner serves one question (one workflow, one tenant):
     runner.open(deadline_s)                 the workflow starts now, under the CHESS template's budgets
     await runner.run_stage(kind, calls)     one stage of parallel calls; one ``StageCallResult`` each
     runner.remaining()                      seconds to the deadline on the runner's own clock (< 0: past)
+    runner.remaining_predictor()            predictions at this instant: plan -> its remaining duration (s)
     runner.close(valid=...)                 the workflow ends; returns its latency and whether the
                                             deadline was met (in time *and* a valid answer);
                                             ``cancelled=True`` when the question was abandoned
@@ -18,11 +19,15 @@ Everything the pipeline reads about time comes from the runner's clock, so it ne
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.core.predict import StagePlan
 from gateway.errors import GatewayError
+
+RemainingPredictor = Callable[[Sequence[StagePlan]], float]
+"""Seconds a workflow's remaining stages (a plan) are predicted to take from one instant on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,12 @@ class StageRunner(Protocol):
 
     def remaining(self) -> float:
         """Seconds left before the deadline (negative once it has passed)."""
+        ...
+
+    def remaining_predictor(self) -> RemainingPredictor:
+        """Predictions at this instant (one per decision: the pipeline asks it for several plans): the
+        seconds from now until a plan of remaining stages would be done (the scheduler's critical path
+        behind today's queues; ``math.inf`` when nothing could run it)."""
         ...
 
     def close(self, *, valid: bool, failed: bool = False, cancelled: bool = False) -> Closed:

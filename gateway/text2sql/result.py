@@ -2,13 +2,15 @@
 
 Candidate        one SQL candidate through its revisions (its SQL, result, problem, verdict)
 StageReport      one call of one stage: where and how long it ran, its error
+Degradation      one knob turned down to meet the deadline (what, at which boundary, and the prediction why)
 Text2SqlResult   what ``POST /v1/text2sql`` answers (``as_dict`` is the JSON body)
 select(valid)    the chosen candidate: evaluator verdicts, then agreement of results, then order
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.text2sql.db import QueryResult
@@ -68,6 +70,41 @@ class StageReport:
         return d
 
 
+@dataclass(frozen=True)
+class Degradation:
+    """One knob the question ran with turned down from full quality, and the decision that turned it down.
+
+    ``step``: candidates, revisions or evaluation; ``detail``: in words; ``at``: the stage boundary of the
+    decision ("arrival" or the stage kind just finished); ``predicted_full_s``: the predicted remaining
+    duration with the fullest knobs still open then; ``predicted_s``: with the knobs chosen; ``time_left_s``:
+    the time to the deadline then (runner clock).
+    """
+
+    step: str
+    detail: str
+    at: str
+    reason: str
+    predicted_full_s: float
+    predicted_s: float
+    time_left_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The response view (seconds rounded to milliseconds; an infinite prediction as null)."""
+        return {
+            "step": self.step,
+            "detail": self.detail,
+            "at": self.at,
+            "reason": self.reason,
+            "predicted_full_s": _seconds(self.predicted_full_s),
+            "predicted_s": _seconds(self.predicted_s),
+            "time_left_s": _seconds(self.time_left_s),
+        }
+
+
+def _seconds(x: float) -> float | None:
+    return round(x, 3) if math.isfinite(x) else None
+
+
 @dataclass
 class Text2SqlResult:
     """What ``/v1/text2sql`` returns.
@@ -97,6 +134,10 @@ class Text2SqlResult:
     """Wall time of the work outside LLM calls: schema, SQL extraction, checks, execution, selection (on a
     busy event loop it includes waiting for the loop). A stopwatch of its own (``time.perf_counter``), never
     compared with the runner's clock."""
+    degraded: list[Degradation] = field(default_factory=list)
+    """The knobs turned down to meet the deadline (empty: full quality)."""
+    quality_mode: str = "full"
+    """The tenant's quality mode: full, adaptive or fast."""
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON body."""
@@ -115,6 +156,8 @@ class Text2SqlResult:
             "latency_s": round(self.latency_s, 4),
             "deadline_met": self.deadline_met,
             "local_s": round(self.local_s, 6),
+            "quality_mode": self.quality_mode,
+            "degraded": [d.as_dict() for d in self.degraded],
         }
         if self.error is not None:
             d["error"] = self.error

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gateway.config.databases import load_databases
 from gateway.config.gateway import Text2SqlConfig
+from gateway.core.degrade import QualityMode
 from gateway.errors import BadRequest
 from gateway.text2sql.db import Database, DatabaseRegistry, UnknownDatabase
 from gateway.text2sql.pipeline import EventFn, PipelineConfig, Text2SqlPipeline
@@ -60,6 +61,7 @@ class Text2SqlService:
         config = PipelineConfig(
             candidates=settings.candidates,
             max_revisions=settings.max_revisions,
+            evaluate=settings.evaluate,
             unit_tests=settings.unit_tests,
             schema_max_chars=settings.schema_max_chars,
         )
@@ -100,10 +102,19 @@ class Text2SqlService:
         *,
         request_id: str,
         on_event: EventFn | None = None,
+        quality_mode: QualityMode = "full",
     ) -> Text2SqlResult:
-        """Run the pipeline for one question on ``runner`` (see ``Text2SqlPipeline.answer``)."""
+        """Run the pipeline for one question on ``runner`` at the tenant's ``quality_mode`` (see
+        ``Text2SqlPipeline.answer``)."""
         return await self.pipeline.answer(
-            runner, db, question, evidence, deadline_s, request_id=request_id, on_event=on_event
+            runner,
+            db,
+            question,
+            evidence,
+            deadline_s,
+            request_id=request_id,
+            on_event=on_event,
+            quality_mode=quality_mode,
         )
 
     async def close(self) -> None:

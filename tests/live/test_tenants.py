@@ -140,10 +140,18 @@ def test_default_above_max(tmp_path: Path) -> None:
         ("    priority_weight: 0\n", "tenants.0.priority_weight"),
         ("    max_concurrent_workflows: 0\n", "tenants.0.max_concurrent_workflows"),
         ("    colour: red\n", "tenants.0.colour"),
+        ("    quality: best\n", "tenants.0.quality"),
     ],
 )
 def test_bad_fields(tmp_path: Path, line: str, field: str) -> None:
     assert config_error(tmp_path, "tenants:\n" + tenant_yaml() + line).field == field
+
+
+@pytest.mark.parametrize("mode", ["full", "adaptive", "fast"])
+def test_quality_mode_is_read_per_tenant_and_defaults_to_full(tmp_path: Path, mode: str) -> None:
+    store = load_text(tmp_path, "tenants:\n" + tenant_yaml() + f"    quality: {mode}\n" + tenant_yaml("b", KEY_B))
+    assert store.authenticate("key-a").quality == mode
+    assert store.authenticate("key-b").quality == "full"
 
 
 @pytest.mark.parametrize("name", ["", "has space", "x" * 65, "é"])

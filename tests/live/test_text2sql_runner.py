@@ -197,3 +197,22 @@ async def test_a_closed_question_is_a_goodput_outcome_with_its_stages_timeline(
     assert wf.latency_s == pytest.approx(clock.t - 1000.0)
     assert gw.outcome_window.summary(clock.t)["t"]["outcomes"][outcome] == 1
     assert gw._stage_records == {}  # nothing kept for a closed workflow
+
+
+async def test_the_runner_predicts_a_plan_as_the_schedulers_completion_predictor(
+    live: tuple[Gateway, FakeClock, ScriptedTransport],
+) -> None:
+    from gateway.config.workflows import CHESS_TEMPLATE
+    from gateway.core.degrade import FLOOR, Knobs, knob_plan
+    from gateway.core.predict import CompletionPredictor
+
+    gw, clock, _ = live
+    runner = GatewayStageRunner(gw, TENANT)
+    with pytest.raises(RuntimeError, match="not open"):
+        runner.remaining_predictor()
+    runner.open(60.0)
+    predict = runner.remaining_predictor()
+    full, floor = knob_plan(CHESS_TEMPLATE, Knobs(2, 10, True)), knob_plan(CHESS_TEMPLATE, FLOOR)
+    expected = CompletionPredictor(gw.scheduler, clock.t).path_time
+    assert predict(full) == expected(full) > predict(floor) == expected(floor) > 0
+    runner.close(valid=False)

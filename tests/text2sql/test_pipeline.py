@@ -19,7 +19,14 @@ from gateway.core.workflow import deadline_met
 from gateway.text2sql.db import Database, DatabaseConfig, open_database
 from gateway.text2sql.demo import write_sqlite
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
-from gateway.text2sql.port import Closed, StageCall, StageCallError, StageCallResult, StageRunner
+from gateway.text2sql.port import (
+    Closed,
+    RemainingPredictor,
+    StageCall,
+    StageCallError,
+    StageCallResult,
+    StageRunner,
+)
 from gateway.text2sql.prompt_templates import Prompts
 
 QUESTION = "How many customers are there?"
@@ -80,6 +87,10 @@ class FakeRunner:
     def remaining(self) -> float:
         assert self.deadline is not None
         return self.deadline - self.now
+
+    def remaining_predictor(self) -> RemainingPredictor:
+        # One stage second per remaining stage round (``test_degradation`` predicts more finely).
+        return lambda plan: self.stage_s * sum(st.rounds for st in plan)
 
     def close(self, *, valid: bool, failed: bool = False, cancelled: bool = False) -> Closed:
         assert self.deadline is not None

@@ -3,8 +3,11 @@
 Request ``{question, db_id, evidence?, deadline_s?, stream?}``. Errors: unknown or not-allowed ``db_id``
 404 (with the ids the tenant may use), empty or too long question or evidence 422, deadline outside
 the tenant's range 422, a database that is down 503 (the body says which stage failed), admission
-429/503 as for every workflow. With ``stream: true`` each stage's completion is sent as a server-sent
-event ``{"event": "stage", ...}`` and the result last (``{"event": "result", ...}``), then ``[DONE]``.
+429/503 as for every workflow (a tenant whose ``quality`` is ``adaptive`` or ``fast`` is admitted when its
+floor, the least work that still answers, is predicted to fit). The pipeline runs at the tenant's
+quality mode; ``degraded`` in the result lists what it skipped and why, each counted in
+``hexflow_degraded_workflows_total{tenant,step}``. With ``stream: true`` each stage's completion is sent as a
+server-sent event ``{"event": "stage", ...}`` and the result last (``{"event": "result", ...}``), then ``[DONE]``.
 A client that disconnects (streaming or not) cancels the question: no later stage is sent, the calls in
 flight are aborted, and the workflow is counted ``cancelled``. With an ``Idempotency-Key`` (not with
 ``stream: true``: 422) a retry gets the first run's answer (``deps.idempotent``).
@@ -27,7 +30,8 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from gateway.config.workflows import CHESS_TEMPLATE
-from gateway.core.predict import template_plan
+from gateway.core.degrade import QualityMode, knob_plan
+from gateway.core.predict import StagePlan, template_plan
 from gateway.errors import Unprocessable
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, idempotent
 from gateway.live.idempotency import HEADER, OPENAPI_PARAMETER
@@ -37,6 +41,7 @@ from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.text2sql_runner import GatewayStageRunner
 from gateway.text2sql.db import Database, UnknownDatabase
+from gateway.text2sql.result import Text2SqlResult
 from gateway.text2sql.service import NO_DATABASES, InvalidQuestion, Text2SqlService
 
 router = APIRouter()
@@ -112,6 +117,19 @@ def _responses() -> dict[int | str, dict[str, Any]]:
     return out
 
 
+def _admission_plan(service: Text2SqlService, mode: QualityMode) -> tuple[StagePlan, ...]:
+    """The stages admission predicts: the full pipeline's, or (``adaptive``, ``fast``) its floor's."""
+    if mode == "full":
+        return template_plan(CHESS_TEMPLATE)
+    return knob_plan(CHESS_TEMPLATE, service.pipeline.degraders[mode].grid[-1])
+
+
+def _count_degraded(gw: Gateway, tenant: str, result: Text2SqlResult) -> None:
+    """One ``hexflow_degraded_workflows_total`` per knob the question ran with turned down."""
+    for d in result.degraded:
+        gw.metrics.degraded(tenant, d.step)
+
+
 def _admit(
     gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, tenant: Tenant
 ) -> tuple[Database, str, str, float, GatewayStageRunner]:
@@ -120,8 +138,9 @@ def _admit(
     _check_lengths(service, req)
     question, evidence = service.check_question(req.question, req.evidence)
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
-    # Predicted as the CHESS template's expected stages (the pipeline decides its real stages as it goes).
-    admission = admit_or_raise(gw, tenant, 1, template_plan(CHESS_TEMPLATE), deadline)
+    # Predicted as the CHESS template's expected stages (the pipeline decides its real stages as it goes);
+    # a tenant that accepts degraded answers is admitted when the least work that still answers would fit.
+    admission = admit_or_raise(gw, tenant, 1, _admission_plan(service, tenant.quality), deadline)
     return db, question, evidence, deadline, GatewayStageRunner(gw, tenant, admission=admission)
 
 
@@ -129,7 +148,8 @@ async def _answer(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, t
     """Admit and answer one question (the route's work without streaming, once per idempotency key)."""
     db, question, evidence, deadline, runner = _admit(gw, service, req, tenant)
     rid = f"t2s-{uuid.uuid4().hex[:16]}"
-    result = await service.answer(runner, db, question, evidence, deadline, request_id=rid)
+    result = await service.answer(runner, db, question, evidence, deadline, request_id=rid, quality_mode=tenant.quality)
+    _count_degraded(gw, tenant.name, result)
     return JSONResponse(result.as_dict(), status_code=result.http_status)
 
 
@@ -165,7 +185,17 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
 
     async def produce() -> None:
         try:
-            result = await service.answer(runner, db, question, evidence, deadline, request_id=rid, on_event=on_event)
+            result = await service.answer(
+                runner,
+                db,
+                question,
+                evidence,
+                deadline,
+                request_id=rid,
+                on_event=on_event,
+                quality_mode=tenant.quality,
+            )
+            _count_degraded(gw, tenant.name, result)
             await events.put({"event": "result", **result.as_dict()})
         finally:
             await events.put(None)

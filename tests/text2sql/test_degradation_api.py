@@ -1,0 +1,94 @@
+"""``POST /v1/text2sql`` degrades for an ``adaptive`` tenant under an impossible deadline, through the live
+gateway on emulated workers answering from a script; a ``full`` tenant never does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.degrade import FLOOR, knob_plan
+from gateway.core.predict import CompletionPredictor, template_plan
+from gateway.live.service import ADMISSION_HEADROOM
+from gateway.text2sql.answers import build_demo_answers
+from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
+from tests.live.harness import BATCH_KEY, INTERACTIVE_KEY, emulators, gateway_client, write_config
+from workers.scripted import AnswersResponder
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _setup(tmp: Path, quality: str) -> None:
+    db = write_sqlite(tmp / f"{DB_ID}.sqlite")
+    (tmp / "databases.yaml").write_text(yaml.safe_dump({"databases": {DB_ID: {"url": f"sqlite:///{db.name}"}}}))
+    tenants = yaml.safe_load((REPO / "config" / "tenants.yaml").read_text())
+    for t in tenants["tenants"]:
+        # Admission would refuse an impossible deadline; let it in, to see what the pipeline does with it.
+        t.update(min_deadline_s=0.001, predictive_admission=False)
+        if t["name"] == "batch":
+            t["quality"] = quality
+    (tmp / "tenants.yaml").write_text(yaml.safe_dump(tenants))
+
+
+async def _ask(tmp: Path, key: str, deadline_s: float) -> tuple[dict[str, object], str]:
+    responder = AnswersResponder(dict(build_demo_answers()))
+    q = demo_questions()[0].question
+    async with emulators(["A100"], time_scale=0.01, responder=responder) as urls:
+        cfg = write_config(tmp, urls, ["A100"], time_scale=0.01, databases_file="databases.yaml")
+        async with gateway_client(cfg, key=key) as (client, _):
+            r = await client.post("/v1/text2sql", json={"question": q, "db_id": DB_ID, "deadline_s": deadline_s})
+            assert r.status_code == 200, r.text
+            metrics = (await client.get("/metrics")).text
+    return dict(r.json()), metrics
+
+
+async def test_an_adaptive_tenant_under_an_impossible_deadline_gets_the_floor_and_is_told_why(tmp_path: Path) -> None:
+    _setup(tmp_path, "adaptive")
+    body, metrics = await _ask(tmp_path, BATCH_KEY, 0.01)
+    assert body["quality_mode"] == "adaptive"
+    degraded = body["degraded"]
+    assert isinstance(degraded, list)
+    assert [d["step"] for d in degraded] == ["candidates", "evaluation"]  # no revision was needed
+    first = degraded[0]
+    assert first["at"] == "arrival" and first["reason"] == "predicted to miss the deadline"
+    assert first["predicted_s"] > first["time_left_s"]
+    assert len(body["candidates"]) == 1  # type: ignore[arg-type]
+    kinds = [s["kind"] for s in body["stages"]]  # type: ignore[attr-defined]
+    assert "evaluate" not in kinds and "generate_unit_test" not in kinds
+    for step, n in (("candidates", 1), ("revisions", 0), ("evaluation", 1)):
+        assert f'hexflow_degraded_workflows_total{{step="{step}",tenant="batch"}} {n}.0' in metrics
+    assert 'hexflow_degraded_workflows_total{step="candidates",tenant="interactive"} 0.0' in metrics
+
+
+async def test_a_full_tenant_is_never_degraded(tmp_path: Path) -> None:
+    _setup(tmp_path, "adaptive")  # batch adaptive; interactive keeps the default, full
+    body, metrics = await _ask(tmp_path, INTERACTIVE_KEY, 0.01)
+    assert body["quality_mode"] == "full" and body["degraded"] == []
+    assert len(body["candidates"]) == 2  # type: ignore[arg-type]
+    assert 'hexflow_degraded_workflows_total{step="candidates",tenant="interactive"} 0.0' in metrics
+
+
+@pytest.mark.parametrize(("quality", "status"), [("full", 429), ("adaptive", 200)])
+async def test_an_adaptive_tenant_is_admitted_when_its_floor_fits(tmp_path: Path, quality: str, status: int) -> None:
+    db = write_sqlite(tmp_path / f"{DB_ID}.sqlite")
+    (tmp_path / "databases.yaml").write_text(yaml.safe_dump({"databases": {DB_ID: {"url": f"sqlite:///{db.name}"}}}))
+    tenants = yaml.safe_load((REPO / "config" / "tenants.yaml").read_text())
+    for t in tenants["tenants"]:
+        t.update(min_deadline_s=0.001)
+        if t["name"] == "interactive":  # on_predicted_miss: reject
+            t["quality"] = quality
+    (tmp_path / "tenants.yaml").write_text(yaml.safe_dump(tenants))
+    responder = AnswersResponder(dict(build_demo_answers()))
+    async with emulators(["A100"], time_scale=0.01, responder=responder) as urls:
+        cfg = write_config(tmp_path, urls, ["A100"], time_scale=0.01, databases_file="databases.yaml")
+        async with gateway_client(cfg, key=INTERACTIVE_KEY) as (client, app):
+            gw = app.state.gateway
+            pred = CompletionPredictor(gw.scheduler, gw.clock(), committed_s=gw.committed_s)
+            full, floor = pred.duration(template_plan(CHESS_TEMPLATE)), pred.duration(knob_plan(CHESS_TEMPLATE, FLOOR))
+            assert floor < full
+            deadline = (floor + full) / 2 / ADMISSION_HEADROOM  # the floor fits, the full pipeline does not
+            q = demo_questions()[0].question
+            r = await client.post("/v1/text2sql", json={"question": q, "db_id": DB_ID, "deadline_s": deadline})
+            assert r.status_code == status, r.text
