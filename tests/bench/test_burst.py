@@ -107,3 +107,57 @@ def test_timeline_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "burst.png"
     plot_burst(rep, tl, out, title="test")
     assert out.stat().st_size > 10_000
+
+
+def test_cli_runs_a_small_burst_bench(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    pattern = _bursty(tmp_path)
+    out = tmp_path / "b.json"
+    rc = main(
+        [
+            "bench",
+            "burst",
+            "--trace",
+            "chess-bird",
+            "--workflows",
+            "60",
+            "--seeds",
+            "1",
+            "--patterns",
+            f"{pattern},poisson",
+            "--loads",
+            "0.4",
+            "--policies",
+            "lw-fcfs,hexgen,hexgen+adaptive",
+            "--quiet",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "best baseline: lw-fcfs" in text and "hexgen+adaptive" in text
+    import json
+
+    doc = json.loads(out.read_text())
+    assert {p["variant"] for p in doc["points"]} == {"lw-fcfs", "hexgen", "hexgen+adaptive"}
+    assert doc["quality_source"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--loads", "0.3,abc"], "--loads"),
+        (["--policies", "hexgen+best"], "--policies"),
+        (["--patterns", "no-such-pattern"], "arrival pattern"),
+        (["--seeds", "0"], "--seeds"),
+    ],
+)
+def test_cli_errors_are_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    rc = main(["bench", "burst", "--trace", "chess-bird", "--workflows", "20", "--quiet", *args])
+    assert rc != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
