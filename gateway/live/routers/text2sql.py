@@ -81,6 +81,7 @@ def _responses() -> dict[int | str, dict[str, Any]]:
         401,
         404,
         413,
+        415,
         422,
         429,
         502,

@@ -177,7 +177,7 @@ def _check_limit(i: int, name: str, value: int, limit: int) -> None:
 @router.post(
     "/v1/workflows",
     response_model=WorkflowResponse,
-    responses=route_responses(400, 401, 413, 422, 429, 502, 503, 504),
+    responses=route_responses(400, 401, 413, 415, 422, 429, 502, 503, 504),
 )
 async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> JSONResponse:
     """Run a DAG of LLM calls; returns every call's result and timings."""
