@@ -39,7 +39,7 @@ async def test_metrics_cover_the_required_families_with_bounded_labels(tmp_path:
             "hexflow_call_run_seconds_bucket",
             "hexflow_queue_wait_seconds_bucket",
             "hexflow_workflows_total",
-            "hexflow_slo_attainment",
+            "hexflow_slo_attainment_ratio",
             "hexflow_queue_depth",
             "hexflow_inflight",
             "hexflow_dispatch_total",
@@ -47,7 +47,7 @@ async def test_metrics_cover_the_required_families_with_bounded_labels(tmp_path:
             "hexflow_worker_up",
             "hexflow_alpha",
             "hexflow_worker_vllm_waiting",
-            "hexflow_worker_kv_cache_usage",
+            "hexflow_worker_kv_cache_usage_ratio",
             "hexflow_active_workflows",
         ):
             assert name in fam, name
@@ -55,7 +55,7 @@ async def test_metrics_cover_the_required_families_with_bounded_labels(tmp_path:
             v for labels, v in fam["hexflow_workflows_total"] if labels == {"tenant": "interactive", "outcome": "met"}
         ]
         assert met == [4.0]
-        assert [v for _, v in fam["hexflow_slo_attainment"]] == [1.0]
+        assert [v for _, v in fam["hexflow_slo_attainment_ratio"]] == [1.0]
         kinds = {labels["kind"] for labels, _ in fam["hexflow_dispatch_total"]}
         assert "schema_linking" in kinds and "other" in kinds and len(kinds) <= 33
         assert sum(v for _, v in fam["hexflow_dispatch_total"]) == 3 * 4 + 40
