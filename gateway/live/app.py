@@ -51,6 +51,7 @@ from starlette.staticfiles import StaticFiles
 
 from gateway.errors import GatewayError, error_body
 from gateway.live.deps import unicode_body
+from gateway.live.logs import RequestIdMiddleware
 from gateway.live.middleware import BodyLimit
 from gateway.live.responses import JSONResponse, error_response, plain
 from gateway.live.routers import chat, ops, text2sql, workflows
@@ -146,6 +147,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
         **FASTAPI_TELEMETRY_OFF,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(RequestIdMiddleware)  # outermost: even a 413 carries the id, and logs of every layer
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]

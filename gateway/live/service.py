@@ -351,7 +351,7 @@ class Gateway:
                 if changed:
                     self.metrics.set_tenants(t.name for t in self.tenants.tenants)
                     self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in self.tenants.tenants})
-                    log.info("tenants reloaded (generation %d)", self.tenants.generation)
+                    # (TenantStore logs the reload, once)
             before = after
 
     # ------------------------------------------------------------------ admission
@@ -582,6 +582,10 @@ class Gateway:
         if ex not in self._executions:
             return
         self._executions.discard(ex)
+        # (the request's context carries its request and workflow ids into this line: gateway.live.logs)
+        log.debug(
+            "workflow of tenant %s ended: %s%s", tenant.name, outcome, "" if latency is None else f" in {latency:.3f} s"
+        )
         wf = ex.wf if isinstance(ex, _Execution) else ex
         if isinstance(wf, Workflow):
             self._pending.pop(wf, None)

@@ -6,6 +6,8 @@ import asyncio
 import os
 from pathlib import Path
 
+import pytest
+
 from gateway.config.tenants import hash_key
 from gateway.live.promparse import parse_families
 from tests.live.harness import chain, emulators, gateway_client, write_config
@@ -67,7 +69,8 @@ async def test_metrics_cover_the_required_families_with_bounded_labels(tmp_path:
         assert all(w["vllm"] is not None and w["vllm"]["running"] == 0.0 for w in status["workers"])
 
 
-async def test_tenants_file_reloads_without_dropping_traffic(tmp_path: Path) -> None:
+async def test_tenants_file_reloads_without_dropping_traffic(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="hexflow")
     async with emulators(GPUS) as urls, gateway_client(write_config(tmp_path, urls, GPUS)) as (client, app):
         gw = app.state.gateway
         tenants = tmp_path / "tenants.yaml"
@@ -99,6 +102,8 @@ async def test_tenants_file_reloads_without_dropping_traffic(tmp_path: Path) -> 
         m = (await client.get("/metrics")).text
         assert 'hexflow_tenant_reloads_total{result="failed"} 1.0' in m
         assert 'hexflow_tenant_reloads_total{result="ok"} 1.0' in m
+        reloaded = [r for r in caplog.records if "tenants reloaded" in r.getMessage()]
+        assert [r.levelname for r in reloaded] == ["INFO"], "one reload, logged once"
 
 
 async def test_background_tuner_replays_the_window_in_another_process(tmp_path: Path) -> None:

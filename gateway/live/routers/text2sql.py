@@ -28,6 +28,7 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.predict import template_plan
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
+from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
 from gateway.live.text2sql_runner import GatewayStageRunner
@@ -121,6 +122,7 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
     admission = admit_or_raise(gw, tenant, 1, template_plan(CHESS_TEMPLATE), deadline)
     runner = GatewayStageRunner(gw, tenant, admission=admission)
     rid = f"t2s-{uuid.uuid4().hex[:16]}"
+    WORKFLOW_ID.set(rid)  # this request's context (its log lines)
     if not req.stream:
         # A client that leaves cancels the question: no later stage, in-flight calls aborted.
         result = await until_disconnect(

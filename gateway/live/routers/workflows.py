@@ -31,6 +31,7 @@ from gateway.core.prefix import PrefixSeg
 from gateway.core.tokens import message_tokens
 from gateway.errors import Unprocessable, UpstreamError
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
+from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import (
     CallReport,
@@ -189,6 +190,7 @@ async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -
         )
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
     wf_id = gw.new_workflow_id()
+    WORKFLOW_ID.set(wf_id)  # this request's context (its log lines)
     salt = _key("salt", wf_id)
     nodes: list[DagNode] = []
     requests: list[CallRequest] = []
