@@ -14,7 +14,15 @@ import math
 import os
 from pathlib import Path
 
-from gateway.cli.common import Subparsers, UsageError, int_arg, positive_float_arg
+from gateway.cli.common import (
+    Subparsers,
+    UsageError,
+    int_arg,
+    nonneg_int,
+    positive_float,
+    positive_float_arg,
+    positive_int,
+)
 
 __all__ = ["add_answers", "add_databases", "add_demo", "add_eval"]
 
@@ -25,10 +33,10 @@ def add_demo(sub: Subparsers) -> None:
         "demo",
         help="the main job: emulated cluster + gateway, demo questions from two tenants through /v1/text2sql",
     )
-    p.add_argument("--questions", type=int, default=24, help="questions to ask (cycled over the demo set)")
+    p.add_argument("--questions", type=positive_int, default=24, help="questions to ask (cycled over the demo set)")
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
-    p.add_argument("--time-scale", type=float, default=0.25, help="emulated GPUs run this much of real time")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-scale", type=positive_float, default=0.25, help="emulated GPUs run this much of real time")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the demo data, scripted answers and emulation")
     p.add_argument("--json", default=None, help="write every answer and the summary as JSON here")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(func=cmd_demo)
