@@ -196,7 +196,7 @@ async def serve_cluster(
 
 def build_parser(prog: str = "python -m workers.cluster") -> argparse.ArgumentParser:
     """Arguments of ``python -m workers.cluster`` (``hexflow emulate-cluster``: ``prog`` names it)."""
-    from gateway.cli.common import HelpFormatter, nonneg_int, port_or_zero, positive_float, positive_int
+    from gateway.argtypes import HelpFormatter, nonneg_int, port_or_zero, positive_float, positive_int
 
     p = argparse.ArgumentParser(
         prog=prog,

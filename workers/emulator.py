@@ -772,7 +772,7 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_parser(prog: str = "python -m workers.emulator") -> argparse.ArgumentParser:
     """Arguments of ``python -m workers.emulator`` (``hexflow emulate``: ``prog`` names it in usage and errors)."""
-    from gateway.cli.common import HelpFormatter, nonneg_int, port, positive_float, positive_int
+    from gateway.argtypes import HelpFormatter, nonneg_int, port, positive_float, positive_int
 
     p = argparse.ArgumentParser(
         prog=prog,
