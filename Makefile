@@ -16,11 +16,17 @@ LOCK_FLAGS ?=
 
 .PHONY: setup lock demo bench-demo test test-vllm lint typecheck bench-full clean
 
+# pip prints a line per package it collects and installs (a minute or two on a fresh machine), so the step
+# never looks hung; the echo lines say which step runs.
 $(BIN)/hexflow: pyproject.toml $(LOCK)
+	@echo "==> creating the virtual environment $(VENV)"
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --require-hashes -r $(LOCK)
-	$(BIN)/pip install -q --no-deps -e .
+	@echo "==> installing the pinned dependencies of $(LOCK) (a minute or two on a fresh machine)"
+	$(BIN)/pip install --disable-pip-version-check --progress-bar off --require-hashes -r $(LOCK)
+	@echo "==> installing hexgen-flow itself (editable)"
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $(BIN)/hexflow
+	@echo "==> ready: $(BIN)/hexflow"
 
 setup: $(BIN)/hexflow
 

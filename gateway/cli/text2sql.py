@@ -124,7 +124,7 @@ def _demo_or_spider(args: argparse.Namespace, what: str) -> bool:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the Text-to-SQL demo end to end on emulated workers."""
-    from gateway.bench.demo import format_summary, run_demo
+    from gateway.bench.demo import format_legend, format_summary, run_demo
 
     if args.questions < 1:
         raise UsageError("--questions must be at least 1")
@@ -133,6 +133,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rep = run_demo(args.questions, cluster=args.cluster, time_scale=args.time_scale, seed=args.seed, quiet=args.quiet)
     print()
     print(format_summary(rep))
+    if not args.quiet:
+        print(format_legend())
     total = len(rep.answers)
     correct = sum(a.correct for a in rep.answers)
     print(f"{correct}/{total} answers match the gold result; {rep.wall_s:.0f} s wall")
