@@ -43,7 +43,7 @@ lock: setup
 demo: setup
 	$(BIN)/hexflow demo --questions 48 --json out/demo.json
 
-# The simulated policy benchmark on the built-in CHESS/BIRD workload (a few minutes).
+# The simulated policy benchmark on the built-in CHESS/BIRD workload (under a minute on two idle cores (about 40 s of CPU time)).
 bench-demo: setup
 	$(BIN)/hexflow bench --trace chess-bird --cluster paper-4gpu \
 	  --policies hexgen,lw-fcfs,p2c-fcfs,rr-fcfs --workflows 200 \
