@@ -19,7 +19,8 @@ def add_replay(sub: Subparsers) -> None:
     p.add_argument(
         "--trace",
         default="chess-bird",
-        help="trace file, trace name under ../shared/data/hexgen-traces, or chess-bird (built in)",
+        help="trace file, trace name (looked up in ../shared/data/hexgen-traces next to the repository, or in "
+        "$HEXFLOW_TRACE_DIR), or chess-bird (built in)",
     )
     p.add_argument("--rate", type=positive_float, required=True, help="arrival rate, workflows per modelled second")
     p.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's base URL")
