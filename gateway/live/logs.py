@@ -7,7 +7,7 @@ echoed in the response's ``X-Request-Id``), and the workflow and Text-to-SQL rou
 once they have made it. asyncio copies the context into every task a request starts, so the calls of
 a workflow log with its ids; background loops started with the server log without them.
 
-``configure_logging(level, fmt)`` installs one stderr handler on the root logger (uvicorn's loggers
+``configure_logging(level, fmt)`` installs a stderr handler on the root logger (uvicorn's loggers
 propagate to it: ``hexflow serve`` runs uvicorn without a logging config of its own), with
 ``ContextFilter`` adding the ids to every record and ``JsonFormatter`` for ``fmt="json"``.
 """
@@ -82,16 +82,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=True, default=str)
 
 
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler ``configure_logging`` installs (so that a second call replaces it, and only it)."""
+
+
 def configure_logging(level: str = "info", fmt: LogFormat = "text", stream: IO[str] | None = None) -> logging.Handler:
-    """One handler on the root logger writing to ``stream`` (default stderr) in ``fmt``, replacing the
-    handlers installed before; returns it."""
+    """One handler on the root logger writing to ``stream`` (default stderr) in ``fmt``, in place of the one
+    an earlier call installed (handlers installed by others stay); returns it."""
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
-    handler = logging.StreamHandler(sys.stderr if stream is None else stream)
+    handler = _Handler(sys.stderr if stream is None else stream)
     handler.addFilter(ContextFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
-    for h in list(root.handlers):
+    for h in [h for h in root.handlers if isinstance(h, _Handler)]:
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())

@@ -80,10 +80,10 @@ def startup_summary(loaded: LoadedConfig, tenants: TenantStore, text2sql: Text2S
     """What ``hexflow serve`` started, in a few lines: policy, workers, tenants, databases, URL."""
     cfg = loaded.cfg
     alpha = "the policy's default" if cfg.alpha is None else f"{cfg.alpha:g}"
+    tuned = "re-tuned in the background" if cfg.tuning.enabled else "fixed"
     lines = [
         f"hexflow serve {__version__}: {loaded.path}",
-        f"  policy {cfg.policy} (alpha {alpha}, re-tuned in the background: {'on' if cfg.tuning.enabled else 'off'})"
-        f", time scale {cfg.time_scale:g}",
+        f"  policy {cfg.policy}, alpha {alpha} ({tuned}), time scale {cfg.time_scale:g}",
     ]
     if loaded.resolved:
         shown = ", ".join(f"{w.name} {w.gpu} {w.url}" for w in loaded.resolved[:8])
@@ -191,15 +191,16 @@ def serve(
     ``log_format``. ``demo``: the demo database (``demo_retail``, written to a temporary folder removed at
     exit) is the gateway's databases file, in place of the config's ``databases_file``.
     """
-    configure_logging(log_level, log_format or _env_log_format() or "text")
     loaded = load_gateway_config(config_path, time_scale=time_scale)
     fmt = log_format or _env_log_format() or loaded.cfg.log_format
-    configure_logging(log_level, fmt)
     with tempfile.TemporaryDirectory(prefix="hexflow-serve-demo-") as tmp:
         if demo:
             databases = write_demo_databases(Path(tmp) / "databases.yaml")
             loaded.cfg = loaded.cfg.model_copy(update={"databases_file": str(databases)})
         app = build_app(loaded)
+        # Only now: a bad config or tenants file has been reported (one line, by the CLI) without touching
+        # the process's logging.
+        configure_logging(log_level, fmt)
         cfg = loaded.cfg
         config = uvicorn.Config(
             app,

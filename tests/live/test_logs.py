@@ -19,18 +19,15 @@ from tests.live.harness import chain, emulators, gateway_client, write_config
 
 @pytest.fixture
 def json_logs() -> Iterator[io.StringIO]:
-    """The root logger writing JSON lines at DEBUG into a buffer; the handlers before are put back after."""
+    """The root logger writing JSON lines at DEBUG into a buffer (the handler is removed after)."""
     root = logging.getLogger()
-    before, level = list(root.handlers), root.level
+    level = root.level
     buf = io.StringIO()
-    configure_logging("debug", "json", stream=buf)
+    handler = configure_logging("debug", "json", stream=buf)
     try:
         yield buf
     finally:
-        for h in list(root.handlers):
-            root.removeHandler(h)
-        for h in before:
-            root.addHandler(h)
+        root.removeHandler(handler)
         root.setLevel(level)
 
 
