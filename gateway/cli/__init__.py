@@ -69,10 +69,10 @@ _COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
 """Every command's registration, in the order ``hexflow --help`` lists them."""
 
 
-DESCRIPTION = (
-    "HexGen-Flow: a gateway that schedules agentic Text-to-SQL workflows on vLLM workers with mixed GPUs so that "
-    "each meets its tenant's deadline; its simulator, benchmarks and emulated workers."
-)
+DESCRIPTION = """\
+HexGen-Flow: a gateway that schedules agentic Text-to-SQL workflows on vLLM workers
+with mixed GPUs so that each meets its tenant's deadline; its simulator, benchmarks
+and emulated workers."""
 EPILOG = "Run `hexflow COMMAND --help` for a command's options. Documentation: README.md and docs/."
 
 

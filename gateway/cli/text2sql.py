@@ -45,14 +45,14 @@ def add_demo(sub: Subparsers) -> None:
 def add_eval(sub: Subparsers) -> None:
     """``hexflow eval``."""
     p = sub.add_parser("eval", help="execution accuracy of a running gateway on a Spider-format dataset")
-    p.add_argument("--dataset", default=None, help="folder with dev.json and database/<db_id>/<db_id>.sqlite")
+    p.add_argument("--dataset", required=True, help="folder with dev.json and database/<db_id>/<db_id>.sqlite")
     p.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's base URL")
     p.add_argument("--api-key", default=None, help="the tenant's API key (default: $HEXFLOW_API_KEY)")
     p.add_argument("--limit", default=None, help="only the first N questions of dev.json")
     p.add_argument("--concurrency", default="8", help="questions in flight at once")
     p.add_argument("--deadline-s", default=None, help="deadline of every question (default: the tenant's)")
     p.add_argument("--timeout-s", default="600", help="per-request timeout, wall seconds")
-    p.add_argument("--json", default=None, help="write the report (with every question) as JSON here (required)")
+    p.add_argument("--json", required=True, help="write the report (with every question) as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
