@@ -22,7 +22,9 @@
     hexflow answers    scripted answers of a Spider-format dataset or of the demo questions (emulate --answers)
 
 Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
-with one line naming the file and field, and exit status 2; never a traceback.
+with one line naming the command, the file and the field, and exit status 2; never a traceback. A bad
+number or list stops at parse time, with the command's usage (the ``type=`` validators of
+``gateway.argtypes``).
 
 Each command group registers its own subparsers in its own module (``sim``: simulate, bench, tune, sim-speed;
 ``tuner``: bench tuner; ``plan``: plan; ``serve``: serve, emulate, emulate-cluster, discover; ``measure``:
