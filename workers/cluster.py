@@ -216,7 +216,12 @@ def build_parser(prog: str = "python -m workers.cluster") -> argparse.ArgumentPa
         default="fcfs",
         help="vLLM's engine queue order (priority: the request's priority field)",
     )
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the emulated latencies' noise")
+    p.add_argument(
+        "--seed",
+        type=nonneg_int,
+        default=0,
+        help="seed of the filler text the worker generates (with each request's seed or prompt)",
+    )
     p.add_argument(
         "--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN, help="longest prompt + output, tokens"
     )

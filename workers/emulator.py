@@ -791,7 +791,12 @@ def build_parser(prog: str = "python -m workers.emulator") -> argparse.ArgumentP
     p.add_argument(
         "--time-scale", type=positive_float, default=1.0, help="real seconds per modelled second (0.05: 20x faster)"
     )
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the emulated latencies' noise")
+    p.add_argument(
+        "--seed",
+        type=nonneg_int,
+        default=0,
+        help="seed of the filler text the worker generates (with each request's seed or prompt)",
+    )
     p.add_argument("--max-num-seqs", type=positive_int, default=None, help="override the profile's batch limit")
     p.add_argument(
         "--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN, help="longest prompt + output, tokens"
@@ -833,7 +838,7 @@ def responder_from_args(args: argparse.Namespace) -> Responder | None:
     if args.answers:
         return AnswersResponder.from_file(args.answers)
     if args.demo:
-        return AnswersResponder.demo(args.seed)
+        return AnswersResponder.demo()  # seed 0: the data hexflow serve --demo writes (--seed is the filler text's)
     return None
 
 
