@@ -90,11 +90,11 @@ class UnknownNameError(GatewayError):
     status = 400
     error_type = "invalid_request_error"
 
-    def __init__(self, what: str, name: str, known: list[str]) -> None:
+    def __init__(self, what: str, name: str, known: list[str], *, hint: str = "") -> None:
         self.what = what
         self.name = name
         self.known = sorted(known)
-        super().__init__(f"unknown {what} {name!r}; known: {', '.join(self.known)}")
+        super().__init__(f"unknown {what} {name!r}; known: {', '.join(self.known)}" + (f". {hint}" if hint else ""))
 
 
 class BadRequest(GatewayError):

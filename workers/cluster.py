@@ -29,7 +29,16 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from workers.emulator import DEFAULT_MAX_MODEL_LEN, EmulatorConfig, Responder, add_cache_arguments, create_app
+from workers.emulator import (
+    DEFAULT_MAX_MODEL_LEN,
+    EmulatorConfig,
+    Responder,
+    add_answer_arguments,
+    add_cache_arguments,
+    answers_label,
+    create_app,
+    responder_from_args,
+)
 
 START_TIMEOUT_S = 60.0
 
@@ -185,24 +194,41 @@ async def serve_cluster(
     return 1 if failed else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Arguments of ``python -m workers.cluster``."""
+def build_parser(prog: str = "python -m workers.cluster") -> argparse.ArgumentParser:
+    """Arguments of ``python -m workers.cluster`` (``hexflow emulate-cluster``: ``prog`` names it)."""
+    from gateway.argtypes import HelpFormatter, nonneg_int, port_or_zero, positive_float, positive_int
+
     p = argparse.ArgumentParser(
-        prog="python -m workers.cluster", description=__doc__.split("\n\n")[0] if __doc__ else None
+        prog=prog,
+        description="A whole emulated cluster in one process: one emulated vLLM worker (a TEST DOUBLE for a GPU) "
+        "per worker of a cluster file, on consecutive ports.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--base-port", type=int, default=8001, help="port of the first worker (0: any free ports)")
-    p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per modelled second (0.05: 20x faster)")
-    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    p.add_argument("--host", default="127.0.0.1", help="bind address of every worker")
+    p.add_argument("--base-port", type=port_or_zero, default=8001, help="port of the first worker (0: any free ports)")
+    p.add_argument(
+        "--time-scale", type=positive_float, default=1.0, help="real seconds per modelled second (0.05: 20x faster)"
+    )
+    p.add_argument(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default="fcfs",
+        help="vLLM's engine queue order (priority: the request's priority field)",
+    )
+    p.add_argument(
+        "--seed",
+        type=nonneg_int,
+        default=0,
+        help="seed of the filler text the worker generates (with each request's seed or prompt)",
+    )
+    p.add_argument(
+        "--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN, help="longest prompt + output, tokens"
+    )
     p.add_argument(
         "--catalog", default=None, help="GPU catalogue whose profiles the workers run (default: the packaged gpus.yaml)"
     )
-    p.add_argument(
-        "--answers", default=None, help="scripted answers file (question -> gold SQL) for the Text-to-SQL pipeline"
-    )
+    add_answer_arguments(p)
     p.add_argument(
         "--no-request-overhead",
         action="store_true",
@@ -212,17 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.cluster") -> int:
     """Run the emulated cluster until SIGTERM/SIGINT (bad input: one line on stderr, exit 2)."""
     from gateway.config import load_cluster_config
     from gateway.errors import GatewayError
 
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
-    if not args.time_scale > 0:
-        parser.error("--time-scale must be positive")
-    if not 0 <= args.base_port <= 65535:
-        parser.error("--base-port must be in 0..65535")
     try:
         from gateway.config import load_gpu_catalog
 
@@ -231,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--base-port {args.base_port}: {n} workers need ports up to {args.base_port + n - 1}")
         sockets = bind_sockets(args.host, args.base_port, n)
     except (GatewayError, OSError, ValueError) as exc:
-        print(f"cluster: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     try:
         workers = plan_cluster(
@@ -247,14 +269,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             prefix_caching=args.enable_prefix_caching,
             prompt_tokens_details=args.enable_prompt_tokens_details,
         )
-        responder: Responder | None = None
-        if args.answers:
-            from workers.scripted import AnswersResponder
-
-            responder = AnswersResponder.from_file(args.answers)
+        responder = responder_from_args(args)
+        print(
+            f"emulated cluster (test doubles) {args.cluster}: {len(workers)} workers "
+            f"({', '.join(w.gpu for w in workers)}) on {workers[0].url} ... {workers[-1].url}; "
+            f"time scale {args.time_scale:g}, answers {answers_label(args)}, "
+            f"prefix caching {'on' if args.enable_prefix_caching else 'off'}",
+            file=sys.stderr,
+            flush=True,
+        )
         return asyncio.run(serve_cluster(workers, sockets, responder))
     except (GatewayError, ValueError, OSError) as exc:
-        print(f"cluster: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     finally:
         for s in sockets:

@@ -770,10 +770,15 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Arguments of ``python -m workers.emulator``."""
+def build_parser(prog: str = "python -m workers.emulator") -> argparse.ArgumentParser:
+    """Arguments of ``python -m workers.emulator`` (``hexflow emulate``: ``prog`` names it in usage and errors)."""
+    from gateway.argtypes import HelpFormatter, nonneg_int, port, positive_float, positive_int
+
     p = argparse.ArgumentParser(
-        prog="python -m workers.emulator", description=__doc__.split("\n\n")[0] if __doc__ else None
+        prog=prog,
+        description="An emulated vLLM worker: an OpenAI-compatible HTTP server that is a TEST DOUBLE for a GPU "
+        "(it runs requests through the simulator's engine model in real time and computes nothing).",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--gpu", required=True, help="GPU profile from config/gpus.yaml (A100, H100, A6000, L40S, ...)")
     p.add_argument("--model", default="llama-3.1-70b", help="model profile from config/gpus.yaml")
@@ -781,23 +786,65 @@ def build_parser() -> argparse.ArgumentParser:
         "--catalog", default=None, help="GPU catalogue to read the profile from (default: the packaged gpus.yaml)"
     )
     p.add_argument("--served-model-name", default=None, help="model name clients send (default: --model)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
-    p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per modelled second (0.05: 20x faster)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-num-seqs", type=int, default=None, help="override the profile's batch limit")
-    p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
-    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--host", default="127.0.0.1", help="bind address")
+    p.add_argument("--port", type=port, default=8001, help="TCP port, 1-65535")
+    p.add_argument(
+        "--time-scale", type=positive_float, default=1.0, help="real seconds per modelled second (0.05: 20x faster)"
+    )
+    p.add_argument(
+        "--seed",
+        type=nonneg_int,
+        default=0,
+        help="seed of the filler text the worker generates (with each request's seed or prompt)",
+    )
+    p.add_argument("--max-num-seqs", type=positive_int, default=None, help="override the profile's batch limit")
+    p.add_argument(
+        "--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN, help="longest prompt + output, tokens"
+    )
+    p.add_argument(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default="fcfs",
+        help="vLLM's engine queue order (priority: the request's priority field)",
+    )
     p.add_argument(
         "--no-request-overhead",
         action="store_true",
         help="do not add the profile's per-request overhead (API server time) to responses",
     )
-    p.add_argument(
-        "--answers", default=None, help="scripted answers file (question -> gold SQL) for the Text-to-SQL pipeline"
-    )
+    add_answer_arguments(p)
     add_cache_arguments(p)
     return p
+
+
+def add_answer_arguments(p: argparse.ArgumentParser) -> None:
+    """What the workers answer with: ``--answers FILE`` or ``--demo`` (else filler text)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--answers", default=None, help="scripted answers file (question -> gold SQL) for the Text-to-SQL pipeline"
+    )
+    group.add_argument(
+        "--demo",
+        action="store_true",
+        help="answer the demo questions' Text-to-SQL prompts from a script (as hexflow demo does; pair with "
+        "hexflow serve --demo)",
+    )
+
+
+def responder_from_args(args: argparse.Namespace) -> Responder | None:
+    """The responder ``--answers`` or ``--demo`` asks for (None: filler text)."""
+    from workers.scripted import AnswersResponder
+
+    if args.answers:
+        return AnswersResponder.from_file(args.answers)
+    if args.demo:
+        return AnswersResponder.demo()  # seed 0: the data hexflow serve --demo writes (--seed is the filler text's)
+    return None
+
+
+def answers_label(args: argparse.Namespace) -> str:
+    """How the workers answer, for the start-up line."""
+    return f"scripted from {args.answers}" if args.answers else ("the demo script" if args.demo else "filler text")
 
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
@@ -822,28 +869,27 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one emulated worker until interrupted."""
+def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.emulator") -> int:
+    """Run one emulated worker until interrupted (bad input: one line on stderr, exit 2)."""
     import uvicorn
 
     from gateway.errors import GatewayError
 
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
-    if not args.time_scale > 0:
-        parser.error("--time-scale must be positive")
-    if args.max_num_seqs is not None and args.max_num_seqs < 1:
-        parser.error("--max-num-seqs must be >= 1")
-    responder: Responder | None = None
     try:
         cfg = config_from_args(args)
-        if args.answers:
-            from workers.scripted import AnswersResponder
-
-            responder = AnswersResponder.from_file(args.answers)
+        responder = responder_from_args(args)
     except (GatewayError, ValueError, OSError) as exc:
-        print(f"emulator: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    print(
+        f"emulated worker (a test double) {args.gpu}/{cfg.served_model_name} on http://{args.host}:{args.port}: "
+        f"time scale {args.time_scale:g}, answers {answers_label(args)}, "
+        f"prefix caching {'on' if args.enable_prefix_caching else 'off'}",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(
         create_app(cfg, responder), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5
     )

@@ -53,6 +53,13 @@ class AnswersResponder(FillerResponder):
 
         return cls(load_answers(Path(path)))
 
+    @classmethod
+    def demo(cls, seed: int = 0) -> AnswersResponder:
+        """The demo questions' scripted answers (``hexflow answers --demo``), built in memory."""
+        from gateway.text2sql.answers import build_demo_answers
+
+        return cls(dict(build_demo_answers(seed=seed)))
+
     def answer(self, request: GenRequest) -> str | None:
         """The scripted answer, or None (filler) for prompts the script does not cover."""
         text = request.prompt_text

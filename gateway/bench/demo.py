@@ -6,8 +6,8 @@ It writes the project's demo database (``demo.py``, deterministic) and the emula
 answers (``answers.py``: the gold SQL, with deliberately wrong first attempts for about a quarter of
 the questions), starts an emulated mixed-GPU cluster answering from that script and a gateway in front
 of it, sends demo questions concurrently from two tenants with different deadlines (``interactive``:
-tight, ``batch``: loose) through ``POST /v1/text2sql``, prints every answer and an SLO summary per
-tenant, checks each answer against the gold result, and stops everything it started.
+tight, ``batch``: loose) through ``POST /v1/text2sql``, prints every answer (its SQL and first rows) and
+an SLO summary per tenant with its legend, checks each answer against the gold result, and stops everything it started.
 
 Deadlines are wall-clock seconds of the emulation: with ``--time-scale 0.25`` the emulated GPUs run 4x
 faster than the GPUs they model, and so does everything the gateway plans. The interactive tenant's
@@ -37,6 +37,22 @@ from gateway.text2sql.evaluate import gold_is_ordered, results_match
 
 DB_ID = "demo_retail"
 TENANTS = (("interactive", "demo-interactive-key", 6.0), ("batch", "demo-batch-key", 30.0))
+ROWS_KEPT = 10
+"""Rows of each answer kept in the report (``out/demo.json``); ``row_count`` has the full count."""
+ROWS_SHOWN = 3
+"""Rows of each answer printed under it, each cell cut to ``CELL_CHARS``."""
+CELL_CHARS = 24
+LEGEND = {
+    "mark": "printed before each answer: 'ok' its rows match the gold SQL's result, '!!' valid SQL whose rows "
+    "differ from the gold result, '--' no answer (the status says why)",
+    "questions": "questions the tenant asked",
+    "ok": "answers with status ok: a candidate SQL executed and was chosen (before or after the deadline)",
+    "correct": "ok answers whose rows match the gold SQL's result (what the demo checks)",
+    "deadline_met": "share of the tenant's questions answered ok within their deadline ('met' in the table)",
+    "p50_s, p95_s": "latency percentiles in wall seconds of the emulation",
+    "rows": f"the first {ROWS_KEPT} rows of each answer (row_count: all of them)",
+}
+"""What the columns of the summary and the fields of each answer mean (printed, and in the JSON report)."""
 
 
 @dataclass
@@ -55,6 +71,9 @@ class DemoAnswer:
     deadline_met: bool
     correct: bool
     error: str | None = None
+    columns: list[str] = field(default_factory=list)
+    rows: list[list[Any]] = field(default_factory=list)
+    """The first ``ROWS_KEPT`` rows of the answer."""
 
 
 @dataclass
@@ -69,8 +88,8 @@ class DemoReport:
     wall_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON view."""
-        return asdict(self)
+        """JSON view, with the legend of its fields."""
+        return {**asdict(self), "legend": dict(LEGEND)}
 
 
 def _gold_rows(db_path: Path, sql: str) -> list[list[Any]]:
@@ -110,6 +129,8 @@ async def _ask(
         deadline_met=bool(data.get("deadline_met")),
         correct=correct,
         error=err if isinstance(err, str) else (json.dumps(err) if err else None),
+        columns=[str(c) for c in data.get("columns") or []],
+        rows=[list(r) for r in rows[:ROWS_KEPT] if isinstance(r, list)],
     )
 
 
@@ -167,6 +188,33 @@ def format_summary(rep: DemoReport) -> str:
     )
 
 
+def format_legend() -> str:
+    """The legend printed under the summary."""
+    return "\n".join(["legend:", *(f"  {k}: {v}" for k, v in LEGEND.items())])
+
+
+def _cell(value: Any) -> str:
+    text = "NULL" if value is None else str(value).replace("\n", " ")
+    return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 3] + "..."
+
+
+def format_answer(a: DemoAnswer) -> str:
+    """One answer: its mark, tenant, latency against the deadline, status, question and SQL, then its first
+    ``ROWS_SHOWN`` rows (cells cut to ``CELL_CHARS``)."""
+    mark = "ok " if a.correct else ("-- " if a.status != "ok" else "!! ")
+    sql = (a.sql or a.error or "").replace("\n", " ")[:90]
+    lines = [
+        f"{mark}[{a.tenant:<11}] {a.latency_s:5.2f}s/{a.deadline_s:4.0f}s rev={a.revisions} "
+        f"{a.status:<12} {a.question[:60]!r} -> {sql}"
+    ]
+    if a.status == "ok":
+        head = " | ".join(_cell(c) for c in a.columns)
+        more = f" (first {ROWS_SHOWN} of {a.row_count})" if a.row_count > ROWS_SHOWN else ""
+        lines.append(f"      {head}{more}" if head else f"      {a.row_count} rows")
+        lines += [f"      {' | '.join(_cell(v) for v in row)}" for row in a.rows[:ROWS_SHOWN]]
+    return "\n".join(lines)
+
+
 def run_demo(
     questions: int = 24,
     *,
@@ -215,14 +263,8 @@ def run_demo(
                 say(f"demo: gateway {url} in front of {len(urls)} workers; asking...")
 
                 def show(a: DemoAnswer) -> None:
-                    if quiet:
-                        return
-                    mark = "ok " if a.correct else ("-- " if a.status != "ok" else "!! ")
-                    sql = (a.sql or a.error or "").replace("\n", " ")[:90]
-                    print(
-                        f"{mark}[{a.tenant:<11}] {a.latency_s:5.2f}s/{a.deadline_s:4.0f}s rev={a.revisions} "
-                        f"{a.status:<12} {a.question[:60]!r} -> {sql}"
-                    )
+                    if not quiet:
+                        print(format_answer(a))
 
                 answers = asyncio.run(_send_all(url, chosen, db_path, show))
         rep = DemoReport(questions=len(chosen), time_scale=time_scale, cluster=cluster, answers=answers)

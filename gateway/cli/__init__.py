@@ -23,7 +23,9 @@
     hexflow answers    scripted answers of a Spider-format dataset or of the demo questions (emulate --answers)
 
 Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
-with one line naming the file and field, and exit status 2; never a traceback.
+with one line naming the command, the file and the field, and exit status 2; never a traceback. A bad
+number or list stops at parse time, with the command's usage (the ``type=`` validators of
+``gateway.argtypes``).
 
 Each command group registers its own subparsers in its own module (``sim``: simulate, bench, tune, sim-speed;
 ``tuner``: bench tuner; ``plan``: plan; ``serve``: serve, emulate, emulate-cluster, discover; ``measure``:
@@ -38,11 +40,12 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from gateway import __version__
 from gateway.cli import calibrate, config, measure, plan, serve, sim, text2sql
-from gateway.cli.common import Subparsers, UsageError
+from gateway.cli.common import HelpFormatter, Subparsers, UsageError
 from gateway.errors import GatewayError
 
-__all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
+__all__ = ["DESCRIPTION", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 EXIT_USAGE = 2
 
@@ -69,12 +72,37 @@ _COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
 """Every command's registration, in the order ``hexflow --help`` lists them."""
 
 
+DESCRIPTION = """\
+HexGen-Flow: a gateway that schedules agentic Text-to-SQL workflows on vLLM workers
+with mixed GPUs so that each meets its tenant's deadline; its simulator, benchmarks
+and emulated workers."""
+EPILOG = "Run `hexflow COMMAND --help` for a command's options. Documentation: README.md and docs/."
+
+
+def _walk(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every subcommand's parser below it (``bench overload``, ...)."""
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                out += _walk(child)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for tests and docs)."""
-    parser = argparse.ArgumentParser(prog="hexflow", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    """The argument parser (exposed for tests and docs).
+
+    Every parser shows each option's default (``HelpFormatter``), and remembers its ``prog``
+    (``hexflow bench overload``) so that an error found after parsing names the subcommand.
+    """
+    parser = argparse.ArgumentParser(prog="hexflow", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"hexflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in _COMMANDS:
         add(sub)
+    for p in _walk(parser):
+        p.formatter_class = HelpFormatter
+        p.set_defaults(prog=p.prog)
     return parser
 
 
@@ -85,24 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The emulated workers have their own argument sets; hand over unchanged.
         return serve.HANDED_OVER[args_list[0]](args_list[1:])
     parser = build_parser()
-    args = parser.parse_args(args_list)
-    # Arguments several commands share, checked once here (argparse's usage error, exit 2).
-    for name in ("workflows",):
-        if getattr(args, name, 1) is not None and getattr(args, name, 1) < 1:
-            parser.error(f"--{name} must be >= 1")
-    if getattr(args, "slo_scale", 1.0) <= 0 or getattr(args, "cv", 1.0) <= 0:
-        parser.error("--slo-scale and --cv must be positive")
-    alpha = getattr(args, "alpha", None)
-    if alpha is not None and not 0.0 <= alpha <= 1.0:
-        parser.error("--alpha must be in [0, 1]")
-    rate = getattr(args, "rate", None)
-    if isinstance(rate, float) and not rate > 0:
-        parser.error("--rate must be positive")
+    args = parser.parse_args(args_list)  # bad values stop here, with the subcommand's usage (common.py's types)
+    prog = getattr(args, "prog", "hexflow")
     try:
         return int(args.func(args))
     except (GatewayError, UsageError) as exc:
-        print(f"hexflow: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("hexflow: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -9,7 +9,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from gateway.cli.common import Subparsers, UsageError
+from gateway.cli.common import Subparsers, UsageError, nonneg_int, positive_float, positive_int
 
 __all__ = ["add_bench_fidelity", "add_calibrate"]
 
@@ -27,21 +27,34 @@ def add_calibrate(sub: Subparsers) -> None:
     p.add_argument("--worker", required=True, help="the worker's base URL (e.g. http://10.0.0.5:8000)")
     p.add_argument("--model", required=True, help="the served model name (and the profile's model key)")
     p.add_argument("--gpu", default="measured", help="the profile's GPU key in gpus.yaml (default: measured)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the worker (written to the entry)")
-    p.add_argument("--out", default=None, help="write the profile entry (YAML) here (default: print it)")
-    p.add_argument("--budget-s", type=float, default=300.0, help="wall seconds the probes may take (default 300)")
-    p.add_argument("--max-concurrency", type=int, default=16, help="largest batch probe (default 16)")
-    p.add_argument("--max-prompt", type=int, default=4096, help="longest probe prompt, tokens (default 4096)")
-    p.add_argument("--max-output", type=int, default=256, help="longest probe output, tokens (default 256)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="the worker's vLLM --max-num-seqs (default 64)")
     p.add_argument(
-        "--max-batched-tokens", type=int, default=2048, help="the worker's vLLM --max-num-batched-tokens (default 2048)"
+        "--tp", type=positive_int, default=1, help="tensor-parallel degree of the worker (written to the entry)"
     )
-    p.add_argument("--kv-tokens", type=int, default=None, help="KV capacity in tokens (default: from its metrics)")
-    p.add_argument("--repeats", type=int, default=2, help="rounds of the plan while budget remains (default 2)")
+    p.add_argument("--out", default=None, help="write the profile entry (YAML) here (default: print it)")
+    p.add_argument(
+        "--budget-s", type=positive_float, default=300.0, help="wall seconds the probes may take (default 300)"
+    )
+    p.add_argument("--max-concurrency", type=positive_int, default=16, help="largest batch probe (default 16)")
+    p.add_argument("--max-prompt", type=positive_int, default=4096, help="longest probe prompt, tokens (default 4096)")
+    p.add_argument("--max-output", type=positive_int, default=256, help="longest probe output, tokens (default 256)")
+    p.add_argument(
+        "--max-num-seqs", type=positive_int, default=64, help="the worker's vLLM --max-num-seqs (default 64)"
+    )
+    p.add_argument(
+        "--max-batched-tokens",
+        type=positive_int,
+        default=2048,
+        help="the worker's vLLM --max-num-batched-tokens (default 2048)",
+    )
+    p.add_argument(
+        "--kv-tokens", type=nonneg_int, default=None, help="KV capacity in tokens (default: from its metrics)"
+    )
+    p.add_argument(
+        "--repeats", type=positive_int, default=2, help="rounds of the plan while budget remains (default 2)"
+    )
     p.add_argument(
         "--time-scale",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="an emulated worker's time scale: divide the written constants by it (real workers: 1)",
     )
@@ -116,11 +129,15 @@ def add_bench_fidelity(sub: Subparsers) -> None:
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
     p.add_argument("--trace", default="chess-bird", help="trace file or name (default: chess-bird, built in)")
     p.add_argument("--policies", default="hexgen", help="comma-separated policies (default: hexgen)")
-    p.add_argument("--workflows", type=int, default=150, help="workflows replayed per policy")
-    p.add_argument("--time-scale", type=float, default=0.05, help="wall seconds per modelled second")
-    p.add_argument("--budget-s", type=float, default=90.0, help="calibration budget per GPU type, wall seconds")
-    p.add_argument("--slo-scale", type=float, default=5.0, help="deadline = this x the standard workflow's latency")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workflows", type=positive_int, default=150, help="workflows replayed per policy")
+    p.add_argument("--time-scale", type=positive_float, default=0.05, help="wall seconds per modelled second")
+    p.add_argument(
+        "--budget-s", type=positive_float, default=90.0, help="calibration budget per GPU type, wall seconds"
+    )
+    p.add_argument(
+        "--slo-scale", type=positive_float, default=5.0, help="deadline = this x the standard workflow's latency"
+    )
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workload, arrivals and emulated latencies")
     p.add_argument("--log-dir", default=None, help="keep subprocess logs, catalogues and configs here")
     p.add_argument("--json", default=None, help="write the report as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -1,5 +1,12 @@
-"""What several command groups share: the usage error, the workload arguments of the simulator's commands,
-and parsers of numbers given as text (so that a bad value stops with one line and exit status 2)."""
+"""What several command groups share: the usage error, the help formatter, the workload arguments of the
+simulator's commands, and the ``type=`` validators of numeric and list options.
+
+Every numeric or list option is parsed by one of the validators of ``gateway.argtypes``, re-exported
+here (``positive_int``, ``port``, ``fraction``, ``positive_floats``, ...), so a bad value (``--rate
+0.1,abc``, ``--port 99999``) stops at parse time with the subcommand's usage, one line naming the option
+and what was expected, and exit status 2; never a traceback, and never a value silently taken in another
+sense.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +16,44 @@ import random
 from pathlib import Path
 from typing import TypeAlias
 
+from gateway.argtypes import (
+    HelpFormatter,
+    fraction,
+    fractions,
+    nonneg_float,
+    nonneg_int,
+    port,
+    port_or_zero,
+    positive_float,
+    positive_floats,
+    positive_int,
+    positive_ints,
+    unit_open_fraction,
+)
 from gateway.core.policy import get_policy
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec
 
 __all__ = [
+    "HelpFormatter",
     "Subparsers",
     "UsageError",
     "add_workload_args",
+    "fraction",
+    "fractions",
     "int_arg",
     "load_workers",
+    "nonneg_float",
+    "nonneg_int",
     "policy_names",
+    "port",
+    "port_or_zero",
+    "positive_float",
     "positive_float_arg",
+    "positive_floats",
+    "positive_int",
+    "positive_ints",
+    "unit_open_fraction",
     "workload_queries",
 ]
 
@@ -60,19 +93,22 @@ def add_workload_args(
     p.add_argument(
         "--trace",
         default="chess-bird",
-        help="trace file, trace name under ../shared/data/hexgen-traces, or chess-bird (built in)",
+        help="trace file, trace name (looked up in ../shared/data/hexgen-traces next to the repository, or in "
+        "$HEXFLOW_TRACE_DIR), or chess-bird (built in)",
     )
     if cluster:
         p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
     p.add_argument(
         "--slo-scale",
-        type=float,
+        type=positive_float,
         default=5.0,
         help=slo_help or "SLO = this x the cluster-mean single-request latency of the standard workflow",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workflows", type=int, default=workflows, help="workflows per run (a trace is cycled)")
-    p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of inter-arrivals (1: Poisson)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workload and arrivals")
+    p.add_argument("--workflows", type=positive_int, default=workflows, help="workflows per run (a trace is cycled)")
+    p.add_argument(
+        "--cv", type=positive_float, default=1.0, help="coefficient of variation of inter-arrivals (1: Poisson)"
+    )
     p.add_argument(
         "--tenants",
         default=None,

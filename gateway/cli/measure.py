@@ -8,7 +8,7 @@ import math
 import os
 from pathlib import Path
 
-from gateway.cli.common import Subparsers, UsageError, load_workers
+from gateway.cli.common import Subparsers, UsageError, load_workers, nonneg_int, positive_float, positive_int
 
 __all__ = ["add_overhead", "add_replay"]
 
@@ -19,30 +19,35 @@ def add_replay(sub: Subparsers) -> None:
     p.add_argument(
         "--trace",
         default="chess-bird",
-        help="trace file, trace name under ../shared/data/hexgen-traces, or chess-bird (built in)",
+        help="trace file, trace name (looked up in ../shared/data/hexgen-traces next to the repository, or in "
+        "$HEXFLOW_TRACE_DIR), or chess-bird (built in)",
     )
-    p.add_argument("--rate", required=True, help="arrival rate, workflows per modelled second")
+    p.add_argument("--rate", type=positive_float, required=True, help="arrival rate, workflows per modelled second")
     p.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's base URL")
     p.add_argument("--api-key", default=None, help="the tenant's API key (default: $HEXFLOW_API_KEY)")
-    p.add_argument("--workflows", type=int, default=100, help="workflows to send (a trace is cycled)")
-    p.add_argument("--seed", type=int, default=0, help="seed of queries and arrivals (as in hexflow bench)")
-    p.add_argument("--deadline-s", type=float, default=None, help="deadline of every workflow, modelled seconds")
+    p.add_argument("--workflows", type=positive_int, default=100, help="workflows to send (a trace is cycled)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of queries and arrivals (as in hexflow bench)")
+    p.add_argument(
+        "--deadline-s", type=positive_float, default=None, help="deadline of every workflow, modelled seconds"
+    )
     p.add_argument(
         "--slo-scale",
-        type=float,
+        type=positive_float,
         default=5.0,
         help="without --deadline-s: deadline = this x the cluster-mean latency of the standard workflow",
     )
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name: sets the SLO with --slo-scale")
     p.add_argument(
         "--time-scale",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="the gateway's time_scale (emulated workers): wall seconds per modelled second",
     )
     p.add_argument("--arrivals", default=None, help="replay the arrival pattern of a CSV, rescaled to --rate")
-    p.add_argument("--concurrency-limit", type=int, default=None, help="most workflows in flight (client side)")
-    p.add_argument("--timeout-s", type=float, default=None, help="per-request timeout, wall seconds")
+    p.add_argument(
+        "--concurrency-limit", type=positive_int, default=None, help="most workflows in flight (client side)"
+    )
+    p.add_argument("--timeout-s", type=positive_float, default=None, help="per-request timeout, wall seconds")
     p.add_argument("--json", default=None, help="write the report (with every workflow) as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_replay)
@@ -54,17 +59,19 @@ def add_overhead(sub: Subparsers) -> None:
         "overhead",
         help="gateway overhead: the same call to a worker directly and through the gateway, side by side",
     )
-    p.add_argument("--rate", type=float, default=200.0, help="calls/s of each stream (gateway and direct)")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds of measurement")
+    p.add_argument("--rate", type=positive_float, default=200.0, help="calls/s of each stream (gateway and direct)")
+    p.add_argument("--duration", type=positive_float, default=10.0, help="seconds of measurement")
     p.add_argument(
         "--max-rate-search",
         action="store_true",
         help="also find the highest rate the gateway sustains (bracket search from --rate, up or down)",
     )
-    p.add_argument("--search-steps", type=int, default=10, help="most rates the --max-rate-search probes (default 10)")
+    p.add_argument(
+        "--search-steps", type=positive_int, default=10, help="most rates the --max-rate-search probes (default 10)"
+    )
     p.add_argument(
         "--p99-limit-ms",
-        type=float,
+        type=positive_float,
         default=20.0,
         help="P99 bound of a sustained rate; a direct stream above it marks the added latency unreliable",
     )
@@ -78,12 +85,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from gateway.bench.replay import format_report, replay, replay_setup, replay_workload
 
-    try:
-        rate = float(args.rate)
-    except ValueError:
-        rate = math.nan
-    if not (rate > 0 and math.isfinite(rate)):
-        raise UsageError(f"--rate: expected a positive number of workflows per modelled second, got {args.rate!r}")
+    rate: float = args.rate
     if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
         raise UsageError(f"--time-scale: must be a positive number, got {args.time_scale:g}")
     if args.deadline_s is not None and not (args.deadline_s > 0 and math.isfinite(args.deadline_s)):

@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.bench.stats import fmt, table
-from gateway.cli.common import Subparsers, UsageError, add_workload_args, int_arg, workload_queries
+from gateway.cli.common import (
+    Subparsers,
+    UsageError,
+    add_workload_args,
+    fraction,
+    int_arg,
+    positive_float,
+    workload_queries,
+)
 from gateway.core.policy import POLICIES, get_policy
 from gateway.errors import UnknownNameError
 
@@ -42,13 +50,13 @@ def add_plan(sub: Subparsers) -> None:
         "GPU (calibration.reference_gpu; the first of --gpus when the model has no profile there); the same "
         "deadline for every mix (default 5)",
     )
-    p.add_argument("--rate", type=float, required=True, help="arrival rate to plan for, workflows/s")
+    p.add_argument("--rate", type=positive_float, required=True, help="arrival rate to plan for, workflows/s")
     p.add_argument("--gpus", required=True, help="GPU types the mix may use, comma-separated (e.g. A100,L40S)")
     p.add_argument("--model", default="llama-3.1-70b", help="served model (default llama-3.1-70b)")
-    p.add_argument("--slo-s", type=float, default=None, help="SLO in seconds (overrides --slo-scale)")
+    p.add_argument("--slo-s", type=positive_float, default=None, help="SLO in seconds (overrides --slo-scale)")
     p.add_argument(
         "--budget",
-        type=float,
+        type=positive_float,
         default=None,
         help="most USD per hour the mix may cost (worker price: the GPU's usd_per_hour x its tp); "
         "mixes above it are not tried",
@@ -61,10 +69,12 @@ def add_plan(sub: Subparsers) -> None:
     )
     p.add_argument("--max-workers", default="16", help="most workers in a mix (default 16)")
     p.add_argument("--policy", default="hexgen", help=f"one of: {', '.join(POLICIES)} (default hexgen)")
-    p.add_argument("--alpha", type=float, default=None, help="WB alpha (default: the policy's)")
+    p.add_argument("--alpha", type=fraction, default=None, help="WB alpha (default: the policy's)")
     p.add_argument("--seeds", default="3", help="seeds per mix; a mix must meet the SLO on every one (default 3)")
-    p.add_argument("--target", type=float, default=0.95, help="SLO attainment a mix must reach (default 0.95)")
-    p.add_argument("--rel-tol", type=float, default=0.01, help="relative precision of the margin (default 0.01)")
+    p.add_argument("--target", type=positive_float, default=0.95, help="SLO attainment a mix must reach (default 0.95)")
+    p.add_argument(
+        "--rel-tol", type=positive_float, default=0.01, help="relative precision of the margin (default 0.01)"
+    )
     p.add_argument("--no-margin", action="store_true", help="skip the answer's capacity search")
     p.add_argument("--show", default="5", help="cheaper mixes listed before the answer (default 5)")
     p.add_argument("--catalog", default=None, help="GPU catalogue file (default: the packaged config/gpus.yaml)")

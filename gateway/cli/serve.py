@@ -8,7 +8,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from gateway.cli.common import Subparsers, UsageError
+from gateway.cli.common import Subparsers, UsageError, port, positive_float
 
 __all__ = ["HANDED_OVER", "add_discover", "add_emulate", "add_emulate_cluster", "add_serve"]
 
@@ -16,13 +16,13 @@ __all__ = ["HANDED_OVER", "add_discover", "add_emulate", "add_emulate_cluster", 
 def _emulate(argv: Sequence[str]) -> int:
     from workers.emulator import main as emulate
 
-    return emulate(argv)
+    return emulate(argv, prog="hexflow emulate")
 
 
 def _emulate_cluster(argv: Sequence[str]) -> int:
     from workers.cluster import main as emulate_cluster
 
-    return emulate_cluster(argv)
+    return emulate_cluster(argv, prog="hexflow emulate-cluster")
 
 
 HANDED_OVER: dict[str, Callable[[Sequence[str]], int]] = {"emulate": _emulate, "emulate-cluster": _emulate_cluster}
@@ -48,13 +48,28 @@ def add_serve(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="run the live gateway (FastAPI) in front of vLLM workers")
     p.add_argument("--config", default="config/gateway.yaml", help="gateway.yaml (workers, policy, limits, tenants)")
     p.add_argument("--host", default=None, help="bind address (default: the config's listen.host)")
-    p.add_argument("--port", type=int, default=None, help="port (default: the config's listen.port)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--port", type=port, default=None, help="port (default: the config's listen.port)")
+    p.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="least severe log level"
+    )
+    p.add_argument(
+        "--log-format",
+        default=None,
+        choices=["text", "json"],
+        help="log lines as text or JSON (one object per line, with request_id and workflow_id) "
+        "(default: $HEXFLOW_LOG_FORMAT, else the config's log_format, else text)",
+    )
     p.add_argument(
         "--time-scale",
-        type=float,
+        type=positive_float,
         default=None,
         help="override the config's time_scale (emulated workers' --time-scale)",
+    )
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="serve the demo database (demo_retail, written to a temporary folder) on /v1/text2sql, in place of "
+        "the config's databases_file; pair with hexflow emulate-cluster --demo",
     )
     p.set_defaults(func=cmd_serve)
 
@@ -74,7 +89,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the gateway until SIGTERM/SIGINT (config errors are reported before anything starts)."""
     from gateway.live.server import serve
 
-    serve(args.config, host=args.host, port=args.port, log_level=args.log_level, time_scale=args.time_scale)
+    serve(
+        args.config,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        log_format=args.log_format,
+        time_scale=args.time_scale,
+        demo=args.demo,
+    )
     return 0
 
 

@@ -20,9 +20,17 @@ from gateway.cli.common import (
     Subparsers,
     UsageError,
     add_workload_args,
+    fraction,
+    fractions,
     int_arg,
     load_workers,
+    nonneg_float,
+    nonneg_int,
     policy_names,
+    positive_float,
+    positive_floats,
+    positive_int,
+    unit_open_fraction,
     workload_queries,
 )
 from gateway.cli.text2sql import add_bench_quality
@@ -53,8 +61,10 @@ def add_simulate(sub: Subparsers) -> None:
     p = sub.add_parser("simulate", help="one policy, one run on the simulator")
     add_workload_args(p, workflows=400)
     p.add_argument("--policy", default="hexgen", help=f"one of: {', '.join(POLICIES)}")
-    p.add_argument("--rate", type=float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)")
-    p.add_argument("--alpha", type=float, default=None, help="WB alpha (default: the policy's)")
+    p.add_argument(
+        "--rate", type=positive_float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)"
+    )
+    p.add_argument("--alpha", type=fraction, default=None, help="WB alpha in [0, 1] (default: the policy's)")
     p.add_argument(
         "--admission",
         action="store_true",
@@ -72,28 +82,34 @@ def add_bench(sub: Subparsers) -> None:
         default=",".join(POLICIES),
         help=f"comma-separated, from: {', '.join(POLICIES)} (default: all)",
     )
-    p.add_argument("--seeds", default=3, help="seeds per point, each a capacity search (default 3)")
-    p.add_argument("--rel-tol", type=float, default=0.01, help="relative precision of each capacity (default 0.01)")
+    p.add_argument("--seeds", type=positive_int, default=3, help="seeds per point, each a capacity search")
     p.add_argument(
-        "--rate", default=None, help="also measure at these rates, comma-separated (without capacity: the rates)"
+        "--rel-tol", type=unit_open_fraction, default=0.01, help="relative precision of each capacity, in (0, 1)"
+    )
+    p.add_argument(
+        "--rate",
+        type=positive_floats,
+        default=None,
+        help="also measure at these rates, workflows/s, comma-separated (with --no-capacity: only these; "
+        "without --rate a grid of 0.2-0.7 x the fluid bound); with --live: one rate",
     )
     p.add_argument(
         "--alpha",
-        type=float,
+        type=fraction,
         default=None,
         help="fixed alpha (default: tuned once, on a separate seed, at the best baseline's capacity)",
     )
     p.add_argument("--plot", default=None, help="write a PNG of P95 and SLO attainment against rate")
     p.add_argument("--no-capacity", action="store_true", help="skip the capacity bisection")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="policies run in parallel")
+    p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="policies run in parallel")
     p.add_argument(
         "--live",
         action="store_true",
         help="run each policy on the live gateway over an emulated cluster and compare with the simulator "
         f"(default {LIVE_BENCH_WORKFLOWS} workflows, rate 0.55 x the fluid bound)",
     )
-    p.add_argument("--time-scale", type=float, default=0.05, help="--live: real seconds per modelled second")
+    p.add_argument("--time-scale", type=positive_float, default=0.05, help="--live: real seconds per modelled second")
     p.add_argument(
         "--log-dir", default=None, help="--live: keep subprocess logs and configs here (default: a temporary folder)"
     )
@@ -117,20 +133,29 @@ def add_bench_overload(sub: Subparsers) -> None:
         "rejected and shed workflows, the share of accepted that met the deadline, goodput, and the gateway's RSS.",
     )
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
-    p.add_argument("--time-scale", type=float, default=0.05, help="wall seconds per modelled second (emulated)")
     p.add_argument(
-        "--capacity-fraction", type=float, default=0.75, help="the sustainable rate, as a fraction of the fluid bound"
+        "--time-scale", type=positive_float, default=0.05, help="wall seconds per modelled second (emulated)"
     )
-    p.add_argument("--factor", type=float, default=5.0, help="overload rate = this x the sustainable rate")
-    p.add_argument("--capacity-s", type=float, default=40.0, help="wall seconds of arrivals at the sustainable rate")
-    p.add_argument("--burst-s", type=float, default=30.0, help="wall seconds of each overload burst")
-    p.add_argument("--quiet-s", type=float, default=15.0, help="wall seconds without arrivals between phases")
-    p.add_argument("--bursts", type=int, default=3, help="overload bursts")
-    p.add_argument("--slo-scale", type=float, default=5.0, help="deadline = this x the standard workflow's latency")
+    p.add_argument(
+        "--capacity-fraction",
+        type=positive_float,
+        default=0.75,
+        help="the sustainable rate, as a fraction of the fluid bound",
+    )
+    p.add_argument("--factor", type=positive_float, default=5.0, help="overload rate = this x the sustainable rate")
+    p.add_argument(
+        "--capacity-s", type=positive_float, default=40.0, help="wall seconds of arrivals at the sustainable rate"
+    )
+    p.add_argument("--burst-s", type=positive_float, default=30.0, help="wall seconds of each overload burst")
+    p.add_argument("--quiet-s", type=nonneg_float, default=15.0, help="wall seconds without arrivals between phases")
+    p.add_argument("--bursts", type=positive_int, default=3, help="overload bursts")
+    p.add_argument(
+        "--slo-scale", type=positive_float, default=5.0, help="deadline = this x the standard workflow's latency"
+    )
     p.add_argument(
         "--no-predictive", action="store_true", help="turn predictive admission off (concurrency limits only)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the workflows and arrivals")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workflows and arrivals")
     p.add_argument("--log-dir", default=None, help="keep subprocess logs and configs here")
     p.add_argument("--json", default=None, help="write the report as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of the gateway's RSS over time")
@@ -174,14 +199,19 @@ def add_tune(sub: Subparsers) -> None:
     """``hexflow tune``."""
     p = sub.add_parser("tune", help="tune alpha on a window of traffic by simulation")
     add_workload_args(p, workflows=400)
-    p.add_argument("--policy", default="hexgen")
-    p.add_argument("--rate", type=float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)")
+    p.add_argument("--policy", default="hexgen", help="the policy whose alpha is tuned")
+    p.add_argument(
+        "--rate", type=positive_float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)"
+    )
     p.add_argument(
         "--window",
+        type=positive_int,
         default=None,
         help="workflows in the window: the first N of the run (default: the gateway's tuning.window_workflows)",
     )
-    p.add_argument("--grid", default=None, help="alphas to try, comma-separated (default 0, 0.1, ..., 1)")
+    p.add_argument(
+        "--grid", type=fractions, default=None, help="alphas in [0, 1] to try, comma-separated (default 0, 0.1, ..., 1)"
+    )
     p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
     p.set_defaults(func=cmd_tune)
 
@@ -196,8 +226,10 @@ def add_sim_speed(sub: Subparsers) -> None:
         help="comma-separated cluster files or names (default paper-4gpu,mixed-64; --cluster is ignored)",
     )
     p.add_argument("--policies", default="hexgen,lw-fcfs", help="comma-separated (default hexgen,lw-fcfs)")
-    p.add_argument("--load", type=float, default=0.7, help="arrival rate as a fraction of the fluid bound (0.7)")
-    p.add_argument("--repeats", default=3, help="runs per point; the fastest counts (default 3)")
+    p.add_argument(
+        "--load", type=positive_float, default=0.7, help="arrival rate as a fraction of the fluid bound (default 0.7)"
+    )
+    p.add_argument("--repeats", type=positive_int, default=3, help="runs per point; the fastest counts")
     p.set_defaults(func=cmd_sim_speed)
 
 
@@ -316,7 +348,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.workflows = BENCH_WORKFLOWS
     from tqdm import tqdm
 
-    from gateway.bench.simbench import bench_steps, plot_report, run_bench
+    from gateway.bench.simbench import GRID_FRACTIONS, bench_steps, plot_report, run_bench
 
     policies = policy_names(args.policies)
     seeds = int_arg("--seeds", str(args.seeds), minimum=1)
@@ -324,9 +356,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not 0 < rel_tol < 1:
         raise UsageError("--rel-tol: must be in (0, 1)")
     setup = _setup(args, n_seeds=seeds)
-    rates = [float(r) for r in args.rate.split(",")] if args.rate else None
-    if rates is not None and any(not r > 0 for r in rates):
-        raise UsageError("--rate: rates must be positive")
+    rates: list[float] | None = args.rate
+    if args.no_capacity and rates is None:
+        shares = ", ".join(f"{f:g}" for f in GRID_FRACTIONS)
+        print(
+            f"--no-capacity without --rate: measuring at {shares} x the fluid bound "
+            "(give --rate R1,R2,... for other rates, in workflows/s)"
+        )
     steps = bench_steps(policies, find_capacity=not args.no_capacity, fixed_alpha=args.alpha)
     with tqdm(total=steps, desc="bench", unit="policy-phase", disable=args.quiet or None, leave=False) as bar:
         report = run_bench(
@@ -440,12 +476,9 @@ def cmd_bench_live(args: argparse.Namespace) -> int:
         raise UsageError("--tenants: not supported with --live (the replay uses one tenant)")
     rate: float | None = None
     if args.rate:
-        try:
-            rate = float(args.rate)
-        except ValueError:
-            raise UsageError(f"--rate: with --live give one rate in workflows/s, got {args.rate!r}") from None
-        if not (rate > 0 and math.isfinite(rate)):
-            raise UsageError("--rate: must be a positive number")
+        if len(args.rate) > 1:
+            raise UsageError(f"--rate: with --live give one rate in workflows/s, got {len(args.rate)}")
+        rate = args.rate[0]
     if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
         raise UsageError("--time-scale: must be a positive number")
     report = run_live_bench(
@@ -530,11 +563,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     wfs = setup.workflows(rate)
     from gateway.config.gateway import TuningConfig
 
-    n = TuningConfig().window_workflows if args.window is None else int_arg("--window", args.window, minimum=1)
+    n = TuningConfig().window_workflows if args.window is None else args.window
     window = wfs[:n]
-    grid = ALPHA_GRID if not args.grid else tuple(float(x) for x in args.grid.split(","))
-    if any(not 0.0 <= a <= 1.0 for a in grid):
-        raise UsageError("--grid: alphas must be in [0, 1]")
+    grid = ALPHA_GRID if not args.grid else tuple(args.grid)
     t0 = time.perf_counter()
     res = tune_alpha(
         setup.workers,

@@ -15,7 +15,15 @@ import math
 import os
 from pathlib import Path
 
-from gateway.cli.common import Subparsers, UsageError, int_arg, positive_float_arg
+from gateway.cli.common import (
+    Subparsers,
+    UsageError,
+    int_arg,
+    nonneg_int,
+    positive_float,
+    positive_float_arg,
+    positive_int,
+)
 
 __all__ = ["add_answers", "add_bench_quality", "add_databases", "add_demo", "add_eval"]
 
@@ -29,10 +37,10 @@ def add_demo(sub: Subparsers) -> None:
         "demo",
         help="the main job: emulated cluster + gateway, demo questions from two tenants through /v1/text2sql",
     )
-    p.add_argument("--questions", type=int, default=24, help="questions to ask (cycled over the demo set)")
+    p.add_argument("--questions", type=positive_int, default=24, help="questions to ask (cycled over the demo set)")
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
-    p.add_argument("--time-scale", type=float, default=0.25, help="emulated GPUs run this much of real time")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-scale", type=positive_float, default=0.25, help="emulated GPUs run this much of real time")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the demo data, scripted answers and emulation")
     p.add_argument("--json", default=None, help="write every answer and the summary as JSON here")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(func=cmd_demo)
@@ -41,14 +49,14 @@ def add_demo(sub: Subparsers) -> None:
 def add_eval(sub: Subparsers) -> None:
     """``hexflow eval``."""
     p = sub.add_parser("eval", help="execution accuracy of a running gateway on a Spider-format dataset")
-    p.add_argument("--dataset", default=None, help="folder with dev.json and database/<db_id>/<db_id>.sqlite")
+    p.add_argument("--dataset", required=True, help="folder with dev.json and database/<db_id>/<db_id>.sqlite")
     p.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's base URL")
     p.add_argument("--api-key", default=None, help="the tenant's API key (default: $HEXFLOW_API_KEY)")
     p.add_argument("--limit", default=None, help="only the first N questions of dev.json")
     p.add_argument("--concurrency", default="8", help="questions in flight at once")
     p.add_argument("--deadline-s", default=None, help="deadline of every question (default: the tenant's)")
     p.add_argument("--timeout-s", default="600", help="per-request timeout, wall seconds")
-    p.add_argument("--json", default=None, help="write the report (with every question) as JSON here (required)")
+    p.add_argument("--json", required=True, help="write the report (with every question) as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
@@ -120,7 +128,7 @@ def _demo_or_spider(args: argparse.Namespace, what: str) -> bool:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the Text-to-SQL demo end to end on emulated workers."""
-    from gateway.bench.demo import format_summary, run_demo
+    from gateway.bench.demo import format_legend, format_summary, run_demo
 
     if args.questions < 1:
         raise UsageError("--questions must be at least 1")
@@ -129,6 +137,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rep = run_demo(args.questions, cluster=args.cluster, time_scale=args.time_scale, seed=args.seed, quiet=args.quiet)
     print()
     print(format_summary(rep))
+    if not args.quiet:
+        print(format_legend())
     total = len(rep.answers)
     correct = sum(a.correct for a in rep.answers)
     print(f"{correct}/{total} answers match the gold result; {rep.wall_s:.0f} s wall")

@@ -8,7 +8,16 @@ import json
 import os
 from pathlib import Path
 
-from gateway.cli.common import Subparsers, UsageError, int_arg, load_workers, positive_float_arg
+from gateway.cli.common import (
+    Subparsers,
+    UsageError,
+    int_arg,
+    load_workers,
+    nonneg_int,
+    positive_float,
+    positive_float_arg,
+    positive_int,
+)
 
 __all__ = ["add_bench_tuner", "cmd_bench_tuner"]
 
@@ -33,15 +42,15 @@ def add_bench_tuner(sub: Subparsers) -> None:
     p.add_argument("--trace-dir", default=None, help="where trace names are looked up (default ../shared/data/...)")
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
     p.add_argument("--policy", default="hexgen", help="the policy whose alpha is tuned")
-    p.add_argument("--slo-scale", type=float, default=3.0, help="SLO = this x the standard workflow's latency")
+    p.add_argument("--slo-scale", type=positive_float, default=3.0, help="SLO = this x the standard workflow's latency")
     p.add_argument("--load", default=str(LOAD), help="rate as a fraction of the policy's capacity (default alpha)")
     p.add_argument("--windows", default=",".join(map(str, WINDOWS)), help="window sizes (workflows), comma-separated")
     p.add_argument("--every", default=None, help="re-tune every this many finished workflows (default: the gateway's)")
     p.add_argument("--warmup", default=str(WARMUP), help="workflows before the measured ones")
     p.add_argument("--measured", default=str(MEASURED), help="workflows measured per run")
     p.add_argument("--seeds", default="1", help="arrival sequences per trace (seeds 0..n-1 from --seed)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="runs in parallel processes")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="first seed of the arrival sequences")
+    p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="runs in parallel processes")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", default=None, help="write the report as JSON here")
     p.set_defaults(func=cmd_bench_tuner)

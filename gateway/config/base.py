@@ -3,6 +3,7 @@ YAML loader (``load_yaml_model``), the boundary where foreign errors become ``Co
 
 from __future__ import annotations
 
+import difflib
 import os
 import types
 import typing
@@ -109,7 +110,9 @@ def _describe(err: Mapping[str, Any], model_cls: type[BaseModel]) -> tuple[str, 
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         allowed = _allowed_keys(model_cls, loc[:-1])
-        hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
+        close = difflib.get_close_matches(str(loc[-1]), allowed or (), n=1) if loc else []
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint += f"; allowed: {', '.join(allowed)}" if allowed else ""
         return _dotted(loc), f"unknown key{hint}"
     if kind == "missing":
         return _dotted(loc), "required key is missing"
@@ -150,7 +153,8 @@ def load_yaml_model(path: Path | str, model_cls: type[M], *, context: Mapping[st
     try:
         return model_cls.model_validate(data, context=dict(context) if context is not None else None)
     except ValidationError as exc:
-        errors = exc.errors()
+        # An unknown key first: a misspelled key is also a missing one, and the typo is the news.
+        errors = sorted(exc.errors(), key=lambda e: e.get("type") != "extra_forbidden")
         field, problem = _describe(errors[0], model_cls)
         if len(errors) > 1:
             problem += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"

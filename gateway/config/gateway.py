@@ -10,7 +10,7 @@ section has production defaults; the workers come from ``cluster`` (each with a 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -483,6 +483,12 @@ class GatewayConfig(_Strict):
     text2sql: Text2SqlConfig = Field(default_factory=Text2SqlConfig)
     gpu_catalog: str | None = Field(None, description="GPU catalogue file (default: the packaged gpus.yaml).")
     listen: ListenConfig = Field(default_factory=ListenConfig)
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="Log lines on stderr: text, or json (one object per line with ts, level, logger, message, "
+        "and request_id and workflow_id where known). $HEXFLOW_LOG_FORMAT and hexflow serve --log-format "
+        "override it.",
+    )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)

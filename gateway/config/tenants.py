@@ -54,7 +54,12 @@ class TenantConfig(_Strict):
     default_deadline_s: PosFloat = Field(description="Deadline of a workflow that asks for none, seconds.")
     min_deadline_s: PosFloat = Field(1.0, description="Shortest deadline the tenant may ask for, seconds.")
     max_deadline_s: PosFloat = Field(description="Longest deadline the tenant may ask for, seconds.")
-    priority_weight: PosFloat = Field(1.0, description="Relative share of the tenant when workers are contended.")
+    priority_weight: PosFloat = Field(
+        1.0,
+        description="The tenant's share weight under the vtc policy (weighted virtual token counters: while "
+        "tenants are backlogged, weight 2 gets twice the tokens of weight 1). Other policies ignore it; under "
+        "hexgen the deadline alone sets the urgency.",
+    )
     max_concurrent_workflows: int = Field(64, ge=1, description="Workflows of the tenant in flight at once.")
     predictive_admission: bool = Field(
         True,

@@ -52,6 +52,7 @@ from starlette.staticfiles import StaticFiles
 
 from gateway.errors import GatewayError, error_body
 from gateway.live.deps import unicode_body
+from gateway.live.logs import RequestIdMiddleware
 from gateway.live.middleware import BodyLimit
 from gateway.live.responses import JSONResponse, error_response, plain
 from gateway.live.routers import chat, ops, text2sql, ui, workflows
@@ -147,6 +148,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
         **FASTAPI_TELEMETRY_OFF,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(RequestIdMiddleware)  # outermost: even a 413 carries the id, and logs of every layer
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
@@ -251,19 +253,46 @@ async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
     return error_response(exc)
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 naming the first problem (``calls.0.max_tokens: ...``), with every problem under ``detail``."""
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 naming the first problem (``calls.0.max_tokens: ...``), with every problem under ``detail``.
+
+    Two problems of the body as a whole get words of their own: a body that is not JSON (422 saying where
+    it breaks, by line and column, ``param`` "body"), and a body sent with a content type other than JSON,
+    which FastAPI leaves as bytes (415: send ``Content-Type: application/json``).
+    """
     errors = exc.errors()
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-    where = _loc(tuple(first.get("loc", ())))
-    msg = str(first.get("msg", "invalid value"))
+    loc = tuple(first.get("loc", ()))
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx")
-        msg = f"malformed JSON: {ctx.get('error', msg) if isinstance(ctx, dict) else msg}"
+        why = str(ctx.get("error", "malformed")) if isinstance(ctx, dict) else "malformed"
+        pos = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+        where = _line_column(exc.body, pos)
+        body = error_body(422, f"request body is not valid JSON: {why}{where}", "invalid_request_error", "body")
+        return JSONResponse(body, status_code=422)
+    if loc == ("body",) and isinstance(first.get("input"), bytes | bytearray):
+        sent = request.headers.get("content-type", "")
+        msg = (
+            f"request body must be JSON: send Content-Type: application/json (got {sent[:100]!r})"
+            if sent
+            else "request body must be JSON: send Content-Type: application/json"
+        )
+        return JSONResponse(error_body(415, msg, "invalid_request_error", "body"), status_code=415)
+    where = _loc(loc)
+    msg = str(first.get("msg", "invalid value"))
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     body = error_body(422, f"{where}: {msg}{more}", "invalid_request_error", where)
     body["detail"] = plain(errors)
     return JSONResponse(body, status_code=422)
+
+
+def _line_column(doc: Any, pos: int | None) -> str:
+    """`` at line L column C`` of character ``pos`` of the body (1-based, as ``json`` counts), or ""."""
+    if not isinstance(doc, str) or pos is None or not 0 <= pos <= len(doc):
+        return ""
+    line = doc.count("\n", 0, pos) + 1
+    column = pos - doc.rfind("\n", 0, pos)
+    return f" at line {line} column {column}"
 
 
 async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

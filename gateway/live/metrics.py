@@ -15,7 +15,7 @@ with its series.
 | hexflow_admission_rejections_total | counter | tenant, reason | why admission refused (``REJECT_REASONS``) |
 | hexflow_workflows_demoted_total | counter | tenant, when | run at the lowest urgency: admission, queued |
 | hexflow_degraded_workflows_total | counter | tenant, step | Text-to-SQL answers with a knob turned down |
-| hexflow_slo_attainment | gauge | tenant | share of the tenant's last 1000 finished workflows that met the deadline |
+| hexflow_slo_attainment_ratio | gauge | tenant | share of the tenant's last 1000 finished workflows that met it |
 | hexflow_stage_latency_seconds | histogram | kind | one call: ready -> result (queue wait + run) |
 | hexflow_call_run_seconds | histogram | kind, worker | one call: sent -> result |
 | hexflow_queue_wait_seconds | histogram | worker | ready -> sent, in the gateway's queue |
@@ -31,7 +31,7 @@ with its series.
 | hexflow_scrape_failures_total | counter | worker | failed scrapes of a worker's /metrics |
 | hexflow_worker_vllm_waiting | gauge | worker | the worker's scraped vllm:num_requests_waiting |
 | hexflow_worker_vllm_running | gauge | worker | the worker's scraped vllm:num_requests_running |
-| hexflow_worker_kv_cache_usage | gauge | worker | the worker's scraped vllm:kv_cache_usage_perc |
+| hexflow_worker_kv_cache_usage_ratio | gauge | worker | the worker's scraped vllm:kv_cache_usage_perc (0-1) |
 | hexflow_alpha | gauge | | the WB balance parameter in use |
 | hexflow_tuning_runs_total | counter | result | applied, kept, skipped, failed |
 | hexflow_tenant_reloads_total | counter | result | ok, failed |
@@ -51,7 +51,17 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from gateway.live.history import GOODPUT_OUTCOMES
 from gateway.live.promparse import WorkerMetrics
@@ -73,6 +83,13 @@ is not the leader (high availability), no healthy worker, the gateway's queues f
 (the gateway's or the tenant's), or its predicted completion misses its deadline."""
 DEMOTED_WHEN = ("admission", "queued")
 """When a workflow of a best-effort tenant was demoted to the lowest urgency."""
+CALL_FAILURE_REASONS = ("worker_error", "rejected")
+"""Why a call failed on a worker (``hexflow_call_failures_total``): the worker failed it (connection,
+timeout, 5xx), or refused it (its 4xx)."""
+TUNING_RESULTS = ("applied", "kept", "skipped", "failed")
+"""How a background alpha tuning run ended (``hexflow_tuning_runs_total``)."""
+RELOAD_RESULTS = ("ok", "failed")
+"""How a reload of the tenants file ended (``hexflow_tenant_reloads_total``)."""
 
 
 class BoundedLabel:
@@ -95,7 +112,7 @@ class BoundedLabel:
 _MetricT = TypeVar("_MetricT", Counter, Gauge, Histogram)
 
 ATTAINMENT_WINDOW = 1000
-"""Finished (met or missed) workflows per tenant that ``hexflow_slo_attainment`` is the share of."""
+"""Finished (met or missed) workflows per tenant that ``hexflow_slo_attainment_ratio`` is the share of."""
 
 
 class _Attainment:
@@ -155,7 +172,15 @@ class GatewayMetrics:
     """Every metric the gateway exports, with small methods the pool and the app call."""
 
     def __init__(self, workers: list[str], tenants: list[str]) -> None:
+        # No ``*_created`` series (a timestamp per labelled child, twice the series for nothing a dashboard
+        # reads). prometheus_client's switch is process-wide; it is set here, where every gateway registry
+        # is built (tests' too), before the first metric.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         r = self.registry = CollectorRegistry()
+        # The process's CPU, memory, file descriptors and the interpreter's GC, as a default registry has.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.kind = BoundedLabel()
         self.workflow_latency = Histogram(
             "hexflow_workflow_latency_seconds",
@@ -191,7 +216,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.slo = Gauge(
-            "hexflow_slo_attainment",
+            "hexflow_slo_attainment_ratio",
             "Share of the tenant's last 1000 finished workflows that met their deadline.",
             ["tenant"],
             registry=r,
@@ -254,7 +279,10 @@ class GatewayMetrics:
             "hexflow_worker_vllm_running", "The worker's scraped vllm:num_requests_running.", ["worker"], registry=r
         )
         self.kv_usage = Gauge(
-            "hexflow_worker_kv_cache_usage", "The worker's scraped vllm:kv_cache_usage_perc.", ["worker"], registry=r
+            "hexflow_worker_kv_cache_usage_ratio",
+            "The worker's scraped vllm:kv_cache_usage_perc (0-1).",
+            ["worker"],
+            registry=r,
         )
         self.alpha = Gauge("hexflow_alpha", "The WB balance parameter in use.", registry=r)
         self.tuning_runs = Counter("hexflow_tuning_runs", "Background alpha tuning runs.", ["result"], registry=r)
@@ -294,11 +322,13 @@ class GatewayMetrics:
         self._tenants: dict[str, _TenantSeries] = {}
         self._stage: dict[str, Histogram] = {}  # by kind label (at most MAX_KINDS + 1)
         self._recent: dict[str, _Attainment] = {}
+        for result in TUNING_RESULTS:  # every result- and reason-labelled counter starts at 0 (rate() sees a 1st)
+            self.tuning_runs.labels(result=result)
+        for result in RELOAD_RESULTS:
+            self.tenant_reloads.labels(result=result)
         for w in workers:
+            self._worker_series_at_zero(w)
             self.up.labels(worker=w).set(1)
-            self.draining.labels(worker=w).set(0)
-            self.queue_depth.labels(worker=w)
-            self.inflight.labels(worker=w)
         for t in tenants:
             self.add_tenant(t)
 
@@ -312,11 +342,20 @@ class GatewayMetrics:
     # ---------------------------------------------------------------------------------------------- membership
 
     def add_worker(self, worker: str) -> None:
-        """Create a new worker's gauges (discovery; it starts down until it takes calls)."""
+        """Create a new worker's series (discovery; it starts down until it takes calls)."""
+        self._worker_series_at_zero(worker)
         self.up.labels(worker=worker).set(0)
+
+    def _worker_series_at_zero(self, worker: str) -> None:
+        """A worker's gauges and counters at 0, each failure reason included."""
         self.draining.labels(worker=worker).set(0)
         self.queue_depth.labels(worker=worker)
         self.inflight.labels(worker=worker)
+        for reason in CALL_FAILURE_REASONS:
+            self.failures.labels(worker=worker, reason=reason)
+        self.retries.labels(worker=worker)
+        self.ejections.labels(worker=worker)
+        self.scrape_failures.labels(worker=worker)
 
     def remove_worker(self, worker: str) -> None:
         """Delete every series of a worker that left the pool (and the children cached for it)."""

@@ -536,7 +536,7 @@ class WorkerPool:
         st.clear_recent()
         st.failures = 0
         st.readmitted_at = self.clock()
-        log.warning("worker %s re-admitted: its probe call answered", st.name)
+        log.info("worker %s re-admitted: its probe call answered", st.name)
         self.events.append((st.readmitted_at, st.name, "readmitted"))
         self._sync(st)
 
@@ -567,7 +567,7 @@ class WorkerPool:
         st.failures = 0
         if st.up:
             return
-        log.warning("worker %s is up again", st.name)
+        log.info("worker %s is up again", st.name)
         st.up = True
         self.events.append((self.clock(), st.name, "up"))
         self._sync(st)

@@ -524,6 +524,7 @@ _STATUS_TEXT: dict[int, str] = {
     401: "Missing or unknown API key (``WWW-Authenticate: Bearer``).",
     404: "An unknown model or database.",
     413: "The request body is over ``limits.max_body_bytes``.",
+    415: "The body was sent with a content type other than JSON: send ``Content-Type: application/json``.",
     422: "Malformed JSON, a field of the wrong type or out of range, or a rule the schema cannot state "
     "(the message names the field).",
     429: "Over the tenant's queue or concurrency limit (``Retry-After``).",

@@ -10,25 +10,35 @@ stopped. The process exits 0. A second signal skips the rest of the drain; a thi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 import signal
+import socket
+import tempfile
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 
+from gateway import __version__
 from gateway.config.gateway import LoadedConfig, load_gateway_config
 from gateway.errors import ConfigError
 from gateway.live.app import create_app
 from gateway.live.discovery import default_api_url
+from gateway.live.logs import LOG_FORMATS, LogFormat, configure_logging
 from gateway.live.routers.text2sql import install_text2sql
 from gateway.live.service import Gateway
 from gateway.live.tenants import TenantStore
 from gateway.live.transport import HttpTransport
+from gateway.text2sql.demo import write_demo_databases
 from gateway.text2sql.service import Text2SqlService
 
 log = logging.getLogger("hexflow.server")
+
+LOG_FORMAT_ENV = "HEXFLOW_LOG_FORMAT"
+"""The environment variable that chooses the log format (text or json) over the config's ``log_format``."""
 
 
 def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
@@ -70,7 +80,34 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
 
     app = create_app(make, max_body_bytes=cfg.limits.max_body_bytes)
     install_text2sql(app, text2sql)
+    app.state.startup_summary = functools.partial(startup_summary, loaded, tenants, text2sql)
     return app
+
+
+def startup_summary(loaded: LoadedConfig, tenants: TenantStore, text2sql: Text2SqlService, url: str) -> str:
+    """What ``hexflow serve`` started, in a few lines: policy, workers, tenants, databases, URL."""
+    cfg = loaded.cfg
+    alpha = "the policy's default" if cfg.alpha is None else f"{cfg.alpha:g}"
+    tuned = "re-tuned in the background" if cfg.tuning.enabled else "fixed"
+    lines = [
+        f"hexflow serve {__version__}: {loaded.path}",
+        f"  policy {cfg.policy}, alpha {alpha} ({tuned}), time scale {cfg.time_scale:g}",
+    ]
+    if loaded.resolved:
+        shown = ", ".join(f"{w.name} {w.gpu} {w.url}" for w in loaded.resolved[:8])
+        more = f", and {len(loaded.resolved) - 8} more" if len(loaded.resolved) > 8 else ""
+        lines.append(f"  workers: {len(loaded.resolved)} ({shown}{more})")
+    kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
+    if kube is not None:
+        lines.append(f"  workers discovered: Kubernetes pods matching {kube.label_selector!r}")
+    names = [t.name for t in tenants.tenants]
+    lines.append(f"  tenants: {', '.join(names) or 'none'} ({loaded.tenants_path}, re-read on change)")
+    if text2sql.registry is None:
+        lines.append("  databases: none (POST /v1/text2sql answers 404; set databases_file, or run with --demo)")
+    else:
+        lines.append(f"  databases: {', '.join(text2sql.registry.ids())} ({loaded.databases_path})")
+    lines.append(f"  listening on {url} (API docs {url}/docs, metrics {url}/metrics)")
+    return "\n".join(lines)
 
 
 class _GatewayWithTransport(Gateway):
@@ -111,9 +148,25 @@ class GatewayServer(uvicorn.Server):
             super().handle_exit(sig, frame)
             return
         grace = gw.cfg.shutdown_grace_s
-        log.warning("signal %d: draining for up to %.0f s; new requests get 503", sig, grace)
+        log.info("signal %d: draining for up to %.0f s; new requests get 503", sig, grace)
         gw.begin_drain(grace)
         self._draining = gw
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start-up (the app's lifespan, then the listener); then one block saying what started."""
+        await super().startup(sockets=sockets)
+        summary = getattr(self._app.state, "startup_summary", None)
+        if summary is not None and self.started:
+            log.info("%s", summary(self._url()))
+
+    def _url(self) -> str:
+        """The URL the server listens on (the bound port, also when the config asked for any free one)."""
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets:
+                host, bound = sock.getsockname()[:2]
+                host = f"[{host}]" if ":" in str(host) else host
+                return f"http://{host}:{bound}"
+        return f"http://{self.config.host}:{self.config.port}"
 
     async def on_tick(self, counter: int) -> bool:
         """uvicorn's periodic tick; starts the drain a signal asked for."""
@@ -124,7 +177,7 @@ class GatewayServer(uvicorn.Server):
     async def _drain(self, gw: Gateway) -> None:
         drained = await gw.drain(gw.cfg.shutdown_grace_s)
         if drained:
-            log.warning("drained; exiting")
+            log.info("drained; exiting")
         else:
             self.config.timeout_graceful_shutdown = 1
         self.should_exit = True
@@ -136,24 +189,50 @@ def serve(
     host: str | None = None,
     port: int | None = None,
     log_level: str = "info",
+    log_format: LogFormat | None = None,
     time_scale: float | None = None,
+    demo: bool = False,
 ) -> None:
-    """Run the gateway until SIGTERM/SIGINT."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Run the gateway until SIGTERM/SIGINT.
+
+    ``log_format`` (text or json) overrides ``$HEXFLOW_LOG_FORMAT``, which overrides the config's
+    ``log_format``. ``demo``: the demo database (``demo_retail``, written to a temporary folder removed at
+    exit) is the gateway's databases file, in place of the config's ``databases_file``.
+    """
     loaded = load_gateway_config(config_path, time_scale=time_scale)
-    app = build_app(loaded)
-    cfg = loaded.cfg
-    config = uvicorn.Config(
-        app,
-        host=host or cfg.listen.host,
-        port=cfg.listen.port if port is None else port,
-        log_level=log_level,
-        timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 1,
-        timeout_keep_alive=5,
-        access_log=False,
-    )
-    # uvicorn re-raises a signal it handled itself (a second one, during the drain) after its shutdown,
-    # under the handler that was in place before it started; this one keeps that exit 0 for SIGTERM
-    # (Kubernetes reads it as clean).
-    signal.signal(signal.SIGTERM, lambda _sig, _frame: log.warning("exiting"))
-    GatewayServer(config, app).run()
+    fmt = log_format or _env_log_format() or loaded.cfg.log_format
+    with tempfile.TemporaryDirectory(prefix="hexflow-serve-demo-") as tmp:
+        if demo:
+            databases = write_demo_databases(Path(tmp) / "databases.yaml")
+            loaded.cfg = loaded.cfg.model_copy(update={"databases_file": str(databases)})
+        app = build_app(loaded)
+        # Only now: a bad config or tenants file has been reported (one line, by the CLI) without touching
+        # the process's logging.
+        configure_logging(log_level, fmt)
+        cfg = loaded.cfg
+        config = uvicorn.Config(
+            app,
+            host=host or cfg.listen.host,
+            port=cfg.listen.port if port is None else port,
+            log_level=log_level,
+            log_config=None,  # uvicorn's loggers propagate to the handler configure_logging installed
+            timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 1,
+            timeout_keep_alive=5,
+            access_log=False,
+        )
+        # uvicorn re-raises a signal it handled itself (a second one, during the drain) after its shutdown,
+        # under the handler that was in place before it started; this one keeps that exit 0 for SIGTERM
+        # (Kubernetes reads it as clean).
+        signal.signal(signal.SIGTERM, lambda _sig, _frame: log.info("exiting"))
+        GatewayServer(config, app).run()
+
+
+def _env_log_format() -> LogFormat | None:
+    """``$HEXFLOW_LOG_FORMAT`` (text or json), None when unset; ``ConfigError`` for another value."""
+    value = os.environ.get(LOG_FORMAT_ENV, "").strip().lower()
+    if not value:
+        return None
+    for fmt in LOG_FORMATS:
+        if value == fmt:
+            return fmt
+    raise ConfigError(LOG_FORMAT_ENV, "", f"expected text or json, got {value!r}")

@@ -435,7 +435,7 @@ class Gateway:
                     self.metrics.set_tenants(t.name for t in self.tenants.tenants)
                     self.outcome_window.forget(t.name for t in self.tenants.tenants)
                     self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in self.tenants.tenants})
-                    log.info("tenants reloaded (generation %d)", self.tenants.generation)
+                    # (TenantStore logs the reload, once)
             before = after
 
     # ------------------------------------------------------------------ admission
@@ -680,6 +680,10 @@ class Gateway:
         if ex not in self._executions:
             return
         self._executions.discard(ex)
+        # (the request's context carries its request and workflow ids into this line: gateway.live.logs)
+        log.debug(
+            "workflow of tenant %s ended: %s%s", tenant.name, outcome, "" if latency is None else f" in {latency:.3f} s"
+        )
         wf = ex.wf if isinstance(ex, _Execution) else ex
         if isinstance(ex, _Execution):
             self._ended(ex.wf, tenant.name, outcome, valid, ex.records, ex.wf_id)

@@ -263,7 +263,7 @@ class AlphaTuner:
             gw.metrics.alpha.set(out.chosen)
             log.info("alpha %.2f -> %.2f (simulated P95 %.2f s -> %.2f s)", current, out.chosen, cur_p95, new_p95)
             return self._count("applied", info)
-        log.info(
+        log.debug(  # every tuning interval (a minute): not news
             "alpha kept at %.2f (tuner chose %.2f; simulated P95 %.2f s vs %.2f s)",
             current,
             out.chosen,

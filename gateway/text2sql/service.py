@@ -25,7 +25,10 @@ from gateway.text2sql.port import StageRunner
 from gateway.text2sql.prompt_templates import Prompts
 from gateway.text2sql.result import Text2SqlResult
 
-NO_DATABASES = "no databases are configured on this gateway (databases_file)"
+NO_DATABASES = (
+    "no databases are configured on this gateway: set databases_file in its gateway.yaml, or start it with "
+    "hexflow serve --demo for the demo database"
+)
 
 
 class InvalidQuestion(BadRequest):

@@ -290,8 +290,10 @@ def test_cli_calibrates_a_worker_started_with_a_non_catalogue_profile(
 
 
 def test_cli_rejects_a_bad_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["calibrate", "--worker", "http://127.0.0.1:9", "--model", MODEL, "--budget-s", "0"]) == 2
-    assert "budget" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["calibrate", "--worker", "http://127.0.0.1:9", "--model", MODEL, "--budget-s", "0"])
+    assert info.value.code == 2
+    assert "hexflow calibrate: error: argument --budget-s: expected a positive number" in capsys.readouterr().err
 
 
 def test_an_unreachable_worker_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

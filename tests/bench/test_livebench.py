@@ -72,7 +72,7 @@ def test_bench_live_reports_a_subprocess_that_does_not_start(
     code, _, err = run([*argv, "--log-dir", str(tmp_path / "logs")], capsys)
     assert code == 2
     last = err.strip().splitlines()[-1]
-    assert last.startswith("hexflow: error:") and "the emulated cluster did not start" in last
+    assert last.startswith("hexflow bench: error:") and "the emulated cluster did not start" in last
     assert f"last lines of {tmp_path / 'logs' / 'cluster-rr-fcfs.log'}" in err and "Traceback" not in err
     assert not (tmp_path / "x.json").exists()
 
@@ -88,7 +88,9 @@ def test_bench_live_reports_a_subprocess_that_does_not_start(
 )
 def test_bad_live_bench_arguments_exit_2(extra: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run([*LIVE, "--workflows", "3", *extra], capsys)
-    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1
+    lines = err.strip().splitlines()
+    assert code == 2 and expected in lines[-1] and lines[-1].startswith("hexflow bench: error: ")
+    assert len(lines) == 1 or lines[0].startswith("usage: hexflow bench ")  # argparse's: after the usage
 
 
 def test_written_gateway_config_loads_and_the_tenant_accepts_the_key(tmp_path: Path) -> None:
@@ -147,9 +149,12 @@ def test_emulate_cluster_serves_every_worker_and_stops_on_sigterm(tmp_path: Path
         proc = subprocess.Popen([*cmd, "--time-scale", "0.01"], stdout=f, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 30
-            while len(lines := log.read_text().splitlines()) < 4:
+            while len(lines := log.read_text().splitlines()[1:]) < 4:
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.05)
+            # First what it started (stderr), then a line per worker once every one answers (stdout).
+            banner = log.read_text().splitlines()[0]
+            assert banner.startswith("emulated cluster (test doubles) paper-4gpu: 4 workers (A100, A100, A6000, L40S)")
             names = [line.split()[0] for line in lines]
             assert names == ["A100-0", "A100-1", "A6000-2", "L40S-3"]
             assert [line.split()[2] for line in lines] == ["A100", "A100", "A6000", "L40S"]

@@ -57,8 +57,10 @@ def test_bursts_have_their_rate_and_leave_quiet_periods_empty() -> None:
 
 
 def test_bench_overload_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "overload", "--factor", "0"]) == 2
-    assert "factor" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "overload", "--factor", "0"])
+    assert info.value.code == 2
+    assert "hexflow bench overload: error: argument --factor: expected a positive number" in capsys.readouterr().err
 
 
 def test_format_report_is_callable_on_an_empty_report() -> None:

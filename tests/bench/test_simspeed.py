@@ -60,5 +60,6 @@ def test_sim_speed_command_prints_a_row_per_cluster_and_policy(
 
 
 def test_sim_speed_rejects_bad_repeats(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["sim-speed", "--workflows", "5", "--repeats", "0", "--clusters", "paper-4gpu"])
-    assert code == 2 and "--repeats" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["sim-speed", "--workflows", "5", "--repeats", "0", "--clusters", "paper-4gpu"])
+    assert info.value.code == 2 and "argument --repeats: expected an integer >= 1" in capsys.readouterr().err

@@ -472,3 +472,30 @@ def test_emulated_overlay_serves_text2sql_on_the_demo_data(tmp_path: Path) -> No
         argv = [a if a != out else str(local) for a in init["command"][1:]]
         assert init["command"][0] == "hexflow"
         assert cli_main(argv) == 0 and local.is_file()
+
+
+def test_the_emulated_overlay_runs_the_image_the_readme_builds_and_loads() -> None:
+    """kind/minikube: every container of ours runs hexgen-flow:latest, never pulled (the README builds it with
+    the Dockerfile and loads it into the nodes); the gpu overlay keeps the registry placeholder to replace."""
+    docs = _CACHE.setdefault("emulated", _render("emulated"))
+    ours = [
+        c
+        for d in docs
+        if d.get("kind") in WORKLOAD_KINDS
+        for c in [
+            *d["spec"]["template"]["spec"].get("initContainers", []),
+            *d["spec"]["template"]["spec"]["containers"],
+        ]
+    ]
+    assert ours and {c["image"] for c in ours} == {"hexgen-flow:latest"}
+    assert {c.get("imagePullPolicy") for c in ours} == {"IfNotPresent"}
+    readme = " ".join((K8S / "README.md").read_text(encoding="utf-8").split())
+    for step in (
+        "docker build -t hexgen-flow:latest .",
+        "kind load docker-image hexgen-flow:latest",
+        "minikube image load hexgen-flow:latest",
+        "kubectl apply -k deploy/k8s/overlays/emulated",
+    ):
+        assert step in readme, step
+    assert readme.index("docker build") < readme.index("kubectl apply -k deploy/k8s/overlays/emulated")
+    assert "docker build -t hexgen-flow:latest ." in (REPO / "Dockerfile").read_text(encoding="utf-8")

@@ -40,8 +40,17 @@ def test_the_locks_pin_every_declared_dependency_and_agree() -> None:
 
 def test_make_and_the_image_install_exactly_the_locks() -> None:
     make = (ROOT / "Makefile").read_text()
-    assert "pip install -q --require-hashes -r $(LOCK)" in make and "LOCK ?= requirements.lock" in make
-    assert "pip install -q --no-deps -e ." in make
+    assert "--require-hashes -r $(LOCK)" in make and "LOCK ?= requirements.lock" in make
+    assert "-q --no-deps -e ." in make
+
+
+def test_make_setup_says_what_it_installs_instead_of_staying_silent() -> None:
+    """The long step (the dependencies, about 90 s) is announced and not quiet: pip prints each package."""
+    recipe = (ROOT / "Makefile").read_text().split("$(BIN)/hexflow: pyproject.toml $(LOCK)\n", 1)[1].split("\n\n")[0]
+    steps = [line.strip() for line in recipe.splitlines()]
+    lock_step = next(i for i, line in enumerate(steps) if "--require-hashes -r $(LOCK)" in line)
+    assert steps[lock_step - 1].startswith("@echo ") and " -q " not in steps[lock_step]
+    assert sum(line.startswith("@echo ") for line in steps) >= 3
     docker = (ROOT / "Dockerfile").read_text()
     assert "pip install --require-hashes -r requirements-runtime.lock" in docker
     assert "pip install --no-deps /wheels/" in docker

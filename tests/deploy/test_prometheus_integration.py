@@ -235,7 +235,7 @@ async def _check_slo(prom: httpx.AsyncClient, names: dict[str, str], log: Path) 
     for record in attainment:
         att = await _settled(prom, record, stored, log)
         assert att == {"interactive": 1.0, "batch": 1.0, TIGHT: pytest.approx(att_t, rel=1e-12)}, (record, att)
-    gauge = _values(await _query(prom, "hexflow_slo_attainment"), "tenant")
+    gauge = _values(await _query(prom, "hexflow_slo_attainment_ratio"), "tenant")
     assert gauge == {"interactive": 1.0, "batch": 1.0, TIGHT: att_t}, gauge
     # Error ratio = (missed + failed) / (met + missed + failed), every window.
     for record in error_rules:

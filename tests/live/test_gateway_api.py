@@ -31,7 +31,7 @@ async def test_bad_input_gets_a_4xx_that_names_the_problem(tmp_path: Path) -> No
         async with gateway_client(cfg) as (client, _):
             ok_call = {"id": "a", "prompt_tokens": 10, "max_tokens": 2}
             cases: list[tuple[dict[str, object] | bytes, int, str]] = [
-                (b"{not json", 422, "malformed JSON"),
+                (b"{not json", 422, "request body is not valid JSON"),
                 ({"calls": []}, 422, "calls"),
                 ({"calls": [{"id": "a", "max_tokens": 2}]}, 422, "exactly one of messages and prompt_tokens"),
                 ({"calls": [{**ok_call, "max_tokens": 0}]}, 422, "calls.0.max_tokens"),
@@ -65,6 +65,31 @@ async def test_bad_input_gets_a_4xx_that_names_the_problem(tmp_path: Path) -> No
             # Nothing above reached a worker, and the gateway still works.
             r = await client.post("/v1/workflows", json={"calls": [ok_call]})
             assert r.status_code == 200, r.text
+
+
+async def test_a_body_that_is_not_json_is_named_so_by_line_and_column_and_content_type(tmp_path: Path) -> None:
+    """Malformed JSON: 422 saying where (line and column, not a byte offset as ``param``); a body sent with
+    another content type (curl's default form encoding): 415 saying to send ``Content-Type: application/json``."""
+    async with emulators(["A100"]) as urls, gateway_client(write_config(tmp_path, urls, ["A100"])) as (client, _):
+        for route in ("/v1/workflows", "/v1/chat/completions"):
+            r = await client.post(
+                route, content=b'{"calls": [\n  {"id": x}]}', headers={"content-type": "application/json"}
+            )
+            assert r.status_code == 422, r.text
+            err = r.json()["error"]
+            assert (
+                err["message"].startswith("request body is not valid JSON: ") and "line 2 column 10" in err["message"]
+            )
+            assert err["param"] == "body"
+            r = await client.post(
+                route, content=b'{"calls": []}', headers={"content-type": "application/x-www-form-urlencoded"}
+            )
+            assert r.status_code == 415, r.text
+            err = r.json()["error"]
+            assert "Content-Type: application/json" in err["message"] and "x-www-form-urlencoded" in err["message"]
+            assert err["param"] == "body"
+            r = await client.post(route, content=b'{"calls": []}', headers={"content-type": "text/plain"})
+            assert r.status_code == 415 and "text/plain" in r.json()["error"]["message"]
 
 
 async def test_types_are_strict_never_coerced(tmp_path: Path) -> None:

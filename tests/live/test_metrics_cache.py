@@ -41,7 +41,7 @@ def test_a_series_appears_only_once_touched() -> None:
     """Caching does not create series ahead of time: a tenant without workflows has no attainment yet."""
     m = GatewayMetrics(["w"], ["t"])
     m.workflow_done("t", None, "rejected")
-    assert _value(m, "hexflow_slo_attainment", {"tenant": "t"}) is None
+    assert _value(m, "hexflow_slo_attainment_ratio", {"tenant": "t"}) is None
     assert _value(m, "hexflow_workflow_latency_seconds_count", {"tenant": "t"}) is None
     assert _value(m, "hexflow_queue_wait_seconds_count", {"worker": "w"}) is None
 
@@ -75,7 +75,7 @@ def test_tenant_reload_drops_the_children_of_tenants_gone() -> None:
     # a's series stay (totals never go back); a late workflow of a still counts there.
     m.workflow_done("a", 1.0, "missed")
     assert _value(m, "hexflow_workflows_total", {"tenant": "a", "outcome": "met"}) == 1
-    assert _value(m, "hexflow_slo_attainment", {"tenant": "a"}) == 0.5
+    assert _value(m, "hexflow_slo_attainment_ratio", {"tenant": "a"}) == 0.5
 
 
 def test_attainment_is_the_met_share_of_the_last_window() -> None:
@@ -88,7 +88,7 @@ def test_attainment_is_the_met_share_of_the_last_window() -> None:
         m.workflow_done("t", 1.0, "met" if met else "missed")
         if i % 97 == 0 or i > 3 * ATTAINMENT_WINDOW:
             window = outcomes[-ATTAINMENT_WINDOW:]
-            assert _value(m, "hexflow_slo_attainment", {"tenant": "t"}) == sum(window) / len(window)
+            assert _value(m, "hexflow_slo_attainment_ratio", {"tenant": "t"}) == sum(window) / len(window)
     m.workflow_done("t", None, "failed")  # neither met nor missed: not in the window
     window = outcomes[-ATTAINMENT_WINDOW:]
-    assert _value(m, "hexflow_slo_attainment", {"tenant": "t"}) == sum(window) / len(window)
+    assert _value(m, "hexflow_slo_attainment_ratio", {"tenant": "t"}) == sum(window) / len(window)

@@ -6,6 +6,8 @@ import asyncio
 import os
 from pathlib import Path
 
+import pytest
+
 from gateway.config.tenants import hash_key
 from gateway.live.promparse import parse_families
 from gateway.live.statuspage import page_state
@@ -40,7 +42,7 @@ async def test_metrics_cover_the_required_families_with_bounded_labels(tmp_path:
             "hexflow_call_run_seconds_bucket",
             "hexflow_queue_wait_seconds_bucket",
             "hexflow_workflows_total",
-            "hexflow_slo_attainment",
+            "hexflow_slo_attainment_ratio",
             "hexflow_queue_depth",
             "hexflow_inflight",
             "hexflow_dispatch_total",
@@ -48,7 +50,7 @@ async def test_metrics_cover_the_required_families_with_bounded_labels(tmp_path:
             "hexflow_worker_up",
             "hexflow_alpha",
             "hexflow_worker_vllm_waiting",
-            "hexflow_worker_kv_cache_usage",
+            "hexflow_worker_kv_cache_usage_ratio",
             "hexflow_active_workflows",
         ):
             assert name in fam, name
@@ -56,7 +58,7 @@ async def test_metrics_cover_the_required_families_with_bounded_labels(tmp_path:
             v for labels, v in fam["hexflow_workflows_total"] if labels == {"tenant": "interactive", "outcome": "met"}
         ]
         assert met == [4.0]
-        assert [v for _, v in fam["hexflow_slo_attainment"]] == [1.0]
+        assert [v for _, v in fam["hexflow_slo_attainment_ratio"]] == [1.0]
         kinds = {labels["kind"] for labels, _ in fam["hexflow_dispatch_total"]}
         assert "schema_linking" in kinds and "other" in kinds and len(kinds) <= 33
         assert sum(v for _, v in fam["hexflow_dispatch_total"]) == 3 * 4 + 40
@@ -68,7 +70,8 @@ async def test_metrics_cover_the_required_families_with_bounded_labels(tmp_path:
         assert all(w["vllm"] is not None and w["vllm"]["running"] == 0.0 for w in status["workers"])
 
 
-async def test_tenants_file_reloads_without_dropping_traffic(tmp_path: Path) -> None:
+async def test_tenants_file_reloads_without_dropping_traffic(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="hexflow")
     async with emulators(GPUS) as urls, gateway_client(write_config(tmp_path, urls, GPUS)) as (client, app):
         gw = app.state.gateway
         tenants = tmp_path / "tenants.yaml"
@@ -100,6 +103,8 @@ async def test_tenants_file_reloads_without_dropping_traffic(tmp_path: Path) -> 
         m = (await client.get("/metrics")).text
         assert 'hexflow_tenant_reloads_total{result="failed"} 1.0' in m
         assert 'hexflow_tenant_reloads_total{result="ok"} 1.0' in m
+        reloaded = [r for r in caplog.records if "tenants reloaded" in r.getMessage()]
+        assert [r.levelname for r in reloaded] == ["INFO"], "one reload, logged once"
 
 
 async def test_background_tuner_replays_the_window_in_another_process(tmp_path: Path) -> None:

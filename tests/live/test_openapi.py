@@ -182,9 +182,11 @@ def test_the_document_states_what_the_routes_do(gateway_app: FastAPI) -> None:
     paths = doc["paths"]
     statuses = {(m.upper(), p): set(op["responses"]) for p, ops in paths.items() for m, op in ops.items()}
     assert statuses[("GET", "/healthz")] == {"200"}
-    assert statuses[("POST", "/v1/workflows")] == {"200", "400", "401", "413", "422", "429", "502", "503", "504"}
-    assert {"404", "413", "422", "429", "502", "503"} <= statuses[("POST", "/v1/chat/completions")]
-    assert {"404", "413", "422", "429", "502", "503"} <= statuses[("POST", "/v1/text2sql")]
+    assert statuses[("POST", "/v1/workflows")] == {
+        "200", "400", "401", "413", "415", "422", "429", "502", "503", "504"
+    }  # fmt: skip
+    assert {"404", "413", "415", "422", "429", "502", "503"} <= statuses[("POST", "/v1/chat/completions")]
+    assert {"404", "413", "415", "422", "429", "502", "503"} <= statuses[("POST", "/v1/text2sql")]
     assert statuses[("GET", "/readyz")] == {"200", "503"}
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     assert set(paths["/metrics"]["get"]["responses"]["503"]["content"]) == {"application/json"}

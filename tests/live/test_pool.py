@@ -6,6 +6,8 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from gateway.config.gateway import load_gateway_config
 from gateway.errors import CallFailed
 from gateway.live.service import Gateway
@@ -14,7 +16,10 @@ from tests.live.fake_transport import Hold, one_call, one_worker_pool
 from tests.live.harness import write_config
 
 
-async def test_parked_calls_wait_for_a_worker_then_fail_with_503(tmp_path: Path) -> None:
+async def test_parked_calls_wait_for_a_worker_then_fail_with_503(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="hexflow")
     t = Hold()
     clock = [0.0]
     pool = one_worker_pool(tmp_path, t, clock)
@@ -27,6 +32,8 @@ async def test_parked_calls_wait_for_a_worker_then_fail_with_503(tmp_path: Path)
         pool.submit(one_call(2, out))
         assert len(pool.parked) == 2
         pool.mark_up(st)  # comes back: parked calls are dispatched
+        back = [r for r in caplog.records if r.getMessage() == f"worker {st.name} is up again"]
+        assert [r.levelname for r in back] == ["INFO"]  # a recovery is normal operation, not a warning
         await asyncio.sleep(0.01)
         assert not pool.parked and t.sent == 2
         t.release.set()

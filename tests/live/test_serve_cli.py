@@ -32,7 +32,7 @@ def test_bad_config_is_one_line_and_exit_2(
     cfg.write_text(mutate(cfg.read_text()))
     assert main(["serve", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("hexflow: error:") and needle in err and "\n" not in err, err
+    assert err.startswith("hexflow serve: error:") and needle in err and "\n" not in err, err
 
 
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,5 +60,7 @@ def test_tenants_hash_key_matches_the_store(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_overhead_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["overhead", "--duration", "0"]) == 2
-    assert "must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["overhead", "--duration", "0"])
+    assert info.value.code == 2
+    assert "hexflow overhead: error: argument --duration: expected a positive number" in capsys.readouterr().err

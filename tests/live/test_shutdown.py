@@ -29,7 +29,7 @@ async def test_sigterm_drains_in_flight_workflows_with_the_listener_open(tmp_pat
         )
         log = (tmp_path / "gateway.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--log-level", "warning"],
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--log-level", "info"],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -77,7 +77,7 @@ async def test_sigterm_drains_in_flight_workflows_with_the_listener_open(tmp_pat
                     assert r.json()["status"] == "ok"
             rc = await asyncio.to_thread(proc.wait, 60)
             assert rc == 0, gateway_log()
-            assert "drained; exiting" in gateway_log()
+            assert "INFO hexflow.server: drained; exiting" in gateway_log()  # the normal way out: INFO
         finally:
             if proc.poll() is None:
                 proc.kill()

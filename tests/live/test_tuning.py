@@ -174,3 +174,34 @@ async def test_the_background_task_tunes_only_once_k_more_workflows_have_finishe
     assert runs == [2], "one run per K workflows, however many checks pass"
     stop.set()
     await task
+
+
+async def test_a_run_that_keeps_alpha_logs_at_debug_and_one_that_changes_it_at_info(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run every tuning interval that keeps alpha is not news (DEBUG); a change of alpha is (INFO)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from gateway.live import tuning
+    from gateway.live.metrics import GatewayMetrics
+
+    gw = SimpleNamespace(
+        recorder=WindowRecorder(10),
+        clock=lambda: 10.0,
+        cfg=SimpleNamespace(seed=0, prefix_caching=True),
+        scheduler=SimpleNamespace(workers=["w"], members=lambda: [0], alpha=0.3, policy=SimpleNamespace(name="hexgen")),
+        metrics=GatewayMetrics(["w"], ["t"]),
+    )
+    tuner = AlphaTuner(cast("Gateway", gw), TuningConfig(window_workflows=10, min_workflows=1, hysteresis=0.0))
+    outcomes = iter([TuneOutcome(0.3, {0.3: 5.0, 0.5: 6.0}, 1, 0.1), TuneOutcome(0.5, {0.3: 5.0, 0.5: 4.0}, 1, 0.1)])
+    monkeypatch.setattr(tuning, "tune_window", lambda *_args: next(outcomes))
+    with ThreadPoolExecutor(1) as pool:
+        monkeypatch.setattr(tuner, "_pool", lambda: pool)
+        gw.recorder.record(_entry_wf(0, 0.0))
+        with caplog.at_level("DEBUG", logger="hexflow"):
+            assert await tuner.tune_once() == "kept"
+            gw.recorder.record(_entry_wf(1, 1.0))
+            assert await tuner.tune_once() == "applied"
+    levels = {r.getMessage().split(" ")[1]: r.levelname for r in caplog.records if r.getMessage().startswith("alpha")}
+    assert levels == {"kept": "DEBUG", "0.30": "INFO"}

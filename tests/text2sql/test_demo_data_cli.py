@@ -141,7 +141,7 @@ def test_bad_combinations_exit_2_with_one_line_and_write_nothing(
         code = -1 if exc.code is None else int(exc.code)
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
-    assert err.startswith("hexflow: error: ") and expected in err, err
+    assert err.startswith(f"hexflow {args[0]}: error: ") and expected in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert out == "" and not _demo_files(tmp_path)
 
@@ -156,5 +156,5 @@ def test_the_console_command_exits_2_on_a_bad_combination(tmp_path: Path) -> Non
         timeout=60,
     )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == "hexflow: error: --demo and --spider exclude each other: give one of them"
+    assert proc.stderr.strip() == "hexflow answers: error: --demo and --spider exclude each other: give one of them"
     assert proc.stdout == "" and not _demo_files(tmp_path)

@@ -20,7 +20,7 @@ from gateway.text2sql.answers import build_demo_answers
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
 from gateway.text2sql.evaluate import execute_sqlite, gold_is_ordered, results_match
 from gateway.text2sql.prompt_templates import Prompts
-from gateway.text2sql.service import Text2SqlService
+from gateway.text2sql.service import NO_DATABASES, Text2SqlService
 from tests.live.harness import BATCH_KEY, emulators, gateway_client, write_config
 from workers.scripted import AnswersResponder
 
@@ -191,5 +191,5 @@ async def test_without_a_databases_file_every_question_is_a_404(tmp_path: Path) 
             r = await client.post("/v1/text2sql", json={"question": "How many?", "db_id": DB_ID})
             assert r.status_code == 404
             err = r.json()["error"]
-            assert err["message"] == "no databases are configured on this gateway (databases_file)"
+            assert err["message"] == NO_DATABASES and "--demo" in err["message"]  # says how to get one
             assert (err["type"], err["param"]) == ("not_found_error", "db_id")

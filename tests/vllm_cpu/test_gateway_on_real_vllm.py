@@ -88,7 +88,7 @@ async def test_workflows_complete_and_real_vllm_metrics_are_scraped(tmp_path: Pa
         assert st.metrics.generation_tokens_total is not None and st.metrics.generation_tokens_total >= 3 * 4 * 8
         fam = parse_families((await client.get("/metrics")).text)
         assert [v for _, v in fam["hexflow_worker_up"]] == [1.0]
-        assert "hexflow_worker_kv_cache_usage" in fam
+        assert "hexflow_worker_kv_cache_usage_ratio" in fam
         ratios = (await client.get("/v1/status")).json()["workers"][0]["estimate_ratios"]
         assert "step" in ratios
 

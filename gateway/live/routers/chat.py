@@ -76,6 +76,7 @@ DeadlineHeader = Annotated[
         401,
         404,
         413,
+        415,
         422,
         429,
         502,

@@ -35,6 +35,7 @@ from gateway.core.predict import StagePlan, template_plan
 from gateway.errors import Unprocessable
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, idempotent
 from gateway.live.idempotency import HEADER, OPENAPI_PARAMETER
+from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
 from gateway.live.service import Gateway
@@ -91,6 +92,7 @@ def _responses() -> dict[int | str, dict[str, Any]]:
         401,
         404,
         413,
+        415,
         422,
         429,
         502,
@@ -148,6 +150,7 @@ async def _answer(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, t
     """Admit and answer one question (the route's work without streaming, once per idempotency key)."""
     db, question, evidence, deadline, runner = _admit(gw, service, req, tenant)
     rid = f"t2s-{uuid.uuid4().hex[:16]}"
+    WORKFLOW_ID.set(rid)  # this request's context (its log lines)
     result = await service.answer(runner, db, question, evidence, deadline, request_id=rid, quality_mode=tenant.quality)
     _count_degraded(gw, tenant.name, result)
     return JSONResponse(result.as_dict(), status_code=result.http_status)
@@ -178,6 +181,7 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
         return await idempotent(request, tenant, req, lambda: _answer(gw, service, req, tenant))
     db, question, evidence, deadline, runner = _admit(gw, service, req, tenant)
     rid = f"t2s-{uuid.uuid4().hex[:16]}"
+    WORKFLOW_ID.set(rid)  # this request's context (its log lines)
     events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=1024)
 
     async def on_event(ev: dict[str, Any]) -> None:

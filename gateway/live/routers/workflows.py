@@ -35,6 +35,7 @@ from gateway.core.tokens import message_tokens
 from gateway.errors import Unprocessable, UpstreamError
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, idempotent
 from gateway.live.idempotency import OPENAPI_PARAMETER
+from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import (
     CallReport,
@@ -182,7 +183,7 @@ def _check_limit(i: int, name: str, value: int, limit: int) -> None:
 @router.post(
     "/v1/workflows",
     response_model=WorkflowResponse,
-    responses=route_responses(400, 401, 413, 422, 429, 502, 503, 504),
+    responses=route_responses(400, 401, 413, 415, 422, 429, 502, 503, 504),
     openapi_extra={"parameters": [OPENAPI_PARAMETER]},
 )
 async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> Response:
@@ -204,6 +205,7 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
         )
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
     wf_id = gw.new_workflow_id()
+    WORKFLOW_ID.set(wf_id)  # this request's context (its log lines)
     salt = _key("salt", wf_id)
     nodes: list[DagNode] = []
     requests: list[CallRequest] = []

@@ -8,6 +8,7 @@ one into a list of queries, each a flat list of ``CallSpec`` in the order the CH
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from gateway.sim.workload.prefixes import chess_prefixes
 __all__ = [
     "CHESS_BIRD",
     "SHARED_TRACE_DIR",
+    "TRACE_DIR_ENV",
     "load_queries",
     "load_trace",
     "normalise_step",
@@ -34,8 +36,13 @@ __all__ = [
 CHESS_BIRD = "chess-bird"
 """Name of the built-in synthetic CHESS-on-BIRD workload (``generate_chess_bird``)."""
 
-SHARED_TRACE_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "hexgen-traces"
-"""Where bare trace names (``trace1``, ``financial``, ...) are looked up: ``../shared`` next to the repo."""
+TRACE_DIR_ENV = "HEXFLOW_TRACE_DIR"
+"""The environment variable naming another folder of trace files."""
+SHARED_TRACE_DIR = Path(
+    os.environ.get(TRACE_DIR_ENV) or Path(__file__).resolve().parents[3].parent / "shared" / "data" / "hexgen-traces"
+)
+"""Where bare trace names (``trace1``, ``financial``, ...) are looked up: ``$HEXFLOW_TRACE_DIR``, else
+``../shared/data/hexgen-traces`` next to the repository (the project's shared data folder)."""
 
 _REQUEST_KEY = "Text2SQLRequest"
 
@@ -135,7 +142,15 @@ def resolve_trace(name_or_path: str | Path, trace_dir: Path | None = None) -> Pa
     candidate = folder / f"{path.name}.json"
     if candidate.is_file():
         return candidate
-    raise UnknownNameError("workload", str(name_or_path), trace_names(trace_dir))
+    where = "" if folder.is_dir() else ", which does not exist here"
+    raise UnknownNameError(
+        "workload",
+        str(name_or_path),
+        trace_names(trace_dir),
+        hint=f"A trace name is a file NAME.json in {folder}{where} (the hexgen-traces folder of the shared data; "
+        f"${TRACE_DIR_ENV} points elsewhere); or give a trace file's path; {CHESS_BIRD} is built in "
+        "(generated from those traces' statistics, nothing to download)",
+    )
 
 
 def load_queries(

@@ -1,0 +1,135 @@
+"""The gateway's log lines: plain text or one JSON object per line, each carrying the request id and the
+workflow id of the request it was logged for, where one is known.
+
+The ids travel in context variables (``REQUEST_ID``, ``WORKFLOW_ID``): ``RequestIdMiddleware`` sets the
+request id for every HTTP request (the client's ``X-Request-Id`` when it sent a sane one, else a new one,
+echoed in the response's ``X-Request-Id``), and the workflow and Text-to-SQL routes set the workflow id
+once they have made it. asyncio copies the context into every task a request starts, so the calls of
+a workflow log with its ids; background loops started with the server log without them.
+
+``configure_logging(level, fmt)`` installs a stderr handler on the root logger (uvicorn's loggers
+propagate to it: ``hexflow serve`` runs uvicorn without a logging config of its own), with
+``ContextFilter`` adding the ids to every record and ``JsonFormatter`` for ``fmt="json"``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+from contextvars import ContextVar
+from typing import IO, Any, Literal
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = [
+    "LOG_FORMATS",
+    "REQUEST_ID",
+    "WORKFLOW_ID",
+    "ContextFilter",
+    "JsonFormatter",
+    "LogFormat",
+    "RequestIdMiddleware",
+    "configure_logging",
+]
+
+LogFormat = Literal["text", "json"]
+LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("hexflow_request_id", default=None)
+"""The id of the HTTP request being served (None outside one)."""
+WORKFLOW_ID: ContextVar[str | None] = ContextVar("hexflow_workflow_id", default=None)
+"""The id of the workflow (or Text-to-SQL question) being served (None outside one)."""
+
+_SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+"""What a client's ``X-Request-Id`` may be to be kept (anything else is replaced: it goes into logs)."""
+
+
+class ContextFilter(logging.Filter):
+    """Adds ``request_id`` and ``workflow_id`` (None where unknown) to every record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Always keeps the record."""
+        record.request_id = REQUEST_ID.get()
+        record.workflow_id = WORKFLOW_ID.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts`` (ISO 8601, UTC), ``level``, ``logger``, ``message``, ``request_id``
+    and ``workflow_id`` when known, ``exc`` (the traceback) when the record has one."""
+
+    converter = staticmethod(time.gmtime)  # UTC timestamps, as the "Z" says
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON (never raises on odd messages: unencodable text is escaped)."""
+        out: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in ("request_id", "workflow_id"):
+            value = getattr(record, key, None)
+            if value is not None:
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=True, default=str)
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler ``configure_logging`` installs (so that a second call replaces it, and only it)."""
+
+
+def configure_logging(level: str = "info", fmt: LogFormat = "text", stream: IO[str] | None = None) -> logging.Handler:
+    """One handler on the root logger writing to ``stream`` (default stderr) in ``fmt``, in place of the one
+    an earlier call installed (handlers installed by others stay); returns it."""
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
+    handler = _Handler(sys.stderr if stream is None else stream)
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if isinstance(h, _Handler)]:
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    return handler
+
+
+class RequestIdMiddleware:
+    """ASGI middleware: sets ``REQUEST_ID`` for each HTTP request and answers it in ``X-Request-Id``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the request with its id in the context."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = None
+        for k, v in scope.get("headers", []):
+            if k == b"x-request-id":
+                text = v.decode("latin-1")
+                rid = text if _SANE_ID.fullmatch(text) else None
+                break
+        rid = rid or f"req-{uuid.uuid4().hex[:16]}"
+        token = REQUEST_ID.set(rid)
+        wf_token = WORKFLOW_ID.set(None)  # a route sets it; reset below, so it never outlives the request
+
+        async def with_id(msg: Message) -> None:
+            if msg["type"] == "http.response.start":
+                msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid.encode())]}
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, with_id)
+        finally:
+            WORKFLOW_ID.reset(wf_token)
+            REQUEST_ID.reset(token)
