@@ -409,24 +409,35 @@ def plot_burst(report: BurstReport, tl: Timeline | None, path: Path, *, title: s
     if patterns:
         flat[0].legend(fontsize=7, ncol=2)
     if tl is not None:
+
+        def valid(ys: list[float]) -> tuple[list[float], list[float]]:
+            # Windows without arrivals have no attainment: skip them, join the others.
+            pts = [(x, y) for x, y in zip(tl.starts, ys, strict=True) if not math.isnan(y)]
+            return [x + tl.window_s / 2 for x, _ in pts], [y for _, y in pts]
+
         ax = flat[len(patterns)]
-        for v, ys in tl.attainment.items():
-            ax.plot(tl.starts, ys, label=v, linewidth=2.0 if "+" in v else 1.0)
         ax2 = ax.twinx()
-        ax2.fill_between(tl.starts, tl.arrival_qps, step="post", alpha=0.15, color="grey")
-        ax2.set_ylabel("arrivals/s (grey)")
+        ax2.bar(tl.starts, tl.arrival_qps, width=tl.window_s, align="edge", alpha=0.18, color="grey")
+        ax2.set_ylabel("arrivals/s (grey bars)")
+        for v, ys in tl.attainment.items():
+            xs, vs = valid(ys)
+            ax.plot(xs, vs, marker="o", markersize=3, label=v, linewidth=2.0 if "+" in v else 1.0, zorder=3)
+        ax.set_zorder(ax2.get_zorder() + 1)
+        ax.patch.set_visible(False)
         ax.set_title("through a burst: SLO attainment by arrival time")
         ax.set_xlabel("arrival time (s)")
         ax.set_ylim(0, 1.02)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower left")
         ax = flat[len(patterns) + 1]
         for v, ys in tl.degraded.items():
             if any(y > 0 for y in ys if not math.isnan(y)):
-                ax.plot(tl.starts, ys, label=v)
+                xs, vs = valid(ys)
+                ax.plot(xs, vs, marker="o", markersize=3, label=v)
         ax.set_title("degraded share by arrival time")
         ax.set_xlabel("arrival time (s)")
         ax.set_ylim(0, 1.02)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
     for ax in flat[panels:]:
         ax.axis("off")
     if title:

@@ -150,7 +150,10 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
             tl_path = resolve_pattern(tl_name)
         except GatewayError as exc:
             raise UsageError(f"--timeline: {exc}") from None
-        tl = timeline(base, tl_path, tl_load * report.bound_qps, variants, quality)
+        # The timeline shows the best baseline at that point, and every hexgen variant.
+        best = report.best_baseline(tl_name, tl_load)
+        shown = [v for v in variants if v.startswith("hexgen") or (best is not None and v == best.variant)]
+        tl = timeline(base, tl_path, tl_load * report.bound_qps, shown or variants, quality, windows=30)
         title = (
             f"{trace} on {args.cluster}, SLO {args.slo_scale:g}x, {workflows} workflows x {seeds} seeds; "
             f"timeline: {tl_name} at {tl_load:g} x the fluid bound, seed {args.seed}"
