@@ -218,7 +218,11 @@ class Refitter:
         if log is None:
             return []
         out: list[FitJob] = []
-        for w in sched.members():
+        members = sched.members()
+        present = {sched.workers[w].name for w in members}
+        for gone in [n for n in self.state if n not in present]:  # workers that left: bounded memory
+            del self.state[gone]
+        for w in members:
             info = sched.workers[w]
             st = self._state(info)
             added = log.added(w)

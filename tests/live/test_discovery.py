@@ -459,3 +459,22 @@ async def test_hexflow_discover_shows_what_discovery_makes_of_each_pod(tmp_path:
         (tmp_path / "token").write_text("wrong\n")
         code, _, err = await _hexflow("discover", "--config", str(cfg))
         assert code == 1 and "HTTP 401" in err and "Role" in err
+
+
+def test_a_pod_names_its_profile_with_an_annotation() -> None:
+    from gateway.config import load_gpu_catalog
+    from gateway.live.discovery import pod_state
+
+    cat = load_gpu_catalog()
+    pod = make_pod("w0", "http://10.0.0.7:8001", "L40S", capacity=6)
+    state, got, _ = pod_state(pod, KCFG, cat, "llama-3.1-70b", 1.0)
+    assert state == "ready" and got is not None and got[1].profile.name == "L40S/llama-3.1-70b"
+    pod["metadata"]["annotations"]["hexflow.io/profile"] = "A100"
+    state, got, _ = pod_state(pod, KCFG, cat, "llama-3.1-70b", 1.0)
+    assert got is not None
+    pw, info = got
+    assert (info.profile.name, info.profile_source, pw.same_engine(info)) == ("A100/llama-3.1-70b", "catalogue", True)
+    pod["metadata"]["annotations"]["hexflow.io/profile"] = "nope"
+    state, got, problem = pod_state(pod, KCFG, cat, "llama-3.1-70b", 1.0)
+    assert state == "invalid" and got is None
+    assert "'nope'" in problem and "A100" in problem and "L40S" in problem
