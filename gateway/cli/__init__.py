@@ -15,6 +15,7 @@
     hexflow overhead   the gateway's added latency and CPU per call, against calling a worker directly
     hexflow calibrate  measure a live worker and fit its gpus.yaml profile (bounded, safe in production)
     hexflow bench fidelity   calibrate emulated workers of unknown speed, then live replay vs the simulator
+    hexflow bench mislabel   a worker labelled with another GPU's profile, corrected by the online refit (simulated)
     hexflow tenants hash-key KEY   the SHA-256 hash that config/tenants.yaml stores for an API key
     hexflow demo       the main job: demo questions through /v1/text2sql on an emulated cluster
     hexflow eval       execution accuracy of a running gateway on a Spider-format dataset (/v1/text2sql)
@@ -26,9 +27,9 @@ with one line naming the file and field, and exit status 2; never a traceback.
 
 Each command group registers its own subparsers in its own module (``sim``: simulate, bench, tune, sim-speed;
 ``tuner``: bench tuner; ``plan``: plan; ``serve``: serve, emulate, emulate-cluster, discover; ``measure``:
-replay, overhead; ``calibrate``: calibrate, bench fidelity; ``text2sql``: demo, eval, databases, answers;
-``config``: config-reference, tenants); this module orders them for the help, checks the arguments every command
-shares, and turns a ``GatewayError`` or ``UsageError`` into one line.
+replay, overhead; ``calibrate``: calibrate, bench fidelity, bench mislabel; ``text2sql``: demo, eval, databases,
+answers; ``config``: config-reference, tenants); this module orders them for the help, checks the arguments every
+command shares, and turns a ``GatewayError`` or ``UsageError`` into one line.
 """
 
 from __future__ import annotations

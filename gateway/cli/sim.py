@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.bench.stats import fmt, table
-from gateway.cli.calibrate import add_bench_fidelity
+from gateway.cli.calibrate import add_bench_fidelity, add_bench_mislabel
 from gateway.cli.common import (
     Subparsers,
     UsageError,
@@ -96,10 +96,11 @@ def add_bench(sub: Subparsers) -> None:
         "--log-dir", default=None, help="--live: keep subprocess logs and configs here (default: a temporary folder)"
     )
     p.set_defaults(func=cmd_bench, workflows=None)
-    bench_sub = p.add_subparsers(dest="bench_command", metavar="{overload,tuner,fidelity}", required=False)
+    bench_sub = p.add_subparsers(dest="bench_command", metavar="{overload,tuner,fidelity,mislabel}", required=False)
     add_bench_overload(bench_sub)
     add_bench_tuner(bench_sub)
     add_bench_fidelity(bench_sub)
+    add_bench_mislabel(bench_sub)
 
 
 def add_bench_overload(sub: Subparsers) -> None:

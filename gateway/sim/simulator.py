@@ -129,8 +129,9 @@ class Simulator:
         engine_profiles: what the engines really run, per worker (default: the workers' profiles). A
             profile that differs from its worker's is a mislabelled worker: the scheduler plans with the
             label, the engine runs at its own speed (``hexflow bench mislabel``).
-        refit: refit the workers' profiles online (``gateway.sim.refit``), every ``interval_s`` of virtual
-            time, checked when a call returns; ``refits`` lists what each attempt did.
+        refit: refit the workers' profiles online (``gateway.sim.refit``; settings, or a ``Refitter`` whose
+            ``step`` is called), every ``interval_s`` of virtual time, checked when a call returns;
+            ``refits`` lists what each attempt did.
     """
 
     def __init__(
@@ -146,7 +147,7 @@ class Simulator:
         admission_headroom: float = 0.9,
         prefix_caching: bool = False,
         engine_profiles: Sequence[PerfProfile] | None = None,
-        refit: RefitSettings | None = None,
+        refit: RefitSettings | Refitter | None = None,
     ) -> None:
         if not 0.0 < admission_headroom <= 1.0:
             raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
@@ -166,7 +167,7 @@ class Simulator:
         self.refits: list[tuple[float, str, FitOutcome]] = []
         """``(time, result, outcome)`` of every refit attempt (``refit`` given)."""
         if refit is not None:
-            self.refitter = Refitter(refit)
+            self.refitter = refit if isinstance(refit, Refitter) else Refitter(refit)
             self.refitter.attach(self.scheduler)
         self.record_calls = record_calls
         self.horizon_s = horizon_s
