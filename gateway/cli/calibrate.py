@@ -171,22 +171,39 @@ def add_bench_mislabel(sub: Subparsers) -> None:
     p.add_argument("--worker", default="L40S-3", help="the mislabelled worker (a name of the expanded cluster)")
     p.add_argument("--label", default="A100", help="the profile it is labelled with (a GPU of the catalogue)")
     p.add_argument("--rate", type=float, default=0.2, help="workflows per second (chess-bird, Poisson)")
-    p.add_argument("--workflows", type=int, default=400, help="workflows per run")
+    p.add_argument("--workflows", type=int, default=None, help="workflows per run (default 400; --live 200)")
     p.add_argument("--window", type=int, default=500, help="calls per share window")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and the scheduler")
     p.add_argument("--interval-s", type=float, default=30.0, help="refit.interval_s (simulated seconds)")
     p.add_argument("--min-calls", type=int, default=100, help="refit.min_calls")
     p.add_argument("--window-calls", type=int, default=600, help="refit.window_calls")
     p.add_argument("--max-step", type=float, default=1.5, help="refit.max_step")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="run through the live gateway over the emulated cluster instead (correct, mislabel, mislabel+refit; "
+        "the worker named with 'profile: LABEL' in the gateway's cluster; default 200 workflows)",
+    )
+    p.add_argument("--time-scale", type=float, default=0.05, help="--live: wall seconds per modelled second")
+    p.add_argument("--window-s", type=float, default=100.0, help="--live: share windows, modelled seconds")
+    p.add_argument("--log-dir", default=None, help="--live: keep subprocess logs and configs here")
     p.add_argument("--json", default=None, help="write the report as JSON here")
     p.set_defaults(func=cmd_bench_mislabel)
 
 
 def cmd_bench_mislabel(args: argparse.Namespace) -> int:
     """Run the mislabel benchmark; exit 1 when the refit did not bring the worker's share back."""
-    from gateway.bench.mislabel import format_mislabel_report, run_mislabel
+    from gateway.bench.mislabel import (
+        LiveMislabelReport,
+        MislabelReport,
+        format_live_mislabel_report,
+        format_mislabel_report,
+        run_mislabel,
+        run_mislabel_live,
+    )
     from gateway.sim.refit import RefitSettings
 
+    rep: LiveMislabelReport | MislabelReport
     try:
         settings = RefitSettings(
             interval_s=args.interval_s,
@@ -194,19 +211,36 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
             window_calls=args.window_calls,
             max_step=args.max_step,
         )
-        rep = run_mislabel(
-            cluster=args.cluster,
-            worker=args.worker,
-            label=args.label,
-            rate=args.rate,
-            n_workflows=args.workflows,
-            window=args.window,
-            seed=args.seed,
-            settings=settings,
-        )
+        if args.live:
+            live = run_mislabel_live(
+                cluster=args.cluster,
+                worker=args.worker,
+                label=args.label,
+                rate=args.rate,
+                n_workflows=200 if args.workflows is None else args.workflows,
+                time_scale=args.time_scale,
+                window_s=args.window_s,
+                seed=args.seed,
+                settings=settings,
+                log_dir=Path(args.log_dir) if args.log_dir else None,
+            )
+            print(format_live_mislabel_report(live))
+            rep = live
+        else:
+            sim = run_mislabel(
+                cluster=args.cluster,
+                worker=args.worker,
+                label=args.label,
+                rate=args.rate,
+                n_workflows=400 if args.workflows is None else args.workflows,
+                window=args.window,
+                seed=args.seed,
+                settings=settings,
+            )
+            print(format_mislabel_report(sim))
+            rep = sim
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(format_mislabel_report(rep))
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)

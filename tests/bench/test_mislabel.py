@@ -57,3 +57,32 @@ def test_hexflow_bench_mislabel_bad_input_is_one_line(
     assert main(["bench", "mislabel", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+def test_live_windows_and_late_share_come_from_the_polled_completions() -> None:
+    from gateway.bench.mislabel import _late_share, _live_windows
+
+    def pt(t: float, mine: int, other: int) -> dict[str, object]:
+        return {"t_s": t, "completed": {"w": mine, "v": other}}
+
+    points = [pt(0, 0, 0), pt(25, 1, 1), pt(50, 2, 8), pt(75, 2, 8), pt(100, 6, 10), pt(110, 10, 10)]
+    # Windows of 50 modelled seconds: 2 of 10 calls, then 4 of 6, then the tail 4 of 4.
+    assert _live_windows(points, "w", 50.0) == [(50, 0.2, 10), (100, 0.6667, 6), (110, 1.0, 4)]
+    # 20 calls in all; the first poll with at least 10 is t=50 (2 of them w's): 8 of the last 10 are w's.
+    assert _late_share(points, "w") == 0.8
+
+
+@pytest.mark.slow
+def test_the_live_mislabel_benchmark_runs_three_gateways_and_reports_each(tmp_path: Path) -> None:
+    from gateway.bench.mislabel import run_mislabel_live
+    from gateway.sim.refit import RefitSettings
+
+    rep = run_mislabel_live(
+        n_workflows=20, window_s=50.0, settings=RefitSettings(interval_s=20, min_calls=20, window_calls=200), say=print
+    )
+    assert list(rep.runs) == ["correct", "mislabel", "mislabel+refit"]
+    for name, run in rep.runs.items():
+        assert run.windows and run.points, name
+        assert run.final_profile["name"] == ("L40S/llama-3.1-70b" if name == "correct" else "A100/llama-3.1-70b")
+    assert rep.runs["mislabel"].refit_attempts == 0
+    assert json.dumps(rep.to_json(), allow_nan=True)
