@@ -192,8 +192,9 @@ class RefitConfig(_Strict):
     Per worker, the last ``window_calls`` completed calls are kept; every ``interval_s`` a worker with at
     least ``min_calls`` of them (and a quarter of that new since its last attempt) is refitted: the four
     time constants, by the L1 fit ``hexflow calibrate`` uses, each within ``max_step`` times its current
-    value and ``max_drift`` times the configured one. The fit is applied only when its median relative
-    error on the window is at most ``max_error`` and below the current constants' by ``min_gain``. Applying
+    value and ``max_drift`` times the configured one. The step is applied only when the best fit within
+    ``max_drift`` has a median relative error on the window of at most ``max_error`` and the step's error is
+    below the current constants' by ``min_gain``. Applying
     it restarts the worker's observed/predicted ratios. On by default: a profile that is off (uncalibrated
     hardware, a mislabelled worker) otherwise keeps mis-planning the engine's prefill clock, slot waits and
     stage budgets, which the ratio does not correct; the bounds keep one bad minute from moving it far.
@@ -212,7 +213,11 @@ class RefitConfig(_Strict):
         8.0, gt=1.0, le=100.0, description="Largest factor a constant may reach from the configured profile's."
     )
     max_error: float = Field(
-        0.3, gt=0.0, le=10.0, description="Largest median relative error of a fit that is applied."
+        0.3,
+        gt=0.0,
+        le=10.0,
+        description="Largest median relative error of the best fit within max_drift; above it the model does not "
+        "describe the worker and no refit is applied.",
     )
     min_gain: float = Field(
         0.2,

@@ -15,8 +15,9 @@ keeps being mis-planned. The refit fits the profile's four time constants (``ite
 * **the bounds**: each constant moves at most ``max_step`` times (up or down) per refit, and never beyond
   ``max_drift`` times the profile the worker was configured with (catalogue or file): a plausible engine;
 * **the acceptance**: at least ``min_calls`` calls in the window and ``min_calls // 4`` new since the last
-  attempt; the fit's median relative error at most ``max_error``; and lower than the current constants'
-  on the same calls by ``min_gain`` (relative) and one point (absolute). Otherwise the profile is kept.
+  attempt; the best fit within the drift bounds has a median relative error of at most ``max_error`` (the
+  model describes this worker); and the step's error is lower than the current constants' on the same
+  calls by ``min_gain`` (relative) and one point (absolute). Otherwise the profile is kept.
 
 An accepted fit goes through ``Scheduler.set_profile`` (the one path that changes a member's profile): the
 worker's ratio EWMAs restart, since they measured what the old constants missed.
@@ -150,7 +151,14 @@ class FitOutcome:
 
 
 def fit_job(job: FitJob, s: RefitSettings) -> FitOutcome:
-    """Fit the job's worker and decide (pure CPU: runs in a thread live)."""
+    """Fit the job's worker and decide (pure CPU: runs in a thread live).
+
+    Two fits of the window: one within the drift bounds only, which says whether the model describes this
+    worker at all (its error must be at most ``max_error``, else ``rejected``), and the step, within
+    ``max_step`` of the current constants as well, which is applied when it beats the current constants
+    by ``min_gain`` (else ``kept``). Judging the fit by the step alone would refuse every step of a worker
+    more than ``max_step`` away from its profile: exactly the worker that needs several.
+    """
     cur = job.info.profile
     a, y = sample_rows(job.samples, cur.max_batched_tokens)
     keep = y > 0
@@ -158,18 +166,27 @@ def fit_job(job: FitJob, s: RefitSettings) -> FitOutcome:
     if len(y) < s.min_calls:
         return FitOutcome(job, "skipped", None, None, None, f"{len(y)} calls (at least {s.min_calls})")
     cur_err = median_error(a, y, constants_of(cur))
+    free_lo, free_hi = refit_bounds(job.base, job.base, s.max_drift, s.max_drift)
     lower, upper = refit_bounds(cur, job.base, s.max_step, s.max_drift)
     try:
+        best = median_error(a, y, l1_relative_fit(a, y, free_lo, free_hi))
         x = l1_relative_fit(a, y, lower, upper)
     except ValueError as exc:
         return FitOutcome(job, "failed", None, cur_err, None, str(exc))
     err = median_error(a, y, x)
-    if err > s.max_error:
-        return FitOutcome(job, "rejected", None, cur_err, err, f"fit error {err:.1%} above {s.max_error:.0%}")
+    if best > s.max_error:
+        return FitOutcome(
+            job,
+            "rejected",
+            None,
+            cur_err,
+            err,
+            f"best fit error {best:.1%} above {s.max_error:.0%}: the model does not fit",
+        )
     if err > cur_err * (1.0 - s.min_gain) or cur_err - err < 0.01:
         return FitOutcome(job, "kept", None, cur_err, err, f"fit error {err:.1%} vs current {cur_err:.1%}")
     new = replace(cur, iter_base_s=x[0], token_s=x[1], ctx_s=x[2], request_overhead_s=x[3])
-    return FitOutcome(job, "applied", new, cur_err, err, f"fit error {err:.1%} (was {cur_err:.1%})")
+    return FitOutcome(job, "applied", new, cur_err, err, f"fit error {err:.1%} (was {cur_err:.1%}; best {best:.1%})")
 
 
 @dataclass

@@ -188,3 +188,13 @@ def test_a_refitter_applies_through_the_scheduler_and_skips_a_worker_that_change
     assert sched.workers[0].profile_source == "refit"
     st = r.status(sched.workers[0], 3.0)
     assert st["applied"] == 1 and st["last_refit_age_s"] == pytest.approx(1.0)
+
+
+def test_a_worker_further_than_one_step_away_is_stepped_even_while_the_step_still_misses(a100: PerfProfile) -> None:
+    truth = scaled(a100, 2.5)
+    samples = synthetic(truth, 300, random.Random(9))
+    out = fit_job(job(a100, samples), RefitSettings(min_calls=100, max_error=0.05))
+    # The best fit describes the worker (error ~0), so the capped step is taken although its own error is large.
+    assert out.result == "applied"
+    assert out.fit_error is not None and out.fit_error > 0.05
+    assert out.profile is not None and out.profile.iter_base_s == pytest.approx(a100.iter_base_s * 1.5, rel=1e-3)
