@@ -423,6 +423,8 @@ class LiveMislabelRun:
     refits_applied: int
     refit_attempts: int
     final_profile: dict[str, Any]
+    ejections: int = 0
+    """Times the gateway's outlier detection ejected the worker (a mislabelled worker looks slow to it)."""
     points: list[dict[str, Any]] = field(default_factory=list)
     """What ``/v1/status`` said about the worker at every poll (modelled time, completed, profile, ratios)."""
 
@@ -436,6 +438,7 @@ class LiveMislabelRun:
             "p95_s": self.p95_s if math.isfinite(self.p95_s) else None,
             "refits_applied": self.refits_applied,
             "refit_attempts": self.refit_attempts,
+            "ejections": self.ejections,
             "final_profile": self.final_profile,
             "points": self.points,
         }
@@ -497,6 +500,8 @@ async def _replay_and_poll(
                             "completed": {n: int(w["completed"]) for n, w in ws.items()},
                             "profile": me.get("profile"),
                             "ratios": {k: v["ratio"] for k, v in me.get("estimate_ratios", {}).items()},
+                            "ejections": me.get("ejections"),
+                            "ejected": me.get("ejected"),
                         }
                     )
                 except (httpx.HTTPError, ValueError, KeyError, TypeError):
@@ -646,6 +651,7 @@ def run_mislabel_live(
                 p95_s=rep.p95_s,
                 refits_applied=int(ref.get("applied", 0)),
                 refit_attempts=int(ref.get("attempts", 0)),
+                ejections=int(last.get("ejections") or 0),
                 final_profile=prof,
                 points=points,
             )
@@ -702,9 +708,11 @@ def format_live_mislabel_report(rep: LiveMislabelReport) -> str:
                 str(r.final_profile.get("source", "-")),
                 f"{consts.get('iter_base_s', math.nan):.4g}",
                 f"{r.refits_applied}/{r.refit_attempts}",
+                str(r.ejections),
             ]
         )
-    lines.append(table(["run", "late share", "SLO", "P95 s", "profile source", "iter_base_s", "refits applied"], rows))
+    head = ["run", "late share", "SLO", "P95 s", "profile source", "iter_base_s", "refits applied", "ejections"]
+    lines.append(table(head, rows))
     verdict = "refit helped" if rep.refit_helped() else "refit did NOT bring the share back"
     lines += ["", f"late share: {', '.join(f'{k} {r.late_share:.3f}' for k, r in rep.runs.items())}: {verdict}"]
     return "\n".join(lines)
