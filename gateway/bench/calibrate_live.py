@@ -70,7 +70,6 @@ from typing import Any
 import httpx
 import numpy as np
 import yaml
-from scipy.optimize import linprog
 
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import CallSpec
@@ -83,7 +82,7 @@ from gateway.live.promparse import (
     MetricsParseError,
     parse_families,
 )
-from gateway.sim.calibrate import design_matrix
+from gateway.sim.calibrate import design_matrix, l1_relative_fit
 
 __all__ = [
     "CACHE_CONFIG_INFO",
@@ -278,29 +277,15 @@ def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int) -> n
 
 def fit_constants(a: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
     """Coefficients ``>= 0`` minimising the sum of ``|a x / y - 1|`` (an L1 fit of relative errors; a
-    linear program), one per column of ``a``. Raises ``CalibrationError`` when there is nothing to fit
-    or the solver fails."""
+    linear program, ``gateway.sim.calibrate.l1_relative_fit``), one per column of ``a``. Raises
+    ``CalibrationError`` when there is nothing to fit or the solver fails."""
     k = a.shape[1] if a.ndim == 2 else 0
     if len(y) == 0 or k == 0 or a.shape[0] != len(y) or not np.all(y > 0):
         raise CalibrationError("no measured probe to fit (every probe failed or the budget ended first)")
-    m = a / y[:, None]
-    # Solve for u = x * scale with columns of unit magnitude: the constants span 8 orders of magnitude.
-    scale = np.max(np.abs(m), axis=0)
-    scale[scale == 0] = 1.0
-    mm = m / scale
-    n = len(y)
-    eye = np.eye(n)
-    ones = np.ones(n)
-    res = linprog(
-        np.r_[np.zeros(k), ones],
-        A_ub=np.r_[np.c_[mm, -eye], np.c_[-mm, -eye]],
-        b_ub=np.r_[ones, -ones],
-        bounds=[(0.0, None)] * (k + n),
-        method="highs",
-    )
-    if res.status != 0:
-        raise CalibrationError(f"the fit failed: {res.message}")
-    return tuple(float(v) for v in res.x[:k] / scale)
+    try:
+        return l1_relative_fit(a, y)
+    except ValueError as exc:
+        raise CalibrationError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------------------------------

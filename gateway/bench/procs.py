@@ -100,7 +100,7 @@ def write_gateway_config(
     """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
 
     ``cluster`` is a loaded cluster or a cluster file (name or path). Workers keep the cluster's names,
-    GPUs, models and capacities; ``gpu_catalog`` is the GPU catalogue the gateway reads (default: the
+    GPUs, models, named profiles and capacities; ``gpu_catalog`` is the GPU catalogue the gateway reads (default: the
     packaged one). The file is loaded back with ``load_gateway_config`` and returned, so
     an invalid result raises ``ConfigError`` here.
     """
@@ -113,6 +113,8 @@ def write_gateway_config(
         w: dict[str, Any] = {"name": rw.name, "gpu": rw.gpu, "model": rw.model, "capacity": rw.capacity, "url": url}
         if rw.served_model is not None:
             w["served_model"] = rw.served_model
+        if rw.profile is not None:
+            w["profile"] = rw.profile
         workers.append(w)
     doc: dict[str, Any] = {
         "policy": policy,

@@ -16,6 +16,8 @@
     hexflow calibrate  measure a live worker and fit its gpus.yaml profile (bounded, safe in production)
     hexflow bench fidelity   calibrate emulated workers of unknown speed, then live replay vs the simulator
     hexflow bench quality    accuracy of the Text-to-SQL pipeline per knob setting (gateway/config/quality.yaml)
+    hexflow bench burst      goodput of correct answers under recorded bursty arrivals, with and without degradation
+    hexflow bench mislabel   a worker labelled with another GPU's profile, corrected by the online refit (simulated)
     hexflow tenants hash-key KEY   the SHA-256 hash that config/tenants.yaml stores for an API key
     hexflow demo       the main job: demo questions through /v1/text2sql on an emulated cluster
     hexflow eval       execution accuracy of a running gateway on a Spider-format dataset (/v1/text2sql)
@@ -29,9 +31,10 @@ number or list stops at parse time, with the command's usage (the ``type=`` vali
 
 Each command group registers its own subparsers in its own module (``sim``: simulate, bench, tune, sim-speed;
 ``tuner``: bench tuner; ``plan``: plan; ``serve``: serve, emulate, emulate-cluster, discover; ``measure``:
-replay, overhead; ``calibrate``: calibrate, bench fidelity; ``text2sql``: demo, eval, databases, answers,
-bench quality; ``config``: config-reference, tenants); this module orders them for the help, checks the
-arguments every command shares, and turns a ``GatewayError`` or ``UsageError`` into one line.
+replay, overhead; ``calibrate``: calibrate, bench fidelity, bench mislabel; ``text2sql``: demo, eval,
+databases, answers, bench quality; ``burst``: bench burst; ``config``: config-reference, tenants); this module
+orders them for the help, checks the arguments every command shares, and turns a ``GatewayError`` or
+``UsageError`` into one line.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gateway.cli.common import Subparsers, UsageError, nonneg_int, positive_float, positive_int
 
-__all__ = ["add_bench_fidelity", "add_calibrate"]
+__all__ = ["add_bench_fidelity", "add_bench_mislabel", "add_calibrate"]
 
 
 def add_calibrate(sub: Subparsers) -> None:
@@ -171,3 +171,96 @@ def cmd_bench_fidelity(args: argparse.Namespace) -> int:
         out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
         print(f"wrote {args.json}")
     return 0 if rep.within_target() else 1
+
+
+def add_bench_mislabel(sub: Subparsers) -> None:
+    """``hexflow bench mislabel``."""
+    p = sub.add_parser(
+        "mislabel",
+        help="a worker labelled with another GPU's profile, corrected online by the profile refit (simulated)",
+        description="Simulate a cluster where one worker's profile is wrong (an L40S labelled A100: the scheduler "
+        "plans with the label, the engine runs at its own speed), with and without the online profile refit, "
+        "next to the correctly labelled cluster: the worker's dispatch share per window of calls, SLO attainment, "
+        "P95, every refit attempt and the worker's ratio EWMAs. Exit 1 when the refit does not bring the share "
+        "back toward the correct cluster's.",
+    )
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+    p.add_argument("--worker", default="L40S-3", help="the mislabelled worker (a name of the expanded cluster)")
+    p.add_argument("--label", default="A100", help="the profile it is labelled with (a GPU of the catalogue)")
+    p.add_argument("--rate", type=float, default=0.2, help="workflows per second (chess-bird, Poisson)")
+    p.add_argument("--workflows", type=int, default=None, help="workflows per run (default 400; --live 200)")
+    p.add_argument("--window", type=int, default=500, help="calls per share window")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the scheduler")
+    p.add_argument("--interval-s", type=float, default=30.0, help="refit.interval_s (simulated seconds)")
+    p.add_argument("--min-calls", type=int, default=100, help="refit.min_calls")
+    p.add_argument("--window-calls", type=int, default=600, help="refit.window_calls")
+    p.add_argument("--max-step", type=float, default=1.5, help="refit.max_step")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="run through the live gateway over the emulated cluster instead (correct, mislabel, mislabel+refit; "
+        "the worker named with 'profile: LABEL' in the gateway's cluster; default 200 workflows)",
+    )
+    p.add_argument("--time-scale", type=float, default=0.05, help="--live: wall seconds per modelled second")
+    p.add_argument("--window-s", type=float, default=100.0, help="--live: share windows, modelled seconds")
+    p.add_argument("--log-dir", default=None, help="--live: keep subprocess logs and configs here")
+    p.add_argument("--json", default=None, help="write the report as JSON here")
+    p.set_defaults(func=cmd_bench_mislabel)
+
+
+def cmd_bench_mislabel(args: argparse.Namespace) -> int:
+    """Run the mislabel benchmark; exit 1 when the refit did not bring the worker's share back."""
+    from gateway.bench.mislabel import (
+        LiveMislabelReport,
+        MislabelReport,
+        format_live_mislabel_report,
+        format_mislabel_report,
+        run_mislabel,
+        run_mislabel_live,
+    )
+    from gateway.sim.refit import RefitSettings
+
+    rep: LiveMislabelReport | MislabelReport
+    try:
+        settings = RefitSettings(
+            interval_s=args.interval_s,
+            min_calls=args.min_calls,
+            window_calls=args.window_calls,
+            max_step=args.max_step,
+        )
+        if args.live:
+            live = run_mislabel_live(
+                cluster=args.cluster,
+                worker=args.worker,
+                label=args.label,
+                rate=args.rate,
+                n_workflows=200 if args.workflows is None else args.workflows,
+                time_scale=args.time_scale,
+                window_s=args.window_s,
+                seed=args.seed,
+                settings=settings,
+                log_dir=Path(args.log_dir) if args.log_dir else None,
+            )
+            print(format_live_mislabel_report(live))
+            rep = live
+        else:
+            sim = run_mislabel(
+                cluster=args.cluster,
+                worker=args.worker,
+                label=args.label,
+                rate=args.rate,
+                n_workflows=400 if args.workflows is None else args.workflows,
+                window=args.window,
+                seed=args.seed,
+                settings=settings,
+            )
+            print(format_mislabel_report(sim))
+            rep = sim
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if rep.refit_helped() else 1

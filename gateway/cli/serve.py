@@ -136,6 +136,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
                     "url": pw.url if pw else None,
                     "gpu": pw.gpu if pw else None,
                     "model": pw.model if pw else None,
+                    "profile": got[1].profile.name if got is not None else None,
                     "capacity": got[1].capacity if got is not None else None,
                     "problem": problem or None,
                 }
@@ -152,7 +153,8 @@ def cmd_discover(args: argparse.Namespace) -> int:
         return 0
     print(f"{len(rows)} pods match {kube.label_selector!r} in namespace {api.namespace}")
     for r in rows:
-        what = r["problem"] or f"{r['url']}  {r['gpu']}/{r['model']}  capacity {r['capacity']}"
+        named = "" if r["profile"] == f"{r['gpu']}/{r['model']}" else f"  profile {r['profile']}"
+        what = r["problem"] or f"{r['url']}  {r['gpu']}/{r['model']}  capacity {r['capacity']}{named}"
         if r["state"] == "pending":
             what = "no IP yet"
         print(f"  {r['pod']:<32} {r['state']:<8} {what}")

@@ -55,6 +55,12 @@ class WorkerConfig(_Strict):
         description="Model name the worker serves (the 'model' field of requests sent to it); "
         "default: the profile's model name.",
     )
+    profile: Name | None = Field(
+        None,
+        description="Performance profile to schedule with: a label of the worker's model in the catalogue or "
+        "in gateway.yaml's profiles_file (e.g. what 'hexflow calibrate --gpu LABEL --out FILE' wrote); "
+        "default: the catalogue's profile of 'gpu'.",
+    )
 
     @field_validator("gpu")
     @classmethod
@@ -94,6 +100,7 @@ class ResolvedWorker:
     capacity: int | None
     url: str | None
     served_model: str | None = None
+    profile: str | None = None
 
 
 class ClusterConfig(_Strict):
@@ -124,7 +131,13 @@ class ClusterConfig(_Strict):
             for i, w in enumerate(self.workers):
                 model = w.model or self.model
                 profiled = cat.profiles.get(model, {})
-                if w.gpu in cat.gpus and model in cat.models and w.gpu not in profiled:
+                if w.profile is not None:
+                    if model in cat.models and w.profile not in profiled:
+                        raise FieldError(
+                            f"workers.{i}.profile",
+                            f"unknown profile {w.profile!r} for {model}; known: {_known(profiled)}",
+                        )
+                elif w.gpu in cat.gpus and model in cat.models and w.gpu not in profiled:
                     raise FieldError(
                         f"workers.{i}.gpu",
                         f"no profile for {model} on {w.gpu}; profiled GPUs: {_known(profiled)}",
@@ -146,7 +159,7 @@ class ClusterConfig(_Strict):
                 index = len(out)
                 base = f"{w.gpu}-{index}" if w.name is None else w.name
                 name = base if w.name is None or w.count == 1 else f"{base}-{k}"
-                rw = ResolvedWorker(name, w.gpu, w.model or self.model, w.capacity, w.url, w.served_model)
+                rw = ResolvedWorker(name, w.gpu, w.model or self.model, w.capacity, w.url, w.served_model, w.profile)
                 out.append((entry, rw))
         return out
 
@@ -201,20 +214,27 @@ def make_worker(
     url: str | None = None,
     served_model: str | None = None,
     time_scale: float = 1.0,
+    profile: str | None = None,
 ) -> WorkerInfo:
     """The ``WorkerInfo`` of a worker: its profile looked up in ``catalog`` and scaled by ``time_scale``.
 
-    ``capacity`` None: derived from the profile (``PerfProfile.derived_capacity``). ``served_model``
-    defaults to ``model``; ``url`` to none (a simulated worker). Raises ``UnknownNameError`` for a
-    GPU/model pair without a profile.
+    ``profile`` names the profile (a label of ``model`` in the catalogue or its ``profiles_file`` overlay);
+    default: the catalogue's profile of ``gpu``. ``capacity`` None: derived from the profile
+    (``PerfProfile.derived_capacity``). ``served_model`` defaults to ``model``; ``url`` to none (a
+    simulated worker). Raises ``UnknownNameError`` for a GPU/model pair without a profile or an unknown
+    profile label (listing the known ones).
     """
-    profile = catalog.profile(gpu, model)
+    if profile is None:
+        perf, source = catalog.profile(gpu, model), "catalogue"
+    else:
+        perf, source = catalog.named_profile(profile, model)
     return WorkerInfo(
         name=name,
-        profile=time_scaled(profile, time_scale),
-        capacity=profile.derived_capacity() if capacity is None else capacity,
+        profile=time_scaled(perf, time_scale),
+        capacity=perf.derived_capacity() if capacity is None else capacity,
         url=url or "",
         served_model=served_model or model,
+        profile_source=source,
     )
 
 
@@ -235,6 +255,7 @@ def build_workers(cluster: ClusterConfig, catalog: GpuCatalog, *, time_scale: fl
             url=w.url,
             served_model=w.served_model,
             time_scale=time_scale,
+            profile=w.profile,
         )
         for w in cluster.expanded()
     ]

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import FieldError, _Strict, load_yaml_model
 from gateway.config.cluster import ClusterConfig, build_workers
-from gateway.config.gpus import GpuCatalog, load_gpu_catalog
+from gateway.config.gpus import GpuCatalog, load_gpu_catalog, load_profiles_file
 from gateway.config.tenants import KeyHash
 from gateway.core.policy import POLICIES
 from gateway.core.worker import WorkerInfo
@@ -186,6 +186,60 @@ class RetryConfig(_Strict):
     max_attempts: int = Field(3, ge=1, le=20, description="Attempts per call, on any workers, before it fails.")
 
 
+class RefitConfig(_Strict):
+    """Slow online refit of each worker's profile constants from its completed calls (``gateway.sim.refit``).
+
+    Per worker, the last ``window_calls`` completed calls are kept; every ``interval_s`` a worker with at
+    least ``min_calls`` of them (and a quarter of that new since its last attempt) is refitted: the four
+    time constants, by the L1 fit ``hexflow calibrate`` uses, each within ``max_step`` times its current
+    value and ``max_drift`` times the configured one. The step is applied only when the best fit within
+    ``max_drift`` has a median relative error on the window of at most ``max_error`` and the step's error is
+    below the current constants' by ``min_gain``. Applying
+    it restarts the worker's observed/predicted ratios. Off by default: it corrects a profile that is off
+    (uncalibrated hardware, a mislabelled worker), which otherwise keeps mis-planning the engine's prefill
+    clock, slot waits and stage budgets, but under overload it also moves correctly labelled profiles by
+    1.4-1.5x (the constants absorb load effects the model misses) and lowered SLO attainment there in the
+    simulator (0.552 -> 0.522, ``hexflow bench mislabel --rate 0.26``). Turn it on for workers whose
+    profile is uncalibrated or suspect.
+    """
+
+    enabled: bool = Field(
+        False, description="Refit the workers' profiles online (off by default: see the section's text)."
+    )
+    interval_s: PosFloat = Field(60.0, description="How often the task looks for workers due for a refit, seconds.")
+    min_calls: int = Field(
+        200, ge=20, le=100_000, description="Completed calls a worker needs in its window to be refitted."
+    )
+    window_calls: int = Field(
+        1000, ge=20, le=100_000, description="The last this many completed calls per worker are kept and fitted."
+    )
+    max_step: float = Field(1.5, gt=1.0, le=10.0, description="Largest factor (up or down) a constant moves per refit.")
+    max_drift: float = Field(
+        8.0, gt=1.0, le=100.0, description="Largest factor a constant may reach from the configured profile's."
+    )
+    max_error: float = Field(
+        0.3,
+        gt=0.0,
+        le=10.0,
+        description="Largest median relative error of the best fit within max_drift; above it the model does not "
+        "describe the worker and no refit is applied.",
+    )
+    min_gain: float = Field(
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="A fit is applied only if its error is below the current profile's by this fraction.",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RefitConfig:
+        if self.min_calls > self.window_calls:
+            raise FieldError("refit.min_calls", f"{self.min_calls} is above window_calls ({self.window_calls})")
+        if self.max_drift < self.max_step:
+            raise FieldError("refit.max_drift", f"{self.max_drift} is below max_step ({self.max_step})")
+        return self
+
+
 class TuningConfig(_Strict):
     """Background alpha re-tuning: the last ``window_workflows`` finished workflows, replayed in the simulator.
 
@@ -269,7 +323,8 @@ class KubernetesDiscoveryConfig(_Strict):
 
     A pod becomes a worker when it matches ``label_selector``, is Running with an IP and its ``Ready``
     condition is true. Its GPU type is the value of the ``gpu_label`` label (a key of the GPU catalogue),
-    its model profile the ``model_annotation`` (default: ``default_model``), its in-flight limit the
+    its model profile the ``model_annotation`` (default: ``default_model``), its performance profile the
+    ``profile_annotation`` (a calibrated one from ``profiles_file``; default: the GPU's), its in-flight limit the
     ``capacity_annotation`` (default: ``default_capacity``), its port the ``port_annotation``, else the
     container port named ``http``, else ``default_port``. A pod that turns unready (or starts
     terminating) gets no new calls; a pod that is gone is removed once its in-flight calls return.
@@ -314,6 +369,12 @@ class KubernetesDiscoveryConfig(_Strict):
         "hexflow.io/capacity", min_length=1, description="Pod annotation (or label) with the in-flight limit."
     )
     port_annotation: str = Field("hexflow.io/port", min_length=1, description="Pod annotation with the HTTP port.")
+    profile_annotation: str = Field(
+        "hexflow.io/profile",
+        min_length=1,
+        description="Pod annotation (or label) naming the performance profile: a label of the pod's model in the "
+        "catalogue or in profiles_file (default: the catalogue's profile of the GPU label).",
+    )
     default_model: str | None = Field(None, description="Model profile when a pod names none (default: cluster's).")
     default_capacity: int | None = Field(
         None, ge=1, le=1024, description="In-flight limit when a pod names none; default: derived from its profile."
@@ -482,6 +543,12 @@ class GatewayConfig(_Strict):
     )
     text2sql: Text2SqlConfig = Field(default_factory=Text2SqlConfig)
     gpu_catalog: str | None = Field(None, description="GPU catalogue file (default: the packaged gpus.yaml).")
+    profiles_file: str | None = Field(
+        None,
+        description="Profiles overlay merged over the catalogue's (a 'profiles:' section as 'hexflow calibrate "
+        "--out' writes it; relative to this file): workers name its labels with 'profile', pods with the "
+        "discovery profile annotation.",
+    )
     listen: ListenConfig = Field(default_factory=ListenConfig)
     log_format: Literal["text", "json"] = Field(
         "text",
@@ -495,6 +562,7 @@ class GatewayConfig(_Strict):
     health: HealthConfig = Field(default_factory=HealthConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
     tuning: TuningConfig = Field(default_factory=TuningConfig)
+    refit: RefitConfig = Field(default_factory=RefitConfig)
     time_scale: PosFloat = Field(
         1.0,
         description="Emulated workers only: they run at --time-scale S, so every GPU profile's latency is "
@@ -573,6 +641,13 @@ def load_gateway_config(path: Path | str, *, time_scale: float | None = None) ->
         p = Path(raw.gpu_catalog)
         catalog_path = p if p.is_absolute() else path.parent / p
     catalog = load_gpu_catalog(catalog_path)
+    if raw.profiles_file is not None:
+        p = Path(raw.profiles_file)
+        overlay = load_profiles_file(p if p.is_absolute() else path.parent / p)
+        try:
+            catalog = catalog.with_profiles(overlay)
+        except FieldError as exc:
+            raise ConfigError(raw.profiles_file, exc.field, str(exc)) from None
     cfg = load_yaml_model(path, GatewayConfig, context={"catalog": catalog})
     kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
     if kube is not None and kube.default_model is not None and kube.default_model not in catalog.models:

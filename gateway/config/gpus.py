@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from gateway.config.base import (
     DEFAULT_GPU_CATALOG,
@@ -146,6 +146,9 @@ class GpuCatalog(_Strict):
         default_factory=dict, description="Model name -> GPU name -> fitted constants."
     )
 
+    _from_file: frozenset[tuple[str, str]] = PrivateAttr(default_factory=frozenset)
+    """(model, label) of the profiles an overlay (``with_profiles``) added or replaced."""
+
     @model_validator(mode="after")
     def _names_exist(self) -> GpuCatalog:
         gpus, models = self.gpus, self.models
@@ -196,6 +199,34 @@ class GpuCatalog(_Strict):
                 raise FieldError("calibration.tp", f"no tensor-parallel rule for model {m!r}")
         return self
 
+    def with_profiles(self, overlay: ProfilesFile) -> GpuCatalog:
+        """This catalogue with ``overlay``'s profiles merged over its own (an entry of the overlay replaces
+        the catalogue's of the same model and label). Overlay labels need not be GPU types of ``gpus``:
+        a worker names them with ``profile`` (``hexflow calibrate --gpu LABEL`` chose the label)."""
+        for m in overlay.profiles:
+            if m not in self.models:
+                raise FieldError(f"profiles.{m}", f"unknown model {m!r}; known: {_known(self.models)}")
+        merged = {m: dict(per) for m, per in self.profiles.items()}
+        for m, per in overlay.profiles.items():
+            merged.setdefault(m, {}).update(per)
+        out = self.model_copy(update={"profiles": merged})
+        out._from_file = self._from_file | {(m, label) for m, per in overlay.profiles.items() for label in per}
+        return out
+
+    def profile_labels(self, model: str) -> list[str]:
+        """The labels a worker serving ``model`` may name as its ``profile`` (GPU types and overlay labels)."""
+        return sorted(self.profiles.get(model, {}))
+
+    def named_profile(self, label: str, model: str) -> tuple[PerfProfile, str]:
+        """The profile ``label`` of ``model`` and where it comes from (``file`` for an overlay entry, else
+        ``catalogue``); its ``gpu`` is the label. ``UnknownNameError`` lists the labels known for the model."""
+        if model not in self.models:
+            raise UnknownNameError("model", model, list(self.models))
+        spec = self.profiles.get(model, {}).get(label)
+        if spec is None:
+            raise UnknownNameError(f"profile of {model}", label, self.profile_labels(model))
+        return profile_from(label, model, spec), ("file" if (model, label) in self._from_file else "catalogue")
+
     def profile_names(self) -> list[str]:
         """Every ``GPU/model`` pair that has a profile."""
         return sorted(f"{g}/{m}" for m, per_gpu in self.profiles.items() for g in per_gpu)
@@ -227,6 +258,20 @@ class GpuCatalog(_Strict):
         Raises ``UnknownNameError`` for an unknown GPU, an unknown model, or a pair without a profile.
         """
         return profile_from(gpu, model, self.profile_spec(gpu, model))
+
+
+class ProfilesFile(_Strict):
+    """A profiles overlay (gateway.yaml ``profiles_file``): ``profiles`` in ``config/gpus.yaml``'s format,
+    e.g. the file ``hexflow calibrate --out`` writes. Labels are free (``hexflow calibrate --gpu LABEL``)."""
+
+    profiles: dict[Name, dict[Name, ProfileSpec]] = Field(
+        min_length=1, description="Model name -> profile label -> constants."
+    )
+
+
+def load_profiles_file(path: Path | str) -> ProfilesFile:
+    """Load a profiles overlay (``ConfigError`` naming the file and field on a bad entry)."""
+    return load_yaml_model(path, ProfilesFile)
 
 
 def load_gpu_catalog(path: Path | str | None = None) -> GpuCatalog:

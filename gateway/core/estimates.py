@@ -151,19 +151,32 @@ class Estimator:
             self._index_worker(w)
 
     def _index_worker(self, worker: int) -> None:
-        """(Re)build the per-worker constants and profile group of slot ``worker`` from ``workers``."""
+        """(Re)build the per-worker constants and profile group of slot ``worker`` from ``workers``.
+
+        A group no worker uses any more (its last worker changed profile: a refit) is given to the next
+        new profile, so the groups and their caches stay as many as the distinct profiles ever held at once.
+        """
         info = self.workers[worker]
         p = info.profile
+        old = self._group[worker] if worker < len(self._group) else None
         try:
             g = self._profiles.index(p)
         except ValueError:
-            g = len(self._profiles)
-            self._profiles.append(p)
-            self._base_cache.append({})
-            self._prefill_cache.append({})
+            others = {gg for w, gg in enumerate(self._group) if w != worker}
+            free = next((gg for gg in range(len(self._profiles)) if gg not in others), None)
+            if free is None:
+                g = len(self._profiles)
+                self._profiles.append(p)
+                self._base_cache.append({})
+                self._prefill_cache.append({})
+            else:
+                g = free
+                self._profiles[g] = p
+                self._base_cache[g] = {}
+                self._prefill_cache[g] = {}
         limit = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
         const = (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, limit, info.capacity, g)
-        if worker == len(self._group):
+        if old is None:
             self._group.append(g)
             self._consts.append(const)
         else:
@@ -188,6 +201,17 @@ class Estimator:
     def set_capacity(self, worker: int, capacity: int) -> None:
         """Change a worker's concurrent-call count (its batch and slot limit): a new ``WorkerInfo``."""
         self.workers[worker] = replace(self.workers[worker], capacity=capacity)
+        self._index_worker(worker)
+
+    def set_profile(self, worker: int, profile: PerfProfile, source: str) -> None:
+        """Give a worker new profile constants (a refit): a new ``WorkerInfo``; its load is kept.
+
+        The worker's learned ratios restart: they measured what the old profile missed. Calls already
+        queued or in flight keep the predictions they were given (each carries its own), so the running
+        sums stay consistent.
+        """
+        self.workers[worker] = replace(self.workers[worker], profile=profile, profile_source=source)
+        self._ratios[worker] = {}
         self._index_worker(worker)
 
     # ------------------------------------------------------------------ profile (load-independent)
@@ -442,6 +466,16 @@ class Estimator:
         own = self._own(worker, s.input_tokens, s.output_tokens, s.input_tokens + s.output_tokens / 2.0, call.cached)
         call.service_s = (begin - now) + own * r
         call.model_s = (begin - now) + own
+        # The batch ``_own`` assumed, kept for the profile refit (``gateway.sim.refit``).
+        limit = self._consts[worker][4]
+        n = load.inflight + 1
+        ctx = load.inflight_ctx + s.input_tokens + s.output_tokens / 2.0
+        if n > limit:
+            ctx *= limit / n
+            n = limit
+        call.batch_n = n
+        call.batch_ctx = ctx
+        call.wait_s = begin - now
         load.prefill_free_at = begin + call.prefill_s
         load.inflight_prefill_s += call.prefill_s
         load.inflight += 1

@@ -26,7 +26,9 @@ from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng
 from gateway.core.estimates import Estimator
 from gateway.core.policy import Policy, get_policy
 from gateway.core.prefix import PrefixIndex, cached_tokens, segment_keys
+from gateway.core.profile import PerfProfile
 from gateway.core.queues import QUEUES, VtcCounters, WorkerQueue
+from gateway.core.samples import SampleLog, sample_of
 from gateway.core.slo import stage_budget
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
@@ -84,6 +86,8 @@ class Scheduler:
         self._queued = 0  # calls in every worker queue: each push and each pop or removal counted here
         self._ref_cache: dict[tuple[int, int], float] = {}
         self.dispatch_counts: list[dict[str, int]] = [{} for _ in self.workers]
+        self.samples: SampleLog | None = None
+        """Completed calls per worker for the profile refit; None (off) until ``keep_samples``."""
         # One cost object per membership (a partial compares by identity), so templates can cache their
         # cost sums per scheduler and start afresh when the workers change.
         self._cost = partial(self.reference_cost)
@@ -122,6 +126,8 @@ class Scheduler:
             self.dispatch_counts[w] = {}
             if self.prefix_aware:
                 self.prefix_index[w] = PrefixIndex(info.profile.kv_capacity_tokens)
+            if self.samples is not None:
+                self.samples.clear(w)
         self._membership_changed()
         self.set_eligible(w, eligible)
         return w
@@ -139,6 +145,23 @@ class Scheduler:
     def set_capacity(self, worker: int, capacity: int) -> None:
         """Change a member's concurrent-call count (the one way a worker's capacity changes)."""
         self.estimator.set_capacity(worker, capacity)
+
+    def set_profile(self, worker: int, profile: PerfProfile, source: str = "refit") -> None:
+        """Change a member's profile constants (the one way they change while it is a member: the refit).
+
+        The worker's ratio EWMAs restart (they measured what the old constants missed); budgets' reference
+        costs are recomputed. Its name, capacity and address are unchanged.
+        """
+        if not self.member[worker]:
+            raise ValueError(f"worker {worker} is not a member")
+        self.estimator.set_profile(worker, profile, source)
+        self._membership_changed()
+
+    def keep_samples(self, window: int) -> SampleLog:
+        """Start keeping the last ``window`` completed calls per worker (for the refit); returns the log."""
+        if self.samples is None or self.samples.window != window:
+            self.samples = SampleLog(window)
+        return self.samples
 
     def _membership_changed(self) -> None:
         self._all = list(range(len(self.workers)))
@@ -281,6 +304,9 @@ class Scheduler:
             observed_s = now - call.started_at
         if observed_s is not None:
             self.estimator.observe(call, observed_s, now)
+            if self.samples is not None and call.batch_n:
+                w = call.worker
+                self.samples.add(w, sample_of(call, self.workers[w].profile, observed_s, now))
 
     def on_fail(self, call: Call, now: float) -> None:
         """A call failed on its worker: free the slot. The driver decides whether to resubmit."""

@@ -4,7 +4,8 @@
 cluster file and for the pods that discovery finds) and passed along unchanged: the scheduler and its
 estimator read the profile and the capacity from it, the simulator its engine model, the live pool
 and transport its address. It is immutable; a worker's capacity changes only through
-``Scheduler.set_capacity``, which puts a new ``WorkerInfo`` in the worker's slot.
+``Scheduler.set_capacity`` and its profile only through ``Scheduler.set_profile`` (the online refit),
+each of which puts a new ``WorkerInfo`` in the worker's slot.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class WorkerInfo:
         url: base URL of the worker's OpenAI-compatible server; empty when the worker has no address
             (the simulator).
         served_model: the model name requests to the worker carry; empty in the simulator.
+        profile_source: where the profile's constants come from: ``catalogue`` (the GPU catalogue's
+            entry for the GPU type), ``file`` (a profile named from ``profiles_file``, e.g. written by
+            ``hexflow calibrate``) or ``refit`` (fitted online to the worker's completed calls).
     """
 
     name: str
@@ -32,6 +36,7 @@ class WorkerInfo:
     capacity: int
     url: str = ""
     served_model: str = ""
+    profile_source: str = "catalogue"
 
     def __post_init__(self) -> None:
         if self.capacity < 1:

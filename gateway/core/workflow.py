@@ -85,6 +85,12 @@ class Call:
     started_at: float | None = None
     finished_at: float | None = None
     attempts: int = 0
+    batch_n: int = 0
+    """Calls in the decode batch the call joined at start, itself included (at most the batch limit)."""
+    batch_ctx: float = 0.0
+    """Mean-context tokens that batch reads per decode step at start (what ``model_s`` assumed)."""
+    wait_s: float = 0.0
+    """Engine seconds predicted at start for the prompts ahead of the call (part of ``model_s``)."""
     cached: int = 0
     """Prompt tokens the scheduler expects its worker to have cached (set at dispatch by a prefix-aware
     policy; the estimates count only the rest as prefill)."""

@@ -10,13 +10,14 @@ Reconciling (``KubernetesDiscovery.reconcile``), for the pods this task manages:
     pod Running, with an IP, ``Ready``, not terminating  -> a worker; added if new (``WorkerPool.add_worker``)
     pod unready or terminating                           -> no new calls; queue re-dispatched
                                                             (``WorkerPool.set_ready(False)``), in-flight calls finish
-    pod gone, or its address, GPU or model changed       -> removed (``WorkerPool.remove_worker``): no new calls,
+    pod gone, or its address, profile or model changed   -> removed (``WorkerPool.remove_worker``): no new calls,
                                                             freed after its last in-flight call; a changed pod
                                                             joins again under its name once the old one is gone
     capacity annotation changed                          -> the in-flight limit changes in place
 
 A pod that has never been ready is not added (it joins when ready). A pod whose labels name an unknown
-GPU or model, or whose capacity or port annotation is not a number, is skipped and counted as
+GPU, model or profile (``hexflow.io/profile``: the error lists the known ones), or whose capacity or port
+annotation is not a number, is skipped and counted as
 ``invalid`` (``hexflow_discovery_pods``), with one warning per pod and problem. Workers listed in
 ``cluster.workers`` are never touched; a pod with the same name as one of them is skipped.
 
@@ -91,14 +92,17 @@ class PodWorker:
     served_model: str
     capacity: int | None
     ready: bool
+    profile: str | None = None
+    """The profile label the pod names (``profile_annotation``); None: the catalogue's profile of ``gpu``."""
 
     def same_engine(self, info: WorkerInfo) -> bool:
-        """True when ``info`` is this pod's engine (same address, GPU and model; capacity may differ)."""
+        """True when ``info`` is this pod's engine (same address, profile label and model; capacity may
+        differ, and so may the constants: the online refit changes them, not the label)."""
         p = info.profile
         return (
             info.url == self.url
             and info.served_model == self.served_model
-            and (p.gpu, p.model) == (self.gpu, self.model)
+            and (p.gpu, p.model) == (self.profile or self.gpu, self.model)
         )
 
 
@@ -157,7 +161,8 @@ def pod_worker(pod: dict[str, Any], cfg: KubernetesDiscoveryConfig, default_mode
                     port = p["containerPort"]
     host = f"[{ip}]" if ":" in str(ip) else str(ip)
     served = ann.get(cfg.served_model_annotation) or model
-    return PodWorker(name, f"http://{host}:{port}", gpu, model, served, capacity, pod_ready(pod))
+    profile = ann.get(cfg.profile_annotation) or labels.get(cfg.profile_annotation) or None
+    return PodWorker(name, f"http://{host}:{port}", gpu, model, served, capacity, pod_ready(pod), profile)
 
 
 def pod_worker_info(
@@ -177,6 +182,7 @@ def pod_worker_info(
             url=pw.url,
             served_model=pw.served_model,
             time_scale=time_scale,
+            profile=pw.profile,
         )
     except UnknownNameError as exc:
         raise PodError(str(exc)) from None

@@ -286,6 +286,15 @@ class GatewayMetrics:
         )
         self.alpha = Gauge("hexflow_alpha", "The WB balance parameter in use.", registry=r)
         self.tuning_runs = Counter("hexflow_tuning_runs", "Background alpha tuning runs.", ["result"], registry=r)
+        self.profile_refits = Counter(
+            "hexflow_profile_refits", "Online refits of a worker's profile constants.", ["worker", "result"], registry=r
+        )
+        self.profile_constant = Gauge(
+            "hexflow_profile_constant",
+            "A time constant of the worker's profile in use, seconds.",
+            ["worker", "constant"],
+            registry=r,
+        )
         self.tenant_reloads = Counter("hexflow_tenant_reloads", "Reloads of the tenants file.", ["result"], registry=r)
         self.parked = Gauge("hexflow_parked_calls", "Calls waiting for any healthy worker.", registry=r)
         self.active = Gauge("hexflow_active_workflows", "Workflows in progress.", registry=r)
@@ -336,7 +345,7 @@ class GatewayMetrics:
         return [
             self.call_run, self.queue_wait_h, self.queue_depth, self.inflight, self.dispatches, self.estimate_ratio,
             self.up, self.draining, self.failures, self.retries, self.scrape_failures, self.vllm_waiting,
-            self.vllm_running, self.kv_usage, self.ejections,
+            self.vllm_running, self.kv_usage, self.ejections, self.profile_refits, self.profile_constant,
         ]  # fmt: skip
 
     # ---------------------------------------------------------------------------------------------- membership
@@ -526,6 +535,16 @@ class GatewayMetrics:
         """A worker's point-in-time queue depth and calls in flight (before a scrape of ``/metrics``)."""
         self._worker_child(self.queue_depth, worker).set(queued)
         self._worker_child(self.inflight, worker).set(inflight)
+
+    def profile_refit(self, worker: str, result: str) -> None:
+        """Count one refit attempt of a worker's profile (``applied``, ``kept``, ``rejected``, ``skipped``,
+        ``failed``)."""
+        self.profile_refits.labels(worker=worker, result=result).inc()
+
+    def profile_constants(self, worker: str, constants: dict[str, float]) -> None:
+        """The worker's profile constants in use (``constant`` label: the ``PerfProfile`` field)."""
+        for name, value in constants.items():
+            self.profile_constant.labels(worker=worker, constant=name).set(value)
 
     def scrape_failure(self, worker: str) -> None:
         """A scrape of the worker's /metrics failed."""

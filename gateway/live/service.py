@@ -55,9 +55,11 @@ from gateway.live.leader import lease_api as make_lease_api
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import Clock, WorkerPool
 from gateway.live.prompts import request_prompt
+from gateway.live.refit import ProfileRefitTask
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall, Transport
 from gateway.live.tuning import AlphaTuner, WindowRecorder
+from gateway.sim.refit import profile_status
 
 log = logging.getLogger("hexflow.gateway")
 
@@ -283,6 +285,7 @@ class Gateway:
         self.admin_keys = frozenset(cfg.admin.api_key_sha256)
         """SHA-256 digests of the operators' keys (``admin.api_key_sha256``); empty: the status page is off."""
         self.tuner = AlphaTuner(self, cfg.tuning) if background and cfg.tuning.enabled else None
+        self.refit = ProfileRefitTask(self, cfg.refit) if cfg.refit.enabled else None
         # High availability: only the leader serves and runs the leader-only tasks (``_on_leadership``).
         self.elector: LeaderElector | None = None
         le = cfg.leader_election
@@ -335,6 +338,8 @@ class Gateway:
             await self.pool.monitor.check_health(initial=True)
             self._tasks.append(asyncio.create_task(self._tenants_loop(), name="tenants-watch"))
             self._tasks.append(asyncio.create_task(self._shed_loop(), name="overload-shedding"))
+            if self.refit is not None:
+                self._tasks.append(asyncio.create_task(self.refit.run(self._stop), name="profile-refit"))
         if self.elector is not None:
             self._tasks.append(asyncio.create_task(self.elector.run(self._stop), name="leader-election"))
         else:
@@ -933,6 +938,7 @@ class Gateway:
         for st in self.pool.workers:
             i = st.index
             self.metrics.worker_gauges(st.name, self.scheduler.queue_len(i), self.scheduler.inflight(i))
+            self.metrics.profile_constants(st.name, profile_status(st.info)["constants"])
         self.metrics.parked.set(len(self.pool.parked))
 
     def status(self) -> dict[str, Any]:
@@ -955,8 +961,20 @@ class Gateway:
             "discovery": None if self.discovery is None else self.discovery.status(),
             "leader_election": None if self.elector is None else self.elector.status(),
             "idempotency": None if self.idempotency is None else self.idempotency.status(),
-            "workers": self.pool.status(),
+            "workers": self._workers_status(),
         }
+
+    def _workers_status(self) -> list[dict[str, Any]]:
+        """Each worker's state, with its profile (name, source, constants) and the refit's last attempt."""
+        now = self.clock()
+        out = self.pool.status()
+        for entry, st in zip(out, self.pool.workers, strict=True):
+            entry["profile"] = (
+                self.refit.status(st.info, now)
+                if self.refit is not None
+                else {**profile_status(st.info), "refit": None}
+            )
+        return out
 
 
 def _whole_seconds(seconds: float) -> int:

@@ -28,11 +28,13 @@ from typing import cast
 from gateway.core.degrade import Knobs
 from gateway.core.policy import Policy
 from gateway.core.predict import CompletionPredictor, calls_plan
+from gateway.core.profile import PerfProfile
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow, deadline_met
 from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.engine import EngineStats, SimEngine
+from gateway.sim.refit import FitOutcome, RefitSettings, Refitter
 
 _ARRIVAL = 0
 _WAKE = 1
@@ -124,6 +126,12 @@ class Simulator:
         admission_headroom: the share of the deadline a prediction must fit in (the live gateway's 0.9).
         prefix_caching: the engines cache prompt prefixes (vLLM's automatic prefix caching, ``SimEngine``),
             and prefix-aware policies track them.
+        engine_profiles: what the engines really run, per worker (default: the workers' profiles). A
+            profile that differs from its worker's is a mislabelled worker: the scheduler plans with the
+            label, the engine runs at its own speed (``hexflow bench mislabel``).
+        refit: refit the workers' profiles online (``gateway.sim.refit``; settings, or a ``Refitter`` whose
+            ``step`` is called), every ``interval_s`` of virtual time, checked when a call returns;
+            ``refits`` lists what each attempt did.
     """
 
     def __init__(
@@ -138,6 +146,8 @@ class Simulator:
         admission: bool = False,
         admission_headroom: float = 0.9,
         prefix_caching: bool = False,
+        engine_profiles: Sequence[PerfProfile] | None = None,
+        refit: RefitSettings | Refitter | None = None,
     ) -> None:
         if not 0.0 < admission_headroom <= 1.0:
             raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
@@ -148,7 +158,17 @@ class Simulator:
         self.scheduler = Scheduler(
             self.workers, policy, random.Random(seed), alpha=alpha, prefix_caching=prefix_caching
         )
-        self.engines = [SimEngine(w.profile, i, prefix_caching=prefix_caching) for i, w in enumerate(self.workers)]
+        truth = [w.profile for w in self.workers] if engine_profiles is None else list(engine_profiles)
+        if len(truth) != len(self.workers):
+            raise ValueError(f"engine_profiles: {len(truth)} profiles for {len(self.workers)} workers")
+        self.engine_profiles = truth
+        self.engines = [SimEngine(p, i, prefix_caching=prefix_caching) for i, p in enumerate(truth)]
+        self.refitter: Refitter | None = None
+        self.refits: list[tuple[float, str, FitOutcome]] = []
+        """``(time, result, outcome)`` of every refit attempt (``refit`` given)."""
+        if refit is not None:
+            self.refitter = refit if isinstance(refit, Refitter) else Refitter(refit)
+            self.refitter.attach(self.scheduler)
         self.record_calls = record_calls
         self.horizon_s = horizon_s
 
@@ -157,7 +177,9 @@ class Simulator:
         sched = self.scheduler
         engines = self.engines
         caps = [w.capacity for w in self.workers]
-        overhead = [w.profile.request_overhead_s for w in self.workers]
+        overhead = [p.request_overhead_s for p in self.engine_profiles]
+        refitter = self.refitter
+        next_refit = refitter.s.interval_s if refitter is not None else math.inf
         # (time, seq, kind, payload, worker, version): seq makes ties FIFO and deterministic.
         heap: list[tuple[float, int, int, object, int, int]] = []
         seq = 0
@@ -253,6 +275,9 @@ class Simulator:
                 # frees and the estimator learns here, exactly as in the live gateway.
                 c = cast(Call, payload)
                 sched.on_finish(c, now)
+                if now >= next_refit and refitter is not None:
+                    next_refit = now + refitter.s.interval_s
+                    self.refits.extend((now, r, out) for r, out in refitter.step(sched, now))
                 wf = c.workflow
                 if isinstance(wf, KnobbedWorkflow) and wf.degrader is not None and wf.last_of_stage:
                     wf.decide(CompletionPredictor(sched, now))

@@ -232,3 +232,75 @@ def test_several_problems_report_the_first_and_count_the_rest(tmp_path: Path) ->
 def test_cluster_model_validates_without_a_catalog() -> None:
     cfg = ClusterConfig.model_validate({"name": "x", "workers": [{"gpu": "Z9"}]})
     assert cfg.expanded()[0].name == "Z9-0"
+
+
+# ------------------------------------------------------------------------------------------------ named profiles
+
+OVERLAY = """\
+# Measured by hexflow calibrate (comments above the section are kept by YAML as comments)
+profiles:
+  llama-3.1-70b:
+    node7:
+      tp: 4
+      iter_base_s: 0.04
+      token_s: 0.0003
+      ctx_s: 1.0e-07
+      request_overhead_s: 0.02
+      kv_capacity_tokens: 90000
+      max_num_seqs: 64
+      max_batched_tokens: 2048
+"""
+
+
+def gateway_yaml(tmp_path: Path, worker: str, profiles_file: str | None = "profiles.yaml") -> Path:
+    (tmp_path / "profiles.yaml").write_text(OVERLAY, encoding="utf-8")
+    head = f"profiles_file: {profiles_file}\n" if profiles_file else ""
+    return write(
+        tmp_path,
+        head + "cluster:\n  name: c\n  workers:\n    - {gpu: L40S, url: 'http://w:8000'" + worker + "}\n",
+        "gateway.yaml",
+    )
+
+
+def test_a_worker_names_a_calibrated_profile_from_the_profiles_file(tmp_path: Path) -> None:
+    from gateway.config.gateway import load_gateway_config
+
+    loaded = load_gateway_config(gateway_yaml(tmp_path, ", profile: node7"))
+    [w] = loaded.workers
+    assert (w.profile.name, w.profile_source, w.profile.iter_base_s) == ("node7/llama-3.1-70b", "file", 0.04)
+    # Without ``profile`` the catalogue's entry of the GPU is used, overlay or not.
+    [w] = load_gateway_config(gateway_yaml(tmp_path, "")).workers
+    assert (w.profile.name, w.profile_source) == ("L40S/llama-3.1-70b", "catalogue")
+    # A catalogue label is a valid profile name too (an L40S scheduled as an A100, say).
+    [w] = load_gateway_config(gateway_yaml(tmp_path, ", profile: A100")).workers
+    assert (w.profile.name, w.profile_source) == ("A100/llama-3.1-70b", "catalogue")
+
+
+def test_an_unknown_profile_name_is_a_config_error_listing_the_known_ones(tmp_path: Path) -> None:
+    from gateway.config.gateway import load_gateway_config
+
+    with pytest.raises(ConfigError) as err:
+        load_gateway_config(gateway_yaml(tmp_path, ", profile: node8"))
+    msg = str(err.value)
+    assert "workers.0.profile" in msg and "'node8'" in msg and "node7" in msg and "A100" in msg
+    # The overlay's labels exist only with the overlay.
+    with pytest.raises(ConfigError, match="unknown profile 'node7'"):
+        load_gateway_config(gateway_yaml(tmp_path, ", profile: node7", profiles_file=None))
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (OVERLAY.replace("llama-3.1-70b:", "gpt-9:"), "profiles.gpt-9"),
+        (OVERLAY.replace("token_s: 0.0003", "token_s: -1"), "profiles.llama-3.1-70b.node7.token_s"),
+        ("profiles: {}\n", "profiles"),
+    ],
+)
+def test_a_bad_profiles_file_is_a_config_error_naming_the_field(tmp_path: Path, text: str, field: str) -> None:
+    from gateway.config.gateway import load_gateway_config
+
+    path = gateway_yaml(tmp_path, "")
+    (tmp_path / "profiles.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_gateway_config(path)
+    assert err.value.field == field

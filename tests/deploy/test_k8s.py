@@ -19,6 +19,7 @@ import yaml
 
 from gateway.cli import main as cli_main
 from gateway.config.gateway import load_gateway_config
+from gateway.core.profile import PerfProfile
 from gateway.live.discovery import pod_worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +79,13 @@ def _gateway_container(docs: list[Doc]) -> Doc:
 
 def _gateway_yaml(docs: list[Doc]) -> str:
     return _one(docs, "ConfigMap", "hexflow-gateway-config")["data"]["gateway.yaml"]
+
+
+def _write_profiles(docs: list[Doc], folder: Path) -> None:
+    """The overlay's profiles ConfigMap (if any) next to gateway.yaml, as the projected volume mounts it."""
+    for d in docs:
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("hexflow-profiles"):
+            (folder / "profiles.yaml").write_text(d["data"]["profiles.yaml"])
 
 
 def _tenants_secret(docs: list[Doc]) -> Doc:
@@ -260,6 +268,7 @@ def test_rendered_gateway_config_loads(rendered: tuple[str, list[Doc]], tmp_path
     raw["tenants_file"] = str(tmp_path / "tenants.yaml")
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump(raw))
+    _write_profiles(docs, tmp_path)
     loaded = load_gateway_config(path)
     assert loaded.tenants_path == tmp_path / "tenants.yaml"
     assert loaded.cfg.listen.port == 8080
@@ -293,11 +302,13 @@ def test_discovery_finds_every_worker_pod(rendered: tuple[str, list[Doc]], tmp_p
     raw["tenants_file"] = str(REPO / "config" / "tenants.yaml")
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump(raw))
+    _write_profiles(docs, tmp_path)
     loaded = load_gateway_config(path)
     assert loaded.cfg.discovery is not None and loaded.cfg.discovery.kubernetes is not None
     kube = loaded.cfg.discovery.kubernetes
     replicas = 0
     gpus = set()
+    named: list[tuple[PerfProfile, str]] = []
     for d in docs:
         if d["kind"] not in WORKLOAD_KINDS:
             continue
@@ -318,6 +329,8 @@ def test_discovery_finds_every_worker_pod(rendered: tuple[str, list[Doc]], tmp_p
         (http,) = [p for p in c["ports"] if p["name"] == "http"]
         assert pw.url == f"http://10.1.2.3:{http['containerPort']}"
         loaded.catalog.profile(pw.gpu, pw.model)  # a known GPU/model pair: raises otherwise
+        if pw.profile is not None:  # a named profile must exist (the profiles ConfigMap): raises otherwise
+            named.append(loaded.catalog.named_profile(pw.profile, pw.model))
         assert c["readinessProbe"]["httpGet"]["port"] in ("http", http["containerPort"]), "Ready means serving"
         served = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--served-model-name=")]
         if served:
@@ -329,6 +342,8 @@ def test_discovery_finds_every_worker_pod(rendered: tuple[str, list[Doc]], tmp_p
     assert gw_spec.get("automountServiceAccountToken", True), "discovery authenticates with the pod's token"
     if name == "emulated":
         assert sorted(gpus) == ["A100", "A6000", "L40S"] and replicas == 4
+    else:  # the gpu overlay shows a pool scheduled with its calibrated profile from the profiles file
+        assert [(p.name, source) for p, source in named] == [("l40s-calibrated/llama-3.1-70b", "file")]
 
 
 def test_rbac_reads_pods_and_holds_only_its_lease(rendered: tuple[str, list[Doc]]) -> None:

@@ -435,7 +435,9 @@ async def _hexflow(*args: str) -> tuple[int, str, str]:
 async def test_hexflow_discover_shows_what_discovery_makes_of_each_pod(tmp_path: Path) -> None:
     async with fake_kube() as kube:
         kube.add(make_pod("w-a", "http://10.0.0.1:8000", "A100", capacity=6))
-        kube.add(make_pod("w-b", "http://10.0.0.2:8000", "L40S", ready=False))
+        w_b = make_pod("w-b", "http://10.0.0.2:8000", "L40S", ready=False)
+        w_b["metadata"]["annotations"]["hexflow.io/profile"] = "A100"  # an L40S scheduled as an A100
+        kube.add(w_b)
         kube.add(make_pod("w-x", "http://10.0.0.3:8000", "TPU"))
         kube.add(make_pod("other", "http://10.0.0.4:8000", "A100", role="database"))
         starting = make_pod("w-p", "http://10.0.0.5:8000", "A100", ready=False)
@@ -450,12 +452,36 @@ async def test_hexflow_discover_shows_what_discovery_makes_of_each_pod(tmp_path:
         assert set(pods) == {"w-a", "w-b", "w-x", "w-p"}
         assert pods["w-a"] == {
             "pod": "w-a", "state": "ready", "url": "http://10.0.0.1:8000", "gpu": "A100",
-            "model": "llama-3.1-70b", "capacity": 6, "problem": None,
+            "model": "llama-3.1-70b", "profile": "A100/llama-3.1-70b", "capacity": 6, "problem": None,
         }  # fmt: skip
         assert pods["w-b"]["state"] == "unready" and pods["w-p"]["state"] == "pending"
+        assert (pods["w-b"]["gpu"], pods["w-b"]["profile"]) == ("L40S", "A100/llama-3.1-70b")
         assert pods["w-x"]["state"] == "invalid" and "unknown GPU 'TPU'" in pods["w-x"]["problem"]
         code, out, _ = await _hexflow("discover", "--config", str(cfg))
         assert code == 0 and out.startswith("4 pods match 'hexflow.io/role=worker' in namespace hexflow")
+        [line_b] = [ln for ln in out.splitlines() if "w-b" in ln]
+        [line_a] = [ln for ln in out.splitlines() if "w-a" in ln]
+        assert "L40S/llama-3.1-70b" in line_b and "profile A100/llama-3.1-70b" in line_b
+        assert "profile" not in line_a  # the catalogue's profile of its GPU: nothing to add
         (tmp_path / "token").write_text("wrong\n")
         code, _, err = await _hexflow("discover", "--config", str(cfg))
         assert code == 1 and "HTTP 401" in err and "Role" in err
+
+
+def test_a_pod_names_its_profile_with_an_annotation() -> None:
+    from gateway.config import load_gpu_catalog
+    from gateway.live.discovery import pod_state
+
+    cat = load_gpu_catalog()
+    pod = make_pod("w0", "http://10.0.0.7:8001", "L40S", capacity=6)
+    state, got, _ = pod_state(pod, KCFG, cat, "llama-3.1-70b", 1.0)
+    assert state == "ready" and got is not None and got[1].profile.name == "L40S/llama-3.1-70b"
+    pod["metadata"]["annotations"]["hexflow.io/profile"] = "A100"
+    state, got, _ = pod_state(pod, KCFG, cat, "llama-3.1-70b", 1.0)
+    assert got is not None
+    pw, info = got
+    assert (info.profile.name, info.profile_source, pw.same_engine(info)) == ("A100/llama-3.1-70b", "catalogue", True)
+    pod["metadata"]["annotations"]["hexflow.io/profile"] = "nope"
+    state, got, problem = pod_state(pod, KCFG, cat, "llama-3.1-70b", 1.0)
+    assert state == "invalid" and got is None
+    assert "'nope'" in problem and "A100" in problem and "L40S" in problem

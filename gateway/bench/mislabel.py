@@ -1,0 +1,718 @@
+"""``hexflow bench mislabel``: a worker whose profile is wrong at start, corrected online by the refit.
+
+    hexflow bench mislabel [--cluster paper-4gpu] [--worker L40S-3] [--label A100] [--rate 0.2]
+        [--workflows 400] [--window 500] [--interval-s 30] [--min-calls 100] [--window-calls 600] [--json OUT]
+
+One worker of the cluster is *labelled* with another GPU's profile (``--label``: the scheduler plans with
+that profile, its capacity derived from it, as a cluster file entry ``profile: A100`` would do) while its
+engine runs at its own GPU's speed (the simulator's ``engine_profiles``). The same workload (the
+``chess-bird`` trace, Poisson arrivals at ``--rate``, prefix caching on) is simulated four times with the
+same seed:
+
+* ``correct``: every worker labelled right (the reference: the shares the scheduler should reach);
+* ``correct+refit``: the same with the online refit (it must not hurt);
+* ``mislabel``: the wrong label, the ratio EWMA only (what the gateway did before the refit);
+* ``mislabel+refit``: the wrong label with the refit (``gateway.sim.refit``).
+
+Per run: the dispatch share of every worker in windows of ``--window`` calls (in dispatch order), the
+mislabelled worker's share over the second half of the calls (``late_share``), SLO attainment and P95,
+every refit attempt (time, calls dispatched so far, result, median errors before and after) with the
+worker's predicted standard-workflow latency over its engine's (1 = its profile is right), and the
+worker's ratio EWMAs at each refit check. ``converged_after_calls``: calls dispatched (cluster-wide)
+until that latency ratio stays within ``CONVERGED`` of 1 from then on.
+
+The exit status is 0 when the refit moved the mislabelled worker's late share closer to the correct
+run's than without it and its profile converged, else 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import math
+import random
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config, write_tenants_file
+from gateway.bench.replay import replay, replay_setup, replay_workload
+from gateway.bench.simbench import Setup
+from gateway.bench.stats import fmt, table
+from gateway.config import build_workers, load_cluster, load_cluster_config, load_gpu_catalog
+from gateway.config.gateway import load_gateway_config
+from gateway.core.scheduler import Scheduler
+from gateway.core.worker import WorkerInfo
+from gateway.sim.calibrate import workflow_latency
+from gateway.sim.metrics import summarize
+from gateway.sim.refit import FitOutcome, RefitSettings, Refitter, constants_of
+from gateway.sim.simulator import CallTimeline, Simulator
+from gateway.sim.workload.traces import load_queries
+
+__all__ = [
+    "CONVERGED",
+    "LiveMislabelReport",
+    "LiveMislabelRun",
+    "MislabelReport",
+    "MislabelRun",
+    "RefitEvent",
+    "format_live_mislabel_report",
+    "format_mislabel_report",
+    "run_mislabel",
+    "run_mislabel_live",
+]
+
+CONVERGED = 1.25
+"""A profile has converged when its predicted standard-workflow latency is within this factor of the engine's."""
+
+RUNS = ("correct", "correct+refit", "mislabel", "mislabel+refit")
+
+
+@dataclass(frozen=True, slots=True)
+class RefitEvent:
+    """One refit attempt of a run."""
+
+    t: float
+    calls: int
+    worker: str
+    result: str
+    current_error: float | None
+    fit_error: float | None
+    latency_ratio: float
+    """The worker's predicted standard-workflow latency after the attempt over its engine's."""
+
+
+@dataclass
+class MislabelRun:
+    """One simulated run: shares per window, outcomes, refits, ratios."""
+
+    name: str
+    windows: list[list[float]]
+    late_share: float
+    slo_attainment: float
+    p95_s: float
+    calls: int
+    final_constants: tuple[float, float, float, float]
+    final_latency_ratio: float
+    refits: list[RefitEvent] = field(default_factory=list)
+    ratios: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    """``(time, kind -> ratio)`` of the mislabelled worker at every refit check."""
+    converged_after_calls: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The run as plain data."""
+        return {
+            "name": self.name,
+            "windows": self.windows,
+            "late_share": self.late_share,
+            "slo_attainment": self.slo_attainment,
+            "p95_s": self.p95_s if math.isfinite(self.p95_s) else None,
+            "calls": self.calls,
+            "final_constants": list(self.final_constants),
+            "final_latency_ratio": self.final_latency_ratio,
+            "converged_after_calls": self.converged_after_calls,
+            "refits": [_event_json(e) for e in self.refits],
+            "ratios": [{"t": t, "ratios": r} for t, r in self.ratios],
+        }
+
+
+def _event_json(e: RefitEvent) -> dict[str, Any]:
+    return {
+        "t": e.t,
+        "calls": e.calls,
+        "worker": e.worker,
+        "result": e.result,
+        "current_error": e.current_error,
+        "fit_error": e.fit_error,
+        "latency_ratio": e.latency_ratio,
+    }
+
+
+@dataclass
+class MislabelReport:
+    """The four runs and the setting."""
+
+    cluster: str
+    worker: str
+    label: str
+    rate_qps: float
+    workflows: int
+    window: int
+    settings: RefitSettings
+    worker_names: list[str]
+    engine_constants: tuple[float, float, float, float]
+    label_constants: tuple[float, float, float, float]
+    label_latency_ratio: float
+    runs: dict[str, MislabelRun]
+
+    def refit_helped(self) -> bool:
+        """The refit moved the late share toward the correct run's and the profile converged."""
+        right = self.runs["correct"].late_share
+        fixed = self.runs["mislabel+refit"]
+        closer = abs(fixed.late_share - right) < abs(self.runs["mislabel"].late_share - right)
+        return closer and fixed.converged_after_calls is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain data."""
+        return {
+            "cluster": self.cluster,
+            "worker": self.worker,
+            "label": self.label,
+            "rate_qps": self.rate_qps,
+            "workflows": self.workflows,
+            "window": self.window,
+            "settings": _settings_json(self.settings),
+            "workers": self.worker_names,
+            "engine_constants": list(self.engine_constants),
+            "label_constants": list(self.label_constants),
+            "label_latency_ratio": self.label_latency_ratio,
+            "runs": {k: r.to_json() for k, r in self.runs.items()},
+            "refit_helped": self.refit_helped(),
+        }
+
+
+def _settings_json(s: RefitSettings) -> dict[str, float]:
+    return {k: getattr(s, k) for k in RefitSettings.__dataclass_fields__}
+
+
+class _Recording(Refitter):
+    """A refitter that also records the watched worker's ratios at every check; ``apply_fits`` False: only that."""
+
+    def __init__(self, settings: RefitSettings, watched: int, apply_fits: bool) -> None:
+        super().__init__(settings)
+        self.watched = watched
+        self.apply_fits = apply_fits
+        self.ratios: list[tuple[float, dict[str, float]]] = []
+
+    def step(self, sched: Scheduler, now: float) -> list[tuple[str, FitOutcome]]:
+        self.ratios.append((now, {k: round(r, 4) for k, (r, _) in sched.estimator.ratios(self.watched, now).items()}))
+        return super().step(sched, now) if self.apply_fits else []
+
+
+def _converged_after(events: Sequence[RefitEvent], start_ratio: float) -> int | None:
+    """Calls until the latency ratio is within ``CONVERGED`` of 1 and stays there (None: never)."""
+    lim = math.log(CONVERGED)
+    ok_from: int | None = 0 if abs(math.log(start_ratio)) <= lim else None
+    for e in events:
+        inside = abs(math.log(e.latency_ratio)) <= lim
+        if inside and ok_from is None:
+            ok_from = e.calls
+        elif not inside:
+            ok_from = None
+    return ok_from
+
+
+def run_mislabel(
+    *,
+    cluster: str = "paper-4gpu",
+    worker: str = "L40S-3",
+    label: str = "A100",
+    rate: float = 0.2,
+    n_workflows: int = 400,
+    window: int = 500,
+    seed: int = 0,
+    settings: RefitSettings | None = None,
+    policy: str = "hexgen",
+) -> MislabelReport:
+    """Simulate the four runs (module docstring). ``ValueError`` for an unknown worker or label."""
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"rate must be a positive number, got {rate}")
+    if n_workflows < 10 or window < 10:
+        raise ValueError("at least 10 workflows and windows of at least 10 calls are needed")
+    s = settings if settings is not None else RefitSettings(interval_s=30.0, min_calls=100, window_calls=600)
+    catalog = load_gpu_catalog()
+    workers = load_cluster(cluster, catalog)
+    names = [w.name for w in workers]
+    if worker not in names:
+        raise ValueError(f"unknown worker {worker!r} in {cluster}; workers: {', '.join(names)}")
+    w = names.index(worker)
+    truth = [x.profile for x in workers]
+    model = truth[w].model
+    labels = sorted(catalog.profiles.get(model, {}))
+    if label not in labels:
+        raise ValueError(f"no {model} profile labelled {label!r}; known: {', '.join(labels)}")
+    lab = catalog.profile(label, model)
+    mis = list(workers)
+    mis[w] = replace(workers[w], profile=lab, capacity=lab.derived_capacity(), profile_source="catalogue")
+    queries = load_queries("chess-bird", n_workflows, random.Random(seed + 1))
+    setup = Setup(
+        workers=workers,
+        queries=queries,
+        trace="chess-bird",
+        n_workflows=n_workflows,
+        slo_scale=3.0,
+        seed=seed,
+        prefix_caching=True,
+    )
+    ref = workflow_latency(truth[w])
+    runs: dict[str, MislabelRun] = {}
+    plans: list[tuple[str, list[WorkerInfo], bool]] = [
+        ("correct", workers, False),
+        ("correct+refit", workers, True),
+        ("mislabel", mis, False),
+        ("mislabel+refit", mis, True),
+    ]
+    for name, ws, refit in plans:
+        rec = _Recording(s, w, refit)
+        sim = Simulator(ws, policy, seed=seed, record_calls=True, prefix_caching=True, engine_profiles=truth, refit=rec)
+        wfs = setup.workflows(rate)
+        res = sim.run(wfs)
+        summ = summarize(res, total=len(wfs))
+        calls = sorted(res.calls, key=lambda c: c.ready)
+        shares = [_shares(calls[i : i + window], len(ws)) for i in range(0, len(calls), window)]
+        half = calls[len(calls) // 2 :]
+        late = sum(1 for c in half if c.worker == w) / len(half) if half else 0.0
+        ready = [c.ready for c in calls]
+        events = [
+            RefitEvent(
+                t=t,
+                calls=_count_upto(ready, t),
+                worker=out.job.info.name,
+                result=r,
+                current_error=out.current_error,
+                fit_error=out.fit_error,
+                latency_ratio=workflow_latency(out.profile if r == "applied" and out.profile else out.job.info.profile)
+                / ref,
+            )
+            for t, r, out in sim.refits
+            if out.job.worker == w
+        ]
+        final = sim.scheduler.workers[w].profile
+        run = MislabelRun(
+            name=name,
+            windows=shares,
+            late_share=round(late, 4),
+            slo_attainment=summ.slo_attainment,
+            p95_s=summ.p95_s,
+            calls=len(calls),
+            final_constants=constants_of(final),
+            final_latency_ratio=workflow_latency(final) / ref,
+            refits=events,
+            ratios=rec.ratios,
+        )
+        start = workflow_latency(ws[w].profile) / ref
+        run.converged_after_calls = _converged_after(events if refit else [], start)
+        runs[name] = run
+    return MislabelReport(
+        cluster=cluster,
+        worker=worker,
+        label=label,
+        rate_qps=rate,
+        workflows=n_workflows,
+        window=window,
+        settings=s,
+        worker_names=names,
+        engine_constants=constants_of(truth[w]),
+        label_constants=constants_of(lab),
+        label_latency_ratio=workflow_latency(lab) / ref,
+        runs=runs,
+    )
+
+
+def _shares(calls: Sequence[CallTimeline], n_workers: int) -> list[float]:
+    """Each worker's share of ``calls``."""
+    counts = [0] * n_workers
+    for c in calls:
+        counts[c.worker] += 1
+    return [round(k / len(calls), 4) for k in counts]
+
+
+def _count_upto(sorted_times: Sequence[float], t: float) -> int:
+    return bisect.bisect_right(sorted_times, t)
+
+
+def format_mislabel_report(rep: MislabelReport) -> str:
+    """The text ``hexflow bench mislabel`` prints."""
+    w = rep.worker_names.index(rep.worker)
+    lines = [
+        f"{rep.worker} of {rep.cluster} labelled {rep.label}: its profile predicts {rep.label_latency_ratio:.2f}x "
+        f"its engine's standard-workflow latency; {rep.workflows} chess-bird workflows at {rep.rate_qps:g}/s; "
+        f"refit every {rep.settings.interval_s:g} s (min {rep.settings.min_calls} calls, window "
+        f"{rep.settings.window_calls}, max step x{rep.settings.max_step:g})",
+        "",
+        f"share of {rep.worker} per window of {rep.window} calls (dispatch order):",
+    ]
+    n = max(len(r.windows) for r in rep.runs.values())
+    rows = []
+    for i in range(n):
+        row = [f"{i * rep.window}-{(i + 1) * rep.window - 1}"]
+        for name in RUNS:
+            ws = rep.runs[name].windows
+            row.append(f"{ws[i][w]:.3f}" if i < len(ws) else "-")
+        rows.append(row)
+    lines.append(table(["calls", *RUNS], rows))
+    lines.append("")
+    rows = [
+        [
+            name,
+            f"{r.late_share:.3f}",
+            fmt(r.slo_attainment, 3),
+            fmt(r.p95_s),
+            f"{r.final_latency_ratio:.2f}",
+            "-" if r.converged_after_calls is None else str(r.converged_after_calls),
+            str(sum(1 for e in r.refits if e.result == "applied")),
+        ]
+        for name, r in rep.runs.items()
+    ]
+    lines.append(
+        table(["run", "late share", "SLO", "P95 s", "latency ratio", "converged after calls", "refits applied"], rows)
+    )
+    fixed = rep.runs["mislabel+refit"]
+    lines += ["", f"refits of {rep.worker} (mislabel+refit):"]
+    rows = [
+        [
+            f"{e.t:.0f}",
+            str(e.calls),
+            e.result,
+            "-" if e.current_error is None else f"{e.current_error:.1%}",
+            "-" if e.fit_error is None else f"{e.fit_error:.1%}",
+            f"{e.latency_ratio:.2f}",
+        ]
+        for e in fixed.refits
+        if e.result != "kept"
+    ]
+    head = ["t s", "calls", "result", "error before", "fit error", "latency ratio"]
+    lines.append(table(head, rows) if rows else "  none")
+    kept = [e.current_error for e in fixed.refits if e.result == "kept"]
+    errs = [x for x in kept if x is not None]
+    if errs:
+        lines.append(
+            f"  and {len(kept)} attempts that kept the profile (no gain of {rep.settings.min_gain:.0%}); "
+            f"median error of the profile in use then {min(errs):.1%}-{max(errs):.1%}"
+        )
+    mis = rep.runs["mislabel"]
+    lines += ["", f"ratio EWMAs of {rep.worker} at the refit checks (mean over kinds), mislabel / mislabel+refit:"]
+    pairs = []
+    for (t, a), (_, b) in zip(mis.ratios, fixed.ratios, strict=False):
+        ma = sum(a.values()) / len(a) if a else 1.0
+        mb = sum(b.values()) / len(b) if b else 1.0
+        pairs.append(f"{t:.0f}s {ma:.2f}/{mb:.2f}")
+    lines.append("  " + ", ".join(pairs[:24]) + (" ..." if len(pairs) > 24 else ""))
+    verdict = "refit helped" if rep.refit_helped() else "refit did NOT bring the share back"
+    lines += [
+        "",
+        f"late share: correct {rep.runs['correct'].late_share:.3f}, mislabel {mis.late_share:.3f}, "
+        f"mislabel+refit {fixed.late_share:.3f}: {verdict}",
+    ]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ live
+
+
+@dataclass
+class LiveMislabelRun:
+    """One live run: the mislabelled worker's share of completed calls per window, outcomes, refits."""
+
+    name: str
+    windows: list[tuple[float, float, int]]
+    """``(end of window in modelled s, the worker's share of the calls completed in it, calls)``."""
+    late_share: float
+    slo_attainment: float
+    p95_s: float
+    refits_applied: int
+    refit_attempts: int
+    final_profile: dict[str, Any]
+    ejections: int = 0
+    """Times the gateway's outlier detection ejected the worker (a mislabelled worker looks slow to it)."""
+    points: list[dict[str, Any]] = field(default_factory=list)
+    """What ``/v1/status`` said about the worker at every poll (modelled time, completed, profile, ratios)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The run as plain data."""
+        return {
+            "name": self.name,
+            "windows": [list(w) for w in self.windows],
+            "late_share": self.late_share,
+            "slo_attainment": self.slo_attainment,
+            "p95_s": self.p95_s if math.isfinite(self.p95_s) else None,
+            "refits_applied": self.refits_applied,
+            "refit_attempts": self.refit_attempts,
+            "ejections": self.ejections,
+            "final_profile": self.final_profile,
+            "points": self.points,
+        }
+
+
+@dataclass
+class LiveMislabelReport:
+    """The live runs and the setting."""
+
+    cluster: str
+    worker: str
+    label: str
+    rate_qps: float
+    workflows: int
+    time_scale: float
+    settings: RefitSettings
+    runs: dict[str, LiveMislabelRun]
+    wall_s: float
+
+    def refit_helped(self) -> bool:
+        """The refit moved the worker's late share toward the correct run's."""
+        right = self.runs["correct"].late_share
+        return abs(self.runs["mislabel+refit"].late_share - right) < abs(self.runs["mislabel"].late_share - right)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain data."""
+        return {
+            "cluster": self.cluster,
+            "worker": self.worker,
+            "label": self.label,
+            "rate_qps": self.rate_qps,
+            "workflows": self.workflows,
+            "time_scale": self.time_scale,
+            "settings": _settings_json(self.settings),
+            "runs": {k: r.to_json() for k, r in self.runs.items()},
+            "refit_helped": self.refit_helped(),
+            "wall_s": self.wall_s,
+        }
+
+
+async def _replay_and_poll(
+    workload: Sequence[Any], url: str, key: str, time_scale: float, poll_s: float, worker: str, desc: str
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Replay ``workload`` while polling ``/v1/status`` every ``poll_s`` wall seconds for ``worker``."""
+    points: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    stop = asyncio.Event()
+
+    async def poll() -> None:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while not stop.is_set():
+                try:
+                    st = (await client.get(f"{url}/v1/status")).json()
+                    ws = {w["name"]: w for w in st["workers"]}
+                    me = ws[worker]
+                    points.append(
+                        {
+                            "t_s": round((time.monotonic() - t0) / time_scale, 3),
+                            "completed": {n: int(w["completed"]) for n, w in ws.items()},
+                            "profile": me.get("profile"),
+                            "ratios": {k: v["ratio"] for k, v in me.get("estimate_ratios", {}).items()},
+                            "ejections": me.get("ejections"),
+                            "ejected": me.get("ejected"),
+                        }
+                    )
+                except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                    pass  # a missed poll leaves a longer window
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), poll_s)
+
+    poller = asyncio.create_task(poll())
+    try:
+        rep = await replay(workload, gateway=url, api_key=key, time_scale=time_scale, progress=False, desc=desc)
+    finally:
+        stop.set()
+        await poller
+    return rep, points
+
+
+def _live_windows(points: Sequence[dict[str, Any]], worker: str, window_s: float) -> list[tuple[float, float, int]]:
+    """The worker's share of the calls completed in each window of ``window_s`` modelled seconds."""
+    out: list[tuple[float, float, int]] = []
+    last: dict[str, Any] | None = None
+    for p in points:
+        if last is None:
+            last = p
+            continue
+        if p["t_s"] - last["t_s"] < window_s and p is not points[-1]:
+            continue
+        total = sum(p["completed"].values()) - sum(last["completed"].values())
+        mine = p["completed"].get(worker, 0) - last["completed"].get(worker, 0)
+        if total > 0:
+            out.append((p["t_s"], round(mine / total, 4), total))
+        last = p
+    return out
+
+
+def _late_share(points: Sequence[dict[str, Any]], worker: str) -> float:
+    """The worker's share of the second half of all completed calls (from the polls)."""
+    if not points:
+        return math.nan
+    end = points[-1]["completed"]
+    total = sum(end.values())
+    mid = next((p for p in points if sum(p["completed"].values()) >= total / 2), points[-1])
+    rest = total - sum(mid["completed"].values())
+    return round((end.get(worker, 0) - mid["completed"].get(worker, 0)) / rest, 4) if rest > 0 else math.nan
+
+
+def run_mislabel_live(
+    *,
+    cluster: str = "paper-4gpu",
+    worker: str = "L40S-3",
+    label: str = "A100",
+    rate: float = 0.2,
+    n_workflows: int = 200,
+    time_scale: float = 0.05,
+    window_s: float = 100.0,
+    seed: int = 0,
+    settings: RefitSettings | None = None,
+    log_dir: Path | None = None,
+    say: Any = None,
+) -> LiveMislabelReport:
+    """The mislabel benchmark through the live gateway over the emulated cluster (``--live``).
+
+    Three runs of the same replayed workload (the simulated runs' ``correct``, ``mislabel`` and
+    ``mislabel+refit``): the emulated workers run their own GPUs' profiles; the gateway's cluster file
+    names ``profile: LABEL`` for the mislabelled worker (and only the third run has ``refit`` on, with the
+    settings' interval in modelled seconds). The worker's share is measured on completed calls, polled
+    from ``/v1/status`` every ``window_s / 4`` modelled seconds. Subprocess logs go to ``log_dir``.
+    """
+    log = say if say is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    if not (time_scale > 0 and math.isfinite(time_scale)):
+        raise ValueError(f"time scale must be a positive number, got {time_scale}")
+    if not (rate > 0 and math.isfinite(rate)) or not window_s > 0:
+        raise ValueError("rate and window must be positive")
+    s = settings if settings is not None else RefitSettings(interval_s=30.0, min_calls=100, window_calls=600)
+    catalog = load_gpu_catalog()
+    right = load_cluster_config(cluster, catalog)
+    expanded = right.expanded()
+    names = [rw.name for rw in expanded]
+    if worker not in names:
+        raise ValueError(f"unknown worker {worker!r} in {cluster}; workers: {', '.join(names)}")
+    entry, first = 0, 0  # the cluster file entry the worker was expanded from
+    idx = names.index(worker)
+    for entry, wc in enumerate(right.workers):  # noqa: B007 (the entry found is used after the loop)
+        if idx < first + wc.count:
+            break
+        first += wc.count
+    if right.workers[entry].count != 1:
+        raise ValueError(f"{worker} is one of {right.workers[entry].count} workers of one entry: label a lone one")
+    model = expanded[names.index(worker)].model
+    if label not in catalog.profiles.get(model, {}):
+        known = ", ".join(sorted(catalog.profiles.get(model, {})))
+        raise ValueError(f"no {model} profile labelled {label!r}; known: {known}")
+    entries = list(right.workers)
+    entries[entry] = entries[entry].model_copy(update={"profile": label, "name": worker})
+    wrong = right.model_copy(update={"workers": entries})
+    workers = build_workers(right, catalog)
+    setup = replay_setup("chess-bird", workers, workflows=n_workflows, seed=seed, slo_scale=3.0)
+    workload = replay_workload(setup, rate)
+    keep = log_dir is not None
+    folder = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="hexflow-mislabel-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(24)
+    tenants = write_tenants_file(
+        folder / "tenants.yaml", key, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale
+    )
+    runs: dict[str, LiveMislabelRun] = {}
+    t_start = time.monotonic()
+    ok = False
+    try:
+        for name, cfg, refit in (
+            ("correct", right, False),
+            ("mislabel", wrong, False),
+            ("mislabel+refit", wrong, True),
+        ):
+            log(f"{name}: starting the emulated cluster and the gateway")
+            with cluster_process(cluster, time_scale, folder, name) as (_, urls):
+                path = folder / f"gateway-{name}.yaml"
+                port = free_port()
+                write_gateway_config(
+                    cfg, urls, path, policy="hexgen", alpha=None, time_scale=time_scale, tuning_enabled=False,
+                    tenants_file=tenants, port=port, seed=seed,
+                )  # fmt: skip
+                doc = yaml.safe_load(path.read_text())
+                doc["refit"] = {
+                    "enabled": refit,
+                    "interval_s": s.interval_s * time_scale,
+                    "min_calls": max(s.min_calls, 20),
+                    "window_calls": max(s.window_calls, 20),
+                    "max_step": s.max_step,
+                    "max_drift": s.max_drift,
+                    "max_error": s.max_error,
+                    "min_gain": s.min_gain,
+                }
+                path.write_text(yaml.safe_dump(doc))
+                load_gateway_config(path)  # a bad file is reported here, not by the child
+                with gateway_process(path, port, len(urls), folder, name) as url:
+                    rep, points = asyncio.run(
+                        _replay_and_poll(workload, url, key, time_scale, window_s * time_scale / 4, worker, name)
+                    )
+            last = points[-1] if points else {}
+            prof = last.get("profile") or {}
+            ref = prof.get("refit") or {}
+            run = LiveMislabelRun(
+                name=name,
+                windows=_live_windows(points, worker, window_s),
+                late_share=_late_share(points, worker),
+                slo_attainment=rep.slo_attainment,
+                p95_s=rep.p95_s,
+                refits_applied=int(ref.get("applied", 0)),
+                refit_attempts=int(ref.get("attempts", 0)),
+                ejections=int(last.get("ejections") or 0),
+                final_profile=prof,
+                points=points,
+            )
+            runs[name] = run
+            log(f"{name}: late share {run.late_share:.3f}, SLO {run.slo_attainment:.3f}, refits {run.refits_applied}")
+        ok = True
+    finally:
+        if ok and not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+        elif not ok:
+            log(f"subprocess logs are in {folder}")
+    return LiveMislabelReport(
+        cluster=right.name,
+        worker=worker,
+        label=label,
+        rate_qps=rate,
+        workflows=len(workload),
+        time_scale=time_scale,
+        settings=s,
+        runs=runs,
+        wall_s=time.monotonic() - t_start,
+    )
+
+
+def format_live_mislabel_report(rep: LiveMislabelReport) -> str:
+    """The text ``hexflow bench mislabel --live`` prints."""
+    lines = [
+        f"live: {rep.worker} of {rep.cluster} labelled {rep.label} (profile: {rep.label} in the gateway's cluster), "
+        f"emulated workers at their own speed, time scale {rep.time_scale:g}; {rep.workflows} chess-bird workflows "
+        f"at {rep.rate_qps:g}/s; {rep.wall_s:.0f} s wall",
+        "",
+        f"share of {rep.worker} in the calls completed per window (modelled seconds):",
+    ]
+    names = list(rep.runs)
+    n = max(len(r.windows) for r in rep.runs.values())
+    rows = []
+    for i in range(n):
+        row = []
+        for name in names:
+            ws = rep.runs[name].windows
+            row.append(f"{ws[i][1]:.3f} ({ws[i][2]})" if i < len(ws) else "-")
+        rows.append([f"{i + 1}", *row])
+    lines.append(table(["window", *names], rows))
+    lines.append("")
+    rows = []
+    for name, r in rep.runs.items():
+        consts = r.final_profile.get("constants") or {}
+        rows.append(
+            [
+                name,
+                f"{r.late_share:.3f}",
+                fmt(r.slo_attainment, 3),
+                fmt(r.p95_s),
+                str(r.final_profile.get("source", "-")),
+                f"{consts.get('iter_base_s', math.nan):.4g}",
+                f"{r.refits_applied}/{r.refit_attempts}",
+                str(r.ejections),
+            ]
+        )
+    head = ["run", "late share", "SLO", "P95 s", "profile source", "iter_base_s", "refits applied", "ejections"]
+    lines.append(table(head, rows))
+    verdict = "refit helped" if rep.refit_helped() else "refit did NOT bring the share back"
+    lines += ["", f"late share: {', '.join(f'{k} {r.late_share:.3f}' for k, r in rep.runs.items())}: {verdict}"]
+    return "\n".join(lines)

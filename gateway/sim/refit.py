@@ -1,0 +1,314 @@
+"""Slow online refit of a worker's profile constants from the calls it completed.
+
+The ratio EWMA (``gateway.core.estimates``) corrects ``t_comp`` within a few calls, but only ``t_comp``:
+the engine's prefill clock, slot waits, ``gpu_s`` (admission) and stage budgets still run on the profile.
+A worker whose profile is wrong (an L40S labelled A100, another vLLM build, another model revision)
+keeps being mis-planned. The refit fits the profile's four time constants (``iter_base_s``, ``token_s``,
+``ctx_s``, ``request_overhead_s``) to the worker's completed calls, slowly and within bounds:
+
+* **the data**: the last ``window_calls`` completed calls of the worker (``gateway.core.samples``), each
+  with the batch the estimator assumed when it started, so its predicted latency is linear in the
+  constants: ``overhead + prefill(prompt) + (output - 1) * (iter_base + token_s * batch + ctx_s *
+  context) + prefill(tokens ahead)`` (``sample_rows``);
+* **the fit**: the same L1 fit of relative errors as ``hexflow calibrate`` (``l1_relative_fit``), so a
+  minute of stalled calls pulls it by its share of the window's calls, not by its size;
+* **the bounds**: each constant moves at most ``max_step`` times (up or down) per refit, and never beyond
+  ``max_drift`` times the profile the worker was configured with (catalogue or file): a plausible engine;
+* **the acceptance**: at least ``min_calls`` calls in the window and ``min_calls // 4`` new since the last
+  attempt; the best fit within the drift bounds has a median relative error of at most ``max_error`` (the
+  model describes this worker); and the step's error is lower than the current constants' on the same
+  calls by ``min_gain`` (relative) and one point (absolute). Otherwise the profile is kept.
+
+An accepted fit goes through ``Scheduler.set_profile`` (the one path that changes a member's profile): the
+worker's ratio EWMAs restart, since they measured what the old constants missed.
+
+``Refitter`` holds the decisions and no I/O: the simulator calls ``step`` in virtual time, the live task
+(``gateway.live.refit``) takes ``jobs`` on the event loop, runs ``fit_job`` in a thread and ``apply``s
+the outcomes back on the loop. Outcomes are ``applied``, ``kept`` (no real gain), ``rejected`` (the fit
+is poor: the model does not describe this worker), ``skipped`` (too few calls) and ``failed`` (solver).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from gateway.core.profile import PerfProfile
+from gateway.core.samples import CallSample
+from gateway.core.scheduler import Scheduler
+from gateway.core.worker import WorkerInfo
+from gateway.sim.calibrate import l1_relative_fit
+
+FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
+"""The constants the refit changes (the profile's capacities are configuration, not fitted)."""
+
+RESULTS = ("applied", "kept", "rejected", "skipped", "failed")
+"""Outcome labels of one refit attempt (``hexflow_profile_refits_total{result}``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RefitSettings:
+    """The refit's knobs (``refit`` in gateway.yaml; see the module docstring)."""
+
+    interval_s: float = 60.0
+    min_calls: int = 200
+    window_calls: int = 1000
+    max_step: float = 1.5
+    max_drift: float = 8.0
+    max_error: float = 0.3
+    min_gain: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0:
+            raise ValueError(f"interval_s must be positive, got {self.interval_s}")
+        if not 1 <= self.min_calls <= self.window_calls:
+            raise ValueError(f"min_calls must be in [1, window_calls], got {self.min_calls}")
+        if not self.max_step > 1.0 or not self.max_drift >= self.max_step:
+            raise ValueError("max_step must be > 1 and max_drift >= max_step")
+        if not (self.max_error > 0.0 and 0.0 <= self.min_gain < 1.0):
+            raise ValueError("max_error must be positive and min_gain in [0, 1)")
+
+
+def sample_rows(samples: Sequence[CallSample], chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, y)``: per sample, the coefficients of ``FITTED`` in its predicted latency, and its observed one.
+
+    The prefill of ``p`` tokens in chunks of ``chunk`` is ``prefill_time``'s: one ``iter_base_s`` per chunk,
+    ``token_s`` per token, ``ctx_s`` per context token already cached when each chunk runs. The tokens
+    ahead of the call in the engine count as one more prefill at ``chunk`` tokens per iteration.
+    """
+    p = np.array([s.prefill_tokens for s in samples], dtype=float)
+    out = np.array([max(s.output_tokens - 1, 0) for s in samples], dtype=float)
+    n = np.array([s.batch_n for s in samples], dtype=float)
+    ctx = np.array([s.batch_ctx for s in samples], dtype=float)
+    ahead = np.array([s.wait_tokens for s in samples], dtype=float)
+    full = np.floor(p / chunk)
+    rest = p - full * chunk
+    chunks = full + (rest > 0)
+    pre_ctx = chunk * (full * (full - 1) / 2 + np.where(rest > 0, full, 0.0))
+    a = np.column_stack(
+        [
+            chunks + out + ahead / chunk,
+            p + out * n + ahead,
+            pre_ctx + out * ctx,
+            np.ones(len(samples)),
+        ]
+    )
+    y = np.array([s.observed_s for s in samples], dtype=float)
+    return a, y
+
+
+def constants_of(p: PerfProfile) -> tuple[float, float, float, float]:
+    """The profile's ``FITTED`` constants."""
+    return (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s)
+
+
+def median_error(a: np.ndarray, y: np.ndarray, x: Sequence[float]) -> float:
+    """Median ``|a x / y - 1|``: how far the constants ``x`` are from the observed latencies, typically."""
+    return float(np.median(np.abs(a @ np.asarray(x, dtype=float) / y - 1.0)))
+
+
+def refit_bounds(
+    current: PerfProfile, base: PerfProfile, max_step: float, max_drift: float
+) -> tuple[list[float], list[float]]:
+    """Per ``FITTED`` constant: within ``max_step`` x of the current value and ``max_drift`` x of the base."""
+    lower: list[float] = []
+    upper: list[float] = []
+    for cur, b in zip(constants_of(current), constants_of(base), strict=True):
+        lo = max(cur / max_step, b / max_drift)
+        hi = min(cur * max_step, b * max_drift)
+        if lo > hi:  # the current value lies outside the drift bounds (base changed): come back to them
+            lo = hi = min(max(cur, b / max_drift), b * max_drift)
+        lower.append(lo)
+        upper.append(hi)
+    return lower, upper
+
+
+@dataclass(frozen=True, slots=True)
+class FitJob:
+    """One worker's refit, taken on the driver's loop: its data and its profile at that moment."""
+
+    worker: int
+    info: WorkerInfo
+    base: PerfProfile
+    samples: tuple[CallSample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FitOutcome:
+    """What ``fit_job`` decided: ``result`` (one of ``RESULTS``), the new profile when applied, the median
+    relative errors of the current and the fitted constants on the window, and why."""
+
+    job: FitJob
+    result: str
+    profile: PerfProfile | None
+    current_error: float | None
+    fit_error: float | None
+    reason: str
+
+
+def fit_job(job: FitJob, s: RefitSettings) -> FitOutcome:
+    """Fit the job's worker and decide (pure CPU: runs in a thread live).
+
+    Two fits of the window: one within the drift bounds only, which says whether the model describes this
+    worker at all (its error must be at most ``max_error``, else ``rejected``), and the step, within
+    ``max_step`` of the current constants as well, which is applied when it beats the current constants
+    by ``min_gain`` (else ``kept``). Judging the fit by the step alone would refuse every step of a worker
+    more than ``max_step`` away from its profile: exactly the worker that needs several.
+    """
+    cur = job.info.profile
+    a, y = sample_rows(job.samples, cur.max_batched_tokens)
+    keep = y > 0
+    a, y = a[keep], y[keep]
+    if len(y) < s.min_calls:
+        return FitOutcome(job, "skipped", None, None, None, f"{len(y)} calls (at least {s.min_calls})")
+    cur_err = median_error(a, y, constants_of(cur))
+    free_lo, free_hi = refit_bounds(job.base, job.base, s.max_drift, s.max_drift)
+    lower, upper = refit_bounds(cur, job.base, s.max_step, s.max_drift)
+    try:
+        best = median_error(a, y, l1_relative_fit(a, y, free_lo, free_hi))
+        x = l1_relative_fit(a, y, lower, upper)
+    except ValueError as exc:
+        return FitOutcome(job, "failed", None, cur_err, None, str(exc))
+    err = median_error(a, y, x)
+    if best > s.max_error:
+        return FitOutcome(
+            job,
+            "rejected",
+            None,
+            cur_err,
+            err,
+            f"best fit error {best:.1%} above {s.max_error:.0%}: the model does not fit",
+        )
+    if err > cur_err * (1.0 - s.min_gain) or cur_err - err < 0.01:
+        return FitOutcome(job, "kept", None, cur_err, err, f"fit error {err:.1%} vs current {cur_err:.1%}")
+    new = replace(cur, iter_base_s=x[0], token_s=x[1], ctx_s=x[2], request_overhead_s=x[3])
+    return FitOutcome(job, "applied", new, cur_err, err, f"fit error {err:.1%} (was {cur_err:.1%}; best {best:.1%})")
+
+
+@dataclass
+class WorkerRefit:
+    """The refit's memory of one worker (by name): its configured profile and its last attempt."""
+
+    base: PerfProfile
+    base_source: str
+    attempted_total: int = 0
+    """``SampleLog.added`` at the last attempt (a new attempt waits for ``min_calls // 4`` more calls)."""
+    last_at: float | None = None
+    last_applied_at: float | None = None
+    last_result: str | None = None
+    last_reason: str = ""
+    current_error: float | None = None
+    fit_error: float | None = None
+    applied: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Refitter:
+    """Which workers are due, the fit, and applying it (the module docstring); no clock, no I/O."""
+
+    def __init__(self, settings: RefitSettings) -> None:
+        self.s = settings
+        self.state: dict[str, WorkerRefit] = {}
+
+    def attach(self, sched: Scheduler) -> None:
+        """Make the scheduler keep the completed calls the refit needs."""
+        sched.keep_samples(self.s.window_calls)
+
+    def _state(self, info: WorkerInfo) -> WorkerRefit:
+        st = self.state.get(info.name)
+        if st is None or (st.base.gpu, st.base.model) != (info.profile.gpu, info.profile.model):
+            st = self.state[info.name] = WorkerRefit(info.profile, info.profile_source)
+        return st
+
+    def forget(self, name: str) -> None:
+        """Drop a worker that left."""
+        self.state.pop(name, None)
+
+    def jobs(self, sched: Scheduler) -> list[FitJob]:
+        """The members due for an attempt, with a copy of their data (``min_calls`` in the window and
+        ``min_calls // 4`` new since the last attempt)."""
+        log = sched.samples
+        if log is None:
+            return []
+        out: list[FitJob] = []
+        members = sched.members()
+        present = {sched.workers[w].name for w in members}
+        for gone in [n for n in self.state if n not in present]:  # workers that left: bounded memory
+            del self.state[gone]
+        for w in members:
+            info = sched.workers[w]
+            st = self._state(info)
+            added = log.added(w)
+            if added - st.attempted_total < max(self.s.min_calls // 4, 1) or len(log.samples(w)) < self.s.min_calls:
+                continue
+            st.attempted_total = added
+            out.append(FitJob(w, info, st.base, tuple(log.samples(w))))
+        return out
+
+    def apply(self, sched: Scheduler, out: FitOutcome, now: float) -> str:
+        """Record an outcome and apply an accepted profile, unless the worker changed meanwhile (then the
+        outcome is ``skipped``). Returns the result label."""
+        job = out.job
+        w = job.worker
+        result = out.result
+        if w >= len(sched.workers) or not sched.member[w] or sched.workers[w] is not job.info:
+            result, reason = "skipped", "the worker changed during the fit"
+        else:
+            reason = out.reason
+        st = self._state(job.info)
+        st.last_at = now
+        st.last_result = result
+        st.last_reason = reason
+        st.current_error = out.current_error
+        st.fit_error = out.fit_error
+        st.counts[result] = st.counts.get(result, 0) + 1
+        if result == "applied" and out.profile is not None:
+            sched.set_profile(w, out.profile, "refit")
+            st.applied += 1
+            st.last_applied_at = now
+        return result
+
+    def step(self, sched: Scheduler, now: float) -> list[tuple[str, FitOutcome]]:
+        """Attempt every due worker now, synchronously (the simulator); ``(result, outcome)`` per attempt."""
+        done: list[tuple[str, FitOutcome]] = []
+        for job in self.jobs(sched):
+            out = fit_job(job, self.s)
+            done.append((self.apply(sched, out, now), out))
+        return done
+
+    def status(self, info: WorkerInfo, now: float) -> dict[str, Any]:
+        """A worker's refit state for ``/v1/status``."""
+        st = self.state.get(info.name)
+        if st is None:
+            return {"attempts": 0}
+        return {
+            "attempts": sum(st.counts.values()),
+            "applied": st.applied,
+            "last_result": st.last_result,
+            "last_reason": st.last_reason,
+            "last_attempt_age_s": None if st.last_at is None else round(now - st.last_at, 3),
+            "last_refit_age_s": None if st.last_applied_at is None else round(now - st.last_applied_at, 3),
+            "current_error": None if st.current_error is None else round(st.current_error, 4),
+            "fit_error": None if st.fit_error is None else round(st.fit_error, 4),
+            "configured_source": st.base_source,
+        }
+
+
+def profile_status(info: WorkerInfo) -> dict[str, Any]:
+    """A worker's profile for ``/v1/status``: name, source and the fitted constants."""
+    p = info.profile
+    return {
+        "name": p.name,
+        "source": info.profile_source,
+        "constants": {k: float(f"{v:.6g}") for k, v in zip(FITTED, constants_of(p), strict=True)},
+    }
+
+
+def fitted_ratio(current: PerfProfile, base: PerfProfile) -> float:
+    """Geometric mean over ``FITTED`` (non-zero ones) of current / base: how far a refit has moved."""
+    rs = [c / b for c, b in zip(constants_of(current), constants_of(base), strict=True) if b > 0 and c > 0]
+    return statistics.geometric_mean(rs) if rs else 1.0
