@@ -388,6 +388,12 @@ class OnlineWorkflow(Workflow):
         """Expected cost after the current stage, from the template (0 without a template)."""
         return self._cursor.remaining(cost)
 
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where the workflow stands in its template: (phase of its current stage, rounds of it so far);
+        (-1, 0) before its first stage."""
+        return self._cursor.phase, self._cursor.rounds
+
 
 def group_calls(calls: Sequence[CallSpec], parallel_kinds: frozenset[str]) -> list[Stage]:
     """Group a flat call list into stages: consecutive calls of a parallel kind form one stage."""

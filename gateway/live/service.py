@@ -12,9 +12,9 @@ workers it would use, plus its critical path) meets its deadline. Otherwise, per
 (``on_predicted_miss``), it is refused with 429 and a ``Retry-After`` of the seconds until the backlog
 would have drained enough for it to fit, or admitted at the lowest urgency (best effort). Admitted
 workflows are watched (``shed_overdue``, every ``SHED_PERIOD_S``): one with a queued call whose predicted
-completion is past its deadline is shed (its calls cancelled, the client answered 503 with
-``Retry-After``, counted ``shed``) or demoted to best effort; a workflow whose calls are all in flight is
-never shed.
+completion (a tenant with ``quality`` adaptive or fast: at the floor) is past its deadline is shed (its
+calls cancelled, the client answered 503 with ``Retry-After``, counted ``shed``) or demoted to best effort;
+a workflow whose calls are all in flight is never shed.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any
 from gateway.config.gateway import LoadedConfig
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
+from gateway.core.degrade import FLOOR, knob_plan
 from gateway.core.predict import CompletionPredictor, StagePlan, template_plan
 from gateway.core.prefix import prompt_prefix
 from gateway.core.scheduler import Scheduler
@@ -882,7 +883,14 @@ class Gateway:
                 continue
             # Optimistic after its queued calls (later stages meet no queue): shedding cannot be undone.
             pred = pred or CompletionPredictor(self.scheduler, now, later_queue_weight=0.0)
-            completion = pred.workflow_completion(wf, calls)
+            if tenant.quality != "full" and isinstance(wf, OnlineWorkflow) and wf.template is not None:
+                # A tenant that accepts degraded answers can still make it at the floor (the least work that
+                # still answers), as admission predicted it: only a workflow the floor cannot save is shed.
+                phase, rounds = wf.position
+                rest = knob_plan(wf.template, FLOOR, phase=phase, rounds_done=rounds)
+                completion = now + pred.pending_time(calls) + pred.critical_path(rest)
+            else:
+                completion = pred.workflow_completion(wf, calls)
             if completion <= wf.deadline:
                 continue
             if tenant.on_predicted_miss == "best_effort":

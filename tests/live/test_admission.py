@@ -16,6 +16,7 @@ from gateway.config.gateway import load_gateway_config
 from gateway.config.tenants import TenantsFile, hash_key
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagNode
+from gateway.core.degrade import FLOOR, Knobs, knob_plan
 from gateway.core.predict import CompletionPredictor, calls_plan, template_plan
 from gateway.core.workflow import CallSpec
 from gateway.errors import CallFailed, ConfigError, Rejected
@@ -258,6 +259,37 @@ async def test_online_workflow_shed_fails_its_stage_and_later_calls(tmp_path: Pa
     assert isinstance(again, CallFailed) and gw.scheduler.queue_len(0) == 0
     gw.close_workflow(wf, t, failed=True)
     assert outcomes(gw, "rej", "shed") == 1 and gw.active_total == 0
+
+
+async def test_a_degrading_tenant_is_shed_only_when_even_its_floor_cannot_make_it(tmp_path: Path) -> None:
+    clock = FakeClock()
+    doc = {"tenants": [tenant_entry("full"), tenant_entry("ad", quality="adaptive")]}
+    (tmp_path / "tenants.yaml").write_text(yaml.safe_dump(doc))
+    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]))
+    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), Hold(), clock=clock, background=False)
+    pred = CompletionPredictor(gw.scheduler, clock.t, later_queue_weight=0.0)
+    # After the keywords stage: the full template's rest takes far longer than the floor's.
+    phase = next(i for i, p in enumerate(CHESS_TEMPLATE.phases) if p.kind == "extract_keywords")
+    full_rest = pred.critical_path(knob_plan(CHESS_TEMPLATE, Knobs(2, 10, True), phase=phase, rounds_done=1))
+    floor_rest = pred.critical_path(knob_plan(CHESS_TEMPLATE, FLOOR, phase=phase, rounds_done=1))
+    assert floor_rest < 0.7 * full_rest
+    spec = CallSpec("extract_keywords", 677, 49)
+    lone = lone_s(gw, spec)
+    deadline = lone + (floor_rest + full_rest) / 2  # the floor fits, the full pipeline does not
+    shed = {}
+    stages = []
+    for name in ("full", "ad"):
+        t = tenant(gw, name)
+        wf = gw.open_workflow(t, deadline, CHESS_TEMPLATE)
+        stages.append(
+            asyncio.create_task(gw.run_stage(wf, spec.kind, [(spec, CallRequest("/v1/chat/completions", {}))]))
+        )
+        await asyncio.sleep(0)
+        shed[name] = gw.shed_overdue()
+    assert shed["full"] == (1, 0)
+    assert shed["ad"] == (0, 0)
+    for task in stages:
+        task.cancel()
 
 
 # ------------------------------------------------------------------------------------------ tenants file
