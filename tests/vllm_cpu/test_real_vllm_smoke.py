@@ -470,9 +470,9 @@ async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
 
     Long requests fill the running slots; a low- then a high-priority request queue behind them; cancelling
     one long request frees exactly one slot. The order only means something on a run where the long requests
-    still ran when the slot was freed and neither short request had started (read from their streams); a run
-    that missed that (the tiny model can finish 4000 tokens quickly) is repeated, at most 3 runs, never counted
-    as a pass.
+    still ran when the slot was freed and until both short requests were served, and neither short request had
+    started before (read from their streams); a run that missed that (the tiny model can finish 4000 tokens
+    quickly) is repeated, at most 3 runs, never counted as a pass.
     """
     runs: list[dict[str, Any]] = []
     async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
@@ -488,13 +488,16 @@ async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
             valid = filled and not any(st.done for st in longs) and low.chunks == 0 and high.chunks == 0
             await cancel_all([longs[0].task])  # one slot frees
             await asyncio.gather(low.task, high.task)
+            # Exactly one slot must have freed: a long request that finished on its own meanwhile freed a
+            # second one, and both short requests could start in the same step (seen: 16 ms apart).
+            valid = valid and not any(st.done for st in longs[1:])
             await cancel_all([st.task for st in longs[1:]])
             run = {"valid": valid, "long_chunks": [st.chunks for st in longs], "status": [low.status, high.status]}
             runs.append(run)
             if valid:
                 break
     observed["priority_order"] = runs
-    assert runs[-1]["valid"], f"the long requests finished before the short ones queued, in every run: {runs}"
+    assert runs[-1]["valid"], f"a long request finished before the short ones were served, in every run: {runs}"
     assert (low.status, high.status) == (200, 200)
     assert low.first_at is not None and high.first_at is not None
     assert high.first_at < low.first_at, f"the low-priority request started first: {runs}"
