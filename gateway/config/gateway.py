@@ -318,7 +318,25 @@ class Text2SqlConfig(_Strict):
     schema_max_chars: int = Field(24_000, ge=1000, description="Serialised schema longer than this is cut.")
 
 
-class KubernetesDiscoveryConfig(_Strict):
+class _KubeApiSettings(_Strict):
+    """How to reach the Kubernetes API server (shared by discovery and leader election)."""
+
+    api_url: str | None = Field(
+        None,
+        pattern=r"^https?://\S+$",
+        description="API server URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).",
+    )
+    token_file: str = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        description="Bearer token file (re-read on every request: projected tokens rotate). Missing: no auth.",
+    )
+    ca_file: str | None = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+        description="CA bundle of the API server (missing file: the system's CAs).",
+    )
+
+
+class KubernetesDiscoveryConfig(_KubeApiSettings):
     """Workers taken from Kubernetes pods selected by label (list + watch of the pods API).
 
     A pod becomes a worker when it matches ``label_selector``, is Running with an IP and its ``Ready``
@@ -342,19 +360,6 @@ class KubernetesDiscoveryConfig(_Strict):
         "exactly this often (poll mode); changes take effect within it.",
     )
     watch: bool = Field(True, description="Follow changes with a watch between lists (else poll every period_s).")
-    api_url: str | None = Field(
-        None,
-        pattern=r"^https?://\S+$",
-        description="API server URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).",
-    )
-    token_file: str = Field(
-        "/var/run/secrets/kubernetes.io/serviceaccount/token",
-        description="Bearer token file (re-read on every request: projected tokens rotate). Missing: no auth.",
-    )
-    ca_file: str | None = Field(
-        "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
-        description="CA bundle of the API server (missing file: the system's CAs).",
-    )
     timeout_s: PosFloat = Field(10.0, description="Timeout of one list request (and of connecting).")
     gpu_label: str = Field("hexflow.io/gpu", min_length=1, description="Pod label holding the GPU type.")
     model_annotation: str = Field(
@@ -434,7 +439,7 @@ LEASE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 """A Kubernetes object name (a DNS subdomain: lower-case letters, digits, ``-`` and ``.``, at most 253)."""
 
 
-class LeaderElectionConfig(_Strict):
+class LeaderElectionConfig(_KubeApiSettings):
     """High availability: several gateway replicas, one leader holding a ``coordination.k8s.io/v1`` Lease.
 
     Only the leader serves: the other replicas answer ``/readyz`` with 503 (so a Service routes nothing
@@ -469,19 +474,6 @@ class LeaderElectionConfig(_Strict):
     )
     retry_period_s: PosFloat = Field(
         2.0, description="How often the leader renews, and how often the others try to acquire (< renew_deadline_s)."
-    )
-    api_url: str | None = Field(
-        None,
-        pattern=r"^https?://\S+$",
-        description="API server URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).",
-    )
-    token_file: str = Field(
-        "/var/run/secrets/kubernetes.io/serviceaccount/token",
-        description="Bearer token file (re-read on every request). Missing: no auth.",
-    )
-    ca_file: str | None = Field(
-        "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
-        description="CA bundle of the API server (missing file: the system's CAs).",
     )
 
     @model_validator(mode="after")

@@ -350,17 +350,33 @@ def default_api_url() -> str | None:
     return f"https://{host}:{port}"
 
 
-def api_from_config(cfg: KubernetesDiscoveryConfig) -> KubeApi:
-    """The API client ``cfg`` describes (``ValueError`` when no API server URL is known)."""
-    base = cfg.api_url or default_api_url()
+def kube_api(
+    section: str,
+    api_url: str | None,
+    namespace: str | None,
+    *,
+    token_file: str,
+    ca_file: str | None,
+    timeout_s: float,
+) -> KubeApi:
+    """An API client from a config section's connection settings (``section`` names it in the error):
+    ``api_url`` or the in-cluster default, ``namespace`` or the gateway's own. ``ValueError`` when no API
+    server URL is known."""
+    base = api_url or default_api_url()
     if base is None:
         raise ValueError(
-            "discovery.kubernetes.api_url is not set and KUBERNETES_SERVICE_HOST is not in the environment "
+            f"{section}.api_url is not set and KUBERNETES_SERVICE_HOST is not in the environment "
             "(is the gateway running in a pod?)"
         )
-    return KubeApi(
-        base,
-        cfg.namespace or default_namespace(),
+    return KubeApi(base, namespace or default_namespace(), token_file=token_file, ca_file=ca_file, timeout_s=timeout_s)
+
+
+def api_from_config(cfg: KubernetesDiscoveryConfig) -> KubeApi:
+    """The API client ``cfg`` describes (``ValueError`` when no API server URL is known)."""
+    return kube_api(
+        "discovery.kubernetes",
+        cfg.api_url,
+        cfg.namespace,
         token_file=cfg.token_file,
         ca_file=cfg.ca_file,
         timeout_s=cfg.timeout_s,

@@ -40,8 +40,7 @@ from urllib.parse import quote
 import aiohttp
 
 from gateway.config.gateway import LeaderElectionConfig
-from gateway.live.discovery import KubeApi, KubeApiError, KubeConflict, KubeNotFound, default_api_url
-from gateway.live.discovery import default_namespace as _default_namespace
+from gateway.live.discovery import KubeApi, KubeApiError, KubeConflict, KubeNotFound, kube_api
 
 log = logging.getLogger("hexflow.leader")
 
@@ -62,16 +61,11 @@ def micro_time(t: datetime) -> str:
 
 def lease_api(cfg: LeaderElectionConfig) -> KubeApi:
     """The API client of ``cfg`` (``ValueError`` when no API server URL is known)."""
-    base = cfg.api_url or default_api_url()
-    if base is None:
-        raise ValueError(
-            "leader_election.api_url is not set and KUBERNETES_SERVICE_HOST is not in the environment "
-            "(is the gateway running in a pod?)"
-        )
     # A request may take at most the renew deadline: a leader must be able to step down in time.
-    return KubeApi(
-        base,
-        cfg.namespace or _default_namespace(),
+    return kube_api(
+        "leader_election",
+        cfg.api_url,
+        cfg.namespace,
         token_file=cfg.token_file,
         ca_file=cfg.ca_file,
         timeout_s=cfg.renew_deadline_s,
