@@ -3,6 +3,8 @@
 Routes (one router per surface, under ``gateway.live.routers``):
     POST /v1/workflows          a DAG of LLM calls under the tenant's deadline (``routers.workflows``)
     POST /v1/chat/completions   OpenAI-compatible pass-through (streaming too), a one-call workflow
+    POST /v1/completions        the same for text completions (``routers.chat``; both usually served by the
+                                fast path, ``gateway.live.fastpath``, which hands the rest to the framework)
     GET  /v1/models             the models the cluster serves (OpenAI-compatible; ``routers.chat``)
     POST /v1/text2sql           a question in, SQL and its result out (``routers.text2sql``)
     GET  /v1/status             workers, queues, in-flight calls, alpha, estimates, tuning
@@ -49,9 +51,11 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from gateway.errors import GatewayError, error_body
 from gateway.live.deps import unicode_body
+from gateway.live.fastpath import FAST_PATHS, FastPath
 from gateway.live.logs import RequestIdMiddleware
 from gateway.live.middleware import BodyLimit
 from gateway.live.responses import JSONResponse, error_response, plain
@@ -121,8 +125,27 @@ def serving_gc(gen0_threshold: int = GC_GEN0_THRESHOLD) -> Iterator[None]:
         gc.unfreeze()
 
 
-def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes: int = 1 << 20) -> FastAPI:
-    """The ASGI app. ``make_gateway`` builds the (unstarted) service inside the lifespan."""
+class GatewayApp(FastAPI):
+    """FastAPI with the hot routes' fast path in front (``gateway.live.fastpath``): a ``POST`` to a
+    pass-through path goes to it first (it hands what it does not serve back to the framework), everything
+    else to FastAPI as usual. ``fast_path`` off: every request goes through the framework."""
+
+    fast: FastPath | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one ASGI connection or lifespan."""
+        fast = self.fast
+        if fast is not None and scope["type"] == "http" and scope["path"] in FAST_PATHS and scope["method"] == "POST":
+            await fast(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(
+    make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes: int = 1 << 20, fast_path: bool = True
+) -> FastAPI:
+    """The ASGI app. ``make_gateway`` builds the (unstarted) service inside the lifespan; ``fast_path``
+    serves the pass-through routes without the framework (``gateway.live.fastpath``; same answers)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -136,7 +159,7 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
             await gw.drain(gw.cfg.shutdown_grace_s)
             await gw.stop()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="HexGen-Flow gateway",
         version="0.1.0",
         description="Deadline- and heterogeneity-aware scheduling of agentic LLM workflows over vLLM workers.",
@@ -161,6 +184,8 @@ def create_app(make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes
     app.mount(ui.UI_STATIC_URL, StaticFiles(directory=ui.UI_DIR), name="ui-static")
     _serve_docs(app)
     app.openapi = lambda: openapi_with_limits(app)  # type: ignore[method-assign]
+    if fast_path and not app.root_path:
+        app.fast = FastPath(super(GatewayApp, app).__call__, app.state, max_body_bytes)
     return app
 
 
@@ -226,6 +251,8 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
     chat_req = schemas.get("ChatCompletionRequest", {}).get("properties", {})
     for name in ("max_tokens", "max_completion_tokens"):
         _set(chat_req.get(name), "integer", "maximum", lim.max_tokens)
+    completion_req = schemas.get("CompletionRequest", {}).get("properties", {})
+    _set(completion_req.get("max_tokens"), "integer", "maximum", lim.max_tokens)
     t2s = getattr(app.state, "text2sql", None)
     settings = getattr(t2s, "settings", None)
     if settings is not None:

@@ -21,6 +21,7 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from starlette.requests import HTTPConnection
+from starlette.types import Receive
 
 from gateway.config.tenants import hash_key
 from gateway.core.predict import StagePlan
@@ -163,8 +164,13 @@ async def wait_disconnect(request: Request) -> None:
     Call it only once the request body has been read (the route's parameters are): until then
     ``receive`` yields the body's chunks, which this would consume.
     """
+    await wait_disconnect_raw(request.receive)
+
+
+async def wait_disconnect_raw(receive: Receive) -> None:
+    """``wait_disconnect`` on an ASGI ``receive`` (the body read already)."""
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             return
 
@@ -180,6 +186,11 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     watch; a watcher task cancels the route's task when ``http.disconnect`` comes. The body must have
     been read already (``wait_disconnect``).
     """
+    return await until_disconnect_raw(request.receive, work)
+
+
+async def until_disconnect_raw(receive: Receive, work: Awaitable[T]) -> T:
+    """``until_disconnect`` on an ASGI ``receive`` (the gateway's fast path has no ``Request``)."""
     route = asyncio.current_task()
     if route is None:  # not in a task (never under an ASGI server): nothing to cancel
         return await work
@@ -187,7 +198,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
     async def watch() -> None:
         nonlocal gone
-        await wait_disconnect(request)
+        await wait_disconnect_raw(receive)
         gone = True
         route.cancel()
 
@@ -206,7 +217,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     return result
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 """A JSON escape of a UTF-16 surrogate; valid pairs (an escaped emoji) match too, so a match is checked."""
 
 
@@ -220,7 +231,7 @@ async def unicode_body(request: Request) -> None:
     if request.method not in ("POST", "PUT", "PATCH"):
         return
     raw = await request.body()
-    if not _SURROGATE_ESCAPE.search(raw):
+    if not SURROGATE_ESCAPE.search(raw):
         return
     try:
         parsed = json.loads(raw)

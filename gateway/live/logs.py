@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import random
 import re
 import sys
 import time
-import uuid
 from contextvars import ContextVar
 from typing import IO, Any, Literal
 
@@ -34,6 +35,7 @@ __all__ = [
     "LogFormat",
     "RequestIdMiddleware",
     "configure_logging",
+    "request_id",
 ]
 
 LogFormat = Literal["text", "json"]
@@ -47,6 +49,20 @@ WORKFLOW_ID: ContextVar[str | None] = ContextVar("hexflow_workflow_id", default=
 
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 """What a client's ``X-Request-Id`` may be to be kept (anything else is replaced: it goes into logs)."""
+
+
+_ids = random.Random()  # seeded from the OS; ids need to be unique, not secret
+os.register_at_fork(after_in_child=_ids.seed)  # a forked child must not repeat its parent's ids
+
+
+def request_id(sent: bytes | None) -> str:
+    """A request's id: the client's ``X-Request-Id`` (``sent``) when it is sane, else a new ``req-`` + 16 hex
+    digits (64 random bits: unique in practice, not a secret; a forked process reseeds)."""
+    if sent is not None:
+        text = sent.decode("latin-1")
+        if _SANE_ID.fullmatch(text):
+            return text
+    return f"req-{_ids.getrandbits(64):016x}"
 
 
 class ContextFilter(logging.Filter):
@@ -113,13 +129,12 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = None
+        sent = None
         for k, v in scope.get("headers", []):
             if k == b"x-request-id":
-                text = v.decode("latin-1")
-                rid = text if _SANE_ID.fullmatch(text) else None
+                sent = v
                 break
-        rid = rid or f"req-{uuid.uuid4().hex[:16]}"
+        rid = request_id(sent)
         token = REQUEST_ID.set(rid)
         wf_token = WORKFLOW_ID.set(None)  # a route sets it; reset below, so it never outlives the request
 

@@ -338,6 +338,67 @@ class ChatCompletion(BaseModel):
     usage: Usage | None = None
 
 
+TokenIds = Annotated[list[Annotated[int, Field(ge=0), BeforeValidator(_integral)]], Field(min_length=1)]
+"""A prompt as token ids (non-negative integers)."""
+
+
+class CompletionRequest(BaseModel):
+    """``POST /v1/completions``: OpenAI's legacy completions request, as vLLM serves it. Fields not listed here
+    are passed to the worker as sent; ``model`` and ``priority`` are not (the gateway picks the worker and sets
+    the priority)."""
+
+    model_config = ConfigDict(
+        strict=True,
+        extra="allow",
+        json_schema_extra={"examples": [{"model": "llama-3.1-70b", "prompt": "SELECT", "max_tokens": 8}]},
+    )
+
+    prompt: (
+        Annotated[str, Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
+    ) = Field(description="One prompt: a text, token ids, or a list holding one text (one call, one answer).")
+    model: str | None = Field(None, description="A model the cluster serves (``GET /v1/models``); 404 otherwise.")
+    max_tokens: PosInt | None = Field(None, description="Most output tokens (default 16, as OpenAI's).")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: Annotated[Literal[1], BeforeValidator(_integral)] | None = Field(
+        None, description="Completions per request: the gateway schedules one."
+    )
+    stream: bool | None = Field(None, description="Answer server-sent events (``text/event-stream``).")
+    stream_options: StreamOptions | None = None
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(None, description="Up to 4 stop sequences.")
+    seed: Int | None = None
+    echo: bool | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    user: str | None = None
+    priority: Int | None = Field(None, description="Ignored: the gateway sets the priority from its own queue.")
+
+
+class CompletionChoice(BaseModel):
+    """One choice of a completion."""
+
+    model_config = ConfigDict(extra="allow")
+
+    index: int
+    text: str
+    finish_reason: str | None = None
+
+
+class Completion(BaseModel):
+    """The worker's ``text_completion`` object, passed through (vLLM adds fields of its own)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: str = Field(description="``text_completion``.")
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
 class ModelCard(BaseModel):
     """One served model."""
 

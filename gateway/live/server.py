@@ -27,6 +27,7 @@ from gateway.config.gateway import LoadedConfig, load_gateway_config
 from gateway.errors import ConfigError
 from gateway.live.app import create_app
 from gateway.live.discovery import default_api_url
+from gateway.live.httpserver import HttpProtocol
 from gateway.live.logs import LOG_FORMATS, LogFormat, configure_logging
 from gateway.live.routers.text2sql import install_text2sql
 from gateway.live.service import Gateway
@@ -219,6 +220,7 @@ def serve(
             timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 1,
             timeout_keep_alive=5,
             access_log=False,
+            http=HttpProtocol,  # uvicorn's httptools protocol, a response's writes sent as one
         )
         # uvicorn re-raises a signal it handled itself (a second one, during the drain) after its shutdown,
         # under the handler that was in place before it started; this one keeps that exit 0 for SIGTERM

@@ -50,6 +50,8 @@ class CallResult:
     body: dict[str, Any] | None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    raw: bytes | None = None
+    """The worker's answer as the bytes it sent (a non-streaming success; passed to a client unchanged)."""
 
     def text(self) -> str | None:
         """The generated text of a chat or completions answer (None when the body holds none)."""
@@ -328,7 +330,7 @@ def _result(status: int, content: bytes) -> CallResult:
         raise WorkerError("worker answered 200 without choices (not a completion)")
     raw_usage = data.get("usage")
     usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
-    return CallResult(data, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
+    return CallResult(data, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), content)
 
 
 def _count(v: Any) -> int:

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from gateway.config import load_gpu_catalog
 from gateway.config.gateway import load_gateway_config
+from gateway.live.httpserver import HttpProtocol
 from gateway.live.server import build_app
 from tests.emulator_process import free_port
 from workers.emulator import EmulatorConfig, Responder, create_app
@@ -159,7 +160,9 @@ async def gateway_server(config: Path) -> AsyncIterator[tuple[str, FastAPI]]:
     """The gateway served by uvicorn on a loopback port in this event loop; yields its base URL."""
     app = build_app(load_gateway_config(config))
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", http=HttpProtocol)
+    )
     task = asyncio.create_task(server.serve())
     try:
         while not server.started:

@@ -129,6 +129,7 @@ def gateway_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
 ROUTES = [
     "POST /v1/workflows",
     "POST /v1/chat/completions",
+    "POST /v1/completions",
     "GET /v1/models",
     "POST /v1/text2sql",
     "GET /v1/status",
@@ -186,11 +187,13 @@ def test_the_document_states_what_the_routes_do(gateway_app: FastAPI) -> None:
         "200", "400", "401", "413", "415", "422", "429", "502", "503", "504"
     }  # fmt: skip
     assert {"404", "413", "415", "422", "429", "502", "503"} <= statuses[("POST", "/v1/chat/completions")]
+    assert {"404", "413", "415", "422", "429", "502", "503"} <= statuses[("POST", "/v1/completions")]
     assert {"404", "413", "415", "422", "429", "502", "503"} <= statuses[("POST", "/v1/text2sql")]
     assert statuses[("GET", "/readyz")] == {"200", "503"}
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     assert set(paths["/metrics"]["get"]["responses"]["503"]["content"]) == {"application/json"}
     assert "text/event-stream" in paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+    assert "text/event-stream" in paths["/v1/completions"]["post"]["responses"]["200"]["content"]
     assert "Retry-After" in paths["/v1/workflows"]["post"]["responses"]["429"]["headers"]
     # The bearer scheme on every authenticated route, and only there.
     assert doc["components"]["securitySchemes"]["bearer"] == {
@@ -199,7 +202,7 @@ def test_the_document_states_what_the_routes_do(gateway_app: FastAPI) -> None:
         "description": "The tenant's API key: ``Authorization: Bearer <key>``.",
     }
     secured = {p for p, ops in paths.items() for op in ops.values() if op.get("security") == [{"bearer": []}]}
-    assert secured == {"/v1/workflows", "/v1/chat/completions", "/v1/models", "/v1/text2sql"}
+    assert secured == {"/v1/workflows", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/text2sql"}
     # Request schemas: strict types, exactly one of messages and prompt_tokens, the running limits.
     schemas = doc["components"]["schemas"]
     call = schemas["WorkflowCall"]
@@ -228,6 +231,9 @@ def test_the_document_states_what_the_routes_do(gateway_app: FastAPI) -> None:
     assert chat["additionalProperties"] is True and chat["required"] == ["messages"]
     assert {"type": "integer", "minimum": 1, "maximum": 48} in chat["properties"]["max_tokens"]["anyOf"]
     assert {"type": "boolean"} in chat["properties"]["stream"]["anyOf"]
+    completion = schemas["CompletionRequest"]
+    assert completion["additionalProperties"] is True and completion["required"] == ["prompt"]
+    assert {"type": "integer", "minimum": 1, "maximum": 48} in completion["properties"]["max_tokens"]["anyOf"]
     assert schemas["Text2SqlRequest"]["properties"]["question"]["maxLength"] == 400
     # pydantic writes a bound it cannot place as "ge"/"le": JSON Schema ignores those keys.
     leaked = [n for n in _walk(schemas) if {"ge", "le", "gt", "lt"} & set(n) and "type" in n]

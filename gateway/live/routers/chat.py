@@ -1,11 +1,19 @@
-"""The OpenAI-compatible surface: ``POST /v1/chat/completions`` (streaming too) and ``GET /v1/models``.
+"""The OpenAI-compatible surface: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming too),
+and ``GET /v1/models``.
 
-A chat completion is scheduled as a one-call workflow under the tenant's SLO. Errors: 422 for a body
-that is not a JSON object with a non-empty ``messages`` list, a bad ``max_tokens``, a bad deadline header,
-or a prompt or ``max_tokens`` over ``limits.max_tokens``; 404 for a model the cluster does not serve; 429/503 from
-admission. A worker's error answer is passed through with its status, message, type and param; once a
-stream has started, a failure is sent as a last server-sent event ``{"error": {...}}``. A client that
-disconnects, streaming or not, cancels its call (the worker's request is aborted): counted ``cancelled``.
+A chat or text completion is scheduled as a one-call workflow under the tenant's SLO. Errors: 422 for a body
+that is not a JSON object of the endpoint's shape (a non-empty ``messages`` list, or a ``prompt``), a bad
+``max_tokens``, a bad deadline header, or a prompt or ``max_tokens`` over ``limits.max_tokens``; 404 for a
+model the cluster does not serve; 429/503 from admission. A worker's error answer is passed through with its
+status, message, type and param; once a stream has started, a failure is sent as a last server-sent event
+``{"error": {...}}``. A client that disconnects, streaming or not, cancels its call (the worker's request is
+aborted): counted ``cancelled``.
+
+The worker's answer is passed through as the bytes it sent (it was checked to be a completion: a JSON object
+with choices), and a stream as the worker's events, chunk by chunk, unparsed. The routes here are the
+framework's (the OpenAPI document, and every request that is not plain); the same requests are usually
+served by the gateway's fast path (``gateway.live.fastpath``) through the same functions (``open_call``,
+``answer_bytes``, ``first_event``, ``events``), so both give the same answers.
 """
 
 from __future__ import annotations
@@ -13,33 +21,42 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import StringConstraints
+from pydantic import BaseModel, StringConstraints
 from pydantic.json_schema import SkipJsonSchema
 
 from gateway.core.dag import DagNode
 from gateway.core.predict import calls_plan
-from gateway.core.tokens import message_tokens
+from gateway.core.tokens import message_tokens, text_tokens
 from gateway.core.workflow import CHAT, CallSpec
 from gateway.errors import NotFound, Unprocessable, UpstreamError, error_body
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
-from gateway.live.responses import JSONResponse
+from gateway.live.responses import dumps
 from gateway.live.schemas import (
     NUMBER_PATTERN,
     ChatCompletion,
     ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
     ModelList,
     route_responses,
     sse_content,
 )
 from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
+from gateway.live.tenants import Tenant
 
 DEADLINE_HEADER = "x-hexflow-deadline-s"
 DEFAULT_CHAT_OUTPUT_TOKENS = 256
+DEFAULT_COMPLETION_OUTPUT_TOKENS = 16
+"""OpenAI's default ``max_tokens`` of a text completion (vLLM's too), per prompt."""
+STREAM_QUEUE_CHUNKS = 4096
+"""Most chunks of a worker's stream held for a client that reads slowly (the relay then waits)."""
+EVENT_STREAM = "text/event-stream"
 
 router = APIRouter()
 
@@ -49,10 +66,48 @@ def served_models(gw: Gateway) -> tuple[str, ...]:
     return gw.pool.served_models()
 
 
-def _deadline_header(header: str | None) -> float | None:
-    if not header:  # absent, or empty (as if absent)
+def chat_input_tokens(body: dict[str, Any]) -> int:
+    """Estimated prompt tokens of a chat request body."""
+    return message_tokens(body["messages"])
+
+
+def completion_input_tokens(body: dict[str, Any]) -> int:
+    """Estimated prompt tokens of a completions request body: a text, token ids, or a list holding one text."""
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        return text_tokens(prompt)
+    if isinstance(prompt[0], str):
+        return sum(text_tokens(p) for p in prompt)
+    return len(prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class PassThrough:
+    """An OpenAI-compatible endpoint served as a one-call workflow: its path (the worker's too), its request
+    schema, how its prompt is counted and its default output budget."""
+
+    path: str
+    schema: type[BaseModel]
+    input_tokens: Callable[[dict[str, Any]], int]
+    default_output_tokens: int
+
+
+CHAT_COMPLETIONS = PassThrough(
+    "/v1/chat/completions", ChatCompletionRequest, chat_input_tokens, DEFAULT_CHAT_OUTPUT_TOKENS
+)
+COMPLETIONS = PassThrough(
+    "/v1/completions", CompletionRequest, completion_input_tokens, DEFAULT_COMPLETION_OUTPUT_TOKENS
+)
+PASS_THROUGH: dict[str, PassThrough] = {r.path: r for r in (CHAT_COMPLETIONS, COMPLETIONS)}
+"""The pass-through endpoints by path."""
+
+
+def deadline_header_value(header: str | None) -> float | None:
+    """The deadline of an ``x-hexflow-deadline-s`` value that matched ``NUMBER_PATTERN`` (None: absent or
+    empty, as if not sent); 422 when it is not finite."""
+    if not header:
         return None
-    deadline = float(header)  # the header's pattern (NUMBER_PATTERN) admits only JSON numbers
+    deadline = float(header)  # the pattern admits only JSON numbers
     if not math.isfinite(deadline):  # 1e999
         raise Unprocessable(f"{DEADLINE_HEADER}: must be finite", param=DEADLINE_HEADER)
     return deadline
@@ -67,21 +122,126 @@ DeadlineHeader = Annotated[
 ]
 
 
+@dataclass(slots=True)
+class OpenCall:
+    """A pass-through call admitted and ready to run: ``work`` (await it, or run it as a task) and, for a
+    stream, the queue the worker's events come through."""
+
+    work: Coroutine[Any, Any, WorkflowOutcome]
+    stream: asyncio.Queue[bytes | None] | None
+
+
+def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, deadline_s: float | None) -> OpenCall:
+    """Check a validated request against the cluster and the limits, admit it, and make its one-call workflow.
+
+    Raises ``NotFound`` (an unknown model), ``Unprocessable`` (over a limit, a deadline out of range) or
+    ``Rejected`` (admission). The body sent on is what the client sent, type-checked, unknown fields as they
+    are; a null in a field the gateway knows means "the default" (OpenAI's semantics) and is left out, so a
+    worker need not accept null there; ``model`` and ``priority`` are the gateway's to set.
+    """
+    known = type(req).model_fields
+    body = {k: v for k, v in req.model_dump(exclude_unset=True).items() if v is not None or k not in known}
+    model = body.get("model")
+    served = served_models(gw)
+    if model is not None and served and model not in served:
+        raise NotFound(f"the model {model!r} does not exist; served: {', '.join(served)}", param="model")
+    limit = gw.cfg.limits.max_tokens
+    for name in ("max_tokens", "max_completion_tokens"):  # as for a workflow call
+        value = body.get(name)
+        if value is not None and value > limit:
+            raise Unprocessable(f"{name}: {value} exceeds the limit of {limit}", param=name)
+    mt = body.get("max_completion_tokens") or body.get("max_tokens")
+    deadline = deadline_or_raise(gw, tenant, deadline_s)
+    n_in = route.input_tokens(body)
+    if n_in > limit:
+        what = "messages" if route is CHAT_COMPLETIONS else "prompt"
+        raise Unprocessable(f"{what}: about {n_in} tokens exceed the limit of {limit}", param=what)
+    fwd = {k: v for k, v in body.items() if k not in ("model", "priority")}
+    queue: asyncio.Queue[bytes | None] | None = (
+        asyncio.Queue(maxsize=STREAM_QUEUE_CHUNKS) if body.get("stream") else None
+    )
+    node = DagNode("chat", CHAT, n_in, mt or route.default_output_tokens)
+    plan = calls_plan([[CallSpec(CHAT, node.input_tokens, node.output_tokens)]])
+    admission = admit_or_raise(gw, tenant, 1, plan, deadline)
+    work = gw.run_workflow(tenant, deadline, [node], [CallRequest(route.path, fwd, queue)], admission=admission)
+    return OpenCall(work, queue)
+
+
+def answer_bytes(out: WorkflowOutcome) -> bytes:
+    """The worker's answer to a finished pass-through call, as the bytes it sent (``UpstreamError`` for a
+    failed call: the worker's own error answer where it gave one)."""
+    if out.error is not None:
+        raise UpstreamError.answer(out.error)
+    result = out.calls[0].result
+    if result is None or result.body is None:
+        raise UpstreamError("the worker's answer has no body", 502)
+    return result.raw if result.raw is not None else dumps(result.body)
+
+
+async def first_event(run: asyncio.Task[WorkflowOutcome], queue: asyncio.Queue[bytes | None]) -> bytes | None:
+    """The stream's first chunk, once the call has started streaming; None when the call ended without a chunk.
+
+    An error before the first chunk is raised (``UpstreamError``: a proper status, nothing is sent yet).
+    Cancelled (client gone): the call is cancelled too, and waited for.
+    """
+    first = asyncio.ensure_future(queue.get())
+    try:
+        done, _ = await asyncio.wait({first, run}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        first.cancel()
+        run.cancel()
+        await asyncio.wait({run})
+        raise
+    if first in done:
+        return first.result()
+    first.cancel()
+    out = run.result()
+    if out.error is not None:
+        raise UpstreamError.answer(out.error)
+    return None
+
+
+async def events(
+    run: asyncio.Task[WorkflowOutcome], queue: asyncio.Queue[bytes | None], head: bytes | None
+) -> AsyncGenerator[bytes]:
+    """The worker's stream as it comes (``head`` first), then an ``{"error": ...}`` event when the call failed
+    after the stream started (the status line is sent: the error can only be the stream's last event).
+    Leaving the iteration early (client gone) cancels the call."""
+    try:
+        if head is not None:
+            yield head
+        while True:
+            if queue.empty():
+                if run.done():
+                    break
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, run}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    continue
+                item = getter.result()
+            else:
+                item = queue.get_nowait()
+            if item is None:
+                break
+            yield item
+        out = run.result() if run.done() else None
+        if out is not None and out.error is not None:
+            err = error_body(out.error.status, str(out.error), "upstream_error")
+            yield f"data: {json.dumps(err)}\n\n".encode()
+    finally:
+        if not run.done():
+            run.cancel()
+
+
+_OPENAI_ERRORS = (200, 400, 401, 404, 413, 415, 422, 429, 502, 503, 504)
+
+
 @router.post(
     "/v1/chat/completions",
     response_model=None,
     responses=route_responses(
-        200,
-        400,
-        401,
-        404,
-        413,
-        415,
-        422,
-        429,
-        502,
-        503,
-        504,
+        *_OPENAI_ERRORS,
         ok={
             "model": ChatCompletion,
             "description": "The worker's chat completion; with ``stream: true``, its server-sent events.",
@@ -101,96 +261,48 @@ async def chat(
     tenant's range). A client ``priority`` is ignored: the gateway sets it from its own queue. Fields the
     gateway does not know are passed to the worker as sent.
     """
-    gw = gw_of(request)
-    # What the client sent, type-checked; unknown fields as they are. A null in a field the gateway knows
-    # means "the default" (OpenAI's semantics): left out, so a worker need not accept null there.
-    known = ChatCompletionRequest.model_fields
-    body = {k: v for k, v in req.model_dump(exclude_unset=True).items() if v is not None or k not in known}
-    messages = body["messages"]
-    model = req.model
-    served = served_models(gw)
-    if model is not None and served and model not in served:
-        raise NotFound(f"the model {model!r} does not exist; served: {', '.join(served)}", param="model")
-    limit = gw.cfg.limits.max_tokens
-    for name in ("max_tokens", "max_completion_tokens"):  # as for a workflow call
-        value = body.get(name)
-        if value is not None and value > limit:
-            raise Unprocessable(f"{name}: {value} exceeds the limit of {limit}", param=name)
-    mt = req.max_completion_tokens or req.max_tokens
-    deadline = deadline_or_raise(gw, tenant, _deadline_header(deadline_header))
-    n_in = message_tokens(messages)
-    if n_in > gw.cfg.limits.max_tokens:
-        raise Unprocessable(f"messages: about {n_in} tokens exceed the limit of {gw.cfg.limits.max_tokens}")
-    fwd = {k: v for k, v in body.items() if k not in ("model", "priority")}
-    stream = bool(req.stream)
-    queue: asyncio.Queue[bytes | None] | None = asyncio.Queue(maxsize=4096) if stream else None
-    node = DagNode("chat", CHAT, n_in, mt or DEFAULT_CHAT_OUTPUT_TOKENS)
-    plan = calls_plan([[CallSpec(CHAT, node.input_tokens, node.output_tokens)]])
-    admission = admit_or_raise(gw, tenant, 1, plan, deadline)
-    work = gw.run_workflow(
-        tenant, deadline, [node], [CallRequest("/v1/chat/completions", fwd, queue)], admission=admission
-    )
-    if queue is None:
-        out = await until_disconnect(request, work)  # a client that leaves cancels the call
-        if out.error is not None:
-            raise UpstreamError.answer(out.error)
-        result = out.calls[0].result
-        if result is None or result.body is None:
-            raise UpstreamError("the worker's answer has no body", 502)
-        return JSONResponse(result.body)
-    return await _stream_response(request, asyncio.create_task(work), queue)
+    return await _serve(request, tenant, CHAT_COMPLETIONS, req, deadline_header)
 
 
-async def _stream_response(
-    request: Request, run: asyncio.Task[WorkflowOutcome], queue: asyncio.Queue[bytes | None]
+@router.post(
+    "/v1/completions",
+    response_model=None,
+    responses=route_responses(
+        *_OPENAI_ERRORS,
+        ok={
+            "model": Completion,
+            "description": "The worker's text completion; with ``stream: true``, its server-sent events.",
+            "content": sse_content(
+                'JSON of a ``text_completion`` chunk (the worker\'s), of an ``{"error": ...}`` as the last event '
+                "after a failure, or ``[DONE]``."
+            ),
+        },
+    ),
+)
+async def completions(
+    req: CompletionRequest, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
 ) -> Response:
-    """The worker's server-sent events as they come; an error before the first one is a proper status.
+    """OpenAI-compatible (legacy) text completions, as vLLM serves them, scheduled like a chat completion.
 
-    Until the first event the client's connection is watched here (the call may wait in a queue), after
-    it by the streaming response: a client that leaves at any point cancels the call."""
-    first = asyncio.ensure_future(queue.get())
-    try:
-        done, _ = await until_disconnect(request, asyncio.wait({first, run}, return_when=asyncio.FIRST_COMPLETED))
-    except BaseException:
-        first.cancel()
-        run.cancel()
-        await asyncio.wait({run})
-        raise
-    if first not in done:
-        first.cancel()
-        out = run.result()
-        if out.error is not None:
-            raise UpstreamError.answer(out.error)
-        head: bytes | None = None
-    else:
-        head = first.result()
+    One prompt per request (a text, token ids, or a list holding one text) and ``n`` 1: one call, one answer.
+    Deadline, ``priority`` and unknown fields as for chat completions.
+    """
+    return await _serve(request, tenant, COMPLETIONS, req, deadline_header)
 
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            if head is not None:
-                yield head
-            while True:
-                if run.done() and queue.empty():
-                    break
-                getter = asyncio.ensure_future(queue.get())
-                done2, _ = await asyncio.wait({getter, run}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done2:
-                    item = getter.result()
-                    if item is None:
-                        break
-                    yield item
-                else:
-                    getter.cancel()
-            out2 = run.result() if run.done() else None
-            if out2 is not None and out2.error is not None:
-                # The status line is sent: the error can only be the stream's last event.
-                err = error_body(out2.error.status, str(out2.error), "upstream_error")
-                yield f"data: {json.dumps(err)}\n\n".encode()
-        finally:
-            if not run.done():
-                run.cancel()
 
-    return StreamingResponse(body(), media_type="text/event-stream")
+async def _serve(
+    request: Request, tenant: Tenant, route: PassThrough, req: BaseModel, deadline_header: str | None
+) -> Response:
+    gw = gw_of(request)
+    call = open_call(gw, tenant, route, req, deadline_header_value(deadline_header))
+    if call.stream is None:
+        out = await until_disconnect(request, call.work)  # a client that leaves cancels the call
+        return Response(answer_bytes(out), media_type="application/json")
+    run = asyncio.create_task(call.work)
+    # Until the first event the client's connection is watched here (the call may wait in a queue), after
+    # it by the streaming response: a client that leaves at any point cancels the call.
+    head = await until_disconnect(request, first_event(run, call.stream))
+    return StreamingResponse(events(run, call.stream, head), media_type=EVENT_STREAM)
 
 
 @router.get("/v1/models", response_model=ModelList, responses=route_responses(401, 503))

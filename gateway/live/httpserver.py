@@ -1,0 +1,125 @@
+"""uvicorn's HTTP protocol with the writes of one event-loop turn sent as one: ``HttpProtocol``.
+
+uvicorn writes a response's status line and headers to the socket as soon as the app sends
+``http.response.start``, and the body when it sends ``http.response.body``: two ``send`` system calls for
+an answer the gateway sends in one go. On loopback (and to a degree on any network) the sender's system call
+also does the receiving side's TCP work, so per answer the two writes cost the gateway more CPU than the
+rest of its HTTP handling. ``CoalescingTransport`` holds what is written during one turn of the event loop
+and hands it to the socket once, at the end of the turn (``call_soon``): the same bytes in the same order,
+one system call, no timer and no added wait beyond the turn. A streamed answer's chunks that arrive in
+different turns are written as they come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["CoalescingTransport", "HttpProtocol"]
+
+
+class CoalescingTransport(asyncio.Transport):
+    """A transport whose writes within one event-loop turn reach the wrapped transport as one write.
+
+    Everything else is the wrapped transport's: closing first sends what is held (a close is never
+    reordered before a write), aborting drops it (as an abort drops the wrapped transport's buffer), and
+    the write buffer size counts it.
+    """
+
+    def __init__(self, inner: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._inner = inner
+        self._loop = loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview[Any]) -> None:
+        """Hold ``data`` until the end of this event-loop turn."""
+        if not data:
+            return
+        if not self._held:
+            self._loop.call_soon(self._flush)
+        self._held.append(bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        """Hold each item (see ``write``)."""
+        for data in list_of_data:
+            self.write(data)
+
+    def _flush(self) -> None:
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        if self._inner.is_closing():
+            return
+        self._inner.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def close(self) -> None:
+        """Send what is held, then close."""
+        self._flush()
+        self._inner.close()
+
+    def abort(self) -> None:
+        """Drop what is held and abort the connection."""
+        self._held = []
+        self._inner.abort()
+
+    def write_eof(self) -> None:
+        """Send what is held, then close the write side."""
+        self._flush()
+        self._inner.write_eof()
+
+    def can_write_eof(self) -> bool:
+        """As the wrapped transport."""
+        return self._inner.can_write_eof()
+
+    def is_closing(self) -> bool:
+        """As the wrapped transport."""
+        return self._inner.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """As the wrapped transport (``socket``, ``peername``, ``sockname``, ``sslcontext``, ...)."""
+        return self._inner.get_extra_info(name, default)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        """As the wrapped transport (an upgraded connection)."""
+        self._flush()
+        self._inner.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        """As the wrapped transport."""
+        return self._inner.get_protocol()
+
+    def is_reading(self) -> bool:
+        """As the wrapped transport."""
+        return self._inner.is_reading()
+
+    def pause_reading(self) -> None:
+        """As the wrapped transport (uvicorn's flow control)."""
+        self._inner.pause_reading()
+
+    def resume_reading(self) -> None:
+        """As the wrapped transport."""
+        self._inner.resume_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        """As the wrapped transport."""
+        self._inner.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        """As the wrapped transport."""
+        return self._inner.get_write_buffer_limits()
+
+    def get_write_buffer_size(self) -> int:
+        """The wrapped transport's buffer plus what is held."""
+        return self._inner.get_write_buffer_size() + sum(len(b) for b in self._held)
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol over a ``CoalescingTransport`` (pass as ``uvicorn.Config(http=...)``)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Wrap the connection's transport, then as uvicorn."""
+        super().connection_made(CoalescingTransport(transport, self.loop))
