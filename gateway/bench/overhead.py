@@ -1,16 +1,19 @@
-"""Gateway overhead, measured side by side: the same chat call sent to a worker directly and through the gateway.
+"""Gateway overhead, measured side by side: the same call sent to a worker directly and through the gateway.
 
-    hexflow overhead [--rate 200] [--duration 10] [--p99-limit-ms 20]
+    hexflow overhead [--rate 200] [--rates 500,1000] [--duration 10] [--endpoint chat|completions]
+                     [--worker null|emulator] [--p99-limit-ms 20]
                      [--max-rate-search [--search-steps 10]] [--json OUT]
 
-Setup (all on this machine): one emulated worker (an A100 profile at a time scale so small that a call's
-modelled time is negligible, so what is measured is HTTP and software, not the model), and one gateway
-process (``hexflow serve``, policy hexgen, capacity high enough that calls never wait in the gateway's
-queue: this measures the gateway's per-call cost, not scheduling delay). A Poisson stream of calls at
-``rate`` per second goes through the gateway's ``/v1/chat/completions``, and an independent Poisson stream
-at the same rate goes to the worker's ``/v1/chat/completions`` directly, interleaved in one run, so both
-see the same machine load. Reported:
-
+Setup (all on this machine): one worker, and one gateway process in front of it (``hexflow serve``, policy
+hexgen, capacity high enough that calls never wait in the gateway's queue: this measures the gateway's
+per-call cost, not scheduling delay). The worker is by default the null worker (``gateway.bench.nullworker``:
+fixed well-formed answers from asyncio's protocol layer, a few tens of microseconds of CPU per call), so that
+at high rates the machine's two cores go to the gateway and the load generator, not to the worker;
+``--worker emulator`` puts the emulated A100 there instead (at a time scale so small that a call's
+modelled time is negligible). A Poisson stream of calls at ``rate`` per second goes through the gateway's
+endpoint (``/v1/chat/completions``, or ``/v1/completions`` with ``--endpoint completions``), and an
+independent Poisson stream at the same rate goes to the worker's same endpoint directly, interleaved in one
+run, so both see the same machine load. ``--rates`` repeats that at more rates (one row each). Reported:
 * each stream's P50 / P99 latency of its successful calls (milliseconds);
 * the added latency per call, P50 and P99 (see below), with the raw quantile differences beside them;
 * each stream's errors by HTTP status, with connection errors (``connection``), other client-side
@@ -75,8 +78,19 @@ BODY = {
     "messages": [{"role": "user", "content": "How many heads of the departments are older than 56 ?"}],
     "max_tokens": 4,
 }
+COMPLETION_BODY = {"prompt": "-- How many heads of the departments are older than 56 ?\nSELECT", "max_tokens": 4}
+ENDPOINTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", BODY),
+    "completions": ("/v1/completions", COMPLETION_BODY),
+}
+"""The endpoints ``hexflow overhead`` measures: name -> (path, request body)."""
+WORKERS = ("null", "emulator")
+"""The worker behind the gateway: ``null`` (``gateway.bench.nullworker``: fixed answers from asyncio's
+protocol layer, so the worker takes little of the machine) or ``emulator`` (the FastAPI emulator)."""
 KEEP_UP_SHARE = 0.97
 """A stream keeps up when it achieves at least this share of the offered rate."""
+RIG_MAX_CONCURRENT = 4096
+"""The rig's tenants' concurrency bound (the demo file's is 64/128)."""
 SEARCH_CEILING = 5000.0
 """The rate search never probes above this many calls/s."""
 SEARCH_FLOOR = 1.0
@@ -274,6 +288,10 @@ class OverheadReport:
     direct_errors: dict[str, int]
     max_rate: float | None = None
     search: list[dict[str, Any]] = field(default_factory=list)
+    endpoint: str = "chat"
+    worker: str = "null"
+    table: list[dict[str, Any]] = field(default_factory=list)
+    """With ``rates``: one side-by-side measurement per rate (the fields above, less these lists)."""
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -298,36 +316,32 @@ def _wait_ready(url: str, path: str, proc: subprocess.Popen[bytes], log: Path, t
 
 
 @contextlib.contextmanager
-def rig(workdir: Path, *, capacity: int = 1024) -> Iterator[tuple[str, str, int]]:
-    """Start an emulated worker and a gateway in front of it; yield (worker url, gateway url, gateway pid)."""
+def rig(workdir: Path, *, capacity: int = 1024, worker: str = "null") -> Iterator[tuple[str, str, int]]:
+    """Start a worker (``WORKERS``) and a gateway in front of it; yield (worker url, gateway url, gateway pid)."""
+    if worker not in WORKERS:
+        raise GatewayError(f"unknown worker {worker!r}; one of {', '.join(WORKERS)}")
     wport, gport = free_port(), free_port()
     wlog, glog = workdir / "worker.log", workdir / "gateway.log"
     procs: list[subprocess.Popen[bytes]] = []
+    if worker == "null":
+        wcmd = [sys.executable, "-m", "gateway.bench.nullworker", "--port", str(wport)]
+    else:
+        wcmd = [sys.executable, "-m", "workers.emulator", "--gpu", "A100", "--port", str(wport), "--time-scale", "1e-4"]
     try:
         with wlog.open("wb") as wl:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "workers.emulator",
-                        "--gpu",
-                        "A100",
-                        "--port",
-                        str(wport),
-                        "--time-scale",
-                        "1e-4",
-                    ],
-                    stdout=wl,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+            procs.append(subprocess.Popen(wcmd, stdout=wl, stderr=subprocess.STDOUT))
         worker = f"http://127.0.0.1:{wport}"
         _wait_ready(worker, "/health", procs[0], wlog)
         from gateway.config import CONFIG_DIR
 
+        # The demo tenants, with a concurrency bound far above what the rates here keep in flight: a stall of
+        # the machine (another process, a collection) would otherwise turn into 429s, which measure admission,
+        # not the gateway's cost per call. Everything else (keys, deadlines, predictive admission) as shipped.
+        tenants_doc = yaml.safe_load((CONFIG_DIR / "tenants.yaml").read_text())
+        for t in tenants_doc["tenants"]:
+            t["max_concurrent_workflows"] = RIG_MAX_CONCURRENT
         tenants = workdir / "tenants.yaml"
-        tenants.write_text((CONFIG_DIR / "tenants.yaml").read_text())
+        tenants.write_text(yaml.safe_dump(tenants_doc))
         cfg = {
             "policy": "hexgen",
             "time_scale": 1e-4,
@@ -373,13 +387,19 @@ def rig(workdir: Path, *, capacity: int = 1024) -> Iterator[tuple[str, str, int]
 
 
 async def _stream(
-    session: aiohttp.ClientSession, url: str, rate: float, duration_s: float, seed: int, stats: StreamStats
+    session: aiohttp.ClientSession,
+    url: str,
+    rate: float,
+    duration_s: float,
+    seed: int,
+    stats: StreamStats,
+    body: dict[str, Any],
 ) -> None:
     rng = random.Random(seed)
     t0 = time.perf_counter()
     tasks: set[asyncio.Task[None]] = set()
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
-    payload = json.dumps(BODY).encode()
+    payload = json.dumps(body).encode()
 
     async def one() -> None:
         t = time.perf_counter()
@@ -433,26 +453,35 @@ class Measurement:
 
 
 async def measure(
-    worker: str, gateway: str, gw_pid: int, rate: float, duration_s: float, *, direct: bool = True, seed: int = 0
+    worker: str,
+    gateway: str,
+    gw_pid: int,
+    rate: float,
+    duration_s: float,
+    *,
+    direct: bool = True,
+    seed: int = 0,
+    endpoint: str = "chat",
 ) -> Measurement:
-    """Run the gateway stream (and the direct stream) for ``duration_s``.
+    """Run the gateway stream (and the direct stream) to ``endpoint`` (``ENDPOINTS``) for ``duration_s``.
 
     The load generator uses aiohttp (cheaper per request than httpx), so it is not the bottleneck
     when searching the gateway's highest sustained rate.
     """
+    path, body = ENDPOINTS[endpoint]
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30.0)) as session:
         auth = {"Authorization": f"Bearer {API_KEY}"}
         for _ in range(20):  # warm both paths (connections, first-call imports)
-            async with session.post(gateway + "/v1/chat/completions", json=BODY, headers=auth) as r:
+            async with session.post(gateway + path, json=body, headers=auth) as r:
                 await r.read()
-            async with session.post(worker + "/v1/chat/completions", json=BODY) as r:
+            async with session.post(worker + path, json=body) as r:
                 await r.read()
         gs, ds = StreamStats(), StreamStats()
         cpu0, t0 = _cpu_seconds(gw_pid), time.perf_counter()
-        jobs = [_stream(session, gateway + "/v1/chat/completions", rate, duration_s, seed, gs)]
+        jobs = [_stream(session, gateway + path, rate, duration_s, seed, gs, body)]
         if direct:
-            jobs.append(_stream(session, worker + "/v1/chat/completions", rate, duration_s, seed + 1, ds))
+            jobs.append(_stream(session, worker + path, rate, duration_s, seed + 1, ds, body))
         await asyncio.gather(*jobs)
         cpu, wall = _cpu_seconds(gw_pid) - cpu0, time.perf_counter() - t0
     return Measurement(gateway=gs, direct=ds, cpu_s=cpu, wall_s=wall)
@@ -500,20 +529,43 @@ def run_overhead(
     p99_limit_ms: float = 20.0,
     search_steps: int = 10,
     seed: int = 0,
+    endpoint: str = "chat",
+    worker: str = "null",
+    rates: Sequence[float] = (),
+    progress: Callable[[str], None] | None = None,
 ) -> OverheadReport:
-    """Start the rig, measure side by side, optionally search the highest sustained rate."""
-    if not rate > 0 or not duration_s > 0 or not p99_limit_ms > 0:
-        raise GatewayError("rate, duration and the P99 limit must be positive")
+    """Start the rig, measure side by side at ``rate`` (and at each of ``rates``, into ``table``), optionally
+    search the highest sustained rate. ``progress`` is told what is being measured, step by step."""
+    if not rate > 0 or not duration_s > 0 or not p99_limit_ms > 0 or not all(r > 0 for r in rates):
+        raise GatewayError("rates, duration and the P99 limit must be positive")
     if search_steps < 1:
         raise GatewayError("search_steps must be at least 1")
-    with tempfile.TemporaryDirectory(prefix="hexflow-overhead-") as tmp, rig(Path(tmp)) as (worker, gateway, pid):
-        m = asyncio.run(measure(worker, gateway, pid, rate, duration_s, seed=seed))
+    if endpoint not in ENDPOINTS:
+        raise GatewayError(f"unknown endpoint {endpoint!r}; one of {', '.join(ENDPOINTS)}")
+    say = progress or (lambda _msg: None)
+    with (
+        tempfile.TemporaryDirectory(prefix="hexflow-overhead-") as tmp,
+        rig(Path(tmp), worker=worker) as (wurl, gateway, pid),
+    ):
+        say(f"side by side at {rate:g} calls/s for {duration_s:g} s")
+        m = asyncio.run(measure(wurl, gateway, pid, rate, duration_s, seed=seed, endpoint=endpoint))
         report = build_report(m, rate, duration_s, p99_limit_ms)
+        report.endpoint, report.worker = endpoint, worker
+        for r in rates:
+            say(f"side by side at {r:g} calls/s for {duration_s:g} s")
+            row = build_report(
+                asyncio.run(measure(wurl, gateway, pid, r, duration_s, seed=seed, endpoint=endpoint)),
+                r,
+                duration_s,
+                p99_limit_ms,
+            )
+            report.table.append({k: v for k, v in asdict(row).items() if k not in ("search", "table")})
         if max_rate_search:
             span = min(duration_s, 6.0)
 
             def passes(r: float) -> bool:
-                g = asyncio.run(measure(worker, gateway, pid, r, span, direct=False, seed=seed))
+                say(f"rate search: {r:.0f} calls/s for {span:g} s")
+                g = asyncio.run(measure(wurl, gateway, pid, r, span, direct=False, seed=seed, endpoint=endpoint))
                 reasons = shortfalls(g.gateway, span, p99_limit_ms)
                 report.search.append(
                     {
@@ -541,6 +593,7 @@ def _errors_text(errors: dict[str, int]) -> str:
 def format_report(rep: OverheadReport) -> str:
     """A short human-readable summary."""
     lines = [
+        f"{rep.endpoint} through the gateway and directly to a {rep.worker} worker, "
         f"side by side at {rep.rate:g} calls/s each for {rep.duration_s:g} s "
         f"({rep.gateway_calls} via gateway, {rep.direct_calls} direct, {rep.errors} errors)",
         f"  direct : p50 {rep.direct_p50_ms:6.2f} ms   p99 {rep.direct_p99_ms:6.2f} ms   "
@@ -561,6 +614,17 @@ def format_report(rep: OverheadReport) -> str:
         f"  gateway CPU: {rep.gateway_cpu_ms_per_call:.2f} ms per call, "
         f"{rep.gateway_cpu_util:.0%} of one core over the measurement"
     )
+    if rep.table:
+        lines.append("  calls/s | direct p50   p99 | gateway p50   p99 | added p50   p99 | CPU ms/call  core | errors")
+        for row in [asdict(rep), *rep.table]:
+            mark = "" if row["added_reliable"] else "  (added unreliable: the direct stream fell behind)"
+            errs = merge_errors(row["gateway_errors"], row["direct_errors"])
+            lines.append(
+                f"  {row['rate']:7.0f} | {row['direct_p50_ms']:10.2f} {row['direct_p99_ms']:5.2f} | "
+                f"{row['gateway_p50_ms']:11.2f} {row['gateway_p99_ms']:5.2f} | "
+                f"{row['added_p50_ms']:9.2f} {row['added_p99_ms']:5.2f} | "
+                f"{row['gateway_cpu_ms_per_call']:11.3f} {row['gateway_cpu_util']:4.0%} | {_errors_text(errs)}{mark}"
+            )
     for row in rep.search:
         lines.append(
             f"  rate {row['rate']:7.1f}/s {'pass' if row['ok'] else 'FAIL'}: offered {row['offered']:7.1f}/s  "

@@ -8,7 +8,15 @@ import math
 import os
 from pathlib import Path
 
-from gateway.cli.common import Subparsers, UsageError, load_workers, nonneg_int, positive_float, positive_int
+from gateway.cli.common import (
+    Subparsers,
+    UsageError,
+    load_workers,
+    nonneg_int,
+    positive_float,
+    positive_floats,
+    positive_int,
+)
 
 __all__ = ["add_overhead", "add_replay"]
 
@@ -75,7 +83,23 @@ def add_overhead(sub: Subparsers) -> None:
         default=20.0,
         help="P99 bound of a sustained rate; a direct stream above it marks the added latency unreliable",
     )
+    p.add_argument(
+        "--rates",
+        type=positive_floats,
+        default=[],
+        help="more rates to measure side by side after --rate, comma-separated (a table row each), e.g. 500,1000",
+    )
+    p.add_argument(
+        "--endpoint", choices=("chat", "completions"), default="chat", help="the endpoint called (default chat)"
+    )
+    p.add_argument(
+        "--worker",
+        choices=("null", "emulator"),
+        default="null",
+        help="the worker: null (fixed answers, next to no CPU; default) or emulator (the emulated A100)",
+    )
     p.add_argument("--json", default=None, help="write the report as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_overhead)
 
 
@@ -137,12 +161,18 @@ def cmd_overhead(args: argparse.Namespace) -> int:
         raise UsageError("--rate, --duration and --p99-limit-ms must be positive")
     if args.search_steps < 1:
         raise UsageError(f"--search-steps must be at least 1, got {args.search_steps}")
+    import sys
+
     rep = run_overhead(
         args.rate,
         args.duration,
         max_rate_search=args.max_rate_search,
         p99_limit_ms=args.p99_limit_ms,
         search_steps=args.search_steps,
+        endpoint=args.endpoint,
+        worker=args.worker,
+        rates=args.rates,
+        progress=None if args.quiet else lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
     )
     print(format_report(rep))
     if args.json:

@@ -24,17 +24,35 @@ from gateway.bench.overhead import (
     write_json,
 )
 from gateway.bench.stats import percentile
+from gateway.errors import GatewayError
 
 
 def test_overhead_smoke() -> None:
-    rep = run_overhead(rate=40.0, duration_s=2.0)
-    assert rep.errors == 0
+    rep = run_overhead(rate=40.0, duration_s=2.0, rates=[60.0])
+    assert rep.errors == 0 and rep.worker == "null" and rep.endpoint == "chat"
     assert rep.gateway_calls >= 40 and rep.direct_calls >= 40
     for v in (rep.direct_p50_ms, rep.gateway_p50_ms, rep.gateway_p99_ms, rep.gateway_cpu_ms_per_call):
         assert math.isfinite(v) and v > 0
     # The gateway path includes the direct path's work plus its own: slower at the median.
     assert rep.gateway_p50_ms > rep.direct_p50_ms
-    assert "added" in format_report(rep)
+    [row] = rep.table
+    assert row["rate"] == 60.0 and row["gateway_calls"] >= 60 and row["added_p99_ms"] >= row["added_p50_ms"] >= 0
+    text = format_report(rep)
+    assert "added" in text and "CPU ms/call" in text
+
+
+@pytest.mark.parametrize("worker", ["null", "emulator"])
+def test_overhead_smoke_of_completions(worker: str) -> None:
+    rep = run_overhead(rate=30.0, duration_s=1.5, endpoint="completions", worker=worker)
+    assert rep.errors == 0 and rep.gateway_calls >= 20 and rep.direct_calls >= 20
+    assert rep.endpoint == "completions" and rep.worker == worker
+
+
+def test_unknown_endpoint_or_worker_is_refused() -> None:
+    with pytest.raises(GatewayError, match="unknown endpoint"):
+        run_overhead(endpoint="embeddings")
+    with pytest.raises(GatewayError, match="unknown worker"):
+        run_overhead(worker="vllm")
 
 
 # --- the pure parts: added latency, errors by kind, the rate search -----------------------------------
