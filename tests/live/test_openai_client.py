@@ -1,4 +1,4 @@
-"""The official ``openai`` client works unchanged against the gateway's chat completions pass-through."""
+"""The official ``openai`` client works unchanged against the gateway's chat and text completions pass-throughs."""
 
 from __future__ import annotations
 
@@ -73,3 +73,36 @@ async def test_openai_client_chat_stream_and_errors(tmp_path: Path) -> None:
             await client.close()
         gw = app.state.gateway
         assert gw.active_total == 0
+
+
+async def test_openai_client_text_completions(tmp_path: Path) -> None:
+    async with emulators(GPUS) as urls, gateway_server(write_config(tmp_path, urls, GPUS)) as (url, app):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=INTERACTIVE_KEY, max_retries=0)
+        try:
+            r = await client.completions.create(model="llama-3.1-70b", prompt="SELECT count(*) FROM", max_tokens=6)
+            assert r.object == "text_completion" and r.choices[0].text
+            assert r.usage is not None and r.usage.completion_tokens == 6
+            r = await client.completions.create(model="llama-3.1-70b", prompt=[1, 2, 3, 4], max_tokens=3)
+            assert r.usage is not None and r.usage.completion_tokens == 3
+            stream = await client.completions.create(
+                model="llama-3.1-70b",
+                prompt="SELECT",
+                max_tokens=5,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            texts: list[str] = []
+            usage = None
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].text:
+                    texts.append(chunk.choices[0].text)
+                if chunk.usage is not None:
+                    usage = chunk.usage
+            assert texts and usage is not None and usage.completion_tokens == 5
+            with pytest.raises(openai.UnprocessableEntityError, match="prompt"):
+                await client.completions.create(model="llama-3.1-70b", prompt=["a", "b"], max_tokens=2)
+            with pytest.raises(openai.NotFoundError, match="does not exist"):
+                await client.completions.create(model="gpt-9", prompt="x")
+        finally:
+            await client.close()
+        assert app.state.gateway.active_total == 0
