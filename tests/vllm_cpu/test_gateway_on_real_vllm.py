@@ -81,6 +81,14 @@ async def test_workflows_complete_and_real_vllm_metrics_are_scraped(tmp_path: Pa
             "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 4
+        # Text completions, plain (text and token ids) and streamed, against the real server.
+        for prompt in ("SELECT", [1, 2, 3]):
+            r = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3})
+            assert r.status_code == 200, r.text
+            assert r.json()["object"] == "text_completion" and r.json()["usage"]["completion_tokens"] <= 3
+        r = await client.post("/v1/completions", json={"prompt": "SELECT", "max_tokens": 3, "stream": True})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert r.text.rstrip().endswith("data: [DONE]")
         gw = app.state.gateway
         await gw.pool.monitor.scrape_all()
         st = gw.pool.workers[0]
