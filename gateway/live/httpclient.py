@@ -473,14 +473,16 @@ class HttpClient:
     async def aclose(self) -> None:
         """Close the idle connections; those in use close when released. Idempotent."""
         self._closed_client = True
-        for idle in list(self._idle.values()):
-            for conn in list(idle):
-                conn.abort()
+        idle = [conn for conns in self._idle.values() for conn in conns]
         self._idle.clear()
+        for conn in idle:
+            conn.abort()
         while self._slot_waiters:
             w = self._slot_waiters.popleft()
             if not w.done():
                 w.set_result(None)
+        if idle:
+            await asyncio.sleep(0)  # the aborted sockets close in the loop's next step: let them
 
     # the pool
 

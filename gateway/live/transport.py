@@ -219,13 +219,17 @@ class HttpTransport:
         self._session = None
 
     def _target(self, worker: WorkerInfo, endpoint: str) -> tuple[httpclient.Prepared, bytes]:
-        """The prepared request of ``endpoint`` on ``worker`` and its served model as JSON (cached)."""
+        """The prepared request of ``endpoint`` on ``worker`` and its served model as JSON (cached; a URL
+        that is not http(s) is a worker error, as any other failure to reach the worker)."""
         key = (worker.url, endpoint, worker.served_model)
         target = self._targets.get(key)
         if target is None:
             if len(self._targets) >= 4096:  # workers come and go (discovery): never grow without bound
                 self._targets.clear()
-            prepared = httpclient.HttpClient.prepare(worker.url, endpoint)
+            try:
+                prepared = httpclient.HttpClient.prepare(worker.url, endpoint)
+            except ValueError as exc:
+                raise WorkerError(f"transport error: {exc}") from exc
             target = self._targets[key] = (prepared, json.dumps(worker.served_model).encode())
         return target
 
@@ -353,7 +357,11 @@ def _payload(call: LiveCall, model: bytes) -> bytes:
             body = {k: v for k, v in body.items() if k != "model"}
         body_json = call.body_json = json.dumps(body).encode()
     inner = body_json[1:-1]
-    head = b"{" if "priority" in call.body else b'{"priority": %s, ' % json.dumps(call.priority).encode()
+    if "priority" in call.body:
+        head = b"{"
+    else:
+        p = call.priority
+        head = b'{"priority": %d, ' % p if type(p) is int else b'{"priority": %s, ' % json.dumps(p).encode()
     return b'%s%s%s"model": %s}' % (head, inner, b", " if inner else b"", model)
 
 

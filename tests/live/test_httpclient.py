@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
+import shutil
 import socket
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -95,9 +99,9 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def serve(handler: Handler) -> AsyncIterator[Server]:
+async def serve(handler: Handler, *, tls: ssl.SSLContext | None = None) -> AsyncIterator[Server]:
     server = Server(handler)
-    srv = await asyncio.start_server(server._serve, "127.0.0.1", 0)
+    srv = await asyncio.start_server(server._serve, "127.0.0.1", 0, ssl=tls)
     server.port = srv.sockets[0].getsockname()[1]
     try:
         yield server
@@ -348,6 +352,33 @@ async def test_at_most_max_connections_are_open_and_the_others_wait() -> None:
         assert server.most_open <= 2 and c.open_connections <= 2
 
 
+async def test_an_https_origin_is_reached_over_tls_and_kept_alive(tmp_path: Path) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    make_cert = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+    subprocess.run(
+        [*make_cert, "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    async with serve(keep_answering, tls=server_tls) as server:
+        async with client(ssl_context=ssl.create_default_context(cafile=str(cert))) as c:
+            url = f"https://127.0.0.1:{server.port}"
+            for _ in range(2):
+                r = await c.request(HttpClient.prepare(url, "/v1/x"), b"{}", headers_s=5)
+                try:
+                    assert await r.read_all(5, 1 << 20) == OK
+                finally:
+                    r.release()
+            assert server.connections == 1
+        async with client() as c:  # the default context verifies the certificate: this one is not trusted
+            with pytest.raises(ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await c.request(HttpClient.prepare(url, "/v1/x"), b"{}", headers_s=5)
+
+
 # Through the transport: the errors sorted for the pool, and the body's bytes.
 
 
@@ -419,6 +450,8 @@ async def test_the_transport_sorts_client_failures_as_worker_errors(tmp_path: Pa
         with pytest.raises(WorkerError, match="cannot connect") as info:
             await t.send(_worker(tmp_path, f"http://127.0.0.1:{free_port()}"), _call({}))
         assert info.value.refused
+        with pytest.raises(WorkerError, match="transport error: not an http"):
+            await t.send(dataclasses.replace(_worker(tmp_path, "http://127.0.0.1:1"), url="unix:/x"), _call({}))
         async with serve(cut) as server:
             with pytest.raises(WorkerError, match="transport error: the server closed the connection") as info:
                 await t.send(_worker(tmp_path, f"http://127.0.0.1:{server.port}"), _call({}))
