@@ -352,6 +352,14 @@ async def test_at_most_max_connections_are_open_and_the_others_wait() -> None:
         assert server.most_open <= 2 and c.open_connections <= 2
 
 
+async def test_at_the_limit_an_idle_connection_to_another_origin_is_closed_to_make_room() -> None:
+    async with serve(keep_answering) as a, serve(keep_answering) as b, client(max_connections=1) as c:
+        assert await post(c, a) == OK
+        assert await post(c, b) == OK  # a's idle connection closed for it
+        await asyncio.wait_for(a.disconnected.wait(), 5)
+        assert c.open_connections == 1 and c.idle_connections() == 1
+
+
 async def test_an_https_origin_is_reached_over_tls_and_kept_alive(tmp_path: Path) -> None:
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a certificate")
