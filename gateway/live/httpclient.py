@@ -30,6 +30,7 @@ was whole). ``asyncio.CancelledError`` passes through, the connection closed.
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 from collections import deque
 from typing import Final, cast
@@ -109,11 +110,13 @@ class _Connection(asyncio.Protocol):
         "_cap",
         "_chunks",
         "_client",
+        "_deadline",
         "_error",
         "_loop",
         "_parser",
         "_paused",
         "_received",
+        "_timer",
         "_transport",
         "_waiter",
         "busy",
@@ -140,6 +143,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.busy = False
         self._waiter: asyncio.Future[bool] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = math.inf
         self._begin()
 
     def _begin(self) -> None:
@@ -264,16 +269,43 @@ class _Connection(asyncio.Protocol):
             w.set_result(True)
 
     async def wait(self, timeout: float | None) -> bool:
-        """Until a callback wakes the reader (True) or ``timeout`` seconds pass (False)."""
+        """Until a callback wakes the reader (True) or ``timeout`` seconds pass (False).
+
+        One timer serves many waits: a stream waits once per piece, and a wait only moves the deadline
+        later; the timer, when it fires early, re-arms itself for the deadline then current (``_on_timer``).
+        """
         fut: asyncio.Future[bool] = self._loop.create_future()
         self._waiter = fut
-        timer = None if timeout is None else self._loop.call_later(timeout, _expire, fut)
+        if timeout is None:
+            self._deadline = math.inf
+        else:
+            self._deadline = deadline = self._loop.time() + timeout
+            timer = self._timer
+            if timer is None or timer.when() > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = self._loop.call_at(deadline, self._on_timer)
         try:
             return await fut
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def _on_timer(self) -> None:
+        """The timer fired: time the waiter out if its deadline passed, else re-arm for the deadline."""
+        self._timer = None
+        w = self._waiter
+        if w is None or w.done() or self._deadline == math.inf:
+            return  # nobody waits with a deadline: the next wait arms a timer
+        if self._loop.time() >= self._deadline:
+            w.set_result(False)
+        else:
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
+
+    def stop_timer(self) -> None:
+        """Cancel the timer (the request is over; a live timer would keep the connection referenced)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def raise_error(self) -> None:
         """Raise the recorded failure, if any."""
@@ -314,11 +346,6 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None and not self.closed:
             self.closed = True
             self._transport.abort()
-
-
-def _expire(fut: asyncio.Future[bool]) -> None:
-    if not fut.done():
-        fut.set_result(False)
 
 
 class Response:
@@ -382,6 +409,7 @@ class Response:
         if not self._released:
             self._released = True
             conn = self._conn
+            conn.stop_timer()
             conn.busy = False
             conn._client._release(conn)
 
@@ -465,6 +493,7 @@ class HttpClient:
                         raise HeadersTimeout(f"no answer headers within {headers_s:g} s")
             conn.raise_error()
         except BaseException:
+            conn.stop_timer()
             conn.busy = False
             conn.abort()
             raise

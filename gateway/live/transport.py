@@ -309,9 +309,10 @@ class HttpTransport:
         while chunk:
             call.streamed = True
             await call.stream.put(chunk)
-            tail = (tail + chunk)[-64:]
-            # Find the usage line (stream_options.include_usage) without holding the whole stream.
-            pending = (pending + chunk)[-65536:]
+            tail = chunk[-64:] if len(chunk) >= 64 else (tail + chunk)[-64:]
+            # Find the usage line (stream_options.include_usage) without holding the whole stream: only
+            # the last line, while it is incomplete, is kept (a whole line without "usage" is done with).
+            pending = (pending + chunk)[-65536:] if pending else chunk[-65536:]
             if b'"usage"' in chunk or b'"usage"' in pending:
                 for line in pending.split(b"\n"):
                     if line.startswith(b"data: {") and b'"usage"' in line:
@@ -321,7 +322,7 @@ class HttpTransport:
                             continue
                         if isinstance(data, dict) and isinstance(data.get("usage"), dict):
                             usage = data["usage"]
-                pending = pending[pending.rfind(b"\n") + 1 :]
+            pending = pending[pending.rfind(b"\n") + 1 :]
             chunk = await r.read_chunk(idle_s)
         if not tail.rstrip().endswith(b"data: [DONE]"):
             raise WorkerError("the stream ended before its last event (data: [DONE]): truncated")

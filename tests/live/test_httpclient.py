@@ -253,6 +253,31 @@ async def test_a_body_that_stalls_past_the_idle_timeout_closes_the_connection() 
         await asyncio.wait_for(server.disconnected.wait(), 5)
 
 
+async def test_a_body_that_keeps_coming_is_never_idle_however_long_it_takes_then_stalls() -> None:
+    """Gaps shorter than the idle timeout, for several of its lengths in all; then a longer one."""
+
+    async def steady(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
+        await server.request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(20):
+            writer.write(b"1\r\n%d\r\n" % (i % 10))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        await server.until_disconnect(reader)
+
+    async with serve(steady) as server, client() as c:
+        r = await c.request(HttpClient.prepare(f"http://127.0.0.1:{server.port}", "/"), b"{}", headers_s=1)
+        got = b""
+        try:
+            with pytest.raises(IdleTimeout):
+                while True:
+                    got += await r.read_chunk(0.25)
+        finally:
+            r.release()
+        assert got == b"0123456789" * 2
+        await asyncio.wait_for(server.disconnected.wait(), 5)
+
+
 @pytest.mark.parametrize("framing", ["length", "chunked"])
 async def test_an_answer_over_the_cap_is_refused_and_its_connection_closed(framing: str) -> None:
     big = b"x" * 5000
@@ -427,6 +452,43 @@ async def test_the_transport_answers_with_the_workers_exact_bytes_and_sends_the_
             assert sent == [want, want]
         finally:
             await t.aclose()
+
+
+@pytest.mark.parametrize("split", [0, 3, 12, 40])
+async def test_a_stream_is_relayed_byte_for_byte_and_its_usage_found_wherever_its_line_is_cut(
+    tmp_path: Path, split: int
+) -> None:
+    """The usage event (``stream_options.include_usage``) comes after more than 64 KiB of events, cut into
+    two pieces ``split`` bytes into its line (0: not cut)."""
+    events = [b'data: {"choices": [{"delta": {"content": "%s"}}]}\n\n' % (b"x" * 200) for _ in range(400)]
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 400}}\n\n'
+    pieces = [*events, usage[:split], usage[split:] + b"data: [DONE]\n\n"]
+    pieces = [p for p in pieces if p]
+
+    async def sse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
+        await server.request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for piece in pieces:
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            # The client reads what came so far; the cut usage line must come in two reads.
+            await asyncio.sleep(0.05 if piece is pieces[-2] else 0)
+        writer.write(b"0\r\n\r\n")
+        await server.until_disconnect(reader)
+
+    async with serve(sse) as server:
+        t = HttpTransport()
+        call = _call({"messages": [], "stream": True}, stream=True)
+        try:
+            res = await t.send(_worker(tmp_path, f"http://127.0.0.1:{server.port}"), call)
+        finally:
+            await t.aclose()
+        assert (res.body, res.raw, res.prompt_tokens, res.completion_tokens) == (None, None, 7, 400)
+        assert call.stream is not None and call.streamed
+        relayed = b""
+        while not call.stream.empty():
+            relayed += call.stream.get_nowait() or b""
+        assert relayed == b"".join(pieces)
 
 
 @pytest.mark.parametrize(
