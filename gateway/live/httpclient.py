@@ -191,11 +191,11 @@ class _Connection(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """The connection closed: an answer read until the close is whole, any other one broken."""
+        """The connection closed: an answer read until a clean close is whole, any other one broken."""
         self.closed = True
         if self.busy and not self.done and self._error is None:
-            if self.headers_done and self.content_length is None and not self.chunked:
-                self.done = True  # a body delimited by the connection's close (no length, not chunked)
+            if exc is None and self.headers_done and self.content_length is None and not self.chunked:
+                self.done = True  # a body delimited by the connection's (clean) close: no length, not chunked
                 self.keep_alive = False
             else:
                 why = f": {exc}" if exc is not None else ""
