@@ -50,7 +50,7 @@ class LimitsConfig(_Strict):
 
 
 class TimeoutsConfig(_Strict):
-    """Timeouts of a call to a worker, phase by phase, and the HTTP client's settings (one aiohttp session).
+    """Timeouts of a call to a worker, phase by phase, and the HTTP clients' settings (their connection pools).
 
     A call has four bounds: the TCP connect (``connect_s``); for a streaming call, the response headers
     (``headers_s``; vLLM sends them before it generates); every gap between two chunks of an answer
