@@ -338,6 +338,40 @@ class Estimator:
             wait = max(wait, slot)
         return wait
 
+    def queue_view(self, workers: Sequence[int], now: float) -> tuple[list[float], list[float]]:
+        """``t_queue`` and ``backlog_s`` of each of ``workers`` at ``now``, in one pass (a completion prediction's
+        snapshot of the cluster, taken at every admission).
+
+        The two methods written out inline, the same operations in the same order (so the same floats), as
+        ``snapshot`` does for dispatch.
+        """
+        t_queue: list[float] = []
+        backlog: list[float] = []
+        loads = self.loads
+        infos = self.workers
+        for w in workers:
+            load = loads[w]
+            busy = load.inflight
+            queued = load.queued
+            # t_queue
+            wait = load.prefill_free_at - now
+            wait = max(wait, 0.0)
+            wait += load.queued_prefill_s
+            cap = infos[w].capacity
+            behind = busy + queued + 1 - cap
+            if behind > 0:
+                slot = behind * load.outstanding(now) / ((busy + queued) * cap)
+                wait = max(wait, slot)
+            t_queue.append(wait)
+            # backlog_s
+            if not busy or load.inflight_service_sum <= 0.0:
+                backlog.append(load.queued_gpu_s)
+            else:
+                left = (load.inflight_end_sum - busy * now) / load.inflight_service_sum
+                left = min(max(left, 0.1), 1.0)
+                backlog.append(load.queued_gpu_s + load.inflight_gpu_s * left)
+        return t_queue, backlog
+
     def harm(self, worker: int, input_tokens: int) -> float:
         """Seconds of delay a call's prompt would impose on the calls in flight on ``worker``.
 

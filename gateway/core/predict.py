@@ -67,10 +67,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.core.dag import DagNode
+from gateway.core.estimates import Estimator
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import Call, CallSpec, CostFn, Workflow, WorkflowTemplate
 
-__all__ = ["SUSTAINABLE_SHARE", "CompletionPredictor", "StagePlan", "calls_plan", "dag_plan", "template_plan"]
+__all__ = [
+    "SUSTAINABLE_SHARE",
+    "CompletionPredictor",
+    "StagePlan",
+    "calls_plan",
+    "cluster_call_time",
+    "dag_plan",
+    "template_plan",
+]
 
 SUSTAINABLE_SHARE = 0.25
 """The share of the cluster's full-batch throughput (``Estimator.gpu_s``) that work ahead of a workflow
@@ -156,6 +165,21 @@ def calls_plan(stages: Iterable[Sequence[CallSpec]]) -> tuple[StagePlan, ...]:
     return tuple(StagePlan(tuple(s)) for s in stages if s)
 
 
+def cluster_call_time(scheduler: Scheduler, spec: CallSpec, now: float) -> float:
+    """``CompletionPredictor(scheduler, now).cluster_call_time(spec)`` without the rest of a predictor's snapshot
+    (the queues of every worker): what one submitted call takes off its workflow's committed work."""
+    return _cluster_call_time(scheduler.estimator, scheduler.eligible_workers(), spec, now)
+
+
+def _cluster_call_time(est: Estimator, workers: Sequence[int], spec: CallSpec, now: float) -> float:
+    rate = 0.0
+    for w in workers:
+        g = est.gpu_s(w, spec.input_tokens, spec.output_tokens) * est.ratio(w, spec.kind, now)
+        if g > 0:
+            rate += 1.0 / g
+    return 1.0 / rate if rate > 0 else math.inf
+
+
 class CompletionPredictor:
     """Predicted completion times on one scheduler at one instant ``now``.
 
@@ -189,11 +213,10 @@ class CompletionPredictor:
         self.efficiency = efficiency
         self.later_queue_weight = later_queue_weight
         self._sched = scheduler
-        est = scheduler.estimator
-        self._workers = [w for w in scheduler.members() if scheduler.eligible[w]]
-        self._tq = [est.t_queue(w, now) for w in self._workers]
+        self._workers = scheduler.eligible_workers()  # shared with the scheduler: read only
+        self._tq, backlog = scheduler.estimator.queue_view(self._workers, now)
         n = len(self._workers)
-        self._backlog = sum(est.backlog_s(w, now) for w in self._workers) / n if n else math.inf
+        self._backlog = sum(backlog) / n if n else math.inf
         self.committed_s = max(committed_s, 0.0)
         self._cluster: dict[CallSpec, float] = {}
         self._tc: dict[CallSpec, list[float]] = {}
@@ -227,13 +250,7 @@ class CompletionPredictor:
         key = CallSpec(spec.kind, spec.input_tokens, spec.output_tokens)
         v = self._cluster.get(key)
         if v is None:
-            est = self._sched.estimator
-            rate = 0.0
-            for w in self._workers:
-                g = est.gpu_s(w, spec.input_tokens, spec.output_tokens) * est.ratio(w, spec.kind, self.now)
-                if g > 0:
-                    rate += 1.0 / g
-            v = self._cluster[key] = 1.0 / rate if rate > 0 else math.inf
+            v = self._cluster[key] = _cluster_call_time(self._sched.estimator, self._workers, spec, self.now)
         return v
 
     def _prefill(self, spec: CallSpec) -> list[float]:

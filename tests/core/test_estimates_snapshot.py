@@ -66,3 +66,14 @@ def test_a_capacity_change_reaches_the_snapshot() -> None:
     after = est.snapshot([2], "revise", 5963, 79, now)
     assert after[1] == [est.t_queue(2, now)] and after[0] == [est.t_comp(2, "revise", 5963, 79, now)]
     assert after != before
+
+
+def test_queue_view_equals_the_per_worker_queue_and_backlog_bit_for_bit() -> None:
+    for seed in range(3):
+        est, now = loaded_estimator(seed)
+        everyone = list(range(len(est.workers)))
+        for workers in (everyone, everyone[::3], [5, 0, 11], []):
+            for at in (now, now + 0.5, now + 50.0):  # in-flight calls ahead of, at and past their predicted end
+                t_queue, backlog = est.queue_view(workers, at)
+                assert t_queue == [est.t_queue(w, at) for w in workers]
+                assert backlog == [est.backlog_s(w, at) for w in workers]
