@@ -286,7 +286,7 @@ class Estimator:
             n = limit
         out = output_tokens - 1 if output_tokens > 1 else 0
         step = p.iter_base_s + p.token_s * n + p.ctx_s * ctx
-        return p.request_overhead_s + self.prefill_s(worker, input_tokens - cached) + out * step
+        return p.request_overhead_s + self._group_prefill(self._group[worker], input_tokens - cached) + out * step
 
     def gpu_s(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
         """Engine seconds a call takes from ``worker``'s throughput when the worker runs a full batch.
@@ -302,7 +302,31 @@ class Estimator:
         batch = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
         out = output_tokens - 1 if output_tokens > 1 else 0
         step = p.token_s + p.ctx_s * (input_tokens + output_tokens / 2.0) + p.iter_base_s / batch
-        return self.prefill_s(worker, input_tokens - cached) + out * step
+        return self._group_prefill(self._group[worker], input_tokens - cached) + out * step
+
+    def full_batch_rate(
+        self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
+    ) -> float:
+        """Calls of this shape per second that ``workers`` complete together when each runs a full batch: the sum
+        over them of ``1 / (gpu_s x ratio)`` (workers whose product is not positive add nothing).
+
+        ``gpu_s`` and ``ratio`` written out inline, the same operations in the same order (so the same floats).
+        """
+        out = output_tokens - 1 if output_tokens > 1 else 0
+        mid = input_tokens + output_tokens / 2.0
+        pres = [self._group_prefill(g, input_tokens) for g in range(len(self._profiles))]
+        consts = self._consts
+        ratios = self._ratios
+        max_age = self.max_age_s
+        rate = 0.0
+        for w in workers:
+            base, tok, ctx_s, _, batch, _, g = consts[w]
+            r = ratios[w].get(kind)
+            rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
+            gpu = (pres[g] + out * (tok + ctx_s * mid + base / batch)) * rv
+            if gpu > 0:
+                rate += 1.0 / gpu
+        return rate
 
     def backlog_s(self, worker: int, now: float) -> float:
         """Engine seconds of work outstanding on ``worker``: its queued calls' ``gpu_s`` plus what is left

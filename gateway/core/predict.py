@@ -172,11 +172,7 @@ def cluster_call_time(scheduler: Scheduler, spec: CallSpec, now: float) -> float
 
 
 def _cluster_call_time(est: Estimator, workers: Sequence[int], spec: CallSpec, now: float) -> float:
-    rate = 0.0
-    for w in workers:
-        g = est.gpu_s(w, spec.input_tokens, spec.output_tokens) * est.ratio(w, spec.kind, now)
-        if g > 0:
-            rate += 1.0 / g
+    rate = est.full_batch_rate(workers, spec.kind, spec.input_tokens, spec.output_tokens, now)
     return 1.0 / rate if rate > 0 else math.inf
 
 
@@ -218,8 +214,9 @@ class CompletionPredictor:
         n = len(self._workers)
         self._backlog = sum(backlog) / n if n else math.inf
         self.committed_s = max(committed_s, 0.0)
-        self._cluster: dict[CallSpec, float] = {}
-        self._tc: dict[CallSpec, list[float]] = {}
+        # By call shape (kind, input, output tokens): a spec's prefix or DAG node does not change its cost.
+        self._cluster: dict[tuple[str, int, int], float] = {}
+        self._tc: dict[tuple[str, int, int], list[float]] = {}
         self._stage: dict[tuple[tuple[CallSpec, ...], float, float], float] = {}
         self._pre: dict[tuple[str, int], list[float]] = {}
         self._tq_any: dict[int, float] = {}
@@ -237,17 +234,17 @@ class CompletionPredictor:
         return min(self._tq, default=math.inf)
 
     def _t_comp(self, spec: CallSpec) -> list[float]:
-        key = CallSpec(spec.kind, spec.input_tokens, spec.output_tokens)  # a subclass (DagCallSpec) keys as its shape
+        key = (spec.kind, spec.input_tokens, spec.output_tokens)
         v = self._tc.get(key)
         if v is None:
-            est = self._sched.estimator
-            v = [est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, self.now) for w in self._workers]
+            # ``t_comp`` of each worker, as ``Estimator.snapshot`` computes it in one pass (the same floats).
+            v = self._sched.estimator.snapshot(self._workers, *key, self.now)[0]
             self._tc[key] = v
         return v
 
     def cluster_call_time(self, spec: CallSpec) -> float:
         """Cluster seconds per call of this shape when every worker is busy: ``1 / sum_w 1 / gpu_s``."""
-        key = CallSpec(spec.kind, spec.input_tokens, spec.output_tokens)
+        key = (spec.kind, spec.input_tokens, spec.output_tokens)
         v = self._cluster.get(key)
         if v is None:
             v = self._cluster[key] = _cluster_call_time(self._sched.estimator, self._workers, spec, self.now)
