@@ -124,6 +124,7 @@ class WorkerPool:
         # The context calls are sent in (each call's task gets a copy): the one the pool started in, never the
         # context of the request whose submission or completion happened to drain the worker (its log ids).
         self._context = contextvars.copy_context()
+        self._kicked: dict[WorkerState, None] = {}  # the workers with a drain pending, in the order kicked
         self.sent_log: list[tuple[float, str]] | None = None  # (time sent, worker name) when recording
         # The latest health changes, (time, worker name, what): down, up, ejected, readmitted, probe_failed.
         self.events: deque[tuple[float, str, str]] = deque(maxlen=256)
@@ -368,16 +369,37 @@ class WorkerPool:
         worker is filled from (a burst of submissions is ordered by the queue discipline, not by arrival).
         One drain per worker is pending at a time; none before ``start`` (which drains every worker)."""
         if self._running and st.drain is None:
-            st.drain = asyncio.get_running_loop().call_soon(self._drain, st, context=self._context)
+            st.drain = asyncio.get_running_loop().call_soon(self._drain_due, st, context=self._context)
+            self._kicked[st] = None
+
+    def drain_kicked(self) -> None:
+        """Drain now the workers kicked and not drained yet, as their pending drains would later in this turn of
+        the event loop: for code that has queued every call of its burst (a workflow's first calls, a stage's)
+        and would otherwise leave them queued until then."""
+        kicked = self._kicked
+        while kicked:
+            st = next(iter(kicked))
+            self._drain(st)
 
     def _cancel_drain(self, st: WorkerState) -> None:
+        self._kicked.pop(st, None)
         if st.drain is not None:
             st.drain.cancel()
             st.drain = None
 
-    def _drain(self, st: WorkerState) -> None:
-        """Fill ``st`` and send what it took, each call in a task of its own (``_execute``)."""
+    def _drain_due(self, st: WorkerState) -> None:
+        """A kicked worker's drain, on its turn of the event loop."""
         st.drain = None
+        del self._kicked[st]
+        self._send(st)
+
+    def _drain(self, st: WorkerState) -> None:
+        """Drain ``st`` now (its pending drain, if any, is not needed any more)."""
+        self._cancel_drain(st)
+        self._send(st)
+
+    def _send(self, st: WorkerState) -> None:
+        """Fill ``st`` and send what it took, each call in a task of its own (``_execute``)."""
         context = self._context
         for c in self.fill(st):
             c.task = asyncio.create_task(self._execute(st, c), name=f"call-{c.id}", context=context.copy())

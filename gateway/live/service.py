@@ -580,6 +580,7 @@ class Gateway:
         self._admitted(wf, admission)
         try:
             ex.launch(wf.start())
+            self.pool.drain_kicked()  # its first calls are queued: sent now, not a turn of the event loop later
             await ex.done
         except BaseException as exc:  # cancelled (client gone), or a bug: abandon the workflow either way
             ex.abandoned = True
@@ -624,7 +625,11 @@ class Gateway:
         if self.scheduler.prefix_aware and not spec.prefix:
             prompt = request_prompt(req.body)
             if prompt:
-                spec = replace(spec, prefix=prompt_prefix(prompt))
+                prefix = prompt_prefix(prompt)
+                if type(spec) is DagCallSpec:  # (what ``replace`` makes, without its generic machinery)
+                    spec = DagCallSpec(spec.kind, spec.input_tokens, spec.output_tokens, prefix, spec.node)
+                else:
+                    spec = replace(spec, prefix=prefix)
 
         def settled(c: LiveCall, outcome: CallResult | CallFailed) -> None:
             pending.discard(c)
@@ -842,6 +847,7 @@ class Gateway:
         try:
             for (spec, req), fut, rec in zip(calls, futures, records, strict=True):
                 live.append(self._submit(wf, spec, req, functools.partial(done_of, fut=fut, rec=rec)))
+            self.pool.drain_kicked()  # the stage's calls are queued: sent now
             outcomes = await asyncio.gather(*futures)
         except BaseException:
             # Cancelled, or a submission failed part-way: take back every call already submitted, so none

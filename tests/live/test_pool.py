@@ -185,3 +185,25 @@ async def test_calls_submitted_before_start_are_sent_when_it_starts(tmp_path: Pa
     finally:
         t.release.set()
         await pool.stop()
+
+
+async def test_drain_kicked_sends_the_queued_calls_without_waiting_for_the_event_loop(tmp_path: Path) -> None:
+    t = Hold()
+    pool = one_worker_pool(tmp_path, t, [0.0])
+    await pool.start()
+    await asyncio.sleep(0.01)
+    try:
+        out: list[object] = []
+        calls = [one_call(i, out) for i in range(6)]
+        for c in calls:
+            pool.submit(c)
+        pool.drain_kicked()  # no turn of the event loop in between
+        sent = [c for c in calls if c.task is not None]
+        assert len(sent) == 4 and pool.scheduler.queue_len(0) == 2
+        pool.drain_kicked()  # nothing is pending any more: a no-op
+        assert sum(c.task is not None for c in calls) == 4
+        await asyncio.sleep(0.01)
+        assert t.sent == 4
+    finally:
+        t.release.set()
+        await pool.stop()
