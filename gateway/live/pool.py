@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import time
 from collections import deque
@@ -328,8 +329,19 @@ class WorkerPool:
         if self.scheduler.cancel(call):
             call.on_done = None
             return
-        if call.task is not None and not call.task.done():
-            call.task.cancel()
+        task = call.task
+        if task is not None and not task.done():
+            task.cancel()
+            st = self.states.get(call.worker)
+            if st is not None and call in st.inflight:
+                # A task cancelled before its first step never enters ``_execute`` (nor its ``try``): nothing would
+                # settle the call, and its slot would stay taken for good. Settled when the task ends, unless it was.
+                task.add_done_callback(functools.partial(self._settle_unstarted, st, call), context=self._context)
+
+    def _settle_unstarted(self, st: WorkerState, call: LiveCall, task: asyncio.Task[None]) -> None:
+        if call.task is task and call in st.inflight:
+            call.task = None
+            self._settle(st, call, asyncio.CancelledError())
 
     def can_send(self, st: WorkerState) -> bool:
         """In flight below capacity, and vLLM's own waiting queue not growing (unless idle)."""

@@ -207,3 +207,25 @@ async def test_drain_kicked_sends_the_queued_calls_without_waiting_for_the_event
     finally:
         t.release.set()
         await pool.stop()
+
+
+async def test_a_call_cancelled_before_its_task_ran_is_settled_and_frees_its_slot(tmp_path: Path) -> None:
+    t = Hold()
+    pool = one_worker_pool(tmp_path, t, [0.0])
+    await pool.start()
+    await asyncio.sleep(0.01)
+    try:
+        out: list[object] = []
+        c = one_call(1, out)
+        pool.submit(c)
+        pool.drain_kicked()
+        assert c.task is not None and pool.scheduler.inflight(0) == 1
+        pool.cancel(c)  # in the same turn: its task never runs a step of ``_execute``
+        await asyncio.sleep(0.01)
+        assert t.sent == 0
+        assert pool.scheduler.inflight(0) == 0 and not pool.workers[0].inflight
+        assert len(out) == 1 and isinstance(out[0], CallFailed) and out[0].status == 503
+        assert c.task is None
+    finally:
+        t.release.set()
+        await pool.stop()
