@@ -283,14 +283,16 @@ class CompletionPredictor:
         base = [max(q - drained_s, 0.0) * queue_weight for q in self._tq]
         extra = [0.0] * len(self._workers)
         worst = 0.0
-        for c in calls:
+        last = len(calls) - 1
+        for k, c in enumerate(calls):
             tcs = self._t_comp(c)
             best, pos = math.inf, 0
             for i, tc in enumerate(tcs):
                 v = base[i] + extra[i] + tc
                 if v < best:
                     best, pos = v, i
-            extra[pos] += self._prefill(c)[pos]
+            if k < last:  # (only the siblings placed after it wait for its prompt)
+                extra[pos] += self._prefill(c)[pos]
             worst = max(worst, best)
         if len(self._stage) < 4096:
             self._stage[key] = worst

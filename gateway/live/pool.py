@@ -357,7 +357,11 @@ class WorkerPool:
             return out
         w = st.index
         name = st.name
-        while self.can_send(st):
+        # ``can_send`` before each call, written out: the capacity and the hold cannot change while filling.
+        load = self.scheduler.estimator.loads[w]
+        cap = st.info.capacity
+        held = st.held
+        while load.inflight < cap and not (held and load.inflight > 0):
             now = self.clock()
             c = self.scheduler.pop_next(w, now)
             if c is None:
