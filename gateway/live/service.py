@@ -730,11 +730,11 @@ class Gateway:
         route = "text2sql" if isinstance(wf, OnlineWorkflow) else "workflows" if wf_id is not None else "chat"
         calls, more = call_timings(
             wf.arrival,
-            (
+            [
                 (r.kind, r.worker, r.ready_at, r.sent_at, r.done_at, r.budget_s, r.attempts, r.error is None)
                 for r in records
                 if r.ready_at is not None and r.done_at is not None
-            ),
+            ],
         )
         self.history.add(
             FinishedWorkflow(
