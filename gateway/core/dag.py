@@ -95,6 +95,11 @@ def validate_nodes(nodes: Sequence[DagNode]) -> None:
     _topo_order(nodes)
 
 
+_ONE_ORDER: tuple[int, ...] = (0,)
+_ONE_DEPS: tuple[tuple[int, ...], ...] = ((),)
+"""The topological order, dependencies and children of a one-node DAG (shared: tuples)."""
+
+
 @dataclass(eq=False)
 class DagWorkflow(Workflow):
     """A workflow given as a DAG of calls. Build with ``DagWorkflow.build`` (validates)."""
@@ -129,6 +134,12 @@ class DagWorkflow(Workflow):
         """Validate ``nodes`` (raises ``DagError``) and build an unstarted workflow."""
         if not nodes:
             raise DagError("calls", "a workflow needs at least one call")
+        if len(nodes) == 1 and not nodes[0].depends_on:
+            # One call (every chat completion): nothing to sort or index, the same workflow as below.
+            wf = cls(wid, tenant, arrival, deadline, tuple(nodes), template)
+            wf._order, wf._deps, wf._children = _ONE_ORDER, _ONE_DEPS, _ONE_DEPS
+            wf._reset()
+            return wf
         order = _topo_order(nodes)
         wf = cls(wid, tenant, arrival, deadline, tuple(nodes), template)
         wf._order = tuple(order)

@@ -286,7 +286,7 @@ class Estimator:
             n = limit
         out = output_tokens - 1 if output_tokens > 1 else 0
         step = p.iter_base_s + p.token_s * n + p.ctx_s * ctx
-        return p.request_overhead_s + self.prefill_s(worker, input_tokens - cached) + out * step
+        return p.request_overhead_s + self._group_prefill(self._group[worker], input_tokens - cached) + out * step
 
     def gpu_s(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
         """Engine seconds a call takes from ``worker``'s throughput when the worker runs a full batch.
@@ -302,7 +302,31 @@ class Estimator:
         batch = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
         out = output_tokens - 1 if output_tokens > 1 else 0
         step = p.token_s + p.ctx_s * (input_tokens + output_tokens / 2.0) + p.iter_base_s / batch
-        return self.prefill_s(worker, input_tokens - cached) + out * step
+        return self._group_prefill(self._group[worker], input_tokens - cached) + out * step
+
+    def full_batch_rate(
+        self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
+    ) -> float:
+        """Calls of this shape per second that ``workers`` complete together when each runs a full batch: the sum
+        over them of ``1 / (gpu_s x ratio)`` (workers whose product is not positive add nothing).
+
+        ``gpu_s`` and ``ratio`` written out inline, the same operations in the same order (so the same floats).
+        """
+        out = output_tokens - 1 if output_tokens > 1 else 0
+        mid = input_tokens + output_tokens / 2.0
+        pres = [self._group_prefill(g, input_tokens) for g in range(len(self._profiles))]
+        consts = self._consts
+        ratios = self._ratios
+        max_age = self.max_age_s
+        rate = 0.0
+        for w in workers:
+            base, tok, ctx_s, _, batch, _, g = consts[w]
+            r = ratios[w].get(kind)
+            rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
+            gpu = (pres[g] + out * (tok + ctx_s * mid + base / batch)) * rv
+            if gpu > 0:
+                rate += 1.0 / gpu
+        return rate
 
     def backlog_s(self, worker: int, now: float) -> float:
         """Engine seconds of work outstanding on ``worker``: its queued calls' ``gpu_s`` plus what is left
@@ -337,6 +361,40 @@ class Estimator:
             slot = behind * load.outstanding(now) / ((load.inflight + load.queued) * cap)
             wait = max(wait, slot)
         return wait
+
+    def queue_view(self, workers: Sequence[int], now: float) -> tuple[list[float], list[float]]:
+        """``t_queue`` and ``backlog_s`` of each of ``workers`` at ``now``, in one pass (a completion prediction's
+        snapshot of the cluster, taken at every admission).
+
+        The two methods written out inline, the same operations in the same order (so the same floats), as
+        ``snapshot`` does for dispatch.
+        """
+        t_queue: list[float] = []
+        backlog: list[float] = []
+        loads = self.loads
+        infos = self.workers
+        for w in workers:
+            load = loads[w]
+            busy = load.inflight
+            queued = load.queued
+            # t_queue
+            wait = load.prefill_free_at - now
+            wait = max(wait, 0.0)
+            wait += load.queued_prefill_s
+            cap = infos[w].capacity
+            behind = busy + queued + 1 - cap
+            if behind > 0:
+                slot = behind * load.outstanding(now) / ((busy + queued) * cap)
+                wait = max(wait, slot)
+            t_queue.append(wait)
+            # backlog_s
+            if not busy or load.inflight_service_sum <= 0.0:
+                backlog.append(load.queued_gpu_s)
+            else:
+                left = (load.inflight_end_sum - busy * now) / load.inflight_service_sum
+                left = min(max(left, 0.1), 1.0)
+                backlog.append(load.queued_gpu_s + load.inflight_gpu_s * left)
+        return t_queue, backlog
 
     def harm(self, worker: int, input_tokens: int) -> float:
         """Seconds of delay a call's prompt would impose on the calls in flight on ``worker``.

@@ -67,10 +67,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.core.dag import DagNode
+from gateway.core.estimates import Estimator
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import Call, CallSpec, CostFn, Workflow, WorkflowTemplate
 
-__all__ = ["SUSTAINABLE_SHARE", "CompletionPredictor", "StagePlan", "calls_plan", "dag_plan", "template_plan"]
+__all__ = [
+    "SUSTAINABLE_SHARE",
+    "CompletionPredictor",
+    "StagePlan",
+    "calls_plan",
+    "cluster_call_time",
+    "dag_plan",
+    "template_plan",
+]
 
 SUSTAINABLE_SHARE = 0.25
 """The share of the cluster's full-batch throughput (``Estimator.gpu_s``) that work ahead of a workflow
@@ -156,6 +165,17 @@ def calls_plan(stages: Iterable[Sequence[CallSpec]]) -> tuple[StagePlan, ...]:
     return tuple(StagePlan(tuple(s)) for s in stages if s)
 
 
+def cluster_call_time(scheduler: Scheduler, spec: CallSpec, now: float) -> float:
+    """``CompletionPredictor(scheduler, now).cluster_call_time(spec)`` without the rest of a predictor's snapshot
+    (the queues of every worker): what one submitted call takes off its workflow's committed work."""
+    return _cluster_call_time(scheduler.estimator, scheduler.eligible_workers(), spec, now)
+
+
+def _cluster_call_time(est: Estimator, workers: Sequence[int], spec: CallSpec, now: float) -> float:
+    rate = est.full_batch_rate(workers, spec.kind, spec.input_tokens, spec.output_tokens, now)
+    return 1.0 / rate if rate > 0 else math.inf
+
+
 class CompletionPredictor:
     """Predicted completion times on one scheduler at one instant ``now``.
 
@@ -189,14 +209,14 @@ class CompletionPredictor:
         self.efficiency = efficiency
         self.later_queue_weight = later_queue_weight
         self._sched = scheduler
-        est = scheduler.estimator
-        self._workers = [w for w in scheduler.members() if scheduler.eligible[w]]
-        self._tq = [est.t_queue(w, now) for w in self._workers]
+        self._workers = scheduler.eligible_workers()  # shared with the scheduler: read only
+        self._tq, backlog = scheduler.estimator.queue_view(self._workers, now)
         n = len(self._workers)
-        self._backlog = sum(est.backlog_s(w, now) for w in self._workers) / n if n else math.inf
+        self._backlog = sum(backlog) / n if n else math.inf
         self.committed_s = max(committed_s, 0.0)
-        self._cluster: dict[CallSpec, float] = {}
-        self._tc: dict[CallSpec, list[float]] = {}
+        # By call shape (kind, input, output tokens): a spec's prefix or DAG node does not change its cost.
+        self._cluster: dict[tuple[str, int, int], float] = {}
+        self._tc: dict[tuple[str, int, int], list[float]] = {}
         self._stage: dict[tuple[tuple[CallSpec, ...], float, float], float] = {}
         self._pre: dict[tuple[str, int], list[float]] = {}
         self._tq_any: dict[int, float] = {}
@@ -214,26 +234,20 @@ class CompletionPredictor:
         return min(self._tq, default=math.inf)
 
     def _t_comp(self, spec: CallSpec) -> list[float]:
-        key = CallSpec(spec.kind, spec.input_tokens, spec.output_tokens)  # a subclass (DagCallSpec) keys as its shape
+        key = (spec.kind, spec.input_tokens, spec.output_tokens)
         v = self._tc.get(key)
         if v is None:
-            est = self._sched.estimator
-            v = [est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, self.now) for w in self._workers]
+            # ``t_comp`` of each worker, as ``Estimator.snapshot`` computes it in one pass (the same floats).
+            v = self._sched.estimator.snapshot(self._workers, *key, self.now)[0]
             self._tc[key] = v
         return v
 
     def cluster_call_time(self, spec: CallSpec) -> float:
         """Cluster seconds per call of this shape when every worker is busy: ``1 / sum_w 1 / gpu_s``."""
-        key = CallSpec(spec.kind, spec.input_tokens, spec.output_tokens)
+        key = (spec.kind, spec.input_tokens, spec.output_tokens)
         v = self._cluster.get(key)
         if v is None:
-            est = self._sched.estimator
-            rate = 0.0
-            for w in self._workers:
-                g = est.gpu_s(w, spec.input_tokens, spec.output_tokens) * est.ratio(w, spec.kind, self.now)
-                if g > 0:
-                    rate += 1.0 / g
-            v = self._cluster[key] = 1.0 / rate if rate > 0 else math.inf
+            v = self._cluster[key] = _cluster_call_time(self._sched.estimator, self._workers, spec, self.now)
         return v
 
     def _prefill(self, spec: CallSpec) -> list[float]:
@@ -269,14 +283,16 @@ class CompletionPredictor:
         base = [max(q - drained_s, 0.0) * queue_weight for q in self._tq]
         extra = [0.0] * len(self._workers)
         worst = 0.0
-        for c in calls:
+        last = len(calls) - 1
+        for k, c in enumerate(calls):
             tcs = self._t_comp(c)
             best, pos = math.inf, 0
             for i, tc in enumerate(tcs):
                 v = base[i] + extra[i] + tc
                 if v < best:
                     best, pos = v, i
-            extra[pos] += self._prefill(c)[pos]
+            if k < last:  # (only the siblings placed after it wait for its prompt)
+                extra[pos] += self._prefill(c)[pos]
             worst = max(worst, best)
         if len(self._stage) < 4096:
             self._stage[key] = worst

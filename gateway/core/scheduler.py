@@ -82,6 +82,7 @@ class Scheduler:
         self.member = [True] * len(self.workers)
         self._all = list(range(len(self.workers)))
         self._n_eligible = len(self.workers)
+        self._eligible_idx: list[int] | None = None  # ``eligible_workers()``, until eligibility changes
         self._seq = 0
         self._queued = 0  # calls in every worker queue: each push and each pop or removal counted here
         self._ref_cache: dict[tuple[int, int], float] = {}
@@ -105,6 +106,19 @@ class Scheduler:
     def members(self) -> list[int]:
         """Indices of the current workers (slots in use)."""
         return [i for i, m in enumerate(self.member) if m]
+
+    def eligible_workers(self) -> list[int]:
+        """Indices of the workers taking new dispatches (members marked eligible), ascending.
+
+        Kept until eligibility or membership changes, not rebuilt for every dispatch and prediction: the list
+        is shared, read it only.
+        """
+        idx = self._eligible_idx
+        if idx is None:
+            ok = self.eligible
+            idx = self._all if self._n_eligible == len(ok) else [i for i, e in enumerate(ok) if e]
+            self._eligible_idx = idx
+        return idx
 
     def add_worker(self, info: WorkerInfo, *, eligible: bool = True) -> int:
         """Give a new worker a slot (a freed one if any); returns its index."""
@@ -165,6 +179,7 @@ class Scheduler:
 
     def _membership_changed(self) -> None:
         self._all = list(range(len(self.workers)))
+        self._eligible_idx = None
         self._ref_cache = {}
         self._cost = partial(self.reference_cost)
 
@@ -204,6 +219,7 @@ class Scheduler:
         """Mark a worker as (in)eligible for new dispatches (health, draining); non-members never are."""
         self.eligible[worker] = eligible and self.member[worker]
         self._n_eligible = sum(self.eligible)
+        self._eligible_idx = None
 
     def submit(self, call: Call, now: float) -> int:
         """Compute the call's stage budget, choose a worker, and queue the call there."""
@@ -221,7 +237,7 @@ class Scheduler:
     def _choose(self, call: Call, now: float) -> int:
         est = self.estimator
         spec = call.spec
-        idx = self._all if self._n_eligible == len(self.workers) else [i for i, ok in enumerate(self.eligible) if ok]
+        idx = self.eligible_workers()
         if not idx:
             raise NoEligibleWorker("no eligible worker")
         keys = None

@@ -1,1 +1,1 @@
-"""The live gateway: FastAPI app, worker pool, drain loops, metrics, tenants, background tuning."""
+"""The live gateway: FastAPI app, worker pool, metrics, tenants, background tuning."""

@@ -11,7 +11,7 @@
 * scrape: every ``scrape_period_s`` each worker's ``/metrics`` is fetched, concurrently, and parsed by
   ``promparse``. The result is kept on the worker's ``WorkerState`` (``/v1/status`` shows it) and
   exported as gateway metrics; dispatch to a worker is *held* while vLLM's own waiting queue grows
-  (``WorkerPool.can_send``), and released (the drain loop kicked) once it stops growing.
+  (``WorkerPool.can_send``), and released (the worker kicked: drained again) once it stops growing.
 
 Everything runs on the event loop, like the pool.
 """
@@ -162,4 +162,4 @@ class WorkerMonitor:
         st.held = waiting > 0 and prev is not None and waiting > prev
         self.pool.metrics.scraped(st.name, m)
         if was_held and not st.held:
-            st.kick.set()
+            self.pool.kick(st)

@@ -99,7 +99,7 @@ class OutlierDetector:
     def judge(self, st: WorkerState, members: Iterable[WorkerState]) -> str | None:
         """Why ``st`` is to be ejected now, or None: its verdict against the workers taking calls, when
         ejecting it keeps within ``max_ejected_fraction`` of ``members`` and leaves one taking calls."""
-        if st.ejected or st.removing:
+        if st.ejected or st.removing or not self.cfg.enabled:  # (``verdict`` would say None: no lists for it)
             return None
         pool = [w for w in members if not w.removing]
         reason = self.verdict(st, [w for w in pool if w.eligible])

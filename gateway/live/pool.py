@@ -1,14 +1,16 @@
-"""The worker pool: membership, dispatch, and per-worker drain loops that feed vLLM workers.
+"""The worker pool: membership, dispatch, and the draining of worker queues into vLLM workers.
 
 Life of a call in the live gateway (the simulator's ``Simulator.run`` is the same sequence in
 virtual time; ``tests/live/test_parity.py`` checks that both take the same decisions):
 
     runner: call ready  -> ``WorkerPool.submit``: ``Scheduler.submit`` (budget, dispatch) + kick the worker
-    drain loop (one per worker, woken by kicks): while in flight < capacity and vLLM's waiting queue is
-        not growing: ``Scheduler.pop_next`` -> a task sends the call (``Transport.send``)
+    drain (a kick schedules one per worker on the event loop, after the code that kicked: every call it
+        submits is queued before the worker is filled): while in flight < capacity and vLLM's waiting
+        queue is not growing: ``Scheduler.pop_next`` -> a task sends the call (``Transport.send``)
     response            -> ``Scheduler.on_finish(observed)`` (slot frees, estimator learns) -> the
                            call's ``on_done`` runs synchronously: the runner submits the calls that
-                           became ready -> kick the worker that returned the call
+                           became ready -> the worker that returned the call is drained at once (as the
+                           simulator fills it after the result event)
     worker failure      -> ``Scheduler.on_fail``; after ``failures_to_down`` consecutive failures (or a
                            refused connection) the worker is marked down, its queue is drained and
                            every call re-dispatched; the failed call is retried on a worker that has
@@ -25,14 +27,14 @@ latency on the worker, at most ``call_s``), whatever the transport; ``HttpTransp
 and ``parked_timeout_s`` of parking, so does every workflow.
 
 One concept in one module (about 560 lines): the pool's workers and what happens to their calls
-(membership, dispatch, drain loops, the call's end, retries, parking, down/up and ejection); the
+(membership, dispatch, draining, the call's end, retries, parking, down/up and ejection); the
 monitor, the outlier verdicts and the worker's state are modules of their own.
 
 Every way a sent call can end (result, ``WorkerError``, ``CallFailed``, cancellation, a bug) goes through
 one method, ``WorkerPool._settle``.
 
-Membership changes at run time (``gateway/live/discovery.py``): ``add_worker`` starts a drain loop for
-a new worker; ``set_ready(False)`` takes a worker out of dispatch (its queue is re-dispatched, its
+Membership changes at run time (``gateway/live/discovery.py``): ``add_worker`` adds a worker that is
+drained like the others; ``set_ready(False)`` takes a worker out of dispatch (its queue is re-dispatched, its
 in-flight calls finish); ``remove_worker`` does the same and frees the worker once its last in-flight
 call has returned, or after ``remove_grace_s`` re-dispatches the calls still running there (their
 requests are cancelled) so that a pod that vanished without closing its connections loses nothing.
@@ -40,14 +42,17 @@ requests are cancelled) so that a pod that vanished without closing its connecti
 
 A worker's description (name, profile, capacity, address) is its ``WorkerInfo`` in the scheduler;
 ``WorkerState`` (``worker_state.py``) holds only the pool's runtime state and reads the description
-from there. Background tasks: the drain loops here, and the health prober and scraper of
-``gateway/live/monitor.py``, which the pool owns. All state is touched only on the event loop, so no locks are needed.
+from there. Background tasks: the health prober and scraper of ``gateway/live/monitor.py``, which the pool
+owns; a drain is a callback on the event loop, not a task of its own (a task per worker woken by an event
+cost a task step per call). All state is touched only on the event loop, so no locks are needed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import logging
 import time
 from collections import deque
@@ -71,7 +76,7 @@ _PRIO_MAX = float(2**31 - 1)
 
 
 class WorkerPool:
-    """Membership, dispatch, drain loops and failure handling around one ``Scheduler``.
+    """Membership, dispatch, draining and failure handling around one ``Scheduler``.
 
     Args:
         scheduler: the policy engine, with the workers at start (owned by the caller; touched only on
@@ -117,6 +122,10 @@ class WorkerPool:
         self.epoch = clock()
         self.parked: deque[LiveCall] = deque()
         self._running = False
+        # The context calls are sent in (each call's task gets a copy): the one the pool started in, never the
+        # context of the request whose submission or completion happened to drain the worker (its log ids).
+        self._context = contextvars.copy_context()
+        self._kicked: dict[WorkerState, None] = {}  # the workers with a drain pending, in the order kicked
         self.sent_log: list[tuple[float, str]] | None = None  # (time sent, worker name) when recording
         # The latest health changes, (time, worker name, what): down, up, ejected, readmitted, probe_failed.
         self.events: deque[tuple[float, str, str]] = deque(maxlen=256)
@@ -151,17 +160,20 @@ class WorkerPool:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Start the drain loops and the monitor's tasks."""
+        """Start draining the workers (calls submitted before are sent now) and the monitor's tasks."""
         self._running = True
+        self._context = contextvars.copy_context()
         for st in self.workers:
-            self._start_loop(st)
+            self.kick(st)
         self.monitor.start()
 
     async def stop(self) -> None:
         """Stop every background task and cancel calls still in flight (their callbacks get a 503)."""
         self._running = False
         await self.monitor.stop()
-        loops = [t for st in self.workers for t in (st.loop_task, st.removal_task) if t is not None]
+        for st in self.workers:
+            self._cancel_drain(st)
+        loops = [st.removal_task for st in self.workers if st.removal_task is not None]
         for t in loops:
             t.cancel()
         for t in loops:
@@ -182,10 +194,6 @@ class WorkerPool:
         """Workers currently taking calls (up, ready, not being removed)."""
         return sum(1 for st in self.states.values() if st.eligible)
 
-    def _start_loop(self, st: WorkerState) -> None:
-        if self._running and st.loop_task is None:
-            st.loop_task = asyncio.create_task(self._drain_loop(st), name=f"drain-{st.name}")
-
     # ------------------------------------------------------------------ membership
 
     def add_worker(self, info: WorkerInfo, *, ready: bool = True) -> WorkerState:
@@ -205,7 +213,6 @@ class WorkerPool:
             info.capacity,
             ready,
         )
-        self._start_loop(st)
         self._sync(st)
         return st
 
@@ -222,7 +229,7 @@ class WorkerPool:
         if capacity == st.info.capacity:
             return
         self.scheduler.set_capacity(st.index, capacity)
-        st.kick.set()
+        self.kick(st)
 
     def is_member(self, st: WorkerState) -> bool:
         """Whether ``st`` is still in the pool (not finished removing; not replaced under its name)."""
@@ -260,9 +267,7 @@ class WorkerPool:
         if not self.is_member(st):
             return
         name = st.name
-        if st.loop_task is not None:
-            st.loop_task.cancel()
-            st.loop_task = None
+        self._cancel_drain(st)
         t = st.removal_task
         if t is not None and t is not asyncio.current_task():
             t.cancel()
@@ -291,7 +296,7 @@ class WorkerPool:
             self.parked.clear()
             for c in parked:
                 self.submit(c)
-            st.kick.set()
+            self.kick(st)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -307,7 +312,7 @@ class WorkerPool:
         call.parked_at = None
         st = self.states[w]
         self.metrics.dispatch(st.name, call.kind)
-        st.kick.set()
+        self.kick(st)
 
     def cancel(self, call: LiveCall) -> None:
         """Abandon a call: off its queue, or its in-flight request cancelled (slot released).
@@ -324,8 +329,19 @@ class WorkerPool:
         if self.scheduler.cancel(call):
             call.on_done = None
             return
-        if call.task is not None and not call.task.done():
-            call.task.cancel()
+        task = call.task
+        if task is not None and not task.done():
+            task.cancel()
+            st = self.states.get(call.worker)
+            if st is not None and call in st.inflight:
+                # A task cancelled before its first step never enters ``_execute`` (nor its ``try``): nothing would
+                # settle the call, and its slot would stay taken for good. Settled when the task ends, unless it was.
+                task.add_done_callback(functools.partial(self._settle_unstarted, st, call), context=self._context)
+
+    def _settle_unstarted(self, st: WorkerState, call: LiveCall, task: asyncio.Task[None]) -> None:
+        if call.task is task and call in st.inflight:
+            call.task = None
+            self._settle(st, call, asyncio.CancelledError())
 
     def can_send(self, st: WorkerState) -> bool:
         """In flight below capacity, and vLLM's own waiting queue not growing (unless idle)."""
@@ -341,7 +357,11 @@ class WorkerPool:
             return out
         w = st.index
         name = st.name
-        while self.can_send(st):
+        # ``can_send`` before each call, written out: the capacity and the hold cannot change while filling.
+        load = self.scheduler.estimator.loads[w]
+        cap = st.info.capacity
+        held = st.held
+        while load.inflight < cap and not (held and load.inflight > 0):
             now = self.clock()
             c = self.scheduler.pop_next(w, now)
             if c is None:
@@ -360,12 +380,45 @@ class WorkerPool:
             out.append(c)
         return out
 
-    async def _drain_loop(self, st: WorkerState) -> None:
-        while self._running:
-            await st.kick.wait()
-            st.kick.clear()
-            for c in self.fill(st):
-                c.task = asyncio.create_task(self._execute(st, c), name=f"call-{c.id}")
+    def kick(self, st: WorkerState) -> None:
+        """Drain ``st`` soon: once the code running now is done, so every call it queues is in the queue the
+        worker is filled from (a burst of submissions is ordered by the queue discipline, not by arrival).
+        One drain per worker is pending at a time; none before ``start`` (which drains every worker)."""
+        if self._running and st.drain is None:
+            st.drain = asyncio.get_running_loop().call_soon(self._drain_due, st, context=self._context)
+            self._kicked[st] = None
+
+    def drain_kicked(self) -> None:
+        """Drain now the workers kicked and not drained yet, as their pending drains would later in this turn of
+        the event loop: for code that has queued every call of its burst (a workflow's first calls, a stage's)
+        and would otherwise leave them queued until then."""
+        kicked = self._kicked
+        while kicked:
+            st = next(iter(kicked))
+            self._drain(st)
+
+    def _cancel_drain(self, st: WorkerState) -> None:
+        self._kicked.pop(st, None)
+        if st.drain is not None:
+            st.drain.cancel()
+            st.drain = None
+
+    def _drain_due(self, st: WorkerState) -> None:
+        """A kicked worker's drain, on its turn of the event loop."""
+        st.drain = None
+        del self._kicked[st]
+        self._send(st)
+
+    def _drain(self, st: WorkerState) -> None:
+        """Drain ``st`` now (its pending drain, if any, is not needed any more)."""
+        self._cancel_drain(st)
+        self._send(st)
+
+    def _send(self, st: WorkerState) -> None:
+        """Fill ``st`` and send what it took, each call in a task of its own (``_execute``)."""
+        context = self._context
+        for c in self.fill(st):
+            c.task = asyncio.create_task(self._execute(st, c), name=f"call-{c.id}", context=context.copy())
 
     # ------------------------------------------------------------------ execution
 
@@ -454,12 +507,17 @@ class WorkerPool:
         return False
 
     def _after_call(self, st: WorkerState) -> None:
-        """A call left the worker: refill it, or finish its removal once nothing is in flight."""
+        """A call left the worker: refill it, or finish its removal once nothing is in flight.
+
+        Refilled at once, not on a later turn of the event loop: the call's callback has run (``_deliver``), so
+        the calls it released are queued before its slot is reused, which is all the order needs (the
+        simulator fills the worker right after the result event too).
+        """
         if st.removing:
             if not st.inflight:
                 self._finish_removal(st)
-        else:
-            st.kick.set()
+        elif self._running:
+            self._drain(st)
 
     def _deliver(self, call: LiveCall, outcome: CallResult | CallFailed) -> None:
         """Run the call's callback once (a failing callback is logged, never lost in the pool)."""

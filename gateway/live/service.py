@@ -1,6 +1,6 @@
 """The gateway service: admission, workflow execution, and the parts the HTTP app is a face for.
 
-``Gateway`` owns the scheduler (``gateway.core``), the worker pool (drain loops), the tenants store,
+``Gateway`` owns the scheduler (``gateway.core``), the worker pool, the tenants store,
 the metrics and the background tuner. ``Gateway.run_workflow`` executes one DAG workflow: it submits
 the calls that are ready, and each call's completion callback (run synchronously by the pool, before
 the worker is refilled) releases the calls that became ready, exactly as the simulator's result event
@@ -36,7 +36,7 @@ from gateway.config.gateway import LoadedConfig
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.degrade import FLOOR, knob_plan
-from gateway.core.predict import CompletionPredictor, StagePlan, template_plan
+from gateway.core.predict import CompletionPredictor, StagePlan, cluster_call_time, template_plan
 from gateway.core.prefix import prompt_prefix
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate, deadline_met
@@ -580,6 +580,7 @@ class Gateway:
         self._admitted(wf, admission)
         try:
             ex.launch(wf.start())
+            self.pool.drain_kicked()  # its first calls are queued: sent now, not a turn of the event loop later
             await ex.done
         except BaseException as exc:  # cancelled (client gone), or a bug: abandon the workflow either way
             ex.abandoned = True
@@ -624,7 +625,11 @@ class Gateway:
         if self.scheduler.prefix_aware and not spec.prefix:
             prompt = request_prompt(req.body)
             if prompt:
-                spec = replace(spec, prefix=prompt_prefix(prompt))
+                prefix = prompt_prefix(prompt)
+                if type(spec) is DagCallSpec:  # (what ``replace`` makes, without its generic machinery)
+                    spec = DagCallSpec(spec.kind, spec.input_tokens, spec.output_tokens, prefix, spec.node)
+                else:
+                    spec = replace(spec, prefix=prefix)
 
         def settled(c: LiveCall, outcome: CallResult | CallFailed) -> None:
             pending.discard(c)
@@ -650,7 +655,7 @@ class Gateway:
         pending.add(call)
         left = self._work_left.get(wf)
         if left is not None:  # submitted work is in the queues now (t_queue): no longer committed
-            done = min(CompletionPredictor(self.scheduler, call.ready_at).cluster_call_time(spec), left)
+            done = min(cluster_call_time(self.scheduler, spec, call.ready_at), left)
             self._work_left[wf] = left - done
             self.committed_s = max(self.committed_s - done, 0.0)
         self.pool.submit(call)
@@ -686,10 +691,14 @@ class Gateway:
         if ex not in self._executions:
             return
         self._executions.discard(ex)
-        # (the request's context carries its request and workflow ids into this line: gateway.live.logs)
-        log.debug(
-            "workflow of tenant %s ended: %s%s", tenant.name, outcome, "" if latency is None else f" in {latency:.3f} s"
-        )
+        if log.isEnabledFor(logging.DEBUG):  # (not formatting the latency for a line nobody reads)
+            # (the request's context carries its request and workflow ids into this line: gateway.live.logs)
+            log.debug(
+                "workflow of tenant %s ended: %s%s",
+                tenant.name,
+                outcome,
+                "" if latency is None else f" in {latency:.3f} s",
+            )
         wf = ex.wf if isinstance(ex, _Execution) else ex
         if isinstance(ex, _Execution):
             self._ended(ex.wf, tenant.name, outcome, valid, ex.records, ex.wf_id)
@@ -721,11 +730,11 @@ class Gateway:
         route = "text2sql" if isinstance(wf, OnlineWorkflow) else "workflows" if wf_id is not None else "chat"
         calls, more = call_timings(
             wf.arrival,
-            (
+            [
                 (r.kind, r.worker, r.ready_at, r.sent_at, r.done_at, r.budget_s, r.attempts, r.error is None)
                 for r in records
                 if r.ready_at is not None and r.done_at is not None
-            ),
+            ],
         )
         self.history.add(
             FinishedWorkflow(
@@ -838,6 +847,7 @@ class Gateway:
         try:
             for (spec, req), fut, rec in zip(calls, futures, records, strict=True):
                 live.append(self._submit(wf, spec, req, functools.partial(done_of, fut=fut, rec=rec)))
+            self.pool.drain_kicked()  # the stage's calls are queued: sent now
             outcomes = await asyncio.gather(*futures)
         except BaseException:
             # Cancelled, or a submission failed part-way: take back every call already submitted, so none

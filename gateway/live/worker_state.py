@@ -34,8 +34,9 @@ class WorkerState:
     """The pool's runtime state of one worker; its description is the scheduler's ``WorkerInfo``.
 
     ``up`` (health), ``ready`` (discovery) and ``removing`` decide eligibility; ``inflight`` are the calls
-    sent and not yet returned; ``kick`` wakes the drain loop. ``metrics``, ``scraped_at`` and ``held``
-    are written by the monitor (the last scrape, and whether vLLM's waiting queue is growing).
+    sent and not yet returned; ``drain`` is the pool's pending drain of the worker (``WorkerPool.kick``).
+    ``metrics``, ``scraped_at`` and ``held`` are written by the monitor (the last scrape, and whether vLLM's
+    waiting queue is growing).
 
     Outlier ejection: ``recent`` holds the worker's last calls, each ``None`` (failed) or its
     observed/predicted latency ratio, summed up in ``recent_failed``, ``recent_returned`` and
@@ -51,10 +52,9 @@ class WorkerState:
     up: bool = True
     ready: bool = True
     removing: bool = False
-    loop_task: asyncio.Task[None] | None = None
     removal_task: asyncio.Task[None] | None = None
     failures: int = 0
-    kick: asyncio.Event = field(default_factory=asyncio.Event)
+    drain: asyncio.Handle | None = None
     metrics: WorkerMetrics | None = None
     scraped_at: float | None = None
     held: bool = False

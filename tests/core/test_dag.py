@@ -88,3 +88,23 @@ def test_shifted_copy_is_unstarted() -> None:
     copy = wf.shifted(5.0, 20.0)
     assert (copy.arrival, copy.deadline, copy.done) == (5.0, 20.0, False)
     assert [s.kind for s in copy.start()] == ["k"]
+
+
+@pytest.mark.parametrize("template", [None, CHESS_TEMPLATE])
+def test_a_one_node_dag_is_built_as_any_other(template: object) -> None:
+    """The one-call shortcut of ``build`` (a chat completion) makes the workflow the general path makes."""
+    node = DagNode("chat", "information_retriever", 300, 5)
+    one = DagWorkflow.build(3, "t", 1.0, 9.0, [node], CHESS_TEMPLATE if template else None)
+    general = DagWorkflow.build(3, "t", 1.0, 9.0, [node, n("x")], CHESS_TEMPLATE if template else None)
+    assert (one._order, one._deps, one._children) == ((0,), ((),), ((),))
+    assert (general._order[:1], general._deps[:1], general._children[:1]) == ((0,), ((),), ((),))
+
+    def cost(kind: str, i: int, o: int) -> float:
+        return float(i + o)
+
+    assert one.expected_remaining(cost) == (305.0 if template is None else CHESS_TEMPLATE.remaining_after(-1, 0, cost))
+    (spec,) = one.start()
+    assert spec == DagCallSpec("information_retriever", 300, 5, (), node=0)
+    assert not one.done
+    assert one.complete(spec) == []
+    assert one.done

@@ -66,3 +66,29 @@ def test_a_capacity_change_reaches_the_snapshot() -> None:
     after = est.snapshot([2], "revise", 5963, 79, now)
     assert after[1] == [est.t_queue(2, now)] and after[0] == [est.t_comp(2, "revise", 5963, 79, now)]
     assert after != before
+
+
+def test_queue_view_equals_the_per_worker_queue_and_backlog_bit_for_bit() -> None:
+    for seed in range(3):
+        est, now = loaded_estimator(seed)
+        everyone = list(range(len(est.workers)))
+        for workers in (everyone, everyone[::3], [5, 0, 11], []):
+            for at in (now, now + 0.5, now + 50.0):  # in-flight calls ahead of, at and past their predicted end
+                t_queue, backlog = est.queue_view(workers, at)
+                assert t_queue == [est.t_queue(w, at) for w in workers]
+                assert backlog == [est.backlog_s(w, at) for w in workers]
+
+
+def test_full_batch_rate_is_the_sum_of_the_per_worker_rates_bit_for_bit() -> None:
+    for seed in range(3):
+        est, now = loaded_estimator(seed)
+        everyone = list(range(len(est.workers)))
+        for workers in (everyone, everyone[::3], [5, 0, 11], []):
+            for n_in, n_out in ((1, 1), (308, 5), (11748, 678)):
+                for kind in KINDS:
+                    expected = 0.0
+                    for w in workers:
+                        g = est.gpu_s(w, n_in, n_out) * est.ratio(w, kind, now)
+                        if g > 0:
+                            expected += 1.0 / g
+                    assert est.full_batch_rate(workers, kind, n_in, n_out, now) == expected

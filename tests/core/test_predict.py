@@ -9,7 +9,14 @@ import pytest
 
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagNode
-from gateway.core.predict import CompletionPredictor, StagePlan, calls_plan, dag_plan, template_plan
+from gateway.core.predict import (
+    CompletionPredictor,
+    StagePlan,
+    calls_plan,
+    cluster_call_time,
+    dag_plan,
+    template_plan,
+)
 from gateway.core.scheduler import Scheduler, WorkerInfo
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 
@@ -252,3 +259,19 @@ def test_running_workflow_adds_what_its_template_still_expects(cluster: list[Wor
     after = wf.expected_remaining(p.call_cost)
     assert after > 0.0
     assert p.workflow_completion(wf, [c]) == pytest.approx(p.pending_time([c]) + after)
+
+
+def test_cluster_call_time_without_a_predictor_is_the_predictors(cluster: list[WorkerInfo]) -> None:
+    s = Scheduler(cluster, "hexgen", random.Random(0))
+    calls = load(s, 5)
+    for c in calls[:3]:
+        s.pop_next(c.worker, 0.0)
+    s.on_finish(calls[0], 2.0, observed_s=3.0)  # a learned ratio for BIG's kind on one worker
+    s.set_eligible(1, False)
+    for now in (2.0, 5.0, 1e6):  # the ratio fresh, then stale
+        pred = CompletionPredictor(s, now)
+        for spec in (BIG, SMALL):
+            assert cluster_call_time(s, spec, now) == pred.cluster_call_time(spec)
+    for w in range(len(cluster)):
+        s.set_eligible(w, False)
+    assert cluster_call_time(s, BIG, 0.0) == math.inf

@@ -187,3 +187,24 @@ def test_queued_total_is_the_sum_of_the_queues(cluster: list[WorkerInfo], policy
             else:
                 s.add_worker(cluster[rng.randrange(len(cluster))])
         assert s.queued_total() == sum(s.queue_len(w) for w in s.members()) == len(queued)
+
+
+def test_eligible_workers_follow_eligibility_and_membership(cluster: list[WorkerInfo]) -> None:
+    s = Scheduler(cluster, "rr-fcfs", random.Random(0))
+    assert s.eligible_workers() == [0, 1, 2]
+    assert s.eligible_workers() is s.eligible_workers(), "kept until something changes"
+    s.set_eligible(1, False)
+    assert s.eligible_workers() == [0, 2]
+    s.set_eligible(1, True)
+    assert s.eligible_workers() == [0, 1, 2]
+    s.set_eligible(0, False)
+    s.remove_worker(0)
+    assert s.eligible_workers() == [1, 2]
+    w = s.add_worker(cluster[0], eligible=False)
+    assert w == 0 and s.eligible_workers() == [1, 2]
+    s.set_eligible(w, True)
+    assert s.eligible_workers() == [0, 1, 2]
+    s.set_eligible(0, False)
+    s.set_eligible(1, False)
+    s.set_eligible(2, False)
+    assert s.eligible_workers() == []

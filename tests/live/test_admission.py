@@ -49,8 +49,8 @@ def tenant_entry(name: str, **kw: Any) -> dict[str, Any]:
 
 
 def make_gateway(tmp_path: Path, clock: FakeClock, capacity: int = 2) -> Gateway:
-    """One A100 worker (no drain loop runs: submitted calls stay queued until a test sends them) and three
-    tenants: ``rej`` (reject), ``be`` (best effort), ``off`` (predictive admission off)."""
+    """One A100 worker (the pool is not started, so no worker is drained: submitted calls stay queued until a
+    test sends them) and three tenants: ``rej`` (reject), ``be`` (best effort), ``off`` (predictive admission off)."""
     doc = {
         "tenants": [
             tenant_entry("rej"),

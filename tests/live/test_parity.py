@@ -2,7 +2,7 @@
 
 The simulator runs a workload and records, for every call, when it was ready, which worker got it,
 when it was sent and when its result arrived. The same workload is then driven through the live path —
-``Gateway.run_workflow``, the worker pool's drain loops, ``WorkerPool._execute`` — with a fake clock
+``Gateway.run_workflow``, the worker pool's drains, ``WorkerPool._execute`` — with a fake clock
 and a fake transport that returns each call's result exactly when the simulator says it arrived. Every
 call must go to the same worker and be sent at the same time.
 """

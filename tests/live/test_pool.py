@@ -1,4 +1,4 @@
-"""Worker pool units: parked calls, cancellation, capacity changes."""
+"""Worker pool units: parked calls, cancellation, capacity changes, draining."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from gateway.config.gateway import load_gateway_config
+from gateway.core.worker import WorkerInfo
 from gateway.errors import CallFailed
+from gateway.live.logs import REQUEST_ID
 from gateway.live.service import Gateway
 from gateway.live.tenants import TenantStore
+from gateway.live.transport import CallResult, LiveCall
 from tests.live.fake_transport import Hold, one_call, one_worker_pool
 from tests.live.harness import write_config
 
@@ -85,7 +88,7 @@ async def test_set_capacity_changes_the_one_capacity_that_dispatch_and_status_re
         assert t.sent == 4
         pool.set_capacity(st, 5)
         await asyncio.sleep(0.01)
-        assert t.sent == 5, "the drain loop fills the new slot"
+        assert t.sent == 5, "the worker is drained into the new slot"
         assert st.info is pool.scheduler.workers[st.index] and st.info.capacity == 5
         assert pool.status()[0]["capacity"] == 5
     finally:
@@ -125,6 +128,104 @@ async def test_served_models_follow_the_membership(tmp_path: Path) -> None:
         t.release.set()
         await asyncio.sleep(0.01)
         assert not pool.is_member(busy) and pool.served_models() == ()
+    finally:
+        t.release.set()
+        await pool.stop()
+
+
+class _SeesRequestId(Hold):
+    """Records the request id of the context each call is sent in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str | None] = []
+
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
+        self.ids.append(REQUEST_ID.get())
+        return await super().send(worker, call)
+
+
+async def test_calls_are_sent_in_the_pools_context_not_in_the_submitting_requests(tmp_path: Path) -> None:
+    """Whichever request's submission or completion drains a worker, the calls it sends are not logged as
+    that request's (the pool's own, as when each worker had a drain loop task)."""
+    t = _SeesRequestId()
+    pool = one_worker_pool(tmp_path, t, [0.0])
+    await pool.start()
+    await asyncio.sleep(0.01)  # the start's own drain is done
+    try:
+        out: list[object] = []
+        token = REQUEST_ID.set("req-1")
+        try:
+            for i in range(6):  # four sent after the submissions, two when slots free
+                pool.submit(one_call(i, out))
+        finally:
+            REQUEST_ID.reset(token)
+        await asyncio.sleep(0.01)
+        assert t.sent == 4
+        t.release.set()
+        await asyncio.sleep(0.01)
+        assert t.sent == 6 and len(out) == 6
+        assert t.ids == [None] * 6
+    finally:
+        await pool.stop()
+
+
+async def test_calls_submitted_before_start_are_sent_when_it_starts(tmp_path: Path) -> None:
+    t = Hold()
+    pool = one_worker_pool(tmp_path, t, [0.0])
+    out: list[object] = []
+    for i in range(2):
+        pool.submit(one_call(i, out))
+    await asyncio.sleep(0.01)
+    assert t.sent == 0 and pool.scheduler.queue_len(0) == 2
+    await pool.start()
+    try:
+        await asyncio.sleep(0.01)
+        assert t.sent == 2
+    finally:
+        t.release.set()
+        await pool.stop()
+
+
+async def test_drain_kicked_sends_the_queued_calls_without_waiting_for_the_event_loop(tmp_path: Path) -> None:
+    t = Hold()
+    pool = one_worker_pool(tmp_path, t, [0.0])
+    await pool.start()
+    await asyncio.sleep(0.01)
+    try:
+        out: list[object] = []
+        calls = [one_call(i, out) for i in range(6)]
+        for c in calls:
+            pool.submit(c)
+        pool.drain_kicked()  # no turn of the event loop in between
+        sent = [c for c in calls if c.task is not None]
+        assert len(sent) == 4 and pool.scheduler.queue_len(0) == 2
+        pool.drain_kicked()  # nothing is pending any more: a no-op
+        assert sum(c.task is not None for c in calls) == 4
+        await asyncio.sleep(0.01)
+        assert t.sent == 4
+    finally:
+        t.release.set()
+        await pool.stop()
+
+
+async def test_a_call_cancelled_before_its_task_ran_is_settled_and_frees_its_slot(tmp_path: Path) -> None:
+    t = Hold()
+    pool = one_worker_pool(tmp_path, t, [0.0])
+    await pool.start()
+    await asyncio.sleep(0.01)
+    try:
+        out: list[object] = []
+        c = one_call(1, out)
+        pool.submit(c)
+        pool.drain_kicked()
+        assert c.task is not None and pool.scheduler.inflight(0) == 1
+        pool.cancel(c)  # in the same turn: its task never runs a step of ``_execute``
+        await asyncio.sleep(0.01)
+        assert t.sent == 0
+        assert pool.scheduler.inflight(0) == 0 and not pool.workers[0].inflight
+        assert len(out) == 1 and isinstance(out[0], CallFailed) and out[0].status == 503
+        assert c.task is None
     finally:
         t.release.set()
         await pool.stop()
