@@ -172,3 +172,58 @@ async def test_a_finished_workflow_is_freed_without_the_cyclic_collector(tmp_pat
             assert ours == []
     finally:
         await gw.stop()
+
+
+async def test_pass_through_calls_leave_no_cycles_of_ours(tmp_path: Path) -> None:
+    """The whole per-call path of a chat or text completion (the fast path, admission, the pool, the calls'
+    HTTP client against a real socket, the answer passed through), plain and streamed: with the collector
+    off, nothing from the gateway's modules is left for it to find."""
+    import httpx
+
+    from gateway.bench.nullworker import NullWorker
+    from gateway.live.server import build_app
+    from tests.live.harness import INTERACTIVE_KEY
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(NullWorker, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    app = build_app(load_gateway_config(write_config(tmp_path, [url], ["A100"], time_scale=0.001)))
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    bodies = [
+        ("/v1/chat/completions", chat),
+        ("/v1/chat/completions", {**chat, "stream": True}),
+        ("/v1/completions", {"prompt": "SELECT", "max_tokens": 2}),
+    ]
+    try:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app),
+                base_url="http://gw",
+                headers={"Authorization": f"Bearer {INTERACTIVE_KEY}"},
+            ) as client,
+        ):
+
+            async def calls() -> None:
+                for path, body in bodies:
+                    r = await client.post(path, json=body)
+                    assert r.status_code == 200, r.text
+
+            await calls()  # warm up
+            await _settle_loop()
+            gc.collect()
+            with _collector_off():
+                for _ in range(5):
+                    await calls()
+                await _settle_loop()
+                gc.set_debug(gc.DEBUG_SAVEALL)
+                try:
+                    gc.collect()
+                    ours = [type(o) for o in gc.garbage if type(o).__module__.startswith("gateway.")]
+                finally:
+                    gc.set_debug(0)
+                    gc.garbage.clear()
+                assert ours == []
+    finally:
+        server.close()
+        await server.wait_closed()
