@@ -1,0 +1,359 @@
+"""``hexflow bench burst --live``: degradation under a recorded burst, live on emulated workers, beside the
+simulator's prediction of the same run.
+
+The simulated burst benchmark (``gateway.bench.burst``) replays CHESS queries of a trace. Live, the gateway's
+own Text-to-SQL pipeline answers the demo questions (``gateway.text2sql.demo``) on an emulated cluster whose
+model answers from the demo's script (``build_demo_answers``: a wrong first candidate for a quarter of the
+questions), so the workload the simulator must predict is the pipeline's, not a trace's:
+
+1. **The workload, recorded** (``record_demo_queries``): every demo question is answered once in-process at
+   full quality with the same script, and each call is recorded as the emulator will run it: its stage kind,
+   its prompt tokens by the emulator's tokenizer (``chat_prompt_tokens``) and its output tokens (the scripted
+   answer's length, capped at the call's ``max_tokens``; a call the script does not cover generates
+   ``max_tokens``). Those are the simulator's queries (``Setup.queries``), staged as traces are.
+2. **The accuracy model**, measured on the same questions and script (``run_quality`` on the demo set only),
+   so that the simulator's expected correct answers and the live count of correct answers judge the same
+   thing.
+3. **One run per variant** (``hexgen+adaptive`` and the baselines), on the same arrivals: a recorded pattern
+   rescaled to a share of the fluid bound of the recorded workload, the k-th arrival asking the question the
+   simulator's k-th workflow replays (the same order, shuffled per seed as ``Setup.workflows`` does), with
+   the same deadline (``slo_scale`` times a demo question's cluster-mean single-request latency,
+``demo_latency``: the CHESS standard workflow is ~20x longer than a demo question). Live, times are
+   modelled seconds times ``time_scale`` (the emulated GPUs and the gateway run at that scale); a question
+   counts as met when its answer is ``ok`` within its deadline, correct when its rows match the gold
+   query's, degraded when the response lists what was cut.
+
+Reported per variant, live and simulated side by side: SLO attainment, goodput of correct answers (share of
+arrivals), accuracy, degraded share, and the ratio of goodput to the best baseline's in each world. What the
+simulator cannot see and the live run has: the pipeline's own time between stages (SQL execution, prompt
+rendering) and the gateway's HTTP time, both at wall-clock speed while the GPUs run at ``time_scale``; revise
+rounds of two candidates run in parallel live and one after the other in the simulator's staging of a query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from gateway.bench.burst import Outcome, _setup_for, outcome, parse_variant
+from gateway.bench.quality import ScriptedStageRunner, demo_items, run_quality
+from gateway.bench.simbench import Setup
+from gateway.config.databases import DatabaseConfig
+from gateway.config.tenants import hash_key
+from gateway.core.degrade import Knobs, QualityModel
+from gateway.core.worker import WorkerInfo
+from gateway.core.workflow import CallSpec
+from gateway.sim.simulator import Simulator
+from gateway.text2sql.answers import build_demo_answers, write_answers
+from gateway.text2sql.db import open_database
+from gateway.text2sql.demo import DB_ID, write_demo_databases, write_sqlite
+from gateway.text2sql.evaluate import gold_is_ordered, results_match
+from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
+from gateway.text2sql.port import StageCall, StageCallResult
+from gateway.text2sql.prompt_templates import Prompts
+from workers.emulator import GenRequest, chat_prompt_tokens
+from workers.scripted import AnswersResponder
+
+__all__ = ["LiveBurstReport", "LiveVariant", "demo_quality", "record_demo_queries", "run_live_burst"]
+
+API_KEY = "bench-burst-live-key"
+TENANT = "default"
+_FAR = 1e9
+_TOKEN = re.compile(r"\s*\S+")
+
+
+class _Recorder(ScriptedStageRunner):
+    """The scripted runner, recording each call as the emulator will run it."""
+
+    def __init__(self, responder: AnswersResponder) -> None:
+        super().__init__(responder)
+        self.calls: list[CallSpec] = []
+
+    async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
+        """Answer from the script (as the base runner) and record every call's shape."""
+        for c in calls:
+            text = " ".join(str(m.get("content", "")) for m in c.messages)
+            req = GenRequest("chat", text, list(c.messages), c.input_tokens, c.max_tokens, None)
+            scripted = self.responder.answer(req)
+            n_out = c.max_tokens if scripted is None else min(c.max_tokens, max(len(_TOKEN.findall(scripted)), 1))
+            self.calls.append(CallSpec(kind, chat_prompt_tokens(list(c.messages)), n_out))
+        return await super().run_stage(kind, calls)
+
+
+def record_demo_queries(seed: int = 0, wrong_fraction: float = 0.25) -> list[list[CallSpec]]:
+    """Every demo question's calls at full quality, as the emulator runs them (see the module docstring)."""
+
+    async def record(db_path: Path) -> list[list[CallSpec]]:
+        responder = AnswersResponder(dict(build_demo_answers(seed=seed, wrong_fraction=wrong_fraction)))
+        db = open_database(DB_ID, DatabaseConfig.model_validate({"url": f"sqlite:///{db_path.resolve().as_posix()}"}))
+        pipe = Text2SqlPipeline(PipelineConfig(), Prompts.load())
+        out: list[list[CallSpec]] = []
+        try:
+            for it in demo_items(db_path):
+                runner = _Recorder(responder)
+                await pipe.answer(runner, db, it.question, it.evidence, _FAR, request_id="record")
+                out.append(runner.calls)
+        finally:
+            await db.close()
+        return out
+
+    with tempfile.TemporaryDirectory(prefix="hexflow-burst-record-") as tmp:
+        return asyncio.run(record(write_sqlite(Path(tmp) / "demo.sqlite", seed)))
+
+
+def demo_quality(seeds: Sequence[int] = (0, 1, 2), wrong_fraction: float = 0.25) -> QualityModel:
+    """Accuracy per knob setting on the demo questions alone (``run_quality``), as a ``QualityModel``."""
+    rep = run_quality(seeds=seeds, wrong_fraction=wrong_fraction)
+    return QualityModel({k: rep.accuracy(k, "demo") for k in rep.settings}, f"demo questions: {rep.source_text()}")
+
+
+@dataclass
+class LiveVariant:
+    """One variant's outcome per seed, live and simulated."""
+
+    variant: str
+    live: list[Outcome] = field(default_factory=list)
+    sim: list[Outcome] = field(default_factory=list)
+
+
+@dataclass
+class LiveBurstReport:
+    """A live burst run beside its simulated prediction."""
+
+    pattern: str
+    load: float
+    rate_qps: float
+    slo_s: float
+    time_scale: float
+    cluster: str
+    workflows: int
+    seeds: list[int]
+    variants: list[LiveVariant]
+
+    def goodput(self, v: LiveVariant, world: str) -> float:
+        """Correct answers within the deadline over arrivals, over every seed, in ``world`` (live or sim)."""
+        outs: list[Outcome] = v.live if world == "live" else v.sim
+        arrived = sum(o.arrived for o in outs)
+        return sum(o.correct_met for o in outs) / arrived if arrived else 0.0
+
+    def ratio(self, v: LiveVariant, world: str) -> float | None:
+        """``v``'s goodput over the best baseline's (variants without ``+``), in one world."""
+        base = [b for b in self.variants if "+" not in b.variant and b.variant != "hexgen"]
+        if not base:
+            return None
+        best = max(self.goodput(b, world) for b in base)
+        return self.goodput(v, world) / best if best > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, for ``--json``."""
+
+        def fig(outs: list[Outcome]) -> dict[str, float]:
+            n = sum(o.arrived for o in outs) or 1
+            return {
+                "slo_attainment": sum(o.met for o in outs) / n,
+                "goodput_correct_share": sum(o.correct_met for o in outs) / n,
+                "accuracy": sum(o.accuracy * o.arrived for o in outs) / n,
+                "degraded_share": sum(o.degraded for o in outs) / n,
+            }
+
+        return {
+            "pattern": self.pattern,
+            "load": self.load,
+            "rate_qps": self.rate_qps,
+            "slo_s": self.slo_s,
+            "time_scale": self.time_scale,
+            "cluster": self.cluster,
+            "workflows": self.workflows,
+            "seeds": self.seeds,
+            "variants": [
+                {
+                    "variant": v.variant,
+                    "live": fig(v.live),
+                    "sim": fig(v.sim),
+                    "ratio_live": self.ratio(v, "live"),
+                    "ratio_sim": self.ratio(v, "sim"),
+                }
+                for v in self.variants
+            ],
+        }
+
+
+def format_live_report(rep: LiveBurstReport) -> str:
+    """A table: per variant, live and simulated attainment, goodput, accuracy, degraded share and ratio."""
+    doc = rep.to_json()
+    lines = [
+        f"{rep.pattern} at {rep.load:g} of the fluid bound ({rep.rate_qps:.3f} questions/s modelled), "
+        f"deadline {rep.slo_s:.1f} s modelled, {rep.workflows} questions x {len(rep.seeds)} seeds, "
+        f"{rep.cluster} emulated at time scale {rep.time_scale:g}",
+        f"  {'variant':<20} {'world':<5} {'SLO':>6} {'goodput':>8} {'accuracy':>8} {'degraded':>8} {'vs best':>8}",
+    ]
+    for v in doc["variants"]:
+        for world in ("live", "sim"):
+            f = v[world]
+            r = v[f"ratio_{world}"]
+            lines.append(
+                f"  {v['variant']:<20} {world:<5} {f['slo_attainment']:6.3f} {f['goodput_correct_share']:8.3f} "
+                f"{f['accuracy']:8.3f} {f['degraded_share']:8.3f} {'' if r is None else f'{r:7.2f}x':>8}"
+            )
+    return "\n".join(lines)
+
+
+def _tenants_doc(mode: str, deadline_s: float) -> dict[str, Any]:
+    return {
+        "tenants": [
+            {
+                "name": TENANT,
+                "api_key_sha256": [hash_key(API_KEY)],
+                "default_deadline_s": deadline_s,
+                "min_deadline_s": 1e-3,
+                "max_deadline_s": 3.2e7,
+                "priority_weight": 1,
+                "max_concurrent_workflows": 100_000,
+                "predictive_admission": False,  # the simulator admits every workflow
+                "quality": mode,
+            }
+        ]
+    }
+
+
+async def _ask_all(
+    url: str, questions: Sequence[Any], arrivals_wall: Sequence[float], deadline_wall: float, db_path: Path
+) -> list[tuple[bool, bool, bool]]:
+    """Ask each question at its arrival time; per question (met, correct, degraded)."""
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=256, keepalive_expiry=4.0)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    gold: dict[str, list[list[Any]]] = {}
+    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as conn:
+        for q in questions:
+            if q.query not in gold:
+                gold[q.query] = [list(r) for r in conn.execute(q.query).fetchall()]
+
+    async def one(client: httpx.AsyncClient, q: Any) -> tuple[bool, bool, bool]:
+        body: dict[str, Any] = {"question": q.question, "db_id": DB_ID, "deadline_s": deadline_wall}
+        if q.evidence:
+            body["evidence"] = q.evidence
+        try:
+            r = await client.post(f"{url}/v1/text2sql", json=body, headers=headers)
+            data = r.json()
+        except (httpx.HTTPError, ValueError):
+            return False, False, False
+        ok = data.get("status") == "ok"
+        met = ok and bool(data.get("deadline_met"))
+        correct = ok and results_match(gold[q.query], data.get("rows") or [], ordered=gold_is_ordered(q.query))
+        return met, correct, bool(data.get("degraded"))
+
+    async with httpx.AsyncClient(timeout=max(120.0, 4 * deadline_wall), limits=limits) as client:
+        t0 = time.monotonic()
+        tasks = []
+        for q, at in zip(questions, arrivals_wall, strict=True):
+            delay = t0 + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(client, q)))
+        return list(await asyncio.gather(*tasks))
+
+
+def run_live_burst(
+    base: Setup,
+    pattern: tuple[str, Path | None],
+    load: float,
+    variants: Sequence[str],
+    quality: QualityModel,
+    *,
+    cluster: str,
+    time_scale: float,
+    answers_seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> LiveBurstReport:
+    """Run every variant live (one emulated cluster and gateway per run) and in the simulator, per seed of
+    ``base`` (whose ``queries`` are ``record_demo_queries(answers_seed)``), at ``load`` of the fluid bound."""
+    from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config
+    from gateway.text2sql.demo import demo_questions
+
+    say = progress or (lambda _m: None)
+    name, path = pattern
+    rate = load * base.bound.rate_qps
+    questions = demo_questions()
+    if len(questions) != len(base.queries):
+        raise ValueError("base.queries must be the recorded demo queries (one per demo question)")
+    acc_full = quality.accuracy(Knobs(2, 10, True))
+    report = LiveBurstReport(name, load, rate, base.slo_s, time_scale, cluster, base.n_workflows, base.seeds, [])
+    for variant in variants:
+        policy, mode = parse_variant(variant)
+        lv = LiveVariant(variant)
+        st = _setup_for(base, path, mode)
+        st.quality_model = quality
+        for s in base.seeds:
+            wfs = st.workflows(rate, s)
+            res = Simulator(st.workers, policy, seed=s, prefix_caching=st.prefix_caching).run(wfs)
+            span = (wfs[-1].arrival - wfs[0].arrival) if len(wfs) > 1 else 0.0
+            lv.sim.append(outcome(res, len(wfs), span, quality, acc_full))
+            order = list(range(len(questions)))
+            if s != base.seed:
+                random.Random(s).shuffle(order)
+            asked = [questions[order[i % len(order)]] for i in range(len(wfs))]
+            arrivals = [(w.arrival - wfs[0].arrival) * time_scale for w in wfs]
+            say(f"{variant} seed {s}: {len(wfs)} questions live over {arrivals[-1]:.0f} s")
+            with tempfile.TemporaryDirectory(prefix="hexflow-burst-live-") as tmp_s:
+                tmp = Path(tmp_s)
+                write_demo_databases(tmp / "databases.yaml", answers_seed)
+                answers = tmp / "answers.json"
+                write_answers(answers, build_demo_answers(seed=answers_seed))
+                (tmp / "tenants.yaml").write_text(yaml.safe_dump(_tenants_doc(mode, base.slo_s * time_scale)))
+                with cluster_process(cluster, time_scale, tmp, "burst", ["--answers", str(answers)]) as (_, urls):
+                    port = free_port()
+                    write_gateway_config(
+                        cluster,
+                        urls,
+                        tmp / "gateway.yaml",
+                        policy=policy,
+                        alpha=None,
+                        time_scale=time_scale,
+                        tuning_enabled=False,
+                        tenants_file="tenants.yaml",
+                        port=port,
+                        seed=s,
+                        databases_file="databases.yaml",
+                    )
+                    with gateway_process(tmp / "gateway.yaml", port, len(urls), tmp, "burst") as url:
+                        got = asyncio.run(
+                            _ask_all(url, asked, arrivals, base.slo_s * time_scale, tmp / f"{DB_ID}.sqlite")
+                        )
+            met = sum(m for m, _, _ in got)
+            correct_met = sum(m and c for m, c, _ in got)
+            correct = sum(c for _, c, _ in got)
+            degraded = sum(d for _, _, d in got)
+            lv.live.append(Outcome(len(got), met, float(correct_met), correct / len(got), degraded, span))
+        report.variants.append(lv)
+    return report
+
+
+def live_setup(
+    workers: list[WorkerInfo], *, workflows: int, slo_scale: float, seed: int, n_seeds: int, answers_seed: int = 0
+) -> Setup:
+    """The simulator's scenario for a live burst run: the recorded demo queries on ``workers``."""
+    queries = record_demo_queries(answers_seed)
+    st = Setup(workers, queries, "demo", n_workflows=workflows, slo_scale=slo_scale, seed=seed, n_seeds=n_seeds)
+    st.slo_s = slo_scale * demo_latency(workers, queries)
+    return st
+
+
+def demo_latency(workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]]) -> float:
+    """The cluster-mean single-request latency of a recorded demo question, averaged over the questions
+    (each call alone on an idle worker, one after the other): the unit of a live burst run's deadline."""
+    total = 0.0
+    for w in workers:
+        for q in queries:
+            total += sum(w.profile.single_latency(c.input_tokens, c.output_tokens) for c in q)
+    return total / (len(workers) * len(queries))

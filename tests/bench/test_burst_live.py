@@ -1,0 +1,37 @@
+"""The live burst bench's pieces: the demo workload recorded as the emulator runs it, its deadline unit, and
+(slow) one small live run beside its simulated prediction."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.bench.burst_live import demo_latency, live_setup, record_demo_queries
+from gateway.cli.common import load_workers
+from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST
+from gateway.text2sql.demo import demo_questions
+
+
+def test_the_demo_workload_is_recorded_call_by_call() -> None:
+    queries = record_demo_queries(seed=0)
+    assert len(queries) == len(demo_questions())
+    kinds = {c.kind for q in queries for c in q}
+    assert (
+        {KEYWORDS, IR, CANDIDATE, UNIT_TEST, EVALUATE}
+        <= kinds
+        <= {KEYWORDS, IR, CANDIDATE, REVISE, UNIT_TEST, EVALUATE}
+    )
+    for q in queries:
+        assert [c.kind for c in q][:2] == [KEYWORDS, IR]
+        assert sum(c.kind == CANDIDATE for c in q) == 2  # full quality: two candidates
+        assert all(c.input_tokens > 0 and 0 < c.output_tokens <= 4096 for c in q)
+    # A wrong first candidate that fails or returns nothing is revised: some questions have revise rounds.
+    assert any(c.kind == REVISE for q in queries for c in q)
+    assert record_demo_queries(seed=0) == queries  # deterministic
+
+
+def test_a_live_setup_measures_deadlines_in_demo_questions() -> None:
+    workers = load_workers("paper-4gpu")
+    st = live_setup(workers, workflows=50, slo_scale=3.0, seed=0, n_seeds=1)
+    unit = demo_latency(workers, st.queries)
+    assert 0 < unit < 60 and st.slo_s == pytest.approx(3.0 * unit)
+    assert st.bound.rate_qps > 0 and len(st.workflows(1.0)) == 50
