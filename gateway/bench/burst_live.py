@@ -344,9 +344,16 @@ def live_setup(
 ) -> Setup:
     """The simulator's scenario for a live burst run: the recorded demo queries on ``workers``."""
     queries = record_demo_queries(answers_seed)
-    st = Setup(workers, queries, "demo", n_workflows=workflows, slo_scale=slo_scale, seed=seed, n_seeds=n_seeds)
-    st.slo_s = slo_scale * demo_latency(workers, queries)
-    return st
+    return Setup(
+        workers,
+        queries,
+        "demo",
+        n_workflows=workflows,
+        slo_scale=slo_scale,
+        seed=seed,
+        n_seeds=n_seeds,
+        slo_unit_s=demo_latency(workers, queries),
+    )
 
 
 def demo_latency(workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]]) -> float:

@@ -110,6 +110,8 @@ class Setup:
     prefix_caching: bool = False
     quality_model: QualityModel | None = None
     """Accuracy per knob setting, for tenants whose workflows degrade (``TenantSpec.quality``)."""
+    slo_unit_s: float | None = None
+    """The latency the SLO is a multiple of (default: the standard workflow's cluster-mean latency)."""
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
 
@@ -118,7 +120,8 @@ class Setup:
             raise ValueError(f"n_workflows must be at least 1, got {self.n_workflows}")
         if self.n_seeds < 1:
             raise ValueError(f"n_seeds must be at least 1, got {self.n_seeds}")
-        self.slo_s = self.slo_scale * standard_latency(self.workers)
+        unit = self.slo_unit_s if self.slo_unit_s is not None else standard_latency(self.workers)
+        self.slo_s = self.slo_scale * unit
 
     @property
     def seeds(self) -> list[int]:

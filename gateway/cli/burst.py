@@ -13,6 +13,7 @@ from gateway.cli.common import UsageError, int_arg, load_workers, workload_queri
 if TYPE_CHECKING:
     from gateway.bench.burst import BurstReport
     from gateway.cli.common import Subparsers
+    from gateway.core.worker import WorkerInfo
 
 DEFAULT_PATTERNS = "azure-code,azure-conv,mooncake,burstgpt,servegen"
 DEFAULT_LOADS = "0.3,0.45,0.6"
@@ -76,6 +77,19 @@ def add_bench_burst(sub: Subparsers) -> None:
         default=None,
         help="PATTERN:LOAD for the plot's timeline (default: the first pattern at the middle load)",
     )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="run the demo questions live (the gateway's Text-to-SQL pipeline on an emulated cluster answering "
+        "from the demo script) beside the simulator's prediction of the same run; the first of --patterns "
+        "and of --loads; --slo-scale is then in units of a demo question's latency",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.5,
+        help="with --live: wall seconds per modelled second of the emulated GPUs (default: 0.5)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_burst)
 
@@ -122,6 +136,8 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
     except GatewayError as exc:
         raise UsageError(str(exc)) from None
     workers = load_workers(args.cluster)
+    if args.live:
+        return _live(args, workers, patterns[0], loads[0], variants, workflows, seeds)
     trace, queries = workload_queries(args.trace, workflows, args.seed)
     base = Setup(
         workers=workers,
@@ -160,6 +176,39 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
         )
         plot_burst(report, tl, Path(args.plot), title=title)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _live(
+    args: argparse.Namespace,
+    workers: list[WorkerInfo],
+    pattern: tuple[str, Path | None],
+    load: float,
+    variants: list[str],
+    workflows: int,
+    seeds: int,
+) -> int:
+    """``--live``: the demo questions live beside the simulator (``gateway.bench.burst_live``)."""
+    from gateway.bench.burst_live import demo_quality, format_live_report, live_setup, run_live_burst
+
+    if not args.time_scale > 0:
+        raise UsageError(f"--time-scale: must be positive, got {args.time_scale}")
+
+    def say(msg: str) -> None:
+        if not args.quiet:
+            print(f"... {msg}", flush=True)
+
+    say("measuring the accuracy model on the demo questions")
+    quality = demo_quality()
+    base = live_setup(workers, workflows=workflows, slo_scale=args.slo_scale, seed=args.seed, n_seeds=seeds)
+    report = run_live_burst(
+        base, pattern, load, variants, quality, cluster=args.cluster, time_scale=args.time_scale, progress=say
+    )
+    print(format_live_report(report))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1), encoding="utf-8")
+        print(f"wrote {args.json}")
     return 0
 
 
