@@ -28,6 +28,8 @@ arrivals), accuracy, degraded share, and the ratio of goodput to the best baseli
 simulator cannot see and the live run has: the pipeline's own time between stages (SQL execution, prompt
 rendering) and the gateway's HTTP time, both at wall-clock speed while the GPUs run at ``time_scale``; revise
 rounds of two candidates run in parallel live and one after the other in the simulator's staging of a query.
+The emulated engines run without prefix caching, as the simulator does here (the recorded calls carry no
+prefix chains).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from gateway.config.databases import DatabaseConfig
 from gateway.config.tenants import hash_key
 from gateway.core.degrade import Knobs, QualityModel
 from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import CallSpec
+from gateway.core.workflow import CallSpec, WorkflowTemplate
 from gateway.sim.simulator import Simulator
 from gateway.text2sql.answers import build_demo_answers, write_answers
 from gateway.text2sql.db import open_database
@@ -65,7 +67,16 @@ from gateway.text2sql.prompt_templates import Prompts
 from workers.emulator import GenRequest, chat_prompt_tokens
 from workers.scripted import AnswersResponder
 
-__all__ = ["LiveBurstReport", "LiveVariant", "demo_quality", "record_demo_queries", "run_live_burst"]
+__all__ = [
+    "LiveBurstReport",
+    "LiveVariant",
+    "demo_latency",
+    "demo_quality",
+    "live_setup",
+    "record_demo",
+    "record_demo_queries",
+    "run_live_burst",
+]
 
 API_KEY = "bench-burst-live-key"
 TENANT = "default"
@@ -93,6 +104,13 @@ class _Recorder(ScriptedStageRunner):
 
 def record_demo_queries(seed: int = 0, wrong_fraction: float = 0.25) -> list[list[CallSpec]]:
     """Every demo question's calls at full quality, as the emulator runs them (see the module docstring)."""
+    return record_demo(seed, wrong_fraction)[0]
+
+
+def record_demo(seed: int = 0, wrong_fraction: float = 0.25) -> tuple[list[list[CallSpec]], WorkflowTemplate]:
+    """``record_demo_queries``, and the template the live pipeline predicts with once it has answered every
+    demo question (its own ``template_for``: the CHESS template fitted to the questions' shapes)."""
+    template: list[WorkflowTemplate] = []
 
     async def record(db_path: Path) -> list[list[CallSpec]]:
         responder = AnswersResponder(dict(build_demo_answers(seed=seed, wrong_fraction=wrong_fraction)))
@@ -106,10 +124,12 @@ def record_demo_queries(seed: int = 0, wrong_fraction: float = 0.25) -> list[lis
                 out.append(runner.calls)
         finally:
             await db.close()
+        template.append(pipe.template_for(DB_ID))
         return out
 
     with tempfile.TemporaryDirectory(prefix="hexflow-burst-record-") as tmp:
-        return asyncio.run(record(write_sqlite(Path(tmp) / "demo.sqlite", seed)))
+        queries = asyncio.run(record(write_sqlite(Path(tmp) / "demo.sqlite", seed)))
+    return queries, template[0]
 
 
 def demo_quality(seeds: Sequence[int] = (0, 1, 2), wrong_fraction: float = 0.25) -> QualityModel:
@@ -311,7 +331,10 @@ def run_live_burst(
                 answers = tmp / "answers.json"
                 write_answers(answers, build_demo_answers(seed=answers_seed))
                 (tmp / "tenants.yaml").write_text(yaml.safe_dump(_tenants_doc(mode, base.slo_s * time_scale)))
-                with cluster_process(cluster, time_scale, tmp, "burst", ["--answers", str(answers)]) as (_, urls):
+                # Engines without prefix caching, as the simulator runs them here (the recorded calls carry no
+                # prefix chains; the emulator caches prompt prefixes by default, as vLLM does).
+                emu_args = ["--answers", str(answers), "--no-enable-prefix-caching"]
+                with cluster_process(cluster, time_scale, tmp, "burst", emu_args) as (_, urls):
                     port = free_port()
                     write_gateway_config(
                         cluster,
@@ -343,7 +366,7 @@ def live_setup(
     workers: list[WorkerInfo], *, workflows: int, slo_scale: float, seed: int, n_seeds: int, answers_seed: int = 0
 ) -> Setup:
     """The simulator's scenario for a live burst run: the recorded demo queries on ``workers``."""
-    queries = record_demo_queries(answers_seed)
+    queries, template = record_demo(answers_seed)
     return Setup(
         workers,
         queries,
@@ -353,6 +376,7 @@ def live_setup(
         seed=seed,
         n_seeds=n_seeds,
         slo_unit_s=demo_latency(workers, queries),
+        plan_template=template,
     )
 
 

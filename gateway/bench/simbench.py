@@ -44,7 +44,7 @@ from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.degrade import QualityModel
 from gateway.core.policy import get_policy
 from gateway.core.scheduler import WorkerInfo
-from gateway.core.workflow import CallSpec, StagedWorkflow
+from gateway.core.workflow import CallSpec, StagedWorkflow, WorkflowTemplate
 from gateway.errors import ConfigError
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator
@@ -112,6 +112,8 @@ class Setup:
     """Accuracy per knob setting, for tenants whose workflows degrade (``TenantSpec.quality``)."""
     slo_unit_s: float | None = None
     """The latency the SLO is a multiple of (default: the standard workflow's cluster-mean latency)."""
+    plan_template: WorkflowTemplate | None = None
+    """What degrading workflows predict their remaining stages with (default: their own template)."""
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
 
@@ -177,7 +179,15 @@ class Setup:
             # Another window: the same query population in another order.
             queries = list(queries)
             random.Random(s).shuffle(queries)
-        return build_workload(queries, arrivals, tenants=tenants, slo_s=self.slo_s, rng=rng, quality=self.quality_model)
+        return build_workload(
+            queries,
+            arrivals,
+            tenants=tenants,
+            slo_s=self.slo_s,
+            rng=rng,
+            quality=self.quality_model,
+            plan_template=self.plan_template,
+        )
 
 
 def run_point(

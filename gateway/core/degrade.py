@@ -38,7 +38,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gateway.core.predict import StagePlan
-from gateway.core.workflow import CANDIDATE, EVALUATE, REVISE, UNIT_TEST, UNIT_TESTER, CallSpec, WorkflowTemplate
+from gateway.core.workflow import (
+    CANDIDATE,
+    EVALUATE,
+    REVISE,
+    UNIT_TEST,
+    UNIT_TESTER,
+    CallSpec,
+    PhaseSpec,
+    WorkflowTemplate,
+)
 
 __all__ = [
     "FLOOR",
@@ -48,6 +57,7 @@ __all__ = [
     "Knobs",
     "QualityMode",
     "QualityModel",
+    "ShapeStats",
     "degraded_steps",
     "knob_grid",
     "knob_plan",
@@ -306,3 +316,55 @@ class Degrader:
 def quality_from_rows(rows: Iterable[tuple[int, int, bool, float]], source: str = "") -> QualityModel:
     """A ``QualityModel`` from ``(candidates, max_revisions, evaluate, accuracy)`` rows."""
     return QualityModel({Knobs(c, r, e): a for c, r, e, a in rows}, source)
+
+
+@dataclass
+class ShapeStats:
+    """What a pipeline's questions actually cost, per stage kind: the template its degradation predicts with.
+
+    ``knob_plan`` predicts a workflow's remaining stages from a template. The packaged one is CHESS on BIRD
+    (10k-token candidate prompts, 3.4 revise rounds, unit testers); a pipeline on a small schema runs the
+    same stages at a twentieth of the tokens, and predicting it with CHESS's sizes would cut its work where
+    nothing was at risk. ``add`` records one answered question (its stages: kind and each call's input and
+    output tokens; ``evaluated``: whether it ran with evaluation on); ``template(base)`` is ``base`` with
+    each observed kind's mean tokens and width (the candidates' stays the configured one), its rounds scaled
+    to the observed stages per question (revise rounds, and unit tests and evaluations among the questions
+    that evaluated), and the kinds never observed dropped. Bounded: sums and counts only.
+    """
+
+    questions: int = 0
+    evaluated: int = 0
+    _sums: dict[str, list[float]] = field(default_factory=dict)  # kind -> [calls, tokens in, tokens out, stages]
+
+    def add(self, stages: Sequence[tuple[str, Sequence[tuple[int, int]]]], *, evaluated: bool) -> None:
+        """Record one question's stages (``(kind, [(input_tokens, output_tokens), ...])`` in order)."""
+        self.questions += 1
+        self.evaluated += evaluated
+        for kind, calls in stages:
+            s = self._sums.setdefault(kind, [0.0, 0.0, 0.0, 0.0])
+            s[0] += len(calls)
+            s[1] += sum(i for i, _ in calls)
+            s[2] += sum(o for _, o in calls)
+            s[3] += 1
+
+    def template(self, base: WorkflowTemplate) -> WorkflowTemplate:
+        """``base`` fitted to what was observed (``base`` itself before any question)."""
+        if self.questions == 0:
+            return base
+        base_rounds: dict[str, float] = {}
+        for p in base.phases:
+            base_rounds[p.kind] = base_rounds.get(p.kind, 0.0) + p.rounds
+        phases = []
+        for p in base.phases:
+            s = self._sums.get(p.kind)
+            if s is None or s[0] == 0:
+                continue  # never run by this pipeline
+            per = self.evaluated if p.kind in SKIPPABLE else self.questions
+            stages_per_question = s[3] / per if per else 0.0
+            scale = stages_per_question / base_rounds[p.kind] if base_rounds[p.kind] > 0 else 0.0
+            rounds = p.rounds * scale
+            if rounds <= 0.0:
+                continue
+            width = p.width if p.kind == CANDIDATE else max(1, round(s[0] / s[3]))
+            phases.append(PhaseSpec(p.kind, round(s[1] / s[0]), round(s[2] / s[0]), rounds, width, p.repeatable))
+        return WorkflowTemplate(f"{base.name}-fitted", tuple(phases)) if phases else base

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, knob_plan
 from gateway.core.predict import CompletionPredictor
-from gateway.core.workflow import CANDIDATE, REVISE, CallSpec, StagedWorkflow
+from gateway.core.workflow import CANDIDATE, REVISE, CallSpec, StagedWorkflow, TemplateCursor, WorkflowTemplate
 
 __all__ = ["KnobbedWorkflow", "decide"]
 
@@ -40,6 +40,14 @@ class KnobbedWorkflow(StagedWorkflow):
     cut_evaluate: bool = field(default=False, repr=False)
     decisions: int = field(default=0, repr=False)
     missed_prediction: bool = field(default=False, repr=False)
+    plan_template: WorkflowTemplate | None = None
+    """The template decisions predict the remaining stages with (default: ``template``, the budgets')."""
+    _plan_cursor: TemplateCursor | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.plan_template is not None:
+            self._plan_cursor = TemplateCursor(self.plan_template)
 
     def fresh(self) -> KnobbedWorkflow:
         """An unstarted copy (same id, tenant, times, stages and policy)."""
@@ -56,6 +64,7 @@ class KnobbedWorkflow(StagedWorkflow):
             template=self.template,
             full=self.full,
             degrader=self.degrader,
+            plan_template=self.plan_template,
         )
 
     @property
@@ -105,6 +114,8 @@ class KnobbedWorkflow(StagedWorkflow):
                 calls = calls[: self.candidates_run]
             self._pending = len(calls)
             self._cursor.enter(stage.kind)
+            if self._plan_cursor is not None:
+                self._plan_cursor.enter(stage.kind)
             return list(calls)
 
     def decide(self, predictor: CompletionPredictor) -> Decision | None:
@@ -117,8 +128,8 @@ class KnobbedWorkflow(StagedWorkflow):
             revisions_done=self.revisions_run,
             evaluate_fixed=self.evaluate_run,
         )
-        template = self.template
-        cur = self._cursor
+        template = self.plan_template if self.plan_template is not None else self.template
+        cur = self._plan_cursor if self._plan_cursor is not None else self._cursor
         phase, rounds = cur.phase, cur.rounds
         d = deg.choose(
             opts,

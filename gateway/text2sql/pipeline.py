@@ -21,9 +21,13 @@ reported as such and never compared with the runner's.
 Degradation (``gateway.core.degrade``): the knobs of a question (SQL candidates, the revision cap, unit tests
 and evaluation) start at the configuration's (full quality) and, for a tenant whose quality mode is not
 ``full``, are re-decided at arrival and at every stage boundary by the tenant's ``Degrader``: the most
-accurate setting (``QualityModel``) whose remaining plan (``knob_plan`` of the CHESS template from the
-phase just finished) the runner predicts to finish within the time left (``StageRunner.remaining_predictor``),
-else the floor. Knobs spent stay spent (candidates generated, rounds run, evaluation begun or skipped). What
+accurate setting (``QualityModel``) whose remaining plan (``knob_plan`` from the phase just finished) the
+runner predicts to finish within the time left (``StageRunner.remaining_predictor``), else the floor. The plan
+is the packaged CHESS template's until ``SHAPE_MIN_QUESTIONS`` questions were answered on the database, then
+that template fitted to what those questions' stages cost (``ShapeStats``: mean tokens per stage kind, revise
+rounds, the kinds that run): a small schema's questions cost a twentieth of CHESS on BIRD, and predicting them
+at CHESS's sizes would cut work where nothing was at risk.
+Knobs spent stay spent (candidates generated, rounds run, evaluation begun or skipped). What
 the final knobs skipped is reported in ``degraded`` with the decision that skipped it. Unit tests and
 evaluation never run with fewer than two candidates (nothing to choose between).
 
@@ -45,9 +49,27 @@ from typing import Any
 
 from gateway.config.quality import QUALITY
 from gateway.config.workflows import CHESS_TEMPLATE
-from gateway.core.degrade import Decision, Degrader, Knobs, QualityMode, QualityModel, degraded_steps, knob_plan
-from gateway.core.tokens import message_tokens
-from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST, TemplateCursor
+from gateway.core.degrade import (
+    Decision,
+    Degrader,
+    Knobs,
+    QualityMode,
+    QualityModel,
+    ShapeStats,
+    degraded_steps,
+    knob_plan,
+)
+from gateway.core.tokens import message_tokens, text_tokens
+from gateway.core.workflow import (
+    CANDIDATE,
+    EVALUATE,
+    IR,
+    KEYWORDS,
+    REVISE,
+    UNIT_TEST,
+    TemplateCursor,
+    WorkflowTemplate,
+)
 from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult, serialize_schema
 from gateway.text2sql.evaluate import results_match
@@ -69,6 +91,9 @@ STRATEGIES: tuple[tuple[str, str], ...] = (
 )
 EventFn = Callable[[dict[str, Any]], Awaitable[None]]
 _EXPECTED_OUTPUT = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
+SHAPE_MIN_QUESTIONS = 5
+"""Answered questions on a database before its degradation predicts with their shapes (``ShapeStats``)
+rather than the packaged CHESS template's."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +197,16 @@ class Text2SqlPipeline:
         self.degraders: dict[str, Degrader] = {
             mode: Degrader(mode, config.knobs, self.quality) for mode in ("full", "adaptive", "fast")
         }
+        self.shapes: dict[str, ShapeStats] = {}
+        """Per database: what its questions' stages cost (one entry per configured database: bounded)."""
+
+    def template_for(self, db_id: str) -> WorkflowTemplate:
+        """The template a question on ``db_id`` predicts its remaining stages with: the packaged CHESS template
+        fitted to that database's answered questions (``ShapeStats``), once ``SHAPE_MIN_QUESTIONS`` were."""
+        stats = self.shapes.get(db_id)
+        if stats is None or stats.questions < SHAPE_MIN_QUESTIONS:
+            return CHESS_TEMPLATE
+        return stats.template(CHESS_TEMPLATE)
 
     async def answer(
         self,
@@ -219,6 +254,8 @@ class Text2SqlPipeline:
         finally:
             ok = isinstance(outcome, tuple) and outcome[0] == "ok"
             closed = runner.close(valid=ok, failed=isinstance(outcome, _Failure), cancelled=cancelled)
+        if run is not None and isinstance(outcome, tuple):  # answered (a SQL or not): its stages are a sample
+            self.shapes.setdefault(db.db_id, ShapeStats()).add(run.shape, evaluated=run.evaluated)
         candidates = run.candidates if run is not None else []
         degraded = run.degradations() if run is not None else []
         if isinstance(outcome, _Failure):
@@ -306,7 +343,10 @@ class _Run:
         self.system = pipe.prompts.render("system", dialect=db.dialect)
         self.degrader = degrader
         self.full = self.knobs = degrader.full
-        self.cursor = TemplateCursor(CHESS_TEMPLATE)
+        self.template = pipe.template_for(db.db_id)
+        self.cursor = TemplateCursor(self.template)
+        self.shape: list[tuple[str, list[tuple[int, int]]]] = []  # each stage: kind, (tokens in, out) per call
+        self.evaluated = False
         self.candidates_fixed: int | None = None
         self.revisions_done = 0
         self.evaluate_fixed: bool | None = None
@@ -331,7 +371,7 @@ class _Run:
         def duration(k: Knobs) -> float:
             v = predicted.get(k)
             if v is None:
-                v = predicted[k] = predict(knob_plan(CHESS_TEMPLATE, k, phase=phase, rounds_done=rounds))
+                v = predicted[k] = predict(knob_plan(self.template, k, phase=phase, rounds_done=rounds))
             return v
 
         decision = self.degrader.choose(options, duration, self.runner.remaining())
@@ -383,6 +423,11 @@ class _Run:
             messages = ({"role": "system", "content": self.system}, {"role": "user", "content": text})
             calls.append(StageCall(messages, message_tokens(messages), out_tokens, max_tokens, temperature=0.0))
         results = await self.runner.run_stage(kind, calls)
+        self.shape.append(
+            (kind, [(c.input_tokens, text_tokens(r.text or "")) for c, r in zip(calls, results, strict=True)])
+        )
+        if kind in (UNIT_TEST, EVALUATE):
+            self.evaluated = True
         texts: list[str] = []
         failure: StageCallError | None = None
         for r in results:

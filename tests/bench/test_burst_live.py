@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.bench.burst_live import demo_latency, live_setup, record_demo_queries
+from gateway.bench.burst_live import demo_latency, live_setup, record_demo, record_demo_queries
 from gateway.cli.common import load_workers
 from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST
 from gateway.text2sql.demo import demo_questions
@@ -35,3 +35,16 @@ def test_a_live_setup_measures_deadlines_in_demo_questions() -> None:
     unit = demo_latency(workers, st.queries)
     assert 0 < unit < 60 and st.slo_s == pytest.approx(3.0 * unit)
     assert st.bound.rate_qps > 0 and len(st.workflows(1.0)) == 50
+
+
+def test_the_pipeline_predicts_with_its_own_shapes_once_it_has_answered_enough() -> None:
+    """After the demo questions, the live pipeline's template is CHESS fitted to them: no unit-tester agent,
+    candidate prompts of about a thousand tokens (CHESS on BIRD: about eleven thousand)."""
+    from gateway.config.workflows import CHESS_TEMPLATE
+    from gateway.core.workflow import UNIT_TESTER
+
+    _, template = record_demo(seed=0)
+    assert template is not CHESS_TEMPLATE and UNIT_TESTER not in {p.kind for p in template.phases}
+    [cand] = [p for p in template.phases if p.kind == CANDIDATE]
+    [chess] = [p for p in CHESS_TEMPLATE.phases if p.kind == CANDIDATE]
+    assert cand.input_tokens < chess.input_tokens / 5 and cand.width == chess.width

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.degrade import Degrader, Knobs, QualityModel
-from gateway.core.workflow import CHAT, CallSpec, Stage, StagedWorkflow
+from gateway.core.workflow import CHAT, CallSpec, Stage, StagedWorkflow, WorkflowTemplate
 from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.workload.generator import sample_chat_call
 from gateway.sim.workload.tenants import TenantSpec
@@ -27,6 +27,7 @@ def build_workload(
     rng: random.Random,
     quality: QualityModel | None = None,
     full: Knobs | None = None,
+    plan_template: WorkflowTemplate | None = None,
 ) -> list[StagedWorkflow]:
     """One workflow per arrival, ids 0..n-1 in arrival order.
 
@@ -37,7 +38,9 @@ def build_workload(
 
     A Text-to-SQL tenant whose ``quality`` is not ``full`` gets ``KnobbedWorkflow`` workflows that degrade under
     its ``Degrader`` (``quality``: the accuracy model ranking the settings, required then; ``full``: the
-    pipeline's full-quality knobs, default two candidates, ten revision rounds, evaluation on).
+    pipeline's full-quality knobs, default two candidates, ten revision rounds, evaluation on;
+    ``plan_template``: the template its degradation predicts the remaining stages with, as the live pipeline's
+    ``template_for`` gives it, default the workflows' own ``CHESS_TEMPLATE``).
     """
     if not tenants:
         raise ValueError("at least one tenant is needed")
@@ -84,6 +87,7 @@ def build_workload(
                     template=CHESS_TEMPLATE,
                     full=full_knobs,
                     degrader=deg,
+                    plan_template=plan_template,
                 )
             )
         else:
