@@ -50,7 +50,7 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.bench.burst import Outcome, _setup_for, outcome, parse_variant
+from gateway.bench.burst import BASELINES, Outcome, _setup_for, outcome, parse_variant
 from gateway.bench.quality import ScriptedStageRunner, demo_items, run_quality
 from gateway.bench.simbench import Setup
 from gateway.config.databases import DatabaseConfig
@@ -170,8 +170,8 @@ class LiveBurstReport:
         return sum(o.correct_met for o in outs) / arrived if arrived else 0.0
 
     def ratio(self, v: LiveVariant, world: str) -> float | None:
-        """``v``'s goodput over the best baseline's (variants without ``+``), in one world."""
-        base = [b for b in self.variants if "+" not in b.variant and b.variant != "hexgen"]
+        """``v``'s goodput over the best baseline's (``BASELINES`` at full quality), in one world."""
+        base = [b for b in self.variants if "+" not in b.variant and parse_variant(b.variant)[0] in BASELINES]
         if not base:
             return None
         best = max(self.goodput(b, world) for b in base)

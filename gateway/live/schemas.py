@@ -265,22 +265,12 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = Field(None, description="Send a last chunk with the usage.")
 
 
-class ChatCompletionRequest(BaseModel):
-    """``POST /v1/chat/completions``: OpenAI's request. Fields not listed here are passed to the worker
-    as sent; ``model`` and ``priority`` are not (the gateway picks the worker and sets the priority)."""
+class _SamplingRequest(BaseModel):
+    """What OpenAI's chat and text completion requests share (fields not listed pass to the worker as sent)."""
 
-    model_config = ConfigDict(
-        strict=True,
-        extra="allow",
-        json_schema_extra={
-            "examples": [{"model": "llama-3.1-70b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}]
-        },
-    )
+    model_config = _OPEN
 
-    messages: list[Message] = Field(min_length=1, description="The conversation so far.")
     model: str | None = Field(None, description="A model the cluster serves (``GET /v1/models``); 404 otherwise.")
-    max_tokens: PosInt | None = Field(None, description="Most output tokens (default 256 for scheduling).")
-    max_completion_tokens: PosInt | None = Field(None, description="OpenAI's newer name of ``max_tokens``.")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     n: Annotated[Literal[1], BeforeValidator(_integral)] | None = Field(
@@ -294,6 +284,23 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     user: str | None = None
     priority: Int | None = Field(None, description="Ignored: the gateway sets the priority from its own queue.")
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """``POST /v1/chat/completions``: OpenAI's request. Fields not listed here are passed to the worker
+    as sent; ``model`` and ``priority`` are not (the gateway picks the worker and sets the priority)."""
+
+    model_config = ConfigDict(
+        strict=True,
+        extra="allow",
+        json_schema_extra={
+            "examples": [{"model": "llama-3.1-70b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}]
+        },
+    )
+
+    messages: list[Message] = Field(min_length=1, description="The conversation so far.")
+    max_tokens: PosInt | None = Field(None, description="Most output tokens (default 256 for scheduling).")
+    max_completion_tokens: PosInt | None = Field(None, description="OpenAI's newer name of ``max_tokens``.")
 
 
 class ChatMessageOut(BaseModel):
@@ -342,7 +349,7 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0), BeforeValidator(_integral)
 """A prompt as token ids (non-negative integers)."""
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(_SamplingRequest):
     """``POST /v1/completions``: OpenAI's legacy completions request, as vLLM serves it. Fields not listed here
     are passed to the worker as sent; ``model`` and ``priority`` are not (the gateway picks the worker and sets
     the priority)."""
@@ -358,22 +365,8 @@ class CompletionRequest(BaseModel):
         | TokenIds
         | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
     ) = Field(description="One prompt: a text, token ids, or a list holding one text (one call, one answer).")
-    model: str | None = Field(None, description="A model the cluster serves (``GET /v1/models``); 404 otherwise.")
     max_tokens: PosInt | None = Field(None, description="Most output tokens (default 16, as OpenAI's).")
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    n: Annotated[Literal[1], BeforeValidator(_integral)] | None = Field(
-        None, description="Completions per request: the gateway schedules one."
-    )
-    stream: bool | None = Field(None, description="Answer server-sent events (``text/event-stream``).")
-    stream_options: StreamOptions | None = None
-    stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(None, description="Up to 4 stop sequences.")
-    seed: Int | None = None
     echo: bool | None = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    user: str | None = None
-    priority: Int | None = Field(None, description="Ignored: the gateway sets the priority from its own queue.")
 
 
 class CompletionChoice(BaseModel):
