@@ -38,12 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 import sqlite3
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +57,8 @@ from gateway.config.tenants import hash_key
 from gateway.core.degrade import Knobs, QualityModel
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, WorkflowTemplate
-from gateway.sim.simulator import Simulator
+from gateway.sim.degrade import KnobbedWorkflow
+from gateway.sim.simulator import SimResult, Simulator
 from gateway.text2sql.answers import build_demo_answers, write_answers
 from gateway.text2sql.db import open_database
 from gateway.text2sql.demo import DB_ID, write_demo_databases, write_sqlite
@@ -66,7 +66,6 @@ from gateway.text2sql.evaluate import gold_is_ordered, results_match
 from gateway.text2sql.pipeline import SHAPE_MIN_QUESTIONS, PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.port import StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts
-from workers.emulator import GenRequest, chat_prompt_tokens
 from workers.scripted import AnswersResponder
 
 __all__ = [
@@ -83,7 +82,6 @@ __all__ = [
 API_KEY = "bench-burst-live-key"
 TENANT = "default"
 _FAR = 1e9
-_TOKEN = re.compile(r"\s*\S+")
 
 
 class _Recorder(ScriptedStageRunner):
@@ -94,14 +92,13 @@ class _Recorder(ScriptedStageRunner):
         self.calls: list[CallSpec] = []
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
-        """Answer from the script (as the base runner) and record every call's shape."""
-        for c in calls:
-            text = " ".join(str(m.get("content", "")) for m in c.messages)
-            req = GenRequest("chat", text, list(c.messages), c.input_tokens, c.max_tokens, None)
-            scripted = self.responder.answer(req)
-            n_out = c.max_tokens if scripted is None else min(c.max_tokens, max(len(_TOKEN.findall(scripted)), 1))
-            self.calls.append(CallSpec(kind, chat_prompt_tokens(list(c.messages)), n_out))
-        return await super().run_stage(kind, calls)
+        """Answer from the script (as the base runner) and record every call's shape as the emulator counts
+        it (the base runner's usage)."""
+        out = await super().run_stage(kind, calls)
+        for r in out:
+            assert r.prompt_tokens is not None and r.completion_tokens is not None
+            self.calls.append(CallSpec(kind, r.prompt_tokens, r.completion_tokens))
+        return out
 
 
 def record_demo_queries(seed: int = 0, wrong_fraction: float = 0.25) -> list[list[CallSpec]]:
@@ -251,8 +248,9 @@ def _tenants_doc(mode: str, deadline_s: float) -> dict[str, Any]:
 
 async def _ask_all(
     url: str, questions: Sequence[Any], arrivals_wall: Sequence[float], deadline_wall: float, db_path: Path
-) -> list[tuple[bool, bool, bool]]:
-    """Ask each question at its arrival time; per question (met, correct, degraded)."""
+) -> list[tuple[bool, bool, bool, dict[str, Any]]]:
+    """Ask each question at its arrival time; per question (met, correct, degraded, what the answer said:
+    status, latency, the degradation decisions and each call's queueing and running time)."""
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=256, keepalive_expiry=4.0)
     headers = {"Authorization": f"Bearer {API_KEY}"}
     gold: dict[str, list[list[Any]]] = {}
@@ -261,19 +259,26 @@ async def _ask_all(
             if q.query not in gold:
                 gold[q.query] = [list(r) for r in conn.execute(q.query).fetchall()]
 
-    async def one(client: httpx.AsyncClient, q: Any) -> tuple[bool, bool, bool]:
+    async def one(client: httpx.AsyncClient, q: Any) -> tuple[bool, bool, bool, dict[str, Any]]:
         body: dict[str, Any] = {"question": q.question, "db_id": DB_ID, "deadline_s": deadline_wall}
         if q.evidence:
             body["evidence"] = q.evidence
         try:
             r = await client.post(f"{url}/v1/text2sql", json=body, headers=headers)
             data = r.json()
-        except (httpx.HTTPError, ValueError):
-            return False, False, False
+        except (httpx.HTTPError, ValueError) as exc:
+            return False, False, False, {"error": f"{type(exc).__name__}: {exc}"}
+        if not isinstance(data, dict):
+            return False, False, False, {"error": f"HTTP {r.status_code}: not a JSON object"}
         ok = data.get("status") == "ok"
         met = ok and bool(data.get("deadline_met"))
         correct = ok and results_match(gold[q.query], data.get("rows") or [], ordered=gold_is_ordered(q.query))
-        return met, correct, bool(data.get("degraded"))
+        rec = {k: data.get(k) for k in ("status", "latency_s", "local_s", "deadline_met", "revisions", "degraded")}
+        rec["correct"] = correct
+        rec["calls"] = [
+            [c.get("kind"), c.get("worker"), c.get("queued_s"), c.get("run_s")] for c in data.get("stages") or []
+        ]
+        return met, correct, bool(data.get("degraded")), rec
 
     async with httpx.AsyncClient(timeout=max(120.0, 4 * deadline_wall), limits=limits) as client:
         # Warm-up, not counted: the pipeline predicts with the CHESS template until it has answered
@@ -303,9 +308,13 @@ def run_live_burst(
     time_scale: float,
     answers_seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    dump: list[dict[str, Any]] | None = None,
 ) -> LiveBurstReport:
     """Run every variant live (one emulated cluster and gateway per run) and in the simulator, per seed of
-    ``base`` (whose ``queries`` are ``record_demo_queries(answers_seed)``), at ``load`` of the fluid bound."""
+    ``base`` (whose ``queries`` are ``record_demo_queries(answers_seed)``), at ``load`` of the fluid bound.
+
+    ``dump``: when a list, one entry per variant and seed is appended with every question side by side
+    (``question_records``): what the simulator and the live gateway each did with it."""
     from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config
     from gateway.text2sql.demo import demo_questions
 
@@ -324,6 +333,10 @@ def run_live_burst(
         st.quality_model = quality
         for s in base.seeds:
             wfs = st.workflows(rate, s)
+            if dump is not None:
+                for w in wfs:
+                    if isinstance(w, KnobbedWorkflow):
+                        w.log = []
             res = Simulator(st.workers, policy, seed=s, prefix_caching=st.prefix_caching).run(wfs)
             span = (wfs[-1].arrival - wfs[0].arrival) if len(wfs) > 1 else 0.0
             lv.sim.append(outcome(res, len(wfs), span, quality, acc_full))
@@ -356,18 +369,51 @@ def run_live_burst(
                         port=port,
                         seed=s,
                         databases_file="databases.yaml",
+                        prefix_caching=False,
                     )
                     with gateway_process(tmp / "gateway.yaml", port, len(urls), tmp, "burst") as url:
                         got = asyncio.run(
                             _ask_all(url, asked, arrivals, base.slo_s * time_scale, tmp / f"{DB_ID}.sqlite")
                         )
-            met = sum(m for m, _, _ in got)
-            correct_met = sum(m and c for m, c, _ in got)
-            correct = sum(c for _, c, _ in got)
-            degraded = sum(d for _, _, d in got)
+            met = sum(m for m, _, _, _ in got)
+            correct_met = sum(m and c for m, c, _, _ in got)
+            correct = sum(c for _, c, _, _ in got)
+            degraded = sum(d for _, _, d, _ in got)
+            if dump is not None:
+                dump.append(
+                    {
+                        "variant": variant,
+                        "seed": s,
+                        "time_scale": time_scale,
+                        "questions": question_records(wfs, res, [q.question for q in asked], [g[3] for g in got]),
+                    }
+                )
             lv.live.append(Outcome(len(got), met, float(correct_met), correct / len(got), degraded, span))
         report.variants.append(lv)
     return report
+
+
+def question_records(
+    wfs: Sequence[Any], res: SimResult, asked: Sequence[str], live: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per question, side by side: the simulated workflow (arrival, latency, deadline met, knobs used, and
+    each degradation decision: when, after which stage, the time left, the predicted remaining duration and
+    the knobs) and the live answer's record (``_ask_all``; its times are wall seconds)."""
+    by_wid = {r.wid: r for r in res.workflows}
+    out: list[dict[str, Any]] = []
+    for i, w in enumerate(wfs):
+        r = by_wid.get(w.wid)
+        sim: dict[str, Any] = {"arrival": w.arrival - wfs[0].arrival}
+        if r is not None:
+            sim.update(latency=r.latency, met=r.met, calls=r.calls, knobs=None if r.knobs is None else astuple(r.knobs))
+        log = getattr(w, "log", None)
+        if log:
+            sim["decisions"] = [
+                [round(t - w.arrival, 4), at, round(d.time_left_s, 4), round(d.predicted_s, 4), astuple(d.knobs)]
+                for t, at, d in log
+            ]
+        out.append({"index": i, "question": asked[i], "sim": sim, "live": live[i]})
+    return out
 
 
 def live_setup(

@@ -96,12 +96,15 @@ def write_gateway_config(
     shutdown_grace_s: float = 5.0,
     databases_file: str | Path | None = None,
     gpu_catalog: str | Path | None = None,
+    prefix_caching: bool = True,
 ) -> LoadedConfig:
     """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
 
     ``cluster`` is a loaded cluster or a cluster file (name or path). Workers keep the cluster's names,
     GPUs, models, named profiles and capacities; ``gpu_catalog`` is the GPU catalogue the gateway reads (default: the
-    packaged one). The file is loaded back with ``load_gateway_config`` and returned, so
+    packaged one); ``prefix_caching``: whether the workers cache prompt prefixes (false for workers run with
+    ``--no-enable-prefix-caching``: a prefix-aware policy would otherwise chase a cache that is not there). The
+    file is loaded back with ``load_gateway_config`` and returned, so
     an invalid result raises ``ConfigError`` here.
     """
     cfg = cluster if isinstance(cluster, ClusterConfig) else load_cluster_config(cluster)
@@ -126,6 +129,7 @@ def write_gateway_config(
         "listen": {"host": "127.0.0.1", "port": port},
         "tuning": {"enabled": tuning_enabled},
         "shutdown_grace_s": shutdown_grace_s,
+        "prefix_caching": prefix_caching,
     }
     if databases_file is not None:
         doc["databases_file"] = str(databases_file)

@@ -54,7 +54,7 @@ from gateway.text2sql.evaluate import execute_sqlite, gold_is_ordered, results_m
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.port import Closed, RemainingPredictor, StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts
-from workers.emulator import GenRequest
+from workers.emulator import GenRequest, chat_prompt_tokens, count_tokens
 from workers.scripted import AnswersResponder
 
 __all__ = [
@@ -112,7 +112,20 @@ class ScriptedStageRunner:
         for c in calls:
             text = " ".join(str(m.get("content", "")) for m in c.messages)
             req = GenRequest("chat", text, list(c.messages), c.input_tokens, c.max_tokens, None)
-            out.append(StageCallResult("scripted", 0.0, 0.0, text=self.responder.answer(req) or ""))
+            answer = self.responder.answer(req)
+            # Usage as the emulator counts it: its prompt tokens, and the scripted answer's words up to
+            # max_tokens (a call the script does not cover generates max_tokens of filler there).
+            n_out = c.max_tokens if answer is None else min(c.max_tokens, max(count_tokens(answer), 1))
+            out.append(
+                StageCallResult(
+                    "scripted",
+                    0.0,
+                    0.0,
+                    text=answer or "",
+                    prompt_tokens=chat_prompt_tokens(list(c.messages)),
+                    completion_tokens=n_out,
+                )
+            )
         return out
 
     def remaining(self) -> float:

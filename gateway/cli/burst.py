@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.bench.stats import table
 from gateway.cli.common import UsageError, int_arg, load_workers, workload_queries
@@ -89,6 +89,12 @@ def add_bench_burst(sub: Subparsers) -> None:
         type=float,
         default=0.5,
         help="with --live: wall seconds per modelled second of the emulated GPUs (default: 0.5)",
+    )
+    p.add_argument(
+        "--dump",
+        default=None,
+        help="with --live: write every question side by side (simulated and live: latency, knobs, each "
+        "degradation decision, each call's times) as JSON here",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_burst)
@@ -201,10 +207,23 @@ def _live(
     say("measuring the accuracy model on the demo questions")
     quality = demo_quality()
     base = live_setup(workers, workflows=workflows, slo_scale=args.slo_scale, seed=args.seed, n_seeds=seeds)
+    dump: list[dict[str, Any]] | None = [] if args.dump else None
     report = run_live_burst(
-        base, pattern, load, variants, quality, cluster=args.cluster, time_scale=args.time_scale, progress=say
+        base,
+        pattern,
+        load,
+        variants,
+        quality,
+        cluster=args.cluster,
+        time_scale=args.time_scale,
+        progress=say,
+        dump=dump,
     )
     print(format_live_report(report))
+    if args.dump:
+        Path(args.dump).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.dump).write_text(json.dumps(dump), encoding="utf-8")
+        print(f"wrote {args.dump}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1), encoding="utf-8")

@@ -318,6 +318,10 @@ def quality_from_rows(rows: Iterable[tuple[int, int, bool, float]], source: str 
     return QualityModel({Knobs(c, r, e): a for c, r, e, a in rows}, source)
 
 
+INPUT_SCALE_LIMIT = 4.0
+"""``ShapeStats.input_scale`` stays within [1/this, this]."""
+
+
 @dataclass
 class ShapeStats:
     """What a pipeline's questions actually cost, per stage kind: the template its degradation predicts with.
@@ -330,14 +334,27 @@ class ShapeStats:
     each observed kind's mean tokens and width (the candidates' stays the configured one), its rounds scaled
     to the observed stages per question (revise rounds, and unit tests and evaluations among the questions
     that evaluated), and the kinds never observed dropped. Bounded: sums and counts only.
+
+    The same sums size the database's next calls before they are sent: ``expected_output(kind)`` (the mean
+    output of that kind, where the packaged template would assume CHESS on BIRD's hundreds of tokens) and
+    ``input_scale`` (the worker's prompt tokens over the gateway's characters/4 estimate, from the pairs
+    given as ``prompt_sizes``), so that dispatch and budgets see the calls the workers will run.
     """
 
     questions: int = 0
     evaluated: int = 0
     _sums: dict[str, list[float]] = field(default_factory=dict)  # kind -> [calls, tokens in, tokens out, stages]
+    _prompts: list[float] = field(default_factory=lambda: [0.0, 0.0])  # [estimated, worker-counted] prompt tokens
 
-    def add(self, stages: Sequence[tuple[str, Sequence[tuple[int, int]]]], *, evaluated: bool) -> None:
-        """Record one question's stages (``(kind, [(input_tokens, output_tokens), ...])`` in order)."""
+    def add(
+        self,
+        stages: Sequence[tuple[str, Sequence[tuple[int, int]]]],
+        *,
+        evaluated: bool,
+        prompt_sizes: Iterable[tuple[int, int]] = (),
+    ) -> None:
+        """Record one question's stages (``(kind, [(input_tokens, output_tokens), ...])`` in order) and its
+        calls' ``(estimated, worker-counted)`` prompt tokens where the worker said (``prompt_sizes``)."""
         self.questions += 1
         self.evaluated += evaluated
         for kind, calls in stages:
@@ -346,6 +363,26 @@ class ShapeStats:
             s[1] += sum(i for i, _ in calls)
             s[2] += sum(o for _, o in calls)
             s[3] += 1
+        for est, seen in prompt_sizes:
+            if est > 0 and seen > 0:
+                self._prompts[0] += est
+                self._prompts[1] += seen
+
+    def expected_output(self, kind: str) -> int | None:
+        """Mean output tokens of a ``kind`` call so far (None: never observed)."""
+        s = self._sums.get(kind)
+        if s is None or s[0] == 0:
+            return None
+        return max(1, round(s[2] / s[0]))
+
+    @property
+    def input_scale(self) -> float:
+        """Worker-counted over estimated prompt tokens (1 before any pair), within [1/4, 4]: a tokenizer
+        differs from characters/4 by far less, and a worker misreporting its usage cannot skew it further."""
+        est, seen = self._prompts
+        if est <= 0:
+            return 1.0
+        return min(max(seen / est, INPUT_SCALE_LIMIT**-1), INPUT_SCALE_LIMIT)
 
     def template(self, base: WorkflowTemplate) -> WorkflowTemplate:
         """``base`` fitted to what was observed (``base`` itself before any question)."""

@@ -10,8 +10,9 @@
   to re-admit an outlier: the workers this catches mostly answer it.
 * scrape: every ``scrape_period_s`` each worker's ``/metrics`` is fetched, concurrently, and parsed by
   ``promparse``. The result is kept on the worker's ``WorkerState`` (``/v1/status`` shows it) and
-  exported as gateway metrics; dispatch to a worker is *held* while vLLM's own waiting queue grows
-  (``WorkerPool.can_send``), and released (the worker kicked: drained again) once it stops growing.
+  exported as gateway metrics; dispatch to a worker is *held* while its engine is full (KV cache or batch)
+  and vLLM's own waiting queue grows (``WorkerPool.can_send``, ``WorkerMonitor.apply_scrape``), and released
+  (the worker kicked: drained again) once that stops.
 
 Everything runs on the event loop, like the pool.
 """
@@ -32,6 +33,9 @@ if TYPE_CHECKING:  # the pool owns the monitor; the monitor acts on the pool
     from gateway.live.pool import WorkerPool
 
 log = logging.getLogger("hexflow.pool")
+
+HOLD_KV_USAGE = 0.9
+"""KV-cache usage (0..1) from which an engine with a growing waiting queue counts as full (see ``apply_scrape``)."""
 
 
 class WorkerMonitor:
@@ -153,13 +157,26 @@ class WorkerMonitor:
         await asyncio.gather(*(one(st) for st in pool.workers))
 
     def apply_scrape(self, st: WorkerState, m: WorkerMetrics) -> None:
-        """Record a scrape; hold dispatch to a worker whose vLLM waiting queue is growing."""
+        """Record a scrape; hold dispatch to a worker whose engine is full and whose waiting queue grows.
+
+        A request waits in vLLM's queue for a moment whenever prompts arrive faster than one iteration's
+        token budget takes them, with the engine far from full: holding then would idle a scheduling period
+        of the gateway's queue for nothing (the simulator's engines queue the same calls, and no gateway
+        holds them). The hold is for an engine that cannot take more: its KV cache nearly full
+        (``HOLD_KV_USAGE``) or its batch at ``max_num_seqs``, with the waiting queue non-zero and growing
+        between two scrapes. A worker that exports neither gauge is held on the queue alone once it has been
+        non-zero in two scrapes running and still grows."""
         prev = st.metrics.waiting if st.metrics is not None else None
         st.metrics = m
         st.scraped_at = self.pool.clock()
         waiting = m.waiting or 0.0
         was_held = st.held
-        st.held = waiting > 0 and prev is not None and waiting > prev
+        growing = waiting > 0 and prev is not None and waiting > prev
+        if m.kv_cache_usage is None and m.running is None:
+            full = prev is not None and prev > 0
+        else:
+            full = (m.kv_cache_usage or 0.0) >= HOLD_KV_USAGE or (m.running or 0.0) >= st.info.profile.max_num_seqs
+        st.held = growing and full
         self.pool.metrics.scraped(st.name, m)
         if was_held and not st.held:
             self.pool.kick(st)

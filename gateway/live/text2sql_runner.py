@@ -87,4 +87,11 @@ def _result(rec: CallRecord, outcome: CallResult | CallFailed) -> StageCallResul
     if isinstance(outcome, CallFailed):
         error = StageCallError(str(outcome), outcome.status)
         return StageCallResult(rec.worker, rec.queued_s, rec.run_s, error=error)
-    return StageCallResult(rec.worker, rec.queued_s, rec.run_s, text=outcome.text() or "")
+    return StageCallResult(
+        rec.worker,
+        rec.queued_s,
+        rec.run_s,
+        text=outcome.text() or "",
+        prompt_tokens=outcome.prompt_tokens or None,
+        completion_tokens=outcome.completion_tokens or None,
+    )

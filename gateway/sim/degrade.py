@@ -42,6 +42,8 @@ class KnobbedWorkflow(StagedWorkflow):
     missed_prediction: bool = field(default=False, repr=False)
     plan_template: WorkflowTemplate | None = None
     """The template decisions predict the remaining stages with (default: ``template``, the budgets')."""
+    log: list[tuple[float, str, Decision]] | None = field(default=None, repr=False)
+    """When a list: every decision as ``(time, stage kind just finished or "arrival", decision)``."""
     _plan_cursor: TemplateCursor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +141,9 @@ class KnobbedWorkflow(StagedWorkflow):
             self.deadline - predictor.now,
         )
         self.knobs = d.knobs
+        if self.log is not None:
+            at = self.stages[self._index].kind if 0 <= self._index < len(self.stages) else "arrival"
+            self.log.append((predictor.now, at, d))
         self.decisions += 1
         if not d.fits:
             self.missed_prediction = True

@@ -26,7 +26,11 @@ runner predicts to finish within the time left (``StageRunner.remaining_predicto
 is the packaged CHESS template's until ``SHAPE_MIN_QUESTIONS`` questions were answered on the database, then
 that template fitted to what those questions' stages cost (``ShapeStats``: mean tokens per stage kind, revise
 rounds, the kinds that run): a small schema's questions cost a twentieth of CHESS on BIRD, and predicting them
-at CHESS's sizes would cut work where nothing was at risk.
+at CHESS's sizes would cut work where nothing was at risk. The same statistics size each call the scheduler
+dispatches (``Text2SqlPipeline.sizing_for``): its expected output is the mean of its kind on that database, not
+CHESS's (672 tokens for a candidate where a small schema's answer has a dozen: on every worker a long decode,
+which would send every call to the fastest GPU), and its prompt the characters/4 estimate times the ratio of
+the worker-counted prompt tokens (``usage``) to that estimate so far.
 Knobs spent stay spent (candidates generated, rounds run, evaluation begun or skipped). What
 the final knobs skipped is reported in ``degraded`` with the decision that skipped it. Unit tests and
 evaluation never run with fewer than two candidates (nothing to choose between).
@@ -203,10 +207,16 @@ class Text2SqlPipeline:
     def template_for(self, db_id: str) -> WorkflowTemplate:
         """The template a question on ``db_id`` predicts its remaining stages with: the packaged CHESS template
         fitted to that database's answered questions (``ShapeStats``), once ``SHAPE_MIN_QUESTIONS`` were."""
+        stats = self.sizing_for(db_id)
+        return CHESS_TEMPLATE if stats is None else stats.template(CHESS_TEMPLATE)
+
+    def sizing_for(self, db_id: str) -> ShapeStats | None:
+        """What ``db_id``'s questions cost so far, once ``SHAPE_MIN_QUESTIONS`` were answered (None before):
+        the calls of its next questions are sized from it (``ShapeStats.expected_output``, ``input_scale``)."""
         stats = self.shapes.get(db_id)
         if stats is None or stats.questions < SHAPE_MIN_QUESTIONS:
-            return CHESS_TEMPLATE
-        return stats.template(CHESS_TEMPLATE)
+            return None
+        return stats
 
     async def answer(
         self,
@@ -255,7 +265,9 @@ class Text2SqlPipeline:
             ok = isinstance(outcome, tuple) and outcome[0] == "ok"
             closed = runner.close(valid=ok, failed=isinstance(outcome, _Failure), cancelled=cancelled)
         if run is not None and isinstance(outcome, tuple):  # answered (a SQL or not): its stages are a sample
-            self.shapes.setdefault(db.db_id, ShapeStats()).add(run.shape, evaluated=run.evaluated)
+            self.shapes.setdefault(db.db_id, ShapeStats()).add(
+                run.shape, evaluated=run.evaluated, prompt_sizes=run.prompt_sizes
+            )
         candidates = run.candidates if run is not None else []
         degraded = run.degradations() if run is not None else []
         if isinstance(outcome, _Failure):
@@ -345,7 +357,9 @@ class _Run:
         self.full = self.knobs = degrader.full
         self.template = pipe.template_for(db.db_id)
         self.cursor = TemplateCursor(self.template)
+        self.sizing = pipe.sizing_for(db.db_id)
         self.shape: list[tuple[str, list[tuple[int, int]]]] = []  # each stage: kind, (tokens in, out) per call
+        self.prompt_sizes: list[tuple[int, int]] = []  # per call the worker counted: (estimated, counted) prompt
         self.evaluated = False
         self.candidates_fixed: int | None = None
         self.revisions_done = 0
@@ -417,15 +431,29 @@ class _Run:
         """Run one stage of ``len(prompts)`` parallel calls; returns their output texts."""
         self.cursor.enter(kind)
         max_tokens = self.cfg.max_tokens[kind]
-        out_tokens = min(max_tokens, _EXPECTED_OUTPUT.get(kind, max_tokens))
+        # Sized as the database's earlier questions ran (``sizing``), else as CHESS on BIRD would be.
+        sizing = self.sizing
+        expected = sizing.expected_output(kind) if sizing is not None else None
+        if expected is None:
+            expected = _EXPECTED_OUTPUT.get(kind, max_tokens)
+        out_tokens = min(max_tokens, expected)
+        scale = sizing.input_scale if sizing is not None else 1.0
         calls = []
+        estimates = []
         for text in prompts:
             messages = ({"role": "system", "content": self.system}, {"role": "user", "content": text})
-            calls.append(StageCall(messages, message_tokens(messages), out_tokens, max_tokens, temperature=0.0))
+            est = message_tokens(messages)
+            estimates.append(est)
+            n_in = max(1, round(est * scale))
+            calls.append(StageCall(messages, n_in, out_tokens, max_tokens, temperature=0.0))
         results = await self.runner.run_stage(kind, calls)
-        self.shape.append(
-            (kind, [(c.input_tokens, text_tokens(r.text or "")) for c, r in zip(calls, results, strict=True)])
-        )
+        sizes = []
+        for c, r, est in zip(calls, results, estimates, strict=True):
+            if r.prompt_tokens:
+                self.prompt_sizes.append((est, r.prompt_tokens))
+            n_out = r.completion_tokens if r.completion_tokens is not None else text_tokens(r.text or "")
+            sizes.append((r.prompt_tokens or c.input_tokens, n_out))
+        self.shape.append((kind, sizes))
         if kind in (UNIT_TEST, EVALUATE):
             self.evaluated = True
         texts: list[str] = []

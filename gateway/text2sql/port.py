@@ -60,13 +60,18 @@ class StageCallError(GatewayError):
 
 @dataclass(frozen=True, slots=True)
 class StageCallResult:
-    """What came back for one call: the answer text or the error, and where and how long it ran."""
+    """What came back for one call: the answer text or the error, and where and how long it ran.
+
+    ``prompt_tokens`` and ``completion_tokens``: the worker's own count (its ``usage``), None when it gave
+    none; the pipeline learns its databases' call sizes from them (``ShapeStats``)."""
 
     worker: str | None
     queued_s: float
     run_s: float
     text: str | None = None
     error: StageCallError | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

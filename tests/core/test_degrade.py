@@ -176,3 +176,15 @@ def test_shape_stats_fit_the_template_to_what_questions_cost() -> None:
     cost = sum(st.rounds * sum(c.input_tokens for c in st.calls) for st in knob_plan(fitted, full))
     chess = sum(st.rounds * sum(c.input_tokens for c in st.calls) for st in knob_plan(CHESS_TEMPLATE, full))
     assert cost < chess / 5
+
+
+def test_shape_stats_size_the_next_calls() -> None:
+    from gateway.core.degrade import INPUT_SCALE_LIMIT, ShapeStats
+
+    stats = ShapeStats()
+    assert stats.expected_output(CANDIDATE) is None and stats.input_scale == 1.0
+    stats.add([(CANDIDATE, [(500, 10), (500, 14)])], evaluated=False, prompt_sizes=[(1000, 500), (1000, 500)])
+    assert stats.expected_output(CANDIDATE) == 12
+    assert stats.input_scale == pytest.approx(0.5)
+    stats.add([], evaluated=False, prompt_sizes=[(10, 10**6), (0, 5), (5, 0)])  # a worker lying; pairs without a side
+    assert stats.input_scale == INPUT_SCALE_LIMIT

@@ -13,8 +13,8 @@ from gateway.live.transport import CallResult
 from tests.live.fake_transport import Hold, one_call, one_worker_pool
 
 
-def _m(waiting: float) -> WorkerMetrics:
-    return WorkerMetrics(0.0, waiting, 0.1, None, None, None, None, None, None)
+def _m(waiting: float, kv: float | None = 0.95, running: float | None = 0.0) -> WorkerMetrics:
+    return WorkerMetrics(running, waiting, kv, None, None, None, None, None, None)
 
 
 async def test_growing_vllm_waiting_queue_holds_dispatch(tmp_path: Path) -> None:
@@ -116,3 +116,34 @@ async def test_a_scrape_that_returns_after_its_worker_was_removed_recreates_no_s
         await scrape
         after = generate_latest(pool.metrics.registry).decode()
         assert f'worker="{st.name}"' not in after, f"a late scrape ({text!r}) recreated the removed worker's series"
+
+
+def test_a_waiting_queue_on_an_engine_with_room_does_not_hold(tmp_path: Path) -> None:
+    """Prompts wait a moment in vLLM's queue whenever they arrive faster than one iteration takes them; with
+    the KV cache and the batch far from full that is no reason to idle the gateway's queue."""
+    pool = one_worker_pool(tmp_path, Hold(), [0.0])
+    st = pool.workers[0]
+    cap = st.info.profile.max_num_seqs
+    mon = pool.monitor
+    mon.apply_scrape(st, _m(0.0, kv=0.3, running=4.0))
+    mon.apply_scrape(st, _m(5.0, kv=0.3, running=4.0))
+    assert not st.held, "room in the KV cache and the batch"
+    mon.apply_scrape(st, _m(9.0, kv=0.3, running=float(cap)))
+    assert st.held, "the batch is at max_num_seqs and the queue grows"
+    mon.apply_scrape(st, _m(9.0, kv=0.3, running=float(cap)))
+    assert not st.held, "full but no longer growing"
+    mon.apply_scrape(st, _m(12.0, kv=0.92, running=4.0))
+    assert st.held, "the KV cache is full and the queue grows"
+    mon.apply_scrape(st, _m(1.0, kv=0.92, running=4.0))
+    assert not st.held, "the queue shrank"
+
+
+def test_without_engine_gauges_the_hold_needs_the_queue_in_two_scrapes_running(tmp_path: Path) -> None:
+    pool = one_worker_pool(tmp_path, Hold(), [0.0])
+    st = pool.workers[0]
+    mon = pool.monitor
+    mon.apply_scrape(st, _m(0.0, kv=None, running=None))
+    mon.apply_scrape(st, _m(2.0, kv=None, running=None))
+    assert not st.held, "one scrape with a queue is a moment's wait"
+    mon.apply_scrape(st, _m(4.0, kv=None, running=None))
+    assert st.held

@@ -248,3 +248,54 @@ async def test_a_cancelled_question_closes_its_runner_once_as_cancelled(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert runner.closes == [{"valid": False, "failed": True, "cancelled": True}]
+
+
+@dataclass
+class UsageRunner(FakeRunner):
+    """``FakeRunner`` whose worker reports usage: prompts at half the gateway's estimate, outputs by kind."""
+
+    outputs: dict[str, int] = field(default_factory=dict)
+
+    async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
+        out = await super().run_stage(kind, calls)
+        return [
+            StageCallResult(
+                r.worker,
+                r.queued_s,
+                r.run_s,
+                text=r.text,
+                prompt_tokens=message_tokens(c.messages) // 2,
+                completion_tokens=self.outputs.get(kind, 7),
+            )
+            for c, r in zip(calls, out, strict=True)
+        ]
+
+
+async def test_calls_are_sized_as_the_databases_earlier_questions_ran(demo_db: Database) -> None:
+    """Until a database has ``SHAPE_MIN_QUESTIONS`` answered questions its calls are sized as CHESS's (the
+    estimate, CHESS's expected output); then as its own questions ran: each kind's mean output as the workers
+    counted it, the prompt estimate scaled by the workers' count over it."""
+    from gateway.config.workflows import CHESS_TEMPLATE
+    from gateway.text2sql.pipeline import SHAPE_MIN_QUESTIONS
+
+    pipe = Text2SqlPipeline(PipelineConfig(candidates=2, max_revisions=2), Prompts.load())
+    chess_out = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
+    outputs = {"generate_candidate": 12, "evaluate": 3}
+    for i in range(SHAPE_MIN_QUESTIONS + 1):
+        fitted = i >= SHAPE_MIN_QUESTIONS
+        assert (pipe.sizing_for(demo_db.db_id) is not None) == fitted
+        runner = UsageRunner(gold_everywhere, outputs=outputs)
+        await pipe.answer(runner, demo_db, QUESTION, "", 60.0, request_id=f"r{i}")
+        for kind, calls in runner.stages:
+            for c in calls:
+                est = message_tokens(c.messages)
+                if fitted:
+                    assert c.output_tokens == min(outputs.get(kind, 7), c.max_tokens)
+                    assert abs(c.input_tokens - est / 2) <= 1
+                else:
+                    assert c.output_tokens == min(chess_out[kind], c.max_tokens)
+                    assert c.input_tokens == est
+    stats = pipe.sizing_for(demo_db.db_id)
+    assert stats is not None and 0.45 < stats.input_scale < 0.55
+    cand = next(p for p in pipe.template_for(demo_db.db_id).phases if p.kind == "generate_candidate")
+    assert cand.output_tokens == 12, "the fitted template counts what the workers counted"
