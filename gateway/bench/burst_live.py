@@ -31,12 +31,20 @@ simulator cannot see and the live run has: the pipeline's own time between stage
 rendering) and the gateway's HTTP time, both at wall-clock speed while the GPUs run at ``time_scale``; revise
 rounds of two candidates run in parallel live and one after the other in the simulator's staging of a query.
 The emulated engines run without prefix caching, as the simulator does here (the recorded calls carry no
-prefix chains).
+prefix chains), and the gateway is told so (``prefix_caching: false``: a prefix-aware policy would otherwise
+chase a cache that is not there). The simulator knows each call's exact output length; the live gateway
+sizes a call by its database's earlier questions (``Text2SqlPipeline.sizing_for``: the mean output of its
+kind, the prompt estimate scaled by the workers' usage).
+
+``dump`` (``--dump``) keeps every question side by side: the simulated workflow's latency, knobs and each
+degradation decision (when, after which stage, time left, predicted remaining duration, knobs), and the live
+answer's status, latency, degradations and each call's worker, queueing and running time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sqlite3
 import tempfile
@@ -309,12 +317,14 @@ def run_live_burst(
     answers_seed: int = 0,
     progress: Callable[[str], None] | None = None,
     dump: list[dict[str, Any]] | None = None,
+    log_dir: Path | None = None,
 ) -> LiveBurstReport:
     """Run every variant live (one emulated cluster and gateway per run) and in the simulator, per seed of
     ``base`` (whose ``queries`` are ``record_demo_queries(answers_seed)``), at ``load`` of the fluid bound.
 
     ``dump``: when a list, one entry per variant and seed is appended with every question side by side
-    (``question_records``): what the simulator and the live gateway each did with it."""
+    (``question_records``): what the simulator and the live gateway each did with it. ``log_dir``: keep each
+    run's configuration and the cluster's and gateway's logs there (one folder per variant and seed)."""
     from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config
     from gateway.text2sql.demo import demo_questions
 
@@ -346,8 +356,12 @@ def run_live_burst(
             asked = [questions[order[i % len(order)]] for i in range(len(wfs))]
             arrivals = [(w.arrival - wfs[0].arrival) * time_scale for w in wfs]
             say(f"{variant} seed {s}: {len(wfs)} questions live over {arrivals[-1]:.0f} s")
-            with tempfile.TemporaryDirectory(prefix="hexflow-burst-live-") as tmp_s:
-                tmp = Path(tmp_s)
+            with contextlib.ExitStack() as stack:
+                if log_dir is None:
+                    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hexflow-burst-live-")))
+                else:
+                    tmp = log_dir / f"{variant.replace('+', '-')}-seed{s}"
+                    tmp.mkdir(parents=True, exist_ok=True)
                 write_demo_databases(tmp / "databases.yaml", answers_seed)
                 answers = tmp / "answers.json"
                 write_answers(answers, build_demo_answers(seed=answers_seed))

@@ -96,6 +96,7 @@ def add_bench_burst(sub: Subparsers) -> None:
         help="with --live: write every question side by side (simulated and live: latency, knobs, each "
         "degradation decision, each call's times) as JSON here",
     )
+    p.add_argument("--log-dir", default=None, help="with --live: keep each run's configs and subprocess logs here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_burst)
 
@@ -218,6 +219,7 @@ def _live(
         time_scale=args.time_scale,
         progress=say,
         dump=dump,
+        log_dir=Path(args.log_dir) if args.log_dir else None,
     )
     print(format_live_report(report))
     if args.dump:

@@ -376,7 +376,10 @@ class WorkerPool:
                 # worker run with --scheduling-policy priority orders its own waiting queue the same way.
                 c.priority = int(max(min((c.key - self.epoch) * 1000.0, _PRIO_MAX), -_PRIO_MAX))
             self.metrics.queue_wait(name, now - c.ready_at)
+            st.advance_load(now)
             st.inflight.add(c)
+            st.prefill_sent += c.prefill_s
+            c.load_marks = (st.load_area, st.prefill_sent, len(st.inflight))
             out.append(c)
         return out
 
@@ -433,6 +436,23 @@ class WorkerPool:
         base = self.scheduler.estimator.base_latency(st.index, spec.input_tokens, spec.output_tokens)
         return call.model_s if call.model_s > base else base
 
+    def under_load_s(self, st: WorkerState, call: LiveCall, now: float) -> float:
+        """The call's time on the worker as the model would have predicted it knowing the load it ran under:
+        ``predicted_s`` (the batch it joined), plus the prefill of the prompts sent to the worker while it ran
+        (chunked prefill runs them in the iterations its decode waits for) and the slower decode steps of the
+        calls that joined its batch. Outlier ejection judges a worker's speed by this: a call that shared the
+        engine took as long as the gateway's own load made it, and judged against ``predicted_s`` alone a
+        worker given a burst read 3x its peers and was ejected just when its capacity was needed (``hexflow
+        bench burst --live`` showed healthy workers out of dispatch for minutes)."""
+        base = self.predicted_s(st, call)
+        area0, prefill0, n0 = call.load_marks
+        life = now - call.sent_at
+        joined = st.prefill_sent - prefill0
+        extra_n = (st.load_area - area0) / life - n0 if life > 0 else 0.0
+        p = st.info.profile
+        out = call.spec.output_tokens - 1 if call.spec.output_tokens > 1 else 0
+        return base + max(joined, 0.0) + max(extra_n, 0.0) * p.token_s * out
+
     async def _execute(self, st: WorkerState, call: LiveCall) -> None:
         """Send one call within its whole-call bound; every way out is settled by ``_settle``."""
         predicted = self.predicted_s(st, call)
@@ -472,6 +492,7 @@ class WorkerPool:
         Returns True when a cancelled call was re-dispatched (its task ends normally).
         """
         now = self.clock()
+        st.advance_load(now)
         st.inflight.discard(call)
         if isinstance(outcome, CallResult):
             observed = now - call.sent_at
@@ -479,7 +500,7 @@ class WorkerPool:
             st.failures = 0
             st.sent += 1
             self.metrics.call_done(st.name, call.kind, now - call.ready_at, observed, call.t_comp)
-            predicted = self.predicted_s(st, call)
+            predicted = self.under_load_s(st, call, now)
             self.outliers.record(st, observed / predicted if predicted > 0 else 1.0)
             self._deliver(call, outcome)
             self._judge(st)

@@ -111,6 +111,9 @@ class LiveCall(Call):
     requeue: bool = False
     failed_on: set[str] = field(default_factory=set)
     body_json: bytes | None = None
+    load_marks: tuple[float, float, int] = (0.0, 0.0, 0)
+    """The worker's load counters when this attempt was sent (``WorkerState.load_area``, ``prefill_sent``, and
+    its calls in flight with this one): what it returns with tells the load it ran under."""
 
 
 class Transport(Protocol):

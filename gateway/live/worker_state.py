@@ -65,6 +65,11 @@ class WorkerState:
     recent_failed: int = 0
     recent_returned: int = 0
     recent_typical: float | None = None
+    load_area: float = 0.0
+    """Calls in flight integrated over time (call-seconds) up to ``load_at``: the mean batch a call ran in."""
+    load_at: float = 0.0
+    prefill_sent: float = 0.0
+    """Predicted prefill seconds of every call sent so far: the prompts that joined while a call ran."""
     ejected_until: float | None = None
     ejected_reason: str = ""
     ejections: int = 0
@@ -98,6 +103,12 @@ class WorkerState:
         self.recent_returned = len(ok)
         self.recent_failed = len(self.recent) - len(ok)
         self.recent_typical = typical_ratio(ok) if ok else None
+
+    def advance_load(self, now: float) -> None:
+        """Bring ``load_area`` up to ``now`` (call before ``inflight`` changes)."""
+        if now > self.load_at:
+            self.load_area += len(self.inflight) * (now - self.load_at)
+            self.load_at = now
 
     def clear_recent(self) -> None:
         """Forget the recent window (a re-admitted worker starts clean)."""

@@ -48,3 +48,30 @@ def test_the_pipeline_predicts_with_its_own_shapes_once_it_has_answered_enough()
     [cand] = [p for p in template.phases if p.kind == CANDIDATE]
     [chess] = [p for p in CHESS_TEMPLATE.phases if p.kind == CANDIDATE]
     assert cand.input_tokens < chess.input_tokens / 5 and cand.width == chess.width
+
+
+def test_a_small_live_burst_runs_beside_its_simulation() -> None:
+    """Smoke size: a dozen demo questions through a real gateway (with ``quality: adaptive``) on an emulated
+    cluster at a fast time scale, beside the simulator's run; every question is accounted in both worlds and
+    the dump holds each side by side."""
+    from gateway.bench.burst_live import LiveBurstReport, format_live_report, run_live_burst
+    from gateway.core.degrade import Knobs, QualityModel, knob_grid
+
+    workers = load_workers("paper-4gpu")
+    base = live_setup(workers, workflows=12, slo_scale=3.0, seed=0, n_seeds=1)
+    quality = QualityModel({k: 1.0 - 0.01 * i for i, k in enumerate(knob_grid(Knobs(2, 10, True)))}, "smoke")
+    dump: list[dict[str, object]] = []
+    rep = run_live_burst(
+        base, ("poisson", None), 0.3, ["hexgen+adaptive"], quality, cluster="paper-4gpu", time_scale=0.1, dump=dump
+    )
+    assert isinstance(rep, LiveBurstReport)
+    [v] = rep.variants
+    assert [o.arrived for o in v.live] == [12] and [o.arrived for o in v.sim] == [12]
+    [run] = dump
+    qs = run["questions"]
+    assert isinstance(qs, list) and len(qs) == 12
+    for q in qs:
+        assert q["sim"]["latency"] > 0 and q["sim"]["decisions"], "the simulated workflow decided at arrival"
+        assert q["live"]["status"] in ("ok", "no_valid_sql", "deadline_exceeded", "failed"), q["live"]
+        assert q["live"]["calls"], "the live answer lists its calls"
+    assert "hexgen+adaptive" in format_live_report(rep)

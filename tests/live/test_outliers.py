@@ -255,3 +255,52 @@ async def test_at_most_max_ejected_fraction_of_the_workers_are_ejected(tmp_path:
         assert len(out) == 40, "every call ended"
     finally:
         await pool.stop()
+
+
+async def test_a_calls_latency_is_judged_against_the_load_it_ran_under(tmp_path: Path) -> None:
+    """Outlier ejection compares a call with the model's prediction given the load it actually saw: the batch
+    it joined, the prompts sent to the worker while it ran (their prefill stalls its decode) and the calls
+    that joined its batch. A worker given a burst is not an outlier for being busy."""
+    from tests.live.fake_transport import Hold, one_worker_pool
+
+    clock = [0.0]
+    t = Hold()
+    pool = one_worker_pool(tmp_path, t, clock)
+    await pool.start()
+    st = pool.workers[0]
+    try:
+        out: list[object] = []
+        first = one_call(0, out)
+        pool.submit(first)
+        await asyncio.sleep(0.01)
+        assert st.inflight == {first} and first.load_marks == (0.0, first.prefill_s, 1)
+        clock[0] = 1.0
+        later = [one_call(i, out) for i in range(1, 4)]  # capacity 4: three join it at t=1
+        for c in later:
+            pool.submit(c)
+        await asyncio.sleep(0.01)
+        assert len(st.inflight) == 4
+        clock[0] = 3.0
+        st.advance_load(3.0)  # as the pool does when a call returns
+        mean_batch = (1 * 1.0 + 4 * 2.0) / 3.0  # one call for a second, then four for two
+        joined = sum(c.prefill_s for c in later)
+        expected = (
+            pool.predicted_s(st, first)
+            + joined
+            + (mean_batch - 1) * st.info.profile.token_s * (first.spec.output_tokens - 1)
+        )
+        assert joined > 0 and pool.under_load_s(st, first, 3.0) == pytest.approx(expected)
+        # Alone from send to return, nothing is added.
+        t.release.set()
+        await asyncio.sleep(0.01)
+        t.release.clear()
+        lone = one_call(9, out)
+        pool.submit(lone)
+        await asyncio.sleep(0.01)
+        clock[0] = 4.0
+        st.advance_load(4.0)
+        assert pool.under_load_s(st, lone, 4.0) == pytest.approx(pool.predicted_s(st, lone))
+        t.release.set()
+        await asyncio.sleep(0.01)
+    finally:
+        await pool.stop()
