@@ -112,8 +112,9 @@ class OutlierConfig(_Strict):
       ``error_rate_margin``;
     * latency: the typical ratio of its returned calls (their mean less the largest tenth, so one stall
       weighs nothing) is at least ``latency_ratio`` times its peers' (the median of the typical ratios
-      of the peers with ``min_calls`` returned calls; those of its own GPU and model when any has, since
-      a profile that is off is off for every worker of its type).
+      of the peers with ``min_calls`` returned calls, floored at 1; those of its own GPU and model when any
+      has, since a profile that is off is off for every worker of its type). Each ratio is against the
+      model's prediction given the load the call ran under (the prompts and calls that joined it).
 
     An ejected worker takes no new calls (its queue is re-dispatched, calls in flight finish) for
     ``base_ejection_s``, doubled at each ejection that follows a re-admission within ``max_ejection_s``

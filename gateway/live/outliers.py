@@ -15,9 +15,10 @@ calls only. Outlier ejection does, by comparing each worker with its peers (``he
 * ``OutlierDetector.verdict`` names the reason to eject a worker, or None: a share of failed calls of
   at least ``error_rate`` and ``error_rate_margin`` above its peers' (the windows of the other workers
   that take calls, pooled), or a typical latency ratio ``latency_ratio`` times its peers' (the median
-  of the typical ratios of the peers with ``min_calls`` returned calls). A window's typical ratio is
-  the mean of its ratios less their largest tenth (at least one): one stall does not eject a worker,
-  but one that is slow on a fifth of its calls (say, only on long prompts) stands out. For latency the
+  of the typical ratios of the peers with ``min_calls`` returned calls, floored at 1: a worker running as
+  predicted is never an outlier, however far below 1 conservative predictions put its peers). A window's
+  typical ratio is the mean of its ratios less their largest tenth (at least one): one stall does not
+  eject a worker, but one that is slow on a fifth of its calls (say, only on long prompts) stands out. For latency the
   peers are the workers of the same profile (GPU and model) when any has the calls: a profile that is
   off for a GPU type is off for all its workers, a calibration matter, not an outlier;
 * ``OutlierDetector.backoff`` is the ejection's length: ``base_ejection_s``, doubled for every
@@ -89,7 +90,9 @@ class OutlierDetector:
         mine = st.recent_typical
         base = kin or typicals
         if mine is not None and st.recent_returned >= cfg.min_calls and base:
-            theirs = statistics.median(base)
+            # Floored at 1 (as predicted): a worker running as the model predicts is never an outlier, even
+            # when its peers' predictions are conservative and they read far below 1.
+            theirs = max(statistics.median(base), 1.0)
             if mine >= cfg.latency_ratio * theirs:
                 return (
                     f"its last {st.recent_returned} calls took {mine:.3g}x their predicted latency "

@@ -304,3 +304,12 @@ async def test_a_calls_latency_is_judged_against_the_load_it_ran_under(tmp_path:
         await asyncio.sleep(0.01)
     finally:
         await pool.stop()
+
+
+def test_a_worker_running_as_predicted_is_never_a_latency_outlier() -> None:
+    """Peers whose predictions were conservative read far below 1; a worker at 1 (as predicted) is not 3x
+    them for that."""
+    det = OutlierDetector(OutlierConfig(min_calls=5, latency_ratio=3.0))
+    peers = [_state(1, [0.3] * 10), _state(2, [0.28] * 10)]
+    assert det.verdict(_state(0, [1.0] * 10), peers) is None
+    assert det.verdict(_state(0, [3.2] * 10), peers) is not None, "3x its prediction: slow whatever its peers"
