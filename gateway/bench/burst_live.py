@@ -225,8 +225,10 @@ def format_live_report(rep: LiveBurstReport) -> str:
         f"{rep.cluster} emulated at time scale {rep.time_scale:g}",
         f"  {'variant':<20} {'world':<5} {'SLO':>6} {'goodput':>8} {'accuracy':>8} {'degraded':>8} {'vs best':>8}",
     ]
-    for v in doc["variants"]:
+    for v, lv in zip(doc["variants"], rep.variants, strict=True):
         for world in ("live", "sim"):
+            if world == "live" and not lv.live:
+                continue  # simulated only
             f = v[world]
             r = v[f"ratio_{world}"]
             lines.append(
@@ -318,13 +320,15 @@ def run_live_burst(
     progress: Callable[[str], None] | None = None,
     dump: list[dict[str, Any]] | None = None,
     log_dir: Path | None = None,
+    simulate_only: bool = False,
 ) -> LiveBurstReport:
     """Run every variant live (one emulated cluster and gateway per run) and in the simulator, per seed of
     ``base`` (whose ``queries`` are ``record_demo_queries(answers_seed)``), at ``load`` of the fluid bound.
 
     ``dump``: when a list, one entry per variant and seed is appended with every question side by side
     (``question_records``): what the simulator and the live gateway each did with it. ``log_dir``: keep each
-    run's configuration and the cluster's and gateway's logs there (one folder per variant and seed)."""
+    run's configuration and the cluster's and gateway's logs there (one folder per variant and seed).
+    ``simulate_only``: the simulator's side alone (seconds, where the live side takes the arrival span)."""
     from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config
     from gateway.text2sql.demo import demo_questions
 
@@ -350,6 +354,8 @@ def run_live_burst(
             res = Simulator(st.workers, policy, seed=s, prefix_caching=st.prefix_caching).run(wfs)
             span = (wfs[-1].arrival - wfs[0].arrival) if len(wfs) > 1 else 0.0
             lv.sim.append(outcome(res, len(wfs), span, quality, acc_full))
+            if simulate_only:
+                continue
             order = list(range(len(questions)))
             if s != base.seed:
                 random.Random(s).shuffle(order)
@@ -445,6 +451,7 @@ def live_setup(
         n_seeds=n_seeds,
         slo_unit_s=demo_latency(workers, queries),
         plan_template=template,
+        deadline_rule=True,
     )
 
 

@@ -114,6 +114,10 @@ class Setup:
     """The latency the SLO is a multiple of (default: the standard workflow's cluster-mean latency)."""
     plan_template: WorkflowTemplate | None = None
     """What degrading workflows predict their remaining stages with (default: their own template)."""
+    deadline_rule: bool = False
+    """Text-to-SQL workflows follow the live pipeline's deadline rule (no revision or evaluation begun past
+    the deadline; ``KnobbedWorkflow``): for replays of the gateway's own pipeline (``hexflow bench burst
+    --live``), not of CHESS as a user runs it behind another scheduler."""
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
 
@@ -187,6 +191,7 @@ class Setup:
             rng=rng,
             quality=self.quality_model,
             plan_template=self.plan_template,
+            deadline_rule=self.deadline_rule,
         )
 
 

@@ -97,6 +97,11 @@ def add_bench_burst(sub: Subparsers) -> None:
         "degradation decision, each call's times) as JSON here",
     )
     p.add_argument("--log-dir", default=None, help="with --live: keep each run's configs and subprocess logs here")
+    p.add_argument(
+        "--simulate-only",
+        action="store_true",
+        help="with --live: only the simulator's prediction of the live run (seconds instead of the arrival span)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_burst)
 
@@ -220,6 +225,7 @@ def _live(
         progress=say,
         dump=dump,
         log_dir=Path(args.log_dir) if args.log_dir else None,
+        simulate_only=args.simulate_only,
     )
     print(format_live_report(report))
     if args.dump:

@@ -5,7 +5,9 @@ the knobs the degradation policy (``gateway.core.degrade.Degrader``) chose at th
 
 * the candidate stage runs its first ``candidates`` calls;
 * ``revise`` stages after ``max_revisions`` of them are skipped (the trace's later rounds never run);
-* unit-test generation and evaluation are skipped when ``evaluate`` is off (always with one candidate).
+* unit-test generation and evaluation are skipped when ``evaluate`` is off (always with one candidate);
+* with ``deadline_rule`` (the live pipeline's, for every quality mode, ``full`` included): past the deadline
+  no new ``revise`` round starts and evaluation that has not begun is skipped.
 
 The simulator asks the policy at arrival and whenever a stage ends (``decide``), with the same prediction
 the live pipeline uses: the scheduler's ``CompletionPredictor.path_time`` of ``knob_plan`` (the template's
@@ -44,6 +46,13 @@ class KnobbedWorkflow(StagedWorkflow):
     """The template decisions predict the remaining stages with (default: ``template``, the budgets')."""
     log: list[tuple[float, str, Decision]] | None = field(default=None, repr=False)
     """When a list: every decision as ``(time, stage kind just finished or "arrival", decision)``."""
+    deadline_rule: bool = False
+    """Follow the live pipeline's deadline rule: past the deadline no new ``revise`` round starts, and unit
+    tests and evaluation that have not begun are skipped (the answer is late whatever it is; the work would
+    only delay the others). Needs ``clock``."""
+    clock: float = field(default=0.0, repr=False)
+    """The simulator's time when the current stage's last call returned (set before ``complete``)."""
+    _eval_begun: bool = field(default=False, init=False, repr=False)
     _plan_cursor: TemplateCursor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +76,7 @@ class KnobbedWorkflow(StagedWorkflow):
             full=self.full,
             degrader=self.degrader,
             plan_template=self.plan_template,
+            deadline_rule=self.deadline_rule,
         )
 
     @property
@@ -95,6 +105,12 @@ class KnobbedWorkflow(StagedWorkflow):
             if self._index >= len(self.stages):
                 return []
             stage = self.stages[self._index]
+            if (
+                self.deadline_rule
+                and self.clock > self.deadline
+                and (stage.kind == REVISE or (stage.kind in SKIPPABLE and not self._eval_begun))
+            ):
+                continue
             if stage.kind == REVISE:
                 if self.revisions_run >= k.max_revisions:
                     if self.cut_revisions is None:
@@ -108,6 +124,7 @@ class KnobbedWorkflow(StagedWorkflow):
                 if not self.evaluate_run:
                     self.cut_evaluate = True
                     continue
+                self._eval_begun = True
             calls = stage.calls
             if stage.kind == CANDIDATE:
                 if self.candidates_run is None:

@@ -279,8 +279,10 @@ class Simulator:
                     next_refit = now + refitter.s.interval_s
                     self.refits.extend((now, r, out) for r, out in refitter.step(sched, now))
                 wf = c.workflow
-                if isinstance(wf, KnobbedWorkflow) and wf.degrader is not None and wf.last_of_stage:
-                    wf.decide(CompletionPredictor(sched, now))
+                if isinstance(wf, KnobbedWorkflow):
+                    wf.clock = now
+                    if wf.degrader is not None and wf.last_of_stage:
+                        wf.decide(CompletionPredictor(sched, now))
                 nxt = wf.complete(c.spec)
                 if nxt:
                     submit(wf, nxt, now)

@@ -104,3 +104,45 @@ def test_build_workload_needs_a_quality_model_to_degrade() -> None:
         )
     deg = Degrader("adaptive", FULL, Q)
     assert deg.full == FULL
+
+
+def _run_until(wf: KnobbedWorkflow, late_after: str) -> list[tuple[str, int]]:
+    """``_run_stages``, the clock passing the deadline when the first ``late_after`` stage returns."""
+    out: list[tuple[str, int]] = []
+    nxt = wf.start()
+    while nxt:
+        out.append((nxt[0].kind, len(nxt)))
+        if nxt[0].kind == late_after:
+            wf.clock = wf.deadline + 1.0
+        done: list[CallSpec] = []
+        for spec in nxt:
+            done = wf.complete(spec)
+        nxt = done
+    return out
+
+
+def test_the_deadline_rule_starts_no_revision_or_evaluation_past_the_deadline() -> None:
+    """The live pipeline's rule, replayed for every quality mode: past the deadline no new revise round
+    starts and evaluation that has not begun is skipped; begun, it finishes. Not a degradation."""
+    stages = to_stages(_query())
+    late = KnobbedWorkflow(0, "t", 0.0, 100.0, stages, template=CHESS_TEMPLATE, full=FULL, deadline_rule=True)
+    got = _run_until(late, REVISE)
+    assert got.count((REVISE, 1)) == 1 and not any(k in (UNIT_TEST, EVALUATE, "unit_tester") for k, _ in got)
+    assert late.done and not late.degraded and late.used == FULL
+    begun = KnobbedWorkflow(0, "t", 0.0, 100.0, stages, template=CHESS_TEMPLATE, full=FULL, deadline_rule=True)
+    got = _run_until(begun, "unit_tester")
+    assert (EVALUATE, 4) in got and got.count((REVISE, 1)) == 3
+    off = KnobbedWorkflow(0, "t", 0.0, 100.0, stages, template=CHESS_TEMPLATE, full=FULL)
+    assert _run_until(off, REVISE) == _run_stages(
+        KnobbedWorkflow(0, "t", 0.0, 100.0, stages, template=CHESS_TEMPLATE, full=FULL)
+    ), "without the rule the clock changes nothing"
+
+
+def test_build_workload_gives_full_quality_the_deadline_rule_when_asked() -> None:
+    arrivals = poisson_arrivals(20, 1.0, random.Random(0))
+    wfs = build_workload([_query()], arrivals, tenants=[TenantSpec("t")], slo_s=50.0, rng=random.Random(0))
+    assert not any(isinstance(w, KnobbedWorkflow) for w in wfs)
+    ruled = build_workload(
+        [_query()], arrivals, tenants=[TenantSpec("t")], slo_s=50.0, rng=random.Random(0), deadline_rule=True
+    )
+    assert all(isinstance(w, KnobbedWorkflow) and w.deadline_rule and w.degrader is None for w in ruled)

@@ -28,6 +28,7 @@ def build_workload(
     quality: QualityModel | None = None,
     full: Knobs | None = None,
     plan_template: WorkflowTemplate | None = None,
+    deadline_rule: bool = False,
 ) -> list[StagedWorkflow]:
     """One workflow per arrival, ids 0..n-1 in arrival order.
 
@@ -40,7 +41,8 @@ def build_workload(
     its ``Degrader`` (``quality``: the accuracy model ranking the settings, required then; ``full``: the
     pipeline's full-quality knobs, default two candidates, ten revision rounds, evaluation on;
     ``plan_template``: the template its degradation predicts the remaining stages with, as the live pipeline's
-    ``template_for`` gives it, default the workflows' own ``CHESS_TEMPLATE``).
+    ``template_for`` gives it, default the workflows' own ``CHESS_TEMPLATE``). ``deadline_rule``: every
+    Text-to-SQL workflow, ``full`` included, follows the live pipeline's deadline rule (``KnobbedWorkflow``).
     """
     if not tenants:
         raise ValueError("at least one tenant is needed")
@@ -76,7 +78,7 @@ def build_workload(
         if q not in staged:
             staged[q] = tuple(to_stages(queries[q]))
         deg = degraders.get(tenant.name)
-        if deg is not None:
+        if deg is not None or deadline_rule:
             out.append(
                 KnobbedWorkflow(
                     wid,
@@ -88,6 +90,7 @@ def build_workload(
                     full=full_knobs,
                     degrader=deg,
                     plan_template=plan_template,
+                    deadline_rule=deadline_rule,
                 )
             )
         else:
