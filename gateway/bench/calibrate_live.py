@@ -110,8 +110,10 @@ PREFIX_ON_RATIO = 0.8
 """Without a hit counter: a repeated prompt faster than this fraction of its first send reads as cached."""
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
-TOKEN_ID_RANGE = (1000, 30000)
-"""Prompt token ids are drawn from here: ordinary vocabulary entries of any current LLM tokenizer."""
+TOKEN_ID_RANGE = (100, 1100)
+"""Prompt token ids are drawn from here: ordinary vocabulary entries of any current LLM tokenizer and of
+small ones (the tiny CPU test model has 3072); the range of the gateway's synthetic prompts
+(``gateway.live.routers.workflows.SYNTHETIC_VOCAB``)."""
 MIN_POSITIVE = 1e-12
 """``iter_base_s`` and ``token_s`` must be positive in ``gpus.yaml``; a fit at 0 is written as this."""
 FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")

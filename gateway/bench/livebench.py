@@ -28,6 +28,7 @@ exit 2). The processes and their config files are ``gateway.bench.procs``'s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import secrets
@@ -35,7 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_se
 from gateway.bench.simbench import fluid_bound, tuned_alpha
 from gateway.bench.stats import finite_or_none, fmt, table
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
+from gateway.config.gpus import load_profiles_file
 from gateway.core.policy import get_policy
 from gateway.errors import GatewayError
 from gateway.sim.metrics import Summary, summarize
@@ -81,10 +83,17 @@ class LiveBenchError(GatewayError):
 
 
 def simulate_workload(
-    workers: Sequence[Any], workload: Sequence[ReplayWorkflow], policy: str, *, alpha: float | None, seed: int
+    workers: Sequence[Any],
+    workload: Sequence[ReplayWorkflow],
+    policy: str,
+    *,
+    alpha: float | None,
+    seed: int,
+    prefix_caching: bool = True,
 ) -> tuple[Summary, dict[str, int]]:
     """The simulator's prediction for a replay workload: summary and calls dispatched per worker."""
-    res = Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=True).run([w.dag() for w in workload])
+    sim = Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=prefix_caching)
+    res = sim.run([w.dag() for w in workload])
     counts = {w.name: sum(c.values()) for w, c in zip(workers, res.dispatch_counts, strict=True)}
     return summarize(res, total=len(workload)), counts
 
@@ -111,6 +120,7 @@ def simulate_jittered(
     seed: int,
     jitter_s: float,
     replicas: int = JITTER_REPLICAS,
+    prefix_caching: bool = True,
 ) -> dict[str, Band]:
     """How sensitive the prediction is to timing noise: P50/P95/P99/SLO bands over ``replicas`` runs.
 
@@ -131,7 +141,8 @@ def simulate_jittered(
             j = rng.uniform(0.0, jitter_s) if k else 0.0
             dags.append(d.shifted(d.arrival + j, d.deadline + j))
         s = summarize(
-            Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=True).run(dags), total=len(workload)
+            Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=prefix_caching).run(dags),
+            total=len(workload),
         )
         for key, values in figures.items():
             values.append(float(getattr(s, key)))
@@ -257,12 +268,23 @@ def run_live_bench(
     log: Any = None,
     gpu_catalog: Path | None = None,
     emulator_catalog: Path | None = None,
+    profiles_file: Path | None = None,
+    worker_urls: Sequence[str] | None = None,
+    token_scale: float = 1.0,
+    prefix_caching: bool = True,
 ) -> LiveBenchReport:
     """Measure every policy live and predict it by simulation (see the module docstring).
 
     ``gpu_catalog``: the catalogue the gateway and the simulator read (default: the packaged one);
     ``emulator_catalog``: the one the emulated workers run (default: ``gpu_catalog``). They differ in
     ``hexflow bench fidelity``: workers of one speed, predicted with profiles calibrated against them.
+    ``profiles_file``: a profiles overlay (gateway.yaml's ``profiles_file``) both read, for workers that
+    name their profile (``profile:`` in the cluster file).
+
+    ``worker_urls``: workers already running (real vLLM servers, in cluster order), used as they are for
+    every policy instead of starting the emulated cluster. ``token_scale`` scales the trace's token counts
+    (``gateway.bench.replay.scale_queries``). ``prefix_caching``: whether the workers cache prompt prefixes
+    (the gateway and the simulator are told the same).
 
     Subprocess logs and config files go to ``log_dir`` (kept), or to a temporary folder that is removed
     after a successful run. ``log`` is a callable taking one line of progress text (default: stderr).
@@ -273,12 +295,23 @@ def run_live_bench(
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time scale must be a positive number, got {time_scale}")
     catalog = load_gpu_catalog(gpu_catalog)
+    if profiles_file is not None:
+        catalog = catalog.with_profiles(load_profiles_file(profiles_file))
     cluster_cfg = load_cluster_config(cluster, catalog)
     worker_catalog = emulator_catalog if emulator_catalog is not None else gpu_catalog
     cluster_args = ["--catalog", str(worker_catalog)] if worker_catalog is not None else []
     workers = build_workers(cluster_cfg, catalog)
+    if worker_urls is not None and len(worker_urls) != len(workers):
+        raise ValueError(f"the cluster has {len(workers)} workers but {len(worker_urls)} worker urls were given")
     setup = replay_setup(
-        trace, workers, workflows=workflows, seed=seed, slo_scale=slo_scale, arrivals_csv=arrivals_csv, cv=cv
+        trace,
+        workers,
+        workflows=workflows,
+        seed=seed,
+        slo_scale=slo_scale,
+        arrivals_csv=arrivals_csv,
+        cv=cv,
+        token_scale=token_scale,
     )
     bound = fluid_bound(workers, setup.queries)
     rate = rate_qps if rate_qps is not None else round(DEFAULT_RATE_FRACTION * bound, 6)
@@ -299,10 +332,21 @@ def run_live_bench(
             a = alpha
             if a is None and get_policy(policy).uses_alpha:
                 a = tuned_alpha(setup, policy, rate)
-            sim, sim_counts = simulate_workload(workers, workload, policy, alpha=a, seed=seed)
-            band = simulate_jittered(workers, workload, policy, alpha=a, seed=seed, jitter_s=JITTER_WALL_S / time_scale)
-            say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting the emulated cluster and the gateway")
-            with cluster_process(cluster, time_scale, log_dir, policy, cluster_args) as (_, urls):
+            sim, sim_counts = simulate_workload(
+                workers, workload, policy, alpha=a, seed=seed, prefix_caching=prefix_caching
+            )
+            band = simulate_jittered(
+                workers,
+                workload,
+                policy,
+                alpha=a,
+                seed=seed,
+                jitter_s=JITTER_WALL_S / time_scale,
+                prefix_caching=prefix_caching,
+            )
+            what = "the gateway" if worker_urls is not None else "the emulated cluster and the gateway"
+            say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting {what}")
+            with _workers(cluster, time_scale, log_dir, policy, cluster_args, worker_urls) as urls:
                 cfg_path = log_dir / f"gateway-{policy}.yaml"
                 port = free_port()
                 write_gateway_config(
@@ -317,6 +361,8 @@ def run_live_bench(
                     port=port,
                     seed=seed,
                     gpu_catalog=gpu_catalog.resolve() if gpu_catalog is not None else None,
+                    profiles_file=profiles_file.resolve() if profiles_file is not None else None,
+                    prefix_caching=prefix_caching,
                 )
                 with gateway_process(cfg_path, port, len(urls), log_dir, policy) as url:
                     try:
@@ -360,6 +406,23 @@ def run_live_bench(
         runs=runs,
         wall_s=time.monotonic() - t_start,
     )
+
+
+@contextlib.contextmanager
+def _workers(
+    cluster: str,
+    time_scale: float,
+    log_dir: Path,
+    tag: str,
+    cluster_args: Sequence[str],
+    worker_urls: Sequence[str] | None,
+) -> Iterator[list[str]]:
+    """The workers' URLs: the running ones given, or the emulated cluster's, started for this run."""
+    if worker_urls is not None:
+        yield list(worker_urls)
+        return
+    with cluster_process(cluster, time_scale, log_dir, tag, cluster_args) as (_, urls):
+        yield urls
 
 
 def _live_calls_per_worker(url: str) -> dict[str, int]:

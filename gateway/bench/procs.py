@@ -97,15 +97,17 @@ def write_gateway_config(
     databases_file: str | Path | None = None,
     gpu_catalog: str | Path | None = None,
     prefix_caching: bool = True,
+    profiles_file: str | Path | None = None,
 ) -> LoadedConfig:
     """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
 
     ``cluster`` is a loaded cluster or a cluster file (name or path). Workers keep the cluster's names,
-    GPUs, models, named profiles and capacities; ``gpu_catalog`` is the GPU catalogue the gateway reads (default: the
-    packaged one); ``prefix_caching``: whether the workers cache prompt prefixes (false for workers run with
-    ``--no-enable-prefix-caching``: a prefix-aware policy would otherwise chase a cache that is not there). The
-    file is loaded back with ``load_gateway_config`` and returned, so
-    an invalid result raises ``ConfigError`` here.
+    GPUs, models, named profiles and capacities; ``gpu_catalog`` is the GPU catalogue the gateway reads
+    (default: the packaged one) and ``profiles_file`` a profiles overlay it merges (for workers naming a
+    ``profile``); ``prefix_caching``: whether the workers cache prompt prefixes (false for workers run with
+    ``--no-enable-prefix-caching``: a prefix-aware policy would otherwise chase a cache that is not there).
+    The file is loaded back with ``load_gateway_config`` and returned, so an invalid result raises
+    ``ConfigError`` here.
     """
     cfg = cluster if isinstance(cluster, ClusterConfig) else load_cluster_config(cluster)
     resolved = cfg.expanded()
@@ -135,6 +137,8 @@ def write_gateway_config(
         doc["databases_file"] = str(databases_file)
     if gpu_catalog is not None:
         doc["gpu_catalog"] = str(gpu_catalog)
+    if profiles_file is not None:
+        doc["profiles_file"] = str(profiles_file)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_gateway_config(path)

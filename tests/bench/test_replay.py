@@ -24,6 +24,7 @@ from gateway.bench.replay import (
     replay,
     replay_setup,
     replay_workload,
+    scale_queries,
     shared_prefix,
 )
 from gateway.bench.simbench import Setup, fluid_bound
@@ -149,6 +150,30 @@ def test_every_shared_segment_of_a_trace_reaches_the_body() -> None:
     assert scopes["global"] > 0 and scopes["workflow"] > 0
 
 
+def test_scaled_queries_keep_their_shape_and_their_segments_within_the_prompt() -> None:
+    queries = load_queries("chess-bird", 20, random.Random(0))
+    scaled = scale_queries(queries, 0.125)
+    assert [[c.kind for c in q] for q in scaled] == [[c.kind for c in q] for q in queries]
+    for q, sq in zip(queries, scaled, strict=True):
+        for c, sc in zip(q, sq, strict=True):
+            assert sc.input_tokens == max(1, round(c.input_tokens * 0.125))
+            assert sc.output_tokens == max(1, round(c.output_tokens * 0.125))
+            assert [(s.name, s.per_query) for s in sc.prefix] == [(s.name, s.per_query) for s in c.prefix]
+            assert sum(s.tokens for s in sc.prefix) <= sc.input_tokens
+    assert scale_queries(queries, 1.0) == queries
+    with pytest.raises(ValueError, match="token scale"):
+        scale_queries(queries, 0.0)
+
+
+def test_token_scale_scales_the_workload_and_its_slo_together() -> None:
+    workers = load_cluster(CLUSTER)
+    full = replay_setup("chess-bird", workers, workflows=10, seed=0)
+    small = replay_setup("chess-bird", workers, workflows=10, seed=0, token_scale=0.125)
+    assert small.queries == scale_queries(full.queries, 0.125)
+    # The SLO is slo_scale x the standard workflow at the same scale: well below the unscaled one.
+    assert 0 < small.slo_s < full.slo_s
+
+
 def test_shared_prefix_maps_per_query_segments_to_the_workflow_scope() -> None:
     chain = (PrefixSeg("tpl", 512), PrefixSeg("empty", 0), PrefixSeg("schema", 900, per_query=True))
     assert shared_prefix(chain) == [
@@ -225,6 +250,10 @@ async def test_replay_against_the_live_gateway_completes_every_workflow(tmp_path
         # (The difference is HTTP and the client's own scheduling: machine-dependent, so not bounded here.)
         assert r.latency_s - r.gateway_latency_s >= 0
         assert r.met == (r.latency_s <= w.deadline_s)
+        # The gateway's report of every call, with the token counts the (emulated) worker counted.
+        sent = {c["id"]: (c["prompt_tokens"], c["max_tokens"]) for c in w.calls()}
+        assert {c.id: (c.prompt_tokens, c.completion_tokens) for c in r.calls} == sent
+        assert all(c.worker and c.run_s > 0 for c in r.calls), r.calls[:2]
     assert rep.slo_attainment == sum(r.met for r in rep.results) / 8
     out = tmp_path / "replay.json"
     rep.write_json(out)

