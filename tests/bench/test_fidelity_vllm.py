@@ -4,6 +4,7 @@ the breakdown of a live run against its simulation (the real run is tests/vllm_c
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,15 @@ import yaml
 
 from gateway.bench.fidelity_vllm import (
     CHUNK,
-    DEFAULT_SERVERS,
     MAX_MODEL_LEN,
     MODEL,
+    EngineTimes,
     VllmServer,
     cluster_doc,
+    default_servers,
+    engine_sums,
     gap_breakdown,
+    lone_split,
     parse_server,
     run_fidelity_vllm,
     server_options,
@@ -29,15 +33,27 @@ from workers.cpu_vllm import SERVED_MODEL_NAME, server_argv
 from workers.cpu_vllm.base import Paths
 
 
-def test_parse_server_reads_threads_and_max_num_seqs() -> None:
+def test_parse_server_reads_threads_max_num_seqs_and_cpus() -> None:
     assert parse_server("2:4", "a") == VllmServer("a", 2, 4)
-    for bad in ("2", "2:x", "0:4", "2:4:1", ""):
+    cpu = min(os.sched_getaffinity(0))
+    pinned = parse_server(f"1:2@{cpu}", "b")
+    assert pinned == VllmServer("b", 1, 2, (cpu,))
+    assert parse_server(pinned.spec(), "b") == pinned
+    for bad in ("2", "2:x", "0:4", "2:4:1", "", "1:2@", "1:2@x", f"1:2@{cpu},{cpu}", "1:2@100000"):
         with pytest.raises(ValueError, match="--server"):
             parse_server(bad, "a")
 
 
+def test_default_servers_get_a_cpu_each_where_there_are_two() -> None:
+    a, b = default_servers([3, 5, 7])
+    assert (a.cpus, b.cpus) == ((3,), (5,))
+    assert a.max_num_seqs != b.max_num_seqs
+    assert server_options(a, True).cpus == (3,)
+    assert all(not s.cpus for s in default_servers([0]))
+
+
 def test_servers_run_the_chunk_and_context_the_profiles_assume(tmp_path: Path) -> None:
-    fast, slow = DEFAULT_SERVERS
+    fast, slow = VllmServer("a", 2, 4), VllmServer("b", 1, 2)
     argv = server_argv(Paths(tmp_path), 18160, server_options(fast, prefix_caching=True))
     assert argv[argv.index("--max-num-batched-tokens") + 1] == str(CHUNK)
     assert argv[argv.index("--max-model-len") + 1] == str(MAX_MODEL_LEN)
@@ -75,7 +91,7 @@ def _calibrated(tmp_path: Path) -> tuple[Path, Path]:
     profiles = tmp_path / "profiles.yaml"
     profiles.write_text(yaml.safe_dump({"profiles": {MODEL: {"vllm-cpu-a": entry, "vllm-cpu-b": slow}}}))
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(cluster_doc(DEFAULT_SERVERS)))
+    cluster.write_text(yaml.safe_dump(cluster_doc(default_servers())))
     return profiles, cluster
 
 
@@ -127,3 +143,43 @@ def test_gap_breakdown_accounts_every_call_live_and_simulated(tmp_path: Path) ->
     assert math.isfinite(ps.latency_s) and ps.client_s == 0.0
     doc = b.to_json()
     assert set(doc["per_worker"]) >= {"a"} and set(doc["per_workflow_mean"]) == {"live", "sim"}
+
+
+def _histograms(n: int, queue: float, prefill: float, decode: float, e2e: float) -> str:
+    lines = []
+    for name, total in (
+        ("vllm:request_queue_time_seconds", queue),
+        ("vllm:request_prefill_time_seconds", prefill),
+        ("vllm:request_decode_time_seconds", decode),
+        ("vllm:e2e_request_latency_seconds", e2e),
+    ):
+        lines += [
+            f"# HELP {name} x",
+            f"# TYPE {name} histogram",
+            f'{name}_bucket{{le="+Inf",model_name="tiny-llama"}} {n}',
+            f'{name}_count{{model_name="tiny-llama"}} {n}',
+            f'{name}_sum{{model_name="tiny-llama"}} {total}',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def test_engine_times_are_the_means_of_the_requests_finished_between_two_scrapes() -> None:
+    before = engine_sums(_histograms(10, 0.5, 1.0, 2.0, 4.0))
+    after = engine_sums(_histograms(30, 0.5, 3.0, 8.0, 14.0))
+    t = EngineTimes.between(before, after)
+    assert t.requests == 20
+    assert t.mean_s["queue"] == 0.0
+    assert math.isclose(t.mean_s["prefill"], 0.1) and math.isclose(t.mean_s["decode"], 0.3)
+    assert math.isclose(t.mean_s["e2e"], 0.5)
+    # A server that exports none of them: no requests, every mean unknown.
+    empty = EngineTimes.between({}, engine_sums("# nothing\n"))
+    assert empty.requests == 0 and all(math.isnan(v) for v in empty.mean_s.values())
+    assert empty.to_json()["mean_s"]["decode"] is None
+
+
+def test_the_lone_split_adds_up_to_the_lone_latency() -> None:
+    profile = load_gpu_catalog().profile("A100", "llama-3.1-8b")
+    first, rest = lone_split(profile, 900, 40)
+    assert math.isclose(first + rest, profile.single_latency(900, 40))
+    assert first == profile.single_latency(900, 1) and rest > 0
+    assert lone_split(profile, 900, 1)[1] == 0.0

