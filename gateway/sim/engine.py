@@ -63,7 +63,7 @@ class _Running:
 class EngineStats:
     """Counters for invariant checks and reports (``prompt_tokens``/``prefix_hit_tokens``: vLLM's
     ``prefix_cache_queries``/``prefix_cache_hits`` in tokens; ``evicted_tokens``: cached segment tokens
-    evicted)."""
+    evicted; ``cancelled``: running calls aborted by ``cancel``)."""
 
     iterations: int = 0
     max_running: int = 0
@@ -73,6 +73,7 @@ class EngineStats:
     prompt_tokens: int = 0
     prefix_hit_tokens: int = 0
     evicted_tokens: int = 0
+    cancelled: int = 0
 
 
 @dataclass(eq=False)
@@ -105,6 +106,7 @@ class SimEngine:
         self._seq = 0
         self._order = 0
         self._states: dict[int, _Running] = {}
+        self._cancel_at_wake: list[_Running] = []
         # Prefix cache: key -> [tokens, running calls holding it], least recently used first.
         self._cache: OrderedDict[Key, list[int]] = OrderedDict()
         self._evictable = 0  # tokens of cache entries no running call holds (they live in free KV)
@@ -184,6 +186,65 @@ class SimEngine:
                 return True
         return False
 
+    def cancel(self, call: Call, now: float) -> bool:
+        """Abort ``call`` (its hedge won, or its client went away): a waiting call leaves the queue; a
+        running one leaves the batch at the next iteration boundary, as vLLM aborts between steps, and its
+        KV and batch slot are free from then. A call that finishes in the iteration running at ``now``
+        finishes (the caller ignores its answer).
+
+        Returns True when a new wake-up time was set (``wake_at``, with a new ``version``), as ``kick``.
+        """
+        r = self._states.get(call.id)
+        if r is None:
+            return False
+        if r.admitted_at is None:
+            self.remove(call)
+            return False
+        if not self.busy:
+            self._drop(r)
+            return False  # the simulator replans with ``kick`` after its wake-up, as after ``on_wake``
+        elapsed = now - self._seg_start
+        k = iterations_within(self._seg_first, self._seg_growth, elapsed)
+        if self._seg_time(k) < elapsed:
+            k += 1
+        if k >= self._seg_k:
+            self._cancel_at_wake.append(r)  # the segment ends first: drop it then
+            return False
+        t = self._seg_start + self._seg_time(k)
+        self._apply(k, t)
+        self._drop(r)
+        self.busy = False
+        if self._plan(t):
+            return True
+        self.version += 1  # nothing left to run: the planned wake-up is void
+        return False
+
+    def _drop(self, r: _Running) -> None:
+        """Take a running call out of the batch: its context, KV, slot and cache pins."""
+        n_in = r.kv - r.out_tokens
+        if r.join_d < 0:  # still prefilling
+            self._prefill.remove(r)
+            self._prefill_left -= r.prompt_left
+            ctx = n_in - r.prompt_left
+        else:
+            dec = self._decode
+            for i, item in enumerate(dec):
+                if item[2] is r:
+                    dec[i] = dec[-1]
+                    dec.pop()
+                    heapq.heapify(dec)
+                    break
+            ctx = n_in + (self._d - r.join_d)
+        self._ctx_total -= ctx
+        if self._ctx_total < 0.5:
+            self._ctx_total = 0.0
+        self._kv_used -= r.kv
+        self._running -= 1
+        if r.held:
+            self._unpin(r)
+        self._states.pop(r.call.id, None)
+        self.stats.cancelled += 1
+
     def kick(self, now: float) -> bool:
         """Replan after ``add``: start if idle, or cut the running segment at the next boundary.
 
@@ -210,6 +271,11 @@ class SimEngine:
         """
         done = self._apply(self._seg_k, now)
         self.busy = False
+        if self._cancel_at_wake:
+            for r in self._cancel_at_wake:
+                if r.call.id in self._states:  # not finished in the segment
+                    self._drop(r)
+            self._cancel_at_wake.clear()
         return done
 
     # -- internals --------------------------------------------------------------------------------
