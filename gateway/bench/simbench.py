@@ -47,7 +47,7 @@ from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec, StagedWorkflow, WorkflowTemplate
 from gateway.errors import ConfigError
 from gateway.sim.metrics import Summary, summarize
-from gateway.sim.simulator import Simulator
+from gateway.sim.simulator import HedgeSettings, Simulator
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
 from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals
 from gateway.sim.workload.arrivals import pattern_arrivals
@@ -119,6 +119,8 @@ class Setup:
     """Text-to-SQL workflows follow the live pipeline's deadline rule (no revision or evaluation begun past
     the deadline; ``KnobbedWorkflow``): for replays of the gateway's own pipeline (``hexflow bench burst
     --live``), not of CHESS as a user runs it behind another scheduler."""
+    hedge: HedgeSettings | None = None
+    """Hedge straggling critical-path calls in every run (``gateway.sim.simulator.HedgeSettings``)."""
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
 
@@ -202,7 +204,8 @@ def run_point(
     """Simulate one policy at one arrival rate on one seed (default: the setup's) and summarise."""
     s = setup.seed if seed is None else seed
     wfs = setup.workflows(rate, s)
-    res = Simulator(setup.workers, policy, alpha=alpha, seed=s, prefix_caching=setup.prefix_caching).run(wfs)
+    sim = Simulator(setup.workers, policy, alpha=alpha, seed=s, prefix_caching=setup.prefix_caching, hedge=setup.hedge)
+    res = sim.run(wfs)
     return summarize(res, total=len(wfs))
 
 

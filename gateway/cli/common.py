@@ -125,6 +125,12 @@ def add_workload_args(
         action="store_false",
         help="engines without prefix caching (vLLM caches prompt prefixes by default; so does the simulator)",
     )
+    p.add_argument(
+        "--hedge",
+        action="store_true",
+        help="hedge a straggling critical-path call on a free worker, first answer wins (off by default: it did "
+        "not raise capacity; docs/benchmarks.md)",
+    )
     p.add_argument("--json", default=None, help="write results as JSON here")
 
 

@@ -237,6 +237,7 @@ def add_sim_speed(sub: Subparsers) -> None:
 
 def _setup(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
     from gateway.bench.simbench import Setup
+    from gateway.sim.simulator import HedgeSettings
     from gateway.sim.workload import parse_tenants
 
     workers = load_workers(args.cluster)
@@ -259,6 +260,7 @@ def _setup(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
         arrivals_csv=Path(args.arrivals) if args.arrivals else None,
         n_seeds=n_seeds,
         prefix_caching=args.prefix_caching,
+        hedge=HedgeSettings() if getattr(args, "hedge", False) else None,
     )
 
 
@@ -274,14 +276,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     rate = args.rate if args.rate is not None else round(0.6 * bound, 4)
     wfs = setup.workflows(rate)
     t0 = time.perf_counter()
-    res = Simulator(
+    sim = Simulator(
         setup.workers,
         args.policy,
         alpha=args.alpha,
         seed=args.seed,
         admission=args.admission,
         prefix_caching=setup.prefix_caching,
-    ).run(wfs)
+        hedge=setup.hedge,
+    )
+    res = sim.run(wfs)
     wall = time.perf_counter() - t0
     tenants = sorted({w.tenant for w in wfs})
     rows = []
@@ -306,6 +310,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     print(table(["tenant", "workflows", "p50_s", "p95_s", "p99_s", "slo", "tput_qps"], rows))
     print(f"simulated {res.num_calls} calls in {wall:.2f} s wall ({res.num_calls / max(wall, 1e-9):,.0f} calls/s)")
+    if setup.hedge is not None:
+        print(f"hedged {sim.hedges} straggling calls; the copy answered first {sim.hedges_won} times")
     admitted = None
     if args.admission:
         met = sum(1 for r in res.workflows if r.met)

@@ -234,6 +234,33 @@ class Scheduler:
         self._enqueue(call, w, now)
         return w
 
+    def submit_to(self, call: Call, worker: int, now: float) -> None:
+        """Queue ``call`` on ``worker`` without choosing (a hedge copy): budgeted as ``submit`` budgets.
+        ``ValueError`` for a worker that is not eligible."""
+        if not (0 <= worker < len(self.eligible) and self.eligible[worker]):
+            raise ValueError(f"worker {worker} is not eligible for dispatch")
+        wf = call.workflow
+        call.stage_cost = wf.stage_cost(call.spec, self._cost)
+        call.remaining_cost = wf.expected_remaining(self._cost)
+        call.budget = stage_budget(wf.deadline, now, call.stage_cost, call.remaining_cost)
+        call.ready_at = now
+        self._seq += 1
+        call.seq = self._seq
+        spec = call.spec
+        call.t_comp = self.estimator.snapshot([worker], spec.kind, spec.input_tokens, spec.output_tokens, now)[0][0]
+        call.cached = 0
+        self._enqueue(call, worker, now)
+
+    def abandon(self, call: Call, now: float) -> None:
+        """Forget a call whose answer is no longer wanted (its hedge twin answered): off its queue if still
+        queued, else its slot freed without learning from it."""
+        call.abandoned = True
+        if self.cancel(call):
+            return
+        if call.started_at is not None and call.finished_at is None:
+            self._release(call, now)
+            call.finished_at = now
+
     def _choose(self, call: Call, now: float) -> int:
         est = self.estimator
         spec = call.spec

@@ -97,6 +97,10 @@ class Call:
     best_effort: bool = False
     """Run at the lowest urgency: the call waits behind every other call of its worker's queue (a workflow
     predicted to miss its deadline whose tenant asked for best effort rather than rejection)."""
+    twin: Call | None = None
+    """A hedge: the other copy of the same call (the first to answer wins, the other is abandoned)."""
+    abandoned: bool = False
+    """Its twin answered first: the call was taken off its queue or aborted, its answer is ignored."""
 
     @property
     def kind(self) -> str:
@@ -138,6 +142,11 @@ class Workflow:
     def done(self) -> bool:
         """True once every call of the workflow has finished."""
         raise NotImplementedError
+
+    @property
+    def pending_calls(self) -> int:
+        """Calls released and not yet completed (what the workflow waits on now); -1 when unknown."""
+        return -1
 
     def stage_cost(self, spec: CallSpec, cost: CostFn) -> float:
         """Expected duration of the stage ``spec`` belongs to (parallel calls count once)."""
@@ -330,6 +339,11 @@ class StagedWorkflow(Workflow):
         return self._index >= len(self.stages)
 
     @property
+    def pending_calls(self) -> int:
+        """Calls of the current stage not yet completed."""
+        return self._pending
+
+    @property
     def num_calls(self) -> int:
         """Total calls of the workflow (known to the driver, not used by the scheduler)."""
         return sum(len(s.calls) for s in self.stages)
@@ -383,6 +397,11 @@ class OnlineWorkflow(Workflow):
     def done(self) -> bool:
         """No call in flight (the driver decides when the workflow is over)."""
         return self._pending == 0
+
+    @property
+    def pending_calls(self) -> int:
+        """Calls in flight."""
+        return self._pending
 
     def expected_remaining(self, cost: CostFn) -> float:
         """Expected cost after the current stage, from the template (0 without a template)."""

@@ -39,6 +39,31 @@ from gateway.sim.refit import FitOutcome, RefitSettings, Refitter
 _ARRIVAL = 0
 _WAKE = 1
 _RESULT = 2
+_HEDGE = 3
+
+
+@dataclass(frozen=True)
+class HedgeSettings:
+    """Hedging a straggling critical-path call (issue 13's mechanism; off unless ``Simulator(hedge=...)``).
+
+    A call is checked once, when it has run ``after`` times its predicted time on its worker
+    (``Call.t_comp``, the estimate it was dispatched with). It is hedged when it is still running, its
+    workflow waits on nothing else (the call is the critical path now), and another worker with a free
+    slot and an empty queue is predicted to finish a fresh copy (``t_queue + t_comp`` there) in under
+    ``gain`` times what the original has left. What it has left: once decoding, its remaining output
+    tokens at the pace it has decoded so far; before its first token, as long again as it has run.
+    The first copy to answer wins; the other is taken off its queue or aborted in its engine at the next
+    iteration boundary (``SimEngine.cancel``), and the scheduler forgets it without learning from it.
+    """
+
+    after: float = 1.5
+    gain: float = 0.7
+
+    def __post_init__(self) -> None:
+        if not (self.after > 0 and math.isfinite(self.after)):
+            raise ValueError(f"hedge after must be a positive number, got {self.after}")
+        if not 0 < self.gain <= 1:
+            raise ValueError(f"hedge gain must be in (0, 1], got {self.gain}")
 
 
 @dataclass(slots=True)
@@ -132,6 +157,8 @@ class Simulator:
         refit: refit the workers' profiles online (``gateway.sim.refit``; settings, or a ``Refitter`` whose
             ``step`` is called), every ``interval_s`` of virtual time, checked when a call returns;
             ``refits`` lists what each attempt did.
+        hedge: hedge straggling critical-path calls (``HedgeSettings``); ``hedges`` counts the copies sent
+            and ``hedges_won`` those that answered first.
     """
 
     def __init__(
@@ -148,6 +175,7 @@ class Simulator:
         prefix_caching: bool = False,
         engine_profiles: Sequence[PerfProfile] | None = None,
         refit: RefitSettings | Refitter | None = None,
+        hedge: HedgeSettings | None = None,
     ) -> None:
         if not 0.0 < admission_headroom <= 1.0:
             raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
@@ -171,6 +199,9 @@ class Simulator:
             self.refitter.attach(self.scheduler)
         self.record_calls = record_calls
         self.horizon_s = horizon_s
+        self.hedge = hedge
+        self.hedges = 0
+        self.hedges_won = 0
 
     def run(self, workflows: Sequence[Workflow]) -> SimResult:
         """Simulate until every workflow finished (or the horizon); return the records."""
@@ -180,6 +211,7 @@ class Simulator:
         overhead = [p.request_overhead_s for p in self.engine_profiles]
         refitter = self.refitter
         next_refit = refitter.s.interval_s if refitter is not None else math.inf
+        hedge = self.hedge
         # (time, seq, kind, payload, worker, version): seq makes ties FIFO and deterministic.
         heap: list[tuple[float, int, int, object, int, int]] = []
         seq = 0
@@ -204,6 +236,9 @@ class Simulator:
                     break
                 eng.add(c)
                 added = True
+                if hedge is not None and c.twin is None:
+                    seq += 1
+                    heapq.heappush(heap, (t + hedge.after * max(c.t_comp, 1e-6), seq, _HEDGE, c, w, 0))
             if added and eng.kick(t):
                 seq += 1
                 heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, w, eng.version))
@@ -248,6 +283,58 @@ class Simulator:
             for w in touched:
                 fill(w, t)
 
+        def remaining_of(c: Call, t: float) -> float:
+            """What a running call has left (``HedgeSettings``)."""
+            produced, first = engines[c.worker].progress(c, t)
+            elapsed = t - (c.started_at if c.started_at is not None else t)
+            if first is None or produced < 1:
+                return elapsed
+            left = c.spec.output_tokens - produced
+            return left * (t - first) / max(produced - 1, 1)
+
+        def try_hedge(c: Call, t: float) -> None:
+            nonlocal call_id, seq
+            assert hedge is not None
+            if c.finished_at is not None or c.abandoned or c.twin is not None:
+                return
+            if c.workflow.pending_calls != 1:
+                return
+            spec = c.spec
+            free = [
+                v
+                for v in sched.eligible_workers()
+                if v != c.worker and sched.inflight(v) < caps[v] and sched.queue_len(v) == 0
+            ]
+            if not free:
+                return
+            t_comp, t_queue, _, _ = sched.estimator.snapshot(free, spec.kind, spec.input_tokens, spec.output_tokens, t)
+            best = min(range(len(free)), key=lambda i: t_queue[i] + t_comp[i])
+            if t_queue[best] + t_comp[best] >= hedge.gain * remaining_of(c, t):
+                return
+            call_id += 1
+            copy = Call(call_id, c.workflow, spec, t)
+            copy.twin, c.twin = c, copy
+            sched.submit_to(copy, free[best], t)
+            self.hedges += 1
+            fill(free[best], t)
+
+        def settle(c: Call, t: float) -> None:
+            """``c`` answered first: abandon its twin and free the twin's slot."""
+            nonlocal seq
+            twin = c.twin
+            if twin is None or twin.abandoned or twin.finished_at is not None:
+                return
+            if c.id > twin.id:
+                self.hedges_won += 1
+            was_running = twin.started_at is not None
+            sched.abandon(twin, t)
+            if was_running:
+                eng = engines[twin.worker]
+                if eng.cancel(twin, t):
+                    seq += 1
+                    heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, twin.worker, eng.version))
+                fill(twin.worker, t)
+
         while heap and pending:
             now, _, kind, payload, w, version = heapq.heappop(heap)
             if now > self.horizon_s:
@@ -270,10 +357,16 @@ class Simulator:
                 if not eng.busy and eng.kick(now):
                     seq += 1
                     heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, w, eng.version))
+            elif kind == _HEDGE:
+                try_hedge(cast(Call, payload), now)
             elif kind == _RESULT:
                 # The gateway sees the call return only now (after the per-request overhead): the slot
                 # frees and the estimator learns here, exactly as in the live gateway.
                 c = cast(Call, payload)
+                if c.abandoned:
+                    continue  # its twin answered first; its slot was freed then
+                if c.twin is not None:
+                    settle(c, now)
                 sched.on_finish(c, now)
                 if now >= next_refit and refitter is not None:
                     next_refit = now + refitter.s.interval_s
