@@ -13,8 +13,8 @@ The probe plan (``make_plan``), run in this order until ``--budget-s`` is spent:
 
 1. **lone requests** over a grid of prompt and output lengths (cheapest first), one at a time:
    ``single_latency(prompt, output)`` (chunked prefill, then one decode step per output token);
-2. **batches** of ``n`` identical concurrent requests (``n`` = 2, 4, 8, ... up to ``--max-concurrency``)
-   with a short prompt (``n * prompt <= max_batched_tokens``, one prefill iteration) and a longer
+2. **batches** of ``n`` concurrent requests of one shape, each its own prompt (``n`` = 2, 4, 8, ... up to
+   ``--max-concurrency``) with a short prompt (``n * prompt <= max_batched_tokens``, one prefill iteration) and a longer
    output: each decode step then costs ``iter_base_s + token_s * n + ctx_s * n * context``, which is how
    decode slows down with the batch;
 3. **a repeated prefix**: one prompt sent twice; the second send's latency over the first's (and the
@@ -22,9 +22,10 @@ The probe plan (``make_plan``), run in this order until ``--budget-s`` is spent:
    prefix term, so only the first (uncached) send enters the fit;
 4. the lone and batch probes once more, while budget remains (repeats average out noise).
 
-Every prompt is a list of token ids drawn from a per-probe seed, so no two probes share a prefix (vLLM's
-prefix cache would otherwise make a repeat look fast), and its length is what the worker counts. Requests
-ask for ``max_tokens = min_tokens = output`` with ``ignore_eos``, so outputs have exactly that length;
+Every prompt is a list of token ids drawn from a per-probe seed, each request of a batch its own, salted
+per calibration run, so no two probes share a prefix (vLLM's prefix cache would otherwise make a repeat,
+a batch or a second calibration of the same worker look fast), and its length is what the worker counts.
+Requests ask for ``max_tokens = min_tokens = output`` with ``ignore_eos``, so outputs have exactly that length;
 the fit uses the worker's own ``usage`` counts, never the requested ones.
 
 **Safe against a production worker.** Concurrency never exceeds ``--max-concurrency`` (default 16, and
@@ -60,6 +61,7 @@ import contextlib
 import datetime
 import math
 import random
+import secrets
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -137,7 +139,7 @@ class CalibrationError(GatewayError):
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """``concurrency`` identical requests of ``prompt`` tokens and ``output`` tokens, sent together."""
+    """``concurrency`` requests (each its own prompt) of ``prompt`` tokens and ``output`` tokens, sent together."""
 
     kind: str
     """``lone``, ``batch`` or ``prefix`` (the repeated send of a ``lone`` prompt; not fitted)."""
@@ -213,7 +215,7 @@ def make_plan(s: PlanSettings) -> list[Probe]:
 
 def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
     """Coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s)`` in the mean latency of ``n``
-    identical requests that arrive together, from their iteration schedule (vLLM's V1 scheduler, as
+    requests of one shape that arrive together, from their iteration schedule (vLLM's V1 scheduler, as
     ``gateway.sim.engine`` models it).
 
     Every iteration runs one decode token per decoding request and fills the rest of the ``chunk``
@@ -458,6 +460,9 @@ class _Worker:
         self.client = client
         self.url = url.rstrip("/")
         self.model = model
+        self.salt = secrets.token_hex(8)
+        """Salts every prompt of this calibration: a second calibration of the same worker must not hit the
+        blocks the first one left in its prefix cache."""
 
     async def load(self) -> _Load | None:
         try:
@@ -468,9 +473,13 @@ class _Worker:
         except (httpx.HTTPError, MetricsParseError):
             return None
 
-    async def complete(self, probe: Probe, clock: Callable[[], float], timeout_s: float) -> tuple[float, int, int]:
-        """(latency, prompt tokens, completion tokens) of one request of ``probe``."""
-        rng = random.Random(probe.seed)
+    async def complete(
+        self, probe: Probe, clock: Callable[[], float], timeout_s: float, member: int = 0
+    ) -> tuple[float, int, int]:
+        """(latency, prompt tokens, completion tokens) of request ``member`` of ``probe``. Each request of a
+        batch has its own prompt: identical prompts would hit the prefix cache once the first one's blocks
+        are computed, and the batch would measure the cache instead of the batch."""
+        rng = random.Random(f"{self.salt}/{probe.seed}/{member}")
         ids = [rng.randrange(*TOKEN_ID_RANGE) for _ in range(probe.prompt)]
         body = {
             "model": self.model,
@@ -607,7 +616,7 @@ async def calibrate(
             try:
                 async with asyncio.timeout(remaining):
                     results = await asyncio.gather(
-                        *(w.complete(probe, clock, remaining) for _ in range(probe.concurrency))
+                        *(w.complete(probe, clock, remaining, j) for j in range(probe.concurrency))
                     )
             except (TimeoutError, httpx.TimeoutException):
                 stopped = True

@@ -18,6 +18,8 @@ from gateway.bench.calibrate_live import (
     CalibrationError,
     CalibrationResult,
     PlanSettings,
+    Probe,
+    _Worker,
     batch_features,
     calibrate,
     fit_constants,
@@ -300,3 +302,26 @@ def test_an_unreachable_worker_is_one_line_and_exit_2(capsys: pytest.CaptureFixt
     code = main(["calibrate", "--worker", "http://127.0.0.1:9", "--model", MODEL, "--budget-s", "5", "--quiet"])
     assert code == 2
     assert "request failed" in capsys.readouterr().err
+
+
+async def test_each_request_of_a_batch_and_each_calibration_run_sends_its_own_prompt() -> None:
+    sent: list[list[int]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body["prompt"])
+        n = len(body["prompt"])
+        usage = {"prompt_tokens": n, "completion_tokens": body["max_tokens"], "total_tokens": n + body["max_tokens"]}
+        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": usage})
+
+    probe = Probe("batch", 64, 4, 4, 7)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        first, second = _Worker(client, "http://w", "m"), _Worker(client, "http://w", "m")
+        for j in range(probe.concurrency):
+            await first.complete(probe, lambda: 0.0, 5.0, j)
+        await first.complete(probe, lambda: 0.0, 5.0, 0)  # the same request again: the same prompt
+        await second.complete(probe, lambda: 0.0, 5.0, 0)  # another run: another prompt
+    batch = [tuple(p) for p in sent[:4]]
+    assert len(set(batch)) == 4 and all(len(p) == 64 for p in batch)
+    assert tuple(sent[4]) == batch[0]
+    assert tuple(sent[5]) not in batch
