@@ -201,7 +201,7 @@ class RefitConfig(_Strict):
     clock, slot waits and stage budgets, but under overload it also moves correctly labelled profiles by
     1.4-1.5x (the constants absorb load effects the model misses) and lowered SLO attainment there in the
     simulator (0.552 -> 0.522, ``hexflow bench mislabel --rate 0.26``). Turn it on for workers whose
-    profile is uncalibrated or suspect.
+    profile is uncalibrated or suspect. With leader election, only the leader refits (it serves the calls).
     """
 
     enabled: bool = Field(

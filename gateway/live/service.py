@@ -339,8 +339,6 @@ class Gateway:
             await self.pool.monitor.check_health(initial=True)
             self._tasks.append(asyncio.create_task(self._tenants_loop(), name="tenants-watch"))
             self._tasks.append(asyncio.create_task(self._shed_loop(), name="overload-shedding"))
-            if self.refit is not None:
-                self._tasks.append(asyncio.create_task(self.refit.run(self._stop), name="profile-refit"))
         if self.elector is not None:
             self._tasks.append(asyncio.create_task(self.elector.run(self._stop), name="leader-election"))
         else:
@@ -353,7 +351,8 @@ class Gateway:
         return self.elector is None or self.elector.leading
 
     def _on_leadership(self, leading: bool) -> None:
-        """Start the leader-only background tasks (the alpha tuner) when leading; stop them when not.
+        """Start the leader-only background tasks (the alpha tuner, the profile refit) when leading; stop
+        them when not (a follower serves no calls: it has nothing to tune or refit from).
 
         Everything else runs on every replica: health probes, scrapes, discovery and tenants reloads keep
         a follower ready to serve the moment it takes over.
@@ -370,6 +369,8 @@ class Gateway:
         self._leader_stop = asyncio.Event()
         if self.background and self.tuner is not None and self.scheduler.policy.uses_alpha:
             self._leader_tasks.append(asyncio.create_task(self.tuner.run(self._leader_stop), name="alpha-tuner"))
+        if self.background and self.refit is not None:
+            self._leader_tasks.append(asyncio.create_task(self.refit.run(self._leader_stop), name="profile-refit"))
 
     def begin_drain(self, grace_s: float) -> None:
         """Stop intake now (``/readyz`` and new workflows answer 503) and start the grace period.

@@ -192,6 +192,7 @@ async def test_a_follower_is_unready_refuses_work_and_runs_no_tuner_until_it_lea
             urls,
             ["A100"],
             tuning={"enabled": True},
+            refit={"enabled": True},
             leader_election={
                 "enabled": True,
                 "identity": "gw-me",
@@ -221,7 +222,7 @@ async def test_a_follower_is_unready_refuses_work_and_runs_no_tuner_until_it_lea
             kube.leases["hexflow-gateway"]["spec"] = {"holderIdentity": None, "leaseDurationSeconds": 1}
             assert await wait_for(lambda: gw.leading, 30)
             assert spec(kube)["holderIdentity"] == "gw-me" and spec(kube)["leaseTransitions"] == 1
-            assert [t.get_name() for t in gw._leader_tasks] == ["alpha-tuner"]
+            assert [t.get_name() for t in gw._leader_tasks] == ["alpha-tuner", "profile-refit"]
             assert await wait_for(lambda: gw.pool.healthy > 0, 30)
             assert (await client.get("/readyz")).status_code == 200
             ok = await client.post("/v1/workflows", json=body)
@@ -261,7 +262,12 @@ async def test_a_leader_gives_the_lease_up_when_it_shuts_down(tmp_path: Path) ->
         s = spec(kube)
         assert s["holderIdentity"] is None and s["leaseDurationSeconds"] == 1
         assert kube.writes[0] == "gw-me" and kube.writes[-1] is None
-        left = {t.get_name() for t in asyncio.all_tasks()} & {"leader-election", "alpha-tuner", "idempotent-work"}
+        left = {t.get_name() for t in asyncio.all_tasks()} & {
+            "leader-election",
+            "alpha-tuner",
+            "profile-refit",
+            "idempotent-work",
+        }
         assert not left, f"tasks left after shutdown: {left}"
 
 
