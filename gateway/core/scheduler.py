@@ -223,6 +223,13 @@ class Scheduler:
 
     def submit(self, call: Call, now: float) -> int:
         """Compute the call's stage budget, choose a worker, and queue the call there."""
+        self._budget(call, now)
+        w = self._choose(call, now)
+        self._enqueue(call, w, now)
+        return w
+
+    def _budget(self, call: Call, now: float) -> None:
+        """The call's stage budget (its stage's and the rest's expected cost against the deadline) and order."""
         wf = call.workflow
         call.stage_cost = wf.stage_cost(call.spec, self._cost)
         call.remaining_cost = wf.expected_remaining(self._cost)
@@ -230,22 +237,13 @@ class Scheduler:
         call.ready_at = now
         self._seq += 1
         call.seq = self._seq
-        w = self._choose(call, now)
-        self._enqueue(call, w, now)
-        return w
 
     def submit_to(self, call: Call, worker: int, now: float) -> None:
         """Queue ``call`` on ``worker`` without choosing (a hedge copy): budgeted as ``submit`` budgets.
         ``ValueError`` for a worker that is not eligible."""
         if not (0 <= worker < len(self.eligible) and self.eligible[worker]):
             raise ValueError(f"worker {worker} is not eligible for dispatch")
-        wf = call.workflow
-        call.stage_cost = wf.stage_cost(call.spec, self._cost)
-        call.remaining_cost = wf.expected_remaining(self._cost)
-        call.budget = stage_budget(wf.deadline, now, call.stage_cost, call.remaining_cost)
-        call.ready_at = now
-        self._seq += 1
-        call.seq = self._seq
+        self._budget(call, now)
         spec = call.spec
         call.t_comp = self.estimator.snapshot([worker], spec.kind, spec.input_tokens, spec.output_tokens, now)[0][0]
         call.cached = 0

@@ -235,14 +235,7 @@ class SimEngine:
                     heapq.heapify(dec)
                     break
             ctx = n_in + (self._d - r.join_d)
-        self._ctx_total -= ctx
-        if self._ctx_total < 0.5:
-            self._ctx_total = 0.0
-        self._kv_used -= r.kv
-        self._running -= 1
-        if r.held:
-            self._unpin(r)
-        self._states.pop(r.call.id, None)
+        self._leave(r, ctx)
         self.stats.cancelled += 1
 
     def kick(self, now: float) -> bool:
@@ -460,7 +453,12 @@ class SimEngine:
 
     def _finish(self, r: _Running, done: list[Call]) -> None:
         # prompt (kv - out) plus the out - 1 decoded tokens
-        self._ctx_total -= r.kv - 1
+        self._leave(r, r.kv - 1)
+        done.append(r.call)
+
+    def _leave(self, r: _Running, ctx: int) -> None:
+        """``r`` leaves the batch holding ``ctx`` context tokens: its context, KV, slot and cache pins."""
+        self._ctx_total -= ctx
         if self._ctx_total < 0.5:
             self._ctx_total = 0.0
         self._kv_used -= r.kv
@@ -468,4 +466,3 @@ class SimEngine:
         if r.held:
             self._unpin(r)
         self._states.pop(r.call.id, None)
-        done.append(r.call)

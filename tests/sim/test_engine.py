@@ -21,19 +21,26 @@ def _call(i: int, n_in: int, n_out: int) -> Call:
     return Call(i, wf, spec, 0.0, seq=i)
 
 
-def run_engine(p: PerfProfile, arrivals: list[tuple[float, int, int]]) -> dict[int, float]:
-    """Drive SimEngine the way the simulator does; return finish time per call index."""
+def run_engine_with(
+    p: PerfProfile, arrivals: list[tuple[float, int, int]], cancels: dict[int, float] | None = None
+) -> tuple[dict[int, float], SimEngine]:
+    """Drive SimEngine the way the simulator does, with ``cancels`` (call index -> time: ``SimEngine.cancel``
+    then); return the finish time per call index, and the engine."""
+    cancels = cancels or {}
     eng = SimEngine(p)
     events: list[tuple[float, int, int, int]] = [(t, 0, i, 0) for i, (t, _, _) in enumerate(arrivals)]
+    events += [(t, 2, i, 0) for i, t in cancels.items()]
     heapq.heapify(events)
     calls = [_call(i, n_in, n_out) for i, (_, n_in, n_out) in enumerate(arrivals)]
     done: dict[int, float] = {}
-    seq = len(events)
+    seq = len(arrivals) + len(cancels)
     while events:
         t, kind, i, version = heapq.heappop(events)
         if kind == 0:
             eng.add(calls[i])
             changed = eng.kick(t)
+        elif kind == 2:
+            changed = eng.cancel(calls[i], t)
         else:
             if version != eng.version or not eng.busy:
                 continue
@@ -43,21 +50,37 @@ def run_engine(p: PerfProfile, arrivals: list[tuple[float, int, int]]) -> dict[i
         if changed:
             seq += 1
             heapq.heappush(events, (eng.wake_at, 1, seq, eng.version))
-    return done
+    return done, eng
 
 
-def reference(p: PerfProfile, arrivals: list[tuple[float, int, int]]) -> dict[int, float]:
+def run_engine(p: PerfProfile, arrivals: list[tuple[float, int, int]]) -> dict[int, float]:
+    """Finish time per call index (``run_engine_with`` without cancellations)."""
+    return run_engine_with(p, arrivals)[0]
+
+
+def reference(
+    p: PerfProfile, arrivals: list[tuple[float, int, int]], cancels: dict[int, float] | None = None
+) -> dict[int, float]:
     """vLLM's loop, one iteration at a time: admit FIFO (max_num_seqs, KV), decode 1 token per running
-    call, fill the rest of the token budget with prompt chunks FIFO."""
+    call, fill the rest of the token budget with prompt chunks FIFO. A call cancelled at time c leaves at
+    the first iteration boundary at or after c (finishing in that iteration first if it would), or the
+    waiting queue at once."""
+    cancels = cancels or {}
     pending = sorted(range(len(arrivals)), key=lambda i: (arrivals[i][0], i))
     waiting: list[int] = []
     running: list[dict[str, int]] = []
     kv = 0
     t = 0.0
     done: dict[int, float] = {}
+    gone: set[int] = set()
     while pending or waiting or running:
         while pending and arrivals[pending[0]][0] <= t:
             waiting.append(pending.pop(0))
+        for r in [r for r in running if cancels.get(r["i"], float("inf")) <= t]:
+            running.remove(r)
+            kv -= r["kv"]
+            gone.add(r["i"])
+        waiting = [i for i in waiting if cancels.get(i, float("inf")) > t]
         while waiting and len(running) < p.max_num_seqs:
             i = waiting[0]
             need = arrivals[i][1] + arrivals[i][2]
@@ -67,7 +90,11 @@ def reference(p: PerfProfile, arrivals: list[tuple[float, int, int]]) -> dict[in
             kv += need
             running.append({"i": i, "pre": arrivals[i][1], "done_pre": 0, "out": arrivals[i][2], "ctx": 0, "kv": need})
         if not running:
-            t = arrivals[pending[0]][0]
+            nxt = [arrivals[pending[0]][0]] if pending else []
+            nxt += [cancels[i] for i in waiting if cancels.get(i, float("inf")) > t]
+            if not nxt:
+                break
+            t = min(nxt)
             continue
         decoders = [r for r in running if r["pre"] == 0]
         budget = p.max_batched_tokens - len(decoders)
@@ -91,7 +118,7 @@ def reference(p: PerfProfile, arrivals: list[tuple[float, int, int]]) -> dict[in
             r["done_pre"] += k
             if r["pre"] == 0:
                 r["ctx"] = r["done_pre"]
-                r["out"] -= 1  # the last prompt chunk yields the first token
+                r["out"] -= 1
                 if r["out"] == 0:
                     finished.append(r)
         for r in finished:
@@ -378,103 +405,6 @@ def test_cached_of_reports_each_calls_hit_while_it_runs() -> None:
     assert eng.cached_of(second) == 0  # gone from the engine
 
 
-def run_engine_cancelling(
-    p: PerfProfile, arrivals: list[tuple[float, int, int]], cancels: dict[int, float]
-) -> tuple[dict[int, float], SimEngine]:
-    """``run_engine`` with ``cancels`` (call index -> time): ``SimEngine.cancel`` at that time."""
-    eng = SimEngine(p)
-    events: list[tuple[float, int, int, int]] = [(t, 0, i, 0) for i, (t, _, _) in enumerate(arrivals)]
-    events += [(t, 2, i, 0) for i, t in cancels.items()]
-    heapq.heapify(events)
-    calls = [_call(i, n_in, n_out) for i, (_, n_in, n_out) in enumerate(arrivals)]
-    done: dict[int, float] = {}
-    seq = len(arrivals) + len(cancels)
-    while events:
-        t, kind, i, version = heapq.heappop(events)
-        if kind == 0:
-            eng.add(calls[i])
-            changed = eng.kick(t)
-        elif kind == 2:
-            changed = eng.cancel(calls[i], t)
-        else:
-            if version != eng.version or not eng.busy:
-                continue
-            for c in eng.on_wake(t):
-                done[c.id] = t
-            changed = eng.kick(t)
-        if changed:
-            seq += 1
-            heapq.heappush(events, (eng.wake_at, 1, seq, eng.version))
-    return done, eng
-
-
-def reference_cancelling(
-    p: PerfProfile, arrivals: list[tuple[float, int, int]], cancels: dict[int, float]
-) -> dict[int, float]:
-    """``reference`` where a call cancelled at time c leaves at the first iteration boundary at or after c
-    (finishing in that iteration first if it would), or the waiting queue at once."""
-    pending = sorted(range(len(arrivals)), key=lambda i: (arrivals[i][0], i))
-    waiting: list[int] = []
-    running: list[dict[str, int]] = []
-    kv = 0
-    t = 0.0
-    done: dict[int, float] = {}
-    gone: set[int] = set()
-    while pending or waiting or running:
-        while pending and arrivals[pending[0]][0] <= t:
-            waiting.append(pending.pop(0))
-        for r in [r for r in running if cancels.get(r["i"], float("inf")) <= t]:
-            running.remove(r)
-            kv -= r["kv"]
-            gone.add(r["i"])
-        waiting = [i for i in waiting if cancels.get(i, float("inf")) > t]
-        while waiting and len(running) < p.max_num_seqs:
-            i = waiting[0]
-            need = arrivals[i][1] + arrivals[i][2]
-            if kv + need > p.kv_capacity_tokens and running:
-                break
-            waiting.pop(0)
-            kv += need
-            running.append({"i": i, "pre": arrivals[i][1], "done_pre": 0, "out": arrivals[i][2], "ctx": 0, "kv": need})
-        if not running:
-            nxt = [arrivals[pending[0]][0]] if pending else []
-            nxt += [cancels[i] for i in waiting if cancels.get(i, float("inf")) > t]
-            if not nxt:
-                break
-            t = min(nxt)
-            continue
-        decoders = [r for r in running if r["pre"] == 0]
-        budget = p.max_batched_tokens - len(decoders)
-        alloc: list[tuple[dict[str, int], int]] = []
-        for r in running:
-            if r["pre"] > 0 and budget > 0:
-                k = min(r["pre"], budget)
-                alloc.append((r, k))
-                budget -= k
-        tokens = len(decoders) + sum(k for _, k in alloc)
-        ctx = sum(r["ctx"] for r in decoders) + sum(r["done_pre"] for r in running if r["pre"] > 0)
-        t += p.iter_time(tokens, ctx)
-        finished = []
-        for r in decoders:
-            r["ctx"] += 1
-            r["out"] -= 1
-            if r["out"] == 0:
-                finished.append(r)
-        for r, k in alloc:
-            r["pre"] -= k
-            r["done_pre"] += k
-            if r["pre"] == 0:
-                r["ctx"] = r["done_pre"]
-                r["out"] -= 1
-                if r["out"] == 0:
-                    finished.append(r)
-        for r in finished:
-            running.remove(r)
-            kv -= r["kv"]
-            done[r["i"]] = t
-    return done
-
-
 def test_cancelled_calls_leave_the_batch_at_the_next_iteration_as_in_the_reference() -> None:
     took_effect = 0
     for seed in range(8):
@@ -486,8 +416,8 @@ def test_cancelled_calls_leave_the_batch_at_the_next_iteration_as_in_the_referen
             arrivals.append((t, rng.choice([1, 40, 300, 700, 2500, 9000]), rng.choice([1, 2, 5, 30, 120])))
         # A third of the calls cancelled: some while waiting, prefilling or decoding, some after they finished.
         cancels = {i: a[0] + rng.uniform(0.001, 6.0) for i, a in enumerate(arrivals) if rng.random() < 0.35}
-        got, eng = run_engine_cancelling(PROFILE, arrivals, cancels)
-        want = reference_cancelling(PROFILE, arrivals, cancels)
+        got, eng = run_engine_with(PROFILE, arrivals, cancels)
+        want = reference(PROFILE, arrivals, cancels)
         assert set(got) == set(want), seed
         for i in want:
             assert got[i] == pytest.approx(want[i], rel=1e-9, abs=1e-9), (seed, i)
