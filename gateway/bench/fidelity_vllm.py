@@ -62,6 +62,7 @@ from gateway.bench.stats import finite_or_none, fmt, table
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, load_profiles_file
 from gateway.config.workflows import STANDARD_WORKFLOW
+from gateway.core.dag import chain_nodes
 from gateway.core.profile import PerfProfile
 from gateway.live.promparse import MetricsParseError, parse_families
 from gateway.sim.calibrate import workflow_latency
@@ -74,6 +75,7 @@ __all__ = [
     "MODEL",
     "TARGET",
     "GapBreakdown",
+    "KindTimes",
     "ServerCalibration",
     "VllmFidelityReport",
     "VllmServer",
@@ -351,6 +353,21 @@ def engine_accounting(
 
 
 @dataclass
+class KindTimes:
+    """Calls of one kind matched between the live run and its simulation (the same workflow and node): how
+    many, the mean time on the worker of each, and the share that went to the same worker in both."""
+
+    calls: int = 0
+    live_run_s: float = math.nan
+    sim_run_s: float = math.nan
+    same_worker: float = math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {k: (v if isinstance(v, int) else finite_or_none(v)) for k, v in self.__dict__.items()}
+
+
+@dataclass
 class GapBreakdown:
     """What a policy's live run and its simulation spent their time on (``module docstring``, step 4)."""
 
@@ -367,6 +384,8 @@ class GapBreakdown:
     """Workflows the live run accounts for (completed, rejected or failed)."""
     workflows_sim: int = 0
     """Workflows the simulation accounts for (finished or unfinished)."""
+    kinds: dict[str, KindTimes] = field(default_factory=dict)
+    """Per call kind, the calls matched between live and simulated (``KindTimes``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
@@ -385,6 +404,7 @@ class GapBreakdown:
                 for name in sorted(set(self.workers_live) | set(self.workers_sim))
             },
             "per_workflow_mean": {"live": self.path_live.to_json(), "sim": self.path_sim.to_json()},
+            "per_kind": {k: v.to_json() for k, v in sorted(self.kinds.items())},
         }
 
 
@@ -459,6 +479,22 @@ def gap_breakdown(
     out.workers_sim = {
         name: WorkerTimes(len(v), _mean([x[0] for x in v]), _mean([x[1] for x in v]), _mean([x[2] for x in v]))
         for name, v in per_sim.items()
+    }
+    # Call by call: the same workflow's same node, live and simulated.
+    sim_call = {(t.wid, t.node): (t.result - t.start, workers[t.worker].name) for t in res_sim.calls}
+    node_of = {w.wid: {n.id: i for i, n in enumerate(chain_nodes(w.stage_calls()))} for w in workload}
+    matched: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)
+    for res in run.live.results:
+        if not res.completed:
+            continue
+        for c in res.calls:
+            i = node_of.get(res.wid, {}).get(c.id)
+            sim_c = sim_call.get((res.wid, i)) if i is not None else None
+            if sim_c is not None:
+                matched[c.kind].append((c.run_s, sim_c[0], c.worker == sim_c[1]))
+    out.kinds = {
+        kind: KindTimes(len(v), _mean([x[0] for x in v]), _mean([x[1] for x in v]), sum(1 for x in v if x[2]) / len(v))
+        for kind, v in matched.items()
     }
     sim_lat = [r.latency for r in res_sim.workflows]
     sim_q = [sum(q for q, _ in chains[r.wid].values()) for r in res_sim.workflows]
@@ -615,6 +651,20 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
         )
         lines.append("mean workflow latency along its chain of stages:")
         lines.append(table(["run", "latency", "queued", "on worker", "gateway between", "client"], prow))
+        if b.kinds:
+            krows = [
+                [
+                    kind,
+                    str(k.calls),
+                    fmt(k.live_run_s, 3),
+                    fmt(k.sim_run_s, 3),
+                    fmt(k.live_run_s / k.sim_run_s if k.sim_run_s else math.nan, 2),
+                    f"{k.same_worker:.0%}" if math.isfinite(k.same_worker) else "-",
+                ]
+                for kind, k in sorted(b.kinds.items())
+            ]
+            lines.append("call by call (the same workflow's same call, live and simulated; time on the worker):")
+            lines.append(table(["kind", "calls", "live", "sim", "live/sim", "same worker"], krows))
         lines.append("")
     if rep.engines:
         erows = []

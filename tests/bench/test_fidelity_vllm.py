@@ -29,6 +29,7 @@ from gateway.bench.livebench import PolicyRun, simulate_workload
 from gateway.bench.replay import CallRecord, ReplayReport, WorkflowResult, replay_setup, replay_workload
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import load_profiles_file
+from gateway.sim.simulator import Simulator
 from workers.cpu_vllm import SERVED_MODEL_NAME, server_argv
 from workers.cpu_vllm.base import Paths
 
@@ -143,6 +144,17 @@ def test_gap_breakdown_accounts_every_call_live_and_simulated(tmp_path: Path) ->
     assert math.isfinite(ps.latency_s) and ps.client_s == 0.0
     doc = b.to_json()
     assert set(doc["per_worker"]) >= {"a"} and set(doc["per_workflow_mean"]) == {"live", "sim"}
+    # Call by call: every live call matched to its simulated self, per kind.
+    kinds = {c["kind"] for w in workload for c in w.calls()}
+    assert set(b.kinds) == kinds and sum(k.calls for k in b.kinds.values()) == n_calls
+    resim = Simulator(workers, "hexgen", seed=0, prefix_caching=True, record_calls=True)
+    again = resim.run([w.dag() for w in workload])
+    on_a = sum(1 for t in again.calls if workers[t.worker].name == "a")
+    assert sum(k.calls * k.same_worker for k in b.kinds.values()) == pytest.approx(on_a)
+    sim_mean = sum(t.result - t.start for t in again.calls) / n_calls
+    assert sum(k.calls * k.sim_run_s for k in b.kinds.values()) / n_calls == pytest.approx(sim_mean)
+    assert all(k.live_run_s == pytest.approx(0.2) for k in b.kinds.values())
+    assert set(doc["per_kind"]) == kinds
 
 
 def _histograms(n: int, queue: float, prefill: float, decode: float, e2e: float) -> str:
