@@ -1,8 +1,9 @@
 """``hexflow bench fidelity-vllm``: does the simulator predict real vLLM servers it only knows through
 ``hexflow calibrate``?
 
-    hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS[@CPU,...] ...] [--workflows 30] [--token-scale 0.125]
-        [--load 0.5 | --rate R] [--budget-s 120] [--slo-scale 5] [--policies hexgen] [--seed 0]
+    hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS[@CPU,...] ...] [--calibrate-alone]
+        [--workflows 30] [--token-scale 0.125] [--load 0.5 | --rate R] [--budget-s 120] [--slo-scale 5]
+        [--policies hexgen] [--seed 0]
         [--base-port 18160] [--no-prefix-caching] [--keep-servers] [--log-dir DIR] [--json OUT]
 
 ``hexflow bench fidelity`` does this against emulated workers; here the workers are real vLLM OpenAI
@@ -11,12 +12,14 @@ them is modelled:
 
 1. **Two servers that differ in speed** (``--server``, one per server: OMP threads, ``--max-num-seqs``
    and the CPUs its processes are pinned to; default ``1:4`` and ``1:2``, each pinned to a CPU of its own
-   where there are two, so that one server's work does not slow the other, as on two GPUs), each with a
+   where there are two, so that one server's threads do not run on the other's CPU), each with a
    known ``--max-num-batched-tokens`` (``CHUNK``) and ``--max-model-len`` (``MAX_MODEL_LEN``). Servers this
    module left on the ports are restarted, so the options are the ones asked for.
-2. **Calibrate** each in turn, the other idle (``gateway.bench.calibrate_live``, within ``--budget-s``,
-   prompts and outputs up to the workload's longest), and write the fitted profiles as a profiles overlay
-   (gateway.yaml's ``profiles_file``) under the labels ``vllm-cpu-<name>``; a cluster file names each
+2. **Calibrate** each in turn (``gateway.bench.calibrate_live``, within ``--budget-s``, prompts and outputs
+   up to the workload's longest) while the other servers serve the workload's calls two at a time, as they
+   will during the replay (on a CPU the servers share cache, memory bandwidth and the host: one's work
+   slows the other; ``--calibrate-alone`` leaves them idle), and write the fitted profiles as a profiles
+   overlay (gateway.yaml's ``profiles_file``) under the labels ``vllm-cpu-<name>``; a cluster file names each
    worker's label with ``profile:`` (its ``gpu`` is a stand-in the profile overrides).
 3. **Replay and predict** (``gateway.bench.livebench.run_live_bench`` with ``worker_urls``): the trace with
    every token count times ``--token-scale`` (so prompts fit the tiny model's context and two CPU servers
@@ -41,6 +44,7 @@ import concurrent.futures
 import dataclasses
 import math
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -174,6 +178,8 @@ class ServerCalibration:
     profile: PerfProfile
     standard_s: float
     """The profile's lone latency of the standard workflow at the benchmark's token scale."""
+    background_requests: int = 0
+    """Requests the other servers completed while this one was calibrated (0: calibrated with them idle)."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
@@ -186,6 +192,7 @@ class ServerCalibration:
             "omp_threads": self.server.omp_threads,
             "max_num_seqs": self.server.max_num_seqs,
             "cpus": list(self.server.cpus),
+            "background_requests": self.background_requests,
             "max_batched_tokens": p.max_batched_tokens,
             "profile": {
                 "iter_base_s": p.iter_base_s,
@@ -779,6 +786,7 @@ def run_fidelity_vllm(
     seed: int = 0,
     prefix_caching: bool = True,
     keep_servers: bool = False,
+    calibrate_beside_load: bool = True,
     log_dir: Path | None = None,
     progress: bool = True,
     paths: cpu_vllm.Paths | None = None,
@@ -808,8 +816,6 @@ def run_fidelity_vllm(
 
     _, queries = workload_queries(trace, workflows, seed)
     scaled = scale_queries(queries, token_scale)
-    longest_in = max(c.input_tokens for q in scaled for c in q)
-    longest_out = max(c.output_tokens for q in scaled for c in q)
     worst = max(c.input_tokens + c.output_tokens for q in scaled for c in q)
     if worst >= MAX_MODEL_LEN:
         raise ValueError(
@@ -828,7 +834,10 @@ def run_fidelity_vllm(
         cpu_vllm.build_model(paths)
         options = [server_options(s, prefix_caching) for s in servers]
         urls = _start_servers(options, base_port, paths, say)
-        calibrations = _calibrate_all(servers, urls, budget_s, longest_in, longest_out, token_scale, progress, say)
+        calls = sorted({(c.input_tokens, c.output_tokens) for q in scaled for c in q})
+        calibrations = _calibrate_all(
+            servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load
+        )
         profiles_path = folder / "calibrated-profiles.yaml"
         doc = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in calibrations}}}
         profiles_path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -876,18 +885,78 @@ def run_fidelity_vllm(
     )
 
 
+async def _background_load(
+    urls: Sequence[str], calls: Sequence[tuple[int, int]], per_server: int, stop: asyncio.Event, seed: int
+) -> int:
+    """Keep ``per_server`` requests running on each of ``urls`` (calls drawn from ``calls``, token-id
+    prompts of their own) until ``stop``; returns how many completed. Errors are counted out, not raised:
+    the load only has to be there."""
+    rng = random.Random(seed)
+    done = 0
+
+    async def loop(client: httpx.AsyncClient, url: str) -> None:
+        nonlocal done
+        while not stop.is_set():
+            n_in, n_out = rng.choice(calls)
+            ids = [rng.randrange(100, 1100) for _ in range(max(n_in, 1))]
+            body = {
+                "model": cpu_vllm.SERVED_MODEL_NAME,
+                "prompt": ids,
+                "max_tokens": max(n_out, 1),
+                "min_tokens": max(n_out, 1),
+                "ignore_eos": True,
+            }
+            try:
+                r = await client.post(f"{url}/v1/completions", json=body)
+                done += r.status_code == 200
+            except httpx.HTTPError:
+                await asyncio.sleep(0.1)
+
+    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
+        await asyncio.gather(*(loop(client, url) for url in urls for _ in range(per_server)))
+    return done
+
+
+async def _calibrate_beside(
+    url: str,
+    others: Sequence[str],
+    calls: Sequence[tuple[int, int]],
+    label: str,
+    budget_s: float,
+    settings: PlanSettings,
+    progress: bool,
+) -> tuple[CalibrationResult, int]:
+    """``calibrate`` one server while the ``others`` serve a background load (none when empty)."""
+    stop = asyncio.Event()
+    load = asyncio.ensure_future(_background_load(others, calls, 2, stop, seed=len(label))) if others else None
+    try:
+        res = await calibrate(
+            url, cpu_vllm.SERVED_MODEL_NAME, gpu=label, budget_s=budget_s, settings=settings, progress=progress
+        )
+    finally:
+        stop.set()
+        served = await load if load is not None else 0
+    return res, served
+
+
 def _calibrate_all(
     servers: Sequence[VllmServer],
     urls: Sequence[str],
     budget_s: float,
-    longest_in: int,
-    longest_out: int,
+    calls: Sequence[tuple[int, int]],
     token_scale: float,
     progress: bool,
     say: Callable[[str], None],
+    *,
+    beside_load: bool = True,
 ) -> list[ServerCalibration]:
-    """Calibrate each server in turn (the others idle), prompts and outputs up to the workload's longest."""
+    """Calibrate each server in turn, prompts and outputs up to the workload's longest. With
+    ``beside_load`` the other servers meanwhile serve the workload's calls (two at a time each), as they will
+    during the replay: on a CPU the servers share the cache, memory bandwidth and the host, and one's
+    work slows the other (measured: 20-47% on this machine's two vCPUs); without it the others idle."""
     standard = scale_queries([STANDARD_WORKFLOW], token_scale)[0]
+    longest_in = max(c[0] for c in calls)
+    longest_out = max(c[1] for c in calls)
     out = []
     for s, url in zip(servers, urls, strict=True):
         settings = PlanSettings(
@@ -897,17 +966,14 @@ def _calibrate_all(
             max_num_seqs=s.max_num_seqs,
             max_batched_tokens=CHUNK,
         )
+        others = [u for u in urls if u != url] if beside_load else []
         say(
             f"calibrating {s.name} ({s.omp_threads} threads, max-num-seqs {s.max_num_seqs}, "
             f"{'CPUs ' + ','.join(map(str, s.cpus)) if s.cpus else 'unpinned'}) at {url} "
-            f"within {budget_s:g} s"
+            f"within {budget_s:g} s{', the others under load' if others else ''}"
         )
-        res = asyncio.run(
-            calibrate(
-                url, cpu_vllm.SERVED_MODEL_NAME, gpu=s.label, budget_s=budget_s, settings=settings, progress=progress
-            )
-        )
+        res, served = asyncio.run(_calibrate_beside(url, others, calls, s.label, budget_s, settings, progress))
         prof = res.profile()
-        out.append(ServerCalibration(s, url, res, prof, workflow_latency(prof, standard)))
+        out.append(ServerCalibration(s, url, res, prof, workflow_latency(prof, standard), served))
         say(f"{s.name}: standard workflow (tokens x {token_scale:g}) {out[-1].standard_s:.2f} s alone")
     return out

@@ -216,6 +216,12 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
         action="store_true",
         help="run the servers with --no-enable-prefix-caching (and tell the gateway and the simulator)",
     )
+    p.add_argument(
+        "--calibrate-alone",
+        action="store_true",
+        help="calibrate each server with the others idle (default: the others serve the workload's calls meanwhile, "
+        "as during the replay: on a CPU one server's work slows the other)",
+    )
     p.add_argument("--keep-servers", action="store_true", help="leave the servers running at the end")
     p.add_argument("--log-dir", default=None, help="keep logs, the profiles overlay and the cluster file here")
     p.add_argument("--json", default=None, help="write the report as JSON here")
@@ -255,6 +261,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
             seed=args.seed,
             prefix_caching=not args.no_prefix_caching,
             keep_servers=args.keep_servers,
+            calibrate_beside_load=not args.calibrate_alone,
             log_dir=Path(args.log_dir) if args.log_dir else None,
             progress=not args.quiet,
         )
