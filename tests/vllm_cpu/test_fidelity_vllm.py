@@ -47,6 +47,7 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
         assert c.result.kv_source == "vllm:cache_config_info"
         spec = overlay.profiles[MODEL][c.server.label]
         assert spec.max_num_seqs == c.server.max_num_seqs and spec.basis.startswith("measured")
+        assert c.background_requests > 0  # the other server served the workload meanwhile
     # The gateway's workers named those profiles, and the servers were stopped.
     gw = yaml.safe_load((tmp_path / "live" / "gateway-hexgen.yaml").read_text())
     assert [w["profile"] for w in gw["cluster"]["workers"]] == ["vllm-cpu-a", "vllm-cpu-b"]
