@@ -58,7 +58,7 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.bench.calibrate_live import CalibrationResult, PlanSettings, calibrate, profile_entry
+from gateway.bench.calibrate_live import TOKEN_ID_RANGE, CalibrationResult, PlanSettings, calibrate, profile_entry
 from gateway.bench.livebench import LiveBenchReport, PolicyRun, format_live_report, run_live_bench
 from gateway.bench.replay import ReplayWorkflow, replay_setup, replay_workload, scale_queries, workload_queries
 from gateway.bench.simbench import fluid_bound
@@ -66,7 +66,6 @@ from gateway.bench.stats import finite_or_none, fmt, table
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, load_profiles_file
 from gateway.config.workflows import STANDARD_WORKFLOW
-from gateway.core.dag import chain_nodes
 from gateway.core.profile import PerfProfile
 from gateway.live.promparse import MetricsParseError, parse_families
 from gateway.sim.calibrate import workflow_latency
@@ -150,18 +149,14 @@ def parse_server(text: str, name: str) -> VllmServer:
     """``THREADS:MAX_NUM_SEQS[@CPU,...]`` (e.g. ``1:4@0``) as a server named ``name``; ``ValueError``
     otherwise (a CPU this process may not use included)."""
     head, at, pinned = text.partition("@")
-    parts = head.split(":")
-    usage = f"--server {text!r}: expected THREADS:MAX_NUM_SEQS[@CPU,...], e.g. 1:4@0"
     try:
-        threads, seqs = (int(p) for p in parts)
-        cpus = tuple(int(c) for c in pinned.split(",")) if at else ()
+        threads, seqs = (int(p) for p in head.split(":"))
     except ValueError:
-        raise ValueError(usage) from None
+        raise ValueError(f"--server {text!r}: expected THREADS:MAX_NUM_SEQS[@CPU,...], e.g. 1:4@0") from None
     if not (1 <= threads <= 256 and 1 <= seqs <= 256):
         raise ValueError(f"--server {text!r}: threads and max-num-seqs must be 1..256")
-    if len(set(cpus)) != len(cpus):
-        raise ValueError(f"--server {text!r}: a CPU is named twice")
     try:
+        cpus = cpu_vllm.parse_cpus(pinned) if at else ()
         cpu_vllm.check_cpus(cpus)
     except ValueError as exc:
         raise ValueError(f"--server {text!r}: {exc}") from None
@@ -341,14 +336,14 @@ def engine_accounting(
     """Per server, its histograms over the live runs (every policy) and the profile's lone split of the
     calls the gateway reported on it (the tokens requested)."""
     profiles: dict[str, PerfProfile] = {w.name: w.profile for w in workers}
-    wanted = {w.wid: {c["id"]: (int(c["prompt_tokens"]), int(c["max_tokens"])) for c in w.calls()} for w in workload}
+    wanted = _requested(workload)
     split: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for run in runs:
         for res in run.live.results:
             for c in res.calls if res.completed else ():
                 prof = profiles.get(c.worker or "")
                 if prof is not None:
-                    n_in, n_out = wanted.get(res.wid, {}).get(c.id, (c.prompt_tokens, c.completion_tokens))
+                    _, n_in, n_out = wanted.get(res.wid, {}).get(c.id, (-1, c.prompt_tokens, c.completion_tokens))
                     split[c.worker or ""].append(lone_split(prof, n_in, n_out))
     out = {}
     for name, b, a in zip(names, before, after, strict=True):
@@ -419,6 +414,15 @@ def _mean(xs: Sequence[float]) -> float:
     return statistics.fmean(xs) if xs else math.nan
 
 
+def _requested(workload: Sequence[ReplayWorkflow]) -> dict[int, dict[str, tuple[int, int, int]]]:
+    """Per workflow, each call id's node index in the workflow's DAG (``ReplayWorkflow.calls`` order, as the
+    simulator's ``CallTimeline.node``) and the prompt and output tokens it asked for."""
+    return {
+        w.wid: {c["id"]: (i, int(c["prompt_tokens"]), int(c["max_tokens"])) for i, c in enumerate(w.calls())}
+        for w in workload
+    }
+
+
 def _stage(call_id: str) -> int:
     """The stage index of a chain node id (``c{stage}.{index}``, ``gateway.core.dag.chain_nodes``)."""
     return int(call_id[1:].split(".", 1)[0])
@@ -432,9 +436,7 @@ def gap_breakdown(
     profiles: dict[str, PerfProfile] = {w.name: w.profile for w in workers}
     out = GapBreakdown(run.policy)
     # Live: the gateway's report of each call.
-    wanted: dict[int, dict[str, tuple[int, int]]] = {}
-    for w in workload:
-        wanted[w.wid] = {c["id"]: (int(c["prompt_tokens"]), int(c["max_tokens"])) for c in w.calls()}
+    wanted = _requested(workload)
     per: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     lat, q_path, r_path, between, client = [], [], [], [], []
     out.workflows_live = run.live.completed + run.live.rejected + run.live.failed
@@ -444,7 +446,7 @@ def gap_breakdown(
         stages: dict[int, tuple[float, float]] = {}
         for c in res.calls:
             out.calls_live += 1
-            n_in, n_out = wanted.get(res.wid, {}).get(c.id, (c.prompt_tokens, c.completion_tokens))
+            _, n_in, n_out = wanted.get(res.wid, {}).get(c.id, (-1, c.prompt_tokens, c.completion_tokens))
             if (c.prompt_tokens, c.completion_tokens) != (n_in, n_out):
                 out.token_mismatches += 1
             prof = profiles.get(c.worker or "")
@@ -489,14 +491,13 @@ def gap_breakdown(
     }
     # Call by call: the same workflow's same node, live and simulated.
     sim_call = {(t.wid, t.node): (t.result - t.start, workers[t.worker].name) for t in res_sim.calls}
-    node_of = {w.wid: {n.id: i for i, n in enumerate(chain_nodes(w.stage_calls()))} for w in workload}
     matched: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)
     for res in run.live.results:
         if not res.completed:
             continue
         for c in res.calls:
-            i = node_of.get(res.wid, {}).get(c.id)
-            sim_c = sim_call.get((res.wid, i)) if i is not None else None
+            req = wanted.get(res.wid, {}).get(c.id)
+            sim_c = sim_call.get((res.wid, req[0])) if req is not None else None
             if sim_c is not None:
                 matched[c.kind].append((c.run_s, sim_c[0], c.worker == sim_c[1]))
     out.kinds = {
@@ -898,7 +899,7 @@ async def _background_load(
         nonlocal done
         while not stop.is_set():
             n_in, n_out = rng.choice(calls)
-            ids = [rng.randrange(100, 1100) for _ in range(max(n_in, 1))]
+            ids = [rng.randrange(*TOKEN_ID_RANGE) for _ in range(max(n_in, 1))]
             body = {
                 "model": cpu_vllm.SERVED_MODEL_NAME,
                 "prompt": ids,

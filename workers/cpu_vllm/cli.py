@@ -13,21 +13,18 @@ from pathlib import Path
 import workers.cpu_vllm as package
 from workers.cpu_vllm.base import VLLM_CPU_VERSION, CpuVllmError, Paths
 from workers.cpu_vllm.model import TinyLlamaSpec, build_inside
-from workers.cpu_vllm.server import ServeOptions, check_cpus, serve, status, stop_servers
+from workers.cpu_vllm.server import ServeOptions, check_cpus, parse_cpus, serve, status, stop_servers
 from workers.cpu_vllm.venv import build_model, setup
 
 __all__ = ["main"]
 
 
 def _cpu_list(text: str) -> tuple[int, ...]:
-    """``0`` or ``0,1``: CPU numbers (argparse's error otherwise)."""
+    """``parse_cpus`` for argparse (its error otherwise)."""
     try:
-        cpus = tuple(int(c) for c in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected CPU numbers like 0 or 0,1, got {text!r}") from None
-    if any(c < 0 for c in cpus):
-        raise argparse.ArgumentTypeError(f"CPU numbers are >= 0, got {text!r}")
-    return cpus
+        return parse_cpus(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ __all__ = [
     "check_cpus",
     "ensure_servers",
     "health_ok",
+    "parse_cpus",
     "serve",
     "server_argv",
     "server_env",
@@ -83,6 +84,19 @@ class ServerInfo:
 
 def base_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
+
+
+def parse_cpus(text: str) -> tuple[int, ...]:
+    """``0`` or ``0,1``: CPU numbers, each >= 0 and named once (``ValueError`` saying what is wrong)."""
+    try:
+        cpus = tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise ValueError(f"expected CPU numbers like 0 or 0,1, got {text!r}") from None
+    if any(c < 0 for c in cpus):
+        raise ValueError(f"CPU numbers are >= 0, got {text!r}")
+    if len(set(cpus)) != len(cpus):
+        raise ValueError(f"a CPU is named twice in {text!r}")
+    return cpus
 
 
 def check_cpus(cpus: Sequence[int]) -> None:
