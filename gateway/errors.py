@@ -9,8 +9,8 @@
     │   ├── Unauthorized          401 authentication_error, ``WWW-Authenticate: Bearer``
     │   ├── NotFound              404 not_found_error (an unknown model or database)
     │   └── PayloadTooLarge       413: a request body over the limit
-    ├── ServiceUnavailable        503 service_unavailable with ``Retry-After`` (starting; no eligible worker:
-    │                             ``core.scheduler.NoEligibleWorker``)
+    ├── ServiceUnavailable        503 service_unavailable with ``Retry-After`` (starting)
+    │   └── NoEligibleWorker      every worker is down or draining (raised by ``core.scheduler``)
     ├── Rejected                  admission refused a workflow (429 over a limit, 503 overloaded), ``Retry-After``
     ├── UpstreamError             a workflow failed on a worker: the worker's 4xx passed through, else 502/503/504
     ├── CallFailed                a call could not be completed (its ``status``: 502 upstream, 503, 504, ...)
@@ -140,6 +140,14 @@ class ServiceUnavailable(GatewayError):
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
         self.retry_after_s = retry_after_s
+
+
+class NoEligibleWorker(ServiceUnavailable, RuntimeError):
+    """Every worker is marked ineligible (down or draining): 503, retry after a second.
+
+    Defined here rather than in ``core.scheduler``, which raises it: mypyc compiles the scheduler (the
+    native build) and cannot compile a class derived from a builtin exception.
+    """
 
 
 class Rejected(GatewayError):

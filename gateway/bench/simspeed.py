@@ -9,6 +9,7 @@ workflows, and keeps the fastest run (the least disturbed by other processes on 
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -17,7 +18,20 @@ from typing import Any
 from gateway.bench.simbench import Setup
 from gateway.sim.simulator import Simulator
 
-__all__ = ["SpeedResult", "measure_speed"]
+__all__ = ["NATIVE_PROBES", "SpeedResult", "build_kind", "measure_speed"]
+
+NATIVE_PROBES = ("gateway.core.estimates", "gateway.core.scheduler", "gateway.sim.engine", "gateway.sim.simulator")
+"""Modules the native build compiles (setup.py's ``NATIVE_MODULES`` holds them): how the build is told."""
+
+
+def build_kind() -> str:
+    """``"native"`` when the simulator's hot modules are compiled (``make native``), ``"python"`` when not."""
+    compiled = [m for m in NATIVE_PROBES if not str(importlib.import_module(m).__file__).endswith(".py")]
+    if not compiled:
+        return "python"
+    if len(compiled) == len(NATIVE_PROBES):
+        return "native"
+    return "partly native: " + ", ".join(compiled)
 
 
 @dataclass(frozen=True)
@@ -31,6 +45,7 @@ class SpeedResult:
     calls: int
     wall_s: float
     cpu_s: float
+    build: str = "python"
 
     @property
     def calls_per_s(self) -> float:
@@ -67,5 +82,5 @@ def measure_speed(
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             runs.append((wall, cpu, res.num_calls))
         wall, cpu, calls = min(runs)
-        out.append(SpeedResult(cluster, policy, len(setup.workers), rate, calls, wall, cpu))
+        out.append(SpeedResult(cluster, policy, len(setup.workers), rate, calls, wall, cpu, build_kind()))
     return out

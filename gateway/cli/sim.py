@@ -542,9 +542,11 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
         ]
         for r in results
     ]
+    from gateway.bench.simspeed import build_kind
+
     print(
         f"{args.trace}, {args.workflows} workflows at {args.load:g} x the fluid bound, fastest of {repeats} "
-        f"run{'s' if repeats > 1 else ''}"
+        f"run{'s' if repeats > 1 else ''}; build: {build_kind()} (`make native` compiles the hot modules)"
     )
     print(table(["cluster", "workers", "policy", "rate_qps", "calls", "wall_s", "calls/s", "calls/cpu_s"], rows))
     if args.json:

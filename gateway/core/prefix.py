@@ -61,6 +61,18 @@ class PrefixSeg:
         if self.tokens < 0:
             raise ValueError(f"prefix segment {self.name!r}: tokens must be >= 0, got {self.tokens}")
 
+    def __reduce__(self) -> tuple[type[PrefixSeg], tuple[str, int, bool]]:
+        # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
+        # native build) cannot be unpickled by setting attributes.
+        return (
+            type(self),
+            (
+                self.name,
+                self.tokens,
+                self.per_query,
+            ),
+        )
+
 
 Key = Hashable
 """A segment's cache key: its name (shared) or (workflow id, name) (per query)."""

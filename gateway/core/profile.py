@@ -45,6 +45,24 @@ class PerfProfile:
     max_num_seqs: int
     max_batched_tokens: int
 
+    def __reduce__(self) -> tuple[type[PerfProfile], tuple[str, str, float, float, float, float, int, int, int]]:
+        # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
+        # native build) cannot be unpickled by setting attributes.
+        return (
+            type(self),
+            (
+                self.gpu,
+                self.model,
+                self.iter_base_s,
+                self.token_s,
+                self.ctx_s,
+                self.request_overhead_s,
+                self.kv_capacity_tokens,
+                self.max_num_seqs,
+                self.max_batched_tokens,
+            ),
+        )
+
     @property
     def name(self) -> str:
         """``GPU/model``, the profile's display name."""

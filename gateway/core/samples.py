@@ -43,6 +43,22 @@ class CallSample:
     observed_s: float
     at: float
 
+    def __reduce__(self) -> tuple[type[CallSample], tuple[int, int, int, float, float, float, float]]:
+        # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
+        # native build) cannot be unpickled by setting attributes.
+        return (
+            type(self),
+            (
+                self.prefill_tokens,
+                self.output_tokens,
+                self.batch_n,
+                self.batch_ctx,
+                self.wait_tokens,
+                self.observed_s,
+                self.at,
+            ),
+        )
+
 
 def sample_of(call: Call, profile: PerfProfile, observed_s: float, now: float) -> CallSample:
     """The sample of a call that returned after ``observed_s``, on the worker whose profile is ``profile``."""

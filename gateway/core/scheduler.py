@@ -32,13 +32,9 @@ from gateway.core.samples import SampleLog, sample_of
 from gateway.core.slo import stage_budget
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
-from gateway.errors import ServiceUnavailable
+from gateway.errors import NoEligibleWorker
 
 __all__ = ["NoEligibleWorker", "Scheduler", "WorkerInfo"]
-
-
-class NoEligibleWorker(ServiceUnavailable, RuntimeError):
-    """Every worker is marked ineligible (down or draining): 503, retry after a second."""
 
 
 class Scheduler:

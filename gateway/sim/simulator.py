@@ -65,6 +65,17 @@ class HedgeSettings:
         if not 0 < self.gain <= 1:
             raise ValueError(f"hedge gain must be in (0, 1], got {self.gain}")
 
+    def __reduce__(self) -> tuple[type[HedgeSettings], tuple[float, float]]:
+        # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
+        # native build) cannot be unpickled by setting attributes.
+        return (
+            type(self),
+            (
+                self.after,
+                self.gain,
+            ),
+        )
+
 
 @dataclass(slots=True)
 class WorkflowRecord:

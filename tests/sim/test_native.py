@@ -1,0 +1,95 @@
+"""The native build (setup.py, ``make native``): what it compiles, and that a native run really ran compiled code.
+
+``make test-native`` runs tests/sim and tests/core against the compiled modules with ``HEXFLOW_EXPECT_NATIVE=1``;
+there, ``test_listed_modules_are_compiled`` fails if any module setup.py lists was imported from its source
+(a build that silently fell back to Python would otherwise pass every other test without testing the build).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import pickle
+import random
+from pathlib import Path
+
+import pytest
+
+from gateway.bench.simspeed import NATIVE_PROBES, build_kind
+
+SETUP_PY = Path(__file__).resolve().parents[2] / "setup.py"
+
+
+def _listed() -> list[str]:
+    """``NATIVE_MODULES`` of setup.py, read without running it (running it would build)."""
+    tree = ast.parse(SETUP_PY.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "NATIVE_MODULES" for t in node.targets
+        ):
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, list)
+            return [str(v) for v in value]
+    raise AssertionError("setup.py defines no NATIVE_MODULES")
+
+
+def _module(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def test_listed_modules_exist_and_are_probed() -> None:
+    listed = _listed()
+    root = SETUP_PY.parent
+    assert listed, "nothing to compile"
+    for path in listed:
+        assert (root / path).is_file(), path
+    # ``hexflow sim-speed`` reports the build from its probes: each must be a compiled module.
+    assert set(NATIVE_PROBES) <= {_module(p) for p in listed}
+
+
+def test_build_kind_names_the_build() -> None:
+    kind = build_kind()
+    compiled = [m for m in NATIVE_PROBES if not str(importlib.import_module(m).__file__).endswith(".py")]
+    if not compiled:
+        assert kind == "python"
+    elif len(compiled) == len(NATIVE_PROBES):
+        assert kind == "native"
+    else:
+        assert kind.startswith("partly native")
+
+
+@pytest.mark.skipif(os.environ.get("HEXFLOW_EXPECT_NATIVE") != "1", reason="only in `make test-native`")
+def test_listed_modules_are_compiled() -> None:
+    not_compiled = [m for m in map(_module, _listed()) if str(importlib.import_module(m).__file__).endswith(".py")]
+    assert not not_compiled, f"imported from source, not compiled: {not_compiled}"
+    assert build_kind() == "native"
+
+
+def test_value_types_and_results_survive_pickling() -> None:
+    """A bench sends setups to worker processes and gets results back by pickle; in the native build the
+    frozen dataclasses among them are compiled classes, which need their own ``__reduce__``."""
+    from gateway.bench.simbench import Setup
+    from gateway.config import load_cluster
+    from gateway.core.prefix import PrefixSeg
+    from gateway.core.samples import CallSample
+    from gateway.sim.simulator import HedgeSettings, Simulator
+    from gateway.sim.workload import load_queries
+
+    workers = load_cluster("paper-4gpu")
+    values = [
+        workers[0].profile,
+        PrefixSeg("schema", 1200, per_query=True),
+        CallSample(800, 40, 3, 2500.0, 120.0, 1.25, 17.5),
+        HedgeSettings(after=2.0, gain=0.5),
+    ]
+    for v in values:
+        copy = pickle.loads(pickle.dumps(v))
+        assert copy == v and type(copy) is type(v)
+    setup = Setup(workers, load_queries("chess-bird", 12, random.Random(0)), "chess-bird", n_workflows=12, n_seeds=1)
+    wfs = setup.workflows(0.05)
+    res = Simulator(workers, "hexgen", seed=0).run(wfs)
+    copy = pickle.loads(pickle.dumps(res))
+    assert copy.num_calls == res.num_calls > 0
+    assert [(r.wid, r.finish) for r in copy.workflows] == [(r.wid, r.finish) for r in res.workflows]
+    assert pickle.loads(pickle.dumps(setup)).workers == setup.workers
