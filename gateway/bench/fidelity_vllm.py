@@ -81,10 +81,12 @@ __all__ = [
     "KindTimes",
     "ServerCalibration",
     "VllmFidelityReport",
+    "VllmFidelitySeries",
     "VllmServer",
     "cluster_doc",
     "default_servers",
     "format_vllm_fidelity_report",
+    "format_vllm_fidelity_series",
     "gap_breakdown",
     "parse_server",
     "run_fidelity_vllm",
@@ -714,6 +716,99 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class VllmFidelitySeries:
+    """Rounds of the benchmark on the same servers, each a calibration and the replay right after it.
+
+    On a shared CPU host one round is one draw: the host's speed drifts by up to 2x over minutes (measured,
+    docs/benchmarks.md), so a calibration made before a replay can be stale by its end. The series' figure
+    is the median over its rounds of each round's live/simulated P95 gap; every round's figures are kept.
+    """
+
+    rounds: list[VllmFidelityReport]
+    seed: int = 0
+
+    def p95_gaps(self) -> dict[str, list[float]]:
+        """Policy -> each round's live/simulated P95 gap, in round order."""
+        out: dict[str, list[float]] = defaultdict(list)
+        for rep in self.rounds:
+            for policy, g in rep.gaps().items():
+                out[policy].append(g["p95"])
+        return dict(out)
+
+    def median_p95_gap(self) -> dict[str, float]:
+        """Policy -> the median of its rounds' P95 gaps (nan where a round has none)."""
+        return {
+            p: statistics.median(gs) if gs and all(math.isfinite(g) for g in gs) else math.nan
+            for p, gs in self.p95_gaps().items()
+        }
+
+    def rounds_within(self) -> dict[str, int]:
+        """Policy -> how many rounds had their P95 gap within ``TARGET``."""
+        return {p: sum(1 for g in gs if math.isfinite(g) and abs(g) <= TARGET) for p, gs in self.p95_gaps().items()}
+
+    def within_target(self) -> bool:
+        """Every policy's median P95 gap within ``TARGET`` (one round: that round's gap)."""
+        med = self.median_p95_gap()
+        return bool(med) and all(math.isfinite(g) and abs(g) <= TARGET for g in med.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """One round: that round's document plus the summary; several: the summary and every round's."""
+        summary = {
+            p: {
+                "p95_gaps": [finite_or_none(g) for g in gs],
+                "median_p95_gap": finite_or_none(self.median_p95_gap()[p]),
+                "rounds_within": self.rounds_within()[p],
+            }
+            for p, gs in self.p95_gaps().items()
+        }
+        head = {"target_p95": TARGET, "within_target": self.within_target(), "seed": self.seed, "summary": summary}
+        if len(self.rounds) == 1:
+            return {**self.rounds[0].to_json(), **head}
+        return {**head, "rounds": [r.to_json() for r in self.rounds]}
+
+
+def format_vllm_fidelity_series(series: VllmFidelitySeries) -> str:
+    """Every round's report (``format_vllm_fidelity_report``), then the rounds side by side."""
+    if len(series.rounds) == 1:
+        return format_vllm_fidelity_report(series.rounds[0])
+    parts = []
+    for i, rep in enumerate(series.rounds):
+        parts += [
+            f"=== round {i + 1} of {len(series.rounds)} (seed {series.seed + i})",
+            format_vllm_fidelity_report(rep),
+            "",
+        ]
+    rows = []
+    for i, rep in enumerate(series.rounds):
+        for r in rep.live.runs:
+            g = rep.gaps()[r.policy]
+            rows.append(
+                [
+                    str(i + 1),
+                    str(series.seed + i),
+                    r.policy,
+                    fmt(r.live.p95_s, 2),
+                    fmt(r.simulated.p95_s, 2),
+                    f"{g['p95']:+.1%}",
+                    fmt(r.live.slo_attainment, 3),
+                    fmt(r.simulated.slo_attainment, 3),
+                ]
+            )
+    parts.append(
+        f"the rounds side by side (each: a fresh calibration, then its replay; target: P95 within {TARGET:.0%}):"
+    )
+    parts.append(table(["round", "seed", "policy", "live p95", "sim p95", "gap", "live slo", "sim slo"], rows))
+    med, within = series.median_p95_gap(), series.rounds_within()
+    for p in med:
+        parts.append(
+            f"{p}: median P95 gap {med[p]:+.1%} over {len(series.rounds)} rounds; {within[p]} of them within "
+            f"{TARGET:.0%}"
+        )
+    parts.append("within target (median)" if series.within_target() else "NOT within target (median)")
+    return "\n".join(parts)
+
+
 # --------------------------------------------------------------------------------------------------
 # The benchmark
 # --------------------------------------------------------------------------------------------------
@@ -785,14 +880,18 @@ def run_fidelity_vllm(
     budget_s: float = 120.0,
     slo_scale: float = 5.0,
     seed: int = 0,
+    rounds: int = 1,
     prefix_caching: bool = True,
     keep_servers: bool = False,
     calibrate_beside_load: bool = True,
     log_dir: Path | None = None,
     progress: bool = True,
     paths: cpu_vllm.Paths | None = None,
-) -> VllmFidelityReport:
-    """Start, calibrate, replay live, simulate, break the gap down (the module docstring).
+) -> VllmFidelitySeries:
+    """Start the servers, then ``rounds`` times (seeds ``seed``, ``seed + 1``, ...): calibrate, replay live,
+    simulate, break the gap down (the module docstring). Each round calibrates afresh, just before its replay:
+    the host's speed drifts over minutes, and a round is a paired measurement of one calibration and the
+    replay that follows it.
 
     Raises ``ValueError`` for bad arguments or a scaled call that does not fit ``MAX_MODEL_LEN``, and
     ``cpu_vllm.CpuVllmError`` when the servers cannot be set up or started. The servers are stopped at the
@@ -815,64 +914,53 @@ def run_fidelity_vllm(
         if progress:
             print(line, file=sys.stderr, flush=True)
 
-    _, queries = workload_queries(trace, workflows, seed)
-    scaled = scale_queries(queries, token_scale)
-    worst = max(c.input_tokens + c.output_tokens for q in scaled for c in q)
-    if worst >= MAX_MODEL_LEN:
-        raise ValueError(
-            f"at token scale {token_scale:g} a call needs {worst} tokens, over the servers' context of "
-            f"{MAX_MODEL_LEN}; lower --token-scale"
-        )
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    for r in range(rounds):  # every round's workload fits, before anything starts
+        _, queries = workload_queries(trace, workflows, seed + r)
+        scaled = scale_queries(queries, token_scale)
+        worst = max(c.input_tokens + c.output_tokens for q in scaled for c in q)
+        if worst >= MAX_MODEL_LEN:
+            raise ValueError(
+                f"at token scale {token_scale:g} a call of seed {seed + r} needs {worst} tokens, over the servers' "
+                f"context of {MAX_MODEL_LEN}; lower --token-scale"
+            )
     paths = paths or cpu_vllm.Paths.default()
     keep = log_dir is not None
     folder = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="hexflow-fidelity-vllm-"))
     folder.mkdir(parents=True, exist_ok=True)
     ports = [base_port + i for i in range(len(servers))]
     ok = False
+    reports: list[VllmFidelityReport] = []
     try:
         say("vLLM venv and tiny model (installed once)")
         cpu_vllm.setup(paths)
         cpu_vllm.build_model(paths)
         options = [server_options(s, prefix_caching) for s in servers]
         urls = _start_servers(options, base_port, paths, say)
-        calls = sorted({(c.input_tokens, c.output_tokens) for q in scaled for c in q})
-        calibrations = _calibrate_all(
-            servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load
-        )
-        profiles_path = folder / "calibrated-profiles.yaml"
-        doc = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in calibrations}}}
-        profiles_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        cluster_path = folder / "cluster.yaml"
-        cluster_path.write_text(yaml.safe_dump(cluster_doc(servers), sort_keys=False))
-        catalog = _catalog(profiles_path)
-        workers = build_workers(load_cluster_config(cluster_path, catalog), catalog)
-        setup = replay_setup(
-            trace, workers, workflows=workflows, seed=seed, slo_scale=slo_scale, token_scale=token_scale
-        )
-        bound = fluid_bound(workers, setup.queries)
-        rate = rate_qps if rate_qps is not None else round(load * bound, 6)
-        say(f"replaying {workflows} workflows at {rate:.4g}/s ({rate / bound:.2f} x the calibrated fluid bound)")
-        before = _scrape_engines(urls)
-        live = run_live_bench(
-            str(cluster_path),
-            trace,
-            policies,
-            time_scale=1.0,
-            workflows=workflows,
-            rate_qps=rate,
-            slo_scale=slo_scale,
-            seed=seed,
-            progress=progress,
-            log_dir=folder / "live",
-            profiles_file=profiles_path,
-            worker_urls=urls,
-            token_scale=token_scale,
-            prefix_caching=prefix_caching,
-        )
-        after = _scrape_engines(urls)
-        workload = replay_workload(setup, rate)
-        engines = engine_accounting([s.name for s in servers], before, after, live.runs, workload, workers)
-        breakdowns = [gap_breakdown(r, workload, workers, seed=seed, prefix_caching=prefix_caching) for r in live.runs]
+        for i in range(rounds):
+            if rounds > 1:
+                say(f"round {i + 1} of {rounds} (seed {seed + i})")
+            reports.append(
+                _round(
+                    servers,
+                    urls,
+                    folder / f"round-{i + 1}" if rounds > 1 else folder,
+                    trace=trace,
+                    policies=policies,
+                    workflows=workflows,
+                    token_scale=token_scale,
+                    load=load,
+                    rate_qps=rate_qps,
+                    budget_s=budget_s,
+                    slo_scale=slo_scale,
+                    seed=seed + i,
+                    prefix_caching=prefix_caching,
+                    calibrate_beside_load=calibrate_beside_load,
+                    progress=progress,
+                    say=say,
+                )
+            )
         ok = True
     finally:
         if not keep_servers:
@@ -881,6 +969,68 @@ def run_fidelity_vllm(
             shutil.rmtree(folder, ignore_errors=True)
         elif not ok:
             print(f"hexflow: fidelity logs are in {folder}; server logs in {paths.run}", file=sys.stderr)
+    return VllmFidelitySeries(reports, seed)
+
+
+def _round(
+    servers: Sequence[VllmServer],
+    urls: Sequence[str],
+    folder: Path,
+    *,
+    trace: str,
+    policies: Sequence[str],
+    workflows: int,
+    token_scale: float,
+    load: float,
+    rate_qps: float | None,
+    budget_s: float,
+    slo_scale: float,
+    seed: int,
+    prefix_caching: bool,
+    calibrate_beside_load: bool,
+    progress: bool,
+    say: Callable[[str], None],
+) -> VllmFidelityReport:
+    """One round on running servers: calibrate each, replay ``workflows`` of seed ``seed`` live, simulate."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _, queries = workload_queries(trace, workflows, seed)
+    scaled = scale_queries(queries, token_scale)
+    calls = sorted({(c.input_tokens, c.output_tokens) for q in scaled for c in q})
+    calibrations = _calibrate_all(
+        servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load
+    )
+    profiles_path = folder / "calibrated-profiles.yaml"
+    doc = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in calibrations}}}
+    profiles_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cluster_path = folder / "cluster.yaml"
+    cluster_path.write_text(yaml.safe_dump(cluster_doc(servers), sort_keys=False))
+    catalog = _catalog(profiles_path)
+    workers = build_workers(load_cluster_config(cluster_path, catalog), catalog)
+    setup = replay_setup(trace, workers, workflows=workflows, seed=seed, slo_scale=slo_scale, token_scale=token_scale)
+    bound = fluid_bound(workers, setup.queries)
+    rate = rate_qps if rate_qps is not None else round(load * bound, 6)
+    say(f"replaying {workflows} workflows at {rate:.4g}/s ({rate / bound:.2f} x the calibrated fluid bound)")
+    before = _scrape_engines(urls)
+    live = run_live_bench(
+        str(cluster_path),
+        trace,
+        policies,
+        time_scale=1.0,
+        workflows=workflows,
+        rate_qps=rate,
+        slo_scale=slo_scale,
+        seed=seed,
+        progress=progress,
+        log_dir=folder / "live",
+        profiles_file=profiles_path,
+        worker_urls=urls,
+        token_scale=token_scale,
+        prefix_caching=prefix_caching,
+    )
+    after = _scrape_engines(urls)
+    workload = replay_workload(setup, rate)
+    engines = engine_accounting([s.name for s in servers], before, after, live.runs, workload, workers)
+    breakdowns = [gap_breakdown(r, workload, workers, seed=seed, prefix_caching=prefix_caching) for r in live.runs]
     return VllmFidelityReport(
         calibrations, live, breakdowns, token_scale, None if rate_qps is not None else load, prefix_caching, engines
     )

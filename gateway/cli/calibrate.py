@@ -210,7 +210,14 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
     p.add_argument(
         "--slo-scale", type=positive_float, default=5.0, help="deadline = this x the scaled standard workflow's latency"
     )
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workload and arrivals")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workload and arrivals (of the first round)")
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="rounds on the same servers, each a fresh calibration and then its replay, seeds --seed, --seed+1, ...; "
+        "the figure is the median of the rounds' P95 gaps (default 1)",
+    )
     p.add_argument(
         "--no-prefix-caching",
         action="store_true",
@@ -230,11 +237,11 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
 
 
 def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
-    """Run the real-vLLM fidelity benchmark; exit 1 when live P95 is off the simulator's by more than 10%,
-    2 when the servers cannot be set up or started."""
+    """Run the real-vLLM fidelity benchmark; exit 1 when live P95 is off the simulator's by more than 10% (the
+    median over ``--rounds``), 2 when the servers cannot be set up or started."""
     from gateway.bench.fidelity_vllm import (
         default_servers,
-        format_vllm_fidelity_report,
+        format_vllm_fidelity_series,
         parse_server,
         run_fidelity_vllm,
     )
@@ -259,6 +266,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
             budget_s=args.budget_s,
             slo_scale=args.slo_scale,
             seed=args.seed,
+            rounds=args.rounds,
             prefix_caching=not args.no_prefix_caching,
             keep_servers=args.keep_servers,
             calibrate_beside_load=not args.calibrate_alone,
@@ -270,7 +278,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
     except CpuVllmError as exc:
         print(f"hexflow: {exc}")
         return 2
-    print(format_vllm_fidelity_report(rep))
+    print(format_vllm_fidelity_series(rep))
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,19 +6,24 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
+from gateway.bench import fidelity_vllm
 from gateway.bench.fidelity_vllm import (
     CHUNK,
     MAX_MODEL_LEN,
     MODEL,
     EngineTimes,
+    VllmFidelityReport,
+    VllmFidelitySeries,
     VllmServer,
     cluster_doc,
     default_servers,
     engine_sums,
+    format_vllm_fidelity_series,
     gap_breakdown,
     lone_split,
     parse_server,
@@ -73,6 +78,8 @@ def test_bad_arguments_fail_before_anything_starts(tmp_path: Path) -> None:
         run_fidelity_vllm(token_scale=-1.0, progress=False, paths=paths)
     with pytest.raises(ValueError, match="own name"):
         run_fidelity_vllm(servers=[VllmServer("a", 1, 2)] * 2, progress=False, paths=paths)
+    with pytest.raises(ValueError, match="rounds"):
+        run_fidelity_vllm(rounds=0, progress=False, paths=paths)
     assert not (tmp_path / "nowhere").exists()  # nothing installed, nothing started
 
 
@@ -195,3 +202,56 @@ def test_the_lone_split_adds_up_to_the_lone_latency() -> None:
     assert math.isclose(first + rest, profile.single_latency(900, 40))
     assert first == profile.single_latency(900, 1) and rest > 0
     assert lone_split(profile, 900, 1)[1] == 0.0
+
+
+class _Round(VllmFidelityReport):
+    """A round whose only content is its policies' live and simulated P95 (what the series summarises)."""
+
+    def __init__(self, p95: dict[str, tuple[float, float]]) -> None:
+        runs = [
+            SimpleNamespace(
+                policy=policy,
+                p95_ratio=live / sim,
+                slo_ratio=1.0,
+                live=SimpleNamespace(p95_s=live, slo_attainment=1.0),
+                simulated=SimpleNamespace(p95_s=sim, slo_attainment=1.0),
+            )
+            for policy, (live, sim) in p95.items()
+        ]
+        self.live = SimpleNamespace(runs=runs)  # type: ignore[assignment]
+
+    def to_json(self) -> dict[str, object]:
+        return {"gaps": self.gaps()}
+
+
+def test_a_series_reports_every_round_and_judges_the_median_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each round's own report is tested with the real run; here it stands for itself.
+    monkeypatch.setattr(fidelity_vllm, "format_vllm_fidelity_report", lambda rep: f"<round {id(rep)}>")
+    rounds = [
+        _Round({"hexgen": (12.3, 10.0), "llf": (10.0, 10.0)}),
+        _Round({"hexgen": (9.0, 10.0), "llf": (13.0, 10.0)}),
+        _Round({"hexgen": (10.5, 10.0), "llf": (12.0, 10.0)}),
+    ]
+    series = VllmFidelitySeries(list(rounds), seed=4)
+    gaps = series.p95_gaps()
+    assert [round(g, 3) for g in gaps["hexgen"]] == [0.23, -0.1, 0.05]
+    assert series.median_p95_gap()["hexgen"] == pytest.approx(0.05)
+    assert series.median_p95_gap()["llf"] == pytest.approx(0.2)
+    assert series.rounds_within() == {"hexgen": 2, "llf": 1}
+    assert not series.within_target()  # llf's median is 20% off
+    assert VllmFidelitySeries(rounds[:1] + rounds[2:], seed=0).median_p95_gap()["hexgen"] == pytest.approx(0.14)
+    only_hexgen = VllmFidelitySeries([_Round({"hexgen": (11.0, 10.0)}), _Round({"hexgen": (9.5, 10.0)})])
+    assert only_hexgen.within_target()
+    doc = series.to_json()
+    assert doc["within_target"] is False and doc["seed"] == 4 and len(doc["rounds"]) == 3
+    assert doc["summary"]["hexgen"]["rounds_within"] == 2
+    assert doc["summary"]["hexgen"]["median_p95_gap"] == pytest.approx(0.05)
+    text = format_vllm_fidelity_series(series)
+    assert all(f"<round {id(r)}>" in text for r in rounds)
+    assert "median P95 gap +5.0% over 3 rounds; 2 of them within 10%" in text
+    assert "NOT within target (median)" in text
+    # One round: that round's own document with the summary beside it.
+    one = VllmFidelitySeries(rounds[:1]).to_json()
+    assert "gaps" in one and one["summary"]["hexgen"]["p95_gaps"] == [pytest.approx(0.23)]
+    # A round without a finite gap cannot pass.
+    assert not VllmFidelitySeries([_Round({"hexgen": (math.nan, 10.0)})]).within_target()

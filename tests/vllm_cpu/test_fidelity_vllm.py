@@ -29,7 +29,7 @@ WORKFLOWS = 4
 
 def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_workflow(tmp_path: Path) -> None:
     try:
-        rep = run_fidelity_vllm(
+        series = run_fidelity_vllm(
             base_port=PORT,
             workflows=WORKFLOWS,
             token_scale=0.05,
@@ -39,6 +39,7 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
         )
     except cpu_vllm.CpuVllmError as exc:
         pytest.fail(f"could not start the real vLLM servers: {exc}", pytrace=False)
+    (rep,) = series.rounds  # one round by default
     # Both servers calibrated, with the capacity vLLM exports, and filed under their labels.
     assert [c.server.name for c in rep.calibrations] == ["a", "b"]
     overlay = load_profiles_file(tmp_path / "calibrated-profiles.yaml")
@@ -68,6 +69,9 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
     assert set(doc["gaps"]["hexgen"]) == {"p95", "slo"}
     assert set(doc["breakdown"][0]["per_workflow_mean"]) == {"live", "sim"}
     assert "live against the simulator with the calibrated profiles" in format_vllm_fidelity_report(rep)
+    series_doc = json.loads(json.dumps(series.to_json(), allow_nan=False))
+    assert series_doc["summary"]["hexgen"]["p95_gaps"] == [doc["gaps"]["hexgen"]["p95"]]
+    assert series_doc["within_target"] == series.within_target() == rep.within_target()
     # The servers' own histograms cover the live run: at least the calls the gateway reported on each.
     reported = {name: sum(1 for r in done for c in r.calls if c.worker == name) for name in ("a", "b")}
     for name, times in rep.engines.items():
