@@ -69,6 +69,7 @@ from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.profile import PerfProfile
 from gateway.live.promparse import MetricsParseError, parse_families
 from gateway.sim.calibrate import workflow_latency
+from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator
 from workers import cpu_vllm
 
@@ -534,6 +535,30 @@ class VllmFidelityReport:
     prefix_caching: bool
     engines: dict[str, EngineTimes] = field(default_factory=dict)
     """Per server: its own histograms over the live runs, beside the profile's lone split."""
+    after: list[ServerCalibration] = field(default_factory=list)
+    """``--recalibrate-after``: each server calibrated again right after the replay (empty: not asked)."""
+    sim_after: dict[str, Summary] = field(default_factory=dict)
+    """Policy -> the simulator's prediction with the engines at their after-replay speed (the scheduler
+    still planning with the profiles calibrated before, as the live gateway did)."""
+
+    def drift(self) -> dict[str, float]:
+        """Server -> its standard workflow's latency calibrated after the replay over before (1: no drift)."""
+        return {
+            b.server.name: a.standard_s / b.standard_s if b.standard_s > 0 else math.nan
+            for b, a in zip(self.calibrations, self.after, strict=False)
+        }
+
+    def bracketed(self) -> dict[str, bool]:
+        """Policy -> whether live P95 lies between the predictions with the engines at their speed before
+        and after the replay, widened by ``TARGET`` on each side (only with ``--recalibrate-after``)."""
+        out = {}
+        for r in self.live.runs:
+            after = self.sim_after.get(r.policy)
+            if after is None:
+                continue
+            lo, hi = sorted((r.simulated.p95_s, after.p95_s))
+            out[r.policy] = lo * (1 - TARGET) <= r.live.p95_s <= hi * (1 + TARGET)
+        return out
 
     def gaps(self) -> dict[str, dict[str, float]]:
         """Policy -> live/simulated - 1 of P95 and SLO attainment."""
@@ -564,6 +589,14 @@ class VllmFidelityReport:
             "breakdown": [b.to_json() for b in self.breakdowns],
             "engines": {name: t.to_json() for name, t in self.engines.items()},
             "live_bench": self.live.to_json(),
+            "after": {
+                "servers": [c.to_json() for c in self.after],
+                "drift": {k: finite_or_none(v) for k, v in self.drift().items()},
+                "sim_p95_s": {p: finite_or_none(s.p95_s) for p, s in self.sim_after.items()},
+                "bracketed": self.bracketed(),
+            }
+            if self.after
+            else None,
         }
 
 
@@ -713,6 +746,35 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     lines.append(f"live against the simulator with the calibrated profiles (target: P95 within {TARGET:.0%}):")
     lines.append(table(["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap"], grows))
     lines.append("within target" if rep.within_target() else "NOT within target")
+    if rep.after:
+        drows = [
+            [b.server.name, fmt(b.standard_s, 2), fmt(a.standard_s, 2), f"{d - 1:+.1%}" if math.isfinite(d) else "-"]
+            for (b, a), d in zip(zip(rep.calibrations, rep.after, strict=False), rep.drift().values(), strict=False)
+        ]
+        lines += [
+            "",
+            "drift: each server calibrated again right after the replay (standard workflow alone, seconds):",
+            table(["server", "before", "after", "change"], drows),
+        ]
+        brows = []
+        for r in rep.live.runs:
+            after = rep.sim_after.get(r.policy)
+            if after is None:
+                continue
+            brows.append(
+                [
+                    r.policy,
+                    fmt(r.live.p95_s, 2),
+                    fmt(r.simulated.p95_s, 2),
+                    fmt(after.p95_s, 2),
+                    "yes" if rep.bracketed()[r.policy] else "no",
+                ]
+            )
+        lines.append(
+            "live P95 against the simulator with the engines at their speed before and after the replay (the "
+            f"scheduler planning with the before profiles; bracketed: live within them, +-{TARGET:.0%}):"
+        )
+        lines.append(table(["policy", "live p95", "sim p95 before", "sim p95 after", "bracketed"], brows))
     return "\n".join(lines)
 
 
@@ -747,6 +809,15 @@ class VllmFidelitySeries:
         """Policy -> how many rounds had their P95 gap within ``TARGET``."""
         return {p: sum(1 for g in gs if math.isfinite(g) and abs(g) <= TARGET) for p, gs in self.p95_gaps().items()}
 
+    def rounds_bracketed(self) -> dict[str, int]:
+        """Policy -> rounds whose live P95 lay between the before and after predictions (``bracketed``);
+        empty without ``--recalibrate-after``."""
+        out: dict[str, int] = {}
+        for rep in self.rounds:
+            for policy, ok in rep.bracketed().items():
+                out[policy] = out.get(policy, 0) + int(ok)
+        return out
+
     def within_target(self) -> bool:
         """Every policy's median P95 gap within ``TARGET`` (one round: that round's gap)."""
         med = self.median_p95_gap()
@@ -759,6 +830,7 @@ class VllmFidelitySeries:
                 "p95_gaps": [finite_or_none(g) for g in gs],
                 "median_p95_gap": finite_or_none(self.median_p95_gap()[p]),
                 "rounds_within": self.rounds_within()[p],
+                "rounds_bracketed": self.rounds_bracketed().get(p),
             }
             for p, gs in self.p95_gaps().items()
         }
@@ -804,6 +876,11 @@ def format_vllm_fidelity_series(series: VllmFidelitySeries) -> str:
         parts.append(
             f"{p}: median P95 gap {med[p]:+.1%} over {len(series.rounds)} rounds; {within[p]} of them within "
             f"{TARGET:.0%}"
+        )
+    for p, n in series.rounds_bracketed().items():
+        parts.append(
+            f"{p}: live P95 between the predictions with the engines at their speed before and after the replay "
+            f"(+-{TARGET:.0%}) in {n} of {len(series.rounds)} rounds"
         )
     parts.append("within target (median)" if series.within_target() else "NOT within target (median)")
     return "\n".join(parts)
@@ -884,6 +961,7 @@ def run_fidelity_vllm(
     prefix_caching: bool = True,
     keep_servers: bool = False,
     calibrate_beside_load: bool = True,
+    recalibrate_after: bool = False,
     log_dir: Path | None = None,
     progress: bool = True,
     paths: cpu_vllm.Paths | None = None,
@@ -891,7 +969,8 @@ def run_fidelity_vllm(
     """Start the servers, then ``rounds`` times (seeds ``seed``, ``seed + 1``, ...): calibrate, replay live,
     simulate, break the gap down (the module docstring). Each round calibrates afresh, just before its replay:
     the host's speed drifts over minutes, and a round is a paired measurement of one calibration and the
-    replay that follows it.
+    replay that follows it. With ``recalibrate_after`` each round calibrates every server again right after
+    its replay and simulates the workload with the engines at that speed as well (the drift check).
 
     Raises ``ValueError`` for bad arguments or a scaled call that does not fit ``MAX_MODEL_LEN``, and
     ``cpu_vllm.CpuVllmError`` when the servers cannot be set up or started. The servers are stopped at the
@@ -957,6 +1036,7 @@ def run_fidelity_vllm(
                     seed=seed + i,
                     prefix_caching=prefix_caching,
                     calibrate_beside_load=calibrate_beside_load,
+                    recalibrate_after=recalibrate_after,
                     progress=progress,
                     say=say,
                 )
@@ -988,6 +1068,7 @@ def _round(
     seed: int,
     prefix_caching: bool,
     calibrate_beside_load: bool,
+    recalibrate_after: bool,
     progress: bool,
     say: Callable[[str], None],
 ) -> VllmFidelityReport:
@@ -1031,8 +1112,34 @@ def _round(
     workload = replay_workload(setup, rate)
     engines = engine_accounting([s.name for s in servers], before, after, live.runs, workload, workers)
     breakdowns = [gap_breakdown(r, workload, workers, seed=seed, prefix_caching=prefix_caching) for r in live.runs]
+    recal: list[ServerCalibration] = []
+    sim_after: dict[str, Summary] = {}
+    if recalibrate_after:
+        say("calibrating each server again after the replay (drift)")
+        recal = _calibrate_all(
+            servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load
+        )
+        engines_after = [c.profile for c in recal]
+        for r in live.runs:
+            sim = Simulator(
+                workers,
+                r.policy,
+                alpha=r.alpha,
+                seed=seed,
+                prefix_caching=prefix_caching,
+                engine_profiles=engines_after,
+            )
+            sim_after[r.policy] = summarize(sim.run([w.dag() for w in workload]), total=len(workload))
     return VllmFidelityReport(
-        calibrations, live, breakdowns, token_scale, None if rate_qps is not None else load, prefix_caching, engines
+        calibrations,
+        live,
+        breakdowns,
+        token_scale,
+        None if rate_qps is not None else load,
+        prefix_caching,
+        engines,
+        recal,
+        sim_after,
     )
 
 

@@ -229,6 +229,12 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
         help="calibrate each server with the others idle (default: the others serve the workload's calls meanwhile, "
         "as during the replay: on a CPU one server's work slows the other)",
     )
+    p.add_argument(
+        "--recalibrate-after",
+        action="store_true",
+        help="calibrate every server again right after each replay and simulate with the engines at that speed too: "
+        "how far the host drifted during the replay, and whether live P95 lies between the two predictions",
+    )
     p.add_argument("--keep-servers", action="store_true", help="leave the servers running at the end")
     p.add_argument("--log-dir", default=None, help="keep logs, the profiles overlay and the cluster file here")
     p.add_argument("--json", default=None, help="write the report as JSON here")
@@ -270,6 +276,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
             prefix_caching=not args.no_prefix_caching,
             keep_servers=args.keep_servers,
             calibrate_beside_load=not args.calibrate_alone,
+            recalibrate_after=args.recalibrate_after,
             log_dir=Path(args.log_dir) if args.log_dir else None,
             progress=not args.quiet,
         )
