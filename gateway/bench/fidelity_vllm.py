@@ -600,6 +600,17 @@ class VllmFidelityReport:
         }
 
 
+def _gap_cells(r: PolicyRun, g: dict[str, float]) -> list[str]:
+    """Live and simulated P95, their gap, live and simulated SLO attainment: one policy's row of a gap table."""
+    return [
+        fmt(r.live.p95_s, 2),
+        fmt(r.simulated.p95_s, 2),
+        f"{g['p95']:+.1%}",
+        fmt(r.live.slo_attainment, 3),
+        fmt(r.simulated.slo_attainment, 3),
+    ]
+
+
 def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     """The tables ``hexflow bench fidelity-vllm`` prints."""
     rows = []
@@ -732,17 +743,7 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     grows = []
     for r in rep.live.runs:
         g = rep.gaps()[r.policy]
-        grows.append(
-            [
-                r.policy,
-                fmt(r.live.p95_s, 2),
-                fmt(r.simulated.p95_s, 2),
-                f"{g['p95']:+.1%}",
-                fmt(r.live.slo_attainment, 3),
-                fmt(r.simulated.slo_attainment, 3),
-                f"{g['slo']:+.1%}",
-            ]
-        )
+        grows.append([r.policy, *_gap_cells(r, g), f"{g['slo']:+.1%}"])
     lines.append(f"live against the simulator with the calibrated profiles (target: P95 within {TARGET:.0%}):")
     lines.append(table(["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap"], grows))
     lines.append("within target" if rep.within_target() else "NOT within target")
@@ -854,19 +855,7 @@ def format_vllm_fidelity_series(series: VllmFidelitySeries) -> str:
     rows = []
     for i, rep in enumerate(series.rounds):
         for r in rep.live.runs:
-            g = rep.gaps()[r.policy]
-            rows.append(
-                [
-                    str(i + 1),
-                    str(series.seed + i),
-                    r.policy,
-                    fmt(r.live.p95_s, 2),
-                    fmt(r.simulated.p95_s, 2),
-                    f"{g['p95']:+.1%}",
-                    fmt(r.live.slo_attainment, 3),
-                    fmt(r.simulated.slo_attainment, 3),
-                ]
-            )
+            rows.append([str(i + 1), str(series.seed + i), r.policy, *_gap_cells(r, rep.gaps()[r.policy])])
     parts.append(
         f"the rounds side by side (each: a fresh calibration, then its replay; target: P95 within {TARGET:.0%}):"
     )
