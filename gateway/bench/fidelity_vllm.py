@@ -3,7 +3,7 @@
 
     hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS[@CPU,...] ...] [--calibrate-alone]
         [--workflows 30] [--token-scale 0.125] [--load 0.5 | --rate R] [--budget-s 120] [--slo-scale 5]
-        [--policies hexgen] [--seed 0]
+        [--policies hexgen] [--seed 0] [--rounds 1] [--recalibrate-after]
         [--base-port 18160] [--no-prefix-caching] [--keep-servers] [--log-dir DIR] [--json OUT]
 
 ``hexflow bench fidelity`` does this against emulated workers; here the workers are real vLLM OpenAI
@@ -32,6 +32,11 @@ them is modelled:
    prediction; per workflow, its latency split along its chain of stages (for each stage, the call that
    finished last) into time queued at the gateway, time on the worker, the gateway's own time between
    stages, and the client's (HTTP) time, live next to simulated.
+
+5. **Rounds and drift** (``--rounds``, ``--recalibrate-after``; ``VllmFidelitySeries``): steps 2-4 repeated on
+   the same servers with the next seeds, the figure the median of the rounds' P95 gaps; optionally each
+   server calibrated again right after each replay, its drift reported and the workload simulated with the
+   engines at that speed as well.
 
 The target (issue 14): live P95 within 10% of the simulator's (``TARGET``); SLO attainment is reported.
 The figures are timing on a shared CPU: the report is what was measured, never tuned toward the target.
@@ -1108,6 +1113,8 @@ def _round(
         recal = _calibrate_all(
             servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load
         )
+        doc_after = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in recal}}}
+        (folder / "calibrated-profiles-after.yaml").write_text(yaml.safe_dump(doc_after, sort_keys=False))
         engines_after = [c.profile for c in recal]
         for r in live.runs:
             sim = Simulator(

@@ -57,6 +57,8 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
     assert set(rep.drift()) == {"a", "b"} and all(d > 0 for d in rep.drift().values())
     assert set(rep.sim_after) == {"hexgen"} and rep.sim_after["hexgen"].workflows == WORKFLOWS
     assert set(rep.bracketed()) == {"hexgen"}
+    after_overlay = load_profiles_file(tmp_path / "calibrated-profiles-after.yaml")
+    assert set(after_overlay.profiles[MODEL]) == {"vllm-cpu-a", "vllm-cpu-b"}
     # The gateway's workers named those profiles, and the servers were stopped.
     gw = yaml.safe_load((tmp_path / "live" / "gateway-hexgen.yaml").read_text())
     assert [w["profile"] for w in gw["cluster"]["workers"]] == ["vllm-cpu-a", "vllm-cpu-b"]
