@@ -469,10 +469,11 @@ async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
     """With --scheduling-policy priority, of two waiting requests the one with the lower value starts first.
 
     Long requests fill the running slots; a low- then a high-priority request queue behind them; cancelling
-    one long request frees exactly one slot. The order only means something on a run where the long requests
-    still ran when the slot was freed and until both short requests were served, and neither short request had
-    started before (read from their streams); a run that missed that (the tiny model can finish 4000 tokens
-    quickly) is repeated, at most 3 runs, never counted as a pass.
+    one long request frees exactly one slot. The order only means something on a run where both short requests
+    were seen waiting in the engine (vLLM's gauge), the long requests still ran when the slot was freed and
+    until both short requests were served, and neither short request had started before (read from their
+    streams); a run that missed that (the tiny model can finish 4000 tokens quickly) is repeated, at most 3
+    runs, never counted as a pass.
     """
     runs: list[dict[str, Any]] = []
     async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as ac:
@@ -481,18 +482,33 @@ async def test_priority_field_is_accepted_and_a_lower_value_is_served_first(
             long_n = await long_tokens(ac)
             longs = [Stream(ac, chat_body(**exact(long_n))) for _ in range(max_num_seqs)]
             filled = await wait_for(lambda: all(st.chunks > 0 for st in longs))  # noqa: B023 (awaited at once)
+            # Each short request must be in the engine's waiting queue before the next step: with the CPU busy
+            # decoding, the API server can take longer than any fixed sleep to hand a request to the engine
+            # (seen in CI: the high-priority request arrived after the slot was freed, and lost).
             low = Stream(ac, chat_body(**exact(4), priority=10))  # arrives first
-            await asyncio.sleep(0.3)
+            low_queued = await poll_until(ac, lambda w, r: w >= 1, 30.0)
             high = Stream(ac, chat_body(**exact(4), priority=-10))
-            await asyncio.sleep(0.3)
-            valid = filled and not any(st.done for st in longs) and low.chunks == 0 and high.chunks == 0
+            both_queued = await poll_until(ac, lambda w, r: w >= 2, 30.0)
+            valid = (
+                filled
+                and low_queued[0] >= 1
+                and both_queued[0] >= 2
+                and not any(st.done for st in longs)
+                and low.chunks == 0
+                and high.chunks == 0
+            )
             await cancel_all([longs[0].task])  # one slot frees
             await asyncio.gather(low.task, high.task)
             # Exactly one slot must have freed: a long request that finished on its own meanwhile freed a
             # second one, and both short requests could start in the same step (seen: 16 ms apart).
             valid = valid and not any(st.done for st in longs[1:])
             await cancel_all([st.task for st in longs[1:]])
-            run = {"valid": valid, "long_chunks": [st.chunks for st in longs], "status": [low.status, high.status]}
+            run = {
+                "valid": valid,
+                "waiting": [low_queued[0], both_queued[0]],
+                "long_chunks": [st.chunks for st in longs],
+                "status": [low.status, high.status],
+            }
             runs.append(run)
             if valid:
                 break
