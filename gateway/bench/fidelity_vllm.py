@@ -55,7 +55,7 @@ import statistics
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.bench import hostcpu
 from gateway.bench.calibrate_live import TOKEN_ID_RANGE, CalibrationResult, PlanSettings, calibrate, profile_entry
 from gateway.bench.livebench import LiveBenchReport, PolicyRun, format_live_report, run_live_bench
 from gateway.bench.replay import ReplayWorkflow, replay_setup, replay_workload, scale_queries, workload_queries
@@ -183,6 +184,8 @@ class ServerCalibration:
     """The profile's lone latency of the standard workflow at the benchmark's token scale."""
     background_requests: int = 0
     """Requests the other servers completed while this one was calibrated (0: calibrated with them idle)."""
+    host: hostcpu.HostUsage | None = None
+    """What the host's CPUs did while this server was calibrated (None: not measured, or not Linux)."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
@@ -210,6 +213,7 @@ class ServerCalibration:
             "fit_max_abs_error": finite_or_none(max(errs)) if errs else None,
             "calibration_wall_s": self.result.wall_s,
             "standard_workflow_s": self.standard_s,
+            "host": self.host.to_json() if self.host is not None else None,
         }
 
 
@@ -545,6 +549,8 @@ class VllmFidelityReport:
     sim_after: dict[str, Summary] = field(default_factory=dict)
     """Policy -> the simulator's prediction with the engines at their after-replay speed (the scheduler
     still planning with the profiles calibrated before, as the live gateway did)."""
+    host: hostcpu.HostUsage | None = None
+    """What the host's CPUs did during the live replay (None: not measured, or not Linux)."""
 
     def drift(self) -> dict[str, float]:
         """Server -> its standard workflow's latency calibrated after the replay over before (1: no drift)."""
@@ -563,6 +569,29 @@ class VllmFidelityReport:
                 continue
             lo, hi = sorted((r.simulated.p95_s, after.p95_s))
             out[r.policy] = lo * (1 - TARGET) <= r.live.p95_s <= hi * (1 + TARGET)
+        return out
+
+    def host_by_server(self) -> dict[str, dict[str, Any]]:
+        """Server -> what ran on its CPUs while it was calibrated and during the replay (``cores``: its own
+        CPU seconds per second; ``beside``: the share of its pinned CPUs' time that went to anything else;
+        ``steal``: their share taken by the hypervisor), beside each policy's live/simulated mean time per
+        call on it. Empty where the host was not measured."""
+        out: dict[str, dict[str, Any]] = {}
+        for c in self.calibrations:
+            name, cpus = c.server.name, c.server.cpus
+            phases = {
+                phase: {"cores": h.cores(name), "beside": h.beside(name, cpus), "steal": h.steal(cpus)}
+                for phase, h in (("calibration", c.host), ("replay", self.host))
+                if h is not None
+            }
+            if not phases:
+                continue
+            ratio: dict[str, float | None] = {}
+            for b in self.breakdowns:
+                lv, sm = b.workers_live.get(name), b.workers_sim.get(name)
+                if lv is not None and sm is not None and sm.on_worker_s > 0:
+                    ratio[b.policy] = finite_or_none(lv.on_worker_s / sm.on_worker_s)
+            out[name] = {"cpus": list(cpus), **phases, "live_over_sim_on_worker": ratio}
         return out
 
     def gaps(self) -> dict[str, dict[str, float]]:
@@ -594,6 +623,8 @@ class VllmFidelityReport:
             "breakdown": [b.to_json() for b in self.breakdowns],
             "engines": {name: t.to_json() for name, t in self.engines.items()},
             "live_bench": self.live.to_json(),
+            "host": self.host.to_json() if self.host is not None else None,
+            "host_by_server": self.host_by_server(),
             "after": {
                 "servers": [c.to_json() for c in self.after],
                 "drift": {k: finite_or_none(v) for k, v in self.drift().items()},
@@ -745,6 +776,7 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
         )
         lines.append(table(["server", "requests", "engine queue", "prompt/lone", "output/lone", "end to end"], erows))
         lines.append("")
+    lines += _host_lines(rep)
     grows = []
     for r in rep.live.runs:
         g = rep.gaps()[r.policy]
@@ -782,6 +814,49 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
         )
         lines.append(table(["policy", "live p95", "sim p95 before", "sim p95 after", "bracketed"], brows))
     return "\n".join(lines)
+
+
+def _share(x: float | None) -> str:
+    return f"{x:.0%}" if x is not None and math.isfinite(x) else "-"
+
+
+def _host_lines(rep: VllmFidelityReport) -> list[str]:
+    """The host table of one round (none where the host was not measured)."""
+    by_server = rep.host_by_server()
+    if not by_server:
+        return []
+    rows = []
+    for name, h in by_server.items():
+        cells = [name, ",".join(map(str, h["cpus"])) or "-"]
+        for phase in ("calibration", "replay"):
+            ph = h.get(phase)
+            if not ph:
+                cells.append("-")
+            elif not h["cpus"]:  # unpinned: what else ran on its CPUs is not known
+                cells.append(f"{ph['cores']:.2f} / - / -")
+            else:
+                cells.append(f"{ph['cores']:.2f} / {_share(ph['beside'])} / {_share(ph['steal'])}")
+        cells.append(
+            " ".join(f"{fmt(v, 2) if v is not None else '-'}" for v in h["live_over_sim_on_worker"].values()) or "-"
+        )
+        rows.append(cells)
+    lines = [
+        "the host's CPUs while each server was calibrated and during the replay (cores: the server's CPU seconds "
+        "per second; beside: the share of its CPUs' time that went to anything else; steal: taken by the "
+        "hypervisor):",
+        table(
+            ["server", "cpus", "calibration cores/beside/steal", "replay cores/beside/steal", "on worker live/sim"],
+            rows,
+        ),
+    ]
+    if rep.host is not None:
+        others = ", ".join(f"{c} {s / rep.host.wall_s:.2f}" for c, s in rep.host.others) or "none"
+        lines.append(
+            f"during the replay: the gateway and the replay client {rep.host.cores('bench'):.2f} cores; the busiest "
+            f"other process groups (cores): {others}"
+        )
+    lines.append("")
+    return lines
 
 
 @dataclass
@@ -865,6 +940,23 @@ def format_vllm_fidelity_series(series: VllmFidelitySeries) -> str:
         f"the rounds side by side (each: a fresh calibration, then its replay; target: P95 within {TARGET:.0%}):"
     )
     parts.append(table(["round", "seed", "policy", "live p95", "sim p95", "gap", "live slo", "sim slo"], rows))
+    hrows = []
+    for i, rep in enumerate(series.rounds):
+        for name, h in rep.host_by_server().items():
+            cal, rep_h = h.get("calibration") or {}, h.get("replay") or {}
+            hrows.append(
+                [
+                    str(i + 1),
+                    name,
+                    _share(cal.get("beside")),
+                    _share(rep_h.get("beside")),
+                    _share(rep_h.get("steal")),
+                    " ".join(fmt(v, 2) if v is not None else "-" for v in h["live_over_sim_on_worker"].values()) or "-",
+                ]
+            )
+    if hrows:
+        parts.append("what else ran on each server's CPUs, calibration against replay, and its live/sim time per call:")
+        parts.append(table(["round", "server", "beside calib", "beside replay", "steal replay", "live/sim"], hrows))
     med, within = series.median_p95_gap(), series.rounds_within()
     for p in med:
         parts.append(
@@ -912,6 +1004,16 @@ def _start_servers(
         except cpu_vllm.CpuVllmError:
             cpu_vllm.stop_servers(ports, paths=paths)
             raise
+
+
+def _process_groups(servers: Sequence[VllmServer], ports: Sequence[int], paths: cpu_vllm.Paths) -> dict[str, int]:
+    """Name -> process group to account the host's CPU time to: each server's (its launcher starts it in a
+    session of its own, so the group is the server's pid) and this process's as ``bench`` (the replay client
+    and the gateway it starts)."""
+    pids = {info.port: info.pid for info in cpu_vllm.status(paths)}
+    groups = {s.name: pids[port] for s, port in zip(servers, ports, strict=True) if port in pids}
+    groups["bench"] = os.getpgid(0)
+    return groups
 
 
 def cluster_doc(servers: Sequence[VllmServer]) -> dict[str, Any]:
@@ -1011,6 +1113,7 @@ def run_fidelity_vllm(
         cpu_vllm.build_model(paths)
         options = [server_options(s, prefix_caching) for s in servers]
         urls = _start_servers(options, base_port, paths, say)
+        groups = _process_groups(servers, ports, paths)
         for i in range(rounds):
             if rounds > 1:
                 say(f"round {i + 1} of {rounds} (seed {seed + i})")
@@ -1033,6 +1136,7 @@ def run_fidelity_vllm(
                     recalibrate_after=recalibrate_after,
                     progress=progress,
                     say=say,
+                    groups=groups,
                 )
             )
         ok = True
@@ -1065,6 +1169,7 @@ def _round(
     recalibrate_after: bool,
     progress: bool,
     say: Callable[[str], None],
+    groups: Mapping[str, int] | None = None,
 ) -> VllmFidelityReport:
     """One round on running servers: calibrate each, replay ``workflows`` of seed ``seed`` live, simulate."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -1072,7 +1177,7 @@ def _round(
     scaled = scale_queries(queries, token_scale)
     calls = sorted({(c.input_tokens, c.output_tokens) for q in scaled for c in q})
     calibrations = _calibrate_all(
-        servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load
+        servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load, groups=groups
     )
     profiles_path = folder / "calibrated-profiles.yaml"
     doc = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in calibrations}}}
@@ -1086,6 +1191,7 @@ def _round(
     rate = rate_qps if rate_qps is not None else round(load * bound, 6)
     say(f"replaying {workflows} workflows at {rate:.4g}/s ({rate / bound:.2f} x the calibrated fluid bound)")
     before = _scrape_engines(urls)
+    h0 = hostcpu.sample() if groups is not None else None
     live = run_live_bench(
         str(cluster_path),
         trace,
@@ -1102,6 +1208,8 @@ def _round(
         token_scale=token_scale,
         prefix_caching=prefix_caching,
     )
+    h1 = hostcpu.sample() if h0 is not None else None
+    host = hostcpu.usage(h0, h1, groups) if h0 is not None and h1 is not None and groups is not None else None
     after = _scrape_engines(urls)
     workload = replay_workload(setup, rate)
     engines = engine_accounting([s.name for s in servers], before, after, live.runs, workload, workers)
@@ -1111,7 +1219,7 @@ def _round(
     if recalibrate_after:
         say("calibrating each server again after the replay (drift)")
         recal = _calibrate_all(
-            servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load
+            servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load, groups=groups
         )
         doc_after = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in recal}}}
         (folder / "calibrated-profiles-after.yaml").write_text(yaml.safe_dump(doc_after, sort_keys=False))
@@ -1136,6 +1244,7 @@ def _round(
         engines,
         recal,
         sim_after,
+        host,
     )
 
 
@@ -1203,11 +1312,14 @@ def _calibrate_all(
     say: Callable[[str], None],
     *,
     beside_load: bool = True,
+    groups: Mapping[str, int] | None = None,
 ) -> list[ServerCalibration]:
     """Calibrate each server in turn, prompts and outputs up to the workload's longest. With
     ``beside_load`` the other servers meanwhile serve the workload's calls (two at a time each), as they will
     during the replay: on a CPU the servers share the cache, memory bandwidth and the host, and one's
-    work slows the other (measured: 20-47% on this machine's two vCPUs); without it the others idle."""
+    work slows the other (measured: 20-47% on this machine's two vCPUs); without it the others idle.
+    ``groups`` (name -> process group: each server's, the benchmark's as ``bench``): what the host's CPUs did
+    during each calibration is measured (``ServerCalibration.host``)."""
     standard = scale_queries([STANDARD_WORKFLOW], token_scale)[0]
     longest_in = max(c[0] for c in calls)
     longest_out = max(c[1] for c in calls)
@@ -1226,8 +1338,11 @@ def _calibrate_all(
             f"{'CPUs ' + ','.join(map(str, s.cpus)) if s.cpus else 'unpinned'}) at {url} "
             f"within {budget_s:g} s{', the others under load' if others else ''}"
         )
+        h0 = hostcpu.sample() if groups is not None else None
         res, served = asyncio.run(_calibrate_beside(url, others, calls, s.label, budget_s, settings, progress))
+        h1 = hostcpu.sample() if h0 is not None else None
+        host = hostcpu.usage(h0, h1, groups) if h0 is not None and h1 is not None and groups is not None else None
         prof = res.profile()
-        out.append(ServerCalibration(s, url, res, prof, workflow_latency(prof, standard), served))
+        out.append(ServerCalibration(s, url, res, prof, workflow_latency(prof, standard), served, host))
         say(f"{s.name}: standard workflow (tokens x {token_scale:g}) {out[-1].standard_s:.2f} s alone")
     return out

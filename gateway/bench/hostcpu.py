@@ -1,0 +1,179 @@
+"""What the host's CPUs did over an interval, read from Linux's ``/proc``: each CPU's busy, steal, I/O-wait
+and idle shares of the wall time, and the CPU seconds of named process groups.
+
+Benchmarks against real servers on a shared machine (``hexflow bench fidelity-vllm``) use it to say what a
+gap is made of: a server pinned to one CPU runs slower when something else runs on that CPU (another
+service, the gateway, the replay client, the kernel's interrupt handling) or when the hypervisor takes the
+CPU away (steal). For a server pinned to CPU ``c``, the time CPU ``c`` was busy minus the server's own CPU
+time is what everything else took from it.
+
+``/proc/stat`` counts each CPU's time in clock ticks by state; ``/proc/PID/stat`` counts each process's user
+and system time (all its threads) in ticks. A process that exits between two samples takes its time with
+it: a group's figure counts its processes alive at both samples (and any started in between), never less
+than zero. Where ``/proc`` is missing (not Linux) ``sample`` returns None and nothing is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CpuShare", "HostSample", "HostUsage", "sample", "usage"]
+
+_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+_BUSY = ("user", "nice", "system", "irq", "softirq")
+_TOP_OTHERS = 4
+
+
+def _tick_s() -> float:
+    try:
+        return 1.0 / float(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError, AttributeError):
+        return 0.01
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """One reading of ``/proc``: seconds per state of each CPU, and CPU seconds per process."""
+
+    at: float
+    """``time.monotonic()`` when read."""
+    cpus: dict[int, dict[str, float]]
+    """CPU number -> state (``_FIELDS``) -> seconds since boot."""
+    procs: dict[int, tuple[int, str, float]]
+    """pid -> (process group, command name, user + system seconds)."""
+
+
+def _read_cpus(root: Path, tick: float) -> dict[int, dict[str, float]]:
+    cpus: dict[int, dict[str, float]] = {}
+    for line in (root / "stat").read_text().splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        with contextlib.suppress(ValueError):
+            values = [int(v) * tick for v in rest.split()]
+            cpus[int(name[3:])] = dict(zip(_FIELDS, values + [0.0] * (len(_FIELDS) - len(values)), strict=False))
+    return cpus
+
+
+def _read_procs(root: Path, tick: float) -> dict[int, tuple[int, str, float]]:
+    procs: dict[int, tuple[int, str, float]] = {}
+    for entry in root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = (entry / "stat").read_text()
+            head, _, tail = text.rpartition(")")
+            comm = head.partition("(")[2]
+            fields = tail.split()
+            # After the command: state, ppid, pgrp, ..., utime (field 14 of the line), stime (15).
+            procs[int(entry.name)] = (int(fields[2]), comm, (int(fields[11]) + int(fields[12])) * tick)
+    return procs
+
+
+def sample(root: Path = Path("/proc")) -> HostSample | None:
+    """Read the CPUs' and processes' times now; None where ``root`` cannot be read (not Linux)."""
+    tick = _tick_s()
+    try:
+        cpus = _read_cpus(root, tick)
+        procs = _read_procs(root, tick)
+    except OSError:
+        return None
+    if not cpus:
+        return None
+    return HostSample(time.monotonic(), cpus, procs)
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """One CPU over an interval: each state's share of the wall time (they sum to about 1)."""
+
+    busy: float
+    steal: float
+    iowait: float
+    idle: float
+
+    def to_json(self) -> dict[str, float]:
+        """The JSON view."""
+        return {"busy": self.busy, "steal": self.steal, "iowait": self.iowait, "idle": self.idle}
+
+
+@dataclass(frozen=True)
+class HostUsage:
+    """What the host did between two samples."""
+
+    wall_s: float
+    cpus: dict[int, CpuShare]
+    groups: dict[str, float]
+    """Name -> CPU seconds of the named process groups (``usage``'s ``named``)."""
+    others: list[tuple[str, float]] = field(default_factory=list)
+    """The busiest other process groups: (command of one member, CPU seconds), most first."""
+
+    def cores(self, name: str) -> float:
+        """A named group's CPU seconds per wall second (1.0: one CPU's worth)."""
+        return self.groups.get(name, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def beside(self, name: str, cpus: tuple[int, ...]) -> float:
+        """The share of ``cpus``' time (1.0: all of them, all the time) that went to anything but the group
+        ``name``: what else ran on the CPUs that group is pinned to (0 when ``cpus`` is empty or unknown)."""
+        known = [c for c in cpus if c in self.cpus]
+        if not known or self.wall_s <= 0:
+            return 0.0
+        busy = sum(self.cpus[c].busy for c in known) * self.wall_s
+        return max(busy - self.groups.get(name, 0.0), 0.0) / (self.wall_s * len(known))
+
+    def steal(self, cpus: tuple[int, ...]) -> float:
+        """The mean steal share of ``cpus`` (0 when empty or unknown)."""
+        known = [c for c in cpus if c in self.cpus]
+        return sum(self.cpus[c].steal for c in known) / len(known) if known else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {
+            "wall_s": self.wall_s,
+            "cpus": {str(c): s.to_json() for c, s in sorted(self.cpus.items())},
+            "groups_cpu_s": dict(self.groups),
+            "others_cpu_s": [{"command": c, "cpu_s": s} for c, s in self.others],
+        }
+
+
+def usage(before: HostSample, after: HostSample, named: Mapping[str, int]) -> HostUsage:
+    """The interval from ``before`` to ``after``; ``named``: a name for each process group (pgid) to count
+    apart (a server's group, the benchmark's own). Every other group is ranked in ``others``."""
+    wall = max(after.at - before.at, 1e-9)
+    cpus: dict[int, CpuShare] = {}
+    for c, a in after.cpus.items():
+        b = before.cpus.get(c)
+        if b is None:
+            continue
+        d = {k: max(a[k] - b[k], 0.0) for k in _FIELDS}
+        total = sum(d.values())
+        if total <= 0:
+            continue
+        # Shares of the CPU's own accounted time (it can differ from the wall clock by a tick or so).
+        cpus[c] = CpuShare(
+            busy=sum(d[k] for k in _BUSY) / total,
+            steal=d["steal"] / total,
+            iowait=d["iowait"] / total,
+            idle=d["idle"] / total,
+        )
+    per_group: dict[int, float] = {}
+    names: dict[int, str] = {}
+    for pid, (pgid, comm, cpu_s) in after.procs.items():
+        prev = before.procs.get(pid)
+        # A pid seen before in another group (reused) or not seen: its whole time counts.
+        spent = cpu_s - prev[2] if prev is not None and prev[0] == pgid else cpu_s
+        per_group[pgid] = per_group.get(pgid, 0.0) + max(spent, 0.0)
+        if pid == pgid or pgid not in names:
+            names[pgid] = "kernel threads" if pgid == 0 else comm
+    groups = {name: per_group.get(pgid, 0.0) for name, pgid in named.items()}
+    mine = set(named.values())
+    others = sorted(((names[g], s) for g, s in per_group.items() if g not in mine and s > 0), key=lambda x: -x[1])[
+        :_TOP_OTHERS
+    ]
+    return HostUsage(wall, cpus, groups, others)
