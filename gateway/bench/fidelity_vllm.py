@@ -31,7 +31,10 @@ them is modelled:
    to answer) against the simulator's for the same workload and against the profile's lone-call
    prediction; per workflow, its latency split along its chain of stages (for each stage, the call that
    finished last) into time queued at the gateway, time on the worker, the gateway's own time between
-   stages, and the client's (HTTP) time, live next to simulated.
+   stages, and the client's (HTTP) time, live next to simulated; and what the host's CPUs did during each
+   calibration and the replay (``gateway.bench.hostcpu``): each server's own CPU use, the share of its
+   pinned CPU that went to anything else (the gateway, the replay client, other services, the kernel),
+   and the hypervisor's steal.
 
 5. **Rounds and drift** (``--rounds``, ``--recalibrate-after``; ``VllmFidelitySeries``): steps 2-4 repeated on
    the same servers with the next seeds, the figure the median of the rounds' P95 gaps; optionally each
