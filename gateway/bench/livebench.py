@@ -320,6 +320,9 @@ def run_live_bench(
     if log_dir is None:
         log_dir = Path(tempfile.mkdtemp(prefix="hexflow-livebench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
+    # Absolute: the gateway resolves the files its config names against the config's own folder, so a
+    # relative --log-dir would be doubled (out/x/out/x/tenants.yaml).
+    log_dir = log_dir.resolve()
     key = secrets.token_urlsafe(24)
     tenants = write_tenants_file(
         log_dir / "tenants.yaml", key, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale

@@ -602,6 +602,7 @@ def run_mislabel_live(
     keep = log_dir is not None
     folder = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="hexflow-mislabel-"))
     folder.mkdir(parents=True, exist_ok=True)
+    folder = folder.resolve()  # the gateway reads its files relative to its own config's folder
     key = secrets.token_urlsafe(24)
     tenants = write_tenants_file(
         folder / "tenants.yaml", key, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale

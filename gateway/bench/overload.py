@@ -393,6 +393,7 @@ def run_overload(
     keep = log_dir is not None
     log_dir = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="hexflow-overload-"))
     log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = log_dir.resolve()  # the gateway reads its files relative to its own config's folder
     key = secrets.token_urlsafe(24)
     tenants = write_overload_tenants(log_dir / "tenants.yaml", key, predictive=predictive, deadline_s=deadline_wall)
     say(

@@ -34,13 +34,17 @@ def test_perturbed_catalog_changes_each_gpu_type_by_its_own_factors(tmp_path: Pa
     )  # the input is not modified
 
 
-def test_fidelity_calibrates_every_gpu_type_then_compares_live_with_the_simulation(tmp_path: Path) -> None:
+def test_fidelity_calibrates_every_gpu_type_then_compares_live_with_the_simulation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings = PlanSettings(max_prompt=512, max_output=16, max_concurrency=2, repeats=1)
+    # A relative log folder (as `--log-dir out/x` gives): the gateway it starts must still find its files.
+    monkeypatch.chdir(tmp_path.parent)
     rep = run_fidelity(
         workflows=4,
         time_scale=0.02,
         budget_s=20.0,
-        log_dir=tmp_path,
+        log_dir=Path(tmp_path.name),
         progress=False,
         settings=settings,
     )
