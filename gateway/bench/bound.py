@@ -5,8 +5,9 @@ own limits and not at the gateway's in-flight cap (``WorkerInfo.capacity`` is ig
 sent more calls at once could use the engine's full batch). Over a long run, per second of time, a
 worker ``w`` that serves ``x[w, c]`` calls of type ``c`` and runs ``I[w]`` iterations must satisfy
 
-* GPU time:  ``sum_c x[w,c] * (token_s * tokens_c + ctx_s * ctx_c) + iter_base_s * I[w] <= 1``
-  (an iteration lasts ``iter_base_s + token_s * tokens + ctx_s * context``; the engine is busy at most
+* GPU time:  ``sum_c x[w,c] * (token_s * tokens_c + ctx_s * ctx_c + attn_s * pairs_c) + iter_base_s * I[w]
+  <= 1`` (an iteration lasts ``iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs``; the
+  engine is busy at most
   all the time; the per-request overhead is off the GPU and excluded);
 * batch slots:  ``sum_c x[w,c] * iters_c <= max_num_seqs * I[w]`` (a call holds a slot for at least
   its ``iters_c`` iterations: its prefill chunks, then one iteration per further output token);
@@ -25,7 +26,9 @@ on what the engine spends on any schedule, for a call with ``i`` prompt and ``o`
 * ``iters_c = ceil(i / B) + o - 1``;
 * ``ctx_c``: each iteration reads the context the call holds at its start. Decoding reads
   ``i, i+1, ..., i+o-2``; prefilling in ``k = ceil(i / B)`` chunks reads at least
-  ``sum_{j=1}^{k-1} (i - j * B)`` (the smallest chunk first; no chunking reads less).
+  ``sum_{j=1}^{k-1} (i - j * B)`` (the smallest chunk first; no chunking reads less);
+* ``pairs_c``: the prefill attention pairs, ``(i (i + 1) - h (h + 1)) / 2`` with ``h`` cached prompt tokens
+  (each prompt token past the cache attends to itself and every token before it, however it is chunked).
 
 It is a relaxation, so it bounds every scheduler, whatever order and placement it chooses, on every run
 whose completed workflows have this mix. Calls are grouped by their exact ``(input, output)`` pair; when
@@ -94,7 +97,9 @@ def call_resources(
     iters = k + n
     kv = np.minimum(i + o, float(profile.kv_capacity_tokens))
     return {
-        "gpu_s": profile.token_s * tokens + profile.ctx_s * (prefill_ctx + decode_ctx),
+        "gpu_s": profile.token_s * tokens
+        + profile.ctx_s * (prefill_ctx + decode_ctx)
+        + profile.attn_s * (i * (i + 1.0) - h * (h + 1.0)) / 2.0,
         "iters": iters,
         "tokens": tokens,
         "kv_iters": kv * iters,

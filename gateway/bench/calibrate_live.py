@@ -5,9 +5,11 @@
         [--max-batched-tokens N] [--kv-tokens N] [--plot PNG] [--json FILE] [--quiet]
 
 The profile is the iteration-time model of ``gateway.core.profile`` (the one the simulator, the
-scheduler and the emulated worker use): ``t_iter = iter_base_s + token_s * tokens + ctx_s * context``
-plus ``request_overhead_s`` per request. What a request costs is linear in the four constants for
-given token counts, so measured latencies fit them by a linear program.
+scheduler and the emulated worker use): ``t_iter = iter_base_s + token_s * tokens + ctx_s * context +
+attn_s * pairs`` (``pairs``: the prefill attention pairs the iteration's prompt chunks compute) plus
+``request_overhead_s`` per request. What a request costs is linear in the five constants for given token
+counts, so measured latencies fit them by a linear program. ``attn_s`` is what makes prefill quadratic in
+the prompt; where the worker's prefill is linear the fit leaves it near 0.
 
 The probe plan (``make_plan``), run in this order until ``--budget-s`` is spent:
 
@@ -118,10 +120,10 @@ small ones (the tiny CPU test model has 3072); the range of the gateway's synthe
 (``gateway.live.routers.workflows.SYNTHETIC_VOCAB``)."""
 MIN_POSITIVE = 1e-12
 """``iter_base_s`` and ``token_s`` must be positive in ``gpus.yaml``; a fit at 0 is written as this."""
-FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
-Vector = tuple[float, float, float, float]
+FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "attn_s")
+Vector = tuple[float, float, float, float, float]
 SEND_TERM = "send_s"
-"""A fifth fitted term, not part of the profile: seconds added to the mean latency of a batch probe per
+"""A sixth fitted term, not part of the profile: seconds added to the mean latency of a batch probe per
 request beyond the first. ``n`` requests sent together are parsed and answered one after another by
 the client's and the API server's event loops (host CPU, off the GPU), so their mean latency grows by
 about this much per extra request whatever their token counts; without the term the fit would charge
@@ -214,7 +216,7 @@ def make_plan(s: PlanSettings) -> list[Probe]:
 
 
 def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
-    """Coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s)`` in the mean latency of ``n``
+    """Coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s, attn_s)`` in the mean latency of ``n``
     requests of one shape that arrive together, from their iteration schedule (vLLM's V1 scheduler, as
     ``gateway.sim.engine`` models it).
 
@@ -223,7 +225,8 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
     yields its first output token. An iteration reads the context of every request in the engine
     (the tokens it has processed so far). Which tokens run in which iteration depends on the token
     counts only, not on the constants, so each request's latency is linear in them: ``overhead +
-    sum over its iterations of (iter_base_s + token_s * tokens + ctx_s * context)``. With ``n = 1``
+    sum over its iterations of (iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs)``, a
+    chunk of ``c`` prompt tokens after ``p`` computing ``c * p + c * (c + 1) / 2`` pairs. With ``n = 1``
     this is ``PerfProfile.single_latency``.
     """
     if min(n, prompt, output, chunk) < 1:
@@ -232,8 +235,8 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
     generated = [0] * n
     done = [False] * n
     # Running sums of the features over the iterations so far, and each request's at its finish.
-    iters = tokens_sum = ctx_sum = 0.0
-    row = np.zeros(4)
+    iters = tokens_sum = ctx_sum = pairs_sum = 0.0
+    row = np.zeros(5)
     left = n
     while left:
         decoding = [i for i in range(n) if not done[i] and generated[i] >= 1]
@@ -248,6 +251,7 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
             if done[i] or prefilled[i] >= prompt:
                 continue
             take = min(budget, prompt - prefilled[i])
+            pairs_sum += take * prefilled[i] + take * (take + 1) / 2.0
             prefilled[i] += take
             budget -= take
             tok += take
@@ -260,15 +264,16 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
             if not done[i] and generated[i] >= output:
                 done[i] = True
                 left -= 1
-                row += (iters, tokens_sum, ctx_sum, 1.0)
+                row += (iters, tokens_sum, ctx_sum, 1.0, pairs_sum)
     return row / n
 
 
 def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
-    """The coefficient row of one measured probe: the profile's four constants (a lone probe: exactly
+    """The coefficient row of one measured probe: the profile's five constants (a lone probe: exactly
     ``PerfProfile.single_latency``), then ``n - 1`` for the send term (``SEND_TERM``)."""
     if n == 1:
-        row = np.asarray(design_matrix([CallSpec(kind, max(prompt, 1), max(output, 1))], chunk)[0], dtype=float)
+        calls = [CallSpec(kind, max(prompt, 1), max(output, 1))]
+        row = np.asarray(design_matrix(calls, chunk, attention=True)[0], dtype=float)
     else:
         row = batch_features(n, prompt, output, chunk)
     return np.append(row, float(n - 1))
@@ -361,7 +366,7 @@ class CalibrationResult:
                 "the worker exposes no KV-cache capacity (vllm:cache_config_info) and none could be estimated; "
                 "rerun with --kv-tokens N"
             )
-        x, t, c, o = self.constants
+        x, t, c, o, a = self.constants
         s = self.settings
         return PerfProfile(
             self.gpu,
@@ -373,6 +378,7 @@ class CalibrationResult:
             kv,
             s.max_num_seqs,
             s.max_batched_tokens,
+            a,
         )
 
     def errors(self) -> list[float]:
@@ -562,7 +568,7 @@ async def calibrate(
         if len({(m.probe.concurrency, m.prompt_tokens, m.output_tokens) for m in rows}) >= 4:
             a = np.array([m.features(chunk) for m in rows])
             c = fit_constants(a, np.array([m.latency_s for m in rows]))
-            constants, coef = (c[0], c[1], c[2], c[3]), np.array(c)
+            constants, coef = (c[0], c[1], c[2], c[3], c[4]), np.array(c)
 
     def predict(p: Probe) -> float | None:
         if coef is None:
@@ -671,7 +677,7 @@ async def calibrate(
         settings=s,
         measurements=measured,
         constants=constants,
-        send_s=float(coef[4]),
+        send_s=float(coef[5]),
         kv_capacity_tokens=kv,
         kv_source=kv_source,
         prefix_ratio=ratio,
@@ -714,9 +720,9 @@ async def _watch_usage(
     load = await w.load()
     if load is None or not load.kv_usage or load.running is None or load.running < 1:
         return None
-    x, t, c, o = constants
+    x, t, c, o, a = constants
     n, p = probe.concurrency, probe.prompt
-    elapsed = clock() - t0 - o - (x + t * n * p)
+    elapsed = clock() - t0 - o - (x + t * n * p + a * n * p * (p + 1) / 2)
     step = x + t * n + c * n * p
     k = min(probe.output, max(0.0, elapsed / step)) if step > 0 else 0.0
     return int(load.running * (p + k) / load.kv_usage)
@@ -746,6 +752,7 @@ def profile_entry(
         "kv_capacity_tokens": prof.kv_capacity_tokens,
         "max_num_seqs": prof.max_num_seqs,
         "max_batched_tokens": prof.max_batched_tokens,
+        "attn_s": _fmt_num(prof.attn_s / scale),
         "basis": f"measured: hexflow calibrate at {res.measured_at}, {len(res.fitted)} probes",
     }
 
@@ -789,19 +796,21 @@ def scaled_profile(res: CalibrationResult, scale: float, **kw: Any) -> PerfProfi
         token_s=p.token_s / scale,
         ctx_s=p.ctx_s / scale,
         request_overhead_s=p.request_overhead_s / scale,
+        attn_s=p.attn_s / scale,
     )
 
 
 def format_report(res: CalibrationResult) -> str:
     """The text ``hexflow calibrate`` prints: constants, KV capacity, prefix caching, fit error."""
-    x, t, c, o = res.constants
+    x, t, c, o, a = res.constants
     errs = [abs(e) for e in res.errors()]
     worst = max(res.fitted, key=lambda m: abs(m.error))
     others = sum(1 for m in res.measurements if m.others_running)
     lines = [
         f"{res.worker} ({res.model}): {len(res.measurements)}/{res.planned} probes in {res.wall_s:.1f} s of a "
         f"{res.budget_s:g} s budget" + (" (stopped by the budget)" if res.stopped_by_budget else ""),
-        f"  iter_base_s {x:.6g}  token_s {t:.6g}  ctx_s {c:.6g}  request_overhead_s {o:.6g}  (wall seconds)",
+        f"  iter_base_s {x:.6g}  token_s {t:.6g}  ctx_s {c:.6g}  request_overhead_s {o:.6g}  attn_s {a:.6g}  "
+        "(wall seconds)",
         f"  send term {res.send_s:.3g} s per extra request of a batch probe (host-side; not in the profile)",
         f"  kv_capacity_tokens {res.kv_capacity_tokens if res.kv_capacity_tokens is not None else 'unknown'} "
         f"({res.kv_source})",

@@ -71,6 +71,11 @@ class ProfileSpec(_Strict):
     max_batched_tokens: int = Field(
         2048, ge=16, le=1 << 20, description="vLLM --max-num-batched-tokens: chunked-prefill budget."
     )
+    attn_s: NonNegFloat = Field(
+        0.0,
+        description="Seconds per prefill attention pair (query token x key token a prompt chunk computes); "
+        "0: prefill linear in the prompt (fits of published GPU numbers), measured by hexflow calibrate.",
+    )
     basis: str = Field("", description="How the constants were obtained (fitted, derived, ...).")
 
 

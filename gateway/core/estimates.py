@@ -95,12 +95,9 @@ class WorkerLoad:
 
 
 def prefill_time(p: PerfProfile, input_tokens: int) -> float:
-    """Engine seconds to process a prompt alone: its chunks, each reading the context before it."""
-    chunk = p.max_batched_tokens
-    n = input_tokens if input_tokens > 1 else 1
-    full, rest = divmod(n, chunk)
-    n_chunks = full + (1 if rest else 0)
-    return n_chunks * p.iter_base_s + p.token_s * n + p.ctx_s * chunk * (full * (full - 1) / 2 + (full if rest else 0))
+    """Engine seconds to process a prompt alone (``PerfProfile.prefill_time``). A prompt whose first tokens
+    are cached is estimated as its uncached tokens alone (their attention to the cached prefix left out)."""
+    return p.prefill_time(input_tokens)
 
 
 class Estimator:

@@ -12,6 +12,12 @@ tokens of calls still in prefill. The duration of one iteration is modelled as
   dominated by it, large decode batches grow with it.
 * ``ctx_s``: attention over the KV cache, proportional to the context tokens read in the iteration
   (``kv_bytes_per_token / effective bandwidth``), so decode steps slow down as contexts grow.
+* ``attn_s`` (default 0): prefill attention's compute, per (query, key) pair a prompt chunk computes: a
+  chunk of ``c`` prompt tokens after ``p`` tokens already processed computes ``c * p + c * (c + 1) / 2``
+  pairs (causal attention), so a prompt of ``n`` tokens alone computes ``n * (n + 1) / 2`` however it is
+  chunked. Quadratic in the prompt: it matters where the model is small against its context (measured on
+  the CPU's tiny model, where a 1750-token prompt takes 3x a 875-token one), and is folded into
+  ``token_s`` by the fits of published GPU numbers, which leave it at 0.
 
 ``request_overhead_s`` is latency per request that does not occupy the GPU (API server, tokenisation,
 detokenisation, client framework); it is added to what a caller observes but does not hold a batch slot.
@@ -44,8 +50,11 @@ class PerfProfile:
     kv_capacity_tokens: int
     max_num_seqs: int
     max_batched_tokens: int
+    attn_s: float = 0.0
 
-    def __reduce__(self) -> tuple[type[PerfProfile], tuple[str, str, float, float, float, float, int, int, int]]:
+    def __reduce__(
+        self,
+    ) -> tuple[type[PerfProfile], tuple[str, str, float, float, float, float, int, int, int, float]]:
         # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
         # native build) cannot be unpickled by setting attributes.
         return (
@@ -60,6 +69,7 @@ class PerfProfile:
                 self.kv_capacity_tokens,
                 self.max_num_seqs,
                 self.max_batched_tokens,
+                self.attn_s,
             ),
         )
 
@@ -68,9 +78,27 @@ class PerfProfile:
         """``GPU/model``, the profile's display name."""
         return f"{self.gpu}/{self.model}"
 
-    def iter_time(self, tokens: int, ctx: float) -> float:
-        """Duration of one iteration that processes ``tokens`` and reads ``ctx`` context tokens."""
-        return self.iter_base_s + self.token_s * tokens + self.ctx_s * ctx
+    def iter_time(self, tokens: int, ctx: float, pairs: float = 0.0) -> float:
+        """Duration of one iteration that processes ``tokens``, reads ``ctx`` context tokens and computes
+        ``pairs`` prefill attention pairs."""
+        return self.iter_base_s + self.token_s * tokens + self.ctx_s * ctx + self.attn_s * pairs
+
+    def prefill_time(self, input_tokens: int) -> float:
+        """Engine seconds to process a prompt alone: its chunks, each reading the context before it (and,
+        with ``attn_s``, computing its attention pairs); the iteration that ends it yields the first token."""
+        chunk = self.max_batched_tokens
+        n = input_tokens if input_tokens > 1 else 1
+        full, rest = divmod(n, chunk)
+        n_chunks = full + (1 if rest else 0)
+        # Context read while prefilling chunk i is the i*chunk tokens already in the KV cache.
+        t = (
+            n_chunks * self.iter_base_s
+            + self.token_s * n
+            + self.ctx_s * chunk * (full * (full - 1) / 2 + (full if rest else 0))
+        )
+        if self.attn_s:
+            t += self.attn_s * (n * (n + 1) / 2.0)
+        return t
 
     def engine_latency(self, input_tokens: int, output_tokens: int) -> float:
         """Time a lone request spends in the engine: chunked prefill, then one decode step per token.
@@ -78,12 +106,7 @@ class PerfProfile:
         The prefill's last iteration yields the first output token, so ``output_tokens - 1`` decode
         iterations follow. Closed form of the simulator's worker model with a batch of one.
         """
-        chunk = self.max_batched_tokens
-        full, rest = divmod(max(input_tokens, 1), chunk)
-        n_chunks = full + (1 if rest else 0)
-        # Context read while prefilling chunk i is the i*chunk tokens already in the KV cache.
-        prefill = n_chunks * self.iter_base_s + self.token_s * max(input_tokens, 1)
-        prefill += self.ctx_s * chunk * (full * (full - 1) / 2 + (full if rest else 0))
+        prefill = self.prefill_time(input_tokens)
         n = max(output_tokens - 1, 0)
         ctx0 = max(input_tokens, 1)
         decode = n * (self.iter_base_s + self.token_s) + self.ctx_s * (n * ctx0 + n * (n - 1) / 2)
@@ -133,13 +156,26 @@ CONSTANTS: tuple[str, ...] = (
     "kv_capacity_tokens",
     "max_num_seqs",
     "max_batched_tokens",
+    "attn_s",
 )
-"""The fields of ``PerfProfile`` besides its name: what a config entry or a fit must provide."""
+"""The fields of ``PerfProfile`` besides its name, in its order: what a config entry or a fit provides."""
 
 
 def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
-    """A ``PerfProfile`` whose constants are read from the same-named attributes of ``source``."""
-    return PerfProfile(gpu, model, *(getattr(source, name) for name in CONSTANTS))
+    """A ``PerfProfile`` whose constants are read from the same-named attributes of ``source`` (a source
+    without ``attn_s`` gives 0: its prefill is linear)."""
+    return PerfProfile(
+        gpu,
+        model,
+        getattr(source, "iter_base_s"),  # noqa: B009 (the names of CONSTANTS, spelled out for the type checker)
+        getattr(source, "token_s"),  # noqa: B009
+        getattr(source, "ctx_s"),  # noqa: B009
+        getattr(source, "request_overhead_s"),  # noqa: B009
+        getattr(source, "kv_capacity_tokens"),  # noqa: B009
+        getattr(source, "max_num_seqs"),  # noqa: B009
+        getattr(source, "max_batched_tokens"),  # noqa: B009
+        getattr(source, "attn_s", 0.0),
+    )
 
 
 def iterations_within(a: float, g: float, elapsed: float) -> int:
@@ -178,4 +214,5 @@ def time_scaled(profile: PerfProfile, scale: float) -> PerfProfile:
         token_s=profile.token_s * scale,
         ctx_s=profile.ctx_s * scale,
         request_overhead_s=profile.request_overhead_s * scale,
+        attn_s=profile.attn_s * scale,
     )

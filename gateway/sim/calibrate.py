@@ -188,7 +188,7 @@ class FittedProfile:
     def rounded_perf(self) -> PerfProfile:
         """The ``PerfProfile`` of the constants as written to ``gpus.yaml``."""
         spec = self.rounded()
-        return PerfProfile(self.gpu, self.model, *(spec[k] for k in CONSTANTS))
+        return PerfProfile(self.gpu, self.model, *(spec.get(k, 0.0) if k == "attn_s" else spec[k] for k in CONSTANTS))
 
 
 def workflow_latency(p: PerfProfile, calls: Sequence[CallSpec] = STANDARD_WORKFLOW) -> float:
@@ -201,18 +201,21 @@ def calibration_steps(cat: GpuCatalog) -> dict[str, CallSpec]:
     return {k: CallSpec(k, s.input_tokens, s.output_tokens) for k, s in cat.calibration.steps.items()}
 
 
-def design_matrix(calls: Sequence[CallSpec], chunk: int) -> np.ndarray:
-    """Row per call: its lone latency's coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s)``.
+def design_matrix(calls: Sequence[CallSpec], chunk: int, *, attention: bool = False) -> np.ndarray:
+    """Row per call: its lone latency's coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s)``,
+    and of ``attn_s`` with ``attention`` (the fits of published GPU numbers leave it out: their few step
+    latencies cannot tell quadratic prefill from linear).
 
     Evaluated through ``PerfProfile`` itself (one unit constant at a time), so the fit is exact for
     the model the simulator runs.
     """
+    k = 5 if attention else 4
 
     def unit(i: int) -> PerfProfile:
-        x, t, c, o = (1.0 if i == j else 0.0 for j in range(4))
-        return PerfProfile("unit", "unit", x, t, c, o, 1 << 40, 1, chunk)
+        x, t, c, o, a = (1.0 if i == j else 0.0 for j in range(5))
+        return PerfProfile("unit", "unit", x, t, c, o, 1 << 40, 1, chunk, a)
 
-    units = [unit(i) for i in range(4)]
+    units = [unit(i) for i in range(k)]
     return np.array([[u.single_latency(c.input_tokens, c.output_tokens) for u in units] for c in calls])
 
 

@@ -8,7 +8,9 @@ One ``SimEngine`` models one vLLM server (V1 scheduler semantics):
 * every iteration runs one decode token for each decoding call and fills the rest of the
   ``max_batched_tokens`` budget with prompt chunks, first come first served (chunked prefill); the
   iteration that finishes a prompt also yields its first output token;
-* the iteration's duration is ``PerfProfile.iter_time(tokens, context)``.
+* the iteration's duration is ``PerfProfile.iter_time(tokens, context, pairs)``: ``pairs``, the prefill
+  attention pairs its prompt chunks compute (only with ``attn_s``; an iteration that ends one prompt and
+  starts the next is a segment of its own, so every iteration's pairs are exact).
 
 Simulating every iteration would cost hundreds of events per call, so the engine advances in
 *segments*: between two changes of the batch (a prompt finishes, a call finishes, a call is admitted)
@@ -96,6 +98,7 @@ class SimEngine:
         self._base = p.iter_base_s
         self._tok = p.token_s
         self._ctx = p.ctx_s
+        self._attn = p.attn_s
         self._prefill: deque[_Running] = deque()
         self._prefill_left = 0
         self._decode: list[tuple[int, int, _Running]] = []
@@ -392,6 +395,10 @@ class SimEngine:
                 k_pre = -(-head // budget)
                 if self._prefill_left >= k_pre * budget:
                     k, tok = k_pre, budget
+                    if self._attn and k > 1 and head % budget:
+                        # The last iteration ends the head prompt and starts the next, whose chunk attends
+                        # to its own (short) prefix: a segment of its own, counted exactly.
+                        k -= 1
                 elif k_pre > 1:
                     k, tok = k_pre - 1, budget
                 else:
@@ -405,6 +412,8 @@ class SimEngine:
         self._seg_gctx = tokens
         self._seg_first = self._base + self._tok * tokens + self._ctx * self._ctx_total
         self._seg_growth = self._ctx * tokens
+        if tok and self._attn:
+            self._add_attention(tok)
         self._seg_k = k
         self._seg_start = now
         self.busy = True
@@ -412,6 +421,20 @@ class SimEngine:
         self.wake_at = now + self._seg_time(k)
         self.stats.segments += 1
         return True
+
+    def _add_attention(self, tok: int) -> None:
+        """Add the prefill attention pairs of the segment's iterations to its timing (``attn_s``)."""
+        pairs = 0.0
+        left = tok
+        for r in self._prefill:  # the first iteration's chunks, exactly
+            pos = r.kv - r.out_tokens - r.prompt_left  # prompt tokens already processed (or cached)
+            c = r.prompt_left if r.prompt_left < left else left
+            pairs += c * pos + c * (c + 1) / 2.0
+            left -= c
+            if not left:
+                break
+        self._seg_first += self._attn * pairs
+        self._seg_growth += self._attn * tok * tok  # each next chunk starts tok tokens further in
 
     def _apply(self, k: int, now: float) -> list[Call]:
         """Advance k iterations of the current segment, ending at ``now``."""

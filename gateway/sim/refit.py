@@ -44,7 +44,9 @@ from gateway.core.worker import WorkerInfo
 from gateway.sim.calibrate import l1_relative_fit
 
 FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
-"""The constants the refit changes (the profile's capacities are configuration, not fitted)."""
+"""The constants the refit changes (the profile's capacities are configuration, not fitted). The rows carry
+a fifth column, the prefill attention pairs, whose constant (``attn_s``) is held at the profile's: completed
+calls do not say where their prompts' cached prefixes ended, so the pairs are approximate."""
 
 RESULTS = ("applied", "kept", "rejected", "skipped", "failed")
 """Outcome labels of one refit attempt (``hexflow_profile_refits_total{result}``)."""
@@ -77,8 +79,9 @@ def sample_rows(samples: Sequence[CallSample], chunk: int) -> tuple[np.ndarray, 
     """``(a, y)``: per sample, the coefficients of ``FITTED`` in its predicted latency, and its observed one.
 
     The prefill of ``p`` tokens in chunks of ``chunk`` is ``prefill_time``'s: one ``iter_base_s`` per chunk,
-    ``token_s`` per token, ``ctx_s`` per context token already cached when each chunk runs. The tokens
-    ahead of the call in the engine count as one more prefill at ``chunk`` tokens per iteration.
+    ``token_s`` per token, ``ctx_s`` per context token already cached when each chunk runs, and ``attn_s``
+    per attention pair, counted as if the prefilled tokens were the whole prompt (``p (p + 1) / 2``). The
+    tokens ahead of the call in the engine count as one more prefill at ``chunk`` tokens per iteration.
     """
     p = np.array([s.prefill_tokens for s in samples], dtype=float)
     out = np.array([max(s.output_tokens - 1, 0) for s in samples], dtype=float)
@@ -95,15 +98,16 @@ def sample_rows(samples: Sequence[CallSample], chunk: int) -> tuple[np.ndarray, 
             p + out * n + ahead,
             pre_ctx + out * ctx,
             np.ones(len(samples)),
+            p * (p + 1) / 2,
         ]
     )
     y = np.array([s.observed_s for s in samples], dtype=float)
     return a, y
 
 
-def constants_of(p: PerfProfile) -> tuple[float, float, float, float]:
-    """The profile's ``FITTED`` constants."""
-    return (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s)
+def constants_of(p: PerfProfile) -> tuple[float, float, float, float, float]:
+    """The profile's ``FITTED`` constants, then its ``attn_s`` (the columns of ``sample_rows``)."""
+    return (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s)
 
 
 def median_error(a: np.ndarray, y: np.ndarray, x: Sequence[float]) -> float:
@@ -114,16 +118,19 @@ def median_error(a: np.ndarray, y: np.ndarray, x: Sequence[float]) -> float:
 def refit_bounds(
     current: PerfProfile, base: PerfProfile, max_step: float, max_drift: float
 ) -> tuple[list[float], list[float]]:
-    """Per ``FITTED`` constant: within ``max_step`` x of the current value and ``max_drift`` x of the base."""
+    """Per ``FITTED`` constant: within ``max_step`` x of the current value and ``max_drift`` x of the base;
+    then ``attn_s``, held at the current value."""
     lower: list[float] = []
     upper: list[float] = []
-    for cur, b in zip(constants_of(current), constants_of(base), strict=True):
+    for cur, b in zip(constants_of(current)[:-1], constants_of(base)[:-1], strict=True):
         lo = max(cur / max_step, b / max_drift)
         hi = min(cur * max_step, b * max_drift)
         if lo > hi:  # the current value lies outside the drift bounds (base changed): come back to them
             lo = hi = min(max(cur, b / max_drift), b * max_drift)
         lower.append(lo)
         upper.append(hi)
+    lower.append(current.attn_s)
+    upper.append(current.attn_s)
     return lower, upper
 
 
@@ -299,16 +306,18 @@ class Refitter:
 
 
 def profile_status(info: WorkerInfo) -> dict[str, Any]:
-    """A worker's profile for ``/v1/status``: name, source and the fitted constants."""
+    """A worker's profile for ``/v1/status``: name, source and its time constants (the fitted ones and
+    ``attn_s``)."""
     p = info.profile
     return {
         "name": p.name,
         "source": info.profile_source,
-        "constants": {k: float(f"{v:.6g}") for k, v in zip(FITTED, constants_of(p), strict=True)},
+        "constants": {k: float(f"{v:.6g}") for k, v in zip((*FITTED, "attn_s"), constants_of(p), strict=True)},
     }
 
 
 def fitted_ratio(current: PerfProfile, base: PerfProfile) -> float:
     """Geometric mean over ``FITTED`` (non-zero ones) of current / base: how far a refit has moved."""
-    rs = [c / b for c, b in zip(constants_of(current), constants_of(base), strict=True) if b > 0 and c > 0]
+    pairs = zip(constants_of(current)[:-1], constants_of(base)[:-1], strict=True)
+    rs = [c / b for c, b in pairs if b > 0 and c > 0]
     return statistics.geometric_mean(rs) if rs else 1.0

@@ -81,25 +81,30 @@ def _engine_mean_latency(profile: PerfProfile, n: int, prompt: int, output: int)
     ("n", "prompt", "output"),
     [(1, 3000, 50), (4, 64, 64), (16, 64, 64), (8, 1024, 32), (16, 2048, 64), (3, 3000, 5), (5, 700, 3)],
 )
-def test_batch_features_give_the_simulated_engines_mean_latency(n: int, prompt: int, output: int) -> None:
-    p = replace(a100(), request_overhead_s=0.0, kv_capacity_tokens=10**7)
-    constants = np.array([p.iter_base_s, p.token_s, p.ctx_s, 0.0])
+@pytest.mark.parametrize("attn_s", [0.0, 3e-9])
+def test_batch_features_give_the_simulated_engines_mean_latency(
+    n: int, prompt: int, output: int, attn_s: float
+) -> None:
+    p = replace(a100(), request_overhead_s=0.0, kv_capacity_tokens=10**7, attn_s=attn_s)
+    constants = np.array([p.iter_base_s, p.token_s, p.ctx_s, 0.0, p.attn_s])
     predicted = batch_features(n, prompt, output, p.max_batched_tokens) @ constants
     assert predicted == pytest.approx(_engine_mean_latency(p, n, prompt, output), rel=1e-9)
 
 
 @pytest.mark.parametrize(("prompt", "output"), [(32, 1), (2048, 1), (5000, 7), (100, 200)])
-def test_lone_probe_features_give_single_latency(prompt: int, output: int) -> None:
-    p = a100()
+@pytest.mark.parametrize("attn_s", [0.0, 3e-9])
+def test_lone_probe_features_give_single_latency(prompt: int, output: int, attn_s: float) -> None:
+    p = replace(a100(), attn_s=attn_s)
     row = probe_features("lone", 1, prompt, output, p.max_batched_tokens)
-    assert row[4] == 0.0  # no send term for a lone request
-    coef = np.array([p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, 0.0])
+    assert row[5] == 0.0  # no send term for a lone request
+    assert row[4] == prompt * (prompt + 1) / 2  # the prompt's attention pairs, however it is chunked
+    coef = np.array([p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, 0.0])
     assert row @ coef == pytest.approx(p.single_latency(prompt, output), rel=1e-12)
 
 
 def test_fit_recovers_the_constants_of_exact_latencies() -> None:
-    truth = unknown_profile()
-    coef = np.array([truth.iter_base_s, truth.token_s, truth.ctx_s, truth.request_overhead_s, 0.002])
+    truth = replace(unknown_profile(), attn_s=2e-9)
+    coef = np.array([truth.iter_base_s, truth.token_s, truth.ctx_s, truth.request_overhead_s, truth.attn_s, 0.002])
     lone = [(1, 32, 1), (1, 4096, 1), (1, 512, 64), (1, 4096, 256), (1, 32, 256), (1, 2048, 16)]
     batches = [(4, 64, 128), (16, 64, 128), (8, 2048, 128), (16, 2048, 128)]
     rows = [probe_features("p", n, pr, o, truth.max_batched_tokens) for n, pr, o in [*lone, *batches]]
@@ -110,7 +115,7 @@ def test_fit_recovers_the_constants_of_exact_latencies() -> None:
 
 def test_fit_of_nothing_is_a_calibration_error() -> None:
     with pytest.raises(CalibrationError):
-        fit_constants(np.zeros((0, 5)), np.zeros(0))
+        fit_constants(np.zeros((0, 6)), np.zeros(0))
 
 
 def test_plan_never_exceeds_the_concurrency_bound_or_max_num_seqs() -> None:

@@ -106,7 +106,8 @@ def reference(
                 budget -= k
         tokens = len(decoders) + sum(k for _, k in alloc)
         ctx = sum(r["ctx"] for r in decoders) + sum(r["done_pre"] for r in running if r["pre"] > 0)
-        t += p.iter_time(tokens, ctx)
+        pairs = sum(k * r["done_pre"] + k * (k + 1) / 2 for r, k in alloc)  # causal attention of the chunks
+        t += p.iter_time(tokens, ctx, pairs)
         finished = []
         for r in decoders:
             r["ctx"] += 1
@@ -146,6 +147,33 @@ def test_engine_matches_iteration_by_iteration_reference(seed: int) -> None:
 def test_lone_request_takes_the_closed_form_latency() -> None:
     got = run_engine(PROFILE, [(3.0, 4000, 200)])
     assert got[0] - 3.0 == pytest.approx(PROFILE.engine_latency(4000, 200), rel=1e-12)
+    got = run_engine(PROFILE_ATTN, [(3.0, 4000, 200)])
+    assert got[0] - 3.0 == pytest.approx(PROFILE_ATTN.engine_latency(4000, 200), rel=1e-12)
+    assert PROFILE_ATTN.engine_latency(4000, 200) > PROFILE.engine_latency(4000, 200)
+
+
+# Prefill attention as large as on the CPU's tiny model: a 2500-token prompt's pairs cost 1.5x its tokens.
+PROFILE_ATTN = PerfProfile("X", "m", 0.02, 2e-4, 5e-8, 0.0, 60_000, 6, 512, attn_s=2.4e-7)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prefill_attention_matches_the_iteration_by_iteration_reference(seed: int) -> None:
+    """With ``attn_s`` every iteration's attention pairs count: the engine's segments grow them as the head
+    prompt's, and an iteration that ends one prompt and starts the next is a segment of its own."""
+    rng = random.Random(seed)
+    t = 0.0
+    arrivals = []
+    for _ in range(25):
+        t += rng.expovariate(1.0)
+        arrivals.append((t, rng.choice([1, 40, 300, 700, 2500, 9000]), rng.choice([1, 2, 5, 30, 120])))
+    got = run_engine(PROFILE_ATTN, arrivals)
+    want = reference(PROFILE_ATTN, arrivals)
+    linear = reference(PROFILE, arrivals)
+    assert set(got) == set(want) == set(range(len(arrivals)))
+    errors = [abs(got[i] - want[i]) / (want[i] - arrivals[i][0]) for i in want]
+    assert max(errors) < 1e-9, errors
+    # The term matters: without it the same calls finish measurably earlier.
+    assert sum(want[i] - linear[i] for i in want) > 0.05 * sum(want[i] - arrivals[i][0] for i in want)
 
 
 def test_batching_two_requests_is_slower_than_one_but_faster_than_two_in_a_row() -> None:
@@ -309,7 +337,9 @@ def reference_prefixed(
                 budget -= k
         tokens = len(decoders) + sum(k for _, k in alloc)
         ctx = sum(r["ctx"] for r in decoders) + sum(r["done_pre"] for r in running if r["pre"] > 0)  # type: ignore[misc]
-        t += p.iter_time(tokens, ctx)
+        # A chunk attends to the prompt before it, the cached prefix included.
+        pairs = sum(k * r["done_pre"] + k * (k + 1) / 2 for r, k in alloc)  # type: ignore[operator]
+        t += p.iter_time(tokens, ctx, pairs)
         finished = []
         for r in decoders:
             r["ctx"] += 1  # type: ignore[operator]
@@ -340,10 +370,11 @@ def reference_prefixed(
     return done, hits
 
 
+@pytest.mark.parametrize("attn_s", [0.0, 2.4e-7])
 @pytest.mark.parametrize("kv_capacity", [60_000, 9_000])
 @pytest.mark.parametrize("seed", range(4))
-def test_prefix_cache_matches_the_reference_including_eviction(seed: int, kv_capacity: int) -> None:
-    p = PerfProfile("X", "m", 0.02, 2e-4, 5e-8, 0.0, kv_capacity, 6, 512)
+def test_prefix_cache_matches_the_reference_including_eviction(seed: int, kv_capacity: int, attn_s: float) -> None:
+    p = PerfProfile("X", "m", 0.02, 2e-4, 5e-8, 0.0, kv_capacity, 6, 512, attn_s)
     arrivals = _prefixed_arrivals(seed)
     got, eng = run_prefixed(p, arrivals)
     want, hits = reference_prefixed(p, arrivals)
