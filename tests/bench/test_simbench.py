@@ -89,6 +89,18 @@ def test_chunked_prefill_reads_least_with_the_short_chunk_first() -> None:
     assert res["gpu_s"][0] == pytest.approx(0.001 * 250 + 1e-5 * 200)
 
 
+def test_prefill_attention_pairs_cost_gpu_time_in_the_bound() -> None:
+    # 250 prompt tokens, 50 of them cached: the 200 computed ones attend to 51..250 tokens each.
+    base = tiny_worker(10**9).profile
+    p = replace(base, attn_s=1e-7)
+    pairs = (250 * 251 - 50 * 51) / 2
+    res = call_resources(p, np.array([250]), np.array([1]), np.array([50]))
+    linear = call_resources(base, np.array([250]), np.array([1]), np.array([50]))
+    assert res["gpu_s"][0] == pytest.approx(linear["gpu_s"][0] + 1e-7 * pairs)
+    # And it is a lower bound on what the simulated engine spends on the call alone.
+    assert res["gpu_s"][0] + base.iter_base_s * res["iters"][0] <= p.engine_latency(250, 1) + 1e-12
+
+
 def test_bucketed_bound_is_still_a_bound_and_close() -> None:
     cluster = load_cluster("paper-4gpu")
     queries = generate_chess_bird(300, random.Random(2))
