@@ -3,7 +3,7 @@
 
     hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS[@CPU,...] ...] [--calibrate-alone]
         [--workflows 30] [--token-scale 0.125] [--load 0.5 | --rate R] [--budget-s 120] [--slo-scale 5]
-        [--policies hexgen] [--seed 0] [--rounds 1] [--recalibrate-after]
+        [--policies hexgen] [--seed 0] [--rounds 1] [--recalibrate-after] [--calibration-repeats 2]
         [--base-port 18160] [--no-prefix-caching] [--keep-servers] [--log-dir DIR] [--json OUT]
 
 ``hexflow bench fidelity`` does this against emulated workers; here the workers are real vLLM OpenAI
@@ -1063,6 +1063,7 @@ def run_fidelity_vllm(
     keep_servers: bool = False,
     calibrate_beside_load: bool = True,
     recalibrate_after: bool = False,
+    calibration_repeats: int = 2,
     log_dir: Path | None = None,
     progress: bool = True,
     paths: cpu_vllm.Paths | None = None,
@@ -1096,6 +1097,8 @@ def run_fidelity_vllm(
 
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if calibration_repeats < 1:
+        raise ValueError(f"calibration repeats must be at least 1, got {calibration_repeats}")
     for r in range(rounds):  # every round's workload fits, before anything starts
         _, queries = workload_queries(trace, workflows, seed + r)
         scaled = scale_queries(queries, token_scale)
@@ -1142,6 +1145,7 @@ def run_fidelity_vllm(
                     progress=progress,
                     say=say,
                     groups=groups,
+                    repeats=calibration_repeats,
                 )
             )
         ok = True
@@ -1175,6 +1179,7 @@ def _round(
     progress: bool,
     say: Callable[[str], None],
     groups: Mapping[str, int] | None = None,
+    repeats: int = 2,
 ) -> VllmFidelityReport:
     """One round on running servers: calibrate each, replay ``workflows`` of seed ``seed`` live, simulate."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -1182,7 +1187,16 @@ def _round(
     scaled = scale_queries(queries, token_scale)
     calls = sorted({(c.input_tokens, c.output_tokens) for q in scaled for c in q})
     calibrations = _calibrate_all(
-        servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load, groups=groups
+        servers,
+        urls,
+        budget_s,
+        calls,
+        token_scale,
+        progress,
+        say,
+        beside_load=calibrate_beside_load,
+        groups=groups,
+        repeats=repeats,
     )
     profiles_path = folder / "calibrated-profiles.yaml"
     doc = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in calibrations}}}
@@ -1224,7 +1238,16 @@ def _round(
     if recalibrate_after:
         say("calibrating each server again after the replay (drift)")
         recal = _calibrate_all(
-            servers, urls, budget_s, calls, token_scale, progress, say, beside_load=calibrate_beside_load, groups=groups
+            servers,
+            urls,
+            budget_s,
+            calls,
+            token_scale,
+            progress,
+            say,
+            beside_load=calibrate_beside_load,
+            groups=groups,
+            repeats=repeats,
         )
         doc_after = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in recal}}}
         (folder / "calibrated-profiles-after.yaml").write_text(yaml.safe_dump(doc_after, sort_keys=False))
@@ -1318,6 +1341,7 @@ def _calibrate_all(
     *,
     beside_load: bool = True,
     groups: Mapping[str, int] | None = None,
+    repeats: int = 2,
 ) -> list[ServerCalibration]:
     """Calibrate each server in turn, prompts and outputs up to the workload's longest. With
     ``beside_load`` the other servers meanwhile serve the workload's calls (two at a time each), as they will
@@ -1336,6 +1360,7 @@ def _calibrate_all(
             max_concurrency=s.max_num_seqs,
             max_num_seqs=s.max_num_seqs,
             max_batched_tokens=CHUNK,
+            repeats=repeats,
         )
         others = [u for u in urls if u != url] if beside_load else []
         say(

@@ -235,6 +235,13 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
         help="calibrate every server again right after each replay and simulate with the engines at that speed too: "
         "how far the host drifted during the replay, and whether live P95 lies between the two predictions",
     )
+    p.add_argument(
+        "--calibration-repeats",
+        type=positive_int,
+        default=2,
+        help="rounds of each calibration's probe plan (hexflow calibrate --repeats): more average out the host's "
+        "noise, within --budget-s (default 2)",
+    )
     p.add_argument("--keep-servers", action="store_true", help="leave the servers running at the end")
     p.add_argument("--log-dir", default=None, help="keep logs, the profiles overlay and the cluster file here")
     p.add_argument("--json", default=None, help="write the report as JSON here")
@@ -277,6 +284,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
             keep_servers=args.keep_servers,
             calibrate_beside_load=not args.calibrate_alone,
             recalibrate_after=args.recalibrate_after,
+            calibration_repeats=args.calibration_repeats,
             log_dir=Path(args.log_dir) if args.log_dir else None,
             progress=not args.quiet,
         )

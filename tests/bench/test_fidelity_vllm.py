@@ -84,6 +84,8 @@ def test_bad_arguments_fail_before_anything_starts(tmp_path: Path) -> None:
         run_fidelity_vllm(servers=[VllmServer("a", 1, 2)] * 2, progress=False, paths=paths)
     with pytest.raises(ValueError, match="rounds"):
         run_fidelity_vllm(rounds=0, progress=False, paths=paths)
+    with pytest.raises(ValueError, match="calibration repeats"):
+        run_fidelity_vllm(calibration_repeats=0, progress=False, paths=paths)
     assert not (tmp_path / "nowhere").exists()  # nothing installed, nothing started
 
 
