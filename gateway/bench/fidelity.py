@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +129,7 @@ class FidelityReport:
                 {
                     "gpu": c.gpu,
                     "truth": {k: getattr(c.truth, k) for k in _CONSTANTS},
-                    "calibrated": {k: getattr(c.calibrated, k) for k in _CONSTANTS},
+                    "calibrated": {k: getattr(c.calibrated, k) for k in (*_CONSTANTS, "attn_s")},
                     "workflow_latency_error": finite_or_none(c.workflow_error()),
                     "decode_step_error_16x4000": finite_or_none(c.decode_error()),
                     "probes": len(c.result.measurements),
@@ -232,7 +232,10 @@ def run_fidelity(
 
 
 def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
-    return PerfProfile(gpu, model, *(entry[k] for k in (*_CONSTANTS, "max_num_seqs", "max_batched_tokens")))
+    return replace(
+        PerfProfile(gpu, model, *(entry[k] for k in (*_CONSTANTS, "max_num_seqs", "max_batched_tokens"))),
+        attn_s=float(entry.get("attn_s", 0.0)),
+    )
 
 
 def _simulate_with(
