@@ -1186,18 +1186,22 @@ def _round(
     _, queries = workload_queries(trace, workflows, seed)
     scaled = scale_queries(queries, token_scale)
     calls = sorted({(c.input_tokens, c.output_tokens) for q in scaled for c in q})
-    calibrations = _calibrate_all(
-        servers,
-        urls,
-        budget_s,
-        calls,
-        token_scale,
-        progress,
-        say,
-        beside_load=calibrate_beside_load,
-        groups=groups,
-        repeats=repeats,
-    )
+
+    def calibrate_all() -> list[ServerCalibration]:
+        return _calibrate_all(
+            servers,
+            urls,
+            budget_s,
+            calls,
+            token_scale,
+            progress,
+            say,
+            beside_load=calibrate_beside_load,
+            groups=groups,
+            repeats=repeats,
+        )
+
+    calibrations = calibrate_all()
     profiles_path = folder / "calibrated-profiles.yaml"
     doc = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in calibrations}}}
     profiles_path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -1237,18 +1241,7 @@ def _round(
     sim_after: dict[str, Summary] = {}
     if recalibrate_after:
         say("calibrating each server again after the replay (drift)")
-        recal = _calibrate_all(
-            servers,
-            urls,
-            budget_s,
-            calls,
-            token_scale,
-            progress,
-            say,
-            beside_load=calibrate_beside_load,
-            groups=groups,
-            repeats=repeats,
-        )
+        recal = calibrate_all()
         doc_after = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in recal}}}
         (folder / "calibrated-profiles-after.yaml").write_text(yaml.safe_dump(doc_after, sort_keys=False))
         engines_after = [c.profile for c in recal]

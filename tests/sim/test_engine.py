@@ -129,14 +129,20 @@ def reference(
     return done
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_engine_matches_iteration_by_iteration_reference(seed: int) -> None:
+def random_arrivals(seed: int) -> list[tuple[float, int, int]]:
+    """25 Poisson arrivals of mixed prompt and output lengths (long prompts span several chunks)."""
     rng = random.Random(seed)
     t = 0.0
     arrivals = []
     for _ in range(25):
         t += rng.expovariate(1.0)
         arrivals.append((t, rng.choice([1, 40, 300, 700, 2500, 9000]), rng.choice([1, 2, 5, 30, 120])))
+    return arrivals
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_engine_matches_iteration_by_iteration_reference(seed: int) -> None:
+    arrivals = random_arrivals(seed)
     got = run_engine(PROFILE, arrivals)
     want = reference(PROFILE, arrivals)
     assert set(got) == set(want) == set(range(len(arrivals)))
@@ -160,12 +166,7 @@ PROFILE_ATTN = PerfProfile("X", "m", 0.02, 2e-4, 5e-8, 0.0, 60_000, 6, 512, attn
 def test_prefill_attention_matches_the_iteration_by_iteration_reference(seed: int) -> None:
     """With ``attn_s`` every iteration's attention pairs count: the engine's segments grow them as the head
     prompt's, and an iteration that ends one prompt and starts the next is a segment of its own."""
-    rng = random.Random(seed)
-    t = 0.0
-    arrivals = []
-    for _ in range(25):
-        t += rng.expovariate(1.0)
-        arrivals.append((t, rng.choice([1, 40, 300, 700, 2500, 9000]), rng.choice([1, 2, 5, 30, 120])))
+    arrivals = random_arrivals(seed)
     got = run_engine(PROFILE_ATTN, arrivals)
     want = reference(PROFILE_ATTN, arrivals)
     linear = reference(PROFILE, arrivals)
