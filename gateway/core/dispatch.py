@@ -63,6 +63,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+def _as_list(seq: Sequence[float]) -> list[float]:
+    """``seq`` as a list (itself when it is one): the compiled build indexes a list directly, any other
+    sequence through the generic protocol."""
+    return seq if isinstance(seq, list) else list(seq)
+
+
 class Rng(Protocol):
     """The part of ``random.Random`` a dispatcher may use; injected, never created here."""
 
@@ -149,10 +155,16 @@ class LeastWork:
 
     def choose(self, view: DispatchView) -> int:
         """Minimum ``t_queue``; ties to the lower ``t_comp``, then the lower position."""
+        t_queue = _as_list(view.t_queue)
+        t_comp = _as_list(view.t_comp)
         best = 0
+        bq = t_queue[0]
+        bc = t_comp[0]
         for i in range(1, len(view.workers)):
-            if (view.t_queue[i], view.t_comp[i]) < (view.t_queue[best], view.t_comp[best]):
-                best = i
+            q = t_queue[i]
+            # ``(q, c) < (bq, bc)`` written out (no tuples built per worker: the dispatch hot path)
+            if q < bq or (q == bq and t_comp[i] < bc):
+                best, bq, bc = i, q, t_comp[i]
         return best
 
 
@@ -161,12 +173,17 @@ class EarliestFinish:
 
     def choose(self, view: DispatchView) -> int:
         """Minimum ``t_queue + t_comp``; ties to the lower ``t_comp``, then the lower position."""
+        t_queue = _as_list(view.t_queue)
+        t_comp = _as_list(view.t_comp)
         best = 0
-        best_key = (view.t_queue[0] + view.t_comp[0], view.t_comp[0])
+        bc = t_comp[0]
+        bf = t_queue[0] + bc
         for i in range(1, len(view.workers)):
-            key = (view.t_queue[i] + view.t_comp[i], view.t_comp[i])
-            if key < best_key:
-                best, best_key = i, key
+            c = t_comp[i]
+            f = t_queue[i] + c
+            # ``(f, c) < (bf, bc)`` written out (no tuples built per worker)
+            if f < bf or (f == bf and c < bc):
+                best, bf, bc = i, f, c
         return best
 
 
@@ -185,18 +202,24 @@ class WorkloadBalanced:
     def choose(self, view: DispatchView) -> int:
         """Maximum of ``(1-alpha) * beta/(beta + t_queue + w * harm) - alpha * t_comp/beta``."""
         alpha = view.alpha
-        t_comp = view.t_comp
+        t_comp = _as_list(view.t_comp)
         beta = max(view.budget, min(t_comp), 1e-9)
         load_w = (1.0 - alpha) * beta  # the score's first product, hoisted (same operands, same order)
         w = self.interference
-        t_queue = view.t_queue
-        if w > 0.0 and view.harm:
-            harm = view.harm
-            t_queue = [tq + w * h for tq, h in zip(t_queue, harm, strict=True)]
+        t_queue = _as_list(view.t_queue)
+        harm = _as_list(view.harm)
+        n = len(t_comp)
+        with_harm = w > 0.0 and len(harm) > 0
+        if len(t_queue) != n or (with_harm and len(harm) != n):
+            raise ValueError("dispatch view: t_comp, t_queue and harm must be aligned")
         best = 0
         best_score = -float("inf")
         best_tc = t_comp[0]
-        for i, (tc, tq) in enumerate(zip(t_comp, t_queue, strict=True)):
+        # Index loop, no per-worker tuples or lists (the dispatch hot path); the same operations in the same
+        # order as ``tq = t_queue + w * harm; score = load_w / (beta + tq) - alpha * tc / beta``.
+        for i in range(n):
+            tc = t_comp[i]
+            tq = t_queue[i] + w * harm[i] if with_harm else t_queue[i]
             score = load_w / (beta + tq) - alpha * tc / beta
             if score > best_score or (score == best_score and tc < best_tc):
                 best, best_score, best_tc = i, score, tc

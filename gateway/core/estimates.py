@@ -235,7 +235,10 @@ class Estimator:
             return 0.0
         by_group = [self._group_base(g, input_tokens, output_tokens) for g in range(len(self._profiles))]
         group = self._group
-        return sum([by_group[group[w]] for w in workers]) / len(workers)
+        total = 0.0
+        for w in workers:  # added one by one, in order (no list of every worker's term built first)
+            total += by_group[group[w]]
+        return total / len(workers)
 
     def _group_base(self, g: int, input_tokens: int, output_tokens: int) -> float:
         cache = self._base_cache[g]
@@ -443,7 +446,16 @@ class Estimator:
         consts = self._consts
         ratios = self._ratios
         max_age = self.max_age_s
-        for i, w in enumerate(workers):
+        # Lists indexed directly (the compiled build's fast path; any other sequence is copied once).
+        ws: list[int] = workers if isinstance(workers, list) else list(workers)
+        cl: list[int] | None = None if cached is None else cached if isinstance(cached, list) else list(cached)
+        # The prefill of the uncached rest, remembered for the last (profile, cached) pair: workers of one
+        # profile holding the same prefix (a stage's shared template) come in runs.
+        last_g = -1
+        last_c = -1
+        last_pre = 0.0
+        for i in range(len(ws)):
+            w = ws[i]
             base, tok, ctx_s, overhead, limit, cap, g = consts[w]
             load = loads[w]
             r = ratios[w].get(kind)
@@ -455,7 +467,15 @@ class Estimator:
             if n > limit:
                 ctx *= limit / n
                 n = limit
-            pre = pres[g] if cached is None or not cached[i] else self._group_prefill(g, input_tokens - cached[i])
+            if cl is None or not cl[i]:
+                pre = pres[g]
+            else:
+                c = cl[i]
+                if c != last_c or g != last_g:
+                    last_pre = self._group_prefill(g, input_tokens - c)
+                    last_g = g
+                    last_c = c
+                pre = last_pre
             t_comp.append((overhead + pre + out * (base + tok * n + ctx_s * ctx)) * rv)
             # t_queue
             wait = load.prefill_free_at - now

@@ -74,25 +74,27 @@ class PrefixSeg:
         )
 
 
-Key = Hashable
-"""A segment's cache key: its name (shared) or (workflow id, name) (per query)."""
+Key = int
+"""A segment's cache key: the hash of its own name (shared) or (workflow id, name) (per query) chained to the
+key before it, as vLLM chains its block hashes."""
 
 
 def segment_keys(prefix: Sequence[PrefixSeg], wid: int) -> list[tuple[Key, int]]:
     """The cache keys of a call's chain, in order, with each segment's tokens (empty segments dropped).
 
-    A key is the segment's own name with the hash of the key before it (as vLLM chains its block hashes),
-    so equal keys mean equal prompt prefixes (up to a 64-bit hash collision, as in vLLM).
+    A key is the hash of the segment's own name with the key before it (as vLLM chains its block hashes),
+    so equal keys mean equal prompt prefixes (up to a 64-bit hash collision, as in vLLM). Integer keys keep
+    the lookups cheap: every dispatch matches the chain against every worker's index.
     """
     out: list[tuple[Key, int]] = []
     parent = 0
     for seg in prefix:
         if seg.tokens <= 0:
             continue
-        own: Key = (wid, seg.name) if seg.per_query else seg.name
-        key: Key = (parent, own)
+        own: Hashable = (wid, seg.name) if seg.per_query else seg.name
+        key = hash((parent, own))  # chained like vLLM's block hashes; flat keys keep lookups O(1) in chain length
         out.append((key, seg.tokens))
-        parent = hash(key)  # chained like vLLM's block hashes; flat keys keep lookups O(1) in chain length
+        parent = key
     return out
 
 
@@ -184,7 +186,7 @@ class PrefixIndex:
         computed, so calls sent together (the evaluations of one query) do not share with one another.
         """
         got = 0
-        lru = self._lru
+        lru: dict[Key, list[float]] = self._lru  # looked up as a plain dict (the compiled build's fast path)
         for key, tokens in keys:
             e = lru.get(key)
             if e is None or e[1] > now:

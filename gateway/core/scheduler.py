@@ -79,6 +79,7 @@ class Scheduler:
         self._all = list(range(len(self.workers)))
         self._n_eligible = len(self.workers)
         self._eligible_idx: list[int] | None = None  # ``eligible_workers()``, until eligibility changes
+        self._members_idx: list[int] | None = None  # ``members()``, until membership changes
         self._seq = 0
         self._queued = 0  # calls in every worker queue: each push and each pop or removal counted here
         self._ref_cache: dict[tuple[int, int], float] = {}
@@ -100,8 +101,13 @@ class Scheduler:
         return self.estimator.workers
 
     def members(self) -> list[int]:
-        """Indices of the current workers (slots in use)."""
-        return [i for i, m in enumerate(self.member) if m]
+        """Indices of the current workers (slots in use), ascending. Kept until membership changes (the list is
+        shared: read it only)."""
+        idx = self._members_idx
+        if idx is None:
+            idx = [i for i, m in enumerate(self.member) if m]
+            self._members_idx = idx
+        return idx
 
     def eligible_workers(self) -> list[int]:
         """Indices of the workers taking new dispatches (members marked eligible), ascending.
@@ -176,6 +182,7 @@ class Scheduler:
     def _membership_changed(self) -> None:
         self._all = list(range(len(self.workers)))
         self._eligible_idx = None
+        self._members_idx = None
         self._ref_cache = {}
         self._cost = partial(self.reference_cost)
 
