@@ -10,6 +10,7 @@ workflows, and keeps the fastest run (the least disturbed by other processes on 
 from __future__ import annotations
 
 import importlib
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -63,14 +64,24 @@ class SpeedResult:
 
 
 def measure_speed(
-    cluster: str, setup: Setup, policies: Sequence[str], *, load: float = 0.7, repeats: int = 3
+    cluster: str,
+    setup: Setup,
+    policies: Sequence[str],
+    *,
+    load: float = 0.7,
+    repeats: int = 3,
+    rate: float | None = None,
 ) -> list[SpeedResult]:
-    """Time ``policies`` on ``setup`` (its workers, queries and base seed) at ``load`` x the fluid bound."""
+    """Time ``policies`` on ``setup`` (its workers, queries and base seed) at ``load`` x the fluid bound, or at
+    ``rate`` workflows/s when given (the fluid bound's linear program is then not solved)."""
     if not load > 0:
         raise ValueError(f"load must be positive, got {load}")
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"rate must be a positive number, got {rate}")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    rate = load * setup.bound.rate_qps
+    if rate is None:
+        rate = load * setup.bound.rate_qps
     out = []
     for policy in policies:
         runs: list[tuple[float, float, int]] = []

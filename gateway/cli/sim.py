@@ -231,6 +231,13 @@ def add_sim_speed(sub: Subparsers) -> None:
     p.add_argument(
         "--load", type=positive_float, default=0.7, help="arrival rate as a fraction of the fluid bound (default 0.7)"
     )
+    p.add_argument(
+        "--rate",
+        type=positive_float,
+        default=None,
+        help="arrival rate in workflows/s instead of --load (no fluid bound solved: what a run under "
+        "valgrind's instruction counter wants, docs/benchmarks.md)",
+    )
     p.add_argument("--repeats", type=positive_int, default=3, help="runs per point; the fastest counts")
     p.set_defaults(func=cmd_sim_speed)
 
@@ -528,7 +535,7 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
     results = []
     for cluster in clusters:
         args.cluster = cluster
-        results += measure_speed(cluster, _setup(args), policies, load=args.load, repeats=repeats)
+        results += measure_speed(cluster, _setup(args), policies, load=args.load, repeats=repeats, rate=args.rate)
     rows = [
         [
             r.cluster,
@@ -545,7 +552,8 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
     from gateway.bench.simspeed import build_kind
 
     print(
-        f"{args.trace}, {args.workflows} workflows at {args.load:g} x the fluid bound, fastest of {repeats} "
+        f"{args.trace}, {args.workflows} workflows at "
+        f"{f'{args.rate:g}/s' if args.rate is not None else f'{args.load:g} x the fluid bound'}, fastest of {repeats} "
         f"run{'s' if repeats > 1 else ''}; build: {build_kind()} (`make native` compiles the hot modules)"
     )
     print(table(["cluster", "workers", "policy", "rate_qps", "calls", "wall_s", "calls/s", "calls/cpu_s"], rows))

@@ -33,6 +33,19 @@ def test_measure_speed_reports_every_policy_with_the_calls_the_run_simulated() -
         assert set(r.as_dict()) >= {"calls_per_s", "calls_per_cpu_s", "wall_s", "cpu_s"}
 
 
+def test_measure_speed_at_a_given_rate_solves_no_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = small_setup()
+
+    def no_bound(*_: object, **__: object) -> None:
+        raise AssertionError("the fluid bound was solved")
+
+    monkeypatch.setattr("gateway.bench.simbench.solve_fluid_bound", no_bound)
+    (r,) = measure_speed("paper-4gpu", setup, ["hexgen"], rate=0.05, repeats=1)
+    assert r.rate_qps == 0.05 and r.calls == sum(len(q) for q in setup.queries)
+    with pytest.raises(ValueError, match="rate"):
+        measure_speed("paper-4gpu", setup, ["hexgen"], rate=0.0, repeats=1)
+
+
 @pytest.mark.parametrize(("load", "repeats"), [(0.0, 1), (0.5, 0)])
 def test_measure_speed_rejects_a_non_positive_load_or_no_repeats(load: float, repeats: int) -> None:
     with pytest.raises(ValueError):
