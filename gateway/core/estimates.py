@@ -130,6 +130,9 @@ class Estimator:
         self.max_age_s = max_age_s
         self.clamp = clamp
         self._ratios: list[dict[str, Ratio]] = [{} for _ in self.workers]
+        self._by_kind: dict[str, list[Ratio | None]] = {}
+        """The same ``Ratio`` objects by kind, then worker (None: none learned): one dict lookup per dispatch
+        instead of one per worker. Kept in step with ``_ratios`` wherever a ratio is created or dropped."""
         # Profile latencies are pure functions of (profile, tokens); memoise the hot path. Workers with
         # equal profiles share one cache (a cluster of 64 engines has a handful of profiles), so a new
         # token count costs one computation per profile, not per worker.
@@ -185,6 +188,8 @@ class Estimator:
         self.workers.append(info)
         self.loads.append(WorkerLoad())
         self._ratios.append({})
+        for row in self._by_kind.values():
+            row.append(None)
         self._index_worker(len(self.workers) - 1)
         return len(self.workers) - 1
 
@@ -192,8 +197,13 @@ class Estimator:
         """Give slot ``worker`` to a new worker: its profile and capacity, no load, no learned ratios."""
         self.workers[worker] = info
         self.loads[worker] = WorkerLoad()
-        self._ratios[worker] = {}
+        self._forget_ratios(worker)
         self._index_worker(worker)
+
+    def _forget_ratios(self, worker: int) -> None:
+        self._ratios[worker] = {}
+        for row in self._by_kind.values():
+            row[worker] = None
 
     def set_capacity(self, worker: int, capacity: int) -> None:
         """Change a worker's concurrent-call count (its batch and slot limit): a new ``WorkerInfo``."""
@@ -208,7 +218,7 @@ class Estimator:
         sums stay consistent.
         """
         self.workers[worker] = replace(self.workers[worker], profile=profile, profile_source=source)
-        self._ratios[worker] = {}
+        self._forget_ratios(worker)
         self._index_worker(worker)
 
     # ------------------------------------------------------------------ profile (load-independent)
@@ -435,30 +445,31 @@ class Estimator:
         it runs once per worker for every call, and method calls and attribute lookups would dominate the
         simulator's time.
         """
-        t_comp: list[float] = []
-        t_queue: list[float] = []
-        harm: list[float] = []
-        inflight: list[int] = []
+        # Lists indexed directly (the compiled build's fast path; any other sequence is copied once).
+        ws: list[int] = workers if isinstance(workers, list) else list(workers)
+        cl: list[int] | None = None if cached is None else cached if isinstance(cached, list) else list(cached)
+        n_ws = len(ws)
+        t_comp: list[float] = [0.0] * n_ws
+        t_queue: list[float] = [0.0] * n_ws
+        harm: list[float] = [0.0] * n_ws
+        inflight: list[int] = [0] * n_ws
         extra = input_tokens + output_tokens / 2.0
         out = output_tokens - 1 if output_tokens > 1 else 0
         pres = [self._group_prefill(g, input_tokens) for g in range(len(self._profiles))]
         loads = self.loads
         consts = self._consts
-        ratios = self._ratios
+        by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
-        # Lists indexed directly (the compiled build's fast path; any other sequence is copied once).
-        ws: list[int] = workers if isinstance(workers, list) else list(workers)
-        cl: list[int] | None = None if cached is None else cached if isinstance(cached, list) else list(cached)
         # The prefill of the uncached rest, remembered for the last (profile, cached) pair: workers of one
         # profile holding the same prefix (a stage's shared template) come in runs.
         last_g = -1
         last_c = -1
         last_pre = 0.0
-        for i in range(len(ws)):
+        for i in range(n_ws):
             w = ws[i]
             base, tok, ctx_s, overhead, limit, cap, g = consts[w]
             load = loads[w]
-            r = ratios[w].get(kind)
+            r = by_kind[w] if by_kind is not None else None
             rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
             busy = load.inflight
             # t_comp (``_own`` x ratio)
@@ -476,7 +487,7 @@ class Estimator:
                     last_g = g
                     last_c = c
                 pre = last_pre
-            t_comp.append((overhead + pre + out * (base + tok * n + ctx_s * ctx)) * rv)
+            t_comp[i] = (overhead + pre + out * (base + tok * n + ctx_s * ctx)) * rv
             # t_queue
             wait = load.prefill_free_at - now
             if wait < 0.0:  # noqa: PLR1730 (hot path: no builtin call)
@@ -494,9 +505,10 @@ class Estimator:
                 slot = behind * work / ((busy + queued) * cap)
                 if slot > wait:  # noqa: PLR1730
                     wait = slot
-            t_queue.append(wait)
-            harm.append(pre * busy if busy else 0.0)
-            inflight.append(busy)
+            t_queue[i] = wait
+            if busy:
+                harm[i] = pre * busy
+            inflight[i] = busy
         return t_comp, t_queue, harm, inflight
 
     # ------------------------------------------------------------------ transitions (the scheduler reports)
@@ -603,7 +615,13 @@ class Estimator:
         x = min(max(observed_s / predicted, 1.0 / self.clamp), self.clamp)
         r = self._ratios[worker].get(kind)
         if r is None or now - r.updated_at > self.max_age_s:
-            self._ratios[worker][kind] = Ratio(x, now, 1)
+            fresh = Ratio(x, now, 1)
+            self._ratios[worker][kind] = fresh
+            row = self._by_kind.get(kind)
+            if row is None:
+                row = [None] * len(self.workers)
+                self._by_kind[kind] = row
+            row[worker] = fresh
         else:
             r.value += self.ewma * (x - r.value)
             r.updated_at = now

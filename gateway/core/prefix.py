@@ -187,7 +187,8 @@ class PrefixIndex:
         """
         got = 0
         lru: dict[Key, list[float]] = self._lru  # looked up as a plain dict (the compiled build's fast path)
-        for key, tokens in keys:
+        chain: list[tuple[Key, int]] = keys if isinstance(keys, list) else list(keys)
+        for key, tokens in chain:
             e = lru.get(key)
             if e is None or e[1] > now:
                 break

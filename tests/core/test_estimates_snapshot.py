@@ -92,3 +92,19 @@ def test_full_batch_rate_is_the_sum_of_the_per_worker_rates_bit_for_bit() -> Non
                         if g > 0:
                             expected += 1.0 / g
                     assert est.full_batch_rate(workers, kind, n_in, n_out, now) == expected
+
+
+def test_the_snapshot_forgets_ratios_as_the_worker_does_and_reads_a_new_worker_as_unlearned() -> None:
+    est, now = loaded_estimator(3)
+    learned = [w for w in range(len(est.workers)) if any(k == "revise" for k in est.ratios(w, now))]
+    assert len(learned) >= 2, "the loaded estimator learned revise ratios on several workers"
+    a, b = learned[:2]
+    est.reset_worker(a, est.workers[a])  # a new worker in the slot: nothing learned
+    est.set_profile(b, est.workers[b].profile, "refit")  # a refit: its ratios restart
+    c = est.add_worker(est.workers[0])  # a slot beyond every learned row
+    for w in (a, b, c):
+        assert est.ratio(w, "revise", now) == 1.0
+    workers = [a, b, c, *learned[2:]]
+    for n_in, n_out in ((308, 5), (11748, 678)):
+        t_comp, _, _, _ = est.snapshot(workers, "revise", n_in, n_out, now)
+        assert t_comp == [est.t_comp(w, "revise", n_in, n_out, now) for w in workers]
