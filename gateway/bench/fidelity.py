@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -232,8 +232,10 @@ def run_fidelity(
 
 
 def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
-    return replace(
-        PerfProfile(gpu, model, *(entry[k] for k in (*_CONSTANTS, "max_num_seqs", "max_batched_tokens"))),
+    return PerfProfile(
+        gpu,
+        model,
+        **{k: entry[k] for k in (*_CONSTANTS, "max_num_seqs", "max_batched_tokens")},
         attn_s=float(entry.get("attn_s", 0.0)),
     )
 

@@ -129,10 +129,9 @@ class Estimator:
         self.ewma = ewma
         self.max_age_s = max_age_s
         self.clamp = clamp
-        self._ratios: list[dict[str, Ratio]] = [{} for _ in self.workers]
         self._by_kind: dict[str, list[Ratio | None]] = {}
-        """The same ``Ratio`` objects by kind, then worker (None: none learned): one dict lookup per dispatch
-        instead of one per worker. Kept in step with ``_ratios`` wherever a ratio is created or dropped."""
+        """Learned ratios by kind, then worker (None: none learned): one dict lookup per dispatch, not one per
+        worker. Every row holds a slot for every worker."""
         # Profile latencies are pure functions of (profile, tokens); memoise the hot path. Workers with
         # equal profiles share one cache (a cluster of 64 engines has a handful of profiles), so a new
         # token count costs one computation per profile, not per worker.
@@ -187,7 +186,6 @@ class Estimator:
         """Append a worker with fresh estimates; returns its index."""
         self.workers.append(info)
         self.loads.append(WorkerLoad())
-        self._ratios.append({})
         for row in self._by_kind.values():
             row.append(None)
         self._index_worker(len(self.workers) - 1)
@@ -201,7 +199,6 @@ class Estimator:
         self._index_worker(worker)
 
     def _forget_ratios(self, worker: int) -> None:
-        self._ratios[worker] = {}
         for row in self._by_kind.values():
             row[worker] = None
 
@@ -275,7 +272,8 @@ class Estimator:
 
     def ratio(self, worker: int, kind: str, now: float) -> float:
         """The current correction factor for (worker, kind); 1.0 when unknown or stale."""
-        r = self._ratios[worker].get(kind)
+        row = self._by_kind.get(kind)
+        r = row[worker] if row is not None else None
         if r is None or now - r.updated_at > self.max_age_s:
             return 1.0
         return r.value
@@ -326,12 +324,12 @@ class Estimator:
         mid = input_tokens + output_tokens / 2.0
         pres = [self._group_prefill(g, input_tokens) for g in range(len(self._profiles))]
         consts = self._consts
-        ratios = self._ratios
+        by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
         rate = 0.0
         for w in workers:
             base, tok, ctx_s, _, batch, _, g = consts[w]
-            r = ratios[w].get(kind)
+            r = by_kind[w] if by_kind is not None else None
             rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
             gpu = (pres[g] + out * (tok + ctx_s * mid + base / batch)) * rv
             if gpu > 0:
@@ -613,15 +611,13 @@ class Estimator:
         if predicted <= 0.0 or observed_s < 0.0:
             return
         x = min(max(observed_s / predicted, 1.0 / self.clamp), self.clamp)
-        r = self._ratios[worker].get(kind)
+        row = self._by_kind.get(kind)
+        if row is None:
+            row = [None] * len(self.workers)
+            self._by_kind[kind] = row
+        r = row[worker]
         if r is None or now - r.updated_at > self.max_age_s:
-            fresh = Ratio(x, now, 1)
-            self._ratios[worker][kind] = fresh
-            row = self._by_kind.get(kind)
-            if row is None:
-                row = [None] * len(self.workers)
-                self._by_kind[kind] = row
-            row[worker] = fresh
+            row[worker] = Ratio(x, now, 1)
         else:
             r.value += self.ewma * (x - r.value)
             r.updated_at = now
@@ -629,8 +625,9 @@ class Estimator:
 
     def ratios(self, worker: int, now: float) -> dict[str, tuple[float, float]]:
         """``kind -> (ratio, age_s)`` of the fresh ratios of a worker, for status pages."""
-        return {
-            k: (r.value, now - r.updated_at)
-            for k, r in self._ratios[worker].items()
-            if now - r.updated_at <= self.max_age_s
-        }
+        out: dict[str, tuple[float, float]] = {}
+        for k, row in self._by_kind.items():
+            r = row[worker]
+            if r is not None and now - r.updated_at <= self.max_age_s:
+                out[k] = (r.value, now - r.updated_at)
+        return out
