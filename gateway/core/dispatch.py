@@ -102,6 +102,22 @@ class DispatchView:
     kv_util: Sequence[float] = ()
 
 
+@dataclass(slots=True)
+class WorkerEstimate:
+    """One worker's row of a dispatch snapshot, refreshed in place (``Estimator.scan``): what a ``DispatchView``
+    holds for that worker, kept per worker instead of in lists built for every call (the dispatch hot path of
+    a large cluster: no float boxed into a list and read back out)."""
+
+    t_comp: float = 0.0
+    t_queue: float = 0.0
+    harm: float = 0.0
+    inflight: int = 0
+    cached: int = 0
+    """Prompt tokens of the call the worker is believed to hold (``DispatchView.cached``)."""
+    credit: int = 0
+    """The cached tokens the estimates count (``cached`` scaled by the policy's prefix credit)."""
+
+
 class Dispatcher(Protocol):
     """Chooses a worker for a call. Returns a position in ``view.workers``."""
 
@@ -220,6 +236,31 @@ class WorkloadBalanced:
         for i in range(n):
             tc = t_comp[i]
             tq = t_queue[i] + w * harm[i] if with_harm else t_queue[i]
+            score = load_w / (beta + tq) - alpha * tc / beta
+            if score > best_score or (score == best_score and tc < best_tc):
+                best, best_score, best_tc = i, score, tc
+        return best
+
+    def choose_rows(
+        self, rows: list[WorkerEstimate], workers: list[int], alpha: float, budget: float, t_comp_min: float
+    ) -> int:
+        """``choose`` on the rows of ``workers`` (``rows[w]``), with ``t_comp_min`` their least ``t_comp``: the
+        same operations in the same order, so the same choice (``tests/core/test_dispatch.py`` compares them).
+        Every row's ``harm`` is used (a worker with nothing in flight has 0)."""
+        n = len(workers)
+        if n == 0:
+            raise ValueError("dispatch view: no workers")
+        beta = max(budget, t_comp_min, 1e-9)
+        load_w = (1.0 - alpha) * beta
+        w = self.interference
+        with_harm = w > 0.0
+        best = 0
+        best_score = -float("inf")
+        best_tc = rows[workers[0]].t_comp
+        for i in range(n):
+            r = rows[workers[i]]
+            tc = r.t_comp
+            tq = r.t_queue + w * r.harm if with_harm else r.t_queue
             score = load_w / (beta + tq) - alpha * tc / beta
             if score > best_score or (score == best_score and tc < best_tc):
                 best, best_score, best_tc = i, score, tc

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from gateway.core.dispatch import WorkerEstimate
 from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
@@ -126,6 +127,8 @@ class Estimator:
             raise ValueError("ewma must be in (0, 1]")
         self.workers = list(workers)
         self.loads = [WorkerLoad() for _ in self.workers]
+        self.rows: list[WorkerEstimate] = [WorkerEstimate() for _ in self.workers]
+        """Per worker, the estimates of its last ``scan`` (a dispatch's snapshot, kept in place)."""
         self.ewma = ewma
         self.max_age_s = max_age_s
         self.clamp = clamp
@@ -186,6 +189,7 @@ class Estimator:
         """Append a worker with fresh estimates; returns its index."""
         self.workers.append(info)
         self.loads.append(WorkerLoad())
+        self.rows.append(WorkerEstimate())
         for row in self._by_kind.values():
             row.append(None)
         self._index_worker(len(self.workers) - 1)
@@ -238,14 +242,39 @@ class Estimator:
         Computed once per distinct profile, then summed in the order of ``workers`` (the same sum, term
         by term, as adding ``base_latency`` worker by worker).
         """
-        if not workers:
-            return 0.0
-        by_group = [self._group_base(g, input_tokens, output_tokens) for g in range(len(self._profiles))]
+        return self.mean_base_latency_runs(self.group_runs(workers), input_tokens, output_tokens)
+
+    def group_runs(self, workers: Sequence[int]) -> list[tuple[int, int]]:
+        """``workers`` as runs of one profile group, in order: (group, how many in a row). A cluster's workers
+        of one GPU model come in a row, so a handful of runs stand for tens of workers."""
         group = self._group
+        runs: list[tuple[int, int]] = []
+        last = -1
+        count = 0
+        for w in workers:
+            g = group[w]
+            if g != last:
+                if count:
+                    runs.append((last, count))
+                last, count = g, 0
+            count += 1
+        if count:
+            runs.append((last, count))
+        return runs
+
+    def mean_base_latency_runs(self, runs: list[tuple[int, int]], input_tokens: int, output_tokens: int) -> float:
+        """``mean_base_latency`` of the workers that ``runs`` (``group_runs``) stand for, the groups as they are now:
+        the same sum, added one worker at a time in order, without visiting each worker's entry."""
         total = 0.0
-        for w in workers:  # added one by one, in order (no list of every worker's term built first)
-            total += by_group[group[w]]
-        return total / len(workers)
+        n = 0
+        profiles = self._profiles
+        for g, count in runs:
+            # Not through the per-group cache: the caller keeps the mean (a miss here is a miss there).
+            v = profiles[g].single_latency(input_tokens, output_tokens)
+            for _ in range(count):  # added one by one, as worker by worker: the same float
+                total += v
+            n += count
+        return total / n if n else 0.0
 
     def _group_base(self, g: int, input_tokens: int, output_tokens: int) -> float:
         cache = self._base_cache[g]
@@ -346,10 +375,13 @@ class Estimator:
         left = min(max(left, 0.1), 1.0)
         return load.queued_gpu_s + load.inflight_gpu_s * left
 
-    def t_comp(self, worker: int, kind: str, input_tokens: int, output_tokens: int, now: float) -> float:
-        """Predicted time of a call on ``worker`` once its prompt is up, in the batch it would join."""
+    def t_comp(
+        self, worker: int, kind: str, input_tokens: int, output_tokens: int, now: float, cached: int = 0
+    ) -> float:
+        """Predicted time of a call on ``worker`` once its prompt is up, in the batch it would join; ``cached``
+        prompt tokens served from the worker's prefix cache are not prefilled."""
         extra = input_tokens + output_tokens / 2.0
-        return self._own(worker, input_tokens, output_tokens, extra) * self.ratio(worker, kind, now)
+        return self._own(worker, input_tokens, output_tokens, extra, cached) * self.ratio(worker, kind, now)
 
     def t_queue(self, worker: int, now: float) -> float:
         """Predicted wait of a call sent to ``worker`` now before its prompt is processed (seconds).
@@ -438,26 +470,60 @@ class Estimator:
         """``estimates`` plus each worker's calls in flight: everything a dispatch view needs, in one pass.
 
         ``cached`` (aligned with ``workers``): prompt tokens each worker is expected to have cached; only the
-        rest count as prefill (in ``t_comp`` and ``harm``). The loop is ``t_comp``, ``t_queue`` and ``harm``
-        written out inline (the same operations in the same order, so the same floats): with tens of workers
-        it runs once per worker for every call, and method calls and attribute lookups would dominate the
-        simulator's time.
+        rest count as prefill (in ``t_comp`` and ``harm``). ``workers`` are distinct (``scan``'s rows, as lists).
         """
-        # Lists indexed directly (the compiled build's fast path; any other sequence is copied once).
         ws: list[int] = workers if isinstance(workers, list) else list(workers)
-        cl: list[int] | None = None if cached is None else cached if isinstance(cached, list) else list(cached)
         n_ws = len(ws)
+        rows = self.rows
+        if cached is not None:
+            if len(cached) != n_ws:
+                raise ValueError("snapshot: cached must be aligned with workers")
+            for i in range(n_ws):
+                rows[ws[i]].credit = cached[i]
+        self.scan(ws, kind, input_tokens, output_tokens, now, credited=cached is not None)
         t_comp: list[float] = [0.0] * n_ws
         t_queue: list[float] = [0.0] * n_ws
         harm: list[float] = [0.0] * n_ws
         inflight: list[int] = [0] * n_ws
+        for i in range(n_ws):
+            r = rows[ws[i]]
+            t_comp[i] = r.t_comp
+            t_queue[i] = r.t_queue
+            harm[i] = r.harm
+            inflight[i] = r.inflight
+        return t_comp, t_queue, harm, inflight
+
+    def scan(
+        self,
+        workers: list[int],
+        kind: str,
+        input_tokens: int,
+        output_tokens: int,
+        now: float,
+        *,
+        credited: bool = False,
+    ) -> float:
+        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of a call on each of ``workers``, written into
+        their ``rows``; returns the least ``t_comp`` (infinity for no workers). ``workers`` are distinct (a row
+        per worker).
+
+        ``credited``: each row's ``credit`` holds the prompt tokens that worker is expected to have cached, and
+        only the rest count as prefill (in ``t_comp`` and ``harm``); otherwise the whole prompt does. The loop
+        is ``t_comp``, ``t_queue`` and ``harm`` written out inline (the same operations in the same order, so the
+        same floats): with tens of workers it runs once per worker for every call, and method calls, attribute
+        lookups and boxed floats would dominate the simulator's time.
+        """
+        ws = workers
+        n_ws = len(ws)
         extra = input_tokens + output_tokens / 2.0
         out = output_tokens - 1 if output_tokens > 1 else 0
         pres = [self._group_prefill(g, input_tokens) for g in range(len(self._profiles))]
         loads = self.loads
+        rows = self.rows
         consts = self._consts
         by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
+        least = float("inf")
         # The prefill of the uncached rest, remembered for the last (profile, cached) pair: workers of one
         # profile holding the same prefix (a stage's shared template) come in runs.
         last_g = -1
@@ -467,6 +533,7 @@ class Estimator:
             w = ws[i]
             base, tok, ctx_s, overhead, limit, cap, g = consts[w]
             load = loads[w]
+            row = rows[w]
             r = by_kind[w] if by_kind is not None else None
             rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
             busy = load.inflight
@@ -476,16 +543,19 @@ class Estimator:
             if n > limit:
                 ctx *= limit / n
                 n = limit
-            if cl is None or not cl[i]:
+            c = row.credit if credited else 0
+            if not c:
                 pre = pres[g]
             else:
-                c = cl[i]
                 if c != last_c or g != last_g:
                     last_pre = self._group_prefill(g, input_tokens - c)
                     last_g = g
                     last_c = c
                 pre = last_pre
-            t_comp[i] = (overhead + pre + out * (base + tok * n + ctx_s * ctx)) * rv
+            tc = (overhead + pre + out * (base + tok * n + ctx_s * ctx)) * rv
+            row.t_comp = tc
+            if tc < least:  # noqa: PLR1730 (hot path: no builtin call)
+                least = tc
             # t_queue
             wait = load.prefill_free_at - now
             if wait < 0.0:  # noqa: PLR1730 (hot path: no builtin call)
@@ -503,11 +573,10 @@ class Estimator:
                 slot = behind * work / ((busy + queued) * cap)
                 if slot > wait:  # noqa: PLR1730
                     wait = slot
-            t_queue[i] = wait
-            if busy:
-                harm[i] = pre * busy
-            inflight[i] = busy
-        return t_comp, t_queue, harm, inflight
+            row.t_queue = wait
+            row.harm = pre * busy if busy else 0.0
+            row.inflight = busy
+        return least
 
     # ------------------------------------------------------------------ transitions (the scheduler reports)
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng
+from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng, WorkloadBalanced
 from gateway.core.estimates import Estimator
 from gateway.core.policy import Policy, get_policy
-from gateway.core.prefix import PrefixIndex, cached_tokens, segment_keys
+from gateway.core.prefix import PrefixIndex, cached_tokens
 from gateway.core.profile import PerfProfile
 from gateway.core.queues import QUEUES, VtcCounters, WorkerQueue
 from gateway.core.samples import SampleLog, sample_of
@@ -66,6 +66,8 @@ class Scheduler:
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self._dispatcher = DISPATCHERS[self.policy.dispatcher](rng)
         self._wants_kv = bool(getattr(self._dispatcher, "wants_kv_util", False))
+        # The WB score reads the estimator's rows directly (no view of lists built per call).
+        self._wb: WorkloadBalanced | None = self._dispatcher if isinstance(self._dispatcher, WorkloadBalanced) else None
         self.prefix_aware = prefix_caching and self.policy.prefix_aware
         self._prefix_credit = self.policy.prefix_credit
         self.prefix_index: list[PrefixIndex] = (
@@ -80,6 +82,7 @@ class Scheduler:
         self._n_eligible = len(self.workers)
         self._eligible_idx: list[int] | None = None  # ``eligible_workers()``, until eligibility changes
         self._members_idx: list[int] | None = None  # ``members()``, until membership changes
+        self._member_runs: list[tuple[int, int]] | None = None  # their profile groups' runs, as long
         self._seq = 0
         self._queued = 0  # calls in every worker queue: each push and each pop or removal counted here
         self._ref_cache: dict[tuple[int, int], float] = {}
@@ -183,6 +186,7 @@ class Scheduler:
         self._all = list(range(len(self.workers)))
         self._eligible_idx = None
         self._members_idx = None
+        self._member_runs = None
         self._ref_cache = {}
         self._cost = partial(self.reference_cost)
 
@@ -206,7 +210,10 @@ class Scheduler:
         key = (input_tokens, output_tokens)
         v = self._ref_cache.get(key)
         if v is None:
-            v = self.estimator.mean_base_latency(self.members(), input_tokens, output_tokens)
+            runs = self._member_runs
+            if runs is None:
+                runs = self._member_runs = self.estimator.group_runs(self.members())
+            v = self.estimator.mean_base_latency_runs(runs, input_tokens, output_tokens)
             if len(self._ref_cache) < 65536:
                 self._ref_cache[key] = v
         return v
@@ -248,7 +255,7 @@ class Scheduler:
             raise ValueError(f"worker {worker} is not eligible for dispatch")
         self._budget(call, now)
         spec = call.spec
-        call.t_comp = self.estimator.snapshot([worker], spec.kind, spec.input_tokens, spec.output_tokens, now)[0][0]
+        call.t_comp = self.estimator.t_comp(worker, spec.kind, spec.input_tokens, spec.output_tokens, now)
         call.cached = 0
         self._enqueue(call, worker, now)
 
@@ -268,54 +275,66 @@ class Scheduler:
         idx = self.eligible_workers()
         if not idx:
             raise NoEligibleWorker("no eligible worker")
-        keys = None
-        cached: list[int] | None = None
+        rows = est.rows
+        keys: list[tuple[int, int]] | None = None
         if self.prefix_aware and spec.prefix:
-            keys = segment_keys(spec.prefix, call.workflow.wid)
+            keys = call.prefix_keys
             ix = self.prefix_index
             n_in = spec.input_tokens
-            cached = [cached_tokens(ix[w].match(keys, now), n_in) for w in idx]
-        credit = cached
-        if cached is not None and self._prefix_credit != 1.0:
             k = self._prefix_credit
-            top = spec.input_tokens - 1
-            credit = [min(int(c * k), top) if c else 0 for c in cached]
-        t_comp, t_queue, harm, inflight = est.snapshot(
-            idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credit
-        )
+            top = n_in - 1
+            for w in idx:
+                c = cached_tokens(ix[w].match(keys, now), n_in)
+                row = rows[w]
+                row.cached = c
+                # credited for the choice only: queues count the truth
+                row.credit = c if k == 1.0 else min(int(c * k), top) if c else 0
+        wb = self._wb
+        if wb is not None:
+            least = est.scan(idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credited=keys is not None)
+            pos = wb.choose_rows(rows, idx, self._alpha, call.budget, least)
+        else:
+            pos = self._dispatcher.choose(self._view(call, idx, keys is not None, now))
+        w = idx[pos]
+        row = rows[w]
+        call.t_comp = row.t_comp
+        if keys is not None:
+            call.cached = row.cached
+            if row.credit != row.cached:
+                call.t_comp = est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, now, row.cached)
+            # Cached there once its prompt is processed: after the predicted wait and its own prefill.
+            ready = now + row.t_queue + est.prefill_s(w, spec.input_tokens - call.cached)
+            self.prefix_index[w].record(keys, ready)
+        else:
+            call.cached = 0
+        return w
+
+    def _view(self, call: Call, idx: list[int], credited: bool, now: float) -> DispatchView:
+        """The dispatch view of ``call`` over ``idx`` (the rows' ``cached``/``credit`` filled when ``credited``)."""
+        est = self.estimator
+        spec = call.spec
+        est.scan(idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credited=credited)
+        rows = est.rows
         loads = est.loads
         kv_util: list[float] = []
         if self._wants_kv:
             workers = est.workers
             kv_util = [loads[i].inflight_kv / workers[i].profile.kv_capacity_tokens for i in idx]
-        view = DispatchView(
+        return DispatchView(
             workers=idx,
-            t_comp=t_comp,
-            t_queue=t_queue,
+            t_comp=[rows[i].t_comp for i in idx],
+            t_queue=[rows[i].t_queue for i in idx],
             # The estimator counts every push and pop of the worker queues (``_enqueue``, ``pop_next``,
             # ``cancel``, ``drain_worker``), so its ``queued`` is the queue's length without a method call.
             queue_len=[loads[i].queued for i in idx],
-            inflight=inflight,
+            inflight=[rows[i].inflight for i in idx],
             alpha=self._alpha,
             budget=call.budget,
-            harm=harm,
-            cached=cached or (),
+            harm=[rows[i].harm for i in idx],
+            cached=[rows[i].cached for i in idx] if credited else (),
             input_tokens=spec.input_tokens,
             kv_util=kv_util,
         )
-        pos = self._dispatcher.choose(view)
-        w = idx[pos]
-        if cached is not None and credit is not cached:  # credited for the choice only: queues count the truth
-            t_comp[pos] = est.snapshot([w], spec.kind, spec.input_tokens, spec.output_tokens, now, [cached[pos]])[0][0]
-        call.t_comp = t_comp[pos]
-        if keys is not None and cached is not None:
-            call.cached = cached[pos]
-            # Cached there once its prompt is processed: after the predicted wait and its own prefill.
-            ready = now + t_queue[pos] + est.prefill_s(w, spec.input_tokens - call.cached)
-            self.prefix_index[w].record(keys, ready)
-        else:
-            call.cached = 0
-        return w
 
     def _enqueue(self, call: Call, w: int, now: float) -> None:
         call.worker = w

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.core.prefix import PrefixSeg
+from gateway.core.prefix import PrefixSeg, segment_keys
 
 CostFn = Callable[[str, int, int], float]
 """Reference cost of a call: ``cost(kind, input_tokens, output_tokens) -> seconds``."""
@@ -101,6 +101,16 @@ class Call:
     """A hedge: the other copy of the same call (the first to answer wins, the other is abandoned)."""
     abandoned: bool = False
     """Its twin answered first: the call was taken off its queue or aborted, its answer is ignored."""
+    _prefix_keys: list[tuple[int, int]] | None = None
+
+    @property
+    def prefix_keys(self) -> list[tuple[int, int]]:
+        """The prefix-cache keys of its prompt's shared segments (``prefix.segment_keys`` of its spec's prefix and
+        its workflow), computed once: the scheduler and the simulated engine both look them up."""
+        keys = self._prefix_keys
+        if keys is None:
+            keys = self._prefix_keys = segment_keys(self.spec.prefix, self.workflow.wid)
+        return keys
 
     @property
     def kind(self) -> str:

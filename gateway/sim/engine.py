@@ -39,26 +39,45 @@ import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from gateway.core.prefix import Key, cached_tokens, segment_keys
+from gateway.core.prefix import Key, cached_tokens
 from gateway.core.profile import PerfProfile, iterations_within
 from gateway.core.workflow import Call
 
 
-@dataclass(slots=True, eq=False)
 class _Running:
-    call: Call
-    prompt_left: int
-    out_tokens: int
-    kv: int
-    finish_d: int = 0
-    admitted_at: float | None = None
-    join_d: int = -1  # decode counter when the prompt finished (-1: still waiting or prefilling)
-    prefill_done_at: float | None = None
-    priority: int = 0
-    order: int = 0
-    keys: list[tuple[Key, int]] = field(default_factory=list)  # the prompt's shared segments (caching on)
-    held: list[Key] = field(default_factory=list)  # cache entries this call pins while it runs
-    hit: int = 0  # prompt tokens served from the cache
+    """A call in the engine: waiting, prefilling or decoding. A plain class with its own ``__init__`` (a
+    dataclass's generated one runs as interpreted Python even in the native build, one per call)."""
+
+    __slots__ = (
+        "admitted_at",
+        "call",
+        "finish_d",
+        "held",
+        "hit",
+        "join_d",
+        "keys",
+        "kv",
+        "order",
+        "out_tokens",
+        "prefill_done_at",
+        "priority",
+        "prompt_left",
+    )
+
+    def __init__(self, call: Call, prompt_left: int, out_tokens: int, kv: int, priority: int, order: int) -> None:
+        self.call = call
+        self.prompt_left = prompt_left
+        self.out_tokens = out_tokens
+        self.kv = kv
+        self.finish_d = 0
+        self.admitted_at: float | None = None
+        self.join_d = -1  # decode counter when the prompt finished (-1: still waiting or prefilling)
+        self.prefill_done_at: float | None = None
+        self.priority = priority
+        self.order = order
+        self.keys: list[tuple[Key, int]] = []  # the prompt's shared segments (caching on)
+        self.held: list[Key] = []  # cache entries this call pins while it runs
+        self.hit = 0  # prompt tokens served from the cache
 
 
 @dataclass(slots=True)
@@ -143,7 +162,7 @@ class SimEngine:
         self._order += 1
         r = _Running(call, n_in, n_out, n_in + n_out, priority=priority, order=self._order)
         if self.prefix_caching and s.prefix:
-            r.keys = segment_keys(s.prefix, call.workflow.wid)
+            r.keys = call.prefix_keys
         self._states[call.id] = r
         w = self.waiting
         if self.priority_scheduling and w and (priority, r.order) < (w[-1].priority, w[-1].order):

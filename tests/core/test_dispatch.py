@@ -171,3 +171,40 @@ def test_duplicate_dispatcher_registration_raises() -> None:
     with pytest.raises(ValueError, match="already registered"):
         register_dispatcher("wb", lambda rng: WorkloadBalanced())
     assert set(DISPATCHERS) >= {"rr", "p2c", "lw", "eft", "wb", "wbi"}
+
+
+@pytest.mark.parametrize("interference", [0.0, 1.0])
+def test_wb_on_rows_chooses_as_on_the_view(interference: float) -> None:
+    """``choose_rows`` (the scheduler's path: rows per worker, no lists) is ``choose`` on the same numbers,
+    ties included (equal values are drawn often)."""
+    import random
+
+    from gateway.core.dispatch import WorkerEstimate
+
+    rng = random.Random(7)
+    wb = WorkloadBalanced(interference=interference)
+    for _ in range(2000):
+        n_all = rng.randint(1, 9)
+        rows = [
+            WorkerEstimate(
+                t_comp=rng.choice([1.0, 2.0, rng.uniform(0.5, 40.0)]),
+                t_queue=rng.choice([0.0, 3.0, rng.uniform(0.0, 60.0)]),
+                harm=rng.choice([0.0, rng.uniform(0.0, 20.0)]),
+            )
+            for _ in range(n_all)
+        ]
+        workers = sorted(rng.sample(range(n_all), rng.randint(1, n_all)))
+        alpha = rng.choice([0.0, 0.2, 0.5, 1.0])
+        budget = rng.choice([-5.0, 0.0, rng.uniform(0.0, 50.0)])
+        t_comp = [rows[w].t_comp for w in workers]
+        v = DispatchView(
+            workers=workers,
+            t_comp=t_comp,
+            t_queue=[rows[w].t_queue for w in workers],
+            queue_len=[0] * len(workers),
+            inflight=[0] * len(workers),
+            alpha=alpha,
+            budget=budget,
+            harm=[rows[w].harm for w in workers],
+        )
+        assert wb.choose_rows(rows, workers, alpha, budget, min(t_comp)) == wb.choose(v)

@@ -108,3 +108,36 @@ def test_the_snapshot_forgets_ratios_as_the_worker_does_and_reads_a_new_worker_a
     for n_in, n_out in ((308, 5), (11748, 678)):
         t_comp, _, _, _ = est.snapshot(workers, "revise", n_in, n_out, now)
         assert t_comp == [est.t_comp(w, "revise", n_in, n_out, now) for w in workers]
+
+
+def test_scan_fills_each_workers_row_and_returns_the_least_t_comp() -> None:
+    est, now = loaded_estimator(4)
+    everyone = list(range(len(est.workers)))
+    for workers in (everyone, [7, 2, 9]):
+        for cached in (None, [((w * 37) % 5) * 512 for w in workers]):
+            t_comp, t_queue, harm, inflight = est.snapshot(workers, "revise", 6000, 80, now, cached)
+            for w in everyone:  # stale rows: what the scan writes must not depend on them
+                est.rows[w].t_comp = est.rows[w].t_queue = est.rows[w].harm = -1.0
+            if cached is not None:
+                for w, c in zip(workers, cached, strict=True):
+                    est.rows[w].credit = c
+            else:
+                for w in workers:  # ignored unless credited
+                    est.rows[w].credit = 4096
+            least = est.scan(workers, "revise", 6000, 80, now, credited=cached is not None)
+            assert least == min(t_comp)
+            rows = [est.rows[w] for w in workers]
+            assert [r.t_comp for r in rows] == t_comp
+            assert [r.t_queue for r in rows] == t_queue
+            assert [r.harm for r in rows] == harm
+            assert [r.inflight for r in rows] == inflight
+            credit = cached or [0] * len(workers)
+            assert t_comp == [est.t_comp(w, "revise", 6000, 80, now, c) for w, c in zip(workers, credit, strict=True)]
+    assert est.scan([], "revise", 6000, 80, now) == float("inf")
+
+
+def test_a_worker_added_later_gets_a_row() -> None:
+    est, now = loaded_estimator(5)
+    w = est.add_worker(est.workers[0])
+    est.scan([w], "evaluate", 900, 20, now)
+    assert est.rows[w].t_comp == est.t_comp(w, "evaluate", 900, 20, now)
