@@ -101,6 +101,22 @@ def prefill_time(p: PerfProfile, input_tokens: int) -> float:
     return p.prefill_time(input_tokens)
 
 
+class _Consts:
+    """One worker's constants as ``Estimator.scan`` reads them (native attributes in the compiled build, not a
+    tuple of boxed numbers unpacked for every worker of every dispatch)."""
+
+    __slots__ = ("base", "cap", "ctx_s", "g", "limit", "overhead", "tok")
+
+    def __init__(self, base: float, tok: float, ctx_s: float, overhead: float, limit: int, cap: int, g: int) -> None:
+        self.base = base  # iter_base_s
+        self.tok = tok  # token_s
+        self.ctx_s = ctx_s
+        self.overhead = overhead  # request_overhead_s
+        self.limit = limit  # batch limit: min(capacity, max_num_seqs)
+        self.cap = cap  # capacity
+        self.g = g  # profile group
+
+
 class Estimator:
     """Per-worker latency estimates with online correction.
 
@@ -145,7 +161,7 @@ class Estimator:
         """Per profile: lone-request latency by (input, output) tokens."""
         self._prefill_cache: list[dict[int, float]] = []
         """Per profile: prefill seconds by input tokens."""
-        self._consts: list[tuple[float, float, float, float, int, int, int]] = []
+        self._consts: list[_Consts] = []
         """Per worker, what ``estimates`` reads: iter_base_s, token_s, ctx_s, request_overhead_s, the batch
         limit (min of capacity and max_num_seqs), capacity and the profile group. Rebuilt whenever a
         worker's ``WorkerInfo`` changes (``add_worker``, ``reset_worker``, ``set_capacity``)."""
@@ -177,7 +193,7 @@ class Estimator:
                 self._base_cache[g] = {}
                 self._prefill_cache[g] = {}
         limit = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
-        const = (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, limit, info.capacity, g)
+        const = _Consts(p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, limit, info.capacity, g)
         if old is None:
             self._group.append(g)
             self._consts.append(const)
@@ -357,7 +373,8 @@ class Estimator:
         max_age = self.max_age_s
         rate = 0.0
         for w in workers:
-            base, tok, ctx_s, _, batch, _, g = consts[w]
+            k = consts[w]
+            base, tok, ctx_s, batch, g = k.base, k.tok, k.ctx_s, k.limit, k.g
             r = by_kind[w] if by_kind is not None else None
             rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
             gpu = (pres[g] + out * (tok + ctx_s * mid + base / batch)) * rv
@@ -531,7 +548,8 @@ class Estimator:
         last_pre = 0.0
         for i in range(n_ws):
             w = ws[i]
-            base, tok, ctx_s, overhead, limit, cap, g = consts[w]
+            k = consts[w]
+            base, tok, ctx_s, overhead, limit, cap, g = k.base, k.tok, k.ctx_s, k.overhead, k.limit, k.cap, k.g
             load = loads[w]
             row = rows[w]
             r = by_kind[w] if by_kind is not None else None
@@ -621,7 +639,7 @@ class Estimator:
         call.service_s = (begin - now) + own * r
         call.model_s = (begin - now) + own
         # The batch ``_own`` assumed, kept for the profile refit (``gateway.sim.refit``).
-        limit = self._consts[worker][4]
+        limit = self._consts[worker].limit
         n = load.inflight + 1
         ctx = load.inflight_ctx + s.input_tokens + s.output_tokens / 2.0
         if n > limit:

@@ -29,11 +29,13 @@ from dataclasses import dataclass
 __all__ = [
     "BLOCK_TOKENS",
     "CHARS_PER_TOKEN",
+    "Holders",
     "Key",
     "PrefixIndex",
     "PrefixSeg",
     "best_case_cached",
     "cached_tokens",
+    "match_holders",
     "prompt_prefix",
     "segment_keys",
 ]
@@ -157,19 +159,30 @@ def best_case_cached(calls: Sequence[tuple[Sequence[PrefixSeg], int]]) -> list[i
     return out
 
 
+Holders = dict[Key, dict[int, list[float]]]
+"""A reverse index shared by the ``PrefixIndex`` of every worker of a cluster: key -> {worker: its entry there}
+(``[tokens, cached from]``, the very list the worker's index holds)."""
+
+
 class PrefixIndex:
     """What the gateway believes one worker has cached: segment keys, least recently used first.
 
     Args:
         capacity_tokens: tokens the worker's KV cache holds (the index evicts beyond it).
+        holders: the cluster's reverse index (``match_holders``), kept up to date with this one; None: none.
+        worker: this worker's index in ``holders``.
     """
 
-    def __init__(self, capacity_tokens: int) -> None:
+    def __init__(self, capacity_tokens: int, holders: Holders | None = None, worker: int = -1) -> None:
         if capacity_tokens < 0:
             raise ValueError(f"capacity_tokens must be >= 0, got {capacity_tokens}")
+        if holders is not None and worker < 0:
+            raise ValueError("a PrefixIndex in a reverse index needs its worker's index")
         self.capacity_tokens = capacity_tokens
         self._lru: OrderedDict[Key, list[float]] = OrderedDict()  # key -> [tokens, cached from]
         self._total = 0
+        self._holders = holders
+        self._worker = worker
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -199,19 +212,66 @@ class PrefixIndex:
         """A call with chain ``keys`` was sent to the worker; its prompt is predicted processed (its segments
         cached) at ``ready_at``. A segment already held keeps the earlier of the two times."""
         lru = self._lru
+        holders = self._holders
         for key, tokens in keys:
             e = lru.get(key)
             if e is not None:
                 lru.move_to_end(key)
                 e[1] = min(e[1], ready_at)
             else:
-                lru[key] = [tokens, ready_at]
+                e = [tokens, ready_at]
+                lru[key] = e
                 self._total += tokens
+                if holders is not None:
+                    h = holders.get(key)
+                    if h is None:
+                        holders[key] = {self._worker: e}
+                    else:
+                        h[self._worker] = e
         while self._total > self.capacity_tokens and lru:
-            _, e = lru.popitem(last=False)
+            key, e = lru.popitem(last=False)
             self._total -= int(e[0])
+            self._unhold(key)
+
+    def _unhold(self, key: Key) -> None:
+        holders = self._holders
+        if holders is not None:
+            h = holders[key]
+            del h[self._worker]
+            if not h:
+                del holders[key]
 
     def clear(self) -> None:
         """Forget everything (the worker restarted or left)."""
+        for key in self._lru:
+            self._unhold(key)
         self._lru.clear()
         self._total = 0
+
+
+def match_holders(holders: Holders, keys: Sequence[tuple[Key, int]], now: float = float("inf")) -> dict[int, int]:
+    """``PrefixIndex.match`` of ``keys`` on every worker of a reverse index at once: {worker: leading tokens
+    held at ``now``}, workers that hold none of it left out. Visits only the workers holding each segment (a
+    query's own segments live on one or two workers of tens), not every worker's index."""
+    got: dict[int, int] = {}
+    alive: list[int] = []
+    first = True
+    for key, tokens in keys:
+        h = holders.get(key)
+        if h is None:
+            break
+        if first:
+            alive = [w for w, e in h.items() if e[1] <= now]
+            first = False
+        else:
+            nxt: list[int] = []
+            for w in alive:
+                e = h.get(w)
+                if e is not None and e[1] <= now:
+                    nxt.append(w)
+            alive = nxt
+        if not alive:
+            break
+        for w in alive:
+            got[w] = got.get(w, 0) + tokens
+    return got

@@ -25,7 +25,7 @@ from functools import partial
 from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng, WorkloadBalanced
 from gateway.core.estimates import Estimator
 from gateway.core.policy import Policy, get_policy
-from gateway.core.prefix import PrefixIndex, cached_tokens
+from gateway.core.prefix import Holders, PrefixIndex, cached_tokens, match_holders
 from gateway.core.profile import PerfProfile
 from gateway.core.queues import QUEUES, VtcCounters, WorkerQueue
 from gateway.core.samples import SampleLog, sample_of
@@ -70,8 +70,11 @@ class Scheduler:
         self._wb: WorkloadBalanced | None = self._dispatcher if isinstance(self._dispatcher, WorkloadBalanced) else None
         self.prefix_aware = prefix_caching and self.policy.prefix_aware
         self._prefix_credit = self.policy.prefix_credit
+        self._holders: Holders = {}  # which workers hold each prefix key (the indexes below keep it)
         self.prefix_index: list[PrefixIndex] = (
-            [PrefixIndex(w.profile.kv_capacity_tokens) for w in self.workers] if self.prefix_aware else []
+            [PrefixIndex(w.profile.kv_capacity_tokens, self._holders, i) for i, w in enumerate(self.workers)]
+            if self.prefix_aware
+            else []
         )
         self._make_queue = QUEUES[self.policy.queue]()
         self.queues: list[WorkerQueue] = [self._make_queue() for _ in self.workers]
@@ -136,7 +139,7 @@ class Scheduler:
             self.dispatch_counts.append({})
             w = len(self.workers) - 1
             if self.prefix_aware:
-                self.prefix_index.append(PrefixIndex(info.profile.kv_capacity_tokens))
+                self.prefix_index.append(PrefixIndex(info.profile.kv_capacity_tokens, self._holders, w))
         else:
             w = free
             self.queues[w] = self._make_queue()
@@ -144,7 +147,8 @@ class Scheduler:
             self.member[w] = True
             self.dispatch_counts[w] = {}
             if self.prefix_aware:
-                self.prefix_index[w] = PrefixIndex(info.profile.kv_capacity_tokens)
+                self.prefix_index[w].clear()  # out of the reverse index too
+                self.prefix_index[w] = PrefixIndex(info.profile.kv_capacity_tokens, self._holders, w)
             if self.samples is not None:
                 self.samples.clear(w)
         self._membership_changed()
@@ -279,16 +283,22 @@ class Scheduler:
         keys: list[tuple[int, int]] | None = None
         if self.prefix_aware and spec.prefix:
             keys = call.prefix_keys
-            ix = self.prefix_index
             n_in = spec.input_tokens
             k = self._prefix_credit
             top = n_in - 1
             for w in idx:
-                c = cached_tokens(ix[w].match(keys, now), n_in)
                 row = rows[w]
-                row.cached = c
-                # credited for the choice only: queues count the truth
-                row.credit = c if k == 1.0 else min(int(c * k), top) if c else 0
+                row.cached = 0
+                row.credit = 0
+            # Every worker's ``PrefixIndex.match`` at once, through the workers holding each key (rows of workers
+            # not dispatched to may be written: only ``idx``'s are read).
+            for w, m in match_holders(self._holders, keys, now).items():
+                c = cached_tokens(m, n_in)
+                if c:
+                    row = rows[w]
+                    row.cached = c
+                    # credited for the choice only: queues count the truth
+                    row.credit = c if k == 1.0 else min(int(c * k), top)
         wb = self._wb
         if wb is not None:
             least = est.scan(idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credited=keys is not None)

@@ -153,3 +153,33 @@ def test_calls_sent_together_are_not_credited_with_each_others_prefix(cluster: l
     # vLLM reuses computed blocks only: siblings sent at once share nothing, so load spreads them.
     assert [c.cached for c in calls] == [0, 0, 0]
     assert len({c.worker for c in calls}) == 3
+
+
+def test_the_reverse_index_matches_every_worker_as_its_own_index_does() -> None:
+    """``match_holders`` equals ``PrefixIndex.match`` worker by worker through records, evictions (small
+    capacities), clears and readiness times; an index cleared or evicted leaves no trace in the reverse index."""
+    import random
+
+    from gateway.core.prefix import Holders, match_holders
+
+    rng = random.Random(3)
+    holders: Holders = {}
+    ixs = [PrefixIndex(rng.choice([300, 1000, 5000]), holders, w) for w in range(6)]
+    names = [f"s{i}" for i in range(8)]
+    for step in range(3000):
+        now = step * 0.1
+        chain = [PrefixSeg(rng.choice(names), rng.choice([16, 64, 256]), per_query=rng.random() < 0.3)]
+        while rng.random() < 0.6:
+            chain.append(PrefixSeg(rng.choice(names), rng.choice([16, 64, 256])))
+        keys = segment_keys(chain, rng.randrange(3))
+        got = match_holders(holders, keys, now)
+        for w, ix in enumerate(ixs):
+            assert got.get(w, 0) == ix.match(keys, now)
+        r = rng.random()
+        if r < 0.6:
+            ixs[rng.randrange(6)].record(keys, now + rng.choice([0.0, 0.5, 3.0]))
+        elif r < 0.62:
+            ixs[rng.randrange(6)].clear()
+    for ix in ixs:
+        ix.clear()
+    assert holders == {}
