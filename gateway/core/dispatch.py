@@ -118,6 +118,17 @@ class WorkerEstimate:
     """The cached tokens the estimates count (``cached`` scaled by the policy's prefix credit)."""
 
 
+class RowsDispatcher(Protocol):
+    """A dispatcher that can also choose from the estimator's rows (``WorkerEstimate`` per worker) without a
+    ``DispatchView``: the scheduler's path for it (no per-call lists). The same choice as ``choose``."""
+
+    def choose_rows(
+        self, rows: list[WorkerEstimate], workers: list[int], alpha: float, budget: float, t_comp_min: float
+    ) -> int:
+        """Position (in ``workers``) of the chosen worker; ``t_comp_min`` is their least ``t_comp``."""
+        ...
+
+
 class Dispatcher(Protocol):
     """Chooses a worker for a call. Returns a position in ``view.workers``."""
 
@@ -183,6 +194,21 @@ class LeastWork:
                 best, bq, bc = i, q, t_comp[i]
         return best
 
+    def choose_rows(
+        self, rows: list[WorkerEstimate], workers: list[int], alpha: float, budget: float, t_comp_min: float
+    ) -> int:
+        """``choose`` on the rows of ``workers`` (the scheduler's path): the same comparisons, the same choice."""
+        r = rows[workers[0]]
+        best = 0
+        bq = r.t_queue
+        bc = r.t_comp
+        for i in range(1, len(workers)):
+            r = rows[workers[i]]
+            q = r.t_queue
+            if q < bq or (q == bq and r.t_comp < bc):
+                best, bq, bc = i, q, r.t_comp
+        return best
+
 
 class EarliestFinish:
     """HEFT-style earliest finish time: least predicted ``t_queue + t_comp``."""
@@ -198,6 +224,22 @@ class EarliestFinish:
             c = t_comp[i]
             f = t_queue[i] + c
             # ``(f, c) < (bf, bc)`` written out (no tuples built per worker)
+            if f < bf or (f == bf and c < bc):
+                best, bf, bc = i, f, c
+        return best
+
+    def choose_rows(
+        self, rows: list[WorkerEstimate], workers: list[int], alpha: float, budget: float, t_comp_min: float
+    ) -> int:
+        """``choose`` on the rows of ``workers`` (the scheduler's path): the same comparisons, the same choice."""
+        r = rows[workers[0]]
+        best = 0
+        bc = r.t_comp
+        bf = r.t_queue + bc
+        for i in range(1, len(workers)):
+            r = rows[workers[i]]
+            c = r.t_comp
+            f = r.t_queue + c
             if f < bf or (f == bf and c < bc):
                 best, bf, bc = i, f, c
         return best

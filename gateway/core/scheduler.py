@@ -22,7 +22,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from gateway.core.dispatch import DISPATCHERS, DispatchView, Rng, WorkloadBalanced
+from gateway.core.dispatch import (
+    DISPATCHERS,
+    DispatchView,
+    EarliestFinish,
+    LeastWork,
+    Rng,
+    RowsDispatcher,
+    WorkloadBalanced,
+)
 from gateway.core.estimates import Estimator
 from gateway.core.policy import Policy, get_policy
 from gateway.core.prefix import Holders, PrefixIndex, cached_tokens, match_holders
@@ -66,8 +74,11 @@ class Scheduler:
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self._dispatcher = DISPATCHERS[self.policy.dispatcher](rng)
         self._wants_kv = bool(getattr(self._dispatcher, "wants_kv_util", False))
-        # The WB score reads the estimator's rows directly (no view of lists built per call).
-        self._wb: WorkloadBalanced | None = self._dispatcher if isinstance(self._dispatcher, WorkloadBalanced) else None
+        # These read the estimator's rows directly (no view of lists built per call).
+        d = self._dispatcher
+        self._by_rows: RowsDispatcher | None = (
+            d if isinstance(d, WorkloadBalanced | LeastWork | EarliestFinish) else None
+        )
         self.prefix_aware = prefix_caching and self.policy.prefix_aware
         self._prefix_credit = self.policy.prefix_credit
         self._holders: Holders = {}  # which workers hold each prefix key (the indexes below keep it)
@@ -299,10 +310,10 @@ class Scheduler:
                     row.cached = c
                     # credited for the choice only: queues count the truth
                     row.credit = c if k == 1.0 else min(int(c * k), top)
-        wb = self._wb
-        if wb is not None:
+        by_rows = self._by_rows
+        if by_rows is not None:
             least = est.scan(idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credited=keys is not None)
-            pos = wb.choose_rows(rows, idx, self._alpha, call.budget, least)
+            pos = by_rows.choose_rows(rows, idx, self._alpha, call.budget, least)
         else:
             pos = self._dispatcher.choose(self._view(call, idx, keys is not None, now))
         w = idx[pos]

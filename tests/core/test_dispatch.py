@@ -173,8 +173,12 @@ def test_duplicate_dispatcher_registration_raises() -> None:
     assert set(DISPATCHERS) >= {"rr", "p2c", "lw", "eft", "wb", "wbi"}
 
 
-@pytest.mark.parametrize("interference", [0.0, 1.0])
-def test_wb_on_rows_chooses_as_on_the_view(interference: float) -> None:
+@pytest.mark.parametrize(
+    "wb",
+    [WorkloadBalanced(), WorkloadBalanced(interference=1.0), LeastWork(), EarliestFinish()],
+    ids=["wb", "wbi", "lw", "eft"],
+)
+def test_choosing_on_rows_is_choosing_on_the_view(wb: WorkloadBalanced | LeastWork | EarliestFinish) -> None:
     """``choose_rows`` (the scheduler's path: rows per worker, no lists) is ``choose`` on the same numbers,
     ties included (equal values are drawn often)."""
     import random
@@ -182,7 +186,6 @@ def test_wb_on_rows_chooses_as_on_the_view(interference: float) -> None:
     from gateway.core.dispatch import WorkerEstimate
 
     rng = random.Random(7)
-    wb = WorkloadBalanced(interference=interference)
     for _ in range(2000):
         n_all = rng.randint(1, 9)
         rows = [
