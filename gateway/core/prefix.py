@@ -195,8 +195,9 @@ class PrefixIndex:
     def match(self, keys: Sequence[tuple[Key, int]], now: float = float("inf")) -> int:
         """Leading tokens of the chain ``keys`` the worker is believed to hold at ``now`` (no recency update).
 
-        A segment counts from the time ``record`` said it would be cached: vLLM reuses only blocks already
-        computed, so calls sent together (the evaluations of one query) do not share with one another.
+        A segment counts from the time ``record`` said it would be cached (the scheduler says: at once, as vLLM
+        caches a block when it schedules it and a call sent after another to the same worker is prefilled
+        after it).
         """
         got = 0
         lru: dict[Key, list[float]] = self._lru  # looked up as a plain dict (the compiled build's fast path)

@@ -323,9 +323,10 @@ class Scheduler:
             call.cached = row.cached
             if row.credit != row.cached:
                 call.t_comp = est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, now, row.cached)
-            # Cached there once its prompt is processed: after the predicted wait and its own prefill.
-            ready = now + row.t_queue + est.prefill_s(w, spec.input_tokens - call.cached)
-            self.prefix_index[w].record(keys, ready)
+            # Usable from now on by the calls sent after it to the same worker: vLLM caches a block when it
+            # schedules it, and their prompt chunks come after this call's (as llm-d's approximate prefix
+            # index records a request's blocks when it routes it).
+            self.prefix_index[w].record(keys, now)
         else:
             call.cached = 0
         return w

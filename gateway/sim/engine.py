@@ -24,13 +24,15 @@ conservative equivalent and keeps the capacity invariant checkable).
 
 Prefix caching (``prefix_caching``, vLLM's ``--enable-prefix-caching``, on by default in vLLM V1): the
 engine keeps the prompt segments its calls shared (``CallSpec.prefix``, ``gateway.core.prefix``). A
-segment enters the cache when the prompt that holds it has been processed; a call admitted later whose
-chain matches skips those tokens' prefill (whole blocks, never the last token) but still holds and reads
-their KV. Segments in use by running calls stay; the others live in the free KV space and are evicted
-least recently used first when running calls need it. Calls admitted in the same iteration as the one
-that computes a segment do not hit it (as in vLLM, which only reuses computed blocks). A call still
-reserves its whole prompt, so two running calls sharing a segment count it twice (conservative: vLLM
-shares the blocks).
+segment enters the cache when the call that holds it is admitted: vLLM V1 caches a block as soon as it
+allocates it for the tokens it schedules (``KVCacheManager.allocate_slots`` -> ``cache_blocks``), and prompt
+chunks are scheduled first come first served, so a call admitted later, in the same iteration included,
+finds those blocks scheduled before its own first chunk. A call whose chain matches skips those tokens'
+prefill (whole blocks, never the last token) but still holds and reads their KV. Segments in use by running
+calls stay; the others live in the free KV space and are evicted least recently used first when running
+calls need it. A call cancelled before its prompt is done takes the segments it brought, where no other
+call holds them. A call still reserves its whole prompt, so two running calls sharing a segment count it
+twice (conservative: vLLM shares the blocks).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class _Running:
         "prefill_done_at",
         "priority",
         "prompt_left",
+        "stored_from",
     )
 
     def __init__(self, call: Call, prompt_left: int, out_tokens: int, kv: int, priority: int, order: int) -> None:
@@ -78,6 +81,7 @@ class _Running:
         self.keys: list[tuple[Key, int]] = []  # the prompt's shared segments (caching on)
         self.held: list[Key] = []  # cache entries this call pins while it runs
         self.hit = 0  # prompt tokens served from the cache
+        self.stored_from = 0  # held[stored_from:]: the segments this call brought into the cache
 
 
 @dataclass(slots=True)
@@ -258,6 +262,15 @@ class SimEngine:
                     break
             ctx = n_in + (self._d - r.join_d)
         self._leave(r, ctx)
+        if r.join_d < 0 and r.keys:
+            # Its prompt was never finished: the segments it brought into the cache are not computed. Those no
+            # other call holds are forgotten (one a later call holds stays: that call reads it already).
+            cache = self._cache
+            for key, _ in r.keys[r.stored_from :]:
+                e = cache.get(key)
+                if e is not None and not e[1]:
+                    del cache[key]
+                    self._evictable -= e[0]
         self.stats.cancelled += 1
 
     def kick(self, now: float) -> bool:
@@ -315,6 +328,7 @@ class SimEngine:
             self.stats.prompt_tokens += r.prompt_left
             if r.keys:
                 self._hit(r)
+                self._store(r)
             self._prefill.append(r)
             self._prefill_left += r.prompt_left
             self._kv_used += r.kv
@@ -350,9 +364,13 @@ class SimEngine:
             self.stats.prefix_hit_tokens += hit
 
     def _store(self, r: _Running) -> None:
-        """``r``'s prompt was processed: its segments are cached (pinned by ``r`` until it finishes)."""
+        """At admission, after ``_hit``: the rest of ``r``'s segments are cached from now on (pinned by ``r``
+        until it finishes). vLLM caches a block when it allocates it for the tokens it schedules, and every
+        call admitted after ``r`` prefills behind it (prompt chunks go first come first served), so a later
+        call finds ``r``'s blocks scheduled before its own first chunk, in the same iteration at the latest."""
         cache = self._cache
         held = r.held
+        r.stored_from = len(held)
         for key, tokens in r.keys[len(held) :]:
             e = cache.get(key)
             if e is None:
@@ -478,8 +496,6 @@ class SimEngine:
                 # The last prompt chunk yields the first output token.
                 r.prefill_done_at = now
                 r.join_d = self._d
-                if r.keys:
-                    self._store(r)
                 left = r.out_tokens - 1
                 if left <= 0:
                     self._finish(r, done)

@@ -271,9 +271,10 @@ def run_prefixed(
 def reference_prefixed(
     p: PerfProfile, arrivals: list[tuple[float, int, int, int, tuple[PrefixSeg, ...]]]
 ) -> tuple[dict[int, float], int]:
-    """``reference`` with vLLM's prefix cache: a prompt's segments are cached once it is processed, pinned
-    while a call using them runs, otherwise kept in free KV and evicted least recently used first; an
-    admitted call skips the whole blocks of its cached leading segments (never its last token)."""
+    """``reference`` with vLLM's prefix cache: a prompt's segments are cached from its admission (vLLM caches
+    blocks when it schedules them, and later calls' chunks come after), pinned while a call using them runs,
+    otherwise kept in free KV and evicted least recently used first; an admitted call skips the whole blocks
+    of its cached leading segments (never its last token)."""
     cache: dict[object, list[int]] = {}  # key -> [tokens, pins, last use]
     clock = 0
     pending = sorted(range(len(arrivals)), key=lambda i: (arrivals[i][0], i))
@@ -309,6 +310,12 @@ def reference_prefixed(
                 matched += tokens
             hit = cached_tokens(matched, arrivals[i][1])
             hits += hit
+            for key, tokens in keys_of(i)[len(held) :]:
+                clock += 1
+                e = cache.setdefault(key, [tokens, 0, clock])
+                e[1] += 1
+                e[2] = clock
+                held.append(key)
             running.append(
                 {
                     "i": i,
@@ -352,13 +359,6 @@ def reference_prefixed(
             r["done_pre"] += k  # type: ignore[operator]
             if r["pre"] == 0:
                 r["ctx"] = r["done_pre"]
-                held = r["held"]
-                for key, tokens in keys_of(r["i"])[len(held) :]:  # type: ignore[arg-type]
-                    clock += 1
-                    e = cache.setdefault(key, [tokens, 0, clock])
-                    e[1] += 1
-                    e[2] = clock
-                    held.append(key)  # type: ignore[attr-defined]
                 r["out"] -= 1  # type: ignore[operator]
                 if r["out"] == 0:
                     finished.append(r)
@@ -388,18 +388,26 @@ def test_prefix_cache_matches_the_reference_including_eviction(seed: int, kv_cap
         assert eng.stats.evicted_tokens > 0
 
 
-def test_a_cached_prefix_cuts_the_second_calls_latency_and_only_once_computed() -> None:
+def test_a_cached_prefix_cuts_the_second_calls_latency_even_when_both_arrive_together() -> None:
     chain = (PrefixSeg("q", 4000, per_query=True),)
     # Two calls of one workflow: the second arrives after the first's prompt is processed.
     first, second = (0.0, 4100, 20, 1, chain), (10.0, 4100, 20, 1, chain)
     got, eng = run_prefixed(PROFILE, [first, second])
     assert got[1] - 10.0 < 0.5 * (got[0] - 0.0)
     assert eng.stats.prefix_hit_tokens == 4000  # whole blocks of the 4000 shared tokens
-    # Another workflow's per-query segment is not shared; arriving together, nothing is computed yet.
+    # Another workflow's per-query segment is not shared.
     got, eng = run_prefixed(PROFILE, [first, (10.0, 4100, 20, 2, chain)])
     assert eng.stats.prefix_hit_tokens == 0
+    # Arriving together: vLLM caches the first's blocks as it schedules them, and the second's chunks come
+    # after them, so the second computes only its own 100 tokens and finishes right behind the first.
+    alone, _ = run_prefixed(PROFILE, [first])
     got, eng = run_prefixed(PROFILE, [first, (0.0, 4100, 20, 1, chain)])
+    assert eng.stats.prefix_hit_tokens == 4000
+    assert got[1] < 1.2 * alone[0]
+    # Without the shared chain the second call's prompt is computed in full and it finishes much later.
+    got, eng = run_prefixed(PROFILE, [first, (0.0, 4100, 20, 2, chain)])
     assert eng.stats.prefix_hit_tokens == 0
+    assert got[1] > 1.5 * alone[0]
 
 
 def test_without_prefix_caching_prefixes_change_nothing() -> None:
