@@ -210,8 +210,8 @@ class PrefixIndex:
         return got
 
     def record(self, keys: Sequence[tuple[Key, int]], ready_at: float = 0.0) -> None:
-        """A call with chain ``keys`` was sent to the worker; its prompt is predicted processed (its segments
-        cached) at ``ready_at``. A segment already held keeps the earlier of the two times."""
+        """A call with chain ``keys`` was sent to the worker; its segments count as cached from ``ready_at`` (the
+        scheduler passes the dispatch time). A segment already held keeps the earlier of the two times."""
         lru = self._lru
         holders = self._holders
         for key, tokens in keys:

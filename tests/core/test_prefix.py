@@ -143,16 +143,24 @@ def test_prefix_aware_policies_send_a_workflows_next_round_where_its_prefix_is(
         assert second.t_comp == pytest.approx(true_t_comp)
 
 
-def test_calls_sent_together_are_not_credited_with_each_others_prefix(cluster: list[WorkerInfo]) -> None:
+def test_calls_sent_together_count_each_others_prefix_where_the_first_went(cluster: list[WorkerInfo]) -> None:
+    """vLLM caches a block when it schedules it and a call sent after another to the same worker is prefilled
+    after it, so a sibling sent at the same instant finds the first's prefix there (``tests/contract``)."""
     same = [WorkerInfo(f"w{i}", cluster[0].profile, 4) for i in range(3)]
-    sched = Scheduler(same, "hexgen", _Rng(1), prefix_caching=True)
     spec = CallSpec("evaluate", 900, 20, (PrefixSeg("evaluate", 850, per_query=True),))
+    sched = Scheduler(same, "hexgen", _Rng(1), prefix_caching=True)
+    first, second = _call(1, 7, spec), _call(2, 7, spec)
+    w1 = sched.submit(first, 0.0)
+    for w in range(3):
+        sched.set_eligible(w, w == w1)
+    assert sched.submit(second, 0.0) == w1
+    assert (first.cached, second.cached) == (0, 848)  # whole blocks of the 850 shared tokens
+    assert second.prefill_s == pytest.approx(sched.estimator.prefill_s(w1, 900 - 848))
+    # llm-d's prefix score (weight 3) stacks a query's siblings on the worker that holds their prefix.
+    llmd = Scheduler(same, "llmd", _Rng(1), prefix_caching=True)
     calls = [_call(i, 7, spec) for i in range(3)]
-    for c in calls:
-        sched.submit(c, 0.0)
-    # vLLM reuses computed blocks only: siblings sent at once share nothing, so load spreads them.
-    assert [c.cached for c in calls] == [0, 0, 0]
-    assert len({c.worker for c in calls}) == 3
+    assert len({llmd.submit(c, 0.0) for c in calls}) == 1
+    assert [c.cached for c in calls] == [0, 848, 848]
 
 
 def test_the_reverse_index_matches_every_worker_as_its_own_index_does() -> None:
