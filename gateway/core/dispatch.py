@@ -198,16 +198,7 @@ class LeastWork:
         self, rows: list[WorkerEstimate], workers: list[int], alpha: float, budget: float, t_comp_min: float
     ) -> int:
         """``choose`` on the rows of ``workers`` (the scheduler's path): the same comparisons, the same choice."""
-        r = rows[workers[0]]
-        best = 0
-        bq = r.t_queue
-        bc = r.t_comp
-        for i in range(1, len(workers)):
-            r = rows[workers[i]]
-            q = r.t_queue
-            if q < bq or (q == bq and r.t_comp < bc):
-                best, bq, bc = i, q, r.t_comp
-        return best
+        return _least_on_rows(rows, workers, with_comp=False)
 
 
 class EarliestFinish:
@@ -232,17 +223,23 @@ class EarliestFinish:
         self, rows: list[WorkerEstimate], workers: list[int], alpha: float, budget: float, t_comp_min: float
     ) -> int:
         """``choose`` on the rows of ``workers`` (the scheduler's path): the same comparisons, the same choice."""
-        r = rows[workers[0]]
-        best = 0
-        bc = r.t_comp
-        bf = r.t_queue + bc
-        for i in range(1, len(workers)):
-            r = rows[workers[i]]
-            c = r.t_comp
-            f = r.t_queue + c
-            if f < bf or (f == bf and c < bc):
-                best, bf, bc = i, f, c
-        return best
+        return _least_on_rows(rows, workers, with_comp=True)
+
+
+def _least_on_rows(rows: list[WorkerEstimate], workers: list[int], *, with_comp: bool) -> int:
+    """Position of the least ``t_queue`` (``with_comp``: ``t_queue + t_comp``) among ``workers``' rows; ties to
+    the lower ``t_comp``, then the lower position (``LeastWork``/``EarliestFinish`` on rows)."""
+    r = rows[workers[0]]
+    best = 0
+    bc = r.t_comp
+    bk = r.t_queue + bc if with_comp else r.t_queue
+    for i in range(1, len(workers)):
+        r = rows[workers[i]]
+        c = r.t_comp
+        key = r.t_queue + c if with_comp else r.t_queue
+        if key < bk or (key == bk and c < bc):
+            best, bk, bc = i, key, c
+    return best
 
 
 class WorkloadBalanced:
