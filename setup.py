@@ -30,6 +30,7 @@ NATIVE_MODULES = [
     "gateway/core/scheduler.py",
     "gateway/core/slo.py",
     "gateway/sim/engine.py",
+    "gateway/sim/events.py",
     "gateway/sim/simulator.py",
 ]
 

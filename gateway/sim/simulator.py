@@ -1,7 +1,7 @@
 """The discrete-event simulator: workflows arrive, the shared scheduler dispatches, engines batch.
 
-The event loop is SimPy-style: a heap of ``(time, seq, kind, payload)`` with a per-run counter, so
-ties are FIFO and runs are deterministic. It drives exactly the ``gateway.core.Scheduler`` the live
+The event loop is SimPy-style: a heap of events by ``(time, seq)`` (``gateway.sim.events``) with a per-run
+counter, so ties are FIFO and runs are deterministic. It drives exactly the ``gateway.core.Scheduler`` the live
 gateway drives, with virtual time:
 
     arrival      -> workflow.start() -> Scheduler.submit() each ready call -> fill the worker
@@ -18,7 +18,6 @@ before the run from their own seeds.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow, deadline_met
 from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.engine import EngineStats, SimEngine
+from gateway.sim.events import Event, EventHeap
 from gateway.sim.refit import FitOutcome, RefitSettings, Refitter
 
 _ARRIVAL = 0
@@ -223,13 +223,13 @@ class Simulator:
         refitter = self.refitter
         next_refit = refitter.s.interval_s if refitter is not None else math.inf
         hedge = self.hedge
-        # (time, seq, kind, payload, worker, version): seq makes ties FIFO and deterministic.
-        heap: list[tuple[float, int, int, object, int, int]] = []
+        # Events by (time, seq): seq makes ties FIFO and deterministic.
         seq = 0
+        initial: list[Event] = []
         for wf in workflows:
             seq += 1
-            heap.append((wf.arrival, seq, _ARRIVAL, wf, -1, 0))
-        heapq.heapify(heap)
+            initial.append(Event(wf.arrival, seq, _ARRIVAL, wf, -1, 0))
+        heap = EventHeap(initial)
         records: list[WorkflowRecord] = []
         call_records: list[CallTimeline] = []
         ncalls: dict[int, int] = {}
@@ -249,10 +249,10 @@ class Simulator:
                 added = True
                 if hedge is not None and c.twin is None:
                     seq += 1
-                    heapq.heappush(heap, (t + hedge.after * max(c.t_comp, 1e-6), seq, _HEDGE, c, w, 0))
+                    heap.push(Event(t + hedge.after * max(c.t_comp, 1e-6), seq, _HEDGE, c, w, 0))
             if added and eng.kick(t):
                 seq += 1
-                heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, w, eng.version))
+                heap.push(Event(eng.wake_at, seq, _WAKE, None, w, eng.version))
 
         # Admission (off by default): cluster seconds of work admitted workflows have still to submit.
         committed = 0.0
@@ -343,11 +343,12 @@ class Simulator:
                 eng = engines[twin.worker]
                 if eng.cancel(twin, t):
                     seq += 1
-                    heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, twin.worker, eng.version))
+                    heap.push(Event(eng.wake_at, seq, _WAKE, None, twin.worker, eng.version))
                 fill(twin.worker, t)
 
-        while heap and pending:
-            now, _, kind, payload, w, version = heapq.heappop(heap)
+        while len(heap) and pending:
+            ev = heap.pop()
+            now, kind, payload, w, version = ev.t, ev.kind, ev.payload, ev.worker, ev.version
             if now > self.horizon_s:
                 break
             if kind == _WAKE:
@@ -358,7 +359,7 @@ class Simulator:
                 o = overhead[w]
                 for c in finished:
                     seq += 1
-                    heapq.heappush(heap, (now + o, seq, _RESULT, c, w, 0))
+                    heap.push(Event(now + o, seq, _RESULT, c, w, 0))
                     if self.record_calls:
                         started = c.started_at if c.started_at is not None else now
                         node = getattr(c.spec, "node", -1)
@@ -367,7 +368,7 @@ class Simulator:
                         )
                 if not eng.busy and eng.kick(now):
                     seq += 1
-                    heapq.heappush(heap, (eng.wake_at, seq, _WAKE, None, w, eng.version))
+                    heap.push(Event(eng.wake_at, seq, _WAKE, None, w, eng.version))
             elif kind == _HEDGE:
                 try_hedge(cast(Call, payload), now)
             elif kind == _RESULT:
