@@ -118,6 +118,17 @@ class WorkerEstimate:
     """The cached tokens the estimates count (``cached`` scaled by the policy's prefix credit)."""
 
 
+class RowsDispatcher(Protocol):
+    """A dispatcher that can also choose from the estimator's rows (``WorkerEstimate`` per worker) without a
+    ``DispatchView``: the scheduler's path for it (no per-call lists). The same choice as ``choose``."""
+
+    def choose_rows(
+        self, rows: list[WorkerEstimate], workers: list[int], alpha: float, budget: float, t_comp_min: float
+    ) -> int:
+        """Position (in ``workers``) of the chosen worker; ``t_comp_min`` is their least ``t_comp``."""
+        ...
+
+
 class Dispatcher(Protocol):
     """Chooses a worker for a call. Returns a position in ``view.workers``."""
 

@@ -28,6 +28,7 @@ from gateway.core.dispatch import (
     EarliestFinish,
     LeastWork,
     Rng,
+    RowsDispatcher,
     WorkloadBalanced,
 )
 from gateway.core.estimates import Estimator
@@ -73,9 +74,11 @@ class Scheduler:
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self._dispatcher = DISPATCHERS[self.policy.dispatcher](rng)
         self._wants_kv = bool(getattr(self._dispatcher, "wants_kv_util", False))
-        # WB, least-work and earliest-finish read the estimator's rows directly (no view of lists built per call);
-        # called on their own types (``_choose``), not through a protocol, so the compiled build calls them natively.
-        self._by_rows = isinstance(self._dispatcher, WorkloadBalanced | LeastWork | EarliestFinish)
+        # These read the estimator's rows directly (no view of lists built per call).
+        d = self._dispatcher
+        self._by_rows: RowsDispatcher | None = (
+            d if isinstance(d, WorkloadBalanced | LeastWork | EarliestFinish) else None
+        )
         self.prefix_aware = prefix_caching and self.policy.prefix_aware
         self._prefix_credit = self.policy.prefix_credit
         self._holders: Holders = {}  # which workers hold each prefix key (the indexes below keep it)
@@ -307,19 +310,12 @@ class Scheduler:
                     row.cached = c
                     # credited for the choice only: queues count the truth
                     row.credit = c if k == 1.0 else min(int(c * k), top)
-        d = self._dispatcher
-        if self._by_rows:
+        by_rows = self._by_rows
+        if by_rows is not None:
             least = est.scan(idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credited=keys is not None)
-            # One type per branch: a native call each in the compiled build (a union's would be generic).
-            if isinstance(d, WorkloadBalanced):  # noqa: SIM114
-                pos = d.choose_rows(rows, idx, self._alpha, call.budget, least)
-            elif isinstance(d, LeastWork):
-                pos = d.choose_rows(rows, idx, self._alpha, call.budget, least)
-            else:
-                assert isinstance(d, EarliestFinish)
-                pos = d.choose_rows(rows, idx, self._alpha, call.budget, least)
+            pos = by_rows.choose_rows(rows, idx, self._alpha, call.budget, least)
         else:
-            pos = d.choose(self._view(call, idx, keys is not None, now))
+            pos = self._dispatcher.choose(self._view(call, idx, keys is not None, now))
         w = idx[pos]
         row = rows[w]
         call.t_comp = row.t_comp
