@@ -292,16 +292,6 @@ class Estimator:
             n += count
         return total / n if n else 0.0
 
-    def _group_base(self, g: int, input_tokens: int, output_tokens: int) -> float:
-        cache = self._base_cache[g]
-        key = (input_tokens, output_tokens)
-        v = cache.get(key)
-        if v is None:
-            v = self._profiles[g].single_latency(input_tokens, output_tokens)
-            if len(cache) < 65536:
-                cache[key] = v
-        return v
-
     def prefill_s(self, worker: int, input_tokens: int) -> float:
         """The profile's prefill seconds for a prompt of ``input_tokens`` on ``worker``."""
         return self._group_prefill(self._group[worker], input_tokens)
@@ -498,12 +488,19 @@ class Estimator:
             for i in range(n_ws):
                 rows[ws[i]].credit = cached[i]
         self.scan(ws, kind, input_tokens, output_tokens, now, credited=cached is not None)
+        return self.columns(ws)
+
+    def columns(self, workers: list[int]) -> tuple[list[float], list[float], list[float], list[int]]:
+        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of ``workers``' rows (as the last ``scan`` left
+        them), as lists aligned with ``workers``."""
+        n_ws = len(workers)
+        rows = self.rows
         t_comp: list[float] = [0.0] * n_ws
         t_queue: list[float] = [0.0] * n_ws
         harm: list[float] = [0.0] * n_ws
         inflight: list[int] = [0] * n_ws
         for i in range(n_ws):
-            r = rows[ws[i]]
+            r = rows[workers[i]]
             t_comp[i] = r.t_comp
             t_queue[i] = r.t_queue
             harm[i] = r.harm

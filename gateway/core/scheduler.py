@@ -336,6 +336,7 @@ class Scheduler:
         est = self.estimator
         spec = call.spec
         est.scan(idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credited=credited)
+        t_comp, t_queue, harm, inflight = est.columns(idx)
         rows = est.rows
         loads = est.loads
         kv_util: list[float] = []
@@ -344,15 +345,15 @@ class Scheduler:
             kv_util = [loads[i].inflight_kv / workers[i].profile.kv_capacity_tokens for i in idx]
         return DispatchView(
             workers=idx,
-            t_comp=[rows[i].t_comp for i in idx],
-            t_queue=[rows[i].t_queue for i in idx],
+            t_comp=t_comp,
+            t_queue=t_queue,
             # The estimator counts every push and pop of the worker queues (``_enqueue``, ``pop_next``,
             # ``cancel``, ``drain_worker``), so its ``queued`` is the queue's length without a method call.
             queue_len=[loads[i].queued for i in idx],
-            inflight=[rows[i].inflight for i in idx],
+            inflight=inflight,
             alpha=self._alpha,
             budget=call.budget,
-            harm=[rows[i].harm for i in idx],
+            harm=harm,
             cached=[rows[i].cached for i in idx] if credited else (),
             input_tokens=spec.input_tokens,
             kv_util=kv_util,
