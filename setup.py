@@ -18,8 +18,10 @@ from typing import Any
 from setuptools import setup
 
 # The modules a simulation spends its time in (profile: dispatch estimates, the scheduler and its queues,
-# the engine model, the event loop), all pure and fully typed. Modules with dataclass inheritance or
-# __slots__ subclasses (core.workflow, core.dag) stay interpreted: mypyc compiles neither.
+# the engine model, the event loop, the calls and workflows they read), all pure and fully typed. The
+# workflow classes that other modules subclass are marked ``allow_interpreted_subclasses``
+# (``gateway.core.native``); such a subclass must not be slotted (tests/sim/test_native.py). core.dag stays
+# interpreted (the live gateway's DAG requests, not a simulation's hot path).
 NATIVE_MODULES = [
     "gateway/core/dispatch.py",
     "gateway/core/estimates.py",
@@ -29,6 +31,7 @@ NATIVE_MODULES = [
     "gateway/core/samples.py",
     "gateway/core/scheduler.py",
     "gateway/core/slo.py",
+    "gateway/core/workflow.py",
     "gateway/sim/engine.py",
     "gateway/sim/events.py",
     "gateway/sim/simulator.py",

@@ -32,11 +32,19 @@ class DagError(Unprocessable, ValueError):
         super().__init__(f"{param}: {problem}", param=param)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class DagCallSpec(CallSpec):
-    """A call of a DAG workflow: the ``CallSpec`` plus the node's index in the workflow."""
+    """A call of a DAG workflow: the ``CallSpec`` plus the node's index in the workflow.
+
+    Not slotted: a slotted subclass would shadow the compiled ``CallSpec``'s fields (native build) with slots
+    of its own, which compiled readers never see.
+    """
 
     node: int = -1
+
+    def __reduce__(self) -> tuple[type[DagCallSpec], tuple[object, ...]]:
+        # Pickled by its fields, as ``CallSpec`` is (with the node).
+        return (type(self), (self.kind, self.input_tokens, self.output_tokens, self.prefix, self.node))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +112,6 @@ _ONE_DEPS: tuple[tuple[int, ...], ...] = ((),)
 class DagWorkflow(Workflow):
     """A workflow given as a DAG of calls. Build with ``DagWorkflow.build`` (validates)."""
 
-    wid: int
-    tenant: str
-    arrival: float
-    deadline: float
     nodes: tuple[DagNode, ...]
     template: WorkflowTemplate | None = None
     _order: tuple[int, ...] = field(default=(), repr=False)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gateway.core.native import mypyc_attr
 from gateway.core.prefix import PrefixSeg, segment_keys
 
 CostFn = Callable[[str, int, int], float]
@@ -42,6 +43,7 @@ def deadline_met(finish: float, deadline: float, *, valid: bool = True) -> bool:
     return valid and finish <= deadline + DEADLINE_TOLERANCE_S
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(frozen=True, slots=True)
 class CallSpec:
     """One LLM call as a workflow asks for it.
@@ -55,7 +57,13 @@ class CallSpec:
     output_tokens: int
     prefix: tuple[PrefixSeg, ...] = ()
 
+    def __reduce__(self) -> tuple[type[CallSpec], tuple[object, ...]]:
+        # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
+        # native build) cannot be unpickled by setting attributes.
+        return (type(self), (self.kind, self.input_tokens, self.output_tokens, self.prefix))
 
+
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(slots=True, eq=False)
 class Call:
     """A call inside the scheduler.
@@ -128,6 +136,8 @@ class Call:
         return self.workflow.deadline
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
+@dataclass(eq=False)
 class Workflow:
     """The interface a driver steps through; the scheduler reads only the attributes below.
 
@@ -291,6 +301,7 @@ class Stage:
     calls: tuple[CallSpec, ...]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(eq=False)
 class StagedWorkflow(Workflow):
     """A workflow whose stage list the driver holds (trace replay, synthetic load, single chat calls).
@@ -298,10 +309,6 @@ class StagedWorkflow(Workflow):
     Stages are released one at a time, so the scheduler sees exactly what a live gateway would see.
     """
 
-    wid: int
-    tenant: str
-    arrival: float
-    deadline: float
     stages: Sequence[Stage]
     template: WorkflowTemplate | None = None
     _index: int = field(default=-1, repr=False)
@@ -363,6 +370,7 @@ class StagedWorkflow(Workflow):
         return self._cursor.remaining(cost)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(eq=False)
 class OnlineWorkflow(Workflow):
     """A workflow whose driver decides each next stage at run time, after seeing the last one's results.
@@ -373,10 +381,6 @@ class OnlineWorkflow(Workflow):
     ran (kinds and token counts) so the alpha tuner can replay it. ``start``/``complete`` are not used.
     """
 
-    wid: int
-    tenant: str
-    arrival: float
-    deadline: float
     template: WorkflowTemplate | None = None
     stages: list[Stage] = field(default_factory=list)
     _pending: int = field(default=0, repr=False)

@@ -73,7 +73,7 @@ class CallResult:
         return text if isinstance(text, str) else None
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(eq=False)
 class LiveCall(Call):
     """A call of the live gateway: the scheduler's ``Call`` plus the request to send and its callback.
 
@@ -95,6 +95,9 @@ class LiveCall(Call):
     ``body_json`` is the transport's cache of ``body`` (less any ``model``) as JSON, made on the first
     attempt so that a retry does not serialise the body again: ``body`` must not change once the call
     was sent.
+
+    Not slotted: a slotted subclass would shadow the compiled ``Call``'s fields (native build) with slots of its
+    own, which the compiled scheduler never sees.
     """
 
     endpoint: str = "/v1/chat/completions"

@@ -71,8 +71,10 @@ def test_value_types_and_results_survive_pickling() -> None:
     frozen dataclasses among them are compiled classes, which need their own ``__reduce__``."""
     from gateway.bench.simbench import Setup
     from gateway.config import load_cluster
+    from gateway.core.dag import DagCallSpec
     from gateway.core.prefix import PrefixSeg
     from gateway.core.samples import CallSample
+    from gateway.core.workflow import CallSpec
     from gateway.sim.simulator import HedgeSettings, Simulator
     from gateway.sim.workload import load_queries
 
@@ -82,6 +84,8 @@ def test_value_types_and_results_survive_pickling() -> None:
         PrefixSeg("schema", 1200, per_query=True),
         CallSample(800, 40, 3, 2500.0, 120.0, 1.25, 17.5),
         HedgeSettings(after=2.0, gain=0.5),
+        CallSpec("revise", 1800, 120, (PrefixSeg("schema", 1200, per_query=True),)),
+        DagCallSpec("evaluate", 900, 30, (), node=4),
     ]
     for v in values:
         copy = pickle.loads(pickle.dumps(v))
@@ -93,3 +97,44 @@ def test_value_types_and_results_survive_pickling() -> None:
     assert copy.num_calls == res.num_calls > 0
     assert [(r.wid, r.finish) for r in copy.workflows] == [(r.wid, r.finish) for r in res.workflows]
     assert pickle.loads(pickle.dumps(setup)).workers == setup.workers
+
+
+def test_subclasses_of_compiled_classes_do_not_shadow_their_fields() -> None:
+    """Compiled code reads a ``Call``'s or a ``CallSpec``'s fields from the compiled base's own storage; a slotted
+    interpreted subclass (``dataclass(slots=True)``) would re-declare every field as a slot of its own, which
+    compiled readers never see (they would find the field unset). Every subclass here must leave them alone,
+    and a field set through the subclass must read back through the base's descriptor."""
+    import dataclasses
+
+    from gateway.bench.tuner import _Watched
+    from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
+    from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow
+    from gateway.live.transport import LiveCall
+    from gateway.sim.degrade import KnobbedWorkflow
+
+    pairs = [
+        (DagCallSpec, CallSpec),
+        (LiveCall, Call),
+        (DagWorkflow, Workflow),
+        (KnobbedWorkflow, StagedWorkflow),
+        (_Watched, StagedWorkflow),
+    ]
+    for sub, base in pairs:
+        names = {f.name for f in dataclasses.fields(base)}
+        for klass in sub.__mro__[: sub.__mro__.index(base)]:
+            slots = klass.__dict__.get("__slots__", ())
+            assert not names & set((slots,) if isinstance(slots, str) else slots), (klass, base)
+
+    spec = DagCallSpec("evaluate", 900, 30, node=2)
+    wf = DagWorkflow.build(7, "t", 1.0, 9.0, [DagNode("a", "evaluate", 900, 30)])
+    call = LiveCall(id=3, workflow=wf, spec=spec, ready_at=1.5, endpoint="/v1/completions")
+    for inst, base, name, want in [
+        (spec, CallSpec, "kind", "evaluate"),
+        (spec, CallSpec, "input_tokens", 900),
+        (wf, Workflow, "deadline", 9.0),
+        (call, Call, "spec", spec),
+        (call, Call, "ready_at", 1.5),
+    ]:
+        getter = getattr(base.__dict__.get(name), "__get__", None)
+        got = getter(inst, base) if getter is not None else getattr(inst, name)
+        assert got == want, (base, name)
