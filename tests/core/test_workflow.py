@@ -14,6 +14,7 @@ from gateway.core.workflow import (
     KEYWORDS,
     REVISE,
     UNIT_TESTER,
+    Call,
     CallSpec,
     StagedWorkflow,
     group_calls,
@@ -124,3 +125,48 @@ def test_online_workflow_budgets_like_the_staged_workflow_of_its_stages() -> Non
         released = nxt
         assert online.done
     assert [s.kind for s in online.stages] == [s.kind for s in stages]
+
+
+def test_calls_written_out_init_takes_every_field_in_order_with_its_default() -> None:
+    """``Call.__init__`` is written out (the native build compiles it; a generated one would run interpreted): it
+    must take exactly the dataclass's fields, in order, with the same defaults, and store each."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    # From the source: a compiled __init__ has no introspectable signature.
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "gateway" / "core" / "workflow.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Call")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    params = [a.arg for a in init.args.args[1:]]
+    defaults = [ast.literal_eval(d) for d in init.args.defaults]
+    fields = dataclasses.fields(Call)
+    assert params == [f.name for f in fields]
+    assert [f.default for f in fields if f.default is not dataclasses.MISSING] == defaults
+    assert len(fields) - len(defaults) == 4  # id, workflow, spec, ready_at
+    wf = StagedWorkflow(1, "t", 0.0, 10.0, [])
+    spec = CallSpec("revise", 10, 2)
+    twin = Call(9, wf, spec, 0.0)
+    special: dict[str, object] = {
+        "id": 7,
+        "workflow": wf,
+        "spec": spec,
+        "ready_at": 1.25,
+        "twin": twin,
+        "_prefix_keys": [(1, 2)],
+    }
+
+    def value(i: int, default: object) -> object:
+        """A value for a field unlike its default, of the field's type (from the default: None means float)."""
+        if isinstance(default, bool):
+            return not default
+        if isinstance(default, int):
+            return default + i + 1
+        return i + 0.5
+
+    values = {f.name: special[f.name] if f.name in special else value(i, f.default) for i, f in enumerate(fields)}
+    call = Call(**values)  # type: ignore[arg-type]
+    assert {f.name: getattr(call, f.name) for f in fields} == values
+    plain = Call(3, wf, spec, 1.5)
+    got = (plain.id, plain.workflow, plain.spec, plain.ready_at, plain.worker, plain.twin)
+    assert got == (3, wf, spec, 1.5, -1, None)
