@@ -138,3 +138,24 @@ def test_subclasses_of_compiled_classes_do_not_shadow_their_fields() -> None:
         getter = getattr(base.__dict__.get(name), "__get__", None)
         got = getter(inst, base) if getter is not None else getattr(inst, name)
         assert got == want, (base, name)
+
+
+def test_a_pure_install_runs_without_mypy_extensions() -> None:
+    """The runtime image installs no ``mypy_extensions`` (a development package): the class hint falls back to a
+    no-op, and the workflow classes and their subclasses work as before."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['mypy_extensions'] = None\n"
+        "from gateway.core.native import mypyc_attr\n"
+        "from gateway.core.dag import DagCallSpec\n"
+        "from gateway.core.workflow import Call, StagedWorkflow\n"
+        "wf = StagedWorkflow(1, 't', 0.0, 5.0, [])\n"
+        "c = Call(2, wf, DagCallSpec('evaluate', 9, 1, node=3), 0.5)\n"
+        "assert mypyc_attr(allow_interpreted_subclasses=True)(int) is int\n"
+        "print(c.spec.node, c.deadline)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "5.0"]
