@@ -88,7 +88,8 @@ $(NATIVE_BIN)/hexflow: $(NATIVE_VENV)/.deps setup.py $(NATIVE_SOURCES)
 	$(NATIVE_BIN)/python -c "import os, sysconfig; open(os.path.join(sysconfig.get_paths()['purelib'], \
 	  'hexflow-checkout.pth'), 'w').write('import os; os.environ.setdefault(\"HEXFLOW_CONFIG_DIR\", \
 	  \"$(CURDIR)/config\"); os.environ.setdefault(\"HEXFLOW_TRACE_DIR\", \
-	  \"$(abspath $(CURDIR)/../shared/data/hexgen-traces)\")\n')"
+	  \"$(abspath $(CURDIR)/../shared/data/hexgen-traces)\"); os.environ.setdefault(\"HEXFLOW_DATA_DIR\", \
+	  \"$(abspath $(CURDIR)/../shared/data)\")\n')"
 	touch $@
 	@echo "==> ready: $(NATIVE_BIN)/hexflow (native)"
 

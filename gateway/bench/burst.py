@@ -26,6 +26,7 @@ the arrival rate: the plot shows a burst going through.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -53,8 +54,11 @@ __all__ = [
     "timeline",
 ]
 
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-"""``../shared/data`` next to the repository: where the recorded patterns are looked up by name."""
+DATA_DIR_ENV = "HEXFLOW_DATA_DIR"
+"""The environment variable naming another shared data folder (an installed, non-editable copy: ``make native``)."""
+SHARED_DATA = Path(os.environ.get(DATA_DIR_ENV) or Path(__file__).resolve().parents[2].parent / "shared" / "data")
+"""Where the recorded patterns are looked up by name: ``$HEXFLOW_DATA_DIR``, else ``../shared/data`` next to the
+repository."""
 
 PATTERNS: dict[str, str] = {
     "azure-code": "azure-llm-2023/AzureLLMInferenceTrace_code.csv",

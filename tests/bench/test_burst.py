@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,21 @@ def test_patterns_resolve_or_say_where_they_come_from(tmp_path: Path) -> None:
         resolve_pattern("no-such-pattern", data_dir=tmp_path)
     f = _bursty(tmp_path)
     assert resolve_pattern(str(f)) == f
+
+
+def test_patterns_are_looked_up_in_the_folder_hexflow_data_dir_names(tmp_path: Path) -> None:
+    """An installed copy (``make native``) is not next to ``../shared``: ``$HEXFLOW_DATA_DIR`` says where it is."""
+    import subprocess
+    import sys
+
+    rel = tmp_path / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
+    rel.parent.mkdir()
+    rel.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    code = "from gateway.bench.burst import resolve_pattern; print(resolve_pattern('azure-code'))"
+    env = {**os.environ, "HEXFLOW_DATA_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(rel)
 
 
 def test_degradation_lifts_goodput_in_bursts_and_is_off_in_steady_load(tmp_path: Path) -> None:
