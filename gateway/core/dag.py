@@ -42,10 +42,6 @@ class DagCallSpec(CallSpec):
 
     node: int = -1
 
-    def __reduce__(self) -> tuple[type[DagCallSpec], tuple[object, ...]]:
-        # Pickled by its fields, as ``CallSpec`` is (with the node).
-        return (type(self), (self.kind, self.input_tokens, self.output_tokens, self.prefix, self.node))
-
 
 @dataclass(frozen=True, slots=True)
 class DagNode:

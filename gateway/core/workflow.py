@@ -20,7 +20,7 @@ Classes:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from gateway.core.native import mypyc_attr
 from gateway.core.prefix import PrefixSeg, segment_keys
@@ -58,9 +58,9 @@ class CallSpec:
     prefix: tuple[PrefixSeg, ...] = ()
 
     def __reduce__(self) -> tuple[type[CallSpec], tuple[object, ...]]:
-        # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
-        # native build) cannot be unpickled by setting attributes.
-        return (type(self), (self.kind, self.input_tokens, self.output_tokens, self.prefix))
+        # Pickled by its fields (to a bench's worker processes), a subclass's included: a frozen dataclass
+        # compiled by mypyc (the native build) cannot be unpickled by setting attributes.
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
