@@ -96,6 +96,7 @@ __all__ = [
     "Measurement",
     "PlanSettings",
     "Probe",
+    "ProbeWorker",
     "batch_features",
     "calibrate",
     "fit_constants",
@@ -459,8 +460,9 @@ def _load_from(text: str) -> _Load:
     return _Load(total(RUNNING), total(WAITING), usage, kv, total(PREFIX_HITS))
 
 
-class _Worker:
-    """The HTTP side: one completion request, one ``/metrics`` read (None when there are none)."""
+class ProbeWorker:
+    """The HTTP side of a calibration: one completion request, one ``/metrics`` read (None when there are
+    none)."""
 
     def __init__(self, client: httpx.AsyncClient, url: str, model: str) -> None:
         self.client = client
@@ -548,7 +550,7 @@ async def calibrate(
         limits=httpx.Limits(max_connections=min(s.max_concurrency, s.max_num_seqs) + 2),
         timeout=httpx.Timeout(60.0, connect=10.0),
     )
-    w = _Worker(http, worker, model)
+    w = ProbeWorker(http, worker, model)
     t_start = clock()
     deadline = t_start + budget_s
     chunk = s.max_batched_tokens
@@ -703,7 +705,7 @@ def _same_prompt(m: Measurement, all_: Sequence[Measurement]) -> bool:
 
 
 async def _watch_usage(
-    w: _Worker,
+    w: ProbeWorker,
     probe: Probe,
     predicted_s: float,
     constants: Vector,

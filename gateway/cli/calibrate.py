@@ -58,6 +58,20 @@ def add_calibrate(sub: Subparsers) -> None:
         default=1.0,
         help="an emulated worker's time scale: divide the written constants by it (real workers: 1)",
     )
+    p.add_argument(
+        "--check-interleaved",
+        type=nonneg_int,
+        default=0,
+        metavar="N",
+        help="after the fit, send N scenarios of staggered requests and compare each with the fitted profile's "
+        "simulated engine (default 0: no check)",
+    )
+    p.add_argument(
+        "--check-budget-s",
+        type=positive_float,
+        default=120.0,
+        help="wall seconds the interleaved check may take, on top of --budget-s (default 120)",
+    )
     p.add_argument("--plot", default=None, help="write a PNG of measured against fitted latency")
     p.add_argument("--json", default=None, help="write every probe and the fit as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -97,10 +111,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(format_report(res))
+    doc = res.to_json()
+    if args.check_interleaved:
+        from gateway.bench.interleave import check_interleaved, format_interleave_report
+
+        check = asyncio.run(
+            check_interleaved(
+                args.worker,
+                args.model,
+                res.profile(kv_capacity_tokens=args.kv_tokens),
+                settings,
+                n=args.check_interleaved,
+                budget_s=args.check_budget_s,
+            )
+        )
+        print(format_interleave_report(check))
+        doc["interleaved"] = check.to_json()
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n")
+        out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         print(f"wrote {args.json}")
     if args.plot:
         plot_fit(res, Path(args.plot))
