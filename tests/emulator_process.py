@@ -1,19 +1,33 @@
-"""Start an emulated worker as a real subprocess (uvicorn on a free loopback port) for tests."""
+"""Start an emulated worker for tests: as a real subprocess (uvicorn on a free loopback port), or in process
+behind an httpx client (``emulated_client``)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import httpx
 
 from gateway.bench.procs import free_port
+from gateway.core.profile import PerfProfile
+from workers.emulator import EmulatorConfig, create_app
 
-__all__ = ["emulator_process", "emulator_subprocess", "free_port"]
+__all__ = ["emulated_client", "emulator_process", "emulator_subprocess", "free_port"]
+
+
+@asynccontextmanager
+async def emulated_client(profile: PerfProfile, model: str, time_scale: float) -> AsyncIterator[httpx.AsyncClient]:
+    """An emulated worker with ``profile`` in this process (its lifespan run), behind an httpx client (any
+    base URL reaches it)."""
+    app = create_app(EmulatorConfig(profile=profile, served_model_name=model, time_scale=time_scale))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, timeout=60.0) as client:
+            yield client
 
 
 @contextmanager

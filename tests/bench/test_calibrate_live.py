@@ -4,8 +4,7 @@ recovery of non-catalogue constants from an emulated worker."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from gateway.bench.calibrate_live import (
     CalibrationResult,
     PlanSettings,
     Probe,
-    _Worker,
+    ProbeWorker,
     batch_features,
     calibrate,
     fit_constants,
@@ -34,8 +33,8 @@ from gateway.config.gpus import ProfileSpec
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.sim.engine import SimEngine
-from tests.emulator_process import emulator_process
-from workers.emulator import KV_BLOCK_SIZE, EmulatorConfig, create_app
+from tests.emulator_process import emulated_client, emulator_process
+from workers.emulator import KV_BLOCK_SIZE
 
 MODEL = "llama-3.1-70b"
 
@@ -241,13 +240,8 @@ HELD_OUT = [(300, 40), (1500, 60), (700, 20), (100, 100), (3000, 30)]
 TOLERANCE = 0.15
 
 
-@asynccontextmanager
-async def emulated(profile: PerfProfile) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(EmulatorConfig(profile=profile, served_model_name=MODEL, time_scale=TIME_SCALE))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, timeout=60.0) as client:
-            yield client
+def emulated(profile: PerfProfile) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+    return emulated_client(profile, MODEL, TIME_SCALE)
 
 
 async def test_calibration_recovers_an_emulated_workers_unknown_constants() -> None:
@@ -321,7 +315,7 @@ async def test_each_request_of_a_batch_and_each_calibration_run_sends_its_own_pr
 
     probe = Probe("batch", 64, 4, 4, 7)
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-        first, second = _Worker(client, "http://w", "m"), _Worker(client, "http://w", "m")
+        first, second = ProbeWorker(client, "http://w", "m"), ProbeWorker(client, "http://w", "m")
         for j in range(probe.concurrency):
             await first.complete(probe, lambda: 0.0, 5.0, j)
         await first.complete(probe, lambda: 0.0, 5.0, 0)  # the same request again: the same prompt

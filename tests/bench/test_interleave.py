@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,8 +24,7 @@ from gateway.bench.interleave import (
 from gateway.cli import main
 from gateway.config import load_gpu_catalog
 from gateway.core.profile import PerfProfile, time_scaled
-from tests.emulator_process import emulator_process
-from workers.emulator import EmulatorConfig, create_app
+from tests.emulator_process import emulated_client, emulator_process
 
 MODEL = "llama-3.1-70b"
 TIME_SCALE = 0.25
@@ -83,13 +81,8 @@ def test_report_ratios_json_and_text() -> None:
     assert InterleaveReport(4, (), 0).median_ratio is None
 
 
-@asynccontextmanager
-async def emulated(profile: PerfProfile) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(EmulatorConfig(profile=profile, served_model_name=MODEL, time_scale=TIME_SCALE))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, timeout=60.0) as client:
-            yield client
+def emulated(profile: PerfProfile) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+    return emulated_client(profile, MODEL, TIME_SCALE)
 
 
 async def test_an_emulated_worker_runs_as_its_profile_predicts_under_interleaving() -> None:
