@@ -481,6 +481,29 @@ class ProbeWorker:
         except (httpx.HTTPError, MetricsParseError):
             return None
 
+    async def load_when_quiet(
+        self,
+        deadline: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+        on_wait: Callable[[float, float], None] | None = None,
+    ) -> _Load | None:
+        """The worker's load once none of others' requests wait on it: while some do, back off (1 s,
+        doubling up to 30 s; ``on_wait(waiting, seconds)`` before each wait) until ``deadline``, when the
+        last read, still showing waiting requests, is returned. None when the worker has no metrics."""
+        delay = BACKOFF_FIRST_S
+        load = await self.load()
+        while load is not None and (load.waiting or 0.0) > 0:
+            wait = min(delay, deadline - clock())
+            if wait <= 0:
+                break
+            if on_wait is not None:
+                on_wait(load.waiting or 0.0, wait)
+            await sleep(wait)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+            load = await self.load()
+        return load
+
     async def complete(
         self, probe: Probe, clock: Callable[[], float], timeout_s: float, member: int = 0
     ) -> tuple[float, int, int]:
@@ -583,23 +606,19 @@ async def calibrate(
     from tqdm import tqdm
 
     bar = tqdm(total=len(plan), desc="calibrate", unit="probe", disable=not progress, leave=False)
+
+    def on_wait(waiting: float, wait_s: float) -> None:
+        nonlocal metrics_seen, backoffs, backoff_s
+        metrics_seen = True
+        backoffs += 1
+        backoff_s += wait_s
+        bar.set_postfix_str(f"backing off: {waiting:g} waiting")
+
     try:
         for probe in plan:
             bar.update(1)
             # Back off while others' requests queue on the worker (never add load to a queue).
-            delay = BACKOFF_FIRST_S
-            load = await w.load()
-            while load is not None and (load.waiting or 0.0) > 0:
-                metrics_seen = True
-                wait = min(delay, deadline - clock())
-                if wait <= 0:
-                    break
-                backoffs += 1
-                backoff_s += wait
-                bar.set_postfix_str(f"backing off: {load.waiting:g} waiting")
-                await sleep(wait)
-                delay = min(delay * 2, BACKOFF_MAX_S)
-                load = await w.load()
+            load = await w.load_when_quiet(deadline, clock, sleep, on_wait)
             remaining = deadline - clock()
             if remaining <= 0:
                 stopped = True

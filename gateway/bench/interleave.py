@@ -34,13 +34,7 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.calibrate_live import (
-    BACKOFF_FIRST_S,
-    BACKOFF_MAX_S,
-    PlanSettings,
-    Probe,
-    ProbeWorker,
-)
+from gateway.bench.calibrate_live import PlanSettings, Probe, ProbeWorker
 from gateway.bench.stats import table
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
@@ -203,7 +197,8 @@ async def check_interleaved(
         for k, arrivals in enumerate(scenarios):
             predicted = simulate_arrivals(model_profile, arrivals)
             makespan = max(a[0] + p for a, p in zip(arrivals, predicted, strict=True))
-            if not await _wait_for_quiet(w, deadline, clock, sleep) or clock() + makespan > deadline:
+            load = await w.load_when_quiet(deadline, clock, sleep)
+            if (load is not None and (load.waiting or 0.0) > 0) or clock() + makespan > deadline:
                 skipped += 1
                 continue
             live = await _run_scenario(w, arrivals, k, concurrency, deadline, clock, sleep)
@@ -216,22 +211,6 @@ async def check_interleaved(
         if own:
             await http.aclose()
     return InterleaveReport(concurrency, tuple(results), skipped)
-
-
-async def _wait_for_quiet(
-    w: ProbeWorker, deadline: float, clock: Callable[[], float], sleep: Callable[[float], Awaitable[None]]
-) -> bool:
-    """Back off while others' requests wait on the worker; False when the budget ends first."""
-    delay = BACKOFF_FIRST_S
-    load = await w.load()
-    while load is not None and (load.waiting or 0.0) > 0:
-        wait = min(delay, deadline - clock())
-        if wait <= 0:
-            return False
-        await sleep(wait)
-        delay = min(delay * 2, BACKOFF_MAX_S)
-        load = await w.load()
-    return True
 
 
 async def _run_scenario(
