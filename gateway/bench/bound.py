@@ -73,6 +73,12 @@ class FluidBound:
     """Per worker: fraction of time busy at the bound (1.0: the worker limits it)."""
     groups: int
     """Call types (or buckets) in the program."""
+    time_split: tuple[tuple[float, float, float], ...] = ()
+    """Per worker, per engine: the fraction of each second spent on per-iteration base, on tokens
+    (``token_s`` per batched token) and on the rest (context reads, prefill attention) at the bound; the three
+    add up to ``gpu_busy``. Where a run's engines spend more per workflow than this, they lose to the bound."""
+    seqs_per_iteration: tuple[float, ...] = ()
+    """Per worker: calls in the batch per iteration at the bound (slot-iterations over iterations)."""
 
 
 def call_resources(
@@ -163,7 +169,7 @@ def solve_fluid_bound(
         mix.update((c.input_tokens, c.output_tokens, h) for c, h in zip(q, hits, strict=True))
     n_w = len(workers)
     if not mix:
-        return FluidBound(math.inf, (0.0,) * n_w, (0.0,) * n_w, 0)
+        return FluidBound(math.inf, (0.0,) * n_w, (0.0,) * n_w, 0, ((0.0, 0.0, 0.0),) * n_w, (0.0,) * n_w)
     n_in, n_out, n_cached, counts, group = _groups(mix, max_groups, bucket_ratio)
     n_g = int(group.max()) + 1
     per_wf = np.zeros(n_g)
@@ -209,13 +215,27 @@ def solve_fluid_bound(
     if sol.status != 0:
         raise RuntimeError(f"fluid-bound program not solved: {sol.message}")
     x = sol.x[1 : 1 + n_x].reshape(n_w, n_g)
+    iters_per_s = sol.x[1 + n_x :]
     busy = []
+    split = []
+    seqs = []
     for w, info in enumerate(workers):
         p = info.profile
-        least = np.full(n_g, np.inf)
-        np.minimum.at(least, group, call_resources(p, n_in, n_out, n_cached)["gpu_s"])
-        busy.append(float(x[w] @ least + p.iter_base_s * sol.x[1 + n_x + w]) / mult[w])
-    return FluidBound(float(sol.x[0]), tuple(float(v) for v in x.sum(axis=1)), tuple(busy), n_g)
+        res = call_resources(p, n_in, n_out, n_cached)
+        per_call: dict[str, np.ndarray] = {}
+        for key in ("gpu_s", "tokens", "iters"):
+            arr = np.full(n_g, np.inf)
+            np.minimum.at(arr, group, res[key])
+            per_call[key] = arr
+        base = p.iter_base_s * float(iters_per_s[w]) / mult[w]
+        gpu = float(x[w] @ per_call["gpu_s"]) / mult[w]
+        tok = min(p.token_s * float(x[w] @ per_call["tokens"]) / mult[w], gpu)
+        busy.append(base + gpu)
+        split.append((base, tok, gpu - tok))
+        seqs.append(float(x[w] @ per_call["iters"]) / float(iters_per_s[w]) if iters_per_s[w] > 0 else 0.0)
+    return FluidBound(
+        float(sol.x[0]), tuple(float(v) for v in x.sum(axis=1)), tuple(busy), n_g, tuple(split), tuple(seqs)
+    )
 
 
 def fluid_bound(

@@ -70,6 +70,12 @@ def add_simulate(sub: Subparsers) -> None:
         action="store_true",
         help="admit each workflow as the live gateway does (predicted completion within 90%% of the deadline)",
     )
+    p.add_argument(
+        "--engines",
+        action="store_true",
+        help="print where each engine's time went per completed workflow (iteration base, tokens, the rest), its "
+        "busy share and mean batch, beside the fluid bound's solution (always in --json)",
+    )
     p.set_defaults(func=cmd_simulate)
 
 
@@ -273,13 +279,15 @@ def _setup(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """One policy, one run: headline figures, per tenant when there are several."""
-    from gateway.bench.simbench import fluid_bound
+    from gateway.bench.bound import solve_fluid_bound
+    from gateway.bench.enginetime import bound_engine_time, format_engine_time, run_engine_time
     from gateway.sim.metrics import summarize
     from gateway.sim.simulator import Simulator
 
     get_policy(args.policy)
     setup = _setup(args)
-    bound = fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching)
+    solved = solve_fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching)
+    bound = solved.rate_qps
     rate = args.rate if args.rate is not None else round(0.6 * bound, 4)
     wfs = setup.workflows(rate)
     t0 = time.perf_counter()
@@ -319,6 +327,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"simulated {res.num_calls} calls in {wall:.2f} s wall ({res.num_calls / max(wall, 1e-9):,.0f} calls/s)")
     if setup.hedge is not None:
         print(f"hedged {sim.hedges} straggling calls; the copy answered first {sim.hedges_won} times")
+    engines = None
+    if res.workflows:
+        run_time = run_engine_time(
+            [w.name for w in setup.workers],
+            sim.engine_profiles,
+            res.engine_stats,
+            res.dispatch_counts,
+            len(res.workflows),
+            res.end_time,
+        )
+        at_bound = bound_engine_time(setup.workers, solved)
+        engines = {"run": [e.to_json() for e in run_time], "bound": [e.to_json() for e in at_bound]}
+        if args.engines:
+            print(format_engine_time(run_time, at_bound))
     admitted = None
     if args.admission:
         met = sum(1 for r in res.workflows if r.met)
@@ -347,6 +369,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "fluid_bound_qps": bound,
             "summary": summaries,
             "admission": admitted,
+            "engines": engines,
             "calls_per_s": res.num_calls / max(wall, 1e-9),
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -88,7 +88,11 @@ class _Running:
 class EngineStats:
     """Counters for invariant checks and reports (``prompt_tokens``/``prefix_hit_tokens``: vLLM's
     ``prefix_cache_queries``/``prefix_cache_hits`` in tokens; ``evicted_tokens``: cached segment tokens
-    evicted; ``cancelled``: running calls aborted by ``cancel``)."""
+    evicted; ``cancelled``: running calls aborted by ``cancel``; ``batched_tokens``: tokens the iterations
+    computed, prompt chunks and decode tokens; ``seq_iterations``: calls in the batch summed over iterations,
+    so ``seq_iterations / iterations`` is the mean batch). With the profile's constants they split
+    ``busy_s``: ``iter_base_s * iterations`` per-iteration base, ``token_s * batched_tokens`` token time, the
+    rest context reads and prefill attention."""
 
     iterations: int = 0
     max_running: int = 0
@@ -99,6 +103,8 @@ class EngineStats:
     prefix_hit_tokens: int = 0
     evicted_tokens: int = 0
     cancelled: int = 0
+    batched_tokens: int = 0
+    seq_iterations: int = 0
 
 
 @dataclass(eq=False)
@@ -478,6 +484,8 @@ class SimEngine:
         st = self.stats
         st.iterations += k
         st.busy_s += now - self._seg_start
+        st.batched_tokens += k * self._seg_gctx
+        st.seq_iterations += k * self._running
         self._d += k
         self._ctx_total += k * self._seg_gctx
         done: list[Call] = []

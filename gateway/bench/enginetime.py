@@ -1,0 +1,163 @@
+"""Where the engines' time goes, per workflow, in a run and at the fluid bound.
+
+An engine's busy time splits three ways under the simulated engine's cost model (``gateway.sim.engine``,
+``PerfProfile.iter_time``): a fixed base per iteration (``iter_base_s``), a cost per batched token
+(``token_s``; prompt chunks and decode tokens) and the rest (context reads and prefill attention). The
+fluid bound's program (``gateway.bench.bound``) spends the same three at its solution, with every engine
+busy and every iteration packed as full as its limits allow. Per completed workflow, side by side, the
+split says which part a run pays beyond the bound: more iterations for the same tokens (batches smaller
+than the bound packs: the base grows), more tokens (fewer prefix-cache hits, or calls on an engine where
+their tokens cost more), or more context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gateway.bench.bound import FluidBound
+from gateway.bench.stats import fmt, table
+from gateway.core.profile import PerfProfile
+from gateway.core.worker import WorkerInfo
+from gateway.sim.engine import EngineStats
+
+__all__ = ["EngineTime", "bound_engine_time", "format_engine_time", "run_engine_time"]
+
+
+@dataclass(frozen=True)
+class EngineTime:
+    """One engine's time per completed workflow (seconds of that engine), and how it batched."""
+
+    name: str
+    calls: float
+    """Calls it served per workflow."""
+    base_s: float
+    """Per-iteration base: ``iter_base_s`` x iterations."""
+    token_s: float
+    """``token_s`` x batched tokens (prompt chunks it computed, decode tokens)."""
+    other_s: float
+    """The rest of its busy time: context reads and prefill attention."""
+    busy: float
+    """Share of the run (or of each second at the bound) it was busy."""
+    batch: float
+    """Calls in the batch per iteration, on average."""
+    prefix_hit: float | None = None
+    """Share of prompt tokens served from its prefix cache (None at the bound)."""
+
+    @property
+    def total_s(self) -> float:
+        """Busy seconds per workflow."""
+        return self.base_s + self.token_s + self.other_s
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields and the total."""
+        return {**asdict(self), "total_s": self.total_s}
+
+
+def run_engine_time(
+    names: Sequence[str],
+    profiles: Sequence[PerfProfile],
+    stats: Sequence[EngineStats],
+    dispatch_counts: Sequence[Mapping[str, int]],
+    workflows: int,
+    end_time: float,
+) -> list[EngineTime]:
+    """Per engine of a simulated run (``SimResult.engine_stats``, ``dispatch_counts``, ``end_time``; the
+    engines' own profiles, ``Simulator.engine_profiles``), per one of its ``workflows`` completed workflows."""
+    if not len(names) == len(profiles) == len(stats) == len(dispatch_counts):
+        raise ValueError("names, profiles, stats and dispatch_counts must have one entry per engine")
+    if workflows < 1:
+        raise ValueError(f"workflows must be at least 1, got {workflows}")
+    out = []
+    for name, p, st, counts in zip(names, profiles, stats, dispatch_counts, strict=True):
+        base = p.iter_base_s * st.iterations
+        tok = min(p.token_s * st.batched_tokens, st.busy_s - base)
+        out.append(
+            EngineTime(
+                name,
+                sum(counts.values()) / workflows,
+                base / workflows,
+                tok / workflows,
+                max(st.busy_s - base - tok, 0.0) / workflows,
+                st.busy_s / end_time if end_time > 0 else 0.0,
+                st.seq_iterations / st.iterations if st.iterations else 0.0,
+                st.prefix_hit_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,
+            )
+        )
+    return out
+
+
+def bound_engine_time(workers: Sequence[WorkerInfo], bound: FluidBound) -> list[EngineTime]:
+    """Per worker at the fluid bound's solution (one engine per entry), per workflow at its rate."""
+    rate = bound.rate_qps
+    if not 0.0 < rate < float("inf"):
+        raise ValueError(f"the bound's rate must be positive and finite, got {rate}")
+    if len(bound.time_split) != len(workers):
+        raise ValueError("the bound has no time split for these workers")
+    return [
+        EngineTime(w.name, calls / rate, base / rate, tok / rate, other / rate, busy, seqs)
+        for w, calls, (base, tok, other), busy, seqs in zip(
+            workers, bound.calls_per_s, bound.time_split, bound.gpu_busy, bound.seqs_per_iteration, strict=True
+        )
+    ]
+
+
+def _pair(run: float, bound: float, digits: int = 2) -> str:
+    return f"{fmt(run, digits)} / {fmt(bound, digits)}"
+
+
+def format_engine_time(run: Sequence[EngineTime], bound: Sequence[EngineTime]) -> str:
+    """The run against the bound, engine by engine, and in total (engine seconds per workflow)."""
+    if len(run) != len(bound):
+        raise ValueError(f"{len(run)} engines in the run, {len(bound)} at the bound")
+    rows = [
+        [
+            r.name,
+            _pair(r.calls, b.calls),
+            _pair(r.base_s, b.base_s),
+            _pair(r.token_s, b.token_s),
+            _pair(r.other_s, b.other_s),
+            _pair(r.total_s, b.total_s),
+            f"{r.busy:.1%} / {b.busy:.1%}",
+            _pair(r.batch, b.batch, 1),
+            f"{r.prefix_hit:.1%}" if r.prefix_hit is not None else "-",
+        ]
+        for r, b in zip(run, bound, strict=True)
+    ]
+
+    def total(xs: Sequence[EngineTime], attr: str) -> float:
+        return float(sum(getattr(x, attr) for x in xs))
+
+    rows.append(
+        [
+            "all",
+            _pair(total(run, "calls"), total(bound, "calls")),
+            _pair(total(run, "base_s"), total(bound, "base_s")),
+            _pair(total(run, "token_s"), total(bound, "token_s")),
+            _pair(total(run, "other_s"), total(bound, "other_s")),
+            _pair(total(run, "total_s"), total(bound, "total_s")),
+            "",
+            "",
+            "",
+        ]
+    )
+    head = [
+        "engine",
+        "calls/wf",
+        "base s/wf",
+        "tokens s/wf",
+        "other s/wf",
+        "busy s/wf",
+        "busy",
+        "batch",
+        "prefix hit",
+    ]
+    ratio = total(run, "total_s") / total(bound, "total_s") if total(bound, "total_s") > 0 else float("nan")
+    return (
+        "engine time per completed workflow, this run / the fluid bound's solution (base: iter_base_s per "
+        "iteration; tokens: token_s per batched token; other: context reads and prefill attention; batch: calls "
+        "per iteration):\n"
+        + table(head, rows)
+        + f"\nthe engines spent {ratio:.2f}x the bound's engine time per workflow"
+    )
