@@ -236,7 +236,7 @@ class _Round(VllmFidelityReport):
 def test_a_series_reports_every_round_and_judges_the_median_gap(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each round's own report is tested with the real run; here it stands for itself.
     monkeypatch.setattr(fidelity_vllm, "format_vllm_fidelity_report", lambda rep: f"<round {id(rep)}>")
-    rounds = [
+    rounds: list[VllmFidelityReport] = [
         _Round({"hexgen": (12.3, 10.0), "llf": (10.0, 10.0)}),
         _Round({"hexgen": (9.0, 10.0), "llf": (13.0, 10.0)}),
         _Round({"hexgen": (10.5, 10.0), "llf": (12.0, 10.0)}),

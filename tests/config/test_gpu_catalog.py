@@ -160,7 +160,9 @@ def test_every_gpu_has_an_indicative_price_and_a_worker_costs_it_times_its_tp(ca
             tp = catalog.profile_spec(gpu, model).tp
             assert catalog.worker_usd_per_hour(gpu, model) == pytest.approx(price * tp)
     # A 70B worker is 4 GPUs (8 on the L4), an 8B worker one.
-    assert catalog.worker_usd_per_hour("L4", "llama-3.1-70b") == pytest.approx(8 * catalog.gpus["L4"].usd_per_hour)
+    l4_price = catalog.gpus["L4"].usd_per_hour
+    assert l4_price is not None
+    assert catalog.worker_usd_per_hour("L4", "llama-3.1-70b") == pytest.approx(8 * l4_price)
     assert catalog.worker_usd_per_hour("A100", "llama-3.1-8b") == pytest.approx(catalog.gpus["A100"].usd_per_hour)
 
 

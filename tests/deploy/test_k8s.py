@@ -73,12 +73,14 @@ def _gateway(docs: list[Doc]) -> Doc:
 
 
 def _gateway_container(docs: list[Doc]) -> Doc:
-    (c,) = [c for c in _gateway(docs)["spec"]["template"]["spec"]["containers"] if c["name"] == "gateway"]
+    containers: list[Doc] = _gateway(docs)["spec"]["template"]["spec"]["containers"]
+    (c,) = [c for c in containers if c["name"] == "gateway"]
     return c
 
 
 def _gateway_yaml(docs: list[Doc]) -> str:
-    return _one(docs, "ConfigMap", "hexflow-gateway-config")["data"]["gateway.yaml"]
+    text: str = _one(docs, "ConfigMap", "hexflow-gateway-config")["data"]["gateway.yaml"]
+    return text
 
 
 def _write_profiles(docs: list[Doc], folder: Path) -> None:

@@ -140,7 +140,8 @@ def gateway_metric_names() -> frozenset[str]:
 
 @cache
 def rules_doc() -> dict[str, Any]:
-    return yaml.safe_load(RULES.read_text())
+    doc: dict[str, Any] = yaml.safe_load(RULES.read_text())
+    return doc
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -213,7 +214,8 @@ def test_rule_groups_and_alerts() -> None:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
+    dash: dict[str, Any] = json.loads(path.read_text())
+    return dash
 
 
 def _panels(dash: dict[str, Any]) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ def test_serving_gc_freezes_and_raises_the_threshold_then_restores() -> None:
         assert gc.get_threshold() == (max(GC_GEN0_THRESHOLD, before[0]), before[1], before[2])
         assert gc.get_freeze_count() > 0
         # What serving allocates is not frozen: it stays collectable.
-        young = [[]]
+        young: list[list[object]] = [[]]
         young[0].append(young)
         del young
         assert gc.collect() >= 1

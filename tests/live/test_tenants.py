@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 from gateway.config import REPO_ROOT
+from gateway.config.tenants import TenantsFile, hash_key
 from gateway.errors import BadRequest, ConfigError
 from gateway.live import tenants as tenants_module
 from gateway.live.tenants import (
     DeadlineOutOfRange,
     Tenant,
-    TenantsFile,
     TenantStore,
     check_deadline,
-    hash_key,
 )
 
 REPO_TENANTS = REPO_ROOT / "config" / "tenants.yaml"
@@ -150,8 +149,10 @@ def test_bad_fields(tmp_path: Path, line: str, field: str) -> None:
 @pytest.mark.parametrize("mode", ["full", "adaptive", "fast"])
 def test_quality_mode_is_read_per_tenant_and_defaults_to_full(tmp_path: Path, mode: str) -> None:
     store = load_text(tmp_path, "tenants:\n" + tenant_yaml() + f"    quality: {mode}\n" + tenant_yaml("b", KEY_B))
-    assert store.authenticate("key-a").quality == mode
-    assert store.authenticate("key-b").quality == "full"
+    tenant_a, tenant_b = store.authenticate("key-a"), store.authenticate("key-b")
+    assert tenant_a is not None and tenant_b is not None
+    assert tenant_a.quality == mode
+    assert tenant_b.quality == "full"
 
 
 @pytest.mark.parametrize("name", ["", "has space", "x" * 65, "é"])

@@ -142,7 +142,7 @@ async def test_a_cancelled_stage_takes_its_calls_back(live: tuple[Gateway, FakeC
     gw, _, transport = live
     block: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
 
-    async def hang(worker: WorkerInfo, c: LiveCall) -> CallResult:
+    async def hang(worker: WorkerInfo, call: LiveCall) -> CallResult:
         return await block
 
     transport.send = hang  # type: ignore[method-assign]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import heapq
 import random
+from typing import TypedDict
 
 import pytest
 
-from gateway.core.prefix import PrefixSeg, cached_tokens, segment_keys
+from gateway.core.prefix import Key, PrefixSeg, cached_tokens, segment_keys
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.sim.engine import SimEngine
@@ -268,6 +269,19 @@ def run_prefixed(
     return done, eng
 
 
+class _RefRunning(TypedDict):
+    """A running call in ``reference_prefixed``: its index, prompt tokens left and done, output tokens left,
+    decode context, KV reserved, and the cache keys it pins."""
+
+    i: int
+    pre: int
+    done_pre: int
+    out: int
+    ctx: int
+    kv: int
+    held: list[Key]
+
+
 def reference_prefixed(
     p: PerfProfile, arrivals: list[tuple[float, int, int, int, tuple[PrefixSeg, ...]]]
 ) -> tuple[dict[int, float], int]:
@@ -275,17 +289,17 @@ def reference_prefixed(
     blocks when it schedules them, and later calls' chunks come after), pinned while a call using them runs,
     otherwise kept in free KV and evicted least recently used first; an admitted call skips the whole blocks
     of its cached leading segments (never its last token)."""
-    cache: dict[object, list[int]] = {}  # key -> [tokens, pins, last use]
+    cache: dict[Key, list[int]] = {}  # key -> [tokens, pins, last use]
     clock = 0
     pending = sorted(range(len(arrivals)), key=lambda i: (arrivals[i][0], i))
     waiting: list[int] = []
-    running: list[dict[str, object]] = []
+    running: list[_RefRunning] = []
     kv = 0
     t = 0.0
     hits = 0
     done: dict[int, float] = {}
 
-    def keys_of(i: int) -> list[tuple[object, int]]:
+    def keys_of(i: int) -> list[tuple[Key, int]]:
         return segment_keys(arrivals[i][4], arrivals[i][3])
 
     while pending or waiting or running:
@@ -298,7 +312,7 @@ def reference_prefixed(
                 break
             waiting.pop(0)
             kv += need
-            held = []
+            held: list[Key] = []
             matched = 0
             for key, tokens in keys_of(i):
                 if key not in cache:
@@ -337,37 +351,37 @@ def reference_prefixed(
             continue
         decoders = [r for r in running if r["pre"] == 0]
         budget = p.max_batched_tokens - len(decoders)
-        alloc = []
+        alloc: list[tuple[_RefRunning, int]] = []
         for r in running:
-            if r["pre"] > 0 and budget > 0:  # type: ignore[operator]
-                k = min(r["pre"], budget)  # type: ignore[type-var]
+            if r["pre"] > 0 and budget > 0:
+                k = min(r["pre"], budget)
                 alloc.append((r, k))
                 budget -= k
         tokens = len(decoders) + sum(k for _, k in alloc)
-        ctx = sum(r["ctx"] for r in decoders) + sum(r["done_pre"] for r in running if r["pre"] > 0)  # type: ignore[misc]
+        ctx = sum(r["ctx"] for r in decoders) + sum(r["done_pre"] for r in running if r["pre"] > 0)
         # A chunk attends to the prompt before it, the cached prefix included.
-        pairs = sum(k * r["done_pre"] + k * (k + 1) / 2 for r, k in alloc)  # type: ignore[operator]
+        pairs = sum(k * r["done_pre"] + k * (k + 1) / 2 for r, k in alloc)
         t += p.iter_time(tokens, ctx, pairs)
-        finished = []
+        finished: list[_RefRunning] = []
         for r in decoders:
-            r["ctx"] += 1  # type: ignore[operator]
-            r["out"] -= 1  # type: ignore[operator]
+            r["ctx"] += 1
+            r["out"] -= 1
             if r["out"] == 0:
                 finished.append(r)
         for r, k in alloc:
-            r["pre"] -= k  # type: ignore[operator]
-            r["done_pre"] += k  # type: ignore[operator]
+            r["pre"] -= k
+            r["done_pre"] += k
             if r["pre"] == 0:
                 r["ctx"] = r["done_pre"]
-                r["out"] -= 1  # type: ignore[operator]
+                r["out"] -= 1
                 if r["out"] == 0:
                     finished.append(r)
         for r in finished:
             running.remove(r)
-            kv -= r["kv"]  # type: ignore[operator]
-            for key in r["held"]:  # type: ignore[attr-defined]
+            kv -= r["kv"]
+            for key in r["held"]:
                 cache[key][1] -= 1
-            done[r["i"]] = t  # type: ignore[index]
+            done[r["i"]] = t
     return done, hits
 
 

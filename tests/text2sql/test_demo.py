@@ -83,8 +83,8 @@ def test_keys_hold_and_nullable_columns_hold_nulls(conn: sqlite3.Connection) -> 
             nulls = conn.execute(f"SELECT COUNT(*) FROM {table.name} WHERE {col.name} IS NULL").fetchone()[0]
             assert (nulls > 0) == col.nullable, f"{table.name}.{col.name}"
     # dates are ISO text, managers are hired employees, every order has an item
-    for table, col in (("employees", "hire_date"), ("orders", "order_date"), ("customers", "signup_date")):
-        values = [r[0] for r in conn.execute(f"SELECT {col} FROM {table}")]
+    for table_name, col_name in (("employees", "hire_date"), ("orders", "order_date"), ("customers", "signup_date")):
+        values = [r[0] for r in conn.execute(f"SELECT {col_name} FROM {table_name}")]
         assert all(re.fullmatch(r"20\d\d-\d\d-\d\d", v) for v in values)
     itemless = "SELECT COUNT(*) FROM orders WHERE order_id NOT IN (SELECT order_id FROM order_items)"
     assert conn.execute(itemless).fetchone()[0] == 0

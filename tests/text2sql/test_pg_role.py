@@ -151,7 +151,9 @@ def test_databases_check_command_says_why(pg: PgTestDb, tmp_path: Path, capsys: 
     )
     assert main(["databases", "--check", str(path)]) == 1
     out = capsys.readouterr().out
-    assert urlsplit(pg.url).password not in out  # the reader's password is redacted
+    password = urlsplit(pg.url).password
+    assert password is not None
+    assert password not in out  # the reader's password is redacted
     lines = {line.split()[0]: line for line in out.splitlines()}
     assert lines["shop"].split()[1] == "ok"
     assert lines["reader"].split()[1] == "ok"

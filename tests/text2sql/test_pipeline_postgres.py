@@ -82,12 +82,12 @@ async def test_demo_on_postgres_refuses_writes_and_runaways(tmp_path: Path, pg: 
         assert out["status"] == "ok", (q.question, out)
         assert results_match(await _gold(pg.admin_url, gold_sql), out["rows"], ordered=gold_is_ordered(gold_sql))
         assert normalise_sql(out["sql"]) == normalise_sql(gold_sql)
-        kind = attack_of.get(q.question)
+        attack = attack_of.get(q.question)
         first = out["candidates"][0]
-        if kind is None:
+        if attack is None:
             assert out["revisions"] == 0
             continue
-        assert first["revisions"] == 1, (kind, first)
+        assert first["revisions"] == 1, (attack, first)
         assert out["revisions"] == 1
     # The database is exactly as it was.
     assert await _table_counts(pg.admin_url) == before

@@ -328,7 +328,7 @@ async def test_cached_tokens_are_only_reported_with_prompt_tokens_details(emulat
 
 
 def test_chat_prompt_words_are_the_counted_tokens() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "a b"}, {"type": "text", "text": "c"}]},
         {"role": "assistant", "content": None},
