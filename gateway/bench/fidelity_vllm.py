@@ -275,9 +275,17 @@ ENGINE_PHASES = (
 output (first to last token), and the API server's end to end."""
 
 
+PREFIX_COUNTERS = (
+    ("prefix_queries", "vllm:prefix_cache_queries_total"),
+    ("prefix_hits", "vllm:prefix_cache_hits_total"),
+)
+"""vLLM's prefix-cache counters, in prompt tokens: looked up in the cache, and found there."""
+
+
 def engine_sums(text: str) -> dict[str, float]:
-    """``{phase: sum, phase_count: count}`` of ``ENGINE_PHASES`` in a server's ``/metrics`` text (summed
-    over series; a histogram the server does not export is left out). ``MetricsParseError`` on bad text."""
+    """``{phase: sum, phase_count: count}`` of ``ENGINE_PHASES`` in a server's ``/metrics`` text, and the
+    ``PREFIX_COUNTERS`` (summed over series; what the server does not export is left out).
+    ``MetricsParseError`` on bad text."""
     samples = parse_families(text)
     out: dict[str, float] = {}
     for phase, name in ENGINE_PHASES:
@@ -285,6 +293,10 @@ def engine_sums(text: str) -> dict[str, float]:
         if sums is not None and counts is not None:
             out[phase] = sum(v for _, v in sums)
             out[f"{phase}_count"] = sum(v for _, v in counts)
+    for key, name in PREFIX_COUNTERS:
+        values = samples.get(name)
+        if values is not None:
+            out[key] = sum(v for _, v in values)
     return out
 
 
@@ -298,6 +310,15 @@ class EngineTimes:
     mean_s: dict[str, float] = field(default_factory=dict)
     lone_prefill_s: float = math.nan
     lone_decode_s: float = math.nan
+    prefix_queries: float = math.nan
+    """Prompt tokens the server looked up in its prefix cache during the run (NaN: not exported)."""
+    prefix_hits: float = math.nan
+    """Of those, the tokens it found there."""
+
+    @property
+    def prefix_hit_share(self) -> float:
+        """Share of prompt tokens served from the server's prefix cache (NaN: none looked up, or unknown)."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries > 0 else math.nan
 
     @classmethod
     def between(cls, before: dict[str, float], after: dict[str, float]) -> EngineTimes:
@@ -309,6 +330,8 @@ class EngineTimes:
             out.mean_s[phase] = total / n if n > 0 else math.nan
             if phase == "e2e" and n > 0:
                 out.requests = n
+        out.prefix_queries = after.get("prefix_queries", math.nan) - before.get("prefix_queries", 0.0)
+        out.prefix_hits = after.get("prefix_hits", math.nan) - before.get("prefix_hits", 0.0)
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -318,6 +341,8 @@ class EngineTimes:
             "mean_s": {k: finite_or_none(v) for k, v in self.mean_s.items()},
             "lone_prefill_s": finite_or_none(self.lone_prefill_s),
             "lone_decode_s": finite_or_none(self.lone_decode_s),
+            "prefix_queries": finite_or_none(self.prefix_queries),
+            "prefix_hits": finite_or_none(self.prefix_hits),
         }
 
 
@@ -404,6 +429,8 @@ class GapBreakdown:
     """Workflows the simulation accounts for (finished or unfinished)."""
     kinds: dict[str, KindTimes] = field(default_factory=dict)
     """Per call kind, the calls matched between live and simulated (``KindTimes``)."""
+    prefix_sim: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per worker, the simulated engine's prompt tokens and those served from its prefix cache."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
@@ -423,6 +450,7 @@ class GapBreakdown:
             },
             "per_workflow_mean": {"live": self.path_live.to_json(), "sim": self.path_sim.to_json()},
             "per_kind": {k: v.to_json() for k, v in sorted(self.kinds.items())},
+            "prefix_sim": {name: {"prompt_tokens": q, "hit_tokens": h} for name, (q, h) in self.prefix_sim.items()},
         }
 
 
@@ -487,6 +515,9 @@ def gap_breakdown(
     sim = Simulator(workers, run.policy, alpha=run.alpha, seed=seed, prefix_caching=prefix_caching, record_calls=True)
     res_sim = sim.run([w.dag() for w in workload])
     out.workflows_sim = len(res_sim.workflows) + res_sim.unfinished
+    out.prefix_sim = {
+        w.name: (st.prompt_tokens, st.prefix_hit_tokens) for w, st in zip(workers, res_sim.engine_stats, strict=True)
+    }
     specs = {w.wid: [c for stage in w.stage_calls() for c in stage] for w in workload}
     stage_of = {w.wid: [k for k, stage in enumerate(w.stage_calls()) for _ in stage] for w in workload}
     per_sim: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
@@ -605,6 +636,16 @@ class VllmFidelityReport:
     def within_target(self) -> bool:
         """Every policy's live P95 within ``TARGET`` of the simulator's."""
         return all(math.isfinite(g["p95"]) and abs(g["p95"]) <= TARGET for g in self.gaps().values())
+
+    def sim_prefix_hit_share(self) -> dict[str, float]:
+        """Per server, the share of prompt tokens the simulated engines served from their prefix caches over
+        every policy's simulation (vLLM's counters, ``EngineTimes``, cover every policy's live run)."""
+        totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for b in self.breakdowns:
+            for name, (queries, hits) in b.prefix_sim.items():
+                totals[name][0] += queries
+                totals[name][1] += hits
+        return {name: h / q if q else math.nan for name, (q, h) in totals.items()}
 
     def speed_ratio(self) -> float:
         """The slowest server's standard-workflow latency over the fastest's (calibrated profiles)."""
@@ -763,6 +804,7 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
         lines.append("")
     if rep.engines:
         erows = []
+        sim_hits = rep.sim_prefix_hit_share()
         for name, t in rep.engines.items():
             m = t.mean_s
             erows.append(
@@ -773,13 +815,20 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
                     f"{fmt(m.get('prefill', math.nan), 3)}/{fmt(t.lone_prefill_s, 3)}",
                     f"{fmt(m.get('decode', math.nan), 3)}/{fmt(t.lone_decode_s, 3)}",
                     fmt(m.get("e2e", math.nan), 3),
+                    f"{_share(t.prefix_hit_share)}/{_share(sim_hits.get(name, math.nan))}",
                 ]
             )
         lines.append(
             "the servers' own histograms over the live run (mean seconds per request; prompt = to the first "
-            "token, output = the rest; /lone: the profile's prediction of the same calls alone):"
+            "token, output = the rest; /lone: the profile's prediction of the same calls alone; prefix hit: share "
+            "of prompt tokens served from the prefix cache, vLLM's counters / the simulated engine's):"
         )
-        lines.append(table(["server", "requests", "engine queue", "prompt/lone", "output/lone", "end to end"], erows))
+        lines.append(
+            table(
+                ["server", "requests", "engine queue", "prompt/lone", "output/lone", "end to end", "prefix hit"],
+                erows,
+            )
+        )
         lines.append("")
     lines += _host_lines(rep)
     grows = []
