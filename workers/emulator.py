@@ -263,8 +263,9 @@ class _EngineMetrics(Collector):
             "Information of the LLMEngine CacheConfig",
             labels=["block_size", "num_gpu_blocks", "kv_cache_size_tokens", "enable_prefix_caching"],
         )
-        blocks = cap // KV_BLOCK_SIZE
-        info.add_metric([str(KV_BLOCK_SIZE), str(blocks), str(blocks * KV_BLOCK_SIZE), str(caching)], 1.0)
+        block = self.engine.profile.block_tokens  # the profile's: its engine reuses whole blocks of it
+        blocks = cap // block
+        info.add_metric([str(block), str(blocks), str(blocks * block), str(caching)], 1.0)
         yield info
 
 

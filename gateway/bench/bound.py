@@ -164,8 +164,9 @@ def solve_fluid_bound(
     if not bucket_ratio > 1.0:
         raise ValueError(f"bucket_ratio must be > 1, got {bucket_ratio}")
     mix: Counter[tuple[int, int, int]] = Counter()
+    block = min(w.profile.block_tokens for w in workers)  # the finest block serves the most
     for q in queries:
-        hits = best_case_cached([(c.prefix, c.input_tokens) for c in q]) if prefix_caching else [0] * len(q)
+        hits = best_case_cached([(c.prefix, c.input_tokens) for c in q], block) if prefix_caching else [0] * len(q)
         mix.update((c.input_tokens, c.output_tokens, h) for c, h in zip(q, hits, strict=True))
     n_w = len(workers)
     if not mix:

@@ -48,8 +48,10 @@ probe depends on it.
 ``kv_cache_size_tokens`` label, or ``num_gpu_blocks x block_size`` before vLLM 0.32: the engine's own
 figure); else estimated from
 ``vllm:kv_cache_usage_perc`` read halfway through the largest batch probe (tokens held / usage: coarse,
-a block's worth per request). ``max_num_seqs`` and ``max_batched_tokens`` are not in vLLM's metrics;
-pass the worker's ``--max-num-seqs`` and ``--max-num-batched-tokens`` (defaults: 64 and 2048).
+a block's worth per request). The KV block size (``block_tokens``: the prefix cache reuses whole blocks)
+from the same gauge's ``block_size`` label, else vLLM's GPU default of 16 (its CPU backend uses 128).
+``max_num_seqs`` and ``max_batched_tokens`` are not in vLLM's metrics; pass the worker's ``--max-num-seqs``
+and ``--max-num-batched-tokens`` (defaults: 64 and 2048).
 
 **Units.** Constants are in wall seconds as measured. An emulated worker at ``--time-scale s`` runs ``s``
 times its modelled time, so its constants come out ``s`` times its profile's (divide by ``s`` for the
@@ -110,6 +112,8 @@ __all__ = [
 ]
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+DEFAULT_BLOCK_TOKENS = 16
+"""The KV block size assumed where the worker does not export it (vLLM's default on GPUs)."""
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_ON_RATIO = 0.8
 """Without a hit counter: a repeated prompt faster than this fraction of its first send reads as cached."""
@@ -353,6 +357,9 @@ class CalibrationResult:
     budget_s: float
     measured_at: str
     metrics_available: bool
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    """The worker's KV block size (its prefix cache reuses whole blocks), from ``vllm:cache_config_info``."""
+    block_source: str = "default"
 
     @property
     def fitted(self) -> list[Measurement]:
@@ -380,6 +387,7 @@ class CalibrationResult:
             s.max_num_seqs,
             s.max_batched_tokens,
             a,
+            self.block_tokens,
         )
 
     def errors(self) -> list[float]:
@@ -402,6 +410,8 @@ class CalibrationResult:
             SEND_TERM: self.send_s,
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "kv_source": self.kv_source,
+            "block_tokens": self.block_tokens,
+            "block_source": self.block_source,
             "max_num_seqs": self.settings.max_num_seqs,
             "max_batched_tokens": self.settings.max_batched_tokens,
             "prefix_ratio": num(self.prefix_ratio),
@@ -436,6 +446,7 @@ class _Load:
     kv_usage: float | None
     kv_tokens: int | None
     prefix_hits: float | None
+    block_tokens: int | None = None
 
 
 def _load_from(text: str) -> _Load:
@@ -448,7 +459,10 @@ def _load_from(text: str) -> _Load:
     usage_rows = fam.get(KV_CACHE_USAGE) or fam.get(KV_CACHE_USAGE_OLD)
     usage = statistics.fmean(v for _, v in usage_rows) if usage_rows else None
     kv: int | None = None
+    block: int | None = None
     for labels, _ in fam.get(CACHE_CONFIG_INFO, []):
+        with contextlib.suppress(KeyError, ValueError):
+            block = int(labels["block_size"])
         # vLLM 0.32 labels the capacity in tokens; older versions give blocks and the block size.
         with contextlib.suppress(KeyError, ValueError):
             kv = int(labels["kv_cache_size_tokens"])
@@ -457,7 +471,9 @@ def _load_from(text: str) -> _Load:
             kv = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
     if kv is not None and kv < 1:
         kv = None
-    return _Load(total(RUNNING), total(WAITING), usage, kv, total(PREFIX_HITS))
+    if block is not None and block < 1:
+        block = None
+    return _Load(total(RUNNING), total(WAITING), usage, kv, total(PREFIX_HITS), block)
 
 
 class ProbeWorker:
@@ -582,6 +598,7 @@ async def calibrate(
     stopped = False
     metrics_seen = False
     kv_found: int | None = None
+    block_found: int | None = None
     kv_usage_est: int | None = None
     prefix_hits: list[float] = []
     constants: Vector | None = None
@@ -627,6 +644,8 @@ async def calibrate(
                 metrics_seen = True
                 if load.kv_tokens is not None:
                     kv_found = load.kv_tokens
+                if load.block_tokens is not None:
+                    block_found = load.block_tokens
                 if load.prefix_hits is not None:
                     prefix_hits.append(load.prefix_hits)
                 if (load.waiting or 0.0) > 0:  # the budget ended while backing off
@@ -686,6 +705,9 @@ async def calibrate(
         kv, kv_source = kv_usage_est, f"estimated from {KV_CACHE_USAGE} during the largest batch probe (coarse)"
     else:
         kv, kv_source = None, "unknown"
+    block, block_source = (
+        (block_found, CACHE_CONFIG_INFO) if block_found is not None else (DEFAULT_BLOCK_TOKENS, "default")
+    )
     first = next((m for m in measured if m.probe.kind == "lone" and _same_prompt(m, measured)), None)
     again = next((m for m in measured if m.probe.kind == "prefix"), None)
     ratio = again.latency_s / first.latency_s if first is not None and again is not None else None
@@ -712,6 +734,8 @@ async def calibrate(
         budget_s=budget_s,
         measured_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         metrics_available=metrics_seen,
+        block_tokens=block,
+        block_source=block_source,
     )
 
 
@@ -774,6 +798,7 @@ def profile_entry(
         "max_num_seqs": prof.max_num_seqs,
         "max_batched_tokens": prof.max_batched_tokens,
         "attn_s": _fmt_num(prof.attn_s / scale),
+        "block_tokens": prof.block_tokens,
         "basis": f"measured: hexflow calibrate at {res.measured_at}, {len(res.fitted)} probes",
     }
 
@@ -791,8 +816,8 @@ def render_profile_yaml(res: CalibrationResult, *, kv_capacity_tokens: int | Non
         f"# {len(res.measurements)} of {res.planned} planned probes in {res.wall_s:.0f} s (budget {res.budget_s:g} s)"
         f"{', stopped by the budget' if res.stopped_by_budget else ''}; {res.backoffs} back-offs; constants in {unit}.",
         f"# Fit: L1 of relative error; median |error| {statistics.median(errs):.1%}, largest {max(errs):.1%}.",
-        f"# kv_capacity_tokens: {res.kv_source if kv_capacity_tokens is None else 'given'}; max_num_seqs and "
-        "max_batched_tokens: as given (vLLM does not export them).",
+        f"# kv_capacity_tokens: {res.kv_source if kv_capacity_tokens is None else 'given'}; block_tokens: "
+        f"{res.block_source}; max_num_seqs and max_batched_tokens: as given (vLLM does not export them).",
         "#",
         f"# {'probe':<7}{'n':>4}{'in':>7}{'out':>6}{'measured_s':>12}{'fitted_s':>11}{'error':>8}",
     ]
@@ -834,7 +859,7 @@ def format_report(res: CalibrationResult) -> str:
         "(wall seconds)",
         f"  send term {res.send_s:.3g} s per extra request of a batch probe (host-side; not in the profile)",
         f"  kv_capacity_tokens {res.kv_capacity_tokens if res.kv_capacity_tokens is not None else 'unknown'} "
-        f"({res.kv_source})",
+        f"({res.kv_source}); block_tokens {res.block_tokens} ({res.block_source})",
         f"  fit: median |error| {statistics.median(errs):.1%}, largest {max(errs):.1%} "
         f"({worst.probe.kind} {worst.probe.concurrency}x{worst.prompt_tokens}+{worst.output_tokens})",
     ]

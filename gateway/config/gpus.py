@@ -76,6 +76,13 @@ class ProfileSpec(_Strict):
         description="Seconds per prefill attention pair (query token x key token a prompt chunk computes); "
         "0: prefill linear in the prompt (fits of published GPU numbers), measured by hexflow calibrate.",
     )
+    block_tokens: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="The engine's KV block size, tokens (vLLM --block-size): its prefix cache reuses whole blocks "
+        "only. 16 is vLLM's default on GPUs; its CPU backend uses 128. hexflow calibrate reads it from the worker.",
+    )
     basis: str = Field("", description="How the constants were obtained (fitted, derived, ...).")
 
 

@@ -129,22 +129,24 @@ def prompt_prefix(
     return tuple(PrefixSeg(hashlib.blake2b(b, digest_size=8).hexdigest(), block_tokens) for b in blocks)
 
 
-def cached_tokens(matched: int, input_tokens: int) -> int:
-    """Prompt tokens vLLM skips when ``matched`` leading tokens are cached: whole blocks only, and never
-    the last prompt token (it is computed to produce the first output)."""
+def cached_tokens(matched: int, input_tokens: int, block_tokens: int = BLOCK_TOKENS) -> int:
+    """Prompt tokens vLLM skips when ``matched`` leading tokens are cached: whole blocks of ``block_tokens``
+    (the engine's KV block size, ``PerfProfile.block_tokens``) only, and never the last prompt token (it is
+    computed to produce the first output)."""
     usable = min(matched, input_tokens - 1)
     if usable <= 0:
         return 0
-    return usable - usable % BLOCK_TOKENS
+    return usable - usable % block_tokens
 
 
-def best_case_cached(calls: Sequence[tuple[Sequence[PrefixSeg], int]]) -> list[int]:
+def best_case_cached(calls: Sequence[tuple[Sequence[PrefixSeg], int]], block_tokens: int = BLOCK_TOKENS) -> list[int]:
     """Prompt tokens each call of one workflow could at best take from the cache, calls in issue order.
 
     ``calls`` holds each call's prefix chain and input tokens. Shared segments are taken as cached already
     (another workflow computed them); a per-query segment is cached from the second call that has it on
     (even calls issued together could be run one after the other). No cache can serve more, so fluid
-    bounds may count the rest as the only prefill.
+    bounds may count the rest as the only prefill. ``block_tokens``: the smallest KV block of the engines
+    (a larger block serves less).
     """
     seen: set[str] = set()
     out: list[int] = []
@@ -154,7 +156,7 @@ def best_case_cached(calls: Sequence[tuple[Sequence[PrefixSeg], int]]) -> list[i
             if seg.per_query and seg.name not in seen:
                 break
             matched += seg.tokens
-        out.append(cached_tokens(matched, n_in))
+        out.append(cached_tokens(matched, n_in, block_tokens))
         seen.update(seg.name for seg in prefix if seg.per_query)
     return out
 

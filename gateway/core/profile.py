@@ -19,6 +19,10 @@ tokens of calls still in prefill. The duration of one iteration is modelled as
   the CPU's tiny model, where a 1750-token prompt takes 3x a 875-token one), and is folded into
   ``token_s`` by the fits of published GPU numbers, which leave it at 0.
 
+``block_tokens`` (default 16, vLLM's default on GPUs) is the engine's KV block size: its prefix cache
+reuses whole blocks only, so a shared prefix counts down to a multiple of it. vLLM's CPU backend uses 128
+(and accepts only multiples of 32); ``hexflow calibrate`` reads it from the worker's ``vllm:cache_config_info``.
+
 ``request_overhead_s`` is latency per request that does not occupy the GPU (API server, tokenisation,
 detokenisation, client framework); it is added to what a caller observes but does not hold a batch slot.
 
@@ -51,10 +55,15 @@ class PerfProfile:
     max_num_seqs: int
     max_batched_tokens: int
     attn_s: float = 0.0
+    block_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if self.block_tokens < 1:
+            raise ValueError(f"{self.gpu}/{self.model}: block_tokens must be at least 1, got {self.block_tokens}")
 
     def __reduce__(
         self,
-    ) -> tuple[type[PerfProfile], tuple[str, str, float, float, float, float, int, int, int, float]]:
+    ) -> tuple[type[PerfProfile], tuple[str, str, float, float, float, float, int, int, int, float, int]]:
         # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
         # native build) cannot be unpickled by setting attributes.
         return (
@@ -70,6 +79,7 @@ class PerfProfile:
                 self.max_num_seqs,
                 self.max_batched_tokens,
                 self.attn_s,
+                self.block_tokens,
             ),
         )
 
@@ -157,13 +167,14 @@ CONSTANTS: tuple[str, ...] = (
     "max_num_seqs",
     "max_batched_tokens",
     "attn_s",
+    "block_tokens",
 )
 """The fields of ``PerfProfile`` besides its name, in its order: what a config entry or a fit provides."""
 
 
 def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
     """A ``PerfProfile`` whose constants are read from the same-named attributes of ``source`` (a source
-    without ``attn_s`` gives 0: its prefill is linear)."""
+    without ``attn_s`` gives 0: its prefill is linear; without ``block_tokens``, 16)."""
     return PerfProfile(
         gpu,
         model,
@@ -175,6 +186,7 @@ def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
         getattr(source, "max_num_seqs"),  # noqa: B009
         getattr(source, "max_batched_tokens"),  # noqa: B009
         getattr(source, "attn_s", 0.0),
+        getattr(source, "block_tokens", 16),
     )
 
 

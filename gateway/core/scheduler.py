@@ -303,8 +303,9 @@ class Scheduler:
                 row.credit = 0
             # Every worker's ``PrefixIndex.match`` at once, through the workers holding each key (rows of workers
             # not dispatched to may be written: only ``idx``'s are read).
+            infos = est.workers
             for w, m in match_holders(self._holders, keys, now).items():
-                c = cached_tokens(m, n_in)
+                c = cached_tokens(m, n_in, infos[w].profile.block_tokens)
                 if c:
                     row = rows[w]
                     row.cached = c

@@ -188,7 +188,9 @@ class FittedProfile:
     def rounded_perf(self) -> PerfProfile:
         """The ``PerfProfile`` of the constants as written to ``gpus.yaml``."""
         spec = self.rounded()
-        return PerfProfile(self.gpu, self.model, *(spec.get(k, 0.0) if k == "attn_s" else spec[k] for k in CONSTANTS))
+        optional: dict[str, float | int] = {"attn_s": 0.0, "block_tokens": 16}
+        values = (spec.get(k, optional[k]) if k in optional else spec[k] for k in CONSTANTS)
+        return PerfProfile(self.gpu, self.model, *values)
 
 
 def workflow_latency(p: PerfProfile, calls: Sequence[CallSpec] = STANDARD_WORKFLOW) -> float:

@@ -28,11 +28,11 @@ segment enters the cache when the call that holds it is admitted: vLLM V1 caches
 allocates it for the tokens it schedules (``KVCacheManager.allocate_slots`` -> ``cache_blocks``), and prompt
 chunks are scheduled first come first served, so a call admitted later, in the same iteration included,
 finds those blocks scheduled before its own first chunk. A call whose chain matches skips those tokens'
-prefill (whole blocks, never the last token) but still holds and reads their KV. Segments in use by running
-calls stay; the others live in the free KV space and are evicted least recently used first when running
-calls need it. A call cancelled before its prompt is done takes the segments it brought, where no other
-call holds them. A call still reserves its whole prompt, so two running calls sharing a segment count it
-twice (conservative: vLLM shares the blocks).
+prefill (whole blocks of the profile's ``block_tokens``, never the last token) but still holds and reads
+their KV. Segments in use by running calls stay; the others live in the free KV space and are evicted least
+recently used first when running calls need it. A call cancelled before its prompt is done takes the segments
+it brought, where no other call holds them. A call still reserves its whole prompt, so two running calls
+sharing a segment count it twice (conservative: vLLM shares the blocks).
 """
 
 from __future__ import annotations
@@ -128,6 +128,7 @@ class SimEngine:
         self._tok = p.token_s
         self._ctx = p.ctx_s
         self._attn = p.attn_s
+        self._block = p.block_tokens
         self._prefill: deque[_Running] = deque()
         self._prefill_left = 0
         self._decode: list[tuple[int, int, _Running]] = []
@@ -362,7 +363,7 @@ class SimEngine:
             cache.move_to_end(key)
             r.held.append(key)
             matched += tokens
-        hit = cached_tokens(matched, r.prompt_left)
+        hit = cached_tokens(matched, r.prompt_left, self._block)
         if hit:
             r.hit = hit
             r.prompt_left -= hit

@@ -22,8 +22,10 @@ from gateway.bench.calibrate_live import (
     batch_features,
     calibrate,
     fit_constants,
+    format_report,
     make_plan,
     probe_features,
+    profile_entry,
     render_profile_yaml,
     scaled_profile,
 )
@@ -218,16 +220,28 @@ async def test_calibration_backs_off_while_others_requests_wait() -> None:
 
 
 @pytest.mark.parametrize(
-    ("labels", "tokens"),
+    ("labels", "tokens", "block"),
     [
-        ('block_size="16",num_gpu_blocks="1000"', 16_000),  # before vLLM 0.32
-        ('block_size="128",kv_cache_size_tokens="262144",enable_prefix_caching="True"', 262_144),  # vLLM 0.32
+        ('block_size="16",num_gpu_blocks="1000"', 16_000, 16),  # before vLLM 0.32
+        # vLLM 0.32 on the CPU: 128-token blocks
+        ('block_size="128",kv_cache_size_tokens="262144",enable_prefix_caching="True"', 262_144, 128),
     ],
 )
-async def test_calibration_reads_kv_capacity_from_cache_config_info(labels: str, tokens: int) -> None:
+async def test_calibration_reads_kv_capacity_from_cache_config_info(labels: str, tokens: int, block: int) -> None:
     fake = FakeWorker(a100(), cache_labels=labels)
     res = await _run_fake(fake, 300.0, PlanSettings(max_prompt=256, max_output=16, max_concurrency=2, repeats=1))
     assert res.kv_capacity_tokens == tokens
+    # The KV block size too: the profile's prefix cache reuses whole blocks of it.
+    assert (res.block_tokens, res.block_source) == (block, "vllm:cache_config_info")
+    assert res.profile().block_tokens == block and profile_entry(res)["block_tokens"] == block
+    assert res.to_json()["block_tokens"] == block
+
+
+async def test_calibration_assumes_vllms_gpu_block_size_where_the_worker_does_not_say() -> None:
+    fake = FakeWorker(a100(), cache_labels='kv_cache_size_tokens="262144"')
+    res = await _run_fake(fake, 300.0, PlanSettings(max_prompt=256, max_output=16, max_concurrency=2, repeats=1))
+    assert (res.block_tokens, res.block_source) == (16, "default")
+    assert "block_tokens 16 (default)" in format_report(res)
 
 
 # --------------------------------------------------------------------------------------------------
