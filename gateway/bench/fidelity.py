@@ -237,6 +237,7 @@ def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
         model,
         **{k: entry[k] for k in (*_CONSTANTS, "max_num_seqs", "max_batched_tokens")},
         attn_s=float(entry.get("attn_s", 0.0)),
+        block_tokens=int(entry.get("block_tokens", 16)),
     )
 
 
