@@ -76,6 +76,9 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
     doc = json.loads(json.dumps(rep.to_json(), allow_nan=False))
     assert {"target_p95", "within_target", "servers", "speed_ratio", "gaps", "breakdown", "live_bench"} <= set(doc)
     assert [s["name"] for s in doc["servers"]] == ["a", "b"]
+    # vLLM's CPU backend keeps 128-token KV blocks: read by the calibration, in each profile the simulator used.
+    assert [s["profile"]["block_tokens"] for s in doc["servers"]] == [128, 128]
+    assert all(len(s["probe_fits"]) == s["probes"] > 0 for s in doc["servers"])
     assert set(doc["gaps"]["hexgen"]) == {"p95", "slo"}
     assert set(doc["breakdown"][0]["per_workflow_mean"]) == {"live", "sim"}
     assert "live against the simulator with the calibrated profiles" in format_vllm_fidelity_report(rep)
@@ -89,6 +92,9 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
         assert times.requests >= reported[name]
         if reported[name]:
             assert times.mean_s["e2e"] > 0 and times.lone_prefill_s > 0
+            # vLLM's prefix-cache counters over the replay, beside the simulated engines' hits.
+            assert times.prefix_queries > 0 and 0 <= times.prefix_hits <= times.prefix_queries
+    assert set(rep.sim_prefix_hit_share()) == {"a", "b"}
     # Pinned where there are two CPUs: each server on its own.
     usable = sorted(os.sched_getaffinity(0))
     if len(usable) >= 2:
