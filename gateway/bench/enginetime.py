@@ -22,7 +22,7 @@ from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.sim.engine import EngineStats
 
-__all__ = ["EngineTime", "bound_engine_time", "format_engine_time", "run_engine_time"]
+__all__ = ["EngineTime", "bound_engine_time", "format_engine_time", "format_engine_time_summary", "run_engine_time"]
 
 
 @dataclass(frozen=True)
@@ -161,3 +161,24 @@ def format_engine_time(run: Sequence[EngineTime], bound: Sequence[EngineTime]) -
         + table(head, rows)
         + f"\nthe engines spent {ratio:.2f}x the bound's engine time per workflow"
     )
+
+
+def format_engine_time_summary(runs: Mapping[str, Sequence[EngineTime]], bound: Sequence[EngineTime]) -> str:
+    """One row per run and one for the bound: the engines' seconds per workflow summed over the engines
+    (base, tokens, the rest, total), the total over the bound's, and the range of the engines' mean batches."""
+
+    def row(name: str, xs: Sequence[EngineTime], ref: float) -> list[str]:
+        total = sum(x.total_s for x in xs)
+        return [
+            name,
+            fmt(sum(x.base_s for x in xs), 2),
+            fmt(sum(x.token_s for x in xs), 2),
+            fmt(sum(x.other_s for x in xs), 2),
+            fmt(total, 2),
+            f"{total / ref:.2f}x" if ref > 0 else "-",
+            f"{min(x.batch for x in xs):.1f}-{max(x.batch for x in xs):.1f}" if xs else "-",
+        ]
+
+    ref = sum(x.total_s for x in bound)
+    rows = [row("fluid bound", bound, ref), *(row(p, xs, ref) for p, xs in runs.items())]
+    return table(["run", "base s/wf", "tokens s/wf", "other s/wf", "busy s/wf", "of bound", "batch"], rows)

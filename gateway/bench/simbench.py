@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.bound import FluidBound, fluid_bound, solve_fluid_bound
+from gateway.bench.enginetime import EngineTime, bound_engine_time, run_engine_time
 from gateway.bench.stats import Spread, finite_or_none, spread
 from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.degrade import QualityModel
@@ -209,6 +210,23 @@ def run_point(
     return summarize(res, total=len(wfs))
 
 
+def engine_time_at(
+    setup: Setup, policy: str, rate: float, *, alpha: float | None = None, seed: int | None = None
+) -> list[EngineTime]:
+    """Where each engine's time went per completed workflow (``gateway.bench.enginetime``) in one run of
+    ``policy`` at ``rate`` on one seed (default: the setup's); empty when no workflow completed."""
+    s = setup.seed if seed is None else seed
+    wfs = setup.workflows(rate, s)
+    sim = Simulator(setup.workers, policy, alpha=alpha, seed=s, prefix_caching=setup.prefix_caching, hedge=setup.hedge)
+    res = sim.run(wfs)
+    if not res.workflows:
+        return []
+    names = [w.name for w in setup.workers]
+    return run_engine_time(
+        names, sim.engine_profiles, res.engine_stats, res.dispatch_counts, len(res.workflows), res.end_time
+    )
+
+
 def tuned_alpha(setup: Setup, policy: str, rate: float, grid: Sequence[float] = ALPHA_GRID) -> float:
     """Alpha chosen by the tuner on the tuning seed's window of traffic at ``rate``."""
     window = setup.workflows(rate, seed=setup.tune_seed)
@@ -342,6 +360,10 @@ class BenchReport:
     rel_tol: float
     rates: list[float]
     seconds: float = 0.0
+    engine_time: dict[str, list[EngineTime]] = field(default_factory=dict)
+    """Ours and the best baseline at the reference rate, on the first seed: each engine's time per workflow."""
+    bound_time: list[EngineTime] = field(default_factory=list)
+    """The same at the fluid bound's solution."""
 
     @property
     def capacity_qps(self) -> dict[str, float]:
@@ -470,6 +492,15 @@ class BenchReport:
             "ratio_vs_best_baseline": num(ours_ratio[0]) if ours_ratio else None,
             "reference_rate_qps": ref,
             "capacity_qps": self.capacity_qps,
+            "engine_time_at_reference": (
+                {
+                    "seed": self.seeds[0],
+                    "bound": [e.to_json() for e in self.bound_time],
+                    "policies": {p: [e.to_json() for e in rows] for p, rows in self.engine_time.items()},
+                }
+                if self.engine_time
+                else None
+            ),
             "policies": pols,
             "rates": self.rates,
             "seconds": self.seconds,
@@ -632,7 +663,7 @@ def run_bench(
     elif find_capacity and progress is not None:
         progress(len(plain))  # no reference rate: phase 3 has nothing to do
     report_tune = next((o.tune_rate for p, o in outcomes.items() if p in tuned), None)
-    return BenchReport(
+    report = BenchReport(
         trace=setup.trace,
         cluster=[w.profile.gpu for w in setup.workers],
         slo_scale=setup.slo_scale,
@@ -645,8 +676,21 @@ def run_bench(
         n_workflows=setup.n_workflows,
         rel_tol=rel_tol,
         rates=grid,
-        seconds=time.perf_counter() - t0,
     )
+    # Where the engines' time went at the reference rate, ours against the best baseline (one run each, the
+    # first seed): what separates both from the bound (docs/benchmarks.md, "Where the time goes at capacity").
+    ref = report.reference_rate_qps
+    ours = next((p for p in policies if get_policy(p).role == "ours"), None)
+    best = report.best_baseline
+    if ref is not None and math.isfinite(setup.bound.rate_qps):
+        for p in dict.fromkeys(x for x in (ours, best) if x is not None):
+            rows = engine_time_at(setup, p, ref, alpha=report.policies[p].alpha)
+            if rows:
+                report.engine_time[p] = rows
+        if report.engine_time:
+            report.bound_time = bound_engine_time(setup.workers, setup.bound)
+    report.seconds = time.perf_counter() - t0
+    return report
 
 
 def plot_report(report: BenchReport, path: Path) -> None:

@@ -475,6 +475,15 @@ def format_bench_report(report: BenchReport, cluster: str) -> str:
                 gain = report.p95_gain_vs_best(p, ref)
                 p95_text = f"; P95 at {ref:.4f} qps {gain:.2f}x lower than the best baseline's" if gain else ""
                 lines.append(f"{p} vs best baseline: capacity {ratio[0]:.3f}x (per seed {per_seed}){p95_text}")
+            if report.engine_time:
+                from gateway.bench.enginetime import format_engine_time_summary
+
+                lines.append(
+                    f"engine time per completed workflow at {ref:.4f} qps (seed {seeds[0]}; all engines; base: "
+                    "iteration base, tokens: token_s per batched token, other: context and attention; batch: the "
+                    "engines' mean calls per iteration), against the fluid bound's solution:"
+                )
+                lines.append(format_engine_time_summary(report.engine_time, report.bound_time))
     for rate in report.rates:  # the rates asked for (or the grid), each in a table of its own
         lines += _rate_table(report, rate, f"at {rate:.4f} qps:")
     lines.append(f"({report.seconds:.0f} s)")

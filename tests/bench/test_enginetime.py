@@ -119,3 +119,27 @@ def test_simulate_prints_and_writes_the_engines_time(tmp_path: Path, capsys: pyt
     # Without --engines the table is not printed (the JSON still has it).
     assert main(["simulate", "--workflows", "30", "--trace", "chess-bird"]) == 0
     assert "engine time per completed workflow" not in capsys.readouterr().out
+
+
+def test_bench_reports_ours_and_the_best_baselines_engine_time_at_the_reference_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--policies", "hexgen,rr-fcfs", "--workflows", "30", "--trace", "chess-bird", "--alpha", "0.3"]
+    assert main([*argv, "--quiet", "--jobs", "1", "--seeds", "1", "--json", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "engine time per completed workflow at" in stdout and "fluid bound" in stdout
+    doc = json.loads(out.read_text())
+    at_ref = doc["engine_time_at_reference"]
+    names = [w.name for w in load_cluster("paper-4gpu")]
+    assert at_ref["seed"] == 0 and set(at_ref["policies"]) == {"hexgen", doc["best_baseline"]}
+    assert [e["name"] for e in at_ref["bound"]] == names
+    for rows in at_ref["policies"].values():
+        assert [e["name"] for e in rows] == names and all(e["total_s"] > 0 for e in rows)
+    # Without a capacity search there is no reference rate, and nothing to report there.
+    plain = tmp_path / "plain.json"
+    assert (
+        main([*argv, "--quiet", "--jobs", "1", "--seeds", "1", "--no-capacity", "--rate", "0.1", "--json", str(plain)])
+        == 0
+    )
+    assert json.loads(plain.read_text())["engine_time_at_reference"] is None
