@@ -183,21 +183,24 @@ def solve_fluid_bound(
     cols: list[np.ndarray] = []
     vals: list[np.ndarray] = []
     g_idx = np.arange(n_g)
+    per_call: list[dict[str, np.ndarray]] = []  # per worker: each group's least use of each resource
     for w, info in enumerate(workers):
         p = info.profile
         res = call_resources(p, n_in, n_out, n_cached)
         x_cols = 1 + w * n_g + g_idx
         i_col = np.array([1 + n_x + w])
         limits = (
-            (res["gpu_s"], 1.0, p.iter_base_s),
-            (res["iters"], float(p.max_num_seqs), -1.0),
-            (res["tokens"], float(max(p.max_batched_tokens, p.max_num_seqs)), -1.0),
-            (res["kv_iters"], float(p.kv_capacity_tokens), -1.0),
+            ("gpu_s", 1.0, p.iter_base_s),
+            ("iters", float(p.max_num_seqs), -1.0),
+            ("tokens", float(max(p.max_batched_tokens, p.max_num_seqs)), -1.0),
+            ("kv_iters", float(p.kv_capacity_tokens), -1.0),
         )
-        for r, (use, scale, i_coef) in enumerate(limits):
+        per_call.append({})
+        for r, (key, scale, i_coef) in enumerate(limits):
             # A bucket uses the least any of its members uses (a relaxation: still a bound).
             least = np.full(n_g, np.inf)
-            np.minimum.at(least, group, use)
+            np.minimum.at(least, group, res[key])
+            per_call[w][key] = least
             row = _ROWS * w + r
             coef = least / scale if r else least
             rows += [np.full(n_g, row), np.array([row])]
@@ -222,18 +225,13 @@ def solve_fluid_bound(
     seqs = []
     for w, info in enumerate(workers):
         p = info.profile
-        res = call_resources(p, n_in, n_out, n_cached)
-        per_call: dict[str, np.ndarray] = {}
-        for key in ("gpu_s", "tokens", "iters"):
-            arr = np.full(n_g, np.inf)
-            np.minimum.at(arr, group, res[key])
-            per_call[key] = arr
+        use = per_call[w]
         base = p.iter_base_s * float(iters_per_s[w]) / mult[w]
-        gpu = float(x[w] @ per_call["gpu_s"]) / mult[w]
-        tok = min(p.token_s * float(x[w] @ per_call["tokens"]) / mult[w], gpu)
+        gpu = float(x[w] @ use["gpu_s"]) / mult[w]
+        tok = min(p.token_s * float(x[w] @ use["tokens"]) / mult[w], gpu)
         busy.append(base + gpu)
         split.append((base, tok, gpu - tok))
-        seqs.append(float(x[w] @ per_call["iters"]) / float(iters_per_s[w]) if iters_per_s[w] > 0 else 0.0)
+        seqs.append(float(x[w] @ use["iters"]) / float(iters_per_s[w]) if iters_per_s[w] > 0 else 0.0)
     return FluidBound(
         float(sol.x[0]), tuple(float(v) for v in x.sum(axis=1)), tuple(busy), n_g, tuple(split), tuple(seqs)
     )

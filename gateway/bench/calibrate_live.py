@@ -77,6 +77,8 @@ import httpx
 import numpy as np
 import yaml
 
+from gateway.bench.stats import finite_or_none
+from gateway.core.prefix import BLOCK_TOKENS
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import CallSpec
 from gateway.errors import GatewayError
@@ -112,8 +114,6 @@ __all__ = [
 ]
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
-DEFAULT_BLOCK_TOKENS = 16
-"""The KV block size assumed where the worker does not export it (vLLM's default on GPUs)."""
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_ON_RATIO = 0.8
 """Without a hit counter: a repeated prompt faster than this fraction of its first send reads as cached."""
@@ -357,7 +357,7 @@ class CalibrationResult:
     budget_s: float
     measured_at: str
     metrics_available: bool
-    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    block_tokens: int = BLOCK_TOKENS
     """The worker's KV block size (its prefix cache reuses whole blocks), from ``vllm:cache_config_info``."""
     block_source: str = "default"
 
@@ -396,10 +396,7 @@ class CalibrationResult:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (``--json``)."""
-
-        def num(v: float | None) -> float | None:
-            return v if v is not None and math.isfinite(v) else None
-
+        num = finite_or_none
         return {
             "worker": self.worker,
             "model": self.model,
@@ -423,20 +420,26 @@ class CalibrationResult:
             "planned": self.planned,
             "wall_s": self.wall_s,
             "budget_s": self.budget_s,
-            "probes": [
-                {
-                    "kind": m.probe.kind,
-                    "concurrency": m.probe.concurrency,
-                    "prompt_tokens": m.prompt_tokens,
-                    "output_tokens": m.output_tokens,
-                    "measured_s": m.latency_s,
-                    "fitted_s": num(m.fitted_s),
-                    "error": num(m.error) if m.probe.kind != "prefix" else None,
-                    "others_running": m.others_running,
-                }
-                for m in self.measurements
-            ],
+            "probes": self.probes_json(),
         }
+
+    def probes_json(self) -> list[dict[str, Any]]:
+        """Every probe: its shape, measured and fitted latency and the fit's error (null for the prefix
+        repeat, which is not fitted)."""
+        num = finite_or_none
+        return [
+            {
+                "kind": m.probe.kind,
+                "concurrency": m.probe.concurrency,
+                "prompt_tokens": m.prompt_tokens,
+                "output_tokens": m.output_tokens,
+                "measured_s": m.latency_s,
+                "fitted_s": num(m.fitted_s),
+                "error": num(m.error) if m.probe.kind != "prefix" else None,
+                "others_running": m.others_running,
+            }
+            for m in self.measurements
+        ]
 
 
 @dataclass
@@ -447,6 +450,11 @@ class _Load:
     kv_tokens: int | None
     prefix_hits: float | None
     block_tokens: int | None = None
+
+    @property
+    def queued(self) -> float:
+        """Others' requests waiting on the worker (0 where it does not say)."""
+        return self.waiting or 0.0
 
 
 def _load_from(text: str) -> _Load:
@@ -509,12 +517,12 @@ class ProbeWorker:
         last read, still showing waiting requests, is returned. None when the worker has no metrics."""
         delay = BACKOFF_FIRST_S
         load = await self.load()
-        while load is not None and (load.waiting or 0.0) > 0:
+        while load is not None and load.queued > 0:
             wait = min(delay, deadline - clock())
             if wait <= 0:
                 break
             if on_wait is not None:
-                on_wait(load.waiting or 0.0, wait)
+                on_wait(load.queued, wait)
             await sleep(wait)
             delay = min(delay * 2, BACKOFF_MAX_S)
             load = await self.load()
@@ -648,7 +656,7 @@ async def calibrate(
                     block_found = load.block_tokens
                 if load.prefix_hits is not None:
                     prefix_hits.append(load.prefix_hits)
-                if (load.waiting or 0.0) > 0:  # the budget ended while backing off
+                if load.queued > 0:  # the budget ended while backing off
                     stopped = True
                     break
             guess = predict(probe)
@@ -705,9 +713,7 @@ async def calibrate(
         kv, kv_source = kv_usage_est, f"estimated from {KV_CACHE_USAGE} during the largest batch probe (coarse)"
     else:
         kv, kv_source = None, "unknown"
-    block, block_source = (
-        (block_found, CACHE_CONFIG_INFO) if block_found is not None else (DEFAULT_BLOCK_TOKENS, "default")
-    )
+    block, block_source = (block_found, CACHE_CONFIG_INFO) if block_found is not None else (BLOCK_TOKENS, "default")
     first = next((m for m in measured if m.probe.kind == "lone" and _same_prompt(m, measured)), None)
     again = next((m for m in measured if m.probe.kind == "prefix"), None)
     ratio = again.latency_s / first.latency_s if first is not None and again is not None else None

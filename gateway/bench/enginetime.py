@@ -21,8 +21,16 @@ from gateway.bench.stats import fmt, table
 from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.sim.engine import EngineStats
+from gateway.sim.simulator import SimResult, Simulator
 
-__all__ = ["EngineTime", "bound_engine_time", "format_engine_time", "format_engine_time_summary", "run_engine_time"]
+__all__ = [
+    "EngineTime",
+    "bound_engine_time",
+    "engine_time_of",
+    "format_engine_time",
+    "format_engine_time_summary",
+    "run_engine_time",
+]
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,17 @@ def run_engine_time(
     return out
 
 
+def engine_time_of(sim: Simulator, res: SimResult) -> list[EngineTime]:
+    """``run_engine_time`` of a finished run: ``sim``'s workers and engine profiles, ``res``'s counters;
+    empty when no workflow completed."""
+    if not res.workflows:
+        return []
+    names = [w.name for w in sim.workers]
+    return run_engine_time(
+        names, sim.engine_profiles, res.engine_stats, res.dispatch_counts, len(res.workflows), res.end_time
+    )
+
+
 def bound_engine_time(workers: Sequence[WorkerInfo], bound: FluidBound) -> list[EngineTime]:
     """Per worker at the fluid bound's solution (one engine per entry), per workflow at its rate."""
     rate = bound.rate_qps
@@ -103,6 +122,20 @@ def bound_engine_time(workers: Sequence[WorkerInfo], bound: FluidBound) -> list[
     ]
 
 
+def _summed(name: str, xs: Sequence[EngineTime]) -> EngineTime:
+    """All of ``xs`` as one: calls and seconds per workflow added up (busy and batch are per engine: NaN)."""
+    nan = float("nan")
+    return EngineTime(
+        name,
+        sum(x.calls for x in xs),
+        sum(x.base_s for x in xs),
+        sum(x.token_s for x in xs),
+        sum(x.other_s for x in xs),
+        nan,
+        nan,
+    )
+
+
 def _pair(run: float, bound: float, digits: int = 2) -> str:
     return f"{fmt(run, digits)} / {fmt(bound, digits)}"
 
@@ -111,37 +144,28 @@ def format_engine_time(run: Sequence[EngineTime], bound: Sequence[EngineTime]) -
     """The run against the bound, engine by engine, and in total (engine seconds per workflow)."""
     if len(run) != len(bound):
         raise ValueError(f"{len(run)} engines in the run, {len(bound)} at the bound")
-    rows = [
-        [
-            r.name,
+
+    def seconds(r: EngineTime, b: EngineTime) -> list[str]:
+        return [
             _pair(r.calls, b.calls),
             _pair(r.base_s, b.base_s),
             _pair(r.token_s, b.token_s),
             _pair(r.other_s, b.other_s),
             _pair(r.total_s, b.total_s),
+        ]
+
+    rows = [
+        [
+            r.name,
+            *seconds(r, b),
             f"{r.busy:.1%} / {b.busy:.1%}",
             _pair(r.batch, b.batch, 1),
             f"{r.prefix_hit:.1%}" if r.prefix_hit is not None else "-",
         ]
         for r, b in zip(run, bound, strict=True)
     ]
-
-    def total(xs: Sequence[EngineTime], attr: str) -> float:
-        return float(sum(getattr(x, attr) for x in xs))
-
-    rows.append(
-        [
-            "all",
-            _pair(total(run, "calls"), total(bound, "calls")),
-            _pair(total(run, "base_s"), total(bound, "base_s")),
-            _pair(total(run, "token_s"), total(bound, "token_s")),
-            _pair(total(run, "other_s"), total(bound, "other_s")),
-            _pair(total(run, "total_s"), total(bound, "total_s")),
-            "",
-            "",
-            "",
-        ]
-    )
+    run_all, bound_all = _summed("all", run), _summed("all", bound)
+    rows.append(["all", *seconds(run_all, bound_all), "", "", ""])
     head = [
         "engine",
         "calls/wf",
@@ -153,7 +177,7 @@ def format_engine_time(run: Sequence[EngineTime], bound: Sequence[EngineTime]) -
         "batch",
         "prefix hit",
     ]
-    ratio = total(run, "total_s") / total(bound, "total_s") if total(bound, "total_s") > 0 else float("nan")
+    ratio = run_all.total_s / bound_all.total_s if bound_all.total_s > 0 else float("nan")
     return (
         "engine time per completed workflow, this run / the fluid bound's solution (base: iter_base_s per "
         "iteration; tokens: token_s per batched token; other: context reads and prefill attention; batch: calls "
@@ -168,17 +192,17 @@ def format_engine_time_summary(runs: Mapping[str, Sequence[EngineTime]], bound: 
     (base, tokens, the rest, total), the total over the bound's, and the range of the engines' mean batches."""
 
     def row(name: str, xs: Sequence[EngineTime], ref: float) -> list[str]:
-        total = sum(x.total_s for x in xs)
+        s = _summed(name, xs)
         return [
             name,
-            fmt(sum(x.base_s for x in xs), 2),
-            fmt(sum(x.token_s for x in xs), 2),
-            fmt(sum(x.other_s for x in xs), 2),
-            fmt(total, 2),
-            f"{total / ref:.2f}x" if ref > 0 else "-",
+            fmt(s.base_s, 2),
+            fmt(s.token_s, 2),
+            fmt(s.other_s, 2),
+            fmt(s.total_s, 2),
+            f"{s.total_s / ref:.2f}x" if ref > 0 else "-",
             f"{min(x.batch for x in xs):.1f}-{max(x.batch for x in xs):.1f}" if xs else "-",
         ]
 
-    ref = sum(x.total_s for x in bound)
+    ref = _summed("bound", bound).total_s
     rows = [row("fluid bound", bound, ref), *(row(p, xs, ref) for p, xs in runs.items())]
     return table(["run", "base s/wf", "tokens s/wf", "other s/wf", "busy s/wf", "of bound", "batch"], rows)

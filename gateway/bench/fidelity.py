@@ -41,6 +41,7 @@ from gateway.bench.replay import replay_setup, replay_workload
 from gateway.bench.stats import finite_or_none, fmt, table
 from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog
+from gateway.core.prefix import BLOCK_TOKENS
 from gateway.core.profile import PerfProfile
 from gateway.sim.calibrate import workflow_latency
 from gateway.sim.metrics import summarize
@@ -237,7 +238,7 @@ def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
         model,
         **{k: entry[k] for k in (*_CONSTANTS, "max_num_seqs", "max_batched_tokens")},
         attn_s=float(entry.get("attn_s", 0.0)),
-        block_tokens=int(entry.get("block_tokens", 16)),
+        block_tokens=int(entry.get("block_tokens", BLOCK_TOKENS)),
     )
 
 

@@ -214,7 +214,7 @@ class ServerCalibration:
             },
             "send_s": self.result.send_s,
             "probes": len(self.result.measurements),
-            "probe_fits": self.result.to_json()["probes"],
+            "probe_fits": self.result.probes_json(),
             "fit_median_abs_error": finite_or_none(statistics.median(errs)) if errs else None,
             "fit_max_abs_error": finite_or_none(max(errs)) if errs else None,
             "calibration_wall_s": self.result.wall_s,

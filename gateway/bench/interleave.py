@@ -198,7 +198,7 @@ async def check_interleaved(
             predicted = simulate_arrivals(model_profile, arrivals)
             makespan = max(a[0] + p for a, p in zip(arrivals, predicted, strict=True))
             load = await w.load_when_quiet(deadline, clock, sleep)
-            if (load is not None and (load.waiting or 0.0) > 0) or clock() + makespan > deadline:
+            if (load is not None and load.queued > 0) or clock() + makespan > deadline:
                 skipped += 1
                 continue
             live = await _run_scenario(w, arrivals, k, concurrency, deadline, clock, sleep)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.bound import FluidBound, fluid_bound, solve_fluid_bound
-from gateway.bench.enginetime import EngineTime, bound_engine_time, run_engine_time
+from gateway.bench.enginetime import EngineTime, bound_engine_time, engine_time_of
 from gateway.bench.stats import Spread, finite_or_none, spread
 from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.degrade import QualityModel
@@ -48,7 +48,7 @@ from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec, StagedWorkflow, WorkflowTemplate
 from gateway.errors import ConfigError
 from gateway.sim.metrics import Summary, summarize
-from gateway.sim.simulator import HedgeSettings, Simulator
+from gateway.sim.simulator import HedgeSettings, SimResult, Simulator
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
 from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals
 from gateway.sim.workload.arrivals import pattern_arrivals
@@ -203,11 +203,19 @@ def run_point(
     setup: Setup, policy: str, rate: float, *, alpha: float | None = None, seed: int | None = None
 ) -> Summary:
     """Simulate one policy at one arrival rate on one seed (default: the setup's) and summarise."""
+    _, res, n = _simulate(setup, policy, rate, alpha, seed)
+    return summarize(res, total=n)
+
+
+def _simulate(
+    setup: Setup, policy: str, rate: float, alpha: float | None, seed: int | None
+) -> tuple[Simulator, SimResult, int]:
+    """One run of ``policy`` at ``rate`` on one seed (default: the setup's): the simulator, its result and
+    the workflows submitted."""
     s = setup.seed if seed is None else seed
     wfs = setup.workflows(rate, s)
     sim = Simulator(setup.workers, policy, alpha=alpha, seed=s, prefix_caching=setup.prefix_caching, hedge=setup.hedge)
-    res = sim.run(wfs)
-    return summarize(res, total=len(wfs))
+    return sim, sim.run(wfs), len(wfs)
 
 
 def engine_time_at(
@@ -215,16 +223,8 @@ def engine_time_at(
 ) -> list[EngineTime]:
     """Where each engine's time went per completed workflow (``gateway.bench.enginetime``) in one run of
     ``policy`` at ``rate`` on one seed (default: the setup's); empty when no workflow completed."""
-    s = setup.seed if seed is None else seed
-    wfs = setup.workflows(rate, s)
-    sim = Simulator(setup.workers, policy, alpha=alpha, seed=s, prefix_caching=setup.prefix_caching, hedge=setup.hedge)
-    res = sim.run(wfs)
-    if not res.workflows:
-        return []
-    names = [w.name for w in setup.workers]
-    return run_engine_time(
-        names, sim.engine_profiles, res.engine_stats, res.dispatch_counts, len(res.workflows), res.end_time
-    )
+    sim, res, _ = _simulate(setup, policy, rate, alpha, seed)
+    return engine_time_of(sim, res)
 
 
 def tuned_alpha(setup: Setup, policy: str, rate: float, grid: Sequence[float] = ALPHA_GRID) -> float:

@@ -280,7 +280,7 @@ def _setup(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
 def cmd_simulate(args: argparse.Namespace) -> int:
     """One policy, one run: headline figures, per tenant when there are several."""
     from gateway.bench.bound import solve_fluid_bound
-    from gateway.bench.enginetime import bound_engine_time, format_engine_time, run_engine_time
+    from gateway.bench.enginetime import bound_engine_time, engine_time_of, format_engine_time
     from gateway.sim.metrics import summarize
     from gateway.sim.simulator import Simulator
 
@@ -328,15 +328,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if setup.hedge is not None:
         print(f"hedged {sim.hedges} straggling calls; the copy answered first {sim.hedges_won} times")
     engines = None
-    if res.workflows:
-        run_time = run_engine_time(
-            [w.name for w in setup.workers],
-            sim.engine_profiles,
-            res.engine_stats,
-            res.dispatch_counts,
-            len(res.workflows),
-            res.end_time,
-        )
+    run_time = engine_time_of(sim, res)
+    if run_time:
         at_bound = bound_engine_time(setup.workers, solved)
         engines = {"run": [e.to_json() for e in run_time], "bound": [e.to_json() for e in at_bound]}
         if args.engines:

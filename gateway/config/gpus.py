@@ -18,6 +18,7 @@ from gateway.config.base import (
     _Strict,
     load_yaml_model,
 )
+from gateway.core.prefix import BLOCK_TOKENS
 from gateway.core.profile import PerfProfile, profile_from
 from gateway.errors import UnknownNameError
 
@@ -77,7 +78,7 @@ class ProfileSpec(_Strict):
         "0: prefill linear in the prompt (fits of published GPU numbers), measured by hexflow calibrate.",
     )
     block_tokens: int = Field(
-        16,
+        BLOCK_TOKENS,
         ge=1,
         le=4096,
         description="The engine's KV block size, tokens (vLLM --block-size): its prefix cache reuses whole blocks "

@@ -44,7 +44,8 @@ CHARS_PER_TOKEN = 4
 """Characters per token assumed for text prompts (the gateway's token estimate uses the same ratio)."""
 
 BLOCK_TOKENS = 16
-"""vLLM's KV block size (``--block-size``, 16 by default): the unit of prefix reuse."""
+"""vLLM's KV block size (``--block-size``) on GPUs, the default of ``PerfProfile.block_tokens``: the unit of
+prefix reuse (vLLM's CPU backend uses 128)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from gateway.core.prefix import BLOCK_TOKENS
+
 CAPACITY_CALL_TOKENS = 4096
 """Prompt + output tokens of a typical call, for ``derived_capacity`` (CHESS calls average 3-4k)."""
 CAPACITY_SLOWDOWN = 2.0
@@ -55,7 +57,7 @@ class PerfProfile:
     max_num_seqs: int
     max_batched_tokens: int
     attn_s: float = 0.0
-    block_tokens: int = 16
+    block_tokens: int = BLOCK_TOKENS
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
@@ -174,7 +176,7 @@ CONSTANTS: tuple[str, ...] = (
 
 def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
     """A ``PerfProfile`` whose constants are read from the same-named attributes of ``source`` (a source
-    without ``attn_s`` gives 0: its prefill is linear; without ``block_tokens``, 16)."""
+    without ``attn_s`` gives 0: its prefill is linear; without ``block_tokens``, vLLM's GPU default)."""
     return PerfProfile(
         gpu,
         model,
@@ -186,7 +188,7 @@ def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
         getattr(source, "max_num_seqs"),  # noqa: B009
         getattr(source, "max_batched_tokens"),  # noqa: B009
         getattr(source, "attn_s", 0.0),
-        getattr(source, "block_tokens", 16),
+        getattr(source, "block_tokens", BLOCK_TOKENS),
     )
 
 

@@ -54,6 +54,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,7 @@ from scipy.optimize import linprog
 
 from gateway.config import DEFAULT_GPU_CATALOG, GpuCatalog, GpuSpec, ModelSpec, load_gpu_catalog
 from gateway.config.workflows import STANDARD_WORKFLOW
-from gateway.core.profile import CONSTANTS, PerfProfile, profile_from
+from gateway.core.profile import PerfProfile, profile_from
 from gateway.core.workflow import CallSpec
 from gateway.errors import ConfigError
 
@@ -187,10 +188,7 @@ class FittedProfile:
 
     def rounded_perf(self) -> PerfProfile:
         """The ``PerfProfile`` of the constants as written to ``gpus.yaml``."""
-        spec = self.rounded()
-        optional: dict[str, float | int] = {"attn_s": 0.0, "block_tokens": 16}
-        values = (spec.get(k, optional[k]) if k in optional else spec[k] for k in CONSTANTS)
-        return PerfProfile(self.gpu, self.model, *values)
+        return profile_from(self.gpu, self.model, SimpleNamespace(**self.rounded()))
 
 
 def workflow_latency(p: PerfProfile, calls: Sequence[CallSpec] = STANDARD_WORKFLOW) -> float:
