@@ -5,8 +5,9 @@ own limits and not at the gateway's in-flight cap (``WorkerInfo.capacity`` is ig
 sent more calls at once could use the engine's full batch). Over a long run, per second of time, a
 worker ``w`` that serves ``x[w, c]`` calls of type ``c`` and runs ``I[w]`` iterations must satisfy
 
-* GPU time:  ``sum_c x[w,c] * (token_s * tokens_c + ctx_s * ctx_c + attn_s * pairs_c) + iter_base_s * I[w]
-  <= 1`` (an iteration lasts ``iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs``; the
+* GPU time:  ``sum_c x[w,c] * (token_s * tokens_c + ctx_s * ctx_c + attn_s * pairs_c + seq_s * (o_c - 1))
+  + iter_base_s * I[w] <= 1`` (an iteration lasts ``iter_base_s + token_s * tokens + ctx_s * context + attn_s *
+  pairs + seq_s * decoders``, and a call decodes in ``o_c - 1`` of them; the
   engine is busy at most
   all the time; the per-request overhead is off the GPU and excluded);
 * batch slots:  ``sum_c x[w,c] * iters_c <= max_num_seqs * I[w]`` (a call holds a slot for at least
@@ -75,8 +76,9 @@ class FluidBound:
     """Call types (or buckets) in the program."""
     time_split: tuple[tuple[float, float, float], ...] = ()
     """Per worker, per engine: the fraction of each second spent on per-iteration base, on tokens
-    (``token_s`` per batched token) and on the rest (context reads, prefill attention) at the bound; the three
-    add up to ``gpu_busy``. Where a run's engines spend more per workflow than this, they lose to the bound."""
+    (``token_s`` per batched token) and on the rest (context reads, prefill attention, per-call host work) at
+    the bound; the three add up to ``gpu_busy``. Where a run's engines spend more per workflow than this, they
+    lose to the bound."""
     seqs_per_iteration: tuple[float, ...] = ()
     """Per worker: calls in the batch per iteration at the bound (slot-iterations over iterations)."""
 
@@ -105,7 +107,8 @@ def call_resources(
     return {
         "gpu_s": profile.token_s * tokens
         + profile.ctx_s * (prefill_ctx + decode_ctx)
-        + profile.attn_s * (i * (i + 1.0) - h * (h + 1.0)) / 2.0,
+        + profile.attn_s * (i * (i + 1.0) - h * (h + 1.0)) / 2.0
+        + profile.seq_s * n,
         "iters": iters,
         "tokens": tokens,
         "kv_iters": kv * iters,

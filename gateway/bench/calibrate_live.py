@@ -6,10 +6,12 @@
 
 The profile is the iteration-time model of ``gateway.core.profile`` (the one the simulator, the
 scheduler and the emulated worker use): ``t_iter = iter_base_s + token_s * tokens + ctx_s * context +
-attn_s * pairs`` (``pairs``: the prefill attention pairs the iteration's prompt chunks compute) plus
-``request_overhead_s`` per request. What a request costs is linear in the five constants for given token
-counts, so measured latencies fit them by a linear program. ``attn_s`` is what makes prefill quadratic in
-the prompt; where the worker's prefill is linear the fit leaves it near 0.
+attn_s * pairs + seq_s * decoders`` (``pairs``: the prefill attention pairs the iteration's prompt chunks
+compute; ``decoders``: the requests decoding a token in it) plus ``request_overhead_s`` per request. What a
+request costs is linear in the six constants for given token counts, so measured latencies fit them by a
+linear program. ``attn_s`` is what makes prefill quadratic in the prompt; where the worker's prefill is
+linear the fit leaves it near 0. ``seq_s`` is host work per decoding request per step (sampling, output
+processing) on the engine's own core: large on a CPU server, near 0 on a GPU host where it overlaps.
 
 The probe plan (``make_plan``), run in this order until ``--budget-s`` is spent:
 
@@ -17,8 +19,10 @@ The probe plan (``make_plan``), run in this order until ``--budget-s`` is spent:
    ``single_latency(prompt, output)`` (chunked prefill, then one decode step per output token);
 2. **batches** of ``n`` concurrent requests of one shape, each its own prompt (``n`` = 2, 4, 8, ... up to
    ``--max-concurrency``) with a short prompt (``n * prompt <= max_batched_tokens``, one prefill iteration) and a longer
-   output: each decode step then costs ``iter_base_s + token_s * n + ctx_s * n * context``, which is how
-   decode slows down with the batch;
+   output: each decode step then costs ``iter_base_s + (token_s + seq_s) * n + ctx_s * n * context``, which is
+   how decode slows down with the batch. The same batches run at two output lengths: a cost per request per
+   step grows with the output, a cost per request (the send term below) does not, so the fit tells them
+   apart (``token_s`` is pinned by the prompts, which have no per-request step cost);
 3. **a repeated prefix**: one prompt sent twice; the second send's latency over the first's (and the
    worker's ``vllm:prefix_cache_hits`` counter) says whether prefix caching is on. The profile has no
    prefix term, so only the first (uncached) send enters the fit;
@@ -125,10 +129,10 @@ small ones (the tiny CPU test model has 3072); the range of the gateway's synthe
 (``gateway.live.routers.workflows.SYNTHETIC_VOCAB``)."""
 MIN_POSITIVE = 1e-12
 """``iter_base_s`` and ``token_s`` must be positive in ``gpus.yaml``; a fit at 0 is written as this."""
-FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "attn_s")
-Vector = tuple[float, float, float, float, float]
+FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "attn_s", "seq_s")
+Vector = tuple[float, float, float, float, float, float]
 SEND_TERM = "send_s"
-"""A sixth fitted term, not part of the profile: seconds added to the mean latency of a batch probe per
+"""A seventh fitted term, not part of the profile: seconds added to the mean latency of a batch probe per
 request beyond the first. ``n`` requests sent together are parsed and answered one after another by
 the client's and the API server's event loops (host CPU, off the GPU), so their mean latency grows by
 about this much per extra request whatever their token counts; without the term the fit would charge
@@ -189,6 +193,7 @@ def make_plan(s: PlanSettings) -> list[Probe]:
     grid = sorted(((p, o) for p in prompts for o in outputs), key=lambda po: (po[0] / 256 + po[1], po[0]))
     cap = min(s.max_concurrency, s.max_num_seqs)
     b_out = max(16, s.max_output // 2)
+    b_out_short = max(4, b_out // 4)
     sizes = [n for n in (2, 4, 8, 16, 32, 64, 128, 256) if n <= cap]
     if cap not in sizes and cap > 1:
         sizes.append(cap)
@@ -208,6 +213,9 @@ def make_plan(s: PlanSettings) -> list[Probe]:
         for n in sizes:
             seed += 1
             out.append(Probe("batch", b_prompt, b_out, n, seed))
+        for n in sizes:
+            seed += 1
+            out.append(Probe("batch", b_prompt, b_out_short, n, seed))
         for n in long_sizes:
             seed += 1
             out.append(Probe("batch", long_prompt, b_out, n, seed))
@@ -221,7 +229,7 @@ def make_plan(s: PlanSettings) -> list[Probe]:
 
 
 def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
-    """Coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s, attn_s)`` in the mean latency of ``n``
+    """Coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s, attn_s, seq_s)`` in the mean latency of ``n``
     requests of one shape that arrive together, from their iteration schedule (vLLM's V1 scheduler, as
     ``gateway.sim.engine`` models it).
 
@@ -230,8 +238,8 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
     yields its first output token. An iteration reads the context of every request in the engine
     (the tokens it has processed so far). Which tokens run in which iteration depends on the token
     counts only, not on the constants, so each request's latency is linear in them: ``overhead +
-    sum over its iterations of (iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs)``, a
-    chunk of ``c`` prompt tokens after ``p`` computing ``c * p + c * (c + 1) / 2`` pairs. With ``n = 1``
+    sum over its iterations of (iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs + seq_s *
+    decoders)``, a chunk of ``c`` prompt tokens after ``p`` computing ``c * p + c * (c + 1) / 2`` pairs. With ``n = 1``
     this is ``PerfProfile.single_latency``.
     """
     if min(n, prompt, output, chunk) < 1:
@@ -240,8 +248,8 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
     generated = [0] * n
     done = [False] * n
     # Running sums of the features over the iterations so far, and each request's at its finish.
-    iters = tokens_sum = ctx_sum = pairs_sum = 0.0
-    row = np.zeros(5)
+    iters = tokens_sum = ctx_sum = pairs_sum = dec_sum = 0.0
+    row = np.zeros(6)
     left = n
     while left:
         decoding = [i for i in range(n) if not done[i] and generated[i] >= 1]
@@ -263,22 +271,23 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
             if prefilled[i] == prompt:
                 generated[i] = 1
         iters += 1.0
+        dec_sum += len(decoding)
         tokens_sum += tok
         ctx_sum += ctx
         for i in range(n):
             if not done[i] and generated[i] >= output:
                 done[i] = True
                 left -= 1
-                row += (iters, tokens_sum, ctx_sum, 1.0, pairs_sum)
+                row += (iters, tokens_sum, ctx_sum, 1.0, pairs_sum, dec_sum)
     return row / n
 
 
 def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
-    """The coefficient row of one measured probe: the profile's five constants (a lone probe: exactly
+    """The coefficient row of one measured probe: the profile's six constants (a lone probe: exactly
     ``PerfProfile.single_latency``), then ``n - 1`` for the send term (``SEND_TERM``)."""
     if n == 1:
         calls = [CallSpec(kind, max(prompt, 1), max(output, 1))]
-        row = np.asarray(design_matrix(calls, chunk, attention=True)[0], dtype=float)
+        row = np.asarray(design_matrix(calls, chunk, attention=True, seq=True)[0], dtype=float)
     else:
         row = batch_features(n, prompt, output, chunk)
     return np.append(row, float(n - 1))
@@ -374,7 +383,7 @@ class CalibrationResult:
                 "the worker exposes no KV-cache capacity (vllm:cache_config_info) and none could be estimated; "
                 "rerun with --kv-tokens N"
             )
-        x, t, c, o, a = self.constants
+        x, t, c, o, a, q = self.constants
         s = self.settings
         return PerfProfile(
             self.gpu,
@@ -388,6 +397,7 @@ class CalibrationResult:
             s.max_batched_tokens,
             a,
             self.block_tokens,
+            q,
         )
 
     def errors(self) -> list[float]:
@@ -618,7 +628,7 @@ async def calibrate(
         if len({(m.probe.concurrency, m.prompt_tokens, m.output_tokens) for m in rows}) >= 4:
             a = np.array([m.features(chunk) for m in rows])
             c = fit_constants(a, np.array([m.latency_s for m in rows]))
-            constants, coef = (c[0], c[1], c[2], c[3], c[4]), np.array(c)
+            constants, coef = (c[0], c[1], c[2], c[3], c[4], c[5]), np.array(c)
 
     def predict(p: Probe) -> float | None:
         if coef is None:
@@ -726,7 +736,7 @@ async def calibrate(
         settings=s,
         measurements=measured,
         constants=constants,
-        send_s=float(coef[5]),
+        send_s=float(coef[6]),
         kv_capacity_tokens=kv,
         kv_source=kv_source,
         prefix_ratio=ratio,
@@ -771,10 +781,10 @@ async def _watch_usage(
     load = await w.load()
     if load is None or not load.kv_usage or load.running is None or load.running < 1:
         return None
-    x, t, c, o, a = constants
+    x, t, c, o, a, q = constants
     n, p = probe.concurrency, probe.prompt
     elapsed = clock() - t0 - o - (x + t * n * p + a * n * p * (p + 1) / 2)
-    step = x + t * n + c * n * p
+    step = x + (t + q) * n + c * n * p
     k = min(probe.output, max(0.0, elapsed / step)) if step > 0 else 0.0
     return int(load.running * (p + k) / load.kv_usage)
 
@@ -805,6 +815,7 @@ def profile_entry(
         "max_batched_tokens": prof.max_batched_tokens,
         "attn_s": _fmt_num(prof.attn_s / scale),
         "block_tokens": prof.block_tokens,
+        "seq_s": _fmt_num(prof.seq_s / scale),
         "basis": f"measured: hexflow calibrate at {res.measured_at}, {len(res.fitted)} probes",
     }
 
@@ -849,12 +860,13 @@ def scaled_profile(res: CalibrationResult, scale: float, **kw: Any) -> PerfProfi
         ctx_s=p.ctx_s / scale,
         request_overhead_s=p.request_overhead_s / scale,
         attn_s=p.attn_s / scale,
+        seq_s=p.seq_s / scale,
     )
 
 
 def format_report(res: CalibrationResult) -> str:
     """The text ``hexflow calibrate`` prints: constants, KV capacity, prefix caching, fit error."""
-    x, t, c, o, a = res.constants
+    x, t, c, o, a, q = res.constants
     errs = [abs(e) for e in res.errors()]
     worst = max(res.fitted, key=lambda m: abs(m.error))
     others = sum(1 for m in res.measurements if m.others_running)
@@ -862,7 +874,7 @@ def format_report(res: CalibrationResult) -> str:
         f"{res.worker} ({res.model}): {len(res.measurements)}/{res.planned} probes in {res.wall_s:.1f} s of a "
         f"{res.budget_s:g} s budget" + (" (stopped by the budget)" if res.stopped_by_budget else ""),
         f"  iter_base_s {x:.6g}  token_s {t:.6g}  ctx_s {c:.6g}  request_overhead_s {o:.6g}  attn_s {a:.6g}  "
-        "(wall seconds)",
+        f"seq_s {q:.6g}  (wall seconds)",
         f"  send term {res.send_s:.3g} s per extra request of a batch probe (host-side; not in the profile)",
         f"  kv_capacity_tokens {res.kv_capacity_tokens if res.kv_capacity_tokens is not None else 'unknown'} "
         f"({res.kv_source}); block_tokens {res.block_tokens} ({res.block_source})",

@@ -2,7 +2,7 @@
 
 An engine's busy time splits three ways under the simulated engine's cost model (``gateway.sim.engine``,
 ``PerfProfile.iter_time``): a fixed base per iteration (``iter_base_s``), a cost per batched token
-(``token_s``; prompt chunks and decode tokens) and the rest (context reads and prefill attention). The
+(``token_s``; prompt chunks and decode tokens) and the rest (context reads, prefill attention, per-call host work). The
 fluid bound's program (``gateway.bench.bound``) spends the same three at its solution, with every engine
 busy and every iteration packed as full as its limits allow. Per completed workflow, side by side, the
 split says which part a run pays beyond the bound: more iterations for the same tokens (batches smaller
@@ -45,7 +45,7 @@ class EngineTime:
     token_s: float
     """``token_s`` x batched tokens (prompt chunks it computed, decode tokens)."""
     other_s: float
-    """The rest of its busy time: context reads and prefill attention."""
+    """The rest of its busy time: context reads, prefill attention, per-call host work (``seq_s``)."""
     busy: float
     """Share of the run (or of each second at the bound) it was busy."""
     batch: float
@@ -180,7 +180,8 @@ def format_engine_time(run: Sequence[EngineTime], bound: Sequence[EngineTime]) -
     ratio = run_all.total_s / bound_all.total_s if bound_all.total_s > 0 else float("nan")
     return (
         "engine time per completed workflow, this run / the fluid bound's solution (base: iter_base_s per "
-        "iteration; tokens: token_s per batched token; other: context reads and prefill attention; batch: calls "
+        "iteration; tokens: token_s per batched token; other: context reads, prefill attention, per-call host "
+        "work; batch: calls "
         "per iteration):\n"
         + table(head, rows)
         + f"\nthe engines spent {ratio:.2f}x the bound's engine time per workflow"

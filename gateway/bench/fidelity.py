@@ -130,7 +130,7 @@ class FidelityReport:
                 {
                     "gpu": c.gpu,
                     "truth": {k: getattr(c.truth, k) for k in _CONSTANTS},
-                    "calibrated": {k: getattr(c.calibrated, k) for k in (*_CONSTANTS, "attn_s")},
+                    "calibrated": {k: getattr(c.calibrated, k) for k in (*_CONSTANTS, "attn_s", "seq_s")},
                     "workflow_latency_error": finite_or_none(c.workflow_error()),
                     "decode_step_error_16x4000": finite_or_none(c.decode_error()),
                     "probes": len(c.result.measurements),
@@ -239,6 +239,7 @@ def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
         **{k: entry[k] for k in (*_CONSTANTS, "max_num_seqs", "max_batched_tokens")},
         attn_s=float(entry.get("attn_s", 0.0)),
         block_tokens=int(entry.get("block_tokens", BLOCK_TOKENS)),
+        seq_s=float(entry.get("seq_s", 0.0)),
     )
 
 

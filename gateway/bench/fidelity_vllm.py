@@ -208,6 +208,7 @@ class ServerCalibration:
                 "token_s": p.token_s,
                 "ctx_s": p.ctx_s,
                 "attn_s": p.attn_s,
+                "seq_s": p.seq_s,
                 "request_overhead_s": p.request_overhead_s,
                 "kv_capacity_tokens": p.kv_capacity_tokens,
                 "block_tokens": p.block_tokens,
@@ -709,6 +710,7 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
                 f"{p.token_s:.4g}",
                 f"{p.ctx_s:.3g}",
                 f"{p.attn_s:.3g}",
+                f"{p.seq_s:.3g}",
                 f"{p.request_overhead_s:.3g}",
                 f"{p.kv_capacity_tokens}",
                 f"{statistics.median(errs):.1%} / {max(errs):.1%}" if errs else "-",
@@ -716,7 +718,19 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
                 fmt(c.standard_s, 2),
             ]
         )
-    head = ["server", "threads", "seqs", "cpus", "iter_base_s", "token_s", "ctx_s", "attn_s", "overhead_s", "kv_tokens"]
+    head = [
+        "server",
+        "threads",
+        "seqs",
+        "cpus",
+        "iter_base_s",
+        "token_s",
+        "ctx_s",
+        "attn_s",
+        "seq_s",
+        "overhead_s",
+        "kv_tokens",
+    ]
     lines = [
         f"calibrated profiles of the real vLLM servers (wall seconds; tokens x {rep.token_scale:g}; "
         f"prefix caching {'on' if rep.prefix_caching else 'off'}):",

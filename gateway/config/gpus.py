@@ -84,6 +84,11 @@ class ProfileSpec(_Strict):
         description="The engine's KV block size, tokens (vLLM --block-size): its prefix cache reuses whole blocks "
         "only. 16 is vLLM's default on GPUs; its CPU backend uses 128. hexflow calibrate reads it from the worker.",
     )
+    seq_s: NonNegFloat = Field(
+        0.0,
+        description="Seconds per decoding call per iteration beyond its token's compute (sampling, output "
+        "processing on the engine's own core); 0 on GPU hosts (folded into token_s), measured by hexflow calibrate.",
+    )
     basis: str = Field("", description="How the constants were obtained (fitted, derived, ...).")
 
 

@@ -109,7 +109,7 @@ class _Consts:
 
     def __init__(self, base: float, tok: float, ctx_s: float, overhead: float, limit: int, cap: int, g: int) -> None:
         self.base = base  # iter_base_s
-        self.tok = tok  # token_s
+        self.tok = tok  # token_s + seq_s: what each decoding call adds to a decode step
         self.ctx_s = ctx_s
         self.overhead = overhead  # request_overhead_s
         self.limit = limit  # batch limit: min(capacity, max_num_seqs)
@@ -162,7 +162,7 @@ class Estimator:
         self._prefill_cache: list[dict[int, float]] = []
         """Per profile: prefill seconds by input tokens."""
         self._consts: list[_Consts] = []
-        """Per worker, what ``estimates`` reads: iter_base_s, token_s, ctx_s, request_overhead_s, the batch
+        """Per worker, what ``estimates`` reads: iter_base_s, token_s + seq_s, ctx_s, request_overhead_s, the batch
         limit (min of capacity and max_num_seqs), capacity and the profile group. Rebuilt whenever a
         worker's ``WorkerInfo`` changes (``add_worker``, ``reset_worker``, ``set_capacity``)."""
         for w in range(len(self.workers)):
@@ -193,7 +193,7 @@ class Estimator:
                 self._base_cache[g] = {}
                 self._prefill_cache[g] = {}
         limit = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
-        const = _Consts(p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, limit, info.capacity, g)
+        const = _Consts(p.iter_base_s, p.token_s + p.seq_s, p.ctx_s, p.request_overhead_s, limit, info.capacity, g)
         if old is None:
             self._group.append(g)
             self._consts.append(const)
@@ -328,7 +328,7 @@ class Estimator:
             ctx *= limit / n
             n = limit
         out = output_tokens - 1 if output_tokens > 1 else 0
-        step = p.iter_base_s + p.token_s * n + p.ctx_s * ctx
+        step = p.iter_base_s + (p.token_s + p.seq_s) * n + p.ctx_s * ctx
         return p.request_overhead_s + self._group_prefill(self._group[worker], input_tokens - cached) + out * step
 
     def gpu_s(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
@@ -344,7 +344,7 @@ class Estimator:
         p = info.profile
         batch = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
         out = output_tokens - 1 if output_tokens > 1 else 0
-        step = p.token_s + p.ctx_s * (input_tokens + output_tokens / 2.0) + p.iter_base_s / batch
+        step = p.token_s + p.seq_s + p.ctx_s * (input_tokens + output_tokens / 2.0) + p.iter_base_s / batch
         return self._group_prefill(self._group[worker], input_tokens - cached) + out * step
 
     def full_batch_rate(

@@ -4,7 +4,7 @@ vLLM runs iteration-level continuous batching: every iteration (one forward pass
 token for each running call plus, with chunked prefill, up to ``max_batched_tokens - decoding`` prompt
 tokens of calls still in prefill. The duration of one iteration is modelled as
 
-    t_iter = iter_base_s + token_s * tokens_in_batch + ctx_s * context_tokens_read
+    t_iter = iter_base_s + token_s * tokens_in_batch + ctx_s * context_tokens_read + seq_s * decoding_calls
 
 * ``iter_base_s``: the memory-bound floor of a forward pass (reading the weights once), plus launch
   overhead; what a batch-1 decode step costs at zero context.
@@ -18,6 +18,14 @@ tokens of calls still in prefill. The duration of one iteration is modelled as
   chunked. Quadratic in the prompt: it matters where the model is small against its context (measured on
   the CPU's tiny model, where a 1750-token prompt takes 3x a 875-token one), and is folded into
   ``token_s`` by the fits of published GPU numbers, which leave it at 0.
+
+* ``seq_s`` (default 0): host work per decoding call per iteration (sampling, detokenising and
+  streaming its token, the scheduler's bookkeeping), beyond its token's compute: an engine whose host
+  side runs on the same core as its forward pass (vLLM on a CPU: measured 0.14-0.27 ms per further decoding
+  call per step on the tiny test model, where ``token_s`` is 0.02-0.05 ms) slows every step by it per call
+  in the batch. On a GPU host it overlaps the forward pass and is folded into ``token_s`` by the fits of
+  published numbers, which leave it at 0; ``hexflow calibrate`` tells it from ``token_s`` by batches of
+  decoding calls at two output lengths.
 
 ``block_tokens`` (default 16, vLLM's default on GPUs) is the engine's KV block size: its prefix cache
 reuses whole blocks only, so a shared prefix counts down to a multiple of it. vLLM's CPU backend uses 128
@@ -58,6 +66,7 @@ class PerfProfile:
     max_batched_tokens: int
     attn_s: float = 0.0
     block_tokens: int = BLOCK_TOKENS
+    seq_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
@@ -65,7 +74,7 @@ class PerfProfile:
 
     def __reduce__(
         self,
-    ) -> tuple[type[PerfProfile], tuple[str, str, float, float, float, float, int, int, int, float, int]]:
+    ) -> tuple[type[PerfProfile], tuple[str, str, float, float, float, float, int, int, int, float, int, float]]:
         # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
         # native build) cannot be unpickled by setting attributes.
         return (
@@ -82,6 +91,7 @@ class PerfProfile:
                 self.max_batched_tokens,
                 self.attn_s,
                 self.block_tokens,
+                self.seq_s,
             ),
         )
 
@@ -90,10 +100,11 @@ class PerfProfile:
         """``GPU/model``, the profile's display name."""
         return f"{self.gpu}/{self.model}"
 
-    def iter_time(self, tokens: int, ctx: float, pairs: float = 0.0) -> float:
-        """Duration of one iteration that processes ``tokens``, reads ``ctx`` context tokens and computes
-        ``pairs`` prefill attention pairs."""
-        return self.iter_base_s + self.token_s * tokens + self.ctx_s * ctx + self.attn_s * pairs
+    def iter_time(self, tokens: int, ctx: float, pairs: float = 0.0, decoders: int = 0) -> float:
+        """Duration of one iteration that processes ``tokens``, reads ``ctx`` context tokens, computes
+        ``pairs`` prefill attention pairs and decodes one token for each of ``decoders`` calls (among the
+        ``tokens``)."""
+        return self.iter_base_s + self.token_s * tokens + self.ctx_s * ctx + self.attn_s * pairs + self.seq_s * decoders
 
     def prefill_time(self, input_tokens: int) -> float:
         """Engine seconds to process a prompt alone: its chunks, each reading the context before it (and,
@@ -121,7 +132,7 @@ class PerfProfile:
         prefill = self.prefill_time(input_tokens)
         n = max(output_tokens - 1, 0)
         ctx0 = max(input_tokens, 1)
-        decode = n * (self.iter_base_s + self.token_s) + self.ctx_s * (n * ctx0 + n * (n - 1) / 2)
+        decode = n * (self.iter_base_s + self.token_s + self.seq_s) + self.ctx_s * (n * ctx0 + n * (n - 1) / 2)
         return prefill + decode
 
     def single_latency(self, input_tokens: int, output_tokens: int) -> float:
@@ -130,7 +141,7 @@ class PerfProfile:
 
     def decode_throughput(self, batch: int, mean_ctx: float) -> float:
         """Decode tokens per second with ``batch`` running calls of mean context ``mean_ctx``."""
-        return batch / self.iter_time(batch, batch * mean_ctx)
+        return batch / self.iter_time(batch, batch * mean_ctx, decoders=batch)
 
     def derived_capacity(self, call_tokens: int = CAPACITY_CALL_TOKENS, slowdown: float = CAPACITY_SLOWDOWN) -> int:
         """The in-flight limit of a worker whose config names none: the largest batch that
@@ -138,14 +149,14 @@ class PerfProfile:
         1. vLLM runs at once (``max_num_seqs``);
         2. the KV cache holds with ``call_tokens`` (prompt + output) per call;
         3. keeps a decode step within ``slowdown`` x a lone one, where latency binds: a step costs
-           ``iter_base_s + n * (token_s + ctx_s * call_tokens)`` with n calls, so on an engine whose
+           ``iter_base_s + n * (token_s + seq_s + ctx_s * call_tokens)`` with n calls, so on an engine whose
            weight reads (``iter_base_s``) dominate, many calls share a step almost for free, and on one
            where compute and attention dominate, a large batch slows every call in it.
         """
         if call_tokens < 1 or slowdown < 1.0:
             raise ValueError("call_tokens must be >= 1 and slowdown >= 1")
         by_kv = self.kv_capacity_tokens // call_tokens
-        per_call = self.token_s + self.ctx_s * call_tokens
+        per_call = self.token_s + self.seq_s + self.ctx_s * call_tokens
         # base + n * per_call <= slowdown * (base + per_call)
         by_latency = (
             int(((slowdown - 1.0) * self.iter_base_s + slowdown * per_call) / per_call)
@@ -170,13 +181,15 @@ CONSTANTS: tuple[str, ...] = (
     "max_batched_tokens",
     "attn_s",
     "block_tokens",
+    "seq_s",
 )
 """The fields of ``PerfProfile`` besides its name, in its order: what a config entry or a fit provides."""
 
 
 def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
     """A ``PerfProfile`` whose constants are read from the same-named attributes of ``source`` (a source
-    without ``attn_s`` gives 0: its prefill is linear; without ``block_tokens``, vLLM's GPU default)."""
+    without ``attn_s`` gives 0: its prefill is linear; without ``block_tokens``, vLLM's GPU default; without
+    ``seq_s``, 0: no per-call host work per step)."""
     return PerfProfile(
         gpu,
         model,
@@ -189,6 +202,7 @@ def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
         getattr(source, "max_batched_tokens"),  # noqa: B009
         getattr(source, "attn_s", 0.0),
         getattr(source, "block_tokens", BLOCK_TOKENS),
+        getattr(source, "seq_s", 0.0),
     )
 
 
@@ -229,4 +243,5 @@ def time_scaled(profile: PerfProfile, scale: float) -> PerfProfile:
         ctx_s=profile.ctx_s * scale,
         request_overhead_s=profile.request_overhead_s * scale,
         attn_s=profile.attn_s * scale,
+        seq_s=profile.seq_s * scale,
     )

@@ -451,7 +451,7 @@ class WorkerPool:
         extra_n = (st.load_area - area0) / life - n0 if life > 0 else 0.0
         p = st.info.profile
         out = call.spec.output_tokens - 1 if call.spec.output_tokens > 1 else 0
-        return base + max(joined, 0.0) + max(extra_n, 0.0) * p.token_s * out
+        return base + max(joined, 0.0) + max(extra_n, 0.0) * (p.token_s + p.seq_s) * out
 
     async def _execute(self, st: WorkerState, call: LiveCall) -> None:
         """Send one call within its whole-call bound; every way out is settled by ``_settle``."""

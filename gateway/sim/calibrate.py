@@ -63,6 +63,7 @@ from scipy.optimize import linprog
 
 from gateway.config import DEFAULT_GPU_CATALOG, GpuCatalog, GpuSpec, ModelSpec, load_gpu_catalog
 from gateway.config.workflows import STANDARD_WORKFLOW
+from gateway.core.prefix import BLOCK_TOKENS
 from gateway.core.profile import PerfProfile, profile_from
 from gateway.core.workflow import CallSpec
 from gateway.errors import ConfigError
@@ -201,21 +202,22 @@ def calibration_steps(cat: GpuCatalog) -> dict[str, CallSpec]:
     return {k: CallSpec(k, s.input_tokens, s.output_tokens) for k, s in cat.calibration.steps.items()}
 
 
-def design_matrix(calls: Sequence[CallSpec], chunk: int, *, attention: bool = False) -> np.ndarray:
+def design_matrix(calls: Sequence[CallSpec], chunk: int, *, attention: bool = False, seq: bool = False) -> np.ndarray:
     """Row per call: its lone latency's coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s)``,
-    and of ``attn_s`` with ``attention`` (the fits of published GPU numbers leave it out: their few step
-    latencies cannot tell quadratic prefill from linear).
+    then of ``attn_s`` with ``attention`` and of ``seq_s`` with ``seq`` (the fits of published GPU numbers
+    leave both out: their few step latencies cannot tell quadratic prefill from linear, nor a decoding call's
+    host work from its token's compute).
 
     Evaluated through ``PerfProfile`` itself (one unit constant at a time), so the fit is exact for
     the model the simulator runs.
     """
-    k = 5 if attention else 4
+    cols = [0, 1, 2, 3] + ([4] if attention else []) + ([5] if seq else [])
 
     def unit(i: int) -> PerfProfile:
-        x, t, c, o, a = (1.0 if i == j else 0.0 for j in range(5))
-        return PerfProfile("unit", "unit", x, t, c, o, 1 << 40, 1, chunk, a)
+        x, t, c, o, a, q = (1.0 if i == j else 0.0 for j in range(6))
+        return PerfProfile("unit", "unit", x, t, c, o, 1 << 40, 1, chunk, a, BLOCK_TOKENS, q)
 
-    units = [unit(i) for i in range(k)]
+    units = [unit(i) for i in cols]
     return np.array([[u.single_latency(c.input_tokens, c.output_tokens) for u in units] for c in calls])
 
 

@@ -8,8 +8,9 @@ One ``SimEngine`` models one vLLM server (V1 scheduler semantics):
 * every iteration runs one decode token for each decoding call and fills the rest of the
   ``max_batched_tokens`` budget with prompt chunks, first come first served (chunked prefill); the
   iteration that finishes a prompt also yields its first output token;
-* the iteration's duration is ``PerfProfile.iter_time(tokens, context, pairs)``: ``pairs``, the prefill
-  attention pairs its prompt chunks compute (only with ``attn_s``; an iteration that ends one prompt and
+* the iteration's duration is ``PerfProfile.iter_time(tokens, context, pairs, decoders)``: ``decoders``,
+  the calls decoding a token in it (``seq_s`` each); ``pairs``, the prefill attention pairs its prompt chunks
+  compute (only with ``attn_s``; an iteration that ends one prompt and
   starts the next is a segment of its own, so every iteration's pairs are exact).
 
 Simulating every iteration would cost hundreds of events per call, so the engine advances in
@@ -92,7 +93,7 @@ class EngineStats:
     computed, prompt chunks and decode tokens; ``seq_iterations``: calls in the batch summed over iterations,
     so ``seq_iterations / iterations`` is the mean batch). With the profile's constants they split
     ``busy_s``: ``iter_base_s * iterations`` per-iteration base, ``token_s * batched_tokens`` token time, the
-    rest context reads and prefill attention."""
+    rest context reads, prefill attention and per-call host work (``seq_s``)."""
 
     iterations: int = 0
     max_running: int = 0
@@ -128,6 +129,7 @@ class SimEngine:
         self._tok = p.token_s
         self._ctx = p.ctx_s
         self._attn = p.attn_s
+        self._seq_s = p.seq_s
         self._block = p.block_tokens
         self._prefill: deque[_Running] = deque()
         self._prefill_left = 0
@@ -454,7 +456,7 @@ class SimEngine:
         tokens = b + tok
         self._seg_tok = tok
         self._seg_gctx = tokens
-        self._seg_first = self._base + self._tok * tokens + self._ctx * self._ctx_total
+        self._seg_first = self._base + self._tok * tokens + self._ctx * self._ctx_total + self._seq_s * b
         self._seg_growth = self._ctx * tokens
         if tok and self._attn:
             self._add_attention(tok)

@@ -8,7 +8,7 @@ keeps being mis-planned. The refit fits the profile's four time constants (``ite
 
 * **the data**: the last ``window_calls`` completed calls of the worker (``gateway.core.samples``), each
   with the batch the estimator assumed when it started, so its predicted latency is linear in the
-  constants: ``overhead + prefill(prompt) + (output - 1) * (iter_base + token_s * batch + ctx_s *
+  constants: ``overhead + prefill(prompt) + (output - 1) * (iter_base + (token_s + seq_s) * batch + ctx_s *
   context) + prefill(tokens ahead)`` (``sample_rows``);
 * **the fit**: the same L1 fit of relative errors as ``hexflow calibrate`` (``l1_relative_fit``), so a
   minute of stalled calls pulls it by its share of the window's calls, not by its size;
@@ -46,7 +46,9 @@ from gateway.sim.calibrate import l1_relative_fit
 FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
 """The constants the refit changes (the profile's capacities are configuration, not fitted). The rows carry
 a fifth column, the prefill attention pairs, whose constant (``attn_s``) is held at the profile's: completed
-calls do not say where their prompts' cached prefixes ended, so the pairs are approximate."""
+calls do not say where their prompts' cached prefixes ended, so the pairs are approximate; and a sixth, the
+decoding calls summed over the call's decode steps, whose constant (``seq_s``) is held too: with the batch
+the estimator assumed it is collinear with ``token_s``'s decode share, and ``hexflow calibrate`` measures it."""
 
 RESULTS = ("applied", "kept", "rejected", "skipped", "failed")
 """Outcome labels of one refit attempt (``hexflow_profile_refits_total{result}``)."""
@@ -99,15 +101,16 @@ def sample_rows(samples: Sequence[CallSample], chunk: int) -> tuple[np.ndarray, 
             pre_ctx + out * ctx,
             np.ones(len(samples)),
             p * (p + 1) / 2,
+            out * n,
         ]
     )
     y = np.array([s.observed_s for s in samples], dtype=float)
     return a, y
 
 
-def constants_of(p: PerfProfile) -> tuple[float, float, float, float, float]:
-    """The profile's ``FITTED`` constants, then its ``attn_s`` (the columns of ``sample_rows``)."""
-    return (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s)
+def constants_of(p: PerfProfile) -> tuple[float, float, float, float, float, float]:
+    """The profile's ``FITTED`` constants, then its ``attn_s`` and ``seq_s`` (the columns of ``sample_rows``)."""
+    return (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s)
 
 
 def median_error(a: np.ndarray, y: np.ndarray, x: Sequence[float]) -> float:
@@ -119,18 +122,19 @@ def refit_bounds(
     current: PerfProfile, base: PerfProfile, max_step: float, max_drift: float
 ) -> tuple[list[float], list[float]]:
     """Per ``FITTED`` constant: within ``max_step`` x of the current value and ``max_drift`` x of the base;
-    then ``attn_s``, held at the current value."""
+    then ``attn_s`` and ``seq_s``, held at the current values."""
     lower: list[float] = []
     upper: list[float] = []
-    for cur, b in zip(constants_of(current)[:-1], constants_of(base)[:-1], strict=True):
+    k = len(FITTED)
+    for cur, b in zip(constants_of(current)[:k], constants_of(base)[:k], strict=True):
         lo = max(cur / max_step, b / max_drift)
         hi = min(cur * max_step, b * max_drift)
         if lo > hi:  # the current value lies outside the drift bounds (base changed): come back to them
             lo = hi = min(max(cur, b / max_drift), b * max_drift)
         lower.append(lo)
         upper.append(hi)
-    lower.append(current.attn_s)
-    upper.append(current.attn_s)
+    lower += [current.attn_s, current.seq_s]
+    upper += [current.attn_s, current.seq_s]
     return lower, upper
 
 
@@ -306,18 +310,18 @@ class Refitter:
 
 
 def profile_status(info: WorkerInfo) -> dict[str, Any]:
-    """A worker's profile for ``/v1/status``: name, source and its time constants (the fitted ones and
-    ``attn_s``)."""
+    """A worker's profile for ``/v1/status``: name, source and its time constants (the fitted ones,
+    ``attn_s`` and ``seq_s``)."""
     p = info.profile
     return {
         "name": p.name,
         "source": info.profile_source,
-        "constants": {k: float(f"{v:.6g}") for k, v in zip((*FITTED, "attn_s"), constants_of(p), strict=True)},
+        "constants": {k: float(f"{v:.6g}") for k, v in zip((*FITTED, "attn_s", "seq_s"), constants_of(p), strict=True)},
     }
 
 
 def fitted_ratio(current: PerfProfile, base: PerfProfile) -> float:
     """Geometric mean over ``FITTED`` (non-zero ones) of current / base: how far a refit has moved."""
-    pairs = zip(constants_of(current)[:-1], constants_of(base)[:-1], strict=True)
+    pairs = zip(constants_of(current)[: len(FITTED)], constants_of(base)[: len(FITTED)], strict=True)
     rs = [c / b for c, b in pairs if b > 0 and c > 0]
     return statistics.geometric_mean(rs) if rs else 1.0

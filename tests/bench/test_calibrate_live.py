@@ -82,32 +82,37 @@ def _engine_mean_latency(profile: PerfProfile, n: int, prompt: int, output: int)
     ("n", "prompt", "output"),
     [(1, 3000, 50), (4, 64, 64), (16, 64, 64), (8, 1024, 32), (16, 2048, 64), (3, 3000, 5), (5, 700, 3)],
 )
-@pytest.mark.parametrize("attn_s", [0.0, 3e-9])
+@pytest.mark.parametrize(("attn_s", "seq_s"), [(0.0, 0.0), (3e-9, 0.0), (3e-9, 4e-4)])
 def test_batch_features_give_the_simulated_engines_mean_latency(
-    n: int, prompt: int, output: int, attn_s: float
+    n: int, prompt: int, output: int, attn_s: float, seq_s: float
 ) -> None:
-    p = replace(a100(), request_overhead_s=0.0, kv_capacity_tokens=10**7, attn_s=attn_s)
-    constants = np.array([p.iter_base_s, p.token_s, p.ctx_s, 0.0, p.attn_s])
+    p = replace(a100(), request_overhead_s=0.0, kv_capacity_tokens=10**7, attn_s=attn_s, seq_s=seq_s)
+    constants = np.array([p.iter_base_s, p.token_s, p.ctx_s, 0.0, p.attn_s, p.seq_s])
     predicted = batch_features(n, prompt, output, p.max_batched_tokens) @ constants
     assert predicted == pytest.approx(_engine_mean_latency(p, n, prompt, output), rel=1e-9)
 
 
 @pytest.mark.parametrize(("prompt", "output"), [(32, 1), (2048, 1), (5000, 7), (100, 200)])
-@pytest.mark.parametrize("attn_s", [0.0, 3e-9])
-def test_lone_probe_features_give_single_latency(prompt: int, output: int, attn_s: float) -> None:
-    p = replace(a100(), attn_s=attn_s)
+@pytest.mark.parametrize(("attn_s", "seq_s"), [(0.0, 0.0), (3e-9, 0.0), (3e-9, 4e-4)])
+def test_lone_probe_features_give_single_latency(prompt: int, output: int, attn_s: float, seq_s: float) -> None:
+    p = replace(a100(), attn_s=attn_s, seq_s=seq_s)
     row = probe_features("lone", 1, prompt, output, p.max_batched_tokens)
-    assert row[5] == 0.0  # no send term for a lone request
+    assert row[6] == 0.0  # no send term for a lone request
     assert row[4] == prompt * (prompt + 1) / 2  # the prompt's attention pairs, however it is chunked
-    coef = np.array([p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, 0.0])
+    assert row[5] == output - 1  # one decoding call in each decode step
+    coef = np.array([p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s, 0.0])
     assert row @ coef == pytest.approx(p.single_latency(prompt, output), rel=1e-12)
 
 
-def test_fit_recovers_the_constants_of_exact_latencies() -> None:
-    truth = replace(unknown_profile(), attn_s=2e-9)
-    coef = np.array([truth.iter_base_s, truth.token_s, truth.ctx_s, truth.request_overhead_s, truth.attn_s, 0.002])
+@pytest.mark.parametrize("seq_s", [0.0, 4e-4])
+def test_fit_recovers_the_constants_of_exact_latencies(seq_s: float) -> None:
+    """Every constant, the per-call step cost and the send term included: batches at two output lengths tell a
+    cost per decoding request per step (grows with the output) from one per request (does not)."""
+    truth = replace(unknown_profile(), attn_s=2e-9, seq_s=seq_s)
+    t = truth
+    coef = np.array([t.iter_base_s, t.token_s, t.ctx_s, t.request_overhead_s, t.attn_s, t.seq_s, 0.002])
     lone = [(1, 32, 1), (1, 4096, 1), (1, 512, 64), (1, 4096, 256), (1, 32, 256), (1, 2048, 16)]
-    batches = [(4, 64, 128), (16, 64, 128), (8, 2048, 128), (16, 2048, 128)]
+    batches = [(4, 64, 128), (16, 64, 128), (4, 64, 32), (16, 64, 32), (8, 2048, 128), (16, 2048, 128)]
     rows = [probe_features("p", n, pr, o, truth.max_batched_tokens) for n, pr, o in [*lone, *batches]]
     a = np.array(rows)
     fitted = fit_constants(a, a @ coef)
@@ -116,7 +121,7 @@ def test_fit_recovers_the_constants_of_exact_latencies() -> None:
 
 def test_fit_of_nothing_is_a_calibration_error() -> None:
     with pytest.raises(CalibrationError):
-        fit_constants(np.zeros((0, 6)), np.zeros(0))
+        fit_constants(np.zeros((0, 7)), np.zeros(0))
 
 
 def test_plan_never_exceeds_the_concurrency_bound_or_max_num_seqs() -> None:
@@ -258,8 +263,11 @@ def emulated(profile: PerfProfile) -> AbstractAsyncContextManager[httpx.AsyncCli
     return emulated_client(profile, MODEL, TIME_SCALE)
 
 
-async def test_calibration_recovers_an_emulated_workers_unknown_constants() -> None:
-    truth = unknown_profile()
+@pytest.mark.parametrize("seq_share", [0.0, 0.06])
+async def test_calibration_recovers_an_emulated_workers_unknown_constants(seq_share: float) -> None:
+    """And a per-call step cost (``seq_s``, here a share of ``iter_base_s``: 0.06 makes a step of 8 decoding
+    calls 48% slower than without it, as on vLLM's CPU server) where the worker has one."""
+    truth = replace(unknown_profile(), seq_s=seq_share * unknown_profile().iter_base_s)
     settings = PlanSettings(max_prompt=2048, max_output=64, max_concurrency=8, repeats=1)
     async with emulated(truth) as client:
         res = await calibrate("http://emulator", MODEL, gpu="A100", budget_s=120.0, settings=settings, client=client)
@@ -268,8 +276,10 @@ async def test_calibration_recovers_an_emulated_workers_unknown_constants() -> N
         want, got = truth.single_latency(prompt, out), fitted.single_latency(prompt, out)
         assert abs(got / want - 1) <= TOLERANCE, (prompt, out, got, want)
     for n in (4, 8):  # decode steps of batches the plan measured
-        want, got = truth.iter_time(n, n * 600), fitted.iter_time(n, n * 600)
+        want, got = truth.iter_time(n, n * 600, decoders=n), fitted.iter_time(n, n * 600, decoders=n)
         assert abs(got / want - 1) <= TOLERANCE, (n, got, want)
+    if truth.seq_s:
+        assert 0.5 * truth.seq_s <= fitted.seq_s <= 1.5 * truth.seq_s, (fitted.seq_s, truth.seq_s)
     assert res.kv_capacity_tokens == truth.kv_capacity_tokens // KV_BLOCK_SIZE * KV_BLOCK_SIZE
     assert not res.stopped_by_budget
     entry = yaml.safe_load(render_profile_yaml(res, scale=TIME_SCALE))["profiles"][MODEL]["A100"]

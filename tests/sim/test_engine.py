@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from dataclasses import replace
 from typing import TypedDict
 
 import pytest
@@ -108,7 +109,7 @@ def reference(
         tokens = len(decoders) + sum(k for _, k in alloc)
         ctx = sum(r["ctx"] for r in decoders) + sum(r["done_pre"] for r in running if r["pre"] > 0)
         pairs = sum(k * r["done_pre"] + k * (k + 1) / 2 for r, k in alloc)  # causal attention of the chunks
-        t += p.iter_time(tokens, ctx, pairs)
+        t += p.iter_time(tokens, ctx, pairs, decoders=len(decoders))
         finished = []
         for r in decoders:
             r["ctx"] += 1
@@ -176,6 +177,39 @@ def test_prefill_attention_matches_the_iteration_by_iteration_reference(seed: in
     assert max(errors) < 1e-9, errors
     # The term matters: without it the same calls finish measurably earlier.
     assert sum(want[i] - linear[i] for i in want) > 0.05 * sum(want[i] - arrivals[i][0] for i in want)
+
+
+# Host work per decoding call per step as on the CPU's vLLM (0.2 ms where a token's compute is 0.03 ms).
+PROFILE_SEQ = PerfProfile("X", "m", 0.003, 3e-5, 5e-8, 0.0, 60_000, 6, 512, attn_s=2.4e-7, seq_s=2e-4)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_per_call_step_cost_matches_the_iteration_by_iteration_reference(seed: int) -> None:
+    """With ``seq_s`` every iteration costs that much more per decoding call (not per prompt chunk): the
+    engine's segments charge it per decoder, exactly as the reference's iterations do."""
+    arrivals = random_arrivals(seed)
+    got = run_engine(PROFILE_SEQ, arrivals)
+    want = reference(PROFILE_SEQ, arrivals)
+    without = reference(replace(PROFILE_SEQ, seq_s=0.0), arrivals)
+    assert set(got) == set(want) == set(range(len(arrivals)))
+    errors = [abs(got[i] - want[i]) / (want[i] - arrivals[i][0]) for i in want]
+    assert max(errors) < 1e-9, errors
+    # The term is charged: calls that decode finish later than without it (about seq_s per decode step).
+    steps = sum(a[2] - 1 for a in arrivals)
+    assert sum(want[i] - without[i] for i in want) > 0.5 * steps * PROFILE_SEQ.seq_s
+
+
+def test_per_call_step_cost_charges_decode_steps_not_prompts() -> None:
+    """A lone call pays ``seq_s`` once per decode step after its first token; a prompt-only call not at all;
+    n calls decoding together pay it n times per step."""
+    q = PROFILE_SEQ
+    base = replace(q, seq_s=0.0)
+    assert q.engine_latency(3000, 1) == base.engine_latency(3000, 1)
+    assert q.engine_latency(100, 51) - base.engine_latency(100, 51) == pytest.approx(50 * q.seq_s, rel=1e-9)
+    got = run_engine(q, [(0.0, 8, 41)] * 4)
+    got0 = run_engine(base, [(0.0, 8, 41)] * 4)
+    assert got[0] - got0[0] == pytest.approx(40 * 4 * q.seq_s, rel=1e-9)
+    assert q.iter_time(10, 0.0, decoders=4) - base.iter_time(10, 0.0, decoders=4) == pytest.approx(4 * q.seq_s)
 
 
 def test_batching_two_requests_is_slower_than_one_but_faster_than_two_in_a_row() -> None:
@@ -361,7 +395,7 @@ def reference_prefixed(
         ctx = sum(r["ctx"] for r in decoders) + sum(r["done_pre"] for r in running if r["pre"] > 0)
         # A chunk attends to the prompt before it, the cached prefix included.
         pairs = sum(k * r["done_pre"] + k * (k + 1) / 2 for r, k in alloc)
-        t += p.iter_time(tokens, ctx, pairs)
+        t += p.iter_time(tokens, ctx, pairs, decoders=len(decoders))
         finished: list[_RefRunning] = []
         for r in decoders:
             r["ctx"] += 1
@@ -385,11 +419,13 @@ def reference_prefixed(
     return done, hits
 
 
-@pytest.mark.parametrize("attn_s", [0.0, 2.4e-7])
+@pytest.mark.parametrize(("attn_s", "seq_s"), [(0.0, 0.0), (2.4e-7, 0.0), (2.4e-7, 2e-4)])
 @pytest.mark.parametrize("kv_capacity", [60_000, 9_000])
 @pytest.mark.parametrize("seed", range(4))
-def test_prefix_cache_matches_the_reference_including_eviction(seed: int, kv_capacity: int, attn_s: float) -> None:
-    p = PerfProfile("X", "m", 0.02, 2e-4, 5e-8, 0.0, kv_capacity, 6, 512, attn_s)
+def test_prefix_cache_matches_the_reference_including_eviction(
+    seed: int, kv_capacity: int, attn_s: float, seq_s: float
+) -> None:
+    p = PerfProfile("X", "m", 0.02, 2e-4, 5e-8, 0.0, kv_capacity, 6, 512, attn_s, seq_s=seq_s)
     arrivals = _prefixed_arrivals(seed)
     got, eng = run_prefixed(p, arrivals)
     want, hits = reference_prefixed(p, arrivals)
