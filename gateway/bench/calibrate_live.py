@@ -73,7 +73,7 @@ import secrets
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ import yaml
 
 from gateway.bench.stats import finite_or_none
 from gateway.core.prefix import BLOCK_TOKENS
-from gateway.core.profile import PerfProfile
+from gateway.core.profile import PerfProfile, time_scaled
 from gateway.core.workflow import CallSpec
 from gateway.errors import GatewayError
 from gateway.live.promparse import (
@@ -803,19 +803,19 @@ def profile_entry(
 ) -> dict[str, Any]:
     """The measured profile as one ``gpus.yaml`` entry (``ProfileSpec``'s fields), time constants divided
     by ``scale`` and rounded to 6 significant digits."""
-    prof = res.profile(kv_capacity_tokens=kv_capacity_tokens)
+    prof = scaled_profile(res, scale, kv_capacity_tokens=kv_capacity_tokens)
     return {
         "tp": res.tp,
-        "iter_base_s": _fmt_num(prof.iter_base_s / scale),
-        "token_s": _fmt_num(prof.token_s / scale),
-        "ctx_s": _fmt_num(prof.ctx_s / scale),
-        "request_overhead_s": _fmt_num(prof.request_overhead_s / scale),
+        "iter_base_s": _fmt_num(prof.iter_base_s),
+        "token_s": _fmt_num(prof.token_s),
+        "ctx_s": _fmt_num(prof.ctx_s),
+        "request_overhead_s": _fmt_num(prof.request_overhead_s),
         "kv_capacity_tokens": prof.kv_capacity_tokens,
         "max_num_seqs": prof.max_num_seqs,
         "max_batched_tokens": prof.max_batched_tokens,
-        "attn_s": _fmt_num(prof.attn_s / scale),
+        "attn_s": _fmt_num(prof.attn_s),
         "block_tokens": prof.block_tokens,
-        "seq_s": _fmt_num(prof.seq_s / scale),
+        "seq_s": _fmt_num(prof.seq_s),
         "basis": f"measured: hexflow calibrate at {res.measured_at}, {len(res.fitted)} probes",
     }
 
@@ -852,16 +852,7 @@ def render_profile_yaml(res: CalibrationResult, *, kv_capacity_tokens: int | Non
 def scaled_profile(res: CalibrationResult, scale: float, **kw: Any) -> PerfProfile:
     """The fitted profile with its time constants divided by ``scale`` (modelled seconds of an emulated
     worker at that time scale)."""
-    p = res.profile(**kw)
-    return replace(
-        p,
-        iter_base_s=p.iter_base_s / scale,
-        token_s=p.token_s / scale,
-        ctx_s=p.ctx_s / scale,
-        request_overhead_s=p.request_overhead_s / scale,
-        attn_s=p.attn_s / scale,
-        seq_s=p.seq_s / scale,
-    )
+    return time_scaled(res.profile(**kw), 1.0 / scale)
 
 
 def format_report(res: CalibrationResult) -> str:

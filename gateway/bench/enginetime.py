@@ -181,8 +181,7 @@ def format_engine_time(run: Sequence[EngineTime], bound: Sequence[EngineTime]) -
     return (
         "engine time per completed workflow, this run / the fluid bound's solution (base: iter_base_s per "
         "iteration; tokens: token_s per batched token; other: context reads, prefill attention, per-call host "
-        "work; batch: calls "
-        "per iteration):\n"
+        "work; batch: calls per iteration):\n"
         + table(head, rows)
         + f"\nthe engines spent {ratio:.2f}x the bound's engine time per workflow"
     )

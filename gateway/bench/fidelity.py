@@ -40,9 +40,8 @@ from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
 from gateway.bench.stats import finite_or_none, fmt, table
 from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
-from gateway.config.gpus import GpuCatalog
-from gateway.core.prefix import BLOCK_TOKENS
-from gateway.core.profile import PerfProfile
+from gateway.config.gpus import GpuCatalog, ProfileSpec
+from gateway.core.profile import PerfProfile, profile_from
 from gateway.sim.calibrate import workflow_latency
 from gateway.sim.metrics import summarize
 from gateway.sim.simulator import Simulator
@@ -233,14 +232,8 @@ def run_fidelity(
 
 
 def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
-    return PerfProfile(
-        gpu,
-        model,
-        **{k: entry[k] for k in (*_CONSTANTS, "max_num_seqs", "max_batched_tokens")},
-        attn_s=float(entry.get("attn_s", 0.0)),
-        block_tokens=int(entry.get("block_tokens", BLOCK_TOKENS)),
-        seq_s=float(entry.get("seq_s", 0.0)),
-    )
+    """The profile a catalogue entry (``profile_entry``'s, as written) gives, read as the gateway reads it."""
+    return profile_from(gpu, model, ProfileSpec.model_validate(entry))
 
 
 def _simulate_with(

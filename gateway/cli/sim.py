@@ -474,8 +474,7 @@ def format_bench_report(report: BenchReport, cluster: str) -> str:
                 lines.append(
                     f"engine time per completed workflow at {ref:.4f} qps (seed {seeds[0]}; all engines; base: "
                     "iteration base, tokens: token_s per batched token, other: context, attention, per-call host "
-                    "work; batch: the "
-                    "engines' mean calls per iteration), against the fluid bound's solution:"
+                    "work; batch: the engines' mean calls per iteration), against the fluid bound's solution:"
                 )
                 lines.append(format_engine_time_summary(report.engine_time, report.bound_time))
     for rate in report.rates:  # the rates asked for (or the grid), each in a table of its own
