@@ -2,7 +2,7 @@
 
     hexflow calibrate --worker URL --model NAME [--gpu LABEL] [--tp N] [--out FILE] [--budget-s N]
         [--max-concurrency N] [--max-prompt N] [--max-output N] [--max-num-seqs N]
-        [--max-batched-tokens N] [--kv-tokens N] [--plot PNG] [--json FILE] [--quiet]
+        [--max-batched-tokens N] [--kv-tokens N] [--step-output N] [--plot PNG] [--json FILE] [--quiet]
 
 The profile is the iteration-time model of ``gateway.core.profile`` (the one the simulator, the
 scheduler and the emulated worker use): ``t_iter = iter_base_s + token_s * tokens + ctx_s * context +
@@ -23,10 +23,17 @@ The probe plan (``make_plan``), run in this order until ``--budget-s`` is spent:
    how decode slows down with the batch. The same batches run at two output lengths: a cost per request per
    step grows with the output, a cost per request (the send term below) does not, so the fit tells them
    apart (``token_s`` is pinned by the prompts, which have no per-request step cost);
-3. **a repeated prefix**: one prompt sent twice; the second send's latency over the first's (and the
+3. **decode steps** (``step``): ``n`` concurrent requests of a short prompt and a long output (``--step-output``,
+   default 256 tokens), then ``n`` more of the same prompt length and a quarter of that output; the
+   difference of their mean latencies over the difference of their outputs is the time of one decode step
+   at batch ``n`` (prefill, the per-request overhead and the send term are in both and cancel). Run at
+   ``n`` = 1, half the concurrency bound and the bound with a short prompt, and at the bound with the long
+   prompt of the batch probes: the per-step cost of each decoding request (``token_s + seq_s``) and of its
+   context (``ctx_s``) measured directly, not inferred from whole latencies in which they are a few per cent;
+4. **a repeated prefix**: one prompt sent twice; the second send's latency over the first's (and the
    worker's ``vllm:prefix_cache_hits`` counter) says whether prefix caching is on. The profile has no
    prefix term, so only the first (uncached) send enters the fit;
-4. the lone and batch probes once more, while budget remains (repeats average out noise).
+5. the lone, batch and step probes once more, while budget remains (repeats average out noise).
 
 Every prompt is a list of token ids drawn from a per-probe seed, each request of a batch its own, salted
 per calibration run, so no two probes share a prefix (vLLM's prefix cache would otherwise make a repeat,
@@ -73,7 +80,7 @@ import secrets
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +136,8 @@ small ones (the tiny CPU test model has 3072); the range of the gateway's synthe
 (``gateway.live.routers.workflows.SYNTHETIC_VOCAB``)."""
 MIN_POSITIVE = 1e-12
 """``iter_base_s`` and ``token_s`` must be positive in ``gpus.yaml``; a fit at 0 is written as this."""
+STEP_MIN_OUTPUT = 8
+"""The shortest long output of a step probe (shorter, and its difference of latencies is mostly noise)."""
 FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "attn_s", "seq_s")
 Vector = tuple[float, float, float, float, float, float]
 SEND_TERM = "send_s"
@@ -171,20 +180,29 @@ class PlanSettings:
     max_num_seqs: int = 64
     max_batched_tokens: int = 2048
     repeats: int = 2
+    step_output: int = 256
+    """The long output of a step probe (its short one is a quarter of it)."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting out of range."""
-        for name in ("max_prompt", "max_output", "max_concurrency", "max_num_seqs", "repeats"):
+        for name in ("max_prompt", "max_output", "max_concurrency", "max_num_seqs", "repeats", "step_output"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1")
         if self.max_prompt < 32:
             raise ValueError("max-prompt must be >= 32")
         if self.max_batched_tokens < 16:
             raise ValueError("max-batched-tokens must be >= 16")
+        if self.step_output < STEP_MIN_OUTPUT:
+            raise ValueError(f"step-output must be >= {STEP_MIN_OUTPUT}")
+
+
+def step_short(output: int) -> int:
+    """The short output of a step probe whose long output is ``output``."""
+    return max(1, output // 4)
 
 
 def make_plan(s: PlanSettings) -> list[Probe]:
-    """The probes in the order they run (module docstring): lone grid, batches, prefix, then repeats."""
+    """The probes in the order they run (module docstring): lone grid, batches, steps, prefix, then repeats."""
     s.validate()
     prompts = sorted({32, max(32, s.max_prompt // 8), max(32, s.max_prompt // 2), s.max_prompt})
     outputs = sorted({1, max(2, s.max_output // 4), s.max_output})
@@ -201,6 +219,12 @@ def make_plan(s: PlanSettings) -> list[Probe]:
     # Long contexts make the attention term (ctx_s) visible: n requests of half the largest prompt.
     long_prompt = max(32, min(s.max_prompt // 2, 2048))
     long_sizes = sorted({max(2, cap // 2), cap}) if cap > 1 else []
+    # Step probes: a prompt plus the long output never exceeds the longest request the lone grid sends.
+    longest = s.max_prompt + s.max_output
+    steps = [(n, b_prompt) for n in sorted({1, max(1, cap // 2), cap})]
+    if cap > 1:
+        steps.append((cap, long_prompt))
+    steps = [(n, p) for n, p in steps if min(s.step_output, longest - p) >= STEP_MIN_OUTPUT]
     out: list[Probe] = []
     seed = 0
     for rep in range(s.repeats):
@@ -219,6 +243,9 @@ def make_plan(s: PlanSettings) -> list[Probe]:
         for n in long_sizes:
             seed += 1
             out.append(Probe("batch", long_prompt, b_out, n, seed))
+        for n, p in steps:
+            seed += 1
+            out.append(Probe("step", p, min(s.step_output, longest - p), n, seed))
         if rep == 0:
             # The same prompt twice: the first is an ordinary lone probe, the second may hit the cache.
             seed += 1
@@ -282,9 +309,19 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
     return row / n
 
 
-def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
+def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int, short: int | None = None) -> np.ndarray:
     """The coefficient row of one measured probe: the profile's six constants (a lone probe: exactly
-    ``PerfProfile.single_latency``), then ``n - 1`` for the send term (``SEND_TERM``)."""
+    ``PerfProfile.single_latency``), then ``n - 1`` for the send term (``SEND_TERM``).
+
+    A ``step`` probe's row is the difference of the mean-latency rows of its long (``output``) and short
+    (``short``, default ``step_short(output)``) batches over the difference of their outputs: the model of
+    one decode step's time at batch ``n``, with no send term (it is in both batches and cancels)."""
+    if kind == "step":
+        lo = step_short(output) if short is None else short
+        if not 1 <= lo < output:
+            raise ValueError(f"a step probe needs a short output below its long one, got {lo} and {output}")
+        diff = batch_features(n, prompt, output, chunk) - batch_features(n, prompt, lo, chunk)
+        return np.append(diff / (output - lo), 0.0)
     if n == 1:
         calls = [CallSpec(kind, max(prompt, 1), max(output, 1))]
         row = np.asarray(design_matrix(calls, chunk, attention=True, seq=True)[0], dtype=float)
@@ -318,7 +355,8 @@ def fit_constants(a: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
 
 @dataclass
 class Measurement:
-    """One probe as measured: the median latency of its requests and the worker's token counts."""
+    """One probe as measured: the median latency of its requests and the worker's token counts (a ``step``
+    probe: seconds per decode step, its long batch's output and, in ``short_tokens``, its short one's)."""
 
     probe: Probe
     latency_s: float
@@ -327,6 +365,7 @@ class Measurement:
     others_running: float | None
     """Requests running on the worker just before the probe (others' traffic); None without metrics."""
     fitted_s: float = math.nan
+    short_tokens: int | None = None
 
     @property
     def error(self) -> float:
@@ -336,7 +375,7 @@ class Measurement:
     def features(self, chunk: int) -> np.ndarray:
         """This probe's coefficient row (``probe_features`` with the worker's token counts)."""
         p = self.probe
-        return probe_features(p.kind, p.concurrency, self.prompt_tokens, self.output_tokens, chunk)
+        return probe_features(p.kind, p.concurrency, self.prompt_tokens, self.output_tokens, chunk, self.short_tokens)
 
 
 @dataclass
@@ -631,12 +670,15 @@ async def calibrate(
             constants, coef = (c[0], c[1], c[2], c[3], c[4], c[5]), np.array(c)
 
     def predict(p: Probe) -> float | None:
+        """The probe's wall time by the fit so far (a step probe: both its batches)."""
         if coef is None:
             return None
-        return float(batch_or_lone(p) @ coef)
-
-    def batch_or_lone(p: Probe) -> np.ndarray:
-        return probe_features(p.kind, p.concurrency, p.prompt, p.output, chunk)
+        parts = (
+            [p]
+            if p.kind != "step"
+            else [replace(p, kind="batch"), replace(p, kind="batch", output=step_short(p.output))]
+        )
+        return sum(float(probe_features(q.kind, q.concurrency, q.prompt, q.output, chunk) @ coef) for q in parts)
 
     from tqdm import tqdm
 
@@ -677,11 +719,18 @@ async def calibrate(
             watch: asyncio.Task[int | None] | None = None
             if probe.kind == "batch" and guess is not None and kv_tokens is None and constants is not None:
                 watch = asyncio.ensure_future(_watch_usage(w, probe, guess, constants, sleep, clock))
+            shorts: list[tuple[float, int, int]] = []
             try:
                 async with asyncio.timeout(remaining):
                     results = await asyncio.gather(
                         *(w.complete(probe, clock, remaining, j) for j in range(probe.concurrency))
                     )
+                    if probe.kind == "step":
+                        short = replace(probe, output=step_short(probe.output))
+                        left = max(deadline - clock(), 0.001)
+                        shorts = await asyncio.gather(
+                            *(w.complete(short, clock, left, probe.concurrency + j) for j in range(probe.concurrency))
+                        )
             except (TimeoutError, httpx.TimeoutException):
                 stopped = True
                 break
@@ -692,12 +741,19 @@ async def calibrate(
                     watch.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await watch
-            lat = _median([r[0] for r in results])
             others = None if load is None else load.running
-            m = Measurement(
-                probe, lat, _median_int([r[1] for r in results]), _median_int([r[2] for r in results]), others
+            got: Measurement | None = Measurement(
+                probe,
+                _median([r[0] for r in results]),
+                _median_int([r[1] for r in results]),
+                _median_int([r[2] for r in results]),
+                others,
             )
-            measured.append(m)
+            if probe.kind == "step":
+                got = _step_measurement(got, results, shorts)
+            if got is None:
+                continue
+            measured.append(got)
             if probe.kind != "prefix":
                 refit()
         load = await w.load()
@@ -753,6 +809,20 @@ async def calibrate(
         block_tokens=block,
         block_source=block_source,
     )
+
+
+def _step_measurement(
+    m: Measurement, longs: Sequence[tuple[float, int, int]], shorts: Sequence[tuple[float, int, int]]
+) -> Measurement | None:
+    """A step probe's measurement from its two batches: the difference of their mean latencies over the
+    difference of their outputs (None when the worker's outputs do not differ: nothing to divide by)."""
+    out_long, out_short = _median_int([r[2] for r in longs]), _median_int([r[2] for r in shorts])
+    if out_long <= out_short or out_short < 1:
+        return None
+    per_step = (statistics.fmean(r[0] for r in longs) - statistics.fmean(r[0] for r in shorts)) / (out_long - out_short)
+    if not per_step > 0:
+        return None
+    return replace(m, latency_s=per_step, output_tokens=out_long, short_tokens=out_short)
 
 
 def _median_int(xs: Sequence[int]) -> int:

@@ -53,6 +53,12 @@ def add_calibrate(sub: Subparsers) -> None:
         "--repeats", type=positive_int, default=2, help="rounds of the plan while budget remains (default 2)"
     )
     p.add_argument(
+        "--step-output",
+        type=positive_int,
+        default=256,
+        help="long output of the decode-step probes, tokens; their short one is a quarter (default 256)",
+    )
+    p.add_argument(
         "--time-scale",
         type=positive_float,
         default=1.0,
@@ -93,6 +99,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens,
         repeats=args.repeats,
+        step_output=args.step_output,
     )
     try:
         settings.validate()

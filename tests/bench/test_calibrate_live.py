@@ -119,6 +119,23 @@ def test_fit_recovers_the_constants_of_exact_latencies(seq_s: float) -> None:
     assert fitted == pytest.approx(tuple(coef), rel=1e-4)
 
 
+@pytest.mark.parametrize(("n", "prompt", "output", "short"), [(1, 64, 256, 64), (4, 64, 256, 64), (8, 2048, 128, 9)])
+def test_a_step_probe_row_is_one_decode_step_of_the_simulated_engine(
+    n: int, prompt: int, output: int, short: int
+) -> None:
+    """The difference of the two batches' simulated mean latencies over the difference of their outputs:
+    prefill, the per-request overhead and the send term cancel."""
+    p = replace(a100(), kv_capacity_tokens=10**7, attn_s=3e-9, seq_s=4e-4)
+    row = probe_features("step", n, prompt, output, p.max_batched_tokens, short)
+    assert row[3] == pytest.approx(0.0, abs=1e-12) and row[6] == 0.0
+    assert row[0] == pytest.approx(1.0) and row[5] == pytest.approx(n)  # one iteration of n decoders per step
+    coef = np.array([p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s, 0.5])
+    want = (_engine_mean_latency(p, n, prompt, output) - _engine_mean_latency(p, n, prompt, short)) / (output - short)
+    assert row @ coef == pytest.approx(want, rel=1e-9)
+    with pytest.raises(ValueError, match="short output"):
+        probe_features("step", n, prompt, output, p.max_batched_tokens, output)
+
+
 def test_fit_of_nothing_is_a_calibration_error() -> None:
     with pytest.raises(CalibrationError):
         fit_constants(np.zeros((0, 7)), np.zeros(0))
@@ -129,7 +146,8 @@ def test_plan_never_exceeds_the_concurrency_bound_or_max_num_seqs() -> None:
         plan = make_plan(PlanSettings(max_concurrency=cap, max_num_seqs=seqs))
         assert max(p.concurrency for p in plan) == min(cap, seqs)
     plan = make_plan(PlanSettings(max_prompt=2048, max_output=128))
-    assert max(p.prompt for p in plan) == 2048 and max(p.output for p in plan) == 128
+    assert max(p.prompt for p in plan) == 2048 and max(p.output for p in plan if p.kind != "step") == 128
+    assert max(p.prompt + p.output for p in plan) == 2048 + 128  # no request longer than the lone grid's longest
     # Lone probes never share a prompt, except the deliberate prefix repeat.
     lone = [p.seed for p in plan if p.kind != "prefix"]
     assert len(lone) == len(set(lone))
@@ -137,7 +155,18 @@ def test_plan_never_exceeds_the_concurrency_bound_or_max_num_seqs() -> None:
     assert any(p.kind == "lone" and p.seed == prefix.seed for p in plan)
 
 
-@pytest.mark.parametrize("bad", [{"max_concurrency": 0}, {"max_prompt": 8}, {"repeats": 0}])
+def test_plan_measures_decode_steps_at_one_half_and_all_of_the_bound_and_at_a_long_context() -> None:
+    s = PlanSettings(max_prompt=2048, max_output=64, max_concurrency=8, max_num_seqs=8, step_output=200, repeats=2)
+    steps = [p for p in make_plan(s) if p.kind == "step"]
+    assert sorted({(p.concurrency, p.prompt) for p in steps}) == [(1, 64), (4, 64), (8, 64), (8, 1024)]
+    assert len(steps) == 8 and {p.output for p in steps} == {200}
+    # A prompt plus the long output stays within the longest request the lone grid sends.
+    short = PlanSettings(max_prompt=64, max_output=16, max_concurrency=2, max_num_seqs=2)
+    assert {(p.prompt, p.output) for p in make_plan(short) if p.kind == "step"} == {(64, 16), (32, 48)}
+    assert not [p for p in make_plan(PlanSettings(max_prompt=32, max_output=1)) if p.kind == "step"]
+
+
+@pytest.mark.parametrize("bad", [{"max_concurrency": 0}, {"max_prompt": 8}, {"repeats": 0}, {"step_output": 7}])
 def test_plan_rejects_settings_out_of_range(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad)).replace("_", "-")):
         make_plan(PlanSettings(**bad))
@@ -268,7 +297,7 @@ async def test_calibration_recovers_an_emulated_workers_unknown_constants(seq_sh
     """And a per-call step cost (``seq_s``, here a share of ``iter_base_s``: 0.06 makes a step of 8 decoding
     calls 48% slower than without it, as on vLLM's CPU server) where the worker has one."""
     truth = replace(unknown_profile(), seq_s=seq_share * unknown_profile().iter_base_s)
-    settings = PlanSettings(max_prompt=2048, max_output=64, max_concurrency=8, repeats=1)
+    settings = PlanSettings(max_prompt=2048, max_output=64, max_concurrency=8, repeats=1, step_output=64)
     async with emulated(truth) as client:
         res = await calibrate("http://emulator", MODEL, gpu="A100", budget_s=120.0, settings=settings, client=client)
     fitted = scaled_profile(res, TIME_SCALE)
@@ -302,7 +331,18 @@ def test_cli_calibrates_a_worker_started_with_a_non_catalogue_profile(
     out, plot, js = tmp_path / "a100.yaml", tmp_path / "fit.png", tmp_path / "fit.json"
     with emulator_process(args, tmp_path / "emu.log") as url:
         head = ["calibrate", "--worker", url, "--model", MODEL, "--gpu", "A100", "--tp", "4", "--quiet"]
-        plan = ["--max-prompt", "1024", "--max-output", "32", "--max-concurrency", "4", "--repeats", "1"]
+        plan = [
+            "--max-prompt",
+            "1024",
+            "--max-output",
+            "32",
+            "--max-concurrency",
+            "4",
+            "--repeats",
+            "1",
+            "--step-output",
+            "32",
+        ]
         outs = ["--time-scale", str(TIME_SCALE), "--out", str(out), "--plot", str(plot), "--json", str(js)]
         code = main([*head, *plan, *outs])
     assert code == 0, capsys.readouterr().err
@@ -311,7 +351,7 @@ def test_cli_calibrates_a_worker_started_with_a_non_catalogue_profile(
     fitted = PerfProfile("A100", MODEL, spec.iter_base_s, spec.token_s, spec.ctx_s, spec.request_overhead_s, 1, 1, 2048)
     assert abs(fitted.single_latency(500, 20) / truth.single_latency(500, 20) - 1) <= TOLERANCE
     assert plot.stat().st_size > 0
-    assert {p["kind"] for p in json.loads(js.read_text())["probes"]} == {"lone", "batch", "prefix"}
+    assert {p["kind"] for p in json.loads(js.read_text())["probes"]} == {"lone", "batch", "step", "prefix"}
 
 
 def test_cli_rejects_a_bad_budget(capsys: pytest.CaptureFixture[str]) -> None:

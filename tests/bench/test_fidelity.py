@@ -37,7 +37,7 @@ def test_perturbed_catalog_changes_each_gpu_type_by_its_own_factors(tmp_path: Pa
 def test_fidelity_calibrates_every_gpu_type_then_compares_live_with_the_simulation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = PlanSettings(max_prompt=512, max_output=16, max_concurrency=2, repeats=1)
+    settings = PlanSettings(max_prompt=512, max_output=16, max_concurrency=2, repeats=1, step_output=32)
     # A relative log folder (as `--log-dir out/x` gives): the gateway it starts must still find its files.
     monkeypatch.chdir(tmp_path.parent)
     rep = run_fidelity(

@@ -119,7 +119,18 @@ def test_the_cli_runs_the_check_after_the_fit_and_writes_it_to_json(
     js = tmp_path / "fit.json"
     with emulator_process(["--gpu", "A100", "--time-scale", str(TIME_SCALE)], tmp_path / "emu.log") as url:
         head = ["calibrate", "--worker", url, "--model", MODEL, "--gpu", "A100", "--quiet", "--json", str(js)]
-        plan = ["--max-prompt", "1024", "--max-output", "32", "--max-concurrency", "4", "--max-num-seqs", "4"]
+        plan = [
+            "--max-prompt",
+            "1024",
+            "--max-output",
+            "32",
+            "--max-concurrency",
+            "4",
+            "--max-num-seqs",
+            "4",
+            "--step-output",
+            "32",
+        ]
         code = main([*head, *plan, "--repeats", "1", "--check-interleaved", "1", "--check-budget-s", "60"])
     out = capsys.readouterr().out
     assert code == 0, out
