@@ -742,15 +742,14 @@ async def calibrate(
                     with contextlib.suppress(asyncio.CancelledError):
                         await watch
             others = None if load is None else load.running
-            got: Measurement | None = Measurement(
+            first = Measurement(
                 probe,
                 _median([r[0] for r in results]),
                 _median_int([r[1] for r in results]),
                 _median_int([r[2] for r in results]),
                 others,
             )
-            if probe.kind == "step":
-                got = _step_measurement(got, results, shorts)
+            got = _step_measurement(first, results, shorts) if probe.kind == "step" else first
             if got is None:
                 continue
             measured.append(got)
