@@ -742,14 +742,14 @@ async def calibrate(
                     with contextlib.suppress(asyncio.CancelledError):
                         await watch
             others = None if load is None else load.running
-            first = Measurement(
+            whole = Measurement(
                 probe,
                 _median([r[0] for r in results]),
                 _median_int([r[1] for r in results]),
                 _median_int([r[2] for r in results]),
                 others,
             )
-            got = _step_measurement(first, results, shorts) if probe.kind == "step" else first
+            got = _step_measurement(whole, results, shorts) if probe.kind == "step" else whole
             if got is None:
                 continue
             measured.append(got)
