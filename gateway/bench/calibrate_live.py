@@ -21,12 +21,14 @@ The probe plan (``make_plan``), run in this order until ``--budget-s`` is spent:
    ``--max-concurrency``) with a short prompt (``n * prompt <= max_batched_tokens``, one prefill iteration) and a longer
    output: each decode step then costs ``iter_base_s + (token_s + seq_s) * n + ctx_s * n * context``, which is
    how decode slows down with the batch. The same batches run at two output lengths: a cost per request per
-   step grows with the output, a cost per request (the send term below) does not, so the fit tells them
-   apart (``token_s`` is pinned by the prompts, which have no per-request step cost);
+   step grows with the output, a cost per request (``admit_s``) does not, so the fit tells them apart
+   (``token_s`` is pinned by the prompts, which have no per-request step cost). The ``n`` requests are taken in
+   together, so each one's latency carries ``n`` intakes (``admit_s``) where a lone request's carries one:
+   what tells ``admit_s`` (engine time per admitted request) from ``request_overhead_s`` (latency only);
 3. **decode steps** (``step``): ``n`` concurrent requests of a short prompt and a long output (``--step-output``,
    default 256 tokens), then ``n`` more of the same prompt length and a quarter of that output; the
    difference of their mean latencies over the difference of their outputs is the time of one decode step
-   at batch ``n`` (prefill, the per-request overhead and the send term are in both and cancel). Run at
+   at batch ``n`` (prefill, the per-request overhead and the intakes are in both and cancel). Run at
    ``n`` = 1, half the concurrency bound and the bound with a short prompt, and at the bound with the long
    prompt of the batch probes: the per-step cost of each decoding request (``token_s + seq_s``) and of its
    context (``ctx_s``) measured directly, not inferred from whole latencies in which they are a few per cent;
@@ -105,7 +107,6 @@ from gateway.sim.calibrate import design_matrix, l1_relative_fit
 
 __all__ = [
     "CACHE_CONFIG_INFO",
-    "SEND_TERM",
     "CalibrationError",
     "CalibrationResult",
     "Measurement",
@@ -138,14 +139,8 @@ MIN_POSITIVE = 1e-12
 """``iter_base_s`` and ``token_s`` must be positive in ``gpus.yaml``; a fit at 0 is written as this."""
 STEP_MIN_OUTPUT = 8
 """The shortest long output of a step probe (shorter, and its difference of latencies is mostly noise)."""
-FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "attn_s", "seq_s")
-Vector = tuple[float, float, float, float, float, float]
-SEND_TERM = "send_s"
-"""A seventh fitted term, not part of the profile: seconds added to the mean latency of a batch probe per
-request beyond the first. ``n`` requests sent together are parsed and answered one after another by
-the client's and the API server's event loops (host CPU, off the GPU), so their mean latency grows by
-about this much per extra request whatever their token counts; without the term the fit would charge
-that time to ``token_s`` or ``ctx_s``, the constants that also grow with ``n``."""
+FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "attn_s", "seq_s", "admit_s")
+Vector = tuple[float, float, float, float, float, float, float]
 
 
 class CalibrationError(GatewayError):
@@ -256,7 +251,8 @@ def make_plan(s: PlanSettings) -> list[Probe]:
 
 
 def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
-    """Coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s, attn_s, seq_s)`` in the mean latency of ``n``
+    """Coefficients of ``FITTED`` (``iter_base_s, token_s, ctx_s, request_overhead_s, attn_s, seq_s, admit_s``) in the
+    mean latency of ``n``
     requests of one shape that arrive together, from their iteration schedule (vLLM's V1 scheduler, as
     ``gateway.sim.engine`` models it).
 
@@ -266,8 +262,9 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
     (the tokens it has processed so far). Which tokens run in which iteration depends on the token
     counts only, not on the constants, so each request's latency is linear in them: ``overhead +
     sum over its iterations of (iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs + seq_s *
-    decoders)``, a chunk of ``c`` prompt tokens after ``p`` computing ``c * p + c * (c + 1) / 2`` pairs. With ``n = 1``
-    this is ``PerfProfile.single_latency``.
+    decoders)``, a chunk of ``c`` prompt tokens after ``p`` computing ``c * p + c * (c + 1) / 2`` pairs, plus ``n``
+    intakes (``admit_s``: all ``n`` are admitted in the first iteration, which each one's intake stalls). With
+    ``n = 1`` this is ``PerfProfile.single_latency``.
     """
     if min(n, prompt, output, chunk) < 1:
         raise ValueError("batch_features: n, prompt, output and chunk must be >= 1")
@@ -276,7 +273,7 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
     done = [False] * n
     # Running sums of the features over the iterations so far, and each request's at its finish.
     iters = tokens_sum = ctx_sum = pairs_sum = dec_sum = 0.0
-    row = np.zeros(6)
+    row = np.zeros(7)
     left = n
     while left:
         decoding = [i for i in range(n) if not done[i] and generated[i] >= 1]
@@ -305,29 +302,29 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
             if not done[i] and generated[i] >= output:
                 done[i] = True
                 left -= 1
-                row += (iters, tokens_sum, ctx_sum, 1.0, pairs_sum, dec_sum)
+                row += (iters, tokens_sum, ctx_sum, 1.0, pairs_sum, dec_sum, float(n))
     return row / n
 
 
 def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int, short: int | None = None) -> np.ndarray:
-    """The coefficient row of one measured probe: the profile's six constants (a lone probe: exactly
-    ``PerfProfile.single_latency``), then ``n - 1`` for the send term (``SEND_TERM``).
+    """The coefficient row of one measured probe: the profile's ``FITTED`` constants (a lone probe: exactly
+    ``PerfProfile.single_latency``; a batch, ``batch_features``).
 
     A ``step`` probe's row is the difference of the mean-latency rows of its long (``output``) and short
     (``short``, default ``step_short(output)``) batches over the difference of their outputs: the model of
-    one decode step's time at batch ``n``, with no send term (it is in both batches and cancels)."""
+    one decode step's time at batch ``n`` (the intakes and the overhead are in both batches and cancel)."""
     if kind == "step":
         lo = step_short(output) if short is None else short
         if not 1 <= lo < output:
             raise ValueError(f"a step probe needs a short output below its long one, got {lo} and {output}")
-        diff = batch_features(n, prompt, output, chunk) - batch_features(n, prompt, lo, chunk)
-        return np.append(diff / (output - lo), 0.0)
+        diff: np.ndarray = (batch_features(n, prompt, output, chunk) - batch_features(n, prompt, lo, chunk)) / (
+            output - lo
+        )
+        return diff
     if n == 1:
         calls = [CallSpec(kind, max(prompt, 1), max(output, 1))]
-        row = np.asarray(design_matrix(calls, chunk, attention=True, seq=True)[0], dtype=float)
-    else:
-        row = batch_features(n, prompt, output, chunk)
-    return np.append(row, float(n - 1))
+        return np.append(np.asarray(design_matrix(calls, chunk, attention=True, seq=True)[0], dtype=float), 1.0)
+    return batch_features(n, prompt, output, chunk)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -389,8 +386,6 @@ class CalibrationResult:
     settings: PlanSettings
     measurements: list[Measurement]
     constants: Vector
-    send_s: float
-    """The fitted send term (``SEND_TERM``), reported; not part of the profile."""
     kv_capacity_tokens: int | None
     kv_source: str
     prefix_ratio: float | None
@@ -422,7 +417,7 @@ class CalibrationResult:
                 "the worker exposes no KV-cache capacity (vllm:cache_config_info) and none could be estimated; "
                 "rerun with --kv-tokens N"
             )
-        x, t, c, o, a, q = self.constants
+        x, t, c, o, a, q, h = self.constants
         s = self.settings
         return PerfProfile(
             self.gpu,
@@ -437,6 +432,7 @@ class CalibrationResult:
             a,
             self.block_tokens,
             q,
+            h,
         )
 
     def errors(self) -> list[float]:
@@ -453,7 +449,6 @@ class CalibrationResult:
             "tp": self.tp,
             "measured_at": self.measured_at,
             "constants": dict(zip(FITTED, self.constants, strict=True)),
-            SEND_TERM: self.send_s,
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "kv_source": self.kv_source,
             "block_tokens": self.block_tokens,
@@ -667,7 +662,7 @@ async def calibrate(
         if len({(m.probe.concurrency, m.prompt_tokens, m.output_tokens) for m in rows}) >= 4:
             a = np.array([m.features(chunk) for m in rows])
             c = fit_constants(a, np.array([m.latency_s for m in rows]))
-            constants, coef = (c[0], c[1], c[2], c[3], c[4], c[5]), np.array(c)
+            constants, coef = (c[0], c[1], c[2], c[3], c[4], c[5], c[6]), np.array(c)
 
     def predict(p: Probe) -> float | None:
         """The probe's wall time by the fit so far (a step probe: both its batches)."""
@@ -791,7 +786,6 @@ async def calibrate(
         settings=s,
         measurements=measured,
         constants=constants,
-        send_s=float(coef[6]),
         kv_capacity_tokens=kv,
         kv_source=kv_source,
         prefix_ratio=ratio,
@@ -850,9 +844,9 @@ async def _watch_usage(
     load = await w.load()
     if load is None or not load.kv_usage or load.running is None or load.running < 1:
         return None
-    x, t, c, o, a, q = constants
+    x, t, c, o, a, q, h = constants
     n, p = probe.concurrency, probe.prompt
-    elapsed = clock() - t0 - o - (x + t * n * p + a * n * p * (p + 1) / 2)
+    elapsed = clock() - t0 - o - n * h - (x + t * n * p + a * n * p * (p + 1) / 2)
     step = x + (t + q) * n + c * n * p
     k = min(probe.output, max(0.0, elapsed / step)) if step > 0 else 0.0
     return int(load.running * (p + k) / load.kv_usage)
@@ -885,6 +879,7 @@ def profile_entry(
         "attn_s": _fmt_num(prof.attn_s),
         "block_tokens": prof.block_tokens,
         "seq_s": _fmt_num(prof.seq_s),
+        "admit_s": _fmt_num(prof.admit_s),
         "basis": f"measured: hexflow calibrate at {res.measured_at}, {len(res.fitted)} probes",
     }
 
@@ -926,7 +921,7 @@ def scaled_profile(res: CalibrationResult, scale: float, **kw: Any) -> PerfProfi
 
 def format_report(res: CalibrationResult) -> str:
     """The text ``hexflow calibrate`` prints: constants, KV capacity, prefix caching, fit error."""
-    x, t, c, o, a, q = res.constants
+    x, t, c, o, a, q, h = res.constants
     errs = [abs(e) for e in res.errors()]
     worst = max(res.fitted, key=lambda m: abs(m.error))
     others = sum(1 for m in res.measurements if m.others_running)
@@ -934,8 +929,7 @@ def format_report(res: CalibrationResult) -> str:
         f"{res.worker} ({res.model}): {len(res.measurements)}/{res.planned} probes in {res.wall_s:.1f} s of a "
         f"{res.budget_s:g} s budget" + (" (stopped by the budget)" if res.stopped_by_budget else ""),
         f"  iter_base_s {x:.6g}  token_s {t:.6g}  ctx_s {c:.6g}  request_overhead_s {o:.6g}  attn_s {a:.6g}  "
-        f"seq_s {q:.6g}  (wall seconds)",
-        f"  send term {res.send_s:.3g} s per extra request of a batch probe (host-side; not in the profile)",
+        f"seq_s {q:.6g}  admit_s {h:.6g}  (wall seconds)",
         f"  kv_capacity_tokens {res.kv_capacity_tokens if res.kv_capacity_tokens is not None else 'unknown'} "
         f"({res.kv_source}); block_tokens {res.block_tokens} ({res.block_source})",
         f"  fit: median |error| {statistics.median(errs):.1%}, largest {max(errs):.1%} "

@@ -129,7 +129,7 @@ class FidelityReport:
                 {
                     "gpu": c.gpu,
                     "truth": {k: getattr(c.truth, k) for k in _CONSTANTS},
-                    "calibrated": {k: getattr(c.calibrated, k) for k in (*_CONSTANTS, "attn_s", "seq_s")},
+                    "calibrated": {k: getattr(c.calibrated, k) for k in (*_CONSTANTS, "attn_s", "seq_s", "admit_s")},
                     "workflow_latency_error": finite_or_none(c.workflow_error()),
                     "decode_step_error_16x4000": finite_or_none(c.decode_error()),
                     "probes": len(c.result.measurements),

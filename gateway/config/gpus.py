@@ -89,6 +89,12 @@ class ProfileSpec(_Strict):
         description="Seconds per decoding call per iteration beyond its token's compute (sampling, output "
         "processing on the engine's own core); 0 on GPU hosts (folded into token_s), measured by hexflow calibrate.",
     )
+    admit_s: NonNegFloat = Field(
+        0.0,
+        description="Engine seconds per admitted request, stalling the iteration that takes it in (host work on "
+        "the engine's own core: a CPU server); 0 on GPU hosts (all in request_overhead_s), measured by hexflow "
+        "calibrate.",
+    )
     basis: str = Field("", description="How the constants were obtained (fitted, derived, ...).")
 
 

@@ -96,9 +96,10 @@ class WorkerLoad:
 
 
 def prefill_time(p: PerfProfile, input_tokens: int) -> float:
-    """Engine seconds to process a prompt alone (``PerfProfile.prefill_time``). A prompt whose first tokens
-    are cached is estimated as its uncached tokens alone (their attention to the cached prefix left out)."""
-    return p.prefill_time(input_tokens)
+    """Engine seconds to take a prompt in (``admit_s``) and process it alone (``PerfProfile.prefill_time``). A
+    prompt whose first tokens are cached is estimated as its uncached tokens alone (their attention to the
+    cached prefix left out)."""
+    return p.admit_s + p.prefill_time(input_tokens)
 
 
 class _Consts:

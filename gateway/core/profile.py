@@ -27,6 +27,14 @@ tokens of calls still in prefill. The duration of one iteration is modelled as
   published numbers, which leave it at 0; ``hexflow calibrate`` tells it from ``token_s`` by batches of
   decoding calls at two output lengths.
 
+* ``admit_s`` (default 0): engine time per admitted request, spent in the iteration that admits it: the
+  host work of taking a request in (the API server parsing its body, input processing, the engine's
+  bookkeeping) where it runs on the engine's own core, so it stalls every running call's step as well as
+  the request itself (vLLM on a CPU: measured 6-16 ms per arriving request blocking a running decode on
+  the tiny test model, growing with the prompt; the profile keeps one figure per request). On a GPU host
+  the API server has cores of its own and it is 0 (all of its time is ``request_overhead_s``);
+  ``hexflow calibrate`` measures it by batches of requests sent together (each one's intake stalls all).
+
 ``block_tokens`` (default 16, vLLM's default on GPUs) is the engine's KV block size: its prefix cache
 reuses whole blocks only, so a shared prefix counts down to a multiple of it. vLLM's CPU backend uses 128
 (and accepts only multiples of 32); ``hexflow calibrate`` reads it from the worker's ``vllm:cache_config_info``.
@@ -67,6 +75,7 @@ class PerfProfile:
     attn_s: float = 0.0
     block_tokens: int = BLOCK_TOKENS
     seq_s: float = 0.0
+    admit_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
@@ -74,7 +83,7 @@ class PerfProfile:
 
     def __reduce__(
         self,
-    ) -> tuple[type[PerfProfile], tuple[str, str, float, float, float, float, int, int, int, float, int, float]]:
+    ) -> tuple[type[PerfProfile], tuple[str, str, float, float, float, float, int, int, int, float, int, float, float]]:
         # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
         # native build) cannot be unpickled by setting attributes.
         return (
@@ -92,6 +101,7 @@ class PerfProfile:
                 self.attn_s,
                 self.block_tokens,
                 self.seq_s,
+                self.admit_s,
             ),
         )
 
@@ -136,8 +146,9 @@ class PerfProfile:
         return prefill + decode
 
     def single_latency(self, input_tokens: int, output_tokens: int) -> float:
-        """What a caller observes for a lone request: engine time plus the per-request overhead."""
-        return self.request_overhead_s + self.engine_latency(input_tokens, output_tokens)
+        """What a caller observes for a lone request: engine time (its own intake, ``admit_s``, included)
+        plus the per-request overhead."""
+        return self.request_overhead_s + self.admit_s + self.engine_latency(input_tokens, output_tokens)
 
     def decode_throughput(self, batch: int, mean_ctx: float) -> float:
         """Decode tokens per second with ``batch`` running calls of mean context ``mean_ctx``."""
@@ -182,6 +193,7 @@ CONSTANTS: tuple[str, ...] = (
     "attn_s",
     "block_tokens",
     "seq_s",
+    "admit_s",
 )
 """The fields of ``PerfProfile`` besides its name, in its order: what a config entry or a fit provides."""
 
@@ -189,7 +201,7 @@ CONSTANTS: tuple[str, ...] = (
 def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
     """A ``PerfProfile`` whose constants are read from the same-named attributes of ``source`` (a source
     without ``attn_s`` gives 0: its prefill is linear; without ``block_tokens``, vLLM's GPU default; without
-    ``seq_s``, 0: no per-call host work per step)."""
+    ``seq_s`` or ``admit_s``, 0: no per-call host work per step or per admission)."""
     return PerfProfile(
         gpu,
         model,
@@ -203,6 +215,7 @@ def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
         getattr(source, "attn_s", 0.0),
         getattr(source, "block_tokens", BLOCK_TOKENS),
         getattr(source, "seq_s", 0.0),
+        getattr(source, "admit_s", 0.0),
     )
 
 
@@ -244,4 +257,5 @@ def time_scaled(profile: PerfProfile, scale: float) -> PerfProfile:
         request_overhead_s=profile.request_overhead_s * scale,
         attn_s=profile.attn_s * scale,
         seq_s=profile.seq_s * scale,
+        admit_s=profile.admit_s * scale,
     )

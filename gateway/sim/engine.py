@@ -11,7 +11,8 @@ One ``SimEngine`` models one vLLM server (V1 scheduler semantics):
 * the iteration's duration is ``PerfProfile.iter_time(tokens, context, pairs, decoders)``: ``decoders``,
   the calls decoding a token in it (``seq_s`` each); ``pairs``, the prefill attention pairs its prompt chunks
   compute (only with ``attn_s``; an iteration that ends one prompt and
-  starts the next is a segment of its own, so every iteration's pairs are exact).
+  starts the next is a segment of its own, so every iteration's pairs are exact); the iteration that admits
+  calls is stalled by ``admit_s`` per call admitted (their intake on the engine's core; 0 on GPU hosts).
 
 Simulating every iteration would cost hundreds of events per call, so the engine advances in
 *segments*: between two changes of the batch (a prompt finishes, a call finishes, a call is admitted)
@@ -130,6 +131,9 @@ class SimEngine:
         self._ctx = p.ctx_s
         self._attn = p.attn_s
         self._seq_s = p.seq_s
+        self._admit_s = p.admit_s
+        self._intake = 0.0  # admit_s of the calls admitted since the last plan: stalls the next iteration
+        self._seg_intake = 0.0  # the intake in the planned segment's first iteration
         self._block = p.block_tokens
         self._prefill: deque[_Running] = deque()
         self._prefill_left = 0
@@ -334,6 +338,7 @@ class SimEngine:
                 break
             self.waiting.popleft()
             r.admitted_at = now
+            self._intake += self._admit_s
             self.stats.prompt_tokens += r.prompt_left
             if r.keys:
                 self._hit(r)
@@ -453,6 +458,11 @@ class SimEngine:
             k = min(k, self._decode[0][0] - self._d)
         if k <= 0 or k == 1 << 62:
             k = 1
+        intake = self._intake
+        if intake:
+            # The admitting iteration is stalled by the new calls' intake: a segment of its own.
+            k = 1
+            self._intake = 0.0
         tokens = b + tok
         self._seg_tok = tok
         self._seg_gctx = tokens
@@ -460,6 +470,8 @@ class SimEngine:
         self._seg_growth = self._ctx * tokens
         if tok and self._attn:
             self._add_attention(tok)
+        self._seg_first += intake
+        self._seg_intake = intake
         self._seg_k = k
         self._seg_start = now
         self.busy = True
@@ -484,6 +496,10 @@ class SimEngine:
 
     def _apply(self, k: int, now: float) -> list[Call]:
         """Advance k iterations of the current segment, ending at ``now``."""
+        if self._seg_intake:
+            if not k:  # replanned before its first iteration ran: the intake is still to come
+                self._intake += self._seg_intake
+            self._seg_intake = 0.0
         st = self.stats
         st.iterations += k
         st.busy_s += now - self._seg_start

@@ -48,7 +48,9 @@ FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
 a fifth column, the prefill attention pairs, whose constant (``attn_s``) is held at the profile's: completed
 calls do not say where their prompts' cached prefixes ended, so the pairs are approximate; and a sixth, the
 decoding calls summed over the call's decode steps, whose constant (``seq_s``) is held too: with the batch
-the estimator assumed it is collinear with ``token_s``'s decode share, and ``hexflow calibrate`` measures it."""
+the estimator assumed it is collinear with ``token_s``'s decode share, and ``hexflow calibrate`` measures it;
+and a seventh, the call's own intake (1 per call), whose constant (``admit_s``) is held: it is collinear with
+``request_overhead_s`` in a call's own latency and told from it only by batches sent together."""
 
 RESULTS = ("applied", "kept", "rejected", "skipped", "failed")
 """Outcome labels of one refit attempt (``hexflow_profile_refits_total{result}``)."""
@@ -102,15 +104,17 @@ def sample_rows(samples: Sequence[CallSample], chunk: int) -> tuple[np.ndarray, 
             np.ones(len(samples)),
             p * (p + 1) / 2,
             out * n,
+            np.ones(len(samples)),
         ]
     )
     y = np.array([s.observed_s for s in samples], dtype=float)
     return a, y
 
 
-def constants_of(p: PerfProfile) -> tuple[float, float, float, float, float, float]:
-    """The profile's ``FITTED`` constants, then its ``attn_s`` and ``seq_s`` (the columns of ``sample_rows``)."""
-    return (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s)
+def constants_of(p: PerfProfile) -> tuple[float, float, float, float, float, float, float]:
+    """The profile's ``FITTED`` constants, then its ``attn_s``, ``seq_s`` and ``admit_s`` (the columns of
+    ``sample_rows``)."""
+    return (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s, p.admit_s)
 
 
 def median_error(a: np.ndarray, y: np.ndarray, x: Sequence[float]) -> float:
@@ -122,7 +126,7 @@ def refit_bounds(
     current: PerfProfile, base: PerfProfile, max_step: float, max_drift: float
 ) -> tuple[list[float], list[float]]:
     """Per ``FITTED`` constant: within ``max_step`` x of the current value and ``max_drift`` x of the base;
-    then ``attn_s`` and ``seq_s``, held at the current values."""
+    then ``attn_s``, ``seq_s`` and ``admit_s``, held at the current values."""
     lower: list[float] = []
     upper: list[float] = []
     k = len(FITTED)
@@ -133,8 +137,8 @@ def refit_bounds(
             lo = hi = min(max(cur, b / max_drift), b * max_drift)
         lower.append(lo)
         upper.append(hi)
-    lower += [current.attn_s, current.seq_s]
-    upper += [current.attn_s, current.seq_s]
+    lower += [current.attn_s, current.seq_s, current.admit_s]
+    upper += [current.attn_s, current.seq_s, current.admit_s]
     return lower, upper
 
 
@@ -311,12 +315,14 @@ class Refitter:
 
 def profile_status(info: WorkerInfo) -> dict[str, Any]:
     """A worker's profile for ``/v1/status``: name, source and its time constants (the fitted ones,
-    ``attn_s`` and ``seq_s``)."""
+    ``attn_s``, ``seq_s`` and ``admit_s``)."""
     p = info.profile
     return {
         "name": p.name,
         "source": info.profile_source,
-        "constants": {k: float(f"{v:.6g}") for k, v in zip((*FITTED, "attn_s", "seq_s"), constants_of(p), strict=True)},
+        "constants": {
+            k: float(f"{v:.6g}") for k, v in zip((*FITTED, "attn_s", "seq_s", "admit_s"), constants_of(p), strict=True)
+        },
     }
 
 

@@ -82,35 +82,38 @@ def _engine_mean_latency(profile: PerfProfile, n: int, prompt: int, output: int)
     ("n", "prompt", "output"),
     [(1, 3000, 50), (4, 64, 64), (16, 64, 64), (8, 1024, 32), (16, 2048, 64), (3, 3000, 5), (5, 700, 3)],
 )
-@pytest.mark.parametrize(("attn_s", "seq_s"), [(0.0, 0.0), (3e-9, 0.0), (3e-9, 4e-4)])
+@pytest.mark.parametrize(("attn_s", "seq_s", "admit_s"), [(0.0, 0.0, 0.0), (3e-9, 0.0, 0.0), (3e-9, 4e-4, 0.006)])
 def test_batch_features_give_the_simulated_engines_mean_latency(
-    n: int, prompt: int, output: int, attn_s: float, seq_s: float
+    n: int, prompt: int, output: int, attn_s: float, seq_s: float, admit_s: float
 ) -> None:
-    p = replace(a100(), request_overhead_s=0.0, kv_capacity_tokens=10**7, attn_s=attn_s, seq_s=seq_s)
-    constants = np.array([p.iter_base_s, p.token_s, p.ctx_s, 0.0, p.attn_s, p.seq_s])
+    p = replace(a100(), request_overhead_s=0.0, kv_capacity_tokens=10**7, attn_s=attn_s, seq_s=seq_s, admit_s=admit_s)
+    constants = np.array([p.iter_base_s, p.token_s, p.ctx_s, 0.0, p.attn_s, p.seq_s, p.admit_s])
     predicted = batch_features(n, prompt, output, p.max_batched_tokens) @ constants
     assert predicted == pytest.approx(_engine_mean_latency(p, n, prompt, output), rel=1e-9)
 
 
 @pytest.mark.parametrize(("prompt", "output"), [(32, 1), (2048, 1), (5000, 7), (100, 200)])
-@pytest.mark.parametrize(("attn_s", "seq_s"), [(0.0, 0.0), (3e-9, 0.0), (3e-9, 4e-4)])
-def test_lone_probe_features_give_single_latency(prompt: int, output: int, attn_s: float, seq_s: float) -> None:
-    p = replace(a100(), attn_s=attn_s, seq_s=seq_s)
+@pytest.mark.parametrize(("attn_s", "seq_s", "admit_s"), [(0.0, 0.0, 0.0), (3e-9, 0.0, 0.0), (3e-9, 4e-4, 0.006)])
+def test_lone_probe_features_give_single_latency(
+    prompt: int, output: int, attn_s: float, seq_s: float, admit_s: float
+) -> None:
+    p = replace(a100(), attn_s=attn_s, seq_s=seq_s, admit_s=admit_s)
     row = probe_features("lone", 1, prompt, output, p.max_batched_tokens)
-    assert row[6] == 0.0  # no send term for a lone request
+    assert row[6] == 1.0  # its own intake
     assert row[4] == prompt * (prompt + 1) / 2  # the prompt's attention pairs, however it is chunked
     assert row[5] == output - 1  # one decoding call in each decode step
-    coef = np.array([p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s, 0.0])
+    coef = np.array([p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s, p.admit_s])
     assert row @ coef == pytest.approx(p.single_latency(prompt, output), rel=1e-12)
 
 
-@pytest.mark.parametrize("seq_s", [0.0, 4e-4])
-def test_fit_recovers_the_constants_of_exact_latencies(seq_s: float) -> None:
-    """Every constant, the per-call step cost and the send term included: batches at two output lengths tell a
-    cost per decoding request per step (grows with the output) from one per request (does not)."""
-    truth = replace(unknown_profile(), attn_s=2e-9, seq_s=seq_s)
+@pytest.mark.parametrize(("seq_s", "admit_s"), [(0.0, 0.0), (4e-4, 0.0), (4e-4, 0.002)])
+def test_fit_recovers_the_constants_of_exact_latencies(seq_s: float, admit_s: float) -> None:
+    """Every constant, the per-call step cost and the intake included: batches at two output lengths tell a
+    cost per decoding request per step (grows with the output) from one per request (does not), and batches
+    against lone requests tell the intake (n of them in a batch's latency) from the overhead (one)."""
+    truth = replace(unknown_profile(), attn_s=2e-9, seq_s=seq_s, admit_s=admit_s)
     t = truth
-    coef = np.array([t.iter_base_s, t.token_s, t.ctx_s, t.request_overhead_s, t.attn_s, t.seq_s, 0.002])
+    coef = np.array([t.iter_base_s, t.token_s, t.ctx_s, t.request_overhead_s, t.attn_s, t.seq_s, t.admit_s])
     lone = [(1, 32, 1), (1, 4096, 1), (1, 512, 64), (1, 4096, 256), (1, 32, 256), (1, 2048, 16)]
     batches = [(4, 64, 128), (16, 64, 128), (4, 64, 32), (16, 64, 32), (8, 2048, 128), (16, 2048, 128)]
     rows = [probe_features("p", n, pr, o, truth.max_batched_tokens) for n, pr, o in [*lone, *batches]]
@@ -124,12 +127,12 @@ def test_a_step_probe_row_is_one_decode_step_of_the_simulated_engine(
     n: int, prompt: int, output: int, short: int
 ) -> None:
     """The difference of the two batches' simulated mean latencies over the difference of their outputs:
-    prefill, the per-request overhead and the send term cancel."""
-    p = replace(a100(), kv_capacity_tokens=10**7, attn_s=3e-9, seq_s=4e-4)
+    prefill, the per-request overhead and the intakes cancel."""
+    p = replace(a100(), kv_capacity_tokens=10**7, attn_s=3e-9, seq_s=4e-4, admit_s=0.005)
     row = probe_features("step", n, prompt, output, p.max_batched_tokens, short)
-    assert row[3] == pytest.approx(0.0, abs=1e-12) and row[6] == 0.0
+    assert row[3] == pytest.approx(0.0, abs=1e-12) and row[6] == pytest.approx(0.0, abs=1e-12)
     assert row[0] == pytest.approx(1.0) and row[5] == pytest.approx(n)  # one iteration of n decoders per step
-    coef = np.array([p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s, 0.5])
+    coef = np.array([p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s, p.admit_s])
     want = (_engine_mean_latency(p, n, prompt, output) - _engine_mean_latency(p, n, prompt, short)) / (output - short)
     assert row @ coef == pytest.approx(want, rel=1e-9)
     with pytest.raises(ValueError, match="short output"):

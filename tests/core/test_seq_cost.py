@@ -25,7 +25,7 @@ NO_SEQ = dataclasses.replace(CPU, seq_s=0.0)
 
 
 def test_the_profile_carries_it_through_every_path_a_profile_travels() -> None:
-    assert CONSTANTS[-1] == "seq_s"
+    assert CONSTANTS[-2] == "seq_s"
     assert pickle.loads(pickle.dumps(CPU)) == CPU
     assert profile_from("cpu", "tiny", CPU) == CPU
     assert time_scaled(CPU, 2.0).seq_s == pytest.approx(4e-4)
@@ -80,7 +80,7 @@ def test_the_refit_holds_it_fixed_and_its_rows_carry_it() -> None:
         prefill_tokens=200, output_tokens=31, batch_n=4, batch_ctx=900.0, wait_tokens=0.0, observed_s=1.0, at=0.0
     )
     a, _ = sample_rows([s], CPU.max_batched_tokens)
-    assert a.shape == (1, 6) and a[0, 5] == 30 * 4  # decoding calls summed over its decode steps
-    assert constants_of(CPU)[-1] == CPU.seq_s
+    assert a.shape == (1, 7) and a[0, 5] == 30 * 4  # decoding calls summed over its decode steps
+    assert constants_of(CPU)[5] == CPU.seq_s
     lower, upper = refit_bounds(CPU, CPU, 1.5, 8.0)
-    assert lower[-1] == upper[-1] == CPU.seq_s
+    assert lower[5] == upper[5] == CPU.seq_s

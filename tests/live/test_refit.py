@@ -46,7 +46,7 @@ async def test_a_mislabelled_worker_names_its_profile_and_its_calls_feed_a_refit
             assert prof["name"].endswith(f"/{MODEL}") and prof["source"] in ("catalogue", "refit")
             assert prof["refit"]["attempts"] >= (1 if by_name["l40s-0"]["completed"] >= 20 else 0)
             fitted = {"iter_base_s", "token_s", "ctx_s", "request_overhead_s"}
-            assert set(prof["constants"]) == {*fitted, "attn_s", "seq_s"}
+            assert set(prof["constants"]) == {*fitted, "attn_s", "seq_s", "admit_s"}
             text = (await client.get("/metrics")).text
             assert 'hexflow_profile_constant{constant="token_s",worker="l40s-0"}' in text
             if results:

@@ -83,12 +83,14 @@ def reference(
             kv -= r["kv"]
             gone.add(r["i"])
         waiting = [i for i in waiting if cancels.get(i, float("inf")) > t]
+        admitted = 0
         while waiting and len(running) < p.max_num_seqs:
             i = waiting[0]
             need = arrivals[i][1] + arrivals[i][2]
             if kv + need > p.kv_capacity_tokens and running:
                 break
             waiting.pop(0)
+            admitted += 1
             kv += need
             running.append({"i": i, "pre": arrivals[i][1], "done_pre": 0, "out": arrivals[i][2], "ctx": 0, "kv": need})
         if not running:
@@ -109,7 +111,7 @@ def reference(
         tokens = len(decoders) + sum(k for _, k in alloc)
         ctx = sum(r["ctx"] for r in decoders) + sum(r["done_pre"] for r in running if r["pre"] > 0)
         pairs = sum(k * r["done_pre"] + k * (k + 1) / 2 for r, k in alloc)  # causal attention of the chunks
-        t += p.iter_time(tokens, ctx, pairs, decoders=len(decoders))
+        t += p.iter_time(tokens, ctx, pairs, decoders=len(decoders)) + p.admit_s * admitted  # the intakes stall it
         finished = []
         for r in decoders:
             r["ctx"] += 1
@@ -210,6 +212,34 @@ def test_per_call_step_cost_charges_decode_steps_not_prompts() -> None:
     got0 = run_engine(base, [(0.0, 8, 41)] * 4)
     assert got[0] - got0[0] == pytest.approx(40 * 4 * q.seq_s, rel=1e-9)
     assert q.iter_time(10, 0.0, decoders=4) - base.iter_time(10, 0.0, decoders=4) == pytest.approx(4 * q.seq_s)
+
+
+# Intake on the engine's core as on the CPU's vLLM (6 ms per request against a 3 ms step).
+PROFILE_ADMIT = replace(PROFILE_SEQ, admit_s=0.006)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_intake_cost_matches_the_iteration_by_iteration_reference(seed: int) -> None:
+    """With ``admit_s`` the iteration that admits calls is stalled by that much per call admitted: every call
+    running then waits for it too, exactly as in the reference's iterations."""
+    arrivals = random_arrivals(seed)
+    got = run_engine(PROFILE_ADMIT, arrivals)
+    want = reference(PROFILE_ADMIT, arrivals)
+    assert set(got) == set(want) == set(range(len(arrivals)))
+    errors = [abs(got[i] - want[i]) / (want[i] - arrivals[i][0]) for i in want]
+    assert max(errors) < 1e-9, errors
+
+
+def test_intake_stalls_a_running_decode_once_per_arrival() -> None:
+    """A lone call pays its own intake once (``single_latency``); a call decoding while k others arrive (each
+    finishing in its prefill iteration) is delayed by their k intakes beyond what their prompts cost."""
+    q, base = PROFILE_ADMIT, PROFILE_SEQ
+    assert q.single_latency(300, 20) - base.single_latency(300, 20) == pytest.approx(q.admit_s, rel=1e-9)
+    alone = run_engine(q, [(0.0, 8, 200)])
+    assert alone[0] == pytest.approx(q.engine_latency(8, 200) + q.admit_s, rel=1e-9)
+    arrivals = [(0.0, 8, 200)] + [(0.1 + 0.05 * k, 16, 1) for k in range(5)]
+    stalled = run_engine(q, arrivals)[0] - run_engine(base, arrivals)[0]
+    assert stalled == pytest.approx(6 * q.admit_s, rel=1e-9)  # its own intake and the 5 arrivals'
 
 
 def test_batching_two_requests_is_slower_than_one_but_faster_than_two_in_a_row() -> None:
