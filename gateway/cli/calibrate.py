@@ -11,7 +11,13 @@ from pathlib import Path
 
 from gateway.cli.common import Subparsers, UsageError, nonneg_int, port, positive_float, positive_int
 
-__all__ = ["add_bench_fidelity", "add_bench_fidelity_vllm", "add_bench_mislabel", "add_calibrate"]
+__all__ = [
+    "add_bench_fidelity",
+    "add_bench_fidelity_vllm",
+    "add_bench_mislabel",
+    "add_bench_open_loop",
+    "add_calibrate",
+]
 
 
 def add_calibrate(sub: Subparsers) -> None:
@@ -337,6 +343,84 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
         out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
         print(f"wrote {args.json}")
     return 0 if rep.within_target() else 1
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rates {text!r}: comma-separated numbers, e.g. 4,8,16") from None
+    if not rates or not all(r > 0 and r < 1e6 for r in rates):
+        raise argparse.ArgumentTypeError(f"--rates {text!r}: each rate must be a positive number of calls per second")
+    return rates
+
+
+def add_bench_open_loop(sub: Subparsers) -> None:
+    """``hexflow bench open-loop``: a workload's calls open loop against one worker, live against the profile."""
+    p = sub.add_parser(
+        "open-loop",
+        help="send a workload's calls open loop to one worker and compare each with the profile's simulated engine",
+        description="Calls drawn from a workload (token counts scaled) arrive at one OpenAI-compatible worker at "
+        "Poisson rates, with no gateway in between; each call's latency against the simulated engine's for the same "
+        "arrivals under a calibrated profile (a profiles overlay such as hexflow calibrate --out writes): whether "
+        "the profile holds under load.",
+    )
+    p.add_argument("--worker", required=True, help="the worker's base URL")
+    p.add_argument("--model", required=True, help="the served model name (and the profile's model key)")
+    p.add_argument("--profile", required=True, help="a profiles overlay (YAML) holding the worker's profile")
+    p.add_argument("--label", default=None, help="the profile's label in that file (default: its only one)")
+    p.add_argument("--rates", type=_rates, default=[4.0, 8.0, 16.0], help="calls per second, comma-separated")
+    p.add_argument("--calls", type=positive_int, default=300, help="calls per rate (default 300)")
+    p.add_argument("--trace", default="chess-bird", help="workload whose calls are drawn (default: chess-bird)")
+    p.add_argument("--token-scale", type=positive_float, default=0.125, help="multiply token counts (default 0.125)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the calls and arrivals (default 0)")
+    p.add_argument("--max-inflight", type=positive_int, default=64, help="requests in flight at most (default 64)")
+    p.add_argument("--budget-s", type=positive_float, default=600.0, help="wall seconds for the whole command")
+    p.add_argument("--json", default=None, help="write the report as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench_open_loop)
+
+
+def cmd_bench_open_loop(args: argparse.Namespace) -> int:
+    """Run the open-loop check; print and optionally write its report."""
+    from gateway.bench.openloop import format_open_loop_report, run_open_loop
+    from gateway.config.gpus import load_profiles_file
+    from gateway.core.profile import profile_from
+
+    entries = load_profiles_file(args.profile).profiles.get(args.model)
+    if not entries:
+        raise UsageError(f"{args.profile} has no profile for model {args.model!r}")
+    if args.label is None and len(entries) != 1:
+        raise UsageError(f"{args.profile} has {len(entries)} profiles for {args.model!r}: name one with --label")
+    label = args.label if args.label is not None else next(iter(entries))
+    if label not in entries:
+        raise UsageError(f"{args.profile} has no profile {label!r} for {args.model!r} (it has {', '.join(entries)})")
+    profile = profile_from(label, args.model, entries[label])
+    try:
+        rep = asyncio.run(
+            run_open_loop(
+                args.worker,
+                args.model,
+                profile,
+                rates=args.rates,
+                calls=args.calls,
+                trace=args.trace,
+                token_scale=args.token_scale,
+                seed=args.seed,
+                max_inflight=args.max_inflight,
+                budget_s=args.budget_s,
+                progress=not args.quiet,
+            )
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(format_open_loop_report(rep))
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
+        print(f"wrote {args.json}")
+    return 0
 
 
 def add_bench_mislabel(sub: Subparsers) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from gateway.bench.stats import fmt, table
 from gateway.cli.burst import add_bench_burst
-from gateway.cli.calibrate import add_bench_fidelity, add_bench_fidelity_vllm, add_bench_mislabel
+from gateway.cli.calibrate import add_bench_fidelity, add_bench_fidelity_vllm, add_bench_mislabel, add_bench_open_loop
 from gateway.cli.common import (
     Subparsers,
     UsageError,
@@ -121,12 +121,15 @@ def add_bench(sub: Subparsers) -> None:
     )
     p.set_defaults(func=cmd_bench, workflows=None)
     bench_sub = p.add_subparsers(
-        dest="bench_command", metavar="{overload,tuner,fidelity,fidelity-vllm,mislabel,quality,burst}", required=False
+        dest="bench_command",
+        metavar="{overload,tuner,fidelity,fidelity-vllm,open-loop,mislabel,quality,burst}",
+        required=False,
     )
     add_bench_overload(bench_sub)
     add_bench_tuner(bench_sub)
     add_bench_fidelity(bench_sub)
     add_bench_fidelity_vllm(bench_sub)
+    add_bench_open_loop(bench_sub)
     add_bench_mislabel(bench_sub)
     add_bench_quality(bench_sub)
     add_bench_burst(bench_sub)

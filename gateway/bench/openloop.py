@@ -1,0 +1,312 @@
+"""``hexflow bench open-loop``: does a calibrated profile predict its worker under a workload's own load?
+
+    hexflow bench open-loop --worker URL --model NAME --profile FILE [--label LABEL] [--rates 4,8,16]
+        [--calls 300] [--trace chess-bird] [--token-scale 0.125] [--seed 0] [--max-inflight 64]
+        [--budget-s 600] [--json FILE] [--quiet]
+
+The calibration's probes are lone requests, batches sent together and decode steps; the replay through the
+gateway mixes a dispatcher, its queues and its online learning with the engine. This check isolates the
+engine model: calls drawn from a workload (every Text-to-SQL stage's prompt and output lengths, times
+``--token-scale``) arrive at one worker open loop (Poisson at each ``--rates`` value, no gateway), and each
+call's latency is compared with the simulated engine's (``gateway.sim.engine.SimEngine``, the model the
+simulator and the scheduler use) for the same arrivals under the profile (a ``profiles`` overlay, e.g.
+what ``hexflow calibrate --out`` wrote). Reported per rate and per kind of call: mean latency live and
+simulated and their ratio, and P95 of all calls; above 1 the worker is slower under load than the profile
+says.
+
+Every prompt is its own (token ids drawn from a per-run salt), so nothing hits the prefix cache; requests
+ask for exactly their output (``min_tokens`` = ``max_tokens``, ``ignore_eos``). Bounded: at most
+``--max-inflight`` requests in flight (a later arrival waits in the client and the report counts it: its
+live latency then includes that wait, which the simulation does not have) and a wall-clock budget for the
+whole command, after which requests still running are cancelled and the rate's row is marked incomplete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import secrets
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from gateway.bench.calibrate_live import TOKEN_ID_RANGE
+from gateway.bench.interleave import simulate_arrivals
+from gateway.bench.replay import scale_queries, workload_queries
+from gateway.bench.stats import finite_or_none, table
+from gateway.core.profile import PerfProfile
+
+__all__ = [
+    "OpenLoopCall",
+    "OpenLoopReport",
+    "RateResult",
+    "format_open_loop_report",
+    "make_calls",
+    "run_open_loop",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenLoopCall:
+    """One call of the check: when it is sent (seconds from the start), its kind and token counts."""
+
+    at: float
+    kind: str
+    prompt: int
+    output: int
+
+
+def make_calls(trace: str, n: int, rate: float, token_scale: float, seed: int) -> list[OpenLoopCall]:
+    """``n`` calls drawn (with replacement, seeded) from the workload's calls, token counts times
+    ``token_scale``, at Poisson arrivals of ``rate`` per second starting at 0."""
+    if n < 1:
+        raise ValueError("calls must be >= 1")
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"rate must be a positive number, got {rate}")
+    _, queries = workload_queries(trace, max(8, n // 4), seed)
+    pool = [c for q in scale_queries(queries, token_scale) for c in q]
+    rng = random.Random(f"open-loop/{seed}/{rate}")
+    out: list[OpenLoopCall] = []
+    t = 0.0
+    for _ in range(n):
+        c = rng.choice(pool)
+        out.append(OpenLoopCall(round(t, 6), c.kind, c.input_tokens, c.output_tokens))
+        t += rng.expovariate(rate)
+    return out
+
+
+@dataclass
+class RateResult:
+    """One rate's run: per call its live latency (NaN: not completed) and the simulated one."""
+
+    rate: float
+    calls: list[OpenLoopCall]
+    live_s: list[float]
+    sim_s: list[float]
+    client_waits: int
+    """Calls that waited in the client for a free in-flight slot (their live latency includes the wait)."""
+    wall_s: float
+    complete: bool
+
+    def _pairs(self, kind: str | None = None) -> list[tuple[float, float]]:
+        return [
+            (lv, sv)
+            for c, lv, sv in zip(self.calls, self.live_s, self.sim_s, strict=True)
+            if math.isfinite(lv) and (kind is None or c.kind == kind)
+        ]
+
+    def summary(self) -> dict[str, Any]:
+        """Mean and P95 of the completed calls, live and simulated, and per kind the means and their ratio."""
+        pairs = self._pairs()
+        out: dict[str, Any] = {
+            "rate": self.rate,
+            "calls": len(self.calls),
+            "completed": len(pairs),
+            "client_waits": self.client_waits,
+            "wall_s": self.wall_s,
+            "complete": self.complete,
+        }
+        if pairs:
+            live, sim = [p[0] for p in pairs], [p[1] for p in pairs]
+            out |= {
+                "mean_live_s": statistics.fmean(live),
+                "mean_sim_s": statistics.fmean(sim),
+                "mean_ratio": statistics.fmean(live) / statistics.fmean(sim),
+                "p95_live_s": _p95(live),
+                "p95_sim_s": _p95(sim),
+                "p95_ratio": _p95(live) / _p95(sim),
+            }
+        kinds: dict[str, Any] = {}
+        for kind in sorted({c.kind for c in self.calls}):
+            kp = self._pairs(kind)
+            if kp:
+                lv, sv = statistics.fmean(p[0] for p in kp), statistics.fmean(p[1] for p in kp)
+                kinds[kind] = {"calls": len(kp), "mean_live_s": lv, "mean_sim_s": sv, "ratio": lv / sv}
+        out["kinds"] = kinds
+        return out
+
+
+@dataclass
+class OpenLoopReport:
+    """Every rate's result, with what was checked against what."""
+
+    worker: str
+    model: str
+    profile: PerfProfile
+    trace: str
+    token_scale: float
+    seed: int
+    rates: list[RateResult] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (``--json``); non-finite numbers as null."""
+
+        def clean(v: Any) -> Any:
+            if isinstance(v, float):
+                return finite_or_none(v)
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            return v
+
+        return {
+            "worker": self.worker,
+            "model": self.model,
+            "profile": self.profile.name,
+            "admit_s": self.profile.admit_s,
+            "trace": self.trace,
+            "token_scale": self.token_scale,
+            "seed": self.seed,
+            "rates": [clean(r.summary()) for r in self.rates],
+        }
+
+
+def _p95(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, math.ceil(0.95 * len(s)) - 1)]
+
+
+async def _send_all(
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    calls: Sequence[OpenLoopCall],
+    *,
+    max_inflight: int,
+    deadline: float,
+    progress: bool,
+) -> tuple[list[float], int]:
+    """Send each call at its time (bounded in flight); its latency from its send time, NaN if it failed or
+    the deadline came first."""
+    from tqdm import tqdm
+
+    salt = secrets.token_hex(8)
+    slots = asyncio.Semaphore(max_inflight)
+    live = [math.nan] * len(calls)
+    waits = 0
+    bar = tqdm(total=len(calls), desc="open loop", unit="call", disable=not progress, leave=False)
+    t0 = time.monotonic() + 0.2
+
+    async def one(i: int, c: OpenLoopCall) -> None:
+        nonlocal waits
+        await asyncio.sleep(max(0.0, t0 + c.at - time.monotonic()))
+        sent = time.monotonic()
+        if slots.locked():
+            waits += 1
+        async with slots:
+            rng = random.Random(f"{salt}/{i}")
+            body = {
+                "model": model,
+                "prompt": [rng.randrange(*TOKEN_ID_RANGE) for _ in range(c.prompt)],
+                "max_tokens": c.output,
+                "min_tokens": c.output,
+                "ignore_eos": True,
+                "temperature": 0.0,
+            }
+            try:
+                r = await client.post(
+                    f"{url}/v1/completions", json=body, timeout=max(deadline - time.monotonic(), 0.001)
+                )
+            except httpx.HTTPError:
+                return
+            finally:
+                bar.update(1)
+            if r.status_code == 200:
+                live[i] = time.monotonic() - sent
+
+    try:
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+            await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
+    except TimeoutError:
+        pass
+    finally:
+        bar.close()
+    return live, waits
+
+
+async def run_open_loop(
+    worker: str,
+    model: str,
+    profile: PerfProfile,
+    *,
+    rates: Sequence[float],
+    calls: int = 300,
+    trace: str = "chess-bird",
+    token_scale: float = 0.125,
+    seed: int = 0,
+    max_inflight: int = 64,
+    budget_s: float = 600.0,
+    client: httpx.AsyncClient | None = None,
+    progress: bool = True,
+) -> OpenLoopReport:
+    """Run the check at each rate in turn (module docstring); ``client`` is injected for tests."""
+    if max_inflight < 1:
+        raise ValueError("max-inflight must be >= 1")
+    if not (budget_s > 0 and math.isfinite(budget_s)):
+        raise ValueError("budget-s must be a positive number")
+    if not rates:
+        raise ValueError("give at least one rate")
+    plans = [make_calls(trace, calls, r, token_scale, seed + i) for i, r in enumerate(rates)]
+    rep = OpenLoopReport(worker, model, profile, trace, token_scale, seed)
+    url = worker.rstrip("/")
+    deadline = time.monotonic() + budget_s
+    own = client is None
+    http = client or httpx.AsyncClient(limits=httpx.Limits(max_connections=max_inflight + 2), timeout=120.0)
+    try:
+        for rate, plan in zip(rates, plans, strict=True):
+            if time.monotonic() >= deadline:
+                break
+            start = time.monotonic()
+            live, waits = await _send_all(
+                http, url, model, plan, max_inflight=max_inflight, deadline=deadline, progress=progress
+            )
+            sim = simulate_arrivals(profile, [(c.at, c.prompt, c.output) for c in plan])
+            done = all(math.isfinite(v) for v in live)
+            rep.rates.append(RateResult(rate, plan, live, sim, waits, time.monotonic() - start, done))
+    finally:
+        if own:
+            await http.aclose()
+    return rep
+
+
+def format_open_loop_report(rep: OpenLoopReport) -> str:
+    """Per rate: mean and P95 live against simulated; then per kind the mean ratio at each rate."""
+    p = rep.profile
+    lines = [
+        f"open loop against {rep.worker} ({rep.model}), profile {p.name} (admit_s {p.admit_s:.3g}, "
+        f"request_overhead_s {p.request_overhead_s:.3g}); {rep.trace} calls, tokens x {rep.token_scale:g}",
+    ]
+    rows = []
+    sums = [r.summary() for r in rep.rates]
+    for s in sums:
+        rows.append(
+            [
+                f"{s['rate']:g}",
+                f"{s['completed']}/{s['calls']}",
+                f"{s.get('mean_live_s', math.nan):.4f}",
+                f"{s.get('mean_sim_s', math.nan):.4f}",
+                f"{s.get('mean_ratio', math.nan):.3f}",
+                f"{s.get('p95_live_s', math.nan):.4f}",
+                f"{s.get('p95_sim_s', math.nan):.4f}",
+                f"{s.get('p95_ratio', math.nan):.3f}",
+                f"{s['client_waits']}",
+            ]
+        )
+    head = ["rate/s", "done", "mean live", "mean sim", "live/sim", "p95 live", "p95 sim", "live/sim", "waited"]
+    lines.append(table(head, rows))
+    kinds = sorted({k for s in sums for k in s["kinds"]})
+    if kinds:
+        krows = [[k, *(f"{s['kinds'][k]['ratio']:.3f}" if k in s["kinds"] else "-" for s in sums)] for k in kinds]
+        lines.append("mean latency live/sim per kind of call:")
+        lines.append(table(["kind", *(f"{s['rate']:g}/s" for s in sums)], krows, left=1))
+    if any(not s["complete"] for s in sums):
+        lines.append("the budget ended before every call answered: the incomplete rows count the answered calls only")
+    if any(s["client_waits"] for s in sums):
+        lines.append(
+            "some calls waited in the client for an in-flight slot (--max-inflight): their live latency has it"
+        )
+    return "\n".join(lines)
