@@ -24,8 +24,8 @@ tokens of calls still in prefill. The duration of one iteration is modelled as
   side runs on the same core as its forward pass (vLLM on a CPU: measured 0.14-0.27 ms per further decoding
   call per step on the tiny test model, where ``token_s`` is 0.02-0.05 ms) slows every step by it per call
   in the batch. On a GPU host it overlaps the forward pass and is folded into ``token_s`` by the fits of
-  published numbers, which leave it at 0; ``hexflow calibrate`` tells it from ``token_s`` by batches of
-  decoding calls at two output lengths.
+  published numbers, which leave it at 0; ``hexflow calibrate`` measures ``token_s + seq_s`` per step
+  directly (its step probes) and pins ``token_s`` by the prompts.
 
 * ``admit_s`` (default 0): engine time per admitted request, spent in the iteration that admits it: the
   host work of taking a request in (the API server parsing its body, input processing, the engine's
