@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from pathlib import Path
 
-from gateway.cli.common import Subparsers, UsageError, nonneg_int, port, positive_float, positive_int
+from gateway.cli.common import Subparsers, UsageError, nonneg_int, port, positive_float, positive_int, write_json
 
 __all__ = [
     "add_bench_fidelity",
@@ -141,10 +140,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(format_interleave_report(check))
         doc["interleaved"] = check.to_json()
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, doc)
     if args.plot:
         plot_fit(res, Path(args.plot))
         print(f"wrote {args.plot}")
@@ -209,10 +205,7 @@ def cmd_bench_fidelity(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(format_fidelity_report(rep))
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, rep.to_json())
     return 0 if rep.within_target() else 1
 
 
@@ -338,10 +331,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
         return 2
     print(format_vllm_fidelity_series(rep))
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, rep.to_json())
     return 0 if rep.within_target() else 1
 
 
@@ -416,10 +406,7 @@ def cmd_bench_open_loop(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(format_open_loop_report(rep))
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, rep.to_json())
     return 0
 
 
@@ -509,8 +496,5 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, rep.to_json())
     return 0 if rep.refit_helped() else 1

@@ -11,10 +11,11 @@ sense.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from gateway.argtypes import (
     HelpFormatter,
@@ -55,6 +56,7 @@ __all__ = [
     "positive_ints",
     "unit_open_fraction",
     "workload_queries",
+    "write_json",
 ]
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -165,3 +167,11 @@ def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[Call
     name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
     queries = load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
     return name, queries
+
+
+def write_json(path: str, doc: Any) -> None:
+    """Write a report's JSON document to ``path`` (parents created; strict JSON: no NaN) and say so."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    print(f"wrote {path}")

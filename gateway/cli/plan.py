@@ -4,7 +4,6 @@ arrival rate, found on the simulator, with its margin (``gateway.bench.plan`` ha
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +17,7 @@ from gateway.cli.common import (
     int_arg,
     positive_float,
     workload_queries,
+    write_json,
 )
 from gateway.core.policy import POLICIES, get_policy
 from gateway.errors import UnknownNameError
@@ -161,10 +161,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(format_plan_report(report, show=show))
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, report.to_json())
     return 0 if report.answer is not None else 1
 
 

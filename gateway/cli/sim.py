@@ -32,6 +32,7 @@ from gateway.cli.common import (
     positive_int,
     unit_open_fraction,
     workload_queries,
+    write_json,
 )
 from gateway.cli.text2sql import add_bench_quality
 from gateway.cli.tuner import add_bench_tuner
@@ -196,10 +197,7 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(format_report(rep))
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rep.to_json(), indent=2, allow_nan=False) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, rep.to_json())
     if args.plot:
         plot_report(rep, Path(args.plot))
         print(f"wrote {args.plot}")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from gateway.cli.common import (
     positive_float,
     positive_float_arg,
     positive_int,
+    write_json,
 )
 
 __all__ = ["add_bench_tuner", "cmd_bench_tuner"]
@@ -119,8 +119,5 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
     report.notes += notes
     print(format_tuner_report(report, args.cluster))
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, report.to_json())
     return 0
