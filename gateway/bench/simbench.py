@@ -44,6 +44,7 @@ from gateway.bench.stats import Spread, finite_or_none, spread
 from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.degrade import QualityModel
 from gateway.core.policy import get_policy
+from gateway.core.predict import SUSTAINABLE_SHARE
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec, StagedWorkflow, WorkflowTemplate
 from gateway.errors import ConfigError
@@ -67,6 +68,7 @@ __all__ = [
     "plot_report",
     "run_bench",
     "run_point",
+    "simulate",
     "standard_latency",
     "tuned_alpha",
 ]
@@ -122,6 +124,11 @@ class Setup:
     --live``), not of CHESS as a user runs it behind another scheduler."""
     hedge: HedgeSettings | None = None
     """Hedge straggling critical-path calls in every run (``gateway.sim.simulator.HedgeSettings``)."""
+    admission_share: float | None = None
+    """Admit each workflow as the live gateway does, forecasting the work ahead at this share of the full-batch
+    throughput (``Simulator(admission_share=...)``); None: every workflow is admitted."""
+    admission_miss: str = "reject"
+    """With ``admission_share``: what a workflow predicted to miss gets (``Simulator(admission_miss=...)``)."""
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
 
@@ -203,18 +210,29 @@ def run_point(
     setup: Setup, policy: str, rate: float, *, alpha: float | None = None, seed: int | None = None
 ) -> Summary:
     """Simulate one policy at one arrival rate on one seed (default: the setup's) and summarise."""
-    _, res, n = _simulate(setup, policy, rate, alpha, seed)
+    _, res, n = simulate(setup, policy, rate, alpha=alpha, seed=seed)
     return summarize(res, total=n)
 
 
-def _simulate(
-    setup: Setup, policy: str, rate: float, alpha: float | None, seed: int | None
+def simulate(
+    setup: Setup, policy: str, rate: float, *, alpha: float | None = None, seed: int | None = None
 ) -> tuple[Simulator, SimResult, int]:
     """One run of ``policy`` at ``rate`` on one seed (default: the setup's): the simulator, its result and
-    the workflows submitted."""
+    the workflows that arrived."""
     s = setup.seed if seed is None else seed
     wfs = setup.workflows(rate, s)
-    sim = Simulator(setup.workers, policy, alpha=alpha, seed=s, prefix_caching=setup.prefix_caching, hedge=setup.hedge)
+    share = setup.admission_share
+    sim = Simulator(
+        setup.workers,
+        policy,
+        alpha=alpha,
+        seed=s,
+        prefix_caching=setup.prefix_caching,
+        hedge=setup.hedge,
+        admission=share is not None,
+        admission_share=share if share is not None else SUSTAINABLE_SHARE,
+        admission_miss=setup.admission_miss,
+    )
     return sim, sim.run(wfs), len(wfs)
 
 
@@ -223,7 +241,7 @@ def engine_time_at(
 ) -> list[EngineTime]:
     """Where each engine's time went per completed workflow (``gateway.bench.enginetime``) in one run of
     ``policy`` at ``rate`` on one seed (default: the setup's); empty when no workflow completed."""
-    sim, res, _ = _simulate(setup, policy, rate, alpha, seed)
+    sim, res, _ = simulate(setup, policy, rate, alpha=alpha, seed=seed)
     return engine_time_of(sim, res)
 
 

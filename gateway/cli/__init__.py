@@ -12,6 +12,7 @@
     hexflow replay     send a trace's workflows to a running gateway in real time and measure
     hexflow bench --live   policies on the live gateway over an emulated cluster, next to the simulator
     hexflow bench overload   admission under 5x overload bursts on an emulated cluster: met, goodput, RSS
+    hexflow bench admission  deadline-aware admission in the simulator: capacity and goodput per share, 0.8-5x load
     hexflow overhead   the gateway's added latency and CPU per call, against calling a worker directly
     hexflow calibrate  measure a live worker and fit its gpus.yaml profile (bounded, safe in production)
     hexflow bench fidelity   calibrate emulated workers of unknown speed, then live replay vs the simulator

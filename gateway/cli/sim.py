@@ -45,6 +45,7 @@ __all__ = [
     "BENCH_WORKFLOWS",
     "LIVE_BENCH_WORKFLOWS",
     "add_bench",
+    "add_bench_admission",
     "add_bench_overload",
     "add_sim_speed",
     "add_simulate",
@@ -123,10 +124,11 @@ def add_bench(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_bench, workflows=None)
     bench_sub = p.add_subparsers(
         dest="bench_command",
-        metavar="{overload,tuner,fidelity,fidelity-vllm,open-loop,mislabel,quality,burst}",
+        metavar="{overload,admission,tuner,fidelity,fidelity-vllm,open-loop,mislabel,quality,burst}",
         required=False,
     )
     add_bench_overload(bench_sub)
+    add_bench_admission(bench_sub)
     add_bench_tuner(bench_sub)
     add_bench_fidelity(bench_sub)
     add_bench_fidelity_vllm(bench_sub)
@@ -134,6 +136,83 @@ def add_bench(sub: Subparsers) -> None:
     add_bench_mislabel(bench_sub)
     add_bench_quality(bench_sub)
     add_bench_burst(bench_sub)
+
+
+def add_bench_admission(sub: Subparsers) -> None:
+    """``hexflow bench admission``: deadline-aware admission's effect on goodput (``gateway.bench.admission``)."""
+    from gateway.bench.admission import DEFAULT_LOADS, DEFAULT_VARIANTS
+
+    p = sub.add_parser(
+        "admission",
+        help="deadline-aware admission in the simulator: capacity and goodput below and above it, per share",
+        description="Per admission variant (off, reject@SHARE, best_effort@SHARE): the capacity (>= 95%% of "
+        "arrivals in time, refusals counted as missed) per seed, then a load sweep at multiples of the first "
+        "policy's capacity without admission: share met, admitted, admitted that met, goodput.",
+    )
+    add_workload_args(p, workflows=BENCH_WORKFLOWS)
+    p.add_argument("--policies", default="hexgen,llmd", help="comma-separated (default hexgen,llmd)")
+    p.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma-separated: off, reject@SHARE, best_effort@SHARE (default {','.join(DEFAULT_VARIANTS)})",
+    )
+    p.add_argument(
+        "--loads",
+        type=positive_floats,
+        default=list(DEFAULT_LOADS),
+        help="rates of the sweep as multiples of the reference capacity, comma-separated (default "
+        f"{','.join(f'{x:g}' for x in DEFAULT_LOADS)})",
+    )
+    p.add_argument("--seeds", type=positive_int, default=3, help="seeds per point (default 3)")
+    p.add_argument(
+        "--rel-tol", type=unit_open_fraction, default=0.01, help="relative precision of each capacity, in (0, 1)"
+    )
+    p.add_argument("--alpha", type=fraction, default=None, help="fixed alpha (default: tuned once per policy)")
+    p.add_argument("--plot", default=None, help="write a PNG of goodput and kept promises against load")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench_admission)
+
+
+def cmd_bench_admission(args: argparse.Namespace) -> int:
+    """Run the admission benchmark, print its tables, write its JSON and plot."""
+    from tqdm import tqdm
+
+    from gateway.bench.admission import (
+        bench_steps,
+        format_admission_report,
+        parse_variant,
+        plot_admission_report,
+        run_admission_bench,
+    )
+
+    policies = policy_names(args.policies)
+    try:
+        variants = [parse_variant(v) for v in args.variants.split(",") if v.strip()]
+    except ValueError as exc:
+        raise UsageError(f"--variants: {exc}") from None
+    if not variants:
+        raise UsageError("--variants: give at least one (off, reject@SHARE, best_effort@SHARE)")
+    if len({v.name for v in variants}) != len(variants):
+        raise UsageError("--variants: a variant is listed twice")
+    setup = setup_from_args(args, n_seeds=args.seeds)
+    steps = bench_steps(len(policies), len(variants), len(args.loads), args.seeds)
+    with tqdm(total=steps, desc="admission", unit="run", disable=args.quiet or None, leave=False) as bar:
+        report = run_admission_bench(
+            setup,
+            policies=policies,
+            variants=variants,
+            loads=args.loads,
+            alpha=args.alpha,
+            rel_tol=args.rel_tol,
+            progress=bar.update,
+        )
+    print(format_admission_report(report))
+    if args.json:
+        write_json(args.json, report.to_json())
+    if args.plot:
+        plot_admission_report(report, Path(args.plot))
+        print(f"wrote {args.plot}")
+    return 0
 
 
 def add_bench_overload(sub: Subparsers) -> None:
@@ -249,7 +328,8 @@ def add_sim_speed(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_sim_speed)
 
 
-def _setup(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
+def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
+    """The benchmark scenario ``add_workload_args``' options describe (``n_seeds`` seeds from ``--seed``)."""
     from gateway.bench.simbench import Setup
     from gateway.sim.simulator import HedgeSettings
     from gateway.sim.workload import parse_tenants
@@ -286,7 +366,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gateway.sim.simulator import Simulator
 
     get_policy(args.policy)
-    setup = _setup(args)
+    setup = setup_from_args(args)
     solved = solve_fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching)
     bound = solved.rate_qps
     rate = args.rate if args.rate is not None else round(0.6 * bound, 4)
@@ -387,7 +467,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rel_tol = args.rel_tol
     if not 0 < rel_tol < 1:
         raise UsageError("--rel-tol: must be in (0, 1)")
-    setup = _setup(args, n_seeds=seeds)
+    setup = setup_from_args(args, n_seeds=seeds)
     rates: list[float] | None = args.rate
     if args.no_capacity and rates is None:
         shares = ", ".join(f"{f:g}" for f in GRID_FRACTIONS)
@@ -561,7 +641,9 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
     results = []
     for cluster in clusters:
         args.cluster = cluster
-        results += measure_speed(cluster, _setup(args), policies, load=args.load, repeats=repeats, rate=args.rate)
+        results += measure_speed(
+            cluster, setup_from_args(args), policies, load=args.load, repeats=repeats, rate=args.rate
+        )
     rows = [
         [
             r.cluster,
@@ -598,7 +680,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     policy = get_policy(args.policy)
     if not policy.uses_alpha:
         raise UsageError(f"--policy: {policy.name} does not use alpha")
-    setup = _setup(args)
+    setup = setup_from_args(args)
     rate = (
         args.rate
         if args.rate is not None

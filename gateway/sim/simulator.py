@@ -26,7 +26,7 @@ from typing import cast
 
 from gateway.core.degrade import Knobs
 from gateway.core.policy import Policy
-from gateway.core.predict import CompletionPredictor, calls_plan
+from gateway.core.predict import SUSTAINABLE_SHARE, CompletionPredictor, calls_plan
 from gateway.core.profile import PerfProfile
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
@@ -142,6 +142,8 @@ class SimResult:
     unfinished: int = 0
     rejected: list[int] = field(default_factory=list)
     """Ids of the workflows refused at admission (``Simulator(admission=True)``)."""
+    demoted: list[int] = field(default_factory=list)
+    """Ids of the workflows admitted at the lowest urgency (``admission_miss="best_effort"``)."""
 
 
 class Simulator:
@@ -160,6 +162,12 @@ class Simulator:
             ``SimResult.rejected`` and have no record (they count as missed). Workflows other than
             ``StagedWorkflow`` are always admitted.
         admission_headroom: the share of the deadline a prediction must fit in (the live gateway's 0.9).
+        admission_share: the share of the engines' full-batch throughput that admission forecasts the work
+            ahead of a workflow at (``CompletionPredictor``'s ``efficiency``; the live gateway's
+            ``admission.sustainable_share``).
+        admission_miss: what happens to a workflow predicted to miss: ``"reject"`` (refused, listed in
+            ``SimResult.rejected``) or ``"best_effort"`` (admitted at the lowest urgency, its calls behind every
+            other call: the live ``on_predicted_miss: best_effort``; listed in ``SimResult.demoted``).
         prefix_caching: the engines cache prompt prefixes (vLLM's automatic prefix caching, ``SimEngine``),
             and prefix-aware policies track them.
         engine_profiles: what the engines really run, per worker (default: the workers' profiles). A
@@ -183,6 +191,8 @@ class Simulator:
         horizon_s: float = float("inf"),
         admission: bool = False,
         admission_headroom: float = 0.9,
+        admission_share: float = SUSTAINABLE_SHARE,
+        admission_miss: str = "reject",
         prefix_caching: bool = False,
         engine_profiles: Sequence[PerfProfile] | None = None,
         refit: RefitSettings | Refitter | None = None,
@@ -192,6 +202,12 @@ class Simulator:
             raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
         self.admission = admission
         self.admission_headroom = admission_headroom
+        if admission_miss not in ("reject", "best_effort"):
+            raise ValueError(f"admission_miss must be 'reject' or 'best_effort', got {admission_miss!r}")
+        self.admission_miss = admission_miss
+        if not 0.0 < admission_share <= 1.0:
+            raise ValueError(f"admission_share must be in (0, 1], got {admission_share}")
+        self.admission_share = admission_share
         self.workers = list(workers)
         self.prefix_caching = prefix_caching
         self.scheduler = Scheduler(
@@ -257,6 +273,8 @@ class Simulator:
         # Admission (off by default): cluster seconds of work admitted workflows have still to submit.
         committed = 0.0
         work_left: dict[int, float] = {}
+        demoted: set[int] = set()
+        demoted_ids: list[int] = []
         rejected: list[int] = []
 
         def admit(wf: Workflow, t: float) -> bool:
@@ -264,7 +282,7 @@ class Simulator:
             if not isinstance(wf, StagedWorkflow):
                 return True
             plan = calls_plan([st.calls for st in wf.stages])
-            pred = CompletionPredictor(sched, t, committed_s=committed)
+            pred = CompletionPredictor(sched, t, committed_s=committed, efficiency=self.admission_share)
             if pred.duration(plan) > self.admission_headroom * (wf.deadline - t):
                 return False
             work = pred.plan_work(plan)
@@ -278,9 +296,10 @@ class Simulator:
             touched: list[int] = []
             left = work_left.get(wf.wid)
             pred = CompletionPredictor(sched, t) if left is not None else None
+            low = wf.wid in demoted
             for spec in specs:
                 call_id += 1
-                c = Call(call_id, wf, spec, t)
+                c = Call(call_id, wf, spec, t, best_effort=low)
                 if pred is not None and left is not None:  # submitted: in the queues now, no longer committed
                     done = min(pred.cluster_call_time(spec), left)
                     left -= done
@@ -395,6 +414,7 @@ class Simulator:
                 if not nxt and wf.done:
                     pending -= 1
                     committed = max(committed - work_left.pop(wf.wid, 0.0), 0.0)
+                    demoted.discard(wf.wid)
                     rec = WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls.get(wf.wid, 0))
                     if isinstance(wf, KnobbedWorkflow):
                         rec.knobs, rec.full_knobs = wf.used, wf.full
@@ -402,9 +422,12 @@ class Simulator:
             else:
                 wf = cast(Workflow, payload)
                 if self.admission and not admit(wf, now):
-                    rejected.append(wf.wid)
-                    pending -= 1
-                    continue
+                    if self.admission_miss == "reject":
+                        rejected.append(wf.wid)
+                        pending -= 1
+                        continue
+                    demoted.add(wf.wid)  # behind every other call; it commits no work ahead of others
+                    demoted_ids.append(wf.wid)
                 if isinstance(wf, KnobbedWorkflow) and wf.degrader is not None:
                     wf.decide(CompletionPredictor(sched, now))
                 first = wf.start()
@@ -422,4 +445,5 @@ class Simulator:
             end_time=now,
             unfinished=pending,
             rejected=rejected,
+            demoted=demoted_ids,
         )

@@ -4,13 +4,14 @@ replayed, keeps its promises under overload where admitting everything keeps non
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
 from gateway.bench.bound import fluid_bound
 from gateway.bench.simbench import Setup
 from gateway.config import load_cluster
-from gateway.sim.simulator import Simulator
+from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.workload import load_queries
 
 
@@ -51,3 +52,37 @@ def test_admission_off_changes_nothing() -> None:
 def test_admission_headroom_must_be_a_share() -> None:
     with pytest.raises(ValueError, match="admission_headroom"):
         Simulator(load_cluster("paper-4gpu"), "hexgen", admission=True, admission_headroom=1.5)
+
+
+def test_admission_share_and_miss_are_checked() -> None:
+    workers = load_cluster("paper-4gpu")
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="admission_share"):
+            Simulator(workers, "hexgen", admission=True, admission_share=bad)
+    with pytest.raises(ValueError, match="admission_miss"):
+        Simulator(workers, "hexgen", admission=True, admission_miss="shed")
+
+
+def run_at(factor: float, **kw: Any) -> tuple[int, SimResult]:
+    workers = load_cluster("paper-4gpu")
+    queries = load_queries("chess-bird", 200, random.Random(2))
+    setup = Setup(workers=workers, queries=queries, trace="chess-bird", n_workflows=200, slo_scale=3.0, seed=2)
+    wfs = setup.workflows(factor * fluid_bound(workers, queries))
+    return len(wfs), Simulator(workers, "hexgen", admission=True, **kw).run(wfs)
+
+
+def test_a_larger_share_refuses_less_and_no_more_than_a_smaller_one() -> None:
+    """The share is the throughput the work ahead is forecast at: a larger one predicts sooner completions, so
+    it refuses a subset's worth less at the same load (same arrivals, same seed)."""
+    _, tight = run_at(0.6, admission_share=0.25)
+    _, loose = run_at(0.6, admission_share=1.0)
+    assert len(loose.rejected) < len(tight.rejected)
+
+
+def test_best_effort_admits_every_workflow_and_marks_the_predicted_misses() -> None:
+    n, refused = run_at(1.5, admission_share=0.25)
+    n2, demoted = run_at(1.5, admission_share=0.25, admission_miss="best_effort")
+    assert n == n2
+    assert refused.rejected and not refused.demoted
+    assert demoted.demoted and not demoted.rejected
+    assert len(demoted.workflows) == n  # every one ran to its end

@@ -1,0 +1,357 @@
+"""``hexflow bench admission``: what deadline-aware admission does to goodput, below and above capacity.
+
+The live gateway admits a workflow only when its predicted completion fits in 90% of its deadline
+(``gateway.core.predict``, docs/live-gateway.md "Admission that keeps promises"); the prediction forecasts
+the work ahead of it (queued, in flight and committed by admitted workflows) at a *share* of the engines'
+full-batch throughput (``SUSTAINABLE_SHARE``, the gateway's ``admission.sustainable_share``). The same
+admission runs in the simulator (``Simulator(admission=True)``). This bench measures, per admission
+*variant* (off; reject at each share; best effort at a share: a workflow predicted to miss runs at the lowest
+urgency instead of being refused):
+
+1. **capacity**: the highest rate with >= 95% of *arrivals* answered within their deadline (a refused
+   workflow counts as missed), per seed (``Bench.capacity``, to ``rel_tol``);
+2. **load sweep**: at ``loads`` x the reference rate (the first policy's capacity without admission, mean
+   of the seeds), per seed: the share of arrivals met (attainment), admitted (not refused, not demoted),
+   the share of those admitted that met their deadline (the promise admission makes), and goodput (met
+   workflows per second of arrivals).
+
+Every variant runs on the same arrivals (common random numbers), ``n_workflows`` per run, ``seeds`` seeds.
+Policies other than the first (``llmd``, the best baseline of ``hexflow bench``) run the same variants: the
+admission is the gateway's, whatever the dispatch rule. Alpha: tuned once per policy on a separate seed at
+0.6 x the fluid bound (near every policy's capacity), unless given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gateway.bench.simbench import Bench, Setup, simulate, tuned_alpha
+from gateway.bench.stats import Spread, finite_or_none, fmt, spread, table
+from gateway.core.policy import get_policy
+
+__all__ = [
+    "DEFAULT_LOADS",
+    "DEFAULT_VARIANTS",
+    "AdmissionPoint",
+    "AdmissionReport",
+    "Variant",
+    "bench_steps",
+    "format_admission_report",
+    "parse_variant",
+    "plot_admission_report",
+    "run_admission_bench",
+]
+
+ProgressFn = Callable[[int], object]
+
+DEFAULT_LOADS = (0.8, 0.9, 1.0, 1.5, 2.0, 5.0)
+"""Rates of the sweep, as multiples of the reference rate (default)."""
+DEFAULT_VARIANTS = ("off", "reject@0.25", "reject@0.5", "reject@1", "best_effort@0.25")
+"""Admission variants measured (default): ``off``, or ``MODE@SHARE``."""
+TUNE_LOAD = 0.6
+"""Alpha is tuned at this share of the fluid bound (near every policy's capacity on the paper's traces)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of admitting: off (``share`` None), or a share and what a predicted miss gets."""
+
+    name: str
+    share: float | None
+    miss: str = "reject"
+
+
+def parse_variant(text: str) -> Variant:
+    """``off``, ``reject@SHARE`` or ``best_effort@SHARE`` (``SHARE`` in (0, 1]); ``ValueError`` otherwise."""
+    t = text.strip()
+    if t == "off":
+        return Variant("off", None)
+    mode, sep, num = t.partition("@")
+    if not sep or mode not in ("reject", "best_effort"):
+        raise ValueError(f"admission variant {t!r}: expected off, reject@SHARE or best_effort@SHARE")
+    try:
+        share = float(num)
+    except ValueError:
+        raise ValueError(f"admission variant {t!r}: the share {num!r} is not a number") from None
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"admission variant {t!r}: the share must be in (0, 1]")
+    return Variant(f"{mode}@{share:g}", share, mode)
+
+
+@dataclass(frozen=True)
+class AdmissionPoint:
+    """One run: a policy and a variant at one rate on one seed."""
+
+    policy: str
+    variant: str
+    load: float
+    """The rate as a multiple of the reference rate."""
+    rate_qps: float
+    seed: int
+    arrived: int
+    refused: int
+    demoted: int
+    met: int
+    met_admitted: int
+    """Met among the admitted (neither refused nor demoted)."""
+
+    @property
+    def attainment(self) -> float:
+        """Share of arrivals answered within their deadline."""
+        return self.met / self.arrived if self.arrived else math.nan
+
+    @property
+    def admitted_share(self) -> float:
+        """Share of arrivals admitted at their urgency (neither refused nor demoted)."""
+        return (self.arrived - self.refused - self.demoted) / self.arrived if self.arrived else math.nan
+
+    @property
+    def kept(self) -> float:
+        """Share of the admitted that met their deadline (NaN when none was admitted)."""
+        n = self.arrived - self.refused - self.demoted
+        return self.met_admitted / n if n else math.nan
+
+    @property
+    def goodput_qps(self) -> float:
+        """Workflows answered within their deadline per second of arrivals."""
+        return self.attainment * self.rate_qps
+
+
+@dataclass
+class AdmissionReport:
+    """Capacities and the load sweep of every (policy, variant)."""
+
+    trace: str
+    cluster: list[str]
+    slo_scale: float
+    slo_s: float
+    n_workflows: int
+    seeds: list[int]
+    policies: list[str]
+    variants: list[Variant]
+    alphas: dict[str, float | None]
+    bound_qps: float
+    reference_qps: float
+    loads: list[float]
+    capacity: dict[tuple[str, str], Spread] = field(default_factory=dict)
+    points: list[AdmissionPoint] = field(default_factory=list)
+
+    def at(self, policy: str, variant: str, load: float) -> list[AdmissionPoint]:
+        """The seeds' runs of one (policy, variant) at one load."""
+        return [p for p in self.points if p.policy == policy and p.variant == variant and p.load == load]
+
+    def mean(self, policy: str, variant: str, load: float, fn: Callable[[AdmissionPoint], float]) -> float:
+        """Mean over the seeds of ``fn`` (NaN values left out; NaN when none is left)."""
+        vals = [v for v in (fn(p) for p in self.at(policy, variant, load)) if not math.isnan(v)]
+        return sum(vals) / len(vals) if vals else math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, per seed, for ``--json``."""
+        return {
+            "trace": self.trace,
+            "cluster": self.cluster,
+            "slo_scale": self.slo_scale,
+            "slo_s": self.slo_s,
+            "n_workflows": self.n_workflows,
+            "seeds": self.seeds,
+            "policies": self.policies,
+            "variants": [{"name": v.name, "share": v.share, "miss": v.miss} for v in self.variants],
+            "alphas": self.alphas,
+            "fluid_bound_qps": self.bound_qps,
+            "reference_qps": self.reference_qps,
+            "loads": self.loads,
+            "capacity_qps": [{"policy": p, "variant": v, **s.as_dict()} for (p, v), s in sorted(self.capacity.items())],
+            "points": [
+                {
+                    "policy": p.policy,
+                    "variant": p.variant,
+                    "load": p.load,
+                    "rate_qps": p.rate_qps,
+                    "seed": p.seed,
+                    "arrived": p.arrived,
+                    "refused": p.refused,
+                    "demoted": p.demoted,
+                    "met": p.met,
+                    "met_admitted": p.met_admitted,
+                    "attainment": finite_or_none(p.attainment),
+                    "admitted_share": finite_or_none(p.admitted_share),
+                    "kept": finite_or_none(p.kept),
+                    "goodput_qps": finite_or_none(p.goodput_qps),
+                }
+                for p in self.points
+            ],
+        }
+
+
+def bench_steps(n_policies: int, n_variants: int, n_loads: int, n_seeds: int) -> int:
+    """Progress steps of a run: one per capacity search and one per load run."""
+    return n_policies * n_variants * n_seeds * (1 + n_loads)
+
+
+def _point(
+    setup: Setup, policy: str, variant: str, load: float, rate: float, alpha: float | None, seed: int
+) -> AdmissionPoint:
+    _, res, n = simulate(setup, policy, rate, alpha=alpha, seed=seed)
+    low = set(res.demoted)
+    met = sum(1 for r in res.workflows if r.met)
+    met_admitted = sum(1 for r in res.workflows if r.met and r.wid not in low)
+    return AdmissionPoint(policy, variant, load, rate, seed, n, len(res.rejected), len(low), met, met_admitted)
+
+
+def run_admission_bench(
+    setup: Setup,
+    *,
+    policies: Sequence[str] = ("hexgen", "llmd"),
+    variants: Sequence[Variant] | None = None,
+    loads: Sequence[float] = DEFAULT_LOADS,
+    alpha: float | None = None,
+    rel_tol: float = 0.01,
+    progress: ProgressFn | None = None,
+) -> AdmissionReport:
+    """Measure every (policy, variant): capacity per seed, then the load sweep (module docstring).
+
+    ``variants``: default ``DEFAULT_VARIANTS``. ``setup``'s own admission fields are ignored (each variant
+    sets them). ``alpha`` fixes every policy's; None tunes it per policy once.
+    """
+    if variants is None:
+        variants = [parse_variant(v) for v in DEFAULT_VARIANTS]
+    if not policies:
+        raise ValueError("no policy to measure")
+    if not variants:
+        raise ValueError("no admission variant to measure")
+    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
+        raise ValueError(f"loads must be positive numbers, got {list(loads)}")
+    for p in policies:
+        get_policy(p)  # an unknown name fails here, before any run
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"admission variants repeat: {names}")
+    base = replace(setup, admission_share=None)
+    bound = base.bound.rate_qps
+    alphas: dict[str, float | None] = {}
+    for p in policies:
+        if not get_policy(p).uses_alpha:
+            alphas[p] = None
+        else:
+            alphas[p] = alpha if alpha is not None else tuned_alpha(base, p, TUNE_LOAD * bound)
+    setups = {v.name: replace(base, admission_share=v.share, admission_miss=v.miss) for v in variants}
+    report = AdmissionReport(
+        trace=setup.trace,
+        cluster=[w.name for w in setup.workers],
+        slo_scale=setup.slo_scale,
+        slo_s=base.slo_s,
+        n_workflows=setup.n_workflows,
+        seeds=base.seeds,
+        policies=list(policies),
+        variants=list(variants),
+        alphas=alphas,
+        bound_qps=bound,
+        reference_qps=math.nan,
+        loads=list(loads),
+    )
+
+    def tick() -> None:
+        if progress is not None:
+            progress(1)
+
+    # Capacities first: the first policy's capacity without admission (or its first variant's) sets the sweep.
+    for p in policies:
+        for v in variants:
+            bench = Bench(setups[v.name])
+            caps: list[float] = []
+            for s in base.seeds:
+                guess = caps[-1] if caps else None
+                caps.append(bench.capacity(p, bound, seed=s, alpha=alphas[p], guess=guess, rel_tol=rel_tol))
+                tick()
+            report.capacity[(p, v.name)] = spread(caps)
+    ref_variant = "off" if "off" in names else names[0]
+    report.reference_qps = report.capacity[(policies[0], ref_variant)].mean
+    ref = report.reference_qps if report.reference_qps > 0 else 0.5 * bound
+    for p in policies:
+        for v in variants:
+            for load in loads:
+                for s in base.seeds:
+                    report.points.append(_point(setups[v.name], p, v.name, load, load * ref, alphas[p], s))
+                    tick()
+    return report
+
+
+def format_admission_report(r: AdmissionReport) -> str:
+    """The capacity table and, per policy, the load sweep (means over the seeds)."""
+    lines = [
+        f"admission on {r.trace}, {'/'.join(r.cluster)}, SLO {r.slo_scale:g}x = {r.slo_s:.1f} s, "
+        f"{r.n_workflows} workflows per run, seeds {', '.join(map(str, r.seeds))}; fluid bound {r.bound_qps:.4f}/s",
+        "alpha: " + ", ".join(f"{p} {'-' if a is None else f'{a:g}'}" for p, a in r.alphas.items()),
+        "",
+        "capacity (>= 95% of arrivals within their deadline; a refused workflow counts as missed), workflows/s:",
+    ]
+    rows = []
+    for p in r.policies:
+        off = r.capacity.get((p, "off"))
+        for v in r.variants:
+            c = r.capacity[(p, v.name)]
+            rel = f"{c.mean / off.mean:.3f}x" if off is not None and off.mean > 0 else "-"
+            rows.append(
+                [p, v.name, f"{c.mean:.4f}", f"{c.min:.4f}-{c.max:.4f}", " ".join(f"{x:.4f}" for x in c.values), rel]
+            )
+    lines.append(table(["policy", "admission", "capacity", "min-max", "per_seed", "vs off"], rows, left=2))
+    lines.append("")
+    lines.append(
+        f"load sweep: rate = load x {r.reference_qps:.4f}/s ({r.policies[0]}'s capacity without admission); "
+        "met = share of arrivals in time, admitted = neither refused nor demoted, kept = admitted that met, "
+        "goodput = met per second"
+    )
+    for p in r.policies:
+        rows = []
+        for load in r.loads:
+            for v in r.variants:
+                rows.append(
+                    [
+                        f"{load:g}",
+                        v.name,
+                        fmt(r.mean(p, v.name, load, lambda x: x.attainment), 3),
+                        fmt(r.mean(p, v.name, load, lambda x: x.admitted_share), 3),
+                        fmt(r.mean(p, v.name, load, lambda x: x.kept), 3),
+                        fmt(r.mean(p, v.name, load, lambda x: x.goodput_qps), 4),
+                    ]
+                )
+        lines.append(f"{p}:")
+        lines.append(table(["load", "admission", "met", "admitted", "kept", "goodput/s"], rows, left=2))
+    return "\n".join(lines)
+
+
+def plot_admission_report(r: AdmissionReport, path: Path) -> None:
+    """Goodput and kept promises against load, a line per (policy, variant)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    styles = ["-", "--", ":", "-."]
+    for i, p in enumerate(r.policies):
+        for v in r.variants:
+            xs = list(r.loads)
+            good = [r.mean(p, v.name, x, lambda q: q.goodput_qps) for x in xs]
+            kept = [r.mean(p, v.name, x, lambda q: q.kept) for x in xs]
+            label = f"{p} {v.name}"
+            ax1.plot(xs, good, styles[i % len(styles)], marker="o", label=label)
+            ax2.plot(xs, kept, styles[i % len(styles)], marker="o", label=label)
+    ax1.set_xscale("log")
+    ax2.set_xscale("log")
+    ax1.set_xlabel(f"arrival rate / {r.reference_qps:.3f} per s")
+    ax2.set_xlabel(f"arrival rate / {r.reference_qps:.3f} per s")
+    ax1.set_ylabel("goodput (workflows in time per s)")
+    ax2.set_ylabel("admitted workflows in time (share)")
+    ax2.axhline(0.95, color="grey", lw=0.8)
+    ax1.set_title(f"{r.trace}, SLO {r.slo_scale:g}x: goodput")
+    ax2.set_title("promises kept")
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
