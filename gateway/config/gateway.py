@@ -19,6 +19,7 @@ from gateway.config.cluster import ClusterConfig, build_workers
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog, load_profiles_file
 from gateway.config.tenants import KeyHash
 from gateway.core.policy import POLICIES
+from gateway.core.predict import SUSTAINABLE_SHARE
 from gateway.core.worker import WorkerInfo
 from gateway.errors import ConfigError
 
@@ -46,6 +47,28 @@ class LimitsConfig(_Strict):
     max_prompt_chars: int = Field(1 << 20, ge=1, description="Largest text of one call's messages.")
     parked_timeout_s: PosFloat = Field(
         60.0, description="How long a call waits for any healthy worker before its workflow fails (503)."
+    )
+
+
+class AdmissionConfig(_Strict):
+    """Predictive admission (tenants with ``predictive_admission``): when a new workflow is predicted to make it."""
+
+    sustainable_share: float = Field(
+        SUSTAINABLE_SHARE,
+        gt=0.0,
+        le=1.0,
+        description="The share of the engines' full-batch throughput that the work ahead of a new workflow (queued, "
+        "in flight and committed by admitted workflows) is forecast at. Lower keeps more promises under overload "
+        "and refuses more near capacity: 0.25 kept >= 97% of admitted workflows in time at 5x overload in the "
+        "simulator but refused a quarter to a third of what the cluster serves in time at its capacity; 0.5 "
+        "refused a tenth or less there (hexflow bench admission, docs/benchmarks.md 'Admission').",
+    )
+    headroom: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="A workflow is admitted when its predicted completion is within this share of its deadline "
+        "(the margin absorbs what the estimates do not see yet).",
     )
 
 
@@ -550,6 +573,7 @@ class GatewayConfig(_Strict):
         "override it.",
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)

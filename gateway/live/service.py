@@ -65,12 +65,12 @@ from gateway.sim.refit import profile_status
 log = logging.getLogger("hexflow.gateway")
 
 SHED_PERIOD_S = 0.2
-ADMISSION_HEADROOM = 0.9
-"""A workflow is admitted when its predicted completion is within this share of its deadline: the margin
-absorbs what the estimates do not see yet (a batch growing slower as admitted work arrives, the
-estimator's lag). Measured with ``hexflow bench overload``: without it about 90% of accepted workflows met
-their deadline under 5x overload; the goal is 95%."""
 """How often admitted workflows are checked for a predicted deadline miss (wall seconds)."""
+ADMISSION_HEADROOM = 0.9
+"""The default of ``admission.headroom``: a workflow is admitted when its predicted completion is within this
+share of its deadline; the margin absorbs what the estimates do not see yet (a batch growing slower as admitted
+work arrives, the estimator's lag). Measured with ``hexflow bench overload``: without it about 90% of accepted
+workflows met their deadline under 5x overload; the goal is 95%."""
 
 
 def new_workflow_id() -> str:
@@ -465,7 +465,12 @@ class Gateway:
         refusal = self._refusal(tenant, n_calls)
         work = 0.0
         if refusal is None and plan is not None:
-            pred = CompletionPredictor(self.scheduler, self.clock(), committed_s=self.committed_s)
+            pred = CompletionPredictor(
+                self.scheduler,
+                self.clock(),
+                committed_s=self.committed_s,
+                efficiency=self.cfg.admission.sustainable_share,
+            )
             work = pred.plan_work(plan)
             if deadline_s is not None and tenant.predictive_admission:
                 miss = self._deadline_refusal(pred, plan, deadline_s)
@@ -523,7 +528,7 @@ class Gateway:
         critical path on empty queues cannot be met by waiting: the message says so, and ``Retry-After``
         is the time for the whole backlog to drain.
         """
-        target = ADMISSION_HEADROOM * deadline_s
+        target = self.cfg.admission.headroom * deadline_s
         predicted = pred.duration(plan)
         if predicted <= target:
             return None
@@ -948,7 +953,9 @@ class Gateway:
 
     def _chess_prediction(self) -> float:
         """Predicted seconds of a CHESS workflow admitted now (the status page's load figure)."""
-        pred = CompletionPredictor(self.scheduler, self.clock(), committed_s=self.committed_s)
+        pred = CompletionPredictor(
+            self.scheduler, self.clock(), committed_s=self.committed_s, efficiency=self.cfg.admission.sustainable_share
+        )
         d = pred.duration(template_plan(CHESS_TEMPLATE))
         return d if math.isfinite(d) else -1.0
 

@@ -322,3 +322,42 @@ def test_tenants_file_validates_the_overload_settings(tmp_path: Path, extra: dic
 def test_shipped_tenants_file_sets_overload_behaviour() -> None:
     store = TenantStore.load()
     assert {t.name: t.on_predicted_miss for t in store.tenants} == {"interactive": "reject", "batch": "best_effort"}
+
+
+def gateway_with_share(tmp_path: Path, clock: FakeClock, share: float) -> Gateway:
+    """``make_gateway`` with ``admission.sustainable_share`` set in gateway.yaml."""
+    gw = make_gateway(tmp_path, clock)
+    cfg = tmp_path / "gateway.yaml"
+    doc = yaml.safe_load(cfg.read_text())
+    doc["admission"] = {"sustainable_share": share}
+    cfg.write_text(yaml.safe_dump(doc))
+    loaded = load_gateway_config(cfg)
+    return Gateway(loaded, TenantStore.load(loaded.tenants_path), Hold(), clock=clock, background=False)
+
+
+async def test_the_configured_sustainable_share_sets_what_admission_forecasts(tmp_path: Path) -> None:
+    """A workflow whose deadline lies between its predictions at share 1 and at the default 0.25 is admitted
+    by a gateway configured with share 1 and refused by one at the default."""
+    clock = FakeClock()
+    plan = calls_plan([[CALL]] * 3)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    loose = gateway_with_share(tmp_path / "a", clock, 1.0)
+    tight = make_gateway(tmp_path / "b", clock)
+    assert tight.cfg.admission.sustainable_share == 0.25 and loose.cfg.admission.sustainable_share == 1.0
+    for gw in (loose, tight):
+        gw.committed_s = 40.0  # admitted workflows' work still to come: the fluid term decides
+    at_one = CompletionPredictor(loose.scheduler, clock.t, committed_s=40.0, efficiency=1.0).duration(plan)
+    at_quarter = CompletionPredictor(tight.scheduler, clock.t, committed_s=40.0).duration(plan)
+    assert at_quarter > at_one
+    deadline = (at_one + at_quarter) / 2 / ADMISSION_HEADROOM
+    assert not loose.admit(tenant(loose, "rej"), 3, plan, deadline).best_effort
+    with pytest.raises(Rejected):
+        tight.admit(tenant(tight, "rej"), 3, plan, deadline)
+
+
+@pytest.mark.parametrize("share", [0, -0.5, 1.5])
+def test_a_sustainable_share_outside_0_1_is_refused(tmp_path: Path, share: float) -> None:
+    clock = FakeClock()
+    with pytest.raises(ConfigError, match="sustainable_share"):
+        gateway_with_share(tmp_path, clock, share)
