@@ -333,18 +333,22 @@ def plot_admission_report(r: AdmissionReport, path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     styles = ["-", "--", ":", "-."]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    xs = list(r.loads)
     for i, p in enumerate(r.policies):
-        for v in r.variants:
-            xs = list(r.loads)
+        for j, v in enumerate(r.variants):
             good = [r.mean(p, v.name, x, lambda q: q.goodput_qps) for x in xs]
             kept = [r.mean(p, v.name, x, lambda q: q.kept) for x in xs]
-            label = f"{p} {v.name}"
-            ax1.plot(xs, good, styles[i % len(styles)], marker="o", label=label)
-            ax2.plot(xs, kept, styles[i % len(styles)], marker="o", label=label)
-    ax1.set_xscale("log")
-    ax2.set_xscale("log")
-    ax1.set_xlabel(f"arrival rate / {r.reference_qps:.3f} per s")
-    ax2.set_xlabel(f"arrival rate / {r.reference_qps:.3f} per s")
+            style = {"ls": styles[i % len(styles)], "color": colors[j % len(colors)], "marker": "o", "ms": 4}
+            ax1.plot(xs, good, label=f"{p} {v.name}", **style)
+            ax2.plot(xs, kept, **style)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{x:g}" for x in xs])
+        ax.minorticks_off()
+        ax.set_xlabel(f"arrival rate / {r.reference_qps:.3f} per s ({r.policies[0]}'s capacity without admission)")
+        ax.grid(alpha=0.3)
     ax1.set_ylabel("goodput (workflows in time per s)")
     ax2.set_ylabel("admitted workflows in time (share)")
     ax2.axhline(0.95, color="grey", lw=0.8)
