@@ -53,7 +53,7 @@ DEFAULT_LOADS = (0.8, 0.9, 1.0, 1.5, 2.0, 5.0)
 DEFAULT_VARIANTS = ("off", "reject@0.25", "reject@0.5", "reject@1", "best_effort@0.25")
 """Admission variants measured (default): ``off``, or ``MODE@SHARE``."""
 TUNE_LOAD = 0.6
-"""Alpha is tuned at this share of the fluid bound (near every policy's capacity on the paper's traces)."""
+"""Alpha is tuned at this share of the fluid bound when no policy without alpha gives a capacity to tune at."""
 
 
 @dataclass(frozen=True)
@@ -232,12 +232,7 @@ def run_admission_bench(
         raise ValueError(f"admission variants repeat: {names}")
     base = replace(setup, admission_share=None)
     bound = base.bound.rate_qps
-    alphas: dict[str, float | None] = {}
-    for p in policies:
-        if not get_policy(p).uses_alpha:
-            alphas[p] = None
-        else:
-            alphas[p] = alpha if alpha is not None else tuned_alpha(base, p, TUNE_LOAD * bound)
+    alphas: dict[str, float | None] = {p: None for p in policies}
     setups = {v.name: replace(base, admission_share=v.share, admission_miss=v.miss) for v in variants}
     report = AdmissionReport(
         trace=setup.trace,
@@ -258,8 +253,9 @@ def run_admission_bench(
         if progress is not None:
             progress(1)
 
-    # Capacities first: the first policy's capacity without admission (or its first variant's) sets the sweep.
-    for p in policies:
+    ref_variant = "off" if "off" in names else names[0]
+
+    def capacities(p: str) -> None:
         for v in variants:
             bench = Bench(setups[v.name])
             caps: list[float] = []
@@ -268,7 +264,21 @@ def run_admission_bench(
                 caps.append(bench.capacity(p, bound, seed=s, alpha=alphas[p], guess=guess, rel_tol=rel_tol))
                 tick()
             report.capacity[(p, v.name)] = spread(caps)
-    ref_variant = "off" if "off" in names else names[0]
+
+    # Capacities first, the policies that read no alpha before those that do: alpha is tuned once per policy,
+    # as ``hexflow bench`` tunes it, at the best of the others' capacities (without admission), else at
+    # ``TUNE_LOAD`` x the fluid bound.
+    plain = [p for p in policies if not get_policy(p).uses_alpha]
+    for p in plain:
+        capacities(p)
+    tune_at = max((report.capacity[(p, ref_variant)].mean for p in plain), default=0.0)
+    if not tune_at > 0:
+        tune_at = TUNE_LOAD * bound
+    for p in policies:
+        if p in plain:
+            continue
+        alphas[p] = alpha if alpha is not None else tuned_alpha(base, p, tune_at)
+        capacities(p)
     report.reference_qps = report.capacity[(policies[0], ref_variant)].mean
     ref = report.reference_qps if report.reference_qps > 0 else 0.5 * bound
     for p in policies:
