@@ -52,6 +52,7 @@ from gateway.bench.simbench import fluid_bound
 from gateway.bench.stats import fmt, table
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.tenants import hash_key
+from gateway.core.predict import SUSTAINABLE_SHARE
 
 __all__ = ["OverloadReport", "PhaseReport", "format_report", "plot_report", "run_overload"]
 
@@ -115,6 +116,8 @@ class OverloadReport:
     factor: float
     deadline_wall_s: float
     predictive: bool
+    admission_share: float = SUSTAINABLE_SHARE
+    """The gateway's ``admission.sustainable_share``."""
     phases: list[PhaseReport] = field(default_factory=list)
     rss: list[tuple[float, float]] = field(default_factory=list)
     """(wall seconds since the start, MB) samples of the gateway process."""
@@ -175,6 +178,7 @@ class OverloadReport:
             "factor": self.factor,
             "deadline_wall_s": self.deadline_wall_s,
             "predictive": self.predictive,
+            "admission_share": self.admission_share,
             "phases": phases,
             "overload_met_of_accepted": clean(self.overload_met_of_accepted),
             "goodput_ratio": clean(self.goodput_ratio),
@@ -361,6 +365,7 @@ def run_overload(
     bursts: int = 3,
     slo_scale: float = 5.0,
     predictive: bool = True,
+    admission_share: float | None = None,
     seed: int = 0,
     log_dir: Path | None = None,
     say: Callable[[str], None] | None = None,
@@ -370,6 +375,8 @@ def run_overload(
     for name, v in (("time_scale", time_scale), ("capacity_fraction", capacity_fraction), ("factor", factor)):
         if not (v > 0 and math.isfinite(v)):
             raise ValueError(f"{name} must be a positive number, got {v}")
+    if admission_share is not None and not 0.0 < admission_share <= 1.0:
+        raise ValueError(f"the admission share must be in (0, 1], got {admission_share}")
     if bursts < 1 or capacity_s <= 0 or burst_s <= 0 or quiet_s < 0:
         raise ValueError("bursts >= 1, capacity_s > 0, burst_s > 0 and quiet_s >= 0 are required")
     catalog = load_gpu_catalog()
@@ -410,6 +417,7 @@ def run_overload(
         factor=factor,
         deadline_wall_s=deadline_wall,
         predictive=predictive,
+        admission_share=admission_share if admission_share is not None else SUSTAINABLE_SHARE,
     )
     ok = False
     try:
@@ -427,6 +435,7 @@ def run_overload(
                 tenants_file=tenants,
                 port=port,
                 seed=seed,
+                admission_share=admission_share,
             )
             proc, url = _start_gateway(cfg_path, port, len(urls), log_dir)
             try:
@@ -478,9 +487,10 @@ def format_report(rep: OverloadReport) -> str:
                 f"{_mb(p.rss_start_mb)}/{_mb(p.rss_peak_mb)}/{_mb(p.rss_end_mb)}",
             ]
         )
+    mode = f"predictive (share {rep.admission_share:g})" if rep.predictive else "concurrency only"
     head = (
         f"cluster {rep.cluster}, time scale {rep.time_scale:g}, admission "
-        f"{'predictive' if rep.predictive else 'concurrency only'}; fluid bound {rep.fluid_bound_qps:.4g} wf/s, "
+        f"{mode}; fluid bound {rep.fluid_bound_qps:.4g} wf/s, "
         f"capacity rate {rep.capacity_rate_qps:.4g} wf/s (modelled), overload {rep.factor:g}x; "
         f"deadline {rep.deadline_wall_s:.3g} s wall; {rep.wall_s:.0f} s wall"
     )

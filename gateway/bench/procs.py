@@ -98,6 +98,7 @@ def write_gateway_config(
     gpu_catalog: str | Path | None = None,
     prefix_caching: bool = True,
     profiles_file: str | Path | None = None,
+    admission_share: float | None = None,
 ) -> LoadedConfig:
     """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
 
@@ -105,9 +106,9 @@ def write_gateway_config(
     GPUs, models, named profiles and capacities; ``gpu_catalog`` is the GPU catalogue the gateway reads
     (default: the packaged one) and ``profiles_file`` a profiles overlay it merges (for workers naming a
     ``profile``); ``prefix_caching``: whether the workers cache prompt prefixes (false for workers run with
-    ``--no-enable-prefix-caching``: a prefix-aware policy would otherwise chase a cache that is not there).
-    The file is loaded back with ``load_gateway_config`` and returned, so an invalid result raises
-    ``ConfigError`` here.
+    ``--no-enable-prefix-caching``: a prefix-aware policy would otherwise chase a cache that is not there);
+    ``admission_share``: ``admission.sustainable_share`` (None: the default). The file is loaded back with
+    ``load_gateway_config`` and returned, so an invalid result raises ``ConfigError`` here.
     """
     cfg = cluster if isinstance(cluster, ClusterConfig) else load_cluster_config(cluster)
     resolved = cfg.expanded()
@@ -139,6 +140,8 @@ def write_gateway_config(
         doc["gpu_catalog"] = str(gpu_catalog)
     if profiles_file is not None:
         doc["profiles_file"] = str(profiles_file)
+    if admission_share is not None:
+        doc["admission"] = {"sustainable_share": admission_share}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_gateway_config(path)

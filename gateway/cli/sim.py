@@ -246,6 +246,12 @@ def add_bench_overload(sub: Subparsers) -> None:
     p.add_argument(
         "--no-predictive", action="store_true", help="turn predictive admission off (concurrency limits only)"
     )
+    p.add_argument(
+        "--share",
+        type=positive_float,
+        default=None,
+        help="the gateway's admission.sustainable_share, in (0, 1] (default: the gateway's default, 0.25)",
+    )
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workflows and arrivals")
     p.add_argument("--log-dir", default=None, help="keep subprocess logs and configs here")
     p.add_argument("--json", default=None, help="write the report as JSON here")
@@ -269,6 +275,7 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
             bursts=args.bursts,
             slo_scale=args.slo_scale,
             predictive=not args.no_predictive,
+            admission_share=args.share,
             seed=args.seed,
             log_dir=Path(args.log_dir) if args.log_dir else None,
         )

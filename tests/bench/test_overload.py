@@ -68,3 +68,25 @@ def test_format_report_is_callable_on_an_empty_report() -> None:
 
     rep = OverloadReport("c", 0.02, 1.0, 0.5, 5.0, 5.0, True)
     assert "Goals:" in format_report(rep)
+
+
+def test_bench_overload_refuses_a_share_above_one_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "overload", "--share", "1.5"]) == 2
+    assert "admission share must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_the_share_reaches_the_gateway_config(tmp_path: Path) -> None:
+    from gateway.bench.procs import write_gateway_config
+
+    loaded = write_gateway_config(
+        "paper-4gpu",
+        ["http://127.0.0.1:9"] * 4,
+        tmp_path / "g.yaml",
+        policy="hexgen",
+        alpha=None,
+        time_scale=0.05,
+        tuning_enabled=False,
+        tenants_file=tmp_path / "t.yaml",
+        admission_share=0.5,
+    )
+    assert loaded.cfg.admission.sustainable_share == 0.5
