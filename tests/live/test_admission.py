@@ -326,7 +326,7 @@ def test_shipped_tenants_file_sets_overload_behaviour() -> None:
 
 def gateway_with_share(tmp_path: Path, clock: FakeClock, share: float) -> Gateway:
     """``make_gateway`` with ``admission.sustainable_share`` set in gateway.yaml."""
-    gw = make_gateway(tmp_path, clock)
+    make_gateway(tmp_path, clock)  # writes tenants.yaml and gateway.yaml into tmp_path
     cfg = tmp_path / "gateway.yaml"
     doc = yaml.safe_load(cfg.read_text())
     doc["admission"] = {"sustainable_share": share}
