@@ -192,20 +192,21 @@ def cmd_bench_admission(args: argparse.Namespace) -> int:
         raise UsageError(f"--variants: {exc}") from None
     if not variants:
         raise UsageError("--variants: give at least one (off, reject@SHARE, best_effort@SHARE)")
-    if len({v.name for v in variants}) != len(variants):
-        raise UsageError("--variants: a variant is listed twice")
     setup = setup_from_args(args, n_seeds=args.seeds)
     steps = bench_steps(len(policies), len(variants), len(args.loads), args.seeds)
     with tqdm(total=steps, desc="admission", unit="run", disable=args.quiet or None, leave=False) as bar:
-        report = run_admission_bench(
-            setup,
-            policies=policies,
-            variants=variants,
-            loads=args.loads,
-            alpha=args.alpha,
-            rel_tol=args.rel_tol,
-            progress=bar.update,
-        )
+        try:
+            report = run_admission_bench(
+                setup,
+                policies=policies,
+                variants=variants,
+                loads=args.loads,
+                alpha=args.alpha,
+                rel_tol=args.rel_tol,
+                progress=bar.update,
+            )
+        except ValueError as exc:  # (a variant listed twice)
+            raise UsageError(str(exc)) from None
     print(format_admission_report(report))
     if args.json:
         write_json(args.json, report.to_json())

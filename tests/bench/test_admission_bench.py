@@ -119,3 +119,8 @@ def test_cli_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_cli_says_what_is_wrong_with_a_variant(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "admission", "--variants", "reject@7", "--quiet"]) == 2
     assert "--variants" in capsys.readouterr().err
+
+
+def test_cli_says_a_variant_is_listed_twice(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "admission", "--variants", "off,off", "--workflows", "10", "--quiet"]) == 2
+    assert "repeat" in capsys.readouterr().err
