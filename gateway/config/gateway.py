@@ -70,6 +70,15 @@ class AdmissionConfig(_Strict):
         description="A workflow is admitted when its predicted completion is within this share of its deadline "
         "(the margin absorbs what the estimates do not see yet).",
     )
+    best_effort_share: float = Field(
+        0.05,
+        gt=0.0,
+        le=1.0,
+        description="A worker starts a best-effort call (tenants with on_predicted_miss: best_effort) only while "
+        "fewer than this share of its slots, at least one, are in flight. vLLM does not preempt a running call "
+        "for a more urgent one: best-effort calls started on busy workers slowed the urgent ones until most "
+        "arrivals were predicted to miss (docs/benchmarks.md 'Admission').",
+    )
 
 
 class TimeoutsConfig(_Strict):

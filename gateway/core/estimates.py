@@ -67,6 +67,11 @@ class WorkerLoad:
         inflight_gpu_s: the same for the calls in flight, from their start.
         prefill_free_at: when the engine is predicted to finish the prompts of the calls in flight.
         inflight_kv: KV-cache tokens the calls in flight reserve (``input + output`` each).
+        best_effort_queued: best-effort calls in the worker's queue (its lane behind every other call). They
+            are in none of the queued sums above: they delay no other call (``queues.LanedQueue``), so no
+            estimate of another call's wait counts them.
+        best_effort_inflight: best-effort calls among those in flight (counted in the in-flight sums too:
+            they hold slots and share the engine's batches).
     """
 
     queued: int = 0
@@ -81,6 +86,8 @@ class WorkerLoad:
     inflight_gpu_s: float = 0.0
     prefill_free_at: float = 0.0
     inflight_kv: int = 0
+    best_effort_queued: int = 0
+    best_effort_inflight: int = 0
 
     def outstanding(self, now: float) -> float:
         """Predicted seconds of work left on the worker: queued ``t_comp`` plus in-flight remainder.
@@ -605,14 +612,22 @@ class Estimator:
         pre = self.prefill_s(worker, s.input_tokens - call.cached)
         call.prefill_s = pre
         call.gpu_s = self.gpu_s(worker, s.input_tokens, s.output_tokens, call.cached)
+        if call.best_effort:  # behind every other call: it delays none of them (``WorkerLoad``)
+            load.best_effort_queued += 1
+            return
         load.queued += 1
         load.queued_prefill_s += pre
         load.queued_work += call.t_comp
         load.queued_gpu_s += call.gpu_s
 
     def dequeue(self, call: Call, worker: int) -> None:
-        """``call`` left ``worker``'s gateway queue (started, cancelled or drained)."""
+        """``call`` left ``worker``'s gateway queue (started, cancelled or drained). Its ``best_effort`` flag must be
+        the one it was queued with (the scheduler's drivers change it only while the call is off every queue)."""
         load = self.loads[worker]
+        if call.best_effort:
+            if load.best_effort_queued > 0:
+                load.best_effort_queued -= 1
+            return
         load.queued -= 1
         load.queued_prefill_s -= call.prefill_s
         load.queued_work -= call.t_comp
@@ -654,6 +669,8 @@ class Estimator:
         load.inflight_service_sum += call.service_s
         load.inflight_gpu_s += call.gpu_s
         load.inflight_kv += s.input_tokens + s.output_tokens
+        if call.best_effort:
+            load.best_effort_inflight += 1
 
     def release(self, call: Call, worker: int, now: float | None = None) -> None:
         """``call`` returned from ``worker`` (answered or failed) at ``now``: it leaves the batch.
@@ -672,6 +689,8 @@ class Estimator:
         load.inflight_service_sum -= call.service_s
         load.inflight_gpu_s -= call.gpu_s
         load.inflight_kv -= s.input_tokens + s.output_tokens
+        if call.best_effort and load.best_effort_inflight > 0:
+            load.best_effort_inflight -= 1
         if load.inflight <= 0:  # an empty engine: no prompts ahead, no float drift
             load.inflight = 0
             load.inflight_ctx = 0.0
@@ -680,6 +699,7 @@ class Estimator:
             load.inflight_service_sum = 0.0
             load.inflight_gpu_s = 0.0
             load.inflight_kv = 0
+            load.best_effort_inflight = 0
             load.prefill_free_at = 0.0
         elif now is not None:
             load.prefill_free_at = min(load.prefill_free_at, now + load.inflight_prefill_s)

@@ -24,7 +24,9 @@ Ties are broken by submission order (``call.seq``), so every discipline is deter
 Every registered discipline has a *best-effort lane* (``LanedQueue``): a call flagged ``best_effort`` (its
 workflow is predicted to miss its deadline and its tenant chose best effort over rejection) waits, first
 come first served, behind every other call of the worker; it is sent only when the discipline's own queue
-is empty, and never charged to a VTC counter.
+is empty, and never charged to a VTC counter. The scheduler also starts one only on a worker with few calls in
+flight (``Scheduler.best_effort_share``): a running call holds its slot and shares the engine's batches with the
+urgent calls until it is done.
 """
 
 from __future__ import annotations
@@ -249,12 +251,18 @@ class LanedQueue:
         else:
             self._primary.push(call)
 
-    def pop(self, now: float) -> Call | None:
-        """The discipline's next call; a best-effort call only when the discipline has none."""
+    def pop(self, now: float, best_effort: bool = True) -> Call | None:
+        """The discipline's next call; a best-effort call only when the discipline has none and ``best_effort``
+        (the scheduler passes False while the worker is too busy to start one)."""
         c = self._primary.pop(now)
-        if c is None and self._low:
+        if c is None and best_effort and self._low:
             c = self._low.popleft()
         return c
+
+    @property
+    def best_effort_len(self) -> int:
+        """Calls waiting in the best-effort lane."""
+        return len(self._low)
 
     def remove(self, call: Call) -> bool:
         """Remove a specific call from whichever lane holds it."""
@@ -279,7 +287,10 @@ QueueFactory = Callable[[], WorkerQueue]
 QueueFamily = Callable[[], QueueFactory]
 """Makes the per-scheduler factory (a fresh VTC counter set per scheduler, for example)."""
 
-QUEUES: dict[str, QueueFamily] = {}
+LanedFactory = Callable[[], LanedQueue]
+"""Makes one worker's queue with its best-effort lane (what a ``QUEUES`` entry builds, per scheduler)."""
+
+QUEUES: dict[str, Callable[[], LanedFactory]] = {}
 
 
 def register_queue(name: str, family: QueueFamily) -> None:
@@ -287,7 +298,7 @@ def register_queue(name: str, family: QueueFamily) -> None:
     if name in QUEUES:
         raise ValueError(f"queue discipline {name!r} already registered")
 
-    def laned() -> QueueFactory:
+    def laned() -> LanedFactory:
         make = family()
         return lambda: LanedQueue(make())
 

@@ -35,7 +35,7 @@ from gateway.core.estimates import Estimator
 from gateway.core.policy import Policy, get_policy
 from gateway.core.prefix import Holders, PrefixIndex, cached_tokens, match_holders
 from gateway.core.profile import PerfProfile
-from gateway.core.queues import QUEUES, VtcCounters, WorkerQueue
+from gateway.core.queues import QUEUES, LanedQueue, VtcCounters
 from gateway.core.samples import SampleLog, sample_of
 from gateway.core.slo import stage_budget
 from gateway.core.worker import WorkerInfo
@@ -57,6 +57,11 @@ class Scheduler:
         prefix_caching: the workers cache prompt prefixes (vLLM's default). A prefix-aware policy then keeps
             a ``PrefixIndex`` per worker (what it sent there) and counts the tokens a worker is believed to
             hold out of a call's prefill there.
+        best_effort_share: a worker starts a best-effort call only while fewer than this share of its slots (its
+            capacity), at least one, are in flight: an idle worker takes one. Waiting behind every other call of
+            its queue is not enough: vLLM does not preempt a running request for a more urgent one, so a
+            best-effort call sent to a busy worker would hold a slot and a place in the batches the urgent
+            calls arriving next need (``pop_next``).
     """
 
     def __init__(
@@ -69,7 +74,11 @@ class Scheduler:
         ewma: float = 0.2,
         max_age_s: float = 600.0,
         prefix_caching: bool = False,
+        best_effort_share: float = 0.05,
     ) -> None:
+        if not 0.0 < best_effort_share <= 1.0:
+            raise ValueError(f"best_effort_share must be in (0, 1], got {best_effort_share}")
+        self.best_effort_share = best_effort_share
         self.estimator = Estimator(workers, ewma=ewma, max_age_s=max_age_s)
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self._dispatcher = DISPATCHERS[self.policy.dispatcher](rng)
@@ -88,7 +97,7 @@ class Scheduler:
             else []
         )
         self._make_queue = QUEUES[self.policy.queue]()
-        self.queues: list[WorkerQueue] = [self._make_queue() for _ in self.workers]
+        self.queues: list[LanedQueue] = [self._make_queue() for _ in self.workers]
         self.alpha = self.policy.default_alpha if alpha is None else alpha
         self.eligible = [True] * len(self.workers)
         self.member = [True] * len(self.workers)
@@ -247,11 +256,33 @@ class Scheduler:
         self._eligible_idx = None
 
     def submit(self, call: Call, now: float) -> int:
-        """Compute the call's stage budget, choose a worker, and queue the call there."""
+        """Compute the call's stage budget, choose a worker, and queue the call there. A best-effort call goes
+        to the eligible worker it would wait least on among the best-effort calls (``_choose_best_effort``)."""
         self._budget(call, now)
-        w = self._choose(call, now)
+        w = self._choose_best_effort(call, now) if call.best_effort else self._choose(call, now)
         self._enqueue(call, w, now)
         return w
+
+    def _choose_best_effort(self, call: Call, now: float) -> int:
+        """The worker where a best-effort call would be done soonest in its own lane: the fewest best-effort calls
+        queued and running per best-effort slot, times its lone latency there (the policy's score, made for
+        urgent calls, is not asked: the queues it reads leave best-effort calls out)."""
+        idx = self.eligible_workers()
+        if not idx:
+            raise NoEligibleWorker("no eligible worker")
+        est = self.estimator
+        spec = call.spec
+        best = idx[0]
+        best_score = 0.0
+        for i, w in enumerate(idx):
+            load = est.loads[w]
+            ahead = load.best_effort_queued + load.best_effort_inflight + 1
+            score = ahead / self.best_effort_slots(w) * est.base_latency(w, spec.input_tokens, spec.output_tokens)
+            if i == 0 or score < best_score:
+                best, best_score = w, score
+        call.t_comp = est.t_comp(best, spec.kind, spec.input_tokens, spec.output_tokens, now)
+        call.cached = 0
+        return best
 
     def _budget(self, call: Call, now: float) -> None:
         """The call's stage budget (its stage's and the rest's expected cost against the deadline) and order."""
@@ -368,9 +399,17 @@ class Scheduler:
         counts = self.dispatch_counts[w]
         counts[call.kind] = counts.get(call.kind, 0) + 1
 
+    def best_effort_slots(self, worker: int) -> int:
+        """``worker`` starts a best-effort call only while it has fewer calls than this in flight:
+        ``best_effort_share`` of its capacity, at least one."""
+        n = int(self.workers[worker].capacity * self.best_effort_share)
+        return n if n > 1 else 1
+
     def pop_next(self, worker: int, now: float) -> Call | None:
-        """The next call for ``worker`` by its queue discipline; marks it in flight."""
-        call = self.queues[worker].pop(now)
+        """The next call for ``worker`` by its queue discipline; marks it in flight. A best-effort call only
+        while the worker has fewer than ``best_effort_slots`` calls in flight."""
+        load = self.estimator.loads[worker]
+        call = self.queues[worker].pop(now, load.inflight < self.best_effort_slots(worker))
         if call is None:
             return None
         self._queued -= 1

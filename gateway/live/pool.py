@@ -371,7 +371,9 @@ class WorkerPool:
             c.worker_name = name
             if self.sent_log is not None:
                 self.sent_log.append((now, name))
-            if c.key:
+            if c.best_effort:  # behind every urgent call in vLLM's own waiting queue too
+                c.priority = int(_PRIO_MAX)
+            elif c.key:
                 # vLLM's priority (lower runs sooner): the queue key in ms since the pool started, so a
                 # worker run with --scheduling-policy priority orders its own waiting queue the same way.
                 c.priority = int(max(min((c.key - self.epoch) * 1000.0, _PRIO_MAX), -_PRIO_MAX))

@@ -246,7 +246,12 @@ class Gateway:
         self.clock = clock
         self.epoch = clock()
         self.scheduler = Scheduler(
-            loaded.workers, cfg.policy, random.Random(cfg.seed), alpha=cfg.alpha, prefix_caching=cfg.prefix_caching
+            loaded.workers,
+            cfg.policy,
+            random.Random(cfg.seed),
+            alpha=cfg.alpha,
+            prefix_caching=cfg.prefix_caching,
+            best_effort_share=cfg.admission.best_effort_share,
         )
         self.metrics = GatewayMetrics([w.name for w in loaded.workers], [t.name for t in tenants.tenants])
         self.metrics.alpha.set(self.scheduler.alpha)
@@ -923,8 +928,9 @@ class Gateway:
         calls start there."""
         self._best_effort.add(wf)
         for c in queued:
-            c.best_effort = True
+            # Off its queue first: the estimator counts a call by the lane it was queued in.
             if self.scheduler.cancel(c):
+                c.best_effort = True
                 self.pool.submit(c)
 
     def _shed_workflow(self, wf: Workflow, overshoot_s: float) -> None:

@@ -168,6 +168,8 @@ class Simulator:
         admission_miss: what happens to a workflow predicted to miss: ``"reject"`` (refused, listed in
             ``SimResult.rejected``) or ``"best_effort"`` (admitted at the lowest urgency, its calls behind every
             other call: the live ``on_predicted_miss: best_effort``; listed in ``SimResult.demoted``).
+        best_effort_share: a worker starts a best-effort call only while fewer than this share of its slots are
+            in flight (``Scheduler``'s; the live ``admission.best_effort_share``).
         prefix_caching: the engines cache prompt prefixes (vLLM's automatic prefix caching, ``SimEngine``),
             and prefix-aware policies track them.
         engine_profiles: what the engines really run, per worker (default: the workers' profiles). A
@@ -193,6 +195,7 @@ class Simulator:
         admission_headroom: float = 0.9,
         admission_share: float = SUSTAINABLE_SHARE,
         admission_miss: str = "reject",
+        best_effort_share: float = 0.05,
         prefix_caching: bool = False,
         engine_profiles: Sequence[PerfProfile] | None = None,
         refit: RefitSettings | Refitter | None = None,
@@ -211,7 +214,12 @@ class Simulator:
         self.workers = list(workers)
         self.prefix_caching = prefix_caching
         self.scheduler = Scheduler(
-            self.workers, policy, random.Random(seed), alpha=alpha, prefix_caching=prefix_caching
+            self.workers,
+            policy,
+            random.Random(seed),
+            alpha=alpha,
+            prefix_caching=prefix_caching,
+            best_effort_share=best_effort_share,
         )
         truth = [w.profile for w in self.workers] if engine_profiles is None else list(engine_profiles)
         if len(truth) != len(self.workers):

@@ -217,11 +217,15 @@ async def test_best_effort_tenant_workflow_is_demoted_not_shed(tmp_path: Path) -
     assert gw.shed_overdue() == (0, 1)
     assert gw.shed_overdue() == (0, 0)  # once
     on_time = await start_workflow(gw, "off", 1e6)
-    # The demoted call waits behind the later, normal one.
+    # The demoted call waits behind the later, normal one, and starts only on an idle worker (its capacity
+    # times the default best-effort share is below one slot).
     first = gw.scheduler.pop_next(0, clock.t)
+    assert first is not None and first.tenant == "off"
+    assert gw.scheduler.best_effort_slots(0) == 1
+    assert gw.scheduler.pop_next(0, clock.t) is None  # one call in flight: too busy for best effort
+    gw.scheduler.on_finish(first, clock.t, 0.1)
     second = gw.scheduler.pop_next(0, clock.t)
-    assert first is not None and second is not None
-    assert first.tenant == "off" and second.tenant == "be" and second.best_effort
+    assert second is not None and second.tenant == "be" and second.best_effort
     demoted = gw.metrics.registry.get_sample_value(
         "hexflow_workflows_demoted_total", {"tenant": "be", "when": "queued"}
     )
