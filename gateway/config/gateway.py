@@ -20,6 +20,7 @@ from gateway.config.gpus import GpuCatalog, load_gpu_catalog, load_profiles_file
 from gateway.config.tenants import KeyHash
 from gateway.core.policy import POLICIES
 from gateway.core.predict import SUSTAINABLE_SHARE
+from gateway.core.scheduler import BEST_EFFORT_SHARE
 from gateway.core.worker import WorkerInfo
 from gateway.errors import ConfigError
 
@@ -71,7 +72,7 @@ class AdmissionConfig(_Strict):
         "(the margin absorbs what the estimates do not see yet).",
     )
     best_effort_share: float = Field(
-        0.05,
+        BEST_EFFORT_SHARE,
         gt=0.0,
         le=1.0,
         description="A worker starts a best-effort call (tenants with on_predicted_miss: best_effort) only while "

@@ -259,11 +259,6 @@ class LanedQueue:
             c = self._low.popleft()
         return c
 
-    @property
-    def best_effort_len(self) -> int:
-        """Calls waiting in the best-effort lane."""
-        return len(self._low)
-
     def remove(self, call: Call) -> bool:
         """Remove a specific call from whichever lane holds it."""
         if self._primary.remove(call):

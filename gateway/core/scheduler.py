@@ -42,7 +42,10 @@ from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
 from gateway.errors import NoEligibleWorker
 
-__all__ = ["NoEligibleWorker", "Scheduler", "WorkerInfo"]
+__all__ = ["BEST_EFFORT_SHARE", "NoEligibleWorker", "Scheduler", "WorkerInfo"]
+
+BEST_EFFORT_SHARE = 0.05
+"""Default ``Scheduler.best_effort_share`` (the simulator's and the live ``admission.best_effort_share``)."""
 
 
 class Scheduler:
@@ -74,7 +77,7 @@ class Scheduler:
         ewma: float = 0.2,
         max_age_s: float = 600.0,
         prefix_caching: bool = False,
-        best_effort_share: float = 0.05,
+        best_effort_share: float = BEST_EFFORT_SHARE,
     ) -> None:
         if not 0.0 < best_effort_share <= 1.0:
             raise ValueError(f"best_effort_share must be in (0, 1], got {best_effort_share}")
@@ -409,7 +412,8 @@ class Scheduler:
         """The next call for ``worker`` by its queue discipline; marks it in flight. A best-effort call only
         while the worker has fewer than ``best_effort_slots`` calls in flight."""
         load = self.estimator.loads[worker]
-        call = self.queues[worker].pop(now, load.inflight < self.best_effort_slots(worker))
+        low = load.best_effort_queued > 0 and load.inflight < self.best_effort_slots(worker)
+        call = self.queues[worker].pop(now, low)
         if call is None:
             return None
         self._queued -= 1

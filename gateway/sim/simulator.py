@@ -28,7 +28,7 @@ from gateway.core.degrade import Knobs
 from gateway.core.policy import Policy
 from gateway.core.predict import SUSTAINABLE_SHARE, CompletionPredictor, calls_plan
 from gateway.core.profile import PerfProfile
-from gateway.core.scheduler import Scheduler
+from gateway.core.scheduler import BEST_EFFORT_SHARE, Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow, deadline_met
 from gateway.sim.degrade import KnobbedWorkflow
@@ -195,7 +195,7 @@ class Simulator:
         admission_headroom: float = 0.9,
         admission_share: float = SUSTAINABLE_SHARE,
         admission_miss: str = "reject",
-        best_effort_share: float = 0.05,
+        best_effort_share: float = BEST_EFFORT_SHARE,
         prefix_caching: bool = False,
         engine_profiles: Sequence[PerfProfile] | None = None,
         refit: RefitSettings | Refitter | None = None,
