@@ -80,6 +80,14 @@ class AdmissionConfig(_Strict):
         "for a more urgent one: best-effort calls started on busy workers slowed the urgent ones until most "
         "arrivals were predicted to miss (docs/benchmarks.md 'Admission').",
     )
+    best_effort_max_age: float | None = Field(
+        4.0,
+        ge=1.0,
+        description="A best-effort workflow still unfinished this many times its deadline after it arrived is "
+        "shed (its calls cancelled, its client answered 503, counted shed): under sustained overload best-effort "
+        "work waits for idle slots that may not come, and it counts against limits.max_queued_calls and "
+        "max_active_workflows meanwhile. null: never (it waits as long as its client does).",
+    )
 
 
 class TimeoutsConfig(_Strict):

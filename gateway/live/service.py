@@ -14,7 +14,8 @@ would have drained enough for it to fit, or admitted at the lowest urgency (best
 workflows are watched (``shed_overdue``, every ``SHED_PERIOD_S``): one with a queued call whose predicted
 completion (a tenant with ``quality`` adaptive or fast: at the floor) is past its deadline is shed (its
 calls cancelled, the client answered 503 with ``Retry-After``, counted ``shed``) or demoted to best effort;
-a workflow whose calls are all in flight is never shed.
+a workflow whose calls are all in flight is never shed. A best-effort workflow still unfinished
+``admission.best_effort_max_age`` times its deadline after it arrived is shed whether or not it runs.
 """
 
 from __future__ import annotations
@@ -888,13 +889,20 @@ class Gateway:
     def shed_overdue(self) -> tuple[int, int]:
         """Check every admitted workflow with a queued call: one predicted to finish after its deadline is
         shed (tenant ``on_predicted_miss: reject``) or demoted to the lowest urgency (``best_effort``).
-        A workflow whose calls are all in flight is never touched. Returns (shed, demoted) counts.
+        A workflow whose calls are all in flight is never touched, except a best-effort one past
+        ``admission.best_effort_max_age`` times its deadline, which is shed. Returns (shed, demoted) counts.
         """
         now = self.clock()
         pred: CompletionPredictor | None = None
         shed = demoted = 0
+        max_age = self.cfg.admission.best_effort_max_age
         for wf, calls in list(self._pending.items()):
-            if wf in self._best_effort or wf in self._shed:
+            if wf in self._shed:
+                continue
+            if wf in self._best_effort:
+                if max_age is not None and now - wf.arrival > max_age * max(wf.deadline - wf.arrival, 0.0):
+                    self._expire(wf, now - wf.arrival, max_age)
+                    shed += 1
                 continue
             queued = [c for c in calls if c.started_at is None]
             if not queued:
@@ -934,15 +942,36 @@ class Gateway:
                 self.pool.submit(c)
 
     def _shed_workflow(self, wf: Workflow, overshoot_s: float) -> None:
-        """Fail a workflow early: every pending call is taken back (queued ones off their queues, in-flight
-        requests aborted, as a client's disconnect does) and answered with the shed error, which its
-        runner turns into the client's 503. ``Retry-After``: the predicted overshoot, at least 1 s."""
-        err = Rejected(
-            f"shed: the workflow was predicted to finish {overshoot_s:.3g} s after its deadline "
-            "(the gateway is overloaded); its calls were cancelled",
-            503,
-            _whole_seconds(overshoot_s),
+        """Fail a workflow predicted to miss: ``_fail_workflow`` with the shed error. ``Retry-After``: the
+        predicted overshoot, at least 1 s."""
+        self._fail_workflow(
+            wf,
+            Rejected(
+                f"shed: the workflow was predicted to finish {overshoot_s:.3g} s after its deadline "
+                "(the gateway is overloaded); its calls were cancelled",
+                503,
+                _whole_seconds(overshoot_s),
+            ),
         )
+
+    def _expire(self, wf: Workflow, age_s: float, max_age: float) -> None:
+        """Fail a best-effort workflow that outlived ``admission.best_effort_max_age`` times its deadline.
+        ``Retry-After``: its deadline, at least 1 s (the overload that starved it is not over)."""
+        self._fail_workflow(
+            wf,
+            Rejected(
+                f"shed: the best-effort workflow was still unfinished {age_s:.3g} s after it arrived, past "
+                f"{max_age:g} x its deadline (admission.best_effort_max_age; the gateway is overloaded); its calls "
+                "were cancelled",
+                503,
+                _whole_seconds(wf.deadline - wf.arrival),
+            ),
+        )
+
+    def _fail_workflow(self, wf: Workflow, err: Rejected) -> None:
+        """Fail a workflow early: every pending call is taken back (queued ones off their queues, in-flight
+        requests aborted, as a client's disconnect does) and answered with ``err``, which its runner turns
+        into the client's 503; its later calls fail with it at once."""
         self._shed[wf] = err
         calls = list(self._pending.get(wf, ()))
         callbacks = []

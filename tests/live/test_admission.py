@@ -48,7 +48,7 @@ def tenant_entry(name: str, **kw: Any) -> dict[str, Any]:
     }
 
 
-def make_gateway(tmp_path: Path, clock: FakeClock, capacity: int = 2) -> Gateway:
+def make_gateway(tmp_path: Path, clock: FakeClock, capacity: int = 2, **overrides: Any) -> Gateway:
     """One A100 worker (the pool is not started, so no worker is drained: submitted calls stay queued until a
     test sends them) and three tenants: ``rej`` (reject), ``be`` (best effort), ``off`` (predictive admission off)."""
     doc = {
@@ -59,7 +59,7 @@ def make_gateway(tmp_path: Path, clock: FakeClock, capacity: int = 2) -> Gateway
         ]
     }
     (tmp_path / "tenants.yaml").write_text(yaml.safe_dump(doc))
-    cfg = write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"])
+    cfg = write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"], **overrides)
     text = cfg.read_text().replace("capacity: 4", f"capacity: {capacity}")
     cfg.write_text(text)
     loaded = load_gateway_config(cfg)
@@ -231,6 +231,45 @@ async def test_best_effort_tenant_workflow_is_demoted_not_shed(tmp_path: Path) -
     )
     assert demoted == 1
     for t in (late, on_time):
+        t.cancel()
+
+
+async def test_a_best_effort_workflow_past_its_age_limit_is_shed_queued_or_running(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock, admission={"best_effort_max_age": 3.0})
+    deadline = 10 * lone_s(gw)
+    queued = await start_workflow(gw, "be", deadline)
+    running = await start_workflow(gw, "be", deadline)
+    clock.t += deadline - 0.5 * lone_s(gw)
+    assert gw.shed_overdue() == (0, 2)  # both demoted
+    sent = gw.pool.fill(gw.pool.workers[0])  # the worker is idle: one best-effort call starts
+    assert len(sent) == 1
+    clock.t += 2 * deadline  # 2.95 x its deadline after arrival: still waiting
+    assert gw.shed_overdue() == (0, 0)
+    clock.t += 0.1 * deadline  # past 3 x
+    assert gw.shed_overdue() == (2, 0)
+    for task in (queued, running):
+        with pytest.raises(Rejected) as info:
+            await task
+        assert info.value.status == 503 and "best_effort_max_age" in info.value.message
+        assert int(info.value.headers["Retry-After"]) == max(1, math.ceil(deadline))  # type: ignore[index]
+    # The queued call left its queue; the running one was cancelled (its request is aborted: no pool runs here).
+    assert gw.scheduler.queue_len(0) == 0 and sent[0].on_done is None and gw.active_total == 0
+    assert outcomes(gw, "be", "shed") == 2
+
+
+async def test_best_effort_age_limit_off_keeps_starved_work_and_never_touches_urgent_work(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock, admission={"best_effort_max_age": None})
+    deadline = 10 * lone_s(gw)
+    starved = await start_workflow(gw, "be", deadline)
+    urgent = await start_workflow(gw, "off", deadline)  # never predicted (admission off), never demoted
+    clock.t += deadline - 0.5 * lone_s(gw)
+    assert gw.shed_overdue() == (0, 1)
+    clock.t += 100 * deadline
+    assert gw.shed_overdue() == (0, 0)
+    assert gw.scheduler.queue_len(0) == 2 and not starved.done() and not urgent.done()
+    for t in (starved, urgent):
         t.cancel()
 
 
