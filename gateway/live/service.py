@@ -900,8 +900,9 @@ class Gateway:
             if wf in self._shed:
                 continue
             if wf in self._best_effort:
-                if max_age is not None and now - wf.arrival > max_age * max(wf.deadline - wf.arrival, 0.0):
-                    self._expire(wf, now - wf.arrival, max_age)
+                age = now - wf.arrival
+                if max_age is not None and age > max_age * (wf.deadline - wf.arrival):
+                    self._expire(wf, age, max_age)
                     shed += 1
                 continue
             queued = [c for c in calls if c.started_at is None]
