@@ -9,7 +9,9 @@ calls only. Outlier ejection does, by comparing each worker with its peers (``he
 * every call that ends on a worker leaves one entry in its window (``WorkerState.recent``): ``None``
   for a worker error (timeouts and malformed answers included), else its observed/predicted latency
   (the model's prediction given the load the call ran under, ``WorkerPool.under_load_s``, at least the
-  profile's lone-request latency for the call's tokens), clamped to [1/100, 100]; refused
+  profile's lone-request latency), clamped to [1/100, 100]. The prediction is for the tokens the call
+  processed, as the worker reported them in its answer's ``usage`` (the expected ones where it reported
+  none): a worker is judged by its speed, never by how long an answer the model chose to write; refused
   connections (a worker gone: health handles it), refusals of the request itself (4xx) and cancelled
   calls leave none;
 * ``OutlierDetector.verdict`` names the reason to eject a worker, or None: a share of failed calls of

@@ -427,32 +427,52 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ execution
 
-    def predicted_s(self, st: WorkerState, call: LiveCall) -> float:
+    def predicted_s(self, st: WorkerState, call: LiveCall, tokens: tuple[int, int] | None = None) -> float:
         """The call's time on the worker as the model predicted it when sent (no online correction).
 
         The load-aware prediction (``call.model_s``: the prompts ahead of it in the engine, then its own
         time in the batch it joined), never less than the lone-request latency: a busy worker is not
         judged slow for being busy, and a timeout scaled from it leaves room for the load.
+
+        ``tokens``: the (prompt, completion) tokens the call turned out to process (``processed_tokens``),
+        when they differ from the expected ones (``call.spec``): the same prediction for those tokens. The
+        lone-request latency is the profile's for them, and the call's own time in its batch (``model_s``
+        less its wait for the prompts ahead) scales with the lone latencies of the tokens processed and
+        expected (the batch slows every step of the call alike).
         """
         spec = call.spec
-        base = self.scheduler.estimator.base_latency(st.index, spec.input_tokens, spec.output_tokens)
-        return call.model_s if call.model_s > base else base
+        est = self.scheduler.estimator
+        base = est.base_latency(st.index, spec.input_tokens, spec.output_tokens)
+        model = call.model_s
+        if tokens is not None and (tokens[0] != spec.input_tokens or tokens[1] != spec.output_tokens):
+            actual = est.base_latency(st.index, tokens[0], tokens[1])
+            if base > 0.0:
+                wait = min(max(call.wait_s, 0.0), model)
+                model = wait + (model - wait) * (actual / base)
+            base = actual
+        return model if model > base else base
 
-    def under_load_s(self, st: WorkerState, call: LiveCall, now: float) -> float:
+    def under_load_s(self, st: WorkerState, call: LiveCall, now: float, tokens: tuple[int, int] | None = None) -> float:
         """The call's time on the worker as the model would have predicted it knowing the load it ran under:
         ``predicted_s`` (the batch it joined), plus the prefill of the prompts sent to the worker while it ran
         (chunked prefill runs them in the iterations its decode waits for) and the slower decode steps of the
         calls that joined its batch. Outlier ejection judges a worker's speed by this: a call that shared the
         engine took as long as the gateway's own load made it, and judged against ``predicted_s`` alone a
         worker given a burst read 3x its peers and was ejected just when its capacity was needed (``hexflow
-        bench burst --live`` showed healthy workers out of dispatch for minutes)."""
-        base = self.predicted_s(st, call)
+        bench burst --live`` showed healthy workers out of dispatch for minutes).
+
+        ``tokens``: the (prompt, completion) tokens the call processed (``processed_tokens``), so that a
+        worker is judged by its speed, never by the length of what the model chose to write: judged against
+        the expected tokens, a Text-to-SQL call that wrote a long answer read 12x its prediction and ejected a
+        healthy worker."""
+        base = self.predicted_s(st, call, tokens)
         area0, prefill0, n0 = call.load_marks
         life = now - call.sent_at
         joined = st.prefill_sent - prefill0
         extra_n = (st.load_area - area0) / life - n0 if life > 0 else 0.0
         p = st.info.profile
-        out = call.spec.output_tokens - 1 if call.spec.output_tokens > 1 else 0
+        produced = call.spec.output_tokens if tokens is None else tokens[1]
+        out = produced - 1 if produced > 1 else 0
         return base + max(joined, 0.0) + max(extra_n, 0.0) * (p.token_s + p.seq_s) * out
 
     async def _execute(self, st: WorkerState, call: LiveCall) -> None:
@@ -502,7 +522,7 @@ class WorkerPool:
             st.failures = 0
             st.sent += 1
             self.metrics.call_done(st.name, call.kind, now - call.ready_at, observed, call.t_comp)
-            predicted = self.under_load_s(st, call, now)
+            predicted = self.under_load_s(st, call, now, processed_tokens(call, outcome))
             self.outliers.record(st, observed / predicted if predicted > 0 else 1.0)
             self._deliver(call, outcome)
             self._judge(st)
@@ -677,3 +697,13 @@ class WorkerPool:
         """Per-worker state for ``/v1/status``."""
         now = self.clock()
         return [st.status(now) for st in self.workers]
+
+
+def processed_tokens(call: LiveCall, result: CallResult) -> tuple[int, int]:
+    """The (prompt, completion) tokens ``call`` processed: those its worker reported (its answer's ``usage``),
+    each the expected one of ``call.spec`` where the worker reported none (a stream without usage)."""
+    spec = call.spec
+    return (
+        result.prompt_tokens if result.prompt_tokens > 0 else spec.input_tokens,
+        result.completion_tokens if result.completion_tokens > 0 else spec.output_tokens,
+    )

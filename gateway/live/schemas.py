@@ -499,6 +499,16 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class EjectedWorker(BaseModel):
+    """A worker out of dispatch as an outlier, in ``/readyz``."""
+
+    name: str
+    reason: str = Field(description="Why it was ejected (its recent calls' failures or latency against its peers').")
+    ejected_for_s: float = Field(
+        description="Seconds until its back-off ends; then a probe call re-admits it once one answers (0: due)."
+    )
+
+
 class Readiness(BaseModel):
     """``GET /readyz``: ready, or why not."""
 
@@ -508,6 +518,11 @@ class Readiness(BaseModel):
         None, description="Why not ready: starting, shutting down, not the leader, no healthy worker."
     )
     leader: str | None = Field(None, description="With leader election: the replica that holds the Lease, if known.")
+    ejected_workers: list[EjectedWorker] | None = Field(
+        None,
+        description="The workers ejected as outliers, with why and for how long (only while any is, on a leader "
+        "past start-up).",
+    )
 
 
 class WorkerStatus(BaseModel):

@@ -96,6 +96,18 @@ class WorkerState:
         """Ejected as an outlier (until a probe call re-admits it)."""
         return self.ejected_until is not None
 
+    def ejected_for_s(self, now: float) -> float | None:
+        """Seconds from ``now`` until the ejection's back-off ends (0 once over: a probe call is due or
+        running; it stays ejected until one answers); None when not ejected."""
+        until = self.ejected_until
+        return None if until is None else round(max(until - now, 0.0), 3)
+
+    def ejection(self, now: float) -> dict[str, Any] | None:
+        """The ejection's entry of ``/readyz`` (name, reason, ``ejected_for_s``); None when not ejected."""
+        if self.ejected_until is None:
+            return None
+        return {"name": self.name, "reason": self.ejected_reason, "ejected_for_s": self.ejected_for_s(now)}
+
     def add_recent(self, entry: float | None) -> None:
         """Append one call to the recent window and refresh its summary (failed, returned, typical ratio)."""
         self.recent.append(entry)
@@ -145,7 +157,7 @@ class WorkerState:
             "completed": self.sent,
             "failed": self.failed,
             "ejected": self.ejected,
-            "ejected_for_s": None if self.ejected_until is None else round(max(self.ejected_until - now, 0.0), 3),
+            "ejected_for_s": self.ejected_for_s(now),
             "ejected_reason": self.ejected_reason if self.ejected else None,
             "ejections": self.ejections,
             "recent": self._recent_status(),

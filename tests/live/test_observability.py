@@ -128,3 +128,29 @@ async def test_background_tuner_replays_the_window_in_another_process(tmp_path: 
         assert [run["result"] for run in history] == [result, "skipped"]
         assert history[0]["chosen"] == last["chosen"] and history[0]["alpha"] == gw.scheduler.alpha
         assert all(run["age_s"] >= 0 and "at" not in run for run in history)
+
+
+async def test_an_ejected_worker_shows_with_its_reason_and_back_off_in_readyz_and_status(tmp_path: Path) -> None:
+    async with (
+        emulators(GPUS) as urls,
+        gateway_client(write_config(tmp_path, urls, GPUS)) as (client, app),
+    ):
+        r = await client.get("/readyz")
+        assert r.status_code == 200 and "ejected_workers" not in r.json()
+        pool = app.state.gateway.pool
+        st = pool.workers[1]
+        pool.outliers.cfg = pool.outliers.cfg.model_copy(update={"base_ejection_s": 60.0, "max_ejection_s": 300.0})
+        pool.eject(st, "its last 20 calls took 4x their predicted latency (peers: 1x)")
+        r = await client.get("/readyz")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["healthy_workers"] == 1
+        (entry,) = body["ejected_workers"]
+        assert entry["name"] == st.name and entry["reason"].startswith("its last 20 calls took 4x")
+        assert 0 < entry["ejected_for_s"] <= 60.0
+        status = {w["name"]: w for w in (await client.get("/v1/status")).json()["workers"]}
+        mine = status[st.name]
+        assert mine["ejected"] is True and mine["ejected_reason"] == entry["reason"]
+        assert 0 < mine["ejected_for_s"] <= 60.0
+        other = status[pool.workers[0].name]
+        assert other["ejected"] is False and other["ejected_reason"] is None and other["ejected_for_s"] is None

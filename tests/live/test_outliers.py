@@ -15,6 +15,7 @@ from gateway.config.cluster import make_worker
 from gateway.config.gateway import OutlierConfig, TimeoutsConfig, load_gateway_config
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
+from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import CallFailed, ConfigError, WorkerError
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.outliers import OutlierDetector
@@ -315,3 +316,89 @@ def test_a_worker_running_as_predicted_is_never_a_latency_outlier() -> None:
     peers = [_state(1, [0.3] * 10), _state(2, [0.28] * 10)]
     assert det.verdict(_state(0, [1.0] * 10), peers) is None
     assert det.verdict(_state(0, [3.2] * 10), peers) is not None, "3x its prediction: slow whatever its peers"
+
+
+# ------------------------------------------------------------------- judged by the tokens processed
+
+
+class Paced:
+    """Answers each call after the time the worker's profile gives the tokens it processed, on a fake clock.
+
+    By worker name: ``verbosity`` multiplies the completion tokens written (and reported in the answer's
+    usage) over the call's expected ones; ``slowness`` multiplies the profile's time; ``usage=False``
+    answers without a usage (as a stream without ``include_usage`` does). Calls go one at a time, so the time
+    a call takes is the clock's advance while it runs.
+    """
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.verbosity: dict[str, int] = {}
+        self.slowness: dict[str, float] = {}
+        self.usage = True
+
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
+        spec = call.spec
+        out = spec.output_tokens * self.verbosity.get(worker.name, 1)
+        self.clock[0] += self.slowness.get(worker.name, 1.0) * worker.profile.single_latency(spec.input_tokens, out)
+        if not self.usage:
+            return CallResult(OK_BODY)
+        return CallResult(OK_BODY, spec.input_tokens, out)
+
+    async def probe(self, worker: WorkerInfo) -> bool:
+        return True
+
+    async def scrape(self, worker: WorkerInfo) -> str:
+        return ""
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("verbosity", "slowness", "usage", "ejected"),
+    [
+        (10, 1.0, True, False),  # the model wrote 10x the expected answer, at the profile's speed: healthy
+        (1, 1.0, False, False),  # no usage reported: judged by the expected tokens, which it processed
+        (1, 3.0, True, True),  # 3x slower per token than its profile: an outlier
+        (10, 3.0, True, True),  # ... however long its answers
+    ],
+)
+async def test_a_worker_is_judged_by_its_speed_on_the_tokens_it_processed_not_by_the_answers_length(
+    tmp_path: Path, verbosity: int, slowness: float, usage: bool, ejected: bool
+) -> None:
+    clock = [0.0]
+    loaded = load_gateway_config(write_config(tmp_path, [f"http://127.0.0.1:{i + 1}" for i in range(3)], ["A100"] * 3))
+    t = Paced(clock)
+    t.verbosity["a100-0"] = verbosity
+    t.slowness["a100-0"] = slowness
+    t.usage = usage
+    # latency_ratio 2.5: a call 3x its lone-request time reads a little under 3x the load-aware prediction.
+    pool = WorkerPool(
+        Scheduler(loaded.workers, "rr-fcfs", random.Random(0)),
+        t,
+        GatewayMetrics([w.name for w in loaded.workers], []),
+        clock=lambda: clock[0],
+        health_period_s=0,
+        scrape_period_s=0,
+        outlier=OutlierConfig(window=10, min_calls=5, latency_ratio=2.5),
+    )
+    await pool.start()
+    try:
+        out: list[object] = []
+        for i in range(30):  # one at a time, round-robin: ten calls each
+            wf = StagedWorkflow(i, "t", clock[0], clock[0] + 1000.0, [Stage("k", (CallSpec("k", 1000, 50),))])
+            call = LiveCall(id=i, workflow=wf, spec=CallSpec("k", 1000, 50), ready_at=clock[0])
+            call.on_done = lambda c, o: out.append(o)
+            pool.submit(call)
+            for _ in range(100):
+                if len(out) > i:
+                    break
+                await asyncio.sleep(0)
+        assert len(out) == 30 and all(isinstance(o, CallResult) for o in out)
+        bad = pool.workers[0]
+        assert bad.name == "a100-0" and bad.ejected is ejected, bad.status(clock[0])
+        assert not any(st.ejected for st in pool.workers[1:])
+        ratio = bad.recent_latency_ratio()
+        assert ratio is not None and ratio == pytest.approx(slowness, rel=0.1)
+    finally:
+        await pool.stop()

@@ -48,7 +48,10 @@ async def healthz() -> dict[str, str]:
     },
 )
 async def readyz(request: Request) -> JSONResponse:
-    """Readiness: configuration loaded, not draining, the leader (with leader election), a healthy worker."""
+    """Readiness: configuration loaded, not draining, the leader (with leader election), a healthy worker.
+
+    The workers ejected as outliers, if any, are listed with why and for how long (``ejected_workers``): a
+    replica stays ready while others take calls, and this says what capacity it is missing."""
     gw = getattr(request.app.state, "gateway", None)
     if not isinstance(gw, Gateway) or not gw.ready:
         return JSONResponse({"ready": False, "reason": "starting"}, status_code=503)
@@ -57,9 +60,13 @@ async def readyz(request: Request) -> JSONResponse:
     if not gw.leading:  # a follower replica: the Service must not route to it
         leader = gw.elector.holder if gw.elector is not None else None
         return JSONResponse({"ready": False, "reason": "not the leader", "leader": leader}, status_code=503)
-    if gw.pool.healthy == 0:
-        return JSONResponse({"ready": False, "reason": "no healthy worker"}, status_code=503)
-    return JSONResponse({"ready": True, "healthy_workers": gw.pool.healthy})
+    pool = gw.pool
+    now = pool.clock()
+    ejected = [e for st in pool.workers if (e := st.ejection(now)) is not None]
+    extra: dict[str, Any] = {"ejected_workers": ejected} if ejected else {}
+    if pool.healthy == 0:
+        return JSONResponse({"ready": False, "reason": "no healthy worker", **extra}, status_code=503)
+    return JSONResponse({"ready": True, "healthy_workers": pool.healthy, **extra})
 
 
 @router.get(
