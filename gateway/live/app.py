@@ -16,10 +16,11 @@ Routes (one router per surface, under ``gateway.live.routers``):
                                 served by the gateway itself (``/static/docs``: no network needed)
 
 Every error body is OpenAI-style ``{"error": {"message", "type", "param", "code"}}``: 401 for a
-missing or unknown API key, 400 for a body too deeply nested to parse, 404 for an unknown model or
-database, 413 for a body over ``limits.max_body_bytes``, 422 for malformed JSON, a field of the wrong
-type (never coerced) or out of range, a string that is not Unicode text (a lone surrogate), a deadline
-outside the tenant's range or a DAG with a cycle or dangling dependency, 429 (with ``Retry-After``)
+missing or unknown API key (or the admin key, saying so), 404 for an unknown model or database, 413 for a
+body over ``limits.max_body_bytes``, 422 for malformed JSON (not UTF-8 text or nested too deeply to parse
+among it), a field of the wrong type (never coerced) or out of range (every problem listed), a string that
+is not Unicode text (a lone surrogate), a deadline outside the tenant's range or a DAG with a cycle or
+dangling dependency, 429 (with ``Retry-After``)
 when a queue or concurrency bound is reached, 503 (with ``Retry-After``) when no worker is healthy or
 the gateway is shutting down. A call the worker rejects (4xx) returns that status and message; a call
 that failed on every attempt returns 502 (504 when it ran out of time).
@@ -36,11 +37,13 @@ fails: ``gateway.live.responses`` encodes any string, lone surrogates included.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,7 @@ from gateway.live.logs import RequestIdMiddleware
 from gateway.live.middleware import BodyLimit
 from gateway.live.responses import JSONResponse, error_response, plain
 from gateway.live.routers import chat, ops, text2sql, ui, workflows
+from gateway.live.schemas import problem_text
 from gateway.live.service import Gateway
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -189,13 +193,37 @@ def create_app(
     return app
 
 
+DOCS_CSP = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self' 'unsafe-inline' 'unsafe-eval'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data: blob:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "worker-src 'self' blob:",
+        "object-src 'none'",
+        "base-uri 'self'",
+        "form-action 'self'",
+    )
+)
+"""The ``Content-Security-Policy`` of ``/docs`` and ``/redoc``: the browser loads nothing from outside the gateway.
+
+The vendored bundles are unmodified, and ReDoc's always shows Redocly's logo from its CDN beside "API docs by
+Redocly" (``<img src="https://cdn.redoc.ly/...">``, hidden when it fails to load): this policy is what keeps
+the page from fetching it. Inline styles, ``eval`` and ``blob:`` workers are allowed because the bundles use
+them (styled-components, ajv, ReDoc's search worker); none of them reaches the network."""
+
+
 def _serve_docs(app: FastAPI) -> None:
-    """``/docs`` and ``/redoc`` with their scripts and styles from ``STATIC_DIR`` (works offline)."""
+    """``/docs`` and ``/redoc`` with their scripts and styles from ``STATIC_DIR`` and nothing loaded from
+    elsewhere (``DOCS_CSP``): they work offline."""
     app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="docs-static")
+    headers = {"Content-Security-Policy": DOCS_CSP}
 
     @app.get("/docs", include_in_schema=False)
     async def swagger_ui() -> HTMLResponse:
-        return get_swagger_ui_html(
+        page = get_swagger_ui_html(
             openapi_url=app.openapi_url or "/openapi.json",
             title=f"{app.title} - Swagger UI",
             swagger_js_url=f"{STATIC_URL}/swagger-ui/swagger-ui-bundle.js",
@@ -203,16 +231,18 @@ def _serve_docs(app: FastAPI) -> None:
             swagger_favicon_url=f"{STATIC_URL}/swagger-ui/favicon-32x32.png",
             swagger_ui_parameters={"validatorUrl": None},  # no call to the public validator
         )
+        return HTMLResponse(page.body, headers=headers)
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
-        return get_redoc_html(
+        page = get_redoc_html(
             openapi_url=app.openapi_url or "/openapi.json",
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{STATIC_URL}/redoc/redoc.standalone.js",
             redoc_favicon_url=f"{STATIC_URL}/swagger-ui/favicon-32x32.png",
             with_google_fonts=False,
         )
+        return HTMLResponse(page.body, headers=headers)
 
 
 def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
@@ -280,12 +310,18 @@ async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
     return error_response(exc)
 
 
+MAX_LISTED_PROBLEMS = 20
+"""A 422's message lists at most this many problems (every one is under ``detail``)."""
+
+
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 naming the first problem (``calls.0.max_tokens: ...``), with every problem under ``detail``.
+    """422 listing the problems (``calls.0.max_tokens: ...; calls.1.id: ...``, up to ``MAX_LISTED_PROBLEMS``),
+    with every one under ``detail``, ``param`` the first one's location.
 
     Two problems of the body as a whole get words of their own: a body that is not JSON (422 saying where
     it breaks, by line and column, ``param`` "body"), and a body sent with a content type other than JSON,
-    which FastAPI leaves as bytes (415: send ``Content-Type: application/json``).
+    which FastAPI leaves as bytes (415: send ``Content-Type: application/json``). A problem is told in the
+    gateway's words where it has some (``schemas.problem_text``).
     """
     errors = exc.errors()
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
@@ -305,12 +341,29 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
             else "request body must be JSON: send Content-Type: application/json"
         )
         return JSONResponse(error_body(415, msg, "invalid_request_error", "body"), status_code=415)
-    where = _loc(loc)
-    msg = str(first.get("msg", "invalid value"))
-    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    body = error_body(422, f"{where}: {msg}{more}", "invalid_request_error", where)
+    problems = _problems(errors or [first])
+    listed = "; ".join(f"{where}: {text}" for where, text in problems[:MAX_LISTED_PROBLEMS])
+    hidden = len(problems) - MAX_LISTED_PROBLEMS
+    more = f"; and {hidden} more (every problem is under detail)" if hidden > 0 else ""
+    body = error_body(422, listed + more, "invalid_request_error", problems[0][0])
     body["detail"] = plain(errors)
     return JSONResponse(body, status_code=422)
+
+
+def _problems(errors: Sequence[Any]) -> list[tuple[str, str]]:
+    """``(location, words)`` per location, in order: the members of a union that failed at one location are
+    one problem (``a valid string or a valid list``), and an optional field's "should be None" is left out
+    when its other members say what was wrong."""
+    by_loc: dict[str, list[tuple[str, str]]] = {}
+    for e in errors:
+        if not isinstance(e, dict):
+            continue
+        by_loc.setdefault(_loc(tuple(e.get("loc", ()))), []).append((str(e.get("type")), problem_text(e)))
+    out = []
+    for where, found in by_loc.items():
+        texts = [text for kind, text in found if kind != "none_required"] or [text for _, text in found]
+        out.append((where, " or ".join(dict.fromkeys(texts))))
+    return out or [("body", "invalid request")]
 
 
 def _line_column(doc: Any, pos: int | None) -> str:
@@ -322,13 +375,54 @@ def _line_column(doc: Any, pos: int | None) -> str:
     return f" at line {line} column {column}"
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """The framework's own errors (404 unknown route, 405 wrong method) in the same shape."""
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """The framework's own errors (404 unknown route, 405 wrong method) in the same shape.
+
+    A body the framework could not parse other than for its syntax (its 400, "There was an error parsing the
+    body") is a 422 naming why, as malformed JSON is: not UTF-8 text, or nested too deeply to parse."""
+    cause = exc.__cause__
+    if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError | RecursionError):
+        raw = await request.body()
+        why = await asyncio.to_thread(_unreadable_json, raw, cause)  # a scan of up to max_body_bytes
+        return JSONResponse(error_body(422, why, "invalid_request_error", "body"), status_code=422)
     return JSONResponse(
         error_body(exc.status_code, str(exc.detail), "invalid_request_error"),
         status_code=exc.status_code,
         headers=exc.headers,
     )
+
+
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)
+"""A JSON string (escapes included; a last one left open too) or a bracket: what the nesting scan reads."""
+
+
+def _unreadable_json(raw: bytes, cause: BaseException) -> str:
+    """Why ``raw`` could not be parsed (``cause``: ``UnicodeDecodeError`` or ``RecursionError``), where it is."""
+    if isinstance(cause, RecursionError):
+        depth = deepest = at = 0
+        for m in _JSON_TOKEN.finditer(raw):
+            c = m.group()
+            if c in (b"[", b"{"):
+                depth += 1
+                if depth > deepest:
+                    deepest, at = depth, m.start()
+            elif c in (b"]", b"}"):
+                depth -= 1
+        if deepest == 0:
+            return "request body is nested too deeply to parse"
+        text = raw[:at].decode("utf-8", "replace")
+        return (
+            f"request body is nested too deeply to parse: arrays and objects nested {deepest} levels deep "
+            f"(the deepest opens{_line_column(text, len(text))})"
+        )
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        text = raw[: e.start].decode("utf-8", "replace")
+        return (
+            f"request body is not valid JSON: not UTF-8 text (byte 0x{raw[e.start]:02X}{_line_column(text, len(text))})"
+        )
+    return "request body is not valid JSON: it cannot be read as UTF-8 text"
 
 
 async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
@@ -342,7 +436,10 @@ _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", 
 
 def _loc(loc: tuple[Any, ...]) -> str:
     """``calls.0.max_tokens``: the location without ``body`` and pydantic's union member tags
-    (``list[Message]``, ``constrained-int``, ``function-after[...]``)."""
+    (``list[Message]``, ``constrained-int``, ``function-after[...]``); a header is named by itself
+    (``x-hexflow-deadline-s``)."""
+    if loc and loc[0] in ("header", "query", "path", "cookie"):
+        loc = loc[1:]
     parts = [
         str(p)
         for p in loc

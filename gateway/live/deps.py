@@ -1,12 +1,11 @@
 """What every route needs from a request: the running gateway, the tenant, a deadline, admission.
 
 All of them raise ``GatewayError``s (rendered by the app's one handler): ``gw_of`` 503 while the gateway
-starts, ``auth`` 401, ``deadline_or_raise`` 422 (``DeadlineOutOfRange``), ``admit_or_raise`` 429/503
-(``Rejected``: a bound, or a predicted deadline miss),
+starts, ``auth`` 401 (saying so when the key is the admin key), ``deadline_or_raise`` 422
+(``DeadlineOutOfRange``), ``admit_or_raise`` 429/503 (``Rejected``: a bound, or a predicted deadline miss),
 ``unicode_body`` 422 for a JSON body holding a lone surrogate, ``until_disconnect``
 ``ClientDisconnected`` (499, which nobody reads: the client is gone) when the client leaves first, and
-``idempotent`` 400 for a malformed ``Idempotency-Key``, 422 for a key reused for another request.
-"""
+``idempotent`` 400 for a malformed ``Idempotency-Key``, 422 for a key reused for another request."""
 
 from __future__ import annotations
 
@@ -82,8 +81,18 @@ async def auth(
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
     tenant = gw.tenants.authenticate(key.strip())
     if tenant is None:
+        if gw.admin_keys and hash_key(key.strip()) in gw.admin_keys:
+            raise Unauthorized(ADMIN_KEY_AS_TENANT)
         raise Unauthorized("unknown API key")
     return tenant
+
+
+ADMIN_KEY_AS_TENANT = (
+    "this is the gateway's admin key, not a tenant's API key: it opens the status page (GET /ui, "
+    "/ui/api/state), and GET /v1/status and /metrics where admin.protect_status or admin.protect_metrics is "
+    "set; send a tenant's key (tenants_file) to run requests"
+)
+"""The 401 of a request sent with an admin key (``admin.api_key_sha256``) where a tenant's key is needed."""
 
 
 TenantDep = Annotated[Tenant, Depends(auth)]

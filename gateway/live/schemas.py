@@ -13,6 +13,7 @@ tenant's deadline range, a prompt's estimated tokens) are checked by the routes 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator, model_validator
@@ -23,6 +24,35 @@ NUMBER_PATTERN = r"^(-?(0|[1-9][0-9]{0,17})(\.[0-9]{1,17})?([eE][-+]?[0-9]{1,2})
 """A JSON number, or nothing, as a header value (``x-hexflow-deadline-s``; empty: as if not sent): what
 ``float`` parses, less its extras (``inf``, ``nan``, ``1_0``, surrounding spaces), with an exponent of at
 most two digits, so that every value the pattern admits is a finite float."""
+
+NOT_BLANK = r"\S"
+"""A string with a character that is not whitespace."""
+
+PATTERN_PROBLEMS: dict[str, str] = {
+    NOT_BLANK: "must not be blank",
+    NUMBER_PATTERN: "must be a finite number of seconds written as a JSON number, such as 30 or 2.5",
+    KIND_PATTERN: "must be 1 to 48 letters, digits, '_', '.' or '-'",
+}
+"""What a string that does not match one of the models' patterns is told, instead of the pattern itself."""
+
+TYPE_PROBLEMS: dict[str, str] = {
+    "finite_number": "must be a finite number (not NaN or Infinity)",
+}
+"""What a value that fails one of pydantic's checks (by its error ``type``) is told, in the gateway's words."""
+
+
+def problem_text(error: Mapping[str, Any]) -> str:
+    """The words for one of pydantic's validation ``error``s: the gateway's own where it has some (a pattern
+    of ``PATTERN_PROBLEMS``, a check of ``TYPE_PROBLEMS``), else pydantic's message."""
+    kind = error.get("type")
+    ctx = error.get("ctx")
+    if kind == "string_pattern_mismatch" and isinstance(ctx, Mapping):
+        words = PATTERN_PROBLEMS.get(str(ctx.get("pattern")))
+        if words is not None:
+            return words
+    words = TYPE_PROBLEMS.get(str(kind))
+    return words if words is not None else str(error.get("msg", "invalid value"))
+
 
 _OPEN = ConfigDict(strict=True, extra="allow")
 
@@ -218,7 +248,10 @@ class WorkflowRequest(BaseModel):
 
     calls: list[WorkflowCall] = Field(min_length=1, description="The calls; dependencies form a DAG.")
     deadline_s: float | None = Field(
-        None, gt=0, description="End-to-end deadline, within the tenant's range; default: the tenant's."
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="End-to-end deadline, within the tenant's range; default: the tenant's.",
     )
     template: Literal["chess"] | None = Field(
         None,
@@ -418,11 +451,14 @@ class Text2SqlRequest(BaseModel):
         json_schema_extra={"examples": [{"question": "How many customers are there?", "db_id": "demo_retail"}]},
     )
 
-    question: str = Field(pattern=r"\S", description="The question in natural language (not blank).")
+    question: str = Field(pattern=NOT_BLANK, description="The question in natural language (not blank).")
     db_id: str = Field(min_length=1, max_length=64, description="Which database (see the databases file).")
     evidence: str | None = Field(None, description="A hint (BIRD-style evidence), optional.")
     deadline_s: float | None = Field(
-        None, gt=0, description="End-to-end deadline, within the tenant's range; default: the tenant's."
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="End-to-end deadline, within the tenant's range; default: the tenant's.",
     )
     stream: bool = Field(False, description="Send stage completions as server-sent events, the result last.")
 
@@ -588,14 +624,13 @@ _RETRY_AFTER = {
     "Retry-After": {"description": "Seconds after which a retry may succeed.", "schema": {"type": "string"}}
 }
 _STATUS_TEXT: dict[int, str] = {
-    400: "The body is not JSON the gateway could read (nested too deeply), or the worker refused the call "
-    "(its 4xx, message and param passed through).",
+    400: "The worker refused the call (its 4xx, message and param passed through).",
     401: "Missing or unknown API key (``WWW-Authenticate: Bearer``).",
     404: "An unknown model or database.",
     413: "The request body is over ``limits.max_body_bytes``.",
     415: "The body was sent with a content type other than JSON: send ``Content-Type: application/json``.",
-    422: "Malformed JSON, a field of the wrong type or out of range, or a rule the schema cannot state "
-    "(the message names the field).",
+    422: "Malformed JSON (not UTF-8 text, or nested too deeply to parse among them), a field of the wrong "
+    "type or out of range, or a rule the schema cannot state (the message names the field).",
     429: "Over the tenant's queue or concurrency limit (``Retry-After``).",
     502: "The call failed on every attempt (the worker answered garbage, or a 5xx).",
     503: "No healthy worker, the gateway is starting or shutting down, or a database is down (``Retry-After``"

@@ -13,6 +13,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
+from gateway.config.tenants import hash_key
 from gateway.core.dag import DagError
 from gateway.core.scheduler import NoEligibleWorker
 from gateway.errors import (
@@ -189,12 +190,12 @@ async def test_hostile_requests_get_a_4xx_naming_the_problem_never_a_500(tmp_pat
             ("/v1/workflows", b'{"calls": [{"id": "a", "messages": [{"role": "user", "content": "x\\udc00"}]}]}', {},
              422, "calls.0.messages.0.content"),
             ("/v1/workflows", b'{"calls": NaN}', {}, 422, "calls"),
-            ("/v1/workflows", b"[" * 100_000, {}, 400, None),
+            ("/v1/workflows", b"[" * 100_000, {}, 422, "body"),
             ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}', {},
              422, "messages.0.content"),
             ("/v1/chat/completions", b'{"model": "\\udfff", "messages": [{"role": "user", "content": "hi"}]}', {},
              422, "model"),
-            ("/v1/chat/completions", b"[" * 100_000, {}, 400, None),  # parsed by the framework, as workflows
+            ("/v1/chat/completions", b"[" * 100_000, {}, 422, "body"),  # parsed by the framework, as workflows
             ("/v1/chat/completions", json.dumps(chat_ok).encode(), {"authorization": b"Bearer \xed\xa0\x80"}, 401,
              None),
             ("/v1/text2sql", b'{"question": "how many \\ud800?", "db_id": "x"}', {}, 422, "question"),
@@ -213,3 +214,106 @@ async def test_hostile_requests_get_a_4xx_naming_the_problem_never_a_500(tmp_pat
         emoji = b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 2}'
         r = await client.post("/v1/chat/completions", content=emoji, headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text
+
+
+CALL = {"id": "a", "prompt_tokens": 5, "max_tokens": 1}
+CHAT = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+FINITE = "must be a finite number (not NaN or Infinity)"
+SECONDS = "must be a finite number of seconds written as a JSON number, such as 30 or 2.5"
+# name: (path, body, headers, param, message)
+WORDS: dict[str, tuple[str, bytes, dict[str, str], str, str]] = {
+    "blank_question": ("/v1/text2sql", b'{"question": " \\t ", "db_id": "x"}', {}, "question",
+                       "question: must not be blank"),
+    "empty_question": ("/v1/text2sql", b'{"question": "", "db_id": "x"}', {}, "question",
+                       "question: must not be blank"),
+    "header_word": ("/v1/chat/completions", CHAT, {"x-hexflow-deadline-s": "soon"}, "x-hexflow-deadline-s",
+                    f"x-hexflow-deadline-s: {SECONDS}"),
+    "header_nan": ("/v1/chat/completions", CHAT, {"x-hexflow-deadline-s": "NaN"}, "x-hexflow-deadline-s",
+                   f"x-hexflow-deadline-s: {SECONDS}"),
+    "header_infinity": ("/v1/chat/completions", CHAT, {"x-hexflow-deadline-s": "Infinity"},
+                        "x-hexflow-deadline-s", f"x-hexflow-deadline-s: {SECONDS}"),
+    "workflow_nan": ("/v1/workflows", b'{"calls": [%s], "deadline_s": NaN}' % json.dumps(CALL).encode(), {},
+                     "deadline_s", f"deadline_s: {FINITE}"),
+    "workflow_infinity": ("/v1/workflows", b'{"calls": [%s], "deadline_s": Infinity}' % json.dumps(CALL).encode(),
+                          {}, "deadline_s", f"deadline_s: {FINITE}"),
+    "text2sql_nan": ("/v1/text2sql", b'{"question": "q", "db_id": "x", "deadline_s": NaN}', {}, "deadline_s",
+                     f"deadline_s: {FINITE}"),
+    "text2sql_minus_infinity": ("/v1/text2sql", b'{"question": "q", "db_id": "x", "deadline_s": -Infinity}', {},
+                                "deadline_s", f"deadline_s: {FINITE}"),
+    "kind": ("/v1/workflows", json.dumps({"calls": [{**CALL, "kind": "a b"}]}).encode(), {}, "calls.0.kind",
+             "calls.0.kind: must be 1 to 48 letters, digits, '_', '.' or '-'"),
+    "not_utf8": ("/v1/workflows", b'{"calls": [{"id": "caf\xe9"}]}', {}, "body",
+                 "request body is not valid JSON: not UTF-8 text (byte 0xE9 at line 1 column 23)"),
+    "not_utf8_chat": ("/v1/chat/completions", b'{"messages":\n [{"role": "\xff"}]}', {}, "body",
+                      "request body is not valid JSON: not UTF-8 text (byte 0xFF at line 2 column 13)"),
+    "too_deep": ("/v1/workflows", b"[" * 5000 + b"]" * 5000, {}, "body",
+                 "request body is nested too deeply to parse: arrays and objects nested 5000 levels deep "
+                 "(the deepest opens at line 1 column 5000)"),
+    "too_deep_chat": ("/v1/chat/completions", b'{"a": "[[[",\n"b":' + b'{"c":' * 3000, {}, "body",
+                      "request body is nested too deeply to parse: arrays and objects nested 3001 levels deep "
+                      "(the deepest opens at line 2 column 15000)"),
+}  # fmt: skip
+
+
+async def test_refusals_say_what_is_expected_in_the_gateways_own_words(tmp_path: Path) -> None:
+    """A blank question, a malformed or non-finite deadline (header or body), a body that is not UTF-8 or
+    nests too deeply: each a 422 saying what is wrong (never a regular expression, never a bare 400)."""
+    async with emulators(["A100"]) as urls, gateway_client(write_config(tmp_path, urls, ["A100"])) as (client, _):
+        for name, (path, content, headers, param, message) in WORDS.items():
+            r = await client.post(path, content=content, headers={"content-type": "application/json", **headers})
+            assert r.status_code == 422, (name, r.text)
+            err = r.json()["error"]
+            assert (err["param"], err["message"]) == (param, message), name
+
+
+async def test_a_422_lists_every_problem_up_to_twenty(tmp_path: Path) -> None:
+    """Every problem is named in the message (the members of a union that failed at one place as one), up to
+    twenty; beyond that the message says how many more there are, and ``detail`` holds them all."""
+    bad = {"id": 7, "prompt_tokens": "x", "max_tokens": "y"}
+    async with emulators(["A100"]) as urls, gateway_client(write_config(tmp_path, urls, ["A100"])) as (client, _):
+        r = await client.post("/v1/workflows", json={"calls": [bad, bad]})
+        assert r.status_code == 422
+        err = r.json()["error"]
+        assert err["param"] == "calls.0.id"
+        assert err["message"] == "; ".join(
+            f"calls.{i}.{field}: {words}"
+            for i in range(2)
+            for field, words in (
+                ("id", "Input should be a valid string"),
+                ("prompt_tokens", "Input should be a valid integer"),
+                ("max_tokens", "Input should be a valid integer"),
+            )
+        )
+        r = await client.post("/v1/chat/completions", json={"messages": [{"role": 1, "content": 2}]})
+        assert r.json()["error"]["message"] == (
+            "messages.0.role: Input should be a valid string; "
+            "messages.0.content: Input should be a valid string or Input should be a valid list"
+        )
+        r = await client.post("/v1/workflows", json={"calls": [bad] * 10})
+        message = r.json()["error"]["message"]
+        assert message.count("; ") == 20 and message.endswith("; and 10 more (every problem is under detail)")
+        assert message.startswith("calls.0.id: ") and "calls.6.id: " in message
+        assert len(r.json()["detail"]) > 30
+
+
+async def test_the_admin_key_sent_for_a_tenant_is_told_where_it_is_accepted(tmp_path: Path) -> None:
+    admin = {"api_key_sha256": [hash_key("ops-key")]}
+    async with (
+        emulators(["A100"]) as urls,
+        gateway_client(write_config(tmp_path, urls, ["A100"], admin=admin), key="ops-key") as (client, _),
+    ):
+        for path, body in [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("/v1/workflows", {"calls": [CALL]}),
+            ("/v1/text2sql", {"question": "q", "db_id": "x"}),
+        ]:
+            r = await client.post(path, json=body)
+            assert r.status_code == 401, (path, r.text)
+            message = r.json()["error"]["message"]
+            assert message.startswith("this is the gateway's admin key, not a tenant's API key"), message
+            for endpoint in ("/ui", "/v1/status", "/metrics"):
+                assert endpoint in message
+        r = await client.get("/ui/api/state")
+        assert r.status_code == 200
+        r = await client.post(path, json=body, headers={"Authorization": "Bearer nobody"})
+        assert (r.status_code, r.json()["error"]["message"]) == (401, "unknown API key")

@@ -271,6 +271,22 @@ def test_swagger_ui_and_redoc_are_served_by_the_gateway(gateway_app: FastAPI) ->
             assert client.get(f"/static/docs/{licence}").status_code == 200
 
 
+def test_the_documentation_pages_let_the_browser_load_nothing_from_outside_the_gateway(gateway_app: FastAPI) -> None:
+    """ReDoc's bundle shows Redocly's logo from a CDN: the pages' Content-Security-Policy allows no source
+    outside the gateway (only its own origin, inline and ``data:``/``blob:`` content), so nothing is fetched."""
+    with schemathesis.python.asgi.get_client(gateway_app) as client:  # type: ignore[arg-type]
+        for page in ("/docs", "/redoc"):
+            policy: dict[str, list[str]] = {}
+            for directive in client.get(page).headers.get("content-security-policy", "").split(";"):
+                name, *sources = directive.split()
+                policy[name] = sources
+            assert policy.get("default-src") == ["'self'"], (page, policy)
+            for name in ("img-src", "script-src", "style-src", "font-src", "connect-src"):
+                assert name in policy, (page, name)
+            outside = [s for v in policy.values() for s in v if not s.startswith("'") and s not in ("data:", "blob:")]
+            assert not outside, (page, outside)
+
+
 @pytest.mark.parametrize("route", ROUTES)
 def test_every_route_keeps_its_contract(gateway_app: FastAPI, route: str) -> None:
     _fuzz(gateway_app, route, EXAMPLES_PER_ROUTE)
