@@ -28,6 +28,7 @@ with its series.
 | hexflow_call_failures_total | counter | worker, reason | worker_error, rejected |
 | hexflow_call_retries_total | counter | worker | calls re-dispatched after their worker failed them |
 | hexflow_worker_ejections_total | counter | worker | outlier ejections (and failed probe calls that kept one out) |
+| hexflow_worker_priority_scheduling | gauge | worker | 1 while calls carry vLLM's priority; 0 once it refused it |
 | hexflow_scrape_failures_total | counter | worker | failed scrapes of a worker's /metrics |
 | hexflow_worker_vllm_waiting | gauge | worker | the worker's scraped vllm:num_requests_waiting |
 | hexflow_worker_vllm_running | gauge | worker | the worker's scraped vllm:num_requests_running |
@@ -269,6 +270,13 @@ class GatewayMetrics:
             "hexflow_worker_ejections", "Outlier ejections of a worker (and failed re-admission probes).", ["worker"],
             registry=r,
         )  # fmt: skip
+        self.priority = Gauge(
+            "hexflow_worker_priority_scheduling",
+            "1 while calls to the worker carry vLLM's priority field; 0 once it refused the field (started without "
+            "--scheduling-policy priority).",
+            ["worker"],
+            registry=r,
+        )
         self.scrape_failures = Counter(
             "hexflow_scrape_failures", "Failed scrapes of a worker's /metrics.", ["worker"], registry=r
         )
@@ -346,6 +354,7 @@ class GatewayMetrics:
             self.call_run, self.queue_wait_h, self.queue_depth, self.inflight, self.dispatches, self.estimate_ratio,
             self.up, self.draining, self.failures, self.retries, self.scrape_failures, self.vllm_waiting,
             self.vllm_running, self.kv_usage, self.ejections, self.profile_refits, self.profile_constant,
+            self.priority,
         ]  # fmt: skip
 
     # ---------------------------------------------------------------------------------------------- membership
@@ -364,6 +373,7 @@ class GatewayMetrics:
             self.failures.labels(worker=worker, reason=reason)
         self.retries.labels(worker=worker)
         self.ejections.labels(worker=worker)
+        self.priority.labels(worker=worker).set(1)
         self.scrape_failures.labels(worker=worker)
 
     def remove_worker(self, worker: str) -> None:
@@ -522,6 +532,10 @@ class GatewayMetrics:
     def ejection(self, worker: str) -> None:
         """A worker was ejected as an outlier, or stays ejected after a failed probe call."""
         self._worker_child(self.ejections, worker).inc()
+
+    def priority_scheduling(self, worker: str, on: bool) -> None:
+        """Calls to ``worker`` carry vLLM's priority field (``on``) or no longer do (it refused the field)."""
+        self._worker_child(self.priority, worker).set(1 if on else 0)
 
     def worker_up(self, worker: str, up: bool) -> None:
         """A worker went up or down."""

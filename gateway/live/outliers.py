@@ -129,7 +129,7 @@ class OutlierDetector:
 def probe_call(now: float) -> LiveCall:
     """The call that probes an ejected worker: a one-token completion of a one-token prompt, sent (and
     its answer checked) like any call, so a worker whose ``/health`` answers but whose engine does not
-    stays out."""
+    stays out. It carries no ``priority`` (vLLM's default, which every worker takes)."""
     spec = CallSpec("probe", 1, 1)
     wf = StagedWorkflow(0, "", now, now, [Stage("probe", (spec,))])
     return LiveCall(
@@ -139,4 +139,5 @@ def probe_call(now: float) -> LiveCall:
         ready_at=now,
         endpoint="/v1/completions",
         body={"prompt": [100], "max_tokens": 1, "temperature": 0},
+        priority=None,
     )

@@ -66,7 +66,7 @@ from gateway.errors import CallFailed, WorkerError
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.monitor import WorkerMonitor
 from gateway.live.outliers import OutlierDetector
-from gateway.live.transport import CallResult, LiveCall, Transport
+from gateway.live.transport import CallResult, LiveCall, PriorityRefused, Transport
 from gateway.live.worker_state import WorkerState
 
 log = logging.getLogger("hexflow.pool")
@@ -371,7 +371,9 @@ class WorkerPool:
             c.worker_name = name
             if self.sent_log is not None:
                 self.sent_log.append((now, name))
-            if c.best_effort:  # behind every urgent call in vLLM's own waiting queue too
+            if not st.priority_scheduling:  # the worker refused the field (``refuse_priority``)
+                c.priority = None
+            elif c.best_effort:  # behind every urgent call in vLLM's own waiting queue too
                 c.priority = int(_PRIO_MAX)
             elif c.key:
                 # vLLM's priority (lower runs sooner): the queue key in ms since the pool started, so a
@@ -482,7 +484,16 @@ class WorkerPool:
         bound = asyncio.timeout(limit)
         try:
             async with bound:
-                result = await self.transport.send(st.info, call)
+                try:
+                    result = await self.transport.send(st.info, call)
+                except PriorityRefused:
+                    if call.priority is None:
+                        raise
+                    # The worker schedules first come, first served: the same call again, at once, without the
+                    # field (neither a failure nor an attempt), and no field to this worker from now on.
+                    self.refuse_priority(st)
+                    call.priority = None
+                    result = await self.transport.send(st.info, call)
         except asyncio.CancelledError as exc:
             if not self._settle(st, call, exc):
                 # The task keeps the error it ends with; its traceback would hold this frame (the call, the
@@ -500,6 +511,19 @@ class WorkerPool:
             self._settle(st, call, exc)
             return
         self._settle(st, call, result)
+
+    def refuse_priority(self, st: WorkerState) -> None:
+        """``st`` refused vLLM's ``priority`` field (HTTP 400: started without ``--scheduling-policy priority``):
+        its calls go without it from now on (said once per worker, in the log, ``/v1/status`` and a gauge)."""
+        if not st.priority_scheduling:
+            return
+        st.priority_scheduling = False
+        self.metrics.priority_scheduling(st.name, False)
+        log.warning(
+            "worker %s refuses vLLM's priority field (started without --scheduling-policy priority): its calls "
+            "are sent without it from now on, and its own waiting queue runs first come, first served",
+            st.name,
+        )
 
     def _settle(self, st: WorkerState, call: LiveCall, outcome: CallResult | BaseException) -> bool:
         """A sent call came back (or failed, or was cancelled): free its slot, deliver or retry, refill.

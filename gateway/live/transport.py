@@ -21,6 +21,10 @@ Error classification (what the pool does with it):
   not a JSON object with ``choices``, one larger than ``max_response_bytes``, a stream that is not
   server-sent events or that ends without ``data: [DONE]``): ``WorkerError`` -> the call is retried on
   another worker, and the failure counts against the worker (``failures_to_down``, outlier ejection);
+* HTTP 400 refusing vLLM's ``priority`` field (a worker started without ``--scheduling-policy
+  priority`` answers "Got priority N but Priority scheduling is not enabled." to every request whose
+  ``priority`` is not 0): ``PriorityRefused`` -> the pool sends that call again at once without the field,
+  and never sends the field to that worker again (``WorkerState.priority_scheduling``);
 * any other HTTP 4xx: ``CallFailed`` with the worker's status and OpenAI-style error body -> the caller
   gets it (the request itself is wrong, e.g. longer than the model's context; retrying cannot help).
 
@@ -44,6 +48,15 @@ from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
 from gateway.errors import CallFailed, WorkerError
 from gateway.live import httpclient
+
+PRIORITY_REFUSAL = b"priority scheduling is not enabled"
+"""What vLLM's 400 answer to a ``priority`` it does not schedule by says (lower case; its engine's check:
+"Got priority {priority} but Priority scheduling is not enabled.")."""
+
+
+class PriorityRefused(CallFailed):
+    """The worker refused the call's ``priority`` field (HTTP 400: it was started without
+    ``--scheduling-policy priority``); the same call without the field is fine."""
 
 
 @dataclass(slots=True)
@@ -108,7 +121,9 @@ class LiveCall(Call):
     sent_at: float = 0.0
     parked_at: float | None = None
     last_error: str = ""
-    priority: int = 0
+    priority: int | None = 0
+    """vLLM's ``priority`` of the call's next attempt (lower runs sooner), set by the pool when it sends the call;
+    None sends none (its worker refused the field)."""
     task: asyncio.Task[None] | None = None
     worker_name: str = ""
     requeue: bool = False
@@ -356,7 +371,8 @@ def _payload(call: LiveCall, model: bytes) -> bytes:
 
     The body is serialised once per call (``call.body_json``, without any ``model`` of its own) and the
     two keys are spliced around it per attempt. As in that dict display, a ``priority`` of the body wins
-    over the call's, and the worker's model over any of the body's.
+    over the call's, and the worker's model over any of the body's. A ``call.priority`` of None (a worker that
+    refused the field) sends no ``priority``, the body's included.
     """
     body_json = call.body_json
     if body_json is None:
@@ -365,10 +381,14 @@ def _payload(call: LiveCall, model: bytes) -> bytes:
             body = {k: v for k, v in body.items() if k != "model"}
         body_json = call.body_json = json.dumps(body).encode()
     inner = body_json[1:-1]
-    if "priority" in call.body:
+    p = call.priority
+    if p is None:
+        head = b"{"
+        if "priority" in call.body:  # rare (the routes set no body priority): serialised again without it
+            inner = json.dumps({k: v for k, v in call.body.items() if k not in ("model", "priority")}).encode()[1:-1]
+    elif "priority" in call.body:
         head = b"{"
     else:
-        p = call.priority
         head = b'{"priority": %d, ' % p if type(p) is int else b'{"priority": %s, ' % json.dumps(p).encode()
     return b'%s%s%s"model": %s}' % (head, inner, b", " if inner else b"", model)
 
@@ -395,7 +415,8 @@ def _result(status: int, content: bytes) -> CallResult:
         data = None
     if 400 <= status < 500 and status not in (408, 429):
         msg = _error_message(data) or f"worker answered {status}"
-        raise CallFailed(msg, status=status, body=data if isinstance(data, dict) else None)
+        kind = PriorityRefused if status == 400 and PRIORITY_REFUSAL in content.lower() else CallFailed
+        raise kind(msg, status=status, body=data if isinstance(data, dict) else None)
     if status != 200:
         raise WorkerError(
             f"worker answered {status}: {(_error_message(data) or content[:200].decode(errors='replace'))}"

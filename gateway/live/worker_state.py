@@ -75,6 +75,8 @@ class WorkerState:
     ejections: int = 0
     readmitted_at: float | None = None
     probing: bool = False
+    priority_scheduling: bool = True
+    """Whether calls carry vLLM's ``priority`` field: False once the worker refused it (``refuse_priority``)."""
 
     @property
     def info(self) -> WorkerInfo:
@@ -160,6 +162,7 @@ class WorkerState:
             "ejected_for_s": self.ejected_for_s(now),
             "ejected_reason": self.ejected_reason if self.ejected else None,
             "ejections": self.ejections,
+            "priority_scheduling": self.priority_scheduling,
             "recent": self._recent_status(),
             "vllm": self._scrape_status(now),
         }
