@@ -2,6 +2,7 @@
 
     GatewayError                  500 internal_error
     ├── ConfigError               a config, cluster, GPU catalogue or trace file is invalid (names file and field)
+    ├── ListenError               a server cannot listen on its address (a port in use): names host and port
     ├── UnknownNameError          400: an unknown policy, GPU, model or workload name was asked for
     ├── BadRequest                400 invalid_request_error: a caller's input is invalid
     │   ├── Unprocessable         422: well-formed but invalid (a field, a limit, a DAG: ``core.dag.DagError``,
@@ -82,6 +83,11 @@ class ConfigError(GatewayError):
         self.problem = problem
         where = f"{path}: {field}" if field else path
         super().__init__(f"{where}: {problem}")
+
+
+class ListenError(GatewayError):
+    """A server cannot listen on its address (the port is in use, the address is not this host's). The
+    message names the host and the port."""
 
 
 class UnknownNameError(GatewayError):

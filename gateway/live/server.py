@@ -24,7 +24,7 @@ from fastapi import FastAPI
 
 from gateway import __version__
 from gateway.config.gateway import LoadedConfig, load_gateway_config
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, ListenError
 from gateway.live.app import create_app
 from gateway.live.discovery import default_api_url
 from gateway.live.httpserver import HttpProtocol
@@ -202,7 +202,9 @@ def serve(
     """
     loaded = load_gateway_config(config_path, time_scale=time_scale)
     fmt = log_format or _env_log_format() or loaded.cfg.log_format
-    with tempfile.TemporaryDirectory(prefix="hexflow-serve-demo-") as tmp:
+    # Bound first: a port in use is one line (ListenError) before anything has started or logged.
+    sock = listen_socket(host or loaded.cfg.listen.host, loaded.cfg.listen.port if port is None else port)
+    with sock, tempfile.TemporaryDirectory(prefix="hexflow-serve-demo-") as tmp:
         if demo:
             databases = write_demo_databases(Path(tmp) / "databases.yaml")
             loaded.cfg = loaded.cfg.model_copy(update={"databases_file": str(databases)})
@@ -226,7 +228,27 @@ def serve(
         # under the handler that was in place before it started; this one keeps that exit 0 for SIGTERM
         # (Kubernetes reads it as clean).
         signal.signal(signal.SIGTERM, lambda _sig, _frame: log.info("exiting"))
-        GatewayServer(config, app).run()
+        GatewayServer(config, app).run(sockets=[sock])
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The gateway's TCP socket, bound to ``host:port`` as uvicorn binds one (uvicorn listens on it);
+    ``ListenError`` naming the address when it cannot be bound (a port in use, an address not this host's)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:  # socket.gaierror: a name that does not resolve
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _env_log_format() -> LogFormat | None:

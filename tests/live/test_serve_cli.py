@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,22 @@ def test_bad_config_is_one_line_and_exit_2(
     assert main(["serve", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hexflow serve: error:") and needle in err and "\n" not in err, err
+
+
+def test_a_port_in_use_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As ``hexflow emulate-cluster`` does: no server log lines, no gateway started, exit 2."""
+    cfg = write_config(tmp_path, ["http://127.0.0.1:1"], ["A100"])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"hexflow serve: error: cannot listen on 127.0.0.1:{port}: "), err
+    assert err.count("\n") == 1, err
 
 
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
