@@ -662,6 +662,19 @@ class LoadedConfig:
         p = Path(self.cfg.tenants_file)
         return p if p.is_absolute() else self.base_dir / p
 
+    def existing_tenants_path(self) -> Path:
+        """``tenants_path``, checked to be a file: ``ConfigError`` naming the config file, ``tenants_file`` and
+        the path it resolved to otherwise (what the gateway serves with; other readers of the config need
+        no tenants)."""
+        path = self.tenants_path
+        if not path.is_file():
+            problem = "not a file" if path.exists() else "file not found"
+            how = "" if Path(self.cfg.tenants_file).is_absolute() else " (resolved against the config file's folder)"
+            raise ConfigError(
+                str(self.path), "tenants_file", f"{problem}: {self.cfg.tenants_file!r} is {path.absolute()}{how}"
+            )
+        return path
+
 
 def load_gateway_config(path: Path | str, *, time_scale: float | None = None) -> LoadedConfig:
     """Load and validate ``gateway.yaml`` (raises ``ConfigError`` naming file and field).

@@ -44,7 +44,7 @@ LOG_FORMAT_ENV = "HEXFLOW_LOG_FORMAT"
 
 def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
     """The ASGI app for a loaded config (tenants are loaded now, so a bad file fails before serving)."""
-    tenants = TenantStore.load(loaded.tenants_path)
+    tenants = TenantStore.load(loaded.existing_tenants_path())
     cfg = loaded.cfg
     kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
     if kube is not None and kube.api_url is None and default_api_url() is None:

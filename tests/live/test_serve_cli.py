@@ -19,7 +19,7 @@ from tests.live.harness import write_config
         (lambda t: t.replace("url: http://127.0.0.1:1", "url: ftp://x"), "cluster.workers.0.url"),
         (
             lambda t: t.replace("tenants_file: tenants.yaml", "tenants_file: missing.yaml"),
-            "missing.yaml: file not found",
+            "gateway.yaml: tenants_file: file not found: 'missing.yaml' is ",
         ),
         (lambda t: t + "bogus: 1\n", "bogus"),
         (lambda t: t.replace("tenants_reload_s: 0.1", "tenants_reload_s: -1"), "tenants_reload_s"),
@@ -50,6 +50,22 @@ def test_a_port_in_use_is_one_line_and_exit_2_before_anything_starts(
     assert out == ""
     assert err.startswith(f"hexflow serve: error: cannot listen on 127.0.0.1:{port}: "), err
     assert err.count("\n") == 1, err
+
+
+def test_a_missing_tenants_file_names_the_config_key_and_the_path_it_resolved_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative ``tenants_file`` is resolved against the config file's folder, not the working directory:
+    the error says so, with the path it looked at."""
+    cfg = write_config(tmp_path, ["http://127.0.0.1:1"], ["A100"])
+    cfg.write_text(cfg.read_text().replace("tenants_file: tenants.yaml", "tenants_file: conf/tenants.yaml"))
+    monkeypatch.chdir(tmp_path.parent)
+    assert main(["serve", "--config", f"{tmp_path.name}/gateway.yaml"]) == 2
+    looked = tmp_path.absolute() / "conf" / "tenants.yaml"
+    assert capsys.readouterr().err == (
+        f"hexflow serve: error: {tmp_path.name}/gateway.yaml: tenants_file: file not found: 'conf/tenants.yaml' "
+        f"is {looked} (resolved against the config file's folder)\n"
+    )
 
 
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
