@@ -23,7 +23,13 @@ __all__ = ["add_overhead", "add_replay"]
 
 def add_replay(sub: Subparsers) -> None:
     """``hexflow replay``."""
-    p = sub.add_parser("replay", help="send a workload to a running gateway in real time and measure it")
+    p = sub.add_parser(
+        "replay",
+        help="send a workload to a running gateway in real time and measure it",
+        description="Send a workload's workflows (a trace, or the built-in chess-bird generator) to a running "
+        "gateway's POST /v1/workflows at their arrival times, in real time scaled by --time-scale, as a tenant "
+        "(--api-key), and report latency, SLO attainment and outcomes; --json keeps every workflow.",
+    )
     p.add_argument(
         "--trace",
         default="chess-bird",
@@ -66,6 +72,9 @@ def add_overhead(sub: Subparsers) -> None:
     p = sub.add_parser(
         "overhead",
         help="gateway overhead: the same call to a worker directly and through the gateway, side by side",
+        description="Start a worker (a null worker or an emulated A100) and a gateway in front of it, send the same "
+        "calls to both at --rate calls/s each for --duration seconds, and report the latency the gateway adds and "
+        "its CPU time per call; --max-rate-search also finds the highest rate it sustains.",
     )
     p.add_argument("--rate", type=positive_float, default=200.0, help="calls/s of each stream (gateway and direct)")
     p.add_argument("--duration", type=positive_float, default=10.0, help="seconds of measurement")

@@ -45,7 +45,14 @@ def add_emulate_cluster(sub: Subparsers) -> None:
 
 def add_serve(sub: Subparsers) -> None:
     """``hexflow serve``."""
-    p = sub.add_parser("serve", help="run the live gateway (FastAPI) in front of vLLM workers")
+    p = sub.add_parser(
+        "serve",
+        help="run the live gateway (FastAPI) in front of vLLM workers",
+        description="Run the live gateway in front of the workers of --config (its cluster, or the pods its "
+        "Kubernetes discovery selects) on listen.host:listen.port, with the tenants of its tenants_file (re-read on "
+        "change). SIGTERM or SIGINT drains in-flight workflows for shutdown_grace_s, then exits 0. A bad config "
+        "or a port in use stops it before it serves, with one line and exit status 2.",
+    )
     p.add_argument("--config", default="config/gateway.yaml", help="gateway.yaml (workers, policy, limits, tenants)")
     p.add_argument("--host", default=None, help="bind address (default: the config's listen.host)")
     p.add_argument("--port", type=port, default=None, help="port (default: the config's listen.port)")
@@ -79,6 +86,9 @@ def add_discover(sub: Subparsers) -> None:
     p = sub.add_parser(
         "discover",
         help="list the worker pods the gateway's Kubernetes discovery selects, and what it makes of each",
+        description="Ask the Kubernetes API for the pods that --config's discovery.kubernetes section selects, and "
+        "print each pod's state as the gateway would see it (its URL, GPU, model, profile and capacity, or the "
+        "problem that keeps it out); exit 1 when the API fails.",
     )
     p.add_argument("--config", default="config/gateway.yaml", help="gateway.yaml with a discovery.kubernetes section")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

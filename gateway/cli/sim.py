@@ -60,7 +60,13 @@ LIVE_BENCH_WORKFLOWS = 150
 
 def add_simulate(sub: Subparsers) -> None:
     """``hexflow simulate``."""
-    p = sub.add_parser("simulate", help="one policy, one run on the simulator")
+    p = sub.add_parser(
+        "simulate",
+        help="one policy, one run on the simulator",
+        description="Run one scheduling policy on the cluster simulator for one workload (a trace or the built-in "
+        "chess-bird generator) at one arrival rate, and print P50/P95/P99 latency, SLO attainment and the "
+        "cluster's fluid bound, per tenant when there are several; --engines adds each engine's time per workflow.",
+    )
     add_workload_args(p, workflows=400)
     p.add_argument("--policy", default="hexgen", help=f"one of: {', '.join(POLICIES)}")
     p.add_argument(
@@ -83,7 +89,14 @@ def add_simulate(sub: Subparsers) -> None:
 
 def add_bench(sub: Subparsers) -> None:
     """``hexflow bench`` (and ``bench --live``)."""
-    p = sub.add_parser("bench", help="policies side by side: P50/P95/P99, SLO attainment, capacity")
+    p = sub.add_parser(
+        "bench",
+        help="policies side by side: P50/P95/P99, SLO attainment, capacity",
+        description="Run several policies side by side on the cluster simulator over several seeds: P50/P95/P99 "
+        "latency and SLO attainment at a grid of rates, each policy's capacity (the highest rate with >= 95 percent "
+        "SLO attainment, found by bisection) and the cluster's fluid bound; --live runs them on a live gateway "
+        "over emulated workers instead. The subcommands below are the other benchmarks.",
+    )
     add_workload_args(p, workflows=1000)
     p.add_argument(
         "--policies",
@@ -293,7 +306,13 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
 
 def add_tune(sub: Subparsers) -> None:
     """``hexflow tune``."""
-    p = sub.add_parser("tune", help="tune alpha on a window of traffic by simulation")
+    p = sub.add_parser(
+        "tune",
+        help="tune alpha on a window of traffic by simulation",
+        description="Replay a window of workflows in the simulator once per alpha of a grid (what the gateway's "
+        "background tuner does with its recent traffic) and print each alpha's P50, P95 and SLO attainment, and "
+        "the alpha chosen.",
+    )
     add_workload_args(p, workflows=400)
     p.add_argument("--policy", default="hexgen", help="the policy whose alpha is tuned")
     p.add_argument(
@@ -314,7 +333,12 @@ def add_tune(sub: Subparsers) -> None:
 
 def add_sim_speed(sub: Subparsers) -> None:
     """``hexflow sim-speed``."""
-    p = sub.add_parser("sim-speed", help="the simulator's own speed: simulated calls/s per cluster and policy")
+    p = sub.add_parser(
+        "sim-speed",
+        help="the simulator's own speed: simulated calls/s per cluster and policy",
+        description="Measure the simulator itself: simulated LLM calls per second of wall and CPU time for each "
+        "policy on each cluster, under load (compare a native build's with `make native`).",
+    )
     add_workload_args(p, workflows=1000)
     p.add_argument(
         "--clusters",

@@ -36,6 +36,9 @@ def add_demo(sub: Subparsers) -> None:
     p = sub.add_parser(
         "demo",
         help="the main job: emulated cluster + gateway, demo questions from two tenants through /v1/text2sql",
+        description="Write the demo database, start an emulated cluster and a gateway in front of it, send demo "
+        "questions from two tenants with different deadlines through POST /v1/text2sql, print every answer and an "
+        "SLO summary per tenant, check each answer against the gold result, and stop what it started.",
     )
     p.add_argument("--questions", type=positive_int, default=24, help="questions to ask (cycled over the demo set)")
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
@@ -48,7 +51,13 @@ def add_demo(sub: Subparsers) -> None:
 
 def add_eval(sub: Subparsers) -> None:
     """``hexflow eval``."""
-    p = sub.add_parser("eval", help="execution accuracy of a running gateway on a Spider-format dataset")
+    p = sub.add_parser(
+        "eval",
+        help="execution accuracy of a running gateway on a Spider-format dataset",
+        description="Send the questions of a Spider-format dataset (dev.json) to a running gateway's "
+        "POST /v1/text2sql and report execution accuracy (the answer's result against the gold SQL's, on the "
+        "dataset's SQLite databases) and latency.",
+    )
     p.add_argument("--dataset", required=True, help="folder with dev.json and database/<db_id>/<db_id>.sqlite")
     p.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's base URL")
     p.add_argument("--api-key", default=None, help="the tenant's API key (default: $HEXFLOW_API_KEY)")
@@ -67,6 +76,9 @@ def add_databases(sub: Subparsers) -> None:
         "databases",
         help="write the databases file (for hexflow serve) of a Spider-format dataset or of the demo database; "
         "or --check one",
+        description="Write the databases file that a gateway's databases_file names (the databases /v1/text2sql "
+        "may query) for a Spider-format dataset, or write the demo database and its file; with --check, check "
+        "every database a databases file lists: one line each, ok or unavailable and why (exit 1 if any is not).",
     )
     p.add_argument(
         "--check",
@@ -94,6 +106,9 @@ def add_answers(sub: Subparsers) -> None:
     p = sub.add_parser(
         "answers",
         help="write scripted answers (hexflow emulate --answers) of a Spider-format dataset or of the demo questions",
+        description="Write the scripted answers that emulated workers give the Text-to-SQL pipeline's prompts "
+        "(hexflow emulate --answers): the gold SQL of each question of a Spider-format dataset or of the demo, "
+        "with some wrong first candidates so that revision runs.",
     )
     p.add_argument("--spider", default=None, help="dataset folder with dev.json")
     p.add_argument(

@@ -259,6 +259,23 @@ def test_every_option_has_help_and_its_default_shows() -> None:
                 assert "(required)" in " ".join(text.split())
 
 
+def test_every_subcommands_help_says_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """``hexflow CMD --help`` of every subcommand (the handed-over emulators too) has a description: a paragraph
+    between the usage and the options."""
+    commands = [parser.prog.split()[1:] for parser in _all_parsers() if parser.prog != "hexflow"]
+    assert ["emulate"] in commands and ["bench", "overload"] in commands and ["tenants", "hash-key"] in commands
+    lacking = []
+    for command in commands:
+        code, out, _ = run([*command, "--help"], capsys)
+        assert code == 0, command
+        paragraphs = out.split("\n\n")
+        assert paragraphs[0].startswith(f"usage: hexflow {' '.join(command)}"), out
+        described = len(paragraphs) > 1 and not paragraphs[1].startswith(("options:", "positional arguments:"))
+        if not described or len(paragraphs[1].split()) < 8:
+            lacking.append(" ".join(command))
+    assert not lacking, f"no description in --help: {lacking}"
+
+
 def test_help_names_the_command_as_typed_and_shows_no_markup(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["--help"], capsys)
     assert code == 0 and "``" not in out and "HexGen-Flow" in out
