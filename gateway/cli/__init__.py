@@ -19,7 +19,8 @@
     hexflow bench quality    accuracy of the Text-to-SQL pipeline per knob setting (gateway/config/quality.yaml)
     hexflow bench burst      goodput of correct answers under recorded bursty arrivals, with and without degradation
     hexflow bench mislabel   a worker labelled with another GPU's profile, corrected by the online refit (simulated)
-    hexflow tenants hash-key KEY   the SHA-256 hash that config/tenants.yaml stores for an API key
+    hexflow tenants hash-key [KEY]   the SHA-256 hash that config/tenants.yaml stores for an API key (no KEY:
+                                     typed without echo, or read from standard input)
     hexflow demo       the main job: demo questions through /v1/text2sql on an emulated cluster
     hexflow eval       execution accuracy of a running gateway on a Spider-format dataset (/v1/text2sql)
     hexflow databases  the databases file (for hexflow serve) of a Spider-format dataset or of the demo database

@@ -13,16 +13,38 @@ __all__ = ["add_config_reference", "add_tenants"]
 
 def add_config_reference(sub: Subparsers) -> None:
     """``hexflow config-reference``."""
-    p = sub.add_parser("config-reference", help="print the configuration reference (docs/configuration.md)")
+    p = sub.add_parser(
+        "config-reference",
+        help="print the configuration reference (docs/configuration.md)",
+        description="Print the reference of every configuration key (gateway.yaml, tenants.yaml, databases, "
+        "cluster files, gpus.yaml), generated from the models that validate them: docs/configuration.md is "
+        "this output.",
+    )
     p.set_defaults(func=cmd_config_reference)
 
 
 def add_tenants(sub: Subparsers) -> None:
     """``hexflow tenants hash-key``."""
-    p = sub.add_parser("tenants", help="tenant helpers (hash an API key for config/tenants.yaml)")
+    p = sub.add_parser(
+        "tenants",
+        help="tenant helpers (hash an API key for config/tenants.yaml)",
+        description="Helpers for the tenants file (config/tenants.yaml), which stores API keys only as hashes.",
+    )
     tsub = p.add_subparsers(dest="tenants_command", required=True)
-    q = tsub.add_parser("hash-key", help="print the SHA-256 hash of an API key (what tenants.yaml stores)")
-    q.add_argument("key", help="the API key (use '-' to read it from stdin, keeping it out of shell history)")
+    q = tsub.add_parser(
+        "hash-key",
+        help="print the SHA-256 hash of an API key (what tenants.yaml stores)",
+        description="Print the SHA-256 digest of an API key: what a tenant's api_key_sha256 (tenants.yaml) and "
+        "admin.api_key_sha256 (gateway.yaml) hold. To keep the key out of the shell's history, leave it out (or "
+        "give -): it is asked for twice without echo on a terminal, else read from the first line of standard "
+        "input (hexflow tenants hash-key < key.txt).",
+    )
+    q.add_argument(
+        "key",
+        nargs="?",
+        default=None,
+        help="the API key; leave it out, or give -, to type it without echo or pipe it on standard input",
+    )
     q.set_defaults(func=cmd_hash_key)
 
 
@@ -35,11 +57,26 @@ def cmd_config_reference(args: argparse.Namespace) -> int:
 
 
 def cmd_hash_key(args: argparse.Namespace) -> int:
-    """Print the hash of an API key for ``api_key_sha256`` in tenants.yaml."""
+    """Print the hash of an API key for ``api_key_sha256`` in tenants.yaml: the argument, else (none, or ``-``)
+    the key typed twice without echo on a terminal, or the first line of standard input."""
     from gateway.config.tenants import hash_key
 
-    key = sys.stdin.readline().strip() if args.key == "-" else args.key
+    key = args.key if args.key not in (None, "-") else _secret_key()
     if not key:
         raise UsageError("the key is empty")
     print(hash_key(key))
     return 0
+
+
+def _secret_key() -> str:
+    """The key, kept out of the shell's history: asked for twice without echo on a terminal (``UsageError`` when
+    the two differ), else the first line of standard input. Surrounding whitespace is dropped, as the gateway
+    drops it from an ``Authorization`` header."""
+    import getpass
+
+    if not sys.stdin.isatty():
+        return sys.stdin.readline().strip()
+    key = getpass.getpass("API key (not echoed): ").strip()
+    if key and getpass.getpass("the same key again: ").strip() != key:
+        raise UsageError("the two keys typed differ; nothing printed")
+    return key
