@@ -161,7 +161,12 @@ class CallTiming:
 @dataclass(frozen=True, slots=True)
 class FinishedWorkflow:
     """A workflow that ended, as the status page shows it. ``finished``: the gateway clock at its end;
-    ``calls``: its first ``MAX_CALLS`` calls in the order they were queued, ``more_calls`` the others."""
+    ``calls``: its first ``MAX_CALLS`` calls in the order they were queued, ``more_calls`` the others.
+
+    ``id`` is the id its client got: the response's ``id`` (``wf-...`` from ``/v1/workflows``, ``t2s-...`` from
+    ``/v1/text2sql``); ``request_id`` the request's ``X-Request-Id`` (the client's own when it sent a sane one),
+    None where the gateway did not record it.
+    """
 
     id: str
     tenant: str
@@ -172,6 +177,7 @@ class FinishedWorkflow:
     deadline_s: float
     calls: tuple[CallTiming, ...]
     more_calls: int = 0
+    request_id: str | None = None
 
     def lost_at(self) -> int | None:
         """Where the deadline was lost: the index of the first call that returned after it (None when the
@@ -188,6 +194,7 @@ class FinishedWorkflow:
         lost = self.lost_at()
         return {
             "id": self.id,
+            "request_id": self.request_id,
             "tenant": self.tenant,
             "route": self.route,
             "outcome": self.outcome,

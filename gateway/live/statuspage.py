@@ -5,6 +5,12 @@ to predicted latency), the rolling per-tenant outcome window and the finished-wo
 (``gateway.live.history``), and the alpha tuner's runs. Times are seconds ago (``age_s``), so the page needs
 no clock of the server's. Its size is bounded: workers and tenants as configured, ``SLOWEST`` workflows of at
 most ``history.MAX_CALLS`` calls each, ``tuning.TUNING_HISTORY`` tuning runs.
+
+Per tenant the page shows two shares, both over the window, because either alone can flatter: ``attainment``
+(met over the workflows that ran to an end: the SLO as the Prometheus rules count it, blind to refusals) and
+``answered_in_time`` (met over every workflow that arrived and ended, refused, shed and cancelled ones
+included: what the tenant's clients saw). A tenant with 7 of 20 workflows refused and the 13 others in time
+reads 100 % and 65 %.
 """
 
 from __future__ import annotations
@@ -53,7 +59,22 @@ def _worker(gw: Gateway, st: WorkerState, now: float) -> dict[str, Any]:
         "estimate_ratios": {k: round(r, 4) for k, (r, _) in sorted(ratios.items())},
         "completed": st.sent,
         "failed": st.failed,
+        # Outlier ejection (as /v1/status has it): why, and for how long the back-off still runs (0: over, a
+        # probe call decides when it comes back).
+        "ejected": st.ejected,
+        "ejected_reason": st.ejected_reason if st.ejected else None,
+        "ejected_for_s": None if st.ejected_until is None else round(max(st.ejected_until - now, 0.0), 3),
+        "ejections": st.ejections,
     }
+
+
+def tenant_shares(summary: dict[str, Any]) -> dict[str, Any]:
+    """One tenant's window summary (``OutcomeWindow.summary``) with ``arrivals`` (workflows that arrived and
+    ended in the window, whatever the outcome) and ``answered_in_time`` (met over arrivals; None when none
+    arrived), beside its ``attainment`` (met over finished)."""
+    arrivals = sum(summary["outcomes"].values())
+    met = summary["outcomes"]["met"]
+    return {**summary, "arrivals": arrivals, "answered_in_time": None if arrivals == 0 else met / arrivals}
 
 
 def page_state(gw: Gateway) -> dict[str, Any]:
@@ -79,7 +100,10 @@ def page_state(gw: Gateway) -> dict[str, Any]:
         "window_s": window_s,
         "outcomes": list(GOODPUT_OUTCOMES),
         "workers": [_worker(gw, st, now) for st in gw.pool.workers],
-        "tenants": gw.outcome_window.summary(now, (t.name for t in gw.tenants.tenants)),
+        "tenants": {
+            name: tenant_shares(t)
+            for name, t in gw.outcome_window.summary(now, (t.name for t in gw.tenants.tenants)).items()
+        },
         "tuning": tuning,
         "finished_total": gw.history.total,
         "slowest": [wf.as_dict(now) for wf in gw.history.slowest(SLOWEST, since=now - window_s)],

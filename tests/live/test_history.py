@@ -136,3 +136,23 @@ def test_where_the_deadline_was_lost(done: tuple[float, ...], latency: float, lo
     body = wf.as_dict(now=5.0)
     assert body["lost_at"] == lost and body["age_s"] == 5.0 and len(body["calls"]) == 3
     assert body["calls"][0]["waited_s"] == 0.5 and body["calls"][0]["ran_s"] == 0.5
+
+
+def test_a_finished_workflow_carries_the_ids_its_client_got() -> None:
+    wf = FinishedWorkflow("t2s-0123abcd", "t", "text2sql", "met", 0.0, 1.0, 10.0, (), request_id="req-00ff")
+    body = wf.as_dict(now=1.0)
+    assert body["id"] == "t2s-0123abcd" and body["request_id"] == "req-00ff"
+    assert _wf(1, 1.0).as_dict(now=1.0)["request_id"] is None  # not recorded: null, never made up
+
+
+@pytest.mark.parametrize(
+    ("done", "over"),
+    [
+        (0.9, False),  # well within its 2 s budget (a healthy workflow at 8 % of its deadline)
+        (3.0, False),  # exactly at the end of its budget
+        (3.5, True),
+    ],
+)
+def test_a_call_is_over_budget_only_past_the_end_of_its_stage_budget(done: float, over: bool) -> None:
+    c = CallTiming("k", "w", 1.0, 1.2, done, 2.0, 1, True)  # queued at 1 s with a 2 s budget: it ends at 3 s
+    assert c.over_budget is over

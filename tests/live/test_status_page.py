@@ -12,6 +12,8 @@ import pytest
 from gateway.config.gateway import load_gateway_config
 from gateway.config.tenants import hash_key
 from gateway.errors import ConfigError
+from gateway.live.service import Gateway
+from gateway.live.statuspage import tenant_shares
 from tests.live.harness import BATCH_KEY, INTERACTIVE_KEY, chain, emulators, gateway_client, write_config
 
 GPUS = ["A100", "L40S"]
@@ -91,6 +93,9 @@ async def test_state_shows_workers_goodput_and_the_slowest_workflow_after_traffi
         before = (await _get(client, "/ui/api/state", ADMIN_KEY)).json()
         assert before["tenants"]["interactive"]["finished"] == 0
         assert before["tenants"]["interactive"]["attainment"] is None
+        assert before["tenants"]["interactive"]["arrivals"] == 0
+        assert before["tenants"]["interactive"]["answered_in_time"] is None
+        assert all(not w["ejected"] and w["ejected_reason"] is None for w in before["workers"])
         r = await client.post("/v1/workflows", json={"calls": chain(3, width=2), "deadline_s": 60})
         assert r.status_code == 200 and r.json()["deadline_met"], r.text
         state = (await _get(client, "/ui/api/state", ADMIN_KEY)).json()
@@ -109,7 +114,7 @@ async def test_state_shows_workers_goodput_and_the_slowest_workflow_after_traffi
     assert state["tuning"] == {"enabled": False, "runs": 0, "history": []}
     [wf] = state["slowest"]
     assert wf["route"] == "workflows" and wf["tenant"] == "interactive" and wf["outcome"] == "met"
-    assert wf["id"].startswith("wf-") and wf["deadline_s"] == pytest.approx(60.0)
+    assert wf["id"] == r.json()["id"] and wf["deadline_s"] == pytest.approx(60.0)  # the id the client got
     assert wf["lost_at"] is None and len(wf["calls"]) == 6
     for c in wf["calls"]:
         assert c["worker"] in workers and c["ok"] and c["attempts"] == 1
@@ -132,6 +137,7 @@ async def test_a_rejected_workflow_is_a_goodput_outcome_and_in_the_window(tmp_pa
             metrics = (await _get(client, "/metrics", None)).text
     t = state["tenants"]["interactive"]
     assert t["outcomes"]["rejected"] == 1 and t["finished"] == 0 and t["attainment"] is None
+    assert t["arrivals"] == 1 and t["answered_in_time"] == 0.0  # nothing finished, yet not "–": none in time
     assert state["slowest"] == []  # it never ran: no timeline
     assert 'hexflow_workflow_outcomes_total{outcome="rejected",tenant="interactive"} 1.0' in metrics
     assert 'hexflow_goodput_workflows_total{tenant="interactive"} 0.0' in metrics
@@ -153,3 +159,57 @@ def test_bad_admin_config_names_the_field(tmp_path: Path, admin: dict[str, Any],
         load_gateway_config(cfg)
     assert where in str(info.value) and says in str(info.value)
     assert "ops-secret-key" not in str(info.value)  # a plaintext key is never repeated
+
+
+async def test_attainment_is_shown_beside_the_share_of_all_arrivals_answered_in_time(tmp_path: Path) -> None:
+    # 13 workflows in time and 7 refused at admission (429: more calls than the queue holds): attainment
+    # counts only the 13 that ran (100 %), the share of arrivals answered in time all 20 (65 %).
+    async with emulators(["A100"]) as urls:
+        cfg = write_config(tmp_path, urls, ["A100"], admin=ADMIN, limits={"max_queued_calls": 2})
+        async with gateway_client(cfg) as (client, _):
+            for _ in range(13):
+                r = await client.post("/v1/workflows", json={"calls": chain(1), "deadline_s": 60})
+                assert r.status_code == 200 and r.json()["deadline_met"], r.text
+            for _ in range(7):
+                r = await client.post("/v1/workflows", json={"calls": chain(3), "deadline_s": 60})
+                assert r.status_code == 429, r.text
+            t = (await _get(client, "/ui/api/state", ADMIN_KEY)).json()["tenants"]["interactive"]
+    assert t["outcomes"]["met"] == 13 and t["outcomes"]["rejected"] == 7
+    assert t["finished"] == 13 and t["attainment"] == 1.0
+    assert t["arrivals"] == 20 and t["answered_in_time"] == pytest.approx(0.65)
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "arrivals", "in_time"),
+    [
+        ({"met": 0, "late": 0, "cancelled": 0}, 0, None),  # nothing arrived: no share, not 0 % nor 100 %
+        ({"met": 3, "late": 1, "cancelled": 0}, 4, 0.75),
+        ({"met": 2, "late": 0, "cancelled": 2}, 4, 0.5),  # a client that went away was not answered in time
+    ],
+)
+def test_tenant_shares_count_every_arrival(outcomes: dict[str, int], arrivals: int, in_time: float | None) -> None:
+    shares = tenant_shares({"outcomes": outcomes, "attainment": None})
+    assert shares["arrivals"] == arrivals and shares["answered_in_time"] == in_time
+    assert shares["outcomes"] == outcomes  # the window's own figures are kept as they are
+
+
+async def test_an_ejected_worker_says_why_and_until_when(tmp_path: Path) -> None:
+    async with emulators(GPUS) as urls:
+        cfg = write_config(tmp_path, urls, GPUS, admin=ADMIN)
+        async with gateway_client(cfg) as (client, app):
+            gw: Gateway = app.state.gateway
+            st = gw.pool.workers[1]
+            reason = "its last 20 calls took 3.1x their predicted latency (peers: 1.02x)"
+            gw.pool.eject(st, reason)
+            length = st.ejected_until - gw.clock() if st.ejected_until is not None else 0.0
+            workers = {w["name"]: w for w in (await _get(client, "/ui/api/state", ADMIN_KEY)).json()["workers"]}
+            gw.pool.readmit(st)
+            after = {w["name"]: w for w in (await _get(client, "/ui/api/state", ADMIN_KEY)).json()["workers"]}
+    ejected = workers[st.name]
+    assert ejected["state"] == "ejected" and ejected["ejected"] and ejected["ejected_reason"] == reason
+    assert 0.0 < ejected["ejected_for_s"] <= length + 1e-3 and ejected["ejections"] == 1
+    other = next(w for name, w in workers.items() if name != st.name)
+    assert not other["ejected"] and other["ejected_reason"] is None and other["ejected_for_s"] is None
+    back = after[st.name]
+    assert back["state"] == "up" and not back["ejected"] and back["ejected_reason"] is None
+    assert back["ejected_for_s"] is None
