@@ -22,7 +22,7 @@ questions), so the workload the simulator must predict is the pipeline's, not a 
    modelled seconds times ``time_scale`` (the emulated GPUs and the gateway run at that scale); a question
    counts as met when its answer is ``ok`` within its deadline, correct when its rows match the gold
    query's, degraded when the response lists what was cut. Before the arrivals, each live gateway answers
-   ``SHAPE_MIN_QUESTIONS`` questions one at a time (not counted), so that its pipeline predicts with its
+   ``MIN_QUESTIONS`` questions one at a time (not counted), so that its pipeline predicts with its
    fitted template from the first counted question, as the simulation does.
 
 Reported per variant, live and simulated side by side: SLO attainment, goodput of correct answers (share of
@@ -33,7 +33,7 @@ rounds of two candidates run in parallel live and one after the other in the sim
 The emulated engines run without prefix caching, as the simulator does here (the recorded calls carry no
 prefix chains), and the gateway is told so (``prefix_caching: false``: a prefix-aware policy would otherwise
 chase a cache that is not there). The simulator knows each call's exact output length; the live gateway
-sizes a call by its database's earlier questions (``Text2SqlPipeline.sizing_for``: the mean output of its
+sizes a call by its question's plan (``Text2SqlPipeline.plan``: its database's earlier questions' output per
 kind, the prompt estimate scaled by the workers' usage).
 
 ``dump`` (``--dump``) keeps every question side by side: the simulated workflow's latency, knobs and each
@@ -71,7 +71,8 @@ from gateway.text2sql.answers import build_demo_answers, write_answers
 from gateway.text2sql.db import open_database
 from gateway.text2sql.demo import DB_ID, write_demo_databases, write_sqlite
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
-from gateway.text2sql.pipeline import SHAPE_MIN_QUESTIONS, PipelineConfig, Text2SqlPipeline
+from gateway.core.shapes import MIN_QUESTIONS
+from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.port import StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts
 from workers.scripted import AnswersResponder
@@ -116,7 +117,7 @@ def record_demo_queries(seed: int = 0, wrong_fraction: float = 0.25) -> list[lis
 
 def record_demo(seed: int = 0, wrong_fraction: float = 0.25) -> tuple[list[list[CallSpec]], WorkflowTemplate]:
     """``record_demo_queries``, and the template the live pipeline predicts with once it has answered every
-    demo question (its own ``template_for``: the CHESS template fitted to the questions' shapes)."""
+    demo question (its own ``plan_for``: the pipeline's stages fitted to the questions' shapes)."""
     template: list[WorkflowTemplate] = []
 
     async def record(db_path: Path) -> list[list[CallSpec]]:
@@ -131,7 +132,7 @@ def record_demo(seed: int = 0, wrong_fraction: float = 0.25) -> tuple[list[list[
                 out.append(runner.calls)
         finally:
             await db.close()
-        template.append(pipe.template_for(DB_ID))
+        template.append(pipe.plan_for(DB_ID).template)
         return out
 
     with tempfile.TemporaryDirectory(prefix="hexflow-burst-record-") as tmp:
@@ -291,10 +292,10 @@ async def _ask_all(
         return met, correct, bool(data.get("degraded")), rec
 
     async with httpx.AsyncClient(timeout=max(120.0, 4 * deadline_wall), limits=limits) as client:
-        # Warm-up, not counted: the pipeline predicts with the CHESS template until it has answered
-        # SHAPE_MIN_QUESTIONS questions on the database; the simulator predicts with the fitted template from
+        # Warm-up, not counted: the pipeline predicts with its prior until it has answered MIN_QUESTIONS
+        # questions on the database; the simulator predicts with the fitted template from
         # the start. A few questions one at a time, with a deadline that never binds, close that gap.
-        for q in questions[:SHAPE_MIN_QUESTIONS]:
+        for q in questions[:MIN_QUESTIONS]:
             warm: dict[str, Any] = {"question": q.question, "db_id": DB_ID, "deadline_s": 100 * deadline_wall}
             await client.post(f"{url}/v1/text2sql", json=warm, headers=headers)
         t0 = time.monotonic()

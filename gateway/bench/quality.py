@@ -44,7 +44,7 @@ import yaml
 from gateway.bench.stats import table
 from gateway.bench.text2sql_eval import EvalError, spider_items
 from gateway.config.databases import DatabaseConfig
-from gateway.core.degrade import Knobs, knob_grid
+from gateway.core.degrade import Knobs, QuestionPlan, knob_grid
 from gateway.core.predict import StagePlan
 from gateway.errors import GatewayError
 from gateway.text2sql.answers import Answers, answers_from_spider, build_demo_answers
@@ -98,7 +98,7 @@ class ScriptedStageRunner:
         self.closed: Closed | None = None
         self.kinds: list[str] = []
 
-    def open(self, deadline_s: float) -> None:
+    def open(self, deadline_s: float, plan: QuestionPlan) -> None:
         """Start the question (its deadline ``deadline_s`` from the clock's zero)."""
         if self.deadline is not None:
             raise RuntimeError("the runner is open already (one runner per question)")

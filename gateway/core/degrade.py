@@ -45,7 +45,6 @@ from gateway.core.workflow import (
     UNIT_TEST,
     UNIT_TESTER,
     CallSpec,
-    PhaseSpec,
     WorkflowTemplate,
 )
 
@@ -57,7 +56,7 @@ __all__ = [
     "Knobs",
     "QualityMode",
     "QualityModel",
-    "ShapeStats",
+    "QuestionPlan",
     "degraded_steps",
     "knob_grid",
     "knob_plan",
@@ -318,90 +317,34 @@ def quality_from_rows(rows: Iterable[tuple[int, int, bool, float]], source: str 
     return QualityModel({Knobs(c, r, e): a for c, r, e, a in rows}, source)
 
 
-INPUT_SCALE_LIMIT = 4.0
-"""``ShapeStats.input_scale`` stays within [1/this, this]."""
+@dataclass(frozen=True)
+class QuestionPlan:
+    """The one prediction of a question: what every decision about it (admission, stage budgets, the overload
+    re-check, shedding, demotion, degradation) predicts it with.
 
-
-@dataclass
-class ShapeStats:
-    """What a pipeline's questions actually cost, per stage kind: the template its degradation predicts with.
-
-    ``knob_plan`` predicts a workflow's remaining stages from a template. The packaged one is CHESS on BIRD
-    (10k-token candidate prompts, 3.4 revise rounds, unit testers); a pipeline on a small schema runs the
-    same stages at a twentieth of the tokens, and predicting it with CHESS's sizes would cut its work where
-    nothing was at risk. ``add`` records one answered question (its stages: kind and each call's input and
-    output tokens; ``evaluated``: whether it ran with evaluation on); ``template(base)`` is ``base`` with
-    each observed kind's mean tokens and width (the candidates' stays the configured one), its rounds scaled
-    to the observed stages per question (revise rounds, and unit tests and evaluations among the questions
-    that evaluated), and the kinds never observed dropped. Bounded: sums and counts only.
-
-    The same sums size the database's next calls before they are sent: ``expected_output(kind)`` (the mean
-    output of that kind, where the packaged template would assume CHESS on BIRD's hundreds of tokens) and
-    ``input_scale`` (the worker's prompt tokens over the gateway's characters/4 estimate, from the pairs
-    given as ``prompt_sizes``), so that dispatch and budgets see the calls the workers will run.
+    ``template``: the stages the pipeline will run for the question's database, fitted to what its questions
+    cost (``gateway.core.shapes``); ``full``: the pipeline's full-quality knobs; ``floor``: the least work the
+    tenant's quality mode may run (``full`` for a tenant that never degrades: it runs ``full``, so it is
+    predicted at it); ``source``: where the template's figures come from, in words (``/v1/status`` shows it);
+    ``observed``: its figures rest on what the model was seen to do (False before it answered anything: the
+    output lengths are a guess, and no question is refused on a guess).
     """
 
-    questions: int = 0
-    evaluated: int = 0
-    _sums: dict[str, list[float]] = field(default_factory=dict)  # kind -> [calls, tokens in, tokens out, stages]
-    _prompts: list[float] = field(default_factory=lambda: [0.0, 0.0])  # [estimated, worker-counted] prompt tokens
+    template: WorkflowTemplate
+    full: Knobs
+    floor: Knobs
+    source: str = ""
+    observed: bool = True
 
-    def add(
-        self,
-        stages: Sequence[tuple[str, Sequence[tuple[int, int]]]],
-        *,
-        evaluated: bool,
-        prompt_sizes: Iterable[tuple[int, int]] = (),
-    ) -> None:
-        """Record one question's stages (``(kind, [(input_tokens, output_tokens), ...])`` in order) and its
-        calls' ``(estimated, worker-counted)`` prompt tokens where the worker said (``prompt_sizes``)."""
-        self.questions += 1
-        self.evaluated += evaluated
-        for kind, calls in stages:
-            s = self._sums.setdefault(kind, [0.0, 0.0, 0.0, 0.0])
-            s[0] += len(calls)
-            s[1] += sum(i for i, _ in calls)
-            s[2] += sum(o for _, o in calls)
-            s[3] += 1
-        for est, seen in prompt_sizes:
-            if est > 0 and seen > 0:
-                self._prompts[0] += est
-                self._prompts[1] += seen
+    def rest(self, *, phase: int = -1, rounds_done: int = 0) -> tuple[StagePlan, ...]:
+        """The stages still to run after round ``rounds_done`` of phase ``phase`` (-1: all of them) at the
+        floor: the least a workflow of this plan can still do (its deadline check is against that)."""
+        return knob_plan(
+            self.template, self.floor, phase=phase, rounds_done=rounds_done, full_candidates=self.full.candidates
+        )
 
-    def expected_output(self, kind: str) -> int | None:
-        """Mean output tokens of a ``kind`` call so far (None: never observed)."""
-        s = self._sums.get(kind)
-        if s is None or s[0] == 0:
-            return None
-        return max(1, round(s[2] / s[0]))
-
-    @property
-    def input_scale(self) -> float:
-        """Worker-counted over estimated prompt tokens (1 before any pair), within [1/4, 4]: a tokenizer
-        differs from characters/4 by far less, and a worker misreporting its usage cannot skew it further."""
-        est, seen = self._prompts
-        if est <= 0:
-            return 1.0
-        return min(max(seen / est, INPUT_SCALE_LIMIT**-1), INPUT_SCALE_LIMIT)
-
-    def template(self, base: WorkflowTemplate) -> WorkflowTemplate:
-        """``base`` fitted to what was observed (``base`` itself before any question)."""
-        if self.questions == 0:
-            return base
-        base_rounds: dict[str, float] = {}
-        for p in base.phases:
-            base_rounds[p.kind] = base_rounds.get(p.kind, 0.0) + p.rounds
-        phases = []
-        for p in base.phases:
-            s = self._sums.get(p.kind)
-            if s is None or s[0] == 0:
-                continue  # never run by this pipeline
-            per = self.evaluated if p.kind in SKIPPABLE else self.questions
-            stages_per_question = s[3] / per if per else 0.0
-            scale = stages_per_question / base_rounds[p.kind] if base_rounds[p.kind] > 0 else 0.0
-            rounds = p.rounds * scale
-            if rounds <= 0.0:
-                continue
-            width = p.width if p.kind == CANDIDATE else max(1, round(s[0] / s[3]))
-            phases.append(PhaseSpec(p.kind, round(s[1] / s[0]), round(s[2] / s[0]), rounds, width, p.repeatable))
-        return WorkflowTemplate(f"{base.name}-fitted", tuple(phases)) if phases else base
+    def at(self, knobs: Knobs, *, phase: int = -1, rounds_done: int = 0) -> tuple[StagePlan, ...]:
+        """The stages still to run with ``knobs`` (degradation asks this for each setting it weighs)."""
+        return knob_plan(
+            self.template, knobs, phase=phase, rounds_done=rounds_done, full_candidates=self.full.candidates
+        )

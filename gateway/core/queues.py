@@ -320,6 +320,11 @@ def _keyed_family(key: Callable[[Call], float]) -> QueueFamily:
     return family
 
 
+DEADLINE_ORDERED: frozenset[str] = frozenset({"urgency", "edf", "llf"})
+"""The disciplines that serve work with an earlier deadline before work with a later one (urgency through the
+stage budgets its deadline sets): under them, work admitted with a later deadline than a new workflow's is not
+ahead of it (admission counts only the committed work that is: ``Gateway.admit``)."""
+
 register_queue("urgency", _keyed_family(urgency_key))
 register_queue("edf", _keyed_family(edf_key))
 register_queue("llf", _keyed_family(llf_key))

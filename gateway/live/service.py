@@ -34,14 +34,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.config.gateway import LoadedConfig
-from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
-from gateway.core.degrade import FLOOR, knob_plan
-from gateway.core.predict import CompletionPredictor, StagePlan, cluster_call_time, template_plan
+from gateway.core.degrade import QuestionPlan
+from gateway.core.predict import CompletionPredictor, StagePlan, cluster_call_time
 from gateway.core.prefix import prompt_prefix
+from gateway.core.queues import DEADLINE_ORDERED
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate, deadline_met
-from gateway.errors import CallFailed, Rejected
+from gateway.errors import CallFailed, Rejected, Unprocessable
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.history import (
     MAX_CALLS,
@@ -79,17 +79,67 @@ def new_workflow_id() -> str:
     return f"wf-{uuid.uuid4().hex[:16]}"
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """A workflow admitted (pass it on to ``run_workflow``/``open_workflow``).
+class DeadlineTooShort(Unprocessable):
+    """A deadline no wait can meet: the workflow takes longer than it even on idle workers (422).
 
-    ``best_effort``: it is predicted to miss its deadline and its tenant runs such work at the lowest
-    urgency instead of refusing it. ``work_s``: the cluster seconds of work it is expected to submit
-    (``CompletionPredictor.plan_work``), committed until it submits them: later admissions wait behind it.
+    ``min_deadline_s``: the shortest deadline that could be admitted on idle workers (whole seconds, rounded up);
+    the error body carries it, so a client can ask again with it instead of retrying the same request."""
+
+    def __init__(self, message: str, min_deadline_s: float) -> None:
+        super().__init__(message, param="deadline_s", extra={"min_deadline_s": min_deadline_s})
+        self.min_deadline_s = min_deadline_s
+
+
+class Admission:
+    """A workflow admitted: pass it on to ``run_workflow``/``open_workflow``, which take it over.
+
+    ``best_effort``: it is predicted to miss its deadline and its tenant runs such work at the lowest urgency
+    instead of refusing it. ``work_s``: the cluster seconds of work it is expected to submit
+    (``CompletionPredictor.plan_work``), committed from admission on: later admissions wait behind it.
+    ``plan``: the question's prediction (Text-to-SQL), which its workflow is watched with.
+
+    The admission owns those committed seconds until a workflow takes them over (``take``); a request that
+    ends before that (a failure between admission and the workflow's start, a client gone) must hand them
+    back: ``release`` does, on every path (after ``take`` it does nothing), so nothing stays committed for
+    work that will never come.
     """
 
-    best_effort: bool = False
-    work_s: float = 0.0
+    __slots__ = ("_gw", "_state", "best_effort", "plan", "work_s")
+
+    def __init__(
+        self,
+        best_effort: bool = False,
+        work_s: float = 0.0,
+        *,
+        plan: QuestionPlan | None = None,
+        gateway: Gateway | None = None,
+    ) -> None:
+        self.best_effort = best_effort
+        self.work_s = work_s
+        self.plan = plan
+        self._gw = gateway
+        self._state = "held" if gateway is not None and work_s > 0.0 else "done"
+
+    @property
+    def held(self) -> bool:
+        """The committed seconds are still this admission's (neither taken over nor released)."""
+        return self._state == "held"
+
+    def take(self) -> float:
+        """A workflow takes the committed seconds over (it releases them as it submits its calls and when it
+        ends); returns them (0 when released already or never held)."""
+        if self._state != "held":
+            return 0.0
+        self._state = "taken"
+        return self.work_s
+
+    def release(self) -> None:
+        """Hand the committed seconds back unless a workflow took them over (idempotent)."""
+        if self._state != "held":
+            return
+        self._state = "released"
+        if self._gw is not None:
+            self._gw.uncommit(self.work_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +377,13 @@ class Gateway:
         # Work admitted workflows have yet to submit (cluster seconds): the fluid bound of admission.
         self._work_left: dict[Workflow, float] = {}
         self.committed_s = 0.0
+        self._held = 0  # admissions holding committed work no workflow has taken over yet, and their seconds
+        self._held_s = 0.0
+        # Text-to-SQL workflows: the prediction each is watched with, and the id its client got.
+        self._plans: dict[Workflow, QuestionPlan] = {}
+        self._wf_ids: dict[Workflow, str] = {}
+        self.status_sections: dict[str, Callable[[], Any]] = {}
+        """More sections of ``/v1/status`` by name (the Text-to-SQL route adds its databases' predictions)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -459,6 +516,8 @@ class Gateway:
         n_calls: int,
         plan: Sequence[StagePlan] | None = None,
         deadline_s: float | None = None,
+        *,
+        question: QuestionPlan | None = None,
     ) -> Admission:
         """Admit a new workflow of ``n_calls`` calls, or refuse it with ``Rejected`` (503 when draining or
         no worker is healthy, 429 at a queue or concurrency bound or when it is predicted to miss its
@@ -466,33 +525,74 @@ class Gateway:
 
         ``plan`` (its stages, ``gateway.core.predict``) and ``deadline_s`` turn on the deadline check for a
         tenant with ``predictive_admission``; a best-effort tenant's predicted miss is admitted with
-        ``Admission(best_effort=True)``.
+        ``Admission(best_effort=True)``. A deadline shorter than the plan takes on idle workers is refused
+        whatever the tenant's ``on_predicted_miss`` (``DeadlineTooShort``, 422: no wait can meet it).
+        ``question``: the Text-to-SQL question's prediction ``plan`` was made from, handed on to its workflow; one
+        that rests on no observation of the model (``QuestionPlan.observed``) is admitted without the deadline check.
+
+        The answer owns the work it commits (``Admission.release``): pass it on or release it.
         """
         refusal = self._refusal(tenant, n_calls)
         work = 0.0
         if refusal is None and plan is not None:
+            now = self.clock()
             pred = CompletionPredictor(
                 self.scheduler,
-                self.clock(),
-                committed_s=self.committed_s,
+                now,
+                committed_s=self.committed_s if deadline_s is None else self._committed_ahead(now + deadline_s),
                 efficiency=self.cfg.admission.sustainable_share,
             )
             work = pred.plan_work(plan)
-            if deadline_s is not None and tenant.predictive_admission:
+            # A question whose plan rests on no observation of the model yet (the gateway's first calls) is not
+            # refused on that guess: its work is committed, its deadline is not checked.
+            checked = question is None or question.observed
+            if deadline_s is not None and tenant.predictive_admission and checked:
                 miss = self._deadline_refusal(pred, plan, deadline_s)
+                if isinstance(miss, DeadlineTooShort):
+                    self.rejected(tenant.name, "deadline")
+                    raise miss
                 if miss is not None:
                     if tenant.on_predicted_miss == "best_effort":
                         # Behind every other call: it delays nobody, so it commits no work ahead of others.
                         self.metrics.demotion(tenant.name, "admission")
-                        return Admission(best_effort=True)
+                        return Admission(best_effort=True, plan=question)
                     refusal = (miss, "deadline")
         if refusal is not None:
             error, reason = refusal
             self.rejected(tenant.name, reason)
             raise error
-        if math.isfinite(work):
-            self.committed_s += work  # now, so that the next admission (before this one starts) counts it
-        return Admission(work_s=work if math.isfinite(work) else 0.0)
+        if not math.isfinite(work) or work <= 0.0:
+            return Admission(plan=question)
+        self.committed_s += work  # now, so that the next admission (before this one starts) counts it
+        self._held += 1
+        self._held_s += work
+        return Admission(work_s=work, plan=question, gateway=self)
+
+    def _committed_ahead(self, deadline: float) -> float:
+        """The committed work ahead of a workflow due at ``deadline``: all of it, except under a deadline-ordered
+        queue discipline (``DEADLINE_ORDERED``), where the work of admitted workflows due later (and of best-effort
+        ones) waits behind it; admissions not yet taken over by their workflow count as ahead."""
+        if self.scheduler.policy.queue not in DEADLINE_ORDERED:
+            return self.committed_s
+        ahead = self._held_s
+        for wf, left in self._work_left.items():
+            if wf.deadline <= deadline and wf not in self._best_effort:
+                ahead += left
+        return min(ahead, self.committed_s)
+
+    def uncommit(self, work_s: float) -> None:
+        """An admission released its committed work unused (``Admission.release``)."""
+        self._unhold(work_s)
+        self.committed_s = max(self.committed_s - work_s, 0.0)
+        self._settle_committed()
+
+    def _unhold(self, work_s: float) -> None:
+        self._held = max(self._held - 1, 0)
+        self._held_s = max(self._held_s - work_s, 0.0) if self._held else 0.0
+
+    def _settle_committed(self) -> None:
+        if not self._work_left and self._held == 0:
+            self.committed_s = 0.0  # no float drift: nothing is committed
 
     def _refusal(self, tenant: Tenant, n_calls: int) -> tuple[Rejected, str] | None:
         """Why a new workflow cannot be admitted now (the error and its metric reason), or None."""
@@ -526,26 +626,30 @@ class Gateway:
 
     def _deadline_refusal(
         self, pred: CompletionPredictor, plan: Sequence[StagePlan], deadline_s: float
-    ) -> Rejected | None:
+    ) -> Rejected | DeadlineTooShort | None:
         """A 429 when ``plan`` started now is predicted to finish after ``deadline_s``, else None.
 
         ``Retry-After``: the seconds until the backlog ahead would have drained enough for the workflow to
         fit (``CompletionPredictor.retry_after_s``), rounded up, at least 1. A deadline shorter than the
-        critical path on empty queues cannot be met by waiting: the message says so, and ``Retry-After``
-        is the time for the whole backlog to drain.
+        critical path on idle workers cannot be met by waiting: ``DeadlineTooShort`` (422) with the shortest
+        deadline that could be admitted, never a 429 a well-behaved client would retry forever.
         """
-        target = self.cfg.admission.headroom * deadline_s
+        headroom = self.cfg.admission.headroom
+        target = headroom * deadline_s
         predicted = pred.duration(plan)
         if predicted <= target:
             return None
         wait = pred.retry_after_s(plan, target)
         if wait is None:
-            backlog = max((self.scheduler.estimator.t_queue(w, pred.now) for w in self.scheduler.members()), default=1)
-            return Rejected(
-                f"the workflow cannot meet its deadline of {deadline_s:.3g} s: its critical path takes about "
-                f"{pred.critical_path(plan):.3g} s even on idle workers; ask for a longer deadline",
-                429,
-                _whole_seconds(backlog),
+            path = pred.critical_path(plan)
+            if not math.isfinite(path):  # no worker could run it: not the client's deadline's fault
+                return Rejected("no worker can run the workflow now", 503, max(1, round(self.cfg.health.period_s)))
+            shortest = _round_up(path / headroom)
+            return DeadlineTooShort(
+                f"a deadline of {deadline_s:.3g} s cannot be met: the workflow takes about {path:.3g} s even on idle "
+                f"workers, and admission keeps {1 - headroom:.0%} of a deadline as margin; ask for at least "
+                f"{shortest:g} s",
+                shortest,
             )
         return Rejected(
             f"the workflow is predicted to finish in {predicted:.3g} s, too close to or after its deadline of "
@@ -715,14 +819,14 @@ class Gateway:
         if isinstance(ex, _Execution):
             self._ended(ex.wf, tenant.name, outcome, valid, ex.records, ex.wf_id)
         elif isinstance(wf, OnlineWorkflow):
-            self._ended(wf, tenant.name, outcome, valid, self._stage_records.pop(wf, []), None)
+            self._ended(wf, tenant.name, outcome, valid, self._stage_records.pop(wf, []), self._wf_ids.pop(wf, None))
         if isinstance(wf, Workflow):
             self._pending.pop(wf, None)
             self._best_effort.discard(wf)
             self._shed.pop(wf, None)
             self.committed_s = max(self.committed_s - self._work_left.pop(wf, 0.0), 0.0)
-            if not self._work_left:
-                self.committed_s = 0.0  # no float drift: nothing is committed
+            self._plans.pop(wf, None)
+            self._settle_committed()
         self._active[tenant.name] = max(self._active.get(tenant.name, 1) - 1, 0)
         self.active_total -= 1
         self.metrics.active.set(self.active_total)
@@ -768,19 +872,28 @@ class Gateway:
         self,
         tenant: Tenant,
         deadline_s: float,
-        template: WorkflowTemplate | None,
+        plan: QuestionPlan | None,
         *,
         admission: Admission | None = None,
+        wf_id: str | None = None,
     ) -> OnlineWorkflow:
         """Start a workflow whose stages the caller decides as it goes (the Text-to-SQL pipeline).
 
-        Admission must have passed (``admission``: its answer, as for ``run_workflow``). Every workflow opened must
-        be closed with ``close_workflow``. Once shed, every call of it fails with the shed error (503).
+        ``plan``: the question's prediction (its template sets the stage budgets; the overload re-check and
+        shedding predict with it, at its floor). Admission must have passed (``admission``: its answer, as for
+        ``run_workflow``). ``wf_id``: the id its client got (the status page's history shows it). Every workflow
+        opened must be closed with ``close_workflow``. Once shed, every call of it fails with the shed error.
         """
         now = self.clock()
-        wf = OnlineWorkflow(next(self._wids), tenant.name, now, now + deadline_s, template)
+        wf = OnlineWorkflow(
+            next(self._wids), tenant.name, now, now + deadline_s, None if plan is None else plan.template
+        )
         self._begin(wf, tenant)
         self._admitted(wf, admission)
+        if plan is not None:
+            self._plans[wf] = plan
+        if wf_id is not None:
+            self._wf_ids[wf] = wf_id
         return wf
 
     def _admitted(self, wf: Workflow, admission: Admission | None) -> None:
@@ -789,8 +902,10 @@ class Gateway:
             return
         if admission.best_effort:
             self._best_effort.add(wf)
-        if admission.work_s > 0.0:
-            self._work_left[wf] = admission.work_s
+        work = admission.take()
+        if work > 0.0:
+            self._unhold(work)
+            self._work_left[wf] = work
 
     def close_workflow(
         self,
@@ -913,12 +1028,14 @@ class Gateway:
                 continue
             # Optimistic after its queued calls (later stages meet no queue): shedding cannot be undone.
             pred = pred or CompletionPredictor(self.scheduler, now, later_queue_weight=0.0)
-            if tenant.quality != "full" and isinstance(wf, OnlineWorkflow) and wf.template is not None:
-                # A tenant that accepts degraded answers can still make it at the floor (the least work that
-                # still answers), as admission predicted it: only a workflow the floor cannot save is shed.
+            plan = self._plans.get(wf)
+            if plan is not None and isinstance(wf, OnlineWorkflow):
+                # As admission predicted it: the question's plan at its floor (the least work that still answers,
+                # for a tenant that accepts degraded answers; the full pipeline for one that does not).
                 phase, rounds = wf.position
-                rest = knob_plan(wf.template, FLOOR, phase=phase, rounds_done=rounds)
-                completion = now + pred.pending_time(calls) + pred.critical_path(rest)
+                completion = (
+                    now + pred.pending_time(calls) + pred.critical_path(plan.rest(phase=phase, rounds_done=rounds))
+                )
             else:
                 completion = pred.workflow_completion(wf, calls)
             if completion <= wf.deadline:
@@ -987,12 +1104,13 @@ class Gateway:
 
     # ------------------------------------------------------------------ status
 
-    def _chess_prediction(self) -> float:
-        """Predicted seconds of a CHESS workflow admitted now (the status page's load figure)."""
+    def predicted_s(self, plan: Sequence[StagePlan]) -> float:
+        """Seconds a workflow of ``plan`` admitted now is predicted to take (as admission predicts it; -1 when
+        no worker could run it): the status's load figure per database."""
         pred = CompletionPredictor(
             self.scheduler, self.clock(), committed_s=self.committed_s, efficiency=self.cfg.admission.sustainable_share
         )
-        d = pred.duration(template_plan(CHESS_TEMPLATE))
+        d = pred.duration(plan)
         return d if math.isfinite(d) else -1.0
 
     def refresh_gauges(self) -> None:
@@ -1016,7 +1134,6 @@ class Gateway:
             "overload": {
                 "committed_s": round(self.committed_s, 6),
                 "best_effort_workflows": len(self._best_effort),
-                "chess_predicted_s": round(self._chess_prediction(), 6),
             },
             "tenants": {"generation": self.tenants.generation, "last_error": self.tenants.last_error},
             "tuning": None if self.tuner is None else self.tuner.status(),
@@ -1024,6 +1141,7 @@ class Gateway:
             "leader_election": None if self.elector is None else self.elector.status(),
             "idempotency": None if self.idempotency is None else self.idempotency.status(),
             "workers": self._workers_status(),
+            **{name: section() for name, section in self.status_sections.items()},
         }
 
     def _workers_status(self) -> list[dict[str, Any]]:
@@ -1037,6 +1155,14 @@ class Gateway:
                 else {**profile_status(st.info), "refit": None}
             )
         return out
+
+
+def _round_up(seconds: float) -> float:
+    """A deadline to suggest: ``seconds`` rounded up to two significant figures (at least 0.1 s)."""
+    if seconds <= 0.1:
+        return 0.1
+    step = 10.0 ** (math.floor(math.log10(seconds)) - 1)
+    return round(math.ceil(seconds / step - 1e-9) * step, 10)
 
 
 def _whole_seconds(seconds: float) -> int:

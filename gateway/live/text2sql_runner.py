@@ -1,6 +1,7 @@
 """The live gateway's side of the Text-to-SQL port: ``GatewayStageRunner`` runs a pipeline's stages on ``Gateway``.
 
-One runner per question: ``open`` starts an online workflow under the CHESS template (``open_workflow``),
+One runner per question: ``open`` starts an online workflow under the question's plan (``open_workflow``: its
+template sets the stage budgets, the overload re-check and shedding predict with it),
 ``run_stage`` turns each ``StageCall`` into a ``/v1/chat/completions`` request scheduled as one stage
 (``run_stage``) and each call's record and outcome into a ``StageCallResult`` (a failed call keeps its
 status: 502 upstream, 503 no worker, 504 timeout, a worker's 4xx), ``remaining`` reads the gateway's
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.degrade import QuestionPlan
 from gateway.core.predict import CompletionPredictor
 from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed
@@ -28,12 +29,20 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 
 class GatewayStageRunner:
     """``StageRunner`` on the live gateway, for one question of ``tenant`` (admission already passed;
-    ``admission``: what admission decided, handed on to the workflow)."""
+    ``admission``: what admission decided, handed on to the workflow; ``request_id``: the id the client gets)."""
 
-    def __init__(self, gateway: Gateway, tenant: Tenant, *, admission: Admission | None = None) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        tenant: Tenant,
+        *,
+        admission: Admission | None = None,
+        request_id: str | None = None,
+    ) -> None:
         self.gw = gateway
         self.tenant = tenant
         self.admission = admission
+        self.request_id = request_id
         self._wf: OnlineWorkflow | None = None
         self._closed: Closed | None = None
 
@@ -42,11 +51,11 @@ class GatewayStageRunner:
             raise RuntimeError("the runner is not open")
         return self._wf
 
-    def open(self, deadline_s: float) -> None:
-        """Start the online workflow now, its deadline ``deadline_s`` from now."""
+    def open(self, deadline_s: float, plan: QuestionPlan) -> None:
+        """Start the online workflow now, its deadline ``deadline_s`` from now, predicted by ``plan``."""
         if self._wf is not None:
             raise RuntimeError("the runner is open already (one runner per question)")
-        self._wf = self.gw.open_workflow(self.tenant, deadline_s, CHESS_TEMPLATE, admission=self.admission)
+        self._wf = self.gw.open_workflow(self.tenant, deadline_s, plan, admission=self.admission, wf_id=self.request_id)
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
         """One stage of parallel calls on the gateway; one result per call, in order."""

@@ -21,16 +21,27 @@ reported as such and never compared with the runner's.
 Degradation (``gateway.core.degrade``): the knobs of a question (SQL candidates, the revision cap, unit tests
 and evaluation) start at the configuration's (full quality) and, for a tenant whose quality mode is not
 ``full``, are re-decided at arrival and at every stage boundary by the tenant's ``Degrader``: the most
-accurate setting (``QualityModel``) whose remaining plan (``knob_plan`` from the phase just finished) the
-runner predicts to finish within the time left (``StageRunner.remaining_predictor``), else the floor. The plan
-is the packaged CHESS template's until ``SHAPE_MIN_QUESTIONS`` questions were answered on the database, then
-that template fitted to what those questions' stages cost (``ShapeStats``: mean tokens per stage kind, revise
-rounds, the kinds that run): a small schema's questions cost a twentieth of CHESS on BIRD, and predicting them
-at CHESS's sizes would cut work where nothing was at risk. The same statistics size each call the scheduler
-dispatches (``Text2SqlPipeline.sizing_for``): its expected output is the mean of its kind on that database, not
-CHESS's (672 tokens for a candidate where a small schema's answer has a dozen: on every worker a long decode,
-which would send every call to the fastest GPU), and its prompt the characters/4 estimate times the ratio of
-the worker-counted prompt tokens (``usage``) to that estimate so far.
+accurate setting (``QualityModel``) whose remaining plan the runner predicts to finish within the time left
+(``StageRunner.remaining_predictor``), else the floor.
+
+Prediction: one plan per question (``QuestionPlan``, from ``Text2SqlPipeline.plan``), made once at admission
+and used for everything the gateway decides about it (admission, stage budgets, the overload re-check,
+shedding, demotion) and for degradation here. Its template is the pipeline's own stages (keywords, schema
+linking, the candidates, revise rounds, unit tests and evaluation: ``structure``), sized in three tiers:
+
+* a database with ``MIN_QUESTIONS`` answered questions in its window (``DB_WINDOW``): that database's own
+  figures (``gateway.core.shapes``: robust means over its recent answered questions: tokens per call and
+  kind, rounds per kind, as the workers counted them);
+* before that, a prior: each stage's prompt rendered at the database's schema size with typical values for
+  the question's parts (``prior_inputs``), and the model's output lengths and revise rounds from every
+  database's recent answered questions (``POOLED_WINDOW``);
+* before any answered question at all, the output budget of each kind capped at CHESS's mean output, and
+  ``PRIOR_REVISE_ROUNDS``.
+
+Only questions answered with a valid SQL are samples: one the model cannot answer runs every revision round,
+and would stretch every later question's prediction. The same figures size each call the scheduler dispatches:
+its expected output is the plan's for its kind, its prompt the characters/4 estimate times the ratio of the
+worker-counted prompt tokens (``usage``) to that estimate (``input_scale``).
 Knobs spent stay spent (candidates generated, rounds run, evaluation begun or skipped). What
 the final knobs skipped is reported in ``degraded`` with the decision that skipped it. Unit tests and
 evaluation never run with fewer than two candidates (nothing to choose between).
@@ -45,24 +56,26 @@ gateway's metrics count.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config.quality import QUALITY
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.degrade import (
+    SKIPPABLE,
     Decision,
     Degrader,
     Knobs,
     QualityMode,
     QualityModel,
-    ShapeStats,
+    QuestionPlan,
     degraded_steps,
-    knob_plan,
 )
+from gateway.core.shapes import OutputWindow, QuestionSample, ShapeWindow, fit
 from gateway.core.tokens import message_tokens, text_tokens
 from gateway.core.workflow import (
     CANDIDATE,
@@ -71,11 +84,12 @@ from gateway.core.workflow import (
     KEYWORDS,
     REVISE,
     UNIT_TEST,
+    PhaseSpec,
     TemplateCursor,
     WorkflowTemplate,
 )
 from gateway.text2sql.answers import normalise_sql
-from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult, serialize_schema
+from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult, SchemaInfo, serialize_schema
 from gateway.text2sql.evaluate import results_match
 from gateway.text2sql.extract import extract_list, extract_sql, extract_verdict
 from gateway.text2sql.port import Closed, StageCall, StageCallError, StageRunner
@@ -94,10 +108,28 @@ STRATEGIES: tuple[tuple[str, str], ...] = (
     ("step_by_step", "Identify the needed columns, the join path and the filters step by step, then write it."),
 )
 EventFn = Callable[[dict[str, Any]], Awaitable[None]]
-_EXPECTED_OUTPUT = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
-SHAPE_MIN_QUESTIONS = 5
-"""Answered questions on a database before its degradation predicts with their shapes (``ShapeStats``)
-rather than the packaged CHESS template's."""
+_CHESS_OUTPUT = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
+DB_WINDOW = 100
+"""Answered questions per database its figures are fitted over (the most recent)."""
+POOLED_WINDOW = 300
+"""Answered questions, over every database, the model's revise rounds are fitted over."""
+OUTPUT_WINDOW = 500
+"""Calls per stage kind, over every database, the model's output lengths are fitted over."""
+PRIOR_REVISE_ROUNDS = 1.0
+"""Revise rounds a question is predicted to take before any question was answered: the pipeline revises a
+wrong or empty first attempt, and most first attempts need at most one round; replaced by the model's own
+figure after the first answered questions (``POOLED_WINDOW``)."""
+_TYPICAL = {
+    "question": "Which customers placed more than three orders in 2023, and what did each of them spend in total?",
+    "keywords": json.dumps(["customers", "orders", "2023", "total spent", "order count"]),
+    "linked": "customers.customer_id, customers.name, orders.customer_id, orders.order_date, orders.total",
+    "sql": "SELECT c.name, SUM(o.total) FROM customers AS c JOIN orders AS o ON o.customer_id = c.customer_id "
+    "WHERE o.order_date >= '2023-01-01' GROUP BY c.customer_id HAVING COUNT(*) > 3",
+    "problem": "Executing it failed: no such column: o.total",
+    "unit_tests": "1. The result has one row per customer.\n2. Every total is positive.\n3. Only 2023 orders count.",
+    "preview": "name | total\nAda | 120.5\nBo | 99.0\nCy | 87.25",
+}
+"""Typical values of a question's parts, to render the prior's prompts at a database's schema size."""
 
 
 @dataclass(frozen=True)
@@ -201,22 +233,180 @@ class Text2SqlPipeline:
         self.degraders: dict[str, Degrader] = {
             mode: Degrader(mode, config.knobs, self.quality) for mode in ("full", "adaptive", "fast")
         }
-        self.shapes: dict[str, ShapeStats] = {}
-        """Per database: what its questions' stages cost (one entry per configured database: bounded)."""
+        self.shapes: dict[str, ShapeWindow] = {}
+        """Per database: its recent answered questions (one entry per configured database: bounded)."""
+        self.pooled = ShapeWindow(POOLED_WINDOW, SKIPPABLE)
+        """Every database's recent answered questions: the model's revise rounds."""
+        self.outputs = OutputWindow(OUTPUT_WINDOW)
+        """Every database's recent calls as they return: the model's output lengths."""
+        self._schemas: dict[str, tuple[SchemaInfo, str, dict[str, int]]] = {}
+        """Per database: its schema as last introspected, serialised, and the prior's prompt tokens at it."""
 
-    def template_for(self, db_id: str) -> WorkflowTemplate:
-        """The template a question on ``db_id`` predicts its remaining stages with: the packaged CHESS template
-        fitted to that database's answered questions (``ShapeStats``), once ``SHAPE_MIN_QUESTIONS`` were."""
-        stats = self.sizing_for(db_id)
-        return CHESS_TEMPLATE if stats is None else stats.template(CHESS_TEMPLATE)
+    def structure(self, inputs: dict[str, int] | None = None) -> WorkflowTemplate:
+        """The pipeline's own stages at full quality, before any answered question: keywords, schema linking,
+        the candidates in parallel, revise rounds (``PRIOR_REVISE_ROUNDS``), then unit tests and one evaluation
+        per candidate when the configuration evaluates. Each call's output is the model's (``OutputWindow``),
+        before the model was observed its kind's budget capped at CHESS's mean output; its input
+        ``inputs[kind]`` (default: CHESS's)."""
+        cfg = self.cfg
+        knobs = cfg.knobs
 
-    def sizing_for(self, db_id: str) -> ShapeStats | None:
-        """What ``db_id``'s questions cost so far, once ``SHAPE_MIN_QUESTIONS`` were answered (None before):
-        the calls of its next questions are sized from it (``ShapeStats.expected_output``, ``input_scale``)."""
-        stats = self.shapes.get(db_id)
-        if stats is None or stats.questions < SHAPE_MIN_QUESTIONS:
-            return None
-        return stats
+        def phase(kind: str, rounds: float = 1.0, width: int = 1, repeatable: bool = False) -> PhaseSpec:
+            n_in = (inputs or {}).get(kind) or next(p.input_tokens for p in CHESS_TEMPLATE.phases if p.kind == kind)
+            budget = cfg.max_tokens[kind]
+            n_out = self.outputs.expected(kind, budget) or min(budget, _CHESS_OUTPUT.get(kind, budget))
+            return PhaseSpec(kind, n_in, n_out, rounds, width, repeatable)
+
+        phases = [phase(KEYWORDS), phase(IR), phase(CANDIDATE, width=knobs.candidates)]
+        rounds = min(PRIOR_REVISE_ROUNDS, float(knobs.max_revisions))
+        if rounds > 0:
+            phases.append(phase(REVISE, rounds, repeatable=True))
+        if knobs.evaluate:
+            phases += [phase(UNIT_TEST), phase(EVALUATE, width=knobs.candidates)]
+        return WorkflowTemplate("text2sql", tuple(phases))
+
+    def prior_inputs(self, schema_text: str, dialect: str) -> dict[str, int]:
+        """Each stage's prompt tokens (estimated: characters / 4) for a typical question on a database whose
+        serialised schema is ``schema_text``: the prompts rendered with typical values of the question's parts."""
+        render = self.prompts.render
+        system = render("system", dialect=dialect)
+        t = _TYPICAL
+        q, ev = t["question"], "none"
+        texts = {
+            KEYWORDS: render("extract_keywords", question=q, evidence=ev),
+            IR: render("schema_linking", question=q, evidence=ev, keywords=t["keywords"], schema=schema_text),
+            CANDIDATE: render(
+                "candidate",
+                index=0,
+                strategy=STRATEGIES[0][0],
+                strategy_text=STRATEGIES[0][1],
+                question=q,
+                evidence=ev,
+                linked=t["linked"],
+                schema=schema_text,
+                dialect=dialect,
+            ),
+            REVISE: render(
+                "revise",
+                index=0,
+                question=q,
+                evidence=ev,
+                schema=schema_text,
+                sql=t["sql"],
+                problem=t["problem"],
+                dialect=dialect,
+            ),
+            UNIT_TEST: render("unit_tests", question=q, evidence=ev, schema=schema_text, n=self.cfg.unit_tests),
+            EVALUATE: render(
+                "evaluate",
+                index=0,
+                question=q,
+                evidence=ev,
+                unit_tests=t["unit_tests"],
+                sql=t["sql"],
+                row_count=3,
+                preview=t["preview"],
+            ),
+        }
+        return {
+            k: message_tokens(({"role": "system", "content": system}, {"role": "user", "content": v}))
+            for k, v in texts.items()
+        }
+
+    async def schema_text(self, db: Database) -> str:
+        """``db``'s schema serialised for the prompts (introspected once, as ``Database.schema`` caches it; the
+        text and the prior's prompt sizes at it are kept until the schema is introspected again)."""
+        schema = await db.schema()
+        kept = self._schemas.get(db.db_id)
+        if kept is None or kept[0] is not schema:
+            text = serialize_schema(schema, max_chars=self.cfg.schema_max_chars)
+            kept = (schema, text, self.prior_inputs(text, db.dialect))
+            self._schemas[db.db_id] = kept
+        return kept[1]
+
+    def input_scale(self, db_id: str) -> float:
+        """The workers' prompt tokens over the gateway's estimate: the database's once it has ``MIN_QUESTIONS``
+        answered questions, else every database's, else 1."""
+        w = self.shapes.get(db_id)
+        scale = w.input_scale if w is not None and w.ready else None
+        if scale is None:
+            scale = self.pooled.input_scale
+        return 1.0 if scale is None else scale
+
+    def plan_for(self, db_id: str, mode: QualityMode = "full") -> QuestionPlan:
+        """The prediction of the next question on ``db_id`` at quality ``mode`` (see the module docstring):
+        its template from the database's answered questions once it has ``MIN_QUESTIONS``, else the prior at
+        its schema size (as last introspected: ``schema_text``; CHESS's prompt sizes if never), and the
+        floor the mode may degrade to."""
+        degrader = self.degraders.get(mode)
+        if degrader is None:
+            raise ValueError(f"quality mode must be one of full, adaptive, fast, got {mode!r}")
+        kept = self._schemas.get(db_id)
+        scale = self.input_scale(db_id)
+        inputs = None if kept is None else {k: max(1, round(v * scale)) for k, v in kept[2].items()}
+        base = self.structure(inputs)
+        pooled = self.pooled
+        if pooled.ready:
+            base = fit(base, pooled, inputs=False, outputs=False, fixed_width=frozenset({CANDIDATE}), name="text2sql")
+        mine = self.shapes.get(db_id)
+        if mine is not None and mine.ready:
+            template = fit(base, mine, fixed_width=frozenset({CANDIDATE}), name=f"text2sql-{db_id}")
+            source = f"fitted to the last {mine.questions} answered questions on {db_id}"
+        else:
+            size = "CHESS's prompt sizes (schema not read yet)" if kept is None else f"prompts at {db_id}'s schema size"
+            outputs = (
+                "the model's output lengths over its recent calls"
+                if self.outputs.observed
+                else "output budgets capped at CHESS's mean output (the model not observed yet)"
+            )
+            rounds = (
+                f"revise rounds over its last {pooled.questions} answered questions"
+                if pooled.ready
+                else f"{PRIOR_REVISE_ROUNDS:g} revise round"
+            )
+            source = f"prior: {size}, {outputs}, {rounds}"
+            template = base
+        floor = degrader.full if mode == "full" else degrader.grid[-1]
+        observed = self.outputs.observed or (mine is not None and mine.ready)
+        return QuestionPlan(template, degrader.full, floor, source, observed)
+
+    async def plan(self, db: Database, mode: QualityMode = "full") -> QuestionPlan:
+        """``plan_for`` with ``db``'s schema read first (once: it is cached), so that a database's first
+        question is predicted at its schema size. A database that cannot be read is predicted as before it
+        was (its question fails at its schema stage, as it would have)."""
+        with contextlib.suppress(DatabaseUnavailable):
+            await self.schema_text(db)
+        return self.plan_for(db.db_id, mode)
+
+    def record(self, db_id: str, sample: QuestionSample) -> None:
+        """One question answered with a valid SQL on ``db_id``: a sample of its database and of the model."""
+        w = self.shapes.get(db_id)
+        if w is None:
+            w = self.shapes[db_id] = ShapeWindow(DB_WINDOW, SKIPPABLE)
+        w.add(sample)
+        self.pooled.add(sample)
+
+    def status(self, db_ids: Iterable[str] = ()) -> dict[str, Any]:
+        """Per database (``db_ids`` and every one seen so far): its predicted plan at full quality."""
+        out: dict[str, Any] = {}
+        for db_id in sorted(set(db_ids) | set(self._schemas) | set(self.shapes)):
+            plan = self.plan_for(db_id)
+            w = self.shapes.get(db_id)
+            out[db_id] = {
+                "source": plan.source,
+                "answered_in_window": 0 if w is None else w.questions,
+                "stages": [
+                    {
+                        "kind": p.kind,
+                        "input_tokens": p.input_tokens,
+                        "output_tokens": p.output_tokens,
+                        "rounds": round(p.rounds, 3),
+                        "width": p.width,
+                    }
+                    for p in plan.template.phases
+                ],
+            }
+        return out
 
     async def answer(
         self,
@@ -229,28 +419,33 @@ class Text2SqlPipeline:
         request_id: str,
         on_event: EventFn | None = None,
         quality_mode: QualityMode = "full",
+        plan: QuestionPlan | None = None,
     ) -> Text2SqlResult:
         """Answer one question with ``runner`` (fresh, unopened); never raises for model, SQL or database
         problems (they are statuses). The runner is opened first (the deadline runs from arrival: fetching
         the schema is part of the answer) and closed exactly once, also on cancellation. ``quality_mode``:
-        the tenant's (``full`` never degrades; ``adaptive`` and ``fast``: see the module docstring)."""
+        the tenant's (``full`` never degrades; ``adaptive`` and ``fast``: see the module docstring).
+        ``plan``: the question's prediction as admission made it (default: ``plan_for`` now)."""
         degrader = self.degraders.get(quality_mode)
         if degrader is None:
             raise ValueError(f"quality mode must be one of full, adaptive, fast, got {quality_mode!r}")
+        if plan is None:
+            plan = self.plan_for(db.db_id, quality_mode)
         started = time.perf_counter()
         stages: list[StageReport] = []
-        runner.open(deadline_s)
+        runner.open(deadline_s, plan)
         run: _Run | None = None
         outcome: tuple[str, Candidate | None] | _Failure = _Failure("open", "cancelled", 500)
         cancelled = False
         try:
             try:
-                schema = await db.schema()
+                schema_text = await self.schema_text(db)
             except DatabaseUnavailable as exc:
                 outcome = _Failure("schema", str(exc), exc.status)
             else:
-                schema_text = serialize_schema(schema, max_chars=self.cfg.schema_max_chars)
-                run = _Run(self, runner, db, question, evidence or "none", schema_text, stages, on_event, degrader)
+                run = _Run(
+                    self, runner, db, question, evidence or "none", schema_text, stages, on_event, degrader, plan
+                )
                 run.local_s = time.perf_counter() - started
                 try:
                     outcome = await run.go()
@@ -264,10 +459,10 @@ class Text2SqlPipeline:
         finally:
             ok = isinstance(outcome, tuple) and outcome[0] == "ok"
             closed = runner.close(valid=ok, failed=isinstance(outcome, _Failure), cancelled=cancelled)
-        if run is not None and isinstance(outcome, tuple):  # answered (a SQL or not): its stages are a sample
-            self.shapes.setdefault(db.db_id, ShapeStats()).add(
-                run.shape, evaluated=run.evaluated, prompt_sizes=run.prompt_sizes
-            )
+        if run is not None and isinstance(outcome, tuple) and outcome[0] == "ok":
+            # Answered with a valid SQL: its stages are a sample (one the model could not answer ran every round
+            # it was allowed; counted, it would stretch every later question's prediction).
+            self.record(db.db_id, QuestionSample.of(run.shape, evaluated=run.evaluated, prompt_sizes=run.prompt_sizes))
         candidates = run.candidates if run is not None else []
         degraded = run.degradations() if run is not None else []
         if isinstance(outcome, _Failure):
@@ -339,6 +534,7 @@ class _Run:
         stages: list[StageReport],
         on_event: EventFn | None,
         degrader: Degrader,
+        plan: QuestionPlan,
     ) -> None:
         self.p = pipe
         self.cfg = pipe.cfg
@@ -355,9 +551,10 @@ class _Run:
         self.system = pipe.prompts.render("system", dialect=db.dialect)
         self.degrader = degrader
         self.full = self.knobs = degrader.full
-        self.template = pipe.template_for(db.db_id)
-        self.cursor = TemplateCursor(self.template)
-        self.sizing = pipe.sizing_for(db.db_id)
+        self.plan = plan
+        self.cursor = TemplateCursor(plan.template)
+        self.expected = {p.kind: p.output_tokens for p in reversed(plan.template.phases)}
+        self.input_scale = pipe.input_scale(db.db_id)
         self.shape: list[tuple[str, list[tuple[int, int]]]] = []  # each stage: kind, (tokens in, out) per call
         self.prompt_sizes: list[tuple[int, int]] = []  # per call the worker counted: (estimated, counted) prompt
         self.evaluated = False
@@ -385,7 +582,7 @@ class _Run:
         def duration(k: Knobs) -> float:
             v = predicted.get(k)
             if v is None:
-                v = predicted[k] = predict(knob_plan(self.template, k, phase=phase, rounds_done=rounds))
+                v = predicted[k] = predict(self.plan.at(k, phase=phase, rounds_done=rounds))
             return v
 
         decision = self.degrader.choose(options, duration, self.runner.remaining())
@@ -431,13 +628,9 @@ class _Run:
         """Run one stage of ``len(prompts)`` parallel calls; returns their output texts."""
         self.cursor.enter(kind)
         max_tokens = self.cfg.max_tokens[kind]
-        # Sized as the database's earlier questions ran (``sizing``), else as CHESS on BIRD would be.
-        sizing = self.sizing
-        expected = sizing.expected_output(kind) if sizing is not None else None
-        if expected is None:
-            expected = _EXPECTED_OUTPUT.get(kind, max_tokens)
-        out_tokens = min(max_tokens, expected)
-        scale = sizing.input_scale if sizing is not None else 1.0
+        # Sized as the question's plan predicts it (the database's earlier questions, else the prior).
+        out_tokens = min(max_tokens, self.expected.get(kind, max_tokens))
+        scale = self.input_scale
         calls = []
         estimates = []
         for text in prompts:
@@ -452,6 +645,8 @@ class _Run:
             if r.prompt_tokens:
                 self.prompt_sizes.append((est, r.prompt_tokens))
             n_out = r.completion_tokens if r.completion_tokens is not None else text_tokens(r.text or "")
+            if r.error is None:
+                self.p.outputs.add(kind, n_out, c.max_tokens)
             sizes.append((r.prompt_tokens or c.input_tokens, n_out))
         self.shape.append((kind, sizes))
         if kind in (UNIT_TEST, EVALUATE):

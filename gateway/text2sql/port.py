@@ -6,7 +6,7 @@ this port (``gateway.live.text2sql_runner``); a test can implement it with a few
 
 One runner serves one question (one workflow, one tenant):
 
-    runner.open(deadline_s)                 the workflow starts now, under the CHESS template's budgets
+    runner.open(deadline_s, plan)           the workflow starts now; its stage budgets follow ``plan``
     await runner.run_stage(kind, calls)     one stage of parallel calls; one ``StageCallResult`` each
     runner.remaining()                      seconds to the deadline on the runner's own clock (< 0: past)
     runner.remaining_predictor()            predictions at this instant: plan -> its remaining duration (s)
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.core.degrade import QuestionPlan
 from gateway.core.predict import StagePlan
 from gateway.errors import GatewayError
 
@@ -63,7 +64,7 @@ class StageCallResult:
     """What came back for one call: the answer text or the error, and where and how long it ran.
 
     ``prompt_tokens`` and ``completion_tokens``: the worker's own count (its ``usage``), None when it gave
-    none; the pipeline learns its databases' call sizes from them (``ShapeStats``)."""
+    none; the pipeline learns its databases' call sizes from them (``gateway.core.shapes``)."""
 
     worker: str | None
     queued_s: float
@@ -85,8 +86,9 @@ class Closed:
 class StageRunner(Protocol):
     """Runs one question's LLM calls under its deadline (see the module docstring)."""
 
-    def open(self, deadline_s: float) -> None:
-        """Start the workflow now; its deadline is ``deadline_s`` from now. Called once, first."""
+    def open(self, deadline_s: float, plan: QuestionPlan) -> None:
+        """Start the workflow now; its deadline is ``deadline_s`` from now, its stages predicted by ``plan``
+        (the question's one prediction: its stage budgets follow it). Called once, first."""
         ...
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gateway.config.databases import load_databases
 from gateway.config.gateway import Text2SqlConfig
-from gateway.core.degrade import QualityMode
+from gateway.core.degrade import QualityMode, QuestionPlan
 from gateway.errors import BadRequest
 from gateway.text2sql.db import Database, DatabaseRegistry, UnknownDatabase
 from gateway.text2sql.pipeline import EventFn, PipelineConfig, Text2SqlPipeline
@@ -106,9 +106,10 @@ class Text2SqlService:
         request_id: str,
         on_event: EventFn | None = None,
         quality_mode: QualityMode = "full",
+        plan: QuestionPlan | None = None,
     ) -> Text2SqlResult:
-        """Run the pipeline for one question on ``runner`` at the tenant's ``quality_mode`` (see
-        ``Text2SqlPipeline.answer``)."""
+        """Run the pipeline for one question on ``runner`` at the tenant's ``quality_mode``, predicted by ``plan``
+        (admission's; see ``Text2SqlPipeline.answer``)."""
         return await self.pipeline.answer(
             runner,
             db,
@@ -118,6 +119,7 @@ class Text2SqlService:
             request_id=request_id,
             on_event=on_event,
             quality_mode=quality_mode,
+            plan=plan,
         )
 
     async def close(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pytest
 
@@ -145,46 +144,3 @@ def test_options_keep_what_is_spent() -> None:
     fixed = d.options(candidates_fixed=2, evaluate_fixed=True)
     assert all(k.evaluate for k in fixed)
     assert not math.isnan(d.choose(fixed, _seconds, 5.0).predicted_s)
-
-
-def test_shape_stats_fit_the_template_to_what_questions_cost() -> None:
-    from gateway.core.degrade import ShapeStats
-    from gateway.core.workflow import IR, KEYWORDS, UNIT_TESTER
-
-    stats = ShapeStats()
-    assert stats.template(CHESS_TEMPLATE) is CHESS_TEMPLATE  # nothing observed yet
-    small = [(KEYWORDS, [(100, 10)]), (IR, [(1000, 5)]), (CANDIDATE, [(1000, 40), (1000, 40)])]
-    evaluated = [(UNIT_TEST, [(1000, 20)]), (EVALUATE, [(200, 16), (200, 16)])]
-    stats.add([*small, (REVISE, [(1000, 40)]), *evaluated], evaluated=True)  # one revise round
-    stats.add([*small, *evaluated], evaluated=True)
-    stats.add(small, evaluated=False)  # ran without evaluation: does not dilute its rounds
-    fitted = stats.template(CHESS_TEMPLATE)
-    kinds = [p.kind for p in fitted.phases]
-    assert UNIT_TESTER not in kinds  # never run by this pipeline
-    by_kind: dict[str, list[Any]] = {}
-    for p in fitted.phases:
-        by_kind.setdefault(p.kind, []).append(p)
-    assert sum(p.rounds for p in by_kind[IR]) == pytest.approx(1.0)  # one IR stage per question, over two phases
-    [cand] = by_kind[CANDIDATE]
-    assert (cand.input_tokens, cand.output_tokens, cand.width) == (1000, 40, 2)
-    [rev] = by_kind[REVISE]
-    assert rev.rounds == pytest.approx(1 / 3) and rev.repeatable
-    [ev] = by_kind[EVALUATE]
-    assert (ev.input_tokens, ev.width) == (200, 2) and ev.rounds == pytest.approx(1.0)
-    # The fitted plan is far cheaper than CHESS's (what the degradation predicts with).
-    full = Knobs(2, 10, True)
-    cost = sum(st.rounds * sum(c.input_tokens for c in st.calls) for st in knob_plan(fitted, full))
-    chess = sum(st.rounds * sum(c.input_tokens for c in st.calls) for st in knob_plan(CHESS_TEMPLATE, full))
-    assert cost < chess / 5
-
-
-def test_shape_stats_size_the_next_calls() -> None:
-    from gateway.core.degrade import INPUT_SCALE_LIMIT, ShapeStats
-
-    stats = ShapeStats()
-    assert stats.expected_output(CANDIDATE) is None and stats.input_scale == 1.0
-    stats.add([(CANDIDATE, [(500, 10), (500, 14)])], evaluated=False, prompt_sizes=[(1000, 500), (1000, 500)])
-    assert stats.expected_output(CANDIDATE) == 12
-    assert stats.input_scale == pytest.approx(0.5)
-    stats.add([], evaluated=False, prompt_sizes=[(10, 10**6), (0, 5), (5, 0)])  # a worker lying; pairs without a side
-    assert stats.input_scale == INPUT_SCALE_LIMIT

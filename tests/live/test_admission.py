@@ -16,14 +16,17 @@ from gateway.config.gateway import load_gateway_config
 from gateway.config.tenants import TenantsFile, hash_key
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagNode
-from gateway.core.degrade import FLOOR, Knobs, knob_plan
+from gateway.core.degrade import FLOOR, Knobs, QuestionPlan, knob_plan
 from gateway.core.predict import CompletionPredictor, calls_plan, template_plan
 from gateway.core.workflow import CallSpec
 from gateway.errors import CallFailed, ConfigError, Rejected
-from gateway.live.service import ADMISSION_HEADROOM, CallRequest, Gateway
+from gateway.live.service import ADMISSION_HEADROOM, CallRequest, DeadlineTooShort, Gateway
 from gateway.live.tenants import Tenant, TenantStore
 from tests.live.fake_transport import Hold
 from tests.live.harness import write_config
+
+FULL = Knobs(2, 10, True)
+"""The pipeline's full-quality knobs (its default configuration)."""
 
 CALL = CallSpec("generate_candidate", 8000, 400)
 
@@ -158,14 +161,40 @@ async def test_retry_after_is_when_the_backlog_would_have_drained_enough(tmp_pat
     await asyncio.sleep(0)
 
 
-async def test_a_deadline_shorter_than_the_critical_path_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+@pytest.mark.parametrize("who", ["rej", "be"])
+async def test_a_deadline_shorter_than_the_critical_path_is_a_client_error_naming_the_shortest_that_works(
+    tmp_path: Path, who: str
+) -> None:
+    """No wait can meet it: 422 (never a 429 a client would retry forever, nor best effort) with the shortest
+    deadline admission would take on idle workers; asking again with that deadline is admitted."""
     clock = FakeClock()
     gw = make_gateway(tmp_path, clock)
     plan = template_plan(CHESS_TEMPLATE)
-    with pytest.raises(Rejected) as info:
-        gw.admit(tenant(gw, "rej"), 1, plan, 0.01)
-    assert info.value.status == 429 and "longer deadline" in info.value.message
-    assert int(info.value.headers["Retry-After"]) >= 1  # type: ignore[index]
+    with pytest.raises(DeadlineTooShort) as info:
+        gw.admit(tenant(gw, who), 1, plan, 0.01)
+    err = info.value
+    assert err.status == 422 and err.param == "deadline_s" and "Retry-After" not in (err.headers or {})
+    body = err.response_body()
+    assert body["min_deadline_s"] == err.min_deadline_s and f"at least {err.min_deadline_s:g} s" in err.message
+    critical = CompletionPredictor(gw.scheduler, clock.t).critical_path(plan)
+    assert critical / ADMISSION_HEADROOM <= err.min_deadline_s <= 1.1 * critical / ADMISSION_HEADROOM
+    adm = gw.admit(tenant(gw, who), 1, plan, err.min_deadline_s)
+    assert not adm.best_effort
+    adm.release()
+    assert gw.committed_s == 0.0
+
+
+async def test_an_unobserved_plan_is_not_refused_on_its_guess(tmp_path: Path) -> None:
+    """Before the model answered anything the plan's output lengths are a guess: admitted, its work committed."""
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    guess = QuestionPlan(CHESS_TEMPLATE, FULL, FULL, observed=False)
+    adm = gw.admit(tenant(gw, "rej"), 1, guess.rest(), 0.01, question=guess)
+    assert not adm.best_effort and adm.plan is guess and gw.committed_s > 0.0
+    adm.release()
+    with pytest.raises(DeadlineTooShort):
+        known = QuestionPlan(CHESS_TEMPLATE, FULL, FULL)
+        gw.admit(tenant(gw, "rej"), 1, known.rest(), 0.01, question=known)
 
 
 async def test_concurrency_refusals_are_counted_by_reason(tmp_path: Path) -> None:
@@ -290,7 +319,7 @@ async def test_online_workflow_shed_fails_its_stage_and_later_calls(tmp_path: Pa
     gw = make_gateway(tmp_path, clock)
     t = tenant(gw, "rej")
     deadline = 10 * lone_s(gw)
-    wf = gw.open_workflow(t, deadline, CHESS_TEMPLATE)
+    wf = gw.open_workflow(t, deadline, QuestionPlan(CHESS_TEMPLATE, FULL, FULL))
     stage = asyncio.create_task(gw.run_stage(wf, CALL.kind, [(CALL, CallRequest("/v1/chat/completions", {}))]))
     await asyncio.sleep(0)
     clock.t += deadline
@@ -313,7 +342,7 @@ async def test_a_degrading_tenant_is_shed_only_when_even_its_floor_cannot_make_i
     pred = CompletionPredictor(gw.scheduler, clock.t, later_queue_weight=0.0)
     # After the keywords stage: the full template's rest takes far longer than the floor's.
     phase = next(i for i, p in enumerate(CHESS_TEMPLATE.phases) if p.kind == "extract_keywords")
-    full_rest = pred.critical_path(knob_plan(CHESS_TEMPLATE, Knobs(2, 10, True), phase=phase, rounds_done=1))
+    full_rest = pred.critical_path(knob_plan(CHESS_TEMPLATE, FULL, phase=phase, rounds_done=1))
     floor_rest = pred.critical_path(knob_plan(CHESS_TEMPLATE, FLOOR, phase=phase, rounds_done=1))
     assert floor_rest < 0.7 * full_rest
     spec = CallSpec("extract_keywords", 677, 49)
@@ -323,7 +352,7 @@ async def test_a_degrading_tenant_is_shed_only_when_even_its_floor_cannot_make_i
     stages = []
     for name in ("full", "ad"):
         t = tenant(gw, name)
-        wf = gw.open_workflow(t, deadline, CHESS_TEMPLATE)
+        wf = gw.open_workflow(t, deadline, QuestionPlan(CHESS_TEMPLATE, FULL, FULL if name == "full" else FLOOR))
         stages.append(
             asyncio.create_task(gw.run_stage(wf, spec.kind, [(spec, CallRequest("/v1/chat/completions", {}))]))
         )
@@ -388,10 +417,13 @@ async def test_the_configured_sustainable_share_sets_what_admission_forecasts(tm
     loose = gateway_with_share(tmp_path / "a", clock, 1.0)
     tight = make_gateway(tmp_path / "b", clock)
     assert tight.cfg.admission.sustainable_share == 0.25 and loose.cfg.admission.sustainable_share == 1.0
-    for gw in (loose, tight):
-        gw.committed_s = 40.0  # admitted workflows' work still to come: the fluid term decides
-    at_one = CompletionPredictor(loose.scheduler, clock.t, committed_s=40.0, efficiency=1.0).duration(plan)
-    at_quarter = CompletionPredictor(tight.scheduler, clock.t, committed_s=40.0).duration(plan)
+    big = calls_plan([[CALL] * 8] * 40)
+    for gw in (loose, tight):  # an admitted workflow's work still to come: the fluid term decides
+        gw.admit(tenant(gw, "rej"), 320, big, 1e6)
+    committed = tight.committed_s
+    assert committed == loose.committed_s > 0.0
+    at_one = CompletionPredictor(loose.scheduler, clock.t, committed_s=committed, efficiency=1.0).duration(plan)
+    at_quarter = CompletionPredictor(tight.scheduler, clock.t, committed_s=committed).duration(plan)
     assert at_quarter > at_one
     deadline = (at_one + at_quarter) / 2 / ADMISSION_HEADROOM
     assert not loose.admit(tenant(loose, "rej"), 3, plan, deadline).best_effort

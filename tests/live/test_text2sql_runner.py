@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from gateway.config.gateway import load_gateway_config
+from gateway.config.workflows import CHESS_TEMPLATE
+from gateway.core.degrade import Knobs, QuestionPlan
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
 from gateway.errors import CallFailed
@@ -26,6 +28,9 @@ from gateway.text2sql.port import StageCall, StageCallError, StageRunner
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 1e9, 1.0, 100)
+
+PLAN = QuestionPlan(CHESS_TEMPLATE, Knobs(2, 10, True), Knobs(2, 10, True))
+"""A question's plan: the CHESS template at full quality (the runner's workflow is budgeted by it)."""
 
 
 class FakeClock:
@@ -95,7 +100,7 @@ async def test_stage_calls_become_chat_requests_and_outcomes_come_back_per_call(
     gw, clock, transport = live
     runner = GatewayStageRunner(gw, TENANT)
     _: StageRunner = runner
-    runner.open(10.0)
+    runner.open(10.0, PLAN)
     assert runner.remaining() == 10.0
     results = await runner.run_stage("generate_candidate", [call("hello", 40, 20, 64), call("refuse", 50, 30, 96)])
     assert results[0].text == "echo hello" and results[0].error is None and results[0].worker == "a100-0"
@@ -131,7 +136,7 @@ async def test_close_answers_with_the_rule_the_metrics_count(
 ) -> None:
     gw, clock, _ = live
     runner = GatewayStageRunner(gw, TENANT)
-    runner.open(5.0)
+    runner.open(5.0, PLAN)
     clock.t += 6.0 if late else 4.0
     closed = runner.close(valid=valid, failed=failed)
     assert closed.deadline_met is met
@@ -147,7 +152,7 @@ async def test_a_cancelled_stage_takes_its_calls_back(live: tuple[Gateway, FakeC
 
     transport.send = hang  # type: ignore[method-assign]
     runner = GatewayStageRunner(gw, TENANT)
-    runner.open(10.0)
+    runner.open(10.0, PLAN)
     task = asyncio.create_task(runner.run_stage("revise", [call("x")]))
     for _ in range(20):
         await asyncio.sleep(0)
@@ -165,9 +170,9 @@ async def test_a_runner_is_opened_once_and_used_only_while_open(
     runner = GatewayStageRunner(gw, TENANT)
     with pytest.raises(RuntimeError, match="not open"):
         runner.remaining()
-    runner.open(10.0)
+    runner.open(10.0, PLAN)
     with pytest.raises(RuntimeError, match="open already"):
-        runner.open(10.0)
+        runner.open(10.0, PLAN)
     runner.close(valid=True)
 
 
@@ -180,7 +185,7 @@ async def test_a_closed_question_is_a_goodput_outcome_with_its_stages_timeline(
 ) -> None:
     gw, clock, _ = live
     runner = GatewayStageRunner(gw, TENANT)
-    runner.open(10.0)
+    runner.open(10.0, PLAN)
     await runner.run_stage("generate_candidate", [call("a"), call("b")])
     await runner.run_stage("revise", [call("c")])
     clock.t += advance_s
@@ -210,7 +215,7 @@ async def test_the_runner_predicts_a_plan_as_the_schedulers_completion_predictor
     runner = GatewayStageRunner(gw, TENANT)
     with pytest.raises(RuntimeError, match="not open"):
         runner.remaining_predictor()
-    runner.open(60.0)
+    runner.open(60.0, PLAN)
     predict = runner.remaining_predictor()
     full, floor = knob_plan(CHESS_TEMPLATE, Knobs(2, 10, True)), knob_plan(CHESS_TEMPLATE, FLOOR)
     expected = CompletionPredictor(gw.scheduler, clock.t).path_time

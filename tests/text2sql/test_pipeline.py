@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from gateway.core.degrade import QuestionPlan
+from gateway.core.shapes import MIN_QUESTIONS
 from gateway.core.tokens import message_tokens
 from gateway.core.workflow import deadline_met
 from gateway.text2sql.db import Database, DatabaseConfig, open_database
@@ -62,12 +64,14 @@ class FakeRunner:
     block_on: str | None = None
     now: float = 100.0
     deadline: float | None = None
+    plan: QuestionPlan | None = None
     stages: list[tuple[str, list[StageCall]]] = field(default_factory=list)
     closes: list[dict[str, bool]] = field(default_factory=list)
     arrival: float = 0.0
 
-    def open(self, deadline_s: float) -> None:
+    def open(self, deadline_s: float, plan: QuestionPlan) -> None:
         assert self.deadline is None, "opened twice"
+        self.plan = plan
         self.arrival, self.deadline = self.now, self.now + deadline_s
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
@@ -272,18 +276,17 @@ class UsageRunner(FakeRunner):
 
 
 async def test_calls_are_sized_as_the_databases_earlier_questions_ran(demo_db: Database) -> None:
-    """Until a database has ``SHAPE_MIN_QUESTIONS`` answered questions its calls are sized as CHESS's (the
-    estimate, CHESS's expected output); then as its own questions ran: each kind's mean output as the workers
-    counted it, the prompt estimate scaled by the workers' count over it."""
+    """Until a database has ``MIN_QUESTIONS`` answered questions its calls are sized by the prior (the estimate,
+    each kind's budget capped at CHESS's mean output); then as its own questions ran: each kind's output as the
+    workers counted it. The prompt estimate is scaled by the workers' count over it from the first answer on."""
     from gateway.config.workflows import CHESS_TEMPLATE
-    from gateway.text2sql.pipeline import SHAPE_MIN_QUESTIONS
 
     pipe = Text2SqlPipeline(PipelineConfig(candidates=2, max_revisions=2), Prompts.load())
     chess_out = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
     outputs = {"generate_candidate": 12, "evaluate": 3}
-    for i in range(SHAPE_MIN_QUESTIONS + 1):
-        fitted = i >= SHAPE_MIN_QUESTIONS
-        assert (pipe.sizing_for(demo_db.db_id) is not None) == fitted
+    for i in range(MIN_QUESTIONS + 1):
+        fitted = i >= MIN_QUESTIONS
+        assert pipe.plan_for(demo_db.db_id).source.startswith("fitted") == fitted
         runner = UsageRunner(gold_everywhere, outputs=outputs)
         await pipe.answer(runner, demo_db, QUESTION, "", 60.0, request_id=f"r{i}")
         for kind, calls in runner.stages:
@@ -291,11 +294,54 @@ async def test_calls_are_sized_as_the_databases_earlier_questions_ran(demo_db: D
                 est = message_tokens(c.messages)
                 if fitted:
                     assert c.output_tokens == min(outputs.get(kind, 7), c.max_tokens)
-                    assert abs(c.input_tokens - est / 2) <= 1
                 else:
                     assert c.output_tokens == min(chess_out[kind], c.max_tokens)
-                    assert c.input_tokens == est
-    stats = pipe.sizing_for(demo_db.db_id)
-    assert stats is not None and 0.45 < stats.input_scale < 0.55
-    cand = next(p for p in pipe.template_for(demo_db.db_id).phases if p.kind == "generate_candidate")
+                # The tokenizer's ratio is the model's: learned from the first answered question on.
+                assert abs(c.input_tokens - est / 2) <= 1 if i > 0 else c.input_tokens == est
+    assert 0.45 < pipe.input_scale(demo_db.db_id) < 0.55
+    cand = next(p for p in pipe.plan_for(demo_db.db_id).template.phases if p.kind == "generate_candidate")
     assert cand.output_tokens == 12, "the fitted template counts what the workers counted"
+
+
+async def test_the_first_question_on_a_database_is_predicted_at_its_schema_size(demo_db: Database) -> None:
+    """Before any question was answered, the plan renders the pipeline's prompts at the database's schema size:
+    each stage's predicted prompt is within a factor of two of the one the pipeline then sends (CHESS on BIRD's
+    is ten times a small schema's), and the plan has the pipeline's own stages."""
+    pipe = Text2SqlPipeline(PipelineConfig(candidates=2, max_revisions=2), Prompts.load())
+    plan = await pipe.plan(demo_db)
+    assert plan.source.startswith("prior: prompts at demo_retail's schema size")
+    predicted = {p.kind: p.input_tokens for p in plan.template.phases}
+    assert [p.kind for p in plan.template.phases] == [
+        "extract_keywords",
+        "information_retriever",
+        "generate_candidate",
+        "revise",
+        "generate_unit_test",
+        "evaluate",
+    ]
+    runner = _runner()
+    await pipe.answer(runner, demo_db, QUESTION, "", 60.0, request_id="p1", plan=plan)
+    assert runner.plan is plan, "the runner's workflow is budgeted by the plan admission used"
+    for kind, calls in runner.stages:
+        sent = message_tokens(calls[0].messages)
+        assert 0.5 < predicted[kind] / sent < 2.0, kind
+    assert predicted["generate_candidate"] < 10790 / 5
+
+
+async def test_a_question_without_a_valid_answer_does_not_stretch_the_prediction(demo_db: Database) -> None:
+    """A question the model cannot answer runs every revision round it may; it is not a sample, so the questions
+    after it are predicted as before it."""
+    pipe = Text2SqlPipeline(PipelineConfig(candidates=2, max_revisions=10), Prompts.load())
+    for i in range(MIN_QUESTIONS):
+        await pipe.answer(_runner(), demo_db, QUESTION, "", 600.0, request_id=f"ok{i}")
+    before = pipe.plan_for(demo_db.db_id).template
+
+    def hopeless(kind: str, i: int, prompt: str) -> str:
+        return "I cannot tell." if kind in ("generate_candidate", "revise") else gold_everywhere(kind, i, prompt)
+
+    out = await pipe.answer(_runner(hopeless), demo_db, QUESTION, "", 600.0, request_id="bad")
+    assert out.status == "no_valid_sql" and out.revisions == 20
+    assert pipe.plan_for(demo_db.db_id).template == before
+    status = pipe.status([demo_db.db_id, "other_db"])
+    assert status[demo_db.db_id]["answered_in_window"] == MIN_QUESTIONS
+    assert status["other_db"]["source"].startswith("prior: CHESS's prompt sizes (schema not read yet)")

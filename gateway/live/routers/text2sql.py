@@ -3,11 +3,17 @@
 Request ``{question, db_id, evidence?, deadline_s?, stream?}``. Errors: unknown or not-allowed ``db_id``
 404 (with the ids the tenant may use), empty or too long question or evidence 422, deadline outside
 the tenant's range 422, a database that is down 503 (the body says which stage failed), admission
-429/503 as for every workflow (a tenant whose ``quality`` is ``adaptive`` or ``fast`` is admitted when its
-floor, the least work that still answers, is predicted to fit). The pipeline runs at the tenant's
+429/503 as for every workflow, and 422 with ``min_deadline_s`` for a deadline no wait can meet. Admission
+predicts the question with its plan (``Text2SqlPipeline.plan``: the pipeline's stages fitted to the database's
+answered questions, else a prior at its schema size), at its tenant's floor (a tenant whose ``quality`` is
+``adaptive`` or ``fast`` is admitted when the least work that still answers is predicted to fit); the same plan
+sets the workflow's stage budgets, the overload re-check and shedding, and the pipeline's degradation.
+The pipeline runs at the tenant's
 quality mode; ``degraded`` in the result lists what it skipped and why, each counted in
 ``hexflow_degraded_workflows_total{tenant,step}``. With ``stream: true`` each stage's completion is sent as a
-server-sent event ``{"event": "stage", ...}`` and the result last (``{"event": "result", ...}``), then ``[DONE]``.
+server-sent event ``{"event": "stage", ...}`` and the result last (``{"event": "result", ...}``), then ``[DONE]``;
+a question that fails inside the gateway ends with ``{"event": "error", "error": {...}}`` (the body a request
+without streaming would have got) before ``[DONE]``.
 A client that disconnects (streaming or not) cancels the question: no later stage is sent, the calls in
 flight are aborted, and the workflow is counted ``cancelled``. With an ``Idempotency-Key`` (not with
 ``stream: true``: 422) a retry gets the first run's answer (``deps.idempotent``).
@@ -22,23 +28,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.config.workflows import CHESS_TEMPLATE
-from gateway.core.degrade import QualityMode, knob_plan
-from gateway.core.predict import StagePlan, template_plan
-from gateway.errors import Unprocessable
-from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, idempotent
+from gateway.core.degrade import QuestionPlan
+from gateway.errors import GatewayError, Unprocessable, error_body
+from gateway.live.deps import TenantDep, deadline_or_raise, gw_of, idempotent
 from gateway.live.idempotency import HEADER, OPENAPI_PARAMETER
 from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
-from gateway.live.service import Gateway
+from gateway.live.service import Admission, Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.text2sql_runner import GatewayStageRunner
 from gateway.text2sql.db import Database, UnknownDatabase
@@ -46,6 +52,7 @@ from gateway.text2sql.result import Text2SqlResult
 from gateway.text2sql.service import NO_DATABASES, InvalidQuestion, Text2SqlService
 
 router = APIRouter()
+log = logging.getLogger("hexflow.text2sql")
 
 
 def install_text2sql(app: FastAPI, service: Text2SqlService) -> None:
@@ -58,11 +65,24 @@ def install_text2sql(app: FastAPI, service: Text2SqlService) -> None:
     async def lifespan(a: Any) -> AsyncIterator[Any]:
         try:
             async with inner(a) as state:
+                gw = getattr(a.state, "gateway", None)
+                if isinstance(gw, Gateway):
+                    gw.status_sections["text2sql"] = lambda: _status(gw, service)
                 yield state
         finally:
             await service.close()
 
     app.router.lifespan_context = lifespan
+
+
+def _status(gw: Gateway, service: Text2SqlService) -> dict[str, Any]:
+    """``/v1/status``'s ``text2sql``: per configured database, its predicted plan (where its figures
+    come from, each stage's tokens, rounds and width) and the seconds a question admitted now would take."""
+    ids = [] if service.registry is None else service.registry.ids()
+    plans = service.pipeline.status(ids)
+    for db_id, entry in plans.items():
+        entry["predicted_s"] = round(gw.predicted_s(service.pipeline.plan_for(db_id).rest()), 6)
+    return {"databases": plans}
 
 
 def _service(request: Request) -> Text2SqlService:
@@ -119,41 +139,71 @@ def _responses() -> dict[int | str, dict[str, Any]]:
     return out
 
 
-def _admission_plan(service: Text2SqlService, mode: QualityMode) -> tuple[StagePlan, ...]:
-    """The stages admission predicts: the full pipeline's, or (``adaptive``, ``fast``) its floor's."""
-    if mode == "full":
-        return template_plan(CHESS_TEMPLATE)
-    return knob_plan(CHESS_TEMPLATE, service.pipeline.degraders[mode].grid[-1])
-
-
 def _count_degraded(gw: Gateway, tenant: str, result: Text2SqlResult) -> None:
     """One ``hexflow_degraded_workflows_total`` per knob the question ran with turned down."""
     for d in result.degraded:
         gw.metrics.degraded(tenant, d.step)
 
 
-def _admit(
-    gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, tenant: Tenant
-) -> tuple[Database, str, str, float, GatewayStageRunner]:
-    """Check the question and admit its workflow: the database, question, evidence, deadline and runner."""
+@dataclass(frozen=True)
+class _Admitted:
+    """A question checked and admitted: what answering it needs."""
+
+    db: Database
+    question: str
+    evidence: str
+    deadline_s: float
+    plan: QuestionPlan
+    admission: Admission
+    request_id: str
+
+    def runner(self, gw: Gateway, tenant: Tenant) -> GatewayStageRunner:
+        """The question's runner (its workflow takes the admission over when it opens)."""
+        return GatewayStageRunner(gw, tenant, admission=self.admission, request_id=self.request_id)
+
+
+async def _admit(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, tenant: Tenant) -> _Admitted:
+    """Check the question and admit it, predicted by its plan (``Text2SqlPipeline.plan``) at the tenant's floor.
+
+    The answer owns the admission's committed work: the caller releases it on every path (``finally``)."""
     db = service.database(req.db_id, tenant=tenant.name, allows=tenant.allows)
     _check_lengths(service, req)
     question, evidence = service.check_question(req.question, req.evidence)
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
-    # Predicted as the CHESS template's expected stages (the pipeline decides its real stages as it goes);
-    # a tenant that accepts degraded answers is admitted when the least work that still answers would fit.
-    admission = admit_or_raise(gw, tenant, 1, _admission_plan(service, tenant.quality), deadline)
-    return db, question, evidence, deadline, GatewayStageRunner(gw, tenant, admission=admission)
+    plan = await service.pipeline.plan(db, tenant.quality)
+    admission = gw.admit(tenant, 1, plan.rest(), deadline, question=plan)
+    return _Admitted(db, question, evidence, deadline, plan, admission, f"t2s-{uuid.uuid4().hex[:16]}")
 
 
 async def _answer(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, tenant: Tenant) -> Response:
     """Admit and answer one question (the route's work without streaming, once per idempotency key)."""
-    db, question, evidence, deadline, runner = _admit(gw, service, req, tenant)
-    rid = f"t2s-{uuid.uuid4().hex[:16]}"
-    WORKFLOW_ID.set(rid)  # this request's context (its log lines)
-    result = await service.answer(runner, db, question, evidence, deadline, request_id=rid, quality_mode=tenant.quality)
+    a = await _admit(gw, service, req, tenant)
+    try:
+        WORKFLOW_ID.set(a.request_id)  # this request's context (its log lines)
+        result = await service.answer(
+            a.runner(gw, tenant),
+            a.db,
+            a.question,
+            a.evidence,
+            a.deadline_s,
+            request_id=a.request_id,
+            quality_mode=tenant.quality,
+            plan=a.plan,
+        )
+    finally:
+        a.admission.release()
     _count_degraded(gw, tenant.name, result)
     return JSONResponse(result.as_dict(), status_code=result.http_status)
+
+
+def _error_event(exc: BaseException, request_id: str) -> dict[str, Any]:
+    """The stream's last event for a question that failed inside the gateway: the error body a request without
+    streaming would have got (a ``GatewayError``'s own; anything else a 500 naming the request id)."""
+    if isinstance(exc, GatewayError):
+        body = exc.response_body()
+    else:
+        body = error_body(500, f"internal error answering the question (request {request_id})", "server_error")
+    return {"event": "error", "id": request_id, **body}
 
 
 @router.post(
@@ -179,9 +229,8 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
     if not req.stream:
         # A client that leaves cancels the question: no later stage, in-flight calls aborted.
         return await idempotent(request, tenant, req, lambda: _answer(gw, service, req, tenant))
-    db, question, evidence, deadline, runner = _admit(gw, service, req, tenant)
-    rid = f"t2s-{uuid.uuid4().hex[:16]}"
-    WORKFLOW_ID.set(rid)  # this request's context (its log lines)
+    a = await _admit(gw, service, req, tenant)
+    WORKFLOW_ID.set(a.request_id)  # this request's context (its log lines)
     events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=1024)
 
     async def on_event(ev: dict[str, Any]) -> None:
@@ -190,18 +239,24 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
     async def produce() -> None:
         try:
             result = await service.answer(
-                runner,
-                db,
-                question,
-                evidence,
-                deadline,
-                request_id=rid,
+                a.runner(gw, tenant),
+                a.db,
+                a.question,
+                a.evidence,
+                a.deadline_s,
+                request_id=a.request_id,
                 on_event=on_event,
                 quality_mode=tenant.quality,
+                plan=a.plan,
             )
             _count_degraded(gw, tenant.name, result)
             await events.put({"event": "result", **result.as_dict()})
+        except Exception as exc:  # never a stream that ends in [DONE] with neither a result nor an error
+            if not isinstance(exc, GatewayError):
+                log.exception("question %s failed", a.request_id)
+            await events.put(_error_event(exc, a.request_id))
         finally:
+            a.admission.release()
             await events.put(None)
 
     task = asyncio.create_task(produce())
@@ -218,5 +273,6 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
         finally:
             if not task.done():
                 task.cancel()
+            a.admission.release()  # (a task cancelled before it ran never reached its own finally)
 
     return StreamingResponse(body(), media_type="text/event-stream")
