@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from gateway.bench.stats import fmt, table
 from gateway.cli.common import (
@@ -25,7 +28,7 @@ from gateway.errors import UnknownNameError
 if TYPE_CHECKING:
     from gateway.bench.plan import Candidate, PlanReport
 
-__all__ = ["PLAN_WORKFLOWS", "add_plan", "format_plan_report"]
+__all__ = ["PLAN_WORKFLOWS", "ProgressLines", "add_plan", "format_plan_report"]
 
 PLAN_WORKFLOWS = 1000
 """Workflows per simulated run of ``plan`` (default)."""
@@ -78,8 +81,43 @@ def add_plan(sub: Subparsers) -> None:
     p.add_argument("--no-margin", action="store_true", help="skip the answer's capacity search")
     p.add_argument("--show", default="5", help="cheaper mixes listed before the answer (default 5)")
     p.add_argument("--catalog", default=None, help="GPU catalogue file (default: the packaged config/gpus.yaml)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (a bar on a terminal, else a line per step and every few seconds)",
+    )
     p.set_defaults(func=cmd_plan)
+
+
+class ProgressLines:
+    """Progress as plain lines, for a stream that is not a terminal (a progress bar draws nothing there, and a
+    pipe or a log would see nothing for minutes): a line per step (``describe``: a mix's seed, a margin search)
+    and, within a long step, one every ``every_s`` seconds as its simulated runs finish (``update``). Each line
+    starts with "... ", as ``hexflow overhead``'s progress lines do, apart from the report's own."""
+
+    def __init__(self, stream: TextIO, *, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream
+        self.every_s = every_s
+        self.clock = clock
+        self.t0 = self.last = clock()
+        self.runs = 0
+        self.step = "starting"
+
+    def describe(self, step: str) -> None:
+        """A new step: say so at once."""
+        self.step = step
+        self._line()
+
+    def update(self, n: int = 1) -> None:
+        """``n`` more runs done: a line when ``every_s`` has passed since the last one."""
+        self.runs += n
+        if self.clock() - self.last >= self.every_s:
+            self._line()
+
+    def _line(self) -> None:
+        now = self.last = self.clock()
+        runs = f"{self.runs} simulated run{'' if self.runs == 1 else 's'}"
+        print(f"... {now - self.t0:.0f} s, {runs} done: {self.step}", file=self.stream, flush=True)
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -155,8 +193,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
             find_margin=not args.no_margin,
             rel_tol=args.rel_tol,
         )
-        with tqdm(desc="plan", unit="run", disable=args.quiet or None, leave=False) as bar:
-            report = run_plan(catalog, workload, spec, progress=bar.update, describe=bar.set_postfix_str)
+        if args.quiet:
+            report = run_plan(catalog, workload, spec)
+        elif sys.stderr.isatty():
+            with tqdm(desc="plan", unit="run", leave=False) as bar:
+                report = run_plan(catalog, workload, spec, progress=bar.update, describe=bar.set_postfix_str)
+        else:  # a pipe or a log: a bar would draw nothing there for minutes
+            lines = ProgressLines(sys.stderr)
+            report = run_plan(catalog, workload, spec, progress=lines.update, describe=lines.describe)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(format_plan_report(report, show=show))

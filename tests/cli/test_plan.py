@@ -98,3 +98,33 @@ def test_a_gpu_without_a_profile_for_the_model_is_named(tmp_path: Path, capsys: 
     code, _, err = run(argv, capsys)
     assert code == 2
     assert "--gpus: no profile for llama-3.1-8b on L4; profiled GPUs: A100" in err
+
+
+def test_plan_off_a_terminal_prints_a_progress_line_per_step(capsys: pytest.CaptureFixture[str]) -> None:
+    """stderr is not a terminal here (a pipe, a log): a bar would draw nothing, so plain lines say what runs."""
+    code, out, err = run([a for a in SMALL if a != "--quiet"] + ["--rate", "0.1"], capsys)
+    assert code == 0 and "answer: " in out and "... " not in out
+    lines = err.splitlines()
+    assert lines and all(line.startswith("... ") and " simulated run" in line for line in lines), err
+    assert any(line.endswith(", seed 0") for line in lines) and any("margin of " in line for line in lines), err
+
+
+def test_progress_lines_say_each_step_at_once_and_otherwise_every_few_seconds() -> None:
+    import io
+
+    from gateway.cli.plan import ProgressLines
+
+    now = [100.0]
+    stream = io.StringIO()
+    lines = ProgressLines(stream, every_s=5.0, clock=lambda: now[0])
+    now[0] += 2.0
+    lines.describe("2xA100, seed 0")
+    lines.update(1)
+    now[0] += 4.0
+    lines.update(1)  # 4 s since the last line: nothing
+    now[0] += 1.5
+    lines.update(1)
+    assert stream.getvalue().splitlines() == [
+        "... 2 s, 0 simulated runs done: 2xA100, seed 0",
+        "... 8 s, 3 simulated runs done: 2xA100, seed 0",
+    ]
