@@ -704,15 +704,34 @@ class Estimator:
         elif now is not None:
             load.prefill_free_at = min(load.prefill_free_at, now + load.inflight_prefill_s)
 
-    def observe(self, call: Call, observed_s: float, now: float) -> None:
+    def model_for_tokens(self, call: Call, tokens: tuple[int, int] | None) -> float:
+        """The load-aware prediction made when ``call`` was sent (``model_s``), for the (prompt, completion)
+        ``tokens`` it turned out to process (None: the expected ones of ``call.spec``).
+
+        The wait for the prompts ahead (``wait_s``) stays; the call's own time in its batch scales with the
+        profile's lone-request latencies of the tokens processed and expected (the batch slows every step of
+        the call alike). What a call is judged against (its worker's speed, the online ratio): a long answer
+        the model chose to write is the model's verbosity, not a slow worker."""
+        model = call.model_s
+        spec = call.spec
+        if tokens is None or (tokens[0] == spec.input_tokens and tokens[1] == spec.output_tokens):
+            return model
+        expected = self.base_latency(call.worker, spec.input_tokens, spec.output_tokens)
+        if expected <= 0.0:
+            return model
+        wait = min(max(call.wait_s, 0.0), model)
+        return wait + (model - wait) * (self.base_latency(call.worker, tokens[0], tokens[1]) / expected)
+
+    def observe(self, call: Call, observed_s: float, now: float, tokens: tuple[int, int] | None = None) -> None:
         """Fold one observed latency (sent to returned) into the (worker, kind) ratio.
 
         The ratio compares with the load-aware prediction made when the call was sent (``service_s``),
-        uncorrected (``model_s``), so the ratio converges to what the model misses.
+        uncorrected (``model_s``), for the tokens it processed (``tokens``, ``model_for_tokens``), so the ratio
+        converges to what the model misses about the worker, not about the length of the model's answers.
         """
         worker = call.worker
         kind = call.spec.kind
-        predicted = call.model_s
+        predicted = self.model_for_tokens(call, tokens)
         if predicted <= 0.0 or observed_s < 0.0:
             return
         x = min(max(observed_s / predicted, 1.0 / self.clamp), self.clamp)

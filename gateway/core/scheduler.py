@@ -426,14 +426,18 @@ class Scheduler:
     def _release(self, call: Call, now: float) -> None:
         self.estimator.release(call, call.worker, now)
 
-    def on_finish(self, call: Call, now: float, observed_s: float | None = None) -> None:
-        """A call returned: free its slot and correct the estimator with its observed latency."""
+    def on_finish(
+        self, call: Call, now: float, observed_s: float | None = None, tokens: tuple[int, int] | None = None
+    ) -> None:
+        """A call returned: free its slot and correct the estimator with its observed latency (``tokens``: the
+        (prompt, completion) tokens it processed, where they may differ from its spec's: a live worker's
+        ``usage``)."""
         self._release(call, now)
         call.finished_at = now
         if observed_s is None and call.started_at is not None:
             observed_s = now - call.started_at
         if observed_s is not None:
-            self.estimator.observe(call, observed_s, now)
+            self.estimator.observe(call, observed_s, now, tokens)
             if self.samples is not None and call.batch_n:
                 w = call.worker
                 self.samples.add(w, sample_of(call, self.workers[w].profile, observed_s, now))

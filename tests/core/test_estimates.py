@@ -104,6 +104,23 @@ def test_the_ratio_converges_to_what_the_model_misses(fast: PerfProfile) -> None
     )
 
 
+def test_a_long_answer_at_the_workers_speed_does_not_raise_the_ratio(fast: PerfProfile) -> None:
+    """A call that wrote ten times its expected output, each token at the profile's speed, is judged for the
+    tokens it processed: the ratio stays at 1 (judged for the expected tokens it read about 10x, and every later
+    call of the kind was predicted that much slower)."""
+    est = Estimator([WorkerInfo("w", fast, 4)], ewma=0.5)
+    c = sent(est, call(1, LONG), 0.0)
+    est.release(c, 0)
+    tokens = (LONG.input_tokens, 10 * LONG.output_tokens)
+    took = est.model_for_tokens(c, tokens)
+    assert took > 5 * c.model_s
+    est.observe(c, took, took, tokens)
+    assert est.ratio(0, LONG.kind, took) == pytest.approx(1.0)
+    assert (
+        est.model_for_tokens(c, None) == est.model_for_tokens(c, (LONG.input_tokens, LONG.output_tokens)) == c.model_s
+    )
+
+
 def test_a_stale_ratio_reads_as_unknown(fast: PerfProfile) -> None:
     est = Estimator([WorkerInfo("w", fast, 4)], max_age_s=10.0)
     c = sent(est, call(1, SHORT), 0.0)
