@@ -10,7 +10,10 @@ Worker ``i`` of the cluster (``ClusterConfig.expanded()`` order, the scheduler's
 loop (one ``uvicorn.Server`` task each); their sockets are bound before anything starts, so a port
 in use is reported at once. When every worker answers, one line per worker is printed to stdout::
 
-    A100-0 http://127.0.0.1:8001 A100
+    a100-0 http://127.0.0.1:8001 A100
+
+Workers are named as the gateway's shipped configs name them (``worker_names``: ``a100-0, a100-1, a6000-0,
+l40s-0`` for paper-4gpu, config/gateway.yaml's names), so a worker reads the same here and in the gateway.
 
 SIGTERM or SIGINT stops all of them gracefully. Like ``workers.emulator`` this is a TEST DOUBLE for
 GPUs; never use it in production.
@@ -26,6 +29,7 @@ import socket
 import sys
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -35,10 +39,14 @@ from workers.emulator import (
     Responder,
     add_answer_arguments,
     add_cache_arguments,
+    add_context_arguments,
     answers_label,
     create_app,
     responder_from_args,
 )
+
+if TYPE_CHECKING:
+    from gateway.config.cluster import ClusterConfig
 
 START_TIMEOUT_S = 60.0
 
@@ -87,6 +95,28 @@ def bind_sockets(host: str, base_port: int, n: int) -> list[socket.socket]:
     return out
 
 
+def worker_names(cluster: ClusterConfig) -> list[str]:
+    """The workers' names, in ``cluster.expanded()`` order, as the gateway's shipped configs write them
+    (config/gateway.yaml, deploy/): a worker the cluster file names keeps its name; any other is
+    ``<gpu in lower case>-<n>``, ``n`` counting that GPU's unnamed workers in file order and skipping a name a
+    named worker holds. (``ClusterConfig.expanded()``'s own default names, ``A100-0``, are the simulator's.)"""
+    resolved = cluster.expanded()
+    named = [w.name is not None for w in cluster.workers for _ in range(w.count)]
+    taken = {rw.name for rw, given in zip(resolved, named, strict=True) if given}
+    per_gpu: dict[str, int] = {}
+    out: list[str] = []
+    for rw, given in zip(resolved, named, strict=True):
+        if given:
+            out.append(rw.name)
+            continue
+        n = per_gpu.get(rw.gpu, 0)
+        while f"{rw.gpu.lower()}-{n}" in taken:
+            n += 1
+        per_gpu[rw.gpu] = n + 1
+        out.append(f"{rw.gpu.lower()}-{n}")
+    return out
+
+
 def plan_cluster(
     cluster: str,
     sockets: Sequence[socket.socket],
@@ -100,21 +130,25 @@ def plan_cluster(
     catalog: str | None = None,
     prefix_caching: bool = True,
     prompt_tokens_details: bool = False,
+    refuse_context_overflow: bool = False,
 ) -> list[EmulatedWorker]:
     """The emulated workers of a cluster file (name or path), one per bound socket, in scheduler order.
 
     ``catalog``: the GPU catalogue whose profiles the workers run (default: the packaged one).
-    ``prefix_caching``/``prompt_tokens_details``: as the emulator's ``EmulatorConfig`` (vLLM's flags).
+    ``prefix_caching``/``prompt_tokens_details``/``refuse_context_overflow``: as the emulator's
+    ``EmulatorConfig`` (vLLM's flags, and the vLLM release's answer to a prompt + max_tokens over the context).
     Raises ``GatewayError`` for a bad cluster file and ``ValueError`` when the socket count differs.
     """
     from gateway.config import load_cluster_config, load_gpu_catalog
 
     cat = load_gpu_catalog(catalog)
-    resolved = load_cluster_config(cluster, cat).expanded()
+    loaded = load_cluster_config(cluster, cat)
+    resolved = loaded.expanded()
     if len(resolved) != len(sockets):
         raise ValueError(f"{len(resolved)} workers but {len(sockets)} sockets")
     url_host = f"[{host}]" if ":" in host else host
     out = []
+    names = worker_names(loaded)
     for i, (rw, sock) in enumerate(zip(resolved, sockets, strict=True)):
         port = int(sock.getsockname()[1])
         cfg = EmulatorConfig(
@@ -127,8 +161,9 @@ def plan_cluster(
             add_request_overhead=add_request_overhead,
             prefix_caching=prefix_caching,
             prompt_tokens_details=prompt_tokens_details,
+            refuse_context_overflow=refuse_context_overflow,
         )
-        out.append(EmulatedWorker(rw.name, rw.gpu, f"http://{url_host}:{port}", cfg))
+        out.append(EmulatedWorker(names[i], rw.gpu, f"http://{url_host}:{port}", cfg))
     return out
 
 
@@ -196,7 +231,7 @@ async def serve_cluster(
 
 def build_parser(prog: str = "python -m workers.cluster") -> argparse.ArgumentParser:
     """Arguments of ``python -m workers.cluster`` (``hexflow emulate-cluster``: ``prog`` names it)."""
-    from gateway.argtypes import HelpFormatter, nonneg_int, port_or_zero, positive_float, positive_int
+    from gateway.argtypes import HelpFormatter, nonneg_int, port_or_zero, positive_float
 
     p = argparse.ArgumentParser(
         prog=prog,
@@ -222,9 +257,7 @@ def build_parser(prog: str = "python -m workers.cluster") -> argparse.ArgumentPa
         default=0,
         help="seed of the filler text the worker generates (with each request's seed or prompt)",
     )
-    p.add_argument(
-        "--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN, help="longest prompt + output, tokens"
-    )
+    add_context_arguments(p)
     p.add_argument(
         "--catalog", default=None, help="GPU catalogue whose profiles the workers run (default: the packaged gpus.yaml)"
     )
@@ -268,6 +301,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.clust
             catalog=args.catalog,
             prefix_caching=args.enable_prefix_caching,
             prompt_tokens_details=args.enable_prompt_tokens_details,
+            refuse_context_overflow=args.context_overflow == "refuse",
         )
         responder = responder_from_args(args)
         print(
