@@ -351,6 +351,10 @@ class EmulatorConfig:
     """Cache prompt prefixes (vLLM's ``--enable-prefix-caching``, on by default in V1)."""
     prompt_tokens_details: bool = False
     """Report ``usage.prompt_tokens_details.cached_tokens`` (vLLM's ``--enable-prompt-tokens-details``)."""
+    refuse_context_overflow: bool = False
+    """A request whose prompt plus ``max_tokens`` exceeds ``max_model_len`` is a 400 (the vLLM releases that
+    check it) instead of having its ``max_tokens`` cut to what fits (vLLM 0.32.0, observed:
+    tests/vllm_cpu/REAL_VLLM_NOTES.md)."""
 
 
 class Emulator:
@@ -388,8 +392,9 @@ class Emulator:
     def lengths(self, body: dict[str, Any], prompt_tokens: int) -> tuple[int, int]:
         """(output tokens to produce, effective max_tokens) after vLLM's checks (messages as vLLM's).
 
-        As vLLM does, a request whose prompt plus ``max_tokens`` overflows the context is not an
-        error: ``max_tokens`` is cut to what fits.
+        As vLLM 0.32.0 does, a request whose prompt plus ``max_tokens`` overflows the context is not an
+        error: ``max_tokens`` is cut to what fits; with ``refuse_context_overflow`` it is a 400 in the words
+        of the vLLM releases that refuse it.
         """
         max_len = self.cfg.max_model_len
         mt = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -418,6 +423,14 @@ class Emulator:
         if room < 1:
             raise _ApiError(
                 400, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", param="max_tokens"
+            )
+        if mt is not None and mt > room and self.cfg.refuse_context_overflow:
+            raise _ApiError(
+                400,
+                f"'max_tokens' or 'max_completion_tokens' is too large: {mt}. This model's maximum context length "
+                f"is {max_len} tokens and your request has {prompt_tokens} input tokens ({mt} > {max_len} - "
+                f"{prompt_tokens}). (parameter=max_tokens, value={mt})",
+                param="max_tokens",
             )
         max_tokens = room if mt is None else min(mt, room)
         min_t = body.get("min_tokens", 0)
@@ -537,6 +550,14 @@ def create_app(cfg: EmulatorConfig, responder: Responder | None = None) -> FastA
             raise _validation_error("list_type", "body.messages", "Input should be a valid list", len(body))
         if not messages:
             raise _ApiError(400, "Cannot apply chat template to an empty conversation. Provide at least one message.")
+        for i, m in enumerate(messages):
+            # vLLM takes any role its chat template renders (custom roles included; the Llama-3 template renders
+            # every one), but its request model requires a string.
+            if "role" not in m:
+                raise _validation_error("missing", f"body.messages.{i}.role", "Field required", len(body))
+            if not isinstance(m["role"], str):
+                msg = "Input should be a valid string"
+                raise _validation_error("string_type", f"body.messages.{i}.role", msg, len(body))
         prompt_tokens = chat_prompt_tokens(messages)
         text = " ".join(_content_text(m.get("content")) for m in messages)
         words = chat_prompt_words(messages) if cfg.prefix_caching else ()
@@ -756,6 +777,22 @@ def _prompt_details(emu: Emulator, ticket: Ticket) -> dict[str, int] | None:
     return None
 
 
+def add_context_arguments(p: argparse.ArgumentParser) -> None:
+    """The context length and what happens beyond it (``python -m workers.emulator`` and ``workers.cluster``)."""
+    from gateway.argtypes import positive_int
+
+    p.add_argument(
+        "--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN, help="longest prompt + output, tokens"
+    )
+    p.add_argument(
+        "--context-overflow",
+        choices=["cut", "refuse"],
+        default="cut",
+        help="a request whose prompt + max_tokens exceeds --max-model-len: cut max_tokens to what fits (vLLM "
+        "0.32.0, observed) or answer 400 as the vLLM releases that refuse it do",
+    )
+
+
 def add_cache_arguments(p: argparse.ArgumentParser) -> None:
     """vLLM's prefix-caching flags (``python -m workers.emulator`` and ``python -m workers.cluster``)."""
     p.add_argument(
@@ -799,9 +836,7 @@ def build_parser(prog: str = "python -m workers.emulator") -> argparse.ArgumentP
         help="seed of the filler text the worker generates (with each request's seed or prompt)",
     )
     p.add_argument("--max-num-seqs", type=positive_int, default=None, help="override the profile's batch limit")
-    p.add_argument(
-        "--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN, help="longest prompt + output, tokens"
-    )
+    add_context_arguments(p)
     p.add_argument(
         "--scheduling-policy",
         choices=["fcfs", "priority"],
@@ -867,6 +902,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         add_request_overhead=not args.no_request_overhead,
         prefix_caching=args.enable_prefix_caching,
         prompt_tokens_details=args.enable_prompt_tokens_details,
+        refuse_context_overflow=args.context_overflow == "refuse",
     )
 
 

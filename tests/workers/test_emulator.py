@@ -89,6 +89,8 @@ async def test_streaming_sends_role_then_content_then_usage_then_done(emulator: 
         ("/v1/chat/completions", chat(10, 40_000), 400, "cannot be greater than max_model_len"),
         ("/v1/chat/completions", chat(10, 2, min_tokens=5), 400, "min_tokens must be less than or equal"),
         ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "empty conversation"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"content": "x"}]}, 400, "body.messages.0.role"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": 5, "content": "x"}]}, 400, "valid string"),
         ("/v1/completions", {"model": MODEL, "prompt": {"x": 1}}, 400, "prompt"),
     ],
 )
@@ -117,6 +119,41 @@ async def test_overflowing_max_tokens_is_cut_to_the_context_like_vllm(emulator: 
     usage = r.json()["usage"]
     assert r.status_code == 200 and usage["total_tokens"] == 1000
     assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+async def test_an_overflowing_max_tokens_is_a_400_where_the_vllm_release_refuses_it(emulator: EmuFactory) -> None:
+    async with emulator(time_scale=0.001, max_model_len=1000, refuse_context_overflow=True) as c:
+        r = await c.post("/v1/chat/completions", json=chat(900, 500))
+        assert r.status_code == 400
+        prompt = chat_prompt_tokens(chat(900, 500)["messages"])  # type: ignore[arg-type]
+        assert r.json()["error"] == {
+            "message": f"'max_tokens' or 'max_completion_tokens' is too large: 500. This model's maximum context "
+            f"length is 1000 tokens and your request has {prompt} input tokens (500 > 1000 - {prompt}). "
+            "(parameter=max_tokens, value=500)",
+            "type": "BadRequestError",
+            "param": "max_tokens",
+            "code": 400,
+        }
+        fits = await c.post("/v1/chat/completions", json=chat(900, 1000 - prompt))
+        unbounded = await c.post("/v1/chat/completions", json={**chat(900, 1), "max_tokens": None})
+    assert fits.status_code == 200 and fits.json()["usage"]["total_tokens"] == 1000
+    assert unbounded.status_code == 200 and unbounded.json()["usage"]["total_tokens"] == 1000
+
+
+def test_context_overflow_is_chosen_on_the_command_line() -> None:
+    base = ["--gpu", "A100"]
+    assert config_from_args(build_parser().parse_args(base)).refuse_context_overflow is False
+    refuse = config_from_args(build_parser().parse_args([*base, "--context-overflow", "refuse"]))
+    assert refuse.refuse_context_overflow is True
+    assert cluster_parser().parse_args(["--context-overflow", "refuse"]).context_overflow == "refuse"
+
+
+async def test_a_custom_role_is_rendered_as_vllm_renders_it(emulator: EmuFactory) -> None:
+    """vLLM takes custom roles (its chat template renders any role string): not an error."""
+    messages = [{"role": "critic", "content": "w w"}]
+    async with emulator(time_scale=0.001) as c:
+        r = await c.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == chat_prompt_tokens(messages)
 
 
 async def test_priority_is_accepted_and_ignored_without_priority_scheduling(emulator: EmuFactory) -> None:
