@@ -19,7 +19,9 @@ run, so both see the same machine load. ``--rates`` repeats that at more rates (
 * each stream's errors by HTTP status, with connection errors (``connection``), other client-side
   protocol errors (``protocol``) and timeouts (``timeout``) counted apart;
 * the gateway process's CPU time per successful gateway call and its CPU utilisation over the
-  measurement, as a share of one core (from ``/proc/<pid>/stat``, utime + stime);
+  measurement, as a share of one core (from ``/proc/<pid>/stat``, utime + stime), and the worker process's
+  utilisation (a worker near a whole core is the bottleneck: both streams then queue in it, and the
+  added latency measures its queue, not the gateway);
 * with ``--max-rate-search``, the highest rate (gateway stream only) at which the gateway keeps up,
   found by a bounded bracket search; every rate tried and its outcome is in the report.
 
@@ -292,6 +294,8 @@ class OverheadReport:
     worker: str = "null"
     table: list[dict[str, Any]] = field(default_factory=list)
     """With ``rates``: one side-by-side measurement per rate (the fields above, less these lists)."""
+    worker_cpu_util: float = math.nan
+    """The worker process's CPU over the measurement, as a share of one core (both streams' calls)."""
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -316,8 +320,9 @@ def _wait_ready(url: str, path: str, proc: subprocess.Popen[bytes], log: Path, t
 
 
 @contextlib.contextmanager
-def rig(workdir: Path, *, capacity: int = 1024, worker: str = "null") -> Iterator[tuple[str, str, int]]:
-    """Start a worker (``WORKERS``) and a gateway in front of it; yield (worker url, gateway url, gateway pid)."""
+def rig(workdir: Path, *, capacity: int = 1024, worker: str = "null") -> Iterator[tuple[str, str, int, int]]:
+    """Start a worker (``WORKERS``) and a gateway in front of it; yield (worker url, gateway url, gateway pid,
+    worker pid)."""
     if worker not in WORKERS:
         raise GatewayError(f"unknown worker {worker!r}; one of {', '.join(WORKERS)}")
     wport, gport = free_port(), free_port()
@@ -374,7 +379,7 @@ def rig(workdir: Path, *, capacity: int = 1024, worker: str = "null") -> Iterato
             )
         gateway = f"http://127.0.0.1:{gport}"
         _wait_ready(gateway, "/readyz", procs[1], glog)
-        yield worker, gateway, procs[1].pid
+        yield worker, gateway, procs[1].pid, procs[0].pid
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -440,6 +445,8 @@ class Measurement:
     direct: StreamStats
     cpu_s: float
     wall_s: float
+    worker_cpu_s: float = math.nan
+    """The worker process's CPU seconds over the same wall seconds (NaN: not measured)."""
 
     @property
     def cpu_ms_per_call(self) -> float:
@@ -450,6 +457,11 @@ class Measurement:
     def cpu_util(self) -> float:
         """Gateway CPU utilisation over the measurement, as a share of one core (1.0 = one core busy)."""
         return self.cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def worker_cpu_util(self) -> float:
+        """The worker's CPU utilisation over the measurement, as a share of one core (NaN: not measured)."""
+        return self.worker_cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
 
 
 async def measure(
@@ -462,8 +474,10 @@ async def measure(
     direct: bool = True,
     seed: int = 0,
     endpoint: str = "chat",
+    worker_pid: int | None = None,
 ) -> Measurement:
-    """Run the gateway stream (and the direct stream) to ``endpoint`` (``ENDPOINTS``) for ``duration_s``.
+    """Run the gateway stream (and the direct stream) to ``endpoint`` (``ENDPOINTS``) for ``duration_s``
+    (with ``worker_pid``, the worker process's CPU time is measured too).
 
     The load generator uses aiohttp (cheaper per request than httpx), so it is not the bottleneck
     when searching the gateway's highest sustained rate.
@@ -478,13 +492,15 @@ async def measure(
             async with session.post(worker + path, json=body) as r:
                 await r.read()
         gs, ds = StreamStats(), StreamStats()
+        wcpu0 = _cpu_seconds(worker_pid) if worker_pid is not None else math.nan
         cpu0, t0 = _cpu_seconds(gw_pid), time.perf_counter()
         jobs = [_stream(session, gateway + path, rate, duration_s, seed, gs, body)]
         if direct:
             jobs.append(_stream(session, worker + path, rate, duration_s, seed + 1, ds, body))
         await asyncio.gather(*jobs)
         cpu, wall = _cpu_seconds(gw_pid) - cpu0, time.perf_counter() - t0
-    return Measurement(gateway=gs, direct=ds, cpu_s=cpu, wall_s=wall)
+        wcpu = _cpu_seconds(worker_pid) - wcpu0 if worker_pid is not None else math.nan
+    return Measurement(gateway=gs, direct=ds, cpu_s=cpu, wall_s=wall, worker_cpu_s=wcpu)
 
 
 def build_report(m: Measurement, rate: float, duration_s: float, p99_limit_ms: float) -> OverheadReport:
@@ -509,6 +525,7 @@ def build_report(m: Measurement, rate: float, duration_s: float, p99_limit_ms: f
         gateway_shortfalls=shortfalls(gs, duration_s, p99_limit_ms),
         gateway_cpu_ms_per_call=m.cpu_ms_per_call,
         gateway_cpu_util=m.cpu_util,
+        worker_cpu_util=m.worker_cpu_util,
         gateway_calls=gs.ok,
         direct_calls=ds.ok,
         gateway_sent=gs.sent,
@@ -545,16 +562,16 @@ def run_overhead(
     say = progress or (lambda _msg: None)
     with (
         tempfile.TemporaryDirectory(prefix="hexflow-overhead-") as tmp,
-        rig(Path(tmp), worker=worker) as (wurl, gateway, pid),
+        rig(Path(tmp), worker=worker) as (wurl, gateway, pid, wpid),
     ):
         say(f"side by side at {rate:g} calls/s for {duration_s:g} s")
-        m = asyncio.run(measure(wurl, gateway, pid, rate, duration_s, seed=seed, endpoint=endpoint))
+        m = asyncio.run(measure(wurl, gateway, pid, rate, duration_s, seed=seed, endpoint=endpoint, worker_pid=wpid))
         report = build_report(m, rate, duration_s, p99_limit_ms)
         report.endpoint, report.worker = endpoint, worker
         for r in rates:
             say(f"side by side at {r:g} calls/s for {duration_s:g} s")
             row = build_report(
-                asyncio.run(measure(wurl, gateway, pid, r, duration_s, seed=seed, endpoint=endpoint)),
+                asyncio.run(measure(wurl, gateway, pid, r, duration_s, seed=seed, endpoint=endpoint, worker_pid=wpid)),
                 r,
                 duration_s,
                 p99_limit_ms,
@@ -614,8 +631,12 @@ def format_report(rep: OverheadReport) -> str:
         f"  gateway CPU: {rep.gateway_cpu_ms_per_call:.2f} ms per call, "
         f"{rep.gateway_cpu_util:.0%} of one core over the measurement"
     )
+    if not math.isnan(rep.worker_cpu_util):
+        lines.append(f"  worker CPU: {rep.worker_cpu_util:.0%} of one core (both streams)")
     if rep.table:
-        lines.append("  calls/s | direct p50   p99 | gateway p50   p99 | added p50   p99 | CPU ms/call  core | errors")
+        lines.append(
+            "  calls/s | direct p50   p99 | gateway p50   p99 | added p50   p99 | CPU ms/call  core | worker | errors"
+        )
         for row in [asdict(rep), *rep.table]:
             mark = "" if row["added_reliable"] else "  (added unreliable: the direct stream fell behind)"
             errs = merge_errors(row["gateway_errors"], row["direct_errors"])
@@ -623,7 +644,8 @@ def format_report(rep: OverheadReport) -> str:
                 f"  {row['rate']:7.0f} | {row['direct_p50_ms']:10.2f} {row['direct_p99_ms']:5.2f} | "
                 f"{row['gateway_p50_ms']:11.2f} {row['gateway_p99_ms']:5.2f} | "
                 f"{row['added_p50_ms']:9.2f} {row['added_p99_ms']:5.2f} | "
-                f"{row['gateway_cpu_ms_per_call']:11.3f} {row['gateway_cpu_util']:4.0%} | {_errors_text(errs)}{mark}"
+                f"{row['gateway_cpu_ms_per_call']:11.3f} {row['gateway_cpu_util']:4.0%} | "
+                f"{row['worker_cpu_util']:6.0%} | {_errors_text(errs)}{mark}"
             )
     for row in rep.search:
         lines.append(
