@@ -15,6 +15,7 @@ from gateway.errors import ConfigError
 from gateway.live.service import Gateway
 from gateway.live.statuspage import tenant_shares
 from tests.live.harness import BATCH_KEY, INTERACTIVE_KEY, chain, emulators, gateway_client, write_config
+from tests.live.status_sample import sample_state
 
 GPUS = ["A100", "L40S"]
 ADMIN_KEY = "ops-secret-key"
@@ -213,3 +214,29 @@ async def test_an_ejected_worker_says_why_and_until_when(tmp_path: Path) -> None
     back = after[st.name]
     assert back["state"] == "up" and not back["ejected"] and back["ejected_reason"] is None
     assert back["ejected_for_s"] is None
+
+
+def _shape(value: Any) -> Any:
+    """The keys of ``value`` at every level (lists by their first item), for comparing shapes, not values;
+    ``estimate_ratios`` is keyed by the stage kinds seen, so only its presence counts."""
+    if isinstance(value, dict):
+        return {k: None if k == "estimate_ratios" else _shape(v) for k, v in value.items()}
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return [_shape(value[0])]
+    return None
+
+
+async def test_the_browser_tests_sample_state_has_the_gateways_shape(tmp_path: Path) -> None:
+    # tests/live/status_sample.py feeds the browser tests' exact figures: it must stay what the gateway sends.
+    async with emulators(["A100"]) as urls:
+        cfg = write_config(tmp_path, urls, ["A100"], admin=ADMIN)
+        async with gateway_client(cfg) as (client, _):
+            r = await client.post("/v1/workflows", json={"calls": chain(2), "deadline_s": 60})
+            assert r.status_code == 200, r.text
+            real = (await _get(client, "/ui/api/state", ADMIN_KEY)).json()
+    sample = sample_state()
+    assert set(sample) == set(real)
+    for key in ("workers", "slowest"):
+        assert _shape(sample[key]) == _shape(real[key]), key
+    assert _shape(sample["tenants"]["interactive"]) == _shape(real["tenants"]["interactive"])
+    assert {k for k in sample["tuning"] if k != "history"} == {k for k in real["tuning"] if k != "history"}
