@@ -63,6 +63,7 @@ from gateway.bench.simbench import Setup
 from gateway.config.databases import DatabaseConfig
 from gateway.config.tenants import hash_key
 from gateway.core.degrade import Knobs, QualityModel
+from gateway.core.shapes import MIN_QUESTIONS
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, WorkflowTemplate
 from gateway.sim.degrade import KnobbedWorkflow
@@ -71,7 +72,6 @@ from gateway.text2sql.answers import build_demo_answers, write_answers
 from gateway.text2sql.db import open_database
 from gateway.text2sql.demo import DB_ID, write_demo_databases, write_sqlite
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
-from gateway.core.shapes import MIN_QUESTIONS
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.port import StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts

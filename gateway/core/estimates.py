@@ -417,38 +417,50 @@ class Estimator:
             wait = max(wait, slot)
         return wait
 
-    def queue_view(self, workers: Sequence[int], now: float) -> tuple[list[float], list[float]]:
+    def queue_view(
+        self, workers: Sequence[int], now: float, after: Sequence[tuple[int, float, float, float]] | None = None
+    ) -> tuple[list[float], list[float]]:
         """``t_queue`` and ``backlog_s`` of each of ``workers`` at ``now``, in one pass (a completion prediction's
         snapshot of the cluster, taken at every admission).
 
         The two methods written out inline, the same operations in the same order (so the same floats), as
-        ``snapshot`` does for dispatch.
+        ``snapshot`` does for dispatch. ``after`` (one entry per worker of ``workers``): the (calls, prefill
+        seconds, engine seconds, ``t_comp`` seconds) of the queued calls that a new call would go before (a
+        deadline-ordered queue serves work due later after it): left out of what is ahead of it.
         """
         t_queue: list[float] = []
         backlog: list[float] = []
         loads = self.loads
         infos = self.workers
-        for w in workers:
+        for i, w in enumerate(workers):
             load = loads[w]
             busy = load.inflight
             queued = load.queued
+            queued_prefill = load.queued_prefill_s
+            queued_gpu = load.queued_gpu_s
+            later_work = 0.0
+            if after is not None:
+                n_after, pre_after, gpu_after, later_work = after[i]
+                queued = max(queued - n_after, 0)
+                queued_prefill = max(queued_prefill - pre_after, 0.0)
+                queued_gpu = max(queued_gpu - gpu_after, 0.0)
             # t_queue
             wait = load.prefill_free_at - now
             wait = max(wait, 0.0)
-            wait += load.queued_prefill_s
+            wait += queued_prefill
             cap = infos[w].capacity
             behind = busy + queued + 1 - cap
             if behind > 0:
-                slot = behind * load.outstanding(now) / ((busy + queued) * cap)
+                slot = behind * max(load.outstanding(now) - later_work, 0.0) / ((busy + queued) * cap)
                 wait = max(wait, slot)
             t_queue.append(wait)
             # backlog_s
             if not busy or load.inflight_service_sum <= 0.0:
-                backlog.append(load.queued_gpu_s)
+                backlog.append(queued_gpu)
             else:
                 left = (load.inflight_end_sum - busy * now) / load.inflight_service_sum
                 left = min(max(left, 0.1), 1.0)
-                backlog.append(load.queued_gpu_s + load.inflight_gpu_s * left)
+                backlog.append(queued_gpu + load.inflight_gpu_s * left)
         return t_queue, backlog
 
     def harm(self, worker: int, input_tokens: int) -> float:

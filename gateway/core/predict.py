@@ -62,8 +62,8 @@ Pure: no clock, no I/O; ``now`` is an argument.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections import defaultdict, deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.core.dag import DagNode
@@ -74,13 +74,16 @@ from gateway.core.workflow import Call, CallSpec, CostFn, Workflow, WorkflowTemp
 __all__ = [
     "SUSTAINABLE_SHARE",
     "CompletionPredictor",
+    "QueueCalibration",
     "StagePlan",
+    "ThroughputMeter",
     "calls_plan",
     "cluster_call_time",
     "dag_plan",
     "template_plan",
 ]
 
+_NOTHING_AFTER = (0, 0.0, 0.0, 0.0)
 SUSTAINABLE_SHARE = 0.25
 """The share of the cluster's full-batch throughput (``Estimator.gpu_s``) that work ahead of a workflow
 (the backlog and the committed work of admitted workflows) is forecast to get.
@@ -187,7 +190,11 @@ class CompletionPredictor:
             bound). See the module docstring.
         committed_s: cluster seconds of work that admitted workflows will still submit (fluid bound).
         efficiency: the share of the cluster's full-batch throughput that work is forecast to get
-            (``SUSTAINABLE_SHARE`` by default; 1 for the fluid bound itself).
+            (``SUSTAINABLE_SHARE`` by default; 1 for the fluid bound itself; above 1 where the cluster was seen to
+            complete more than the model counts, ``ThroughputMeter``).
+        after: per worker, the queued work a new workflow would go before (``Scheduler.queued_due_after``:
+            under a deadline-ordered discipline, the work due later than it), left out of the queue ahead and
+            the backlog (None: all queued work is ahead).
 
     With no eligible worker every prediction is ``inf`` (nothing can run).
     """
@@ -200,17 +207,19 @@ class CompletionPredictor:
         later_queue_weight: float = 1.0,
         committed_s: float = 0.0,
         efficiency: float = SUSTAINABLE_SHARE,
+        after: Mapping[int, tuple[int, float, float, float]] | None = None,
     ) -> None:
         if not (0.0 <= later_queue_weight <= 1.0):
             raise ValueError(f"later_queue_weight must be in [0, 1], got {later_queue_weight}")
-        if not (0.0 < efficiency <= 1.0):
-            raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
+        if not (efficiency > 0.0 and math.isfinite(efficiency)):
+            raise ValueError(f"efficiency must be positive and finite, got {efficiency}")
         self.now = now
         self.efficiency = efficiency
         self.later_queue_weight = later_queue_weight
         self._sched = scheduler
         self._workers = scheduler.eligible_workers()  # shared with the scheduler: read only
-        self._tq, backlog = scheduler.estimator.queue_view(self._workers, now)
+        later = None if not after else [after.get(w, _NOTHING_AFTER) for w in self._workers]
+        self._tq, backlog = scheduler.estimator.queue_view(self._workers, now, later)
         n = len(self._workers)
         self._backlog = sum(backlog) / n if n else math.inf
         self.committed_s = max(committed_s, 0.0)
@@ -393,3 +402,137 @@ class CompletionPredictor:
         if cost is None:
             cost = self._cost = self.call_cost
         return self.now + self.pending_time(pending) + wf.expected_remaining(cost)
+
+
+class QueueCalibration:
+    """What admitted workflows took against what admission predicted: the queueing part of its predictions,
+    scaled to what it turned out to be (a split conformal calibration of the forecast).
+
+    A prediction at admission is the workflow's critical path on an idle cluster plus a queueing excess (the
+    queue ahead at the stationary later-stage weight, or the fluid forecast at the sustainable share: both
+    deliberately on the safe side, and by how much depends on the workload). For each admitted workflow that
+    ended with a valid answer and was predicted at least ``MIN_EXCESS`` of its critical path above it, the ratio
+    ``max(latency - critical path, 0) / excess`` is kept (the last ``window``); ``factor`` is their ``quantile``
+    (0.95: the ratio 95% of admitted workflows stayed within) once there are ``min_samples``, 1 before, within
+    [``FLOOR``, ``CEIL``]. ``calibrated(predicted, critical)`` is ``critical + factor x excess``: admitting a
+    workflow whose calibrated prediction fits its deadline keeps about 95% of the admitted in time, whichever way
+    the model errs. A forecast that is four times too cautious on a small schema refuses what would have met its
+    deadline; one that is too bold admits what will miss: the factor corrects both from what it sees.
+
+    Only admitted workflows are seen (a refused one has no latency); the factor moves with the load it was
+    measured under, and settles where the admitted meet their deadlines. Pure: no clock, no I/O.
+    """
+
+    FLOOR = 0.05
+    CEIL = 4.0
+    MIN_EXCESS = 0.1
+
+    def __init__(self, window: int = 200, quantile: float = 0.95, min_samples: int = 10) -> None:
+        if window < 1 or min_samples < 1:
+            raise ValueError("window and min_samples must be >= 1")
+        if not (0.0 < quantile <= 1.0):
+            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        self.quantile = quantile
+        self.min_samples = min_samples
+        self._ratios: deque[float] = deque(maxlen=window)
+        self._factor: float | None = None
+
+    @property
+    def samples(self) -> int:
+        """Ratios in the window."""
+        return len(self._ratios)
+
+    @property
+    def verified(self) -> bool:
+        """At least ``min_samples`` ratios: the forecast has been checked against what admitted work took."""
+        return len(self._ratios) >= self.min_samples
+
+    def add(self, latency_s: float, predicted_s: float, critical_s: float) -> None:
+        """An admitted workflow ended with a valid answer after ``latency_s``; admission had predicted
+        ``predicted_s``, its critical path ``critical_s``. Ignored when the prediction had no queueing excess to
+        speak of (nor any that is not finite)."""
+        excess = predicted_s - critical_s
+        if not (math.isfinite(excess) and math.isfinite(latency_s)) or excess < self.MIN_EXCESS * critical_s:
+            return
+        if excess <= 0.0:
+            return
+        self._ratios.append(max(latency_s - critical_s, 0.0) / excess)
+        self._factor = None
+
+    @property
+    def factor(self) -> float:
+        """The calibration factor of the queueing excess (1 before ``min_samples`` ratios)."""
+        if len(self._ratios) < self.min_samples:
+            return 1.0
+        f = self._factor
+        if f is None:
+            s = sorted(self._ratios)
+            k = min(len(s) - 1, max(math.ceil(self.quantile * len(s)) - 1, 0))
+            f = self._factor = min(max(s[k], self.FLOOR), self.CEIL)
+        return f
+
+    def calibrated(self, predicted_s: float, critical_s: float) -> float:
+        """``predicted_s`` with its queueing excess over ``critical_s`` scaled by ``factor``."""
+        if not math.isfinite(predicted_s) or predicted_s <= critical_s:
+            return predicted_s
+        return critical_s + self.factor * (predicted_s - critical_s)
+
+    def target(self, target_s: float, critical_s: float) -> float:
+        """The uncalibrated prediction that calibrates to ``target_s`` (for searches on the raw prediction, such
+        as ``CompletionPredictor.retry_after_s``): ``critical + (target - critical) / factor``."""
+        if target_s <= critical_s:
+            return target_s
+        return critical_s + (target_s - critical_s) / self.factor
+
+
+class ThroughputMeter:
+    """The work the cluster was seen to complete per second: the fluid forecast's rate, measured.
+
+    ``add(now, engine_s)`` when a call completes (its ``gpu_s``: engine seconds at full batch on its worker);
+    ``share(now, workers)`` is the work completed over the last ``window_s`` per second per worker, in the units
+    of ``CompletionPredictor``'s fluid term (its backlog is engine seconds per worker; a share of 1 is every worker
+    running full batches as the model counts them). Measured while the cluster had work, it is what the work
+    ahead of a new workflow actually drains at; a model that overestimates what calls cost (prompts served from
+    the engines' prefix caches, a profile slower than the GPU) reads above 1, and one that underestimates it below
+    the configured share, which admission then keeps (``max(configured, measured)``: a quiet cluster completes
+    little and says nothing about what it could). Bounded: at most ``max_events`` completions kept. Pure.
+    """
+
+    MIN_SPAN_S = 1.0
+
+    def __init__(self, window_s: float = 10.0, max_events: int = 20_000) -> None:
+        if not window_s > 0.0:
+            raise ValueError(f"window_s must be positive, got {window_s}")
+        self.window_s = window_s
+        self._events: deque[tuple[float, float]] = deque(maxlen=max_events)
+        self._sum = 0.0
+        self._since: float | None = None  # the first completion seen (a meter younger than its window)
+
+    def add(self, now: float, engine_s: float) -> None:
+        """A call completed at ``now``; its work was ``engine_s`` engine seconds."""
+        if not (engine_s > 0.0 and math.isfinite(engine_s)):
+            return
+        if self._since is None:
+            self._since = now
+        if len(self._events) == self._events.maxlen:
+            self._sum -= self._events[0][1]
+        self._events.append((now, engine_s))
+        self._sum += engine_s
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        start = now - self.window_s
+        ev = self._events
+        while ev and ev[0][0] < start:
+            self._sum -= ev.popleft()[1]
+        if not ev:
+            self._sum = 0.0
+
+    def share(self, now: float, workers: int) -> float:
+        """Engine seconds completed per second per worker over the window, or over the time since the first
+        completion when that is shorter (at least ``MIN_SPAN_S``); 0 with no worker or no completion."""
+        self._expire(now)
+        if workers <= 0 or not self._events or self._since is None:
+            return 0.0
+        span = min(self.window_s, max(now - self._since, self.MIN_SPAN_S))
+        return max(self._sum, 0.0) / (span * workers)

@@ -46,6 +46,8 @@ __all__ = ["BEST_EFFORT_SHARE", "NoEligibleWorker", "Scheduler", "WorkerInfo"]
 
 BEST_EFFORT_SHARE = 0.05
 """Default ``Scheduler.best_effort_share`` (the simulator's and the live ``admission.best_effort_share``)."""
+SCAN_LIMIT = 4096
+"""Queued calls up to which ``Scheduler.queued_due_after`` scans the queues (O(queued) per admission)."""
 
 
 class Scheduler:
@@ -470,6 +472,29 @@ class Scheduler:
             q.remove(c)
             self._queued -= 1
             self.estimator.dequeue(c, worker)
+        return out
+
+    def queued_due_after(
+        self, deadline: float, limit: int = SCAN_LIMIT
+    ) -> dict[int, tuple[int, float, float, float]] | None:
+        """Per worker with any: the (calls, prefill seconds, engine seconds, ``t_comp`` seconds) queued on it whose
+        workflow is due after ``deadline`` (best-effort calls are outside the estimates already: not counted).
+        A deadline-ordered discipline serves them after a new workflow due at ``deadline``. None when more than
+        ``limit`` calls are queued (not scanned: the caller counts all of them as ahead, the safe side)."""
+        if self._queued > limit:
+            return None
+        out: dict[int, tuple[int, float, float, float]] = {}
+        for w, q in enumerate(self.queues):
+            n = 0
+            pre = gpu = work = 0.0
+            for c in q:
+                if not c.best_effort and c.workflow.deadline > deadline:
+                    n += 1
+                    pre += c.prefill_s
+                    gpu += c.gpu_s
+                    work += c.t_comp
+            if n:
+                out[w] = (n, pre, gpu, work)
         return out
 
     def queue_len(self, worker: int) -> int:

@@ -36,7 +36,13 @@ from typing import Any
 from gateway.config.gateway import LoadedConfig
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.degrade import QuestionPlan
-from gateway.core.predict import CompletionPredictor, StagePlan, cluster_call_time
+from gateway.core.predict import (
+    CompletionPredictor,
+    QueueCalibration,
+    StagePlan,
+    ThroughputMeter,
+    cluster_call_time,
+)
 from gateway.core.prefix import prompt_prefix
 from gateway.core.queues import DEADLINE_ORDERED
 from gateway.core.scheduler import Scheduler
@@ -74,6 +80,11 @@ work arrives, the estimator's lag). Measured with ``hexflow bench overload``: wi
 workflows met their deadline under 5x overload; the goal is 95%."""
 
 
+MAX_EFFICIENCY = 4.0
+"""The most the measured throughput may raise admission's drain rate to (``Gateway.efficiency``), in full-batch
+throughputs of the model: a meter fooled by a burst of tiny calls cannot make the forecast wildly optimistic."""
+
+
 def new_workflow_id() -> str:
     """A unique workflow id for responses: ``wf-`` and 16 random hex digits."""
     return f"wf-{uuid.uuid4().hex[:16]}"
@@ -96,7 +107,9 @@ class Admission:
     ``best_effort``: it is predicted to miss its deadline and its tenant runs such work at the lowest urgency
     instead of refusing it. ``work_s``: the cluster seconds of work it is expected to submit
     (``CompletionPredictor.plan_work``), committed from admission on: later admissions wait behind it.
-    ``plan``: the question's prediction (Text-to-SQL), which its workflow is watched with.
+    ``plan``: the question's prediction (Text-to-SQL), which its workflow is watched with. ``predicted_s`` and
+    ``critical_s``: what admission predicted it would take and its critical path (nan: not predicted); its
+    latency against them calibrates later admissions (``QueueCalibration``).
 
     The admission owns those committed seconds until a workflow takes them over (``take``); a request that
     ends before that (a failure between admission and the workflow's start, a client gone) must hand them
@@ -104,7 +117,7 @@ class Admission:
     work that will never come.
     """
 
-    __slots__ = ("_gw", "_state", "best_effort", "plan", "work_s")
+    __slots__ = ("_gw", "_state", "best_effort", "critical_s", "plan", "predicted_s", "work_s")
 
     def __init__(
         self,
@@ -113,10 +126,14 @@ class Admission:
         *,
         plan: QuestionPlan | None = None,
         gateway: Gateway | None = None,
+        predicted_s: float = math.nan,
+        critical_s: float = math.nan,
     ) -> None:
         self.best_effort = best_effort
         self.work_s = work_s
         self.plan = plan
+        self.predicted_s = predicted_s
+        self.critical_s = critical_s
         self._gw = gateway
         self._state = "held" if gateway is not None and work_s > 0.0 else "done"
 
@@ -382,6 +399,13 @@ class Gateway:
         # Text-to-SQL workflows: the prediction each is watched with, and the id its client got.
         self._plans: dict[Workflow, QuestionPlan] = {}
         self._wf_ids: dict[Workflow, str] = {}
+        # What admission predicted for each admitted workflow (and its critical path): calibrates later ones.
+        self._predicted: dict[Workflow, tuple[float, float]] = {}
+        self.throughput = ThroughputMeter()
+        """The work the cluster completed lately: the rate admission's fluid forecast drains the work ahead at."""
+        self.calibration = QueueCalibration()
+        """What admitted workflows took against admission's forecast (each forecast counts only the work ahead of
+        its workflow, by deadline: one calibration serves every tenant)."""
         self.status_sections: dict[str, Callable[[], Any]] = {}
         """More sections of ``/v1/status`` by name (the Text-to-SQL route adds its databases' predictions)."""
 
@@ -534,20 +558,41 @@ class Gateway:
         """
         refusal = self._refusal(tenant, n_calls)
         work = 0.0
+        predicted = critical = math.nan
         if refusal is None and plan is not None:
             now = self.clock()
+            ordered = deadline_s is not None and self.scheduler.policy.queue in DEADLINE_ORDERED
+            due = now + (deadline_s or 0.0)
+            after = self.scheduler.queued_due_after(due) if ordered else None
             pred = CompletionPredictor(
                 self.scheduler,
                 now,
-                committed_s=self.committed_s if deadline_s is None else self._committed_ahead(now + deadline_s),
-                efficiency=self.cfg.admission.sustainable_share,
+                committed_s=self._committed_ahead(due) if ordered else self.committed_s,
+                efficiency=self.efficiency(now),
+                after=after,
             )
             work = pred.plan_work(plan)
+            predicted, critical = pred.duration(plan), pred.critical_path(plan)
             # A question whose plan rests on no observation of the model yet (the gateway's first calls) is not
             # refused on that guess: its work is committed, its deadline is not checked.
             checked = question is None or question.observed
             if deadline_s is not None and tenant.predictive_admission and checked:
-                miss = self._deadline_refusal(pred, plan, deadline_s)
+                judge, forecast = pred, predicted
+                if not self.calibration.verified:
+                    # No forecast of its has been checked against what admitted work took yet (a gateway just
+                    # started, or its traffic just began): refused only when it cannot make it even at the
+                    # cluster's full throughput and with nothing queued after its first stage. A refusal on a
+                    # guess would be wrong as often as the guess is.
+                    judge = CompletionPredictor(
+                        self.scheduler,
+                        now,
+                        later_queue_weight=0.0,
+                        committed_s=pred.committed_s,
+                        efficiency=max(pred.efficiency, 1.0),
+                        after=after,
+                    )
+                    forecast = judge.duration(plan)
+                miss = self._deadline_refusal(judge, plan, deadline_s, forecast, critical)
                 if isinstance(miss, DeadlineTooShort):
                     self.rejected(tenant.name, "deadline")
                     raise miss
@@ -562,18 +607,16 @@ class Gateway:
             self.rejected(tenant.name, reason)
             raise error
         if not math.isfinite(work) or work <= 0.0:
-            return Admission(plan=question)
+            return Admission(plan=question, predicted_s=predicted, critical_s=critical)
         self.committed_s += work  # now, so that the next admission (before this one starts) counts it
         self._held += 1
         self._held_s += work
-        return Admission(work_s=work, plan=question, gateway=self)
+        return Admission(work_s=work, plan=question, gateway=self, predicted_s=predicted, critical_s=critical)
 
     def _committed_ahead(self, deadline: float) -> float:
-        """The committed work ahead of a workflow due at ``deadline``: all of it, except under a deadline-ordered
-        queue discipline (``DEADLINE_ORDERED``), where the work of admitted workflows due later (and of best-effort
-        ones) waits behind it; admissions not yet taken over by their workflow count as ahead."""
-        if self.scheduler.policy.queue not in DEADLINE_ORDERED:
-            return self.committed_s
+        """The committed work ahead of a workflow due at ``deadline`` under a deadline-ordered queue discipline
+        (``DEADLINE_ORDERED``): the work of admitted workflows due later (and of best-effort ones) waits behind it;
+        admissions not yet taken over by their workflow count as ahead."""
         ahead = self._held_s
         for wf, left in self._work_left.items():
             if wf.deadline <= deadline and wf not in self._best_effort:
@@ -585,6 +628,14 @@ class Gateway:
         self._unhold(work_s)
         self.committed_s = max(self.committed_s - work_s, 0.0)
         self._settle_committed()
+
+    def efficiency(self, now: float) -> float:
+        """The share of the cluster's full-batch throughput admission forecasts the work ahead to drain at: the
+        configured ``admission.sustainable_share``, or what the cluster was seen to complete lately when that is
+        more (``ThroughputMeter``: the model's costs are off for this workload, by prefix caching or a profile), at
+        most ``MAX_EFFICIENCY``."""
+        seen = self.throughput.share(now, len(self.scheduler.eligible_workers()))
+        return min(max(self.cfg.admission.sustainable_share, seen), MAX_EFFICIENCY)
 
     def _unhold(self, work_s: float) -> None:
         self._held = max(self._held - 1, 0)
@@ -625,7 +676,12 @@ class Gateway:
         return None
 
     def _deadline_refusal(
-        self, pred: CompletionPredictor, plan: Sequence[StagePlan], deadline_s: float
+        self,
+        pred: CompletionPredictor,
+        plan: Sequence[StagePlan],
+        deadline_s: float,
+        predicted: float,
+        path: float,
     ) -> Rejected | DeadlineTooShort | None:
         """A 429 when ``plan`` started now is predicted to finish after ``deadline_s``, else None.
 
@@ -633,15 +689,18 @@ class Gateway:
         fit (``CompletionPredictor.retry_after_s``), rounded up, at least 1. A deadline shorter than the
         critical path on idle workers cannot be met by waiting: ``DeadlineTooShort`` (422) with the shortest
         deadline that could be admitted, never a 429 a well-behaved client would retry forever.
+
+        ``predicted`` and ``path``: ``pred``'s duration of ``plan`` and its critical path; the queueing part of
+        the prediction is calibrated by what admitted workflows took (``QueueCalibration``).
         """
         headroom = self.cfg.admission.headroom
         target = headroom * deadline_s
-        predicted = pred.duration(plan)
+        cal = self.calibration
+        predicted = cal.calibrated(predicted, path)
         if predicted <= target:
             return None
-        wait = pred.retry_after_s(plan, target)
+        wait = pred.retry_after_s(plan, cal.target(target, path))
         if wait is None:
-            path = pred.critical_path(plan)
             if not math.isfinite(path):  # no worker could run it: not the client's deadline's fault
                 return Rejected("no worker can run the workflow now", 503, max(1, round(self.cfg.health.period_s)))
             shortest = _round_up(path / headroom)
@@ -749,6 +808,8 @@ class Gateway:
 
         def settled(c: LiveCall, outcome: CallResult | CallFailed) -> None:
             pending.discard(c)
+            if isinstance(outcome, CallResult):
+                self.throughput.add(self.clock(), c.gpu_s)
             on_done(c, outcome)
 
         call = LiveCall(
@@ -827,6 +888,9 @@ class Gateway:
             self.committed_s = max(self.committed_s - self._work_left.pop(wf, 0.0), 0.0)
             self._plans.pop(wf, None)
             self._settle_committed()
+            forecast = self._predicted.pop(wf, None)
+            if forecast is not None and valid and latency is not None and outcome in ("met", "missed"):
+                self.calibration.add(latency, *forecast)
         self._active[tenant.name] = max(self._active.get(tenant.name, 1) - 1, 0)
         self.active_total -= 1
         self.metrics.active.set(self.active_total)
@@ -906,6 +970,8 @@ class Gateway:
         if work > 0.0:
             self._unhold(work)
             self._work_left[wf] = work
+        if math.isfinite(admission.predicted_s) and not admission.best_effort:
+            self._predicted[wf] = (admission.predicted_s, admission.critical_s)
 
     def close_workflow(
         self,
@@ -1108,7 +1174,7 @@ class Gateway:
         """Seconds a workflow of ``plan`` admitted now is predicted to take (as admission predicts it; -1 when
         no worker could run it): the status's load figure per database."""
         pred = CompletionPredictor(
-            self.scheduler, self.clock(), committed_s=self.committed_s, efficiency=self.cfg.admission.sustainable_share
+            self.scheduler, self.clock(), committed_s=self.committed_s, efficiency=self.efficiency(self.clock())
         )
         d = pred.duration(plan)
         return d if math.isfinite(d) else -1.0
@@ -1134,6 +1200,7 @@ class Gateway:
             "overload": {
                 "committed_s": round(self.committed_s, 6),
                 "best_effort_workflows": len(self._best_effort),
+                "calibration": {"factor": round(self.calibration.factor, 6), "samples": self.calibration.samples},
             },
             "tenants": {"generation": self.tenants.generation, "last_error": self.tenants.last_error},
             "tuning": None if self.tuner is None else self.tuner.status(),

@@ -628,8 +628,12 @@ class _Run:
         """Run one stage of ``len(prompts)`` parallel calls; returns their output texts."""
         self.cursor.enter(kind)
         max_tokens = self.cfg.max_tokens[kind]
-        # Sized as the question's plan predicts it (the database's earlier questions, else the prior).
-        out_tokens = min(max_tokens, self.expected.get(kind, max_tokens))
+        # Sized as the question's plan predicts it (the database's earlier questions, else the prior); a plan made
+        # before the model was observed guessed its outputs: sized by what it has been seen to write since.
+        expected = self.expected.get(kind, max_tokens)
+        if not self.plan.observed:
+            expected = self.p.outputs.expected(kind, max_tokens) or expected
+        out_tokens = min(max_tokens, expected)
         scale = self.input_scale
         calls = []
         estimates = []

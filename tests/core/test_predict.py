@@ -11,7 +11,9 @@ from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagNode
 from gateway.core.predict import (
     CompletionPredictor,
+    QueueCalibration,
     StagePlan,
+    ThroughputMeter,
     calls_plan,
     cluster_call_time,
     dag_plan,
@@ -275,3 +277,63 @@ def test_cluster_call_time_without_a_predictor_is_the_predictors(cluster: list[W
     for w in range(len(cluster)):
         s.set_eligible(w, False)
     assert cluster_call_time(s, BIG, 0.0) == math.inf
+
+
+def load_due(s: Scheduler, n: int, due: float, spec: CallSpec = BIG, now: float = 0.0, first: int = 5000) -> None:
+    """Queue ``n`` one-call workflows due at ``due``."""
+    for i in range(n):
+        wf = StagedWorkflow(first + i, "t", now, due, [Stage(spec.kind, (spec,))])
+        s.submit(Call(first + i, wf, wf.start()[0], now), now)
+
+
+def test_work_due_later_is_left_out_of_the_queue_ahead(cluster: list[WorkerInfo]) -> None:
+    """Under a deadline-ordered discipline a new workflow goes before queued work due after it: the queue and the
+    backlog ahead of it count only the work due no later than it."""
+    s = Scheduler(cluster, "hexgen", random.Random(0))
+    load_due(s, 12, due=5.0)
+    load_due(s, 30, due=1000.0, first=6000)
+    plan = calls_plan([[BIG]])
+    everything = CompletionPredictor(s, 0.0)
+    after = s.queued_due_after(10.0)
+    assert after is not None and sum(n for n, *_ in after.values()) == 30
+    ahead = CompletionPredictor(s, 0.0, after=after)
+    assert ahead.duration(plan) < everything.duration(plan)
+    only_early = Scheduler(cluster, "hexgen", random.Random(0))
+    load_due(only_early, 12, due=5.0)
+    alone = CompletionPredictor(only_early, 0.0)
+    assert ahead.path_time(plan) == pytest.approx(alone.path_time(plan), rel=0.05)
+    assert s.queued_due_after(10.0, limit=10) is None, "past the scan limit: not scanned, all counted ahead"
+
+
+def test_the_calibration_scales_the_queueing_excess_to_what_admitted_work_took() -> None:
+    cal = QueueCalibration(window=50, quantile=0.95, min_samples=10)
+    assert cal.factor == 1.0 and not cal.verified and cal.calibrated(5.0, 1.0) == 5.0
+    for _ in range(9):
+        cal.add(latency_s=2.0, predicted_s=5.0, critical_s=1.0)  # took a quarter of the excess
+    assert cal.factor == 1.0, "unverified before min_samples"
+    cal.add(2.0, 5.0, 1.0)
+    assert cal.verified and cal.factor == pytest.approx(0.25)
+    assert cal.calibrated(5.0, 1.0) == pytest.approx(2.0)
+    assert cal.target(2.0, 1.0) == pytest.approx(5.0), "the raw prediction that calibrates to the target"
+    cal.add(100.0, 100.0, 100.0)  # no queueing predicted: says nothing of the forecast's queueing part
+    assert cal.samples == 10
+    for _ in range(40):
+        cal.add(9.0, 5.0, 1.0)  # now twice the excess: the factor follows (95th percentile)
+    assert cal.factor == pytest.approx(2.0)
+    for _ in range(50):
+        cal.add(1000.0, 5.0, 1.0)
+    assert cal.factor == QueueCalibration.CEIL
+
+
+def test_the_throughput_meter_reads_work_per_worker_second_over_its_window() -> None:
+    m = ThroughputMeter(window_s=10.0)
+    assert m.share(0.0, 4) == 0.0
+    m.add(0.0, 2.0)
+    m.add(0.5, 2.0)
+    assert m.share(1.0, 4) == pytest.approx(4.0 / (1.0 * 4)), "a young meter: over the second since it started"
+    for t in range(1, 21):
+        m.add(float(t), 4.0)
+    assert m.share(20.0, 4) == pytest.approx(11 * 4.0 / (10.0 * 4)), "only the last window counts"
+    assert m.share(100.0, 4) == 0.0
+    m.add(100.0, math.nan)
+    assert m.share(100.0, 0) == 0.0

@@ -79,13 +79,23 @@ def lone_s(gw: Gateway, spec: CallSpec = CALL) -> float:
     return gw.scheduler.estimator.t_comp(0, spec.kind, spec.input_tokens, spec.output_tokens, 0.0)
 
 
-def fill_queue(gw: Gateway, n: int) -> list[asyncio.Task[Any]]:
-    """Queue ``n`` calls of an 'off' tenant's workflows (never shed): the backlog ahead of new work."""
+def fill_queue(gw: Gateway, n: int, deadline_s: float | None = None) -> list[asyncio.Task[Any]]:
+    """Queue ``n`` calls of an 'off' tenant's workflows (never shed), due in ``deadline_s`` (default: half a lone
+    call's time, so that they are ahead of any new work under the deadline-ordered queues): the backlog ahead."""
     node = DagNode("x", CALL.kind, CALL.input_tokens, CALL.output_tokens)
     off = tenant(gw, "off")
+    due = 0.5 * lone_s(gw) if deadline_s is None else deadline_s
     return [
-        asyncio.create_task(gw.run_workflow(off, 1e6, [node], [CallRequest("/v1/completions", {})])) for _ in range(n)
+        asyncio.create_task(gw.run_workflow(off, due, [node], [CallRequest("/v1/completions", {})])) for _ in range(n)
     ]
+
+
+def verify(gw: Gateway) -> None:
+    """Admitted workflows took what admission forecast (the forecast is verified, its factor 1): admission
+    judges by its forecast, not by the bound it uses until then."""
+    for _ in range(gw.calibration.min_samples):
+        gw.calibration.add(2.0, 2.0, 1.0)
+    assert gw.calibration.verified and gw.calibration.factor == 1.0
 
 
 def rejections(gw: Gateway, name: str, reason: str) -> float:
@@ -419,6 +429,7 @@ async def test_the_configured_sustainable_share_sets_what_admission_forecasts(tm
     assert tight.cfg.admission.sustainable_share == 0.25 and loose.cfg.admission.sustainable_share == 1.0
     big = calls_plan([[CALL] * 8] * 40)
     for gw in (loose, tight):  # an admitted workflow's work still to come: the fluid term decides
+        verify(gw)
         gw.admit(tenant(gw, "rej"), 320, big, 1e6)
     committed = tight.committed_s
     assert committed == loose.committed_s > 0.0
@@ -436,3 +447,42 @@ def test_a_sustainable_share_outside_0_1_is_refused(tmp_path: Path, share: float
     clock = FakeClock()
     with pytest.raises(ConfigError, match="sustainable_share"):
         gateway_with_share(tmp_path, clock, share)
+
+
+async def test_an_unverified_forecast_refuses_only_what_cannot_make_it_at_full_throughput(tmp_path: Path) -> None:
+    """Until admitted workflows have checked the forecast (``QueueCalibration.verified``), a workflow is refused
+    only when it misses even at the cluster's full throughput with nothing queued after its first stage; the
+    cautious forecast (the sustainable share, later stages queued as now) refuses it once verified."""
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    committed = calls_plan([[CALL] * 8] * 10)
+    gw.admit(tenant(gw, "off"), 80, committed, 1.0)  # admitted work due before anything below: ahead of it
+    plan = calls_plan([[CALL]] * 3)
+    cautious = CompletionPredictor(gw.scheduler, clock.t, committed_s=gw.committed_s).duration(plan)
+    bound = CompletionPredictor(
+        gw.scheduler, clock.t, committed_s=gw.committed_s, efficiency=1.0, later_queue_weight=0.0
+    ).duration(plan)
+    assert bound < cautious
+    deadline = (bound + cautious) / 2 / ADMISSION_HEADROOM
+    gw.admit(tenant(gw, "rej"), 3, plan, deadline).release()
+    verify(gw)
+    with pytest.raises(Rejected):
+        gw.admit(tenant(gw, "rej"), 3, plan, deadline)
+
+
+async def test_an_admitted_workflow_that_answers_calibrates_later_forecasts(tmp_path: Path) -> None:
+    """Its latency against what admission forecast for it is a sample of the calibration; one that failed, or
+    answered without a valid answer, is not."""
+    clock = FakeClock()
+    gw = make_gateway(tmp_path, clock)
+    gw.admit(tenant(gw, "off"), 80, calls_plan([[CALL] * 8] * 10), 1.0)  # a queue ahead: a forecast above its path
+    plan = QuestionPlan(CHESS_TEMPLATE, FULL, FULL)
+    t = tenant(gw, "rej")
+    for valid, failed in ((True, False), (False, False), (True, True)):
+        adm = gw.admit(t, 1, plan.rest(), 1e4, question=plan)
+        assert adm.predicted_s > adm.critical_s
+        wf = gw.open_workflow(t, 1e4, plan, admission=adm)
+        clock.t += adm.critical_s + 0.5 * (adm.predicted_s - adm.critical_s)
+        gw.close_workflow(wf, t, valid=valid, failed=failed)
+        assert gw.calibration.samples == 1  # the first one only
+    assert gw.calibration._ratios[0] == pytest.approx(0.5)
