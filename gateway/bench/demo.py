@@ -9,6 +9,12 @@ of it, sends demo questions concurrently from two tenants with different deadlin
 tight, ``batch``: loose) through ``POST /v1/text2sql``, prints every answer (its SQL and first rows) and
 an SLO summary per tenant with its legend, checks each answer against the gold result, and stops everything it started.
 
+Refusals are checked: each question admission refuses (429, or 422 for a deadline it says no wait can meet) is
+sent again at once as the same tenant without admission (a tenant ``<name>-unchecked`` the demo adds, its
+``predictive_admission`` off), and counted a *false refusal* when that answer met the deadline. The summary gives
+per tenant the refused questions, the false ones and their share (the false-refusal rate); the resent questions
+add load, so the rate is measured under a little more load than the refusal saw.
+
 Deadlines are wall-clock seconds of the emulation: with ``--time-scale 0.25`` the emulated GPUs run 4x
 faster than the GPUs they model, and so does everything the gateway plans. The interactive tenant's
 tight deadline (6 s) against the batch tenant's (30 s) shows in their latencies: the gateway's urgency
@@ -28,15 +34,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from gateway.bench.stats import percentile, table
 from gateway.config import CONFIG_DIR
+from gateway.config.tenants import hash_key
 from gateway.text2sql.answers import build_demo_answers, write_answers
 from gateway.text2sql.demo import demo_questions, write_demo_databases
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
 
 DB_ID = "demo_retail"
 TENANTS = (("interactive", "demo-interactive-key", 6.0), ("batch", "demo-batch-key", 30.0))
+DEFAULT_RATE = 20.0
+"""Questions a second the demo sends (alternating tenants)."""
 ROWS_KEPT = 10
 """Rows of each answer kept in the report (``out/demo.json``); ``row_count`` has the full count."""
 ROWS_SHOWN = 3
@@ -48,7 +58,11 @@ LEGEND = {
     "questions": "questions the tenant asked",
     "ok": "answers with status ok: a candidate SQL executed and was chosen (before or after the deadline)",
     "correct": "ok answers whose rows match the gold SQL's result (what the demo checks)",
-    "deadline_met": "share of the tenant's questions answered ok within their deadline ('met' in the table)",
+    "deadline_met": "share of the tenant's questions answered ok within their deadline ('met' in the table); a "
+    "refused question counts as not met",
+    "refused": "questions admission refused (429, or 422: a deadline no wait can meet)",
+    "false_refusals": "refused questions that, sent again at once without admission, met their deadline "
+    "('false_ref' in the table; the false-refusal rate is false_refusals / refused)",
     "p50_s, p95_s": "latency percentiles in wall seconds of the emulation",
     "rows": f"the first {ROWS_KEPT} rows of each answer (row_count: all of them)",
 }
@@ -74,6 +88,10 @@ class DemoAnswer:
     columns: list[str] = field(default_factory=list)
     rows: list[list[Any]] = field(default_factory=list)
     """The first ``ROWS_KEPT`` rows of the answer."""
+    refused: bool = False
+    """Admission refused it (429, or 422 for a deadline no wait can meet)."""
+    unchecked_met: bool | None = None
+    """Refused: whether the same question, sent again at once without admission, met its deadline."""
 
 
 @dataclass
@@ -97,6 +115,47 @@ def _gold_rows(db_path: Path, sql: str) -> list[list[Any]]:
         return [list(r) for r in conn.execute(sql).fetchall()]
 
 
+def unchecked_key(tenant: str) -> str:
+    """The demo's key of ``tenant``'s twin without admission (``<tenant>-unchecked``), for refused questions."""
+    return f"demo-{tenant}-unchecked-key"
+
+
+def write_demo_tenants(path: Path) -> None:
+    """The packaged tenants file plus, for each tenant, a twin ``<name>-unchecked`` without predictive admission
+    (key ``unchecked_key(name)``): refused questions are sent again through it to check the refusal."""
+    doc = yaml.safe_load((CONFIG_DIR / "tenants.yaml").read_text())
+    twins = []
+    for t in doc["tenants"]:
+        twin = {**t, "name": f"{t['name']}-unchecked", "predictive_admission": False}
+        twin["api_key_sha256"] = [hash_key(unchecked_key(t["name"]))]
+        twins.append(twin)
+    doc["tenants"] += twins
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _refused(r: httpx.Response | None, data: dict[str, Any]) -> bool:
+    """Admission refused the question: 429, or 422 naming the shortest deadline that could work."""
+    if r is None:
+        return False
+    return r.status_code == 429 or (r.status_code == 422 and "min_deadline_s" in data)
+
+
+async def _post(
+    client: httpx.AsyncClient, url: str, key: str, body: dict[str, Any]
+) -> tuple[httpx.Response | None, dict[str, Any]]:
+    """POST a question; the response and its JSON body (``{}`` when not a JSON object). A connection that failed
+    is no response (None) and an ``error`` naming why, so one lost connection never ends the demo."""
+    try:
+        r = await client.post(f"{url}/v1/text2sql", json=body, headers={"Authorization": f"Bearer {key}"})
+    except httpx.TransportError as exc:
+        return None, {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        data = r.json()
+    except ValueError:
+        data = {}
+    return r, data if isinstance(data, dict) else {}
+
+
 async def _ask(
     client: httpx.AsyncClient, url: str, key: str, tenant: str, q: Any, deadline_s: float, db_path: Path
 ) -> DemoAnswer:
@@ -104,13 +163,17 @@ async def _ask(
     if q.evidence:
         body["evidence"] = q.evidence
     t = time.monotonic()
-    r = await client.post(f"{url}/v1/text2sql", json=body, headers={"Authorization": f"Bearer {key}"})
+    r, data = await _post(client, url, key, body)
     elapsed = time.monotonic() - t
-    try:
-        data = r.json()
-    except ValueError:
-        data = {}
-    status = str(data.get("status") or (data.get("error") or {}).get("type") or f"http {r.status_code}")
+    refused = _refused(r, data)
+    unchecked_met = None
+    if refused:  # was the refusal right? the same question at once, without admission
+        _, again = await _post(client, url, unchecked_key(tenant), body)
+        unchecked_met = again.get("status") == "ok" and bool(again.get("deadline_met"))
+    code = 0 if r is None else r.status_code  # (0: no response, the connection failed)
+    error = data.get("error")
+    kind = error.get("type") if isinstance(error, dict) else None
+    status = str(data.get("status") or kind or ("connection_error" if r is None else f"http {code}"))
     rows = data.get("rows") or []
     correct = False
     if status == "ok":
@@ -120,7 +183,7 @@ async def _ask(
         tenant=tenant,
         question=q.question,
         status=status,
-        http_status=r.status_code,
+        http_status=code,
         sql=data.get("sql"),
         row_count=int(data.get("row_count") or 0),
         revisions=int(data.get("revisions") or 0),
@@ -131,17 +194,24 @@ async def _ask(
         error=err if isinstance(err, str) else (json.dumps(err) if err else None),
         columns=[str(c) for c in data.get("columns") or []],
         rows=[list(r) for r in rows[:ROWS_KEPT] if isinstance(r, list)],
+        refused=refused,
+        unchecked_met=unchecked_met,
     )
 
 
-async def _send_all(url: str, questions: list[Any], db_path: Path, on_answer: Any) -> list[DemoAnswer]:
+async def _send_all(
+    url: str, questions: list[Any], db_path: Path, on_answer: Any, rate: float = DEFAULT_RATE
+) -> list[DemoAnswer]:
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
     async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
         tasks = []
+        t0 = time.monotonic()
         for i, q in enumerate(questions):
             tenant, key, deadline = TENANTS[i % len(TENANTS)]
             tasks.append(asyncio.create_task(_ask(client, url, key, tenant, q, deadline, db_path)))
-            await asyncio.sleep(0.05)  # a steady stream, not one burst
+            delay = t0 + (i + 1) / rate - time.monotonic()  # a steady stream at ``rate``, not one burst
+            if delay > 0:
+                await asyncio.sleep(delay)
         out = []
         for fut in asyncio.as_completed(tasks):
             a = await fut
@@ -155,12 +225,17 @@ def summarize_answers(answers: list[DemoAnswer]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for tenant in sorted({a.tenant for a in answers}):
         mine = [a for a in answers if a.tenant == tenant]
-        lat = sorted(a.latency_s for a in mine)
+        lat = sorted(a.latency_s for a in mine if not a.refused) or [0.0]
+        refused = sum(a.refused for a in mine)
+        false = sum(bool(a.unchecked_met) for a in mine if a.refused)
         out[tenant] = {
             "questions": len(mine),
             "ok": sum(a.status == "ok" for a in mine),
             "correct": sum(a.correct for a in mine),
             "deadline_met": sum(a.deadline_met for a in mine) / len(mine),
+            "refused": refused,
+            "false_refusals": false,
+            "false_refusal_rate": false / refused if refused else 0.0,
             "p50_s": percentile(lat, 50),
             "p95_s": percentile(lat, 95),
             "deadline_s": mine[0].deadline_s,
@@ -178,13 +253,18 @@ def format_summary(rep: DemoReport) -> str:
             str(int(s["ok"])),
             str(int(s["correct"])),
             f"{s['deadline_met']:.1%}",
+            str(int(s["refused"])),
+            str(int(s["false_refusals"])),
             f"{s['p50_s']:.2f}",
             f"{s['p95_s']:.2f}",
         ]
         for tenant, s in rep.summary.items()
     ]
     return table(
-        ["tenant", "deadline", "questions", "ok", "correct", "met", "p50_s", "p95_s"], rows, left=1, rule=False
+        ["tenant", "deadline", "questions", "ok", "correct", "met", "refused", "false_ref", "p50_s", "p95_s"],
+        rows,
+        left=1,
+        rule=False,
     )
 
 
@@ -207,6 +287,9 @@ def format_answer(a: DemoAnswer) -> str:
         f"{mark}[{a.tenant:<11}] {a.latency_s:5.2f}s/{a.deadline_s:4.0f}s rev={a.revisions} "
         f"{a.status:<12} {a.question[:60]!r} -> {sql}"
     ]
+    if a.refused:
+        verdict = "met its deadline: a false refusal" if a.unchecked_met else "missed it too"
+        lines.append(f"      refused; sent again without admission it {verdict}")
     if a.status == "ok":
         head = " | ".join(_cell(c) for c in a.columns)
         more = f" (first {ROWS_SHOWN} of {a.row_count})" if a.row_count > ROWS_SHOWN else ""
@@ -223,13 +306,17 @@ def run_demo(
     seed: int = 0,
     quiet: bool = False,
     keep_dir: Path | None = None,
+    rate: float = DEFAULT_RATE,
 ) -> DemoReport:
-    """Start the emulated cluster and the gateway, ask the questions, stop everything; return the report."""
+    """Start the emulated cluster and the gateway, ask the questions (``rate`` a second, alternating tenants),
+    stop everything; return the report."""
     from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config
 
     all_q = demo_questions()
     if not questions >= 1:
         raise ValueError("--questions must be at least 1")
+    if not rate > 0:
+        raise ValueError("--rate must be positive")
     chosen = [all_q[i % len(all_q)] for i in range(questions)]
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="hexflow-demo-"))
@@ -238,7 +325,7 @@ def run_demo(
         db_path = tmp / f"{DB_ID}.sqlite"
         answers_path = tmp / "answers.json"
         write_answers(answers_path, build_demo_answers(seed=seed))
-        shutil.copy(CONFIG_DIR / "tenants.yaml", tmp / "tenants.yaml")
+        write_demo_tenants(tmp / "tenants.yaml")
         say = (lambda _m: None) if quiet else print
         say(
             f"demo: database {db_path.name}, {len(chosen)} questions, "
@@ -266,7 +353,7 @@ def run_demo(
                     if not quiet:
                         print(format_answer(a))
 
-                answers = asyncio.run(_send_all(url, chosen, db_path, show))
+                answers = asyncio.run(_send_all(url, chosen, db_path, show, rate))
         rep = DemoReport(questions=len(chosen), time_scale=time_scale, cluster=cluster, answers=answers)
         rep.summary = summarize_answers(answers)
         rep.wall_s = time.monotonic() - t0

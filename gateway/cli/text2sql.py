@@ -41,6 +41,9 @@ def add_demo(sub: Subparsers) -> None:
         "SLO summary per tenant, check each answer against the gold result, and stop what it started.",
     )
     p.add_argument("--questions", type=positive_int, default=24, help="questions to ask (cycled over the demo set)")
+    p.add_argument(
+        "--rate", type=positive_float, default=None, help="questions sent per second, tenants alternating (default 20)"
+    )
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
     p.add_argument("--time-scale", type=positive_float, default=0.25, help="emulated GPUs run this much of real time")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the demo data, scripted answers and emulation")
@@ -143,20 +146,32 @@ def _demo_or_spider(args: argparse.Namespace, what: str) -> bool:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the Text-to-SQL demo end to end on emulated workers."""
-    from gateway.bench.demo import format_legend, format_summary, run_demo
+    from gateway.bench.demo import DEFAULT_RATE, format_legend, format_summary, run_demo
 
     if args.questions < 1:
         raise UsageError("--questions must be at least 1")
     if not args.time_scale > 0:
         raise UsageError("--time-scale must be positive")
-    rep = run_demo(args.questions, cluster=args.cluster, time_scale=args.time_scale, seed=args.seed, quiet=args.quiet)
+    rep = run_demo(
+        args.questions,
+        cluster=args.cluster,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        quiet=args.quiet,
+        rate=args.rate if args.rate is not None else DEFAULT_RATE,
+    )
     print()
     print(format_summary(rep))
     if not args.quiet:
         print(format_legend())
     total = len(rep.answers)
     correct = sum(a.correct for a in rep.answers)
-    print(f"{correct}/{total} answers match the gold result; {rep.wall_s:.0f} s wall")
+    refused = sum(a.refused for a in rep.answers)
+    false = sum(bool(a.unchecked_met) for a in rep.answers if a.refused)
+    print(
+        f"{correct}/{total} answers match the gold result; {refused} refused, {false} of them falsely "
+        f"(met their deadline sent again without admission); {rep.wall_s:.0f} s wall"
+    )
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
