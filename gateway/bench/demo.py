@@ -9,7 +9,8 @@ of it, sends demo questions concurrently from two tenants with different deadlin
 tight, ``batch``: loose) through ``POST /v1/text2sql``, prints every answer (its SQL and first rows) and
 an SLO summary per tenant with its legend, checks each answer against the gold result, and stops everything it started.
 
-Refusals are checked: each question admission refuses (429, or 422 for a deadline it says no wait can meet) is
+Refusals are checked: each question admission refuses for its deadline (429 predicted to miss, or 422 for a
+deadline no wait can meet; the body's ``reason`` is ``deadline``) is
 sent again at once as the same tenant without admission (a tenant ``<name>-unchecked`` the demo adds, its
 ``predictive_admission`` off), and counted a *false refusal* when that answer met the deadline. The summary gives
 per tenant the refused questions, the false ones and their share (the false-refusal rate); the resent questions
@@ -60,7 +61,7 @@ LEGEND = {
     "correct": "ok answers whose rows match the gold SQL's result (what the demo checks)",
     "deadline_met": "share of the tenant's questions answered ok within their deadline ('met' in the table); a "
     "refused question counts as not met",
-    "refused": "questions admission refused (429, or 422: a deadline no wait can meet)",
+    "refused": "questions admission refused for their deadline (429: predicted to miss; 422: no wait can meet it)",
     "false_refusals": "refused questions that, sent again at once without admission, met their deadline "
     "('false_ref' in the table; the false-refusal rate is false_refusals / refused)",
     "p50_s, p95_s": "latency percentiles in wall seconds of the emulation",
@@ -134,10 +135,11 @@ def write_demo_tenants(path: Path) -> None:
 
 
 def _refused(r: httpx.Response | None, data: dict[str, Any]) -> bool:
-    """Admission refused the question: 429, or 422 naming the shortest deadline that could work."""
+    """Admission refused the question for its deadline (the body's ``reason``): a 429 (predicted to miss), or a
+    422 (no wait can meet it). Refusals at a configured bound (queue, concurrency) are not predictions."""
     if r is None:
         return False
-    return r.status_code == 429 or (r.status_code == 422 and "min_deadline_s" in data)
+    return r.status_code in (422, 429) and data.get("reason") == "deadline"
 
 
 async def _post(
@@ -200,7 +202,12 @@ async def _ask(
 
 
 async def _send_all(
-    url: str, questions: list[Any], db_path: Path, on_answer: Any, rate: float = DEFAULT_RATE
+    url: str,
+    questions: list[Any],
+    db_path: Path,
+    on_answer: Any,
+    rate: float = DEFAULT_RATE,
+    admission: bool = True,
 ) -> list[DemoAnswer]:
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
     async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
@@ -208,6 +215,8 @@ async def _send_all(
         t0 = time.monotonic()
         for i, q in enumerate(questions):
             tenant, key, deadline = TENANTS[i % len(TENANTS)]
+            if not admission:  # every question through the tenant's twin without predictive admission
+                key = unchecked_key(tenant)
             tasks.append(asyncio.create_task(_ask(client, url, key, tenant, q, deadline, db_path)))
             delay = t0 + (i + 1) / rate - time.monotonic()  # a steady stream at ``rate``, not one burst
             if delay > 0:
@@ -307,9 +316,11 @@ def run_demo(
     quiet: bool = False,
     keep_dir: Path | None = None,
     rate: float = DEFAULT_RATE,
+    admission: bool = True,
 ) -> DemoReport:
     """Start the emulated cluster and the gateway, ask the questions (``rate`` a second, alternating tenants),
-    stop everything; return the report."""
+    stop everything; return the report. ``admission`` off: every question goes through its tenant's twin without
+    predictive admission (``hexflow bench refusals`` finds the cluster's capacity so)."""
     from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config
 
     all_q = demo_questions()
@@ -353,7 +364,7 @@ def run_demo(
                     if not quiet:
                         print(format_answer(a))
 
-                answers = asyncio.run(_send_all(url, chosen, db_path, show, rate))
+                answers = asyncio.run(_send_all(url, chosen, db_path, show, rate, admission))
         rep = DemoReport(questions=len(chosen), time_scale=time_scale, cluster=cluster, answers=answers)
         rep.summary = summarize_answers(answers)
         rep.wall_s = time.monotonic() - t0
@@ -362,3 +373,94 @@ def run_demo(
         if keep_dir is not None:
             shutil.copytree(tmp, keep_dir, dirs_exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass
+class RefusalPoint:
+    """One load point of ``hexflow bench refusals``: per tenant, with and without admission, over the seeds."""
+
+    rate: float
+    seeds: list[int]
+    with_admission: dict[str, dict[str, float]] = field(default_factory=dict)
+    without_admission: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def _pooled(reports: list[DemoReport]) -> dict[str, dict[str, float]]:
+    """Per tenant over the runs: questions, refused, false refusals and met (in time with an ok answer), and the
+    shares over the tenant's questions."""
+    out: dict[str, dict[str, float]] = {}
+    for rep in reports:
+        for a in rep.answers:
+            t = out.setdefault(a.tenant, {"questions": 0, "refused": 0, "false_refusals": 0, "met": 0})
+            t["questions"] += 1
+            t["refused"] += a.refused
+            t["false_refusals"] += bool(a.refused and a.unchecked_met)
+            t["met"] += a.deadline_met
+    for t in out.values():
+        n = t["questions"] or 1
+        t["refused_share"] = t["refused"] / n
+        t["false_refusal_share"] = t["false_refusals"] / n
+        t["false_of_refused"] = t["false_refusals"] / t["refused"] if t["refused"] else 0.0
+        t["met_share"] = t["met"] / n
+    return out
+
+
+def run_refusal_bench(
+    rates: list[float],
+    *,
+    questions: int = 300,
+    seeds: list[int] | None = None,
+    cluster: str = "paper-4gpu",
+    time_scale: float = 0.25,
+    progress: Any = None,
+) -> list[RefusalPoint]:
+    """``hexflow bench refusals``: the demo at each rate (questions a second, tenants alternating), once with
+    admission (each refused question sent again without it: a false refusal when that met its deadline) and once
+    without (every question through the tenants' twins: what the cluster does unprotected), per seed."""
+    seeds = list(seeds or [0])
+    out: list[RefusalPoint] = []
+    for rate in rates:
+        point = RefusalPoint(rate, seeds)
+        runs: dict[bool, list[DemoReport]] = {True: [], False: []}
+        for seed in seeds:
+            for admission in (True, False):
+                runs[admission].append(
+                    run_demo(
+                        questions,
+                        cluster=cluster,
+                        time_scale=time_scale,
+                        seed=seed,
+                        quiet=True,
+                        rate=rate,
+                        admission=admission,
+                    )
+                )
+                if progress is not None:
+                    progress(rate, seed, admission)
+        point.with_admission = _pooled(runs[True])
+        point.without_admission = _pooled(runs[False])
+        out.append(point)
+    return out
+
+
+def format_refusal_bench(points: list[RefusalPoint]) -> str:
+    """One row per rate and tenant: met without admission (is the rate below capacity?), then with admission:
+    refused, false refusals (of the questions, and of the refused), met."""
+    rows = []
+    for p in points:
+        for tenant, w in sorted(p.with_admission.items()):
+            wo = p.without_admission.get(tenant, {})
+            rows.append(
+                [
+                    f"{p.rate:g}",
+                    tenant,
+                    str(int(w["questions"])),
+                    f"{wo.get('met_share', 0.0):.1%}",
+                    f"{w['refused_share']:.1%}",
+                    f"{w['false_refusal_share']:.1%}",
+                    f"{w['false_of_refused']:.0%}" if w["refused"] else "-",
+                    f"{w['met_share']:.1%}",
+                ]
+            )
+    head = ["rate/s", "tenant", "questions", "met w/o adm", "refused", "false", "false/refused", "met"]
+    return table(head, rows, left=2, rule=False)

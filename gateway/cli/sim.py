@@ -34,7 +34,7 @@ from gateway.cli.common import (
     workload_queries,
     write_json,
 )
-from gateway.cli.text2sql import add_bench_quality
+from gateway.cli.text2sql import add_bench_quality, add_bench_refusals
 from gateway.cli.tuner import add_bench_tuner
 from gateway.core.policy import POLICIES, get_policy
 
@@ -137,7 +137,7 @@ def add_bench(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_bench, workflows=None)
     bench_sub = p.add_subparsers(
         dest="bench_command",
-        metavar="{overload,admission,tuner,fidelity,fidelity-vllm,open-loop,mislabel,quality,burst}",
+        metavar="{overload,admission,tuner,fidelity,fidelity-vllm,open-loop,mislabel,quality,burst,refusals}",
         required=False,
     )
     add_bench_overload(bench_sub)
@@ -149,6 +149,7 @@ def add_bench(sub: Subparsers) -> None:
     add_bench_mislabel(bench_sub)
     add_bench_quality(bench_sub)
     add_bench_burst(bench_sub)
+    add_bench_refusals(bench_sub)
 
 
 def add_bench_admission(sub: Subparsers) -> None:

@@ -15,6 +15,7 @@ import math
 import os
 from pathlib import Path
 
+from gateway.argtypes import positive_floats
 from gateway.cli.common import (
     Subparsers,
     UsageError,
@@ -23,9 +24,10 @@ from gateway.cli.common import (
     positive_float,
     positive_float_arg,
     positive_int,
+    write_json,
 )
 
-__all__ = ["add_answers", "add_bench_quality", "add_databases", "add_demo", "add_eval"]
+__all__ = ["add_answers", "add_bench_quality", "add_bench_refusals", "add_databases", "add_demo", "add_eval"]
 
 QUALITY_OUT = "gateway/config/quality.yaml"
 """Where ``bench quality --out`` writes the packaged quality model (from the repository root)."""
@@ -50,6 +52,63 @@ def add_demo(sub: Subparsers) -> None:
     p.add_argument("--json", default=None, help="write every answer and the summary as JSON here")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(func=cmd_demo)
+
+
+REFUSAL_RATES = "10,20,30,45,60"
+"""``hexflow bench refusals``'s default load points (questions a second, both tenants together)."""
+
+
+def add_bench_refusals(sub: Subparsers) -> None:
+    """``hexflow bench refusals``."""
+    p = sub.add_parser(
+        "refusals",
+        help="how often admission refuses a demo question that would have met its deadline, per load",
+        description="Run the demo (emulated cluster, gateway, both tenants) at each rate, once with admission (each "
+        "question refused for its deadline sent again at once without admission: a false refusal when it met the "
+        "deadline) and once without (every question unprotected: is the rate below the cluster's capacity?), per "
+        "seed; print per rate and tenant the share met without admission, the shares refused and falsely refused, "
+        "and the share met with admission.",
+    )
+    p.add_argument("--rates", type=positive_floats, default=None, help=f"questions a second (default {REFUSAL_RATES})")
+    p.add_argument("--questions", type=positive_int, default=300, help="questions per run")
+    p.add_argument("--seeds", default="0", help="seeds of the demo data and emulation, comma-separated")
+    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
+    p.add_argument("--time-scale", type=positive_float, default=0.25, help="emulated GPUs run this much of real time")
+    p.add_argument("--json", default=None, help="write the figures per rate and tenant as JSON here")
+    p.set_defaults(func=cmd_bench_refusals)
+
+
+def cmd_bench_refusals(args: argparse.Namespace) -> int:
+    """Measure false refusals per load on the demo cluster; print the table, write JSON with ``--json``."""
+    import dataclasses
+    import sys
+
+    from gateway.bench.demo import format_refusal_bench, run_refusal_bench
+
+    seeds = [int_arg("--seeds", t.strip(), minimum=0) for t in str(args.seeds).split(",") if t.strip()]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise UsageError(f"--seeds: expected distinct seeds, comma-separated, got {args.seeds!r}")
+    rates = args.rates if args.rates is not None else positive_floats(REFUSAL_RATES)
+    total = 2 * len(rates) * len(seeds)
+    done = [0]
+
+    def progress(rate: float, seed: int, admission: bool) -> None:
+        done[0] += 1
+        which = "with" if admission else "without"
+        print(f"[{done[0]}/{total}] rate {rate:g}/s seed {seed} {which} admission", file=sys.stderr, flush=True)
+
+    points = run_refusal_bench(
+        rates,
+        questions=args.questions,
+        seeds=seeds,
+        cluster=args.cluster,
+        time_scale=args.time_scale,
+        progress=progress,
+    )
+    print(format_refusal_bench(points))
+    if args.json:
+        write_json(args.json, {"points": [dataclasses.asdict(p) for p in points]})
+    return 0
 
 
 def add_eval(sub: Subparsers) -> None:

@@ -60,6 +60,7 @@ from gateway.live.history import (
 from gateway.live.idempotency import IdempotencyStore
 from gateway.live.leader import LeaderElector, default_identity
 from gateway.live.leader import lease_api as make_lease_api
+from gateway.live.logs import REQUEST_ID
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import Clock, WorkerPool
 from gateway.live.prompts import request_prompt
@@ -595,6 +596,7 @@ class Gateway:
                 miss = self._deadline_refusal(judge, plan, deadline_s, forecast, critical)
                 if isinstance(miss, DeadlineTooShort):
                     self.rejected(tenant.name, "deadline")
+                    miss.extra = {**(miss.extra or {}), "reason": "deadline"}
                     raise miss
                 if miss is not None:
                     if tenant.on_predicted_miss == "best_effort":
@@ -605,6 +607,7 @@ class Gateway:
         if refusal is not None:
             error, reason = refusal
             self.rejected(tenant.name, reason)
+            error.extra = {**(error.extra or {}), "reason": reason}  # (the body says why: REJECT_REASONS)
             raise error
         if not math.isfinite(work) or work <= 0.0:
             return Admission(plan=question, predicted_s=predicted, critical_s=critical)
@@ -902,12 +905,14 @@ class Gateway:
         self, wf: Workflow, tenant: str, status: str, valid: bool, records: Sequence[CallRecord], wf_id: str | None
     ) -> None:
         """Account a workflow that ran and ended (``status``: met, missed, failed, cancelled, shed): its goodput
-        outcome (metrics and the rolling window) and its timeline in the status page's history."""
+        outcome (metrics and the rolling window) and its timeline in the status page's history, under the id its
+        client got (``wf_id``: the response's; a chat call's is its ``X-Request-Id``, which this runs under)."""
         now = self.clock()
         outcome = goodput_outcome(status, valid=valid)
         self.metrics.workflow_outcome(tenant, outcome)
         self.outcome_window.add(tenant, outcome, now)
         route = "text2sql" if isinstance(wf, OnlineWorkflow) else "workflows" if wf_id is not None else "chat"
+        rid = REQUEST_ID.get()  # the X-Request-Id the client got (its request's context)
         calls, more = call_timings(
             wf.arrival,
             [
@@ -918,7 +923,8 @@ class Gateway:
         )
         self.history.add(
             FinishedWorkflow(
-                id=wf_id or f"{route}-{wf.wid}",
+                id=wf_id or rid or f"{route}-{wf.wid}",
+                request_id=rid,
                 tenant=tenant,
                 route=route,
                 outcome=outcome,
