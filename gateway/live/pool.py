@@ -437,21 +437,15 @@ class WorkerPool:
         judged slow for being busy, and a timeout scaled from it leaves room for the load.
 
         ``tokens``: the (prompt, completion) tokens the call turned out to process (``processed_tokens``),
-        when they differ from the expected ones (``call.spec``): the same prediction for those tokens. The
-        lone-request latency is the profile's for them, and the call's own time in its batch (``model_s``
-        less its wait for the prompts ahead) scales with the lone latencies of the tokens processed and
-        expected (the batch slows every step of the call alike).
+        when they differ from the expected ones (``call.spec``): the same prediction for those tokens
+        (``Estimator.model_for_tokens``, which the online ratio judges calls by too), and the profile's
+        lone-request latency for them.
         """
         spec = call.spec
         est = self.scheduler.estimator
-        base = est.base_latency(st.index, spec.input_tokens, spec.output_tokens)
-        model = call.model_s
-        if tokens is not None and (tokens[0] != spec.input_tokens or tokens[1] != spec.output_tokens):
-            actual = est.base_latency(st.index, tokens[0], tokens[1])
-            if base > 0.0:
-                wait = min(max(call.wait_s, 0.0), model)
-                model = wait + (model - wait) * (actual / base)
-            base = actual
+        n_in, n_out = (spec.input_tokens, spec.output_tokens) if tokens is None else tokens
+        base = est.base_latency(st.index, n_in, n_out)
+        model = est.model_for_tokens(call, tokens)
         return model if model > base else base
 
     def under_load_s(self, st: WorkerState, call: LiveCall, now: float, tokens: tuple[int, int] | None = None) -> float:
@@ -542,11 +536,13 @@ class WorkerPool:
         st.inflight.discard(call)
         if isinstance(outcome, CallResult):
             observed = now - call.sent_at
-            self.scheduler.on_finish(call, now, observed_s=observed)
+            tokens = processed_tokens(call, outcome)
+            # Judged for what it processed: a long answer the model chose to write is not a slow worker.
+            self.scheduler.on_finish(call, now, observed_s=observed, tokens=tokens)
             st.failures = 0
             st.sent += 1
             self.metrics.call_done(st.name, call.kind, now - call.ready_at, observed, call.t_comp)
-            predicted = self.under_load_s(st, call, now, processed_tokens(call, outcome))
+            predicted = self.under_load_s(st, call, now, tokens)
             self.outliers.record(st, observed / predicted if predicted > 0 else 1.0)
             self._deliver(call, outcome)
             self._judge(st)
