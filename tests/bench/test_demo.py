@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.demo import CELL_CHARS, LEGEND, ROWS_SHOWN, DemoAnswer, DemoReport, format_answer
+from gateway.bench.demo import CELL_CHARS, LEGEND, ROWS_SHOWN, DemoAnswer, DemoReport, format_answer, run_demo
 from gateway.cli import main
 
 
@@ -60,3 +60,17 @@ def test_the_demo_prints_each_answers_rows_and_writes_them(tmp_path: Path, capsy
     doc = json.loads(out.read_text())
     assert [a["rows"] for a in doc["answers"]] and all(a["rows"] and a["columns"] for a in doc["answers"])
     assert doc["legend"]["ok"] == LEGEND["ok"]
+
+
+def test_make_demo_answers_each_tenant_correctly_within_its_deadline() -> None:
+    """Exactly what ``make demo`` runs (48 questions, both tenants, the default cluster, time scale and rate): at
+    least 90% of each tenant's questions are answered correctly within their deadline, and no question is
+    refused that would have met it."""
+    rep = run_demo(48, quiet=True)
+    assert {a.tenant for a in rep.answers} == {"interactive", "batch"}
+    for tenant in ("interactive", "batch"):
+        mine = [a for a in rep.answers if a.tenant == tenant]
+        assert len(mine) == 24
+        in_time = sum(a.correct and a.deadline_met for a in mine)
+        assert in_time >= 0.9 * len(mine), (tenant, [(a.status, a.latency_s, a.error) for a in mine if not a.correct])
+        assert not any(a.refused and a.unchecked_met for a in mine), "a false refusal"
