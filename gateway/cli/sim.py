@@ -159,7 +159,7 @@ def add_bench_admission(sub: Subparsers) -> None:
     p = sub.add_parser(
         "admission",
         help="deadline-aware admission in the simulator: capacity and goodput below and above it, per share",
-        description="Per admission variant (off, reject@SHARE, best_effort@SHARE): the capacity (>= 95%% of "
+        description="Per admission variant (off, reject@SHARE, best_effort@SHARE): the capacity (>= 95% of "
         "arrivals in time, refusals counted as missed) per seed, then a load sweep at multiples of the first "
         "policy's capacity without admission: share met, admitted, admitted that met, goodput.",
     )
