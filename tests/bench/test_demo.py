@@ -6,9 +6,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
-from gateway.bench.demo import CELL_CHARS, LEGEND, ROWS_SHOWN, DemoAnswer, DemoReport, format_answer, run_demo
+from gateway.bench.demo import (
+    CELL_CHARS,
+    LEGEND,
+    ROWS_SHOWN,
+    DemoAnswer,
+    DemoReport,
+    _refused,
+    format_answer,
+    run_demo,
+)
 from gateway.cli import main
 
 
@@ -74,3 +84,20 @@ def test_make_demo_answers_each_tenant_correctly_within_its_deadline() -> None:
         in_time = sum(a.correct and a.deadline_met for a in mine)
         assert in_time >= 0.9 * len(mine), (tenant, [(a.status, a.latency_s, a.error) for a in mine if not a.correct])
         assert not any(a.refused and a.unchecked_met for a in mine), "a false refusal"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "refused"),
+    [
+        (429, {"error": {"message": "predicted to finish late"}, "reason": "deadline"}, True),
+        (422, {"error": {"message": "no wait can meet it"}, "min_deadline_s": 8.0, "reason": "deadline"}, True),
+        (429, {"error": {"message": "tenant has 64 workflows in progress"}, "reason": "concurrency"}, False),
+        (422, {"error": {"message": "question: must not be blank"}}, False),
+        (200, {"status": "ok"}, False),
+    ],
+)
+def test_only_refusals_for_the_deadline_are_checked(status: int, body: dict[str, object], refused: bool) -> None:
+    """A configured bound (queue, concurrency) refuses by rule, not by prediction: only the deadline's refusals
+    are sent again to see whether they were right."""
+    assert _refused(httpx.Response(status, json=body), body) is refused
+    assert _refused(None, {"error": "ReadError"}) is False
