@@ -146,8 +146,9 @@ class OutlierConfig(_Strict):
 
     Each worker keeps its last ``window`` call outcomes: failed (a worker error or a timeout) or
     returned, with the observed/predicted latency of a returned call (its profile's lone-request
-    latency, for the prompt and completion tokens the worker reported processing). Once it has ``min_calls`` of them it is compared with its peers (the windows of the other
-    workers that take calls, pooled) after each call:
+    latency, for the prompt and completion tokens the worker reported processing). Once it has
+    ``min_calls`` of them it is compared with its peers (the windows of the other workers that take calls,
+    pooled) after each call:
 
     * error rate: its share of failed calls is at least ``error_rate`` and exceeds its peers' share by
       ``error_rate_margin``;

@@ -414,16 +414,18 @@ class QueueCalibration:
     ended with a valid answer and was predicted at least ``MIN_EXCESS`` of its critical path above it, the ratio
     ``max(latency - critical path, 0) / excess`` is kept (the last ``window``); ``factor`` is their ``quantile``
     (0.95: the ratio 95% of admitted workflows stayed within) once there are ``min_samples``, 1 before, within
-    [``FLOOR``, ``CEIL``]. ``calibrated(predicted, critical)`` is ``critical + factor x excess``: admitting a
-    workflow whose calibrated prediction fits its deadline keeps about 95% of the admitted in time, whichever way
-    the model errs. A forecast that is four times too cautious on a small schema refuses what would have met its
-    deadline; one that is too bold admits what will miss: the factor corrects both from what it sees.
+    [``FLOOR``, ``CEIL``]. ``calibrated(predicted, critical)`` is ``critical + factor x excess``: a forecast
+    found too bold (admitted workflows waited longer than it said) is made that much more cautious, so that
+    about 95% of the admitted stay within it.
 
-    Only admitted workflows are seen (a refused one has no latency); the factor moves with the load it was
-    measured under, and settles where the admitted meet their deadlines. Pure: no clock, no I/O.
+    It only tightens (``FLOOR`` is 1). A cautious forecast is also a throttle: the admitted work it lets in is
+    what keeps later forecasts true, and its errors show only when the admitted workflows end, a deadline later.
+    Loosened by what admitted work took (factors of 0.2-0.5 under 5x overload on CHESS), it let in twice the work
+    and 15-30% of the admitted missed their deadlines (``hexflow bench overload``, docs/benchmarks.md). Only
+    admitted workflows are seen (a refused one has no latency). Pure: no clock, no I/O.
     """
 
-    FLOOR = 0.05
+    FLOOR = 1.0
     CEIL = 4.0
     MIN_EXCESS = 0.1
 

@@ -81,11 +81,6 @@ work arrives, the estimator's lag). Measured with ``hexflow bench overload``: wi
 workflows met their deadline under 5x overload; the goal is 95%."""
 
 
-MAX_EFFICIENCY = 4.0
-"""The most the measured throughput may raise admission's drain rate to (``Gateway.efficiency``), in full-batch
-throughputs of the model: a meter fooled by a burst of tiny calls cannot make the forecast wildly optimistic."""
-
-
 def new_workflow_id() -> str:
     """A unique workflow id for responses: ``wf-`` and 16 random hex digits."""
     return f"wf-{uuid.uuid4().hex[:16]}"
@@ -633,12 +628,16 @@ class Gateway:
         self._settle_committed()
 
     def efficiency(self, now: float) -> float:
-        """The share of the cluster's full-batch throughput admission forecasts the work ahead to drain at: the
-        configured ``admission.sustainable_share``, or what the cluster was seen to complete lately when that is
-        more (``ThroughputMeter``: the model's costs are off for this workload, by prefix caching or a profile), at
-        most ``MAX_EFFICIENCY``."""
+        """The share of the cluster's full-batch throughput (as the model counts it) that admission forecasts the
+        work ahead to drain at: the configured ``admission.sustainable_share``, scaled up by how much more than the
+        model's full-batch throughput the cluster was seen to complete lately (``ThroughputMeter``, when above 1:
+        the model overcounts what calls cost on this workload, prompts served from the prefix caches, a profile
+        slower than the GPU), at most 1.
+
+        The share is what keeps admitted work on time, not the most the cluster does (admitted workflows share
+        every engine's batch): a meter at the model's full-batch throughput, as under overload, leaves it as it is."""
         seen = self.throughput.share(now, len(self.scheduler.eligible_workers()))
-        return min(max(self.cfg.admission.sustainable_share, seen), MAX_EFFICIENCY)
+        return min(self.cfg.admission.sustainable_share * max(seen, 1.0), 1.0)
 
     def _unhold(self, work_s: float) -> None:
         self._held = max(self._held - 1, 0)

@@ -305,21 +305,19 @@ def test_work_due_later_is_left_out_of_the_queue_ahead(cluster: list[WorkerInfo]
     assert s.queued_due_after(10.0, limit=10) is None, "past the scan limit: not scanned, all counted ahead"
 
 
-def test_the_calibration_scales_the_queueing_excess_to_what_admitted_work_took() -> None:
+def test_the_calibration_makes_a_forecast_found_too_bold_more_cautious_and_never_bolder() -> None:
     cal = QueueCalibration(window=50, quantile=0.95, min_samples=10)
     assert cal.factor == 1.0 and not cal.verified and cal.calibrated(5.0, 1.0) == 5.0
-    for _ in range(9):
+    for _ in range(10):
         cal.add(latency_s=2.0, predicted_s=5.0, critical_s=1.0)  # took a quarter of the excess
-    assert cal.factor == 1.0, "unverified before min_samples"
-    cal.add(2.0, 5.0, 1.0)
-    assert cal.verified and cal.factor == pytest.approx(0.25)
-    assert cal.calibrated(5.0, 1.0) == pytest.approx(2.0)
-    assert cal.target(2.0, 1.0) == pytest.approx(5.0), "the raw prediction that calibrates to the target"
+    assert cal.verified and cal.factor == 1.0, "a cautious forecast is a throttle: never loosened"
     cal.add(100.0, 100.0, 100.0)  # no queueing predicted: says nothing of the forecast's queueing part
     assert cal.samples == 10
     for _ in range(40):
-        cal.add(9.0, 5.0, 1.0)  # now twice the excess: the factor follows (95th percentile)
+        cal.add(9.0, 5.0, 1.0)  # twice the excess: the factor follows (95th percentile)
     assert cal.factor == pytest.approx(2.0)
+    assert cal.calibrated(5.0, 1.0) == pytest.approx(9.0)
+    assert cal.target(9.0, 1.0) == pytest.approx(5.0), "the raw prediction that calibrates to the target"
     for _ in range(50):
         cal.add(1000.0, 5.0, 1.0)
     assert cal.factor == QueueCalibration.CEIL

@@ -30,7 +30,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,9 +157,27 @@ class _Admitted:
     admission: Admission
     request_id: str
 
-    def runner(self, gw: Gateway, tenant: Tenant) -> GatewayStageRunner:
-        """The question's runner (its workflow takes the admission over when it opens)."""
-        return GatewayStageRunner(gw, tenant, admission=self.admission, request_id=self.request_id)
+    async def answer(
+        self,
+        gw: Gateway,
+        service: Text2SqlService,
+        tenant: Tenant,
+        on_event: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+    ) -> Text2SqlResult:
+        """Run the pipeline for the question on its own runner (its workflow takes the admission over when it
+        opens), predicted by the plan admission used."""
+        runner = GatewayStageRunner(gw, tenant, admission=self.admission, request_id=self.request_id)
+        return await service.answer(
+            runner,
+            self.db,
+            self.question,
+            self.evidence,
+            self.deadline_s,
+            request_id=self.request_id,
+            on_event=on_event,
+            quality_mode=tenant.quality,
+            plan=self.plan,
+        )
 
 
 async def _admit(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, tenant: Tenant) -> _Admitted:
@@ -180,16 +198,7 @@ async def _answer(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, t
     a = await _admit(gw, service, req, tenant)
     try:
         WORKFLOW_ID.set(a.request_id)  # this request's context (its log lines)
-        result = await service.answer(
-            a.runner(gw, tenant),
-            a.db,
-            a.question,
-            a.evidence,
-            a.deadline_s,
-            request_id=a.request_id,
-            quality_mode=tenant.quality,
-            plan=a.plan,
-        )
+        result = await a.answer(gw, service, tenant)
     finally:
         a.admission.release()
     _count_degraded(gw, tenant.name, result)
@@ -238,17 +247,7 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
 
     async def produce() -> None:
         try:
-            result = await service.answer(
-                a.runner(gw, tenant),
-                a.db,
-                a.question,
-                a.evidence,
-                a.deadline_s,
-                request_id=a.request_id,
-                on_event=on_event,
-                quality_mode=tenant.quality,
-                plan=a.plan,
-            )
+            result = await a.answer(gw, service, tenant, on_event)
             _count_degraded(gw, tenant.name, result)
             await events.put({"event": "result", **result.as_dict()})
         except Exception as exc:  # never a stream that ends in [DONE] with neither a result nor an error
