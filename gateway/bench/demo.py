@@ -317,10 +317,12 @@ def run_demo(
     keep_dir: Path | None = None,
     rate: float = DEFAULT_RATE,
     admission: bool = True,
+    share: float | None = None,
 ) -> DemoReport:
     """Start the emulated cluster and the gateway, ask the questions (``rate`` a second, alternating tenants),
     stop everything; return the report. ``admission`` off: every question goes through its tenant's twin without
-    predictive admission (``hexflow bench refusals`` finds the cluster's capacity so)."""
+    predictive admission (``hexflow bench refusals`` finds the cluster's capacity so). ``share``: the gateway's
+    ``admission.sustainable_share`` (None: the default)."""
     from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config
 
     all_q = demo_questions()
@@ -356,6 +358,7 @@ def run_demo(
                 port=port,
                 seed=seed,
                 databases_file="databases.yaml",
+                admission_share=share,
             )
             with gateway_process(tmp / "gateway.yaml", port, len(urls), tmp, "demo") as url:
                 say(f"demo: gateway {url} in front of {len(urls)} workers; asking...")
@@ -412,11 +415,13 @@ def run_refusal_bench(
     seeds: list[int] | None = None,
     cluster: str = "paper-4gpu",
     time_scale: float = 0.25,
+    share: float | None = None,
     progress: Any = None,
 ) -> list[RefusalPoint]:
     """``hexflow bench refusals``: the demo at each rate (questions a second, tenants alternating), once with
     admission (each refused question sent again without it: a false refusal when that met its deadline) and once
-    without (every question through the tenants' twins: what the cluster does unprotected), per seed."""
+    without (every question through the tenants' twins: what the cluster does unprotected), per seed. ``share``:
+    the gateway's ``admission.sustainable_share`` (None: the default)."""
     seeds = list(seeds or [0])
     out: list[RefusalPoint] = []
     for rate in rates:
@@ -433,6 +438,7 @@ def run_refusal_bench(
                         quiet=True,
                         rate=rate,
                         admission=admission,
+                        share=share,
                     )
                 )
                 if progress is not None:

@@ -74,6 +74,12 @@ def add_bench_refusals(sub: Subparsers) -> None:
     p.add_argument("--seeds", default="0", help="seeds of the demo data and emulation, comma-separated")
     p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
     p.add_argument("--time-scale", type=positive_float, default=0.25, help="emulated GPUs run this much of real time")
+    p.add_argument(
+        "--share",
+        type=positive_float,
+        default=None,
+        help="the gateway's admission.sustainable_share, at most 1 (default: the gateway's default)",
+    )
     p.add_argument("--json", default=None, help="write the figures per rate and tenant as JSON here")
     p.set_defaults(func=cmd_bench_refusals)
 
@@ -89,6 +95,8 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
     if not seeds or len(set(seeds)) != len(seeds):
         raise UsageError(f"--seeds: expected distinct seeds, comma-separated, got {args.seeds!r}")
     rates = args.rates if args.rates is not None else positive_floats(REFUSAL_RATES)
+    if args.share is not None and args.share > 1.0:
+        raise UsageError(f"--share must be at most 1, got {args.share:g}")
     total = 2 * len(rates) * len(seeds)
     done = [0]
 
@@ -103,6 +111,7 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
         seeds=seeds,
         cluster=args.cluster,
         time_scale=args.time_scale,
+        share=args.share,
         progress=progress,
     )
     print(format_refusal_bench(points))
