@@ -72,6 +72,14 @@ class _Server(uvicorn.Server):
 def bind_sockets(host: str, base_port: int, n: int) -> list[socket.socket]:
     """``n`` listening TCP sockets on ``base_port``, ``base_port + 1``, ... (any free ports for 0).
 
+    Each is made with its protocol named (``IPPROTO_TCP``), as uvicorn's own listener is: asyncio disables
+    Nagle's algorithm (``TCP_NODELAY``) only on connections accepted from such a socket, and uvicorn writes
+    an answer's headers and body in two writes. Accepted from a socket made with protocol 0, a connection
+    kept Nagle's algorithm and an answer's body waited for the client's delayed ACK of its headers: a
+    delay of wall time that a small time scale turns into modelled seconds on every call, which the
+    simulator does not have (docs/benchmarks.md, "Live beside the simulator"). The listener has
+    ``TCP_NODELAY`` set too, which Linux copies to the connections it accepts.
+
     Raises ``OSError`` naming the port that could not be bound (the sockets bound so far are closed).
     """
     out: list[socket.socket] = []
@@ -79,9 +87,10 @@ def bind_sockets(host: str, base_port: int, n: int) -> list[socket.socket]:
         for i in range(n):
             port = base_port + i if base_port else 0
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
             out.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 sock.bind((host, port))
             except OSError as exc:
