@@ -156,7 +156,7 @@ def test_emulate_cluster_serves_every_worker_and_stops_on_sigterm(tmp_path: Path
             banner = log.read_text().splitlines()[0]
             assert banner.startswith("emulated cluster (test doubles) paper-4gpu: 4 workers (A100, A100, A6000, L40S)")
             names = [line.split()[0] for line in lines]
-            assert names == ["A100-0", "A100-1", "A6000-2", "L40S-3"]
+            assert names == ["a100-0", "a100-1", "a6000-0", "l40s-0"]  # as config/gateway.yaml names them
             assert [line.split()[2] for line in lines] == ["A100", "A100", "A6000", "L40S"]
             urls = [line.split()[1] for line in lines]
             assert len(set(urls)) == 4
