@@ -54,6 +54,14 @@ def add_demo(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_demo)
 
 
+def _seeds(text: str) -> list[int]:
+    """``--seeds``: distinct seeds >= 0, comma-separated (``UsageError`` otherwise)."""
+    seeds = [int_arg("--seeds", t.strip(), minimum=0) for t in str(text).split(",") if t.strip()]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise UsageError(f"--seeds: expected distinct seeds, comma-separated, got {text!r}")
+    return seeds
+
+
 REFUSAL_RATES = "10,20,30,45,60"
 """``hexflow bench refusals``'s default load points (questions a second, both tenants together)."""
 
@@ -91,9 +99,7 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
 
     from gateway.bench.demo import format_refusal_bench, run_refusal_bench
 
-    seeds = [int_arg("--seeds", t.strip(), minimum=0) for t in str(args.seeds).split(",") if t.strip()]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise UsageError(f"--seeds: expected distinct seeds, comma-separated, got {args.seeds!r}")
+    seeds = _seeds(args.seeds)
     rates = args.rates if args.rates is not None else positive_floats(REFUSAL_RATES)
     if args.share is not None and args.share > 1.0:
         raise UsageError(f"--share must be at most 1, got {args.share:g}")
@@ -404,9 +410,7 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
     """Measure accuracy per knob setting; print the table, write the quality file with ``--out``."""
     from gateway.bench.quality import format_report, run_quality
 
-    seeds = [int_arg("--seeds", t.strip(), minimum=0) for t in str(args.seeds).split(",") if t.strip()]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise UsageError(f"--seeds: expected distinct seeds, comma-separated, got {args.seeds!r}")
+    seeds = _seeds(args.seeds)
     try:
         fraction = float(args.wrong_fraction)
     except ValueError:

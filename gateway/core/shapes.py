@@ -16,7 +16,7 @@ estimated against worker-counted prompt tokens) and summarises them robustly:
   times the usual answer moves little;
 * per stage kind, the stages per question (``rounds``: revise rounds, and whether unit tests and evaluation
   ran), the same way over the questions (for the evaluation stages, over the questions that evaluated);
-* ``evaluated_share`` and ``input_scale`` (the worker's prompt count over the gateway's characters/4
+* ``input_scale`` (the worker's prompt count over the gateway's characters/4
   estimate, from sums over the window, within [1/``INPUT_SCALE_LIMIT``, ``INPUT_SCALE_LIMIT``]).
 
 A window forgets: after ``maxlen`` newer questions an old one has no weight, where running sums since start-up
@@ -118,9 +118,6 @@ class ShapeWindow:
         self.skippable = skippable
         self._cache: dict[str, dict[str, float]] | None = None
 
-    def __len__(self) -> int:
-        return len(self._samples)
-
     @property
     def questions(self) -> int:
         """Samples in the window."""
@@ -191,18 +188,6 @@ class ShapeWindow:
     def rounds(self) -> dict[str, float]:
         """Per kind: stages per question (robust mean; the evaluation kinds over the questions that evaluated)."""
         return self._summary()["rounds"]
-
-    def expected_output(self, kind: str) -> int | None:
-        """A ``kind`` call's output tokens (robust mean, at least 1), None before one was seen."""
-        v = self.outputs().get(kind)
-        return None if v is None else max(1, round(v))
-
-    @property
-    def evaluated_share(self) -> float | None:
-        """The share of the questions that ran unit tests and evaluation (None for an empty window)."""
-        if not self._samples:
-            return None
-        return sum(s.evaluated for s in self._samples) / len(self._samples)
 
     @property
     def input_scale(self) -> float | None:

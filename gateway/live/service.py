@@ -133,11 +133,6 @@ class Admission:
         self._gw = gateway
         self._state = "held" if gateway is not None and work_s > 0.0 else "done"
 
-    @property
-    def held(self) -> bool:
-        """The committed seconds are still this admission's (neither taken over nor released)."""
-        return self._state == "held"
-
     def take(self) -> float:
         """A workflow takes the committed seconds over (it releases them as it submits its calls and when it
         ends); returns them (0 when released already or never held)."""
@@ -552,7 +547,7 @@ class Gateway:
 
         The answer owns the work it commits (``Admission.release``): pass it on or release it.
         """
-        refusal = self._refusal(tenant, n_calls)
+        refusal: tuple[Rejected | DeadlineTooShort, str] | None = self._refusal(tenant, n_calls)
         work = 0.0
         predicted = critical = math.nan
         if refusal is None and plan is not None:
@@ -589,15 +584,11 @@ class Gateway:
                     )
                     forecast = judge.duration(plan)
                 miss = self._deadline_refusal(judge, plan, deadline_s, forecast, critical)
-                if isinstance(miss, DeadlineTooShort):
-                    self.rejected(tenant.name, "deadline")
-                    miss.extra = {**(miss.extra or {}), "reason": "deadline"}
-                    raise miss
-                if miss is not None:
-                    if tenant.on_predicted_miss == "best_effort":
-                        # Behind every other call: it delays nobody, so it commits no work ahead of others.
-                        self.metrics.demotion(tenant.name, "admission")
-                        return Admission(best_effort=True, plan=question)
+                if isinstance(miss, Rejected) and tenant.on_predicted_miss == "best_effort":
+                    # Behind every other call: it delays nobody, so it commits no work ahead of others.
+                    self.metrics.demotion(tenant.name, "admission")
+                    return Admission(best_effort=True, plan=question)
+                if miss is not None:  # (a deadline no wait can meet is refused whatever the tenant says)
                     refusal = (miss, "deadline")
         if refusal is not None:
             error, reason = refusal

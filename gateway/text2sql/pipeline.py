@@ -33,8 +33,8 @@ linking, the candidates, revise rounds, unit tests and evaluation: ``structure``
   figures (``gateway.core.shapes``: robust means over its recent answered questions: tokens per call and
   kind, rounds per kind, as the workers counted them);
 * before that, a prior: each stage's prompt rendered at the database's schema size with typical values for
-  the question's parts (``prior_inputs``), and the model's output lengths and revise rounds from every
-  database's recent answered questions (``POOLED_WINDOW``);
+  the question's parts (``prior_inputs``), the model's output lengths from every database's recent calls
+  (``OUTPUT_WINDOW``) and its revise rounds from every database's recent answered questions (``POOLED_WINDOW``);
 * before any answered question at all, the output budget of each kind capped at CHESS's mean output, and
   ``PRIOR_REVISE_ROUNDS``.
 
@@ -386,8 +386,11 @@ class Text2SqlPipeline:
         w.add(sample)
         self.pooled.add(sample)
 
-    def status(self, db_ids: Iterable[str] = ()) -> dict[str, Any]:
-        """Per database (``db_ids`` and every one seen so far): its predicted plan at full quality."""
+    def status(
+        self, db_ids: Iterable[str] = (), predict: Callable[[QuestionPlan], float] | None = None
+    ) -> dict[str, Any]:
+        """Per database (``db_ids`` and every one seen so far): its predicted plan at full quality, and with
+        ``predict`` the seconds it gives that plan (``predicted_s``)."""
         out: dict[str, Any] = {}
         for db_id in sorted(set(db_ids) | set(self._schemas) | set(self.shapes)):
             plan = self.plan_for(db_id)
@@ -406,6 +409,8 @@ class Text2SqlPipeline:
                     for p in plan.template.phases
                 ],
             }
+            if predict is not None:
+                out[db_id]["predicted_s"] = round(predict(plan), 6)
         return out
 
     async def answer(

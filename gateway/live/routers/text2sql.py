@@ -79,10 +79,7 @@ def _status(gw: Gateway, service: Text2SqlService) -> dict[str, Any]:
     """``/v1/status``'s ``text2sql``: per configured database, its predicted plan (where its figures
     come from, each stage's tokens, rounds and width) and the seconds a question admitted now would take."""
     ids = [] if service.registry is None else service.registry.ids()
-    plans = service.pipeline.status(ids)
-    for db_id, entry in plans.items():
-        entry["predicted_s"] = round(gw.predicted_s(service.pipeline.plan_for(db_id).rest()), 6)
-    return {"databases": plans}
+    return {"databases": service.pipeline.status(ids, lambda plan: gw.predicted_s(plan.rest()))}
 
 
 def _service(request: Request) -> Text2SqlService:
