@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.fidelity_vllm import EngineTimes, GapBreakdown, VllmFidelityReport, engine_sums, gap_breakdown
+from gateway.bench.fidelity.breakdown import EngineTimes, GapBreakdown, engine_sums, gap_breakdown
+from gateway.bench.fidelity.vllm_report import VllmFidelityReport
 from gateway.bench.livebench import PolicyRun, simulate_workload
 from gateway.bench.replay import ReplayReport, replay_setup, replay_workload
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog

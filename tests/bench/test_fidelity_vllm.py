@@ -11,26 +11,26 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from gateway.bench import fidelity_vllm
-from gateway.bench.fidelity_vllm import (
+from gateway.bench.fidelity import vllm_report
+from gateway.bench.fidelity.breakdown import (
+    EngineTimes,
+    GapBreakdown,
+    WorkerTimes,
+    engine_sums,
+    gap_breakdown,
+    lone_split,
+)
+from gateway.bench.fidelity.vllm import run_fidelity_vllm
+from gateway.bench.fidelity.vllm_report import VllmFidelityReport, VllmFidelitySeries, format_vllm_fidelity_series
+from gateway.bench.fidelity.vllm_servers import (
     CHUNK,
     MAX_MODEL_LEN,
     MODEL,
-    EngineTimes,
-    GapBreakdown,
     ServerCalibration,
-    VllmFidelityReport,
-    VllmFidelitySeries,
     VllmServer,
-    WorkerTimes,
     cluster_doc,
     default_servers,
-    engine_sums,
-    format_vllm_fidelity_series,
-    gap_breakdown,
-    lone_split,
     parse_server,
-    run_fidelity_vllm,
     server_options,
 )
 from gateway.bench.hostcpu import CpuShare, HostUsage
@@ -235,7 +235,7 @@ class _Round(VllmFidelityReport):
 
 def test_a_series_reports_every_round_and_judges_the_median_gap(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each round's own report is tested with the real run; here it stands for itself.
-    monkeypatch.setattr(fidelity_vllm, "format_vllm_fidelity_report", lambda rep: f"<round {id(rep)}>")
+    monkeypatch.setattr(vllm_report, "format_vllm_fidelity_report", lambda rep: f"<round {id(rep)}>")
     rounds: list[VllmFidelityReport] = [
         _Round({"hexgen": (12.3, 10.0), "llf": (10.0, 10.0)}),
         _Round({"hexgen": (9.0, 10.0), "llf": (13.0, 10.0)}),
@@ -317,12 +317,12 @@ def test_the_host_table_says_what_else_ran_on_each_servers_cpu(monkeypatch: pyte
     }
     assert by["a"]["live_over_sim_on_worker"] == {"hexgen": pytest.approx(1.5)}
     assert by["b"]["replay"]["beside"] == 0.0 and by["b"]["live_over_sim_on_worker"] == {}  # unpinned, no calls
-    text = "\n".join(fidelity_vllm._host_lines(rep))
+    text = "\n".join(vllm_report._host_lines(rep))
     assert "0.90 / 5% / 0%" in text and "0.60 / 30% / 5%" in text and "0.40 / - / -" in text
     assert "the gateway and the replay client 0.30 cores" in text and "postgres 0.05" in text
-    monkeypatch.setattr(fidelity_vllm, "format_vllm_fidelity_report", lambda rep: "<round>")
+    monkeypatch.setattr(vllm_report, "format_vllm_fidelity_report", lambda rep: "<round>")
     series = VllmFidelitySeries([rep, rep])
     assert "what else ran on each server's CPUs" in format_vllm_fidelity_series(series)
     # Not measured (not Linux): no table, nothing in the JSON view.
     bare = _Round({"hexgen": (13.0, 10.0)})
-    assert bare.host_by_server() == {} and fidelity_vllm._host_lines(bare) == []
+    assert bare.host_by_server() == {} and vllm_report._host_lines(bare) == []
