@@ -10,16 +10,19 @@ import math
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway.bench.livebench import LiveBenchReport
 from gateway.core.profile import PerfProfile
-from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
+from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow, Workflow
 from gateway.profiling.worker import Arrival
 from gateway.sim.engine import SimEngine
+from gateway.sim.metrics import Summary, summarize
+from gateway.sim.simulator import Simulator
 
-__all__ = ["live_gaps", "p95", "simulate_arrivals", "work_folder"]
+__all__ = ["live_gaps", "p95", "simulate_arrivals", "simulate_runs", "work_folder"]
 
 
 def simulate_arrivals(profile: PerfProfile, arrivals: Sequence[Arrival]) -> list[float]:
@@ -61,6 +64,27 @@ def p95(xs: Sequence[float]) -> float:
 def live_gaps(live: LiveBenchReport) -> dict[str, dict[str, float]]:
     """Policy -> live/simulated - 1 of P95 (``p95``) and SLO attainment (``slo``) of a live bench."""
     return {r.policy: {"p95": r.p95_ratio - 1.0, "slo": r.slo_ratio - 1.0} for r in live.runs}
+
+
+def simulate_runs(
+    live: LiveBenchReport,
+    workers: Sequence[Any],
+    workload: Callable[[], Sequence[Workflow]],
+    *,
+    seed: int,
+    prefix_caching: bool = True,
+    engine_profiles: Sequence[PerfProfile] | None = None,
+) -> dict[str, Summary]:
+    """Policy -> the simulator's summary of ``workload()`` (built afresh for each policy) with each live
+    run's policy and alpha; ``engine_profiles``: what the engines run, if not the workers' profiles."""
+    out = {}
+    for r in live.runs:
+        dags = workload()
+        sim = Simulator(
+            workers, r.policy, alpha=r.alpha, seed=seed, prefix_caching=prefix_caching, engine_profiles=engine_profiles
+        )
+        out[r.policy] = summarize(sim.run(dags), total=len(dags))
+    return out
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from gateway.bench.fidelity.compare import live_gaps, work_folder
+from gateway.bench.fidelity.compare import live_gaps, simulate_runs, work_folder
 from gateway.bench.livebench import LiveBenchReport, format_live_report, run_live_bench
 from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
@@ -41,12 +41,11 @@ from gateway.bench.stats import finite_or_none, fmt, table
 from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, ProfileSpec
 from gateway.core.profile import PerfProfile, profile_from
+from gateway.core.workflow import Workflow
 from gateway.profiling.output import profile_entry
 from gateway.profiling.plan import PlanSettings
 from gateway.profiling.probe import CalibrationResult, calibrate
 from gateway.sim.calibrate import workflow_latency
-from gateway.sim.metrics import summarize
-from gateway.sim.simulator import Simulator
 
 __all__ = [
     "FACTOR_SETS",
@@ -247,14 +246,14 @@ def _simulate_with(
     setup = replay_setup(trace, workers, workflows=live.workflows, seed=seed, slo_scale=slo_scale)
     factor = live.slo_s / setup.slo_s if setup.slo_s > 0 else 1.0
     workload = replay_workload(setup, live.rate_qps)
-    out = {}
-    for r in live.runs:
-        dags = [w.dag() for w in workload]
-        dags = [d.shifted(d.arrival, d.arrival + (d.deadline - d.arrival) * factor) for d in dags]
-        res = Simulator(workers, r.policy, alpha=r.alpha, seed=seed, prefix_caching=True).run(dags)
-        s = summarize(res, total=len(dags))
-        out[r.policy] = {"p95_s": float(s.p95_s), "slo_attainment": float(s.slo_attainment)}
-    return out
+
+    def dags() -> list[Workflow]:
+        return [
+            d.shifted(d.arrival, d.arrival + (d.deadline - d.arrival) * factor) for d in (w.dag() for w in workload)
+        ]
+
+    sums = simulate_runs(live, workers, dags, seed=seed)
+    return {p: {"p95_s": float(s.p95_s), "slo_attainment": float(s.slo_attainment)} for p, s in sums.items()}
 
 
 def format_fidelity_report(rep: FidelityReport) -> str:

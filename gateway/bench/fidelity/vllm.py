@@ -51,17 +51,17 @@ import asyncio
 import math
 import random
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import yaml
 
 from gateway.bench import hostcpu
 from gateway.bench.fidelity.breakdown import engine_accounting, gap_breakdown, scrape_engines
-from gateway.bench.fidelity.compare import work_folder
+from gateway.bench.fidelity.compare import simulate_runs, work_folder
 from gateway.bench.fidelity.vllm_report import VllmFidelityReport, VllmFidelitySeries
 from gateway.bench.fidelity.vllm_servers import (
     CHUNK,
@@ -76,19 +76,17 @@ from gateway.bench.fidelity.vllm_servers import (
     server_options,
     start_servers,
 )
-from gateway.bench.livebench import LiveBenchReport, run_live_bench
-from gateway.bench.replay import ReplayWorkflow, replay_setup, replay_workload, scale_queries, workload_queries
+from gateway.bench.livebench import run_live_bench
+from gateway.bench.replay import replay_setup, replay_workload, scale_queries, workload_queries
 from gateway.bench.simbench import fluid_bound
 from gateway.config import build_workers, load_cluster_config
 from gateway.config.workflows import STANDARD_WORKFLOW
-from gateway.core.profile import PerfProfile
 from gateway.profiling.output import profile_entry
-from gateway.profiling.plan import PlanSettings
+from gateway.profiling.plan import CalibrationError, PlanSettings, Probe
 from gateway.profiling.probe import CalibrationResult, calibrate
-from gateway.profiling.worker import TOKEN_ID_RANGE
+from gateway.profiling.worker import ProbeWorker
 from gateway.sim.calibrate import workflow_latency
-from gateway.sim.metrics import Summary, summarize
-from gateway.sim.simulator import Simulator
+from gateway.sim.metrics import Summary
 from workers import cpu_vllm
 
 __all__ = ["run_fidelity_vllm"]
@@ -277,7 +275,14 @@ def _round(
         cfg.say("calibrating each server again after the replay (drift)")
         recal = _calibrate_all(servers, urls, calls, cfg, groups=groups)
         _write_profiles(folder / "calibrated-profiles-after.yaml", recal)
-        sim_after = _simulate_after(live, workload, workers, [c.profile for c in recal], seed=seed, prefix_caching=pc)
+        sim_after = simulate_runs(
+            live,
+            workers,
+            lambda: [w.dag() for w in workload],
+            seed=seed,
+            prefix_caching=pc,
+            engine_profiles=[c.profile for c in recal],
+        )
     load = None if cfg.rate_qps is not None else cfg.load
     return VllmFidelityReport(
         calibrations, live, breakdowns, cfg.token_scale, load, pc, engines, recal, sim_after, host
@@ -292,26 +297,6 @@ def _host_usage(h0: hostcpu.HostSample | None, groups: Mapping[str, int] | None)
     return hostcpu.usage(h0, h1, groups) if h1 is not None else None
 
 
-def _simulate_after(
-    live: LiveBenchReport,
-    workload: Sequence[ReplayWorkflow],
-    workers: Sequence[Any],
-    engines_after: Sequence[PerfProfile],
-    *,
-    seed: int,
-    prefix_caching: bool,
-) -> dict[str, Summary]:
-    """Policy -> the simulator's prediction with the engines at their after-replay speed (the scheduler still
-    planning with the profiles calibrated before, as the live gateway did)."""
-    out = {}
-    for r in live.runs:
-        sim = Simulator(
-            workers, r.policy, alpha=r.alpha, seed=seed, prefix_caching=prefix_caching, engine_profiles=engines_after
-        )
-        out[r.policy] = summarize(sim.run([w.dag() for w in workload]), total=len(workload))
-    return out
-
-
 async def _background_load(
     urls: Sequence[str], calls: Sequence[tuple[int, int]], per_server: int, stop: asyncio.Event, seed: int
 ) -> int:
@@ -321,26 +306,20 @@ async def _background_load(
     rng = random.Random(seed)
     done = 0
 
-    async def loop(client: httpx.AsyncClient, url: str) -> None:
+    async def loop(w: ProbeWorker) -> None:
         nonlocal done
         while not stop.is_set():
             n_in, n_out = rng.choice(calls)
-            ids = [rng.randrange(*TOKEN_ID_RANGE) for _ in range(max(n_in, 1))]
-            body = {
-                "model": cpu_vllm.SERVED_MODEL_NAME,
-                "prompt": ids,
-                "max_tokens": max(n_out, 1),
-                "min_tokens": max(n_out, 1),
-                "ignore_eos": True,
-            }
+            probe = Probe("lone", max(n_in, 1), max(n_out, 1), 1, rng.randrange(1 << 30))
             try:
-                r = await client.post(f"{url}/v1/completions", json=body)
-                done += r.status_code == 200
-            except httpx.HTTPError:
+                await w.complete(probe, time.monotonic, 60.0)
+                done += 1
+            except (CalibrationError, httpx.HTTPError):
                 await asyncio.sleep(0.1)
 
     async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
-        await asyncio.gather(*(loop(client, url) for url in urls for _ in range(per_server)))
+        workers = [ProbeWorker(client, url, cpu_vllm.SERVED_MODEL_NAME) for url in urls]
+        await asyncio.gather(*(loop(w) for w in workers for _ in range(per_server)))
     return done
 
 

@@ -236,20 +236,8 @@ def _breakdown_lines(b: GapBreakdown) -> list[str]:
                 fmt(lv.on_worker_s / lv.lone_s if lv.lone_s else math.nan, 2),
             ]
         )
-    lines.append(
-        table(
-            [
-                "worker",
-                "calls live/sim",
-                "queued live/sim",
-                "on worker live/sim",
-                "live/sim",
-                "lone pred",
-                "live/lone",
-            ],
-            wrows,
-        )
-    )
+    head = ["worker", "calls live/sim", "queued live/sim", "on worker live/sim", "live/sim", "lone pred", "live/lone"]
+    lines.append(table(head, wrows))
     lines.append("mean workflow latency along its chain of stages:")
     lines.append(_path_table(b))
     if b.kinds:
@@ -418,9 +406,9 @@ def _host_lines(rep: VllmFidelityReport) -> list[str]:
 class VllmFidelitySeries:
     """Rounds of the benchmark on the same servers, each a calibration and the replay right after it.
 
-    On a shared CPU host one round is one draw: the host's speed drifts by up to 2x over minutes (measured,
-    docs/benchmarks.md), so a calibration made before a replay can be stale by its end. The series' figure
-    is the median over its rounds of each round's live/simulated P95 gap; every round's figures are kept.
+    On a shared CPU host one round is one draw: the host's speed drifts over minutes (docs/benchmarks.md), so
+    a calibration made before a replay can be stale by its end. The series' figure is the median over its
+    rounds of each round's live/simulated P95 gap; every round's figures are kept.
     """
 
     rounds: list[VllmFidelityReport]

@@ -108,6 +108,19 @@ def parse_server(text: str, name: str) -> VllmServer:
     return VllmServer(name, threads, seqs, cpus)
 
 
+_PROFILE_KEYS = [
+    "iter_base_s",
+    "token_s",
+    "ctx_s",
+    "attn_s",
+    "seq_s",
+    "admit_s",
+    "request_overhead_s",
+    "kv_capacity_tokens",
+    "block_tokens",
+]
+
+
 @dataclass
 class ServerCalibration:
     """One server: its options, URL and calibration, and the fitted profile."""
@@ -136,17 +149,7 @@ class ServerCalibration:
             "cpus": list(self.server.cpus),
             "background_requests": self.background_requests,
             "max_batched_tokens": p.max_batched_tokens,
-            "profile": {
-                "iter_base_s": p.iter_base_s,
-                "token_s": p.token_s,
-                "ctx_s": p.ctx_s,
-                "attn_s": p.attn_s,
-                "seq_s": p.seq_s,
-                "admit_s": p.admit_s,
-                "request_overhead_s": p.request_overhead_s,
-                "kv_capacity_tokens": p.kv_capacity_tokens,
-                "block_tokens": p.block_tokens,
-            },
+            "profile": {k: getattr(p, k) for k in _PROFILE_KEYS},
             "probes": len(self.result.measurements),
             "probe_fits": self.result.probes_json(),
             "fit_median_abs_error": finite_or_none(statistics.median(errs)) if errs else None,
