@@ -17,11 +17,12 @@ counted in the report: their latencies include the others' share of each batch.
 
 **KV capacity**: ``--kv-tokens`` when given; else vLLM's ``vllm:cache_config_info`` gauge (its
 ``kv_cache_size_tokens`` label, or ``num_gpu_blocks x block_size`` before vLLM 0.32: the engine's own
-figure); else estimated from
-``vllm:kv_cache_usage_perc`` read halfway through the largest batch probe (tokens held / usage: coarse,
-a block's worth per request). The KV block size (``block_tokens``: the prefix cache reuses whole blocks)
-from the same gauge's ``block_size`` label, else vLLM's GPU default of 16 (its CPU backend uses 128).
+figure); else estimated from ``vllm:kv_cache_usage_perc`` read halfway through the largest batch probe
+(tokens held / usage: coarse, a block's worth per request). The KV block size (``block_tokens``: the
+prefix cache reuses whole blocks) from the same gauge's ``block_size`` label, else vLLM's GPU default of
+16 (its CPU backend uses 128).
 ``max_num_seqs`` and ``max_batched_tokens`` are not in vLLM's metrics; pass the worker's ``--max-num-seqs``
+and ``--max-num-batched-tokens`` (defaults: 64 and 2048).
 """
 
 from __future__ import annotations
