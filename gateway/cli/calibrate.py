@@ -258,11 +258,6 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
         "the figure is the median of the rounds' P95 gaps (default 1)",
     )
     p.add_argument(
-        "--no-prefix-caching",
-        action="store_true",
-        help="run the servers with --no-enable-prefix-caching (and tell the gateway and the simulator)",
-    )
-    p.add_argument(
         "--calibrate-alone",
         action="store_true",
         help="calibrate each server with the others idle (default: the others serve the workload's calls meanwhile, "
@@ -316,7 +311,6 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
             slo_scale=args.slo_scale,
             seed=args.seed,
             rounds=args.rounds,
-            prefix_caching=not args.no_prefix_caching,
             keep_servers=args.keep_servers,
             calibrate_beside_load=not args.calibrate_alone,
             recalibrate_after=args.recalibrate_after,

@@ -44,7 +44,7 @@ def test_the_breakdown_keeps_each_simulated_engines_prefix_hits(tmp_path: Path) 
     workload = replay_workload(setup, 0.05)
     sim, _ = simulate_workload(workers, workload, "hexgen", alpha=None, seed=0)
     live = ReplayReport.from_results([], gateway="-", trace="chess-bird", rate_qps=0.05, time_scale=1.0, wall_s=1)
-    b = gap_breakdown(PolicyRun("hexgen", None, live, sim), workload, workers, seed=0, prefix_caching=True)
+    b = gap_breakdown(PolicyRun("hexgen", None, live, sim), workload, workers, seed=0)
     again = Simulator(workers, "hexgen", seed=0, prefix_caching=True).run([w.dag() for w in workload])
     want = {w.name: (st.prompt_tokens, st.prefix_hit_tokens) for w, st in zip(workers, again.engine_stats, strict=True)}
     assert b.prefix_sim == want

@@ -31,7 +31,6 @@ from gateway.bench.fidelity.vllm_servers import (
     cluster_doc,
     default_servers,
     parse_server,
-    server_options,
 )
 from gateway.bench.hostcpu import CpuShare, HostUsage
 from gateway.bench.livebench import PolicyRun, simulate_workload
@@ -58,20 +57,18 @@ def test_default_servers_get_a_cpu_each_where_there_are_two() -> None:
     a, b = default_servers([3, 5, 7])
     assert (a.cpus, b.cpus) == ((3,), (5,))
     assert a.max_num_seqs != b.max_num_seqs
-    assert server_options(a, True).cpus == (3,)
+    assert a.options().cpus == (3,)
     assert all(not s.cpus for s in default_servers([0]))
 
 
 def test_servers_run_the_chunk_and_context_the_profiles_assume(tmp_path: Path) -> None:
     fast, slow = VllmServer("a", 2, 4), VllmServer("b", 1, 2)
-    argv = server_argv(Paths(tmp_path), 18160, server_options(fast, prefix_caching=True))
+    argv = server_argv(Paths(tmp_path), 18160, fast.options())
     assert argv[argv.index("--max-num-batched-tokens") + 1] == str(CHUNK)
     assert argv[argv.index("--max-model-len") + 1] == str(MAX_MODEL_LEN)
     assert argv[argv.index("--max-num-seqs") + 1] == str(fast.max_num_seqs)
     assert "--no-enable-prefix-caching" not in argv
-    off = server_argv(Paths(tmp_path), 18161, server_options(slow, prefix_caching=False))
-    assert "--no-enable-prefix-caching" in off
-    assert server_options(fast, True).omp_threads != server_options(slow, True).omp_threads
+    assert fast.options().omp_threads != slow.options().omp_threads
 
 
 def test_bad_arguments_fail_before_anything_starts(tmp_path: Path) -> None:
@@ -142,7 +139,7 @@ def test_gap_breakdown_accounts_every_call_live_and_simulated(tmp_path: Path) ->
             )
         )
     live = ReplayReport.from_results(results, gateway="-", trace="chess-bird", rate_qps=0.05, time_scale=1.0, wall_s=1)
-    b = gap_breakdown(PolicyRun("hexgen", None, live, sim), workload, workers, seed=0, prefix_caching=True)
+    b = gap_breakdown(PolicyRun("hexgen", None, live, sim), workload, workers, seed=0)
     n_calls = sum(w.num_calls for w in workload)
     assert (b.workflows_live, b.workflows_sim, b.calls_live, b.calls_sim) == (3, 3, n_calls, n_calls)
     assert b.token_mismatches == 1

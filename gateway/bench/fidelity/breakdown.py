@@ -282,14 +282,14 @@ def _stage(call_id: str) -> int:
 
 
 def gap_breakdown(
-    run: PolicyRun, workload: Sequence[ReplayWorkflow], workers: Sequence[Any], *, seed: int, prefix_caching: bool
+    run: PolicyRun, workload: Sequence[ReplayWorkflow], workers: Sequence[Any], *, seed: int
 ) -> GapBreakdown:
     """The breakdown of one policy's live run against its simulation (rerun with call timelines: the same
     workload, policy, alpha and seed as ``run_live_bench``'s prediction)."""
     out = GapBreakdown(run.policy)
     wanted = _requested(workload)
     _live_side(out, run, wanted, {w.name: w.profile for w in workers})
-    sim = Simulator(workers, run.policy, alpha=run.alpha, seed=seed, prefix_caching=prefix_caching, record_calls=True)
+    sim = Simulator(workers, run.policy, alpha=run.alpha, seed=seed, prefix_caching=True, record_calls=True)
     res_sim = sim.run([w.dag() for w in workload])
     _sim_side(out, res_sim, workload, workers)
     # Call by call: the same workflow's same node, live and simulated.

@@ -72,7 +72,6 @@ def simulate_runs(
     workload: Callable[[], Sequence[Workflow]],
     *,
     seed: int,
-    prefix_caching: bool = True,
     engine_profiles: Sequence[PerfProfile] | None = None,
 ) -> dict[str, Summary]:
     """Policy -> the simulator's summary of ``workload()`` (built afresh for each policy) with each live
@@ -81,7 +80,7 @@ def simulate_runs(
     for r in live.runs:
         dags = workload()
         sim = Simulator(
-            workers, r.policy, alpha=r.alpha, seed=seed, prefix_caching=prefix_caching, engine_profiles=engine_profiles
+            workers, r.policy, alpha=r.alpha, seed=seed, prefix_caching=True, engine_profiles=engine_profiles
         )
         out[r.policy] = summarize(sim.run(dags), total=len(dags))
     return out

