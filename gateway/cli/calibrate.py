@@ -1,6 +1,7 @@
-"""``calibrate`` (a live worker's performance profile, measured: ``gateway.bench.calibrate_live``) and
-``bench fidelity`` (calibrated profiles against emulated workers of unknown speed, then live replay next
-to the simulator: ``gateway.bench.fidelity``)."""
+"""``calibrate`` (a live worker's performance profile, measured: ``gateway.profiling``), the ``bench
+fidelity`` family (does the profile predict the worker? ``gateway.bench.fidelity``: ``bench fidelity`` against
+emulated workers, ``bench fidelity-vllm`` against real vLLM, ``bench open-loop`` and ``calibrate
+--check-interleaved`` against one worker) and ``bench mislabel``."""
 
 from __future__ import annotations
 
@@ -91,7 +92,9 @@ def add_calibrate(sub: Subparsers) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Run the calibration, print the report and the profile entry (or write it to ``--out``)."""
-    from gateway.bench.calibrate_live import PlanSettings, calibrate, format_report, plot_fit, render_profile_yaml
+    from gateway.profiling.output import format_report, plot_fit, render_profile_yaml
+    from gateway.profiling.plan import PlanSettings
+    from gateway.profiling.probe import calibrate
 
     if not args.time_scale > 0:
         raise UsageError("--time-scale must be positive")
@@ -125,7 +128,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(format_report(res))
     doc = res.to_json()
     if args.check_interleaved:
-        from gateway.bench.interleave import check_interleaved, format_interleave_report
+        from gateway.bench.fidelity.interleave import check_interleaved, format_interleave_report
 
         check = asyncio.run(
             check_interleaved(
@@ -185,7 +188,7 @@ def add_bench_fidelity(sub: Subparsers) -> None:
 
 def cmd_bench_fidelity(args: argparse.Namespace) -> int:
     """Run the fidelity benchmark; exit 1 when live P95 or SLO attainment is off the simulator's by > 5%."""
-    from gateway.bench.fidelity import format_fidelity_report, run_fidelity
+    from gateway.bench.fidelity.emulated import format_fidelity_report, run_fidelity
     from gateway.cli.common import policy_names
 
     try:
@@ -255,11 +258,6 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
         "the figure is the median of the rounds' P95 gaps (default 1)",
     )
     p.add_argument(
-        "--no-prefix-caching",
-        action="store_true",
-        help="run the servers with --no-enable-prefix-caching (and tell the gateway and the simulator)",
-    )
-    p.add_argument(
         "--calibrate-alone",
         action="store_true",
         help="calibrate each server with the others idle (default: the others serve the workload's calls meanwhile, "
@@ -288,12 +286,9 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
 def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
     """Run the real-vLLM fidelity benchmark; exit 1 when live P95 is off the simulator's by more than 10% (the
     median over ``--rounds``), 2 when the servers cannot be set up or started."""
-    from gateway.bench.fidelity_vllm import (
-        default_servers,
-        format_vllm_fidelity_series,
-        parse_server,
-        run_fidelity_vllm,
-    )
+    from gateway.bench.fidelity.vllm import run_fidelity_vllm
+    from gateway.bench.fidelity.vllm_report import format_vllm_fidelity_series
+    from gateway.bench.fidelity.vllm_servers import default_servers, parse_server
     from gateway.cli.common import policy_names
     from workers.cpu_vllm import CpuVllmError
 
@@ -316,7 +311,6 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
             slo_scale=args.slo_scale,
             seed=args.seed,
             rounds=args.rounds,
-            prefix_caching=not args.no_prefix_caching,
             keep_servers=args.keep_servers,
             calibrate_beside_load=not args.calibrate_alone,
             recalibrate_after=args.recalibrate_after,
@@ -373,7 +367,7 @@ def add_bench_open_loop(sub: Subparsers) -> None:
 
 def cmd_bench_open_loop(args: argparse.Namespace) -> int:
     """Run the open-loop check; print and optionally write its report."""
-    from gateway.bench.openloop import format_open_loop_report, run_open_loop
+    from gateway.bench.fidelity.openloop import format_open_loop_report, run_open_loop
     from gateway.config.gpus import load_profiles_file
     from gateway.core.profile import profile_from
 

@@ -65,7 +65,7 @@ from prometheus_client import (
 )
 
 from gateway.live.history import GOODPUT_OUTCOMES
-from gateway.live.promparse import WorkerMetrics
+from gateway.profiling.promparse import WorkerMetrics
 
 MAX_KINDS = 32
 DEGRADED_STEPS = ("candidates", "revisions", "evaluation")

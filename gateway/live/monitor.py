@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from gateway.live.outliers import probe_call
-from gateway.live.promparse import WorkerMetrics, parse_worker_metrics
 from gateway.live.worker_state import WorkerState
+from gateway.profiling.promparse import WorkerMetrics, parse_worker_metrics
 
 if TYPE_CHECKING:  # the pool owns the monitor; the monitor acts on the pool
     from gateway.live.pool import WorkerPool

@@ -16,8 +16,8 @@ from typing import Any
 
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
-from gateway.live.promparse import WorkerMetrics
 from gateway.live.transport import LiveCall
+from gateway.profiling.promparse import WorkerMetrics
 
 
 def typical_ratio(ratios: list[float]) -> float:

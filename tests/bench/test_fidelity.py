@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.bench.calibrate_live import PlanSettings
-from gateway.bench.fidelity import FACTOR_SETS, format_fidelity_report, perturbed_catalog, run_fidelity
+from gateway.bench.fidelity.emulated import FACTOR_SETS, format_fidelity_report, perturbed_catalog, run_fidelity
 from gateway.config import DEFAULT_GPU_CATALOG, load_gpu_catalog
+from gateway.profiling.plan import PlanSettings
 
 MODEL = "llama-3.1-70b"
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.fidelity_vllm import EngineTimes, GapBreakdown, VllmFidelityReport, engine_sums, gap_breakdown
+from gateway.bench.fidelity.breakdown import EngineTimes, GapBreakdown, engine_sums, gap_breakdown
+from gateway.bench.fidelity.vllm_report import VllmFidelityReport
 from gateway.bench.livebench import PolicyRun, simulate_workload
 from gateway.bench.replay import ReplayReport, replay_setup, replay_workload
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
@@ -43,7 +44,7 @@ def test_the_breakdown_keeps_each_simulated_engines_prefix_hits(tmp_path: Path) 
     workload = replay_workload(setup, 0.05)
     sim, _ = simulate_workload(workers, workload, "hexgen", alpha=None, seed=0)
     live = ReplayReport.from_results([], gateway="-", trace="chess-bird", rate_qps=0.05, time_scale=1.0, wall_s=1)
-    b = gap_breakdown(PolicyRun("hexgen", None, live, sim), workload, workers, seed=0, prefix_caching=True)
+    b = gap_breakdown(PolicyRun("hexgen", None, live, sim), workload, workers, seed=0)
     again = Simulator(workers, "hexgen", seed=0, prefix_caching=True).run([w.dag() for w in workload])
     want = {w.name: (st.prompt_tokens, st.prefix_hit_tokens) for w, st in zip(workers, again.engine_stats, strict=True)}
     assert b.prefix_sim == want

@@ -11,27 +11,26 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from gateway.bench import fidelity_vllm
-from gateway.bench.fidelity_vllm import (
+from gateway.bench.fidelity import vllm_report
+from gateway.bench.fidelity.breakdown import (
+    EngineTimes,
+    GapBreakdown,
+    WorkerTimes,
+    engine_sums,
+    gap_breakdown,
+    lone_split,
+)
+from gateway.bench.fidelity.vllm import run_fidelity_vllm
+from gateway.bench.fidelity.vllm_report import VllmFidelityReport, VllmFidelitySeries, format_vllm_fidelity_series
+from gateway.bench.fidelity.vllm_servers import (
     CHUNK,
     MAX_MODEL_LEN,
     MODEL,
-    EngineTimes,
-    GapBreakdown,
     ServerCalibration,
-    VllmFidelityReport,
-    VllmFidelitySeries,
     VllmServer,
-    WorkerTimes,
     cluster_doc,
     default_servers,
-    engine_sums,
-    format_vllm_fidelity_series,
-    gap_breakdown,
-    lone_split,
     parse_server,
-    run_fidelity_vllm,
-    server_options,
 )
 from gateway.bench.hostcpu import CpuShare, HostUsage
 from gateway.bench.livebench import PolicyRun, simulate_workload
@@ -58,20 +57,18 @@ def test_default_servers_get_a_cpu_each_where_there_are_two() -> None:
     a, b = default_servers([3, 5, 7])
     assert (a.cpus, b.cpus) == ((3,), (5,))
     assert a.max_num_seqs != b.max_num_seqs
-    assert server_options(a, True).cpus == (3,)
+    assert a.options().cpus == (3,)
     assert all(not s.cpus for s in default_servers([0]))
 
 
 def test_servers_run_the_chunk_and_context_the_profiles_assume(tmp_path: Path) -> None:
     fast, slow = VllmServer("a", 2, 4), VllmServer("b", 1, 2)
-    argv = server_argv(Paths(tmp_path), 18160, server_options(fast, prefix_caching=True))
+    argv = server_argv(Paths(tmp_path), 18160, fast.options())
     assert argv[argv.index("--max-num-batched-tokens") + 1] == str(CHUNK)
     assert argv[argv.index("--max-model-len") + 1] == str(MAX_MODEL_LEN)
     assert argv[argv.index("--max-num-seqs") + 1] == str(fast.max_num_seqs)
     assert "--no-enable-prefix-caching" not in argv
-    off = server_argv(Paths(tmp_path), 18161, server_options(slow, prefix_caching=False))
-    assert "--no-enable-prefix-caching" in off
-    assert server_options(fast, True).omp_threads != server_options(slow, True).omp_threads
+    assert fast.options().omp_threads != slow.options().omp_threads
 
 
 def test_bad_arguments_fail_before_anything_starts(tmp_path: Path) -> None:
@@ -142,7 +139,7 @@ def test_gap_breakdown_accounts_every_call_live_and_simulated(tmp_path: Path) ->
             )
         )
     live = ReplayReport.from_results(results, gateway="-", trace="chess-bird", rate_qps=0.05, time_scale=1.0, wall_s=1)
-    b = gap_breakdown(PolicyRun("hexgen", None, live, sim), workload, workers, seed=0, prefix_caching=True)
+    b = gap_breakdown(PolicyRun("hexgen", None, live, sim), workload, workers, seed=0)
     n_calls = sum(w.num_calls for w in workload)
     assert (b.workflows_live, b.workflows_sim, b.calls_live, b.calls_sim) == (3, 3, n_calls, n_calls)
     assert b.token_mismatches == 1
@@ -235,7 +232,7 @@ class _Round(VllmFidelityReport):
 
 def test_a_series_reports_every_round_and_judges_the_median_gap(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each round's own report is tested with the real run; here it stands for itself.
-    monkeypatch.setattr(fidelity_vllm, "format_vllm_fidelity_report", lambda rep: f"<round {id(rep)}>")
+    monkeypatch.setattr(vllm_report, "format_vllm_fidelity_report", lambda rep: f"<round {id(rep)}>")
     rounds: list[VllmFidelityReport] = [
         _Round({"hexgen": (12.3, 10.0), "llf": (10.0, 10.0)}),
         _Round({"hexgen": (9.0, 10.0), "llf": (13.0, 10.0)}),
@@ -317,12 +314,12 @@ def test_the_host_table_says_what_else_ran_on_each_servers_cpu(monkeypatch: pyte
     }
     assert by["a"]["live_over_sim_on_worker"] == {"hexgen": pytest.approx(1.5)}
     assert by["b"]["replay"]["beside"] == 0.0 and by["b"]["live_over_sim_on_worker"] == {}  # unpinned, no calls
-    text = "\n".join(fidelity_vllm._host_lines(rep))
+    text = "\n".join(vllm_report._host_lines(rep))
     assert "0.90 / 5% / 0%" in text and "0.60 / 30% / 5%" in text and "0.40 / - / -" in text
     assert "the gateway and the replay client 0.30 cores" in text and "postgres 0.05" in text
-    monkeypatch.setattr(fidelity_vllm, "format_vllm_fidelity_report", lambda rep: "<round>")
+    monkeypatch.setattr(vllm_report, "format_vllm_fidelity_report", lambda rep: "<round>")
     series = VllmFidelitySeries([rep, rep])
     assert "what else ran on each server's CPUs" in format_vllm_fidelity_series(series)
     # Not measured (not Linux): no table, nothing in the JSON view.
     bare = _Round({"hexgen": (13.0, 10.0)})
-    assert bare.host_by_server() == {} and fidelity_vllm._host_lines(bare) == []
+    assert bare.host_by_server() == {} and vllm_report._host_lines(bare) == []

@@ -11,19 +11,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.bench.calibrate_live import PlanSettings
-from gateway.bench.interleave import (
+from gateway.bench.fidelity.compare import simulate_arrivals
+from gateway.bench.fidelity.interleave import (
     REQUESTS,
     InterleaveReport,
     ScenarioResult,
     check_interleaved,
     format_interleave_report,
     make_scenarios,
-    simulate_arrivals,
 )
 from gateway.cli import main
 from gateway.config import load_gpu_catalog
 from gateway.core.profile import PerfProfile, time_scaled
+from gateway.profiling.plan import PlanSettings
 from tests.emulator_process import emulated_client, emulator_process
 
 MODEL = "llama-3.1-70b"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.bench.interleave import simulate_arrivals
-from gateway.bench.openloop import format_open_loop_report, make_calls, run_open_loop
+from gateway.bench.fidelity.compare import simulate_arrivals
+from gateway.bench.fidelity.openloop import format_open_loop_report, make_calls, run_open_loop
 from gateway.cli import main
 from gateway.core.profile import PerfProfile, time_scaled
 from tests.emulator_process import emulated_client, emulator_process

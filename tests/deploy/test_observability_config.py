@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.config import load_gpu_catalog
 from gateway.live import metrics as metrics_module
 from gateway.live.metrics import GatewayMetrics
-from gateway.live.promparse import parse_worker_metrics
+from gateway.profiling.promparse import parse_worker_metrics
 from workers.emulator import EmulatorConfig, create_app
 
 ROOT = Path(__file__).resolve().parents[2]

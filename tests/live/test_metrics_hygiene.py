@@ -12,7 +12,7 @@ from gateway.live.metrics import (
     TUNING_RESULTS,
     GatewayMetrics,
 )
-from gateway.live.promparse import WorkerMetrics, parse_families
+from gateway.profiling.promparse import WorkerMetrics, parse_families
 
 
 def _families() -> dict[str, list[tuple[dict[str, str], float]]]:

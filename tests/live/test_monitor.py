@@ -8,8 +8,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from gateway.core.worker import WorkerInfo
-from gateway.live.promparse import WorkerMetrics
 from gateway.live.transport import CallResult
+from gateway.profiling.promparse import WorkerMetrics
 from tests.live.fake_transport import Hold, one_call, one_worker_pool
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gateway.config.tenants import hash_key
-from gateway.live.promparse import parse_families
 from gateway.live.statuspage import page_state
+from gateway.profiling.promparse import parse_families
 from tests.live.harness import chain, emulators, gateway_client, write_config
 
 GPUS = ["A100", "L40S"]

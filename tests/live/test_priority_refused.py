@@ -16,8 +16,8 @@ import uvicorn
 from gateway.config import load_gpu_catalog
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import CallFailed
-from gateway.live.promparse import parse_families
 from gateway.live.transport import LiveCall, PriorityRefused, _payload, _result
+from gateway.profiling.promparse import parse_families
 from tests.emulator_process import free_port
 from tests.live.harness import chain, emulators, gateway_client, write_config
 from workers.emulator import EmulatorConfig, create_app

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from prometheus_client import generate_latest
 
 from gateway.config import load_gpu_catalog
-from gateway.live.promparse import MetricsParseError, WorkerMetrics, parse_families, parse_worker_metrics
+from gateway.profiling.promparse import MetricsParseError, WorkerMetrics, parse_families, parse_worker_metrics
 from workers.emulator import EmulatorConfig, create_app
 
 Series = tuple[str, str, float, float, float]  # engine, model_name, running, waiting, kv usage

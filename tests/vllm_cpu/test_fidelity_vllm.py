@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.bench.fidelity_vllm import (
-    MODEL,
-    format_vllm_fidelity_report,
-    run_fidelity_vllm,
-)
+from gateway.bench.fidelity.vllm import run_fidelity_vllm
+from gateway.bench.fidelity.vllm_report import format_vllm_fidelity_report
+from gateway.bench.fidelity.vllm_servers import MODEL
 from gateway.config.gpus import load_profiles_file
 from workers import cpu_vllm
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gateway.config import CONFIG_DIR
-from gateway.live.promparse import parse_families
+from gateway.profiling.promparse import parse_families
 from tests.live.harness import BATCH_KEY, INTERACTIVE_KEY, gateway_client, wait_for
 from workers.cpu_vllm import SERVED_MODEL_NAME
 

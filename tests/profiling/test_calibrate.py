@@ -13,27 +13,23 @@ import numpy as np
 import pytest
 import yaml
 
-from gateway.bench.calibrate_live import (
-    CalibrationError,
-    CalibrationResult,
-    PlanSettings,
-    Probe,
-    ProbeWorker,
-    batch_features,
-    calibrate,
-    fit_constants,
-    format_report,
-    make_plan,
-    probe_features,
-    profile_entry,
-    render_profile_yaml,
-    scaled_profile,
-)
 from gateway.cli import main
 from gateway.config import DEFAULT_GPU_CATALOG, load_gpu_catalog
 from gateway.config.gpus import ProfileSpec
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
+from gateway.profiling.output import format_report, profile_entry, render_profile_yaml, scaled_profile
+from gateway.profiling.plan import (
+    CalibrationError,
+    PlanSettings,
+    Probe,
+    batch_features,
+    fit_constants,
+    make_plan,
+    probe_features,
+)
+from gateway.profiling.probe import CalibrationResult, calibrate
+from gateway.profiling.worker import ProbeWorker
 from gateway.sim.engine import SimEngine
 from tests.emulator_process import emulated_client, emulator_process
 from workers.emulator import KV_BLOCK_SIZE

@@ -1,4 +1,5 @@
-"""``hexflow bench fidelity``: does the simulator predict a cluster it only knows through ``hexflow calibrate``?
+"""``hexflow bench fidelity``, the emulated mode: does the simulator predict a cluster it only knows through
+``hexflow calibrate``?
 
     hexflow bench fidelity [--cluster paper-4gpu] [--trace chess-bird] [--policies hexgen] [--workflows 150]
         [--time-scale 0.05] [--budget-s 90] [--slo-scale 5] [--seed 0] [--log-dir DIR] [--json OUT]
@@ -7,7 +8,7 @@
    cluster's GPU types changed, each constant by its own factor (``FACTOR_SETS``, a different set per
    GPU type), so no worker runs at a speed the catalogue knows. The emulated cluster runs it
    (``python -m workers.cluster --catalog truth-gpus.yaml``).
-2. **Calibrate.** One worker of each GPU type is calibrated (``gateway.bench.calibrate_live``, the
+2. **Calibrate.** One worker of each GPU type is calibrated (``gateway.profiling.probe``, the
    ``hexflow calibrate`` plan within ``--budget-s`` wall seconds); its constants, measured in wall
    seconds, are divided by the time scale (modelled seconds) and written as that GPU's profile of a
    "calibrated" catalogue.
@@ -24,9 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from gateway.bench.calibrate_live import CalibrationResult, PlanSettings, calibrate, profile_entry
+from gateway.bench.fidelity.compare import live_gaps, simulate_runs, work_folder
 from gateway.bench.livebench import LiveBenchReport, format_live_report, run_live_bench
 from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
@@ -42,9 +41,11 @@ from gateway.bench.stats import finite_or_none, fmt, table
 from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, ProfileSpec
 from gateway.core.profile import PerfProfile, profile_from
+from gateway.core.workflow import Workflow
+from gateway.profiling.output import profile_entry
+from gateway.profiling.plan import PlanSettings
+from gateway.profiling.probe import CalibrationResult, calibrate
 from gateway.sim.calibrate import workflow_latency
-from gateway.sim.metrics import summarize
-from gateway.sim.simulator import Simulator
 
 __all__ = [
     "FACTOR_SETS",
@@ -115,7 +116,7 @@ class FidelityReport:
 
     def gaps(self) -> dict[str, dict[str, float]]:
         """Policy -> live/simulated - 1 of P95 and SLO attainment (calibrated profiles)."""
-        return {r.policy: {"p95": r.p95_ratio - 1.0, "slo": r.slo_ratio - 1.0} for r in self.live.runs}
+        return live_gaps(self.live)
 
     def within_target(self) -> bool:
         """Every policy's live P95 and SLO attainment within ``TARGET`` of the simulator's."""
@@ -169,10 +170,6 @@ def run_fidelity(
     the configs go to ``log_dir`` (kept) or a temporary folder removed after a successful run."""
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time scale must be a positive number, got {time_scale}")
-    say = print if progress else (lambda *_a, **_k: None)
-    keep = log_dir is not None
-    folder = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="hexflow-fidelity-"))
-    folder.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(Path(DEFAULT_GPU_CATALOG).read_text())
     resolved = load_cluster_config(cluster).expanded()
     gpus = list(dict.fromkeys(rw.gpu for rw in resolved))
@@ -180,32 +177,18 @@ def run_fidelity(
     if len(models) != 1:
         raise ValueError(f"{cluster}: the fidelity benchmark needs one model, the cluster serves {sorted(models)}")
     model = models.pop()
-    truth_path = _write_catalog(perturbed_catalog(base, model, gpus), folder / "truth-gpus.yaml")
-    truth_cat = load_gpu_catalog(truth_path)
-    ok = False
-    try:
-        calibrations: list[GpuCalibration] = []
+    with work_folder(log_dir, "hexflow-fidelity-") as folder:
+        truth_path = _write_catalog(perturbed_catalog(base, model, gpus), folder / "truth-gpus.yaml")
+        truth_cat = load_gpu_catalog(truth_path)
         cal_doc = yaml.safe_load(yaml.safe_dump(base))
         with cluster_process(cluster, time_scale, folder, "calibrate", ["--catalog", str(truth_path)]) as (_, urls):
+            calibrations = []
             for g in gpus:
                 i = next(k for k, rw in enumerate(resolved) if rw.gpu == g)
-                rw = resolved[i]
-                spec = truth_cat.profile_spec(g, model)
-                s = settings or PlanSettings(max_num_seqs=spec.max_num_seqs, max_batched_tokens=spec.max_batched_tokens)
-                say(f"calibrating {rw.name} ({g}) at {urls[i]} within {budget_s:g} s", file=sys.stderr, flush=True)
-                res = asyncio.run(
-                    calibrate(
-                        urls[i],
-                        rw.served_model or model,
-                        gpu=g,
-                        tp=spec.tp,
-                        budget_s=budget_s,
-                        settings=s,
-                        progress=progress,
-                    )
+                res = _calibrate_one(
+                    urls[i], resolved[i], truth_cat, model, budget_s=budget_s, settings=settings, progress=progress
                 )
-                entry = profile_entry(res, scale=time_scale)
-                cal_doc["profiles"][model][g] = entry
+                entry = cal_doc["profiles"][model][g] = profile_entry(res, scale=time_scale)
                 calibrations.append(GpuCalibration(g, truth_cat.profile(g, model), _perf(g, model, entry), res))
         cal_path = _write_catalog(cal_doc, folder / "calibrated-gpus.yaml")
         live = run_live_bench(
@@ -222,13 +205,29 @@ def run_fidelity(
             emulator_catalog=truth_path,
         )
         truth_sim = _simulate_with(truth_cat, cluster, trace, live, seed=seed, slo_scale=slo_scale)
-        ok = True
-    finally:
-        if ok and not keep:
-            shutil.rmtree(folder, ignore_errors=True)
-        elif not ok:
-            print(f"hexflow: fidelity logs and catalogues are in {folder}", file=sys.stderr)
     return FidelityReport(calibrations, live, truth_sim)
+
+
+def _calibrate_one(
+    url: str,
+    rw: Any,
+    truth: GpuCatalog,
+    model: str,
+    *,
+    budget_s: float,
+    settings: PlanSettings | None,
+    progress: bool,
+) -> CalibrationResult:
+    """Calibrate the emulated worker ``rw`` (a resolved worker of the cluster) at ``url``."""
+    spec = truth.profile_spec(rw.gpu, model)
+    s = settings or PlanSettings(max_num_seqs=spec.max_num_seqs, max_batched_tokens=spec.max_batched_tokens)
+    if progress:
+        print(f"calibrating {rw.name} ({rw.gpu}) at {url} within {budget_s:g} s", file=sys.stderr, flush=True)
+    return asyncio.run(
+        calibrate(
+            url, rw.served_model or model, gpu=rw.gpu, tp=spec.tp, budget_s=budget_s, settings=s, progress=progress
+        )
+    )
 
 
 def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
@@ -247,14 +246,14 @@ def _simulate_with(
     setup = replay_setup(trace, workers, workflows=live.workflows, seed=seed, slo_scale=slo_scale)
     factor = live.slo_s / setup.slo_s if setup.slo_s > 0 else 1.0
     workload = replay_workload(setup, live.rate_qps)
-    out = {}
-    for r in live.runs:
-        dags = [w.dag() for w in workload]
-        dags = [d.shifted(d.arrival, d.arrival + (d.deadline - d.arrival) * factor) for d in dags]
-        res = Simulator(workers, r.policy, alpha=r.alpha, seed=seed, prefix_caching=True).run(dags)
-        s = summarize(res, total=len(dags))
-        out[r.policy] = {"p95_s": float(s.p95_s), "slo_attainment": float(s.slo_attainment)}
-    return out
+
+    def dags() -> list[Workflow]:
+        return [
+            d.shifted(d.arrival, d.arrival + (d.deadline - d.arrival) * factor) for d in (w.dag() for w in workload)
+        ]
+
+    sums = simulate_runs(live, workers, dags, seed=seed)
+    return {p: {"p95_s": float(s.p95_s), "slo_attainment": float(s.slo_attainment)} for p, s in sums.items()}
 
 
 def format_fidelity_report(rep: FidelityReport) -> str:

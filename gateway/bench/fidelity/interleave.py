@@ -1,12 +1,12 @@
-"""``hexflow calibrate --check-interleaved N``: does the fitted profile predict the worker when requests
-overlap the way a replay's do?
+"""``hexflow calibrate --check-interleaved N``, the interleaved mode of the fidelity family: does the fitted
+profile predict the worker when requests overlap the way a replay's do?
 
 The calibration's probes are lone requests and batches whose requests start together; in service, prompts
 arrive while other requests decode, and each prompt's chunks share iterations with those decodes. This
 check sends ``N`` scenarios of ``REQUESTS`` requests each at staggered times (exponential gaps, shapes drawn
 within the plan's prompt and output bounds, each prompt its own so nothing hits the prefix cache) and
-compares every request's latency with the simulated engine's (``gateway.sim.engine.SimEngine``, the model
-the simulator and the scheduler use) for the same arrivals and shapes under the fitted profile. It reports,
+compares every request's latency with the simulated engine's (``compare.simulate_arrivals``) for the same
+arrivals and shapes under the fitted profile. It reports,
 per scenario, live over predicted of the summed latencies and of each request, and the median over
 scenarios: above 1, the worker is slower under interleaving than the profile says (the fit cannot see it:
 no probe of the plan interleaves).
@@ -17,28 +17,27 @@ decoding without queueing for long. Safety as in the calibration: at most ``conc
 flight (a later arrival waits in the client, which the simulated engine sees as its own waiting queue: the
 simulation runs with ``max_num_seqs`` = that concurrency), back-off while others' requests queue on the
 worker, and a hard time budget (a scenario predicted not to end within what is left is skipped; requests
-still running at the budget are cancelled).
+still running at the budget are cancelled, and a scenario with a request unanswered ends the check).
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import math
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
-from gateway.bench.calibrate_live import PlanSettings, Probe, ProbeWorker
+from gateway.bench.fidelity.compare import simulate_arrivals
 from gateway.bench.stats import table
 from gateway.core.profile import PerfProfile
-from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
-from gateway.sim.engine import SimEngine
+from gateway.profiling.plan import PlanSettings
+from gateway.profiling.worker import Arrival, ProbeWorker, send_arrivals
 
 __all__ = [
     "REQUESTS",
@@ -47,16 +46,12 @@ __all__ = [
     "check_interleaved",
     "format_interleave_report",
     "make_scenarios",
-    "simulate_arrivals",
 ]
 
 REQUESTS = 10
 """Requests per scenario."""
 SEED_BASE = 1_000_000
 """Prompt seeds of the check start here (the calibration's probes use small seeds: no shared prompt)."""
-
-Arrival = tuple[float, int, int]
-"""(offset from the scenario's start in seconds, prompt tokens, output tokens)."""
 
 
 def make_scenarios(
@@ -77,35 +72,6 @@ def make_scenarios(
             arrivals.append((round(t, 4), p, o))
         out.append(arrivals)
     return out
-
-
-def simulate_arrivals(profile: PerfProfile, arrivals: Sequence[Arrival]) -> list[float]:
-    """Each request's latency (its arrival to its answer, the profile's request overhead included) on one
-    simulated engine with this profile, requests arriving at the given offsets."""
-    eng = SimEngine(profile)
-    calls = []
-    for i, (_, n_in, n_out) in enumerate(arrivals):
-        spec = CallSpec("check", n_in, n_out)
-        calls.append(Call(i, StagedWorkflow(i, "check", 0.0, math.inf, [Stage("check", (spec,))]), spec, 0.0, seq=i))
-    events: list[tuple[float, int, int, int]] = [(t, 0, i, 0) for i, (t, _, _) in enumerate(arrivals)]
-    heapq.heapify(events)
-    done: dict[int, float] = {}
-    seq = len(arrivals)
-    while events:
-        t, kind, i, version = heapq.heappop(events)
-        if kind == 0:
-            eng.add(calls[i])
-            changed = eng.kick(t)
-        else:
-            if version != eng.version or not eng.busy:
-                continue
-            for c in eng.on_wake(t):
-                done[c.id] = t
-            changed = eng.kick(t)
-        if changed:
-            seq += 1
-            heapq.heappush(events, (eng.wake_at, 1, seq, eng.version))
-    return [done[i] - arrivals[i][0] + profile.request_overhead_s for i in range(len(arrivals))]
 
 
 @dataclass(frozen=True)
@@ -201,50 +167,24 @@ async def check_interleaved(
             if (load is not None and load.queued > 0) or clock() + makespan > deadline:
                 skipped += 1
                 continue
-            live = await _run_scenario(w, arrivals, k, concurrency, deadline, clock, sleep)
-            if live is None:
+            run = await send_arrivals(
+                w,
+                arrivals,
+                max_inflight=concurrency,
+                deadline=deadline,
+                clock=clock,
+                sleep=sleep,
+                seed_base=SEED_BASE + k * 1000,
+            )
+            if not run.complete:
                 skipped += 1
-                break  # the budget ended mid-scenario
+                break  # the budget ended mid-scenario (or a request failed)
             lone = tuple(profile.single_latency(p, o) for _, p, o in arrivals)
-            results.append(ScenarioResult(tuple(arrivals), tuple(live), tuple(predicted), lone))
+            results.append(ScenarioResult(tuple(arrivals), tuple(run.latencies), tuple(predicted), lone))
     finally:
         if own:
             await http.aclose()
     return InterleaveReport(concurrency, tuple(results), skipped)
-
-
-async def _run_scenario(
-    w: ProbeWorker,
-    arrivals: Sequence[Arrival],
-    k: int,
-    concurrency: int,
-    deadline: float,
-    clock: Callable[[], float],
-    sleep: Callable[[float], Awaitable[None]],
-) -> list[float] | None:
-    """Each request's latency from its arrival time (a wait for a free slot in the client included); None
-    when the budget ended first (the requests still running are cancelled)."""
-    slots = asyncio.Semaphore(concurrency)
-    t0 = clock()
-
-    async def one(i: int, at: float, prompt: int, output: int) -> float:
-        await sleep(max(0.0, t0 + at - clock()))
-        arrived = clock()
-        async with slots:
-            probe = Probe("lone", prompt, output, 1, seed=SEED_BASE + k * 1000 + i)
-            await w.complete(probe, clock, deadline - clock())
-        return clock() - arrived
-
-    tasks = [asyncio.ensure_future(one(i, *a)) for i, a in enumerate(arrivals)]
-    try:
-        async with asyncio.timeout(max(0.0, deadline - clock())):
-            return list(await asyncio.gather(*tasks))
-    except (TimeoutError, httpx.TimeoutException):
-        return None
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def format_interleave_report(rep: InterleaveReport) -> str:

@@ -1,4 +1,5 @@
-"""``hexflow bench open-loop``: does a calibrated profile predict its worker under a workload's own load?
+"""``hexflow bench open-loop``, the open-loop mode of the fidelity family: does a calibrated profile predict
+its worker under a workload's own load?
 
     hexflow bench open-loop --worker URL --model NAME --profile FILE [--label LABEL] [--rates 4,8,16]
         [--calls 300] [--trace chess-bird] [--token-scale 0.125] [--seed 0] [--max-inflight 64]
@@ -8,7 +9,7 @@ The calibration's probes are lone requests, batches sent together and decode ste
 gateway mixes a dispatcher, its queues and its online learning with the engine. This check isolates the
 engine model: calls drawn from a workload (every Text-to-SQL stage's prompt and output lengths, times
 ``--token-scale``) arrive at one worker open loop (Poisson at each ``--rates`` value, no gateway), and each
-call's latency is compared with the simulated engine's (``gateway.sim.engine.SimEngine``, the model the
+call's latency is compared with the simulated engine's (``compare.simulate_arrivals``, the model the
 simulator and the scheduler use) for the same arrivals under the profile (a ``profiles`` overlay, e.g.
 what ``hexflow calibrate --out`` wrote). Reported per rate and per kind of call: mean latency live and
 simulated and their ratio, and P95 of all calls; above 1 the worker is slower under load than the profile
@@ -23,10 +24,8 @@ whole command, after which requests still running are cancelled and the rate's r
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
-import secrets
 import statistics
 import time
 from collections.abc import Sequence
@@ -35,11 +34,11 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.calibrate_live import TOKEN_ID_RANGE
-from gateway.bench.interleave import simulate_arrivals
+from gateway.bench.fidelity.compare import p95, simulate_arrivals
 from gateway.bench.replay import scale_queries, workload_queries
 from gateway.bench.stats import finite_or_none, table
 from gateway.core.profile import PerfProfile
+from gateway.profiling.worker import ProbeWorker, send_arrivals
 
 __all__ = [
     "OpenLoopCall",
@@ -117,9 +116,9 @@ class RateResult:
                 "mean_live_s": statistics.fmean(live),
                 "mean_sim_s": statistics.fmean(sim),
                 "mean_ratio": statistics.fmean(live) / statistics.fmean(sim),
-                "p95_live_s": _p95(live),
-                "p95_sim_s": _p95(sim),
-                "p95_ratio": _p95(live) / _p95(sim),
+                "p95_live_s": p95(live),
+                "p95_sim_s": p95(sim),
+                "p95_ratio": p95(live) / p95(sim),
             }
         kinds: dict[str, Any] = {}
         for kind in sorted({c.kind for c in self.calls}):
@@ -165,67 +164,26 @@ class OpenLoopReport:
         }
 
 
-def _p95(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, math.ceil(0.95 * len(s)) - 1)]
-
-
 async def _send_all(
-    client: httpx.AsyncClient,
-    url: str,
-    model: str,
-    calls: Sequence[OpenLoopCall],
-    *,
-    max_inflight: int,
-    deadline: float,
-    progress: bool,
+    w: ProbeWorker, calls: Sequence[OpenLoopCall], *, max_inflight: int, deadline: float, progress: bool
 ) -> tuple[list[float], int]:
-    """Send each call at its time (bounded in flight); its latency from its send time, NaN if it failed or
-    the deadline came first."""
+    """Send each call at its time (``send_arrivals``): its latency from its arrival (NaN if it failed or the
+    deadline came first), and how many waited in the client."""
     from tqdm import tqdm
 
-    salt = secrets.token_hex(8)
-    slots = asyncio.Semaphore(max_inflight)
-    live = [math.nan] * len(calls)
-    waits = 0
     bar = tqdm(total=len(calls), desc="open loop", unit="call", disable=not progress, leave=False)
-    t0 = time.monotonic() + 0.2
-
-    async def one(i: int, c: OpenLoopCall) -> None:
-        nonlocal waits
-        await asyncio.sleep(max(0.0, t0 + c.at - time.monotonic()))
-        sent = time.monotonic()
-        if slots.locked():
-            waits += 1
-        async with slots:
-            rng = random.Random(f"{salt}/{i}")
-            body = {
-                "model": model,
-                "prompt": [rng.randrange(*TOKEN_ID_RANGE) for _ in range(c.prompt)],
-                "max_tokens": c.output,
-                "min_tokens": c.output,
-                "ignore_eos": True,
-                "temperature": 0.0,
-            }
-            try:
-                r = await client.post(
-                    f"{url}/v1/completions", json=body, timeout=max(deadline - time.monotonic(), 0.001)
-                )
-            except httpx.HTTPError:
-                return
-            finally:
-                bar.update(1)
-            if r.status_code == 200:
-                live[i] = time.monotonic() - sent
-
     try:
-        async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
-            await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
-    except TimeoutError:
-        pass
+        run = await send_arrivals(
+            w,
+            [(c.at, c.prompt, c.output) for c in calls],
+            max_inflight=max_inflight,
+            deadline=deadline,
+            clock=time.monotonic,
+            on_done=lambda: bar.update(1),
+        )
     finally:
         bar.close()
-    return live, waits
+    return run.latencies, run.client_waits
 
 
 async def run_open_loop(
@@ -262,7 +220,7 @@ async def run_open_loop(
                 break
             start = time.monotonic()
             live, waits = await _send_all(
-                http, url, model, plan, max_inflight=max_inflight, deadline=deadline, progress=progress
+                ProbeWorker(http, url, model), plan, max_inflight=max_inflight, deadline=deadline, progress=progress
             )
             sim = simulate_arrivals(profile, [(c.at, c.prompt, c.output) for c in plan])
             done = all(math.isfinite(v) for v in live)

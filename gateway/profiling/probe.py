@@ -1,0 +1,484 @@
+"""``hexflow calibrate``: probe a live OpenAI-compatible worker and fit its performance profile.
+
+    hexflow calibrate --worker URL --model NAME [--gpu LABEL] [--tp N] [--out FILE] [--budget-s N]
+        [--max-concurrency N] [--max-prompt N] [--max-output N] [--max-num-seqs N]
+        [--max-batched-tokens N] [--kv-tokens N] [--step-output N] [--plot PNG] [--json FILE] [--quiet]
+
+The plan and the model of each probe are in ``gateway.profiling.plan``, the HTTP side in
+``gateway.profiling.worker``, the written profile and the report in ``gateway.profiling.output``.
+
+**Safe against a production worker.** Concurrency never exceeds ``--max-concurrency`` (default 16, and
+never above ``--max-num-seqs``). Before every probe the worker's ``/metrics`` is read; while
+``vllm:num_requests_waiting`` is above zero (others' traffic is queued) the calibration backs off (1 s,
+doubling up to 30 s) instead of adding load. The budget is a hard stop: a probe predicted (by the fit
+so far) not to end within it is skipped, and requests still running when it ends are cancelled (vLLM
+aborts a request whose client went away). Probes measured while others' requests were running are
+counted in the report: their latencies include the others' share of each batch.
+
+**KV capacity**: ``--kv-tokens`` when given; else vLLM's ``vllm:cache_config_info`` gauge (its
+``kv_cache_size_tokens`` label, or ``num_gpu_blocks x block_size`` before vLLM 0.32: the engine's own
+figure); else estimated from ``vllm:kv_cache_usage_perc`` read halfway through the largest batch probe
+(tokens held / usage: coarse, a block's worth per request). The KV block size (``block_tokens``: the
+prefix cache reuses whole blocks) from the same gauge's ``block_size`` label, else vLLM's GPU default of
+16 (its CPU backend uses 128).
+``max_num_seqs`` and ``max_batched_tokens`` are not in vLLM's metrics; pass the worker's ``--max-num-seqs``
+and ``--max-num-batched-tokens`` (defaults: 64 and 2048).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import math
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+import numpy as np
+
+from gateway.core.prefix import BLOCK_TOKENS
+from gateway.core.profile import PerfProfile
+from gateway.profiling.plan import (
+    FITTED,
+    CalibrationError,
+    PlanSettings,
+    Probe,
+    Vector,
+    fit_constants,
+    make_plan,
+    probe_features,
+    step_short,
+)
+from gateway.profiling.promparse import KV_CACHE_USAGE
+from gateway.profiling.worker import CACHE_CONFIG_INFO, ProbeWorker, WorkerLoad
+
+__all__ = ["MIN_POSITIVE", "CalibrationResult", "Measurement", "calibrate"]
+
+MIN_POSITIVE = 1e-12
+"""``iter_base_s`` and ``token_s`` must be positive in ``gpus.yaml``; a fit at 0 is written as this."""
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+@dataclass
+class Measurement:
+    """One probe as measured: the median latency of its requests and the worker's token counts (a ``step``
+    probe: seconds per decode step, its long batch's output and, in ``short_tokens``, its short one's)."""
+
+    probe: Probe
+    latency_s: float
+    prompt_tokens: int
+    output_tokens: int
+    others_running: float | None
+    """Requests running on the worker just before the probe (others' traffic); None without metrics."""
+    fitted_s: float = math.nan
+    short_tokens: int | None = None
+
+    @property
+    def error(self) -> float:
+        """``fitted / measured - 1``."""
+        return self.fitted_s / self.latency_s - 1.0
+
+    def features(self, chunk: int) -> np.ndarray:
+        """This probe's coefficient row (``probe_features`` with the worker's token counts)."""
+        p = self.probe
+        return probe_features(p.kind, p.concurrency, self.prompt_tokens, self.output_tokens, chunk, self.short_tokens)
+
+
+@dataclass
+class CalibrationResult:
+    """Everything ``hexflow calibrate`` measured and fitted."""
+
+    worker: str
+    model: str
+    gpu: str
+    tp: int
+    settings: PlanSettings
+    measurements: list[Measurement]
+    constants: Vector
+    kv_capacity_tokens: int | None
+    kv_source: str
+    prefix_ratio: float | None
+    """Latency of the repeated prompt over its first send (well below 1: prefix caching is on)."""
+    prefix_hits_tokens: float | None
+    backoffs: int
+    backoff_s: float
+    skipped: int
+    stopped_by_budget: bool
+    planned: int
+    wall_s: float
+    budget_s: float
+    measured_at: str
+    metrics_available: bool
+    block_tokens: int = BLOCK_TOKENS
+    """The worker's KV block size (its prefix cache reuses whole blocks), from ``vllm:cache_config_info``."""
+    block_source: str = "default"
+
+    @property
+    def fitted(self) -> list[Measurement]:
+        """The measurements the fit used (every probe but the repeated prefix)."""
+        return [m for m in self.measurements if m.probe.kind != "prefix"]
+
+    def profile(self, *, kv_capacity_tokens: int | None = None) -> PerfProfile:
+        """The fitted ``PerfProfile`` (``CalibrationError`` when the KV capacity is unknown)."""
+        kv = kv_capacity_tokens if kv_capacity_tokens is not None else self.kv_capacity_tokens
+        if kv is None or kv < 1:
+            raise CalibrationError(
+                "the worker exposes no KV-cache capacity (vllm:cache_config_info) and none could be estimated; "
+                "rerun with --kv-tokens N"
+            )
+        x, t, c, o, a, q, h = self.constants
+        s = self.settings
+        return PerfProfile(
+            self.gpu,
+            self.model,
+            max(x, MIN_POSITIVE),
+            max(t, MIN_POSITIVE),
+            c,
+            o,
+            kv,
+            s.max_num_seqs,
+            s.max_batched_tokens,
+            a,
+            self.block_tokens,
+            q,
+            h,
+        )
+
+    def errors(self) -> list[float]:
+        """Relative error of each fitted probe."""
+        return [m.error for m in self.fitted]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (``--json``)."""
+        num = _finite
+        return {
+            "worker": self.worker,
+            "model": self.model,
+            "gpu": self.gpu,
+            "tp": self.tp,
+            "measured_at": self.measured_at,
+            "constants": dict(zip(FITTED, self.constants, strict=True)),
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "kv_source": self.kv_source,
+            "block_tokens": self.block_tokens,
+            "block_source": self.block_source,
+            "max_num_seqs": self.settings.max_num_seqs,
+            "max_batched_tokens": self.settings.max_batched_tokens,
+            "prefix_ratio": num(self.prefix_ratio),
+            "prefix_hits_tokens": num(self.prefix_hits_tokens),
+            "backoffs": self.backoffs,
+            "backoff_s": self.backoff_s,
+            "skipped": self.skipped,
+            "stopped_by_budget": self.stopped_by_budget,
+            "planned": self.planned,
+            "wall_s": self.wall_s,
+            "budget_s": self.budget_s,
+            "probes": self.probes_json(),
+        }
+
+    def probes_json(self) -> list[dict[str, Any]]:
+        """Every probe: its shape, measured and fitted latency and the fit's error (null for the prefix
+        repeat, which is not fitted)."""
+        num = _finite
+        return [
+            {
+                "kind": m.probe.kind,
+                "concurrency": m.probe.concurrency,
+                "prompt_tokens": m.prompt_tokens,
+                "output_tokens": m.output_tokens,
+                "measured_s": m.latency_s,
+                "fitted_s": num(m.fitted_s),
+                "error": num(m.error) if m.probe.kind != "prefix" else None,
+                "others_running": m.others_running,
+            }
+            for m in self.measurements
+        ]
+
+
+class _Run:
+    """One calibration in progress: the probes measured so far, the fit of them, and what the worker's
+    metrics said (``calibrate`` runs the plan through it)."""
+
+    def __init__(
+        self,
+        w: ProbeWorker,
+        s: PlanSettings,
+        deadline: float,
+        kv_tokens: int | None,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        self.w, self.s, self.deadline, self.kv_tokens = w, s, deadline, kv_tokens
+        self.clock, self.sleep = clock, sleep
+        self.chunk = s.max_batched_tokens
+        self.measured: list[Measurement] = []
+        self.backoffs, self.backoff_s, self.skipped = 0, 0.0, 0
+        self.stopped = False
+        self.metrics_seen = False
+        self.kv_found: int | None = None
+        self.block_found: int | None = None
+        self.kv_usage_est: int | None = None
+        self.prefix_hits: list[float] = []
+        self.constants: Vector | None = None
+        self.coef: np.ndarray | None = None
+        self.bar: Any = None
+
+    def refit(self) -> None:
+        """Fit the constants to the probes so far (once four distinct shapes are measured)."""
+        rows = [m for m in self.measured if m.probe.kind != "prefix"]
+        if len({(m.probe.concurrency, m.prompt_tokens, m.output_tokens) for m in rows}) >= 4:
+            a = np.array([m.features(self.chunk) for m in rows])
+            c = fit_constants(a, np.array([m.latency_s for m in rows]))
+            self.constants, self.coef = (c[0], c[1], c[2], c[3], c[4], c[5], c[6]), np.array(c)
+
+    def predict(self, p: Probe) -> float | None:
+        """The probe's wall time by the fit so far (a step probe: both its batches)."""
+        if self.coef is None:
+            return None
+        coef = self.coef
+        parts = (
+            [p]
+            if p.kind != "step"
+            else [replace(p, kind="batch"), replace(p, kind="batch", output=step_short(p.output))]
+        )
+        return sum(float(probe_features(q.kind, q.concurrency, q.prompt, q.output, self.chunk) @ coef) for q in parts)
+
+    def on_wait(self, waiting: float, wait_s: float) -> None:
+        """A back-off while ``waiting`` of others' requests queue."""
+        self.metrics_seen = True
+        self.backoffs += 1
+        self.backoff_s += wait_s
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"backing off: {waiting:g} waiting")
+
+    def note(self, load: WorkerLoad | None) -> bool:
+        """Keep what the worker's metrics said; False when others' requests still queue (the budget ended
+        while backing off)."""
+        if load is None:
+            return True
+        self.metrics_seen = True
+        if load.kv_tokens is not None:
+            self.kv_found = load.kv_tokens
+        if load.block_tokens is not None:
+            self.block_found = load.block_tokens
+        if load.prefix_hits is not None:
+            self.prefix_hits.append(load.prefix_hits)
+        return load.queued <= 0
+
+    async def run(self, plan: Sequence[Probe], progress: bool) -> None:
+        """Every probe of ``plan`` in turn until the budget ends."""
+        from tqdm import tqdm
+
+        bar = self.bar = tqdm(total=len(plan), desc="calibrate", unit="probe", disable=not progress, leave=False)
+        try:
+            for probe in plan:
+                bar.update(1)
+                # Back off while others' requests queue on the worker (never add load to a queue).
+                load = await self.w.load_when_quiet(self.deadline, self.clock, self.sleep, self.on_wait)
+                remaining = self.deadline - self.clock()
+                if remaining <= 0 or not self.note(load):
+                    self.stopped = True
+                    break
+                guess = self.predict(probe)
+                if guess is not None and guess * 1.2 > remaining:
+                    self.skipped += 1
+                    continue
+                bar.set_postfix_str(f"{probe.kind} {probe.concurrency}x{probe.prompt}+{probe.output}")
+                if not await self.measure(probe, load, guess, remaining):
+                    self.stopped = True
+                    break
+            load = await self.w.load()
+            if load is not None and load.prefix_hits is not None:
+                self.prefix_hits.append(load.prefix_hits)
+        finally:
+            bar.close()
+
+    async def measure(self, probe: Probe, load: WorkerLoad | None, guess: float | None, remaining: float) -> bool:
+        """Send one probe and keep its measurement; False when the budget ended during it."""
+        w, clock = self.w, self.clock
+        watch: asyncio.Task[int | None] | None = None
+        if probe.kind == "batch" and guess is not None and self.kv_tokens is None and self.constants is not None:
+            watch = asyncio.ensure_future(_watch_usage(w, probe, guess, self.constants, self.sleep, clock))
+        shorts: list[tuple[float, int, int]] = []
+        try:
+            async with asyncio.timeout(remaining):
+                results = await asyncio.gather(
+                    *(w.complete(probe, clock, remaining, j) for j in range(probe.concurrency))
+                )
+                if probe.kind == "step":
+                    short = replace(probe, output=step_short(probe.output))
+                    left = max(self.deadline - clock(), 0.001)
+                    shorts = await asyncio.gather(
+                        *(w.complete(short, clock, left, probe.concurrency + j) for j in range(probe.concurrency))
+                    )
+        except (TimeoutError, httpx.TimeoutException):
+            return False
+        finally:
+            if watch is not None:
+                if watch.done() and not watch.cancelled() and watch.exception() is None:
+                    self.kv_usage_est = watch.result() or self.kv_usage_est
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+        whole = Measurement(
+            probe,
+            float(statistics.median([r[0] for r in results])),
+            _median_int([r[1] for r in results]),
+            _median_int([r[2] for r in results]),
+            None if load is None else load.running,
+        )
+        got = _step_measurement(whole, results, shorts) if probe.kind == "step" else whole
+        if got is not None:
+            self.measured.append(got)
+            if probe.kind != "prefix":
+                self.refit()
+        return True
+
+    def kv(self) -> tuple[int | None, str]:
+        """The KV capacity and where it came from."""
+        if self.kv_tokens is not None:
+            return self.kv_tokens, "--kv-tokens"
+        if self.kv_found is not None:
+            return self.kv_found, CACHE_CONFIG_INFO
+        if self.kv_usage_est is not None:
+            return self.kv_usage_est, f"estimated from {KV_CACHE_USAGE} during the largest batch probe (coarse)"
+        return None, "unknown"
+
+    def prefix(self) -> tuple[float | None, float | None]:
+        """The repeated prompt's latency over its first send's, and the prefix-cache hits meanwhile."""
+        first = next((m for m in self.measured if m.probe.kind == "lone" and _same_prompt(m, self.measured)), None)
+        again = next((m for m in self.measured if m.probe.kind == "prefix"), None)
+        ratio = again.latency_s / first.latency_s if first is not None and again is not None else None
+        hits = self.prefix_hits[-1] - self.prefix_hits[0] if len(self.prefix_hits) >= 2 else None
+        return ratio, hits
+
+
+async def calibrate(
+    worker: str,
+    model: str,
+    *,
+    gpu: str = "measured",
+    tp: int = 1,
+    budget_s: float = 300.0,
+    settings: PlanSettings | None = None,
+    kv_tokens: int | None = None,
+    client: httpx.AsyncClient | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    progress: bool = True,
+) -> CalibrationResult:
+    """Run the probe plan against ``worker`` (its base URL) within ``budget_s`` and fit the profile.
+
+    ``client``, ``clock`` and ``sleep`` are injected for tests (default: an ``httpx.AsyncClient`` sized to
+    the plan's concurrency, the monotonic clock, ``asyncio.sleep``).
+    """
+    s = settings or PlanSettings()
+    if not (budget_s > 0 and math.isfinite(budget_s)):
+        raise ValueError("budget-s must be a positive number")
+    if kv_tokens is not None and kv_tokens < 1:
+        raise ValueError("kv-tokens must be >= 1")
+    plan = make_plan(s)
+    own = client is None
+    http = client or httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=min(s.max_concurrency, s.max_num_seqs) + 2),
+        timeout=httpx.Timeout(60.0, connect=10.0),
+    )
+    t_start = clock()
+    run = _Run(ProbeWorker(http, worker, model), s, t_start + budget_s, kv_tokens, clock, sleep)
+    try:
+        await run.run(plan, progress)
+    finally:
+        if own:
+            await http.aclose()
+    wall = clock() - t_start
+    run.refit()
+    if run.constants is None or run.coef is None:
+        raise CalibrationError(
+            f"fewer than 4 distinct probes measured within the budget of {budget_s:g} s; raise --budget-s"
+        )
+    for m in run.measured:
+        m.fitted_s = float(m.features(run.chunk) @ run.coef)
+    kv, kv_source = run.kv()
+    block, block_source = (
+        (run.block_found, CACHE_CONFIG_INFO) if run.block_found is not None else (BLOCK_TOKENS, "default")
+    )
+    ratio, hits = run.prefix()
+    return CalibrationResult(
+        worker=worker,
+        model=model,
+        gpu=gpu,
+        tp=tp,
+        settings=s,
+        measurements=run.measured,
+        constants=run.constants,
+        kv_capacity_tokens=kv,
+        kv_source=kv_source,
+        prefix_ratio=ratio,
+        prefix_hits_tokens=hits,
+        backoffs=run.backoffs,
+        backoff_s=run.backoff_s,
+        skipped=run.skipped,
+        stopped_by_budget=run.stopped,
+        planned=len(plan),
+        wall_s=wall,
+        budget_s=budget_s,
+        measured_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        metrics_available=run.metrics_seen,
+        block_tokens=block,
+        block_source=block_source,
+    )
+
+
+def _step_measurement(
+    m: Measurement, longs: Sequence[tuple[float, int, int]], shorts: Sequence[tuple[float, int, int]]
+) -> Measurement | None:
+    """A step probe's measurement from its two batches: the difference of their mean latencies over the
+    difference of their outputs (None when the worker's outputs do not differ: nothing to divide by)."""
+    out_long, out_short = _median_int([r[2] for r in longs]), _median_int([r[2] for r in shorts])
+    if out_long <= out_short or out_short < 1:
+        return None
+    per_step = (statistics.fmean(r[0] for r in longs) - statistics.fmean(r[0] for r in shorts)) / (out_long - out_short)
+    if not per_step > 0:
+        return None
+    return replace(m, latency_s=per_step, output_tokens=out_long, short_tokens=out_short)
+
+
+def _median_int(xs: Sequence[int]) -> int:
+    return int(statistics.median_low(xs))
+
+
+def _same_prompt(m: Measurement, all_: Sequence[Measurement]) -> bool:
+    return any(o.probe.kind == "prefix" and o.probe.seed == m.probe.seed for o in all_)
+
+
+async def _watch_usage(
+    w: ProbeWorker,
+    probe: Probe,
+    predicted_s: float,
+    constants: Vector,
+    sleep: Callable[[float], Awaitable[None]],
+    clock: Callable[[], float],
+) -> int | None:
+    """Halfway through a batch probe, estimate the KV capacity as tokens held / ``kv_cache_usage``.
+
+    The tokens held are the batch's prompts plus the decode steps the fit says have run by then.
+    None when the worker exports no usage or nothing runs.
+    """
+    t0 = clock()
+    await sleep(predicted_s / 2)
+    load = await w.load()
+    if load is None or not load.kv_usage or load.running is None or load.running < 1:
+        return None
+    x, t, c, o, a, q, h = constants
+    n, p = probe.concurrency, probe.prompt
+    elapsed = clock() - t0 - o - n * h - (x + t * n * p + a * n * p * (p + 1) / 2)
+    step = x + (t + q) * n + c * n * p
+    k = min(probe.output, max(0.0, elapsed / step)) if step > 0 else 0.0
+    return int(load.running * (p + k) / load.kv_usage)
