@@ -37,7 +37,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -382,44 +382,11 @@ class ReplayReport:
 
     def to_json(self, *, with_results: bool = True) -> dict[str, Any]:
         """A JSON-safe dict (non-finite numbers become null); per-workflow results under ``results``."""
-        out: dict[str, Any] = {
-            "gateway": self.gateway,
-            "trace": self.trace,
-            "rate_qps": self.rate_qps,
-            "time_scale": self.time_scale,
-            "deadline_s": self.deadline_s,
-            "workflows": self.workflows,
-            "completed": self.completed,
-            "rejected": self.rejected,
-            "failed": self.failed,
-            "by_status": self.by_status,
-            "p50_s": finite_or_none(self.p50_s),
-            "p95_s": finite_or_none(self.p95_s),
-            "p99_s": finite_or_none(self.p99_s),
-            "mean_s": finite_or_none(self.mean_s),
-            "slo_attainment": finite_or_none(self.slo_attainment),
-            "throughput_qps": finite_or_none(self.throughput_qps),
-            "gateway_p50_s": finite_or_none(self.gateway_p50_s),
-            "gateway_p95_s": finite_or_none(self.gateway_p95_s),
-            "gateway_p99_s": finite_or_none(self.gateway_p99_s),
-            "gateway_mean_s": finite_or_none(self.gateway_mean_s),
-            "wall_s": self.wall_s,
-            "max_send_lag_s": self.max_send_lag_s,
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "results"}
+        out = {k: finite_or_none(v) if isinstance(v, float) else v for k, v in out.items()}
         if with_results:
-            out["results"] = [
-                {
-                    "wid": r.wid,
-                    "arrival_s": r.arrival_s,
-                    "deadline_s": r.deadline_s,
-                    "status": r.status,
-                    "latency_s": r.latency_s,
-                    "gateway_latency_s": r.gateway_latency_s,
-                    "met": r.met,
-                    "error": r.error,
-                }
-                for r in self.results
-            ]
+            keep = ("wid", "arrival_s", "deadline_s", "status", "latency_s", "gateway_latency_s", "met", "error")
+            out["results"] = [{k: getattr(r, k) for k in keep} for r in self.results]
         return out
 
     def write_json(self, path: Path) -> None:
