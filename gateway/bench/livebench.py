@@ -33,7 +33,7 @@ from typing import Any
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
 from gateway.bench.rig import bench_folder, bench_tenant, live_rig, say_stderr
 from gateway.bench.simbench import Setup, fluid_bound, tuned_alpha
-from gateway.bench.stats import finite_or_none, fmt, table
+from gateway.bench.stats import finite_or_none, fmt, json_safe, pyplot, save_figure, table
 from gateway.config import ClusterConfig, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import load_profiles_file
 from gateway.core.policy import get_policy
@@ -199,13 +199,12 @@ class LiveBenchReport:
         """The JSON document (non-finite numbers become null)."""
         policies = []
         for r in self.runs:
-            sim = {k: (finite_or_none(v) if isinstance(v, float) else v) for k, v in r.simulated.as_dict().items()}
             policies.append(
                 {
                     "policy": r.policy,
                     "alpha": r.alpha,
                     "live": r.live.to_json(),
-                    "simulated": sim,
+                    "simulated": json_safe(r.simulated.as_dict()),
                     "ratios": {
                         "p95_live_over_sim": finite_or_none(r.p95_ratio),
                         "slo_live_over_sim": finite_or_none(r.slo_ratio),
@@ -436,11 +435,7 @@ def format_live_report(rep: LiveBenchReport) -> str:
 
 def plot_live_report(rep: LiveBenchReport, path: Path) -> None:
     """Bars of P95 latency and SLO attainment per policy, live next to simulated."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = [r.policy for r in rep.runs]
     xs = list(range(len(names)))
     width = 0.38
@@ -466,7 +461,4 @@ def plot_live_report(rep: LiveBenchReport, path: Path) -> None:
         f"{rep.trace} on {rep.cluster}, {rep.workflows} workflows at {rep.rate_qps:.4g}/s, "
         f"time scale {rep.time_scale:g}"
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -34,7 +34,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ import httpx
 from gateway.bench.replay import replay_setup, replay_workload
 from gateway.bench.rig import Rig, bench_folder, bench_tenant, live_rig, sampling, say_stderr, scheduled
 from gateway.bench.simbench import fluid_bound
-from gateway.bench.stats import fmt, table
+from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
 from gateway.core.predict import SUSTAINABLE_SHARE
 
@@ -154,30 +154,21 @@ class OverloadReport:
 
     def to_json(self) -> dict[str, Any]:
         """The report as strict JSON (NaN as null)."""
-
-        def clean(x: Any) -> Any:
-            return None if isinstance(x, float) and not math.isfinite(x) else x
-
-        phases = [
-            {k: clean(v) for k, v in {**asdict(p), "met_of_accepted": p.met_of_accepted, "goodput": p.goodput}.items()}
-            for p in self.phases
-        ]
-        return {
-            "cluster": self.cluster,
-            "time_scale": self.time_scale,
-            "fluid_bound_qps": self.fluid_bound_qps,
-            "capacity_rate_qps": self.capacity_rate_qps,
-            "factor": self.factor,
-            "deadline_wall_s": self.deadline_wall_s,
-            "predictive": self.predictive,
-            "admission_share": self.admission_share,
-            "phases": phases,
-            "overload_met_of_accepted": clean(self.overload_met_of_accepted),
-            "goodput_ratio": clean(self.goodput_ratio),
-            "checks": self.checks(),
-            "rss_mb": [[round(t, 3), round(m, 2)] for t, m in self.rss],
-            "wall_s": self.wall_s,
-        }
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("phases", "rss", "wall_s")}
+        return json_safe(
+            {
+                **doc,
+                "phases": [
+                    json_safe({**asdict(p), "met_of_accepted": p.met_of_accepted, "goodput": p.goodput})
+                    for p in self.phases
+                ],
+                "overload_met_of_accepted": self.overload_met_of_accepted,
+                "goodput_ratio": self.goodput_ratio,
+                "checks": self.checks(),
+                "rss_mb": [[round(t, 3), round(m, 2)] for t, m in self.rss],
+                "wall_s": self.wall_s,
+            }
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -412,11 +403,7 @@ def format_report(rep: OverloadReport) -> str:
 
 def plot_report(rep: OverloadReport, path: Path) -> None:
     """RSS of the gateway over time, with the phases shaded, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.5))
     if rep.rss:
         ts, ms = zip(*rep.rss, strict=True)
@@ -429,7 +416,4 @@ def plot_report(rep: OverloadReport, path: Path) -> None:
     ax.set_ylabel("RSS (MB)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"gateway memory: capacity (green), {rep.factor:g}x overload bursts (red)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

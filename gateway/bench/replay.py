@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 from gateway.bench.simbench import Setup, standard_latency
-from gateway.bench.stats import finite_or_none, fmt, percentile, table
+from gateway.bench.stats import fmt, json_safe, percentile, table
 from gateway.config.workflows import CHESS_TEMPLATE, STANDARD_WORKFLOW
 from gateway.core.dag import DagWorkflow, chain_nodes
 from gateway.core.prefix import PrefixSeg
@@ -382,8 +382,7 @@ class ReplayReport:
 
     def to_json(self, *, with_results: bool = True) -> dict[str, Any]:
         """A JSON-safe dict (non-finite numbers become null); per-workflow results under ``results``."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "results"}
-        out = {k: finite_or_none(v) if isinstance(v, float) else v for k, v in out.items()}
+        out = json_safe({f.name: getattr(self, f.name) for f in fields(self) if f.name != "results"})
         if with_results:
             keep = ("wid", "arrival_s", "deadline_s", "status", "latency_s", "gateway_latency_s", "met", "error")
             out["results"] = [{k: getattr(r, k) for k in keep} for r in self.results]
