@@ -18,7 +18,7 @@ questions), so the workload the simulator must predict is the pipeline's, not a 
    rescaled to a share of the fluid bound of the recorded workload, the k-th arrival asking the question the
    simulator's k-th workflow replays (the same order, shuffled per seed as ``Setup.workflows`` does), with
    the same deadline (``slo_scale`` times a demo question's cluster-mean single-request latency,
-``demo_latency``: the CHESS standard workflow is ~20x longer than a demo question). Live, times are
+``demo_latency``: the CHESS standard workflow is far longer than a demo question). Live, times are
    modelled seconds times ``time_scale`` (the emulated GPUs and the gateway run at that scale); a question
    counts as met when its answer is ``ok`` within its deadline, correct when its rows match the gold
    query's, degraded when the response lists what was cut. Before the arrivals, each live gateway answers
@@ -44,33 +44,30 @@ answer's status, latency, degradations and each call's worker, queueing and runn
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import sqlite3
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from gateway.bench.burst import BASELINES, Outcome, _setup_for, outcome, parse_variant
+from gateway.bench.demo import gold_rows, post_question, question_body, write_demo_files
 from gateway.bench.quality import ScriptedStageRunner, demo_items, run_quality
+from gateway.bench.rig import bench_folder, bench_tenant, live_rig, scheduled
 from gateway.bench.simbench import Setup
 from gateway.config.databases import DatabaseConfig
-from gateway.config.tenants import hash_key
 from gateway.core.degrade import Knobs, QualityModel
 from gateway.core.shapes import MIN_QUESTIONS
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, WorkflowTemplate
 from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.simulator import SimResult, Simulator
-from gateway.text2sql.answers import build_demo_answers, write_answers
+from gateway.text2sql.answers import build_demo_answers
 from gateway.text2sql.db import open_database
-from gateway.text2sql.demo import DB_ID, write_demo_databases, write_sqlite
+from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.port import StageCall, StageCallResult
@@ -88,7 +85,6 @@ __all__ = [
     "run_live_burst",
 ]
 
-API_KEY = "bench-burst-live-key"
 TENANT = "default"
 _FAR = 1e9
 
@@ -239,48 +235,19 @@ def format_live_report(rep: LiveBurstReport) -> str:
     return "\n".join(lines)
 
 
-def _tenants_doc(mode: str, deadline_s: float) -> dict[str, Any]:
-    return {
-        "tenants": [
-            {
-                "name": TENANT,
-                "api_key_sha256": [hash_key(API_KEY)],
-                "default_deadline_s": deadline_s,
-                "min_deadline_s": 1e-3,
-                "max_deadline_s": 3.2e7,
-                "priority_weight": 1,
-                "max_concurrent_workflows": 100_000,
-                "predictive_admission": False,  # the simulator admits every workflow
-                "quality": mode,
-            }
-        ]
-    }
-
-
 async def _ask_all(
-    url: str, questions: Sequence[Any], arrivals_wall: Sequence[float], deadline_wall: float, db_path: Path
+    url: str, key: str, questions: Sequence[Any], arrivals_wall: Sequence[float], deadline_wall: float, db_path: Path
 ) -> list[tuple[bool, bool, bool, dict[str, Any]]]:
     """Ask each question at its arrival time; per question (met, correct, degraded, what the answer said:
     status, latency, the degradation decisions and each call's queueing and running time)."""
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=256, keepalive_expiry=4.0)
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    gold: dict[str, list[list[Any]]] = {}
-    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as conn:
-        for q in questions:
-            if q.query not in gold:
-                gold[q.query] = [list(r) for r in conn.execute(q.query).fetchall()]
+    gold = {sql: gold_rows(db_path, sql) for sql in {q.query for q in questions}}
 
     async def one(client: httpx.AsyncClient, q: Any) -> tuple[bool, bool, bool, dict[str, Any]]:
-        body: dict[str, Any] = {"question": q.question, "db_id": DB_ID, "deadline_s": deadline_wall}
-        if q.evidence:
-            body["evidence"] = q.evidence
-        try:
-            r = await client.post(f"{url}/v1/text2sql", json=body, headers=headers)
-            data = r.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            return False, False, False, {"error": f"{type(exc).__name__}: {exc}"}
-        if not isinstance(data, dict):
-            return False, False, False, {"error": f"HTTP {r.status_code}: not a JSON object"}
+        r, data = await post_question(client, url, key, question_body(q, deadline_wall))
+        if r is None or not data:
+            why = data.get("error") if r is None else f"HTTP {r.status_code}: not a JSON object"
+            return False, False, False, {"error": why}
         ok = data.get("status") == "ok"
         met = ok and bool(data.get("deadline_met"))
         correct = ok and results_match(gold[q.query], data.get("rows") or [], ordered=gold_is_ordered(q.query))
@@ -296,16 +263,8 @@ async def _ask_all(
         # questions on the database; the simulator predicts with the fitted template from
         # the start. A few questions one at a time, with a deadline that never binds, close that gap.
         for q in questions[:MIN_QUESTIONS]:
-            warm: dict[str, Any] = {"question": q.question, "db_id": DB_ID, "deadline_s": 100 * deadline_wall}
-            await client.post(f"{url}/v1/text2sql", json=warm, headers=headers)
-        t0 = time.monotonic()
-        tasks = []
-        for q, at in zip(questions, arrivals_wall, strict=True):
-            delay = t0 + at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(client, q)))
-        return list(await asyncio.gather(*tasks))
+            await post_question(client, url, key, question_body(q, 100 * deadline_wall))
+        return await scheduled(arrivals_wall, lambda i: one(client, questions[i]))
 
 
 def run_live_burst(
@@ -330,14 +289,9 @@ def run_live_burst(
     (``question_records``): what the simulator and the live gateway each did with it. ``log_dir``: keep each
     run's configuration and the cluster's and gateway's logs there (one folder per variant and seed).
     ``simulate_only``: the simulator's side alone (seconds, where the live side takes the arrival span)."""
-    from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config
-    from gateway.text2sql.demo import demo_questions
-
-    say = progress or (lambda _m: None)
     name, path = pattern
     rate = load * base.bound.rate_qps
-    questions = demo_questions()
-    if len(questions) != len(base.queries):
+    if len(demo_questions()) != len(base.queries):
         raise ValueError("base.queries must be the recorded demo queries (one per demo question)")
     acc_full = quality.accuracy(Knobs(2, 10, True))
     report = LiveBurstReport(name, load, rate, base.slo_s, time_scale, cluster, base.n_workflows, base.seeds, [])
@@ -357,61 +311,64 @@ def run_live_burst(
             lv.sim.append(outcome(res, len(wfs), span, quality, acc_full))
             if simulate_only:
                 continue
-            order = list(range(len(questions)))
-            if s != base.seed:
-                random.Random(s).shuffle(order)
-            asked = [questions[order[i % len(order)]] for i in range(len(wfs))]
-            arrivals = [(w.arrival - wfs[0].arrival) * time_scale for w in wfs]
-            say(f"{variant} seed {s}: {len(wfs)} questions live over {arrivals[-1]:.0f} s")
-            with contextlib.ExitStack() as stack:
-                if log_dir is None:
-                    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hexflow-burst-live-")))
-                else:
-                    tmp = log_dir / f"{variant.replace('+', '-')}-seed{s}"
-                    tmp.mkdir(parents=True, exist_ok=True)
-                write_demo_databases(tmp / "databases.yaml", answers_seed)
-                answers = tmp / "answers.json"
-                write_answers(answers, build_demo_answers(seed=answers_seed))
-                (tmp / "tenants.yaml").write_text(yaml.safe_dump(_tenants_doc(mode, base.slo_s * time_scale)))
-                # Engines without prefix caching, as the simulator runs them here (the recorded calls carry no
-                # prefix chains; the emulator caches prompt prefixes by default, as vLLM does).
-                emu_args = ["--answers", str(answers), "--no-enable-prefix-caching"]
-                with cluster_process(cluster, time_scale, tmp, "burst", emu_args) as (_, urls):
-                    port = free_port()
-                    write_gateway_config(
-                        cluster,
-                        urls,
-                        tmp / "gateway.yaml",
-                        policy=policy,
-                        alpha=None,
-                        time_scale=time_scale,
-                        tuning_enabled=False,
-                        tenants_file="tenants.yaml",
-                        port=port,
-                        seed=s,
-                        databases_file="databases.yaml",
-                        prefix_caching=False,
-                    )
-                    with gateway_process(tmp / "gateway.yaml", port, len(urls), tmp, "burst") as url:
-                        got = asyncio.run(
-                            _ask_all(url, asked, arrivals, base.slo_s * time_scale, tmp / f"{DB_ID}.sqlite")
-                        )
-            met = sum(m for m, _, _, _ in got)
-            correct_met = sum(m and c for m, c, _, _ in got)
-            correct = sum(c for _, c, _, _ in got)
-            degraded = sum(d for _, _, d, _ in got)
+            run = _LiveRun(variant, policy, mode, s, cluster, time_scale, base.slo_s * time_scale, answers_seed)
+            folder = None if log_dir is None else log_dir / f"{variant.replace('+', '-')}-seed{s}"
+            asked, got = run.ask(wfs, base.seed, folder, progress or (lambda _m: None))
             if dump is not None:
-                dump.append(
-                    {
-                        "variant": variant,
-                        "seed": s,
-                        "time_scale": time_scale,
-                        "questions": question_records(wfs, res, [q.question for q in asked], [g[3] for g in got]),
-                    }
-                )
-            lv.live.append(Outcome(len(got), met, float(correct_met), correct / len(got), degraded, span))
+                records = question_records(wfs, res, [q.question for q in asked], [g[3] for g in got])
+                dump.append({"variant": variant, "seed": s, "time_scale": time_scale, "questions": records})
+            lv.live.append(_live_outcome(got, span))
         report.variants.append(lv)
     return report
+
+
+def _live_outcome(got: Sequence[tuple[bool, bool, bool, dict[str, Any]]], span: float) -> Outcome:
+    """The live side of one run, as ``Outcome`` counts it."""
+    correct_met = sum(m and c for m, c, _, _ in got)
+    correct = sum(c for _, c, _, _ in got)
+    return Outcome(
+        len(got), sum(m for m, *_ in got), float(correct_met), correct / len(got), sum(d for *_, d, _ in got), span
+    )
+
+
+@dataclass(frozen=True)
+class _LiveRun:
+    """One variant and seed live: the questions asked in the simulator's order, on a rig of its own."""
+
+    variant: str
+    policy: str
+    mode: str
+    seed: int
+    cluster: str
+    time_scale: float
+    deadline_wall: float
+    answers_seed: int
+
+    def ask(
+        self, wfs: Sequence[Any], base_seed: int, log_dir: Path | None, say: Callable[[str], None]
+    ) -> tuple[list[Any], list[tuple[bool, bool, bool, dict[str, Any]]]]:
+        """The questions asked (the k-th the one the simulator's k-th workflow replays) and their answers."""
+        questions = demo_questions()
+        order = list(range(len(questions)))
+        if self.seed != base_seed:
+            random.Random(self.seed).shuffle(order)
+        asked = [questions[order[i % len(order)]] for i in range(len(wfs))]
+        arrivals = [(w.arrival - wfs[0].arrival) * self.time_scale for w in wfs]
+        say(f"{self.variant} seed {self.seed}: {len(wfs)} questions live over {arrivals[-1]:.0f} s")
+        with bench_folder(log_dir, "hexflow-burst-live-") as folder:
+            answers = write_demo_files(folder, self.answers_seed)
+            key = bench_tenant(
+                folder, deadline_s=self.deadline_wall, max_concurrent_workflows=100_000, name=TENANT, quality=self.mode
+            )
+            # Engines without prefix caching, as the simulator runs them here (the recorded calls carry no
+            # prefix chains; the emulator caches prompt prefixes by default, as vLLM does).
+            emu_args = ["--answers", str(answers), "--no-enable-prefix-caching"]
+            with live_rig(
+                folder, "burst", self.cluster, time_scale=self.time_scale, policy=self.policy, seed=self.seed,
+                emulator_args=emu_args, databases_file="databases.yaml", prefix_caching=False,
+            ) as rig:  # fmt: skip
+                db = folder / f"{DB_ID}.sqlite"
+                return asked, asyncio.run(_ask_all(rig.url, key, asked, arrivals, self.deadline_wall, db))
 
 
 def question_records(

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import sqlite3
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.bench.rig import bench_folder, live_rig, scheduled
 from gateway.bench.stats import percentile, table
 from gateway.config import CONFIG_DIR
 from gateway.config.tenants import hash_key
@@ -111,9 +111,27 @@ class DemoReport:
         return {**asdict(self), "legend": dict(LEGEND)}
 
 
-def _gold_rows(db_path: Path, sql: str) -> list[list[Any]]:
+def gold_rows(db_path: Path, sql: str) -> list[list[Any]]:
+    """The rows ``sql`` gives on the demo database at ``db_path`` (read-only)."""
     with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as conn:
         return [list(r) for r in conn.execute(sql).fetchall()]
+
+
+def write_demo_files(folder: Path, seed: int) -> Path:
+    """The demo database (``databases.yaml`` naming ``<DB_ID>.sqlite``) and the emulated model's scripted answers
+    in ``folder``; returns the answers file (the emulator's ``--answers``)."""
+    write_demo_databases(folder / "databases.yaml", seed)
+    answers = folder / "answers.json"
+    write_answers(answers, build_demo_answers(seed=seed))
+    return answers
+
+
+def question_body(q: Any, deadline_s: float) -> dict[str, Any]:
+    """The ``POST /v1/text2sql`` body of demo question ``q`` with a deadline of ``deadline_s`` wall seconds."""
+    body: dict[str, Any] = {"question": q.question, "db_id": DB_ID, "deadline_s": deadline_s}
+    if q.evidence:
+        body["evidence"] = q.evidence
+    return body
 
 
 def unchecked_key(tenant: str) -> str:
@@ -142,7 +160,7 @@ def _refused(r: httpx.Response | None, data: dict[str, Any]) -> bool:
     return r.status_code in (422, 429) and data.get("reason") == "deadline"
 
 
-async def _post(
+async def post_question(
     client: httpx.AsyncClient, url: str, key: str, body: dict[str, Any]
 ) -> tuple[httpx.Response | None, dict[str, Any]]:
     """POST a question; the response and its JSON body (``{}`` when not a JSON object). A connection that failed
@@ -161,16 +179,14 @@ async def _post(
 async def _ask(
     client: httpx.AsyncClient, url: str, key: str, tenant: str, q: Any, deadline_s: float, db_path: Path
 ) -> DemoAnswer:
-    body = {"question": q.question, "db_id": DB_ID, "deadline_s": deadline_s}
-    if q.evidence:
-        body["evidence"] = q.evidence
+    body = question_body(q, deadline_s)
     t = time.monotonic()
-    r, data = await _post(client, url, key, body)
+    r, data = await post_question(client, url, key, body)
     elapsed = time.monotonic() - t
     refused = _refused(r, data)
     unchecked_met = None
     if refused:  # was the refusal right? the same question at once, without admission
-        _, again = await _post(client, url, unchecked_key(tenant), body)
+        _, again = await post_question(client, url, unchecked_key(tenant), body)
         unchecked_met = again.get("status") == "ok" and bool(again.get("deadline_met"))
     code = 0 if r is None else r.status_code  # (0: no response, the connection failed)
     error = data.get("error")
@@ -179,7 +195,7 @@ async def _ask(
     rows = data.get("rows") or []
     correct = False
     if status == "ok":
-        correct = results_match(_gold_rows(db_path, q.query), rows, ordered=gold_is_ordered(q.query))
+        correct = results_match(gold_rows(db_path, q.query), rows, ordered=gold_is_ordered(q.query))
     err = data.get("error")
     return DemoAnswer(
         tenant=tenant,
@@ -205,28 +221,24 @@ async def _send_all(
     url: str,
     questions: list[Any],
     db_path: Path,
-    on_answer: Any,
+    on_answer: Callable[[DemoAnswer], None],
     rate: float = DEFAULT_RATE,
     admission: bool = True,
 ) -> list[DemoAnswer]:
+    """Ask the questions in a steady stream at ``rate`` a second, tenants alternating; ``on_answer`` sees each
+    answer as it comes. ``admission`` off: every question through its tenant's twin without admission."""
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
     async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
-        tasks = []
-        t0 = time.monotonic()
-        for i, q in enumerate(questions):
+
+        async def one(i: int) -> DemoAnswer:
             tenant, key, deadline = TENANTS[i % len(TENANTS)]
-            if not admission:  # every question through the tenant's twin without predictive admission
-                key = unchecked_key(tenant)
-            tasks.append(asyncio.create_task(_ask(client, url, key, tenant, q, deadline, db_path)))
-            delay = t0 + (i + 1) / rate - time.monotonic()  # a steady stream at ``rate``, not one burst
-            if delay > 0:
-                await asyncio.sleep(delay)
-        out = []
-        for fut in asyncio.as_completed(tasks):
-            a = await fut
+            a = await _ask(
+                client, url, key if admission else unchecked_key(tenant), tenant, questions[i], deadline, db_path
+            )
             on_answer(a)
-            out.append(a)
-    return out
+            return a
+
+        return await scheduled([i / rate for i in range(len(questions))], one)
 
 
 def summarize_answers(answers: list[DemoAnswer]) -> dict[str, dict[str, float]]:
@@ -314,7 +326,6 @@ def run_demo(
     time_scale: float = 0.25,
     seed: int = 0,
     quiet: bool = False,
-    keep_dir: Path | None = None,
     rate: float = DEFAULT_RATE,
     admission: bool = True,
     share: float | None = None,
@@ -323,59 +334,35 @@ def run_demo(
     stop everything; return the report. ``admission`` off: every question goes through its tenant's twin without
     predictive admission (``hexflow bench refusals`` finds the cluster's capacity so). ``share``: the gateway's
     ``admission.sustainable_share`` (None: the default)."""
-    from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config
-
     all_q = demo_questions()
     if not questions >= 1:
         raise ValueError("--questions must be at least 1")
     if not rate > 0:
         raise ValueError("--rate must be positive")
     chosen = [all_q[i % len(all_q)] for i in range(questions)]
+    say = (lambda _m: None) if quiet else print
     t0 = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="hexflow-demo-"))
-    try:
-        write_demo_databases(tmp / "databases.yaml", seed)
-        db_path = tmp / f"{DB_ID}.sqlite"
-        answers_path = tmp / "answers.json"
-        write_answers(answers_path, build_demo_answers(seed=seed))
-        write_demo_tenants(tmp / "tenants.yaml")
-        say = (lambda _m: None) if quiet else print
+    with bench_folder(None, "hexflow-demo-") as folder:
+        emulator_args = ["--answers", str(write_demo_files(folder, seed))]
+        write_demo_tenants(folder / "tenants.yaml")
         say(
-            f"demo: database {db_path.name}, {len(chosen)} questions, "
-            + f"cluster {cluster} (emulated, time scale {time_scale:g})"
+            f"demo: database {DB_ID}.sqlite, {len(chosen)} questions, "
+            f"cluster {cluster} (emulated, time scale {time_scale:g})"
         )
-        with cluster_process(cluster, time_scale, tmp, "demo", ["--answers", str(answers_path)]) as (_, urls):
-            port = free_port()
-            write_gateway_config(
-                cluster,
-                urls,
-                tmp / "gateway.yaml",
-                policy="hexgen",
-                alpha=None,
-                time_scale=time_scale,
-                tuning_enabled=False,
-                tenants_file="tenants.yaml",
-                port=port,
-                seed=seed,
-                databases_file="databases.yaml",
-                admission_share=share,
-            )
-            with gateway_process(tmp / "gateway.yaml", port, len(urls), tmp, "demo") as url:
-                say(f"demo: gateway {url} in front of {len(urls)} workers; asking...")
+        with live_rig(
+            folder, "demo", cluster, time_scale=time_scale, seed=seed, emulator_args=emulator_args,
+            databases_file="databases.yaml", admission_share=share,
+        ) as rig:  # fmt: skip
+            say(f"demo: gateway {rig.url} in front of {len(rig.worker_urls)} workers; asking...")
 
-                def show(a: DemoAnswer) -> None:
-                    if not quiet:
-                        print(format_answer(a))
+            def show(a: DemoAnswer) -> None:
+                say(format_answer(a))
 
-                answers = asyncio.run(_send_all(url, chosen, db_path, show, rate, admission))
-        rep = DemoReport(questions=len(chosen), time_scale=time_scale, cluster=cluster, answers=answers)
-        rep.summary = summarize_answers(answers)
-        rep.wall_s = time.monotonic() - t0
-        return rep
-    finally:
-        if keep_dir is not None:
-            shutil.copytree(tmp, keep_dir, dirs_exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+            answers = asyncio.run(_send_all(rig.url, chosen, folder / f"{DB_ID}.sqlite", show, rate, admission))
+    rep = DemoReport(questions=len(chosen), time_scale=time_scale, cluster=cluster, answers=answers)
+    rep.summary = summarize_answers(answers)
+    rep.wall_s = time.monotonic() - t0
+    return rep
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.procs import ChildProcess, StartError, free_port
+from gateway.bench.procs import ChildProcess, StartError, free_port, probe
 
 __all__ = ["LoadReport", "StreamResult", "format_report", "main", "run_load"]
 
@@ -138,16 +138,8 @@ def _start(log_dir: Path, streams: int, time_scale: float) -> tuple[ChildProcess
     cmd += ["--time-scale", repr(time_scale), "--max-num-seqs", str(streams)]
     proc = ChildProcess("the emulated worker", cmd, log_dir / "emulator.log")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.proc.poll() is not None or time.monotonic() > deadline:
-            raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for /health")
-        time.sleep(0.1)
+    proc.wait_until(lambda: probe(url, "/health"), "/health", START_TIMEOUT_S)
+    return proc, url
 
 
 def main(argv: Sequence[str] | None = None) -> int:

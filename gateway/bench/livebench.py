@@ -4,15 +4,9 @@ simulator's prediction for the identical workload.
     hexflow bench --live --cluster paper-4gpu --trace trace1 --policies hexgen,rr-fcfs --time-scale 0.05
         --workflows 150 [--rate R] [--slo-scale X] [--alpha A] [--json OUT] [--plot PNG]
 
-For each policy in turn:
-
-1. start the emulated cluster (``python -m workers.cluster``, every worker of the cluster file on a free
-   port, at ``time_scale``);
-2. write a ``gateway.yaml`` for it (``write_gateway_config``: the policy, its alpha, ``time_scale``,
-   background tuning off so runs are reproducible) and a tenants file with one throw-away key whose
-   limits never bind, then start ``python -m gateway.cli serve`` on a free port and wait for
-   ``/readyz`` with every worker healthy;
-3. replay the workload (``gateway.bench.replay``), then stop both processes (SIGTERM, then wait).
+For each policy in turn, the live rig (``gateway.bench.rig.live_rig``: the emulated cluster at
+``time_scale`` and a gateway with that policy and its alpha) serves the workload, replayed by
+``gateway.bench.replay`` through one tenant whose limits never bind.
 
 The prediction is the simulator run on the *same* workflows (``ReplayWorkflow.dag``: the DAG the
 gateway builds) on the unscaled profiles, with the same policy, alpha and scheduler seed. Alpha of the
@@ -22,34 +16,28 @@ default rate is 0.55 x the cluster's fluid bound for the workload.
 
 Subprocess logs go to a temporary folder, removed after a successful run; when a process fails to
 start, the tail of its log is printed and ``gateway.bench.procs.StartError`` raised (the CLI: one line,
-exit 2). The processes and their config files are ``gateway.bench.procs``'s.
+exit 2).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
-import secrets
-import shutil
-import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config, write_tenants_file
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
-from gateway.bench.simbench import fluid_bound, tuned_alpha
-from gateway.bench.stats import finite_or_none, fmt, table
-from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
+from gateway.bench.rig import bench_folder, bench_tenant, live_rig, say_stderr
+from gateway.bench.simbench import Setup, fluid_bound, tuned_alpha
+from gateway.bench.stats import finite_or_none, fmt, json_safe, pyplot, save_figure, table
+from gateway.config import ClusterConfig, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import load_profiles_file
 from gateway.core.policy import get_policy
+from gateway.core.worker import WorkerInfo
 from gateway.errors import GatewayError
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator
@@ -211,13 +199,12 @@ class LiveBenchReport:
         """The JSON document (non-finite numbers become null)."""
         policies = []
         for r in self.runs:
-            sim = {k: (finite_or_none(v) if isinstance(v, float) else v) for k, v in r.simulated.as_dict().items()}
             policies.append(
                 {
                     "policy": r.policy,
                     "alpha": r.alpha,
                     "live": r.live.to_json(),
-                    "simulated": sim,
+                    "simulated": json_safe(r.simulated.as_dict()),
                     "ratios": {
                         "p95_live_over_sim": finite_or_none(r.p95_ratio),
                         "slo_live_over_sim": finite_or_none(r.slo_ratio),
@@ -248,6 +235,23 @@ class LiveBenchReport:
         """Write ``to_json()`` (strict JSON)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """What every policy's run of one live benchmark shares."""
+
+    cluster: str
+    workers: list[WorkerInfo]
+    setup: Setup
+    workload: list[ReplayWorkflow]
+    rate: float
+    time_scale: float
+    seed: int
+    prefix_caching: bool
+    progress: bool
+    rig: dict[str, Any]
+    """``live_rig``'s keywords besides the policy and alpha."""
 
 
 def run_live_bench(
@@ -286,155 +290,95 @@ def run_live_bench(
     (``gateway.bench.replay.scale_queries``). ``prefix_caching``: whether the workers cache prompt prefixes
     (the gateway and the simulator are told the same).
 
-    Subprocess logs and config files go to ``log_dir`` (kept), or to a temporary folder that is removed
-    after a successful run. ``log`` is a callable taking one line of progress text (default: stderr).
+    Logs and config files go to ``log_dir`` (``gateway.bench.rig.bench_folder``); ``log`` takes one line of
+    progress (default: stderr).
     """
-    say = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    say = log if log is not None else say_stderr
     for p in policies:
         get_policy(p)
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time scale must be a positive number, got {time_scale}")
+    cluster_cfg, workers = _cluster(cluster, gpu_catalog, profiles_file)
+    if worker_urls is not None and len(worker_urls) != len(workers):
+        raise ValueError(f"the cluster has {len(workers)} workers but {len(worker_urls)} worker urls were given")
+    setup = replay_setup(
+        trace, workers, workflows=workflows, seed=seed, slo_scale=slo_scale, arrivals_csv=arrivals_csv, cv=cv,
+        token_scale=token_scale,
+    )  # fmt: skip
+    bound = fluid_bound(workers, setup.queries)
+    rate = rate_qps if rate_qps is not None else round(DEFAULT_RATE_FRACTION * bound, 6)
+    workload = replay_workload(setup, rate)
+    worker_catalog = emulator_catalog if emulator_catalog is not None else gpu_catalog
+    rig = {
+        "gateway_cluster": cluster_cfg,
+        "emulator_args": ["--catalog", str(worker_catalog)] if worker_catalog is not None else [],
+        "worker_urls": worker_urls,
+        "gpu_catalog": gpu_catalog.resolve() if gpu_catalog is not None else None,
+        "profiles_file": profiles_file.resolve() if profiles_file is not None else None,
+        "prefix_caching": prefix_caching,
+    }
+    bench = _Bench(cluster, workers, setup, workload, rate, time_scale, seed, prefix_caching, progress, rig)
+    t_start = time.monotonic()
+    with bench_folder(log_dir, "hexflow-livebench-", say) as folder:
+        key = bench_tenant(folder, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale)
+        runs = [_run_policy(bench, policy, alpha, folder, key, say) for policy in policies]
+    return LiveBenchReport(
+        cluster_cfg.name, [w.profile.gpu for w in workers], setup.trace, time_scale, rate, bound, slo_scale,
+        setup.slo_s, len(workload), seed, runs, time.monotonic() - t_start,
+    )  # fmt: skip
+
+
+def _cluster(
+    cluster: str, gpu_catalog: Path | None, profiles_file: Path | None
+) -> tuple[ClusterConfig, list[WorkerInfo]]:
+    """The cluster as the gateway and the simulator read it: its config and its workers."""
     catalog = load_gpu_catalog(gpu_catalog)
     if profiles_file is not None:
         catalog = catalog.with_profiles(load_profiles_file(profiles_file))
     cluster_cfg = load_cluster_config(cluster, catalog)
-    worker_catalog = emulator_catalog if emulator_catalog is not None else gpu_catalog
-    cluster_args = ["--catalog", str(worker_catalog)] if worker_catalog is not None else []
-    workers = build_workers(cluster_cfg, catalog)
-    if worker_urls is not None and len(worker_urls) != len(workers):
-        raise ValueError(f"the cluster has {len(workers)} workers but {len(worker_urls)} worker urls were given")
-    setup = replay_setup(
-        trace,
-        workers,
-        workflows=workflows,
-        seed=seed,
-        slo_scale=slo_scale,
-        arrivals_csv=arrivals_csv,
-        cv=cv,
-        token_scale=token_scale,
+    return cluster_cfg, build_workers(cluster_cfg, catalog)
+
+
+def _run_policy(
+    b: _Bench, policy: str, alpha: float | None, folder: Path, key: str, say: Callable[[str], None]
+) -> PolicyRun:
+    """One policy: its alpha (tuned unless given), the simulator's prediction and jitter band, the live run."""
+    a = alpha
+    if a is None and get_policy(policy).uses_alpha:
+        a = tuned_alpha(b.setup, policy, b.rate)
+    sim, sim_counts = simulate_workload(
+        b.workers, b.workload, policy, alpha=a, seed=b.seed, prefix_caching=b.prefix_caching
     )
-    bound = fluid_bound(workers, setup.queries)
-    rate = rate_qps if rate_qps is not None else round(DEFAULT_RATE_FRACTION * bound, 6)
-    workload = replay_workload(setup, rate)
-    keep = log_dir is not None
-    if log_dir is None:
-        log_dir = Path(tempfile.mkdtemp(prefix="hexflow-livebench-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    # Absolute: the gateway resolves the files its config names against the config's own folder, so a
-    # relative --log-dir would be doubled (out/x/out/x/tenants.yaml).
-    log_dir = log_dir.resolve()
-    key = secrets.token_urlsafe(24)
-    tenants = write_tenants_file(
-        log_dir / "tenants.yaml", key, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale
-    )
-    runs: list[PolicyRun] = []
-    t_start = time.monotonic()
-    ok = False
-    try:
-        for policy in policies:
-            a = alpha
-            if a is None and get_policy(policy).uses_alpha:
-                a = tuned_alpha(setup, policy, rate)
-            sim, sim_counts = simulate_workload(
-                workers, workload, policy, alpha=a, seed=seed, prefix_caching=prefix_caching
-            )
-            band = simulate_jittered(
-                workers,
-                workload,
-                policy,
-                alpha=a,
-                seed=seed,
-                jitter_s=JITTER_WALL_S / time_scale,
-                prefix_caching=prefix_caching,
-            )
-            what = "the gateway" if worker_urls is not None else "the emulated cluster and the gateway"
-            say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting {what}")
-            with _workers(cluster, time_scale, log_dir, policy, cluster_args, worker_urls) as urls:
-                cfg_path = log_dir / f"gateway-{policy}.yaml"
-                port = free_port()
-                write_gateway_config(
-                    cluster_cfg,
-                    urls,
-                    cfg_path,
-                    policy=policy,
-                    alpha=a,
-                    time_scale=time_scale,
-                    tuning_enabled=False,
-                    tenants_file=tenants,
-                    port=port,
-                    seed=seed,
-                    gpu_catalog=gpu_catalog.resolve() if gpu_catalog is not None else None,
-                    profiles_file=profiles_file.resolve() if profiles_file is not None else None,
-                    prefix_caching=prefix_caching,
+    band = simulate_jittered(
+        b.workers, b.workload, policy, alpha=a, seed=b.seed, jitter_s=JITTER_WALL_S / b.time_scale,
+        prefix_caching=b.prefix_caching,
+    )  # fmt: skip
+    what = "the gateway" if b.rig["worker_urls"] is not None else "the emulated cluster and the gateway"
+    say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting {what}")
+    with live_rig(
+        folder, policy, b.cluster, time_scale=b.time_scale, policy=policy, alpha=a, seed=b.seed, **b.rig
+    ) as rig:
+        try:
+            rep = asyncio.run(
+                replay(
+                    b.workload,
+                    gateway=rig.url,
+                    api_key=key,
+                    time_scale=b.time_scale,
+                    trace=b.setup.trace,
+                    rate_qps=b.rate,
+                    progress=b.progress,
+                    desc=f"{policy} live",
                 )
-                with gateway_process(cfg_path, port, len(urls), log_dir, policy) as url:
-                    try:
-                        rep = asyncio.run(
-                            replay(
-                                workload,
-                                gateway=url,
-                                api_key=key,
-                                time_scale=time_scale,
-                                trace=setup.trace,
-                                rate_qps=rate,
-                                progress=progress,
-                                desc=f"{policy} live",
-                            )
-                        )
-                    except GatewayError as exc:
-                        raise LiveBenchError(f"{policy}: {exc}") from None
-                    live_counts = _live_calls_per_worker(url)
-            runs.append(PolicyRun(policy, a, rep, sim, live_counts, sim_counts, band))
-            say(
-                f"{policy}: live P95 {fmt(rep.p95_s)} s, SLO {fmt(rep.slo_attainment, 3)}; "
-                f"simulated P95 {fmt(sim.p95_s)} s, SLO {fmt(sim.slo_attainment, 3)} ({rep.wall_s:.0f} s wall)"
             )
-        ok = True
-    finally:
-        if ok and not keep:
-            shutil.rmtree(log_dir, ignore_errors=True)
-        elif not ok:
-            say(f"subprocess logs are in {log_dir}")
-    return LiveBenchReport(
-        cluster=cluster_cfg.name,
-        gpus=[w.profile.gpu for w in workers],
-        trace=setup.trace,
-        time_scale=time_scale,
-        rate_qps=rate,
-        fluid_bound_qps=bound,
-        slo_scale=slo_scale,
-        slo_s=setup.slo_s,
-        workflows=len(workload),
-        seed=seed,
-        runs=runs,
-        wall_s=time.monotonic() - t_start,
+        except GatewayError as exc:
+            raise LiveBenchError(f"{policy}: {exc}") from None
+        live_counts = rig.completed_per_worker()
+    say(
+        f"{policy}: live P95 {fmt(rep.p95_s)} s, SLO {fmt(rep.slo_attainment, 3)}; "
+        f"simulated P95 {fmt(sim.p95_s)} s, SLO {fmt(sim.slo_attainment, 3)} ({rep.wall_s:.0f} s wall)"
     )
-
-
-@contextlib.contextmanager
-def _workers(
-    cluster: str,
-    time_scale: float,
-    log_dir: Path,
-    tag: str,
-    cluster_args: Sequence[str],
-    worker_urls: Sequence[str] | None,
-) -> Iterator[list[str]]:
-    """The workers' URLs: the running ones given, or the emulated cluster's, started for this run."""
-    if worker_urls is not None:
-        yield list(worker_urls)
-        return
-    with cluster_process(cluster, time_scale, log_dir, tag, cluster_args) as (_, urls):
-        yield urls
-
-
-def _live_calls_per_worker(url: str) -> dict[str, int]:
-    """Calls each worker completed, from the gateway's ``/v1/status`` (empty if it cannot be read)."""
-    try:
-        status = httpx.get(f"{url}/v1/status", timeout=5.0).json()
-        return {str(w["name"]): int(w["completed"]) for w in status["workers"]}
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return {}
+    return PolicyRun(policy, a, rep, sim, live_counts, sim_counts, band)
 
 
 def _band_cell(b: Band, digits: int) -> str:
@@ -491,11 +435,7 @@ def format_live_report(rep: LiveBenchReport) -> str:
 
 def plot_live_report(rep: LiveBenchReport, path: Path) -> None:
     """Bars of P95 latency and SLO attainment per policy, live next to simulated."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = [r.policy for r in rep.runs]
     xs = list(range(len(names)))
     width = 0.38
@@ -521,7 +461,4 @@ def plot_live_report(rep: LiveBenchReport, path: Path) -> None:
         f"{rep.trace} on {rep.cluster}, {rep.workflows} workflows at {rep.rate_qps:.4g}/s, "
         f"time scale {rep.time_scale:g}"
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

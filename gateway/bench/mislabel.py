@@ -4,22 +4,18 @@
         [--workflows 400] [--window 500] [--interval-s 30] [--min-calls 100] [--window-calls 600] [--json OUT]
 
 One worker of the cluster is *labelled* with another GPU's profile (``--label``: the scheduler plans with
-that profile, its capacity derived from it, as a cluster file entry ``profile: A100`` would do) while its
-engine runs at its own GPU's speed (the simulator's ``engine_profiles``). The same workload (the
-``chess-bird`` trace, Poisson arrivals at ``--rate``, prefix caching on) is simulated four times with the
-same seed:
+that profile, as a cluster file entry ``profile: A100`` would do) while its engine runs at its own GPU's
+speed (the simulator's ``engine_profiles``). The same workload (``chess-bird``, Poisson arrivals at
+``--rate``, prefix caching on) is simulated four times with the same seed (``RUNS``): every worker labelled
+right (``correct``, the shares the scheduler should reach), the same with the online refit
+(``correct+refit``: it must not hurt), the wrong label with the ratio EWMA only (``mislabel``) and with the
+refit (``mislabel+refit``). ``--live``: three of them through the live gateway (``run_mislabel_live``).
 
-* ``correct``: every worker labelled right (the reference: the shares the scheduler should reach);
-* ``correct+refit``: the same with the online refit (it must not hurt);
-* ``mislabel``: the wrong label, the ratio EWMA only (what the gateway did before the refit);
-* ``mislabel+refit``: the wrong label with the refit (``gateway.sim.refit``).
-
-Per run: the dispatch share of every worker in windows of ``--window`` calls (in dispatch order), the
-mislabelled worker's share over the second half of the calls (``late_share``), SLO attainment and P95,
-every refit attempt (time, calls dispatched so far, result, median errors before and after) with the
-worker's predicted standard-workflow latency over its engine's (1 = its profile is right), and the
-worker's ratio EWMAs at each refit check. ``converged_after_calls``: calls dispatched (cluster-wide)
-until that latency ratio stays within ``CONVERGED`` of 1 from then on.
+Per run: the dispatch share of every worker in windows of ``--window`` calls, the mislabelled worker's
+share over the second half of the calls (``late_share``), SLO attainment and P95, every refit attempt with
+the worker's predicted standard-workflow latency over its engine's (1: its profile is right), its ratio
+EWMAs at each refit check, and ``converged_after_calls``: calls dispatched until that latency ratio stays
+within ``CONVERGED`` of 1.
 
 The exit status is 0 when the refit moved the mislabelled worker's late share closer to the correct
 run's than without it and its profile converged, else 1.
@@ -29,28 +25,22 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import math
 import random
-import secrets
-import shutil
-import sys
-import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from gateway.bench.procs import cluster_process, free_port, gateway_process, write_gateway_config, write_tenants_file
-from gateway.bench.replay import replay, replay_setup, replay_workload
+from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
+from gateway.bench.rig import Rig, bench_folder, bench_tenant, live_rig, sampling, say_stderr
 from gateway.bench.simbench import Setup
 from gateway.bench.stats import fmt, table
-from gateway.config import build_workers, load_cluster, load_cluster_config, load_gpu_catalog
-from gateway.config.gateway import load_gateway_config
+from gateway.config import ClusterConfig, build_workers, load_cluster, load_cluster_config, load_gpu_catalog
+from gateway.core.profile import PerfProfile
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.sim.calibrate import workflow_latency
@@ -76,6 +66,7 @@ CONVERGED = 1.25
 """A profile has converged when its predicted standard-workflow latency is within this factor of the engine's."""
 
 RUNS = ("correct", "correct+refit", "mislabel", "mislabel+refit")
+DEFAULT_SETTINGS = RefitSettings(interval_s=30.0, min_calls=100, window_calls=600)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,30 +103,10 @@ class MislabelRun:
     def to_json(self) -> dict[str, Any]:
         """The run as plain data."""
         return {
-            "name": self.name,
-            "windows": self.windows,
-            "late_share": self.late_share,
-            "slo_attainment": self.slo_attainment,
+            **asdict(self),
             "p95_s": self.p95_s if math.isfinite(self.p95_s) else None,
-            "calls": self.calls,
-            "final_constants": list(self.final_constants),
-            "final_latency_ratio": self.final_latency_ratio,
-            "converged_after_calls": self.converged_after_calls,
-            "refits": [_event_json(e) for e in self.refits],
             "ratios": [{"t": t, "ratios": r} for t, r in self.ratios],
         }
-
-
-def _event_json(e: RefitEvent) -> dict[str, Any]:
-    return {
-        "t": e.t,
-        "calls": e.calls,
-        "worker": e.worker,
-        "result": e.result,
-        "current_error": e.current_error,
-        "fit_error": e.fit_error,
-        "latency_ratio": e.latency_ratio,
-    }
 
 
 @dataclass
@@ -164,25 +135,9 @@ class MislabelReport:
 
     def to_json(self) -> dict[str, Any]:
         """The report as plain data."""
-        return {
-            "cluster": self.cluster,
-            "worker": self.worker,
-            "label": self.label,
-            "rate_qps": self.rate_qps,
-            "workflows": self.workflows,
-            "window": self.window,
-            "settings": _settings_json(self.settings),
-            "workers": self.worker_names,
-            "engine_constants": list(self.engine_constants),
-            "label_constants": list(self.label_constants),
-            "label_latency_ratio": self.label_latency_ratio,
-            "runs": {k: r.to_json() for k, r in self.runs.items()},
-            "refit_helped": self.refit_helped(),
-        }
-
-
-def _settings_json(s: RefitSettings) -> dict[str, float]:
-    return {k: getattr(s, k) for k in RefitSettings.__dataclass_fields__}
+        doc = asdict(self)
+        doc.update(workers=doc.pop("worker_names"), runs={k: r.to_json() for k, r in self.runs.items()})
+        return {**doc, "refit_helped": self.refit_helped()}
 
 
 class _Recording(Refitter):
@@ -229,15 +184,14 @@ def run_mislabel(
         raise ValueError(f"rate must be a positive number, got {rate}")
     if n_workflows < 10 or window < 10:
         raise ValueError("at least 10 workflows and windows of at least 10 calls are needed")
-    s = settings if settings is not None else RefitSettings(interval_s=30.0, min_calls=100, window_calls=600)
+    s = settings if settings is not None else DEFAULT_SETTINGS
     catalog = load_gpu_catalog()
     workers = load_cluster(cluster, catalog)
     names = [w.name for w in workers]
     if worker not in names:
         raise ValueError(f"unknown worker {worker!r} in {cluster}; workers: {', '.join(names)}")
     w = names.index(worker)
-    truth = [x.profile for x in workers]
-    model = truth[w].model
+    model = workers[w].profile.model
     labels = sorted(catalog.profiles.get(model, {}))
     if label not in labels:
         raise ValueError(f"no {model} profile labelled {label!r}; known: {', '.join(labels)}")
@@ -246,76 +200,69 @@ def run_mislabel(
     mis[w] = replace(workers[w], profile=lab, capacity=lab.derived_capacity(), profile_source="catalogue")
     queries = load_queries("chess-bird", n_workflows, random.Random(seed + 1))
     setup = Setup(
-        workers=workers,
-        queries=queries,
-        trace="chess-bird",
-        n_workflows=n_workflows,
-        slo_scale=3.0,
-        seed=seed,
-        prefix_caching=True,
+        workers, queries, "chess-bird", n_workflows=n_workflows, slo_scale=3.0, seed=seed, prefix_caching=True
     )
-    ref = workflow_latency(truth[w])
-    runs: dict[str, MislabelRun] = {}
-    plans: list[tuple[str, list[WorkerInfo], bool]] = [
-        ("correct", workers, False),
-        ("correct+refit", workers, True),
-        ("mislabel", mis, False),
-        ("mislabel+refit", mis, True),
-    ]
-    for name, ws, refit in plans:
-        rec = _Recording(s, w, refit)
-        sim = Simulator(ws, policy, seed=seed, record_calls=True, prefix_caching=True, engine_profiles=truth, refit=rec)
-        wfs = setup.workflows(rate)
-        res = sim.run(wfs)
-        summ = summarize(res, total=len(wfs))
-        calls = sorted(res.calls, key=lambda c: c.ready)
-        shares = [_shares(calls[i : i + window], len(ws)) for i in range(0, len(calls), window)]
-        half = calls[len(calls) // 2 :]
-        late = sum(1 for c in half if c.worker == w) / len(half) if half else 0.0
-        ready = [c.ready for c in calls]
-        events = [
-            RefitEvent(
-                t=t,
-                calls=_count_upto(ready, t),
-                worker=out.job.info.name,
-                result=r,
-                current_error=out.current_error,
-                fit_error=out.fit_error,
-                latency_ratio=workflow_latency(out.profile if r == "applied" and out.profile else out.job.info.profile)
-                / ref,
-            )
-            for t, r, out in sim.refits
-            if out.job.worker == w
-        ]
-        final = sim.scheduler.workers[w].profile
-        run = MislabelRun(
-            name=name,
-            windows=shares,
-            late_share=round(late, 4),
-            slo_attainment=summ.slo_attainment,
-            p95_s=summ.p95_s,
-            calls=len(calls),
-            final_constants=constants_of(final)[:4],
-            final_latency_ratio=workflow_latency(final) / ref,
-            refits=events,
-            ratios=rec.ratios,
-        )
-        start = workflow_latency(ws[w].profile) / ref
-        run.converged_after_calls = _converged_after(events if refit else [], start)
-        runs[name] = run
+    ref = workflow_latency(workers[w].profile)
+    plans = [("correct", workers, False), ("correct+refit", workers, True), ("mislabel", mis, False)]
+    plans.append(("mislabel+refit", mis, True))
+    runs = {
+        name: _simulated_run(name, ws, refit, setup, rate, w, window, s, policy, [x.profile for x in workers])
+        for name, ws, refit in plans
+    }
     return MislabelReport(
-        cluster=cluster,
-        worker=worker,
-        label=label,
-        rate_qps=rate,
-        workflows=n_workflows,
-        window=window,
-        settings=s,
-        worker_names=names,
-        engine_constants=constants_of(truth[w])[:4],
-        label_constants=constants_of(lab)[:4],
-        label_latency_ratio=workflow_latency(lab) / ref,
-        runs=runs,
+        cluster, worker, label, rate, n_workflows, window, s, names, constants_of(workers[w].profile)[:4],
+        constants_of(lab)[:4], workflow_latency(lab) / ref, runs,
+    )  # fmt: skip
+
+
+def _simulated_run(
+    name: str,
+    ws: list[WorkerInfo],
+    refit: bool,
+    setup: Setup,
+    rate: float,
+    w: int,
+    window: int,
+    s: RefitSettings,
+    policy: str,
+    truth: list[PerfProfile],
+) -> MislabelRun:
+    """One simulated run on workers ``ws`` whose engines run ``truth``, worker ``w`` watched."""
+    ref = workflow_latency(truth[w])
+    rec = _Recording(s, w, refit)
+    sim = Simulator(
+        ws, policy, seed=setup.seed, record_calls=True, prefix_caching=True, engine_profiles=truth, refit=rec
+    )
+    wfs = setup.workflows(rate)
+    res = sim.run(wfs)
+    summ = summarize(res, total=len(wfs))
+    calls = sorted(res.calls, key=lambda c: c.ready)
+    half = calls[len(calls) // 2 :]
+    ready = [c.ready for c in calls]
+
+    def ratio(r: str, out: FitOutcome) -> float:
+        return workflow_latency(out.profile if r == "applied" and out.profile else out.job.info.profile) / ref
+
+    events = [
+        RefitEvent(
+            t, bisect.bisect_right(ready, t), out.job.info.name, r, out.current_error, out.fit_error, ratio(r, out)
+        )
+        for t, r, out in sim.refits
+        if out.job.worker == w
+    ]
+    final = sim.scheduler.workers[w].profile
+    return MislabelRun(
+        name=name,
+        windows=[_shares(calls[i : i + window], len(ws)) for i in range(0, len(calls), window)],
+        late_share=round(sum(1 for c in half if c.worker == w) / len(half), 4) if half else 0.0,
+        slo_attainment=summ.slo_attainment,
+        p95_s=summ.p95_s,
+        calls=len(calls),
+        final_constants=constants_of(final)[:4],
+        final_latency_ratio=workflow_latency(final) / ref,
+        refits=events,
+        ratios=rec.ratios,
+        converged_after_calls=_converged_after(events if refit else [], workflow_latency(ws[w].profile) / ref),
     )
 
 
@@ -327,8 +274,11 @@ def _shares(calls: Sequence[CallTimeline], n_workers: int) -> list[float]:
     return [round(k / len(calls), 4) for k in counts]
 
 
-def _count_upto(sorted_times: Sequence[float], t: float) -> int:
-    return bisect.bisect_right(sorted_times, t)
+def _windows_table(head: str, label: Callable[[int], str], cells: dict[str, list[str]]) -> str:
+    """One row per window (``label(i)``), one column per run (``-`` past a run's last window)."""
+    n = max((len(c) for c in cells.values()), default=0)
+    rows = [[label(i), *(c[i] if i < len(c) else "-" for c in cells.values())] for i in range(n)]
+    return table([head, *cells], rows)
 
 
 def format_mislabel_report(rep: MislabelReport) -> str:
@@ -342,15 +292,8 @@ def format_mislabel_report(rep: MislabelReport) -> str:
         "",
         f"share of {rep.worker} per window of {rep.window} calls (dispatch order):",
     ]
-    n = max(len(r.windows) for r in rep.runs.values())
-    rows = []
-    for i in range(n):
-        row = [f"{i * rep.window}-{(i + 1) * rep.window - 1}"]
-        for name in RUNS:
-            ws = rep.runs[name].windows
-            row.append(f"{ws[i][w]:.3f}" if i < len(ws) else "-")
-        rows.append(row)
-    lines.append(table(["calls", *RUNS], rows))
+    cells = {name: [f"{x[w]:.3f}" for x in rep.runs[name].windows] for name in RUNS}
+    lines.append(_windows_table("calls", lambda i: f"{i * rep.window}-{(i + 1) * rep.window - 1}", cells))
     lines.append("")
     rows = [
         [
@@ -407,9 +350,6 @@ def format_mislabel_report(rep: MislabelReport) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------------------------ live
-
-
 @dataclass
 class LiveMislabelRun:
     """One live run: the mislabelled worker's share of completed calls per window, outcomes, refits."""
@@ -430,18 +370,7 @@ class LiveMislabelRun:
 
     def to_json(self) -> dict[str, Any]:
         """The run as plain data."""
-        return {
-            "name": self.name,
-            "windows": [list(w) for w in self.windows],
-            "late_share": self.late_share,
-            "slo_attainment": self.slo_attainment,
-            "p95_s": self.p95_s if math.isfinite(self.p95_s) else None,
-            "refits_applied": self.refits_applied,
-            "refit_attempts": self.refit_attempts,
-            "ejections": self.ejections,
-            "final_profile": self.final_profile,
-            "points": self.points,
-        }
+        return {**asdict(self), "p95_s": self.p95_s if math.isfinite(self.p95_s) else None}
 
 
 @dataclass
@@ -465,56 +394,38 @@ class LiveMislabelReport:
 
     def to_json(self) -> dict[str, Any]:
         """The report as plain data."""
-        return {
-            "cluster": self.cluster,
-            "worker": self.worker,
-            "label": self.label,
-            "rate_qps": self.rate_qps,
-            "workflows": self.workflows,
-            "time_scale": self.time_scale,
-            "settings": _settings_json(self.settings),
-            "runs": {k: r.to_json() for k, r in self.runs.items()},
-            "refit_helped": self.refit_helped(),
-            "wall_s": self.wall_s,
-        }
+        runs = {k: r.to_json() for k, r in self.runs.items()}
+        return {**asdict(self), "runs": runs, "refit_helped": self.refit_helped()}
 
 
 async def _replay_and_poll(
-    workload: Sequence[Any], url: str, key: str, time_scale: float, poll_s: float, worker: str, desc: str
-) -> tuple[Any, list[dict[str, Any]]]:
+    workload: Sequence[ReplayWorkflow], rig: Rig, key: str, time_scale: float, poll_s: float, worker: str, desc: str
+) -> tuple[ReplayReport, list[dict[str, Any]]]:
     """Replay ``workload`` while polling ``/v1/status`` every ``poll_s`` wall seconds for ``worker``."""
     points: list[dict[str, Any]] = []
     t0 = time.monotonic()
-    stop = asyncio.Event()
+    async with httpx.AsyncClient(timeout=5.0) as client:
 
-    async def poll() -> None:
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            while not stop.is_set():
-                try:
-                    st = (await client.get(f"{url}/v1/status")).json()
-                    ws = {w["name"]: w for w in st["workers"]}
-                    me = ws[worker]
-                    points.append(
-                        {
-                            "t_s": round((time.monotonic() - t0) / time_scale, 3),
-                            "completed": {n: int(w["completed"]) for n, w in ws.items()},
-                            "profile": me.get("profile"),
-                            "ratios": {k: v["ratio"] for k, v in me.get("estimate_ratios", {}).items()},
-                            "ejections": me.get("ejections"),
-                            "ejected": me.get("ejected"),
-                        }
-                    )
-                except (httpx.HTTPError, ValueError, KeyError, TypeError):
-                    pass  # a missed poll leaves a longer window
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), poll_s)
+        async def poll() -> None:
+            try:
+                st = (await client.get(f"{rig.url}/v1/status")).json()
+                ws = {w["name"]: w for w in st["workers"]}
+                me = ws[worker]
+                points.append(
+                    {
+                        "t_s": round((time.monotonic() - t0) / time_scale, 3),
+                        "completed": {n: int(w["completed"]) for n, w in ws.items()},
+                        "profile": me.get("profile"),
+                        "ratios": {k: v["ratio"] for k, v in me.get("estimate_ratios", {}).items()},
+                        "ejections": me.get("ejections"),
+                        "ejected": me.get("ejected"),
+                    }
+                )
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                pass  # a missed poll leaves a longer window
 
-    poller = asyncio.create_task(poll())
-    try:
-        rep = await replay(workload, gateway=url, api_key=key, time_scale=time_scale, progress=False, desc=desc)
-    finally:
-        stop.set()
-        await poller
+        run = replay(workload, gateway=rig.url, api_key=key, time_scale=time_scale, progress=False, desc=desc)
+        rep = await sampling(run, poll, poll_s)
     return rep, points
 
 
@@ -569,12 +480,45 @@ def run_mislabel_live(
     settings' interval in modelled seconds). The worker's share is measured on completed calls, polled
     from ``/v1/status`` every ``window_s / 4`` modelled seconds. Subprocess logs go to ``log_dir``.
     """
-    log = say if say is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    log = say if say is not None else say_stderr
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time scale must be a positive number, got {time_scale}")
     if not (rate > 0 and math.isfinite(rate)) or not window_s > 0:
         raise ValueError("rate and window must be positive")
-    s = settings if settings is not None else RefitSettings(interval_s=30.0, min_calls=100, window_calls=600)
+    s = settings if settings is not None else DEFAULT_SETTINGS
+    right, wrong = _labelled_cluster(cluster, worker, label)
+    setup = replay_setup(
+        "chess-bird", build_workers(right, load_gpu_catalog()), workflows=n_workflows, seed=seed, slo_scale=3.0
+    )
+    workload = replay_workload(setup, rate)
+    refit = {
+        "interval_s": s.interval_s * time_scale,
+        "min_calls": max(s.min_calls, 20),
+        "window_calls": max(s.window_calls, 20),
+        **{k: getattr(s, k) for k in ("max_step", "max_drift", "max_error", "min_gain")},
+    }
+    runs: dict[str, LiveMislabelRun] = {}
+    t_start = time.monotonic()
+    with bench_folder(log_dir, "hexflow-mislabel-", log) as folder:
+        key = bench_tenant(folder, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale)
+        for name, cfg, on in (("correct", right, False), ("mislabel", wrong, False), ("mislabel+refit", wrong, True)):
+            log(f"{name}: starting the emulated cluster and the gateway")
+            sections = {"refit": {"enabled": on, **refit}}
+            with live_rig(
+                folder, name, cluster, time_scale=time_scale, seed=seed, gateway_cluster=cfg, sections=sections
+            ) as rig:
+                poll_s = window_s * time_scale / 4
+                rep, points = asyncio.run(_replay_and_poll(workload, rig, key, time_scale, poll_s, worker, name))
+            run = runs[name] = _live_run(name, rep, points, worker, window_s)
+            log(f"{name}: late share {run.late_share:.3f}, SLO {run.slo_attainment:.3f}, refits {run.refits_applied}")
+    return LiveMislabelReport(
+        right.name, worker, label, rate, len(workload), time_scale, s, runs, time.monotonic() - t_start
+    )
+
+
+def _labelled_cluster(cluster: str, worker: str, label: str) -> tuple[ClusterConfig, ClusterConfig]:
+    """The cluster as its file says, and the same with ``worker`` labelled ``profile: label`` (``ValueError`` for
+    an unknown worker or label, or a worker that is not alone in its cluster file entry)."""
     catalog = load_gpu_catalog()
     right = load_cluster_config(cluster, catalog)
     expanded = right.expanded()
@@ -589,91 +533,33 @@ def run_mislabel_live(
         first += wc.count
     if right.workers[entry].count != 1:
         raise ValueError(f"{worker} is one of {right.workers[entry].count} workers of one entry: label a lone one")
-    model = expanded[names.index(worker)].model
+    model = expanded[idx].model
     if label not in catalog.profiles.get(model, {}):
         known = ", ".join(sorted(catalog.profiles.get(model, {})))
         raise ValueError(f"no {model} profile labelled {label!r}; known: {known}")
     entries = list(right.workers)
     entries[entry] = entries[entry].model_copy(update={"profile": label, "name": worker})
-    wrong = right.model_copy(update={"workers": entries})
-    workers = build_workers(right, catalog)
-    setup = replay_setup("chess-bird", workers, workflows=n_workflows, seed=seed, slo_scale=3.0)
-    workload = replay_workload(setup, rate)
-    keep = log_dir is not None
-    folder = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="hexflow-mislabel-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    folder = folder.resolve()  # the gateway reads its files relative to its own config's folder
-    key = secrets.token_urlsafe(24)
-    tenants = write_tenants_file(
-        folder / "tenants.yaml", key, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale
-    )
-    runs: dict[str, LiveMislabelRun] = {}
-    t_start = time.monotonic()
-    ok = False
-    try:
-        for name, cfg, refit in (
-            ("correct", right, False),
-            ("mislabel", wrong, False),
-            ("mislabel+refit", wrong, True),
-        ):
-            log(f"{name}: starting the emulated cluster and the gateway")
-            with cluster_process(cluster, time_scale, folder, name) as (_, urls):
-                path = folder / f"gateway-{name}.yaml"
-                port = free_port()
-                write_gateway_config(
-                    cfg, urls, path, policy="hexgen", alpha=None, time_scale=time_scale, tuning_enabled=False,
-                    tenants_file=tenants, port=port, seed=seed,
-                )  # fmt: skip
-                doc = yaml.safe_load(path.read_text())
-                doc["refit"] = {
-                    "enabled": refit,
-                    "interval_s": s.interval_s * time_scale,
-                    "min_calls": max(s.min_calls, 20),
-                    "window_calls": max(s.window_calls, 20),
-                    "max_step": s.max_step,
-                    "max_drift": s.max_drift,
-                    "max_error": s.max_error,
-                    "min_gain": s.min_gain,
-                }
-                path.write_text(yaml.safe_dump(doc))
-                load_gateway_config(path)  # a bad file is reported here, not by the child
-                with gateway_process(path, port, len(urls), folder, name) as url:
-                    rep, points = asyncio.run(
-                        _replay_and_poll(workload, url, key, time_scale, window_s * time_scale / 4, worker, name)
-                    )
-            last = points[-1] if points else {}
-            prof = last.get("profile") or {}
-            ref = prof.get("refit") or {}
-            run = LiveMislabelRun(
-                name=name,
-                windows=_live_windows(points, worker, window_s),
-                late_share=_late_share(points, worker),
-                slo_attainment=rep.slo_attainment,
-                p95_s=rep.p95_s,
-                refits_applied=int(ref.get("applied", 0)),
-                refit_attempts=int(ref.get("attempts", 0)),
-                ejections=int(last.get("ejections") or 0),
-                final_profile=prof,
-                points=points,
-            )
-            runs[name] = run
-            log(f"{name}: late share {run.late_share:.3f}, SLO {run.slo_attainment:.3f}, refits {run.refits_applied}")
-        ok = True
-    finally:
-        if ok and not keep:
-            shutil.rmtree(folder, ignore_errors=True)
-        elif not ok:
-            log(f"subprocess logs are in {folder}")
-    return LiveMislabelReport(
-        cluster=right.name,
-        worker=worker,
-        label=label,
-        rate_qps=rate,
-        workflows=len(workload),
-        time_scale=time_scale,
-        settings=s,
-        runs=runs,
-        wall_s=time.monotonic() - t_start,
+    return right, right.model_copy(update={"workers": entries})
+
+
+def _live_run(
+    name: str, rep: ReplayReport, points: list[dict[str, Any]], worker: str, window_s: float
+) -> LiveMislabelRun:
+    """A live run's figures from its replay and its polls."""
+    last = points[-1] if points else {}
+    prof = last.get("profile") or {}
+    ref = prof.get("refit") or {}
+    return LiveMislabelRun(
+        name=name,
+        windows=_live_windows(points, worker, window_s),
+        late_share=_late_share(points, worker),
+        slo_attainment=rep.slo_attainment,
+        p95_s=rep.p95_s,
+        refits_applied=int(ref.get("applied", 0)),
+        refit_attempts=int(ref.get("attempts", 0)),
+        ejections=int(last.get("ejections") or 0),
+        final_profile=prof,
+        points=points,
     )
 
 
@@ -686,16 +572,8 @@ def format_live_mislabel_report(rep: LiveMislabelReport) -> str:
         "",
         f"share of {rep.worker} in the calls completed per window (modelled seconds):",
     ]
-    names = list(rep.runs)
-    n = max(len(r.windows) for r in rep.runs.values())
-    rows = []
-    for i in range(n):
-        row = []
-        for name in names:
-            ws = rep.runs[name].windows
-            row.append(f"{ws[i][1]:.3f} ({ws[i][2]})" if i < len(ws) else "-")
-        rows.append([f"{i + 1}", *row])
-    lines.append(table(["window", *names], rows))
+    cells = {name: [f"{x[1]:.3f} ({x[2]})" for x in r.windows] for name, r in rep.runs.items()}
+    lines.append(_windows_table("window", lambda i: str(i + 1), cells))
     lines.append("")
     rows = []
     for name, r in rep.runs.items():

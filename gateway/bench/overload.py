@@ -29,35 +29,27 @@ asserts behaviour only; the figures are this command's to print.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import random
-import secrets
-import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from gateway.bench.procs import ChildProcess, StartError, cluster_process, free_port, write_gateway_config
-from gateway.bench.replay import ReplayWorkflow, replay_setup, replay_workload
+from gateway.bench.replay import replay_setup, replay_workload
+from gateway.bench.rig import Rig, bench_folder, bench_tenant, live_rig, sampling, say_stderr, scheduled
 from gateway.bench.simbench import fluid_bound
-from gateway.bench.stats import fmt, table
+from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
-from gateway.config.tenants import hash_key
 from gateway.core.predict import SUSTAINABLE_SHARE
 
 __all__ = ["OverloadReport", "PhaseReport", "format_report", "plot_report", "run_overload"]
 
 RSS_PERIOD_S = 0.25
-START_TIMEOUT_S = 60.0
 TENANT = "overload"
 
 
@@ -162,85 +154,21 @@ class OverloadReport:
 
     def to_json(self) -> dict[str, Any]:
         """The report as strict JSON (NaN as null)."""
-
-        def clean(x: Any) -> Any:
-            return None if isinstance(x, float) and not math.isfinite(x) else x
-
-        phases = [
-            {k: clean(v) for k, v in {**asdict(p), "met_of_accepted": p.met_of_accepted, "goodput": p.goodput}.items()}
-            for p in self.phases
-        ]
-        return {
-            "cluster": self.cluster,
-            "time_scale": self.time_scale,
-            "fluid_bound_qps": self.fluid_bound_qps,
-            "capacity_rate_qps": self.capacity_rate_qps,
-            "factor": self.factor,
-            "deadline_wall_s": self.deadline_wall_s,
-            "predictive": self.predictive,
-            "admission_share": self.admission_share,
-            "phases": phases,
-            "overload_met_of_accepted": clean(self.overload_met_of_accepted),
-            "goodput_ratio": clean(self.goodput_ratio),
-            "checks": self.checks(),
-            "rss_mb": [[round(t, 3), round(m, 2)] for t, m in self.rss],
-            "wall_s": self.wall_s,
-        }
-
-
-# --------------------------------------------------------------------------------------------------
-# Processes
-# --------------------------------------------------------------------------------------------------
-
-
-def write_overload_tenants(path: Path, api_key: str, *, predictive: bool, deadline_s: float) -> Path:
-    """One tenant (``overload``) whose concurrency never binds: admission is the predictive check alone."""
-    doc = {
-        "tenants": [
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("phases", "rss", "wall_s")}
+        return json_safe(
             {
-                "name": TENANT,
-                "api_key_sha256": [hash_key(api_key)],
-                "default_deadline_s": deadline_s,
-                "min_deadline_s": 1e-3,
-                "max_deadline_s": 3.2e7,
-                "max_concurrent_workflows": 100_000,
-                "predictive_admission": predictive,
-                "on_predicted_miss": "reject",
+                **doc,
+                "phases": [
+                    json_safe({**asdict(p), "met_of_accepted": p.met_of_accepted, "goodput": p.goodput})
+                    for p in self.phases
+                ],
+                "overload_met_of_accepted": self.overload_met_of_accepted,
+                "goodput_ratio": self.goodput_ratio,
+                "checks": self.checks(),
+                "rss_mb": [[round(t, 3), round(m, 2)] for t, m in self.rss],
+                "wall_s": self.wall_s,
             }
-        ]
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def _start_gateway(config: Path, port: int, n_workers: int, log_dir: Path) -> tuple[ChildProcess, str]:
-    """``hexflow serve`` (its pid is needed for RSS); returns once ``/readyz`` sees every worker."""
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
-    cmd += ["--log-level", "warning"]
-    proc = ChildProcess("the gateway", cmd, log_dir / "gateway-overload.log")
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            r = httpx.get(f"{url}/readyz", timeout=2.0)
-            if r.status_code == 200 and r.json().get("healthy_workers", 0) >= n_workers:
-                return proc, url
-        except (httpx.HTTPError, ValueError):
-            pass
-        if proc.proc.poll() is not None or time.monotonic() > deadline:
-            raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for /readyz with {n_workers} workers")
-        time.sleep(0.1)
-
-
-def rss_mb(pid: int) -> float | None:
-    """Resident memory of a process in MB (Linux ``/proc``); None where it cannot be read."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -270,36 +198,24 @@ def arrivals(phases: Sequence[Phase], rng: random.Random) -> list[tuple[float, s
 
 
 async def _drive(
-    url: str,
-    api_key: str,
-    bodies: Sequence[bytes],
-    schedule: Sequence[tuple[float, str]],
-    pid: int,
-    timeout_s: float,
+    rig: Rig, api_key: str, bodies: Sequence[bytes], schedule: Sequence[tuple[float, str]], timeout_s: float
 ) -> tuple[list[Answer], list[tuple[float, float]], float]:
     """Send every workflow at its time, sample RSS meanwhile; returns answers, RSS samples, wall seconds."""
     answers = [Answer(phase, t) for t, phase in schedule]
     samples: list[tuple[float, float]] = []
     t0 = time.monotonic()
-    stop = asyncio.Event()
 
     async def sample() -> None:
-        while not stop.is_set():
-            m = rss_mb(pid)
-            if m is not None:
-                samples.append((time.monotonic() - t0, m))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), RSS_PERIOD_S)
+        m = rig.rss_mb()
+        if m is not None:
+            samples.append((time.monotonic() - t0, m))
 
     limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout_s, headers=headers) as client:
+    async with httpx.AsyncClient(base_url=rig.url, limits=limits, timeout=timeout_s, headers=headers) as client:
 
         async def one(i: int) -> None:
             a = answers[i]
-            delay = a.sent_at - (time.monotonic() - t0)
-            if delay > 0:
-                await asyncio.sleep(delay)
             start = time.monotonic()
             try:
                 r = await client.post("/v1/workflows", content=bodies[i % len(bodies)])
@@ -319,12 +235,7 @@ async def _drive(
                 msg = str((data.get("error") or {}).get("message", ""))
                 a.shed = msg.startswith("shed")
 
-        sampler = asyncio.create_task(sample())
-        try:
-            await asyncio.gather(*(one(i) for i in range(len(answers))))
-        finally:
-            stop.set()
-            await sampler
+        await sampling(scheduled([a.sent_at for a in answers], one), sample, RSS_PERIOD_S)
     return answers, samples, time.monotonic() - t0
 
 
@@ -371,7 +282,7 @@ def run_overload(
     say: Callable[[str], None] | None = None,
 ) -> OverloadReport:
     """Run the benchmark (see the module docstring) and return its report."""
-    say = say if say is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    say = say if say is not None else say_stderr
     for name, v in (("time_scale", time_scale), ("capacity_fraction", capacity_fraction), ("factor", factor)):
         if not (v > 0 and math.isfinite(v)):
             raise ValueError(f"{name} must be a positive number, got {v}")
@@ -392,17 +303,11 @@ def run_overload(
         phases.append(Phase(f"burst{k + 1}", t, burst_s, factor * cap_rate_wall))
         t += burst_s + quiet_s
     schedule = arrivals(phases, random.Random(seed))
-    n = max(len(schedule), 1)
-    setup = replay_setup("chess-bird", workers, workflows=min(n, 2000), seed=seed, slo_scale=slo_scale)
-    workload: list[ReplayWorkflow] = replay_workload(setup, rate_cap_model)
-    bodies = [json.dumps(w.body(time_scale)).encode() for w in workload]
+    setup = replay_setup(
+        "chess-bird", workers, workflows=min(max(len(schedule), 1), 2000), seed=seed, slo_scale=slo_scale
+    )
+    bodies = [json.dumps(w.body(time_scale)).encode() for w in replay_workload(setup, rate_cap_model)]
     deadline_wall = setup.slo_s * time_scale
-    keep = log_dir is not None
-    log_dir = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="hexflow-overload-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_dir = log_dir.resolve()  # the gateway reads its files relative to its own config's folder
-    key = secrets.token_urlsafe(24)
-    tenants = write_overload_tenants(log_dir / "tenants.yaml", key, predictive=predictive, deadline_s=deadline_wall)
     say(
         f"fluid bound {bound:.4g} wf/s (modelled); capacity rate {rate_cap_model:.4g} wf/s "
         f"= {cap_rate_wall:.3g}/s wall; "
@@ -419,42 +324,19 @@ def run_overload(
         predictive=predictive,
         admission_share=admission_share if admission_share is not None else SUSTAINABLE_SHARE,
     )
-    ok = False
-    try:
-        with cluster_process(cluster, time_scale, log_dir, "overload") as (_, urls):
-            cfg_path = log_dir / "gateway-overload.yaml"
-            port = free_port()
-            write_gateway_config(
-                cluster_cfg,
-                urls,
-                cfg_path,
-                policy="hexgen",
-                alpha=None,
-                time_scale=time_scale,
-                tuning_enabled=False,
-                tenants_file=tenants,
-                port=port,
-                seed=seed,
-                admission_share=admission_share,
-            )
-            proc, url = _start_gateway(cfg_path, port, len(urls), log_dir)
-            try:
-                answers, rss, wall = asyncio.run(
-                    _drive(url, key, bodies, schedule, proc.proc.pid, timeout_s=4 * deadline_wall + 60.0)
-                )
-            finally:
-                proc.stop()
-        report.rss = rss
-        report.wall_s = wall
-        ends = [p.start for p in phases[1:]] + [wall]
-        report.phases = [_phase_report(p, answers, rss, end) for p, end in zip(phases, ends, strict=True)]
-        ok = True
-    except StartError:
-        say(f"subprocess logs are in {log_dir}")
-        raise
-    finally:
-        if ok and not keep:
-            shutil.rmtree(log_dir, ignore_errors=True)
+    with bench_folder(log_dir, "hexflow-overload-", say) as folder:
+        key = bench_tenant(
+            folder, deadline_s=deadline_wall, max_concurrent_workflows=100_000, name=TENANT, predictive=predictive,
+            on_predicted_miss="reject",
+        )  # fmt: skip
+        with live_rig(
+            folder, "overload", cluster, time_scale=time_scale, seed=seed, admission_share=admission_share
+        ) as rig:
+            answers, rss, wall = asyncio.run(_drive(rig, key, bodies, schedule, timeout_s=4 * deadline_wall + 60.0))
+    report.rss = rss
+    report.wall_s = wall
+    ends = [p.start for p in phases[1:]] + [wall]
+    report.phases = [_phase_report(p, answers, rss, end) for p, end in zip(phases, ends, strict=True)]
     return report
 
 
@@ -521,11 +403,7 @@ def format_report(rep: OverloadReport) -> str:
 
 def plot_report(rep: OverloadReport, path: Path) -> None:
     """RSS of the gateway over time, with the phases shaded, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.5))
     if rep.rss:
         ts, ms = zip(*rep.rss, strict=True)
@@ -538,7 +416,4 @@ def plot_report(rep: OverloadReport, path: Path) -> None:
     ax.set_ylabel("RSS (MB)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"gateway memory: capacity (green), {rep.factor:g}x overload bursts (red)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "cluster_process",
     "free_port",
     "gateway_process",
+    "probe",
     "write_gateway_config",
     "write_tenants_file",
 ]
@@ -54,30 +55,37 @@ class StartError(GatewayError):
 # --------------------------------------------------------------------------------------------------
 
 
-def write_tenants_file(path: Path, api_key: str, *, max_concurrent_workflows: int, deadline_s: float) -> Path:
-    """A tenants file with one tenant (``bench``) whose key is ``api_key`` and whose limits never bind.
+def write_tenants_file(
+    path: Path,
+    api_key: str,
+    *,
+    max_concurrent_workflows: int,
+    deadline_s: float,
+    name: str = BENCH_TENANT,
+    predictive: bool = False,
+    **settings: Any,
+) -> Path:
+    """A tenants file with one tenant (``name``) whose key is ``api_key`` and whose limits never bind.
 
     Any deadline from a millisecond to a year is accepted; ``deadline_s`` is the default. Predictive
-    admission is off: a live run is compared with the simulator admitting every workflow, so the gateway
-    must admit every workflow too (``hexflow bench overload`` measures admission with its own tenants).
+    admission is off by default: a live run is compared with the simulator admitting every workflow, so the
+    gateway must admit every workflow too (``hexflow bench overload`` turns it on). ``settings``: further
+    fields of the tenant (``on_predicted_miss``, ``quality``).
     """
     lo, hi = 1e-3, 3.2e7
-    doc = {
-        "tenants": [
-            {
-                "name": BENCH_TENANT,
-                "api_key_sha256": [hash_key(api_key)],
-                "default_deadline_s": min(max(deadline_s, lo), hi),
-                "min_deadline_s": lo,
-                "max_deadline_s": hi,
-                "priority_weight": 1,
-                "max_concurrent_workflows": max(1, max_concurrent_workflows),
-                "predictive_admission": False,
-            }
-        ]
+    tenant = {
+        "name": name,
+        "api_key_sha256": [hash_key(api_key)],
+        "default_deadline_s": min(max(deadline_s, lo), hi),
+        "min_deadline_s": lo,
+        "max_deadline_s": hi,
+        "priority_weight": 1,
+        "max_concurrent_workflows": max(1, max_concurrent_workflows),
+        "predictive_admission": predictive,
+        **settings,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path.write_text(yaml.safe_dump({"tenants": [tenant]}, sort_keys=False))
     return path
 
 
@@ -99,6 +107,7 @@ def write_gateway_config(
     prefix_caching: bool = True,
     profiles_file: str | Path | None = None,
     admission_share: float | None = None,
+    sections: Mapping[str, Any] | None = None,
 ) -> LoadedConfig:
     """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
 
@@ -107,7 +116,8 @@ def write_gateway_config(
     (default: the packaged one) and ``profiles_file`` a profiles overlay it merges (for workers naming a
     ``profile``); ``prefix_caching``: whether the workers cache prompt prefixes (false for workers run with
     ``--no-enable-prefix-caching``: a prefix-aware policy would otherwise chase a cache that is not there);
-    ``admission_share``: ``admission.sustainable_share`` (None: the default). The file is loaded back with
+    ``admission_share``: ``admission.sustainable_share`` (None: the default); ``sections``: further top-level
+    sections written as given (``refit``). The file is loaded back with
     ``load_gateway_config`` and returned, so an invalid result raises ``ConfigError`` here.
     """
     cfg = cluster if isinstance(cluster, ClusterConfig) else load_cluster_config(cluster)
@@ -142,6 +152,7 @@ def write_gateway_config(
         doc["profiles_file"] = str(profiles_file)
     if admission_share is not None:
         doc["admission"] = {"sustainable_share": admission_share}
+    doc.update(sections or {})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_gateway_config(path)
@@ -192,6 +203,16 @@ class ChildProcess:
         print(f"hexflow: {self.name} {state}; last lines of {self.log_path}:\n{_tail(self.log_path)}", file=sys.stderr)
         return StartError(f"{self.name} {state} ({what}); its log: {self.log_path}")
 
+    def wait_until(self, ready: Callable[[], bool], what: str, timeout_s: float | None = None) -> None:
+        """Poll ``ready()`` until it holds; ``StartError`` (the log's tail printed) when the process exits or
+        ``timeout_s`` (default ``START_TIMEOUT_S``) passes first. The process is stopped on error."""
+        limit = START_TIMEOUT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        while not ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise self.failed_to_start(f"waited {limit:.0f} s for {what}")
+            time.sleep(0.05)
+
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM, wait up to ``timeout_s``, then SIGKILL; close the log files. Returns the exit status."""
         if self.proc.poll() is None:
@@ -217,40 +238,43 @@ def cluster_process(
     proc = ChildProcess("the emulated cluster", cmd, log_dir / f"cluster-{tag}.log", out_path)
     try:
         n = len(load_cluster_config(cluster).expanded())
-        deadline = time.monotonic() + START_TIMEOUT_S
         urls: list[str] = []
-        while True:
+
+        def listed() -> bool:
             lines = out_path.read_text(errors="replace").splitlines()
-            urls = [m.group(2) for m in map(_WORKER_LINE.match, lines) if m]
-            if len(urls) >= n:
-                break
-            if proc.proc.poll() is not None or time.monotonic() > deadline:
-                raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for {n} workers")
-            time.sleep(0.05)
+            urls[:] = [m.group(2) for m in map(_WORKER_LINE.match, lines) if m]
+            return len(urls) >= n
+
+        proc.wait_until(listed, f"{n} workers")
         yield proc, urls[:n]
     finally:
         proc.stop()
 
 
+def probe(url: str, path: str, ok: Callable[[httpx.Response], bool] = lambda r: r.status_code == 200) -> bool:
+    """Whether ``GET url+path`` answers and ``ok`` holds of the answer (False on a transport or JSON error)."""
+    try:
+        return ok(httpx.get(f"{url}{path}", timeout=2.0))
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
 @contextlib.contextmanager
-def gateway_process(config: Path, port: int, n_workers: int, log_dir: Path, tag: str) -> Iterator[str]:
-    """``hexflow serve`` on ``port``; yields its URL once ``/readyz`` reports every worker healthy."""
+def gateway_process(
+    config: Path, port: int, n_workers: int, log_dir: Path, tag: str
+) -> Iterator[tuple[ChildProcess, str]]:
+    """``hexflow serve`` on ``port``; yields the process and its URL once ``/readyz`` reports every worker
+    healthy."""
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
     cmd += ["--log-level", "warning"]
     proc = ChildProcess("the gateway", cmd, log_dir / f"gateway-{tag}.log")
     url = f"http://127.0.0.1:{port}"
+
+    def ready(r: httpx.Response) -> bool:
+        return r.status_code == 200 and r.json().get("healthy_workers", 0) >= n_workers
+
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                r = httpx.get(f"{url}/readyz", timeout=2.0)
-                if r.status_code == 200 and r.json().get("healthy_workers", 0) >= n_workers:
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            if proc.proc.poll() is not None or time.monotonic() > deadline:
-                raise proc.failed_to_start(f"waited {START_TIMEOUT_S:.0f} s for /readyz with {n_workers} workers")
-            time.sleep(0.1)
-        yield url
+        proc.wait_until(lambda: probe(url, "/readyz", ready), f"/readyz with {n_workers} workers")
+        yield proc, url
     finally:
         proc.stop()

@@ -23,8 +23,8 @@ or a client-side concurrency limit counts against it). Workflows refused with 42
 ``summarize``, a workflow that did not complete counts as infinitely late in the percentiles and as a
 missed deadline.
 
-One concept in one module (about 500 lines): replaying one workload against a gateway, from building it
-to the report; its halves (the workload, the HTTP client loop, the report) share the record types.
+One concept in one module: replaying one workload against a gateway, from building it to the report; its
+halves (the workload, the HTTP client loop, the report) share the record types.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from gateway.bench.simbench import Setup, standard_latency
-from gateway.bench.stats import finite_or_none, fmt, percentile, table
+from gateway.bench.stats import fmt, json_safe, percentile, table
 from gateway.config.workflows import CHESS_TEMPLATE, STANDARD_WORKFLOW
 from gateway.core.dag import DagWorkflow, chain_nodes
 from gateway.core.prefix import PrefixSeg
@@ -62,7 +62,6 @@ __all__ = [
     "WorkflowResult",
     "check_gateway",
     "format_report",
-    "padded_percentile",
     "replay",
     "replay_setup",
     "replay_workload",
@@ -305,11 +304,6 @@ class WorkflowResult:
         return self.latency_s is not None and deadline_met(self.latency_s, self.deadline_s, valid=self.completed)
 
 
-padded_percentile = percentile
-"""``gateway.sim.metrics.percentile``: ``inf`` stands for "never finished" and a percentile reaching into
-it is ``inf`` (kept under this name for callers of the replay module)."""
-
-
 @dataclass
 class ReplayReport:
     """Headline figures of a replay, in modelled seconds, client-side and as the gateway saw them."""
@@ -370,15 +364,15 @@ class ReplayReport:
             rejected=rejected,
             failed=n - len(done) - rejected,
             by_status=dict(sorted(statuses.items())),
-            p50_s=padded_percentile(padded, 50),
-            p95_s=padded_percentile(padded, 95),
-            p99_s=padded_percentile(padded, 99),
+            p50_s=percentile(padded, 50),
+            p95_s=percentile(padded, 95),
+            p99_s=percentile(padded, 99),
             mean_s=sum(lat) / len(lat) if lat else math.nan,
             slo_attainment=sum(1 for r in done if r.met) / n if n else math.nan,
             throughput_qps=len(done) / span if span > 0 else math.nan,
-            gateway_p50_s=padded_percentile(gw_padded, 50),
-            gateway_p95_s=padded_percentile(gw_padded, 95),
-            gateway_p99_s=padded_percentile(gw_padded, 99),
+            gateway_p50_s=percentile(gw_padded, 50),
+            gateway_p95_s=percentile(gw_padded, 95),
+            gateway_p99_s=percentile(gw_padded, 99),
             gateway_mean_s=sum(gw) / len(gw) if gw else math.nan,
             wall_s=wall_s,
             max_send_lag_s=max((r.send_lag_s for r in results), default=0.0),
@@ -388,44 +382,10 @@ class ReplayReport:
 
     def to_json(self, *, with_results: bool = True) -> dict[str, Any]:
         """A JSON-safe dict (non-finite numbers become null); per-workflow results under ``results``."""
-        out: dict[str, Any] = {
-            "gateway": self.gateway,
-            "trace": self.trace,
-            "rate_qps": self.rate_qps,
-            "time_scale": self.time_scale,
-            "deadline_s": self.deadline_s,
-            "workflows": self.workflows,
-            "completed": self.completed,
-            "rejected": self.rejected,
-            "failed": self.failed,
-            "by_status": self.by_status,
-            "p50_s": finite_or_none(self.p50_s),
-            "p95_s": finite_or_none(self.p95_s),
-            "p99_s": finite_or_none(self.p99_s),
-            "mean_s": finite_or_none(self.mean_s),
-            "slo_attainment": finite_or_none(self.slo_attainment),
-            "throughput_qps": finite_or_none(self.throughput_qps),
-            "gateway_p50_s": finite_or_none(self.gateway_p50_s),
-            "gateway_p95_s": finite_or_none(self.gateway_p95_s),
-            "gateway_p99_s": finite_or_none(self.gateway_p99_s),
-            "gateway_mean_s": finite_or_none(self.gateway_mean_s),
-            "wall_s": self.wall_s,
-            "max_send_lag_s": self.max_send_lag_s,
-        }
+        out = json_safe({f.name: getattr(self, f.name) for f in fields(self) if f.name != "results"})
         if with_results:
-            out["results"] = [
-                {
-                    "wid": r.wid,
-                    "arrival_s": r.arrival_s,
-                    "deadline_s": r.deadline_s,
-                    "status": r.status,
-                    "latency_s": r.latency_s,
-                    "gateway_latency_s": r.gateway_latency_s,
-                    "met": r.met,
-                    "error": r.error,
-                }
-                for r in self.results
-            ]
+            keep = ("wid", "arrival_s", "deadline_s", "status", "latency_s", "gateway_latency_s", "met", "error")
+            out["results"] = [{k: getattr(r, k) for k in keep} for r in self.results]
         return out
 
     def write_json(self, path: Path) -> None:
@@ -504,6 +464,35 @@ async def check_gateway(client: httpx.AsyncClient) -> None:
         raise ReplayError(f"the gateway at {base} answered GET /v1/models with HTTP {models.status_code}")
 
 
+async def _send(
+    client: httpx.AsyncClient, body: bytes, res: WorkflowResult, at: float, origin: float, time_scale: float
+) -> None:
+    """Send one workflow due at wall time ``at`` and record its outcome in ``res`` (``origin``: the wall time of
+    modelled time 0)."""
+    res.send_lag_s = max(time.monotonic() - at, 0.0) / time_scale
+    try:
+        resp = await client.post("/v1/workflows", content=body)
+    except httpx.HTTPError as exc:
+        res.error = f"{type(exc).__name__}: {exc}"[:300]
+        return
+    end = time.monotonic()
+    res.status = resp.status_code
+    if resp.status_code != 200:
+        res.error = _error_message(resp)
+        return
+    res.latency_s = (end - at) / time_scale
+    res.finish_s = (end - origin) / time_scale
+    try:
+        doc = resp.json()
+        gw_latency = float(doc["latency_s"])
+    except (ValueError, KeyError, TypeError):
+        doc, gw_latency = None, math.nan
+    if isinstance(doc, dict) and isinstance(doc.get("calls"), list):
+        with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+            res.calls = tuple(CallRecord.from_report(c) for c in doc["calls"])
+    res.gateway_latency_s = gw_latency / time_scale if math.isfinite(gw_latency) else None
+
+
 async def replay(
     workload: Sequence[ReplayWorkflow],
     *,
@@ -557,38 +546,10 @@ async def replay(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 try:
-                    if sem is not None:
-                        async with sem:
-                            await send(i, at)
-                    else:
-                        await send(i, at)
+                    async with sem if sem is not None else contextlib.nullcontext():
+                        await _send(client, bodies[i], results[i], at, t0 - a0 * time_scale, time_scale)
                 finally:
                     bar.update(1)
-
-            async def send(i: int, at: float) -> None:
-                res = results[i]
-                res.send_lag_s = max(time.monotonic() - at, 0.0) / time_scale
-                try:
-                    resp = await client.post("/v1/workflows", content=bodies[i])
-                except httpx.HTTPError as exc:
-                    res.error = f"{type(exc).__name__}: {exc}"[:300]
-                    return
-                end = time.monotonic()
-                res.status = resp.status_code
-                if resp.status_code != 200:
-                    res.error = _error_message(resp)
-                    return
-                res.latency_s = (end - at) / time_scale
-                res.finish_s = a0 + (end - t0) / time_scale
-                try:
-                    doc = resp.json()
-                    gw_latency = float(doc["latency_s"])
-                except (ValueError, KeyError, TypeError):
-                    doc, gw_latency = None, math.nan
-                if isinstance(doc, dict) and isinstance(doc.get("calls"), list):
-                    with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
-                        res.calls = tuple(CallRecord.from_report(c) for c in doc["calls"])
-                res.gateway_latency_s = gw_latency / time_scale if math.isfinite(gw_latency) else None
 
             tasks = [asyncio.create_task(one(i), name=f"replay-{w.wid}") for i, w in enumerate(workload)]
             try:

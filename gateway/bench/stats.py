@@ -1,4 +1,5 @@
-"""The figures and tables every bench tool prints: one percentile, one number format, one text table.
+"""The figures and tables every bench tool prints: one percentile, one number format, one text table, the
+JSON-safe form of a record and the one way a plot is drawn and saved.
 
 ``percentile`` is the simulator's (``gateway.sim.metrics``, which ``summarize`` needs): it is re-exported
 here so that a live measurement and a simulated one are summarised by the same function, and bench
@@ -8,12 +9,14 @@ modules import it from this module.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from gateway.sim.metrics import percentile
 
-__all__ = ["Spread", "finite_or_none", "fmt", "percentile", "spread", "table"]
+__all__ = ["Spread", "finite_or_none", "fmt", "json_safe", "percentile", "pyplot", "save_figure", "spread", "table"]
 
 
 def fmt(x: float, digits: int = 1) -> str:
@@ -24,6 +27,29 @@ def fmt(x: float, digits: int = 1) -> str:
 def finite_or_none(x: float | None) -> float | None:
     """``x`` when it is a finite number, else ``None`` (strict JSON has no NaN or Infinity)."""
     return x if x is not None and math.isfinite(x) else None
+
+
+def json_safe(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with every float value that is not finite as ``None`` (one level deep)."""
+    return {k: finite_or_none(v) if isinstance(v, float) else v for k, v in doc.items()}
+
+
+def pyplot() -> Any:
+    """matplotlib's ``pyplot`` on the Agg backend (no display needed), imported when a plot is asked for."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay ``fig`` out, write it to ``path`` as a PNG (its folder made) and close it."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ import uvicorn
 from gateway.bench.replay import (
     ReplayError,
     ReplayWorkflow,
-    padded_percentile,
     replay,
     replay_setup,
     replay_workload,
@@ -206,14 +205,8 @@ def test_dag_of_a_replay_workflow_simulates_like_the_staged_workflow() -> None:
 def test_unfinished_workflows_are_infinitely_late_in_percentiles(
     values: list[float], q: float, expected: float
 ) -> None:
-    got = padded_percentile(values, q)
+    got = percentile(values, q)
     assert got == expected or (math.isnan(got) and math.isnan(expected))
-
-
-def test_padded_percentile_equals_the_simulators_on_finite_values() -> None:
-    values = sorted(random.Random(1).uniform(0, 100) for _ in range(37))
-    for q in (0, 13, 50, 95, 99, 100):
-        assert padded_percentile(values, q) == pytest.approx(percentile(values, q))
 
 
 def _lower_bound_s(w: ReplayWorkflow) -> float:

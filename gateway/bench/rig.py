@@ -1,0 +1,196 @@
+"""One live rig for every live benchmark: a folder for the files and logs of a run, the emulated cluster (or
+workers already running) and a gateway in front of it, as child processes stopped on the way out.
+
+    with bench_folder(log_dir, "hexflow-x-", say) as folder:
+        key = bench_tenant(folder, deadline_s=..., max_concurrent_workflows=...)
+        with live_rig(folder, "tag", "paper-4gpu", time_scale=0.05, tenants_file="tenants.yaml") as rig:
+            ... rig.url, rig.status(), rig.rss_mb() ...
+
+``bench_folder`` is ``log_dir`` (kept) or a temporary folder removed after a run that went well; after a
+failure it is kept and named. ``live_rig`` starts the emulated cluster (``gateway.bench.procs``), writes
+``gateway-<tag>.yaml`` for it (background tuning off, so runs are reproducible), starts ``hexflow serve`` and
+yields once ``/readyz`` sees every worker; the logs are ``cluster-<tag>.log``/``.out`` and
+``gateway-<tag>.log``. The helpers below drive load: ``scheduled`` runs one coroutine per arrival time,
+``sampling`` samples something (the gateway's memory, its status) while a coroutine runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from gateway.bench.procs import (
+    ChildProcess,
+    cluster_process,
+    free_port,
+    gateway_process,
+    write_gateway_config,
+    write_tenants_file,
+)
+from gateway.config import ClusterConfig
+
+__all__ = ["Rig", "bench_folder", "bench_tenant", "live_rig", "sampling", "say_stderr", "scheduled"]
+
+T = TypeVar("T")
+
+
+def say_stderr(line: str) -> None:
+    """The default progress sink of the live benchmarks: one line to stderr."""
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Rig:
+    """A running gateway in front of its workers."""
+
+    folder: Path
+    url: str
+    worker_urls: list[str]
+    gateway: ChildProcess
+
+    def status(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        """The gateway's ``/v1/status`` (``httpx.HTTPError``/``ValueError`` when it cannot be read)."""
+        doc = httpx.get(f"{self.url}/v1/status", timeout=timeout_s).json()
+        if not isinstance(doc, dict):
+            raise ValueError("/v1/status is not a JSON object")
+        return doc
+
+    def completed_per_worker(self) -> dict[str, int]:
+        """Calls each worker completed, from ``/v1/status`` (empty if it cannot be read)."""
+        try:
+            return {str(w["name"]): int(w["completed"]) for w in self.status()["workers"]}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return {}
+
+    def rss_mb(self) -> float | None:
+        """The gateway process's resident memory in MB (Linux ``/proc``); None where it cannot be read."""
+        try:
+            for line in Path(f"/proc/{self.gateway.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+
+
+@contextlib.contextmanager
+def bench_folder(log_dir: Path | None, prefix: str, say: Callable[[str], None] = say_stderr) -> Iterator[Path]:
+    """``log_dir`` (kept), or a temporary folder removed when the block ends without an error; absolute, since
+    the gateway resolves the files its config names against the config's own folder. After an error the
+    folder is kept and ``say`` names it."""
+    keep = log_dir is not None
+    folder = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix=prefix))
+    folder.mkdir(parents=True, exist_ok=True)
+    folder = folder.resolve()
+    ok = False
+    try:
+        yield folder
+        ok = True
+    finally:
+        if not ok:
+            say(f"subprocess logs are in {folder}")
+        elif not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def bench_tenant(folder: Path, *, deadline_s: float, max_concurrent_workflows: int, **tenant: Any) -> str:
+    """Write ``folder/tenants.yaml`` with one tenant (``gateway.bench.procs.write_tenants_file``) under a fresh
+    throw-away key; returns the key."""
+    key = secrets.token_urlsafe(24)
+    write_tenants_file(
+        folder / "tenants.yaml",
+        key,
+        max_concurrent_workflows=max_concurrent_workflows,
+        deadline_s=deadline_s,
+        **tenant,
+    )
+    return key
+
+
+@contextlib.contextmanager
+def live_rig(
+    folder: Path,
+    tag: str,
+    cluster: str,
+    *,
+    time_scale: float,
+    policy: str = "hexgen",
+    alpha: float | None = None,
+    seed: int = 0,
+    tenants_file: str | Path = "tenants.yaml",
+    gateway_cluster: ClusterConfig | None = None,
+    emulator_args: Sequence[str] = (),
+    worker_urls: Sequence[str] | None = None,
+    **config: Any,
+) -> Iterator[Rig]:
+    """The emulated cluster ``cluster`` at ``time_scale`` (with ``emulator_args``), or the running
+    ``worker_urls`` as they are, and a gateway in front of them with ``policy``, ``alpha`` and ``seed``.
+
+    ``gateway_cluster``: the cluster the gateway is told (default: ``cluster`` as its file says; a benchmark
+    may label a worker otherwise); ``config``: further keywords of ``write_gateway_config``. Both processes
+    are stopped when the block ends, however it ends.
+    """
+    with contextlib.ExitStack() as stack:
+        if worker_urls is None:
+            _, urls = stack.enter_context(cluster_process(cluster, time_scale, folder, tag, emulator_args))
+        else:
+            urls = list(worker_urls)
+        port = free_port()
+        path = folder / f"gateway-{tag}.yaml"
+        write_gateway_config(
+            gateway_cluster if gateway_cluster is not None else cluster,
+            urls,
+            path,
+            policy=policy,
+            alpha=alpha,
+            time_scale=time_scale,
+            tuning_enabled=False,
+            tenants_file=tenants_file,
+            port=port,
+            seed=seed,
+            **config,
+        )
+        proc, url = stack.enter_context(gateway_process(path, port, len(urls), folder, tag))
+        yield Rig(folder, url, urls, proc)
+
+
+async def scheduled(times: Sequence[float], fn: Callable[[int], Awaitable[T]]) -> list[T]:
+    """``fn(i)`` started ``times[i]`` wall seconds from now, for every ``i``; their results in that order."""
+    t0 = time.monotonic()
+
+    async def one(i: int) -> T:
+        delay = t0 + times[i] - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return await fn(i)
+
+    return list(await asyncio.gather(*(one(i) for i in range(len(times)))))
+
+
+async def sampling(main: Awaitable[T], sample: Callable[[], Awaitable[None]], period_s: float) -> T:
+    """Await ``main`` while ``sample()`` runs every ``period_s`` seconds, the first time at once."""
+    stop = asyncio.Event()
+
+    async def loop() -> None:
+        while not stop.is_set():
+            await sample()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period_s)
+
+    task = asyncio.create_task(loop())
+    try:
+        return await main
+    finally:
+        stop.set()
+        await task
