@@ -98,6 +98,9 @@ class AdmissionPoint:
     met: int
     met_admitted: int
     """Met among the admitted (neither refused nor demoted)."""
+    shed: int = 0
+    """Admitted, then shed by the overload re-check (predicted past the deadline, or best effort past its age
+    limit): counted as missed."""
 
     @property
     def attainment(self) -> float:
@@ -114,6 +117,11 @@ class AdmissionPoint:
         """Share of the admitted that met their deadline (NaN when none was admitted)."""
         n = self.arrived - self.refused - self.demoted
         return self.met_admitted / n if n else math.nan
+
+    @property
+    def shed_share(self) -> float:
+        """Share of arrivals shed after admission."""
+        return self.shed / self.arrived if self.arrived else math.nan
 
     @property
     def goodput_qps(self) -> float:
@@ -177,6 +185,7 @@ class AdmissionReport:
                     "demoted": p.demoted,
                     "met": p.met,
                     "met_admitted": p.met_admitted,
+                    "shed": p.shed,
                     "attainment": finite_or_none(p.attainment),
                     "admitted_share": finite_or_none(p.admitted_share),
                     "kept": finite_or_none(p.kept),
@@ -199,7 +208,9 @@ def _point(
     low = set(res.demoted)
     met = sum(1 for r in res.workflows if r.met)
     met_admitted = sum(1 for r in res.workflows if r.met and r.wid not in low)
-    return AdmissionPoint(policy, variant, load, rate, seed, n, len(res.rejected), len(low), met, met_admitted)
+    return AdmissionPoint(
+        policy, variant, load, rate, seed, n, len(res.rejected), len(low), met, met_admitted, len(res.shed)
+    )
 
 
 def run_admission_bench(
@@ -313,7 +324,7 @@ def format_admission_report(r: AdmissionReport) -> str:
     lines.append(
         f"load sweep: rate = load x {r.reference_qps:.4f}/s ({r.policies[0]}'s capacity without admission); "
         "met = share of arrivals in time, admitted = neither refused nor demoted, kept = admitted that met, "
-        "goodput = met per second"
+        "shed = admitted then shed by the overload re-check, goodput = met per second"
     )
     for p in r.policies:
         rows = []
@@ -326,11 +337,12 @@ def format_admission_report(r: AdmissionReport) -> str:
                         fmt(r.mean(p, v.name, load, lambda x: x.attainment), 3),
                         fmt(r.mean(p, v.name, load, lambda x: x.admitted_share), 3),
                         fmt(r.mean(p, v.name, load, lambda x: x.kept), 3),
+                        fmt(r.mean(p, v.name, load, lambda x: x.shed_share), 3),
                         fmt(r.mean(p, v.name, load, lambda x: x.goodput_qps), 4),
                     ]
                 )
         lines.append(f"{p}:")
-        lines.append(table(["load", "admission", "met", "admitted", "kept", "goodput/s"], rows, left=2))
+        lines.append(table(["load", "admission", "met", "admitted", "kept", "shed", "goodput/s"], rows, left=2))
     return "\n".join(lines)
 
 

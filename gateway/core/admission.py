@@ -206,6 +206,11 @@ class Admitter:
             (scaled up by what the cluster was seen to complete: ``efficiency``).
         best_effort_max_age: a best-effort workflow unfinished this many times its deadline after it arrived is
             expired (None: never).
+        lenient_start: until the forecast has been checked against what admitted work took
+            (``QueueCalibration.verified``), refuse only what cannot make it even at the cluster's full throughput
+            with nothing queued after its first stage (the live gateway: a refusal on an unchecked guess would be
+            wrong as often as the guess is). False: judge with the forecast from the first arrival (the steady
+            state of a gateway that has run a while, which the simulator's benches measure).
     """
 
     def __init__(
@@ -215,8 +220,10 @@ class Admitter:
         headroom: float = ADMISSION_HEADROOM,
         sustainable_share: float = SUSTAINABLE_SHARE,
         best_effort_max_age: float | None = None,
+        lenient_start: bool = True,
     ) -> None:
         self.scheduler = scheduler
+        self.lenient_start = lenient_start
         self.headroom = headroom
         self.sustainable_share = sustainable_share
         self.best_effort_max_age = best_effort_max_age
@@ -278,7 +285,7 @@ class Admitter:
         predicted, critical = pred.duration(plan), pred.critical_path(plan)
         if deadline_s is not None and checked:
             judge, forecast = pred, predicted
-            if not self.calibration.verified:
+            if self.lenient_start and not self.calibration.verified:
                 # No forecast has been checked against what admitted work took yet: refused only when it cannot
                 # make it even at the cluster's full throughput with nothing queued after its first stage.
                 judge = CompletionPredictor(
