@@ -1,10 +1,12 @@
 """``hexflow bench admission``: what deadline-aware admission does to goodput, below and above capacity.
 
-The live gateway admits a workflow only when its predicted completion fits in 90% of its deadline
-(``gateway.core.predict``, docs/live-gateway.md "Admission that keeps promises"); the prediction forecasts
-the work ahead of it (queued, in flight and committed by admitted workflows) at a *share* of the engines'
-full-batch throughput (``SUSTAINABLE_SHARE``, the gateway's ``admission.sustainable_share``). The same
-admission runs in the simulator (``Simulator(admission=True)``). This bench measures, per admission
+The live gateway admits a workflow only when its predicted completion fits in ``admission.headroom`` of its
+deadline (``gateway.core.predict``, docs/live-gateway.md "Admission that keeps promises"); the prediction
+forecasts the work ahead of it (queued, in flight and committed by admitted workflows) at a *share* of the
+engines' full-batch throughput (``SUSTAINABLE_SHARE``, the gateway's ``admission.sustainable_share``). The same
+admission runs in the simulator (``Simulator(admission=True)``: ``gateway.core.admission``, with the gateway's
+overload re-check, which sheds or demotes admitted workflows predicted past their deadlines, and best-effort
+expiry). This bench measures, per admission
 *variant* (off; reject at each share; best effort at a share: a workflow predicted to miss runs at the lowest
 urgency instead of being refused):
 
@@ -213,6 +215,23 @@ def _point(
     )
 
 
+def _check_arguments(policies: Sequence[str], variants: Sequence[Variant], loads: Sequence[float]) -> list[str]:
+    """Fail before any run on an empty or unknown policy list, no or repeated variants, or a bad load; the
+    variants' names."""
+    if not policies:
+        raise ValueError("no policy to measure")
+    if not variants:
+        raise ValueError("no admission variant to measure")
+    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
+        raise ValueError(f"loads must be positive numbers, got {list(loads)}")
+    for p in policies:
+        get_policy(p)  # an unknown name fails here, before any run
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"admission variants repeat: {names}")
+    return names
+
+
 def run_admission_bench(
     setup: Setup,
     *,
@@ -230,17 +249,7 @@ def run_admission_bench(
     """
     if variants is None:
         variants = [parse_variant(v) for v in DEFAULT_VARIANTS]
-    if not policies:
-        raise ValueError("no policy to measure")
-    if not variants:
-        raise ValueError("no admission variant to measure")
-    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
-        raise ValueError(f"loads must be positive numbers, got {list(loads)}")
-    for p in policies:
-        get_policy(p)  # an unknown name fails here, before any run
-    names = [v.name for v in variants]
-    if len(set(names)) != len(names):
-        raise ValueError(f"admission variants repeat: {names}")
+    names = _check_arguments(policies, variants, loads)
     base = replace(setup, admission_share=None)
     bound = base.bound.rate_qps
     alphas: dict[str, float | None] = {p: None for p in policies}

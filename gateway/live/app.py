@@ -30,8 +30,9 @@ statuses, the bearer security scheme, and the configuration's limits written int
 gateway has started (``openapi_with_limits``). tests/live/test_openapi.py fuzzes every route with
 schemathesis against it.
 
-Routes raise ``GatewayError``s (``gateway.errors``) and one handler renders them all; the framework's
-own errors (validation, unknown route) and unexpected exceptions have a handler each. Rendering never
+Routes raise ``GatewayError``s (``gateway.errors``) and one handler renders them all; a core error that
+reaches the edge (a ``DomainError``: it says what happened, with no HTTP status) is answered as
+``gateway.live.httperrors`` maps it; the framework's own errors (validation, unknown route) and unexpected exceptions have a handler each. Rendering never
 fails: ``gateway.live.responses`` encodes any string, lone surrogates included.
 """
 
