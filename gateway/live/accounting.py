@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gateway.core.workflow import OnlineWorkflow, Workflow
+from gateway.core.workflow import Workflow
 from gateway.live.history import FinishedWorkflow, OutcomeWindow, WorkflowHistory, call_timings, goodput_outcome
 from gateway.live.logs import REQUEST_ID
 from gateway.live.tenants import Tenant
@@ -35,25 +35,19 @@ class Accounting:
         admin = gw.cfg.admin
         self.outcome_window = OutcomeWindow(admin.window_s)
         self.history = WorkflowHistory(admin.recent_workflows)
-        self.stage_records: dict[OnlineWorkflow, list[CallRecord]] = {}
-        """The records of online workflows' calls so far (their timelines when they end)."""
         self.active: dict[str, int] = {}
         self.active_total = 0
         self.idle = asyncio.Event()
         self.idle.set()
         self._running: set[object] = set()
-        self._wf_ids: dict[Workflow, str] = {}
 
-    def begin(self, ex: object, tenant: Tenant, wf_id: str | None = None) -> None:
-        """A workflow (``ex``: its execution, or the online workflow itself) starts for ``tenant``; ``wf_id``:
-        the id its client got (an online workflow's; a DAG execution carries its own)."""
+    def begin(self, ex: object, tenant: Tenant) -> None:
+        """A workflow (``ex``: what stands for it while it runs) starts for ``tenant``."""
         self.active[tenant.name] = self.active.get(tenant.name, 0) + 1
         self.active_total += 1
         self.idle.clear()
         self.gw.metrics.active.set(self.active_total)
         self._running.add(ex)
-        if wf_id is not None and isinstance(ex, Workflow):
-            self._wf_ids[ex] = wf_id
 
     def end(
         self,
@@ -63,12 +57,14 @@ class Accounting:
         outcome: str,
         latency: float | None,
         *,
-        valid: bool = True,
-        records: Sequence[CallRecord] | None = None,
-        wf_id: str | None = None,
+        valid: bool,
+        records: Sequence[CallRecord],
+        wf_id: str | None,
+        route: str,
     ) -> bool:
-        """``ex`` ended with ``outcome`` (met, missed, failed, cancelled, shed); False when it was counted out
-        already. ``records``: its calls (an online workflow's are those kept by ``stage_records``)."""
+        """``ex`` (running ``wf``) ended with ``outcome`` (met, missed, failed, cancelled, shed); False when it was
+        counted out already. ``records``: its calls; ``wf_id``: the id its client got; ``route``: the route it
+        came by, as the status page's history labels it."""
         if ex not in self._running:
             return False
         self._running.discard(ex)
@@ -76,10 +72,7 @@ class Accounting:
             # (the request's context carries its request and workflow ids into this line: gateway.live.logs)
             tail = "" if latency is None else f" in {latency:.3f} s"
             log.debug("workflow of tenant %s ended: %s%s", tenant.name, outcome, tail)
-        if records is None:
-            records = self.stage_records.pop(wf, []) if isinstance(wf, OnlineWorkflow) else []
-            wf_id = self._wf_ids.pop(wf, None)
-        self._ended(wf, tenant.name, outcome, valid, records, wf_id)
+        self._ended(wf, tenant.name, outcome, valid, records, wf_id, route)
         self.active[tenant.name] = max(self.active.get(tenant.name, 1) - 1, 0)
         self.active_total -= 1
         metrics = self.gw.metrics
@@ -98,7 +91,14 @@ class Accounting:
         self.outcome_window.add(tenant, "rejected", self.gw.clock())
 
     def _ended(
-        self, wf: Workflow, tenant: str, status: str, valid: bool, records: Sequence[CallRecord], wf_id: str | None
+        self,
+        wf: Workflow,
+        tenant: str,
+        status: str,
+        valid: bool,
+        records: Sequence[CallRecord],
+        wf_id: str | None,
+        route: str,
     ) -> None:
         """Account a workflow that ran and ended: its goodput outcome (metrics and the rolling window) and its
         timeline in the status page's history, under the id its client got (``wf_id``: the response's; a chat
@@ -107,7 +107,6 @@ class Accounting:
         outcome = goodput_outcome(status, valid=valid)
         self.gw.metrics.workflow_outcome(tenant, outcome)
         self.outcome_window.add(tenant, outcome, now)
-        route = "text2sql" if isinstance(wf, OnlineWorkflow) else "workflows" if wf_id is not None else "chat"
         rid = REQUEST_ID.get()  # the X-Request-Id the client got (its request's context)
         calls, more = call_timings(
             wf.arrival,

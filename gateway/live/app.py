@@ -32,8 +32,9 @@ schemathesis against it.
 
 Routes raise ``GatewayError``s (``gateway.errors``) and one handler renders them all; a core error that
 reaches the edge (a ``DomainError``: it says what happened, with no HTTP status) is answered as
-``gateway.live.httperrors`` maps it; the framework's own errors (validation, unknown route) and unexpected exceptions have a handler each. Rendering never
-fails: ``gateway.live.responses`` encodes any string, lone surrogates included.
+``gateway.live.httperrors`` maps it; the framework's own errors (validation, unknown route) and unexpected
+exceptions have a handler each. Rendering never fails: ``gateway.live.responses`` encodes any string, lone
+surrogates included.
 """
 
 from __future__ import annotations

@@ -167,6 +167,15 @@ class _Execution:
         self.live.clear()
 
 
+@dataclass(slots=True)
+class _Online:
+    """An online workflow's id (the one its client got) and the records of its calls so far (the status page's
+    timeline keeps the first ``MAX_CALLS``)."""
+
+    wf_id: str | None
+    records: list[CallRecord] = field(default_factory=list)
+
+
 class WorkflowRunner:
     """Runs the admitted workflows of one gateway (``gw``: its scheduler, pool, admitter and clock)."""
 
@@ -179,8 +188,9 @@ class WorkflowRunner:
         # with the error their clients get.
         self.pending: dict[Workflow, set[LiveCall]] = {}
         self.shed: dict[Workflow, Rejected] = {}
-        # Text-to-SQL workflows: the prediction each is watched with.
+        # Text-to-SQL workflows: the prediction each is watched with, the id its client got and its calls so far.
         self.plans: dict[Workflow, QuestionPlan] = {}
+        self.online: dict[OnlineWorkflow, _Online] = {}
 
     # ------------------------------------------------------------------ DAG workflows
 
@@ -213,20 +223,20 @@ class WorkflowRunner:
         except BaseException as exc:  # cancelled (client gone), or a bug: abandon the workflow either way
             ex.abandoned = True
             ex.cancel_live()
-            self._finish(ex, tenant, "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed", None)
+            self._finish_dag(ex, tenant, "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed", None)
             raise
         shed = self.shed.get(wf)
         if shed is not None:
-            self._finish(ex, tenant, "shed", None)
+            self._finish_dag(ex, tenant, "shed", None)
             raise shed
         latency = gw.clock() - wf.arrival
         status = "failed" if ex.error is not None else "ok"
         outcome = WorkflowOutcome(wf_id, tenant.name, status, deadline_s, latency, ex.records, ex.error)
         if ex.error is None:
-            self._finish(ex, tenant, "met" if outcome.deadline_met else "missed", latency)
+            self._finish_dag(ex, tenant, "met" if outcome.deadline_met else "missed", latency)
             gw.recorder.record(wf)
         else:
-            self._finish(ex, tenant, "failed", None)
+            self._finish_dag(ex, tenant, "failed", None)
         return outcome
 
     # ------------------------------------------------------------------ online workflows (stage by stage)
@@ -244,7 +254,8 @@ class WorkflowRunner:
         now = self.gw.clock()
         template = None if plan is None else plan.template
         wf = OnlineWorkflow(next(self._wids), tenant.name, now, now + deadline_s, template)
-        self.accounting.begin(wf, tenant, wf_id)
+        self.accounting.begin(wf, tenant)
+        self.online[wf] = _Online(wf_id)
         self.gw.admitter.take(wf, admission)
         if plan is not None:
             self.plans[wf] = plan
@@ -257,13 +268,13 @@ class WorkflowRunner:
         now = self.gw.clock()
         latency = now - wf.arrival
         if wf in self.shed:
-            self._finish(wf, tenant, "shed", None)
+            self._finish_online(wf, tenant, "shed", None)
         elif cancelled:
-            self._finish(wf, tenant, "cancelled", None)
+            self._finish_online(wf, tenant, "cancelled", None)
         elif failed:
-            self._finish(wf, tenant, "failed", None)
+            self._finish_online(wf, tenant, "failed", None)
         else:
-            self._finish(wf, tenant, "met" if wf.met(now, valid=valid) else "missed", latency, valid=valid)
+            self._finish_online(wf, tenant, "met" if wf.met(now, valid=valid) else "missed", latency, valid=valid)
             self.gw.recorder.record_online(wf)
         return latency
 
@@ -272,7 +283,8 @@ class WorkflowRunner:
     ) -> list[tuple[CallRecord, CallResult | CallFailed]]:
         """Run one stage (calls in parallel) of an online workflow (``Gateway.run_stage``)."""
         wf.begin_stage(kind, [spec for spec, _ in calls])
-        kept = self.accounting.stage_records.setdefault(wf, [])
+        online = self.online.get(wf)
+        kept = online.records if online is not None else []
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[CallResult | CallFailed]] = []
         live: list[LiveCall] = []
@@ -384,25 +396,34 @@ class WorkflowRunner:
             rec.attempts = call.attempts
             rec.error = outcome
 
+    def _finish_dag(self, ex: _Execution, tenant: Tenant, outcome: str, latency: float | None) -> None:
+        route = "workflows" if ex.wf_id is not None else "chat"  # (a chat call is a one-call DAG without an id)
+        self._finish(ex, ex.wf, tenant, outcome, latency, valid=True, records=ex.records, wf_id=ex.wf_id, route=route)
+
+    def _finish_online(
+        self, wf: OnlineWorkflow, tenant: Tenant, outcome: str, latency: float | None, *, valid: bool = True
+    ) -> None:
+        kept = self.online.pop(wf, None)
+        records, wf_id = (kept.records, kept.wf_id) if kept is not None else ([], None)
+        self._finish(wf, wf, tenant, outcome, latency, valid=valid, records=records, wf_id=wf_id, route="text2sql")
+
     def _finish(
         self,
-        ex: _Execution | OnlineWorkflow,
+        ex: object,
+        wf: Workflow,
         tenant: Tenant,
         outcome: str,
         latency: float | None,
         *,
-        valid: bool = True,
+        valid: bool,
+        records: list[CallRecord],
+        wf_id: str | None,
+        route: str,
     ) -> None:
         """A workflow ended: accounted once (``Accounting.end``), its overload state dropped."""
-        if isinstance(ex, _Execution):
-            wf: Workflow = ex.wf
-            ended = self.accounting.end(
-                ex, wf, tenant, outcome, latency, valid=valid, records=ex.records, wf_id=ex.wf_id
-            )
-        else:
-            wf = ex
-            ended = self.accounting.end(ex, wf, tenant, outcome, latency, valid=valid)
-        if not ended:
+        if not self.accounting.end(
+            ex, wf, tenant, outcome, latency, valid=valid, records=records, wf_id=wf_id, route=route
+        ):
             return
         self.pending.pop(wf, None)
         self.shed.pop(wf, None)

@@ -289,10 +289,6 @@ class Gateway:
             ), "concurrency"
         return None
 
-    def rejected(self, tenant: str, reason: str) -> None:
-        """Count a workflow refused at admission, and why (one of ``metrics.REJECT_REASONS``)."""
-        self.runner.accounting.rejected(tenant, reason)
-
     def shed_overdue(self) -> tuple[int, int]:
         """Check every admitted workflow with a queued call: one predicted to finish after its deadline is
         shed (tenant ``on_predicted_miss: reject``) or demoted to the lowest urgency (``best_effort``).

@@ -143,10 +143,10 @@ async def test_a_finished_workflow_is_freed_without_the_cyclic_collector(tmp_pat
     executions: list[weakref.ref[_Execution]] = []
     begin = gw.runner.accounting.begin
 
-    def watch(ex: object, tenant: Tenant, wf_id: str | None = None) -> None:
+    def watch(ex: object, tenant: Tenant) -> None:
         if isinstance(ex, _Execution):
             executions.append(weakref.ref(ex))
-        begin(ex, tenant, wf_id)
+        begin(ex, tenant)
 
     gw.runner.accounting.begin = watch  # type: ignore[method-assign]
     run = _scenarios(gw)[scenario]
