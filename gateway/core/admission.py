@@ -65,6 +65,8 @@ absorbs what the estimates do not see yet (a batch growing slower as admitted wo
 lag)."""
 SHED_PERIOD_S = 0.2
 """How often a driver re-checks admitted workflows (``Admitter.overdue``), in its clock's seconds."""
+RETRY_TOLERANCE_S = 0.05
+"""The precision of a predicted miss's wait (``CompletionPredictor.retry_after_s``), in seconds."""
 
 
 # ---------------------------------------------------------------------- refusals (domain errors)
@@ -206,6 +208,8 @@ class Admitter:
             (scaled up by what the cluster was seen to complete: ``efficiency``).
         best_effort_max_age: a best-effort workflow unfinished this many times its deadline after it arrived is
             expired (None: never).
+        retry_after: compute how long a refused workflow should wait (``PredictedMiss.wait_s``, its client's
+            ``Retry-After``); False: only whether a wait could do (the simulator, which answers no client).
         lenient_start: until the forecast has been checked against what admitted work took
             (``QueueCalibration.verified``), refuse only what cannot make it even at the cluster's full throughput
             with nothing queued after its first stage (the live gateway: a refusal on an unchecked guess would be
@@ -220,9 +224,11 @@ class Admitter:
         headroom: float = ADMISSION_HEADROOM,
         sustainable_share: float = SUSTAINABLE_SHARE,
         best_effort_max_age: float | None = None,
+        retry_after: bool = True,
         lenient_start: bool = True,
     ) -> None:
         self.scheduler = scheduler
+        self.retry_after = retry_after
         self.lenient_start = lenient_start
         self.headroom = headroom
         self.sustainable_share = sustainable_share
@@ -297,7 +303,8 @@ class Admitter:
                     after=after,
                 )
                 forecast = judge.duration(plan)
-            miss = self._miss(judge, plan, deadline_s, forecast, critical)
+            exact = self.retry_after and not best_effort_on_miss  # (a best-effort token tells no client to wait)
+            miss = self._miss(judge, plan, deadline_s, forecast, critical, exact=exact)
             if isinstance(miss, PredictedMiss) and best_effort_on_miss:
                 return Admission(best_effort=True, plan=question)
             if miss is not None:  # (a deadline no wait can meet is refused whatever the tenant says)
@@ -310,16 +317,24 @@ class Admitter:
         return Admission(work_s=work, plan=question, owner=self, predicted_s=predicted, critical_s=critical)
 
     def _miss(
-        self, pred: CompletionPredictor, plan: Sequence[StagePlan], deadline_s: float, predicted: float, path: float
+        self,
+        pred: CompletionPredictor,
+        plan: Sequence[StagePlan],
+        deadline_s: float,
+        predicted: float,
+        path: float,
+        *,
+        exact: bool,
     ) -> AdmissionRefused | None:
         """The refusal when ``plan`` started now is predicted to finish after ``headroom`` x ``deadline_s``
-        (``predicted`` calibrated by ``QueueCalibration``), else None."""
+        (``predicted`` calibrated by ``QueueCalibration``), else None. ``exact``: the wait of a predicted miss to
+        ``RETRY_TOLERANCE_S``; otherwise only whether some wait could do (its bound: the whole backlog)."""
         target = self.headroom * deadline_s
         cal = self.calibration
         predicted = cal.calibrated(predicted, path)
         if predicted <= target:
             return None
-        wait = pred.retry_after_s(plan, cal.target(target, path))
+        wait = pred.retry_after_s(plan, cal.target(target, path), tolerance_s=RETRY_TOLERANCE_S if exact else math.inf)
         if wait is None:
             if not math.isfinite(path):
                 return NoWorkerCanRun()

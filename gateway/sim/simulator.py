@@ -305,6 +305,7 @@ class _Run:
                 headroom=sim.admission_headroom,
                 sustainable_share=sim.admission_share,
                 best_effort_max_age=sim.best_effort_max_age,
+                retry_after=False,
                 lenient_start=not sim.admission_warm,
             )
         self.watched: dict[Workflow, list[Call]] = {}  # admitted workflows' calls not yet returned
