@@ -11,11 +11,16 @@
     │   ├── NotFound              404 not_found_error (an unknown model or database)
     │   └── PayloadTooLarge       413: a request body over the limit
     ├── ServiceUnavailable        503 service_unavailable with ``Retry-After`` (starting)
-    │   └── NoEligibleWorker      every worker is down or draining (raised by ``core.scheduler``)
     ├── Rejected                  admission refused a workflow (429 over a limit, 503 overloaded), ``Retry-After``
     ├── UpstreamError             a workflow failed on a worker: the worker's 4xx passed through, else 502/503/504
     ├── CallFailed                a call could not be completed (its ``status``: 502 upstream, 503, 504, ...)
     └── WorkerError               a worker failed a call (connection, timeout, 5xx): the pool retries elsewhere
+
+    DomainError                   what happened, in the core's terms: no HTTP status (the live edge maps it,
+    │                             ``gateway.live.httperrors``, to the answer a client gets)
+    ├── NoEligibleWorker          every worker is down or draining (raised by ``core.scheduler``): 503
+    └── core.admission.AdmissionRefused   a workflow not admitted: predicted to miss (429), a deadline too short
+                                  (422), no worker can run it (503); a shed workflow's error (503)
 
 Each class knows the HTTP ``status`` and the OpenAI-style ``error_type`` it is answered with (and, where
 one applies, the ``param``, the ``headers`` and ``extra`` body fields), so the server renders every one of
@@ -148,8 +153,13 @@ class ServiceUnavailable(GatewayError):
         self.retry_after_s = retry_after_s
 
 
-class NoEligibleWorker(ServiceUnavailable, RuntimeError):
-    """Every worker is marked ineligible (down or draining): 503, retry after a second.
+class DomainError(Exception):
+    """Something that happened, said in the domain's terms (raised by ``gateway.core``): it carries no HTTP
+    status; the live edge (``gateway.live.httperrors``) maps each to the answer a client gets."""
+
+
+class NoEligibleWorker(DomainError, RuntimeError):
+    """Every worker is marked ineligible (down or draining); the live edge answers 503, retry after a second.
 
     Defined here rather than in ``core.scheduler``, which raises it: mypyc compiles the scheduler (the
     native build) and cannot compile a class derived from a builtin exception.

@@ -1,10 +1,12 @@
 """``hexflow bench admission``: what deadline-aware admission does to goodput, below and above capacity.
 
-The live gateway admits a workflow only when its predicted completion fits in 90% of its deadline
-(``gateway.core.predict``, docs/live-gateway.md "Admission that keeps promises"); the prediction forecasts
-the work ahead of it (queued, in flight and committed by admitted workflows) at a *share* of the engines'
-full-batch throughput (``SUSTAINABLE_SHARE``, the gateway's ``admission.sustainable_share``). The same
-admission runs in the simulator (``Simulator(admission=True)``). This bench measures, per admission
+The live gateway admits a workflow only when its predicted completion fits in ``admission.headroom`` of its
+deadline (``gateway.core.predict``, docs/live-gateway.md "Admission that keeps promises"); the prediction
+forecasts the work ahead of it (queued, in flight and committed by admitted workflows) at a *share* of the
+engines' full-batch throughput (``SUSTAINABLE_SHARE``, the gateway's ``admission.sustainable_share``). The same
+admission runs in the simulator (``Simulator(admission=True)``: ``gateway.core.admission``, with the gateway's
+overload re-check, which sheds or demotes admitted workflows predicted past their deadlines, and best-effort
+expiry). This bench measures, per admission
 *variant* (off; reject at each share; best effort at a share: a workflow predicted to miss runs at the lowest
 urgency instead of being refused):
 
@@ -98,6 +100,9 @@ class AdmissionPoint:
     met: int
     met_admitted: int
     """Met among the admitted (neither refused nor demoted)."""
+    shed: int = 0
+    """Admitted, then shed by the overload re-check (predicted past the deadline, or best effort past its age
+    limit): counted as missed."""
 
     @property
     def attainment(self) -> float:
@@ -114,6 +119,11 @@ class AdmissionPoint:
         """Share of the admitted that met their deadline (NaN when none was admitted)."""
         n = self.arrived - self.refused - self.demoted
         return self.met_admitted / n if n else math.nan
+
+    @property
+    def shed_share(self) -> float:
+        """Share of arrivals shed after admission."""
+        return self.shed / self.arrived if self.arrived else math.nan
 
     @property
     def goodput_qps(self) -> float:
@@ -177,6 +187,7 @@ class AdmissionReport:
                     "demoted": p.demoted,
                     "met": p.met,
                     "met_admitted": p.met_admitted,
+                    "shed": p.shed,
                     "attainment": finite_or_none(p.attainment),
                     "admitted_share": finite_or_none(p.admitted_share),
                     "kept": finite_or_none(p.kept),
@@ -199,7 +210,26 @@ def _point(
     low = set(res.demoted)
     met = sum(1 for r in res.workflows if r.met)
     met_admitted = sum(1 for r in res.workflows if r.met and r.wid not in low)
-    return AdmissionPoint(policy, variant, load, rate, seed, n, len(res.rejected), len(low), met, met_admitted)
+    return AdmissionPoint(
+        policy, variant, load, rate, seed, n, len(res.rejected), len(low), met, met_admitted, len(res.shed)
+    )
+
+
+def _check_arguments(policies: Sequence[str], variants: Sequence[Variant], loads: Sequence[float]) -> list[str]:
+    """Fail before any run on an empty or unknown policy list, no or repeated variants, or a bad load; the
+    variants' names."""
+    if not policies:
+        raise ValueError("no policy to measure")
+    if not variants:
+        raise ValueError("no admission variant to measure")
+    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
+        raise ValueError(f"loads must be positive numbers, got {list(loads)}")
+    for p in policies:
+        get_policy(p)  # an unknown name fails here, before any run
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"admission variants repeat: {names}")
+    return names
 
 
 def run_admission_bench(
@@ -219,17 +249,7 @@ def run_admission_bench(
     """
     if variants is None:
         variants = [parse_variant(v) for v in DEFAULT_VARIANTS]
-    if not policies:
-        raise ValueError("no policy to measure")
-    if not variants:
-        raise ValueError("no admission variant to measure")
-    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
-        raise ValueError(f"loads must be positive numbers, got {list(loads)}")
-    for p in policies:
-        get_policy(p)  # an unknown name fails here, before any run
-    names = [v.name for v in variants]
-    if len(set(names)) != len(names):
-        raise ValueError(f"admission variants repeat: {names}")
+    names = _check_arguments(policies, variants, loads)
     base = replace(setup, admission_share=None)
     bound = base.bound.rate_qps
     alphas: dict[str, float | None] = {p: None for p in policies}
@@ -313,7 +333,7 @@ def format_admission_report(r: AdmissionReport) -> str:
     lines.append(
         f"load sweep: rate = load x {r.reference_qps:.4f}/s ({r.policies[0]}'s capacity without admission); "
         "met = share of arrivals in time, admitted = neither refused nor demoted, kept = admitted that met, "
-        "goodput = met per second"
+        "shed = admitted then shed by the overload re-check, goodput = met per second"
     )
     for p in r.policies:
         rows = []
@@ -326,11 +346,12 @@ def format_admission_report(r: AdmissionReport) -> str:
                         fmt(r.mean(p, v.name, load, lambda x: x.attainment), 3),
                         fmt(r.mean(p, v.name, load, lambda x: x.admitted_share), 3),
                         fmt(r.mean(p, v.name, load, lambda x: x.kept), 3),
+                        fmt(r.mean(p, v.name, load, lambda x: x.shed_share), 3),
                         fmt(r.mean(p, v.name, load, lambda x: x.goodput_qps), 4),
                     ]
                 )
         lines.append(f"{p}:")
-        lines.append(table(["load", "admission", "met", "admitted", "kept", "goodput/s"], rows, left=2))
+        lines.append(table(["load", "admission", "met", "admitted", "kept", "shed", "goodput/s"], rows, left=2))
     return "\n".join(lines)
 
 

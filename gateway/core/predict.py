@@ -20,11 +20,10 @@ The queue term ``q(w)``:
   later_queue_weight x t_queue(w, now)``. The default weight is 1, the *stationary* forecast: each later
   stage waits as long as a stage would wait now. Under sustained load the backlog does not drain (new
   arrivals replace the work that leaves), and while admission keeps predicted completions within
-  deadlines it stays near its present level, so the present level is the forecast. Measured
-  (``hexflow bench overload``): with weight 0 (later stages on an idle cluster) admission let in about
-  twice what the cluster could serve in time and most of it was shed; with weight 1, >= 95% of the
-  accepted workflows met their deadline. Weight 0 is the optimistic bound: shedding uses it, so it drops
-  only a workflow that cannot make it even if nothing stood in its way after its queued calls.
+  deadlines it stays near its present level, so the present level is the forecast (with weight 0, later
+  stages on an idle cluster, admission let in far more than the cluster could serve in time: ``hexflow bench
+  overload``, docs/benchmarks.md). Weight 0 is the optimistic bound: shedding uses it, so it drops only a
+  workflow that cannot make it even if nothing stood in its way after its queued calls.
 
 The fluid bound: a new workflow cannot finish before the cluster has worked through everything ahead of
 it. Under the deadline-ordered disciplines (urgency, EDF, LLF) that is all the work of workflows admitted
@@ -91,11 +90,9 @@ SUSTAINABLE_SHARE = 0.25
 Under vLLM's continuous batching admitted workflows share every engine at once, so a workflow finishes
 near when the whole backlog ahead of *and beside* it is done, and its ~15 sequential stages each wait their
 turn: a backlog that the fluid throughput would clear just within the deadline makes it miss. The share
-sets how much work admission lets wait: about ``share x deadline`` of full-throughput work. Measured in the
-simulator with admission at every arrival (hexgen on paper-4gpu, 1000 workflows at 1x and 5x the fluid
-bound; chess-bird at SLO 5x, trace1 at 3x and 5x, financial at 3x and 5x): with 0.25 at 5x overload
-97-100% of the accepted workflows met their deadline on every one of them; 0.3 gave 90.6-99.4% (financial
-the lowest) and 0.35 86.6-95.7%, with up to 20% more goodput where they held."""
+sets how much work admission lets wait: about ``share x deadline`` of full-throughput work. How the share
+trades kept promises under overload for goodput near capacity: ``hexflow bench admission``, docs/benchmarks.md
+"Admission"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,9 +416,8 @@ class QueueCalibration:
     about 95% of the admitted stay within it.
 
     It only tightens (``FLOOR`` is 1). A cautious forecast is also a throttle: the admitted work it lets in is
-    what keeps later forecasts true, and its errors show only when the admitted workflows end, a deadline later.
-    Loosened by what admitted work took (factors of 0.2-0.5 under 5x overload on CHESS), it let in twice the work
-    and 15-30% of the admitted missed their deadlines (``hexflow bench overload``, docs/benchmarks.md). Only
+    what keeps later forecasts true, and its errors show only when the admitted workflows end, a deadline later;
+    loosening it let in too much work under overload (``hexflow bench overload``, docs/benchmarks.md). Only
     admitted workflows are seen (a refused one has no latency). Pure: no clock, no I/O.
     """
 

@@ -30,9 +30,11 @@ statuses, the bearer security scheme, and the configuration's limits written int
 gateway has started (``openapi_with_limits``). tests/live/test_openapi.py fuzzes every route with
 schemathesis against it.
 
-Routes raise ``GatewayError``s (``gateway.errors``) and one handler renders them all; the framework's
-own errors (validation, unknown route) and unexpected exceptions have a handler each. Rendering never
-fails: ``gateway.live.responses`` encodes any string, lone surrogates included.
+Routes raise ``GatewayError``s (``gateway.errors``) and one handler renders them all; a core error that
+reaches the edge (a ``DomainError``: it says what happened, with no HTTP status) is answered as
+``gateway.live.httperrors`` maps it; the framework's own errors (validation, unknown route) and unexpected
+exceptions have a handler each. Rendering never fails: ``gateway.live.responses`` encodes any string, lone
+surrogates included.
 """
 
 from __future__ import annotations
@@ -56,9 +58,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import GatewayError, error_body
+from gateway.errors import DomainError, GatewayError, error_body
 from gateway.live.deps import unicode_body
 from gateway.live.fastpath import FAST_PATHS, FastPath
+from gateway.live.httperrors import to_http
 from gateway.live.logs import RequestIdMiddleware
 from gateway.live.middleware import BodyLimit
 from gateway.live.responses import JSONResponse, error_response, plain
@@ -177,6 +180,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(RequestIdMiddleware)  # outermost: even a 413 carries the id, and logs of every layer
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
+    app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
@@ -308,6 +312,11 @@ async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
     if exc.status == 500:  # not a refusal or a worker's failure (those are counted elsewhere): a fault
         log.error("%s: %s", type(exc).__name__, exc.message)
     return error_response(exc)
+
+
+async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
+    """A core error that reached the edge unmapped: answered as ``gateway.live.httperrors`` maps it."""
+    return await _gateway_error(request, to_http(exc))
 
 
 MAX_LISTED_PROBLEMS = 20

@@ -23,10 +23,11 @@ from starlette.requests import HTTPConnection
 from starlette.types import Receive
 
 from gateway.config.tenants import hash_key
+from gateway.core.admission import Admission
 from gateway.core.predict import StagePlan
 from gateway.errors import GatewayError, NotFound, ServiceUnavailable, Unauthorized, Unprocessable
 from gateway.live.idempotency import HEADER, check_key, fingerprint
-from gateway.live.service import Admission, Gateway
+from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 
 _GATEWAY_KEY = "hexflow.gateway"

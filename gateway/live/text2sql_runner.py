@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.core.admission import Admission
 from gateway.core.degrade import QuestionPlan
 from gateway.core.predict import CompletionPredictor
 from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed
-from gateway.live.service import Admission, CallRecord, CallRequest, Gateway
+from gateway.live.runner import CallRecord, CallRequest
+from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult
 from gateway.text2sql.port import Closed, RemainingPredictor, StageCall, StageCallError, StageCallResult

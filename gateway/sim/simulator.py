@@ -11,6 +11,11 @@ gateway drives, with virtual time:
     result       -> Scheduler.on_finish() (the gateway's slot frees when it sees the response, as
                     live) -> workflow.complete() -> submit the calls that became ready -> fill the
                     worker that returned the call
+    check        -> (admission on) the overload re-check: shed, demote or expire admitted workflows
+
+Admission is the live gateway's own (``gateway.core.admission.Admitter``): the same decision, committed work,
+overload re-check and best-effort expiry, so the simulator sheds as the gateway does. Each event kind has its
+handler on the run's state (``_Run``).
 
 The only randomness is the injected ``random.Random(seed)`` (used by ``p2c``); workloads are built
 before the run from their own seeds.
@@ -24,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from gateway.core.admission import ADMISSION_HEADROOM, SHED_PERIOD_S, AdmissionRefused, Admitter
 from gateway.core.degrade import Knobs
 from gateway.core.policy import Policy
 from gateway.core.predict import SUSTAINABLE_SHARE, CompletionPredictor, calls_plan
@@ -40,6 +46,7 @@ _ARRIVAL = 0
 _WAKE = 1
 _RESULT = 2
 _HEDGE = 3
+_CHECK = 4
 
 
 @dataclass(frozen=True)
@@ -143,7 +150,11 @@ class SimResult:
     rejected: list[int] = field(default_factory=list)
     """Ids of the workflows refused at admission (``Simulator(admission=True)``)."""
     demoted: list[int] = field(default_factory=list)
-    """Ids of the workflows admitted at the lowest urgency (``admission_miss="best_effort"``)."""
+    """Ids of the workflows run at the lowest urgency (``admission_miss="best_effort"``): at admission, or
+    demoted by the overload re-check."""
+    shed: list[int] = field(default_factory=list)
+    """Ids of the admitted workflows shed by the overload re-check (predicted past their deadline with a queued
+    call, or best effort past ``best_effort_max_age`` x their deadline): no record, they count as missed."""
 
 
 class Simulator:
@@ -156,12 +167,14 @@ class Simulator:
         seed: seed of the scheduler's RNG.
         record_calls: keep a ``CallTimeline`` per call (for invariant tests and timelines).
         horizon_s: stop after this much virtual time (unfinished workflows are counted).
-        admission: admit each arriving workflow as the live gateway does (``gateway.core.predict``: refused
-            when its predicted completion is beyond ``admission_headroom`` of the time to its deadline, with
-            the work of admitted workflows committed until submitted). Refused workflows are listed in
-            ``SimResult.rejected`` and have no record (they count as missed). Workflows other than
-            ``StagedWorkflow`` are always admitted.
-        admission_headroom: the share of the deadline a prediction must fit in (the live gateway's 0.9).
+        admission: admit each arriving workflow with the live gateway's admission (``gateway.core.admission``:
+            refused when its predicted completion is beyond ``admission_headroom`` of the time to its deadline,
+            with the work of admitted workflows committed until submitted), and re-check admitted workflows every
+            ``SHED_PERIOD_S`` as the gateway does (shed or demoted when predicted past their deadline with a
+            queued call; best effort expired past ``best_effort_max_age``). Refused workflows are listed in
+            ``SimResult.rejected``, shed ones in ``SimResult.shed``; neither has a record (they count as missed).
+            Workflows other than ``StagedWorkflow`` are admitted without a prediction.
+        admission_headroom: the share of the deadline a prediction must fit in (the live ``admission.headroom``).
         admission_share: the share of the engines' full-batch throughput that admission forecasts the work
             ahead of a workflow at (``CompletionPredictor``'s ``efficiency``; the live gateway's
             ``admission.sustainable_share``).
@@ -170,6 +183,11 @@ class Simulator:
             other call: the live ``on_predicted_miss: best_effort``; listed in ``SimResult.demoted``).
         best_effort_share: a worker starts a best-effort call only while fewer than this share of its slots are
             in flight (``Scheduler``'s; the live ``admission.best_effort_share``).
+        best_effort_max_age: a best-effort workflow unfinished this many times its deadline after it arrived is
+            shed (None: never; the live ``admission.best_effort_max_age``).
+        admission_warm: admission judges with its forecast from the first arrival, as a gateway that has run a
+            while (the steady state); False: as a gateway just started, lenient until its forecast has been
+            checked against what admitted workflows took (``Admitter``'s ``lenient_start``).
         prefix_caching: the engines cache prompt prefixes (vLLM's automatic prefix caching, ``SimEngine``),
             and prefix-aware policies track them.
         engine_profiles: what the engines really run, per worker (default: the workers' profiles). A
@@ -192,10 +210,12 @@ class Simulator:
         record_calls: bool = False,
         horizon_s: float = float("inf"),
         admission: bool = False,
-        admission_headroom: float = 0.9,
+        admission_headroom: float = ADMISSION_HEADROOM,
         admission_share: float = SUSTAINABLE_SHARE,
         admission_miss: str = "reject",
         best_effort_share: float = BEST_EFFORT_SHARE,
+        best_effort_max_age: float | None = 4.0,
+        admission_warm: bool = True,
         prefix_caching: bool = False,
         engine_profiles: Sequence[PerfProfile] | None = None,
         refit: RefitSettings | Refitter | None = None,
@@ -211,6 +231,8 @@ class Simulator:
         if not 0.0 < admission_share <= 1.0:
             raise ValueError(f"admission_share must be in (0, 1], got {admission_share}")
         self.admission_share = admission_share
+        self.best_effort_max_age = best_effort_max_age
+        self.admission_warm = admission_warm
         self.workers = list(workers)
         self.prefix_caching = prefix_caching
         self.scheduler = Scheduler(
@@ -240,218 +262,333 @@ class Simulator:
 
     def run(self, workflows: Sequence[Workflow]) -> SimResult:
         """Simulate until every workflow finished (or the horizon); return the records."""
-        sched = self.scheduler
-        engines = self.engines
-        caps = [w.capacity for w in self.workers]
-        overhead = [p.request_overhead_s for p in self.engine_profiles]
-        refitter = self.refitter
-        next_refit = refitter.s.interval_s if refitter is not None else math.inf
-        hedge = self.hedge
+        return _Run(self, workflows).loop()
+
+
+class _Run:
+    """One run's state (the event heap, the records, the admission) and the handler of each kind of event.
+
+    ``loop`` pops events in (time, seq) order and hands each to its handler: ``on_arrival`` (admission, then the
+    workflow's first calls), ``on_wake`` (an engine's iteration boundary: finished calls leave), ``on_result`` (the
+    gateway sees a call return: the slot frees, the workflow's next calls are submitted), ``on_hedge`` (a straggler
+    is checked) and ``on_check`` (the overload re-check of admitted workflows, with admission on).
+    """
+
+    def __init__(self, sim: Simulator, workflows: Sequence[Workflow]) -> None:
+        self.sim = sim
+        self.sched = sim.scheduler
+        self.engines = sim.engines
+        self.caps = [w.capacity for w in sim.workers]
+        self.overhead = [p.request_overhead_s for p in sim.engine_profiles]
+        self.refitter = sim.refitter
+        self.next_refit = self.refitter.s.interval_s if self.refitter is not None else math.inf
+        self.hedge = sim.hedge
+        self.record_calls = sim.record_calls
         # Events by (time, seq): seq makes ties FIFO and deterministic.
-        seq = 0
+        self.seq = 0
         initial: list[Event] = []
         for wf in workflows:
-            seq += 1
-            initial.append(Event(wf.arrival, seq, _ARRIVAL, wf, -1, 0))
-        heap = EventHeap(initial)
-        records: list[WorkflowRecord] = []
-        call_records: list[CallTimeline] = []
-        ncalls: dict[int, int] = {}
-        call_id = 0
-        pending = len(workflows)
-        now = 0.0
+            self.seq += 1
+            initial.append(Event(wf.arrival, self.seq, _ARRIVAL, wf, -1, 0))
+        self.heap = EventHeap(initial)
+        self.records: list[WorkflowRecord] = []
+        self.call_records: list[CallTimeline] = []
+        self.ncalls: dict[int, int] = {}
+        self.call_id = 0
+        self.pending = len(workflows)
+        self.now = 0.0
+        # Admission (off by default): the live gateway's (``gateway.core.admission``), with its overload re-check.
+        self.admitter: Admitter | None = None
+        if sim.admission:
+            self.admitter = Admitter(
+                self.sched,
+                headroom=sim.admission_headroom,
+                sustainable_share=sim.admission_share,
+                best_effort_max_age=sim.best_effort_max_age,
+                retry_after=False,
+                lenient_start=not sim.admission_warm,
+            )
+        self.watched: dict[Workflow, list[Call]] = {}  # admitted workflows' calls not yet returned
+        self.checking = False
+        self.rejected: list[int] = []
+        self.demoted: list[int] = []
+        self.shed: list[int] = []
 
-        def fill(w: int, t: float) -> None:
-            nonlocal seq
-            eng = engines[w]
-            added = False
-            while sched.inflight(w) < caps[w]:
-                c = sched.pop_next(w, t)
-                if c is None:
-                    break
-                eng.add(c)
-                added = True
-                if hedge is not None and c.twin is None:
-                    seq += 1
-                    heap.push(Event(t + hedge.after * max(c.t_comp, 1e-6), seq, _HEDGE, c, w, 0))
-            if added and eng.kick(t):
-                seq += 1
-                heap.push(Event(eng.wake_at, seq, _WAKE, None, w, eng.version))
+    def push(self, t: float, kind: int, payload: object, worker: int, version: int) -> None:
+        """Schedule an event (the next sequence number breaks ties)."""
+        self.seq += 1
+        self.heap.push(Event(t, self.seq, kind, payload, worker, version))
 
-        # Admission (off by default): cluster seconds of work admitted workflows have still to submit.
-        committed = 0.0
-        work_left: dict[int, float] = {}
-        demoted: set[int] = set()
-        demoted_ids: list[int] = []
-        rejected: list[int] = []
-
-        def admit(wf: Workflow, t: float) -> bool:
-            nonlocal committed
-            if not isinstance(wf, StagedWorkflow):
-                return True
-            plan = calls_plan([st.calls for st in wf.stages])
-            pred = CompletionPredictor(sched, t, committed_s=committed, efficiency=self.admission_share)
-            if pred.duration(plan) > self.admission_headroom * (wf.deadline - t):
-                return False
-            work = pred.plan_work(plan)
-            if math.isfinite(work):
-                committed += work
-                work_left[wf.wid] = work
-            return True
-
-        def submit(wf: Workflow, specs: list[CallSpec], t: float) -> None:
-            nonlocal call_id, committed
-            touched: list[int] = []
-            left = work_left.get(wf.wid)
-            pred = CompletionPredictor(sched, t) if left is not None else None
-            low = wf.wid in demoted
-            for spec in specs:
-                call_id += 1
-                c = Call(call_id, wf, spec, t, best_effort=low)
-                if pred is not None and left is not None:  # submitted: in the queues now, no longer committed
-                    done = min(pred.cluster_call_time(spec), left)
-                    left -= done
-                    committed = max(committed - done, 0.0)
-                w = sched.submit(c, t)
-                if w not in touched:
-                    touched.append(w)
-            ncalls[wf.wid] = ncalls.get(wf.wid, 0) + len(specs)
-            if left is not None:
-                work_left[wf.wid] = left
-            for w in touched:
-                fill(w, t)
-
-        def remaining_of(c: Call, t: float) -> float:
-            """What a running call has left (``HedgeSettings``)."""
-            produced, first = engines[c.worker].progress(c, t)
-            elapsed = t - (c.started_at if c.started_at is not None else t)
-            if first is None or produced < 1:
-                return elapsed
-            left = c.spec.output_tokens - produced
-            return left * (t - first) / max(produced - 1, 1)
-
-        def try_hedge(c: Call, t: float) -> None:
-            nonlocal call_id, seq
-            assert hedge is not None
-            if c.finished_at is not None or c.abandoned or c.twin is not None:
-                return
-            if c.workflow.pending_calls != 1:
-                return
-            spec = c.spec
-            free = [
-                v
-                for v in sched.eligible_workers()
-                if v != c.worker and sched.inflight(v) < caps[v] and sched.queue_len(v) == 0
-            ]
-            if not free:
-                return
-            t_comp, t_queue, _, _ = sched.estimator.snapshot(free, spec.kind, spec.input_tokens, spec.output_tokens, t)
-            best = min(range(len(free)), key=lambda i: t_queue[i] + t_comp[i])
-            if t_queue[best] + t_comp[best] >= hedge.gain * remaining_of(c, t):
-                return
-            call_id += 1
-            copy = Call(call_id, c.workflow, spec, t)
-            copy.twin, c.twin = c, copy
-            sched.submit_to(copy, free[best], t)
-            self.hedges += 1
-            fill(free[best], t)
-
-        def settle(c: Call, t: float) -> None:
-            """``c`` answered first: abandon its twin and free the twin's slot."""
-            nonlocal seq
-            twin = c.twin
-            if twin is None or twin.abandoned or twin.finished_at is not None:
-                return
-            if c.id > twin.id:
-                self.hedges_won += 1
-            was_running = twin.started_at is not None
-            sched.abandon(twin, t)
-            if was_running:
-                eng = engines[twin.worker]
-                if eng.cancel(twin, t):
-                    seq += 1
-                    heap.push(Event(eng.wake_at, seq, _WAKE, None, twin.worker, eng.version))
-                fill(twin.worker, t)
-
-        while len(heap) and pending:
+    def loop(self) -> SimResult:
+        """Run the events until every workflow is done (or the horizon); the run's records."""
+        heap = self.heap
+        horizon = self.sim.horizon_s
+        while len(heap) and self.pending:
             ev = heap.pop()
-            now, kind, payload, w, version = ev.t, ev.kind, ev.payload, ev.worker, ev.version
-            if now > self.horizon_s:
+            now = self.now = ev.t
+            if now > horizon:
                 break
+            kind = ev.kind
             if kind == _WAKE:
-                eng = engines[w]
-                if version != eng.version or not eng.busy:
-                    continue
-                finished = eng.on_wake(now)
-                o = overhead[w]
-                for c in finished:
-                    seq += 1
-                    heap.push(Event(now + o, seq, _RESULT, c, w, 0))
-                    if self.record_calls:
-                        started = c.started_at if c.started_at is not None else now
-                        node = getattr(c.spec, "node", -1)
-                        call_records.append(
-                            CallTimeline(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o, node)
-                        )
-                if not eng.busy and eng.kick(now):
-                    seq += 1
-                    heap.push(Event(eng.wake_at, seq, _WAKE, None, w, eng.version))
-            elif kind == _HEDGE:
-                try_hedge(cast(Call, payload), now)
+                self.on_wake(ev.worker, ev.version, now)
             elif kind == _RESULT:
-                # The gateway sees the call return only now (after the per-request overhead): the slot
-                # frees and the estimator learns here, exactly as in the live gateway.
-                c = cast(Call, payload)
-                if c.abandoned:
-                    continue  # its twin answered first; its slot was freed then
-                if c.twin is not None:
-                    settle(c, now)
-                sched.on_finish(c, now)
-                if now >= next_refit and refitter is not None:
-                    next_refit = now + refitter.s.interval_s
-                    self.refits.extend((now, r, out) for r, out in refitter.step(sched, now))
-                wf = c.workflow
-                if isinstance(wf, KnobbedWorkflow):
-                    wf.clock = now
-                    if wf.degrader is not None and wf.last_of_stage:
-                        wf.decide(CompletionPredictor(sched, now))
-                nxt = wf.complete(c.spec)
-                if nxt:
-                    submit(wf, nxt, now)
-                fill(w, now)
-                if not nxt and wf.done:
-                    pending -= 1
-                    committed = max(committed - work_left.pop(wf.wid, 0.0), 0.0)
-                    demoted.discard(wf.wid)
-                    rec = WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls.get(wf.wid, 0))
-                    if isinstance(wf, KnobbedWorkflow):
-                        rec.knobs, rec.full_knobs = wf.used, wf.full
-                    records.append(rec)
+                self.on_result(cast(Call, ev.payload), ev.worker, now)
+            elif kind == _HEDGE:
+                self.try_hedge(cast(Call, ev.payload), now)
+            elif kind == _CHECK:
+                self.on_check(now)
             else:
-                wf = cast(Workflow, payload)
-                if self.admission and not admit(wf, now):
-                    if self.admission_miss == "reject":
-                        rejected.append(wf.wid)
-                        pending -= 1
-                        continue
-                    demoted.add(wf.wid)  # behind every other call; it commits no work ahead of others
-                    demoted_ids.append(wf.wid)
-                if isinstance(wf, KnobbedWorkflow) and wf.degrader is not None:
-                    wf.decide(CompletionPredictor(sched, now))
-                first = wf.start()
-                if first:
-                    submit(wf, first, now)
-                else:
-                    pending -= 1
-                    records.append(WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, 0))
+                self.on_arrival(cast(Workflow, ev.payload), now)
         return SimResult(
-            workflows=records,
-            calls=call_records,
-            engine_stats=[e.stats for e in engines],
-            dispatch_counts=sched.dispatch_counts,
-            num_calls=call_id,
-            end_time=now,
-            unfinished=pending,
-            rejected=rejected,
-            demoted=demoted_ids,
+            workflows=self.records,
+            calls=self.call_records,
+            engine_stats=[e.stats for e in self.engines],
+            dispatch_counts=self.sched.dispatch_counts,
+            num_calls=self.call_id,
+            end_time=self.now,
+            unfinished=self.pending,
+            rejected=self.rejected,
+            demoted=self.demoted,
+            shed=self.shed,
         )
+
+    # ------------------------------------------------------------------ engines
+
+    def fill(self, w: int, t: float) -> None:
+        """Start queued calls on worker ``w`` while it has free slots; plan the engine's next wake-up."""
+        sched = self.sched
+        eng = self.engines[w]
+        cap = self.caps[w]
+        hedge = self.hedge
+        added = False
+        while sched.inflight(w) < cap:
+            c = sched.pop_next(w, t)
+            if c is None:
+                break
+            eng.add(c)
+            added = True
+            if hedge is not None and c.twin is None:
+                self.push(t + hedge.after * max(c.t_comp, 1e-6), _HEDGE, c, w, 0)
+        if added and eng.kick(t):
+            self.push(eng.wake_at, _WAKE, None, w, eng.version)
+
+    def on_wake(self, w: int, version: int, now: float) -> None:
+        """An engine's iteration boundary: its finished calls return after the per-request overhead."""
+        eng = self.engines[w]
+        if version != eng.version or not eng.busy:
+            return
+        finished = eng.on_wake(now)
+        o = self.overhead[w]
+        for c in finished:
+            self.push(now + o, _RESULT, c, w, 0)
+            if self.record_calls:
+                started = c.started_at if c.started_at is not None else now
+                node = getattr(c.spec, "node", -1)
+                self.call_records.append(
+                    CallTimeline(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o, node)
+                )
+        if not eng.busy and eng.kick(now):
+            self.push(eng.wake_at, _WAKE, None, w, eng.version)
+
+    # ------------------------------------------------------------------ workflows
+
+    def on_arrival(self, wf: Workflow, now: float) -> None:
+        """A workflow arrives: admission (when on), then its first calls."""
+        if self.admitter is not None and not self.admit(wf, now):
+            self.pending -= 1
+            return
+        if isinstance(wf, KnobbedWorkflow) and wf.degrader is not None:
+            wf.decide(CompletionPredictor(self.sched, now))
+        first = wf.start()
+        if first:
+            self.submit(wf, first, now)
+        else:
+            self.pending -= 1
+            self.records.append(WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, 0))
+
+    def submit(self, wf: Workflow, specs: list[CallSpec], t: float) -> None:
+        """Submit the calls that became ready and fill the workers they went to."""
+        sched = self.sched
+        touched: list[int] = []
+        adm = self.admitter
+        committed = adm is not None and adm.committed_of(wf)
+        pred = CompletionPredictor(sched, t) if committed else None
+        low = adm is not None and wf in adm.best_effort
+        watched = self.watched.get(wf) if adm is not None else None
+        for spec in specs:
+            self.call_id += 1
+            c = Call(self.call_id, wf, spec, t, best_effort=low)
+            if adm is not None and committed:  # submitted: in the queues now, no longer committed
+                adm.submitted(wf, spec, t, pred)
+            if watched is not None:
+                watched.append(c)
+            w = sched.submit(c, t)
+            if w not in touched:
+                touched.append(w)
+        self.ncalls[wf.wid] = self.ncalls.get(wf.wid, 0) + len(specs)
+        for w in touched:
+            self.fill(w, t)
+
+    def on_result(self, c: Call, w: int, now: float) -> None:
+        """The gateway sees a call return only now (after the per-request overhead): the slot frees and the
+        estimator learns here, exactly as in the live gateway; the workflow's next calls are submitted."""
+        if c.abandoned:
+            return  # its twin answered first (or its workflow was shed); its slot was freed then
+        if c.twin is not None:
+            self.settle(c, now)
+        sched = self.sched
+        sched.on_finish(c, now)
+        refitter = self.refitter
+        if now >= self.next_refit and refitter is not None:
+            self.next_refit = now + refitter.s.interval_s
+            self.sim.refits.extend((now, r, out) for r, out in refitter.step(sched, now))
+        wf = c.workflow
+        if self.admitter is not None:
+            self.admitter.completed(now, c.gpu_s)
+            calls = self.watched.get(wf)
+            if calls is not None and c in calls:
+                calls.remove(c)
+        if isinstance(wf, KnobbedWorkflow):
+            wf.clock = now
+            if wf.degrader is not None and wf.last_of_stage:
+                wf.decide(CompletionPredictor(sched, now))
+        nxt = wf.complete(c.spec)
+        if nxt:
+            self.submit(wf, nxt, now)
+        self.fill(w, now)
+        if not nxt and wf.done:
+            self.finished(wf, now)
+
+    def finished(self, wf: Workflow, now: float) -> None:
+        """A workflow's last call returned: its record (and, with admission, its end of commitment)."""
+        self.pending -= 1
+        if self.admitter is not None:
+            self.watched.pop(wf, None)
+            self.admitter.ended(wf, now - wf.arrival)
+        rec = WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, self.ncalls.get(wf.wid, 0))
+        if isinstance(wf, KnobbedWorkflow):
+            rec.knobs, rec.full_knobs = wf.used, wf.full
+        self.records.append(rec)
+
+    # ------------------------------------------------------------------ admission and overload
+
+    def admit(self, wf: Workflow, now: float) -> bool:
+        """Admission as the live gateway's (``Admitter.admit``): False when refused. A best-effort admission
+        runs behind every other call and commits no work ahead of others. Workflows other than
+        ``StagedWorkflow`` are always admitted."""
+        adm = self.admitter
+        assert adm is not None
+        if isinstance(wf, StagedWorkflow):
+            plan = calls_plan([st.calls for st in wf.stages])
+            try:
+                admission = adm.admit(
+                    now, plan, wf.deadline - now, best_effort_on_miss=self.sim.admission_miss == "best_effort"
+                )
+            except AdmissionRefused:
+                self.rejected.append(wf.wid)
+                return False
+            if admission.best_effort:
+                self.demoted.append(wf.wid)
+            adm.take(wf, admission)
+        self.watched[wf] = []
+        if not self.checking:
+            self.checking = True
+            self.push(now + SHED_PERIOD_S, _CHECK, None, -1, 0)
+        return True
+
+    def on_check(self, now: float) -> None:
+        """The overload re-check (``Admitter.overdue``), every ``SHED_PERIOD_S`` while workflows are admitted."""
+        adm = self.admitter
+        assert adm is not None
+        miss = self.sim.admission_miss
+        for v in adm.overdue(now, self.watched, lambda _wf: miss):
+            if v.action == "demote":
+                self.demote(v.wf, v.queued, now)
+            else:
+                self.drop(v.wf, now)
+        if self.watched:
+            self.push(now + SHED_PERIOD_S, _CHECK, None, -1, 0)
+        else:
+            self.checking = False
+
+    def demote(self, wf: Workflow, queued: Sequence[Call], now: float) -> None:
+        """Run a workflow at the lowest urgency from now on: its queued calls move to the best-effort lane."""
+        if wf.wid not in self.demoted:
+            self.demoted.append(wf.wid)
+        sched = self.sched
+        for c in queued:
+            if sched.cancel(c):  # off its queue first: the estimator counts a call by the lane it was queued in
+                c.best_effort = True
+                self.fill(sched.submit(c, now), now)
+
+    def drop(self, wf: Workflow, now: float) -> None:
+        """Shed a workflow (or expire a best-effort one): its calls are taken back, queued or running."""
+        self.shed.append(wf.wid)
+        self.pending -= 1
+        for c in self.watched.pop(wf, []):
+            self.cancel(c, now)
+            if c.twin is not None:
+                self.cancel(c.twin, now)
+        assert self.admitter is not None
+        self.admitter.ended(wf)
+
+    def cancel(self, c: Call, now: float) -> None:
+        """Take a call back: off its queue, or out of its engine at the next iteration boundary (its slot freed)."""
+        if c.abandoned or c.finished_at is not None:
+            return
+        was_running = c.started_at is not None
+        self.sched.abandon(c, now)
+        if was_running:
+            eng = self.engines[c.worker]
+            if eng.cancel(c, now):
+                self.push(eng.wake_at, _WAKE, None, c.worker, eng.version)
+            self.fill(c.worker, now)
+
+    # ------------------------------------------------------------------ hedging
+
+    def remaining_of(self, c: Call, t: float) -> float:
+        """What a running call has left (``HedgeSettings``)."""
+        produced, first = self.engines[c.worker].progress(c, t)
+        elapsed = t - (c.started_at if c.started_at is not None else t)
+        if first is None or produced < 1:
+            return elapsed
+        left = c.spec.output_tokens - produced
+        return left * (t - first) / max(produced - 1, 1)
+
+    def try_hedge(self, c: Call, t: float) -> None:
+        """Send a copy of a straggling critical-path call to a free worker predicted to finish it sooner."""
+        hedge = self.hedge
+        assert hedge is not None
+        if c.finished_at is not None or c.abandoned or c.twin is not None:
+            return
+        if c.workflow.pending_calls != 1:
+            return
+        sched = self.sched
+        caps = self.caps
+        spec = c.spec
+        free = [
+            v
+            for v in sched.eligible_workers()
+            if v != c.worker and sched.inflight(v) < caps[v] and sched.queue_len(v) == 0
+        ]
+        if not free:
+            return
+        t_comp, t_queue, _, _ = sched.estimator.snapshot(free, spec.kind, spec.input_tokens, spec.output_tokens, t)
+        best = min(range(len(free)), key=lambda i: t_queue[i] + t_comp[i])
+        if t_queue[best] + t_comp[best] >= hedge.gain * self.remaining_of(c, t):
+            return
+        self.call_id += 1
+        copy = Call(self.call_id, c.workflow, spec, t)
+        copy.twin, c.twin = c, copy
+        sched.submit_to(copy, free[best], t)
+        self.sim.hedges += 1
+        self.fill(free[best], t)
+
+    def settle(self, c: Call, t: float) -> None:
+        """``c`` answered first: abandon its twin and free the twin's slot."""
+        twin = c.twin
+        if twin is None or twin.abandoned or twin.finished_at is not None:
+            return
+        if c.id > twin.id:
+            self.sim.hedges_won += 1
+        self.cancel(twin, t)

@@ -20,6 +20,7 @@ from gateway.errors import (
     BadRequest,
     CallFailed,
     ConfigError,
+    DomainError,
     GatewayError,
     NotFound,
     PayloadTooLarge,
@@ -42,7 +43,7 @@ TENANT = Tenant("t", 10.0, 5.0, 600.0, 1.0, 10)
 WORKER_400 = {"error": {"message": "max_tokens is too large", "type": "BadRequestError", "param": "max_tokens"}}
 
 # name: (factory, status, type, param, headers)
-CASES: dict[str, tuple[Callable[[], GatewayError], int, str, str | None, dict[str, str]]] = {
+CASES: dict[str, tuple[Callable[[], GatewayError | DomainError], int, str, str | None, dict[str, str]]] = {
     "bad_request": (lambda: BadRequest("bad"), 400, "invalid_request_error", None, {}),
     "unknown_name": (lambda: UnknownNameError("policy", "x", ["a"]), 400, "invalid_request_error", None, {}),
     "unprocessable": (lambda: Unprocessable("calls: too many", param="calls"), 422, "invalid_request_error",

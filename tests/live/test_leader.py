@@ -215,14 +215,14 @@ async def test_a_follower_is_unready_refuses_work_and_runs_no_tuner_until_it_lea
             assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
             assert "not the leader (gw-other is)" in refused.json()["error"]["message"]
             assert 'reason="not_leader",tenant="interactive"} 1.0' in (await client.get("/metrics")).text
-            assert not gw._leader_tasks
+            assert not gw.lifecycle.leader_tasks
             status = (await client.get("/v1/status")).json()
             assert status["ready"] is False and status["leader_election"]["leader"] == "gw-other"
             # The other replica releases the lease (shutdown): this one takes over and serves.
             kube.leases["hexflow-gateway"]["spec"] = {"holderIdentity": None, "leaseDurationSeconds": 1}
             assert await wait_for(lambda: gw.leading, 30)
             assert spec(kube)["holderIdentity"] == "gw-me" and spec(kube)["leaseTransitions"] == 1
-            assert [t.get_name() for t in gw._leader_tasks] == ["alpha-tuner", "profile-refit"]
+            assert [t.get_name() for t in gw.lifecycle.leader_tasks] == ["alpha-tuner", "profile-refit"]
             assert await wait_for(lambda: gw.pool.healthy > 0, 30)
             assert (await client.get("/readyz")).status_code == 200
             ok = await client.post("/v1/workflows", json=body)
@@ -233,7 +233,7 @@ async def test_a_follower_is_unready_refuses_work_and_runs_no_tuner_until_it_lea
             # Someone else takes the lease (this replica was partitioned away): it stops serving at once.
             kube.leases["hexflow-gateway"]["spec"]["holderIdentity"] = "gw-other"
             assert await wait_for(lambda: not gw.leading, 30)
-            assert not gw._leader_tasks
+            assert not gw.lifecycle.leader_tasks
             assert (await client.get("/readyz")).json()["reason"] == "not the leader"
         # Shut down as a follower: the lease is left alone.
         assert spec(kube)["holderIdentity"] == "gw-other"

@@ -20,7 +20,8 @@ from gateway.config.gateway import load_gateway_config
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagCallSpec, DagWorkflow, chain_nodes
 from gateway.core.worker import WorkerInfo
-from gateway.live.service import CallRequest, Gateway
+from gateway.live.runner import CallRequest
+from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall
 from gateway.sim.simulator import Simulator

@@ -12,7 +12,8 @@ from gateway.config.gateway import load_gateway_config
 from gateway.core.dag import DagNode
 from gateway.core.worker import WorkerInfo
 from gateway.live.prompts import request_prompt
-from gateway.live.service import CallRequest, Gateway
+from gateway.live.runner import CallRequest
+from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall
 from tests.live.harness import write_config

@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from gateway.config.gateway import load_gateway_config
+from gateway.core.admission import Admission
 from gateway.core.dag import DagNode, DagWorkflow
 from gateway.core.predict import CompletionPredictor, calls_plan, dag_plan
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed, WorkerError
-from gateway.live.service import Admission, CallRecord, CallRequest, Gateway, _Execution
+from gateway.live.runner import CallRecord, CallRequest, _Execution
+from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall
 from tests.live.harness import write_config
@@ -139,14 +141,14 @@ async def test_a_finished_workflow_is_freed_without_the_cyclic_collector(tmp_pat
     gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), Scripted(), background=False)
     await gw.start()
     executions: list[weakref.ref[_Execution]] = []
-    begin = gw._begin
+    begin = gw.runner.accounting.begin
 
     def watch(ex: object, tenant: Tenant) -> None:
         if isinstance(ex, _Execution):
             executions.append(weakref.ref(ex))
         begin(ex, tenant)
 
-    gw._begin = watch  # type: ignore[method-assign]
+    gw.runner.accounting.begin = watch  # type: ignore[method-assign]
     run = _scenarios(gw)[scenario]
     try:
         await run()  # warm up (lazily built caches, first-use state) before counting

@@ -201,7 +201,7 @@ async def test_a_closed_question_is_a_goodput_outcome_with_its_stages_timeline(
     assert wf.calls[2].ready_s >= max(wf.calls[0].done_s, wf.calls[1].done_s)  # the stages ran one after the other
     assert wf.latency_s == pytest.approx(clock.t - 1000.0)
     assert gw.outcome_window.summary(clock.t)["t"]["outcomes"][outcome] == 1
-    assert gw._stage_records == {}  # nothing kept for a closed workflow
+    assert gw.runner.online == {}  # nothing kept for a closed workflow
 
 
 async def test_the_runner_predicts_a_plan_as_the_schedulers_completion_predictor(

@@ -11,8 +11,10 @@ from gateway.config.gateway import load_gateway_config
 from gateway.core.dag import DagNode
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
+from gateway.errors import Rejected
 from gateway.live.history import GOODPUT_OUTCOMES
-from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
+from gateway.live.runner import CallRequest, WorkflowOutcome
+from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall
 from tests.live.harness import write_config
@@ -113,7 +115,7 @@ async def test_a_shed_workflow_counts_as_rejected_for_goodput(tmp_path: Path) ->
     clock = FakeClock()
     gw = _gateway(tmp_path, clock)
     wf = gw.open_workflow(TENANT, 10.0, None)
-    gw._shed_workflow(wf, 3.0)
+    gw.runner.fail_workflow(wf, Rejected("shed", 503, 3))
     gw.close_workflow(wf, TENANT)
     assert _count(gw, "shed") == 1.0
     value = gw.metrics.registry.get_sample_value(
@@ -151,7 +153,7 @@ async def test_a_stage_whose_submission_fails_part_way_takes_back_the_calls_alre
     gw = _gateway(tmp_path, FakeClock())
     submitted: list[LiveCall] = []
     cancelled: list[LiveCall] = []
-    real_submit = gw._submit
+    real_submit = gw.runner.submit
 
     def submit_then_fail(*args: object, **kwargs: object) -> LiveCall:
         if submitted:
@@ -160,7 +162,7 @@ async def test_a_stage_whose_submission_fails_part_way_takes_back_the_calls_alre
         submitted.append(call)
         return call
 
-    monkeypatch.setattr(gw, "_submit", submit_then_fail)
+    monkeypatch.setattr(gw.runner, "submit", submit_then_fail)
     monkeypatch.setattr(gw.pool, "cancel", cancelled.append)
     wf = gw.open_workflow(TENANT, 10.0, None)
     req = CallRequest("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})

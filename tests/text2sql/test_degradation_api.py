@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.core.admission import ADMISSION_HEADROOM
 from gateway.core.predict import CompletionPredictor
-from gateway.live.service import ADMISSION_HEADROOM
 from gateway.text2sql.answers import build_demo_answers
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
 from tests.live.harness import BATCH_KEY, INTERACTIVE_KEY, emulators, gateway_client, write_config

@@ -37,6 +37,7 @@ from gateway.core.workflow import CHAT, CallSpec
 from gateway.errors import NotFound, Unprocessable, UpstreamError, error_body
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
 from gateway.live.responses import dumps
+from gateway.live.runner import CallRequest, WorkflowOutcome
 from gateway.live.schemas import (
     NUMBER_PATTERN,
     ChatCompletion,
@@ -47,7 +48,7 @@ from gateway.live.schemas import (
     route_responses,
     sse_content,
 )
-from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
+from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 
 DEADLINE_HEADER = "x-hexflow-deadline-s"

@@ -37,6 +37,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from gateway.core.admission import Admission
 from gateway.core.degrade import QuestionPlan
 from gateway.errors import GatewayError, Unprocessable, error_body
 from gateway.live.deps import TenantDep, deadline_or_raise, gw_of, idempotent
@@ -44,7 +45,7 @@ from gateway.live.idempotency import HEADER, OPENAPI_PARAMETER
 from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
-from gateway.live.service import Admission, Gateway
+from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.text2sql_runner import GatewayStageRunner
 from gateway.text2sql.db import Database, UnknownDatabase

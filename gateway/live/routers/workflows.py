@@ -37,6 +37,7 @@ from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_o
 from gateway.live.idempotency import OPENAPI_PARAMETER
 from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
+from gateway.live.runner import CallRequest, WorkflowOutcome
 from gateway.live.schemas import (
     CallReport,
     SharedPrefixSegment,
@@ -45,7 +46,7 @@ from gateway.live.schemas import (
     WorkflowResponse,
     route_responses,
 )
-from gateway.live.service import CallRequest, Gateway, WorkflowOutcome
+from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 
 SYNTHETIC_VOCAB = (100, 1100)

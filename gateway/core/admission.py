@@ -1,0 +1,498 @@
+"""Admission, one implementation for both drivers: admit, commit work, re-check, shed, demote, expire.
+
+The live gateway (``gateway.live.service``) and the simulator (``gateway.sim.simulator``) both run a workflow's
+life through an ``Admitter`` on their scheduler:
+
+    arrival       -> ``admit(now, plan, deadline_s, ...)``: the predicted completion (``gateway.core.predict``:
+                     the queue ahead on the workers it would use, its critical path, the work committed by
+                     admitted workflows) against ``headroom`` x its deadline. Admitted: an ``Admission`` token
+                     that owns the cluster seconds of work the workflow will submit (committed from now on, so
+                     the next admission counts it). Predicted to miss: ``PredictedMiss`` (retry after the
+                     seconds until the backlog would have drained enough), or a best-effort token when the
+                     tenant runs such work at the lowest urgency; a deadline shorter than the workflow takes on
+                     idle workers: ``DeadlineTooShort`` whatever the tenant says; no worker: ``NoWorkerCanRun``.
+    start         -> ``take(wf, token)``: the workflow takes the committed seconds over.
+    each call     -> ``submitted(wf, spec, now)``: submitted work is in the queues, no longer committed.
+    periodically  -> ``overdue(now, pending, ...)``: a workflow with a queued call predicted past its deadline
+                     is shed or demoted to best effort; a best-effort one older than ``best_effort_max_age``
+                     times its deadline is expired (shed whether or not it runs). The driver applies the
+                     verdicts (cancels the calls, answers the client).
+    end           -> ``ended(wf, latency_s)``: what is left of its commitment is released, and its latency
+                     against admission's forecast calibrates later admissions (``QueueCalibration``).
+
+Pure: no clock reads, no I/O; ``now`` is an argument. Refusals are domain errors (``AdmissionRefused``), with no
+HTTP status: the live edge maps them (``gateway.live.httperrors``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.core.degrade import QuestionPlan
+from gateway.core.predict import (
+    SUSTAINABLE_SHARE,
+    CompletionPredictor,
+    QueueCalibration,
+    StagePlan,
+    ThroughputMeter,
+    cluster_call_time,
+)
+from gateway.core.queues import DEADLINE_ORDERED
+from gateway.core.scheduler import Scheduler
+from gateway.core.workflow import Call, CallSpec, OnlineWorkflow, Workflow
+from gateway.errors import DomainError
+
+__all__ = [
+    "ADMISSION_HEADROOM",
+    "SHED_PERIOD_S",
+    "Admission",
+    "AdmissionRefused",
+    "Admitter",
+    "DeadlineTooShort",
+    "NoWorkerCanRun",
+    "PredictedMiss",
+    "ShedVerdict",
+    "round_up",
+    "whole_seconds",
+]
+
+ADMISSION_HEADROOM = 0.9
+"""The default share of a deadline a predicted completion must fit in (``admission.headroom``): the margin
+absorbs what the estimates do not see yet (a batch growing slower as admitted work arrives, the estimator's
+lag)."""
+SHED_PERIOD_S = 0.2
+"""How often a driver re-checks admitted workflows (``Admitter.overdue``), in its clock's seconds."""
+RETRY_TOLERANCE_S = 0.05
+"""The precision of a predicted miss's wait (``CompletionPredictor.retry_after_s``), in seconds."""
+
+
+# ---------------------------------------------------------------------- refusals (domain errors)
+
+
+class AdmissionRefused(DomainError):
+    """A workflow was not admitted. ``retry_after_s``: whole seconds after which asking again may succeed."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class PredictedMiss(AdmissionRefused):
+    """The workflow is predicted to finish too close to or after its deadline (the queue ahead of it); the
+    backlog would have drained enough for it after about ``wait_s`` seconds."""
+
+    def __init__(self, predicted_s: float, deadline_s: float, wait_s: float) -> None:
+        super().__init__(
+            f"the workflow is predicted to finish in {predicted_s:.3g} s, too close to or after its deadline of "
+            f"{deadline_s:.3g} s (the queue ahead of it); retry after about {wait_s:.3g} s",
+            whole_seconds(wait_s),
+        )
+        self.predicted_s = predicted_s
+        self.deadline_s = deadline_s
+        self.wait_s = wait_s
+
+
+class DeadlineTooShort(AdmissionRefused):
+    """A deadline no wait can meet: the workflow takes longer than it even on idle workers.
+
+    ``min_deadline_s``: the shortest deadline that could be admitted on idle workers (rounded up to two
+    significant figures), so a client can ask again with it instead of retrying the same request."""
+
+    def __init__(self, deadline_s: float, path_s: float, headroom: float) -> None:
+        shortest = round_up(path_s / headroom)
+        super().__init__(
+            f"a deadline of {deadline_s:.3g} s cannot be met: the workflow takes about {path_s:.3g} s even on idle "
+            f"workers, and admission keeps {1 - headroom:.0%} of a deadline as margin; ask for at least "
+            f"{shortest:g} s",
+            0,
+        )
+        self.min_deadline_s = shortest
+
+
+class NoWorkerCanRun(AdmissionRefused):
+    """No eligible worker could run the workflow now (not the deadline's fault)."""
+
+    def __init__(self) -> None:
+        super().__init__("no worker can run the workflow now", 1)
+
+
+# ---------------------------------------------------------------------- the token
+
+
+class Admission:
+    """A workflow admitted: hand it on to the workflow, which takes it over (``Admitter.take``).
+
+    ``best_effort``: predicted to miss, run at the lowest urgency instead of refused. ``work_s``: the cluster
+    seconds of work it is expected to submit (``CompletionPredictor.plan_work``), committed from admission on.
+    ``plan``: the question's prediction (Text-to-SQL), which its workflow is watched with. ``predicted_s`` and
+    ``critical_s``: what admission predicted it would take and its critical path (nan: not predicted).
+
+    The token owns its committed seconds until a workflow takes them over (``take``); a request that ends before
+    that (a failure between admission and the workflow's start, a client gone) hands them back with ``release``
+    (idempotent; after ``take`` it does nothing), so nothing stays committed for work that will never come.
+    """
+
+    __slots__ = ("_owner", "_state", "best_effort", "critical_s", "plan", "predicted_s", "work_s")
+
+    def __init__(
+        self,
+        best_effort: bool = False,
+        work_s: float = 0.0,
+        *,
+        plan: QuestionPlan | None = None,
+        owner: Admitter | None = None,
+        predicted_s: float = math.nan,
+        critical_s: float = math.nan,
+    ) -> None:
+        self.best_effort = best_effort
+        self.work_s = work_s
+        self.plan = plan
+        self.predicted_s = predicted_s
+        self.critical_s = critical_s
+        self._owner = owner
+        self._state = "held" if owner is not None and work_s > 0.0 else "done"
+
+    def take(self) -> float:
+        """A workflow takes the committed seconds over; returns them (0 when released already or never held)."""
+        if self._state != "held":
+            return 0.0
+        self._state = "taken"
+        return self.work_s
+
+    def release(self) -> None:
+        """Hand the committed seconds back unless a workflow took them over (idempotent)."""
+        if self._state != "held":
+            return
+        self._state = "released"
+        if self._owner is not None:
+            self._owner.uncommit(self.work_s)
+
+
+# ---------------------------------------------------------------------- the re-check's verdicts
+
+
+@dataclass(frozen=True, slots=True)
+class ShedVerdict:
+    """What the overload re-check decided for one workflow.
+
+    ``action``: ``shed`` (predicted to finish ``overshoot_s`` after its deadline; its calls are cancelled, its
+    client told to retry after ``retry_after_s``), ``demote`` (run at the lowest urgency from now on: its
+    ``queued`` calls move to the best-effort lane) or ``expire`` (a best-effort workflow older than
+    ``best_effort_max_age`` times its deadline: shed whether or not it runs)."""
+
+    wf: Workflow
+    action: Literal["shed", "demote", "expire"]
+    message: str = ""
+    retry_after_s: int = 1
+    queued: tuple[Call, ...] = ()
+
+
+TenantRule = Callable[[Workflow], str | None]
+"""What the re-check does with a workflow predicted to miss: ``"reject"`` (shed), ``"best_effort"`` (demote),
+None (not watched: its tenant has no predictive admission)."""
+
+
+# ---------------------------------------------------------------------- the admitter
+
+
+class Admitter:
+    """Admission and the work it committed, on one scheduler (one per driver).
+
+    Args:
+        scheduler: the scheduler whose state predictions read (never changed).
+        headroom: a predicted completion must fit in this share of the deadline.
+        sustainable_share: the share of the engines' full-batch throughput the work ahead is forecast at
+            (scaled up by what the cluster was seen to complete: ``efficiency``).
+        best_effort_max_age: a best-effort workflow unfinished this many times its deadline after it arrived is
+            expired (None: never).
+        retry_after: compute how long a refused workflow should wait (``PredictedMiss.wait_s``, its client's
+            ``Retry-After``); False: only whether a wait could do (the simulator, which answers no client).
+        lenient_start: until the forecast has been checked against what admitted work took
+            (``QueueCalibration.verified``), refuse only what cannot make it even at the cluster's full throughput
+            with nothing queued after its first stage (the live gateway: a refusal on an unchecked guess would be
+            wrong as often as the guess is). False: judge with the forecast from the first arrival (the steady
+            state of a gateway that has run a while, which the simulator's benches measure).
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        headroom: float = ADMISSION_HEADROOM,
+        sustainable_share: float = SUSTAINABLE_SHARE,
+        best_effort_max_age: float | None = None,
+        retry_after: bool = True,
+        lenient_start: bool = True,
+    ) -> None:
+        self.scheduler = scheduler
+        self.retry_after = retry_after
+        self.lenient_start = lenient_start
+        self.headroom = headroom
+        self.sustainable_share = sustainable_share
+        self.best_effort_max_age = best_effort_max_age
+        self.throughput = ThroughputMeter()
+        """The work the cluster completed lately: the rate the fluid forecast drains the work ahead at."""
+        self.calibration = QueueCalibration()
+        """What admitted workflows took against the forecast (one calibration serves every tenant)."""
+        self.committed_s = 0.0
+        """Cluster seconds admitted workflows have yet to submit: the fluid bound of admission."""
+        self.best_effort: set[Workflow] = set()
+        self._work_left: dict[Workflow, float] = {}
+        self._held = 0  # tokens holding committed work no workflow has taken over yet, and their seconds
+        self._held_s = 0.0
+        self._predicted: dict[Workflow, tuple[float, float]] = {}
+
+    # ------------------------------------------------------------------ the decision
+
+    def efficiency(self, now: float) -> float:
+        """The share of the cluster's full-batch throughput that the work ahead is forecast to drain at: the
+        configured share, scaled up by how much more than the model's full-batch throughput the cluster was seen
+        to complete lately (``ThroughputMeter``, when above 1), at most 1."""
+        seen = self.throughput.share(now, len(self.scheduler.eligible_workers()))
+        return min(self.sustainable_share * max(seen, 1.0), 1.0)
+
+    def predictor(self, now: float) -> CompletionPredictor:
+        """A predictor of what a workflow admitted now would take (the status page's load figures)."""
+        return CompletionPredictor(self.scheduler, now, committed_s=self.committed_s, efficiency=self.efficiency(now))
+
+    def admit(
+        self,
+        now: float,
+        plan: Sequence[StagePlan],
+        deadline_s: float | None,
+        *,
+        checked: bool = True,
+        best_effort_on_miss: bool = False,
+        question: QuestionPlan | None = None,
+    ) -> Admission:
+        """Admit a workflow of ``plan`` arriving at ``now`` with ``deadline_s`` (None: no deadline check), or
+        raise ``AdmissionRefused``.
+
+        ``checked``: its deadline is checked (the tenant has predictive admission and the plan rests on an
+        observation of the model); unchecked, its work is committed all the same. ``best_effort_on_miss``: a
+        predicted miss is admitted at the lowest urgency (a token with ``best_effort``, committing nothing: it
+        delays nobody) instead of refused. ``question``: the Text-to-SQL prediction, handed on to the workflow.
+        """
+        sched = self.scheduler
+        ordered = deadline_s is not None and sched.policy.queue in DEADLINE_ORDERED
+        due = now + (deadline_s or 0.0)
+        after = sched.queued_due_after(due) if ordered else None
+        pred = CompletionPredictor(
+            sched,
+            now,
+            committed_s=self._committed_ahead(due) if ordered else self.committed_s,
+            efficiency=self.efficiency(now),
+            after=after,
+        )
+        work = pred.plan_work(plan)
+        predicted, critical = pred.duration(plan), pred.critical_path(plan)
+        if deadline_s is not None and checked:
+            judge, forecast = pred, predicted
+            if self.lenient_start and not self.calibration.verified:
+                # No forecast has been checked against what admitted work took yet: refused only when it cannot
+                # make it even at the cluster's full throughput with nothing queued after its first stage.
+                judge = CompletionPredictor(
+                    sched,
+                    now,
+                    later_queue_weight=0.0,
+                    committed_s=pred.committed_s,
+                    efficiency=max(pred.efficiency, 1.0),
+                    after=after,
+                )
+                forecast = judge.duration(plan)
+            exact = self.retry_after and not best_effort_on_miss  # (a best-effort token tells no client to wait)
+            miss = self._miss(judge, plan, deadline_s, forecast, critical, exact=exact)
+            if isinstance(miss, PredictedMiss) and best_effort_on_miss:
+                return Admission(best_effort=True, plan=question)
+            if miss is not None:  # (a deadline no wait can meet is refused whatever the tenant says)
+                raise miss
+        if not math.isfinite(work) or work <= 0.0:
+            return Admission(plan=question, predicted_s=predicted, critical_s=critical)
+        self.committed_s += work  # now, so that the next admission (before this one starts) counts it
+        self._held += 1
+        self._held_s += work
+        return Admission(work_s=work, plan=question, owner=self, predicted_s=predicted, critical_s=critical)
+
+    def _miss(
+        self,
+        pred: CompletionPredictor,
+        plan: Sequence[StagePlan],
+        deadline_s: float,
+        predicted: float,
+        path: float,
+        *,
+        exact: bool,
+    ) -> AdmissionRefused | None:
+        """The refusal when ``plan`` started now is predicted to finish after ``headroom`` x ``deadline_s``
+        (``predicted`` calibrated by ``QueueCalibration``), else None. ``exact``: the wait of a predicted miss to
+        ``RETRY_TOLERANCE_S``; otherwise only whether some wait could do (its bound: the whole backlog)."""
+        target = self.headroom * deadline_s
+        cal = self.calibration
+        predicted = cal.calibrated(predicted, path)
+        if predicted <= target:
+            return None
+        wait = pred.retry_after_s(plan, cal.target(target, path), tolerance_s=RETRY_TOLERANCE_S if exact else math.inf)
+        if wait is None:
+            if not math.isfinite(path):
+                return NoWorkerCanRun()
+            return DeadlineTooShort(deadline_s, path, self.headroom)
+        return PredictedMiss(predicted, deadline_s, wait)
+
+    def _committed_ahead(self, deadline: float) -> float:
+        """The committed work ahead of a workflow due at ``deadline`` under a deadline-ordered discipline: work of
+        admitted workflows due later (and of best-effort ones) waits behind it; tokens not yet taken over count."""
+        ahead = self._held_s
+        for wf, left in self._work_left.items():
+            if wf.deadline <= deadline and wf not in self.best_effort:
+                ahead += left
+        return min(ahead, self.committed_s)
+
+    # ------------------------------------------------------------------ committed work
+
+    def take(self, wf: Workflow, admission: Admission | None) -> None:
+        """``wf`` now exists and takes over what admission decided: best effort, committed work, the forecast."""
+        if admission is None:
+            return
+        if admission.best_effort:
+            self.best_effort.add(wf)
+        work = admission.take()
+        if work > 0.0:
+            self._unhold(work)
+            self._work_left[wf] = work
+        if math.isfinite(admission.predicted_s) and not admission.best_effort:
+            self._predicted[wf] = (admission.predicted_s, admission.critical_s)
+
+    def uncommit(self, work_s: float) -> None:
+        """A token released its committed work unused (``Admission.release``)."""
+        self._unhold(work_s)
+        self.committed_s = max(self.committed_s - work_s, 0.0)
+        self._settle()
+
+    def submitted(self, wf: Workflow, spec: CallSpec, now: float, pred: CompletionPredictor | None = None) -> None:
+        """A call of ``wf`` was submitted: its work is in the queues now, no longer committed."""
+        left = self._work_left.get(wf)
+        if left is None:
+            return
+        t = pred.cluster_call_time(spec) if pred is not None else cluster_call_time(self.scheduler, spec, now)
+        done = min(t, left)
+        self._work_left[wf] = left - done
+        self.committed_s = max(self.committed_s - done, 0.0)
+
+    def committed_of(self, wf: Workflow) -> bool:
+        """Whether ``wf`` still holds committed work (its submissions count down ``committed_s``)."""
+        return wf in self._work_left
+
+    def completed(self, now: float, engine_s: float) -> None:
+        """A call completed: its work (engine seconds at full batch) feeds the throughput meter."""
+        self.throughput.add(now, engine_s)
+
+    def ended(self, wf: Workflow, latency_s: float | None = None) -> None:
+        """``wf`` ended: its commitment is released; ``latency_s`` (a valid answer, met or missed) calibrates."""
+        self.best_effort.discard(wf)
+        self.committed_s = max(self.committed_s - self._work_left.pop(wf, 0.0), 0.0)
+        self._settle()
+        forecast = self._predicted.pop(wf, None)
+        if forecast is not None and latency_s is not None:
+            self.calibration.add(latency_s, *forecast)
+
+    def _unhold(self, work_s: float) -> None:
+        self._held = max(self._held - 1, 0)
+        self._held_s = max(self._held_s - work_s, 0.0) if self._held else 0.0
+
+    def _settle(self) -> None:
+        if not self._work_left and self._held == 0:
+            self.committed_s = 0.0  # no float drift: nothing is committed
+
+    # ------------------------------------------------------------------ the overload re-check
+
+    def overdue(
+        self,
+        now: float,
+        pending: Mapping[Workflow, Collection[Call]],
+        rule: TenantRule,
+        *,
+        plans: Mapping[Workflow, QuestionPlan] | None = None,
+        skip: Collection[Workflow] = (),
+    ) -> list[ShedVerdict]:
+        """Re-check every admitted workflow with pending calls (``pending``; ``skip``: already shed).
+
+        One with a queued call predicted to finish after its deadline is shed or demoted as ``rule`` says; one
+        whose calls are all in flight is never touched, except a best-effort one past ``best_effort_max_age``
+        times its deadline, which is expired. The prediction is optimistic after the queued calls (later stages
+        meet no queue): shedding cannot be undone. A Text-to-SQL workflow is predicted as admission predicted it:
+        the question's ``plans`` at their floor. Demoted workflows are best effort from now on.
+        """
+        pred: CompletionPredictor | None = None
+        out: list[ShedVerdict] = []
+        max_age = self.best_effort_max_age
+        for wf, calls in pending.items():
+            if wf in skip:
+                continue
+            if wf in self.best_effort:
+                age = now - wf.arrival
+                if max_age is not None and age > max_age * (wf.deadline - wf.arrival):
+                    out.append(_expiry(wf, age, max_age))
+                continue
+            queued = tuple(c for c in calls if c.started_at is None)
+            if not queued:
+                continue
+            on_miss = rule(wf)
+            if on_miss is None:
+                continue
+            pred = pred or CompletionPredictor(self.scheduler, now, later_queue_weight=0.0)
+            completion = _completion(pred, wf, calls, None if plans is None else plans.get(wf))
+            if completion <= wf.deadline:
+                continue
+            if on_miss == "best_effort":
+                self.best_effort.add(wf)
+                out.append(ShedVerdict(wf, "demote", queued=queued))
+            else:
+                overshoot = completion - wf.deadline
+                out.append(
+                    ShedVerdict(
+                        wf,
+                        "shed",
+                        f"shed: the workflow was predicted to finish {overshoot:.3g} s after its deadline "
+                        "(the gateway is overloaded); its calls were cancelled",
+                        whole_seconds(overshoot),
+                    )
+                )
+        return out
+
+
+def _completion(pred: CompletionPredictor, wf: Workflow, calls: Iterable[Call], plan: QuestionPlan | None) -> float:
+    """A running workflow's predicted completion (for an online workflow with a plan: the plan at its floor)."""
+    if plan is not None and isinstance(wf, OnlineWorkflow):
+        phase, rounds = wf.position
+        return pred.now + pred.pending_time(calls) + pred.critical_path(plan.rest(phase=phase, rounds_done=rounds))
+    return pred.workflow_completion(wf, calls)
+
+
+def _expiry(wf: Workflow, age_s: float, max_age: float) -> ShedVerdict:
+    """A best-effort workflow that outlived ``max_age`` times its deadline; retry after its deadline."""
+    return ShedVerdict(
+        wf,
+        "expire",
+        f"shed: the best-effort workflow was still unfinished {age_s:.3g} s after it arrived, past "
+        f"{max_age:g} x its deadline (admission.best_effort_max_age; the gateway is overloaded); its calls "
+        "were cancelled",
+        whole_seconds(wf.deadline - wf.arrival),
+    )
+
+
+def round_up(seconds: float) -> float:
+    """A deadline to suggest: ``seconds`` rounded up to two significant figures (at least 0.1 s)."""
+    if seconds <= 0.1:
+        return 0.1
+    step = 10.0 ** (math.floor(math.log10(seconds)) - 1)
+    return round(math.ceil(seconds / step - 1e-9) * step, 10)
+
+
+def whole_seconds(seconds: float) -> int:
+    """A retry delay: whole seconds, rounded up, at least 1 (60 when not finite)."""
+    if not math.isfinite(seconds):
+        return 60
+    return max(1, math.ceil(seconds))

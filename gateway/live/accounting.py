@@ -1,0 +1,132 @@
+"""How the live gateway's workflows began and ended: active counts, metrics, the status page's memory.
+
+``Accounting.begin`` counts a workflow in (per tenant and in all: the admission bounds read these counts; the
+drain waits for ``idle``); ``Accounting.end`` counts it out once, whatever path ended it (met, missed, failed,
+cancelled, shed), into the metrics, the rolling outcome window and the history of finished workflows with
+their calls' timelines (``gateway.live.history``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gateway.core.workflow import Workflow
+from gateway.live.history import FinishedWorkflow, OutcomeWindow, WorkflowHistory, call_timings, goodput_outcome
+from gateway.live.logs import REQUEST_ID
+from gateway.live.tenants import Tenant
+
+if TYPE_CHECKING:
+    from gateway.live.runner import CallRecord
+    from gateway.live.service import Gateway
+
+__all__ = ["Accounting"]
+
+log = logging.getLogger("hexflow.gateway")
+
+
+class Accounting:
+    """The workflows in progress and the memory of those that ended, for one gateway."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        admin = gw.cfg.admin
+        self.outcome_window = OutcomeWindow(admin.window_s)
+        self.history = WorkflowHistory(admin.recent_workflows)
+        self.active: dict[str, int] = {}
+        self.active_total = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._running: set[object] = set()
+
+    def begin(self, ex: object, tenant: Tenant) -> None:
+        """A workflow (``ex``: what stands for it while it runs) starts for ``tenant``."""
+        self.active[tenant.name] = self.active.get(tenant.name, 0) + 1
+        self.active_total += 1
+        self.idle.clear()
+        self.gw.metrics.active.set(self.active_total)
+        self._running.add(ex)
+
+    def end(
+        self,
+        ex: object,
+        wf: Workflow,
+        tenant: Tenant,
+        outcome: str,
+        latency: float | None,
+        *,
+        valid: bool,
+        records: Sequence[CallRecord],
+        wf_id: str | None,
+        route: str,
+    ) -> bool:
+        """``ex`` (running ``wf``) ended with ``outcome`` (met, missed, failed, cancelled, shed); False when it was
+        counted out already. ``records``: its calls; ``wf_id``: the id its client got; ``route``: the route it
+        came by, as the status page's history labels it."""
+        if ex not in self._running:
+            return False
+        self._running.discard(ex)
+        if log.isEnabledFor(logging.DEBUG):  # (not formatting the latency for a line nobody reads)
+            # (the request's context carries its request and workflow ids into this line: gateway.live.logs)
+            tail = "" if latency is None else f" in {latency:.3f} s"
+            log.debug("workflow of tenant %s ended: %s%s", tenant.name, outcome, tail)
+        self._ended(wf, tenant.name, outcome, valid, records, wf_id, route)
+        self.active[tenant.name] = max(self.active.get(tenant.name, 1) - 1, 0)
+        self.active_total -= 1
+        metrics = self.gw.metrics
+        metrics.active.set(self.active_total)
+        metrics.workflow_done(tenant.name, latency, outcome)
+        if self.active_total == 0:
+            self.idle.set()
+        return True
+
+    def rejected(self, tenant: str, reason: str) -> None:
+        """Count a workflow refused at admission, and why (one of ``metrics.REJECT_REASONS``)."""
+        metrics = self.gw.metrics
+        metrics.workflow_done(tenant, None, "rejected")
+        metrics.rejection(tenant, reason)
+        metrics.workflow_outcome(tenant, "rejected")
+        self.outcome_window.add(tenant, "rejected", self.gw.clock())
+
+    def _ended(
+        self,
+        wf: Workflow,
+        tenant: str,
+        status: str,
+        valid: bool,
+        records: Sequence[CallRecord],
+        wf_id: str | None,
+        route: str,
+    ) -> None:
+        """Account a workflow that ran and ended: its goodput outcome (metrics and the rolling window) and its
+        timeline in the status page's history, under the id its client got (``wf_id``: the response's; a chat
+        call's is its ``X-Request-Id``, which this runs under)."""
+        now = self.gw.clock()
+        outcome = goodput_outcome(status, valid=valid)
+        self.gw.metrics.workflow_outcome(tenant, outcome)
+        self.outcome_window.add(tenant, outcome, now)
+        rid = REQUEST_ID.get()  # the X-Request-Id the client got (its request's context)
+        calls, more = call_timings(
+            wf.arrival,
+            [
+                (r.kind, r.worker, r.ready_at, r.sent_at, r.done_at, r.budget_s, r.attempts, r.error is None)
+                for r in records
+                if r.ready_at is not None and r.done_at is not None
+            ],
+        )
+        self.history.add(
+            FinishedWorkflow(
+                id=wf_id or rid or f"{route}-{wf.wid}",
+                request_id=rid,
+                tenant=tenant,
+                route=route,
+                outcome=outcome,
+                finished=now,
+                latency_s=now - wf.arrival,
+                deadline_s=wf.deadline - wf.arrival,
+                calls=calls,
+                more_calls=more,
+            )
+        )

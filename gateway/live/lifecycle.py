@@ -1,0 +1,155 @@
+"""The live gateway's lifecycle: start, leadership, tenants reload, the overload watch, drain and stop.
+
+``Lifecycle`` owns the gateway's background tasks: discovery, the tenants file's reload, the overload re-check
+(``WorkflowRunner.shed_overdue`` every ``SHED_PERIOD_S``), leader election, and, only while this replica leads,
+the alpha tuner and the profile refit. It sets the gateway's ``ready`` and ``draining`` flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from gateway.core.admission import SHED_PERIOD_S
+
+if TYPE_CHECKING:
+    from gateway.live.service import Gateway
+
+__all__ = ["Lifecycle"]
+
+log = logging.getLogger("hexflow.gateway")
+
+
+class Lifecycle:
+    """Starts, leads, drains and stops one gateway (``gw``)."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.stopping = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.leader_stop = asyncio.Event()
+        self.leader_tasks: list[asyncio.Task[None]] = []
+        self.drain_until: float | None = None
+
+    async def start(self) -> None:
+        """Start the pool and the background tasks; probe workers once so readiness is known.
+
+        With discovery, the first list of the pods is awaited (up to its timeout) so the gateway starts
+        with its workers; if the API does not answer, it starts without them and keeps trying.
+        """
+        gw = self.gw
+        await gw.pool.start()
+        if gw.discovery is not None:
+            self.tasks.append(asyncio.create_task(gw.discovery.run(self.stopping), name="discovery"))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(gw.discovery.synced.wait(), gw.discovery.cfg.timeout_s)
+        if gw.background:
+            await gw.pool.monitor.check_health(initial=True)
+            self.tasks.append(asyncio.create_task(self._tenants_loop(), name="tenants-watch"))
+            self.tasks.append(asyncio.create_task(self._shed_loop(), name="overload-shedding"))
+        if gw.elector is not None:
+            self.tasks.append(asyncio.create_task(gw.elector.run(self.stopping), name="leader-election"))
+        else:
+            self.on_leadership(True)
+        gw.ready = True
+
+    def on_leadership(self, leading: bool) -> None:
+        """Start the leader-only background tasks (the alpha tuner, the profile refit) when leading; stop
+        them when not (a follower serves no calls: it has nothing to tune or refit from).
+
+        Everything else runs on every replica: health probes, scrapes, discovery and tenants reloads keep
+        a follower ready to serve the moment it takes over.
+        """
+        gw = self.gw
+        if gw.elector is not None:
+            gw.metrics.leader.set(1 if leading else 0)
+            gw.metrics.leader_changes.labels(event="acquired" if leading else "lost").inc()
+        self.leader_stop.set()
+        for t in self.leader_tasks:
+            t.cancel()
+        self.leader_tasks.clear()
+        if not leading or self.stopping.is_set():
+            return
+        self.leader_stop = asyncio.Event()
+        if gw.background and gw.tuner is not None and gw.scheduler.policy.uses_alpha:
+            self.leader_tasks.append(asyncio.create_task(gw.tuner.run(self.leader_stop), name="alpha-tuner"))
+        if gw.background and gw.refit is not None:
+            self.leader_tasks.append(asyncio.create_task(gw.refit.run(self.leader_stop), name="profile-refit"))
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Stop intake now and start the grace period, counted once from the first call."""
+        self.gw.draining = True
+        if self.drain_until is None:
+            self.drain_until = time.monotonic() + grace_s
+
+    async def drain(self, grace_s: float) -> bool:
+        """Stop intake and wait for in-flight workflows until the grace period is over; True when all finished."""
+        gw = self.gw
+        self.begin_drain(grace_s)
+        if gw.elector is not None:  # hand the Lease over now: a follower serves while this one drains
+            for t in self.tasks:  # stop the election rounds first, so no round takes the Lease back
+                if t.get_name() == "leader-election":
+                    t.cancel()
+            await gw.elector.release()
+        assert self.drain_until is not None
+        left = max(self.drain_until - time.monotonic(), 0.0)
+        try:
+            await asyncio.wait_for(gw.runner.accounting.idle.wait(), left)
+        except TimeoutError:
+            log.error("shutdown grace period over with %d workflows in progress", gw.active_total)
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Stop background tasks and the pool (calls still in flight fail with 503); close the transport."""
+        gw = self.gw
+        gw.ready = False
+        self.stopping.set()
+        self.leader_stop.set()
+        tasks = self.tasks + self.leader_tasks
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self.tasks.clear()
+        self.leader_tasks.clear()
+        if gw.elector is not None:
+            await gw.elector.release()
+            await gw.elector.close()
+        if gw.idempotency is not None:
+            await gw.idempotency.close()
+        if gw.tuner is not None:
+            gw.tuner.close()
+        if gw.discovery is not None:
+            await gw.discovery.close()
+        await gw.pool.stop()
+        await gw.transport.aclose()
+
+    async def _tenants_loop(self) -> None:
+        gw = self.gw
+        tenants = gw.tenants
+        before = (tenants.generation, tenants.reload_failures)
+        while not self.stopping.is_set():
+            await asyncio.sleep(gw.cfg.tenants_reload_s)
+            changed = await asyncio.to_thread(tenants.reload_if_changed)
+            after = (tenants.generation, tenants.reload_failures)
+            if after != before:
+                gw.metrics.tenant_reloads.labels(result="ok" if changed else "failed").inc()
+                if changed:
+                    gw.metrics.set_tenants(t.name for t in tenants.tenants)
+                    gw.outcome_window.forget(t.name for t in tenants.tenants)
+                    gw.scheduler.set_tenant_weights({t.name: t.priority_weight for t in tenants.tenants})
+                    # (TenantStore logs the reload, once)
+            before = after
+
+    async def _shed_loop(self) -> None:
+        while not self.stopping.is_set():
+            await asyncio.sleep(SHED_PERIOD_S)
+            try:
+                self.gw.shed_overdue()
+            except Exception:  # keep watching: a bug here must not stop the gateway's protection
+                log.exception("overload check failed")

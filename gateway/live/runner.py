@@ -1,0 +1,481 @@
+"""The live gateway's workflow runner: DAG workflows, online (stage by stage) workflows, and shedding.
+
+``WorkflowRunner.run_workflow`` executes one DAG workflow: it submits the calls that are ready, and each call's
+completion callback (run synchronously by the pool, before the worker is refilled) releases the calls that
+became ready, exactly as the simulator's result event does. ``open_workflow``/``run_stage``/``close_workflow``
+run a workflow whose stages the caller decides as it goes (the Text-to-SQL pipeline).
+
+Every admitted workflow's calls not yet settled are tracked (``pending``); ``shed_overdue`` asks core's
+``Admitter.overdue`` which of them to shed, demote or expire, and applies it here: a shed workflow's calls are
+cancelled and its client answered 503 with ``Retry-After`` (``gateway.live.httperrors`` maps the verdict).
+How a workflow ended is accounted by ``gateway.live.accounting``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from gateway.core.admission import Admission, ShedVerdict
+from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
+from gateway.core.degrade import QuestionPlan
+from gateway.core.prefix import prompt_prefix
+from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate, deadline_met
+from gateway.errors import CallFailed, Rejected
+from gateway.live.accounting import Accounting
+from gateway.live.history import MAX_CALLS
+from gateway.live.prompts import request_prompt
+from gateway.live.tenants import Tenant
+from gateway.live.transport import CallResult, LiveCall
+
+if TYPE_CHECKING:
+    from gateway.live.service import Gateway
+
+__all__ = ["CallRecord", "CallRequest", "WorkflowOutcome", "WorkflowRunner", "new_workflow_id"]
+
+
+def new_workflow_id() -> str:
+    """A unique workflow id for responses: ``wf-`` and 16 random hex digits."""
+    return f"wf-{uuid.uuid4().hex[:16]}"
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """What to send for one node: the endpoint and the body (``model`` is filled per worker)."""
+
+    endpoint: str
+    body: dict[str, Any]
+    stream: asyncio.Queue[bytes | None] | None = None
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One call's outcome inside a workflow, as the caller is told it.
+
+    The worker's name, the last attempt's queue and run seconds, the attempts, and the worker's answer
+    or the final error. ``ready_at``/``sent_at``/``done_at`` (the gateway's clock; None: not reached) and
+    ``budget_s`` (the stage budget the scheduler gave it) are the status page's timeline. The simulator
+    keeps a different record, ``gateway.sim.simulator.CallTimeline``
+    (absolute virtual times, with the engine's finish time that only it knows), for timelines.
+    """
+
+    node: int
+    kind: str
+    worker: str | None = None
+    queued_s: float = 0.0
+    run_s: float = 0.0
+    attempts: int = 0
+    result: CallResult | None = None
+    error: CallFailed | None = None
+    ready_at: float | None = None
+    sent_at: float | None = None
+    done_at: float | None = None
+    budget_s: float = 0.0
+
+
+@dataclass(slots=True)
+class WorkflowOutcome:
+    """A finished (or failed) workflow.
+
+    ``wf_id``: the id the caller gave ``run_workflow``; without one, ``id`` makes one when first read (a
+    chat completion, a one-call workflow, never reads it: no random id per call).
+    """
+
+    wf_id: str | None
+    tenant: str
+    status: str  # ok | failed
+    deadline_s: float
+    latency_s: float
+    calls: list[CallRecord]
+    error: CallFailed | None = None
+
+    @property
+    def id(self) -> str:
+        """The workflow's id (``new_workflow_id``'s form when the caller gave none)."""
+        if self.wf_id is None:
+            self.wf_id = new_workflow_id()
+        return self.wf_id
+
+    @property
+    def deadline_met(self) -> bool:
+        """Finished without error within the deadline: core's ``deadline_met`` (the one rule)."""
+        return deadline_met(self.latency_s, self.deadline_s, valid=self.status == "ok")
+
+
+@dataclass(eq=False)
+class _Execution:
+    """One DAG workflow being run (``WorkflowRunner.run_workflow``): its calls in flight, their records, and the
+    callback that releases the successors of each call that returns.
+
+    The callback is a bound method, not a closure of ``run_workflow``: two closures that call each other
+    (submit the ready calls, and be called when one returns) reference each other through their cells, a
+    reference cycle per workflow that only the cyclic garbage collector frees. Here the references run one
+    way (a call's callback -> this -> the calls in ``live``) and ``live`` empties as calls settle, so a
+    finished workflow is freed by reference counting alone.
+    """
+
+    runner: WorkflowRunner
+    wf: DagWorkflow
+    requests: list[CallRequest]
+    records: list[CallRecord]
+    done: asyncio.Future[None]
+    on_call_done: Callable[[CallRecord], None] | None = None
+    wf_id: str | None = None
+    live: dict[int, LiveCall] = field(default_factory=dict)
+    error: CallFailed | None = None
+    abandoned: bool = False
+
+    def launch(self, specs: list[Any]) -> None:
+        """Submit the calls that became ready."""
+        for spec in specs:
+            assert isinstance(spec, DagCallSpec)
+            self.live[spec.node] = self.runner.submit(self.wf, spec, self.requests[spec.node], self.on_done)
+
+    def on_done(self, call: LiveCall, outcome: CallResult | CallFailed) -> None:
+        """A call returned or failed for good: record it, then release its successors (or fail the workflow)."""
+        spec = call.spec
+        assert isinstance(spec, DagCallSpec)
+        rec = self.records[spec.node]
+        self.runner.record(rec, call, outcome)
+        self.live.pop(spec.node, None)
+        if self.abandoned:  # a call that settled after its workflow was given up releases nothing
+            return
+        if isinstance(outcome, CallFailed):
+            if self.error is None:
+                self.error = outcome
+                self.cancel_live()
+                if not self.done.done():
+                    self.done.set_result(None)
+            return
+        if self.on_call_done is not None:
+            self.on_call_done(rec)
+        if self.error is not None:
+            return
+        self.launch(self.wf.complete(spec))
+        if self.wf.done and not self.done.done():
+            self.done.set_result(None)
+
+    def cancel_live(self) -> None:
+        """Take back every call still queued or in flight."""
+        for other in list(self.live.values()):
+            self.runner.gw.pool.cancel(other)
+        self.live.clear()
+
+
+@dataclass(slots=True)
+class _Online:
+    """An online workflow's id (the one its client got) and the records of its calls so far (the status page's
+    timeline keeps the first ``MAX_CALLS``)."""
+
+    wf_id: str | None
+    records: list[CallRecord] = field(default_factory=list)
+
+
+class WorkflowRunner:
+    """Runs the admitted workflows of one gateway (``gw``: its scheduler, pool, admitter and clock)."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.accounting = Accounting(gw)
+        self._ids = itertools.count(1)
+        self._wids = itertools.count(1)
+        # Overload: every admitted workflow's calls not yet settled (shedding cancels them), and the shed ones
+        # with the error their clients get.
+        self.pending: dict[Workflow, set[LiveCall]] = {}
+        self.shed: dict[Workflow, Rejected] = {}
+        # Text-to-SQL workflows: the prediction each is watched with, the id its client got and its calls so far.
+        self.plans: dict[Workflow, QuestionPlan] = {}
+        self.online: dict[OnlineWorkflow, _Online] = {}
+
+    # ------------------------------------------------------------------ DAG workflows
+
+    async def run_workflow(
+        self,
+        tenant: Tenant,
+        deadline_s: float,
+        nodes: list[DagNode],
+        requests: list[CallRequest],
+        *,
+        template: WorkflowTemplate | None = None,
+        wf_id: str | None = None,
+        on_call_done: Callable[[CallRecord], None] | None = None,
+        admission: Admission | None = None,
+    ) -> WorkflowOutcome:
+        """Run a validated DAG to completion or first failure (``Gateway.run_workflow``)."""
+        gw = self.gw
+        now = gw.clock()
+        wf = DagWorkflow.build(next(self._wids), tenant.name, now, now + deadline_s, nodes, template)
+        loop = asyncio.get_running_loop()
+        records = [CallRecord(i, n.kind) for i, n in enumerate(nodes)]
+        ex = _Execution(self, wf, requests, records, loop.create_future(), on_call_done, wf_id)
+        acc = self.accounting
+        acc.begin(ex, tenant)
+        gw.admitter.take(wf, admission)
+        try:
+            ex.launch(wf.start())
+            gw.pool.drain_kicked()  # its first calls are queued: sent now, not a turn of the event loop later
+            await ex.done
+        except BaseException as exc:  # cancelled (client gone), or a bug: abandon the workflow either way
+            ex.abandoned = True
+            ex.cancel_live()
+            self._finish_dag(ex, tenant, "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed", None)
+            raise
+        shed = self.shed.get(wf)
+        if shed is not None:
+            self._finish_dag(ex, tenant, "shed", None)
+            raise shed
+        latency = gw.clock() - wf.arrival
+        status = "failed" if ex.error is not None else "ok"
+        outcome = WorkflowOutcome(wf_id, tenant.name, status, deadline_s, latency, ex.records, ex.error)
+        if ex.error is None:
+            self._finish_dag(ex, tenant, "met" if outcome.deadline_met else "missed", latency)
+            gw.recorder.record(wf)
+        else:
+            self._finish_dag(ex, tenant, "failed", None)
+        return outcome
+
+    # ------------------------------------------------------------------ online workflows (stage by stage)
+
+    def open_workflow(
+        self,
+        tenant: Tenant,
+        deadline_s: float,
+        plan: QuestionPlan | None,
+        *,
+        admission: Admission | None = None,
+        wf_id: str | None = None,
+    ) -> OnlineWorkflow:
+        """Start a workflow whose stages the caller decides as it goes (``Gateway.open_workflow``)."""
+        now = self.gw.clock()
+        template = None if plan is None else plan.template
+        wf = OnlineWorkflow(next(self._wids), tenant.name, now, now + deadline_s, template)
+        self.accounting.begin(wf, tenant)
+        self.online[wf] = _Online(wf_id)
+        self.gw.admitter.take(wf, admission)
+        if plan is not None:
+            self.plans[wf] = plan
+        return wf
+
+    def close_workflow(
+        self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool, valid: bool, cancelled: bool
+    ) -> float:
+        """Account an online workflow's end; returns its latency in seconds (``Gateway.close_workflow``)."""
+        now = self.gw.clock()
+        latency = now - wf.arrival
+        if wf in self.shed:
+            self._finish_online(wf, tenant, "shed", None)
+        elif cancelled:
+            self._finish_online(wf, tenant, "cancelled", None)
+        elif failed:
+            self._finish_online(wf, tenant, "failed", None)
+        else:
+            self._finish_online(wf, tenant, "met" if wf.met(now, valid=valid) else "missed", latency, valid=valid)
+            self.gw.recorder.record_online(wf)
+        return latency
+
+    async def run_stage(
+        self, wf: OnlineWorkflow, kind: str, calls: list[tuple[CallSpec, CallRequest]]
+    ) -> list[tuple[CallRecord, CallResult | CallFailed]]:
+        """Run one stage (calls in parallel) of an online workflow (``Gateway.run_stage``)."""
+        wf.begin_stage(kind, [spec for spec, _ in calls])
+        online = self.online.get(wf)
+        kept = online.records if online is not None else []
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[CallResult | CallFailed]] = []
+        live: list[LiveCall] = []
+        records: list[CallRecord] = []
+        for i, (spec, _) in enumerate(calls):
+            futures.append(loop.create_future())
+            rec = CallRecord(i, spec.kind)
+            records.append(rec)
+            if len(kept) < MAX_CALLS:  # the status page's timeline keeps the first calls only
+                kept.append(rec)
+        try:
+            for (spec, req), fut, rec in zip(calls, futures, records, strict=True):
+                done = functools.partial(self._stage_call_done, wf=wf, fut=fut, rec=rec)
+                live.append(self.submit(wf, spec, req, done))
+            self.gw.pool.drain_kicked()  # the stage's calls are queued: sent now
+            outcomes = await asyncio.gather(*futures)
+        except BaseException:
+            # Cancelled, or a submission failed part-way: take back every call already submitted, so none
+            # of the stage's calls keeps running for a caller that is gone.
+            for c in live:
+                self.gw.pool.cancel(c)
+            raise
+        return list(zip(records, outcomes, strict=True))
+
+    def _stage_call_done(
+        self,
+        call: LiveCall,
+        outcome: CallResult | CallFailed,
+        *,
+        wf: OnlineWorkflow,
+        fut: asyncio.Future[CallResult | CallFailed],
+        rec: CallRecord,
+    ) -> None:
+        self.record(rec, call, outcome)
+        wf.stage_call_done()
+        if not fut.done():
+            fut.set_result(outcome)
+
+    # ------------------------------------------------------------------ calls
+
+    def submit(
+        self,
+        wf: Workflow,
+        spec: CallSpec,
+        req: CallRequest,
+        on_done: Callable[[LiveCall, CallResult | CallFailed], None],
+    ) -> LiveCall:
+        """Make the call of one node or stage call and hand it to the pool.
+
+        The call is tracked as pending for its workflow until it settles (shedding cancels pending calls);
+        a best-effort workflow's call runs at the lowest urgency; a shed workflow's new call fails at once
+        (soon, not inside this call: the caller may still be registering it).
+        """
+        gw = self.gw
+        pending = self.pending.setdefault(wf, set())
+        if gw.scheduler.prefix_aware and not spec.prefix:
+            prompt = request_prompt(req.body)
+            if prompt:
+                prefix = prompt_prefix(prompt)
+                if type(spec) is DagCallSpec:  # (what ``replace`` makes, without its generic machinery)
+                    spec = DagCallSpec(spec.kind, spec.input_tokens, spec.output_tokens, prefix, spec.node)
+                else:
+                    spec = replace(spec, prefix=prefix)
+
+        def settled(c: LiveCall, outcome: CallResult | CallFailed) -> None:
+            pending.discard(c)
+            if isinstance(outcome, CallResult):
+                gw.admitter.completed(gw.clock(), c.gpu_s)
+            on_done(c, outcome)
+
+        call = LiveCall(
+            id=next(self._ids),
+            workflow=wf,
+            spec=spec,
+            ready_at=gw.clock(),
+            endpoint=req.endpoint,
+            body=req.body,
+            on_done=settled,
+            stream=req.stream,
+            best_effort=wf in gw.admitter.best_effort,
+        )
+        shed = self.shed.get(wf)
+        if shed is not None:
+            failure = CallFailed(str(shed), status=shed.status)
+            asyncio.get_running_loop().call_soon(settled, call, failure)
+            call.on_done = None
+            return call
+        pending.add(call)
+        gw.admitter.submitted(wf, spec, call.ready_at)  # in the queues now (t_queue): no longer committed
+        gw.pool.submit(call)
+        return call
+
+    def record(self, rec: CallRecord, call: LiveCall, outcome: CallResult | CallFailed) -> None:
+        """Fill a call's record when it returns or fails for good: worker, the last attempt's queue and
+        run time, attempts, and the answer or the error."""
+        now = self.gw.clock()
+        if call.worker_name:
+            rec.worker = call.worker_name
+        rec.queued_s = max((call.sent_at or now) - call.ready_at, 0.0)
+        rec.run_s = max(now - call.sent_at, 0.0) if call.sent_at else 0.0
+        rec.ready_at = call.ready_at
+        rec.sent_at = call.sent_at or None
+        rec.done_at = now
+        rec.budget_s = call.budget
+        if isinstance(outcome, CallResult):
+            rec.attempts = call.attempts + 1
+            rec.result = outcome
+        else:
+            rec.attempts = call.attempts
+            rec.error = outcome
+
+    def _finish_dag(self, ex: _Execution, tenant: Tenant, outcome: str, latency: float | None) -> None:
+        route = "workflows" if ex.wf_id is not None else "chat"  # (a chat call is a one-call DAG without an id)
+        self._finish(ex, ex.wf, tenant, outcome, latency, valid=True, records=ex.records, wf_id=ex.wf_id, route=route)
+
+    def _finish_online(
+        self, wf: OnlineWorkflow, tenant: Tenant, outcome: str, latency: float | None, *, valid: bool = True
+    ) -> None:
+        kept = self.online.pop(wf, None)
+        records, wf_id = (kept.records, kept.wf_id) if kept is not None else ([], None)
+        self._finish(wf, wf, tenant, outcome, latency, valid=valid, records=records, wf_id=wf_id, route="text2sql")
+
+    def _finish(
+        self,
+        ex: object,
+        wf: Workflow,
+        tenant: Tenant,
+        outcome: str,
+        latency: float | None,
+        *,
+        valid: bool,
+        records: list[CallRecord],
+        wf_id: str | None,
+        route: str,
+    ) -> None:
+        """A workflow ended: accounted once (``Accounting.end``), its overload state dropped."""
+        if not self.accounting.end(
+            ex, wf, tenant, outcome, latency, valid=valid, records=records, wf_id=wf_id, route=route
+        ):
+            return
+        self.pending.pop(wf, None)
+        self.shed.pop(wf, None)
+        self.plans.pop(wf, None)
+        counted = valid and latency is not None and outcome in ("met", "missed")
+        self.gw.admitter.ended(wf, latency if counted else None)
+
+    # ------------------------------------------------------------------ overload: shedding
+
+    def shed_overdue(self) -> tuple[int, int]:
+        """Apply core's overload re-check (``Admitter.overdue``) to every admitted workflow with pending calls:
+        shed (tenant ``on_predicted_miss: reject``), demote (``best_effort``) or expire a best-effort one past
+        ``admission.best_effort_max_age``. Returns (shed, demoted) counts."""
+        gw = self.gw
+
+        def rule(wf: Workflow) -> str | None:
+            tenant = gw.tenants.get(wf.tenant)
+            return tenant.on_predicted_miss if tenant is not None and tenant.predictive_admission else None
+
+        shed = demoted = 0
+        for v in gw.admitter.overdue(gw.clock(), self.pending, rule, plans=self.plans, skip=self.shed):
+            if v.action == "demote":
+                self._demote(v)
+                gw.metrics.demotion(v.wf.tenant, "queued")
+                demoted += 1
+            else:
+                self.fail_workflow(v.wf, Rejected(v.message, 503, v.retry_after_s))
+                shed += 1
+        return shed, demoted
+
+    def _demote(self, v: ShedVerdict) -> None:
+        """Run a workflow at the lowest urgency: its queued calls move to the best-effort lane (its later calls
+        start there: the admitter counts it best effort)."""
+        for c in v.queued:
+            # Off its queue first: the estimator counts a call by the lane it was queued in.
+            if self.gw.scheduler.cancel(c):
+                c.best_effort = True
+                assert isinstance(c, LiveCall)
+                self.gw.pool.submit(c)
+
+    def fail_workflow(self, wf: Workflow, err: Rejected) -> None:
+        """Fail a workflow early: every pending call is taken back (queued ones off their queues, in-flight
+        requests aborted, as a client's disconnect does) and answered with ``err``, which its runner turns
+        into the client's 503; its later calls fail with it at once."""
+        self.shed[wf] = err
+        calls = list(self.pending.get(wf, ()))
+        callbacks = []
+        for c in calls:
+            callbacks.append((c, c.on_done))
+            c.on_done = None  # the pool's own answer to an aborted request is not delivered
+            self.gw.pool.cancel(c)
+        failure = CallFailed(str(err), status=503)
+        for c, cb in callbacks:
+            if cb is not None:
+                cb(c, failure)
