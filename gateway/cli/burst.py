@@ -80,6 +80,13 @@ def add_bench_burst(sub: Subparsers) -> None:
         default=None,
         help="PATTERN:LOAD for the plot's timeline (default: the first pattern at the middle load)",
     )
+    _add_live_options(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench_burst)
+
+
+def _add_live_options(p: argparse.ArgumentParser) -> None:
+    """``--live`` and the options that go with it."""
     p.add_argument(
         "--live",
         action="store_true",
@@ -105,8 +112,6 @@ def add_bench_burst(sub: Subparsers) -> None:
         action="store_true",
         help="with --live: only the simulator's prediction of the live run (seconds instead of the arrival span)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_bench_burst)
 
 
 def _floats(name: str, text: str) -> list[float]:

@@ -39,7 +39,11 @@ compared on their queue discipline, not handicapped by round-robin.
 
 ``role`` is the one classification every report uses: a *baseline* is a system a user could deploy
 instead of ours, and "best baseline" is the best of these only; an *ablation* is ours with a part
-removed (reported, never counted as a baseline); *ours* is the system under test.
+removed (reported, never counted as a baseline); *ours* is the system under test. A deployment runs ours or a
+baseline; an ablation only behind the explicit benchmark switch (``production_policy``).
+
+What a policy's dispatcher reads (alpha, queue lengths, KV use, the prefix index) its ``Capabilities`` say
+(``gateway.core.dispatchers``); the scheduler and the alpha tuner ask them.
 """
 
 from __future__ import annotations
