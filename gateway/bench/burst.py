@@ -36,17 +36,17 @@ from typing import Any
 from gateway.bench.simbench import Setup
 from gateway.bench.stats import Spread, spread
 from gateway.core.degrade import QUALITY_MODES, QualityMode, QualityModel
-from gateway.core.policy import POLICIES
+from gateway.core.policy import POLICIES, get_policy
 from gateway.errors import ConfigError, UnknownNameError
 from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.workload import TenantSpec
 
 __all__ = [
-    "BASELINES",
     "PATTERNS",
     "BurstPoint",
     "BurstReport",
     "Outcome",
+    "is_baseline",
     "outcome",
     "parse_variant",
     "resolve_pattern",
@@ -68,9 +68,6 @@ PATTERNS: dict[str, str] = {
     "servegen": "servegen-mlarge/trace/chunk-100-trace.csv",
 }
 """Pattern names and their files under ``../shared/data`` (the ServeGen one is the top client by load)."""
-
-BASELINES: tuple[str, ...] = ("rr-fcfs", "p2c-fcfs", "lw-fcfs", "eft-fcfs", "edf", "llf", "vtc", "llmd")
-"""What a user could deploy instead, each at full quality."""
 
 STEADY = "poisson"
 """The pattern name of steady Poisson arrivals (the no-degradation check)."""
@@ -111,6 +108,11 @@ def parse_variant(text: str) -> tuple[str, QualityMode]:
         if m == mode:
             return policy, m
     raise ValueError(f"unknown quality mode {mode!r} in {text!r}; known: {', '.join(QUALITY_MODES)}")
+
+
+def is_baseline(variant: str) -> bool:
+    """The variant's policy is a baseline (``Policy.role``: what a user could deploy instead of ours)."""
+    return get_policy(parse_variant(variant)[0]).role == "baseline"
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ class BurstReport:
 
     def best_baseline(self, pattern: str, load: float) -> BurstPoint | None:
         """The baseline (full quality) with the most goodput of correct answers at this pattern and load."""
-        base = [p for p in self.at(pattern, load) if parse_variant(p.variant)[0] in BASELINES and "+" not in p.variant]
+        base = [p for p in self.at(pattern, load) if "+" not in p.variant and is_baseline(p.variant)]
         return max(base, key=lambda p: p.mean(lambda o: o.correct_met), default=None)
 
     def ratio(self, pattern: str, load: float, variant: str) -> tuple[float, list[float]] | None:

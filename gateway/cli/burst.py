@@ -21,7 +21,10 @@ DEFAULT_LOADS = "0.3,0.45,0.6"
 
 def add_bench_burst(sub: Subparsers) -> None:
     """``hexflow bench burst``."""
-    from gateway.bench.burst import BASELINES, PATTERNS
+    from gateway.bench.burst import PATTERNS
+    from gateway.core.policy import policies_with_role
+
+    ours = policies_with_role("ours")
 
     p = sub.add_parser(
         "burst",
@@ -63,7 +66,7 @@ def add_bench_burst(sub: Subparsers) -> None:
     p.add_argument("--loads", default=DEFAULT_LOADS, help=f"shares of the fluid bound (default: {DEFAULT_LOADS})")
     p.add_argument(
         "--policies",
-        default=",".join([*BASELINES, "hexgen", "hexgen+adaptive"]),
+        default=",".join([*policies_with_role("baseline"), *ours, *(f"{p}+adaptive" for p in ours)]),
         help="comma-separated policies, each optionally +adaptive or +fast (default: every baseline, hexgen, "
         "hexgen+adaptive)",
     )
@@ -77,6 +80,13 @@ def add_bench_burst(sub: Subparsers) -> None:
         default=None,
         help="PATTERN:LOAD for the plot's timeline (default: the first pattern at the middle load)",
     )
+    _add_live_options(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench_burst)
+
+
+def _add_live_options(p: argparse.ArgumentParser) -> None:
+    """``--live`` and the options that go with it."""
     p.add_argument(
         "--live",
         action="store_true",
@@ -102,8 +112,6 @@ def add_bench_burst(sub: Subparsers) -> None:
         action="store_true",
         help="with --live: only the simulator's prediction of the live run (seconds instead of the arrival span)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_bench_burst)
 
 
 def _floats(name: str, text: str) -> list[float]:

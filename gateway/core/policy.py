@@ -39,7 +39,11 @@ compared on their queue discipline, not handicapped by round-robin.
 
 ``role`` is the one classification every report uses: a *baseline* is a system a user could deploy
 instead of ours, and "best baseline" is the best of these only; an *ablation* is ours with a part
-removed (reported, never counted as a baseline); *ours* is the system under test.
+removed (reported, never counted as a baseline); *ours* is the system under test. A deployment runs ours or a
+baseline; an ablation only behind the explicit benchmark switch (``production_policy``).
+
+What a policy's dispatcher reads (alpha, queue lengths, KV use, the prefix index) its ``Capabilities`` say
+(``gateway.core.dispatchers``); the scheduler and the alpha tuner ask them.
 """
 
 from __future__ import annotations
@@ -47,15 +51,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from gateway.core.dispatch import DISPATCHERS
+from gateway.core.dispatchers import Capabilities, get_dispatcher
 from gateway.core.queues import QUEUES
 from gateway.errors import UnknownNameError
 
 Role = Literal["ours", "baseline", "ablation"]
-
-ALPHA_DISPATCHERS: frozenset[str] = frozenset({"wb", "wbi"})
-"""Dispatchers that read alpha (their policies are tuned by the alpha tuner)."""
 """What a policy is in a comparison (module docstring)."""
+
+PRODUCTION_ROLES: tuple[Role, ...] = ("ours", "baseline")
+"""The roles a deployment may run without the benchmark switch (``production_policy``)."""
 
 
 @dataclass(frozen=True)
@@ -78,22 +82,29 @@ class Policy:
     worker a full prompt's stall and cache space."""
 
     @property
+    def capabilities(self) -> Capabilities:
+        """What the policy's dispatcher reads (``gateway.core.dispatchers.Capabilities``)."""
+        return get_dispatcher(self.dispatcher).capabilities
+
+    @property
     def uses_alpha(self) -> bool:
         """True when the dispatcher reads alpha (so the tuner has something to tune)."""
-        return self.dispatcher in ALPHA_DISPATCHERS
+        return self.capabilities.uses_alpha
 
 
 POLICIES: dict[str, Policy] = {}
 
 
 def register_policy(policy: Policy) -> None:
-    """Register a policy; a duplicate name, an unknown dispatcher/queue or an unknown role raises."""
+    """Register a policy; a duplicate name, an unknown dispatcher/queue or an unknown role raises, and so does a
+    policy that is not prefix-aware over a dispatcher that reads the prefix index."""
     if policy.name in POLICIES:
         raise ValueError(f"policy {policy.name!r} already registered")
     if policy.role not in get_args(Role):
         raise ValueError(f"policy {policy.name!r}: role must be one of {get_args(Role)}, got {policy.role!r}")
-    if policy.dispatcher not in DISPATCHERS:
-        raise UnknownNameError("dispatcher", policy.dispatcher, list(DISPATCHERS))
+    caps = get_dispatcher(policy.dispatcher).capabilities
+    if caps.prefix_index and not policy.prefix_aware:
+        raise ValueError(f"policy {policy.name!r}: dispatcher {policy.dispatcher!r} reads the prefix index")
     if policy.queue not in QUEUES:
         raise UnknownNameError("queue discipline", policy.queue, list(QUEUES))
     POLICIES[policy.name] = policy
@@ -110,6 +121,20 @@ def get_policy(name: str) -> Policy:
         return POLICIES[name]
     except KeyError:
         raise UnknownNameError("policy", name, list(POLICIES)) from None
+
+
+def production_policy(name: str, *, benchmark: bool = False) -> Policy:
+    """The registered policy ``name`` if a deployment may run it: roles ``ours`` and ``baseline``
+    (``PRODUCTION_ROLES``); an ablation only with ``benchmark`` (the explicit benchmark switch). ``ValueError``
+    for an ablation without it, ``UnknownNameError`` for an unknown name."""
+    policy = get_policy(name)
+    if not benchmark and policy.role not in PRODUCTION_ROLES:
+        allowed = [p.name for p in POLICIES.values() if p.role in PRODUCTION_ROLES]
+        raise ValueError(
+            f"policy {name!r} is an ablation (a benchmark-only variant of ours); a deployment runs one of "
+            f"{', '.join(allowed)}, or sets the benchmark switch to run an ablation"
+        )
+    return policy
 
 
 for _p in (

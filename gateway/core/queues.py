@@ -54,6 +54,10 @@ class WorkerQueue(Protocol):
         """Remove a specific call (cancellation, worker removal); True if it was queued."""
         ...
 
+    def set_tenant_weights(self, weights: dict[str, float]) -> None:
+        """Tenants' share weights, for a discipline that uses them (``vtc``); others ignore them."""
+        ...
+
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[Call]: ...
@@ -80,6 +84,9 @@ class FcfsQueue:
         except ValueError:
             return False
         return True
+
+    def set_tenant_weights(self, weights: dict[str, float]) -> None:
+        """First come, first served: no weights."""
 
     def __len__(self) -> int:
         return len(self._q)
@@ -127,6 +134,9 @@ class KeyedQueue:
                 self._n -= 1
                 return True
         return False
+
+    def set_tenant_weights(self, weights: dict[str, float]) -> None:
+        """A static key per call: no weights."""
 
     def __len__(self) -> int:
         return self._n
@@ -186,11 +196,6 @@ class VtcQueue:
         self._by_tenant: dict[str, deque[Call]] = {}
         self._n = 0
 
-    @property
-    def counters(self) -> VtcCounters:
-        """The counters shared with the scheduler's other worker queues."""
-        return self._c
-
     def push(self, call: Call) -> None:
         """Append to the tenant's FIFO."""
         self._c.on_enqueue(call.tenant)
@@ -224,6 +229,11 @@ class VtcQueue:
         self._c.backlog[call.tenant] -= 1
         return True
 
+    def set_tenant_weights(self, weights: dict[str, float]) -> None:
+        """Weighted VTC: the shared counters charge each tenant's service divided by its weight (positive weights
+        only; a tenant without one weighs 1)."""
+        self._c.weights = {t: w for t, w in weights.items() if w > 0}
+
     def __len__(self) -> int:
         return self._n
 
@@ -237,12 +247,6 @@ class LanedQueue:
     def __init__(self, primary: WorkerQueue) -> None:
         self._primary = primary
         self._low: deque[Call] = deque()
-
-    @property
-    def counters(self) -> VtcCounters | None:
-        """The discipline's shared VTC counters, if it has any (``Scheduler.set_tenant_weights``)."""
-        c = getattr(self._primary, "counters", None)
-        return c if isinstance(c, VtcCounters) else None
 
     def push(self, call: Call) -> None:
         """Queue by the discipline, or at the tail of the best-effort lane."""
@@ -268,6 +272,10 @@ class LanedQueue:
         except ValueError:
             return False
         return True
+
+    def set_tenant_weights(self, weights: dict[str, float]) -> None:
+        """Pass the tenants' share weights to the discipline (the best-effort lane is first come, first served)."""
+        self._primary.set_tenant_weights(weights)
 
     def __len__(self) -> int:
         return len(self._primary) + len(self._low)

@@ -22,20 +22,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from gateway.core.dispatch import (
-    DISPATCHERS,
-    DispatchView,
-    EarliestFinish,
-    LeastWork,
-    Rng,
-    RowsDispatcher,
-    WorkloadBalanced,
-)
+from gateway.core.dispatchers import DispatchView, Rng, get_dispatcher
 from gateway.core.estimates import Estimator
 from gateway.core.policy import Policy, get_policy
 from gateway.core.prefix import Holders, PrefixIndex, cached_tokens, match_holders
 from gateway.core.profile import PerfProfile
-from gateway.core.queues import QUEUES, LanedQueue, VtcCounters
+from gateway.core.queues import QUEUES, LanedQueue
 from gateway.core.samples import SampleLog, sample_of
 from gateway.core.slo import stage_budget
 from gateway.core.worker import WorkerInfo
@@ -86,13 +78,12 @@ class Scheduler:
         self.best_effort_share = best_effort_share
         self.estimator = Estimator(workers, ewma=ewma, max_age_s=max_age_s)
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
-        self._dispatcher = DISPATCHERS[self.policy.dispatcher](rng)
-        self._wants_kv = bool(getattr(self._dispatcher, "wants_kv_util", False))
-        # These read the estimator's rows directly (no view of lists built per call).
-        d = self._dispatcher
-        self._by_rows: RowsDispatcher | None = (
-            d if isinstance(d, WorkloadBalanced | LeastWork | EarliestFinish) else None
-        )
+        entry = get_dispatcher(self.policy.dispatcher)
+        self._dispatcher = entry.make(rng)
+        self._caps = entry.capabilities
+        self._fill = entry.capabilities.queue_len or entry.capabilities.kv_util
+        # One view, refreshed for every call (no per-call allocation): the estimator's rows and the call's figures.
+        self._view = DispatchView(self.estimator.rows, [])
         self.prefix_aware = prefix_caching and self.policy.prefix_aware
         self._prefix_credit = self.policy.prefix_credit
         self._holders: Holders = {}  # which workers hold each prefix key (the indexes below keep it)
@@ -250,9 +241,7 @@ class Scheduler:
     def set_tenant_weights(self, weights: dict[str, float]) -> None:
         """Tenants' share weights, for queue disciplines that use them (``vtc``); others ignore them."""
         for q in self.queues:
-            counters = getattr(q, "counters", None)
-            if isinstance(counters, VtcCounters):
-                counters.weights = {t: w for t, w in weights.items() if w > 0}
+            q.set_tenant_weights(weights)
 
     def set_eligible(self, worker: int, eligible: bool) -> None:
         """Mark a worker as (in)eligible for new dispatches (health, draining); non-members never are."""
@@ -326,35 +315,23 @@ class Scheduler:
         idx = self.eligible_workers()
         if not idx:
             raise NoEligibleWorker("no eligible worker")
-        rows = est.rows
-        keys: list[tuple[int, int]] | None = None
-        if self.prefix_aware and spec.prefix:
-            keys = call.prefix_keys
-            n_in = spec.input_tokens
-            k = self._prefix_credit
-            top = n_in - 1
-            for w in idx:
-                row = rows[w]
-                row.cached = 0
-                row.credit = 0
-            # Every worker's ``PrefixIndex.match`` at once, through the workers holding each key (rows of workers
-            # not dispatched to may be written: only ``idx``'s are read).
-            infos = est.workers
-            for w, m in match_holders(self._holders, keys, now).items():
-                c = cached_tokens(m, n_in, infos[w].profile.block_tokens)
-                if c:
-                    row = rows[w]
-                    row.cached = c
-                    # credited for the choice only: queues count the truth
-                    row.credit = c if k == 1.0 else min(int(c * k), top)
-        by_rows = self._by_rows
-        if by_rows is not None:
-            least = est.scan(idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credited=keys is not None)
-            pos = by_rows.choose_rows(rows, idx, self._alpha, call.budget, least)
-        else:
-            pos = self._dispatcher.choose(self._view(call, idx, keys is not None, now))
-        w = idx[pos]
-        row = rows[w]
+        keys = call.prefix_keys if self.prefix_aware and spec.prefix else None
+        if keys is not None:
+            self._match_prefix(keys, idx, spec.input_tokens, now)
+        view = self._view
+        view.t_comp_min = est.scan(
+            idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credited=keys is not None
+        )
+        if self._fill:
+            self._fill_rows(idx)
+        view.rows = est.rows
+        view.workers = idx
+        view.alpha = self._alpha
+        view.budget = call.budget
+        view.input_tokens = spec.input_tokens
+        view.prefix = keys is not None
+        w = idx[self._dispatcher.choose(view)]
+        row = est.rows[w]
         call.t_comp = row.t_comp
         if keys is not None:
             call.cached = row.cached
@@ -368,33 +345,41 @@ class Scheduler:
             call.cached = 0
         return w
 
-    def _view(self, call: Call, idx: list[int], credited: bool, now: float) -> DispatchView:
-        """The dispatch view of ``call`` over ``idx`` (the rows' ``cached``/``credit`` filled when ``credited``)."""
+    def _match_prefix(self, keys: list[tuple[int, int]], idx: list[int], n_in: int, now: float) -> None:
+        """Fill ``idx``'s rows' ``cached`` (prompt tokens each worker is believed to hold) and ``credit`` (those
+        scaled by the policy's prefix credit: for the choice only, the queues count the truth)."""
         est = self.estimator
-        spec = call.spec
-        est.scan(idx, spec.kind, spec.input_tokens, spec.output_tokens, now, credited=credited)
-        t_comp, t_queue, harm, inflight = est.columns(idx)
+        rows = est.rows
+        k = self._prefix_credit
+        top = n_in - 1
+        for w in idx:
+            row = rows[w]
+            row.cached = 0
+            row.credit = 0
+        # Every worker's ``PrefixIndex.match`` at once, through the workers holding each key (rows of workers not
+        # dispatched to may be written: only ``idx``'s are read).
+        infos = est.workers
+        for w, m in match_holders(self._holders, keys, now).items():
+            c = cached_tokens(m, n_in, infos[w].profile.block_tokens)
+            if c:
+                row = rows[w]
+                row.cached = c
+                row.credit = c if k == 1.0 else min(int(c * k), top)
+
+    def _fill_rows(self, idx: list[int]) -> None:
+        """The row fields only some dispatchers read (their ``Capabilities``): queue length, KV utilisation."""
+        est = self.estimator
         rows = est.rows
         loads = est.loads
-        kv_util: list[float] = []
-        if self._wants_kv:
-            workers = est.workers
-            kv_util = [loads[i].inflight_kv / workers[i].profile.kv_capacity_tokens for i in idx]
-        return DispatchView(
-            workers=idx,
-            t_comp=t_comp,
-            t_queue=t_queue,
-            # The estimator counts every push and pop of the worker queues (``_enqueue``, ``pop_next``,
-            # ``cancel``, ``drain_worker``), so its ``queued`` is the queue's length without a method call.
-            queue_len=[loads[i].queued for i in idx],
-            inflight=inflight,
-            alpha=self._alpha,
-            budget=call.budget,
-            harm=harm,
-            cached=[rows[i].cached for i in idx] if credited else (),
-            input_tokens=spec.input_tokens,
-            kv_util=kv_util,
-        )
+        workers = est.workers
+        # The estimator counts every push and pop of the worker queues (``_enqueue``, ``pop_next``, ``cancel``,
+        # ``drain_worker``), so its ``queued`` is the queue's length without a method call.
+        if self._caps.queue_len:
+            for w in idx:
+                rows[w].queued = loads[w].queued
+        if self._caps.kv_util:
+            for w in idx:
+                rows[w].kv_util = loads[w].inflight_kv / workers[w].profile.kv_capacity_tokens
 
     def _enqueue(self, call: Call, w: int, now: float) -> None:
         call.worker = w

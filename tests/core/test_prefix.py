@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from gateway.core.dispatch import DispatchView, LlmdScorer
 from gateway.core.prefix import BLOCK_TOKENS, PrefixIndex, PrefixSeg, cached_tokens, segment_keys
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
@@ -68,45 +67,6 @@ class _Rng:
 
     def random(self) -> float:
         return self._r.random()
-
-
-def llmd_view(queue_len: list[int], cached: list[int], kv: list[float], n_in: int = 1000) -> DispatchView:
-    n = len(queue_len)
-    return DispatchView(
-        workers=list(range(n)),
-        t_comp=[1.0] * n,
-        t_queue=[0.0] * n,
-        queue_len=queue_len,
-        inflight=[0] * n,
-        alpha=0.0,
-        cached=cached,
-        input_tokens=n_in,
-        kv_util=kv,
-    )
-
-
-@pytest.mark.parametrize(
-    ("queue_len", "cached", "kv", "want"),
-    [
-        # prefix 3 x share held, queue 2 x (max - q) / (max - min), KV 2 x (1 - use)
-        ([0, 0, 0], [0, 800, 0], [0.1, 0.1, 0.1], 1),  # the prefix decides
-        ([4, 0, 2], [0, 0, 0], [0.0, 0.0, 0.0], 1),  # the shortest queue
-        ([0, 0], [0, 0], [0.9, 0.2], 1),  # the emptier KV cache
-        # worker 0: 3 x 0.9 + 2 x 0 + 2 x 0.5 = 3.7; worker 1: 0 + 2 + 2 x 0.5 = 3.0
-        ([5, 0], [900, 0], [0.5, 0.5], 0),
-        # worker 0: 3 x 0.2 + 0 + 2 x 0.5 = 1.6; worker 1: 0 + 2 + 1 = 3.0
-        ([5, 0], [200, 0], [0.5, 0.5], 1),
-    ],
-)
-def test_llmd_scorer_weights_prefix_queue_and_kv_as_llm_d_defaults(
-    queue_len: list[int], cached: list[int], kv: list[float], want: int
-) -> None:
-    assert LlmdScorer(_Rng(0)).choose(llmd_view(queue_len, cached, kv)) == want
-
-
-def test_llmd_scorer_breaks_ties_at_random() -> None:
-    picks = {LlmdScorer(_Rng(s)).choose(llmd_view([0, 0, 0], [0, 0, 0], [0.0, 0.0, 0.0])) for s in range(30)}
-    assert picks == {0, 1, 2}
 
 
 def _call(cid: int, wid: int, spec: CallSpec) -> Call:

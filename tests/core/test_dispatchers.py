@@ -1,19 +1,18 @@
-"""Dispatchers: table-driven scores and tie-breaks."""
+"""Dispatchers: table-driven scores and tie-breaks, on the one interface (``choose(view)`` over rows)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from gateway.core.dispatch import (
-    DISPATCHERS,
-    DispatchView,
-    EarliestFinish,
-    LeastWork,
-    PowerOfTwo,
-    RoundRobin,
-    WorkloadBalanced,
-    register_dispatcher,
-)
+from gateway.core.dispatchers import DISPATCHERS, Capabilities, DispatchView, WorkerEstimate, register_dispatcher
+from gateway.core.dispatchers.eft import EarliestFinish
+from gateway.core.dispatchers.llmd import LlmdScorer
+from gateway.core.dispatchers.lw import LeastWork
+from gateway.core.dispatchers.p2c import PowerOfTwo
+from gateway.core.dispatchers.rr import RoundRobin
+from gateway.core.dispatchers.wb import WorkloadBalanced
 
 
 def view(
@@ -24,17 +23,22 @@ def view(
     queue_len: list[int] | None = None,
     inflight: list[int] | None = None,
     budget: float = 0.0,
+    harm: list[float] | None = None,
 ) -> DispatchView:
+    """A view over rows built from lists aligned with ``workers`` (default: every worker); other rows are filler
+    a dispatcher must not read."""
     n = len(t_comp)
-    return DispatchView(
-        workers=workers if workers is not None else list(range(n)),
-        t_comp=t_comp,
-        t_queue=t_queue,
-        queue_len=queue_len or [0] * n,
-        inflight=inflight or [0] * n,
-        alpha=alpha,
-        budget=budget,
-    )
+    ws = workers if workers is not None else list(range(n))
+    rows = [WorkerEstimate(t_comp=-1.0, t_queue=-1.0, queued=10**6) for _ in range(max(ws) + 1)]
+    for i, w in enumerate(ws):
+        rows[w] = WorkerEstimate(
+            t_comp=t_comp[i],
+            t_queue=t_queue[i],
+            harm=harm[i] if harm else 0.0,
+            inflight=inflight[i] if inflight else 0,
+            queued=queue_len[i] if queue_len else 0,
+        )
+    return DispatchView(rows, ws, alpha=alpha, budget=budget, t_comp_min=min(t_comp))
 
 
 @pytest.mark.parametrize(
@@ -81,7 +85,7 @@ def test_wb_budget_couples_dispatch_to_urgency(budget: float, expected: int, why
     [
         (1.0, [10.0, 10.0], [30.0, 0.0], 1, "equal otherwise: the prompt goes where it stalls no decoding call"),
         (0.0, [10.0, 10.0], [30.0, 0.0], 0, "the paper's score ignores harm: tie to the lower index"),
-        (1.0, [10.0, 10.0], [], 0, "no harm reported: the paper's score"),
+        (1.0, [10.0, 10.0], [0.0, 0.0], 0, "no harm: the paper's score"),
         (1.0, [10.0, 14.0], [0.5, 0.0], 0, "a small harm does not outweigh a faster worker"),
         (1.0, [10.0, 14.0], [60.0, 0.0], 1, "a large one does"),
     ],
@@ -89,8 +93,7 @@ def test_wb_budget_couples_dispatch_to_urgency(budget: float, expected: int, why
 def test_wbi_charges_the_prompts_stall_of_calls_in_flight_as_queue_time(
     interference: float, t_comp: list[float], harm: list[float], expected: int, why: str
 ) -> None:
-    v = view(t_comp, [0.0, 0.0], 0.3, budget=60.0)
-    v.harm = harm
+    v = view(t_comp, [0.0, 0.0], 0.3, budget=60.0, harm=harm)
     assert WorkloadBalanced(interference).choose(v) == expected, why
 
 
@@ -169,22 +172,34 @@ def test_power_of_two_picks_shorter_of_two_distinct_samples(
 
 def test_duplicate_dispatcher_registration_raises() -> None:
     with pytest.raises(ValueError, match="already registered"):
-        register_dispatcher("wb", lambda rng: WorkloadBalanced())
-    assert set(DISPATCHERS) >= {"rr", "p2c", "lw", "eft", "wb", "wbi"}
+        register_dispatcher("wb", lambda rng: WorkloadBalanced(), Capabilities(uses_alpha=True))
+    assert set(DISPATCHERS) >= {"rr", "p2c", "lw", "eft", "wb", "wbi", "llmd"}
 
 
 @pytest.mark.parametrize(
-    "wb",
+    ("name", "caps"),
+    [
+        ("rr", Capabilities()),
+        ("p2c", Capabilities(queue_len=True)),
+        ("lw", Capabilities()),
+        ("eft", Capabilities()),
+        ("wb", Capabilities(uses_alpha=True)),
+        ("wbi", Capabilities(uses_alpha=True)),
+        ("llmd", Capabilities(queue_len=True, kv_util=True, prefix_index=True)),
+    ],
+)
+def test_each_dispatcher_declares_what_it_reads(name: str, caps: Capabilities) -> None:
+    assert DISPATCHERS[name].capabilities == caps
+
+
+@pytest.mark.parametrize(
+    "d",
     [WorkloadBalanced(), WorkloadBalanced(interference=1.0), LeastWork(), EarliestFinish()],
     ids=["wb", "wbi", "lw", "eft"],
 )
-def test_choosing_on_rows_is_choosing_on_the_view(wb: WorkloadBalanced | LeastWork | EarliestFinish) -> None:
-    """``choose_rows`` (the scheduler's path: rows per worker, no lists) is ``choose`` on the same numbers,
-    ties included (equal values are drawn often)."""
-    import random
-
-    from gateway.core.dispatch import WorkerEstimate
-
+def test_a_dispatcher_reads_only_the_eligible_workers_rows(d: WorkloadBalanced | LeastWork | EarliestFinish) -> None:
+    """The choice over a subset of the rows is the choice over those rows alone, ties included (equal values are
+    drawn often); the position returned is in ``view.workers``."""
     rng = random.Random(7)
     for _ in range(2000):
         n_all = rng.randint(1, 9)
@@ -199,15 +214,55 @@ def test_choosing_on_rows_is_choosing_on_the_view(wb: WorkloadBalanced | LeastWo
         workers = sorted(rng.sample(range(n_all), rng.randint(1, n_all)))
         alpha = rng.choice([0.0, 0.2, 0.5, 1.0])
         budget = rng.choice([-5.0, 0.0, rng.uniform(0.0, 50.0)])
-        t_comp = [rows[w].t_comp for w in workers]
-        v = DispatchView(
-            workers=workers,
-            t_comp=t_comp,
-            t_queue=[rows[w].t_queue for w in workers],
-            queue_len=[0] * len(workers),
-            inflight=[0] * len(workers),
-            alpha=alpha,
-            budget=budget,
-            harm=[rows[w].harm for w in workers],
-        )
-        assert wb.choose_rows(rows, workers, alpha, budget, min(t_comp)) == wb.choose(v)
+        least = min(rows[w].t_comp for w in workers)
+        full = d.choose(DispatchView(rows, workers, alpha=alpha, budget=budget, t_comp_min=least))
+        alone = d.choose(DispatchView([rows[w] for w in workers], list(range(len(workers))), alpha, budget, least))
+        assert full == alone
+
+
+class _Rng:
+    def __init__(self, seed: int) -> None:
+        self._r = random.Random(seed)
+
+    def random(self) -> float:
+        return self._r.random()
+
+
+def llmd_view(queue_len: list[int], cached: list[int], kv: list[float], n_in: int = 1000) -> DispatchView:
+    rows = [
+        WorkerEstimate(t_comp=1.0, cached=c, queued=q, kv_util=k) for q, c, k in zip(queue_len, cached, kv, strict=True)
+    ]
+    return DispatchView(rows, list(range(len(rows))), input_tokens=n_in, prefix=True)
+
+
+@pytest.mark.parametrize(
+    ("queue_len", "cached", "kv", "want"),
+    [
+        # prefix 3 x share held, queue 2 x (max - q) / (max - min), KV 2 x (1 - use)
+        ([0, 0, 0], [0, 800, 0], [0.1, 0.1, 0.1], 1),  # the prefix decides
+        ([4, 0, 2], [0, 0, 0], [0.0, 0.0, 0.0], 1),  # the shortest queue
+        ([0, 0], [0, 0], [0.9, 0.2], 1),  # the emptier KV cache
+        # worker 0: 3 x 0.9 + 2 x 0 + 2 x 0.5 = 3.7; worker 1: 0 + 2 + 2 x 0.5 = 3.0
+        ([5, 0], [900, 0], [0.5, 0.5], 0),
+        # worker 0: 3 x 0.2 + 0 + 2 x 0.5 = 1.6; worker 1: 0 + 2 + 1 = 3.0
+        ([5, 0], [200, 0], [0.5, 0.5], 1),
+    ],
+)
+def test_llmd_scorer_weights_prefix_queue_and_kv_as_llm_d_defaults(
+    queue_len: list[int], cached: list[int], kv: list[float], want: int
+) -> None:
+    assert LlmdScorer(_Rng(0)).choose(llmd_view(queue_len, cached, kv)) == want
+
+
+def test_llmd_scorer_without_a_prefix_match_ignores_the_rows_cached_tokens() -> None:
+    v = llmd_view([0, 0], [0, 900], [0.5, 0.1])
+    v.prefix = False
+    assert LlmdScorer(_Rng(0)).choose(v) == 1  # the KV score alone
+    v = llmd_view([0, 0], [900, 0], [0.5, 0.1])
+    v.prefix = False
+    assert LlmdScorer(_Rng(0)).choose(v) == 1
+
+
+def test_llmd_scorer_breaks_ties_at_random() -> None:
+    picks = {LlmdScorer(_Rng(s)).choose(llmd_view([0, 0, 0], [0, 0, 0], [0.0, 0.0, 0.0])) for s in range(30)}
+    assert picks == {0, 1, 2}

@@ -1,0 +1,36 @@
+"""``rr``: round-robin over the workers, ignoring load and speed.
+
+What vLLM deployments behind a plain Kubernetes Service or an nginx upstream get, and the paper's vLLM baseline.
+"""
+
+from __future__ import annotations
+
+from gateway.core.dispatchers.base import Capabilities, DispatchView, Rng, register_dispatcher
+
+
+class RoundRobin:
+    """vLLM behind a plain load balancer: the next worker in turn."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def choose(self, view: DispatchView) -> int:
+        """The first eligible worker at or after the turn pointer (by worker index), wrapping around.
+
+        Walking by worker index means a temporarily ineligible worker does not shift the others' turns.
+        """
+        workers = view.workers
+        pos = 0
+        for i in range(len(workers)):
+            if workers[i] >= self._next:
+                pos = i
+                break
+        self._next = workers[pos] + 1
+        return pos
+
+
+def _make(rng: Rng) -> RoundRobin:
+    return RoundRobin()
+
+
+register_dispatcher("rr", _make, Capabilities())
