@@ -53,7 +53,7 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.burst import BASELINES, Outcome, _setup_for, outcome, parse_variant
+from gateway.bench.burst import Outcome, _setup_for, is_baseline, outcome, parse_variant
 from gateway.bench.demo import gold_rows, post_question, question_body, write_demo_files
 from gateway.bench.quality import ScriptedStageRunner, demo_items, run_quality
 from gateway.bench.rig import bench_folder, bench_tenant, live_rig, scheduled
@@ -172,8 +172,8 @@ class LiveBurstReport:
         return sum(o.correct_met for o in outs) / arrived if arrived else 0.0
 
     def ratio(self, v: LiveVariant, world: str) -> float | None:
-        """``v``'s goodput over the best baseline's (``BASELINES`` at full quality), in one world."""
-        base = [b for b in self.variants if "+" not in b.variant and parse_variant(b.variant)[0] in BASELINES]
+        """``v``'s goodput over the best baseline's (the baselines at full quality), in one world."""
+        base = [b for b in self.variants if "+" not in b.variant and is_baseline(b.variant)]
         if not base:
             return None
         best = max(self.goodput(b, world) for b in base)
