@@ -25,6 +25,7 @@ from setuptools import setup
 NATIVE_MODULES = [
     "gateway/core/dispatch.py",
     "gateway/core/estimates.py",
+    "gateway/core/latency.py",
     "gateway/core/prefix.py",
     "gateway/core/profile.py",
     "gateway/core/queues.py",
