@@ -100,6 +100,12 @@ def mean_context(input_tokens: int, output_tokens: int) -> float:
     return input_tokens + output_tokens / 2.0
 
 
+def prefill_token_s(profile: PerfProfile) -> float:
+    """Engine seconds per prompt token of a prefill run in full chunks: converts the prefill clock's wait into
+    the tokens ahead of a call (``LatencyModel.sample_terms``'s ``wait_tokens``)."""
+    return profile.token_s + profile.iter_base_s / profile.max_batched_tokens
+
+
 class LatencyModel:
     """The latency estimates of one engine profile, its constants read once (plain floats, no lookups).
 
@@ -218,12 +224,6 @@ class LatencyModel:
         return predicted_s + joined + extra * self.tok * steps
 
     # ------------------------------------------------------------------ the refit's view
-
-    def prefill_token_s(self) -> float:
-        """Engine seconds per prompt token of a prefill run in full chunks: converts the prefill clock's wait
-        into the tokens ahead of a call."""
-        p = self.profile
-        return p.token_s + p.iter_base_s / p.max_batched_tokens
 
     def sample_terms(
         self, prefill_tokens: int, output_tokens: int, batch_n: int, batch_ctx: float, wait_tokens: float

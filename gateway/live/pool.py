@@ -26,7 +26,7 @@ latency on the worker, at most ``call_s``), whatever the transport; ``HttpTransp
 (connect, a stream's headers and gaps). So every call ends, and with at most ``max_attempts`` attempts
 and ``parked_timeout_s`` of parking, so does every workflow.
 
-One concept in one module (about 560 lines): the pool's workers and what happens to their calls
+One concept in one module: the pool's workers and what happens to their calls
 (membership, dispatch, draining, the call's end, retries, parking, down/up and ejection); the
 monitor, the outlier verdicts and the worker's state are modules of their own.
 
@@ -60,6 +60,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config.gateway import OutlierConfig, TimeoutsConfig
+from gateway.core.latency import decode_steps
 from gateway.core.scheduler import NoEligibleWorker, Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.errors import CallFailed, WorkerError
@@ -126,7 +127,6 @@ class WorkerPool:
         # context of the request whose submission or completion happened to drain the worker (its log ids).
         self._context = contextvars.copy_context()
         self._kicked: dict[WorkerState, None] = {}  # the workers with a drain pending, in the order kicked
-        self.sent_log: list[tuple[float, str]] | None = None  # (time sent, worker name) when recording
         # The latest health changes, (time, worker name, what): down, up, ejected, readmitted, probe_failed.
         self.events: deque[tuple[float, str, str]] = deque(maxlen=256)
         self.on_removed: Callable[[str], None] | None = None  # called with a removed worker's name
@@ -369,8 +369,6 @@ class WorkerPool:
             assert isinstance(c, LiveCall)
             c.sent_at = now
             c.worker_name = name
-            if self.sent_log is not None:
-                self.sent_log.append((now, name))
             if not st.priority_scheduling:  # the worker refused the field (``refuse_priority``)
                 c.priority = None
             elif c.best_effort:  # behind every urgent call in vLLM's own waiting queue too
@@ -449,27 +447,21 @@ class WorkerPool:
         return model if model > base else base
 
     def under_load_s(self, st: WorkerState, call: LiveCall, now: float, tokens: tuple[int, int] | None = None) -> float:
-        """The call's time on the worker as the model would have predicted it knowing the load it ran under:
-        ``predicted_s`` (the batch it joined), plus the prefill of the prompts sent to the worker while it ran
-        (chunked prefill runs them in the iterations its decode waits for) and the slower decode steps of the
-        calls that joined its batch. Outlier ejection judges a worker's speed by this: a call that shared the
-        engine took as long as the gateway's own load made it, and judged against ``predicted_s`` alone a
-        worker given a burst read 3x its peers and was ejected just when its capacity was needed (``hexflow
-        bench burst --live`` showed healthy workers out of dispatch for minutes).
+        """The call's time on the worker as the model would have predicted it knowing the load it ran under
+        (``LatencyModel.under_load_s``): ``predicted_s`` (the batch it joined), plus the prefill of the prompts
+        sent to the worker while it ran and the slower decode steps of the calls that joined its batch.
+        Outlier ejection judges a worker's speed by this, so a worker is not ejected for the load the gateway
+        itself gave it (a burst).
 
         ``tokens``: the (prompt, completion) tokens the call processed (``processed_tokens``), so that a
-        worker is judged by its speed, never by the length of what the model chose to write: judged against
-        the expected tokens, a Text-to-SQL call that wrote a long answer read 12x its prediction and ejected a
-        healthy worker."""
+        worker is judged by its speed, never by the length of what the model chose to write."""
         base = self.predicted_s(st, call, tokens)
         area0, prefill0, n0 = call.load_marks
         life = now - call.sent_at
-        joined = st.prefill_sent - prefill0
         extra_n = (st.load_area - area0) / life - n0 if life > 0 else 0.0
-        p = st.info.profile
         produced = call.spec.output_tokens if tokens is None else tokens[1]
-        out = produced - 1 if produced > 1 else 0
-        return base + max(joined, 0.0) + max(extra_n, 0.0) * (p.token_s + p.seq_s) * out
+        model = self.scheduler.estimator.model(st.index)
+        return model.under_load_s(base, st.prefill_sent - prefill0, extra_n, decode_steps(produced))
 
     async def _execute(self, st: WorkerState, call: LiveCall) -> None:
         """Send one call within its whole-call bound; every way out is settled by ``_settle``."""
