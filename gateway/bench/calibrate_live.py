@@ -103,7 +103,8 @@ from gateway.live.promparse import (
     MetricsParseError,
     parse_families,
 )
-from gateway.sim.calibrate import design_matrix, l1_relative_fit
+from gateway.sim.calibrate import design_matrix
+from gateway.sim.lpfit import l1_relative_fit
 
 __all__ = [
     "CACHE_CONFIG_INFO",
