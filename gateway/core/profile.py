@@ -113,6 +113,14 @@ class PerfProfile:
         ``tokens``)."""
         return self.iter_base_s + self.token_s * tokens + self.ctx_s * ctx + self.attn_s * pairs + self.seq_s * decoders
 
+    def busy_split(self, iterations: int, batched_tokens: int, busy_s: float) -> tuple[float, float, float]:
+        """An engine's ``busy_s`` seconds over ``iterations`` that processed ``batched_tokens`` tokens, split by
+        the terms of ``iter_time``: the per-iteration base, ``token_s`` per batched token (at most what the base
+        leaves), and the rest (context reads, prefill attention, per-call host work; never negative)."""
+        base = self.iter_base_s * iterations
+        tok = min(self.token_s * batched_tokens, busy_s - base)
+        return base, tok, max(busy_s - base - tok, 0.0)
+
     def prefill_time(self, input_tokens: int) -> float:
         """Engine seconds to process a prompt alone: its chunks, each reading the context before it (and,
         with ``attn_s``, computing its attention pairs); the iteration that ends it yields the first token."""
