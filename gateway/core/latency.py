@@ -157,10 +157,6 @@ class LatencyModel:
 
     # ------------------------------------------------------------------ under load
 
-    def step_s(self, n: int, ctx: float) -> float:
-        """One decode step of ``n`` calls reading ``ctx`` context tokens in all."""
-        return self.base + self.tok * n + self.ctx_s * ctx
-
     def batch(self, inflight: int, ctx_sum: float, limit: int) -> tuple[int, float]:
         """The decode batch a call joins: the ``inflight`` calls plus itself, whose contexts add up to ``ctx_sum``,
         at most ``limit`` of them (a batch over the limit reads the mean context per call): (calls, context)."""
@@ -171,8 +167,8 @@ class LatencyModel:
 
     def compute_s(self, prefill_s: float, steps: int, inflight: int, ctx_sum: float, limit: int) -> float:
         """A call's own time once its prompt is up (uncorrected): overhead, its prefill (``prefill_s``), then
-        ``steps`` decode steps in the batch it joins: the ``inflight`` calls plus itself, whose contexts add up
-        to ``ctx_sum``, at most ``limit`` of them (a batch over the limit reads the mean context per call)."""
+        ``steps`` decode steps in the batch it joins (``batch``, written out: the dispatch scan calls this once
+        per worker for every call), each ``iter_base_s + (token_s + seq_s) * calls + ctx_s * context``."""
         n = inflight + 1
         ctx = ctx_sum
         if n > limit:
