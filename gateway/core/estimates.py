@@ -79,6 +79,8 @@ class Estimator:
         self._group: list[int] = []
         self._limit: list[int] = []
         """Per worker, its batch limit (``LatencyModel.batch_limit`` of its capacity)."""
+        self._cap: list[int] = []
+        """Per worker, its capacity (``WorkerInfo.capacity``, read in the scan as a plain int)."""
         for w in range(len(self.workers)):
             self._index_worker(w)
 
@@ -102,9 +104,11 @@ class Estimator:
         if worker < len(self._group):
             self._group[worker] = g
             self._limit[worker] = limit
+            self._cap[worker] = info.capacity
         else:
             self._group.append(g)
             self._limit.append(limit)
+            self._cap.append(info.capacity)
 
     def model(self, worker: int) -> LatencyModel:
         """The latency model of ``worker``'s profile."""
@@ -279,7 +283,7 @@ class Estimator:
         ``LatencyModel.queue_s``)."""
         load = self.loads[worker]
         m = self._models[self._group[worker]]
-        return m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0, self.workers[worker].capacity)
+        return m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0, self._cap[worker])
 
     def queue_view(
         self, workers: Sequence[int], now: float, after: Sequence[tuple[int, float, float, float]] | None = None
@@ -294,7 +298,7 @@ class Estimator:
         t_queue: list[float] = []
         backlog: list[float] = []
         loads = self.loads
-        infos = self.workers
+        caps = self._cap
         models = self._models
         group = self._group
         for i, w in enumerate(workers):
@@ -309,7 +313,7 @@ class Estimator:
                 queued_prefill = max(queued_prefill - pre_after, 0.0)
                 queued_gpu = max(queued_gpu - gpu_after, 0.0)
             m = models[group[w]]
-            t_queue.append(m.queue_s(load, now, queued, queued_prefill, later_work, infos[w].capacity))
+            t_queue.append(m.queue_s(load, now, queued, queued_prefill, later_work, caps[w]))
             backlog.append(self._backlog(load, queued_gpu, now))
         return t_queue, backlog
 
@@ -398,7 +402,7 @@ class Estimator:
         rows = self.rows
         group = self._group
         limits = self._limit
-        infos = self.workers
+        caps = self._cap
         by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
         least = float("inf")
@@ -428,7 +432,7 @@ class Estimator:
             row.t_comp = tc
             if tc < least:  # noqa: PLR1730 (hot path: no builtin call)
                 least = tc
-            row.t_queue = m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0, infos[w].capacity)
+            row.t_queue = m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0, caps[w])
             row.harm = pre * busy if busy else 0.0
             row.inflight = busy
         return least
