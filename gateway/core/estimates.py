@@ -77,15 +77,11 @@ class Estimator:
         """One latency model per distinct profile (its memos shared by the workers of that profile: a cluster of
         64 engines has a handful); ``_group[w]`` is worker w's position here."""
         self._group: list[int] = []
-        self._limit: list[int] = []
-        """Per worker, its batch limit (``LatencyModel.batch_limit`` of its capacity)."""
-        self._cap: list[int] = []
-        """Per worker, its capacity (``WorkerInfo.capacity``, read in the scan as a plain int)."""
         for w in range(len(self.workers)):
             self._index_worker(w)
 
     def _index_worker(self, worker: int) -> None:
-        """(Re)build the profile group and batch limit of slot ``worker`` from ``workers``.
+        """(Re)build the profile group of slot ``worker`` and its load's capacity and batch limit from ``workers``.
 
         A group no worker uses any more (its last worker changed profile: a refit) is given to the next
         new profile, so the groups stay as many as the distinct profiles ever held at once.
@@ -100,15 +96,13 @@ class Estimator:
                 self._models.append(LatencyModel(p))
             else:
                 self._models[g] = LatencyModel(p)
-        limit = self._models[g].batch_limit(info.capacity)
+        load = self.loads[worker]
+        load.capacity = info.capacity
+        load.limit = self._models[g].batch_limit(info.capacity)
         if worker < len(self._group):
             self._group[worker] = g
-            self._limit[worker] = limit
-            self._cap[worker] = info.capacity
         else:
             self._group.append(g)
-            self._limit.append(limit)
-            self._cap.append(info.capacity)
 
     def model(self, worker: int) -> LatencyModel:
         """The latency model of ``worker``'s profile."""
@@ -214,14 +208,8 @@ class Estimator:
     def _own(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
         """Uncorrected time of a call once its prompt is up, in the batch it would join (``compute_s``)."""
         m = self._models[self._group[worker]]
-        load = self.loads[worker]
-        return m.compute_s(
-            m.prefill_s(input_tokens - cached),
-            decode_steps(output_tokens),
-            load.inflight,
-            load.inflight_ctx + mean_context(input_tokens, output_tokens),
-            self._limit[worker],
-        )
+        extra = mean_context(input_tokens, output_tokens)
+        return m.compute_s(m.prefill_s(input_tokens - cached), decode_steps(output_tokens), self.loads[worker], extra)
 
     def gpu_s(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
         """Engine seconds a call takes from ``worker``'s throughput when the worker runs a full batch
@@ -231,7 +219,7 @@ class Estimator:
             m.prefill_s(input_tokens - cached),
             decode_steps(output_tokens),
             mean_context(input_tokens, output_tokens),
-            self._limit[worker],
+            self.loads[worker].limit,
         )
 
     def full_batch_rate(
@@ -244,7 +232,7 @@ class Estimator:
         models = self._models
         pres = [m.prefill_s(input_tokens) for m in models]
         group = self._group
-        limits = self._limit
+        loads = self.loads
         by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
         rate = 0.0
@@ -252,7 +240,7 @@ class Estimator:
             g = group[w]
             r = by_kind[w] if by_kind is not None else None
             rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
-            gpu = models[g].gpu_s(pres[g], out, mid, limits[w]) * rv
+            gpu = models[g].gpu_s(pres[g], out, mid, loads[w].limit) * rv
             if gpu > 0:
                 rate += 1.0 / gpu
         return rate
@@ -283,7 +271,7 @@ class Estimator:
         ``LatencyModel.queue_s``)."""
         load = self.loads[worker]
         m = self._models[self._group[worker]]
-        return m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0, self._cap[worker])
+        return m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0)
 
     def queue_view(
         self, workers: Sequence[int], now: float, after: Sequence[tuple[int, float, float, float]] | None = None
@@ -298,7 +286,6 @@ class Estimator:
         t_queue: list[float] = []
         backlog: list[float] = []
         loads = self.loads
-        caps = self._cap
         models = self._models
         group = self._group
         for i, w in enumerate(workers):
@@ -313,7 +300,7 @@ class Estimator:
                 queued_prefill = max(queued_prefill - pre_after, 0.0)
                 queued_gpu = max(queued_gpu - gpu_after, 0.0)
             m = models[group[w]]
-            t_queue.append(m.queue_s(load, now, queued, queued_prefill, later_work, caps[w]))
+            t_queue.append(m.queue_s(load, now, queued, queued_prefill, later_work))
             backlog.append(self._backlog(load, queued_gpu, now))
         return t_queue, backlog
 
@@ -401,8 +388,6 @@ class Estimator:
         loads = self.loads
         rows = self.rows
         group = self._group
-        limits = self._limit
-        caps = self._cap
         by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
         least = float("inf")
@@ -428,11 +413,11 @@ class Estimator:
                     last_g = g
                     last_c = c
                 pre = last_pre
-            tc = m.compute_s(pre, out, busy, load.inflight_ctx + extra, limits[w]) * rv
+            tc = m.compute_s(pre, out, load, extra) * rv
             row.t_comp = tc
             if tc < least:  # noqa: PLR1730 (hot path: no builtin call)
                 least = tc
-            row.t_queue = m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0, caps[w])
+            row.t_queue = m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0)
             row.harm = pre * busy if busy else 0.0
             row.inflight = busy
         return least
@@ -488,10 +473,7 @@ class Estimator:
         call.service_s = (begin - now) + own * r
         call.model_s = (begin - now) + own
         # The batch ``_own`` assumed, kept for the profile refit (``LatencyModel.sample_terms``).
-        mid = mean_context(s.input_tokens, s.output_tokens)
-        call.batch_n, call.batch_ctx = self.model(worker).batch(
-            load.inflight, load.inflight_ctx + mid, self._limit[worker]
-        )
+        call.batch_n, call.batch_ctx = self.model(worker).batch(load, mean_context(s.input_tokens, s.output_tokens))
         call.wait_s = begin - now
         load.prefill_free_at = begin + call.prefill_s
         load.inflight_prefill_s += call.prefill_s

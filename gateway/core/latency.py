@@ -60,6 +60,8 @@ class WorkerLoad:
             estimate of another call's wait counts them.
         best_effort_inflight: best-effort calls among those in flight (counted in the in-flight sums too:
             they hold slots and share the engine's batches).
+        capacity: the worker's concurrent-call count (``WorkerInfo.capacity``), set by the ``Estimator``.
+        limit: its batch limit, ``LatencyModel.batch_limit(capacity)``, set with it.
     """
 
     queued: int = 0
@@ -76,6 +78,8 @@ class WorkerLoad:
     inflight_kv: int = 0
     best_effort_queued: int = 0
     best_effort_inflight: int = 0
+    capacity: int = 1
+    limit: int = 1
 
     def outstanding(self, now: float) -> float:
         """Predicted seconds of work left on the worker: queued ``t_comp`` plus in-flight remainder.
@@ -109,8 +113,8 @@ def prefill_token_s(profile: PerfProfile) -> float:
 class LatencyModel:
     """The latency estimates of one engine profile, its constants read once (plain floats, no lookups).
 
-    A worker's batch limit (``batch_limit``: its in-flight cap, at most ``max_num_seqs``) and capacity are
-    the worker's, passed in by the caller; everything else is the profile's. Lone latencies and prefill
+    A worker's capacity and batch limit (``batch_limit``: its in-flight cap, at most ``max_num_seqs``) are
+    the worker's, read from its ``WorkerLoad``; everything else is the profile's. Lone latencies and prefill
     times are memoised by token count (a cluster of many engines has a handful of profiles).
     """
 
@@ -157,28 +161,30 @@ class LatencyModel:
 
     # ------------------------------------------------------------------ under load
 
-    def batch(self, inflight: int, ctx_sum: float, limit: int) -> tuple[int, float]:
-        """The decode batch a call joins: the ``inflight`` calls plus itself, whose contexts add up to ``ctx_sum``,
-        at most ``limit`` of them (a batch over the limit reads the mean context per call): (calls, context)."""
-        n = inflight + 1
-        if n > limit:
-            return limit, ctx_sum * (limit / n)
-        return n, ctx_sum
+    def batch(self, load: WorkerLoad, ctx_add: float) -> tuple[int, float]:
+        """The decode batch a call of mean context ``ctx_add`` joins on a worker of load ``load``: the calls in
+        flight plus itself, at most ``load.limit`` of them (a batch over the limit reads the mean context per
+        call): (calls, context tokens per step)."""
+        n = load.inflight + 1
+        ctx = load.inflight_ctx + ctx_add
+        if n > load.limit:
+            return load.limit, ctx * (load.limit / n)
+        return n, ctx
 
-    def compute_s(self, prefill_s: float, steps: int, inflight: int, ctx_sum: float, limit: int) -> float:
+    def compute_s(self, prefill_s: float, steps: int, load: WorkerLoad, ctx_add: float) -> float:
         """A call's own time once its prompt is up (uncorrected): overhead, its prefill (``prefill_s``), then
-        ``steps`` decode steps in the batch it joins (``batch``, written out: the dispatch scan calls this once
-        per worker for every call), each ``iter_base_s + (token_s + seq_s) * calls + ctx_s * context``."""
-        n = inflight + 1
-        ctx = ctx_sum
+        ``steps`` decode steps in the batch it joins on a worker of load ``load`` (``batch``, written out: the
+        dispatch scan calls this once per worker for every call; ``ctx_add``: the call's mean context), each
+        ``iter_base_s + (token_s + seq_s) * calls + ctx_s * context``."""
+        n = load.inflight + 1
+        ctx = load.inflight_ctx + ctx_add
+        limit = load.limit
         if n > limit:
             ctx *= limit / n
             n = limit
         return self.overhead + prefill_s + steps * (self.base + self.tok * n + self.ctx_s * ctx)
 
-    def queue_s(
-        self, load: WorkerLoad, now: float, queued: int, queued_prefill_s: float, later_work: float, capacity: int
-    ) -> float:
+    def queue_s(self, load: WorkerLoad, now: float, queued: int, queued_prefill_s: float, later_work: float) -> float:
         """The wait of a call sent now before its prompt is processed (seconds), behind ``queued`` calls of
         ``queued_prefill_s`` prefill seconds in the worker's queue.
 
@@ -193,6 +199,7 @@ class LatencyModel:
             wait = 0.0
         wait += queued_prefill_s
         busy = load.inflight
+        capacity = load.capacity
         behind = busy + queued + 1 - capacity
         if behind > 0:
             work = load.outstanding(now) - later_work
