@@ -23,8 +23,15 @@ from setuptools import setup
 # (``gateway.core.native``); such a subclass must not be slotted (tests/sim/test_native.py). core.dag stays
 # interpreted (the live gateway's DAG requests, not a simulation's hot path).
 NATIVE_MODULES = [
-    "gateway/core/dispatch.py",
+    "gateway/core/dispatchers/base.py",
+    "gateway/core/dispatchers/eft.py",
+    "gateway/core/dispatchers/llmd.py",
+    "gateway/core/dispatchers/lw.py",
+    "gateway/core/dispatchers/p2c.py",
+    "gateway/core/dispatchers/rr.py",
+    "gateway/core/dispatchers/wb.py",
     "gateway/core/estimates.py",
+    "gateway/core/latency.py",
     "gateway/core/prefix.py",
     "gateway/core/profile.py",
     "gateway/core/queues.py",

@@ -135,6 +135,94 @@ def _groups(
     return n_in, n_out, n_cached, counts, group.reshape(-1)
 
 
+def _mix(
+    workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]], prefix_caching: bool
+) -> Counter[tuple[int, int, int]]:
+    """The calls of ``queries`` counted by (input, output, cached tokens)."""
+    mix: Counter[tuple[int, int, int]] = Counter()
+    block = min(w.profile.block_tokens for w in workers)  # the finest block serves the most
+    for q in queries:
+        hits = best_case_cached([(c.prefix, c.input_tokens) for c in q], block) if prefix_caching else [0] * len(q)
+        mix.update((c.input_tokens, c.output_tokens, h) for c, h in zip(q, hits, strict=True))
+    return mix
+
+
+def _engines(workers: Sequence[WorkerInfo], engines: Sequence[int] | None, bucket_ratio: float) -> list[int]:
+    """The checked engine count of each entry of ``workers``."""
+    if not workers:
+        raise ValueError("the fluid bound needs at least one worker")
+    mult = [1] * len(workers) if engines is None else [int(n) for n in engines]
+    if len(mult) != len(workers):
+        raise ValueError(f"engines has {len(mult)} entries for {len(workers)} workers")
+    if any(n < 1 for n in mult):
+        raise ValueError(f"engines must be at least 1 each, got {list(mult)}")
+    if not bucket_ratio > 1.0:
+        raise ValueError(f"bucket_ratio must be > 1, got {bucket_ratio}")
+    return mult
+
+
+def _capacity_rows(
+    workers: Sequence[WorkerInfo], types: tuple[np.ndarray, np.ndarray, np.ndarray], group: np.ndarray, n_g: int
+) -> tuple[coo_matrix, list[dict[str, np.ndarray]]]:
+    """The ``_ROWS`` inequality rows of every worker (GPU time, slots, batched tokens, KV) over the variables
+    ``[lambda, x[w, g] (row-major), I[w]]``, and per worker each group's least use of each resource."""
+    n_w = len(workers)
+    n_x = n_w * n_g
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    g_idx = np.arange(n_g)
+    per_call: list[dict[str, np.ndarray]] = []
+    for w, info in enumerate(workers):
+        p = info.profile
+        res = call_resources(p, *types)
+        x_cols = 1 + w * n_g + g_idx
+        i_col = np.array([1 + n_x + w])
+        limits = (
+            ("gpu_s", 1.0, p.iter_base_s),
+            ("iters", float(p.max_num_seqs), -1.0),
+            ("tokens", float(max(p.max_batched_tokens, p.max_num_seqs)), -1.0),
+            ("kv_iters", float(p.kv_capacity_tokens), -1.0),
+        )
+        per_call.append({})
+        for r, (key, scale, i_coef) in enumerate(limits):
+            # A bucket uses the least any of its members uses (a relaxation: still a bound).
+            least = np.full(n_g, np.inf)
+            np.minimum.at(least, group, res[key])
+            per_call[w][key] = least
+            row = _ROWS * w + r
+            coef = least / scale if r else least
+            rows += [np.full(n_g, row), np.array([row])]
+            cols += [x_cols, i_col]
+            vals += [coef, np.array([i_coef])]
+    shape = (_ROWS * n_w, 1 + n_x + n_w)
+    return coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=shape), per_call
+
+
+def _solution(
+    workers: Sequence[WorkerInfo],
+    mult: list[int],
+    x: np.ndarray,
+    iters_per_s: np.ndarray,
+    per_call: list[dict[str, np.ndarray]],
+) -> tuple[list[float], list[tuple[float, float, float]], list[float]]:
+    """Per worker at the solution: the busy fraction per engine, its split (base, tokens, the rest) and the calls
+    per iteration."""
+    busy = []
+    split = []
+    seqs = []
+    for w, info in enumerate(workers):
+        p = info.profile
+        use = per_call[w]
+        base = p.iter_base_s * float(iters_per_s[w]) / mult[w]
+        gpu = float(x[w] @ use["gpu_s"]) / mult[w]
+        tok = min(p.token_s * float(x[w] @ use["tokens"]) / mult[w], gpu)
+        busy.append(base + gpu)
+        split.append((base, tok, gpu - tok))
+        seqs.append(float(x[w] @ use["iters"]) / float(iters_per_s[w]) if iters_per_s[w] > 0 else 0.0)
+    return busy, split, seqs
+
+
 def solve_fluid_bound(
     workers: Sequence[WorkerInfo],
     queries: Sequence[Sequence[CallSpec]],
@@ -157,20 +245,8 @@ def solve_fluid_bound(
     ``n``, is feasible for each, so the bound is exact and the program stays as small as the number of
     distinct entries. ``calls_per_s`` is then per entry (all its engines), ``gpu_busy`` per engine.
     """
-    if not workers:
-        raise ValueError("the fluid bound needs at least one worker")
-    mult = [1] * len(workers) if engines is None else [int(n) for n in engines]
-    if len(mult) != len(workers):
-        raise ValueError(f"engines has {len(mult)} entries for {len(workers)} workers")
-    if any(n < 1 for n in mult):
-        raise ValueError(f"engines must be at least 1 each, got {list(mult)}")
-    if not bucket_ratio > 1.0:
-        raise ValueError(f"bucket_ratio must be > 1, got {bucket_ratio}")
-    mix: Counter[tuple[int, int, int]] = Counter()
-    block = min(w.profile.block_tokens for w in workers)  # the finest block serves the most
-    for q in queries:
-        hits = best_case_cached([(c.prefix, c.input_tokens) for c in q], block) if prefix_caching else [0] * len(q)
-        mix.update((c.input_tokens, c.output_tokens, h) for c, h in zip(q, hits, strict=True))
+    mult = _engines(workers, engines, bucket_ratio)
+    mix = _mix(workers, queries, prefix_caching)
     n_w = len(workers)
     if not mix:
         return FluidBound(math.inf, (0.0,) * n_w, (0.0,) * n_w, 0, ((0.0, 0.0, 0.0),) * n_w, (0.0,) * n_w)
@@ -178,40 +254,12 @@ def solve_fluid_bound(
     n_g = int(group.max()) + 1
     per_wf = np.zeros(n_g)
     np.add.at(per_wf, group, counts / len(queries))
-
-    # Variables: [lambda, x[w, g] for w, g (row-major), I[w]].
+    a_ub, per_call = _capacity_rows(workers, (n_in, n_out, n_cached), group, n_g)
     n_x = n_w * n_g
     n_var = 1 + n_x + n_w
-    rows: list[np.ndarray] = []
-    cols: list[np.ndarray] = []
-    vals: list[np.ndarray] = []
-    g_idx = np.arange(n_g)
-    per_call: list[dict[str, np.ndarray]] = []  # per worker: each group's least use of each resource
-    for w, info in enumerate(workers):
-        p = info.profile
-        res = call_resources(p, n_in, n_out, n_cached)
-        x_cols = 1 + w * n_g + g_idx
-        i_col = np.array([1 + n_x + w])
-        limits = (
-            ("gpu_s", 1.0, p.iter_base_s),
-            ("iters", float(p.max_num_seqs), -1.0),
-            ("tokens", float(max(p.max_batched_tokens, p.max_num_seqs)), -1.0),
-            ("kv_iters", float(p.kv_capacity_tokens), -1.0),
-        )
-        per_call.append({})
-        for r, (key, scale, i_coef) in enumerate(limits):
-            # A bucket uses the least any of its members uses (a relaxation: still a bound).
-            least = np.full(n_g, np.inf)
-            np.minimum.at(least, group, res[key])
-            per_call[w][key] = least
-            row = _ROWS * w + r
-            coef = least / scale if r else least
-            rows += [np.full(n_g, row), np.array([row])]
-            cols += [x_cols, i_col]
-            vals += [coef, np.array([i_coef])]
-    a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(_ROWS * n_w, n_var))
     b_ub = np.array([float(mult[w]) if r == 0 else 0.0 for w in range(n_w) for r in range(_ROWS)])
     # Every call type is served: sum_w x[w, g] - per_wf[g] * lambda = 0.
+    g_idx = np.arange(n_g)
     eq_rows = np.concatenate([np.repeat(g_idx, n_w), g_idx])
     eq_cols = np.concatenate([(1 + np.arange(n_w)[None, :] * n_g + g_idx[:, None]).reshape(-1), np.zeros(n_g, int)])
     eq_vals = np.concatenate([np.ones(n_x), -per_wf])
@@ -222,19 +270,7 @@ def solve_fluid_bound(
     if sol.status != 0:
         raise RuntimeError(f"fluid-bound program not solved: {sol.message}")
     x = sol.x[1 : 1 + n_x].reshape(n_w, n_g)
-    iters_per_s = sol.x[1 + n_x :]
-    busy = []
-    split = []
-    seqs = []
-    for w, info in enumerate(workers):
-        p = info.profile
-        use = per_call[w]
-        base = p.iter_base_s * float(iters_per_s[w]) / mult[w]
-        gpu = float(x[w] @ use["gpu_s"]) / mult[w]
-        tok = min(p.token_s * float(x[w] @ use["tokens"]) / mult[w], gpu)
-        busy.append(base + gpu)
-        split.append((base, tok, gpu - tok))
-        seqs.append(float(x[w] @ use["iters"]) / float(iters_per_s[w]) if iters_per_s[w] > 0 else 0.0)
+    busy, split, seqs = _solution(workers, mult, x, sol.x[1 + n_x :], per_call)
     return FluidBound(
         float(sol.x[0]), tuple(float(v) for v in x.sum(axis=1)), tuple(busy), n_g, tuple(split), tuple(seqs)
     )

@@ -1,13 +1,13 @@
 """Where the engines' time goes, per workflow, in a run and at the fluid bound.
 
 An engine's busy time splits three ways under the simulated engine's cost model (``gateway.sim.engine``,
-``PerfProfile.iter_time``): a fixed base per iteration (``iter_base_s``), a cost per batched token
-(``token_s``; prompt chunks and decode tokens) and the rest (context reads, prefill attention, per-call host work). The
-fluid bound's program (``gateway.bench.bound``) spends the same three at its solution, with every engine
-busy and every iteration packed as full as its limits allow. Per completed workflow, side by side, the
-split says which part a run pays beyond the bound: more iterations for the same tokens (batches smaller
-than the bound packs: the base grows), more tokens (fewer prefix-cache hits, or calls on an engine where
-their tokens cost more), or more context.
+``PerfProfile.iter_time``, split by ``PerfProfile.busy_split``): a fixed base per iteration (``iter_base_s``),
+a cost per batched token (``token_s``; prompt chunks and decode tokens) and the rest (context reads, prefill
+attention, per-call host work). The fluid bound's program (``gateway.bench.bound``) spends the same three at
+its solution, with every engine busy and every iteration packed as full as its limits allow. Per completed
+workflow, side by side, the split says which part a run pays beyond the bound: more iterations for the same
+tokens (batches smaller than the bound packs: the base grows), more tokens (fewer prefix-cache hits, or calls
+on an engine where their tokens cost more), or more context.
 """
 
 from __future__ import annotations
@@ -79,15 +79,14 @@ def run_engine_time(
         raise ValueError(f"workflows must be at least 1, got {workflows}")
     out = []
     for name, p, st, counts in zip(names, profiles, stats, dispatch_counts, strict=True):
-        base = p.iter_base_s * st.iterations
-        tok = min(p.token_s * st.batched_tokens, st.busy_s - base)
+        base, tok, other = p.busy_split(st.iterations, st.batched_tokens, st.busy_s)
         out.append(
             EngineTime(
                 name,
                 sum(counts.values()) / workflows,
                 base / workflows,
                 tok / workflows,
-                max(st.busy_s - base - tok, 0.0) / workflows,
+                other / workflows,
                 st.busy_s / end_time if end_time > 0 else 0.0,
                 st.seq_iterations / st.iterations if st.iterations else 0.0,
                 st.prefix_hit_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,

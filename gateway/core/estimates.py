@@ -1,33 +1,21 @@
-"""Latency estimates: ``t_comp(call, worker)`` and ``t_queue(worker)``, from a model of vLLM's batching.
+"""Per-worker load accounting and online correction of the latency model (``latency.py``).
 
-A vLLM engine runs iteration-level continuous batching with chunked prefill (``profile.py``): prompt
-tokens are processed first come first served and do not get faster with batch size (prefill is
-compute-bound), while decode advances every running call by one token per iteration, so the decodes
-of many calls overlap and each iteration gets slower as the batch and its contexts grow. The estimates
-follow that, per worker:
+The ``Estimator`` answers ``t_comp(call, worker)`` (a call's own time once its prompt is up, in the batch it
+would join), ``t_queue(worker)`` (the wait before its prompt is processed), ``gpu_s`` (what it costs the
+worker's throughput) and the lone-request latency (``base_latency``, the unit of stage budgets). Every
+formula is ``LatencyModel``'s (one model per distinct profile); the estimator keeps what the model reads:
 
-``t_queue(worker)``: how long a call sent now waits before its own prompt is processed:
-    * the prefill still ahead of it in the engine: the engine's prefill clock ``prefill_free_at``,
-      advanced by each call sent to the worker (``start``) by that call's prefill time, from
-      ``max(clock, now)``; the calls in flight past their prefill do not delay a newcomer's prompt;
-    * the prefill of the calls waiting in the worker's gateway queue (they go first);
-    * when no slot is free for it (calls in flight + waiting >= capacity), the time until enough
-      in-flight calls return: the mean predicted remaining time of the calls in flight for the first
-      slot, and a further ``service / capacity`` for each slot after that.
+* the load of each worker (``WorkerLoad``): the scheduler reports every transition (``enqueue``, ``dequeue``,
+  ``start``, ``release``), so the state is a handful of running sums and ``t_queue`` is O(1). The engine's
+  prefill clock ``prefill_free_at`` is advanced by each call sent to the worker by that call's prefill
+  time, from ``max(clock, now)``;
+* the observed/predicted ratio per (worker, stage kind), an exponentially weighted moving average that
+  multiplies ``t_comp``. It absorbs what the model does not know (prompts of later calls that stall this
+  call's decode, a GPU slower than its datasheet, another model build); it carries the time of its last
+  update and reads as unknown (1.0) once older than ``max_age_s``.
 
-``t_comp(call, worker)``: the call's own time once its prompt is up: its prefill, then ``output - 1``
-decode iterations at the iteration time of the batch it joins (the calls in flight plus itself, at most
-``max_num_seqs``, with their mean contexts), plus the per-request overhead; corrected online by the
-observed/predicted ratio kept per (worker, stage kind) as an exponentially weighted moving average.
-The ratio absorbs what the model does not know: prompts of later calls that stall this call's decode,
-a GPU slower than its datasheet, another model build. It carries the time of its last update and reads
-as unknown (1.0) once older than ``max_age_s``: a worker idle for long is judged by its profile again.
-
-The scheduler reports every transition (``enqueue``, ``dequeue``, ``start``, ``release``) so the state
-is a handful of running sums and ``t_queue`` is O(1). An idle worker has ``t_queue`` 0, and both
-estimates grow smoothly with load, so the dispatch scores stay well defined (see ``dispatch.py``).
-``base_latency`` (a lone request on the profile) stays the unit of stage budgets and reference costs:
-it does not depend on the load.
+An idle worker has ``t_queue`` 0, and both estimates grow smoothly with load, so the dispatch scores stay
+well defined (see ``dispatch.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gateway.core.dispatchers import WorkerEstimate
+from gateway.core.latency import LatencyModel, WorkerLoad, decode_steps, mean_context
 from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
@@ -48,81 +37,6 @@ class Ratio:
     value: float
     updated_at: float
     samples: int
-
-
-@dataclass(slots=True)
-class WorkerLoad:
-    """Running sums that make both estimates O(1) per worker.
-
-    Attributes:
-        queued: calls in the worker's gateway queue.
-        queued_prefill_s: predicted prefill seconds of those calls.
-        queued_work: their predicted ``t_comp`` (seconds), for status pages.
-        inflight: calls sent to the worker and not yet returned.
-        inflight_ctx: sum of the mean decode contexts (``input + output / 2``) of the calls in flight.
-        inflight_prefill_s: sum of their prefill seconds: the prefill clock never runs further ahead.
-        inflight_end_sum: sum of the predicted return times of the calls in flight.
-        inflight_service_sum: sum of their predicted times on the worker (``service_s``).
-        queued_gpu_s: engine seconds the queued calls will occupy the worker (``gpu_s``).
-        inflight_gpu_s: the same for the calls in flight, from their start.
-        prefill_free_at: when the engine is predicted to finish the prompts of the calls in flight.
-        inflight_kv: KV-cache tokens the calls in flight reserve (``input + output`` each).
-        best_effort_queued: best-effort calls in the worker's queue (its lane behind every other call). They
-            are in none of the queued sums above: they delay no other call (``queues.LanedQueue``), so no
-            estimate of another call's wait counts them.
-        best_effort_inflight: best-effort calls among those in flight (counted in the in-flight sums too:
-            they hold slots and share the engine's batches).
-    """
-
-    queued: int = 0
-    queued_prefill_s: float = 0.0
-    queued_work: float = 0.0
-    inflight: int = 0
-    inflight_ctx: float = 0.0
-    inflight_prefill_s: float = 0.0
-    inflight_end_sum: float = 0.0
-    inflight_service_sum: float = 0.0
-    queued_gpu_s: float = 0.0
-    inflight_gpu_s: float = 0.0
-    prefill_free_at: float = 0.0
-    inflight_kv: int = 0
-    best_effort_queued: int = 0
-    best_effort_inflight: int = 0
-
-    def outstanding(self, now: float) -> float:
-        """Predicted seconds of work left on the worker: queued ``t_comp`` plus in-flight remainder.
-
-        Calls past their predicted return still hold their slots: the in-flight remainder is at least
-        10% of their predicted time, so a busy worker never reads as idle.
-        """
-        if not self.inflight:
-            return self.queued_work
-        rem = self.inflight_end_sum - self.inflight * now
-        floor = 0.1 * self.inflight_service_sum
-        return self.queued_work + (rem if rem > floor else floor)
-
-
-def prefill_time(p: PerfProfile, input_tokens: int) -> float:
-    """Engine seconds to take a prompt in (``admit_s``) and process it alone (``PerfProfile.prefill_time``). A
-    prompt whose first tokens are cached is estimated as its uncached tokens alone (their attention to the
-    cached prefix left out)."""
-    return p.admit_s + p.prefill_time(input_tokens)
-
-
-class _Consts:
-    """One worker's constants as ``Estimator.scan`` reads them (native attributes in the compiled build, not a
-    tuple of boxed numbers unpacked for every worker of every dispatch)."""
-
-    __slots__ = ("base", "cap", "ctx_s", "g", "limit", "overhead", "tok")
-
-    def __init__(self, base: float, tok: float, ctx_s: float, overhead: float, limit: int, cap: int, g: int) -> None:
-        self.base = base  # iter_base_s
-        self.tok = tok  # token_s + seq_s: what each decoding call adds to a decode step
-        self.ctx_s = ctx_s
-        self.overhead = overhead  # request_overhead_s
-        self.limit = limit  # batch limit: min(capacity, max_num_seqs)
-        self.cap = cap  # capacity
-        self.g = g  # profile group
 
 
 class Estimator:
@@ -159,55 +73,40 @@ class Estimator:
         self._by_kind: dict[str, list[Ratio | None]] = {}
         """Learned ratios by kind, then worker (None: none learned): one dict lookup per dispatch, not one per
         worker. Every row holds a slot for every worker."""
-        # Profile latencies are pure functions of (profile, tokens); memoise the hot path. Workers with
-        # equal profiles share one cache (a cluster of 64 engines has a handful of profiles), so a new
-        # token count costs one computation per profile, not per worker.
-        self._profiles: list[PerfProfile] = []
-        """Distinct profiles; ``_group[w]`` is worker w's position here."""
+        self._models: list[LatencyModel] = []
+        """One latency model per distinct profile (its memos shared by the workers of that profile: a cluster of
+        64 engines has a handful); ``_group[w]`` is worker w's position here."""
         self._group: list[int] = []
-        self._base_cache: list[dict[tuple[int, int], float]] = []
-        """Per profile: lone-request latency by (input, output) tokens."""
-        self._prefill_cache: list[dict[int, float]] = []
-        """Per profile: prefill seconds by input tokens."""
-        self._consts: list[_Consts] = []
-        """Per worker, what ``estimates`` reads: iter_base_s, token_s + seq_s, ctx_s, request_overhead_s, the batch
-        limit (min of capacity and max_num_seqs), capacity and the profile group. Rebuilt whenever a
-        worker's ``WorkerInfo`` changes (``add_worker``, ``reset_worker``, ``set_capacity``)."""
         for w in range(len(self.workers)):
             self._index_worker(w)
 
     def _index_worker(self, worker: int) -> None:
-        """(Re)build the per-worker constants and profile group of slot ``worker`` from ``workers``.
+        """(Re)build the profile group of slot ``worker`` and its load's capacity and batch limit from ``workers``.
 
         A group no worker uses any more (its last worker changed profile: a refit) is given to the next
-        new profile, so the groups and their caches stay as many as the distinct profiles ever held at once.
+        new profile, so the groups stay as many as the distinct profiles ever held at once.
         """
         info = self.workers[worker]
         p = info.profile
-        old = self._group[worker] if worker < len(self._group) else None
-        try:
-            g = self._profiles.index(p)
-        except ValueError:
+        g = next((i for i, m in enumerate(self._models) if m.profile == p), -1)
+        if g < 0:
             others = {gg for w, gg in enumerate(self._group) if w != worker}
-            free = next((gg for gg in range(len(self._profiles)) if gg not in others), None)
-            if free is None:
-                g = len(self._profiles)
-                self._profiles.append(p)
-                self._base_cache.append({})
-                self._prefill_cache.append({})
+            g = next((gg for gg in range(len(self._models)) if gg not in others), len(self._models))
+            if g == len(self._models):
+                self._models.append(LatencyModel(p))
             else:
-                g = free
-                self._profiles[g] = p
-                self._base_cache[g] = {}
-                self._prefill_cache[g] = {}
-        limit = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
-        const = _Consts(p.iter_base_s, p.token_s + p.seq_s, p.ctx_s, p.request_overhead_s, limit, info.capacity, g)
-        if old is None:
-            self._group.append(g)
-            self._consts.append(const)
-        else:
+                self._models[g] = LatencyModel(p)
+        load = self.loads[worker]
+        load.capacity = info.capacity
+        load.limit = self._models[g].batch_limit(info.capacity)
+        if worker < len(self._group):
             self._group[worker] = g
-            self._consts[worker] = const
+        else:
+            self._group.append(g)
+
+    def model(self, worker: int) -> LatencyModel:
+        """The latency model of ``worker``'s profile."""
+        return self._models[self._group[worker]]
 
     def add_worker(self, info: WorkerInfo) -> int:
         """Append a worker with fresh estimates; returns its index."""
@@ -250,15 +149,7 @@ class Estimator:
 
     def base_latency(self, worker: int, input_tokens: int, output_tokens: int) -> float:
         """The profile's lone-request latency, uncorrected (the unit of stage budgets)."""
-        g = self._group[worker]
-        cache = self._base_cache[g]
-        key = (input_tokens, output_tokens)
-        v = cache.get(key)
-        if v is None:
-            v = self._profiles[g].single_latency(input_tokens, output_tokens)
-            if len(cache) < 65536:
-                cache[key] = v
-        return v
+        return self._models[self._group[worker]].lone_s(input_tokens, output_tokens)
 
     def mean_base_latency(self, workers: Sequence[int], input_tokens: int, output_tokens: int) -> float:
         """Mean of ``base_latency`` over ``workers`` (0.0 for none): the reference cost of stage budgets.
@@ -291,10 +182,10 @@ class Estimator:
         the same sum, added one worker at a time in order, without visiting each worker's entry."""
         total = 0.0
         n = 0
-        profiles = self._profiles
+        models = self._models
         for g, count in runs:
-            # Not through the per-group cache: the caller keeps the mean (a miss here is a miss there).
-            v = profiles[g].single_latency(input_tokens, output_tokens)
+            # Not through the model's memo: the caller keeps the mean (a miss here is a miss there).
+            v = models[g].profile.single_latency(input_tokens, output_tokens)
             for _ in range(count):  # added one by one, as worker by worker: the same float
                 total += v
             n += count
@@ -302,16 +193,7 @@ class Estimator:
 
     def prefill_s(self, worker: int, input_tokens: int) -> float:
         """The profile's prefill seconds for a prompt of ``input_tokens`` on ``worker``."""
-        return self._group_prefill(self._group[worker], input_tokens)
-
-    def _group_prefill(self, g: int, input_tokens: int) -> float:
-        cache = self._prefill_cache[g]
-        v = cache.get(input_tokens)
-        if v is None:
-            v = prefill_time(self._profiles[g], input_tokens)
-            if len(cache) < 65536:
-                cache[input_tokens] = v
-        return v
+        return self._models[self._group[worker]].prefill_s(input_tokens)
 
     def ratio(self, worker: int, kind: str, now: float) -> float:
         """The current correction factor for (worker, kind); 1.0 when unknown or stale."""
@@ -323,59 +205,42 @@ class Estimator:
 
     # ------------------------------------------------------------------ load-aware estimates
 
-    def _own(self, worker: int, input_tokens: int, output_tokens: int, extra_ctx: float, cached: int = 0) -> float:
-        """Uncorrected time of a call once its prompt is up: prefill (less ``cached`` tokens), batched decode,
-        overhead."""
-        info = self.workers[worker]
-        p = info.profile
-        load = self.loads[worker]
-        n = load.inflight + 1
-        limit = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
-        ctx = load.inflight_ctx + extra_ctx
-        if n > limit:
-            ctx *= limit / n
-            n = limit
-        out = output_tokens - 1 if output_tokens > 1 else 0
-        step = p.iter_base_s + (p.token_s + p.seq_s) * n + p.ctx_s * ctx
-        return p.request_overhead_s + self._group_prefill(self._group[worker], input_tokens - cached) + out * step
+    def _own(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
+        """Uncorrected time of a call once its prompt is up, in the batch it would join (``compute_s``)."""
+        m = self._models[self._group[worker]]
+        extra = mean_context(input_tokens, output_tokens)
+        return m.compute_s(m.prefill_s(input_tokens - cached), decode_steps(output_tokens), self.loads[worker], extra)
 
     def gpu_s(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
-        """Engine seconds a call takes from ``worker``'s throughput when the worker runs a full batch.
-
-        Its prefill (compute-bound: not shared), its decode tokens' compute and attention, and its share of
-        each decode step's fixed cost (``iter_base_s``) over a batch of ``min(capacity, max_num_seqs)``
-        calls. The reciprocal is the worker's rate for calls of this shape when busy: what admission's fluid
-        forecast counts work in (the latency a call sees is ``t_comp``; this is what it costs others).
-        ``cached`` prompt tokens served from the prefix cache are not prefilled.
-        """
-        info = self.workers[worker]
-        p = info.profile
-        batch = info.capacity if info.capacity < p.max_num_seqs else p.max_num_seqs
-        out = output_tokens - 1 if output_tokens > 1 else 0
-        step = p.token_s + p.seq_s + p.ctx_s * (input_tokens + output_tokens / 2.0) + p.iter_base_s / batch
-        return self._group_prefill(self._group[worker], input_tokens - cached) + out * step
+        """Engine seconds a call takes from ``worker``'s throughput when the worker runs a full batch
+        (``LatencyModel.gpu_s``); ``cached`` prompt tokens served from the prefix cache are not prefilled."""
+        m = self._models[self._group[worker]]
+        return m.gpu_s(
+            m.prefill_s(input_tokens - cached),
+            decode_steps(output_tokens),
+            mean_context(input_tokens, output_tokens),
+            self.loads[worker].limit,
+        )
 
     def full_batch_rate(
         self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
     ) -> float:
         """Calls of this shape per second that ``workers`` complete together when each runs a full batch: the sum
-        over them of ``1 / (gpu_s x ratio)`` (workers whose product is not positive add nothing).
-
-        ``gpu_s`` and ``ratio`` written out inline, the same operations in the same order (so the same floats).
-        """
-        out = output_tokens - 1 if output_tokens > 1 else 0
-        mid = input_tokens + output_tokens / 2.0
-        pres = [self._group_prefill(g, input_tokens) for g in range(len(self._profiles))]
-        consts = self._consts
+        over them of ``1 / (gpu_s x ratio)`` (workers whose product is not positive add nothing)."""
+        out = decode_steps(output_tokens)
+        mid = mean_context(input_tokens, output_tokens)
+        models = self._models
+        pres = [m.prefill_s(input_tokens) for m in models]
+        group = self._group
+        loads = self.loads
         by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
         rate = 0.0
         for w in workers:
-            k = consts[w]
-            base, tok, ctx_s, batch, g = k.base, k.tok, k.ctx_s, k.limit, k.g
+            g = group[w]
             r = by_kind[w] if by_kind is not None else None
             rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
-            gpu = (pres[g] + out * (tok + ctx_s * mid + base / batch)) * rv
+            gpu = models[g].gpu_s(pres[g], out, mid, loads[w].limit) * rv
             if gpu > 0:
                 rate += 1.0 / gpu
         return rate
@@ -384,38 +249,29 @@ class Estimator:
         """Engine seconds of work outstanding on ``worker``: its queued calls' ``gpu_s`` plus what is left
         of its in-flight calls' (each at least 10% left, as in ``WorkerLoad.outstanding``)."""
         load = self.loads[worker]
+        return self._backlog(load, load.queued_gpu_s, now)
+
+    @staticmethod
+    def _backlog(load: WorkerLoad, queued_gpu: float, now: float) -> float:
         if not load.inflight or load.inflight_service_sum <= 0.0:
-            return load.queued_gpu_s
+            return queued_gpu
         left = (load.inflight_end_sum - load.inflight * now) / load.inflight_service_sum
         left = min(max(left, 0.1), 1.0)
-        return load.queued_gpu_s + load.inflight_gpu_s * left
+        return queued_gpu + load.inflight_gpu_s * left
 
     def t_comp(
         self, worker: int, kind: str, input_tokens: int, output_tokens: int, now: float, cached: int = 0
     ) -> float:
         """Predicted time of a call on ``worker`` once its prompt is up, in the batch it would join; ``cached``
         prompt tokens served from the worker's prefix cache are not prefilled."""
-        extra = input_tokens + output_tokens / 2.0
-        return self._own(worker, input_tokens, output_tokens, extra, cached) * self.ratio(worker, kind, now)
+        return self._own(worker, input_tokens, output_tokens, cached) * self.ratio(worker, kind, now)
 
     def t_queue(self, worker: int, now: float) -> float:
-        """Predicted wait of a call sent to ``worker`` now before its prompt is processed (seconds).
-
-        The later of two: the prompts ahead of it are done (the engine's prefill clock plus the prefill
-        of the calls queued ahead), and it holds a slot. Slots free at ``capacity`` calls per mean
-        remaining time of the calls ahead, so the slot wait is ``behind * mean_remaining / capacity``
-        with ``behind`` the returns needed before a slot is left for this call.
-        """
+        """Predicted wait of a call sent to ``worker`` now before its prompt is processed (seconds;
+        ``LatencyModel.queue_s``)."""
         load = self.loads[worker]
-        wait = load.prefill_free_at - now
-        wait = max(wait, 0.0)
-        wait += load.queued_prefill_s
-        cap = self.workers[worker].capacity
-        behind = load.inflight + load.queued + 1 - cap
-        if behind > 0:
-            slot = behind * load.outstanding(now) / ((load.inflight + load.queued) * cap)
-            wait = max(wait, slot)
-        return wait
+        m = self._models[self._group[worker]]
+        return m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0)
 
     def queue_view(
         self, workers: Sequence[int], now: float, after: Sequence[tuple[int, float, float, float]] | None = None
@@ -423,18 +279,17 @@ class Estimator:
         """``t_queue`` and ``backlog_s`` of each of ``workers`` at ``now``, in one pass (a completion prediction's
         snapshot of the cluster, taken at every admission).
 
-        The two methods written out inline, the same operations in the same order (so the same floats), as
-        ``snapshot`` does for dispatch. ``after`` (one entry per worker of ``workers``): the (calls, prefill
-        seconds, engine seconds, ``t_comp`` seconds) of the queued calls that a new call would go before (a
-        deadline-ordered queue serves work due later after it): left out of what is ahead of it.
+        ``after`` (one entry per worker of ``workers``): the (calls, prefill seconds, engine seconds, ``t_comp``
+        seconds) of the queued calls that a new call would go before (a deadline-ordered queue serves work due
+        later after it): left out of what is ahead of it.
         """
         t_queue: list[float] = []
         backlog: list[float] = []
         loads = self.loads
-        infos = self.workers
+        models = self._models
+        group = self._group
         for i, w in enumerate(workers):
             load = loads[w]
-            busy = load.inflight
             queued = load.queued
             queued_prefill = load.queued_prefill_s
             queued_gpu = load.queued_gpu_s
@@ -444,23 +299,9 @@ class Estimator:
                 queued = max(queued - n_after, 0)
                 queued_prefill = max(queued_prefill - pre_after, 0.0)
                 queued_gpu = max(queued_gpu - gpu_after, 0.0)
-            # t_queue
-            wait = load.prefill_free_at - now
-            wait = max(wait, 0.0)
-            wait += queued_prefill
-            cap = infos[w].capacity
-            behind = busy + queued + 1 - cap
-            if behind > 0:
-                slot = behind * max(load.outstanding(now) - later_work, 0.0) / ((busy + queued) * cap)
-                wait = max(wait, slot)
-            t_queue.append(wait)
-            # backlog_s
-            if not busy or load.inflight_service_sum <= 0.0:
-                backlog.append(queued_gpu)
-            else:
-                left = (load.inflight_end_sum - busy * now) / load.inflight_service_sum
-                left = min(max(left, 0.1), 1.0)
-                backlog.append(queued_gpu + load.inflight_gpu_s * left)
+            m = models[group[w]]
+            t_queue.append(m.queue_s(load, now, queued, queued_prefill, later_work))
+            backlog.append(self._backlog(load, queued_gpu, now))
         return t_queue, backlog
 
     def harm(self, worker: int, input_tokens: int) -> float:
@@ -478,13 +319,6 @@ class Estimator:
             return 0.0
         return self.prefill_s(worker, input_tokens) * n
 
-    def estimates(
-        self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
-    ) -> tuple[list[float], list[float], list[float]]:
-        """``t_comp``, ``t_queue`` and ``harm`` for each of ``workers`` (one pass; the dispatch hot path)."""
-        t_comp, t_queue, harm, _ = self.snapshot(workers, kind, input_tokens, output_tokens, now)
-        return t_comp, t_queue, harm
-
     def snapshot(
         self,
         workers: Sequence[int],
@@ -494,7 +328,8 @@ class Estimator:
         now: float,
         cached: Sequence[int] | None = None,
     ) -> tuple[list[float], list[float], list[float], list[int]]:
-        """``estimates`` plus each worker's calls in flight: everything a dispatch view needs, in one pass.
+        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of each of ``workers``: everything a dispatch view
+        needs, in one pass.
 
         ``cached`` (aligned with ``workers``): prompt tokens each worker is expected to have cached; only the
         rest count as prefill (in ``t_comp`` and ``harm``). ``workers`` are distinct (``scan``'s rows, as lists).
@@ -542,19 +377,17 @@ class Estimator:
         per worker).
 
         ``credited``: each row's ``credit`` holds the prompt tokens that worker is expected to have cached, and
-        only the rest count as prefill (in ``t_comp`` and ``harm``); otherwise the whole prompt does. The loop
-        is ``t_comp``, ``t_queue`` and ``harm`` written out inline (the same operations in the same order, so the
-        same floats): with tens of workers it runs once per worker for every call, and method calls, attribute
-        lookups and boxed floats would dominate the simulator's time.
+        only the rest count as prefill (in ``t_comp`` and ``harm``); otherwise the whole prompt does. The dispatch
+        hot path: it runs once per worker for every call (the model's methods are native calls in the compiled
+        build).
         """
-        ws = workers
-        n_ws = len(ws)
-        extra = input_tokens + output_tokens / 2.0
-        out = output_tokens - 1 if output_tokens > 1 else 0
-        pres = [self._group_prefill(g, input_tokens) for g in range(len(self._profiles))]
+        extra = mean_context(input_tokens, output_tokens)
+        out = decode_steps(output_tokens)
+        models = self._models
+        pres = [m.prefill_s(input_tokens) for m in models]
         loads = self.loads
         rows = self.rows
-        consts = self._consts
+        group = self._group
         by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
         least = float("inf")
@@ -563,52 +396,28 @@ class Estimator:
         last_g = -1
         last_c = -1
         last_pre = 0.0
-        for i in range(n_ws):
-            w = ws[i]
-            k = consts[w]
-            base, tok, ctx_s, overhead, limit, cap, g = k.base, k.tok, k.ctx_s, k.overhead, k.limit, k.cap, k.g
+        for w in workers:
+            g = group[w]
+            m = models[g]
             load = loads[w]
             row = rows[w]
             r = by_kind[w] if by_kind is not None else None
             rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
             busy = load.inflight
-            # t_comp (``_own`` x ratio)
-            n = busy + 1
-            ctx = load.inflight_ctx + extra
-            if n > limit:
-                ctx *= limit / n
-                n = limit
             c = row.credit if credited else 0
             if not c:
                 pre = pres[g]
             else:
                 if c != last_c or g != last_g:
-                    last_pre = self._group_prefill(g, input_tokens - c)
+                    last_pre = m.prefill_s(input_tokens - c)
                     last_g = g
                     last_c = c
                 pre = last_pre
-            tc = (overhead + pre + out * (base + tok * n + ctx_s * ctx)) * rv
+            tc = m.compute_s(pre, out, load, extra) * rv
             row.t_comp = tc
             if tc < least:  # noqa: PLR1730 (hot path: no builtin call)
                 least = tc
-            # t_queue
-            wait = load.prefill_free_at - now
-            if wait < 0.0:  # noqa: PLR1730 (hot path: no builtin call)
-                wait = 0.0
-            wait += load.queued_prefill_s
-            queued = load.queued
-            behind = busy + queued + 1 - cap
-            if behind > 0:
-                if busy:  # ``load.outstanding(now)``
-                    rem = load.inflight_end_sum - busy * now
-                    floor = 0.1 * load.inflight_service_sum
-                    work = load.queued_work + (rem if rem > floor else floor)
-                else:
-                    work = load.queued_work
-                slot = behind * work / ((busy + queued) * cap)
-                if slot > wait:  # noqa: PLR1730
-                    wait = slot
-            row.t_queue = wait
+            row.t_queue = m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0)
             row.harm = pre * busy if busy else 0.0
             row.inflight = busy
         return least
@@ -660,18 +469,11 @@ class Estimator:
         s = call.spec
         r = self.ratio(worker, s.kind, now)
         begin = load.prefill_free_at if load.prefill_free_at > now else now
-        own = self._own(worker, s.input_tokens, s.output_tokens, s.input_tokens + s.output_tokens / 2.0, call.cached)
+        own = self._own(worker, s.input_tokens, s.output_tokens, call.cached)
         call.service_s = (begin - now) + own * r
         call.model_s = (begin - now) + own
-        # The batch ``_own`` assumed, kept for the profile refit (``gateway.sim.refit``).
-        limit = self._consts[worker].limit
-        n = load.inflight + 1
-        ctx = load.inflight_ctx + s.input_tokens + s.output_tokens / 2.0
-        if n > limit:
-            ctx *= limit / n
-            n = limit
-        call.batch_n = n
-        call.batch_ctx = ctx
+        # The batch ``_own`` assumed, kept for the profile refit (``LatencyModel.sample_terms``).
+        call.batch_n, call.batch_ctx = self.model(worker).batch(load, mean_context(s.input_tokens, s.output_tokens))
         call.wait_s = begin - now
         load.prefill_free_at = begin + call.prefill_s
         load.inflight_prefill_s += call.prefill_s

@@ -15,23 +15,20 @@ tokens of calls still in prefill. The duration of one iteration is modelled as
 * ``attn_s`` (default 0): prefill attention's compute, per (query, key) pair a prompt chunk computes: a
   chunk of ``c`` prompt tokens after ``p`` tokens already processed computes ``c * p + c * (c + 1) / 2``
   pairs (causal attention), so a prompt of ``n`` tokens alone computes ``n * (n + 1) / 2`` however it is
-  chunked. Quadratic in the prompt: it matters where the model is small against its context (measured on
-  the CPU's tiny model, where a 1750-token prompt takes 3x a 875-token one), and is folded into
-  ``token_s`` by the fits of published GPU numbers, which leave it at 0.
+  chunked. Quadratic in the prompt: it matters where the model is small against its context (the CPU's
+  tiny test model), and is folded into ``token_s`` by the fits of published GPU numbers, which leave it at 0.
 
 * ``seq_s`` (default 0): host work per decoding call per iteration (sampling, detokenising and
   streaming its token, the scheduler's bookkeeping), beyond its token's compute: an engine whose host
-  side runs on the same core as its forward pass (vLLM on a CPU: measured 0.14-0.27 ms per further decoding
-  call per step on the tiny test model, where ``token_s`` is 0.02-0.05 ms) slows every step by it per call
-  in the batch. On a GPU host it overlaps the forward pass and is folded into ``token_s`` by the fits of
-  published numbers, which leave it at 0; ``hexflow calibrate`` measures ``token_s + seq_s`` per step
-  directly (its step probes) and pins ``token_s`` by the prompts.
+  side runs on the same core as its forward pass (vLLM on a CPU, where it dwarfs ``token_s``) slows every
+  step by it per call in the batch. On a GPU host it overlaps the forward pass and is folded into
+  ``token_s`` by the fits of published numbers, which leave it at 0; ``hexflow calibrate`` measures
+  ``token_s + seq_s`` per step directly (its step probes) and pins ``token_s`` by the prompts.
 
 * ``admit_s`` (default 0): engine time per admitted request, spent in the iteration that admits it: the
   host work of taking a request in (the API server parsing its body, input processing, the engine's
   bookkeeping) where it runs on the engine's own core, so it stalls every running call's step as well as
-  the request itself (vLLM on a CPU: measured 6-16 ms per arriving request blocking a running decode on
-  the tiny test model, growing with the prompt; the profile keeps one figure per request). On a GPU host
+  the request itself (vLLM on a CPU, growing with the prompt; the profile keeps one figure per request). On a GPU host
   the API server has cores of its own and it is 0 (all of its time is ``request_overhead_s``);
   ``hexflow calibrate`` measures it by batches of requests sent together (each one's intake stalls all).
 
@@ -42,8 +39,8 @@ reuses whole blocks only, so a shared prefix counts down to a multiple of it. vL
 ``request_overhead_s`` is latency per request that does not occupy the GPU (API server, tokenisation,
 detokenisation, client framework); it is added to what a caller observes but does not hold a batch slot.
 
-The same profile drives the simulator's worker model, the emulated worker and the scheduler's
-``t_comp`` estimate, so the three agree by construction. The constants come from ``config/gpus.yaml``.
+The same profile drives the simulator's worker model, the emulated worker and the scheduler's latency
+model (``latency.py``), so the three agree by construction. The constants come from ``config/gpus.yaml``.
 """
 
 from __future__ import annotations
@@ -115,6 +112,14 @@ class PerfProfile:
         ``pairs`` prefill attention pairs and decodes one token for each of ``decoders`` calls (among the
         ``tokens``)."""
         return self.iter_base_s + self.token_s * tokens + self.ctx_s * ctx + self.attn_s * pairs + self.seq_s * decoders
+
+    def busy_split(self, iterations: int, batched_tokens: int, busy_s: float) -> tuple[float, float, float]:
+        """An engine's ``busy_s`` seconds over ``iterations`` that processed ``batched_tokens`` tokens, split by
+        the terms of ``iter_time``: the per-iteration base, ``token_s`` per batched token (at most what the base
+        leaves), and the rest (context reads, prefill attention, per-call host work; never negative)."""
+        base = self.iter_base_s * iterations
+        tok = min(self.token_s * batched_tokens, busy_s - base)
+        return base, tok, max(busy_s - base - tok, 0.0)
 
     def prefill_time(self, input_tokens: int) -> float:
         """Engine seconds to process a prompt alone: its chunks, each reading the context before it (and,

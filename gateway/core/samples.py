@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from gateway.core.latency import prefill_token_s
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import Call
 
 
 @dataclass(frozen=True, slots=True)
 class CallSample:
-    """One completed call, in the terms of the estimator's model (``Estimator._own`` plus the engine wait).
+    """One completed call, in the terms of the latency model (``LatencyModel.sample_terms``).
 
     Attributes:
         prefill_tokens: prompt tokens the engine processed (input less the tokens expected cached).
@@ -62,7 +63,7 @@ class CallSample:
 
 def sample_of(call: Call, profile: PerfProfile, observed_s: float, now: float) -> CallSample:
     """The sample of a call that returned after ``observed_s``, on the worker whose profile is ``profile``."""
-    per_token = profile.token_s + profile.iter_base_s / profile.max_batched_tokens
+    per_token = prefill_token_s(profile)
     wait_tokens = call.wait_s / per_token if per_token > 0.0 and call.wait_s > 0.0 else 0.0
     s = call.spec
     return CallSample(

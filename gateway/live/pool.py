@@ -26,9 +26,9 @@ latency on the worker, at most ``call_s``), whatever the transport; ``HttpTransp
 (connect, a stream's headers and gaps). So every call ends, and with at most ``max_attempts`` attempts
 and ``parked_timeout_s`` of parking, so does every workflow.
 
-One concept in one module (about 560 lines): the pool's workers and what happens to their calls
-(membership, dispatch, draining, the call's end, retries, parking, down/up and ejection); the
-monitor, the outlier verdicts and the worker's state are modules of their own.
+The pool's workers and what happens to their calls (membership, dispatch, draining, the call's end,
+retries, parking) are here; their health transitions (a failed call, down/up, ejection and re-admission,
+parked calls' expiry) in ``pool_health.py``; the monitor, outlier verdicts and worker state in their own.
 
 Every way a sent call can end (result, ``WorkerError``, ``CallFailed``, cancellation, a bug) goes through
 one method, ``WorkerPool._settle``.
@@ -60,12 +60,14 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config.gateway import OutlierConfig, TimeoutsConfig
+from gateway.core.latency import decode_steps
 from gateway.core.scheduler import NoEligibleWorker, Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.errors import CallFailed, WorkerError
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.monitor import WorkerMonitor
 from gateway.live.outliers import OutlierDetector
+from gateway.live.pool_health import PoolHealth
 from gateway.live.transport import CallResult, LiveCall, PriorityRefused, Transport
 from gateway.live.worker_state import WorkerState
 
@@ -75,7 +77,7 @@ Clock = Callable[[], float]
 _PRIO_MAX = float(2**31 - 1)
 
 
-class WorkerPool:
+class WorkerPool(PoolHealth):
     """Membership, dispatch, draining and failure handling around one ``Scheduler``.
 
     Args:
@@ -126,7 +128,6 @@ class WorkerPool:
         # context of the request whose submission or completion happened to drain the worker (its log ids).
         self._context = contextvars.copy_context()
         self._kicked: dict[WorkerState, None] = {}  # the workers with a drain pending, in the order kicked
-        self.sent_log: list[tuple[float, str]] | None = None  # (time sent, worker name) when recording
         # The latest health changes, (time, worker name, what): down, up, ejected, readmitted, probe_failed.
         self.events: deque[tuple[float, str, str]] = deque(maxlen=256)
         self.on_removed: Callable[[str], None] | None = None  # called with a removed worker's name
@@ -230,10 +231,6 @@ class WorkerPool:
             return
         self.scheduler.set_capacity(st.index, capacity)
         self.kick(st)
-
-    def is_member(self, st: WorkerState) -> bool:
-        """Whether ``st`` is still in the pool (not finished removing; not replaced under its name)."""
-        return self.states.get(st.index) is st
 
     def remove_worker(self, st: WorkerState) -> None:
         """Take a worker out for good: no new calls, queue re-dispatched, freed after its last call."""
@@ -369,8 +366,6 @@ class WorkerPool:
             assert isinstance(c, LiveCall)
             c.sent_at = now
             c.worker_name = name
-            if self.sent_log is not None:
-                self.sent_log.append((now, name))
             if not st.priority_scheduling:  # the worker refused the field (``refuse_priority``)
                 c.priority = None
             elif c.best_effort:  # behind every urgent call in vLLM's own waiting queue too
@@ -430,16 +425,11 @@ class WorkerPool:
     # ------------------------------------------------------------------ execution
 
     def predicted_s(self, st: WorkerState, call: LiveCall, tokens: tuple[int, int] | None = None) -> float:
-        """The call's time on the worker as the model predicted it when sent (no online correction).
-
-        The load-aware prediction (``call.model_s``: the prompts ahead of it in the engine, then its own
-        time in the batch it joined), never less than the lone-request latency: a busy worker is not
-        judged slow for being busy, and a timeout scaled from it leaves room for the load.
-
-        ``tokens``: the (prompt, completion) tokens the call turned out to process (``processed_tokens``),
-        when they differ from the expected ones (``call.spec``): the same prediction for those tokens
-        (``Estimator.model_for_tokens``, which the online ratio judges calls by too), and the profile's
-        lone-request latency for them.
+        """The call's time on the worker as the model predicted it when sent (no online correction): the
+        load-aware prediction (``call.model_s``), never less than the lone-request latency, so a busy worker is
+        not judged slow for being busy and a timeout scaled from it leaves room for the load. ``tokens``: the
+        (prompt, completion) tokens the call turned out to process (``processed_tokens``), when they differ
+        from the expected ones (``Estimator.model_for_tokens``, which the online ratio judges calls by too).
         """
         spec = call.spec
         est = self.scheduler.estimator
@@ -449,27 +439,21 @@ class WorkerPool:
         return model if model > base else base
 
     def under_load_s(self, st: WorkerState, call: LiveCall, now: float, tokens: tuple[int, int] | None = None) -> float:
-        """The call's time on the worker as the model would have predicted it knowing the load it ran under:
-        ``predicted_s`` (the batch it joined), plus the prefill of the prompts sent to the worker while it ran
-        (chunked prefill runs them in the iterations its decode waits for) and the slower decode steps of the
-        calls that joined its batch. Outlier ejection judges a worker's speed by this: a call that shared the
-        engine took as long as the gateway's own load made it, and judged against ``predicted_s`` alone a
-        worker given a burst read 3x its peers and was ejected just when its capacity was needed (``hexflow
-        bench burst --live`` showed healthy workers out of dispatch for minutes).
+        """The call's time on the worker as the model would have predicted it knowing the load it ran under
+        (``LatencyModel.under_load_s``): ``predicted_s`` (the batch it joined), plus the prefill of the prompts
+        sent to the worker while it ran and the slower decode steps of the calls that joined its batch.
+        Outlier ejection judges a worker's speed by this, so a worker is not ejected for the load the gateway
+        itself gave it (a burst).
 
         ``tokens``: the (prompt, completion) tokens the call processed (``processed_tokens``), so that a
-        worker is judged by its speed, never by the length of what the model chose to write: judged against
-        the expected tokens, a Text-to-SQL call that wrote a long answer read 12x its prediction and ejected a
-        healthy worker."""
+        worker is judged by its speed, never by the length of what the model chose to write."""
         base = self.predicted_s(st, call, tokens)
         area0, prefill0, n0 = call.load_marks
         life = now - call.sent_at
-        joined = st.prefill_sent - prefill0
         extra_n = (st.load_area - area0) / life - n0 if life > 0 else 0.0
-        p = st.info.profile
         produced = call.spec.output_tokens if tokens is None else tokens[1]
-        out = produced - 1 if produced > 1 else 0
-        return base + max(joined, 0.0) + max(extra_n, 0.0) * (p.token_s + p.seq_s) * out
+        model = self.scheduler.estimator.model(st.index)
+        return model.under_load_s(base, st.prefill_sent - prefill0, extra_n, decode_steps(produced))
 
     async def _execute(self, st: WorkerState, call: LiveCall) -> None:
         """Send one call within its whole-call bound; every way out is settled by ``_settle``."""
@@ -582,36 +566,6 @@ class WorkerPool:
         elif self._running:
             self._drain(st)
 
-    def _deliver(self, call: LiveCall, outcome: CallResult | CallFailed) -> None:
-        """Run the call's callback once (a failing callback is logged, never lost in the pool)."""
-        cb, call.on_done = call.on_done, None
-        if cb is None:
-            return
-        try:
-            cb(call, outcome)
-        except Exception:
-            log.exception("completion handler of call %s failed", call.id)
-
-    def _worker_failed(self, st: WorkerState, call: LiveCall, reason: str, *, refused: bool) -> None:
-        st.failures += 1
-        st.failed += 1
-        call.last_error = f"{st.name}: {reason}"
-        call.failed_on.add(st.name)
-        self.metrics.call_failure(st.name, "worker_error")
-        log.warning("call %s failed on worker %s (attempt %d): %s", call.id, st.name, call.attempts, reason)
-        if not refused:  # a refused connection is a worker gone (restarting), not an outlier: health handles it
-            self.outliers.record(st, None)
-            self._judge(st)
-        if refused or st.failures >= self.failures_to_down:
-            self.mark_down(st, reason)
-        if call.streamed:
-            self._deliver(call, CallFailed(f"worker {st.name} failed mid-stream: {reason}", 502))
-        elif call.attempts >= self.max_attempts:
-            self._deliver(call, CallFailed(f"call failed after {call.attempts} attempts; last: {call.last_error}", 502))
-        else:
-            self.metrics.retry(st.name)
-            self._resubmit(call)
-
     def _resubmit(self, call: LiveCall) -> None:
         """Dispatch a failed call again, to a worker that has not failed it while any such takes calls."""
         avoid = [w for w in self.states.values() if w.name in call.failed_on and w.eligible]
@@ -625,93 +579,6 @@ class WorkerPool:
         finally:
             for w in avoid:
                 self.scheduler.set_eligible(w.index, True)
-
-    # ------------------------------------------------------------------ outlier ejection
-
-    def _judge(self, st: WorkerState) -> None:
-        """Eject ``st`` when its recent calls make it an outlier among the workers taking calls (a worker
-        marked down is judged too: the health probe that brings it back may pass while its calls fail)."""
-        if st.ejected or st.removing or not self.is_member(st):
-            return
-        reason = self.outliers.judge(st, list(self.states.values()))
-        if reason is not None:
-            self.eject(st, reason)
-
-    def eject(self, st: WorkerState, reason: str) -> None:
-        """Take an outlier out of dispatch for its back-off (queue re-dispatched; in-flight calls finish)."""
-        now = self.clock()
-        length = self.outliers.backoff(st, now)
-        st.ejections += 1
-        st.ejected_until = now + length
-        st.ejected_reason = reason
-        log.error("worker %s ejected for %g s: %s", st.name, length, reason)
-        self.events.append((now, st.name, "ejected"))
-        self.metrics.ejection(st.name)
-        self._sync(st)
-
-    def readmit(self, st: WorkerState) -> None:
-        """A probe call answered: the ejected worker takes calls again, with a clean window."""
-        if not st.ejected:
-            return
-        st.ejected_until = None
-        st.clear_recent()
-        st.failures = 0
-        st.readmitted_at = self.clock()
-        log.info("worker %s re-admitted: its probe call answered", st.name)
-        self.events.append((st.readmitted_at, st.name, "readmitted"))
-        self._sync(st)
-
-    def probe_failed(self, st: WorkerState, reason: str) -> None:
-        """A probe call failed: the worker stays ejected for another, longer back-off."""
-        if not st.ejected:
-            return
-        now = self.clock()
-        length = self.outliers.backoff(st, now)
-        st.ejections += 1
-        st.ejected_until = now + length
-        log.warning("worker %s stays ejected for %g s: its probe call failed: %s", st.name, length, reason)
-        self.events.append((now, st.name, "probe_failed"))
-        self.metrics.ejection(st.name)
-
-    def mark_down(self, st: WorkerState, reason: str) -> None:
-        """Take a worker out of dispatch and re-dispatch its queue (in-flight calls finish or fail)."""
-        if not st.up:
-            return
-        if not st.removing:
-            log.error("worker %s marked down: %s", st.name, reason)
-        st.up = False
-        self.events.append((self.clock(), st.name, "down"))
-        self._sync(st)
-
-    def mark_up(self, st: WorkerState) -> None:
-        """Put a worker back into dispatch and re-dispatch parked calls."""
-        st.failures = 0
-        if st.up:
-            return
-        log.info("worker %s is up again", st.name)
-        st.up = True
-        self.events.append((self.clock(), st.name, "up"))
-        self._sync(st)
-
-    def expire_parked(self) -> None:
-        """Fail parked calls that waited longer than ``parked_timeout_s`` for a healthy worker."""
-        now = self.clock()
-        keep: deque[LiveCall] = deque()
-        for c in self.parked:
-            if c.parked_at is not None and now - c.parked_at > self.parked_timeout_s:
-                self._deliver(
-                    c,
-                    CallFailed(
-                        f"no healthy worker for {self.parked_timeout_s:g} s"
-                        + (f"; last error: {c.last_error}" if c.last_error else ""),
-                        status=503,
-                    ),
-                )
-            else:
-                keep.append(c)
-        self.parked = keep
-
-    # ------------------------------------------------------------------ status
 
     def status(self) -> list[dict[str, Any]]:
         """Per-worker state for ``/v1/status``."""

@@ -8,8 +8,7 @@ keeps being mis-planned. The refit fits the profile's four time constants (``ite
 
 * **the data**: the last ``window_calls`` completed calls of the worker (``gateway.core.samples``), each
   with the batch the estimator assumed when it started, so its predicted latency is linear in the
-  constants: ``overhead + prefill(prompt) + (output - 1) * (iter_base + (token_s + seq_s) * batch + ctx_s *
-  context) + prefill(tokens ahead)`` (``sample_rows``);
+  constants (``LatencyModel.sample_terms``, ``sample_rows``);
 * **the fit**: the same L1 fit of relative errors as ``hexflow calibrate`` (``l1_relative_fit``), so a
   minute of stalled calls pulls it by its share of the window's calls, not by its size;
 * **the bounds**: each constant moves at most ``max_step`` times (up or down) per refit, and never beyond
@@ -37,11 +36,12 @@ from typing import Any
 
 import numpy as np
 
+from gateway.core.latency import LatencyModel
 from gateway.core.profile import PerfProfile
 from gateway.core.samples import CallSample
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
-from gateway.sim.calibrate import l1_relative_fit
+from gateway.sim.lpfit import l1_relative_fit
 
 FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
 """The constants the refit changes (the profile's capacities are configuration, not fitted). The rows carry
@@ -79,34 +79,13 @@ class RefitSettings:
             raise ValueError("max_error must be positive and min_gain in [0, 1)")
 
 
-def sample_rows(samples: Sequence[CallSample], chunk: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(a, y)``: per sample, the coefficients of ``FITTED`` in its predicted latency, and its observed one.
-
-    The prefill of ``p`` tokens in chunks of ``chunk`` is ``prefill_time``'s: one ``iter_base_s`` per chunk,
-    ``token_s`` per token, ``ctx_s`` per context token already cached when each chunk runs, and ``attn_s``
-    per attention pair, counted as if the prefilled tokens were the whole prompt (``p (p + 1) / 2``). The
-    tokens ahead of the call in the engine count as one more prefill at ``chunk`` tokens per iteration.
-    """
-    p = np.array([s.prefill_tokens for s in samples], dtype=float)
-    out = np.array([max(s.output_tokens - 1, 0) for s in samples], dtype=float)
-    n = np.array([s.batch_n for s in samples], dtype=float)
-    ctx = np.array([s.batch_ctx for s in samples], dtype=float)
-    ahead = np.array([s.wait_tokens for s in samples], dtype=float)
-    full = np.floor(p / chunk)
-    rest = p - full * chunk
-    chunks = full + (rest > 0)
-    pre_ctx = chunk * (full * (full - 1) / 2 + np.where(rest > 0, full, 0.0))
-    a = np.column_stack(
-        [
-            chunks + out + ahead / chunk,
-            p + out * n + ahead,
-            pre_ctx + out * ctx,
-            np.ones(len(samples)),
-            p * (p + 1) / 2,
-            out * n,
-            np.ones(len(samples)),
-        ]
-    )
+def sample_rows(samples: Sequence[CallSample], model: LatencyModel) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, y)``: per sample, the coefficients of the profile's constants in its predicted latency
+    (``LatencyModel.sample_terms``: ``FITTED``, then ``attn_s``, ``seq_s`` and ``admit_s``), and its observed one."""
+    a = np.array(
+        [model.sample_terms(s.prefill_tokens, s.output_tokens, s.batch_n, s.batch_ctx, s.wait_tokens) for s in samples],
+        dtype=float,
+    ).reshape(len(samples), 7)
     y = np.array([s.observed_s for s in samples], dtype=float)
     return a, y
 
@@ -175,7 +154,7 @@ def fit_job(job: FitJob, s: RefitSettings) -> FitOutcome:
     more than ``max_step`` away from its profile: exactly the worker that needs several.
     """
     cur = job.info.profile
-    a, y = sample_rows(job.samples, cur.max_batched_tokens)
+    a, y = sample_rows(job.samples, LatencyModel(cur))
     keep = y > 0
     a, y = a[keep], y[keep]
     if len(y) < s.min_calls:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.estimates import Estimator, prefill_time
+from gateway.core.estimates import Estimator
+from gateway.core.latency import LatencyModel
 from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
@@ -43,7 +44,7 @@ def test_an_idle_worker_has_no_queue_and_a_lone_call_costs_its_profile_latency(f
 def test_a_newcomer_waits_for_the_prompts_ahead_but_not_for_their_decode(fast: PerfProfile) -> None:
     est = Estimator([WorkerInfo("w", fast, 8)])
     sent(est, call(1, LONG), 0.0)
-    pre = prefill_time(fast, LONG.input_tokens)
+    pre = LatencyModel(fast).prefill_s(LONG.input_tokens)
     assert est.t_queue(0, 0.0) == pytest.approx(pre)
     assert est.t_queue(0, pre / 2) == pytest.approx(pre / 2)
     # Past its prompt the first call only decodes: a newcomer's prompt starts at once...
@@ -135,8 +136,8 @@ def test_harm_is_the_prompts_prefill_times_the_calls_it_would_stall(fast: PerfPr
     assert est.harm(0, 8000) == 0.0  # nothing in flight: nobody to stall
     for i in range(3):
         sent(est, call(i, SHORT), 0.0)
-    assert est.harm(0, 8000) == pytest.approx(3 * prefill_time(fast, 8000))
-    _, _, harm = est.estimates([0], LONG.kind, 8000, 400, 0.0)
+    assert est.harm(0, 8000) == pytest.approx(3 * LatencyModel(fast).prefill_s(8000))
+    _, _, harm, _ = est.snapshot([0], LONG.kind, 8000, 400, 0.0)
     assert harm == [pytest.approx(est.harm(0, 8000))]
 
 
@@ -144,8 +145,8 @@ def test_gpu_s_is_a_calls_share_of_a_full_workers_time(fast: PerfProfile) -> Non
     est = Estimator([WorkerInfo("w", fast, 8)])
     g = est.gpu_s(0, 8000, 400)
     # Its prompt alone costs what it costs alone; its decode steps are shared by the batch of 8.
-    assert prefill_time(fast, 8000) < g < fast.engine_latency(8000, 400)
-    assert est.gpu_s(0, 8000, 1) == pytest.approx(prefill_time(fast, 8000))
+    assert LatencyModel(fast).prefill_s(8000) < g < fast.engine_latency(8000, 400)
+    assert est.gpu_s(0, 8000, 1) == pytest.approx(LatencyModel(fast).prefill_s(8000))
 
 
 def test_backlog_s_counts_queued_work_and_what_is_left_of_work_in_flight(fast: PerfProfile) -> None:

@@ -14,6 +14,7 @@ from gateway.bench.bound import call_resources, solve_fluid_bound
 from gateway.config import load_cluster
 from gateway.config.gpus import ProfileSpec
 from gateway.core.estimates import Estimator
+from gateway.core.latency import LatencyModel
 from gateway.core.profile import CONSTANTS, PerfProfile, profile_from, time_scaled
 from gateway.core.samples import CallSample
 from gateway.core.worker import WorkerInfo
@@ -79,7 +80,7 @@ def test_the_refit_holds_it_fixed_and_its_rows_carry_it() -> None:
     s = CallSample(
         prefill_tokens=200, output_tokens=31, batch_n=4, batch_ctx=900.0, wait_tokens=0.0, observed_s=1.0, at=0.0
     )
-    a, _ = sample_rows([s], CPU.max_batched_tokens)
+    a, _ = sample_rows([s], LatencyModel(CPU))
     assert a.shape == (1, 7) and a[0, 5] == 30 * 4  # decoding calls summed over its decode steps
     assert constants_of(CPU)[5] == CPU.seq_s
     lower, upper = refit_bounds(CPU, CPU, 1.5, 8.0)

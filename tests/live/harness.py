@@ -16,8 +16,11 @@ from fastapi import FastAPI
 
 from gateway.config import load_gpu_catalog
 from gateway.config.gateway import load_gateway_config
+from gateway.core.worker import WorkerInfo
 from gateway.live.httpserver import HttpProtocol
+from gateway.live.pool import WorkerPool
 from gateway.live.server import build_app
+from gateway.live.transport import CallResult, LiveCall
 from tests.emulator_process import free_port
 from workers.emulator import EmulatorConfig, Responder, create_app
 
@@ -174,3 +177,20 @@ async def gateway_server(config: Path) -> AsyncIterator[tuple[str, FastAPI]]:
     finally:
         server.should_exit = True
         await task
+
+
+def record_sends(pool: WorkerPool) -> list[tuple[float, str]]:
+    """Record, from now on, every dispatched call ``pool``'s transport is asked to send: (when the pool sent it,
+    worker name), in order. Probe calls to ejected workers (``outliers.probe_call``: not dispatched by the pool, no
+    ``worker_name``) are left out."""
+    log: list[tuple[float, str]] = []
+    transport = pool.transport
+    send = transport.send
+
+    async def recorded(worker: WorkerInfo, call: LiveCall) -> CallResult:
+        if call.worker_name:
+            log.append((call.sent_at, worker.name))
+        return await send(worker, call)
+
+    transport.send = recorded  # type: ignore[method-assign]
+    return log

@@ -27,7 +27,7 @@ from gateway.errors import WorkerError
 from gateway.live.pool import WorkerPool
 from gateway.live.transport import HttpTransport, LiveCall, _looks_like_sse, _result, _sse_head_known
 from tests.live.chaos_worker import chaos_worker
-from tests.live.harness import chain, emulators, gateway_client, wait_for, write_config
+from tests.live.harness import chain, emulators, gateway_client, record_sends, wait_for, write_config
 
 TS = 0.05  # emulated calls take tens of ms: far above loopback overheads, far below the bounds below
 LONG = 1000  # the slow_long mode's threshold (prompt tokens)
@@ -104,7 +104,7 @@ async def test_a_bad_worker_is_ejected_its_calls_retried_and_it_is_readmitted_on
         gateway_client(_config(tmp_path, [bad_url, *healthy], floor_s=floor_s)) as (client, app),
     ):
         pool: WorkerPool = app.state.gateway.pool
-        pool.sent_log = []
+        sent = record_sends(pool)
         bad = pool.by_name(BAD)
         assert bad is not None
         t0 = pool.clock()
@@ -117,7 +117,7 @@ async def test_a_bad_worker_is_ejected_its_calls_retried_and_it_is_readmitted_on
         assert ejected, f"{BAD} was never ejected ({mode}): {bad.status(pool.clock())}"
         assert chaos.calls[mode] >= 1
         # Nothing is sent to a worker while it is ejected; the healthy ones are never ejected.
-        for t, name in pool.sent_log:
+        for t, name in sent:
             if name == BAD:
                 assert not any(a <= t < b for a, b in _ejected_intervals(pool, BAD)), (t, list(pool.events))
         for other in pool.workers[1:]:

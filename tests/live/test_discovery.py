@@ -26,7 +26,7 @@ from gateway.live.pool import WorkerPool
 from gateway.live.server import build_app
 from gateway.live.worker_state import WorkerState
 from tests.live.fake_kube import FakeKube, make_pod
-from tests.live.harness import REPO, chain, emulators, gateway_client, wait_for
+from tests.live.harness import REPO, chain, emulators, gateway_client, record_sends, wait_for
 
 KCFG = KubernetesDiscoveryConfig()
 
@@ -208,9 +208,8 @@ class Changes:
         return next(t for t, n, a in self.log if n == name and a == action)
 
 
-def sends(pool: WorkerPool, name: str, after: float, before: float = float("inf")) -> int:
-    assert pool.sent_log is not None
-    return sum(1 for t, n in pool.sent_log if n == name and after <= t < before)
+def sends(sent: list[tuple[float, str]], name: str, after: float, before: float = float("inf")) -> int:
+    return sum(1 for t, n in sent if n == name and after <= t < before)
 
 
 @pytest.mark.parametrize("watch", [True, False], ids=["watch", "poll"])
@@ -229,18 +228,18 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
         async with gateway_client(cfg) as (client, app):
             gw = app.state.gateway
             pool: WorkerPool = gw.pool
-            pool.sent_log = []
+            sent = record_sends(pool)
             changes = Changes(pool)
             assert {st.name for st in pool.workers} == {"w-a", "w-b"}, "the first list is awaited at start"
             load = Load(client)
-            await until(lambda: sends(pool, "w-a", 0) and sends(pool, "w-b", 0), 10, "calls reach both workers")
+            await until(lambda: sends(sent, "w-a", 0) and sends(sent, "w-b", 0), 10, "calls reach both workers")
 
             # A pod added: a worker, and it takes calls.
             t0 = pool.clock()
             kube.add(make_pod("w-c", urls[2], "L40S", capacity=2))
             t_add = await until(lambda: (st := pool.by_name("w-c")) is not None and st.eligible, settle_s, "add")
             assert pool.by_name("w-c").info.capacity == 2  # type: ignore[union-attr]
-            await until(lambda: sends(pool, "w-c", t0), 10, "calls reach the added worker")
+            await until(lambda: sends(sent, "w-c", t0), 10, "calls reach the added worker")
 
             # A pod made unready: drained (no new calls, queue re-dispatched).
             kube.ready("w-b", False)
@@ -264,13 +263,13 @@ async def test_workers_follow_pods_without_losing_a_call(tmp_path: Path, watch: 
             kube.ready("w-b", True)
             await until(lambda: pool.by_name("w-b").eligible, settle_s, "ready again")  # type: ignore[union-attr]
             t_ready = changes.at("w-b", "ready")
-            await until(lambda: sends(pool, "w-b", t_ready), 10, "calls reach w-b again")
+            await until(lambda: sends(sent, "w-b", t_ready), 10, "calls reach w-b again")
             # Enough whole workflows ran across the changes (how many depends on the machine's speed: wait for them).
             await until(lambda: len(load.results) >= 8, 30, "eight workflows answered")
             await load.stop()
 
-            assert sends(pool, "w-b", t_unready, t_ready) == 0, "a call was sent to an unready worker"
-            assert sends(pool, "w-a", t_removed) == 0, "a call was sent to a removed worker"
+            assert sends(sent, "w-b", t_unready, t_ready) == 0, "a call was sent to an unready worker"
+            assert sends(sent, "w-a", t_removed) == 0, "a call was sent to a removed worker"
             bad = [(code, body) for code, body in load.results if code != 200 or body["status"] != "ok"]
             assert not bad, bad[:2]
             for _, body in load.results:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gateway.config.gateway import load_gateway_config
+from gateway.core.latency import LatencyModel
 from gateway.core.samples import CallSample
 from gateway.errors import ConfigError
 from gateway.live.service import Gateway
@@ -73,7 +74,7 @@ async def test_an_accepted_refit_changes_the_profile_restarts_ratios_and_shows_i
                 )
                 for _ in range(100)
             ]
-            a, _ = sample_rows(raw, old.max_batched_tokens)
+            a, _ = sample_rows(raw, LatencyModel(old))
             for s, y in zip(raw, a @ np.array(constants_of(truth)), strict=True):
                 sched.samples.add(0, replace(s, observed_s=float(y)))
             assert sched.estimator.ratios(0, gw.clock())  # learned from the workflow above

@@ -22,12 +22,12 @@ from gateway.sim.calibrate import (
     fit,
     fit_profiles,
     main,
-    minimax_fit,
     render_generated,
     render_profiles_yaml,
     round_sig_up,
     step_errors,
 )
+from gateway.sim.lpfit import minimax_fit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE_MD = REPO_ROOT.parent / "shared" / "data" / "hexgen-traces" / "SOURCE.md"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gateway.config import load_gpu_catalog
+from gateway.core.latency import LatencyModel
 from gateway.core.profile import PerfProfile
 from gateway.core.samples import CallSample
 from gateway.core.scheduler import Scheduler
@@ -50,7 +51,7 @@ def synthetic(truth: PerfProfile, n: int, rng: random.Random) -> list[CallSample
         )
         for i in range(n)
     ]
-    a, _ = sample_rows(raw, truth.max_batched_tokens)
+    a, _ = sample_rows(raw, LatencyModel(truth))
     y = a @ np.array(constants_of(truth))
     return [replace(s, observed_s=float(v)) for s, v in zip(raw, y, strict=True)]
 
@@ -75,7 +76,7 @@ def test_a_samples_row_gives_the_latency_the_estimator_predicted_when_the_call_s
         sched.on_finish(c, 10.0, observed_s=3.0)
     assert sched.samples is not None
     samples = sched.samples.samples(0)
-    a, y = sample_rows(samples, a100.max_batched_tokens)
+    a, y = sample_rows(samples, LatencyModel(a100))
     predicted = a @ np.array(constants_of(a100))
     assert predicted == pytest.approx([c.model_s for c in calls], rel=1e-6)
     assert list(y) == [3.0] * 4
@@ -162,7 +163,7 @@ def test_set_profile_restarts_the_ratio_keeps_the_load_and_reuses_profile_groups
     groups = []
     for k in (1.1, 1.2, 1.3, 1.4):
         sched.set_profile(w, scaled(a100, k))
-        groups.append(len(sched.estimator._profiles))
+        groups.append(len(sched.estimator._models))
     assert sched.estimator.ratio(w, "revise", 5.0) == 1.0
     assert sched.workers[w].profile_source == "refit"
     assert sched.workers[w].profile.iter_base_s == pytest.approx(a100.iter_base_s * 1.4)
