@@ -11,6 +11,7 @@ import yaml
 
 from gateway.cli import main
 from gateway.config import DEFAULT_GPU_CATALOG
+from tests.fakes import FakeClock
 
 SMALL = ["plan", "--gpus", "A100,L40S", "--max-workers", "4", "--workflows", "60", "--seeds", "1", "--quiet"]
 
@@ -114,15 +115,15 @@ def test_progress_lines_say_each_step_at_once_and_otherwise_every_few_seconds() 
 
     from gateway.cli.plan import ProgressLines
 
-    now = [100.0]
+    now = FakeClock(100.0)
     stream = io.StringIO()
-    lines = ProgressLines(stream, every_s=5.0, clock=lambda: now[0])
-    now[0] += 2.0
+    lines = ProgressLines(stream, every_s=5.0, clock=now)
+    now.t += 2.0
     lines.describe("2xA100, seed 0")
     lines.update(1)
-    now[0] += 4.0
+    now.t += 4.0
     lines.update(1)  # 4 s since the last line: nothing
-    now[0] += 1.5
+    now.t += 1.5
     lines.update(1)
     assert stream.getvalue().splitlines() == [
         "... 2 s, 0 simulated runs done: 2xA100, seed 0",

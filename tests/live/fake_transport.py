@@ -1,4 +1,5 @@
-"""A fake ``Transport`` and a one-worker pool around it, for the pool and monitor unit tests."""
+"""The tests' fake ``Transport``: ``FakeTransport`` (the protocol's defaults; a test overrides ``send``),
+``Hold`` (holds every call until released) and a one-worker pool around a transport on a fake clock."""
 
 from __future__ import annotations
 
@@ -12,36 +13,53 @@ from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import WorkerPool
-from gateway.live.transport import CallResult, LiveCall
+from gateway.live.transport import CallResult, LiveCall, Transport
+from tests.fakes import FakeClock
 from tests.live.harness import write_config
 
 
-class Hold:
-    """Holds every sent call until ``release`` is set; probes answer ``healthy``; counts what it did."""
+class FakeTransport:
+    """The transport protocol's defaults for a test: probes answer ``healthy``, scrapes ``metrics_text``,
+    ``aclose`` counts; ``send`` fails the test (a subclass answers calls by overriding it)."""
 
     def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.sent = 0
         self.healthy = True
         self.metrics_text = ""
         self.closed = 0
 
     async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
+        """Fails the test: this transport expects no call."""
+        raise AssertionError("no call is sent")
+
+    async def probe(self, worker: WorkerInfo) -> bool:
+        """The worker is as healthy as ``healthy`` says."""
+        return self.healthy
+
+    async def scrape(self, worker: WorkerInfo) -> str:
+        """The worker's metrics: ``metrics_text``."""
+        return self.metrics_text
+
+    async def aclose(self) -> None:
+        """Counts the closes."""
+        self.closed += 1
+
+
+class Hold(FakeTransport):
+    """Holds every sent call until ``release`` is set, then answers an empty result; counts the calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.sent = 0
+
+    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
+        """Counts the call and answers it once ``release`` is set."""
         self.sent += 1
         await self.release.wait()
         return CallResult({})
 
-    async def probe(self, worker: WorkerInfo) -> bool:
-        return self.healthy
 
-    async def scrape(self, worker: WorkerInfo) -> str:
-        return self.metrics_text
-
-    async def aclose(self) -> None:
-        self.closed += 1
-
-
-def one_worker_pool(tmp: Path, transport: Hold, clock: list[float]) -> WorkerPool:
+def one_worker_pool(tmp: Path, transport: Transport, clock: FakeClock) -> WorkerPool:
     """A pool of one A100 worker (capacity 4) on a fake clock; background tasks off."""
     loaded = load_gateway_config(write_config(tmp, ["http://127.0.0.1:1"], ["A100"]))
     sched = Scheduler(loaded.workers, "hexgen", random.Random(0))
@@ -49,7 +67,7 @@ def one_worker_pool(tmp: Path, transport: Hold, clock: list[float]) -> WorkerPoo
         sched,
         transport,
         GatewayMetrics([w.name for w in loaded.workers], []),
-        clock=lambda: clock[0],
+        clock=clock,
         health_period_s=0,
         scrape_period_s=0,
         parked_timeout_s=5.0,

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from gateway.live.discovery import PodError, pod_ready, pod_worker
 from gateway.live.pool import WorkerPool
 from gateway.live.server import build_app
 from gateway.live.worker_state import WorkerState
-from tests.live.fake_kube import FakeKube, make_pod
+from tests.live.fake_kube import fake_kube, make_pod
 from tests.live.harness import REPO, chain, emulators, gateway_client, record_sends, wait_for
 
 KCFG = KubernetesDiscoveryConfig()
@@ -148,16 +147,6 @@ def discovery_config(tmp: Path, api_url: str, *, period_s: float, watch: bool = 
     path = tmp / "gateway.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-@contextlib.asynccontextmanager
-async def fake_kube() -> AsyncIterator[FakeKube]:
-    kube = FakeKube()
-    await kube.start()
-    try:
-        yield kube
-    finally:
-        await kube.stop()
 
 
 async def until(pred: Callable[[], object], timeout: float, what: str) -> float:

@@ -15,6 +15,7 @@ from gateway.live.logs import REQUEST_ID
 from gateway.live.service import Gateway
 from gateway.live.tenants import TenantStore
 from gateway.live.transport import CallResult, LiveCall
+from tests.fakes import FakeClock
 from tests.live.fake_transport import Hold, one_call, one_worker_pool
 from tests.live.harness import write_config
 
@@ -24,7 +25,7 @@ async def test_parked_calls_wait_for_a_worker_then_fail_with_503(
 ) -> None:
     caplog.set_level("INFO", logger="hexflow")
     t = Hold()
-    clock = [0.0]
+    clock = FakeClock()
     pool = one_worker_pool(tmp_path, t, clock)
     await pool.start()
     st = pool.workers[0]
@@ -43,7 +44,7 @@ async def test_parked_calls_wait_for_a_worker_then_fail_with_503(
         await asyncio.sleep(0.01)
         pool.mark_down(st, "test again")
         pool.submit(one_call(3, out))
-        clock[0] = 6.0
+        clock.t = 6.0
         pool.expire_parked()
         assert isinstance(out[-1], CallFailed) and out[-1].status == 503 and "no healthy worker" in str(out[-1])
     finally:
@@ -52,7 +53,7 @@ async def test_parked_calls_wait_for_a_worker_then_fail_with_503(
 
 async def test_cancel_takes_queued_and_in_flight_calls_back(tmp_path: Path) -> None:
     t = Hold()
-    clock = [0.0]
+    clock = FakeClock()
     pool = one_worker_pool(tmp_path, t, clock)
     await pool.start()
     try:
@@ -77,7 +78,7 @@ async def test_cancel_takes_queued_and_in_flight_calls_back(tmp_path: Path) -> N
 
 async def test_set_capacity_changes_the_one_capacity_that_dispatch_and_status_read(tmp_path: Path) -> None:
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = one_worker_pool(tmp_path, t, FakeClock())
     await pool.start()
     st = pool.workers[0]
     try:
@@ -108,7 +109,7 @@ async def test_the_gateway_closes_its_transport_when_it_stops(tmp_path: Path) ->
 async def test_served_models_follow_the_membership(tmp_path: Path) -> None:
     """The served models are computed once per membership: a worker added, being removed, or gone shows."""
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = one_worker_pool(tmp_path, t, FakeClock())
     await pool.start()
     try:
         first = pool.workers[0].info
@@ -149,7 +150,7 @@ async def test_calls_are_sent_in_the_pools_context_not_in_the_submitting_request
     """Whichever request's submission or completion drains a worker, the calls it sends are not logged as
     that request's (the pool's own, as when each worker had a drain loop task)."""
     t = _SeesRequestId()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = one_worker_pool(tmp_path, t, FakeClock())
     await pool.start()
     await asyncio.sleep(0.01)  # the start's own drain is done
     try:
@@ -172,7 +173,7 @@ async def test_calls_are_sent_in_the_pools_context_not_in_the_submitting_request
 
 async def test_calls_submitted_before_start_are_sent_when_it_starts(tmp_path: Path) -> None:
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = one_worker_pool(tmp_path, t, FakeClock())
     out: list[object] = []
     for i in range(2):
         pool.submit(one_call(i, out))
@@ -189,7 +190,7 @@ async def test_calls_submitted_before_start_are_sent_when_it_starts(tmp_path: Pa
 
 async def test_drain_kicked_sends_the_queued_calls_without_waiting_for_the_event_loop(tmp_path: Path) -> None:
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = one_worker_pool(tmp_path, t, FakeClock())
     await pool.start()
     await asyncio.sleep(0.01)
     try:
@@ -211,7 +212,7 @@ async def test_drain_kicked_sends_the_queued_calls_without_waiting_for_the_event
 
 async def test_a_call_cancelled_before_its_task_ran_is_settled_and_frees_its_slot(tmp_path: Path) -> None:
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = one_worker_pool(tmp_path, t, FakeClock())
     await pool.start()
     await asyncio.sleep(0.01)
     try:

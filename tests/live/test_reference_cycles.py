@@ -25,6 +25,7 @@ from gateway.live.runner import CallRecord, CallRequest, _Execution
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall
+from tests.live.fake_transport import FakeTransport
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 100.0, 1.0, 100)
@@ -37,11 +38,12 @@ DIAMOND = [
 ]
 
 
-class Scripted:
+class Scripted(FakeTransport):
     """Answers by the prompt: ``ok``, ``refuse`` (a 400), ``flaky`` (a worker error on the first attempt),
     ``hang`` (never answers)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.seen: set[int] = set()
 
     async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
@@ -55,15 +57,6 @@ class Scripted:
         if prompt == "hang":
             await asyncio.sleep(3600)
         return CallResult({"choices": [{"message": {"content": "x"}}]}, 1, 1)
-
-    async def probe(self, worker: WorkerInfo) -> bool:
-        return True
-
-    async def scrape(self, worker: WorkerInfo) -> str:
-        return ""
-
-    async def aclose(self) -> None:
-        return None
 
 
 def _req(prompt: str) -> CallRequest:
