@@ -1,11 +1,14 @@
 """The tests' fake ``Transport``: ``FakeTransport`` (the protocol's defaults; a test overrides ``send``),
-``Hold`` (holds every call until released) and a one-worker pool around a transport on a fake clock."""
+``Hold`` (holds every call until released), a pool and a gateway around a fake transport."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gateway.config.gateway import load_gateway_config
 from gateway.core.scheduler import Scheduler
@@ -13,9 +16,12 @@ from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import WorkerPool
+from gateway.live.service import Gateway
+from gateway.live.tenants import TenantStore
 from gateway.live.transport import CallResult, LiveCall, Transport
-from tests.fakes import FakeClock
 from tests.live.harness import write_config
+
+Clock = Callable[[], float]
 
 
 class FakeTransport:
@@ -59,19 +65,35 @@ class Hold(FakeTransport):
         return CallResult({})
 
 
-def one_worker_pool(tmp: Path, transport: Transport, clock: FakeClock) -> WorkerPool:
-    """A pool of one A100 worker (capacity 4) on a fake clock; background tasks off."""
-    loaded = load_gateway_config(write_config(tmp, ["http://127.0.0.1:1"], ["A100"]))
-    sched = Scheduler(loaded.workers, "hexgen", random.Random(0))
+def fake_pool(
+    tmp: Path,
+    transport: Transport,
+    clock: Clock = time.monotonic,
+    *,
+    workers: int = 1,
+    policy: str = "hexgen",
+    **pool_kw: Any,
+) -> WorkerPool:
+    """A pool of ``workers`` A100 workers (capacity 4, unreachable URLs) that talks only to ``transport``, on
+    ``clock``; the health and scrape loops off; ``pool_kw`` go to ``WorkerPool`` (timeouts, outlier, ...)."""
+    urls = [f"http://127.0.0.1:{i + 1}" for i in range(workers)]
+    loaded = load_gateway_config(write_config(tmp, urls, ["A100"] * workers))
     return WorkerPool(
-        sched,
+        Scheduler(loaded.workers, policy, random.Random(0)),
         transport,
         GatewayMetrics([w.name for w in loaded.workers], []),
         clock=clock,
         health_period_s=0,
         scrape_period_s=0,
-        parked_timeout_s=5.0,
+        **pool_kw,
     )
+
+
+def fake_gateway(config: Path, transport: Transport, clock: Clock = time.monotonic) -> Gateway:
+    """The gateway of the config file ``config`` (and its tenants file), talking only to ``transport``, on
+    ``clock``; its background loops off (``background=False``)."""
+    loaded = load_gateway_config(config)
+    return Gateway(loaded, TenantStore.load(loaded.tenants_path), transport, clock=clock, background=False)
 
 
 def one_call(i: int, outcomes: list[object]) -> LiveCall:

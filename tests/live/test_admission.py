@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from gateway.config.base import load_yaml_model
-from gateway.config.gateway import load_gateway_config
 from gateway.config.tenants import TenantsFile, hash_key
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.admission import ADMISSION_HEADROOM
@@ -25,7 +24,7 @@ from gateway.live.runner import CallRequest
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, TenantStore
 from tests.fakes import FakeClock
-from tests.live.fake_transport import Hold
+from tests.live.fake_transport import Hold, fake_gateway
 from tests.live.harness import write_config
 
 FULL = Knobs(2, 10, True)
@@ -60,8 +59,7 @@ def make_gateway(tmp_path: Path, clock: FakeClock, capacity: int = 2, **override
     cfg = write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"], **overrides)
     text = cfg.read_text().replace("capacity: 4", f"capacity: {capacity}")
     cfg.write_text(text)
-    loaded = load_gateway_config(cfg)
-    return Gateway(loaded, TenantStore.load(loaded.tenants_path), Hold(), clock=clock, background=False)
+    return fake_gateway(cfg, Hold(), clock)
 
 
 def tenant(gw: Gateway, name: str) -> Tenant:
@@ -342,8 +340,7 @@ async def test_a_degrading_tenant_is_shed_only_when_even_its_floor_cannot_make_i
     clock = FakeClock(100.0)
     doc = {"tenants": [tenant_entry("full"), tenant_entry("ad", quality="adaptive")]}
     (tmp_path / "tenants.yaml").write_text(yaml.safe_dump(doc))
-    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]))
-    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), Hold(), clock=clock, background=False)
+    gw = fake_gateway(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]), Hold(), clock)
     pred = CompletionPredictor(gw.scheduler, clock.t, later_queue_weight=0.0)
     # After the keywords stage: the full template's rest takes far longer than the floor's.
     phase = next(i for i, p in enumerate(CHESS_TEMPLATE.phases) if p.kind == "extract_keywords")
@@ -408,8 +405,7 @@ def gateway_with_share(tmp_path: Path, clock: FakeClock, share: float) -> Gatewa
     doc = yaml.safe_load(cfg.read_text())
     doc["admission"] = {"sustainable_share": share}
     cfg.write_text(yaml.safe_dump(doc))
-    loaded = load_gateway_config(cfg)
-    return Gateway(loaded, TenantStore.load(loaded.tenants_path), Hold(), clock=clock, background=False)
+    return fake_gateway(cfg, Hold(), clock)
 
 
 async def test_the_configured_sustainable_share_sets_what_admission_forecasts(tmp_path: Path) -> None:

@@ -17,13 +17,12 @@ from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import CallFailed, ConfigError, WorkerError
-from gateway.live.metrics import GatewayMetrics
 from gateway.live.outliers import OutlierDetector
 from gateway.live.pool import WorkerPool
 from gateway.live.transport import CallResult, LiveCall
 from gateway.live.worker_state import WorkerState, typical_ratio
 from tests.fakes import FakeClock
-from tests.live.fake_transport import FakeTransport, one_call
+from tests.live.fake_transport import FakeTransport, Hold, fake_pool, one_call
 from tests.live.harness import write_config
 
 OK_BODY = {"choices": [{"text": "x"}]}
@@ -48,14 +47,11 @@ class Scripted(FakeTransport):
 
 
 def _pool(tmp: Path, t: Scripted, n: int = 2, *, outlier: OutlierConfig | None = None, **timeouts: float) -> WorkerPool:
-    loaded = load_gateway_config(write_config(tmp, [f"http://127.0.0.1:{i + 1}" for i in range(n)], ["A100"] * n))
-    sched = Scheduler(loaded.workers, "rr-fcfs", random.Random(0))
-    return WorkerPool(
-        sched,
+    return fake_pool(
+        tmp,
         t,
-        GatewayMetrics([w.name for w in loaded.workers], []),
-        health_period_s=0,
-        scrape_period_s=0,
+        workers=n,
+        policy="rr-fcfs",
         timeouts=TimeoutsConfig(**timeouts),
         outlier=outlier or OutlierConfig(min_calls=3, window=10),
     )
@@ -257,11 +253,9 @@ async def test_a_calls_latency_is_judged_against_the_load_it_ran_under(tmp_path:
     """Outlier ejection compares a call with the model's prediction given the load it actually saw: the batch
     it joined, the prompts sent to the worker while it ran (their prefill stalls its decode) and the calls
     that joined its batch. A worker given a burst is not an outlier for being busy."""
-    from tests.live.fake_transport import Hold, one_worker_pool
-
     clock = FakeClock()
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, clock)
+    pool = fake_pool(tmp_path, t, clock)
     await pool.start()
     st = pool.workers[0]
     try:
@@ -352,21 +346,13 @@ async def test_a_worker_is_judged_by_its_speed_on_the_tokens_it_processed_not_by
     tmp_path: Path, verbosity: int, slowness: float, usage: bool, ejected: bool
 ) -> None:
     clock = FakeClock()
-    loaded = load_gateway_config(write_config(tmp_path, [f"http://127.0.0.1:{i + 1}" for i in range(3)], ["A100"] * 3))
     t = Paced(clock)
     t.verbosity["a100-0"] = verbosity
     t.slowness["a100-0"] = slowness
     t.usage = usage
     # latency_ratio 2.5: a call 3x its lone-request time reads a little under 3x the load-aware prediction.
-    pool = WorkerPool(
-        Scheduler(loaded.workers, "rr-fcfs", random.Random(0)),
-        t,
-        GatewayMetrics([w.name for w in loaded.workers], []),
-        clock=clock,
-        health_period_s=0,
-        scrape_period_s=0,
-        outlier=OutlierConfig(window=10, min_calls=5, latency_ratio=2.5),
-    )
+    outlier = OutlierConfig(window=10, min_calls=5, latency_ratio=2.5)
+    pool = fake_pool(tmp_path, t, clock, workers=3, policy="rr-fcfs", outlier=outlier)
     await pool.start()
     try:
         out: list[object] = []

@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.gateway import load_gateway_config
 from gateway.core.dag import DagNode
 from gateway.core.worker import WorkerInfo
 from gateway.live.prompts import request_prompt
 from gateway.live.runner import CallRequest
-from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult, LiveCall
 from tests.fakes import FakeClock
-from tests.live.fake_transport import FakeTransport
+from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 600.0, 1.0, 6000.0, 1.0, 10)
@@ -53,18 +51,12 @@ def chat(question: str) -> CallRequest:
 async def test_a_second_prompt_with_the_same_schema_goes_where_the_first_one_is(
     tmp_path: Path, policy: str, caching: bool, follows: bool
 ) -> None:
-    loaded = load_gateway_config(
-        write_config(
-            tmp_path,
-            ["http://127.0.0.1:1", "http://127.0.0.1:2"],
-            ["A100", "A100"],
-            policy=policy,
-            prefix_caching=caching,
-        )
+    cfg = write_config(
+        tmp_path, ["http://127.0.0.1:1", "http://127.0.0.1:2"], ["A100", "A100"], policy=policy, prefix_caching=caching
     )
     transport = Recording()
     now = FakeClock()
-    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), transport, background=False, clock=now)
+    gw = fake_gateway(cfg, transport, now)
     await gw.start()
     n_in = len(SCHEMA) // 4
     first = asyncio.create_task(gw.run_workflow(TENANT, 600.0, [DagNode("a", "chat", n_in, 50)], [chat("How many?")]))

@@ -23,9 +23,9 @@ from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed, WorkerError
 from gateway.live.runner import CallRecord, CallRequest, _Execution
 from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult, LiveCall
-from tests.live.fake_transport import FakeTransport
+from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 100.0, 1.0, 100)
@@ -126,12 +126,10 @@ def _scenarios(gw: Gateway) -> dict[str, Callable[[], Awaitable[Any]]]:
 
 @pytest.mark.parametrize("scenario", ["met", "retried", "failed", "cancelled", "stage", "stage-cancelled"])
 async def test_a_finished_workflow_is_freed_without_the_cyclic_collector(tmp_path: Path, scenario: str) -> None:
-    loaded = load_gateway_config(
-        write_config(
-            tmp_path, ["http://127.0.0.1:9", "http://127.0.0.1:10"], ["A100", "A100"], health={"failures_to_down": 100}
-        )
+    cfg = write_config(
+        tmp_path, ["http://127.0.0.1:9", "http://127.0.0.1:10"], ["A100", "A100"], health={"failures_to_down": 100}
     )
-    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), Scripted(), background=False)
+    gw = fake_gateway(cfg, Scripted())
     await gw.start()
     executions: list[weakref.ref[_Execution]] = []
     begin = gw.runner.accounting.begin

@@ -14,19 +14,18 @@ from typing import Any
 
 import pytest
 
-from gateway.config.gateway import load_gateway_config
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.degrade import Knobs, QuestionPlan
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
 from gateway.errors import CallFailed
 from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.tenants import Tenant
 from gateway.live.text2sql_runner import GatewayStageRunner
 from gateway.live.transport import CallResult, LiveCall
 from gateway.text2sql.port import StageCall, StageCallError, StageRunner
 from tests.fakes import FakeClock
-from tests.live.fake_transport import FakeTransport
+from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 1e9, 1.0, 100)
@@ -54,10 +53,9 @@ class ScriptedTransport(FakeTransport):
 
 @pytest.fixture
 async def live(tmp_path: Path) -> AsyncIterator[tuple[Gateway, FakeClock, ScriptedTransport]]:
-    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]))
     clock = FakeClock(1000.0)
     transport = ScriptedTransport(clock)
-    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), transport, clock=clock, background=False)
+    gw = fake_gateway(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]), transport, clock)
     await gw.start()
     try:
         yield gw, clock, transport

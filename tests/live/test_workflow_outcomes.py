@@ -7,17 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.gateway import load_gateway_config
 from gateway.core.dag import DagNode
 from gateway.core.workflow import CallSpec
 from gateway.errors import Rejected
 from gateway.live.history import GOODPUT_OUTCOMES
 from gateway.live.runner import CallRequest, WorkflowOutcome
 from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.tenants import Tenant
 from gateway.live.transport import LiveCall
 from tests.fakes import FakeClock
-from tests.live.fake_transport import FakeTransport
+from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 100.0, 1.0, 10)
@@ -25,8 +24,7 @@ TENANT = Tenant("t", 10.0, 1.0, 100.0, 1.0, 10)
 
 def _gateway(tmp_path: Path, clock: FakeClock) -> Gateway:
     """A gateway whose transport fails the test if a call is sent (these tests send none)."""
-    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]))
-    return Gateway(loaded, TenantStore.load(loaded.tenants_path), FakeTransport(), clock=clock, background=False)
+    return fake_gateway(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]), FakeTransport(), clock)
 
 
 def _count(gw: Gateway, outcome: str) -> float:
