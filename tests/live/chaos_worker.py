@@ -25,11 +25,8 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-import uvicorn
-
-from gateway.config import load_gpu_catalog
-from tests.emulator_process import free_port
-from workers.emulator import EmulatorConfig, chat_prompt_tokens, count_tokens, create_app
+from tests.live.harness import emulator_app, serving
+from workers.emulator import chat_prompt_tokens, count_tokens
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -170,24 +167,6 @@ async def chaos_worker(
 ) -> AsyncIterator[tuple[str, ChaosWorker]]:
     """Serve one emulated worker of ``gpu`` behind ``ChaosWorker(mode)`` on a loopback port; yield its URL
     and the wrapper (to switch its mode)."""
-    emulator = create_app(
-        EmulatorConfig(
-            profile=load_gpu_catalog().profile(gpu, "llama-3.1-70b"),
-            served_model_name="llama-3.1-70b",
-            time_scale=time_scale,
-        )
-    )
-    chaos = ChaosWorker(emulator, mode, **kw)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(chaos, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("the chaos worker stopped during start-up")
-            await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{port}", chaos
-    finally:
-        server.should_exit = True
-        await asyncio.gather(task, return_exceptions=True)
+    chaos = ChaosWorker(emulator_app(gpu, time_scale=time_scale), mode, **kw)
+    async with serving(chaos, what="the chaos worker") as url:
+        yield url, chaos
