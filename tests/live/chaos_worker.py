@@ -57,7 +57,7 @@ class ChaosWorker:
             return
         mode = self.mode
         self.calls[mode] += 1
-        raw = await _read_body(receive)
+        raw = await read_body(receive)
         if raw is None:
             return
         body = _json(raw)
@@ -67,25 +67,26 @@ class ChaosWorker:
             self._flaky += 1
             if self._flaky % 2 == 1:
                 err = {"error": {"message": "chaos: internal error", "type": "InternalServerError", "code": 500}}
-                await _answer(send, 500, "application/json", json.dumps(err).encode())
+                await answer(send, 500, "application/json", json.dumps(err).encode())
             else:
-                await self.app(scope, _replay(raw, receive), send)
+                await self.app(scope, replay_body(raw, receive), send)
         elif mode == "garbage":
             ctype = "text/event-stream" if body.get("stream") else "application/json"
-            await _answer(send, 200, ctype, b"\x00\xff<html>chaos garbage</html>\n\n")
+            await answer(send, 200, ctype, b"\x00\xff<html>chaos garbage</html>\n\n")
         elif mode == "truncated":
-            await self.app(scope, _replay(raw, receive), _cut(send, end=True))
+            await self.app(scope, replay_body(raw, receive), _cut(send, end=True))
         elif mode == "stall":
-            await self.app(scope, _replay(raw, receive), _cut(send, end=False))
+            await self.app(scope, replay_body(raw, receive), _cut(send, end=False))
             await _until_disconnect(receive)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         else:  # slow_long
             if _prompt_tokens(body) > self.long_prompt_tokens:
                 await asyncio.sleep(self.slow_s)
-            await self.app(scope, _replay(raw, receive), send)
+            await self.app(scope, replay_body(raw, receive), send)
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+async def read_body(receive: Receive) -> bytes | None:
+    """The request's whole body, or None when the client hung up first."""
     parts: list[bytes] = []
     while True:
         msg = await receive()
@@ -114,7 +115,8 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
     return chat_prompt_tokens(messages) if isinstance(messages, list) else 0
 
 
-def _replay(raw: bytes, receive: Receive) -> Receive:
+def replay_body(raw: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the already-read body ``raw`` again, then what ``receive`` gives."""
     sent = False
 
     async def again() -> Message:
@@ -132,7 +134,8 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _answer(send: Send, status: int, ctype: str, content: bytes) -> None:
+async def answer(send: Send, status: int, ctype: str, content: bytes) -> None:
+    """Send a whole response of ``status`` with ``content`` of type ``ctype``."""
     headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(content)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": content, "more_body": False})

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,8 @@ from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import CallFailed
 from gateway.live.transport import LiveCall, PriorityRefused, _payload, _result
 from gateway.profiling.promparse import parse_families
+from tests.live.chaos_worker import App, Receive, Scope, Send, answer, read_body, replay_body
 from tests.live.harness import chain, emulator_app, emulators, gateway_client, serving, write_config
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # vLLM's answers, old (``ErrorResponse`` at the top level) and new (under ``error``).
 OLD = {"object": "error", "type": "BadRequestError", "param": None, "code": 400}
@@ -49,34 +43,16 @@ class FcfsWorker:
         if scope["type"] != "http" or not scope["path"].endswith("completions"):
             await self.app(scope, receive, send)
             return
-        parts: list[bytes] = []
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            parts.append(msg.get("body", b""))
-            if not msg.get("more_body", False):
-                break
-        raw = b"".join(parts)
+        raw = await read_body(receive)
+        if raw is None:
+            return
         priority = json.loads(raw).get("priority", 0)
         if priority != 0:
             self.refused += 1
-            content = json.dumps(_refusal(priority, self.shape)).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
-            await send({"type": "http.response.start", "status": 400, "headers": headers})
-            await send({"type": "http.response.body", "body": content, "more_body": False})
+            await answer(send, 400, "application/json", json.dumps(_refusal(priority, self.shape)).encode())
             return
         self.passed += 1
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_body(raw, receive), send)
 
 
 @pytest.mark.parametrize("shape", ["old", "new"])
