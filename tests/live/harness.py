@@ -35,12 +35,13 @@ def emulator_app(
     time_scale: float = 0.02,
     responder: Responder | None = None,
     catalog: GpuCatalog | None = None,
+    model: str = "llama-3.1-70b",
     **kw: Any,
 ) -> FastAPI:
-    """An emulated worker of ``gpu`` (its profile from ``catalog``, default the repo's) serving llama-3.1-70b
-    at ``time_scale`` (``kw``: more ``EmulatorConfig``)."""
+    """An emulated worker of ``gpu`` running llama-3.1-70b (its profile from ``catalog``, default the repo's),
+    served as ``model``, at ``time_scale`` (``kw``: more ``EmulatorConfig``)."""
     profile = (catalog or load_gpu_catalog()).profile(gpu, "llama-3.1-70b")
-    cfg = EmulatorConfig(profile=profile, served_model_name="llama-3.1-70b", time_scale=time_scale, **kw)
+    cfg = EmulatorConfig(profile=profile, served_model_name=model, time_scale=time_scale, **kw)
     return create_app(cfg, responder)
 
 
