@@ -100,3 +100,12 @@ def one_call(i: int, outcomes: list[object]) -> LiveCall:
     """A one-call workflow whose outcome is appended to ``outcomes``."""
     wf = StagedWorkflow(i, "t", 0.0, 100.0, [Stage("k", (CallSpec("k", 10, 2),))])
     return LiveCall(id=i, workflow=wf, spec=CallSpec("k", 10, 2), ready_at=0.0, on_done=lambda c, o: outcomes.append(o))
+
+
+def chat_call(body: dict[str, Any], *, max_tokens: int = 8, priority: int | None = 0, stream: bool = False) -> LiveCall:
+    """The call of a one-call chat workflow (30 prompt tokens, ``max_tokens`` out) sending ``body``;
+    ``stream``: a streamed call (its chunks go to ``call.stream``)."""
+    spec = CallSpec("chat", 30, max_tokens)
+    wf = StagedWorkflow(1, "t", 0.0, 100.0, [Stage("chat", (spec,))])
+    queue: asyncio.Queue[bytes | None] | None = asyncio.Queue() if stream else None
+    return LiveCall(id=1, workflow=wf, spec=spec, ready_at=0.0, body=body, priority=priority, stream=queue)

@@ -196,6 +196,11 @@ async def gateway_server(config: Path) -> AsyncIterator[tuple[str, FastAPI]]:
         yield url, app
 
 
+def worker_at(tmp: Path, url: str) -> WorkerInfo:
+    """The ``WorkerInfo`` of an A100 worker at ``url`` (from a gateway.yaml written in ``tmp``)."""
+    return load_gateway_config(write_config(tmp, [url], ["A100"])).workers[0]
+
+
 def record_sends(pool: WorkerPool) -> list[tuple[float, str]]:
     """Record, from now on, every dispatched call ``pool``'s transport is asked to send: (when the pool sent it,
     worker name), in order. Probe calls to ejected workers (``outliers.probe_call``: not dispatched by the pool, no
