@@ -1,7 +1,9 @@
 """The tests' one fake clock: time that moves only when the test moves it.
 
-Pass the clock itself where the code takes a monotonic ``clock`` (it is callable), and ``clock.wall``
-where it takes a wall clock (a ``datetime`` that moves with the monotonic time, from ``epoch``).
+Pass the clock itself where the code takes a monotonic ``clock`` (it is callable), ``clock.wall`` where it
+takes a wall clock (a ``datetime`` that moves with the monotonic time, from ``epoch``), and ``clock.sleep``
+where it takes an async ``sleep``: a sleep that returns at once and moves the time on (the code under
+test is then the only one moving it). Without ``sleep``, the time is manual: the test sets ``t``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ EPOCH = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 class FakeClock:
-    """A manual monotonic clock: ``clock()`` is ``clock.t``; the test sets ``t`` or calls ``advance``.
+    """A monotonic clock: ``clock()`` is ``clock.t``; the test sets ``t`` or calls ``advance``, and ``sleep``
+    advances it.
 
     Args:
         t: the starting monotonic time in seconds.
@@ -23,6 +26,7 @@ class FakeClock:
     def __init__(self, t: float = 0.0, epoch: datetime = EPOCH) -> None:
         self.t = t
         self.epoch = epoch
+        self.sleeps: list[float] = []
 
     def __call__(self) -> float:
         """The monotonic time now."""
@@ -32,6 +36,11 @@ class FakeClock:
         """Move the time on by ``dt`` seconds; returns the new time."""
         self.t += dt
         return self.t
+
+    async def sleep(self, s: float) -> None:
+        """A sleep on this clock: records ``s`` in ``sleeps`` and moves the time on by it, at once."""
+        self.sleeps.append(s)
+        self.t += s
 
     def wall(self) -> datetime:
         """The wall time now: ``epoch`` plus the monotonic time."""
