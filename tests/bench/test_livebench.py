@@ -15,20 +15,10 @@ import pytest
 
 from gateway.bench import procs
 from gateway.bench.procs import write_gateway_config, write_tenants_file
-from gateway.cli import main
 from gateway.config import build_workers, load_cluster_config
 from gateway.live.tenants import TenantStore
+from tests.cli_run import run_cli
 from tests.emulator_process import free_port
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 LIVE = ["bench", "--live", "--cluster", "paper-4gpu", "--trace", "chess-bird", "--time-scale", "0.02", "--quiet"]
 
@@ -39,7 +29,7 @@ def test_bench_live_measures_both_policies_and_their_simulation(
     out = tmp_path / "live.json"
     plot = tmp_path / "live.png"
     argv = [*LIVE, "--policies", "hexgen,rr-fcfs", "--workflows", "10", "--json", str(out), "--plot", str(plot)]
-    code, stdout, err = run([*argv, "--log-dir", str(tmp_path / "logs")], capsys)
+    code, stdout, err = run_cli([*argv, "--log-dir", str(tmp_path / "logs")], capsys)
     assert code == 0, err
     doc = json.loads(out.read_text())
     assert [p["policy"] for p in doc["policies"]] == ["hexgen", "rr-fcfs"]
@@ -69,7 +59,7 @@ def test_bench_live_reports_a_subprocess_that_does_not_start(
 ) -> None:
     monkeypatch.setattr(procs, "START_TIMEOUT_S", 0.0)
     argv = [*LIVE, "--policies", "rr-fcfs", "--workflows", "3", "--json", str(tmp_path / "x.json")]
-    code, _, err = run([*argv, "--log-dir", str(tmp_path / "logs")], capsys)
+    code, _, err = run_cli([*argv, "--log-dir", str(tmp_path / "logs")], capsys)
     assert code == 2
     last = err.strip().splitlines()[-1]
     assert last.startswith("hexflow bench: error:") and "the emulated cluster did not start" in last
@@ -87,7 +77,7 @@ def test_bench_live_reports_a_subprocess_that_does_not_start(
     ],
 )
 def test_bad_live_bench_arguments_exit_2(extra: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run([*LIVE, "--workflows", "3", *extra], capsys)
+    code, _, err = run_cli([*LIVE, "--workflows", "3", *extra], capsys)
     lines = err.strip().splitlines()
     assert code == 2 and expected in lines[-1] and lines[-1].startswith("hexflow bench: error: ")
     assert len(lines) == 1 or lines[0].startswith("usage: hexflow bench ")  # argparse's: after the usage
@@ -184,6 +174,6 @@ def test_emulate_cluster_bad_input_exits_2(case: str, capsys: pytest.CaptureFixt
             argv = ["emulate-cluster", "--cluster", "small-8b", "--base-port", str(port)]
         else:
             argv = ["emulate-cluster", "--cluster", "no-such-cluster", "--base-port", str(free_port())]
-        code, _, err = run(argv, capsys)
+        code, _, err = run_cli(argv, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert ("cannot listen" if case == "port-in-use" else "unknown cluster") in err

@@ -3,7 +3,6 @@ real gateway over emulated workers completes, measures in modelled seconds and r
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from gateway.bench.replay import (
     ReplayError,
@@ -27,7 +25,6 @@ from gateway.bench.replay import (
     shared_prefix,
 )
 from gateway.bench.simbench import Setup, fluid_bound
-from gateway.cli import main
 from gateway.config import load_cluster
 from gateway.config.gateway import load_gateway_config
 from gateway.config.workflows import CHESS_TEMPLATE
@@ -38,8 +35,9 @@ from gateway.live.server import build_app
 from gateway.sim.metrics import percentile
 from gateway.sim.simulator import Simulator
 from gateway.sim.workload import load_queries, poisson_arrivals
+from tests.cli_run import run_cli
 from tests.emulator_process import free_port
-from tests.live.harness import INTERACTIVE_KEY, emulators, write_config
+from tests.live.harness import INTERACTIVE_KEY, emulators, serving, write_config
 
 CLUSTER = "paper-4gpu"
 GPUS = ["A100", "A100", "A6000", "L40S"]
@@ -51,17 +49,8 @@ async def live_gateway(tmp: Path, gpus: list[str] = GPUS, **overrides: Any) -> A
     """Emulated workers and the gateway app served by uvicorn on a free loopback port; yields its URL."""
     async with emulators(gpus, time_scale=TIME_SCALE) as urls:
         app = build_app(load_gateway_config(write_config(tmp, urls, gpus, time_scale=TIME_SCALE, **overrides)))
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-        task = asyncio.create_task(server.serve())
-        try:
-            while not server.started:
-                assert not task.done(), "the gateway did not start"
-                await asyncio.sleep(0.01)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            server.should_exit = True
-            await task
+        async with serving(app, what="the gateway") as url:
+            yield url
 
 
 def bench_setup(n: int, seed: int) -> Setup:
@@ -272,15 +261,6 @@ async def test_a_wrong_api_key_stops_the_replay_before_it_starts(tmp_path: Path)
             await replay(workload, gateway=url, api_key="not-a-key", time_scale=TIME_SCALE, progress=False)
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -302,7 +282,7 @@ def test_bad_replay_arguments_exit_2_with_one_line(
     argv = ["replay", "--workflows", "3", "--quiet", *args]
     if "--rate" not in args:
         argv += ["--rate", "0.1"]
-    code, out, err = _run(argv, capsys)
+    code, out, err = run_cli(argv, capsys)
     assert code == 2
     lines = err.strip().splitlines()
     assert expected in lines[-1] and lines[-1].startswith("hexflow replay: error: ")

@@ -47,6 +47,7 @@ from gateway.cli import main
 from gateway.text2sql.answers import AnswerEntry, answers_from_spider, candidate_sql
 from gateway.text2sql.db import DatabaseConfig, load_databases
 from gateway.text2sql.evaluate import execute_sqlite
+from tests.cli_run import run_cli
 from tests.emulator_process import free_port
 from tests.live.harness import BATCH_KEY, emulators, gateway_server, write_config
 from workers.scripted import AnswersResponder
@@ -289,11 +290,7 @@ def test_bad_arguments_exit_2_with_one_line(
         "EMPTY_DIR": str(tmp_path / "empty"),
         "UNREACHABLE": f"http://127.0.0.1:{free_port()}",
     }
-    try:
-        code = main([subst.get(a, a) for a in args])
-    except SystemExit as exc:  # argparse: a required option missing (after the command's usage)
-        code = -1 if exc.code is None else int(exc.code)
-    out, err = capsys.readouterr()
+    code, out, err = run_cli([subst.get(a, a) for a in args], capsys)  # a missing option: argparse's exit 2
     assert code == 2, (out, err)
     lines = err.strip().splitlines()
     assert expected in lines[-1] and lines[-1].startswith(f"hexflow {args[0]}: error: ")

@@ -8,19 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import build_parser, main
+from gateway.cli import build_parser
 from gateway.errors import GatewayError
+from tests.cli_run import run_cli
 
 FAST = ["--workflows", "30", "--trace", "chess-bird"]
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize(
@@ -63,7 +55,7 @@ def test_bad_input_exits_2_with_one_clear_line(
     bad = {"Text2SQLRequest": [{"step": "revise", "input_length": -1, "output_length": 2}]}
     paths["trace_bad"].write_text(json.dumps([good, bad]))
     paths["trace_not_json"].write_text("{not json")
-    code, _, err = run(make_args(paths), capsys)  # type: ignore[operator]
+    code, _, err = run_cli(make_args(paths), capsys)  # type: ignore[operator]
     assert code == 2
     assert expected in err
     assert "Traceback" not in err
@@ -71,7 +63,7 @@ def test_bad_input_exits_2_with_one_clear_line(
 
 def test_simulate_prints_summary_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sim.json"
-    code, stdout, _ = run(["simulate", "--policy", "hexgen", *FAST, "--json", str(out)], capsys)
+    code, stdout, _ = run_cli(["simulate", "--policy", "hexgen", *FAST, "--json", str(out)], capsys)
     assert code == 0
     assert "p95_s" in stdout and "calls/s" in stdout
     doc = json.loads(out.read_text())
@@ -94,7 +86,7 @@ def test_simulate_with_admission_reports_refusals_and_promises_kept(
         "--json",
         str(out),
     ]
-    code, stdout, _ = run(argv, capsys)
+    code, stdout, _ = run_cli(argv, capsys)
     assert code == 0 and "admission:" in stdout
     adm = json.loads(out.read_text())["admission"]
     assert adm["arrived"] == 60 and 0 < adm["rejected"] < 60  # 10x the cluster's bound: most refused
@@ -102,7 +94,7 @@ def test_simulate_with_admission_reports_refusals_and_promises_kept(
 
 
 def test_simulate_reports_each_tenant(capsys: pytest.CaptureFixture[str]) -> None:
-    code, stdout, _ = run(
+    code, stdout, _ = run_cli(
         ["simulate", *FAST, "--tenants", "gold:share=0.5:slo_scale=0.5,chat:kind=chat:share=0.5"], capsys
     )
     assert code == 0
@@ -112,7 +104,7 @@ def test_simulate_reports_each_tenant(capsys: pytest.CaptureFixture[str]) -> Non
 def test_bench_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     j, png = tmp_path / "b.json", tmp_path / "b.png"
     argv = ["bench", "--policies", "hexgen,rr-fcfs", *FAST, "--alpha", "0.3", "--quiet", "--jobs", "1"]
-    code, stdout, _ = run([*argv, "--json", str(j), "--plot", str(png)], capsys)
+    code, stdout, _ = run_cli([*argv, "--json", str(j), "--plot", str(png)], capsys)
     assert code == 0, stdout
     doc = json.loads(j.read_text())
     assert set(doc["capacity_qps"]) == {"hexgen", "rr-fcfs"} and doc["results"]
@@ -122,7 +114,7 @@ def test_bench_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_bench_prints_a_table_for_each_rate_asked(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "--policies", "hexgen,lw-fcfs", *FAST, "--no-capacity", "--rate", "0.02,0.04", "--quiet"]
-    code, stdout, _ = run(argv, capsys)
+    code, stdout, _ = run_cli(argv, capsys)
     assert code == 0, stdout
     for rate in ("0.0200", "0.0400"):
         table = stdout.split(f"at {rate} qps:\n", 1)[1]
@@ -132,7 +124,7 @@ def test_bench_prints_a_table_for_each_rate_asked(capsys: pytest.CaptureFixture[
 
 
 def test_tune_prints_the_grid(capsys: pytest.CaptureFixture[str]) -> None:
-    code, stdout, _ = run(["tune", *FAST, "--grid", "0,0.5,1"], capsys)
+    code, stdout, _ = run_cli(["tune", *FAST, "--grid", "0,0.5,1"], capsys)
     assert code == 0
     assert "alpha =" in stdout and stdout.count("\n") >= 6
 
@@ -143,7 +135,7 @@ def test_simulate_replays_a_timestamp_column(tmp_path: Path, capsys: pytest.Capt
     rows += [f"2023-11-16 18:15:{s:02d}.0000000,100,10" for s in (0, 1, 1, 2, 9, 10, 30, 31, 31, 40)]
     csv.write_text("\n".join(rows) + "\n")
     out = tmp_path / "sim.json"
-    code, _, err = run(["simulate", *FAST, "--arrivals", str(csv), "--rate", "0.05", "--json", str(out)], capsys)
+    code, _, err = run_cli(["simulate", *FAST, "--arrivals", str(csv), "--rate", "0.05", "--json", str(out)], capsys)
     assert code == 0, err
     assert json.loads(out.read_text())["summary"]["all"]["workflows"] == 30
 
@@ -151,14 +143,14 @@ def test_simulate_replays_a_timestamp_column(tmp_path: Path, capsys: pytest.Capt
 def test_bad_arrivals_file_names_the_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     csv = tmp_path / "arrivals.csv"
     csv.write_text("when,x\nyesterday,1\n")
-    code, _, err = run(["simulate", *FAST, "--arrivals", str(csv)], capsys)
+    code, _, err = run_cli(["simulate", *FAST, "--arrivals", str(csv)], capsys)
     assert code == 2 and "arrivals.csv" in err and "Traceback" not in err
 
 
 def test_every_command_group_registers_its_commands_in_the_documented_order(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, _ = run(["--help"], capsys)
+    code, out, _ = run_cli(["--help"], capsys)
     assert code == 0
     listed = out.split("{", 1)[1].split("}", 1)[0].split(",")
     assert listed == [
@@ -184,7 +176,7 @@ def test_every_command_group_registers_its_commands_in_the_documented_order(
 
 
 def test_tune_window_counts_workflows(capsys: pytest.CaptureFixture[str]) -> None:
-    code, stdout, _ = run(["tune", *FAST, "--grid", "0,1", "--window", "12"], capsys)
+    code, stdout, _ = run_cli(["tune", *FAST, "--grid", "0,1", "--window", "12"], capsys)
     assert code == 0
     assert "window: 12 workflows" in stdout
 
@@ -219,7 +211,7 @@ def test_tune_window_counts_workflows(capsys: pytest.CaptureFixture[str]) -> Non
 def test_a_bad_number_stops_at_parse_time_with_the_subcommands_usage(
     argv: list[str], prog: str, option: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run(argv, capsys)
+    code, _, err = run_cli(argv, capsys)
     assert code == 2
     assert err.startswith(f"usage: {prog} ")
     assert f"{prog}: error: argument {option}" in err.splitlines()[-1]
@@ -227,7 +219,7 @@ def test_a_bad_number_stops_at_parse_time_with_the_subcommands_usage(
 
 
 def test_an_error_found_after_parsing_names_the_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(["bench", "--live", "--rate", "0.1,0.2", "--policies", "hexgen"], capsys)
+    code, _, err = run_cli(["bench", "--live", "--rate", "0.1,0.2", "--policies", "hexgen"], capsys)
     assert code == 2 and err.strip() == "hexflow bench: error: --rate: with --live give one rate in workflows/s, got 2"
 
 
@@ -266,7 +258,7 @@ def test_every_subcommands_help_says_what_it_does(capsys: pytest.CaptureFixture[
     assert ["emulate"] in commands and ["bench", "overload"] in commands and ["tenants", "hash-key"] in commands
     lacking = []
     for command in commands:
-        code, out, _ = run([*command, "--help"], capsys)
+        code, out, _ = run_cli([*command, "--help"], capsys)
         assert code == 0, command
         paragraphs = out.split("\n\n")
         assert paragraphs[0].startswith(f"usage: hexflow {' '.join(command)}"), out
@@ -277,10 +269,10 @@ def test_every_subcommands_help_says_what_it_does(capsys: pytest.CaptureFixture[
 
 
 def test_help_names_the_command_as_typed_and_shows_no_markup(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["--help"], capsys)
+    code, out, _ = run_cli(["--help"], capsys)
     assert code == 0 and "``" not in out and "HexGen-Flow" in out
     for cmd in ("emulate", "emulate-cluster"):
-        code, out, _ = run([cmd, "--help"], capsys)
+        code, out, _ = run_cli([cmd, "--help"], capsys)
         assert code == 0 and out.startswith(f"usage: hexflow {cmd} ")
         assert "python -m" not in out and "``" not in out
 
@@ -288,13 +280,13 @@ def test_help_names_the_command_as_typed_and_shows_no_markup(capsys: pytest.Capt
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     from gateway import __version__
 
-    code, out, _ = run(["--version"], capsys)
+    code, out, _ = run_cli(["--version"], capsys)
     assert code == 0 and out.strip() == f"hexflow {__version__}"
 
 
 def test_bench_without_capacity_or_rates_says_which_rates_it_measures(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "--policies", "hexgen", *FAST, "--no-capacity", "--alpha", "0.3", "--quiet", "--jobs", "1"]
-    code, stdout, _ = run(argv, capsys)
+    code, stdout, _ = run_cli(argv, capsys)
     assert code == 0
     assert stdout.startswith("--no-capacity without --rate: measuring at 0.2, 0.3, 0.4, 0.5, 0.6, 0.7 x the fluid")
     assert stdout.count("qps:\n") == 6  # a table per rate

@@ -9,19 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.cli import main
 from gateway.config import DEFAULT_GPU_CATALOG
+from tests.cli_run import run_cli
+from tests.fakes import FakeClock
 
 SMALL = ["plan", "--gpus", "A100,L40S", "--max-workers", "4", "--workflows", "60", "--seeds", "1", "--quiet"]
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_plan_prints_the_answer_its_margin_and_the_cheaper_mixes(
@@ -31,7 +23,7 @@ def test_plan_prints_the_answer_its_margin_and_the_cheaper_mixes(
     # SLO 4x at 0.2/s: of the cheaper mixes, some are pruned by their bound and some simulated and missed (at
     # SLO 5x, with a query's calls sharing their prefix in the engines, the first simulated mix meets it).
     tight = [*SMALL, "--slo-scale", "4", "--rate", "0.2"]
-    code, stdout, _ = run([*tight, "--json", str(out)], capsys)
+    code, stdout, _ = run_cli([*tight, "--json", str(out)], capsys)
     assert code == 0
     doc = json.loads(out.read_text())
     answer = doc["answer"]
@@ -44,7 +36,7 @@ def test_plan_prints_the_answer_its_margin_and_the_cheaper_mixes(
 
     # A budget a cent below the answer: nothing within it meets the SLO; exit 1 with the best attainment.
     budget = answer["usd_per_hour"] - 0.01
-    code, stdout, _ = run([*tight, "--budget", f"{budget:.2f}"], capsys)
+    code, stdout, _ = run_cli([*tight, "--budget", f"{budget:.2f}"], capsys)
     assert code == 1
     assert f"no mix within the ${budget:.2f}/h budget meets the SLO at 0.2 workflows/s: best attainment" in stdout
 
@@ -55,10 +47,10 @@ def test_plan_without_prices_ranks_by_workers(tmp_path: Path, capsys: pytest.Cap
         spec.pop("usd_per_hour", None)
     cat = tmp_path / "gpus.yaml"
     cat.write_text(yaml.safe_dump(data))
-    code, stdout, _ = run([*SMALL, "--rate", "0.05", "--catalog", str(cat), "--no-margin"], capsys)
+    code, stdout, _ = run_cli([*SMALL, "--rate", "0.05", "--catalog", str(cat), "--no-margin"], capsys)
     assert code == 0
     assert "by workers" in stdout and "margin: not searched" in stdout
-    code, _, err = run([*SMALL, "--rate", "0.05", "--catalog", str(cat), "--budget", "100"], capsys)
+    code, _, err = run_cli([*SMALL, "--rate", "0.05", "--catalog", str(cat), "--budget", "100"], capsys)
     assert code == 2 and "a budget needs a usd_per_hour on every GPU" in err
 
 
@@ -83,7 +75,7 @@ def test_bad_input_exits_2_with_one_clear_line(
     for flag, value in zip(args[::2], args[1::2], strict=True):
         base[flag] = value
     argv = ["plan", "--workflows", "20", "--seeds", "1", "--quiet"] + [x for kv in base.items() for x in kv]
-    code, _, err = run(argv, capsys)
+    code, _, err = run_cli(argv, capsys)
     assert code == 2
     assert expected in err
     assert "Traceback" not in err
@@ -95,14 +87,14 @@ def test_a_gpu_without_a_profile_for_the_model_is_named(tmp_path: Path, capsys: 
     cat = tmp_path / "gpus.yaml"
     cat.write_text(yaml.safe_dump(data))
     argv = ["plan", "--gpus", "A100,L4", "--model", "llama-3.1-8b", "--rate", "0.1", "--catalog", str(cat)]
-    code, _, err = run(argv, capsys)
+    code, _, err = run_cli(argv, capsys)
     assert code == 2
     assert "--gpus: no profile for llama-3.1-8b on L4; profiled GPUs: A100" in err
 
 
 def test_plan_off_a_terminal_prints_a_progress_line_per_step(capsys: pytest.CaptureFixture[str]) -> None:
     """stderr is not a terminal here (a pipe, a log): a bar would draw nothing, so plain lines say what runs."""
-    code, out, err = run([a for a in SMALL if a != "--quiet"] + ["--rate", "0.1"], capsys)
+    code, out, err = run_cli([a for a in SMALL if a != "--quiet"] + ["--rate", "0.1"], capsys)
     assert code == 0 and "answer: " in out and "... " not in out
     lines = err.splitlines()
     assert lines and all(line.startswith("... ") and " simulated run" in line for line in lines), err
@@ -114,15 +106,15 @@ def test_progress_lines_say_each_step_at_once_and_otherwise_every_few_seconds() 
 
     from gateway.cli.plan import ProgressLines
 
-    now = [100.0]
+    now = FakeClock(100.0)
     stream = io.StringIO()
-    lines = ProgressLines(stream, every_s=5.0, clock=lambda: now[0])
-    now[0] += 2.0
+    lines = ProgressLines(stream, every_s=5.0, clock=now)
+    now.t += 2.0
     lines.describe("2xA100, seed 0")
     lines.update(1)
-    now[0] += 4.0
+    now.t += 4.0
     lines.update(1)  # 4 s since the last line: nothing
-    now[0] += 1.5
+    now.t += 1.5
     lines.update(1)
     assert stream.getvalue().splitlines() == [
         "... 2 s, 0 simulated runs done: 2xA100, seed 0",

@@ -22,11 +22,10 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config import load_gpu_catalog
 from gateway.live import metrics as metrics_module
 from gateway.live.metrics import GatewayMetrics
 from gateway.profiling.promparse import parse_worker_metrics
-from workers.emulator import EmulatorConfig, create_app
+from tests.live.harness import emulator_app
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM = ROOT / "deploy" / "prometheus"
@@ -99,8 +98,7 @@ def _sample_names(text: str) -> set[str]:
 
 @cache
 def emulator_metrics_text() -> str:
-    profile = load_gpu_catalog().profile("A100", "llama-3.1-70b")
-    app = create_app(EmulatorConfig(profile=profile, served_model_name="m"))
+    app = emulator_app("A100", time_scale=1.0, model="m")
     metrics = app.state.emulator.metrics
     for hist in (metrics.e2e, metrics.ttft, metrics.queue):  # labelled histograms: no samples until observed
         hist.labels(**metrics.labels).observe(1.0)

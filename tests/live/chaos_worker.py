@@ -25,11 +25,8 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-import uvicorn
-
-from gateway.config import load_gpu_catalog
-from tests.emulator_process import free_port
-from workers.emulator import EmulatorConfig, chat_prompt_tokens, count_tokens, create_app
+from tests.live.harness import emulator_app, serving
+from workers.emulator import chat_prompt_tokens, count_tokens
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -60,7 +57,7 @@ class ChaosWorker:
             return
         mode = self.mode
         self.calls[mode] += 1
-        raw = await _read_body(receive)
+        raw = await read_body(receive)
         if raw is None:
             return
         body = _json(raw)
@@ -70,25 +67,26 @@ class ChaosWorker:
             self._flaky += 1
             if self._flaky % 2 == 1:
                 err = {"error": {"message": "chaos: internal error", "type": "InternalServerError", "code": 500}}
-                await _answer(send, 500, "application/json", json.dumps(err).encode())
+                await answer(send, 500, "application/json", json.dumps(err).encode())
             else:
-                await self.app(scope, _replay(raw, receive), send)
+                await self.app(scope, replay_body(raw, receive), send)
         elif mode == "garbage":
             ctype = "text/event-stream" if body.get("stream") else "application/json"
-            await _answer(send, 200, ctype, b"\x00\xff<html>chaos garbage</html>\n\n")
+            await answer(send, 200, ctype, b"\x00\xff<html>chaos garbage</html>\n\n")
         elif mode == "truncated":
-            await self.app(scope, _replay(raw, receive), _cut(send, end=True))
+            await self.app(scope, replay_body(raw, receive), _cut(send, end=True))
         elif mode == "stall":
-            await self.app(scope, _replay(raw, receive), _cut(send, end=False))
+            await self.app(scope, replay_body(raw, receive), _cut(send, end=False))
             await _until_disconnect(receive)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         else:  # slow_long
             if _prompt_tokens(body) > self.long_prompt_tokens:
                 await asyncio.sleep(self.slow_s)
-            await self.app(scope, _replay(raw, receive), send)
+            await self.app(scope, replay_body(raw, receive), send)
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+async def read_body(receive: Receive) -> bytes | None:
+    """The request's whole body, or None when the client hung up first."""
     parts: list[bytes] = []
     while True:
         msg = await receive()
@@ -117,7 +115,8 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
     return chat_prompt_tokens(messages) if isinstance(messages, list) else 0
 
 
-def _replay(raw: bytes, receive: Receive) -> Receive:
+def replay_body(raw: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the already-read body ``raw`` again, then what ``receive`` gives."""
     sent = False
 
     async def again() -> Message:
@@ -135,7 +134,8 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _answer(send: Send, status: int, ctype: str, content: bytes) -> None:
+async def answer(send: Send, status: int, ctype: str, content: bytes) -> None:
+    """Send a whole response of ``status`` with ``content`` of type ``ctype``."""
     headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(content)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": content, "more_body": False})
@@ -170,24 +170,6 @@ async def chaos_worker(
 ) -> AsyncIterator[tuple[str, ChaosWorker]]:
     """Serve one emulated worker of ``gpu`` behind ``ChaosWorker(mode)`` on a loopback port; yield its URL
     and the wrapper (to switch its mode)."""
-    emulator = create_app(
-        EmulatorConfig(
-            profile=load_gpu_catalog().profile(gpu, "llama-3.1-70b"),
-            served_model_name="llama-3.1-70b",
-            time_scale=time_scale,
-        )
-    )
-    chaos = ChaosWorker(emulator, mode, **kw)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(chaos, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("the chaos worker stopped during start-up")
-            await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{port}", chaos
-    finally:
-        server.should_exit = True
-        await asyncio.gather(task, return_exceptions=True)
+    chaos = ChaosWorker(emulator_app(gpu, time_scale=time_scale), mode, **kw)
+    async with serving(chaos, what="the chaos worker") as url:
+        yield url, chaos

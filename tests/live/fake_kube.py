@@ -20,9 +20,10 @@ And of ``coordination.k8s.io/v1`` Leases (leader election), as the real server:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -330,3 +331,14 @@ class FakeKube:
         if bookmarks:
             await send("BOOKMARK", {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}})
         return resp
+
+
+@contextlib.asynccontextmanager
+async def fake_kube() -> AsyncIterator[FakeKube]:
+    """A started ``FakeKube`` (default namespace and token), stopped on exit."""
+    kube = FakeKube()
+    await kube.start()
+    try:
+        yield kube
+    finally:
+        await kube.stop()

@@ -14,7 +14,7 @@ import uvicorn
 import yaml
 from fastapi import FastAPI
 
-from gateway.config import load_gpu_catalog
+from gateway.config import GpuCatalog, load_gpu_catalog
 from gateway.config.gateway import load_gateway_config
 from gateway.core.worker import WorkerInfo
 from gateway.live.httpserver import HttpProtocol
@@ -27,6 +27,43 @@ from workers.emulator import EmulatorConfig, Responder, create_app
 REPO = Path(__file__).resolve().parents[2]
 INTERACTIVE_KEY = "demo-interactive-key"
 BATCH_KEY = "demo-batch-key"
+
+
+def emulator_app(
+    gpu: str,
+    *,
+    time_scale: float = 0.02,
+    responder: Responder | None = None,
+    catalog: GpuCatalog | None = None,
+    model: str = "llama-3.1-70b",
+    **kw: Any,
+) -> FastAPI:
+    """An emulated worker of ``gpu`` running llama-3.1-70b (its profile from ``catalog``, default the repo's),
+    served as ``model``, at ``time_scale`` (``kw``: more ``EmulatorConfig``)."""
+    profile = (catalog or load_gpu_catalog()).profile(gpu, "llama-3.1-70b")
+    cfg = EmulatorConfig(profile=profile, served_model_name=model, time_scale=time_scale, **kw)
+    return create_app(cfg, responder)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Callable[..., Any], *, what: str = "the server", **config: Any) -> AsyncIterator[str]:
+    """Serve the ASGI ``app`` with uvicorn on a loopback port in this event loop (``config``: more
+    ``uvicorn.Config``); yields its base URL, and stops it on exit."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **config)
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError(f"{what} stopped during start-up")
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
 
 
 @contextlib.asynccontextmanager
@@ -48,15 +85,7 @@ async def emulators(
     urls: list[str] = []
     for gpu in gpus:
         port = free_port()
-        app = create_app(
-            EmulatorConfig(
-                profile=catalog.profile(gpu, "llama-3.1-70b"),
-                served_model_name="llama-3.1-70b",
-                time_scale=time_scale,
-                **kw,
-            ),
-            responder,
-        )
+        app = emulator_app(gpu, time_scale=time_scale, responder=responder, catalog=catalog, **kw)
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
         servers.append(server)
         tasks.append(asyncio.create_task(server.serve()))
@@ -160,23 +189,16 @@ def chain(
 
 @contextlib.asynccontextmanager
 async def gateway_server(config: Path) -> AsyncIterator[tuple[str, FastAPI]]:
-    """The gateway served by uvicorn on a loopback port in this event loop; yields its base URL."""
+    """The gateway served by uvicorn (with the gateway's own HTTP protocol) on a loopback port in this event
+    loop; yields its base URL and app."""
     app = build_app(load_gateway_config(config))
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", http=HttpProtocol)
-    )
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("the gateway server stopped during start-up")
-            await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        await task
+    async with serving(app, what="the gateway server", http=HttpProtocol) as url:
+        yield url, app
+
+
+def worker_at(tmp: Path, url: str) -> WorkerInfo:
+    """The ``WorkerInfo`` of an A100 worker at ``url`` (from a gateway.yaml written in ``tmp``)."""
+    return load_gateway_config(write_config(tmp, [url], ["A100"])).workers[0]
 
 
 def record_sends(pool: WorkerPool) -> list[tuple[float, str]]:

@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from gateway.config.base import load_yaml_model
-from gateway.config.gateway import load_gateway_config
 from gateway.config.tenants import TenantsFile, hash_key
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.admission import ADMISSION_HEADROOM
@@ -24,21 +23,14 @@ from gateway.errors import CallFailed, ConfigError, Rejected, Unprocessable
 from gateway.live.runner import CallRequest
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, TenantStore
-from tests.live.fake_transport import Hold
+from tests.fakes import FakeClock
+from tests.live.fake_transport import Hold, fake_gateway
 from tests.live.harness import write_config
 
 FULL = Knobs(2, 10, True)
 """The pipeline's full-quality knobs (its default configuration)."""
 
 CALL = CallSpec("generate_candidate", 8000, 400)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def tenant_entry(name: str, **kw: Any) -> dict[str, Any]:
@@ -67,8 +59,7 @@ def make_gateway(tmp_path: Path, clock: FakeClock, capacity: int = 2, **override
     cfg = write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"], **overrides)
     text = cfg.read_text().replace("capacity: 4", f"capacity: {capacity}")
     cfg.write_text(text)
-    loaded = load_gateway_config(cfg)
-    return Gateway(loaded, TenantStore.load(loaded.tenants_path), Hold(), clock=clock, background=False)
+    return fake_gateway(cfg, Hold(), clock)
 
 
 def tenant(gw: Gateway, name: str) -> Tenant:
@@ -126,7 +117,7 @@ def outcomes(gw: Gateway, name: str, outcome: str) -> float:
 async def test_admission_decision_follows_the_predicted_completion(
     tmp_path: Path, queued: int, deadline_lone: float, who: str, expect: str
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     fill_queue(gw, queued)
     await asyncio.sleep(0)
@@ -151,7 +142,7 @@ async def test_admission_decision_follows_the_predicted_completion(
 
 
 async def test_retry_after_is_when_the_backlog_would_have_drained_enough(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     fill_queue(gw, 20)
     await asyncio.sleep(0)
@@ -179,7 +170,7 @@ async def test_a_deadline_shorter_than_the_critical_path_is_a_client_error_namin
 ) -> None:
     """No wait can meet it: 422 (never a 429 a client would retry forever, nor best effort) with the shortest
     deadline admission would take on idle workers; asking again with that deadline is admitted."""
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     plan = template_plan(CHESS_TEMPLATE)
     with pytest.raises(Unprocessable) as info:  # (core's DeadlineTooShort, as the live edge answers it)
@@ -198,7 +189,7 @@ async def test_a_deadline_shorter_than_the_critical_path_is_a_client_error_namin
 
 async def test_an_unobserved_plan_is_not_refused_on_its_guess(tmp_path: Path) -> None:
     """Before the model answered anything the plan's output lengths are a guess: admitted, its work committed."""
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     guess = QuestionPlan(CHESS_TEMPLATE, FULL, FULL, observed=False)
     adm = gw.admit(tenant(gw, "rej"), 1, guess.rest(), 0.01, question=guess)
@@ -210,7 +201,7 @@ async def test_an_unobserved_plan_is_not_refused_on_its_guess(tmp_path: Path) ->
 
 
 async def test_concurrency_refusals_are_counted_by_reason(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     small = Tenant("rej", 60, 0.001, 1000, 1.0, 1)  # at most one workflow in progress
     gw.runner.accounting.active["rej"] = 1
@@ -233,7 +224,7 @@ async def start_workflow(gw: Gateway, who: str, deadline_s: float) -> asyncio.Ta
 
 
 async def test_reject_tenant_workflow_that_can_no_longer_make_it_is_shed_with_503(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     deadline = 10 * lone_s(gw)
     task = await start_workflow(gw, "rej", deadline)
@@ -250,7 +241,7 @@ async def test_reject_tenant_workflow_that_can_no_longer_make_it_is_shed_with_50
 
 
 async def test_best_effort_tenant_workflow_is_demoted_not_shed(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     deadline = 10 * lone_s(gw)
     late = await start_workflow(gw, "be", deadline)
@@ -276,7 +267,7 @@ async def test_best_effort_tenant_workflow_is_demoted_not_shed(tmp_path: Path) -
 
 
 async def test_a_best_effort_workflow_past_its_age_limit_is_shed_queued_or_running(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock, admission={"best_effort_max_age": 3.0})
     deadline = 10 * lone_s(gw)
     queued = await start_workflow(gw, "be", deadline)
@@ -300,7 +291,7 @@ async def test_a_best_effort_workflow_past_its_age_limit_is_shed_queued_or_runni
 
 
 async def test_best_effort_age_limit_off_keeps_starved_work_and_never_touches_urgent_work(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock, admission={"best_effort_max_age": None})
     deadline = 10 * lone_s(gw)
     starved = await start_workflow(gw, "be", deadline)
@@ -315,7 +306,7 @@ async def test_best_effort_age_limit_off_keeps_starved_work_and_never_touches_ur
 
 
 async def test_a_workflow_whose_calls_are_all_in_flight_is_never_shed(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     deadline = 2 * lone_s(gw)
     task = await start_workflow(gw, "rej", deadline)
@@ -327,7 +318,7 @@ async def test_a_workflow_whose_calls_are_all_in_flight_is_never_shed(tmp_path: 
 
 
 async def test_online_workflow_shed_fails_its_stage_and_later_calls(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     t = tenant(gw, "rej")
     deadline = 10 * lone_s(gw)
@@ -346,11 +337,10 @@ async def test_online_workflow_shed_fails_its_stage_and_later_calls(tmp_path: Pa
 
 
 async def test_a_degrading_tenant_is_shed_only_when_even_its_floor_cannot_make_it(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     doc = {"tenants": [tenant_entry("full"), tenant_entry("ad", quality="adaptive")]}
     (tmp_path / "tenants.yaml").write_text(yaml.safe_dump(doc))
-    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]))
-    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), Hold(), clock=clock, background=False)
+    gw = fake_gateway(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]), Hold(), clock)
     pred = CompletionPredictor(gw.scheduler, clock.t, later_queue_weight=0.0)
     # After the keywords stage: the full template's rest takes far longer than the floor's.
     phase = next(i for i, p in enumerate(CHESS_TEMPLATE.phases) if p.kind == "extract_keywords")
@@ -415,14 +405,13 @@ def gateway_with_share(tmp_path: Path, clock: FakeClock, share: float) -> Gatewa
     doc = yaml.safe_load(cfg.read_text())
     doc["admission"] = {"sustainable_share": share}
     cfg.write_text(yaml.safe_dump(doc))
-    loaded = load_gateway_config(cfg)
-    return Gateway(loaded, TenantStore.load(loaded.tenants_path), Hold(), clock=clock, background=False)
+    return fake_gateway(cfg, Hold(), clock)
 
 
 async def test_the_configured_sustainable_share_sets_what_admission_forecasts(tmp_path: Path) -> None:
     """A workflow whose deadline lies between its predictions at share 1 and at the default 0.25 is admitted
     by a gateway configured with share 1 and refused by one at the default."""
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     plan = calls_plan([[CALL]] * 3)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -446,7 +435,7 @@ async def test_the_configured_sustainable_share_sets_what_admission_forecasts(tm
 
 @pytest.mark.parametrize("share", [0, -0.5, 1.5])
 def test_a_sustainable_share_outside_0_1_is_refused(tmp_path: Path, share: float) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     with pytest.raises(ConfigError, match="sustainable_share"):
         gateway_with_share(tmp_path, clock, share)
 
@@ -455,7 +444,7 @@ async def test_an_unverified_forecast_refuses_only_what_cannot_make_it_at_full_t
     """Until admitted workflows have checked the forecast (``QueueCalibration.verified``), a workflow is refused
     only when it misses even at the cluster's full throughput with nothing queued after its first stage; the
     cautious forecast (the sustainable share, later stages queued as now) refuses it once verified."""
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     committed = calls_plan([[CALL] * 8] * 10)
     gw.admit(tenant(gw, "off"), 80, committed, 1.0)  # admitted work due before anything below: ahead of it
@@ -475,7 +464,7 @@ async def test_an_unverified_forecast_refuses_only_what_cannot_make_it_at_full_t
 async def test_an_admitted_workflow_that_answers_calibrates_later_forecasts(tmp_path: Path) -> None:
     """Its latency against what admission forecast for it is a sample of the calibration; one that failed, or
     answered without a valid answer, is not."""
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     gw.admit(tenant(gw, "off"), 80, calls_plan([[CALL] * 8] * 10), 1.0)  # a queue ahead: a forecast above its path
     plan = QuestionPlan(CHESS_TEMPLATE, FULL, FULL)

@@ -20,14 +20,12 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.config.gateway import load_gateway_config
-from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import WorkerError
 from gateway.live.pool import WorkerPool
 from gateway.live.transport import HttpTransport, LiveCall, _looks_like_sse, _result, _sse_head_known
 from tests.live.chaos_worker import chaos_worker
-from tests.live.harness import chain, emulators, gateway_client, record_sends, wait_for, write_config
+from tests.live.fake_transport import chat_call
+from tests.live.harness import chain, emulators, gateway_client, record_sends, wait_for, worker_at, write_config
 
 TS = 0.05  # emulated calls take tens of ms: far above loopback overheads, far below the bounds below
 LONG = 1000  # the slow_long mode's threshold (prompt tokens)
@@ -56,11 +54,6 @@ def _config(tmp: Path, urls: list[str], *, floor_s: float = 1.5) -> Path:
         },
         retries={"max_attempts": 3},
     )
-
-
-def _worker(tmp: Path, url: str) -> WorkerInfo:
-    """The ``WorkerInfo`` of an A100 worker at ``url``."""
-    return load_gateway_config(write_config(tmp, [url], ["A100"])).workers[0]
 
 
 def _events(pool: WorkerPool, name: str, what: str) -> list[float]:
@@ -191,19 +184,10 @@ async def test_streaming_calls_end_complete_or_with_a_clear_error_and_are_never_
 
 
 def _call(stream: bool, *, max_tokens: int = 8) -> LiveCall:
-    spec = CallSpec("chat", 30, max_tokens)
-    wf = StagedWorkflow(1, "t", 0.0, 100.0, [Stage("chat", (spec,))])
     body: dict[str, Any] = {"messages": [{"role": "user", "content": "hello " * 20}], "max_tokens": max_tokens}
     if stream:
         body["stream"] = True
-    return LiveCall(
-        id=1,
-        workflow=wf,
-        spec=spec,
-        ready_at=0.0,
-        body=body,
-        stream=asyncio.Queue() if stream else None,
-    )
+    return chat_call(body, max_tokens=max_tokens, stream=stream)
 
 
 @pytest.mark.parametrize(
@@ -227,7 +211,7 @@ async def test_http_transport_sorts_every_broken_answer_as_a_worker_error(
     """Each phase has its timeout and each malformed answer is a (retryable) worker error; a stream is
     marked streamed only once a well-formed first event went to the client."""
     async with chaos_worker("A100", mode, time_scale=0.01) as (url, _):
-        worker = _worker(tmp_path, url)
+        worker = worker_at(tmp_path, url)
         t = HttpTransport(headers_s=0.5, stream_idle_s=0.5)
         call = _call(stream)
         try:
@@ -245,7 +229,7 @@ async def test_http_transport_sorts_every_broken_answer_as_a_worker_error(
 
 async def test_http_transport_refuses_an_answer_over_max_response_bytes(tmp_path: Path) -> None:
     async with chaos_worker("A100", "healthy", time_scale=0.01) as (url, _):
-        worker = _worker(tmp_path, url)
+        worker = worker_at(tmp_path, url)
         t = HttpTransport(max_response_bytes=1024)
         try:
             with pytest.raises(WorkerError, match="over the limit of 1024"):

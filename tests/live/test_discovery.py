@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,8 @@ from gateway.live.discovery import PodError, pod_ready, pod_worker
 from gateway.live.pool import WorkerPool
 from gateway.live.server import build_app
 from gateway.live.worker_state import WorkerState
-from tests.live.fake_kube import FakeKube, make_pod
-from tests.live.harness import REPO, chain, emulators, gateway_client, record_sends, wait_for
+from tests.live.fake_kube import fake_kube, make_pod
+from tests.live.harness import chain, emulators, gateway_client, record_sends, wait_for, write_config
 
 KCFG = KubernetesDiscoveryConfig()
 
@@ -116,48 +115,21 @@ def test_scheduler_membership_reuses_freed_slots_and_rebudgets() -> None:
 
 
 def discovery_config(tmp: Path, api_url: str, *, period_s: float, watch: bool = True, **over: Any) -> Path:
-    """A gateway.yaml whose workers all come from the fake API."""
-    (tmp / "tenants.yaml").write_text((REPO / "config" / "tenants.yaml").read_text())
+    """A gateway.yaml (``write_config``'s) whose workers all come from the fake API (no ``cluster`` unless
+    ``over`` gives one); ``over["discovery"]`` is merged into the discovery section."""
     (tmp / "token").write_text("test-token\n")
-    cfg: dict[str, Any] = {
-        "policy": "hexgen",
-        "time_scale": 0.02,
-        "tenants_file": "tenants.yaml",
-        "discovery": {
-            "kubernetes": {
-                "api_url": api_url,
-                "namespace": "hexflow",
-                "period_s": period_s,
-                "watch": watch,
-                "token_file": str(tmp / "token"),
-                "ca_file": None,
-                "timeout_s": 2.0,
-            },
-            "remove_grace_s": 30,
-        },
-        # Outlier ejection off: these tests are about membership, and on a busy machine the tiny calls of an
-        # emulated worker at time scale 0.02 can look many times slower than predicted (host time dominates),
-        # which ejected a healthy worker mid-test in CI (ejection has its own tests).
-        "health": {"period_s": 0.2, "timeout_s": 1.0, "failures_to_down": 2, "outlier": {"enabled": False}},
-        "scrape": {"period_s": 0.2, "timeout_s": 1.0},
-        "tuning": {"enabled": False},
-        "shutdown_grace_s": 5,
+    kubernetes = {
+        "api_url": api_url,
+        "namespace": "hexflow",
+        "period_s": period_s,
+        "watch": watch,
+        "token_file": str(tmp / "token"),
+        "ca_file": None,
+        "timeout_s": 2.0,
     }
-    for k, v in over.items():
-        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
-    path = tmp / "gateway.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-@contextlib.asynccontextmanager
-async def fake_kube() -> AsyncIterator[FakeKube]:
-    kube = FakeKube()
-    await kube.start()
-    try:
-        yield kube
-    finally:
-        await kube.stop()
+    over["discovery"] = {"kubernetes": kubernetes, "remove_grace_s": 30, **over.get("discovery", {})}
+    over.setdefault("cluster", None)
+    return write_config(tmp, [], [], **over)
 
 
 async def until(pred: Callable[[], object], timeout: float, what: str) -> float:

@@ -15,14 +15,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from tests.emulator_process import free_port
-from tests.live.fake_kube import FakeKube
+from tests.live.fake_kube import fake_kube
 from tests.live.harness import INTERACTIVE_KEY, chain, emulators, write_config
 
 LEASE_DURATION_S = 2
@@ -136,16 +136,6 @@ async def send(client: httpx.AsyncClient, rs: list[Replica], out: Outcome) -> No
             return
         assert resp.status_code in (429, 503), resp.text
         await asyncio.sleep(0.05)
-
-
-@contextlib.asynccontextmanager
-async def fake_kube() -> AsyncIterator[FakeKube]:
-    kube = FakeKube()
-    await kube.start()
-    try:
-        yield kube
-    finally:
-        await kube.stop()
 
 
 def completed_workflows(metrics: str) -> int:

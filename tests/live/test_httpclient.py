@@ -19,9 +19,6 @@ from typing import Any
 
 import pytest
 
-from gateway.config.gateway import load_gateway_config
-from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import WorkerError
 from gateway.live.httpclient import (
     BodyTooLarge,
@@ -31,9 +28,10 @@ from gateway.live.httpclient import (
     HttpClient,
     IdleTimeout,
 )
-from gateway.live.transport import HttpTransport, LiveCall, _payload
+from gateway.live.transport import HttpTransport, _payload
 from tests.emulator_process import free_port
-from tests.live.harness import write_config
+from tests.live.fake_transport import chat_call
+from tests.live.harness import worker_at
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
 OK = b'{"choices": [{"message": {"content": "hi"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}'
@@ -415,32 +413,14 @@ async def test_an_https_origin_is_reached_over_tls_and_kept_alive(tmp_path: Path
 # Through the transport: the errors sorted for the pool, and the body's bytes.
 
 
-def _worker(tmp: Path, url: str) -> WorkerInfo:
-    return load_gateway_config(write_config(tmp, [url], ["A100"])).workers[0]
-
-
-def _call(body: dict[str, Any], *, priority: int = 0, stream: bool = False) -> LiveCall:
-    spec = CallSpec("chat", 30, 8)
-    wf = StagedWorkflow(1, "t", 0.0, 100.0, [Stage("chat", (spec,))])
-    return LiveCall(
-        id=1,
-        workflow=wf,
-        spec=spec,
-        ready_at=0.0,
-        body=body,
-        priority=priority,
-        stream=asyncio.Queue() if stream else None,
-    )
-
-
 async def test_the_transport_answers_with_the_workers_exact_bytes_and_sends_the_body_once_serialised(
     tmp_path: Path,
 ) -> None:
     async with serve(keep_answering) as server:
         t = HttpTransport()
-        call = _call({"messages": [{"role": "user", "content": "hé"}]}, priority=3)
+        call = chat_call({"messages": [{"role": "user", "content": "hé"}]}, priority=3)
         try:
-            worker = _worker(tmp_path, f"http://127.0.0.1:{server.port}")
+            worker = worker_at(tmp_path, f"http://127.0.0.1:{server.port}")
             res = await t.send(worker, call)
             assert res.raw == OK and res.body == json.loads(OK) and (res.prompt_tokens, res.completion_tokens) == (3, 1)
             cached = call.body_json
@@ -478,9 +458,9 @@ async def test_a_stream_is_relayed_byte_for_byte_and_its_usage_found_wherever_it
 
     async with serve(sse) as server:
         t = HttpTransport()
-        call = _call({"messages": [], "stream": True}, stream=True)
+        call = chat_call({"messages": [], "stream": True}, stream=True)
         try:
-            res = await t.send(_worker(tmp_path, f"http://127.0.0.1:{server.port}"), call)
+            res = await t.send(worker_at(tmp_path, f"http://127.0.0.1:{server.port}"), call)
         finally:
             await t.aclose()
         assert (res.body, res.raw, res.prompt_tokens, res.completion_tokens) == (None, None, 7, 400)
@@ -503,7 +483,7 @@ async def test_a_stream_is_relayed_byte_for_byte_and_its_usage_found_wherever_it
     ],
 )
 def test_the_payload_means_what_the_dict_display_it_replaces_means(body: dict[str, Any]) -> None:
-    call = _call(body, priority=2)
+    call = chat_call(body, priority=2)
     for _ in range(2):  # built, then from the cache
         raw = _payload(call, b'"served"')
         assert json.loads(raw) == {"priority": 2, **body, "model": "served"}
@@ -518,13 +498,13 @@ async def test_the_transport_sorts_client_failures_as_worker_errors(tmp_path: Pa
     t = HttpTransport(connect_s=1.0)
     try:
         with pytest.raises(WorkerError, match="cannot connect") as info:
-            await t.send(_worker(tmp_path, f"http://127.0.0.1:{free_port()}"), _call({}))
+            await t.send(worker_at(tmp_path, f"http://127.0.0.1:{free_port()}"), chat_call({}))
         assert info.value.refused
         with pytest.raises(WorkerError, match="transport error: not an http"):
-            await t.send(dataclasses.replace(_worker(tmp_path, "http://127.0.0.1:1"), url="unix:/x"), _call({}))
+            await t.send(dataclasses.replace(worker_at(tmp_path, "http://127.0.0.1:1"), url="unix:/x"), chat_call({}))
         async with serve(cut) as server:
             with pytest.raises(WorkerError, match="transport error: the server closed the connection") as info:
-                await t.send(_worker(tmp_path, f"http://127.0.0.1:{server.port}"), _call({}))
+                await t.send(worker_at(tmp_path, f"http://127.0.0.1:{server.port}"), chat_call({}))
             assert not info.value.refused
     finally:
         await t.aclose()

@@ -13,15 +13,8 @@ from gateway.errors import Rejected
 from gateway.live.idempotency import IdempotencyKeyReused, IdempotencyStore, StoredResponse, fingerprint
 from gateway.live.responses import JSONResponse
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
+from tests.fakes import FakeClock
 from tests.live.harness import BATCH_KEY, chain, emulators, gateway_client, wait_for, write_config
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Work:
@@ -44,14 +37,14 @@ class Work:
         return Response(self.body + str(self.runs).encode(), status_code=self.status)
 
 
-def store(clock: Clock, **kw: int) -> IdempotencyStore:
+def store(clock: FakeClock, **kw: int) -> IdempotencyStore:
     return IdempotencyStore(
         ttl_s=60, max_keys=kw.get("max_keys", 100), max_bytes=kw.get("max_bytes", 1 << 20), clock=clock
     )
 
 
 async def test_a_retry_while_running_waits_for_the_same_answer_and_one_after_gets_it_stored() -> None:
-    s, work = store(Clock()), Work()
+    s, work = store(FakeClock()), Work()
     first = asyncio.create_task(s.run("t", "k", "fp", work))
     second = asyncio.create_task(s.run("t", "k", "fp", work))
     await asyncio.sleep(0)
@@ -66,7 +59,7 @@ async def test_a_retry_while_running_waits_for_the_same_answer_and_one_after_get
 
 
 async def test_the_same_key_for_another_request_is_refused_and_tenants_do_not_share_keys() -> None:
-    s, work = store(Clock()), Work()
+    s, work = store(FakeClock()), Work()
     work.release.set()
     await s.run("t", "k", fingerprint("/v1/workflows", {"a": 1, "b": 2}), work)
     # The same JSON in another key order is the same request.
@@ -85,7 +78,7 @@ async def test_the_same_key_for_another_request_is_refused_and_tenants_do_not_sh
     ("status", "stored"), [(200, True), (404, True), (422, True), (429, False), (502, False), (503, False)]
 )
 async def test_only_final_answers_are_stored(status: int, stored: bool) -> None:
-    s, work = store(Clock()), Work(status)
+    s, work = store(FakeClock()), Work(status)
     work.release.set()
     await s.run("t", "k", "fp", work)
     _, replayed = await s.run("t", "k", "fp", work)
@@ -93,7 +86,7 @@ async def test_only_final_answers_are_stored(status: int, stored: bool) -> None:
 
 
 async def test_a_refusal_raised_by_the_work_is_its_answer_and_is_not_stored() -> None:
-    s = store(Clock())
+    s = store(FakeClock())
 
     async def refused() -> Response:
         raise Rejected("queues full", 429, 2)
@@ -104,7 +97,7 @@ async def test_a_refusal_raised_by_the_work_is_its_answer_and_is_not_stored() ->
 
 
 async def test_answers_expire_after_the_ttl_and_the_least_recently_used_go_first() -> None:
-    clock = Clock()
+    clock = FakeClock()
     s, work = store(clock, max_keys=2), Work()
     work.release.set()
     for key in ("a", "b"):
@@ -120,7 +113,7 @@ async def test_answers_expire_after_the_ttl_and_the_least_recently_used_go_first
 
 
 async def test_stored_bytes_are_bounded() -> None:
-    s = store(Clock(), max_bytes=1 << 16)
+    s = store(FakeClock(), max_bytes=1 << 16)
     big = Work(body=b"x" * 40_000)
     big.release.set()
     for key in ("a", "b", "c"):
@@ -133,7 +126,7 @@ async def test_stored_bytes_are_bounded() -> None:
 
 
 async def test_running_keys_are_never_evicted() -> None:
-    s, slow, fast = store(Clock(), max_keys=1), Work(), Work()
+    s, slow, fast = store(FakeClock(), max_keys=1), Work(), Work()
     fast.release.set()
     running = asyncio.create_task(s.run("t", "slow", "fp", slow))
     await asyncio.sleep(0)
@@ -146,7 +139,7 @@ async def test_running_keys_are_never_evicted() -> None:
 
 
 async def test_the_work_is_cancelled_only_when_every_waiting_client_left() -> None:
-    s, work = store(Clock()), Work()
+    s, work = store(FakeClock()), Work()
     first = asyncio.create_task(s.run("t", "k", "fp", work))
     second = asyncio.create_task(s.run("t", "k", "fp", work))
     await asyncio.sleep(0)

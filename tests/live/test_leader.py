@@ -4,9 +4,6 @@ and a gateway that follows: not ready, refusing work, no leader-only task, until
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,45 +16,22 @@ from gateway.live.discovery import KubeApi, KubeConflict
 from gateway.live.leader import LeaderElector, micro_time
 from gateway.live.server import build_app
 from gateway.live.service import Gateway
-from tests.live.fake_kube import FakeKube
+from tests.fakes import FakeClock
+from tests.live.fake_kube import FakeKube, fake_kube
 from tests.live.harness import chain, emulators, gateway_client, wait_for, write_config
 
 CFG = LeaderElectionConfig(enabled=True, lease_duration_s=4, renew_deadline_s=3, retry_period_s=1)
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/hexflow/leases"
 
 
-class Clocks:
-    """A fake monotonic clock and a wall clock that moves with it."""
-
-    def __init__(self) -> None:
-        self.t = 100.0
-        self.epoch = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-
-    def mono(self) -> float:
-        return self.t
-
-    def wall(self) -> datetime:
-        return self.epoch + timedelta(seconds=self.t)
-
-
-@contextlib.asynccontextmanager
-async def fake_kube() -> AsyncIterator[FakeKube]:
-    kube = FakeKube()
-    await kube.start()
-    try:
-        yield kube
-    finally:
-        await kube.stop()
-
-
 class Replica:
     """One elector and the leadership changes it reported."""
 
-    def __init__(self, kube: FakeKube, name: str, clocks: Clocks, cfg: LeaderElectionConfig = CFG) -> None:
+    def __init__(self, kube: FakeKube, name: str, clock: FakeClock, cfg: LeaderElectionConfig = CFG) -> None:
         self.changes: list[bool] = []
         self.api = KubeApi(kube.url, "hexflow", token_file=None, ca_file=None, timeout_s=2)
         self.api._headers = lambda: {"Accept": "application/json", "Authorization": "Bearer test-token"}  # type: ignore[method-assign]
-        self.el = LeaderElector(cfg, self.api, name, self.changes.append, clock=clocks.mono, wall=clocks.wall)
+        self.el = LeaderElector(cfg, self.api, name, self.changes.append, clock=clock, wall=clock.wall)
 
 
 def spec(kube: FakeKube) -> dict[str, Any]:
@@ -65,16 +39,16 @@ def spec(kube: FakeKube) -> dict[str, Any]:
 
 
 async def test_first_replica_creates_the_lease_and_the_next_one_follows() -> None:
-    clocks = Clocks()
+    clock = FakeClock(100.0)
     async with fake_kube() as kube:
-        a, b = Replica(kube, "gw-a", clocks), Replica(kube, "gw-b", clocks)
+        a, b = Replica(kube, "gw-a", clock), Replica(kube, "gw-b", clock)
         await a.el.step()
         assert a.el.leading and a.changes == [True]
         s = spec(kube)
         assert s["holderIdentity"] == "gw-a"
         assert s["leaseDurationSeconds"] == 4
         assert s["leaseTransitions"] == 0
-        assert s["acquireTime"] == s["renewTime"] == micro_time(clocks.wall())
+        assert s["acquireTime"] == s["renewTime"] == micro_time(clock.wall())
         await b.el.step()
         assert not b.el.leading and b.changes == []
         assert b.el.holder == "gw-a"
@@ -83,29 +57,29 @@ async def test_first_replica_creates_the_lease_and_the_next_one_follows() -> Non
 
 
 async def test_a_follower_takes_over_once_the_record_went_unchanged_for_the_lease_duration() -> None:
-    clocks = Clocks()
+    clock = FakeClock(100.0)
     async with fake_kube() as kube:
-        a, b = Replica(kube, "gw-a", clocks), Replica(kube, "gw-b", clocks)
+        a, b = Replica(kube, "gw-a", clock), Replica(kube, "gw-b", clock)
         await a.el.step()
         acquired = spec(kube)["acquireTime"]
         await b.el.step()
         # The leader renews: the record changes, so the follower's wait starts again.
-        clocks.t += 2.5
+        clock.t += 2.5
         await a.el.step()
         assert spec(kube)["acquireTime"] == acquired and spec(kube)["renewTime"] != acquired
-        clocks.t += 2.0
+        clock.t += 2.0
         await b.el.step()  # 4.5 s since B first saw gw-a, but the record changed 2 s ago
         assert not b.el.leading
         # The leader dies (no more renewals): after a lease duration of the same record, B takes over.
-        clocks.t += 3.9
+        clock.t += 3.9
         await b.el.step()
         assert not b.el.leading
-        clocks.t += 0.2
+        clock.t += 0.2
         await b.el.step()
         assert b.el.leading and b.changes == [True]
         s = spec(kube)
         assert s["holderIdentity"] == "gw-b" and s["leaseTransitions"] == 1
-        assert s["acquireTime"] == s["renewTime"] == micro_time(clocks.wall())
+        assert s["acquireTime"] == s["renewTime"] == micro_time(clock.wall())
         # Were A alive after all, it would see B's record and step down at once.
         await a.el.step()
         assert not a.el.leading and a.changes == [True, False]
@@ -114,15 +88,15 @@ async def test_a_follower_takes_over_once_the_record_went_unchanged_for_the_leas
 
 
 async def test_a_leader_that_cannot_renew_steps_down_within_its_renew_deadline() -> None:
-    clocks = Clocks()
+    clock = FakeClock(100.0)
     async with fake_kube() as kube:
-        a = Replica(kube, "gw-a", clocks)
+        a = Replica(kube, "gw-a", clock)
         await a.el.step()
         kube.lease_fail = True  # the API server is unreachable for it
-        clocks.t += 2.9
+        clock.t += 2.9
         await a.el.step()
         assert a.el.leading and a.el.errors == 1  # still within renew_deadline_s (3)
-        clocks.t += 0.2
+        clock.t += 0.2
         await a.el.step()
         assert not a.el.leading and a.changes == [True, False]
         # ... before a follower may take over: renew_deadline_s < lease_duration_s.
@@ -134,12 +108,12 @@ async def test_a_leader_that_cannot_renew_steps_down_within_its_renew_deadline()
 
 
 async def test_an_update_with_an_old_resource_version_is_refused_and_one_racer_wins() -> None:
-    clocks = Clocks()
+    clock = FakeClock(100.0)
     async with fake_kube() as kube:
-        a, b, c = (Replica(kube, n, clocks) for n in ("gw-a", "gw-b", "gw-c"))
+        a, b, c = (Replica(kube, n, clock) for n in ("gw-a", "gw-b", "gw-c"))
         await a.el.step()
         stale = await b.api.request_json("GET", f"{LEASE}/hexflow-gateway")
-        clocks.t += 1
+        clock.t += 1
         await a.el.step()  # a renewal: a new resourceVersion
         with pytest.raises(KubeConflict):
             await b.api.request_json("PUT", f"{LEASE}/hexflow-gateway", stale)

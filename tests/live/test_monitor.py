@@ -10,7 +10,8 @@ from prometheus_client import generate_latest
 from gateway.core.worker import WorkerInfo
 from gateway.live.transport import CallResult
 from gateway.profiling.promparse import WorkerMetrics
-from tests.live.fake_transport import Hold, one_call, one_worker_pool
+from tests.fakes import FakeClock
+from tests.live.fake_transport import Hold, fake_pool, one_call
 
 
 def _m(waiting: float, kv: float | None = 0.95, running: float | None = 0.0) -> WorkerMetrics:
@@ -19,8 +20,8 @@ def _m(waiting: float, kv: float | None = 0.95, running: float | None = 0.0) -> 
 
 async def test_growing_vllm_waiting_queue_holds_dispatch(tmp_path: Path) -> None:
     t = Hold()
-    clock = [0.0]
-    pool = one_worker_pool(tmp_path, t, clock)
+    clock = FakeClock()
+    pool = fake_pool(tmp_path, t, clock)
     await pool.start()
     st = pool.workers[0]
     try:
@@ -49,7 +50,7 @@ async def test_failed_probes_mark_a_worker_down_after_the_threshold_and_a_succes
     tmp_path: Path,
 ) -> None:
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = fake_pool(tmp_path, t, FakeClock())
     st = pool.workers[0]
     t.healthy = False
     await pool.monitor.check_health()
@@ -64,21 +65,21 @@ async def test_failed_probes_mark_a_worker_down_after_the_threshold_and_a_succes
 async def test_a_worker_that_fails_the_initial_probe_starts_down(tmp_path: Path) -> None:
     t = Hold()
     t.healthy = False
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = fake_pool(tmp_path, t, FakeClock())
     await pool.monitor.check_health(initial=True)
     assert not pool.workers[0].up
 
 
 async def test_a_scrape_shows_in_status_and_a_bad_one_is_counted(tmp_path: Path) -> None:
     t = Hold()
-    clock = [0.0]
-    pool = one_worker_pool(tmp_path, t, clock)
+    clock = FakeClock()
+    pool = fake_pool(tmp_path, t, clock)
     st = pool.workers[0]
     assert pool.status()[0]["vllm"] is None, "nothing scraped yet"
     model = f'{{model_name="{st.info.served_model}"}}'
     t.metrics_text = f"vllm:num_requests_waiting{model} 2\nvllm:num_requests_running{model} 3\n"
     await pool.monitor.scrape_all()
-    clock[0] = 1.5
+    clock.t = 1.5
     assert pool.status()[0]["vllm"] == {"running": 3.0, "waiting": 2.0, "kv_cache_usage": None, "age_s": 1.5}
     t.metrics_text = "this is { not prometheus"
     await pool.monitor.scrape_all()
@@ -104,7 +105,7 @@ class _SlowScrape(Hold):
 async def test_a_scrape_that_returns_after_its_worker_was_removed_recreates_no_series(tmp_path: Path) -> None:
     for text in ('vllm:num_requests_waiting{model_name="m"} 1\n', "this is { not prometheus"):
         t = _SlowScrape(text)
-        pool = one_worker_pool(tmp_path, t, [0.0])
+        pool = fake_pool(tmp_path, t, FakeClock())
         st = pool.workers[0]
         scrape = asyncio.create_task(pool.monitor.scrape_all())
         await t.started.wait()
@@ -121,7 +122,7 @@ async def test_a_scrape_that_returns_after_its_worker_was_removed_recreates_no_s
 def test_a_waiting_queue_on_an_engine_with_room_does_not_hold(tmp_path: Path) -> None:
     """Prompts wait a moment in vLLM's queue whenever they arrive faster than one iteration takes them; with
     the KV cache and the batch far from full that is no reason to idle the gateway's queue."""
-    pool = one_worker_pool(tmp_path, Hold(), [0.0])
+    pool = fake_pool(tmp_path, Hold(), FakeClock())
     st = pool.workers[0]
     cap = st.info.profile.max_num_seqs
     mon = pool.monitor
@@ -139,7 +140,7 @@ def test_a_waiting_queue_on_an_engine_with_room_does_not_hold(tmp_path: Path) ->
 
 
 def test_without_engine_gauges_the_hold_needs_the_queue_in_two_scrapes_running(tmp_path: Path) -> None:
-    pool = one_worker_pool(tmp_path, Hold(), [0.0])
+    pool = fake_pool(tmp_path, Hold(), FakeClock())
     st = pool.workers[0]
     mon = pool.monitor
     mon.apply_scrape(st, _m(0.0, kv=None, running=None))

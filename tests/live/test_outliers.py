@@ -17,21 +17,22 @@ from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import CallFailed, ConfigError, WorkerError
-from gateway.live.metrics import GatewayMetrics
 from gateway.live.outliers import OutlierDetector
 from gateway.live.pool import WorkerPool
 from gateway.live.transport import CallResult, LiveCall
 from gateway.live.worker_state import WorkerState, typical_ratio
-from tests.live.fake_transport import one_call
+from tests.fakes import FakeClock
+from tests.live.fake_transport import FakeTransport, Hold, fake_pool, one_call
 from tests.live.harness import write_config
 
 OK_BODY = {"choices": [{"text": "x"}]}
 
 
-class Scripted:
+class Scripted(FakeTransport):
     """Answers by worker name: ``ok``, ``fail`` (a worker error) or ``hang`` (never answers)."""
 
     def __init__(self, behaviour: dict[str, str]) -> None:
+        super().__init__()
         self.behaviour = behaviour
         self.sent: list[tuple[str, str]] = []  # (worker, endpoint)
 
@@ -44,25 +45,13 @@ class Scripted:
             await asyncio.Event().wait()
         return CallResult(OK_BODY)
 
-    async def probe(self, worker: WorkerInfo) -> bool:
-        return True
-
-    async def scrape(self, worker: WorkerInfo) -> str:
-        return ""
-
-    async def aclose(self) -> None:
-        pass
-
 
 def _pool(tmp: Path, t: Scripted, n: int = 2, *, outlier: OutlierConfig | None = None, **timeouts: float) -> WorkerPool:
-    loaded = load_gateway_config(write_config(tmp, [f"http://127.0.0.1:{i + 1}" for i in range(n)], ["A100"] * n))
-    sched = Scheduler(loaded.workers, "rr-fcfs", random.Random(0))
-    return WorkerPool(
-        sched,
+    return fake_pool(
+        tmp,
         t,
-        GatewayMetrics([w.name for w in loaded.workers], []),
-        health_period_s=0,
-        scrape_period_s=0,
+        workers=n,
+        policy="rr-fcfs",
         timeouts=TimeoutsConfig(**timeouts),
         outlier=outlier or OutlierConfig(min_calls=3, window=10),
     )
@@ -264,11 +253,9 @@ async def test_a_calls_latency_is_judged_against_the_load_it_ran_under(tmp_path:
     """Outlier ejection compares a call with the model's prediction given the load it actually saw: the batch
     it joined, the prompts sent to the worker while it ran (their prefill stalls its decode) and the calls
     that joined its batch. A worker given a burst is not an outlier for being busy."""
-    from tests.live.fake_transport import Hold, one_worker_pool
-
-    clock = [0.0]
+    clock = FakeClock()
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, clock)
+    pool = fake_pool(tmp_path, t, clock)
     await pool.start()
     st = pool.workers[0]
     try:
@@ -277,13 +264,13 @@ async def test_a_calls_latency_is_judged_against_the_load_it_ran_under(tmp_path:
         pool.submit(first)
         await asyncio.sleep(0.01)
         assert st.inflight == {first} and first.load_marks == (0.0, first.prefill_s, 1)
-        clock[0] = 1.0
+        clock.t = 1.0
         later = [one_call(i, out) for i in range(1, 4)]  # capacity 4: three join it at t=1
         for c in later:
             pool.submit(c)
         await asyncio.sleep(0.01)
         assert len(st.inflight) == 4
-        clock[0] = 3.0
+        clock.t = 3.0
         st.advance_load(3.0)  # as the pool does when a call returns
         mean_batch = (1 * 1.0 + 4 * 2.0) / 3.0  # one call for a second, then four for two
         joined = sum(c.prefill_s for c in later)
@@ -300,7 +287,7 @@ async def test_a_calls_latency_is_judged_against_the_load_it_ran_under(tmp_path:
         lone = one_call(9, out)
         pool.submit(lone)
         await asyncio.sleep(0.01)
-        clock[0] = 4.0
+        clock.t = 4.0
         st.advance_load(4.0)
         assert pool.under_load_s(st, lone, 4.0) == pytest.approx(pool.predicted_s(st, lone))
         t.release.set()
@@ -321,7 +308,7 @@ def test_a_worker_running_as_predicted_is_never_a_latency_outlier() -> None:
 # ------------------------------------------------------------------- judged by the tokens processed
 
 
-class Paced:
+class Paced(FakeTransport):
     """Answers each call after the time the worker's profile gives the tokens it processed, on a fake clock.
 
     By worker name: ``verbosity`` multiplies the completion tokens written (and reported in the answer's
@@ -330,7 +317,8 @@ class Paced:
     a call takes is the clock's advance while it runs.
     """
 
-    def __init__(self, clock: list[float]) -> None:
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
         self.clock = clock
         self.verbosity: dict[str, int] = {}
         self.slowness: dict[str, float] = {}
@@ -339,19 +327,10 @@ class Paced:
     async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
         spec = call.spec
         out = spec.output_tokens * self.verbosity.get(worker.name, 1)
-        self.clock[0] += self.slowness.get(worker.name, 1.0) * worker.profile.single_latency(spec.input_tokens, out)
+        self.clock.t += self.slowness.get(worker.name, 1.0) * worker.profile.single_latency(spec.input_tokens, out)
         if not self.usage:
             return CallResult(OK_BODY)
         return CallResult(OK_BODY, spec.input_tokens, out)
-
-    async def probe(self, worker: WorkerInfo) -> bool:
-        return True
-
-    async def scrape(self, worker: WorkerInfo) -> str:
-        return ""
-
-    async def aclose(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize(
@@ -366,28 +345,20 @@ class Paced:
 async def test_a_worker_is_judged_by_its_speed_on_the_tokens_it_processed_not_by_the_answers_length(
     tmp_path: Path, verbosity: int, slowness: float, usage: bool, ejected: bool
 ) -> None:
-    clock = [0.0]
-    loaded = load_gateway_config(write_config(tmp_path, [f"http://127.0.0.1:{i + 1}" for i in range(3)], ["A100"] * 3))
+    clock = FakeClock()
     t = Paced(clock)
     t.verbosity["a100-0"] = verbosity
     t.slowness["a100-0"] = slowness
     t.usage = usage
     # latency_ratio 2.5: a call 3x its lone-request time reads a little under 3x the load-aware prediction.
-    pool = WorkerPool(
-        Scheduler(loaded.workers, "rr-fcfs", random.Random(0)),
-        t,
-        GatewayMetrics([w.name for w in loaded.workers], []),
-        clock=lambda: clock[0],
-        health_period_s=0,
-        scrape_period_s=0,
-        outlier=OutlierConfig(window=10, min_calls=5, latency_ratio=2.5),
-    )
+    outlier = OutlierConfig(window=10, min_calls=5, latency_ratio=2.5)
+    pool = fake_pool(tmp_path, t, clock, workers=3, policy="rr-fcfs", outlier=outlier)
     await pool.start()
     try:
         out: list[object] = []
         for i in range(30):  # one at a time, round-robin: ten calls each
-            wf = StagedWorkflow(i, "t", clock[0], clock[0] + 1000.0, [Stage("k", (CallSpec("k", 1000, 50),))])
-            call = LiveCall(id=i, workflow=wf, spec=CallSpec("k", 1000, 50), ready_at=clock[0])
+            wf = StagedWorkflow(i, "t", clock.t, clock.t + 1000.0, [Stage("k", (CallSpec("k", 1000, 50),))])
+            call = LiveCall(id=i, workflow=wf, spec=CallSpec("k", 1000, 50), ready_at=clock.t)
             call.on_done = lambda c, o: out.append(o)
             pool.submit(call)
             for _ in range(100):
@@ -396,7 +367,7 @@ async def test_a_worker_is_judged_by_its_speed_on_the_tokens_it_processed_not_by
                 await asyncio.sleep(0)
         assert len(out) == 30 and all(isinstance(o, CallResult) for o in out)
         bad = pool.workers[0]
-        assert bad.name == "a100-0" and bad.ejected is ejected, bad.status(clock[0])
+        assert bad.name == "a100-0" and bad.ejected is ejected, bad.status(clock.t)
         assert not any(st.ejected for st in pool.workers[1:])
         ratio = bad.recent_latency_ratio()
         assert ratio is not None and ratio == pytest.approx(slowness, rel=0.1)

@@ -26,23 +26,18 @@ from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, LiveCall
 from gateway.sim.simulator import Simulator
 from gateway.sim.workload import generate_chess_bird, poisson_arrivals, to_stages
+from tests.fakes import FakeClock
+from tests.live.fake_transport import FakeTransport
 from tests.live.harness import write_config
 
 GPUS = ["A100", "A100", "A6000", "L40S"]
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class ReplayTransport:
+class ReplayTransport(FakeTransport):
     """Holds every sent call until the test releases its result; records (worker, send time)."""
 
     def __init__(self, clock: FakeClock, wid_of: dict[int, int]) -> None:
+        super().__init__()
         self.clock = clock
         self.wid_of = wid_of
         self.pending: dict[tuple[int, int], asyncio.Future[CallResult]] = {}
@@ -55,15 +50,6 @@ class ReplayTransport:
         fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         self.pending[key] = fut
         return await fut
-
-    async def probe(self, worker: WorkerInfo) -> bool:
-        return True
-
-    async def scrape(self, worker: WorkerInfo) -> str:
-        return ""
-
-    async def aclose(self) -> None:
-        pass
 
 
 async def settle() -> None:

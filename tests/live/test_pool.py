@@ -8,14 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.gateway import load_gateway_config
 from gateway.core.worker import WorkerInfo
 from gateway.errors import CallFailed
 from gateway.live.logs import REQUEST_ID
-from gateway.live.service import Gateway
-from gateway.live.tenants import TenantStore
 from gateway.live.transport import CallResult, LiveCall
-from tests.live.fake_transport import Hold, one_call, one_worker_pool
+from tests.fakes import FakeClock
+from tests.live.fake_transport import Hold, fake_gateway, fake_pool, one_call
 from tests.live.harness import write_config
 
 
@@ -24,8 +22,8 @@ async def test_parked_calls_wait_for_a_worker_then_fail_with_503(
 ) -> None:
     caplog.set_level("INFO", logger="hexflow")
     t = Hold()
-    clock = [0.0]
-    pool = one_worker_pool(tmp_path, t, clock)
+    clock = FakeClock()
+    pool = fake_pool(tmp_path, t, clock, parked_timeout_s=5.0)
     await pool.start()
     st = pool.workers[0]
     try:
@@ -43,7 +41,7 @@ async def test_parked_calls_wait_for_a_worker_then_fail_with_503(
         await asyncio.sleep(0.01)
         pool.mark_down(st, "test again")
         pool.submit(one_call(3, out))
-        clock[0] = 6.0
+        clock.t = 6.0
         pool.expire_parked()
         assert isinstance(out[-1], CallFailed) and out[-1].status == 503 and "no healthy worker" in str(out[-1])
     finally:
@@ -52,8 +50,8 @@ async def test_parked_calls_wait_for_a_worker_then_fail_with_503(
 
 async def test_cancel_takes_queued_and_in_flight_calls_back(tmp_path: Path) -> None:
     t = Hold()
-    clock = [0.0]
-    pool = one_worker_pool(tmp_path, t, clock)
+    clock = FakeClock()
+    pool = fake_pool(tmp_path, t, clock)
     await pool.start()
     try:
         out: list[object] = []
@@ -77,7 +75,7 @@ async def test_cancel_takes_queued_and_in_flight_calls_back(tmp_path: Path) -> N
 
 async def test_set_capacity_changes_the_one_capacity_that_dispatch_and_status_read(tmp_path: Path) -> None:
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = fake_pool(tmp_path, t, FakeClock())
     await pool.start()
     st = pool.workers[0]
     try:
@@ -97,9 +95,8 @@ async def test_set_capacity_changes_the_one_capacity_that_dispatch_and_status_re
 
 
 async def test_the_gateway_closes_its_transport_when_it_stops(tmp_path: Path) -> None:
-    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:1"], ["A100"]))
     t = Hold()
-    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), t, background=False)
+    gw = fake_gateway(write_config(tmp_path, ["http://127.0.0.1:1"], ["A100"]), t)
     await gw.start()
     await gw.stop()
     assert t.closed == 1
@@ -108,7 +105,7 @@ async def test_the_gateway_closes_its_transport_when_it_stops(tmp_path: Path) ->
 async def test_served_models_follow_the_membership(tmp_path: Path) -> None:
     """The served models are computed once per membership: a worker added, being removed, or gone shows."""
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = fake_pool(tmp_path, t, FakeClock())
     await pool.start()
     try:
         first = pool.workers[0].info
@@ -149,7 +146,7 @@ async def test_calls_are_sent_in_the_pools_context_not_in_the_submitting_request
     """Whichever request's submission or completion drains a worker, the calls it sends are not logged as
     that request's (the pool's own, as when each worker had a drain loop task)."""
     t = _SeesRequestId()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = fake_pool(tmp_path, t, FakeClock())
     await pool.start()
     await asyncio.sleep(0.01)  # the start's own drain is done
     try:
@@ -172,7 +169,7 @@ async def test_calls_are_sent_in_the_pools_context_not_in_the_submitting_request
 
 async def test_calls_submitted_before_start_are_sent_when_it_starts(tmp_path: Path) -> None:
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = fake_pool(tmp_path, t, FakeClock())
     out: list[object] = []
     for i in range(2):
         pool.submit(one_call(i, out))
@@ -189,7 +186,7 @@ async def test_calls_submitted_before_start_are_sent_when_it_starts(tmp_path: Pa
 
 async def test_drain_kicked_sends_the_queued_calls_without_waiting_for_the_event_loop(tmp_path: Path) -> None:
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = fake_pool(tmp_path, t, FakeClock())
     await pool.start()
     await asyncio.sleep(0.01)
     try:
@@ -211,7 +208,7 @@ async def test_drain_kicked_sends_the_queued_calls_without_waiting_for_the_event
 
 async def test_a_call_cancelled_before_its_task_ran_is_settled_and_frees_its_slot(tmp_path: Path) -> None:
     t = Hold()
-    pool = one_worker_pool(tmp_path, t, [0.0])
+    pool = fake_pool(tmp_path, t, FakeClock())
     await pool.start()
     await asyncio.sleep(0.01)
     try:

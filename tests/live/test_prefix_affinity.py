@@ -8,24 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.gateway import load_gateway_config
 from gateway.core.dag import DagNode
 from gateway.core.worker import WorkerInfo
 from gateway.live.prompts import request_prompt
 from gateway.live.runner import CallRequest
-from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult, LiveCall
+from tests.fakes import FakeClock
+from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 600.0, 1.0, 6000.0, 1.0, 10)
 SCHEMA = " ".join(f"CREATE TABLE t{i} (id INTEGER PRIMARY KEY, name TEXT, amount REAL);" for i in range(400))
 
 
-class Recording:
+class Recording(FakeTransport):
     """Answers each call when the test releases it; records the worker of every call and its prefix length."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.sent: list[tuple[str, int]] = []
         self.gates: list[asyncio.Event] = []
 
@@ -35,15 +36,6 @@ class Recording:
         self.gates.append(gate)
         await gate.wait()
         return CallResult({"choices": [{"message": {"content": "ok"}}]})
-
-    async def probe(self, worker: WorkerInfo) -> bool:
-        return True
-
-    async def scrape(self, worker: WorkerInfo) -> str:
-        return ""
-
-    async def aclose(self) -> None:
-        return None
 
 
 def chat(question: str) -> CallRequest:
@@ -59,25 +51,19 @@ def chat(question: str) -> CallRequest:
 async def test_a_second_prompt_with_the_same_schema_goes_where_the_first_one_is(
     tmp_path: Path, policy: str, caching: bool, follows: bool
 ) -> None:
-    loaded = load_gateway_config(
-        write_config(
-            tmp_path,
-            ["http://127.0.0.1:1", "http://127.0.0.1:2"],
-            ["A100", "A100"],
-            policy=policy,
-            prefix_caching=caching,
-        )
+    cfg = write_config(
+        tmp_path, ["http://127.0.0.1:1", "http://127.0.0.1:2"], ["A100", "A100"], policy=policy, prefix_caching=caching
     )
     transport = Recording()
-    now = [0.0]
-    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), transport, background=False, clock=lambda: now[0])
+    now = FakeClock()
+    gw = fake_gateway(cfg, transport, now)
     await gw.start()
     n_in = len(SCHEMA) // 4
     first = asyncio.create_task(gw.run_workflow(TENANT, 600.0, [DagNode("a", "chat", n_in, 50)], [chat("How many?")]))
     async with asyncio.timeout(10):
         while not transport.sent:
             await asyncio.sleep(0.001)
-    now[0] = 5.0  # the first prompt is processed (and cached) by now; its call still decodes
+    now.t = 5.0  # the first prompt is processed (and cached) by now; its call still decodes
     second = asyncio.create_task(gw.run_workflow(TENANT, 600.0, [DagNode("a", "chat", n_in, 50)], [chat("Which one?")]))
     async with asyncio.timeout(10):
         while len(transport.sent) < 2:

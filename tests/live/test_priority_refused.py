@@ -6,27 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
-from gateway.config import load_gpu_catalog
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.errors import CallFailed
 from gateway.live.transport import LiveCall, PriorityRefused, _payload, _result
 from gateway.profiling.promparse import parse_families
-from tests.emulator_process import free_port
-from tests.live.harness import chain, emulators, gateway_client, write_config
-from workers.emulator import EmulatorConfig, create_app
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+from tests.live.chaos_worker import App, Receive, Scope, Send, answer, read_body, replay_body
+from tests.live.harness import chain, emulator_app, emulators, gateway_client, serving, write_config
 
 # vLLM's answers, old (``ErrorResponse`` at the top level) and new (under ``error``).
 OLD = {"object": "error", "type": "BadRequestError", "param": None, "code": 400}
@@ -53,88 +43,50 @@ class FcfsWorker:
         if scope["type"] != "http" or not scope["path"].endswith("completions"):
             await self.app(scope, receive, send)
             return
-        parts: list[bytes] = []
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            parts.append(msg.get("body", b""))
-            if not msg.get("more_body", False):
-                break
-        raw = b"".join(parts)
+        raw = await read_body(receive)
+        if raw is None:
+            return
         priority = json.loads(raw).get("priority", 0)
         if priority != 0:
             self.refused += 1
-            content = json.dumps(_refusal(priority, self.shape)).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
-            await send({"type": "http.response.start", "status": 400, "headers": headers})
-            await send({"type": "http.response.body", "body": content, "more_body": False})
+            await answer(send, 400, "application/json", json.dumps(_refusal(priority, self.shape)).encode())
             return
         self.passed += 1
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_body(raw, receive), send)
 
 
 @pytest.mark.parametrize("shape", ["old", "new"])
 async def test_a_worker_that_refuses_priority_gets_every_call_without_it_and_says_so_once(
     tmp_path: Path, shape: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fcfs = FcfsWorker(
-        create_app(
-            EmulatorConfig(
-                profile=load_gpu_catalog().profile("A100", "llama-3.1-70b"),
-                served_model_name="llama-3.1-70b",
-                time_scale=0.02,
+    fcfs = FcfsWorker(emulator_app("A100"), shape)
+    async with (
+        serving(fcfs, what="the FCFS worker") as fcfs_url,
+        emulators(["A100"]) as (priority_url,),
+        gateway_client(write_config(tmp_path, [fcfs_url, priority_url], ["A100", "A100"])) as (client, app),
+    ):
+        caplog.set_level(logging.WARNING, logger="hexflow.pool")
+        for _ in range(3):
+            results = await asyncio.gather(
+                *(client.post("/v1/workflows", json={"calls": chain(3, width=2)}) for _ in range(4))
             )
-        ),
-        shape,
-    )
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(fcfs, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            await asyncio.sleep(0.01)
-        async with (
-            emulators(["A100"]) as (priority_url,),
-            gateway_client(write_config(tmp_path, [f"http://127.0.0.1:{port}", priority_url], ["A100", "A100"])) as (
-                client,
-                app,
-            ),
-        ):
-            caplog.set_level(logging.WARNING, logger="hexflow.pool")
-            for _ in range(3):
-                results = await asyncio.gather(
-                    *(client.post("/v1/workflows", json={"calls": chain(3, width=2)}) for _ in range(4))
-                )
-                for r in results:
-                    assert r.status_code == 200, r.text
-                    assert r.json()["status"] == "ok", r.text
-            pool = app.state.gateway.pool
-            refusing, accepting = pool.workers
-            assert refusing.sent > 0 and accepting.sent > 0
-            assert refusing.failed == 0 and not refusing.ejected and refusing.up
-            # Only the calls in flight when the first refusal came back were refused (capacity 4).
-            assert 1 <= fcfs.refused <= refusing.info.capacity and fcfs.passed == refusing.sent
-            status = {w["name"]: w for w in (await client.get("/v1/status")).json()["workers"]}
-            assert status[refusing.name]["priority_scheduling"] is False
-            assert status[accepting.name]["priority_scheduling"] is True
-            warnings = [r for r in caplog.records if "refuses vLLM's priority field" in r.getMessage()]
-            assert len(warnings) == 1 and refusing.name in warnings[0].getMessage()
-            fam = parse_families((await client.get("/metrics")).text)
-            gauge = {labels["worker"]: v for labels, v in fam["hexflow_worker_priority_scheduling"]}
-            assert gauge == {refusing.name: 0.0, accepting.name: 1.0}
-    finally:
-        server.should_exit = True
-        await asyncio.gather(task, return_exceptions=True)
+            for r in results:
+                assert r.status_code == 200, r.text
+                assert r.json()["status"] == "ok", r.text
+        pool = app.state.gateway.pool
+        refusing, accepting = pool.workers
+        assert refusing.sent > 0 and accepting.sent > 0
+        assert refusing.failed == 0 and not refusing.ejected and refusing.up
+        # Only the calls in flight when the first refusal came back were refused (capacity 4).
+        assert 1 <= fcfs.refused <= refusing.info.capacity and fcfs.passed == refusing.sent
+        status = {w["name"]: w for w in (await client.get("/v1/status")).json()["workers"]}
+        assert status[refusing.name]["priority_scheduling"] is False
+        assert status[accepting.name]["priority_scheduling"] is True
+        warnings = [r for r in caplog.records if "refuses vLLM's priority field" in r.getMessage()]
+        assert len(warnings) == 1 and refusing.name in warnings[0].getMessage()
+        fam = parse_families((await client.get("/metrics")).text)
+        gauge = {labels["worker"]: v for labels, v in fam["hexflow_worker_priority_scheduling"]}
+        assert gauge == {refusing.name: 0.0, accepting.name: 1.0}
 
 
 @pytest.mark.parametrize("shape", ["old", "new"])

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from prometheus_client import generate_latest
 
-from gateway.config import load_gpu_catalog
 from gateway.profiling.promparse import MetricsParseError, WorkerMetrics, parse_families, parse_worker_metrics
-from workers.emulator import EmulatorConfig, create_app
+from tests.live.harness import emulator_app
 
 Series = tuple[str, str, float, float, float]  # engine, model_name, running, waiting, kv usage
 
@@ -157,13 +155,8 @@ def test_parse_families() -> None:
 # -------------------------------------------------------------------------------------------------- the emulator
 
 
-def emulator_app(time_scale: float = 1.0) -> FastAPI:
-    profile = load_gpu_catalog().profile("A100", "llama-3.1-70b")
-    return create_app(EmulatorConfig(profile=profile, served_model_name="m", time_scale=time_scale))
-
-
 def test_emulator_registry_output() -> None:
-    app = emulator_app()
+    app = emulator_app("A100", time_scale=1.0, model="m")
     text = generate_latest(app.state.emulator.metrics.registry).decode()
     m = parse_worker_metrics(text, model="m")
     assert m.running == 0.0 and m.waiting == 0.0 and m.kv_cache_usage == 0.0
@@ -174,7 +167,7 @@ def test_emulator_registry_output() -> None:
 
 
 async def test_emulator_metrics_endpoint_after_a_request() -> None:
-    app = emulator_app(time_scale=0.01)
+    app = emulator_app("A100", time_scale=0.01, model="m")
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://emulator", timeout=60.0) as client:

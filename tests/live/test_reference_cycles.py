@@ -23,8 +23,9 @@ from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed, WorkerError
 from gateway.live.runner import CallRecord, CallRequest, _Execution
 from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult, LiveCall
+from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 100.0, 1.0, 100)
@@ -37,11 +38,12 @@ DIAMOND = [
 ]
 
 
-class Scripted:
+class Scripted(FakeTransport):
     """Answers by the prompt: ``ok``, ``refuse`` (a 400), ``flaky`` (a worker error on the first attempt),
     ``hang`` (never answers)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.seen: set[int] = set()
 
     async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
@@ -55,15 +57,6 @@ class Scripted:
         if prompt == "hang":
             await asyncio.sleep(3600)
         return CallResult({"choices": [{"message": {"content": "x"}}]}, 1, 1)
-
-    async def probe(self, worker: WorkerInfo) -> bool:
-        return True
-
-    async def scrape(self, worker: WorkerInfo) -> str:
-        return ""
-
-    async def aclose(self) -> None:
-        return None
 
 
 def _req(prompt: str) -> CallRequest:
@@ -133,12 +126,10 @@ def _scenarios(gw: Gateway) -> dict[str, Callable[[], Awaitable[Any]]]:
 
 @pytest.mark.parametrize("scenario", ["met", "retried", "failed", "cancelled", "stage", "stage-cancelled"])
 async def test_a_finished_workflow_is_freed_without_the_cyclic_collector(tmp_path: Path, scenario: str) -> None:
-    loaded = load_gateway_config(
-        write_config(
-            tmp_path, ["http://127.0.0.1:9", "http://127.0.0.1:10"], ["A100", "A100"], health={"failures_to_down": 100}
-        )
+    cfg = write_config(
+        tmp_path, ["http://127.0.0.1:9", "http://127.0.0.1:10"], ["A100", "A100"], health={"failures_to_down": 100}
     )
-    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), Scripted(), background=False)
+    gw = fake_gateway(cfg, Scripted())
     await gw.start()
     executions: list[weakref.ref[_Execution]] = []
     begin = gw.runner.accounting.begin

@@ -14,17 +14,18 @@ from typing import Any
 
 import pytest
 
-from gateway.config.gateway import load_gateway_config
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.degrade import Knobs, QuestionPlan
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
 from gateway.errors import CallFailed
 from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant, TenantStore
+from gateway.live.tenants import Tenant
 from gateway.live.text2sql_runner import GatewayStageRunner
 from gateway.live.transport import CallResult, LiveCall
 from gateway.text2sql.port import StageCall, StageCallError, StageRunner
+from tests.fakes import FakeClock
+from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 1e9, 1.0, 100)
@@ -33,18 +34,11 @@ PLAN = QuestionPlan(CHESS_TEMPLATE, Knobs(2, 10, True), Knobs(2, 10, True))
 """A question's plan: the CHESS template at full quality (the runner's workflow is budgeted by it)."""
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class ScriptedTransport:
+class ScriptedTransport(FakeTransport):
     """Answers each chat call after one second of fake time; a user message "refuse" gets a final 400."""
 
     def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
         self.clock = clock
         self.sent: list[tuple[str, dict[str, Any], CallSpec]] = []
 
@@ -56,22 +50,12 @@ class ScriptedTransport:
             raise CallFailed("the worker refused the request", 400)
         return CallResult({"choices": [{"message": {"content": f"echo {user}"}}]})
 
-    async def probe(self, worker: WorkerInfo) -> bool:
-        return True
-
-    async def scrape(self, worker: WorkerInfo) -> str:
-        return ""
-
-    async def aclose(self) -> None:
-        return None
-
 
 @pytest.fixture
 async def live(tmp_path: Path) -> AsyncIterator[tuple[Gateway, FakeClock, ScriptedTransport]]:
-    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]))
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     transport = ScriptedTransport(clock)
-    gw = Gateway(loaded, TenantStore.load(loaded.tenants_path), transport, clock=clock, background=False)
+    gw = fake_gateway(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]), transport, clock)
     await gw.start()
     try:
         yield gw, clock, transport

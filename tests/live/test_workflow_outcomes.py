@@ -7,48 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.gateway import load_gateway_config
 from gateway.core.dag import DagNode
-from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
 from gateway.errors import Rejected
 from gateway.live.history import GOODPUT_OUTCOMES
 from gateway.live.runner import CallRequest, WorkflowOutcome
 from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant, TenantStore
-from gateway.live.transport import CallResult, LiveCall
+from gateway.live.tenants import Tenant
+from gateway.live.transport import LiveCall
+from tests.fakes import FakeClock
+from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 100.0, 1.0, 10)
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class NoTransport:
-    """A transport the test never reaches (no call is sent)."""
-
-    async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
-        raise AssertionError("no call is sent")
-
-    async def probe(self, worker: WorkerInfo) -> bool:
-        return True
-
-    async def scrape(self, worker: WorkerInfo) -> str:
-        return ""
-
-    async def aclose(self) -> None:
-        return None
-
-
 def _gateway(tmp_path: Path, clock: FakeClock) -> Gateway:
-    loaded = load_gateway_config(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]))
-    return Gateway(loaded, TenantStore.load(loaded.tenants_path), NoTransport(), clock=clock, background=False)
+    """A gateway whose transport fails the test if a call is sent (these tests send none)."""
+    return fake_gateway(write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"]), FakeTransport(), clock)
 
 
 def _count(gw: Gateway, outcome: str) -> float:

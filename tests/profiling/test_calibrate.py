@@ -32,6 +32,7 @@ from gateway.profiling.probe import CalibrationResult, calibrate
 from gateway.profiling.worker import ProbeWorker
 from gateway.sim.engine import SimEngine
 from tests.emulator_process import emulated_client, emulator_process
+from tests.fakes import FakeClock
 from workers.emulator import KV_BLOCK_SIZE
 
 MODEL = "llama-3.1-70b"
@@ -183,31 +184,23 @@ class FakeWorker:
     def __init__(self, profile: PerfProfile, busy_scrapes: int = 0, cache_labels: str = "") -> None:
         self.profile = profile
         self.cache_labels = cache_labels or 'block_size="16",num_gpu_blocks="1000"'
-        self.now = 0.0
+        self.clock = FakeClock()  # moved on by the calibration's sleeps and by each request's latency
         self.busy_scrapes = busy_scrapes
         self.events: list[tuple[str, float]] = []
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.now += s
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/metrics":
             waiting = 2 if self.busy_scrapes > 0 else 0
             self.busy_scrapes -= 1
-            self.events.append(("metrics-waiting" if waiting else "metrics-idle", self.now))
+            self.events.append(("metrics-waiting" if waiting else "metrics-idle", self.clock.t))
             text = f'vllm:num_requests_waiting{{engine="0"}} {waiting}\nvllm:num_requests_running{{engine="0"}} 0\n'
             text += f"vllm:cache_config_info{{{self.cache_labels}}} 1.0\n"
             return httpx.Response(200, text=text)
         body = json.loads(request.content)
         prompt, out = len(body["prompt"]), body["max_tokens"]
         assert body["min_tokens"] == out and body["ignore_eos"] is True
-        self.events.append(("complete", self.now))
-        self.now += self.profile.single_latency(prompt, out)
+        self.events.append(("complete", self.clock.t))
+        self.clock.advance(self.profile.single_latency(prompt, out))
         return httpx.Response(200, json={"usage": {"prompt_tokens": prompt, "completion_tokens": out}})
 
 
@@ -220,7 +213,7 @@ async def _run_fake(fake: FakeWorker, budget_s: float, settings: PlanSettings) -
             settings=settings,
             client=client,
             clock=fake.clock,
-            sleep=fake.sleep,
+            sleep=fake.clock.sleep,
             progress=False,
         )
 
@@ -234,13 +227,13 @@ async def test_calibration_starts_no_request_after_the_budget_and_stops() -> Non
     assert res.stopped_by_budget or res.skipped > 0
     assert len(res.measurements) < res.planned
     # Once a fit exists, a probe that would run past the budget is skipped rather than started.
-    assert fake.now <= budget * 1.25
+    assert fake.clock.t <= budget * 1.25
 
 
 async def test_calibration_backs_off_while_others_requests_wait() -> None:
     fake = FakeWorker(a100(), busy_scrapes=3)
     await _run_fake(fake, 200.0, PlanSettings(max_prompt=256, max_output=16, max_concurrency=2, repeats=1))
-    assert fake.sleeps[:3] == [1.0, 2.0, 4.0]  # doubling back-off
+    assert fake.clock.sleeps[:3] == [1.0, 2.0, 4.0]  # doubling back-off
     first_request = next(i for i, (kind, _) in enumerate(fake.events) if kind == "complete")
     assert [k for k, _ in fake.events[:first_request]] == ["metrics-waiting"] * 3 + ["metrics-idle"]
     # Every request is preceded by a read that found no queue.

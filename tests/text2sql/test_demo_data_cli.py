@@ -20,6 +20,7 @@ from gateway.cli import main
 from gateway.text2sql.answers import build_demo_answers, load_answers
 from gateway.text2sql.db import DatabaseRegistry, load_databases
 from gateway.text2sql.demo import DB_ID, demo_questions, demo_rows, demo_tables, write_sqlite
+from tests.cli_run import run_cli
 from workers.scripted import AnswersResponder
 
 N_QUESTIONS = 73
@@ -135,11 +136,7 @@ def test_bad_combinations_exit_2_with_one_line_and_write_nothing(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "DIR" / "database").mkdir(parents=True)  # a dataset folder (empty) for --spider
-    try:
-        code = main(args)
-    except SystemExit as exc:  # argparse: must not happen for these
-        code = -1 if exc.code is None else int(exc.code)
-    out, err = capsys.readouterr()
+    code, out, err = run_cli(args, capsys)
     assert code == 2, (out, err)
     assert err.startswith(f"hexflow {args[0]}: error: ") and expected in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
