@@ -18,7 +18,7 @@ from gateway.config.base import FieldError, _Strict, load_yaml_model
 from gateway.config.cluster import ClusterConfig, build_workers
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog, load_profiles_file
 from gateway.config.tenants import KeyHash
-from gateway.core.policy import POLICIES
+from gateway.core.policy import POLICIES, get_policy
 from gateway.core.predict import SUSTAINABLE_SHARE
 from gateway.core.scheduler import BEST_EFFORT_SHARE
 from gateway.core.worker import WorkerInfo
@@ -26,6 +26,9 @@ from gateway.errors import ConfigError
 
 PosFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 Alpha = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+PRODUCTION_ROLES = ("ours", "baseline")
+"""Roles of the policies a production gateway may run; ablation policies need ``benchmark: true``."""
 
 
 class ListenConfig(_Strict):
@@ -561,7 +564,11 @@ class GatewayConfig(_Strict):
         None, description="Static workers (each with a url), as in config/clusters/*.yaml; optional with discovery."
     )
     discovery: DiscoveryConfig | None = Field(None, description="Workers discovered at run time (Kubernetes).")
-    policy: str = Field("hexgen", description="Scheduling policy (hexgen, rr-fcfs, lw-fcfs, ...).")
+    policy: str = Field(
+        "hexgen",
+        description="Scheduling policy (hexgen, rr-fcfs, lw-fcfs, ...): a policy of role ours or baseline; an "
+        "ablation policy only with benchmark: true.",
+    )
     alpha: Alpha | None = Field(None, description="Starting alpha (default: the policy's).")
     seed: int = Field(0, description="Seed of the scheduler's RNG (p2c) and of the tuner.")
     prefix_caching: bool = Field(
@@ -608,6 +615,13 @@ class GatewayConfig(_Strict):
     admin: AdminConfig = Field(default_factory=AdminConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
     idempotency: IdempotencyConfig = Field(default_factory=IdempotencyConfig)
+    benchmark: bool = Field(
+        False,
+        description="Benchmark mode, off in production: /v1/workflows accepts the benchmark-only call fields "
+        "(prompt_tokens, shared_prefix, ignore_eos: synthetic prompts of exact sizes, as the live benchmarks "
+        "replay traces) and policy may name an ablation policy. Off: those fields are refused with 422 and an "
+        "ablation policy is a configuration error. The live benchmarks turn it on in the gateways they start.",
+    )
 
     @field_validator("policy")
     @classmethod
@@ -615,6 +629,18 @@ class GatewayConfig(_Strict):
         if v not in POLICIES:
             raise ValueError(f"unknown policy {v!r}; known: {', '.join(sorted(POLICIES))}")
         return v
+
+    @model_validator(mode="after")
+    def _production_policy(self) -> GatewayConfig:
+        role = get_policy(self.policy).role
+        if role not in PRODUCTION_ROLES and not self.benchmark:
+            production = [n for n, p in POLICIES.items() if p.role in PRODUCTION_ROLES]
+            raise FieldError(
+                "policy",
+                f"{self.policy!r} is an {role} policy, selectable only with benchmark: true (benchmark mode); "
+                f"production policies: {', '.join(production)}",
+            )
+        return self
 
     @model_validator(mode="after")
     def _urls(self) -> GatewayConfig:

@@ -137,7 +137,8 @@ class SharedPrefixSegment(BaseModel):
 
 
 class WorkflowCall(BaseModel):
-    """One LLM call of a workflow: either ``messages`` (chat) or a synthetic prompt of ``prompt_tokens``."""
+    """One LLM call of a workflow: either ``messages`` (chat) or, in benchmark mode only (``benchmark: true``
+    in the gateway's config), a synthetic prompt of ``prompt_tokens``."""
 
     model_config = ConfigDict(
         strict=True,
@@ -177,21 +178,25 @@ class WorkflowCall(BaseModel):
     )
     prompt_tokens: PosInt | SkipJsonSchema[None] = Field(
         None,
-        description="A synthetic prompt of exactly this many tokens (trace replay), instead of messages.",
+        description="Benchmark mode only (benchmark: true): a synthetic prompt of exactly this many tokens "
+        "(trace replay), instead of messages.",
         json_schema_extra=_no_default,
     )
     shared_prefix: (
         Annotated[list[SharedPrefixSegment], Field(max_length=MAX_SHARED_PREFIX_SEGMENTS)] | SkipJsonSchema[None]
     ) = Field(
         None,
-        description="With ``prompt_tokens`` only: the synthetic prompt starts with these segments, in order "
-        "(at most ``prompt_tokens`` tokens in all), and the call's own filler makes up the rest. Calls naming "
+        description="Benchmark mode only, with ``prompt_tokens``: the synthetic prompt starts with these "
+        "segments, in order (at most ``prompt_tokens`` tokens in all), and the call's own filler makes up the rest. Calls naming "
         "the same segments send the same leading tokens, which the worker's prefix cache can serve.",
         json_schema_extra=_no_default,
     )
     max_tokens: Int = Field(256, ge=1, description="Most output tokens.")
     min_tokens: Int = Field(0, ge=0, description="Fewest output tokens (vLLM's min_tokens; at most max_tokens).")
-    ignore_eos: bool = Field(False, description="Generate until max_tokens (vLLM's ignore_eos; exact output lengths).")
+    ignore_eos: bool = Field(
+        False,
+        description="Benchmark mode only: generate until max_tokens (vLLM's ignore_eos; exact output lengths).",
+    )
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     expected_output_tokens: PosInt | None = Field(
         None,
@@ -232,7 +237,12 @@ class WorkflowRequest(BaseModel):
             "examples": [
                 {
                     "calls": [
-                        {"id": "link", "kind": "schema_linking", "prompt_tokens": 12, "max_tokens": 4},
+                        {
+                            "id": "link",
+                            "kind": "schema_linking",
+                            "messages": [{"role": "user", "content": "Which tables hold singers?"}],
+                            "max_tokens": 4,
+                        },
                         {
                             "id": "sql",
                             "kind": "sql_generation",
