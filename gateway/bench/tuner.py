@@ -40,7 +40,7 @@ from typing import Any
 
 from gateway.bench.simbench import Bench, Setup
 from gateway.bench.stats import finite_or_none, fmt, table
-from gateway.config.gateway import TuningConfig
+from gateway.config.operations import TuningConfig
 from gateway.core.policy import get_policy
 from gateway.core.scheduler import Scheduler, WorkerInfo
 from gateway.core.workflow import CallSpec, StagedWorkflow

@@ -720,7 +720,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         else round(0.6 * fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching), 4)
     )
     wfs = setup.workflows(rate)
-    from gateway.config.gateway import TuningConfig
+    from gateway.config.operations import TuningConfig
 
     n = TuningConfig().window_workflows if args.window is None else args.window
     window = wfs[:n]

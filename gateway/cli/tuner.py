@@ -61,7 +61,7 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from gateway.bench.tuner import bench_steps, format_tuner_report, load_setup, run_tuner_bench
-    from gateway.config.gateway import TuningConfig
+    from gateway.config.operations import TuningConfig
     from gateway.sim.tune import ALPHA_GRID
     from gateway.sim.workload import CHESS_BIRD
     from gateway.sim.workload.traces import SHARED_TRACE_DIR

@@ -48,7 +48,7 @@ from urllib.parse import quote
 import aiohttp
 
 from gateway.config import GpuCatalog, make_worker
-from gateway.config.gateway import KubernetesDiscoveryConfig
+from gateway.config.operations import KubernetesDiscoveryConfig
 from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError
 from gateway.live.metrics import GatewayMetrics

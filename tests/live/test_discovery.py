@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from gateway.config import load_gpu_catalog
-from gateway.config.gateway import KubernetesDiscoveryConfig, load_gateway_config
+from gateway.config.gateway import load_gateway_config
+from gateway.config.operations import KubernetesDiscoveryConfig
 from gateway.core.scheduler import Scheduler, WorkerInfo
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.errors import ConfigError
@@ -142,6 +143,7 @@ def discovery_config(tmp: Path, api_url: str, *, period_s: float, watch: bool = 
         "scrape": {"period_s": 0.2, "timeout_s": 1.0},
         "tuning": {"enabled": False},
         "shutdown_grace_s": 5,
+        "benchmark": True,  # synthetic prompts (``chain``)
     }
     for k, v in over.items():
         cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
