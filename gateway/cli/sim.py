@@ -1,6 +1,6 @@
 """The simulator's commands: ``simulate`` (one policy, one run), ``bench`` (policies side by side, or with
 ``--live`` on the live gateway next to the simulator; ``bench tuner`` lives in ``gateway.cli.tuner``), ``tune``
-(the alpha tuner on a window of traffic) and ``sim-speed`` (how many calls per second the simulator itself runs)."""
+(``gateway.cli.tuner``) and ``sim-speed`` (how many calls per second the simulator itself runs)."""
 
 from __future__ import annotations
 
@@ -17,43 +17,34 @@ from gateway.bench.stats import fmt, table
 from gateway.cli.burst import add_bench_burst
 from gateway.cli.calibrate import add_bench_fidelity, add_bench_fidelity_vllm, add_bench_mislabel, add_bench_open_loop
 from gateway.cli.common import (
+    BENCH_WORKFLOWS,
     Subparsers,
     UsageError,
     add_workload_args,
     fraction,
-    fractions,
     int_arg,
-    load_workers,
-    nonneg_float,
-    nonneg_int,
     policy_names,
     positive_float,
     positive_floats,
     positive_int,
+    setup_from_args,
     unit_open_fraction,
-    workload_queries,
-    write_json,
 )
+from gateway.cli.overload import add_bench_admission, add_bench_overload
 from gateway.cli.text2sql import add_bench_quality, add_bench_refusals
 from gateway.cli.tuner import add_bench_tuner
 from gateway.core.policy import POLICIES, get_policy
 
 if TYPE_CHECKING:
-    from gateway.bench.simbench import BenchReport, Setup
+    from gateway.bench.simbench import BenchReport
 
 __all__ = [
-    "BENCH_WORKFLOWS",
     "LIVE_BENCH_WORKFLOWS",
     "add_bench",
-    "add_bench_admission",
-    "add_bench_overload",
     "add_sim_speed",
     "add_simulate",
-    "add_tune",
 ]
 
-BENCH_WORKFLOWS = 1000
-"""Workflows per simulated ``bench`` run (default)."""
 LIVE_BENCH_WORKFLOWS = 150
 """Workflows per policy of ``bench --live`` (default): each is replayed in real time."""
 
@@ -152,186 +143,6 @@ def add_bench(sub: Subparsers) -> None:
     add_bench_refusals(bench_sub)
 
 
-def add_bench_admission(sub: Subparsers) -> None:
-    """``hexflow bench admission``: deadline-aware admission's effect on goodput (``gateway.bench.admission``)."""
-    from gateway.bench.admission import DEFAULT_LOADS, DEFAULT_VARIANTS
-
-    p = sub.add_parser(
-        "admission",
-        help="deadline-aware admission in the simulator: capacity and goodput below and above it, per share",
-        description="Per admission variant (off, reject@SHARE, best_effort@SHARE): the capacity (>= 95% of "
-        "arrivals in time, refusals counted as missed) per seed, then a load sweep at multiples of the first "
-        "policy's capacity without admission: share met, admitted, admitted that met, goodput.",
-    )
-    add_workload_args(p, workflows=BENCH_WORKFLOWS)
-    p.add_argument("--policies", default="hexgen,llmd", help="comma-separated (default hexgen,llmd)")
-    p.add_argument(
-        "--variants",
-        default=",".join(DEFAULT_VARIANTS),
-        help=f"comma-separated: off, reject@SHARE, best_effort@SHARE (default {','.join(DEFAULT_VARIANTS)})",
-    )
-    p.add_argument(
-        "--loads",
-        type=positive_floats,
-        default=list(DEFAULT_LOADS),
-        help="rates of the sweep as multiples of the reference capacity, comma-separated (default "
-        f"{','.join(f'{x:g}' for x in DEFAULT_LOADS)})",
-    )
-    p.add_argument("--seeds", type=positive_int, default=3, help="seeds per point (default 3)")
-    p.add_argument(
-        "--rel-tol", type=unit_open_fraction, default=0.01, help="relative precision of each capacity, in (0, 1)"
-    )
-    p.add_argument("--alpha", type=fraction, default=None, help="fixed alpha (default: tuned once per policy)")
-    p.add_argument("--plot", default=None, help="write a PNG of goodput and kept promises against load")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_bench_admission)
-
-
-def cmd_bench_admission(args: argparse.Namespace) -> int:
-    """Run the admission benchmark, print its tables, write its JSON and plot."""
-    from tqdm import tqdm
-
-    from gateway.bench.admission import (
-        bench_steps,
-        format_admission_report,
-        parse_variant,
-        plot_admission_report,
-        run_admission_bench,
-    )
-
-    policies = policy_names(args.policies)
-    try:
-        variants = [parse_variant(v) for v in args.variants.split(",") if v.strip()]
-    except ValueError as exc:
-        raise UsageError(f"--variants: {exc}") from None
-    if not variants:
-        raise UsageError("--variants: give at least one (off, reject@SHARE, best_effort@SHARE)")
-    setup = setup_from_args(args, n_seeds=args.seeds)
-    steps = bench_steps(len(policies), len(variants), len(args.loads), args.seeds)
-    with tqdm(total=steps, desc="admission", unit="run", disable=args.quiet or None, leave=False) as bar:
-        try:
-            report = run_admission_bench(
-                setup,
-                policies=policies,
-                variants=variants,
-                loads=args.loads,
-                alpha=args.alpha,
-                rel_tol=args.rel_tol,
-                progress=bar.update,
-            )
-        except ValueError as exc:  # (a variant listed twice)
-            raise UsageError(str(exc)) from None
-    print(format_admission_report(report))
-    if args.json:
-        write_json(args.json, report.to_json())
-    if args.plot:
-        plot_admission_report(report, Path(args.plot))
-        print(f"wrote {args.plot}")
-    return 0
-
-
-def add_bench_overload(sub: Subparsers) -> None:
-    """``hexflow bench overload``: admission under overload on emulated workers (``gateway.bench.overload``)."""
-    p = sub.add_parser(
-        "overload",
-        help="admission under overload: capacity, then bursts at a multiple of it, on emulated workers",
-        description="Capacity, then overload bursts, against a live gateway over an emulated cluster: accepted, "
-        "rejected and shed workflows, the share of accepted that met the deadline, goodput, and the gateway's RSS.",
-    )
-    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
-    p.add_argument(
-        "--time-scale", type=positive_float, default=0.05, help="wall seconds per modelled second (emulated)"
-    )
-    p.add_argument(
-        "--capacity-fraction",
-        type=positive_float,
-        default=0.75,
-        help="the sustainable rate, as a fraction of the fluid bound",
-    )
-    p.add_argument("--factor", type=positive_float, default=5.0, help="overload rate = this x the sustainable rate")
-    p.add_argument(
-        "--capacity-s", type=positive_float, default=40.0, help="wall seconds of arrivals at the sustainable rate"
-    )
-    p.add_argument("--burst-s", type=positive_float, default=30.0, help="wall seconds of each overload burst")
-    p.add_argument("--quiet-s", type=nonneg_float, default=15.0, help="wall seconds without arrivals between phases")
-    p.add_argument("--bursts", type=positive_int, default=3, help="overload bursts")
-    p.add_argument(
-        "--slo-scale", type=positive_float, default=5.0, help="deadline = this x the standard workflow's latency"
-    )
-    p.add_argument(
-        "--no-predictive", action="store_true", help="turn predictive admission off (concurrency limits only)"
-    )
-    p.add_argument(
-        "--share",
-        type=positive_float,
-        default=None,
-        help="the gateway's admission.sustainable_share, in (0, 1] (default: the gateway's default, 0.25)",
-    )
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workflows and arrivals")
-    p.add_argument("--log-dir", default=None, help="keep subprocess logs and configs here")
-    p.add_argument("--json", default=None, help="write the report as JSON here")
-    p.add_argument("--plot", default=None, help="write a PNG of the gateway's RSS over time")
-    p.set_defaults(func=cmd_bench_overload)
-
-
-def cmd_bench_overload(args: argparse.Namespace) -> int:
-    """Run the overload benchmark; print the report; exit 1 when a goal of the issue is not met."""
-    from gateway.bench.overload import format_report, plot_report, run_overload
-
-    try:
-        rep = run_overload(
-            cluster=args.cluster,
-            time_scale=args.time_scale,
-            capacity_fraction=args.capacity_fraction,
-            factor=args.factor,
-            capacity_s=args.capacity_s,
-            burst_s=args.burst_s,
-            quiet_s=args.quiet_s,
-            bursts=args.bursts,
-            slo_scale=args.slo_scale,
-            predictive=not args.no_predictive,
-            admission_share=args.share,
-            seed=args.seed,
-            log_dir=Path(args.log_dir) if args.log_dir else None,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    print(format_report(rep))
-    if args.json:
-        write_json(args.json, rep.to_json())
-    if args.plot:
-        plot_report(rep, Path(args.plot))
-        print(f"wrote {args.plot}")
-    return 0 if all(rep.checks().values()) else 1
-
-
-def add_tune(sub: Subparsers) -> None:
-    """``hexflow tune``."""
-    p = sub.add_parser(
-        "tune",
-        help="tune alpha on a window of traffic by simulation",
-        description="Replay a window of workflows in the simulator once per alpha of a grid (what the gateway's "
-        "background tuner does with its recent traffic) and print each alpha's P50, P95 and SLO attainment, and "
-        "the alpha chosen.",
-    )
-    add_workload_args(p, workflows=400)
-    p.add_argument("--policy", default="hexgen", help="the policy whose alpha is tuned")
-    p.add_argument(
-        "--rate", type=positive_float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)"
-    )
-    p.add_argument(
-        "--window",
-        type=positive_int,
-        default=None,
-        help="workflows in the window: the first N of the run (default: the gateway's tuning.window_workflows)",
-    )
-    p.add_argument(
-        "--grid", type=fractions, default=None, help="alphas in [0, 1] to try, comma-separated (default 0, 0.1, ..., 1)"
-    )
-    p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
-    p.set_defaults(func=cmd_tune)
-
-
 def add_sim_speed(sub: Subparsers) -> None:
     """``hexflow sim-speed``."""
     p = sub.add_parser(
@@ -359,36 +170,6 @@ def add_sim_speed(sub: Subparsers) -> None:
     )
     p.add_argument("--repeats", type=positive_int, default=3, help="runs per point; the fastest counts")
     p.set_defaults(func=cmd_sim_speed)
-
-
-def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
-    """The benchmark scenario ``add_workload_args``' options describe (``n_seeds`` seeds from ``--seed``)."""
-    from gateway.bench.simbench import Setup
-    from gateway.sim.simulator import HedgeSettings
-    from gateway.sim.workload import parse_tenants
-
-    workers = load_workers(args.cluster)
-    name, queries = workload_queries(args.trace, args.workflows, args.seed)
-    tenants = None
-    if args.tenants:
-        try:
-            tenants = parse_tenants(args.tenants)
-        except ValueError as exc:
-            raise UsageError(f"--tenants: {exc}") from None
-    return Setup(
-        workers=workers,
-        queries=queries,
-        trace=name,
-        n_workflows=args.workflows,
-        slo_scale=args.slo_scale,
-        seed=args.seed,
-        cv=args.cv,
-        tenants=tenants,
-        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
-        n_seeds=n_seeds,
-        prefix_caching=args.prefix_caching,
-        hedge=HedgeSettings() if getattr(args, "hedge", False) else None,
-    )
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -702,68 +483,4 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
         print(f"wrote {args.json}")
-    return 0
-
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    """Tune alpha on a window of traffic; print the table of all grid points."""
-    from gateway.bench.simbench import fluid_bound
-    from gateway.sim.tune import ALPHA_GRID, tune_alpha
-
-    policy = get_policy(args.policy)
-    if not policy.uses_alpha:
-        raise UsageError(f"--policy: {policy.name} does not use alpha")
-    setup = setup_from_args(args)
-    rate = (
-        args.rate
-        if args.rate is not None
-        else round(0.6 * fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching), 4)
-    )
-    wfs = setup.workflows(rate)
-    from gateway.config.operations import TuningConfig
-
-    n = TuningConfig().window_workflows if args.window is None else args.window
-    window = wfs[:n]
-    grid = ALPHA_GRID if not args.grid else tuple(args.grid)
-    t0 = time.perf_counter()
-    res = tune_alpha(
-        setup.workers,
-        policy.name,
-        window,
-        grid=grid,
-        seed=args.seed,
-        smooth=not args.no_smooth,
-        prefix_caching=setup.prefix_caching,
-    )
-    wall = time.perf_counter() - t0
-    rows = [
-        [
-            f"{p.alpha:.2f}",
-            fmt(p.summary.p50_s),
-            fmt(p.summary.p95_s),
-            f"{p.summary.slo_attainment:.3f}",
-            "<-" if p.alpha == res.alpha else "",
-        ]
-        for p in res.points
-    ]
-    span = window[-1].arrival - window[0].arrival
-    print(f"window: {len(window)} workflows over {span:.0f} s at {rate:g} qps on {args.cluster}")
-    print(table(["alpha", "p50_s", "p95_s", "slo", "chosen"], rows))
-    print(f"alpha = {res.alpha:.2f}  (tuned in {wall:.2f} s)")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "alpha": res.alpha,
-                    "rate_qps": rate,
-                    "window_workflows": len(window),
-                    "seconds": wall,
-                    "points": [{"alpha": p.alpha, **p.summary.as_dict()} for p in res.points],
-                },
-                indent=2,
-                default=lambda x: None,
-            )
-            + "\n"
-        )
     return 0
