@@ -37,6 +37,7 @@ from gateway.core.workflow import CallSpec
 
 if TYPE_CHECKING:
     from gateway.bench.simbench import Setup
+    from gateway.sim.workload import TenantSpec
 
 __all__ = [
     "BENCH_WORKFLOWS",
@@ -59,6 +60,7 @@ __all__ = [
     "positive_int",
     "positive_ints",
     "setup_from_args",
+    "tenants_arg",
     "unit_open_fraction",
     "workload_queries",
     "write_json",
@@ -189,16 +191,10 @@ def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
     """The benchmark scenario ``add_workload_args``' options describe (``n_seeds`` seeds from ``--seed``)."""
     from gateway.bench.simbench import Setup
     from gateway.sim.simulator import HedgeSettings
-    from gateway.sim.workload import parse_tenants
 
     workers = load_workers(args.cluster)
     name, queries = workload_queries(args.trace, args.workflows, args.seed)
-    tenants = None
-    if args.tenants:
-        try:
-            tenants = parse_tenants(args.tenants)
-        except ValueError as exc:
-            raise UsageError(f"--tenants: {exc}") from None
+    tenants = tenants_arg(args.tenants)
     return Setup(
         workers=workers,
         queries=queries,
@@ -213,3 +209,15 @@ def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
         prefix_caching=args.prefix_caching,
         hedge=HedgeSettings() if getattr(args, "hedge", False) else None,
     )
+
+
+def tenants_arg(text: str | None) -> list[TenantSpec] | None:
+    """``--tenants`` (``add_workload_args``) parsed; None when not given."""
+    from gateway.sim.workload import parse_tenants
+
+    if not text:
+        return None
+    try:
+        return parse_tenants(text)
+    except ValueError as exc:
+        raise UsageError(f"--tenants: {exc}") from None

@@ -11,7 +11,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.bench.stats import fmt, table
 from gateway.cli.burst import add_bench_burst
@@ -37,6 +37,8 @@ from gateway.core.policy import POLICIES, get_policy
 
 if TYPE_CHECKING:
     from gateway.bench.simbench import BenchReport
+    from gateway.core.workflow import StagedWorkflow
+    from gateway.sim.simulator import SimResult
 
 __all__ = [
     "LIVE_BENCH_WORKFLOWS",
@@ -176,7 +178,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """One policy, one run: headline figures, per tenant when there are several."""
     from gateway.bench.bound import solve_fluid_bound
     from gateway.bench.enginetime import bound_engine_time, engine_time_of, format_engine_time
-    from gateway.sim.metrics import summarize
     from gateway.sim.simulator import Simulator
 
     get_policy(args.policy)
@@ -197,23 +198,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     res = sim.run(wfs)
     wall = time.perf_counter() - t0
-    tenants = sorted({w.tenant for w in wfs})
-    rows = []
-    summaries = {}
-    for t in [None, *tenants] if len(tenants) > 1 else [None]:
-        s = summarize(res, total=sum(1 for w in wfs if t is None or w.tenant == t), tenant=t)
-        summaries[t or "all"] = s.as_dict()
-        rows.append(
-            [
-                t or "all",
-                str(s.workflows),
-                fmt(s.p50_s),
-                fmt(s.p95_s),
-                fmt(s.p99_s),
-                f"{s.slo_attainment:.3f}",
-                fmt(s.throughput_qps, 4),
-            ]
-        )
+    rows, summaries = _tenant_summaries(res, wfs)
     print(
         f"{setup.trace} on {args.cluster} [{', '.join(w.profile.gpu for w in setup.workers)}], policy {args.policy}"
         f", rate {rate:g} qps (fluid bound {bound:.4f}), SLO {setup.slo_s:.1f} s"
@@ -229,23 +214,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         engines = {"run": [e.to_json() for e in run_time], "bound": [e.to_json() for e in at_bound]}
         if args.engines:
             print(format_engine_time(run_time, at_bound))
-    admitted = None
-    if args.admission:
-        met = sum(1 for r in res.workflows if r.met)
-        span = max(w.arrival for w in wfs) - min(w.arrival for w in wfs) if len(wfs) > 1 else 0.0
-        share = met / max(len(wfs) - len(res.rejected), 1)
-        goodput = met / span if span > 0 else math.nan
-        admitted = {
-            "arrived": len(wfs),
-            "rejected": len(res.rejected),
-            "met": met,
-            "met_share_of_accepted": share,
-            "goodput_qps": goodput if math.isfinite(goodput) else None,
-        }
-        print(
-            f"admission: {len(res.rejected)} of {len(wfs)} refused; {met} met their deadline "
-            f"({share:.1%} of accepted); goodput {fmt(goodput, 4)}/s"
-        )
+    admitted = _admission_summary(res, wfs) if args.admission else None
     if args.json:
         out = {
             "policy": args.policy,
@@ -263,6 +232,49 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2, default=lambda x: None) + "\n")
     return 0
+
+
+def _tenant_summaries(res: SimResult, wfs: list[StagedWorkflow]) -> tuple[list[list[str]], dict[str, dict[str, Any]]]:
+    """The table rows and the JSON summaries of a run: all workflows, then each tenant's when there are several."""
+    from gateway.sim.metrics import summarize
+
+    tenants = sorted({w.tenant for w in wfs})
+    rows = []
+    summaries = {}
+    for t in [None, *tenants] if len(tenants) > 1 else [None]:
+        s = summarize(res, total=sum(1 for w in wfs if t is None or w.tenant == t), tenant=t)
+        summaries[t or "all"] = s.as_dict()
+        rows.append(
+            [
+                t or "all",
+                str(s.workflows),
+                fmt(s.p50_s),
+                fmt(s.p95_s),
+                fmt(s.p99_s),
+                f"{s.slo_attainment:.3f}",
+                fmt(s.throughput_qps, 4),
+            ]
+        )
+    return rows, summaries
+
+
+def _admission_summary(res: SimResult, wfs: list[StagedWorkflow]) -> dict[str, Any]:
+    """What admission refused and what the accepted workflows met (printed, and for the JSON)."""
+    met = sum(1 for r in res.workflows if r.met)
+    span = max(w.arrival for w in wfs) - min(w.arrival for w in wfs) if len(wfs) > 1 else 0.0
+    share = met / max(len(wfs) - len(res.rejected), 1)
+    goodput = met / span if span > 0 else math.nan
+    print(
+        f"admission: {len(res.rejected)} of {len(wfs)} refused; {met} met their deadline "
+        f"({share:.1%} of accepted); goodput {fmt(goodput, 4)}/s"
+    )
+    return {
+        "arrived": len(wfs),
+        "rejected": len(res.rejected),
+        "met": met,
+        "met_share_of_accepted": share,
+        "goodput_qps": goodput if math.isfinite(goodput) else None,
+    }
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
