@@ -36,7 +36,7 @@ from gateway.cli.tuner import add_bench_tuner
 from gateway.core.policy import POLICIES, get_policy
 
 if TYPE_CHECKING:
-    from gateway.bench.simbench import BenchReport
+    from gateway.bench.sidebyside import BenchReport
     from gateway.core.workflow import StagedWorkflow
     from gateway.sim.simulator import SimResult
 
@@ -286,7 +286,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.workflows = BENCH_WORKFLOWS
     from tqdm import tqdm
 
-    from gateway.bench.simbench import GRID_FRACTIONS, bench_steps, plot_report, run_bench
+    from gateway.bench.sidebyside import GRID_FRACTIONS, bench_steps, plot_report, run_bench
 
     policies = policy_names(args.policies)
     seeds = int_arg("--seeds", str(args.seeds), minimum=1)
