@@ -72,7 +72,7 @@ def _key(*parts: str) -> int:
 
 def _sequence(key: int, n: int) -> list[int]:
     """``n`` token ids for ``key``: a tag spelling the key, then a slice of a fixed random sequence from a
-    key-dependent offset. A slice, not a Python loop per token: a trace workflow asks for ~50k tokens and
+    key-dependent offset. A slice, not a Python loop per token: a trace workflow asks for many thousands of tokens and
     this runs on the event loop."""
     if not _SYNTH_BASE:
         rng = random.Random(0x5EED)
