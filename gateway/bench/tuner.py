@@ -49,27 +49,11 @@ from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
 
-__all__ = [
-    "LOAD",
-    "TARGET_GAP",
-    "TRACES",
-    "WINDOWS",
-    "FixedRun",
-    "TraceResult",
-    "TunedRun",
-    "TunerReport",
-    "bench_steps",
-    "format_tuner_report",
-    "load_setup",
-    "run_fixed",
-    "run_tuned",
-    "run_tuner_bench",
-]
-
 TRACES: tuple[str, ...] = ("trace1", "financial", "trace3")
 """The traces measured by default (``../shared/data/hexgen-traces``; chess-bird when absent)."""
 WINDOWS: tuple[int, ...] = (28, 100, 300, 500)
-"""Window sizes (workflows) measured by default: 28 is what a 300 s window held at the paper's rates."""
+"""Window sizes (workflows) measured by default: the smallest is what a window of minutes held at the paper's
+rates (docs/benchmarks.md, "Alpha tuner")."""
 LOAD = 0.85
 """The run's rate as a fraction of the policy's capacity at its default alpha."""
 TARGET_GAP = 0.03
