@@ -397,92 +397,140 @@ def run_plan(
             f"{total:,} mixes of {k} GPU types up to {spec.max_workers} workers; at most {MAX_MIXES:,}: "
             "lower the maximum number of workers or give fewer GPU types"
         )
-    prices = [o.usd_per_hour for o in options]
-    gpus = tuple(o.gpu for o in options)
+    search = _Search(catalog, workload, spec, options, progress, describe)
+    mixes = sorted(enumerate_mixes(k, spec.max_workers), key=lambda m: search.key(m, objective))
+    over_budget = 0
+    if spec.budget_usd_per_hour is not None:
+        within = [m for m in mixes if (search.cost(m) or 0.0) <= spec.budget_usd_per_hour + 1e-9]
+        over_budget = len(mixes) - len(within)
+        mixes = within
+    considered: list[Candidate] = []
+    answer: Candidate | None = None
+    for counts in mixes:
+        cand = search.judge(counts)
+        considered.append(cand)
+        if cand.verdict == "met":
+            answer = cand
+            break
+    caps = search.margin(answer) if answer is not None and spec.find_margin else []
+    return PlanReport(
+        spec=spec,
+        objective=objective,
+        options=options,
+        trace=workload.trace,
+        n_workflows=workload.n_workflows,
+        seeds=search.base.seeds,
+        prefix_caching=workload.prefix_caching,
+        considered=considered,
+        answer=answer,
+        capacity_per_seed=caps,
+        total_mixes=total,
+        over_budget=over_budget,
+        programs_solved=search.programs,
+        simulations=search.sims,
+        seconds=time.perf_counter() - t0,
+    )
 
-    def cost(counts: tuple[int, ...]) -> float | None:
-        if any(p is None for p in prices):
+
+class _Search:
+    """One plan's search state: the GPU options, the fluid bounds and simulations it ran (counted), and the
+    bench of the last mix simulated (for the margin)."""
+
+    def __init__(
+        self,
+        catalog: GpuCatalog,
+        workload: Workload,
+        spec: PlanSpec,
+        options: Sequence[GpuOption],
+        progress: Callable[[int], object] | None,
+        describe: Callable[[str], object] | None,
+    ) -> None:
+        self.catalog, self.workload, self.spec = catalog, workload, spec
+        self.prices = [o.usd_per_hour for o in options]
+        self.gpus = tuple(o.gpu for o in options)
+        self.progress, self.describe = progress, describe
+        # One template worker per type; each mix gets fresh, uniquely named copies.
+        self.templates = [make_worker(catalog, name=g, gpu=g, model=spec.model, capacity=None) for g in self.gpus]
+        self.base = workload.setup([self.templates[0]], spec.slo_s)
+        self.bound_mix = [[c for stage in wf.stages for c in stage.calls] for wf in self.base.workflows(1.0)]
+        self.programs = 0
+        self.sims = 0
+        self.bench: Bench | None = None
+
+    def cost(self, counts: tuple[int, ...]) -> float | None:
+        """The mix's price per hour (None: a GPU without a price)."""
+        if any(p is None for p in self.prices):
             return None
-        return sum(n * p for n, p in zip(counts, prices, strict=True) if p is not None)
+        return sum(n * p for n, p in zip(counts, self.prices, strict=True) if p is not None)
 
-    def key(counts: tuple[int, ...]) -> tuple[float, float, tuple[int, ...]]:
-        c, w = cost(counts), float(sum(counts))
+    def key(self, counts: tuple[int, ...], objective: str) -> tuple[float, float, tuple[int, ...]]:
+        """The order mixes are tried in: by the objective, then the other measure, then earlier GPU types."""
+        c, w = self.cost(counts), float(sum(counts))
         prefer_first = tuple(-n for n in counts)
         if objective == "cost" and c is not None:
             return (round(c, 9), w, prefer_first)
         return (w, round(c, 9) if c is not None else 0.0, prefer_first)
 
-    mixes = sorted(enumerate_mixes(k, spec.max_workers), key=key)
-    over_budget = 0
-    if spec.budget_usd_per_hour is not None:
-        within = [m for m in mixes if (cost(m) or 0.0) <= spec.budget_usd_per_hour + 1e-9]
-        over_budget = len(mixes) - len(within)
-        mixes = within
-
-    # One template worker per type; each mix gets fresh, uniquely named copies.
-    templates = [make_worker(catalog, name=g, gpu=g, model=spec.model, capacity=None) for g in gpus]
-    base = workload.setup([templates[0]], spec.slo_s)
-    bound_mix = [[c for stage in wf.stages for c in stage.calls] for wf in base.workflows(1.0)]
-    programs = 0
-    sims = 0
-
-    def bound(counts: tuple[int, ...]) -> float:
-        nonlocal programs
+    def bound(self, counts: tuple[int, ...]) -> float:
+        """The mix's fluid bound, workflows/s."""
         idx = [i for i, n in enumerate(counts) if n]
-        programs += 1
+        self.programs += 1
         return solve_fluid_bound(
-            [templates[i] for i in idx],
-            bound_mix,
-            prefix_caching=workload.prefix_caching,
+            [self.templates[i] for i in idx],
+            self.bound_mix,
+            prefix_caching=self.workload.prefix_caching,
             engines=[counts[i] for i in idx],
             max_groups=BOUND_MAX_GROUPS,
             bucket_ratio=BOUND_BUCKET_RATIO,
         ).rate_qps
 
-    def workers_of(counts: tuple[int, ...]) -> list[WorkerInfo]:
+    def workers_of(self, counts: tuple[int, ...]) -> list[WorkerInfo]:
+        """The mix's workers, uniquely named."""
         out: list[WorkerInfo] = []
-        for g, n in zip(gpus, counts, strict=True):
+        for g, n in zip(self.gpus, counts, strict=True):
             for _ in range(n):
-                out.append(make_worker(catalog, name=f"{g}-{len(out)}", gpu=g, model=spec.model, capacity=None))
+                out.append(
+                    make_worker(self.catalog, name=f"{g}-{len(out)}", gpu=g, model=self.spec.model, capacity=None)
+                )
         return out
 
-    def count(n: int) -> None:
-        nonlocal sims
-        sims += n
-        if progress is not None:
-            progress(n)
+    def count(self, n: int) -> None:
+        """``n`` more simulations ran."""
+        self.sims += n
+        if self.progress is not None:
+            self.progress(n)
 
-    considered: list[Candidate] = []
-    answer: Candidate | None = None
-    bench: Bench | None = None
-    for counts in mixes:
-        fb = bound(counts)
-        cand = Candidate(counts, gpus, cost(counts), fb, "pruned")
-        considered.append(cand)
+    def judge(self, counts: tuple[int, ...]) -> Candidate:
+        """A mix judged: pruned by its fluid bound, else simulated seed by seed until one misses the target."""
+        spec = self.spec
+        fb = self.bound(counts)
+        cand = Candidate(counts, self.gpus, self.cost(counts), fb, "pruned")
         if fb < spec.rate_qps:
-            continue
-        setup = workload.setup(workers_of(counts), spec.slo_s)
-        bench = Bench(setup, progress=count)
+            return cand
+        setup = self.workload.setup(self.workers_of(counts), spec.slo_s)
+        self.bench = Bench(setup, progress=self.count)
         verdict: Verdict = "met"
         for s in setup.seeds:
-            if describe is not None:
-                describe(f"{cand.label}, seed {s}")
-            summary = bench.point(spec.policy, spec.rate_qps, seed=s, alpha=spec.alpha).summary
+            if self.describe is not None:
+                self.describe(f"{cand.label}, seed {s}")
+            summary = self.bench.point(spec.policy, spec.rate_qps, seed=s, alpha=spec.alpha).summary
             cand.attainment.append(summary.slo_attainment)
             cand.p95_s.append(summary.p95_s)
             if not summary.slo_attainment >= spec.target:
                 verdict = "failed"  # the other seeds cannot make up for it
                 break
         cand.verdict = verdict
-        if verdict == "met":
-            answer = cand
-            break
+        return cand
 
-    caps: list[float] = []
-    if answer is not None and bench is not None and spec.find_margin:
+    def margin(self, answer: Candidate) -> list[float]:
+        """The answer's capacity per seed, on the bench of the mix it was judged on."""
+        spec, bench = self.spec, self.bench
+        caps: list[float] = []
+        if bench is None:
+            return caps
         for s in bench.setup.seeds:
-            if describe is not None:
-                describe(f"margin of {answer.label}, seed {s}")
+            if self.describe is not None:
+                self.describe(f"margin of {answer.label}, seed {s}")
             caps.append(
                 bench.capacity(
                     spec.policy,
@@ -494,20 +542,4 @@ def run_plan(
                     rel_tol=spec.rel_tol,
                 )
             )
-    return PlanReport(
-        spec=spec,
-        objective=objective,
-        options=options,
-        trace=workload.trace,
-        n_workflows=workload.n_workflows,
-        seeds=base.seeds,
-        prefix_caching=workload.prefix_caching,
-        considered=considered,
-        answer=answer,
-        capacity_per_seed=caps,
-        total_mixes=total,
-        over_budget=over_budget,
-        programs_solved=programs,
-        simulations=sims,
-        seconds=time.perf_counter() - t0,
-    )
+        return caps

@@ -143,6 +143,7 @@ def write_gateway_config(
         "tuning": {"enabled": tuning_enabled},
         "shutdown_grace_s": shutdown_grace_s,
         "prefix_caching": prefix_caching,
+        "benchmark": True,
     }
     if databases_file is not None:
         doc["databases_file"] = str(databases_file)

@@ -23,7 +23,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from gateway.bench.simbench import N_SEEDS, BenchReport, Setup, plot_report, run_bench, tuned_alpha
+from gateway.bench.sidebyside import BenchReport, plot_report, run_bench
+from gateway.bench.simbench import N_SEEDS, Setup, tuned_alpha
 from gateway.config import load_cluster
 from gateway.core.policy import POLICIES
 from gateway.errors import GatewayError

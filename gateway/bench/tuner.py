@@ -40,8 +40,8 @@ from typing import Any
 
 from gateway.bench.simbench import Bench, Setup
 from gateway.bench.stats import finite_or_none, fmt, table
-from gateway.config.gateway import TuningConfig
-from gateway.core.policy import get_policy
+from gateway.config.operations import TuningConfig
+from gateway.core.policy import Policy, get_policy
 from gateway.core.scheduler import Scheduler, WorkerInfo
 from gateway.core.workflow import CallSpec, StagedWorkflow
 from gateway.live.tuning import Retuner, WindowRecorder, tune_window
@@ -49,27 +49,11 @@ from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
 
-__all__ = [
-    "LOAD",
-    "TARGET_GAP",
-    "TRACES",
-    "WINDOWS",
-    "FixedRun",
-    "TraceResult",
-    "TunedRun",
-    "TunerReport",
-    "bench_steps",
-    "format_tuner_report",
-    "load_setup",
-    "run_fixed",
-    "run_tuned",
-    "run_tuner_bench",
-]
-
 TRACES: tuple[str, ...] = ("trace1", "financial", "trace3")
 """The traces measured by default (``../shared/data/hexgen-traces``; chess-bird when absent)."""
 WINDOWS: tuple[int, ...] = (28, 100, 300, 500)
-"""Window sizes (workflows) measured by default: 28 is what a 300 s window held at the paper's rates."""
+"""Window sizes (workflows) measured by default: the smallest is what a window of minutes held at the paper's
+rates (docs/benchmarks.md, "Alpha tuner")."""
 LOAD = 0.85
 """The run's rate as a fraction of the policy's capacity at its default alpha."""
 TARGET_GAP = 0.03
@@ -391,6 +375,29 @@ def bench_steps(n_traces: int, n_seeds: int, grid: int, windows: int) -> int:
     return n_traces * (1 + n_seeds * (grid + windows))
 
 
+def _check_question(pol: Policy, setups: Sequence[Setup], windows: Sequence[int], load: float, warmup: int) -> None:
+    """``ValueError`` for a tuner bench that cannot run: a policy without alpha, no trace, a window under one
+    workflow, a load out of range, or a warm-up that leaves nothing to measure."""
+    if not pol.uses_alpha:
+        raise ValueError(f"{pol.name} does not use alpha: there is nothing to tune")
+    if not setups:
+        raise ValueError("no trace to measure")
+    if not windows or any(n < 1 for n in windows):
+        raise ValueError(f"window sizes must be at least 1 workflow, got {list(windows)}")
+    if not 0 < load <= 1.5:
+        raise ValueError(f"load must be in (0, 1.5], got {load}")
+    for s in setups:
+        if not 0 <= warmup < s.n_workflows:
+            raise ValueError(f"warmup must leave measured workflows: {warmup} of {s.n_workflows}")
+
+
+def _with_window(base: TuningConfig, n: int) -> TuningConfig:
+    """``base`` with a window of ``n`` workflows (its minimum capped at ``n``)."""
+    return TuningConfig.model_validate(
+        {**base.model_dump(), "window_workflows": n, "min_workflows": min(base.min_workflows, n)}
+    )
+
+
 def run_tuner_bench(
     setups: Sequence[Setup],
     *,
@@ -413,24 +420,9 @@ def run_tuner_bench(
     """
     t0 = time.perf_counter()
     pol = get_policy(policy)
-    if not pol.uses_alpha:
-        raise ValueError(f"{policy} does not use alpha: there is nothing to tune")
-    if not setups:
-        raise ValueError("no trace to measure")
-    if not windows or any(n < 1 for n in windows):
-        raise ValueError(f"window sizes must be at least 1 workflow, got {list(windows)}")
-    if not 0 < load <= 1.5:
-        raise ValueError(f"load must be in (0, 1.5], got {load}")
-    for s in setups:
-        if not 0 <= warmup < s.n_workflows:
-            raise ValueError(f"warmup must leave measured workflows: {warmup} of {s.n_workflows}")
+    _check_question(pol, setups, windows, load, warmup)
     base = tuning if tuning is not None else TuningConfig()
-    cfgs = [
-        TuningConfig.model_validate(
-            {**base.model_dump(), "window_workflows": n, "min_workflows": min(base.min_workflows, n)}
-        )
-        for n in windows
-    ]
+    cfgs = [_with_window(base, n) for n in windows]
     grid = Retuner(base, WindowRecorder(1)).grid()
 
     caps = _map(jobs, [(_capacity, (s, policy, rel_tol)) for s in setups], progress)
@@ -496,6 +488,20 @@ def format_tuner_report(report: TunerReport, cluster: str) -> str:
         f"hysteresis {cfg.hysteresis:g}, staleness guard {cfg.max_age_s:g} s",
         *report.notes,
     ]
+    lines += _fixed_table(report)
+    lines += _tuned_table(report)
+    for n, d in report.by_window().items():
+        verdict = "all within target" if d["all_within_target"] else "NOT all within target"
+        lines.append(f"window {n}: mean gap {d['mean_gap']:+.1%}, worst {d['max_gap']:+.1%} ({verdict})")
+    lines.append(
+        f"({report.seconds:.0f} s, {report.jobs} processes; tune_s: wall time of one re-tune on a full window)"
+    )
+    return "\n".join(lines)
+
+
+def _fixed_table(report: TunerReport) -> list[str]:
+    """The best fixed alpha in hindsight per trace, with the P95 at every alpha."""
+    out: list[str] = []
     rows = []
     for t in report.traces:
         best = t.best
@@ -515,14 +521,20 @@ def format_tuner_report(report: TunerReport, cluster: str) -> str:
             ]
         )
     grid = " ".join(f"{f.alpha:g}" for f in report.traces[0].fixed) if report.traces else ""
-    lines.append("best fixed alpha in hindsight (P95 over the measured workflows):")
-    lines.append(
+    out.append("best fixed alpha in hindsight (P95 over the measured workflows):")
+    out.append(
         table(
             ["trace", "seed", "cap_qps", "rate_qps", "best_a", "p95_s", "slo", "default_gap", f"p95_s at alpha {grid}"],
             rows,
             left=1,
         )
     )
+    return out
+
+
+def _tuned_table(report: TunerReport) -> list[str]:
+    """The tuned runs per trace and window against the best fixed alpha."""
+    out: list[str] = []
     rows = []
     for t in report.traces:
         for r in t.tuned:
@@ -543,8 +555,8 @@ def format_tuner_report(report: TunerReport, cluster: str) -> str:
                     f"{max(secs):.2f}" if secs else "-",
                 ]
             )
-    lines.append(f"tuned as live (target: P95 within {TARGET_GAP:.0%} of the best fixed alpha's):")
-    lines.append(
+    out.append(f"tuned as live (target: P95 within {TARGET_GAP:.0%} of the best fixed alpha's):")
+    out.append(
         table(
             [
                 "trace",
@@ -563,13 +575,7 @@ def format_tuner_report(report: TunerReport, cluster: str) -> str:
             left=1,
         )
     )
-    for n, d in report.by_window().items():
-        verdict = "all within target" if d["all_within_target"] else "NOT all within target"
-        lines.append(f"window {n}: mean gap {d['mean_gap']:+.1%}, worst {d['max_gap']:+.1%} ({verdict})")
-    lines.append(
-        f"({report.seconds:.0f} s, {report.jobs} processes; tune_s: wall time of one re-tune on a full window)"
-    )
-    return "\n".join(lines)
+    return out
 
 
 def _alpha_path(run: TunedRun) -> list[float]:

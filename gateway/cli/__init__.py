@@ -46,7 +46,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gateway import __version__
-from gateway.cli import calibrate, config, measure, plan, serve, sim, text2sql
+from gateway.cli import calibrate, config, measure, plan, serve, sim, text2sql, tuner
 from gateway.cli.common import HelpFormatter, Subparsers, UsageError
 from gateway.errors import GatewayError
 
@@ -57,7 +57,7 @@ EXIT_USAGE = 2
 _COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     sim.add_simulate,
     sim.add_bench,
-    sim.add_tune,
+    tuner.add_tune,
     sim.add_sim_speed,
     plan.add_plan,
     serve.add_emulate,

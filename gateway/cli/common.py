@@ -15,7 +15,7 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from gateway.argtypes import (
     HelpFormatter,
@@ -35,7 +35,12 @@ from gateway.core.policy import get_policy
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec
 
+if TYPE_CHECKING:
+    from gateway.bench.simbench import Setup
+    from gateway.sim.workload import TenantSpec
+
 __all__ = [
+    "BENCH_WORKFLOWS",
     "HelpFormatter",
     "Subparsers",
     "UsageError",
@@ -54,10 +59,15 @@ __all__ = [
     "positive_floats",
     "positive_int",
     "positive_ints",
+    "setup_from_args",
+    "tenants_arg",
     "unit_open_fraction",
     "workload_queries",
     "write_json",
 ]
+
+BENCH_WORKFLOWS = 1000
+"""Workflows per simulated ``bench`` run (default)."""
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 """The ``add_subparsers`` result each command module registers its commands on."""
@@ -175,3 +185,39 @@ def write_json(path: str, doc: Any) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     print(f"wrote {path}")
+
+
+def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
+    """The benchmark scenario ``add_workload_args``' options describe (``n_seeds`` seeds from ``--seed``)."""
+    from gateway.bench.simbench import Setup
+    from gateway.sim.simulator import HedgeSettings
+
+    workers = load_workers(args.cluster)
+    name, queries = workload_queries(args.trace, args.workflows, args.seed)
+    tenants = tenants_arg(args.tenants)
+    return Setup(
+        workers=workers,
+        queries=queries,
+        trace=name,
+        n_workflows=args.workflows,
+        slo_scale=args.slo_scale,
+        seed=args.seed,
+        cv=args.cv,
+        tenants=tenants,
+        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
+        n_seeds=n_seeds,
+        prefix_caching=args.prefix_caching,
+        hedge=HedgeSettings() if getattr(args, "hedge", False) else None,
+    )
+
+
+def tenants_arg(text: str | None) -> list[TenantSpec] | None:
+    """``--tenants`` (``add_workload_args``) parsed; None when not given."""
+    from gateway.sim.workload import parse_tenants
+
+    if not text:
+        return None
+    try:
+        return parse_tenants(text)
+    except ValueError as exc:
+        raise UsageError(f"--tenants: {exc}") from None

@@ -19,6 +19,7 @@ from gateway.cli.common import (
     fraction,
     int_arg,
     positive_float,
+    tenants_arg,
     workload_queries,
     write_json,
 )
@@ -131,7 +132,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from gateway.bench.plan import PlanSpec, Workload, gpu_options, reference_slo, run_plan
     from gateway.config.gpus import load_gpu_catalog
-    from gateway.sim.workload import parse_tenants
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     if not gpus:
@@ -159,12 +159,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         slo_s, ref = reference_slo(catalog, args.model, gpus, args.slo_scale)
         slo_ref = f"{args.slo_scale:g} x the standard workflow alone on one {ref} worker"
-    tenants = None
-    if args.tenants:
-        try:
-            tenants = parse_tenants(args.tenants)
-        except ValueError as exc:
-            raise UsageError(f"--tenants: {exc}") from None
     trace, queries = workload_queries(args.trace, args.workflows, args.seed)
     workload = Workload(
         queries=queries,
@@ -173,7 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         seed=args.seed,
         n_seeds=seeds,
         cv=args.cv,
-        tenants=tenants,
+        tenants=tenants_arg(args.tenants),
         arrivals_csv=Path(args.arrivals) if args.arrivals else None,
         prefix_caching=args.prefix_caching,
     )

@@ -1,6 +1,6 @@
 """The simulator's commands: ``simulate`` (one policy, one run), ``bench`` (policies side by side, or with
 ``--live`` on the live gateway next to the simulator; ``bench tuner`` lives in ``gateway.cli.tuner``), ``tune``
-(the alpha tuner on a window of traffic) and ``sim-speed`` (how many calls per second the simulator itself runs)."""
+(``gateway.cli.tuner``) and ``sim-speed`` (how many calls per second the simulator itself runs)."""
 
 from __future__ import annotations
 
@@ -11,49 +11,42 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.bench.stats import fmt, table
 from gateway.cli.burst import add_bench_burst
 from gateway.cli.calibrate import add_bench_fidelity, add_bench_fidelity_vllm, add_bench_mislabel, add_bench_open_loop
 from gateway.cli.common import (
+    BENCH_WORKFLOWS,
     Subparsers,
     UsageError,
     add_workload_args,
     fraction,
-    fractions,
     int_arg,
-    load_workers,
-    nonneg_float,
-    nonneg_int,
     policy_names,
     positive_float,
     positive_floats,
     positive_int,
+    setup_from_args,
     unit_open_fraction,
-    workload_queries,
-    write_json,
 )
+from gateway.cli.overload import add_bench_admission, add_bench_overload
 from gateway.cli.text2sql import add_bench_quality, add_bench_refusals
 from gateway.cli.tuner import add_bench_tuner
 from gateway.core.policy import POLICIES, get_policy
 
 if TYPE_CHECKING:
-    from gateway.bench.simbench import BenchReport, Setup
+    from gateway.bench.sidebyside import BenchReport
+    from gateway.core.workflow import StagedWorkflow
+    from gateway.sim.simulator import SimResult
 
 __all__ = [
-    "BENCH_WORKFLOWS",
     "LIVE_BENCH_WORKFLOWS",
     "add_bench",
-    "add_bench_admission",
-    "add_bench_overload",
     "add_sim_speed",
     "add_simulate",
-    "add_tune",
 ]
 
-BENCH_WORKFLOWS = 1000
-"""Workflows per simulated ``bench`` run (default)."""
 LIVE_BENCH_WORKFLOWS = 150
 """Workflows per policy of ``bench --live`` (default): each is replayed in real time."""
 
@@ -152,186 +145,6 @@ def add_bench(sub: Subparsers) -> None:
     add_bench_refusals(bench_sub)
 
 
-def add_bench_admission(sub: Subparsers) -> None:
-    """``hexflow bench admission``: deadline-aware admission's effect on goodput (``gateway.bench.admission``)."""
-    from gateway.bench.admission import DEFAULT_LOADS, DEFAULT_VARIANTS
-
-    p = sub.add_parser(
-        "admission",
-        help="deadline-aware admission in the simulator: capacity and goodput below and above it, per share",
-        description="Per admission variant (off, reject@SHARE, best_effort@SHARE): the capacity (>= 95% of "
-        "arrivals in time, refusals counted as missed) per seed, then a load sweep at multiples of the first "
-        "policy's capacity without admission: share met, admitted, admitted that met, goodput.",
-    )
-    add_workload_args(p, workflows=BENCH_WORKFLOWS)
-    p.add_argument("--policies", default="hexgen,llmd", help="comma-separated (default hexgen,llmd)")
-    p.add_argument(
-        "--variants",
-        default=",".join(DEFAULT_VARIANTS),
-        help=f"comma-separated: off, reject@SHARE, best_effort@SHARE (default {','.join(DEFAULT_VARIANTS)})",
-    )
-    p.add_argument(
-        "--loads",
-        type=positive_floats,
-        default=list(DEFAULT_LOADS),
-        help="rates of the sweep as multiples of the reference capacity, comma-separated (default "
-        f"{','.join(f'{x:g}' for x in DEFAULT_LOADS)})",
-    )
-    p.add_argument("--seeds", type=positive_int, default=3, help="seeds per point (default 3)")
-    p.add_argument(
-        "--rel-tol", type=unit_open_fraction, default=0.01, help="relative precision of each capacity, in (0, 1)"
-    )
-    p.add_argument("--alpha", type=fraction, default=None, help="fixed alpha (default: tuned once per policy)")
-    p.add_argument("--plot", default=None, help="write a PNG of goodput and kept promises against load")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_bench_admission)
-
-
-def cmd_bench_admission(args: argparse.Namespace) -> int:
-    """Run the admission benchmark, print its tables, write its JSON and plot."""
-    from tqdm import tqdm
-
-    from gateway.bench.admission import (
-        bench_steps,
-        format_admission_report,
-        parse_variant,
-        plot_admission_report,
-        run_admission_bench,
-    )
-
-    policies = policy_names(args.policies)
-    try:
-        variants = [parse_variant(v) for v in args.variants.split(",") if v.strip()]
-    except ValueError as exc:
-        raise UsageError(f"--variants: {exc}") from None
-    if not variants:
-        raise UsageError("--variants: give at least one (off, reject@SHARE, best_effort@SHARE)")
-    setup = setup_from_args(args, n_seeds=args.seeds)
-    steps = bench_steps(len(policies), len(variants), len(args.loads), args.seeds)
-    with tqdm(total=steps, desc="admission", unit="run", disable=args.quiet or None, leave=False) as bar:
-        try:
-            report = run_admission_bench(
-                setup,
-                policies=policies,
-                variants=variants,
-                loads=args.loads,
-                alpha=args.alpha,
-                rel_tol=args.rel_tol,
-                progress=bar.update,
-            )
-        except ValueError as exc:  # (a variant listed twice)
-            raise UsageError(str(exc)) from None
-    print(format_admission_report(report))
-    if args.json:
-        write_json(args.json, report.to_json())
-    if args.plot:
-        plot_admission_report(report, Path(args.plot))
-        print(f"wrote {args.plot}")
-    return 0
-
-
-def add_bench_overload(sub: Subparsers) -> None:
-    """``hexflow bench overload``: admission under overload on emulated workers (``gateway.bench.overload``)."""
-    p = sub.add_parser(
-        "overload",
-        help="admission under overload: capacity, then bursts at a multiple of it, on emulated workers",
-        description="Capacity, then overload bursts, against a live gateway over an emulated cluster: accepted, "
-        "rejected and shed workflows, the share of accepted that met the deadline, goodput, and the gateway's RSS.",
-    )
-    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
-    p.add_argument(
-        "--time-scale", type=positive_float, default=0.05, help="wall seconds per modelled second (emulated)"
-    )
-    p.add_argument(
-        "--capacity-fraction",
-        type=positive_float,
-        default=0.75,
-        help="the sustainable rate, as a fraction of the fluid bound",
-    )
-    p.add_argument("--factor", type=positive_float, default=5.0, help="overload rate = this x the sustainable rate")
-    p.add_argument(
-        "--capacity-s", type=positive_float, default=40.0, help="wall seconds of arrivals at the sustainable rate"
-    )
-    p.add_argument("--burst-s", type=positive_float, default=30.0, help="wall seconds of each overload burst")
-    p.add_argument("--quiet-s", type=nonneg_float, default=15.0, help="wall seconds without arrivals between phases")
-    p.add_argument("--bursts", type=positive_int, default=3, help="overload bursts")
-    p.add_argument(
-        "--slo-scale", type=positive_float, default=5.0, help="deadline = this x the standard workflow's latency"
-    )
-    p.add_argument(
-        "--no-predictive", action="store_true", help="turn predictive admission off (concurrency limits only)"
-    )
-    p.add_argument(
-        "--share",
-        type=positive_float,
-        default=None,
-        help="the gateway's admission.sustainable_share, in (0, 1] (default: the gateway's default, 0.25)",
-    )
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workflows and arrivals")
-    p.add_argument("--log-dir", default=None, help="keep subprocess logs and configs here")
-    p.add_argument("--json", default=None, help="write the report as JSON here")
-    p.add_argument("--plot", default=None, help="write a PNG of the gateway's RSS over time")
-    p.set_defaults(func=cmd_bench_overload)
-
-
-def cmd_bench_overload(args: argparse.Namespace) -> int:
-    """Run the overload benchmark; print the report; exit 1 when a goal of the issue is not met."""
-    from gateway.bench.overload import format_report, plot_report, run_overload
-
-    try:
-        rep = run_overload(
-            cluster=args.cluster,
-            time_scale=args.time_scale,
-            capacity_fraction=args.capacity_fraction,
-            factor=args.factor,
-            capacity_s=args.capacity_s,
-            burst_s=args.burst_s,
-            quiet_s=args.quiet_s,
-            bursts=args.bursts,
-            slo_scale=args.slo_scale,
-            predictive=not args.no_predictive,
-            admission_share=args.share,
-            seed=args.seed,
-            log_dir=Path(args.log_dir) if args.log_dir else None,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    print(format_report(rep))
-    if args.json:
-        write_json(args.json, rep.to_json())
-    if args.plot:
-        plot_report(rep, Path(args.plot))
-        print(f"wrote {args.plot}")
-    return 0 if all(rep.checks().values()) else 1
-
-
-def add_tune(sub: Subparsers) -> None:
-    """``hexflow tune``."""
-    p = sub.add_parser(
-        "tune",
-        help="tune alpha on a window of traffic by simulation",
-        description="Replay a window of workflows in the simulator once per alpha of a grid (what the gateway's "
-        "background tuner does with its recent traffic) and print each alpha's P50, P95 and SLO attainment, and "
-        "the alpha chosen.",
-    )
-    add_workload_args(p, workflows=400)
-    p.add_argument("--policy", default="hexgen", help="the policy whose alpha is tuned")
-    p.add_argument(
-        "--rate", type=positive_float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)"
-    )
-    p.add_argument(
-        "--window",
-        type=positive_int,
-        default=None,
-        help="workflows in the window: the first N of the run (default: the gateway's tuning.window_workflows)",
-    )
-    p.add_argument(
-        "--grid", type=fractions, default=None, help="alphas in [0, 1] to try, comma-separated (default 0, 0.1, ..., 1)"
-    )
-    p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
-    p.set_defaults(func=cmd_tune)
-
-
 def add_sim_speed(sub: Subparsers) -> None:
     """``hexflow sim-speed``."""
     p = sub.add_parser(
@@ -361,41 +174,10 @@ def add_sim_speed(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_sim_speed)
 
 
-def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
-    """The benchmark scenario ``add_workload_args``' options describe (``n_seeds`` seeds from ``--seed``)."""
-    from gateway.bench.simbench import Setup
-    from gateway.sim.simulator import HedgeSettings
-    from gateway.sim.workload import parse_tenants
-
-    workers = load_workers(args.cluster)
-    name, queries = workload_queries(args.trace, args.workflows, args.seed)
-    tenants = None
-    if args.tenants:
-        try:
-            tenants = parse_tenants(args.tenants)
-        except ValueError as exc:
-            raise UsageError(f"--tenants: {exc}") from None
-    return Setup(
-        workers=workers,
-        queries=queries,
-        trace=name,
-        n_workflows=args.workflows,
-        slo_scale=args.slo_scale,
-        seed=args.seed,
-        cv=args.cv,
-        tenants=tenants,
-        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
-        n_seeds=n_seeds,
-        prefix_caching=args.prefix_caching,
-        hedge=HedgeSettings() if getattr(args, "hedge", False) else None,
-    )
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     """One policy, one run: headline figures, per tenant when there are several."""
     from gateway.bench.bound import solve_fluid_bound
     from gateway.bench.enginetime import bound_engine_time, engine_time_of, format_engine_time
-    from gateway.sim.metrics import summarize
     from gateway.sim.simulator import Simulator
 
     get_policy(args.policy)
@@ -416,23 +198,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     res = sim.run(wfs)
     wall = time.perf_counter() - t0
-    tenants = sorted({w.tenant for w in wfs})
-    rows = []
-    summaries = {}
-    for t in [None, *tenants] if len(tenants) > 1 else [None]:
-        s = summarize(res, total=sum(1 for w in wfs if t is None or w.tenant == t), tenant=t)
-        summaries[t or "all"] = s.as_dict()
-        rows.append(
-            [
-                t or "all",
-                str(s.workflows),
-                fmt(s.p50_s),
-                fmt(s.p95_s),
-                fmt(s.p99_s),
-                f"{s.slo_attainment:.3f}",
-                fmt(s.throughput_qps, 4),
-            ]
-        )
+    rows, summaries = _tenant_summaries(res, wfs)
     print(
         f"{setup.trace} on {args.cluster} [{', '.join(w.profile.gpu for w in setup.workers)}], policy {args.policy}"
         f", rate {rate:g} qps (fluid bound {bound:.4f}), SLO {setup.slo_s:.1f} s"
@@ -448,23 +214,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         engines = {"run": [e.to_json() for e in run_time], "bound": [e.to_json() for e in at_bound]}
         if args.engines:
             print(format_engine_time(run_time, at_bound))
-    admitted = None
-    if args.admission:
-        met = sum(1 for r in res.workflows if r.met)
-        span = max(w.arrival for w in wfs) - min(w.arrival for w in wfs) if len(wfs) > 1 else 0.0
-        share = met / max(len(wfs) - len(res.rejected), 1)
-        goodput = met / span if span > 0 else math.nan
-        admitted = {
-            "arrived": len(wfs),
-            "rejected": len(res.rejected),
-            "met": met,
-            "met_share_of_accepted": share,
-            "goodput_qps": goodput if math.isfinite(goodput) else None,
-        }
-        print(
-            f"admission: {len(res.rejected)} of {len(wfs)} refused; {met} met their deadline "
-            f"({share:.1%} of accepted); goodput {fmt(goodput, 4)}/s"
-        )
+    admitted = _admission_summary(res, wfs) if args.admission else None
     if args.json:
         out = {
             "policy": args.policy,
@@ -484,6 +234,49 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tenant_summaries(res: SimResult, wfs: list[StagedWorkflow]) -> tuple[list[list[str]], dict[str, dict[str, Any]]]:
+    """The table rows and the JSON summaries of a run: all workflows, then each tenant's when there are several."""
+    from gateway.sim.metrics import summarize
+
+    tenants = sorted({w.tenant for w in wfs})
+    rows = []
+    summaries = {}
+    for t in [None, *tenants] if len(tenants) > 1 else [None]:
+        s = summarize(res, total=sum(1 for w in wfs if t is None or w.tenant == t), tenant=t)
+        summaries[t or "all"] = s.as_dict()
+        rows.append(
+            [
+                t or "all",
+                str(s.workflows),
+                fmt(s.p50_s),
+                fmt(s.p95_s),
+                fmt(s.p99_s),
+                f"{s.slo_attainment:.3f}",
+                fmt(s.throughput_qps, 4),
+            ]
+        )
+    return rows, summaries
+
+
+def _admission_summary(res: SimResult, wfs: list[StagedWorkflow]) -> dict[str, Any]:
+    """What admission refused and what the accepted workflows met (printed, and for the JSON)."""
+    met = sum(1 for r in res.workflows if r.met)
+    span = max(w.arrival for w in wfs) - min(w.arrival for w in wfs) if len(wfs) > 1 else 0.0
+    share = met / max(len(wfs) - len(res.rejected), 1)
+    goodput = met / span if span > 0 else math.nan
+    print(
+        f"admission: {len(res.rejected)} of {len(wfs)} refused; {met} met their deadline "
+        f"({share:.1%} of accepted); goodput {fmt(goodput, 4)}/s"
+    )
+    return {
+        "arrived": len(wfs),
+        "rejected": len(res.rejected),
+        "met": met,
+        "met_share_of_accepted": share,
+        "goodput_qps": goodput if math.isfinite(goodput) else None,
+    }
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Policies side by side over several seeds: capacities (mean, spread, per seed), the best baseline, the
     ratio to it, the fluid bound, and P95 at the best baseline's capacity; the same in ``--json``."""
@@ -493,7 +286,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.workflows = BENCH_WORKFLOWS
     from tqdm import tqdm
 
-    from gateway.bench.simbench import GRID_FRACTIONS, bench_steps, plot_report, run_bench
+    from gateway.bench.sidebyside import GRID_FRACTIONS, bench_steps, plot_report, run_bench
 
     policies = policy_names(args.policies)
     seeds = int_arg("--seeds", str(args.seeds), minimum=1)
@@ -702,68 +495,4 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
         print(f"wrote {args.json}")
-    return 0
-
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    """Tune alpha on a window of traffic; print the table of all grid points."""
-    from gateway.bench.simbench import fluid_bound
-    from gateway.sim.tune import ALPHA_GRID, tune_alpha
-
-    policy = get_policy(args.policy)
-    if not policy.uses_alpha:
-        raise UsageError(f"--policy: {policy.name} does not use alpha")
-    setup = setup_from_args(args)
-    rate = (
-        args.rate
-        if args.rate is not None
-        else round(0.6 * fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching), 4)
-    )
-    wfs = setup.workflows(rate)
-    from gateway.config.gateway import TuningConfig
-
-    n = TuningConfig().window_workflows if args.window is None else args.window
-    window = wfs[:n]
-    grid = ALPHA_GRID if not args.grid else tuple(args.grid)
-    t0 = time.perf_counter()
-    res = tune_alpha(
-        setup.workers,
-        policy.name,
-        window,
-        grid=grid,
-        seed=args.seed,
-        smooth=not args.no_smooth,
-        prefix_caching=setup.prefix_caching,
-    )
-    wall = time.perf_counter() - t0
-    rows = [
-        [
-            f"{p.alpha:.2f}",
-            fmt(p.summary.p50_s),
-            fmt(p.summary.p95_s),
-            f"{p.summary.slo_attainment:.3f}",
-            "<-" if p.alpha == res.alpha else "",
-        ]
-        for p in res.points
-    ]
-    span = window[-1].arrival - window[0].arrival
-    print(f"window: {len(window)} workflows over {span:.0f} s at {rate:g} qps on {args.cluster}")
-    print(table(["alpha", "p50_s", "p95_s", "slo", "chosen"], rows))
-    print(f"alpha = {res.alpha:.2f}  (tuned in {wall:.2f} s)")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "alpha": res.alpha,
-                    "rate_qps": rate,
-                    "window_workflows": len(window),
-                    "seconds": wall,
-                    "points": [{"alpha": p.alpha, **p.summary.as_dict()} for p in res.points],
-                },
-                indent=2,
-                default=lambda x: None,
-            )
-            + "\n"
-        )
     return 0

@@ -1,25 +1,32 @@
-"""``hexflow bench tuner``: the background alpha tuner against the best fixed alpha in hindsight
-(``gateway.bench.tuner``)."""
+"""The alpha tuner's commands: ``hexflow tune`` (tune alpha on a window of traffic by simulation) and ``hexflow
+bench tuner`` (the background tuner against the best fixed alpha in hindsight, ``gateway.bench.tuner``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import time
 from pathlib import Path
 
+from gateway.bench.stats import fmt, table
 from gateway.cli.common import (
     Subparsers,
     UsageError,
+    add_workload_args,
+    fractions,
     int_arg,
     load_workers,
     nonneg_int,
     positive_float,
     positive_float_arg,
     positive_int,
+    setup_from_args,
     write_json,
 )
+from gateway.core.policy import get_policy
 
-__all__ = ["add_bench_tuner", "cmd_bench_tuner"]
+__all__ = ["add_bench_tuner", "add_tune", "cmd_bench_tuner", "cmd_tune"]
 
 WARMUP = 500
 """Workflows before the measured ones (default): the largest default window fills first."""
@@ -61,7 +68,7 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from gateway.bench.tuner import bench_steps, format_tuner_report, load_setup, run_tuner_bench
-    from gateway.config.gateway import TuningConfig
+    from gateway.config.operations import TuningConfig
     from gateway.sim.tune import ALPHA_GRID
     from gateway.sim.workload import CHESS_BIRD
     from gateway.sim.workload.traces import SHARED_TRACE_DIR
@@ -120,4 +127,95 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
     print(format_tuner_report(report, args.cluster))
     if args.json:
         write_json(args.json, report.to_json())
+    return 0
+
+
+def add_tune(sub: Subparsers) -> None:
+    """``hexflow tune``."""
+    p = sub.add_parser(
+        "tune",
+        help="tune alpha on a window of traffic by simulation",
+        description="Replay a window of workflows in the simulator once per alpha of a grid (what the gateway's "
+        "background tuner does with its recent traffic) and print each alpha's P50, P95 and SLO attainment, and "
+        "the alpha chosen.",
+    )
+    add_workload_args(p, workflows=400)
+    p.add_argument("--policy", default="hexgen", help="the policy whose alpha is tuned")
+    p.add_argument(
+        "--rate", type=positive_float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)"
+    )
+    p.add_argument(
+        "--window",
+        type=positive_int,
+        default=None,
+        help="workflows in the window: the first N of the run (default: the gateway's tuning.window_workflows)",
+    )
+    p.add_argument(
+        "--grid", type=fractions, default=None, help="alphas in [0, 1] to try, comma-separated (default 0, 0.1, ..., 1)"
+    )
+    p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
+    p.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Tune alpha on a window of traffic; print the table of all grid points."""
+    from gateway.bench.simbench import fluid_bound
+    from gateway.sim.tune import ALPHA_GRID, tune_alpha
+
+    policy = get_policy(args.policy)
+    if not policy.uses_alpha:
+        raise UsageError(f"--policy: {policy.name} does not use alpha")
+    setup = setup_from_args(args)
+    rate = (
+        args.rate
+        if args.rate is not None
+        else round(0.6 * fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching), 4)
+    )
+    wfs = setup.workflows(rate)
+    from gateway.config.operations import TuningConfig
+
+    n = TuningConfig().window_workflows if args.window is None else args.window
+    window = wfs[:n]
+    grid = ALPHA_GRID if not args.grid else tuple(args.grid)
+    t0 = time.perf_counter()
+    res = tune_alpha(
+        setup.workers,
+        policy.name,
+        window,
+        grid=grid,
+        seed=args.seed,
+        smooth=not args.no_smooth,
+        prefix_caching=setup.prefix_caching,
+    )
+    wall = time.perf_counter() - t0
+    rows = [
+        [
+            f"{p.alpha:.2f}",
+            fmt(p.summary.p50_s),
+            fmt(p.summary.p95_s),
+            f"{p.summary.slo_attainment:.3f}",
+            "<-" if p.alpha == res.alpha else "",
+        ]
+        for p in res.points
+    ]
+    span = window[-1].arrival - window[0].arrival
+    print(f"window: {len(window)} workflows over {span:.0f} s at {rate:g} qps on {args.cluster}")
+    print(table(["alpha", "p50_s", "p95_s", "slo", "chosen"], rows))
+    print(f"alpha = {res.alpha:.2f}  (tuned in {wall:.2f} s)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "alpha": res.alpha,
+                    "rate_qps": rate,
+                    "window_workflows": len(window),
+                    "seconds": wall,
+                    "points": [{"alpha": p.alpha, **p.summary.as_dict()} for p in res.points],
+                },
+                indent=2,
+                default=lambda x: None,
+            )
+            + "\n"
+        )
     return 0

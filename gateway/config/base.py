@@ -31,6 +31,8 @@ CLUSTERS_DIR = CONFIG_DIR / "clusters"
 PosFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+Share = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+"""A share that may be zero (``Fraction`` may not); also an alpha."""
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")]
 
 M = TypeVar("M", bound=BaseModel)

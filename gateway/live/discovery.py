@@ -26,7 +26,7 @@ election makes: ``gateway/live/leader.py``), authenticated with the pod's
 service-account token (re-read on every request, since projected tokens rotate) and the cluster CA.
 The RBAC it needs: ``get``, ``list``, ``watch`` on ``pods`` in the namespace (``deploy/k8s/base/rbac.yaml``).
 
-One concept in one module (about 520 lines): Kubernetes discovery, the API client it needs (list, watch,
+One concept in one module: Kubernetes discovery, the API client it needs (list, watch,
 bookmarks, 410 Gone), the pod classifier shared with ``hexflow discover``, and the reconciler.
 """
 
@@ -48,7 +48,7 @@ from urllib.parse import quote
 import aiohttp
 
 from gateway.config import GpuCatalog, make_worker
-from gateway.config.gateway import KubernetesDiscoveryConfig
+from gateway.config.operations import KubernetesDiscoveryConfig
 from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError
 from gateway.live.metrics import GatewayMetrics

@@ -3,9 +3,9 @@ straight from ASGI, with the same validation, authentication, answers and errors
 
 Why. Through FastAPI a pass-through call crosses the server-error, request-id, body-limit, exception and
 exit-stack middlewares, the router's route matching, dependency solving (the tenant, the deadline header,
-the body check) and a second parse of the headers, before the route's own work; measured at 300 calls/s,
-that framework layer cost more CPU than scheduling the call. Here a request is checked with the same
-functions (``gateway.live.routers.chat``: ``open_call``, ``answer_bytes``, ``first_event``, ``events``) in one
+the body check) and a second parse of the headers, before the route's own work; that framework layer cost
+more CPU than scheduling the call (docs/live-gateway.md, "The fast path"). Here a request is checked with the
+same functions (``gateway.live.routers.chat``: ``open_call``, ``answer_bytes``, ``first_event``, ``events``) in one
 pass over its headers and body.
 
 Same answers by construction. The fast path serves only a request it can accept as it is: a gateway that

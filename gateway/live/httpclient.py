@@ -38,18 +38,6 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = [
-    "BodyTooLarge",
-    "ConnectError",
-    "ConnectionBroken",
-    "HeadersTimeout",
-    "HttpClient",
-    "HttpError",
-    "IdleTimeout",
-    "Prepared",
-    "Response",
-]
-
 # A body's pieces held unread beyond this pause reading from the socket until the reader takes them.
 _HIGH_WATER: Final = 256 << 10
 _USER_AGENT: Final = b"hexgen-flow"

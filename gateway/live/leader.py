@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from gateway.config.gateway import LeaderElectionConfig
+from gateway.config.operations import LeaderElectionConfig
 from gateway.live.discovery import KubeApi, KubeApiError, KubeConflict, KubeNotFound, kube_api
 
 log = logging.getLogger("hexflow.leader")

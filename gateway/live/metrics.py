@@ -69,7 +69,7 @@ from gateway.profiling.promparse import WorkerMetrics
 
 MAX_KINDS = 32
 DEGRADED_STEPS = ("candidates", "revisions", "evaluation")
-"""The knobs a degraded Text-to-SQL question can have turned down (``gateway.text2sql.pipeline``'s)."""
+"""The knobs a degraded Text-to-SQL question can have turned down (``gateway.text2sql.run``'s)."""
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 3600)
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900)
 RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5, 10)
@@ -183,155 +183,10 @@ class GatewayMetrics:
         PlatformCollector(registry=r)
         GCCollector(registry=r)
         self.kind = BoundedLabel()
-        self.workflow_latency = Histogram(
-            "hexflow_workflow_latency_seconds",
-            "End-to-end latency of finished workflows.",
-            ["tenant"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.workflows = Counter(
-            "hexflow_workflows",
-            "Workflows by outcome (met, missed, rejected, failed, cancelled, shed).",
-            ["tenant", "outcome"],
-            registry=r,
-        )
-        self.rejections = Counter(
-            "hexflow_admission_rejections",
-            "Workflows refused at admission, by reason "
-            "(draining, not_leader, no_worker, queue_full, concurrency, deadline).",
-            ["tenant", "reason"],
-            registry=r,
-        )
-        self.demoted = Counter(
-            "hexflow_workflows_demoted",
-            "Workflows predicted to miss their deadline run at the lowest urgency (when: admission, queued).",
-            ["tenant", "when"],
-            registry=r,
-        )
-        self.degraded_workflows = Counter(
-            "hexflow_degraded_workflows",
-            "Text-to-SQL questions answered with a knob turned down to meet the deadline, per knob "
-            "(step: candidates, revisions, evaluation).",
-            ["tenant", "step"],
-            registry=r,
-        )
-        self.slo = Gauge(
-            "hexflow_slo_attainment_ratio",
-            "Share of the tenant's last 1000 finished workflows that met their deadline.",
-            ["tenant"],
-            registry=r,
-        )
-        self.stage_latency = Histogram(
-            "hexflow_stage_latency_seconds",
-            "One LLM call from ready to result (gateway queue wait + run).",
-            ["kind"],
-            buckets=CALL_BUCKETS,
-            registry=r,
-        )
-        self.call_run = Histogram(
-            "hexflow_call_run_seconds",
-            "One LLM call from sent to result, per worker.",
-            ["kind", "worker"],
-            buckets=CALL_BUCKETS,
-            registry=r,
-        )
-        self.queue_wait_h = Histogram(
-            "hexflow_queue_wait_seconds",
-            "Time a call waited in the worker's gateway queue.",
-            ["worker"],
-            buckets=CALL_BUCKETS,
-            registry=r,
-        )
-        self.queue_depth = Gauge(
-            "hexflow_queue_depth", "Calls waiting in the worker's gateway queue.", ["worker"], registry=r
-        )
-        self.inflight = Gauge("hexflow_inflight", "Calls sent to the worker and not returned.", ["worker"], registry=r)
-        self.dispatches = Counter("hexflow_dispatch", "Dispatch decisions.", ["worker", "kind"], registry=r)
-        self.estimate_ratio = Histogram(
-            "hexflow_estimate_ratio",
-            "Observed over predicted call latency (1 = perfect estimate).",
-            ["worker"],
-            buckets=RATIO_BUCKETS,
-            registry=r,
-        )
-        self.up = Gauge("hexflow_worker_up", "1 when the worker takes calls.", ["worker"], registry=r)
-        self.draining = Gauge(
-            "hexflow_worker_draining",
-            "1 while discovery drains the worker (pod unready, terminating or deleted).",
-            ["worker"],
-            registry=r,
-        )
-        self.failures = Counter("hexflow_call_failures", "Failed calls.", ["worker", "reason"], registry=r)
-        self.retries = Counter(
-            "hexflow_call_retries", "Calls re-dispatched after a worker failed them.", ["worker"], registry=r
-        )
-        self.ejections = Counter(
-            "hexflow_worker_ejections", "Outlier ejections of a worker (and failed re-admission probes).", ["worker"],
-            registry=r,
-        )  # fmt: skip
-        self.priority = Gauge(
-            "hexflow_worker_priority_scheduling",
-            "1 while calls to the worker carry vLLM's priority field; 0 once it refused the field (started without "
-            "--scheduling-policy priority).",
-            ["worker"],
-            registry=r,
-        )
-        self.scrape_failures = Counter(
-            "hexflow_scrape_failures", "Failed scrapes of a worker's /metrics.", ["worker"], registry=r
-        )
-        self.vllm_waiting = Gauge(
-            "hexflow_worker_vllm_waiting", "The worker's scraped vllm:num_requests_waiting.", ["worker"], registry=r
-        )
-        self.vllm_running = Gauge(
-            "hexflow_worker_vllm_running", "The worker's scraped vllm:num_requests_running.", ["worker"], registry=r
-        )
-        self.kv_usage = Gauge(
-            "hexflow_worker_kv_cache_usage_ratio",
-            "The worker's scraped vllm:kv_cache_usage_perc (0-1).",
-            ["worker"],
-            registry=r,
-        )
-        self.alpha = Gauge("hexflow_alpha", "The WB balance parameter in use.", registry=r)
-        self.tuning_runs = Counter("hexflow_tuning_runs", "Background alpha tuning runs.", ["result"], registry=r)
-        self.profile_refits = Counter(
-            "hexflow_profile_refits", "Online refits of a worker's profile constants.", ["worker", "result"], registry=r
-        )
-        self.profile_constant = Gauge(
-            "hexflow_profile_constant",
-            "A time constant of the worker's profile in use, seconds.",
-            ["worker", "constant"],
-            registry=r,
-        )
-        self.tenant_reloads = Counter("hexflow_tenant_reloads", "Reloads of the tenants file.", ["result"], registry=r)
-        self.parked = Gauge("hexflow_parked_calls", "Calls waiting for any healthy worker.", registry=r)
-        self.active = Gauge("hexflow_active_workflows", "Workflows in progress.", registry=r)
-        self.discovery_pods = Gauge(
-            "hexflow_discovery_pods", "Selected worker pods by state (ready, unready, pending, invalid).", ["state"],
-            registry=r,
-        )  # fmt: skip
-        self.discovery_errors = Counter(
-            "hexflow_discovery_errors", "Failed lists or watches of the Kubernetes API.", registry=r
-        )
-        self.workflow_outcomes = Counter(
-            "hexflow_workflow_outcomes",
-            "Workflows by goodput outcome (met, late, no_valid_answer, failed, rejected, cancelled).",
-            ["tenant", "outcome"],
-            registry=r,
-        )
-        self.goodput = Counter(
-            "hexflow_goodput_workflows",
-            "Workflows that met their deadline with a valid answer (goodput is its rate).",
-            ["tenant"],
-            registry=r,
-        )
-        self.leader = Gauge(
-            "hexflow_leader", "1 while this replica serves (holds the Lease, or no leader election).", registry=r
-        )
-        self.leader_changes = Counter(
-            "hexflow_leader_changes", "This replica became (acquired) or stopped being (lost) the leader.", ["event"],
-            registry=r,
-        )  # fmt: skip
+        self._tenant_series_metrics()
+        self._call_series_metrics()
+        self._worker_series_metrics()
+        self._service_metrics()
         for event in ("acquired", "lost"):
             self.leader_changes.labels(event=event)
         # The labelled children the hot path uses, resolved by ``labels()`` once each (see ``_WorkerSeries``).
@@ -348,6 +203,157 @@ class GatewayMetrics:
             self.up.labels(worker=w).set(1)
         for t in tenants:
             self.add_tenant(t)
+
+    def _counter(self, name: str, doc: str, *labels: str) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, *labels: str) -> Gauge:
+        return Gauge(name, doc, labels, registry=self.registry)
+
+    def _histogram(self, name: str, doc: str, *labels: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+
+    def _tenant_series_metrics(self) -> None:
+        """Per tenant: workflows, their outcomes and latency."""
+        self.workflow_latency = self._histogram(
+            "hexflow_workflow_latency_seconds",
+            "End-to-end latency of finished workflows.",
+            "tenant",
+            buckets=LATENCY_BUCKETS,
+        )
+        self.workflows = self._counter(
+            "hexflow_workflows",
+            "Workflows by outcome (met, missed, rejected, failed, cancelled, shed).",
+            "tenant",
+            "outcome",
+        )
+        self.rejections = self._counter(
+            "hexflow_admission_rejections",
+            "Workflows refused at admission, by reason "
+            "(draining, not_leader, no_worker, queue_full, concurrency, deadline).",
+            "tenant",
+            "reason",
+        )
+        self.demoted = self._counter(
+            "hexflow_workflows_demoted",
+            "Workflows predicted to miss their deadline run at the lowest urgency (when: admission, queued).",
+            "tenant",
+            "when",
+        )
+        self.degraded_workflows = self._counter(
+            "hexflow_degraded_workflows",
+            "Text-to-SQL questions answered with a knob turned down to meet the deadline, per knob "
+            "(step: candidates, revisions, evaluation).",
+            "tenant",
+            "step",
+        )
+        self.slo = self._gauge(
+            "hexflow_slo_attainment_ratio",
+            "Share of the tenant's last 1000 finished workflows that met their deadline.",
+            "tenant",
+        )
+        self.workflow_outcomes = self._counter(
+            "hexflow_workflow_outcomes",
+            "Workflows by goodput outcome (met, late, no_valid_answer, failed, rejected, cancelled).",
+            "tenant",
+            "outcome",
+        )
+        self.goodput = self._counter(
+            "hexflow_goodput_workflows",
+            "Workflows that met their deadline with a valid answer (goodput is its rate).",
+            "tenant",
+        )
+
+    def _call_series_metrics(self) -> None:
+        """Per call: its stage, queue wait and run, by kind and worker."""
+        self.stage_latency = self._histogram(
+            "hexflow_stage_latency_seconds",
+            "One LLM call from ready to result (gateway queue wait + run).",
+            "kind",
+            buckets=CALL_BUCKETS,
+        )
+        self.call_run = self._histogram(
+            "hexflow_call_run_seconds",
+            "One LLM call from sent to result, per worker.",
+            "kind",
+            "worker",
+            buckets=CALL_BUCKETS,
+        )
+        self.queue_wait_h = self._histogram(
+            "hexflow_queue_wait_seconds",
+            "Time a call waited in the worker's gateway queue.",
+            "worker",
+            buckets=CALL_BUCKETS,
+        )
+        self.queue_depth = self._gauge("hexflow_queue_depth", "Calls waiting in the worker's gateway queue.", "worker")
+        self.inflight = self._gauge("hexflow_inflight", "Calls sent to the worker and not returned.", "worker")
+        self.dispatches = self._counter("hexflow_dispatch", "Dispatch decisions.", "worker", "kind")
+        self.estimate_ratio = self._histogram(
+            "hexflow_estimate_ratio",
+            "Observed over predicted call latency (1 = perfect estimate).",
+            "worker",
+            buckets=RATIO_BUCKETS,
+        )
+
+    def _worker_series_metrics(self) -> None:
+        """Per worker: health, failures, scraped engine state, its profile."""
+        self.up = self._gauge("hexflow_worker_up", "1 when the worker takes calls.", "worker")
+        self.draining = self._gauge(
+            "hexflow_worker_draining",
+            "1 while discovery drains the worker (pod unready, terminating or deleted).",
+            "worker",
+        )
+        self.failures = self._counter("hexflow_call_failures", "Failed calls.", "worker", "reason")
+        self.retries = self._counter(
+            "hexflow_call_retries", "Calls re-dispatched after a worker failed them.", "worker"
+        )
+        self.ejections = self._counter(
+            "hexflow_worker_ejections", "Outlier ejections of a worker (and failed re-admission probes).", "worker"
+        )
+        self.priority = self._gauge(
+            "hexflow_worker_priority_scheduling",
+            "1 while calls to the worker carry vLLM's priority field; 0 once it refused the field "
+            "(started without --scheduling-policy priority).",
+            "worker",
+        )
+        self.scrape_failures = self._counter(
+            "hexflow_scrape_failures", "Failed scrapes of a worker's /metrics.", "worker"
+        )
+        self.vllm_waiting = self._gauge(
+            "hexflow_worker_vllm_waiting", "The worker's scraped vllm:num_requests_waiting.", "worker"
+        )
+        self.vllm_running = self._gauge(
+            "hexflow_worker_vllm_running", "The worker's scraped vllm:num_requests_running.", "worker"
+        )
+        self.kv_usage = self._gauge(
+            "hexflow_worker_kv_cache_usage_ratio", "The worker's scraped vllm:kv_cache_usage_perc (0-1).", "worker"
+        )
+        self.profile_refits = self._counter(
+            "hexflow_profile_refits", "Online refits of a worker's profile constants.", "worker", "result"
+        )
+        self.profile_constant = self._gauge(
+            "hexflow_profile_constant", "A time constant of the worker's profile in use, seconds.", "worker", "constant"
+        )
+
+    def _service_metrics(self) -> None:
+        """The gateway as a whole: alpha, tuning, tenants, discovery, leadership."""
+        self.alpha = self._gauge("hexflow_alpha", "The WB balance parameter in use.")
+        self.tuning_runs = self._counter("hexflow_tuning_runs", "Background alpha tuning runs.", "result")
+        self.tenant_reloads = self._counter("hexflow_tenant_reloads", "Reloads of the tenants file.", "result")
+        self.parked = self._gauge("hexflow_parked_calls", "Calls waiting for any healthy worker.")
+        self.active = self._gauge("hexflow_active_workflows", "Workflows in progress.")
+        self.discovery_pods = self._gauge(
+            "hexflow_discovery_pods", "Selected worker pods by state (ready, unready, pending, invalid).", "state"
+        )
+        self.discovery_errors = self._counter(
+            "hexflow_discovery_errors", "Failed lists or watches of the Kubernetes API."
+        )
+        self.leader = self._gauge(
+            "hexflow_leader", "1 while this replica serves (holds the Lease, or no leader election)."
+        )
+        self.leader_changes = self._counter(
+            "hexflow_leader_changes", "This replica became (acquired) or stopped being (lost) the leader.", "event"
+        )
 
     def _worker_metrics(self) -> list[Counter | Gauge | Histogram]:
         return [

@@ -19,7 +19,7 @@ from gateway.core.worker import WorkerInfo
 from gateway.sim.refit import FitOutcome, RefitSettings, Refitter, fit_job, profile_status
 
 if TYPE_CHECKING:
-    from gateway.config.gateway import RefitConfig
+    from gateway.config.operations import RefitConfig
     from gateway.live.service import Gateway
 
 log = logging.getLogger("hexflow.refit")

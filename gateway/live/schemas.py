@@ -54,10 +54,11 @@ def problem_text(error: Mapping[str, Any]) -> str:
     return words if words is not None else str(error.get("msg", "invalid value"))
 
 
-_OPEN = ConfigDict(strict=True, extra="allow")
+OPEN = ConfigDict(strict=True, extra="allow")
+"""Strict types, unknown fields passed through (OpenAI's open shapes)."""
 
 
-def _integral(v: Any) -> Any:
+def integral(v: Any) -> Any:
     """JSON Schema's ``integer`` includes ``37.0``: an integral float becomes the int; anything else is left
     to the strict check (``"37"``, ``true`` and ``37.5`` stay errors)."""
     if isinstance(v, float) and v.is_integer():
@@ -65,9 +66,9 @@ def _integral(v: Any) -> Any:
     return v
 
 
-Int = Annotated[int, BeforeValidator(_integral)]
+Int = Annotated[int, BeforeValidator(integral)]
 """A strict int that also takes an integral JSON number (``37.0``), as JSON Schema's ``integer`` does."""
-PosInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+PosInt = Annotated[int, Field(ge=1), BeforeValidator(integral)]
 """A positive ``Int`` (the bound inside the type: on an optional field it then reaches the JSON schema)."""
 
 
@@ -75,7 +76,7 @@ PosInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
 class ContentPart(BaseModel):
     """One part of a message's content (``{"type": "text", "text": ...}``; other OpenAI part types pass)."""
 
-    model_config = _OPEN
+    model_config = OPEN
 
     type: str = Field(min_length=1, max_length=64, description="``text``, ``image_url``, ...")
     text: str | None = Field(None, description="The text of a ``text`` part.")
@@ -137,7 +138,8 @@ class SharedPrefixSegment(BaseModel):
 
 
 class WorkflowCall(BaseModel):
-    """One LLM call of a workflow: either ``messages`` (chat) or a synthetic prompt of ``prompt_tokens``."""
+    """One LLM call of a workflow: either ``messages`` (chat) or, in benchmark mode only (``benchmark: true``
+    in the gateway's config), a synthetic prompt of ``prompt_tokens``."""
 
     model_config = ConfigDict(
         strict=True,
@@ -177,21 +179,25 @@ class WorkflowCall(BaseModel):
     )
     prompt_tokens: PosInt | SkipJsonSchema[None] = Field(
         None,
-        description="A synthetic prompt of exactly this many tokens (trace replay), instead of messages.",
+        description="Benchmark mode only (benchmark: true): a synthetic prompt of exactly this many tokens "
+        "(trace replay), instead of messages.",
         json_schema_extra=_no_default,
     )
     shared_prefix: (
         Annotated[list[SharedPrefixSegment], Field(max_length=MAX_SHARED_PREFIX_SEGMENTS)] | SkipJsonSchema[None]
     ) = Field(
         None,
-        description="With ``prompt_tokens`` only: the synthetic prompt starts with these segments, in order "
-        "(at most ``prompt_tokens`` tokens in all), and the call's own filler makes up the rest. Calls naming "
-        "the same segments send the same leading tokens, which the worker's prefix cache can serve.",
+        description="Benchmark mode only, with ``prompt_tokens``: the synthetic prompt starts with these "
+        "segments, in order (at most ``prompt_tokens`` tokens in all), and the call's own filler makes up the "
+        "rest. Calls naming the same segments send the same leading tokens, which the worker's prefix cache can serve.",
         json_schema_extra=_no_default,
     )
     max_tokens: Int = Field(256, ge=1, description="Most output tokens.")
     min_tokens: Int = Field(0, ge=0, description="Fewest output tokens (vLLM's min_tokens; at most max_tokens).")
-    ignore_eos: bool = Field(False, description="Generate until max_tokens (vLLM's ignore_eos; exact output lengths).")
+    ignore_eos: bool = Field(
+        False,
+        description="Benchmark mode only: generate until max_tokens (vLLM's ignore_eos; exact output lengths).",
+    )
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     expected_output_tokens: PosInt | None = Field(
         None,
@@ -232,7 +238,12 @@ class WorkflowRequest(BaseModel):
             "examples": [
                 {
                     "calls": [
-                        {"id": "link", "kind": "schema_linking", "prompt_tokens": 12, "max_tokens": 4},
+                        {
+                            "id": "link",
+                            "kind": "schema_linking",
+                            "messages": [{"role": "user", "content": "Which tables hold singers?"}],
+                            "max_tokens": 4,
+                        },
                         {
                             "id": "sql",
                             "kind": "sql_generation",
@@ -287,158 +298,6 @@ class WorkflowResponse(BaseModel):
     deadline_met: bool
     calls: list[CallReport]
     error: str | None = None
-
-
-# ----------------------------------------------------------------------------------------------- chat
-class StreamOptions(BaseModel):
-    """OpenAI's ``stream_options``."""
-
-    model_config = _OPEN
-
-    include_usage: bool | None = Field(None, description="Send a last chunk with the usage.")
-
-
-class _SamplingRequest(BaseModel):
-    """What OpenAI's chat and text completion requests share (fields not listed pass to the worker as sent)."""
-
-    model_config = _OPEN
-
-    model: str | None = Field(None, description="A model the cluster serves (``GET /v1/models``); 404 otherwise.")
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    n: Annotated[Literal[1], BeforeValidator(_integral)] | None = Field(
-        None, description="Completions per request: the gateway schedules one."
-    )
-    stream: bool | None = Field(None, description="Answer server-sent events (``text/event-stream``).")
-    stream_options: StreamOptions | None = None
-    stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(None, description="Up to 4 stop sequences.")
-    seed: Int | None = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    user: str | None = None
-    priority: Int | None = Field(None, description="Ignored: the gateway sets the priority from its own queue.")
-
-
-class ChatCompletionRequest(_SamplingRequest):
-    """``POST /v1/chat/completions``: OpenAI's request. Fields not listed here are passed to the worker
-    as sent; ``model`` and ``priority`` are not (the gateway picks the worker and sets the priority)."""
-
-    model_config = ConfigDict(
-        strict=True,
-        extra="allow",
-        json_schema_extra={
-            "examples": [{"model": "llama-3.1-70b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}]
-        },
-    )
-
-    messages: list[Message] = Field(min_length=1, description="The conversation so far.")
-    max_tokens: PosInt | None = Field(None, description="Most output tokens (default 256 for scheduling).")
-    max_completion_tokens: PosInt | None = Field(None, description="OpenAI's newer name of ``max_tokens``.")
-
-
-class ChatMessageOut(BaseModel):
-    """The message of a choice."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: str
-    content: str | None = None
-
-
-class ChatChoice(BaseModel):
-    """One choice of a chat completion."""
-
-    model_config = ConfigDict(extra="allow")
-
-    index: int
-    message: ChatMessageOut
-    finish_reason: str | None = None
-
-
-class Usage(BaseModel):
-    """Token counts of a completion."""
-
-    model_config = ConfigDict(extra="allow")
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class ChatCompletion(BaseModel):
-    """The worker's ``chat.completion`` object, passed through (vLLM adds fields of its own)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    id: str
-    object: str = Field(description="``chat.completion``.")
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage | None = None
-
-
-TokenIds = Annotated[list[Annotated[int, Field(ge=0), BeforeValidator(_integral)]], Field(min_length=1)]
-"""A prompt as token ids (non-negative integers)."""
-
-
-class CompletionRequest(_SamplingRequest):
-    """``POST /v1/completions``: OpenAI's legacy completions request, as vLLM serves it. Fields not listed here
-    are passed to the worker as sent; ``model`` and ``priority`` are not (the gateway picks the worker and sets
-    the priority)."""
-
-    model_config = ConfigDict(
-        strict=True,
-        extra="allow",
-        json_schema_extra={"examples": [{"model": "llama-3.1-70b", "prompt": "SELECT", "max_tokens": 8}]},
-    )
-
-    prompt: (
-        Annotated[str, Field(min_length=1)]
-        | TokenIds
-        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
-    ) = Field(description="One prompt: a text, token ids, or a list holding one text (one call, one answer).")
-    max_tokens: PosInt | None = Field(None, description="Most output tokens (default 16, as OpenAI's).")
-    echo: bool | None = None
-
-
-class CompletionChoice(BaseModel):
-    """One choice of a completion."""
-
-    model_config = ConfigDict(extra="allow")
-
-    index: int
-    text: str
-    finish_reason: str | None = None
-
-
-class Completion(BaseModel):
-    """The worker's ``text_completion`` object, passed through (vLLM adds fields of its own)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    id: str
-    object: str = Field(description="``text_completion``.")
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    """One served model."""
-
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-
-
-class ModelList(BaseModel):
-    """``GET /v1/models``."""
-
-    object: Literal["list"]
-    data: list[ModelCard]
 
 
 # ----------------------------------------------------------------------------------------------- text2sql

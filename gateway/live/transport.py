@@ -163,11 +163,11 @@ class HttpTransport:
     A call is the gateway's per-call hot path, so it goes over the gateway's own small HTTP/1.1 client
     (``gateway.live.httpclient``): its request line and fixed headers are built once per worker and
     endpoint, its body serialised once per call (``LiveCall.body_json``), and its answer parsed by
-    ``httptools``. Profiling at 300 calls/s showed aiohttp's client machinery (URL and header objects, a
-    timer context per read) at 9-20 % of the gateway's CPU; httpx's (httpcore + anyio) cost several times
-    more. Probes and scrapes (a few a second) stay on one aiohttp session. Keep-alive connections expire
-    after ``keepalive_expiry_s``, below the 5 s after which uvicorn and vLLM close idle connections (so a
-    request never races a server-side close). Both clients are created lazily inside the running loop.
+    ``httptools``: aiohttp's client machinery (URL and header objects, a timer context per read) was a
+    large share of the gateway's CPU per call, httpx's more (docs/live-gateway.md, "The calls' HTTP
+    client"). Probes and scrapes (a few a second) stay on one aiohttp session. Keep-alive connections
+    expire after ``keepalive_expiry_s``, below the 5 s after which uvicorn and vLLM close idle connections
+    (so a request never races a server-side close). Both clients are created lazily inside the running loop.
 
     Args:
         connect_s: TCP connect timeout (a worker not reached in it counts as refused).

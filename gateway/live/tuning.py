@@ -36,7 +36,7 @@ from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import OnlineWorkflow, StagedWorkflow
 
 if TYPE_CHECKING:
-    from gateway.config.gateway import TuningConfig
+    from gateway.config.operations import TuningConfig
     from gateway.live.service import Gateway
 
 log = logging.getLogger("hexflow.tuning")

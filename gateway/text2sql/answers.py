@@ -42,7 +42,7 @@ Builders:
   misspell the first column, flip the first comparison of the WHERE clause, ``LIMIT 1`` -> ``LIMIT 2``),
   not executed here; ``note`` names the mutation.
 
-One concept in one module (about 500 lines): the answers-file format, with its validation, its builders
+One concept in one module: the answers-file format, with its validation, its builders
 (demo, Spider) and the wrong-candidate generator the builders share.
 """
 

@@ -3,7 +3,7 @@
 It holds the database registry (from the gateway config's ``databases_file``), the pipeline (its stage
 counts from the config's ``text2sql`` section, its prompt templates read once) and the limits on a
 question. The HTTP route (``gateway.live.routers.text2sql``) owns one; this module knows no HTTP and no
-gateway: the route hands ``answer`` a ``StageRunner``.
+gateway: the route hands its pipeline's ``answer`` a ``StageRunner``.
 
 Errors (``GatewayError``\\ s the route renders with their own status):
     UnknownDatabase   404   no databases configured, or a db_id the tenant may not use (the message lists those it may)
@@ -17,13 +17,10 @@ from pathlib import Path
 
 from gateway.config.databases import load_databases
 from gateway.config.gateway import Text2SqlConfig
-from gateway.core.degrade import QualityMode, QuestionPlan
 from gateway.errors import BadRequest
 from gateway.text2sql.db import Database, DatabaseRegistry, UnknownDatabase
-from gateway.text2sql.pipeline import EventFn, PipelineConfig, Text2SqlPipeline
-from gateway.text2sql.port import StageRunner
+from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.prompt_templates import Prompts
-from gateway.text2sql.result import Text2SqlResult
 
 NO_DATABASES = (
     "no databases are configured on this gateway: set databases_file in its gateway.yaml, or start it with "
@@ -94,33 +91,6 @@ class Text2SqlService:
         if len(ev) > lim.max_evidence_chars:
             raise InvalidQuestion("evidence", f"{len(ev)} characters exceed the limit of {lim.max_evidence_chars}")
         return q, ev
-
-    async def answer(
-        self,
-        runner: StageRunner,
-        db: Database,
-        question: str,
-        evidence: str,
-        deadline_s: float,
-        *,
-        request_id: str,
-        on_event: EventFn | None = None,
-        quality_mode: QualityMode = "full",
-        plan: QuestionPlan | None = None,
-    ) -> Text2SqlResult:
-        """Run the pipeline for one question on ``runner`` at the tenant's ``quality_mode``, predicted by ``plan``
-        (admission's; see ``Text2SqlPipeline.answer``)."""
-        return await self.pipeline.answer(
-            runner,
-            db,
-            question,
-            evidence,
-            deadline_s,
-            request_id=request_id,
-            on_event=on_event,
-            quality_mode=quality_mode,
-            plan=plan,
-        )
 
     async def close(self) -> None:
         """Close the databases opened so far (connection pools)."""

@@ -12,16 +12,8 @@ import numpy as np
 import pytest
 
 from gateway.bench.bound import call_resources, fluid_bound, solve_fluid_bound
-from gateway.bench.simbench import (
-    Bench,
-    BenchReport,
-    PointResult,
-    PolicyResult,
-    Setup,
-    plot_report,
-    run_bench,
-    standard_latency,
-)
+from gateway.bench.sidebyside import BenchReport, PolicyResult, plot_report, run_bench
+from gateway.bench.simbench import Bench, PointResult, Setup, standard_latency
 from gateway.bench.simspeed import build_kind
 from gateway.config import load_cluster
 from gateway.core.policy import POLICIES

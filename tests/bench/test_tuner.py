@@ -21,7 +21,7 @@ from gateway.bench.tuner import (
 )
 from gateway.cli import main
 from gateway.config import load_cluster
-from gateway.config.gateway import TuningConfig
+from gateway.config.operations import TuningConfig
 from gateway.core.policy import get_policy
 from gateway.sim.tune import ALPHA_GRID
 

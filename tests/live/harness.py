@@ -138,6 +138,7 @@ def write_config(
         "scrape": {"period_s": 0.2, "timeout_s": 1.0},
         "tuning": {"enabled": False},
         "shutdown_grace_s": 5,
+        "benchmark": True,  # the tests send synthetic prompts (``chain``)
     }
     for k, v in overrides.items():
         if isinstance(v, dict) and isinstance(cfg.get(k), dict):

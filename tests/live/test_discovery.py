@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from gateway.config import load_gpu_catalog
-from gateway.config.gateway import KubernetesDiscoveryConfig, load_gateway_config
+from gateway.config.gateway import load_gateway_config
+from gateway.config.operations import KubernetesDiscoveryConfig
 from gateway.core.scheduler import Scheduler, WorkerInfo
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.errors import ConfigError

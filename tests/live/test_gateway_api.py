@@ -25,6 +25,29 @@ async def test_workflow_runs_every_call_in_dependency_order(tmp_path: Path) -> N
         assert sum(w["completed"] for w in status["workers"]) == 6
 
 
+async def test_benchmark_only_fields_are_refused_out_of_benchmark_mode(tmp_path: Path) -> None:
+    """``prompt_tokens``, ``shared_prefix`` and ``ignore_eos`` build synthetic prompts for the benchmarks: a
+    gateway without ``benchmark: true`` answers 422 naming the field and the switch, and runs chat calls."""
+    chat = {"id": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    synthetic = {"id": "a", "prompt_tokens": 10, "max_tokens": 2}
+    segment = {"name": "t", "tokens": 4}
+    async with (
+        emulators(["A100"]) as urls,
+        gateway_client(write_config(tmp_path, urls, ["A100"], benchmark=False)) as (client, _),
+    ):
+        for call, field in (
+            (synthetic, "prompt_tokens"),
+            ({**synthetic, "shared_prefix": [segment]}, "prompt_tokens"),
+            ({**chat, "ignore_eos": True}, "ignore_eos"),
+        ):
+            r = await client.post("/v1/workflows", json={"calls": [call]})
+            assert r.status_code == 422, r.text
+            err = r.json()["error"]
+            assert err["param"] == f"calls.0.{field}" and "benchmark: true" in err["message"], err
+        r = await client.post("/v1/workflows", json={"calls": [chat]})
+        assert r.status_code == 200, r.text
+
+
 async def test_bad_input_gets_a_4xx_that_names_the_problem(tmp_path: Path) -> None:
     async with emulators(["A100"]) as urls:
         cfg = write_config(tmp_path, urls, ["A100"], limits={"max_body_bytes": 4096})

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.config.gateway import LeaderElectionConfig, load_gateway_config
+from gateway.config.gateway import load_gateway_config
+from gateway.config.operations import LeaderElectionConfig
 from gateway.errors import ConfigError
 from gateway.live.discovery import KubeApi, KubeConflict
 from gateway.live.leader import LeaderElector, micro_time

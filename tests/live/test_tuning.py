@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 
-from gateway.config.gateway import TuningConfig, load_gateway_config
+from gateway.config.gateway import load_gateway_config
+from gateway.config.operations import TuningConfig
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagNode, DagWorkflow, chain_nodes
 from gateway.core.workflow import CANDIDATE, IR, REVISE, CallSpec, OnlineWorkflow

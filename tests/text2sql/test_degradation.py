@@ -16,9 +16,10 @@ import pytest
 from gateway.core.degrade import FLOOR, Knobs, QualityModel
 from gateway.core.predict import StagePlan
 from gateway.text2sql.db import Database
-from gateway.text2sql.pipeline import DEGRADED_STEPS, PipelineConfig, Text2SqlPipeline, degraded_by_step
+from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.port import RemainingPredictor, StageRunner
 from gateway.text2sql.prompt_templates import Prompts
+from gateway.text2sql.run import DEGRADED_STEPS, degraded_by_step
 from tests.text2sql.test_pipeline import (
     GOLD,
     QUESTION,

@@ -45,6 +45,7 @@ def _config(tmp: Path, url: str, *, capacity: int, policy: str = "hexgen") -> Pa
         "scrape": {"period_s": 0.25, "timeout_s": 2.0},
         "tuning": {"enabled": False},
         "shutdown_grace_s": 10,
+        "benchmark": True,  # synthetic prompts (prompt_tokens) of exact sizes
     }
     path = tmp / "gateway.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -36,18 +36,10 @@ from gateway.core.tokens import message_tokens, text_tokens
 from gateway.core.workflow import CHAT, CallSpec
 from gateway.errors import NotFound, Unprocessable, UpstreamError, error_body
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
+from gateway.live.openai_schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelList
 from gateway.live.responses import dumps
 from gateway.live.runner import CallRequest, WorkflowOutcome
-from gateway.live.schemas import (
-    NUMBER_PATTERN,
-    ChatCompletion,
-    ChatCompletionRequest,
-    Completion,
-    CompletionRequest,
-    ModelList,
-    route_responses,
-    sse_content,
-)
+from gateway.live.schemas import NUMBER_PATTERN, route_responses, sse_content
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 

@@ -165,7 +165,7 @@ class _Admitted:
         """Run the pipeline for the question on its own runner (its workflow takes the admission over when it
         opens), predicted by the plan admission used."""
         runner = GatewayStageRunner(gw, tenant, admission=self.admission, request_id=self.request_id)
-        return await service.answer(
+        return await service.pipeline.answer(
             runner,
             self.db,
             self.question,

@@ -15,6 +15,9 @@ A call with ``prompt_tokens`` is sent as a synthetic token-id prompt (``syntheti
 its name and the workflow's id (scope ``workflow``), then filler of the call's own. Calls that name the
 same segments thus send the same leading tokens, as the CHESS calls that share a template or a schema do,
 and a worker's prefix cache serves them; nothing else is shared, short of a 64-bit hash collision.
+These fields (``BENCHMARK_FIELDS``) exist for the live benchmarks, which replay traces of exact sizes: a
+gateway serves them only in benchmark mode (``benchmark: true`` in its config) and answers 422 naming the
+switch otherwise.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def _key(*parts: str) -> int:
 
 def _sequence(key: int, n: int) -> list[int]:
     """``n`` token ids for ``key``: a tag spelling the key, then a slice of a fixed random sequence from a
-    key-dependent offset. A slice, not a Python loop per token: a trace workflow asks for ~50k tokens and
+    key-dependent offset. A slice, not a Python loop per token: a trace workflow asks for many thousands of tokens and
     this runs on the event loop."""
     if not _SYNTH_BASE:
         rng = random.Random(0x5EED)
@@ -176,6 +179,21 @@ def _default_max_tokens(i: int, c: WorkflowCall, limit: int) -> None:
         )
 
 
+BENCHMARK_FIELDS = ("prompt_tokens", "shared_prefix", "ignore_eos")
+"""The call fields a gateway accepts only with ``benchmark: true`` (synthetic prompts, exact output lengths)."""
+
+
+def _check_benchmark_fields(i: int, c: WorkflowCall) -> None:
+    """422 for a call that uses a benchmark-only field on a gateway not in benchmark mode."""
+    for name in BENCHMARK_FIELDS:
+        if getattr(c, name) not in (None, False):
+            raise Unprocessable(
+                f"calls.{i}.{name}: a benchmark-only field, accepted only by a gateway in benchmark mode "
+                "(benchmark: true in its config); send messages instead",
+                param=f"calls.{i}.{name}",
+            )
+
+
 def _check_limit(i: int, name: str, value: int, limit: int) -> None:
     if value > limit:
         raise Unprocessable(f"calls.{i}.{name}: {value} exceeds the limit of {limit}", param=f"calls.{i}.{name}")
@@ -211,6 +229,8 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
     nodes: list[DagNode] = []
     requests: list[CallRequest] = []
     for i, c in enumerate(req.calls):
+        if not gw.cfg.benchmark:
+            _check_benchmark_fields(i, c)
         _default_max_tokens(i, c, lim.max_tokens)
         if c.prompt_tokens is not None:  # checked before a synthetic prompt of that length is built
             _check_limit(i, "prompt_tokens", c.prompt_tokens, lim.max_tokens)

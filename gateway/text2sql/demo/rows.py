@@ -70,21 +70,37 @@ def _money(cents: int) -> float:
     return round(cents / 100, 2)
 
 
-def demo_rows(seed: int = 0) -> dict[str, list[tuple[Value, ...]]]:
-    """The rows of every table, generated from ``seed``: the same output on every call and machine."""
-    rng = random.Random(seed)
-    rows: dict[str, list[tuple[Value, ...]]] = {t.name: [] for t in TABLES}
+Rows = dict[str, list[tuple[Value, ...]]]
+_Staff = list[tuple[int, int, int | None, str]]
+"""(employee_id, department_id, store_id, job_title) of every employee."""
 
+
+def demo_rows(seed: int = 0) -> Rows:
+    """The rows of every table, generated from ``seed``: the same output on every call and machine (the
+    tables are drawn from one generator in a fixed order)."""
+    rng = random.Random(seed)
+    rows: Rows = {t.name: [] for t in TABLES}
+    _places(rng, rows)
+    rows["employees"], staff = _employees(rng)
+    signups = _customers(rng, rows)
+    price_cents = _products(rng, rows)
+    _orders(rng, rows, signups, price_cents, staff)
+    return rows
+
+
+def _places(rng: random.Random, rows: Rows) -> None:
+    """The departments and the stores."""
     for i, (name, city, _title) in enumerate(_DEPARTMENTS, start=1):
         rows["departments"].append((i, name, _money(rng.randrange(20_000_000, 200_000_000, 50_000)), city))
-
     country_of = dict(_CITIES)
     for i, city in enumerate(_STORE_CITIES, start=1):
         kind = ("Central", "Riverside", "Old Town", "Station")[i % 4]
         opened = _day(rng, dt.date(2010, 1, 1), dt.date(2021, 12, 31))
         rows["stores"].append((i, f"{city} {kind}", city, country_of[city], opened, rng.randrange(300, 2500, 10)))
 
-    # employees: a CEO, one director per department, two team leads per department, then staff.
+
+def _employees(rng: random.Random) -> tuple[list[tuple[Value, ...]], _Staff]:
+    """The employees: a CEO, one director per department, two team leads per department, then staff."""
     used_names: set[tuple[str, str]] = set()
 
     def person() -> tuple[str, str]:
@@ -96,7 +112,7 @@ def demo_rows(seed: int = 0) -> dict[str, list[tuple[Value, ...]]]:
 
     store_ids = list(range(1, len(_STORE_CITIES) + 1))
     employees: list[tuple[Value, ...]] = []
-    staff: list[tuple[int, int, int | None, str]] = []  # (employee_id, department_id, store_id, job_title)
+    staff: _Staff = []
 
     def hire(title: str, dept: int, manager: int | None, salary: tuple[int, int], years: tuple[int, int]) -> int:
         emp_id = len(employees) + 1
@@ -118,8 +134,11 @@ def demo_rows(seed: int = 0) -> dict[str, list[tuple[Value, ...]]]:
     for n in range(38):
         d, lead = leads[n % len(leads)] if n < len(leads) else rng.choice(leads)
         hire(_DEPARTMENTS[d - 1][2], d, lead, (34_000, 78_000), (2015, 2024))
-    rows["employees"] = employees
+    return employees, staff
 
+
+def _customers(rng: random.Random, rows: Rows) -> dict[int, dt.date]:
+    """The customers; returns each one's sign-up day."""
     signups: dict[int, dt.date] = {}
     for i in range(1, _N_CUSTOMERS + 1):
         first, last = rng.choice(_FIRST_NAMES), rng.choice(_LAST_NAMES)
@@ -128,7 +147,11 @@ def demo_rows(seed: int = 0) -> dict[str, list[tuple[Value, ...]]]:
         signup = _day(rng, _EPOCH, dt.date(2024, 6, 30))
         rows["customers"].append((i, first, last, email, city, country, signup, rng.choice(_TIERS)))
         signups[i] = dt.date.fromisoformat(signup)
+    return signups
 
+
+def _products(rng: random.Random, rows: Rows) -> dict[int, int]:
+    """The products; returns each one's list price in cents."""
     price_cents: dict[int, int] = {}
     pools: dict[str, list[str]] = {}
     for category, (adjectives, nouns) in _CATEGORIES.items():
@@ -145,11 +168,17 @@ def demo_rows(seed: int = 0) -> dict[str, list[tuple[Value, ...]]]:
         price_cents[i] = rng.randrange(low + 1, high + 2, 10) - 1  # x.x9 prices
         discontinued = 1 if rng.random() < 0.1 else 0
         rows["products"].append((i, name, category, _money(price_cents[i]), rng.randrange(0, 500), discontinued))
+    return price_cents
 
-    # orders: a tenth of the customers never order; a few products are never sold.
+
+def _orders(
+    rng: random.Random, rows: Rows, signups: dict[int, dt.date], price_cents: dict[int, int], staff: _Staff
+) -> None:
+    """The orders and their items: a tenth of the customers never order; a few products are never sold."""
     buyers = [c for c in signups if rng.random() >= 0.1]
     unsold = set(rng.sample(range(1, _N_PRODUCTS + 1), 6))
     sellable = [p for p in range(1, _N_PRODUCTS + 1) if p not in unsold]
+    store_ids = list(range(1, len(_STORE_CITIES) + 1))
     staff_by_store: dict[int, list[int]] = {s: [] for s in store_ids}
     for s_emp, s_dept, s_store, _s_title in staff:
         if s_store is not None and s_dept == 1:  # sales staff take store orders
@@ -181,7 +210,6 @@ def demo_rows(seed: int = 0) -> dict[str, list[tuple[Value, ...]]]:
             discount = rng.choice((0, 0, 0, 0, 10, 20))
             unit_cents = list_cents - (list_cents * discount) // 100
             rows["order_items"].append((item_id, order_id, product, 1 + rng.randrange(5), _money(unit_cents)))
-    return rows
 
 
 # ----------------------------------------------------------------------------------------- writers

@@ -1,0 +1,319 @@
+"""The sections of ``gateway.yaml`` that run the gateway as a service: worker discovery, leader election,
+operator access, idempotency, and the background alpha tuner and profile refit (``gateway.config.gateway``
+holds the file's model and its request-path sections)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from gateway.config.base import FieldError, PosFloat, Share, _Strict
+from gateway.config.tenants import KeyHash
+
+
+class TuningConfig(_Strict):
+    """Background alpha re-tuning: the last ``window_workflows`` finished workflows, replayed in the simulator.
+
+    The window is counted in workflows, not seconds: at the HexGen-Flow paper's rates a window of minutes
+    holds too few workflows for a P95 to tell alphas apart (``hexflow bench tuner`` measures it:
+    docs/benchmarks.md, "Alpha tuner"). ``max_age_s``
+    is only a staleness guard: workflows that arrived longer ago are left out, so after a quiet spell
+    the tuner does not replay traffic of another time of day. A run is due once ``every_workflows``
+    more workflows have finished since the last one; the task checks every ``interval_s``.
+    """
+
+    enabled: bool = Field(True, description="Re-tune alpha in the background (only for WB policies).")
+    window_workflows: int = Field(
+        300,
+        ge=10,
+        le=10_000,
+        description="The last this many finished workflows are replayed (the window; also the most kept in memory).",
+    )
+    every_workflows: int = Field(
+        50, ge=1, description="Re-tune once this many more workflows have finished since the last run."
+    )
+    interval_s: PosFloat = Field(
+        60.0, description="How often the task checks whether a run is due (at most one run per interval)."
+    )
+    max_age_s: PosFloat = Field(
+        7200.0, description="Staleness guard: workflows that arrived longer ago than this are left out of the window."
+    )
+    min_workflows: int = Field(20, ge=1, description="Tune only when the window holds at least this many.")
+    hysteresis: float = Field(
+        0.03,
+        ge=0.0,
+        lt=1.0,
+        description="Switch alpha only if the chosen one's simulated P95 beats the current one's by this fraction.",
+    )
+    grid: list[Share] | None = Field(
+        None, min_length=1, description="Alpha grid (default 0, 0.1, ..., 1); the simulation runs once per value."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        # The window used to be counted in seconds; say what replaced the old keys instead of "extra input".
+        if isinstance(data, dict):
+            for old in ("window_s", "max_window_workflows"):
+                if old in data:
+                    raise FieldError(
+                        f"tuning.{old}",
+                        f"{old} was removed: the window is counted in workflows now "
+                        "(window_workflows; max_age_s is the staleness guard)",
+                    )
+        return data
+
+    @model_validator(mode="after")
+    def _sizes(self) -> TuningConfig:
+        if self.min_workflows > self.window_workflows:
+            raise FieldError(
+                "tuning.min_workflows",
+                f"must not exceed window_workflows ({self.window_workflows}), got {self.min_workflows}",
+            )
+        return self
+
+
+class RefitConfig(_Strict):
+    """Slow online refit of each worker's profile constants from its completed calls (``gateway.sim.refit``).
+
+    Per worker, the last ``window_calls`` completed calls are kept; every ``interval_s`` a worker with at
+    least ``min_calls`` of them (and a quarter of that new since its last attempt) is refitted: the four
+    time constants, by the L1 fit ``hexflow calibrate`` uses, each within ``max_step`` times its current
+    value and ``max_drift`` times the configured one. The step is applied only when the best fit within
+    ``max_drift`` has a median relative error on the window of at most ``max_error`` and the step's error is
+    below the current constants' by ``min_gain``. Applying
+    it restarts the worker's observed/predicted ratios. Off by default: it corrects a profile that is off
+    (uncalibrated hardware, a mislabelled worker), which otherwise keeps mis-planning the engine's prefill
+    clock, slot waits and stage budgets, but under overload it also moves correctly labelled profiles (the
+    constants absorb load effects the model misses) and lowered SLO attainment there in the simulator
+    (``hexflow bench mislabel``: docs/benchmarks.md). Turn it on for workers whose
+    profile is uncalibrated or suspect. With leader election, only the leader refits (it serves the calls).
+    """
+
+    enabled: bool = Field(
+        False, description="Refit the workers' profiles online (off by default: see the section's text)."
+    )
+    interval_s: PosFloat = Field(60.0, description="How often the task looks for workers due for a refit, seconds.")
+    min_calls: int = Field(
+        200, ge=20, le=100_000, description="Completed calls a worker needs in its window to be refitted."
+    )
+    window_calls: int = Field(
+        1000, ge=20, le=100_000, description="The last this many completed calls per worker are kept and fitted."
+    )
+    max_step: float = Field(1.5, gt=1.0, le=10.0, description="Largest factor (up or down) a constant moves per refit.")
+    max_drift: float = Field(
+        8.0, gt=1.0, le=100.0, description="Largest factor a constant may reach from the configured profile's."
+    )
+    max_error: float = Field(
+        0.3,
+        gt=0.0,
+        le=10.0,
+        description="Largest median relative error of the best fit within max_drift; above it the model does not "
+        "describe the worker and no refit is applied.",
+    )
+    min_gain: float = Field(
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="A fit is applied only if its error is below the current profile's by this fraction.",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RefitConfig:
+        if self.min_calls > self.window_calls:
+            raise FieldError("refit.min_calls", f"{self.min_calls} is above window_calls ({self.window_calls})")
+        if self.max_drift < self.max_step:
+            raise FieldError("refit.max_drift", f"{self.max_drift} is below max_step ({self.max_step})")
+        return self
+
+
+class _KubeApiSettings(_Strict):
+    """How to reach the Kubernetes API server (shared by discovery and leader election)."""
+
+    api_url: str | None = Field(
+        None,
+        pattern=r"^https?://\S+$",
+        description="API server URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).",
+    )
+    token_file: str = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        description="Bearer token file (re-read on every request: projected tokens rotate). Missing: no auth.",
+    )
+    ca_file: str | None = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+        description="CA bundle of the API server (missing file: the system's CAs).",
+    )
+
+
+class KubernetesDiscoveryConfig(_KubeApiSettings):
+    """Workers taken from Kubernetes pods selected by label (list + watch of the pods API).
+
+    A pod becomes a worker when it matches ``label_selector``, is Running with an IP and its ``Ready``
+    condition is true. Its GPU type is the value of the ``gpu_label`` label (a key of the GPU catalogue),
+    its model profile the ``model_annotation`` (default: ``default_model``), its performance profile the
+    ``profile_annotation`` (a calibrated one from ``profiles_file``; default: the GPU's), its in-flight limit the
+    ``capacity_annotation`` (default: ``default_capacity``), its port the ``port_annotation``, else the
+    container port named ``http``, else ``default_port``. A pod that turns unready (or starts
+    terminating) gets no new calls; a pod that is gone is removed once its in-flight calls return.
+    """
+
+    namespace: str | None = Field(
+        None, description="Namespace of the worker pods (default: the gateway's own, from its service account)."
+    )
+    label_selector: str = Field(
+        "hexflow.io/role=worker", min_length=1, description="Label selector of the worker pods."
+    )
+    period_s: PosFloat = Field(
+        10.0,
+        description="Discovery period: the pods are listed again at least this often (watch mode), or "
+        "exactly this often (poll mode); changes take effect within it.",
+    )
+    watch: bool = Field(True, description="Follow changes with a watch between lists (else poll every period_s).")
+    timeout_s: PosFloat = Field(10.0, description="Timeout of one list request (and of connecting).")
+    gpu_label: str = Field("hexflow.io/gpu", min_length=1, description="Pod label holding the GPU type.")
+    model_annotation: str = Field(
+        "hexflow.io/model", min_length=1, description="Pod annotation (or label) holding the model profile."
+    )
+    served_model_annotation: str = Field(
+        "hexflow.io/served-model",
+        min_length=1,
+        description="Pod annotation with the model name the worker serves (default: the model profile's name).",
+    )
+    capacity_annotation: str = Field(
+        "hexflow.io/capacity", min_length=1, description="Pod annotation (or label) with the in-flight limit."
+    )
+    port_annotation: str = Field("hexflow.io/port", min_length=1, description="Pod annotation with the HTTP port.")
+    profile_annotation: str = Field(
+        "hexflow.io/profile",
+        min_length=1,
+        description="Pod annotation (or label) naming the performance profile: a label of the pod's model in the "
+        "catalogue or in profiles_file (default: the catalogue's profile of the GPU label).",
+    )
+    default_model: str | None = Field(None, description="Model profile when a pod names none (default: cluster's).")
+    default_capacity: int | None = Field(
+        None, ge=1, le=1024, description="In-flight limit when a pod names none; default: derived from its profile."
+    )
+    default_port: int = Field(8000, ge=1, le=65535, description="Port when a pod names none.")
+
+
+class DiscoveryConfig(_Strict):
+    """Where workers are discovered at run time (in addition to ``cluster.workers``)."""
+
+    kubernetes: KubernetesDiscoveryConfig | None = Field(None, description="Discover workers from Kubernetes pods.")
+    remove_grace_s: PosFloat = Field(
+        120.0,
+        description="A removed worker's calls still running after this are re-dispatched to other workers.",
+    )
+
+
+class AdminConfig(_Strict):
+    """Operator access: the live status page (``/ui``) and, optionally, ``/v1/status`` and ``/metrics``.
+
+    Operators authenticate with ``Authorization: Bearer <key>`` against ``api_key_sha256`` (SHA-256
+    digests, as tenant keys: ``hexflow tenants hash-key KEY``). An admin key is not a tenant key: it runs
+    no workflows, and a tenant key opens no admin route. Without any admin key the status page is off
+    (``/ui`` answers 404 saying how to turn it on), and ``/v1/status`` and ``/metrics`` stay open.
+    The page's numbers: outcomes per tenant over the last ``window_s`` seconds (in 30 buckets), and the
+    last ``recent_workflows`` finished workflows with their calls' timings (the slowest are shown).
+    """
+
+    api_key_sha256: list[KeyHash] = Field(
+        default_factory=list,
+        description="SHA-256 digests of the operators' keys (`hexflow tenants hash-key KEY`); empty: /ui is off.",
+    )
+    protect_status: bool = Field(False, description="GET /v1/status needs an admin key (default: open).")
+    protect_metrics: bool = Field(
+        False, description="GET /metrics needs an admin key (Prometheus: bearer_token in its scrape config)."
+    )
+    window_s: float = Field(
+        300.0,
+        ge=30.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="The status page's rolling window: per-tenant attainment and goodput over this many seconds.",
+    )
+    recent_workflows: int = Field(
+        200, ge=1, le=10_000, description="Finished workflows kept for the status page's slowest-workflows list."
+    )
+
+    @model_validator(mode="after")
+    def _keys_for_protection(self) -> AdminConfig:
+        for name in ("protect_status", "protect_metrics"):
+            if getattr(self, name) and not self.api_key_sha256:
+                raise FieldError(f"admin.{name}", "needs admin.api_key_sha256: with no admin key nobody could read it")
+        return self
+
+
+LEASE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+"""A Kubernetes object name (a DNS subdomain: lower-case letters, digits, ``-`` and ``.``, at most 253)."""
+
+
+class LeaderElectionConfig(_KubeApiSettings):
+    """High availability: several gateway replicas, one leader holding a ``coordination.k8s.io/v1`` Lease.
+
+    Only the leader serves: the other replicas answer ``/readyz`` with 503 (so a Service routes nothing
+    to them) and refuse workflows with 503 and ``Retry-After``, while they keep their workers' health and
+    discovery current so that a take-over is immediate. The leader renews the Lease every
+    ``retry_period_s``; a leader that has not renewed for ``renew_deadline_s`` steps down (stops serving)
+    before another replica may take the Lease, which happens once it has seen the same Lease record for
+    ``lease_duration_s`` (judged on its own clock, as client-go does). A replica that shuts down gives the
+    Lease up at once. Off by default: one replica needs none of it.
+    """
+
+    enabled: bool = Field(False, description="Elect a leader among the gateway replicas (Kubernetes Lease).")
+    lease_name: str = Field(
+        "hexflow-gateway", pattern=LEASE_NAME, description="Name of the Lease object (one per gateway Deployment)."
+    )
+    namespace: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="Namespace of the Lease (default: the gateway's own, from its service account).",
+    )
+    identity: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description="This replica's name in the Lease's holderIdentity (default: $POD_NAME, else the host name).",
+    )
+    lease_duration_s: int = Field(
+        15, ge=1, le=3600, description="How long a Lease that is not renewed keeps other replicas out (seconds)."
+    )
+    renew_deadline_s: PosFloat = Field(
+        10.0, description="A leader that has not renewed its Lease for this long steps down (< lease_duration_s)."
+    )
+    retry_period_s: PosFloat = Field(
+        2.0, description="How often the leader renews, and how often the others try to acquire (< renew_deadline_s)."
+    )
+
+    @model_validator(mode="after")
+    def _periods(self) -> LeaderElectionConfig:
+        # client-go's rules: the leader must give up before others may take over, and retry within its deadline.
+        if self.renew_deadline_s >= self.lease_duration_s:
+            raise FieldError(
+                "leader_election.renew_deadline_s",
+                f"must be less than lease_duration_s ({self.lease_duration_s}), got {self.renew_deadline_s:g}: "
+                "a leader that cannot renew must step down before another replica may take the lease",
+            )
+        if self.retry_period_s * 1.2 > self.renew_deadline_s:
+            raise FieldError(
+                "leader_election.retry_period_s",
+                f"must be at most renew_deadline_s / 1.2 ({self.renew_deadline_s / 1.2:.3g}, "
+                f"the jitter's margin), got {self.retry_period_s:g}",
+            )
+        return self
+
+
+class IdempotencyConfig(_Strict):
+    """``Idempotency-Key`` on ``POST /v1/workflows`` and ``/v1/text2sql``: a retry gets the first answer.
+
+    Keys are per tenant and per replica (kept in this process's memory): a retry that reaches another
+    replica runs the work again. A retry while the first request runs waits for its answer; after it,
+    the stored answer is returned for ``ttl_s``. At most ``max_keys`` keys and ``max_bytes`` of stored
+    answers are kept (the least recently used finished ones are dropped first).
+    """
+
+    enabled: bool = Field(True, description="Honour the Idempotency-Key header (else it is ignored).")
+    ttl_s: PosFloat = Field(600.0, description="How long a finished request's answer is kept for retries.")
+    max_keys: int = Field(10_000, ge=1, le=10_000_000, description="Most keys remembered (finished and running).")
+    max_bytes: int = Field(
+        64 << 20, ge=1 << 16, description="Most bytes of stored answers; a larger answer is not stored."
+    )

@@ -1,0 +1,451 @@
+"""One question's run through the Text-to-SQL pipeline's stages (``QuestionRun``), and its answer.
+
+``gateway.text2sql.pipeline`` says what the stages are and how a question is predicted; this module runs
+them for one question: the prompts of each stage, SQL extraction and execution, the revise rounds, unit
+tests and evaluation, the knobs re-decided at every stage boundary (degradation), and what the run spent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gateway.core.degrade import Decision, Degrader, Knobs, QuestionPlan, degraded_steps
+from gateway.core.tokens import message_tokens, text_tokens
+from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST, TemplateCursor
+from gateway.text2sql.answers import normalise_sql
+from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult
+from gateway.text2sql.extract import extract_list, extract_sql, extract_verdict
+from gateway.text2sql.port import Closed, StageCall, StageCallError, StageRunner
+from gateway.text2sql.result import Candidate, Degradation, StageReport, Text2SqlResult, select
+from gateway.text2sql.sqlsafe import SqlRejected
+
+if TYPE_CHECKING:
+    from gateway.text2sql.pipeline import Text2SqlPipeline
+
+_EMPTY = "It returned no rows."
+STRATEGIES: tuple[tuple[str, str], ...] = (
+    (
+        "divide_and_conquer",
+        "Break the question into sub-questions, write SQL for each, then combine them into one query.",
+    ),
+    ("query_plan", "Think about the query plan first: which tables to scan, how to join and filter, then write it."),
+    ("direct", "Write the most direct query that answers the question."),
+    ("step_by_step", "Identify the needed columns, the join path and the filters step by step, then write it."),
+)
+EventFn = Callable[[dict[str, Any]], Awaitable[None]]
+"""Called with each event of a streamed answer (a stage's calls as they finish)."""
+
+
+DEGRADED_STEPS: tuple[str, ...] = ("candidates", "revisions", "evaluation")
+"""The knobs a degraded question can have turned down (a bounded metric label)."""
+
+
+def degraded_by_step(full: Knobs, used: Knobs) -> list[tuple[str, str]]:
+    """``(step, words)`` for each knob ``used`` turned down from ``full`` (``DEGRADED_STEPS`` order; the words
+    are ``gateway.core.degrade.degraded_steps``')."""
+    one_each = (
+        ("candidates", Knobs(used.candidates, full.max_revisions, full.evaluate)),
+        ("revisions", Knobs(full.candidates, used.max_revisions, full.evaluate)),
+        ("evaluation", Knobs(full.candidates, full.max_revisions, used.evaluate)),
+    )
+    out: list[tuple[str, str]] = []
+    for step, k in one_each:
+        words = degraded_steps(full, k)
+        if words:
+            out.append((step, words[0]))
+    return out
+
+
+def _knob(k: Knobs, step: str) -> int | bool:
+    """The value of the knob ``step`` names."""
+    return k.candidates if step == "candidates" else k.max_revisions if step == "revisions" else k.evaluate
+
+
+class StageFailed(Exception):
+    """A stage's call failed on its worker: the question fails at that stage."""
+
+    def __init__(self, stage: str, err: StageCallError) -> None:
+        super().__init__(f"stage {stage} failed: {err}")
+        self.stage = stage
+        self.err = err
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a run ended without an answer: the stage, the message and its HTTP status."""
+
+    stage: str
+    message: str
+    status: int
+
+
+def _preview(result: QueryResult, n: int) -> str:
+    lines = [" | ".join(result.columns)]
+    for row in result.rows[:n]:
+        lines.append(" | ".join("NULL" if v is None else str(v)[:60] for v in row))
+    return "\n".join(lines)
+
+
+def _refusal(exc: SqlRejected) -> str:
+    """The problem a model is told when its SQL was refused (the parser's own words too, when it has some)."""
+    text = f"The query was refused: {exc}"
+    return f"{text}. The parser said: {exc.detail}" if exc.detail else text
+
+
+class QuestionRun:
+    """The state of one question's run through the stages (``go``), made by ``Text2SqlPipeline.answer``."""
+
+    def __init__(
+        self,
+        pipe: Text2SqlPipeline,
+        runner: StageRunner,
+        db: Database,
+        question: str,
+        evidence: str,
+        schema: str,
+        stages: list[StageReport],
+        on_event: EventFn | None,
+        degrader: Degrader,
+        plan: QuestionPlan,
+    ) -> None:
+        self.p = pipe
+        self.cfg = pipe.cfg
+        self.runner = runner
+        self.db = db
+        self.question = question
+        self.evidence = evidence
+        self.schema = schema
+        self.stages = stages
+        self.on_event = on_event
+        self.candidates: list[Candidate] = []
+        self.last_problem: str | None = None
+        self.local_s = 0.0
+        self.render = pipe.prompts.render
+        self.system = self.render("system", dialect=db.dialect)
+        self.degrader = degrader
+        self.full = self.knobs = degrader.full
+        self.plan = plan
+        self.cursor = TemplateCursor(plan.template)
+        self.expected = {p.kind: p.output_tokens for p in reversed(plan.template.phases)}
+        self.input_scale = pipe.input_scale(db.db_id)
+        self.shape: list[tuple[str, list[tuple[int, int]]]] = []  # each stage: kind, (tokens in, out) per call
+        self.prompt_sizes: list[tuple[int, int]] = []  # per call the worker counted: (estimated, counted) prompt
+        self.evaluated = False
+        self.candidates_fixed: int | None = None
+        self.revisions_done = 0
+        self.evaluate_fixed: bool | None = None
+        self.revisions_capped = False  # the revision cap stopped a round a candidate needed
+        self.why: dict[str, tuple[str, Decision, float]] = {}  # step -> (boundary, decision, predicted full)
+
+    def decide(self, at: str) -> None:
+        """Re-decide the knobs still open at a stage boundary (``at``: "arrival" or the stage just finished).
+
+        ``full`` mode keeps the configured knobs and asks for no prediction."""
+        if self.degrader.mode == "full":
+            return
+        options = self.degrader.options(
+            candidates_fixed=self.candidates_fixed,
+            revisions_done=self.revisions_done,
+            evaluate_fixed=self.evaluate_fixed,
+        )
+        predict = self.runner.remaining_predictor()
+        phase, rounds = self.cursor.phase, self.cursor.rounds
+        predicted: dict[Knobs, float] = {}
+
+        def duration(k: Knobs) -> float:
+            v = predicted.get(k)
+            if v is None:
+                v = predicted[k] = predict(self.plan.at(k, phase=phase, rounds_done=rounds))
+            return v
+
+        decision = self.degrader.choose(options, duration, self.runner.remaining())
+        before, self.knobs = self.knobs, decision.knobs
+        fullest = duration(options[0])
+        for step, _ in degraded_by_step(self.full, decision.knobs):
+            if step not in self.why or _knob(before, step) != _knob(decision.knobs, step):
+                self.why[step] = (at, decision, fullest)  # turned (further) down here: this decision is why
+
+    def used(self) -> Knobs:
+        """The knobs as they ended: what was spent where it was, the decided ones elsewhere. A revision cap
+        counts only when it stopped a revision a candidate still needed (one that needed none lost nothing)."""
+        k = self.knobs
+        cands = self.candidates_fixed if self.candidates_fixed is not None else k.candidates
+        ev = self.evaluate_fixed if self.evaluate_fixed is not None else k.evaluate
+        return Knobs(cands, k.max_revisions if self.revisions_capped else self.full.max_revisions, ev)
+
+    def degradations(self) -> list[Degradation]:
+        """What the final knobs skipped relative to full quality, each with the decision that skipped it."""
+        out = []
+        for step, words in degraded_by_step(self.full, self.used()):
+            why = self.why.get(step)
+            if why is None:  # not turned down by a decision (cannot happen; never fail the answer for it)
+                continue
+            at, d, fullest = why
+            out.append(
+                Degradation(
+                    step=step,
+                    detail=words,
+                    at=at,
+                    reason="quality mode fast" if self.degrader.mode == "fast" else "predicted to miss the deadline",
+                    predicted_full_s=fullest,
+                    predicted_s=d.predicted_s,
+                    time_left_s=d.time_left_s,
+                )
+            )
+        return out
+
+    def past_deadline(self) -> bool:
+        return self.runner.remaining() < 0
+
+    async def stage(self, kind: str, prompts: list[str]) -> list[str]:
+        """Run one stage of ``len(prompts)`` parallel calls; returns their output texts."""
+        self.cursor.enter(kind)
+        max_tokens = self.cfg.max_tokens[kind]
+        # Sized as the question's plan predicts it (the database's earlier questions, else the prior); a plan made
+        # before the model was observed guessed its outputs: sized by what it has been seen to write since.
+        expected = self.expected.get(kind, max_tokens)
+        if not self.plan.observed:
+            expected = self.p.outputs.expected(kind, max_tokens) or expected
+        out_tokens = min(max_tokens, expected)
+        scale = self.input_scale
+        calls = []
+        estimates = []
+        for text in prompts:
+            messages = ({"role": "system", "content": self.system}, {"role": "user", "content": text})
+            est = message_tokens(messages)
+            estimates.append(est)
+            n_in = max(1, round(est * scale))
+            calls.append(StageCall(messages, n_in, out_tokens, max_tokens, temperature=0.0))
+        results = await self.runner.run_stage(kind, calls)
+        sizes = []
+        for c, r, est in zip(calls, results, estimates, strict=True):
+            if r.prompt_tokens:
+                self.prompt_sizes.append((est, r.prompt_tokens))
+            n_out = r.completion_tokens if r.completion_tokens is not None else text_tokens(r.text or "")
+            if r.error is None:
+                self.p.outputs.add(kind, n_out, c.max_tokens)
+            sizes.append((r.prompt_tokens or c.input_tokens, n_out))
+        self.shape.append((kind, sizes))
+        if kind in (UNIT_TEST, EVALUATE):
+            self.evaluated = True
+        texts: list[str] = []
+        failure: StageCallError | None = None
+        for r in results:
+            self.stages.append(
+                StageReport(kind, r.worker, r.queued_s, r.run_s, None if r.error is None else str(r.error))
+            )
+            if r.error is not None:
+                failure = failure or r.error
+                texts.append("")
+            else:
+                texts.append(r.text or "")
+        if self.on_event is not None:
+            await self.on_event(
+                {"event": "stage", "kind": kind, "calls": [s.as_dict() for s in self.stages[-len(results) :]]}
+            )
+        if failure is not None:
+            raise StageFailed(kind, failure)
+        return texts
+
+    async def execute_all(self, cands: list[Candidate], texts: list[str]) -> None:
+        """Execute a stage's candidates concurrently; their wall time counts once towards ``local_s``."""
+        t = time.perf_counter()
+        try:
+            await asyncio.gather(*(self.execute(c, x) for c, x in zip(cands, texts, strict=True)))
+        finally:
+            self.local_s += time.perf_counter() - t
+
+    async def execute(self, cand: Candidate, text: str) -> None:
+        """Extract, check and run a candidate's SQL; record the problem (if any) for a revision."""
+        prev_sql, prev_problem = cand.sql, cand.problem
+        sql = extract_sql(text)
+        if sql is None:
+            cand.sql, cand.result, cand.problem = None, None, "The answer contained no SQL query."
+            return
+        cand.sql = sql
+        try:
+            res = await self.db.execute(sql)  # checks the statement (sqlsafe) before it runs
+        except SqlRejected as exc:
+            cand.result, cand.problem = None, _refusal(exc)
+            return
+        except QueryFailed as exc:
+            cand.result, cand.problem = None, f"Executing it failed: {exc}"
+            return
+        if res.row_count == 0:
+            # An empty result is suspicious and asked to be revised once; if the revision gives the same
+            # query back, the model stands by it and the empty result is the answer (some questions have
+            # one), instead of spending every remaining revision round on it.
+            confirmed = (
+                prev_problem == _EMPTY and prev_sql is not None and normalise_sql(prev_sql) == normalise_sql(sql)
+            )
+            cand.result, cand.problem = res, None if confirmed else _EMPTY
+            return
+        cand.result, cand.problem = res, None
+
+    async def outcome(self) -> tuple[str, Candidate | None] | Failure:
+        """``go``, with a stage that failed on its worker or a database that failed as the ``Failure``."""
+        try:
+            return await self.go()
+        except StageFailed as exc:
+            return Failure(exc.stage, str(exc.err), exc.err.status)
+        except DatabaseUnavailable as exc:
+            return Failure("execute", str(exc), exc.status)
+
+    async def go(self) -> tuple[str, Candidate | None]:
+        """Run the stages; the status (ok, no_valid_sql, deadline_exceeded) and the chosen candidate."""
+        self.decide("arrival")
+        linked = await self._link(await self._keywords())
+        n = self.candidates_fixed = self.knobs.candidates
+        self.candidates = [Candidate(i, STRATEGIES[i % len(STRATEGIES)][0]) for i in range(n)]
+        await self.execute_all(
+            self.candidates, await self.stage(CANDIDATE, [self._candidate(c, linked) for c in self.candidates])
+        )
+        self.decide(CANDIDATE)
+        await self._revisions()
+        valid = [c for c in self.candidates if c.valid]
+        problems = [c.problem for c in self.candidates if c.problem]
+        self.last_problem = problems[-1] if problems else None
+        if not valid:
+            return ("deadline_exceeded" if self.past_deadline() else "no_valid_sql"), None
+        # Unit tests and evaluation: skipped past the deadline, or when the knobs say so.
+        self.evaluate_fixed = self.knobs.evaluate and n >= 2
+        if self.evaluate_fixed and not self.past_deadline():
+            await self._evaluate(valid)
+        t = time.perf_counter()
+        chosen = select(valid)
+        self.local_s += time.perf_counter() - t
+        return "ok", chosen
+
+    async def _keywords(self) -> list[str]:
+        """Stage 1: the question's keywords."""
+        prompt = self.render("extract_keywords", question=self.question, evidence=self.evidence)
+        (text,) = await self.stage(KEYWORDS, [prompt])
+        self.decide(KEYWORDS)
+        return extract_list(text)
+
+    async def _link(self, keywords: list[str]) -> str:
+        """Stage 2: schema linking, the columns the question needs."""
+        prompt = self.render(
+            "schema_linking",
+            question=self.question,
+            evidence=self.evidence,
+            keywords=json.dumps(keywords),
+            schema=self.schema,
+        )
+        (text,) = await self.stage(IR, [prompt])
+        self.decide(IR)
+        return ", ".join(extract_list(text)) or "(all)"
+
+    def _candidate(self, c: Candidate, linked: str) -> str:
+        """Stage 3's prompt of candidate ``c``: its strategy."""
+        return self.render(
+            "candidate",
+            index=c.index,
+            strategy=c.strategy,
+            strategy_text=STRATEGIES[c.index % len(STRATEGIES)][1],
+            question=self.question,
+            evidence=self.evidence,
+            linked=linked,
+            schema=self.schema,
+            dialect=self.db.dialect,
+        )
+
+    async def _revisions(self) -> None:
+        """Stage 4: revise rounds, one stage per round, in parallel across the candidates that need one, up to
+        the cap in force (none past the deadline)."""
+        while True:
+            todo = [c for c in self.candidates if not c.valid]
+            if not todo or self.past_deadline():
+                return
+            if self.revisions_done >= self.knobs.max_revisions:
+                self.revisions_capped = self.knobs.max_revisions < self.full.max_revisions
+                return
+            prompts = [
+                self.render(
+                    "revise",
+                    index=c.index,
+                    question=self.question,
+                    evidence=self.evidence,
+                    schema=self.schema,
+                    sql=c.sql or "(none)",
+                    problem=c.problem or "",
+                    dialect=self.db.dialect,
+                )
+                for c in todo
+            ]
+            texts = await self.stage(REVISE, prompts)
+            for c in todo:
+                c.revisions += 1
+            self.revisions_done += 1
+            await self.execute_all(todo, texts)
+            self.decide(REVISE)
+
+    async def _evaluate(self, valid: list[Candidate]) -> None:
+        """Stages 5-6: unit tests, then one evaluation per valid candidate (its verdict)."""
+        q, ev = self.question, self.evidence
+        (tests_text,) = await self.stage(
+            UNIT_TEST, [self.render("unit_tests", question=q, evidence=ev, schema=self.schema, n=self.cfg.unit_tests)]
+        )
+        prompts = [
+            self.render(
+                "evaluate",
+                index=c.index,
+                question=q,
+                evidence=ev,
+                unit_tests=tests_text.strip() or "(none)",
+                sql=c.sql or "",
+                row_count=c.result.row_count if c.result else 0,
+                preview=_preview(c.result, self.cfg.preview_rows) if c.result else "",
+            )
+            for c in valid
+        ]
+        verdicts = await self.stage(EVALUATE, prompts)
+        for c, v in zip(valid, verdicts, strict=True):
+            c.verdict = extract_verdict(v)
+
+
+def question_result(
+    request_id: str,
+    outcome: tuple[str, Candidate | None] | Failure,
+    run: QuestionRun | None,
+    stages: list[StageReport],
+    deadline_s: float,
+    closed: Closed,
+    quality_mode: str,
+) -> Text2SqlResult:
+    """The answer to one question: its run's ``outcome`` (a status and the chosen candidate, or the failure),
+    what ``run`` spent (None: it failed before its first stage) and the runner's verdict (``closed``)."""
+    failure = outcome if isinstance(outcome, Failure) else None
+    status, chosen = ("failed", None) if isinstance(outcome, Failure) else outcome
+    res = chosen.result if chosen is not None else None
+    candidates = run.candidates if run is not None else []
+    if failure is not None:
+        error: str | None = failure.message
+    else:
+        error = None if status == "ok" or run is None else run.last_problem
+    return Text2SqlResult(
+        id=request_id,
+        status=status,
+        sql=chosen.sql if chosen is not None else None,
+        columns=res.columns if res is not None else [],
+        rows=res.rows if res is not None else [],
+        row_count=res.row_count if res is not None else 0,
+        truncated=res.truncated if res is not None else False,
+        candidates=[c.as_dict() for c in candidates],
+        revisions=sum(c.revisions for c in candidates),
+        stages=stages,
+        deadline_s=deadline_s,
+        latency_s=closed.latency_s,
+        deadline_met=closed.deadline_met,
+        error=error,
+        failed_stage=failure.stage if failure is not None else None,
+        http_status=200 if failure is None else failure.status if failure.status >= 500 else 502,
+        local_s=run.local_s if run is not None and failure is None else 0.0,
+        degraded=run.degradations() if run is not None else [],
+        quality_mode=quality_mode,
+    )
