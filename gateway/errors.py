@@ -3,10 +3,10 @@
     GatewayError                  500 internal_error
     ├── ConfigError               a config, cluster, GPU catalogue or trace file is invalid (names file and field)
     ├── ListenError               a server cannot listen on its address (a port in use): names host and port
-    ├── UnknownNameError          400: an unknown policy, GPU, model or workload name was asked for
+    ├── UnknownNameError          400: an unknown GPU, model, cluster or workload name was asked for
     ├── BadRequest                400 invalid_request_error: a caller's input is invalid
-    │   ├── Unprocessable         422: well-formed but invalid (a field, a limit, a DAG: ``core.dag.DagError``,
-    │   │                         a deadline outside the tenant's range: ``live.tenants.DeadlineOutOfRange``)
+    │   ├── Unprocessable         422: well-formed but invalid (a field, a limit, a deadline outside the
+    │   │                         tenant's range: ``live.tenants.DeadlineOutOfRange``)
     │   ├── Unauthorized          401 authentication_error, ``WWW-Authenticate: Bearer``
     │   ├── NotFound              404 not_found_error (an unknown model or database)
     │   └── PayloadTooLarge       413: a request body over the limit
@@ -19,6 +19,8 @@
     DomainError                   what happened, in the core's terms: no HTTP status (the live edge maps it,
     │                             ``gateway.live.httperrors``, to the answer a client gets)
     ├── NoEligibleWorker          every worker is down or draining (raised by ``core.scheduler``): 503
+    ├── UnknownName               an unknown policy, dispatcher or queue discipline (``core.policy``): 400
+    ├── core.dag.DagError         a node list that is not a DAG: 422 naming the field at fault
     └── core.admission.AdmissionRefused   a workflow not admitted: predicted to miss (429), a deadline too short
                                   (422), no worker can run it (503); a shed workflow's error (503)
 
@@ -105,7 +107,12 @@ class UnknownNameError(GatewayError):
         self.what = what
         self.name = name
         self.known = sorted(known)
-        super().__init__(f"unknown {what} {name!r}; known: {', '.join(self.known)}" + (f". {hint}" if hint else ""))
+        super().__init__(unknown_name_message(what, name, self.known, hint))
+
+
+def unknown_name_message(what: str, name: str, known: list[str], hint: str = "") -> str:
+    """``unknown <what> '<name>'; known: a, b`` (``known`` sorted), then ``hint`` as a sentence."""
+    return f"unknown {what} {name!r}; known: {', '.join(sorted(known))}" + (f". {hint}" if hint else "")
 
 
 class BadRequest(GatewayError):
@@ -164,6 +171,17 @@ class NoEligibleWorker(DomainError, RuntimeError):
     Defined here rather than in ``core.scheduler``, which raises it: mypyc compiles the scheduler (the
     native build) and cannot compile a class derived from a builtin exception.
     """
+
+
+class UnknownName(DomainError, LookupError):
+    """A name the core does not know was asked for (a policy, a dispatcher, a queue discipline); ``known``
+    lists the registered ones. The live edge answers 400."""
+
+    def __init__(self, what: str, name: str, known: list[str]) -> None:
+        self.what = what
+        self.name = name
+        self.known = sorted(known)
+        super().__init__(unknown_name_message(what, name, self.known))
 
 
 class Rejected(GatewayError):

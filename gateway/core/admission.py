@@ -40,7 +40,7 @@ from gateway.core.predict import (
     ThroughputMeter,
     cluster_call_time,
 )
-from gateway.core.queues import DEADLINE_ORDERED
+from gateway.core.queues import QUEUES
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import Call, CallSpec, OnlineWorkflow, Workflow
 from gateway.errors import DomainError
@@ -277,7 +277,7 @@ class Admitter:
         delays nobody) instead of refused. ``question``: the Text-to-SQL prediction, handed on to the workflow.
         """
         sched = self.scheduler
-        ordered = deadline_s is not None and sched.policy.queue in DEADLINE_ORDERED
+        ordered = deadline_s is not None and QUEUES[sched.policy.queue].deadline_ordered
         due = now + (deadline_s or 0.0)
         after = sched.queued_due_after(due) if ordered else None
         pred = CompletionPredictor(

@@ -11,7 +11,7 @@ follows the current stage, and a DAG workflow offers two sources for it:
   (a DAG that is a chain of stages then behaves identically to the ``StagedWorkflow`` of those stages).
 
 ``DagWorkflow.validate`` reports the first problem of a node list (dangling dependency, self-loop,
-cycle, duplicate id) as a ``DagError`` naming the node, so the API can answer 422.
+cycle, duplicate id) as a ``DagError`` naming the node.
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ from dataclasses import dataclass, field
 
 from gateway.core.prefix import PrefixSeg
 from gateway.core.workflow import CallSpec, CostFn, TemplateCursor, Workflow, WorkflowTemplate
-from gateway.errors import Unprocessable
+from gateway.errors import DomainError
 
 
-class DagError(Unprocessable, ValueError):
-    """A node list is not a DAG (cycle, dangling or duplicate id): a 422 whose ``param`` names the field at
-    fault (``calls``, ``calls.3.depends_on``) and whose message starts with it."""
+class DagError(DomainError, ValueError):
+    """A node list is not a DAG (cycle, dangling or duplicate id); ``param`` names the field at fault
+    (``calls``, ``calls.3.depends_on``) and the message starts with it (the live edge answers 422)."""
 
     def __init__(self, param: str, problem: str) -> None:
-        super().__init__(f"{param}: {problem}", param=param)
+        super().__init__(f"{param}: {problem}")
+        self.param = param
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from typing import Literal, get_args
 
 from gateway.core.dispatchers import Capabilities, get_dispatcher
 from gateway.core.queues import QUEUES
-from gateway.errors import UnknownNameError
+from gateway.errors import UnknownName
 
 Role = Literal["ours", "baseline", "ablation"]
 """What a policy is in a comparison (module docstring)."""
@@ -106,7 +106,7 @@ def register_policy(policy: Policy) -> None:
     if caps.prefix_index and not policy.prefix_aware:
         raise ValueError(f"policy {policy.name!r}: dispatcher {policy.dispatcher!r} reads the prefix index")
     if policy.queue not in QUEUES:
-        raise UnknownNameError("queue discipline", policy.queue, list(QUEUES))
+        raise UnknownName("queue discipline", policy.queue, list(QUEUES))
     POLICIES[policy.name] = policy
 
 
@@ -116,17 +116,17 @@ def policies_with_role(role: Role) -> list[str]:
 
 
 def get_policy(name: str) -> Policy:
-    """The registered policy ``name``; unknown names raise ``UnknownNameError``."""
+    """The registered policy ``name``; unknown names raise ``UnknownName``."""
     try:
         return POLICIES[name]
     except KeyError:
-        raise UnknownNameError("policy", name, list(POLICIES)) from None
+        raise UnknownName("policy", name, list(POLICIES)) from None
 
 
 def production_policy(name: str, *, benchmark: bool = False) -> Policy:
     """The registered policy ``name`` if a deployment may run it: roles ``ours`` and ``baseline``
     (``PRODUCTION_ROLES``); an ablation only with ``benchmark`` (the explicit benchmark switch). ``ValueError``
-    for an ablation without it, ``UnknownNameError`` for an unknown name."""
+    for an ablation without it, ``UnknownName`` for an unknown name."""
     policy = get_policy(name)
     if not benchmark and policy.role not in PRODUCTION_ROLES:
         allowed = [p.name for p in POLICIES.values() if p.role in PRODUCTION_ROLES]

@@ -34,6 +34,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.core.workflow import Call
@@ -291,12 +292,27 @@ QueueFamily = Callable[[], QueueFactory]
 """Makes the per-scheduler factory (a fresh VTC counter set per scheduler, for example)."""
 
 LanedFactory = Callable[[], LanedQueue]
-"""Makes one worker's queue with its best-effort lane (what a ``QUEUES`` entry builds, per scheduler)."""
-
-QUEUES: dict[str, Callable[[], LanedFactory]] = {}
+"""Makes one worker's queue with its best-effort lane (what a discipline's ``family`` builds, per scheduler)."""
 
 
-def register_queue(name: str, family: QueueFamily) -> None:
+@dataclass(frozen=True)
+class QueueDiscipline:
+    """A registered discipline: ``family()`` builds one scheduler's factory of laned worker queues.
+
+    ``deadline_ordered``: it serves work with an earlier deadline before work with a later one (``urgency``
+    through the stage budgets its deadline sets); admission then counts only the committed work due no later
+    than a new workflow (``Admission.admit``).
+    """
+
+    name: str
+    family: Callable[[], LanedFactory]
+    deadline_ordered: bool = False
+
+
+QUEUES: dict[str, QueueDiscipline] = {}
+
+
+def register_queue(name: str, family: QueueFamily, *, deadline_ordered: bool = False) -> None:
     """Register a queue discipline; a duplicate name raises. Its queues get a best-effort lane."""
     if name in QUEUES:
         raise ValueError(f"queue discipline {name!r} already registered")
@@ -305,15 +321,12 @@ def register_queue(name: str, family: QueueFamily) -> None:
         make = family()
         return lambda: LanedQueue(make())
 
-    QUEUES[name] = laned
+    QUEUES[name] = QueueDiscipline(name, laned, deadline_ordered)
 
 
 def _vtc_family() -> QueueFactory:
     counters = VtcCounters()
     return lambda: VtcQueue(counters)
-
-
-register_queue("fcfs", lambda: FcfsQueue)
 
 
 def _keyed_family(key: Callable[[Call], float]) -> QueueFamily:
@@ -328,12 +341,8 @@ def _keyed_family(key: Callable[[Call], float]) -> QueueFamily:
     return family
 
 
-DEADLINE_ORDERED: frozenset[str] = frozenset({"urgency", "edf", "llf"})
-"""The disciplines that serve work with an earlier deadline before work with a later one (urgency through the
-stage budgets its deadline sets): under them, work admitted with a later deadline than a new workflow's is not
-ahead of it (admission counts only the committed work that is: ``Gateway.admit``)."""
-
-register_queue("urgency", _keyed_family(urgency_key))
-register_queue("edf", _keyed_family(edf_key))
-register_queue("llf", _keyed_family(llf_key))
+register_queue("fcfs", lambda: FcfsQueue)
+register_queue("urgency", _keyed_family(urgency_key), deadline_ordered=True)
+register_queue("edf", _keyed_family(edf_key), deadline_ordered=True)
+register_queue("llf", _keyed_family(llf_key), deadline_ordered=True)
 register_queue("vtc", _vtc_family)

@@ -92,7 +92,7 @@ class Scheduler:
             if self.prefix_aware
             else []
         )
-        self._make_queue = QUEUES[self.policy.queue]()
+        self._make_queue = QUEUES[self.policy.queue].family()
         self.queues: list[LanedQueue] = [self._make_queue() for _ in self.workers]
         self.alpha = self.policy.default_alpha if alpha is None else alpha
         self.eligible = [True] * len(self.workers)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.errors import UnknownNameError
+from gateway.errors import UnknownName
 
 
 class Rng(Protocol):
@@ -115,8 +115,8 @@ def register_dispatcher(name: str, make: Callable[[Rng], Dispatcher], capabiliti
 
 
 def get_dispatcher(name: str) -> DispatcherEntry:
-    """The registered dispatcher ``name``; unknown names raise ``UnknownNameError``."""
+    """The registered dispatcher ``name``; unknown names raise ``UnknownName``."""
     try:
         return DISPATCHERS[name]
     except KeyError:
-        raise UnknownNameError("dispatcher", name, list(DISPATCHERS)) from None
+        raise UnknownName("dispatcher", name, list(DISPATCHERS)) from None
