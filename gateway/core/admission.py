@@ -1,28 +1,9 @@
 """Admission, one implementation for both drivers: admit, commit work, re-check, shed, demote, expire.
 
-The live gateway (``gateway.live.service``) and the simulator (``gateway.sim.simulator``) both run a workflow's
-life through an ``Admitter`` on their scheduler:
-
-    arrival       -> ``admit(now, plan, deadline_s, ...)``: the predicted completion (``gateway.core.predict``:
-                     the queue ahead on the workers it would use, its critical path, the work committed by
-                     admitted workflows) against ``headroom`` x its deadline. Admitted: an ``Admission`` token
-                     that owns the cluster seconds of work the workflow will submit (committed from now on, so
-                     the next admission counts it). Predicted to miss: ``PredictedMiss`` (retry after the
-                     seconds until the backlog would have drained enough), or a best-effort token when the
-                     tenant runs such work at the lowest urgency; a deadline shorter than the workflow takes on
-                     idle workers: ``DeadlineTooShort`` whatever the tenant says; no worker: ``NoWorkerCanRun``.
-    start         -> ``take(wf, token)``: the workflow takes the committed seconds over.
-    each call     -> ``submitted(wf, spec, now)``: submitted work is in the queues, no longer committed.
-    periodically  -> ``overdue(now, pending, ...)``: a workflow with a queued call predicted past its deadline
-                     is shed or demoted to best effort; a best-effort one older than ``best_effort_max_age``
-                     times its deadline is expired (shed whether or not it runs). The driver applies the
-                     verdicts (cancels the calls, answers the client).
-    end           -> ``ended(wf, latency_s)``: what is left of its commitment is released, and its latency
-                     against admission's forecast calibrates later admissions (``QueueCalibration``).
-
-Pure: no clock reads, no I/O; ``now`` is an argument. Refusals are domain errors (``AdmissionRefused``), with no
-HTTP status: the live edge maps them (``gateway.live.httperrors``).
-"""
+A workflow's life through an ``Admitter``: ``admit`` (the predicted completion against ``headroom`` x its
+deadline: an ``Admission`` token owning the work it commits, or ``AdmissionRefused``), ``take`` at start,
+``submitted`` per call, ``overdue`` periodically (shed, demote or expire: verdicts the driver applies), ``ended``
+(release, calibrate). Pure: ``now`` is an argument; refusals are domain errors the live edge maps to HTTP."""
 
 from __future__ import annotations
 

@@ -1,33 +1,7 @@
 """Queue disciplines: the order in which a worker's gateway-held queue releases calls.
 
-Each worker has its own queue (late binding: the gateway holds calls until the worker has a free
-slot). The scheduler fills a call's ``t_comp``, ``budget``, ``stage_cost`` and ``remaining_cost``
-before pushing it, and a discipline turns them into a static heap key, so push and pop are O(log n).
-
-Registered disciplines (``QUEUES``):
-
-``fcfs``     first come, first served: vLLM's own waiting queue (and Ray Serve's, AIBrix's).
-``urgency``  HexGen-Flow: the most urgent call first, ``U = t_comp(q, m) - (budget - waited)`` with
-             ``waited = now - ready_at``. Since ``now`` is common to every call compared, the order
-             equals ascending ``ready_at + budget - t_comp``: least slack against the stage budget.
-``edf``      earliest end-to-end deadline first (classic real-time EDF on the workflow deadline).
-``llf``      least laxity first on the end-to-end deadline: ``deadline - now - (t_comp + expected
-             remaining work of the workflow)``, the DAG-job form of LLF.
-``vtc``      virtual token counter (Sheng et al., OSDI 2024, "Fairness in Serving Large Language
-             Models"): each tenant has a counter of service received (input tokens + 2 x output tokens);
-             the backlogged tenant with the smallest counter is served next, and a tenant that becomes
-             backlogged is lifted to the smallest counter among the backlogged, so idling earns no credit.
-             Counters are shared by all workers' queues of one scheduler.
-
-Ties are broken by submission order (``call.seq``), so every discipline is deterministic.
-
-Every registered discipline has a *best-effort lane* (``LanedQueue``): a call flagged ``best_effort`` (its
-workflow is predicted to miss its deadline and its tenant chose best effort over rejection) waits, first
-come first served, behind every other call of the worker; it is sent only when the discipline's own queue
-is empty, and never charged to a VTC counter. The scheduler also starts one only on a worker with few calls in
-flight (``Scheduler.best_effort_share``): a running call holds its slot and shares the engine's batches with the
-urgent calls until it is done.
-"""
+``fcfs``, ``urgency``, ``edf``, ``llf`` and ``vtc``, each with a best-effort lane behind it (``LanedQueue``);
+ties go to submission order (docs/architecture.md, "Queue disciplines")."""
 
 from __future__ import annotations
 

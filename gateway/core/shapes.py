@@ -1,34 +1,8 @@
 """What questions cost: robust statistics of answered questions' stages, the source of every prediction of one.
 
-A Text-to-SQL question's cost is not known when it arrives: how many revision rounds it takes, how long the
-model's answers are, how large its prompts are. Admission, stage budgets, the overload re-check, shedding,
-demotion and degradation all predict it from the same template (``QuestionPlan`` in ``gateway.core.degrade``),
-and the template is fitted here, from what earlier questions actually cost.
-
-``ShapeWindow`` keeps the last ``maxlen`` answered questions (``QuestionSample``: each stage's kind and its
-calls' input and output tokens as the workers counted them, whether the question evaluated, and its calls'
-estimated against worker-counted prompt tokens) and summarises them robustly:
-
-* per stage kind, the tokens of one call (``inputs``, ``outputs``: each question's mean per call, so that a
-  question of many calls weighs as much as one of few) and the calls of one stage (``widths``): means over
-  the questions with the highest values clipped (``robust_mean``: the top ``CLIP`` share, at least the highest value
-  once there are ``MIN_QUESTIONS`` values, clipped to the next largest), so a question whose model wrote ten
-  times the usual answer moves little;
-* per stage kind, the stages per question (``rounds``: revise rounds, and whether unit tests and evaluation
-  ran), the same way over the questions (for the evaluation stages, over the questions that evaluated);
-* ``input_scale`` (the worker's prompt count over the gateway's characters/4
-  estimate, from sums over the window, within [1/``INPUT_SCALE_LIMIT``, ``INPUT_SCALE_LIMIT``]).
-
-A window forgets: after ``maxlen`` newer questions an old one has no weight, where running sums since start-up
-let one outlier move the prediction for hundreds of questions. Only questions that ended with a valid answer are
-samples (the caller's rule): a question the model could not answer ran every revision round it was allowed,
-and counting it would stretch every later question's prediction (and refuse it) for one question's sake.
-
-``fit(base, window)`` is ``base`` with each kind the window has seen replaced by the window's figures; the
-pipeline builds ``base`` from its own stages and a prior (``gateway.text2sql.pipeline``).
-
-Pure: no clock, no I/O. Bounded: ``maxlen`` samples per window, each of at most a pipeline's stages.
-"""
+``ShapeWindow`` keeps the last ``maxlen`` answered questions (``QuestionSample``) and ``fit(base, window)``
+replaces each kind it has seen in the template ``base`` with its clipped means (docs/architecture.md,
+"Degradation and question shapes"). Pure and bounded."""
 
 from __future__ import annotations
 

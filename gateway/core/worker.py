@@ -1,12 +1,7 @@
 """The one description of a worker, from configuration to scheduler.
 
-``WorkerInfo`` is built in one place (``gateway.config.cluster.make_worker``: for the workers of a
-cluster file and for the pods that discovery finds) and passed along unchanged: the scheduler and its
-estimator read the profile and the capacity from it, the simulator its engine model, the live pool
-and transport its address. It is immutable; a worker's capacity changes only through
-``Scheduler.set_capacity`` and its profile only through ``Scheduler.set_profile`` (the online refit),
-each of which puts a new ``WorkerInfo`` in the worker's slot.
-"""
+``WorkerInfo`` is built by ``gateway.config.cluster.make_worker`` and immutable: its capacity and profile
+change only through ``Scheduler.set_capacity`` / ``set_profile``, which put a new one in the worker's slot."""
 
 from __future__ import annotations
 

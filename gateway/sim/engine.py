@@ -1,41 +1,5 @@
-"""The simulated vLLM engine: iteration-level continuous batching with chunked prefill and KV limits.
-
-One ``SimEngine`` models one vLLM server (V1 scheduler semantics):
-
-* calls the gateway sends wait in the engine's own FIFO (vLLM's waiting queue);
-* at every iteration boundary, waiting calls are admitted in order while fewer than ``max_num_seqs``
-  run and the KV cache can hold the call's prompt plus its output (head-of-line blocking, as vLLM);
-* every iteration runs one decode token for each decoding call and fills the rest of the
-  ``max_batched_tokens`` budget with prompt chunks, first come first served (chunked prefill); the
-  iteration that finishes a prompt also yields its first output token;
-* the iteration's duration is ``PerfProfile.iter_time(tokens, context, pairs, decoders)``: ``decoders``,
-  the calls decoding a token in it (``seq_s`` each); ``pairs``, the prefill attention pairs its prompt chunks
-  compute (only with ``attn_s``; an iteration that ends one prompt and
-  starts the next is a segment of its own, so every iteration's pairs are exact); the iteration that admits
-  calls is stalled by ``admit_s`` per call admitted (their intake on the engine's core; 0 on GPU hosts).
-
-Simulating every iteration would cost hundreds of events per call, so the engine advances in
-*segments*: between two changes of the batch (a prompt finishes, a call finishes, a call is admitted)
-every iteration has the same token count and the context grows linearly, so the duration of k
-iterations has a closed form and the segment is one event. A call that arrives mid-segment interrupts
-it at the next iteration boundary, exactly where vLLM would admit it.
-
-KV: a call reserves ``input + output`` tokens at admission and frees them when it finishes, so the
-engine never preempts (vLLM preempts and recomputes under KV pressure; reserving up front is the
-conservative equivalent and keeps the capacity invariant checkable).
-
-Prefix caching (``prefix_caching``, vLLM's ``--enable-prefix-caching``, on by default in vLLM V1): the
-engine keeps the prompt segments its calls shared (``CallSpec.prefix``, ``gateway.core.prefix``). A
-segment enters the cache when the call that holds it is admitted: vLLM V1 caches a block as soon as it
-allocates it for the tokens it schedules (``KVCacheManager.allocate_slots`` -> ``cache_blocks``), and prompt
-chunks are scheduled first come first served, so a call admitted later, in the same iteration included,
-finds those blocks scheduled before its own first chunk. A call whose chain matches skips those tokens'
-prefill (whole blocks of the profile's ``block_tokens``, never the last token) but still holds and reads
-their KV. Segments in use by running calls stay; the others live in the free KV space and are evicted least
-recently used first when running calls need it. A call cancelled before its prompt is done takes the segments
-it brought, where no other call holds them. A call still reserves its whole prompt, so two running calls
-sharing a segment count it twice (conservative: vLLM shares the blocks).
-"""
+"""The simulated vLLM engine: iteration-level continuous batching with chunked prefill, KV limits and prefix
+caching, advanced in segments of identical iterations (docs/architecture.md, "The simulated engine")."""
 
 from __future__ import annotations
 
@@ -420,11 +384,6 @@ class SimEngine:
             tokens = cache.pop(key)[0]
             self._evictable -= tokens
             self.stats.evicted_tokens += tokens
-
-    @property
-    def cached_segments(self) -> int:
-        """Prefix-cache entries held (pinned or evictable)."""
-        return len(self._cache)
 
     @property
     def evictable_tokens(self) -> int:

@@ -1,15 +1,9 @@
 """The one dispatcher interface: what a dispatcher sees (``DispatchView``), declares (``Capabilities``) and is
 registered as (``DISPATCHERS``).
 
-A dispatcher is the global choice of a worker for a ready call. The scheduler refreshes one row of estimates per
-eligible worker (``WorkerEstimate``, written in place by ``Estimator.scan``: no per-call lists) and hands the
-dispatcher a ``DispatchView`` over those rows; the dispatcher returns a position in ``view.workers``. It never
-fetches or mutates shared state; it may keep its own small state (the round-robin pointer, its RNG).
-
-Every row always holds the scan's estimates (``t_comp``, ``t_queue``, ``harm``, ``inflight``): the scheduler
-needs the chosen worker's ``t_comp`` for the call anyway. The rest is filled only for a dispatcher whose
-``Capabilities`` ask for it, so a dispatcher that does not read a field costs nothing for it.
-"""
+The dispatcher gets a view over the scheduler's rows (``WorkerEstimate``, written in place by
+``Estimator.scan``) and returns a position in ``view.workers``; it never mutates shared state. Rows always hold
+``t_comp``, ``t_queue``, ``harm`` and ``inflight``; other fields only where ``Capabilities`` ask for them."""
 
 from __future__ import annotations
 
