@@ -69,9 +69,8 @@ class PerfProfile:
         return f"{self.gpu}/{self.model}"
 
     def iter_time(self, tokens: int, ctx: float, pairs: float = 0.0, decoders: int = 0) -> float:
-        """Duration of one iteration that processes ``tokens``, reads ``ctx`` context tokens, computes
-        ``pairs`` prefill attention pairs and decodes one token for each of ``decoders`` calls (among the
-        ``tokens``)."""
+        """Duration of one iteration that processes ``tokens``, reads ``ctx`` context tokens, computes ``pairs`` prefill
+        attention pairs and decodes one token for each of ``decoders`` calls (among the ``tokens``)."""
         return self.iter_base_s + self.token_s * tokens + self.ctx_s * ctx + self.attn_s * pairs + self.seq_s * decoders
 
     def busy_split(self, iterations: int, batched_tokens: int, busy_s: float) -> tuple[float, float, float]:

@@ -389,9 +389,8 @@ class Scheduler:
     def on_finish(
         self, call: Call, now: float, observed_s: float | None = None, tokens: tuple[int, int] | None = None
     ) -> None:
-        """A call returned: free its slot and correct the estimator with its observed latency (``tokens``: the
-        (prompt, completion) tokens it processed, where they may differ from its spec's: a live worker's
-        ``usage``)."""
+        """A call returned: free its slot and correct the estimator with its observed latency (``tokens``: the (prompt,
+        completion) tokens it processed, where they may differ from its spec's: a live worker's ``usage``)."""
         self._release(call, now)
         call.finished_at = now
         if observed_s is None and call.started_at is not None:

@@ -138,20 +138,10 @@ def make_plan(s: PlanSettings) -> list[Probe]:
 
 
 def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
-    """Coefficients of ``FITTED`` (``iter_base_s, token_s, ctx_s, request_overhead_s, attn_s, seq_s, admit_s``) in the
-    mean latency of ``n``
-    requests of one shape that arrive together, from their iteration schedule (vLLM's V1 scheduler, as
-    ``gateway.sim.engine`` models it).
-
-    Every iteration runs one decode token per decoding request and fills the rest of the ``chunk``
-    token budget with prompt tokens, first come first served; the iteration that finishes a prompt
-    yields its first output token. An iteration reads the context of every request in the engine
-    (the tokens it has processed so far). Which tokens run in which iteration depends on the token
-    counts only, not on the constants, so each request's latency is linear in them: ``overhead +
-    sum over its iterations of (iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs + seq_s *
-    decoders)``, a chunk of ``c`` prompt tokens after ``p`` computing ``c * p + c * (c + 1) / 2`` pairs, plus ``n``
-    intakes (``admit_s``: all ``n`` are admitted in the first iteration, which each one's intake stalls). With
-    ``n = 1`` this is ``PerfProfile.single_latency``.
+    """Coefficients of ``FITTED`` in the mean latency of ``n`` requests of one shape that arrive together, from
+    their iteration schedule (as ``gateway.sim.engine`` runs it). The schedule depends on the token counts only,
+    so each latency is linear in the constants: the overhead, every iteration's ``t_iter`` terms, and ``n``
+    intakes (``admit_s``: all are admitted in the first iteration). With ``n = 1``: ``PerfProfile.single_latency``.
     """
     if min(n, prompt, output, chunk) < 1:
         raise ValueError("batch_features: n, prompt, output and chunk must be >= 1")
@@ -194,12 +184,9 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
 
 
 def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int, short: int | None = None) -> np.ndarray:
-    """The coefficient row of one measured probe: the profile's ``FITTED`` constants (a lone probe: exactly
-    ``PerfProfile.single_latency``; a batch, ``batch_features``).
-
-    A ``step`` probe's row is the difference of the mean-latency rows of its long (``output``) and short
-    (``short``, default ``step_short(output)``) batches over the difference of their outputs: the model of
-    one decode step's time at batch ``n`` (the intakes and the overhead are in both batches and cancel)."""
+    """The coefficient row of one measured probe (a lone probe: ``PerfProfile.single_latency``; a batch:
+    ``batch_features``; a ``step`` probe: its long and short batches' rows differenced over their outputs' difference,
+    ``short`` defaulting to ``step_short(output)``)."""
     if kind == "step":
         lo = step_short(output) if short is None else short
         if not 1 <= lo < output:

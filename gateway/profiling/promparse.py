@@ -132,10 +132,9 @@ class _Samples:
 def parse_worker_metrics(text: str, model: str | None = None) -> WorkerMetrics:
     """The load and counters of a vLLM worker from its ``/metrics`` text.
 
-    With ``model``, only series labelled ``model_name=model`` count. A value is None when its family is
-    not in the text, or when all its series belong to other models; a family that is declared but has no
-    series yet (a labelled histogram before its first observation) gives 0.0. Raises
-    ``MetricsParseError`` on malformed text.
+    With ``model``, only series labelled ``model_name=model`` count. A value is None when its family is not in the text,
+    or when all its series belong to other models; a family that is declared but has no series yet (a labelled histogram
+    before its first observation) gives 0.0. Raises ``MetricsParseError`` on malformed text.
     """
     s = _Samples(text, model)
     kv = s.mean(KV_CACHE_USAGE)

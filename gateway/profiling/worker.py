@@ -99,8 +99,7 @@ def load_from(text: str) -> WorkerLoad:
 
 
 class ProbeWorker:
-    """The HTTP side of a calibration: one completion request, one ``/metrics`` read (None when there are
-    none)."""
+    """The HTTP side of a calibration: one completion request, one ``/metrics`` read (None when there are none)."""
 
     def __init__(self, client: httpx.AsyncClient, url: str, model: str) -> None:
         self.client = client

@@ -446,11 +446,10 @@ def _comment_block(text: str, indent: str = "#   ") -> list[str]:
 def render_report(cat: GpuCatalog, fits: Sequence[FittedProfile]) -> str:
     """The fit report as YAML comment lines: each published step fitted vs published, then every profile.
 
-    The first table lists, per GPU with published numbers, each step's published latency, the
-    profile's (rounded constants), the error and the hardware floor, then the standard workflow
-    (``STANDARD_WORKFLOW``, summed) against its published figure, and a sentence on the fit (why it
-    misses the target, where it does). The second lists every profile's constants, efficiencies
-    and predicted latencies.
+    The first table lists, per GPU with published numbers, each step's published latency, the profile's (rounded
+    constants), the error and the hardware floor, then the standard workflow (``STANDARD_WORKFLOW``, summed) against its
+    published figure, and a sentence on the fit (why it misses the target, where it does). The second lists every
+    profile's constants, efficiencies and predicted latencies.
     """
     cal = cat.calibration
     rows = _comment_block(

@@ -52,13 +52,10 @@ class _Running:
 
 @dataclass(slots=True)
 class EngineStats:
-    """Counters for invariant checks and reports (``prompt_tokens``/``prefix_hit_tokens``: vLLM's
-    ``prefix_cache_queries``/``prefix_cache_hits`` in tokens; ``evicted_tokens``: cached segment tokens
-    evicted; ``cancelled``: running calls aborted by ``cancel``; ``batched_tokens``: tokens the iterations
-    computed, prompt chunks and decode tokens; ``seq_iterations``: calls in the batch summed over iterations,
-    so ``seq_iterations / iterations`` is the mean batch). With the profile's constants they split
-    ``busy_s``: ``iter_base_s * iterations`` per-iteration base, ``token_s * batched_tokens`` token time, the
-    rest context reads, prefill attention and per-call host work (``seq_s``)."""
+    """Counters for invariant checks and reports: ``prompt_tokens``/``prefix_hit_tokens`` (vLLM's prefix-cache
+    queries and hits in tokens), ``evicted_tokens``, ``cancelled``, ``batched_tokens`` (prompt chunks and decode
+    tokens computed) and ``seq_iterations`` (batch sizes summed over iterations), which with the profile split
+    ``busy_s`` into base, token and other time."""
 
     iterations: int = 0
     max_running: int = 0
@@ -154,10 +151,8 @@ class SimEngine:
             w.append(r)
 
     def progress(self, call: Call, now: float) -> tuple[int, float | None]:
-        """Output tokens ``call`` has produced by ``now``, and when its first token came (None: not yet).
-
-        Exact at iteration boundaries within the running segment; used to stream tokens in real time.
-        """
+        """Output tokens ``call`` has produced by ``now`` (exact at iteration boundaries), and when its first token
+        came (None: not yet)."""
         r = self._states.get(call.id)
         if r is None or r.prefill_done_at is None:
             return 0, None
@@ -190,13 +185,9 @@ class SimEngine:
         return False
 
     def cancel(self, call: Call, now: float) -> bool:
-        """Abort ``call`` (its hedge won, or its client went away): a waiting call leaves the queue; a
-        running one leaves the batch at the next iteration boundary, as vLLM aborts between steps, and its
-        KV and batch slot are free from then. A call that finishes in the iteration running at ``now``
-        finishes (the caller ignores its answer).
-
-        Returns True when a new wake-up time was set (``wake_at``, with a new ``version``), as ``kick``.
-        """
+        """Abort ``call``: a waiting call leaves the queue, a running one the batch at the next iteration boundary
+        (as vLLM aborts between steps; one finishing in the current iteration finishes). True when a new
+        wake-up time was set, as ``kick``."""
         r = self._states.get(call.id)
         if r is None:
             return False
@@ -251,10 +242,8 @@ class SimEngine:
         self.stats.cancelled += 1
 
     def kick(self, now: float) -> bool:
-        """Replan after ``add``: start if idle, or cut the running segment at the next boundary.
-
-        Returns True when a new wake-up time was set (``wake_at``, with a new ``version``).
-        """
+        """Replan after ``add``: start if idle, or cut the running segment at the next boundary. True when a new
+        wake-up time was set (``wake_at``, with a new ``version``)."""
         if not self.busy:
             return self._plan(now)
         if not self._can_admit():
@@ -270,10 +259,8 @@ class SimEngine:
         return self._plan(t)
 
     def on_wake(self, now: float) -> list[Call]:
-        """The planned segment ended at ``now``: apply it, return the calls that finished.
-
-        Leaves the engine unplanned; the simulator adds any new calls and then calls ``kick``.
-        """
+        """The planned segment ended at ``now``: apply it and return the calls that finished (the engine is left
+        unplanned until ``kick``)."""
         done = self._apply(self._seg_k, now)
         self.busy = False
         if self._cancel_at_wake:
@@ -342,10 +329,8 @@ class SimEngine:
             self.stats.prefix_hit_tokens += hit
 
     def _store(self, r: _Running) -> None:
-        """At admission, after ``_hit``: the rest of ``r``'s segments are cached from now on (pinned by ``r``
-        until it finishes). vLLM caches a block when it allocates it for the tokens it schedules, and every
-        call admitted after ``r`` prefills behind it (prompt chunks go first come first served), so a later
-        call finds ``r``'s blocks scheduled before its own first chunk, in the same iteration at the latest."""
+        """At admission, after ``_hit``: the rest of ``r``'s segments are cached from now on, pinned by ``r`` until
+        it finishes (vLLM caches a block when it schedules it, and later calls prefill behind ``r``)."""
         cache = self._cache
         held = r.held
         r.stored_from = len(held)

@@ -121,14 +121,9 @@ class FitOutcome:
 
 
 def fit_job(job: FitJob, s: RefitSettings) -> FitOutcome:
-    """Fit the job's worker and decide (pure CPU: runs in a thread live).
-
-    Two fits of the window: one within the drift bounds only, which says whether the model describes this
-    worker at all (its error must be at most ``max_error``, else ``rejected``), and the step, within
-    ``max_step`` of the current constants as well, which is applied when it beats the current constants
-    by ``min_gain`` (else ``kept``). Judging the fit by the step alone would refuse every step of a worker
-    more than ``max_step`` away from its profile: exactly the worker that needs several.
-    """
+    """Fit the job's worker and decide (pure CPU: runs in a thread live). A fit within the drift bounds alone
+    says whether the model describes the worker (else ``rejected``); the step, within ``max_step`` too, is
+    applied when it beats the current constants by ``min_gain`` (else ``kept``), so a far worker takes several."""
     cur = job.info.profile
     a, y = sample_rows(job.samples, LatencyModel(cur))
     keep = y > 0
