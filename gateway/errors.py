@@ -115,7 +115,7 @@ class BadRequest(GatewayError):
 
 
 class Unprocessable(BadRequest):
-    """A well-formed request that is invalid: a field's value, a limit, the shape of a DAG (422)."""
+    """A well-formed request that is invalid: a field's value, a limit (422)."""
 
     status = 422
 

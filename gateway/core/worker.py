@@ -18,12 +18,10 @@ class WorkerInfo:
         name: unique among the current workers (metric label, status pages, logs).
         profile: the engine's performance model (GPU type, model, timing constants).
         capacity: calls the gateway keeps in flight on the worker at once (at least 1).
-        url: base URL of the worker's OpenAI-compatible server; empty when the worker has no address
-            (the simulator).
-        served_model: the model name requests to the worker carry; empty in the simulator.
-        profile_source: where the profile's constants come from: ``catalogue`` (the GPU catalogue's
-            entry for the GPU type), ``file`` (a profile named from ``profiles_file``, e.g. written by
-            ``hexflow calibrate``) or ``refit`` (fitted online to the worker's completed calls).
+        url: base URL of the worker's OpenAI-compatible server (empty in the simulator).
+        served_model: the model name requests to the worker carry (empty in the simulator).
+        profile_source: ``catalogue`` (the GPU type's entry), ``file`` (from ``profiles_file``, e.g. written
+            by ``hexflow calibrate``) or ``refit`` (fitted online).
     """
 
     name: str

@@ -49,11 +49,9 @@ class WorkerEstimate:
 class DispatchView:
     """What a dispatcher sees for one call: the rows of the eligible workers and the call's own figures.
 
-    ``rows`` is indexed by worker (every slot, eligible or not); ``workers`` holds the eligible worker indices,
-    ascending, and a dispatcher reads only their rows: ``rows[workers[i]]`` for position ``i``. ``budget`` is the
-    call's stage budget in seconds (``slo.stage_budget``; negative when the workflow is late), ``t_comp_min`` the
-    least ``t_comp`` over ``workers``. ``prefix`` says the rows' ``cached`` are filled (a prefix-aware policy
-    where the engines cache prefixes and the call has a prefix); otherwise they are 0.
+    ``rows`` is indexed by worker; a dispatcher reads only ``rows[workers[i]]`` for position ``i`` of the eligible,
+    ascending ``workers``. ``budget``: the call's stage budget (negative when late); ``t_comp_min``: the least
+    ``t_comp`` over ``workers``; ``prefix``: the rows' ``cached`` are filled (else 0).
     """
 
     rows: list[WorkerEstimate]
