@@ -1,33 +1,31 @@
-"""The gateway's error tree: every error the project raises on purpose is a ``GatewayError``.
+"""The gateway's error tree: every error the project raises on purpose is a ``GatewayError`` or, in the core,
+a ``DomainError``.
 
     GatewayError                  500 internal_error
     ├── ConfigError               a config, cluster, GPU catalogue or trace file is invalid (names file and field)
-    ├── ListenError               a server cannot listen on its address (a port in use): names host and port
-    ├── UnknownNameError          400: an unknown policy, GPU, model or workload name was asked for
-    ├── BadRequest                400 invalid_request_error: a caller's input is invalid
-    │   ├── Unprocessable         422: well-formed but invalid (a field, a limit, a DAG: ``core.dag.DagError``,
-    │   │                         a deadline outside the tenant's range: ``live.tenants.DeadlineOutOfRange``)
+    ├── ListenError               a server cannot listen on its address (names host and port)
+    ├── UnknownNameError          400: an unknown GPU, model, cluster or workload name
+    ├── BadRequest                400 invalid_request_error
+    │   ├── Unprocessable         422: well-formed but invalid (``live.tenants.DeadlineOutOfRange`` is one)
     │   ├── Unauthorized          401 authentication_error, ``WWW-Authenticate: Bearer``
-    │   ├── NotFound              404 not_found_error (an unknown model or database)
-    │   └── PayloadTooLarge       413: a request body over the limit
-    ├── ServiceUnavailable        503 service_unavailable with ``Retry-After`` (starting)
-    ├── Rejected                  admission refused a workflow (429 over a limit, 503 overloaded), ``Retry-After``
-    ├── UpstreamError             a workflow failed on a worker: the worker's 4xx passed through, else 502/503/504
-    ├── CallFailed                a call could not be completed (its ``status``: 502 upstream, 503, 504, ...)
-    └── WorkerError               a worker failed a call (connection, timeout, 5xx): the pool retries elsewhere
+    │   ├── NotFound              404 not_found_error
+    │   └── PayloadTooLarge       413
+    ├── ServiceUnavailable        503 service_unavailable, ``Retry-After``
+    ├── Rejected                  admission refused a workflow (429 or 503), ``Retry-After``
+    ├── UpstreamError             a workflow failed on a worker: its 4xx passed through, else 502/503/504
+    ├── CallFailed                a call could not be completed (its ``status``)
+    └── WorkerError               a worker failed a call: the pool retries elsewhere
 
-    DomainError                   what happened, in the core's terms: no HTTP status (the live edge maps it,
-    │                             ``gateway.live.httperrors``, to the answer a client gets)
-    ├── NoEligibleWorker          every worker is down or draining (raised by ``core.scheduler``): 503
-    └── core.admission.AdmissionRefused   a workflow not admitted: predicted to miss (429), a deadline too short
-                                  (422), no worker can run it (503); a shed workflow's error (503)
+    DomainError                   what happened in the core's terms, no HTTP status (``gateway.live.httperrors``
+    │                             maps each to its answer)
+    ├── NoEligibleWorker          every worker is down or draining: 503
+    ├── UnknownName               an unknown policy, dispatcher or queue discipline: 400
+    ├── core.dag.DagError         a node list that is not a DAG: 422 naming the field
+    └── core.admission.AdmissionRefused   not admitted: 429 predicted miss, 422 deadline too short, 503
 
-Each class knows the HTTP ``status`` and the OpenAI-style ``error_type`` it is answered with (and, where
-one applies, the ``param``, the ``headers`` and ``extra`` body fields), so the server renders every one of
-them with one handler, as ``error.response_body()``. Foreign exceptions (yaml, pydantic, json, aiohttp) are
-translated into these at the boundary where they occur, so the CLI can print one clear line and exit with
-status 2.
-"""
+A ``GatewayError`` knows its ``status``, OpenAI-style ``error_type``, ``param``, ``headers`` and ``extra`` body
+fields, so one handler renders them all (``response_body``). Foreign exceptions are translated where they occur,
+so the CLI prints one line and exits 2."""
 
 from __future__ import annotations
 
@@ -35,12 +33,8 @@ from typing import Any
 
 
 class GatewayError(Exception):
-    """Base class of every error the gateway raises on purpose.
-
-    Class attributes (instances may override them): ``status`` (HTTP), ``error_type`` (OpenAI-style
-    ``error.type``), ``param`` (the request field at fault), ``headers`` (e.g. ``Retry-After``) and
-    ``extra`` (body fields beside ``error``, e.g. the failed workflow's report).
-    """
+    """Base class of every error the gateway raises on purpose; class attributes ``status``, ``error_type``,
+    ``param``, ``headers`` and ``extra`` (body fields beside ``error``) may be overridden per instance."""
 
     status: int = 500
     error_type: str = "internal_error"
@@ -105,7 +99,12 @@ class UnknownNameError(GatewayError):
         self.what = what
         self.name = name
         self.known = sorted(known)
-        super().__init__(f"unknown {what} {name!r}; known: {', '.join(self.known)}" + (f". {hint}" if hint else ""))
+        super().__init__(unknown_name_message(what, name, self.known, hint))
+
+
+def unknown_name_message(what: str, name: str, known: list[str], hint: str = "") -> str:
+    """``unknown <what> '<name>'; known: a, b`` (``known`` sorted), then ``hint`` as a sentence."""
+    return f"unknown {what} {name!r}; known: {', '.join(sorted(known))}" + (f". {hint}" if hint else "")
 
 
 class BadRequest(GatewayError):
@@ -116,7 +115,7 @@ class BadRequest(GatewayError):
 
 
 class Unprocessable(BadRequest):
-    """A well-formed request that is invalid: a field's value, a limit, the shape of a DAG (422)."""
+    """A well-formed request that is invalid: a field's value, a limit (422)."""
 
     status = 422
 
@@ -159,11 +158,19 @@ class DomainError(Exception):
 
 
 class NoEligibleWorker(DomainError, RuntimeError):
-    """Every worker is marked ineligible (down or draining); the live edge answers 503, retry after a second.
+    """Every worker is marked ineligible (down or draining). Defined here, not in ``core.scheduler`` which raises
+    it: mypyc (the native build) cannot compile a class derived from a builtin exception."""
 
-    Defined here rather than in ``core.scheduler``, which raises it: mypyc compiles the scheduler (the
-    native build) and cannot compile a class derived from a builtin exception.
-    """
+
+class UnknownName(DomainError, LookupError):
+    """A name the core does not know was asked for (a policy, a dispatcher, a queue discipline); ``known``
+    lists the registered ones. The live edge answers 400."""
+
+    def __init__(self, what: str, name: str, known: list[str]) -> None:
+        self.what = what
+        self.name = name
+        self.known = sorted(known)
+        super().__init__(unknown_name_message(what, name, self.known))
 
 
 class Rejected(GatewayError):

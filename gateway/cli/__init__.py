@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from gateway import __version__
 from gateway.cli import calibrate, config, measure, plan, serve, sim, text2sql, tuner
 from gateway.cli.common import HelpFormatter, Subparsers, UsageError
-from gateway.errors import GatewayError
+from gateway.errors import DomainError, GatewayError
 
 __all__ = ["DESCRIPTION", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = getattr(args, "prog", "hexflow")
     try:
         return int(args.func(args))
-    except (GatewayError, UsageError) as exc:
+    except (GatewayError, DomainError, UsageError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

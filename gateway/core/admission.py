@@ -1,28 +1,9 @@
 """Admission, one implementation for both drivers: admit, commit work, re-check, shed, demote, expire.
 
-The live gateway (``gateway.live.service``) and the simulator (``gateway.sim.simulator``) both run a workflow's
-life through an ``Admitter`` on their scheduler:
-
-    arrival       -> ``admit(now, plan, deadline_s, ...)``: the predicted completion (``gateway.core.predict``:
-                     the queue ahead on the workers it would use, its critical path, the work committed by
-                     admitted workflows) against ``headroom`` x its deadline. Admitted: an ``Admission`` token
-                     that owns the cluster seconds of work the workflow will submit (committed from now on, so
-                     the next admission counts it). Predicted to miss: ``PredictedMiss`` (retry after the
-                     seconds until the backlog would have drained enough), or a best-effort token when the
-                     tenant runs such work at the lowest urgency; a deadline shorter than the workflow takes on
-                     idle workers: ``DeadlineTooShort`` whatever the tenant says; no worker: ``NoWorkerCanRun``.
-    start         -> ``take(wf, token)``: the workflow takes the committed seconds over.
-    each call     -> ``submitted(wf, spec, now)``: submitted work is in the queues, no longer committed.
-    periodically  -> ``overdue(now, pending, ...)``: a workflow with a queued call predicted past its deadline
-                     is shed or demoted to best effort; a best-effort one older than ``best_effort_max_age``
-                     times its deadline is expired (shed whether or not it runs). The driver applies the
-                     verdicts (cancels the calls, answers the client).
-    end           -> ``ended(wf, latency_s)``: what is left of its commitment is released, and its latency
-                     against admission's forecast calibrates later admissions (``QueueCalibration``).
-
-Pure: no clock reads, no I/O; ``now`` is an argument. Refusals are domain errors (``AdmissionRefused``), with no
-HTTP status: the live edge maps them (``gateway.live.httperrors``).
-"""
+A workflow's life through an ``Admitter``: ``admit`` (the predicted completion against ``headroom`` x its
+deadline: an ``Admission`` token owning the work it commits, or ``AdmissionRefused``), ``take`` at start,
+``submitted`` per call, ``overdue`` periodically (shed, demote or expire: verdicts the driver applies), ``ended``
+(release, calibrate). Pure: ``now`` is an argument; refusals are domain errors the live edge maps to HTTP."""
 
 from __future__ import annotations
 
@@ -40,7 +21,7 @@ from gateway.core.predict import (
     ThroughputMeter,
     cluster_call_time,
 )
-from gateway.core.queues import DEADLINE_ORDERED
+from gateway.core.queues import QUEUES
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import Call, CallSpec, OnlineWorkflow, Workflow
 from gateway.errors import DomainError
@@ -60,9 +41,8 @@ __all__ = [
 ]
 
 ADMISSION_HEADROOM = 0.9
-"""The default share of a deadline a predicted completion must fit in (``admission.headroom``): the margin
-absorbs what the estimates do not see yet (a batch growing slower as admitted work arrives, the estimator's
-lag)."""
+"""The default share of a deadline a predicted completion must fit in (``admission.headroom``): the margin absorbs what
+the estimates do not see yet (a batch growing slower as admitted work arrives, the estimator's lag)."""
 SHED_PERIOD_S = 0.2
 """How often a driver re-checks admitted workflows (``Admitter.overdue``), in its clock's seconds."""
 RETRY_TOLERANCE_S = 0.05
@@ -96,10 +76,8 @@ class PredictedMiss(AdmissionRefused):
 
 
 class DeadlineTooShort(AdmissionRefused):
-    """A deadline no wait can meet: the workflow takes longer than it even on idle workers.
-
-    ``min_deadline_s``: the shortest deadline that could be admitted on idle workers (rounded up to two
-    significant figures), so a client can ask again with it instead of retrying the same request."""
+    """A deadline no wait can meet (the workflow takes longer even on idle workers); ``min_deadline_s``: the
+    shortest that could be admitted (two significant figures, rounded up), for the client to ask again with."""
 
     def __init__(self, deadline_s: float, path_s: float, headroom: float) -> None:
         shortest = round_up(path_s / headroom)
@@ -123,16 +101,11 @@ class NoWorkerCanRun(AdmissionRefused):
 
 
 class Admission:
-    """A workflow admitted: hand it on to the workflow, which takes it over (``Admitter.take``).
+    """A workflow admitted: a token owning the cluster seconds it commits (``work_s``) until its workflow takes
+    them over (``Admitter.take``); a request that ends before that hands them back with ``release`` (idempotent).
 
-    ``best_effort``: predicted to miss, run at the lowest urgency instead of refused. ``work_s``: the cluster
-    seconds of work it is expected to submit (``CompletionPredictor.plan_work``), committed from admission on.
-    ``plan``: the question's prediction (Text-to-SQL), which its workflow is watched with. ``predicted_s`` and
-    ``critical_s``: what admission predicted it would take and its critical path (nan: not predicted).
-
-    The token owns its committed seconds until a workflow takes them over (``take``); a request that ends before
-    that (a failure between admission and the workflow's start, a client gone) hands them back with ``release``
-    (idempotent; after ``take`` it does nothing), so nothing stays committed for work that will never come.
+    ``best_effort``: a predicted miss run at the lowest urgency. ``plan``: the question's prediction
+    (Text-to-SQL). ``predicted_s``, ``critical_s``: admission's prediction and critical path (nan: none).
     """
 
     __slots__ = ("_owner", "_state", "best_effort", "critical_s", "plan", "predicted_s", "work_s")
@@ -176,12 +149,9 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class ShedVerdict:
-    """What the overload re-check decided for one workflow.
-
-    ``action``: ``shed`` (predicted to finish ``overshoot_s`` after its deadline; its calls are cancelled, its
-    client told to retry after ``retry_after_s``), ``demote`` (run at the lowest urgency from now on: its
-    ``queued`` calls move to the best-effort lane) or ``expire`` (a best-effort workflow older than
-    ``best_effort_max_age`` times its deadline: shed whether or not it runs)."""
+    """What the overload re-check decided for one workflow: ``shed`` (predicted ``overshoot_s`` late: cancel, retry
+    after ``retry_after_s``), ``demote`` (its ``queued`` calls move to the best-effort lane) or ``expire`` (a
+    best-effort workflow older than ``best_effort_max_age`` x its deadline)."""
 
     wf: Workflow
     action: Literal["shed", "demote", "expire"]
@@ -202,19 +172,15 @@ class Admitter:
     """Admission and the work it committed, on one scheduler (one per driver).
 
     Args:
-        scheduler: the scheduler whose state predictions read (never changed).
+        scheduler: the scheduler predictions read (never changed).
         headroom: a predicted completion must fit in this share of the deadline.
-        sustainable_share: the share of the engines' full-batch throughput the work ahead is forecast at
-            (scaled up by what the cluster was seen to complete: ``efficiency``).
-        best_effort_max_age: a best-effort workflow unfinished this many times its deadline after it arrived is
-            expired (None: never).
-        retry_after: compute how long a refused workflow should wait (``PredictedMiss.wait_s``, its client's
-            ``Retry-After``); False: only whether a wait could do (the simulator, which answers no client).
-        lenient_start: until the forecast has been checked against what admitted work took
-            (``QueueCalibration.verified``), refuse only what cannot make it even at the cluster's full throughput
-            with nothing queued after its first stage (the live gateway: a refusal on an unchecked guess would be
-            wrong as often as the guess is). False: judge with the forecast from the first arrival (the steady
-            state of a gateway that has run a while, which the simulator's benches measure).
+        sustainable_share: the share of the full-batch throughput the work ahead is forecast at (raised by what
+            the cluster was seen to complete: ``efficiency``).
+        best_effort_max_age: a best-effort workflow unfinished this many deadlines after arrival is expired.
+        retry_after: compute a refused workflow's ``Retry-After`` (False: the simulator, which answers no client).
+        lenient_start: until the forecast is ``QueueCalibration.verified``, refuse only what cannot make it at
+            full throughput with nothing queued after its first stage (the live gateway). False: judge with the
+            forecast from the first arrival (the steady state the simulator's benches measure).
     """
 
     def __init__(
@@ -268,16 +234,12 @@ class Admitter:
         best_effort_on_miss: bool = False,
         question: QuestionPlan | None = None,
     ) -> Admission:
-        """Admit a workflow of ``plan`` arriving at ``now`` with ``deadline_s`` (None: no deadline check), or
-        raise ``AdmissionRefused``.
-
-        ``checked``: its deadline is checked (the tenant has predictive admission and the plan rests on an
-        observation of the model); unchecked, its work is committed all the same. ``best_effort_on_miss``: a
-        predicted miss is admitted at the lowest urgency (a token with ``best_effort``, committing nothing: it
-        delays nobody) instead of refused. ``question``: the Text-to-SQL prediction, handed on to the workflow.
-        """
+        """Admit a workflow of ``plan`` arriving at ``now`` with ``deadline_s`` (None: no check), or raise
+        ``AdmissionRefused``. ``checked``: the deadline is checked (unchecked work is committed all the same);
+        ``best_effort_on_miss``: a predicted miss gets a best-effort token (committing nothing) instead of a
+        refusal; ``question``: the Text-to-SQL prediction, handed on to the workflow."""
         sched = self.scheduler
-        ordered = deadline_s is not None and sched.policy.queue in DEADLINE_ORDERED
+        ordered = deadline_s is not None and QUEUES[sched.policy.queue].deadline_ordered
         due = now + (deadline_s or 0.0)
         after = sched.queued_due_after(due) if ordered else None
         pred = CompletionPredictor(
@@ -417,14 +379,10 @@ class Admitter:
         plans: Mapping[Workflow, QuestionPlan] | None = None,
         skip: Collection[Workflow] = (),
     ) -> list[ShedVerdict]:
-        """Re-check every admitted workflow with pending calls (``pending``; ``skip``: already shed).
-
-        One with a queued call predicted to finish after its deadline is shed or demoted as ``rule`` says; one
-        whose calls are all in flight is never touched, except a best-effort one past ``best_effort_max_age``
-        times its deadline, which is expired. The prediction is optimistic after the queued calls (later stages
-        meet no queue): shedding cannot be undone. A Text-to-SQL workflow is predicted as admission predicted it:
-        the question's ``plans`` at their floor. Demoted workflows are best effort from now on.
-        """
+        """Re-check every admitted workflow with pending calls (``skip``: already shed): one with a queued call
+        predicted past its deadline is shed or demoted as ``rule`` says (optimistically: later stages meet no
+        queue, since shedding cannot be undone; a question at its ``plans``' floor); one with every call in
+        flight only expires (best effort past ``best_effort_max_age``)."""
         pred: CompletionPredictor | None = None
         out: list[ShedVerdict] = []
         max_age = self.best_effort_max_age

@@ -1,18 +1,8 @@
 """Explicit DAG workflows: every call and its dependencies are given up front (``POST /v1/workflows``).
 
-A node becomes ready when all the nodes it depends on have finished; the nodes released by one
-completion (or at start) form one *stage* for budgeting. Stage budgets need the expected cost of what
-follows the current stage, and a DAG workflow offers two sources for it:
-
-* ``template=None``: the DAG itself. The expected remaining cost is the longest path (by reference
-  cost) through the nodes not yet released, so a chain of stages is budgeted exactly.
-* ``template=<WorkflowTemplate>``: the template's expectation, as for a ``StagedWorkflow``. Trace replay
-  uses this so that the live gateway budgets a replayed CHESS query exactly as the simulator does
-  (a DAG that is a chain of stages then behaves identically to the ``StagedWorkflow`` of those stages).
-
-``DagWorkflow.validate`` reports the first problem of a node list (dangling dependency, self-loop,
-cycle, duplicate id) as a ``DagError`` naming the node, so the API can answer 422.
-"""
+The nodes released by one completion form a stage. The remaining cost for stage budgets is the longest path
+through unreleased nodes (``template=None``) or a template's expectation (trace replay, so a chain of stages
+budgets as the simulator's ``StagedWorkflow``). ``validate_nodes`` raises ``DagError`` naming the first problem."""
 
 from __future__ import annotations
 
@@ -21,15 +11,16 @@ from dataclasses import dataclass, field
 
 from gateway.core.prefix import PrefixSeg
 from gateway.core.workflow import CallSpec, CostFn, TemplateCursor, Workflow, WorkflowTemplate
-from gateway.errors import Unprocessable
+from gateway.errors import DomainError
 
 
-class DagError(Unprocessable, ValueError):
-    """A node list is not a DAG (cycle, dangling or duplicate id): a 422 whose ``param`` names the field at
-    fault (``calls``, ``calls.3.depends_on``) and whose message starts with it."""
+class DagError(DomainError, ValueError):
+    """A node list is not a DAG (cycle, dangling or duplicate id); ``param`` names the field at fault
+    (``calls``, ``calls.3.depends_on``) and the message starts with it (the live edge answers 422)."""
 
     def __init__(self, param: str, problem: str) -> None:
-        super().__init__(f"{param}: {problem}", param=param)
+        super().__init__(f"{param}: {problem}")
+        self.param = param
 
 
 @dataclass(frozen=True)

@@ -1,34 +1,8 @@
 """Deadline-aware degradation: do less work for a question when its deadline cannot be met otherwise.
 
-Dispatch and queue order cannot save a workflow admitted into a burst: it waits behind the burst whatever
-the order. What can is running fewer calls. The CHESS pipeline has the knobs (``Knobs``): how many SQL
-candidates run in parallel, how many ``revise`` rounds a candidate may take, and whether unit tests are
-generated and the candidates evaluated (pointless with one candidate left, so off with it).
-
-The policy (``Degrader``), per workflow, at arrival and again at every stage boundary:
-
-    slack(k) = time left to the deadline - predicted remaining duration with knobs k
-
-It keeps the fullest setting still open while its slack is >= 0: work is cut only when the deadline needs
-it, never because the quality model measured no gain from it, so steady load below capacity degrades
-nothing. Once the fullest does not fit, the *most accurate* setting whose slack is >= 0 (``QualityModel``:
-measured accuracy per setting), and among equally accurate ones the fastest: a workflow that degrades
-anyway gives back every second that costs it no accuracy, to the others in the burst. When no setting
-fits, the floor (the fastest setting, which still gives an answer): it is the workflow's best chance and
-the cheapest for everyone else in the burst. Knobs already spent
-stay spent (candidates generated, rounds run); the others are re-decided at each boundary, up as well as
-down.
-
-The prediction is the scheduler's (``gateway.core.predict.CompletionPredictor``: the critical path of the
-remaining template stages on the workers each call would get, behind today's queues), for the plan
-``knob_plan`` derives from the workflow's template under the knobs. The live pipeline and the simulator
-both ask the same function with the same plan, so degradation is replayed exactly as it runs.
-
-Tenants choose a ``QualityMode``: ``full`` (never degrade), ``adaptive`` (the policy above) or ``fast``
-(always the floor).
-
-Pure: no clock, no I/O; time and predictions are arguments.
-"""
+``Degrader`` picks the CHESS pipeline's knobs (``Knobs``) at arrival and each stage boundary from the slack
+``CompletionPredictor`` gives for ``knob_plan`` (docs/architecture.md, "Degradation and question shapes").
+Tenants choose a ``QualityMode``. Pure: time and predictions are arguments."""
 
 from __future__ import annotations
 
@@ -189,15 +163,9 @@ def knob_plan(
     rounds_done: int = 0,
     full_candidates: int | None = None,
 ) -> tuple[StagePlan, ...]:
-    """The stages ``template`` still expects after round ``rounds_done`` of phase ``phase`` (-1: all),
-    with ``knobs`` applied.
-
-    The candidate phase runs ``knobs.candidates`` calls; the revise phase at most ``knobs.max_revisions``
-    rounds in all (its expected rounds capped); unit-test generation and evaluation are dropped when
-    ``knobs.evaluate`` is off, and evaluation's width scales with the candidates (one evaluation per
-    candidate and unit test in CHESS: the template's width is for ``full_candidates``, default the
-    candidate phase's width).
-    """
+    """The stages ``template`` still expects after round ``rounds_done`` of phase ``phase`` (-1: all) under
+    ``knobs``: ``candidates`` calls, at most ``max_revisions`` revise rounds, no unit tests or evaluation without
+    ``evaluate``; evaluation's width scales with the candidates (the template's is for ``full_candidates``)."""
     width_of = {p.kind: p.width for p in template.phases}
     base_k = full_candidates if full_candidates is not None else width_of.get(CANDIDATE, knobs.candidates)
     out: list[StagePlan] = []
@@ -227,7 +195,7 @@ def knob_plan(
 
 @dataclass(frozen=True)
 class Degrader:
-    """The degradation policy of one tenant (see the module docstring).
+    """The degradation policy of one tenant (docs/architecture.md, "Degradation and question shapes").
 
     Args:
         mode: ``full``, ``adaptive`` or ``fast``.
@@ -319,15 +287,11 @@ def quality_from_rows(rows: Iterable[tuple[int, int, bool, float]], source: str 
 
 @dataclass(frozen=True)
 class QuestionPlan:
-    """The one prediction of a question: what every decision about it (admission, stage budgets, the overload
-    re-check, shedding, demotion, degradation) predicts it with.
+    """The one prediction of a question, used by admission, budgets, the re-check and degradation.
 
-    ``template``: the stages the pipeline will run for the question's database, fitted to what its questions
-    cost (``gateway.core.shapes``); ``full``: the pipeline's full-quality knobs; ``floor``: the least work the
-    tenant's quality mode may run (``full`` for a tenant that never degrades: it runs ``full``, so it is
-    predicted at it); ``source``: where the template's figures come from, in words (``/v1/status`` shows it);
-    ``observed``: its figures rest on what the model was seen to do (False before it answered anything: the
-    output lengths are a guess, and no question is refused on a guess).
+    ``template``: its stages, fitted to what its database's questions cost (``gateway.core.shapes``); ``full``
+    and ``floor``: the knobs the tenant's quality mode ranges over; ``source``: where the figures come from (shown
+    by ``/v1/status``); ``observed``: False before the model answered anything (no question is refused on a guess).
     """
 
     template: WorkflowTemplate

@@ -1,22 +1,8 @@
 """Per-worker load accounting and online correction of the latency model (``latency.py``).
 
-The ``Estimator`` answers ``t_comp(call, worker)`` (a call's own time once its prompt is up, in the batch it
-would join), ``t_queue(worker)`` (the wait before its prompt is processed), ``gpu_s`` (what it costs the
-worker's throughput) and the lone-request latency (``base_latency``, the unit of stage budgets). Every
-formula is ``LatencyModel``'s (one model per distinct profile); the estimator keeps what the model reads:
-
-* the load of each worker (``WorkerLoad``): the scheduler reports every transition (``enqueue``, ``dequeue``,
-  ``start``, ``release``), so the state is a handful of running sums and ``t_queue`` is O(1). The engine's
-  prefill clock ``prefill_free_at`` is advanced by each call sent to the worker by that call's prefill
-  time, from ``max(clock, now)``;
-* the observed/predicted ratio per (worker, stage kind), an exponentially weighted moving average that
-  multiplies ``t_comp``. It absorbs what the model does not know (prompts of later calls that stall this
-  call's decode, a GPU slower than its datasheet, another model build); it carries the time of its last
-  update and reads as unknown (1.0) once older than ``max_age_s``.
-
-An idle worker has ``t_queue`` 0, and both estimates grow smoothly with load, so the dispatch scores stay
-well defined (see ``dispatch.py``).
-"""
+The ``Estimator`` answers ``t_comp``, ``t_queue``, ``gpu_s`` and ``base_latency`` with ``LatencyModel``'s
+formulas; it keeps each worker's load (``WorkerLoad``: running sums the scheduler updates on every transition)
+and the observed/predicted ratio per (worker, kind), an EWMA forgotten after ``max_age_s``."""
 
 from __future__ import annotations
 
@@ -42,11 +28,8 @@ class Ratio:
 class Estimator:
     """Per-worker latency estimates with online correction.
 
-    The estimator holds the workers' descriptions (``workers``, by index): the profile and the capacity
-    are read from there, and nowhere else (``Scheduler.workers`` is this list).
-
     Args:
-        workers: the workers, by worker index (profile and in-flight limit of each).
+        workers: the workers by index, the one place profiles and capacities are read (``Scheduler.workers``).
         ewma: weight of a new observation in the ratio.
         max_age_s: a ratio older than this reads as unknown.
         clamp: observed/predicted ratios are clamped to [1/clamp, clamp] so one outlier (a request that
@@ -81,11 +64,8 @@ class Estimator:
             self._index_worker(w)
 
     def _index_worker(self, worker: int) -> None:
-        """(Re)build the profile group of slot ``worker`` and its load's capacity and batch limit from ``workers``.
-
-        A group no worker uses any more (its last worker changed profile: a refit) is given to the next
-        new profile, so the groups stay as many as the distinct profiles ever held at once.
-        """
+        """(Re)build the profile group of slot ``worker`` and its load's capacity and batch limit; a group no
+        worker uses any more is reused by the next new profile."""
         info = self.workers[worker]
         p = info.profile
         g = next((i for i, m in enumerate(self._models) if m.profile == p), -1)
@@ -135,12 +115,8 @@ class Estimator:
         self._index_worker(worker)
 
     def set_profile(self, worker: int, profile: PerfProfile, source: str) -> None:
-        """Give a worker new profile constants (a refit): a new ``WorkerInfo``; its load is kept.
-
-        The worker's learned ratios restart: they measured what the old profile missed. Calls already
-        queued or in flight keep the predictions they were given (each carries its own), so the running
-        sums stay consistent.
-        """
+        """Give a worker new profile constants (a refit): a new ``WorkerInfo``; its load is kept, its ratios
+        restart (they measured what the old profile missed), and queued or in-flight calls keep their predictions."""
         self.workers[worker] = replace(self.workers[worker], profile=profile, profile_source=source)
         self._forget_ratios(worker)
         self._index_worker(worker)
@@ -152,11 +128,8 @@ class Estimator:
         return self._models[self._group[worker]].lone_s(input_tokens, output_tokens)
 
     def mean_base_latency(self, workers: Sequence[int], input_tokens: int, output_tokens: int) -> float:
-        """Mean of ``base_latency`` over ``workers`` (0.0 for none): the reference cost of stage budgets.
-
-        Computed once per distinct profile, then summed in the order of ``workers`` (the same sum, term
-        by term, as adding ``base_latency`` worker by worker).
-        """
+        """Mean of ``base_latency`` over ``workers`` (0.0 for none): the reference cost of stage budgets (summed in
+        the order of ``workers``, the same floats as adding worker by worker)."""
         return self.mean_base_latency_runs(self.group_runs(workers), input_tokens, output_tokens)
 
     def group_runs(self, workers: Sequence[int]) -> list[tuple[int, int]]:
@@ -276,13 +249,8 @@ class Estimator:
     def queue_view(
         self, workers: Sequence[int], now: float, after: Sequence[tuple[int, float, float, float]] | None = None
     ) -> tuple[list[float], list[float]]:
-        """``t_queue`` and ``backlog_s`` of each of ``workers`` at ``now``, in one pass (a completion prediction's
-        snapshot of the cluster, taken at every admission).
-
-        ``after`` (one entry per worker of ``workers``): the (calls, prefill seconds, engine seconds, ``t_comp``
-        seconds) of the queued calls that a new call would go before (a deadline-ordered queue serves work due
-        later after it): left out of what is ahead of it.
-        """
+        """``t_queue`` and ``backlog_s`` of each of ``workers`` at ``now``, in one pass. ``after`` (per worker): the
+        (calls, prefill s, engine s, ``t_comp`` s) of queued work a new call would go before, left out."""
         t_queue: list[float] = []
         backlog: list[float] = []
         loads = self.loads
@@ -305,15 +273,8 @@ class Estimator:
         return t_queue, backlog
 
     def harm(self, worker: int, input_tokens: int) -> float:
-        """Seconds of delay a call's prompt would impose on the calls in flight on ``worker``.
-
-        Chunked prefill runs a prompt's chunks inside the iterations every running call waits for, so
-        each call in flight is stalled for about the prompt's prefill time: the sum over them is
-        ``prefill * inflight``, from the profile (the online ratio is left out: it measures how much the
-        calls' decode stretches under load, and a prompt's own prefill barely does). Earliest-finish
-        placement ignores it; it is why a long prompt sent to a worker full of decoding calls costs the
-        cluster more than its own latency.
-        """
+        """Seconds of delay a call's prompt would impose on the calls in flight on ``worker``: chunked prefill
+        stalls each of them for about its prefill, so ``prefill * inflight`` (from the profile, no ratio)."""
         n = self.loads[worker].inflight
         if not n:
             return 0.0
@@ -328,12 +289,8 @@ class Estimator:
         now: float,
         cached: Sequence[int] | None = None,
     ) -> tuple[list[float], list[float], list[float], list[int]]:
-        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of each of ``workers``: everything a dispatch view
-        needs, in one pass.
-
-        ``cached`` (aligned with ``workers``): prompt tokens each worker is expected to have cached; only the
-        rest count as prefill (in ``t_comp`` and ``harm``). ``workers`` are distinct (``scan``'s rows, as lists).
-        """
+        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of each of (distinct) ``workers``, as lists;
+        ``cached``: prompt tokens each worker is expected to hold, left out of the prefill."""
         ws: list[int] = workers if isinstance(workers, list) else list(workers)
         n_ws = len(ws)
         rows = self.rows
@@ -372,15 +329,9 @@ class Estimator:
         *,
         credited: bool = False,
     ) -> float:
-        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of a call on each of ``workers``, written into
-        their ``rows``; returns the least ``t_comp`` (infinity for no workers). ``workers`` are distinct (a row
-        per worker).
-
-        ``credited``: each row's ``credit`` holds the prompt tokens that worker is expected to have cached, and
-        only the rest count as prefill (in ``t_comp`` and ``harm``); otherwise the whole prompt does. The dispatch
-        hot path: it runs once per worker for every call (the model's methods are native calls in the compiled
-        build).
-        """
+        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of a call on each of (distinct) ``workers``,
+        written into their ``rows``; returns the least ``t_comp`` (inf for none). ``credited``: each row's
+        ``credit`` (cached prompt tokens) is left out of the prefill. The dispatch hot path."""
         extra = mean_context(input_tokens, output_tokens)
         out = decode_steps(output_tokens)
         models = self._models
@@ -460,11 +411,8 @@ class Estimator:
             load.queued_gpu_s = 0.0
 
     def start(self, call: Call, worker: int, now: float) -> None:
-        """``call`` was sent to ``worker`` at ``now``: its prompt joins the engine's prefill clock.
-
-        Its predicted time on the worker (``call.service_s``: the engine wait for the prompts ahead of
-        it plus its own time in the batch it joins) is what ``observe`` compares the observed time with.
-        """
+        """``call`` was sent to ``worker`` at ``now``: its prompt joins the prefill clock, and ``call.service_s``
+        (the wait for the prompts ahead plus its own time) is what ``observe`` compares with."""
         load = self.loads[worker]
         s = call.spec
         r = self.ratio(worker, s.kind, now)
@@ -487,12 +435,8 @@ class Estimator:
             load.best_effort_inflight += 1
 
     def release(self, call: Call, worker: int, now: float | None = None) -> None:
-        """``call`` returned from ``worker`` (answered or failed) at ``now``: it leaves the batch.
-
-        With ``now``, the prefill clock is pulled back to at most the prompts still in flight from now: the
-        clock only ever adds predicted prefill times, so a worker faster than its profile (or a prompt cut
-        short) would otherwise leave it running ahead of the engine for as long as calls stay in flight.
-        """
+        """``call`` returned from ``worker`` (answered or failed) at ``now``: it leaves the batch, and the prefill
+        clock is pulled back to at most the prompts still in flight (it only ever adds predictions)."""
         load = self.loads[worker]
         s = call.spec
         load.inflight -= 1
@@ -519,13 +463,8 @@ class Estimator:
             load.prefill_free_at = min(load.prefill_free_at, now + load.inflight_prefill_s)
 
     def model_for_tokens(self, call: Call, tokens: tuple[int, int] | None) -> float:
-        """The load-aware prediction made when ``call`` was sent (``model_s``), for the (prompt, completion)
-        ``tokens`` it turned out to process (None: the expected ones of ``call.spec``).
-
-        The wait for the prompts ahead (``wait_s``) stays; the call's own time in its batch scales with the
-        profile's lone-request latencies of the tokens processed and expected (the batch slows every step of
-        the call alike). What a call is judged against (its worker's speed, the online ratio): a long answer
-        the model chose to write is the model's verbosity, not a slow worker."""
+        """The load-aware prediction made when ``call`` was sent (``model_s``), rescaled to the (prompt, completion)
+        ``tokens`` it processed (None: ``call.spec``'s): a long answer is the model's verbosity, not a slow worker."""
         model = call.model_s
         spec = call.spec
         if tokens is None or (tokens[0] == spec.input_tokens and tokens[1] == spec.output_tokens):
@@ -537,12 +476,8 @@ class Estimator:
         return wait + (model - wait) * (self.base_latency(call.worker, tokens[0], tokens[1]) / expected)
 
     def observe(self, call: Call, observed_s: float, now: float, tokens: tuple[int, int] | None = None) -> None:
-        """Fold one observed latency (sent to returned) into the (worker, kind) ratio.
-
-        The ratio compares with the load-aware prediction made when the call was sent (``service_s``),
-        uncorrected (``model_s``), for the tokens it processed (``tokens``, ``model_for_tokens``), so the ratio
-        converges to what the model misses about the worker, not about the length of the model's answers.
-        """
+        """Fold one observed latency (sent to returned) into the (worker, kind) ratio, against the uncorrected
+        prediction for the tokens it processed (``model_for_tokens``)."""
         worker = call.worker
         kind = call.spec.kind
         predicted = self.model_for_tokens(call, tokens)

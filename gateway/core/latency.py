@@ -1,32 +1,8 @@
 """The latency model: every estimate of how long a call takes on an engine, in one class.
 
-A vLLM engine runs iteration-level continuous batching with chunked prefill (``profile.py`` holds the
-constants and the lone engine's iteration time): prompt tokens are processed first come first served and
-do not get faster with batch size (prefill is compute-bound), while decode advances every running call by
-one token per iteration, so the decodes of many calls overlap and each iteration gets slower as the batch
-and its contexts grow. ``LatencyModel`` (one per distinct ``PerfProfile``) turns that into:
-
-* ``prefill_s``: engine seconds to take a prompt in and process it alone (``admit_s`` plus
-  ``PerfProfile.prefill_time``); a prompt whose first tokens are cached counts its uncached tokens alone.
-* ``lone_s``: a lone request's latency as a caller sees it (``PerfProfile.single_latency``).
-* ``compute_s``: a call's own time once its prompt is up, in the batch it joins (the calls in flight plus
-  itself, at most the worker's batch limit, with their mean contexts): overhead, prefill, then ``output - 1``
-  decode steps (``step_s``).
-* ``queue_s``: how long a call sent now waits before its own prompt is processed: the engine's prefill
-  clock and the prefill of the calls queued ahead, or, when no slot is free for it, the time until enough
-  calls in flight return (the mean remaining time of the work ahead, ``capacity`` slots freeing at once).
-* ``gpu_s``: the engine seconds a call costs others when the worker runs a full batch (its prefill, its
-  decode tokens, and its share of each step's fixed cost); its reciprocal is the full-batch rate.
-* ``under_load_s``: a prediction made again knowing the load a call ran under (prompts that joined while
-  it decoded, and the larger batch).
-* ``sample_terms``: a completed call's predicted latency as coefficients of the profile's constants (the
-  same formulas, linear in them), for the profile refit.
-
-The ``Estimator`` (``estimates.py``) keeps the load accounting (``WorkerLoad``, per worker) and the online
-ratios, and asks this model for every number; the live pool's outlier check, the refit's samples and the
-simulator's dispatch go through the same methods. To change how a call's compute time is estimated, edit
-this module (and ``PerfProfile`` for the lone engine's iteration, prefill and decode times).
-"""
+``LatencyModel`` (one per distinct ``PerfProfile``) gives ``prefill_s``, ``lone_s``, ``compute_s``, ``queue_s``,
+``gpu_s``, ``under_load_s`` and ``sample_terms`` (docs/architecture.md, "The latency model"). To change how a
+call's compute time is estimated, edit this module (and ``PerfProfile`` for the lone engine)."""
 
 from __future__ import annotations
 
@@ -55,11 +31,9 @@ class WorkerLoad:
         inflight_gpu_s: the same for the calls in flight, from their start.
         prefill_free_at: when the engine is predicted to finish the prompts of the calls in flight.
         inflight_kv: KV-cache tokens the calls in flight reserve (``input + output`` each).
-        best_effort_queued: best-effort calls in the worker's queue (its lane behind every other call). They
-            are in none of the queued sums above: they delay no other call (``queues.LanedQueue``), so no
-            estimate of another call's wait counts them.
-        best_effort_inflight: best-effort calls among those in flight (counted in the in-flight sums too:
-            they hold slots and share the engine's batches).
+        best_effort_queued: best-effort calls in the worker's queue (in none of the queued sums: they delay
+            no other call).
+        best_effort_inflight: best-effort calls among those in flight (in the in-flight sums too).
         capacity: the worker's concurrent-call count (``WorkerInfo.capacity``), set by the ``Estimator``.
         limit: its batch limit, ``LatencyModel.batch_limit(capacity)``, set with it.
     """
@@ -82,11 +56,8 @@ class WorkerLoad:
     limit: int = 1
 
     def outstanding(self, now: float) -> float:
-        """Predicted seconds of work left on the worker: queued ``t_comp`` plus in-flight remainder.
-
-        Calls past their predicted return still hold their slots: the in-flight remainder is at least
-        10% of their predicted time, so a busy worker never reads as idle.
-        """
+        """Predicted seconds of work left on the worker: queued ``t_comp`` plus the in-flight remainder (at least
+        10% of their predicted time: calls past their predicted return still hold slots)."""
         if not self.inflight:
             return self.queued_work
         rem = self.inflight_end_sum - self.inflight * now
@@ -111,12 +82,8 @@ def prefill_token_s(profile: PerfProfile) -> float:
 
 
 class LatencyModel:
-    """The latency estimates of one engine profile, its constants read once (plain floats, no lookups).
-
-    A worker's capacity and batch limit (``batch_limit``: its in-flight cap, at most ``max_num_seqs``) are
-    the worker's, read from its ``WorkerLoad``; everything else is the profile's. Lone latencies and prefill
-    times are memoised by token count (a cluster of many engines has a handful of profiles).
-    """
+    """The latency estimates of one engine profile, its constants read once as plain floats; capacity and batch
+    limit come from the worker's ``WorkerLoad``. Lone latencies and prefill times are memoised by token count."""
 
     __slots__ = ("_lone", "_prefill", "base", "ctx_s", "overhead", "profile", "tok")
 
@@ -185,15 +152,9 @@ class LatencyModel:
         return self.overhead + prefill_s + steps * (self.base + self.tok * n + self.ctx_s * ctx)
 
     def queue_s(self, load: WorkerLoad, now: float, queued: int, queued_prefill_s: float, later_work: float) -> float:
-        """The wait of a call sent now before its prompt is processed (seconds), behind ``queued`` calls of
-        ``queued_prefill_s`` prefill seconds in the worker's queue.
-
-        The later of two: the prompts ahead of it are done (the engine's prefill clock plus the prefill of
-        the calls queued ahead), and it holds a slot. Slots free at ``capacity`` calls per mean remaining time
-        of the calls ahead, so the slot wait is ``behind * mean_remaining / capacity`` with ``behind`` the
-        returns needed before a slot is left for this call. ``later_work``: predicted seconds of queued work
-        that the call goes before (left out of the work ahead of it).
-        """
+        """The wait of a call sent now before its prompt is processed, behind ``queued`` calls of ``queued_prefill_s``:
+        the later of the prompts ahead being done (prefill clock plus queued prefill) and a free slot
+        (``behind * mean_remaining / capacity``). ``later_work``: queued seconds the call goes before."""
         wait = load.prefill_free_at - now
         if wait < 0.0:  # noqa: PLR1730 (hot path: no builtin call)
             wait = 0.0
@@ -231,14 +192,9 @@ class LatencyModel:
     def sample_terms(
         self, prefill_tokens: int, output_tokens: int, batch_n: int, batch_ctx: float, wait_tokens: float
     ) -> tuple[float, float, float, float, float, float, float]:
-        """A completed call's predicted latency (``compute_s`` plus its wait, the tokens ahead in the engine
-        prefilled in full chunks) as the coefficients of the profile's ``iter_base_s``, ``token_s``, ``ctx_s``,
-        ``request_overhead_s``, ``attn_s``, ``seq_s`` and ``admit_s``: the model is linear in them.
-
-        The prefill of ``p`` tokens in chunks is ``PerfProfile.prefill_time``'s: one ``iter_base_s`` per chunk,
-        ``token_s`` per token, ``ctx_s`` per context token already cached when each chunk runs, and ``attn_s``
-        per attention pair (``p (p + 1) / 2``).
-        """
+        """A completed call's predicted latency (``compute_s`` plus its wait) as coefficients of the profile's
+        ``iter_base_s``, ``token_s``, ``ctx_s``, ``request_overhead_s``, ``attn_s``, ``seq_s`` and ``admit_s`` (the
+        model is linear in them; prefill as ``PerfProfile.prefill_time`` counts it)."""
         chunk = self.profile.max_batched_tokens
         p = float(prefill_tokens)
         out = float(decode_steps(output_tokens))

@@ -1,50 +1,6 @@
-"""Named scheduling policies: a dispatcher plus a queue discipline, each standing for a real system.
-
-==========  ==========  ==========  ========  ======================================================
-policy      dispatcher  queue       role      stands for
-==========  ==========  ==========  ========  ======================================================
-hexgen      wbi         urgency     ours      HexGen-Flow: workload-balanced heterogeneity-aware
-                                              dispatch and urgency-driven per-worker queues with
-                                              stage budgets, plus interference-aware placement
-hexgen-     wb          urgency     ablation  the paper's method as published: ``hexgen`` without
-paper                                         interference-aware or prefix-aware placement
-hexgen-     wbi         urgency     ablation  ``hexgen`` blind to the prefix cache (its estimates count
-noprefix                                      every prompt token as prefill)
-wb-fcfs     wb          fcfs        ablation  the paper's ablation without the priority queue
-rr-pq       rr          urgency     ablation  the paper's ablation without the workload-balanced
-                                              dispatcher
-rr-fcfs     rr          fcfs        baseline  vLLM replicas behind a round-robin load balancer (the
-                                              paper's baseline)
-p2c-fcfs    p2c         fcfs        baseline  Ray Serve's power-of-two-choices request router
-lw-fcfs     lw          fcfs        baseline  least predicted outstanding work: AIBrix
-                                              least-busy-time, llm-d load-aware scorer
-eft-fcfs    eft         fcfs        baseline  earliest finish time (least ``t_queue + t_comp``), the
-                                              classic heterogeneous-cluster heuristic (HEFT)
-llf         lw          llf         baseline  least laxity first on the end-to-end deadline,
-                                              load-aware dispatch
-edf         lw          edf         baseline  earliest deadline first, load-aware dispatch
-vtc         lw          vtc         baseline  virtual token counter fair share across tenants
-                                              (Sheng et al.)
-llmd        llmd        fcfs        baseline  llm-d's inference scheduler, default profile:
-                                              prefix-cache (3), queue (2) and KV-cache utilisation
-                                              (2) scorers, highest weighted sum wins
-==========  ==========  ==========  ========  ======================================================
-
-``hexgen`` and ``llmd`` are prefix-aware: where the engines cache prompt prefixes (vLLM's default), the
-scheduler keeps an index of the prefixes it sent to each worker and their estimates count cached tokens
-out of a call's prefill, so WB's compute term itself prefers the worker that holds a call's prefix.
-
-The deadline-aware and fairness baselines use the load-aware dispatcher (``lw``) so that they are
-compared on their queue discipline, not handicapped by round-robin.
-
-``role`` is the one classification every report uses: a *baseline* is a system a user could deploy
-instead of ours, and "best baseline" is the best of these only; an *ablation* is ours with a part
-removed (reported, never counted as a baseline); *ours* is the system under test. A deployment runs ours or a
-baseline; an ablation only behind the explicit benchmark switch (``production_policy``).
-
-What a policy's dispatcher reads (alpha, queue lengths, KV use, the prefix index) its ``Capabilities`` say
-(``gateway.core.dispatchers``); the scheduler and the alpha tuner ask them.
-"""
+"""Named scheduling policies: a dispatcher plus a queue discipline, each standing for a real system, with a role
+(``ours``, ``baseline``, ``ablation``: docs/architecture.md, "Policies and the WB score"). An ablation runs
+only behind the benchmark switch (``production_policy``)."""
 
 from __future__ import annotations
 
@@ -53,7 +9,7 @@ from typing import Literal, get_args
 
 from gateway.core.dispatchers import Capabilities, get_dispatcher
 from gateway.core.queues import QUEUES
-from gateway.errors import UnknownNameError
+from gateway.errors import UnknownName
 
 Role = Literal["ours", "baseline", "ablation"]
 """What a policy is in a comparison (module docstring)."""
@@ -106,7 +62,7 @@ def register_policy(policy: Policy) -> None:
     if caps.prefix_index and not policy.prefix_aware:
         raise ValueError(f"policy {policy.name!r}: dispatcher {policy.dispatcher!r} reads the prefix index")
     if policy.queue not in QUEUES:
-        raise UnknownNameError("queue discipline", policy.queue, list(QUEUES))
+        raise UnknownName("queue discipline", policy.queue, list(QUEUES))
     POLICIES[policy.name] = policy
 
 
@@ -116,17 +72,17 @@ def policies_with_role(role: Role) -> list[str]:
 
 
 def get_policy(name: str) -> Policy:
-    """The registered policy ``name``; unknown names raise ``UnknownNameError``."""
+    """The registered policy ``name``; unknown names raise ``UnknownName``."""
     try:
         return POLICIES[name]
     except KeyError:
-        raise UnknownNameError("policy", name, list(POLICIES)) from None
+        raise UnknownName("policy", name, list(POLICIES)) from None
 
 
 def production_policy(name: str, *, benchmark: bool = False) -> Policy:
     """The registered policy ``name`` if a deployment may run it: roles ``ours`` and ``baseline``
     (``PRODUCTION_ROLES``); an ablation only with ``benchmark`` (the explicit benchmark switch). ``ValueError``
-    for an ablation without it, ``UnknownNameError`` for an unknown name."""
+    for an ablation without it, ``UnknownName`` for an unknown name."""
     policy = get_policy(name)
     if not benchmark and policy.role not in PRODUCTION_ROLES:
         allowed = [p.name for p in POLICIES.values() if p.role in PRODUCTION_ROLES]

@@ -1,62 +1,9 @@
 """Completion prediction: when would a workflow finish if it were admitted (or kept) now?
 
-Admission control, load shedding and (later) deadline-aware degradation and scheduling ask one question:
-given the cluster's state at ``now``, when will this workflow's remaining work be done? The answer here is
-the *critical path of the remaining stages on the workers each call would most likely get*:
-
-    stage time   = max over the stage's calls c of  min over eligible workers w of (q(w) + t_comp(c, w))
-    completion   = now + sum over remaining stages s (in order) of rounds(s) x stage time(s)
-
-``t_comp`` and ``t_queue`` come from the scheduler's estimator (its public methods only: ``t_queue(w, now)``
-and ``t_comp(w, kind, in, out, now)``), so the prediction follows the estimator as it learns (online
-correction of profiles, and its model of vLLM's batching). Parallel calls of one stage contend: each call
-after the first waits for the prompts of its siblings already placed on a worker (``prefill_s``: prompts
-are processed one after another, decodes share the batch).
-
-The queue term ``q(w)``:
-
-* the first remaining stage waits behind the work queued now: ``q(w) = t_queue(w, now)``;
-* later stages start when the earlier ones finish, when the queue will be different: ``q(w) =
-  later_queue_weight x t_queue(w, now)``. The default weight is 1, the *stationary* forecast: each later
-  stage waits as long as a stage would wait now. Under sustained load the backlog does not drain (new
-  arrivals replace the work that leaves), and while admission keeps predicted completions within
-  deadlines it stays near its present level, so the present level is the forecast (with weight 0, later
-  stages on an idle cluster, admission let in far more than the cluster could serve in time: ``hexflow bench
-  overload``, docs/benchmarks.md). Weight 0 is the optimistic bound: shedding uses it, so it drops only a
-  workflow that cannot make it even if nothing stood in its way after its queued calls.
-
-The fluid bound: a new workflow cannot finish before the cluster has worked through everything ahead of
-it. Under the deadline-ordered disciplines (urgency, EDF, LLF) that is all the work of workflows admitted
-before it: what is queued and in flight now (``Estimator.backlog_s``: engine seconds outstanding on each
-worker, their mean over the workers: the time a balanced cluster needs to work through them) plus what
-those workflows will still submit (``committed_s``: the driver knows it, ``plan_work`` of each admitted
-plan less what it has submitted), plus its own work. Work is counted in *cluster seconds*: a call's
-``1 / sum over workers of 1 / (gpu_s x ratio)`` (``cluster_call_time``), the time the whole cluster needs
-per call of that shape when every worker runs a full batch (``Estimator.gpu_s``: its prefill, its decode
-tokens and its share of each decode step), slowed by what the estimator has learned calls of that kind take
-beyond the model on each worker (``ratio``: under overload it grows, and admission tightens with it). The
-work of others (backlog and committed) is forecast at the sustainable share of that throughput
-(``SUSTAINABLE_SHARE``, below); the workflow's own work at the full rate, so that on an idle cluster the
-critical path decides. Counting only the queue seen now would let a burst
-of arrivals each see a short queue and together commit the cluster far past their deadlines: the work
-of their later stages is not in any queue yet.
-
-    duration = max(critical path with the queue ahead, backlog + committed_s + own work)
-
-A running workflow (``workflow_completion``, for shedding) is predicted with the first term only: its
-pending calls where they are, then its expected remaining stages at the later-stage weight.
-
-Plans (``StagePlan``) describe what remains: ``template_plan`` (a template's phases, with their expected
-rounds and widths: the Text-to-SQL pipeline), ``dag_plan`` (explicit DAG nodes grouped by dependency depth:
-``/v1/workflows``), ``calls_plan`` (stages given as call lists: a chat call, a trace workflow). A workflow
-already running is predicted with ``CompletionPredictor.workflow_completion``: its pending calls where they
-are (queued on a worker or in flight), then ``Workflow.expected_remaining`` with the predictor's cost.
-
-Cost: one ``CompletionPredictor`` per decision instant (``now`` is fixed); it snapshots ``t_queue`` of the
-eligible workers once and caches ``t_comp`` per call shape and stage times per stage, so one admission is a
-few hundred arithmetic operations and a shedding sweep over many workflows reuses the cached figures.
-Pure: no clock, no I/O; ``now`` is an argument.
-"""
+The critical path of its remaining stages on the workers each call would likely get, behind today's queues,
+and the fluid bound of the work ahead of it (docs/architecture.md, "Completion prediction"). Plans
+(``StagePlan``) come from a template (``template_plan``), a DAG (``dag_plan``) or call lists (``calls_plan``).
+One ``CompletionPredictor`` per decision instant caches what it reads. Pure: ``now`` is an argument."""
 
 from __future__ import annotations
 
@@ -84,24 +31,15 @@ __all__ = [
 
 _NOTHING_AFTER = (0, 0.0, 0.0, 0.0)
 SUSTAINABLE_SHARE = 0.25
-"""The share of the cluster's full-batch throughput (``Estimator.gpu_s``) that work ahead of a workflow
-(the backlog and the committed work of admitted workflows) is forecast to get.
-
-Under vLLM's continuous batching admitted workflows share every engine at once, so a workflow finishes
-near when the whole backlog ahead of *and beside* it is done, and its ~15 sequential stages each wait their
-turn: a backlog that the fluid throughput would clear just within the deadline makes it miss. The share
-sets how much work admission lets wait: about ``share x deadline`` of full-throughput work. How the share
-trades kept promises under overload for goodput near capacity: ``hexflow bench admission``, docs/benchmarks.md
-"Admission"."""
+"""The share of the cluster's full-batch throughput that work ahead of a workflow (the backlog and admitted
+workflows' committed work) is forecast to get: admission lets about ``share x deadline`` of work wait
+(docs/architecture.md, "Completion prediction"; the trade-off measured: docs/benchmarks.md, "Admission")."""
 
 
 @dataclass(frozen=True, slots=True)
 class StagePlan:
-    """One remaining stage: calls that run in parallel, repeated ``rounds`` times in sequence (expected).
-
-    ``rounds`` may be fractional: an optional phase that runs in 82% of workflows has 0.82, a repeatable one
-    its mean repetitions (the expectation of the stage's contribution to the critical path).
-    """
+    """One remaining stage: calls that run in parallel, repeated ``rounds`` times in sequence (an expectation,
+    so possibly fractional: an optional phase's probability, a repeatable one's mean repetitions)."""
 
     calls: tuple[CallSpec, ...]
     rounds: float = 1.0
@@ -114,11 +52,8 @@ class StagePlan:
 
 
 def template_plan(template: WorkflowTemplate, *, phase: int = -1, rounds_done: int = 0) -> tuple[StagePlan, ...]:
-    """The stages a template still expects after round ``rounds_done`` of phase ``phase`` (-1: all of them).
-
-    Each phase is one stage of ``width`` identical calls repeated ``rounds`` times; a repeatable phase in
-    progress keeps its expected rounds beyond those done (as ``WorkflowTemplate.remaining_after`` counts).
-    """
+    """The stages a template still expects after round ``rounds_done`` of phase ``phase`` (-1: all of them):
+    each phase one stage of ``width`` identical calls, ``rounds`` times (as ``WorkflowTemplate.remaining_after``)."""
     out: list[StagePlan] = []
     for i, p in enumerate(template.phases):
         if i < phase:
@@ -136,9 +71,8 @@ def template_plan(template: WorkflowTemplate, *, phase: int = -1, rounds_done: i
 
 
 def dag_plan(nodes: Sequence[DagNode]) -> tuple[StagePlan, ...]:
-    """The nodes of a (valid) DAG grouped by depth: stage k holds the nodes whose longest chain of
-    dependencies has k links. A node runs no earlier than its depth's stage, so stage by stage is the
-    critical path when the levels are balanced, and an upper bound of it otherwise."""
+    """The nodes of a (valid) DAG grouped by depth (the longest chain of dependencies): the critical path when
+    the levels are balanced, an upper bound of it otherwise."""
     index = {n.id: i for i, n in enumerate(nodes)}
     depth: list[int | None] = [None] * len(nodes)
     for start in range(len(nodes)):
@@ -177,23 +111,18 @@ def _cluster_call_time(est: Estimator, workers: Sequence[int], spec: CallSpec, n
 
 
 class CompletionPredictor:
-    """Predicted completion times on one scheduler at one instant ``now``.
+    """Predicted completion times on one scheduler (read, never changed) at one instant ``now``.
 
     Args:
-        scheduler: the scheduler whose eligible members and estimator are read (never changed).
-        now: the decision instant, in the scheduler's clock.
-        later_queue_weight: the share of today's ``t_queue`` that stages after the first are forecast to
-            wait (1, the default: the stationary forecast; 0: later stages on an idle cluster, the optimistic
-            bound). See the module docstring.
+        later_queue_weight: the share of today's ``t_queue`` stages after the first wait (1: stationary; 0:
+            the optimistic bound).
         committed_s: cluster seconds of work that admitted workflows will still submit (fluid bound).
-        efficiency: the share of the cluster's full-batch throughput that work is forecast to get
-            (``SUSTAINABLE_SHARE`` by default; 1 for the fluid bound itself; above 1 where the cluster was seen to
-            complete more than the model counts, ``ThroughputMeter``).
-        after: per worker, the queued work a new workflow would go before (``Scheduler.queued_due_after``:
-            under a deadline-ordered discipline, the work due later than it), left out of the queue ahead and
-            the backlog (None: all queued work is ahead).
+        efficiency: the share of the full-batch throughput others' work gets (``SUSTAINABLE_SHARE``; 1 for the
+            fluid bound itself; above 1 where ``ThroughputMeter`` saw more).
+        after: per worker, the queued work a new workflow would go before (``Scheduler.queued_due_after``),
+            left out of the queue ahead and the backlog (None: all queued work is ahead).
 
-    With no eligible worker every prediction is ``inf`` (nothing can run).
+    With no eligible worker every prediction is ``inf``.
     """
 
     def __init__(
@@ -226,9 +155,8 @@ class CompletionPredictor:
         self._stage: dict[tuple[tuple[CallSpec, ...], float, float], float] = {}
         self._pre: dict[tuple[str, int], list[float]] = {}
         self._tq_any: dict[int, float] = {}
-        # ``call_cost`` as one object, so workflows' cost caches keyed by it stay warm; made on first use: a
-        # bound method refers back to its predictor, a cycle only the garbage collector frees, and most
-        # predictors (one per admission, per submitted call) never need it.
+        # ``call_cost`` as one object, so workflows' cost caches keyed by it stay warm; made on first use (a bound
+        # method is a cycle only the garbage collector frees, and most predictors never need it).
         self._cost: CostFn | None = None
 
     # ------------------------------------------------------------------ building blocks
@@ -274,12 +202,9 @@ class CompletionPredictor:
         return max(self._backlog + self.committed_s - drained_s, 0.0) / self.efficiency + self.plan_work(plan)
 
     def stage_time(self, calls: Sequence[CallSpec], *, queue_weight: float = 1.0, drained_s: float = 0.0) -> float:
-        """Seconds until the slowest of ``calls`` (run in parallel, starting now) finishes.
-
-        Each call goes to the worker where it would finish first: ``queue_weight x max(t_queue - drained_s,
-        0)`` plus the prompts of siblings placed there before it, plus its ``t_comp``. ``drained_s``: as if every
-        backlog had drained by that many seconds (``retry_after_s`` uses it).
-        """
+        """Seconds until the slowest of ``calls`` (run in parallel, starting now) finishes, each on the worker
+        where it finishes first: ``queue_weight x max(t_queue - drained_s, 0)`` plus the prompts of siblings
+        placed there before it plus its ``t_comp`` (``drained_s``: as if every backlog had drained that long)."""
         key = (tuple(calls), queue_weight, drained_s)
         cached = self._stage.get(key)
         if cached is not None:
@@ -337,13 +262,9 @@ class CompletionPredictor:
         return self.now + self.duration(plan)
 
     def retry_after_s(self, plan: Sequence[StagePlan], deadline_s: float, *, tolerance_s: float = 0.05) -> float | None:
-        """How long until the backlog has drained enough for ``plan`` to fit in ``deadline_s``.
-
-        0 when it fits now; None when it does not fit even with every queue empty (the deadline is shorter
-        than the critical path). Assumes the backlog drains at one second of work per second and
-        nothing new arrives ahead of it: a lower bound under load, which is what Retry-After promises
-        (do not retry *sooner*). Bisection on the drained seconds, to ``tolerance_s``.
-        """
+        """How long until the backlog has drained enough for ``plan`` to fit in ``deadline_s``: 0 when it fits now,
+        None when it does not fit with every queue empty. A lower bound (draining at one second per second,
+        nothing new ahead), as Retry-After promises; bisection to ``tolerance_s``."""
         if self.duration(plan) <= deadline_s:
             return 0.0
         top = max(max(self._tq, default=0.0), self._backlog + self.committed_s)
@@ -372,14 +293,9 @@ class CompletionPredictor:
         return self.stage_time((CallSpec(kind, input_tokens, output_tokens),), queue_weight=self.later_queue_weight)
 
     def pending_time(self, calls: Iterable[Call]) -> float:
-        """Seconds until the last of a workflow's current calls is done, each where it is now.
-
-        In flight: its predicted time left (``started_at + service_s - now``, at least 0: ``service_s`` is
-        the estimator's prediction when it was sent, with the prompts ahead of it; ``t_comp`` if unset).
-        Queued on a worker: that worker's whole ``t_queue`` plus its ``t_comp`` (its place in the queue is
-        the discipline's, so the whole backlog is the safe side). Not on a queue (parked, not yet
-        dispatched): as a new call.
-        """
+        """Seconds until the last of a workflow's current calls is done, each where it is now: in flight, its
+        predicted time left (``service_s``, else ``t_comp``); queued, its worker's whole ``t_queue`` plus its
+        ``t_comp`` (the safe side); not yet dispatched, as a new call."""
         worst = 0.0
         for c in calls:
             if c.started_at is not None:
@@ -402,23 +318,12 @@ class CompletionPredictor:
 
 
 class QueueCalibration:
-    """What admitted workflows took against what admission predicted: the queueing part of its predictions,
-    scaled to what it turned out to be (a split conformal calibration of the forecast).
+    """The queueing part of admission's predictions (prediction minus critical path), scaled by what admitted
+    workflows took: a split conformal calibration (docs/architecture.md, "Completion prediction").
 
-    A prediction at admission is the workflow's critical path on an idle cluster plus a queueing excess (the
-    queue ahead at the stationary later-stage weight, or the fluid forecast at the sustainable share: both
-    deliberately on the safe side, and by how much depends on the workload). For each admitted workflow that
-    ended with a valid answer and was predicted at least ``MIN_EXCESS`` of its critical path above it, the ratio
-    ``max(latency - critical path, 0) / excess`` is kept (the last ``window``); ``factor`` is their ``quantile``
-    (0.95: the ratio 95% of admitted workflows stayed within) once there are ``min_samples``, 1 before, within
-    [``FLOOR``, ``CEIL``]. ``calibrated(predicted, critical)`` is ``critical + factor x excess``: a forecast
-    found too bold (admitted workflows waited longer than it said) is made that much more cautious, so that
-    about 95% of the admitted stay within it.
-
-    It only tightens (``FLOOR`` is 1). A cautious forecast is also a throttle: the admitted work it lets in is
-    what keeps later forecasts true, and its errors show only when the admitted workflows end, a deadline later;
-    loosening it let in too much work under overload (``hexflow bench overload``, docs/benchmarks.md). Only
-    admitted workflows are seen (a refused one has no latency). Pure: no clock, no I/O.
+    Keeps ``max(latency - critical, 0) / excess`` of the last ``window`` admitted workflows that ended with a
+    valid answer and had an excess of at least ``MIN_EXCESS`` x their critical path; ``factor`` is their
+    ``quantile`` once there are ``min_samples`` (1 before), within [``FLOOR``, ``CEIL``]: it only tightens.
     """
 
     FLOOR = 1.0
@@ -486,14 +391,9 @@ class QueueCalibration:
 class ThroughputMeter:
     """The work the cluster was seen to complete per second: the fluid forecast's rate, measured.
 
-    ``add(now, engine_s)`` when a call completes (its ``gpu_s``: engine seconds at full batch on its worker);
-    ``share(now, workers)`` is the work completed over the last ``window_s`` per second per worker, in the units
-    of ``CompletionPredictor``'s fluid term (its backlog is engine seconds per worker; a share of 1 is every worker
-    running full batches as the model counts them). Measured while the cluster had work, it is what the work
-    ahead of a new workflow actually drains at; a model that overestimates what calls cost (prompts served from
-    the engines' prefix caches, a profile slower than the GPU) reads above 1, and one that underestimates it below
-    the configured share, which admission then keeps (``max(configured, measured)``: a quiet cluster completes
-    little and says nothing about what it could). Bounded: at most ``max_events`` completions kept. Pure.
+    ``add(now, engine_s)`` per completed call (its ``gpu_s``); ``share(now, workers)``: engine seconds completed
+    per second per worker over the last ``window_s``, in the fluid term's units (1: every worker running full
+    batches as the model counts them). Admission uses ``max(configured, measured)``. At most ``max_events`` kept.
     """
 
     MIN_SPAN_S = 1.0

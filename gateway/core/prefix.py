@@ -1,23 +1,5 @@
-"""Prompt prefixes shared between calls, and the gateway's index of what each worker has cached.
-
-vLLM's automatic prefix caching keeps the KV blocks of prompts it has processed, keyed by a hash of the
-block's tokens chained to the hash of the block before it; a new prompt whose first blocks match skips
-their prefill (``vllm:prefix_cache_hits_total``). Only whole blocks (``BLOCK_TOKENS``) are reused, and at
-least the last prompt token is always computed.
-
-A call names the parts of its prompt that other calls share as a chain of segments (``PrefixSeg``): a
-stage's fixed template is shared by every workflow (``per_query`` false), the schema, question and
-candidate SQL that later rounds of the same workflow repeat are shared within that workflow only
-(``per_query`` true). A segment only counts after every segment before it matched, as the block-hash
-chain does. ``segment_keys`` turns a call's chain into cache keys (per-query segments keyed by the
-workflow's id).
-
-``PrefixIndex`` is the gateway's picture of one worker's cache: the segments of the calls it sent there,
-least recently used evicted first within the worker's KV capacity. The gateway cannot see vLLM's cache,
-so this is an approximation, as llm-d's approximate prefix-cache scorer is (an LRU of the block hashes
-of the requests it routed to each pod). The simulated engine (``gateway.sim.engine``) keeps the true
-cache, with eviction under KV pressure.
-"""
+"""Prompt prefixes shared between calls (``PrefixSeg`` chains), and ``PrefixIndex``: the gateway's approximate
+picture of what each worker has cached (docs/architecture.md, "Prefixes")."""
 
 from __future__ import annotations
 
@@ -141,14 +123,9 @@ def cached_tokens(matched: int, input_tokens: int, block_tokens: int = BLOCK_TOK
 
 
 def best_case_cached(calls: Sequence[tuple[Sequence[PrefixSeg], int]], block_tokens: int = BLOCK_TOKENS) -> list[int]:
-    """Prompt tokens each call of one workflow could at best take from the cache, calls in issue order.
-
-    ``calls`` holds each call's prefix chain and input tokens. Shared segments are taken as cached already
-    (another workflow computed them); a per-query segment is cached from the second call that has it on
-    (even calls issued together could be run one after the other). No cache can serve more, so fluid
-    bounds may count the rest as the only prefill. ``block_tokens``: the smallest KV block of the engines
-    (a larger block serves less).
-    """
+    """Prompt tokens each call of one workflow (``calls``: chain and input tokens, in issue order) could at best
+    take from the cache: shared segments cached already, a per-query one from its second call on. An upper
+    bound (``block_tokens``: the engines' smallest block), so fluid bounds may count the rest as prefill."""
     seen: set[str] = set()
     out: list[int] = []
     for prefix, n_in in calls:
@@ -196,12 +173,8 @@ class PrefixIndex:
         return self._total
 
     def match(self, keys: Sequence[tuple[Key, int]], now: float = float("inf")) -> int:
-        """Leading tokens of the chain ``keys`` the worker is believed to hold at ``now`` (no recency update).
-
-        A segment counts from the time ``record`` said it would be cached (the scheduler says: at once, as vLLM
-        caches a block when it schedules it and a call sent after another to the same worker is prefilled
-        after it).
-        """
+        """Leading tokens of the chain ``keys`` the worker is believed to hold at ``now`` (no recency update); a
+        segment counts from the time ``record`` gave."""
         got = 0
         lru: dict[Key, list[float]] = self._lru  # looked up as a plain dict (the compiled build's fast path)
         chain: list[tuple[Key, int]] = keys if isinstance(keys, list) else list(keys)

@@ -1,47 +1,8 @@
-"""Iteration-time model of one vLLM engine: the numbers behind every latency estimate.
+"""Iteration-time model of one vLLM engine: the constants behind every latency estimate.
 
-vLLM runs iteration-level continuous batching: every iteration (one forward pass) processes one decode
-token for each running call plus, with chunked prefill, up to ``max_batched_tokens - decoding`` prompt
-tokens of calls still in prefill. The duration of one iteration is modelled as
-
-    t_iter = iter_base_s + token_s * tokens_in_batch + ctx_s * context_tokens_read + seq_s * decoding_calls
-
-* ``iter_base_s``: the memory-bound floor of a forward pass (reading the weights once), plus launch
-  overhead; what a batch-1 decode step costs at zero context.
-* ``token_s``: compute per batched token (``2 * params / effective FLOP/s``): prefill chunks are
-  dominated by it, large decode batches grow with it.
-* ``ctx_s``: attention over the KV cache, proportional to the context tokens read in the iteration
-  (``kv_bytes_per_token / effective bandwidth``), so decode steps slow down as contexts grow.
-* ``attn_s`` (default 0): prefill attention's compute, per (query, key) pair a prompt chunk computes: a
-  chunk of ``c`` prompt tokens after ``p`` tokens already processed computes ``c * p + c * (c + 1) / 2``
-  pairs (causal attention), so a prompt of ``n`` tokens alone computes ``n * (n + 1) / 2`` however it is
-  chunked. Quadratic in the prompt: it matters where the model is small against its context (the CPU's
-  tiny test model), and is folded into ``token_s`` by the fits of published GPU numbers, which leave it at 0.
-
-* ``seq_s`` (default 0): host work per decoding call per iteration (sampling, detokenising and
-  streaming its token, the scheduler's bookkeeping), beyond its token's compute: an engine whose host
-  side runs on the same core as its forward pass (vLLM on a CPU, where it dwarfs ``token_s``) slows every
-  step by it per call in the batch. On a GPU host it overlaps the forward pass and is folded into
-  ``token_s`` by the fits of published numbers, which leave it at 0; ``hexflow calibrate`` measures
-  ``token_s + seq_s`` per step directly (its step probes) and pins ``token_s`` by the prompts.
-
-* ``admit_s`` (default 0): engine time per admitted request, spent in the iteration that admits it: the
-  host work of taking a request in (the API server parsing its body, input processing, the engine's
-  bookkeeping) where it runs on the engine's own core, so it stalls every running call's step as well as
-  the request itself (vLLM on a CPU, growing with the prompt; the profile keeps one figure per request). On a GPU host
-  the API server has cores of its own and it is 0 (all of its time is ``request_overhead_s``);
-  ``hexflow calibrate`` measures it by batches of requests sent together (each one's intake stalls all).
-
-``block_tokens`` (default 16, vLLM's default on GPUs) is the engine's KV block size: its prefix cache
-reuses whole blocks only, so a shared prefix counts down to a multiple of it. vLLM's CPU backend uses 128
-(and accepts only multiples of 32); ``hexflow calibrate`` reads it from the worker's ``vllm:cache_config_info``.
-
-``request_overhead_s`` is latency per request that does not occupy the GPU (API server, tokenisation,
-detokenisation, client framework); it is added to what a caller observes but does not hold a batch slot.
-
-The same profile drives the simulator's worker model, the emulated worker and the scheduler's latency
-model (``latency.py``), so the three agree by construction. The constants come from ``config/gpus.yaml``.
-"""
+``t_iter = iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs + seq_s * decoders``, plus
+``admit_s`` per admitted request and ``request_overhead_s`` off the engine (docs/architecture.md, "The engine's
+constants"). The constants come from ``config/gpus.yaml``."""
 
 from __future__ import annotations
 
@@ -108,9 +69,8 @@ class PerfProfile:
         return f"{self.gpu}/{self.model}"
 
     def iter_time(self, tokens: int, ctx: float, pairs: float = 0.0, decoders: int = 0) -> float:
-        """Duration of one iteration that processes ``tokens``, reads ``ctx`` context tokens, computes
-        ``pairs`` prefill attention pairs and decodes one token for each of ``decoders`` calls (among the
-        ``tokens``)."""
+        """Duration of one iteration that processes ``tokens``, reads ``ctx`` context tokens, computes ``pairs`` prefill
+        attention pairs and decodes one token for each of ``decoders`` calls (among the ``tokens``)."""
         return self.iter_base_s + self.token_s * tokens + self.ctx_s * ctx + self.attn_s * pairs + self.seq_s * decoders
 
     def busy_split(self, iterations: int, batched_tokens: int, busy_s: float) -> tuple[float, float, float]:
@@ -139,11 +99,8 @@ class PerfProfile:
         return t
 
     def engine_latency(self, input_tokens: int, output_tokens: int) -> float:
-        """Time a lone request spends in the engine: chunked prefill, then one decode step per token.
-
-        The prefill's last iteration yields the first output token, so ``output_tokens - 1`` decode
-        iterations follow. Closed form of the simulator's worker model with a batch of one.
-        """
+        """Time a lone request spends in the engine: chunked prefill (whose last iteration yields the first
+        token), then ``output_tokens - 1`` decode steps; the simulated engine's closed form at batch one."""
         prefill = self.prefill_time(input_tokens)
         n = max(output_tokens - 1, 0)
         ctx0 = max(input_tokens, 1)
@@ -155,19 +112,13 @@ class PerfProfile:
         plus the per-request overhead."""
         return self.request_overhead_s + self.admit_s + self.engine_latency(input_tokens, output_tokens)
 
-    def decode_throughput(self, batch: int, mean_ctx: float) -> float:
-        """Decode tokens per second with ``batch`` running calls of mean context ``mean_ctx``."""
-        return batch / self.iter_time(batch, batch * mean_ctx, decoders=batch)
-
     def derived_capacity(self, call_tokens: int = CAPACITY_CALL_TOKENS, slowdown: float = CAPACITY_SLOWDOWN) -> int:
         """The in-flight limit of a worker whose config names none: the largest batch that
 
         1. vLLM runs at once (``max_num_seqs``);
         2. the KV cache holds with ``call_tokens`` (prompt + output) per call;
-        3. keeps a decode step within ``slowdown`` x a lone one, where latency binds: a step costs
-           ``iter_base_s + n * (token_s + seq_s + ctx_s * call_tokens)`` with n calls, so on an engine whose
-           weight reads (``iter_base_s``) dominate, many calls share a step almost for free, and on one
-           where compute and attention dominate, a large batch slows every call in it.
+        3. keeps a decode step (``iter_base_s + n * (token_s + seq_s + ctx_s * call_tokens)``) within
+           ``slowdown`` x a lone one.
         """
         if call_tokens < 1 or slowdown < 1.0:
             raise ValueError("call_tokens must be >= 1 and slowdown >= 1")
@@ -180,11 +131,6 @@ class PerfProfile:
             else self.max_num_seqs
         )
         return max(1, min(self.max_num_seqs, by_kv, by_latency))
-
-    def prefill_throughput(self, mean_ctx: float) -> float:
-        """Prompt tokens per second when every iteration is a full prefill chunk."""
-        chunk = self.max_batched_tokens
-        return chunk / self.iter_time(chunk, mean_ctx)
 
 
 CONSTANTS: tuple[str, ...] = (

@@ -1,39 +1,14 @@
 """Queue disciplines: the order in which a worker's gateway-held queue releases calls.
 
-Each worker has its own queue (late binding: the gateway holds calls until the worker has a free
-slot). The scheduler fills a call's ``t_comp``, ``budget``, ``stage_cost`` and ``remaining_cost``
-before pushing it, and a discipline turns them into a static heap key, so push and pop are O(log n).
-
-Registered disciplines (``QUEUES``):
-
-``fcfs``     first come, first served: vLLM's own waiting queue (and Ray Serve's, AIBrix's).
-``urgency``  HexGen-Flow: the most urgent call first, ``U = t_comp(q, m) - (budget - waited)`` with
-             ``waited = now - ready_at``. Since ``now`` is common to every call compared, the order
-             equals ascending ``ready_at + budget - t_comp``: least slack against the stage budget.
-``edf``      earliest end-to-end deadline first (classic real-time EDF on the workflow deadline).
-``llf``      least laxity first on the end-to-end deadline: ``deadline - now - (t_comp + expected
-             remaining work of the workflow)``, the DAG-job form of LLF.
-``vtc``      virtual token counter (Sheng et al., OSDI 2024, "Fairness in Serving Large Language
-             Models"): each tenant has a counter of service received (input tokens + 2 x output tokens);
-             the backlogged tenant with the smallest counter is served next, and a tenant that becomes
-             backlogged is lifted to the smallest counter among the backlogged, so idling earns no credit.
-             Counters are shared by all workers' queues of one scheduler.
-
-Ties are broken by submission order (``call.seq``), so every discipline is deterministic.
-
-Every registered discipline has a *best-effort lane* (``LanedQueue``): a call flagged ``best_effort`` (its
-workflow is predicted to miss its deadline and its tenant chose best effort over rejection) waits, first
-come first served, behind every other call of the worker; it is sent only when the discipline's own queue
-is empty, and never charged to a VTC counter. The scheduler also starts one only on a worker with few calls in
-flight (``Scheduler.best_effort_share``): a running call holds its slot and shares the engine's batches with the
-urgent calls until it is done.
-"""
+``fcfs``, ``urgency``, ``edf``, ``llf`` and ``vtc``, each with a best-effort lane behind it (``LanedQueue``);
+ties go to submission order (docs/architecture.md, "Queue disciplines")."""
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.core.workflow import Call
@@ -291,12 +266,27 @@ QueueFamily = Callable[[], QueueFactory]
 """Makes the per-scheduler factory (a fresh VTC counter set per scheduler, for example)."""
 
 LanedFactory = Callable[[], LanedQueue]
-"""Makes one worker's queue with its best-effort lane (what a ``QUEUES`` entry builds, per scheduler)."""
-
-QUEUES: dict[str, Callable[[], LanedFactory]] = {}
+"""Makes one worker's queue with its best-effort lane (what a discipline's ``family`` builds, per scheduler)."""
 
 
-def register_queue(name: str, family: QueueFamily) -> None:
+@dataclass(frozen=True)
+class QueueDiscipline:
+    """A registered discipline: ``family()`` builds one scheduler's factory of laned worker queues.
+
+    ``deadline_ordered``: it serves work with an earlier deadline before work with a later one (``urgency``
+    through the stage budgets its deadline sets); admission then counts only the committed work due no later
+    than a new workflow (``Admission.admit``).
+    """
+
+    name: str
+    family: Callable[[], LanedFactory]
+    deadline_ordered: bool = False
+
+
+QUEUES: dict[str, QueueDiscipline] = {}
+
+
+def register_queue(name: str, family: QueueFamily, *, deadline_ordered: bool = False) -> None:
     """Register a queue discipline; a duplicate name raises. Its queues get a best-effort lane."""
     if name in QUEUES:
         raise ValueError(f"queue discipline {name!r} already registered")
@@ -305,15 +295,12 @@ def register_queue(name: str, family: QueueFamily) -> None:
         make = family()
         return lambda: LanedQueue(make())
 
-    QUEUES[name] = laned
+    QUEUES[name] = QueueDiscipline(name, laned, deadline_ordered)
 
 
 def _vtc_family() -> QueueFactory:
     counters = VtcCounters()
     return lambda: VtcQueue(counters)
-
-
-register_queue("fcfs", lambda: FcfsQueue)
 
 
 def _keyed_family(key: Callable[[Call], float]) -> QueueFamily:
@@ -328,12 +315,8 @@ def _keyed_family(key: Callable[[Call], float]) -> QueueFamily:
     return family
 
 
-DEADLINE_ORDERED: frozenset[str] = frozenset({"urgency", "edf", "llf"})
-"""The disciplines that serve work with an earlier deadline before work with a later one (urgency through the
-stage budgets its deadline sets): under them, work admitted with a later deadline than a new workflow's is not
-ahead of it (admission counts only the committed work that is: ``Gateway.admit``)."""
-
-register_queue("urgency", _keyed_family(urgency_key))
-register_queue("edf", _keyed_family(edf_key))
-register_queue("llf", _keyed_family(llf_key))
+register_queue("fcfs", lambda: FcfsQueue)
+register_queue("urgency", _keyed_family(urgency_key), deadline_ordered=True)
+register_queue("edf", _keyed_family(edf_key), deadline_ordered=True)
+register_queue("llf", _keyed_family(llf_key), deadline_ordered=True)
 register_queue("vtc", _vtc_family)

@@ -1,15 +1,7 @@
 """Completed calls kept per worker for the slow profile refit (``gateway.sim.refit``).
 
-The estimator corrects its predictions fast with the observed/predicted ratio per (worker, stage kind)
-(``estimates.py``), but the ratio multiplies ``t_comp`` only: the engine's prefill clock, the slot waits
-and the stage budgets still run on the profile's constants. The refit fits those constants to what the
-worker actually did, from the calls it completed. Each completed call is kept as a ``CallSample``: the
-token counts and the batch the estimator assumed when the call started (so the sample's predicted
-latency is linear in the profile's four time constants, whatever they are), and the observed latency.
-
-Memory is bounded: ``SampleLog`` keeps the last ``window`` samples per worker (a deque per slot), so an
-hour of traffic and one bad minute weigh by their number of calls, and the oldest calls age out.
-"""
+A ``CallSample`` holds a call's token counts, the batch the estimator assumed at its start (so its predicted latency is
+linear in the profile's constants) and its observed latency; ``SampleLog`` keeps the last ``window`` per worker."""
 
 from __future__ import annotations
 

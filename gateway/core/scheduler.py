@@ -1,21 +1,7 @@
-"""The scheduler facade both drivers use: ``submit``, ``pop_next``, ``on_finish``.
+"""The scheduler facade both drivers use: ``submit``, ``pop_next``, ``on_finish``, ``on_fail``, ``cancel``.
 
-The live gateway drives it with ``time.monotonic()``, the simulator with virtual time; it holds no
-clock and no RNG of its own (the RNG is injected), so the same calls give the same decisions.
-
-Life of a call:
-    driver: call ready               -> ``submit(call, now)``: budget, dispatch, push to worker queue
-    driver: worker has a free slot   -> ``pop_next(worker, now)``: the queue discipline's choice
-    driver: call returned            -> ``on_finish(call, now, observed_s)``: loads and estimates
-    driver: call failed on a worker  -> ``on_fail(call, now)``: frees the slot; the driver resubmits
-    driver: queued call abandoned    -> ``cancel(call)``: off its queue, loads corrected
-
-Membership can change while running (the live gateway's worker discovery): ``add_worker`` gives a new
-worker a slot (a freed one or a new index), ``remove_worker`` frees a slot once the driver has made
-the worker ineligible, re-dispatched its queue (``drain_worker``) and seen its last in-flight call
-return. Indices of members never change, so a call's ``worker`` stays valid while it is queued or in
-flight. Stage budgets use the mean over the current members as their unit of cost.
-"""
+No clock and no RNG of its own (the RNG is injected), so the same calls give the same decisions; membership
+may change at run time without changing a member's index (docs/architecture.md, "The scheduler and its calls")."""
 
 from __future__ import annotations
 
@@ -54,11 +40,9 @@ class Scheduler:
         prefix_caching: the workers cache prompt prefixes (vLLM's default). A prefix-aware policy then keeps
             a ``PrefixIndex`` per worker (what it sent there) and counts the tokens a worker is believed to
             hold out of a call's prefill there.
-        best_effort_share: a worker starts a best-effort call only while fewer than this share of its slots (its
-            capacity), at least one, are in flight: an idle worker takes one. Waiting behind every other call of
-            its queue is not enough: vLLM does not preempt a running request for a more urgent one, so a
-            best-effort call sent to a busy worker would hold a slot and a place in the batches the urgent
-            calls arriving next need (``pop_next``).
+        best_effort_share: a worker starts a best-effort call only while fewer than this share of its slots (at
+            least one) are in flight: vLLM does not preempt, so a best-effort call on a busy worker would hold
+            a slot and batch places the urgent calls arriving next need.
     """
 
     def __init__(
@@ -92,7 +76,7 @@ class Scheduler:
             if self.prefix_aware
             else []
         )
-        self._make_queue = QUEUES[self.policy.queue]()
+        self._make_queue = QUEUES[self.policy.queue].family()
         self.queues: list[LanedQueue] = [self._make_queue() for _ in self.workers]
         self.alpha = self.policy.default_alpha if alpha is None else alpha
         self.eligible = [True] * len(self.workers)
@@ -116,10 +100,8 @@ class Scheduler:
 
     @property
     def workers(self) -> list[WorkerInfo]:
-        """The workers by index (the estimator's list: a worker's capacity is stored there only).
-
-        Read-only: change membership with ``add_worker``/``remove_worker``, capacity with ``set_capacity``.
-        """
+        """The workers by index (the estimator's list), read-only: change them with ``add_worker``,
+        ``remove_worker``, ``set_capacity``."""
         return self.estimator.workers
 
     def members(self) -> list[int]:
@@ -132,11 +114,8 @@ class Scheduler:
         return idx
 
     def eligible_workers(self) -> list[int]:
-        """Indices of the workers taking new dispatches (members marked eligible), ascending.
-
-        Kept until eligibility or membership changes, not rebuilt for every dispatch and prediction: the list
-        is shared, read it only.
-        """
+        """Indices of the workers taking new dispatches, ascending (a shared list, kept until eligibility or
+        membership changes: read it only)."""
         idx = self._eligible_idx
         if idx is None:
             ok = self.eligible
@@ -186,11 +165,8 @@ class Scheduler:
         self.estimator.set_capacity(worker, capacity)
 
     def set_profile(self, worker: int, profile: PerfProfile, source: str = "refit") -> None:
-        """Change a member's profile constants (the one way they change while it is a member: the refit).
-
-        The worker's ratio EWMAs restart (they measured what the old constants missed); budgets' reference
-        costs are recomputed. Its name, capacity and address are unchanged.
-        """
+        """Change a member's profile constants (the refit): its ratios restart and budgets' reference costs are
+        recomputed; name, capacity and address are unchanged."""
         if not self.member[worker]:
             raise ValueError(f"worker {worker} is not a member")
         self.estimator.set_profile(worker, profile, source)
@@ -222,11 +198,8 @@ class Scheduler:
         self._alpha = value
 
     def reference_cost(self, kind: str, input_tokens: int, output_tokens: int) -> float:
-        """Cluster-mean lone-request latency of a call: the common unit of stage budgets.
-
-        The mean is over the current members; with none (all workers gone) it is 0, which gives a stage
-        the whole remaining time (its calls are parked until a worker joins, then budgeted again).
-        """
+        """Cluster-mean lone-request latency of a call, the unit of stage budgets (0 with no member: a stage then
+        gets the whole remaining time)."""
         key = (input_tokens, output_tokens)
         v = self._ref_cache.get(key)
         if v is None:
@@ -416,9 +389,8 @@ class Scheduler:
     def on_finish(
         self, call: Call, now: float, observed_s: float | None = None, tokens: tuple[int, int] | None = None
     ) -> None:
-        """A call returned: free its slot and correct the estimator with its observed latency (``tokens``: the
-        (prompt, completion) tokens it processed, where they may differ from its spec's: a live worker's
-        ``usage``)."""
+        """A call returned: free its slot and correct the estimator with its observed latency (``tokens``: the (prompt,
+        completion) tokens it processed, where they may differ from its spec's: a live worker's ``usage``)."""
         self._release(call, now)
         call.finished_at = now
         if observed_s is None and call.started_at is not None:
@@ -436,11 +408,8 @@ class Scheduler:
         call.attempts += 1
 
     def cancel(self, call: Call) -> bool:
-        """Take a queued call off its worker's queue (its workflow failed or was abandoned).
-
-        Returns False when the call is not queued (already in flight or finished); an in-flight call is
-        released with ``on_fail`` instead.
-        """
+        """Take a queued call off its worker's queue (its workflow failed or was abandoned); False when it is not
+        queued (an in-flight call is released with ``on_fail``)."""
         if call.worker < 0 or call.started_at is not None:
             return False
         if not self.queues[call.worker].remove(call):

@@ -1,34 +1,8 @@
 """What questions cost: robust statistics of answered questions' stages, the source of every prediction of one.
 
-A Text-to-SQL question's cost is not known when it arrives: how many revision rounds it takes, how long the
-model's answers are, how large its prompts are. Admission, stage budgets, the overload re-check, shedding,
-demotion and degradation all predict it from the same template (``QuestionPlan`` in ``gateway.core.degrade``),
-and the template is fitted here, from what earlier questions actually cost.
-
-``ShapeWindow`` keeps the last ``maxlen`` answered questions (``QuestionSample``: each stage's kind and its
-calls' input and output tokens as the workers counted them, whether the question evaluated, and its calls'
-estimated against worker-counted prompt tokens) and summarises them robustly:
-
-* per stage kind, the tokens of one call (``inputs``, ``outputs``: each question's mean per call, so that a
-  question of many calls weighs as much as one of few) and the calls of one stage (``widths``): means over
-  the questions with the highest values clipped (``robust_mean``: the top ``CLIP`` share, at least the highest value
-  once there are ``MIN_QUESTIONS`` values, clipped to the next largest), so a question whose model wrote ten
-  times the usual answer moves little;
-* per stage kind, the stages per question (``rounds``: revise rounds, and whether unit tests and evaluation
-  ran), the same way over the questions (for the evaluation stages, over the questions that evaluated);
-* ``input_scale`` (the worker's prompt count over the gateway's characters/4
-  estimate, from sums over the window, within [1/``INPUT_SCALE_LIMIT``, ``INPUT_SCALE_LIMIT``]).
-
-A window forgets: after ``maxlen`` newer questions an old one has no weight, where running sums since start-up
-let one outlier move the prediction for hundreds of questions. Only questions that ended with a valid answer are
-samples (the caller's rule): a question the model could not answer ran every revision round it was allowed,
-and counting it would stretch every later question's prediction (and refuse it) for one question's sake.
-
-``fit(base, window)`` is ``base`` with each kind the window has seen replaced by the window's figures; the
-pipeline builds ``base`` from its own stages and a prior (``gateway.text2sql.pipeline``).
-
-Pure: no clock, no I/O. Bounded: ``maxlen`` samples per window, each of at most a pipeline's stages.
-"""
+``ShapeWindow`` keeps the last ``maxlen`` answered questions (``QuestionSample``) and ``fit(base, window)``
+replaces each kind it has seen in the template ``base`` with its clipped means (docs/architecture.md,
+"Degradation and question shapes"). Pure and bounded."""
 
 from __future__ import annotations
 
@@ -60,13 +34,9 @@ and a worker misreporting its usage cannot skew it further."""
 
 
 def robust_mean(values: Sequence[float], clip: float = CLIP) -> float:
-    """The mean of ``values`` with the highest ``floor(clip x n)`` of them, and at least the highest one once
-    there are ``MIN_QUESTIONS`` values, clipped to the largest value below them (below ``MIN_QUESTIONS``
-    values every one counts as it is); ``nan`` for no values.
-
-    Long tails sit on the high side (an answer that ran away, a question that took every round), so the top
-    is clipped, not dropped: a rare but real event (a revision one question in twenty needs) still counts at
-    the size of the next largest, where a robust mean would predict it never happens."""
+    """The mean of ``values`` with the highest ``floor(clip x n)`` (at least one once there are ``MIN_QUESTIONS``)
+    clipped to the largest value below them; ``nan`` for none. Clipped, not dropped: a rare but real event
+    still counts, at the size of the next largest."""
     n = len(values)
     if n == 0:
         return math.nan
@@ -80,9 +50,8 @@ def robust_mean(values: Sequence[float], clip: float = CLIP) -> float:
 
 @dataclass(frozen=True, slots=True)
 class QuestionSample:
-    """One answered question: its stages in order (kind, then each call's (input, output) tokens), whether it
-    ran unit tests and evaluation, and its calls' (estimated, worker-counted) prompt tokens where the worker
-    said."""
+    """One answered question: its stages in order (kind, then each call's (input, output) tokens), whether it ran unit
+    tests and evaluation, and its calls' (estimated, worker-counted) prompt tokens where the worker said."""
 
     stages: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]
     evaluated: bool
@@ -105,11 +74,8 @@ class QuestionSample:
 
 
 class ShapeWindow:
-    """The last ``maxlen`` answered questions and their robust summaries (see the module docstring).
-
-    ``skippable``: the stage kinds that run only when a question evaluates (their rounds are counted over the
-    questions that evaluated). Summaries are computed on demand and cached until the next ``add``.
-    """
+    """The last ``maxlen`` answered questions and their robust summaries (cached until the next ``add``);
+    ``skippable``: kinds that run only when a question evaluates (rounds counted over those that did)."""
 
     def __init__(self, maxlen: int, skippable: frozenset[str] = frozenset()) -> None:
         if maxlen < 1:
@@ -212,11 +178,8 @@ def fit(
     fixed_width: frozenset[str] = frozenset(),
     name: str | None = None,
 ) -> WorkflowTemplate:
-    """``base`` with the figures ``window`` has for each phase's kind: its input and output tokens (``inputs``,
-    ``outputs``), its rounds
-    (``rounds``; a phase of a kind the window has seen no question run gets 0 rounds and is dropped) and its
-    width (not for the kinds in ``fixed_width``, whose width is configured, as the candidates' is). Phases of
-    a kind several phases share keep their share of the kind's rounds. ``base`` itself for an empty window."""
+    """``base`` with the window's tokens, rounds (a kind never run: dropped) and widths (not for ``fixed_width``
+    kinds) for each phase's kind; phases sharing a kind keep their share of its rounds."""
     if window.questions == 0:
         return base
     ins, outs, widths, rnds = window.inputs(), window.outputs(), window.widths(), window.rounds()
@@ -244,13 +207,8 @@ def fit(
 
 class OutputWindow:
     """The model's output lengths: the last ``maxlen`` calls' output tokens per stage kind, over every database,
-    recorded as each call returns (so the model is known after its first few calls, not its first questions).
-
-    ``expected(kind, budget)``: a ``kind`` call's output (``robust_mean``) once ``MIN_QUESTIONS`` calls of it
-    returned; before that, ``budget`` times the model's typical share of its budgets over every kind seen (a
-    model that writes a twentieth of its candidate budget writes about that share of its revise budget); None
-    before ``MIN_QUESTIONS`` calls of any kind (``observed`` is False: nothing is known of the model yet).
-    """
+    recorded as each call returns. ``expected(kind, budget)``: the kind's ``robust_mean`` once ``MIN_QUESTIONS``
+    calls returned; before, ``budget`` times the model's typical share of its budgets; None before any kind has."""
 
     def __init__(self, maxlen: int) -> None:
         if maxlen < 1:

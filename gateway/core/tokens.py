@@ -26,8 +26,7 @@ def text_tokens(text: str) -> int:
 def message_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
     """Estimated tokens of a chat prompt: characters / 4 plus the chat template's overhead.
 
-    ``content`` may be a string or a list of parts (``{"type": "text", "text": ...}``); other values count
-    as empty.
+    ``content`` may be a string or a list of parts (``{"type": "text", "text": ...}``); other values count as empty.
     """
     chars = 0
     n = 0

@@ -1,12 +1,7 @@
 """The one description of a worker, from configuration to scheduler.
 
-``WorkerInfo`` is built in one place (``gateway.config.cluster.make_worker``: for the workers of a
-cluster file and for the pods that discovery finds) and passed along unchanged: the scheduler and its
-estimator read the profile and the capacity from it, the simulator its engine model, the live pool
-and transport its address. It is immutable; a worker's capacity changes only through
-``Scheduler.set_capacity`` and its profile only through ``Scheduler.set_profile`` (the online refit),
-each of which puts a new ``WorkerInfo`` in the worker's slot.
-"""
+``WorkerInfo`` is built by ``gateway.config.cluster.make_worker`` and immutable: its capacity and profile
+change only through ``Scheduler.set_capacity`` / ``set_profile``, which put a new one in the worker's slot."""
 
 from __future__ import annotations
 
@@ -23,12 +18,10 @@ class WorkerInfo:
         name: unique among the current workers (metric label, status pages, logs).
         profile: the engine's performance model (GPU type, model, timing constants).
         capacity: calls the gateway keeps in flight on the worker at once (at least 1).
-        url: base URL of the worker's OpenAI-compatible server; empty when the worker has no address
-            (the simulator).
-        served_model: the model name requests to the worker carry; empty in the simulator.
-        profile_source: where the profile's constants come from: ``catalogue`` (the GPU catalogue's
-            entry for the GPU type), ``file`` (a profile named from ``profiles_file``, e.g. written by
-            ``hexflow calibrate``) or ``refit`` (fitted online to the worker's completed calls).
+        url: base URL of the worker's OpenAI-compatible server (empty in the simulator).
+        served_model: the model name requests to the worker carry (empty in the simulator).
+        profile_source: ``catalogue`` (the GPU type's entry), ``file`` (from ``profiles_file``, e.g. written
+            by ``hexflow calibrate``) or ``refit`` (fitted online).
     """
 
     name: str

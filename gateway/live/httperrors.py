@@ -5,6 +5,8 @@ miss its deadline, a deadline is too short, a workflow was shed); the live gatew
 an error type and a ``Retry-After``, here and nowhere else:
 
     NoEligibleWorker        503 service_unavailable, Retry-After 1
+    UnknownName             400 invalid_request_error (an unknown policy or dispatcher)
+    DagError                422 invalid_request_error, param: the field at fault
     PredictedMiss           429 rate_limit_error, Retry-After: until the backlog would have drained enough
     DeadlineTooShort        422 invalid_request_error, param deadline_s, body ``min_deadline_s``
     NoWorkerCanRun          503 service_unavailable, Retry-After: the health check's period
@@ -15,7 +17,17 @@ an error type and a ``Retry-After``, here and nowhere else:
 from __future__ import annotations
 
 from gateway.core.admission import AdmissionRefused, DeadlineTooShort, NoWorkerCanRun, PredictedMiss
-from gateway.errors import DomainError, GatewayError, NoEligibleWorker, Rejected, ServiceUnavailable, Unprocessable
+from gateway.core.dag import DagError
+from gateway.errors import (
+    BadRequest,
+    DomainError,
+    GatewayError,
+    NoEligibleWorker,
+    Rejected,
+    ServiceUnavailable,
+    UnknownName,
+    Unprocessable,
+)
 
 __all__ = ["to_http"]
 
@@ -24,6 +36,10 @@ def to_http(exc: DomainError, *, health_period_s: float = 1.0) -> GatewayError:
     """The HTTP error a client gets for ``exc`` (``health_period_s``: when a worker may be back)."""
     if isinstance(exc, NoEligibleWorker):
         return ServiceUnavailable(str(exc), retry_after_s=1)
+    if isinstance(exc, UnknownName):
+        return BadRequest(str(exc))
+    if isinstance(exc, DagError):
+        return Unprocessable(str(exc), param=exc.param)
     if isinstance(exc, DeadlineTooShort):
         return Unprocessable(str(exc), param="deadline_s", extra={"min_deadline_s": exc.min_deadline_s})
     if isinstance(exc, PredictedMiss):

@@ -30,7 +30,8 @@ from typing import Any
 
 from starlette.responses import Response
 
-from gateway.errors import BadRequest, GatewayError, Unprocessable
+from gateway.errors import BadRequest, DomainError, GatewayError, Unprocessable
+from gateway.live.httperrors import to_http
 from gateway.live.responses import error_response
 
 HEADER = "Idempotency-Key"
@@ -156,8 +157,8 @@ class IdempotencyStore:
         try:
             try:
                 resp = StoredResponse.of(await work())
-            except GatewayError as exc:
-                resp = StoredResponse.of(error_response(exc))
+            except (GatewayError, DomainError) as exc:
+                resp = StoredResponse.of(error_response(exc if isinstance(exc, GatewayError) else to_http(exc)))
         except BaseException:
             self._drop(k, entry)
             raise

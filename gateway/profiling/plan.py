@@ -1,45 +1,6 @@
-"""The probe plan of ``hexflow calibrate`` and the model of each probe: which requests to send, and what
-each one's latency is in the profile's constants (the rows of the fit).
-
-The profile is the iteration-time model of ``gateway.core.profile`` (the one the simulator, the
-scheduler and the emulated worker use): ``t_iter = iter_base_s + token_s * tokens + ctx_s * context +
-attn_s * pairs + seq_s * decoders`` (``pairs``: the prefill attention pairs the iteration's prompt chunks
-compute; ``decoders``: the requests decoding a token in it) plus ``request_overhead_s`` per request. What a
-request costs is linear in the six constants for given token counts, so measured latencies fit them by a
-linear program. ``attn_s`` is what makes prefill quadratic in the prompt; where the worker's prefill is
-linear the fit leaves it near 0. ``seq_s`` is host work per decoding request per step (sampling, output
-processing) on the engine's own core: large on a CPU server, near 0 on a GPU host where it overlaps.
-
-The probe plan (``make_plan``), run in this order until ``--budget-s`` is spent:
-
-1. **lone requests** over a grid of prompt and output lengths (cheapest first), one at a time:
-   ``single_latency(prompt, output)`` (chunked prefill, then one decode step per output token);
-2. **batches** of ``n`` concurrent requests of one shape, each its own prompt (``n`` = 2, 4, 8, ... up to
-   ``--max-concurrency``) with a short prompt (``n * prompt <= max_batched_tokens``, one prefill iteration) and a longer
-   output: each decode step then costs ``iter_base_s + (token_s + seq_s) * n + ctx_s * n * context``, which is
-   how decode slows down with the batch. The same batches run at two output lengths: a cost per request per
-   step grows with the output, a cost per request (``admit_s``) does not, so the fit tells them apart
-   (``token_s`` is pinned by the prompts, which have no per-request step cost). The ``n`` requests are taken in
-   together, so each one's latency carries ``n`` intakes (``admit_s``) where a lone request's carries one:
-   what tells ``admit_s`` (engine time per admitted request) from ``request_overhead_s`` (latency only);
-3. **decode steps** (``step``): ``n`` concurrent requests of a short prompt and a long output (``--step-output``,
-   default 256 tokens), then ``n`` more of the same prompt length and a quarter of that output; the
-   difference of their mean latencies over the difference of their outputs is the time of one decode step
-   at batch ``n`` (prefill, the per-request overhead and the intakes are in both and cancel). Run at
-   ``n`` = 1, half the concurrency bound and the bound with a short prompt, and at the bound with the long
-   prompt of the batch probes: the per-step cost of each decoding request (``token_s + seq_s``) and of its
-   context (``ctx_s``) measured directly, not inferred from whole latencies in which they are a few per cent;
-4. **a repeated prefix**: one prompt sent twice; the second send's latency over the first's (and the
-   worker's ``vllm:prefix_cache_hits`` counter) says whether prefix caching is on. The profile has no
-   prefix term, so only the first (uncached) send enters the fit;
-5. the lone, batch and step probes once more, while budget remains (repeats average out noise).
-
-**The fit** (``fit_constants``): the constants ``>= 0`` with the smallest sum of relative errors
-``|predicted / measured - 1|`` over every probe (an L1 fit: one probe disturbed by a hiccup moves it
-less than least squares would); the report lists each probe's error. ``ctx_s`` weighs little in the
-latencies of short contexts and is the least determined constant; the probe table shows how much each
-probe depends on it.
-"""
+"""The probe plan of ``hexflow calibrate`` and the model of each probe: which requests to send, and what each
+one's latency is in the profile's constants (the rows of the L1 fit, ``fit_constants``). The probes and why
+each is there: docs/architecture.md, "Fitting profiles"."""
 
 from __future__ import annotations
 
@@ -177,20 +138,10 @@ def make_plan(s: PlanSettings) -> list[Probe]:
 
 
 def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
-    """Coefficients of ``FITTED`` (``iter_base_s, token_s, ctx_s, request_overhead_s, attn_s, seq_s, admit_s``) in the
-    mean latency of ``n``
-    requests of one shape that arrive together, from their iteration schedule (vLLM's V1 scheduler, as
-    ``gateway.sim.engine`` models it).
-
-    Every iteration runs one decode token per decoding request and fills the rest of the ``chunk``
-    token budget with prompt tokens, first come first served; the iteration that finishes a prompt
-    yields its first output token. An iteration reads the context of every request in the engine
-    (the tokens it has processed so far). Which tokens run in which iteration depends on the token
-    counts only, not on the constants, so each request's latency is linear in them: ``overhead +
-    sum over its iterations of (iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs + seq_s *
-    decoders)``, a chunk of ``c`` prompt tokens after ``p`` computing ``c * p + c * (c + 1) / 2`` pairs, plus ``n``
-    intakes (``admit_s``: all ``n`` are admitted in the first iteration, which each one's intake stalls). With
-    ``n = 1`` this is ``PerfProfile.single_latency``.
+    """Coefficients of ``FITTED`` in the mean latency of ``n`` requests of one shape that arrive together, from
+    their iteration schedule (as ``gateway.sim.engine`` runs it). The schedule depends on the token counts only,
+    so each latency is linear in the constants: the overhead, every iteration's ``t_iter`` terms, and ``n``
+    intakes (``admit_s``: all are admitted in the first iteration). With ``n = 1``: ``PerfProfile.single_latency``.
     """
     if min(n, prompt, output, chunk) < 1:
         raise ValueError("batch_features: n, prompt, output and chunk must be >= 1")
@@ -233,12 +184,9 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
 
 
 def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int, short: int | None = None) -> np.ndarray:
-    """The coefficient row of one measured probe: the profile's ``FITTED`` constants (a lone probe: exactly
-    ``PerfProfile.single_latency``; a batch, ``batch_features``).
-
-    A ``step`` probe's row is the difference of the mean-latency rows of its long (``output``) and short
-    (``short``, default ``step_short(output)``) batches over the difference of their outputs: the model of
-    one decode step's time at batch ``n`` (the intakes and the overhead are in both batches and cancel)."""
+    """The coefficient row of one measured probe (a lone probe: ``PerfProfile.single_latency``; a batch:
+    ``batch_features``; a ``step`` probe: its long and short batches' rows differenced over their outputs' difference,
+    ``short`` defaulting to ``step_short(output)``)."""
     if kind == "step":
         lo = step_short(output) if short is None else short
         if not 1 <= lo < output:

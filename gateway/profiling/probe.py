@@ -1,29 +1,9 @@
 """``hexflow calibrate``: probe a live OpenAI-compatible worker and fit its performance profile.
 
-    hexflow calibrate --worker URL --model NAME [--gpu LABEL] [--tp N] [--out FILE] [--budget-s N]
-        [--max-concurrency N] [--max-prompt N] [--max-output N] [--max-num-seqs N]
-        [--max-batched-tokens N] [--kv-tokens N] [--step-output N] [--plot PNG] [--json FILE] [--quiet]
-
-The plan and the model of each probe are in ``gateway.profiling.plan``, the HTTP side in
-``gateway.profiling.worker``, the written profile and the report in ``gateway.profiling.output``.
-
-**Safe against a production worker.** Concurrency never exceeds ``--max-concurrency`` (default 16, and
-never above ``--max-num-seqs``). Before every probe the worker's ``/metrics`` is read; while
-``vllm:num_requests_waiting`` is above zero (others' traffic is queued) the calibration backs off (1 s,
-doubling up to 30 s) instead of adding load. The budget is a hard stop: a probe predicted (by the fit
-so far) not to end within it is skipped, and requests still running when it ends are cancelled (vLLM
-aborts a request whose client went away). Probes measured while others' requests were running are
-counted in the report: their latencies include the others' share of each batch.
-
-**KV capacity**: ``--kv-tokens`` when given; else vLLM's ``vllm:cache_config_info`` gauge (its
-``kv_cache_size_tokens`` label, or ``num_gpu_blocks x block_size`` before vLLM 0.32: the engine's own
-figure); else estimated from ``vllm:kv_cache_usage_perc`` read halfway through the largest batch probe
-(tokens held / usage: coarse, a block's worth per request). The KV block size (``block_tokens``: the
-prefix cache reuses whole blocks) from the same gauge's ``block_size`` label, else vLLM's GPU default of
-16 (its CPU backend uses 128).
-``max_num_seqs`` and ``max_batched_tokens`` are not in vLLM's metrics; pass the worker's ``--max-num-seqs``
-and ``--max-num-batched-tokens`` (defaults: 64 and 2048).
-"""
+The plan and the probes' model are in ``plan``, the HTTP side in ``worker``, the written profile and report in
+``output``. Safe against a production worker: bounded concurrency, back-off while others' requests queue, a
+hard budget (docs/architecture.md, "Fitting profiles"). ``max_num_seqs`` and ``max_batched_tokens`` are not in
+vLLM's metrics: pass the worker's (defaults 64 and 2048)."""
 
 from __future__ import annotations
 

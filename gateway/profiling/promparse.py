@@ -1,13 +1,7 @@
 """A pure parser of a vLLM worker's ``/metrics`` text (Prometheus text exposition format).
 
-    parse_worker_metrics(text, model=None) -> WorkerMetrics     the load and counters the gateway reads
-    parse_families(text) -> {sample name: [(labels, value)]}    every sample, e.g. of the gateway's own /metrics
-
-No I/O: the caller fetches the text. ``prometheus_client``'s parser names counter families without
-``_total`` and yields the samples with their suffixes (``_total``, ``_created``, ``_sum``, ``_count``,
-``_bucket``); this module works on sample names and ignores ``_created`` samples. Any malformed text
-raises ``MetricsParseError`` and nothing else.
-"""
+``parse_worker_metrics`` gives the load and counters the gateway reads, ``parse_families`` every sample by
+name (suffixes such as ``_total`` kept, ``_created`` ignored). Malformed text raises ``MetricsParseError``."""
 
 from __future__ import annotations
 
@@ -138,10 +132,9 @@ class _Samples:
 def parse_worker_metrics(text: str, model: str | None = None) -> WorkerMetrics:
     """The load and counters of a vLLM worker from its ``/metrics`` text.
 
-    With ``model``, only series labelled ``model_name=model`` count. A value is None when its family is
-    not in the text, or when all its series belong to other models; a family that is declared but has no
-    series yet (a labelled histogram before its first observation) gives 0.0. Raises
-    ``MetricsParseError`` on malformed text.
+    With ``model``, only series labelled ``model_name=model`` count. A value is None when its family is not in the text,
+    or when all its series belong to other models; a family that is declared but has no series yet (a labelled histogram
+    before its first observation) gives 0.0. Raises ``MetricsParseError`` on malformed text.
     """
     s = _Samples(text, model)
     kv = s.mean(KV_CACHE_USAGE)

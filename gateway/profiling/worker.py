@@ -1,13 +1,9 @@
-"""The HTTP side of probing a live OpenAI-compatible worker: one completion request of exactly the asked
-token counts, one ``/metrics`` read, back-off while others' requests queue, and a timed stream of requests
-(``send_arrivals``) for the checks that compare a worker with its profile under overlapping load.
+"""The HTTP side of probing a live OpenAI-compatible worker: one request of exactly the asked token counts, one
+``/metrics`` read, back-off while others' requests queue, and a timed stream of requests (``send_arrivals``).
 
-Every prompt is a list of token ids drawn from a per-request seed, salted per ``ProbeWorker``, so no two
-requests share a prefix (vLLM's prefix cache would otherwise make a repeat, a batch or a second calibration
-of the same worker look fast), and its length is what the worker counts. Requests ask for ``max_tokens =
-min_tokens = output`` with ``ignore_eos``, so outputs have exactly that length; the worker's own ``usage``
-counts are returned, never the requested ones.
-"""
+Prompts are token ids from a salted per-request seed, so no two requests share a prefix (the prefix cache
+would make repeats look fast); ``min_tokens = max_tokens`` with ``ignore_eos`` fixes the output length; the
+worker's own ``usage`` counts are returned."""
 
 from __future__ import annotations
 
@@ -103,8 +99,7 @@ def load_from(text: str) -> WorkerLoad:
 
 
 class ProbeWorker:
-    """The HTTP side of a calibration: one completion request, one ``/metrics`` read (None when there are
-    none)."""
+    """The HTTP side of a calibration: one completion request, one ``/metrics`` read (None when there are none)."""
 
     def __init__(self, client: httpx.AsyncClient, url: str, model: str) -> None:
         self.client = client

@@ -1,47 +1,9 @@
 """Fit the per-engine performance profiles of ``config/gpus.yaml`` to published latencies.
 
-The iteration-time model (``gateway.core.profile``) has four constants per engine. For a lone request
-its latency is linear in them: ``iter_base_s * iterations + token_s * tokens + ctx_s * context_reads
-+ request_overhead_s``. Published data (hexgen-traces SOURCE.md, the HexGen-Flow repository's
-profiling tables) gives, per GPU, the lone latency of each of the seven CHESS steps with
-Llama-3.1-70B at its mean tokens (``calibration.steps``). The fit per published GPU:
-
-* all four constants are fitted to every published step at once: the constants with the smallest
-  largest relative error (a linear program; among the constants that reach it, the smallest sum of
-  relative errors). The largest error is what ``calibration.target_error`` (10%) is about, so the
-  fit minimises it directly rather than a sum of squares that can leave one short step far off;
-* within hardware bounds, so a fit never beats the spec sheet: ``iter_base_s >= weight_bytes / (tp *
-  bandwidth)`` (a decode step reads every weight once; each of the ``tp`` GPUs reads its shard),
-  ``token_s >= 2 * params / (tp * peak FLOP/s)`` and ``ctx_s >= kv_bytes_per_token / (tp * bandwidth)``
-  (attention reads the KV cache), and ``request_overhead_s`` within ``calibration.min_request_overhead_s``
-  and ``max_request_overhead_s``: host-side latency (HTTP, API server, tokenisation) off the GPU.
-
-Where the published steps cannot all be met within the target, the report (``render_report``,
-written above the profiles) says why: steps faster than the hardware floor (every constant at its
-bound, no overhead), a fit that would reach the target only beyond the spec sheet's peaks, or steps
-that no constants of the model fit together even without the bounds.
-
-The ratio of a bound to the fitted constant is an efficiency (``mbu`` for the weights, ``mfu`` for
-batched tokens, ``kv_bu`` for the KV cache). Pairs without published numbers are derived from their
-own spec sheet's bounds divided by a fitted GPU's efficiencies:
-
-* a GPU in ``calibration.decode_from`` (H200 <- H100, L40S <- L40) takes that fitted sibling's
-  efficiencies and overhead (same architecture and software stack, its own bandwidth and FLOP/s), so
-  it ranks consistently with its sibling;
-* every other pair (the L4, Llama-3.1-8B everywhere) takes ``calibration.reference_gpu``'s (A100)
-  efficiencies;
-* ``request_overhead_s`` is host-side and does not depend on the model: a derived profile takes the
-  overhead fitted on the same GPU (or on its ``decode_from`` source), else the reference GPU's.
-
-``iter_base_s``, ``token_s`` and ``ctx_s`` are written rounded *up* to 6 significant digits, so the
-catalogue never holds a constant below its hardware bound.
-
-``kv_capacity_tokens = floor((tp * mem_gb * gpu_memory_utilization - weight_GB) / kv_bytes_per_token)``.
-
-Run ``python -m gateway.sim.calibrate`` to print the generated section (the fit report as YAML
-comments, then the ``profiles`` section); ``--write`` replaces the generated section of the
-catalogue file and prints the report, ``--check`` exits 1 when the profiles are stale.
-"""
+A lone request's latency is linear in the four constants, fitted per published GPU by a linear program within
+hardware bounds; other pairs are derived from fitted efficiencies (docs/architecture.md, "Fitting profiles").
+``python -m gateway.sim.calibrate`` prints the generated section; ``--write`` replaces it in the catalogue,
+``--check`` exits 1 when it is stale."""
 
 from __future__ import annotations
 
@@ -484,11 +446,10 @@ def _comment_block(text: str, indent: str = "#   ") -> list[str]:
 def render_report(cat: GpuCatalog, fits: Sequence[FittedProfile]) -> str:
     """The fit report as YAML comment lines: each published step fitted vs published, then every profile.
 
-    The first table lists, per GPU with published numbers, each step's published latency, the
-    profile's (rounded constants), the error and the hardware floor, then the standard workflow
-    (``STANDARD_WORKFLOW``, summed) against its published figure, and a sentence on the fit (why it
-    misses the target, where it does). The second lists every profile's constants, efficiencies
-    and predicted latencies.
+    The first table lists, per GPU with published numbers, each step's published latency, the profile's (rounded
+    constants), the error and the hardware floor, then the standard workflow (``STANDARD_WORKFLOW``, summed) against its
+    published figure, and a sentence on the fit (why it misses the target, where it does). The second lists every
+    profile's constants, efficiencies and predicted latencies.
     """
     cal = cat.calibration
     rows = _comment_block(

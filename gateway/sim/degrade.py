@@ -1,20 +1,8 @@
 """Degradation replayed in the simulator: traced CHESS queries whose remaining stages follow the knobs.
 
-A traced query is a fixed list of stages (``StagedWorkflow``). ``KnobbedWorkflow`` releases them under
-the knobs the degradation policy (``gateway.core.degrade.Degrader``) chose at the last boundary:
-
-* the candidate stage runs its first ``candidates`` calls;
-* ``revise`` stages after ``max_revisions`` of them are skipped (the trace's later rounds never run);
-* unit-test generation and evaluation are skipped when ``evaluate`` is off (always with one candidate);
-* with ``deadline_rule`` (the live pipeline's, for every quality mode, ``full`` included): past the deadline
-  no new ``revise`` round starts and evaluation that has not begun is skipped.
-
-The simulator asks the policy at arrival and whenever a stage ends (``decide``), with the same prediction
-the live pipeline uses: the scheduler's ``CompletionPredictor.path_time`` of ``knob_plan`` (the template's
-remaining stages under each setting). ``used`` is what the workflow actually ran, the setting its answer's
-accuracy is looked up at (``QualityModel``): a knob counts as cut only where it removed work the trace had
-(a cap above the trace's revision rounds cost nothing and counts as full).
-"""
+``KnobbedWorkflow`` releases a traced query's stages under the knobs ``Degrader`` chose at the last boundary
+(candidates, revise rounds, evaluation; with ``deadline_rule`` no new round past the deadline); ``used`` is
+what it actually ran, where its accuracy is looked up."""
 
 from __future__ import annotations
 

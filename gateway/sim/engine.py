@@ -1,41 +1,5 @@
-"""The simulated vLLM engine: iteration-level continuous batching with chunked prefill and KV limits.
-
-One ``SimEngine`` models one vLLM server (V1 scheduler semantics):
-
-* calls the gateway sends wait in the engine's own FIFO (vLLM's waiting queue);
-* at every iteration boundary, waiting calls are admitted in order while fewer than ``max_num_seqs``
-  run and the KV cache can hold the call's prompt plus its output (head-of-line blocking, as vLLM);
-* every iteration runs one decode token for each decoding call and fills the rest of the
-  ``max_batched_tokens`` budget with prompt chunks, first come first served (chunked prefill); the
-  iteration that finishes a prompt also yields its first output token;
-* the iteration's duration is ``PerfProfile.iter_time(tokens, context, pairs, decoders)``: ``decoders``,
-  the calls decoding a token in it (``seq_s`` each); ``pairs``, the prefill attention pairs its prompt chunks
-  compute (only with ``attn_s``; an iteration that ends one prompt and
-  starts the next is a segment of its own, so every iteration's pairs are exact); the iteration that admits
-  calls is stalled by ``admit_s`` per call admitted (their intake on the engine's core; 0 on GPU hosts).
-
-Simulating every iteration would cost hundreds of events per call, so the engine advances in
-*segments*: between two changes of the batch (a prompt finishes, a call finishes, a call is admitted)
-every iteration has the same token count and the context grows linearly, so the duration of k
-iterations has a closed form and the segment is one event. A call that arrives mid-segment interrupts
-it at the next iteration boundary, exactly where vLLM would admit it.
-
-KV: a call reserves ``input + output`` tokens at admission and frees them when it finishes, so the
-engine never preempts (vLLM preempts and recomputes under KV pressure; reserving up front is the
-conservative equivalent and keeps the capacity invariant checkable).
-
-Prefix caching (``prefix_caching``, vLLM's ``--enable-prefix-caching``, on by default in vLLM V1): the
-engine keeps the prompt segments its calls shared (``CallSpec.prefix``, ``gateway.core.prefix``). A
-segment enters the cache when the call that holds it is admitted: vLLM V1 caches a block as soon as it
-allocates it for the tokens it schedules (``KVCacheManager.allocate_slots`` -> ``cache_blocks``), and prompt
-chunks are scheduled first come first served, so a call admitted later, in the same iteration included,
-finds those blocks scheduled before its own first chunk. A call whose chain matches skips those tokens'
-prefill (whole blocks of the profile's ``block_tokens``, never the last token) but still holds and reads
-their KV. Segments in use by running calls stay; the others live in the free KV space and are evicted least
-recently used first when running calls need it. A call cancelled before its prompt is done takes the segments
-it brought, where no other call holds them. A call still reserves its whole prompt, so two running calls
-sharing a segment count it twice (conservative: vLLM shares the blocks).
-"""
+"""The simulated vLLM engine: iteration-level continuous batching with chunked prefill, KV limits and prefix
+caching, advanced in segments of identical iterations (docs/architecture.md, "The simulated engine")."""
 
 from __future__ import annotations
 
@@ -88,13 +52,10 @@ class _Running:
 
 @dataclass(slots=True)
 class EngineStats:
-    """Counters for invariant checks and reports (``prompt_tokens``/``prefix_hit_tokens``: vLLM's
-    ``prefix_cache_queries``/``prefix_cache_hits`` in tokens; ``evicted_tokens``: cached segment tokens
-    evicted; ``cancelled``: running calls aborted by ``cancel``; ``batched_tokens``: tokens the iterations
-    computed, prompt chunks and decode tokens; ``seq_iterations``: calls in the batch summed over iterations,
-    so ``seq_iterations / iterations`` is the mean batch). With the profile's constants they split
-    ``busy_s``: ``iter_base_s * iterations`` per-iteration base, ``token_s * batched_tokens`` token time, the
-    rest context reads, prefill attention and per-call host work (``seq_s``)."""
+    """Counters for invariant checks and reports: ``prompt_tokens``/``prefix_hit_tokens`` (vLLM's prefix-cache
+    queries and hits in tokens), ``evicted_tokens``, ``cancelled``, ``batched_tokens`` (prompt chunks and decode
+    tokens computed) and ``seq_iterations`` (batch sizes summed over iterations), which with the profile split
+    ``busy_s`` into base, token and other time."""
 
     iterations: int = 0
     max_running: int = 0
@@ -190,10 +151,8 @@ class SimEngine:
             w.append(r)
 
     def progress(self, call: Call, now: float) -> tuple[int, float | None]:
-        """Output tokens ``call`` has produced by ``now``, and when its first token came (None: not yet).
-
-        Exact at iteration boundaries within the running segment; used to stream tokens in real time.
-        """
+        """Output tokens ``call`` has produced by ``now`` (exact at iteration boundaries), and when its first token
+        came (None: not yet)."""
         r = self._states.get(call.id)
         if r is None or r.prefill_done_at is None:
             return 0, None
@@ -226,13 +185,9 @@ class SimEngine:
         return False
 
     def cancel(self, call: Call, now: float) -> bool:
-        """Abort ``call`` (its hedge won, or its client went away): a waiting call leaves the queue; a
-        running one leaves the batch at the next iteration boundary, as vLLM aborts between steps, and its
-        KV and batch slot are free from then. A call that finishes in the iteration running at ``now``
-        finishes (the caller ignores its answer).
-
-        Returns True when a new wake-up time was set (``wake_at``, with a new ``version``), as ``kick``.
-        """
+        """Abort ``call``: a waiting call leaves the queue, a running one the batch at the next iteration boundary
+        (as vLLM aborts between steps; one finishing in the current iteration finishes). True when a new
+        wake-up time was set, as ``kick``."""
         r = self._states.get(call.id)
         if r is None:
             return False
@@ -287,10 +242,8 @@ class SimEngine:
         self.stats.cancelled += 1
 
     def kick(self, now: float) -> bool:
-        """Replan after ``add``: start if idle, or cut the running segment at the next boundary.
-
-        Returns True when a new wake-up time was set (``wake_at``, with a new ``version``).
-        """
+        """Replan after ``add``: start if idle, or cut the running segment at the next boundary. True when a new
+        wake-up time was set (``wake_at``, with a new ``version``)."""
         if not self.busy:
             return self._plan(now)
         if not self._can_admit():
@@ -306,10 +259,8 @@ class SimEngine:
         return self._plan(t)
 
     def on_wake(self, now: float) -> list[Call]:
-        """The planned segment ended at ``now``: apply it, return the calls that finished.
-
-        Leaves the engine unplanned; the simulator adds any new calls and then calls ``kick``.
-        """
+        """The planned segment ended at ``now``: apply it and return the calls that finished (the engine is left
+        unplanned until ``kick``)."""
         done = self._apply(self._seg_k, now)
         self.busy = False
         if self._cancel_at_wake:
@@ -378,10 +329,8 @@ class SimEngine:
             self.stats.prefix_hit_tokens += hit
 
     def _store(self, r: _Running) -> None:
-        """At admission, after ``_hit``: the rest of ``r``'s segments are cached from now on (pinned by ``r``
-        until it finishes). vLLM caches a block when it allocates it for the tokens it schedules, and every
-        call admitted after ``r`` prefills behind it (prompt chunks go first come first served), so a later
-        call finds ``r``'s blocks scheduled before its own first chunk, in the same iteration at the latest."""
+        """At admission, after ``_hit``: the rest of ``r``'s segments are cached from now on, pinned by ``r`` until
+        it finishes (vLLM caches a block when it schedules it, and later calls prefill behind ``r``)."""
         cache = self._cache
         held = r.held
         r.stored_from = len(held)
@@ -420,11 +369,6 @@ class SimEngine:
             tokens = cache.pop(key)[0]
             self._evictable -= tokens
             self.stats.evicted_tokens += tokens
-
-    @property
-    def cached_segments(self) -> int:
-        """Prefix-cache entries held (pinned or evictable)."""
-        return len(self._cache)
 
     @property
     def evictable_tokens(self) -> int:

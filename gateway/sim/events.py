@@ -1,11 +1,7 @@
 """The simulator's event queue: a binary min-heap of events ordered by (time, sequence number).
 
-``heapq`` on tuples compares through Python's generic rich comparison, twice per tuple (equality of the
-first items, then less-than); in the native build this heap compares two floats and, on a tie, two ints,
-read straight from the events' native attributes. The order is the tuples' order exactly: sequence numbers
-are unique, so (time, seq) is a total order and every correct heap pops the same sequence
-(``tests/sim/test_events.py`` checks it against ``heapq``).
-"""
+Compiled natively it compares floats and ints straight from the events' attributes, not tuples through rich
+comparison; sequence numbers are unique, so it pops the same order as ``heapq`` (``tests/sim/test_events.py``)."""
 
 from __future__ import annotations
 

@@ -20,15 +20,9 @@ def l1_relative_fit(
     lower: Sequence[float] | None = None,
     upper: Sequence[float] | None = None,
 ) -> tuple[float, ...]:
-    """Coefficients ``x`` within ``[lower, upper]`` (default ``[0, inf)``) minimising the sum of
-    ``|a x / y - 1|`` over the rows: an L1 fit of relative errors, a linear program.
-
-    L1 rather than least squares: a row disturbed by a hiccup (a request stalled in the engine, a network
-    blip) pulls the fit by its sign, not by its size, so a few bad rows among many barely move it. Used by
-    ``hexflow calibrate`` (probes) and by the online refit (``gateway.sim.refit``: completed calls). The
-    program is sparse (one error variable per row), so thousands of rows solve in milliseconds.
-
-    Raises ``ValueError`` when there is nothing to fit, a latency is not positive, or the solver fails.
+    """Coefficients ``x`` within ``[lower, upper]`` (default ``[0, inf)``) minimising the sum of ``|a x / y - 1|``
+    over the rows: an L1 fit of relative errors (a disturbed row pulls by its sign, not its size), as a sparse
+    linear program. Raises ``ValueError`` for nothing to fit, a latency not positive, or a solver failure.
     """
     k = a.shape[1] if a.ndim == 2 else 0
     if len(y) == 0 or k == 0 or a.shape[0] != len(y) or not np.all(y > 0):

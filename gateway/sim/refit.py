@@ -1,35 +1,11 @@
 """Slow online refit of a worker's profile constants from the calls it completed.
 
-The ratio EWMA (``gateway.core.estimates``) corrects ``t_comp`` within a few calls, but only ``t_comp``:
-the engine's prefill clock, slot waits, ``gpu_s`` (admission) and stage budgets still run on the profile.
-A worker whose profile is wrong (an L40S labelled A100, another vLLM build, another model revision)
-keeps being mis-planned. The refit fits the profile's four time constants (``iter_base_s``, ``token_s``,
-``ctx_s``, ``request_overhead_s``) to the worker's completed calls, slowly and within bounds:
-
-* **the data**: the last ``window_calls`` completed calls of the worker (``gateway.core.samples``), each
-  with the batch the estimator assumed when it started, so its predicted latency is linear in the
-  constants (``LatencyModel.sample_terms``, ``sample_rows``);
-* **the fit**: the same L1 fit of relative errors as ``hexflow calibrate`` (``l1_relative_fit``), so a
-  minute of stalled calls pulls it by its share of the window's calls, not by its size;
-* **the bounds**: each constant moves at most ``max_step`` times (up or down) per refit, and never beyond
-  ``max_drift`` times the profile the worker was configured with (catalogue or file): a plausible engine;
-* **the acceptance**: at least ``min_calls`` calls in the window and ``min_calls // 4`` new since the last
-  attempt; the best fit within the drift bounds has a median relative error of at most ``max_error`` (the
-  model describes this worker); and the step's error is lower than the current constants' on the same
-  calls by ``min_gain`` (relative) and one point (absolute). Otherwise the profile is kept.
-
-An accepted fit goes through ``Scheduler.set_profile`` (the one path that changes a member's profile): the
-worker's ratio EWMAs restart, since they measured what the old constants missed.
-
-``Refitter`` holds the decisions and no I/O: the simulator calls ``step`` in virtual time, the live task
-(``gateway.live.refit``) takes ``jobs`` on the event loop, runs ``fit_job`` in a thread and ``apply``s
-the outcomes back on the loop. Outcomes are ``applied``, ``kept`` (no real gain), ``rejected`` (the fit
-is poor: the model does not describe this worker), ``skipped`` (too few calls) and ``failed`` (solver).
-"""
+``Refitter`` holds the decisions (bounded steps and drift, acceptance by error and gain) and no I/O: the
+simulator calls ``step``; the live task (``gateway.live.refit``) takes ``jobs``, runs ``fit_job`` in a thread
+and ``apply``s the outcomes (docs/architecture.md, "Fitting profiles")."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -145,14 +121,9 @@ class FitOutcome:
 
 
 def fit_job(job: FitJob, s: RefitSettings) -> FitOutcome:
-    """Fit the job's worker and decide (pure CPU: runs in a thread live).
-
-    Two fits of the window: one within the drift bounds only, which says whether the model describes this
-    worker at all (its error must be at most ``max_error``, else ``rejected``), and the step, within
-    ``max_step`` of the current constants as well, which is applied when it beats the current constants
-    by ``min_gain`` (else ``kept``). Judging the fit by the step alone would refuse every step of a worker
-    more than ``max_step`` away from its profile: exactly the worker that needs several.
-    """
+    """Fit the job's worker and decide (pure CPU: runs in a thread live). A fit within the drift bounds alone
+    says whether the model describes the worker (else ``rejected``); the step, within ``max_step`` too, is
+    applied when it beats the current constants by ``min_gain`` (else ``kept``), so a far worker takes several."""
     cur = job.info.profile
     a, y = sample_rows(job.samples, LatencyModel(cur))
     keep = y > 0
@@ -303,10 +274,3 @@ def profile_status(info: WorkerInfo) -> dict[str, Any]:
             k: float(f"{v:.6g}") for k, v in zip((*FITTED, "attn_s", "seq_s", "admit_s"), constants_of(p), strict=True)
         },
     }
-
-
-def fitted_ratio(current: PerfProfile, base: PerfProfile) -> float:
-    """Geometric mean over ``FITTED`` (non-zero ones) of current / base: how far a refit has moved."""
-    pairs = zip(constants_of(current)[: len(FITTED)], constants_of(base)[: len(FITTED)], strict=True)
-    rs = [c / b for c, b in pairs if b > 0 and c > 0]
-    return statistics.geometric_mean(rs) if rs else 1.0

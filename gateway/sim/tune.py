@@ -1,18 +1,8 @@
 """Simulation-based alpha tuning (the HexGen-Flow paper's fourth component).
 
-Replay a window of recent traffic (the workflows, with their arrival times, deadlines and calls)
-against the current cluster once per alpha on a grid, and pick the alpha with the lowest P95 latency;
-ties (within 0.1%) go to the higher SLO attainment, then to the alpha closer to the current one
-(so the live gateway does not flap between equivalent values).
-
-P95 over one window is a noisy function of alpha: two neighbouring alphas make nearly the same
-decisions, yet their P95 can differ by a few percent by the luck of which workflows land in the tail,
-and the alpha that wins on the past window by luck is no better on the next one. With ``smooth`` (the
-default) each alpha's P95 is therefore estimated as the mean over it and its grid neighbours (one step
-either side), and the lowest estimate wins. On the hexgen traces this keeps the tuned alpha within a
-few percent of the best fixed alpha in hindsight (the closing note of the scheduling-core issue has
-the figures); ``smooth=False`` picks the raw minimum.
-"""
+Replay a window of recent traffic once per alpha on a grid and pick the lowest P95; ties (within 0.1%) go to
+the higher SLO attainment, then to the alpha nearer the current one (no flapping). P95 over one window is noisy
+in alpha, so with ``smooth`` each alpha's P95 is the mean over it and its grid neighbours."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from gateway.core.policy import (
     production_policy,
     register_policy,
 )
-from gateway.errors import UnknownNameError
+from gateway.errors import UnknownName
 
 
 def test_roles_split_ours_baselines_and_ablations() -> None:
@@ -75,5 +75,5 @@ def test_an_ablation_runs_only_behind_the_benchmark_switch(name: str) -> None:
 
 def test_an_unknown_policy_is_unknown_with_or_without_the_switch() -> None:
     for benchmark in (False, True):
-        with pytest.raises(UnknownNameError):
+        with pytest.raises(UnknownName):
             production_policy("nope", benchmark=benchmark)

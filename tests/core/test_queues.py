@@ -49,7 +49,7 @@ def drain(q: object, now: float = 0.0) -> list[Call]:
 
 
 def test_urgency_queue_pops_tightest_slack_first() -> None:
-    q = QUEUES["urgency"]()()
+    q = QUEUES["urgency"].family()()
     relaxed = call(ready=0.0, budget=50.0, t_comp=5.0)  # slack 45
     tight = call(ready=0.0, budget=10.0, t_comp=8.0)  # slack 2
     waited = call(ready=-30.0, budget=40.0, t_comp=5.0)  # waited 30 s: slack 5
@@ -93,7 +93,7 @@ def test_urgency_ties_are_fifo() -> None:
     ],
 )
 def test_deadline_disciplines_table(discipline: str, fields: list[dict[str, float]], expected_order: list[int]) -> None:
-    q = QUEUES[discipline]()()
+    q = QUEUES[discipline].family()()
     cs = [call(**f) for f in fields]  # type: ignore[arg-type]
     for c in cs:
         q.push(c)
@@ -143,7 +143,7 @@ def test_vtc_lifts_a_newly_backlogged_tenant_so_idling_earns_no_credit() -> None
 
 
 def test_vtc_counters_are_shared_between_worker_queues() -> None:
-    family = QUEUES["vtc"]()
+    family = QUEUES["vtc"].family()
     q1, q2 = family(), family()
     q1.push(call(tenant="a", tokens=(500, 0)))
     q1.push(call(tenant="b", tokens=(500, 0)))
@@ -185,8 +185,8 @@ def test_a_call_resubmitted_after_removal_counts_once_and_leaves_no_ghost() -> N
     """Drained off a worker, resubmitted elsewhere with a new seq: the stale heap entry of the first queue
     must not show in it, be removable again, or make its length negative."""
     for name in ("urgency", "edf", "llf"):
-        q = QUEUES[name]()()
-        other = QUEUES[name]()()
+        q = QUEUES[name].family()()
+        other = QUEUES[name].family()()
         c = call()
         q.push(c)
         assert q.remove(c) and len(q) == 0
@@ -201,7 +201,7 @@ def test_a_call_resubmitted_after_removal_counts_once_and_leaves_no_ghost() -> N
 
 @pytest.mark.parametrize("discipline", sorted(QUEUES))
 def test_best_effort_calls_wait_behind_every_other_call(discipline: str) -> None:
-    q = QUEUES[discipline]()()
+    q = QUEUES[discipline].family()()
     late = call(budget=0.1, deadline=1.0)
     late.best_effort = True  # the most urgent by every key, but demoted
     normal = [call(budget=50.0, deadline=100.0), call(budget=60.0, deadline=200.0)]
@@ -214,8 +214,12 @@ def test_best_effort_calls_wait_behind_every_other_call(discipline: str) -> None
 
 
 def test_best_effort_call_can_be_removed() -> None:
-    q = QUEUES["urgency"]()()
+    q = QUEUES["urgency"].family()()
     c = call()
     c.best_effort = True
     q.push(c)
     assert q.remove(c) and not q.remove(c) and len(q) == 0
+
+
+def test_the_deadline_ordered_disciplines_declare_it_at_registration() -> None:
+    assert {n for n, q in QUEUES.items() if q.deadline_ordered} == {"urgency", "edf", "llf"}

@@ -11,7 +11,7 @@ from gateway.core.policy import POLICIES
 from gateway.core.profile import PerfProfile
 from gateway.core.scheduler import NoEligibleWorker, Scheduler, WorkerInfo
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
-from gateway.errors import UnknownNameError
+from gateway.errors import UnknownName
 
 SPEC = CallSpec("generate_candidate", 8000, 400)
 
@@ -21,7 +21,7 @@ def one_call_wf(deadline: float = 100.0, tenant: str = "t", wid: int = 0) -> Sta
 
 
 def test_unknown_policy_raises_a_clear_error(cluster: list[WorkerInfo]) -> None:
-    with pytest.raises(UnknownNameError, match="unknown policy 'nope'"):
+    with pytest.raises(UnknownName, match="unknown policy 'nope'"):
         Scheduler(cluster, "nope", random.Random(0))
 
 

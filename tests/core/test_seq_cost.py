@@ -45,7 +45,6 @@ def test_the_closed_forms_charge_it_per_decoding_call_per_step() -> None:
     assert CPU.engine_latency(100, 65) - NO_SEQ.engine_latency(100, 65) == pytest.approx(64 * CPU.seq_s)
     # A decode step of n calls: n times.
     assert CPU.iter_time(8, 0.0, decoders=8) - NO_SEQ.iter_time(8, 0.0, decoders=8) == pytest.approx(8 * CPU.seq_s)
-    assert CPU.decode_throughput(8, 500.0) < NO_SEQ.decode_throughput(8, 500.0)
     # It is a cost per call in the batch, so it lowers the batch a latency-bound engine runs.
     big, big0 = (dataclasses.replace(p, max_num_seqs=256) for p in (CPU, NO_SEQ))
     assert big.derived_capacity(call_tokens=1000) == 12 < big0.derived_capacity(call_tokens=1000) == 39

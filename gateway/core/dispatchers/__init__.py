@@ -1,18 +1,6 @@
-"""Dispatchers as plugins: one module per dispatcher, one interface (``base``), one registry.
-
-Registered dispatchers (each module's docstring has its rule):
-
-``rr``    round-robin (``rr.py``)
-``p2c``   power of two choices on queue length (``p2c.py``)
-``lw``    least predicted wait (``lw.py``)
-``eft``   earliest finish time (``eft.py``)
-``wb``    HexGen-Flow's workload-balanced score, as the paper has it (``wb.py``)
-``wbi``   ``wb`` with the call's interference in the queue term: what ``hexgen`` runs (``wb.py``)
-``llmd``  llm-d's inference scheduler, default profile (``llmd.py``)
-
-A dispatcher module defines a class with ``choose(view) -> position`` and calls ``register_dispatcher`` with its
-``Capabilities``; the import below is its registration (``docs/architecture.md``, "Adding a dispatcher").
-"""
+"""Dispatchers as plugins: one module per dispatcher (``rr``, ``p2c``, ``lw``, ``eft``, ``wb``/``wbi``, ``llmd``),
+one interface (``base``), one registry. A module defines ``choose(view) -> position`` and registers itself with
+its ``Capabilities``; the imports below are the registrations (docs/architecture.md, "Adding a dispatcher")."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """The one dispatcher interface: what a dispatcher sees (``DispatchView``), declares (``Capabilities``) and is
 registered as (``DISPATCHERS``).
 
-A dispatcher is the global choice of a worker for a ready call. The scheduler refreshes one row of estimates per
-eligible worker (``WorkerEstimate``, written in place by ``Estimator.scan``: no per-call lists) and hands the
-dispatcher a ``DispatchView`` over those rows; the dispatcher returns a position in ``view.workers``. It never
-fetches or mutates shared state; it may keep its own small state (the round-robin pointer, its RNG).
-
-Every row always holds the scan's estimates (``t_comp``, ``t_queue``, ``harm``, ``inflight``): the scheduler
-needs the chosen worker's ``t_comp`` for the call anyway. The rest is filled only for a dispatcher whose
-``Capabilities`` ask for it, so a dispatcher that does not read a field costs nothing for it.
-"""
+The dispatcher gets a view over the scheduler's rows (``WorkerEstimate``, written in place by
+``Estimator.scan``) and returns a position in ``view.workers``; it never mutates shared state. Rows always hold
+``t_comp``, ``t_queue``, ``harm`` and ``inflight``; other fields only where ``Capabilities`` ask for them."""
 
 from __future__ import annotations
 
@@ -17,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.errors import UnknownNameError
+from gateway.errors import UnknownName
 
 
 class Rng(Protocol):
@@ -55,11 +49,9 @@ class WorkerEstimate:
 class DispatchView:
     """What a dispatcher sees for one call: the rows of the eligible workers and the call's own figures.
 
-    ``rows`` is indexed by worker (every slot, eligible or not); ``workers`` holds the eligible worker indices,
-    ascending, and a dispatcher reads only their rows: ``rows[workers[i]]`` for position ``i``. ``budget`` is the
-    call's stage budget in seconds (``slo.stage_budget``; negative when the workflow is late), ``t_comp_min`` the
-    least ``t_comp`` over ``workers``. ``prefix`` says the rows' ``cached`` are filled (a prefix-aware policy
-    where the engines cache prefixes and the call has a prefix); otherwise they are 0.
+    ``rows`` is indexed by worker; a dispatcher reads only ``rows[workers[i]]`` for position ``i`` of the eligible,
+    ascending ``workers``. ``budget``: the call's stage budget (negative when late); ``t_comp_min``: the least
+    ``t_comp`` over ``workers``; ``prefix``: the rows' ``cached`` are filled (else 0).
     """
 
     rows: list[WorkerEstimate]
@@ -115,8 +107,8 @@ def register_dispatcher(name: str, make: Callable[[Rng], Dispatcher], capabiliti
 
 
 def get_dispatcher(name: str) -> DispatcherEntry:
-    """The registered dispatcher ``name``; unknown names raise ``UnknownNameError``."""
+    """The registered dispatcher ``name``; unknown names raise ``UnknownName``."""
     try:
         return DISPATCHERS[name]
     except KeyError:
-        raise UnknownNameError("dispatcher", name, list(DISPATCHERS)) from None
+        raise UnknownName("dispatcher", name, list(DISPATCHERS)) from None

@@ -1,8 +1,7 @@
 """``eft``: earliest finish time, the classic list-scheduling heuristic for heterogeneous clusters.
 
-The worker with the smallest ``t_queue + t_comp`` (when the call could start there plus how long it would run
-there) wins: HEFT's processor choice (Topcuoglu et al. 2002). Ties go to the lower ``t_comp``, then the lower
-position.
+The worker with the smallest ``t_queue + t_comp`` (when the call could start there plus how long it would run there)
+wins: HEFT's processor choice (Topcuoglu et al. 2002). Ties go to the lower ``t_comp``, then the lower position.
 """
 
 from __future__ import annotations

@@ -11,14 +11,9 @@ from gateway.core.dispatchers.base import Capabilities, DispatchView, Rng, regis
 
 
 class LlmdScorer:
-    """llm-d's endpoint picker with its default profile: prefix-cache 3, queue 2, KV-cache utilisation 2.
-
-    Each scorer gives every worker a score in [0, 1] and the weighted sums are compared (llm-d's
-    ``prefix-cache-scorer``, ``queue-scorer`` and ``kv-cache-utilization-scorer`` with the weights of its default
-    ``EndpointPickerConfig``); ``max-score-picker`` takes the highest, breaking ties at random. The queue is the
-    worker's waiting calls (vLLM's ``num_requests_waiting``; here the calls waiting for a slot), and the prefix
-    score the share of the prompt's tokens the worker is believed to hold.
-    """
+    """llm-d's endpoint picker with its default ``EndpointPickerConfig``: the prefix-cache (3), queue (2; waiting
+    calls) and KV-cache utilisation (2) scorers, each in [0, 1]; ``max-score-picker`` takes the highest weighted
+    sum, ties at random."""
 
     PREFIX_WEIGHT = 3.0
     QUEUE_WEIGHT = 2.0

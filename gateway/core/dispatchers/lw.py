@@ -1,8 +1,7 @@
 """``lw``: least predicted wait, AIBrix's least-busy-time and llm-d's load-aware scorers.
 
-The worker with the smallest ``t_queue`` (how long the call would wait there before its prompt is processed, from
-the estimator's batching model) wins; ties go to the worker that computes the call fastest, then the lower
-position.
+The worker with the smallest ``t_queue`` (how long the call would wait there before its prompt is processed, from the
+estimator's batching model) wins; ties go to the worker that computes the call fastest, then the lower position.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """``wb`` and ``wbi``: HexGen-Flow's workload-balanced, heterogeneity-aware score.
 
-``wb`` is the score as the paper has it; ``wbi`` adds the call's interference to the queue term (below): what
-``hexgen`` runs. Normalised (the paper leaves beta and the t_queue -> 0 case open):
-
-    Score(q, m) = (1 - alpha) * beta / (beta + t_queue(m)) - alpha * t_comp(q, m) / beta
+    Score(q, m) = (1 - alpha) * beta / (beta + t_queue(m) [+ harm(q, m)]) - alpha * t_comp(q, m) / beta
     beta        = max(budget(q), min over m of t_comp(q, m))
 
-``beta`` is the call's stage budget (its share of the time left before the workflow's deadline, ``slo.py``),
-floored at the call's best-case compute time; a late call (budget <= 0) gets the floor. Both terms are then
-dimensionless: the load term says how much of the budget the queue would leave (1 for an idle worker, so
-t_queue -> 0 is well defined), the compute term how much of the budget the call's compute would use on m.
-Measuring against the budget couples dispatch to urgency: a call with a loose budget is placed mostly by load
-(with alpha = 0.5 and small queues the score is about ``const - (t_queue + t_comp) / beta``: earliest finish),
-so it can run on a slow GPU that is free and still meet its budget; a call that is behind has a small beta, its
-compute term dominates, and it goes to the fastest GPU, where the urgency queue lets it pass the calls that can
-wait. alpha = 0 is pure load balancing (the ``lw`` choice), alpha = 1 always picks the fastest GPU. The highest
-score wins; ties go to the lower ``t_comp``, then the lower position.
-
-Interference (``wbi``, beyond the paper). Under vLLM's chunked prefill a prompt's chunks run inside the
-iterations that every call in the batch waits for, so a prompt sent to a worker stalls each call in flight there
-for about its prefill time. The estimator reports that as ``harm`` (prefill seconds x calls in flight,
-``estimates.py``), and ``wbi`` charges it to the worker as queue time:
-
-    Score(q, m) = (1 - alpha) * beta / (beta + t_queue(m) + w * harm(q, m)) - alpha * t_comp(q, m) / beta
-
-with weight ``w = 1``. Long prompts then go where few calls decode, and a worker busy decoding keeps its speed
-for the calls already there; short prompts, whose harm is small, still fill gaps anywhere (its effect on
-capacity is measured in ``docs/benchmarks.md``).
-"""
+``wbi`` adds the call's interference (``harm``) to the queue term. Highest score wins; ties go to the lower
+``t_comp``, then the lower position (docs/architecture.md, "Policies and the WB score")."""
 
 from __future__ import annotations
 

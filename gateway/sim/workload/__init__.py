@@ -1,18 +1,6 @@
-"""Workloads for the simulator and the benchmarks: queries, arrival times and tenants.
-
-A workload is three independent choices, combined by ``build_workload`` (``build.py``):
-
-* **queries**, each a flat list of ``CallSpec`` in the order the CHESS workflow issues them: loaded from
-  a hexgen trace file (``load_trace``, ``traces.py``) or drawn from the ``chess-bird`` generator
-  (``generate_chess_bird``, ``generator.py``), which is calibrated on the five hexgen traces;
-* **arrival times** in seconds (``arrivals.py``): Poisson, Gamma (burstiness set by the coefficient of
-  variation) or replayed from a CSV trace such as the Azure LLM inference trace 2023 (``replay_arrivals``);
-* **tenants** (``TenantSpec``, ``tenants.py``): each arrival is assigned to one by share; a tenant sets
-  the deadline and whether its requests are Text-to-SQL workflows or single chat calls.
-
-Everything random takes a ``random.Random`` instance; nothing here touches the global generator, so the
-same seed always gives the same workload. This package re-exports every public name of its modules.
-"""
+"""Workloads for the simulator and the benchmarks: queries (a trace or the ``chess-bird`` generator), arrival
+times (``arrivals.py``) and tenants (``tenants.py``), combined by ``build_workload``. Everything random takes a
+``random.Random``, so a seed gives one workload. This package re-exports its modules' public names."""
 
 from __future__ import annotations
 

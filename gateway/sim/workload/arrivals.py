@@ -35,10 +35,7 @@ def _check_arrival_args(n: int, rate_qps: float) -> None:
 
 
 def poisson_arrivals(n: int, rate_qps: float, rng: random.Random, start: float = 0.0) -> list[float]:
-    """``n`` arrival times of a Poisson process of rate ``rate_qps`` that starts at ``start``.
-
-    The first arrival is one exponential gap after ``start``, like every later one.
-    """
+    """``n`` arrival times of a Poisson process of rate ``rate_qps`` (the first one gap after ``start``)."""
     _check_arrival_args(n, rate_qps)
     out: list[float] = []
     t = start
@@ -49,11 +46,8 @@ def poisson_arrivals(n: int, rate_qps: float, rng: random.Random, start: float =
 
 
 def gamma_arrivals(n: int, rate_qps: float, cv: float, rng: random.Random, start: float = 0.0) -> list[float]:
-    """``n`` arrival times with Gamma inter-arrival gaps of mean ``1 / rate_qps``.
-
-    ``cv`` is the gaps' coefficient of variation: ``cv = 1`` is a Poisson process, larger values are
-    burstier (Gamma shape ``1 / cv**2``).
-    """
+    """``n`` arrival times with Gamma gaps of mean ``1 / rate_qps`` and coefficient of variation ``cv`` (1:
+    Poisson; larger: burstier)."""
     _check_arrival_args(n, rate_qps)
     if not (cv > 0 and math.isfinite(cv)):
         raise ValueError(f"cv must be a positive number, got {cv}")
@@ -95,14 +89,11 @@ def replay_arrivals(
     rate_qps: float | None = None,
     time_scale: float | None = None,
 ) -> list[float]:
-    """Arrival offsets in seconds from the first row of a CSV trace (0.0 first).
+    """Arrival offsets in seconds from the first row of a CSV trace (0.0 first), at most ``n``.
 
-    The time column is ``column`` or, by default, the first header named ``timestamp``, ``time``,
-    ``arrival_time`` or ``arrival`` (any case): the Azure LLM trace's ``TIMESTAMP``
-    (``2023-11-16 18:15:46.6805900``) or BurstGPT's ``Timestamp`` in seconds both work. Only the first
-    ``n`` rows are read when ``n`` is given. ``time_scale`` multiplies the offsets (2.0 replays at half
-    speed); ``rate_qps`` instead rescales them so the mean rate (arrivals - 1) / span equals it.
-    A bad file raises ``ConfigError`` naming the column or row and what was expected.
+    The time column is ``column`` or the first header named ``timestamp``, ``time``, ``arrival_time`` or
+    ``arrival`` (any case; datetimes or seconds: Azure's and BurstGPT's both work). ``time_scale`` multiplies
+    the offsets; ``rate_qps`` instead rescales them to that mean rate. A bad file raises ``ConfigError``.
     """
     if rate_qps is not None and time_scale is not None:
         raise ValueError("give rate_qps or time_scale, not both")
@@ -230,12 +221,11 @@ SERVEGEN_WINDOW_S = 600.0
 
 
 def servegen_arrivals(path: Path, n: int, rng: random.Random) -> list[float]:
-    """``n`` arrival offsets drawn from a ServeGen client trace (``chunk-<N>-trace.csv``: one row per
-    10-minute window, ``start_s, rate, cv, family, shape, scale``), the way ServeGen's own sampler draws
-    them: per window, gaps from the fitted Gamma or Weibull, rescaled so the window holds ``rate x 600``
-    requests. Windows without traffic are skipped (idle time is not kept: the caller rescales to its
-    rate anyway, and a rescaled idle hour would only stretch the run). Windows are taken in order and
-    cycled when ``n`` needs more."""
+    """``n`` arrival offsets drawn from a ServeGen client trace (``chunk-<N>-trace.csv``: one row per 10-minute window,
+    ``start_s, rate, cv, family, shape, scale``), the way ServeGen's own sampler draws them: per window, gaps from the
+    fitted Gamma or Weibull, rescaled so the window holds ``rate x 600`` requests. Windows without traffic are skipped
+    (idle time is not kept: the caller rescales to its rate anyway, and a rescaled idle hour would only stretch the
+    run). Windows are taken in order and cycled when ``n`` needs more."""
     where = str(path)
     windows: list[tuple[float, str, float, float]] = []
     try:

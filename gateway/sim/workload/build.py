@@ -30,19 +30,13 @@ def build_workload(
     plan_template: WorkflowTemplate | None = None,
     deadline_rule: bool = False,
 ) -> list[StagedWorkflow]:
-    """One workflow per arrival, ids 0..n-1 in arrival order.
+    """One workflow per arrival (ids 0..n-1 in arrival order), each for a tenant drawn by share.
 
-    Each arrival goes to a tenant drawn by share. A Text-to-SQL tenant's k-th workflow replays
-    ``queries[k % len(queries)]`` (counting only Text-to-SQL workflows, so a chat tenant does not make
-    queries be skipped), staged by ``to_stages`` with the ``CHESS_TEMPLATE``. A chat tenant's workflow is
-    one stage with one ``CHAT`` call drawn by ``sample_chat_call`` and no template.
-
-    A Text-to-SQL tenant whose ``quality`` is not ``full`` gets ``KnobbedWorkflow`` workflows that degrade under
-    its ``Degrader`` (``quality``: the accuracy model ranking the settings, required then; ``full``: the
-    pipeline's full-quality knobs, default two candidates, ten revision rounds, evaluation on;
-    ``plan_template``: the template its degradation predicts the remaining stages with, as the live pipeline's
-    ``template_for`` gives it, default the workflows' own ``CHESS_TEMPLATE``). ``deadline_rule``: every
-    Text-to-SQL workflow, ``full`` included, follows the live pipeline's deadline rule (``KnobbedWorkflow``).
+    A Text-to-SQL tenant's k-th workflow replays ``queries[k % len(queries)]`` (counting its kind only) staged with
+    ``CHESS_TEMPLATE``; a chat tenant's is one ``CHAT`` call. A Text-to-SQL tenant whose quality is not ``full``
+    gets ``KnobbedWorkflow``s degrading under its ``Degrader`` (``quality``: the accuracy model, required then;
+    ``full``: the full-quality knobs; ``plan_template``: the template its predictions use). ``deadline_rule``:
+    every Text-to-SQL workflow follows the live pipeline's deadline rule.
     """
     if not tenants:
         raise ValueError("at least one tenant is needed")

@@ -139,9 +139,8 @@ def _inverse_cdf(table: Sequence[int], u: float) -> int:
 def generate_chess_bird(n: int, rng: random.Random) -> list[list[CallSpec]]:
     """``n`` synthetic CHESS queries on BIRD, calibrated on the hexgen traces (see the figures above).
 
-    Each query follows the traces' skeleton; the workflow shape (keyword extraction, revise rounds,
-    unit test, evaluation count) and the token lengths are drawn from the traces' empirical
-    distributions by inverse CDF.
+    Each query follows the traces' skeleton; the workflow shape (keyword extraction, revise rounds, unit test,
+    evaluation count) and the token lengths are drawn from the traces' empirical distributions by inverse CDF.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")

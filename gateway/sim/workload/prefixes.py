@@ -1,28 +1,8 @@
 """Which parts of a CHESS query's prompts other calls share: prefix chains for trace and generated calls.
 
-The hexgen traces hold token counts, not prompts, so the shared prefixes are inferred from what the counts
-prove, and no more (``docs/benchmarks.md``, "Prefix caching"). Over the five traces (419 queries):
-
-* the four information-retriever calls and the three unit-tester calls have the same input length at the
-  same position in every query: fixed prompts. Each shares its whole prompt with the same call of every
-  other query (``information_retriever``/``unit_tester`` segments, one per prompt length);
-* extract_keywords (635-711 tokens) starts with a fixed few-shot template (CHESS's is 2,927 characters,
-  with the question and hint at its end): a shared ``extract_keywords`` segment of ``KEYWORDS_TEMPLATE``
-  tokens, less than every observed prompt;
-* the two candidates of a query differ in input by exactly 3866 tokens in every query: two templates over
-  the same schema and question, whose template text comes first. The longer template is therefore at
-  least 3866 tokens, all shared by every query's longer candidate; how long the shorter one is, the counts
-  do not say, so nothing of it is counted as shared;
-* the revise rounds of one query repeat one prompt (template, schema, question) and differ only in the SQL
-  and its result at the end (in most queries every round has the same length): a per-query ``revise``
-  segment of the shortest round's length less ``REVISE_TAIL`` tokens;
-* the evaluations of one query differ only in the unit test at the end (their lengths agree to a few
-  tokens): a per-query ``evaluate`` segment of the shortest one's length less ``EVALUATE_TAIL`` tokens.
-
-Nothing else is counted as shared (generate_unit_test, the shorter candidate template, templates shared
-across queries by revise and evaluate). Per-query segments are keyed by the workflow, so a trace query
-replayed twice in one run shares nothing between its two runs.
-"""
+The traces hold token counts, not prompts, so the shared prefixes are what the counts prove and no more
+(docs/benchmarks.md, "Prefix caching", has the table). Per-query segments are keyed by the workflow, so a
+query replayed twice in one run shares nothing between its runs."""
 
 from __future__ import annotations
 

@@ -48,13 +48,8 @@ _REQUEST_KEY = "Text2SQLRequest"
 
 
 def normalise_step(step: str) -> str:
-    """Map a trace's step name to a stage kind: lower case, spaces to underscores.
-
-    The hexgen names then coincide with the kind constants ("Information Retriever" ->
-    ``information_retriever``), except the candidate generator, whose name carries the agent
-    (``generate_candidate_llama-agent``): every ``generate_candidate*`` step is ``CANDIDATE``.
-    Unknown steps are kept under their normalised name.
-    """
+    """Map a trace's step name to a stage kind: lower case, spaces to underscores ("Information Retriever" ->
+    ``information_retriever``), and every ``generate_candidate*`` step (its name carries the agent) ``CANDIDATE``."""
     kind = step.strip().lower().replace(" ", "_")
     if kind.startswith(CANDIDATE):
         return CANDIDATE
@@ -69,12 +64,8 @@ def _length(value: object, path: str, where: str) -> int:
 
 
 def load_trace(path: Path) -> list[list[CallSpec]]:
-    """Load a hexgen trace file: one list of calls per query, in the order the workflow issued them.
-
-    The format is a JSON list of ``{"Text2SQLRequest": [{"step", "input_length", "output_length"}, ...]}``.
-    Malformed input raises ``ConfigError`` naming the file, the index path of the offending value
-    (``[3].Text2SQLRequest[5].input_length``) and what was expected.
-    """
+    """Load a hexgen trace file (a JSON list of ``{"Text2SQLRequest": [{"step", "input_length", "output_length"}]}``):
+    one list of calls per query, in issue order. Malformed input raises ``ConfigError`` naming the value's path."""
     where = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -126,12 +117,8 @@ def trace_names(trace_dir: Path | None = None) -> list[str]:
 
 
 def resolve_trace(name_or_path: str | Path, trace_dir: Path | None = None) -> Path | Literal["chess-bird"]:
-    """Resolve a workload name: ``chess-bird``, a bare trace name (``trace1``) or a file path.
-
-    A bare name (no folder, no suffix) is looked up as ``<trace_dir>/<name>.json`` (default
-    ``SHARED_TRACE_DIR``); an unknown bare name raises ``UnknownNameError`` listing the known ones.
-    Anything else is returned as a path; ``load_trace`` reports a missing file.
-    """
+    """Resolve a workload name: ``chess-bird``, a bare trace name looked up as ``<trace_dir>/<name>.json``
+    (unknown: ``UnknownNameError`` listing the known ones), or a file path (returned as it is)."""
     if name_or_path == CHESS_BIRD:
         return "chess-bird"
     path = Path(name_or_path)
@@ -159,12 +146,8 @@ def load_queries(
     rng: random.Random,
     trace_dir: Path | None = None,
 ) -> list[list[CallSpec]]:
-    """The queries of a workload name: ``n`` generated ones for ``chess-bird``, else the trace's queries.
-
-    With ``n`` given, trace queries are cycled or cut to exactly ``n`` (``repeat_to``). Every call carries
-    the prompt prefixes it shares with others (``prefixes.chess_prefixes``); they matter only where the
-    engines cache prefixes.
-    """
+    """The queries of a workload name: ``n`` generated ones for ``chess-bird``, else the trace's (cycled or cut to
+    ``n`` when given); every call carries its shared prefixes (``prefixes.chess_prefixes``)."""
     source = resolve_trace(name_or_path, trace_dir)
     if source == CHESS_BIRD:
         if n is None:
