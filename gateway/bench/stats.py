@@ -1,10 +1,5 @@
-"""The figures and tables every bench tool prints: one percentile, one number format, one text table, the
-JSON-safe form of a record and the one way a plot is drawn and saved.
-
-``percentile`` is the simulator's (``gateway.sim.metrics``, which ``summarize`` needs): it is re-exported
-here so that a live measurement and a simulated one are summarised by the same function, and bench
-modules import it from this module.
-"""
+"""The figures and tables every bench tool prints: percentiles (the simulator's, so live and simulated runs
+are summarised alike), number format, text tables, strict-JSON records, plots."""
 
 from __future__ import annotations
 
@@ -29,9 +24,15 @@ def finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def json_safe(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """``doc`` with every float value that is not finite as ``None`` (one level deep)."""
-    return {k: finite_or_none(v) if isinstance(v, float) else v for k, v in doc.items()}
+def json_safe(doc: Any) -> Any:
+    """``doc`` (dicts and lists nested to any depth) with every float that is not finite as ``None``."""
+    if isinstance(doc, float):
+        return finite_or_none(doc)
+    if isinstance(doc, Mapping):
+        return {k: json_safe(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [json_safe(v) for v in doc]
+    return doc
 
 
 def pyplot() -> Any:
