@@ -1,27 +1,6 @@
-"""``hexflow bench admission``: what deadline-aware admission does to goodput, below and above capacity.
-
-The live gateway admits a workflow only when its predicted completion fits in ``admission.headroom`` of its
-deadline (``gateway.core.predict``, docs/live-gateway.md "Admission that keeps promises"); the prediction
-forecasts the work ahead of it (queued, in flight and committed by admitted workflows) at a *share* of the
-engines' full-batch throughput (``SUSTAINABLE_SHARE``, the gateway's ``admission.sustainable_share``). The same
-admission runs in the simulator (``Simulator(admission=True)``: ``gateway.core.admission``, with the gateway's
-overload re-check, which sheds or demotes admitted workflows predicted past their deadlines, and best-effort
-expiry). This bench measures, per admission
-*variant* (off; reject at each share; best effort at a share: a workflow predicted to miss runs at the lowest
-urgency instead of being refused):
-
-1. **capacity**: the highest rate with >= 95% of *arrivals* answered within their deadline (a refused
-   workflow counts as missed), per seed (``Bench.capacity``, to ``rel_tol``);
-2. **load sweep**: at ``loads`` x the reference rate (the first policy's capacity without admission, mean
-   of the seeds), per seed: the share of arrivals met (attainment), admitted (not refused, not demoted),
-   the share of those admitted that met their deadline (the promise admission makes), and goodput (met
-   workflows per second of arrivals).
-
-Every variant runs on the same arrivals (common random numbers), ``n_workflows`` per run, ``seeds`` seeds.
-Policies other than the first (``llmd``, the best baseline of ``hexflow bench``) run the same variants: the
-admission is the gateway's, whatever the dispatch rule. Alpha: tuned once per policy on a separate seed at
-0.6 x the fluid bound (near every policy's capacity), unless given.
-"""
+"""``hexflow bench admission``: what deadline-aware admission (``gateway.core.admission``, run by the simulator
+as by the gateway) does to goodput, per variant (off; reject at each share; best effort), at capacity and
+over a load sweep, on common random numbers. Method and figures: docs/benchmarks.md "Admission"."""
 
 from __future__ import annotations
 

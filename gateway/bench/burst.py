@@ -1,27 +1,7 @@
-"""``hexflow bench burst``: goodput of correct answers under recorded bursty arrivals, with and without degradation.
-
-Dispatch and queue order cannot save a workflow admitted into a burst; doing less work per question can
-(``gateway.core.degrade``). This benchmark replays recorded arrival patterns (``PATTERNS``: Azure LLM
-2023 code and conversation, Mooncake's conversation trace, BurstGPT, a ServeGen client) rescaled to a
-share of the cluster's fluid bound, with the CHESS workflows of a trace, and measures per policy:
-
-* **SLO attainment**: workflows that finished by their deadline, over all that arrived;
-* **goodput of correct answers**: workflows that met their deadline, each weighted by the accuracy of
-  the setting it ran at (``QualityModel``: measured with ``hexflow bench quality``), per second of the
-  arrival span (and as a share of arrivals);
-* **accuracy**: the mean accuracy of the answers given (deadline or not);
-* **degraded**: the share of workflows that ran below full quality.
-
-Policies: the baselines at full quality (a user's alternatives: round-robin, power-of-two, least-work,
-earliest-finish, EDF, LLF, VTC, llm-d's scheduler), hexgen at full quality, and ``hexgen+adaptive``
-(hexgen whose tenant runs ``quality: adaptive``). Any policy may take ``+adaptive`` or ``+fast``; a ratio
-is always against the best baseline *without* degradation. Every point is measured on several seeds
-(another window of the recording and another query order each) with 1000 workflows by default; the
-steady check runs the same loads with Poisson arrivals and reports how many workflows degraded there.
-
-``timeline`` gives, for one run, SLO attainment and the degraded share per window of arrival time, and
-the arrival rate: the plot shows a burst going through.
-"""
+"""``hexflow bench burst``: goodput of correct answers under recorded bursty arrivals (``PATTERNS``) rescaled
+to a share of the fluid bound, per policy with and without degradation (``gateway.core.degrade``); SLO
+attainment, accuracy-weighted goodput, accuracy and degraded share, and a per-window ``timeline``. Method
+and figures: docs/benchmarks.md "Bursts"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""What the host's CPUs did over an interval, read from Linux's ``/proc``: each CPU's busy, steal, I/O-wait
-and idle shares of the wall time, and the CPU seconds of named process groups.
-
-Benchmarks against real servers on a shared machine (``hexflow bench fidelity-vllm``) use it to say what a
-gap is made of: a server pinned to one CPU runs slower when something else runs on that CPU (another
-service, the gateway, the replay client, the kernel's interrupt handling) or when the hypervisor takes the
-CPU away (steal). For a server pinned to CPU ``c``, the time CPU ``c`` was busy minus the server's own CPU
-time is what everything else took from it.
-
-``/proc/stat`` counts each CPU's time in clock ticks by state; ``/proc/PID/stat`` counts each process's user
-and system time (all its threads) in ticks. A process that exits between two samples takes its time with
-it: a group's figure counts its processes alive at both samples (and any started in between), never less
-than zero. Where ``/proc`` is missing (not Linux) ``sample`` returns None and nothing is reported.
-"""
+"""What the host's CPUs did over an interval, from Linux ``/proc``: each CPU's busy, steal, I/O-wait and idle
+shares, and the CPU seconds of named process groups (a process must be alive at both samples, or start
+between them, to count). ``sample`` returns None where ``/proc`` is missing."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
-"""``hexflow bench --live``: policies measured on the real gateway over an emulated cluster, next to the
-simulator's prediction for the identical workload.
-
-    hexflow bench --live --cluster paper-4gpu --trace trace1 --policies hexgen,rr-fcfs --time-scale 0.05
-        --workflows 150 [--rate R] [--slo-scale X] [--alpha A] [--json OUT] [--plot PNG]
-
-For each policy in turn, the live rig (``gateway.bench.rig.live_rig``: the emulated cluster at
-``time_scale`` and a gateway with that policy and its alpha) serves the workload, replayed by
-``gateway.bench.replay`` through one tenant whose limits never bind.
-
-The prediction is the simulator run on the *same* workflows (``ReplayWorkflow.dag``: the DAG the
-gateway builds) on the unscaled profiles, with the same policy, alpha and scheduler seed. Alpha of the
-policies that read it is tuned by the simulator on another window at the same rate
-(``gateway.bench.simbench.tuned_alpha``), as ``hexflow bench`` does, unless fixed with ``--alpha``. The
-default rate is 0.55 x the cluster's fluid bound for the workload.
-
-Subprocess logs go to a temporary folder, removed after a successful run; when a process fails to
-start, the tail of its log is printed and ``gateway.bench.procs.StartError`` raised (the CLI: one line,
-exit 2).
-"""
+"""``hexflow bench --live``: policies measured on the real gateway over an emulated cluster (``live_rig``,
+replayed by ``gateway.bench.replay``), beside the simulator's run of the same workflows, policy, alpha and
+seed. Method: docs/benchmarks.md "Live beside the simulator"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The child processes the bench tools run, and the files they read: an emulated cluster
-(``python -m workers.cluster``), a gateway (``python -m gateway.cli serve``) with its ``gateway.yaml`` and
-tenants file, and a free loopback port for each.
-
-A process that fails to start has the tail of its log printed to stderr and raises ``StartError`` (a
-``GatewayError``: the CLI prints one line and exits 2).
-"""
+"""The child processes the bench tools run (an emulated cluster, a gateway), their config files and free
+loopback ports. A process that fails to start prints its log's tail to stderr and raises ``StartError``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The Text-to-SQL commands: ``demo`` (the main job on an emulated cluster), ``eval`` (execution accuracy of
-a running gateway on a Spider-format dataset), ``databases`` and ``answers`` (the files ``serve`` and
-``emulate --answers`` read, for a Spider-format dataset or the demo), and ``bench quality`` (accuracy per
-knob setting of the pipeline, in-process: ``gateway/config/quality.yaml``).
-
-Numbers of ``eval``, ``databases``, ``answers`` and ``bench quality`` are parsed by the commands, not by
-argparse, so bad values stop with one line (exit 2).
-"""
+"""The Text-to-SQL commands: ``demo``, ``eval``, ``databases``, ``answers`` and ``bench quality``. Numbers are
+parsed by the commands, not argparse, so bad values stop with one line (exit 2)."""
 
 from __future__ import annotations
 

