@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.simbench import Bench, Setup, simulate, tuned_alpha
-from gateway.bench.stats import Spread, finite_or_none, fmt, spread, table
+from gateway.bench.stats import Spread, finite_or_none, fmt, pyplot, save_figure, spread, table
 from gateway.core.policy import get_policy
 
 __all__ = [
@@ -336,10 +336,7 @@ def format_admission_report(r: AdmissionReport) -> str:
 
 def plot_admission_report(r: AdmissionReport, path: Path) -> None:
     """Goodput and kept promises against load, a line per (policy, variant)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     styles = ["-", "--", ":", "-."]
@@ -365,7 +362,4 @@ def plot_admission_report(r: AdmissionReport, path: Path) -> None:
     ax1.set_title(f"{r.trace}, SLO {r.slo_scale:g}x: goodput")
     ax2.set_title("promises kept")
     ax1.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

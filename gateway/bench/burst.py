@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.simbench import Setup
-from gateway.bench.stats import Spread, spread
+from gateway.bench.stats import Spread, pyplot, save_figure, spread
 from gateway.core.degrade import QUALITY_MODES, QualityMode, QualityModel
 from gateway.core.policy import POLICIES, get_policy
 from gateway.errors import ConfigError, UnknownNameError
@@ -362,10 +362,7 @@ def timeline(
 
 def plot_burst(report: BurstReport, tl: Timeline | None, path: Path, *, title: str = "") -> None:
     """A PNG: goodput of correct answers against load per pattern (one panel each), and the timeline."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     patterns = list(dict.fromkeys(p.pattern for p in report.points))
     panels = len(patterns) + (2 if tl is not None else 0)
@@ -428,7 +425,4 @@ def plot_burst(report: BurstReport, tl: Timeline | None, path: Path, *, title: s
         ax.axis("off")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -15,10 +15,11 @@ from typing import Any
 
 import yaml
 
-from gateway.bench.fidelity.compare import live_gaps, simulate_runs, work_folder
+from gateway.bench.fidelity.compare import live_gaps, simulate_runs
 from gateway.bench.livebench import LiveBenchReport, format_live_report, run_live_bench
 from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
+from gateway.bench.rig import bench_folder
 from gateway.bench.stats import finite_or_none, fmt, table
 from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, ProfileSpec
@@ -159,7 +160,7 @@ def run_fidelity(
     if len(models) != 1:
         raise ValueError(f"{cluster}: the fidelity benchmark needs one model, the cluster serves {sorted(models)}")
     model = models.pop()
-    with work_folder(log_dir, "hexflow-fidelity-") as folder:
+    with bench_folder(log_dir, "hexflow-fidelity-") as folder:
         truth_path = _write_catalog(perturbed_catalog(base, model, gpus), folder / "truth-gpus.yaml")
         truth_cat = load_gpu_catalog(truth_path)
         cal_doc = yaml.safe_load(yaml.safe_dump(base))

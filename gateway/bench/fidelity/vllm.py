@@ -20,7 +20,7 @@ import yaml
 
 from gateway.bench import hostcpu
 from gateway.bench.fidelity.breakdown import engine_accounting, gap_breakdown, scrape_engines
-from gateway.bench.fidelity.compare import simulate_runs, work_folder
+from gateway.bench.fidelity.compare import simulate_runs
 from gateway.bench.fidelity.vllm_report import VllmFidelityReport, VllmFidelitySeries
 from gateway.bench.fidelity.vllm_servers import (
     CHUNK,
@@ -36,6 +36,7 @@ from gateway.bench.fidelity.vllm_servers import (
 )
 from gateway.bench.livebench import run_live_bench
 from gateway.bench.replay import replay_setup, replay_workload, scale_queries, workload_queries
+from gateway.bench.rig import bench_folder, say_stderr
 from gateway.bench.simbench import fluid_bound
 from gateway.config import build_workers, load_cluster_config
 from gateway.config.workflows import STANDARD_WORKFLOW
@@ -151,7 +152,8 @@ def run_fidelity_vllm(
     paths = paths or cpu_vllm.Paths.default()
     ports = [base_port + i for i in range(len(servers))]
     reports: list[VllmFidelityReport] = []
-    with work_folder(log_dir, "hexflow-fidelity-vllm-", f"; server logs in {paths.run}") as folder:
+    where = f"; server logs in {paths.run}"
+    with bench_folder(log_dir, "hexflow-fidelity-vllm-", lambda m: say_stderr(m + where)) as folder:
         try:
             cfg.say("vLLM venv and tiny model (installed once)")
             cpu_vllm.setup(paths)
