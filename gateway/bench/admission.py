@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gateway.bench.simbench import Bench, Setup, simulate, tuned_alpha
-from gateway.bench.stats import Spread, finite_or_none, fmt, pyplot, save_figure, spread, table
+from gateway.bench.stats import Spread, fmt, json_safe, pyplot, save_figure, spread, table
 from gateway.core.policy import get_policy
 
 __all__ = [
@@ -148,30 +148,16 @@ class AdmissionReport:
             "n_workflows": self.n_workflows,
             "seeds": self.seeds,
             "policies": self.policies,
-            "variants": [{"name": v.name, "share": v.share, "miss": v.miss} for v in self.variants],
+            "variants": [asdict(v) for v in self.variants],
             "alphas": self.alphas,
             "fluid_bound_qps": self.bound_qps,
             "reference_qps": self.reference_qps,
             "loads": self.loads,
             "capacity_qps": [{"policy": p, "variant": v, **s.as_dict()} for (p, v), s in sorted(self.capacity.items())],
             "points": [
-                {
-                    "policy": p.policy,
-                    "variant": p.variant,
-                    "load": p.load,
-                    "rate_qps": p.rate_qps,
-                    "seed": p.seed,
-                    "arrived": p.arrived,
-                    "refused": p.refused,
-                    "demoted": p.demoted,
-                    "met": p.met,
-                    "met_admitted": p.met_admitted,
-                    "shed": p.shed,
-                    "attainment": finite_or_none(p.attainment),
-                    "admitted_share": finite_or_none(p.admitted_share),
-                    "kept": finite_or_none(p.kept),
-                    "goodput_qps": finite_or_none(p.goodput_qps),
-                }
+                json_safe(
+                    {**asdict(p), **{k: getattr(p, k) for k in ("attainment", "admitted_share", "kept", "goodput_qps")}}
+                )
                 for p in self.points
             ],
         }

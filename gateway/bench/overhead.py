@@ -11,7 +11,6 @@ import math
 import os
 import random
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +22,7 @@ import aiohttp
 import yaml
 
 from gateway.bench.procs import ChildProcess, free_port, gateway_process, probe
+from gateway.bench.rig import bench_folder
 from gateway.bench.stats import json_safe, percentile
 from gateway.config import CONFIG_DIR
 from gateway.errors import GatewayError
@@ -457,8 +457,8 @@ def run_overhead(
         raise GatewayError(f"unknown endpoint {endpoint!r}; one of {', '.join(ENDPOINTS)}")
     say = progress or (lambda _msg: None)
     with (
-        tempfile.TemporaryDirectory(prefix="hexflow-overhead-") as tmp,
-        rig(Path(tmp), worker=worker) as (wurl, gateway, pid, wpid),
+        bench_folder(None, "hexflow-overhead-") as tmp,
+        rig(tmp, worker=worker) as (wurl, gateway, pid, wpid),
     ):
 
         def side_by_side(r: float) -> OverheadReport:

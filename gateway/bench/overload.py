@@ -138,8 +138,7 @@ class OverloadReport:
             {
                 **doc,
                 "phases": [
-                    json_safe({**asdict(p), "met_of_accepted": p.met_of_accepted, "goodput": p.goodput})
-                    for p in self.phases
+                    {**asdict(p), "met_of_accepted": p.met_of_accepted, "goodput": p.goodput} for p in self.phases
                 ],
                 "overload_met_of_accepted": self.overload_met_of_accepted,
                 "goodput_ratio": self.goodput_ratio,

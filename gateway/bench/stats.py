@@ -24,15 +24,17 @@ def finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def json_safe(doc: Any) -> Any:
-    """``doc`` (dicts and lists nested to any depth) with every float that is not finite as ``None``."""
-    if isinstance(doc, float):
-        return finite_or_none(doc)
-    if isinstance(doc, Mapping):
-        return {k: json_safe(v) for k, v in doc.items()}
-    if isinstance(doc, list | tuple):
-        return [json_safe(v) for v in doc]
-    return doc
+def json_safe(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with every float that is not finite, at any depth of dicts and lists, as ``None``."""
+    return {k: _safe(v) for k, v in doc.items()}
+
+
+def _safe(v: Any) -> Any:
+    if isinstance(v, float):
+        return finite_or_none(v)
+    if isinstance(v, Mapping):
+        return json_safe(v)
+    return [_safe(x) for x in v] if isinstance(v, list | tuple) else v
 
 
 def pyplot() -> Any:

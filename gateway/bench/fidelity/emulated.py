@@ -20,7 +20,7 @@ from gateway.bench.livebench import LiveBenchReport, format_live_report, run_liv
 from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
 from gateway.bench.rig import bench_folder
-from gateway.bench.stats import finite_or_none, fmt, table
+from gateway.bench.stats import fmt, json_safe, table
 from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, ProfileSpec
 from gateway.core.profile import PerfProfile, profile_from
@@ -114,22 +114,22 @@ class FidelityReport:
                     "gpu": c.gpu,
                     "truth": {k: getattr(c.truth, k) for k in _CONSTANTS},
                     "calibrated": {k: getattr(c.calibrated, k) for k in (*_CONSTANTS, "attn_s", "seq_s", "admit_s")},
-                    "workflow_latency_error": finite_or_none(c.workflow_error()),
-                    "decode_step_error_16x4000": finite_or_none(c.decode_error()),
+                    "workflow_latency_error": c.workflow_error(),
+                    "decode_step_error_16x4000": c.decode_error(),
                     "probes": len(c.result.measurements),
                     "calibration_wall_s": c.result.wall_s,
                 }
             )
-        return {
-            "target": TARGET,
-            "within_target": self.within_target(),
-            "calibrations": cal,
-            "gaps": {p: {k: finite_or_none(v) for k, v in g.items()} for p, g in self.gaps().items()},
-            "simulated_with_truth": {
-                p: {k: finite_or_none(v) for k, v in d.items()} for p, d in self.truth_sim.items()
-            },
-            "live_bench": self.live.to_json(),
-        }
+        return json_safe(
+            {
+                "target": TARGET,
+                "within_target": self.within_target(),
+                "calibrations": cal,
+                "gaps": self.gaps(),
+                "simulated_with_truth": self.truth_sim,
+                "live_bench": self.live.to_json(),
+            }
+        )
 
 
 _CONSTANTS = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "kv_capacity_tokens")
