@@ -207,7 +207,7 @@ def run_admission_bench(
     rel_tol: float = 0.01,
     progress: ProgressFn | None = None,
 ) -> AdmissionReport:
-    """Measure every (policy, variant): capacity per seed, then the load sweep (module docstring).
+    """Measure every (policy, variant): capacity per seed, then the load sweep.
 
     ``variants``: default ``DEFAULT_VARIANTS``. ``setup``'s own admission fields are ignored (each variant
     sets them). ``alpha`` fixes every policy's; None tunes it per policy once.

@@ -202,7 +202,7 @@ def solve_fluid_bound(
     prefix_caching: bool = False,
     engines: Sequence[int] | None = None,
 ) -> FluidBound:
-    """Solve the fluid-bound program (module docstring) for the workload mix ``queries`` (one call list per
+    """Solve the fluid-bound program for the workload mix ``queries`` (one call list per
     workflow, in issue order). An empty mix has no bound: ``rate_qps`` is infinite. Raises ``RuntimeError``
     if the solver fails (it should not: the program is always feasible and bounded for a non-empty mix).
 

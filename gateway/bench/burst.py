@@ -97,7 +97,7 @@ def is_baseline(variant: str) -> bool:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One run's figures (see the module docstring)."""
+    """One run's figures."""
 
     arrived: int
     met: int

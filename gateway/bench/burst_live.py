@@ -69,7 +69,7 @@ class _Recorder(ScriptedStageRunner):
 
 
 def record_demo_queries(seed: int = 0, wrong_fraction: float = 0.25) -> list[list[CallSpec]]:
-    """Every demo question's calls at full quality, as the emulator runs them (see the module docstring)."""
+    """Every demo question's calls at full quality, as the emulator runs them."""
     return record_demo(seed, wrong_fraction)[0]
 
 

@@ -237,7 +237,7 @@ def run_live_bench(
     token_scale: float = 1.0,
     prefix_caching: bool = True,
 ) -> LiveBenchReport:
-    """Measure every policy live and predict it by simulation (see the module docstring).
+    """Measure every policy live and predict it by simulation.
 
     ``gpu_catalog``: the catalogue the gateway and the simulator read (default: the packaged one);
     ``emulator_catalog``: the one the emulated workers run (default: ``gpu_catalog``). They differ in

@@ -160,7 +160,7 @@ def run_mislabel(
     settings: RefitSettings | None = None,
     policy: str = "hexgen",
 ) -> MislabelReport:
-    """Simulate the four runs (module docstring). ``ValueError`` for an unknown worker or label."""
+    """Simulate the four runs (``RUNS``). ``ValueError`` for an unknown worker or label."""
     if not (rate > 0 and math.isfinite(rate)):
         raise ValueError(f"rate must be a positive number, got {rate}")
     if n_workflows < 10 or window < 10:

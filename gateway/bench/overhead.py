@@ -123,7 +123,7 @@ def shortfalls(stats: StreamStats, duration_s: float, p99_limit_ms: float) -> li
 
 @dataclass(frozen=True)
 class AddedLatency:
-    """The gateway's added latency, P50 and P99 (see the module docstring), and the raw differences."""
+    """The gateway's added latency, P50 and P99 (docs/live-gateway.md), and the raw differences."""
 
     p50_ms: float
     p99_ms: float

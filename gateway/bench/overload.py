@@ -259,7 +259,7 @@ def run_overload(
     log_dir: Path | None = None,
     say: Callable[[str], None] | None = None,
 ) -> OverloadReport:
-    """Run the benchmark (see the module docstring) and return its report."""
+    """Run the capacity phase and the bursts and return its report."""
     say = say if say is not None else say_stderr
     for name, v in (("time_scale", time_scale), ("capacity_fraction", capacity_fraction), ("factor", factor)):
         if not (v > 0 and math.isfinite(v)):

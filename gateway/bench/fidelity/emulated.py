@@ -149,7 +149,7 @@ def run_fidelity(
     progress: bool = True,
     settings: PlanSettings | None = None,
 ) -> FidelityReport:
-    """Calibrate, replay live, simulate (the module docstring). Subprocess logs, the two catalogues and
+    """Calibrate, replay live, simulate. Subprocess logs, the two catalogues and
     the configs go to ``log_dir`` (kept) or a temporary folder removed after a successful run."""
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time scale must be a positive number, got {time_scale}")

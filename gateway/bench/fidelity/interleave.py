@@ -40,7 +40,7 @@ SEED_BASE = 1_000_000
 def make_scenarios(
     profile: PerfProfile, settings: PlanSettings, n: int, rng: random.Random, *, concurrency: int
 ) -> list[list[Arrival]]:
-    """``n`` scenarios of ``REQUESTS`` staggered requests (module docstring)."""
+    """``n`` scenarios of ``REQUESTS`` staggered requests, each against the fitted profile."""
     lo_p, hi_p = max(16, settings.max_prompt // 20), settings.max_prompt
     lo_o, hi_o = max(1, settings.max_output // 12), settings.max_output
     out = []

@@ -182,7 +182,7 @@ async def run_open_loop(
     client: httpx.AsyncClient | None = None,
     progress: bool = True,
 ) -> OpenLoopReport:
-    """Run the check at each rate in turn (module docstring); ``client`` is injected for tests."""
+    """Run the check at each rate in turn; ``client`` is injected for tests."""
     if max_inflight < 1:
         raise ValueError("max-inflight must be >= 1")
     if not (budget_s > 0 and math.isfinite(budget_s)):

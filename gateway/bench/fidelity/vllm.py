@@ -121,7 +121,7 @@ def run_fidelity_vllm(
     paths: cpu_vllm.Paths | None = None,
 ) -> VllmFidelitySeries:
     """Start the servers, then ``rounds`` times (seeds ``seed``, ``seed + 1``, ...): calibrate, replay live,
-    simulate, break the gap down (the module docstring). Each round calibrates afresh, just before its replay:
+    simulate, break the gap down. Each round calibrates afresh, just before its replay:
     the host's speed drifts over minutes, and a round is a paired measurement of one calibration and the
     replay that follows it. With ``recalibrate_after`` each round calibrates every server again right after
     its replay and simulates the workload with the engines at that speed as well (the drift check).
