@@ -247,12 +247,7 @@ class BurstReport:
 
 def _setup_for(base: Setup, pattern_path: Path | None, mode: QualityMode) -> Setup:
     """``base`` with the pattern's arrivals (Poisson when None) and one tenant at ``mode``."""
-    return replace(
-        base,
-        arrivals_csv=pattern_path,
-        cv=1.0,
-        tenants=[TenantSpec("default", quality=mode)],
-    )
+    return replace(base, arrivals_csv=pattern_path, cv=1.0, tenants=[TenantSpec("default", quality=mode)])
 
 
 def run_burst(

@@ -157,17 +157,7 @@ def format_engine_time(run: Sequence[EngineTime], bound: Sequence[EngineTime]) -
     ]
     run_all, bound_all = _summed("all", run), _summed("all", bound)
     rows.append(["all", *seconds(run_all, bound_all), "", "", ""])
-    head = [
-        "engine",
-        "calls/wf",
-        "base s/wf",
-        "tokens s/wf",
-        "other s/wf",
-        "busy s/wf",
-        "busy",
-        "batch",
-        "prefix hit",
-    ]
+    head = ["engine", "calls/wf", "base s/wf", "tokens s/wf", "other s/wf", "busy s/wf", "busy", "batch", "prefix hit"]
     ratio = run_all.total_s / bound_all.total_s if bound_all.total_s > 0 else float("nan")
     return (
         "engine time per completed workflow, this run / the fluid bound's solution (base: iter_base_s per "

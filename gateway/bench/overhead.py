@@ -456,10 +456,7 @@ def run_overhead(
     if endpoint not in ENDPOINTS:
         raise GatewayError(f"unknown endpoint {endpoint!r}; one of {', '.join(ENDPOINTS)}")
     say = progress or (lambda _msg: None)
-    with (
-        bench_folder(None, "hexflow-overhead-") as tmp,
-        rig(tmp, worker=worker) as (wurl, gateway, pid, wpid),
-    ):
+    with bench_folder(None, "hexflow-overhead-") as tmp, rig(tmp, worker=worker) as (wurl, gateway, pid, wpid):
 
         def side_by_side(r: float) -> OverheadReport:
             say(f"side by side at {r:g} calls/s for {duration_s:g} s")

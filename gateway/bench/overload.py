@@ -354,23 +354,8 @@ def format_report(rep: OverloadReport) -> str:
         f"capacity rate {rep.capacity_rate_qps:.4g} wf/s (modelled), overload {rep.factor:g}x; "
         f"deadline {rep.deadline_wall_s:.3g} s wall; {rep.wall_s:.0f} s wall"
     )
-    t = table(
-        [
-            "phase",
-            "rate/s",
-            "sent",
-            "accepted",
-            "rejected",
-            "shed",
-            "met",
-            "met% of acc",
-            "goodput/s",
-            "Retry-After",
-            "RSS MB start/peak/end",
-        ],
-        rows,
-        left=1,
-    )
+    heads = ["phase", "rate/s", "sent", "accepted", "rejected", "shed", "met", "met% of acc", "goodput/s"]
+    t = table([*heads, "Retry-After", "RSS MB start/peak/end"], rows, left=1)
     checks = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in rep.checks().items())
     tail = (
         f"overload: {fmt(rep.overload_met_of_accepted * 100, 1)}% of accepted met their deadline; goodput "

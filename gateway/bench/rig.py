@@ -97,11 +97,7 @@ def bench_tenant(folder: Path, *, deadline_s: float, max_concurrent_workflows: i
     throw-away key; returns the key."""
     key = secrets.token_urlsafe(24)
     write_tenants_file(
-        folder / "tenants.yaml",
-        key,
-        max_concurrent_workflows=max_concurrent_workflows,
-        deadline_s=deadline_s,
-        **tenant,
+        folder / "tenants.yaml", key, max_concurrent_workflows=max_concurrent_workflows, deadline_s=deadline_s, **tenant
     )
     return key
 

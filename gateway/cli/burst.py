@@ -278,9 +278,6 @@ def format_burst(report: BurstReport) -> str:
             f"{best.variant if best else '-'}"
         )
         lines.append(
-            table(
-                ["policy", "slo_attain", "good_share", "good_qps", "accuracy", "degraded", "vs best baseline"],
-                rows,
-            )
+            table(["policy", "slo_attain", "good_share", "good_qps", "accuracy", "degraded", "vs best baseline"], rows)
         )
     return "\n".join(lines)

@@ -449,10 +449,7 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
     rep: LiveMislabelReport | MislabelReport
     try:
         settings = RefitSettings(
-            interval_s=args.interval_s,
-            min_calls=args.min_calls,
-            window_calls=args.window_calls,
-            max_step=args.max_step,
+            interval_s=args.interval_s, min_calls=args.min_calls, window_calls=args.window_calls, max_step=args.max_step
         )
         if args.live:
             live = run_mislabel_live(

@@ -192,14 +192,7 @@ def run_fidelity(
 
 
 def _calibrate_one(
-    url: str,
-    rw: Any,
-    truth: GpuCatalog,
-    model: str,
-    *,
-    budget_s: float,
-    settings: PlanSettings | None,
-    progress: bool,
+    url: str, rw: Any, truth: GpuCatalog, model: str, *, budget_s: float, settings: PlanSettings | None, progress: bool
 ) -> CalibrationResult:
     """Calibrate the emulated worker ``rw`` (a resolved worker of the cluster) at ``url``."""
     spec = truth.profile_spec(rw.gpu, model)

@@ -194,10 +194,7 @@ def format_interleave_report(rep: InterleaveReport) -> str:
     lines = [head]
     if rows:
         lines.append(
-            table(
-                ["scenario", "requests", "live_s", "predicted_s", "lone_s", "live/predicted", "per request"],
-                rows,
-            )
+            table(["scenario", "requests", "live_s", "predicted_s", "lone_s", "live/predicted", "per request"], rows)
         )
         lines.append(
             f"median live/predicted {rep.median_ratio:.3f} (above 1: slower under interleaving than the profile says)"

@@ -21,14 +21,7 @@ from gateway.bench.stats import finite_or_none, table
 from gateway.core.profile import PerfProfile
 from gateway.profiling.worker import ProbeWorker, send_arrivals
 
-__all__ = [
-    "OpenLoopCall",
-    "OpenLoopReport",
-    "RateResult",
-    "format_open_loop_report",
-    "make_calls",
-    "run_open_loop",
-]
+__all__ = ["OpenLoopCall", "OpenLoopReport", "RateResult", "format_open_loop_report", "make_calls", "run_open_loop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +210,7 @@ def format_open_loop_report(rep: OpenLoopReport) -> str:
     p = rep.profile
     lines = [
         f"open loop against {rep.worker} ({rep.model}), profile {p.name} (admit_s {p.admit_s:.3g}, "
-        f"request_overhead_s {p.request_overhead_s:.3g}); {rep.trace} calls, tokens x {rep.token_scale:g}",
+        f"request_overhead_s {p.request_overhead_s:.3g}); {rep.trace} calls, tokens x {rep.token_scale:g}"
     ]
     rows = []
     sums = [r.summary() for r in rep.rates]

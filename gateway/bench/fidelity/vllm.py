@@ -231,11 +231,7 @@ def _round(
         recal = _calibrate_all(servers, urls, calls, cfg, groups=groups)
         _write_profiles(folder / "calibrated-profiles-after.yaml", recal)
         sim_after = simulate_runs(
-            live,
-            workers,
-            lambda: [w.dag() for w in workload],
-            seed=seed,
-            engine_profiles=[c.profile for c in recal],
+            live, workers, lambda: [w.dag() for w in workload], seed=seed, engine_profiles=[c.profile for c in recal]
         )
     load = None if cfg.rate_qps is not None else cfg.load
     return VllmFidelityReport(calibrations, live, breakdowns, cfg.token_scale, load, engines, recal, sim_after, host)
