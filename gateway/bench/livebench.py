@@ -48,11 +48,6 @@ class LiveBenchError(GatewayError):
     """A live benchmark could not run: a subprocess did not start, or the replay could not begin."""
 
 
-# --------------------------------------------------------------------------------------------------
-# The benchmark
-# --------------------------------------------------------------------------------------------------
-
-
 def simulate_workload(
     workers: Sequence[Any],
     workload: Sequence[ReplayWorkflow],

@@ -149,11 +149,6 @@ class OverloadReport:
         )
 
 
-# --------------------------------------------------------------------------------------------------
-# Load
-# --------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Phase:
     """Arrivals at ``rate`` (wall, per second) from ``start`` for ``length`` wall seconds."""
@@ -316,11 +311,6 @@ def run_overload(
     ends = [p.start for p in phases[1:]] + [wall]
     report.phases = [_phase_report(p, answers, rss, end) for p, end in zip(phases, ends, strict=True)]
     return report
-
-
-# --------------------------------------------------------------------------------------------------
-# Output
-# --------------------------------------------------------------------------------------------------
 
 
 def _mb(x: float | None) -> str:

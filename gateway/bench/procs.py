@@ -45,11 +45,6 @@ class StartError(GatewayError):
     """A child process (the emulated cluster, the gateway) exited or did not become ready in time."""
 
 
-# --------------------------------------------------------------------------------------------------
-# Config files
-# --------------------------------------------------------------------------------------------------
-
-
 def write_tenants_file(
     path: Path,
     api_key: str,
@@ -151,11 +146,6 @@ def write_gateway_config(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_gateway_config(path)
-
-
-# --------------------------------------------------------------------------------------------------
-# Subprocesses
-# --------------------------------------------------------------------------------------------------
 
 
 def free_port() -> int:
