@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuShare", "HostSample", "HostUsage", "sample", "usage"]
+__all__ = ["CpuShare", "HostSample", "HostUsage", "process_cpu_s", "sample", "usage"]
 
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 _BUSY = ("user", "nice", "system", "irq", "softirq")
@@ -56,13 +56,21 @@ def _read_procs(root: Path, tick: float) -> dict[int, tuple[int, str, float]]:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            text = (entry / "stat").read_text()
-            head, _, tail = text.rpartition(")")
-            comm = head.partition("(")[2]
-            fields = tail.split()
-            # After the command: state, ppid, pgrp, ..., utime (field 14 of the line), stime (15).
-            procs[int(entry.name)] = (int(fields[2]), comm, (int(fields[11]) + int(fields[12])) * tick)
+            procs[int(entry.name)] = _proc_stat(entry / "stat", tick)
     return procs
+
+
+def _proc_stat(path: Path, tick: float) -> tuple[int, str, float]:
+    """(process group, command name, user + system seconds) from a ``/proc/PID/stat`` file."""
+    head, _, tail = path.read_text().rpartition(")")
+    fields = tail.split()
+    # After the command: state, ppid, pgrp, ..., utime (field 14 of the line), stime (15).
+    return int(fields[2]), head.partition("(")[2], (int(fields[11]) + int(fields[12])) * tick
+
+
+def process_cpu_s(pid: int) -> float:
+    """A live process's user + system CPU seconds (all its threads), from ``/proc``."""
+    return _proc_stat(Path(f"/proc/{pid}/stat"), _tick_s())[2]
 
 
 def sample(root: Path = Path("/proc")) -> HostSample | None:

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from gateway.bench.hostcpu import process_cpu_s
 from gateway.bench.procs import ChildProcess, free_port, gateway_process, probe
 from gateway.bench.rig import bench_folder
 from gateway.bench.stats import json_safe, percentile
@@ -244,13 +244,6 @@ class OverheadReport:
     """The worker process's CPU over the measurement, as a share of one core (both streams' calls)."""
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, seconds (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
-
-
 @contextlib.contextmanager
 def rig(workdir: Path, *, capacity: int = 1024, worker: str = "null") -> Iterator[tuple[str, str, int, int]]:
     """Start a worker (``WORKERS``) and a gateway in front of it; yield (worker url, gateway url, gateway pid,
@@ -388,14 +381,14 @@ async def measure(
             async with session.post(worker + path, json=body) as r:
                 await r.read()
         gs, ds = StreamStats(), StreamStats()
-        wcpu0 = _cpu_seconds(worker_pid) if worker_pid is not None else math.nan
-        cpu0, t0 = _cpu_seconds(gw_pid), time.perf_counter()
+        wcpu0 = process_cpu_s(worker_pid) if worker_pid is not None else math.nan
+        cpu0, t0 = process_cpu_s(gw_pid), time.perf_counter()
         jobs = [_stream(session, gateway + path, rate, duration_s, seed, gs, body)]
         if direct:
             jobs.append(_stream(session, worker + path, rate, duration_s, seed + 1, ds, body))
         await asyncio.gather(*jobs)
-        cpu, wall = _cpu_seconds(gw_pid) - cpu0, time.perf_counter() - t0
-        wcpu = _cpu_seconds(worker_pid) - wcpu0 if worker_pid is not None else math.nan
+        cpu, wall = process_cpu_s(gw_pid) - cpu0, time.perf_counter() - t0
+        wcpu = process_cpu_s(worker_pid) - wcpu0 if worker_pid is not None else math.nan
     return Measurement(gateway=gs, direct=ds, cpu_s=cpu, wall_s=wall, worker_cpu_s=wcpu)
 
 
