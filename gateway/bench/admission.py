@@ -1,38 +1,17 @@
-"""``hexflow bench admission``: what deadline-aware admission does to goodput, below and above capacity.
-
-The live gateway admits a workflow only when its predicted completion fits in ``admission.headroom`` of its
-deadline (``gateway.core.predict``, docs/live-gateway.md "Admission that keeps promises"); the prediction
-forecasts the work ahead of it (queued, in flight and committed by admitted workflows) at a *share* of the
-engines' full-batch throughput (``SUSTAINABLE_SHARE``, the gateway's ``admission.sustainable_share``). The same
-admission runs in the simulator (``Simulator(admission=True)``: ``gateway.core.admission``, with the gateway's
-overload re-check, which sheds or demotes admitted workflows predicted past their deadlines, and best-effort
-expiry). This bench measures, per admission
-*variant* (off; reject at each share; best effort at a share: a workflow predicted to miss runs at the lowest
-urgency instead of being refused):
-
-1. **capacity**: the highest rate with >= 95% of *arrivals* answered within their deadline (a refused
-   workflow counts as missed), per seed (``Bench.capacity``, to ``rel_tol``);
-2. **load sweep**: at ``loads`` x the reference rate (the first policy's capacity without admission, mean
-   of the seeds), per seed: the share of arrivals met (attainment), admitted (not refused, not demoted),
-   the share of those admitted that met their deadline (the promise admission makes), and goodput (met
-   workflows per second of arrivals).
-
-Every variant runs on the same arrivals (common random numbers), ``n_workflows`` per run, ``seeds`` seeds.
-Policies other than the first (``llmd``, the best baseline of ``hexflow bench``) run the same variants: the
-admission is the gateway's, whatever the dispatch rule. Alpha: tuned once per policy on a separate seed at
-0.6 x the fluid bound (near every policy's capacity), unless given.
-"""
+"""``hexflow bench admission``: what deadline-aware admission (``gateway.core.admission``, run by the simulator
+as by the gateway) does to goodput, per variant (off; reject at each share; best effort), at capacity and
+over a load sweep, on common random numbers. Method and figures: docs/benchmarks.md "Admission"."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gateway.bench.simbench import Bench, Setup, simulate, tuned_alpha
-from gateway.bench.stats import Spread, finite_or_none, fmt, spread, table
+from gateway.bench.stats import Spread, fmt, json_safe, pyplot, save_figure, spread, table
 from gateway.core.policy import get_policy
 
 __all__ = [
@@ -169,30 +148,16 @@ class AdmissionReport:
             "n_workflows": self.n_workflows,
             "seeds": self.seeds,
             "policies": self.policies,
-            "variants": [{"name": v.name, "share": v.share, "miss": v.miss} for v in self.variants],
+            "variants": [asdict(v) for v in self.variants],
             "alphas": self.alphas,
             "fluid_bound_qps": self.bound_qps,
             "reference_qps": self.reference_qps,
             "loads": self.loads,
             "capacity_qps": [{"policy": p, "variant": v, **s.as_dict()} for (p, v), s in sorted(self.capacity.items())],
             "points": [
-                {
-                    "policy": p.policy,
-                    "variant": p.variant,
-                    "load": p.load,
-                    "rate_qps": p.rate_qps,
-                    "seed": p.seed,
-                    "arrived": p.arrived,
-                    "refused": p.refused,
-                    "demoted": p.demoted,
-                    "met": p.met,
-                    "met_admitted": p.met_admitted,
-                    "shed": p.shed,
-                    "attainment": finite_or_none(p.attainment),
-                    "admitted_share": finite_or_none(p.admitted_share),
-                    "kept": finite_or_none(p.kept),
-                    "goodput_qps": finite_or_none(p.goodput_qps),
-                }
+                json_safe(
+                    {**asdict(p), **{k: getattr(p, k) for k in ("attainment", "admitted_share", "kept", "goodput_qps")}}
+                )
                 for p in self.points
             ],
         }
@@ -242,7 +207,7 @@ def run_admission_bench(
     rel_tol: float = 0.01,
     progress: ProgressFn | None = None,
 ) -> AdmissionReport:
-    """Measure every (policy, variant): capacity per seed, then the load sweep (module docstring).
+    """Measure every (policy, variant): capacity per seed, then the load sweep.
 
     ``variants``: default ``DEFAULT_VARIANTS``. ``setup``'s own admission fields are ignored (each variant
     sets them). ``alpha`` fixes every policy's; None tunes it per policy once.
@@ -357,10 +322,7 @@ def format_admission_report(r: AdmissionReport) -> str:
 
 def plot_admission_report(r: AdmissionReport, path: Path) -> None:
     """Goodput and kept promises against load, a line per (policy, variant)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     styles = ["-", "--", ":", "-."]
@@ -386,7 +348,4 @@ def plot_admission_report(r: AdmissionReport, path: Path) -> None:
     ax1.set_title(f"{r.trace}, SLO {r.slo_scale:g}x: goodput")
     ax2.set_title("promises kept")
     ax1.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -1,42 +1,12 @@
-"""The fluid bound: the highest workflow rate any scheduler could sustain on a cluster, as a linear program.
+"""The fluid bound: the highest workflow rate any scheduler could sustain on a cluster, as a linear program
+over the engines' own limits (GPU time, batch slots, batched tokens, KV cache) per worker and call type.
 
-The bound models each worker as the simulated vLLM engine (``gateway.sim.engine``) does, at the engine's
-own limits and not at the gateway's in-flight cap (``WorkerInfo.capacity`` is ignored: a scheduler that
-sent more calls at once could use the engine's full batch). Over a long run, per second of time, a
-worker ``w`` that serves ``x[w, c]`` calls of type ``c`` and runs ``I[w]`` iterations must satisfy
-
-* GPU time:  ``sum_c x[w,c] * (token_s * tokens_c + ctx_s * ctx_c + attn_s * pairs_c + seq_s * (o_c - 1))
-  + iter_base_s * I[w] <= 1`` (an iteration lasts ``iter_base_s + token_s * tokens + ctx_s * context + attn_s *
-  pairs + seq_s * decoders``, and a call decodes in ``o_c - 1`` of them; the
-  engine is busy at most
-  all the time; the per-request overhead is off the GPU and excluded);
-* batch slots:  ``sum_c x[w,c] * iters_c <= max_num_seqs * I[w]`` (a call holds a slot for at least
-  its ``iters_c`` iterations: its prefill chunks, then one iteration per further output token);
-* batched tokens:  ``sum_c x[w,c] * tokens_c <= max(max_batched_tokens, max_num_seqs) * I[w]``;
-* KV cache:  ``sum_c x[w,c] * min(kv_c, kv_capacity_tokens) * iters_c <= kv_capacity_tokens * I[w]``
-  (a call reserves ``input + output`` tokens for every iteration it holds a slot; a call larger than
-  the whole cache runs alone, so it counts as the whole cache);
-
-and every call of the mix is served somewhere: ``sum_w x[w,c] = lambda * n_c`` with ``n_c`` calls of
-type ``c`` per workflow. The bound is the largest ``lambda``. The per-call quantities are lower bounds
-on what the engine spends on any schedule, for a call with ``i`` prompt and ``o`` output tokens
-(both at least 1, as the engine counts them) and prefill chunk ``B = max_batched_tokens``:
-
-* ``tokens_c = i + o - 1``: the prompt once, then ``o - 1`` decode tokens (the prefill's last chunk
-  yields the first output token);
-* ``iters_c = ceil(i / B) + o - 1``;
-* ``ctx_c``: each iteration reads the context the call holds at its start. Decoding reads
-  ``i, i+1, ..., i+o-2``; prefilling in ``k = ceil(i / B)`` chunks reads at least
-  ``sum_{j=1}^{k-1} (i - j * B)`` (the smallest chunk first; no chunking reads less);
-* ``pairs_c``: the prefill attention pairs, ``(i (i + 1) - h (h + 1)) / 2`` with ``h`` cached prompt tokens
-  (each prompt token past the cache attends to itself and every token before it, however it is chunked).
-
-It is a relaxation, so it bounds every scheduler, whatever order and placement it chooses, on every run
-whose completed workflows have this mix. Calls are grouped by their exact ``(input, output)`` pair; when
-a mix has more distinct pairs than ``max_groups``, pairs are merged into narrow geometric buckets and a
-bucket gets the componentwise minimum of its members' per-call use on each worker, which keeps it a bound
-(and, with buckets ``bucket_ratio`` wide, within about that much of the exact value).
-"""
+Per call, lower bounds on what the engine spends on any schedule (``i`` prompt, ``o`` output tokens, chunk
+``B``, ``h`` cached prompt tokens): ``tokens = i + o - 1``, ``iters = ceil(i / B) + o - 1``, ``ctx`` the
+least context read (decode ``i .. i+o-2``, chunked prefill the short chunk first), attention ``pairs =
+(i (i + 1) - h (h + 1)) / 2``. Calls group by exact (input, output); beyond ``max_groups`` pairs they merge
+into geometric buckets with the componentwise minimum use, so it stays a relaxation. See docs/benchmarks.md
+"The fluid bound"."""
 
 from __future__ import annotations
 
@@ -232,7 +202,7 @@ def solve_fluid_bound(
     prefix_caching: bool = False,
     engines: Sequence[int] | None = None,
 ) -> FluidBound:
-    """Solve the fluid-bound program (module docstring) for the workload mix ``queries`` (one call list per
+    """Solve the fluid-bound program for the workload mix ``queries`` (one call list per
     workflow, in issue order). An empty mix has no bound: ``rate_qps`` is infinite. Raises ``RuntimeError``
     if the solver fails (it should not: the program is always feasible and bounded for a non-empty mix).
 

@@ -1,27 +1,7 @@
-"""``hexflow bench burst``: goodput of correct answers under recorded bursty arrivals, with and without degradation.
-
-Dispatch and queue order cannot save a workflow admitted into a burst; doing less work per question can
-(``gateway.core.degrade``). This benchmark replays recorded arrival patterns (``PATTERNS``: Azure LLM
-2023 code and conversation, Mooncake's conversation trace, BurstGPT, a ServeGen client) rescaled to a
-share of the cluster's fluid bound, with the CHESS workflows of a trace, and measures per policy:
-
-* **SLO attainment**: workflows that finished by their deadline, over all that arrived;
-* **goodput of correct answers**: workflows that met their deadline, each weighted by the accuracy of
-  the setting it ran at (``QualityModel``: measured with ``hexflow bench quality``), per second of the
-  arrival span (and as a share of arrivals);
-* **accuracy**: the mean accuracy of the answers given (deadline or not);
-* **degraded**: the share of workflows that ran below full quality.
-
-Policies: the baselines at full quality (a user's alternatives: round-robin, power-of-two, least-work,
-earliest-finish, EDF, LLF, VTC, llm-d's scheduler), hexgen at full quality, and ``hexgen+adaptive``
-(hexgen whose tenant runs ``quality: adaptive``). Any policy may take ``+adaptive`` or ``+fast``; a ratio
-is always against the best baseline *without* degradation. Every point is measured on several seeds
-(another window of the recording and another query order each) with 1000 workflows by default; the
-steady check runs the same loads with Poisson arrivals and reports how many workflows degraded there.
-
-``timeline`` gives, for one run, SLO attainment and the degraded share per window of arrival time, and
-the arrival rate: the plot shows a burst going through.
-"""
+"""``hexflow bench burst``: goodput of correct answers under recorded bursty arrivals (``PATTERNS``) rescaled
+to a share of the fluid bound, per policy with and without degradation (``gateway.core.degrade``); SLO
+attainment, accuracy-weighted goodput, accuracy and degraded share, and a per-window ``timeline``. Method
+and figures: docs/benchmarks.md "Bursts"."""
 
 from __future__ import annotations
 
@@ -34,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.simbench import Setup
-from gateway.bench.stats import Spread, spread
+from gateway.bench.stats import Spread, pyplot, save_figure, spread
 from gateway.core.degrade import QUALITY_MODES, QualityMode, QualityModel
 from gateway.core.policy import POLICIES, get_policy
 from gateway.errors import ConfigError, UnknownNameError
@@ -117,7 +97,7 @@ def is_baseline(variant: str) -> bool:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One run's figures (see the module docstring)."""
+    """One run's figures."""
 
     arrived: int
     met: int
@@ -267,12 +247,7 @@ class BurstReport:
 
 def _setup_for(base: Setup, pattern_path: Path | None, mode: QualityMode) -> Setup:
     """``base`` with the pattern's arrivals (Poisson when None) and one tenant at ``mode``."""
-    return replace(
-        base,
-        arrivals_csv=pattern_path,
-        cv=1.0,
-        tenants=[TenantSpec("default", quality=mode)],
-    )
+    return replace(base, arrivals_csv=pattern_path, cv=1.0, tenants=[TenantSpec("default", quality=mode)])
 
 
 def run_burst(
@@ -382,10 +357,7 @@ def timeline(
 
 def plot_burst(report: BurstReport, tl: Timeline | None, path: Path, *, title: str = "") -> None:
     """A PNG: goodput of correct answers against load per pattern (one panel each), and the timeline."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     patterns = list(dict.fromkeys(p.pattern for p in report.points))
     panels = len(patterns) + (2 if tl is not None else 0)
@@ -448,7 +420,4 @@ def plot_burst(report: BurstReport, tl: Timeline | None, path: Path, *, title: s
         ax.axis("off")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -1,45 +1,7 @@
-"""``hexflow bench burst --live``: degradation under a recorded burst, live on emulated workers, beside the
-simulator's prediction of the same run.
-
-The simulated burst benchmark (``gateway.bench.burst``) replays CHESS queries of a trace. Live, the gateway's
-own Text-to-SQL pipeline answers the demo questions (``gateway.text2sql.demo``) on an emulated cluster whose
-model answers from the demo's script (``build_demo_answers``: a wrong first candidate for a quarter of the
-questions), so the workload the simulator must predict is the pipeline's, not a trace's:
-
-1. **The workload, recorded** (``record_demo_queries``): every demo question is answered once in-process at
-   full quality with the same script, and each call is recorded as the emulator will run it: its stage kind,
-   its prompt tokens by the emulator's tokenizer (``chat_prompt_tokens``) and its output tokens (the scripted
-   answer's length, capped at the call's ``max_tokens``; a call the script does not cover generates
-   ``max_tokens``). Those are the simulator's queries (``Setup.queries``), staged as traces are.
-2. **The accuracy model**, measured on the same questions and script (``run_quality`` on the demo set only),
-   so that the simulator's expected correct answers and the live count of correct answers judge the same
-   thing.
-3. **One run per variant** (``hexgen+adaptive`` and the baselines), on the same arrivals: a recorded pattern
-   rescaled to a share of the fluid bound of the recorded workload, the k-th arrival asking the question the
-   simulator's k-th workflow replays (the same order, shuffled per seed as ``Setup.workflows`` does), with
-   the same deadline (``slo_scale`` times a demo question's cluster-mean single-request latency,
-``demo_latency``: the CHESS standard workflow is far longer than a demo question). Live, times are
-   modelled seconds times ``time_scale`` (the emulated GPUs and the gateway run at that scale); a question
-   counts as met when its answer is ``ok`` within its deadline, correct when its rows match the gold
-   query's, degraded when the response lists what was cut. Before the arrivals, each live gateway answers
-   ``MIN_QUESTIONS`` questions one at a time (not counted), so that its pipeline predicts with its
-   fitted template from the first counted question, as the simulation does.
-
-Reported per variant, live and simulated side by side: SLO attainment, goodput of correct answers (share of
-arrivals), accuracy, degraded share, and the ratio of goodput to the best baseline's in each world. What the
-simulator cannot see and the live run has: the pipeline's own time between stages (SQL execution, prompt
-rendering) and the gateway's HTTP time, both at wall-clock speed while the GPUs run at ``time_scale``; revise
-rounds of two candidates run in parallel live and one after the other in the simulator's staging of a query.
-The emulated engines run without prefix caching, as the simulator does here (the recorded calls carry no
-prefix chains), and the gateway is told so (``prefix_caching: false``: a prefix-aware policy would otherwise
-chase a cache that is not there). The simulator knows each call's exact output length; the live gateway
-sizes a call by its question's plan (``Text2SqlPipeline.plan``: its database's earlier questions' output per
-kind, the prompt estimate scaled by the workers' usage).
-
-``dump`` (``--dump``) keeps every question side by side: the simulated workflow's latency, knobs and each
-degradation decision (when, after which stage, time left, predicted remaining duration, knobs), and the live
-answer's status, latency, degradations and each call's worker, queueing and running time.
-"""
+"""``hexflow bench burst --live``: degradation under a recorded burst, live through the Text-to-SQL pipeline on
+emulated workers answering from the demo script, beside the simulator's run of the same recorded workload
+(``record_demo_queries``), accuracy model, arrivals and deadlines. Method: docs/benchmarks.md "Live, beside
+the simulator"."""
 
 from __future__ import annotations
 
@@ -107,7 +69,7 @@ class _Recorder(ScriptedStageRunner):
 
 
 def record_demo_queries(seed: int = 0, wrong_fraction: float = 0.25) -> list[list[CallSpec]]:
-    """Every demo question's calls at full quality, as the emulator runs them (see the module docstring)."""
+    """Every demo question's calls at full quality, as the emulator runs them."""
     return record_demo(seed, wrong_fraction)[0]
 
 

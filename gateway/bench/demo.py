@@ -1,26 +1,8 @@
-"""``hexflow demo``: the main job in one command, on emulated workers.
-
-    hexflow demo [--questions N] [--json OUT] [--cluster paper-4gpu] [--time-scale 0.25]
-
-It writes the project's demo database (``demo.py``, deterministic) and the emulated model's scripted
-answers (``answers.py``: the gold SQL, with deliberately wrong first attempts for about a quarter of
-the questions), starts an emulated mixed-GPU cluster answering from that script and a gateway in front
-of it, sends demo questions concurrently from two tenants with different deadlines (``interactive``:
-tight, ``batch``: loose) through ``POST /v1/text2sql``, prints every answer (its SQL and first rows) and
-an SLO summary per tenant with its legend, checks each answer against the gold result, and stops everything it started.
-
-Refusals are checked: each question admission refuses for its deadline (429 predicted to miss, or 422 for a
-deadline no wait can meet; the body's ``reason`` is ``deadline``) is
-sent again at once as the same tenant without admission (a tenant ``<name>-unchecked`` the demo adds, its
-``predictive_admission`` off), and counted a *false refusal* when that answer met the deadline. The summary gives
-per tenant the refused questions, the false ones and their share (the false-refusal rate); the resent questions
-add load, so the rate is measured under a little more load than the refusal saw.
-
-Deadlines are wall-clock seconds of the emulation: with ``--time-scale 0.25`` the emulated GPUs run 4x
-faster than the GPUs they model, and so does everything the gateway plans. The interactive tenant's
-tight deadline (6 s) against the batch tenant's (30 s) shows in their latencies: the gateway's urgency
-queues serve interactive stages first when workers are contended.
-"""
+"""``hexflow demo``: the main job in one command: the demo database and scripted answers, an emulated cluster and
+a gateway, demo questions from two tenants (tight and loose deadlines) through ``POST /v1/text2sql``, each
+answer checked against the gold result, an SLO summary per tenant. A question refused for its deadline is
+resent to a ``<name>-unchecked`` twin tenant without admission and counted a false refusal when that answer
+met the deadline (``hexflow bench refusals``). Deadlines are wall seconds of the emulation."""
 
 from __future__ import annotations
 

@@ -1,37 +1,21 @@
-"""Load on one emulated worker: many concurrent streaming chat requests against one emulator process.
-
-    python -m gateway.bench.emulator_load [--streams 256] [--max-tokens 200] [--time-scale 0.05] [--json OUT]
-
-It starts ``python -m workers.emulator`` (an A100 profile, ``--max-num-seqs`` = the number of streams) on a
-free loopback port, sends every stream at once (``stream_options.include_usage``), reads each to its
-``[DONE]``, then reads the worker's ``/metrics``. Reported: whether every stream completed with the tokens
-it asked for, and the figures that depend on the machine: the worker's event-loop lag (P99 and max over
-its recent samples) and the model's CPU time per engine iteration. ``tests/workers/test_emulator_load.py``
-runs the same load and asserts only the behaviour; the timing figures are this command's to print.
-"""
+"""Load on one emulated worker: many concurrent streaming chat requests, each read to its ``[DONE]``, then
+the worker's ``/metrics`` (event-loop lag, model CPU per engine iteration). Used by
+``tests/workers/test_emulator_load.py``, which asserts the behaviour and prints the timing figures."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
-import sys
-import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from gateway.bench.procs import ChildProcess, StartError, free_port, probe
-
-__all__ = ["LoadReport", "StreamResult", "format_report", "main", "run_load"]
+__all__ = ["LoadReport", "StreamResult", "format_report", "run_load"]
 
 MODEL = "llama-3.1-70b"
-START_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -119,7 +103,7 @@ async def run_load(url: str, *, streams: int = 256, max_tokens: int = 200, promp
 
 
 def format_report(rep: LoadReport) -> str:
-    """What ``python -m gateway.bench.emulator_load`` prints."""
+    """The load's outcome and the machine-dependent figures, two lines."""
     per_iter_us = rep.model_cpu_s / rep.model_iterations * 1e6 if rep.model_iterations else float("nan")
     return "\n".join(
         [
@@ -130,45 +114,3 @@ def format_report(rep: LoadReport) -> str:
             f"model CPU per iteration {per_iter_us:.1f} us over {rep.model_iterations:.0f} iterations",
         ]
     )
-
-
-def _start(log_dir: Path, streams: int, time_scale: float) -> tuple[ChildProcess, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "workers.emulator", "--gpu", "A100", "--model", MODEL, "--port", str(port)]
-    cmd += ["--time-scale", repr(time_scale), "--max-num-seqs", str(streams)]
-    proc = ChildProcess("the emulated worker", cmd, log_dir / "emulator.log")
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_until(lambda: probe(url, "/health"), "/health", START_TIMEOUT_S)
-    return proc, url
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Start an emulated worker, run the load, print the report (exit 1 unless every stream completed)."""
-    parser = argparse.ArgumentParser(prog="python -m gateway.bench.emulator_load", description=__doc__)
-    parser.add_argument("--streams", type=int, default=256, help="concurrent streaming requests")
-    parser.add_argument("--max-tokens", type=int, default=200, help="tokens per request")
-    parser.add_argument("--time-scale", type=float, default=0.05, help="the worker's --time-scale")
-    parser.add_argument("--json", default=None, help="write the report as JSON here")
-    args = parser.parse_args(argv)
-    if args.streams < 1 or args.max_tokens < 1 or not args.time_scale > 0:
-        parser.error("--streams, --max-tokens and --time-scale must be positive")
-    with tempfile.TemporaryDirectory(prefix="hexflow-emulator-load-") as tmp:
-        try:
-            proc, url = _start(Path(tmp), args.streams, args.time_scale)
-        except StartError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        try:
-            report = asyncio.run(run_load(url, streams=args.streams, max_tokens=args.max_tokens))
-        finally:
-            proc.stop()
-    print(format_report(report))
-    if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**asdict(report), "complete": report.complete}, indent=2) + "\n")
-    return 0 if report.complete == len(report.streams) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,6 @@
-"""Where the engines' time goes, per workflow, in a run and at the fluid bound.
-
-An engine's busy time splits three ways under the simulated engine's cost model (``gateway.sim.engine``,
-``PerfProfile.iter_time``, split by ``PerfProfile.busy_split``): a fixed base per iteration (``iter_base_s``),
-a cost per batched token (``token_s``; prompt chunks and decode tokens) and the rest (context reads, prefill
-attention, per-call host work). The fluid bound's program (``gateway.bench.bound``) spends the same three at
-its solution, with every engine busy and every iteration packed as full as its limits allow. Per completed
-workflow, side by side, the split says which part a run pays beyond the bound: more iterations for the same
-tokens (batches smaller than the bound packs: the base grows), more tokens (fewer prefix-cache hits, or calls
-on an engine where their tokens cost more), or more context.
-"""
+"""Where the engines' time goes, per workflow, in a run and at the fluid bound: busy time split into the
+per-iteration base, the per-token cost and the rest (``PerfProfile.busy_split``), so a run's excess over the
+bound reads as more iterations, more tokens or more context."""
 
 from __future__ import annotations
 
@@ -165,17 +157,7 @@ def format_engine_time(run: Sequence[EngineTime], bound: Sequence[EngineTime]) -
     ]
     run_all, bound_all = _summed("all", run), _summed("all", bound)
     rows.append(["all", *seconds(run_all, bound_all), "", "", ""])
-    head = [
-        "engine",
-        "calls/wf",
-        "base s/wf",
-        "tokens s/wf",
-        "other s/wf",
-        "busy s/wf",
-        "busy",
-        "batch",
-        "prefix hit",
-    ]
+    head = ["engine", "calls/wf", "base s/wf", "tokens s/wf", "other s/wf", "busy s/wf", "busy", "batch", "prefix hit"]
     ratio = run_all.total_s / bound_all.total_s if bound_all.total_s > 0 else float("nan")
     return (
         "engine time per completed workflow, this run / the fluid bound's solution (base: iter_base_s per "

@@ -1,17 +1,6 @@
-"""What the host's CPUs did over an interval, read from Linux's ``/proc``: each CPU's busy, steal, I/O-wait
-and idle shares of the wall time, and the CPU seconds of named process groups.
-
-Benchmarks against real servers on a shared machine (``hexflow bench fidelity-vllm``) use it to say what a
-gap is made of: a server pinned to one CPU runs slower when something else runs on that CPU (another
-service, the gateway, the replay client, the kernel's interrupt handling) or when the hypervisor takes the
-CPU away (steal). For a server pinned to CPU ``c``, the time CPU ``c`` was busy minus the server's own CPU
-time is what everything else took from it.
-
-``/proc/stat`` counts each CPU's time in clock ticks by state; ``/proc/PID/stat`` counts each process's user
-and system time (all its threads) in ticks. A process that exits between two samples takes its time with
-it: a group's figure counts its processes alive at both samples (and any started in between), never less
-than zero. Where ``/proc`` is missing (not Linux) ``sample`` returns None and nothing is reported.
-"""
+"""What the host's CPUs did over an interval, from Linux ``/proc``: each CPU's busy, steal, I/O-wait and idle
+shares, and the CPU seconds of named process groups (a process must be alive at both samples, or start
+between them, to count). ``sample`` returns None where ``/proc`` is missing."""
 
 from __future__ import annotations
 
@@ -23,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuShare", "HostSample", "HostUsage", "sample", "usage"]
+__all__ = ["CpuShare", "HostSample", "HostUsage", "process_cpu_s", "sample", "usage"]
 
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 _BUSY = ("user", "nice", "system", "irq", "softirq")
@@ -67,13 +56,21 @@ def _read_procs(root: Path, tick: float) -> dict[int, tuple[int, str, float]]:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            text = (entry / "stat").read_text()
-            head, _, tail = text.rpartition(")")
-            comm = head.partition("(")[2]
-            fields = tail.split()
-            # After the command: state, ppid, pgrp, ..., utime (field 14 of the line), stime (15).
-            procs[int(entry.name)] = (int(fields[2]), comm, (int(fields[11]) + int(fields[12])) * tick)
+            procs[int(entry.name)] = _proc_stat(entry / "stat", tick)
     return procs
+
+
+def _proc_stat(path: Path, tick: float) -> tuple[int, str, float]:
+    """(process group, command name, user + system seconds) from a ``/proc/PID/stat`` file."""
+    head, _, tail = path.read_text().rpartition(")")
+    fields = tail.split()
+    # After the command: state, ppid, pgrp, ..., utime (field 14 of the line), stime (15).
+    return int(fields[2]), head.partition("(")[2], (int(fields[11]) + int(fields[12])) * tick
+
+
+def process_cpu_s(pid: int) -> float:
+    """A live process's user + system CPU seconds (all its threads), from ``/proc``."""
+    return _proc_stat(Path(f"/proc/{pid}/stat"), _tick_s())[2]
 
 
 def sample(root: Path = Path("/proc")) -> HostSample | None:

@@ -1,23 +1,6 @@
-"""``hexflow bench --live``: policies measured on the real gateway over an emulated cluster, next to the
-simulator's prediction for the identical workload.
-
-    hexflow bench --live --cluster paper-4gpu --trace trace1 --policies hexgen,rr-fcfs --time-scale 0.05
-        --workflows 150 [--rate R] [--slo-scale X] [--alpha A] [--json OUT] [--plot PNG]
-
-For each policy in turn, the live rig (``gateway.bench.rig.live_rig``: the emulated cluster at
-``time_scale`` and a gateway with that policy and its alpha) serves the workload, replayed by
-``gateway.bench.replay`` through one tenant whose limits never bind.
-
-The prediction is the simulator run on the *same* workflows (``ReplayWorkflow.dag``: the DAG the
-gateway builds) on the unscaled profiles, with the same policy, alpha and scheduler seed. Alpha of the
-policies that read it is tuned by the simulator on another window at the same rate
-(``gateway.bench.simbench.tuned_alpha``), as ``hexflow bench`` does, unless fixed with ``--alpha``. The
-default rate is 0.55 x the cluster's fluid bound for the workload.
-
-Subprocess logs go to a temporary folder, removed after a successful run; when a process fails to
-start, the tail of its log is printed and ``gateway.bench.procs.StartError`` raised (the CLI: one line,
-exit 2).
-"""
+"""``hexflow bench --live``: policies measured on the real gateway over an emulated cluster (``live_rig``,
+replayed by ``gateway.bench.replay``), beside the simulator's run of the same workflows, policy, alpha and
+seed. Method: docs/benchmarks.md "Live beside the simulator"."""
 
 from __future__ import annotations
 
@@ -26,14 +9,14 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
 from gateway.bench.rig import bench_folder, bench_tenant, live_rig, say_stderr
 from gateway.bench.simbench import Setup, fluid_bound, tuned_alpha
-from gateway.bench.stats import finite_or_none, fmt, json_safe, pyplot, save_figure, table
+from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
 from gateway.config import ClusterConfig, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import load_profiles_file
 from gateway.core.policy import get_policy
@@ -65,11 +48,6 @@ class LiveBenchError(GatewayError):
     """A live benchmark could not run: a subprocess did not start, or the replay could not begin."""
 
 
-# --------------------------------------------------------------------------------------------------
-# The benchmark
-# --------------------------------------------------------------------------------------------------
-
-
 def simulate_workload(
     workers: Sequence[Any],
     workload: Sequence[ReplayWorkflow],
@@ -93,10 +71,6 @@ class Band:
     low: float
     median: float
     high: float
-
-    def as_list(self) -> list[float | None]:
-        """``[low, median, high]`` for JSON (non-finite: null)."""
-        return [finite_or_none(self.low), finite_or_none(self.median), finite_or_none(self.high)]
 
 
 def simulate_jittered(
@@ -197,39 +171,20 @@ class LiveBenchReport:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (non-finite numbers become null)."""
-        policies = []
-        for r in self.runs:
-            policies.append(
-                {
-                    "policy": r.policy,
-                    "alpha": r.alpha,
-                    "live": r.live.to_json(),
-                    "simulated": json_safe(r.simulated.as_dict()),
-                    "ratios": {
-                        "p95_live_over_sim": finite_or_none(r.p95_ratio),
-                        "slo_live_over_sim": finite_or_none(r.slo_ratio),
-                    },
-                    "simulated_jitter_band": {k: b.as_list() for k, b in r.sim_band.items()},
-                    "calls_per_worker": {"live": r.live_calls_per_worker, "simulated": r.sim_calls_per_worker},
-                }
-            )
-        return {
-            "cluster": self.cluster,
-            "gpus": self.gpus,
-            "trace": self.trace,
-            "time_scale": self.time_scale,
-            "rate_qps": self.rate_qps,
-            "fluid_bound_qps": self.fluid_bound_qps,
-            "slo_scale": self.slo_scale,
-            "slo_s": self.slo_s,
-            "workflows": self.workflows,
-            "seed": self.seed,
-            "wall_s": self.wall_s,
-            "policies": policies,
-            "gain_vs_rr_fcfs": {
-                p: {k: finite_or_none(v) for k, v in g.items()} for p, g in self.gains_vs_rr_fcfs().items()
-            },
-        }
+        policies = [
+            {
+                "policy": r.policy,
+                "alpha": r.alpha,
+                "live": r.live.to_json(),
+                "simulated": r.simulated.as_dict(),
+                "ratios": {"p95_live_over_sim": r.p95_ratio, "slo_live_over_sim": r.slo_ratio},
+                "simulated_jitter_band": {k: [b.low, b.median, b.high] for k, b in r.sim_band.items()},
+                "calls_per_worker": {"live": r.live_calls_per_worker, "simulated": r.sim_calls_per_worker},
+            }
+            for r in self.runs
+        ]
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "runs"}
+        return json_safe({**doc, "policies": policies, "gain_vs_rr_fcfs": self.gains_vs_rr_fcfs()})
 
     def write_json(self, path: Path) -> None:
         """Write ``to_json()`` (strict JSON)."""
@@ -277,7 +232,7 @@ def run_live_bench(
     token_scale: float = 1.0,
     prefix_caching: bool = True,
 ) -> LiveBenchReport:
-    """Measure every policy live and predict it by simulation (see the module docstring).
+    """Measure every policy live and predict it by simulation.
 
     ``gpu_catalog``: the catalogue the gateway and the simulator read (default: the packaged one);
     ``emulator_catalog``: the one the emulated workers run (default: ``gpu_catalog``). They differ in

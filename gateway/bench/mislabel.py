@@ -1,25 +1,6 @@
-"""``hexflow bench mislabel``: a worker whose profile is wrong at start, corrected online by the refit.
-
-    hexflow bench mislabel [--cluster paper-4gpu] [--worker L40S-3] [--label A100] [--rate 0.2]
-        [--workflows 400] [--window 500] [--interval-s 30] [--min-calls 100] [--window-calls 600] [--json OUT]
-
-One worker of the cluster is *labelled* with another GPU's profile (``--label``: the scheduler plans with
-that profile, as a cluster file entry ``profile: A100`` would do) while its engine runs at its own GPU's
-speed (the simulator's ``engine_profiles``). The same workload (``chess-bird``, Poisson arrivals at
-``--rate``, prefix caching on) is simulated four times with the same seed (``RUNS``): every worker labelled
-right (``correct``, the shares the scheduler should reach), the same with the online refit
-(``correct+refit``: it must not hurt), the wrong label with the ratio EWMA only (``mislabel``) and with the
-refit (``mislabel+refit``). ``--live``: three of them through the live gateway (``run_mislabel_live``).
-
-Per run: the dispatch share of every worker in windows of ``--window`` calls, the mislabelled worker's
-share over the second half of the calls (``late_share``), SLO attainment and P95, every refit attempt with
-the worker's predicted standard-workflow latency over its engine's (1: its profile is right), its ratio
-EWMAs at each refit check, and ``converged_after_calls``: calls dispatched until that latency ratio stays
-within ``CONVERGED`` of 1.
-
-The exit status is 0 when the refit moved the mislabelled worker's late share closer to the correct
-run's than without it and its profile converged, else 1.
-"""
+"""``hexflow bench mislabel``: a worker labelled with another GPU's profile, corrected online by the refit;
+four simulated runs (``RUNS``; three live with ``--live``), each worker's dispatch share per window, SLO
+and P95, and every refit attempt. Method: docs/benchmarks.md "Mislabelled profile"."""
 
 from __future__ import annotations
 
@@ -179,7 +160,7 @@ def run_mislabel(
     settings: RefitSettings | None = None,
     policy: str = "hexgen",
 ) -> MislabelReport:
-    """Simulate the four runs (module docstring). ``ValueError`` for an unknown worker or label."""
+    """Simulate the four runs (``RUNS``). ``ValueError`` for an unknown worker or label."""
     if not (rate > 0 and math.isfinite(rate)):
         raise ValueError(f"rate must be a positive number, got {rate}")
     if n_workflows < 10 or window < 10:

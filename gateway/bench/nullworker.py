@@ -1,16 +1,6 @@
-"""A worker that costs next to nothing: the stand-in behind the gateway when its own overhead is measured.
-
-``hexflow overhead`` compares calls through the gateway with calls sent to the worker directly, all on one
-machine. With the emulator (a FastAPI app) as the worker, the worker's own CPU per call is of the order of
-the gateway's, so at high rates the worker, not the gateway, takes most of the machine. This one answers
-from asyncio's protocol layer with ``httptools`` (uvicorn's parser): the OpenAI-compatible routes the
-gateway calls (``POST /v1/chat/completions`` and ``/v1/completions``, plain or streamed), ``GET /health``,
-``GET /v1/models`` and an empty ``GET /metrics``; anything else is 404. Each answer is a fixed, well-formed
-completion (its id counts up) with usage, so the gateway's checks of a worker's answer run as usual. It is
-the null model of a worker: what it measures is HTTP and the gateway's software.
-
-    python -m gateway.bench.nullworker --port 8001
-"""
+"""A worker that costs next to nothing, behind the gateway when ``hexflow overhead`` measures it: fixed,
+well-formed OpenAI-compatible answers from asyncio's protocol layer (``httptools``), plain or streamed, plus
+``/health``, ``/v1/models`` and an empty ``/metrics``; anything else is 404."""
 
 from __future__ import annotations
 

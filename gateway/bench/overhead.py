@@ -1,53 +1,6 @@
-"""Gateway overhead, measured side by side: the same call sent to a worker directly and through the gateway.
-
-    hexflow overhead [--rate 200] [--rates 500,1000] [--duration 10] [--endpoint chat|completions]
-                     [--worker null|emulator] [--p99-limit-ms 20]
-                     [--max-rate-search [--search-steps 10]] [--json OUT]
-
-Setup (all on this machine): one worker, and one gateway process in front of it (``hexflow serve``, policy
-hexgen, capacity high enough that calls never wait in the gateway's queue: this measures the gateway's
-per-call cost, not scheduling delay). The worker is by default the null worker (``gateway.bench.nullworker``:
-fixed well-formed answers from asyncio's protocol layer, a few tens of microseconds of CPU per call), so that
-at high rates the machine's two cores go to the gateway and the load generator, not to the worker;
-``--worker emulator`` puts the emulated A100 there instead (at a time scale so small that a call's
-modelled time is negligible). A Poisson stream of calls at ``rate`` per second goes through the gateway's
-endpoint (``/v1/chat/completions``, or ``/v1/completions`` with ``--endpoint completions``), and an
-independent Poisson stream at the same rate goes to the worker's same endpoint directly, interleaved in one
-run, so both see the same machine load. ``--rates`` repeats that at more rates (one row each). Reported:
-* each stream's P50 / P99 latency of its successful calls (milliseconds);
-* the added latency per call, P50 and P99 (see below), with the raw quantile differences beside them;
-* each stream's errors by HTTP status, with connection errors (``connection``), other client-side
-  protocol errors (``protocol``) and timeouts (``timeout``) counted apart;
-* the gateway process's CPU time per successful gateway call and its CPU utilisation over the
-  measurement, as a share of one core (from ``/proc/<pid>/stat``, utime + stime), and the worker process's
-  utilisation (a worker near a whole core is the bottleneck: both streams then queue in it, and the
-  added latency measures its queue, not the gateway);
-* with ``--max-rate-search``, the highest rate (gateway stream only) at which the gateway keeps up,
-  found by a bounded bracket search; every rate tried and its outcome is in the report.
-
-Added latency. The two streams are independent (no call is sent both ways), so there is no per-call
-difference to take percentiles of. What is compared are the two latency distributions, through their
-quantile-difference (shift) function ``shift(q) = gateway_q - direct_q``. Subtracting percentiles one by
-one (``gateway_p99 - direct_p99``) can give an added P99 below the added P50, or a negative one, when the
-direct stream's tail is noisy or the direct stream itself falls behind. Here instead:
-
-* ``added_pX = max(0, max over q in [50, X] of shift(q))`` (q on a grid of whole percentiles, plus X):
-  the largest gap between the two distributions at any quantile from the median up to the X-th. This is
-  monotone in X by construction (``added_p99 >= added_p50 >= 0`` always holds) and errs on the side of
-  overstating, never understating, what the gateway adds at the tail;
-* ``added_p50_raw_ms`` / ``added_p99_raw_ms`` keep the plain differences ``shift(50)`` and ``shift(99)``;
-* the added figures are marked unreliable (``added_reliable`` false, and said so in the printed report)
-  when the direct stream did not keep up (see :func:`shortfalls`: errors, achieved below 97% of offered,
-  P99 above ``--p99-limit-ms``, a backlog that did not drain): its latencies then measure queueing on
-  this machine, and subtracting them says nothing about the gateway.
-
-A stream keeps up at a rate when it has no errors, achieves >= 97% of the offered rate, drains within
-its window (plus the P99 limit and half a second), and its P99 is below ``--p99-limit-ms``. The rate
-search (:func:`bracket_search`) probes the start rate; while it passes it doubles the rate, while it
-fails it halves it, until a passing and a failing rate bracket the limit; then it bisects between them
-until the bracket is within 5% or the step budget (``--search-steps``) is spent. The highest passing
-rate is reported (none when even the lowest rate tried failed).
-"""
+"""Gateway overhead (``hexflow overhead``): the same calls sent to a worker directly and through a gateway in
+front of it, interleaved in one run; added latency, errors by kind, the gateway's CPU per call, and an
+optional search for the highest rate it sustains. Method and figures: docs/live-gateway.md."""
 
 from __future__ import annotations
 
@@ -55,11 +8,8 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import random
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -68,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 import yaml
 
-from gateway.bench.procs import free_port
-from gateway.bench.stats import percentile
+from gateway.bench.hostcpu import process_cpu_s
+from gateway.bench.procs import ChildProcess, free_port, gateway_process, probe
+from gateway.bench.rig import bench_folder
+from gateway.bench.stats import json_safe, percentile
+from gateway.config import CONFIG_DIR
 from gateway.errors import GatewayError
 
 API_KEY = "demo-interactive-key"
@@ -87,18 +39,12 @@ ENDPOINTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 """The endpoints ``hexflow overhead`` measures: name -> (path, request body)."""
 WORKERS = ("null", "emulator")
-"""The worker behind the gateway: ``null`` (``gateway.bench.nullworker``: fixed answers from asyncio's
-protocol layer, so the worker takes little of the machine) or ``emulator`` (the FastAPI emulator)."""
+"""The worker behind the gateway: the null worker (``gateway.bench.nullworker``) or the emulated A100."""
 KEEP_UP_SHARE = 0.97
 """A stream keeps up when it achieves at least this share of the offered rate."""
 RIG_MAX_CONCURRENT = 4096
-"""The rig's tenants' concurrency bound (the demo file's is 64/128)."""
-SEARCH_CEILING = 5000.0
-"""The rate search never probes above this many calls/s."""
-SEARCH_FLOOR = 1.0
-"""... nor below this many."""
-SEARCH_REL_TOL = 0.05
-"""The rate search stops bisecting once the failing rate is within 5% of the passing one."""
+SEARCH_CEILING, SEARCH_FLOOR, SEARCH_REL_TOL = 5000.0, 1.0, 0.05
+"""The rate search's bounds (calls/s) and when it stops bisecting (failing rate within 5% of passing)."""
 
 
 def error_kind(status: int | None = None, exc: BaseException | None = None) -> str:
@@ -177,7 +123,7 @@ def shortfalls(stats: StreamStats, duration_s: float, p99_limit_ms: float) -> li
 
 @dataclass(frozen=True)
 class AddedLatency:
-    """The gateway's added latency, P50 and P99 (see the module docstring), and the raw differences."""
+    """The gateway's added latency, P50 and P99 (docs/live-gateway.md), and the raw differences."""
 
     p50_ms: float
     p99_ms: float
@@ -298,27 +244,6 @@ class OverheadReport:
     """The worker process's CPU over the measurement, as a share of one core (both streams' calls)."""
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, seconds (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
-
-
-def _wait_ready(url: str, path: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url + path, timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            raise GatewayError(f"{url} did not become ready; log tail:\n{tail}")
-        time.sleep(0.1)
-
-
 @contextlib.contextmanager
 def rig(workdir: Path, *, capacity: int = 1024, worker: str = "null") -> Iterator[tuple[str, str, int, int]]:
     """Start a worker (``WORKERS``) and a gateway in front of it; yield (worker url, gateway url, gateway pid,
@@ -326,69 +251,33 @@ def rig(workdir: Path, *, capacity: int = 1024, worker: str = "null") -> Iterato
     if worker not in WORKERS:
         raise GatewayError(f"unknown worker {worker!r}; one of {', '.join(WORKERS)}")
     wport, gport = free_port(), free_port()
-    wlog, glog = workdir / "worker.log", workdir / "gateway.log"
-    procs: list[subprocess.Popen[bytes]] = []
-    if worker == "null":
-        wcmd = [sys.executable, "-m", "gateway.bench.nullworker", "--port", str(wport)]
-    else:
-        wcmd = [sys.executable, "-m", "workers.emulator", "--gpu", "A100", "--port", str(wport), "--time-scale", "1e-4"]
+    wcmd = ["-m", "gateway.bench.nullworker", "--port", str(wport)]
+    if worker == "emulator":
+        wcmd = ["-m", "workers.emulator", "--gpu", "A100", "--port", str(wport), "--time-scale", "1e-4"]
+    wurl = f"http://127.0.0.1:{wport}"
+    wproc = ChildProcess("the worker", [sys.executable, *wcmd], workdir / "worker.log")
     try:
-        with wlog.open("wb") as wl:
-            procs.append(subprocess.Popen(wcmd, stdout=wl, stderr=subprocess.STDOUT))
-        worker = f"http://127.0.0.1:{wport}"
-        _wait_ready(worker, "/health", procs[0], wlog)
-        from gateway.config import CONFIG_DIR
-
+        wproc.wait_until(lambda: probe(wurl, "/health"), "/health")
         # The demo tenants, with a concurrency bound far above what the rates here keep in flight: a stall of
-        # the machine (another process, a collection) would otherwise turn into 429s, which measure admission,
-        # not the gateway's cost per call. Everything else (keys, deadlines, predictive admission) as shipped.
+        # the machine would otherwise turn into 429s, which measure admission, not the gateway's cost per call.
         tenants_doc = yaml.safe_load((CONFIG_DIR / "tenants.yaml").read_text())
         for t in tenants_doc["tenants"]:
             t["max_concurrent_workflows"] = RIG_MAX_CONCURRENT
-        tenants = workdir / "tenants.yaml"
-        tenants.write_text(yaml.safe_dump(tenants_doc))
+        (workdir / "tenants.yaml").write_text(yaml.safe_dump(tenants_doc))
         cfg = {
             "policy": "hexgen",
             "time_scale": 1e-4,
             "tenants_file": "tenants.yaml",
-            "cluster": {
-                "name": "overhead",
-                "workers": [{"name": "w0", "gpu": "A100", "url": worker, "capacity": capacity}],
-            },
+            "cluster": {"name": "overhead", "workers": [dict(name="w0", gpu="A100", url=wurl, capacity=capacity)]},
             "listen": {"host": "127.0.0.1", "port": gport},
             "tuning": {"enabled": False},
             "limits": {"max_queued_calls": 100_000},
         }
         (workdir / "gateway.yaml").write_text(yaml.safe_dump(cfg))
-        with glog.open("wb") as gl:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "gateway.cli",
-                        "serve",
-                        "--config",
-                        str(workdir / "gateway.yaml"),
-                        "--log-level",
-                        "warning",
-                    ],
-                    stdout=gl,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        gateway = f"http://127.0.0.1:{gport}"
-        _wait_ready(gateway, "/readyz", procs[1], glog)
-        yield worker, gateway, procs[1].pid, procs[0].pid
+        with gateway_process(workdir / "gateway.yaml", gport, 1, workdir, "overhead") as (gproc, gurl):
+            yield wurl, gurl, gproc.proc.pid, wproc.proc.pid
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        wproc.stop()
 
 
 async def _stream(
@@ -492,14 +381,14 @@ async def measure(
             async with session.post(worker + path, json=body) as r:
                 await r.read()
         gs, ds = StreamStats(), StreamStats()
-        wcpu0 = _cpu_seconds(worker_pid) if worker_pid is not None else math.nan
-        cpu0, t0 = _cpu_seconds(gw_pid), time.perf_counter()
+        wcpu0 = process_cpu_s(worker_pid) if worker_pid is not None else math.nan
+        cpu0, t0 = process_cpu_s(gw_pid), time.perf_counter()
         jobs = [_stream(session, gateway + path, rate, duration_s, seed, gs, body)]
         if direct:
             jobs.append(_stream(session, worker + path, rate, duration_s, seed + 1, ds, body))
         await asyncio.gather(*jobs)
-        cpu, wall = _cpu_seconds(gw_pid) - cpu0, time.perf_counter() - t0
-        wcpu = _cpu_seconds(worker_pid) - wcpu0 if worker_pid is not None else math.nan
+        cpu, wall = process_cpu_s(gw_pid) - cpu0, time.perf_counter() - t0
+        wcpu = process_cpu_s(worker_pid) - wcpu0 if worker_pid is not None else math.nan
     return Measurement(gateway=gs, direct=ds, cpu_s=cpu, wall_s=wall, worker_cpu_s=wcpu)
 
 
@@ -560,23 +449,18 @@ def run_overhead(
     if endpoint not in ENDPOINTS:
         raise GatewayError(f"unknown endpoint {endpoint!r}; one of {', '.join(ENDPOINTS)}")
     say = progress or (lambda _msg: None)
-    with (
-        tempfile.TemporaryDirectory(prefix="hexflow-overhead-") as tmp,
-        rig(Path(tmp), worker=worker) as (wurl, gateway, pid, wpid),
-    ):
-        say(f"side by side at {rate:g} calls/s for {duration_s:g} s")
-        m = asyncio.run(measure(wurl, gateway, pid, rate, duration_s, seed=seed, endpoint=endpoint, worker_pid=wpid))
-        report = build_report(m, rate, duration_s, p99_limit_ms)
-        report.endpoint, report.worker = endpoint, worker
-        for r in rates:
+    with bench_folder(None, "hexflow-overhead-") as tmp, rig(tmp, worker=worker) as (wurl, gateway, pid, wpid):
+
+        def side_by_side(r: float) -> OverheadReport:
             say(f"side by side at {r:g} calls/s for {duration_s:g} s")
-            row = build_report(
-                asyncio.run(measure(wurl, gateway, pid, r, duration_s, seed=seed, endpoint=endpoint, worker_pid=wpid)),
-                r,
-                duration_s,
-                p99_limit_ms,
-            )
-            report.table.append({k: v for k, v in asdict(row).items() if k not in ("search", "table")})
+            m = asyncio.run(measure(wurl, gateway, pid, r, duration_s, seed=seed, endpoint=endpoint, worker_pid=wpid))
+            return build_report(m, r, duration_s, p99_limit_ms)
+
+        report = side_by_side(rate)
+        report.endpoint, report.worker = endpoint, worker
+        report.table = [
+            {k: v for k, v in asdict(row).items() if k not in ("search", "table")} for row in map(side_by_side, rates)
+        ]
         if max_rate_search:
             span = min(duration_s, 6.0)
 
@@ -663,14 +547,4 @@ def format_report(rep: OverheadReport) -> str:
 def write_json(rep: OverheadReport, path: Path) -> None:
     """Write the report as JSON (NaN, for a stream with no successful call, is written as null)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_nan_to_none(asdict(rep)), indent=2))
-
-
-def _nan_to_none(v: Any) -> Any:
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _nan_to_none(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_nan_to_none(x) for x in v]
-    return v
+    path.write_text(json.dumps(json_safe(asdict(rep)), indent=2))

@@ -1,30 +1,9 @@
-"""``hexflow bench overload``: does admission keep its promises under overload? Emulated workers, real gateway.
-
-    hexflow bench overload [--cluster paper-4gpu] [--time-scale 0.05] [--capacity-fraction 0.75]
-        [--factor 5] [--capacity-s 40] [--burst-s 30] [--quiet-s 15] [--bursts 3] [--json OUT] [--plot PNG]
-
-1. start the emulated cluster (``python -m workers.cluster`` at ``time_scale``) and a gateway in front of it
-   (policy ``hexgen``, tuning off) whose one tenant has ``predictive_admission`` on and
-   ``on_predicted_miss: reject`` (``--no-predictive``: off, today's concurrency-only admission);
-2. *capacity*: CHESS workflows (the built-in ``chess-bird`` generator, deadline ``slo_scale`` x the standard
-   workflow's cluster-mean latency) arrive as a Poisson process at the sustainable rate, ``capacity_fraction``
-   x the cluster's fluid bound, for ``capacity_s`` wall seconds;
-3. *overload*: ``bursts`` bursts at ``factor`` x that rate, each ``burst_s`` long, separated by ``quiet_s``
-   without arrivals; then every answer is awaited.
-
-Reported per phase: workflows sent, accepted (not refused at admission), rejected (429 or 503 at admission),
-shed (admitted, then dropped with 503), met (200 and ``deadline_met``), the fraction of accepted that met
-their deadline, and goodput (met workflows per wall second of the phase's arrival window, so a burst's
-goodput counts the work it brought, finished when it may). The gateway process's resident memory is sampled
-every ``RSS_PERIOD_S`` (``/proc/<pid>/status``) and printed at the start, peak and end of each phase (a
-burst's end is the start of the quiet period after it; the last phase ends when the last answer came).
-The goals of issue 12 are checked: >= 95% of accepted workflows meet their deadline under overload, overload
-goodput >= 90% of goodput at capacity, and RSS bounded (the last burst's peak within 1.5x the first's).
-
-The capacity phase is the "goodput at capacity" reference, and shows the rate is sustainable (its met
-fraction is reported; it should be >= 95%). ``tests/bench/test_overload.py`` runs a smoke-sized version and
-asserts behaviour only; the figures are this command's to print.
-"""
+"""``hexflow bench overload``: does admission keep its promises under overload? Emulated workers, real
+gateway (one tenant, predictive admission on unless ``--no-predictive``): a capacity phase of CHESS
+workflows at ``capacity_fraction`` x the fluid bound, then ``bursts`` bursts at ``factor`` x that rate; per
+phase sent, accepted, rejected, shed, met and goodput, and the gateway's RSS sampled every ``RSS_PERIOD_S``.
+The goals checked: >= 95% of accepted meet their deadline under overload, overload goodput >= 90% of that
+at capacity, the last burst's RSS peak within 1.5x the first's. Figures: docs/live-gateway.md."""
 
 from __future__ import annotations
 
@@ -159,8 +138,7 @@ class OverloadReport:
             {
                 **doc,
                 "phases": [
-                    json_safe({**asdict(p), "met_of_accepted": p.met_of_accepted, "goodput": p.goodput})
-                    for p in self.phases
+                    {**asdict(p), "met_of_accepted": p.met_of_accepted, "goodput": p.goodput} for p in self.phases
                 ],
                 "overload_met_of_accepted": self.overload_met_of_accepted,
                 "goodput_ratio": self.goodput_ratio,
@@ -169,11 +147,6 @@ class OverloadReport:
                 "wall_s": self.wall_s,
             }
         )
-
-
-# --------------------------------------------------------------------------------------------------
-# Load
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -281,7 +254,7 @@ def run_overload(
     log_dir: Path | None = None,
     say: Callable[[str], None] | None = None,
 ) -> OverloadReport:
-    """Run the benchmark (see the module docstring) and return its report."""
+    """Run the capacity phase and the bursts and return its report."""
     say = say if say is not None else say_stderr
     for name, v in (("time_scale", time_scale), ("capacity_fraction", capacity_fraction), ("factor", factor)):
         if not (v > 0 and math.isfinite(v)):
@@ -340,11 +313,6 @@ def run_overload(
     return report
 
 
-# --------------------------------------------------------------------------------------------------
-# Output
-# --------------------------------------------------------------------------------------------------
-
-
 def _mb(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
 
@@ -376,23 +344,8 @@ def format_report(rep: OverloadReport) -> str:
         f"capacity rate {rep.capacity_rate_qps:.4g} wf/s (modelled), overload {rep.factor:g}x; "
         f"deadline {rep.deadline_wall_s:.3g} s wall; {rep.wall_s:.0f} s wall"
     )
-    t = table(
-        [
-            "phase",
-            "rate/s",
-            "sent",
-            "accepted",
-            "rejected",
-            "shed",
-            "met",
-            "met% of acc",
-            "goodput/s",
-            "Retry-After",
-            "RSS MB start/peak/end",
-        ],
-        rows,
-        left=1,
-    )
+    heads = ["phase", "rate/s", "sent", "accepted", "rejected", "shed", "met", "met% of acc", "goodput/s"]
+    t = table([*heads, "Retry-After", "RSS MB start/peak/end"], rows, left=1)
     checks = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in rep.checks().items())
     tail = (
         f"overload: {fmt(rep.overload_met_of_accepted * 100, 1)}% of accepted met their deadline; goodput "

@@ -1,10 +1,5 @@
-"""The child processes the bench tools run, and the files they read: an emulated cluster
-(``python -m workers.cluster``), a gateway (``python -m gateway.cli serve``) with its ``gateway.yaml`` and
-tenants file, and a free loopback port for each.
-
-A process that fails to start has the tail of its log printed to stderr and raises ``StartError`` (a
-``GatewayError``: the CLI prints one line and exits 2).
-"""
+"""The child processes the bench tools run (an emulated cluster, a gateway), their config files and free
+loopback ports. A process that fails to start prints its log's tail to stderr and raises ``StartError``."""
 
 from __future__ import annotations
 
@@ -48,11 +43,6 @@ _WORKER_LINE = re.compile(r"^(\S+) (https?://\S+) (\S+)$")
 
 class StartError(GatewayError):
     """A child process (the emulated cluster, the gateway) exited or did not become ready in time."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Config files
-# --------------------------------------------------------------------------------------------------
 
 
 def write_tenants_file(
@@ -157,11 +147,6 @@ def write_gateway_config(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_gateway_config(path)
-
-
-# --------------------------------------------------------------------------------------------------
-# Subprocesses
-# --------------------------------------------------------------------------------------------------
 
 
 def free_port() -> int:

@@ -1,15 +1,6 @@
-"""The full simulated benchmark: every hexgen trace, several SLO scales, every policy (``make bench-full``).
-
-    python -m gateway.bench.report --out out/bench [--traces trace1,...] [--slo-scales 3,5,8]
-        [--cluster paper-4gpu] [--workflows 1000] [--seeds 3] [--jobs 2]
-
-For each (trace, SLO scale) it runs ``hexflow bench`` (JSON and plot per run) and then writes
-``summary.md`` and ``summary.json`` with, per run: every policy's mean capacity, the best baseline
-(``Policy.role == "baseline"`` only; ablations never count), hexgen's capacity against it (mean and
-per-seed range) and against rr-fcfs, hexgen's and the best baseline's share of the fluid bound, the P95
-gain at the best baseline's capacity, and the tuned alpha against the best fixed alpha in hindsight.
-Traces are looked up in ``../shared/data/hexgen-traces``; missing ones are skipped with a note.
-"""
+"""The full simulated benchmark (``make bench-full``): ``hexflow bench`` for every trace and SLO scale, then
+``summary.md`` and ``summary.json`` (capacities, best baseline by role, hexgen against it, shares of the
+fluid bound, tuned against best fixed alpha). Missing traces are skipped with a note."""
 
 from __future__ import annotations
 

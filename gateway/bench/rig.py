@@ -1,18 +1,6 @@
-"""One live rig for every live benchmark: a folder for the files and logs of a run, the emulated cluster (or
-workers already running) and a gateway in front of it, as child processes stopped on the way out.
-
-    with bench_folder(log_dir, "hexflow-x-", say) as folder:
-        key = bench_tenant(folder, deadline_s=..., max_concurrent_workflows=...)
-        with live_rig(folder, "tag", "paper-4gpu", time_scale=0.05, tenants_file="tenants.yaml") as rig:
-            ... rig.url, rig.status(), rig.rss_mb() ...
-
-``bench_folder`` is ``log_dir`` (kept) or a temporary folder removed after a run that went well; after a
-failure it is kept and named. ``live_rig`` starts the emulated cluster (``gateway.bench.procs``), writes
-``gateway-<tag>.yaml`` for it (background tuning off, so runs are reproducible), starts ``hexflow serve`` and
-yields once ``/readyz`` sees every worker; the logs are ``cluster-<tag>.log``/``.out`` and
-``gateway-<tag>.log``. The helpers below drive load: ``scheduled`` runs one coroutine per arrival time,
-``sampling`` samples something (the gateway's memory, its status) while a coroutine runs.
-"""
+"""One live rig for every live benchmark: ``bench_folder`` (``log_dir`` kept, or a temporary folder removed
+after a run that went well), ``bench_tenant``, ``live_rig`` (the emulated cluster or running workers and a
+gateway in front, tuning off, stopped on the way out) and the load helpers ``scheduled`` and ``sampling``."""
 
 from __future__ import annotations
 
@@ -109,11 +97,7 @@ def bench_tenant(folder: Path, *, deadline_s: float, max_concurrent_workflows: i
     throw-away key; returns the key."""
     key = secrets.token_urlsafe(24)
     write_tenants_file(
-        folder / "tenants.yaml",
-        key,
-        max_concurrent_workflows=max_concurrent_workflows,
-        deadline_s=deadline_s,
-        **tenant,
+        folder / "tenants.yaml", key, max_concurrent_workflows=max_concurrent_workflows, deadline_s=deadline_s, **tenant
     )
     return key
 

@@ -1,10 +1,5 @@
-"""The figures and tables every bench tool prints: one percentile, one number format, one text table, the
-JSON-safe form of a record and the one way a plot is drawn and saved.
-
-``percentile`` is the simulator's (``gateway.sim.metrics``, which ``summarize`` needs): it is re-exported
-here so that a live measurement and a simulated one are summarised by the same function, and bench
-modules import it from this module.
-"""
+"""The figures and tables every bench tool prints: percentiles (the simulator's, so live and simulated runs
+are summarised alike), number format, text tables, strict-JSON records, plots."""
 
 from __future__ import annotations
 
@@ -30,8 +25,16 @@ def finite_or_none(x: float | None) -> float | None:
 
 
 def json_safe(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """``doc`` with every float value that is not finite as ``None`` (one level deep)."""
-    return {k: finite_or_none(v) if isinstance(v, float) else v for k, v in doc.items()}
+    """``doc`` with every float that is not finite, at any depth of dicts and lists, as ``None``."""
+    return {k: _safe(v) for k, v in doc.items()}
+
+
+def _safe(v: Any) -> Any:
+    if isinstance(v, float):
+        return finite_or_none(v)
+    if isinstance(v, Mapping):
+        return json_safe(v)
+    return [_safe(x) for x in v] if isinstance(v, list | tuple) else v
 
 
 def pyplot() -> Any:

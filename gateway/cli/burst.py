@@ -174,9 +174,7 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
         report = run_burst(base, patterns, loads, variants, quality, progress=bar.update, cluster=args.cluster)
     print(format_burst(report))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1), encoding="utf-8")
-        print(f"wrote {args.json}")
+        _write(args.json, report.to_json())
     if args.plot:
         tl_name, tl_load = names[0], loads[len(loads) // 2]
         if args.timeline:
@@ -237,14 +235,17 @@ def _live(
     )
     print(format_live_report(report))
     if args.dump:
-        Path(args.dump).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.dump).write_text(json.dumps(dump), encoding="utf-8")
-        print(f"wrote {args.dump}")
+        _write(args.dump, dump, indent=None)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1), encoding="utf-8")
-        print(f"wrote {args.json}")
+        _write(args.json, report.to_json())
     return 0
+
+
+def _write(path: str, doc: Any, indent: int | None = 1) -> None:
+    """Write ``doc`` as JSON to ``path`` (parents created) and say so."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=indent), encoding="utf-8")
+    print(f"wrote {path}")
 
 
 def format_burst(report: BurstReport) -> str:
@@ -277,9 +278,6 @@ def format_burst(report: BurstReport) -> str:
             f"{best.variant if best else '-'}"
         )
         lines.append(
-            table(
-                ["policy", "slo_attain", "good_share", "good_qps", "accuracy", "degraded", "vs best baseline"],
-                rows,
-            )
+            table(["policy", "slo_attain", "good_share", "good_qps", "accuracy", "degraded", "vs best baseline"], rows)
         )
     return "\n".join(lines)

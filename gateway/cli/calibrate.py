@@ -9,7 +9,16 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from gateway.cli.common import Subparsers, UsageError, nonneg_int, port, positive_float, positive_int, write_json
+from gateway.cli.common import (
+    Subparsers,
+    UsageError,
+    nonneg_int,
+    port,
+    positive_float,
+    positive_floats,
+    positive_int,
+    write_json,
+)
 
 __all__ = [
     "add_bench_fidelity",
@@ -96,10 +105,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from gateway.profiling.plan import PlanSettings
     from gateway.profiling.probe import calibrate
 
-    if not args.time_scale > 0:
-        raise UsageError("--time-scale must be positive")
-    if args.tp < 1:
-        raise UsageError("--tp must be >= 1")
     settings = PlanSettings(
         max_prompt=args.max_prompt,
         max_output=args.max_output,
@@ -329,16 +334,6 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
     return 0 if rep.within_target() else 1
 
 
-def _rates(text: str) -> list[float]:
-    try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--rates {text!r}: comma-separated numbers, e.g. 4,8,16") from None
-    if not rates or not all(r > 0 and r < 1e6 for r in rates):
-        raise argparse.ArgumentTypeError(f"--rates {text!r}: each rate must be a positive number of calls per second")
-    return rates
-
-
 def add_bench_open_loop(sub: Subparsers) -> None:
     """``hexflow bench open-loop``: a workload's calls open loop against one worker, live against the profile."""
     p = sub.add_parser(
@@ -353,7 +348,7 @@ def add_bench_open_loop(sub: Subparsers) -> None:
     p.add_argument("--model", required=True, help="the served model name (and the profile's model key)")
     p.add_argument("--profile", required=True, help="a profiles overlay (YAML) holding the worker's profile")
     p.add_argument("--label", default=None, help="the profile's label in that file (default: its only one)")
-    p.add_argument("--rates", type=_rates, default=[4.0, 8.0, 16.0], help="calls per second, comma-separated")
+    p.add_argument("--rates", type=positive_floats, default=[4.0, 8.0, 16.0], help="calls per second, comma-separated")
     p.add_argument("--calls", type=positive_int, default=300, help="calls per rate (default 300)")
     p.add_argument("--trace", default="chess-bird", help="workload whose calls are drawn (default: chess-bird)")
     p.add_argument("--token-scale", type=positive_float, default=0.125, help="multiply token counts (default 0.125)")
@@ -454,10 +449,7 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
     rep: LiveMislabelReport | MislabelReport
     try:
         settings = RefitSettings(
-            interval_s=args.interval_s,
-            min_calls=args.min_calls,
-            window_calls=args.window_calls,
-            max_step=args.max_step,
+            interval_s=args.interval_s, min_calls=args.min_calls, window_calls=args.window_calls, max_step=args.max_step
         )
         if args.live:
             live = run_mislabel_live(

@@ -1,11 +1,5 @@
-"""The Text-to-SQL commands: ``demo`` (the main job on an emulated cluster), ``eval`` (execution accuracy of
-a running gateway on a Spider-format dataset), ``databases`` and ``answers`` (the files ``serve`` and
-``emulate --answers`` read, for a Spider-format dataset or the demo), and ``bench quality`` (accuracy per
-knob setting of the pipeline, in-process: ``gateway/config/quality.yaml``).
-
-Numbers of ``eval``, ``databases``, ``answers`` and ``bench quality`` are parsed by the commands, not by
-argparse, so bad values stop with one line (exit 2).
-"""
+"""The Text-to-SQL commands: ``demo``, ``eval``, ``databases``, ``answers`` and ``bench quality``. Numbers are
+parsed by the commands, not argparse, so bad values stop with one line (exit 2)."""
 
 from __future__ import annotations
 
@@ -222,10 +216,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run the Text-to-SQL demo end to end on emulated workers."""
     from gateway.bench.demo import DEFAULT_RATE, format_legend, format_summary, run_demo
 
-    if args.questions < 1:
-        raise UsageError("--questions must be at least 1")
-    if not args.time_scale > 0:
-        raise UsageError("--time-scale must be positive")
     rep = run_demo(
         args.questions,
         cluster=args.cluster,

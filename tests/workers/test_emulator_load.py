@@ -1,7 +1,7 @@
 """One emulator process serves 256 concurrent streaming requests, every one to the end, none lost.
 
-The machine-dependent figures of the same load (event-loop lag, model CPU per iteration) are printed here
-and by ``python -m gateway.bench.emulator_load``; no test bounds them, since a busy machine moves them.
+The machine-dependent figures of the same load (event-loop lag, model CPU per iteration) are printed here;
+no test bounds them, since a busy machine moves them.
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ class KindTimes:
 
 @dataclass
 class GapBreakdown:
-    """What a policy's live run and its simulation spent their time on (``module docstring``, step 4)."""
+    """What a policy's live run and its simulation spent their time on."""
 
     policy: str
     workers_live: dict[str, WorkerTimes] = field(default_factory=dict)

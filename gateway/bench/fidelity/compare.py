@@ -4,14 +4,9 @@ simulated gaps of a replay, and the run's folder of logs and catalogues."""
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import math
-import shutil
-import sys
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.bench.livebench import LiveBenchReport
@@ -22,7 +17,7 @@ from gateway.sim.engine import SimEngine
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator
 
-__all__ = ["live_gaps", "p95", "simulate_arrivals", "simulate_runs", "work_folder"]
+__all__ = ["live_gaps", "p95", "simulate_arrivals", "simulate_runs"]
 
 
 def simulate_arrivals(profile: PerfProfile, arrivals: Sequence[Arrival]) -> list[float]:
@@ -84,19 +79,3 @@ def simulate_runs(
         )
         out[r.policy] = summarize(sim.run(dags), total=len(dags))
     return out
-
-
-@contextlib.contextmanager
-def work_folder(log_dir: Path | None, prefix: str, where_else: str = "") -> Iterator[Path]:
-    """The run's folder of logs, catalogues and configs: ``log_dir`` (kept), else a temporary one removed
-    when the run succeeds. A failed run says where it is (and ``where_else``, e.g. the servers' logs)."""
-    keep = log_dir is not None
-    folder = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix=prefix))
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        yield folder
-    except BaseException:
-        print(f"hexflow: fidelity logs are in {folder}{where_else}", file=sys.stderr)
-        raise
-    if not keep:
-        shutil.rmtree(folder, ignore_errors=True)

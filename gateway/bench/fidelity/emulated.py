@@ -1,25 +1,7 @@
-"""``hexflow bench fidelity``, the emulated mode: does the simulator predict a cluster it only knows through
-``hexflow calibrate``?
-
-    hexflow bench fidelity [--cluster paper-4gpu] [--trace chess-bird] [--policies hexgen] [--workflows 150]
-        [--time-scale 0.05] [--budget-s 90] [--slo-scale 5] [--seed 0] [--log-dir DIR] [--json OUT]
-
-1. **Unknown workers.** A "truth" catalogue is the packaged ``gpus.yaml`` with every profile of the
-   cluster's GPU types changed, each constant by its own factor (``FACTOR_SETS``, a different set per
-   GPU type), so no worker runs at a speed the catalogue knows. The emulated cluster runs it
-   (``python -m workers.cluster --catalog truth-gpus.yaml``).
-2. **Calibrate.** One worker of each GPU type is calibrated (``gateway.profiling.probe``, the
-   ``hexflow calibrate`` plan within ``--budget-s`` wall seconds); its constants, measured in wall
-   seconds, are divided by the time scale (modelled seconds) and written as that GPU's profile of a
-   "calibrated" catalogue.
-3. **Replay and predict.** ``gateway.bench.livebench.run_live_bench`` replays the trace live through
-   the gateway over the truth-speed emulated cluster, with the gateway and the simulator both reading
-   the calibrated catalogue; the simulator is also run with the truth catalogue for reference (how
-   much of any gap the calibration explains).
-
-The target (issue 14): live P95 and SLO attainment within 5% of the simulator's prediction with the
-calibrated profiles (``within_target``).
-"""
+"""``hexflow bench fidelity``, emulated mode: workers run a "truth" catalogue (``FACTOR_SETS``: every constant
+of each GPU type off by its own factor), one per type is calibrated, the trace is replayed live with the
+calibrated catalogue and simulated with it (and with the truth). Target: live P95 and SLO within 5% of the
+calibrated prediction (``within_target``). Method: docs/benchmarks.md "Calibration fidelity"."""
 
 from __future__ import annotations
 
@@ -33,11 +15,12 @@ from typing import Any
 
 import yaml
 
-from gateway.bench.fidelity.compare import live_gaps, simulate_runs, work_folder
+from gateway.bench.fidelity.compare import live_gaps, simulate_runs
 from gateway.bench.livebench import LiveBenchReport, format_live_report, run_live_bench
 from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
-from gateway.bench.stats import finite_or_none, fmt, table
+from gateway.bench.rig import bench_folder
+from gateway.bench.stats import fmt, json_safe, table
 from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, ProfileSpec
 from gateway.core.profile import PerfProfile, profile_from
@@ -131,22 +114,22 @@ class FidelityReport:
                     "gpu": c.gpu,
                     "truth": {k: getattr(c.truth, k) for k in _CONSTANTS},
                     "calibrated": {k: getattr(c.calibrated, k) for k in (*_CONSTANTS, "attn_s", "seq_s", "admit_s")},
-                    "workflow_latency_error": finite_or_none(c.workflow_error()),
-                    "decode_step_error_16x4000": finite_or_none(c.decode_error()),
+                    "workflow_latency_error": c.workflow_error(),
+                    "decode_step_error_16x4000": c.decode_error(),
                     "probes": len(c.result.measurements),
                     "calibration_wall_s": c.result.wall_s,
                 }
             )
-        return {
-            "target": TARGET,
-            "within_target": self.within_target(),
-            "calibrations": cal,
-            "gaps": {p: {k: finite_or_none(v) for k, v in g.items()} for p, g in self.gaps().items()},
-            "simulated_with_truth": {
-                p: {k: finite_or_none(v) for k, v in d.items()} for p, d in self.truth_sim.items()
-            },
-            "live_bench": self.live.to_json(),
-        }
+        return json_safe(
+            {
+                "target": TARGET,
+                "within_target": self.within_target(),
+                "calibrations": cal,
+                "gaps": self.gaps(),
+                "simulated_with_truth": self.truth_sim,
+                "live_bench": self.live.to_json(),
+            }
+        )
 
 
 _CONSTANTS = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "kv_capacity_tokens")
@@ -166,7 +149,7 @@ def run_fidelity(
     progress: bool = True,
     settings: PlanSettings | None = None,
 ) -> FidelityReport:
-    """Calibrate, replay live, simulate (the module docstring). Subprocess logs, the two catalogues and
+    """Calibrate, replay live, simulate. Subprocess logs, the two catalogues and
     the configs go to ``log_dir`` (kept) or a temporary folder removed after a successful run."""
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time scale must be a positive number, got {time_scale}")
@@ -177,7 +160,7 @@ def run_fidelity(
     if len(models) != 1:
         raise ValueError(f"{cluster}: the fidelity benchmark needs one model, the cluster serves {sorted(models)}")
     model = models.pop()
-    with work_folder(log_dir, "hexflow-fidelity-") as folder:
+    with bench_folder(log_dir, "hexflow-fidelity-") as folder:
         truth_path = _write_catalog(perturbed_catalog(base, model, gpus), folder / "truth-gpus.yaml")
         truth_cat = load_gpu_catalog(truth_path)
         cal_doc = yaml.safe_load(yaml.safe_dump(base))
@@ -209,14 +192,7 @@ def run_fidelity(
 
 
 def _calibrate_one(
-    url: str,
-    rw: Any,
-    truth: GpuCatalog,
-    model: str,
-    *,
-    budget_s: float,
-    settings: PlanSettings | None,
-    progress: bool,
+    url: str, rw: Any, truth: GpuCatalog, model: str, *, budget_s: float, settings: PlanSettings | None, progress: bool
 ) -> CalibrationResult:
     """Calibrate the emulated worker ``rw`` (a resolved worker of the cluster) at ``url``."""
     spec = truth.profile_spec(rw.gpu, model)

