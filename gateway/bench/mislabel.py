@@ -24,9 +24,9 @@ from gateway.config import ClusterConfig, build_workers, load_cluster, load_clus
 from gateway.core.profile import PerfProfile
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
-from gateway.sim.calibrate import workflow_latency
+from gateway.profiling.fit import workflow_latency
+from gateway.profiling.refit import FitOutcome, RefitSettings, Refitter, constants_of
 from gateway.sim.metrics import summarize
-from gateway.sim.refit import FitOutcome, RefitSettings, Refitter, constants_of
 from gateway.sim.simulator import CallTimeline, Simulator
 from gateway.sim.workload.traces import load_queries
 

@@ -444,7 +444,7 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
         run_mislabel,
         run_mislabel_live,
     )
-    from gateway.sim.refit import RefitSettings
+    from gateway.profiling.refit import RefitSettings
 
     rep: LiveMislabelReport | MislabelReport
     try:

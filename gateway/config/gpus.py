@@ -130,7 +130,7 @@ class TpRule(_Strict):
 
 
 class CalibrationSpec(_Strict):
-    """Inputs of the fitter (``gateway.sim.calibrate``), which writes the ``profiles`` section."""
+    """Inputs of the fitter (``gateway.profiling.fit``), which writes the ``profiles`` section."""
 
     model: str = Field(description="The model the published latencies were measured with.")
     source: str = Field(min_length=1, description="Where the published latencies come from.")
@@ -165,7 +165,7 @@ class GpuCatalog(_Strict):
 
     gpus: dict[Name, GpuSpec] = Field(min_length=1, description="GPU name -> spec sheet numbers.")
     models: dict[Name, ModelSpec] = Field(min_length=1, description="Model name -> architecture.")
-    calibration: CalibrationSpec = Field(description="Inputs of gateway.sim.calibrate.")
+    calibration: CalibrationSpec = Field(description="Inputs of gateway.profiling.fit.")
     profiles: dict[str, dict[str, ProfileSpec]] = Field(
         default_factory=dict, description="Model name -> GPU name -> fitted constants."
     )

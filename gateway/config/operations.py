@@ -73,7 +73,7 @@ class TuningConfig(_Strict):
 
 
 class RefitConfig(_Strict):
-    """Slow online refit of each worker's profile constants from its completed calls (``gateway.sim.refit``).
+    """Slow online refit of each worker's profile constants from its completed calls (``gateway.profiling.refit``).
 
     Per worker, the last ``window_calls`` completed calls are kept; every ``interval_s`` a worker with at
     least ``min_calls`` of them (and a quarter of that new since its last attempt) is refitted: the four

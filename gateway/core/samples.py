@@ -1,4 +1,4 @@
-"""Completed calls kept per worker for the slow profile refit (``gateway.sim.refit``).
+"""Completed calls kept per worker for the slow profile refit (``gateway.profiling.refit``).
 
 A ``CallSample`` holds a call's token counts, the batch the estimator assumed at its start (so its predicted latency is
 linear in the profile's constants) and its observed latency; ``SampleLog`` keeps the last ``window`` per worker."""

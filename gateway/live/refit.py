@@ -1,4 +1,4 @@
-"""The live side of the online profile refit: a background task around ``gateway.sim.refit.Refitter``.
+"""The live side of the online profile refit: a background task around ``gateway.profiling.refit.Refitter``.
 
 Every ``refit.interval_s`` the task takes the workers due for a refit (on the event loop: a copy of
 their last completed calls and their profile at that moment), fits each in a thread (a sparse linear
@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.core.worker import WorkerInfo
-from gateway.sim.refit import FitOutcome, RefitSettings, Refitter, fit_job, profile_status
+from gateway.profiling.refit import FitOutcome, RefitSettings, Refitter, fit_job, profile_status
 
 if TYPE_CHECKING:
     from gateway.config.operations import RefitConfig

@@ -48,7 +48,7 @@ from gateway.live.runner import CallRecord, CallRequest, WorkflowOutcome, Workfl
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, Transport
 from gateway.live.tuning import AlphaTuner, WindowRecorder
-from gateway.sim.refit import profile_status
+from gateway.profiling.refit import profile_status
 
 __all__ = ["Gateway"]
 

@@ -10,8 +10,8 @@ import numpy as np
 
 from gateway.core.workflow import CallSpec
 from gateway.errors import GatewayError
-from gateway.sim.calibrate import design_matrix
-from gateway.sim.lpfit import l1_relative_fit
+from gateway.profiling.fit import design_matrix
+from gateway.profiling.lpfit import l1_relative_fit
 
 __all__ = [
     "FITTED",
@@ -203,7 +203,7 @@ def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int, shor
 
 def fit_constants(a: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
     """Coefficients ``>= 0`` minimising the sum of ``|a x / y - 1|`` (an L1 fit of relative errors; a
-    linear program, ``gateway.sim.lpfit.l1_relative_fit``), one per column of ``a``. Raises
+    linear program, ``gateway.profiling.lpfit.l1_relative_fit``), one per column of ``a``. Raises
     ``CalibrationError`` when there is nothing to fit or the solver fails."""
     k = a.shape[1] if a.ndim == 2 else 0
     if len(y) == 0 or k == 0 or a.shape[0] != len(y) or not np.all(y > 0):

@@ -37,10 +37,10 @@ from gateway.core.profile import PerfProfile
 from gateway.core.scheduler import BEST_EFFORT_SHARE, Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow, deadline_met
+from gateway.profiling.refit import FitOutcome, RefitSettings, Refitter
 from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.engine import EngineStats, SimEngine
 from gateway.sim.events import Event, EventHeap
-from gateway.sim.refit import FitOutcome, RefitSettings, Refitter
 
 _ARRIVAL = 0
 _WAKE = 1
@@ -193,7 +193,7 @@ class Simulator:
         engine_profiles: what the engines really run, per worker (default: the workers' profiles). A
             profile that differs from its worker's is a mislabelled worker: the scheduler plans with the
             label, the engine runs at its own speed (``hexflow bench mislabel``).
-        refit: refit the workers' profiles online (``gateway.sim.refit``; settings, or a ``Refitter`` whose
+        refit: refit the workers' profiles online (``gateway.profiling.refit``; settings, or a ``Refitter`` whose
             ``step`` is called), every ``interval_s`` of virtual time, checked when a call returns;
             ``refits`` lists what each attempt did.
         hedge: hedge straggling critical-path calls (``HedgeSettings``); ``hedges`` counts the copies sent

@@ -75,7 +75,7 @@ def test_live_windows_and_late_share_come_from_the_polled_completions() -> None:
 @pytest.mark.slow
 def test_the_live_mislabel_benchmark_runs_three_gateways_and_reports_each(tmp_path: Path) -> None:
     from gateway.bench.mislabel import run_mislabel_live
-    from gateway.sim.refit import RefitSettings
+    from gateway.profiling.refit import RefitSettings
 
     rep = run_mislabel_live(
         n_workflows=20, window_s=50.0, settings=RefitSettings(interval_s=20, min_calls=20, window_calls=200), say=print

@@ -7,7 +7,7 @@ import pytest
 from gateway.config import load_gpu_catalog
 from gateway.core.latency import LatencyModel, WorkerLoad, decode_steps, mean_context, prefill_token_s
 from gateway.core.profile import PerfProfile
-from gateway.sim.refit import constants_of
+from gateway.profiling.refit import constants_of
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from gateway.core.profile import CONSTANTS, PerfProfile, profile_from, time_scal
 from gateway.core.samples import CallSample
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
-from gateway.sim.refit import constants_of, refit_bounds, sample_rows
+from gateway.profiling.refit import constants_of, refit_bounds, sample_rows
 
 CPU = PerfProfile("cpu", "tiny", 0.003, 3e-5, 5e-8, 0.01, 60_000, 8, 2048, attn_s=1e-7, block_tokens=128, seq_s=2e-4)
 NO_SEQ = dataclasses.replace(CPU, seq_s=0.0)

@@ -15,7 +15,7 @@ from gateway.core.latency import LatencyModel
 from gateway.core.samples import CallSample
 from gateway.errors import ConfigError
 from gateway.live.service import Gateway
-from gateway.sim.refit import RESULTS, constants_of, sample_rows
+from gateway.profiling.refit import RESULTS, constants_of, sample_rows
 from tests.live.harness import chain, emulators, gateway_client, write_config
 
 MODEL = "llama-3.1-70b"

@@ -25,10 +25,10 @@ from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_conf
 from gateway.config.gpus import GpuCatalog, ProfileSpec
 from gateway.core.profile import PerfProfile, profile_from
 from gateway.core.workflow import Workflow
+from gateway.profiling.fit import workflow_latency
 from gateway.profiling.output import profile_entry
 from gateway.profiling.plan import PlanSettings
 from gateway.profiling.probe import CalibrationResult, calibrate
-from gateway.sim.calibrate import workflow_latency
 
 __all__ = [
     "FACTOR_SETS",

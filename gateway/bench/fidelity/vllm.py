@@ -40,11 +40,11 @@ from gateway.bench.rig import bench_folder, say_stderr
 from gateway.bench.simbench import fluid_bound
 from gateway.config import build_workers, load_cluster_config
 from gateway.config.workflows import STANDARD_WORKFLOW
+from gateway.profiling.fit import workflow_latency
 from gateway.profiling.output import profile_entry
 from gateway.profiling.plan import CalibrationError, PlanSettings, Probe
 from gateway.profiling.probe import CalibrationResult, calibrate
 from gateway.profiling.worker import ProbeWorker
-from gateway.sim.calibrate import workflow_latency
 from gateway.sim.metrics import Summary
 from workers import cpu_vllm
 

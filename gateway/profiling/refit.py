@@ -17,7 +17,7 @@ from gateway.core.profile import PerfProfile
 from gateway.core.samples import CallSample
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
-from gateway.sim.lpfit import l1_relative_fit
+from gateway.profiling.lpfit import l1_relative_fit
 
 FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
 """The constants the refit changes (the profile's capacities are configuration, not fitted). The rows carry

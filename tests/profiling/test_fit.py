@@ -16,7 +16,7 @@ from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import CallSpec
 from gateway.errors import ConfigError
-from gateway.sim.calibrate import (
+from gateway.profiling.fit import (
     design_matrix,
     explain,
     fit,
@@ -27,7 +27,7 @@ from gateway.sim.calibrate import (
     round_sig_up,
     step_errors,
 )
-from gateway.sim.lpfit import minimax_fit
+from gateway.profiling.lpfit import minimax_fit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE_MD = REPO_ROOT.parent / "shared" / "data" / "hexgen-traces" / "SOURCE.md"

@@ -15,7 +15,7 @@ from gateway.core.samples import CallSample
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
-from gateway.sim.refit import (
+from gateway.profiling.refit import (
     FitJob,
     RefitSettings,
     Refitter,
