@@ -250,10 +250,11 @@ def _serve_docs(app: FastAPI) -> None:
 
 
 def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
-    """The OpenAPI document, with the running gateway's limits as ``maximum``/``maxItems``/``maxLength``.
+    """The OpenAPI document, with the running gateway's limits as ``maximum``/``maxItems``/``maxLength``, and
+    the benchmark-only call fields only when the gateway is in benchmark mode (``benchmark: true``).
 
-    Before the gateway has started the document is built without them (and not cached), so a client never
-    sees limits other than the ones the routes enforce.
+    Before the gateway has started the document is built without limits or benchmark fields (and not cached),
+    so a client never sees limits other than the ones the routes enforce.
     """
     if app.openapi_schema is not None:
         return app.openapi_schema
@@ -265,10 +266,12 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
         routes=app.routes,
     )
     gw = getattr(app.state, "gateway", None)
+    schemas = doc.get("components", {}).get("schemas", {})
+    if not (isinstance(gw, Gateway) and gw.cfg.benchmark):
+        _hide_benchmark_fields(schemas)
     if not isinstance(gw, Gateway):
         return doc
     lim = gw.cfg.limits
-    schemas = doc.get("components", {}).get("schemas", {})
     call = schemas.get("WorkflowCall", {}).get("properties", {})
     for name in ("prompt_tokens", "max_tokens", "min_tokens"):
         _set(call.get(name), "integer", "maximum", lim.max_tokens)
@@ -295,6 +298,21 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
         _set(t2s_req.get("evidence"), "string", "maxLength", settings.max_evidence_chars)
     app.openapi_schema = doc
     return doc
+
+
+def _hide_benchmark_fields(schemas: dict[str, Any]) -> None:
+    """Leave ``workflows.BENCHMARK_FIELDS`` out of ``WorkflowCall`` (a gateway not in benchmark mode refuses
+    them): a call then needs ``messages``, and its examples are the chat ones of ``WorkflowRequest``."""
+    call = schemas.get("WorkflowCall")
+    if call is None:
+        return
+    for name in workflows.BENCHMARK_FIELDS:
+        call.get("properties", {}).pop(name, None)
+    call.pop("oneOf", None)
+    call["required"] = sorted({*call.get("required", ()), "messages"})
+    request_examples = schemas.get("WorkflowRequest", {}).get("examples", [])
+    call["examples"] = [c for ex in request_examples for c in ex.get("calls", ())]
+    schemas.pop("SharedPrefixSegment", None)
 
 
 def _set(schema: dict[str, Any] | None, type_: str, key: str, value: int) -> None:
