@@ -219,7 +219,7 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
         return doc
     lim = gw.cfg.limits
     call = schemas.get("WorkflowCall", {}).get("properties", {})
-    for name in ("prompt_tokens", "max_tokens", "min_tokens"):
+    for name in ("prompt_tokens", "max_tokens", "min_tokens", "expected_output_tokens"):
         _set(call.get(name), "integer", "maximum", lim.max_tokens)
     seg = schemas.get("SharedPrefixSegment", {}).get("properties", {})
     _set(seg.get("tokens"), "integer", "maximum", lim.max_tokens)  # a segment fits in prompt_tokens

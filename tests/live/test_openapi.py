@@ -241,6 +241,8 @@ def test_the_document_states_what_the_routes_do(gateway_app: FastAPI) -> None:
         "title": "Max Tokens",
         "description": "Most output tokens.",
     }
+    expected = call["properties"]["expected_output_tokens"]["anyOf"]
+    assert {"type": "integer", "minimum": 1, "maximum": 48} in expected  # unbounded, no deadline would fit
     assert schemas["WorkflowRequest"]["properties"]["calls"]["maxItems"] == 6
     chat = schemas["ChatCompletionRequest"]
     assert chat["additionalProperties"] is True and chat["required"] == ["messages"]

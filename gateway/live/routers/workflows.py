@@ -224,6 +224,8 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
             )
         _check_limit(i, "prompt_tokens", n_in, lim.max_tokens)
         _check_limit(i, "max_tokens", c.max_tokens, lim.max_tokens)
+        if c.expected_output_tokens is not None:  # unbounded, it would predict a workflow no deadline fits
+            _check_limit(i, "expected_output_tokens", c.expected_output_tokens, lim.max_tokens)
         shared = tuple(PrefixSeg(x.name, x.tokens, per_query=x.scope == "workflow") for x in c.shared_prefix or ())
         nodes.append(DagNode(c.id, c.kind, n_in, n_out, tuple(c.depends_on), shared))
         requests.append(cr)
