@@ -1,37 +1,10 @@
 """Capacity planning on the simulator: the cheapest mix of workers that meets an SLO at a rate (``hexflow plan``).
 
-Method:
-
-* **Candidates.** Every mix of the given GPU types, ``n_i >= 0`` workers of type ``i``, ``1 <= sum n_i <=
-  max_workers``. A worker is one engine of the model as the catalogue sizes it (``tp`` GPUs of its type,
-  ``config/gpus.yaml``), priced at the GPU's ``usd_per_hour`` times ``tp``.
-* **Order.** By ``objective``: ``cost`` (USD per hour of the mix; needs a price on every type) or
-  ``workers`` (their count). Ties go to the other measure (when priced), then to more workers of the
-  types listed first: the list is the operator's order of preference.
-* **SLO.** One deadline in seconds for every candidate, never the candidate's own mean latency (that
-  would give a slower mix a looser SLO): ``slo_s`` as given, or ``slo_scale`` times the lone latency of the
-  standard workflow on one engine of the *reference GPU* (``calibration.reference_gpu`` of the catalogue,
-  or the first type given when the model has no profile there). Plans over different GPU lists are then
-  held to the same deadline.
-* **Pruning.** A mix whose fluid bound (``gateway.bench.bound``, the linear program of the highest rate any
-  scheduler could sustain, with the same prefix caching as the simulation) is below the rate cannot
-  sustain it, however it is scheduled: it is not simulated. Identical workers are one entry of the
-  program (its ``engines``), and call types are merged into ``BOUND_BUCKET_RATIO``-wide buckets (each
-  bucket uses the least any of its members does, so it stays a bound, a few percent above the exact
-  one): a program takes a fraction of a second whatever the mix. A finite simulated run may still meet
-  the SLO above the bound (the queue has not grown long yet); the plan is for a rate held indefinitely,
-  so the bound decides.
-* **Simulation.** The remaining mixes, in order, run the workload at the rate on ``n_seeds`` seeds with
-  ``policy`` (its default alpha unless one is given) and prefix caching as configured. A mix meets the SLO
-  when its SLO attainment is at least ``target`` on every seed; the first seed that misses ends its
-  runs. The first mix that meets it is the answer.
-* **Margin.** The answer's capacity on every seed (``Bench.capacity``: the highest rate with attainment
-  >= ``target``, bracketed from the planned rate, at most its fluid bound); the margin is the lowest of
-  them over the rate. A margin of 1.3 means the mix still meets the SLO at 1.3x the planned rate on every
-  seed.
-
-Everything is deterministic for a given workload and seed: every simulation is seeded.
-"""
+The method (candidates, order, the one SLO of every mix, pruning by the fluid bound, simulation on every
+seed, the margin) is in docs/deploy-gpu-hosts.md ("Size a cluster: ``hexflow plan``"). For speed the fluid
+bound program counts identical workers once (``engines``) and merges call types into
+``BOUND_BUCKET_RATIO``-wide buckets (each at its members' least use, so it stays a bound). Deterministic:
+every simulation is seeded."""
 
 from __future__ import annotations
 
@@ -93,11 +66,8 @@ class GpuOption:
 
 
 def gpu_options(catalog: GpuCatalog, model: str, gpus: Sequence[str]) -> list[GpuOption]:
-    """The options for ``gpus`` serving ``model``, in the order given.
-
-    Raises ``ValueError`` for an empty or repeated list or a GPU without a profile for the model (naming
-    the profiled ones), ``UnknownNameError`` for an unknown model or GPU (listing the known ones).
-    """
+    """The options for ``gpus`` serving ``model``, in the order given. ``ValueError`` for an empty or repeated
+    list or an unprofiled GPU, ``UnknownNameError`` for an unknown name (listing the known ones)."""
     if not gpus:
         raise ValueError("give at least one GPU type")
     if model not in catalog.models:
@@ -318,18 +288,9 @@ class PlanReport:
         return before[-n:] if n > 0 else []
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON document.
-
-        ``met`` (bool), ``answer`` (a candidate or null), ``capacity_qps`` (the answer's lowest capacity over
-        the seeds), ``capacity_per_seed``, ``margin`` (capacity over the rate); the question (``model``,
-        ``gpus`` with each one's ``tp`` and worker ``usd_per_hour``, ``rate_qps``, ``slo_s``,
-        ``slo_reference``, ``target_slo_attainment``, ``policy``, ``alpha`` (as run: the policy's default unless
-        given), ``objective``, ``budget_usd_per_hour``,
-        ``max_workers``); the workload (``trace``, ``n_workflows``, ``seeds``, ``prefix_caching``); the search
-        (``total_mixes``, ``over_budget``, ``programs_solved``, ``simulations``, ``seconds``);
-        ``best_failed`` (the missed mix with the highest attainment) and ``considered``: every mix
-        considered, in order, each with its verdict. Non-finite numbers are null.
-        """
+        """The JSON document: ``met``, ``answer``, ``capacity_qps``, ``capacity_per_seed``, ``margin``; the question,
+        the workload and the search as run; ``best_failed`` and every mix ``considered`` with its verdict.
+        Non-finite numbers are null."""
         s = self.spec
         best = self.best_failed
         return {
@@ -381,12 +342,9 @@ def run_plan(
     progress: Callable[[int], object] | None = None,
     describe: Callable[[str], object] | None = None,
 ) -> PlanReport:
-    """Search the mixes of ``spec.gpus`` (module docstring) and return what was found.
-
-    ``progress`` is called with 1 after each simulated run, ``describe`` with what is being simulated.
-    Raises ``ValueError`` (or ``UnknownNameError``) for a question that cannot be planned: unknown or
-    unprofiled GPUs, a cost objective or budget without prices, too many mixes.
-    """
+    """Search the mixes of ``spec.gpus`` and return what was found; ``progress`` gets 1 after each simulated
+    run, ``describe`` what is simulated. ``ValueError``/``UnknownNameError`` for a question that cannot be
+    planned (unprofiled GPUs, a cost objective or budget without prices, too many mixes)."""
     t0 = time.perf_counter()
     options = gpu_options(catalog, spec.model, spec.gpus)
     objective = _objective(spec, options)

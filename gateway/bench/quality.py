@@ -1,33 +1,11 @@
 """``hexflow bench quality``: answer accuracy of the Text-to-SQL pipeline at every knob setting, measured.
 
-The degradation policy (``gateway.core.degrade``) trades answer quality for deadlines; it needs to know
-what each knob setting costs in accuracy. This bench runs the real ``Text2SqlPipeline`` in-process, one
-``PipelineConfig`` per knob setting (candidates, revision cap, unit tests and evaluation), with a
-``StageRunner`` that answers every call like the emulator's scripted model (``ScriptedStageRunner``: the
-same ``workers.scripted.AnswersResponder``, given the prompt text the emulator would see), and executes
-the returned SQL on real SQLite databases:
-
-* the demo questions (``gateway.text2sql.demo``) on the demo database built from each seed, with the
-  demo's scripted answers (``build_demo_answers``: a wrong first candidate for ``wrong_fraction`` of the
-  questions, cycling through SQL that fails, returns no rows, or returns other rows);
-* when a Spider-layout folder is given (``../shared/data/spider-dev``), its dev questions on their own
-  SQLite databases (``answers_from_spider``: wrong first candidates by mutation of the gold SQL).
-
-A question is correct when the pipeline's status is ``ok`` and its rows match the gold query's, executed
-here on the same file (``results_match`` with ``gold_is_ordered``, as ``hexflow eval`` judges). Every
-setting is run for every seed of the wrong-candidate assignment; a setting's accuracy is the share of
-correct answers over all questions and seeds. No clock and no cluster: the runner's stages take no time
-and the deadline is far away (time is what the live policy spends; here only what the knobs do to the
-answer is measured).
-
-What the scripted model implies, and the table shows: a wrong candidate that fails or returns no rows is
-fixed by one revision (so ``max_revisions = 0`` loses those); one that returns other rows is only beaten
-by another candidate, chosen by the evaluator (``evaluate``) or, without it, by agreement of results
-(three candidates outvote one; two tie and the first wins).
-
-API: ``quality_grid(max_candidates)``, ``run_quality(...) -> QualityReport``, ``QualityReport.to_yaml()``
-(``gateway/config/quality.yaml``: ``gateway.config.quality.load_quality`` reads it), ``format_report``.
-"""
+The real ``Text2SqlPipeline`` runs in-process per ``PipelineConfig`` of ``quality_grid``, its calls
+answered like the emulator's scripted model (``ScriptedStageRunner``) and its SQL executed on SQLite: the
+demo questions (``build_demo_answers``) and, given a Spider-layout folder, its dev questions
+(``answers_from_spider``). Correct: status ``ok`` and the gold query's rows (``results_match``). No clock
+and no cluster: only what the knobs do to the answer. Method and table: docs/text2sql.md ("The quality
+model"); the output is ``gateway/config/quality.yaml`` (``QualityReport.to_yaml``)."""
 
 from __future__ import annotations
 
@@ -341,11 +319,8 @@ def run_quality(
     command: str = "",
     progress: bool = False,
 ) -> QualityReport:
-    """Measure accuracy at every setting of ``quality_grid(max_candidates)`` (see the module docstring).
-
-    ``demo_limit``/``spider_limit`` take the first questions of each set (tests, quick looks); questions
-    whose gold query does not run on their database are left out of the count.
-    """
+    """Measure accuracy at every setting of ``quality_grid(max_candidates)``. ``demo_limit``/``spider_limit``
+    take the first questions of each set; questions whose gold query does not run are left out."""
     if not seeds:
         raise QualityError("--seeds: give at least one seed")
     if not 0.0 <= wrong_fraction <= 1.0 or math.isnan(wrong_fraction):

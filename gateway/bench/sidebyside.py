@@ -1,8 +1,5 @@
-"""``hexflow bench``: policies side by side on the simulator (``run_bench``), its report (``BenchReport``:
-capacities, the best baseline, P95 at its capacity) and plot. The method (seeds, capacity search, alpha
-tuning, the fluid bound) is ``gateway.bench.simbench``'s module docstring; the scenario and the runs
-are its ``Setup`` and ``Bench``.
-"""
+"""``hexflow bench``: policies side by side on the simulator (``run_bench``), its report (``BenchReport``)
+and plot; the method is docs/benchmarks.md ("Method"), the scenario and runs ``simbench``'s."""
 
 from __future__ import annotations
 
@@ -134,18 +131,9 @@ class BenchReport:
         return min(base) / mine.mean
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON document.
-
-        Top level: ``fluid_bound_qps``; ``best_baseline`` (name) and ``best_baseline_capacity_qps``;
-        ``ours`` and ``ratio_vs_best_baseline`` (ours's mean capacity over the best baseline's; null when
-        either is missing); ``reference_rate_qps`` (the best baseline's capacity); ``capacity_qps``
-        (mean per policy); ``seeds``, ``tune_seed``, ``tune_rate_qps``. ``policies``: per policy its role,
-        alpha, capacity (mean, std, min, max, per_seed), share of the fluid bound, ratio to the best
-        baseline (mean and per seed), P95 at the reference rate (mean, std, min, max, per_seed) and the
-        P95 gain there (the lowest mean P95 of any baseline at that rate over the policy's). ``results``:
-        every run (policy, seed, rate, latency percentiles, SLO attainment, throughput). Non-finite
-        numbers are null.
-        """
+        """The JSON document: the fluid bound, the best baseline and its capacity (the reference rate), ours and
+        its ratio to it, per policy its role, alpha, capacity per seed, share of the bound, P95 at the
+        reference rate and gain there, and every run in ``results``. Non-finite numbers are null."""
         num = finite_or_none
         ref = self.reference_rate_qps
         best = self.best_baseline
@@ -332,14 +320,10 @@ def run_bench(
 ) -> BenchReport:
     """Capacities on every seed, the best baseline, alpha tuned once, and P95 at the best baseline's capacity.
 
-    Phases: (1) the policies that need no tuning (no alpha, or ``fixed_alpha``): capacity per seed and
-    the given ``rates``; (2) the alpha-reading policies: alpha tuned once on the tuning seed at the best
-    baseline's mean capacity (module docstring for the fallbacks), then capacity per seed and the
-    ``rates``; (3) the phase-1 policies at the reference rate. Without a capacity search, every policy
-    runs the ``rates`` (default: fractions of the fluid bound). ``jobs`` > 1 runs policies in parallel
-    worker processes (results are identical: every run is seeded). ``progress`` is called with 1 after
-    each policy's phase (``bench_steps`` of them).
-    """
+    Phases: the policies without tuning (capacity and ``rates``); the alpha-reading ones, alpha tuned once
+    at the best baseline's mean capacity; the first ones again at that reference rate. Without a capacity
+    search every policy runs ``rates`` (default: fractions of the fluid bound). ``jobs`` > 1 runs policies
+    in worker processes (identical results). ``progress`` gets 1 per policy phase (``bench_steps``)."""
     import time
 
     t0 = time.perf_counter()

@@ -1,28 +1,8 @@
 """Side-by-side policy benchmarks on the simulator: capacity, latency and SLO attainment, over several seeds.
 
-Method (what ``hexflow bench`` runs; ``docs/benchmarks.md`` has the reasoning):
-
-* The SLO of a workflow is ``slo_scale`` x the cluster-mean single-request latency of the standard
-  workflow (``STANDARD_WORKFLOW``), as in the HexGen-Flow paper's simulator.
-* A point is measured on ``n_seeds`` seeds (default 3): seed s fixes the arrival sequence, the order of
-  the queries and the scheduler's RNG. Within a seed every policy at every rate sees the same unit-rate
-  arrival sequence, scaled by 1/rate, and the same queries: common random numbers, so differences
-  between policies are differences of policy, not of luck; across seeds the luck changes, and the
-  report gives each seed's value with the mean and spread.
-* Capacity is the highest arrival rate with SLO attainment >= 95%, found per seed by geometric
-  bisection to ``rel_tol`` (default 1%) relative precision, below the fluid bound.
-* "Best baseline" is the baseline (``Policy.role == "baseline"``: a system a user could deploy instead)
-  with the highest mean capacity; ablations of ours are reported but never count. Its mean capacity is
-  the *reference rate*: every policy's P95 is measured there too, on every seed.
-* Policies that read alpha (``hexgen``, ``wb-fcfs``) run as the product runs them: alpha is tuned by the
-  simulator on a window of traffic from a *tuning seed* that is never measured (``seed + 1000``), once
-  per capacity search, at the reference rate (the rate the comparison is about), and then held fixed for
-  every seed and rate of the search. Without a baseline in the run, the tuning rate is a coarse (5%)
-  capacity estimate of the policy at its default alpha on the tuning seed; without a capacity search,
-  it is the median of the rates asked for.
-* ``fluid_bound_qps`` is the linear program of ``gateway.bench.bound``: the highest workflow rate any
-  scheduler could sustain on the cluster at the engines' own limits, for the run's workload mix.
-"""
+The method (the SLO, seeds and common random numbers, capacity by geometric bisection, the best
+baseline and reference rate, alpha tuned on a seed never measured, the fluid bound) is docs/benchmarks.md
+("Method"); ``Setup`` is the scenario, ``Bench`` the runs."""
 
 from __future__ import annotations
 
@@ -284,13 +264,10 @@ class Bench:
         target: float = TARGET,
         rel_tol: float = REL_TOL,
     ) -> float:
-        """Highest rate with SLO attainment >= ``target``, by geometric bisection, at most ``ceiling``.
+        """Highest rate with SLO attainment >= ``target``, by geometric bisection to ``rel_tol``, at most ``ceiling``.
 
-        Returns ``ceiling`` when even it is sustained (on a finite run a rate at the fluid bound can
-        pass), 0.0 when not even ``ceiling / 256`` is. The bracket starts at [0.25, 1] x ``ceiling``,
-        or at ``guess`` / 1.08 .. ``guess`` x 1.08 (another seed's capacity), and widens until it
-        holds the crossing; it is then halved until ``(hi - lo) / hi <= rel_tol`` and ``lo`` returned.
-        """
+        Returns ``ceiling`` when even it is sustained, 0.0 when not even ``ceiling / 256`` is. The bracket
+        starts at [0.25, 1] x ``ceiling`` or around ``guess`` (x/÷ 1.08) and widens until it holds the crossing."""
         if not (ceiling > 0 and math.isfinite(ceiling)):
             raise ValueError(f"capacity search needs a positive finite ceiling, got {ceiling}")
         if not 0 < rel_tol < 1:

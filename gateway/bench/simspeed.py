@@ -1,11 +1,7 @@
 """How fast the simulator runs: simulated calls per second of wall and CPU time, per cluster and policy.
 
-The figure that bounds every simulated benchmark (a capacity search runs the simulator a few hundred
-times) and the one the scale clusters stress: dispatch looks at every worker for every call. Each
-measurement runs ``workflows`` workflows of the setup's queries at ``load`` x the fluid bound (busy
-queues, full batches: the regime a capacity search spends its time in), ``repeats`` times on fresh
-workflows, and keeps the fastest run (the least disturbed by other processes on the machine).
-"""
+Each measurement runs ``workflows`` workflows at ``load`` x the fluid bound (the regime a capacity search
+spends its time in), ``repeats`` times, and keeps the fastest run (the least disturbed)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
-"""Hostile SQL against the database layer's caps, with a health endpoint probed meanwhile.
+"""Hostile SQL against the database layer's caps, with a health endpoint probed meanwhile
+(docs/text2sql.md, "Caps that hold before memory is spent").
 
     python -m gateway.bench.sql_hostile [--timeout-s 3] [--pg-admin-url postgresql://postgres@127.0.0.1:5432/test]
                                         [--no-pg] [--json OUT]
 
-Each payload (huge blobs and strings, ``printf`` widths, doubling and runaway recursive CTEs, a 400 MB
-PostgreSQL value, ...) runs through the engine side of ``gateway.text2sql.db`` (``Database._run``: the
-static check is skipped, so these figures are what the engine-side caps alone hold) on a SQLite file
-and, when the server answers, on a throw-away PostgreSQL database read by a least-privilege role.
-Meanwhile a tiny HTTP server on the same event loop answers ``GET /healthz`` and a thread probes it
-every 10 ms, as a load balancer would: a blocked loop shows as health latency.
-
-Printed per payload: the outcome (``too_large``, ``timeout``, ``ok``), wall seconds, the process's RSS
-after it and its peak so far, and the health probes' p99 and max while it ran; then the p99 over the
-whole run. ``tests/text2sql/test_db_caps.py`` asserts the behaviour; the figures are this command's.
-"""
+Each payload runs through the engine side only (``Database._run``: no static check) on SQLite and, when
+the server answers, PostgreSQL as a least-privilege role, while a thread probes ``GET /healthz`` every
+10 ms (a blocked loop shows as health latency). Printed per payload: outcome, wall seconds, RSS and the
+health probes' p99 and max."""
 
 from __future__ import annotations
 

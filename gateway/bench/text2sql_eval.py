@@ -1,38 +1,11 @@
-"""Execution accuracy of a running gateway on a Spider-format dataset, through ``POST /v1/text2sql``.
+"""Execution accuracy of a running gateway on a Spider-format dataset, through ``POST /v1/text2sql``
+(``hexflow eval``; the end-to-end recipe on emulated workers is in README.md).
 
-A Spider-format dataset is a folder with ``dev.json`` (a list of ``{db_id, question, query}``; BIRD's
-``SQL``, ``evidence`` and ``difficulty`` are read too) and one SQLite file per database,
-``database/<db_id>/<db_id>.sqlite`` (or BIRD's ``dev_databases/...``). Questions whose database file is
-missing are skipped and counted (Spider dev here lacks ``wta_1``: 62 of 1,034 questions).
-
-End to end on emulated workers that answer from a script (no GPU, no model), from the repository root::
-
-    mkdir -p out/spider && cp config/gateway.yaml config/tenants.yaml out/spider/ \\
-        && echo "databases_file: databases.yaml" >> out/spider/gateway.yaml
-    # 1. the databases file and the scripted answers (gold SQL, a wrong first attempt for 25 %)
-    hexflow databases --spider ../shared/data/spider-dev --out out/spider/databases.yaml
-    hexflow answers --spider ../shared/data/spider-dev --out out/spider/answers.json
-    # 2. the emulated cluster (ports 8001-8004, as config/gateway.yaml expects) and the gateway
-    hexflow emulate-cluster --cluster paper-4gpu --time-scale 0.05 --answers out/spider/answers.json &
-    hexflow serve --config out/spider/gateway.yaml --time-scale 0.05 &
-    # 3. every runnable question through /v1/text2sql, checked against the gold result
-    hexflow eval --dataset ../shared/data/spider-dev --gateway http://127.0.0.1:8080 \\
-        --api-key demo-batch-key --json out/spider/eval.json
-
-With real vLLM workers only ``hexflow databases``, ``hexflow serve`` and ``hexflow eval`` are needed.
-
-How an answer is judged: the gateway's rows are compared with the gold query's rows, executed here
-read-only on the dataset's SQLite file (``execute_sqlite``), by ``results_match`` with
-``ordered=gold_is_ordered(gold)``. A response whose status is not ``ok`` (``no_valid_sql``,
-``deadline_exceeded``, ``failed``, an HTTP error) counts as wrong, and so does a result the gateway cut
-at its row or byte cap (``truncated``) when the gold result is longer.
-
-API:
-    EvalItem, EvalItems, spider_items(dataset_dir, limit=None)      the questions
-    write_databases_file(dataset_dir, out_path, ...)                 the gateway's databases file
-    evaluate(items, gateway=, api_key=, ...) -> EvalReport           ask, compare, summarise
-    EvalReport.as_dict() / write_json(path), format_report(report)  JSON and a text table
-"""
+A Spider-format dataset is a folder with ``dev.json`` (``{db_id, question, query}``; BIRD's ``SQL``,
+``evidence`` and ``difficulty`` too) and ``database/<db_id>/<db_id>.sqlite`` (or BIRD's
+``dev_databases/...``); questions without their database file are skipped and counted. An answer is right
+when its status is ``ok`` and its rows match the gold query's, executed here (``results_match`` with
+``gold_is_ordered``); a result cut at a cap shorter than the gold's is wrong."""
 
 from __future__ import annotations
 
@@ -118,11 +91,8 @@ def database_files(dataset_dir: Path | str) -> dict[str, Path]:
 
 
 def spider_items(dataset_dir: Path | str, limit: int | None = None) -> EvalItems:
-    """The questions of ``<dataset_dir>/dev.json`` whose database file exists (see the module doc).
-
-    ``limit`` takes the first ``limit`` entries of ``dev.json`` before skipping (the same questions
-    ``answers_from_spider(limit=...)`` scripts). ``EvalError`` when the file is missing or malformed.
-    """
+    """The questions of ``<dataset_dir>/dev.json`` whose database file exists; ``limit`` takes the first
+    entries before skipping (as ``answers_from_spider``). ``EvalError`` for a missing or malformed file."""
     path = Path(dataset_dir) / "dev.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -166,12 +136,8 @@ def write_databases_file(
     statement_timeout_s: float = 5.0,
     max_rows: int | None = None,
 ) -> Path:
-    """Write a databases file (``gateway.text2sql.db``) naming every database of the dataset; returns its path.
-
-    The SQLite URLs are absolute (``sqlite:////...``): the file is generated for one machine, not
-    committed. ``max_rows`` overrides the gateway's row cap per result (default 1000). ``EvalError`` when
-    the dataset has no database.
-    """
+    """Write a databases file naming every database of the dataset by absolute URL; returns its path.
+    ``max_rows`` overrides the row cap. ``EvalError`` when the dataset has no database."""
     files = {k: v for k, v in database_files(dataset_dir).items() if _DB_ID.match(k)}
     if not files:
         where = " or ".join(f"{Path(dataset_dir) / d}/<db_id>/<db_id>.sqlite" for d in DATABASE_FOLDERS)
@@ -451,12 +417,8 @@ async def evaluate(
     timeout_s: float = 600,
     progress: bool = True,
 ) -> EvalReport:
-    """Ask every item through ``POST /v1/text2sql`` (``concurrency`` at a time) and judge the answers.
-
-    First checks that the gateway is ready and accepts ``api_key`` (``EvalError`` otherwise).
-    ``deadline_s`` is sent with each question (default: the tenant's); ``timeout_s`` bounds one
-    request. The report keeps the items in the order given.
-    """
+    """Ask every item through ``POST /v1/text2sql`` (``concurrency`` at a time) and judge the answers, in the
+    order given. ``EvalError`` when the gateway is not ready or refuses ``api_key``."""
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     base = gateway.rstrip("/")

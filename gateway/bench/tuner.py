@@ -1,28 +1,9 @@
 """``hexflow bench tuner``: the background alpha tuner, measured as the live gateway runs it.
 
-For each trace, on one cluster, at one rate near capacity:
-
-1. **Rate.** The capacity of the tuned policy (``hexgen``) at its default alpha is searched on the base
-   seed (highest rate with >= 95% SLO attainment, to ``rel_tol``, ``gateway.bench.simbench.Bench``), and
-   the run is at ``load`` x it (default 0.85).
-2. **Best fixed alpha in hindsight.** One long run per alpha of the tuner's grid: ``warmup`` +
-   ``measured`` workflows (default 500 + 1500) on the same arrival sequence (common random numbers);
-   P95 latency and SLO attainment are taken over the measured workflows only (ids >= ``warmup``). The
-   best fixed alpha is the one with the lowest measured P95, chosen after the fact.
-3. **Tuned, as live.** The same sequence, starting at the policy's default alpha, with the live tuner's
-   own code (``gateway.live.tuning``): every finished workflow is recorded in a ``WindowRecorder`` of
-   ``window`` workflows in the order it finished; every ``interval_s`` of virtual time (checked at the
-   next arrival) the ``Retuner`` asks whether ``every_workflows`` more have finished, replays the window
-   with ``tune_window`` (the function the tuning process runs: same grid, same objective, same seed
-   rule) and applies the chosen alpha under the same hysteresis rule; later dispatches use it. The
-   re-tune lands at once in virtual time, where live it lands a few seconds later (its wall time); at
-   these rates that is a fraction of one inter-arrival gap. Measured over the same workflows as (2), for
-   several window sizes; the warm-up lets the largest window fill before measuring.
-4. **Re-tune cost.** The wall time of every ``tune_window`` call with a full window (one process, one
-   core; with ``jobs`` > 1 the runs share the machine's cores, which the report states).
-
-The target of issue 13 is a tuned P95 within 3% of the best fixed alpha's on every trace.
-"""
+Per trace, at ``load`` x hexgen's capacity: one long run per alpha of the grid (the best fixed alpha in
+hindsight: lowest P95 over the measured workflows), then the same sequence tuned by the live tuner's own
+code (``WindowRecorder``, ``Retuner``, ``tune_window``) in virtual time, per window size, and the wall
+time of each full-window re-tune. Method and results: docs/benchmarks.md ("Alpha tuner")."""
 
 from __future__ import annotations
 
@@ -411,13 +392,11 @@ def run_tuner_bench(
     jobs: int = 1,
     progress: ProgressFn | None = None,
 ) -> TunerReport:
-    """Capacity, every fixed alpha and the tuned runs for each setup (module docstring).
+    """Capacity, every fixed alpha and the tuned runs for each setup.
 
-    The capacity (hence the rate) is searched on each setup's own seed; the fixed and tuned runs are
-    repeated on every seed of ``seeds`` (default: the setup's), each its own arrival sequence. ``tuning``
-    gives every setting but the window size (``windows``); default: the gateway's defaults. Each setup's
-    ``n_workflows`` is warm-up plus measured workflows.
-    """
+    The capacity is searched on each setup's own seed; the runs repeat on every seed of ``seeds``.
+    ``tuning`` gives every setting but the window size (``windows``); each setup's ``n_workflows`` is
+    warm-up plus measured workflows."""
     t0 = time.perf_counter()
     pol = get_policy(policy)
     _check_question(pol, setups, windows, load, warmup)

@@ -1,43 +1,9 @@
-"""``hexflow``: the command line.
+"""``hexflow``: the command line (``hexflow --help`` lists the commands).
 
-    hexflow simulate   one policy, one run on the simulator
-    hexflow bench      policies side by side: latency, SLO attainment, capacity, fluid bound
-    hexflow tune       the alpha tuner on a window of traffic
-    hexflow bench tuner   the background alpha tuner, run as live, against the best fixed alpha in hindsight
-    hexflow sim-speed  the simulator's own speed: simulated calls/s per cluster and policy
-    hexflow plan       the cheapest mix of workers from the GPU catalogue that meets an SLO at a rate (simulated)
-    hexflow emulate    an emulated vLLM worker (a test double for a GPU; see workers/emulator.py)
-    hexflow emulate-cluster   every worker of a cluster file as emulated workers in one process
-    hexflow serve      the live gateway
-    hexflow replay     send a trace's workflows to a running gateway in real time and measure
-    hexflow bench --live   policies on the live gateway over an emulated cluster, next to the simulator
-    hexflow bench overload   admission under 5x overload bursts on an emulated cluster: met, goodput, RSS
-    hexflow bench admission  deadline-aware admission in the simulator: capacity and goodput per share, 0.8-5x load
-    hexflow overhead   the gateway's added latency and CPU per call, against calling a worker directly
-    hexflow calibrate  measure a live worker and fit its gpus.yaml profile (bounded, safe in production)
-    hexflow bench fidelity   calibrate emulated workers of unknown speed, then live replay vs the simulator
-    hexflow bench quality    accuracy of the Text-to-SQL pipeline per knob setting (gateway/config/quality.yaml)
-    hexflow bench burst      goodput of correct answers under recorded bursty arrivals, with and without degradation
-    hexflow bench mislabel   a worker labelled with another GPU's profile, corrected by the online refit (simulated)
-    hexflow tenants hash-key [KEY]   the SHA-256 hash that config/tenants.yaml stores for an API key (no KEY:
-                                     typed without echo, or read from standard input)
-    hexflow demo       the main job: demo questions through /v1/text2sql on an emulated cluster
-    hexflow eval       execution accuracy of a running gateway on a Spider-format dataset (/v1/text2sql)
-    hexflow databases  the databases file (for hexflow serve) of a Spider-format dataset or of the demo database
-    hexflow answers    scripted answers of a Spider-format dataset or of the demo questions (emulate --answers)
-
-Bad input (a malformed trace, an unknown GPU or policy, an invalid cluster file) stops the command
-with one line naming the command, the file and the field, and exit status 2; never a traceback. A bad
-number or list stops at parse time, with the command's usage (the ``type=`` validators of
-``gateway.argtypes``).
-
-Each command group registers its own subparsers in its own module (``sim``: simulate, bench, tune, sim-speed;
-``tuner``: bench tuner; ``plan``: plan; ``serve``: serve, emulate, emulate-cluster, discover; ``measure``:
-replay, overhead; ``calibrate``: calibrate, bench fidelity, bench mislabel; ``text2sql``: demo, eval,
-databases, answers, bench quality; ``burst``: bench burst; ``config``: config-reference, tenants); this module
-orders them for the help, checks the arguments every command shares, and turns a ``GatewayError`` or
-``UsageError`` into one line.
-"""
+Bad input stops the command with one line naming the command, the file and the field, and exit status 2,
+never a traceback; a bad number or list stops at parse time (``gateway.argtypes``). Each command group
+registers its subparsers in its own module; this one orders them for the help, checks the shared
+arguments, and turns a ``GatewayError`` or ``UsageError`` into one line."""
 
 from __future__ import annotations
 
@@ -95,11 +61,8 @@ def _walk(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for tests and docs).
-
-    Every parser shows each option's default (``HelpFormatter``), and remembers its ``prog``
-    (``hexflow bench overload``) so that an error found after parsing names the subcommand.
-    """
+    """The argument parser (for tests and docs): every option's default shown, each parser's ``prog`` kept
+    so an error found after parsing names the subcommand."""
     parser = argparse.ArgumentParser(prog="hexflow", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"hexflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,12 +1,6 @@
-"""What several command groups share: the usage error, the help formatter, the workload arguments of the
-simulator's commands, and the ``type=`` validators of numeric and list options.
-
-Every numeric or list option is parsed by one of the validators of ``gateway.argtypes``, re-exported
-here (``positive_int``, ``port``, ``fraction``, ``positive_floats``, ...), so a bad value (``--rate
-0.1,abc``, ``--port 99999``) stops at parse time with the subcommand's usage, one line naming the option
-and what was expected, and exit status 2; never a traceback, and never a value silently taken in another
-sense.
-"""
+"""What several command groups share: the usage error, the help formatter, the simulator commands' workload
+arguments, and the ``type=`` validators of ``gateway.argtypes`` (re-exported), so a bad value stops at
+parse time with one line and exit status 2."""
 
 from __future__ import annotations
 
@@ -97,11 +91,8 @@ def policy_names(text: str) -> list[str]:
 def add_workload_args(
     p: argparse.ArgumentParser, *, workflows: int, cluster: bool = True, slo_help: str | None = None
 ) -> None:
-    """The workload arguments of simulate, bench, tune and plan: trace, cluster, SLO, seed, arrivals, tenants.
-
-    ``cluster`` False leaves out ``--cluster`` (``plan`` chooses the workers); ``slo_help`` replaces the help
-    of ``--slo-scale`` (what the SLO is a multiple of).
-    """
+    """The workload arguments of simulate, bench, tune and plan. ``cluster`` False leaves out ``--cluster``;
+    ``slo_help`` replaces the help of ``--slo-scale``."""
     p.add_argument(
         "--trace",
         default="chess-bird",

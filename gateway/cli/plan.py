@@ -91,10 +91,8 @@ def add_plan(sub: Subparsers) -> None:
 
 
 class ProgressLines:
-    """Progress as plain lines, for a stream that is not a terminal (a progress bar draws nothing there, and a
-    pipe or a log would see nothing for minutes): a line per step (``describe``: a mix's seed, a margin search)
-    and, within a long step, one every ``every_s`` seconds as its simulated runs finish (``update``). Each line
-    starts with "... ", as ``hexflow overhead``'s progress lines do, apart from the report's own."""
+    """Progress as plain lines (``... `` first) for a stream that is not a terminal: one per step and, within a
+    long step, one every ``every_s`` seconds."""
 
     def __init__(self, stream: TextIO, *, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream

@@ -127,13 +127,8 @@ def _describe(err: Mapping[str, Any], model_cls: type[BaseModel]) -> tuple[str, 
 
 
 def load_yaml_model(path: Path | str, model_cls: type[M], *, context: Mapping[str, Any] | None = None) -> M:
-    """Read a YAML file into ``model_cls``; every failure is a one-line ``ConfigError``.
-
-    The error names the file as given, the dotted field path (``workers.2.gpu``; empty for the whole
-    file) and what was expected. When validation finds several problems the first is reported and the
-    count of the rest is appended. ``context`` is passed to pydantic validators (cluster files receive
-    ``{"catalog": GpuCatalog}``).
-    """
+    """Read a YAML file into ``model_cls``; every failure is a one-line ``ConfigError`` (file, dotted field
+    path, problem; the first of several, with the count of the rest). ``context`` goes to the validators."""
     where = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")

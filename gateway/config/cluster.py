@@ -216,14 +216,9 @@ def make_worker(
     time_scale: float = 1.0,
     profile: str | None = None,
 ) -> WorkerInfo:
-    """The ``WorkerInfo`` of a worker: its profile looked up in ``catalog`` and scaled by ``time_scale``.
-
-    ``profile`` names the profile (a label of ``model`` in the catalogue or its ``profiles_file`` overlay);
-    default: the catalogue's profile of ``gpu``. ``capacity`` None: derived from the profile
-    (``PerfProfile.derived_capacity``). ``served_model`` defaults to ``model``; ``url`` to none (a
-    simulated worker). Raises ``UnknownNameError`` for a GPU/model pair without a profile or an unknown
-    profile label (listing the known ones).
-    """
+    """The ``WorkerInfo`` of a worker: its profile (``profile``: a label of ``model``; default the GPU's) looked
+    up in ``catalog`` and scaled by ``time_scale``; ``capacity`` None: derived from the profile. Raises
+    ``UnknownNameError`` for a pair without a profile or an unknown label."""
     if profile is None:
         perf, source = catalog.profile(gpu, model), "catalogue"
     else:
@@ -239,12 +234,8 @@ def make_worker(
 
 
 def build_workers(cluster: ClusterConfig, catalog: GpuCatalog, *, time_scale: float = 1.0) -> list[WorkerInfo]:
-    """The scheduler's view of a cluster: one ``WorkerInfo`` per expanded worker, in file order.
-
-    ``time_scale`` multiplies every profile's latencies (emulated workers; see ``time_scaled``).
-    Raises ``UnknownNameError`` for a GPU/model pair without a profile (``load_cluster_config``
-    already reports those as ``ConfigError``).
-    """
+    """The scheduler's view of a cluster: one ``WorkerInfo`` per expanded worker, in file order, profiles scaled
+    by ``time_scale``. Raises ``UnknownNameError`` for a GPU/model pair without a profile."""
     return [
         make_worker(
             catalog,
@@ -262,10 +253,7 @@ def build_workers(cluster: ClusterConfig, catalog: GpuCatalog, *, time_scale: fl
 
 
 def load_cluster(path: Path | str, catalog: GpuCatalog | None = None) -> list[WorkerInfo]:
-    """Load a cluster file (a path or a bare name) into the scheduler's workers.
-
-    Use ``load_cluster_config`` + ``build_workers`` when the ``ClusterConfig`` (name, urls) is needed
-    as well; ``ClusterConfig.expanded()[i]`` describes ``WorkerInfo`` ``i``.
-    """
+    """Load a cluster file (a path or a bare name) into the scheduler's workers (``load_cluster_config`` +
+    ``build_workers`` when the ``ClusterConfig`` is needed too)."""
     cat = load_gpu_catalog() if catalog is None else catalog
     return build_workers(load_cluster_config(path, cat), cat)

@@ -1,11 +1,5 @@
-"""``config/gateway.yaml``: everything the live gateway needs, validated once at start.
-
-    hexflow serve --config config/gateway.yaml
-
-Relative paths in the file (``tenants_file``) are resolved against the file's own folder. Every
-section has production defaults; the workers come from ``cluster`` (each with a ``url``), from
-``discovery`` (Kubernetes pods selected by label), or both.
-"""
+"""``config/gateway.yaml``: everything the live gateway needs, validated once at start
+(``hexflow serve --config config/gateway.yaml``). Relative paths resolve against the file's folder."""
 
 from __future__ import annotations
 
@@ -90,16 +84,8 @@ class AdmissionConfig(_Strict):
 class TimeoutsConfig(_Strict):
     """Timeouts of a call to a worker, phase by phase, and the HTTP clients' settings (their connection pools).
 
-    A call has four bounds: the TCP connect (``connect_s``); for a streaming call, the response headers
-    (``headers_s``; vLLM sends them before it generates); every gap between two chunks of an answer
-    once its headers came, a stream's first event included (``stream_idle_s``); and the whole call,
-    scaled by what it should take: ``min(call_s, call_floor_s + call_factor x predicted)``, where
-    ``predicted`` is the worker's profile latency for the call's tokens, not corrected by what the worker
-    did lately (a worker that turned slow does not earn itself longer timeouts). A non-streaming
-    answer's headers come with the answer, so the whole-call bound is theirs. A call that times out is a
-    worker error: it is retried on another worker (unless it already streamed bytes to the client) and
-    counts against the worker (``health``).
-    """
+    The phases (connect, a stream's headers, every gap, the whole call scaled by its profile prediction,
+    never by recent slowness) and what a timeout does: docs/architecture.md ("Failure handling")."""
 
     connect_s: PosFloat = Field(
         2.0, description="TCP connect timeout; a worker that cannot be reached in it is marked down."
@@ -141,27 +127,7 @@ class ScrapeConfig(_Strict):
 class OutlierConfig(_Strict):
     """Outlier ejection: a worker whose recent calls fail or run slow far more than its peers' is ejected.
 
-    Each worker keeps its last ``window`` call outcomes: failed (a worker error or a timeout) or
-    returned, with the observed/predicted latency of a returned call (its profile's lone-request
-    latency, for the prompt and completion tokens the worker reported processing). Once it has
-    ``min_calls`` of them it is compared with its peers (the windows of the other workers that take calls,
-    pooled) after each call:
-
-    * error rate: its share of failed calls is at least ``error_rate`` and exceeds its peers' share by
-      ``error_rate_margin``;
-    * latency: the typical ratio of its returned calls (their mean less the largest tenth, so one stall
-      weighs nothing) is at least ``latency_ratio`` times its peers' (the median of the typical ratios
-      of the peers with ``min_calls`` returned calls, floored at 1; those of its own GPU and model when any
-      has, since a profile that is off is off for every worker of its type). Each ratio is against the
-      model's prediction given the load the call ran under (the prompts and calls that joined it).
-
-    An ejected worker takes no new calls (its queue is re-dispatched, calls in flight finish) for
-    ``base_ejection_s``, doubled at each ejection that follows a re-admission within ``max_ejection_s``
-    (capped at ``max_ejection_s``). Then the health round sends it a probe call (a one-token
-    completion, within ``probe_timeout_s``): an answer re-admits it with a clean window, a failure
-    keeps it out for another back-off. At most ``max_ejected_fraction`` of the workers are ejected at
-    once, and never the last one that takes calls.
-    """
+    The verdict, the back-off and the probe call: docs/architecture.md ("Failure handling")."""
 
     enabled: bool = Field(True, description="Eject outliers (else only consecutive failures mark a worker down).")
     window: int = Field(20, ge=2, le=1000, description="Recent calls per worker that are judged.")
@@ -204,10 +170,8 @@ class HealthConfig(_Strict):
 class RetryConfig(_Strict):
     """What happens to a call when its worker fails it (connection error, 5xx, timeout, malformed answer).
 
-    The call is sent again, to a worker that has not failed it yet when one takes calls, until it has
-    had ``max_attempts`` attempts; then its workflow fails with 502. A streaming call that already sent
-    bytes to the client is never retried.
-    """
+    Sent again to a worker that has not failed it, up to ``max_attempts``, then its workflow fails (502);
+    a stream that already sent bytes is never retried."""
 
     max_attempts: int = Field(3, ge=1, le=20, description="Attempts per call, on any workers, before it fails.")
 

@@ -267,11 +267,8 @@ class GpuCatalog(_Strict):
         return spec
 
     def worker_usd_per_hour(self, gpu: str, model: str) -> float | None:
-        """Price of one worker (one engine of ``model`` on ``tp`` GPUs of type ``gpu``) for an hour, USD:
-        the GPU's ``usd_per_hour`` times the profile's ``tp``; None when the GPU has no price.
-
-        Raises ``UnknownNameError`` for an unknown GPU, an unknown model, or a pair without a profile.
-        """
+        """USD per hour of one worker (``model`` on the profile's ``tp`` GPUs of type ``gpu``); None when the GPU
+        has no price. Raises ``UnknownNameError`` for an unknown name or pair."""
         spec = self.profile_spec(gpu, model)
         price = self.gpus[gpu].usd_per_hour
         return None if price is None else price * spec.tp

@@ -13,13 +13,8 @@ from gateway.config.tenants import KeyHash
 class TuningConfig(_Strict):
     """Background alpha re-tuning: the last ``window_workflows`` finished workflows, replayed in the simulator.
 
-    The window is counted in workflows, not seconds: at the HexGen-Flow paper's rates a window of minutes
-    holds too few workflows for a P95 to tell alphas apart (``hexflow bench tuner`` measures it:
-    docs/benchmarks.md, "Alpha tuner"). ``max_age_s``
-    is only a staleness guard: workflows that arrived longer ago are left out, so after a quiet spell
-    the tuner does not replay traffic of another time of day. A run is due once ``every_workflows``
-    more workflows have finished since the last one; the task checks every ``interval_s``.
-    """
+    Counted in workflows, not seconds, so a P95 can tell alphas apart at any rate (docs/live-gateway.md,
+    "Alpha re-tuning"); ``max_age_s`` only leaves out stale workflows."""
 
     enabled: bool = Field(True, description="Re-tune alpha in the background (only for WB policies).")
     window_workflows: int = Field(
@@ -75,19 +70,8 @@ class TuningConfig(_Strict):
 class RefitConfig(_Strict):
     """Slow online refit of each worker's profile constants from its completed calls (``gateway.profiling.refit``).
 
-    Per worker, the last ``window_calls`` completed calls are kept; every ``interval_s`` a worker with at
-    least ``min_calls`` of them (and a quarter of that new since its last attempt) is refitted: the four
-    time constants, by the L1 fit ``hexflow calibrate`` uses, each within ``max_step`` times its current
-    value and ``max_drift`` times the configured one. The step is applied only when the best fit within
-    ``max_drift`` has a median relative error on the window of at most ``max_error`` and the step's error is
-    below the current constants' by ``min_gain``. Applying
-    it restarts the worker's observed/predicted ratios. Off by default: it corrects a profile that is off
-    (uncalibrated hardware, a mislabelled worker), which otherwise keeps mis-planning the engine's prefill
-    clock, slot waits and stage budgets, but under overload it also moves correctly labelled profiles (the
-    constants absorb load effects the model misses) and lowered SLO attainment there in the simulator
-    (``hexflow bench mislabel``: docs/benchmarks.md). Turn it on for workers whose
-    profile is uncalibrated or suspect. With leader election, only the leader refits (it serves the calls).
-    """
+    The rule: docs/architecture.md (background tasks). Off by default: it corrects an uncalibrated or
+    mislabelled profile, but under overload it also moves correct ones; leader only."""
 
     enabled: bool = Field(
         False, description="Refit the workers' profiles online (off by default: see the section's text)."
@@ -147,14 +131,8 @@ class _KubeApiSettings(_Strict):
 class KubernetesDiscoveryConfig(_KubeApiSettings):
     """Workers taken from Kubernetes pods selected by label (list + watch of the pods API).
 
-    A pod becomes a worker when it matches ``label_selector``, is Running with an IP and its ``Ready``
-    condition is true. Its GPU type is the value of the ``gpu_label`` label (a key of the GPU catalogue),
-    its model profile the ``model_annotation`` (default: ``default_model``), its performance profile the
-    ``profile_annotation`` (a calibrated one from ``profiles_file``; default: the GPU's), its in-flight limit the
-    ``capacity_annotation`` (default: ``default_capacity``), its port the ``port_annotation``, else the
-    container port named ``http``, else ``default_port``. A pod that turns unready (or starts
-    terminating) gets no new calls; a pod that is gone is removed once its in-flight calls return.
-    """
+    How a pod becomes a worker (labels, annotations, ports, readiness): deploy/k8s/README.md, "Worker
+    discovery"."""
 
     namespace: str | None = Field(
         None, description="Namespace of the worker pods (default: the gateway's own, from its service account)."
@@ -208,13 +186,8 @@ class DiscoveryConfig(_Strict):
 class AdminConfig(_Strict):
     """Operator access: the live status page (``/ui``) and, optionally, ``/v1/status`` and ``/metrics``.
 
-    Operators authenticate with ``Authorization: Bearer <key>`` against ``api_key_sha256`` (SHA-256
-    digests, as tenant keys: ``hexflow tenants hash-key KEY``). An admin key is not a tenant key: it runs
-    no workflows, and a tenant key opens no admin route. Without any admin key the status page is off
-    (``/ui`` answers 404 saying how to turn it on), and ``/v1/status`` and ``/metrics`` stay open.
-    The page's numbers: outcomes per tenant over the last ``window_s`` seconds (in 30 buckets), and the
-    last ``recent_workflows`` finished workflows with their calls' timings (the slowest are shown).
-    """
+    An admin key is not a tenant key (it runs no workflows, and a tenant key opens no admin route);
+    without one the status page is off and status and metrics stay open."""
 
     api_key_sha256: list[KeyHash] = Field(
         default_factory=list,
@@ -250,14 +223,7 @@ LEASE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 class LeaderElectionConfig(_KubeApiSettings):
     """High availability: several gateway replicas, one leader holding a ``coordination.k8s.io/v1`` Lease.
 
-    Only the leader serves: the other replicas answer ``/readyz`` with 503 (so a Service routes nothing
-    to them) and refuse workflows with 503 and ``Retry-After``, while they keep their workers' health and
-    discovery current so that a take-over is immediate. The leader renews the Lease every
-    ``retry_period_s``; a leader that has not renewed for ``renew_deadline_s`` steps down (stops serving)
-    before another replica may take the Lease, which happens once it has seen the same Lease record for
-    ``lease_duration_s`` (judged on its own clock, as client-go does). A replica that shuts down gives the
-    Lease up at once. Off by default: one replica needs none of it.
-    """
+    docs/live-gateway.md, "High availability". Off by default: one replica needs none of it."""
 
     enabled: bool = Field(False, description="Elect a leader among the gateway replicas (Kubernetes Lease).")
     lease_name: str = Field(
@@ -305,11 +271,7 @@ class LeaderElectionConfig(_KubeApiSettings):
 class IdempotencyConfig(_Strict):
     """``Idempotency-Key`` on ``POST /v1/workflows`` and ``/v1/text2sql``: a retry gets the first answer.
 
-    Keys are per tenant and per replica (kept in this process's memory): a retry that reaches another
-    replica runs the work again. A retry while the first request runs waits for its answer; after it,
-    the stored answer is returned for ``ttl_s``. At most ``max_keys`` keys and ``max_bytes`` of stored
-    answers are kept (the least recently used finished ones are dropped first).
-    """
+    Per tenant and per replica (in memory): docs/live-gateway.md, "Retries and idempotency keys"."""
 
     enabled: bool = Field(True, description="Honour the Idempotency-Key header (else it is ignored).")
     ttl_s: PosFloat = Field(600.0, description="How long a finished request's answer is kept for retries.")

@@ -1,12 +1,6 @@
-"""``gateway/config/quality.yaml``: answer accuracy per knob setting of the Text-to-SQL pipeline, as measured.
-
-The file is the output of ``hexflow bench quality`` (``gateway.bench.quality``; the command that wrote it is
-in its header and in ``command``), packaged with the code like ``workflows.yaml``: measured data, not an
-operator setting. The degradation policy (``gateway.core.degrade``) ranks the knob settings that fit a
-deadline by these accuracies.
-
-    QUALITY = load_quality()        the packaged file, as the core's ``QualityModel``
-"""
+"""``gateway/config/quality.yaml``: answer accuracy per knob setting of the Text-to-SQL pipeline, as measured
+by ``hexflow bench quality`` (packaged data, not an operator setting), loaded once as ``QUALITY``; the
+degradation policy ranks the settings that fit a deadline by it."""
 
 from __future__ import annotations
 

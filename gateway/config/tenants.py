@@ -1,9 +1,5 @@
-"""``config/tenants.yaml``: the tenants, their hashed API keys, deadline ranges, weights and limits.
-
-The file holds only SHA-256 digests of the API keys (``hash_key``; ``hexflow tenants hash-key KEY``
-prints one), never a key itself. The runtime store (hot reload, authentication) is
-``gateway.live.tenants.TenantStore``.
-"""
+"""``config/tenants.yaml``: the tenants, their hashed API keys (``hexflow tenants hash-key KEY``), deadline
+ranges, weights and limits; the runtime store is ``gateway.live.tenants.TenantStore``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""``gateway/config/workflows.yaml``: workflow templates (the expected shape the scheduler budgets stages with) and
-the calibration workflow the GPU profiles are fitted to.
-
-The scheduling core defines the types (``WorkflowTemplate``, ``PhaseSpec``, ``CallSpec``); the numbers are
-data, measured from traces, and live in the YAML file. The file is loaded once, on first use:
-
-    WORKFLOWS = load_workflows()          # the packaged workflows.yaml
-    CHESS_TEMPLATE, STANDARD_WORKFLOW, CHESS_PARALLEL_KINDS, TEMPLATES   its contents, as module constants
-"""
+"""``gateway/config/workflows.yaml``: the workflow templates the scheduler budgets stages with and the
+calibration workflow, loaded once (``WORKFLOWS`` and its module constants). The types are the core's."""
 
 from __future__ import annotations
 

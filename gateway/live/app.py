@@ -1,41 +1,10 @@
 """The gateway's HTTP face (FastAPI): the app factory ``create_app``.
 
-Routes (one router per surface, under ``gateway.live.routers``):
-    POST /v1/workflows          a DAG of LLM calls under the tenant's deadline (``routers.workflows``)
-    POST /v1/chat/completions   OpenAI-compatible pass-through (streaming too), a one-call workflow
-    POST /v1/completions        the same for text completions (``routers.chat``; both usually served by the
-                                fast path, ``gateway.live.fastpath``, which hands the rest to the framework)
-    GET  /v1/models             the models the cluster serves (OpenAI-compatible; ``routers.chat``)
-    POST /v1/text2sql           a question in, SQL and its result out (``routers.text2sql``)
-    GET  /v1/status             workers, queues, in-flight calls, alpha, estimates, tuning
-    GET  /healthz               the process is alive
-    GET  /readyz                config loaded, not shutting down, the leader (leader election), a worker healthy
-    GET  /metrics               Prometheus (``hexflow_*``, ``text/plain``; ``routers.ops``)
-    GET  /ui                    the live status page (admin key; ``routers.ui``: its data is GET /ui/api/state)
-    GET  /openapi.json          the API contract; ``/docs`` (Swagger UI) and ``/redoc`` render it with assets
-                                served by the gateway itself (``/static/docs``: no network needed)
-
-Every error body is OpenAI-style ``{"error": {"message", "type", "param", "code"}}``: 401 for a
-missing or unknown API key (or the admin key, saying so), 404 for an unknown model or database, 413 for a
-body over ``limits.max_body_bytes``, 422 for malformed JSON (not UTF-8 text or nested too deeply to parse
-among it), a field of the wrong type (never coerced) or out of range (every problem listed), a string that
-is not Unicode text (a lone surrogate), a deadline outside the tenant's range or a DAG with a cycle or
-dangling dependency, 429 (with ``Retry-After``)
-when a queue or concurrency bound is reached, 503 (with ``Retry-After``) when no worker is healthy or
-the gateway is shutting down. A call the worker rejects (4xx) returns that status and message; a call
-that failed on every attempt returns 502 (504 when it ran out of time).
-
-The document is complete: strict request models (``gateway.live.schemas``), every route's true error
-statuses, the bearer security scheme, and the configuration's limits written into the schemas once the
-gateway has started (``openapi_with_limits``). tests/live/test_openapi.py fuzzes every route with
-schemathesis against it.
-
-Routes raise ``GatewayError``s (``gateway.errors``) and one handler renders them all; a core error that
-reaches the edge (a ``DomainError``: it says what happened, with no HTTP status) is answered as
-``gateway.live.httperrors`` maps it; the framework's own errors (validation, unknown route) and unexpected
-exceptions have a handler each. Rendering never fails: ``gateway.live.responses`` encodes any string, lone
-surrogates included.
-"""
+One router per surface under ``gateway.live.routers`` (the routes and their errors: docs/live-gateway.md,
+"API"); the hot pass-through routes are usually served by ``gateway.live.fastpath``. Routes raise
+``GatewayError``s and one handler renders them; a core ``DomainError`` is mapped by
+``gateway.live.httperrors``; validation, unknown routes and unexpected exceptions have a handler each.
+``openapi_with_limits`` writes the running limits into the document (tests/live/test_openapi.py fuzzes it)."""
 
 from __future__ import annotations
 
@@ -86,41 +55,21 @@ FASTAPI_TELEMETRY_OFF: dict[str, Any] = (
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters
     else {}
 )
-"""FastAPI's own OpenTelemetry instrumentation, off (for a FastAPI that has it).
-
-Left on, every request asks OpenTelemetry for its tracer, meter and logger providers to find out whether
-one is configured, and each such question reads ``os.environ`` while none is. The gateway exports its own
-metrics (``/metrics``, Prometheus) and configures no OpenTelemetry provider, so the answer is always no."""
+"""FastAPI's own OpenTelemetry instrumentation, off (it reads ``os.environ`` on every request to find no
+provider; the gateway exports Prometheus metrics only)."""
 
 log = logging.getLogger("hexflow.app")
 
 GC_GEN0_THRESHOLD = 50_000
-"""The garbage collector's generation-0 threshold while the gateway serves (CPython's default: 700).
-
-A young collection runs when the container objects allocated since the last one, less those freed,
-exceed the threshold. The gateway's per-call objects are freed by reference counting (no cycles: see
-``tests/live/test_reference_cycles.py``), so a young collection finds next to no garbage: what it
-traverses is the state of the requests in flight (frames, request models, futures, calls: hundreds of
-container objects each), which it then promotes to the older generations, where later collections
-traverse it again. At 700 that happens every few requests; at 50 000 a young collection is far rarer, and
-most of the request state it would have examined is freed before it runs. One traverses at most about that
-many objects (of the order of a millisecond); lower the value if pauses matter more than CPU time."""
+"""The garbage collector's generation-0 threshold while the gateway serves (CPython's default: 700); why:
+docs/live-gateway.md, "Implementation notes". Lower it if pauses matter more than CPU time."""
 
 
 @contextlib.contextmanager
 def serving_gc(gen0_threshold: int = GC_GEN0_THRESHOLD) -> Iterator[None]:
-    """The garbage collector's settings while the gateway serves; the previous ones are restored after.
-
-    On entry (once the app and its workers are set up): one full collection, then ``gc.freeze()``: every
-    object alive now (modules, the app, routes and their models, the configuration, the gateway) moves to
-    the permanent generation, which collections never traverse, so a full collection later costs in
-    proportion to what serving allocated, not to everything the process imported (about a hundred
-    thousand objects, tens of milliseconds per full collection otherwise). The generation-0 threshold is
-    raised to ``gen0_threshold`` (``GC_GEN0_THRESHOLD``; a higher one already set is kept). On exit the
-    objects are unfrozen (garbage among them can be collected again: several apps started one after the
-    other in one process, as the tests do, leak nothing) and the threshold is restored. Process-wide, as
-    the collector is.
-    """
+    """The garbage collector's settings while the gateway serves (docs/live-gateway.md, "Implementation
+    notes"): a full collection and ``gc.freeze()`` on entry, the generation-0 threshold raised to
+    ``gen0_threshold`` (a higher one kept); unfrozen and restored on exit. Process-wide."""
     before = gc.get_threshold()
     gc.collect()  # no garbage frozen: it would never be freed
     gc.freeze()
@@ -211,12 +160,9 @@ DOCS_CSP = "; ".join(
         "form-action 'self'",
     )
 )
-"""The ``Content-Security-Policy`` of ``/docs`` and ``/redoc``: the browser loads nothing from outside the gateway.
-
-The vendored bundles are unmodified, and ReDoc's always shows Redocly's logo from its CDN beside "API docs by
-Redocly" (``<img src="https://cdn.redoc.ly/...">``, hidden when it fails to load): this policy is what keeps
-the page from fetching it. Inline styles, ``eval`` and ``blob:`` workers are allowed because the bundles use
-them (styled-components, ajv, ReDoc's search worker); none of them reaches the network."""
+"""The ``Content-Security-Policy`` of ``/docs`` and ``/redoc``: nothing loads from outside the gateway (it
+keeps ReDoc's bundle from fetching Redocly's logo from its CDN); inline styles, ``eval`` and ``blob:``
+workers are what the unmodified bundles need."""
 
 
 def _serve_docs(app: FastAPI) -> None:
@@ -250,10 +196,11 @@ def _serve_docs(app: FastAPI) -> None:
 
 
 def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
-    """The OpenAPI document, with the running gateway's limits as ``maximum``/``maxItems``/``maxLength``.
+    """The OpenAPI document, with the running gateway's limits as ``maximum``/``maxItems``/``maxLength``, and
+    the benchmark-only call fields only when the gateway is in benchmark mode (``benchmark: true``).
 
-    Before the gateway has started the document is built without them (and not cached), so a client never
-    sees limits other than the ones the routes enforce.
+    Before the gateway has started the document is built without limits or benchmark fields (and not cached),
+    so a client never sees limits other than the ones the routes enforce.
     """
     if app.openapi_schema is not None:
         return app.openapi_schema
@@ -265,12 +212,14 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
         routes=app.routes,
     )
     gw = getattr(app.state, "gateway", None)
+    schemas = doc.get("components", {}).get("schemas", {})
+    if not (isinstance(gw, Gateway) and gw.cfg.benchmark):
+        _hide_benchmark_fields(schemas)
     if not isinstance(gw, Gateway):
         return doc
     lim = gw.cfg.limits
-    schemas = doc.get("components", {}).get("schemas", {})
     call = schemas.get("WorkflowCall", {}).get("properties", {})
-    for name in ("prompt_tokens", "max_tokens", "min_tokens"):
+    for name in ("prompt_tokens", "max_tokens", "min_tokens", "expected_output_tokens"):
         _set(call.get(name), "integer", "maximum", lim.max_tokens)
     seg = schemas.get("SharedPrefixSegment", {}).get("properties", {})
     _set(seg.get("tokens"), "integer", "maximum", lim.max_tokens)  # a segment fits in prompt_tokens
@@ -295,6 +244,21 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
         _set(t2s_req.get("evidence"), "string", "maxLength", settings.max_evidence_chars)
     app.openapi_schema = doc
     return doc
+
+
+def _hide_benchmark_fields(schemas: dict[str, Any]) -> None:
+    """Leave ``workflows.BENCHMARK_FIELDS`` out of ``WorkflowCall`` (a gateway not in benchmark mode refuses
+    them): a call then needs ``messages``, and its examples are the chat ones of ``WorkflowRequest``."""
+    call = schemas.get("WorkflowCall")
+    if call is None:
+        return
+    for name in workflows.BENCHMARK_FIELDS:
+        call.get("properties", {}).pop(name, None)
+    call.pop("oneOf", None)
+    call["required"] = sorted({*call.get("required", ()), "messages"})
+    request_examples = schemas.get("WorkflowRequest", {}).get("examples", [])
+    call["examples"] = [c for ex in request_examples for c in ex.get("calls", ())]
+    schemas.pop("SharedPrefixSegment", None)
 
 
 def _set(schema: dict[str, Any] | None, type_: str, key: str, value: int) -> None:
@@ -324,14 +288,9 @@ MAX_LISTED_PROBLEMS = 20
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 listing the problems (``calls.0.max_tokens: ...; calls.1.id: ...``, up to ``MAX_LISTED_PROBLEMS``),
-    with every one under ``detail``, ``param`` the first one's location.
-
-    Two problems of the body as a whole get words of their own: a body that is not JSON (422 saying where
-    it breaks, by line and column, ``param`` "body"), and a body sent with a content type other than JSON,
-    which FastAPI leaves as bytes (415: send ``Content-Type: application/json``). A problem is told in the
-    gateway's words where it has some (``schemas.problem_text``).
-    """
+    """422 listing the problems (up to ``MAX_LISTED_PROBLEMS``, all under ``detail``; ``param`` the first one's
+    location), in the gateway's words where it has some (``schemas.problem_text``). A body that is not JSON
+    gets 422 saying where it breaks; one sent as another content type 415."""
     errors = exc.errors()
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
     loc = tuple(first.get("loc", ()))

@@ -1,11 +1,8 @@
 """What every route needs from a request: the running gateway, the tenant, a deadline, admission.
 
-All of them raise ``GatewayError``s (rendered by the app's one handler): ``gw_of`` 503 while the gateway
-starts, ``auth`` 401 (saying so when the key is the admin key), ``deadline_or_raise`` 422
-(``DeadlineOutOfRange``), ``admit_or_raise`` 429/503 (``Rejected``: a bound, or a predicted deadline miss),
-``unicode_body`` 422 for a JSON body holding a lone surrogate, ``until_disconnect``
-``ClientDisconnected`` (499, which nobody reads: the client is gone) when the client leaves first, and
-``idempotent`` 400 for a malformed ``Idempotency-Key``, 422 for a key reused for another request."""
+All raise ``GatewayError``s: ``gw_of`` 503 while starting, ``auth`` 401, ``deadline_or_raise`` 422,
+``admit_or_raise`` 429/503, ``unicode_body`` 422, ``until_disconnect`` ``ClientDisconnected`` (499),
+``idempotent`` 400/422."""
 
 from __future__ import annotations
 
@@ -35,11 +32,7 @@ _GATEWAY_KEY = "hexflow.gateway"
 
 
 def gw_of(request: Request) -> Gateway:
-    """The running gateway (503 while it starts).
-
-    Looked up on the app once per request (``auth`` does it first, the route again): the first lookup
-    leaves it in the request's scope.
-    """
+    """The running gateway (503 while it starts); the first lookup leaves it in the request's scope."""
     scope = request.scope
     gw = scope.get(_GATEWAY_KEY)
     if isinstance(gw, Gateway):
@@ -70,11 +63,8 @@ BEARER = _BearerScheme(
 async def auth(
     request: Request, _scheme: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)] = None
 ) -> Tenant:
-    """Authenticate ``Authorization: Bearer <key>`` against the tenants store.
-
-    ``async`` on purpose: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop per
-    request that cost more CPU than the rest of the gateway's work on a call.
-    """
+    """Authenticate ``Authorization: Bearer <key>`` against the tenants store (``async``: a plain ``def``
+    dependency would cost a thread hop per request)."""
     gw = gw_of(request)
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
@@ -147,10 +137,8 @@ def admit_or_raise(
 ) -> Admission:
     """Admission control: ``Rejected`` (429 or 503 with Retry-After), counted as a rejected workflow.
 
-    ``plan`` is the workflow's expected stages (``gateway.core.predict``) and ``deadline_s`` its deadline:
-    a workflow predicted to miss it is refused (429, ``Retry-After`` from the queue) or, for a best-effort
-    tenant, admitted at the lowest urgency (``Admission.best_effort``, to pass on to the run).
-    """
+    ``plan`` (the expected stages) and ``deadline_s`` turn on the predicted-miss check; a best-effort
+    tenant's predicted miss is admitted at the lowest urgency (``Admission.best_effort``)."""
     return gw.admit(tenant, n_calls, plan, deadline_s)
 
 
@@ -158,22 +146,15 @@ T = TypeVar("T")
 
 
 class ClientDisconnected(GatewayError):
-    """The client closed its connection before the answer was ready; the work for it was cancelled.
-
-    Rendered as 499 ("client closed request", nginx's convention), which nobody receives: it exists so
-    that the route ends through the one error handler, without logging a fault.
-    """
+    """The client left before the answer was ready; its work was cancelled. Rendered as 499 (nginx's "client
+    closed request"), which nobody receives: the route ends through the one error handler."""
 
     status = 499
     error_type = "client_closed_request"
 
 
 async def wait_disconnect(request: Request) -> None:
-    """Return when the client has gone: the ASGI ``http.disconnect`` message.
-
-    Call it only once the request body has been read (the route's parameters are): until then
-    ``receive`` yields the body's chunks, which this would consume.
-    """
+    """Return when the client has gone (``http.disconnect``). Call it only once the body has been read."""
     await wait_disconnect_raw(request.receive)
 
 
@@ -186,16 +167,9 @@ async def wait_disconnect_raw(receive: Receive) -> None:
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` while watching the client's connection; when the client leaves first, cancel the
-    work (the gateway abandons its workflow: queued calls dropped, worker requests aborted, counted
-    ``cancelled``), let it unwind and raise ``ClientDisconnected``.
-
-    The one way a non-streaming route ties its work to its client (a streaming response is cancelled
-    by the framework when its client goes). ``work`` runs in the route's own task, so what it does
-    before its first wait (admission, submitting the first calls) happens at once, as without the
-    watch; a watcher task cancels the route's task when ``http.disconnect`` comes. The body must have
-    been read already (``wait_disconnect``).
-    """
+    """Await ``work`` (in the route's own task) while watching the client; when the client leaves first,
+    cancel the work (its workflow is abandoned, counted ``cancelled``), let it unwind and raise
+    ``ClientDisconnected``. The body must have been read already."""
     return await until_disconnect_raw(request.receive, work)
 
 
@@ -232,12 +206,8 @@ SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 async def unicode_body(request: Request) -> None:
-    """422 for a JSON request body with a lone surrogate in a string (``"\\ud800"``).
-
-    ``json.loads`` accepts such an escape, but the string is not Unicode text: it cannot be encoded
-    for a worker, a database or a log line. The check is a regular-expression scan of the raw body; only a
-    body that escapes a surrogate is parsed to look for one without its pair.
-    """
+    """422 for a JSON request body with a lone surrogate in a string (``"\\ud800"``): not Unicode text, it could
+    not be sent on. A regular-expression scan; only a body that escapes a surrogate is parsed."""
     if request.method not in ("POST", "PUT", "PATCH"):
         return
     raw = await request.body()
@@ -286,11 +256,9 @@ async def idempotent(
 ) -> Response:
     """Run a route's ``work`` once per ``Idempotency-Key`` (``gateway.live.idempotency``), watching the client.
 
-    Without the header (or with ``idempotency.enabled: false``) the work simply runs, cancelled if the
-    client leaves. With it, the key is checked (400), the request is fingerprinted by route and ``body``
-    (422 when the tenant used the key for another request), and the answer comes from the store: the
-    first run's, once it finishes (``Idempotent-Replayed: true`` when it was not made for this request).
-    """
+    Without the header (or with ``idempotency.enabled: false``) the work simply runs. With it: 400 for a
+    malformed key, 422 for a key the tenant used for another request, else the first run's answer
+    (``Idempotent-Replayed: true`` when it was not made for this request)."""
     raw = request.headers.get(HEADER)
     store = gw_of(request).idempotency
     if raw is None or store is None:

@@ -1,34 +1,10 @@
 """Worker discovery from Kubernetes: the gateway's worker list follows pods selected by label.
 
-The discovery task lists the worker pods (``GET /api/v1/namespaces/{ns}/pods?labelSelector=...``) and
-then watches them from the list's ``resourceVersion``; every event updates its copy of the pods and
-reconciles the pool with it. It lists again every ``period_s`` (a watch can miss nothing that a fresh
-list does not correct), at once when the watch says its version expired (``410 Gone``), and after an
-error with a back-off of one period. With ``watch: false`` it only lists, every ``period_s``.
-
-Reconciling (``KubernetesDiscovery.reconcile``), for the pods this task manages:
-    pod Running, with an IP, ``Ready``, not terminating  -> a worker; added if new (``WorkerPool.add_worker``)
-    pod unready or terminating                           -> no new calls; queue re-dispatched
-                                                            (``WorkerPool.set_ready(False)``), in-flight calls finish
-    pod gone, or its address, profile or model changed   -> removed (``WorkerPool.remove_worker``): no new calls,
-                                                            freed after its last in-flight call; a changed pod
-                                                            joins again under its name once the old one is gone
-    capacity annotation changed                          -> the in-flight limit changes in place
-
-A pod that has never been ready is not added (it joins when ready). A pod whose labels name an unknown
-GPU, model or profile (``hexflow.io/profile``: the error lists the known ones), or whose capacity or port
-annotation is not a number, is skipped and counted as
-``invalid`` (``hexflow_discovery_pods``), with one warning per pod and problem. Workers listed in
-``cluster.workers`` are never touched; a pod with the same name as one of them is skipped.
-
-The API client is a small aiohttp client of the two calls it needs (and of the JSON requests leader
-election makes: ``gateway/live/leader.py``), authenticated with the pod's
-service-account token (re-read on every request, since projected tokens rotate) and the cluster CA.
-The RBAC it needs: ``get``, ``list``, ``watch`` on ``pods`` in the namespace (``deploy/k8s/base/rbac.yaml``).
-
-One concept in one module: Kubernetes discovery, the API client it needs (list, watch,
-bookmarks, 410 Gone), the pod classifier shared with ``hexflow discover``, and the reconciler.
-"""
+A list, then a watch from its ``resourceVersion``, relisted every ``period_s``, on ``410 Gone`` and after
+an error (``watch: false``: lists only); each event reconciles the pool (``KubernetesDiscovery.reconcile``).
+The pod states, the reconcile rules and the RBAC needed: deploy/k8s/README.md ("Worker discovery") and
+docs/architecture.md. Workers of ``cluster.workers`` are never touched. The API client (also used by
+leader election) re-reads the service-account token on every request (projected tokens rotate)."""
 
 from __future__ import annotations
 
@@ -213,8 +189,7 @@ class KubeApi:
         namespace: where the pods are.
         token_file: bearer token, re-read on every request (absent file: no ``Authorization``).
         ca_file: CA bundle for ``https`` (absent file: the system's CAs).
-        timeout_s: connect timeout, and the read timeout of a list.
-    """
+        timeout_s: connect timeout, and the read timeout of a list."""
 
     def __init__(
         self, base_url: str, namespace: str, *, token_file: str | None, ca_file: str | None, timeout_s: float

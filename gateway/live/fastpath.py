@@ -1,23 +1,10 @@
 """The hot routes without the framework: ``POST /v1/chat/completions`` and ``POST /v1/completions`` served
-straight from ASGI, with the same validation, authentication, answers and errors as the framework's routes.
+straight from ASGI through the same functions as ``routers.chat`` (docs/live-gateway.md, "Per-call
+overhead").
 
-Why. Through FastAPI a pass-through call crosses the server-error, request-id, body-limit, exception and
-exit-stack middlewares, the router's route matching, dependency solving (the tenant, the deadline header,
-the body check) and a second parse of the headers, before the route's own work; that framework layer cost
-more CPU than scheduling the call (docs/live-gateway.md, "The fast path"). Here a request is checked with the
-same functions (``gateway.live.routers.chat``: ``open_call``, ``answer_bytes``, ``first_event``, ``events``) in one
-pass over its headers and body.
-
-Same answers by construction. The fast path serves only a request it can accept as it is: a gateway that
-is running, a single ``Content-Type: application/json`` (a charset allowed), a known tenant's bearer key, a
-well-formed deadline header, a body within ``limits.max_body_bytes`` that is a JSON object, holds no
-surrogate escape, and validates against the route's request model. Everything else (every request the
-framework would refuse, and any request it is unsure of) is handed to the full app unchanged, its body
-replayed exactly as it came, so every refusal (400, 401, 413, 415, 422, 503 while starting) is the
-framework's own answer. Errors found after that (an unknown model, a limit, the deadline range, admission,
-the worker's failure) are the same ``GatewayError``s the routes raise, rendered by the same function, with
-the request's ``X-Request-Id``. A client that leaves cancels its call, streaming or not (``until_disconnect_raw``).
-"""
+It serves only a request it can accept as it is; every other one (anything the framework would refuse, or
+that it is unsure of) goes to the full app unchanged, its body replayed, so every refusal is the
+framework's own answer and later errors are the same ``GatewayError``s, rendered by the same function."""
 
 from __future__ import annotations
 
@@ -68,13 +55,12 @@ class _Fallback(Exception):
 
 
 class FastPath:
-    """Serves the pass-through routes from ASGI (see the module docstring); ``full`` serves everything else.
+    """Serves the pass-through routes from ASGI; ``full`` serves everything else.
 
     Args:
-        full: the framework's app (and its middleware), which answers every request handed to it.
-        state: where the running gateway is found (``state.gateway``: the app's ``state``).
-        max_body_bytes: the body limit (a larger body goes to the full app, which answers 413).
-    """
+        full: the framework's app (and its middleware).
+        state: where the running gateway is found (``state.gateway``).
+        max_body_bytes: the body limit (a larger body goes to the full app, which answers 413)."""
 
     def __init__(self, full: ASGIApp, state: Any, max_body_bytes: int) -> None:
         self.full = full

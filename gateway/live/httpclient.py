@@ -1,31 +1,9 @@
-"""A small pooled HTTP/1.1 keep-alive client: the per-call hot path from the gateway to its workers.
+"""A small pooled HTTP/1.1 keep-alive client (``httptools`` parsing): the per-call path to the workers.
 
-``HttpTransport.send`` runs once per call (hundreds of times a second), and a general-purpose client
-(aiohttp: URL objects, header multidicts, a timer context per read) cost a large share of the gateway's
-CPU per call. This client does only what that path needs: ``POST`` a prebuilt request to one origin and
-read the answer, over connections it keeps alive.
-
-* ``HttpClient.prepare(url, path)`` builds, once per (worker, endpoint), the request's bytes up to its
-  ``Content-Length`` value (``Prepared``); ``HttpClient.request`` adds the length and the body and writes
-  it all in one write. Parsing is ``httptools`` (llhttp, in C): fixed-length, chunked and read-until-close
-  answers.
-* Connections are pooled per origin (scheme, host, port), newest first (LIFO), and one carries one request
-  at a time (never pipelined). An idle connection expires ``keepalive_expiry_s`` after its last answer: it
-  is closed instead of reused, so a request never races the server's own idle close. A connection is
-  reused only when its answer was whole, read to its end, and the server did not ask to close it
-  (``Connection: close``, HTTP/1.0); every other one (an error, a timeout, a cancelled request, an answer
-  left unread) is closed, which is also how the server learns that the request was abandoned.
-* At most ``max_connections`` connections are open at once; a request over it waits for one to close
-  (an idle connection is closed to make room first).
-* Timeouts, by phase: the connect (``connect_s``), the wait for the answer's headers (per request), and
-  every gap between two pieces of its body (per read). ``Response.read_all`` refuses a body over its cap
-  before holding more of it.
-
-Errors (all ``HttpError``): ``ConnectError`` (no connection: refused, unreachable, TLS failed, or not
-made within ``connect_s``; ``timed_out`` tells the last), ``HeadersTimeout``, ``IdleTimeout``,
-``BodyTooLarge``, and ``ConnectionBroken`` (the connection broke or the answer was malformed before it
-was whole). ``asyncio.CancelledError`` passes through, the connection closed.
-"""
+Pooling, timeouts and reuse rules: docs/live-gateway.md ("Per-call overhead"). Errors are all
+``HttpError``: ``ConnectError`` (``timed_out`` when ``connect_s`` ran out), ``HeadersTimeout``,
+``IdleTimeout``, ``BodyTooLarge``, ``ConnectionBroken``; ``asyncio.CancelledError`` passes through, the
+connection closed."""
 
 from __future__ import annotations
 
@@ -88,10 +66,8 @@ class Prepared:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: an asyncio protocol feeding ``httptools``, with one answer's state.
 
-    The parser's callbacks only record what came and wake the reader (``_wake``); a failure is recorded as
-    ``_error`` (its class and message: an exception object kept here would, once raised, hold the frames
-    that hold this connection) and the socket aborted.
-    """
+    A failure is recorded as its class and message, not the exception (which would hold the frames that
+    hold this connection), and the socket aborted."""
 
     __slots__ = (
         "_buffered",
@@ -257,11 +233,8 @@ class _Connection(asyncio.Protocol):
             w.set_result(True)
 
     async def wait(self, timeout: float | None) -> bool:
-        """Until a callback wakes the reader (True) or ``timeout`` seconds pass (False).
-
-        One timer serves many waits: a stream waits once per piece, and a wait only moves the deadline
-        later; the timer, when it fires early, re-arms itself for the deadline then current (``_on_timer``).
-        """
+        """Until a callback wakes the reader (True) or ``timeout`` seconds pass (False); one re-arming timer
+        serves every wait."""
         fut: asyncio.Future[bool] = self._loop.create_future()
         self._waiter = fut
         if timeout is None:
@@ -337,11 +310,8 @@ class _Connection(asyncio.Protocol):
 
 
 class Response:
-    """An answer whose status and headers came; its body is read with ``read_chunk`` or ``read_all``.
-
-    ``release`` must be called once done with it (``HttpClient.request``'s callers do so in ``finally``):
-    it returns the connection to the pool when the answer was read whole, and closes it otherwise.
-    """
+    """An answer whose status and headers came; read its body with ``read_chunk`` or ``read_all``, then
+    ``release`` it once (reused when read whole, closed otherwise)."""
 
     __slots__ = ("_conn", "_released", "status")
 
@@ -403,15 +373,13 @@ class Response:
 
 
 class HttpClient:
-    """The pool of keep-alive connections (see the module doc). Create and use it in one event loop.
+    """The pool of keep-alive connections, per origin, newest first. Create and use it in one event loop.
 
     Args:
         connect_s: the connect timeout (TCP, and TLS for ``https``).
         keepalive_expiry_s: how long an idle connection may be reused after its last answer.
         max_connections: the most connections open at once.
-        ssl_context: the TLS settings of ``https`` origins (default: ``ssl.create_default_context()``,
-            which verifies the server's certificate).
-    """
+        ssl_context: TLS settings (default: ``ssl.create_default_context()``)."""
 
     def __init__(
         self,
@@ -463,10 +431,7 @@ class HttpClient:
         return Prepared((parts.scheme, parts.hostname, port), head)
 
     async def request(self, prepared: Prepared, body: bytes, *, headers_s: float | None) -> Response:
-        """Send the request and wait (at most ``headers_s`` seconds) for its answer's status and headers.
-
-        The caller reads the body from the ``Response`` and must ``release`` it (in ``finally``).
-        """
+        """Send the request; wait at most ``headers_s`` for the answer's headers. ``release`` the ``Response``."""
         conn = self._pooled(prepared.origin)
         if conn is None:
             conn = await self._connect(prepared.origin)

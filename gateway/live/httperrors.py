@@ -1,18 +1,8 @@
-"""The live edge's map from the core's domain errors to HTTP answers.
-
-The core says what happened (``gateway.errors.DomainError``: no worker is eligible, a workflow is predicted to
-miss its deadline, a deadline is too short, a workflow was shed); the live gateway answers each with a status,
-an error type and a ``Retry-After``, here and nowhere else:
-
-    NoEligibleWorker        503 service_unavailable, Retry-After 1
-    UnknownName             400 invalid_request_error (an unknown policy or dispatcher)
-    DagError                422 invalid_request_error, param: the field at fault
-    PredictedMiss           429 rate_limit_error, Retry-After: until the backlog would have drained enough
-    DeadlineTooShort        422 invalid_request_error, param deadline_s, body ``min_deadline_s``
-    NoWorkerCanRun          503 service_unavailable, Retry-After: the health check's period
-    other AdmissionRefused  503 service_unavailable (a shed workflow), its Retry-After
-    anything else           500 internal_error
-"""
+"""The live edge's map from the core's domain errors (``gateway.errors.DomainError``) to HTTP answers, here
+and nowhere else: ``NoEligibleWorker`` 503, ``UnknownName`` 400, ``DagError`` 422 (``param``: the field at
+fault), ``PredictedMiss`` 429 (Retry-After: until the backlog drains enough), ``DeadlineTooShort`` 422
+(``min_deadline_s``), ``NoWorkerCanRun`` 503 (the health period), other ``AdmissionRefused`` 503 (a shed
+workflow), anything else 500."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""uvicorn's HTTP protocol with the writes of one event-loop turn sent as one: ``HttpProtocol``.
-
-uvicorn writes a response's status line and headers to the socket as soon as the app sends
-``http.response.start``, and the body when it sends ``http.response.body``: two ``send`` system calls for
-an answer the gateway sends in one go. On loopback (and to a degree on any network) the sender's system call
-also does the receiving side's TCP work, so per answer the two writes cost the gateway more CPU than the
-rest of its HTTP handling. ``CoalescingTransport`` holds what is written during one turn of the event loop
-and hands it to the socket once, at the end of the turn (``call_soon``): the same bytes in the same order,
-one system call, no timer and no added wait beyond the turn. A streamed answer's chunks that arrive in
-different turns are written as they come.
-"""
+"""uvicorn's HTTP protocol with the writes of one event-loop turn sent as one system call (``HttpProtocol``):
+docs/live-gateway.md, "Per-call overhead"."""
 
 from __future__ import annotations
 
@@ -21,12 +12,8 @@ __all__ = ["CoalescingTransport", "HttpProtocol"]
 
 
 class CoalescingTransport(asyncio.Transport):
-    """A transport whose writes within one event-loop turn reach the wrapped transport as one write.
-
-    Everything else is the wrapped transport's: closing first sends what is held (a close is never
-    reordered before a write), aborting drops it (as an abort drops the wrapped transport's buffer), and
-    the write buffer size counts it.
-    """
+    """A transport whose writes within one event-loop turn reach the wrapped transport as one write; closing
+    sends what is held first, aborting drops it, the write buffer size counts it."""
 
     def __init__(self, inner: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()

@@ -1,22 +1,7 @@
 """``Idempotency-Key``: a client's retry of ``POST /v1/workflows`` or ``/v1/text2sql`` gets the first answer.
 
-Keys are scoped by tenant (two tenants may use the same key). For one tenant and key:
-
-    first request                        -> the work runs in a task of its own; the request waits for it
-    same key and body while it runs      -> waits for the same answer (``Idempotent-Replayed: true``)
-    same key and body after it finished  -> the stored answer, for ``ttl_s`` (``Idempotent-Replayed: true``)
-    same key, another route or body      -> 422, naming the key (``IdempotencyKeyReused``)
-
-Only an answer that ends the request for good is stored: a success or a 4xx. A refusal that asks for a
-retry (429, 503), a failure on the workers (5xx) or work cancelled because every client of the key went
-away forgets the key, so the next retry runs the work again. Within one replica the work therefore never
-runs twice while a run of it is in progress or its answer is stored; the store is this process's memory,
-so a retry that reaches another replica (after a leader's death) runs it there.
-
-Memory is bounded: at most ``max_keys`` keys and ``max_bytes`` of stored answers (a larger answer is not
-stored); the least recently used finished keys go first, expired ones as they expire. Running keys are
-never dropped (they are bounded by the gateway's ``limits.max_active_workflows``).
-"""
+The rules (per tenant and key; only a success or a 4xx stored; per replica; bounded memory):
+docs/live-gateway.md, "Retries and idempotency keys"."""
 
 from __future__ import annotations
 
@@ -109,14 +94,13 @@ class _Entry:
 
 
 class IdempotencyStore:
-    """Answers by (tenant, key), for retries (see the module's docstring).
+    """Answers by (tenant, key), for retries.
 
     Args:
         ttl_s: how long a finished answer is kept.
         max_keys: most keys kept (running ones are never dropped).
         max_bytes: most bytes of stored answers.
-        clock: monotonic seconds.
-    """
+        clock: monotonic seconds."""
 
     def __init__(self, ttl_s: float, max_keys: int, max_bytes: int, clock: Callable[[], float]) -> None:
         self.ttl_s = ttl_s
@@ -176,12 +160,9 @@ class IdempotencyStore:
     async def run(
         self, tenant: str, key: str, fp: str, work: Callable[[], Awaitable[Response]]
     ) -> tuple[StoredResponse, bool]:
-        """The answer for ``key`` and whether it is a replay (not made for this request).
-
-        ``work`` makes the answer (a ``GatewayError`` it raises becomes its error answer); it runs at most
-        once at a time per key, in a task of its own. Cancelling this call (the client left) cancels the
-        work only when no other request of the key waits for it.
-        """
+        """The answer for ``key`` and whether it is a replay. ``work`` (its ``GatewayError`` becomes the answer)
+        runs at most once at a time per key, in its own task; cancelling this call cancels it only when no
+        other request of the key waits."""
         self._expire(self._clock())
         k = (tenant, key)
         entry = self._entries.get(k)

@@ -1,26 +1,13 @@
 """Leader election among gateway replicas: one ``coordination.k8s.io/v1`` Lease, as client-go's leaderelection.
 
-Every replica runs ``LeaderElector.run``. Each round (every ``retry_period_s``; a follower's rounds are
-jittered by up to 20%) reads the Lease and then:
-
-    no Lease                                   -> create it, holding it (POST; a 409 means another won)
-    held by another, record seen unchanged for  -> follow (the holder counts as alive)
-      less than its leaseDurationSeconds
-    held by us, released (no holder), or        -> write ourselves as holder with a new renewTime (PUT
-      unchanged for leaseDurationSeconds           carrying the resourceVersion read: a 409 means another
-                                                   replica wrote first, and this round is lost)
-
-Expiry is judged as client-go judges it: by how long *this* replica has seen the same record (its own
-monotonic clock), never by comparing the record's ``renewTime`` with its wall clock, so clock skew between
-nodes does not matter. Taking over from another holder sets ``acquireTime`` and increments
-``leaseTransitions``; a renewal keeps both.
-
-A leader that has not renewed for ``renew_deadline_s`` (the API server unreachable, or a 409 because
-another replica took the Lease) steps down at once: ``on_change(False)``, after which the gateway
-refuses new work. Since ``renew_deadline_s < lease_duration_s``, it has stopped before any other replica
-may take over. Each API request is bounded by the time left to the deadline. ``release`` (on shutdown)
-gives the Lease up: no holder and a one-second duration, so a follower takes over within a round.
-"""
+Each round (every ``retry_period_s``, followers jittered up to 20%) reads the Lease: none -> create it
+(409: another won); held by another and seen unchanged for less than its ``leaseDurationSeconds`` ->
+follow; ours, released, or unchanged that long -> write ourselves as holder (PUT with the
+``resourceVersion`` read; 409: lost this round). Expiry is judged on this replica's monotonic clock, never
+by comparing ``renewTime`` with its wall clock. A take-over sets ``acquireTime`` and increments
+``leaseTransitions``. A leader that has not renewed for ``renew_deadline_s`` (< ``lease_duration_s``) steps
+down at once (``on_change(False)``); ``release`` gives the Lease up (no holder, one-second duration).
+docs/live-gateway.md, "High availability"."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The live gateway's lifecycle: start, leadership, tenants reload, the overload watch, drain and stop.
 
-``Lifecycle`` owns the gateway's background tasks: discovery, the tenants file's reload, the overload re-check
-(``WorkflowRunner.shed_overdue`` every ``SHED_PERIOD_S``), leader election, and, only while this replica leads,
-the alpha tuner and the profile refit. It sets the gateway's ``ready`` and ``draining`` flags.
-"""
+``Lifecycle`` owns the background tasks (discovery, tenants reload, ``WorkflowRunner.shed_overdue`` every
+``SHED_PERIOD_S``, leader election; the alpha tuner and profile refit only while leading) and the gateway's
+``ready`` and ``draining`` flags."""
 
 from __future__ import annotations
 
@@ -35,11 +34,8 @@ class Lifecycle:
         self.drain_until: float | None = None
 
     async def start(self) -> None:
-        """Start the pool and the background tasks; probe workers once so readiness is known.
-
-        With discovery, the first list of the pods is awaited (up to its timeout) so the gateway starts
-        with its workers; if the API does not answer, it starts without them and keeps trying.
-        """
+        """Start the pool and the background tasks; probe workers once so readiness is known. With discovery the
+        first pod list is awaited (up to its timeout; without an answer it starts without them)."""
         gw = self.gw
         await gw.pool.start()
         if gw.discovery is not None:
@@ -57,12 +53,8 @@ class Lifecycle:
         gw.ready = True
 
     def on_leadership(self, leading: bool) -> None:
-        """Start the leader-only background tasks (the alpha tuner, the profile refit) when leading; stop
-        them when not (a follower serves no calls: it has nothing to tune or refit from).
-
-        Everything else runs on every replica: health probes, scrapes, discovery and tenants reloads keep
-        a follower ready to serve the moment it takes over.
-        """
+        """Start the leader-only tasks (alpha tuner, profile refit) when leading, stop them when not; every other
+        task runs on every replica, so a follower can serve the moment it takes over."""
         gw = self.gw
         if gw.elector is not None:
             gw.metrics.leader.set(1 if leading else 0)

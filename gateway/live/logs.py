@@ -1,16 +1,9 @@
-"""The gateway's log lines: plain text or one JSON object per line, each carrying the request id and the
-workflow id of the request it was logged for, where one is known.
+"""The gateway's log lines: plain text or JSON, each with the request id and workflow id where known.
 
-The ids travel in context variables (``REQUEST_ID``, ``WORKFLOW_ID``): ``RequestIdMiddleware`` sets the
-request id for every HTTP request (the client's ``X-Request-Id`` when it sent a sane one, else a new one,
-echoed in the response's ``X-Request-Id``), and the workflow and Text-to-SQL routes set the workflow id
-once they have made it. asyncio copies the context into every task a request starts, so the calls of
-a workflow log with its ids; background loops started with the server log without them.
-
-``configure_logging(level, fmt)`` installs a stderr handler on the root logger (uvicorn's loggers
-propagate to it: ``hexflow serve`` runs uvicorn without a logging config of its own), with
-``ContextFilter`` adding the ids to every record and ``JsonFormatter`` for ``fmt="json"``.
-"""
+The ids travel in context variables (``REQUEST_ID``, ``WORKFLOW_ID``), set by ``RequestIdMiddleware`` (the
+client's sane ``X-Request-Id`` or a new one, echoed) and by the workflow and Text-to-SQL routes; tasks a
+request starts inherit them. ``configure_logging`` installs the root stderr handler (uvicorn's loggers
+propagate to it)."""
 
 from __future__ import annotations
 

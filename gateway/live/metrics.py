@@ -1,12 +1,12 @@
-"""The gateway's Prometheus metrics (prefix ``hexflow_``), in a registry of its own.
+"""The gateway's Prometheus metrics (prefix ``hexflow_``), in a registry of its own; docs/metrics.md lists
+every family.
 
-Label values are bounded: ``tenant`` comes from the tenants file, ``worker`` from the config or from
-discovery (a removed worker's series are deleted, so pod churn does not grow the registry),
-``outcome`` and ``reason`` from fixed sets, and ``kind`` (stage kinds are client-given on
-``/v1/workflows``) through ``BoundedLabel``, which admits the first ``MAX_KINDS`` distinct values and
-maps the rest to ``other``. The labelled children a call touches are resolved by ``labels()`` once and kept
-(``_WorkerSeries``, ``_TenantSeries``): the caches are as bounded as the labels, and a removed worker's go
-with its series.
+Label values are bounded: ``tenant`` from the tenants file, ``worker`` from the config or discovery (a
+removed worker's series are deleted), ``outcome`` and ``reason`` from fixed sets, client-given ``kind``
+through ``BoundedLabel`` (the first ``MAX_KINDS`` values, then ``other``). The children a call touches are
+resolved once and kept (``_WorkerSeries``, ``_TenantSeries``).
+
+The families that ``tests/deploy/test_observability_config.py`` exercises:
 
 | metric | type | labels | meaning |
 |---|---|---|---|
@@ -137,12 +137,8 @@ class _Attainment:
 
 
 class _WorkerSeries:
-    """One worker's labelled children, each resolved by ``labels()`` once, on first use (not before: a series
-    appears in the exposition when it is first touched, as with ``labels()``), and forgotten with the worker.
-
-    ``labels()`` validates and converts its arguments and takes a lock on every call; a call through the
-    gateway touches about eight children, so the hot path reads them from here instead.
-    """
+    """One worker's labelled children, each resolved by ``labels()`` once, on first use, and forgotten with the
+    worker: ``labels()`` validates and locks on every call, and a call touches about eight children."""
 
     __slots__ = ("call_run", "dispatch", "estimate_ratio", "other", "queue_wait")
 

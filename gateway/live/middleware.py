@@ -13,13 +13,8 @@ class _BodyTooLarge(Exception):
 
 
 class BodyLimit:
-    """ASGI middleware: 413 for a request body over ``max_bytes`` (declared or streamed).
-
-    A declared ``Content-Length`` over the limit is refused before the app runs; a streamed (chunked) body
-    is counted as the app reads it, and refused when it goes over: the read raises, and whatever the app
-    answers then (FastAPI turns a failed body read into a 400) is replaced by the 413, unless the app had
-    already started its answer.
-    """
+    """ASGI middleware: 413 for a request body over ``max_bytes``: a declared ``Content-Length`` before the app
+    runs, a streamed body as the app reads it (the app's answer replaced unless it had started)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app

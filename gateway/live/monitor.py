@@ -1,21 +1,10 @@
 """Health probes and ``/metrics`` scrapes of the pool's workers: two background tasks the pool owns.
 
-* health: every ``health_period_s`` each worker's ``/health`` is probed, concurrently. A success marks
-  the worker up (``WorkerPool.mark_up``); ``failures_to_down`` consecutive failures (counted with the
-  call failures) mark it down. Parked calls that waited too long are failed afterwards
-  (``WorkerPool.expire_parked``). The same round sends a probe call (``outliers.probe_call``, a
-  one-token completion, in a task of its own, within ``outlier.probe_timeout_s``) to every ejected
-  worker whose back-off is over: an answer re-admits it (``WorkerPool.readmit``), a failure keeps it
-  out for a longer back-off (``WorkerPool.probe_failed``). A ``/health`` that answers is not enough
-  to re-admit an outlier: the workers this catches mostly answer it.
-* scrape: every ``scrape_period_s`` each worker's ``/metrics`` is fetched, concurrently, and parsed by
-  ``promparse``. The result is kept on the worker's ``WorkerState`` (``/v1/status`` shows it) and
-  exported as gateway metrics; dispatch to a worker is *held* while its engine is full (KV cache or batch)
-  and vLLM's own waiting queue grows (``WorkerPool.can_send``, ``WorkerMonitor.apply_scrape``), and released
-  (the worker kicked: drained again) once that stops.
-
-Everything runs on the event loop, like the pool.
-"""
+Health (every ``health_period_s``): ``/health`` marks a worker up or, after ``failures_to_down``
+failures, down; parked calls that waited too long fail; an ejected worker past its back-off gets a probe
+call (``outliers.probe_call``), which re-admits it or extends the back-off. Scrape (every
+``scrape_period_s``): ``/metrics`` parsed by ``promparse``, kept on ``WorkerState`` and exported; dispatch
+is held while the engine is full and vLLM's queue grows (docs/architecture.md). On the event loop."""
 
 from __future__ import annotations
 
@@ -42,9 +31,8 @@ class WorkerMonitor:
     """The health prober and the metrics scraper of one ``WorkerPool``.
 
     Args:
-        pool: the pool whose workers are watched (its transport, metrics, clock and failure threshold).
-        health_period_s, scrape_period_s: task periods; 0 disables a task (tests call its method).
-    """
+        pool: the pool whose workers are watched.
+        health_period_s, scrape_period_s: task periods; 0 disables a task (tests call its method)."""
 
     def __init__(self, pool: WorkerPool, *, health_period_s: float, scrape_period_s: float) -> None:
         self.pool = pool
@@ -80,11 +68,8 @@ class WorkerMonitor:
     # ------------------------------------------------------------------ health
 
     async def check_health(self, *, initial: bool = False) -> None:
-        """Probe every worker once, concurrently; update up/down; expire parked calls.
-
-        ``initial``: the probe at start; a worker that does not answer it starts down (it joins when a
-        later probe succeeds), so readiness means a worker really answered.
-        """
+        """Probe every worker once, concurrently; update up/down; expire parked calls. ``initial``: a worker that
+        does not answer the first probe starts down."""
         pool = self.pool
 
         async def one(st: WorkerState) -> None:
@@ -157,15 +142,10 @@ class WorkerMonitor:
         await asyncio.gather(*(one(st) for st in pool.workers))
 
     def apply_scrape(self, st: WorkerState, m: WorkerMetrics) -> None:
-        """Record a scrape; hold dispatch to a worker whose engine is full and whose waiting queue grows.
-
-        A request waits in vLLM's queue for a moment whenever prompts arrive faster than one iteration's
-        token budget takes them, with the engine far from full: holding then would idle a scheduling period
-        of the gateway's queue for nothing (the simulator's engines queue the same calls, and no gateway
-        holds them). The hold is for an engine that cannot take more: its KV cache nearly full
-        (``HOLD_KV_USAGE``) or its batch at ``max_num_seqs``, with the waiting queue non-zero and growing
-        between two scrapes. A worker that exports neither gauge is held on the queue alone once it has been
-        non-zero in two scrapes running and still grows."""
+        """Record a scrape; hold dispatch to a worker whose engine cannot take more (KV cache at
+        ``HOLD_KV_USAGE`` or the batch at ``max_num_seqs``) while its waiting queue is non-zero and growing
+        between two scrapes (a worker exporting neither gauge: on the queue alone, non-zero in two scrapes
+        running and growing). A queue that waits with the engine far from full is not held."""
         prev = st.metrics.waiting if st.metrics is not None else None
         st.metrics = m
         st.scraped_at = self.pool.clock()

@@ -1,36 +1,10 @@
 """Outlier ejection: the verdict on a worker whose recent calls fail or run slow far more than its peers'.
 
-A worker that refuses connections is marked down at once, and one that fails ``failures_to_down`` calls
-or probes in a row is marked down until its ``/health`` answers again. Neither catches a worker that
-answers ``/health`` but fails every other call, answers garbage now and then, or turns slow on some
-calls only. Outlier ejection does, by comparing each worker with its peers (``health.outlier`` in
-``gateway.yaml``, ``OutlierConfig``):
-
-* every call that ends on a worker leaves one entry in its window (``WorkerState.recent``): ``None``
-  for a worker error (timeouts and malformed answers included), else its observed/predicted latency
-  (the model's prediction given the load the call ran under, ``WorkerPool.under_load_s``, at least the
-  profile's lone-request latency), clamped to [1/100, 100]. The prediction is for the tokens the call
-  processed, as the worker reported them in its answer's ``usage`` (the expected ones where it reported
-  none): a worker is judged by its speed, never by how long an answer the model chose to write; refused
-  connections (a worker gone: health handles it), refusals of the request itself (4xx) and cancelled
-  calls leave none;
-* ``OutlierDetector.verdict`` names the reason to eject a worker, or None: a share of failed calls of
-  at least ``error_rate`` and ``error_rate_margin`` above its peers' (the windows of the other workers
-  that take calls, pooled), or a typical latency ratio ``latency_ratio`` times its peers' (the median
-  of the typical ratios of the peers with ``min_calls`` returned calls, floored at 1: a worker running as
-  predicted is never an outlier, however far below 1 conservative predictions put its peers). A window's
-  typical ratio is the mean of its ratios less their largest tenth (at least one): one stall does not
-  eject a worker, but one that is slow on a fifth of its calls (say, only on long prompts) stands out. For latency the
-  peers are the workers of the same profile (GPU and model) when any has the calls: a profile that is
-  off for a GPU type is off for all its workers, a calibration matter, not an outlier;
-* ``OutlierDetector.backoff`` is the ejection's length: ``base_ejection_s``, doubled for every
-  ejection (or failed probe) since the worker was last re-admitted for longer than ``max_ejection_s``.
-
-The pool (``pool.py``) asks ``OutlierDetector.judge`` after every call (the verdict, within
-``max_ejected_fraction`` and never for the last worker taking calls) and ejects; its monitor
-(``monitor.py``) sends an ejected worker ``probe_call()`` once the back-off is over, and the pool
-re-admits it when that answers. No I/O, no clock (times are arguments).
-"""
+The rules (``health.outlier``; the window, the peers, the typical ratio, the back-off) are in
+docs/architecture.md ("Failure handling"). Each call ending on a worker leaves one entry in its window:
+``None`` for a worker error, else observed / ``WorkerPool.under_load_s`` (for the tokens processed),
+clamped to ``RATIO_CLAMP``; refused connections, 4xx and cancelled calls leave none. The pool asks
+``OutlierDetector.judge`` after every call; the monitor probes an ejected worker. No I/O, no clock."""
 
 from __future__ import annotations
 

@@ -1,51 +1,9 @@
 """The worker pool: membership, dispatch, and the draining of worker queues into vLLM workers.
 
-Life of a call in the live gateway (the simulator's ``Simulator.run`` is the same sequence in
-virtual time; ``tests/live/test_parity.py`` checks that both take the same decisions):
-
-    runner: call ready  -> ``WorkerPool.submit``: ``Scheduler.submit`` (budget, dispatch) + kick the worker
-    drain (a kick schedules one per worker on the event loop, after the code that kicked: every call it
-        submits is queued before the worker is filled): while in flight < capacity and vLLM's waiting
-        queue is not growing: ``Scheduler.pop_next`` -> a task sends the call (``Transport.send``)
-    response            -> ``Scheduler.on_finish(observed)`` (slot frees, estimator learns) -> the
-                           call's ``on_done`` runs synchronously: the runner submits the calls that
-                           became ready -> the worker that returned the call is drained at once (as the
-                           simulator fills it after the result event)
-    worker failure      -> ``Scheduler.on_fail``; after ``failures_to_down`` consecutive failures (or a
-                           refused connection) the worker is marked down, its queue is drained and
-                           every call re-dispatched; the failed call is retried on a worker that has
-                           not failed it, up to ``max_attempts``. With no healthy worker calls are
-                           *parked* and re-dispatched when one comes back, or fail after
-                           ``parked_timeout_s``: nothing is dropped silently.
-    every call's end    -> outlier ejection (``outliers.py``): a worker whose recent calls fail or run
-                           slow far more than its peers' is ejected for a back-off, and re-admitted by
-                           the monitor once a probe call answers.
-
-A sent call is bounded as a whole here (``timeouts``: ``call_floor_s + call_factor x`` its predicted
-latency on the worker, at most ``call_s``), whatever the transport; ``HttpTransport`` bounds its phases
-(connect, a stream's headers and gaps). So every call ends, and with at most ``max_attempts`` attempts
-and ``parked_timeout_s`` of parking, so does every workflow.
-
-The pool's workers and what happens to their calls (membership, dispatch, draining, the call's end,
-retries, parking) are here; their health transitions (a failed call, down/up, ejection and re-admission,
-parked calls' expiry) in ``pool_health.py``; the monitor, outlier verdicts and worker state in their own.
-
-Every way a sent call can end (result, ``WorkerError``, ``CallFailed``, cancellation, a bug) goes through
-one method, ``WorkerPool._settle``.
-
-Membership changes at run time (``gateway/live/discovery.py``): ``add_worker`` adds a worker that is
-drained like the others; ``set_ready(False)`` takes a worker out of dispatch (its queue is re-dispatched, its
-in-flight calls finish); ``remove_worker`` does the same and frees the worker once its last in-flight
-call has returned, or after ``remove_grace_s`` re-dispatches the calls still running there (their
-requests are cancelled) so that a pod that vanished without closing its connections loses nothing.
-``set_capacity`` is the one way a worker's in-flight limit changes.
-
-A worker's description (name, profile, capacity, address) is its ``WorkerInfo`` in the scheduler;
-``WorkerState`` (``worker_state.py``) holds only the pool's runtime state and reads the description
-from there. Background tasks: the health prober and scraper of ``gateway/live/monitor.py``, which the pool
-owns; a drain is a callback on the event loop, not a task of its own (a task per worker woken by an event
-cost a task step per call). All state is touched only on the event loop, so no locks are needed.
-"""
+The life of a call, failure handling and membership changes are in docs/live-gateway.md ("Failure
+handling", "The worker pool") and docs/architecture.md; health transitions live in ``pool_health.py``.
+Every way a sent call can end goes through ``WorkerPool._settle``. All state is touched only on the event
+loop (no locks)."""
 
 from __future__ import annotations
 
@@ -81,17 +39,15 @@ class WorkerPool(PoolHealth):
     """Membership, dispatch, draining and failure handling around one ``Scheduler``.
 
     Args:
-        scheduler: the policy engine, with the workers at start (owned by the caller; touched only on
-            the event loop).
+        scheduler: the policy engine, with the workers at start (touched only on the event loop).
         transport: how calls, probes and scrapes reach workers.
         metrics: the gateway's Prometheus metrics.
         clock: the scheduler's clock (``time.monotonic`` live; a fake in parity tests).
-        max_attempts, failures_to_down, parked_timeout_s: failure handling (see the module doc).
+        max_attempts, failures_to_down, parked_timeout_s: failure handling.
         health_period_s, scrape_period_s: the monitor's periods (0 disables a task, for tests).
         remove_grace_s: how long a removed worker's in-flight calls may run before they are re-dispatched.
-        timeouts: the whole-call bound (``call_s``, ``call_floor_s``, ``call_factor``; default: defaults).
-        outlier: outlier ejection (default: its defaults).
-    """
+        timeouts: the whole-call bound (default: defaults).
+        outlier: outlier ejection (default: its defaults)."""
 
     def __init__(
         self,
@@ -142,11 +98,7 @@ class WorkerPool(PoolHealth):
         return [self.states[i] for i in sorted(self.states)]
 
     def served_models(self) -> tuple[str, ...]:
-        """The models the workers serve (workers being removed excluded), sorted.
-
-        Computed once per membership (``add_worker``, ``remove_worker`` and the removal's end forget it),
-        not on every request that checks a model name.
-        """
+        """The models the workers serve (workers being removed excluded), sorted; cached per membership."""
         served = self._served
         if served is None:
             served = self._served = tuple(
@@ -312,13 +264,8 @@ class WorkerPool(PoolHealth):
         self.kick(st)
 
     def cancel(self, call: LiveCall) -> None:
-        """Abandon a call: off its queue, or its in-flight request cancelled (slot released).
-
-        A queued or parked call is dropped without an answer, so its callback is released at once (it would
-        never run): the callback usually refers back to the call (its workflow's bookkeeping), and dropping
-        it lets reference counting free both without the cyclic garbage collector. An in-flight call is
-        answered (``CallFailed`` 503) when its cancelled request unwinds.
-        """
+        """Abandon a call: off its queue (its callback released at once, never run), or its in-flight request
+        cancelled (answered ``CallFailed`` 503 when it unwinds)."""
         if call in self.parked:
             self.parked.remove(call)
             call.on_done = None
@@ -383,17 +330,14 @@ class WorkerPool(PoolHealth):
         return out
 
     def kick(self, st: WorkerState) -> None:
-        """Drain ``st`` soon: once the code running now is done, so every call it queues is in the queue the
-        worker is filled from (a burst of submissions is ordered by the queue discipline, not by arrival).
-        One drain per worker is pending at a time; none before ``start`` (which drains every worker)."""
+        """Drain ``st`` once the code running now is done (so a burst is ordered by the queue discipline, not by
+        arrival). One drain per worker is pending at a time; none before ``start``."""
         if self._running and st.drain is None:
             st.drain = asyncio.get_running_loop().call_soon(self._drain_due, st, context=self._context)
             self._kicked[st] = None
 
     def drain_kicked(self) -> None:
-        """Drain now the workers kicked and not drained yet, as their pending drains would later in this turn of
-        the event loop: for code that has queued every call of its burst (a workflow's first calls, a stage's)
-        and would otherwise leave them queued until then."""
+        """Drain now the workers kicked and not drained yet (for code that has queued its whole burst)."""
         kicked = self._kicked
         while kicked:
             st = next(iter(kicked))
@@ -425,12 +369,9 @@ class WorkerPool(PoolHealth):
     # ------------------------------------------------------------------ execution
 
     def predicted_s(self, st: WorkerState, call: LiveCall, tokens: tuple[int, int] | None = None) -> float:
-        """The call's time on the worker as the model predicted it when sent (no online correction): the
-        load-aware prediction (``call.model_s``), never less than the lone-request latency, so a busy worker is
-        not judged slow for being busy and a timeout scaled from it leaves room for the load. ``tokens``: the
-        (prompt, completion) tokens the call turned out to process (``processed_tokens``), when they differ
-        from the expected ones (``Estimator.model_for_tokens``, which the online ratio judges calls by too).
-        """
+        """The call's time on the worker as predicted when sent: the load-aware ``call.model_s``, at least the
+        lone-request latency. ``tokens``: the (prompt, completion) tokens it processed, when they differ from
+        the expected ones."""
         spec = call.spec
         est = self.scheduler.estimator
         n_in, n_out = (spec.input_tokens, spec.output_tokens) if tokens is None else tokens
@@ -439,14 +380,9 @@ class WorkerPool(PoolHealth):
         return model if model > base else base
 
     def under_load_s(self, st: WorkerState, call: LiveCall, now: float, tokens: tuple[int, int] | None = None) -> float:
-        """The call's time on the worker as the model would have predicted it knowing the load it ran under
-        (``LatencyModel.under_load_s``): ``predicted_s`` (the batch it joined), plus the prefill of the prompts
-        sent to the worker while it ran and the slower decode steps of the calls that joined its batch.
-        Outlier ejection judges a worker's speed by this, so a worker is not ejected for the load the gateway
-        itself gave it (a burst).
-
-        ``tokens``: the (prompt, completion) tokens the call processed (``processed_tokens``), so that a
-        worker is judged by its speed, never by the length of what the model chose to write."""
+        """The call's time as the model would have predicted it knowing the load it ran under
+        (``LatencyModel.under_load_s``): what outlier ejection judges a worker's speed by. ``tokens``: the
+        (prompt, completion) tokens the call processed."""
         base = self.predicted_s(st, call, tokens)
         area0, prefill0, n0 = call.load_marks
         life = now - call.sent_at
@@ -504,17 +440,11 @@ class WorkerPool(PoolHealth):
         )
 
     def _settle(self, st: WorkerState, call: LiveCall, outcome: CallResult | BaseException) -> bool:
-        """A sent call came back (or failed, or was cancelled): free its slot, deliver or retry, refill.
+        """A sent call came back, failed or was cancelled: free its slot, deliver or retry, refill.
 
-        * a result: the estimator learns the observed latency; the callback gets the result;
-        * ``WorkerError`` (or an unexpected exception): counted against the worker (it may be marked
-          down), then retried elsewhere up to ``max_attempts`` or failed with ``CallFailed`` 502;
-        * ``CallFailed`` (the worker refused the request): delivered as it is;
-        * cancelled: re-dispatched when its worker was removed with it still running (``requeue``; not
-          counted as an attempt), else failed with ``CallFailed`` 503.
-
-        Returns True when a cancelled call was re-dispatched (its task ends normally).
-        """
+        A ``WorkerError`` counts against the worker and is retried elsewhere up to ``max_attempts`` (then
+        ``CallFailed`` 502); a ``CallFailed`` is delivered as it is; a cancellation is re-dispatched when its
+        worker was removed (returns True), else failed with ``CallFailed`` 503."""
         now = self.clock()
         st.advance_load(now)
         st.inflight.discard(call)
@@ -554,12 +484,8 @@ class WorkerPool(PoolHealth):
         return False
 
     def _after_call(self, st: WorkerState) -> None:
-        """A call left the worker: refill it, or finish its removal once nothing is in flight.
-
-        Refilled at once, not on a later turn of the event loop: the call's callback has run (``_deliver``), so
-        the calls it released are queued before its slot is reused, which is all the order needs (the
-        simulator fills the worker right after the result event too).
-        """
+        """A call left the worker: refill it at once (its callback has queued what it released), or finish its
+        removal once nothing is in flight."""
         if st.removing:
             if not st.inflight:
                 self._finish_removal(st)

@@ -1,10 +1,7 @@
 """The pool's health transitions: outlier ejection and re-admission, down and up, parked calls' expiry.
 
-``PoolHealth`` is the part of ``WorkerPool`` (``pool.py``) that the monitor (``monitor.py``: health probes,
-probe calls to ejected workers) and the end of every call (``WorkerPool._settle``: outlier verdicts) drive:
-each transition records an event, logs it and applies the worker's eligibility to the scheduler
-(``WorkerPool._sync``: its queue re-dispatched, or the parked calls dispatched again).
-"""
+Each transition records an event, logs it and applies the worker's eligibility to the scheduler
+(``WorkerPool._sync``)."""
 
 from __future__ import annotations
 

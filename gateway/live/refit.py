@@ -1,13 +1,8 @@
 """The live side of the online profile refit: a background task around ``gateway.profiling.refit.Refitter``.
 
-Every ``refit.interval_s`` the task takes the workers due for a refit (on the event loop: a copy of
-their last completed calls and their profile at that moment), fits each in a thread (a sparse linear
-program over at most ``refit.window_calls`` rows: milliseconds, never on the loop), and applies accepted
-fits back on the loop through ``Scheduler.set_profile``, unless the worker changed meanwhile. Every
-attempt is counted in ``hexflow_profile_refits_total{worker,result}`` and logged; an applied one is
-logged at INFO with the old and new constants. ``hexflow_profile_constant{worker,constant}`` shows the
-constants in use; ``/v1/status`` shows each worker's profile, its source and the last attempt.
-"""
+Every ``refit.interval_s``: copy the due workers' last calls and profile (on the loop), fit each in a
+thread, apply accepted fits on the loop (``Scheduler.set_profile``) unless the worker changed meanwhile.
+Counted in ``hexflow_profile_refits_total{worker,result}`` and logged; ``/v1/status`` shows the result."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """JSON answers that cannot fail to encode: every response of the gateway, errors first of all.
 
-Starlette's ``JSONResponse`` encodes with ``ensure_ascii=False`` and then UTF-8, which raises on a lone
-surrogate (a client may send ``"\\ud800"`` as a JSON escape; ``json.loads`` accepts it) and turns an error
-answer into a 500. ``JSONResponse`` here encodes the same bytes for every valid string and writes a lone
-surrogate back as its JSON escape, so the body stays valid JSON. ``plain`` makes arbitrary values (a
-framework's error details: exceptions, NaN) JSON-safe.
-"""
+Starlette's ``JSONResponse`` raises on a lone surrogate (which ``json.loads`` accepts from a client);
+``JSONResponse`` here writes it back as its JSON escape. ``plain`` makes arbitrary values JSON-safe."""
 
 from __future__ import annotations
 
@@ -19,11 +15,8 @@ from gateway.errors import GatewayError
 
 
 def dumps(content: Any) -> bytes:
-    """Compact JSON as UTF-8; a lone surrogate is written as its ``\\uXXXX`` escape, not an error.
-
-    Inside a JSON string ``backslashreplace`` writes exactly the JSON escape (``\\ud800``); a backslash of
-    the text itself is already escaped by ``json.dumps``, so the result parses back to the same string.
-    """
+    """Compact JSON as UTF-8; a lone surrogate is written as its ``\\uXXXX`` escape (``backslashreplace``
+    inside a JSON string is exactly that escape), so the result parses back to the same string."""
     text = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
     return text.encode("utf-8", "backslashreplace")
 

@@ -1,15 +1,8 @@
 """Request and response models of the gateway's HTTP API (OpenAPI is generated from these).
 
-Request models are strict (``ConfigDict(strict=True)``): a JSON value of the wrong type is a 422, never
-coerced (``"stream": "yes"``, ``"deadline_s": true``, ``"max_tokens": "5"``); an integer is accepted where a
-number is expected. The chat request keeps OpenAI's open shape (``extra="allow"``: fields the gateway does
-not know are passed to the worker as sent); the gateway's own requests forbid unknown fields.
-
-Limits that come from the configuration (``limits.max_tokens``, ``limits.max_calls_per_workflow``, the
-Text-to-SQL question lengths) are written into the served document by ``gateway.live.app``; rules that
-JSON Schema cannot state (unique call ids, known dependencies, no cycle, ``min_tokens <= max_tokens``, the
-tenant's deadline range, a prompt's estimated tokens) are checked by the routes and answered 422.
-"""
+Requests are strict (a wrong JSON type is a 422, never coerced); the chat requests keep OpenAI's open
+shape (``extra="allow"``), the gateway's own forbid unknown fields. ``gateway.live.app`` writes the
+configured limits into the document; rules JSON Schema cannot state are checked by the routes (422)."""
 
 from __future__ import annotations
 

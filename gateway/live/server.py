@@ -1,11 +1,5 @@
-"""``hexflow serve``: build the gateway from its config and run it under uvicorn with graceful shutdown.
-
-On SIGTERM (or SIGINT) the gateway stops intake at once: ``/readyz`` turns 503 and new workflows get 503
-with ``Retry-After``, while the listener stays open, so a client or load balancer that has not yet seen
-the change is answered, not refused. In-flight workflows get ``shutdown_grace_s`` to finish; only then
-is uvicorn told to exit (it closes the listener and the idle connections), and the worker pool is
-stopped. The process exits 0. A second signal skips the rest of the drain; a third SIGINT forces the exit.
-"""
+"""``hexflow serve``: build the gateway from its config and run it under uvicorn with graceful shutdown
+(docs/live-gateway.md, "Shutdown"; docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -122,16 +116,10 @@ class _GatewayWithTransport(Gateway):
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server with the gateway's shutdown: drain first, with the listener open, then exit.
+    """uvicorn's server with the gateway's shutdown: drain first with the listener open, then exit.
 
-    uvicorn closes its listener as soon as it is told to exit, so new connections would be refused
-    during the drain. Here the first stop signal only starts the gateway's drain (intake answers 503
-    at once, ``Gateway.begin_drain``); the server's tick (on the event loop, every 0.1 s) starts the
-    wait for in-flight workflows, and ``should_exit`` is set when they have finished or the grace
-    period is over. uvicorn then waits for the last responses (1 s more when the grace ran out, after
-    which it cancels what still runs: those workflows count as ``cancelled``) and the app's lifespan
-    stops the gateway.
-    """
+    The first stop signal starts the drain (``Gateway.begin_drain``); the tick (every 0.1 s) waits for the
+    in-flight workflows and sets ``should_exit`` when they finished or the grace ran out."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
@@ -194,12 +182,8 @@ def serve(
     time_scale: float | None = None,
     demo: bool = False,
 ) -> None:
-    """Run the gateway until SIGTERM/SIGINT.
-
-    ``log_format`` (text or json) overrides ``$HEXFLOW_LOG_FORMAT``, which overrides the config's
-    ``log_format``. ``demo``: the demo database (``demo_retail``, written to a temporary folder removed at
-    exit) is the gateway's databases file, in place of the config's ``databases_file``.
-    """
+    """Run the gateway until SIGTERM/SIGINT. ``log_format`` overrides ``$HEXFLOW_LOG_FORMAT``, which overrides
+    the config's; ``demo``: serve the demo database (in a temporary folder) instead of ``databases_file``."""
     loaded = load_gateway_config(config_path, time_scale=time_scale)
     fmt = log_format or _env_log_format() or loaded.cfg.log_format
     # Bound first: a port in use is one line (ListenError) before anything has started or logged.

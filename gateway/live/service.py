@@ -1,22 +1,9 @@
 """The gateway service: the coordinator the HTTP app is a face for.
 
-``Gateway`` owns the scheduler (``gateway.core``), the worker pool, the tenants store, the metrics and the
-background tuner, and hands the work to three parts: admission (``gateway.core.admission.Admitter``, the
-implementation the simulator runs too), the workflow runner (``gateway.live.runner``: DAG and online workflows,
-shedding) and the lifecycle (``gateway.live.lifecycle``: start, leadership, tenants reload, drain, stop). The HTTP
-layer (``gateway.live.app`` and its routers) only validates, authenticates and translates.
-
-Admission keeps promises (``admit``): besides the gateway's and the tenant's concurrency bounds, a workflow
-is admitted only if its predicted completion (``gateway.core.predict``: the queue ahead of it on the
-workers it would use, plus its critical path) meets its deadline. Otherwise, per tenant
-(``on_predicted_miss``), it is refused with 429 and a ``Retry-After`` of the seconds until the backlog
-would have drained enough for it to fit, or admitted at the lowest urgency (best effort). Admitted
-workflows are watched (``shed_overdue``, every ``SHED_PERIOD_S``): one with a queued call whose predicted
-completion (a tenant with ``quality`` adaptive or fast: at the floor) is past its deadline is shed (its
-calls cancelled, the client answered 503 with ``Retry-After``, counted ``shed``) or demoted to best effort;
-a workflow whose calls are all in flight is never shed. A best-effort workflow still unfinished
-``admission.best_effort_max_age`` times its deadline after it arrived is shed whether or not it runs.
-"""
+``Gateway`` owns the scheduler, the worker pool, the tenants store and the metrics, and hands the work to
+admission (``gateway.core.admission.Admitter``, shared with the simulator), the workflow runner
+(``gateway.live.runner``) and the lifecycle (``gateway.live.lifecycle``). Admission, shedding and
+demotion: docs/live-gateway.md ("Admission that keeps promises")."""
 
 from __future__ import annotations
 
@@ -61,10 +48,8 @@ class Gateway:
         tenants: the tenants store.
         transport: how to reach workers (``stop`` closes it).
         clock: the scheduling clock (``time.monotonic``; a fake one in parity tests).
-        background: start health, scrape, tenants and tuning tasks (tests may turn them off).
-        kube_api: the Kubernetes API client for discovery (default: from the config; tests pass a fake's).
-        lease_api: the Kubernetes API client for leader election (default: from ``leader_election``).
-    """
+        background: start the background tasks (tests may turn them off).
+        kube_api, lease_api: Kubernetes API clients for discovery and leader election (default: from the config)."""
 
     def __init__(
         self,
@@ -194,11 +179,8 @@ class Gateway:
         await self.lifecycle.start()
 
     def begin_drain(self, grace_s: float) -> None:
-        """Stop intake now (``/readyz`` and new workflows answer 503) and start the grace period.
-
-        The grace period is counted once, from the first call: a later ``drain`` waits only for what
-        is left of it (the signal handler starts the drain, the app's lifespan waits for it again).
-        """
+        """Stop intake now (``/readyz`` and new workflows answer 503) and start the grace period, counted once
+        from the first call."""
         self.lifecycle.begin_drain(grace_s)
 
     async def drain(self, grace_s: float) -> bool:
@@ -221,19 +203,13 @@ class Gateway:
         *,
         question: QuestionPlan | None = None,
     ) -> Admission:
-        """Admit a new workflow of ``n_calls`` calls, or refuse it with ``Rejected`` (503 when draining or
-        no worker is healthy, 429 at a queue or concurrency bound or when it is predicted to miss its
-        deadline, with ``Retry-After``), counted as a rejected workflow of the tenant (and by reason).
+        """Admit a new workflow of ``n_calls`` calls, or raise ``Rejected`` (counted by tenant and reason).
 
-        ``plan`` (its stages, ``gateway.core.predict``) and ``deadline_s`` turn on the deadline check for a
-        tenant with ``predictive_admission`` (``Admitter.admit``); a best-effort tenant's predicted miss is
-        admitted with ``Admission(best_effort=True)``. A deadline shorter than the plan takes on idle workers is
-        refused whatever the tenant's ``on_predicted_miss`` (422 with ``min_deadline_s``: no wait can meet it).
-        ``question``: the Text-to-SQL question's prediction ``plan`` was made from, handed on to its workflow; one
-        that rests on no observation of the model (``QuestionPlan.observed``) is admitted without the deadline check.
-
-        The answer owns the work it commits (``Admission.release``): pass it on or release it.
-        """
+        ``plan`` and ``deadline_s`` turn on the predicted-miss check for a tenant with
+        ``predictive_admission``; a deadline shorter than the plan on idle workers is refused whatever the
+        tenant (``min_deadline_s``). ``question``: the Text-to-SQL prediction ``plan`` came from; one resting
+        on no observation is admitted without the deadline check. The answer owns the work it commits
+        (``Admission.release``): pass it on or release it."""
         refusal: tuple[GatewayError, str] | None = self._refusal(tenant, n_calls)
         if refusal is None and plan is not None:
             try:
@@ -290,11 +266,9 @@ class Gateway:
         return None
 
     def shed_overdue(self) -> tuple[int, int]:
-        """Check every admitted workflow with a queued call: one predicted to finish after its deadline is
-        shed (tenant ``on_predicted_miss: reject``) or demoted to the lowest urgency (``best_effort``).
-        A workflow whose calls are all in flight is never touched, except a best-effort one past
-        ``admission.best_effort_max_age`` times its deadline, which is shed. Returns (shed, demoted) counts.
-        """
+        """Shed or demote every admitted workflow with a queued call predicted to finish after its deadline (a
+        best-effort one past ``admission.best_effort_max_age`` deadlines is shed even when running).
+        Returns (shed, demoted)."""
         return self.runner.shed_overdue()
 
     # ------------------------------------------------------------------ workflows
@@ -315,16 +289,10 @@ class Gateway:
         on_call_done: Callable[[CallRecord], None] | None = None,
         admission: Admission | None = None,
     ) -> WorkflowOutcome:
-        """Run a validated DAG to completion (or first failure). Admission must have passed (``admission``:
-        its answer; best effort runs every call at the lowest urgency, its work is committed until submitted).
+        """Run a validated, admitted DAG (``admission``: its answer) to completion or first failure.
 
-        Shed (its predicted completion passed its deadline while calls were queued, and its tenant rejects
-        such work): raises ``Rejected`` (503, ``Retry-After``), counted ``shed``.
-
-        Cancelling the awaiting task (client gone) abandons the workflow: queued calls leave their
-        queues, in-flight ones are cancelled (their requests are aborted), no further call is
-        submitted, and the workflow is counted ``cancelled`` (never met, not recorded for the tuner).
-        """
+        Raises ``Rejected`` (503) when shed. Cancelling the awaiting task abandons the workflow (calls
+        dropped or aborted, counted ``cancelled``, not recorded for the tuner)."""
         return await self.runner.run_workflow(
             tenant,
             deadline_s,
@@ -345,13 +313,9 @@ class Gateway:
         admission: Admission | None = None,
         wf_id: str | None = None,
     ) -> OnlineWorkflow:
-        """Start a workflow whose stages the caller decides as it goes (the Text-to-SQL pipeline).
-
-        ``plan``: the question's prediction (its template sets the stage budgets; the overload re-check and
-        shedding predict with it, at its floor). Admission must have passed (``admission``: its answer, as for
-        ``run_workflow``). ``wf_id``: the id its client got (the status page's history shows it). Every workflow
-        opened must be closed with ``close_workflow``. Once shed, every call of it fails with the shed error.
-        """
+        """Start an admitted workflow whose stages the caller decides as it goes (Text-to-SQL). ``plan``: the
+        question's prediction (stage budgets, the overload re-check); ``wf_id``: the id its client got.
+        Close it with ``close_workflow``; once shed, every call of it fails with the shed error."""
         return self.runner.open_workflow(tenant, deadline_s, plan, admission=admission, wf_id=wf_id)
 
     def close_workflow(
@@ -363,23 +327,16 @@ class Gateway:
         valid: bool = True,
         cancelled: bool = False,
     ) -> float:
-        """Account an online workflow's end; returns its latency in seconds.
-
-        ``cancelled``: abandoned because its client went away (counted as cancelled); ``failed``: it
-        ended in an error (counted as failed). Neither is recorded for the tuner. Otherwise it is met
-        when it finished by its deadline with a ``valid`` answer (``Workflow.met``: a Text-to-SQL answer
-        without valid SQL is missed even in time, as its response's ``deadline_met`` says), else missed.
-        """
+        """Account an online workflow's end; returns its latency in seconds. ``cancelled`` and ``failed`` are
+        counted so and not recorded for the tuner; otherwise it is met when it finished in time with a
+        ``valid`` answer."""
         return self.runner.close_workflow(wf, tenant, failed=failed, valid=valid, cancelled=cancelled)
 
     async def run_stage(
         self, wf: OnlineWorkflow, kind: str, calls: list[tuple[CallSpec, CallRequest]]
     ) -> list[tuple[CallRecord, CallResult | CallFailed]]:
-        """Run one stage (calls in parallel) of an online workflow; returns each call's record and outcome.
-
-        The stage is announced to the workflow first, so budgets follow its template. A cancelled caller
-        takes its queued and in-flight calls back.
-        """
+        """Run one stage (calls in parallel) of an online workflow; returns each call's record and outcome. A
+        cancelled caller takes its calls back."""
         return await self.runner.run_stage(wf, kind, calls)
 
     # ------------------------------------------------------------------ status

@@ -1,33 +1,8 @@
-"""Tenants of the live gateway (``config/tenants.yaml``): API keys, deadline ranges, weights, limits.
+"""Tenants of the live gateway (``config/tenants.yaml``: API keys as SHA-256 digests, deadline ranges,
+weights, limits; models in ``gateway.config.tenants``).
 
-The file holds only SHA-256 digests of the API keys (``hash_key``; the CLI's ``hexflow tenants hash-key
-KEY`` prints one), never a key itself::
-
-    tenants:
-      - name: interactive
-        api_key_sha256: [0ca740ac...]     # 64 lowercase hex characters each
-        default_deadline_s: 120
-        min_deadline_s: 5
-        max_deadline_s: 600
-        priority_weight: 2
-        max_concurrent_workflows: 64
-        predictive_admission: true        # refuse what is predicted to miss its deadline
-        on_predicted_miss: reject         # or best_effort: run it at the lowest urgency
-
-Models (``gateway.config.tenants``):
-    TenantConfig, TenantsFile       the file, validated (``extra="forbid"``; errors are ``ConfigError``)
-    Tenant                          what lookups return: a tenant without its key hashes
-
-Runtime:
-    TenantStore.load(path)          parse the file; ``ConfigError`` on a bad one
-    store.authenticate(api_key)     the key's tenant, or None
-    store.check_deadline(t, d)      the effective deadline, or ``DeadlineOutOfRange``
-    store.reload_if_changed()       hot reload: swap in a changed, valid file; keep the old state otherwise
-    store.watch(period_s, stop)     poll ``reload_if_changed`` until ``stop`` is set
-
-Readers never lock: the whole state is one immutable snapshot held by one attribute, replaced by a single
-assignment on a successful reload, so a reader sees either the old tenants or the new ones.
-"""
+``TenantStore`` serves lookups and hot reload. Readers never lock: the state is one immutable snapshot,
+replaced by a single assignment on a successful reload."""
 
 from __future__ import annotations
 
@@ -123,11 +98,8 @@ AUTH_CACHE_SIZE = 1024
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    """Everything readers use, replaced whole on a reload.
-
-    ``known_keys`` remembers the tenant of API keys presented recently (``TenantStore.authenticate``): it
-    belongs to the snapshot, so a reload, which swaps the snapshot, forgets it with the old tenants.
-    """
+    """Everything readers use, replaced whole on a reload (``known_keys``, the recent valid keys' tenants,
+    with it)."""
 
     tenants: tuple[Tenant, ...]
     by_name: Mapping[str, Tenant]
@@ -155,11 +127,7 @@ def _stat_key(st: os.stat_result) -> _StatKey:
 
 
 class TenantStore:
-    """The tenants in force, with lock-free lookups and hot reload of their file.
-
-    Build one with ``TenantStore.load(path)``, or ``TenantStore(config)`` for tenants without a file
-    (``reload_if_changed`` then never changes anything).
-    """
+    """The tenants in force: ``TenantStore.load(path)``, or ``TenantStore(config)`` without a file."""
 
     def __init__(self, config: TenantsFile, path: Path | str | None = None) -> None:
         self._path = None if path is None else Path(path)
@@ -206,16 +174,8 @@ class TenantStore:
         return self._reload_failures
 
     def authenticate(self, api_key: str) -> Tenant | None:
-        """The tenant owning ``api_key``, or None for an unknown (or empty) key.
-
-        A key is looked up by its SHA-256 digest (what the file holds); the tenants of the last
-        ``AUTH_CACHE_SIZE`` valid keys are remembered, so a client's every request does not hash its key
-        again. Only valid keys are remembered: an unknown key is hashed each time, so a stream of made-up
-        keys can neither grow the cache nor push the valid ones out, and what the timing of an answer can
-        tell (the key was valid) is what the answer says anyway. A remembered key is found by a dict
-        lookup on the key itself (its hash is Python's keyed string hash; the key is compared only to an
-        entry with an equal hash). The cache lives in the snapshot: a reload forgets it.
-        """
+        """The tenant owning ``api_key`` (looked up by SHA-256 digest), or None. The last ``AUTH_CACHE_SIZE`` valid
+        keys are remembered (never invalid ones, so made-up keys cannot grow or flush the cache)."""
         if not api_key:
             return None
         state = self._state
@@ -246,12 +206,8 @@ class TenantStore:
     def reload_if_changed(self) -> bool:
         """Re-read the file if it changed; True when a new, valid version was swapped in.
 
-        The file's stat (mtime, ctime, size, inode) gates the read, and the content's SHA-256 gates the
-        parse, so unchanged content is never parsed twice, broken content included: a failure is logged
-        once (``hexflow.tenants``, level ERROR), counted in ``reload_failures`` and kept in
-        ``last_error``, and the previous tenants stay in force until the file changes again. A missing
-        or unreadable file is a failed reload too.
-        """
+        The file's stat gates the read and its content's SHA-256 the parse. A failure (a missing file
+        too) is logged once, counted in ``reload_failures``, kept in ``last_error``; the old tenants stay."""
         if self._path is None:
             return False
         with self._lock:

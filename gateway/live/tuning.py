@@ -1,21 +1,10 @@
 """Background alpha re-tuning: replay the last finished workflows in the simulator, off the event loop.
 
-Every finished workflow is recorded as a ``WindowEntry``: arrival, deadline, tenant, its ``DagNode``s
-(frozen dataclasses: the calls with their token counts and dependencies) and its budgeting template's
-name. The window is the last ``tuning.window_workflows`` of them in the order they finished (a bounded
-deque; ``tuning.max_age_s`` leaves out stale ones). Counting workflows, not seconds, is what makes the
-window's P95 worth trusting at any traffic rate: ``hexflow bench tuner`` measures the effect.
-
-``Retuner`` holds the decisions and no I/O, so the live task and the benchmark share them: a run is due
-once ``tuning.every_workflows`` more workflows have finished since the last one; it replays the window
-(``tune_window``: ``gateway.sim.tune.tune_alpha`` on the gateway's own cluster model and policy); the
-chosen alpha is applied only if its simulated P95 beats the current alpha's by ``tuning.hysteresis`` (so
-the gateway does not flap between equivalent values). ``AlphaTuner`` is the live task: every
-``tuning.interval_s`` it asks whether a run is due, and runs ``tune_window`` in a separate process (a
-one-worker ``ProcessPoolExecutor`` with the ``spawn`` start method, so no event-loop state is forked and
-the loop never waits on the simulation). Every run is logged and counted in
-``hexflow_tuning_runs_total{result=applied|kept|skipped|failed}``.
-"""
+``WindowRecorder`` keeps the last ``tuning.window_workflows`` finished workflows; ``Retuner`` decides (no
+I/O: shared with ``hexflow bench tuner``): a run every ``tuning.every_workflows``, replaying the window
+(``tune_window``), applied only past ``tuning.hysteresis``. ``AlphaTuner`` runs it in a one-worker
+``spawn`` process pool every ``tuning.interval_s``; counted in ``hexflow_tuning_runs_total``.
+docs/live-gateway.md, "Alpha re-tuning"."""
 
 from __future__ import annotations
 
@@ -57,12 +46,8 @@ class WindowEntry:
 
 
 class WindowRecorder:
-    """The tuner's window: the last ``size`` finished workflows, in the order they finished.
-
-    Memory is bounded by ``size`` (a deque that drops the oldest entry). ``max_age_s`` is a staleness
-    guard: a snapshot leaves out (and forgets) entries that arrived more than ``max_age_s`` before ``now``.
-    ``total`` counts every workflow ever recorded, which is what the tuner's trigger counts.
-    """
+    """The tuner's window: the last ``size`` finished workflows in finishing order; a snapshot leaves out (and
+    forgets) entries older than ``max_age_s``; ``total`` counts every workflow recorded."""
 
     def __init__(self, size: int, max_age_s: float = math.inf) -> None:
         if size < 1:
@@ -133,11 +118,7 @@ def tune_window(
     prefix_caching: bool = False,
 ) -> TuneOutcome:
     """Run in the tuning process (and by ``hexflow bench tuner``): the simulator's tuner on the window.
-
-    ``prefix_caching``: the replay's engines cache prompt prefixes, as the workers do. Recorded calls keep
-    the prefixes they named (``shared_prefix``); prompts the gateway hashed itself are not kept in the
-    window, so those calls replay without sharing (a conservative replay).
-    """
+    ``prefix_caching``: the replay's engines cache prefixes (only the recorded ``shared_prefix`` ones)."""
     from gateway.sim.tune import tune_alpha
 
     t = time.perf_counter()
@@ -148,11 +129,7 @@ def tune_window(
 
 
 class Retuner:
-    """The tuner's decisions, without I/O or clock: when a run is due, what it replays, whether to apply.
-
-    Shared by the live task (``AlphaTuner``) and ``hexflow bench tuner``, so the benchmark measures the
-    same window, trigger and rule as the gateway runs.
-    """
+    """The tuner's decisions, without I/O or clock: when a run is due, what it replays, whether to apply."""
 
     def __init__(self, cfg: TuningConfig, recorder: WindowRecorder) -> None:
         self.cfg = cfg

@@ -1,11 +1,5 @@
-"""A worker of the live pool: its runtime state, and its ``/v1/status`` entry.
-
-The worker's description (name, profile, capacity, address) is its ``WorkerInfo`` in the scheduler;
-``WorkerState`` refers to it by index instead of copying it, so a capacity change
-(``WorkerPool.set_capacity`` -> ``Scheduler.set_capacity``) is seen everywhere at once. The pool
-(``pool.py``) and its monitor (``monitor.py``) write the fields; nothing else does. ``recent`` is the
-window that outlier ejection judges (``outliers.py``).
-"""
+"""A worker of the live pool: its runtime state (written by the pool and its monitor only) and its
+``/v1/status`` entry. Its description is the scheduler's ``WorkerInfo``, referred to by index."""
 
 from __future__ import annotations
 
@@ -33,19 +27,10 @@ def typical_ratio(ratios: list[float]) -> float:
 class WorkerState:
     """The pool's runtime state of one worker; its description is the scheduler's ``WorkerInfo``.
 
-    ``up`` (health), ``ready`` (discovery) and ``removing`` decide eligibility; ``inflight`` are the calls
-    sent and not yet returned; ``drain`` is the pool's pending drain of the worker (``WorkerPool.kick``).
-    ``metrics``, ``scraped_at`` and ``held`` are written by the monitor (the last scrape, and whether vLLM's
-    waiting queue is growing).
-
-    Outlier ejection: ``recent`` holds the worker's last calls, each ``None`` (failed) or its
-    observed/predicted latency ratio, summed up in ``recent_failed``, ``recent_returned`` and
-    ``recent_typical`` (``add_recent`` keeps them in step); ``ejected_until`` is set while the worker
-    is ejected (the time its back-off ends, after which a probe call may re-admit it);
-    ``ejected_reason`` says why it was last ejected; ``ejections`` counts the ejections since it last
-    stayed admitted for long (the back-off doubles with each); ``readmitted_at`` is when a probe last
-    re-admitted it; ``probing`` while that probe runs.
-    """
+    ``up`` (health), ``ready`` (discovery) and ``removing`` decide eligibility; ``drain`` is the pending
+    drain; ``metrics``, ``scraped_at``, ``held`` come from the monitor. ``recent`` is the outlier window
+    (``add_recent`` keeps its sums in step); ``ejected_until``/``ejected_reason``/``ejections`` and
+    ``readmitted_at``/``probing`` track ejection and re-admission."""
 
     index: int
     scheduler: Scheduler = field(repr=False)

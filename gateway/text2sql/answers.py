@@ -1,50 +1,12 @@
 """Scripted answers for the emulated worker, so the Text-to-SQL pipeline runs end to end without a model.
 
-File format (JSON, UTF-8): one object mapping question text to an entry::
-
-    {
-      "How many customers are there?": {
-        "gold": "SELECT COUNT(*) FROM customers",          # required: the gold SQL
-        "wrong": ["SELECT COUNT(*) FROM cusotmers"],       # optional: wrong candidates, k = 0, 1, ...
-        "keywords": ["customers"],                         # optional: the keyword stage's answer
-        "db_id": "demo_retail",                            # optional: the database it belongs to
-        "note": "error: misspelled 'customers' as 'cusotmers'"  # optional: what the wrong SQL does
-      }
-    }
-
-How the emulator (``workers.scripted.AnswersResponder``) uses it. Every pipeline prompt carries
-``### Task: <kind>`` and ``Question: <text>`` on lines of their own (candidate and revise prompts also
-``Candidate: <k>``); the emulator looks the question up (whitespace-normalised) and answers:
-
-* ``extract_keywords``: ``keywords`` as a JSON list (or words of the question when absent);
-* ``schema_linking``: the tables the gold SQL reads;
-* ``generate_candidate`` k: ``wrong[k]`` if present, else ``gold``, in a ```sql block;
-* ``revise``: ``gold`` (so a revision after an execution failure or an empty result fixes the query);
-* ``evaluate``: ``VERDICT: correct`` iff the candidate SQL in its prompt equals ``gold`` after
-  ``normalise_sql`` (the emulator cannot execute SQL; a wrong candidate that happens to return the gold
-  result is still judged incorrect);
-* anything else, or a question not in the file: the plain emulator's filler text.
-
-So a question with a wrong first candidate is answered correctly when the wrong SQL fails or returns no
-rows (a revision brings the gold), when another candidate carries the gold (the evaluator prefers it),
-or when the wrong SQL happens to return the gold result. Which of these holds must be found by
-executing the SQL, never assumed: a mutation can leave the result unchanged.
-
-Builders:
-
-* ``build_demo_answers(seed, wrong_fraction)``: the demo questions (``gateway.text2sql.demo``); ``round(wrong_fraction *
-  n)`` questions, chosen by ``random.Random(seed)``, get one wrong first candidate, cycling through three
-  kinds checked on the demo database built from ``seed``: ``error`` (a misspelled column: fails to
-  execute), ``empty`` (a wrong literal value: no rows) and ``different`` (a mutation that returns other,
-  non-empty rows). ``note`` starts with the kind achieved.
-* ``answers_from_spider(dataset_dir, wrong_fraction=, seed=, limit=)``: the same from a Spider-layout
-  ``dev.json``; wrong candidates come from the gold by one of the ``MUTATIONS`` (drop the WHERE clause,
-  misspell the first column, flip the first comparison of the WHERE clause, ``LIMIT 1`` -> ``LIMIT 2``),
-  not executed here; ``note`` names the mutation.
-
-One concept in one module: the answers-file format, with its validation, its builders
-(demo, Spider) and the wrong-candidate generator the builders share.
-"""
+File format (JSON): question text -> ``{"gold": SQL, "wrong": [SQL, ...], "keywords": [...], "db_id": ...,
+"note": ...}`` (only ``gold`` required). ``workers.scripted.AnswersResponder`` answers each stage from it:
+keywords, the gold's tables for schema linking, ``wrong[k]`` else gold for candidate k, gold for a revise,
+``VERDICT: correct`` iff the candidate equals the gold (``normalise_sql``). Whether a wrong candidate ends
+right must be found by executing it, never assumed. Builders: ``build_demo_answers`` (wrong first
+candidates of kinds ``error``, ``empty``, ``different``, checked on the demo database) and
+``answers_from_spider`` (``MUTATIONS`` of the gold, not executed)."""
 
 from __future__ import annotations
 
@@ -133,11 +95,8 @@ def _tokens(sql: str) -> list[Token] | None:
 
 
 def normalise_sql(sql: str) -> str:
-    """``sql`` for equality tests: whitespace collapsed, trailing semicolons gone, keywords and function names
-    upper-cased outside string literals and quoted names (tokens joined by one space; comments dropped).
-
-    Text sqlglot cannot tokenise only gets its whitespace collapsed.
-    """
+    """``sql`` for equality tests: whitespace collapsed, trailing semicolons and comments gone, keywords and
+    function names upper-cased outside literals (text sqlglot cannot tokenise: whitespace only)."""
     s = _strip_semicolons(sql)
     tokens = _tokens(s)
     if tokens is None:

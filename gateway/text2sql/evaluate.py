@@ -1,23 +1,10 @@
 """Execution accuracy: does a predicted query return the gold query's result?
 
-``results_match(gold_rows, pred_rows, ordered=...)`` compares two result sets cell by cell after
-normalising values:
-
-* numbers (``int``, ``float``, ``Decimal``, ``bool``) compare numerically: two integers exactly, anything
-  else within a relative tolerance of ``REL_TOL`` (1e-6, with ``ABS_TOL`` 1e-9 around zero), so ``3``
-  equals ``3.0`` and a SQLite ``float`` equals a PostgreSQL ``Decimal``; NaN equals NaN;
-* ``None`` equals only ``None``; strings compare exactly (case and whitespace count);
-* ``datetime.date`` / ``datetime`` / ``time`` become ISO text (``YYYY-MM-DD``, ``YYYY-MM-DD HH:MM:SS``), so
-  a PostgreSQL ``DATE`` equals SQLite's ISO text; ``bytes`` compare exactly;
-* rows must have the same number of columns, in the same order (no column permutation).
-
-With ``ordered=False`` the results are multisets (row order is ignored, duplicates count); with
-``ordered=True`` row ``i`` must match row ``i``. ``gold_is_ordered(sql)`` tells which applies: whether
-the gold query has a top-level ``ORDER BY`` (one in a subquery or CTE does not order the result).
-
-``ExecutionAccuracy`` accumulates outcomes, overall and per difficulty; ``execute_sqlite`` runs a query
-read-only on a SQLite file with a time limit (for evaluation scripts and tests).
-"""
+``results_match`` compares cell by cell after normalising: numbers numerically (integers exactly, else
+within ``REL_TOL``/``ABS_TOL``; NaN equals NaN), dates and times as ISO text, strings and bytes exactly,
+same columns in the same order; rows as multisets unless ``ordered`` (``gold_is_ordered``: a top-level
+``ORDER BY``). ``ExecutionAccuracy`` accumulates outcomes; ``execute_sqlite`` runs a query read-only with
+a time limit."""
 
 from __future__ import annotations
 

@@ -1,29 +1,11 @@
 """Structured answers out of free-form model output: SQL, evaluator verdicts, keyword lists.
 
-``extract_sql(text)``
-    1. Fenced code blocks (an unclosed last fence runs to the end of the text): the last block tagged
-       ``sql`` (or ``sqlite``, ``postgresql``, ...), or untagged with a query sqlglot parses, wins.
-    2. Otherwise the text itself is scanned for statements that start with ``SELECT`` or ``WITH name AS (``
-       at the start of a line, after a colon, inside inline code, or (for ``SELECT``) written in capitals.
-       A statement ends at a semicolon outside string literals and quoted names, at a blank line, at a
-       closing fence, or before a line of prose (``This query ...``, ``Explanation:``, ``Note that ...``).
-       Statements that sqlglot parses beat ones that merely contain ``FROM``; among equals the last wins.
-    The result is stripped of surrounding whitespace, backticks and quotes, trailing semicolons and a
-    sentence-ending period; ``None`` when nothing SQL-like is found.
-
-``extract_verdict(text)``
-    ``True`` / ``False`` from an evaluator's answer: a labelled verdict (``VERDICT: correct``, ``Answer: no``)
-    first, then a line that is only a verdict word, then any verdict word (``correct``/``incorrect``,
-    ``yes``/``no``, ``pass``/``fail``, ...); case-insensitive; the last occurrence in the best tier wins;
-    ``not correct`` reads as incorrect. ``None`` when there is none.
-
-``extract_list(text)``
-    Items of a keyword or schema-linking answer: the first JSON list in the text (or the list values of a
-    JSON object), else comma- or newline-separated items with bullets, numbering, labels and quotes
-    removed. Deduplicated in order, at most ``MAX_ITEMS`` items of at most ``MAX_ITEM_CHARS`` characters.
-
-All three are pure and never raise on any ``str``.
-"""
+``extract_sql``: the last ``sql``-tagged (or parseable untagged) fenced block, else the last statement
+starting ``SELECT``/``WITH name AS (`` found in the text (parseable ones first), trimmed; None when none.
+``extract_verdict``: True/False from a labelled verdict, else a verdict-only line, else any verdict word
+(the last in the best tier; ``not correct`` is incorrect); None when none. ``extract_list``: the first JSON
+list (or an object's list values), else comma/newline items without bullets, labels and quotes; deduplicated,
+at most ``MAX_ITEMS`` of ``MAX_ITEM_CHARS``. All three are pure and never raise on any ``str``."""
 
 from __future__ import annotations
 

@@ -1,57 +1,9 @@
 """The agentic Text-to-SQL pipeline (CHESS / CHASE-SQL shape), run stage by stage through a ``StageRunner``.
 
-    extract_keywords -> schema linking (information_retriever) -> N candidates in parallel
-    (generate_candidate, one strategy each) -> execute each; an error, an unparseable answer or an empty
-    result triggers a ``revise`` call with the problem, up to ``max_revisions`` rounds (candidates that
-    need it revise in parallel, one stage per round) -> unit tests (generate_unit_test) -> one evaluation
-    per executable candidate in parallel (evaluate) -> selection: evaluator verdicts first, ties broken
-    by how many candidates agree on the execution result, then by candidate order.
-
-The pipeline is a domain: it decides which stages run and never knows how calls are scheduled or sent.
-Every stage goes to the runner (``gateway.text2sql.port``) with its calls' token counts
-(``gateway.core.tokens.message_tokens``), so the live gateway's stage budgets and urgency follow the
-CHESS template exactly as the simulator's ``chess-bird`` workload models it. SQL is extracted from model
-output (``extract``), checked against the dialect's allowlists (``sqlsafe``) and executed read-only with a
-timeout and row and byte caps (``db``).
-
-Time: everything about the deadline comes from the runner (``remaining()``, ``Closed``), one clock. The
-only other clock is the ``local_s`` stopwatch (``time.perf_counter``), the wall time of local work,
-reported as such and never compared with the runner's.
-
-Degradation (``gateway.core.degrade``): the knobs of a question (SQL candidates, the revision cap, unit tests
-and evaluation) start at the configuration's (full quality) and, for a tenant whose quality mode is not
-``full``, are re-decided at arrival and at every stage boundary by the tenant's ``Degrader``: the most
-accurate setting (``QualityModel``) whose remaining plan the runner predicts to finish within the time left
-(``StageRunner.remaining_predictor``), else the floor.
-
-Prediction: one plan per question (``QuestionPlan``, from ``Text2SqlPipeline.plan``), made once at admission
-and used for everything the gateway decides about it (admission, stage budgets, the overload re-check,
-shedding, demotion) and for degradation here. Its template is the pipeline's own stages (keywords, schema
-linking, the candidates, revise rounds, unit tests and evaluation: ``structure``), sized in three tiers:
-
-* a database with ``MIN_QUESTIONS`` answered questions in its window (``DB_WINDOW``): that database's own
-  figures (``gateway.core.shapes``: robust means over its recent answered questions: tokens per call and
-  kind, rounds per kind, as the workers counted them);
-* before that, a prior: each stage's prompt rendered at the database's schema size with typical values for
-  the question's parts (``prior_inputs``), the model's output lengths from every database's recent calls
-  (``OUTPUT_WINDOW``) and its revise rounds from every database's recent answered questions (``POOLED_WINDOW``);
-* before any answered question at all, the output budget of each kind capped at CHESS's mean output, and
-  ``PRIOR_REVISE_ROUNDS``.
-
-Only questions answered with a valid SQL are samples: one the model cannot answer runs every revision round,
-and would stretch every later question's prediction. The same figures size each call the scheduler dispatches:
-its expected output is the plan's for its kind, its prompt the characters/4 estimate times the ratio of the
-worker-counted prompt tokens (``usage``) to that estimate (``input_scale``).
-Knobs spent stay spent (candidates generated, rounds run, evaluation begun or skipped). What
-the final knobs skipped is reported in ``degraded`` with the decision that skipped it. Unit tests and
-evaluation never run with fewer than two candidates (nothing to choose between).
-
-Deadlines: no new revision round starts after the deadline; past the deadline with an executable
-candidate, unit tests and evaluation are skipped and the best candidate by agreement is returned
-(``deadline_met`` false); past it without one, the status is ``deadline_exceeded``. ``deadline_met`` is
-the runner's verdict (``gateway.core.workflow.deadline_met``: in time *and* a valid answer), the same the
-gateway's metrics count.
-"""
+Stages, prediction (``QuestionPlan``: one plan per question, three tiers), degradation and deadlines:
+docs/text2sql.md. The pipeline decides which stages run and never how calls are scheduled or sent: each
+stage goes to the runner (``gateway.text2sql.port``) with its calls' token counts. Everything about the
+deadline comes from the runner (one clock); ``local_s`` (``time.perf_counter``) only reports local work."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The pipeline's prompt templates (``gateway/text2sql/prompts/*.txt``, ``$name`` placeholders), read once.
-
-``Prompts.load()`` reads the package's files (blocking file I/O: call it at start-up, never per request on
-the event loop); ``Prompts(templates)`` takes them ready-made (tests).
-"""
+"""The pipeline's prompt templates (``gateway/text2sql/prompts/*.txt``, ``$name`` placeholders).
+``Prompts.load()`` reads them (blocking: at start-up only); ``Prompts(templates)`` takes them ready-made."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""What one question's run produces: candidates, per-call stage reports, the result body, and the selection rule.
-
-Candidate        one SQL candidate through its revisions (its SQL, result, problem, verdict)
-StageReport      one call of one stage: where and how long it ran, its error
-Degradation      one knob turned down to meet the deadline (what, at which boundary, and the prediction why)
-Text2SqlResult   what ``POST /v1/text2sql`` answers (``as_dict`` is the JSON body)
-select(valid)    the chosen candidate: evaluator verdicts, then agreement of results, then order
-"""
+"""What one question's run produces: ``Candidate``, ``StageReport``, ``Degradation``, ``Text2SqlResult`` (the
+body of ``POST /v1/text2sql``), and ``select`` (verdicts, then agreement of results, then order)."""
 
 from __future__ import annotations
 
@@ -72,13 +66,11 @@ class StageReport:
 
 @dataclass(frozen=True)
 class Degradation:
-    """One knob the question ran with turned down from full quality, and the decision that turned it down.
+    """One knob turned down from full quality, and the decision that did it.
 
-    ``step``: candidates, revisions or evaluation; ``detail``: in words; ``at``: the stage boundary of the
-    decision ("arrival" or the stage kind just finished); ``predicted_full_s``: the predicted remaining
-    duration with the fullest knobs still open then; ``predicted_s``: with the knobs chosen; ``time_left_s``:
-    the time to the deadline then (runner clock).
-    """
+    ``step``: candidates, revisions or evaluation; ``at``: "arrival" or the stage kind just finished;
+    ``predicted_full_s``/``predicted_s``: the remaining duration predicted with the fullest knobs still
+    open / with those chosen; ``time_left_s``: to the deadline then (runner clock)."""
 
     step: str
     detail: str
@@ -107,12 +99,8 @@ def _seconds(x: float) -> float | None:
 
 @dataclass
 class Text2SqlResult:
-    """What ``/v1/text2sql`` returns.
-
-    ``latency_s`` and ``deadline_met`` come from the runner that ran the calls (``StageRunner.close``): the
-    same clock and the same rule (``gateway.core.workflow.deadline_met``, met only with a valid answer) as
-    the gateway's metrics.
-    """
+    """What ``/v1/text2sql`` returns; ``latency_s`` and ``deadline_met`` come from the runner (its clock and
+    ``gateway.core.workflow.deadline_met``, as the gateway's metrics)."""
 
     id: str
     status: str  # ok | no_valid_sql | deadline_exceeded | failed

@@ -1,9 +1,5 @@
-"""One question's run through the Text-to-SQL pipeline's stages (``QuestionRun``), and its answer.
-
-``gateway.text2sql.pipeline`` says what the stages are and how a question is predicted; this module runs
-them for one question: the prompts of each stage, SQL extraction and execution, the revise rounds, unit
-tests and evaluation, the knobs re-decided at every stage boundary (degradation), and what the run spent.
-"""
+"""One question's run through the pipeline's stages (``QuestionRun``): prompts, SQL extraction and execution,
+revise rounds, unit tests, evaluation, degradation at every stage boundary, and what the run spent."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""``Text2SqlService``: what ``POST /v1/text2sql`` serves from, built once at start-up and closed at shutdown.
-
-It holds the database registry (from the gateway config's ``databases_file``), the pipeline (its stage
-counts from the config's ``text2sql`` section, its prompt templates read once) and the limits on a
-question. The HTTP route (``gateway.live.routers.text2sql``) owns one; this module knows no HTTP and no
-gateway: the route hands its pipeline's ``answer`` a ``StageRunner``.
-
-Errors (``GatewayError``\\ s the route renders with their own status):
-    UnknownDatabase   404   no databases configured, or a db_id the tenant may not use (the message lists those it may)
-    InvalidQuestion   422   an empty or too long question, or a too long evidence (``param`` names the field)
-"""
+"""``Text2SqlService``: what ``POST /v1/text2sql`` serves from (databases, pipeline, question limits), built
+once at start-up and closed at shutdown; no HTTP and no gateway here. Errors: ``UnknownDatabase`` (404,
+listing the databases the tenant may use), ``InvalidQuestion`` (422, ``param`` names the field)."""
 
 from __future__ import annotations
 
@@ -44,8 +36,7 @@ class Text2SqlService:
     Args:
         settings: the gateway config's ``text2sql`` section.
         registry: the databases (None: no ``databases_file``, every request is a 404).
-        pipeline: the pipeline, its prompt templates loaded.
-    """
+        pipeline: the pipeline, its prompt templates loaded."""
 
     def __init__(self, settings: Text2SqlConfig, registry: DatabaseRegistry | None, pipeline: Text2SqlPipeline) -> None:
         self.settings = settings

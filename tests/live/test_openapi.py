@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -27,10 +28,12 @@ from schemathesis.pytest.lazy import get_all_tests
 from schemathesis.python.asgi import shutdown_lifespans
 
 from gateway.config.gateway import load_gateway_config
+from gateway.live.routers.workflows import BENCHMARK_FIELDS
 from gateway.live.server import build_app
 from gateway.text2sql.demo.schema import DB_ID
 from gateway.text2sql.demo.writers import write_sqlite
 from tests.emulator_process import emulator_process
+from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import INTERACTIVE_KEY, write_config
 
 AUTH = {"Authorization": f"Bearer {INTERACTIVE_KEY}"}
@@ -238,6 +241,8 @@ def test_the_document_states_what_the_routes_do(gateway_app: FastAPI) -> None:
         "title": "Max Tokens",
         "description": "Most output tokens.",
     }
+    expected = call["properties"]["expected_output_tokens"]["anyOf"]
+    assert {"type": "integer", "minimum": 1, "maximum": 48} in expected  # unbounded, no deadline would fit
     assert schemas["WorkflowRequest"]["properties"]["calls"]["maxItems"] == 6
     chat = schemas["ChatCompletionRequest"]
     assert chat["additionalProperties"] is True and chat["required"] == ["messages"]
@@ -296,3 +301,17 @@ def test_every_route_keeps_its_contract(gateway_app: FastAPI, route: str) -> Non
 @pytest.mark.parametrize("route", ROUTES)
 def test_every_route_keeps_its_contract_long_run(gateway_app: FastAPI, route: str) -> None:
     _fuzz(gateway_app, route, SLOW_EXAMPLES_PER_ROUTE)
+
+
+def test_the_benchmark_only_fields_are_documented_only_in_benchmark_mode(tmp_path: Path) -> None:
+    """Off benchmark mode (production) a workflow call is chat ``messages`` only: ``BENCHMARK_FIELDS`` are
+    refused, so the document leaves them (and ``SharedPrefixSegment``) out and its examples are chat calls."""
+    cfg = write_config(tmp_path, ["http://127.0.0.1:9"], ["A100"], benchmark=False)
+    app = build_app(load_gateway_config(cfg))
+    app.state.gateway = fake_gateway(cfg, FakeTransport())
+    schemas = app.openapi()["components"]["schemas"]
+    call = schemas["WorkflowCall"]
+    assert not set(BENCHMARK_FIELDS) & set(call["properties"]) and "oneOf" not in call
+    assert call["required"] == ["id", "messages"] and "SharedPrefixSegment" not in schemas
+    assert call["examples"] and all("messages" in c for c in call["examples"])
+    assert not any("SharedPrefixSegment" in str(n.get("$ref", "")) for n in _walk(app.openapi()))

@@ -1,20 +1,9 @@
-"""The OpenAI-compatible surface: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming too),
-and ``GET /v1/models``.
+"""The OpenAI-compatible surface: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming too),
+``GET /v1/models``; each completion is a one-call workflow under the tenant's SLO.
 
-A chat or text completion is scheduled as a one-call workflow under the tenant's SLO. Errors: 422 for a body
-that is not a JSON object of the endpoint's shape (a non-empty ``messages`` list, or a ``prompt``), a bad
-``max_tokens``, a bad deadline header, or a prompt or ``max_tokens`` over ``limits.max_tokens``; 404 for a
-model the cluster does not serve; 429/503 from admission. A worker's error answer is passed through with its
-status, message, type and param; once a stream has started, a failure is sent as a last server-sent event
-``{"error": {...}}``. A client that disconnects, streaming or not, cancels its call (the worker's request is
-aborted): counted ``cancelled``.
-
-The worker's answer is passed through as the bytes it sent (it was checked to be a completion: a JSON object
-with choices), and a stream as the worker's events, chunk by chunk, unparsed. The routes here are the
-framework's (the OpenAPI document, and every request that is not plain); the same requests are usually
-served by the gateway's fast path (``gateway.live.fastpath``) through the same functions (``open_call``,
-``answer_bytes``, ``first_event``, ``events``), so both give the same answers.
-"""
+Errors: docs/live-gateway.md ("API"). The worker's answer is passed through as the bytes it sent (a stream
+chunk by chunk); a failure after a stream started is a last ``{"error": ...}`` event. ``open_call``,
+``answer_bytes``, ``first_event`` and ``events`` are shared with ``gateway.live.fastpath``."""
 
 from __future__ import annotations
 
@@ -127,11 +116,9 @@ class OpenCall:
 def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, deadline_s: float | None) -> OpenCall:
     """Check a validated request against the cluster and the limits, admit it, and make its one-call workflow.
 
-    Raises ``NotFound`` (an unknown model), ``Unprocessable`` (over a limit, a deadline out of range) or
-    ``Rejected`` (admission). The body sent on is what the client sent, type-checked, unknown fields as they
-    are; a null in a field the gateway knows means "the default" (OpenAI's semantics) and is left out, so a
-    worker need not accept null there; ``model`` and ``priority`` are the gateway's to set.
-    """
+    Raises ``NotFound``, ``Unprocessable`` or ``Rejected``. The body sent on is the client's, unknown
+    fields as they are; a null in a known field means "the default" and is left out; ``model`` and
+    ``priority`` are the gateway's."""
     known = type(req).model_fields
     body = {k: v for k, v in req.model_dump(exclude_unset=True).items() if v is not None or k not in known}
     model = body.get("model")
@@ -172,11 +159,8 @@ def answer_bytes(out: WorkflowOutcome) -> bytes:
 
 
 async def first_event(run: asyncio.Task[WorkflowOutcome], queue: asyncio.Queue[bytes | None]) -> bytes | None:
-    """The stream's first chunk, once the call has started streaming; None when the call ended without a chunk.
-
-    An error before the first chunk is raised (``UpstreamError``: a proper status, nothing is sent yet).
-    Cancelled (client gone): the call is cancelled too, and waited for.
-    """
+    """The stream's first chunk, or None when the call ended without one. An earlier error is raised
+    (``UpstreamError``); cancelled, the call is cancelled too and waited for."""
     first = asyncio.ensure_future(queue.get())
     try:
         done, _ = await asyncio.wait({first, run}, return_when=asyncio.FIRST_COMPLETED)
@@ -250,10 +234,8 @@ async def chat(
 ) -> Response:
     """OpenAI-compatible chat completions, scheduled as a one-call workflow under the tenant's SLO.
 
-    The deadline is the tenant's default, or the ``x-hexflow-deadline-s`` header (within the
-    tenant's range). A client ``priority`` is ignored: the gateway sets it from its own queue. Fields the
-    gateway does not know are passed to the worker as sent.
-    """
+    The deadline: the tenant's default or the ``x-hexflow-deadline-s`` header. A client ``priority`` is
+    ignored; unknown fields go to the worker as sent."""
     return await _serve(request, tenant, CHAT_COMPLETIONS, req, deadline_header)
 
 
@@ -275,11 +257,7 @@ async def chat(
 async def completions(
     req: CompletionRequest, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
 ) -> Response:
-    """OpenAI-compatible (legacy) text completions, as vLLM serves them, scheduled like a chat completion.
-
-    One prompt per request (a text, token ids, or a list holding one text) and ``n`` 1: one call, one answer.
-    Deadline, ``priority`` and unknown fields as for chat completions.
-    """
+    """OpenAI-compatible text completions (one prompt, ``n`` 1), scheduled like a chat completion."""
     return await _serve(request, tenant, COMPLETIONS, req, deadline_header)
 
 

@@ -1,8 +1,5 @@
-"""Operations: ``GET /v1/status``, ``/healthz`` (liveness), ``/readyz`` (readiness), ``/metrics`` (Prometheus).
-
-``/v1/status`` and ``/metrics`` are open unless ``admin.protect_status`` / ``admin.protect_metrics`` put them
-behind an admin key (401 without one).
-"""
+"""Operations: ``GET /v1/status``, ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus); status and metrics
+behind an admin key with ``admin.protect_status`` / ``admin.protect_metrics``."""
 
 from __future__ import annotations
 

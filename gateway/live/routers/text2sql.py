@@ -1,27 +1,9 @@
 """``POST /v1/text2sql``: a question in, the chosen SQL and its result out, within the tenant's deadline.
 
-Request ``{question, db_id, evidence?, deadline_s?, stream?}``. Errors: unknown or not-allowed ``db_id``
-404 (with the ids the tenant may use), empty or too long question or evidence 422, deadline outside
-the tenant's range 422, a database that is down 503 (the body says which stage failed), admission
-429/503 as for every workflow, and 422 with ``min_deadline_s`` for a deadline no wait can meet. Admission
-predicts the question with its plan (``Text2SqlPipeline.plan``: the pipeline's stages fitted to the database's
-answered questions, else a prior at its schema size), at its tenant's floor (a tenant whose ``quality`` is
-``adaptive`` or ``fast`` is admitted when the least work that still answers is predicted to fit); the same plan
-sets the workflow's stage budgets, the overload re-check and shedding, and the pipeline's degradation.
-The pipeline runs at the tenant's
-quality mode; ``degraded`` in the result lists what it skipped and why, each counted in
-``hexflow_degraded_workflows_total{tenant,step}``. With ``stream: true`` each stage's completion is sent as a
-server-sent event ``{"event": "stage", ...}`` and the result last (``{"event": "result", ...}``), then ``[DONE]``;
-a question that fails inside the gateway ends with ``{"event": "error", "error": {...}}`` (the body a request
-without streaming would have got) before ``[DONE]``.
-A client that disconnects (streaming or not) cancels the question: no later stage is sent, the calls in
-flight are aborted, and the workflow is counted ``cancelled``. With an ``Idempotency-Key`` (not with
-``stream: true``: 422) a retry gets the first run's answer (``deps.idempotent``).
-
-The route owns its state: a ``Text2SqlService`` (databases, pipeline, prompt templates, limits) that
-``install_text2sql`` puts on ``app.state.text2sql`` and closes once the gateway has drained and stopped.
-The pipeline runs its calls through ``GatewayStageRunner`` (``gateway.live.text2sql_runner``).
-"""
+Errors, streaming events and admission: docs/text2sql.md. The route admits the question with its plan
+(``Text2SqlPipeline.plan``), which also sets the stage budgets, the overload re-check, shedding and
+degradation. It owns a ``Text2SqlService`` (``install_text2sql`` puts it on ``app.state.text2sql`` and
+closes it once the gateway has stopped); calls run through ``GatewayStageRunner``."""
 
 from __future__ import annotations
 
@@ -220,11 +202,8 @@ def _error_event(exc: BaseException, request_id: str) -> dict[str, Any]:
     openapi_extra={"parameters": [OPENAPI_PARAMETER]},
 )
 async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) -> Response:
-    """Answer a question with SQL executed on the tenant's database.
-
-    With an ``Idempotency-Key`` header (not with ``stream: true``), a retry of the same question gets the
-    first run's answer instead of running the pipeline again (``gateway.live.idempotency``).
-    """
+    """Answer a question with SQL executed on the tenant's database (once per ``Idempotency-Key``, not with
+    ``stream: true``)."""
     gw = gw_of(request)
     if req.stream and request.headers.get(HEADER) is not None and gw.idempotency is not None:
         raise Unprocessable(

@@ -1,11 +1,6 @@
-"""The live status page: ``GET /ui`` (the page), ``/ui/static/*`` (its script and style), ``GET /ui/api/state``.
-
-The page itself is public (it holds no data): a login form keeps the operator's admin key in the browser's
-``sessionStorage`` and sends it as ``Authorization: Bearer <key>`` on every poll of ``/ui/api/state``, the
-only route with data (``admin_auth``: 401 without an admin key). With no admin key configured the page is
-off: ``/ui`` and ``/ui/api/state`` answer 404 saying how to turn it on. The assets are packaged with the
-gateway (``static/ui``): no CDN, it works offline. Not in the OpenAPI document (like ``/docs``).
-"""
+"""The live status page: ``GET /ui``, ``/ui/static/*``, ``GET /ui/api/state`` (docs/live-gateway.md, "The
+status page"). The page is public and holds no data; ``/ui/api/state`` needs the admin key (404 for both
+with none configured). Not in the OpenAPI document."""
 
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
-"""``POST /v1/workflows``: a DAG of LLM calls under the tenant's deadline (``WorkflowRequest``).
+"""``POST /v1/workflows``: a DAG of LLM calls under the tenant's deadline (``WorkflowRequest``); errors:
+docs/live-gateway.md ("API").
 
-Errors (all ``GatewayError``s): 422 for more calls than ``limits.max_calls_per_workflow``, a prompt or
-``max_tokens`` over ``limits.max_tokens``, a deadline outside the tenant's range, or a DAG with a cycle,
-a dangling or a duplicate id; 429/503 from admission (429 too when the workflow is predicted to miss its
-deadline: its critical path on the workers it would use, behind their queues), 503 when it is shed later.
-A workflow that failed on a worker answers the
-worker's 4xx (or 502/503/504) with the workflow's report beside the error (``"workflow"``). A client
-that disconnects cancels its workflow (``until_disconnect``): counted ``cancelled``, no later call sent.
-With an ``Idempotency-Key`` a retry gets the first run's answer (``deps.idempotent``); 422 when the key
-was used for another request.
-
-A call with ``prompt_tokens`` is sent as a synthetic token-id prompt (``synthetic_prompt``): its
-``shared_prefix`` segments first, each a token sequence derived from its name (scope ``global``) or from
-its name and the workflow's id (scope ``workflow``), then filler of the call's own. Calls that name the
-same segments thus send the same leading tokens, as the CHESS calls that share a template or a schema do,
-and a worker's prefix cache serves them; nothing else is shared, short of a 64-bit hash collision.
-These fields (``BENCHMARK_FIELDS``) exist for the live benchmarks, which replay traces of exact sizes: a
-gateway serves them only in benchmark mode (``benchmark: true`` in its config) and answers 422 naming the
-switch otherwise.
-"""
+In benchmark mode a call may give ``prompt_tokens`` (``BENCHMARK_FIELDS``): a synthetic token-id prompt
+(``synthetic_prompt``) of its ``shared_prefix`` segments, each derived from its name (scope ``global``)
+or its name and the workflow id (``workflow``), then filler of its own, so calls naming the same segments
+send the same leading tokens. Off benchmark mode they are refused (422) and left out of the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -206,11 +192,7 @@ def _check_limit(i: int, name: str, value: int, limit: int) -> None:
     openapi_extra={"parameters": [OPENAPI_PARAMETER]},
 )
 async def workflows(req: WorkflowRequest, request: Request, tenant: TenantDep) -> Response:
-    """Run a DAG of LLM calls; returns every call's result and timings.
-
-    With an ``Idempotency-Key`` header, a retry of the same request (same tenant, key and body) gets the
-    first run's answer instead of running the workflow again (``gateway.live.idempotency``).
-    """
+    """Run a DAG of LLM calls; returns every call's result and timings (once per ``Idempotency-Key``)."""
     gw = gw_of(request)
     return await idempotent(request, tenant, req, lambda: _run(gw, req, tenant))
 
@@ -242,6 +224,8 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
             )
         _check_limit(i, "prompt_tokens", n_in, lim.max_tokens)
         _check_limit(i, "max_tokens", c.max_tokens, lim.max_tokens)
+        if c.expected_output_tokens is not None:  # unbounded, it would predict a workflow no deadline fits
+            _check_limit(i, "expected_output_tokens", c.expected_output_tokens, lim.max_tokens)
         shared = tuple(PrefixSeg(x.name, x.tokens, per_query=x.scope == "workflow") for x in c.shared_prefix or ())
         nodes.append(DagNode(c.id, c.kind, n_in, n_out, tuple(c.depends_on), shared))
         requests.append(cr)

@@ -1,12 +1,5 @@
-"""The database layer's errors, all ``GatewayError``\\ s that know their HTTP status and OpenAI error type.
-
-    QueryFailed          422 (504 for a timeout)  the engine refused or aborted a query that passed the check
-                                                  (``kind``: "error", "timeout", "too_large")
-    DatabaseUnavailable  503                      a database cannot be opened or reached
-    UnknownDatabase      404                      no database by that db_id (for this tenant)
-
-``SqlRejected`` (400, the static check refused the text) lives with the check, in ``gateway.text2sql.sqlsafe``.
-"""
+"""The database layer's errors, ``GatewayError``s with their status: ``QueryFailed`` (422; 504 for a
+timeout), ``DatabaseUnavailable`` (503), ``UnknownDatabase`` (404). ``SqlRejected`` (400) is in ``sqlsafe``."""
 
 from __future__ import annotations
 
@@ -17,13 +10,8 @@ from gateway.errors import GatewayError, UnknownNameError
 
 
 class QueryFailed(GatewayError):
-    """The engine refused or aborted a query that passed the static check.
-
-    ``kind`` is ``"timeout"`` (the statement timeout fired: status 504), ``"too_large"`` (a value or a
-    single row is larger than the database's ``max_result_bytes``: status 422; the engine stopped it
-    before it reached the gateway's memory) or ``"error"`` (the engine's message: status 422, the
-    statement was well formed but could not be run).
-    """
+    """The engine refused or aborted a query that passed the static check: ``kind`` ``"timeout"`` (504),
+    ``"too_large"`` (a value or row over ``max_result_bytes``, 422) or ``"error"`` (422)."""
 
     status = 422
     error_type = "invalid_request_error"
@@ -44,11 +32,8 @@ class DatabaseUnavailable(GatewayError):
 
 
 class UnknownDatabase(UnknownNameError, KeyError):
-    """A db_id that is not configured (or not allowed to the tenant asking); ``.known`` lists those that are.
-
-    ``message`` replaces the default ``unknown database 'x'; known: a, b`` text (the route names the
-    tenant's databases only).
-    """
+    """A db_id not configured (or not allowed to the tenant); ``known`` lists those that are, ``message``
+    replaces the default text."""
 
     status = 404
     error_type = "not_found_error"

@@ -1,21 +1,9 @@
 """The PostgreSQL role check: the gateway refuses to query as a role that can do more than read.
 
-Every SQL string the gateway runs was written by a model, so the role it connects as is the last wall:
-whatever the static check and the READ ONLY transaction miss, the role must not be able to do. When a
-pool is created, ``role_problems`` reads the login role (``session_user``) and every role it is a member
-of (directly or through other roles: ``pg_has_role(..., 'MEMBER')``, which also covers NOINHERIT
-memberships a query could ``SET ROLE`` into) and lists what disqualifies it:
-
-* a superuser, or ``BYPASSRLS`` (row-level security would not hold);
-* ``CREATEROLE`` (before PostgreSQL 16 it may grant itself any non-superuser role, ``pg_execute_server_program``
-  included) and ``REPLICATION`` (it may create replication slots, which hold WAL on the server forever);
-* membership of a predefined role that reaches beyond the database's tables (``DANGEROUS_ROLES``: server
-  files and programs, signalling other sessions, reading or writing every table whatever its grants,
-  reading every setting such as ``data_directory``, every session's query text).
-
-A non-empty list makes the database unavailable (``DatabaseUnavailable``, 503, naming the role and the
-reasons). ``deploy/postgres/reader-role.sql`` creates a role that passes.
-"""
+``role_problems`` reads the login role and every role it is a member of (``pg_has_role(..., 'MEMBER')``,
+NOINHERIT included) and lists what disqualifies it: superuser, ``BYPASSRLS``, ``CREATEROLE``,
+``REPLICATION``, or a ``DANGEROUS_ROLES`` membership. Any problem makes the database unavailable (503);
+docs/text2sql.md ("PostgreSQL: the reader role, enforced"), ``deploy/postgres/reader-role.sql``."""
 
 from __future__ import annotations
 

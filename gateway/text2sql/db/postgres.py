@@ -1,18 +1,7 @@
-"""PostgreSQL databases: an asyncpg pool whose sessions default to read-only; every query runs in a
-``READ ONLY`` transaction with ``SET LOCAL statement_timeout``.
-
-Walls that hold even when the static check is switched off (tested so):
-
-* the role: when the pool is created, a role that can do more than read (superuser, BYPASSRLS,
-  CREATEROLE, REPLICATION, server-file/program/signal roles; ``pgrole``) makes the database unavailable;
-* the transaction: ``READ ONLY``, with the statement timeout, and a client-side backstop 2 s later;
-* the size: the model's query runs wrapped (``capped_query``) so that the server itself blanks every
-  row once the running total of the rows' text size passes ``max_result_bytes``: no value or row
-  larger than the cap, and no more than about the cap in all, ever reaches the gateway, whatever the
-  query builds (a 400 MB ``repeat()`` stays on the server). A first row over the cap is
-  ``QueryFailed("too_large")``; a later one truncates the result;
-* the event loop: converting fetched rows to JSON-safe values runs in a worker thread.
-"""
+"""PostgreSQL databases: an asyncpg pool, every query in a rolled-back ``READ ONLY`` transaction with a
+statement timeout (and a client backstop 2 s later), as a role ``pgrole`` accepts, wrapped by
+``capped_query`` so the server blanks rows past ``max_result_bytes``; rows converted in a thread.
+docs/text2sql.md ("Databases")."""
 
 from __future__ import annotations
 
@@ -74,14 +63,9 @@ _SIZE_COLUMN = "_hexflow_running_size"
 
 
 def capped_query(sql: str, columns: int, max_bytes: int) -> str:
-    """``sql`` wrapped so that the server sends no row data past ``max_bytes`` of text in all.
-
-    The first column is the running total of ``octet_length(row::text)`` over the rows so far (in the
-    query's own order: a window over the rows as they come, no sort); the other ``columns`` are the
-    query's columns, NULL once that total is past ``max_bytes`` (the caller stops at the first such row).
-    The column list renames the query's columns (``c1..cn``), so duplicate names cannot clash. The
-    newline before the closing parenthesis ends a trailing ``--`` comment.
-    """
+    """``sql`` wrapped so that the server sends no row data past ``max_bytes`` of text in all: the first column
+    is the running total of ``octet_length(row::text)``, the others (renamed ``c1..cn``) NULL once it is
+    past ``max_bytes``. The newline before the closing parenthesis ends a trailing ``--`` comment."""
     names = [f"c{i}" for i in range(1, columns + 1)]
     alias = f"q({', '.join(names)})" if names else "q"
     values = "".join(f", CASE WHEN w.{_SIZE_COLUMN} <= {max_bytes} THEN w.{n} END" for n in names)
@@ -190,13 +174,9 @@ class PostgresDatabase(Database):
             await pool.release(conn)
 
     async def _in_readonly_transaction(self, fn: Callable[[Any], Any]) -> Any:
-        """``await fn(conn)`` inside a READ ONLY transaction with the statement timeout set, always
-        rolled back, never committed: the few things PostgreSQL lets a read-only transaction do
-        (``lo_from_bytea`` creates a large object, ``pg_notify`` queues a notification) leave no trace.
-
-        Errors become ``QueryFailed``/``DatabaseUnavailable``; ``asyncio.wait_for`` of the timeout
-        plus 2 s backs the server-side timeout up.
-        """
+        """``await fn(conn)`` in a READ ONLY transaction with the statement timeout, always rolled back (what a
+        read-only transaction may still do, ``lo_from_bytea``, ``pg_notify``, leaves no trace). Errors become
+        ``QueryFailed``/``DatabaseUnavailable``; a client timeout 2 s later backs the server's up."""
         timeout = self.config.statement_timeout_s
         ms = max(1, round(timeout * 1000))
 

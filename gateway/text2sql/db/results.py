@@ -29,11 +29,8 @@ class QueryResult:
 
 
 def json_value(v: object) -> Any:
-    """A value as JSON can carry it: int, float, str, bool, None, or a list of those.
-
-    bytes -> hex string; Decimal -> float; date/time -> ISO 8601; non-finite floats -> ``"inf"``,
-    ``"-inf"``, ``"nan"``; arrays -> lists; anything else -> ``str(v)``.
-    """
+    """A value as JSON can carry it: bytes as hex, Decimal as float, date/time as ISO 8601, non-finite floats
+    as ``"inf"``/``"-inf"``/``"nan"``, arrays as lists, anything else ``str(v)``."""
     if v is None or isinstance(v, bool | int | str):
         return v
     if isinstance(v, float):
@@ -60,11 +57,8 @@ class RowTooLarge(Exception):
 
 
 class CappedRows:
-    """Collects converted rows up to the row cap and the byte cap.
-
-    A row that does not fit after others truncates the result; a first row that alone is over the byte
-    cap raises ``RowTooLarge`` (no part of the answer can be returned, and the query should change).
-    """
+    """Collects converted rows up to the row and byte caps: a row that does not fit truncates the result; a
+    first row alone over the byte cap raises ``RowTooLarge``."""
 
     def __init__(self, columns: list[str], max_rows: int, max_bytes: int) -> None:
         self.columns = columns

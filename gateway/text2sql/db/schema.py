@@ -1,8 +1,5 @@
-"""Introspected schemas (``SchemaInfo``, ``TableInfo``, ``ColumnInfo``, ``ForeignKey``) and their prompt text.
-
-``serialize_schema`` writes a schema as compact ``CREATE TABLE`` text for LLM prompts; the helpers
-``sample_value``, ``describe`` and ``quote_ident`` are shared by the SQLite and PostgreSQL introspection.
-"""
+"""Introspected schemas (``SchemaInfo``, ``TableInfo``, ``ColumnInfo``, ``ForeignKey``), their prompt text
+(``serialize_schema``) and helpers shared by the SQLite and PostgreSQL introspection."""
 
 from __future__ import annotations
 
@@ -169,16 +166,11 @@ def _table_block(t: TableInfo, dialect: Dialect, examples: bool, descriptions: b
 
 
 def serialize_schema(schema: SchemaInfo, *, max_chars: int | None = None) -> str:
-    """The schema as compact ``CREATE TABLE`` text, one block per table, for LLM prompts.
+    """The schema as compact ``CREATE TABLE`` text for prompts (tables by name, columns in order, with type,
+    keys, and a ``-- description; examples`` comment): equal schemas, equal text.
 
-    Columns carry their type, ``PRIMARY KEY``/``NOT NULL`` and a ``-- description; examples: 'a', 'b'``
-    comment; foreign keys are ``FOREIGN KEY (x) REFERENCES t(y)`` lines. Tables come in name order,
-    columns in declaration order, so equal schemas give equal text. Names that need it are quoted.
-
-    With ``max_chars`` the text is shrunk until it fits: first the examples go, then the descriptions,
-    then whole tables from the end (a ``-- N more tables omitted`` line says so when it fits); a first
-    table longer than the budget on its own is cut at ``max_chars``.
-    """
+    With ``max_chars`` it shrinks to fit: examples go first, then descriptions, then tables from the end
+    (``-- N more tables omitted``); a first table alone over the budget is cut at ``max_chars``."""
     if max_chars is not None and max_chars < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
     blocks: list[str] = []

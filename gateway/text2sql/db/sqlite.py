@@ -1,17 +1,7 @@
-"""SQLite databases: a file opened read-only, one connection per query in a worker thread.
-
-The second wall behind ``check_sql``, which holds even when that check is switched off (tested so):
-
-* the file is opened with ``mode=ro`` and ``PRAGMA query_only``, with no attached databases;
-* an authorizer allows only what a query does (``SELECT``, reading columns, ``WITH RECURSIVE`` and
-  function calls, minus ``load_extension`` and the shell's file functions): every write, DDL,
-  ``ATTACH``, ``PRAGMA`` and transaction statement is refused by the engine itself;
-* no string or blob (and so no row) may grow beyond ``max_result_bytes``
-  (``SQLITE_LIMIT_LENGTH``): ``zeroblob(1e9)``, ``randomblob``, ``printf('%.*c', ...)`` and the like
-  fail with "too big" before they allocate; the failure is ``QueryFailed("too_large")``;
-* the statement timeout holds twice: a progress handler every 1000 VM steps, and a timer thread that
-  calls ``Connection.interrupt()`` (thread-safe) at the deadline, which also stops one long VM step.
-"""
+"""SQLite databases: a file opened read-only (``mode=ro``, ``query_only``, an authorizer allowing only
+reads and function calls), one connection per query in a worker thread, strings capped by
+``SQLITE_LIMIT_LENGTH``, the statement timeout held by a progress handler and a watchdog thread
+(docs/text2sql.md, "Databases")."""
 
 from __future__ import annotations
 
@@ -83,12 +73,8 @@ class _Deadline:
 
 
 class _Watchdog:
-    """Calls ``conn.interrupt()`` from a timer thread at the deadline, unless stopped before.
-
-    The progress handler cannot stop one long VM step (a huge ``zeroblob``, a sort); ``interrupt`` can,
-    and is safe to call from another thread. ``stop()`` is called before the connection is closed, and
-    the lock makes sure the timer never touches a closed connection.
-    """
+    """Calls ``conn.interrupt()`` from a timer thread at the deadline (it stops even one long VM step, which
+    the progress handler cannot); ``stop()`` before closing, under a lock."""
 
     def __init__(self, conn: sqlite3.Connection, seconds: float) -> None:
         self._conn = conn
@@ -116,12 +102,9 @@ _helper = threading.local()
 
 
 class _BoundedPrintf:
-    """``printf``/``format`` whose widths and precisions may not exceed the length limit.
-
-    SQLite 3.40's ``printf('%.*c', 2000000000, 'x')`` spends seconds in one call (no memory, but one VM
-    step ``interrupt()`` cannot stop). This replacement refuses a width or precision over the limit and
-    hands every other call to the built-in ``printf`` of a private in-memory connection of the thread.
-    """
+    """``printf``/``format`` refusing widths and precisions over the length limit (SQLite 3.40 spends seconds
+    in ``printf('%.*c', 2000000000, 'x')``, one step ``interrupt()`` cannot stop); other calls go to the
+    built-in of a private in-memory connection of the thread."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit

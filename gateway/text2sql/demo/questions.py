@@ -1,9 +1,5 @@
-"""The demo dataset's gold questions, package data (``gateway/text2sql/data/demo_questions.json``).
-
-Each entry: ``question``, ``difficulty`` (easy / medium / hard), ``query`` (portable gold SQL on one line),
-optional ``evidence`` (a BIRD-style hint) and ``query_pg`` (the PostgreSQL form where the portable one
-cannot run there). The file is read once per process.
-"""
+"""The demo dataset's gold questions (package data ``gateway/text2sql/data/demo_questions.json``, read once):
+``question``, ``difficulty``, ``query`` (portable gold SQL), optional ``evidence`` and ``query_pg``."""
 
 from __future__ import annotations
 

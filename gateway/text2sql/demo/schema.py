@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 DB_ID = "demo_retail"
 """The database id of the demo dataset (Spider ``db_id``)."""
@@ -48,85 +48,43 @@ class TableSpec:
         return [c.name for c in self.columns]
 
 
-def _c(name: str, type_: ColumnType, nullable: bool = False, references: tuple[str, str] | None = None) -> ColumnSpec:
-    return ColumnSpec(name, type_, nullable, references)
+def _table(name: str, columns: str) -> TableSpec:
+    """A table from ``"name TYPE[?] [-> table.column], ..."`` (``?``: nullable; ``->``: a foreign key)."""
+    specs = []
+    for col in columns.split(", "):
+        decl, _, ref = col.partition(" -> ")
+        cname, ctype = decl.split()
+        table, _, column = ref.partition(".")
+        target = (table, column) if ref else None
+        specs.append(ColumnSpec(cname, cast(ColumnType, ctype.rstrip("?")), ctype.endswith("?"), target))
+    return TableSpec(name, tuple(specs))
 
 
 TABLES: tuple[TableSpec, ...] = (
-    TableSpec(
-        "departments",
-        (_c("department_id", "INTEGER"), _c("name", "TEXT"), _c("budget", "REAL"), _c("city", "TEXT")),
-    ),
-    TableSpec(
-        "stores",
-        (
-            _c("store_id", "INTEGER"),
-            _c("name", "TEXT"),
-            _c("city", "TEXT"),
-            _c("country", "TEXT"),
-            _c("opened_date", "DATE"),
-            _c("size_sqm", "INTEGER"),
-        ),
-    ),
-    TableSpec(
+    _table("departments", "department_id INTEGER, name TEXT, budget REAL, city TEXT"),
+    _table("stores", "store_id INTEGER, name TEXT, city TEXT, country TEXT, opened_date DATE, size_sqm INTEGER"),
+    _table(
         "employees",
-        (
-            _c("employee_id", "INTEGER"),
-            _c("first_name", "TEXT"),
-            _c("last_name", "TEXT"),
-            _c("job_title", "TEXT"),
-            _c("department_id", "INTEGER", references=("departments", "department_id")),
-            _c("store_id", "INTEGER", nullable=True, references=("stores", "store_id")),
-            _c("manager_id", "INTEGER", nullable=True, references=("employees", "employee_id")),
-            _c("hire_date", "DATE"),
-            _c("salary", "INTEGER"),
-        ),
+        "employee_id INTEGER, first_name TEXT, last_name TEXT, job_title TEXT, department_id INTEGER -> "
+        "departments.department_id, store_id INTEGER? -> stores.store_id, manager_id INTEGER? -> "
+        "employees.employee_id, hire_date DATE, salary INTEGER",
     ),
-    TableSpec(
+    _table(
         "customers",
-        (
-            _c("customer_id", "INTEGER"),
-            _c("first_name", "TEXT"),
-            _c("last_name", "TEXT"),
-            _c("email", "TEXT", nullable=True),
-            _c("city", "TEXT"),
-            _c("country", "TEXT"),
-            _c("signup_date", "DATE"),
-            _c("loyalty_tier", "TEXT", nullable=True),
-        ),
+        "customer_id INTEGER, first_name TEXT, last_name TEXT, email TEXT?, city TEXT, country TEXT, "
+        "signup_date DATE, loyalty_tier TEXT?",
     ),
-    TableSpec(
-        "products",
-        (
-            _c("product_id", "INTEGER"),
-            _c("name", "TEXT"),
-            _c("category", "TEXT"),
-            _c("price", "REAL"),
-            _c("stock", "INTEGER"),
-            _c("discontinued", "INTEGER"),
-        ),
-    ),
-    TableSpec(
+    _table("products", "product_id INTEGER, name TEXT, category TEXT, price REAL, stock INTEGER, discontinued INTEGER"),
+    _table(
         "orders",
-        (
-            _c("order_id", "INTEGER"),
-            _c("customer_id", "INTEGER", references=("customers", "customer_id")),
-            _c("employee_id", "INTEGER", nullable=True, references=("employees", "employee_id")),
-            _c("store_id", "INTEGER", nullable=True, references=("stores", "store_id")),
-            _c("channel", "TEXT"),
-            _c("order_date", "DATE"),
-            _c("status", "TEXT"),
-        ),
+        "order_id INTEGER, customer_id INTEGER -> customers.customer_id, employee_id INTEGER? -> "
+        "employees.employee_id, store_id INTEGER? -> stores.store_id, channel TEXT, order_date DATE, status "
+        "TEXT",
     ),
-    TableSpec(
+    _table(
         "order_items",
-        (
-            _c("item_id", "INTEGER"),
-            _c("order_id", "INTEGER", references=("orders", "order_id")),
-            _c("product_id", "INTEGER", references=("products", "product_id")),
-            _c("quantity", "INTEGER"),
-            _c("unit_price", "REAL"),
-        ),
+        "item_id INTEGER, order_id INTEGER -> orders.order_id, product_id INTEGER -> products.product_id, "
+        "quantity INTEGER, unit_price REAL",
     ),
 )
 

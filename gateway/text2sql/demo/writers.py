@@ -1,8 +1,5 @@
-"""The demo dataset as files: a SQLite database, a gateway databases file, a PostgreSQL script, the Spider layout.
-
-Every file is written atomically (a temporary file, then a rename), so writing again is harmless while a
-gateway reads them.
-"""
+"""The demo dataset as files (a SQLite database, a databases file, a PostgreSQL script, the Spider layout),
+each written atomically (rewriting is harmless while a gateway reads them)."""
 
 from __future__ import annotations
 
@@ -60,13 +57,8 @@ def write_demo_databases(
     statement_timeout_s: float | None = None,
     max_rows: int | None = None,
 ) -> Path:
-    """Write the demo database next to ``out_path`` (``<folder>/demo_retail.sqlite``) and, at ``out_path``, a
-    databases file (``gateway.text2sql.db``) naming it by a path relative to that folder; returns ``out_path``.
-
-    Both are replaced atomically, so writing them again (the same ``seed``: the same data) is harmless
-    while a gateway reads them. The database file is made world-readable (it holds public demo data).
-    ``ValueError`` when ``out_path`` is the database file's own name.
-    """
+    """Write ``<folder of out_path>/demo_retail.sqlite`` (world-readable) and, at ``out_path``, a databases file
+    naming it by a relative path; returns ``out_path``. ``ValueError`` when ``out_path`` is the database's name."""
     out = Path(out_path)
     if out.name == f"{DB_ID}.sqlite":
         raise ValueError(f"{out}: that is where the database goes; name the databases file e.g. databases.yaml")

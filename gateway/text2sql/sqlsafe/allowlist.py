@@ -1,17 +1,6 @@
-"""What a model-written query may use, per dialect: functions, types and operators (allowlists, not blocklists).
-
-Each list holds what a Text-to-SQL query needs: aggregates, string, date/time, math, conversion,
-conditional and window functions. Everything else is refused by the check, whatever it is: a function
-that runs SQL given as text (``query_to_xml``, ``dblink``), reads or writes server files
-(``pg_read_file``, ``lo_export``), signals or changes the server (``pg_terminate_backend``,
-``set_config``, replication slots, statistics resets), reads settings (``current_setting``), sleeps, loads
-code (``load_extension``), or builds huge values (``repeat``, ``lpad``, ``zeroblob``, ``randomblob``,
-``printf``/``format`` widths) is simply not here. Names are the engine's (lower case; PostgreSQL's as its
-parser spells them, e.g. ``btrim`` for ``TRIM(...)``, ``timezone`` for ``AT TIME ZONE``).
-
-``DANGEROUS_FUNCTIONS`` is the short blocklist that the SQLite engine-side authorizer still applies
-(defence in depth, ``gateway.text2sql.db.sqlite``); the static check does not use it.
-"""
+"""What a model-written query may use, per dialect: functions, types and operators (allowlists, not
+blocklists; names as the engine's parser spells them, lower case). ``DANGEROUS_FUNCTIONS`` is the short
+blocklist the SQLite authorizer still applies (defence in depth); the static check does not use it."""
 
 from __future__ import annotations
 
@@ -309,11 +298,8 @@ POSTGRES_OPERATORS: frozenset[str] = frozenset(
 
 
 def function_allowed(name: str, dialect: str) -> bool:
-    """Whether a query in ``dialect`` ("sqlite" or "postgres") may call the function ``name`` (unqualified).
-
-    SQLite compares any case (its names are case-insensitive); PostgreSQL compares exactly (its parser
-    folds unquoted names to lower case, so ``"UPPER"`` is another function than ``upper``).
-    """
+    """Whether a query in ``dialect`` may call the unqualified function ``name``: any case for SQLite, exact
+    for PostgreSQL (its parser folds unquoted names, so ``"UPPER"`` is another function)."""
     if dialect == "sqlite":
         return name.lower() in SQLITE_FUNCTIONS
     return name in POSTGRES_FUNCTIONS

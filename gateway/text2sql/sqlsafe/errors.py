@@ -12,11 +12,8 @@ NOT_A_QUERY = "only read-only queries (SELECT, WITH, VALUES) may run; found {}"
 
 
 class SqlRejected(BadRequest):
-    """The SQL is not a single read-only query; the message (``reason``) says what was found, in our words.
-
-    ``detail`` is the parser's own description when the text did not parse (None otherwise): useful to a
-    model revising its query, never part of the message (its wording belongs to the parser's version).
-    """
+    """The SQL is not a single read-only query; ``reason`` says what was found, in our words. ``detail``: the
+    parser's own description when the text did not parse (never part of the message)."""
 
     def __init__(self, reason: str, *, detail: str | None = None) -> None:
         self.reason = reason

@@ -1,20 +1,6 @@
-"""The PostgreSQL check, on PostgreSQL's own parser (``pglast``, libpg_query): what is checked is what the
-server parses.
-
-Every node of the parse tree must be of a kind on ``_ALLOWED_NODES`` (plain query syntax); anything else
-(XML and SQL/JSON constructors, ``XMLTABLE``, ``TABLESAMPLE``, parameters, ...) is refused by name. On top:
-
-* function calls: the name on ``POSTGRES_FUNCTIONS``, unqualified or ``pg_catalog.``-qualified; the
-  parser spells SQL syntax as calls too (``EXTRACT`` is ``pg_catalog.extract``, ``AT TIME ZONE`` is
-  ``pg_catalog.timezone``), so those are judged the same way;
-* casts and typed literals: the type on ``POSTGRES_TYPES`` (no ``regclass``/``regproc``/... lookups);
-* operators, bare or ``OPERATOR(pg_catalog.x)``: on ``POSTGRES_OPERATORS``;
-* ``CURRENT_DATE``-like keywords: date/time ones only (not ``CURRENT_USER``, ``CURRENT_SCHEMA``, ...);
-* relations: qualified only by an allowed schema; unqualified ``pg_*`` names (which resolve to
-  ``pg_catalog`` first, whatever the search path) only when ``pg_catalog`` is allowed; no
-  ``db.schema.table``;
-* no ``SELECT ... INTO``, no locking read, no write nested in a CTE.
-"""
+"""The PostgreSQL check, on PostgreSQL's own parser (``pglast``): every parse-tree node must be of a kind on
+``_ALLOWED_NODES``; functions, casts, operators, keywords and relations are judged against the allowlists
+as docs/text2sql.md ("SQL safety") describes (calls the parser makes of SQL syntax included)."""
 
 from __future__ import annotations
 

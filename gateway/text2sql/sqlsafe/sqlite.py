@@ -1,12 +1,8 @@
 """The SQLite check (sqlglot): one query, no write, functions from the allowlist, tables of ``main`` only.
 
-Function names are checked as written: sqlglot records where each call's name stands in the text, so a
-call is judged by that name (``substr``, ``"upper"``, ``[lower]``), not by the class sqlglot maps it to.
-The few call forms sqlglot builds without a recorded name (``CAST``, ``CASE``, ``TRIM(...)``, ``->``,
-``CURRENT_DATE``, ...) are mapped by class below; any other one is refused. Relations: no schema but
-``main`` (no ``temp``, no attached database), no ``sqlite_*`` system table, no ``pragma_*`` or other
-table-valued function or eponymous virtual table.
-"""
+A call is judged by its name as written (sqlglot records where it stands); the few call forms built
+without a recorded name (``CAST``, ``CASE``, ``TRIM``, ``->``, ``CURRENT_DATE``, ...) are mapped by
+class below, any other refused."""
 
 from __future__ import annotations
 
