@@ -12,8 +12,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gateway import __version__
+from gateway.argtypes import HelpFormatter
 from gateway.cli import calibrate, config, measure, plan, serve, sim, text2sql, tuner
-from gateway.cli.common import HelpFormatter, Subparsers, UsageError
+from gateway.cli.common import Subparsers, UsageError
 from gateway.errors import DomainError, GatewayError
 
 __all__ = ["DESCRIPTION", "EXIT_USAGE", "UsageError", "build_parser", "main"]

@@ -9,16 +9,8 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from gateway.cli.common import (
-    Subparsers,
-    UsageError,
-    nonneg_int,
-    port,
-    positive_float,
-    positive_floats,
-    positive_int,
-    write_json,
-)
+from gateway.argtypes import nonneg_int, port, positive_float, positive_floats, positive_int
+from gateway.cli.common import Subparsers, UsageError, write_json
 
 __all__ = [
     "add_bench_fidelity",

@@ -1,6 +1,5 @@
-"""What several command groups share: the usage error, the help formatter, the simulator commands' workload
-arguments, and the ``type=`` validators of ``gateway.argtypes`` (re-exported), so a bad value stops at
-parse time with one line and exit status 2."""
+"""What several command groups share: the usage error and the simulator commands' workload arguments (the
+``type=`` validators are ``gateway.argtypes``'s, so a bad value stops at parse time with exit status 2)."""
 
 from __future__ import annotations
 
@@ -11,20 +10,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from gateway.argtypes import (
-    HelpFormatter,
-    fraction,
-    fractions,
-    nonneg_float,
-    nonneg_int,
-    port,
-    port_or_zero,
-    positive_float,
-    positive_floats,
-    positive_int,
-    positive_ints,
-    unit_open_fraction,
-)
+from gateway.argtypes import nonneg_int, positive_float, positive_int
 from gateway.core.policy import get_policy
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec
@@ -33,32 +19,6 @@ if TYPE_CHECKING:
     from gateway.bench.simbench import Setup
     from gateway.sim.workload import TenantSpec
 
-__all__ = [
-    "BENCH_WORKFLOWS",
-    "HelpFormatter",
-    "Subparsers",
-    "UsageError",
-    "add_workload_args",
-    "fraction",
-    "fractions",
-    "int_arg",
-    "load_workers",
-    "nonneg_float",
-    "nonneg_int",
-    "policy_names",
-    "port",
-    "port_or_zero",
-    "positive_float",
-    "positive_float_arg",
-    "positive_floats",
-    "positive_int",
-    "positive_ints",
-    "setup_from_args",
-    "tenants_arg",
-    "unit_open_fraction",
-    "workload_queries",
-    "write_json",
-]
 
 BENCH_WORKFLOWS = 1000
 """Workflows per simulated ``bench`` run (default)."""

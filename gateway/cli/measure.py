@@ -7,15 +7,8 @@ import argparse
 import os
 from pathlib import Path
 
-from gateway.cli.common import (
-    Subparsers,
-    UsageError,
-    load_workers,
-    nonneg_int,
-    positive_float,
-    positive_floats,
-    positive_int,
-)
+from gateway.argtypes import nonneg_int, positive_float, positive_floats, positive_int
+from gateway.cli.common import Subparsers, UsageError, load_workers
 
 __all__ = ["add_overhead", "add_replay"]
 

@@ -6,20 +6,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gateway.argtypes import (
+    fraction,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_floats,
+    positive_int,
+    unit_open_fraction,
+)
 from gateway.cli.common import (
     BENCH_WORKFLOWS,
     Subparsers,
     UsageError,
     add_workload_args,
-    fraction,
-    nonneg_float,
-    nonneg_int,
     policy_names,
-    positive_float,
-    positive_floats,
-    positive_int,
     setup_from_args,
-    unit_open_fraction,
     write_json,
 )
 

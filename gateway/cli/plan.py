@@ -11,14 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from gateway.argtypes import fraction, positive_float
 from gateway.bench.stats import fmt, table
 from gateway.cli.common import (
     Subparsers,
     UsageError,
     add_workload_args,
-    fraction,
     int_arg,
-    positive_float,
     tenants_arg,
     workload_queries,
     write_json,

@@ -8,7 +8,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from gateway.cli.common import Subparsers, UsageError, port, positive_float
+from gateway.argtypes import port, positive_float
+from gateway.cli.common import Subparsers, UsageError
 
 __all__ = ["HANDED_OVER", "add_discover", "add_emulate", "add_emulate_cluster", "add_serve"]
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.argtypes import fraction, positive_float, positive_floats, positive_int, unit_open_fraction
 from gateway.bench.stats import fmt, table
 from gateway.cli.burst import add_bench_burst
 from gateway.cli.calibrate import add_bench_fidelity, add_bench_fidelity_vllm, add_bench_mislabel, add_bench_open_loop
@@ -21,14 +22,9 @@ from gateway.cli.common import (
     Subparsers,
     UsageError,
     add_workload_args,
-    fraction,
     int_arg,
     policy_names,
-    positive_float,
-    positive_floats,
-    positive_int,
     setup_from_args,
-    unit_open_fraction,
 )
 from gateway.cli.overload import add_bench_admission, add_bench_overload
 from gateway.cli.text2sql import add_bench_quality, add_bench_refusals

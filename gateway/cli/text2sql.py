@@ -9,17 +9,8 @@ import math
 import os
 from pathlib import Path
 
-from gateway.argtypes import positive_floats
-from gateway.cli.common import (
-    Subparsers,
-    UsageError,
-    int_arg,
-    nonneg_int,
-    positive_float,
-    positive_float_arg,
-    positive_int,
-    write_json,
-)
+from gateway.argtypes import nonneg_int, positive_float, positive_floats, positive_int
+from gateway.cli.common import Subparsers, UsageError, int_arg, positive_float_arg, write_json
 
 __all__ = ["add_answers", "add_bench_quality", "add_bench_refusals", "add_databases", "add_demo", "add_eval"]
 

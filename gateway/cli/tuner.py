@@ -9,18 +9,15 @@ import os
 import time
 from pathlib import Path
 
+from gateway.argtypes import fractions, nonneg_int, positive_float, positive_int
 from gateway.bench.stats import fmt, table
 from gateway.cli.common import (
     Subparsers,
     UsageError,
     add_workload_args,
-    fractions,
     int_arg,
     load_workers,
-    nonneg_int,
-    positive_float,
     positive_float_arg,
-    positive_int,
     setup_from_args,
     write_json,
 )
