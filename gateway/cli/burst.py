@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.bench.stats import table
-from gateway.cli.common import UsageError, add_cluster_arg, add_output_args, int_arg, load_workers, workload_queries
+from gateway.cli.common import (
+    UsageError,
+    add_cluster_arg,
+    add_output_args,
+    add_prefix_caching_arg,
+    int_arg,
+    load_workers,
+    workload_queries,
+)
 
 if TYPE_CHECKING:
     from gateway.bench.burst import BurstReport
@@ -49,12 +57,7 @@ def add_bench_burst(sub: Subparsers) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="first seed (default: 0)")
     p.add_argument("--workflows", type=int, default=1000, help="workflows per run (default: 1000)")
-    p.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="engines without prefix caching (vLLM caches prompt prefixes by default; so does the simulator)",
-    )
+    add_prefix_caching_arg(p)
     p.add_argument(
         "--patterns",
         default=DEFAULT_PATTERNS,

@@ -78,6 +78,16 @@ def show(text: str, json_path: str | None, doc: Callable[[], Any]) -> None:
         write_json(json_path, doc())
 
 
+def add_prefix_caching_arg(p: argparse.ArgumentParser) -> None:
+    """``--no-prefix-caching`` (``args.prefix_caching`` False)."""
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="engines without prefix caching (vLLM caches prompt prefixes by default; so does the simulator)",
+    )
+
+
 def add_workload_args(
     p: argparse.ArgumentParser, *, workflows: int, cluster: bool = True, slo_help: str | None = None
 ) -> None:
@@ -112,12 +122,7 @@ def add_workload_args(
         default=None,
         help="replay the arrival pattern of a CSV with a timestamp column (Azure LLM trace format), rescaled to --rate",
     )
-    p.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="engines without prefix caching (vLLM caches prompt prefixes by default; so does the simulator)",
-    )
+    add_prefix_caching_arg(p)
     p.add_argument(
         "--hedge",
         action="store_true",

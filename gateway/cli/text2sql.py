@@ -17,7 +17,7 @@ from gateway.cli.common import (
     add_output_args,
     int_arg,
     positive_float_arg,
-    write_json,
+    show,
 )
 
 __all__ = ["add_answers", "add_bench_quality", "add_bench_refusals", "add_databases", "add_demo", "add_eval"]
@@ -110,9 +110,7 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
         share=args.share,
         progress=progress,
     )
-    print(format_refusal_bench(points))
-    if args.json:
-        write_json(args.json, {"points": [dataclasses.asdict(p) for p in points]})
+    show(format_refusal_bench(points), args.json, lambda: {"points": [dataclasses.asdict(p) for p in points]})
     return 0
 
 
