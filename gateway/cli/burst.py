@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.bench.stats import table
-from gateway.cli.common import UsageError, int_arg, load_workers, workload_queries
+from gateway.cli.common import (
+    UsageError,
+    add_cluster_arg,
+    add_output_args,
+    add_prefix_caching_arg,
+    int_arg,
+    load_workers,
+    workload_queries,
+)
 
 if TYPE_CHECKING:
     from gateway.bench.burst import BurstReport
@@ -40,9 +48,7 @@ def add_bench_burst(sub: Subparsers) -> None:
         help="the CHESS workflows: trace name under ../shared/data/hexgen-traces, trace file, or chess-bird "
         "(default: trace1)",
     )
-    p.add_argument(
-        "--cluster", default="paper-4gpu", help="cluster file or name under config/clusters (default: paper-4gpu)"
-    )
+    add_cluster_arg(p, "cluster file or name under config/clusters (default: paper-4gpu)")
     p.add_argument(
         "--slo-scale",
         type=float,
@@ -51,12 +57,7 @@ def add_bench_burst(sub: Subparsers) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="first seed (default: 0)")
     p.add_argument("--workflows", type=int, default=1000, help="workflows per run (default: 1000)")
-    p.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="engines without prefix caching (vLLM caches prompt prefixes by default; so does the simulator)",
-    )
+    add_prefix_caching_arg(p)
     p.add_argument(
         "--patterns",
         default=DEFAULT_PATTERNS,
@@ -73,7 +74,7 @@ def add_bench_burst(sub: Subparsers) -> None:
     p.add_argument("--seeds", default="3", help="seeds per point (default: 3)")
     p.add_argument("--quality", default=None, help="quality model file (default: the packaged quality.yaml)")
     p.add_argument("--steady", action="store_true", help="also run each load with Poisson arrivals")
-    p.add_argument("--json", default=None, help="write every point as JSON here")
+    add_output_args(p, "write every point as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG: goodput per pattern against load, and a timeline")
     p.add_argument(
         "--timeline",
@@ -81,7 +82,7 @@ def add_bench_burst(sub: Subparsers) -> None:
         help="PATTERN:LOAD for the plot's timeline (default: the first pattern at the middle load)",
     )
     _add_live_options(p)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_output_args(p, quiet="no progress bar")
     p.set_defaults(func=cmd_bench_burst)
 
 

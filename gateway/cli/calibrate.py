@@ -10,7 +10,7 @@ import asyncio
 from pathlib import Path
 
 from gateway.argtypes import nonneg_int, port, positive_float, positive_floats, positive_int
-from gateway.cli.common import Subparsers, UsageError, write_json
+from gateway.cli.common import Subparsers, UsageError, add_cluster_arg, add_output_args, show, write_json
 
 __all__ = [
     "add_bench_fidelity",
@@ -86,8 +86,7 @@ def add_calibrate(sub: Subparsers) -> None:
         help="wall seconds the interleaved check may take, on top of --budget-s (default 120)",
     )
     p.add_argument("--plot", default=None, help="write a PNG of measured against fitted latency")
-    p.add_argument("--json", default=None, help="write every probe and the fit as JSON here")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_output_args(p, "write every probe and the fit as JSON here", "no progress bar")
     p.set_defaults(func=cmd_calibrate)
 
 
@@ -155,6 +154,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_replay_args(p: argparse.ArgumentParser, workflows: int, default_note: str = "") -> None:
+    """``--trace``, ``--policies`` and ``--workflows`` (default ``workflows``) of the fidelity benchmarks."""
+    p.add_argument("--trace", default="chess-bird", help="trace file or name (default: chess-bird, built in)")
+    p.add_argument("--policies", default="hexgen", help="comma-separated policies (default: hexgen)")
+    p.add_argument(
+        "--workflows", type=positive_int, default=workflows, help="workflows replayed per policy" + default_note
+    )
+
+
 def add_bench_fidelity(sub: Subparsers) -> None:
     """``hexflow bench fidelity``."""
     p = sub.add_parser(
@@ -165,10 +173,8 @@ def add_bench_fidelity(sub: Subparsers) -> None:
         "profiles, then replay a trace live through the gateway and simulate it with those profiles: live against "
         "simulated P95 and SLO attainment.",
     )
-    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
-    p.add_argument("--trace", default="chess-bird", help="trace file or name (default: chess-bird, built in)")
-    p.add_argument("--policies", default="hexgen", help="comma-separated policies (default: hexgen)")
-    p.add_argument("--workflows", type=positive_int, default=150, help="workflows replayed per policy")
+    add_cluster_arg(p)
+    _add_replay_args(p, 150)
     p.add_argument("--time-scale", type=positive_float, default=0.05, help="wall seconds per modelled second")
     p.add_argument(
         "--budget-s", type=positive_float, default=90.0, help="calibration budget per GPU type, wall seconds"
@@ -178,8 +184,7 @@ def add_bench_fidelity(sub: Subparsers) -> None:
     )
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workload, arrivals and emulated latencies")
     p.add_argument("--log-dir", default=None, help="keep subprocess logs, catalogues and configs here")
-    p.add_argument("--json", default=None, help="write the report as JSON here")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_output_args(p, "write the report as JSON here", "no progress bars")
     p.set_defaults(func=cmd_bench_fidelity)
 
 
@@ -203,9 +208,7 @@ def cmd_bench_fidelity(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(format_fidelity_report(rep))
-    if args.json:
-        write_json(args.json, rep.to_json())
+    show(format_fidelity_report(rep), args.json, rep.to_json)
     return 0 if rep.within_target() else 1
 
 
@@ -229,9 +232,7 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
         "to (default: 1:4@C0 and 1:2@C1, the first two CPUs this process may use; unpinned on one CPU)",
     )
     p.add_argument("--base-port", type=port, default=18160, help="the first server's port (default 18160)")
-    p.add_argument("--trace", default="chess-bird", help="trace file or name (default: chess-bird, built in)")
-    p.add_argument("--policies", default="hexgen", help="comma-separated policies (default: hexgen)")
-    p.add_argument("--workflows", type=positive_int, default=30, help="workflows replayed per policy (default 30)")
+    _add_replay_args(p, 30, " (default 30)")
     p.add_argument(
         "--token-scale",
         type=positive_float,
@@ -275,8 +276,7 @@ def add_bench_fidelity_vllm(sub: Subparsers) -> None:
     )
     p.add_argument("--keep-servers", action="store_true", help="leave the servers running at the end")
     p.add_argument("--log-dir", default=None, help="keep logs, the profiles overlay and the cluster file here")
-    p.add_argument("--json", default=None, help="write the report as JSON here")
-    p.add_argument("--quiet", action="store_true", help="no progress lines or bars")
+    add_output_args(p, "write the report as JSON here", "no progress lines or bars")
     p.set_defaults(func=cmd_bench_fidelity_vllm)
 
 
@@ -320,9 +320,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
     except CpuVllmError as exc:
         print(f"hexflow: {exc}")
         return 2
-    print(format_vllm_fidelity_series(rep))
-    if args.json:
-        write_json(args.json, rep.to_json())
+    show(format_vllm_fidelity_series(rep), args.json, rep.to_json)
     return 0 if rep.within_target() else 1
 
 
@@ -347,8 +345,7 @@ def add_bench_open_loop(sub: Subparsers) -> None:
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the calls and arrivals (default 0)")
     p.add_argument("--max-inflight", type=positive_int, default=64, help="requests in flight at most (default 64)")
     p.add_argument("--budget-s", type=positive_float, default=600.0, help="wall seconds for the whole command")
-    p.add_argument("--json", default=None, help="write the report as JSON here")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_output_args(p, "write the report as JSON here", "no progress bar")
     p.set_defaults(func=cmd_bench_open_loop)
 
 
@@ -385,9 +382,7 @@ def cmd_bench_open_loop(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(format_open_loop_report(rep))
-    if args.json:
-        write_json(args.json, rep.to_json())
+    show(format_open_loop_report(rep), args.json, rep.to_json)
     return 0
 
 
@@ -402,7 +397,7 @@ def add_bench_mislabel(sub: Subparsers) -> None:
         "P95, every refit attempt and the worker's ratio EWMAs. Exit 1 when the refit does not bring the share "
         "back toward the correct cluster's.",
     )
-    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+    add_cluster_arg(p)
     p.add_argument("--worker", default="L40S-3", help="the mislabelled worker (a name of the expanded cluster)")
     p.add_argument("--label", default="A100", help="the profile it is labelled with (a GPU of the catalogue)")
     p.add_argument("--rate", type=float, default=0.2, help="workflows per second (chess-bird, Poisson)")
@@ -422,7 +417,7 @@ def add_bench_mislabel(sub: Subparsers) -> None:
     p.add_argument("--time-scale", type=float, default=0.05, help="--live: wall seconds per modelled second")
     p.add_argument("--window-s", type=float, default=100.0, help="--live: share windows, modelled seconds")
     p.add_argument("--log-dir", default=None, help="--live: keep subprocess logs and configs here")
-    p.add_argument("--json", default=None, help="write the report as JSON here")
+    add_output_args(p, "write the report as JSON here")
     p.set_defaults(func=cmd_bench_mislabel)
 
 

@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -48,6 +49,45 @@ def policy_names(text: str) -> list[str]:
     return names
 
 
+def add_cluster_arg(p: argparse.ArgumentParser, help: str = "cluster file or name under config/clusters") -> None:
+    """``--cluster`` (default paper-4gpu) with ``help``."""
+    p.add_argument("--cluster", default="paper-4gpu", help=help)
+
+
+def add_emulation_args(p: argparse.ArgumentParser) -> None:
+    """``--cluster`` and ``--time-scale`` of the commands that start an emulated cluster for the demo."""
+    add_cluster_arg(p, "cluster file or name to emulate")
+    p.add_argument("--time-scale", type=positive_float, default=0.25, help="emulated GPUs run this much of real time")
+
+
+def add_output_args(
+    p: argparse.ArgumentParser, json: str | None = None, quiet: str | None = None, *, required: bool = False
+) -> None:
+    """``--json PATH`` (when ``json``, its help) then ``--quiet`` (when ``quiet``, its help); ``required`` makes
+    ``--json`` required."""
+    if json is not None:
+        p.add_argument("--json", required=required, help=json)
+    if quiet is not None:
+        p.add_argument("--quiet", action="store_true", help=quiet)
+
+
+def show(text: str, json_path: str | None, doc: Callable[[], Any]) -> None:
+    """Print a report's ``text``; with ``json_path``, write ``doc()`` there (``write_json``)."""
+    print(text)
+    if json_path:
+        write_json(json_path, doc())
+
+
+def add_prefix_caching_arg(p: argparse.ArgumentParser) -> None:
+    """``--no-prefix-caching`` (``args.prefix_caching`` False)."""
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="engines without prefix caching (vLLM caches prompt prefixes by default; so does the simulator)",
+    )
+
+
 def add_workload_args(
     p: argparse.ArgumentParser, *, workflows: int, cluster: bool = True, slo_help: str | None = None
 ) -> None:
@@ -60,7 +100,7 @@ def add_workload_args(
         "$HEXFLOW_TRACE_DIR), or chess-bird (built in)",
     )
     if cluster:
-        p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+        add_cluster_arg(p)
     p.add_argument(
         "--slo-scale",
         type=positive_float,
@@ -82,19 +122,14 @@ def add_workload_args(
         default=None,
         help="replay the arrival pattern of a CSV with a timestamp column (Azure LLM trace format), rescaled to --rate",
     )
-    p.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="engines without prefix caching (vLLM caches prompt prefixes by default; so does the simulator)",
-    )
+    add_prefix_caching_arg(p)
     p.add_argument(
         "--hedge",
         action="store_true",
         help="hedge a straggling critical-path call on a free worker, first answer wins (off by default: it did "
         "not raise capacity; docs/benchmarks.md)",
     )
-    p.add_argument("--json", default=None, help="write results as JSON here")
+    add_output_args(p, "write results as JSON here")
 
 
 def int_arg(name: str, text: str, *, minimum: int) -> int:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from gateway.argtypes import nonneg_int, positive_float, positive_floats, positive_int
-from gateway.cli.common import Subparsers, UsageError, load_workers
+from gateway.cli.common import Subparsers, UsageError, add_cluster_arg, add_output_args, load_workers
 
 __all__ = ["add_overhead", "add_replay"]
 
@@ -42,7 +42,7 @@ def add_replay(sub: Subparsers) -> None:
         default=5.0,
         help="without --deadline-s: deadline = this x the cluster-mean latency of the standard workflow",
     )
-    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name: sets the SLO with --slo-scale")
+    add_cluster_arg(p, "cluster file or name: sets the SLO with --slo-scale")
     p.add_argument(
         "--time-scale",
         type=positive_float,
@@ -54,8 +54,7 @@ def add_replay(sub: Subparsers) -> None:
         "--concurrency-limit", type=positive_int, default=None, help="most workflows in flight (client side)"
     )
     p.add_argument("--timeout-s", type=positive_float, default=None, help="per-request timeout, wall seconds")
-    p.add_argument("--json", default=None, help="write the report (with every workflow) as JSON here")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_output_args(p, "write the report (with every workflow) as JSON here", "no progress bar")
     p.set_defaults(func=cmd_replay)
 
 
@@ -99,8 +98,7 @@ def add_overhead(sub: Subparsers) -> None:
         default="null",
         help="the worker: null (fixed answers, next to no CPU; default) or emulator (the emulated A100)",
     )
-    p.add_argument("--json", default=None, help="write the report as JSON here")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_output_args(p, "write the report as JSON here", "no progress lines")
     p.set_defaults(func=cmd_overhead)
 
 

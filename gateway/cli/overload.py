@@ -19,10 +19,12 @@ from gateway.cli.common import (
     BENCH_WORKFLOWS,
     Subparsers,
     UsageError,
+    add_cluster_arg,
+    add_output_args,
     add_workload_args,
     policy_names,
     setup_from_args,
-    write_json,
+    show,
 )
 
 
@@ -34,7 +36,7 @@ def add_bench_overload(sub: Subparsers) -> None:
         description="Capacity, then overload bursts, against a live gateway over an emulated cluster: accepted, "
         "rejected and shed workflows, the share of accepted that met the deadline, goodput, and the gateway's RSS.",
     )
-    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+    add_cluster_arg(p)
     p.add_argument(
         "--time-scale", type=positive_float, default=0.05, help="wall seconds per modelled second (emulated)"
     )
@@ -65,7 +67,7 @@ def add_bench_overload(sub: Subparsers) -> None:
     )
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workflows and arrivals")
     p.add_argument("--log-dir", default=None, help="keep subprocess logs and configs here")
-    p.add_argument("--json", default=None, help="write the report as JSON here")
+    add_output_args(p, "write the report as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of the gateway's RSS over time")
     p.set_defaults(func=cmd_bench_overload)
 
@@ -92,9 +94,7 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(format_report(rep))
-    if args.json:
-        write_json(args.json, rep.to_json())
+    show(format_report(rep), args.json, rep.to_json)
     if args.plot:
         plot_report(rep, Path(args.plot))
         print(f"wrote {args.plot}")
@@ -132,7 +132,7 @@ def add_bench_admission(sub: Subparsers) -> None:
     )
     p.add_argument("--alpha", type=fraction, default=None, help="fixed alpha (default: tuned once per policy)")
     p.add_argument("--plot", default=None, help="write a PNG of goodput and kept promises against load")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_output_args(p, quiet="no progress bar")
     p.set_defaults(func=cmd_bench_admission)
 
 
@@ -170,9 +170,7 @@ def cmd_bench_admission(args: argparse.Namespace) -> int:
             )
         except ValueError as exc:  # (a variant listed twice)
             raise UsageError(str(exc)) from None
-    print(format_admission_report(report))
-    if args.json:
-        write_json(args.json, report.to_json())
+    show(format_admission_report(report), args.json, report.to_json)
     if args.plot:
         plot_admission_report(report, Path(args.plot))
         print(f"wrote {args.plot}")

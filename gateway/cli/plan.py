@@ -18,9 +18,9 @@ from gateway.cli.common import (
     UsageError,
     add_workload_args,
     int_arg,
+    show,
     tenants_arg,
     workload_queries,
-    write_json,
 )
 from gateway.core.policy import POLICIES, get_policy
 from gateway.errors import UnknownNameError
@@ -142,7 +142,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"--rel-tol: must be in (0, 1), got {args.rel_tol}")
     max_workers = int_arg("--max-workers", str(args.max_workers), minimum=1)
     seeds = int_arg("--seeds", str(args.seeds), minimum=1)
-    show = int_arg("--show", str(args.show), minimum=0)
+    n_show = int_arg("--show", str(args.show), minimum=0)
     get_policy(args.policy)
     catalog = load_gpu_catalog(args.catalog)
     if args.model not in catalog.models:
@@ -194,9 +194,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             report = run_plan(catalog, workload, spec, progress=lines.update, describe=lines.describe)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(format_plan_report(report, show=show))
-    if args.json:
-        write_json(args.json, report.to_json())
+    show(format_plan_report(report, show=n_show), args.json, report.to_json)
     return 0 if report.answer is not None else 1
 
 

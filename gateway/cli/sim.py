@@ -21,6 +21,7 @@ from gateway.cli.common import (
     BENCH_WORKFLOWS,
     Subparsers,
     UsageError,
+    add_output_args,
     add_workload_args,
     int_arg,
     policy_names,
@@ -111,7 +112,7 @@ def add_bench(sub: Subparsers) -> None:
     )
     p.add_argument("--plot", default=None, help="write a PNG of P95 and SLO attainment against rate")
     p.add_argument("--no-capacity", action="store_true", help="skip the capacity bisection")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_output_args(p, quiet="no progress bar")
     p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="policies run in parallel")
     p.add_argument(
         "--live",

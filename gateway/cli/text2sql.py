@@ -10,7 +10,15 @@ import os
 from pathlib import Path
 
 from gateway.argtypes import nonneg_int, positive_float, positive_floats, positive_int
-from gateway.cli.common import Subparsers, UsageError, int_arg, positive_float_arg, write_json
+from gateway.cli.common import (
+    Subparsers,
+    UsageError,
+    add_emulation_args,
+    add_output_args,
+    int_arg,
+    positive_float_arg,
+    show,
+)
 
 __all__ = ["add_answers", "add_bench_quality", "add_bench_refusals", "add_databases", "add_demo", "add_eval"]
 
@@ -31,11 +39,9 @@ def add_demo(sub: Subparsers) -> None:
     p.add_argument(
         "--rate", type=positive_float, default=None, help="questions sent per second, tenants alternating (default 20)"
     )
-    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
-    p.add_argument("--time-scale", type=positive_float, default=0.25, help="emulated GPUs run this much of real time")
+    add_emulation_args(p)
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the demo data, scripted answers and emulation")
-    p.add_argument("--json", default=None, help="write every answer and the summary as JSON here")
-    p.add_argument("--quiet", action="store_true", help="print only the summary")
+    add_output_args(p, "write every answer and the summary as JSON here", "print only the summary")
     p.set_defaults(func=cmd_demo)
 
 
@@ -65,15 +71,14 @@ def add_bench_refusals(sub: Subparsers) -> None:
     p.add_argument("--rates", type=positive_floats, default=None, help=f"questions a second (default {REFUSAL_RATES})")
     p.add_argument("--questions", type=positive_int, default=300, help="questions per run")
     p.add_argument("--seeds", default="0", help="seeds of the demo data and emulation, comma-separated")
-    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name to emulate")
-    p.add_argument("--time-scale", type=positive_float, default=0.25, help="emulated GPUs run this much of real time")
+    add_emulation_args(p)
     p.add_argument(
         "--share",
         type=positive_float,
         default=None,
         help="the gateway's admission.sustainable_share, at most 1 (default: the gateway's default)",
     )
-    p.add_argument("--json", default=None, help="write the figures per rate and tenant as JSON here")
+    add_output_args(p, "write the figures per rate and tenant as JSON here")
     p.set_defaults(func=cmd_bench_refusals)
 
 
@@ -105,9 +110,7 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
         share=args.share,
         progress=progress,
     )
-    print(format_refusal_bench(points))
-    if args.json:
-        write_json(args.json, {"points": [dataclasses.asdict(p) for p in points]})
+    show(format_refusal_bench(points), args.json, lambda: {"points": [dataclasses.asdict(p) for p in points]})
     return 0
 
 
@@ -127,8 +130,7 @@ def add_eval(sub: Subparsers) -> None:
     p.add_argument("--concurrency", default="8", help="questions in flight at once")
     p.add_argument("--deadline-s", default=None, help="deadline of every question (default: the tenant's)")
     p.add_argument("--timeout-s", default="600", help="per-request timeout, wall seconds")
-    p.add_argument("--json", required=True, help="write the report (with every question) as JSON here")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_output_args(p, "write the report (with every question) as JSON here", "no progress bar", required=True)
     p.set_defaults(func=cmd_eval)
 
 
@@ -383,7 +385,7 @@ def add_bench_quality(sub: Subparsers) -> None:
     p.add_argument("--wrong-fraction", default="0.25", help="share of questions with a wrong first candidate")
     p.add_argument("--max-candidates", default="3", help="measure up to this many candidates (default 3)")
     p.add_argument("--out", default=None, help=f"write the quality file here (the packaged one: {QUALITY_OUT})")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_output_args(p, quiet="no progress bar")
     p.set_defaults(func=cmd_bench_quality)
 
 

@@ -14,12 +14,14 @@ from gateway.bench.stats import fmt, table
 from gateway.cli.common import (
     Subparsers,
     UsageError,
+    add_cluster_arg,
+    add_output_args,
     add_workload_args,
     int_arg,
     load_workers,
     positive_float_arg,
     setup_from_args,
-    write_json,
+    show,
 )
 from gateway.core.policy import get_policy
 
@@ -44,7 +46,7 @@ def add_bench_tuner(sub: Subparsers) -> None:
     )
     p.add_argument("--traces", default=",".join(TRACES), help="comma-separated trace names or files")
     p.add_argument("--trace-dir", default=None, help="where trace names are looked up (default ../shared/data/...)")
-    p.add_argument("--cluster", default="paper-4gpu", help="cluster file or name under config/clusters")
+    add_cluster_arg(p)
     p.add_argument("--policy", default="hexgen", help="the policy whose alpha is tuned")
     p.add_argument("--slo-scale", type=positive_float, default=3.0, help="SLO = this x the standard workflow's latency")
     p.add_argument("--load", default=str(LOAD), help="rate as a fraction of the policy's capacity (default alpha)")
@@ -55,8 +57,8 @@ def add_bench_tuner(sub: Subparsers) -> None:
     p.add_argument("--seeds", default="1", help="arrival sequences per trace (seeds 0..n-1 from --seed)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="first seed of the arrival sequences")
     p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="runs in parallel processes")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", default=None, help="write the report as JSON here")
+    add_output_args(p, quiet="no progress bar")
+    add_output_args(p, "write the report as JSON here")
     p.set_defaults(func=cmd_bench_tuner)
 
 
@@ -121,9 +123,7 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     report.notes += notes
-    print(format_tuner_report(report, args.cluster))
-    if args.json:
-        write_json(args.json, report.to_json())
+    show(format_tuner_report(report, args.cluster), args.json, report.to_json)
     return 0
 
 
