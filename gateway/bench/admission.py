@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.simbench import Bench, Setup, simulate, tuned_alpha
-from gateway.bench.stats import Spread, fmt, json_safe, pyplot, save_figure, spread, table
+from gateway.bench.stats import Spread, fmt, json_safe, pyplot, run_header, save_figure, spread, table
 from gateway.core.policy import get_policy
 
 __all__ = [
@@ -141,12 +141,7 @@ class AdmissionReport:
     def to_json(self) -> dict[str, Any]:
         """Everything, per seed, for ``--json``."""
         return {
-            "trace": self.trace,
-            "cluster": self.cluster,
-            "slo_scale": self.slo_scale,
-            "slo_s": self.slo_s,
-            "n_workflows": self.n_workflows,
-            "seeds": self.seeds,
+            **run_header(self),
             "policies": self.policies,
             "variants": [asdict(v) for v in self.variants],
             "alphas": self.alphas,

@@ -23,7 +23,7 @@ from gateway.bench.simbench import (
     engine_time_at,
     tuned_alpha,
 )
-from gateway.bench.stats import Spread, finite_or_none, spread
+from gateway.bench.stats import Spread, finite_or_none, run_header, spread
 from gateway.core.policy import get_policy
 from gateway.sim.metrics import Summary
 
@@ -140,12 +140,7 @@ class BenchReport:
         ours = next((p for p in self.policies if get_policy(p).role == "ours"), None)
         ours_ratio = self.ratio_vs_best_baseline(ours) if ours else None
         return {
-            "trace": self.trace,
-            "cluster": self.cluster,
-            "slo_scale": self.slo_scale,
-            "slo_s": self.slo_s,
-            "n_workflows": self.n_workflows,
-            "seeds": self.seeds,
+            **run_header(self),
             "tune_seed": self.tune_seed,
             "tune_rate_qps": self.tune_rate_qps,
             "rel_tol": self.rel_tol,

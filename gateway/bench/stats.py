@@ -37,6 +37,11 @@ def _safe(v: Any) -> Any:
     return [_safe(x) for x in v] if isinstance(v, list | tuple) else v
 
 
+def run_header(report: Any) -> dict[str, Any]:
+    """What a simulated benchmark's JSON opens with: ``report``'s trace, cluster, SLO, workflows and seeds."""
+    return {k: getattr(report, k) for k in ("trace", "cluster", "slo_scale", "slo_s", "n_workflows", "seeds")}
+
+
 def pyplot() -> Any:
     """matplotlib's ``pyplot`` on the Agg backend (no display needed), imported when a plot is asked for."""
     import matplotlib

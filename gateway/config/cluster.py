@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -26,6 +27,16 @@ def _catalog_from(info: ValidationInfo) -> GpuCatalog | None:
         if isinstance(cat, GpuCatalog):
             return cat
     return None
+
+
+def _known_name(v: str, info: ValidationInfo, what: str) -> str:
+    """``v`` when the validation context's catalogue (if any) knows it as a ``what`` ("GPU" or "model")."""
+    cat = _catalog_from(info)
+    if cat is not None:
+        known = cat.gpus if what == "GPU" else cat.models
+        if v not in known:
+            raise ValueError(f"unknown {what} {v!r}; known: {_known(known)}")
+    return v
 
 
 class WorkerConfig(_Strict):
@@ -65,18 +76,12 @@ class WorkerConfig(_Strict):
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, v: str, info: ValidationInfo) -> str:
-        cat = _catalog_from(info)
-        if cat is not None and v not in cat.gpus:
-            raise ValueError(f"unknown GPU {v!r}; known: {_known(cat.gpus)}")
-        return v
+        return _known_name(v, info, "GPU")
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str | None, info: ValidationInfo) -> str | None:
-        cat = _catalog_from(info)
-        if v is not None and cat is not None and v not in cat.models:
-            raise ValueError(f"unknown model {v!r}; known: {_known(cat.models)}")
-        return v
+        return v if v is None else _known_name(v, info, "model")
 
     @model_validator(mode="after")
     def _one_url_one_worker(self) -> WorkerConfig:
@@ -119,10 +124,7 @@ class ClusterConfig(_Strict):
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str, info: ValidationInfo) -> str:
-        cat = _catalog_from(info)
-        if cat is not None and v not in cat.models:
-            raise ValueError(f"unknown model {v!r}; known: {_known(cat.models)}")
-        return v
+        return _known_name(v, info, "model")
 
     @model_validator(mode="after")
     def _check_workers(self, info: ValidationInfo) -> ClusterConfig:
@@ -233,23 +235,44 @@ def make_worker(
     )
 
 
+class WorkerEntry(Protocol):
+    """What names one worker: a cluster file's ``ResolvedWorker`` or a discovered pod's ``PodWorker``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def capacity(self) -> int | None: ...
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def served_model(self) -> str | None: ...
+    @property
+    def profile(self) -> str | None: ...
+
+
+def entry_worker(catalog: GpuCatalog, w: WorkerEntry, time_scale: float = 1.0) -> WorkerInfo:
+    """``make_worker`` of the worker ``w`` names."""
+    return make_worker(
+        catalog,
+        name=w.name,
+        gpu=w.gpu,
+        model=w.model,
+        capacity=w.capacity,
+        url=w.url,
+        served_model=w.served_model,
+        time_scale=time_scale,
+        profile=w.profile,
+    )
+
+
 def build_workers(cluster: ClusterConfig, catalog: GpuCatalog, *, time_scale: float = 1.0) -> list[WorkerInfo]:
     """The scheduler's view of a cluster: one ``WorkerInfo`` per expanded worker, in file order, profiles scaled
     by ``time_scale``. Raises ``UnknownNameError`` for a GPU/model pair without a profile."""
-    return [
-        make_worker(
-            catalog,
-            name=w.name,
-            gpu=w.gpu,
-            model=w.model,
-            capacity=w.capacity,
-            url=w.url,
-            served_model=w.served_model,
-            time_scale=time_scale,
-            profile=w.profile,
-        )
-        for w in cluster.expanded()
-    ]
+    return [entry_worker(catalog, w, time_scale) for w in cluster.expanded()]
 
 
 def load_cluster(path: Path | str, catalog: GpuCatalog | None = None) -> list[WorkerInfo]:

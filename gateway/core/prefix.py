@@ -8,6 +8,8 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from gateway.core.pickled import field_values
+
 __all__ = [
     "BLOCK_TOKENS",
     "CHARS_PER_TOKEN",
@@ -46,17 +48,8 @@ class PrefixSeg:
         if self.tokens < 0:
             raise ValueError(f"prefix segment {self.name!r}: tokens must be >= 0, got {self.tokens}")
 
-    def __reduce__(self) -> tuple[type[PrefixSeg], tuple[str, int, bool]]:
-        # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
-        # native build) cannot be unpickled by setting attributes.
-        return (
-            type(self),
-            (
-                self.name,
-                self.tokens,
-                self.per_query,
-            ),
-        )
+    def __reduce__(self) -> tuple[type[PrefixSeg], tuple[object, ...]]:
+        return type(self), field_values(self)
 
 
 Key = int

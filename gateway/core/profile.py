@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from gateway.core.pickled import field_values
 from gateway.core.prefix import BLOCK_TOKENS
 
 CAPACITY_CALL_TOKENS = 4096
@@ -39,29 +40,8 @@ class PerfProfile:
         if self.block_tokens < 1:
             raise ValueError(f"{self.gpu}/{self.model}: block_tokens must be at least 1, got {self.block_tokens}")
 
-    def __reduce__(
-        self,
-    ) -> tuple[type[PerfProfile], tuple[str, str, float, float, float, float, int, int, int, float, int, float, float]]:
-        # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
-        # native build) cannot be unpickled by setting attributes.
-        return (
-            type(self),
-            (
-                self.gpu,
-                self.model,
-                self.iter_base_s,
-                self.token_s,
-                self.ctx_s,
-                self.request_overhead_s,
-                self.kv_capacity_tokens,
-                self.max_num_seqs,
-                self.max_batched_tokens,
-                self.attn_s,
-                self.block_tokens,
-                self.seq_s,
-                self.admit_s,
-            ),
-        )
+    def __reduce__(self) -> tuple[type[PerfProfile], tuple[object, ...]]:
+        return type(self), field_values(self)
 
     @property
     def name(self) -> str:

@@ -14,6 +14,15 @@ from typing import Protocol
 from gateway.core.workflow import Call
 
 
+def _discard(q: deque[Call], call: Call) -> bool:
+    """Remove ``call`` from ``q``; False when it is not there."""
+    try:
+        q.remove(call)
+    except ValueError:
+        return False
+    return True
+
+
 class WorkerQueue(Protocol):
     """One worker's gateway-held queue."""
 
@@ -54,11 +63,7 @@ class FcfsQueue:
 
     def remove(self, call: Call) -> bool:
         """Remove a specific call."""
-        try:
-            self._q.remove(call)
-        except ValueError:
-            return False
-        return True
+        return _discard(self._q, call)
 
     def set_tenant_weights(self, weights: dict[str, float]) -> None:
         """First come, first served: no weights."""
@@ -240,13 +245,7 @@ class LanedQueue:
 
     def remove(self, call: Call) -> bool:
         """Remove a specific call from whichever lane holds it."""
-        if self._primary.remove(call):
-            return True
-        try:
-            self._low.remove(call)
-        except ValueError:
-            return False
-        return True
+        return self._primary.remove(call) or _discard(self._low, call)
 
     def set_tenant_weights(self, weights: dict[str, float]) -> None:
         """Pass the tenants' share weights to the discipline (the best-effort lane is first come, first served)."""

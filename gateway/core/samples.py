@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from gateway.core.latency import prefill_token_s
+from gateway.core.pickled import field_values
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import Call
 
@@ -36,21 +37,8 @@ class CallSample:
     observed_s: float
     at: float
 
-    def __reduce__(self) -> tuple[type[CallSample], tuple[int, int, int, float, float, float, float]]:
-        # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
-        # native build) cannot be unpickled by setting attributes.
-        return (
-            type(self),
-            (
-                self.prefill_tokens,
-                self.output_tokens,
-                self.batch_n,
-                self.batch_ctx,
-                self.wait_tokens,
-                self.observed_s,
-                self.at,
-            ),
-        )
+    def __reduce__(self) -> tuple[type[CallSample], tuple[object, ...]]:
+        return type(self), field_values(self)
 
 
 def sample_of(call: Call, profile: PerfProfile, observed_s: float, now: float) -> CallSample:

@@ -23,8 +23,9 @@ from urllib.parse import quote
 
 import aiohttp
 
-from gateway.config import GpuCatalog, make_worker
-from gateway.config.operations import KubernetesDiscoveryConfig
+from gateway.config import GpuCatalog
+from gateway.config.cluster import entry_worker
+from gateway.config.operations import KubernetesDiscoveryConfig, LeaderElectionConfig
 from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError
 from gateway.live.metrics import GatewayMetrics
@@ -149,17 +150,7 @@ def pod_worker_info(
     if pw is None:
         return None
     try:
-        info = make_worker(
-            catalog,
-            name=pw.name,
-            gpu=pw.gpu,
-            model=pw.model,
-            capacity=pw.capacity,
-            url=pw.url,
-            served_model=pw.served_model,
-            time_scale=time_scale,
-            profile=pw.profile,
-        )
+        info = entry_worker(catalog, pw, time_scale)
     except UnknownNameError as exc:
         raise PodError(str(exc)) from None
     return pw, info
@@ -325,37 +316,23 @@ def default_api_url() -> str | None:
     return f"https://{host}:{port}"
 
 
-def kube_api(
-    section: str,
-    api_url: str | None,
-    namespace: str | None,
-    *,
-    token_file: str,
-    ca_file: str | None,
-    timeout_s: float,
-) -> KubeApi:
+def kube_api(section: str, cfg: KubernetesDiscoveryConfig | LeaderElectionConfig, timeout_s: float) -> KubeApi:
     """An API client from a config section's connection settings (``section`` names it in the error):
-    ``api_url`` or the in-cluster default, ``namespace`` or the gateway's own. ``ValueError`` when no API
-    server URL is known."""
-    base = api_url or default_api_url()
+    ``cfg.api_url`` or the in-cluster default, ``cfg.namespace`` or the gateway's own. ``ValueError`` when no
+    API server URL is known."""
+    base = cfg.api_url or default_api_url()
     if base is None:
         raise ValueError(
             f"{section}.api_url is not set and KUBERNETES_SERVICE_HOST is not in the environment "
             "(is the gateway running in a pod?)"
         )
-    return KubeApi(base, namespace or default_namespace(), token_file=token_file, ca_file=ca_file, timeout_s=timeout_s)
+    namespace = cfg.namespace or default_namespace()
+    return KubeApi(base, namespace, token_file=cfg.token_file, ca_file=cfg.ca_file, timeout_s=timeout_s)
 
 
 def api_from_config(cfg: KubernetesDiscoveryConfig) -> KubeApi:
     """The API client ``cfg`` describes (``ValueError`` when no API server URL is known)."""
-    return kube_api(
-        "discovery.kubernetes",
-        cfg.api_url,
-        cfg.namespace,
-        token_file=cfg.token_file,
-        ca_file=cfg.ca_file,
-        timeout_s=cfg.timeout_s,
-    )
+    return kube_api("discovery.kubernetes", cfg, cfg.timeout_s)
 
 
 def default_namespace() -> str:

@@ -49,14 +49,7 @@ def micro_time(t: datetime) -> str:
 def lease_api(cfg: LeaderElectionConfig) -> KubeApi:
     """The API client of ``cfg`` (``ValueError`` when no API server URL is known)."""
     # A request may take at most the renew deadline: a leader must be able to step down in time.
-    return kube_api(
-        "leader_election",
-        cfg.api_url,
-        cfg.namespace,
-        token_file=cfg.token_file,
-        ca_file=cfg.ca_file,
-        timeout_s=cfg.renew_deadline_s,
-    )
+    return kube_api("leader_election", cfg, cfg.renew_deadline_s)
 
 
 def _spec(lease: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gateway.core.admission import SHED_PERIOD_S
+from gateway.live.monitor import cancel_and_wait
 
 if TYPE_CHECKING:
     from gateway.live.service import Gateway
@@ -101,12 +102,7 @@ class Lifecycle:
         gw.ready = False
         self.stopping.set()
         self.leader_stop.set()
-        tasks = self.tasks + self.leader_tasks
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(self.tasks + self.leader_tasks)
         self.tasks.clear()
         self.leader_tasks.clear()
         if gw.elector is not None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gateway.live.outliers import probe_call
 from gateway.live.worker_state import WorkerState
@@ -25,6 +25,15 @@ log = logging.getLogger("hexflow.pool")
 
 HOLD_KV_USAGE = 0.9
 """KV-cache usage (0..1) from which an engine with a growing waiting queue counts as full (see ``apply_scrape``)."""
+
+
+async def cancel_and_wait(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    """Cancel every task of ``tasks``, then wait for each to end (its ``CancelledError`` swallowed)."""
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
 
 
 class WorkerMonitor:
@@ -50,12 +59,7 @@ class WorkerMonitor:
 
     async def stop(self) -> None:
         """Cancel the background tasks and wait for them."""
-        tasks = [*self._tasks, *self._probes]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait([*self._tasks, *self._probes])
         self._tasks.clear()
         self._probes.clear()
 

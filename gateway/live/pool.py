@@ -8,7 +8,6 @@ loop (no locks)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import logging
@@ -23,7 +22,7 @@ from gateway.core.scheduler import NoEligibleWorker, Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.errors import CallFailed, WorkerError
 from gateway.live.metrics import GatewayMetrics
-from gateway.live.monitor import WorkerMonitor
+from gateway.live.monitor import WorkerMonitor, cancel_and_wait
 from gateway.live.outliers import OutlierDetector
 from gateway.live.pool_health import PoolHealth
 from gateway.live.transport import CallResult, LiveCall, PriorityRefused, Transport
@@ -127,20 +126,12 @@ class WorkerPool(PoolHealth):
         for st in self.workers:
             self._cancel_drain(st)
         loops = [st.removal_task for st in self.workers if st.removal_task is not None]
-        for t in loops:
-            t.cancel()
-        for t in loops:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(loops)
         parked, self.parked = list(self.parked), deque()
         for c in parked:
             self._deliver(c, CallFailed("the gateway is shutting down", status=503))
         pending = [c.task for st in self.workers for c in st.inflight if c.task is not None]
-        for t in pending:
-            t.cancel()
-        for t in pending:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(pending)
 
     @property
     def healthy(self) -> int:
