@@ -31,9 +31,10 @@ from gateway.core.admission import Admission, AdmissionRefused, Admitter
 from gateway.core.dag import DagNode
 from gateway.core.degrade import QuestionPlan
 from gateway.core.predict import StagePlan
+from gateway.core.records import WorkflowOutcome
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, OnlineWorkflow, WorkflowTemplate
-from gateway.errors import CallFailed, GatewayError, Rejected
+from gateway.errors import GatewayError, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.history import OutcomeWindow, WorkflowHistory
 from gateway.live.httperrors import to_http
@@ -44,7 +45,7 @@ from gateway.live.lifecycle import Lifecycle
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import Clock, WorkerPool
 from gateway.live.refit import ProfileRefitTask
-from gateway.live.runner import CallRecord, CallRequest, WorkflowOutcome, WorkflowRunner, new_workflow_id
+from gateway.live.runner import CallRequest, LiveOutcome, WorkflowRunner, new_workflow_id
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, Transport
 from gateway.live.tuning import AlphaTuner, WindowRecorder
@@ -312,9 +313,9 @@ class Gateway:
         *,
         template: WorkflowTemplate | None = None,
         wf_id: str | None = None,
-        on_call_done: Callable[[CallRecord], None] | None = None,
+        on_call_done: Callable[[LiveOutcome], None] | None = None,
         admission: Admission | None = None,
-    ) -> WorkflowOutcome:
+    ) -> WorkflowOutcome[CallResult]:
         """Run a validated DAG to completion (or first failure). Admission must have passed (``admission``:
         its answer; best effort runs every call at the lowest urgency, its work is committed until submitted).
 
@@ -374,8 +375,8 @@ class Gateway:
 
     async def run_stage(
         self, wf: OnlineWorkflow, kind: str, calls: list[tuple[CallSpec, CallRequest]]
-    ) -> list[tuple[CallRecord, CallResult | CallFailed]]:
-        """Run one stage (calls in parallel) of an online workflow; returns each call's record and outcome.
+    ) -> list[LiveOutcome]:
+        """Run one stage (calls in parallel) of an online workflow; returns each call's outcome.
 
         The stage is announced to the workflow first, so budgets follow its template. A cancelled caller
         takes its queued and in-flight calls back.

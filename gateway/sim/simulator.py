@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from gateway.core.admission import ADMISSION_HEADROOM, SHED_PERIOD_S, AdmissionRefused, Admitter
-from gateway.core.degrade import Knobs
 from gateway.core.policy import Policy
 from gateway.core.predict import SUSTAINABLE_SHARE, CompletionPredictor, calls_plan
 from gateway.core.profile import PerfProfile
+from gateway.core.records import CallOutcome, WorkflowOutcome
 from gateway.core.scheduler import BEST_EFFORT_SHARE, Scheduler
 from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow, deadline_met
+from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow
 from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.engine import EngineStats, SimEngine
 from gateway.sim.events import Event, EventHeap
@@ -84,64 +84,14 @@ class HedgeSettings:
         )
 
 
-@dataclass(slots=True)
-class WorkflowRecord:
-    """Outcome of one workflow."""
-
-    wid: int
-    tenant: str
-    arrival: float
-    deadline: float
-    finish: float
-    calls: int
-    knobs: Knobs | None = None
-    """The setting a degradable workflow ran at (``KnobbedWorkflow.used``); None: full quality."""
-    full_knobs: Knobs | None = None
-    """Its full-quality setting (None for a workflow that cannot degrade)."""
-
-    @property
-    def degraded(self) -> bool:
-        """Whether degradation removed work of this workflow."""
-        return self.knobs is not None and self.knobs != self.full_knobs
-
-    @property
-    def latency(self) -> float:
-        """End-to-end latency in seconds."""
-        return self.finish - self.arrival
-
-    @property
-    def met(self) -> bool:
-        """Whether the workflow finished by its deadline."""
-        return deadline_met(self.finish, self.deadline)
-
-
-@dataclass(slots=True)
-class CallTimeline:
-    """Timeline of one simulated call (kept when ``record_calls`` is set): absolute virtual times.
-
-    Not the live gateway's ``gateway.live.service.CallRecord``, on purpose: this one holds the moments
-    of one call in virtual time (with ``engine_done``, when the engine finished it, which only the
-    simulator knows) for invariant tests and timelines; the live record holds what a caller is told
-    about a call (worker name, queue and run seconds, attempts, and the worker's answer or error).
-    """
-
-    wid: int
-    kind: str
-    worker: int
-    ready: float
-    start: float
-    engine_done: float
-    result: float
-    node: int = -1
-    """The call's node index in a ``DagWorkflow`` (-1 for other workflows)."""
-
-
 @dataclass
 class SimResult:
     """Everything a run produced."""
 
-    workflows: list[WorkflowRecord]
-    calls: list[CallTimeline] = field(default_factory=list)
+    workflows: list[WorkflowOutcome[None]]
+    """One outcome per finished workflow (``ncalls`` its calls; ``knobs`` what a degradable one ran at)."""
+    calls: list[CallOutcome[None]] = field(default_factory=list)
+    """One outcome per call returned (``record_calls``), with ``engine_done``, when its engine finished it."""
     engine_stats: list[EngineStats] = field(default_factory=list)
     dispatch_counts: list[dict[str, int]] = field(default_factory=list)
     num_calls: int = 0
@@ -165,7 +115,7 @@ class Simulator:
         policy: policy name or object.
         alpha: the WB balance parameter (None: the policy's default).
         seed: seed of the scheduler's RNG.
-        record_calls: keep a ``CallTimeline`` per call (for invariant tests and timelines).
+        record_calls: keep a ``CallOutcome`` per call (for invariant tests and timelines).
         horizon_s: stop after this much virtual time (unfinished workflows are counted).
         admission: admit each arriving workflow with the live gateway's admission (``gateway.core.admission``:
             refused when its predicted completion is beyond ``admission_headroom`` of the time to its deadline,
@@ -291,8 +241,9 @@ class _Run:
             self.seq += 1
             initial.append(Event(wf.arrival, self.seq, _ARRIVAL, wf, -1, 0))
         self.heap = EventHeap(initial)
-        self.records: list[WorkflowRecord] = []
-        self.call_records: list[CallTimeline] = []
+        self.names = [w.name for w in sim.workers]
+        self.records: list[WorkflowOutcome[None]] = []
+        self.call_records: list[CallOutcome[None]] = []
         self.ncalls: dict[int, int] = {}
         self.call_id = 0
         self.pending = len(workflows)
@@ -382,13 +333,29 @@ class _Run:
         for c in finished:
             self.push(now + o, _RESULT, c, w, 0)
             if self.record_calls:
-                started = c.started_at if c.started_at is not None else now
-                node = getattr(c.spec, "node", -1)
-                self.call_records.append(
-                    CallTimeline(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o, node)
-                )
+                self.call_records.append(self.outcome(c, w, now, now + o))
         if not eng.busy and eng.kick(now):
             self.push(eng.wake_at, _WAKE, None, w, eng.version)
+
+    def outcome(self, c: Call, w: int, engine_done: float, result: float) -> CallOutcome[None]:
+        """A returned call's outcome (``record_calls``): its engine finished it at ``engine_done``, the gateway sees
+        it at ``result``."""
+        started = c.started_at if c.started_at is not None else engine_done
+        return CallOutcome(
+            c.workflow.wid,
+            getattr(c.spec, "node", -1),
+            c.kind,
+            c.ready_at,
+            result,
+            w,
+            self.names[w],
+            started,
+            started - c.ready_at,
+            result - started,
+            1,
+            c.budget,
+            engine_done,
+        )
 
     # ------------------------------------------------------------------ workflows
 
@@ -404,7 +371,7 @@ class _Run:
             self.submit(wf, first, now)
         else:
             self.pending -= 1
-            self.records.append(WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, 0))
+            self.records.append(WorkflowOutcome(wf.wid, wf.tenant, wf.arrival, wf.deadline, now))
 
     def submit(self, wf: Workflow, specs: list[CallSpec], t: float) -> None:
         """Submit the calls that became ready and fill the workers they went to."""
@@ -465,10 +432,11 @@ class _Run:
         if self.admitter is not None:
             self.watched.pop(wf, None)
             self.admitter.ended(wf, now - wf.arrival)
-        rec = WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, self.ncalls.get(wf.wid, 0))
-        if isinstance(wf, KnobbedWorkflow):
-            rec.knobs, rec.full_knobs = wf.used, wf.full
-        self.records.append(rec)
+        n = self.ncalls.get(wf.wid, 0)
+        knobs, full = (wf.used, wf.full) if isinstance(wf, KnobbedWorkflow) else (None, None)
+        self.records.append(
+            WorkflowOutcome(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls=n, knobs=knobs, full_knobs=full)
+        )
 
     # ------------------------------------------------------------------ admission and overload
 

@@ -161,7 +161,7 @@ def test_gap_breakdown_accounts_every_call_live_and_simulated(tmp_path: Path) ->
     again = resim.run([w.dag() for w in workload])
     on_a = sum(1 for t in again.calls if workers[t.worker].name == "a")
     assert sum(k.calls * k.same_worker for k in b.kinds.values()) == pytest.approx(on_a)
-    sim_mean = sum(t.result - t.start for t in again.calls) / n_calls
+    sim_mean = sum(t.run_s for t in again.calls) / n_calls
     assert sum(k.calls * k.sim_run_s for k in b.kinds.values()) / n_calls == pytest.approx(sim_mean)
     assert all(k.live_run_s == pytest.approx(0.2) for k in b.kinds.values())
     assert set(doc["per_kind"]) == kinds

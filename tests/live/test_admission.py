@@ -19,7 +19,7 @@ from gateway.core.dag import DagNode
 from gateway.core.degrade import FLOOR, Knobs, QuestionPlan, knob_plan
 from gateway.core.predict import CompletionPredictor, calls_plan, template_plan
 from gateway.core.workflow import CallSpec
-from gateway.errors import CallFailed, ConfigError, Rejected, Unprocessable
+from gateway.errors import ConfigError, Rejected, Unprocessable
 from gateway.live.runner import CallRequest
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, TenantStore
@@ -327,11 +327,11 @@ async def test_online_workflow_shed_fails_its_stage_and_later_calls(tmp_path: Pa
     await asyncio.sleep(0)
     clock.t += deadline
     assert gw.shed_overdue() == (1, 0)
-    [(_, outcome)] = await stage
-    assert isinstance(outcome, CallFailed) and outcome.status == 503
+    [outcome] = await stage
+    assert outcome.error is not None and outcome.error.status == 503
     # A stage the pipeline still tries fails at once, without reaching a queue.
-    [(_, again)] = await gw.run_stage(wf, CALL.kind, [(CALL, CallRequest("/v1/chat/completions", {}))])
-    assert isinstance(again, CallFailed) and gw.scheduler.queue_len(0) == 0
+    [again] = await gw.run_stage(wf, CALL.kind, [(CALL, CallRequest("/v1/chat/completions", {}))])
+    assert again.error is not None and gw.scheduler.queue_len(0) == 0
     gw.close_workflow(wf, t, failed=True)
     assert outcomes(gw, "rej", "shed") == 1 and gw.active_total == 0
 

@@ -18,10 +18,11 @@ from gateway.config.gateway import load_gateway_config
 from gateway.core.admission import Admission
 from gateway.core.dag import DagNode, DagWorkflow
 from gateway.core.predict import CompletionPredictor, calls_plan, dag_plan
+from gateway.core.records import CallOutcome
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed, WorkerError
-from gateway.live.runner import CallRecord, CallRequest, _Execution
+from gateway.live.runner import CallRequest, _Execution
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult, LiveCall
@@ -29,7 +30,7 @@ from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 100.0, 1.0, 100)
-OURS = (LiveCall, _Execution, CallRecord, CompletionPredictor, DagWorkflow, OnlineWorkflow)
+OURS = (LiveCall, _Execution, CallOutcome, CompletionPredictor, DagWorkflow, OnlineWorkflow)
 DIAMOND = [
     DagNode("a", "k", 10, 2),
     DagNode("b", "k", 10, 2, ("a",)),

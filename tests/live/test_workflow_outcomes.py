@@ -4,14 +4,18 @@ that raises still ends (as failed) and gives its concurrency slot back."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.core.dag import DagNode
+from gateway.core.records import WorkflowOutcome
 from gateway.core.workflow import CallSpec
 from gateway.errors import Rejected
 from gateway.live.history import GOODPUT_OUTCOMES
-from gateway.live.runner import CallRequest, WorkflowOutcome
+from gateway.live.routers.workflows import workflow_response
+from gateway.live.runner import CallRequest
+from gateway.live.schemas import WorkflowRequest
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.transport import LiveCall
@@ -84,7 +88,7 @@ async def test_close_workflow_counts_exactly_one_goodput_outcome(
     goodput = gw.metrics.registry.get_sample_value("hexflow_goodput_workflows_total", {"tenant": "t"}) or 0.0
     assert goodput == (1.0 if outcome == "met" else 0.0)
     [ended] = gw.history.slowest(1)
-    assert ended.outcome == outcome and ended.latency_s == finish and ended.calls == ()
+    assert ended.status == outcome and ended.latency == finish and ended.calls == ()
 
 
 async def test_a_shed_workflow_counts_as_rejected_for_goodput(tmp_path: Path) -> None:
@@ -105,8 +109,14 @@ async def test_a_shed_workflow_counts_as_rejected_for_goodput(tmp_path: Path) ->
     [("ok", 3.0, True), ("ok", 10.0, True), ("ok", 10.000001, False), ("failed", 3.0, False)],
 )
 def test_workflow_outcome_meets_its_deadline_only_when_ok_and_in_time(status: str, latency_s: float, met: bool) -> None:
-    out = WorkflowOutcome("wf-1", "t", status, 10.0, latency_s, [])
-    assert out.deadline_met is met
+    req = WorkflowRequest.model_validate(
+        {"calls": [{"id": "a", "kind": "k", "messages": [{"role": "user", "content": "hi"}]}]}
+    )
+    out: WorkflowOutcome[Any] = WorkflowOutcome(1, "t", 100.0, 110.0, 100.0 + latency_s, status)
+    resp = workflow_response(req, out, "wf-1", 10.0)
+    assert resp.deadline_met is met and resp.latency_s == round(latency_s, 6)
+    # The call never ran (no outcome): reported with no worker and nothing run.
+    assert resp.calls[0].worker is None and resp.calls[0].attempts == 0 and resp.calls[0].output is None
 
 
 async def test_a_workflow_that_raises_ends_as_failed_and_frees_its_slot(tmp_path: Path) -> None:
