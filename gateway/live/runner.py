@@ -77,6 +77,7 @@ class _Execution:
     done: asyncio.Future[None]
     on_call_done: Callable[[LiveOutcome], None] | None = None
     wf_id: str | None = None
+    route: str = ""
     live: dict[int, LiveCall] = field(default_factory=dict)
     error: CallFailed | None = None
     abandoned: bool = False
@@ -119,10 +120,11 @@ class _Execution:
 
 @dataclass(slots=True)
 class _Online:
-    """An online workflow's id (the one its client got) and the outcomes of its calls so far (the status page's
-    timeline keeps the first ``MAX_CALLS`` submitted; None: not settled yet)."""
+    """An online workflow's id (the one its client got), the route it came by, and the outcomes of its calls so far
+    (the status page's timeline keeps the first ``MAX_CALLS`` submitted; None: not settled yet)."""
 
     wf_id: str | None
+    route: str
     outcomes: list[LiveOutcome | None] = field(default_factory=list)
 
 
@@ -151,19 +153,21 @@ class WorkflowRunner:
         nodes: list[DagNode],
         requests: list[CallRequest],
         *,
+        route: str,
         template: WorkflowTemplate | None = None,
         wf_id: str | None = None,
         on_call_done: Callable[[LiveOutcome], None] | None = None,
         admission: Admission | None = None,
     ) -> WorkflowOutcome[CallResult]:
         """Run a validated DAG to completion or first failure (``Gateway.run_workflow``): its outcome, with its
-        settled calls' outcomes in node order (``status`` ``ok`` or ``failed``)."""
+        settled calls' outcomes in node order (``status`` ``ok`` or ``failed``). ``route``: the label of the route
+        that runs it (the status page's history)."""
         gw = self.gw
         now = gw.clock()
         wf = DagWorkflow.build(next(self._wids), tenant.name, now, now + deadline_s, nodes, template)
         loop = asyncio.get_running_loop()
         outcomes: list[LiveOutcome | None] = [None] * len(nodes)
-        ex = _Execution(self, wf, requests, outcomes, loop.create_future(), on_call_done, wf_id)
+        ex = _Execution(self, wf, requests, outcomes, loop.create_future(), on_call_done, wf_id, route)
         acc = self.accounting
         acc.begin(ex, tenant)
         gw.admitter.take(wf, admission)
@@ -202,15 +206,17 @@ class WorkflowRunner:
         deadline_s: float,
         plan: QuestionPlan | None,
         *,
+        route: str,
         admission: Admission | None = None,
         wf_id: str | None = None,
     ) -> OnlineWorkflow:
-        """Start a workflow whose stages the caller decides as it goes (``Gateway.open_workflow``)."""
+        """Start a workflow whose stages the caller decides as it goes (``Gateway.open_workflow``); ``route``: the
+        label of the route that runs it."""
         now = self.gw.clock()
         template = None if plan is None else plan.template
         wf = OnlineWorkflow(next(self._wids), tenant.name, now, now + deadline_s, template)
         self.accounting.begin(wf, tenant)
-        self.online[wf] = _Online(wf_id)
+        self.online[wf] = _Online(wf_id, route)
         self.gw.admitter.take(wf, admission)
         if plan is not None:
             self.plans[wf] = plan
@@ -362,15 +368,17 @@ class WorkflowRunner:
         )
 
     def _finish_dag(self, ex: _Execution, tenant: Tenant, outcome: str, latency: float | None) -> None:
-        route = "workflows" if ex.wf_id is not None else "chat"  # (a chat call is a one-call DAG without an id)
-        self._finish(ex, ex.wf, tenant, outcome, latency, valid=True, calls=ex.outcomes, wf_id=ex.wf_id, route=route)
+        self._finish(ex, ex.wf, tenant, outcome, latency, valid=True, calls=ex.outcomes, wf_id=ex.wf_id, route=ex.route)
 
     def _finish_online(
         self, wf: OnlineWorkflow, tenant: Tenant, outcome: str, latency: float | None, *, valid: bool = True
     ) -> None:
         kept = self.online.pop(wf, None)
-        calls, wf_id = (kept.outcomes, kept.wf_id) if kept is not None else ([], None)
-        self._finish(wf, wf, tenant, outcome, latency, valid=valid, calls=calls, wf_id=wf_id, route="text2sql")
+        if kept is None:  # (counted out already: ``_finish`` does nothing)
+            return
+        self._finish(
+            wf, wf, tenant, outcome, latency, valid=valid, calls=kept.outcomes, wf_id=kept.wf_id, route=kept.route
+        )
 
     def _finish(
         self,

@@ -311,6 +311,7 @@ class Gateway:
         nodes: list[DagNode],
         requests: list[CallRequest],
         *,
+        route: str,
         template: WorkflowTemplate | None = None,
         wf_id: str | None = None,
         on_call_done: Callable[[LiveOutcome], None] | None = None,
@@ -331,6 +332,7 @@ class Gateway:
             deadline_s,
             nodes,
             requests,
+            route=route,
             template=template,
             wf_id=wf_id,
             on_call_done=on_call_done,
@@ -343,6 +345,7 @@ class Gateway:
         deadline_s: float,
         plan: QuestionPlan | None,
         *,
+        route: str,
         admission: Admission | None = None,
         wf_id: str | None = None,
     ) -> OnlineWorkflow:
@@ -353,7 +356,7 @@ class Gateway:
         ``run_workflow``). ``wf_id``: the id its client got (the status page's history shows it). Every workflow
         opened must be closed with ``close_workflow``. Once shed, every call of it fails with the shed error.
         """
-        return self.runner.open_workflow(tenant, deadline_s, plan, admission=admission, wf_id=wf_id)
+        return self.runner.open_workflow(tenant, deadline_s, plan, route=route, admission=admission, wf_id=wf_id)
 
     def close_workflow(
         self,

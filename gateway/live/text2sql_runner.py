@@ -29,18 +29,21 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 
 class GatewayStageRunner:
     """``StageRunner`` on the live gateway, for one question of ``tenant`` (admission already passed;
-    ``admission``: what admission decided, handed on to the workflow; ``request_id``: the id the client gets)."""
+    ``route``: the label of the route that asks, on the status page; ``admission``: what admission decided, handed
+    on to the workflow; ``request_id``: the id the client gets)."""
 
     def __init__(
         self,
         gateway: Gateway,
         tenant: Tenant,
         *,
+        route: str,
         admission: Admission | None = None,
         request_id: str | None = None,
     ) -> None:
         self.gw = gateway
         self.tenant = tenant
+        self.route = route
         self.admission = admission
         self.request_id = request_id
         self._wf: OnlineWorkflow | None = None
@@ -55,7 +58,9 @@ class GatewayStageRunner:
         """Start the online workflow now, its deadline ``deadline_s`` from now, predicted by ``plan``."""
         if self._wf is not None:
             raise RuntimeError("the runner is open already (one runner per question)")
-        self._wf = self.gw.open_workflow(self.tenant, deadline_s, plan, admission=self.admission, wf_id=self.request_id)
+        self._wf = self.gw.open_workflow(
+            self.tenant, deadline_s, plan, route=self.route, admission=self.admission, wf_id=self.request_id
+        )
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
         """One stage of parallel calls on the gateway; one result per call, in order."""

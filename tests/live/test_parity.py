@@ -105,7 +105,9 @@ async def test_live_path_takes_the_simulators_decisions(tmp_path: Path, policy: 
                 nodes = list(dags[wid].nodes)
                 reqs = [CallRequest("/v1/completions", {"prompt": [1], "max_tokens": 1}) for _ in nodes]
                 runs.append(
-                    asyncio.create_task(gw.run_workflow(tenant, deadline_rel, nodes, reqs, template=CHESS_TEMPLATE))
+                    asyncio.create_task(
+                        gw.run_workflow(tenant, deadline_rel, nodes, reqs, template=CHESS_TEMPLATE, route="workflows")
+                    )
                 )
             else:
                 fut = transport.pending.pop((wid, node), None)

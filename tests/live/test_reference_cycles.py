@@ -97,19 +97,24 @@ def _scenarios(gw: Gateway) -> dict[str, Callable[[], Awaitable[Any]]]:
         # Admitted with its plan: admission predicts its completion, and each submitted call's work is
         # taken off the committed work (a predictor each).
         return lambda: gw.run_workflow(
-            TENANT, 50.0, DIAMOND, [_req(p) for p in prompts], admission=gw.admit(TENANT, 4, dag_plan(DIAMOND), 50.0)
+            TENANT,
+            50.0,
+            DIAMOND,
+            [_req(p) for p in prompts],
+            admission=gw.admit(TENANT, 4, dag_plan(DIAMOND), 50.0),
+            route="workflows",
         )
 
     def stage_admission(n: int) -> Admission:
         return gw.admit(TENANT, n, calls_plan([[CallSpec("k", 10, 2)] * n]), 50.0)
 
     async def stage(prompts: list[str]) -> None:
-        wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(len(prompts)))
+        wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(len(prompts)), route="text2sql")
         await gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), _req(p)) for p in prompts])
         gw.close_workflow(wf, TENANT)
 
     async def stage_cancelled() -> None:
-        wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(2))
+        wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(2), route="text2sql")
         try:
             await _cancel_after_start(gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), _req("hang"))] * 2))
         finally:

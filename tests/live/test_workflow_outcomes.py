@@ -51,7 +51,7 @@ async def test_close_workflow_counts_met_only_for_a_valid_answer_by_the_deadline
 ) -> None:
     clock = FakeClock()
     gw = _gateway(tmp_path, clock)
-    wf = gw.open_workflow(TENANT, 10.0, None)
+    wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     clock.t = finish
     latency = gw.close_workflow(wf, TENANT, **kwargs)
     assert latency == finish
@@ -77,7 +77,7 @@ async def test_close_workflow_counts_exactly_one_goodput_outcome(
 ) -> None:
     clock = FakeClock()
     gw = _gateway(tmp_path, clock)
-    wf = gw.open_workflow(TENANT, 10.0, None)
+    wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     clock.t = finish
     gw.close_workflow(wf, TENANT, **kwargs)
     counts = {
@@ -94,7 +94,7 @@ async def test_close_workflow_counts_exactly_one_goodput_outcome(
 async def test_a_shed_workflow_counts_as_rejected_for_goodput(tmp_path: Path) -> None:
     clock = FakeClock()
     gw = _gateway(tmp_path, clock)
-    wf = gw.open_workflow(TENANT, 10.0, None)
+    wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     gw.runner.fail_workflow(wf, Rejected("shed", 503, 3))
     gw.close_workflow(wf, TENANT)
     assert _count(gw, "shed") == 1.0
@@ -124,7 +124,7 @@ async def test_a_workflow_that_raises_ends_as_failed_and_frees_its_slot(tmp_path
     # An output length no float can hold: the scheduler's cost estimate raises inside run_workflow.
     nodes = [DagNode("a", "call", 10, 10**400)]
     with pytest.raises(OverflowError):
-        await gw.run_workflow(TENANT, 10.0, nodes, [CallRequest("/v1/completions", {})])
+        await gw.run_workflow(TENANT, 10.0, nodes, [CallRequest("/v1/completions", {})], route="workflows")
     assert gw.active_total == 0
     assert _count(gw, "failed") == 1.0
     failed = gw.metrics.registry.get_sample_value(
@@ -150,7 +150,7 @@ async def test_a_stage_whose_submission_fails_part_way_takes_back_the_calls_alre
 
     monkeypatch.setattr(gw.runner, "submit", submit_then_fail)
     monkeypatch.setattr(gw.pool, "cancel", cancelled.append)
-    wf = gw.open_workflow(TENANT, 10.0, None)
+    wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     req = CallRequest("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
     with pytest.raises(RuntimeError, match="second submission"):
         await gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), req), (CallSpec("k", 10, 2), req)])

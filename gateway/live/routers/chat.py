@@ -55,6 +55,9 @@ EVENT_STREAM = "text/event-stream"
 
 router = APIRouter()
 
+ROUTE = "chat"
+"""The status page's label of this module's routes (chat and text completions, one call each)."""
+
 
 def served_models(gw: Gateway) -> tuple[str, ...]:
     """The models the cluster's workers serve (workers being removed excluded), sorted."""
@@ -158,7 +161,9 @@ def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, d
     node = DagNode("chat", CHAT, n_in, mt or route.default_output_tokens)
     plan = calls_plan([[CallSpec(CHAT, node.input_tokens, node.output_tokens)]])
     admission = admit_or_raise(gw, tenant, 1, plan, deadline)
-    work = gw.run_workflow(tenant, deadline, [node], [CallRequest(route.path, fwd, queue)], admission=admission)
+    work = gw.run_workflow(
+        tenant, deadline, [node], [CallRequest(route.path, fwd, queue)], route=ROUTE, admission=admission
+    )
     return OpenCall(work, queue)
 
 

@@ -60,6 +60,9 @@ SYNTHETIC_VOCAB = (100, 1100)
 
 router = APIRouter()
 
+ROUTE = "workflows"
+"""This route's label on the status page (its workflows' ``route`` in ``/v1/status``)."""
+
 _SYNTH_BASE: list[int] = []
 _SYNTH_BASE_LEN = 1 << 16
 _TAG_DIGITS = 4
@@ -257,7 +260,9 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
     admission = admit_or_raise(gw, tenant, len(nodes), dag_plan(nodes), deadline)
     template = TEMPLATES[req.template] if req.template else None
     # A client that leaves cancels the workflow (queued calls dropped, worker requests aborted).
-    out = await gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id, admission=admission)
+    out = await gw.run_workflow(
+        tenant, deadline, nodes, requests, route=ROUTE, template=template, wf_id=wf_id, admission=admission
+    )
     resp = workflow_response(req, out, wf_id, deadline)
     if out.error is not None:
         raise UpstreamError(str(out.error), out.error.status, extra={"workflow": resp.model_dump()})
