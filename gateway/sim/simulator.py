@@ -233,6 +233,10 @@ class _Run:
         self.refitter = sim.refitter
         self.next_refit = self.refitter.s.interval_s if self.refitter is not None else math.inf
         self.hedge = sim.hedge
+        # Hedging's state, by call id (the calls themselves carry none of it): a hedged call's other copy, and the
+        # calls taken back (a twin that lost, or a shed workflow's), whose answers are ignored.
+        self.twins: dict[int, Call] = {}
+        self.abandoned: set[int] = set()
         self.record_calls = sim.record_calls
         # Events by (time, seq): seq makes ties FIFO and deterministic.
         self.seq = 0
@@ -318,7 +322,7 @@ class _Run:
                 break
             eng.add(c)
             added = True
-            if hedge is not None and c.twin is None:
+            if hedge is not None and c.id not in self.twins:
                 self.push(t + hedge.after * max(c.t_comp, 1e-6), _HEDGE, c, w, 0)
         if added and eng.kick(t):
             self.push(eng.wake_at, _WAKE, None, w, eng.version)
@@ -399,9 +403,9 @@ class _Run:
     def on_result(self, c: Call, w: int, now: float) -> None:
         """The gateway sees a call return only now (after the per-request overhead): the slot frees and the
         estimator learns here, exactly as in the live gateway; the workflow's next calls are submitted."""
-        if c.abandoned:
+        if c.id in self.abandoned:
             return  # its twin answered first (or its workflow was shed); its slot was freed then
-        if c.twin is not None:
+        if c.id in self.twins:
             self.settle(c, now)
         sched = self.sched
         sched.on_finish(c, now)
@@ -495,16 +499,18 @@ class _Run:
         self.pending -= 1
         for c in self.watched.pop(wf, []):
             self.cancel(c, now)
-            if c.twin is not None:
-                self.cancel(c.twin, now)
+            twin = self.twins.get(c.id)
+            if twin is not None:
+                self.cancel(twin, now)
         assert self.admitter is not None
         self.admitter.ended(wf)
 
     def cancel(self, c: Call, now: float) -> None:
         """Take a call back: off its queue, or out of its engine at the next iteration boundary (its slot freed)."""
-        if c.abandoned or c.finished_at is not None:
+        if c.id in self.abandoned or c.finished_at is not None:
             return
         was_running = c.started_at is not None
+        self.abandoned.add(c.id)
         self.sched.abandon(c, now)
         if was_running:
             eng = self.engines[c.worker]
@@ -527,7 +533,7 @@ class _Run:
         """Send a copy of a straggling critical-path call to a free worker predicted to finish it sooner."""
         hedge = self.hedge
         assert hedge is not None
-        if c.finished_at is not None or c.abandoned or c.twin is not None:
+        if c.finished_at is not None or c.id in self.abandoned or c.id in self.twins:
             return
         if c.workflow.pending_calls != 1:
             return
@@ -547,15 +553,15 @@ class _Run:
             return
         self.call_id += 1
         copy = Call(self.call_id, c.workflow, spec, t)
-        copy.twin, c.twin = c, copy
+        self.twins[copy.id], self.twins[c.id] = c, copy
         sched.submit_to(copy, free[best], t)
         self.sim.hedges += 1
         self.fill(free[best], t)
 
     def settle(self, c: Call, t: float) -> None:
         """``c`` answered first: abandon its twin and free the twin's slot."""
-        twin = c.twin
-        if twin is None or twin.abandoned or twin.finished_at is not None:
+        twin = self.twins.get(c.id)
+        if twin is None or twin.id in self.abandoned or twin.finished_at is not None:
             return
         if c.id > twin.id:
             self.sim.hedges_won += 1
