@@ -1,12 +1,11 @@
 """What every driver reports of a call and of a workflow: ``CallOutcome`` and ``WorkflowOutcome``.
 
-One type each, used by the live gateway (its runner, the responses and the status page's history), the
-simulator (``SimResult``) and the replay client (its parse of the gateway's reports). Times are absolute, on
-the driver's clock (the gateway's monotonic seconds live, virtual seconds simulated); None where a moment
-was not reached or is not known (the replay client is told durations, not moments). What only one driver
-knows rides in a field the others leave at its default: the engine's finish time (``engine_done``, the
-simulator's), the worker's answer (``answer``, live and replay), the knobs a degradable workflow ran at (the
-simulator's).
+One type each, used by the live gateway (its runner, the responses and the status page's history) and the
+simulator (``SimResult``); the API's ``CallReport``, which the replay client parses responses into, is built
+from a ``CallOutcome``. Times are absolute, on the driver's clock (the gateway's monotonic seconds live,
+virtual seconds simulated). What only one driver knows rides in a field the other leaves at its default: the
+engine's finish time (``engine_done``, the simulator's), the worker's answer and the error (``answer`` and
+``error``, live), the knobs a degradable workflow ran at (the simulator's).
 """
 
 from __future__ import annotations
@@ -56,16 +55,15 @@ class CallOutcome(Generic[A]):
 
 @dataclass(frozen=True, slots=True)
 class WorkflowOutcome(Generic[A]):
-    """One workflow that ended (or, for the replay client, was sent).
+    """One workflow that ended.
 
     ``status``: how it ended in the driver's words (live: ``ok``/``failed`` for its caller, the goodput outcome in
-    the status page's history; simulated: ``ok``; replay: the HTTP status, ``"0"`` for no answer). ``arrival``,
-    ``deadline`` and ``finish`` are absolute (``finish`` NaN: it got no end, a request the replay client got no
-    answer to). ``calls``: the outcomes kept
-    (the status page keeps the first ones), ``ncalls`` how many calls it made in all. ``id``: the id its client
-    got; ``route``: the route it came by (the status page's label); ``request_id``: the request's
-    ``X-Request-Id``; ``knobs``/``full_knobs``: the setting a degradable simulated workflow ran at and its full
-    quality (None: full quality, or not degradable).
+    the status page's history; simulated: ``ok``). ``arrival``, ``deadline`` and ``finish`` are absolute.
+    ``calls``: the call outcomes it carries (live: its settled calls, in node order for its caller, the first
+    ``MAX_CALLS`` by ready time in the history; simulated: none, ``SimResult.calls`` has them), ``ncalls`` how
+    many calls it made. ``id``: the id its client got; ``route``: the route it came by (the status page's
+    label); ``request_id``: the request's ``X-Request-Id``; ``knobs``/``full_knobs``: the setting a degradable
+    simulated workflow ran at and its full quality (None: full quality, or not degradable).
     """
 
     wid: int
@@ -85,7 +83,7 @@ class WorkflowOutcome(Generic[A]):
 
     @property
     def latency(self) -> float:
-        """End-to-end latency in seconds (NaN when it got no end)."""
+        """End-to-end latency in seconds."""
         return self.finish - self.arrival
 
     @property
