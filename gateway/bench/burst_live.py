@@ -345,7 +345,9 @@ def question_records(
         r = by_wid.get(w.wid)
         sim: dict[str, Any] = {"arrival": w.arrival - wfs[0].arrival}
         if r is not None:
-            sim.update(latency=r.latency, met=r.met, calls=r.calls, knobs=None if r.knobs is None else astuple(r.knobs))
+            sim.update(
+                latency=r.latency, met=r.met, calls=r.ncalls, knobs=None if r.knobs is None else astuple(r.knobs)
+            )
         log = getattr(w, "log", None)
         if log:
             sim["decisions"] = [

@@ -22,12 +22,13 @@ from gateway.bench.simbench import Setup
 from gateway.bench.stats import fmt, table
 from gateway.config import ClusterConfig, build_workers, load_cluster, load_cluster_config, load_gpu_catalog
 from gateway.core.profile import PerfProfile
+from gateway.core.records import CallOutcome
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.profiling.fit import workflow_latency
 from gateway.profiling.refit import FitOutcome, RefitSettings, Refitter, constants_of
 from gateway.sim.metrics import summarize
-from gateway.sim.simulator import CallTimeline, Simulator
+from gateway.sim.simulator import Simulator
 from gateway.sim.workload.traces import load_queries
 
 __all__ = [
@@ -247,7 +248,7 @@ def _simulated_run(
     )
 
 
-def _shares(calls: Sequence[CallTimeline], n_workers: int) -> list[float]:
+def _shares(calls: Sequence[CallOutcome[None]], n_workers: int) -> list[float]:
     """Each worker's share of ``calls``."""
     counts = [0] * n_workers
     for c in calls:

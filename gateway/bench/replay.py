@@ -51,11 +51,11 @@ from gateway.core.prefix import PrefixSeg
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, deadline_met
 from gateway.errors import GatewayError
+from gateway.live.schemas import CallReport
 from gateway.sim.workload import CHESS_BIRD, TenantSpec, load_queries, resolve_trace
 
 __all__ = [
     "REJECTED_STATUSES",
-    "CallRecord",
     "ReplayError",
     "ReplayReport",
     "ReplayWorkflow",
@@ -248,35 +248,6 @@ def replay_workload(setup: Setup, rate_qps: float) -> list[ReplayWorkflow]:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class CallRecord:
-    """One call of a completed workflow as the gateway reported it (``CallReport``): wall seconds, and the
-    token counts the worker's ``usage`` gave."""
-
-    id: str
-    kind: str
-    worker: str | None
-    queued_s: float
-    run_s: float
-    prompt_tokens: int
-    completion_tokens: int
-
-    @classmethod
-    def from_report(cls, c: dict[str, Any]) -> CallRecord:
-        """From one entry of a ``/v1/workflows`` response's ``calls`` (``KeyError``/``TypeError``/``ValueError``
-        on a malformed one)."""
-        worker = c.get("worker")
-        return cls(
-            str(c["id"]),
-            str(c["kind"]),
-            None if worker is None else str(worker),
-            float(c["queued_s"]),
-            float(c["run_s"]),
-            int(c["prompt_tokens"]),
-            int(c["completion_tokens"]),
-        )
-
-
 @dataclass(slots=True)
 class WorkflowResult:
     """What happened to one workflow (times in modelled seconds; ``status`` 0: no HTTP answer)."""
@@ -290,8 +261,9 @@ class WorkflowResult:
     finish_s: float | None = None
     send_lag_s: float = 0.0
     error: str | None = None
-    calls: tuple[CallRecord, ...] = ()
-    """The gateway's report of each call (completed workflows; empty when the response had none)."""
+    calls: tuple[CallReport, ...] = ()
+    """The gateway's report of each call, as its API model (completed workflows; empty when the response had
+    none)."""
 
     @property
     def completed(self) -> bool:
@@ -489,7 +461,7 @@ async def _send(
         doc, gw_latency = None, math.nan
     if isinstance(doc, dict) and isinstance(doc.get("calls"), list):
         with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
-            res.calls = tuple(CallRecord.from_report(c) for c in doc["calls"])
+            res.calls = tuple(CallReport.model_validate(c) for c in doc["calls"])
     res.gateway_latency_s = gw_latency / time_scale if math.isfinite(gw_latency) else None
 
 

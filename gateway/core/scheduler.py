@@ -275,7 +275,6 @@ class Scheduler:
     def abandon(self, call: Call, now: float) -> None:
         """Forget a call whose answer is no longer wanted (its hedge twin answered): off its queue if still
         queued, else its slot freed without learning from it."""
-        call.abandoned = True
         if self.cancel(call):
             return
         if call.started_at is not None and call.finished_at is None:

@@ -105,10 +105,6 @@ class Call:
     best_effort: bool = False
     """Run at the lowest urgency: the call waits behind every other call of its worker's queue (a workflow
     predicted to miss its deadline whose tenant asked for best effort rather than rejection)."""
-    twin: Call | None = None
-    """A hedge: the other copy of the same call (the first to answer wins, the other is abandoned)."""
-    abandoned: bool = False
-    """Its twin answered first: the call was taken off its queue or aborted, its answer is ignored."""
     _prefix_keys: list[tuple[int, int]] | None = None
 
     def __init__(
@@ -136,8 +132,6 @@ class Call:
         wait_s: float = 0.0,
         cached: int = 0,
         best_effort: bool = False,
-        twin: Call | None = None,
-        abandoned: bool = False,
         _prefix_keys: list[tuple[int, int]] | None = None,
     ) -> None:
         # Written out, not generated: the native build compiles this one, where a compiled dataclass's generated
@@ -166,8 +160,6 @@ class Call:
         self.wait_s = wait_s
         self.cached = cached
         self.best_effort = best_effort
-        self.twin = twin
-        self.abandoned = abandoned
         self._prefix_keys = _prefix_keys
 
     @property

@@ -13,13 +13,14 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from gateway.core.records import WorkflowOutcome
 from gateway.core.workflow import Workflow
-from gateway.live.history import FinishedWorkflow, OutcomeWindow, WorkflowHistory, call_timings, goodput_outcome
+from gateway.live.history import OutcomeWindow, WorkflowHistory, goodput_outcome, kept_calls
 from gateway.live.logs import REQUEST_ID
 from gateway.live.tenants import Tenant
 
 if TYPE_CHECKING:
-    from gateway.live.runner import CallRecord
+    from gateway.live.runner import LiveOutcome
     from gateway.live.service import Gateway
 
 __all__ = ["Accounting"]
@@ -58,12 +59,13 @@ class Accounting:
         latency: float | None,
         *,
         valid: bool,
-        records: Sequence[CallRecord],
+        calls: Sequence[LiveOutcome | None],
         wf_id: str | None,
         route: str,
     ) -> bool:
         """``ex`` (running ``wf``) ended with ``outcome`` (met, missed, failed, cancelled, shed); False when it was
-        counted out already. ``records``: its calls; ``wf_id``: the id its client got; ``route``: the route it
+        counted out already. ``calls``: its calls' outcomes (None: not
+        settled); ``wf_id``: the id its client got; ``route``: the route it
         came by, as the status page's history labels it."""
         if ex not in self._running:
             return False
@@ -72,7 +74,7 @@ class Accounting:
             # (the request's context carries its request and workflow ids into this line: gateway.live.logs)
             tail = "" if latency is None else f" in {latency:.3f} s"
             log.debug("workflow of tenant %s ended: %s%s", tenant.name, outcome, tail)
-        self._ended(wf, tenant.name, outcome, valid, records, wf_id, route)
+        self._ended(wf, tenant.name, outcome, valid, calls, wf_id, route)
         self.active[tenant.name] = max(self.active.get(tenant.name, 1) - 1, 0)
         self.active_total -= 1
         metrics = self.gw.metrics
@@ -96,7 +98,7 @@ class Accounting:
         tenant: str,
         status: str,
         valid: bool,
-        records: Sequence[CallRecord],
+        calls: Sequence[LiveOutcome | None],
         wf_id: str | None,
         route: str,
     ) -> None:
@@ -108,25 +110,19 @@ class Accounting:
         self.gw.metrics.workflow_outcome(tenant, outcome)
         self.outcome_window.add(tenant, outcome, now)
         rid = REQUEST_ID.get()  # the X-Request-Id the client got (its request's context)
-        calls, more = call_timings(
-            wf.arrival,
-            [
-                (r.kind, r.worker, r.ready_at, r.sent_at, r.done_at, r.budget_s, r.attempts, r.error is None)
-                for r in records
-                if r.ready_at is not None and r.done_at is not None
-            ],
-        )
+        kept, n = kept_calls(calls)
         self.history.add(
-            FinishedWorkflow(
+            WorkflowOutcome(
+                wf.wid,
+                tenant,
+                wf.arrival,
+                wf.deadline,
+                now,
+                outcome,
+                kept,
+                n,
                 id=wf_id or rid or f"{route}-{wf.wid}",
-                request_id=rid,
-                tenant=tenant,
                 route=route,
-                outcome=outcome,
-                finished=now,
-                latency_s=now - wf.arrival,
-                deadline_s=wf.deadline - wf.arrival,
-                calls=calls,
-                more_calls=more,
+                request_id=rid,
             )
         )

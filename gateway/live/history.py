@@ -6,8 +6,9 @@ Three small pieces, all bounded and all fed by ``Gateway`` when a workflow ends:
   (``hexflow_workflow_outcomes_total``; goodput is ``met``: by its deadline *with a valid answer*);
 * ``OutcomeWindow``: per tenant, the outcomes of the last ``window_s`` seconds in ``BUCKETS`` time
   buckets (attainment, goodput per second, and a goodput series for a sparkline);
-* ``WorkflowHistory``: a ring buffer of the last finished workflows with one ``CallTiming`` per call
-  (at most ``MAX_CALLS`` each), from which the page shows the slowest with their timelines.
+* ``WorkflowHistory``: a ring buffer of the last finished workflows (core's ``WorkflowOutcome``, with at most
+  ``MAX_CALLS`` call outcomes each), from which the page shows the slowest with their timelines
+  (``status_entry``).
 
 Times are the gateway's clock (``time.monotonic`` live), passed in: nothing here reads a clock.
 """
@@ -15,11 +16,12 @@ Times are the gateway's clock (``time.monotonic`` live), passed in: nothing here
 from __future__ import annotations
 
 import heapq
-import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
+
+from gateway.core.records import CallOutcome, WorkflowOutcome
 
 GOODPUT_OUTCOMES = ("met", "late", "no_valid_answer", "failed", "rejected", "cancelled")
 """How a workflow ended, for goodput: ``met`` (by its deadline with a valid answer: goodput), ``late`` (a
@@ -124,102 +126,56 @@ class OutcomeWindow:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class CallTiming:
-    """One call of a finished workflow, in seconds from the workflow's arrival.
-
-    ``ready_s``: queued at the gateway (its last attempt's queueing); ``sent_s``: sent to ``worker`` (None:
-    never sent); ``done_s``: returned or failed for good; ``budget_s``: its stage budget (the share of the
-    time left to the deadline the scheduler gave the stage when the call was queued; negative once late).
-    """
-
-    kind: str
-    worker: str | None
-    ready_s: float
-    sent_s: float | None
-    done_s: float
-    budget_s: float
-    attempts: int
-    ok: bool
-
-    @property
-    def waited_s(self) -> float:
-        """Seconds in the gateway's queue."""
-        return max((self.sent_s if self.sent_s is not None else self.done_s) - self.ready_s, 0.0)
-
-    @property
-    def ran_s(self) -> float:
-        """Seconds on the worker."""
-        return 0.0 if self.sent_s is None else max(self.done_s - self.sent_s, 0.0)
-
-    @property
-    def over_budget(self) -> bool:
-        """Took longer (waited plus ran) than its stage budget."""
-        return self.done_s - self.ready_s > self.budget_s
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedWorkflow:
-    """A workflow that ended, as the status page shows it. ``finished``: the gateway clock at its end;
-    ``calls``: its first ``MAX_CALLS`` calls in the order they were queued, ``more_calls`` the others.
-
-    ``id`` is the id its client got: the response's ``id`` (``wf-...`` from ``/v1/workflows``, ``t2s-...`` from
-    ``/v1/text2sql``); ``request_id`` the request's ``X-Request-Id`` (the client's own when it sent a sane one),
-    None where the gateway did not record it.
-    """
-
-    id: str
-    tenant: str
-    route: str
-    outcome: str
-    finished: float
-    latency_s: float
-    deadline_s: float
-    calls: tuple[CallTiming, ...]
-    more_calls: int = 0
-    request_id: str | None = None
-
-    def lost_at(self) -> int | None:
-        """Where the deadline was lost: the index of the first call that returned after it (None when the
-        workflow was in time, or when every call returned before it: the time went after the last call)."""
-        if self.latency_s <= self.deadline_s:
-            return None
-        for i, c in enumerate(self.calls):
-            if c.done_s > self.deadline_s:
-                return i
+def lost_at(wf: WorkflowOutcome[Any]) -> int | None:
+    """Where a workflow lost its deadline: the index of the first kept call that returned after it (None when the
+    workflow was in time, or when every call returned before it: the time went after the last call)."""
+    deadline_s = wf.deadline - wf.arrival
+    if wf.finish - wf.arrival <= deadline_s:
         return None
+    for i, c in enumerate(wf.calls):
+        if c.result - wf.arrival > deadline_s:
+            return i
+    return None
 
-    def as_dict(self, now: float) -> dict[str, Any]:
-        """JSON for the status page (``age_s``: seconds since it ended at ``now``)."""
-        lost = self.lost_at()
-        return {
-            "id": self.id,
-            "request_id": self.request_id,
-            "tenant": self.tenant,
-            "route": self.route,
-            "outcome": self.outcome,
-            "age_s": round(max(now - self.finished, 0.0), 3),
-            "latency_s": round(self.latency_s, 4),
-            "deadline_s": round(self.deadline_s, 4),
-            "lost_at": lost,
-            "more_calls": self.more_calls,
-            "calls": [
-                {
-                    "kind": c.kind,
-                    "worker": c.worker,
-                    "ready_s": round(c.ready_s, 4),
-                    "sent_s": None if c.sent_s is None else round(c.sent_s, 4),
-                    "done_s": round(c.done_s, 4),
-                    "waited_s": round(c.waited_s, 4),
-                    "ran_s": round(c.ran_s, 4),
-                    "budget_s": round(c.budget_s, 4),
-                    "over_budget": c.over_budget,
-                    "attempts": c.attempts,
-                    "ok": c.ok,
-                }
-                for c in self.calls
-            ],
-        }
+
+def status_entry(wf: WorkflowOutcome[Any], now: float) -> dict[str, Any]:
+    """A finished workflow as the status page shows it (``age_s``: seconds since it ended at ``now``): its calls'
+    times in seconds from its arrival (``budget_s``: the stage budget the scheduler gave the call when it was
+    queued, negative once late; ``over_budget``: it waited plus ran longer than that)."""
+    arrival = wf.arrival
+    deadline_s = wf.deadline - arrival
+    calls = []
+    for c in wf.calls:
+        ready_s, done_s = c.ready - arrival, c.result - arrival
+        sent_s = None if c.start is None else c.start - arrival
+        calls.append(
+            {
+                "kind": c.kind,
+                "worker": c.worker_name,
+                "ready_s": round(ready_s, 4),
+                "sent_s": None if sent_s is None else round(sent_s, 4),
+                "done_s": round(done_s, 4),
+                "waited_s": round(max((sent_s if sent_s is not None else done_s) - ready_s, 0.0), 4),
+                "ran_s": round(0.0 if sent_s is None else max(done_s - sent_s, 0.0), 4),
+                "budget_s": round(c.budget_s, 4),
+                "over_budget": done_s - ready_s > c.budget_s,
+                "attempts": c.attempts,
+                "ok": c.ok,
+            }
+        )
+    return {
+        "id": wf.id,
+        "request_id": wf.request_id,
+        "tenant": wf.tenant,
+        "route": wf.route,
+        "outcome": wf.status,
+        "age_s": round(max(now - wf.finish, 0.0), 3),
+        "latency_s": round(wf.finish - arrival, 4),
+        "deadline_s": round(deadline_s, 4),
+        "lost_at": lost_at(wf),
+        "more_calls": wf.ncalls - len(wf.calls),
+        "calls": calls,
+    }
 
 
 class WorkflowHistory:
@@ -228,10 +184,10 @@ class WorkflowHistory:
     def __init__(self, size: int) -> None:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
-        self._ring: deque[FinishedWorkflow] = deque(maxlen=size)
+        self._ring: deque[WorkflowOutcome[Any]] = deque(maxlen=size)
         self.total = 0
 
-    def add(self, wf: FinishedWorkflow) -> None:
+    def add(self, wf: WorkflowOutcome[Any]) -> None:
         """Remember one finished workflow."""
         self._ring.append(wf)
         self.total += 1
@@ -239,37 +195,30 @@ class WorkflowHistory:
     def __len__(self) -> int:
         return len(self._ring)
 
-    def slowest(self, n: int, *, since: float | None = None) -> list[FinishedWorkflow]:
+    def slowest(self, n: int, *, since: float | None = None) -> list[WorkflowOutcome[Any]]:
         """The ``n`` kept workflows with the largest latency over deadline, slowest first (ended at or after
         ``since`` when given): the ones that came closest to, or went furthest past, their deadline."""
-        pool: Sequence[FinishedWorkflow] = self._ring
+        pool: Sequence[WorkflowOutcome[Any]] = self._ring
         if since is not None:
-            pool = [w for w in self._ring if w.finished >= since]
-        return heapq.nlargest(n, pool, key=lambda w: w.latency_s / w.deadline_s if w.deadline_s > 0 else w.latency_s)
+            pool = [w for w in self._ring if w.finish >= since]
+        return heapq.nlargest(n, pool, key=_lateness)
 
 
-_READY = operator.itemgetter(2)
+def _lateness(w: WorkflowOutcome[Any]) -> float:
+    latency_s, deadline_s = w.finish - w.arrival, w.deadline - w.arrival
+    return latency_s / deadline_s if deadline_s > 0 else latency_s
 
 
-def call_timings(
-    arrival: float, calls: Iterable[tuple[str, str | None, float, float | None, float, float, int, bool]]
-) -> tuple[tuple[CallTiming, ...], int]:
-    """``CallTiming``s relative to ``arrival`` from absolute (kind, worker, ready, sent, done, budget, attempts,
-    ok) tuples, sorted by ready time; at most ``MAX_CALLS`` are kept, the count of the others is returned."""
-    rows = sorted(calls, key=_READY)
+def _ready(c: CallOutcome[Any]) -> float:
+    return c.ready
+
+
+def kept_calls(calls: Iterable[CallOutcome[Any] | None]) -> tuple[tuple[CallOutcome[Any], ...], int]:
+    """The settled ``calls`` (None: not settled) sorted by ready time, at most ``MAX_CALLS`` of them, and how many
+    settled in all (a ``WorkflowOutcome``'s ``calls`` and ``ncalls`` for the history). The kept ones hold no
+    answer and no error: the history outlives them, and needs only their times."""
+    rows = sorted([c for c in calls if c is not None], key=_ready)
     kept = tuple(
-        [  # (a list, then a tuple: cheaper than a generator for the one call of a chat completion)
-            CallTiming(
-                kind,  # kind, worker, ready_s, sent_s, done_s, budget_s, attempts, ok
-                worker,
-                ready - arrival,
-                None if sent is None else sent - arrival,
-                done - arrival,
-                budget,
-                attempts,
-                ok,
-            )
-            for kind, worker, ready, sent, done, budget, attempts, ok in rows[:MAX_CALLS]
-        ]
+        [c if c.answer is None and c.error is None else replace(c, answer=None, error=None) for c in rows[:MAX_CALLS]]
     )
-    return kept, max(len(rows) - MAX_CALLS, 0)
+    return kept, len(rows)

@@ -25,6 +25,7 @@ from gateway.core.admission import Admission, ShedVerdict
 from gateway.core.dag import DagCallSpec, DagNode, DagWorkflow
 from gateway.core.degrade import QuestionPlan
 from gateway.core.prefix import prompt_prefix
+from gateway.core.records import CallOutcome, WorkflowOutcome
 from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate, deadline_met
 from gateway.errors import CallFailed, Rejected
 from gateway.live.accounting import Accounting
@@ -36,7 +37,7 @@ from gateway.live.transport import CallResult, LiveCall
 if TYPE_CHECKING:
     from gateway.live.service import Gateway
 
-__all__ = ["CallRecord", "CallRequest", "WorkflowOutcome", "WorkflowRunner", "new_workflow_id"]
+__all__ = ["CallRequest", "LiveOutcome", "WorkflowRunner", "new_workflow_id"]
 
 
 def new_workflow_id() -> str:
@@ -53,63 +54,13 @@ class CallRequest:
     stream: asyncio.Queue[bytes | None] | None = None
 
 
-@dataclass(slots=True)
-class CallRecord:
-    """One call's outcome inside a workflow, as the caller is told it.
-
-    The worker's name, the last attempt's queue and run seconds, the attempts, and the worker's answer
-    or the final error. ``ready_at``/``sent_at``/``done_at`` (the gateway's clock; None: not reached) and
-    ``budget_s`` (the stage budget the scheduler gave it) are the status page's timeline. The simulator
-    keeps a different record, ``gateway.sim.simulator.CallTimeline``
-    (absolute virtual times, with the engine's finish time that only it knows), for timelines.
-    """
-
-    node: int
-    kind: str
-    worker: str | None = None
-    queued_s: float = 0.0
-    run_s: float = 0.0
-    attempts: int = 0
-    result: CallResult | None = None
-    error: CallFailed | None = None
-    ready_at: float | None = None
-    sent_at: float | None = None
-    done_at: float | None = None
-    budget_s: float = 0.0
-
-
-@dataclass(slots=True)
-class WorkflowOutcome:
-    """A finished (or failed) workflow.
-
-    ``wf_id``: the id the caller gave ``run_workflow``; without one, ``id`` makes one when first read (a
-    chat completion, a one-call workflow, never reads it: no random id per call).
-    """
-
-    wf_id: str | None
-    tenant: str
-    status: str  # ok | failed
-    deadline_s: float
-    latency_s: float
-    calls: list[CallRecord]
-    error: CallFailed | None = None
-
-    @property
-    def id(self) -> str:
-        """The workflow's id (``new_workflow_id``'s form when the caller gave none)."""
-        if self.wf_id is None:
-            self.wf_id = new_workflow_id()
-        return self.wf_id
-
-    @property
-    def deadline_met(self) -> bool:
-        """Finished without error within the deadline: core's ``deadline_met`` (the one rule)."""
-        return deadline_met(self.latency_s, self.deadline_s, valid=self.status == "ok")
+LiveOutcome = CallOutcome[CallResult]
+"""A live call's outcome: the worker's response is its ``answer``, a ``CallFailed`` its ``error``."""
 
 
 @dataclass(eq=False)
 class _Execution:
-    """One DAG workflow being run (``WorkflowRunner.run_workflow``): its calls in flight, their records, and the
+    """One DAG workflow being run (``WorkflowRunner.run_workflow``): its calls in flight, their outcomes, and the
     callback that releases the successors of each call that returns.
 
     The callback is a bound method, not a closure of ``run_workflow``: two closures that call each other
@@ -122,10 +73,11 @@ class _Execution:
     runner: WorkflowRunner
     wf: DagWorkflow
     requests: list[CallRequest]
-    records: list[CallRecord]
+    outcomes: list[LiveOutcome | None]
     done: asyncio.Future[None]
-    on_call_done: Callable[[CallRecord], None] | None = None
+    on_call_done: Callable[[LiveOutcome], None] | None = None
     wf_id: str | None = None
+    route: str = ""
     live: dict[int, LiveCall] = field(default_factory=dict)
     error: CallFailed | None = None
     abandoned: bool = False
@@ -140,8 +92,7 @@ class _Execution:
         """A call returned or failed for good: record it, then release its successors (or fail the workflow)."""
         spec = call.spec
         assert isinstance(spec, DagCallSpec)
-        rec = self.records[spec.node]
-        self.runner.record(rec, call, outcome)
+        rec = self.outcomes[spec.node] = self.runner.outcome(call, spec.node, outcome)
         self.live.pop(spec.node, None)
         if self.abandoned:  # a call that settled after its workflow was given up releases nothing
             return
@@ -169,11 +120,12 @@ class _Execution:
 
 @dataclass(slots=True)
 class _Online:
-    """An online workflow's id (the one its client got) and the records of its calls so far (the status page's
-    timeline keeps the first ``MAX_CALLS``)."""
+    """An online workflow's id (the one its client got), the route it came by, and the outcomes of its calls so far
+    (the status page's timeline keeps the first ``MAX_CALLS`` submitted; None: not settled yet)."""
 
     wf_id: str | None
-    records: list[CallRecord] = field(default_factory=list)
+    route: str
+    outcomes: list[LiveOutcome | None] = field(default_factory=list)
 
 
 class WorkflowRunner:
@@ -201,18 +153,21 @@ class WorkflowRunner:
         nodes: list[DagNode],
         requests: list[CallRequest],
         *,
+        route: str,
         template: WorkflowTemplate | None = None,
         wf_id: str | None = None,
-        on_call_done: Callable[[CallRecord], None] | None = None,
+        on_call_done: Callable[[LiveOutcome], None] | None = None,
         admission: Admission | None = None,
-    ) -> WorkflowOutcome:
-        """Run a validated DAG to completion or first failure (``Gateway.run_workflow``)."""
+    ) -> WorkflowOutcome[CallResult]:
+        """Run a validated DAG to completion or first failure (``Gateway.run_workflow``): its outcome, with its
+        settled calls' outcomes in node order (``status`` ``ok`` or ``failed``). ``route``: the label of the route
+        that runs it (the status page's history)."""
         gw = self.gw
         now = gw.clock()
         wf = DagWorkflow.build(next(self._wids), tenant.name, now, now + deadline_s, nodes, template)
         loop = asyncio.get_running_loop()
-        records = [CallRecord(i, n.kind) for i, n in enumerate(nodes)]
-        ex = _Execution(self, wf, requests, records, loop.create_future(), on_call_done, wf_id)
+        outcomes: list[LiveOutcome | None] = [None] * len(nodes)
+        ex = _Execution(self, wf, requests, outcomes, loop.create_future(), on_call_done, wf_id, route)
         acc = self.accounting
         acc.begin(ex, tenant)
         gw.admitter.take(wf, admission)
@@ -229,11 +184,15 @@ class WorkflowRunner:
         if shed is not None:
             self._finish_dag(ex, tenant, "shed", None)
             raise shed
-        latency = gw.clock() - wf.arrival
+        now = gw.clock()
+        latency = now - wf.arrival
+        calls = tuple([o for o in ex.outcomes if o is not None])
         status = "failed" if ex.error is not None else "ok"
-        outcome = WorkflowOutcome(wf_id, tenant.name, status, deadline_s, latency, ex.records, ex.error)
+        outcome = WorkflowOutcome(
+            wf.wid, tenant.name, wf.arrival, wf.deadline, now, status, calls, len(nodes), ex.error, wf_id
+        )
         if ex.error is None:
-            self._finish_dag(ex, tenant, "met" if outcome.deadline_met else "missed", latency)
+            self._finish_dag(ex, tenant, "met" if deadline_met(latency, deadline_s) else "missed", latency)
             gw.recorder.record(wf)
         else:
             self._finish_dag(ex, tenant, "failed", None)
@@ -247,15 +206,17 @@ class WorkflowRunner:
         deadline_s: float,
         plan: QuestionPlan | None,
         *,
+        route: str,
         admission: Admission | None = None,
         wf_id: str | None = None,
     ) -> OnlineWorkflow:
-        """Start a workflow whose stages the caller decides as it goes (``Gateway.open_workflow``)."""
+        """Start a workflow whose stages the caller decides as it goes (``Gateway.open_workflow``); ``route``: the
+        label of the route that runs it."""
         now = self.gw.clock()
         template = None if plan is None else plan.template
         wf = OnlineWorkflow(next(self._wids), tenant.name, now, now + deadline_s, template)
         self.accounting.begin(wf, tenant)
-        self.online[wf] = _Online(wf_id)
+        self.online[wf] = _Online(wf_id, route)
         self.gw.admitter.take(wf, admission)
         if plan is not None:
             self.plans[wf] = plan
@@ -280,24 +241,25 @@ class WorkflowRunner:
 
     async def run_stage(
         self, wf: OnlineWorkflow, kind: str, calls: list[tuple[CallSpec, CallRequest]]
-    ) -> list[tuple[CallRecord, CallResult | CallFailed]]:
-        """Run one stage (calls in parallel) of an online workflow (``Gateway.run_stage``)."""
+    ) -> list[LiveOutcome]:
+        """Run one stage (calls in parallel) of an online workflow (``Gateway.run_stage``): one outcome per call,
+        in order (a failed call's carries its ``CallFailed``)."""
         wf.begin_stage(kind, [spec for spec, _ in calls])
         online = self.online.get(wf)
-        kept = online.records if online is not None else []
+        kept = online.outcomes if online is not None else []
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[CallResult | CallFailed]] = []
+        futures: list[asyncio.Future[LiveOutcome]] = []
         live: list[LiveCall] = []
-        records: list[CallRecord] = []
-        for i, (spec, _) in enumerate(calls):
-            futures.append(loop.create_future())
-            rec = CallRecord(i, spec.kind)
-            records.append(rec)
-            if len(kept) < MAX_CALLS:  # the status page's timeline keeps the first calls only
-                kept.append(rec)
         try:
-            for (spec, req), fut, rec in zip(calls, futures, records, strict=True):
-                done = functools.partial(self._stage_call_done, wf=wf, fut=fut, rec=rec)
+            for i, (spec, req) in enumerate(calls):
+                fut: asyncio.Future[LiveOutcome] = loop.create_future()
+                futures.append(fut)
+                slot = len(kept)
+                if slot < MAX_CALLS:  # the status page's timeline keeps the first calls only
+                    kept.append(None)
+                else:
+                    slot = -1
+                done = functools.partial(self._stage_call_done, wf=wf, fut=fut, node=i, kept=kept, slot=slot)
                 live.append(self.submit(wf, spec, req, done))
             self.gw.pool.drain_kicked()  # the stage's calls are queued: sent now
             outcomes = await asyncio.gather(*futures)
@@ -307,7 +269,7 @@ class WorkflowRunner:
             for c in live:
                 self.gw.pool.cancel(c)
             raise
-        return list(zip(records, outcomes, strict=True))
+        return outcomes
 
     def _stage_call_done(
         self,
@@ -315,13 +277,17 @@ class WorkflowRunner:
         outcome: CallResult | CallFailed,
         *,
         wf: OnlineWorkflow,
-        fut: asyncio.Future[CallResult | CallFailed],
-        rec: CallRecord,
+        fut: asyncio.Future[LiveOutcome],
+        node: int,
+        kept: list[LiveOutcome | None],
+        slot: int,
     ) -> None:
-        self.record(rec, call, outcome)
+        out = self.outcome(call, node, outcome)
+        if slot >= 0:
+            kept[slot] = out
         wf.stage_call_done()
         if not fut.done():
-            fut.set_result(outcome)
+            fut.set_result(out)
 
     # ------------------------------------------------------------------ calls
 
@@ -377,35 +343,42 @@ class WorkflowRunner:
         gw.pool.submit(call)
         return call
 
-    def record(self, rec: CallRecord, call: LiveCall, outcome: CallResult | CallFailed) -> None:
-        """Fill a call's record when it returns or fails for good: worker, the last attempt's queue and
-        run time, attempts, and the answer or the error."""
+    def outcome(self, call: LiveCall, node: int, outcome: CallResult | CallFailed) -> LiveOutcome:
+        """A call's outcome when it returns or fails for good: worker, the last attempt's queue and run time,
+        attempts, and the answer or the error."""
         now = self.gw.clock()
-        if call.worker_name:
-            rec.worker = call.worker_name
-        rec.queued_s = max((call.sent_at or now) - call.ready_at, 0.0)
-        rec.run_s = max(now - call.sent_at, 0.0) if call.sent_at else 0.0
-        rec.ready_at = call.ready_at
-        rec.sent_at = call.sent_at or None
-        rec.done_at = now
-        rec.budget_s = call.budget
-        if isinstance(outcome, CallResult):
-            rec.attempts = call.attempts + 1
-            rec.result = outcome
-        else:
-            rec.attempts = call.attempts
-            rec.error = outcome
+        sent = call.sent_at
+        ok = isinstance(outcome, CallResult)
+        return CallOutcome(
+            call.workflow.wid,
+            node,
+            call.spec.kind,
+            call.ready_at,
+            now,
+            call.worker,
+            call.worker_name or None,
+            sent or None,
+            max((sent or now) - call.ready_at, 0.0),
+            max(now - sent, 0.0) if sent else 0.0,
+            call.attempts + 1 if ok else call.attempts,
+            call.budget,
+            ok=ok,
+            answer=outcome if isinstance(outcome, CallResult) else None,
+            error=outcome if isinstance(outcome, CallFailed) else None,
+        )
 
     def _finish_dag(self, ex: _Execution, tenant: Tenant, outcome: str, latency: float | None) -> None:
-        route = "workflows" if ex.wf_id is not None else "chat"  # (a chat call is a one-call DAG without an id)
-        self._finish(ex, ex.wf, tenant, outcome, latency, valid=True, records=ex.records, wf_id=ex.wf_id, route=route)
+        self._finish(ex, ex.wf, tenant, outcome, latency, valid=True, calls=ex.outcomes, wf_id=ex.wf_id, route=ex.route)
 
     def _finish_online(
         self, wf: OnlineWorkflow, tenant: Tenant, outcome: str, latency: float | None, *, valid: bool = True
     ) -> None:
         kept = self.online.pop(wf, None)
-        records, wf_id = (kept.records, kept.wf_id) if kept is not None else ([], None)
-        self._finish(wf, wf, tenant, outcome, latency, valid=valid, records=records, wf_id=wf_id, route="text2sql")
+        if kept is None:  # (counted out already: ``_finish`` does nothing)
+            return
+        self._finish(
+            wf, wf, tenant, outcome, latency, valid=valid, calls=kept.outcomes, wf_id=kept.wf_id, route=kept.route
+        )
 
     def _finish(
         self,
@@ -416,13 +389,13 @@ class WorkflowRunner:
         latency: float | None,
         *,
         valid: bool,
-        records: list[CallRecord],
+        calls: list[LiveOutcome | None],
         wf_id: str | None,
         route: str,
     ) -> None:
         """A workflow ended: accounted once (``Accounting.end``), its overload state dropped."""
         if not self.accounting.end(
-            ex, wf, tenant, outcome, latency, valid=valid, records=records, wf_id=wf_id, route=route
+            ex, wf, tenant, outcome, latency, valid=valid, calls=calls, wf_id=wf_id, route=route
         ):
             return
         self.pending.pop(wf, None)

@@ -266,7 +266,8 @@ class WorkflowRequest(BaseModel):
 
 
 class CallReport(BaseModel):
-    """One call in a workflow response."""
+    """One call in a workflow response: its ``CallOutcome`` (``gateway.core.records``) as the API shows it
+    (``routers.workflows.workflow_response``); the replay client parses responses back into it."""
 
     id: str
     kind: str

@@ -18,9 +18,10 @@ from gateway.core.admission import Admission, AdmissionRefused, Admitter
 from gateway.core.dag import DagNode
 from gateway.core.degrade import QuestionPlan
 from gateway.core.predict import StagePlan
+from gateway.core.records import WorkflowOutcome
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import CallSpec, OnlineWorkflow, WorkflowTemplate
-from gateway.errors import CallFailed, GatewayError, Rejected
+from gateway.errors import GatewayError, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.history import OutcomeWindow, WorkflowHistory
 from gateway.live.httperrors import to_http
@@ -31,7 +32,7 @@ from gateway.live.lifecycle import Lifecycle
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import Clock, WorkerPool
 from gateway.live.refit import ProfileRefitTask
-from gateway.live.runner import CallRecord, CallRequest, WorkflowOutcome, WorkflowRunner, new_workflow_id
+from gateway.live.runner import CallRequest, LiveOutcome, WorkflowRunner, new_workflow_id
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import CallResult, Transport
 from gateway.live.tuning import AlphaTuner, WindowRecorder
@@ -284,11 +285,12 @@ class Gateway:
         nodes: list[DagNode],
         requests: list[CallRequest],
         *,
+        route: str,
         template: WorkflowTemplate | None = None,
         wf_id: str | None = None,
-        on_call_done: Callable[[CallRecord], None] | None = None,
+        on_call_done: Callable[[LiveOutcome], None] | None = None,
         admission: Admission | None = None,
-    ) -> WorkflowOutcome:
+    ) -> WorkflowOutcome[CallResult]:
         """Run a validated, admitted DAG (``admission``: its answer) to completion or first failure.
 
         Raises ``Rejected`` (503) when shed. Cancelling the awaiting task abandons the workflow (calls
@@ -298,6 +300,7 @@ class Gateway:
             deadline_s,
             nodes,
             requests,
+            route=route,
             template=template,
             wf_id=wf_id,
             on_call_done=on_call_done,
@@ -310,13 +313,14 @@ class Gateway:
         deadline_s: float,
         plan: QuestionPlan | None,
         *,
+        route: str,
         admission: Admission | None = None,
         wf_id: str | None = None,
     ) -> OnlineWorkflow:
         """Start an admitted workflow whose stages the caller decides as it goes (Text-to-SQL). ``plan``: the
         question's prediction (stage budgets, the overload re-check); ``wf_id``: the id its client got.
         Close it with ``close_workflow``; once shed, every call of it fails with the shed error."""
-        return self.runner.open_workflow(tenant, deadline_s, plan, admission=admission, wf_id=wf_id)
+        return self.runner.open_workflow(tenant, deadline_s, plan, route=route, admission=admission, wf_id=wf_id)
 
     def close_workflow(
         self,
@@ -334,9 +338,9 @@ class Gateway:
 
     async def run_stage(
         self, wf: OnlineWorkflow, kind: str, calls: list[tuple[CallSpec, CallRequest]]
-    ) -> list[tuple[CallRecord, CallResult | CallFailed]]:
-        """Run one stage (calls in parallel) of an online workflow; returns each call's record and outcome. A
-        cancelled caller takes its calls back."""
+    ) -> list[LiveOutcome]:
+        """Run one stage (calls in parallel) of an online workflow; returns each call's outcome. A cancelled
+        caller takes its calls back."""
         return await self.runner.run_stage(wf, kind, calls)
 
     # ------------------------------------------------------------------ status

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.live.history import GOODPUT_OUTCOMES
+from gateway.live.history import GOODPUT_OUTCOMES, status_entry
 
 if TYPE_CHECKING:
     from gateway.live.service import Gateway
@@ -106,5 +106,5 @@ def page_state(gw: Gateway) -> dict[str, Any]:
         },
         "tuning": tuning,
         "finished_total": gw.history.total,
-        "slowest": [wf.as_dict(now) for wf in gw.history.slowest(SLOWEST, since=now - window_s)],
+        "slowest": [status_entry(wf, now) for wf in gw.history.slowest(SLOWEST, since=now - window_s)],
     }

@@ -19,11 +19,9 @@ from gateway.core.admission import Admission
 from gateway.core.degrade import QuestionPlan
 from gateway.core.predict import CompletionPredictor
 from gateway.core.workflow import CallSpec, OnlineWorkflow
-from gateway.errors import CallFailed
-from gateway.live.runner import CallRecord, CallRequest
+from gateway.live.runner import CallRequest, LiveOutcome
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
-from gateway.live.transport import CallResult
 from gateway.text2sql.port import Closed, RemainingPredictor, StageCall, StageCallError, StageCallResult
 
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -31,18 +29,21 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 
 class GatewayStageRunner:
     """``StageRunner`` on the live gateway, for one question of ``tenant`` (admission already passed;
-    ``admission``: what admission decided, handed on to the workflow; ``request_id``: the id the client gets)."""
+    ``route``: the label of the route that asks, on the status page; ``admission``: what admission decided, handed
+    on to the workflow; ``request_id``: the id the client gets)."""
 
     def __init__(
         self,
         gateway: Gateway,
         tenant: Tenant,
         *,
+        route: str,
         admission: Admission | None = None,
         request_id: str | None = None,
     ) -> None:
         self.gw = gateway
         self.tenant = tenant
+        self.route = route
         self.admission = admission
         self.request_id = request_id
         self._wf: OnlineWorkflow | None = None
@@ -57,14 +58,16 @@ class GatewayStageRunner:
         """Start the online workflow now, its deadline ``deadline_s`` from now, predicted by ``plan``."""
         if self._wf is not None:
             raise RuntimeError("the runner is open already (one runner per question)")
-        self._wf = self.gw.open_workflow(self.tenant, deadline_s, plan, admission=self.admission, wf_id=self.request_id)
+        self._wf = self.gw.open_workflow(
+            self.tenant, deadline_s, plan, route=self.route, admission=self.admission, wf_id=self.request_id
+        )
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
         """One stage of parallel calls on the gateway; one result per call, in order."""
         wf = self._workflow()
         pairs = [(CallSpec(kind, c.input_tokens, c.output_tokens), _request(c)) for c in calls]
         outcomes = await self.gw.run_stage(wf, kind, pairs)
-        return [_result(rec, outcome) for rec, outcome in outcomes]
+        return [_result(o) for o in outcomes]
 
     def remaining(self) -> float:
         """Seconds to the deadline on the gateway's clock (negative once past)."""
@@ -94,14 +97,15 @@ def _request(call: StageCall) -> CallRequest:
     return CallRequest(CHAT_ENDPOINT, body)
 
 
-def _result(rec: CallRecord, outcome: CallResult | CallFailed) -> StageCallResult:
-    if isinstance(outcome, CallFailed):
-        error = StageCallError(str(outcome), outcome.status)
-        return StageCallResult(rec.worker, rec.queued_s, rec.run_s, error=error)
+def _result(o: LiveOutcome) -> StageCallResult:
+    if o.error is not None:
+        return StageCallResult(o.worker_name, o.queued_s, o.run_s, error=StageCallError(str(o.error), o.error.status))
+    outcome = o.answer
+    assert outcome is not None  # a live call that did not fail carries the worker's response
     return StageCallResult(
-        rec.worker,
-        rec.queued_s,
-        rec.run_s,
+        o.worker_name,
+        o.queued_s,
+        o.run_s,
         text=outcome.text() or "",
         prompt_tokens=outcome.prompt_tokens or None,
         completion_tokens=outcome.completion_tokens or None,

@@ -6,7 +6,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from gateway.sim.simulator import SimResult, WorkflowRecord
+from gateway.core.records import WorkflowOutcome
+from gateway.sim.simulator import SimResult
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -53,7 +54,7 @@ def summarize(result: SimResult, total: int | None = None, tenant: str | None = 
 
     ``total`` is the number of workflows submitted (defaults to finished + unfinished).
     """
-    recs: list[WorkflowRecord] = [r for r in result.workflows if tenant is None or r.tenant == tenant]
+    recs: list[WorkflowOutcome[None]] = [r for r in result.workflows if tenant is None or r.tenant == tenant]
     n_total = total if total is not None else len(recs) + (result.unfinished if tenant is None else 0)
     lat = sorted(r.latency for r in recs)
     missing = n_total - len(recs)

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from gateway.core.admission import ADMISSION_HEADROOM, SHED_PERIOD_S, AdmissionRefused, Admitter
-from gateway.core.degrade import Knobs
 from gateway.core.policy import Policy
 from gateway.core.predict import SUSTAINABLE_SHARE, CompletionPredictor, calls_plan
 from gateway.core.profile import PerfProfile
+from gateway.core.records import CallOutcome, WorkflowOutcome
 from gateway.core.scheduler import BEST_EFFORT_SHARE, Scheduler
 from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow, deadline_met
+from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow
 from gateway.profiling.refit import FitOutcome, RefitSettings, Refitter
 from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.engine import EngineStats, SimEngine
@@ -84,64 +84,14 @@ class HedgeSettings:
         )
 
 
-@dataclass(slots=True)
-class WorkflowRecord:
-    """Outcome of one workflow."""
-
-    wid: int
-    tenant: str
-    arrival: float
-    deadline: float
-    finish: float
-    calls: int
-    knobs: Knobs | None = None
-    """The setting a degradable workflow ran at (``KnobbedWorkflow.used``); None: full quality."""
-    full_knobs: Knobs | None = None
-    """Its full-quality setting (None for a workflow that cannot degrade)."""
-
-    @property
-    def degraded(self) -> bool:
-        """Whether degradation removed work of this workflow."""
-        return self.knobs is not None and self.knobs != self.full_knobs
-
-    @property
-    def latency(self) -> float:
-        """End-to-end latency in seconds."""
-        return self.finish - self.arrival
-
-    @property
-    def met(self) -> bool:
-        """Whether the workflow finished by its deadline."""
-        return deadline_met(self.finish, self.deadline)
-
-
-@dataclass(slots=True)
-class CallTimeline:
-    """Timeline of one simulated call (kept when ``record_calls`` is set): absolute virtual times.
-
-    Not the live gateway's ``gateway.live.service.CallRecord``, on purpose: this one holds the moments
-    of one call in virtual time (with ``engine_done``, when the engine finished it, which only the
-    simulator knows) for invariant tests and timelines; the live record holds what a caller is told
-    about a call (worker name, queue and run seconds, attempts, and the worker's answer or error).
-    """
-
-    wid: int
-    kind: str
-    worker: int
-    ready: float
-    start: float
-    engine_done: float
-    result: float
-    node: int = -1
-    """The call's node index in a ``DagWorkflow`` (-1 for other workflows)."""
-
-
 @dataclass
 class SimResult:
     """Everything a run produced."""
 
-    workflows: list[WorkflowRecord]
-    calls: list[CallTimeline] = field(default_factory=list)
+    workflows: list[WorkflowOutcome[None]]
+    """One outcome per finished workflow (``ncalls`` its calls; ``knobs`` what a degradable one ran at)."""
+    calls: list[CallOutcome[None]] = field(default_factory=list)
+    """One outcome per call returned (``record_calls``), with ``engine_done``, when its engine finished it."""
     engine_stats: list[EngineStats] = field(default_factory=list)
     dispatch_counts: list[dict[str, int]] = field(default_factory=list)
     num_calls: int = 0
@@ -165,7 +115,7 @@ class Simulator:
         policy: policy name or object.
         alpha: the WB balance parameter (None: the policy's default).
         seed: seed of the scheduler's RNG.
-        record_calls: keep a ``CallTimeline`` per call (for invariant tests and timelines).
+        record_calls: keep a ``CallOutcome`` per call (for invariant tests and timelines).
         horizon_s: stop after this much virtual time (unfinished workflows are counted).
         admission: admit each arriving workflow with the live gateway's admission (``gateway.core.admission``:
             refused when its predicted completion is beyond ``admission_headroom`` of the time to its deadline,
@@ -283,6 +233,10 @@ class _Run:
         self.refitter = sim.refitter
         self.next_refit = self.refitter.s.interval_s if self.refitter is not None else math.inf
         self.hedge = sim.hedge
+        # Hedging's state, by call id (the calls themselves carry none of it): a hedged call's other copy, and the
+        # calls taken back (a twin that lost, or a shed workflow's), whose answers are ignored.
+        self.twins: dict[int, Call] = {}
+        self.abandoned: set[int] = set()
         self.record_calls = sim.record_calls
         # Events by (time, seq): seq makes ties FIFO and deterministic.
         self.seq = 0
@@ -291,8 +245,9 @@ class _Run:
             self.seq += 1
             initial.append(Event(wf.arrival, self.seq, _ARRIVAL, wf, -1, 0))
         self.heap = EventHeap(initial)
-        self.records: list[WorkflowRecord] = []
-        self.call_records: list[CallTimeline] = []
+        self.names = [w.name for w in sim.workers]
+        self.records: list[WorkflowOutcome[None]] = []
+        self.call_records: list[CallOutcome[None]] = []
         self.ncalls: dict[int, int] = {}
         self.call_id = 0
         self.pending = len(workflows)
@@ -367,7 +322,7 @@ class _Run:
                 break
             eng.add(c)
             added = True
-            if hedge is not None and c.twin is None:
+            if hedge is not None and c.id not in self.twins:
                 self.push(t + hedge.after * max(c.t_comp, 1e-6), _HEDGE, c, w, 0)
         if added and eng.kick(t):
             self.push(eng.wake_at, _WAKE, None, w, eng.version)
@@ -382,13 +337,29 @@ class _Run:
         for c in finished:
             self.push(now + o, _RESULT, c, w, 0)
             if self.record_calls:
-                started = c.started_at if c.started_at is not None else now
-                node = getattr(c.spec, "node", -1)
-                self.call_records.append(
-                    CallTimeline(c.workflow.wid, c.kind, w, c.ready_at, started, now, now + o, node)
-                )
+                self.call_records.append(self.outcome(c, w, now, now + o))
         if not eng.busy and eng.kick(now):
             self.push(eng.wake_at, _WAKE, None, w, eng.version)
+
+    def outcome(self, c: Call, w: int, engine_done: float, result: float) -> CallOutcome[None]:
+        """A returned call's outcome (``record_calls``): its engine finished it at ``engine_done``, the gateway sees
+        it at ``result``."""
+        started = c.started_at if c.started_at is not None else engine_done
+        return CallOutcome(
+            c.workflow.wid,
+            getattr(c.spec, "node", -1),
+            c.kind,
+            c.ready_at,
+            result,
+            w,
+            self.names[w],
+            started,
+            started - c.ready_at,
+            result - started,
+            1,
+            c.budget,
+            engine_done,
+        )
 
     # ------------------------------------------------------------------ workflows
 
@@ -404,7 +375,7 @@ class _Run:
             self.submit(wf, first, now)
         else:
             self.pending -= 1
-            self.records.append(WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, 0))
+            self.records.append(WorkflowOutcome(wf.wid, wf.tenant, wf.arrival, wf.deadline, now))
 
     def submit(self, wf: Workflow, specs: list[CallSpec], t: float) -> None:
         """Submit the calls that became ready and fill the workers they went to."""
@@ -432,9 +403,9 @@ class _Run:
     def on_result(self, c: Call, w: int, now: float) -> None:
         """The gateway sees a call return only now (after the per-request overhead): the slot frees and the
         estimator learns here, exactly as in the live gateway; the workflow's next calls are submitted."""
-        if c.abandoned:
+        if c.id in self.abandoned:
             return  # its twin answered first (or its workflow was shed); its slot was freed then
-        if c.twin is not None:
+        if c.id in self.twins:
             self.settle(c, now)
         sched = self.sched
         sched.on_finish(c, now)
@@ -465,10 +436,11 @@ class _Run:
         if self.admitter is not None:
             self.watched.pop(wf, None)
             self.admitter.ended(wf, now - wf.arrival)
-        rec = WorkflowRecord(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, self.ncalls.get(wf.wid, 0))
-        if isinstance(wf, KnobbedWorkflow):
-            rec.knobs, rec.full_knobs = wf.used, wf.full
-        self.records.append(rec)
+        n = self.ncalls.get(wf.wid, 0)
+        knobs, full = (wf.used, wf.full) if isinstance(wf, KnobbedWorkflow) else (None, None)
+        self.records.append(
+            WorkflowOutcome(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls=n, knobs=knobs, full_knobs=full)
+        )
 
     # ------------------------------------------------------------------ admission and overload
 
@@ -527,16 +499,18 @@ class _Run:
         self.pending -= 1
         for c in self.watched.pop(wf, []):
             self.cancel(c, now)
-            if c.twin is not None:
-                self.cancel(c.twin, now)
+            twin = self.twins.get(c.id)
+            if twin is not None:
+                self.cancel(twin, now)
         assert self.admitter is not None
         self.admitter.ended(wf)
 
     def cancel(self, c: Call, now: float) -> None:
         """Take a call back: off its queue, or out of its engine at the next iteration boundary (its slot freed)."""
-        if c.abandoned or c.finished_at is not None:
+        if c.id in self.abandoned or c.finished_at is not None:
             return
         was_running = c.started_at is not None
+        self.abandoned.add(c.id)
         self.sched.abandon(c, now)
         if was_running:
             eng = self.engines[c.worker]
@@ -559,7 +533,7 @@ class _Run:
         """Send a copy of a straggling critical-path call to a free worker predicted to finish it sooner."""
         hedge = self.hedge
         assert hedge is not None
-        if c.finished_at is not None or c.abandoned or c.twin is not None:
+        if c.finished_at is not None or c.id in self.abandoned or c.id in self.twins:
             return
         if c.workflow.pending_calls != 1:
             return
@@ -579,15 +553,15 @@ class _Run:
             return
         self.call_id += 1
         copy = Call(self.call_id, c.workflow, spec, t)
-        copy.twin, c.twin = c, copy
+        self.twins[copy.id], self.twins[c.id] = c, copy
         sched.submit_to(copy, free[best], t)
         self.sim.hedges += 1
         self.fill(free[best], t)
 
     def settle(self, c: Call, t: float) -> None:
         """``c`` answered first: abandon its twin and free the twin's slot."""
-        twin = c.twin
-        if twin is None or twin.abandoned or twin.finished_at is not None:
+        twin = self.twins.get(c.id)
+        if twin is None or twin.id in self.abandoned or twin.finished_at is not None:
             return
         if c.id > twin.id:
             self.sim.hedges_won += 1

@@ -34,9 +34,10 @@ from gateway.bench.fidelity.vllm_servers import (
 )
 from gateway.bench.hostcpu import CpuShare, HostUsage
 from gateway.bench.livebench import PolicyRun, simulate_workload
-from gateway.bench.replay import CallRecord, ReplayReport, WorkflowResult, replay_setup, replay_workload
+from gateway.bench.replay import ReplayReport, WorkflowResult, replay_setup, replay_workload
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import load_profiles_file
+from gateway.live.schemas import CallReport
 from gateway.sim.simulator import Simulator
 from workers.cpu_vllm import SERVED_MODEL_NAME, server_argv
 from workers.cpu_vllm.base import Paths
@@ -125,7 +126,19 @@ def test_gap_breakdown_accounts_every_call_live_and_simulated(tmp_path: Path) ->
         calls = []
         for c in w.calls():
             extra = 1 if (w.wid, c["id"]) == (workload[0].wid, "c0.0") else 0
-            calls.append(CallRecord(c["id"], c["kind"], "a", 0.1, 0.2, c["prompt_tokens"] + extra, c["max_tokens"]))
+            n_in, n_out = c["prompt_tokens"] + extra, c["max_tokens"]
+            calls.append(
+                CallReport(
+                    id=c["id"],
+                    kind=c["kind"],
+                    worker="a",
+                    queued_s=0.1,
+                    run_s=0.2,
+                    attempts=1,
+                    prompt_tokens=n_in,
+                    completion_tokens=n_out,
+                )
+            )
         stages = len(w.stages)
         results.append(
             WorkflowResult(
@@ -161,7 +174,7 @@ def test_gap_breakdown_accounts_every_call_live_and_simulated(tmp_path: Path) ->
     again = resim.run([w.dag() for w in workload])
     on_a = sum(1 for t in again.calls if workers[t.worker].name == "a")
     assert sum(k.calls * k.same_worker for k in b.kinds.values()) == pytest.approx(on_a)
-    sim_mean = sum(t.result - t.start for t in again.calls) / n_calls
+    sim_mean = sum(t.run_s for t in again.calls) / n_calls
     assert sum(k.calls * k.sim_run_s for k in b.kinds.values()) / n_calls == pytest.approx(sim_mean)
     assert all(k.live_run_s == pytest.approx(0.2) for k in b.kinds.values())
     assert set(doc["per_kind"]) == kinds

@@ -146,13 +146,11 @@ def test_calls_written_out_init_takes_every_field_in_order_with_its_default() ->
     assert len(fields) - len(defaults) == 4  # id, workflow, spec, ready_at
     wf = StagedWorkflow(1, "t", 0.0, 10.0, [])
     spec = CallSpec("revise", 10, 2)
-    twin = Call(9, wf, spec, 0.0)
     special: dict[str, object] = {
         "id": 7,
         "workflow": wf,
         "spec": spec,
         "ready_at": 1.25,
-        "twin": twin,
         "_prefix_keys": [(1, 2)],
     }
 
@@ -168,5 +166,5 @@ def test_calls_written_out_init_takes_every_field_in_order_with_its_default() ->
     call = Call(**values)  # type: ignore[arg-type]
     assert {f.name: getattr(call, f.name) for f in fields} == values
     plain = Call(3, wf, spec, 1.5)
-    got = (plain.id, plain.workflow, plain.spec, plain.ready_at, plain.worker, plain.twin)
+    got = (plain.id, plain.workflow, plain.spec, plain.ready_at, plain.worker, plain.started_at)
     assert got == (3, wf, spec, 1.5, -1, None)

@@ -19,7 +19,7 @@ from gateway.core.dag import DagNode
 from gateway.core.degrade import FLOOR, Knobs, QuestionPlan, knob_plan
 from gateway.core.predict import CompletionPredictor, calls_plan, template_plan
 from gateway.core.workflow import CallSpec
-from gateway.errors import CallFailed, ConfigError, Rejected, Unprocessable
+from gateway.errors import ConfigError, Rejected, Unprocessable
 from gateway.live.runner import CallRequest
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, TenantStore
@@ -79,7 +79,8 @@ def fill_queue(gw: Gateway, n: int, deadline_s: float | None = None) -> list[asy
     off = tenant(gw, "off")
     due = 0.5 * lone_s(gw) if deadline_s is None else deadline_s
     return [
-        asyncio.create_task(gw.run_workflow(off, due, [node], [CallRequest("/v1/completions", {})])) for _ in range(n)
+        asyncio.create_task(gw.run_workflow(off, due, [node], [CallRequest("/v1/completions", {})], route="workflows"))
+        for _ in range(n)
     ]
 
 
@@ -217,7 +218,7 @@ async def test_concurrency_refusals_are_counted_by_reason(tmp_path: Path) -> Non
 async def start_workflow(gw: Gateway, who: str, deadline_s: float) -> asyncio.Task[Any]:
     nodes = [DagNode("a", CALL.kind, CALL.input_tokens, CALL.output_tokens)]
     task = asyncio.create_task(
-        gw.run_workflow(tenant(gw, who), deadline_s, nodes, [CallRequest("/v1/completions", {})])
+        gw.run_workflow(tenant(gw, who), deadline_s, nodes, [CallRequest("/v1/completions", {})], route="workflows")
     )
     await asyncio.sleep(0)
     return task
@@ -322,16 +323,16 @@ async def test_online_workflow_shed_fails_its_stage_and_later_calls(tmp_path: Pa
     gw = make_gateway(tmp_path, clock)
     t = tenant(gw, "rej")
     deadline = 10 * lone_s(gw)
-    wf = gw.open_workflow(t, deadline, QuestionPlan(CHESS_TEMPLATE, FULL, FULL))
+    wf = gw.open_workflow(t, deadline, QuestionPlan(CHESS_TEMPLATE, FULL, FULL), route="text2sql")
     stage = asyncio.create_task(gw.run_stage(wf, CALL.kind, [(CALL, CallRequest("/v1/chat/completions", {}))]))
     await asyncio.sleep(0)
     clock.t += deadline
     assert gw.shed_overdue() == (1, 0)
-    [(_, outcome)] = await stage
-    assert isinstance(outcome, CallFailed) and outcome.status == 503
+    [outcome] = await stage
+    assert outcome.error is not None and outcome.error.status == 503
     # A stage the pipeline still tries fails at once, without reaching a queue.
-    [(_, again)] = await gw.run_stage(wf, CALL.kind, [(CALL, CallRequest("/v1/chat/completions", {}))])
-    assert isinstance(again, CallFailed) and gw.scheduler.queue_len(0) == 0
+    [again] = await gw.run_stage(wf, CALL.kind, [(CALL, CallRequest("/v1/chat/completions", {}))])
+    assert again.error is not None and gw.scheduler.queue_len(0) == 0
     gw.close_workflow(wf, t, failed=True)
     assert outcomes(gw, "rej", "shed") == 1 and gw.active_total == 0
 
@@ -354,7 +355,9 @@ async def test_a_degrading_tenant_is_shed_only_when_even_its_floor_cannot_make_i
     stages = []
     for name in ("full", "ad"):
         t = tenant(gw, name)
-        wf = gw.open_workflow(t, deadline, QuestionPlan(CHESS_TEMPLATE, FULL, FULL if name == "full" else FLOOR))
+        wf = gw.open_workflow(
+            t, deadline, QuestionPlan(CHESS_TEMPLATE, FULL, FULL if name == "full" else FLOOR), route="text2sql"
+        )
         stages.append(
             asyncio.create_task(gw.run_stage(wf, spec.kind, [(spec, CallRequest("/v1/chat/completions", {}))]))
         )
@@ -472,7 +475,7 @@ async def test_an_admitted_workflow_that_answers_calibrates_later_forecasts(tmp_
     for valid, failed in ((True, False), (False, False), (True, True)):
         adm = gw.admit(t, 1, plan.rest(), 1e4, question=plan)
         assert adm.predicted_s > adm.critical_s
-        wf = gw.open_workflow(t, 1e4, plan, admission=adm)
+        wf = gw.open_workflow(t, 1e4, plan, admission=adm, route="text2sql")
         clock.t += adm.critical_s + 0.5 * (adm.predicted_s - adm.critical_s)
         gw.close_workflow(wf, t, valid=valid, failed=failed)
         assert gw.admitter.calibration.samples == 1  # the first one only

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
 
+from gateway.core.records import CallOutcome, WorkflowOutcome
+from gateway.errors import CallFailed
 from gateway.live.history import (
     BUCKETS,
     GOODPUT_OUTCOMES,
     MAX_CALLS,
-    CallTiming,
-    FinishedWorkflow,
     OutcomeWindow,
     WorkflowHistory,
-    call_timings,
     goodput_outcome,
+    kept_calls,
+    lost_at,
+    status_entry,
 )
 
 
@@ -87,8 +92,35 @@ def test_outcome_window_rejects_a_window_of_zero() -> None:
         OutcomeWindow(0.0)
 
 
-def _wf(i: int, latency: float, deadline: float = 10.0, finished: float = 0.0) -> FinishedWorkflow:
-    return FinishedWorkflow(f"wf-{i}", "t", "workflows", "met", finished, latency, deadline, ())
+def _wf(
+    i: int,
+    latency: float,
+    deadline: float = 10.0,
+    finished: float = 0.0,
+    calls: tuple[CallOutcome[Any], ...] = (),
+    request_id: str | None = None,
+    ncalls: int | None = None,
+) -> WorkflowOutcome[Any]:
+    """A finished workflow as the history keeps it (arrival ``finished - latency``)."""
+    arrival = finished - latency
+    return WorkflowOutcome(
+        i,
+        "t",
+        arrival,
+        arrival + deadline,
+        finished,
+        "met",
+        calls,
+        len(calls) if ncalls is None else ncalls,
+        None,
+        f"wf-{i}",
+        "workflows",
+        request_id,
+    )
+
+
+def _call(ready: float, sent: float | None, done: float, budget: float = 2.0, ok: bool = True) -> CallOutcome[Any]:
+    return CallOutcome(0, 0, "k", ready, done, 0, "w", sent, attempts=1, budget_s=budget, ok=ok)
 
 
 def test_history_is_a_ring_of_the_last_workflows() -> None:
@@ -108,17 +140,24 @@ def test_history_slowest_ranks_by_latency_over_deadline_and_honours_since() -> N
     assert [w.id for w in h.slowest(5, since=2.5)] == ["wf-3"]
 
 
-def test_call_timings_are_relative_sorted_and_capped() -> None:
-    rows = [("k", "w", 100.0 + i, 100.5 + i, 101.0 + i, 2.0, 1, True) for i in reversed(range(MAX_CALLS + 5))]
-    calls, more = call_timings(100.0, rows)
-    assert len(calls) == MAX_CALLS and more == 5
-    assert calls[0] == CallTiming("k", "w", 0.0, 0.5, 1.0, 2.0, 1, True)
-    assert calls[0].waited_s == 0.5 and calls[0].ran_s == 0.5 and not calls[0].over_budget
+def test_kept_calls_are_sorted_by_ready_time_and_capped() -> None:
+    calls = [_call(100.0 + i, 100.5 + i, 101.0 + i) for i in reversed(range(MAX_CALLS + 5))]
+    failed = replace(calls[-1], ok=False, error=CallFailed("boom"))  # the first queued, failed: its error not kept
+    kept, n = kept_calls([None, *calls[:-1], failed])  # None: a call not settled, not kept
+    assert len(kept) == MAX_CALLS and n == MAX_CALLS + 5 and kept[0].ready == 100.0
+    assert not kept[0].ok and kept[0].error is None
+    wf = _wf(1, 200.0, deadline=300.0, finished=300.0, calls=kept, ncalls=n)  # arrived at 100 s
+    body = status_entry(wf, 300.0)
+    assert body["more_calls"] == 5
+    first = body["calls"][0]
+    assert (first["ready_s"], first["sent_s"], first["done_s"]) == (0.0, 0.5, 1.0)
+    assert first["waited_s"] == 0.5 and first["ran_s"] == 0.5 and not first["over_budget"]
 
 
 def test_a_call_never_sent_waited_until_it_failed() -> None:
-    c = CallTiming("k", None, 1.0, None, 4.0, 2.0, 0, False)
-    assert c.waited_s == 3.0 and c.ran_s == 0.0 and c.over_budget
+    wf = _wf(1, 4.0, finished=4.0, calls=(_call(1.0, None, 4.0, ok=False),))
+    [c] = status_entry(wf, 4.0)["calls"]
+    assert c["waited_s"] == 3.0 and c["ran_s"] == 0.0 and c["over_budget"] and c["sent_s"] is None and not c["ok"]
 
 
 @pytest.mark.parametrize(
@@ -130,19 +169,18 @@ def test_a_call_never_sent_waited_until_it_failed() -> None:
     ],
 )
 def test_where_the_deadline_was_lost(done: tuple[float, ...], latency: float, lost: int | None) -> None:
-    calls = tuple(CallTiming("k", "w", d - 1.0, d - 0.5, d, 3.0, 1, True) for d in done)
-    wf = FinishedWorkflow("wf", "t", "text2sql", "late", 0.0, latency, 10.0, calls)
-    assert wf.lost_at() == lost
-    body = wf.as_dict(now=5.0)
+    calls = tuple(_call(d - 1.0, d - 0.5, d, 3.0) for d in done)
+    wf = _wf(0, latency, finished=latency, calls=calls)  # arrived at 0 s
+    assert lost_at(wf) == lost
+    body = status_entry(wf, now=latency + 5.0)
     assert body["lost_at"] == lost and body["age_s"] == 5.0 and len(body["calls"]) == 3
     assert body["calls"][0]["waited_s"] == 0.5 and body["calls"][0]["ran_s"] == 0.5
 
 
 def test_a_finished_workflow_carries_the_ids_its_client_got() -> None:
-    wf = FinishedWorkflow("t2s-0123abcd", "t", "text2sql", "met", 0.0, 1.0, 10.0, (), request_id="req-00ff")
-    body = wf.as_dict(now=1.0)
-    assert body["id"] == "t2s-0123abcd" and body["request_id"] == "req-00ff"
-    assert _wf(1, 1.0).as_dict(now=1.0)["request_id"] is None  # not recorded: null, never made up
+    body = status_entry(_wf(7, 1.0, request_id="req-00ff"), now=1.0)
+    assert body["id"] == "wf-7" and body["request_id"] == "req-00ff"
+    assert status_entry(_wf(1, 1.0), now=1.0)["request_id"] is None  # not recorded: null, never made up
 
 
 @pytest.mark.parametrize(
@@ -154,5 +192,5 @@ def test_a_finished_workflow_carries_the_ids_its_client_got() -> None:
     ],
 )
 def test_a_call_is_over_budget_only_past_the_end_of_its_stage_budget(done: float, over: bool) -> None:
-    c = CallTiming("k", "w", 1.0, 1.2, done, 2.0, 1, True)  # queued at 1 s with a 2 s budget: it ends at 3 s
-    assert c.over_budget is over
+    wf = _wf(0, done, finished=done, calls=(_call(1.0, 1.2, done),))  # queued at 1 s with a 2 s budget: ends at 3 s
+    assert status_entry(wf, done)["calls"][0]["over_budget"] is over

@@ -76,7 +76,7 @@ async def test_live_path_takes_the_simulators_decisions(tmp_path: Path, policy: 
     res = sim.run([d.fresh() for d in dags])
     assert res.unfinished == 0
     assert max(sim.scheduler.queue_len(i) for i in range(4)) == 0
-    queued_somewhere = any(c.start > c.ready + 1e-9 for c in res.calls)
+    queued_somewhere = any(c.queued_s > 1e-9 for c in res.calls)
     assert queued_somewhere, "the workload never queued: the parity test would prove little"
 
     # The same events, in the simulator's order: arrivals, then each call's result at its time.
@@ -105,7 +105,9 @@ async def test_live_path_takes_the_simulators_decisions(tmp_path: Path, policy: 
                 nodes = list(dags[wid].nodes)
                 reqs = [CallRequest("/v1/completions", {"prompt": [1], "max_tokens": 1}) for _ in nodes]
                 runs.append(
-                    asyncio.create_task(gw.run_workflow(tenant, deadline_rel, nodes, reqs, template=CHESS_TEMPLATE))
+                    asyncio.create_task(
+                        gw.run_workflow(tenant, deadline_rel, nodes, reqs, template=CHESS_TEMPLATE, route="workflows")
+                    )
                 )
             else:
                 fut = transport.pending.pop((wid, node), None)
@@ -120,7 +122,7 @@ async def test_live_path_takes_the_simulators_decisions(tmp_path: Path, policy: 
     assert all(getattr(o, "status", None) == "ok" for o in outcomes)
 
     live = {(wid, node): (w, t) for wid, node, w, t in transport.sent}
-    simd = {(c.wid, c.node): (c.worker, c.start) for c in res.calls}
+    simd = {(c.wid, c.node): (c.worker, c.ready + c.queued_s) for c in res.calls}
     assert len(live) == len(simd) == res.num_calls
     mismatched = [k for k in simd if live[k][0] != simd[k][0] or abs(live[k][1] - simd[k][1]) > 1e-9]
     assert not mismatched, f"{len(mismatched)} of {len(simd)} calls differ, first {mismatched[0]}"

@@ -59,12 +59,16 @@ async def test_a_second_prompt_with_the_same_schema_goes_where_the_first_one_is(
     gw = fake_gateway(cfg, transport, now)
     await gw.start()
     n_in = len(SCHEMA) // 4
-    first = asyncio.create_task(gw.run_workflow(TENANT, 600.0, [DagNode("a", "chat", n_in, 50)], [chat("How many?")]))
+    first = asyncio.create_task(
+        gw.run_workflow(TENANT, 600.0, [DagNode("a", "chat", n_in, 50)], [chat("How many?")], route="workflows")
+    )
     async with asyncio.timeout(10):
         while not transport.sent:
             await asyncio.sleep(0.001)
     now.t = 5.0  # the first prompt is processed (and cached) by now; its call still decodes
-    second = asyncio.create_task(gw.run_workflow(TENANT, 600.0, [DagNode("a", "chat", n_in, 50)], [chat("Which one?")]))
+    second = asyncio.create_task(
+        gw.run_workflow(TENANT, 600.0, [DagNode("a", "chat", n_in, 50)], [chat("Which one?")], route="workflows")
+    )
     async with asyncio.timeout(10):
         while len(transport.sent) < 2:
             await asyncio.sleep(0.001)

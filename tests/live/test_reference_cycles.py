@@ -18,10 +18,11 @@ from gateway.config.gateway import load_gateway_config
 from gateway.core.admission import Admission
 from gateway.core.dag import DagNode, DagWorkflow
 from gateway.core.predict import CompletionPredictor, calls_plan, dag_plan
+from gateway.core.records import CallOutcome
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed, WorkerError
-from gateway.live.runner import CallRecord, CallRequest, _Execution
+from gateway.live.runner import CallRequest, _Execution
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult, LiveCall
@@ -29,7 +30,7 @@ from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
 
 TENANT = Tenant("t", 10.0, 1.0, 100.0, 1.0, 100)
-OURS = (LiveCall, _Execution, CallRecord, CompletionPredictor, DagWorkflow, OnlineWorkflow)
+OURS = (LiveCall, _Execution, CallOutcome, CompletionPredictor, DagWorkflow, OnlineWorkflow)
 DIAMOND = [
     DagNode("a", "k", 10, 2),
     DagNode("b", "k", 10, 2, ("a",)),
@@ -96,19 +97,24 @@ def _scenarios(gw: Gateway) -> dict[str, Callable[[], Awaitable[Any]]]:
         # Admitted with its plan: admission predicts its completion, and each submitted call's work is
         # taken off the committed work (a predictor each).
         return lambda: gw.run_workflow(
-            TENANT, 50.0, DIAMOND, [_req(p) for p in prompts], admission=gw.admit(TENANT, 4, dag_plan(DIAMOND), 50.0)
+            TENANT,
+            50.0,
+            DIAMOND,
+            [_req(p) for p in prompts],
+            admission=gw.admit(TENANT, 4, dag_plan(DIAMOND), 50.0),
+            route="workflows",
         )
 
     def stage_admission(n: int) -> Admission:
         return gw.admit(TENANT, n, calls_plan([[CallSpec("k", 10, 2)] * n]), 50.0)
 
     async def stage(prompts: list[str]) -> None:
-        wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(len(prompts)))
+        wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(len(prompts)), route="text2sql")
         await gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), _req(p)) for p in prompts])
         gw.close_workflow(wf, TENANT)
 
     async def stage_cancelled() -> None:
-        wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(2))
+        wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(2), route="text2sql")
         try:
             await _cancel_after_start(gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), _req("hang"))] * 2))
         finally:

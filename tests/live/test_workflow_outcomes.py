@@ -4,14 +4,18 @@ that raises still ends (as failed) and gives its concurrency slot back."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.core.dag import DagNode
+from gateway.core.records import WorkflowOutcome
 from gateway.core.workflow import CallSpec
 from gateway.errors import Rejected
 from gateway.live.history import GOODPUT_OUTCOMES
-from gateway.live.runner import CallRequest, WorkflowOutcome
+from gateway.live.routers.workflows import workflow_response
+from gateway.live.runner import CallRequest
+from gateway.live.schemas import WorkflowRequest
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.transport import LiveCall
@@ -47,7 +51,7 @@ async def test_close_workflow_counts_met_only_for_a_valid_answer_by_the_deadline
 ) -> None:
     clock = FakeClock()
     gw = _gateway(tmp_path, clock)
-    wf = gw.open_workflow(TENANT, 10.0, None)
+    wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     clock.t = finish
     latency = gw.close_workflow(wf, TENANT, **kwargs)
     assert latency == finish
@@ -73,7 +77,7 @@ async def test_close_workflow_counts_exactly_one_goodput_outcome(
 ) -> None:
     clock = FakeClock()
     gw = _gateway(tmp_path, clock)
-    wf = gw.open_workflow(TENANT, 10.0, None)
+    wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     clock.t = finish
     gw.close_workflow(wf, TENANT, **kwargs)
     counts = {
@@ -84,13 +88,13 @@ async def test_close_workflow_counts_exactly_one_goodput_outcome(
     goodput = gw.metrics.registry.get_sample_value("hexflow_goodput_workflows_total", {"tenant": "t"}) or 0.0
     assert goodput == (1.0 if outcome == "met" else 0.0)
     [ended] = gw.history.slowest(1)
-    assert ended.outcome == outcome and ended.latency_s == finish and ended.calls == ()
+    assert ended.status == outcome and ended.latency == finish and ended.calls == ()
 
 
 async def test_a_shed_workflow_counts_as_rejected_for_goodput(tmp_path: Path) -> None:
     clock = FakeClock()
     gw = _gateway(tmp_path, clock)
-    wf = gw.open_workflow(TENANT, 10.0, None)
+    wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     gw.runner.fail_workflow(wf, Rejected("shed", 503, 3))
     gw.close_workflow(wf, TENANT)
     assert _count(gw, "shed") == 1.0
@@ -105,8 +109,14 @@ async def test_a_shed_workflow_counts_as_rejected_for_goodput(tmp_path: Path) ->
     [("ok", 3.0, True), ("ok", 10.0, True), ("ok", 10.000001, False), ("failed", 3.0, False)],
 )
 def test_workflow_outcome_meets_its_deadline_only_when_ok_and_in_time(status: str, latency_s: float, met: bool) -> None:
-    out = WorkflowOutcome("wf-1", "t", status, 10.0, latency_s, [])
-    assert out.deadline_met is met
+    req = WorkflowRequest.model_validate(
+        {"calls": [{"id": "a", "kind": "k", "messages": [{"role": "user", "content": "hi"}]}]}
+    )
+    out: WorkflowOutcome[Any] = WorkflowOutcome(1, "t", 100.0, 110.0, 100.0 + latency_s, status)
+    resp = workflow_response(req, out, "wf-1", 10.0)
+    assert resp.deadline_met is met and resp.latency_s == round(latency_s, 6)
+    # The call never ran (no outcome): reported with no worker and nothing run.
+    assert resp.calls[0].worker is None and resp.calls[0].attempts == 0 and resp.calls[0].output is None
 
 
 async def test_a_workflow_that_raises_ends_as_failed_and_frees_its_slot(tmp_path: Path) -> None:
@@ -114,7 +124,7 @@ async def test_a_workflow_that_raises_ends_as_failed_and_frees_its_slot(tmp_path
     # An output length no float can hold: the scheduler's cost estimate raises inside run_workflow.
     nodes = [DagNode("a", "call", 10, 10**400)]
     with pytest.raises(OverflowError):
-        await gw.run_workflow(TENANT, 10.0, nodes, [CallRequest("/v1/completions", {})])
+        await gw.run_workflow(TENANT, 10.0, nodes, [CallRequest("/v1/completions", {})], route="workflows")
     assert gw.active_total == 0
     assert _count(gw, "failed") == 1.0
     failed = gw.metrics.registry.get_sample_value(
@@ -140,7 +150,7 @@ async def test_a_stage_whose_submission_fails_part_way_takes_back_the_calls_alre
 
     monkeypatch.setattr(gw.runner, "submit", submit_then_fail)
     monkeypatch.setattr(gw.pool, "cancel", cancelled.append)
-    wf = gw.open_workflow(TENANT, 10.0, None)
+    wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     req = CallRequest("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
     with pytest.raises(RuntimeError, match="second submission"):
         await gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), req), (CallSpec("k", 10, 2), req)])

@@ -13,9 +13,10 @@ from gateway.bench.simbench import Setup, fluid_bound
 from gateway.config import load_cluster, load_gpu_catalog
 from gateway.config.workflows import CHESS_TEMPLATE, STANDARD_WORKFLOW
 from gateway.core.policy import POLICIES
+from gateway.core.records import CallOutcome
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CANDIDATE, Stage, StagedWorkflow
-from gateway.sim.simulator import CallTimeline, SimResult, Simulator
+from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.workload import TenantSpec, generate_chess_bird
 
 PUBLISHED = {  # hexgen-traces SOURCE.md: (standard workflow s, candidate generation s), Llama-3.1-70B
@@ -51,15 +52,16 @@ def test_every_workflow_finishes_and_no_call_runs_before_its_dependencies(setup:
     res = run(setup, policy)
     assert res.unfinished == 0 and len(res.workflows) == setup.n_workflows
     assert res.num_calls == sum(len(q) for q in setup.queries)
-    by_wf: dict[int, list[CallTimeline]] = defaultdict(list)
+    by_wf: dict[int, list[CallOutcome[None]]] = defaultdict(list)
     for c in res.calls:
+        assert c.start is not None and c.engine_done is not None
         assert c.ready <= c.start <= c.engine_done <= c.result
         by_wf[c.wid].append(c)
     arrival = {w.wid: w.arrival for w in res.workflows}
     for wid, calls in by_wf.items():
         # Calls released together form a stage; each stage is released when the previous one's
         # results are all in, never earlier.
-        stages: dict[float, list[CallTimeline]] = defaultdict(list)
+        stages: dict[float, list[CallOutcome[None]]] = defaultdict(list)
         for c in calls:
             stages[c.ready].append(c)
         times = sorted(stages)
@@ -135,7 +137,7 @@ def test_tenant_deadlines_and_chat_traffic_run_side_by_side(cluster: list[Worker
     got = {r.tenant for r in res.workflows}
     assert got == {"gold", "std", "chat"}
     chat = [r for r in res.workflows if r.tenant == "chat"]
-    assert all(r.calls == 1 for r in chat)
+    assert all(r.ncalls == 1 for r in chat)
 
 
 def test_simulator_speed_on_paper_cluster(cluster: list[WorkerInfo]) -> None:

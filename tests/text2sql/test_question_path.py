@@ -118,7 +118,7 @@ async def test_work_due_later_is_not_ahead_under_a_deadline_ordered_queue(
     call = CallSpec("generate_candidate", 2000, 200)
     for _ in range(40):  # batch workflows admitted with a 30-minute deadline, none of their calls submitted yet
         adm = gw.admit(batch, 2, calls_plan([[call, call]] * 3), 1800.0)
-        gw.open_workflow(batch, 1800.0, None, admission=adm)
+        gw.open_workflow(batch, 1800.0, None, admission=adm, route="text2sql")
     assert gw.committed_s > 0.0
     one = calls_plan([[call]] * 3)
     alone = CompletionPredictor(gw.scheduler, gw.clock()).duration(one)

@@ -269,7 +269,7 @@ def _mean(xs: Sequence[float]) -> float:
 
 def _requested(workload: Sequence[ReplayWorkflow]) -> dict[int, dict[str, tuple[int, int, int]]]:
     """Per workflow, each call id's node index in the workflow's DAG (``ReplayWorkflow.calls`` order, as the
-    simulator's ``CallTimeline.node``) and the prompt and output tokens it asked for."""
+    simulator's ``CallOutcome.node``) and the prompt and output tokens it asked for."""
     return {
         w.wid: {c["id"]: (i, int(c["prompt_tokens"]), int(c["max_tokens"])) for i, c in enumerate(w.calls())}
         for w in workload
@@ -293,7 +293,7 @@ def gap_breakdown(
     res_sim = sim.run([w.dag() for w in workload])
     _sim_side(out, res_sim, workload, workers)
     # Call by call: the same workflow's same node, live and simulated.
-    sim_call = {(t.wid, t.node): (t.result - t.start, workers[t.worker].name) for t in res_sim.calls}
+    sim_call = {(t.wid, t.node): (t.run_s, workers[t.worker].name) for t in res_sim.calls}
     matched: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)
     for res in run.live.results:
         if not res.completed:
@@ -368,7 +368,7 @@ def _sim_side(out: GapBreakdown, res_sim: Any, workload: Sequence[ReplayWorkflow
         out.calls_sim += 1
         wk = workers[t.worker]
         spec = specs[t.wid][t.node]
-        q, r = t.start - t.ready, t.result - t.start
+        q, r = t.queued_s, t.run_s
         per_sim[wk.name].append((q, r, wk.profile.single_latency(spec.input_tokens, spec.output_tokens)))
         k = stage_of[t.wid][t.node]
         st = chains[t.wid]

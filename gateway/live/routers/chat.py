@@ -21,16 +21,18 @@ from pydantic.json_schema import SkipJsonSchema
 
 from gateway.core.dag import DagNode
 from gateway.core.predict import calls_plan
+from gateway.core.records import WorkflowOutcome
 from gateway.core.tokens import message_tokens, text_tokens
 from gateway.core.workflow import CHAT, CallSpec
 from gateway.errors import NotFound, Unprocessable, UpstreamError, error_body
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
 from gateway.live.openai_schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelList
 from gateway.live.responses import dumps
-from gateway.live.runner import CallRequest, WorkflowOutcome
+from gateway.live.runner import CallRequest
 from gateway.live.schemas import NUMBER_PATTERN, route_responses, sse_content
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
+from gateway.live.transport import CallResult
 
 DEADLINE_HEADER = "x-hexflow-deadline-s"
 DEFAULT_CHAT_OUTPUT_TOKENS = 256
@@ -41,6 +43,9 @@ STREAM_QUEUE_CHUNKS = 4096
 EVENT_STREAM = "text/event-stream"
 
 router = APIRouter()
+
+ROUTE = "chat"
+"""The status page's label of this module's routes (chat and text completions, one call each)."""
 
 
 def served_models(gw: Gateway) -> tuple[str, ...]:
@@ -109,7 +114,7 @@ class OpenCall:
     """A pass-through call admitted and ready to run: ``work`` (await it, or run it as a task) and, for a
     stream, the queue the worker's events come through."""
 
-    work: Coroutine[Any, Any, WorkflowOutcome]
+    work: Coroutine[Any, Any, WorkflowOutcome[CallResult]]
     stream: asyncio.Queue[bytes | None] | None
 
 
@@ -143,22 +148,26 @@ def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, d
     node = DagNode("chat", CHAT, n_in, mt or route.default_output_tokens)
     plan = calls_plan([[CallSpec(CHAT, node.input_tokens, node.output_tokens)]])
     admission = admit_or_raise(gw, tenant, 1, plan, deadline)
-    work = gw.run_workflow(tenant, deadline, [node], [CallRequest(route.path, fwd, queue)], admission=admission)
+    work = gw.run_workflow(
+        tenant, deadline, [node], [CallRequest(route.path, fwd, queue)], route=ROUTE, admission=admission
+    )
     return OpenCall(work, queue)
 
 
-def answer_bytes(out: WorkflowOutcome) -> bytes:
+def answer_bytes(out: WorkflowOutcome[CallResult]) -> bytes:
     """The worker's answer to a finished pass-through call, as the bytes it sent (``UpstreamError`` for a
     failed call: the worker's own error answer where it gave one)."""
     if out.error is not None:
         raise UpstreamError.answer(out.error)
-    result = out.calls[0].result
+    result = out.calls[0].answer
     if result is None or result.body is None:
         raise UpstreamError("the worker's answer has no body", 502)
     return result.raw if result.raw is not None else dumps(result.body)
 
 
-async def first_event(run: asyncio.Task[WorkflowOutcome], queue: asyncio.Queue[bytes | None]) -> bytes | None:
+async def first_event(
+    run: asyncio.Task[WorkflowOutcome[CallResult]], queue: asyncio.Queue[bytes | None]
+) -> bytes | None:
     """The stream's first chunk, or None when the call ended without one. An earlier error is raised
     (``UpstreamError``); cancelled, the call is cancelled too and waited for."""
     first = asyncio.ensure_future(queue.get())
@@ -179,7 +188,7 @@ async def first_event(run: asyncio.Task[WorkflowOutcome], queue: asyncio.Queue[b
 
 
 async def events(
-    run: asyncio.Task[WorkflowOutcome], queue: asyncio.Queue[bytes | None], head: bytes | None
+    run: asyncio.Task[WorkflowOutcome[CallResult]], queue: asyncio.Queue[bytes | None], head: bytes | None
 ) -> AsyncGenerator[bytes]:
     """The worker's stream as it comes (``head`` first), then an ``{"error": ...}`` event when the call failed
     after the stream started (the status line is sent: the error can only be the stream's last event).

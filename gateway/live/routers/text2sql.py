@@ -35,6 +35,9 @@ from gateway.text2sql.result import Text2SqlResult
 from gateway.text2sql.service import NO_DATABASES, InvalidQuestion, Text2SqlService
 
 router = APIRouter()
+
+ROUTE = "text2sql"
+"""This route's label on the status page (its workflows' ``route`` in ``/v1/status``)."""
 log = logging.getLogger("hexflow.text2sql")
 
 
@@ -146,7 +149,7 @@ class _Admitted:
     ) -> Text2SqlResult:
         """Run the pipeline for the question on its own runner (its workflow takes the admission over when it
         opens), predicted by the plan admission used."""
-        runner = GatewayStageRunner(gw, tenant, admission=self.admission, request_id=self.request_id)
+        runner = GatewayStageRunner(gw, tenant, route=ROUTE, admission=self.admission, request_id=self.request_id)
         return await service.pipeline.answer(
             runner,
             self.db,

@@ -20,13 +20,15 @@ from gateway.config.workflows import TEMPLATES
 from gateway.core.dag import DagNode, validate_nodes
 from gateway.core.predict import dag_plan
 from gateway.core.prefix import PrefixSeg
+from gateway.core.records import WorkflowOutcome
 from gateway.core.tokens import message_tokens
+from gateway.core.workflow import deadline_met
 from gateway.errors import Unprocessable, UpstreamError
 from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, idempotent
 from gateway.live.idempotency import OPENAPI_PARAMETER
 from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
-from gateway.live.runner import CallRequest, WorkflowOutcome
+from gateway.live.runner import CallRequest
 from gateway.live.schemas import (
     CallReport,
     SharedPrefixSegment,
@@ -37,11 +39,15 @@ from gateway.live.schemas import (
 )
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
+from gateway.live.transport import CallResult
 
 SYNTHETIC_VOCAB = (100, 1100)
 """Token ids of synthetic prompts: ``[100, 1100)`` exists in every real vocabulary (and the tiny test model's)."""
 
 router = APIRouter()
+
+ROUTE = "workflows"
+"""This route's label on the status page (its workflows' ``route`` in ``/v1/status``)."""
 
 _SYNTH_BASE: list[int] = []
 _SYNTH_BASE_LEN = 1 << 16
@@ -119,33 +125,38 @@ def _call_request(c: WorkflowCall, salt: int, workflow_id: str) -> tuple[CallReq
     return CallRequest("/v1/chat/completions", body), message_tokens(msgs), out_tokens
 
 
-def workflow_response(req: WorkflowRequest, out: WorkflowOutcome) -> WorkflowResponse:
-    """The API view of a finished workflow."""
+def workflow_response(
+    req: WorkflowRequest, out: WorkflowOutcome[CallResult], wf_id: str, deadline_s: float
+) -> WorkflowResponse:
+    """The API view of a finished workflow (``wf_id`` and ``deadline_s``: the route's own; a call that never
+    ran, its workflow failed first, is reported with no worker and nothing run)."""
+    ran = {o.node: o for o in out.calls}
     calls = []
-    for rec in out.calls:
-        c = req.calls[rec.node]
-        res = rec.result
+    for i, c in enumerate(req.calls):
+        o = ran.get(i)
+        res = None if o is None else o.answer
         calls.append(
             CallReport(
                 id=c.id,
                 kind=c.kind,
-                worker=rec.worker,
-                queued_s=round(rec.queued_s, 6),
-                run_s=round(rec.run_s, 6),
-                attempts=rec.attempts,
+                worker=None if o is None else o.worker_name,
+                queued_s=0.0 if o is None else round(o.queued_s, 6),
+                run_s=0.0 if o is None else round(o.run_s, 6),
+                attempts=0 if o is None else o.attempts,
                 prompt_tokens=res.prompt_tokens if res else 0,
                 completion_tokens=res.completion_tokens if res else 0,
                 output=res.text() if res is not None and req.return_outputs else None,
-                error=str(rec.error) if rec.error else None,
+                error=str(o.error) if o is not None and o.error else None,
             )
         )
+    latency = out.latency
     return WorkflowResponse(
-        id=out.id,
+        id=wf_id,
         tenant=out.tenant,
         status="ok" if out.status == "ok" else "failed",
-        deadline_s=out.deadline_s,
-        latency_s=round(out.latency_s, 6),
-        deadline_met=out.deadline_met,
+        deadline_s=deadline_s,
+        latency_s=round(latency, 6),
+        deadline_met=deadline_met(latency, deadline_s, valid=out.status == "ok"),
         calls=calls,
         error=str(out.error) if out.error else None,
     )
@@ -233,8 +244,10 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
     admission = admit_or_raise(gw, tenant, len(nodes), dag_plan(nodes), deadline)
     template = TEMPLATES[req.template] if req.template else None
     # A client that leaves cancels the workflow (queued calls dropped, worker requests aborted).
-    out = await gw.run_workflow(tenant, deadline, nodes, requests, template=template, wf_id=wf_id, admission=admission)
-    resp = workflow_response(req, out)
+    out = await gw.run_workflow(
+        tenant, deadline, nodes, requests, route=ROUTE, template=template, wf_id=wf_id, admission=admission
+    )
+    resp = workflow_response(req, out, wf_id, deadline)
     if out.error is not None:
         raise UpstreamError(str(out.error), out.error.status, extra={"workflow": resp.model_dump()})
     return JSONResponse(resp.model_dump())
