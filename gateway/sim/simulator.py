@@ -403,9 +403,10 @@ class _Run:
     def on_result(self, c: Call, w: int, now: float) -> None:
         """The gateway sees a call return only now (after the per-request overhead): the slot frees and the
         estimator learns here, exactly as in the live gateway; the workflow's next calls are submitted."""
-        if c.id in self.abandoned:
+        # (Empty without hedging and shedding: the emptiness test spares the common path a boxed-id lookup.)
+        if self.abandoned and c.id in self.abandoned:
             return  # its twin answered first (or its workflow was shed); its slot was freed then
-        if c.id in self.twins:
+        if self.twins and c.id in self.twins:
             self.settle(c, now)
         sched = self.sched
         sched.on_finish(c, now)
