@@ -434,6 +434,23 @@ async def check_gateway(client: httpx.AsyncClient) -> None:
         raise ReplayError(f"the gateway at {base} refused the API key (401: {_error_message(models)})")
     if models.status_code != 200:
         raise ReplayError(f"the gateway at {base} answered GET /v1/models with HTTP {models.status_code}")
+    if not await _takes_synthetic_prompts(client):
+        raise ReplayError(
+            f"the gateway at {base} is not in benchmark mode, so it refuses the synthetic prompts of exact sizes "
+            "(prompt_tokens) that a replay sends: start it with hexflow serve --benchmark, or benchmark: true in "
+            "its gateway.yaml"
+        )
+
+
+async def _takes_synthetic_prompts(client: httpx.AsyncClient) -> bool:
+    """Whether the gateway's OpenAPI document lists ``prompt_tokens`` for a workflow call (it does only in
+    benchmark mode); True when the document cannot tell (not served, or another shape)."""
+    try:
+        resp = await client.get("/openapi.json", timeout=10.0)
+        call = resp.json()["components"]["schemas"]["WorkflowCall"]["properties"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return True
+    return not isinstance(call, dict) or "prompt_tokens" in call
 
 
 async def _send(

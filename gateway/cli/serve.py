@@ -79,6 +79,12 @@ def add_serve(sub: Subparsers) -> None:
         help="serve the demo database (demo_retail, written to a temporary folder) on /v1/text2sql, in place of "
         "the config's databases_file; pair with hexflow emulate-cluster --demo",
     )
+    p.add_argument(
+        "--benchmark",
+        action="store_true",
+        help="benchmark mode whatever the config says: /v1/workflows takes synthetic prompts of exact sizes "
+        "(prompt_tokens, shared_prefix, ignore_eos; what hexflow replay sends) and ablation policies run",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -108,6 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_format=args.log_format,
         time_scale=args.time_scale,
         demo=args.demo,
+        benchmark=args.benchmark,
     )
     return 0
 

@@ -126,9 +126,16 @@ def _describe(err: Mapping[str, Any], model_cls: type[BaseModel]) -> tuple[str, 
     return _dotted(loc), problem
 
 
-def load_yaml_model(path: Path | str, model_cls: type[M], *, context: Mapping[str, Any] | None = None) -> M:
+def load_yaml_model(
+    path: Path | str,
+    model_cls: type[M],
+    *,
+    context: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> M:
     """Read a YAML file into ``model_cls``; every failure is a one-line ``ConfigError`` (file, dotted field
-    path, problem; the first of several, with the count of the rest). ``context`` goes to the validators."""
+    path, problem; the first of several, with the count of the rest). ``context`` goes to the validators;
+    ``overrides`` replace top-level keys of the file before validation (command-line flags)."""
     where = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -147,6 +154,8 @@ def load_yaml_model(path: Path | str, model_cls: type[M], *, context: Mapping[st
         raise ConfigError(where, "", "the file is empty; expected a mapping")
     if not isinstance(data, dict):
         raise ConfigError(where, "", f"expected a mapping at the top level, got {type(data).__name__}")
+    if overrides:
+        data = {**data, **overrides}
     try:
         return model_cls.model_validate(data, context=dict(context) if context is not None else None)
     except ValidationError as exc:

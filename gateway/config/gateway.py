@@ -334,14 +334,16 @@ class LoadedConfig:
         return path
 
 
-def load_gateway_config(path: Path | str, *, time_scale: float | None = None) -> LoadedConfig:
+def load_gateway_config(path: Path | str, *, time_scale: float | None = None, benchmark: bool = False) -> LoadedConfig:
     """Load and validate ``gateway.yaml`` (raises ``ConfigError`` naming file and field).
 
-    ``time_scale`` overrides the file's (``hexflow serve --time-scale``, for emulated clusters).
+    ``time_scale`` overrides the file's (``hexflow serve --time-scale``, for emulated clusters); ``benchmark``
+    turns benchmark mode on whatever the file says (``hexflow serve --benchmark``).
     """
+    overrides = {"benchmark": True} if benchmark else None
     path = Path(path)
     # First pass without the catalogue to learn which catalogue to use, then validate names against it.
-    raw = load_yaml_model(path, GatewayConfig)
+    raw = load_yaml_model(path, GatewayConfig, overrides=overrides)
     catalog_path = None
     if raw.gpu_catalog is not None:
         p = Path(raw.gpu_catalog)
@@ -354,7 +356,7 @@ def load_gateway_config(path: Path | str, *, time_scale: float | None = None) ->
             catalog = catalog.with_profiles(overlay)
         except FieldError as exc:
             raise ConfigError(raw.profiles_file, exc.field, str(exc)) from None
-    cfg = load_yaml_model(path, GatewayConfig, context={"catalog": catalog})
+    cfg = load_yaml_model(path, GatewayConfig, context={"catalog": catalog}, overrides=overrides)
     kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
     if kube is not None and kube.default_model is not None and kube.default_model not in catalog.models:
         raise ConfigError(

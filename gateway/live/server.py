@@ -181,10 +181,12 @@ def serve(
     log_format: LogFormat | None = None,
     time_scale: float | None = None,
     demo: bool = False,
+    benchmark: bool = False,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT. ``log_format`` overrides ``$HEXFLOW_LOG_FORMAT``, which overrides
-    the config's; ``demo``: serve the demo database (in a temporary folder) instead of ``databases_file``."""
-    loaded = load_gateway_config(config_path, time_scale=time_scale)
+    the config's; ``demo``: serve the demo database (in a temporary folder) instead of ``databases_file``;
+    ``benchmark``: benchmark mode whatever the config says."""
+    loaded = load_gateway_config(config_path, time_scale=time_scale, benchmark=benchmark)
     fmt = log_format or _env_log_format() or loaded.cfg.log_format
     # Bound first: a port in use is one line (ListenError) before anything has started or logged.
     sock = listen_socket(host or loaded.cfg.listen.host, loaded.cfg.listen.port if port is None else port)

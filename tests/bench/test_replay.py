@@ -261,6 +261,13 @@ async def test_a_wrong_api_key_stops_the_replay_before_it_starts(tmp_path: Path)
             await replay(workload, gateway=url, api_key="not-a-key", time_scale=TIME_SCALE, progress=False)
 
 
+async def test_a_gateway_not_in_benchmark_mode_stops_the_replay_before_it_starts(tmp_path: Path) -> None:
+    workload = replay_workload(replay_setup("chess-bird", load_cluster(CLUSTER), workflows=2, seed=0), 0.1)
+    async with live_gateway(tmp_path, ["A100"], benchmark=False) as url:
+        with pytest.raises(ReplayError, match=r"not in benchmark mode.*--benchmark"):
+            await replay(workload, gateway=url, api_key=INTERACTIVE_KEY, time_scale=TIME_SCALE, progress=False)
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

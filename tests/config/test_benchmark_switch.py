@@ -35,3 +35,10 @@ def test_an_ablation_policy_needs_the_benchmark_switch(tmp_path: Path) -> None:
         msg = str(err.value)
         assert "policy" in msg and "ablation" in msg and "benchmark: true" in msg and "hexgen" in msg
         assert load_gateway_config(_config(tmp_path, f"policy: {name}\nbenchmark: true\n")).cfg.benchmark
+
+
+def test_the_command_line_switch_turns_benchmark_mode_on_before_the_policy_is_checked(tmp_path: Path) -> None:
+    name = next(n for n, p in POLICIES.items() if p.role == "ablation")
+    loaded = load_gateway_config(_config(tmp_path, f"policy: {name}\n"), benchmark=True)
+    assert loaded.cfg.benchmark and loaded.cfg.policy == name
+    assert load_gateway_config(_config(tmp_path, "policy: hexgen\nbenchmark: false\n"), benchmark=True).cfg.benchmark
