@@ -1,12 +1,12 @@
-"""``hexflow bench admission``: what deadline-aware admission (``gateway.core.admission``, run by the simulator
-as by the gateway) does to goodput, per variant (off; reject at each share; best effort), at capacity and
-over a load sweep, on common random numbers. Method and figures: docs/benchmarks.md "Admission"."""
+"""``hexflow bench admission``: what deadline-aware admission does to goodput, per variant (off; reject at each
+share; best effort), at capacity and over a load sweep. Method and figures: docs/benchmarks.md "Admission"."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -214,24 +214,8 @@ def run_admission_bench(
     bound = base.bound.rate_qps
     alphas: dict[str, float | None] = {p: None for p in policies}
     setups = {v.name: replace(base, admission_share=v.share, admission_miss=v.miss) for v in variants}
-    report = AdmissionReport(
-        trace=setup.trace,
-        cluster=[w.name for w in setup.workers],
-        slo_scale=setup.slo_scale,
-        slo_s=base.slo_s,
-        n_workflows=setup.n_workflows,
-        seeds=base.seeds,
-        policies=list(policies),
-        variants=list(variants),
-        alphas=alphas,
-        bound_qps=bound,
-        reference_qps=math.nan,
-        loads=list(loads),
-    )
-
-    def tick() -> None:
-        if progress is not None:
-            progress(1)
+    head = (setup.trace, [w.name for w in setup.workers], setup.slo_scale, base.slo_s, setup.n_workflows, base.seeds)
+    report = AdmissionReport(*head, list(policies), list(variants), alphas, bound, math.nan, list(loads))
 
     ref_variant = "off" if "off" in names else names[0]
 
@@ -242,7 +226,8 @@ def run_admission_bench(
             for s in base.seeds:
                 guess = caps[-1] if caps else None
                 caps.append(bench.capacity(p, bound, seed=s, alpha=alphas[p], guess=guess, rel_tol=rel_tol))
-                tick()
+                if progress is not None:
+                    progress(1)
             report.capacity[(p, v.name)] = spread(caps)
 
     # Capacities first, the policies that read no alpha before those that do: alpha is tuned once per policy,
@@ -266,7 +251,8 @@ def run_admission_bench(
             for load in loads:
                 for s in base.seeds:
                     report.points.append(_point(setups[v.name], p, v.name, load, load * ref, alphas[p], s))
-                    tick()
+                    if progress is not None:
+                        progress(1)
     return report
 
 
@@ -295,21 +281,13 @@ def format_admission_report(r: AdmissionReport) -> str:
         "met = share of arrivals in time, admitted = neither refused nor demoted, kept = admitted that met, "
         "shed = admitted then shed by the overload re-check, goodput = met per second"
     )
+    figures = (("attainment", 3), ("admitted_share", 3), ("kept", 3), ("shed_share", 3), ("goodput_qps", 4))
     for p in r.policies:
-        rows = []
-        for load in r.loads:
-            for v in r.variants:
-                rows.append(
-                    [
-                        f"{load:g}",
-                        v.name,
-                        fmt(r.mean(p, v.name, load, lambda x: x.attainment), 3),
-                        fmt(r.mean(p, v.name, load, lambda x: x.admitted_share), 3),
-                        fmt(r.mean(p, v.name, load, lambda x: x.kept), 3),
-                        fmt(r.mean(p, v.name, load, lambda x: x.shed_share), 3),
-                        fmt(r.mean(p, v.name, load, lambda x: x.goodput_qps), 4),
-                    ]
-                )
+        rows = [
+            [f"{load:g}", v.name, *(fmt(r.mean(p, v.name, load, attrgetter(k)), d) for k, d in figures)]
+            for load in r.loads
+            for v in r.variants
+        ]
         lines.append(f"{p}:")
         lines.append(table(["load", "admission", "met", "admitted", "kept", "shed", "goodput/s"], rows, left=2))
     return "\n".join(lines)

@@ -9,7 +9,8 @@ import math
 import os
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from gateway.bench.stats import Spread, pyplot, save_figure, spread
 from gateway.core.degrade import QUALITY_MODES, QualityMode, QualityModel
 from gateway.core.policy import POLICIES, get_policy
 from gateway.errors import ConfigError, UnknownNameError
+from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.workload import TenantSpec
 
@@ -145,6 +147,16 @@ def outcome(res: SimResult, arrived: int, span_s: float, quality: QualityModel, 
     return Outcome(arrived, met, correct, acc_sum / n if n else 0.0, degraded, span_s)
 
 
+_FIGURES = {
+    "slo_attainment": "attainment",
+    "goodput_correct_qps": "goodput_qps",
+    "goodput_correct_share": "goodput_share",
+    "accuracy": "accuracy",
+    "degraded_share": "degraded_share",
+}
+"""JSON name -> ``Outcome`` figure, reported as the mean over the seeds."""
+
+
 @dataclass
 class BurstPoint:
     """One (pattern, load, policy variant) over the seeds."""
@@ -202,52 +214,44 @@ class BurstReport:
 
     def to_json(self) -> dict[str, Any]:
         """Everything, for ``--json``."""
-        out: dict[str, Any] = {
-            "trace": self.trace,
-            "cluster": self.cluster,
-            "slo_s": self.slo_s,
-            "fluid_bound_qps": self.bound_qps,
-            "workflows": self.workflows,
-            "seeds": self.seeds,
-            "quality_source": self.quality_source,
-            "points": [],
+        head = {"trace": self.trace, "cluster": self.cluster, "slo_s": self.slo_s, "fluid_bound_qps": self.bound_qps}
+        return {
+            **head,
+            **{k: getattr(self, k) for k in ("workflows", "seeds", "quality_source")},
+            "points": [self._point_json(p) for p in self.points],
         }
-        for p in self.points:
-            best = self.best_baseline(p.pattern, p.load)
-            r = self.ratio(p.pattern, p.load, p.variant)
-            out["points"].append(
-                {
-                    "pattern": p.pattern,
-                    "load": p.load,
-                    "rate_qps": p.rate_qps,
-                    "variant": p.variant,
-                    "slo_attainment": p.mean(lambda o: o.attainment),
-                    "goodput_correct_qps": p.mean(lambda o: o.goodput_qps),
-                    "goodput_correct_share": p.mean(lambda o: o.goodput_share),
-                    "accuracy": p.mean(lambda o: o.accuracy),
-                    "degraded_share": p.mean(lambda o: o.degraded_share),
-                    "best_baseline": best.variant if best is not None else None,
-                    "ratio_vs_best_baseline": r[0] if r is not None else None,
-                    "ratio_per_seed": r[1] if r is not None else None,
-                    "per_seed": [
-                        {
-                            "arrived": o.arrived,
-                            "met": o.met,
-                            "correct_met": o.correct_met,
-                            "accuracy": o.accuracy,
-                            "degraded": o.degraded,
-                            "span_s": o.span_s,
-                        }
-                        for o in p.outcomes
-                    ],
-                }
-            )
-        return out
+
+    def _point_json(self, p: BurstPoint) -> dict[str, Any]:
+        best = self.best_baseline(p.pattern, p.load)
+        r = self.ratio(p.pattern, p.load, p.variant)
+        return {
+            **{k: getattr(p, k) for k in ("pattern", "load", "rate_qps", "variant")},
+            **{k: p.mean(attrgetter(a)) for k, a in _FIGURES.items()},
+            "best_baseline": best.variant if best is not None else None,
+            "ratio_vs_best_baseline": r[0] if r is not None else None,
+            "ratio_per_seed": r[1] if r is not None else None,
+            "per_seed": [asdict(o) for o in p.outcomes],
+        }
 
 
-def _setup_for(base: Setup, pattern_path: Path | None, mode: QualityMode) -> Setup:
-    """``base`` with the pattern's arrivals (Poisson when None) and one tenant at ``mode``."""
-    return replace(base, arrivals_csv=pattern_path, cv=1.0, tenants=[TenantSpec("default", quality=mode)])
+def _setup_for(base: Setup, pattern_path: Path | None, mode: QualityMode, quality: QualityModel) -> Setup:
+    """``base`` with the pattern's arrivals (Poisson when None), one tenant at ``mode`` and ``quality``."""
+    tenants = [TenantSpec("default", quality=mode)]
+    return replace(base, arrivals_csv=pattern_path, cv=1.0, tenants=tenants, quality_model=quality)
+
+
+def simulate_once(
+    st: Setup, policy: str, rate: float, seed: int, *, log: bool = False
+) -> tuple[list[Any], SimResult, float]:
+    """One seed's workflows at ``rate``, their run under ``policy`` and their arrival span. ``log``: each
+    degrading workflow records its decisions (``KnobbedWorkflow.log``)."""
+    wfs = st.workflows(rate, seed)
+    if log:
+        for w in wfs:
+            if isinstance(w, KnobbedWorkflow):
+                w.log = []
+    res = Simulator(st.workers, policy, seed=seed, prefix_caching=st.prefix_caching).run(wfs)
+    return wfs, res, (wfs[-1].arrival - wfs[0].arrival) if len(wfs) > 1 else 0.0
 
 
 def run_burst(
@@ -276,27 +280,15 @@ def run_burst(
         for load in loads:
             rate = load * bound
             for variant, policy, mode in parsed:
-                st = _setup_for(base, path, mode)
-                st.quality_model = quality
+                st = _setup_for(base, path, mode, quality)
                 pt = BurstPoint(name, load, rate, variant)
                 for s in base.seeds:
-                    wfs = st.workflows(rate, s)
-                    res = Simulator(st.workers, policy, seed=s, prefix_caching=st.prefix_caching).run(wfs)
-                    span = (wfs[-1].arrival - wfs[0].arrival) if len(wfs) > 1 else 0.0
+                    wfs, res, span = simulate_once(st, policy, rate, s)
                     pt.outcomes.append(outcome(res, len(wfs), span, quality, acc_full))
                     if progress is not None:
                         progress(1)
                 points.append(pt)
-    return BurstReport(
-        trace=base.trace,
-        cluster=cluster,
-        slo_s=base.slo_s,
-        bound_qps=bound,
-        workflows=base.n_workflows,
-        seeds=base.seeds,
-        quality_source=quality.source,
-        points=points,
-    )
+    return BurstReport(base.trace, cluster, base.slo_s, bound, base.n_workflows, base.seeds, quality.source, points)
 
 
 @dataclass(frozen=True)
@@ -329,12 +321,9 @@ def timeline(
     width = 0.0
     for variant in variants:
         policy, mode = parse_variant(variant)
-        st = _setup_for(base, pattern, mode)
-        st.quality_model = quality
-        wfs = st.workflows(rate, s)
-        t0, t1 = wfs[0].arrival, wfs[-1].arrival
-        width = max((t1 - t0) / windows, 1e-9)
-        res = Simulator(st.workers, policy, seed=s, prefix_caching=st.prefix_caching).run(wfs)
+        wfs, res, span = simulate_once(_setup_for(base, pattern, mode, quality), policy, rate, s)
+        t0 = wfs[0].arrival
+        width = max(span / windows, 1e-9)
         by_id = {r.wid: r for r in res.workflows}
         n = [0] * windows
         met = [0] * windows

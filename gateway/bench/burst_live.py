@@ -9,24 +9,23 @@ import asyncio
 import random
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from gateway.bench.burst import Outcome, _setup_for, is_baseline, outcome, parse_variant
+from gateway.bench.burst import Outcome, _setup_for, is_baseline, outcome, parse_variant, simulate_once
 from gateway.bench.demo import gold_rows, post_question, question_body, write_demo_files
-from gateway.bench.quality import ScriptedStageRunner, demo_items, run_quality
+from gateway.bench.quality import FULL, ScriptedStageRunner, demo_items, run_quality
 from gateway.bench.rig import bench_folder, bench_tenant, live_rig, scheduled
 from gateway.bench.simbench import Setup
 from gateway.config.databases import DatabaseConfig
-from gateway.core.degrade import Knobs, QualityModel
+from gateway.core.degrade import QualityModel
 from gateway.core.shapes import MIN_QUESTIONS
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, WorkflowTemplate
-from gateway.sim.degrade import KnobbedWorkflow
-from gateway.sim.simulator import SimResult, Simulator
+from gateway.sim.simulator import SimResult
 from gateway.text2sql.answers import build_demo_answers
 from gateway.text2sql.db import open_database
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
@@ -154,14 +153,7 @@ class LiveBurstReport:
             }
 
         return {
-            "pattern": self.pattern,
-            "load": self.load,
-            "rate_qps": self.rate_qps,
-            "slo_s": self.slo_s,
-            "time_scale": self.time_scale,
-            "cluster": self.cluster,
-            "workflows": self.workflows,
-            "seeds": self.seeds,
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "variants"},
             "variants": [
                 {
                     "variant": v.variant,
@@ -255,21 +247,14 @@ def run_live_burst(
     rate = load * base.bound.rate_qps
     if len(demo_questions()) != len(base.queries):
         raise ValueError("base.queries must be the recorded demo queries (one per demo question)")
-    acc_full = quality.accuracy(Knobs(2, 10, True))
+    acc_full = quality.accuracy(FULL)
     report = LiveBurstReport(name, load, rate, base.slo_s, time_scale, cluster, base.n_workflows, base.seeds, [])
     for variant in variants:
         policy, mode = parse_variant(variant)
         lv = LiveVariant(variant)
-        st = _setup_for(base, path, mode)
-        st.quality_model = quality
+        st = _setup_for(base, path, mode, quality)
         for s in base.seeds:
-            wfs = st.workflows(rate, s)
-            if dump is not None:
-                for w in wfs:
-                    if isinstance(w, KnobbedWorkflow):
-                        w.log = []
-            res = Simulator(st.workers, policy, seed=s, prefix_caching=st.prefix_caching).run(wfs)
-            span = (wfs[-1].arrival - wfs[0].arrival) if len(wfs) > 1 else 0.0
+            wfs, res, span = simulate_once(st, policy, rate, s, log=dump is not None)
             lv.sim.append(outcome(res, len(wfs), span, quality, acc_full))
             if simulate_only:
                 continue
@@ -363,18 +348,9 @@ def live_setup(
 ) -> Setup:
     """The simulator's scenario for a live burst run: the recorded demo queries on ``workers``."""
     queries, template = record_demo(answers_seed)
-    return Setup(
-        workers,
-        queries,
-        "demo",
-        n_workflows=workflows,
-        slo_scale=slo_scale,
-        seed=seed,
-        n_seeds=n_seeds,
-        slo_unit_s=demo_latency(workers, queries),
-        plan_template=template,
-        deadline_rule=True,
-    )
+    unit = demo_latency(workers, queries)
+    scenario: dict[str, Any] = {"n_workflows": workflows, "slo_scale": slo_scale, "seed": seed, "n_seeds": n_seeds}
+    return Setup(workers, queries, "demo", **scenario, slo_unit_s=unit, plan_template=template, deadline_rule=True)
 
 
 def demo_latency(workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]]) -> float:

@@ -1,12 +1,12 @@
-"""``hexflow demo``: the main job in one command: the demo database and scripted answers, an emulated cluster and
-a gateway, demo questions from two tenants (tight and loose deadlines) through ``POST /v1/text2sql``, each
-answer checked against the gold result, an SLO summary per tenant. A question refused for its deadline is
-resent to a ``<name>-unchecked`` twin tenant without admission and counted a false refusal when that answer
-met the deadline (``hexflow bench refusals``). Deadlines are wall seconds of the emulation."""
+"""``hexflow demo``: demo questions from two tenants (tight and loose deadlines) through ``POST /v1/text2sql`` on a
+live rig answering from the demo script, each answer checked against the gold result, an SLO summary per tenant.
+A question refused for its deadline is resent to a ``<name>-unchecked`` twin tenant without admission: a false
+refusal when that met the deadline (``hexflow bench refusals``). Deadlines are wall seconds."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sqlite3
 import time
@@ -175,23 +175,12 @@ async def _ask(
     kind = error.get("type") if isinstance(error, dict) else None
     status = str(data.get("status") or kind or ("connection_error" if r is None else f"http {code}"))
     rows = data.get("rows") or []
-    correct = False
-    if status == "ok":
-        correct = results_match(gold_rows(db_path, q.query), rows, ordered=gold_is_ordered(q.query))
-    err = data.get("error")
+    correct = status == "ok" and results_match(gold_rows(db_path, q.query), rows, ordered=gold_is_ordered(q.query))
+    counts = (int(data.get("row_count") or 0), int(data.get("revisions") or 0), float(data.get("latency_s") or elapsed))
     return DemoAnswer(
-        tenant=tenant,
-        question=q.question,
-        status=status,
-        http_status=code,
-        sql=data.get("sql"),
-        row_count=int(data.get("row_count") or 0),
-        revisions=int(data.get("revisions") or 0),
-        latency_s=float(data.get("latency_s") or elapsed),
-        deadline_s=deadline_s,
-        deadline_met=bool(data.get("deadline_met")),
+        *(tenant, q.question, status, code, data.get("sql"), *counts, deadline_s, bool(data.get("deadline_met"))),
         correct=correct,
-        error=err if isinstance(err, str) else (json.dumps(err) if err else None),
+        error=error if isinstance(error, str) else (json.dumps(error) if error else None),
         columns=[str(c) for c in data.get("columns") or []],
         rows=[list(r) for r in rows[:ROWS_KEPT] if isinstance(r, list)],
         refused=refused,
@@ -248,27 +237,14 @@ def summarize_answers(answers: list[DemoAnswer]) -> dict[str, dict[str, float]]:
 
 def format_summary(rep: DemoReport) -> str:
     """The SLO summary table."""
-    rows = [
-        [
-            tenant,
-            f"{s['deadline_s']:.1f}s",
-            str(int(s["questions"])),
-            str(int(s["ok"])),
-            str(int(s["correct"])),
-            f"{s['deadline_met']:.1%}",
-            str(int(s["refused"])),
-            str(int(s["false_refusals"])),
-            f"{s['p50_s']:.2f}",
-            f"{s['p95_s']:.2f}",
-        ]
-        for tenant, s in rep.summary.items()
-    ]
-    return table(
-        ["tenant", "deadline", "questions", "ok", "correct", "met", "refused", "false_ref", "p50_s", "p95_s"],
-        rows,
-        left=1,
-        rule=False,
-    )
+    rows = []
+    for tenant, s in rep.summary.items():
+        counts = [str(int(s[k])) for k in ("questions", "ok", "correct")]
+        refusals = [str(int(s[k])) for k in ("refused", "false_refusals")]
+        met, p50, p95 = f"{s['deadline_met']:.1%}", f"{s['p50_s']:.2f}", f"{s['p95_s']:.2f}"
+        rows.append([tenant, f"{s['deadline_s']:.1f}s", *counts, met, *refusals, p50, p95])
+    heads = ["tenant", "deadline", "questions", "ok", "correct", "met", "refused", "false_ref", "p50_s", "p95_s"]
+    return table(heads, rows, left=1, rule=False)
 
 
 def format_legend() -> str:
@@ -392,24 +368,14 @@ def run_refusal_bench(
     without (every question through the tenants' twins: what the cluster does unprotected), per seed. ``share``:
     the gateway's ``admission.sustainable_share`` (None: the default)."""
     seeds = list(seeds or [0])
+    demo = functools.partial(run_demo, questions, cluster=cluster, time_scale=time_scale, quiet=True, share=share)
     out: list[RefusalPoint] = []
     for rate in rates:
         point = RefusalPoint(rate, seeds)
         runs: dict[bool, list[DemoReport]] = {True: [], False: []}
         for seed in seeds:
             for admission in (True, False):
-                runs[admission].append(
-                    run_demo(
-                        questions,
-                        cluster=cluster,
-                        time_scale=time_scale,
-                        seed=seed,
-                        quiet=True,
-                        rate=rate,
-                        admission=admission,
-                        share=share,
-                    )
-                )
+                runs[admission].append(demo(seed=seed, rate=rate, admission=admission))
                 if progress is not None:
                     progress(rate, seed, admission)
         point.with_admission = _pooled(runs[True])
@@ -425,17 +391,9 @@ def format_refusal_bench(points: list[RefusalPoint]) -> str:
     for p in points:
         for tenant, w in sorted(p.with_admission.items()):
             wo = p.without_admission.get(tenant, {})
-            rows.append(
-                [
-                    f"{p.rate:g}",
-                    tenant,
-                    str(int(w["questions"])),
-                    f"{wo.get('met_share', 0.0):.1%}",
-                    f"{w['refused_share']:.1%}",
-                    f"{w['false_refusal_share']:.1%}",
-                    f"{w['false_of_refused']:.0%}" if w["refused"] else "-",
-                    f"{w['met_share']:.1%}",
-                ]
-            )
+            shares = [f"{w[k]:.1%}" for k in ("refused_share", "false_refusal_share")]
+            false_of = f"{w['false_of_refused']:.0%}" if w["refused"] else "-"
+            row = [f"{p.rate:g}", tenant, str(int(w["questions"])), f"{wo.get('met_share', 0.0):.1%}", *shares]
+            rows.append([*row, false_of, f"{w['met_share']:.1%}"])
     head = ["rate/s", "tenant", "questions", "met w/o adm", "refused", "false", "false/refused", "met"]
     return table(head, rows, left=2, rule=False)

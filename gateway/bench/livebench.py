@@ -14,11 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
-from gateway.bench.rig import bench_folder, bench_tenant, live_rig, say_stderr
+from gateway.bench.rig import bench_folder, bench_tenant, cluster_workers, live_rig, say_stderr
 from gateway.bench.simbench import Setup, fluid_bound, tuned_alpha
 from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
-from gateway.config import ClusterConfig, build_workers, load_cluster_config, load_gpu_catalog
-from gateway.config.gpus import load_profiles_file
 from gateway.core.policy import get_policy
 from gateway.core.worker import WorkerInfo
 from gateway.errors import GatewayError
@@ -84,13 +82,9 @@ def simulate_jittered(
     replicas: int = JITTER_REPLICAS,
     prefix_caching: bool = True,
 ) -> dict[str, Band]:
-    """How sensitive the prediction is to timing noise: P50/P95/P99/SLO bands over ``replicas`` runs.
-
-    The first run is the exact prediction; each other run delays every arrival (and its deadline) by
-    an independent uniform ``[0, jitter_s)`` modelled seconds, about what a live run's wall-clock noise
-    amounts to. Near a policy's capacity the tail can move a lot on such noise; a live figure inside
-    the band is as good as the simulator can predict it.
-    """
+    """P50/P95/P99/SLO bands over ``replicas`` runs: the exact prediction, and runs with every arrival (and its
+    deadline) delayed by an independent uniform ``[0, jitter_s)`` modelled seconds (a live run's wall-clock
+    noise). A live figure inside the band is as good as the simulator can predict it."""
     import random
     import statistics
 
@@ -234,26 +228,18 @@ def run_live_bench(
 ) -> LiveBenchReport:
     """Measure every policy live and predict it by simulation.
 
-    ``gpu_catalog``: the catalogue the gateway and the simulator read (default: the packaged one);
-    ``emulator_catalog``: the one the emulated workers run (default: ``gpu_catalog``). They differ in
-    ``hexflow bench fidelity``: workers of one speed, predicted with profiles calibrated against them.
-    ``profiles_file``: a profiles overlay (gateway.yaml's ``profiles_file``) both read, for workers that
-    name their profile (``profile:`` in the cluster file).
-
-    ``worker_urls``: workers already running (real vLLM servers, in cluster order), used as they are for
-    every policy instead of starting the emulated cluster. ``token_scale`` scales the trace's token counts
-    (``gateway.bench.replay.scale_queries``). ``prefix_caching``: whether the workers cache prompt prefixes
-    (the gateway and the simulator are told the same).
-
-    Logs and config files go to ``log_dir`` (``gateway.bench.rig.bench_folder``); ``log`` takes one line of
-    progress (default: stderr).
+    ``gpu_catalog``, ``profiles_file``: what the gateway and the simulator read; ``emulator_catalog``: what the
+    emulated workers run (default: ``gpu_catalog``; ``hexflow bench fidelity`` differs). ``worker_urls``:
+    workers already running (in cluster order) instead of the emulated cluster. ``token_scale`` scales the
+    trace's token counts; ``prefix_caching``: whether the workers cache prompt prefixes. Logs and configs go
+    to ``log_dir`` (``bench_folder``); ``log`` takes one line of progress (default: stderr).
     """
     say = log if log is not None else say_stderr
     for p in policies:
         get_policy(p)
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time scale must be a positive number, got {time_scale}")
-    cluster_cfg, workers = _cluster(cluster, gpu_catalog, profiles_file)
+    cluster_cfg, workers = cluster_workers(cluster, gpu_catalog, profiles_file)
     if worker_urls is not None and len(worker_urls) != len(workers):
         raise ValueError(f"the cluster has {len(workers)} workers but {len(worker_urls)} worker urls were given")
     setup = replay_setup(
@@ -283,17 +269,6 @@ def run_live_bench(
     )  # fmt: skip
 
 
-def _cluster(
-    cluster: str, gpu_catalog: Path | None, profiles_file: Path | None
-) -> tuple[ClusterConfig, list[WorkerInfo]]:
-    """The cluster as the gateway and the simulator read it: its config and its workers."""
-    catalog = load_gpu_catalog(gpu_catalog)
-    if profiles_file is not None:
-        catalog = catalog.with_profiles(load_profiles_file(profiles_file))
-    cluster_cfg = load_cluster_config(cluster, catalog)
-    return cluster_cfg, build_workers(cluster_cfg, catalog)
-
-
 def _run_policy(
     b: _Bench, policy: str, alpha: float | None, folder: Path, key: str, say: Callable[[str], None]
 ) -> PolicyRun:
@@ -314,18 +289,11 @@ def _run_policy(
         folder, policy, b.cluster, time_scale=b.time_scale, policy=policy, alpha=a, seed=b.seed, **b.rig
     ) as rig:
         try:
-            rep = asyncio.run(
-                replay(
-                    b.workload,
-                    gateway=rig.url,
-                    api_key=key,
-                    time_scale=b.time_scale,
-                    trace=b.setup.trace,
-                    rate_qps=b.rate,
-                    progress=b.progress,
-                    desc=f"{policy} live",
-                )
+            opts: dict[str, Any] = {"trace": b.setup.trace, "rate_qps": b.rate, "progress": b.progress}
+            run = replay(
+                b.workload, gateway=rig.url, api_key=key, time_scale=b.time_scale, desc=f"{policy} live", **opts
             )
+            rep = asyncio.run(run)
         except GatewayError as exc:
             raise LiveBenchError(f"{policy}: {exc}") from None
         live_counts = rig.completed_per_worker()
@@ -342,14 +310,8 @@ def _band_cell(b: Band, digits: int) -> str:
 
 def _summary_cells(x: ReplayReport | Summary) -> list[str]:
     """P50/P95/P99, SLO attainment, throughput and completed/sent of a live or simulated run."""
-    return [
-        fmt(x.p50_s),
-        fmt(x.p95_s),
-        fmt(x.p99_s),
-        fmt(x.slo_attainment, 3),
-        fmt(x.throughput_qps, 4),
-        f"{x.completed}/{x.workflows}",
-    ]
+    latency = [fmt(v) for v in (x.p50_s, x.p95_s, x.p99_s)]
+    return [*latency, fmt(x.slo_attainment, 3), fmt(x.throughput_qps, 4), f"{x.completed}/{x.workflows}"]
 
 
 def format_live_report(rep: LiveBenchReport) -> str:
@@ -395,15 +357,9 @@ def plot_live_report(rep: LiveBenchReport, path: Path) -> None:
     xs = list(range(len(names)))
     width = 0.38
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, live, sim, label in (
-        (ax1, [r.live.p95_s for r in rep.runs], [r.simulated.p95_s for r in rep.runs], "P95 latency (modelled s)"),
-        (
-            ax2,
-            [r.live.slo_attainment for r in rep.runs],
-            [r.simulated.slo_attainment for r in rep.runs],
-            "SLO attainment",
-        ),
-    ):
+    for ax, key, label in ((ax1, "p95_s", "P95 latency (modelled s)"), (ax2, "slo_attainment", "SLO attainment")):
+        live = [getattr(r.live, key) for r in rep.runs]
+        sim = [getattr(r.simulated, key) for r in rep.runs]
         ax.bar([x - width / 2 for x in xs], [v if math.isfinite(v) else 0.0 for v in live], width, label="live")
         ax.bar([x + width / 2 for x in xs], [v if math.isfinite(v) else 0.0 for v in sim], width, label="simulated")
         ax.set_xticks(xs, names)

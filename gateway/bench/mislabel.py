@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import math
 import random
 import time
@@ -263,6 +264,14 @@ def _windows_table(head: str, label: Callable[[int], str], cells: dict[str, list
     return table([head, *cells], rows)
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _outcome_cells(r: MislabelRun | LiveMislabelRun) -> list[str]:
+    return [f"{r.late_share:.3f}", fmt(r.slo_attainment, 3), fmt(r.p95_s)]
+
+
 def format_mislabel_report(rep: MislabelReport) -> str:
     """The text ``hexflow bench mislabel`` prints."""
     w = rep.worker_names.index(rep.worker)
@@ -277,32 +286,18 @@ def format_mislabel_report(rep: MislabelReport) -> str:
     cells = {name: [f"{x[w]:.3f}" for x in rep.runs[name].windows] for name in RUNS}
     lines.append(_windows_table("calls", lambda i: f"{i * rep.window}-{(i + 1) * rep.window - 1}", cells))
     lines.append("")
-    rows = [
-        [
-            name,
-            f"{r.late_share:.3f}",
-            fmt(r.slo_attainment, 3),
-            fmt(r.p95_s),
-            f"{r.final_latency_ratio:.2f}",
-            "-" if r.converged_after_calls is None else str(r.converged_after_calls),
-            str(sum(1 for e in r.refits if e.result == "applied")),
-        ]
-        for name, r in rep.runs.items()
-    ]
-    lines.append(
-        table(["run", "late share", "SLO", "P95 s", "latency ratio", "converged after calls", "refits applied"], rows)
-    )
+    rows = []
+    for name, r in rep.runs.items():
+        converged = "-" if r.converged_after_calls is None else str(r.converged_after_calls)
+        applied = str(sum(1 for e in r.refits if e.result == "applied"))
+        row = [name, *_outcome_cells(r), f"{r.final_latency_ratio:.2f}", converged, applied]
+        rows.append(row)
+    heads = ["run", "late share", "SLO", "P95 s", "latency ratio", "converged after calls", "refits applied"]
+    lines.append(table(heads, rows))
     fixed = rep.runs["mislabel+refit"]
     lines += ["", f"refits of {rep.worker} (mislabel+refit):"]
     rows = [
-        [
-            f"{e.t:.0f}",
-            str(e.calls),
-            e.result,
-            "-" if e.current_error is None else f"{e.current_error:.1%}",
-            "-" if e.fit_error is None else f"{e.fit_error:.1%}",
-            f"{e.latency_ratio:.2f}",
-        ]
+        [f"{e.t:.0f}", str(e.calls), e.result, _pct(e.current_error), _pct(e.fit_error), f"{e.latency_ratio:.2f}"]
         for e in fixed.refits
         if e.result != "kept"
     ]
@@ -390,19 +385,13 @@ async def _replay_and_poll(
 
         async def poll() -> None:
             try:
-                st = (await client.get(f"{rig.url}/v1/status")).json()
-                ws = {w["name"]: w for w in st["workers"]}
+                ws = {w["name"]: w for w in (await client.get(f"{rig.url}/v1/status")).json()["workers"]}
                 me = ws[worker]
-                points.append(
-                    {
-                        "t_s": round((time.monotonic() - t0) / time_scale, 3),
-                        "completed": {n: int(w["completed"]) for n, w in ws.items()},
-                        "profile": me.get("profile"),
-                        "ratios": {k: v["ratio"] for k, v in me.get("estimate_ratios", {}).items()},
-                        "ejections": me.get("ejections"),
-                        "ejected": me.get("ejected"),
-                    }
-                )
+                point: dict[str, Any] = {"t_s": round((time.monotonic() - t0) / time_scale, 3)}
+                point["completed"] = {n: int(w["completed"]) for n, w in ws.items()}
+                point["profile"] = me.get("profile")
+                point["ratios"] = {k: v["ratio"] for k, v in me.get("estimate_ratios", {}).items()}
+                points.append({**point, "ejections": me.get("ejections"), "ejected": me.get("ejected")})
             except (httpx.HTTPError, ValueError, KeyError, TypeError):
                 pass  # a missed poll leaves a longer window
 
@@ -507,12 +496,9 @@ def _labelled_cluster(cluster: str, worker: str, label: str) -> tuple[ClusterCon
     names = [rw.name for rw in expanded]
     if worker not in names:
         raise ValueError(f"unknown worker {worker!r} in {cluster}; workers: {', '.join(names)}")
-    entry, first = 0, 0  # the cluster file entry the worker was expanded from
     idx = names.index(worker)
-    for entry, wc in enumerate(right.workers):  # noqa: B007 (the entry found is used after the loop)
-        if idx < first + wc.count:
-            break
-        first += wc.count
+    # The cluster file entry the worker was expanded from.
+    entry = bisect.bisect_right(list(itertools.accumulate(wc.count for wc in right.workers)), idx)
     if right.workers[entry].count != 1:
         raise ValueError(f"{worker} is one of {right.workers[entry].count} workers of one entry: label a lone one")
     model = expanded[idx].model
@@ -531,18 +517,10 @@ def _live_run(
     last = points[-1] if points else {}
     prof = last.get("profile") or {}
     ref = prof.get("refit") or {}
-    return LiveMislabelRun(
-        name=name,
-        windows=_live_windows(points, worker, window_s),
-        late_share=_late_share(points, worker),
-        slo_attainment=rep.slo_attainment,
-        p95_s=rep.p95_s,
-        refits_applied=int(ref.get("applied", 0)),
-        refit_attempts=int(ref.get("attempts", 0)),
-        ejections=int(last.get("ejections") or 0),
-        final_profile=prof,
-        points=points,
-    )
+    windows, late = _live_windows(points, worker, window_s), _late_share(points, worker)
+    refits = int(ref.get("applied", 0)), int(ref.get("attempts", 0))
+    ejections = int(last.get("ejections") or 0)
+    return LiveMislabelRun(name, windows, late, rep.slo_attainment, rep.p95_s, *refits, prof, ejections, points)
 
 
 def format_live_mislabel_report(rep: LiveMislabelReport) -> str:
@@ -559,19 +537,10 @@ def format_live_mislabel_report(rep: LiveMislabelReport) -> str:
     lines.append("")
     rows = []
     for name, r in rep.runs.items():
-        consts = r.final_profile.get("constants") or {}
-        rows.append(
-            [
-                name,
-                f"{r.late_share:.3f}",
-                fmt(r.slo_attainment, 3),
-                fmt(r.p95_s),
-                str(r.final_profile.get("source", "-")),
-                f"{consts.get('iter_base_s', math.nan):.4g}",
-                f"{r.refits_applied}/{r.refit_attempts}",
-                str(r.ejections),
-            ]
-        )
+        base = (r.final_profile.get("constants") or {}).get("iter_base_s", math.nan)
+        source = str(r.final_profile.get("source", "-"))
+        refits = f"{r.refits_applied}/{r.refit_attempts}"
+        rows.append([name, *_outcome_cells(r), source, f"{base:.4g}", refits, str(r.ejections)])
     head = ["run", "late share", "SLO", "P95 s", "profile source", "iter_base_s", "refits applied", "ejections"]
     lines.append(table(head, rows))
     verdict = "refit helped" if rep.refit_helped() else "refit did NOT bring the share back"

@@ -1,9 +1,7 @@
-"""``hexflow bench overload``: does admission keep its promises under overload? Emulated workers, real
-gateway (one tenant, predictive admission on unless ``--no-predictive``): a capacity phase of CHESS
-workflows at ``capacity_fraction`` x the fluid bound, then ``bursts`` bursts at ``factor`` x that rate; per
-phase sent, accepted, rejected, shed, met and goodput, and the gateway's RSS sampled every ``RSS_PERIOD_S``.
-The goals checked: >= 95% of accepted meet their deadline under overload, overload goodput >= 90% of that
-at capacity, the last burst's RSS peak within 1.5x the first's. Figures: docs/live-gateway.md."""
+"""``hexflow bench overload``: does admission keep its promises under overload? A live rig (one tenant, predictive
+admission on unless ``--no-predictive``): a capacity phase at ``capacity_fraction`` x the fluid bound, then
+``bursts`` bursts at ``factor`` x that rate; per phase sent, accepted, rejected, shed, met, goodput and the
+gateway's RSS. The goals checked are ``OverloadReport.checks``. Figures: docs/live-gateway.md."""
 
 from __future__ import annotations
 
@@ -20,10 +18,18 @@ from typing import Any
 import httpx
 
 from gateway.bench.replay import replay_setup, replay_workload
-from gateway.bench.rig import Rig, bench_folder, bench_tenant, live_rig, sampling, say_stderr, scheduled
+from gateway.bench.rig import (
+    Rig,
+    bench_folder,
+    bench_tenant,
+    cluster_workers,
+    live_rig,
+    sampling,
+    say_stderr,
+    scheduled,
+)
 from gateway.bench.simbench import fluid_bound
 from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
-from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
 from gateway.core.predict import SUSTAINABLE_SHARE
 
 __all__ = ["OverloadReport", "PhaseReport", "format_report", "plot_report", "run_overload"]
@@ -218,23 +224,11 @@ def _phase_report(p: Phase, answers: Sequence[Answer], rss: Sequence[tuple[float
     accepted = [a for a in mine if a not in refused]
     retry = [a.retry_after for a in refused if a.retry_after is not None]
     window = [m for t, m in rss if p.start <= t <= end]
-    return PhaseReport(
-        name=p.name,
-        start_s=p.start,
-        rate_wall=p.rate,
-        window_s=p.length,
-        sent=len(mine),
-        accepted=len(accepted),
-        rejected=len(refused),
-        shed=sum(a.shed for a in mine),
-        met=sum(a.met for a in mine),
-        failed=sum(1 for a in accepted if a.status != 200 and not a.shed),
-        retry_after_min=min(retry) if retry else None,
-        retry_after_max=max(retry) if retry else None,
-        rss_start_mb=window[0] if window else None,
-        rss_peak_mb=max(window) if window else None,
-        rss_end_mb=window[-1] if window else None,
-    )
+    counts = (len(mine), len(accepted), len(refused), sum(a.shed for a in mine), sum(a.met for a in mine))
+    failed = sum(1 for a in accepted if a.status != 200 and not a.shed)
+    retry_range = (min(retry), max(retry)) if retry else (None, None)
+    rss_mb = (window[0], max(window), window[-1]) if window else (None, None, None)
+    return PhaseReport(p.name, p.start, p.rate, p.length, *counts, failed, *retry_range, *rss_mb)
 
 
 def run_overload(
@@ -263,9 +257,7 @@ def run_overload(
         raise ValueError(f"the admission share must be in (0, 1], got {admission_share}")
     if bursts < 1 or capacity_s <= 0 or burst_s <= 0 or quiet_s < 0:
         raise ValueError("bursts >= 1, capacity_s > 0, burst_s > 0 and quiet_s >= 0 are required")
-    catalog = load_gpu_catalog()
-    cluster_cfg = load_cluster_config(cluster, catalog)
-    workers = build_workers(cluster_cfg, catalog)
+    cluster_cfg, workers = cluster_workers(cluster)
     probe = replay_setup("chess-bird", workers, workflows=50, seed=seed, slo_scale=slo_scale)
     bound = fluid_bound(workers, probe.queries)
     rate_cap_model = capacity_fraction * bound
@@ -287,16 +279,9 @@ def run_overload(
         f"overload {factor:g}x in {bursts} bursts of {burst_s:g} s; deadline {deadline_wall:.3g} s wall; "
         f"{len(schedule)} workflows"
     )
-    report = OverloadReport(
-        cluster=cluster_cfg.name,
-        time_scale=time_scale,
-        fluid_bound_qps=bound,
-        capacity_rate_qps=rate_cap_model,
-        factor=factor,
-        deadline_wall_s=deadline_wall,
-        predictive=predictive,
-        admission_share=admission_share if admission_share is not None else SUSTAINABLE_SHARE,
-    )
+    share = admission_share if admission_share is not None else SUSTAINABLE_SHARE
+    setting = (time_scale, bound, rate_cap_model, factor, deadline_wall, predictive, share)
+    report = OverloadReport(cluster_cfg.name, *setting)
     with bench_folder(log_dir, "hexflow-overload-", say) as folder:
         key = bench_tenant(
             folder, deadline_s=deadline_wall, max_concurrent_workflows=100_000, name=TENANT, predictive=predictive,
@@ -322,20 +307,10 @@ def format_report(rep: OverloadReport) -> str:
     rows = []
     for p in rep.phases:
         ra = "-" if p.retry_after_min is None else f"{p.retry_after_min}-{p.retry_after_max}"
+        counts = [str(n) for n in (p.sent, p.accepted, p.rejected, p.shed, p.met)]
+        rss = "/".join(_mb(x) for x in (p.rss_start_mb, p.rss_peak_mb, p.rss_end_mb))
         rows.append(
-            [
-                p.name,
-                f"{p.rate_wall:.2f}",
-                str(p.sent),
-                str(p.accepted),
-                str(p.rejected),
-                str(p.shed),
-                str(p.met),
-                fmt(p.met_of_accepted * 100, 1),
-                f"{p.goodput:.3f}",
-                ra,
-                f"{_mb(p.rss_start_mb)}/{_mb(p.rss_peak_mb)}/{_mb(p.rss_end_mb)}",
-            ]
+            [p.name, f"{p.rate_wall:.2f}", *counts, fmt(p.met_of_accepted * 100, 1), f"{p.goodput:.3f}", ra, rss]
         )
     mode = f"predictive (share {rep.admission_share:g})" if rep.predictive else "concurrency only"
     head = (

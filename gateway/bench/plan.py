@@ -1,10 +1,6 @@
 """Capacity planning on the simulator: the cheapest mix of workers that meets an SLO at a rate (``hexflow plan``).
-
-The method (candidates, order, the one SLO of every mix, pruning by the fluid bound, simulation on every
-seed, the margin) is in docs/deploy-gpu-hosts.md ("Size a cluster: ``hexflow plan``"). For speed the fluid
-bound program counts identical workers once (``engines``) and merges call types into
-``BOUND_BUCKET_RATIO``-wide buckets (each at its members' least use, so it stays a bound). Deterministic:
-every simulation is seeded."""
+Method: docs/deploy-gpu-hosts.md ("Size a cluster: ``hexflow plan``"). The pruning bound counts identical
+workers once (``engines``) and buckets call types (``BOUND_BUCKET_RATIO``); every simulation is seeded."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -114,18 +110,7 @@ class Workload:
 
     def setup(self, workers: list[WorkerInfo], slo_s: float) -> Setup:
         """The benchmark setup of this workload on ``workers``, its SLO fixed at ``slo_s`` seconds."""
-        s = Setup(
-            workers=workers,
-            queries=self.queries,
-            trace=self.trace,
-            n_workflows=self.n_workflows,
-            seed=self.seed,
-            cv=self.cv,
-            tenants=self.tenants,
-            arrivals_csv=self.arrivals_csv,
-            n_seeds=self.n_seeds,
-            prefix_caching=self.prefix_caching,
-        )
+        s = Setup(workers=workers, **{f.name: getattr(self, f.name) for f in fields(self)})
         # Setup derives its SLO from its own workers; a plan holds every candidate to the same one.
         s.slo_s = slo_s
         return s
@@ -291,34 +276,19 @@ class PlanReport:
         """The JSON document: ``met``, ``answer``, ``capacity_qps``, ``capacity_per_seed``, ``margin``; the question,
         the workload and the search as run; ``best_failed`` and every mix ``considered`` with its verdict.
         Non-finite numbers are null."""
-        s = self.spec
-        best = self.best_failed
+        s, best = self.spec, self.best_failed
+        search = ("total_mixes", "over_budget", "programs_solved", "simulations", "seconds")
         return {
             "met": self.answer is not None,
             "answer": self.answer.to_json() if self.answer else None,
-            "capacity_qps": self.capacity_qps,
-            "capacity_per_seed": self.capacity_per_seed,
-            "margin": self.margin,
+            **{k: getattr(self, k) for k in ("capacity_qps", "capacity_per_seed", "margin")},
             "model": s.model,
-            "gpus": [{"gpu": o.gpu, "tp": o.tp, "usd_per_hour": o.usd_per_hour} for o in self.options],
-            "rate_qps": s.rate_qps,
-            "slo_s": s.slo_s,
-            "slo_reference": s.slo_reference,
+            "gpus": [asdict(o) for o in self.options],
+            **{k: getattr(s, k) for k in ("rate_qps", "slo_s", "slo_reference")},
             "target_slo_attainment": s.target,
-            "policy": s.policy,
-            "alpha": self.alpha,
-            "objective": self.objective,
-            "budget_usd_per_hour": s.budget_usd_per_hour,
-            "max_workers": s.max_workers,
-            "trace": self.trace,
-            "n_workflows": self.n_workflows,
-            "seeds": self.seeds,
-            "prefix_caching": self.prefix_caching,
-            "total_mixes": self.total_mixes,
-            "over_budget": self.over_budget,
-            "programs_solved": self.programs_solved,
-            "simulations": self.simulations,
-            "seconds": self.seconds,
+            **{"policy": s.policy, "alpha": self.alpha, "objective": self.objective},
+            **{k: getattr(s, k) for k in ("budget_usd_per_hour", "max_workers")},
+            **{k: getattr(self, k) for k in ("trace", "n_workflows", "seeds", "prefix_caching", *search)},
             "best_failed": best.to_json() if best else None,
             "considered": [c.to_json() for c in self.considered],
         }
@@ -371,23 +341,9 @@ def run_plan(
             answer = cand
             break
     caps = search.margin(answer) if answer is not None and spec.find_margin else []
-    return PlanReport(
-        spec=spec,
-        objective=objective,
-        options=options,
-        trace=workload.trace,
-        n_workflows=workload.n_workflows,
-        seeds=search.base.seeds,
-        prefix_caching=workload.prefix_caching,
-        considered=considered,
-        answer=answer,
-        capacity_per_seed=caps,
-        total_mixes=total,
-        over_budget=over_budget,
-        programs_solved=search.programs,
-        simulations=search.sims,
-        seconds=time.perf_counter() - t0,
-    )
+    w = workload
+    found = (considered, answer, caps, total, over_budget, search.programs, search.sims, time.perf_counter() - t0)
+    return PlanReport(spec, objective, options, w.trace, w.n_workflows, search.base.seeds, w.prefix_caching, *found)
 
 
 class _Search:

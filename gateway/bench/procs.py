@@ -99,16 +99,12 @@ def write_gateway_config(
     admission_share: float | None = None,
     sections: Mapping[str, Any] | None = None,
 ) -> LoadedConfig:
-    """Write a ``gateway.yaml`` fronting ``urls`` (worker ``i`` of the expanded cluster at ``urls[i]``).
+    """Write a ``gateway.yaml`` in benchmark mode fronting ``urls`` (worker ``i`` of the expanded cluster, a
+    loaded one or a cluster file, at ``urls[i]``), load it back and return it (``ConfigError`` when invalid).
 
-    ``cluster`` is a loaded cluster or a cluster file (name or path). Workers keep the cluster's names,
-    GPUs, models, named profiles and capacities; ``gpu_catalog`` is the GPU catalogue the gateway reads
-    (default: the packaged one) and ``profiles_file`` a profiles overlay it merges (for workers naming a
-    ``profile``); ``prefix_caching``: whether the workers cache prompt prefixes (false for workers run with
-    ``--no-enable-prefix-caching``: a prefix-aware policy would otherwise chase a cache that is not there);
-    ``admission_share``: ``admission.sustainable_share`` (None: the default); ``sections``: further top-level
-    sections written as given (``refit``). The file is loaded back with
-    ``load_gateway_config`` and returned, so an invalid result raises ``ConfigError`` here.
+    ``gpu_catalog``, ``profiles_file``: the catalogue and profiles overlay the gateway reads; ``prefix_caching``
+    false for workers run with ``--no-enable-prefix-caching``; ``admission_share``:
+    ``admission.sustainable_share`` (None: the default); ``sections``: further top-level sections as given.
     """
     cfg = cluster if isinstance(cluster, ClusterConfig) else load_cluster_config(cluster)
     resolved = cfg.expanded()
@@ -117,11 +113,7 @@ def write_gateway_config(
     workers: list[dict[str, Any]] = []
     for rw, url in zip(resolved, urls, strict=True):
         w: dict[str, Any] = {"name": rw.name, "gpu": rw.gpu, "model": rw.model, "capacity": rw.capacity, "url": url}
-        if rw.served_model is not None:
-            w["served_model"] = rw.served_model
-        if rw.profile is not None:
-            w["profile"] = rw.profile
-        workers.append(w)
+        workers.append(w | {k: getattr(rw, k) for k in ("served_model", "profile") if getattr(rw, k) is not None})
     doc: dict[str, Any] = {
         "policy": policy,
         "alpha": alpha,
@@ -135,12 +127,8 @@ def write_gateway_config(
         "prefix_caching": prefix_caching,
         "benchmark": True,
     }
-    if databases_file is not None:
-        doc["databases_file"] = str(databases_file)
-    if gpu_catalog is not None:
-        doc["gpu_catalog"] = str(gpu_catalog)
-    if profiles_file is not None:
-        doc["profiles_file"] = str(profiles_file)
+    files = {"databases_file": databases_file, "gpu_catalog": gpu_catalog, "profiles_file": profiles_file}
+    doc.update({k: str(v) for k, v in files.items() if v is not None})
     if admission_share is not None:
         doc["admission"] = {"sustainable_share": admission_share}
     doc.update(sections or {})

@@ -1,11 +1,7 @@
-"""``hexflow bench quality``: answer accuracy of the Text-to-SQL pipeline at every knob setting, measured.
-
-The real ``Text2SqlPipeline`` runs in-process per ``PipelineConfig`` of ``quality_grid``, its calls
-answered like the emulator's scripted model (``ScriptedStageRunner``) and its SQL executed on SQLite: the
-demo questions (``build_demo_answers``) and, given a Spider-layout folder, its dev questions
-(``answers_from_spider``). Correct: status ``ok`` and the gold query's rows (``results_match``). No clock
-and no cluster: only what the knobs do to the answer. Method and table: docs/text2sql.md ("The quality
-model"); the output is ``gateway/config/quality.yaml`` (``QualityReport.to_yaml``)."""
+"""``hexflow bench quality``: answer accuracy of the Text-to-SQL pipeline at every knob setting (``quality_grid``),
+the real ``Text2SqlPipeline`` run in-process with scripted answers (``ScriptedStageRunner``) on the demo and,
+optionally, Spider dev questions. Method: docs/text2sql.md ("The quality model"); the output is
+``gateway/config/quality.yaml`` (``QualityReport.to_yaml``)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ import asyncio
 import math
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -94,15 +90,9 @@ class ScriptedStageRunner:
             # Usage as the emulator counts it: its prompt tokens, and the scripted answer's words up to
             # max_tokens (a call the script does not cover generates max_tokens of filler there).
             n_out = c.max_tokens if answer is None else min(c.max_tokens, max(count_tokens(answer), 1))
+            n_in = chat_prompt_tokens(list(c.messages))
             out.append(
-                StageCallResult(
-                    "scripted",
-                    0.0,
-                    0.0,
-                    text=answer or "",
-                    prompt_tokens=chat_prompt_tokens(list(c.messages)),
-                    completion_tokens=n_out,
-                )
+                StageCallResult("scripted", 0.0, 0.0, text=answer or "", prompt_tokens=n_in, completion_tokens=n_out)
             )
         return out
 
@@ -184,12 +174,7 @@ class QualityReport:
         """One row per setting: its knobs, the pooled accuracy and the accuracy per source."""
         out = []
         for k in self.settings:
-            row: dict[str, Any] = {
-                "candidates": k.candidates,
-                "max_revisions": k.max_revisions,
-                "evaluate": k.evaluate,
-                "accuracy": round(self.accuracy(k), 4),
-            }
+            row: dict[str, Any] = {**asdict(k), "accuracy": round(self.accuracy(k), 4)}
             if len(self.questions) > 1:
                 row["by_source"] = {s: round(self.accuracy(k, s), 4) for s in self.questions}
             out.append(row)

@@ -26,9 +26,11 @@ from gateway.bench.procs import (
     write_gateway_config,
     write_tenants_file,
 )
-from gateway.config import ClusterConfig
+from gateway.config import ClusterConfig, build_workers, load_cluster_config, load_gpu_catalog
+from gateway.config.gpus import load_profiles_file
+from gateway.core.worker import WorkerInfo
 
-__all__ = ["Rig", "bench_folder", "bench_tenant", "live_rig", "sampling", "say_stderr", "scheduled"]
+__all__ = ["Rig", "bench_folder", "bench_tenant", "cluster_workers", "live_rig", "sampling", "say_stderr", "scheduled"]
 
 T = TypeVar("T")
 
@@ -100,6 +102,18 @@ def bench_tenant(folder: Path, *, deadline_s: float, max_concurrent_workflows: i
         folder / "tenants.yaml", key, max_concurrent_workflows=max_concurrent_workflows, deadline_s=deadline_s, **tenant
     )
     return key
+
+
+def cluster_workers(
+    cluster: str, gpu_catalog: Path | None = None, profiles_file: Path | None = None
+) -> tuple[ClusterConfig, list[WorkerInfo]]:
+    """The cluster as the gateway and the simulator read it (with ``gpu_catalog`` and a ``profiles_file``
+    overlay): its config and its workers."""
+    catalog = load_gpu_catalog(gpu_catalog)
+    if profiles_file is not None:
+        catalog = catalog.with_profiles(load_profiles_file(profiles_file))
+    cluster_cfg = load_cluster_config(cluster, catalog)
+    return cluster_cfg, build_workers(cluster_cfg, catalog)
 
 
 @contextlib.contextmanager

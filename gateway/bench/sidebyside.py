@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import statistics
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.bench.enginetime import EngineTime, bound_engine_time
 from gateway.bench.simbench import (
@@ -23,11 +26,13 @@ from gateway.bench.simbench import (
     engine_time_at,
     tuned_alpha,
 )
-from gateway.bench.stats import Spread, finite_or_none, run_header, spread
+from gateway.bench.stats import Spread, finite_or_none, pyplot, run_header, save_figure, spread
 from gateway.core.policy import get_policy
 from gateway.sim.metrics import Summary
 
-__all__ = ["GRID_FRACTIONS", "BenchReport", "PolicyResult", "bench_steps", "plot_report", "run_bench"]
+__all__ = ["GRID_FRACTIONS", "BenchReport", "PolicyResult", "bench_steps", "plot_report", "run_bench", "run_parallel"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -189,23 +194,12 @@ class BenchReport:
 
     def _run_json(self, p: PointResult) -> dict[str, Any]:
         """One run's entry of ``results`` (``to_json``)."""
-        num = finite_or_none
         s = p.summary
+        figures = ("p50_s", "p95_s", "p99_s", "mean_s", "slo_attainment", "throughput_qps")
         return {
-            "policy": p.policy,
-            "trace": self.trace,
-            "seed": p.seed,
-            "rate_qps": p.rate_qps,
-            "alpha": p.alpha,
-            "p50_s": num(s.p50_s),
-            "p95_s": num(s.p95_s),
-            "p99_s": num(s.p99_s),
-            "mean_s": num(s.mean_s),
-            "slo_attainment": num(s.slo_attainment),
-            "throughput_qps": num(s.throughput_qps),
-            "workflows": s.workflows,
-            "completed": s.completed,
-            "calls": s.calls,
+            **{"policy": p.policy, "trace": self.trace, "seed": p.seed, "rate_qps": p.rate_qps, "alpha": p.alpha},
+            **{k: finite_or_none(getattr(s, k)) for k in figures},
+            **{"workflows": s.workflows, "completed": s.completed, "calls": s.calls},
         }
 
     def write_json(self, path: Path) -> None:
@@ -267,27 +261,30 @@ def _policy_task(setup: Setup, task: _Task) -> _Outcome:
     return _Outcome(alpha, tune_rate, caps, points)
 
 
-def _run_tasks(setup: Setup, tasks: Sequence[_Task], jobs: int, progress: ProgressFn | None) -> list[_Outcome]:
-    """Run tasks serially or in ``jobs`` worker processes; results in task order either way."""
-    if jobs <= 1 or len(tasks) <= 1:
-        out = []
-        for t in tasks:
-            out.append(_policy_task(setup, t))
+def run_parallel(
+    jobs: int, calls: Sequence[tuple[Callable[..., T], tuple[Any, ...]]], progress: ProgressFn | None = None
+) -> list[T]:
+    """``fn(*args)`` for each call, in ``jobs`` worker processes when > 1; results in call order either way,
+    ``progress(1)`` after each call."""
+    results: dict[int, T] = {}
+    if jobs <= 1 or len(calls) <= 1:
+        for i, (fn, args) in enumerate(calls):
+            results[i] = fn(*args)
             if progress is not None:
                 progress(1)
-        return out
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
+        return list(results.values())
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
-        futures = {pool.submit(_policy_task, setup, t): i for i, t in enumerate(tasks)}
-        results: list[_Outcome | None] = [None] * len(tasks)
+    with ProcessPoolExecutor(max_workers=min(jobs, len(calls)), mp_context=ctx) as pool:
+        futures = {pool.submit(fn, *args): i for i, (fn, args) in enumerate(calls)}
         for f in as_completed(futures):
             results[futures[f]] = f.result()
             if progress is not None:
                 progress(1)
-    return [r for r in results if r is not None]
+    return [results[i] for i in range(len(calls))]
+
+
+def _run_tasks(setup: Setup, tasks: Sequence[_Task], jobs: int, progress: ProgressFn | None) -> list[_Outcome]:
+    return run_parallel(jobs, [(_policy_task, (setup, t)) for t in tasks], progress)
 
 
 def _split(policies: Sequence[str], fixed_alpha: float | None) -> tuple[list[str], list[str]]:
@@ -319,8 +316,6 @@ def run_bench(
     at the best baseline's mean capacity; the first ones again at that reference rate. Without a capacity
     search every policy runs ``rates`` (default: fractions of the fluid bound). ``jobs`` > 1 runs policies
     in worker processes (identical results). ``progress`` gets 1 per policy phase (``bench_steps``)."""
-    import time
-
     t0 = time.perf_counter()
     for p in policies:
         get_policy(p)  # unknown names fail before any work
@@ -398,11 +393,7 @@ def _add_engine_time(report: BenchReport, setup: Setup, policies: Sequence[str])
 def plot_report(report: BenchReport, path: Path) -> None:
     """P95 latency and SLO attainment against arrival rate, one line per policy (mean over the seeds run
     at each rate), with the fluid bound and the reference rate marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     cmap = plt.get_cmap("tab20")
     colors = [cmap(i) for i in range(20)]  # distinct colours (dark shades first): no two policies share one
@@ -436,7 +427,4 @@ def plot_report(report: BenchReport, path: Path) -> None:
         f"{report.trace} on [{', '.join(report.cluster)}], SLO {report.slo_scale:g}x ({report.slo_s:.0f} s), "
         f"{report.n_workflows} workflows x {len(report.seeds)} seeds"
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

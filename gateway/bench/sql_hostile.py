@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import math
 import os
 import resource
 import sqlite3
@@ -185,19 +186,8 @@ async def run(timeout_s: float, pg_admin_url: str | None, workdir: Path) -> tupl
                 t1 = time.monotonic()
                 await asyncio.sleep(0.05)
                 probes = prober.between(t0, t1)
-                results.append(
-                    PayloadResult(
-                        engine,
-                        name,
-                        outcome,
-                        t1 - t0,
-                        _rss_mb(),
-                        _peak_rss_mb(),
-                        percentile(probes, 99) if probes else float("nan"),
-                        max(probes, default=float("nan")),
-                        len(probes),
-                    )
-                )
+                health = (percentile(probes, 99) if probes else math.nan, max(probes, default=math.nan), len(probes))
+                results.append(PayloadResult(engine, name, outcome, t1 - t0, _rss_mb(), _peak_rss_mb(), *health))
                 print(f"  {engine:8} {name:28} {outcome:10} {t1 - t0:6.2f} s", file=sys.stderr, flush=True)
     finally:
         prober.stop.set()
@@ -211,20 +201,10 @@ async def run(timeout_s: float, pg_admin_url: str | None, workdir: Path) -> tupl
 
 def format_results(results: Sequence[PayloadResult], all_probes: Sequence[float]) -> str:
     """The table and the whole run's health p99."""
-    rows = [
-        [
-            r.engine,
-            r.name,
-            r.outcome,
-            fmt(r.wall_s, 2),
-            fmt(r.rss_mb, 0),
-            fmt(r.peak_rss_mb, 0),
-            fmt(r.health_p99_ms, 1),
-            fmt(r.health_max_ms, 1),
-            str(r.health_probes),
-        ]
-        for r in results
-    ]
+    rows = []
+    for r in results:
+        figures = [fmt(r.wall_s, 2), fmt(r.rss_mb, 0), fmt(r.peak_rss_mb, 0), fmt(r.health_p99_ms, 1)]
+        rows.append([r.engine, r.name, r.outcome, *figures, fmt(r.health_max_ms, 1), str(r.health_probes)])
     head = ["engine", "payload", "outcome", "wall s", "RSS MB", "peak MB", "health p99 ms", "max ms", "probes"]
     text = table(head, rows, left=3)
     if all_probes:

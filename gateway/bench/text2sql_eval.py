@@ -238,17 +238,14 @@ class EvalReport:
 
     def summary(self) -> dict[str, float | None]:
         """Latency percentiles (client, gateway, non-LLM ``local_s``), deadline-met fraction, mean revisions."""
-        client = sorted(r.latency_s for r in self.items)
-        gw = sorted(r.gateway_latency_s for r in self.items if r.gateway_latency_s is not None)
-        local = sorted(r.local_s for r in self.items if r.local_s is not None)
+        lat = {
+            "latency": sorted(r.latency_s for r in self.items),
+            "gateway_latency": sorted(r.gateway_latency_s for r in self.items if r.gateway_latency_s is not None),
+            "local": sorted(r.local_s for r in self.items if r.local_s is not None),
+        }
         n = self.n
         return {
-            "latency_p50_s": _num(percentile(client, 50)),
-            "latency_p95_s": _num(percentile(client, 95)),
-            "gateway_latency_p50_s": _num(percentile(gw, 50)),
-            "gateway_latency_p95_s": _num(percentile(gw, 95)),
-            "local_p50_s": _num(percentile(local, 50)),
-            "local_p95_s": _num(percentile(local, 95)),
+            **{f"{k}_p{q}_s": _num(percentile(v, q)) for k, v in lat.items() for q in (50, 95)},
             "deadline_met": sum(r.deadline_met for r in self.items) / n if n else None,
             "revisions_mean": sum(r.revisions for r in self.items) / n if n else None,
             "truncated": sum(r.truncated for r in self.items),
@@ -353,18 +350,10 @@ async def _ask(client: httpx.AsyncClient, item: EvalItem, deadline_s: float | No
     try:
         r = await client.post("/v1/text2sql", json=body, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        return ItemRecord(
-            question=item.question,
-            db_id=item.db_id,
-            status="client_error",
-            http_status=0,
-            correct=False,
-            sql=None,
-            gold=item.gold,
-            latency_s=time.monotonic() - t,
-            difficulty=item.difficulty,
-            error=f"{type(exc).__name__}: {exc}",
-        )
+        error = f"{type(exc).__name__}: {exc}"
+        elapsed = time.monotonic() - t
+        head = (item.question, item.db_id, "client_error", 0, False, None, item.gold, elapsed)
+        return ItemRecord(*head, difficulty=item.difficulty, error=error)
     elapsed = time.monotonic() - t
     try:
         data = r.json()
@@ -375,15 +364,9 @@ async def _ask(client: httpx.AsyncClient, item: EvalItem, deadline_s: float | No
     status = data.get("status")
     if not isinstance(status, str):
         status = f"http_{r.status_code}"
+    sql = data.get("sql") if isinstance(data.get("sql"), str) else None
     rec = ItemRecord(
-        question=item.question,
-        db_id=item.db_id,
-        status=status,
-        http_status=r.status_code,
-        correct=False,
-        sql=data.get("sql") if isinstance(data.get("sql"), str) else None,
-        gold=item.gold,
-        latency_s=elapsed,
+        *(item.question, item.db_id, status, r.status_code, False, sql, item.gold, elapsed),
         gateway_latency_s=_float(data.get("latency_s")),
         local_s=_float(data.get("local_s")),
         revisions=int(data.get("revisions") or 0),

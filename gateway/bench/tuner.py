@@ -1,24 +1,19 @@
-"""``hexflow bench tuner``: the background alpha tuner, measured as the live gateway runs it.
-
-Per trace, at ``load`` x hexgen's capacity: one long run per alpha of the grid (the best fixed alpha in
-hindsight: lowest P95 over the measured workflows), then the same sequence tuned by the live tuner's own
-code (``WindowRecorder``, ``Retuner``, ``tune_window``) in virtual time, per window size, and the wall
-time of each full-window re-tune. Method and results: docs/benchmarks.md ("Alpha tuner")."""
+"""``hexflow bench tuner``: the live alpha tuner's own code (``WindowRecorder``, ``Retuner``, ``tune_window``) run
+in virtual time per window size, against every fixed alpha of the grid (the best in hindsight: lowest P95).
+Method and results: docs/benchmarks.md ("Alpha tuner")."""
 
 from __future__ import annotations
 
 import math
-import multiprocessing
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.sidebyside import run_parallel
 from gateway.bench.simbench import Bench, Setup
 from gateway.bench.stats import finite_or_none, fmt, table
 from gateway.config.operations import TuningConfig
@@ -33,8 +28,7 @@ from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
 TRACES: tuple[str, ...] = ("trace1", "financial", "trace3")
 """The traces measured by default (``../shared/data/hexgen-traces``; chess-bird when absent)."""
 WINDOWS: tuple[int, ...] = (28, 100, 300, 500)
-"""Window sizes (workflows) measured by default: the smallest is what a window of minutes held at the paper's
-rates (docs/benchmarks.md, "Alpha tuner")."""
+"""Window sizes (workflows) measured by default."""
 LOAD = 0.85
 """The run's rate as a fraction of the policy's capacity at its default alpha."""
 TARGET_GAP = 0.03
@@ -217,38 +211,9 @@ class TraceResult:
         num = finite_or_none
         best = self.best
         default = self.fixed_at(self.default_alpha)
-        tuned = []
-        for t in self.tuned:
-            secs = t.full_window_seconds()
-            tuned.append(
-                {
-                    "window_workflows": t.window,
-                    "p95_s": num(t.summary.p95_s),
-                    "slo_attainment": num(t.summary.slo_attainment),
-                    "gap_vs_best": num(self.gap(t.summary.p95_s)),
-                    "within_target": bool(self.gap(t.summary.p95_s) <= TARGET_GAP),
-                    "retunes": len(t.retunes),
-                    "applied": sum(r.applied for r in t.retunes),
-                    "skipped": t.skipped,
-                    "retune_seconds": {
-                        "mean": num(statistics.fmean(secs)) if secs else None,
-                        "median": num(statistics.median(secs)) if secs else None,
-                        "max": num(max(secs)) if secs else None,
-                        "count": len(secs),
-                    },
-                    "alphas": [
-                        {"time_s": r.time_s, "window": r.window, "chosen": r.chosen, "applied": r.applied}
-                        for r in t.retunes
-                    ],
-                }
-            )
+        doc = {k: getattr(self, k) for k in ("trace", "seed", "fluid_bound_qps", "capacity_qps", "rate_qps", "slo_s")}
         return {
-            "trace": self.trace,
-            "seed": self.seed,
-            "fluid_bound_qps": self.fluid_bound_qps,
-            "capacity_qps": self.capacity_qps,
-            "rate_qps": self.rate_qps,
-            "slo_s": self.slo_s,
+            **doc,
             "default_alpha": self.default_alpha,
             "best_alpha": best.alpha,
             "best_p95_s": num(best.summary.p95_s),
@@ -256,14 +221,34 @@ class TraceResult:
             "fixed": [
                 {
                     "alpha": r.alpha,
-                    "p50_s": num(r.summary.p50_s),
-                    "p95_s": num(r.summary.p95_s),
-                    "p99_s": num(r.summary.p99_s),
-                    "slo_attainment": num(r.summary.slo_attainment),
+                    **{k: num(getattr(r.summary, k)) for k in ("p50_s", "p95_s", "p99_s", "slo_attainment")},
                 }
                 for r in self.fixed
             ],
-            "tuned": tuned,
+            "tuned": [self._tuned_json(t) for t in self.tuned],
+        }
+
+    def _tuned_json(self, t: TunedRun) -> dict[str, Any]:
+        num = finite_or_none
+        secs = t.full_window_seconds()
+        stats: dict[str, Callable[[list[float]], float]] = {
+            "mean": statistics.fmean,
+            "median": statistics.median,
+            "max": max,
+        }
+        return {
+            "window_workflows": t.window,
+            "p95_s": num(t.summary.p95_s),
+            "slo_attainment": num(t.summary.slo_attainment),
+            "gap_vs_best": num(self.gap(t.summary.p95_s)),
+            "within_target": bool(self.gap(t.summary.p95_s) <= TARGET_GAP),
+            "retunes": len(t.retunes),
+            "applied": sum(r.applied for r in t.retunes),
+            "skipped": t.skipped,
+            "retune_seconds": {k: num(f(secs)) if secs else None for k, f in stats.items()} | {"count": len(secs)},
+            "alphas": [
+                {"time_s": r.time_s, "window": r.window, "chosen": r.chosen, "applied": r.applied} for r in t.retunes
+            ],
         }
 
 
@@ -298,9 +283,7 @@ class TunerReport:
     def to_json(self) -> dict[str, Any]:
         """The JSON document (non-finite numbers are null): parameters, ``by_window`` and every trace."""
         return {
-            "cluster": self.cluster,
-            "policy": self.policy,
-            "slo_scale": self.slo_scale,
+            **{k: getattr(self, k) for k in ("cluster", "policy", "slo_scale")},
             "load_of_capacity": self.load,
             "warmup_workflows": self.warmup,
             "measured_workflows": self.measured,
@@ -320,35 +303,6 @@ class TunerReport:
 
 def _capacity(setup: Setup, policy: str, rel_tol: float) -> float:
     return Bench(setup).capacity(policy, setup.bound.rate_qps, rel_tol=rel_tol)
-
-
-def _fixed_task(setup: Setup, policy: str, rate: float, alpha: float, warmup: int) -> FixedRun:
-    return run_fixed(setup, policy, rate, alpha, warmup)
-
-
-def _tuned_task(setup: Setup, policy: str, rate: float, cfg: TuningConfig, warmup: int) -> TunedRun:
-    return run_tuned(setup, policy, rate, cfg, warmup)
-
-
-def _map(
-    jobs: int, calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], progress: ProgressFn | None
-) -> list[Any]:
-    """Run ``fn(*args)`` for each call, in ``jobs`` processes when > 1; results in call order."""
-    out: list[Any] = [None] * len(calls)
-    if jobs <= 1 or len(calls) <= 1:
-        for i, (fn, args) in enumerate(calls):
-            out[i] = fn(*args)
-            if progress is not None:
-                progress(1)
-        return out
-    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(calls)), mp_context=ctx) as pool:
-        futures = {pool.submit(fn, *args): i for i, (fn, args) in enumerate(calls)}
-        for f in as_completed(futures):
-            out[futures[f]] = f.result()
-            if progress is not None:
-                progress(1)
-    return out
 
 
 def bench_steps(n_traces: int, n_seeds: int, grid: int, windows: int) -> int:
@@ -404,41 +358,26 @@ def run_tuner_bench(
     cfgs = [_with_window(base, n) for n in windows]
     grid = Retuner(base, WindowRecorder(1)).grid()
 
-    caps = _map(jobs, [(_capacity, (s, policy, rel_tol)) for s in setups], progress)
+    caps = run_parallel(jobs, [(_capacity, (s, policy, rel_tol)) for s in setups], progress)
     rates = [c * load for c in caps]
     runs: list[tuple[int, Setup]] = []
     for i, s in enumerate(setups):
         for seed in seeds if seeds is not None else [s.seed]:
             runs.append((i, s if seed == s.seed else replace(s, seed=seed)))
     calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
-    keys: list[tuple[int, str]] = []
-    for j, (i, s) in enumerate(runs):
-        # The biggest windows first, so the slowest jobs do not start last.
-        for k in sorted(range(len(cfgs)), key=lambda k: -windows[k]):
-            calls.append((_tuned_task, (s, policy, rates[i], cfgs[k], warmup)))
-            keys.append((j, "tuned"))
-    for j, (i, s) in enumerate(runs):
-        for a in grid:
-            calls.append((_fixed_task, (s, policy, rates[i], a, warmup)))
-            keys.append((j, "fixed"))
-    results = _map(jobs, calls, progress)
+    by_size = sorted(cfgs, key=lambda c: -c.window_workflows)  # the slowest jobs first, so none starts last
+    for i, s in runs:
+        calls += [(run_tuned, (s, policy, rates[i], c, warmup)) for c in by_size]
+    for i, s in runs:
+        calls += [(run_fixed, (s, policy, rates[i], a, warmup)) for a in grid]
+    results = run_parallel(jobs, calls, progress)
+    nt, nf = len(cfgs), len(grid)
     traces = []
     for j, (i, s) in enumerate(runs):
-        fixed = [results[c] for c, key in enumerate(keys) if key == (j, "fixed")]
-        tuned = [results[c] for c, key in enumerate(keys) if key == (j, "tuned")]
-        traces.append(
-            TraceResult(
-                s.trace,
-                s.seed,
-                s.bound.rate_qps,
-                caps[i],
-                rates[i],
-                s.slo_s,
-                pol.default_alpha,
-                sorted(fixed, key=lambda f: f.alpha),
-                sorted(tuned, key=lambda t: t.window),
-            )
-        )
+        tuned = sorted(results[j * nt : (j + 1) * nt], key=lambda t: t.window)
+        fixed = sorted(results[len(runs) * nt + j * nf :][:nf], key=lambda f: f.alpha)
+        args = (s.bound.rate_qps, caps[i], rates[i], s.slo_s, pol.default_alpha, fixed, tuned)
+        traces.append(TraceResult(s.trace, s.seed, *args))
     first = setups[0]
     return TunerReport(
         cluster=[w.profile.gpu for w in first.workers],
@@ -466,9 +405,11 @@ def format_tuner_report(report: TunerReport, cluster: str) -> str:
         f"tuner: re-tune every {cfg.every_workflows} finished workflows (checked every {cfg.interval_s:g} s), "
         f"hysteresis {cfg.hysteresis:g}, staleness guard {cfg.max_age_s:g} s",
         *report.notes,
+        "best fixed alpha in hindsight (P95 over the measured workflows):",
+        _fixed_table(report),
+        f"tuned as live (target: P95 within {TARGET_GAP:.0%} of the best fixed alpha's):",
+        _tuned_table(report),
     ]
-    lines += _fixed_table(report)
-    lines += _tuned_table(report)
     for n, d in report.by_window().items():
         verdict = "all within target" if d["all_within_target"] else "NOT all within target"
         lines.append(f"window {n}: mean gap {d['mean_gap']:+.1%}, worst {d['max_gap']:+.1%} ({verdict})")
@@ -478,89 +419,40 @@ def format_tuner_report(report: TunerReport, cluster: str) -> str:
     return "\n".join(lines)
 
 
-def _fixed_table(report: TunerReport) -> list[str]:
+def _fixed_table(report: TunerReport) -> str:
     """The best fixed alpha in hindsight per trace, with the P95 at every alpha."""
-    out: list[str] = []
     rows = []
     for t in report.traces:
-        best = t.best
-        default = t.fixed_at(t.default_alpha)
+        best, default = t.best, t.fixed_at(t.default_alpha)
+        gap = f"{t.gap(default.summary.p95_s):+.1%}" if default else "-"
+        head = [t.trace, str(t.seed), f"{t.capacity_qps:.4f}", f"{t.rate_qps:.4f}", f"{best.alpha:.1f}"]
         p95s = " ".join(fmt(f.summary.p95_s, 0) for f in t.fixed)
-        rows.append(
-            [
-                t.trace,
-                str(t.seed),
-                f"{t.capacity_qps:.4f}",
-                f"{t.rate_qps:.4f}",
-                f"{best.alpha:.1f}",
-                fmt(best.summary.p95_s),
-                f"{best.summary.slo_attainment:.3f}",
-                f"{t.gap(default.summary.p95_s):+.1%}" if default else "-",
-                p95s,
-            ]
-        )
+        rows.append([*head, fmt(best.summary.p95_s), f"{best.summary.slo_attainment:.3f}", gap, p95s])
     grid = " ".join(f"{f.alpha:g}" for f in report.traces[0].fixed) if report.traces else ""
-    out.append("best fixed alpha in hindsight (P95 over the measured workflows):")
-    out.append(
-        table(
-            ["trace", "seed", "cap_qps", "rate_qps", "best_a", "p95_s", "slo", "default_gap", f"p95_s at alpha {grid}"],
-            rows,
-            left=1,
-        )
-    )
-    return out
+    heads = ["trace", "seed", "cap_qps", "rate_qps", "best_a", "p95_s", "slo", "default_gap"]
+    return table([*heads, f"p95_s at alpha {grid}"], rows, left=1)
 
 
-def _tuned_table(report: TunerReport) -> list[str]:
+def _tuned_table(report: TunerReport) -> str:
     """The tuned runs per trace and window against the best fixed alpha."""
-    out: list[str] = []
     rows = []
     for t in report.traces:
         for r in t.tuned:
             secs = r.full_window_seconds()
             gap = t.gap(r.summary.p95_s)
-            rows.append(
-                [
-                    t.trace,
-                    str(t.seed),
-                    str(r.window),
-                    fmt(r.summary.p95_s),
-                    f"{r.summary.slo_attainment:.3f}",
-                    f"{gap:+.1%}",
-                    "yes" if gap <= TARGET_GAP else "no",
-                    f"{len(r.retunes)} ({sum(x.applied for x in r.retunes)})",
-                    " ".join(f"{a:g}" for a in _alpha_path(r)),
-                    f"{statistics.median(secs):.2f}" if secs else "-",
-                    f"{max(secs):.2f}" if secs else "-",
-                ]
-            )
-    out.append(f"tuned as live (target: P95 within {TARGET_GAP:.0%} of the best fixed alpha's):")
-    out.append(
-        table(
-            [
-                "trace",
-                "seed",
-                "window",
-                "p95_s",
-                "slo",
-                "gap",
-                "ok",
-                "retunes (applied)",
-                "alphas",
-                "tune_s_med",
-                "tune_s_max",
-            ],
-            rows,
-            left=1,
-        )
-    )
-    return out
+            head = [t.trace, str(t.seed), str(r.window), fmt(r.summary.p95_s), f"{r.summary.slo_attainment:.3f}"]
+            retunes = f"{len(r.retunes)} ({sum(x.applied for x in r.retunes)})"
+            tune_s = [f"{statistics.median(secs):.2f}", f"{max(secs):.2f}"] if secs else ["-", "-"]
+            alphas = " ".join(f"{a:g}" for a in _alpha_path(r))
+            rows.append([*head, f"{gap:+.1%}", "yes" if gap <= TARGET_GAP else "no", retunes, alphas, *tune_s])
+    heads = ["trace", "seed", "window", "p95_s", "slo", "gap", "ok"]
+    return table([*heads, "retunes (applied)", "alphas", "tune_s_med", "tune_s_max"], rows, left=1)
 
 
 def _alpha_path(run: TunedRun) -> list[float]:
     """The alphas in force, each change once (the default first)."""
     path = [run.initial_alpha]
     for r in run.retunes:
-        if not path or path[-1] != r.alpha:
+        if path[-1] != r.alpha:
             path.append(r.alpha)
     return path
