@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gateway.config.base import FieldError, Fraction, PosFloat, Share, _Strict, load_yaml_model
+from gateway.config.base import FieldError, Fraction, PosFloat, Share, _at_most, _Strict, load_yaml_model
 from gateway.config.cluster import ClusterConfig, build_workers
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog, load_profiles_file
 from gateway.config.operations import (
@@ -147,10 +147,8 @@ class OutlierConfig(_Strict):
 
     @model_validator(mode="after")
     def _sizes(self) -> OutlierConfig:
-        if self.min_calls > self.window:
-            raise FieldError("min_calls", f"must not exceed window ({self.window}), got {self.min_calls}")
-        if self.base_ejection_s > self.max_ejection_s:
-            raise FieldError("base_ejection_s", f"must not exceed max_ejection_s ({self.max_ejection_s:g})")
+        _at_most(self, "min_calls", "window")
+        _at_most(self, "base_ejection_s", "max_ejection_s")
         return self
 
 
