@@ -50,7 +50,8 @@ class _Range(Generic[_N]):
         open_lo: bool = False,
         open_hi: bool = False,
     ) -> None:
-        self.kind, self.what, self.lo, self.hi, self.open_lo, self.open_hi = kind, what, lo, hi, open_lo, open_hi
+        self.kind: type[_N] = kind
+        self.what, self.lo, self.hi, self.open_lo, self.open_hi = what, lo, hi, open_lo, open_hi
 
     def __call__(self, text: str) -> _N:
         try:

@@ -4,9 +4,10 @@ holds the file's model and its request-path sections)."""
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gateway.config.base import FieldError, PosFloat, Share, _at_most, _Strict
+from gateway.config.cluster import _known_name
 from gateway.config.tenants import KeyHash
 
 
@@ -165,6 +166,11 @@ class KubernetesDiscoveryConfig(_KubeApiSettings):
         None, ge=1, le=1024, description="In-flight limit when a pod names none; default: derived from its profile."
     )
     default_port: int = Field(8000, ge=1, le=65535, description="Port when a pod names none.")
+
+    @field_validator("default_model")
+    @classmethod
+    def _known_model(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return v if v is None else _known_name(v, info, "model")
 
 
 class DiscoveryConfig(_Strict):
