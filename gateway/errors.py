@@ -4,8 +4,8 @@ a ``DomainError``.
     GatewayError                  500 internal_error
     ├── ConfigError               a config, cluster, GPU catalogue or trace file is invalid (names file and field)
     ├── ListenError               a server cannot listen on its address (names host and port)
-    ├── UnknownNameError          400: an unknown GPU, model, cluster or workload name
     ├── BadRequest                400 invalid_request_error
+    │   ├── UnknownNameError      an unknown GPU, model, cluster or workload name
     │   ├── Unprocessable         422: well-formed but invalid (``live.tenants.DeadlineOutOfRange`` is one)
     │   ├── Unauthorized          401 authentication_error, ``WWW-Authenticate: Bearer``
     │   ├── NotFound              404 not_found_error
@@ -102,18 +102,15 @@ def unknown_name_message(what: str, name: str, known: list[str], hint: str = "")
     return f"unknown {what} {name!r}; known: {', '.join(sorted(known))}" + (f". {hint}" if hint else "")
 
 
-class UnknownNameError(_Unknown, GatewayError):
-    """A name (policy, GPU, model, workload) is not registered (400)."""
-
-    status = 400
-    error_type = "invalid_request_error"
-
-
 class BadRequest(GatewayError):
     """Invalid input from a caller."""
 
     status = 400
     error_type = "invalid_request_error"
+
+
+class UnknownNameError(_Unknown, BadRequest):
+    """A name (policy, GPU, model, workload) is not registered (400)."""
 
 
 class Unprocessable(BadRequest):

@@ -101,7 +101,8 @@ class RefitConfig(_Strict):
     @model_validator(mode="after")
     def _ordered(self) -> RefitConfig:
         _at_most(self, "min_calls", "window_calls")
-        _at_most(self, "max_step", "max_drift")
+        if self.max_drift < self.max_step:
+            raise FieldError("max_drift", f"{self.max_drift:g} is below max_step ({self.max_step:g})")
         return self
 
 
