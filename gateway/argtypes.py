@@ -1,10 +1,8 @@
 """The command line's help formatter and the ``type=`` validators of numeric and list options, shared by
-``hexflow`` (``gateway.cli``) and the emulated workers' own parsers (``workers.emulator``, ``workers.cluster``).
+``hexflow`` (``gateway.cli``) and the emulated workers' parsers (``workers.emulator``, ``workers.cluster``).
 
-A module of its own, importing nothing but the standard library, so that an emulated worker does not load
-the whole command line (``gateway.cli`` imports every command group) to parse its arguments. Each
-validator raises ``argparse.ArgumentTypeError``: argparse prints its message after "argument --name:",
-below the subcommand's usage, and exits with status 2.
+Standard library only, so that an emulated worker does not load the whole command line to parse its arguments.
+Each validator raises ``argparse.ArgumentTypeError``: argparse prints it after "argument --name:" and exits 2.
 """
 
 from __future__ import annotations
@@ -12,24 +10,10 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import TypeVar
-
-__all__ = [
-    "HelpFormatter",
-    "fraction",
-    "fractions",
-    "nonneg_float",
-    "nonneg_int",
-    "port",
-    "port_or_zero",
-    "positive_float",
-    "positive_floats",
-    "positive_int",
-    "positive_ints",
-    "unit_open_fraction",
-]
+from typing import Generic, TypeVar
 
 _T = TypeVar("_T")
+_N = TypeVar("_N", int, float)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -53,79 +37,53 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
-def _number(text: str, kind: type[int] | type[float]) -> float:
-    try:
-        value = kind(text.strip())
-    except ValueError:
-        what = "an integer" if kind is int else "a number"
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
+class _Range(Generic[_N]):
+    """A finite ``kind`` number within ``[lo, hi]`` (``open_lo``, ``open_hi``: that bound excluded)."""
+
+    def __init__(
+        self,
+        kind: type[_N],
+        what: str,
+        lo: float,
+        hi: float = math.inf,
+        *,
+        open_lo: bool = False,
+        open_hi: bool = False,
+    ) -> None:
+        self.kind: type[_N] = kind
+        self.what, self.lo, self.hi, self.open_lo, self.open_hi = what, lo, hi, open_lo, open_hi
+
+    def __call__(self, text: str) -> _N:
+        try:
+            value = self.kind(text.strip())
+        except ValueError:
+            number = "an integer" if self.kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {number}, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        above = value > self.lo if self.open_lo else value >= self.lo
+        below = value < self.hi if self.open_hi else value <= self.hi
+        if not (above and below):
+            raise argparse.ArgumentTypeError(f"expected {self.what}, got {text!r}")
+        return value
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    value = int(_number(text, int))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def nonneg_int(text: str) -> int:
-    """An integer >= 0."""
-    value = int(_number(text, int))
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def port(text: str) -> int:
-    """A TCP port, 1-65535."""
-    value = int(_number(text, int))
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port in 1-65535, got {text!r}")
-    return value
-
-
-def port_or_zero(text: str) -> int:
-    """A TCP port, 1-65535, or 0 (any free port)."""
-    value = int(_number(text, int))
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port in 1-65535 (or 0: any free port), got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0."""
-    value = _number(text, float)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def nonneg_float(text: str) -> float:
-    """A finite number >= 0."""
-    value = _number(text, float)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    """A number in [0, 1]."""
-    value = _number(text, float)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
-
-
-def unit_open_fraction(text: str) -> float:
-    """A number in (0, 1) (a relative tolerance)."""
-    value = _number(text, float)
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
-    return value
+positive_int = _Range(int, "an integer >= 1", 1)
+"""An integer >= 1."""
+nonneg_int = _Range(int, "an integer >= 0", 0)
+"""An integer >= 0."""
+port = _Range(int, "a TCP port in 1-65535", 1, 65535)
+"""A TCP port, 1-65535."""
+port_or_zero = _Range(int, "a TCP port in 1-65535 (or 0: any free port)", 0, 65535)
+"""A TCP port, 1-65535, or 0 (any free port)."""
+positive_float = _Range(float, "a positive number", 0.0, open_lo=True)
+"""A finite number > 0."""
+nonneg_float = _Range(float, "a number >= 0", 0.0)
+"""A finite number >= 0."""
+fraction = _Range(float, "a number in [0, 1]", 0.0, 1.0)
+"""A number in [0, 1]."""
+unit_open_fraction = _Range(float, "a number in (0, 1)", 0.0, 1.0, open_lo=True, open_hi=True)
+"""A number in (0, 1) (a relative tolerance)."""
 
 
 def _list(text: str, item: Callable[[str], _T], what: str) -> list[_T]:
@@ -149,8 +107,3 @@ def positive_floats(text: str) -> list[float]:
 def fractions(text: str) -> list[float]:
     """Comma-separated numbers in [0, 1] (``0,0.5,1``)."""
     return _list(text, fraction, "numbers in [0, 1]")
-
-
-def positive_ints(text: str) -> list[int]:
-    """Comma-separated integers >= 1 (``100,300``)."""
-    return _list(text, positive_int, "integers >= 1")

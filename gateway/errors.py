@@ -4,8 +4,8 @@ a ``DomainError``.
     GatewayError                  500 internal_error
     ├── ConfigError               a config, cluster, GPU catalogue or trace file is invalid (names file and field)
     ├── ListenError               a server cannot listen on its address (names host and port)
-    ├── UnknownNameError          400: an unknown GPU, model, cluster or workload name
     ├── BadRequest                400 invalid_request_error
+    │   ├── UnknownNameError      an unknown GPU, model, cluster or workload name
     │   ├── Unprocessable         422: well-formed but invalid (``live.tenants.DeadlineOutOfRange`` is one)
     │   ├── Unauthorized          401 authentication_error, ``WWW-Authenticate: Bearer``
     │   ├── NotFound              404 not_found_error
@@ -46,17 +46,17 @@ class GatewayError(Exception):
         self,
         message: str = "",
         *,
+        status: int | None = None,
+        error_type: str | None = None,
         param: str | None = None,
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
-        if param is not None:
-            self.param = param
-        if headers is not None:
-            self.headers = headers
-        if extra is not None:
-            self.extra = extra
+        given = {"status": status, "error_type": error_type, "param": param, "headers": headers, "extra": extra}
+        for key, value in given.items():
+            if value is not None:
+                setattr(self, key, value)
 
     @property
     def message(self) -> str:
@@ -80,20 +80,15 @@ class ConfigError(GatewayError):
         self.path = path
         self.field = field
         self.problem = problem
-        where = f"{path}: {field}" if field else path
-        super().__init__(f"{where}: {problem}")
+        super().__init__(f"{path}: {field}: {problem}" if field else f"{path}: {problem}")
 
 
 class ListenError(GatewayError):
-    """A server cannot listen on its address (the port is in use, the address is not this host's). The
-    message names the host and the port."""
+    """A server cannot listen on its address (port in use, not this host's); the message names host and port."""
 
 
-class UnknownNameError(GatewayError):
-    """A name (policy, GPU, model, workload) is not registered."""
-
-    status = 400
-    error_type = "invalid_request_error"
+class _Unknown(Exception):
+    """A name that is not registered: ``what``, ``name`` and the sorted ``known`` names."""
 
     def __init__(self, what: str, name: str, known: list[str], *, hint: str = "") -> None:
         self.what = what
@@ -112,6 +107,10 @@ class BadRequest(GatewayError):
 
     status = 400
     error_type = "invalid_request_error"
+
+
+class UnknownNameError(_Unknown, BadRequest):
+    """A name (policy, GPU, model, workload) is not registered (400)."""
 
 
 class Unprocessable(BadRequest):
@@ -153,24 +152,18 @@ class ServiceUnavailable(GatewayError):
 
 
 class DomainError(Exception):
-    """Something that happened, said in the domain's terms (raised by ``gateway.core``): it carries no HTTP
-    status; the live edge (``gateway.live.httperrors``) maps each to the answer a client gets."""
+    """Something that happened, said in the core's terms, with no HTTP status: the live edge
+    (``gateway.live.httperrors``) maps each to the answer a client gets."""
 
 
 class NoEligibleWorker(DomainError, RuntimeError):
-    """Every worker is marked ineligible (down or draining). Defined here, not in ``core.scheduler`` which raises
-    it: mypyc (the native build) cannot compile a class derived from a builtin exception."""
+    """Every worker is down or draining. Defined here, not in ``core.scheduler`` which raises it: mypyc (the
+    native build) cannot compile a class derived from a builtin exception."""
 
 
-class UnknownName(DomainError, LookupError):
-    """A name the core does not know was asked for (a policy, a dispatcher, a queue discipline); ``known``
-    lists the registered ones. The live edge answers 400."""
-
-    def __init__(self, what: str, name: str, known: list[str]) -> None:
-        self.what = what
-        self.name = name
-        self.known = sorted(known)
-        super().__init__(unknown_name_message(what, name, self.known))
+class UnknownName(_Unknown, DomainError, LookupError):
+    """A name the core does not know (a policy, a dispatcher, a queue discipline); ``known`` lists the
+    registered ones. The live edge answers 400."""
 
 
 class Rejected(GatewayError):
@@ -178,19 +171,14 @@ class Rejected(GatewayError):
     with the seconds after which a retry may succeed."""
 
     def __init__(self, message: str, status: int, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = "rate_limit_error" if status == 429 else "service_unavailable"
+        error_type = "rate_limit_error" if status == 429 else "service_unavailable"
+        super().__init__(message, status=status, error_type=error_type, headers={"Retry-After": str(retry_after_s)})
         self.retry_after_s = retry_after_s
-        self.headers = {"Retry-After": str(retry_after_s)}
 
 
 class UpstreamError(GatewayError):
-    """A workflow failed on a worker: a worker's 4xx is answered with its status, anything else 502/503/504.
-
-    ``error_type`` defaults to ``upstream_error`` for 5xx and ``invalid_request_error`` for 4xx;
-    ``UpstreamError.answer`` keeps the worker's own message, type and param when it sent an error body.
-    """
+    """A workflow failed on a worker: a worker's 4xx is answered with its status, anything else 502/503/504;
+    ``error_type`` defaults to ``upstream_error`` for 5xx and ``invalid_request_error`` for 4xx."""
 
     def __init__(
         self,
@@ -201,23 +189,18 @@ class UpstreamError(GatewayError):
         param: str | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(message, param=param, extra=extra)
-        self.status = status
-        self.error_type = error_type or ("upstream_error" if status >= 500 else "invalid_request_error")
+        error_type = error_type or ("upstream_error" if status >= 500 else "invalid_request_error")
+        super().__init__(message, status=status, error_type=error_type, param=param, extra=extra)
 
     @classmethod
     def answer(cls, failed: CallFailed) -> UpstreamError:
         """The worker's own error answer (message, type, param) for ``failed``, else its message and status."""
         e = failed.body.get("error") if failed.body is not None else None
-        if isinstance(e, dict):
-            param = e.get("param")
-            return cls(
-                str(e.get("message", failed)),
-                failed.status,
-                error_type=str(e.get("type", "upstream_error")),
-                param=None if param is None else str(param),
-            )
-        return cls(str(failed), failed.status)
+        if not isinstance(e, dict):
+            return cls(str(failed), failed.status)
+        param = None if e.get("param") is None else str(e["param"])
+        error_type = str(e.get("type", "upstream_error"))
+        return cls(str(e.get("message", failed)), failed.status, error_type=error_type, param=param)
 
 
 class CallFailed(GatewayError):
@@ -227,8 +210,7 @@ class CallFailed(GatewayError):
     error_type = "upstream_error"
 
     def __init__(self, message: str, status: int = 502, body: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__(message, status=status)
         self.body = body
 
 

@@ -12,12 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import ConfigError
 
@@ -39,11 +34,8 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class FieldError(ValueError):
-    """A cross-field check failed at ``field`` (dotted path from the file's root).
-
-    Raised inside validators; ``load_yaml_model`` reports ``field`` instead of the validator's own
-    location, which for a model-level validator is the whole object.
-    """
+    """A cross-field check failed at ``field``, a dotted path relative to the model whose validator raises it
+    (``load_yaml_model`` prefixes that model's own location in the file)."""
 
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(problem)
@@ -53,6 +45,13 @@ class FieldError(ValueError):
 
 def _known(names: typing.Iterable[str]) -> str:
     return ", ".join(sorted(names))
+
+
+def _at_most(model: BaseModel, field: str, bound: str) -> None:
+    """``FieldError`` at ``field`` when its value exceeds the value of the field ``bound``."""
+    value, limit = getattr(model, field), getattr(model, bound)
+    if value > limit:
+        raise FieldError(field, f"must not exceed {bound} ({limit:g}), got {value:g}")
 
 
 class _Strict(BaseModel):
@@ -108,7 +107,7 @@ def _describe(err: Mapping[str, Any], model_cls: type[BaseModel]) -> tuple[str, 
     ctx = err.get("ctx") or {}
     exc = ctx.get("error") if isinstance(ctx, Mapping) else None
     if isinstance(exc, FieldError):
-        return exc.field, exc.problem
+        return _dotted((*loc, exc.field)), exc.problem
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         allowed = _allowed_keys(model_cls, loc[:-1])

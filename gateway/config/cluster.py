@@ -221,18 +221,7 @@ def make_worker(
     """The ``WorkerInfo`` of a worker: its profile (``profile``: a label of ``model``; default the GPU's) looked
     up in ``catalog`` and scaled by ``time_scale``; ``capacity`` None: derived from the profile. Raises
     ``UnknownNameError`` for a pair without a profile or an unknown label."""
-    if profile is None:
-        perf, source = catalog.profile(gpu, model), "catalogue"
-    else:
-        perf, source = catalog.named_profile(profile, model)
-    return WorkerInfo(
-        name=name,
-        profile=time_scaled(perf, time_scale),
-        capacity=perf.derived_capacity() if capacity is None else capacity,
-        url=url or "",
-        served_model=served_model or model,
-        profile_source=source,
-    )
+    return entry_worker(catalog, ResolvedWorker(name, gpu, model, capacity, url, served_model, profile), time_scale)
 
 
 class WorkerEntry(Protocol):
@@ -256,16 +245,17 @@ class WorkerEntry(Protocol):
 
 def entry_worker(catalog: GpuCatalog, w: WorkerEntry, time_scale: float = 1.0) -> WorkerInfo:
     """``make_worker`` of the worker ``w`` names."""
-    return make_worker(
-        catalog,
+    if w.profile is None:
+        perf, source = catalog.profile(w.gpu, w.model), "catalogue"
+    else:
+        perf, source = catalog.named_profile(w.profile, w.model)
+    return WorkerInfo(
         name=w.name,
-        gpu=w.gpu,
-        model=w.model,
-        capacity=w.capacity,
-        url=w.url,
-        served_model=w.served_model,
-        time_scale=time_scale,
-        profile=w.profile,
+        profile=time_scaled(perf, time_scale),
+        capacity=perf.derived_capacity() if w.capacity is None else w.capacity,
+        url=w.url or "",
+        served_model=w.served_model or w.model,
+        profile_source=source,
     )
 
 

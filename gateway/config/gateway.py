@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gateway.config.base import FieldError, Fraction, PosFloat, Share, _Strict, load_yaml_model
+from gateway.config.base import FieldError, Fraction, PosFloat, Share, _at_most, _Strict, load_yaml_model
 from gateway.config.cluster import ClusterConfig, build_workers
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog, load_profiles_file
 from gateway.config.operations import (
@@ -147,10 +147,8 @@ class OutlierConfig(_Strict):
 
     @model_validator(mode="after")
     def _sizes(self) -> OutlierConfig:
-        if self.min_calls > self.window:
-            raise FieldError("min_calls", f"must not exceed window ({self.window}), got {self.min_calls}")
-        if self.base_ejection_s > self.max_ejection_s:
-            raise FieldError("base_ejection_s", f"must not exceed max_ejection_s ({self.max_ejection_s:g})")
+        _at_most(self, "min_calls", "window")
+        _at_most(self, "base_ejection_s", "max_ejection_s")
         return self
 
 
@@ -283,6 +281,11 @@ class GatewayConfig(_Strict):
         return self
 
 
+def _resolve(base: Path, name: str) -> Path:
+    p = Path(name)
+    return p if p.is_absolute() else base / p
+
+
 class LoadedConfig:
     """A validated gateway config with its resolved paths, catalogue and scheduler workers."""
 
@@ -309,16 +312,12 @@ class LoadedConfig:
     @property
     def databases_path(self) -> Path | None:
         """The databases file, resolved against the config file's folder (None: text2sql disabled)."""
-        if self.cfg.databases_file is None:
-            return None
-        p = Path(self.cfg.databases_file)
-        return p if p.is_absolute() else self.base_dir / p
+        return None if self.cfg.databases_file is None else _resolve(self.base_dir, self.cfg.databases_file)
 
     @property
     def tenants_path(self) -> Path:
         """The tenants file, resolved against the config file's folder."""
-        p = Path(self.cfg.tenants_file)
-        return p if p.is_absolute() else self.base_dir / p
+        return _resolve(self.base_dir, self.cfg.tenants_file)
 
     def existing_tenants_path(self) -> Path:
         """``tenants_path``, checked to be a file: ``ConfigError`` naming the config file, ``tenants_file`` and
@@ -344,26 +343,14 @@ def load_gateway_config(path: Path | str, *, time_scale: float | None = None, be
     path = Path(path)
     # First pass without the catalogue to learn which catalogue to use, then validate names against it.
     raw = load_yaml_model(path, GatewayConfig, overrides=overrides)
-    catalog_path = None
-    if raw.gpu_catalog is not None:
-        p = Path(raw.gpu_catalog)
-        catalog_path = p if p.is_absolute() else path.parent / p
-    catalog = load_gpu_catalog(catalog_path)
+    catalog = load_gpu_catalog(None if raw.gpu_catalog is None else _resolve(path.parent, raw.gpu_catalog))
     if raw.profiles_file is not None:
-        p = Path(raw.profiles_file)
-        overlay = load_profiles_file(p if p.is_absolute() else path.parent / p)
+        overlay = load_profiles_file(_resolve(path.parent, raw.profiles_file))
         try:
             catalog = catalog.with_profiles(overlay)
         except FieldError as exc:
             raise ConfigError(raw.profiles_file, exc.field, str(exc)) from None
     cfg = load_yaml_model(path, GatewayConfig, context={"catalog": catalog}, overrides=overrides)
-    kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
-    if kube is not None and kube.default_model is not None and kube.default_model not in catalog.models:
-        raise ConfigError(
-            str(path),
-            "discovery.kubernetes.default_model",
-            f"unknown model {kube.default_model!r}; known: {', '.join(sorted(catalog.models))}",
-        )
     if time_scale is not None:
         if not time_scale > 0:
             raise ConfigError(str(path), "time_scale", f"must be positive, got {time_scale}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated
 
@@ -175,50 +176,32 @@ class GpuCatalog(_Strict):
 
     @model_validator(mode="after")
     def _names_exist(self) -> GpuCatalog:
-        gpus, models = self.gpus, self.models
         cal = self.calibration
-
-        def gpu(field: str, name: str) -> None:
-            if name not in gpus:
-                raise FieldError(field, f"unknown GPU {name!r}; known: {_known(gpus)}")
-
-        def model(field: str, name: str) -> None:
-            if name not in models:
-                raise FieldError(field, f"unknown model {name!r}; known: {_known(models)}")
-
-        for m, per_gpu in self.profiles.items():
-            model(f"profiles.{m}", m)
-            for g in per_gpu:
-                gpu(f"profiles.{m}.{g}", g)
-        model("calibration.model", cal.model)
-        gpu("calibration.reference_gpu", cal.reference_gpu)
-        if cal.reference_gpu not in cal.published:
-            raise FieldError(
-                "calibration.reference_gpu",
-                f"{cal.reference_gpu!r} has no published latency; fitted: {_known(cal.published)}",
-            )
+        # (field, name, the names it must be one of, what they are)
+        gpus, models = (self.gpus, "GPU"), (self.models, "model")
+        checks: list[tuple[str, str, Collection[str], str]] = [(f"profiles.{m}", m, *models) for m in self.profiles]
+        checks += [(f"profiles.{m}.{g}", g, *gpus) for m, per_gpu in self.profiles.items() for g in per_gpu]
+        checks += [("calibration.model", cal.model, *models), ("calibration.reference_gpu", cal.reference_gpu, *gpus)]
+        checks += [(f"calibration.published.{g}", g, *gpus) for g in cal.published]
+        checks += [(f"calibration.decode_from.{g}", g, *gpus) for g in cal.decode_from]
+        checks += [(f"calibration.tp.{m}", m, *models) for m in cal.tp]
+        checks += [(f"calibration.tp.{m}.per_gpu.{g}", g, *gpus) for m, r in cal.tp.items() for g in r.per_gpu]
+        for field, name, known, what in checks:
+            if name not in known:
+                raise FieldError(field, f"unknown {what} {name!r}; known: {_known(known)}")
         for g, pub in cal.published.items():
-            gpu(f"calibration.published.{g}", g)
             for kind in pub.steps:
                 if kind not in cal.steps:
-                    raise FieldError(
-                        f"calibration.published.{g}.steps.{kind}",
-                        f"unknown step {kind!r}; calibration.steps: {_known(cal.steps)}",
-                    )
-        for g, src in cal.decode_from.items():
-            gpu(f"calibration.decode_from.{g}", g)
+                    problem = f"unknown step {kind!r}; calibration.steps: {_known(cal.steps)}"
+                    raise FieldError(f"calibration.published.{g}.steps.{kind}", problem)
+        sources = {"calibration.reference_gpu": cal.reference_gpu}
+        sources |= {f"calibration.decode_from.{g}": src for g, src in cal.decode_from.items()}
+        for field, src in sources.items():
             if src not in cal.published:
-                raise FieldError(
-                    f"calibration.decode_from.{g}",
-                    f"{src!r} has no published latency; fitted: {_known(cal.published)}",
-                )
+                raise FieldError(field, f"{src!r} has no published latency; fitted: {_known(cal.published)}")
         if cal.min_request_overhead_s > cal.max_request_overhead_s:
             raise FieldError("calibration.min_request_overhead_s", "is above calibration.max_request_overhead_s")
-        for m, rule in cal.tp.items():
-            model(f"calibration.tp.{m}", m)
-            for g in rule.per_gpu:
-                gpu(f"calibration.tp.{m}.per_gpu.{g}", g)
-        for m in models:
+        for m in self.models:
             if m not in cal.tp:
                 raise FieldError("calibration.tp", f"no tensor-parallel rule for model {m!r}")
         return self

@@ -4,9 +4,10 @@ holds the file's model and its request-path sections)."""
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from gateway.config.base import FieldError, PosFloat, Share, _Strict
+from gateway.config.base import FieldError, PosFloat, Share, _at_most, _Strict
+from gateway.config.cluster import _known_name
 from gateway.config.tenants import KeyHash
 
 
@@ -51,7 +52,7 @@ class TuningConfig(_Strict):
             for old in ("window_s", "max_window_workflows"):
                 if old in data:
                     raise FieldError(
-                        f"tuning.{old}",
+                        old,
                         f"{old} was removed: the window is counted in workflows now "
                         "(window_workflows; max_age_s is the staleness guard)",
                     )
@@ -59,11 +60,7 @@ class TuningConfig(_Strict):
 
     @model_validator(mode="after")
     def _sizes(self) -> TuningConfig:
-        if self.min_workflows > self.window_workflows:
-            raise FieldError(
-                "tuning.min_workflows",
-                f"must not exceed window_workflows ({self.window_workflows}), got {self.min_workflows}",
-            )
+        _at_most(self, "min_workflows", "window_workflows")
         return self
 
 
@@ -103,10 +100,9 @@ class RefitConfig(_Strict):
 
     @model_validator(mode="after")
     def _ordered(self) -> RefitConfig:
-        if self.min_calls > self.window_calls:
-            raise FieldError("refit.min_calls", f"{self.min_calls} is above window_calls ({self.window_calls})")
+        _at_most(self, "min_calls", "window_calls")
         if self.max_drift < self.max_step:
-            raise FieldError("refit.max_drift", f"{self.max_drift} is below max_step ({self.max_step})")
+            raise FieldError("max_drift", f"{self.max_drift:g} is below max_step ({self.max_step:g})")
         return self
 
 
@@ -172,6 +168,11 @@ class KubernetesDiscoveryConfig(_KubeApiSettings):
     )
     default_port: int = Field(8000, ge=1, le=65535, description="Port when a pod names none.")
 
+    @field_validator("default_model")
+    @classmethod
+    def _known_model(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return v if v is None else _known_name(v, info, "model")
+
 
 class DiscoveryConfig(_Strict):
     """Where workers are discovered at run time (in addition to ``cluster.workers``)."""
@@ -212,7 +213,7 @@ class AdminConfig(_Strict):
     def _keys_for_protection(self) -> AdminConfig:
         for name in ("protect_status", "protect_metrics"):
             if getattr(self, name) and not self.api_key_sha256:
-                raise FieldError(f"admin.{name}", "needs admin.api_key_sha256: with no admin key nobody could read it")
+                raise FieldError(name, "needs admin.api_key_sha256: with no admin key nobody could read it")
         return self
 
 
@@ -255,13 +256,13 @@ class LeaderElectionConfig(_KubeApiSettings):
         # client-go's rules: the leader must give up before others may take over, and retry within its deadline.
         if self.renew_deadline_s >= self.lease_duration_s:
             raise FieldError(
-                "leader_election.renew_deadline_s",
+                "renew_deadline_s",
                 f"must be less than lease_duration_s ({self.lease_duration_s}), got {self.renew_deadline_s:g}: "
                 "a leader that cannot renew must step down before another replica may take the lease",
             )
         if self.retry_period_s * 1.2 > self.renew_deadline_s:
             raise FieldError(
-                "leader_election.retry_period_s",
+                "retry_period_s",
                 f"must be at most renew_deadline_s / 1.2 ({self.renew_deadline_s / 1.2:.3g}, "
                 f"the jitter's margin), got {self.retry_period_s:g}",
             )

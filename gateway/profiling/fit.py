@@ -66,7 +66,6 @@ class Floors:
 
     def efficiencies(self, iter_base_s: float, token_s: float, ctx_s: float) -> tuple[float, float, float]:
         """``(mbu, mfu, kv_bu)``: each floor over the constant (1 = the spec sheet's peak)."""
-
         pairs = zip((self.iter_base_s, self.token_s, self.ctx_s), (iter_base_s, token_s, ctx_s), strict=True)
         mbu, mfu, kv_bu = (f / v if v > 0.0 else math.inf for f, v in pairs)
         return mbu, mfu, kv_bu
@@ -113,21 +112,17 @@ class FittedProfile:
     max_batched_tokens: int
     basis: str
     mbu: float
-    """Bandwidth efficiency of the weights' read: ``floors.iter_base_s / iter_base_s``."""
+    """Efficiencies (floor over constant): of the weights' read, of batched tokens' FLOP/s, of the KV read."""
     mfu: float
-    """FLOP/s efficiency of batched tokens: ``floors.token_s / token_s``."""
     kv_bu: float
-    """Bandwidth efficiency of the KV cache's read: ``floors.ctx_s / ctx_s``."""
     floors: Floors
     published_fit: GpuFit | None = None
     """The fit behind this profile when it is fitted to published steps."""
     notes: dict[str, str] = field(default_factory=dict)
 
     def rounded(self) -> ProfileDict:
-        """The constants as written to ``gpus.yaml``: floats to 6 significant digits.
-
-        The three hardware-bounded constants are rounded up, so they stay at or above their floors.
-        """
+        """The constants as written to ``gpus.yaml``: floats to 6 significant digits, the three hardware-bounded
+        ones rounded up (so they stay at or above their floors)."""
         return {
             "tp": self.tp,
             "iter_base_s": round_sig_up(self.iter_base_s),
@@ -139,10 +134,6 @@ class FittedProfile:
             "max_batched_tokens": self.max_batched_tokens,
             "basis": self.basis,
         }
-
-    def perf(self) -> PerfProfile:
-        """The unrounded ``PerfProfile``."""
-        return profile_from(self.gpu, self.model, self)
 
     def rounded_perf(self) -> PerfProfile:
         """The ``PerfProfile`` of the constants as written to ``gpus.yaml``."""
@@ -161,13 +152,8 @@ def calibration_steps(cat: GpuCatalog) -> dict[str, CallSpec]:
 
 def design_matrix(calls: Sequence[CallSpec], chunk: int, *, attention: bool = False, seq: bool = False) -> np.ndarray:
     """Row per call: its lone latency's coefficients of ``(iter_base_s, token_s, ctx_s, request_overhead_s)``,
-    then of ``attn_s`` with ``attention`` and of ``seq_s`` with ``seq`` (the fits of published GPU numbers
-    leave both out: their few step latencies cannot tell quadratic prefill from linear, nor a decoding call's
-    host work from its token's compute).
-
-    Evaluated through ``PerfProfile`` itself (one unit constant at a time), so the fit is exact for
-    the model the simulator runs.
-    """
+    then of ``attn_s`` with ``attention`` and of ``seq_s`` with ``seq``. Evaluated through ``PerfProfile`` itself
+    (one unit constant at a time), so the fit is exact for the model the simulator runs."""
     cols = [0, 1, 2, 3] + ([4] if attention else []) + ([5] if seq else [])
 
     def unit(i: int) -> PerfProfile:
@@ -214,51 +200,53 @@ def _as_catalog(catalog: GpuCatalog | Mapping[str, Any]) -> GpuCatalog:
     return GpuCatalog.model_validate(data)
 
 
-def _pair_constants(
-    cat: GpuCatalog, fitted: Mapping[str, GpuFit], m: str, g: str, floors: Floors, tp: int
-) -> tuple[Vector, str, tuple[float, float, float], dict[str, str]]:
-    """One (model, GPU) pair's constants, basis, efficiencies (mbu, mfu, kv_bu) and provenance notes of the
-    four constants: its own fit to published steps, or its spec sheet's bounds over a fitted GPU's efficiencies
-    (module docstring)."""
+def _pair_profile(cat: GpuCatalog, fitted: Mapping[str, GpuFit], m: str, g: str) -> FittedProfile:
+    """One (model, GPU) pair's profile: its own fit to published steps, or its spec sheet's bounds over a
+    fitted GPU's efficiencies (module docstring), with the provenance note of each constant."""
     cal = cat.calibration
-    gpu = cat.gpus[g]
+    model, gpu = cat.models[m], cat.gpus[g]
+    tp = cal.tp[m].for_gpu(g)
+    floors = hardware_floors(model, gpu, tp)
     gpu_fit = fitted.get(g) if m == cal.model else None
     bw = f"tp*{gpu.mem_bw_tbs:g} TB/s"
     flops = f"2*params/(tp*{gpu.tflops_bf16:g} TFLOP/s)"
     if gpu_fit is not None:
-        mbu, mfu, kv_bu = gpu_fit.floors.efficiencies(*gpu_fit.constants[:3])
-        src = f"fitted to {len(cal.published[g].steps)} published steps"
-        o_range = f"within [{cal.min_request_overhead_s:g}, {cal.max_request_overhead_s:g}] s"
-        notes = {
-            "iter_base_s": f"{src}; weights/({bw}) / {mbu:.3f}",
-            "token_s": f"{src}; {flops} / {mfu:.3f}",
-            "ctx_s": f"{src}; kv_bytes/({bw}) / {kv_bu:.3f}",
-            "request_overhead_s": f"{src}; host-side, {o_range}",
-        }
-        return gpu_fit.constants, "fitted", (mbu, mfu, kv_bu), notes
-    s = cal.decode_from[g] if m == cal.model and g in cal.decode_from else cal.reference_gpu
-    ref = fitted[s]
-    mbu, mfu, kv_bu = ref.floors.efficiencies(*ref.constants[:3])
-    if s == cal.reference_gpu:
-        basis = f"derived: spec sheet with {s} efficiencies"
+        (x, t, c, o), basis = gpu_fit.constants, "fitted"
+        mbu, mfu, kv_bu = gpu_fit.floors.efficiencies(x, t, c)
+        src = f"fitted to {len(cal.published[g].steps)} published steps; "
+        eff = ""
+        o_note = f"{src}host-side, within [{cal.min_request_overhead_s:g}, {cal.max_request_overhead_s:g}] s"
+    else:
+        s = cal.decode_from[g] if m == cal.model and g in cal.decode_from else cal.reference_gpu
+        ref = fitted[s]
+        mbu, mfu, kv_bu = ref.floors.efficiencies(*ref.constants[:3])
+        src, eff = "", f", {s}'s fitted efficiency"
         # The per-request overhead measured on ``g``'s machines (its own fit, or its source's).
         own = g if g in fitted else cal.decode_from.get(g)
-        if own is not None and own in fitted:
+        if s == cal.reference_gpu and own is not None and own in fitted:
             o, o_note = fitted[own].constants[3], f"{own}/{cal.model} fitted overhead (host-side, model-independent)"
         else:
             o, o_note = ref.constants[3], f"{s}/{cal.model} fitted overhead"
-    else:
-        basis = f"derived: spec sheet with the efficiencies and overhead of fitted {s}"
-        o, o_note = ref.constants[3], f"{s}/{cal.model} fitted overhead"
-    eff = f"{s}'s fitted efficiency"
+        basis = (
+            f"derived: spec sheet with {s} efficiencies"
+            if s == cal.reference_gpu
+            else f"derived: spec sheet with the efficiencies and overhead of fitted {s}"
+        )
+        x, t, c = floors.iter_base_s / mbu, floors.token_s / mfu, floors.ctx_s / kv_bu
+    util = cal.gpu_memory_utilization
     notes = {
-        "iter_base_s": f"weights/({bw}) / {mbu:.3f}, {eff}",
-        "token_s": f"{flops} / {mfu:.3f}, {eff}",
-        "ctx_s": f"kv_bytes/({bw}) / {kv_bu:.3f}, {eff}",
+        "tp": f"{tp} x {gpu.mem_gb:g} GB for {model.weight_bytes / 1e9:.1f} GB of weights",
+        "iter_base_s": f"{src}weights/({bw}) / {mbu:.3f}{eff}",
+        "token_s": f"{src}{flops} / {mfu:.3f}{eff}",
+        "ctx_s": f"{src}kv_bytes/({bw}) / {kv_bu:.3f}{eff} ({model.kv_bytes_per_token} B/token)",
         "request_overhead_s": o_note,
+        "kv_capacity_tokens": f"floor((tp*{gpu.mem_gb:g} GB*{util:g} - weights)/kv_bytes)",
+        "max_num_seqs": "calibration.max_num_seqs",
+        "max_batched_tokens": "calibration.max_batched_tokens (chunked prefill)",
     }
-    x = (floors.iter_base_s / mbu, floors.token_s / mfu, floors.ctx_s / kv_bu, o)
-    return x, basis, (mbu, mfu, kv_bu), notes
+    kv = _kv_capacity(model, gpu, tp, util, f"{g}/{m}")
+    limits = (cal.max_num_seqs, cal.max_batched_tokens)
+    return FittedProfile(g, m, tp, x, t, c, o, kv, *limits, basis, mbu, mfu, kv_bu, floors, gpu_fit, notes)
 
 
 def fit(catalog: GpuCatalog | Mapping[str, Any]) -> list[FittedProfile]:
@@ -268,45 +256,9 @@ def fit(catalog: GpuCatalog | Mapping[str, Any]) -> list[FittedProfile]:
     Raises ``ValueError`` when a fit fails or a model does not fit in its engine's memory.
     """
     cat = _as_catalog(catalog)
-    cal = cat.calibration
-    util = cal.gpu_memory_utilization
     # 1. The calibration model on the GPUs with published numbers; 2. every pair from them.
-    fitted = {g: fit_gpu(cat, g) for g in cal.published}
-    out: list[FittedProfile] = []
-    for m, model in cat.models.items():
-        for g, gpu in cat.gpus.items():
-            tp = cal.tp[m].for_gpu(g)
-            floors = hardware_floors(model, gpu, tp)
-            (x, t, c, o), basis, (mbu, mfu, kv_bu), notes = _pair_constants(cat, fitted, m, g, floors, tp)
-            out.append(
-                FittedProfile(
-                    gpu=g,
-                    model=m,
-                    tp=tp,
-                    iter_base_s=x,
-                    token_s=t,
-                    ctx_s=c,
-                    request_overhead_s=o,
-                    kv_capacity_tokens=_kv_capacity(model, gpu, tp, util, f"{g}/{m}"),
-                    max_num_seqs=cal.max_num_seqs,
-                    max_batched_tokens=cal.max_batched_tokens,
-                    basis=basis,
-                    mbu=mbu,
-                    mfu=mfu,
-                    kv_bu=kv_bu,
-                    floors=floors,
-                    published_fit=fitted.get(g) if m == cal.model else None,
-                    notes={
-                        "tp": f"{tp} x {gpu.mem_gb:g} GB for {model.weight_bytes / 1e9:.1f} GB of weights",
-                        **notes,
-                        "ctx_s": f"{notes['ctx_s']} ({model.kv_bytes_per_token} B/token)",
-                        "kv_capacity_tokens": f"floor((tp*{gpu.mem_gb:g} GB*{util:g} - weights)/kv_bytes)",
-                        "max_num_seqs": "calibration.max_num_seqs",
-                        "max_batched_tokens": "calibration.max_batched_tokens (chunked prefill)",
-                    },
-                )
-            )
-    return out
+    fitted = {g: fit_gpu(cat, g) for g in cat.calibration.published}
+    return [_pair_profile(cat, fitted, m, g) for m in cat.models for g in cat.gpus]
 
 
 def fit_profiles(catalog_data: GpuCatalog | Mapping[str, Any]) -> Profiles:
@@ -513,14 +465,10 @@ def _split_generated(text: str, where: str) -> str:
 
 def _same_profiles(current: Profiles, expected: Profiles) -> bool:
     """The two sections hold the same constants (floats to 1e-9 relative: solver noise below the rounding)."""
-
-    def same(have: Any, want: Any) -> bool:
-        return math.isclose(have, want, rel_tol=1e-9) if isinstance(want, float) else bool(have == want)
-
     if current.keys() != expected.keys() or any(current[m].keys() != per.keys() for m, per in expected.items()):
         return False
-    pairs = ((current[m][g], want) for m, per in expected.items() for g, want in per.items())
-    return all(same(have[k], v) for have, want in pairs for k, v in want.items())
+    pairs = [(current[m][g][k], v) for m, per in expected.items() for g, want in per.items() for k, v in want.items()]
+    return all(math.isclose(have, v, rel_tol=1e-9) if isinstance(v, float) else have == v for have, v in pairs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,13 +14,14 @@ from typing import Any
 
 import yaml
 
-from gateway.core.profile import PerfProfile, time_scaled
+from gateway.core.profile import CONSTANTS, PerfProfile, time_scaled
 from gateway.profiling.probe import CalibrationResult
-
-__all__ = ["PREFIX_ON_RATIO", "format_report", "plot_fit", "profile_entry", "render_profile_yaml", "scaled_profile"]
 
 PREFIX_ON_RATIO = 0.8
 """Without a hit counter: a repeated prompt faster than this fraction of its first send reads as cached."""
+
+
+_COUNTS = frozenset({"kv_capacity_tokens", "max_num_seqs", "max_batched_tokens", "block_tokens"})
 
 
 def _fmt_num(v: float) -> float:
@@ -33,21 +34,12 @@ def profile_entry(
     """The measured profile as one ``gpus.yaml`` entry (``ProfileSpec``'s fields), time constants divided
     by ``scale`` and rounded to 6 significant digits."""
     prof = scaled_profile(res, scale, kv_capacity_tokens=kv_capacity_tokens)
-    return {
-        "tp": res.tp,
-        "iter_base_s": _fmt_num(prof.iter_base_s),
-        "token_s": _fmt_num(prof.token_s),
-        "ctx_s": _fmt_num(prof.ctx_s),
-        "request_overhead_s": _fmt_num(prof.request_overhead_s),
-        "kv_capacity_tokens": prof.kv_capacity_tokens,
-        "max_num_seqs": prof.max_num_seqs,
-        "max_batched_tokens": prof.max_batched_tokens,
-        "attn_s": _fmt_num(prof.attn_s),
-        "block_tokens": prof.block_tokens,
-        "seq_s": _fmt_num(prof.seq_s),
-        "admit_s": _fmt_num(prof.admit_s),
-        "basis": f"measured: hexflow calibrate at {res.measured_at}, {len(res.fitted)} probes",
-    }
+    entry: dict[str, Any] = {"tp": res.tp}
+    for key in CONSTANTS:
+        value = getattr(prof, key)
+        entry[key] = value if key in _COUNTS else _fmt_num(value)
+    entry["basis"] = f"measured: hexflow calibrate at {res.measured_at}, {len(res.fitted)} probes"
+    return entry
 
 
 def render_profile_yaml(res: CalibrationResult, *, kv_capacity_tokens: int | None = None, scale: float = 1.0) -> str:

@@ -4,6 +4,7 @@ each is there: docs/architecture.md, "Fitting profiles"."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,20 +13,6 @@ from gateway.core.workflow import CallSpec
 from gateway.errors import GatewayError
 from gateway.profiling.fit import design_matrix
 from gateway.profiling.lpfit import l1_relative_fit
-
-__all__ = [
-    "FITTED",
-    "STEP_MIN_OUTPUT",
-    "CalibrationError",
-    "PlanSettings",
-    "Probe",
-    "Vector",
-    "batch_features",
-    "fit_constants",
-    "make_plan",
-    "probe_features",
-    "step_short",
-]
 
 STEP_MIN_OUTPUT = 8
 """The shortest long output of a step probe (shorter, and its difference of latencies is mostly noise)."""
@@ -108,32 +95,17 @@ def make_plan(s: PlanSettings) -> list[Probe]:
         steps.append((cap, long_prompt))
     steps = [(n, p) for n, p in steps if min(s.step_output, longest - p) >= STEP_MIN_OUTPUT]
     out: list[Probe] = []
-    seed = 0
+    seeds = itertools.count(1)
     for rep in range(s.repeats):
-        for p, o in grid:
-            seed += 1
-            out.append(Probe("lone", p, o, 1, seed))
-        if rep == 0:
-            out.append(Probe("lone", b_prompt, b_out, 1, seed + 1))
-            seed += 1
-        for n in sizes:
-            seed += 1
-            out.append(Probe("batch", b_prompt, b_out, n, seed))
-        for n in sizes:
-            seed += 1
-            out.append(Probe("batch", b_prompt, b_out_short, n, seed))
-        for n in long_sizes:
-            seed += 1
-            out.append(Probe("batch", long_prompt, b_out, n, seed))
-        for n, p in steps:
-            seed += 1
-            out.append(Probe("step", p, min(s.step_output, longest - p), n, seed))
+        shapes = [("lone", p, o, 1) for p, o in grid] + ([("lone", b_prompt, b_out, 1)] if rep == 0 else [])
+        shapes += [("batch", b_prompt, b_out, n) for n in sizes] + [("batch", b_prompt, b_out_short, n) for n in sizes]
+        shapes += [("batch", long_prompt, b_out, n) for n in long_sizes]
+        shapes += [("step", p, min(s.step_output, longest - p), n) for n, p in steps]
+        out += [Probe(kind, p, o, n, next(seeds)) for kind, p, o, n in shapes]
         if rep == 0:
             # The same prompt twice: the first is an ordinary lone probe, the second may hit the cache.
-            seed += 1
-            p = max(32, min(s.max_prompt, 1024))
-            out.append(Probe("lone", p, 1, 1, seed))
-            out.append(Probe("prefix", p, 1, 1, seed))
+            seed, p = next(seeds), max(32, min(s.max_prompt, 1024))
+            out += [Probe("lone", p, 1, 1, seed), Probe("prefix", p, 1, 1, seed)]
     return out
 
 

@@ -14,14 +14,15 @@ import math
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import numpy as np
 
 from gateway.core.prefix import BLOCK_TOKENS
-from gateway.core.profile import PerfProfile
+from gateway.core.profile import PerfProfile, profile_from
 from gateway.profiling.plan import (
     FITTED,
     CalibrationError,
@@ -35,8 +36,6 @@ from gateway.profiling.plan import (
 )
 from gateway.profiling.promparse import KV_CACHE_USAGE
 from gateway.profiling.worker import CACHE_CONFIG_INFO, ProbeWorker, WorkerLoad
-
-__all__ = ["MIN_POSITIVE", "CalibrationResult", "Measurement", "calibrate"]
 
 MIN_POSITIVE = 1e-12
 """``iter_base_s`` and ``token_s`` must be positive in ``gpus.yaml``; a fit at 0 is written as this."""
@@ -71,31 +70,34 @@ class Measurement:
         return probe_features(p.kind, p.concurrency, self.prompt_tokens, self.output_tokens, chunk, self.short_tokens)
 
 
+_NO_FIT: Vector = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
 @dataclass
 class CalibrationResult:
-    """Everything ``hexflow calibrate`` measured and fitted."""
+    """Everything ``hexflow calibrate`` measured and fitted (filled in as the calibration runs)."""
 
     worker: str
     model: str
     gpu: str
     tp: int
     settings: PlanSettings
-    measurements: list[Measurement]
-    constants: Vector
-    kv_capacity_tokens: int | None
-    kv_source: str
-    prefix_ratio: float | None
-    """Latency of the repeated prompt over its first send (well below 1: prefix caching is on)."""
-    prefix_hits_tokens: float | None
-    backoffs: int
-    backoff_s: float
-    skipped: int
-    stopped_by_budget: bool
     planned: int
-    wall_s: float
     budget_s: float
-    measured_at: str
-    metrics_available: bool
+    measurements: list[Measurement] = field(default_factory=list)
+    constants: Vector = _NO_FIT
+    kv_capacity_tokens: int | None = None
+    kv_source: str = "unknown"
+    prefix_ratio: float | None = None
+    """Latency of the repeated prompt over its first send (well below 1: prefix caching is on)."""
+    prefix_hits_tokens: float | None = None
+    backoffs: int = 0
+    backoff_s: float = 0.0
+    skipped: int = 0
+    stopped_by_budget: bool = False
+    wall_s: float = 0.0
+    measured_at: str = ""
+    metrics_available: bool = False
     block_tokens: int = BLOCK_TOKENS
     """The worker's KV block size (its prefix cache reuses whole blocks), from ``vllm:cache_config_info``."""
     block_source: str = "default"
@@ -113,23 +115,13 @@ class CalibrationResult:
                 "the worker exposes no KV-cache capacity (vllm:cache_config_info) and none could be estimated; "
                 "rerun with --kv-tokens N"
             )
-        x, t, c, o, a, q, h = self.constants
+        x, t, *_ = self.constants
+        consts = dict(zip(FITTED, self.constants, strict=True))
+        consts.update(iter_base_s=max(x, MIN_POSITIVE), token_s=max(t, MIN_POSITIVE))
         s = self.settings
-        return PerfProfile(
-            self.gpu,
-            self.model,
-            max(x, MIN_POSITIVE),
-            max(t, MIN_POSITIVE),
-            c,
-            o,
-            kv,
-            s.max_num_seqs,
-            s.max_batched_tokens,
-            a,
-            self.block_tokens,
-            q,
-            h,
-        )
+        limits = {"max_num_seqs": s.max_num_seqs, "max_batched_tokens": s.max_batched_tokens}
+        source = SimpleNamespace(**consts, **limits, kv_capacity_tokens=kv, block_tokens=self.block_tokens)
+        return profile_from(self.gpu, self.model, source)
 
     def errors(self) -> list[float]:
         """Relative error of each fitted probe."""
@@ -137,36 +129,17 @@ class CalibrationResult:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (``--json``)."""
-        num = _finite
-        return {
-            "worker": self.worker,
-            "model": self.model,
-            "gpu": self.gpu,
-            "tp": self.tp,
-            "measured_at": self.measured_at,
-            "constants": dict(zip(FITTED, self.constants, strict=True)),
-            "kv_capacity_tokens": self.kv_capacity_tokens,
-            "kv_source": self.kv_source,
-            "block_tokens": self.block_tokens,
-            "block_source": self.block_source,
-            "max_num_seqs": self.settings.max_num_seqs,
-            "max_batched_tokens": self.settings.max_batched_tokens,
-            "prefix_ratio": num(self.prefix_ratio),
-            "prefix_hits_tokens": num(self.prefix_hits_tokens),
-            "backoffs": self.backoffs,
-            "backoff_s": self.backoff_s,
-            "skipped": self.skipped,
-            "stopped_by_budget": self.stopped_by_budget,
-            "planned": self.planned,
-            "wall_s": self.wall_s,
-            "budget_s": self.budget_s,
-            "probes": self.probes_json(),
-        }
+        doc = {k: getattr(self, k) for k in ("worker", "model", "gpu", "tp", "measured_at")}
+        doc["constants"] = dict(zip(FITTED, self.constants, strict=True))
+        doc |= {k: getattr(self, k) for k in ("kv_capacity_tokens", "kv_source", "block_tokens", "block_source")}
+        doc |= {"max_num_seqs": self.settings.max_num_seqs, "max_batched_tokens": self.settings.max_batched_tokens}
+        doc |= {"prefix_ratio": _finite(self.prefix_ratio), "prefix_hits_tokens": _finite(self.prefix_hits_tokens)}
+        counts = ("backoffs", "backoff_s", "skipped", "stopped_by_budget", "planned", "wall_s", "budget_s")
+        return doc | {k: getattr(self, k) for k in counts} | {"probes": self.probes_json()}
 
     def probes_json(self) -> list[dict[str, Any]]:
         """Every probe: its shape, measured and fitted latency and the fit's error (null for the prefix
         repeat, which is not fitted)."""
-        num = _finite
         return [
             {
                 "kind": m.probe.kind,
@@ -174,8 +147,8 @@ class CalibrationResult:
                 "prompt_tokens": m.prompt_tokens,
                 "output_tokens": m.output_tokens,
                 "measured_s": m.latency_s,
-                "fitted_s": num(m.fitted_s),
-                "error": num(m.error) if m.probe.kind != "prefix" else None,
+                "fitted_s": _finite(m.fitted_s),
+                "error": _finite(m.error) if m.probe.kind != "prefix" else None,
                 "others_running": m.others_running,
             }
             for m in self.measurements
@@ -183,40 +156,35 @@ class CalibrationResult:
 
 
 class _Run:
-    """One calibration in progress: the probes measured so far, the fit of them, and what the worker's
-    metrics said (``calibrate`` runs the plan through it)."""
+    """One calibration in progress: fills in ``res`` (the probes measured so far, the fit of them, what the
+    worker's metrics said) as ``calibrate`` runs the plan through it."""
 
     def __init__(
         self,
         w: ProbeWorker,
-        s: PlanSettings,
-        deadline: float,
+        res: CalibrationResult,
         kv_tokens: int | None,
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]],
     ) -> None:
-        self.w, self.s, self.deadline, self.kv_tokens = w, s, deadline, kv_tokens
-        self.clock, self.sleep = clock, sleep
-        self.chunk = s.max_batched_tokens
-        self.measured: list[Measurement] = []
-        self.backoffs, self.backoff_s, self.skipped = 0, 0.0, 0
-        self.stopped = False
-        self.metrics_seen = False
+        self.w, self.res, self.kv_tokens, self.clock, self.sleep = w, res, kv_tokens, clock, sleep
+        self.start = clock()
+        self.deadline = self.start + res.budget_s
+        self.chunk = res.settings.max_batched_tokens
         self.kv_found: int | None = None
         self.block_found: int | None = None
         self.kv_usage_est: int | None = None
         self.prefix_hits: list[float] = []
-        self.constants: Vector | None = None
         self.coef: np.ndarray | None = None
         self.bar: Any = None
 
     def refit(self) -> None:
         """Fit the constants to the probes so far (once four distinct shapes are measured)."""
-        rows = [m for m in self.measured if m.probe.kind != "prefix"]
+        rows = self.res.fitted
         if len({(m.probe.concurrency, m.prompt_tokens, m.output_tokens) for m in rows}) >= 4:
             a = np.array([m.features(self.chunk) for m in rows])
             c = fit_constants(a, np.array([m.latency_s for m in rows]))
-            self.constants, self.coef = (c[0], c[1], c[2], c[3], c[4], c[5], c[6]), np.array(c)
+            self.res.constants, self.coef = (c[0], c[1], c[2], c[3], c[4], c[5], c[6]), np.array(c)
 
     def predict(self, p: Probe) -> float | None:
         """The probe's wall time by the fit so far (a step probe: both its batches)."""
@@ -232,9 +200,9 @@ class _Run:
 
     def on_wait(self, waiting: float, wait_s: float) -> None:
         """A back-off while ``waiting`` of others' requests queue."""
-        self.metrics_seen = True
-        self.backoffs += 1
-        self.backoff_s += wait_s
+        self.res.metrics_available = True
+        self.res.backoffs += 1
+        self.res.backoff_s += wait_s
         if self.bar is not None:
             self.bar.set_postfix_str(f"backing off: {waiting:g} waiting")
 
@@ -243,11 +211,9 @@ class _Run:
         while backing off)."""
         if load is None:
             return True
-        self.metrics_seen = True
-        if load.kv_tokens is not None:
-            self.kv_found = load.kv_tokens
-        if load.block_tokens is not None:
-            self.block_found = load.block_tokens
+        self.res.metrics_available = True
+        self.kv_found = self.kv_found if load.kv_tokens is None else load.kv_tokens
+        self.block_found = self.block_found if load.block_tokens is None else load.block_tokens
         if load.prefix_hits is not None:
             self.prefix_hits.append(load.prefix_hits)
         return load.queued <= 0
@@ -264,15 +230,15 @@ class _Run:
                 load = await self.w.load_when_quiet(self.deadline, self.clock, self.sleep, self.on_wait)
                 remaining = self.deadline - self.clock()
                 if remaining <= 0 or not self.note(load):
-                    self.stopped = True
+                    self.res.stopped_by_budget = True
                     break
                 guess = self.predict(probe)
                 if guess is not None and guess * 1.2 > remaining:
-                    self.skipped += 1
+                    self.res.skipped += 1
                     continue
                 bar.set_postfix_str(f"{probe.kind} {probe.concurrency}x{probe.prompt}+{probe.output}")
                 if not await self.measure(probe, load, guess, remaining):
-                    self.stopped = True
+                    self.res.stopped_by_budget = True
                     break
             load = await self.w.load()
             if load is not None and load.prefix_hits is not None:
@@ -284,8 +250,8 @@ class _Run:
         """Send one probe and keep its measurement; False when the budget ended during it."""
         w, clock = self.w, self.clock
         watch: asyncio.Task[int | None] | None = None
-        if probe.kind == "batch" and guess is not None and self.kv_tokens is None and self.constants is not None:
-            watch = asyncio.ensure_future(_watch_usage(w, probe, guess, self.constants, self.sleep, clock))
+        if probe.kind == "batch" and guess is not None and self.kv_tokens is None and self.coef is not None:
+            watch = asyncio.ensure_future(_watch_usage(w, probe, guess, self.res.constants, self.sleep, clock))
         shorts: list[tuple[float, int, int]] = []
         try:
             async with asyncio.timeout(remaining):
@@ -316,28 +282,39 @@ class _Run:
         )
         got = _step_measurement(whole, results, shorts) if probe.kind == "step" else whole
         if got is not None:
-            self.measured.append(got)
+            self.res.measurements.append(got)
             if probe.kind != "prefix":
                 self.refit()
         return True
 
-    def kv(self) -> tuple[int | None, str]:
-        """The KV capacity and where it came from."""
+    def finish(self) -> None:
+        """The fitted latencies, KV capacity, block size and prefix-cache verdict, once the plan ended."""
+        res = self.res
+        res.wall_s = self.clock() - self.start
+        self.refit()
+        if self.coef is None:
+            raise CalibrationError(
+                f"fewer than 4 distinct probes measured within the budget of {res.budget_s:g} s; raise --budget-s"
+            )
+        for m in res.measurements:
+            m.fitted_s = float(m.features(self.chunk) @ self.coef)
         if self.kv_tokens is not None:
-            return self.kv_tokens, "--kv-tokens"
-        if self.kv_found is not None:
-            return self.kv_found, CACHE_CONFIG_INFO
-        if self.kv_usage_est is not None:
-            return self.kv_usage_est, f"estimated from {KV_CACHE_USAGE} during the largest batch probe (coarse)"
-        return None, "unknown"
-
-    def prefix(self) -> tuple[float | None, float | None]:
-        """The repeated prompt's latency over its first send's, and the prefix-cache hits meanwhile."""
-        first = next((m for m in self.measured if m.probe.kind == "lone" and _same_prompt(m, self.measured)), None)
-        again = next((m for m in self.measured if m.probe.kind == "prefix"), None)
-        ratio = again.latency_s / first.latency_s if first is not None and again is not None else None
-        hits = self.prefix_hits[-1] - self.prefix_hits[0] if len(self.prefix_hits) >= 2 else None
-        return ratio, hits
+            res.kv_capacity_tokens, res.kv_source = self.kv_tokens, "--kv-tokens"
+        elif self.kv_found is not None:
+            res.kv_capacity_tokens, res.kv_source = self.kv_found, CACHE_CONFIG_INFO
+        elif self.kv_usage_est is not None:
+            res.kv_capacity_tokens = self.kv_usage_est
+            res.kv_source = f"estimated from {KV_CACHE_USAGE} during the largest batch probe (coarse)"
+        if self.block_found is not None:
+            res.block_tokens, res.block_source = self.block_found, CACHE_CONFIG_INFO
+        ms = res.measurements
+        first = next((m for m in ms if m.probe.kind == "lone" and _same_prompt(m, ms)), None)
+        again = next((m for m in ms if m.probe.kind == "prefix"), None)
+        if first is not None and again is not None:
+            res.prefix_ratio = again.latency_s / first.latency_s
+        if len(self.prefix_hits) >= 2:
+            res.prefix_hits_tokens = self.prefix_hits[-1] - self.prefix_hits[0]
+        res.measured_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def calibrate(
@@ -365,55 +342,19 @@ async def calibrate(
     if kv_tokens is not None and kv_tokens < 1:
         raise ValueError("kv-tokens must be >= 1")
     plan = make_plan(s)
-    own = client is None
     http = client or httpx.AsyncClient(
         limits=httpx.Limits(max_connections=min(s.max_concurrency, s.max_num_seqs) + 2),
         timeout=httpx.Timeout(60.0, connect=10.0),
     )
-    t_start = clock()
-    run = _Run(ProbeWorker(http, worker, model), s, t_start + budget_s, kv_tokens, clock, sleep)
+    res = CalibrationResult(worker, model, gpu, tp, s, len(plan), budget_s)
+    run = _Run(ProbeWorker(http, worker, model), res, kv_tokens, clock, sleep)
     try:
         await run.run(plan, progress)
     finally:
-        if own:
+        if client is None:
             await http.aclose()
-    wall = clock() - t_start
-    run.refit()
-    if run.constants is None or run.coef is None:
-        raise CalibrationError(
-            f"fewer than 4 distinct probes measured within the budget of {budget_s:g} s; raise --budget-s"
-        )
-    for m in run.measured:
-        m.fitted_s = float(m.features(run.chunk) @ run.coef)
-    kv, kv_source = run.kv()
-    block, block_source = (
-        (run.block_found, CACHE_CONFIG_INFO) if run.block_found is not None else (BLOCK_TOKENS, "default")
-    )
-    ratio, hits = run.prefix()
-    return CalibrationResult(
-        worker=worker,
-        model=model,
-        gpu=gpu,
-        tp=tp,
-        settings=s,
-        measurements=run.measured,
-        constants=run.constants,
-        kv_capacity_tokens=kv,
-        kv_source=kv_source,
-        prefix_ratio=ratio,
-        prefix_hits_tokens=hits,
-        backoffs=run.backoffs,
-        backoff_s=run.backoff_s,
-        skipped=run.skipped,
-        stopped_by_budget=run.stopped,
-        planned=len(plan),
-        wall_s=wall,
-        budget_s=budget_s,
-        measured_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        metrics_available=run.metrics_seen,
-        block_tokens=block,
-        block_source=block_source,
-    )
+    run.finish()
+    return res
 
 
 def _step_measurement(

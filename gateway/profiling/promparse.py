@@ -33,29 +33,21 @@ class MetricsParseError(ValueError):
 class WorkerMetrics:
     """What the gateway reads from one worker's ``/metrics``; None where the text has no such metric.
 
-    Gauges and counters are summed over their series (engines of a data-parallel server,
-    ``finished_reason`` of ``request_success``), except ``kv_cache_usage``, a fraction in [0, 1], which
-    is the mean over engines. Counters are cumulative since the worker started.
+    Requests running and waiting in the engines, KV-cache usage (0..1, ``vllm:kv_cache_usage_perc`` or the older
+    ``vllm:gpu_cache_usage_perc``: the mean over engines), and counters since the worker started: prefill tokens,
+    generated tokens, preemptions (KV cache full), requests finished (any ``finished_reason``), and the sum and
+    count of finished requests' end-to-end latencies (seconds). Other values are summed over their series.
     """
 
     running: float | None
-    """Requests in the engines' running batches."""
     waiting: float | None
-    """Requests queued in the engines."""
     kv_cache_usage: float | None
-    """KV-cache usage, 0..1 (``vllm:kv_cache_usage_perc``, or the older ``vllm:gpu_cache_usage_perc``)."""
     prompt_tokens_total: float | None
-    """Prefill tokens processed."""
     generation_tokens_total: float | None
-    """Tokens generated."""
     preemptions_total: float | None
-    """Requests preempted by the engine (KV cache full)."""
     request_success_total: float | None
-    """Requests finished, for any ``finished_reason``."""
     e2e_latency_sum: float | None
-    """Sum of the end-to-end latencies of finished requests, seconds."""
     e2e_latency_count: float | None
-    """Finished requests observed by the end-to-end latency histogram."""
 
 
 def _families(text: str) -> Iterator[Metric]:

@@ -20,13 +20,9 @@ from gateway.core.worker import WorkerInfo
 from gateway.profiling.lpfit import l1_relative_fit
 
 FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
-"""The constants the refit changes (the profile's capacities are configuration, not fitted). The rows carry
-a fifth column, the prefill attention pairs, whose constant (``attn_s``) is held at the profile's: completed
-calls do not say where their prompts' cached prefixes ended, so the pairs are approximate; and a sixth, the
-decoding calls summed over the call's decode steps, whose constant (``seq_s``) is held too: with the batch
-the estimator assumed it is collinear with ``token_s``'s decode share, and ``hexflow calibrate`` measures it;
-and a seventh, the call's own intake (1 per call), whose constant (``admit_s``) is held: it is collinear with
-``request_overhead_s`` in a call's own latency and told from it only by batches sent together."""
+"""The constants the refit changes. The rows' further columns (``attn_s``, ``seq_s``, ``admit_s``) are held at
+the profile's: completed calls do not say where their cached prefixes ended, decoding calls are collinear with
+``token_s``'s decode share, and a call's intake with ``request_overhead_s`` (``hexflow calibrate`` measures them)."""
 
 RESULTS = ("applied", "kept", "rejected", "skipped", "failed")
 """Outcome labels of one refit attempt (``hexflow_profile_refits_total{result}``)."""
@@ -45,14 +41,15 @@ class RefitSettings:
     min_gain: float = 0.2
 
     def __post_init__(self) -> None:
-        if not self.interval_s > 0:
-            raise ValueError(f"interval_s must be positive, got {self.interval_s}")
-        if not 1 <= self.min_calls <= self.window_calls:
-            raise ValueError(f"min_calls must be in [1, window_calls], got {self.min_calls}")
-        if not self.max_step > 1.0 or not self.max_drift >= self.max_step:
-            raise ValueError("max_step must be > 1 and max_drift >= max_step")
-        if not (self.max_error > 0.0 and 0.0 <= self.min_gain < 1.0):
-            raise ValueError("max_error must be positive and min_gain in [0, 1)")
+        checks = {
+            f"interval_s must be positive, got {self.interval_s}": self.interval_s > 0,
+            f"min_calls must be in [1, window_calls], got {self.min_calls}": 1 <= self.min_calls <= self.window_calls,
+            "max_step must be > 1 and max_drift >= max_step": 1.0 < self.max_step <= self.max_drift,
+            "max_error must be positive and min_gain in [0, 1)": self.max_error > 0.0 and 0.0 <= self.min_gain < 1.0,
+        }
+        for problem, ok in checks.items():
+            if not ok:
+                raise ValueError(problem)
 
 
 def sample_rows(samples: Sequence[CallSample], model: LatencyModel) -> tuple[np.ndarray, np.ndarray]:
@@ -140,14 +137,8 @@ def fit_job(job: FitJob, s: RefitSettings) -> FitOutcome:
         return FitOutcome(job, "failed", None, cur_err, None, str(exc))
     err = median_error(a, y, x)
     if best > s.max_error:
-        return FitOutcome(
-            job,
-            "rejected",
-            None,
-            cur_err,
-            err,
-            f"best fit error {best:.1%} above {s.max_error:.0%}: the model does not fit",
-        )
+        why = f"best fit error {best:.1%} above {s.max_error:.0%}: the model does not fit"
+        return FitOutcome(job, "rejected", None, cur_err, err, why)
     if err > cur_err * (1.0 - s.min_gain) or cur_err - err < 0.01:
         return FitOutcome(job, "kept", None, cur_err, err, f"fit error {err:.1%} vs current {cur_err:.1%}")
     new = replace(cur, iter_base_s=x[0], token_s=x[1], ctx_s=x[2], request_overhead_s=x[3])
@@ -225,11 +216,8 @@ class Refitter:
         else:
             reason = out.reason
         st = self._state(job.info)
-        st.last_at = now
-        st.last_result = result
-        st.last_reason = reason
-        st.current_error = out.current_error
-        st.fit_error = out.fit_error
+        st.last_at, st.last_result, st.last_reason = now, result, reason
+        st.current_error, st.fit_error = out.current_error, out.fit_error
         st.counts[result] = st.counts.get(result, 0) + 1
         if result == "applied" and out.profile is not None:
             sched.set_profile(w, out.profile, "refit")
@@ -250,15 +238,15 @@ class Refitter:
         st = self.state.get(info.name)
         if st is None:
             return {"attempts": 0}
+        ages = {"last_attempt_age_s": st.last_at, "last_refit_age_s": st.last_applied_at}
+        errors = {"current_error": st.current_error, "fit_error": st.fit_error}
         return {
             "attempts": sum(st.counts.values()),
             "applied": st.applied,
             "last_result": st.last_result,
             "last_reason": st.last_reason,
-            "last_attempt_age_s": None if st.last_at is None else round(now - st.last_at, 3),
-            "last_refit_age_s": None if st.last_applied_at is None else round(now - st.last_applied_at, 3),
-            "current_error": None if st.current_error is None else round(st.current_error, 4),
-            "fit_error": None if st.fit_error is None else round(st.fit_error, 4),
+            **{k: None if at is None else round(now - at, 3) for k, at in ages.items()},
+            **{k: None if e is None else round(e, 4) for k, e in errors.items()},
             "configured_source": st.base_source,
         }
 

@@ -28,18 +28,6 @@ from gateway.profiling.promparse import (
     parse_families,
 )
 
-__all__ = [
-    "CACHE_CONFIG_INFO",
-    "PREFIX_HITS",
-    "TOKEN_ID_RANGE",
-    "Arrival",
-    "ArrivalRun",
-    "ProbeWorker",
-    "WorkerLoad",
-    "load_from",
-    "send_arrivals",
-]
-
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 BACKOFF_FIRST_S = 1.0
