@@ -1,8 +1,4 @@
-"""Degradation replayed in the simulator: traced CHESS queries whose remaining stages follow the knobs.
-
-``KnobbedWorkflow`` releases a traced query's stages under the knobs ``Degrader`` chose at the last boundary
-(candidates, revise rounds, evaluation; with ``deadline_rule`` no new round past the deadline); ``used`` is
-what it actually ran, where its accuracy is looked up."""
+"""Degradation replayed in the simulator: traced CHESS queries whose remaining stages follow the knobs."""
 
 from __future__ import annotations
 
@@ -35,9 +31,7 @@ class KnobbedWorkflow(StagedWorkflow):
     log: list[tuple[float, str, Decision]] | None = field(default=None, repr=False)
     """When a list: every decision as ``(time, stage kind just finished or "arrival", decision)``."""
     deadline_rule: bool = False
-    """Follow the live pipeline's deadline rule: past the deadline no new ``revise`` round starts, and unit
-    tests and evaluation that have not begun are skipped (the answer is late whatever it is; the work would
-    only delay the others). Needs ``clock``."""
+    """The live pipeline's deadline rule: past the deadline no new ``revise`` round, unit test or evaluation starts."""
     clock: float = field(default=0.0, repr=False)
     """The simulator's time when the current stage's last call returned (set before ``complete``)."""
     _eval_begun: bool = field(default=False, init=False, repr=False)

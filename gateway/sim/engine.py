@@ -13,8 +13,7 @@ from gateway.core.workflow import Call
 
 
 class _Running:
-    """A call in the engine: waiting, prefilling or decoding. A plain class with its own ``__init__`` (a
-    dataclass's generated one runs as interpreted Python even in the native build, one per call)."""
+    """A call in the engine: waiting, prefilling or decoding (not a dataclass: see ``Call.__init__``)."""
 
     __slots__ = (
         "admitted_at",
@@ -52,10 +51,7 @@ class _Running:
 
 @dataclass(slots=True)
 class EngineStats:
-    """Counters for invariant checks and reports: ``prompt_tokens``/``prefix_hit_tokens`` (vLLM's prefix-cache
-    queries and hits in tokens), ``evicted_tokens``, ``cancelled``, ``batched_tokens`` (prompt chunks and decode
-    tokens computed) and ``seq_iterations`` (batch sizes summed over iterations), which with the profile split
-    ``busy_s`` into base, token and other time."""
+    """Counters for invariant checks and reports (token counts; ``seq_iterations``: batch sizes summed)."""
 
     iterations: int = 0
     max_running: int = 0
@@ -72,11 +68,8 @@ class EngineStats:
 
 @dataclass(eq=False)
 class SimEngine:
-    """One simulated vLLM server. The simulator calls ``add``, ``kick`` and ``on_wake``.
-
-    With ``priority_scheduling`` the waiting queue is ordered by (priority, arrival), as vLLM's
-    ``--scheduling-policy priority`` does (lower value first); running calls are not preempted.
-    """
+    """One simulated vLLM server: the simulator calls ``add``, ``kick`` and ``on_wake``. ``priority_scheduling``:
+    waiting calls by (priority, arrival), as vLLM's ``--scheduling-policy priority`` (no preemption)."""
 
     profile: PerfProfile
     index: int = 0
@@ -185,9 +178,8 @@ class SimEngine:
         return False
 
     def cancel(self, call: Call, now: float) -> bool:
-        """Abort ``call``: a waiting call leaves the queue, a running one the batch at the next iteration boundary
-        (as vLLM aborts between steps; one finishing in the current iteration finishes). True when a new
-        wake-up time was set, as ``kick``."""
+        """Abort ``call``: a waiting call leaves the queue, a running one the batch at the next iteration boundary.
+        True when a new wake-up time was set, as ``kick``."""
         r = self._states.get(call.id)
         if r is None:
             return False

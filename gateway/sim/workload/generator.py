@@ -1,8 +1,5 @@
-"""The ``chess-bird`` generator: synthetic CHESS-on-BIRD queries, and chat calls, by inverse CDF.
-
-The figures below were measured once from the hexgen traces and the Azure LLM 2023 conversation trace;
-everything random takes a ``random.Random`` instance, so the same seed always gives the same queries.
-"""
+"""The ``chess-bird`` generator: synthetic CHESS-on-BIRD queries and chat calls, by inverse CDF of figures measured
+from the hexgen traces and the Azure LLM 2023 conversation trace."""
 
 from __future__ import annotations
 
@@ -137,11 +134,7 @@ def _inverse_cdf(table: Sequence[int], u: float) -> int:
 
 
 def generate_chess_bird(n: int, rng: random.Random) -> list[list[CallSpec]]:
-    """``n`` synthetic CHESS queries on BIRD, calibrated on the hexgen traces (see the figures above).
-
-    Each query follows the traces' skeleton; the workflow shape (keyword extraction, revise rounds, unit test,
-    evaluation count) and the token lengths are drawn from the traces' empirical distributions by inverse CDF.
-    """
+    """``n`` synthetic CHESS queries on BIRD: the traces' skeleton, shape and token lengths drawn by inverse CDF."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     return [_chess_query(rng) for _ in range(n)]
