@@ -8,7 +8,7 @@ from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, knob_plan
 from gateway.core.predict import CompletionPredictor
 from gateway.core.workflow import CANDIDATE, REVISE, CallSpec, StagedWorkflow, TemplateCursor, WorkflowTemplate
 
-__all__ = ["KnobbedWorkflow", "decide"]
+__all__ = ["KnobbedWorkflow"]
 
 
 @dataclass(eq=False)
@@ -24,8 +24,6 @@ class KnobbedWorkflow(StagedWorkflow):
     cut_candidates: bool = field(default=False, repr=False)
     cut_revisions: int | None = field(default=None, repr=False)
     cut_evaluate: bool = field(default=False, repr=False)
-    decisions: int = field(default=0, repr=False)
-    missed_prediction: bool = field(default=False, repr=False)
     plan_template: WorkflowTemplate | None = None
     """The template decisions predict the remaining stages with (default: ``template``, the budgets')."""
     log: list[tuple[float, str, Decision]] | None = field(default=None, repr=False)
@@ -132,10 +130,11 @@ class KnobbedWorkflow(StagedWorkflow):
         template = self.plan_template if self.plan_template is not None else self.template
         cur = self._plan_cursor if self._plan_cursor is not None else self._cursor
         phase, rounds = cur.phase, cur.rounds
+        full_k = self.full.candidates
         d = deg.choose(
             opts,
             lambda k: predictor.path_time(
-                knob_plan(template, k, phase=phase, rounds_done=rounds, full_candidates=self.full.candidates)
+                knob_plan(template, k, phase=phase, rounds_done=rounds, full_candidates=full_k)
             ),
             self.deadline - predictor.now,
         )
@@ -143,12 +142,4 @@ class KnobbedWorkflow(StagedWorkflow):
         if self.log is not None:
             at = self.stages[self._index].kind if 0 <= self._index < len(self.stages) else "arrival"
             self.log.append((predictor.now, at, d))
-        self.decisions += 1
-        if not d.fits:
-            self.missed_prediction = True
         return d
-
-
-def decide(wf: KnobbedWorkflow, predictor: CompletionPredictor) -> Decision | None:
-    """``wf.decide(predictor)``: the simulator's hook, at arrival and at every stage boundary."""
-    return wf.decide(predictor)

@@ -114,7 +114,6 @@ class SimEngine:
         self._seg_gctx = 0  # context growth per iteration
         self.wake_at = 0.0
 
-    # -- what the simulator sees ------------------------------------------------------------------
     @property
     def running(self) -> int:
         """Calls admitted into the batch (prefilling or decoding)."""
@@ -262,7 +261,6 @@ class SimEngine:
             self._cancel_at_wake.clear()
         return done
 
-    # -- internals --------------------------------------------------------------------------------
     def _can_admit(self) -> bool:
         if not self.waiting or self._running >= self.profile.max_num_seqs:
             return False
@@ -298,7 +296,6 @@ class SimEngine:
         if self._evictable > cap - self._kv_used:
             self._evict(cap - self._kv_used)
 
-    # -- prefix cache -----------------------------------------------------------------------------
     def _hit(self, r: _Running) -> None:
         """At admission: pin the cached leading segments of ``r``'s prompt and skip their prefill."""
         cache = self._cache
