@@ -360,16 +360,10 @@ class Admitter:
                 self.best_effort.add(wf)
                 out.append(ShedVerdict(wf, "demote", queued=queued))
             else:
-                overshoot = completion - wf.deadline
-                out.append(
-                    ShedVerdict(
-                        wf,
-                        "shed",
-                        f"shed: the workflow was predicted to finish {overshoot:.3g} s after its deadline "
-                        "(the gateway is overloaded); its calls were cancelled",
-                        whole_seconds(overshoot),
-                    )
-                )
+                over = completion - wf.deadline
+                msg = f"shed: the workflow was predicted to finish {over:.3g} s after its deadline "
+                msg += "(the gateway is overloaded); its calls were cancelled"
+                out.append(ShedVerdict(wf, "shed", msg, whole_seconds(over)))
         return out
 
 

@@ -108,11 +108,8 @@ def _cluster_call_time(est: Estimator, workers: Sequence[int], spec: CallSpec, n
 
 class CompletionPredictor:
     """Predicted completion times on one scheduler (read only) at one instant ``now``; ``inf`` with no worker.
-
-    ``later_queue_weight``: the share of today's ``t_queue`` that stages after the first wait (0: optimistic).
-    ``committed_s``: work admitted workflows will still submit. ``efficiency``: the share of the full-batch
-    throughput others' work gets. ``after``: per worker, queued work a new workflow goes before (left out).
-    """
+    ``later_queue_weight``: the share of today's ``t_queue`` that later stages wait; ``efficiency``: the share of
+    the full-batch throughput others' work gets; ``after``: per worker, queued work a new workflow goes before."""
 
     def __init__(
         self,

@@ -1,9 +1,5 @@
-"""Workflows: chains of stages of LLM calls, revealed online.
-
-A stage is a group of parallel calls; it becomes ready when the previous one finished, and whether another
-``revise`` round follows is decided at run time, so the scheduler never sees a workflow's future. It may use
-the workflow's *template* (``gateway/config/workflows.yaml``): the expected shape of the stages to come.
-"""
+"""Workflows: chains of stages of parallel LLM calls, revealed online (the scheduler never sees a workflow's future,
+only its *template*: the expected shape of the stages to come, ``gateway/config/workflows.yaml``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The discrete-event simulator: workflows arrive, the shared scheduler dispatches, engines batch.
-
-Events sit in a heap by ``(time, seq)``, so ties are FIFO and runs deterministic. It drives the live gateway's
-``Scheduler`` and ``Admitter`` with virtual time; a call's slot frees when its result event arrives, after the
-profile's per-request overhead. The only randomness is the injected ``random.Random(seed)`` (``p2c``).
-"""
+"""The discrete-event simulator: the live gateway's ``Scheduler`` and ``Admitter`` on virtual time, events by
+``(time, seq)`` (deterministic); a slot frees when the result event arrives, after the per-request overhead."""
 
 from __future__ import annotations
 
@@ -78,12 +74,9 @@ class SimResult:
 class Simulator:
     """One simulated run of a workload on a cluster under one policy.
 
-    ``admission``: the live gateway's admission and overload re-check (``Admitter``), with the live settings'
-    counterparts ``admission_headroom``, ``admission_share`` (sustainable share), ``admission_miss`` ("reject" or
-    "best_effort"), ``best_effort_share``, ``best_effort_max_age`` and ``admission_warm`` (False: lenient until
-    the forecast is verified); only ``StagedWorkflow``s get a prediction. ``engine_profiles``: what the engines
-    really run (a mislabelled worker when it differs from its worker's). ``refit``: online profile refits
-    (``refits`` lists each attempt). ``hedge``: ``HedgeSettings`` (``hedges`` and ``hedges_won`` count).
+    ``admission``: the live gateway's admission and re-check, with the live settings' counterparts (``admission_*``,
+    ``best_effort_*``; ``admission_warm=False``: lenient until verified). ``engine_profiles``: what the engines
+    really run (mislabelled workers). ``refit``: online profile refits. ``hedge``: ``HedgeSettings``.
     """
 
     def __init__(
