@@ -1,9 +1,5 @@
-"""Admission, one implementation for both drivers: admit, commit work, re-check, shed, demote, expire.
-
-A workflow's life through an ``Admitter``: ``admit`` (the predicted completion against ``headroom`` x its
-deadline: an ``Admission`` token owning the work it commits, or ``AdmissionRefused``), ``take`` at start,
-``submitted`` per call, ``overdue`` periodically (shed, demote or expire: verdicts the driver applies), ``ended``
-(release, calibrate). Pure: ``now`` is an argument; refusals are domain errors the live edge maps to HTTP."""
+"""Admission, one implementation for both drivers: ``admit`` (an ``Admission`` token or ``AdmissionRefused``),
+``take`` at start, ``submitted`` per call, ``overdue`` periodically (shed, demote or expire), ``ended``. Pure."""
 
 from __future__ import annotations
 
@@ -41,15 +37,11 @@ __all__ = [
 ]
 
 ADMISSION_HEADROOM = 0.9
-"""The default share of a deadline a predicted completion must fit in (``admission.headroom``): the margin absorbs what
-the estimates do not see yet (a batch growing slower as admitted work arrives, the estimator's lag)."""
+"""The default share of a deadline a predicted completion must fit in (``admission.headroom``)."""
 SHED_PERIOD_S = 0.2
 """How often a driver re-checks admitted workflows (``Admitter.overdue``), in its clock's seconds."""
 RETRY_TOLERANCE_S = 0.05
 """The precision of a predicted miss's wait (``CompletionPredictor.retry_after_s``), in seconds."""
-
-
-# ---------------------------------------------------------------------- refusals (domain errors)
 
 
 class AdmissionRefused(DomainError):
@@ -61,8 +53,7 @@ class AdmissionRefused(DomainError):
 
 
 class PredictedMiss(AdmissionRefused):
-    """The workflow is predicted to finish too close to or after its deadline (the queue ahead of it); the
-    backlog would have drained enough for it after about ``wait_s`` seconds."""
+    """Predicted to finish too close to or after its deadline; it would fit after about ``wait_s`` seconds."""
 
     def __init__(self, predicted_s: float, deadline_s: float, wait_s: float) -> None:
         super().__init__(
@@ -76,8 +67,7 @@ class PredictedMiss(AdmissionRefused):
 
 
 class DeadlineTooShort(AdmissionRefused):
-    """A deadline no wait can meet (the workflow takes longer even on idle workers); ``min_deadline_s``: the
-    shortest that could be admitted (two significant figures, rounded up), for the client to ask again with."""
+    """A deadline no wait can meet; ``min_deadline_s``: the shortest that could be admitted (rounded up)."""
 
     def __init__(self, deadline_s: float, path_s: float, headroom: float) -> None:
         shortest = round_up(path_s / headroom)
@@ -97,16 +87,9 @@ class NoWorkerCanRun(AdmissionRefused):
         super().__init__("no worker can run the workflow now", 1)
 
 
-# ---------------------------------------------------------------------- the token
-
-
 class Admission:
     """A workflow admitted: a token owning the cluster seconds it commits (``work_s``) until its workflow takes
-    them over (``Admitter.take``); a request that ends before that hands them back with ``release`` (idempotent).
-
-    ``best_effort``: a predicted miss run at the lowest urgency. ``plan``: the question's prediction
-    (Text-to-SQL). ``predicted_s``, ``critical_s``: admission's prediction and critical path (nan: none).
-    """
+    them over (``Admitter.take``) or ``release`` hands them back. ``predicted_s``, ``critical_s``: nan for none."""
 
     __slots__ = ("_owner", "_state", "best_effort", "critical_s", "plan", "predicted_s", "work_s")
 
@@ -144,14 +127,10 @@ class Admission:
             self._owner.uncommit(self.work_s)
 
 
-# ---------------------------------------------------------------------- the re-check's verdicts
-
-
 @dataclass(frozen=True, slots=True)
 class ShedVerdict:
-    """What the overload re-check decided for one workflow: ``shed`` (predicted ``overshoot_s`` late: cancel, retry
-    after ``retry_after_s``), ``demote`` (its ``queued`` calls move to the best-effort lane) or ``expire`` (a
-    best-effort workflow older than ``best_effort_max_age`` x its deadline)."""
+    """The overload re-check's verdict on one workflow: ``shed`` (cancel), ``demote`` (its ``queued`` calls move to
+    the best-effort lane) or ``expire`` (best effort past ``best_effort_max_age`` x its deadline)."""
 
     wf: Workflow
     action: Literal["shed", "demote", "expire"]
@@ -161,27 +140,13 @@ class ShedVerdict:
 
 
 TenantRule = Callable[[Workflow], str | None]
-"""What the re-check does with a workflow predicted to miss: ``"reject"`` (shed), ``"best_effort"`` (demote),
-None (not watched: its tenant has no predictive admission)."""
-
-
-# ---------------------------------------------------------------------- the admitter
+"""What the re-check does with a workflow predicted to miss: ``"reject"``, ``"best_effort"`` or None (not watched)."""
 
 
 class Admitter:
-    """Admission and the work it committed, on one scheduler (one per driver).
-
-    Args:
-        scheduler: the scheduler predictions read (never changed).
-        headroom: a predicted completion must fit in this share of the deadline.
-        sustainable_share: the share of the full-batch throughput the work ahead is forecast at (raised by what
-            the cluster was seen to complete: ``efficiency``).
-        best_effort_max_age: a best-effort workflow unfinished this many deadlines after arrival is expired.
-        retry_after: compute a refused workflow's ``Retry-After`` (False: the simulator, which answers no client).
-        lenient_start: until the forecast is ``QueueCalibration.verified``, refuse only what cannot make it at
-            full throughput with nothing queued after its first stage (the live gateway). False: judge with the
-            forecast from the first arrival (the steady state the simulator's benches measure).
-    """
+    """Admission and the work it committed, on one scheduler (one per driver). ``retry_after``: compute a refusal's
+    exact wait (the simulator answers no client). ``lenient_start``: until the forecast is verified, refuse only
+    what cannot make it at full throughput with nothing queued after its first stage."""
 
     def __init__(
         self,
@@ -200,9 +165,7 @@ class Admitter:
         self.sustainable_share = sustainable_share
         self.best_effort_max_age = best_effort_max_age
         self.throughput = ThroughputMeter()
-        """The work the cluster completed lately: the rate the fluid forecast drains the work ahead at."""
         self.calibration = QueueCalibration()
-        """What admitted workflows took against the forecast (one calibration serves every tenant)."""
         self.committed_s = 0.0
         """Cluster seconds admitted workflows have yet to submit: the fluid bound of admission."""
         self.best_effort: set[Workflow] = set()
@@ -211,12 +174,9 @@ class Admitter:
         self._held_s = 0.0
         self._predicted: dict[Workflow, tuple[float, float]] = {}
 
-    # ------------------------------------------------------------------ the decision
-
     def efficiency(self, now: float) -> float:
-        """The share of the cluster's full-batch throughput that the work ahead is forecast to drain at: the
-        configured share, scaled up by how much more than the model's full-batch throughput the cluster was seen
-        to complete lately (``ThroughputMeter``, when above 1), at most 1."""
+        """The share of the full-batch throughput the work ahead is forecast to drain at: the configured share,
+        scaled up by what the cluster was seen to complete above the model (``ThroughputMeter``), at most 1."""
         seen = self.throughput.share(now, len(self.scheduler.eligible_workers()))
         return min(self.sustainable_share * max(seen, 1.0), 1.0)
 
@@ -234,10 +194,9 @@ class Admitter:
         best_effort_on_miss: bool = False,
         question: QuestionPlan | None = None,
     ) -> Admission:
-        """Admit a workflow of ``plan`` arriving at ``now`` with ``deadline_s`` (None: no check), or raise
-        ``AdmissionRefused``. ``checked``: the deadline is checked (unchecked work is committed all the same);
-        ``best_effort_on_miss``: a predicted miss gets a best-effort token (committing nothing) instead of a
-        refusal; ``question``: the Text-to-SQL prediction, handed on to the workflow."""
+        """Admit a workflow of ``plan`` due in ``deadline_s`` (None or not ``checked``: no check, work committed all
+        the same), or raise ``AdmissionRefused``; ``best_effort_on_miss``: a best-effort token instead of a
+        ``PredictedMiss``; ``question``: the Text-to-SQL prediction, handed on."""
         sched = self.scheduler
         ordered = deadline_s is not None and QUEUES[sched.policy.queue].deadline_ordered
         due = now + (deadline_s or 0.0)
@@ -288,9 +247,8 @@ class Admitter:
         *,
         exact: bool,
     ) -> AdmissionRefused | None:
-        """The refusal when ``plan`` started now is predicted to finish after ``headroom`` x ``deadline_s``
-        (``predicted`` calibrated by ``QueueCalibration``), else None. ``exact``: the wait of a predicted miss to
-        ``RETRY_TOLERANCE_S``; otherwise only whether some wait could do (its bound: the whole backlog)."""
+        """The refusal when ``predicted`` (calibrated) exceeds ``headroom`` x ``deadline_s``, else None. ``exact``:
+        the wait of a predicted miss to ``RETRY_TOLERANCE_S``; otherwise only whether some wait could do."""
         target = self.headroom * deadline_s
         cal = self.calibration
         predicted = cal.calibrated(predicted, path)
@@ -304,15 +262,12 @@ class Admitter:
         return PredictedMiss(predicted, deadline_s, wait)
 
     def _committed_ahead(self, deadline: float) -> float:
-        """The committed work ahead of a workflow due at ``deadline`` under a deadline-ordered discipline: work of
-        admitted workflows due later (and of best-effort ones) waits behind it; tokens not yet taken over count."""
+        """The committed work ahead of a workflow due at ``deadline`` under a deadline-ordered discipline."""
         ahead = self._held_s
         for wf, left in self._work_left.items():
             if wf.deadline <= deadline and wf not in self.best_effort:
                 ahead += left
         return min(ahead, self.committed_s)
-
-    # ------------------------------------------------------------------ committed work
 
     def take(self, wf: Workflow, admission: Admission | None) -> None:
         """``wf`` now exists and takes over what admission decided: best effort, committed work, the forecast."""
@@ -368,8 +323,6 @@ class Admitter:
         if not self._work_left and self._held == 0:
             self.committed_s = 0.0  # no float drift: nothing is committed
 
-    # ------------------------------------------------------------------ the overload re-check
-
     def overdue(
         self,
         now: float,
@@ -380,9 +333,8 @@ class Admitter:
         skip: Collection[Workflow] = (),
     ) -> list[ShedVerdict]:
         """Re-check every admitted workflow with pending calls (``skip``: already shed): one with a queued call
-        predicted past its deadline is shed or demoted as ``rule`` says (optimistically: later stages meet no
-        queue, since shedding cannot be undone; a question at its ``plans``' floor); one with every call in
-        flight only expires (best effort past ``best_effort_max_age``)."""
+        predicted past its deadline (optimistically: no later queue; a question at its ``plans``' floor) is shed
+        or demoted as ``rule`` says; a best-effort one may expire."""
         pred: CompletionPredictor | None = None
         out: list[ShedVerdict] = []
         max_age = self.best_effort_max_age
@@ -408,16 +360,10 @@ class Admitter:
                 self.best_effort.add(wf)
                 out.append(ShedVerdict(wf, "demote", queued=queued))
             else:
-                overshoot = completion - wf.deadline
-                out.append(
-                    ShedVerdict(
-                        wf,
-                        "shed",
-                        f"shed: the workflow was predicted to finish {overshoot:.3g} s after its deadline "
-                        "(the gateway is overloaded); its calls were cancelled",
-                        whole_seconds(overshoot),
-                    )
-                )
+                over = completion - wf.deadline
+                msg = f"shed: the workflow was predicted to finish {over:.3g} s after its deadline "
+                msg += "(the gateway is overloaded); its calls were cancelled"
+                out.append(ShedVerdict(wf, "shed", msg, whole_seconds(over)))
         return out
 
 

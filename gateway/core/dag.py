@@ -1,8 +1,5 @@
-"""Explicit DAG workflows: every call and its dependencies are given up front (``POST /v1/workflows``).
-
-The nodes released by one completion form a stage. The remaining cost for stage budgets is the longest path
-through unreleased nodes (``template=None``) or a template's expectation (trace replay, so a chain of stages
-budgets as the simulator's ``StagedWorkflow``). ``validate_nodes`` raises ``DagError`` naming the first problem."""
+"""Explicit DAG workflows: every call and its dependencies given up front (``POST /v1/workflows``). The nodes
+released by one completion form a stage; the remaining cost is the longest unreleased path (or a template's)."""
 
 from __future__ import annotations
 
@@ -25,11 +22,8 @@ class DagError(DomainError, ValueError):
 
 @dataclass(frozen=True)
 class DagCallSpec(CallSpec):
-    """A call of a DAG workflow: the ``CallSpec`` plus the node's index in the workflow.
-
-    Not slotted: a slotted subclass would shadow the compiled ``CallSpec``'s fields (native build) with slots
-    of its own, which compiled readers never see.
-    """
+    """A call of a DAG workflow: the ``CallSpec`` plus the node's index (not slotted: compiled readers of
+    ``CallSpec`` would not see a subclass's slots)."""
 
     node: int = -1
 

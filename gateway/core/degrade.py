@@ -1,8 +1,5 @@
-"""Deadline-aware degradation: do less work for a question when its deadline cannot be met otherwise.
-
-``Degrader`` picks the CHESS pipeline's knobs (``Knobs``) at arrival and each stage boundary from the slack
-``CompletionPredictor`` gives for ``knob_plan`` (docs/architecture.md, "Degradation and question shapes").
-Tenants choose a ``QualityMode``. Pure: time and predictions are arguments."""
+"""Deadline-aware degradation: ``Degrader`` picks the CHESS pipeline's ``Knobs`` at arrival and each stage boundary
+(docs/architecture.md, "Degradation and question shapes"). Pure: time and predictions are arguments."""
 
 from __future__ import annotations
 
@@ -11,16 +8,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.core.predict import StagePlan
-from gateway.core.workflow import (
-    CANDIDATE,
-    EVALUATE,
-    REVISE,
-    UNIT_TEST,
-    UNIT_TESTER,
-    CallSpec,
-    WorkflowTemplate,
-)
+from gateway.core.predict import StagePlan, template_plan
+from gateway.core.workflow import CANDIDATE, EVALUATE, REVISE, UNIT_TEST, UNIT_TESTER, PhaseSpec, WorkflowTemplate
 
 __all__ = [
     "FLOOR",
@@ -40,8 +29,7 @@ QualityMode = Literal["full", "adaptive", "fast"]
 QUALITY_MODES: tuple[QualityMode, ...] = ("full", "adaptive", "fast")
 
 SKIPPABLE = frozenset({UNIT_TESTER, UNIT_TEST, EVALUATE})
-"""Stage kinds that ``Knobs.evaluate = False`` skips: CHESS's unit-tester agent, its unit-test generation and
-candidate evaluation (the traces' ``unit_tester`` calls are that agent's own steps around its two tools)."""
+"""Stage kinds that ``Knobs.evaluate = False`` skips: the unit-tester agent's steps and candidate evaluation."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -68,8 +56,7 @@ class Knobs:
 
 
 FLOOR = Knobs(candidates=1, max_revisions=1, evaluate=False)
-"""The least work that still gives an answer: one candidate, one revision round if its SQL fails or
-returns nothing, no unit tests and no evaluation (nothing to choose between)."""
+"""The least work that still gives an answer: one candidate, one revision round, no unit tests or evaluation."""
 
 
 def degraded_steps(full: Knobs, used: Knobs) -> list[str]:
@@ -85,11 +72,8 @@ def degraded_steps(full: Knobs, used: Knobs) -> list[str]:
 
 
 def knob_grid(full: Knobs, floor: Knobs = FLOOR) -> list[Knobs]:
-    """Every setting between ``floor`` and ``full`` that is worth considering, fullest first.
-
-    Revision caps are taken from 0, 1, 2, 3, 5 and ``full``'s (within the range); evaluation only with
-    two candidates or more. ``floor`` is clamped to ``full`` (a full setting below the floor is the floor).
-    """
+    """Every setting between ``floor`` (clamped to ``full``) and ``full`` worth considering, fullest first:
+    revision caps from 0, 1, 2, 3, 5 and ``full``'s; evaluation only with two candidates or more."""
     lo = Knobs(
         min(floor.candidates, full.candidates),
         min(floor.max_revisions, full.max_revisions),
@@ -110,12 +94,8 @@ def knob_grid(full: Knobs, floor: Knobs = FLOOR) -> list[Knobs]:
 
 @dataclass(frozen=True)
 class QualityModel:
-    """Accuracy (share of correct answers) per knob setting, as measured (``hexflow bench quality``).
-
-    ``table`` maps measured settings to accuracy in [0, 1]. A setting not measured is looked up at the
-    nearest measured one below it (fewer candidates, a lower revision cap, no evaluation rather than
-    evaluation): never more optimistic than a measurement. ``source`` says where the numbers come from.
-    """
+    """Accuracy per knob setting, as measured (``hexflow bench quality``); a setting not measured reads as the best
+    measured one that does no more work (never more optimistic than a measurement)."""
 
     table: Mapping[Knobs, float]
     source: str = ""
@@ -149,11 +129,6 @@ class Decision:
     time_left_s: float
     fits: bool
 
-    @property
-    def slack_s(self) -> float:
-        """Time left minus the predicted remaining duration (negative: predicted to miss)."""
-        return self.time_left_s - self.predicted_s
-
 
 def knob_plan(
     template: WorkflowTemplate,
@@ -163,47 +138,28 @@ def knob_plan(
     rounds_done: int = 0,
     full_candidates: int | None = None,
 ) -> tuple[StagePlan, ...]:
-    """The stages ``template`` still expects after round ``rounds_done`` of phase ``phase`` (-1: all) under
-    ``knobs``: ``candidates`` calls, at most ``max_revisions`` revise rounds, no unit tests or evaluation without
-    ``evaluate``; evaluation's width scales with the candidates (the template's is for ``full_candidates``)."""
+    """``template_plan`` under ``knobs``; evaluation's width scales with the candidates (the template's is for
+    ``full_candidates``)."""
     width_of = {p.kind: p.width for p in template.phases}
     base_k = full_candidates if full_candidates is not None else width_of.get(CANDIDATE, knobs.candidates)
-    out: list[StagePlan] = []
-    for i, p in enumerate(template.phases):
-        if i < phase:
-            continue
+
+    def shape(p: PhaseSpec) -> tuple[int, float]:
         if p.kind in SKIPPABLE and not knobs.evaluate:
-            continue
-        rounds = p.rounds
-        if p.kind == REVISE:
-            rounds = min(rounds, float(knobs.max_revisions))
-        if i == phase:
-            if not p.repeatable:
-                continue
-            rounds = max(rounds - rounds_done, 0.0)
-        if rounds <= 0.0:
-            continue
-        width = p.width
+            return 0, 0.0
+        rounds = min(p.rounds, float(knobs.max_revisions)) if p.kind == REVISE else p.rounds
         if p.kind == CANDIDATE:
-            width = knobs.candidates
-        elif p.kind == EVALUATE and base_k > 0:
-            width = max(1, round(p.width * knobs.candidates / base_k))
-        spec = CallSpec(p.kind, p.input_tokens, p.output_tokens)
-        out.append(StagePlan((spec,) * width, rounds))
-    return tuple(out)
+            return knobs.candidates, rounds
+        if p.kind == EVALUATE and base_k > 0:
+            return max(1, round(p.width * knobs.candidates / base_k)), rounds
+        return p.width, rounds
+
+    return template_plan(template, phase=phase, rounds_done=rounds_done, shape=shape)
 
 
 @dataclass(frozen=True)
 class Degrader:
-    """The degradation policy of one tenant (docs/architecture.md, "Degradation and question shapes").
-
-    Args:
-        mode: ``full``, ``adaptive`` or ``fast``.
-        full: the pipeline's configured knobs (full quality).
-        quality: accuracy per setting (ranks the settings that fit).
-        floor: the least work allowed (clamped to ``full``).
-        headroom: the share of the time left a prediction must fit in (1: exactly the deadline).
-    """
+    """The degradation policy of one tenant: its ``mode``, ``full`` quality, the ``floor`` (clamped to ``full``) and
+    the share of the time left a prediction must fit in (``headroom``)."""
 
     mode: QualityMode
     full: Knobs
@@ -227,9 +183,8 @@ class Degrader:
     def options(
         self, *, candidates_fixed: int | None = None, revisions_done: int = 0, evaluate_fixed: bool | None = None
     ) -> list[Knobs]:
-        """The settings still open: candidates already generated (``candidates_fixed``) and evaluation
-        already begun or skipped (``evaluate_fixed``) cannot change; a revision cap below the rounds already
-        run means "no more rounds" and is the same as a cap of ``revisions_done``."""
+        """The settings still open: generated candidates and begun or skipped evaluation cannot change; a revision
+        cap below ``revisions_done`` is the same as a cap of ``revisions_done``."""
         seen: set[Knobs] = set()
         out: list[Knobs] = []
         for k in self._grid:
@@ -248,20 +203,15 @@ class Degrader:
         predict: Callable[[Knobs], float],
         time_left_s: float,
     ) -> Decision:
-        """The first (fullest) of ``options`` if it is predicted to finish within ``headroom x time_left_s``;
-        else the most accurate that is (equal accuracy: the fastest); none fits: the fastest. ``full`` mode
-        takes the fullest option, ``fast`` the fastest, without predicting more than that one."""
+        """The fullest of ``options`` if predicted within ``headroom x time_left_s``; else the most accurate that is
+        (ties: the fastest); none fits: the fastest. ``full`` and ``fast`` modes take the first or last option."""
         if not options:
             raise ValueError("no options to choose from")
-        if self.mode == "full":
-            k = options[0]
-            p = predict(k)
-            return Decision(k, p, time_left_s, p <= self.headroom * time_left_s)
-        if self.mode == "fast":
-            k = options[-1]
-            p = predict(k)
-            return Decision(k, p, time_left_s, p <= self.headroom * time_left_s)
         limit = self.headroom * time_left_s
+        if self.mode != "adaptive":
+            k = options[0] if self.mode == "full" else options[-1]
+            p = predict(k)
+            return Decision(k, p, time_left_s, p <= limit)
         first = predict(options[0])
         if first <= limit:
             return Decision(options[0], first, time_left_s, True)
@@ -287,12 +237,8 @@ def quality_from_rows(rows: Iterable[tuple[int, int, bool, float]], source: str 
 
 @dataclass(frozen=True)
 class QuestionPlan:
-    """The one prediction of a question, used by admission, budgets, the re-check and degradation.
-
-    ``template``: its stages, fitted to what its database's questions cost (``gateway.core.shapes``); ``full``
-    and ``floor``: the knobs the tenant's quality mode ranges over; ``source``: where the figures come from (shown
-    by ``/v1/status``); ``observed``: False before the model answered anything (no question is refused on a guess).
-    """
+    """The one prediction of a question (admission, budgets, the re-check, degradation): its fitted ``template``,
+    the knobs its mode ranges over; ``observed``: False before the model answered anything (nothing is refused)."""
 
     template: WorkflowTemplate
     full: Knobs
@@ -301,11 +247,8 @@ class QuestionPlan:
     observed: bool = True
 
     def rest(self, *, phase: int = -1, rounds_done: int = 0) -> tuple[StagePlan, ...]:
-        """The stages still to run after round ``rounds_done`` of phase ``phase`` (-1: all of them) at the
-        floor: the least a workflow of this plan can still do (its deadline check is against that)."""
-        return knob_plan(
-            self.template, self.floor, phase=phase, rounds_done=rounds_done, full_candidates=self.full.candidates
-        )
+        """The stages still to run after round ``rounds_done`` of phase ``phase`` (-1: all of them) at the floor."""
+        return self.at(self.floor, phase=phase, rounds_done=rounds_done)
 
     def at(self, knobs: Knobs, *, phase: int = -1, rounds_done: int = 0) -> tuple[StagePlan, ...]:
         """The stages still to run with ``knobs`` (degradation asks this for each setting it weighs)."""

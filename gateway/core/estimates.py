@@ -1,8 +1,5 @@
-"""Per-worker load accounting and online correction of the latency model (``latency.py``).
-
-The ``Estimator`` answers ``t_comp``, ``t_queue``, ``gpu_s`` and ``base_latency`` with ``LatencyModel``'s
-formulas; it keeps each worker's load (``WorkerLoad``: running sums the scheduler updates on every transition)
-and the observed/predicted ratio per (worker, kind), an EWMA forgotten after ``max_age_s``."""
+"""Per-worker load accounting (``WorkerLoad``) and online correction of the latency model (``latency.py``): an
+EWMA of observed/predicted latency per (worker, kind), forgotten after ``max_age_s``."""
 
 from __future__ import annotations
 
@@ -26,15 +23,8 @@ class Ratio:
 
 
 class Estimator:
-    """Per-worker latency estimates with online correction.
-
-    Args:
-        workers: the workers by index, the one place profiles and capacities are read (``Scheduler.workers``).
-        ewma: weight of a new observation in the ratio.
-        max_age_s: a ratio older than this reads as unknown.
-        clamp: observed/predicted ratios are clamped to [1/clamp, clamp] so one outlier (a request that
-            waited in vLLM's own queue, a network stall) cannot wreck the estimate.
-    """
+    """Per-worker latency estimates with online correction: ``ewma`` weighs a new observation, a ratio older than
+    ``max_age_s`` reads as unknown, ratios are clamped to [1/clamp, clamp] (one outlier cannot wreck them)."""
 
     def __init__(
         self,
@@ -49,23 +39,20 @@ class Estimator:
         self.workers = list(workers)
         self.loads = [WorkerLoad() for _ in self.workers]
         self.rows: list[WorkerEstimate] = [WorkerEstimate() for _ in self.workers]
-        """Per worker, the estimates of its last ``scan`` (a dispatch's snapshot, kept in place)."""
+        """Per worker, the estimates of its last ``scan``."""
         self.ewma = ewma
         self.max_age_s = max_age_s
         self.clamp = clamp
         self._by_kind: dict[str, list[Ratio | None]] = {}
-        """Learned ratios by kind, then worker (None: none learned): one dict lookup per dispatch, not one per
-        worker. Every row holds a slot for every worker."""
+        """Learned ratios by kind, then worker (None: none learned)."""
         self._models: list[LatencyModel] = []
-        """One latency model per distinct profile (its memos shared by the workers of that profile: a cluster of
-        64 engines has a handful); ``_group[w]`` is worker w's position here."""
+        """One latency model per distinct profile, its memos shared; ``_group[w]`` is worker w's position here."""
         self._group: list[int] = []
         for w in range(len(self.workers)):
             self._index_worker(w)
 
     def _index_worker(self, worker: int) -> None:
-        """(Re)build the profile group of slot ``worker`` and its load's capacity and batch limit; a group no
-        worker uses any more is reused by the next new profile."""
+        """(Re)build slot ``worker``'s profile group (reusing one no worker uses), capacity and batch limit."""
         info = self.workers[worker]
         p = info.profile
         g = next((i for i, m in enumerate(self._models) if m.profile == p), -1)
@@ -115,26 +102,21 @@ class Estimator:
         self._index_worker(worker)
 
     def set_profile(self, worker: int, profile: PerfProfile, source: str) -> None:
-        """Give a worker new profile constants (a refit): a new ``WorkerInfo``; its load is kept, its ratios
-        restart (they measured what the old profile missed), and queued or in-flight calls keep their predictions."""
+        """Give a worker new profile constants (a refit): its load is kept, its ratios restart."""
         self.workers[worker] = replace(self.workers[worker], profile=profile, profile_source=source)
         self._forget_ratios(worker)
         self._index_worker(worker)
-
-    # ------------------------------------------------------------------ profile (load-independent)
 
     def base_latency(self, worker: int, input_tokens: int, output_tokens: int) -> float:
         """The profile's lone-request latency, uncorrected (the unit of stage budgets)."""
         return self._models[self._group[worker]].lone_s(input_tokens, output_tokens)
 
     def mean_base_latency(self, workers: Sequence[int], input_tokens: int, output_tokens: int) -> float:
-        """Mean of ``base_latency`` over ``workers`` (0.0 for none): the reference cost of stage budgets (summed in
-        the order of ``workers``, the same floats as adding worker by worker)."""
+        """Mean of ``base_latency`` over ``workers`` (0.0 for none): the reference cost of stage budgets."""
         return self.mean_base_latency_runs(self.group_runs(workers), input_tokens, output_tokens)
 
     def group_runs(self, workers: Sequence[int]) -> list[tuple[int, int]]:
-        """``workers`` as runs of one profile group, in order: (group, how many in a row). A cluster's workers
-        of one GPU model come in a row, so a handful of runs stand for tens of workers."""
+        """``workers`` as runs of one profile group, in order: (group, how many in a row)."""
         group = self._group
         runs: list[tuple[int, int]] = []
         last = -1
@@ -151,8 +133,7 @@ class Estimator:
         return runs
 
     def mean_base_latency_runs(self, runs: list[tuple[int, int]], input_tokens: int, output_tokens: int) -> float:
-        """``mean_base_latency`` of the workers that ``runs`` (``group_runs``) stand for, the groups as they are now:
-        the same sum, added one worker at a time in order, without visiting each worker's entry."""
+        """``mean_base_latency`` of the workers that ``runs`` (``group_runs``) stand for: the same float."""
         total = 0.0
         n = 0
         models = self._models
@@ -176,8 +157,6 @@ class Estimator:
             return 1.0
         return r.value
 
-    # ------------------------------------------------------------------ load-aware estimates
-
     def _own(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
         """Uncorrected time of a call once its prompt is up, in the batch it would join (``compute_s``)."""
         m = self._models[self._group[worker]]
@@ -185,8 +164,7 @@ class Estimator:
         return m.compute_s(m.prefill_s(input_tokens - cached), decode_steps(output_tokens), self.loads[worker], extra)
 
     def gpu_s(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
-        """Engine seconds a call takes from ``worker``'s throughput when the worker runs a full batch
-        (``LatencyModel.gpu_s``); ``cached`` prompt tokens served from the prefix cache are not prefilled."""
+        """Engine seconds a call takes of ``worker``'s throughput at full batch (``cached`` tokens not prefilled)."""
         m = self._models[self._group[worker]]
         return m.gpu_s(
             m.prefill_s(input_tokens - cached),
@@ -198,8 +176,7 @@ class Estimator:
     def full_batch_rate(
         self, workers: Sequence[int], kind: str, input_tokens: int, output_tokens: int, now: float
     ) -> float:
-        """Calls of this shape per second that ``workers`` complete together when each runs a full batch: the sum
-        over them of ``1 / (gpu_s x ratio)`` (workers whose product is not positive add nothing)."""
+        """Calls of this shape per second that ``workers`` complete together at full batch: sum of 1/(gpu_s x ratio)."""
         out = decode_steps(output_tokens)
         mid = mean_context(input_tokens, output_tokens)
         models = self._models
@@ -219,8 +196,7 @@ class Estimator:
         return rate
 
     def backlog_s(self, worker: int, now: float) -> float:
-        """Engine seconds of work outstanding on ``worker``: its queued calls' ``gpu_s`` plus what is left
-        of its in-flight calls' (each at least 10% left, as in ``WorkerLoad.outstanding``)."""
+        """Engine seconds outstanding on ``worker``: queued ``gpu_s`` plus what is left of the in-flight calls'."""
         load = self.loads[worker]
         return self._backlog(load, load.queued_gpu_s, now)
 
@@ -235,13 +211,11 @@ class Estimator:
     def t_comp(
         self, worker: int, kind: str, input_tokens: int, output_tokens: int, now: float, cached: int = 0
     ) -> float:
-        """Predicted time of a call on ``worker`` once its prompt is up, in the batch it would join; ``cached``
-        prompt tokens served from the worker's prefix cache are not prefilled."""
+        """Predicted time of a call on ``worker`` once its prompt is up (``cached`` tokens not prefilled)."""
         return self._own(worker, input_tokens, output_tokens, cached) * self.ratio(worker, kind, now)
 
     def t_queue(self, worker: int, now: float) -> float:
-        """Predicted wait of a call sent to ``worker`` now before its prompt is processed (seconds;
-        ``LatencyModel.queue_s``)."""
+        """Predicted wait of a call sent to ``worker`` now before its prompt is processed."""
         load = self.loads[worker]
         m = self._models[self._group[worker]]
         return m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0)
@@ -249,8 +223,8 @@ class Estimator:
     def queue_view(
         self, workers: Sequence[int], now: float, after: Sequence[tuple[int, float, float, float]] | None = None
     ) -> tuple[list[float], list[float]]:
-        """``t_queue`` and ``backlog_s`` of each of ``workers`` at ``now``, in one pass. ``after`` (per worker): the
-        (calls, prefill s, engine s, ``t_comp`` s) of queued work a new call would go before, left out."""
+        """``t_queue`` and ``backlog_s`` of each of ``workers``; ``after``: per worker, the (calls, prefill s, engine
+        s, ``t_comp`` s) queued that a new call would go before, left out."""
         t_queue: list[float] = []
         backlog: list[float] = []
         loads = self.loads
@@ -273,8 +247,7 @@ class Estimator:
         return t_queue, backlog
 
     def harm(self, worker: int, input_tokens: int) -> float:
-        """Seconds of delay a call's prompt would impose on the calls in flight on ``worker``: chunked prefill
-        stalls each of them for about its prefill, so ``prefill * inflight`` (from the profile, no ratio)."""
+        """Delay a call's prompt imposes on ``worker``'s calls in flight: ``prefill * inflight``."""
         n = self.loads[worker].inflight
         if not n:
             return 0.0
@@ -289,8 +262,8 @@ class Estimator:
         now: float,
         cached: Sequence[int] | None = None,
     ) -> tuple[list[float], list[float], list[float], list[int]]:
-        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of each of (distinct) ``workers``, as lists;
-        ``cached``: prompt tokens each worker is expected to hold, left out of the prefill."""
+        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of each of (distinct) ``workers``, as lists
+        (``cached``: prompt tokens each worker holds)."""
         ws: list[int] = workers if isinstance(workers, list) else list(workers)
         n_ws = len(ws)
         rows = self.rows
@@ -303,8 +276,7 @@ class Estimator:
         return self.columns(ws)
 
     def columns(self, workers: list[int]) -> tuple[list[float], list[float], list[float], list[int]]:
-        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of ``workers``' rows (as the last ``scan`` left
-        them), as lists aligned with ``workers``."""
+        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of ``workers``' rows, as aligned lists."""
         n_ws = len(workers)
         rows = self.rows
         t_comp: list[float] = [0.0] * n_ws
@@ -329,9 +301,8 @@ class Estimator:
         *,
         credited: bool = False,
     ) -> float:
-        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of a call on each of (distinct) ``workers``,
-        written into their ``rows``; returns the least ``t_comp`` (inf for none). ``credited``: each row's
-        ``credit`` (cached prompt tokens) is left out of the prefill. The dispatch hot path."""
+        """The dispatch hot path: fill (distinct) ``workers``' ``rows``; returns the least ``t_comp`` (inf for none).
+        ``credited``: each row's ``credit`` (cached prompt tokens) is left out of the prefill."""
         extra = mean_context(input_tokens, output_tokens)
         out = decode_steps(output_tokens)
         models = self._models
@@ -342,8 +313,7 @@ class Estimator:
         by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
         least = float("inf")
-        # The prefill of the uncached rest, remembered for the last (profile, cached) pair: workers of one
-        # profile holding the same prefix (a stage's shared template) come in runs.
+        # The prefill of the uncached rest, remembered for the last (profile, cached) pair (they come in runs).
         last_g = -1
         last_c = -1
         last_pre = 0.0
@@ -373,14 +343,11 @@ class Estimator:
             row.inflight = busy
         return least
 
-    # ------------------------------------------------------------------ transitions (the scheduler reports)
-
     def enqueue(self, call: Call, worker: int) -> None:
         """``call`` (its ``t_comp`` filled) joined ``worker``'s gateway queue."""
         load = self.loads[worker]
         s = call.spec
-        # The profile's prefill, not corrected by the ratio: the ratio measures how much calls stretch under
-        # load, mostly their decode stalled by other prompts; a prompt's own processing barely does.
+        # Not corrected by the ratio: it measures decode stretched under load, a prompt's processing barely is.
         pre = self.prefill_s(worker, s.input_tokens - call.cached)
         call.prefill_s = pre
         call.gpu_s = self.gpu_s(worker, s.input_tokens, s.output_tokens, call.cached)
@@ -393,8 +360,7 @@ class Estimator:
         load.queued_gpu_s += call.gpu_s
 
     def dequeue(self, call: Call, worker: int) -> None:
-        """``call`` left ``worker``'s gateway queue (started, cancelled or drained). Its ``best_effort`` flag must be
-        the one it was queued with (the scheduler's drivers change it only while the call is off every queue)."""
+        """``call`` left ``worker``'s gateway queue; its ``best_effort`` flag must be the one it was queued with."""
         load = self.loads[worker]
         if call.best_effort:
             if load.best_effort_queued > 0:
@@ -411,8 +377,7 @@ class Estimator:
             load.queued_gpu_s = 0.0
 
     def start(self, call: Call, worker: int, now: float) -> None:
-        """``call`` was sent to ``worker`` at ``now``: its prompt joins the prefill clock, and ``call.service_s``
-        (the wait for the prompts ahead plus its own time) is what ``observe`` compares with."""
+        """``call`` was sent to ``worker`` at ``now``: its prompt joins the prefill clock."""
         load = self.loads[worker]
         s = call.spec
         r = self.ratio(worker, s.kind, now)
@@ -435,8 +400,7 @@ class Estimator:
             load.best_effort_inflight += 1
 
     def release(self, call: Call, worker: int, now: float | None = None) -> None:
-        """``call`` returned from ``worker`` (answered or failed) at ``now``: it leaves the batch, and the prefill
-        clock is pulled back to at most the prompts still in flight (it only ever adds predictions)."""
+        """``call`` returned from ``worker`` at ``now``: it leaves the batch; the prefill clock is pulled back."""
         load = self.loads[worker]
         s = call.spec
         load.inflight -= 1
@@ -463,8 +427,8 @@ class Estimator:
             load.prefill_free_at = min(load.prefill_free_at, now + load.inflight_prefill_s)
 
     def model_for_tokens(self, call: Call, tokens: tuple[int, int] | None) -> float:
-        """The load-aware prediction made when ``call`` was sent (``model_s``), rescaled to the (prompt, completion)
-        ``tokens`` it processed (None: ``call.spec``'s): a long answer is the model's verbosity, not a slow worker."""
+        """``call.model_s`` rescaled to the (prompt, completion) ``tokens`` it processed (None: its spec's): a long
+        answer is the model's verbosity, not a slow worker."""
         model = call.model_s
         spec = call.spec
         if tokens is None or (tokens[0] == spec.input_tokens and tokens[1] == spec.output_tokens):
@@ -476,8 +440,7 @@ class Estimator:
         return wait + (model - wait) * (self.base_latency(call.worker, tokens[0], tokens[1]) / expected)
 
     def observe(self, call: Call, observed_s: float, now: float, tokens: tuple[int, int] | None = None) -> None:
-        """Fold one observed latency (sent to returned) into the (worker, kind) ratio, against the uncorrected
-        prediction for the tokens it processed (``model_for_tokens``)."""
+        """Fold one observed latency (sent to returned) into the (worker, kind) ratio."""
         worker = call.worker
         kind = call.spec.kind
         predicted = self.model_for_tokens(call, tokens)

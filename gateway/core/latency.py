@@ -1,8 +1,5 @@
-"""The latency model: every estimate of how long a call takes on an engine, in one class.
-
-``LatencyModel`` (one per distinct ``PerfProfile``) gives ``prefill_s``, ``lone_s``, ``compute_s``, ``queue_s``,
-``gpu_s``, ``under_load_s`` and ``sample_terms`` (docs/architecture.md, "The latency model"). To change how a
-call's compute time is estimated, edit this module (and ``PerfProfile`` for the lone engine)."""
+"""The latency model: every estimate of how long a call takes on an engine, in one class (docs/architecture.md,
+"The latency model"). To change how a call's compute time is estimated, edit this module."""
 
 from __future__ import annotations
 
@@ -16,27 +13,9 @@ CACHE_LIMIT = 65536
 
 @dataclass(slots=True)
 class WorkerLoad:
-    """Running sums of one worker's load that make every estimate O(1) (kept by the ``Estimator``).
-
-    Attributes:
-        queued: calls in the worker's gateway queue.
-        queued_prefill_s: predicted prefill seconds of those calls.
-        queued_work: their predicted ``t_comp`` (seconds), for status pages.
-        inflight: calls sent to the worker and not yet returned.
-        inflight_ctx: sum of the mean decode contexts (``input + output / 2``) of the calls in flight.
-        inflight_prefill_s: sum of their prefill seconds: the prefill clock never runs further ahead.
-        inflight_end_sum: sum of the predicted return times of the calls in flight.
-        inflight_service_sum: sum of their predicted times on the worker (``service_s``).
-        queued_gpu_s: engine seconds the queued calls will occupy the worker (``gpu_s``).
-        inflight_gpu_s: the same for the calls in flight, from their start.
-        prefill_free_at: when the engine is predicted to finish the prompts of the calls in flight.
-        inflight_kv: KV-cache tokens the calls in flight reserve (``input + output`` each).
-        best_effort_queued: best-effort calls in the worker's queue (in none of the queued sums: they delay
-            no other call).
-        best_effort_inflight: best-effort calls among those in flight (in the in-flight sums too).
-        capacity: the worker's concurrent-call count (``WorkerInfo.capacity``), set by the ``Estimator``.
-        limit: its batch limit, ``LatencyModel.batch_limit(capacity)``, set with it.
-    """
+    """Running sums of one worker's load that make every estimate O(1) (kept by the ``Estimator``): ``queued*``
+    over its gateway queue (best-effort calls only in ``best_effort_queued``), ``inflight*`` over the calls sent
+    and not returned; ``prefill_free_at``: when the engine is predicted to finish their prompts."""
 
     queued: int = 0
     queued_prefill_s: float = 0.0
@@ -57,7 +36,7 @@ class WorkerLoad:
 
     def outstanding(self, now: float) -> float:
         """Predicted seconds of work left on the worker: queued ``t_comp`` plus the in-flight remainder (at least
-        10% of their predicted time: calls past their predicted return still hold slots)."""
+        10% of their predicted time)."""
         if not self.inflight:
             return self.queued_work
         rem = self.inflight_end_sum - self.inflight * now
@@ -76,14 +55,12 @@ def mean_context(input_tokens: int, output_tokens: int) -> float:
 
 
 def prefill_token_s(profile: PerfProfile) -> float:
-    """Engine seconds per prompt token of a prefill run in full chunks: converts the prefill clock's wait into
-    the tokens ahead of a call (``LatencyModel.sample_terms``'s ``wait_tokens``)."""
+    """Engine seconds per prompt token of a prefill run in full chunks."""
     return profile.token_s + profile.iter_base_s / profile.max_batched_tokens
 
 
 class LatencyModel:
-    """The latency estimates of one engine profile, its constants read once as plain floats; capacity and batch
-    limit come from the worker's ``WorkerLoad``. Lone latencies and prefill times are memoised by token count."""
+    """The latency estimates of one engine profile (lone latencies and prefill times memoised by token count)."""
 
     __slots__ = ("_lone", "_prefill", "base", "ctx_s", "overhead", "profile", "tok")
 
@@ -101,11 +78,8 @@ class LatencyModel:
         m = self.profile.max_num_seqs
         return capacity if capacity < m else m
 
-    # ------------------------------------------------------------------ lone request (load-independent)
-
     def prefill_s(self, input_tokens: int) -> float:
-        """Engine seconds to take a prompt in (``admit_s``) and process it alone (``PerfProfile.prefill_time``).
-        A prompt whose first tokens are cached is estimated as its uncached tokens alone."""
+        """Engine seconds to take a prompt in (``admit_s``) and process it alone."""
         cache = self._prefill
         v = cache.get(input_tokens)
         if v is None:
@@ -126,12 +100,8 @@ class LatencyModel:
                 cache[key] = v
         return v
 
-    # ------------------------------------------------------------------ under load
-
     def batch(self, load: WorkerLoad, ctx_add: float) -> tuple[int, float]:
-        """The decode batch a call of mean context ``ctx_add`` joins on a worker of load ``load``: the calls in
-        flight plus itself, at most ``load.limit`` of them (a batch over the limit reads the mean context per
-        call): (calls, context tokens per step)."""
+        """The decode batch a call of mean context ``ctx_add`` joins: (calls, context tokens per step)."""
         n = load.inflight + 1
         ctx = load.inflight_ctx + ctx_add
         if n > load.limit:
@@ -139,10 +109,8 @@ class LatencyModel:
         return n, ctx
 
     def compute_s(self, prefill_s: float, steps: int, load: WorkerLoad, ctx_add: float) -> float:
-        """A call's own time once its prompt is up (uncorrected): overhead, its prefill (``prefill_s``), then
-        ``steps`` decode steps in the batch it joins on a worker of load ``load`` (``batch``, written out: the
-        dispatch scan calls this once per worker for every call; ``ctx_add``: the call's mean context), each
-        ``iter_base_s + (token_s + seq_s) * calls + ctx_s * context``."""
+        """A call's own time once its prompt is up (uncorrected): overhead, prefill, then ``steps`` decode steps in
+        the batch it joins (``batch``, written out: the hot path)."""
         n = load.inflight + 1
         ctx = load.inflight_ctx + ctx_add
         limit = load.limit
@@ -152,9 +120,8 @@ class LatencyModel:
         return self.overhead + prefill_s + steps * (self.base + self.tok * n + self.ctx_s * ctx)
 
     def queue_s(self, load: WorkerLoad, now: float, queued: int, queued_prefill_s: float, later_work: float) -> float:
-        """The wait of a call sent now before its prompt is processed, behind ``queued`` calls of ``queued_prefill_s``:
-        the later of the prompts ahead being done (prefill clock plus queued prefill) and a free slot
-        (``behind * mean_remaining / capacity``). ``later_work``: queued seconds the call goes before."""
+        """The wait of a call sent now before its prompt is processed: the later of the prompts ahead being done and
+        a free slot. ``later_work``: queued seconds the call goes before."""
         wait = load.prefill_free_at - now
         if wait < 0.0:  # noqa: PLR1730 (hot path: no builtin call)
             wait = 0.0
@@ -172,29 +139,22 @@ class LatencyModel:
         return wait
 
     def gpu_s(self, prefill_s: float, steps: int, mid_ctx: float, batch: int) -> float:
-        """Engine seconds a call takes from a worker's throughput when it runs a full batch of ``batch`` calls:
-        its prefill (compute-bound: not shared), its ``steps`` decode tokens' compute and attention (at mean
-        context ``mid_ctx``), and its share of each decode step's fixed cost. What admission's fluid forecast
-        counts work in (the latency a call sees is ``compute_s``; this is what it costs others)."""
+        """Engine seconds a call takes of a worker's throughput in a full batch of ``batch`` calls (what it costs
+        others; admission's fluid forecast counts work in it)."""
         return prefill_s + steps * (self.tok + self.ctx_s * mid_ctx + self.base / batch)
 
     def under_load_s(self, predicted_s: float, joined_prefill_s: float, extra_calls: float, steps: int) -> float:
-        """A call's predicted time knowing the load it ran under: ``predicted_s`` (the batch it joined), plus
-        the prefill of the prompts sent to the worker while it ran (chunked prefill runs them in the
-        iterations its decode waits for) and ``extra_calls`` more calls in each of its ``steps`` decode steps
-        (on average) than the batch it joined."""
+        """A call's predicted time knowing the load it ran under: plus the prompts that joined while it ran and
+        ``extra_calls`` more calls per decode step."""
         joined = joined_prefill_s if joined_prefill_s > 0.0 else 0.0
         extra = extra_calls if extra_calls > 0.0 else 0.0
         return predicted_s + joined + extra * self.tok * steps
 
-    # ------------------------------------------------------------------ the refit's view
-
     def sample_terms(
         self, prefill_tokens: int, output_tokens: int, batch_n: int, batch_ctx: float, wait_tokens: float
     ) -> tuple[float, float, float, float, float, float, float]:
-        """A completed call's predicted latency (``compute_s`` plus its wait) as coefficients of the profile's
-        ``iter_base_s``, ``token_s``, ``ctx_s``, ``request_overhead_s``, ``attn_s``, ``seq_s`` and ``admit_s`` (the
-        model is linear in them; prefill as ``PerfProfile.prefill_time`` counts it)."""
+        """A completed call's predicted latency as coefficients of the profile's ``iter_base_s``, ``token_s``,
+        ``ctx_s``, ``request_overhead_s``, ``attn_s``, ``seq_s`` and ``admit_s`` (it is linear in them)."""
         chunk = self.profile.max_batched_tokens
         p = float(prefill_tokens)
         out = float(decode_steps(output_tokens))

@@ -1,9 +1,5 @@
-"""Hints for the native build (``setup.py``: the hot modules compiled with mypyc), inert without it.
-
-``mypyc_attr`` is ``mypy_extensions.mypyc_attr`` where that package is installed (the build environment and
-the development lock), else a no-op decorator: a pure-Python install runs every module interpreted and never
-reads the hint. The one core module that imports outside the standard library, and only a marker.
-"""
+"""Hints for the native build (``setup.py``: hot modules compiled with mypyc): ``mypy_extensions.mypyc_attr``
+where installed, else a no-op decorator."""
 
 from __future__ import annotations
 

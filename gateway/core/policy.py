@@ -32,10 +32,7 @@ class Policy:
     """The scheduler tracks which prompt prefixes each worker holds (``gateway.core.prefix.PrefixIndex``) and
     counts cached tokens out of the call's prefill on each worker (only where the engines cache prefixes)."""
     prefix_credit: float = 1.0
-    """How many times their own prefill the cached tokens of a call are worth when the dispatcher compares
-    workers (the estimates it keeps for the queues count them once). Above 1 where keeping a workflow's
-    prefix on one worker pays later too: its next rounds hit only there, and a copy elsewhere costs that
-    worker a full prompt's stall and cache space."""
+    """How many times their own prefill a call's cached tokens are worth when the dispatcher compares workers."""
 
     @property
     def capabilities(self) -> Capabilities:
@@ -80,9 +77,8 @@ def get_policy(name: str) -> Policy:
 
 
 def production_policy(name: str, *, benchmark: bool = False) -> Policy:
-    """The registered policy ``name`` if a deployment may run it: roles ``ours`` and ``baseline``
-    (``PRODUCTION_ROLES``); an ablation only with ``benchmark`` (the explicit benchmark switch). ``ValueError``
-    for an ablation without it, ``UnknownName`` for an unknown name."""
+    """The registered policy ``name`` if a deployment may run it (an ablation only with ``benchmark``);
+    ``ValueError`` for an ablation without it, ``UnknownName`` for an unknown name."""
     policy = get_policy(name)
     if not benchmark and policy.role not in PRODUCTION_ROLES:
         allowed = [p.name for p in POLICIES.values() if p.role in PRODUCTION_ROLES]

@@ -1,21 +1,17 @@
-"""Completion prediction: when would a workflow finish if it were admitted (or kept) now?
-
-The critical path of its remaining stages on the workers each call would likely get, behind today's queues,
-and the fluid bound of the work ahead of it (docs/architecture.md, "Completion prediction"). Plans
-(``StagePlan``) come from a template (``template_plan``), a DAG (``dag_plan``) or call lists (``calls_plan``).
-One ``CompletionPredictor`` per decision instant caches what it reads. Pure: ``now`` is an argument."""
+"""Completion prediction: when would a workflow finish if it were admitted (or kept) now? (docs/architecture.md,
+"Completion prediction"). Plans come from a template, a DAG or call lists. Pure: ``now`` is an argument."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.core.dag import DagNode
 from gateway.core.estimates import Estimator
 from gateway.core.scheduler import Scheduler
-from gateway.core.workflow import Call, CallSpec, CostFn, Workflow, WorkflowTemplate
+from gateway.core.workflow import Call, CallSpec, CostFn, PhaseSpec, Workflow, WorkflowTemplate
 
 __all__ = [
     "SUSTAINABLE_SHARE",
@@ -31,15 +27,12 @@ __all__ = [
 
 _NOTHING_AFTER = (0, 0.0, 0.0, 0.0)
 SUSTAINABLE_SHARE = 0.25
-"""The share of the cluster's full-batch throughput that work ahead of a workflow (the backlog and admitted
-workflows' committed work) is forecast to get: admission lets about ``share x deadline`` of work wait
-(docs/architecture.md, "Completion prediction"; the trade-off measured: docs/benchmarks.md, "Admission")."""
+"""The share of the full-batch throughput that work ahead of a workflow (backlog, committed work) is forecast to get."""
 
 
 @dataclass(frozen=True, slots=True)
 class StagePlan:
-    """One remaining stage: calls that run in parallel, repeated ``rounds`` times in sequence (an expectation,
-    so possibly fractional: an optional phase's probability, a repeatable one's mean repetitions)."""
+    """One remaining stage: parallel calls, repeated ``rounds`` times in sequence (an expectation: fractional)."""
 
     calls: tuple[CallSpec, ...]
     rounds: float = 1.0
@@ -51,28 +44,32 @@ class StagePlan:
             raise ValueError(f"rounds must be a finite number >= 0, got {self.rounds}")
 
 
-def template_plan(template: WorkflowTemplate, *, phase: int = -1, rounds_done: int = 0) -> tuple[StagePlan, ...]:
-    """The stages a template still expects after round ``rounds_done`` of phase ``phase`` (-1: all of them):
-    each phase one stage of ``width`` identical calls, ``rounds`` times (as ``WorkflowTemplate.remaining_after``)."""
+def template_plan(
+    template: WorkflowTemplate,
+    *,
+    phase: int = -1,
+    rounds_done: int = 0,
+    shape: Callable[[PhaseSpec], tuple[int, float]] | None = None,
+) -> tuple[StagePlan, ...]:
+    """The stages a template still expects after round ``rounds_done`` of phase ``phase`` (-1: all of them);
+    ``shape``: a phase's (width, rounds) instead of its own (width 0: skipped)."""
     out: list[StagePlan] = []
     for i, p in enumerate(template.phases):
         if i < phase:
             continue
-        rounds = p.rounds
+        width, rounds = (p.width, p.rounds) if shape is None else shape(p)
         if i == phase:
             if not p.repeatable:
                 continue
-            rounds = max(p.rounds - rounds_done, 0.0)
-        if rounds <= 0.0:
+            rounds = max(rounds - rounds_done, 0.0)
+        if rounds <= 0.0 or width <= 0:
             continue
-        spec = CallSpec(p.kind, p.input_tokens, p.output_tokens)
-        out.append(StagePlan((spec,) * p.width, rounds))
+        out.append(StagePlan((CallSpec(p.kind, p.input_tokens, p.output_tokens),) * width, rounds))
     return tuple(out)
 
 
 def dag_plan(nodes: Sequence[DagNode]) -> tuple[StagePlan, ...]:
-    """The nodes of a (valid) DAG grouped by depth (the longest chain of dependencies): the critical path when
-    the levels are balanced, an upper bound of it otherwise."""
+    """The nodes of a (valid) DAG grouped by depth: the critical path when levels are balanced, else a bound."""
     index = {n.id: i for i, n in enumerate(nodes)}
     depth: list[int | None] = [None] * len(nodes)
     for start in range(len(nodes)):
@@ -100,8 +97,7 @@ def calls_plan(stages: Iterable[Sequence[CallSpec]]) -> tuple[StagePlan, ...]:
 
 
 def cluster_call_time(scheduler: Scheduler, spec: CallSpec, now: float) -> float:
-    """``CompletionPredictor(scheduler, now).cluster_call_time(spec)`` without the rest of a predictor's snapshot
-    (the queues of every worker): what one submitted call takes off its workflow's committed work."""
+    """``CompletionPredictor(scheduler, now).cluster_call_time(spec)`` without a predictor's snapshot."""
     return _cluster_call_time(scheduler.estimator, scheduler.eligible_workers(), spec, now)
 
 
@@ -111,19 +107,9 @@ def _cluster_call_time(est: Estimator, workers: Sequence[int], spec: CallSpec, n
 
 
 class CompletionPredictor:
-    """Predicted completion times on one scheduler (read, never changed) at one instant ``now``.
-
-    Args:
-        later_queue_weight: the share of today's ``t_queue`` stages after the first wait (1: stationary; 0:
-            the optimistic bound).
-        committed_s: cluster seconds of work that admitted workflows will still submit (fluid bound).
-        efficiency: the share of the full-batch throughput others' work gets (``SUSTAINABLE_SHARE``; 1 for the
-            fluid bound itself; above 1 where ``ThroughputMeter`` saw more).
-        after: per worker, the queued work a new workflow would go before (``Scheduler.queued_due_after``),
-            left out of the queue ahead and the backlog (None: all queued work is ahead).
-
-    With no eligible worker every prediction is ``inf``.
-    """
+    """Predicted completion times on one scheduler (read only) at one instant ``now``; ``inf`` with no worker.
+    ``later_queue_weight``: the share of today's ``t_queue`` that later stages wait; ``efficiency``: the share of
+    the full-batch throughput others' work gets; ``after``: per worker, queued work a new workflow goes before."""
 
     def __init__(
         self,
@@ -149,29 +135,25 @@ class CompletionPredictor:
         n = len(self._workers)
         self._backlog = sum(backlog) / n if n else math.inf
         self.committed_s = max(committed_s, 0.0)
-        # By call shape (kind, input, output tokens): a spec's prefix or DAG node does not change its cost.
+        # By call shape: a spec's prefix or DAG node does not change its cost.
         self._cluster: dict[tuple[str, int, int], float] = {}
         self._tc: dict[tuple[str, int, int], list[float]] = {}
         self._stage: dict[tuple[tuple[CallSpec, ...], float, float], float] = {}
         self._pre: dict[tuple[str, int], list[float]] = {}
         self._tq_any: dict[int, float] = {}
-        # ``call_cost`` as one object, so workflows' cost caches keyed by it stay warm; made on first use (a bound
-        # method is a cycle only the garbage collector frees, and most predictors never need it).
+        # ``call_cost`` as one object (cost caches keyed by it stay warm); made on first use (a bound method is a
+        # cycle only the garbage collector frees).
         self._cost: CostFn | None = None
-
-    # ------------------------------------------------------------------ building blocks
 
     @property
     def backlog_s(self) -> float:
-        """The smallest queue wait among eligible workers (seconds): when the least loaded worker could
-        start new work (``inf`` with no eligible worker)."""
+        """The smallest queue wait among eligible workers (``inf`` with none)."""
         return min(self._tq, default=math.inf)
 
     def _t_comp(self, spec: CallSpec) -> list[float]:
         key = (spec.kind, spec.input_tokens, spec.output_tokens)
         v = self._tc.get(key)
         if v is None:
-            # ``t_comp`` of each worker, as ``Estimator.snapshot`` computes it in one pass (the same floats).
             v = self._sched.estimator.snapshot(self._workers, *key, self.now)[0]
             self._tc[key] = v
         return v
@@ -197,14 +179,13 @@ class CompletionPredictor:
         return sum(st.rounds * sum(self.cluster_call_time(c) for c in st.calls) for st in plan)
 
     def fluid_time(self, plan: Sequence[StagePlan], *, drained_s: float = 0.0) -> float:
-        """Seconds until the cluster could have worked through the backlog, the committed work and ``plan``:
-        the work of others at the sustainable share of the throughput (``efficiency``), its own at full."""
+        """Seconds until the cluster could have worked through the backlog, the committed work (at ``efficiency``)
+        and ``plan`` (at full throughput)."""
         return max(self._backlog + self.committed_s - drained_s, 0.0) / self.efficiency + self.plan_work(plan)
 
     def stage_time(self, calls: Sequence[CallSpec], *, queue_weight: float = 1.0, drained_s: float = 0.0) -> float:
-        """Seconds until the slowest of ``calls`` (run in parallel, starting now) finishes, each on the worker
-        where it finishes first: ``queue_weight x max(t_queue - drained_s, 0)`` plus the prompts of siblings
-        placed there before it plus its ``t_comp`` (``drained_s``: as if every backlog had drained that long)."""
+        """Seconds until the slowest of parallel ``calls`` started now finishes, each on its fastest worker behind
+        ``queue_weight`` x its queue (``drained_s`` shorter) and its siblings' prompts."""
         key = (tuple(calls), queue_weight, drained_s)
         cached = self._stage.get(key)
         if cached is not None:
@@ -229,11 +210,8 @@ class CompletionPredictor:
             self._stage[key] = worst
         return worst
 
-    # ------------------------------------------------------------------ new workflows
-
     def duration(self, plan: Sequence[StagePlan], *, drained_s: float = 0.0) -> float:
-        """Seconds from ``now`` until ``plan`` would be done if its first stage were submitted now: the larger
-        of its path behind the queue ahead (``path_time``) and the fluid bound (``fluid_time``)."""
+        """Seconds until ``plan`` submitted now is done: the larger of ``path_time`` and ``fluid_time``."""
         if not self._workers:
             return math.inf
         return max(self.path_time(plan, drained_s=drained_s), self.fluid_time(plan, drained_s=drained_s))
@@ -262,9 +240,8 @@ class CompletionPredictor:
         return self.now + self.duration(plan)
 
     def retry_after_s(self, plan: Sequence[StagePlan], deadline_s: float, *, tolerance_s: float = 0.05) -> float | None:
-        """How long until the backlog has drained enough for ``plan`` to fit in ``deadline_s``: 0 when it fits now,
-        None when it does not fit with every queue empty. A lower bound (draining at one second per second,
-        nothing new ahead), as Retry-After promises; bisection to ``tolerance_s``."""
+        """How long until the backlog has drained enough for ``plan`` to fit in ``deadline_s`` (a lower bound, by
+        bisection): 0 when it fits now, None when it does not fit with every queue empty."""
         if self.duration(plan) <= deadline_s:
             return 0.0
         top = max(max(self._tq, default=0.0), self._backlog + self.committed_s)
@@ -279,8 +256,6 @@ class CompletionPredictor:
                 lo = mid
         return hi
 
-    # ------------------------------------------------------------------ running workflows
-
     def _queue_on(self, worker: int) -> float:
         v = self._tq_any.get(worker)
         if v is None:
@@ -288,14 +263,12 @@ class CompletionPredictor:
         return v
 
     def call_cost(self, kind: str, input_tokens: int, output_tokens: int) -> float:
-        """A later call's predicted time (forecast queue plus ``t_comp`` on its best worker): the ``CostFn``
-        handed to ``Workflow.expected_remaining``."""
+        """A later call's predicted time (forecast queue plus ``t_comp`` on its best worker), as a ``CostFn``."""
         return self.stage_time((CallSpec(kind, input_tokens, output_tokens),), queue_weight=self.later_queue_weight)
 
     def pending_time(self, calls: Iterable[Call]) -> float:
-        """Seconds until the last of a workflow's current calls is done, each where it is now: in flight, its
-        predicted time left (``service_s``, else ``t_comp``); queued, its worker's whole ``t_queue`` plus its
-        ``t_comp`` (the safe side); not yet dispatched, as a new call."""
+        """Seconds until the last of a workflow's current calls is done, each where it is now (queued: behind its
+        worker's whole queue)."""
         worst = 0.0
         for c in calls:
             if c.started_at is not None:
@@ -308,9 +281,7 @@ class CompletionPredictor:
         return worst
 
     def workflow_completion(self, wf: Workflow, pending: Iterable[Call]) -> float:
-        """Predicted absolute completion of a running workflow: its ``pending`` calls (the current stage),
-        then what its template or DAG still expects (``Workflow.expected_remaining`` with ``call_cost``:
-        parallel calls of a later stage count once, as stage budgets count them)."""
+        """Predicted absolute completion of a running workflow: its ``pending`` calls, then what it still expects."""
         cost = self._cost
         if cost is None:
             cost = self._cost = self.call_cost
@@ -319,12 +290,7 @@ class CompletionPredictor:
 
 class QueueCalibration:
     """The queueing part of admission's predictions (prediction minus critical path), scaled by what admitted
-    workflows took: a split conformal calibration (docs/architecture.md, "Completion prediction").
-
-    Keeps ``max(latency - critical, 0) / excess`` of the last ``window`` admitted workflows that ended with a
-    valid answer and had an excess of at least ``MIN_EXCESS`` x their critical path; ``factor`` is their
-    ``quantile`` once there are ``min_samples`` (1 before), within [``FLOOR``, ``CEIL``]: it only tightens.
-    """
+    workflows took: a split conformal calibration (docs/architecture.md, "Completion prediction")."""
 
     FLOOR = 1.0
     CEIL = 4.0
@@ -351,9 +317,7 @@ class QueueCalibration:
         return len(self._ratios) >= self.min_samples
 
     def add(self, latency_s: float, predicted_s: float, critical_s: float) -> None:
-        """An admitted workflow ended with a valid answer after ``latency_s``; admission had predicted
-        ``predicted_s``, its critical path ``critical_s``. Ignored when the prediction had no queueing excess to
-        speak of (nor any that is not finite)."""
+        """An admitted workflow ended with a valid answer after ``latency_s`` (ignored without a queueing excess)."""
         excess = predicted_s - critical_s
         if not (math.isfinite(excess) and math.isfinite(latency_s)) or excess < self.MIN_EXCESS * critical_s:
             return
@@ -381,20 +345,14 @@ class QueueCalibration:
         return critical_s + self.factor * (predicted_s - critical_s)
 
     def target(self, target_s: float, critical_s: float) -> float:
-        """The uncalibrated prediction that calibrates to ``target_s`` (for searches on the raw prediction, such
-        as ``CompletionPredictor.retry_after_s``): ``critical + (target - critical) / factor``."""
+        """The uncalibrated prediction that calibrates to ``target_s``."""
         if target_s <= critical_s:
             return target_s
         return critical_s + (target_s - critical_s) / self.factor
 
 
 class ThroughputMeter:
-    """The work the cluster was seen to complete per second: the fluid forecast's rate, measured.
-
-    ``add(now, engine_s)`` per completed call (its ``gpu_s``); ``share(now, workers)``: engine seconds completed
-    per second per worker over the last ``window_s``, in the fluid term's units (1: every worker running full
-    batches as the model counts them). Admission uses ``max(configured, measured)``. At most ``max_events`` kept.
-    """
+    """The work the cluster was seen to complete per second (engine seconds, over the last ``window_s``)."""
 
     MIN_SPAN_S = 1.0
 
@@ -427,8 +385,7 @@ class ThroughputMeter:
             self._sum = 0.0
 
     def share(self, now: float, workers: int) -> float:
-        """Engine seconds completed per second per worker over the window, or over the time since the first
-        completion when that is shorter (at least ``MIN_SPAN_S``); 0 with no worker or no completion."""
+        """Engine seconds completed per second per worker over the window (or since the first completion)."""
         self._expire(now)
         if workers <= 0 or not self._events or self._since is None:
             return 0.0

@@ -34,11 +34,7 @@ prefix reuse (vLLM's CPU backend uses 128)."""
 
 @dataclass(frozen=True, slots=True)
 class PrefixSeg:
-    """A run of prompt tokens other calls share: ``tokens`` long, named ``name``.
-
-    ``per_query``: shared only by calls of the same workflow (a schema and question that every revise round
-    repeats); otherwise shared by every call whose chain has it (a stage's fixed template).
-    """
+    """A run of prompt tokens other calls share; ``per_query``: only by calls of the same workflow."""
 
     name: str
     tokens: int
@@ -58,12 +54,8 @@ key before it, as vLLM chains its block hashes."""
 
 
 def segment_keys(prefix: Sequence[PrefixSeg], wid: int) -> list[tuple[Key, int]]:
-    """The cache keys of a call's chain, in order, with each segment's tokens (empty segments dropped).
-
-    A key is the hash of the segment's own name with the key before it (as vLLM chains its block hashes),
-    so equal keys mean equal prompt prefixes (up to a 64-bit hash collision, as in vLLM). Integer keys keep
-    the lookups cheap: every dispatch matches the chain against every worker's index.
-    """
+    """The cache keys of a call's chain, in order, with each segment's tokens (empty segments dropped); a key
+    hashes the segment's name with the key before it (as vLLM chains block hashes)."""
     out: list[tuple[Key, int]] = []
     parent = 0
     for seg in prefix:
@@ -79,14 +71,8 @@ def segment_keys(prefix: Sequence[PrefixSeg], wid: int) -> list[tuple[Key, int]]
 def prompt_prefix(
     prompt: str | Sequence[int | str], *, block_tokens: int = 64, max_blocks: int = 128
 ) -> tuple[PrefixSeg, ...]:
-    """A prompt as a chain of full blocks, each named by a hash of its content (what llm-d's approximate
-    prefix scorer hashes): ``block_tokens`` tokens per block for a tokenised prompt (token ids, or words
-    without whitespace as the emulated worker counts them), ``block_tokens x CHARS_PER_TOKEN`` characters
-    for text. At most ``max_blocks`` blocks (the prompt's head: a shared prefix is at the start); an
-    incomplete last block is left out, as vLLM never caches one.
-
-    Two prompts share the leading segments of their chains exactly where their leading blocks are equal.
-    """
+    """A prompt as a chain of at most ``max_blocks`` full blocks, each named by a hash of its content (as llm-d's
+    approximate prefix scorer): ``block_tokens`` tokens (or ``x CHARS_PER_TOKEN`` characters of text) each."""
     if block_tokens < 1 or max_blocks < 0:
         raise ValueError(f"block_tokens must be >= 1 and max_blocks >= 0, got {block_tokens}, {max_blocks}")
     if isinstance(prompt, str):
@@ -106,9 +92,7 @@ def prompt_prefix(
 
 
 def cached_tokens(matched: int, input_tokens: int, block_tokens: int = BLOCK_TOKENS) -> int:
-    """Prompt tokens vLLM skips when ``matched`` leading tokens are cached: whole blocks of ``block_tokens``
-    (the engine's KV block size, ``PerfProfile.block_tokens``) only, and never the last prompt token (it is
-    computed to produce the first output)."""
+    """Prompt tokens vLLM skips when ``matched`` leading tokens are cached: whole blocks, never the last token."""
     usable = min(matched, input_tokens - 1)
     if usable <= 0:
         return 0
@@ -116,9 +100,7 @@ def cached_tokens(matched: int, input_tokens: int, block_tokens: int = BLOCK_TOK
 
 
 def best_case_cached(calls: Sequence[tuple[Sequence[PrefixSeg], int]], block_tokens: int = BLOCK_TOKENS) -> list[int]:
-    """Prompt tokens each call of one workflow (``calls``: chain and input tokens, in issue order) could at best
-    take from the cache: shared segments cached already, a per-query one from its second call on. An upper
-    bound (``block_tokens``: the engines' smallest block), so fluid bounds may count the rest as prefill."""
+    """Prompt tokens each call of one workflow (in issue order) could at best take from the cache (an upper bound)."""
     seen: set[str] = set()
     out: list[int] = []
     for prefix, n_in in calls:
@@ -138,13 +120,8 @@ Holders = dict[Key, dict[int, list[float]]]
 
 
 class PrefixIndex:
-    """What the gateway believes one worker has cached: segment keys, least recently used first.
-
-    Args:
-        capacity_tokens: tokens the worker's KV cache holds (the index evicts beyond it).
-        holders: the cluster's reverse index (``match_holders``), kept up to date with this one; None: none.
-        worker: this worker's index in ``holders``.
-    """
+    """What the gateway believes one worker has cached: segment keys, least recently used first (evicted beyond
+    ``capacity_tokens``), mirrored in the cluster's reverse index ``holders`` under ``worker``."""
 
     def __init__(self, capacity_tokens: int, holders: Holders | None = None, worker: int = -1) -> None:
         if capacity_tokens < 0:
@@ -220,9 +197,7 @@ class PrefixIndex:
 
 
 def match_holders(holders: Holders, keys: Sequence[tuple[Key, int]], now: float = float("inf")) -> dict[int, int]:
-    """``PrefixIndex.match`` of ``keys`` on every worker of a reverse index at once: {worker: leading tokens
-    held at ``now``}, workers that hold none of it left out. Visits only the workers holding each segment (a
-    query's own segments live on one or two workers of tens), not every worker's index."""
+    """``PrefixIndex.match`` of ``keys`` on every worker holding any of it at once: {worker: leading tokens}."""
     got: dict[int, int] = {}
     alive: list[int] = []
     first = True

@@ -1,8 +1,5 @@
-"""Iteration-time model of one vLLM engine: the constants behind every latency estimate.
-
-``t_iter = iter_base_s + token_s * tokens + ctx_s * context + attn_s * pairs + seq_s * decoders``, plus
-``admit_s`` per admitted request and ``request_overhead_s`` off the engine (docs/architecture.md, "The engine's
-constants"). The constants come from ``config/gpus.yaml``."""
+"""Iteration-time model of one vLLM engine: the constants behind every latency estimate (docs/architecture.md,
+"The engine's constants"; values in ``config/gpus.yaml``)."""
 
 from __future__ import annotations
 
@@ -54,9 +51,7 @@ class PerfProfile:
         return self.iter_base_s + self.token_s * tokens + self.ctx_s * ctx + self.attn_s * pairs + self.seq_s * decoders
 
     def busy_split(self, iterations: int, batched_tokens: int, busy_s: float) -> tuple[float, float, float]:
-        """An engine's ``busy_s`` seconds over ``iterations`` that processed ``batched_tokens`` tokens, split by
-        the terms of ``iter_time``: the per-iteration base, ``token_s`` per batched token (at most what the base
-        leaves), and the rest (context reads, prefill attention, per-call host work; never negative)."""
+        """An engine's ``busy_s`` split into the per-iteration base, ``token_s`` per batched token and the rest."""
         base = self.iter_base_s * iterations
         tok = min(self.token_s * batched_tokens, busy_s - base)
         return base, tok, max(busy_s - base - tok, 0.0)
@@ -93,13 +88,8 @@ class PerfProfile:
         return self.request_overhead_s + self.admit_s + self.engine_latency(input_tokens, output_tokens)
 
     def derived_capacity(self, call_tokens: int = CAPACITY_CALL_TOKENS, slowdown: float = CAPACITY_SLOWDOWN) -> int:
-        """The in-flight limit of a worker whose config names none: the largest batch that
-
-        1. vLLM runs at once (``max_num_seqs``);
-        2. the KV cache holds with ``call_tokens`` (prompt + output) per call;
-        3. keeps a decode step (``iter_base_s + n * (token_s + seq_s + ctx_s * call_tokens)``) within
-           ``slowdown`` x a lone one.
-        """
+        """The in-flight limit of a worker whose config names none: the largest batch vLLM runs at once that the KV
+        cache holds at ``call_tokens`` per call and whose decode step stays within ``slowdown`` x a lone one."""
         if call_tokens < 1 or slowdown < 1.0:
             raise ValueError("call_tokens must be >= 1 and slowdown >= 1")
         by_kv = self.kv_capacity_tokens // call_tokens
@@ -130,9 +120,7 @@ CONSTANTS: tuple[str, ...] = (
 
 
 def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
-    """A ``PerfProfile`` whose constants are read from the same-named attributes of ``source`` (a source
-    without ``attn_s`` gives 0: its prefill is linear; without ``block_tokens``, vLLM's GPU default; without
-    ``seq_s`` or ``admit_s``, 0: no per-call host work per step or per admission)."""
+    """A ``PerfProfile`` from the same-named attributes of ``source`` (missing optional ones: 0 or the default)."""
     return PerfProfile(
         gpu,
         model,
@@ -151,11 +139,7 @@ def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
 
 
 def iterations_within(a: float, g: float, elapsed: float) -> int:
-    """Largest k >= 0 with ``k * a + g * k * (k - 1) / 2 <= elapsed``.
-
-    The time of k iterations whose duration starts at ``a`` and grows by ``g`` per iteration (context
-    grows linearly while the batch is unchanged). Used to find where a running segment stands.
-    """
+    """Largest k >= 0 with ``k * a + g * k * (k - 1) / 2 <= elapsed``: iterations of a segment done by then."""
     if elapsed <= 0.0:
         return 0
     if g <= 0.0:
@@ -172,10 +156,7 @@ def iterations_within(a: float, g: float, elapsed: float) -> int:
 
 
 def time_scaled(profile: PerfProfile, scale: float) -> PerfProfile:
-    """The profile of an engine running ``1/scale`` times faster (an emulated worker at ``--time-scale``).
-
-    Every latency the model predicts is multiplied by ``scale``; capacities are unchanged.
-    """
+    """The profile of an engine whose every latency is multiplied by ``scale`` (capacities unchanged)."""
     if not scale > 0:
         raise ValueError(f"time scale must be positive, got {scale}")
     if scale == 1.0:

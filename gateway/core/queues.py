@@ -1,6 +1,4 @@
-"""Queue disciplines: the order in which a worker's gateway-held queue releases calls.
-
-``fcfs``, ``urgency``, ``edf``, ``llf`` and ``vtc``, each with a best-effort lane behind it (``LanedQueue``);
+"""Queue disciplines (``fcfs``, ``urgency``, ``edf``, ``llf``, ``vtc``), each with a best-effort lane behind it;
 ties go to submission order (docs/architecture.md, "Queue disciplines")."""
 
 from __future__ import annotations
@@ -102,12 +100,7 @@ class KeyedQueue:
         return None
 
     def remove(self, call: Call) -> bool:
-        """Mark a call's live entry removed; it is skipped when it reaches the top.
-
-        Entries are identified by the ``seq`` they were pushed with, not by ``call.seq``: a call taken off
-        this queue and resubmitted (elsewhere, or here again) gets a new ``seq`` while its stale entry is
-        still in the heap, and must neither count nor show here again.
-        """
+        """Mark a call's live entry removed (by the ``seq`` it was pushed with: a resubmitted call gets a new one)."""
         for _, entry, c in self._heap:
             if c is call and entry not in self._removed:
                 self._removed.add(entry)
@@ -270,12 +263,8 @@ LanedFactory = Callable[[], LanedQueue]
 
 @dataclass(frozen=True)
 class QueueDiscipline:
-    """A registered discipline: ``family()`` builds one scheduler's factory of laned worker queues.
-
-    ``deadline_ordered``: it serves work with an earlier deadline before work with a later one (``urgency``
-    through the stage budgets its deadline sets); admission then counts only the committed work due no later
-    than a new workflow (``Admission.admit``).
-    """
+    """A registered discipline: ``family()`` builds one scheduler's factory of laned worker queues;
+    ``deadline_ordered``: earlier deadlines first (admission then counts only the work due no later)."""
 
     name: str
     family: Callable[[], LanedFactory]

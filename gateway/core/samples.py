@@ -1,7 +1,4 @@
-"""Completed calls kept per worker for the slow profile refit (``gateway.profiling.refit``).
-
-A ``CallSample`` holds a call's token counts, the batch the estimator assumed at its start (so its predicted latency is
-linear in the profile's constants) and its observed latency; ``SampleLog`` keeps the last ``window`` per worker."""
+"""Completed calls kept per worker (the last ``window``) for the slow profile refit (``gateway.profiling.refit``)."""
 
 from __future__ import annotations
 
@@ -16,18 +13,8 @@ from gateway.core.workflow import Call
 
 @dataclass(frozen=True, slots=True)
 class CallSample:
-    """One completed call, in the terms of the latency model (``LatencyModel.sample_terms``).
-
-    Attributes:
-        prefill_tokens: prompt tokens the engine processed (input less the tokens expected cached).
-        output_tokens: generated tokens.
-        batch_n: calls in the decode batch at start, the call included.
-        batch_ctx: context tokens that batch read per decode step at start.
-        wait_tokens: prompt tokens ahead of the call in the engine at start (the prefill clock's wait,
-            converted to tokens with the profile in force then).
-        observed_s: latency from sent to returned, seconds.
-        at: when the call returned (the driver's clock).
-    """
+    """One completed call, in the terms of ``LatencyModel.sample_terms`` (the batch and the prompt tokens ahead of
+    it at start), with its observed latency and when it returned."""
 
     prefill_tokens: int
     output_tokens: int

@@ -25,24 +25,15 @@ __all__ = ["BEST_EFFORT_SHARE", "NoEligibleWorker", "Scheduler", "WorkerInfo"]
 BEST_EFFORT_SHARE = 0.05
 """Default ``Scheduler.best_effort_share`` (the simulator's and the live ``admission.best_effort_share``)."""
 SCAN_LIMIT = 4096
-"""Queued calls up to which ``Scheduler.queued_due_after`` scans the queues (O(queued) per admission)."""
+"""Queued calls up to which ``Scheduler.queued_due_after`` scans the queues."""
 
 
 class Scheduler:
     """Global dispatch into per-worker queues, plus the estimates that drive it.
 
-    Args:
-        workers: the cluster at start (may be empty when workers are discovered later).
-        policy: a registered policy name or a ``Policy``.
-        rng: injected randomness (for ``p2c``); any object with ``random()``.
-        alpha: the WB balance parameter; defaults to the policy's.
-        estimator: options for ``Estimator`` (``ewma``, ``max_age_s``, ``clamp``).
-        prefix_caching: the workers cache prompt prefixes (vLLM's default). A prefix-aware policy then keeps
-            a ``PrefixIndex`` per worker (what it sent there) and counts the tokens a worker is believed to
-            hold out of a call's prefill there.
-        best_effort_share: a worker starts a best-effort call only while fewer than this share of its slots (at
-            least one) are in flight: vLLM does not preempt, so a best-effort call on a busy worker would hold
-            a slot and batch places the urgent calls arriving next need.
+    ``rng``: injected randomness (``p2c``). ``prefix_caching``: a prefix-aware policy keeps a ``PrefixIndex`` per
+    worker and counts what a worker is believed to hold out of the prefill. ``best_effort_share``: a worker starts
+    a best-effort call only below this share of its slots in flight (vLLM does not preempt).
     """
 
     def __init__(
@@ -66,7 +57,7 @@ class Scheduler:
         self._dispatcher = entry.make(rng)
         self._caps = entry.capabilities
         self._fill = entry.capabilities.queue_len or entry.capabilities.kv_util
-        # One view, refreshed for every call (no per-call allocation): the estimator's rows and the call's figures.
+        # One view, refreshed for every call (no per-call allocation).
         self._view = DispatchView(self.estimator.rows, [])
         self.prefix_aware = prefix_caching and self.policy.prefix_aware
         self._prefix_credit = self.policy.prefix_credit
@@ -92,21 +83,16 @@ class Scheduler:
         self.dispatch_counts: list[dict[str, int]] = [{} for _ in self.workers]
         self.samples: SampleLog | None = None
         """Completed calls per worker for the profile refit; None (off) until ``keep_samples``."""
-        # One cost object per membership (a partial compares by identity), so templates can cache their
-        # cost sums per scheduler and start afresh when the workers change.
+        # A new cost object per membership (a partial compares by identity): templates' cost caches start afresh.
         self._cost = partial(self.reference_cost)
-
-    # ------------------------------------------------------------------ membership
 
     @property
     def workers(self) -> list[WorkerInfo]:
-        """The workers by index (the estimator's list), read-only: change them with ``add_worker``,
-        ``remove_worker``, ``set_capacity``."""
+        """The workers by index (the estimator's list), read-only."""
         return self.estimator.workers
 
     def members(self) -> list[int]:
-        """Indices of the current workers (slots in use), ascending. Kept until membership changes (the list is
-        shared: read it only)."""
+        """Indices of the current workers, ascending (a shared list: read it only)."""
         idx = self._members_idx
         if idx is None:
             idx = [i for i, m in enumerate(self.member) if m]
@@ -114,8 +100,7 @@ class Scheduler:
         return idx
 
     def eligible_workers(self) -> list[int]:
-        """Indices of the workers taking new dispatches, ascending (a shared list, kept until eligibility or
-        membership changes: read it only)."""
+        """Indices of the workers taking new dispatches, ascending (a shared list: read it only)."""
         idx = self._eligible_idx
         if idx is None:
             ok = self.eligible
@@ -165,8 +150,7 @@ class Scheduler:
         self.estimator.set_capacity(worker, capacity)
 
     def set_profile(self, worker: int, profile: PerfProfile, source: str = "refit") -> None:
-        """Change a member's profile constants (the refit): its ratios restart and budgets' reference costs are
-        recomputed; name, capacity and address are unchanged."""
+        """Change a member's profile constants (the refit): its ratios restart, reference costs are recomputed."""
         if not self.member[worker]:
             raise ValueError(f"worker {worker} is not a member")
         self.estimator.set_profile(worker, profile, source)
@@ -198,8 +182,7 @@ class Scheduler:
         self._alpha = value
 
     def reference_cost(self, kind: str, input_tokens: int, output_tokens: int) -> float:
-        """Cluster-mean lone-request latency of a call, the unit of stage budgets (0 with no member: a stage then
-        gets the whole remaining time)."""
+        """Cluster-mean lone-request latency of a call, the unit of stage budgets (0 with no member)."""
         key = (input_tokens, output_tokens)
         v = self._ref_cache.get(key)
         if v is None:
@@ -223,17 +206,14 @@ class Scheduler:
         self._eligible_idx = None
 
     def submit(self, call: Call, now: float) -> int:
-        """Compute the call's stage budget, choose a worker, and queue the call there. A best-effort call goes
-        to the eligible worker it would wait least on among the best-effort calls (``_choose_best_effort``)."""
+        """Compute the call's stage budget, choose a worker, and queue the call there."""
         self._budget(call, now)
         w = self._choose_best_effort(call, now) if call.best_effort else self._choose(call, now)
         self._enqueue(call, w, now)
         return w
 
     def _choose_best_effort(self, call: Call, now: float) -> int:
-        """The worker where a best-effort call would be done soonest in its own lane: the fewest best-effort calls
-        queued and running per best-effort slot, times its lone latency there (the policy's score, made for
-        urgent calls, is not asked: the queues it reads leave best-effort calls out)."""
+        """The worker where a best-effort call would be done soonest in its own lane (the policy is not asked)."""
         idx = self.eligible_workers()
         if not idx:
             raise NoEligibleWorker("no eligible worker")
@@ -252,7 +232,7 @@ class Scheduler:
         return best
 
     def _budget(self, call: Call, now: float) -> None:
-        """The call's stage budget (its stage's and the rest's expected cost against the deadline) and order."""
+        """The call's stage budget and submission order."""
         wf = call.workflow
         call.stage_cost = wf.stage_cost(call.spec, self._cost)
         call.remaining_cost = wf.expected_remaining(self._cost)
@@ -262,8 +242,7 @@ class Scheduler:
         call.seq = self._seq
 
     def submit_to(self, call: Call, worker: int, now: float) -> None:
-        """Queue ``call`` on ``worker`` without choosing (a hedge copy): budgeted as ``submit`` budgets.
-        ``ValueError`` for a worker that is not eligible."""
+        """Queue ``call`` on an eligible ``worker`` without choosing (a hedge copy)."""
         if not (0 <= worker < len(self.eligible) and self.eligible[worker]):
             raise ValueError(f"worker {worker} is not eligible for dispatch")
         self._budget(call, now)
@@ -273,8 +252,7 @@ class Scheduler:
         self._enqueue(call, worker, now)
 
     def abandon(self, call: Call, now: float) -> None:
-        """Forget a call whose answer is no longer wanted (its hedge twin answered): off its queue if still
-        queued, else its slot freed without learning from it."""
+        """Forget a call whose answer is no longer wanted: off its queue, or its slot freed without learning."""
         if self.cancel(call):
             return
         if call.started_at is not None and call.finished_at is None:
@@ -309,17 +287,14 @@ class Scheduler:
             call.cached = row.cached
             if row.credit != row.cached:
                 call.t_comp = est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, now, row.cached)
-            # Usable from now on by the calls sent after it to the same worker: vLLM caches a block when it
-            # schedules it, and their prompt chunks come after this call's (as llm-d's approximate prefix
-            # index records a request's blocks when it routes it).
+            # Usable from now on by later calls to this worker: vLLM caches a block when it schedules it.
             self.prefix_index[w].record(keys, now)
         else:
             call.cached = 0
         return w
 
     def _match_prefix(self, keys: list[tuple[int, int]], idx: list[int], n_in: int, now: float) -> None:
-        """Fill ``idx``'s rows' ``cached`` (prompt tokens each worker is believed to hold) and ``credit`` (those
-        scaled by the policy's prefix credit: for the choice only, the queues count the truth)."""
+        """Fill ``idx``'s rows' ``cached`` (tokens each worker holds) and ``credit`` (scaled by the policy's)."""
         est = self.estimator
         rows = est.rows
         k = self._prefix_credit
@@ -328,8 +303,7 @@ class Scheduler:
             row = rows[w]
             row.cached = 0
             row.credit = 0
-        # Every worker's ``PrefixIndex.match`` at once, through the workers holding each key (rows of workers not
-        # dispatched to may be written: only ``idx``'s are read).
+        # Every worker's ``PrefixIndex.match`` at once (rows outside ``idx`` may be written, never read).
         infos = est.workers
         for w, m in match_holders(self._holders, keys, now).items():
             c = cached_tokens(m, n_in, infos[w].profile.block_tokens)
@@ -339,13 +313,11 @@ class Scheduler:
                 row.credit = c if k == 1.0 else min(int(c * k), top)
 
     def _fill_rows(self, idx: list[int]) -> None:
-        """The row fields only some dispatchers read (their ``Capabilities``): queue length, KV utilisation."""
+        """The row fields only some dispatchers read: queue length, KV utilisation."""
         est = self.estimator
         rows = est.rows
         loads = est.loads
         workers = est.workers
-        # The estimator counts every push and pop of the worker queues (``_enqueue``, ``pop_next``, ``cancel``,
-        # ``drain_worker``), so its ``queued`` is the queue's length without a method call.
         if self._caps.queue_len:
             for w in idx:
                 rows[w].queued = loads[w].queued
@@ -362,14 +334,12 @@ class Scheduler:
         counts[call.kind] = counts.get(call.kind, 0) + 1
 
     def best_effort_slots(self, worker: int) -> int:
-        """``worker`` starts a best-effort call only while it has fewer calls than this in flight:
-        ``best_effort_share`` of its capacity, at least one."""
+        """``worker`` starts a best-effort call only below this many in flight: a share of capacity, at least 1."""
         n = int(self.workers[worker].capacity * self.best_effort_share)
         return n if n > 1 else 1
 
     def pop_next(self, worker: int, now: float) -> Call | None:
-        """The next call for ``worker`` by its queue discipline; marks it in flight. A best-effort call only
-        while the worker has fewer than ``best_effort_slots`` calls in flight."""
+        """The next call for ``worker`` by its discipline (best effort only below its slots); marks it in flight."""
         load = self.estimator.loads[worker]
         low = load.best_effort_queued > 0 and load.inflight < self.best_effort_slots(worker)
         call = self.queues[worker].pop(now, low)
@@ -388,8 +358,7 @@ class Scheduler:
     def on_finish(
         self, call: Call, now: float, observed_s: float | None = None, tokens: tuple[int, int] | None = None
     ) -> None:
-        """A call returned: free its slot and correct the estimator with its observed latency (``tokens``: the (prompt,
-        completion) tokens it processed, where they may differ from its spec's: a live worker's ``usage``)."""
+        """A call returned: free its slot, correct the estimator (``tokens``: what it processed, if not its spec's)."""
         self._release(call, now)
         call.finished_at = now
         if observed_s is None and call.started_at is not None:
@@ -407,8 +376,7 @@ class Scheduler:
         call.attempts += 1
 
     def cancel(self, call: Call) -> bool:
-        """Take a queued call off its worker's queue (its workflow failed or was abandoned); False when it is not
-        queued (an in-flight call is released with ``on_fail``)."""
+        """Take a queued call off its worker's queue; False when it is not queued."""
         if call.worker < 0 or call.started_at is not None:
             return False
         if not self.queues[call.worker].remove(call):
@@ -430,10 +398,8 @@ class Scheduler:
     def queued_due_after(
         self, deadline: float, limit: int = SCAN_LIMIT
     ) -> dict[int, tuple[int, float, float, float]] | None:
-        """Per worker with any: the (calls, prefill seconds, engine seconds, ``t_comp`` seconds) queued on it whose
-        workflow is due after ``deadline`` (best-effort calls are outside the estimates already: not counted).
-        A deadline-ordered discipline serves them after a new workflow due at ``deadline``. None when more than
-        ``limit`` calls are queued (not scanned: the caller counts all of them as ahead, the safe side)."""
+        """Per worker with any: the (calls, prefill s, engine s, ``t_comp`` s) queued on it, not best effort, whose
+        workflow is due after ``deadline``. None when more than ``limit`` are queued (count all as ahead)."""
         if self._queued > limit:
             return None
         out: dict[int, tuple[int, float, float, float]] = {}
@@ -455,7 +421,7 @@ class Scheduler:
         return len(self.queues[worker])
 
     def queued_total(self) -> int:
-        """Calls waiting in every worker's gateway queue (the sum of ``queue_len`` over the members), in O(1)."""
+        """Calls waiting in every worker's gateway queue, in O(1)."""
         return self._queued
 
     def inflight(self, worker: int) -> int:

@@ -1,8 +1,5 @@
-"""What questions cost: robust statistics of answered questions' stages, the source of every prediction of one.
-
-``ShapeWindow`` keeps the last ``maxlen`` answered questions (``QuestionSample``) and ``fit(base, window)``
-replaces each kind it has seen in the template ``base`` with its clipped means (docs/architecture.md,
-"Degradation and question shapes"). Pure and bounded."""
+"""What questions cost: robust statistics of answered questions' stages, the source of every prediction of one
+(docs/architecture.md, "Degradation and question shapes"). Pure and bounded."""
 
 from __future__ import annotations
 
@@ -34,9 +31,8 @@ and a worker misreporting its usage cannot skew it further."""
 
 
 def robust_mean(values: Sequence[float], clip: float = CLIP) -> float:
-    """The mean of ``values`` with the highest ``floor(clip x n)`` (at least one once there are ``MIN_QUESTIONS``)
-    clipped to the largest value below them; ``nan`` for none. Clipped, not dropped: a rare but real event
-    still counts, at the size of the next largest."""
+    """The mean of ``values`` with the highest ``floor(clip x n)`` (at least one from ``MIN_QUESTIONS`` on)
+    clipped to the largest value below them (not dropped); ``nan`` for none."""
     n = len(values)
     if n == 0:
         return math.nan
@@ -206,9 +202,7 @@ def fit(
 
 
 class OutputWindow:
-    """The model's output lengths: the last ``maxlen`` calls' output tokens per stage kind, over every database,
-    recorded as each call returns. ``expected(kind, budget)``: the kind's ``robust_mean`` once ``MIN_QUESTIONS``
-    calls returned; before, ``budget`` times the model's typical share of its budgets; None before any kind has."""
+    """The model's output lengths: the last ``maxlen`` calls' output tokens per stage kind, over every database."""
 
     def __init__(self, maxlen: int) -> None:
         if maxlen < 1:

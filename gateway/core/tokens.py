@@ -1,9 +1,5 @@
-"""The one tokenizer-free token estimate the gateway uses for prompts it has not tokenized.
-
-The gateway never loads a tokenizer: the scheduler needs a prompt's size before the worker sees it, and
-about four characters per token is close enough for English and SQL under the LLaMA tokenizers. Both the
-OpenAI chat route and the Text-to-SQL pipeline size their calls with ``message_tokens``.
-"""
+"""The one tokenizer-free token estimate (about four characters per token) for prompts the gateway has not
+tokenized: the scheduler needs a prompt's size before the worker sees it."""
 
 from __future__ import annotations
 
@@ -24,10 +20,7 @@ def text_tokens(text: str) -> int:
 
 
 def message_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
-    """Estimated tokens of a chat prompt: characters / 4 plus the chat template's overhead.
-
-    ``content`` may be a string or a list of parts (``{"type": "text", "text": ...}``); other values count as empty.
-    """
+    """Estimated tokens of a chat prompt (string or text parts): characters / 4 plus the template's overhead."""
     chars = 0
     n = 0
     for m in messages:

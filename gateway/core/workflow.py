@@ -1,21 +1,5 @@
-"""Workflows: DAGs of LLM calls, revealed online.
-
-A Text-to-SQL query is a chain of *stages*; a stage is a group of calls that run in parallel (two SQL
-candidates, several evaluations) or a single call (a ``revise`` round). A stage becomes ready when the
-previous one has finished; whether another ``revise`` round follows depends on executing the SQL, so the
-scheduler never sees the future of a workflow. What it may use is the workflow's *template*: the expected
-shape of the stages still to come (mean token counts, mean rounds), which is what stage budgets need.
-
-Classes:
-    CallSpec          what one LLM call asks for (stage kind, input and output tokens)
-    Call              a call inside the scheduler, with its deadline, budget and bookkeeping
-    Workflow          the interface a driver (simulator or live gateway) steps through
-    StagedWorkflow    a workflow whose stages are known to the driver (trace replay, synthetic load)
-    PhaseSpec, WorkflowTemplate   the expected shape used for budgets (the numbers are data:
-                      ``gateway/config/workflows.yaml``, loaded by ``gateway.config.workflows``)
-    TemplateCursor    where a workflow stands in its template (every workflow kind walks one)
-    deadline_met      the one rule for "met its deadline" (every driver and report asks it)
-"""
+"""Workflows: chains of stages of parallel LLM calls, revealed online (the scheduler never sees a workflow's future,
+only its *template*: the expected shape of the stages to come, ``gateway/config/workflows.yaml``)."""
 
 from __future__ import annotations
 
@@ -29,28 +13,18 @@ CostFn = Callable[[str, int, int], float]
 """Reference cost of a call: ``cost(kind, input_tokens, output_tokens) -> seconds``."""
 
 DEADLINE_TOLERANCE_S = 1e-9
-"""A workflow finishing this close after its deadline still meets it (absorbs float rounding of
-``arrival + deadline_s``)."""
+"""A workflow finishing this close after its deadline still meets it (float rounding)."""
 
 
 def deadline_met(finish: float, deadline: float, *, valid: bool = True) -> bool:
-    """The one deadline rule: a workflow meets its deadline when it finished by then *with a valid answer*.
-
-    Every driver and report asks this (the simulator's records, the live gateway's metrics and responses,
-    the Text-to-SQL pipeline); none compares times itself. ``valid`` is false for a failed workflow and for
-    a Text-to-SQL answer without usable SQL.
-    """
+    """The one deadline rule (every driver and report asks it): finished by then *with a valid answer*."""
     return valid and finish <= deadline + DEADLINE_TOLERANCE_S
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(frozen=True, slots=True)
 class CallSpec:
-    """One LLM call as a workflow asks for it.
-
-    ``prefix``: the parts of its prompt that other calls share, in prompt order (``gateway.core.prefix``);
-    empty when nothing is known to be shared.
-    """
+    """One LLM call as a workflow asks for it; ``prefix``: the prompt parts other calls share, in order."""
 
     kind: str
     input_tokens: int
@@ -58,22 +32,16 @@ class CallSpec:
     prefix: tuple[PrefixSeg, ...] = ()
 
     def __reduce__(self) -> tuple[type[CallSpec], tuple[object, ...]]:
-        # Pickled by its fields (to a bench's worker processes), a subclass's included: a frozen dataclass
-        # compiled by mypyc (the native build) cannot be unpickled by setting attributes.
+        # Pickled by its fields: a frozen dataclass compiled by mypyc cannot be unpickled by setting attributes.
         return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(slots=True, eq=False, init=False)
 class Call:
-    """A call inside the scheduler.
-
-    The driver fills the identity and request fields; ``Scheduler.submit`` fills the scheduling fields
-    (``worker``, ``t_comp``, ``budget``, ``key``) and the estimator its own (``prefill_s``, ``gpu_s``; at start
-    ``service_s``, the predicted time on the worker, and ``model_s``, the same uncorrected); the driver
-    records ``started_at``/``finished_at``.
-    Times are in the driver's clock (virtual seconds in the simulator, monotonic seconds live).
-    """
+    """A call inside the scheduler: the driver fills identity, request and ``started_at``/``finished_at``; the
+    scheduler and estimator fill the rest (``service_s``: predicted time on the worker, ``model_s`` uncorrected).
+    Times are in the driver's clock."""
 
     id: int
     workflow: Workflow
@@ -94,17 +62,15 @@ class Call:
     finished_at: float | None = None
     attempts: int = 0
     batch_n: int = 0
-    """Calls in the decode batch the call joined at start, itself included (at most the batch limit)."""
+    """Calls in the decode batch the call joined at start, itself included."""
     batch_ctx: float = 0.0
     """Mean-context tokens that batch reads per decode step at start (what ``model_s`` assumed)."""
     wait_s: float = 0.0
     """Engine seconds predicted at start for the prompts ahead of the call (part of ``model_s``)."""
     cached: int = 0
-    """Prompt tokens the scheduler expects its worker to have cached (set at dispatch by a prefix-aware
-    policy; the estimates count only the rest as prefill)."""
+    """Prompt tokens the scheduler expects its worker to have cached (left out of the prefill)."""
     best_effort: bool = False
-    """Run at the lowest urgency: the call waits behind every other call of its worker's queue (a workflow
-    predicted to miss its deadline whose tenant asked for best effort rather than rejection)."""
+    """Run at the lowest urgency, behind every other call of its worker's queue."""
     _prefix_keys: list[tuple[int, int]] | None = None
 
     def __init__(
@@ -134,9 +100,8 @@ class Call:
         best_effort: bool = False,
         _prefix_keys: list[tuple[int, int]] | None = None,
     ) -> None:
-        # Written out, not generated: the native build compiles this one, where a compiled dataclass's generated
-        # ``__init__`` runs as interpreted Python (about 8,000 instructions, a tenth of a simulated call). The
-        # same parameters, in field order, as the generated one (tests/core/test_workflow.py checks).
+        # Written out: mypyc runs a compiled dataclass's generated ``__init__`` interpreted (a tenth of a simulated
+        # call). The generated one's parameters, in field order (tests/core/test_workflow.py checks).
         self.id = id
         self.workflow = workflow
         self.spec = spec
@@ -164,8 +129,7 @@ class Call:
 
     @property
     def prefix_keys(self) -> list[tuple[int, int]]:
-        """The prefix-cache keys of its prompt's shared segments (``prefix.segment_keys`` of its spec's prefix and
-        its workflow), computed once: the scheduler and the simulated engine both look them up."""
+        """The prefix-cache keys of its prompt's shared segments, computed once."""
         keys = self._prefix_keys
         if keys is None:
             keys = self._prefix_keys = segment_keys(self.spec.prefix, self.workflow.wid)
@@ -190,11 +154,8 @@ class Call:
 @mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(eq=False)
 class Workflow:
-    """The interface a driver steps through; the scheduler reads only the attributes below.
-
-    Drivers call ``start()`` once at arrival and ``complete(spec)`` for every finished call; both return
-    the calls that became ready. ``done`` turns true after the last call completes.
-    """
+    """The interface a driver steps through: ``start()`` at arrival, ``complete(spec)`` per finished call (both
+    return the calls that became ready) until ``done``."""
 
     wid: int
     tenant: str
@@ -238,11 +199,8 @@ class Workflow:
 
 @dataclass(frozen=True, slots=True)
 class PhaseSpec:
-    """One phase of a template: a stage kind, its mean tokens, parallel width and expected rounds.
-
-    ``rounds`` is the expected number of sequential repetitions (0.8 for an optional stage that runs
-    in 80% of queries, 3.3 for revise rounds); ``width`` the number of calls run in parallel per round.
-    """
+    """One phase of a template: a stage kind, mean tokens, parallel ``width`` and expected ``rounds`` (0.8 for an
+    optional stage run by 80% of queries)."""
 
     kind: str
     input_tokens: int
@@ -258,8 +216,7 @@ class WorkflowTemplate:
 
     name: str
     phases: tuple[PhaseSpec, ...]
-    # Per cost function: suffix sums of phase costs. Keyed by the cost function object, so a driver
-    # should pass the same object every time (the scheduler does); bounded.
+    # Suffix sums of phase costs, keyed by the cost function object (pass the same one every time); bounded.
     _suffix: dict[object, list[float]] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def phase_costs(self, cost: CostFn) -> list[float]:
@@ -279,12 +236,8 @@ class WorkflowTemplate:
         return sums
 
     def advance(self, cursor: int, kind: str) -> int:
-        """Index of the phase a new stage of ``kind`` belongs to, given the current phase ``cursor``.
-
-        A repeatable phase (revise rounds) matches its own kind again; otherwise the search starts
-        after ``cursor``, skipping optional phases that did not run. ``cursor`` is -1 before the first
-        stage. An unknown kind keeps the cursor (it adds nothing to the expected remaining cost).
-        """
+        """Index of the phase a new stage of ``kind`` belongs to, after phase ``cursor`` (-1: before the first);
+        a repeatable phase matches itself again, optional phases may be skipped, an unknown kind keeps ``cursor``."""
         if 0 <= cursor < len(self.phases):
             cur = self.phases[cursor]
             if cur.repeatable and cur.kind == kind:
@@ -307,23 +260,10 @@ class WorkflowTemplate:
                 rest += extra_rounds * cost(p.kind, p.input_tokens, p.output_tokens)
         return rest
 
-    def standard_calls(self) -> list[CallSpec]:
-        """The critical path of a typical workflow: each phase with integer rounds >= 0.5, width 1."""
-        out: list[CallSpec] = []
-        for p in self.phases:
-            for _ in range(round(p.rounds)):
-                out.append(CallSpec(p.kind, p.input_tokens, p.output_tokens))
-        return out
-
 
 @dataclass(slots=True)
 class TemplateCursor:
-    """Where a workflow stands in its template: the phase of its current stage and the rounds of it so far.
-
-    Every workflow kind walks its template through one of these (``enter`` when a stage starts), and asks
-    it for the expected cost of what is still to come (``remaining``). Without a template nothing is
-    expected to follow.
-    """
+    """Where a workflow stands in its template: the phase of its current stage and the rounds of it so far."""
 
     template: WorkflowTemplate | None
     phase: int = -1
@@ -355,10 +295,7 @@ class Stage:
 @mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(eq=False)
 class StagedWorkflow(Workflow):
-    """A workflow whose stage list the driver holds (trace replay, synthetic load, single chat calls).
-
-    Stages are released one at a time, so the scheduler sees exactly what a live gateway would see.
-    """
+    """A workflow whose stage list the driver holds (trace replay, synthetic load), released one at a time."""
 
     stages: Sequence[Stage]
     template: WorkflowTemplate | None = None
@@ -424,13 +361,8 @@ class StagedWorkflow(Workflow):
 @mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(eq=False)
 class OnlineWorkflow(Workflow):
-    """A workflow whose driver decides each next stage at run time, after seeing the last one's results.
-
-    The Text-to-SQL pipeline is one: whether another ``revise`` round follows depends on executing the
-    SQL. The driver announces every stage with ``begin_stage`` before submitting its calls, so the stage
-    budgets follow the template exactly as for a ``StagedWorkflow`` of the same stages; it records what
-    ran (kinds and token counts) so the alpha tuner can replay it. ``start``/``complete`` are not used.
-    """
+    """A workflow whose driver (the Text-to-SQL pipeline) decides each next stage at run time and announces it
+    with ``begin_stage``; ``stages`` records what ran (the alpha tuner replays it)."""
 
     template: WorkflowTemplate | None = None
     stages: list[Stage] = field(default_factory=list)
@@ -474,8 +406,7 @@ class OnlineWorkflow(Workflow):
 
     @property
     def position(self) -> tuple[int, int]:
-        """Where the workflow stands in its template: (phase of its current stage, rounds of it so far);
-        (-1, 0) before its first stage."""
+        """(phase of its current stage, rounds of it so far); (-1, 0) before its first stage."""
         return self._cursor.phase, self._cursor.rounds
 
 

@@ -1,8 +1,4 @@
-"""Degradation replayed in the simulator: traced CHESS queries whose remaining stages follow the knobs.
-
-``KnobbedWorkflow`` releases a traced query's stages under the knobs ``Degrader`` chose at the last boundary
-(candidates, revise rounds, evaluation; with ``deadline_rule`` no new round past the deadline); ``used`` is
-what it actually ran, where its accuracy is looked up."""
+"""Degradation replayed in the simulator: traced CHESS queries whose remaining stages follow the knobs."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, knob_plan
 from gateway.core.predict import CompletionPredictor
 from gateway.core.workflow import CANDIDATE, REVISE, CallSpec, StagedWorkflow, TemplateCursor, WorkflowTemplate
 
-__all__ = ["KnobbedWorkflow", "decide"]
+__all__ = ["KnobbedWorkflow"]
 
 
 @dataclass(eq=False)
@@ -28,16 +24,12 @@ class KnobbedWorkflow(StagedWorkflow):
     cut_candidates: bool = field(default=False, repr=False)
     cut_revisions: int | None = field(default=None, repr=False)
     cut_evaluate: bool = field(default=False, repr=False)
-    decisions: int = field(default=0, repr=False)
-    missed_prediction: bool = field(default=False, repr=False)
     plan_template: WorkflowTemplate | None = None
     """The template decisions predict the remaining stages with (default: ``template``, the budgets')."""
     log: list[tuple[float, str, Decision]] | None = field(default=None, repr=False)
     """When a list: every decision as ``(time, stage kind just finished or "arrival", decision)``."""
     deadline_rule: bool = False
-    """Follow the live pipeline's deadline rule: past the deadline no new ``revise`` round starts, and unit
-    tests and evaluation that have not begun are skipped (the answer is late whatever it is; the work would
-    only delay the others). Needs ``clock``."""
+    """The live pipeline's deadline rule: past the deadline no new ``revise`` round, unit test or evaluation starts."""
     clock: float = field(default=0.0, repr=False)
     """The simulator's time when the current stage's last call returned (set before ``complete``)."""
     _eval_begun: bool = field(default=False, init=False, repr=False)
@@ -138,10 +130,11 @@ class KnobbedWorkflow(StagedWorkflow):
         template = self.plan_template if self.plan_template is not None else self.template
         cur = self._plan_cursor if self._plan_cursor is not None else self._cursor
         phase, rounds = cur.phase, cur.rounds
+        full_k = self.full.candidates
         d = deg.choose(
             opts,
             lambda k: predictor.path_time(
-                knob_plan(template, k, phase=phase, rounds_done=rounds, full_candidates=self.full.candidates)
+                knob_plan(template, k, phase=phase, rounds_done=rounds, full_candidates=full_k)
             ),
             self.deadline - predictor.now,
         )
@@ -149,12 +142,4 @@ class KnobbedWorkflow(StagedWorkflow):
         if self.log is not None:
             at = self.stages[self._index].kind if 0 <= self._index < len(self.stages) else "arrival"
             self.log.append((predictor.now, at, d))
-        self.decisions += 1
-        if not d.fits:
-            self.missed_prediction = True
         return d
-
-
-def decide(wf: KnobbedWorkflow, predictor: CompletionPredictor) -> Decision | None:
-    """``wf.decide(predictor)``: the simulator's hook, at arrival and at every stage boundary."""
-    return wf.decide(predictor)

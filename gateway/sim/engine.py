@@ -13,8 +13,7 @@ from gateway.core.workflow import Call
 
 
 class _Running:
-    """A call in the engine: waiting, prefilling or decoding. A plain class with its own ``__init__`` (a
-    dataclass's generated one runs as interpreted Python even in the native build, one per call)."""
+    """A call in the engine: waiting, prefilling or decoding (not a dataclass: see ``Call.__init__``)."""
 
     __slots__ = (
         "admitted_at",
@@ -52,10 +51,7 @@ class _Running:
 
 @dataclass(slots=True)
 class EngineStats:
-    """Counters for invariant checks and reports: ``prompt_tokens``/``prefix_hit_tokens`` (vLLM's prefix-cache
-    queries and hits in tokens), ``evicted_tokens``, ``cancelled``, ``batched_tokens`` (prompt chunks and decode
-    tokens computed) and ``seq_iterations`` (batch sizes summed over iterations), which with the profile split
-    ``busy_s`` into base, token and other time."""
+    """Counters for invariant checks and reports (token counts; ``seq_iterations``: batch sizes summed)."""
 
     iterations: int = 0
     max_running: int = 0
@@ -72,11 +68,8 @@ class EngineStats:
 
 @dataclass(eq=False)
 class SimEngine:
-    """One simulated vLLM server. The simulator calls ``add``, ``kick`` and ``on_wake``.
-
-    With ``priority_scheduling`` the waiting queue is ordered by (priority, arrival), as vLLM's
-    ``--scheduling-policy priority`` does (lower value first); running calls are not preempted.
-    """
+    """One simulated vLLM server: the simulator calls ``add``, ``kick`` and ``on_wake``. ``priority_scheduling``:
+    waiting calls by (priority, arrival), as vLLM's ``--scheduling-policy priority`` (no preemption)."""
 
     profile: PerfProfile
     index: int = 0
@@ -121,7 +114,6 @@ class SimEngine:
         self._seg_gctx = 0  # context growth per iteration
         self.wake_at = 0.0
 
-    # -- what the simulator sees ------------------------------------------------------------------
     @property
     def running(self) -> int:
         """Calls admitted into the batch (prefilling or decoding)."""
@@ -185,9 +177,8 @@ class SimEngine:
         return False
 
     def cancel(self, call: Call, now: float) -> bool:
-        """Abort ``call``: a waiting call leaves the queue, a running one the batch at the next iteration boundary
-        (as vLLM aborts between steps; one finishing in the current iteration finishes). True when a new
-        wake-up time was set, as ``kick``."""
+        """Abort ``call``: a waiting call leaves the queue, a running one the batch at the next iteration boundary.
+        True when a new wake-up time was set, as ``kick``."""
         r = self._states.get(call.id)
         if r is None:
             return False
@@ -270,7 +261,6 @@ class SimEngine:
             self._cancel_at_wake.clear()
         return done
 
-    # -- internals --------------------------------------------------------------------------------
     def _can_admit(self) -> bool:
         if not self.waiting or self._running >= self.profile.max_num_seqs:
             return False
@@ -306,7 +296,6 @@ class SimEngine:
         if self._evictable > cap - self._kv_used:
             self._evict(cap - self._kv_used)
 
-    # -- prefix cache -----------------------------------------------------------------------------
     def _hit(self, r: _Running) -> None:
         """At admission: pin the cached leading segments of ``r``'s prompt and skip their prefill."""
         cache = self._cache

@@ -1,7 +1,5 @@
-"""The simulator's event queue: a binary min-heap of events ordered by (time, sequence number).
-
-Compiled natively it compares floats and ints straight from the events' attributes, not tuples through rich
-comparison; sequence numbers are unique, so it pops the same order as ``heapq`` (``tests/sim/test_events.py``)."""
+"""The simulator's event queue: a binary min-heap of events by (time, unique sequence number), written out so the
+native build compares attributes, not tuples; it pops the order ``heapq`` would."""
 
 from __future__ import annotations
 
@@ -9,10 +7,7 @@ __all__ = ["Event", "EventHeap"]
 
 
 class Event:
-    """One event: fires at ``t``; ``seq`` breaks ties (first pushed, first out) and must be unique per heap.
-
-    ``kind``, ``payload``, ``worker`` and ``version`` are the simulator's (what happens, to which call or
-    workflow, on which engine, for which plan of it)."""
+    """One event: fires at ``t``; ``seq`` breaks ties (first pushed, first out) and must be unique per heap."""
 
     __slots__ = ("kind", "payload", "seq", "t", "version", "worker")
 

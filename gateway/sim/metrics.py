@@ -50,10 +50,7 @@ class Summary:
 
 
 def summarize(result: SimResult, total: int | None = None, tenant: str | None = None) -> Summary:
-    """Summarise a run. Unfinished workflows count as missed deadlines and as infinitely late.
-
-    ``total`` is the number of workflows submitted (defaults to finished + unfinished).
-    """
+    """Summarise a run of ``total`` workflows (default: finished + unfinished); unfinished ones are infinitely late."""
     recs: list[WorkflowOutcome[None]] = [r for r in result.workflows if tenant is None or r.tenant == tenant]
     n_total = total if total is not None else len(recs) + (result.unfinished if tenant is None else 0)
     lat = sorted(r.latency for r in recs)

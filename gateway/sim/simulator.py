@@ -1,25 +1,5 @@
-"""The discrete-event simulator: workflows arrive, the shared scheduler dispatches, engines batch.
-
-The event loop is SimPy-style: a heap of events by ``(time, seq)`` (``gateway.sim.events``) with a per-run
-counter, so ties are FIFO and runs are deterministic. It drives exactly the ``gateway.core.Scheduler`` the live
-gateway drives, with virtual time:
-
-    arrival      -> workflow.start() -> Scheduler.submit() each ready call -> fill the worker
-    fill worker  -> while in flight < capacity: Scheduler.pop_next() -> engine.add(); engine.kick()
-    engine wake  -> finished calls leave the engine -> result event after the profile's per-request
-                    overhead (API server time, off the GPU)
-    result       -> Scheduler.on_finish() (the gateway's slot frees when it sees the response, as
-                    live) -> workflow.complete() -> submit the calls that became ready -> fill the
-                    worker that returned the call
-    check        -> (admission on) the overload re-check: shed, demote or expire admitted workflows
-
-Admission is the live gateway's own (``gateway.core.admission.Admitter``): the same decision, committed work,
-overload re-check and best-effort expiry, so the simulator sheds as the gateway does. Each event kind has its
-handler on the run's state (``_Run``).
-
-The only randomness is the injected ``random.Random(seed)`` (used by ``p2c``); workloads are built
-before the run from their own seeds.
-"""
+"""The discrete-event simulator: the live gateway's ``Scheduler`` and ``Admitter`` on virtual time, events by
+``(time, seq)`` (deterministic); a slot frees when the result event arrives, after the per-request overhead."""
 
 from __future__ import annotations
 
@@ -51,16 +31,10 @@ _CHECK = 4
 
 @dataclass(frozen=True)
 class HedgeSettings:
-    """Hedging a straggling critical-path call (issue 13's mechanism; off unless ``Simulator(hedge=...)``).
+    """Hedging a straggling critical-path call (off unless ``Simulator(hedge=...)``).
 
-    A call is checked once, when it has run ``after`` times its predicted time on its worker
-    (``Call.t_comp``, the estimate it was dispatched with). It is hedged when it is still running, its
-    workflow waits on nothing else (the call is the critical path now), and another worker with a free
-    slot and an empty queue is predicted to finish a fresh copy (``t_queue + t_comp`` there) in under
-    ``gain`` times what the original has left. What it has left: once decoding, its remaining output
-    tokens at the pace it has decoded so far; before its first token, as long again as it has run.
-    The first copy to answer wins; the other is taken off its queue or aborted in its engine at the next
-    iteration boundary (``SimEngine.cancel``), and the scheduler forgets it without learning from it.
+    Checked once, after ``after`` x its ``t_comp``: a running call its workflow alone waits on gets a copy on a
+    free, idle worker predicted to finish in under ``gain`` x what the original has left. First answer wins.
     """
 
     after: float = 1.5
@@ -73,15 +47,8 @@ class HedgeSettings:
             raise ValueError(f"hedge gain must be in (0, 1], got {self.gain}")
 
     def __reduce__(self) -> tuple[type[HedgeSettings], tuple[float, float]]:
-        # Pickled by its fields (to a bench's worker processes): a frozen dataclass compiled by mypyc (the
-        # native build) cannot be unpickled by setting attributes.
-        return (
-            type(self),
-            (
-                self.after,
-                self.gain,
-            ),
-        )
+        # Pickled by its fields: a frozen dataclass compiled by mypyc cannot be unpickled by setting attributes.
+        return (type(self), (self.after, self.gain))
 
 
 @dataclass
@@ -89,65 +56,27 @@ class SimResult:
     """Everything a run produced."""
 
     workflows: list[WorkflowOutcome[None]]
-    """One outcome per finished workflow (``ncalls`` its calls; ``knobs`` what a degradable one ran at)."""
     calls: list[CallOutcome[None]] = field(default_factory=list)
-    """One outcome per call returned (``record_calls``), with ``engine_done``, when its engine finished it."""
+    """One outcome per call returned (``record_calls``)."""
     engine_stats: list[EngineStats] = field(default_factory=list)
     dispatch_counts: list[dict[str, int]] = field(default_factory=list)
     num_calls: int = 0
     end_time: float = 0.0
     unfinished: int = 0
     rejected: list[int] = field(default_factory=list)
-    """Ids of the workflows refused at admission (``Simulator(admission=True)``)."""
+    """Ids of the workflows refused at admission."""
     demoted: list[int] = field(default_factory=list)
-    """Ids of the workflows run at the lowest urgency (``admission_miss="best_effort"``): at admission, or
-    demoted by the overload re-check."""
+    """Ids of the workflows run best effort (at admission or by the re-check)."""
     shed: list[int] = field(default_factory=list)
-    """Ids of the admitted workflows shed by the overload re-check (predicted past their deadline with a queued
-    call, or best effort past ``best_effort_max_age`` x their deadline): no record, they count as missed."""
+    """Ids of the admitted workflows shed by the overload re-check (no record: they count as missed)."""
 
 
 class Simulator:
     """One simulated run of a workload on a cluster under one policy.
 
-    Args:
-        workers: the cluster (profiles and gateway capacities).
-        policy: policy name or object.
-        alpha: the WB balance parameter (None: the policy's default).
-        seed: seed of the scheduler's RNG.
-        record_calls: keep a ``CallOutcome`` per call (for invariant tests and timelines).
-        horizon_s: stop after this much virtual time (unfinished workflows are counted).
-        admission: admit each arriving workflow with the live gateway's admission (``gateway.core.admission``:
-            refused when its predicted completion is beyond ``admission_headroom`` of the time to its deadline,
-            with the work of admitted workflows committed until submitted), and re-check admitted workflows every
-            ``SHED_PERIOD_S`` as the gateway does (shed or demoted when predicted past their deadline with a
-            queued call; best effort expired past ``best_effort_max_age``). Refused workflows are listed in
-            ``SimResult.rejected``, shed ones in ``SimResult.shed``; neither has a record (they count as missed).
-            Workflows other than ``StagedWorkflow`` are admitted without a prediction.
-        admission_headroom: the share of the deadline a prediction must fit in (the live ``admission.headroom``).
-        admission_share: the share of the engines' full-batch throughput that admission forecasts the work
-            ahead of a workflow at (``CompletionPredictor``'s ``efficiency``; the live gateway's
-            ``admission.sustainable_share``).
-        admission_miss: what happens to a workflow predicted to miss: ``"reject"`` (refused, listed in
-            ``SimResult.rejected``) or ``"best_effort"`` (admitted at the lowest urgency, its calls behind every
-            other call: the live ``on_predicted_miss: best_effort``; listed in ``SimResult.demoted``).
-        best_effort_share: a worker starts a best-effort call only while fewer than this share of its slots are
-            in flight (``Scheduler``'s; the live ``admission.best_effort_share``).
-        best_effort_max_age: a best-effort workflow unfinished this many times its deadline after it arrived is
-            shed (None: never; the live ``admission.best_effort_max_age``).
-        admission_warm: admission judges with its forecast from the first arrival, as a gateway that has run a
-            while (the steady state); False: as a gateway just started, lenient until its forecast has been
-            checked against what admitted workflows took (``Admitter``'s ``lenient_start``).
-        prefix_caching: the engines cache prompt prefixes (vLLM's automatic prefix caching, ``SimEngine``),
-            and prefix-aware policies track them.
-        engine_profiles: what the engines really run, per worker (default: the workers' profiles). A
-            profile that differs from its worker's is a mislabelled worker: the scheduler plans with the
-            label, the engine runs at its own speed (``hexflow bench mislabel``).
-        refit: refit the workers' profiles online (``gateway.profiling.refit``; settings, or a ``Refitter`` whose
-            ``step`` is called), every ``interval_s`` of virtual time, checked when a call returns;
-            ``refits`` lists what each attempt did.
-        hedge: hedge straggling critical-path calls (``HedgeSettings``); ``hedges`` counts the copies sent
-            and ``hedges_won`` those that answered first.
+    ``admission``: the live gateway's admission and re-check, with the live settings' counterparts (``admission_*``,
+    ``best_effort_*``; ``admission_warm=False``: lenient until verified). ``engine_profiles``: what the engines
+    really run (mislabelled workers). ``refit``: online profile refits. ``hedge``: ``HedgeSettings``.
     """
 
     def __init__(
@@ -200,7 +129,6 @@ class Simulator:
         self.engines = [SimEngine(p, i, prefix_caching=prefix_caching) for i, p in enumerate(truth)]
         self.refitter: Refitter | None = None
         self.refits: list[tuple[float, str, FitOutcome]] = []
-        """``(time, result, outcome)`` of every refit attempt (``refit`` given)."""
         if refit is not None:
             self.refitter = refit if isinstance(refit, Refitter) else Refitter(refit)
             self.refitter.attach(self.scheduler)
@@ -216,13 +144,7 @@ class Simulator:
 
 
 class _Run:
-    """One run's state (the event heap, the records, the admission) and the handler of each kind of event.
-
-    ``loop`` pops events in (time, seq) order and hands each to its handler: ``on_arrival`` (admission, then the
-    workflow's first calls), ``on_wake`` (an engine's iteration boundary: finished calls leave), ``on_result`` (the
-    gateway sees a call return: the slot frees, the workflow's next calls are submitted), ``on_hedge`` (a straggler
-    is checked) and ``on_check`` (the overload re-check of admitted workflows, with admission on).
-    """
+    """One run's state (the event heap, the records, the admission) and a handler per kind of event."""
 
     def __init__(self, sim: Simulator, workflows: Sequence[Workflow]) -> None:
         self.sim = sim
@@ -233,12 +155,10 @@ class _Run:
         self.refitter = sim.refitter
         self.next_refit = self.refitter.s.interval_s if self.refitter is not None else math.inf
         self.hedge = sim.hedge
-        # Hedging's state, by call id (the calls themselves carry none of it): a hedged call's other copy, and the
-        # calls taken back (a twin that lost, or a shed workflow's), whose answers are ignored.
+        # By call id: a hedged call's other copy, and the calls taken back (whose answers are ignored).
         self.twins: dict[int, Call] = {}
         self.abandoned: set[int] = set()
         self.record_calls = sim.record_calls
-        # Events by (time, seq): seq makes ties FIFO and deterministic.
         self.seq = 0
         initial: list[Event] = []
         for wf in workflows:
@@ -252,7 +172,6 @@ class _Run:
         self.call_id = 0
         self.pending = len(workflows)
         self.now = 0.0
-        # Admission (off by default): the live gateway's (``gateway.core.admission``), with its overload re-check.
         self.admitter: Admitter | None = None
         if sim.admission:
             self.admitter = Admitter(
@@ -270,12 +189,12 @@ class _Run:
         self.shed: list[int] = []
 
     def push(self, t: float, kind: int, payload: object, worker: int, version: int) -> None:
-        """Schedule an event (the next sequence number breaks ties)."""
+        """Schedule an event."""
         self.seq += 1
         self.heap.push(Event(t, self.seq, kind, payload, worker, version))
 
     def loop(self) -> SimResult:
-        """Run the events until every workflow is done (or the horizon); the run's records."""
+        """Run the events until every workflow is done (or the horizon)."""
         heap = self.heap
         horizon = self.sim.horizon_s
         while len(heap) and self.pending:
@@ -306,8 +225,6 @@ class _Run:
             demoted=self.demoted,
             shed=self.shed,
         )
-
-    # ------------------------------------------------------------------ engines
 
     def fill(self, w: int, t: float) -> None:
         """Start queued calls on worker ``w`` while it has free slots; plan the engine's next wake-up."""
@@ -342,8 +259,7 @@ class _Run:
             self.push(eng.wake_at, _WAKE, None, w, eng.version)
 
     def outcome(self, c: Call, w: int, engine_done: float, result: float) -> CallOutcome[None]:
-        """A returned call's outcome (``record_calls``): its engine finished it at ``engine_done``, the gateway sees
-        it at ``result``."""
+        """A returned call's outcome: its engine finished at ``engine_done``, the gateway saw it at ``result``."""
         started = c.started_at if c.started_at is not None else engine_done
         return CallOutcome(
             c.workflow.wid,
@@ -360,8 +276,6 @@ class _Run:
             c.budget,
             engine_done,
         )
-
-    # ------------------------------------------------------------------ workflows
 
     def on_arrival(self, wf: Workflow, now: float) -> None:
         """A workflow arrives: admission (when on), then its first calls."""
@@ -401,9 +315,8 @@ class _Run:
             self.fill(w, t)
 
     def on_result(self, c: Call, w: int, now: float) -> None:
-        """The gateway sees a call return only now (after the per-request overhead): the slot frees and the
-        estimator learns here, exactly as in the live gateway; the workflow's next calls are submitted."""
-        # (Empty without hedging and shedding: the emptiness test spares the common path a boxed-id lookup.)
+        """The gateway sees a call return: the slot frees, the estimator learns, the next calls are submitted."""
+        # (The emptiness tests spare the common path, no hedging or shedding, a boxed-id lookup.)
         if self.abandoned and c.id in self.abandoned:
             return  # its twin answered first (or its workflow was shed); its slot was freed then
         if self.twins and c.id in self.twins:
@@ -443,12 +356,8 @@ class _Run:
             WorkflowOutcome(wf.wid, wf.tenant, wf.arrival, wf.deadline, now, ncalls=n, knobs=knobs, full_knobs=full)
         )
 
-    # ------------------------------------------------------------------ admission and overload
-
     def admit(self, wf: Workflow, now: float) -> bool:
-        """Admission as the live gateway's (``Admitter.admit``): False when refused. A best-effort admission
-        runs behind every other call and commits no work ahead of others. Workflows other than
-        ``StagedWorkflow`` are always admitted."""
+        """The live gateway's admission: False when refused (only a ``StagedWorkflow`` can be)."""
         adm = self.admitter
         assert adm is not None
         if isinstance(wf, StagedWorkflow):
@@ -518,8 +427,6 @@ class _Run:
             if eng.cancel(c, now):
                 self.push(eng.wake_at, _WAKE, None, c.worker, eng.version)
             self.fill(c.worker, now)
-
-    # ------------------------------------------------------------------ hedging
 
     def remaining_of(self, c: Call, t: float) -> float:
         """What a running call has left (``HedgeSettings``)."""

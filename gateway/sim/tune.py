@@ -1,8 +1,5 @@
-"""Simulation-based alpha tuning (the HexGen-Flow paper's fourth component).
-
-Replay a window of recent traffic once per alpha on a grid and pick the lowest P95; ties (within 0.1%) go to
-the higher SLO attainment, then to the alpha nearer the current one (no flapping). P95 over one window is noisy
-in alpha, so with ``smooth`` each alpha's P95 is the mean over it and its grid neighbours."""
+"""Simulation-based alpha tuning: replay a window of recent traffic once per alpha and pick the lowest P95 (ties
+within 0.1%: higher attainment, then the alpha nearer the current one); ``smooth`` averages grid neighbours."""
 
 from __future__ import annotations
 
@@ -60,11 +57,7 @@ def tune_alpha(
     smooth: bool = True,
     prefix_caching: bool = False,
 ) -> TuneResult:
-    """Replay ``window`` once per alpha in ``grid``; return the best alpha and the table.
-
-    The window's workflows are copied (``fresh()``) for every replay, so the caller's list is untouched.
-    ``prefix_caching``: the replay's engines cache prompt prefixes (as the workers do).
-    """
+    """Replay (copies of) ``window`` once per alpha in ``grid``; return the best alpha and the table."""
     if not grid:
         raise ValueError("the alpha grid is empty")
     if not window:

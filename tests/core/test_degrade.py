@@ -96,7 +96,7 @@ def _seconds(k: Knobs) -> float:
 def test_adaptive_keeps_full_quality_while_it_fits() -> None:
     d = Degrader("adaptive", FULL, Q)
     dec = d.choose(d.options(), _seconds, time_left_s=1000.0)
-    assert dec.knobs == FULL and dec.fits and dec.slack_s > 0
+    assert dec.knobs == FULL and dec.fits and dec.time_left_s > dec.predicted_s
 
 
 def test_adaptive_picks_the_most_accurate_setting_that_fits() -> None:
@@ -122,7 +122,7 @@ def test_full_quality_while_it_fits_then_the_fastest_of_equal_accuracy() -> None
 def test_adaptive_takes_the_fastest_when_nothing_fits() -> None:
     d = Degrader("adaptive", FULL, Q)
     dec = d.choose(d.options(), _seconds, time_left_s=1.0)
-    assert not dec.fits and dec.knobs == FLOOR and dec.slack_s < 0
+    assert not dec.fits and dec.knobs == FLOOR and dec.time_left_s < dec.predicted_s
 
 
 def test_full_and_fast_modes() -> None:

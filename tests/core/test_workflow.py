@@ -93,7 +93,7 @@ def test_template_skips_optional_phase_and_does_not_rematch_non_repeatable() -> 
 
 
 def test_standard_workflow_is_the_templates_critical_path() -> None:
-    kinds = [c.kind for c in CHESS_TEMPLATE.standard_calls()]
+    kinds = [p.kind for p in CHESS_TEMPLATE.phases for _ in range(round(p.rounds))]
     assert kinds[:6] == [c.kind for c in STANDARD_WORKFLOW][:6]
     assert len(STANDARD_WORKFLOW) == 15  # the published standard workflow: 4 revise calls among them
 

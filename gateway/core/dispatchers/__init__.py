@@ -1,6 +1,4 @@
-"""Dispatchers as plugins: one module per dispatcher (``rr``, ``p2c``, ``lw``, ``eft``, ``wb``/``wbi``, ``llmd``),
-one interface (``base``), one registry. A module defines ``choose(view) -> position`` and registers itself with
-its ``Capabilities``; the imports below are the registrations (docs/architecture.md, "Adding a dispatcher")."""
+"""Dispatchers as plugins, one module each, registered on import (docs/architecture.md, "Adding a dispatcher")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The one dispatcher interface: what a dispatcher sees (``DispatchView``), declares (``Capabilities``) and is
-registered as (``DISPATCHERS``).
-
-The dispatcher gets a view over the scheduler's rows (``WorkerEstimate``, written in place by
-``Estimator.scan``) and returns a position in ``view.workers``; it never mutates shared state. Rows always hold
-``t_comp``, ``t_queue``, ``harm`` and ``inflight``; other fields only where ``Capabilities`` ask for them."""
+"""The one dispatcher interface: what a dispatcher sees (``DispatchView``), declares (``Capabilities``: the row
+fields it needs beyond ``t_comp``, ``t_queue``, ``harm``, ``inflight``) and is registered as (``DISPATCHERS``)."""
 
 from __future__ import annotations
 
@@ -47,12 +43,8 @@ class WorkerEstimate:
 
 @dataclass(slots=True)
 class DispatchView:
-    """What a dispatcher sees for one call: the rows of the eligible workers and the call's own figures.
-
-    ``rows`` is indexed by worker; a dispatcher reads only ``rows[workers[i]]`` for position ``i`` of the eligible,
-    ascending ``workers``. ``budget``: the call's stage budget (negative when late); ``t_comp_min``: the least
-    ``t_comp`` over ``workers``; ``prefix``: the rows' ``cached`` are filled (else 0).
-    """
+    """What a dispatcher sees for one call: ``rows[workers[i]]`` for position ``i`` of the eligible workers, and the
+    call's figures (``t_comp_min`` over ``workers``; ``prefix``: the rows' ``cached`` are filled)."""
 
     rows: list[WorkerEstimate]
     workers: list[int]

@@ -1,8 +1,5 @@
-"""``eft``: earliest finish time, the classic list-scheduling heuristic for heterogeneous clusters.
-
-The worker with the smallest ``t_queue + t_comp`` (when the call could start there plus how long it would run there)
-wins: HEFT's processor choice (Topcuoglu et al. 2002). Ties go to the lower ``t_comp``, then the lower position.
-"""
+"""``eft``: earliest finish time (HEFT's processor choice): the smallest ``t_queue + t_comp`` wins; ties go to the
+lower ``t_comp``, then the lower position."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""``llmd``: llm-d's inference scheduler with its default scheduling profile.
-
-Per worker, a weighted sum of the prefix-cache score (share of the prompt the worker is believed to hold, weight
-3), the queue score (waiting calls, min-max normalised over the workers so the shortest scores 1, weight 2) and
-the KV-cache score (1 - KV utilisation, weight 2); the highest sum wins, ties at random (its max-score picker).
-"""
+"""``llmd``: llm-d's inference scheduler with its default scheduling profile."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``lw``: least predicted wait, AIBrix's least-busy-time and llm-d's load-aware scorers.
-
-The worker with the smallest ``t_queue`` (how long the call would wait there before its prompt is processed, from the
-estimator's batching model) wins; ties go to the worker that computes the call fastest, then the lower position.
-"""
+"""``lw``: least predicted wait (AIBrix's least-busy-time, llm-d's load-aware scorer): the smallest ``t_queue`` wins;
+ties go to the lower ``t_comp``, then the lower position."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""``p2c``: power of two choices on queue length (queued + in flight), Ray Serve's default request router.
-
-Two distinct workers are sampled at random; the one with the shorter queue wins (ties to the first sample).
-"""
+"""``p2c``: power of two choices on queue length (queued + in flight), Ray Serve's default request router."""
 
 from __future__ import annotations
 

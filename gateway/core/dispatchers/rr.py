@@ -1,7 +1,4 @@
-"""``rr``: round-robin over the workers, ignoring load and speed.
-
-What vLLM deployments behind a plain Kubernetes Service or an nginx upstream get, and the paper's vLLM baseline.
-"""
+"""``rr``: round-robin over the workers, ignoring load and speed (a plain Kubernetes Service; the vLLM baseline)."""
 
 from __future__ import annotations
 
@@ -15,10 +12,7 @@ class RoundRobin:
         self._next = 0
 
     def choose(self, view: DispatchView) -> int:
-        """The first eligible worker at or after the turn pointer (by worker index), wrapping around.
-
-        Walking by worker index means a temporarily ineligible worker does not shift the others' turns.
-        """
+        """The first eligible worker at or after the turn pointer, by worker index (wrapping around)."""
         workers = view.workers
         pos = 0
         for i in range(len(workers)):

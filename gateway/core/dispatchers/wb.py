@@ -12,11 +12,7 @@ from gateway.core.dispatchers.base import Capabilities, DispatchView, Rng, regis
 
 
 class WorkloadBalanced:
-    """HexGen-Flow's score: balance queue load against this call's compute time on each GPU.
-
-    Args:
-        interference: weight of the call's ``harm`` in the queue term (0: the paper's score, ``wb``).
-    """
+    """HexGen-Flow's score; ``interference``: weight of the call's ``harm`` in the queue term (0: ``wb``)."""
 
     def __init__(self, interference: float = 0.0) -> None:
         if interference < 0.0:

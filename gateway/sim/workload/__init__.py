@@ -1,6 +1,5 @@
-"""Workloads for the simulator and the benchmarks: queries (a trace or the ``chess-bird`` generator), arrival
-times (``arrivals.py``) and tenants (``tenants.py``), combined by ``build_workload``. Everything random takes a
-``random.Random``, so a seed gives one workload. This package re-exports its modules' public names."""
+"""Workloads for the simulator and the benchmarks: queries, arrival times and tenants (``build_workload``); a seed
+gives one workload. Re-exports its modules' public names."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Arrival processes: Poisson, Gamma (burstiness set by the coefficient of variation) and recorded patterns.
-
-Times are in seconds. ``replay_arrivals`` reads a CSV trace such as the Azure LLM inference trace 2023
-or BurstGPT, ``jsonl_arrivals`` Mooncake's JSON lines, ``servegen_arrivals`` draws from ServeGen's
-per-window fits; ``pattern_arrivals`` picks by format. The random processes take a ``random.Random``
-instance and never the global generator.
-"""
+"""Arrival processes in seconds: Poisson, Gamma (by coefficient of variation) and recorded patterns (CSV such as
+Azure's or BurstGPT's, Mooncake's JSON lines, ServeGen's fits; ``pattern_arrivals`` picks by format)."""
 
 from __future__ import annotations
 
@@ -89,12 +84,8 @@ def replay_arrivals(
     rate_qps: float | None = None,
     time_scale: float | None = None,
 ) -> list[float]:
-    """Arrival offsets in seconds from the first row of a CSV trace (0.0 first), at most ``n``.
-
-    The time column is ``column`` or the first header named ``timestamp``, ``time``, ``arrival_time`` or
-    ``arrival`` (any case; datetimes or seconds: Azure's and BurstGPT's both work). ``time_scale`` multiplies
-    the offsets; ``rate_qps`` instead rescales them to that mean rate. A bad file raises ``ConfigError``.
-    """
+    """At most ``n`` arrival offsets from the first row of a CSV trace's time column (``column`` or a usual name;
+    datetimes or seconds), times ``time_scale`` or rescaled to ``rate_qps``; ``ConfigError`` for a bad file."""
     if rate_qps is not None and time_scale is not None:
         raise ValueError("give rate_qps or time_scale, not both")
     if rate_qps is not None and not (rate_qps > 0 and math.isfinite(rate_qps)):
@@ -221,11 +212,8 @@ SERVEGEN_WINDOW_S = 600.0
 
 
 def servegen_arrivals(path: Path, n: int, rng: random.Random) -> list[float]:
-    """``n`` arrival offsets drawn from a ServeGen client trace (``chunk-<N>-trace.csv``: one row per 10-minute window,
-    ``start_s, rate, cv, family, shape, scale``), the way ServeGen's own sampler draws them: per window, gaps from the
-    fitted Gamma or Weibull, rescaled so the window holds ``rate x 600`` requests. Windows without traffic are skipped
-    (idle time is not kept: the caller rescales to its rate anyway, and a rescaled idle hour would only stretch the
-    run). Windows are taken in order and cycled when ``n`` needs more."""
+    """``n`` arrival offsets drawn from a ServeGen client trace (one row per 10-minute window) as ServeGen's sampler
+    does: per window, gaps from the fitted Gamma or Weibull; idle windows skipped, windows cycled."""
     where = str(path)
     windows: list[tuple[float, str, float, float]] = []
     try:

@@ -30,14 +30,9 @@ def build_workload(
     plan_template: WorkflowTemplate | None = None,
     deadline_rule: bool = False,
 ) -> list[StagedWorkflow]:
-    """One workflow per arrival (ids 0..n-1 in arrival order), each for a tenant drawn by share.
-
-    A Text-to-SQL tenant's k-th workflow replays ``queries[k % len(queries)]`` (counting its kind only) staged with
-    ``CHESS_TEMPLATE``; a chat tenant's is one ``CHAT`` call. A Text-to-SQL tenant whose quality is not ``full``
-    gets ``KnobbedWorkflow``s degrading under its ``Degrader`` (``quality``: the accuracy model, required then;
-    ``full``: the full-quality knobs; ``plan_template``: the template its predictions use). ``deadline_rule``:
-    every Text-to-SQL workflow follows the live pipeline's deadline rule.
-    """
+    """One workflow per arrival (ids in arrival order), for a tenant drawn by share: a Text-to-SQL tenant's k-th
+    replays ``queries[k % len(queries)]`` (``KnobbedWorkflow`` when its quality is not ``full``: ``quality``
+    required), a chat tenant's is one ``CHAT`` call."""
     if not tenants:
         raise ValueError("at least one tenant is needed")
     if not (slo_s > 0 and math.isfinite(slo_s)):

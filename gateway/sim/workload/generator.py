@@ -1,8 +1,5 @@
-"""The ``chess-bird`` generator: synthetic CHESS-on-BIRD queries, and chat calls, by inverse CDF.
-
-The figures below were measured once from the hexgen traces and the Azure LLM 2023 conversation trace;
-everything random takes a ``random.Random`` instance, so the same seed always gives the same queries.
-"""
+"""The ``chess-bird`` generator: synthetic CHESS-on-BIRD queries and chat calls, by inverse CDF of figures measured
+from the hexgen traces and the Azure LLM 2023 conversation trace."""
 
 from __future__ import annotations
 
@@ -24,20 +21,12 @@ from gateway.core.workflow import (
 
 __all__ = ["generate_chess_bird", "sample_chat_call"]
 
-# Measured once from the five hexgen traces in ../shared/data/hexgen-traces (trace1, trace2, trace3,
-# financial, formula1: 419 queries, 8010 calls, pooled with equal weight per query). Every query has
-# the same skeleton:
-#
+# Measured from the five hexgen traces (419 queries, 8010 calls, equal weight per query). Skeleton:
 #   IR, [KEYWORDS], IR, IR, IR, CANDIDATE x2, REVISE x r,
 #       then UNIT_TESTER, UNIT_TEST, UNIT_TESTER, EVALUATE x e, UNIT_TESTER   (404 queries)
 #       or   UNIT_TESTER, UNIT_TESTER, UNIT_TESTER                              (15 queries: no test, e = 0)
-#
-# The four IR calls and three unit-tester calls are fixed prompts: their token counts are constant by
-# position in all 419 queries (only the first IR call's output varies). The two candidates of a query
-# always differ in input by exactly 3866 tokens (two prompt templates over the same schema); revise
-# prompts follow the candidate prompt (correlation 0.98), and the evaluations of one query have nearly
-# the same input (0.9999), so those share one quantile per query. Candidate outputs of one query have
-# rank correlation ~0.73; other lengths are drawn independently.
+# IR and unit-tester prompts are fixed; revise prompts and one query's evaluations share the candidate's
+# quantile (correlations 0.98, 0.9999); candidate outputs have rank correlation ~0.73; the rest is independent.
 
 _GRID = (0, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60, 65, 70, 75, 80, 85, 90, 92, 94, 96, 98, 99, 100)
 """Percentiles of every length table below (finer in the tail, where the means are made)."""
@@ -137,11 +126,7 @@ def _inverse_cdf(table: Sequence[int], u: float) -> int:
 
 
 def generate_chess_bird(n: int, rng: random.Random) -> list[list[CallSpec]]:
-    """``n`` synthetic CHESS queries on BIRD, calibrated on the hexgen traces (see the figures above).
-
-    Each query follows the traces' skeleton; the workflow shape (keyword extraction, revise rounds, unit test,
-    evaluation count) and the token lengths are drawn from the traces' empirical distributions by inverse CDF.
-    """
+    """``n`` synthetic CHESS queries on BIRD: the traces' skeleton, shape and token lengths drawn by inverse CDF."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     return [_chess_query(rng) for _ in range(n)]

@@ -1,8 +1,5 @@
-"""Which parts of a CHESS query's prompts other calls share: prefix chains for trace and generated calls.
-
-The traces hold token counts, not prompts, so the shared prefixes are what the counts prove and no more
-(docs/benchmarks.md, "Prefix caching", has the table). Per-query segments are keyed by the workflow, so a
-query replayed twice in one run shares nothing between its runs."""
+"""Which parts of a CHESS query's prompts other calls share (what the traces' token counts prove, no more:
+docs/benchmarks.md, "Prefix caching")."""
 
 from __future__ import annotations
 
@@ -23,10 +20,7 @@ EVALUATE_TAIL = 64
 
 
 def chess_prefixes(query: Sequence[CallSpec]) -> list[CallSpec]:
-    """The calls of one CHESS query with their shared prefixes (``CallSpec.prefix``) filled in.
-
-    Calls of other kinds, and calls whose prefix is already set, are returned unchanged.
-    """
+    """The calls of one CHESS query with their shared prefixes filled in (where not set already)."""
     revise = [c.input_tokens for c in query if c.kind == REVISE]
     evaluate = [c.input_tokens for c in query if c.kind == EVALUATE]
     revise_shared = min(revise) - REVISE_TAIL if revise else 0

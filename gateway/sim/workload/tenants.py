@@ -17,13 +17,8 @@ _TENANT_KINDS: tuple[str, ...] = get_args(TenantKind)
 
 @dataclass(frozen=True, slots=True)
 class TenantSpec:
-    """A tenant of a synthetic workload.
-
-    ``share`` is its relative weight among the tenants (normalised over all of them). The deadline of
-    each of its requests is ``deadline_s`` after arrival when set, else ``slo_scale`` times the
-    workload's base SLO, else the base SLO itself. ``kind`` selects Text-to-SQL workflows or single chat
-    calls. ``quality``: how its Text-to-SQL workflows may degrade under load (``gateway.core.degrade``).
-    """
+    """A tenant of a synthetic workload: relative ``share``, deadline (``deadline_s``, else ``slo_scale`` x the base
+    SLO), ``kind`` (Text-to-SQL or chat) and ``quality`` mode."""
 
     name: str
     deadline_s: float | None = None
@@ -58,13 +53,8 @@ _TENANT_KEYS = ("deadline_s", "kind", "quality", "share", "slo_scale")
 
 
 def parse_tenants(spec: str) -> list[TenantSpec]:
-    """Parse a command-line tenant mix: comma-separated tenants, each ``name[:key=value]...``.
-
-    Keys: ``share``, ``slo_scale``, ``deadline_s`` (positive numbers), ``kind`` (``text2sql`` or
-    ``chat``) and ``quality`` (``full``, ``adaptive`` or ``fast``). Example:
-    ``gold:share=0.3:slo_scale=3,silver:share=0.7:slo_scale=8,chat:kind=chat:deadline_s=20``.
-    Errors raise ``ValueError`` naming the offending part.
-    """
+    """Parse a tenant mix ``name[:key=value]...,...`` (keys ``share``, ``slo_scale``, ``deadline_s``, ``kind``,
+    ``quality``); ``ValueError`` names the offending part."""
     if not spec.strip():
         raise ValueError("empty tenant spec; expected name[:key=value]... separated by commas")
     tenants: list[TenantSpec] = []

@@ -1,9 +1,5 @@
-"""Workload names and hexgen trace files: resolving a name, loading a trace, staging a query.
-
-A workload name is ``chess-bird`` (the generator of ``generator.py``), a bare trace name looked up in
-``SHARED_TRACE_DIR`` (``trace1``, ``financial``, ...) or a path to a trace file; ``load_queries`` turns
-one into a list of queries, each a flat list of ``CallSpec`` in the order the CHESS workflow issues them.
-"""
+"""Workload names (``chess-bird``, a trace name in ``SHARED_TRACE_DIR`` or a path) and hexgen trace files:
+``load_queries`` gives queries as flat lists of ``CallSpec`` in issue order."""
 
 from __future__ import annotations
 
