@@ -375,14 +375,11 @@ def build_report(m: Measurement, rate: float, duration_s: float, p99_limit_ms: f
             f"{name}_shortfalls": shortfalls(s, duration_s, p99_limit_ms),
         }
     added = added_latency(m.gateway.latencies_ms, m.direct.latencies_ms)
+    per |= {f"added_{k}": v for k, v in asdict(added).items()}
     return OverheadReport(
         rate=rate,
         duration_s=duration_s,
         p99_limit_ms=p99_limit_ms,
-        added_p50_ms=added.p50_ms,
-        added_p99_ms=added.p99_ms,
-        added_p50_raw_ms=added.p50_raw_ms,
-        added_p99_raw_ms=added.p99_raw_ms,
         added_reliable=not per["direct_shortfalls"] and not math.isnan(added.p50_ms),
         gateway_cpu_ms_per_call=m.cpu_ms_per_call,
         gateway_cpu_util=m.cpu_util,

@@ -85,14 +85,9 @@ class RateResult:
         }
         if pairs:
             live, sim = [p[0] for p in pairs], [p[1] for p in pairs]
-            out |= {
-                "mean_live_s": statistics.fmean(live),
-                "mean_sim_s": statistics.fmean(sim),
-                "mean_ratio": statistics.fmean(live) / statistics.fmean(sim),
-                "p95_live_s": p95(live),
-                "p95_sim_s": p95(sim),
-                "p95_ratio": p95(live) / p95(sim),
-            }
+            for name, stat in (("mean", statistics.fmean), ("p95", p95)):
+                lv, sv = stat(live), stat(sim)
+                out |= {f"{name}_live_s": lv, f"{name}_sim_s": sv, f"{name}_ratio": lv / sv}
         kinds: dict[str, Any] = {}
         for kind in sorted({c.kind for c in self.calls}):
             kp = self._pairs(kind)
