@@ -45,10 +45,8 @@ class FluidBound:
     groups: int
     """Call types (or buckets) in the program."""
     time_split: tuple[tuple[float, float, float], ...] = ()
-    """Per worker, per engine: the fraction of each second spent on per-iteration base, on tokens
-    (``token_s`` per batched token) and on the rest (context reads, prefill attention, per-call host work) at
-    the bound; the three add up to ``gpu_busy``. Where a run's engines spend more per workflow than this, they
-    lose to the bound."""
+    """Per worker, per engine: the fraction of each second spent on per-iteration base, on tokens and on the
+    rest (context reads, prefill attention, per-call host work) at the bound; they add up to ``gpu_busy``."""
     seqs_per_iteration: tuple[float, ...] = ()
     """Per worker: calls in the batch per iteration at the bound (slot-iterations over iterations)."""
 
@@ -58,10 +56,8 @@ def call_resources(
 ) -> dict[str, np.ndarray]:
     """Per-call minimum resource use on an engine: ``gpu_s`` (token and context time, no iteration base),
     ``iters`` (iterations holding a slot), ``tokens`` (batched tokens) and ``kv_iters`` (KV token-iterations).
-
-    ``n_in`` and ``n_out`` are token counts (clamped to at least 1, as the engine does); ``n_cached`` the
-    prompt tokens served from the prefix cache (not prefilled, but read as context by every iteration).
-    """
+    Token counts are clamped to at least 1; ``n_cached`` prompt tokens come from the prefix cache (not
+    prefilled, but read as context by every iteration)."""
     i = np.maximum(n_in, 1).astype(np.float64)
     o = np.maximum(n_out, 1).astype(np.float64)
     h = np.zeros_like(i) if n_cached is None else np.minimum(np.asarray(n_cached, dtype=np.float64), i - 1.0)
@@ -178,9 +174,7 @@ def _solution(
 ) -> tuple[list[float], list[tuple[float, float, float]], list[float]]:
     """Per worker at the solution: the busy fraction per engine, its split (base, tokens, the rest) and the calls
     per iteration."""
-    busy = []
-    split = []
-    seqs = []
+    busy, split, seqs = [], [], []
     for w, info in enumerate(workers):
         p = info.profile
         use = per_call[w]
@@ -202,19 +196,13 @@ def solve_fluid_bound(
     prefix_caching: bool = False,
     engines: Sequence[int] | None = None,
 ) -> FluidBound:
-    """Solve the fluid-bound program for the workload mix ``queries`` (one call list per
-    workflow, in issue order). An empty mix has no bound: ``rate_qps`` is infinite. Raises ``RuntimeError``
-    if the solver fails (it should not: the program is always feasible and bounded for a non-empty mix).
+    """Solve the fluid-bound program for the mix ``queries`` (one call list per workflow, in issue order); an
+    empty mix has no bound (``rate_qps`` infinite); ``RuntimeError`` if the solver fails.
 
-    ``prefix_caching``: the engines cache prompt prefixes; every call is then credited with the most any
-    cache could serve it (``gateway.core.prefix.best_case_cached``), so the program stays a bound.
-
-    ``engines``: how many identical engines each entry of ``workers`` stands for (default: one each). The
-    program for ``n`` identical engines is the program for one engine with ``n`` seconds of GPU time per
-    second (the other limits scale with its iterations): any solution of the one, split evenly over the
-    ``n``, is feasible for each, so the bound is exact and the program stays as small as the number of
-    distinct entries. ``calls_per_s`` is then per entry (all its engines), ``gpu_busy`` per engine.
-    """
+    ``prefix_caching``: every call is credited with the most any cache could serve it (``best_case_cached``),
+    so the program stays a bound. ``engines``: how many identical engines each entry of ``workers`` stands
+    for (one engine with ``n`` seconds of GPU time per second: exact, as an even split of its solution is
+    feasible for each); ``calls_per_s`` is then per entry, ``gpu_busy`` per engine."""
     mult = _engines(workers, engines, bucket_ratio)
     mix = _mix(workers, queries, prefix_caching)
     n_w = len(workers)

@@ -93,13 +93,19 @@ async def run_load(url: str, *, streams: int = 256, max_tokens: int = 200, promp
     # A fresh connection: pooled ones may have passed the server's keep-alive timeout.
     async with httpx.AsyncClient(base_url=url, timeout=10.0) as client:
         text = (await client.get("/metrics")).text
-    report.requests_succeeded = _metric(text, "vllm:request_success_total")
-    report.generation_tokens = _metric(text, "vllm:generation_tokens_total")
-    report.model_iterations = _metric(text, "hexflow_emulator_model_iterations")
-    report.model_cpu_s = _metric(text, "hexflow_emulator_model_cpu_seconds")
-    report.lag_p99_s = _metric(text, "hexflow_emulator_event_loop_lag_p99_seconds")
-    report.lag_max_s = _metric(text, "hexflow_emulator_event_loop_lag_max_seconds")
+    for attr, name in _METRICS:
+        setattr(report, attr, _metric(text, name))
     return report
+
+
+_METRICS = (
+    ("requests_succeeded", "vllm:request_success_total"),
+    ("generation_tokens", "vllm:generation_tokens_total"),
+    ("model_iterations", "hexflow_emulator_model_iterations"),
+    ("model_cpu_s", "hexflow_emulator_model_cpu_seconds"),
+    ("lag_p99_s", "hexflow_emulator_event_loop_lag_p99_seconds"),
+    ("lag_max_s", "hexflow_emulator_event_loop_lag_max_seconds"),
+)
 
 
 def format_report(rep: LoadReport) -> str:

@@ -4,6 +4,7 @@ bound reads as more iterations, more tokens or more context."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -14,15 +15,6 @@ from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.sim.engine import EngineStats
 from gateway.sim.simulator import SimResult, Simulator
-
-__all__ = [
-    "EngineTime",
-    "bound_engine_time",
-    "engine_time_of",
-    "format_engine_time",
-    "format_engine_time_summary",
-    "run_engine_time",
-]
 
 
 @dataclass(frozen=True)
@@ -115,16 +107,8 @@ def bound_engine_time(workers: Sequence[WorkerInfo], bound: FluidBound) -> list[
 
 def _summed(name: str, xs: Sequence[EngineTime]) -> EngineTime:
     """All of ``xs`` as one: calls and seconds per workflow added up (busy and batch are per engine: NaN)."""
-    nan = float("nan")
-    return EngineTime(
-        name,
-        sum(x.calls for x in xs),
-        sum(x.base_s for x in xs),
-        sum(x.token_s for x in xs),
-        sum(x.other_s for x in xs),
-        nan,
-        nan,
-    )
+    calls, base, tok, other = (sum(getattr(x, k) for x in xs) for k in ("calls", "base_s", "token_s", "other_s"))
+    return EngineTime(name, calls, base, tok, other, math.nan, math.nan)
 
 
 def _pair(run: float, bound: float, digits: int = 2) -> str:
@@ -137,13 +121,7 @@ def format_engine_time(run: Sequence[EngineTime], bound: Sequence[EngineTime]) -
         raise ValueError(f"{len(run)} engines in the run, {len(bound)} at the bound")
 
     def seconds(r: EngineTime, b: EngineTime) -> list[str]:
-        return [
-            _pair(r.calls, b.calls),
-            _pair(r.base_s, b.base_s),
-            _pair(r.token_s, b.token_s),
-            _pair(r.other_s, b.other_s),
-            _pair(r.total_s, b.total_s),
-        ]
+        return [_pair(getattr(r, k), getattr(b, k)) for k in ("calls", "base_s", "token_s", "other_s", "total_s")]
 
     rows = [
         [
@@ -174,15 +152,9 @@ def format_engine_time_summary(runs: Mapping[str, Sequence[EngineTime]], bound: 
 
     def row(name: str, xs: Sequence[EngineTime], ref: float) -> list[str]:
         s = _summed(name, xs)
-        return [
-            name,
-            fmt(s.base_s, 2),
-            fmt(s.token_s, 2),
-            fmt(s.other_s, 2),
-            fmt(s.total_s, 2),
-            f"{s.total_s / ref:.2f}x" if ref > 0 else "-",
-            f"{min(x.batch for x in xs):.1f}-{max(x.batch for x in xs):.1f}" if xs else "-",
-        ]
+        batch = f"{min(x.batch for x in xs):.1f}-{max(x.batch for x in xs):.1f}" if xs else "-"
+        secs = [fmt(v, 2) for v in (s.base_s, s.token_s, s.other_s, s.total_s)]
+        return [name, *secs, f"{s.total_s / ref:.2f}x" if ref > 0 else "-", batch]
 
     ref = _summed("bound", bound).total_s
     rows = [row("fluid bound", bound, ref), *(row(p, xs, ref) for p, xs in runs.items())]

@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,7 @@ class CpuShare:
 
     def to_json(self) -> dict[str, float]:
         """The JSON view."""
-        return {"busy": self.busy, "steal": self.steal, "iowait": self.iowait, "idle": self.idle}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

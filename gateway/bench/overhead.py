@@ -57,9 +57,7 @@ def error_kind(status: int | None = None, exc: BaseException | None = None) -> s
     # aiohttp's ServerTimeoutError is both a ClientError and a TimeoutError: a timeout first.
     if isinstance(exc, TimeoutError):
         return "timeout"
-    if isinstance(exc, aiohttp.ClientConnectionError):
-        return "connection"
-    return "protocol"
+    return "connection" if isinstance(exc, aiohttp.ClientConnectionError) else "protocol"
 
 
 def merge_errors(*counts: dict[str, int]) -> dict[str, int]:
@@ -91,7 +89,7 @@ class StreamStats:
 
     def pct(self, q: float) -> float:
         """Latency percentile in ms (nan when empty)."""
-        return percentile(sorted(self.latencies_ms), q) if self.latencies_ms else float("nan")
+        return percentile(sorted(self.latencies_ms), q) if self.latencies_ms else math.nan
 
     def offered(self, duration_s: float) -> float:
         """Calls/s sent over the window."""
@@ -104,19 +102,15 @@ class StreamStats:
 
 def shortfalls(stats: StreamStats, duration_s: float, p99_limit_ms: float) -> list[str]:
     """Why a stream did not keep up with its offered rate (empty when it did)."""
-    reasons: list[str] = []
-    if stats.errors:
-        reasons.append(f"{stats.errors} errors")
+    reasons: list[str] = [f"{stats.errors} errors"] if stats.errors else []
     if not stats.latencies_ms:
-        reasons.append("no successful calls")
-        return reasons
+        return [*reasons, "no successful calls"]
     offered, achieved = stats.offered(duration_s), stats.achieved(duration_s)
     if achieved < KEEP_UP_SHARE * offered:
         reasons.append(f"achieved {achieved:.1f}/s < {KEEP_UP_SHARE:.0%} of offered {offered:.1f}/s")
     if stats.wall_s > duration_s + p99_limit_ms / 1000.0 + 0.5:
         reasons.append(f"backlog drained {stats.wall_s - duration_s:.2f} s after the window")
-    p99 = stats.pct(99)
-    if p99 > p99_limit_ms:
+    if (p99 := stats.pct(99)) > p99_limit_ms:
         reasons.append(f"p99 {p99:.1f} ms > limit {p99_limit_ms:g} ms")
     return reasons
 
@@ -135,16 +129,14 @@ def added_latency(gateway_ms: Sequence[float], direct_ms: Sequence[float]) -> Ad
     """Added P50 / P99: the upper envelope of the quantile-difference function from the median up,
     floored at 0, so ``p99_ms >= p50_ms >= 0``; nan when either stream has no latencies."""
     if not gateway_ms or not direct_ms:
-        nan = float("nan")
-        return AddedLatency(nan, nan, nan, nan)
+        return AddedLatency(math.nan, math.nan, math.nan, math.nan)
     g, d = sorted(gateway_ms), sorted(direct_ms)
 
     def shift(q: float) -> float:
         return percentile(g, q) - percentile(d, q)
 
     p50 = max(0.0, shift(50))
-    p99 = max([p50, *(shift(q) for q in range(51, 100))])
-    return AddedLatency(p50_ms=p50, p99_ms=p99, p50_raw_ms=shift(50), p99_raw_ms=shift(99))
+    return AddedLatency(p50, max([p50, *(shift(q) for q in range(51, 100))]), shift(50), shift(99))
 
 
 @dataclass(frozen=True)
@@ -164,44 +156,34 @@ def bracket_search(
     ceiling: float = SEARCH_CEILING,
     rel_tol: float = SEARCH_REL_TOL,
 ) -> SearchResult:
-    """The highest rate for which ``passes(rate)`` holds, in at most ``max_steps`` probes.
-
-    Probes ``start`` (clamped to [floor, ceiling]); doubles while every probe passed, halves while every
-    probe failed (not below ``floor``, not above ``ceiling``); once a pass and a fail bracket the limit,
-    bisects until the failing rate is within ``rel_tol`` of the passing one.
-    """
+    """The highest rate for which ``passes(rate)`` holds, in at most ``max_steps`` probes: from ``start``
+    (clamped to [floor, ceiling]) double while every probe passed, halve while every probe failed, then
+    bisect until the failing rate is within ``rel_tol`` of the passing one."""
     if max_steps < 1:
         raise ValueError("max_steps must be at least 1")
     if not 0 < floor <= ceiling:
         raise ValueError("need 0 < floor <= ceiling")
     tried: list[tuple[float, bool]] = []
-    lo: float | None = None  # highest passing rate
-    hi: float | None = None  # lowest failing rate
-
-    def probe(rate: float) -> None:
-        nonlocal lo, hi
-        ok = passes(rate)
-        tried.append((rate, ok))
-        if ok:
-            lo = rate if lo is None else max(lo, rate)
-        else:
-            hi = rate if hi is None else min(hi, rate)
-
-    probe(min(max(start, floor), ceiling))
-    while len(tried) < max_steps:
+    rate = min(max(start, floor), ceiling)
+    while True:
+        tried.append((rate, passes(rate)))
+        lo = max((r for r, ok in tried if ok), default=None)  # highest passing rate
+        hi = min((r for r, ok in tried if not ok), default=None)  # lowest failing rate
+        if len(tried) >= max_steps:
+            break
         if lo is None:
             assert hi is not None
             if hi <= floor:
                 break
-            probe(max(hi / 2.0, floor))
+            rate = max(hi / 2.0, floor)
         elif hi is None:
             if lo >= ceiling:
                 break
-            probe(min(lo * 2.0, ceiling))
+            rate = min(lo * 2.0, ceiling)
+        elif hi <= lo * (1.0 + rel_tol):
+            break
         else:
-            if hi <= lo * (1.0 + rel_tol):
-                break
-            probe((lo + hi) / 2.0)
+            rate = (lo + hi) / 2.0
     return SearchResult(best=lo, tried=tried)
 
 
@@ -281,28 +263,21 @@ def rig(workdir: Path, *, capacity: int = 1024, worker: str = "null") -> Iterato
 
 
 async def _stream(
-    session: aiohttp.ClientSession,
-    url: str,
-    rate: float,
-    duration_s: float,
-    seed: int,
-    stats: StreamStats,
-    body: dict[str, Any],
+    session: aiohttp.ClientSession, url: str, rate: float, duration_s: float, seed: int, stats: StreamStats, body: bytes
 ) -> None:
+    """Poisson arrivals at ``rate`` for ``duration_s``, each call a task of its own; results into ``stats``."""
     rng = random.Random(seed)
     t0 = time.perf_counter()
     tasks: set[asyncio.Task[None]] = set()
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
-    payload = json.dumps(body).encode()
 
     async def one() -> None:
         t = time.perf_counter()
         kind: str | None = None
         try:
-            async with session.post(url, data=payload, headers=headers) as r:
+            async with session.post(url, data=body, headers=headers) as r:
                 await r.read()
-                if r.status != 200:
-                    kind = error_kind(status=r.status)
+                kind = None if r.status == 200 else error_kind(status=r.status)
         except (aiohttp.ClientError, TimeoutError) as exc:
             kind = error_kind(exc=exc)
         if kind is None:
@@ -313,8 +288,7 @@ async def _stream(
 
     next_t = rng.expovariate(rate)
     while next_t < duration_s:
-        delay = t0 + next_t - time.perf_counter()
-        if delay > 0:
+        if (delay := t0 + next_t - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
         stats.sent += 1
         task = asyncio.create_task(one())
@@ -345,12 +319,12 @@ class Measurement:
     @property
     def cpu_util(self) -> float:
         """Gateway CPU utilisation over the measurement, as a share of one core (1.0 = one core busy)."""
-        return self.cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else math.nan
 
     @property
     def worker_cpu_util(self) -> float:
         """The worker's CPU utilisation over the measurement, as a share of one core (NaN: not measured)."""
-        return self.worker_cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
+        return self.worker_cpu_s / self.wall_s if self.wall_s > 0 else math.nan
 
 
 async def measure(
@@ -366,26 +340,23 @@ async def measure(
     worker_pid: int | None = None,
 ) -> Measurement:
     """Run the gateway stream (and the direct stream) to ``endpoint`` (``ENDPOINTS``) for ``duration_s``
-    (with ``worker_pid``, the worker process's CPU time is measured too).
-
-    The load generator uses aiohttp (cheaper per request than httpx), so it is not the bottleneck
-    when searching the gateway's highest sustained rate.
-    """
+    (with ``worker_pid``, the worker process's CPU time too). aiohttp, cheaper per request than httpx, keeps
+    the load generator from being the bottleneck of the rate search."""
     path, body = ENDPOINTS[endpoint]
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30.0)) as session:
         auth = {"Authorization": f"Bearer {API_KEY}"}
         for _ in range(20):  # warm both paths (connections, first-call imports)
-            async with session.post(gateway + path, json=body, headers=auth) as r:
-                await r.read()
-            async with session.post(worker + path, json=body) as r:
-                await r.read()
+            for url, headers in ((gateway, auth), (worker, None)):
+                async with session.post(url + path, json=body, headers=headers) as r:
+                    await r.read()
         gs, ds = StreamStats(), StreamStats()
         wcpu0 = process_cpu_s(worker_pid) if worker_pid is not None else math.nan
         cpu0, t0 = process_cpu_s(gw_pid), time.perf_counter()
-        jobs = [_stream(session, gateway + path, rate, duration_s, seed, gs, body)]
+        payload = json.dumps(body).encode()
+        jobs = [_stream(session, gateway + path, rate, duration_s, seed, gs, payload)]
         if direct:
-            jobs.append(_stream(session, worker + path, rate, duration_s, seed + 1, ds, body))
+            jobs.append(_stream(session, worker + path, rate, duration_s, seed + 1, ds, payload))
         await asyncio.gather(*jobs)
         cpu, wall = process_cpu_s(gw_pid) - cpu0, time.perf_counter() - t0
         wcpu = process_cpu_s(worker_pid) - wcpu0 if worker_pid is not None else math.nan
@@ -394,36 +365,27 @@ async def measure(
 
 def build_report(m: Measurement, rate: float, duration_s: float, p99_limit_ms: float) -> OverheadReport:
     """The side-by-side figures of one measurement (no rate search)."""
-    gs, ds = m.gateway, m.direct
-    added = added_latency(gs.latencies_ms, ds.latencies_ms)
-    direct_short = shortfalls(ds, duration_s, p99_limit_ms)
+    streams = {"gateway": m.gateway, "direct": m.direct}
+    per: dict[str, Any] = {}
+    for name, s in streams.items():
+        per |= {f"{name}_p50_ms": s.pct(50), f"{name}_p99_ms": s.pct(99), f"{name}_calls": s.ok}
+        per |= {f"{name}_sent": s.sent, f"{name}_achieved_rate": s.achieved(duration_s)}
+        per |= {
+            f"{name}_errors": merge_errors(s.errors_by_kind),
+            f"{name}_shortfalls": shortfalls(s, duration_s, p99_limit_ms),
+        }
+    added = added_latency(m.gateway.latencies_ms, m.direct.latencies_ms)
+    per |= {f"added_{k}": v for k, v in asdict(added).items()}
     return OverheadReport(
         rate=rate,
         duration_s=duration_s,
         p99_limit_ms=p99_limit_ms,
-        direct_p50_ms=ds.pct(50),
-        direct_p99_ms=ds.pct(99),
-        gateway_p50_ms=gs.pct(50),
-        gateway_p99_ms=gs.pct(99),
-        added_p50_ms=added.p50_ms,
-        added_p99_ms=added.p99_ms,
-        added_p50_raw_ms=added.p50_raw_ms,
-        added_p99_raw_ms=added.p99_raw_ms,
-        added_reliable=not direct_short and not math.isnan(added.p50_ms),
-        direct_shortfalls=direct_short,
-        gateway_shortfalls=shortfalls(gs, duration_s, p99_limit_ms),
+        added_reliable=not per["direct_shortfalls"] and not math.isnan(added.p50_ms),
         gateway_cpu_ms_per_call=m.cpu_ms_per_call,
         gateway_cpu_util=m.cpu_util,
         worker_cpu_util=m.worker_cpu_util,
-        gateway_calls=gs.ok,
-        direct_calls=ds.ok,
-        gateway_sent=gs.sent,
-        direct_sent=ds.sent,
-        gateway_achieved_rate=gs.achieved(duration_s),
-        direct_achieved_rate=ds.achieved(duration_s),
-        errors=gs.errors + ds.errors,
-        gateway_errors=merge_errors(gs.errors_by_kind),
-        direct_errors=merge_errors(ds.errors_by_kind),
+        errors=m.gateway.errors + m.direct.errors,
+        **per,
     )
 
 
@@ -466,19 +428,19 @@ def run_overhead(
 
             def passes(r: float) -> bool:
                 say(f"rate search: {r:.0f} calls/s for {span:g} s")
-                g = asyncio.run(measure(wurl, gateway, pid, r, span, direct=False, seed=seed, endpoint=endpoint))
-                reasons = shortfalls(g.gateway, span, p99_limit_ms)
+                m = asyncio.run(measure(wurl, gateway, pid, r, span, direct=False, seed=seed, endpoint=endpoint))
+                g, reasons = m.gateway, shortfalls(m.gateway, span, p99_limit_ms)
                 report.search.append(
                     {
                         "rate": r,
                         "ok": not reasons,
                         "reasons": reasons,
-                        "offered": g.gateway.offered(span),
-                        "achieved": g.gateway.achieved(span),
-                        "p99_ms": g.gateway.pct(99),
-                        "cpu_ms_per_call": g.cpu_ms_per_call,
-                        "cpu_util": g.cpu_util,
-                        "errors": merge_errors(g.gateway.errors_by_kind),
+                        "offered": g.offered(span),
+                        "achieved": g.achieved(span),
+                        "p99_ms": g.pct(99),
+                        "cpu_ms_per_call": m.cpu_ms_per_call,
+                        "cpu_util": m.cpu_util,
+                        "errors": merge_errors(g.errors_by_kind),
                     }
                 )
                 return not reasons
@@ -493,16 +455,17 @@ def _errors_text(errors: dict[str, int]) -> str:
 
 def format_report(rep: OverheadReport) -> str:
     """A short human-readable summary."""
+    d = asdict(rep)
     lines = [
         f"{rep.endpoint} through the gateway and directly to a {rep.worker} worker, "
         f"side by side at {rep.rate:g} calls/s each for {rep.duration_s:g} s "
         f"({rep.gateway_calls} via gateway, {rep.direct_calls} direct, {rep.errors} errors)",
-        f"  direct : p50 {rep.direct_p50_ms:6.2f} ms   p99 {rep.direct_p99_ms:6.2f} ms   "
-        f"achieved {rep.direct_achieved_rate:.1f}/s of {rep.direct_sent / rep.duration_s:.1f}/s   "
-        f"errors: {_errors_text(rep.direct_errors)}",
-        f"  gateway: p50 {rep.gateway_p50_ms:6.2f} ms   p99 {rep.gateway_p99_ms:6.2f} ms   "
-        f"achieved {rep.gateway_achieved_rate:.1f}/s of {rep.gateway_sent / rep.duration_s:.1f}/s   "
-        f"errors: {_errors_text(rep.gateway_errors)}",
+        *(
+            f"  {label}: p50 {d[f'{s}_p50_ms']:6.2f} ms   p99 {d[f'{s}_p99_ms']:6.2f} ms   achieved "
+            f"{d[f'{s}_achieved_rate']:.1f}/s of {d[f'{s}_sent'] / rep.duration_s:.1f}/s   "
+            f"errors: {_errors_text(d[f'{s}_errors'])}"
+            for s, label in (("direct", "direct "), ("gateway", "gateway"))
+        ),
         f"  added  : p50 {rep.added_p50_ms:6.2f} ms   p99 {rep.added_p99_ms:6.2f} ms   "
         f"(raw differences of percentiles: p50 {rep.added_p50_raw_ms:.2f}, p99 {rep.added_p99_raw_ms:.2f})",
     ]
@@ -521,7 +484,7 @@ def format_report(rep: OverheadReport) -> str:
         lines.append(
             "  calls/s | direct p50   p99 | gateway p50   p99 | added p50   p99 | CPU ms/call  core | worker | errors"
         )
-        for row in [asdict(rep), *rep.table]:
+        for row in [d, *rep.table]:
             mark = "" if row["added_reliable"] else "  (added unreliable: the direct stream fell behind)"
             errs = merge_errors(row["gateway_errors"], row["direct_errors"])
             lines.append(

@@ -1,31 +1,11 @@
-"""Trace replay against a running gateway: the simulated bench's workload, sent over HTTP in real time.
-
-    hexflow replay --trace trace1 --rate 0.1 --gateway http://127.0.0.1:8080 --api-key KEY
-        --time-scale 0.05 --workflows 150 --json out/replay.json
-
-The workload is the one ``hexflow bench`` simulates (``Setup.workflows``): the same queries
-(``load_queries``), the same arrivals (Poisson at ``rate`` workflows per *modelled* second, or a
-recorded pattern) and the same deadlines (``slo_scale`` x the cluster's standard-workflow latency, or a
-fixed ``deadline_s``). ``replay_workload`` builds it without any I/O besides reading the trace, so a
-caller can simulate the identical workload (``ReplayWorkflow.dag``).
-
-Each workflow is sent at its arrival time as ``POST /v1/workflows``: its stages as a chain of synthetic
-calls (``chain_nodes``: every call of a stage depends on every call of the stage before), exact lengths
-(``min_tokens = max_tokens``, ``ignore_eos``), the prompt prefixes each call shares with others as the
-simulator models them (``shared_prefix``: a stage's template shared by every workflow, what a query's
-rounds repeat by that workflow only), the CHESS template as budgeting hint and its deadline.
-Times are scaled for emulated workers: wall seconds = modelled seconds x ``time_scale``; every figure
-is reported in modelled seconds.
-
-Measured client-side: latency runs from a workflow's scheduled arrival to its response (so a late send
-or a client-side concurrency limit counts against it). Workflows refused with 429/503 are *rejected*
-(never retried); any other non-200 answer or a transport error is *failed*. As in the simulator's
-``summarize``, a workflow that did not complete counts as infinitely late in the percentiles and as a
-missed deadline.
-
-One concept in one module: replaying one workload against a gateway, from building it to the report; its
-halves (the workload, the HTTP client loop, the report) share the record types.
-"""
+"""Trace replay against a running gateway (``hexflow replay``): the workload ``hexflow bench`` simulates (same
+queries, arrivals and deadlines; ``replay_workload`` builds it without I/O, so a caller can simulate the
+identical workload with ``ReplayWorkflow.dag``) sent over HTTP in real time, each workflow at its arrival as
+``POST /v1/workflows``: its stages as a chain of exact-length synthetic calls with the prompt prefixes they
+share (``shared_prefix``), the CHESS template and its deadline. Wall seconds = modelled x ``time_scale``;
+every figure is in modelled seconds. Latency runs from a workflow's scheduled arrival to its response;
+429/503 answers are *rejected* (never retried), other failures *failed*; as in ``summarize``, a workflow
+that did not complete counts as infinitely late and a missed deadline."""
 
 from __future__ import annotations
 
@@ -44,7 +24,7 @@ from typing import Any
 import httpx
 
 from gateway.bench.simbench import Setup, standard_latency
-from gateway.bench.stats import fmt, json_safe, percentile, table
+from gateway.bench.stats import fmt, json_safe, percentile, positive, table
 from gateway.config.workflows import CHESS_TEMPLATE, STANDARD_WORKFLOW
 from gateway.core.dag import DagWorkflow, chain_nodes
 from gateway.core.prefix import PrefixSeg
@@ -53,22 +33,6 @@ from gateway.core.workflow import CallSpec, Stage, deadline_met
 from gateway.errors import GatewayError
 from gateway.live.schemas import CallReport
 from gateway.sim.workload import CHESS_BIRD, TenantSpec, load_queries, resolve_trace
-
-__all__ = [
-    "REJECTED_STATUSES",
-    "ReplayError",
-    "ReplayReport",
-    "ReplayWorkflow",
-    "WorkflowResult",
-    "check_gateway",
-    "format_report",
-    "replay",
-    "replay_setup",
-    "replay_workload",
-    "scale_queries",
-    "shared_prefix",
-    "workload_queries",
-]
 
 REJECTED_STATUSES = frozenset({429, 503})
 """Admission refusals: counted as rejected, never retried."""
@@ -79,11 +43,6 @@ TEMPLATE = "chess"
 
 class ReplayError(GatewayError):
     """The replay cannot run: the gateway is unreachable, not ready, or refuses the API key."""
-
-
-# --------------------------------------------------------------------------------------------------
-# The workload
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +79,7 @@ class ReplayWorkflow:
                 "min_tokens": n.output_tokens,
                 "ignore_eos": True,
             }
-            segments = shared_prefix(spec.prefix)
-            if segments:
+            if segments := shared_prefix(spec.prefix):
                 call["shared_prefix"] = segments
             out.append(call)
         return out
@@ -137,13 +95,9 @@ class ReplayWorkflow:
 
     def dag(self, tenant: str = "replay") -> DagWorkflow:
         """The workflow as the gateway builds it (a DAG with the CHESS template), in modelled time."""
+        nodes = chain_nodes(self.stage_calls())
         return DagWorkflow.build(
-            self.wid,
-            tenant,
-            self.arrival_s,
-            self.arrival_s + self.deadline_s,
-            chain_nodes(self.stage_calls()),
-            CHESS_TEMPLATE,
+            self.wid, tenant, self.arrival_s, self.arrival_s + self.deadline_s, nodes, CHESS_TEMPLATE
         )
 
 
@@ -158,39 +112,29 @@ def shared_prefix(prefix: Sequence[PrefixSeg]) -> list[dict[str, Any]]:
 
 
 def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
-    """The workload's name and queries, as ``hexflow bench`` draws them.
-
-    ``chess-bird`` generates exactly ``n`` queries from ``random.Random(seed)``; a trace is loaded as
-    recorded (``build_workload`` cycles it to the number of workflows).
-    """
+    """The workload's name and queries as ``hexflow bench`` draws them: ``chess-bird`` generates ``n`` queries
+    from ``random.Random(seed)``; a trace is loaded as recorded (``build_workload`` cycles it)."""
     src = resolve_trace(trace)
     name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
     return name, load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
 
 
-def _scaled(n: int, scale: float) -> int:
-    return max(1, round(n * scale))
-
-
 def scale_queries(queries: Sequence[Sequence[CallSpec]], scale: float) -> list[list[CallSpec]]:
     """Every call's prompt and output lengths times ``scale`` (rounded, at least 1 token), and its shared
-    prefix segments with them (each rounded; the segments never exceed the scaled prompt), so a trace
-    recorded for a large model fits a small one's context (``hexflow bench fidelity-vllm``)."""
-    if not (scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"token scale must be a positive number, got {scale}")
-    if scale == 1.0:
+    prefix segments with them (never beyond the scaled prompt), so a trace fits a small model's context."""
+    if positive("token scale", scale) == 1.0:
         return [list(q) for q in queries]
     out = []
     for q in queries:
         calls = []
         for c in q:
-            n_in = _scaled(c.input_tokens, scale)
+            n_in = max(1, round(c.input_tokens * scale))
             segs, used = [], 0
             for seg in c.prefix:
                 t = min(round(seg.tokens * scale), n_in - used)
                 segs.append(PrefixSeg(seg.name, t, seg.per_query))
                 used += t
-            calls.append(CallSpec(c.kind, n_in, _scaled(c.output_tokens, scale), tuple(segs)))
+            calls.append(CallSpec(c.kind, n_in, max(1, round(c.output_tokens * scale)), tuple(segs)))
         out.append(calls)
     return out
 
@@ -207,13 +151,9 @@ def replay_setup(
     cv: float = 1.0,
     token_scale: float = 1.0,
 ) -> Setup:
-    """The bench scenario a replay sends: ``Setup`` of the simulator with the same arguments.
-
-    ``workers`` are the *unscaled* cluster profiles (they set the SLO: ``slo_scale`` x the standard
-    workflow's cluster-mean latency). ``deadline_s`` instead gives every workflow that fixed deadline.
-    ``token_scale`` multiplies every call's token counts (``scale_queries``); the SLO is then ``slo_scale``
-    x the latency of the standard workflow scaled the same way.
-    """
+    """The bench scenario a replay sends: the simulator's ``Setup`` with the same arguments. The SLO is
+    ``slo_scale`` x the standard workflow's cluster-mean latency on ``workers`` (the unscaled profiles), with
+    its tokens times ``token_scale`` as every call's (``scale_queries``); ``deadline_s``: one fixed deadline."""
     name, queries = workload_queries(trace, workflows, seed)
     unit = None
     if token_scale != 1.0:
@@ -236,16 +176,8 @@ def replay_setup(
 
 def replay_workload(setup: Setup, rate_qps: float) -> list[ReplayWorkflow]:
     """The workflows of ``setup.workflows(rate_qps)``: arrivals, relative deadlines, stages (modelled s)."""
-    if not (rate_qps > 0 and math.isfinite(rate_qps)):
-        raise ValueError(f"rate must be a positive number, got {rate_qps}")
-    return [
-        ReplayWorkflow(w.wid, w.arrival, w.deadline - w.arrival, tuple(w.stages)) for w in setup.workflows(rate_qps)
-    ]
-
-
-# --------------------------------------------------------------------------------------------------
-# Results
-# --------------------------------------------------------------------------------------------------
+    wfs = setup.workflows(positive("rate", rate_qps))
+    return [ReplayWorkflow(w.wid, w.arrival, w.deadline - w.arrival, tuple(w.stages)) for w in wfs]
 
 
 @dataclass(slots=True)
@@ -315,13 +247,15 @@ class ReplayReport:
         time_scale: float,
         wall_s: float,
     ) -> ReplayReport:
-        """Summarise per-workflow results (percentiles as ``gateway.sim.metrics.summarize`` pads them)."""
+        """Summarise per-workflow results (percentiles padded as ``gateway.sim.metrics.summarize`` pads them)."""
         n = len(results)
         done = [r for r in results if r.completed]
-        missing = [math.inf] * (n - len(done))
-        lat = sorted(r.latency_s for r in done if r.latency_s is not None)
-        gw = sorted(r.gateway_latency_s for r in done if r.gateway_latency_s is not None)
-        padded, gw_padded = lat + missing, gw + [math.inf] * (n - len(gw))
+        figures: dict[str, Any] = {}
+        for pre, key in (("", "latency_s"), ("gateway_", "gateway_latency_s")):
+            xs = sorted(x for r in done if (x := getattr(r, key)) is not None)
+            padded = xs + [math.inf] * (n - len(xs))
+            figures |= {f"{pre}p{q}_s": percentile(padded, q) for q in (50, 95, 99)}
+            figures[f"{pre}mean_s"] = sum(xs) / len(xs) if xs else math.nan
         statuses = Counter("error" if r.status == TRANSPORT_ERROR else str(r.status) for r in results)
         rejected = sum(1 for r in results if r.status in REJECTED_STATUSES)
         span = max(r.finish_s or 0.0 for r in done) - min(r.arrival_s for r in done) if done else 0.0
@@ -336,20 +270,13 @@ class ReplayReport:
             rejected=rejected,
             failed=n - len(done) - rejected,
             by_status=dict(sorted(statuses.items())),
-            p50_s=percentile(padded, 50),
-            p95_s=percentile(padded, 95),
-            p99_s=percentile(padded, 99),
-            mean_s=sum(lat) / len(lat) if lat else math.nan,
             slo_attainment=sum(1 for r in done if r.met) / n if n else math.nan,
             throughput_qps=len(done) / span if span > 0 else math.nan,
-            gateway_p50_s=percentile(gw_padded, 50),
-            gateway_p95_s=percentile(gw_padded, 95),
-            gateway_p99_s=percentile(gw_padded, 99),
-            gateway_mean_s=sum(gw) / len(gw) if gw else math.nan,
             wall_s=wall_s,
             max_send_lag_s=max((r.send_lag_s for r in results), default=0.0),
             deadline_s=results[0].deadline_s if len(deadlines) == 1 else None,
             results=list(results),
+            **figures,
         )
 
     def to_json(self, *, with_results: bool = True) -> dict[str, Any]:
@@ -397,27 +324,20 @@ def format_report(rep: ReplayReport) -> str:
     return "\n".join([head, table(["latency", "p50_s", "p95_s", "p99_s", "mean_s", "slo", "tput_qps"], rows), foot])
 
 
-# --------------------------------------------------------------------------------------------------
-# Sending
-# --------------------------------------------------------------------------------------------------
+def _answer(resp: httpx.Response, *keys: str) -> str | None:
+    """The string at ``keys`` in a JSON answer's body (None when it is not there)."""
+    try:
+        doc: Any = resp.json()
+        for k in keys:
+            doc = doc[k]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return str(doc) if doc else None
 
 
 def _error_message(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return f"HTTP {resp.status_code}"
-    err = body.get("error") if isinstance(body, dict) else None
-    msg = err.get("message") if isinstance(err, dict) else None
-    return str(msg)[:300] if msg else f"HTTP {resp.status_code}"
-
-
-def _ready_reason(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return "no reason given"
-    return str(body.get("reason", "no reason given")) if isinstance(body, dict) else "no reason given"
+    msg = _answer(resp, "error", "message")
+    return msg[:300] if msg else f"HTTP {resp.status_code}"
 
 
 async def check_gateway(client: httpx.AsyncClient) -> None:
@@ -426,7 +346,8 @@ async def check_gateway(client: httpx.AsyncClient) -> None:
     try:
         ready = await client.get("/readyz", timeout=10.0)
         if ready.status_code != 200:
-            raise ReplayError(f"the gateway at {base} is not ready (HTTP {ready.status_code}: {_ready_reason(ready)})")
+            why = _answer(ready, "reason") or "no reason given"
+            raise ReplayError(f"the gateway at {base} is not ready (HTTP {ready.status_code}: {why})")
         models = await client.get("/v1/models", timeout=10.0)
     except httpx.HTTPError as exc:
         raise ReplayError(f"cannot reach the gateway at {base}: {type(exc).__name__}: {exc}") from None

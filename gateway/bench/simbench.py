@@ -1,8 +1,5 @@
-"""Side-by-side policy benchmarks on the simulator: capacity, latency and SLO attainment, over several seeds.
-
-The method (the SLO, seeds and common random numbers, capacity by geometric bisection, the best
-baseline and reference rate, alpha tuned on a seed never measured, the fluid bound) is docs/benchmarks.md
-("Method"); ``Setup`` is the scenario, ``Bench`` the runs."""
+"""Policy benchmarks on the simulator: ``Setup`` is the scenario, ``Bench`` the runs (capacity, latency and SLO
+attainment over several seeds). The method: docs/benchmarks.md "Method"."""
 
 from __future__ import annotations
 
@@ -55,20 +52,15 @@ TUNE_SEED_OFFSET = 1000
 
 
 def standard_latency(workers: Sequence[WorkerInfo], calls: Sequence[CallSpec] = STANDARD_WORKFLOW) -> float:
-    """Cluster-mean single-request latency of the standard workflow (seconds); ``calls``: another one (the
-    standard workflow with its token counts scaled, say)."""
-    total = 0.0
-    for w in workers:
-        total += sum(w.profile.single_latency(c.input_tokens, c.output_tokens) for c in calls)
-    return total / len(workers)
+    """Cluster-mean single-request latency of the standard workflow (seconds), or of ``calls``."""
+    per_worker = (sum(w.profile.single_latency(c.input_tokens, c.output_tokens) for c in calls) for w in workers)
+    return sum(per_worker) / len(workers)
 
 
 @dataclass
 class Setup:
-    """A benchmark scenario: cluster, queries, load shape, SLO, tenants and seeds.
-
-    The measured seeds are ``seed, seed + 1, ..., seed + n_seeds - 1``; ``tune_seed`` is apart from them.
-    """
+    """A benchmark scenario: cluster, queries, load shape, SLO, tenants and seeds (measured: ``seed`` to
+    ``seed + n_seeds - 1``; ``tune_seed`` apart from them)."""
 
     workers: list[WorkerInfo]
     queries: list[list[CallSpec]]
@@ -88,14 +80,13 @@ class Setup:
     plan_template: WorkflowTemplate | None = None
     """What degrading workflows predict their remaining stages with (default: their own template)."""
     deadline_rule: bool = False
-    """Text-to-SQL workflows follow the live pipeline's deadline rule (no revision or evaluation begun past
-    the deadline; ``KnobbedWorkflow``): for replays of the gateway's own pipeline (``hexflow bench burst
-    --live``), not of CHESS as a user runs it behind another scheduler."""
+    """Text-to-SQL workflows follow the live pipeline's deadline rule (``KnobbedWorkflow``): for replays of the
+    gateway's own pipeline (``hexflow bench burst --live``)."""
     hedge: HedgeSettings | None = None
     """Hedge straggling critical-path calls in every run (``gateway.sim.simulator.HedgeSettings``)."""
     admission_share: float | None = None
-    """Admit each workflow as the live gateway does, forecasting the work ahead at this share of the full-batch
-    throughput (``Simulator(admission_share=...)``); None: every workflow is admitted."""
+    """Admit each workflow as the live gateway does, at this share of the full-batch throughput
+    (``Simulator(admission_share=...)``); None: every workflow is admitted."""
     admission_miss: str = "reject"
     """With ``admission_share``: what a workflow predicted to miss gets (``Simulator(admission_miss=...)``)."""
     slo_s: float = field(init=False)
@@ -131,9 +122,8 @@ class Setup:
         if a is None:
             rng = random.Random(seed)
             if self.arrivals_csv is not None:
-                # A recorded arrival pattern (Azure LLM trace format), rescaled to a mean of 1/s. Another
-                # window (seed) starts at another offset into the recording.
-                # Read at most a bounded number of rows (a long recording is cut; a ServeGen fit is sampled).
+                # A recorded pattern (a bounded number of rows), rescaled to a mean of 1/s; another window
+                # (seed) starts at another offset into the recording.
                 rows = pattern_arrivals(self.arrivals_csv, max(4 * self.n_workflows, 4000), random.Random(self.seed))
                 if len(rows) < 2:
                     raise ConfigError(str(self.arrivals_csv), "", "needs at least two arrival rows")
@@ -264,10 +254,9 @@ class Bench:
         target: float = TARGET,
         rel_tol: float = REL_TOL,
     ) -> float:
-        """Highest rate with SLO attainment >= ``target``, by geometric bisection to ``rel_tol``, at most ``ceiling``.
-
-        Returns ``ceiling`` when even it is sustained, 0.0 when not even ``ceiling / 256`` is. The bracket
-        starts at [0.25, 1] x ``ceiling`` or around ``guess`` (x/÷ 1.08) and widens until it holds the crossing."""
+        """Highest rate with SLO attainment >= ``target``, by geometric bisection to ``rel_tol``: ``ceiling`` when
+        even it is sustained, 0.0 when not even ``ceiling / 256`` is; the bracket starts at [0.25, 1] x
+        ``ceiling`` or around ``guess`` (x/÷ 1.08) and widens until it holds the crossing."""
         if not (ceiling > 0 and math.isfinite(ceiling)):
             raise ValueError(f"capacity search needs a positive finite ceiling, got {ceiling}")
         if not 0 < rel_tol < 1:

@@ -6,13 +6,13 @@ spends its time in), ``repeats`` times, and keeps the fastest run (the least dis
 from __future__ import annotations
 
 import importlib
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from gateway.bench.simbench import Setup
+from gateway.bench.stats import positive
 from gateway.sim.simulator import Simulator
 
 __all__ = ["NATIVE_PROBES", "SpeedResult", "build_kind", "measure_speed"]
@@ -72,8 +72,8 @@ def measure_speed(
     ``rate`` workflows/s when given (the fluid bound's linear program is then not solved)."""
     if not load > 0:
         raise ValueError(f"load must be positive, got {load}")
-    if rate is not None and not (rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"rate must be a positive number, got {rate}")
+    if rate is not None:
+        positive("rate", rate)
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if rate is None:

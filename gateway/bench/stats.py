@@ -19,6 +19,13 @@ def fmt(x: float, digits: int = 1) -> str:
     return f"{x:.{digits}f}" if math.isfinite(x) else ("inf" if x == math.inf else "-")
 
 
+def positive(what: str, x: float) -> float:
+    """``x`` if it is a positive finite number, else ``ValueError("{what} must be a positive number, got x")``."""
+    if not (x > 0 and math.isfinite(x)):
+        raise ValueError(f"{what} must be a positive number, got {x}")
+    return x
+
+
 def finite_or_none(x: float | None) -> float | None:
     """``x`` when it is a finite number, else ``None`` (strict JSON has no NaN or Infinity)."""
     return x if x is not None and math.isfinite(x) else None

@@ -15,28 +15,20 @@ import httpx
 
 from gateway.bench.livebench import PolicyRun
 from gateway.bench.replay import ReplayWorkflow
-from gateway.bench.stats import finite_or_none
+from gateway.bench.stats import json_safe
 from gateway.core.profile import PerfProfile
 from gateway.profiling.promparse import MetricsParseError, parse_families
 from gateway.sim.simulator import Simulator
 
-__all__ = [
-    "ENGINE_PHASES",
-    "EngineTimes",
-    "GapBreakdown",
-    "KindTimes",
-    "PathTimes",
-    "WorkerTimes",
-    "engine_accounting",
-    "engine_sums",
-    "gap_breakdown",
-    "lone_split",
-    "scrape_engines",
-]
+
+class _JsonView:
+    def to_json(self) -> dict[str, Any]:
+        """The JSON view (non-finite numbers as null)."""
+        return json_safe(self.__dict__)
 
 
 @dataclass
-class WorkerTimes:
+class WorkerTimes(_JsonView):
     """Calls one worker served: how many, mean time queued at the gateway, mean time on the worker, and the
     mean of the profile's lone-call prediction for the same calls (seconds)."""
 
@@ -46,17 +38,14 @@ class WorkerTimes:
     lone_s: float = math.nan
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON view."""
-        return {
-            "calls": self.calls,
-            "queued_s": finite_or_none(self.queued_s),
-            "on_worker_s": finite_or_none(self.on_worker_s),
-            "lone_predicted_s": finite_or_none(self.lone_s),
-        }
+        """The JSON view (``lone_s`` as ``lone_predicted_s``)."""
+        doc = super().to_json()
+        doc["lone_predicted_s"] = doc.pop("lone_s")
+        return doc
 
 
 @dataclass
-class PathTimes:
+class PathTimes(_JsonView):
     """Mean seconds of a workflow's latency along its chain of stages (per stage, its last call)."""
 
     workflows: int = 0
@@ -69,10 +58,6 @@ class PathTimes:
     client_s: float = math.nan
     """Client-side time outside the gateway (live: client latency less the gateway's; sim: 0)."""
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON view."""
-        return {k: (v if isinstance(v, int) else finite_or_none(v)) for k, v in self.__dict__.items()}
-
 
 ENGINE_PHASES = (
     ("queue", "vllm:request_queue_time_seconds"),
@@ -82,8 +67,6 @@ ENGINE_PHASES = (
 )
 """vLLM's per-request histograms: waiting in the engine, prompt (arrival in the batch to first token),
 output (first to last token), and the API server's end to end."""
-
-
 PREFIX_COUNTERS = (
     ("prefix_queries", "vllm:prefix_cache_queries_total"),
     ("prefix_hits", "vllm:prefix_cache_hits_total"),
@@ -103,14 +86,13 @@ def engine_sums(text: str) -> dict[str, float]:
             out[phase] = sum(v for _, v in sums)
             out[f"{phase}_count"] = sum(v for _, v in counts)
     for key, name in PREFIX_COUNTERS:
-        values = samples.get(name)
-        if values is not None:
+        if (values := samples.get(name)) is not None:
             out[key] = sum(v for _, v in values)
     return out
 
 
 @dataclass
-class EngineTimes:
+class EngineTimes(_JsonView):
     """What a server's own histograms say of the requests it finished during the live run: how many, and
     the mean seconds of each of ``ENGINE_PHASES`` (NaN where not exported), beside the profile's lone
     prediction of the same calls split into prompt (to the first token) and output."""
@@ -133,26 +115,17 @@ class EngineTimes:
     def between(cls, before: dict[str, float], after: dict[str, float]) -> EngineTimes:
         """The requests finished between two ``engine_sums`` readings."""
         out = cls()
+
+        def delta(key: str) -> float:
+            return after.get(key, math.nan) - before.get(key, 0.0)
+
         for phase, _ in ENGINE_PHASES:
-            n = after.get(f"{phase}_count", math.nan) - before.get(f"{phase}_count", 0.0)
-            total = after.get(phase, math.nan) - before.get(phase, 0.0)
-            out.mean_s[phase] = total / n if n > 0 else math.nan
+            n = delta(f"{phase}_count")
+            out.mean_s[phase] = delta(phase) / n if n > 0 else math.nan
             if phase == "e2e" and n > 0:
                 out.requests = n
-        out.prefix_queries = after.get("prefix_queries", math.nan) - before.get("prefix_queries", 0.0)
-        out.prefix_hits = after.get("prefix_hits", math.nan) - before.get("prefix_hits", 0.0)
+        out.prefix_queries, out.prefix_hits = delta("prefix_queries"), delta("prefix_hits")
         return out
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON view."""
-        return {
-            "requests": self.requests,
-            "mean_s": {k: finite_or_none(v) for k, v in self.mean_s.items()},
-            "lone_prefill_s": finite_or_none(self.lone_prefill_s),
-            "lone_decode_s": finite_or_none(self.lone_decode_s),
-            "prefix_queries": finite_or_none(self.prefix_queries),
-            "prefix_hits": finite_or_none(self.prefix_hits),
-        }
 
 
 def scrape_engines(urls: Sequence[str]) -> list[dict[str, float]]:
@@ -191,21 +164,19 @@ def engine_accounting(
     for run in runs:
         for res in run.live.results:
             for c in res.calls if res.completed else ():
-                prof = profiles.get(c.worker or "")
-                if prof is not None:
+                if (prof := profiles.get(c.worker or "")) is not None:
                     _, n_in, n_out = wanted.get(res.wid, {}).get(c.id, (-1, c.prompt_tokens, c.completion_tokens))
                     split[c.worker or ""].append(lone_split(prof, n_in, n_out))
     out = {}
     for name, b, a in zip(names, before, after, strict=True):
-        t = EngineTimes.between(b, a)
+        out[name] = t = EngineTimes.between(b, a)
         t.lone_prefill_s = _mean([x[0] for x in split.get(name, [])])
         t.lone_decode_s = _mean([x[1] for x in split.get(name, [])])
-        out[name] = t
     return out
 
 
 @dataclass
-class KindTimes:
+class KindTimes(_JsonView):
     """Calls of one kind matched between the live run and its simulation (the same workflow and node): how
     many, the mean time on the worker of each, and the share that went to the same worker in both."""
 
@@ -213,10 +184,6 @@ class KindTimes:
     live_run_s: float = math.nan
     sim_run_s: float = math.nan
     same_worker: float = math.nan
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON view."""
-        return {k: (v if isinstance(v, int) else finite_or_none(v)) for k, v in self.__dict__.items()}
 
 
 @dataclass
@@ -243,6 +210,7 @@ class GapBreakdown:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
+        workers = sorted(set(self.workers_live) | set(self.workers_sim))
         return {
             "policy": self.policy,
             "workflows_live": self.workflows_live,
@@ -251,16 +219,16 @@ class GapBreakdown:
             "calls_sim": self.calls_sim,
             "token_mismatches": self.token_mismatches,
             "per_worker": {
-                name: {
-                    "live": self.workers_live.get(name, WorkerTimes()).to_json(),
-                    "sim": self.workers_sim.get(name, WorkerTimes()).to_json(),
-                }
-                for name in sorted(set(self.workers_live) | set(self.workers_sim))
+                name: {side: times.get(name, WorkerTimes()).to_json() for side, times in self._workers()}
+                for name in workers
             },
             "per_workflow_mean": {"live": self.path_live.to_json(), "sim": self.path_sim.to_json()},
             "per_kind": {k: v.to_json() for k, v in sorted(self.kinds.items())},
             "prefix_sim": {name: {"prompt_tokens": q, "hit_tokens": h} for name, (q, h) in self.prefix_sim.items()},
         }
+
+    def _workers(self) -> tuple[tuple[str, dict[str, WorkerTimes]], ...]:
+        return ("live", self.workers_live), ("sim", self.workers_sim)
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -276,9 +244,35 @@ def _requested(workload: Sequence[ReplayWorkflow]) -> dict[int, dict[str, tuple[
     }
 
 
-def _stage(call_id: str) -> int:
-    """The stage index of a chain node id (``c{stage}.{index}``, ``gateway.core.dag.chain_nodes``)."""
-    return int(call_id[1:].split(".", 1)[0])
+@dataclass
+class _Side:
+    """One side's calls (live or simulated): per worker (queued, on worker, lone prediction), and per
+    workflow and stage the call that ended the stage last (queued, on worker)."""
+
+    per_worker: dict[str, list[tuple[float, float, float]]] = field(default_factory=lambda: defaultdict(list))
+    chains: dict[int, dict[int, tuple[float, float]]] = field(default_factory=lambda: defaultdict(dict))
+
+    def add(self, wid: int, stage: int, worker: str, queued: float, run: float, lone: float) -> None:
+        self.per_worker[worker].append((queued, run, lone))
+        st = self.chains[wid]
+        if stage not in st or queued + run > sum(st[stage]):
+            st[stage] = (queued, run)
+
+    def workers(self) -> dict[str, WorkerTimes]:
+        return {
+            name: WorkerTimes(len(v), *(_mean([x[i] for x in v]) for i in range(3)))
+            for name, v in self.per_worker.items()
+        }
+
+    def path(self, latencies: Mapping[int, float], outside: Mapping[int, float], client: float | None) -> PathTimes:
+        """Means over ``latencies``' workflows; ``outside``: each one's latency not spent on calls (the
+        gateway's for live, the simulated one's for sim), ``client``: None live (client less gateway)."""
+        ws = list(latencies)
+        q = [sum(x for x, _ in self.chains[w].values()) for w in ws]
+        r = [sum(x for _, x in self.chains[w].values()) for w in ws]
+        between = [outside[w] - a - b for w, a, b in zip(ws, q, r, strict=True)]
+        extra = _mean([latencies[w] - outside[w] for w in ws]) if client is None else client
+        return PathTimes(len(ws), _mean([latencies[w] for w in ws]), _mean(q), _mean(r), _mean(between), extra)
 
 
 def gap_breakdown(
@@ -296,26 +290,15 @@ def gap_breakdown(
     sim_call = {(t.wid, t.node): (t.run_s, workers[t.worker].name) for t in res_sim.calls}
     matched: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)
     for res in run.live.results:
-        if not res.completed:
-            continue
-        for c in res.calls:
+        for c in res.calls if res.completed else ():
             req = wanted.get(res.wid, {}).get(c.id)
-            sim_c = sim_call.get((res.wid, req[0])) if req is not None else None
-            if sim_c is not None:
+            if (sim_c := sim_call.get((res.wid, req[0])) if req is not None else None) is not None:
                 matched[c.kind].append((c.run_s, sim_c[0], c.worker == sim_c[1]))
     out.kinds = {
-        kind: KindTimes(len(v), _mean([x[0] for x in v]), _mean([x[1] for x in v]), sum(1 for x in v if x[2]) / len(v))
+        kind: KindTimes(len(v), _mean([x[0] for x in v]), _mean([x[1] for x in v]), sum(x[2] for x in v) / len(v))
         for kind, v in matched.items()
     }
     return out
-
-
-def _worker_times(per: Mapping[str, list[tuple[float, float, float]]]) -> dict[str, WorkerTimes]:
-    """Per worker, the means of its calls' (queued, on worker, lone prediction)."""
-    return {
-        name: WorkerTimes(len(v), _mean([x[0] for x in v]), _mean([x[1] for x in v]), _mean([x[2] for x in v]))
-        for name, v in per.items()
-    }
 
 
 def _live_side(
@@ -325,33 +308,24 @@ def _live_side(
     profiles: Mapping[str, PerfProfile],
 ) -> None:
     """The live half of the breakdown, from the gateway's report of each call."""
-    per: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    lat, q_path, r_path, between, client = [], [], [], [], []
+    side = _Side()
+    latency, gateway = {}, {}
     out.workflows_live = run.live.completed + run.live.rejected + run.live.failed
     for res in run.live.results:
         if not res.completed or not res.calls:
             continue
-        stages: dict[int, tuple[float, float]] = {}
         for c in res.calls:
             out.calls_live += 1
             _, n_in, n_out = wanted.get(res.wid, {}).get(c.id, (-1, c.prompt_tokens, c.completion_tokens))
-            if (c.prompt_tokens, c.completion_tokens) != (n_in, n_out):
-                out.token_mismatches += 1
+            out.token_mismatches += (c.prompt_tokens, c.completion_tokens) != (n_in, n_out)
             prof = profiles.get(c.worker or "")
             lone = prof.single_latency(n_in, n_out) if prof is not None else math.nan
-            per[c.worker or "?"].append((c.queued_s, c.run_s, lone))
-            k = _stage(c.id)
-            if k not in stages or c.queued_s + c.run_s > sum(stages[k]):
-                stages[k] = (c.queued_s, c.run_s)
-        chain = sum(q + r for q, r in stages.values())
-        gw = res.gateway_latency_s if res.gateway_latency_s is not None else math.nan
-        lat.append(res.latency_s if res.latency_s is not None else math.nan)
-        q_path.append(sum(q for q, _ in stages.values()))
-        r_path.append(sum(r for _, r in stages.values()))
-        between.append(gw - chain)
-        client.append((res.latency_s or math.nan) - gw)
-    out.workers_live = _worker_times(per)
-    out.path_live = PathTimes(len(lat), _mean(lat), _mean(q_path), _mean(r_path), _mean(between), _mean(client))
+            # A chain node id is ``c{stage}.{index}`` (``gateway.core.dag.chain_nodes``).
+            side.add(res.wid, int(c.id[1:].split(".", 1)[0]), c.worker or "?", c.queued_s, c.run_s, lone)
+        latency[res.wid] = res.latency_s if res.latency_s is not None else math.nan
+        gateway[res.wid] = res.gateway_latency_s if res.gateway_latency_s is not None else math.nan
+    out.workers_live = side.workers()
+    out.path_live = side.path(latency, gateway, None)
 
 
 def _sim_side(out: GapBreakdown, res_sim: Any, workload: Sequence[ReplayWorkflow], workers: Sequence[Any]) -> None:
@@ -360,25 +334,14 @@ def _sim_side(out: GapBreakdown, res_sim: Any, workload: Sequence[ReplayWorkflow
     out.prefix_sim = {
         w.name: (st.prompt_tokens, st.prefix_hit_tokens) for w, st in zip(workers, res_sim.engine_stats, strict=True)
     }
-    specs = {w.wid: [c for stage in w.stage_calls() for c in stage] for w in workload}
-    stage_of = {w.wid: [k for k, stage in enumerate(w.stage_calls()) for _ in stage] for w in workload}
-    per_sim: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    chains: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
+    specs = {w.wid: [(k, c) for k, stage in enumerate(w.stage_calls()) for c in stage] for w in workload}
+    side = _Side()
     for t in res_sim.calls:
         out.calls_sim += 1
         wk = workers[t.worker]
-        spec = specs[t.wid][t.node]
-        q, r = t.queued_s, t.run_s
-        per_sim[wk.name].append((q, r, wk.profile.single_latency(spec.input_tokens, spec.output_tokens)))
-        k = stage_of[t.wid][t.node]
-        st = chains[t.wid]
-        if k not in st or q + r > sum(st[k]):
-            st[k] = (q, r)
-    out.workers_sim = _worker_times(per_sim)
-    sim_lat = [r.latency for r in res_sim.workflows]
-    sim_q = [sum(q for q, _ in chains[r.wid].values()) for r in res_sim.workflows]
-    sim_r = [sum(x for _, x in chains[r.wid].values()) for r in res_sim.workflows]
-    sim_between = [r.latency - sum(q + x for q, x in chains[r.wid].values()) for r in res_sim.workflows]
-    out.path_sim = PathTimes(
-        len(sim_lat), _mean(sim_lat), _mean(sim_q), _mean(sim_r), _mean(sim_between), 0.0 if sim_lat else math.nan
-    )
+        k, spec = specs[t.wid][t.node]
+        lone = wk.profile.single_latency(spec.input_tokens, spec.output_tokens)
+        side.add(t.wid, k, wk.name, t.queued_s, t.run_s, lone)
+    out.workers_sim = side.workers()
+    latency = {r.wid: r.latency for r in res_sim.workflows}
+    out.path_sim = side.path(latency, latency, 0.0 if latency else math.nan)

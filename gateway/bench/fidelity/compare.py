@@ -1,15 +1,15 @@
-"""The core the ``bench fidelity`` modes share: a timed stream of requests simulated on one engine under a
-profile (to set beside ``gateway.profiling.worker.send_arrivals``'s live latencies), the live-against-
-simulated gaps of a replay, and the run's folder of logs and catalogues."""
+"""What the ``bench fidelity`` modes share: requests simulated on one engine under a profile (beside
+``send_arrivals``'s live latencies), and a replay's live-against-simulated gaps and their table cells."""
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from gateway.bench.livebench import LiveBenchReport
+from gateway.bench.livebench import LiveBenchReport, PolicyRun
+from gateway.bench.stats import fmt
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow, Workflow
 from gateway.profiling.worker import Arrival
@@ -17,13 +17,10 @@ from gateway.sim.engine import SimEngine
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator
 
-__all__ = ["live_gaps", "p95", "simulate_arrivals", "simulate_runs"]
-
 
 def simulate_arrivals(profile: PerfProfile, arrivals: Sequence[Arrival]) -> list[float]:
-    """Each request's latency (its arrival to its answer, the profile's request overhead included) on one
-    simulated engine (``gateway.sim.engine.SimEngine``, the model the simulator and the scheduler use) with
-    this profile, requests arriving at the given offsets."""
+    """Each request's latency (arrival to answer, request overhead included) on one ``SimEngine`` with this
+    profile, requests arriving at the given offsets."""
     eng = SimEngine(profile)
     calls = []
     for i, (_, n_in, n_out) in enumerate(arrivals):
@@ -59,6 +56,18 @@ def p95(xs: Sequence[float]) -> float:
 def live_gaps(live: LiveBenchReport) -> dict[str, dict[str, float]]:
     """Policy -> live/simulated - 1 of P95 (``p95``) and SLO attainment (``slo``) of a live bench."""
     return {r.policy: {"p95": r.p95_ratio - 1.0, "slo": r.slo_ratio - 1.0} for r in live.runs}
+
+
+def within(gaps: Iterable[float], target: float) -> bool:
+    """Every gap finite and within ``target`` (true for none)."""
+    return all(math.isfinite(g) and abs(g) <= target for g in gaps)
+
+
+def gap_cells(r: PolicyRun, g: dict[str, float], digits: int) -> list[str]:
+    """One policy's live and simulated P95, their gap, live and simulated SLO attainment, their gap."""
+    lv, sm = r.live, r.simulated
+    p95s = [fmt(lv.p95_s, digits), fmt(sm.p95_s, digits), f"{g['p95']:+.1%}"]
+    return [*p95s, fmt(lv.slo_attainment, 3), fmt(sm.slo_attainment, 3), f"{g['slo']:+.1%}"]
 
 
 def simulate_runs(

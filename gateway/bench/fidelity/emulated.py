@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from gateway.bench.fidelity.compare import live_gaps, simulate_runs
+from gateway.bench.fidelity.compare import gap_cells, live_gaps, simulate_runs, within
 from gateway.bench.livebench import LiveBenchReport, format_live_report, run_live_bench
 from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
@@ -29,16 +29,6 @@ from gateway.profiling.fit import workflow_latency
 from gateway.profiling.output import profile_entry
 from gateway.profiling.plan import PlanSettings
 from gateway.profiling.probe import CalibrationResult, calibrate
-
-__all__ = [
-    "FACTOR_SETS",
-    "TARGET",
-    "FidelityReport",
-    "GpuCalibration",
-    "format_fidelity_report",
-    "perturbed_catalog",
-    "run_fidelity",
-]
 
 TARGET = 0.05
 """Largest relative gap between live and simulated P95 and SLO attainment (issue 14)."""
@@ -103,23 +93,22 @@ class FidelityReport:
 
     def within_target(self) -> bool:
         """Every policy's live P95 and SLO attainment within ``TARGET`` of the simulator's."""
-        return all(math.isfinite(v) and abs(v) <= TARGET for g in self.gaps().values() for v in (g["p95"], g["slo"]))
+        return within((v for g in self.gaps().values() for v in (g["p95"], g["slo"])), TARGET)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (non-finite numbers become null)."""
-        cal = []
-        for c in self.calibrations:
-            cal.append(
-                {
-                    "gpu": c.gpu,
-                    "truth": {k: getattr(c.truth, k) for k in _CONSTANTS},
-                    "calibrated": {k: getattr(c.calibrated, k) for k in (*_CONSTANTS, "attn_s", "seq_s", "admit_s")},
-                    "workflow_latency_error": c.workflow_error(),
-                    "decode_step_error_16x4000": c.decode_error(),
-                    "probes": len(c.result.measurements),
-                    "calibration_wall_s": c.result.wall_s,
-                }
-            )
+        cal = [
+            {
+                "gpu": c.gpu,
+                "truth": {k: getattr(c.truth, k) for k in _CONSTANTS},
+                "calibrated": {k: getattr(c.calibrated, k) for k in (*_CONSTANTS, "attn_s", "seq_s", "admit_s")},
+                "workflow_latency_error": c.workflow_error(),
+                "decode_step_error_16x4000": c.decode_error(),
+                "probes": len(c.result.measurements),
+                "calibration_wall_s": c.result.wall_s,
+            }
+            for c in self.calibrations
+        ]
         return json_safe(
             {
                 "target": TARGET,
@@ -149,8 +138,8 @@ def run_fidelity(
     progress: bool = True,
     settings: PlanSettings | None = None,
 ) -> FidelityReport:
-    """Calibrate, replay live, simulate. Subprocess logs, the two catalogues and
-    the configs go to ``log_dir`` (kept) or a temporary folder removed after a successful run."""
+    """Calibrate, replay live, simulate. Logs, the two catalogues and the configs go to ``log_dir`` (kept) or
+    a temporary folder removed after a successful run."""
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time scale must be a positive number, got {time_scale}")
     base = yaml.safe_load(Path(DEFAULT_GPU_CATALOG).read_text())
@@ -214,10 +203,8 @@ def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
 def _simulate_with(
     catalog: GpuCatalog, cluster: str, trace: str, live: LiveBenchReport, *, seed: int, slo_scale: float
 ) -> dict[str, dict[str, float]]:
-    """The simulator on the live runs' workload (same rate, seeds, alpha) with ``catalog``'s profiles.
-
-    The workload's deadlines come from the live bench's SLO (the calibrated catalogue's), so the two
-    predictions are judged against the same deadline."""
+    """The simulator on the live runs' workload (same rate, seeds, alpha) with ``catalog``'s profiles; the
+    deadlines are the live bench's (the calibrated catalogue's SLO), so both predictions face the same one."""
     workers = build_workers(load_cluster_config(cluster, catalog), catalog)
     setup = replay_setup(trace, workers, workflows=live.workflows, seed=seed, slo_scale=slo_scale)
     factor = live.slo_s / setup.slo_s if setup.slo_s > 0 else 1.0
@@ -236,51 +223,32 @@ def format_fidelity_report(rep: FidelityReport) -> str:
     """The tables ``hexflow bench fidelity`` prints."""
     rows = []
     for c in rep.calibrations:
-        t, k = c.truth, c.calibrated
-        rows.append(
-            [
-                c.gpu,
-                f"{k.iter_base_s:.4g} ({k.iter_base_s / t.iter_base_s - 1:+.0%})",
-                f"{k.token_s:.4g} ({k.token_s / t.token_s - 1:+.0%})",
-                f"{k.ctx_s:.3g} ({(k.ctx_s / t.ctx_s - 1) if t.ctx_s else math.nan:+.0%})",
-                f"{k.request_overhead_s:.3g} ({k.request_overhead_s / t.request_overhead_s - 1:+.0%})",
-                f"{k.kv_capacity_tokens} ({k.kv_capacity_tokens / t.kv_capacity_tokens - 1:+.1%})",
-                f"{c.workflow_error():+.1%}",
-                f"{c.decode_error():+.1%}",
-                f"{len(c.result.measurements)} in {c.result.wall_s:.0f} s",
-            ]
-        )
+        cells = []
+        for key, spec, gap in _CELLS:
+            k, t = getattr(c.calibrated, key), getattr(c.truth, key)
+            cells.append(f"{k:{spec}} ({k / t - 1 if t else math.nan:+{gap}})")
+        probes = f"{len(c.result.measurements)} in {c.result.wall_s:.0f} s"
+        rows.append([c.gpu, *cells, f"{c.workflow_error():+.1%}", f"{c.decode_error():+.1%}", probes])
     head = ["gpu", "iter_base_s", "token_s", "ctx_s", "overhead_s", "kv_tokens", "workflow", "decode 16x4k", "probes"]
-    lines = [
-        "calibrated profiles (modelled seconds) and their error against the truth the emulated workers ran:",
-        table(head, rows),
-        "",
-        format_live_report(rep.live),
-        "",
-    ]
     grows = []
     for r in rep.live.runs:
-        g = rep.gaps()[r.policy]
         ts = rep.truth_sim.get(r.policy, {})
-        grows.append(
-            [
-                r.policy,
-                fmt(r.live.p95_s),
-                fmt(r.simulated.p95_s),
-                f"{g['p95']:+.1%}",
-                fmt(r.live.slo_attainment, 3),
-                fmt(r.simulated.slo_attainment, 3),
-                f"{g['slo']:+.1%}",
-                fmt(ts.get("p95_s", math.nan)),
-                fmt(ts.get("slo_attainment", math.nan), 3),
-            ]
-        )
-    lines.append(f"live against the simulator with the calibrated profiles (target: within {TARGET:.0%}):")
-    lines.append(
-        table(
-            ["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap", "truth-sim p95", "truth-sim slo"],
-            grows,
-        )
+        truth = [fmt(ts.get("p95_s", math.nan)), fmt(ts.get("slo_attainment", math.nan), 3)]
+        grows.append([r.policy, *gap_cells(r, rep.gaps()[r.policy], 1), *truth])
+    ghead = ["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap", "truth-sim p95", "truth-sim slo"]
+    return "\n".join(
+        [
+            "calibrated profiles (modelled seconds) and their error against the truth the emulated workers ran:",
+            table(head, rows),
+            "",
+            format_live_report(rep.live),
+            "",
+            f"live against the simulator with the calibrated profiles (target: within {TARGET:.0%}):",
+            table(ghead, grows),
+            "within target" if rep.within_target() else "NOT within target",
+        ]
     )
-    lines.append("within target" if rep.within_target() else "NOT within target")
-    return "\n".join(lines)
+
+
+_CELLS: tuple[tuple[str, str, str], ...] = (("iter_base_s", ".4g", ".0%"), ("token_s", ".4g", ".0%"))
+_CELLS += (("ctx_s", ".3g", ".0%"), ("request_overhead_s", ".3g", ".0%"), ("kv_capacity_tokens", "", ".1%"))

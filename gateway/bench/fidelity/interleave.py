@@ -22,15 +22,6 @@ from gateway.core.profile import PerfProfile
 from gateway.profiling.plan import PlanSettings
 from gateway.profiling.worker import Arrival, ProbeWorker, send_arrivals
 
-__all__ = [
-    "REQUESTS",
-    "InterleaveReport",
-    "ScenarioResult",
-    "check_interleaved",
-    "format_interleave_report",
-    "make_scenarios",
-]
-
 REQUESTS = 10
 """Requests per scenario."""
 SEED_BASE = 1_000_000
@@ -174,18 +165,9 @@ def format_interleave_report(rep: InterleaveReport) -> str:
     """The per-scenario table and the median."""
     rows = []
     for i, s in enumerate(rep.scenarios):
+        sums = [f"{sum(x):.3f}" for x in (s.live_s, s.predicted_s, s.lone_s)]
         rr = s.request_ratios
-        rows.append(
-            [
-                str(i),
-                str(len(s.arrivals)),
-                f"{sum(s.live_s):.3f}",
-                f"{sum(s.predicted_s):.3f}",
-                f"{sum(s.lone_s):.3f}",
-                f"{s.ratio:.3f}",
-                f"{min(rr):.2f}-{max(rr):.2f}",
-            ]
-        )
+        rows.append([str(i), str(len(s.arrivals)), *sums, f"{s.ratio:.3f}", f"{min(rr):.2f}-{max(rr):.2f}"])
     head = (
         f"interleaved check: {len(rep.scenarios)} scenarios of staggered requests, at most {rep.concurrency} in flight"
     )

@@ -17,7 +17,7 @@ import httpx
 
 from gateway.bench.fidelity.compare import p95, simulate_arrivals
 from gateway.bench.replay import scale_queries, workload_queries
-from gateway.bench.stats import finite_or_none, table
+from gateway.bench.stats import json_safe, positive, table
 from gateway.core.profile import PerfProfile
 from gateway.profiling.worker import ProbeWorker, send_arrivals
 
@@ -39,8 +39,7 @@ def make_calls(trace: str, n: int, rate: float, token_scale: float, seed: int) -
     ``token_scale``, at Poisson arrivals of ``rate`` per second starting at 0."""
     if n < 1:
         raise ValueError("calls must be >= 1")
-    if not (rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"rate must be a positive number, got {rate}")
+    positive("rate", rate)
     _, queries = workload_queries(trace, max(8, n // 4), seed)
     pool = [c for q in scale_queries(queries, token_scale) for c in q]
     rng = random.Random(f"open-loop/{seed}/{rate}")
@@ -86,14 +85,9 @@ class RateResult:
         }
         if pairs:
             live, sim = [p[0] for p in pairs], [p[1] for p in pairs]
-            out |= {
-                "mean_live_s": statistics.fmean(live),
-                "mean_sim_s": statistics.fmean(sim),
-                "mean_ratio": statistics.fmean(live) / statistics.fmean(sim),
-                "p95_live_s": p95(live),
-                "p95_sim_s": p95(sim),
-                "p95_ratio": p95(live) / p95(sim),
-            }
+            for name, stat in (("mean", statistics.fmean), ("p95", p95)):
+                lv, sv = stat(live), stat(sim)
+                out |= {f"{name}_live_s": lv, f"{name}_sim_s": sv, f"{name}_ratio": lv / sv}
         kinds: dict[str, Any] = {}
         for kind in sorted({c.kind for c in self.calls}):
             kp = self._pairs(kind)
@@ -118,14 +112,6 @@ class OpenLoopReport:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (``--json``); non-finite numbers as null."""
-
-        def clean(v: Any) -> Any:
-            if isinstance(v, float):
-                return finite_or_none(v)
-            if isinstance(v, dict):
-                return {k: clean(x) for k, x in v.items()}
-            return v
-
         return {
             "worker": self.worker,
             "model": self.model,
@@ -134,7 +120,7 @@ class OpenLoopReport:
             "trace": self.trace,
             "token_scale": self.token_scale,
             "seed": self.seed,
-            "rates": [clean(r.summary()) for r in self.rates],
+            "rates": [json_safe(r.summary()) for r in self.rates],
         }
 
 
@@ -205,6 +191,9 @@ async def run_open_loop(
     return rep
 
 
+_FIGURES = ("mean_live_s", "mean_sim_s", "mean_ratio", "p95_live_s", "p95_sim_s", "p95_ratio")
+
+
 def format_open_loop_report(rep: OpenLoopReport) -> str:
     """Per rate: mean and P95 live against simulated; then per kind the mean ratio at each rate."""
     p = rep.profile
@@ -212,22 +201,11 @@ def format_open_loop_report(rep: OpenLoopReport) -> str:
         f"open loop against {rep.worker} ({rep.model}), profile {p.name} (admit_s {p.admit_s:.3g}, "
         f"request_overhead_s {p.request_overhead_s:.3g}); {rep.trace} calls, tokens x {rep.token_scale:g}"
     ]
-    rows = []
     sums = [r.summary() for r in rep.rates]
+    rows = []
     for s in sums:
-        rows.append(
-            [
-                f"{s['rate']:g}",
-                f"{s['completed']}/{s['calls']}",
-                f"{s.get('mean_live_s', math.nan):.4f}",
-                f"{s.get('mean_sim_s', math.nan):.4f}",
-                f"{s.get('mean_ratio', math.nan):.3f}",
-                f"{s.get('p95_live_s', math.nan):.4f}",
-                f"{s.get('p95_sim_s', math.nan):.4f}",
-                f"{s.get('p95_ratio', math.nan):.3f}",
-                f"{s['client_waits']}",
-            ]
-        )
+        figures = [f"{s.get(k, math.nan):.{3 if k.endswith('ratio') else 4}f}" for k in _FIGURES]
+        rows.append([f"{s['rate']:g}", f"{s['completed']}/{s['calls']}", *figures, f"{s['client_waits']}"])
     head = ["rate/s", "done", "mean live", "mean sim", "live/sim", "p95 live", "p95 sim", "live/sim", "waited"]
     lines.append(table(head, rows))
     kinds = sorted({k for s in sums for k in s["kinds"]})

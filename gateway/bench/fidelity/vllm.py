@@ -1,13 +1,10 @@
-"""``hexflow bench fidelity-vllm``: does the simulator predict real vLLM servers on the CPU that it only knows
-through ``hexflow calibrate``? Servers differing in speed are calibrated (under the others' load unless
-``--calibrate-alone``), a token-scaled trace is replayed live and simulated with the fitted profiles, the gap
-is broken down (``GapBreakdown``, ``hostcpu``), optionally over rounds with recalibration. Target: live P95
-within 10% (``TARGET``). Method and figures: docs/benchmarks.md "Against real vLLM on the CPU"."""
+"""``hexflow bench fidelity-vllm``: real vLLM servers on the CPU, known only through ``hexflow calibrate``, are
+calibrated, a token-scaled trace replayed live and simulated with the fitted profiles, the gap broken down;
+target: live P95 within 10% (``TARGET``). Method: docs/benchmarks.md "Against real vLLM on the CPU"."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import sys
 import time
@@ -38,6 +35,7 @@ from gateway.bench.livebench import run_live_bench
 from gateway.bench.replay import replay_setup, replay_workload, scale_queries, workload_queries
 from gateway.bench.rig import bench_folder, say_stderr
 from gateway.bench.simbench import fluid_bound
+from gateway.bench.stats import positive
 from gateway.config import build_workers, load_cluster_config
 from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.profiling.fit import workflow_latency
@@ -47,8 +45,6 @@ from gateway.profiling.probe import CalibrationResult, calibrate
 from gateway.profiling.worker import ProbeWorker
 from gateway.sim.metrics import Summary
 from workers import cpu_vllm
-
-__all__ = ["run_fidelity_vllm"]
 
 
 @dataclass(frozen=True)
@@ -75,14 +71,12 @@ class _Settings:
 
     def check(self, seed: int, rounds: int) -> None:
         """``ValueError`` for a bad setting, or a round's workload that does not fit ``MAX_MODEL_LEN``."""
-        if not (self.token_scale > 0 and math.isfinite(self.token_scale)):
-            raise ValueError(f"token scale must be a positive number, got {self.token_scale}")
-        if self.rate_qps is None and not (self.load > 0 and math.isfinite(self.load)):
-            raise ValueError(f"load must be a positive number, got {self.load}")
-        if self.rate_qps is not None and not (self.rate_qps > 0 and math.isfinite(self.rate_qps)):
-            raise ValueError(f"rate must be a positive number, got {self.rate_qps}")
-        if not (self.budget_s > 0 and math.isfinite(self.budget_s)):
-            raise ValueError(f"budget must be a positive number, got {self.budget_s}")
+        positive("token scale", self.token_scale)
+        if self.rate_qps is None:
+            positive("load", self.load)
+        else:
+            positive("rate", self.rate_qps)
+        positive("budget", self.budget_s)
         if rounds < 1:
             raise ValueError(f"rounds must be at least 1, got {rounds}")
         if self.repeats < 1:
@@ -120,17 +114,13 @@ def run_fidelity_vllm(
     progress: bool = True,
     paths: cpu_vllm.Paths | None = None,
 ) -> VllmFidelitySeries:
-    """Start the servers, then ``rounds`` times (seeds ``seed``, ``seed + 1``, ...): calibrate, replay live,
-    simulate, break the gap down. Each round calibrates afresh, just before its replay:
-    the host's speed drifts over minutes, and a round is a paired measurement of one calibration and the
-    replay that follows it. With ``recalibrate_after`` each round calibrates every server again right after
-    its replay and simulates the workload with the engines at that speed as well (the drift check).
+    """Start the servers, then ``rounds`` times (seeds ``seed``, ``seed + 1``, ...): calibrate afresh (the
+    host's speed drifts), replay live, simulate, break the gap down; with ``recalibrate_after`` calibrate again
+    after the replay and simulate with the engines at that speed too (the drift check).
 
-    Raises ``ValueError`` for bad arguments or a scaled call that does not fit ``MAX_MODEL_LEN``, and
-    ``cpu_vllm.CpuVllmError`` when the servers cannot be set up or started. The servers are stopped at the
-    end unless ``keep_servers``. Logs, the profiles overlay and the cluster file go to ``log_dir`` (kept) or
-    a temporary folder removed after a successful run.
-    """
+    ``ValueError`` for bad arguments or a scaled call over ``MAX_MODEL_LEN``, ``cpu_vllm.CpuVllmError`` when
+    the servers cannot be set up or started. The servers are stopped at the end unless ``keep_servers``; logs,
+    the profiles overlay and the cluster file go to ``log_dir`` (kept) or a temporary folder."""
     servers = default_servers() if servers is None else servers
     if len(servers) < 1 or len({s.name for s in servers}) != len(servers):
         raise ValueError("give at least one server, each with its own name")
@@ -248,9 +238,8 @@ def _host_usage(h0: hostcpu.HostSample | None, groups: Mapping[str, int] | None)
 async def _background_load(
     urls: Sequence[str], calls: Sequence[tuple[int, int]], per_server: int, stop: asyncio.Event, seed: int
 ) -> int:
-    """Keep ``per_server`` requests running on each of ``urls`` (calls drawn from ``calls``, token-id
-    prompts of their own) until ``stop``; returns how many completed. Errors are counted out, not raised:
-    the load only has to be there."""
+    """Keep ``per_server`` requests running on each of ``urls`` (calls drawn from ``calls``) until ``stop``;
+    how many completed (errors are not raised: the load only has to be there)."""
     rng = random.Random(seed)
     done = 0
 
@@ -302,11 +291,9 @@ def _calibrate_all(
     groups: Mapping[str, int] | None = None,
 ) -> list[ServerCalibration]:
     """Calibrate each server in turn, prompts and outputs up to the workload's longest. With
-    ``calibrate_beside_load`` the other servers meanwhile serve the workload's calls (two at a time each), as
-    they will during the replay: on a CPU the servers share the cache, memory bandwidth and the host, and one's
-    work slows the other; without it the others idle. ``groups`` (name -> process group: each server's, the
-    benchmark's as ``bench``): what the host's CPUs did during each calibration is measured
-    (``ServerCalibration.host``)."""
+    ``calibrate_beside_load`` the others meanwhile serve the workload's calls (two at a time each), as in the
+    replay (on a CPU one server's work slows the others). ``groups`` (name -> process group, the benchmark's as
+    ``bench``): measure what the host's CPUs did during each calibration (``ServerCalibration.host``)."""
     standard = scale_queries([STANDARD_WORKFLOW], cfg.token_scale)[0]
     longest_in = max(c[0] for c in calls)
     longest_out = max(c[1] for c in calls)

@@ -10,14 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.bench import hostcpu
-from gateway.bench.fidelity.breakdown import EngineTimes, GapBreakdown, WorkerTimes
-from gateway.bench.fidelity.compare import live_gaps
+from gateway.bench.fidelity.breakdown import EngineTimes, GapBreakdown, PathTimes, WorkerTimes
+from gateway.bench.fidelity.compare import gap_cells, live_gaps, within
 from gateway.bench.fidelity.vllm_servers import CHUNK, MAX_MODEL_LEN, TARGET, ServerCalibration
-from gateway.bench.livebench import LiveBenchReport, PolicyRun, format_live_report
-from gateway.bench.stats import finite_or_none, fmt, table
+from gateway.bench.livebench import LiveBenchReport, format_live_report
+from gateway.bench.stats import finite_or_none, fmt, json_safe, table
 from gateway.sim.metrics import Summary
-
-__all__ = ["VllmFidelityReport", "VllmFidelitySeries", "format_vllm_fidelity_report", "format_vllm_fidelity_series"]
 
 
 @dataclass
@@ -52,18 +50,16 @@ class VllmFidelityReport:
         and after the replay, widened by ``TARGET`` on each side (only with ``--recalibrate-after``)."""
         out = {}
         for r in self.live.runs:
-            after = self.sim_after.get(r.policy)
-            if after is None:
-                continue
-            lo, hi = sorted((r.simulated.p95_s, after.p95_s))
-            out[r.policy] = lo * (1 - TARGET) <= r.live.p95_s <= hi * (1 + TARGET)
+            if (after := self.sim_after.get(r.policy)) is not None:
+                lo, hi = sorted((r.simulated.p95_s, after.p95_s))
+                out[r.policy] = lo * (1 - TARGET) <= r.live.p95_s <= hi * (1 + TARGET)
         return out
 
     def host_by_server(self) -> dict[str, dict[str, Any]]:
         """Server -> what ran on its CPUs while it was calibrated and during the replay (``cores``: its own
         CPU seconds per second; ``beside``: the share of its pinned CPUs' time that went to anything else;
-        ``steal``: their share taken by the hypervisor), beside each policy's live/simulated mean time per
-        call on it. Empty where the host was not measured."""
+        ``steal``: taken by the hypervisor), beside each policy's live/simulated mean time per call on it.
+        Empty where the host was not measured."""
         out: dict[str, dict[str, Any]] = {}
         for c in self.calibrations:
             name, cpus = c.server.name, c.server.cpus
@@ -72,14 +68,13 @@ class VllmFidelityReport:
                 for phase, h in (("calibration", c.host), ("replay", self.host))
                 if h is not None
             }
-            if not phases:
-                continue
-            ratio: dict[str, float | None] = {}
-            for b in self.breakdowns:
-                lv, sm = b.workers_live.get(name), b.workers_sim.get(name)
-                if lv is not None and sm is not None and sm.on_worker_s > 0:
-                    ratio[b.policy] = finite_or_none(lv.on_worker_s / sm.on_worker_s)
-            out[name] = {"cpus": list(cpus), **phases, "live_over_sim_on_worker": ratio}
+            if phases:
+                ratio: dict[str, float | None] = {}
+                for b in self.breakdowns:
+                    lv, sm = b.workers_live.get(name), b.workers_sim.get(name)
+                    if lv is not None and sm is not None and sm.on_worker_s > 0:
+                        ratio[b.policy] = finite_or_none(lv.on_worker_s / sm.on_worker_s)
+                out[name] = {"cpus": list(cpus), **phases, "live_over_sim_on_worker": ratio}
         return out
 
     def gaps(self) -> dict[str, dict[str, float]]:
@@ -88,7 +83,7 @@ class VllmFidelityReport:
 
     def within_target(self) -> bool:
         """Every policy's live P95 within ``TARGET`` of the simulator's."""
-        return all(math.isfinite(g["p95"]) and abs(g["p95"]) <= TARGET for g in self.gaps().values())
+        return within((g["p95"] for g in self.gaps().values()), TARGET)
 
     def sim_prefix_hit_share(self) -> dict[str, float]:
         """Per server, the share of prompt tokens the simulated engines served from their prefix caches over
@@ -107,6 +102,12 @@ class VllmFidelityReport:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (non-finite numbers become null)."""
+        after = {
+            "servers": [c.to_json() for c in self.after],
+            "drift": json_safe(self.drift()),
+            "sim_p95_s": {p: finite_or_none(s.p95_s) for p, s in self.sim_after.items()},
+            "bracketed": self.bracketed(),
+        }
         return {
             "target_p95": TARGET,
             "within_target": self.within_target(),
@@ -116,32 +117,30 @@ class VllmFidelityReport:
             "max_batched_tokens": CHUNK,
             "servers": [c.to_json() for c in self.calibrations],
             "speed_ratio": finite_or_none(self.speed_ratio()),
-            "gaps": {p: {k: finite_or_none(v) for k, v in g.items()} for p, g in self.gaps().items()},
+            "gaps": json_safe(self.gaps()),
             "breakdown": [b.to_json() for b in self.breakdowns],
             "engines": {name: t.to_json() for name, t in self.engines.items()},
             "live_bench": self.live.to_json(),
             "host": self.host.to_json() if self.host is not None else None,
             "host_by_server": self.host_by_server(),
-            "after": {
-                "servers": [c.to_json() for c in self.after],
-                "drift": {k: finite_or_none(v) for k, v in self.drift().items()},
-                "sim_p95_s": {p: finite_or_none(s.p95_s) for p, s in self.sim_after.items()},
-                "bracketed": self.bracketed(),
-            }
-            if self.after
-            else None,
+            "after": after if self.after else None,
         }
 
 
-def _gap_cells(r: PolicyRun, g: dict[str, float]) -> list[str]:
-    """Live and simulated P95, their gap, live and simulated SLO attainment: one policy's row of a gap table."""
-    return [
-        fmt(r.live.p95_s, 2),
-        fmt(r.simulated.p95_s, 2),
-        f"{g['p95']:+.1%}",
-        fmt(r.live.slo_attainment, 3),
-        fmt(r.simulated.slo_attainment, 3),
-    ]
+def _share(x: float | None) -> str:
+    return f"{x:.0%}" if x is not None and math.isfinite(x) else "-"
+
+
+def _ratio(a: float, b: float, digits: int = 2) -> str:
+    return fmt(a / b if b else math.nan, digits)
+
+
+def _pair(a: float, b: float, digits: int = 3) -> str:
+    return f"{fmt(a, digits)}/{fmt(b, digits)}"
+
+
+def _ratios(h: dict[str, Any]) -> str:
+    return " ".join(fmt(v, 2) if v is not None else "-" for v in h["live_over_sim_on_worker"].values()) or "-"
 
 
 def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
@@ -156,12 +155,8 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     ]
     for b in rep.breakdowns:
         lines += _breakdown_lines(b)
-    lines += _engine_lines(rep)
-    lines += _host_lines(rep)
-    grows = []
-    for r in rep.live.runs:
-        g = rep.gaps()[r.policy]
-        grows.append([r.policy, *_gap_cells(r, g), f"{g['slo']:+.1%}"])
+    lines += _engine_lines(rep) + _host_lines(rep)
+    grows = [[r.policy, *gap_cells(r, rep.gaps()[r.policy], 2)] for r in rep.live.runs]
     lines.append(f"live against the simulator with the calibrated profiles (target: P95 within {TARGET:.0%}):")
     lines.append(table(["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap"], grows))
     lines.append("within target" if rep.within_target() else "NOT within target")
@@ -175,174 +170,99 @@ def _calibration_table(rep: VllmFidelityReport) -> str:
     rows = []
     for c in rep.calibrations:
         p, errs = c.profile, [abs(e) for e in c.result.errors()]
-        rows.append(
-            [
-                c.server.name,
-                f"{c.server.omp_threads}",
-                f"{c.server.max_num_seqs}",
-                ",".join(map(str, c.server.cpus)) or "-",
-                f"{p.iter_base_s:.4g}",
-                f"{p.token_s:.4g}",
-                f"{p.ctx_s:.3g}",
-                f"{p.attn_s:.3g}",
-                f"{p.seq_s:.3g}",
-                f"{p.admit_s:.3g}",
-                f"{p.request_overhead_s:.3g}",
-                f"{p.kv_capacity_tokens}",
-                f"{statistics.median(errs):.1%} / {max(errs):.1%}" if errs else "-",
-                f"{len(c.result.measurements)} in {c.result.wall_s:.0f} s",
-                fmt(c.standard_s, 2),
-            ]
-        )
+        s = c.server
+        consts = [f"{getattr(p, k):{'.4g' if k in ('iter_base_s', 'token_s') else '.3g'}}" for k in _FITTED]
+        fit = f"{statistics.median(errs):.1%} / {max(errs):.1%}" if errs else "-"
+        probes = f"{len(c.result.measurements)} in {c.result.wall_s:.0f} s"
+        cpus = ",".join(map(str, s.cpus)) or "-"
+        rows.append([s.name, f"{s.omp_threads}", f"{s.max_num_seqs}", cpus, *consts, f"{p.kv_capacity_tokens}"])
+        rows[-1] += [fit, probes, fmt(c.standard_s, 2)]
     head = ["server", "threads", "seqs", "cpus", "iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s"]
-    head += ["overhead_s", "kv_tokens"]
-    return table([*head, "fit |err| med/max", "probes", "std wf s"], rows)
+    return table([*head, "overhead_s", "kv_tokens", "fit |err| med/max", "probes", "std wf s"], rows)
+
+
+_FITTED = ("iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "request_overhead_s")
 
 
 def _breakdown_lines(b: GapBreakdown) -> list[str]:
     """Where one policy's time went: per worker, along the workflows' chains, call by call."""
-    lines = []
-    lines.append(
+    lines = [
         f"{b.policy}: where the time went (seconds; live {b.workflows_live} workflows, {b.calls_live} calls; "
         f"sim {b.workflows_sim} workflows, {b.calls_sim} calls; calls with other token counts than sent: "
         f"{b.token_mismatches})"
-    )
+    ]
     wrows = []
     for name in sorted(set(b.workers_live) | set(b.workers_sim)):
         lv, sm = b.workers_live.get(name, WorkerTimes()), b.workers_sim.get(name, WorkerTimes())
-        wrows.append(
-            [
-                name,
-                f"{lv.calls}/{sm.calls}",
-                f"{fmt(lv.queued_s, 3)}/{fmt(sm.queued_s, 3)}",
-                f"{fmt(lv.on_worker_s, 3)}/{fmt(sm.on_worker_s, 3)}",
-                fmt(lv.on_worker_s / sm.on_worker_s if sm.on_worker_s else math.nan, 2),
-                fmt(lv.lone_s, 3),
-                fmt(lv.on_worker_s / lv.lone_s if lv.lone_s else math.nan, 2),
-            ]
-        )
+        cells = [f"{lv.calls}/{sm.calls}", _pair(lv.queued_s, sm.queued_s), _pair(lv.on_worker_s, sm.on_worker_s)]
+        lone = [fmt(lv.lone_s, 3), _ratio(lv.on_worker_s, lv.lone_s)]
+        wrows.append([name, *cells, _ratio(lv.on_worker_s, sm.on_worker_s), *lone])
     head = ["worker", "calls live/sim", "queued live/sim", "on worker live/sim", "live/sim", "lone pred", "live/lone"]
-    lines.append(table(head, wrows))
-    lines.append("mean workflow latency along its chain of stages:")
-    lines.append(_path_table(b))
+    lines += [table(head, wrows), "mean workflow latency along its chain of stages:", _path_table(b)]
     if b.kinds:
-        krows = [
-            [
-                kind,
-                str(k.calls),
-                fmt(k.live_run_s, 3),
-                fmt(k.sim_run_s, 3),
-                fmt(k.live_run_s / k.sim_run_s if k.sim_run_s else math.nan, 2),
-                f"{k.same_worker:.0%}" if math.isfinite(k.same_worker) else "-",
-            ]
-            for kind, k in sorted(b.kinds.items())
-        ]
+        krows = []
+        for kind, k in sorted(b.kinds.items()):
+            times = [fmt(k.live_run_s, 3), fmt(k.sim_run_s, 3), _ratio(k.live_run_s, k.sim_run_s)]
+            krows.append([kind, str(k.calls), *times, _share(k.same_worker)])
         lines.append("call by call (the same workflow's same call, live and simulated; time on the worker):")
         lines.append(table(["kind", "calls", "live", "sim", "live/sim", "same worker"], krows))
-    lines.append("")
-    return lines
+    return [*lines, ""]
 
 
 def _path_table(b: GapBreakdown) -> str:
     """Mean workflow latency along its chain of stages, live, simulated and their difference."""
-    pl, ps = b.path_live, b.path_sim
-    prow = [
-        [
-            run,
-            fmt(p.latency_s, 3),
-            fmt(p.queued_s, 3),
-            fmt(p.on_worker_s, 3),
-            fmt(p.between_stages_s, 3),
-            fmt(p.client_s, 3),
-        ]
-        for run, p in (("live", pl), ("sim", ps))
-    ]
-    prow.append(
-        [
-            "live - sim",
-            *(
-                f"{a - s:+.3f}" if math.isfinite(a - s) else "-"
-                for a, s in (
-                    (pl.latency_s, ps.latency_s),
-                    (pl.queued_s, ps.queued_s),
-                    (pl.on_worker_s, ps.on_worker_s),
-                    (pl.between_stages_s, ps.between_stages_s),
-                    (pl.client_s, ps.client_s),
-                )
-            ),
-        ]
-    )
-    return table(["run", "latency", "queued", "on worker", "gateway between", "client"], prow)
+    keys = ("latency_s", "queued_s", "on_worker_s", "between_stages_s", "client_s")
+
+    def values(p: PathTimes) -> list[float]:
+        return [getattr(p, k) for k in keys]
+
+    rows = [[run, *(fmt(v, 3) for v in values(p))] for run, p in (("live", b.path_live), ("sim", b.path_sim))]
+    diffs = [a - s for a, s in zip(values(b.path_live), values(b.path_sim), strict=True)]
+    rows.append(["live - sim", *(f"{d:+.3f}" if math.isfinite(d) else "-" for d in diffs)])
+    return table(["run", "latency", "queued", "on worker", "gateway between", "client"], rows)
 
 
 def _engine_lines(rep: VllmFidelityReport) -> list[str]:
     """The servers' own histograms over the live run, beside the profile's lone prediction."""
     if not rep.engines:
         return []
-    lines = []
     erows = []
     sim_hits = rep.sim_prefix_hit_share()
     for name, t in rep.engines.items():
         m = t.mean_s
-        erows.append(
-            [
-                name,
-                f"{t.requests:.0f}",
-                fmt(m.get("queue", math.nan), 3),
-                f"{fmt(m.get('prefill', math.nan), 3)}/{fmt(t.lone_prefill_s, 3)}",
-                f"{fmt(m.get('decode', math.nan), 3)}/{fmt(t.lone_decode_s, 3)}",
-                fmt(m.get("e2e", math.nan), 3),
-                f"{_share(t.prefix_hit_share)}/{_share(sim_hits.get(name, math.nan))}",
-            ]
-        )
-    lines.append(
+        hit = f"{_share(t.prefix_hit_share)}/{_share(sim_hits.get(name, math.nan))}"
+        cells = [_pair(m.get("prefill", math.nan), t.lone_prefill_s), _pair(m.get("decode", math.nan), t.lone_decode_s)]
+        erows.append([name, f"{t.requests:.0f}", fmt(m.get("queue", math.nan), 3), *cells])
+        erows[-1] += [fmt(m.get("e2e", math.nan), 3), hit]
+    head = ["server", "requests", "engine queue", "prompt/lone", "output/lone", "end to end", "prefix hit"]
+    return [
         "the servers' own histograms over the live run (mean seconds per request; prompt = to the first "
         "token, output = the rest; /lone: the profile's prediction of the same calls alone; prefix hit: share "
-        "of prompt tokens served from the prefix cache, vLLM's counters / the simulated engine's):"
-    )
-    lines.append(
-        table(["server", "requests", "engine queue", "prompt/lone", "output/lone", "end to end", "prefix hit"], erows)
-    )
-    lines.append("")
-    return lines
+        "of prompt tokens served from the prefix cache, vLLM's counters / the simulated engine's):",
+        table(head, erows),
+        "",
+    ]
 
 
 def _drift_lines(rep: VllmFidelityReport) -> list[str]:
     """The drift check (``--recalibrate-after``): each server before and after, and the bracket."""
-    lines: list[str] = []
     drows = [
         [b.server.name, fmt(b.standard_s, 2), fmt(a.standard_s, 2), f"{d - 1:+.1%}" if math.isfinite(d) else "-"]
         for (b, a), d in zip(zip(rep.calibrations, rep.after, strict=False), rep.drift().values(), strict=False)
     ]
-    lines += [
+    brows = []
+    for r in rep.live.runs:
+        if (after := rep.sim_after.get(r.policy)) is not None:
+            p95s = [fmt(x, 2) for x in (r.live.p95_s, r.simulated.p95_s, after.p95_s)]
+            brows.append([r.policy, *p95s, "yes" if rep.bracketed()[r.policy] else "no"])
+    return [
         "",
         "drift: each server calibrated again right after the replay (standard workflow alone, seconds):",
         table(["server", "before", "after", "change"], drows),
-    ]
-    brows = []
-    for r in rep.live.runs:
-        after = rep.sim_after.get(r.policy)
-        if after is None:
-            continue
-        brows.append(
-            [
-                r.policy,
-                fmt(r.live.p95_s, 2),
-                fmt(r.simulated.p95_s, 2),
-                fmt(after.p95_s, 2),
-                "yes" if rep.bracketed()[r.policy] else "no",
-            ]
-        )
-    lines.append(
         "live P95 against the simulator with the engines at their speed before and after the replay (the "
-        f"scheduler planning with the before profiles; bracketed: live within them, +-{TARGET:.0%}):"
-    )
-    lines.append(table(["policy", "live p95", "sim p95 before", "sim p95 after", "bracketed"], brows))
-    return lines
-
-
-def _share(x: float | None) -> str:
-    return f"{x:.0%}" if x is not None and math.isfinite(x) else "-"
+        f"scheduler planning with the before profiles; bracketed: live within them, +-{TARGET:.0%}):",
+        table(["policy", "live p95", "sim p95 before", "sim p95 after", "bracketed"], brows),
+    ]
 
 
 def _host_lines(rep: VllmFidelityReport) -> list[str]:
@@ -361,18 +281,13 @@ def _host_lines(rep: VllmFidelityReport) -> list[str]:
                 cells.append(f"{ph['cores']:.2f} / - / -")
             else:
                 cells.append(f"{ph['cores']:.2f} / {_share(ph['beside'])} / {_share(ph['steal'])}")
-        cells.append(
-            " ".join(f"{fmt(v, 2) if v is not None else '-'}" for v in h["live_over_sim_on_worker"].values()) or "-"
-        )
-        rows.append(cells)
+        rows.append([*cells, _ratios(h)])
+    head = ["server", "cpus", "calibration cores/beside/steal", "replay cores/beside/steal", "on worker live/sim"]
     lines = [
         "the host's CPUs while each server was calibrated and during the replay (cores: the server's CPU seconds "
         "per second; beside: the share of its CPUs' time that went to anything else; steal: taken by the "
         "hypervisor):",
-        table(
-            ["server", "cpus", "calibration cores/beside/steal", "replay cores/beside/steal", "on worker live/sim"],
-            rows,
-        ),
+        table(head, rows),
     ]
     if rep.host is not None:
         others = ", ".join(f"{c} {s / rep.host.wall_s:.2f}" for c, s in rep.host.others) or "none"
@@ -380,18 +295,14 @@ def _host_lines(rep: VllmFidelityReport) -> list[str]:
             f"during the replay: the gateway and the replay client {rep.host.cores('bench'):.2f} cores; the busiest "
             f"other process groups (cores): {others}"
         )
-    lines.append("")
-    return lines
+    return [*lines, ""]
 
 
 @dataclass
 class VllmFidelitySeries:
-    """Rounds of the benchmark on the same servers, each a calibration and the replay right after it.
-
-    On a shared CPU host one round is one draw: the host's speed drifts over minutes (docs/benchmarks.md), so
-    a calibration made before a replay can be stale by its end. The series' figure is the median over its
-    rounds of each round's live/simulated P95 gap; every round's figures are kept.
-    """
+    """Rounds of the benchmark on the same servers, each a calibration and the replay right after it. On a
+    shared CPU host one round is one draw (the host's speed drifts over minutes); the series' figure is the
+    median over its rounds of each round's live/simulated P95 gap."""
 
     rounds: list[VllmFidelityReport]
     seed: int = 0
@@ -413,7 +324,7 @@ class VllmFidelitySeries:
 
     def rounds_within(self) -> dict[str, int]:
         """Policy -> how many rounds had their P95 gap within ``TARGET``."""
-        return {p: sum(1 for g in gs if math.isfinite(g) and abs(g) <= TARGET) for p, gs in self.p95_gaps().items()}
+        return {p: sum(within([g], TARGET) for g in gs) for p, gs in self.p95_gaps().items()}
 
     def rounds_bracketed(self) -> dict[str, int]:
         """Policy -> rounds whose live P95 lay between the before and after predictions (``bracketed``);
@@ -427,7 +338,7 @@ class VllmFidelitySeries:
     def within_target(self) -> bool:
         """Every policy's median P95 gap within ``TARGET`` (one round: that round's gap)."""
         med = self.median_p95_gap()
-        return bool(med) and all(math.isfinite(g) and abs(g) <= TARGET for g in med.values())
+        return bool(med) and within(med.values(), TARGET)
 
     def to_json(self) -> dict[str, Any]:
         """One round: that round's document plus the summary; several: the summary and every round's."""
@@ -448,50 +359,33 @@ class VllmFidelitySeries:
 
 def format_vllm_fidelity_series(series: VllmFidelitySeries) -> str:
     """Every round's report (``format_vllm_fidelity_report``), then the rounds side by side."""
-    if len(series.rounds) == 1:
+    n = len(series.rounds)
+    if n == 1:
         return format_vllm_fidelity_report(series.rounds[0])
     parts = []
+    rows, hrows = [], []
     for i, rep in enumerate(series.rounds):
-        parts += [
-            f"=== round {i + 1} of {len(series.rounds)} (seed {series.seed + i})",
-            format_vllm_fidelity_report(rep),
-            "",
-        ]
-    rows = []
-    for i, rep in enumerate(series.rounds):
+        parts += [f"=== round {i + 1} of {n} (seed {series.seed + i})", format_vllm_fidelity_report(rep), ""]
         for r in rep.live.runs:
-            rows.append([str(i + 1), str(series.seed + i), r.policy, *_gap_cells(r, rep.gaps()[r.policy])])
+            rows.append([str(i + 1), str(series.seed + i), r.policy, *gap_cells(r, rep.gaps()[r.policy], 2)[:5]])
+        for name, h in rep.host_by_server().items():
+            cal, rep_h = h.get("calibration") or {}, h.get("replay") or {}
+            shares = [_share(cal.get("beside")), _share(rep_h.get("beside")), _share(rep_h.get("steal"))]
+            hrows.append([str(i + 1), name, *shares, _ratios(h)])
     parts.append(
         f"the rounds side by side (each: a fresh calibration, then its replay; target: P95 within {TARGET:.0%}):"
     )
     parts.append(table(["round", "seed", "policy", "live p95", "sim p95", "gap", "live slo", "sim slo"], rows))
-    hrows = []
-    for i, rep in enumerate(series.rounds):
-        for name, h in rep.host_by_server().items():
-            cal, rep_h = h.get("calibration") or {}, h.get("replay") or {}
-            hrows.append(
-                [
-                    str(i + 1),
-                    name,
-                    _share(cal.get("beside")),
-                    _share(rep_h.get("beside")),
-                    _share(rep_h.get("steal")),
-                    " ".join(fmt(v, 2) if v is not None else "-" for v in h["live_over_sim_on_worker"].values()) or "-",
-                ]
-            )
     if hrows:
         parts.append("what else ran on each server's CPUs, calibration against replay, and its live/sim time per call:")
         parts.append(table(["round", "server", "beside calib", "beside replay", "steal replay", "live/sim"], hrows))
-    med, within = series.median_p95_gap(), series.rounds_within()
+    med, within_n = series.median_p95_gap(), series.rounds_within()
     for p in med:
-        parts.append(
-            f"{p}: median P95 gap {med[p]:+.1%} over {len(series.rounds)} rounds; {within[p]} of them within "
-            f"{TARGET:.0%}"
-        )
-    for p, n in series.rounds_bracketed().items():
+        parts.append(f"{p}: median P95 gap {med[p]:+.1%} over {n} rounds; {within_n[p]} of them within {TARGET:.0%}")
+    for p, k in series.rounds_bracketed().items():
         parts.append(
             f"{p}: live P95 between the predictions with the engines at their speed before and after the replay "
-            f"(+-{TARGET:.0%}) in {n} of {len(series.rounds)} rounds"
+            f"(+-{TARGET:.0%}) in {k} of {n} rounds"
         )
     parts.append("within target (median)" if series.within_target() else "NOT within target (median)")
     return "\n".join(parts)

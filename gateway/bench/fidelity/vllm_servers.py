@@ -19,21 +19,6 @@ from gateway.core.profile import PerfProfile
 from gateway.profiling.probe import CalibrationResult
 from workers import cpu_vllm
 
-__all__ = [
-    "CHUNK",
-    "MAX_MODEL_LEN",
-    "MODEL",
-    "TARGET",
-    "ServerCalibration",
-    "VllmServer",
-    "calibrated_catalog",
-    "cluster_doc",
-    "default_servers",
-    "parse_server",
-    "process_groups",
-    "start_servers",
-]
-
 TARGET = 0.10
 """Largest relative gap between live and simulated P95 (issue 14, real vLLM on the CPU)."""
 MODEL = "llama-3.1-8b"
@@ -80,8 +65,7 @@ class VllmServer:
 
 def default_servers(cpus: Sequence[int] | None = None) -> tuple[VllmServer, VllmServer]:
     """Two servers that differ in ``--max-num-seqs`` (4 and 2), one OMP thread each, each pinned to a CPU of
-    its own when this process may use two or more (``cpus``: the usable CPUs, default this process's
-    affinity), so that neither takes the other's cycles, as two GPUs would not. On one CPU they share it."""
+    its own when two or more are usable (``cpus``, default this process's affinity), as two GPUs would be."""
     usable = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
     if len(usable) >= 2:
         return VllmServer("a", 1, 4, (usable[0],)), VllmServer("b", 1, 2, (usable[1],))
@@ -106,8 +90,7 @@ def parse_server(text: str, name: str) -> VllmServer:
     return VllmServer(name, threads, seqs, cpus)
 
 
-_PROFILE_KEYS = ["iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "request_overhead_s"]
-_PROFILE_KEYS += ["kv_capacity_tokens", "block_tokens"]
+_PROFILE_KEYS = ("iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "request_overhead_s")
 
 
 @dataclass
@@ -138,7 +121,7 @@ class ServerCalibration:
             "cpus": list(self.server.cpus),
             "background_requests": self.background_requests,
             "max_batched_tokens": p.max_batched_tokens,
-            "profile": {k: getattr(p, k) for k in _PROFILE_KEYS},
+            "profile": {k: getattr(p, k) for k in (*_PROFILE_KEYS, "kv_capacity_tokens", "block_tokens")},
             "probes": len(self.result.measurements),
             "probe_fits": self.result.probes_json(),
             "fit_median_abs_error": finite_or_none(statistics.median(errs)) if errs else None,
@@ -171,9 +154,8 @@ def start_servers(
 
 
 def process_groups(servers: Sequence[VllmServer], ports: Sequence[int], paths: cpu_vllm.Paths) -> dict[str, int]:
-    """Name -> process group to account the host's CPU time to: each server's (its launcher starts it in a
-    session of its own, so the group is the server's pid) and this process's as ``bench`` (the replay client
-    and the gateway it starts)."""
+    """Name -> process group to account the host's CPU time to: each server's (its own session: the group is
+    its pid) and this process's as ``bench`` (the replay client and the gateway it starts)."""
     pids = {info.port: info.pid for info in cpu_vllm.status(paths)}
     groups = {s.name: pids[port] for s, port in zip(servers, ports, strict=True) if port in pids}
     groups["bench"] = os.getpgid(0)
@@ -182,7 +164,7 @@ def process_groups(servers: Sequence[VllmServer], ports: Sequence[int], paths: c
 
 def cluster_doc(servers: Sequence[VllmServer]) -> dict[str, Any]:
     """The cluster file of the servers: each worker names its calibrated profile's label, serves the tiny
-    model, and takes as many calls at once as its engine runs (``max_num_seqs``)."""
+    model, and takes ``max_num_seqs`` calls at once."""
     return {
         "name": CLUSTER_NAME,
         "description": "real vLLM servers on the CPU (tiny random-weight LLaMA), calibrated profiles",
