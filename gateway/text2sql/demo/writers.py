@@ -71,7 +71,7 @@ def write_demo_databases(
         entry["max_rows"] = max_rows
     text = "# The demo database of HexGen-Flow (hexflow databases --demo); the path is relative to this file.\n"
     text += yaml.safe_dump({"databases": {DB_ID: entry}}, sort_keys=False)
-    _write_text_atomic(out, text)
+    write_text_atomic(out, text)
     return out
 
 
@@ -104,7 +104,8 @@ def postgres_script(seed: int = 0, *, rows_per_insert: int = 500) -> str:
     return "\n".join(out) + "\n"
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (a reader never sees half a file)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
@@ -121,6 +122,6 @@ def write_spider_dataset(out_dir: Path, seed: int = 0) -> Path:
         if q.evidence is not None:
             item["evidence"] = q.evidence
         dev.append(item)
-    _write_text_atomic(out_dir / "dev.json", json.dumps(dev, indent=2) + "\n")
-    _write_text_atomic(out_dir / "tables.json", json.dumps([spider_tables_entry()], indent=2) + "\n")
+    write_text_atomic(out_dir / "dev.json", json.dumps(dev, indent=2) + "\n")
+    write_text_atomic(out_dir / "tables.json", json.dumps([spider_tables_entry()], indent=2) + "\n")
     return out_dir
