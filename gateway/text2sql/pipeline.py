@@ -41,7 +41,7 @@ from gateway.text2sql.db import Database, DatabaseUnavailable, SchemaInfo, seria
 from gateway.text2sql.port import StageRunner
 from gateway.text2sql.prompt_templates import Prompts
 from gateway.text2sql.result import Candidate, StageReport, Text2SqlResult
-from gateway.text2sql.run import STRATEGIES, EventFn, Failure, QuestionRun, question_result
+from gateway.text2sql.run import STRATEGIES, TEMPLATES, EventFn, Failure, QuestionRun, question_result
 
 _CHESS_OUTPUT = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
 DB_WINDOW = 100
@@ -55,6 +55,11 @@ PRIOR_REVISE_ROUNDS = 1.0
 wrong or empty first attempt, and most first attempts need at most one round; replaced by the model's own
 figure after the first answered questions (``POOLED_WINDOW``)."""
 _TYPICAL = {
+    "index": 0,
+    "strategy": STRATEGIES[0][0],
+    "strategy_text": STRATEGIES[0][1],
+    "evidence": "none",
+    "row_count": 3,
     "question": "Which customers placed more than three orders in 2023, and what did each of them spend in total?",
     "keywords": json.dumps(["customers", "orders", "2023", "total spent", "order count"]),
     "linked": "customers.customer_id, customers.name, orders.customer_id, orders.order_date, orders.total",
@@ -151,44 +156,8 @@ class Text2SqlPipeline:
         serialised schema is ``schema_text``: the prompts rendered with typical values of the question's parts."""
         render = self.prompts.render
         system = render("system", dialect=dialect)
-        t = _TYPICAL
-        q, ev = t["question"], "none"
-        texts = {
-            KEYWORDS: render("extract_keywords", question=q, evidence=ev),
-            IR: render("schema_linking", question=q, evidence=ev, keywords=t["keywords"], schema=schema_text),
-            CANDIDATE: render(
-                "candidate",
-                index=0,
-                strategy=STRATEGIES[0][0],
-                strategy_text=STRATEGIES[0][1],
-                question=q,
-                evidence=ev,
-                linked=t["linked"],
-                schema=schema_text,
-                dialect=dialect,
-            ),
-            REVISE: render(
-                "revise",
-                index=0,
-                question=q,
-                evidence=ev,
-                schema=schema_text,
-                sql=t["sql"],
-                problem=t["problem"],
-                dialect=dialect,
-            ),
-            UNIT_TEST: render("unit_tests", question=q, evidence=ev, schema=schema_text, n=self.cfg.unit_tests),
-            EVALUATE: render(
-                "evaluate",
-                index=0,
-                question=q,
-                evidence=ev,
-                unit_tests=t["unit_tests"],
-                sql=t["sql"],
-                row_count=3,
-                preview=t["preview"],
-            ),
-        }
+        values = {**_TYPICAL, "schema": schema_text, "dialect": dialect, "n": self.cfg.unit_tests}
+        texts = {kind: render(name, **values) for kind, name in TEMPLATES.items()}
         return {
             k: message_tokens(({"role": "system", "content": system}, {"role": "user", "content": v}))
             for k, v in texts.items()
@@ -332,9 +301,13 @@ class Text2SqlPipeline:
             except DatabaseUnavailable as exc:
                 outcome = Failure("schema", str(exc), exc.status)
             else:
-                run = QuestionRun(
-                    self, runner, db, question, evidence or "none", schema_text, stages, on_event, degrader, plan
-                )
+                values = {
+                    "question": question,
+                    "evidence": evidence or "none",
+                    "schema": schema_text,
+                    "dialect": db.dialect,
+                }
+                run = QuestionRun(self, runner, db, values, stages, on_event, degrader, plan)
                 run.local_s = time.perf_counter() - started
                 outcome = await run.outcome()
         except asyncio.CancelledError:  # the caller gave up (the client went away): no further stage
