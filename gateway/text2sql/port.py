@@ -1,21 +1,7 @@
-"""The port the Text-to-SQL pipeline needs from whatever runs its LLM calls: ``StageRunner``.
-
-The pipeline is a domain, not a server: it decides which stages run (how many candidates, whether another
-``revise`` round follows) and never knows how calls are scheduled or sent. The live gateway implements
-this port (``gateway.live.text2sql_runner``); a test can implement it with a few lines.
-
-One runner serves one question (one workflow, one tenant):
-
-    runner.open(deadline_s, plan)           the workflow starts now; its stage budgets follow ``plan``
-    await runner.run_stage(kind, calls)     one stage of parallel calls; one ``StageCallResult`` each
-    runner.remaining()                      seconds to the deadline on the runner's own clock (< 0: past)
-    runner.remaining_predictor()            predictions at this instant: plan -> its remaining duration (s)
-    runner.close(valid=...)                 the workflow ends; returns its latency and whether the
-                                            deadline was met (in time *and* a valid answer);
-                                            ``cancelled=True`` when the question was abandoned
-
-Everything the pipeline reads about time comes from the runner's clock, so it never mixes two clocks.
-"""
+"""The port the Text-to-SQL pipeline needs from whatever runs its LLM calls: ``StageRunner`` (the live
+gateway's is ``gateway.live.text2sql_runner``; a test's can be a few lines). One runner serves one question:
+``open`` once, ``run_stage`` per stage, ``remaining``/``remaining_predictor`` for decisions, ``close`` exactly
+once. Everything the pipeline reads about time comes from the runner's clock, so it never mixes two clocks."""
 
 from __future__ import annotations
 
