@@ -173,9 +173,32 @@ class _Tally:
     count: int = 0
     correct: int = 0
 
-    def add(self, correct: bool) -> None:
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "count": self.count,
+            "correct": self.correct,
+            "accuracy": self.correct / self.count if self.count else 0.0,
+        }
+
+
+@dataclass
+class ExecutionAccuracy:
+    """Running execution accuracy, overall and per difficulty (``easy``/``medium``/``hard``/...)."""
+
+    count: int = 0
+    correct: int = 0
+    errors: int = 0
+    by_difficulty: dict[str, _Tally] = field(default_factory=dict)
+
+    def add(self, correct: bool, difficulty: str | None = None, *, error: bool = False) -> None:
+        """Record one question: whether the prediction matched, its difficulty, whether it failed to run."""
         self.count += 1
         self.correct += int(correct)
+        self.errors += int(error)
+        if difficulty is not None:
+            tally = self.by_difficulty.setdefault(difficulty, _Tally())
+            tally.count += 1
+            tally.correct += int(correct)
 
     @property
     def accuracy(self) -> float:
@@ -183,28 +206,14 @@ class _Tally:
         return self.correct / self.count if self.count else 0.0
 
     def as_dict(self) -> dict[str, object]:
-        return {"count": self.count, "correct": self.correct, "accuracy": self.accuracy}
-
-
-@dataclass
-class ExecutionAccuracy(_Tally):
-    """Running execution accuracy, overall and per difficulty (``easy``/``medium``/``hard``/...)."""
-
-    errors: int = 0
-    by_difficulty: dict[str, _Tally] = field(default_factory=dict)
-
-    def add(self, correct: bool, difficulty: str | None = None, *, error: bool = False) -> None:
-        """Record one question: whether the prediction matched, its difficulty, whether it failed to run."""
-        super().add(correct)
-        self.errors += int(error)
-        if difficulty is not None:
-            self.by_difficulty.setdefault(difficulty, _Tally()).add(correct)
-
-    def as_dict(self) -> dict[str, object]:
         """JSON view: count, correct, errors, accuracy and ``by_difficulty`` (sorted by name)."""
-        d: dict[str, object] = {"count": self.count, "correct": self.correct, "errors": self.errors}
-        d["accuracy"] = self.accuracy
-        return d | {"by_difficulty": {k: self.by_difficulty[k].as_dict() for k in sorted(self.by_difficulty)}}
+        return {
+            "count": self.count,
+            "correct": self.correct,
+            "errors": self.errors,
+            "accuracy": self.accuracy,
+            "by_difficulty": {k: self.by_difficulty[k].as_dict() for k in sorted(self.by_difficulty)},
+        }
 
 
 # ----------------------------------------------------------------------------------------- execution
