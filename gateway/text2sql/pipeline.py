@@ -1,9 +1,6 @@
-"""The agentic Text-to-SQL pipeline (CHESS / CHASE-SQL shape), run stage by stage through a ``StageRunner``.
-
-Stages, prediction (``QuestionPlan``: one plan per question, three tiers), degradation and deadlines:
-docs/text2sql.md. The pipeline decides which stages run and never how calls are scheduled or sent: each
-stage goes to the runner (``gateway.text2sql.port``) with its calls' token counts. Everything about the
-deadline comes from the runner (one clock); ``local_s`` (``time.perf_counter``) only reports local work."""
+"""The agentic Text-to-SQL pipeline (CHESS / CHASE-SQL shape), run stage by stage through a ``StageRunner``
+(stages, prediction, degradation and deadlines: docs/text2sql.md). It decides which stages run, never how
+calls are scheduled or sent; everything about the deadline comes from the runner's clock."""
 
 from __future__ import annotations
 
@@ -17,26 +14,10 @@ from typing import Any
 
 from gateway.config.quality import QUALITY
 from gateway.config.workflows import CHESS_TEMPLATE
-from gateway.core.degrade import (
-    SKIPPABLE,
-    Degrader,
-    Knobs,
-    QualityMode,
-    QualityModel,
-    QuestionPlan,
-)
+from gateway.core.degrade import SKIPPABLE, Degrader, Knobs, QualityMode, QualityModel, QuestionPlan
 from gateway.core.shapes import OutputWindow, QuestionSample, ShapeWindow, fit
 from gateway.core.tokens import message_tokens
-from gateway.core.workflow import (
-    CANDIDATE,
-    EVALUATE,
-    IR,
-    KEYWORDS,
-    REVISE,
-    UNIT_TEST,
-    PhaseSpec,
-    WorkflowTemplate,
-)
+from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST, PhaseSpec, WorkflowTemplate
 from gateway.text2sql.db import Database, DatabaseUnavailable, SchemaInfo, serialize_schema
 from gateway.text2sql.port import StageRunner
 from gateway.text2sql.prompt_templates import Prompts
@@ -72,6 +53,9 @@ _TYPICAL = {
 """Typical values of a question's parts, to render the prior's prompts at a database's schema size."""
 
 
+_MAX_TOKENS = {KEYWORDS: 96, IR: 256, CANDIDATE: 768, REVISE: 768, UNIT_TEST: 256, EVALUATE: 96}
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     """Stage counts and output budgets (tokens) of the pipeline: its full-quality knobs.
@@ -85,16 +69,7 @@ class PipelineConfig:
     unit_tests: int = 3
     schema_max_chars: int = 24_000
     preview_rows: int = 5
-    max_tokens: dict[str, int] = field(
-        default_factory=lambda: {
-            KEYWORDS: 96,
-            IR: 256,
-            CANDIDATE: 768,
-            REVISE: 768,
-            UNIT_TEST: 256,
-            EVALUATE: 96,
-        }
-    )
+    max_tokens: dict[str, int] = field(default_factory=_MAX_TOKENS.copy)
 
     @property
     def knobs(self) -> Knobs:

@@ -16,18 +16,14 @@ from gateway.text2sql.demo.rows import demo_rows
 from gateway.text2sql.demo.schema import DB_ID, TABLES, Value, create_table_sql, spider_tables_entry
 
 
-def _sqlite_connect_fill(conn: sqlite3.Connection, seed: int) -> None:
+def load_sqlite(conn: sqlite3.Connection, seed: int = 0) -> None:
+    """Create the demo tables in an open (empty) SQLite connection, e.g. ``sqlite3.connect(":memory:")``."""
     rows = demo_rows(seed)
     for table in TABLES:
         conn.execute(create_table_sql(table, "sqlite"))
         marks = ", ".join("?" for _ in table.columns)
         conn.executemany(f"INSERT INTO {table.name} VALUES ({marks})", rows[table.name])
     conn.commit()
-
-
-def load_sqlite(conn: sqlite3.Connection, seed: int = 0) -> None:
-    """Create the demo tables in an open (empty) SQLite connection, e.g. ``sqlite3.connect(":memory:")``."""
-    _sqlite_connect_fill(conn, seed)
 
 
 def write_sqlite(path: Path, seed: int = 0) -> Path:
@@ -40,7 +36,7 @@ def write_sqlite(path: Path, seed: int = 0) -> Path:
     try:
         conn = sqlite3.connect(tmp)
         try:
-            _sqlite_connect_fill(conn, seed)
+            load_sqlite(conn, seed)
         finally:
             conn.close()
         os.replace(tmp, path)
