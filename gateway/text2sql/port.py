@@ -19,11 +19,8 @@ RemainingPredictor = Callable[[Sequence[StagePlan]], float]
 
 @dataclass(frozen=True, slots=True)
 class StageCall:
-    """One chat-completion call of a stage.
-
-    ``input_tokens`` and ``output_tokens`` are what the scheduler assumes (budgets, dispatch);
-    ``max_tokens`` caps what the worker generates.
-    """
+    """One chat-completion call of a stage: ``input_tokens``/``output_tokens`` are what the scheduler assumes
+    (budgets, dispatch), ``max_tokens`` caps what the worker generates."""
 
     messages: tuple[dict[str, Any], ...]
     input_tokens: int
@@ -33,10 +30,8 @@ class StageCall:
 
 
 class StageCallError(GatewayError):
-    """A call of a stage failed after the runner's retries (worker error, timeout, no worker).
-
-    ``status`` is the HTTP status the failure maps to (502 upstream error, 503 no worker, 504 timeout).
-    """
+    """A call of a stage failed after the runner's retries; ``status``: 502 upstream error, 503 no worker,
+    504 timeout."""
 
     error_type = "upstream_error"
 
@@ -47,10 +42,8 @@ class StageCallError(GatewayError):
 
 @dataclass(frozen=True, slots=True)
 class StageCallResult:
-    """What came back for one call: the answer text or the error, and where and how long it ran.
-
-    ``prompt_tokens`` and ``completion_tokens``: the worker's own count (its ``usage``), None when it gave
-    none; the pipeline learns its databases' call sizes from them (``gateway.core.shapes``)."""
+    """What came back for one call: the text or the error, where and how long it ran, and the worker's own
+    token counts (its ``usage``; None when it gave none)."""
 
     worker: str | None
     queued_s: float
@@ -75,25 +68,18 @@ class StageRunner(Protocol):
     def open(self, deadline_s: float, plan: QuestionPlan) -> None:
         """Start the workflow now; its deadline is ``deadline_s`` from now, its stages predicted by ``plan``
         (the question's one prediction: its stage budgets follow it). Called once, first."""
-        ...
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
         """Run one stage (``calls`` in parallel); one result per call, in order. Never raises for a failed
         call (its result carries the error); a cancelled caller takes its calls back."""
-        ...
 
     def remaining(self) -> float:
         """Seconds left before the deadline (negative once it has passed)."""
-        ...
 
     def remaining_predictor(self) -> RemainingPredictor:
-        """Predictions at this instant (one per decision: the pipeline asks it for several plans): the
-        seconds from now until a plan of remaining stages would be done (the scheduler's critical path
-        behind today's queues; ``math.inf`` when nothing could run it)."""
-        ...
+        """Predictions at this instant: the seconds from now until a plan of remaining stages would be done
+        (``math.inf`` when nothing could run it)."""
 
     def close(self, *, valid: bool, failed: bool = False, cancelled: bool = False) -> Closed:
-        """End the workflow: ``valid`` when the answer is usable, ``failed`` when a stage failed outright,
-        ``cancelled`` when the question was abandoned (its caller was cancelled: the client went away).
-        Called exactly once after ``open``, also on errors and cancellation."""
-        ...
+        """End the workflow (``valid``: a usable answer; ``failed``: a stage failed; ``cancelled``: the question
+        was abandoned). Called exactly once after ``open``, also on errors and cancellation."""

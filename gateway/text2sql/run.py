@@ -231,26 +231,15 @@ class QuestionRun:
                 self.p.outputs.add(kind, n_out, c.max_tokens)
             sizes.append((r.prompt_tokens or c.input_tokens, n_out))
         self.shape.append((kind, sizes))
-        if kind in (UNIT_TEST, EVALUATE):
-            self.evaluated = True
-        texts: list[str] = []
-        failure: StageCallError | None = None
-        for r in results:
-            self.stages.append(
-                StageReport(kind, r.worker, r.queued_s, r.run_s, None if r.error is None else str(r.error))
-            )
-            if r.error is not None:
-                failure = failure or r.error
-                texts.append("")
-            else:
-                texts.append(r.text or "")
+        self.evaluated = self.evaluated or kind in (UNIT_TEST, EVALUATE)
+        reports = [StageReport(kind, r.worker, r.queued_s, r.run_s, r.error and str(r.error)) for r in results]
+        self.stages.extend(reports)
         if self.on_event is not None:
-            await self.on_event(
-                {"event": "stage", "kind": kind, "calls": [s.as_dict() for s in self.stages[-len(results) :]]}
-            )
+            await self.on_event({"event": "stage", "kind": kind, "calls": [s.as_dict() for s in reports]})
+        failure = next((r.error for r in results if r.error is not None), None)
         if failure is not None:
             raise StageFailed(kind, failure)
-        return texts
+        return [r.text or "" for r in results]
 
     async def execute_all(self, cands: list[Candidate], texts: list[str]) -> None:
         """Execute a stage's candidates concurrently; their wall time counts once towards ``local_s``."""
