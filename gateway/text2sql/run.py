@@ -232,7 +232,9 @@ class QuestionRun:
             sizes.append((r.prompt_tokens or c.input_tokens, n_out))
         self.shape.append((kind, sizes))
         self.evaluated = self.evaluated or kind in (UNIT_TEST, EVALUATE)
-        reports = [StageReport(kind, r.worker, r.queued_s, r.run_s, r.error and str(r.error)) for r in results]
+        reports = [
+            StageReport(kind, r.worker, r.queued_s, r.run_s, None if r.error is None else str(r.error)) for r in results
+        ]
         self.stages.extend(reports)
         if self.on_event is not None:
             await self.on_event({"event": "stage", "kind": kind, "calls": [s.as_dict() for s in reports]})
