@@ -8,7 +8,7 @@ from typing import TypeVar
 from gateway.errors import BadRequest
 from gateway.text2sql.sqlsafe.allowlist import FUNCTION_KINDS
 
-__all__ = ["NOT_A_QUERY", "TOO_DEEP", "SqlRejected", "function_refused", "one_line", "one_statement", "unparseable"]
+__all__ = ["NOT_A_QUERY", "SqlRejected", "function_refused", "one_line", "one_statement", "unparseable"]
 
 T = TypeVar("T")
 
@@ -57,6 +57,3 @@ def one_statement(statements: Sequence[T], kind: Callable[[T], str]) -> T:
         kinds = ", ".join(kind(s) for s in statements[:4])
         raise SqlRejected(f"more than one statement ({len(statements)}: {kinds}); send exactly one query")
     return statements[0]
-
-
-TOO_DEEP = "cannot parse SQL: the query is nested too deeply"

@@ -13,14 +13,7 @@ from sqlglot import TokenType, exp
 from sqlglot.errors import ParseError, TokenError
 
 from gateway.text2sql.sqlsafe.allowlist import SQLITE_FUNCTIONS
-from gateway.text2sql.sqlsafe.errors import (
-    NOT_A_QUERY,
-    TOO_DEEP,
-    SqlRejected,
-    function_refused,
-    one_statement,
-    unparseable,
-)
+from gateway.text2sql.sqlsafe.errors import NOT_A_QUERY, SqlRejected, function_refused, one_statement, unparseable
 
 __all__ = ["check_sqlite"]
 
@@ -172,8 +165,6 @@ def check_sqlite(sql: str) -> str:
         parsed = sqlglot.parse(sql, read="sqlite")
     except (ParseError, TokenError) as exc:
         raise _unparseable(exc) from None
-    except RecursionError:
-        raise SqlRejected(TOO_DEEP) from None
     root = one_statement([s for s in parsed if s is not None and not isinstance(s, _EMPTY_CLASSES)], _statement_kind)
     _check_tree(root, sql)
     if not isinstance(root, QUERY_CLASSES):
