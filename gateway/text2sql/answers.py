@@ -10,21 +10,22 @@ candidates of kinds ``error``, ``empty``, ``different``, checked on the demo dat
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
-import os
 import random
 import re
 import sqlite3
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, cast
 
 import sqlglot
 from sqlglot import Token, TokenType, exp
 
 from gateway.errors import ConfigError
 from gateway.text2sql.demo import DB_ID, demo_questions, load_sqlite
+from gateway.text2sql.demo.writers import write_text_atomic
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
 
 __all__ = [
@@ -61,22 +62,12 @@ class AnswersError(ConfigError, ValueError):
     """An answers file or mapping is invalid; the message names the file and the entry."""
 
 
-_KEYS = frozenset({"gold", "wrong", "keywords", "db_id", "note"})
-
-
 # ---------------------------------------------------------------------------------- normalisation
 
-_LITERAL_TYPES = frozenset(
-    {
-        TokenType.STRING,
-        TokenType.NATIONAL_STRING,
-        TokenType.IDENTIFIER,
-        TokenType.NUMBER,
-        TokenType.BIT_STRING,
-        TokenType.HEX_STRING,
-        TokenType.BYTE_STRING,
-    }
-)
+_LITERAL_TYPES = frozenset({
+    TokenType.STRING, TokenType.NATIONAL_STRING, TokenType.IDENTIFIER, TokenType.NUMBER, TokenType.BIT_STRING,
+    TokenType.HEX_STRING, TokenType.BYTE_STRING,
+})  # fmt: skip
 _WORD = re.compile(r"[A-Za-z_][A-Za-z_ \t\r\n]*")
 
 
@@ -117,26 +108,13 @@ def normalise_sql(sql: str) -> str:
 MUTATIONS: tuple[str, ...] = ("drop_where", "misspell_column", "change_operator", "limit_1_to_2")
 """The Spider mutations, in rotation order (``swap_aggregate``, ``flip_order``, ``misspell_table`` exist too)."""
 
-_CLAUSE_END = frozenset(
-    {
-        TokenType.GROUP_BY,
-        TokenType.ORDER_BY,
-        TokenType.HAVING,
-        TokenType.LIMIT,
-        TokenType.UNION,
-        TokenType.INTERSECT,
-        TokenType.EXCEPT,
-        TokenType.WINDOW,
-    }
-)
+_CLAUSE_END = frozenset({
+    TokenType.GROUP_BY, TokenType.ORDER_BY, TokenType.HAVING, TokenType.LIMIT, TokenType.UNION,
+    TokenType.INTERSECT, TokenType.EXCEPT, TokenType.WINDOW,
+})  # fmt: skip
 _FLIP = {
-    TokenType.EQ: "!=",
-    TokenType.NEQ: "=",
-    TokenType.GT: "<",
-    TokenType.LT: ">",
-    TokenType.GTE: "<",
-    TokenType.LTE: ">",
-}
+    TokenType.EQ: "!=", TokenType.NEQ: "=", TokenType.GT: "<", TokenType.LT: ">", TokenType.GTE: "<", TokenType.LTE: ">"
+}  # fmt: skip
 _AGGREGATES = {"max": "MIN", "min": "MAX", "avg": "SUM", "sum": "AVG"}
 
 
@@ -175,22 +153,14 @@ def _drop_where(sql: str, tokens: list[Token]) -> str | None:
     return sql[: start.start].rstrip()
 
 
-def _misspell_named(sql: str, tokens: list[Token], names: list[str]) -> str | None:
-    wanted = set(names)
+def _misspell_named(kind: type[exp.Expression], sql: str, tokens: list[Token]) -> str | None:
+    wanted = set(_names(sql, kind))
     for tok in tokens:
         if tok.token_type == TokenType.VAR and tok.text.lower() in wanted:
             new = _misspell(tok.text)
             if new.lower() not in wanted:
                 return _replace(sql, tok, new)
     return None
-
-
-def _misspell_column(sql: str, tokens: list[Token]) -> str | None:
-    return _misspell_named(sql, tokens, _names(sql, exp.Column))
-
-
-def _misspell_table(sql: str, tokens: list[Token]) -> str | None:
-    return _misspell_named(sql, tokens, _names(sql, exp.Table))
 
 
 def _change_operator(sql: str, tokens: list[Token]) -> str | None:
@@ -229,12 +199,12 @@ def _flip_order(sql: str, tokens: list[Token]) -> str | None:
 
 _MUTATORS: dict[str, Callable[[str, list[Token]], str | None]] = {
     "drop_where": _drop_where,
-    "misspell_column": _misspell_column,
+    "misspell_column": functools.partial(_misspell_named, exp.Column),
     "change_operator": _change_operator,
     "limit_1_to_2": _limit_1_to_2,
     "swap_aggregate": _swap_aggregate,
     "flip_order": _flip_order,
-    "misspell_table": _misspell_table,
+    "misspell_table": functools.partial(_misspell_named, exp.Table),
 }
 
 
@@ -254,10 +224,11 @@ def mutate_sql(sql: str, mutation: str) -> str | None:
 
 
 def _mutate_any(sql: str, order: list[str]) -> tuple[str, str] | None:
+    """The first mutation of ``order`` that applies: the wrong SQL and its note."""
     for name in order:
         out = mutate_sql(sql, name)
         if out is not None:
-            return name, out
+            return out, f"mutation: {name}"
     return None
 
 
@@ -278,14 +249,10 @@ def candidate_sql(entry: AnswerEntry, k: int) -> str:
 # ------------------------------------------------------------------------------------------- builders
 
 
-def _check_fraction(wrong_fraction: float) -> None:
-    if not 0.0 <= wrong_fraction <= 1.0:
-        raise ValueError(f"wrong_fraction must be within [0, 1], got {wrong_fraction}")
-
-
 def _chosen(n: int, wrong_fraction: float, seed: int) -> list[int]:
     """Indices (sorted) of the ``round(wrong_fraction * n)`` questions that get a wrong candidate."""
-    _check_fraction(wrong_fraction)
+    if not 0.0 <= wrong_fraction <= 1.0:
+        raise ValueError(f"wrong_fraction must be within [0, 1], got {wrong_fraction}")
     order = list(range(n))
     random.Random(seed).shuffle(order)
     return sorted(order[: round(wrong_fraction * n)])
@@ -345,17 +312,13 @@ def build_demo_answers(seed: int = 0, wrong_fraction: float = 0.25) -> Answers:
         answers: Answers = {}
         wanted = 0  # index of the kind the next wrong candidate should have; advances when one is made
         for i, q in enumerate(questions):
-            entry: AnswerEntry = {"gold": q.query, "keywords": _keywords(q.query), "db_id": DB_ID}
-            if i in chosen:
-                for step in range(len(_KINDS)):
-                    made = _demo_wrong(conn, q.query, _KINDS[(wanted + step) % len(_KINDS)], i)
-                    if made is not None:
-                        entry["wrong"] = [made[0]]
-                        entry["note"] = made[1]
-                        if step == 0:
-                            wanted += 1
-                        break
-            answers[q.question] = entry
+            made = None
+            for step in range(len(_KINDS) if i in chosen else 0):
+                made = _demo_wrong(conn, q.query, _KINDS[(wanted + step) % len(_KINDS)], i)
+                if made is not None:
+                    wanted += step == 0
+                    break
+            answers[q.question] = _entry(q.query, DB_ID, made)
     finally:
         conn.close()
     return answers
@@ -386,18 +349,22 @@ def answers_from_spider(dataset_dir: Path, *, wrong_fraction: float, seed: int, 
     chosen = _chosen(len(items), wrong_fraction, seed)
     answers: Answers = {}
     for i, (question, gold, db_id) in enumerate(items):
-        entry: AnswerEntry = {"gold": gold, "keywords": _keywords(gold)}
-        if db_id:
-            entry["db_id"] = db_id
+        made = None
         if i in chosen:
-            j = chosen.index(i)
-            order = list(MUTATIONS[j % len(MUTATIONS) :] + MUTATIONS[: j % len(MUTATIONS)])
-            made = _mutate_any(gold, [*order, "swap_aggregate", "flip_order", "misspell_table"])
-            if made is not None:
-                entry["wrong"] = [made[1]]
-                entry["note"] = f"mutation: {made[0]}"
-        answers[question] = entry
+            j = chosen.index(i) % len(MUTATIONS)
+            made = _mutate_any(gold, [*MUTATIONS[j:], *MUTATIONS[:j], "swap_aggregate", "flip_order", "misspell_table"])
+        answers[question] = _entry(gold, db_id, made)
     return answers
+
+
+def _entry(gold: str, db_id: str, wrong: tuple[str, str] | None) -> AnswerEntry:
+    """A built entry: the gold, its keywords, the db id (if any) and the wrong candidate with its note."""
+    entry: AnswerEntry = {"gold": gold, "keywords": _keywords(gold)}
+    if db_id:
+        entry["db_id"] = db_id
+    if wrong is not None:
+        entry["wrong"], entry["note"] = [wrong[0]], wrong[1]
+    return entry
 
 
 # ------------------------------------------------------------------------------------------ file I/O
@@ -409,10 +376,26 @@ def _str_list(value: object, source: str, field: str) -> list[str]:
     return list(value)
 
 
+def _sql_list(value: object, source: str, field: str) -> list[str]:
+    out = _str_list(value, source, field)
+    if not all(w.strip() for w in out):
+        raise AnswersError(source, field, "empty SQL string")
+    return out
+
+
 def _str(value: object, source: str, field: str) -> str:
     if not isinstance(value, str):
         raise AnswersError(source, field, "expected a string")
     return value
+
+
+_OPTIONAL: dict[str, Callable[[object, str, str], object]] = {
+    "wrong": _sql_list,
+    "keywords": _str_list,
+    "db_id": _str,
+    "note": _str,
+}
+_KEYS = frozenset({"gold", *_OPTIONAL})
 
 
 def validate_answers(data: object, source: str = "<answers>") -> Answers:
@@ -432,19 +415,8 @@ def validate_answers(data: object, source: str = "<answers>") -> Answers:
         gold = raw.get("gold")
         if not isinstance(gold, str) or not gold.strip():
             raise AnswersError(source, f"{where}.gold", "expected a non-empty SQL string")
-        entry: AnswerEntry = {"gold": gold}
-        if "wrong" in raw:
-            wrong = _str_list(raw["wrong"], source, f"{where}.wrong")
-            if not all(w.strip() for w in wrong):
-                raise AnswersError(source, f"{where}.wrong", "empty SQL string")
-            entry["wrong"] = wrong
-        if "keywords" in raw:
-            entry["keywords"] = _str_list(raw["keywords"], source, f"{where}.keywords")
-        if "db_id" in raw:
-            entry["db_id"] = _str(raw["db_id"], source, f"{where}.db_id")
-        if "note" in raw:
-            entry["note"] = _str(raw["note"], source, f"{where}.note")
-        out[question] = entry
+        checked = {k: check(raw[k], source, f"{where}.{k}") for k, check in _OPTIONAL.items() if k in raw}
+        out[question] = cast(AnswerEntry, {"gold": gold, **checked})
     return out
 
 
@@ -467,7 +439,5 @@ def write_answers(path: Path, answers: Mapping[str, AnswerEntry]) -> Path:
     path = Path(path)
     checked = validate_answers(answers, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(checked, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(checked, indent=2, ensure_ascii=False) + "\n")
     return path

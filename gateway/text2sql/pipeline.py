@@ -1,9 +1,6 @@
-"""The agentic Text-to-SQL pipeline (CHESS / CHASE-SQL shape), run stage by stage through a ``StageRunner``.
-
-Stages, prediction (``QuestionPlan``: one plan per question, three tiers), degradation and deadlines:
-docs/text2sql.md. The pipeline decides which stages run and never how calls are scheduled or sent: each
-stage goes to the runner (``gateway.text2sql.port``) with its calls' token counts. Everything about the
-deadline comes from the runner (one clock); ``local_s`` (``time.perf_counter``) only reports local work."""
+"""The agentic Text-to-SQL pipeline (CHESS / CHASE-SQL shape), run stage by stage through a ``StageRunner``
+(stages, prediction, degradation and deadlines: docs/text2sql.md). It decides which stages run, never how
+calls are scheduled or sent; everything about the deadline comes from the runner's clock."""
 
 from __future__ import annotations
 
@@ -17,31 +14,15 @@ from typing import Any
 
 from gateway.config.quality import QUALITY
 from gateway.config.workflows import CHESS_TEMPLATE
-from gateway.core.degrade import (
-    SKIPPABLE,
-    Degrader,
-    Knobs,
-    QualityMode,
-    QualityModel,
-    QuestionPlan,
-)
+from gateway.core.degrade import SKIPPABLE, Degrader, Knobs, QualityMode, QualityModel, QuestionPlan
 from gateway.core.shapes import OutputWindow, QuestionSample, ShapeWindow, fit
 from gateway.core.tokens import message_tokens
-from gateway.core.workflow import (
-    CANDIDATE,
-    EVALUATE,
-    IR,
-    KEYWORDS,
-    REVISE,
-    UNIT_TEST,
-    PhaseSpec,
-    WorkflowTemplate,
-)
+from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST, PhaseSpec, WorkflowTemplate
 from gateway.text2sql.db import Database, DatabaseUnavailable, SchemaInfo, serialize_schema
 from gateway.text2sql.port import StageRunner
 from gateway.text2sql.prompt_templates import Prompts
 from gateway.text2sql.result import Candidate, StageReport, Text2SqlResult
-from gateway.text2sql.run import STRATEGIES, EventFn, Failure, QuestionRun, question_result
+from gateway.text2sql.run import STRATEGIES, TEMPLATES, EventFn, Failure, QuestionRun, question_result
 
 _CHESS_OUTPUT = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
 DB_WINDOW = 100
@@ -55,6 +36,11 @@ PRIOR_REVISE_ROUNDS = 1.0
 wrong or empty first attempt, and most first attempts need at most one round; replaced by the model's own
 figure after the first answered questions (``POOLED_WINDOW``)."""
 _TYPICAL = {
+    "index": 0,
+    "strategy": STRATEGIES[0][0],
+    "strategy_text": STRATEGIES[0][1],
+    "evidence": "none",
+    "row_count": 3,
     "question": "Which customers placed more than three orders in 2023, and what did each of them spend in total?",
     "keywords": json.dumps(["customers", "orders", "2023", "total spent", "order count"]),
     "linked": "customers.customer_id, customers.name, orders.customer_id, orders.order_date, orders.total",
@@ -65,6 +51,9 @@ _TYPICAL = {
     "preview": "name | total\nAda | 120.5\nBo | 99.0\nCy | 87.25",
 }
 """Typical values of a question's parts, to render the prior's prompts at a database's schema size."""
+
+
+_MAX_TOKENS = {KEYWORDS: 96, IR: 256, CANDIDATE: 768, REVISE: 768, UNIT_TEST: 256, EVALUATE: 96}
 
 
 @dataclass(frozen=True)
@@ -80,16 +69,7 @@ class PipelineConfig:
     unit_tests: int = 3
     schema_max_chars: int = 24_000
     preview_rows: int = 5
-    max_tokens: dict[str, int] = field(
-        default_factory=lambda: {
-            KEYWORDS: 96,
-            IR: 256,
-            CANDIDATE: 768,
-            REVISE: 768,
-            UNIT_TEST: 256,
-            EVALUATE: 96,
-        }
-    )
+    max_tokens: dict[str, int] = field(default_factory=_MAX_TOKENS.copy)
 
     @property
     def knobs(self) -> Knobs:
@@ -151,44 +131,8 @@ class Text2SqlPipeline:
         serialised schema is ``schema_text``: the prompts rendered with typical values of the question's parts."""
         render = self.prompts.render
         system = render("system", dialect=dialect)
-        t = _TYPICAL
-        q, ev = t["question"], "none"
-        texts = {
-            KEYWORDS: render("extract_keywords", question=q, evidence=ev),
-            IR: render("schema_linking", question=q, evidence=ev, keywords=t["keywords"], schema=schema_text),
-            CANDIDATE: render(
-                "candidate",
-                index=0,
-                strategy=STRATEGIES[0][0],
-                strategy_text=STRATEGIES[0][1],
-                question=q,
-                evidence=ev,
-                linked=t["linked"],
-                schema=schema_text,
-                dialect=dialect,
-            ),
-            REVISE: render(
-                "revise",
-                index=0,
-                question=q,
-                evidence=ev,
-                schema=schema_text,
-                sql=t["sql"],
-                problem=t["problem"],
-                dialect=dialect,
-            ),
-            UNIT_TEST: render("unit_tests", question=q, evidence=ev, schema=schema_text, n=self.cfg.unit_tests),
-            EVALUATE: render(
-                "evaluate",
-                index=0,
-                question=q,
-                evidence=ev,
-                unit_tests=t["unit_tests"],
-                sql=t["sql"],
-                row_count=3,
-                preview=t["preview"],
-            ),
-        }
+        values = {**_TYPICAL, "schema": schema_text, "dialect": dialect, "n": self.cfg.unit_tests}
+        texts = {kind: render(name, **values) for kind, name in TEMPLATES.items()}
         return {
             k: message_tokens(({"role": "system", "content": system}, {"role": "user", "content": v}))
             for k, v in texts.items()
@@ -332,9 +276,13 @@ class Text2SqlPipeline:
             except DatabaseUnavailable as exc:
                 outcome = Failure("schema", str(exc), exc.status)
             else:
-                run = QuestionRun(
-                    self, runner, db, question, evidence or "none", schema_text, stages, on_event, degrader, plan
-                )
+                values = {
+                    "question": question,
+                    "evidence": evidence or "none",
+                    "schema": schema_text,
+                    "dialect": db.dialect,
+                }
+                run = QuestionRun(self, runner, db, values, stages, on_event, degrader, plan)
                 run.local_s = time.perf_counter() - started
                 outcome = await run.outcome()
         except asyncio.CancelledError:  # the caller gave up (the client went away): no further stage

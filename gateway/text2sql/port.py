@@ -1,21 +1,7 @@
-"""The port the Text-to-SQL pipeline needs from whatever runs its LLM calls: ``StageRunner``.
-
-The pipeline is a domain, not a server: it decides which stages run (how many candidates, whether another
-``revise`` round follows) and never knows how calls are scheduled or sent. The live gateway implements
-this port (``gateway.live.text2sql_runner``); a test can implement it with a few lines.
-
-One runner serves one question (one workflow, one tenant):
-
-    runner.open(deadline_s, plan)           the workflow starts now; its stage budgets follow ``plan``
-    await runner.run_stage(kind, calls)     one stage of parallel calls; one ``StageCallResult`` each
-    runner.remaining()                      seconds to the deadline on the runner's own clock (< 0: past)
-    runner.remaining_predictor()            predictions at this instant: plan -> its remaining duration (s)
-    runner.close(valid=...)                 the workflow ends; returns its latency and whether the
-                                            deadline was met (in time *and* a valid answer);
-                                            ``cancelled=True`` when the question was abandoned
-
-Everything the pipeline reads about time comes from the runner's clock, so it never mixes two clocks.
-"""
+"""The port the Text-to-SQL pipeline needs from whatever runs its LLM calls: ``StageRunner`` (the live
+gateway's is ``gateway.live.text2sql_runner``; a test's can be a few lines). One runner serves one question:
+``open`` once, ``run_stage`` per stage, ``remaining``/``remaining_predictor`` for decisions, ``close`` exactly
+once. Everything the pipeline reads about time comes from the runner's clock, so it never mixes two clocks."""
 
 from __future__ import annotations
 
@@ -33,11 +19,8 @@ RemainingPredictor = Callable[[Sequence[StagePlan]], float]
 
 @dataclass(frozen=True, slots=True)
 class StageCall:
-    """One chat-completion call of a stage.
-
-    ``input_tokens`` and ``output_tokens`` are what the scheduler assumes (budgets, dispatch);
-    ``max_tokens`` caps what the worker generates.
-    """
+    """One chat-completion call of a stage: ``input_tokens``/``output_tokens`` are what the scheduler assumes
+    (budgets, dispatch), ``max_tokens`` caps what the worker generates."""
 
     messages: tuple[dict[str, Any], ...]
     input_tokens: int
@@ -47,10 +30,8 @@ class StageCall:
 
 
 class StageCallError(GatewayError):
-    """A call of a stage failed after the runner's retries (worker error, timeout, no worker).
-
-    ``status`` is the HTTP status the failure maps to (502 upstream error, 503 no worker, 504 timeout).
-    """
+    """A call of a stage failed after the runner's retries; ``status``: 502 upstream error, 503 no worker,
+    504 timeout."""
 
     error_type = "upstream_error"
 
@@ -61,10 +42,8 @@ class StageCallError(GatewayError):
 
 @dataclass(frozen=True, slots=True)
 class StageCallResult:
-    """What came back for one call: the answer text or the error, and where and how long it ran.
-
-    ``prompt_tokens`` and ``completion_tokens``: the worker's own count (its ``usage``), None when it gave
-    none; the pipeline learns its databases' call sizes from them (``gateway.core.shapes``)."""
+    """What came back for one call: the text or the error, where and how long it ran, and the worker's own
+    token counts (its ``usage``; None when it gave none)."""
 
     worker: str | None
     queued_s: float
@@ -89,25 +68,18 @@ class StageRunner(Protocol):
     def open(self, deadline_s: float, plan: QuestionPlan) -> None:
         """Start the workflow now; its deadline is ``deadline_s`` from now, its stages predicted by ``plan``
         (the question's one prediction: its stage budgets follow it). Called once, first."""
-        ...
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
         """Run one stage (``calls`` in parallel); one result per call, in order. Never raises for a failed
         call (its result carries the error); a cancelled caller takes its calls back."""
-        ...
 
     def remaining(self) -> float:
         """Seconds left before the deadline (negative once it has passed)."""
-        ...
 
     def remaining_predictor(self) -> RemainingPredictor:
-        """Predictions at this instant (one per decision: the pipeline asks it for several plans): the
-        seconds from now until a plan of remaining stages would be done (the scheduler's critical path
-        behind today's queues; ``math.inf`` when nothing could run it)."""
-        ...
+        """Predictions at this instant: the seconds from now until a plan of remaining stages would be done
+        (``math.inf`` when nothing could run it)."""
 
     def close(self, *, valid: bool, failed: bool = False, cancelled: bool = False) -> Closed:
-        """End the workflow: ``valid`` when the answer is usable, ``failed`` when a stage failed outright,
-        ``cancelled`` when the question was abandoned (its caller was cancelled: the client went away).
-        Called exactly once after ``open``, also on errors and cancellation."""
-        ...
+        """End the workflow (``valid``: a usable answer; ``failed``: a stage failed; ``cancelled``: the question
+        was abandoned). Called exactly once after ``open``, also on errors and cancellation."""

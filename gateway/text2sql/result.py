@@ -4,7 +4,7 @@ body of ``POST /v1/text2sql``), and ``select`` (verdicts, then agreement of resu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from gateway.text2sql.db import QueryResult
@@ -52,15 +52,11 @@ class StageReport:
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The response view."""
-        d: dict[str, Any] = {
-            "kind": self.kind,
-            "worker": self.worker,
-            "queued_s": round(self.queued_s, 4),
-            "run_s": round(self.run_s, 4),
-        }
-        if self.error:
-            d["error"] = self.error
+        """The response view (``error`` only when there is one)."""
+        d = asdict(self)
+        d["queued_s"], d["run_s"] = round(self.queued_s, 4), round(self.run_s, 4)
+        if not self.error:
+            del d["error"]
         return d
 
 
@@ -83,18 +79,9 @@ class Degradation:
     def as_dict(self) -> dict[str, Any]:
         """The response view (seconds rounded to milliseconds; an infinite prediction as null)."""
         return {
-            "step": self.step,
-            "detail": self.detail,
-            "at": self.at,
-            "reason": self.reason,
-            "predicted_full_s": _seconds(self.predicted_full_s),
-            "predicted_s": _seconds(self.predicted_s),
-            "time_left_s": _seconds(self.time_left_s),
+            k: (round(v, 3) if math.isfinite(v) else None) if isinstance(v, float) else v
+            for k, v in asdict(self).items()
         }
-
-
-def _seconds(x: float) -> float | None:
-    return round(x, 3) if math.isfinite(x) else None
 
 
 @dataclass
@@ -115,41 +102,30 @@ class Text2SqlResult:
     deadline_s: float
     latency_s: float
     deadline_met: bool
-    error: str | None = None
-    failed_stage: str | None = None
-    http_status: int = 200
     local_s: float = 0.0
     """Wall time of the work outside LLM calls: schema, SQL extraction, checks, execution, selection (on a
     busy event loop it includes waiting for the loop). A stopwatch of its own (``time.perf_counter``), never
     compared with the runner's clock."""
-    degraded: list[Degradation] = field(default_factory=list)
-    """The knobs turned down to meet the deadline (empty: full quality)."""
     quality_mode: str = "full"
     """The tenant's quality mode: full, adaptive or fast."""
+    degraded: list[Degradation] = field(default_factory=list)
+    """The knobs turned down to meet the deadline (empty: full quality)."""
+    error: str | None = None
+    failed_stage: str | None = None
+    http_status: int = 200
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON body."""
+        """The JSON body (``error`` and ``failed_stage`` only on an error; no ``http_status``)."""
         d = {
-            "id": self.id,
-            "status": self.status,
-            "sql": self.sql,
-            "columns": self.columns,
-            "rows": self.rows,
-            "row_count": self.row_count,
-            "truncated": self.truncated,
-            "candidates": self.candidates,
-            "revisions": self.revisions,
-            "stages": [s.as_dict() for s in self.stages],
-            "deadline_s": self.deadline_s,
-            "latency_s": round(self.latency_s, 4),
-            "deadline_met": self.deadline_met,
-            "local_s": round(self.local_s, 6),
-            "quality_mode": self.quality_mode,
-            "degraded": [d.as_dict() for d in self.degraded],
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("error", "failed_stage", "http_status")
         }
+        d["stages"] = [s.as_dict() for s in self.stages]
+        d["latency_s"], d["local_s"] = round(self.latency_s, 4), round(self.local_s, 6)
+        d["degraded"] = [x.as_dict() for x in self.degraded]
         if self.error is not None:
-            d["error"] = self.error
-            d["failed_stage"] = self.failed_stage
+            d["error"], d["failed_stage"] = self.error, self.failed_stage
         return d
 
 

@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gateway.core.degrade import Decision, Degrader, Knobs, QuestionPlan, degraded_steps
@@ -33,6 +33,15 @@ STRATEGIES: tuple[tuple[str, str], ...] = (
     ("direct", "Write the most direct query that answers the question."),
     ("step_by_step", "Identify the needed columns, the join path and the filters step by step, then write it."),
 )
+TEMPLATES = {
+    KEYWORDS: "extract_keywords",
+    IR: "schema_linking",
+    CANDIDATE: "candidate",
+    REVISE: "revise",
+    UNIT_TEST: "unit_tests",
+    EVALUATE: "evaluate",
+}
+"""Each stage's prompt template (``Prompts`` name)."""
 EventFn = Callable[[dict[str, Any]], Awaitable[None]]
 """Called with each event of a streamed answer (a stage's calls as they finish)."""
 
@@ -44,22 +53,16 @@ DEGRADED_STEPS: tuple[str, ...] = ("candidates", "revisions", "evaluation")
 def degraded_by_step(full: Knobs, used: Knobs) -> list[tuple[str, str]]:
     """``(step, words)`` for each knob ``used`` turned down from ``full`` (``DEGRADED_STEPS`` order; the words
     are ``gateway.core.degrade.degraded_steps``')."""
-    one_each = (
-        ("candidates", Knobs(used.candidates, full.max_revisions, full.evaluate)),
-        ("revisions", Knobs(full.candidates, used.max_revisions, full.evaluate)),
-        ("evaluation", Knobs(full.candidates, full.max_revisions, used.evaluate)),
-    )
     out: list[tuple[str, str]] = []
-    for step, k in one_each:
-        words = degraded_steps(full, k)
+    for step, knob in _KNOBS.items():
+        words = degraded_steps(full, replace(full, **{knob: getattr(used, knob)}))
         if words:
             out.append((step, words[0]))
     return out
 
 
-def _knob(k: Knobs, step: str) -> int | bool:
-    """The value of the knob ``step`` names."""
-    return k.candidates if step == "candidates" else k.max_revisions if step == "revisions" else k.evaluate
+_KNOBS = {"candidates": "candidates", "revisions": "max_revisions", "evaluation": "evaluate"}
+"""Each of ``DEGRADED_STEPS``: the ``Knobs`` field it names."""
 
 
 class StageFailed(Exception):
@@ -101,21 +104,18 @@ class QuestionRun:
         pipe: Text2SqlPipeline,
         runner: StageRunner,
         db: Database,
-        question: str,
-        evidence: str,
-        schema: str,
+        values: dict[str, str],
         stages: list[StageReport],
         on_event: EventFn | None,
         degrader: Degrader,
         plan: QuestionPlan,
     ) -> None:
+        """``values``: what every prompt of the question fills in (question, evidence, schema, dialect)."""
         self.p = pipe
         self.cfg = pipe.cfg
         self.runner = runner
         self.db = db
-        self.question = question
-        self.evidence = evidence
-        self.schema = schema
+        self.values = values
         self.stages = stages
         self.on_event = on_event
         self.candidates: list[Candidate] = []
@@ -163,7 +163,7 @@ class QuestionRun:
         before, self.knobs = self.knobs, decision.knobs
         fullest = duration(options[0])
         for step, _ in degraded_by_step(self.full, decision.knobs):
-            if step not in self.why or _knob(before, step) != _knob(decision.knobs, step):
+            if step not in self.why or getattr(before, _KNOBS[step]) != getattr(decision.knobs, _KNOBS[step]):
                 self.why[step] = (at, decision, fullest)  # turned (further) down here: this decision is why
 
     def used(self) -> Knobs:
@@ -194,6 +194,10 @@ class QuestionRun:
                 )
             )
         return out
+
+    def prompt(self, kind: str, **values: object) -> str:
+        """The prompt of a ``kind`` stage: the question's own values, then ``values``."""
+        return self.render(TEMPLATES[kind], **self.values, **values)
 
     def past_deadline(self) -> bool:
         return self.runner.remaining() < 0
@@ -227,26 +231,17 @@ class QuestionRun:
                 self.p.outputs.add(kind, n_out, c.max_tokens)
             sizes.append((r.prompt_tokens or c.input_tokens, n_out))
         self.shape.append((kind, sizes))
-        if kind in (UNIT_TEST, EVALUATE):
-            self.evaluated = True
-        texts: list[str] = []
-        failure: StageCallError | None = None
-        for r in results:
-            self.stages.append(
-                StageReport(kind, r.worker, r.queued_s, r.run_s, None if r.error is None else str(r.error))
-            )
-            if r.error is not None:
-                failure = failure or r.error
-                texts.append("")
-            else:
-                texts.append(r.text or "")
+        self.evaluated = self.evaluated or kind in (UNIT_TEST, EVALUATE)
+        reports = [
+            StageReport(kind, r.worker, r.queued_s, r.run_s, None if r.error is None else str(r.error)) for r in results
+        ]
+        self.stages.extend(reports)
         if self.on_event is not None:
-            await self.on_event(
-                {"event": "stage", "kind": kind, "calls": [s.as_dict() for s in self.stages[-len(results) :]]}
-            )
+            await self.on_event({"event": "stage", "kind": kind, "calls": [s.as_dict() for s in reports]})
+        failure = next((r.error for r in results if r.error is not None), None)
         if failure is not None:
             raise StageFailed(kind, failure)
-        return texts
+        return [r.text or "" for r in results]
 
     async def execute_all(self, cands: list[Candidate], texts: list[str]) -> None:
         """Execute a stage's candidates concurrently; their wall time counts once towards ``local_s``."""
@@ -319,37 +314,20 @@ class QuestionRun:
 
     async def _keywords(self) -> list[str]:
         """Stage 1: the question's keywords."""
-        prompt = self.render("extract_keywords", question=self.question, evidence=self.evidence)
-        (text,) = await self.stage(KEYWORDS, [prompt])
+        (text,) = await self.stage(KEYWORDS, [self.prompt(KEYWORDS)])
         self.decide(KEYWORDS)
         return extract_list(text)
 
     async def _link(self, keywords: list[str]) -> str:
         """Stage 2: schema linking, the columns the question needs."""
-        prompt = self.render(
-            "schema_linking",
-            question=self.question,
-            evidence=self.evidence,
-            keywords=json.dumps(keywords),
-            schema=self.schema,
-        )
-        (text,) = await self.stage(IR, [prompt])
+        (text,) = await self.stage(IR, [self.prompt(IR, keywords=json.dumps(keywords))])
         self.decide(IR)
         return ", ".join(extract_list(text)) or "(all)"
 
     def _candidate(self, c: Candidate, linked: str) -> str:
         """Stage 3's prompt of candidate ``c``: its strategy."""
-        return self.render(
-            "candidate",
-            index=c.index,
-            strategy=c.strategy,
-            strategy_text=STRATEGIES[c.index % len(STRATEGIES)][1],
-            question=self.question,
-            evidence=self.evidence,
-            linked=linked,
-            schema=self.schema,
-            dialect=self.db.dialect,
-        )
+        strategy_text = STRATEGIES[c.index % len(STRATEGIES)][1]
+        return self.prompt(CANDIDATE, index=c.index, strategy=c.strategy, strategy_text=strategy_text, linked=linked)
 
     async def _revisions(self) -> None:
         """Stage 4: revise rounds, one stage per round, in parallel across the candidates that need one, up to
@@ -361,19 +339,7 @@ class QuestionRun:
             if self.revisions_done >= self.knobs.max_revisions:
                 self.revisions_capped = self.knobs.max_revisions < self.full.max_revisions
                 return
-            prompts = [
-                self.render(
-                    "revise",
-                    index=c.index,
-                    question=self.question,
-                    evidence=self.evidence,
-                    schema=self.schema,
-                    sql=c.sql or "(none)",
-                    problem=c.problem or "",
-                    dialect=self.db.dialect,
-                )
-                for c in todo
-            ]
+            prompts = [self.prompt(REVISE, index=c.index, sql=c.sql or "(none)", problem=c.problem or "") for c in todo]
             texts = await self.stage(REVISE, prompts)
             for c in todo:
                 c.revisions += 1
@@ -383,16 +349,11 @@ class QuestionRun:
 
     async def _evaluate(self, valid: list[Candidate]) -> None:
         """Stages 5-6: unit tests, then one evaluation per valid candidate (its verdict)."""
-        q, ev = self.question, self.evidence
-        (tests_text,) = await self.stage(
-            UNIT_TEST, [self.render("unit_tests", question=q, evidence=ev, schema=self.schema, n=self.cfg.unit_tests)]
-        )
+        (tests_text,) = await self.stage(UNIT_TEST, [self.prompt(UNIT_TEST, n=self.cfg.unit_tests)])
         prompts = [
-            self.render(
-                "evaluate",
+            self.prompt(
+                EVALUATE,
                 index=c.index,
-                question=q,
-                evidence=ev,
                 unit_tests=tests_text.strip() or "(none)",
                 sql=c.sql or "",
                 row_count=c.result.row_count if c.result else 0,

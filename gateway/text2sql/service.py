@@ -49,13 +49,8 @@ class Text2SqlService:
         registry = None
         if databases_path is not None:
             registry = DatabaseRegistry(load_databases(databases_path), base_dir=databases_path.parent)
-        config = PipelineConfig(
-            candidates=settings.candidates,
-            max_revisions=settings.max_revisions,
-            evaluate=settings.evaluate,
-            unit_tests=settings.unit_tests,
-            schema_max_chars=settings.schema_max_chars,
-        )
+        knobs = ("candidates", "max_revisions", "evaluate", "unit_tests", "schema_max_chars")
+        config = PipelineConfig(**{k: getattr(settings, k) for k in knobs})
         return cls(settings, registry, Text2SqlPipeline(config, Prompts.load()))
 
     def database(self, db_id: str, *, tenant: str, allows: Callable[[str], bool]) -> Database:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import ClassVar
 
 from gateway.config.databases import DatabaseConfig, Dialect
 from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
 from gateway.text2sql.db.results import QueryResult
-from gateway.text2sql.db.schema import Descriptions, SchemaInfo
+from gateway.text2sql.db.schema import Descriptions, SchemaInfo, TableInfo, describe
 from gateway.text2sql.sqlsafe import check_sql
 
 
@@ -18,9 +19,18 @@ class Database(ABC):
 
     dialect: ClassVar[Dialect]
 
-    def __init__(self, db_id: str, config: DatabaseConfig, *, descriptions: Descriptions | None = None) -> None:
+    def __init__(
+        self,
+        db_id: str,
+        config: DatabaseConfig,
+        *,
+        base_dir: Path | str | None = None,
+        descriptions: Descriptions | None = None,
+    ) -> None:
+        """``base_dir`` resolves a relative SQLite path; ``descriptions``: table -> column -> description."""
         self.db_id = db_id
         self.config = config
+        self.base_dir = base_dir
         self.descriptions = descriptions
         self._schema: SchemaInfo | None = None
         self._schema_lock = asyncio.Lock()
@@ -60,6 +70,9 @@ class Database(ABC):
     @abstractmethod
     async def _introspect(self) -> SchemaInfo:
         """Read the schema from the database."""
+
+    def _schema_of(self, tables: list[TableInfo]) -> SchemaInfo:
+        return SchemaInfo(self.db_id, self.dialect, describe(tables, self.descriptions), self.config.description)
 
     async def close(self) -> None:  # noqa: B027 - SQLite holds nothing open between queries
         """Release connections (a later query opens new ones)."""

@@ -7,29 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Literal
 
 import asyncpg
 
-from gateway.config.databases import DatabaseConfig, Dialect
+from gateway.config.databases import Dialect
 from gateway.text2sql.db.base import Database
 from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
 from gateway.text2sql.db.pgrole import ROLE_QUERY, role_problems
-from gateway.text2sql.db.results import CappedRows, QueryResult, RowTooLarge, too_large
-from gateway.text2sql.db.schema import (
-    ColumnInfo,
-    Descriptions,
-    ForeignKey,
-    Scalar,
-    SchemaInfo,
-    TableInfo,
-    describe,
-    quote_ident,
-    sample_value,
-)
+from gateway.text2sql.db.results import CappedRows, QueryResult, too_large
+from gateway.text2sql.db.schema import ColumnInfo, ForeignKey, Scalar, SchemaInfo, TableInfo, quote_ident, sample_value
 
+_CONNECT_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 _SAMPLE_SCAN_ROWS = 10_000  # samples come from at most this many rows of a table
 
 
@@ -91,7 +83,7 @@ def _convert(rows: CappedRows, batch: list[Any], max_bytes: int) -> bool:
     rows.add(kept)
     if over and not rows.truncated:
         if not rows.rows:
-            raise RowTooLarge(too_large(max_bytes))
+            raise QueryFailed("too_large", too_large(max_bytes))
         rows.truncated = True
     return not rows.truncated
 
@@ -108,11 +100,11 @@ class PostgresDatabase(Database):
     """A PostgreSQL database behind an asyncpg pool (created on first use, at most ``pool_size``)."""
 
     dialect: ClassVar[Dialect] = "postgres"
+    _pool: Any = None
 
-    def __init__(self, db_id: str, config: DatabaseConfig, *, descriptions: Descriptions | None = None) -> None:
-        super().__init__(db_id, config, descriptions=descriptions)
-        self._pool: Any = None
-        self._pool_lock = asyncio.Lock()
+    @functools.cached_property
+    def _pool_lock(self) -> asyncio.Lock:
+        return asyncio.Lock()
 
     def _unavailable(self, exc: BaseException) -> DatabaseUnavailable:
         why = str(exc) or type(exc).__name__
@@ -137,7 +129,7 @@ class PostgresDatabase(Database):
                             ),
                         },
                     )
-                except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+                except (*_CONNECT_ERRORS, ValueError) as exc:
                     raise self._unavailable(exc) from None
                 try:
                     await self._check_role(self._pool)
@@ -153,7 +145,7 @@ class PostgresDatabase(Database):
             async with pool.acquire() as conn:
                 role = str(await conn.fetchval("SELECT session_user"))
                 problems = role_problems(await conn.fetch(ROLE_QUERY))
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except _CONNECT_ERRORS as exc:
             raise self._unavailable(exc) from None
         if problems:
             raise DatabaseUnavailable(
@@ -166,7 +158,7 @@ class PostgresDatabase(Database):
         pool = await self._get_pool()
         try:
             conn = await pool.acquire()
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except _CONNECT_ERRORS as exc:
             raise self._unavailable(exc) from None
         try:
             yield conn
@@ -207,21 +199,16 @@ class PostgresDatabase(Database):
             stmt = await conn.prepare(capped_query(sql, len(names), cfg.max_result_bytes))
             rows = CappedRows(names, cfg.max_rows, cfg.max_result_bytes)
             cursor = await stmt.cursor()
-            while n := rows.want():
-                batch = await cursor.fetch(n)
-                if not batch or not await asyncio.to_thread(_convert, rows, batch, cfg.max_result_bytes):
+            while (n := rows.want()) and (batch := await cursor.fetch(n)):
+                if not await asyncio.to_thread(_convert, rows, batch, cfg.max_result_bytes):
                     break
             return rows.result(start)
 
-        try:
-            result: QueryResult = await self._in_readonly_transaction(query)
-        except RowTooLarge as exc:
-            raise QueryFailed("too_large", str(exc)) from None
+        result: QueryResult = await self._in_readonly_transaction(query)
         return result
 
     async def _introspect(self) -> SchemaInfo:
-        cfg = self.config
-        schema = cfg.db_schema
+        schema = self.config.db_schema
 
         async def read(conn: Any) -> list[TableInfo]:
             col_rows = await conn.fetch(_PG_COLUMNS, schema)
@@ -237,23 +224,24 @@ class PostgresDatabase(Database):
             columns: dict[str, list[ColumnInfo]] = {}
             kinds: dict[str, Literal["table", "view"]] = {}
             for relname, relkind, attname, typ, notnull in col_rows:
-                pk = pks.get(relname, ())
-                samples = await self._samples(conn, relname, attname) if cfg.sample_values else ()
-                columns.setdefault(relname, []).append(ColumnInfo(attname, typ, attname in pk, not notnull, samples))
+                samples = await self._samples(conn, relname, attname)
+                in_pk = attname in pks.get(relname, ())
+                columns.setdefault(relname, []).append(ColumnInfo(attname, typ, in_pk, not notnull, samples))
                 kinds[relname] = "view" if relkind in ("v", "m") else "table"
             return [
                 TableInfo(name, tuple(cols), pks.get(name, ()), tuple(fks.get(name, ())), kind=kinds[name])
                 for name, cols in columns.items()
             ]
 
-        tables: list[TableInfo] = await self._in_readonly_transaction(read)
-        return SchemaInfo(self.db_id, "postgres", describe(tables, self.descriptions), cfg.description)
+        return self._schema_of(await self._in_readonly_transaction(read))
 
     async def _samples(self, conn: Any, table: str, column: str) -> tuple[Scalar, ...]:
         """Up to ``sample_values`` distinct values, the smallest among the first rows of the table.
 
         Runs in a savepoint: a column whose type has no equality or order (json, xml, ...) or a scan
         that hits the statement timeout costs its samples, nothing more."""
+        if not self.config.sample_values:
+            return ()
         c = quote_ident(column)
         t = f"{quote_ident(self.config.db_schema)}.{quote_ident(table)}"
         sql = (

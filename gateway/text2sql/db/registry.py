@@ -22,9 +22,8 @@ def open_database(
     descriptions: Descriptions | None = None,
 ) -> Database:
     """The ``Database`` for ``config``'s dialect (no I/O: files and servers are opened on first use)."""
-    if config.dialect == "sqlite":
-        return SqliteDatabase(db_id, config, base_dir=base_dir, descriptions=descriptions)
-    return PostgresDatabase(db_id, config, descriptions=descriptions)
+    kind = SqliteDatabase if config.dialect == "sqlite" else PostgresDatabase
+    return kind(db_id, config, base_dir=base_dir, descriptions=descriptions)
 
 
 class DatabaseRegistry:

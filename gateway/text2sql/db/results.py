@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.text2sql.db.errors import QueryFailed
+
 FETCH_CHUNK = 256
 """Rows fetched from a cursor at a time."""
 
@@ -52,13 +54,9 @@ def too_large(max_bytes: int) -> str:
     return f"a value or a single row of the result is larger than the limit of {max_bytes} bytes"
 
 
-class RowTooLarge(Exception):
-    """The first row alone is over the byte cap (the caller raises ``QueryFailed("too_large")``)."""
-
-
 class CappedRows:
     """Collects converted rows up to the row and byte caps: a row that does not fit truncates the result; a
-    first row alone over the byte cap raises ``RowTooLarge``."""
+    first row alone over the byte cap raises ``QueryFailed("too_large")``."""
 
     def __init__(self, columns: list[str], max_rows: int, max_bytes: int) -> None:
         self.columns = columns
@@ -82,7 +80,7 @@ class CappedRows:
             n = len(json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode()) + 1
             if self.size + n > self.max_bytes:
                 if not self.rows:
-                    raise RowTooLarge(too_large(self.max_bytes))
+                    raise QueryFailed("too_large", too_large(self.max_bytes))
                 self.truncated = True
                 return
             self.rows.append(row)

@@ -16,40 +16,26 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import quote
 
-from gateway.config.databases import DatabaseConfig, Dialect
+from gateway.config.databases import Dialect
 from gateway.text2sql.db.base import Database
 from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
-from gateway.text2sql.db.results import CappedRows, QueryResult, RowTooLarge, too_large
-from gateway.text2sql.db.schema import (
-    ColumnInfo,
-    Descriptions,
-    ForeignKey,
-    Scalar,
-    SchemaInfo,
-    TableInfo,
-    describe,
-    quote_ident,
-    sample_value,
-)
+from gateway.text2sql.db.results import CappedRows, QueryResult, too_large
+from gateway.text2sql.db.schema import ColumnInfo, ForeignKey, Scalar, SchemaInfo, TableInfo, quote_ident, sample_value
+from gateway.text2sql.sqlsafe import is_dangerous_function
 
 _ALLOWED_ACTIONS: frozenset[int] = frozenset(
     {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 )
 """Authorizer actions a query may take; every other one (writes, DDL, ATTACH, PRAGMA, BEGIN...) is denied."""
 
-DENIED_SQLITE_FUNCTIONS: frozenset[str] = frozenset(
-    {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "sqlite_compileoption_get"}
-)
-"""Functions the engine refuses whatever the static check said (lower case)."""
-
 _SQLITE_TOOBIG = 18
 
 
 def _sqlite_authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None) -> int:
-    """Allow reads, recursion and function calls (not those in ``DENIED_SQLITE_FUNCTIONS``); deny the rest."""
+    """Allow reads, recursion and function calls (not those ``is_dangerous_function`` names); deny the rest."""
     if action not in _ALLOWED_ACTIONS:
         return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_FUNCTION and arg2 and arg2.lower() in DENIED_SQLITE_FUNCTIONS:
+    if action == sqlite3.SQLITE_FUNCTION and arg2 and is_dangerous_function(arg2):
         return sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_OK
 
@@ -144,25 +130,19 @@ class SqliteDatabase(Database):
 
     dialect: ClassVar[Dialect] = "sqlite"
 
-    def __init__(
-        self,
-        db_id: str,
-        config: DatabaseConfig,
-        *,
-        base_dir: Path | str | None = None,
-        descriptions: Descriptions | None = None,
-    ) -> None:
-        super().__init__(db_id, config, descriptions=descriptions)
-        self.path = config.sqlite_path(base_dir)
+    @property
+    def path(self) -> Path:
+        """The SQLite file."""
+        return self.config.sqlite_path(self.base_dir)
 
-    def _connect(self) -> sqlite3.Connection:
-        """A read-only connection (call in the thread that will use it)."""
+    def _connect(self) -> tuple[sqlite3.Connection, _Deadline]:
+        """A read-only connection and its deadline (call in the thread that will use it)."""
         if not self.path.is_file():
             raise DatabaseUnavailable(f"database {self.db_id!r}: SQLite file {self.path} does not exist")
         conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(f"file:{quote(str(self.path))}?mode=ro", uri=True, isolation_level=None)
-            conn.text_factory = _decode_text
+            conn.text_factory = decode_text
             conn.execute("PRAGMA query_only = ON")
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.Error as exc:
@@ -171,7 +151,9 @@ class SqliteDatabase(Database):
             raise DatabaseUnavailable(f"database {self.db_id!r}: cannot open SQLite file {self.path}: {exc}") from None
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.config.max_result_bytes)
-        return conn
+        deadline = _Deadline()
+        conn.set_progress_handler(deadline, 1000)
+        return conn, deadline
 
     async def _run(self, sql: str) -> QueryResult:
         return await asyncio.to_thread(self._run_sync, sql)
@@ -179,10 +161,8 @@ class SqliteDatabase(Database):
     def _run_sync(self, sql: str) -> QueryResult:
         start = time.perf_counter()
         cfg = self.config
-        conn = self._connect()
+        conn, deadline = self._connect()
         try:
-            deadline = _Deadline()
-            conn.set_progress_handler(deadline, 1000)
             conn.set_authorizer(_sqlite_authorizer)
             deadline.start(cfg.statement_timeout_s)
             printf = _BoundedPrintf(cfg.max_result_bytes)
@@ -192,14 +172,9 @@ class SqliteDatabase(Database):
             try:
                 cur = conn.execute(sql)
                 rows = CappedRows([d[0] for d in cur.description or ()], cfg.max_rows, cfg.max_result_bytes)
-                while n := rows.want():
-                    batch = cur.fetchmany(n)
-                    if not batch:
-                        break
+                while (n := rows.want()) and (batch := cur.fetchmany(n)):
                     rows.add(batch)
                 return rows.result(start)
-            except RowTooLarge as exc:
-                raise QueryFailed("too_large", str(exc)) from None
             except sqlite3.DataError:  # SQLITE_TOOBIG: a string or blob over SQLITE_LIMIT_LENGTH
                 raise QueryFailed("too_large", too_large(cfg.max_result_bytes)) from None
             except (sqlite3.Error, sqlite3.Warning) as exc:
@@ -217,41 +192,44 @@ class SqliteDatabase(Database):
         return await asyncio.to_thread(self._introspect_sync)
 
     def _introspect_sync(self) -> SchemaInfo:
-        cfg = self.config
-        conn = self._connect()
+        conn, deadline = self._connect()
         try:
-            deadline = _Deadline()
-            conn.set_progress_handler(deadline, 1000)
             try:
                 objects = conn.execute(
                     "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view') "
                     "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
                 ).fetchall()
-                raw: list[tuple[str, Literal["table", "view"], list[tuple[Any, ...]], list[tuple[Any, ...]]]] = []
-                for name, type_ in objects:
-                    kind: Literal["table", "view"] = "view" if type_ == "view" else "table"
-                    cols = conn.execute("SELECT * FROM pragma_table_info(?) ORDER BY cid", (name,)).fetchall()
-                    fks = conn.execute("SELECT * FROM pragma_foreign_key_list(?) ORDER BY id, seq", (name,)).fetchall()
-                    raw.append((name, kind, cols, fks))
+                raw: list[tuple[str, list[Any], list[Any], Literal["table", "view"]]] = [
+                    (
+                        name,
+                        conn.execute("SELECT * FROM pragma_table_info(?) ORDER BY cid", (name,)).fetchall(),
+                        conn.execute("SELECT * FROM pragma_foreign_key_list(?) ORDER BY id, seq", (name,)).fetchall(),
+                        "view" if type_ == "view" else "table",
+                    )
+                    for name, type_ in objects
+                ]
             except sqlite3.Error as exc:
                 raise QueryFailed("error", f"cannot read the schema of {self.db_id!r}: {exc}") from None
             pks = {
                 name.lower(): tuple(c[1] for c in sorted((c for c in cols if c[5]), key=lambda c: c[5]))
-                for name, _, cols, _ in raw
+                for name, cols, _, _ in raw
             }
             tables: list[TableInfo] = []
-            for name, kind, cols, fk_rows in raw:
-                pk = pks[name.lower()]
+            for name, cols, fk_rows, kind in raw:
                 columns = []
                 for _cid, col, ctype, notnull, _default, pk_pos in cols:
-                    samples = self._samples(conn, deadline, name, col) if cfg.sample_values else ()
+                    samples = self._samples(conn, deadline, name, col)
                     columns.append(ColumnInfo(col, ctype or "", bool(pk_pos), not notnull and not pk_pos, samples))
-                tables.append(TableInfo(name, tuple(columns), pk, _sqlite_foreign_keys(fk_rows, pks), kind=kind))
+                tables.append(
+                    TableInfo(name, tuple(columns), pks[name.lower()], _foreign_keys(fk_rows, pks), kind=kind)
+                )
+            return self._schema_of(tables)
         finally:
             conn.close()
-        return SchemaInfo(self.db_id, "sqlite", describe(tables, self.descriptions), cfg.description)
 
     def _samples(self, conn: sqlite3.Connection, deadline: _Deadline, table: str, column: str) -> tuple[Scalar, ...]:
+        if not self.config.sample_values:
+            return ()
         c, t = quote_ident(column), quote_ident(table)
         deadline.start(self.config.statement_timeout_s)
         try:
@@ -263,12 +241,12 @@ class SqliteDatabase(Database):
         return tuple(sample_value(r[0]) for r in rows)
 
 
-def _decode_text(data: bytes) -> str:
+def decode_text(data: bytes) -> str:
     """SQLite TEXT as str; invalid UTF-8 (present in some public datasets) is replaced, not fatal."""
     return data.decode("utf-8", errors="replace")
 
 
-def _sqlite_foreign_keys(rows: Sequence[Sequence[Any]], pks: Mapping[str, tuple[str, ...]]) -> tuple[ForeignKey, ...]:
+def _foreign_keys(rows: Sequence[Sequence[Any]], pks: Mapping[str, tuple[str, ...]]) -> tuple[ForeignKey, ...]:
     """``PRAGMA foreign_key_list`` rows (id, seq, table, from, to, ...) grouped into keys."""
     grouped: dict[int, list[Sequence[Any]]] = {}
     for r in rows:

@@ -35,24 +35,17 @@ _DEPARTMENTS = (
     ("Customer Support", "Dublin", "Support Agent"),
     ("Engineering", "Berlin", "Software Engineer"),
 )
-_CATEGORIES = {
-    "Electronics": (("Wireless", "Smart", "Portable", "Compact", "Pro"), ("Headphones", "Speaker", "Charger", "Camera", "Keyboard")),  # noqa: E501
-    "Home": (("Cozy", "Classic", "Modern", "Rustic"), ("Lamp", "Blanket", "Vase", "Clock", "Mirror")),
-    "Clothing": (("Cotton", "Wool", "Linen", "Denim"), ("Shirt", "Sweater", "Jacket", "Scarf")),
-    "Sports": (("Trail", "Indoor", "Pro", "Light"), ("Running Shoes", "Yoga Mat", "Water Bottle", "Backpack")),
-    "Books": (("Illustrated", "Pocket", "Collected"), ("Cookbook", "Atlas", "Novel", "Poems")),
-    "Toys": (("Wooden", "Giant", "Mini"), ("Puzzle", "Robot", "Train Set", "Board Game")),
-    "Beauty": (("Natural", "Fresh", "Gentle"), ("Face Cream", "Shampoo", "Soap")),
+_CATEGORIES = {  # category: (adjectives, nouns, (lowest, highest) list price in cents)
+    "Electronics": (("Wireless", "Smart", "Portable", "Compact", "Pro"),
+                    ("Headphones", "Speaker", "Charger", "Camera", "Keyboard"), (1999, 59999)),
+    "Home": (("Cozy", "Classic", "Modern", "Rustic"), ("Lamp", "Blanket", "Vase", "Clock", "Mirror"), (899, 14999)),
+    "Clothing": (("Cotton", "Wool", "Linen", "Denim"), ("Shirt", "Sweater", "Jacket", "Scarf"), (999, 12999)),
+    "Sports": (("Trail", "Indoor", "Pro", "Light"), ("Running Shoes", "Yoga Mat", "Water Bottle", "Backpack"),
+               (599, 17999)),
+    "Books": (("Illustrated", "Pocket", "Collected"), ("Cookbook", "Atlas", "Novel", "Poems"), (499, 4999)),
+    "Toys": (("Wooden", "Giant", "Mini"), ("Puzzle", "Robot", "Train Set", "Board Game"), (699, 8999)),
+    "Beauty": (("Natural", "Fresh", "Gentle"), ("Face Cream", "Shampoo", "Soap"), (299, 4999)),
 }  # fmt: skip
-_PRICE_CENTS = {
-    "Electronics": (1999, 59999),
-    "Home": (899, 14999),
-    "Clothing": (999, 12999),
-    "Sports": (599, 17999),
-    "Books": (499, 4999),
-    "Toys": (699, 8999),
-    "Beauty": (299, 4999),
-}
 _STATUSES = ("delivered", "delivered", "delivered", "delivered", "shipped", "pending", "cancelled", "returned")
 _TIERS = ("bronze", "bronze", "silver", "silver", "gold", None, None)
 _EPOCH = dt.date(2019, 1, 1)
@@ -154,7 +147,7 @@ def _products(rng: random.Random, rows: Rows) -> dict[int, int]:
     """The products; returns each one's list price in cents."""
     price_cents: dict[int, int] = {}
     pools: dict[str, list[str]] = {}
-    for category, (adjectives, nouns) in _CATEGORIES.items():
+    for category, (adjectives, nouns, _) in _CATEGORIES.items():
         pools[category] = [f"{a} {n}" for a in adjectives for n in nouns]
         rng.shuffle(pools[category])
     categories = list(_CATEGORIES)
@@ -164,7 +157,7 @@ def _products(rng: random.Random, rows: Rows) -> dict[int, int]:
         else:
             category = rng.choice([c for c in categories if pools[c]])
         name = pools[category].pop()
-        low, high = _PRICE_CENTS[category]
+        low, high = _CATEGORIES[category][2]
         price_cents[i] = rng.randrange(low + 1, high + 2, 10) - 1  # x.x9 prices
         discontinued = 1 if rng.random() < 0.1 else 0
         rows["products"].append((i, name, category, _money(price_cents[i]), rng.randrange(0, 500), discontinued))
@@ -210,6 +203,3 @@ def _orders(
             discount = rng.choice((0, 0, 0, 0, 10, 20))
             unit_cents = list_cents - (list_cents * discount) // 100
             rows["order_items"].append((item_id, order_id, product, 1 + rng.randrange(5), _money(unit_cents)))
-
-
-# ----------------------------------------------------------------------------------------- writers

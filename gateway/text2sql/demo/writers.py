@@ -16,18 +16,14 @@ from gateway.text2sql.demo.rows import demo_rows
 from gateway.text2sql.demo.schema import DB_ID, TABLES, Value, create_table_sql, spider_tables_entry
 
 
-def _sqlite_connect_fill(conn: sqlite3.Connection, seed: int) -> None:
+def load_sqlite(conn: sqlite3.Connection, seed: int = 0) -> None:
+    """Create the demo tables in an open (empty) SQLite connection, e.g. ``sqlite3.connect(":memory:")``."""
     rows = demo_rows(seed)
     for table in TABLES:
         conn.execute(create_table_sql(table, "sqlite"))
         marks = ", ".join("?" for _ in table.columns)
         conn.executemany(f"INSERT INTO {table.name} VALUES ({marks})", rows[table.name])
     conn.commit()
-
-
-def load_sqlite(conn: sqlite3.Connection, seed: int = 0) -> None:
-    """Create the demo tables in an open (empty) SQLite connection, e.g. ``sqlite3.connect(":memory:")``."""
-    _sqlite_connect_fill(conn, seed)
 
 
 def write_sqlite(path: Path, seed: int = 0) -> Path:
@@ -40,7 +36,7 @@ def write_sqlite(path: Path, seed: int = 0) -> Path:
     try:
         conn = sqlite3.connect(tmp)
         try:
-            _sqlite_connect_fill(conn, seed)
+            load_sqlite(conn, seed)
         finally:
             conn.close()
         os.replace(tmp, path)
@@ -71,7 +67,7 @@ def write_demo_databases(
         entry["max_rows"] = max_rows
     text = "# The demo database of HexGen-Flow (hexflow databases --demo); the path is relative to this file.\n"
     text += yaml.safe_dump({"databases": {DB_ID: entry}}, sort_keys=False)
-    _write_text_atomic(out, text)
+    write_text_atomic(out, text)
     return out
 
 
@@ -104,7 +100,8 @@ def postgres_script(seed: int = 0, *, rows_per_insert: int = 500) -> str:
     return "\n".join(out) + "\n"
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (a reader never sees half a file)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
@@ -121,6 +118,6 @@ def write_spider_dataset(out_dir: Path, seed: int = 0) -> Path:
         if q.evidence is not None:
             item["evidence"] = q.evidence
         dev.append(item)
-    _write_text_atomic(out_dir / "dev.json", json.dumps(dev, indent=2) + "\n")
-    _write_text_atomic(out_dir / "tables.json", json.dumps([spider_tables_entry()], indent=2) + "\n")
+    write_text_atomic(out_dir / "dev.json", json.dumps(dev, indent=2) + "\n")
+    write_text_atomic(out_dir / "tables.json", json.dumps([spider_tables_entry()], indent=2) + "\n")
     return out_dir

@@ -39,6 +39,9 @@ def check_sql(sql: str, dialect: str, *, schemas: Sequence[str] | None = None) -
         raise ValueError(f"unsupported SQL dialect {dialect!r}; supported: {', '.join(SUPPORTED_DIALECTS)}")
     if not sql.strip():
         raise SqlRejected("empty SQL: expected one read-only query")
-    if checked == "sqlite":
-        return check_sqlite(sql)
-    return check_postgres(sql, tuple(schemas) if schemas is not None else DEFAULT_POSTGRES_SCHEMAS)
+    try:
+        if checked == "sqlite":
+            return check_sqlite(sql)
+        return check_postgres(sql, tuple(schemas) if schemas is not None else DEFAULT_POSTGRES_SCHEMAS)
+    except RecursionError:  # the parser's: a query nested too deeply to check is refused, never run
+        raise SqlRejected("cannot parse SQL: the query is nested too deeply") from None

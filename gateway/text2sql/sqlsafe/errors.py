@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 from gateway.errors import BadRequest
 from gateway.text2sql.sqlsafe.allowlist import FUNCTION_KINDS
 
-__all__ = ["NOT_A_QUERY", "SqlRejected", "function_refused", "one_line"]
+__all__ = ["NOT_A_QUERY", "SqlRejected", "function_refused", "one_line", "one_statement", "unparseable"]
+
+T = TypeVar("T")
 
 NOT_A_QUERY = "only read-only queries (SELECT, WITH, VALUES) may run; found {}"
 """The reason for a statement that is not a query (``{}``: its keyword, read from the text)."""
@@ -31,3 +36,24 @@ def function_refused(name: str, dialect: str, why: str = "") -> SqlRejected:
 def one_line(text: str, limit: int) -> str:
     """``text`` on one line (blanks collapsed), at most ``limit`` characters."""
     return " ".join(text.split())[:limit]
+
+
+def unparseable(dialect: str, exc: Exception, detail: str, near: object, line: object, col: object) -> SqlRejected:
+    """Our reason for a text that does not parse (where the parser stopped, when known); the parser's own
+    words (``detail``) kept apart."""
+    reason = f"cannot parse SQL: not one valid {dialect} query"
+    if isinstance(near, str) and near.strip():
+        reason += f"; parsing stopped at {one_line(near, 40)!r}"
+    if isinstance(line, int) and isinstance(col, int):
+        reason += f" (line {line}, column {col})"
+    return SqlRejected(reason, detail=one_line(detail, 200) or type(exc).__name__)
+
+
+def one_statement(statements: Sequence[T], kind: Callable[[T], str]) -> T:
+    """The only statement of ``statements``; ``SqlRejected`` for none or several (``kind`` names each)."""
+    if not statements:
+        raise SqlRejected("empty SQL: expected one read-only query (found only comments or semicolons)")
+    if len(statements) > 1:
+        kinds = ", ".join(kind(s) for s in statements[:4])
+        raise SqlRejected(f"more than one statement ({len(statements)}: {kinds}); send exactly one query")
+    return statements[0]

@@ -4,6 +4,7 @@ as docs/text2sql.md ("SQL safety") describes (calls the parser makes of SQL synt
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 
 import pglast
@@ -11,91 +12,35 @@ from pglast import ast
 from pglast.parser import ParseError, scan
 
 from gateway.text2sql.sqlsafe.allowlist import POSTGRES_FUNCTIONS, POSTGRES_OPERATORS, POSTGRES_TYPES
-from gateway.text2sql.sqlsafe.errors import NOT_A_QUERY, SqlRejected, function_refused, one_line
+from gateway.text2sql.sqlsafe.errors import NOT_A_QUERY, SqlRejected, function_refused, one_statement, unparseable
 
 __all__ = ["check_postgres"]
 
-_ALLOWED_NODES = frozenset(
-    {
-        "SelectStmt",
-        "ResTarget",
-        "ColumnRef",
-        "A_Star",
-        "A_Const",
-        "String",
-        "Integer",
-        "Float",
-        "Boolean",
-        "BitString",
-        "A_Expr",
-        "BoolExpr",
-        "NullTest",
-        "BooleanTest",
-        "SubLink",
-        "CaseExpr",
-        "CaseWhen",
-        "CoalesceExpr",
-        "MinMaxExpr",
-        "TypeCast",
-        "TypeName",
-        "FuncCall",
-        "SortBy",
-        "WindowDef",
-        "RangeVar",
-        "RangeSubselect",
-        "RangeFunction",
-        "JoinExpr",
-        "Alias",
-        "WithClause",
-        "CommonTableExpr",
-        "CTESearchClause",
-        "CTECycleClause",
-        "A_ArrayExpr",
-        "A_Indirection",
-        "A_Indices",
-        "RowExpr",
-        "GroupingSet",
-        "GroupingFunc",
-        "CollateClause",
-        "SQLValueFunction",
-        "NamedArgExpr",
-        "ColumnDef",
-    }
-)
-
+# fmt: off
+_ALLOWED_NODES = frozenset({
+    "SelectStmt", "ResTarget", "ColumnRef", "A_Star", "A_Const", "String", "Integer", "Float", "Boolean",
+    "BitString", "A_Expr", "BoolExpr", "NullTest", "BooleanTest", "SubLink", "CaseExpr", "CaseWhen",
+    "CoalesceExpr", "MinMaxExpr", "TypeCast", "TypeName", "FuncCall", "SortBy", "WindowDef", "RangeVar",
+    "RangeSubselect", "RangeFunction", "JoinExpr", "Alias", "WithClause", "CommonTableExpr", "CTESearchClause",
+    "CTECycleClause", "A_ArrayExpr", "A_Indirection", "A_Indices", "RowExpr", "GroupingSet", "GroupingFunc",
+    "CollateClause", "SQLValueFunction", "NamedArgExpr", "ColumnDef",
+})
+_DATE_KEYWORDS = frozenset({
+    "SVFOP_CURRENT_DATE", "SVFOP_CURRENT_TIME", "SVFOP_CURRENT_TIME_N", "SVFOP_CURRENT_TIMESTAMP",
+    "SVFOP_CURRENT_TIMESTAMP_N", "SVFOP_LOCALTIME", "SVFOP_LOCALTIME_N", "SVFOP_LOCALTIMESTAMP",
+    "SVFOP_LOCALTIMESTAMP_N",
+})
 _WRITES = {"InsertStmt": "INSERT", "UpdateStmt": "UPDATE", "DeleteStmt": "DELETE", "MergeStmt": "MERGE"}
-
 _CONSTRUCTS = {
-    "RangeTableSample": "TABLESAMPLE",
-    "RangeTableFunc": "XMLTABLE",
-    "JsonTable": "JSON_TABLE",
-    "XmlExpr": "an XML function",
-    "XmlSerialize": "XMLSERIALIZE",
-    "ParamRef": "a query parameter ($n)",
+    "RangeTableSample": "TABLESAMPLE", "RangeTableFunc": "XMLTABLE", "JsonTable": "JSON_TABLE",
+    "XmlExpr": "an XML function", "XmlSerialize": "XMLSERIALIZE", "ParamRef": "a query parameter ($n)",
     "IntoClause": "SELECT ... INTO",
 }
-
-_DATE_KEYWORDS = frozenset(
-    {
-        "SVFOP_CURRENT_DATE",
-        "SVFOP_CURRENT_TIME",
-        "SVFOP_CURRENT_TIME_N",
-        "SVFOP_CURRENT_TIMESTAMP",
-        "SVFOP_CURRENT_TIMESTAMP_N",
-        "SVFOP_LOCALTIME",
-        "SVFOP_LOCALTIME_N",
-        "SVFOP_LOCALTIMESTAMP",
-        "SVFOP_LOCALTIMESTAMP_N",
-    }
-)
-
 _LOCKS = {
-    "LCS_FORKEYSHARE": "FOR KEY SHARE",
-    "LCS_FORSHARE": "FOR SHARE",
-    "LCS_FORNOKEYUPDATE": "FOR NO KEY UPDATE",
+    "LCS_FORKEYSHARE": "FOR KEY SHARE", "LCS_FORSHARE": "FOR SHARE", "LCS_FORNOKEYUPDATE": "FOR NO KEY UPDATE",
     "LCS_FORUPDATE": "FOR UPDATE",
 }
-
+# fmt: on
 _SKIPPED_TOKENS = frozenset({"ASCII_59", "SQL_COMMENT", "C_COMMENT"})
 
 
@@ -137,12 +82,7 @@ class _Checker:
         kind = type(node).__name__
         if kind in _WRITES:
             raise SqlRejected(NOT_A_QUERY.format(f"{_WRITES[kind]} (nested inside the query)"))
-        if kind not in _ALLOWED_NODES:
-            if kind == "IntoClause":
-                raise SqlRejected("SELECT ... INTO is not allowed: it creates a table")
-            if kind == "LockingClause":
-                strength = _enum_name(getattr(node, "strength", ""))
-                raise SqlRejected(f"locking reads are not allowed; found {_LOCKS.get(strength, 'FOR UPDATE')}")
+        if kind not in _ALLOWED_NODES:  # (INTO and locking clauses are refused by _SelectStmt, their parent)
             what = _CONSTRUCTS.get(kind) or (
                 f"a SQL/JSON construct ({kind})" if kind.startswith("Json") else f"the {kind} construct"
             )
@@ -160,18 +100,17 @@ class _Checker:
 
     def _FuncCall(self, node: ast.FuncCall) -> None:  # noqa: N802
         names = _strings(node.funcname)
-        shown = ".".join(names)
-        if len(names) > 2 or (len(names) == 2 and names[0] != "pg_catalog"):
-            raise function_refused(shown, "postgres", "a function may be qualified only with pg_catalog")
+        if _foreign(names):
+            raise function_refused(".".join(names), "postgres", "a function may be qualified only with pg_catalog")
         if names[-1] not in POSTGRES_FUNCTIONS:
-            raise function_refused(shown, "postgres")
+            raise function_refused(".".join(names), "postgres")
 
     def _TypeName(self, node: ast.TypeName) -> None:  # noqa: N802
         names = _strings(node.names)
         shown = ".".join(names)
         if node.pct_type:
             raise SqlRejected(f"type reference {shown}%TYPE is not allowed in a query")
-        if len(names) > 2 or (len(names) == 2 and names[0] != "pg_catalog") or names[-1] not in POSTGRES_TYPES:
+        if _foreign(names) or names[-1] not in POSTGRES_TYPES:
             raise SqlRejected(
                 f"type {shown} is not allowed in a query; casts may name: {', '.join(sorted(POSTGRES_TYPES))}"
             )
@@ -212,9 +151,14 @@ class _Checker:
             )
 
 
+def _foreign(names: list[str]) -> bool:
+    """Whether a qualified name's qualifier is anything but ``pg_catalog``."""
+    return len(names) > 2 or (len(names) == 2 and names[0] != "pg_catalog")
+
+
 def _check_operator(name: Sequence[object] | None) -> None:
     names = _strings(name)
-    if len(names) > 2 or (len(names) == 2 and names[0] != "pg_catalog") or names[-1] not in POSTGRES_OPERATORS:
+    if _foreign(names) or names[-1] not in POSTGRES_OPERATORS:
         raise SqlRejected(f"operator {'.'.join(names)} is not allowed in a query")
 
 
@@ -231,20 +175,17 @@ def _first_word(sql: str, start: int = 0, end: int | None = None) -> str:
 
 
 def _unparseable(exc: ParseError, sql: str) -> SqlRejected:
-    reason = "cannot parse SQL: not one valid postgres query"
     message = str(exc.args[0]) if exc.args else str(exc)
     location = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], int) else None
-    if location is not None and 0 <= location <= len(sql):
-        near = sql[location:].split()
-        if near:
-            reason += f"; parsing stopped at {one_line(near[0], 40)!r}"
-        line = sql.count("\n", 0, location) + 1
-        col = location - (sql.rfind("\n", 0, location) + 1) + 1
-        reason += f" (line {line}, column {col})"
-    return SqlRejected(reason, detail=one_line(message, 200) or type(exc).__name__)
+    if location is None or not 0 <= location <= len(sql):
+        return unparseable("postgres", exc, message, None, None, None)
+    near = sql[location:].split()
+    line = sql.count("\n", 0, location) + 1
+    col = location - (sql.rfind("\n", 0, location) + 1) + 1
+    return unparseable("postgres", exc, message, near[0] if near else None, line, col)
 
 
-def _statement_kind(raw: ast.RawStmt, sql: str) -> str:
+def _statement_kind(sql: str, raw: ast.RawStmt) -> str:
     stmt = raw.stmt
     kind = type(stmt).__name__
     if isinstance(stmt, ast.SelectStmt):
@@ -261,14 +202,7 @@ def check_postgres(sql: str, schemas: Sequence[str]) -> str:
         statements = pglast.parse_sql(sql)
     except ParseError as exc:
         raise _unparseable(exc, sql) from None
-    except RecursionError:
-        raise SqlRejected("cannot parse SQL: the query is nested too deeply") from None
-    if not statements:
-        raise SqlRejected("empty SQL: expected one read-only query (found only comments or semicolons)")
-    if len(statements) > 1:
-        kinds = ", ".join(_statement_kind(s, sql) for s in statements[:4])
-        raise SqlRejected(f"more than one statement ({len(statements)}: {kinds}); send exactly one query")
-    root = statements[0].stmt
+    root = one_statement(statements, functools.partial(_statement_kind, sql)).stmt
     if not isinstance(root, ast.SelectStmt):
         kind = type(root).__name__
         raise SqlRejected(NOT_A_QUERY.format(_WRITES.get(kind) or _first_word(sql) or kind.upper()))

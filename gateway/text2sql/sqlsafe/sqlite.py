@@ -13,9 +13,9 @@ from sqlglot import TokenType, exp
 from sqlglot.errors import ParseError, TokenError
 
 from gateway.text2sql.sqlsafe.allowlist import SQLITE_FUNCTIONS
-from gateway.text2sql.sqlsafe.errors import NOT_A_QUERY, SqlRejected, function_refused, one_line
+from gateway.text2sql.sqlsafe.errors import NOT_A_QUERY, SqlRejected, function_refused, one_statement, unparseable
 
-__all__ = ["check_sqlite", "parse_checked"]
+__all__ = ["check_sqlite"]
 
 
 def _names(*names: str) -> tuple[type[exp.Expr], ...]:
@@ -24,66 +24,34 @@ def _names(*names: str) -> tuple[type[exp.Expr], ...]:
 
 
 # A statement or clause that changes data, schema, session or server state, by sqlglot class name.
+# fmt: off
 _FORBIDDEN: dict[str, str] = {
-    "Insert": "INSERT",
-    "Update": "UPDATE",
-    "Delete": "DELETE",
-    "Merge": "MERGE",
-    "Create": "CREATE",
-    "Drop": "DROP",
-    "Alter": "ALTER",
-    "AlterTable": "ALTER",
-    "TruncateTable": "TRUNCATE",
-    "Grant": "GRANT",
-    "Revoke": "REVOKE",
-    "Attach": "ATTACH",
-    "Detach": "DETACH",
-    "Pragma": "PRAGMA",
-    "Copy": "COPY",
-    "Set": "SET",
-    "Analyze": "ANALYZE",
-    "Transaction": "BEGIN",
-    "Commit": "COMMIT",
-    "Rollback": "ROLLBACK",
-    "Comment": "COMMENT",
-    "Use": "USE",
-    "LoadData": "LOAD DATA",
-    "Cache": "CACHE",
-    "Uncache": "UNCACHE",
-    "Refresh": "REFRESH",
-    "Describe": "DESCRIBE",
+    "Insert": "INSERT", "Update": "UPDATE", "Delete": "DELETE", "Merge": "MERGE", "Create": "CREATE",
+    "Drop": "DROP", "Alter": "ALTER", "AlterTable": "ALTER", "TruncateTable": "TRUNCATE", "Grant": "GRANT",
+    "Revoke": "REVOKE", "Attach": "ATTACH", "Detach": "DETACH", "Pragma": "PRAGMA", "Copy": "COPY", "Set": "SET",
+    "Analyze": "ANALYZE", "Transaction": "BEGIN", "Commit": "COMMIT", "Rollback": "ROLLBACK",
+    "Comment": "COMMENT", "Use": "USE", "LoadData": "LOAD DATA", "Cache": "CACHE", "Uncache": "UNCACHE",
+    "Refresh": "REFRESH", "Describe": "DESCRIBE",
     "Command": "",  # sqlglot's fallback for statements it does not model: VACUUM, CALL, DO, LOCK, ...
 }
+# fmt: on
 _FORBIDDEN_CLASSES: tuple[type[exp.Expr], ...] = _names(*_FORBIDDEN)
 QUERY_CLASSES: tuple[type[exp.Expr], ...] = (exp.Query, *_names("Values"))
 _EMPTY_CLASSES: tuple[type[exp.Expr], ...] = _names("Semicolon")
 
 # Call forms sqlglot builds without recording a name: the SQLite function (or syntax, "") each stands for.
 # A class absent here and without a recorded name is refused.
+# fmt: off
 _UNNAMED: dict[str, str] = {
-    "And": "",
-    "Or": "",
-    "Xor": "",
-    "Not": "",
-    "Case": "",
+    "And": "", "Or": "", "Xor": "", "Not": "", "Case": "", "Cast": "", "Exists": "", "Collate": "",
     "If": "",  # the WHEN branches of CASE
-    "Cast": "",
-    "Exists": "",
-    "Collate": "",
-    "CurrentDate": "",
-    "CurrentTime": "",
-    "CurrentTimestamp": "",
-    "JSONExtract": "",  # ->
-    "JSONExtractScalar": "",  # ->>
+    "CurrentDate": "", "CurrentTime": "", "CurrentTimestamp": "",
+    "JSONExtract": "", "JSONExtractScalar": "",  # -> and ->>
     "TsOrDsToTimestamp": "",  # sqlglot's wrapper around strftime()'s argument, not written
-    "Substring": "substring",
-    "Trim": "trim",
-    "GroupConcat": "group_concat",
-    "Chr": "char",
-    "Ceil": "ceil",
-    "Floor": "floor",
-    "RegexpLike": "regexp",
+    "Substring": "substring", "Trim": "trim", "GroupConcat": "group_concat", "Chr": "char", "Ceil": "ceil",
+    "Floor": "floor", "RegexpLike": "regexp",
 }
+# fmt: on
 _UNNAMED_CLASSES: dict[type[exp.Expr], str] = {cls: _UNNAMED[cls.__name__] for cls in _names(*_UNNAMED)}
 
 _VIRTUAL_TABLES = frozenset(
@@ -112,21 +80,13 @@ def _first_word(sql: str) -> str:
 
 
 def _unparseable(exc: ParseError | TokenError) -> SqlRejected:
-    """Our reason for a text that does not parse (where the parser stopped, if it says), its words apart."""
     details = exc.errors[0] if isinstance(exc, ParseError) and exc.errors else {}
-    reason = "cannot parse SQL: not one valid sqlite query"
-    line, col, near = details.get("line"), details.get("col"), details.get("highlight")
-    if isinstance(near, str) and near.strip():
-        reason += f"; parsing stopped at {one_line(near, 40)!r}"
-    if isinstance(line, int) and isinstance(col, int):
-        reason += f" (line {line}, column {col})"
     description = details.get("description")
-    if description:
-        token = r"<Token token_type: TokenType\.\w+, text: (.*?), line: .*?>"
-        detail = re.sub(token, r"'\1'", str(description))
-    else:
-        detail = str(exc)
-    return SqlRejected(reason, detail=one_line(detail, 200) or type(exc).__name__)
+    detail = re.sub(_TOKEN, r"'\1'", str(description)) if description else str(exc)
+    return unparseable("sqlite", exc, detail, details.get("highlight"), details.get("line"), details.get("col"))
+
+
+_TOKEN = r"<Token token_type: TokenType\.\w+, text: (.*?), line: .*?>"
 
 
 def _written_name(node: exp.Func, sql: str) -> str | None:
@@ -140,10 +100,7 @@ def _written_name(node: exp.Func, sql: str) -> str | None:
         return written.lower()
     if isinstance(node, exp.Anonymous):
         return node.name.lower()
-    for cls, name in _UNNAMED_CLASSES.items():
-        if type(node) is cls:
-            return name
-    return None
+    return _UNNAMED_CLASSES.get(type(node))
 
 
 def _check_function(node: exp.Func, sql: str) -> None:
@@ -202,31 +159,15 @@ def _statement_kind(node: exp.Expr) -> str:
     return type(node).__name__.upper()
 
 
-def parse_checked(sql: str) -> exp.Expr:
-    """The one statement of ``sql`` (SQLite), after the checks; raises ``SqlRejected``."""
+def check_sqlite(sql: str) -> str:
+    """Check one SQLite query; return the text to run (trailing semicolons and comments cut)."""
     try:
         parsed = sqlglot.parse(sql, read="sqlite")
     except (ParseError, TokenError) as exc:
         raise _unparseable(exc) from None
-    except RecursionError:
-        raise SqlRejected("cannot parse SQL: the query is nested too deeply") from None
-    statements = [s for s in parsed if s is not None and not isinstance(s, _EMPTY_CLASSES)]
-    if not statements:
-        raise SqlRejected("empty SQL: expected one read-only query (found only comments or semicolons)")
-    if len(statements) > 1:
-        kinds = ", ".join(_statement_kind(s) for s in statements[:4])
-        raise SqlRejected(f"more than one statement ({len(statements)}: {kinds}); send exactly one query")
-    root = statements[0]
+    root = one_statement([s for s in parsed if s is not None and not isinstance(s, _EMPTY_CLASSES)], _statement_kind)
     _check_tree(root, sql)
     if not isinstance(root, QUERY_CLASSES):
         raise SqlRejected(NOT_A_QUERY.format(_first_word(sql) or "no statement"))
-    return root
-
-
-def check_sqlite(sql: str) -> str:
-    """Check one SQLite query; return the text to run (trailing semicolons and comments cut)."""
-    parse_checked(sql)
     tokens = [t for t in sqlglot.tokenize(sql, read="sqlite") if t.token_type != TokenType.SEMICOLON]
-    if not tokens:
-        return sql.strip()
-    return sql[: tokens[-1].end + 1].strip()
+    return sql[: tokens[-1].end + 1].strip() if tokens else sql.strip()
