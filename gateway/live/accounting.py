@@ -1,10 +1,6 @@
-"""How the live gateway's workflows began and ended: active counts, metrics, the status page's memory.
-
-``Accounting.begin`` counts a workflow in (per tenant and in all: the admission bounds read these counts; the
-drain waits for ``idle``); ``Accounting.end`` counts it out once, whatever path ended it (met, missed, failed,
-cancelled, shed), into the metrics, the rolling outcome window and the history of finished workflows with
-their calls' timelines (``gateway.live.history``).
-"""
+"""How the live gateway's workflows began and ended: ``Accounting.begin`` counts a workflow in (admission bounds
+and the drain read the counts), ``Accounting.end`` counts it out once, whatever ended it, into the metrics,
+the rolling outcome window and the history (``gateway.live.history``)."""
 
 from __future__ import annotations
 
@@ -63,10 +59,8 @@ class Accounting:
         wf_id: str | None,
         route: str,
     ) -> bool:
-        """``ex`` (running ``wf``) ended with ``outcome`` (met, missed, failed, cancelled, shed); False when it was
-        counted out already. ``calls``: its calls' outcomes (None: not
-        settled); ``wf_id``: the id its client got; ``route``: the route it
-        came by, as the status page's history labels it."""
+        """``ex`` (running ``wf``) ended with ``outcome``; False when it was counted out already (``calls``: its calls'
+        outcomes, None: not settled; ``wf_id``: its client's id; ``route``: its status page label)."""
         if ex not in self._running:
             return False
         self._running.discard(ex)
@@ -102,9 +96,8 @@ class Accounting:
         wf_id: str | None,
         route: str,
     ) -> None:
-        """Account a workflow that ran and ended: its goodput outcome (metrics and the rolling window) and its
-        timeline in the status page's history, under the id its client got (``wf_id``: the response's; a chat
-        call's is its ``X-Request-Id``, which this runs under)."""
+        """Account a workflow that ran and ended: its goodput outcome and its timeline in the history, under its
+        client's id (``wf_id``, else its request's ``X-Request-Id``)."""
         now = self.gw.clock()
         outcome = goodput_outcome(status, valid=valid)
         self.gw.metrics.workflow_outcome(tenant, outcome)

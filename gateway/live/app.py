@@ -1,10 +1,8 @@
 """The gateway's HTTP face (FastAPI): the app factory ``create_app``.
 
-One router per surface under ``gateway.live.routers`` (the routes and their errors: docs/live-gateway.md,
-"API"); the hot pass-through routes are usually served by ``gateway.live.fastpath``. Routes raise
-``GatewayError``s and one handler renders them; a core ``DomainError`` is mapped by
-``gateway.live.httperrors``; validation, unknown routes and unexpected exceptions have a handler each.
-``openapi_with_limits`` writes the running limits into the document (tests/live/test_openapi.py fuzzes it)."""
+One router per surface under ``gateway.live.routers`` (docs/live-gateway.md, "API"); the hot pass-through
+routes are usually served by ``gateway.live.fastpath``. Routes raise ``GatewayError``s and one handler renders
+them; validation, unknown routes and unexpected exceptions have a handler each."""
 
 from __future__ import annotations
 
@@ -42,34 +40,25 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 """Swagger UI and ReDoc, vendored from npm (versions and licences: static/README.md)."""
 STATIC_URL = "/static/docs"
 
+_TELEMETRY = ("tracing", "metrics", "logs", "operation_spans", "auto_configure")
 FASTAPI_TELEMETRY_OFF: dict[str, Any] = (
-    {
-        "telemetry": {
-            "tracing": False,
-            "metrics": False,
-            "logs": False,
-            "operation_spans": False,
-            "auto_configure": False,
-        }
-    }
+    {"telemetry": dict.fromkeys(_TELEMETRY, False)}
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters
     else {}
 )
-"""FastAPI's own OpenTelemetry instrumentation, off (it reads ``os.environ`` on every request to find no
-provider; the gateway exports Prometheus metrics only)."""
+"""FastAPI's own OpenTelemetry instrumentation, off (it reads ``os.environ`` on every request)."""
 
 log = logging.getLogger("hexflow.app")
 
 GC_GEN0_THRESHOLD = 50_000
-"""The garbage collector's generation-0 threshold while the gateway serves (CPython's default: 700); why:
-docs/live-gateway.md, "Implementation notes". Lower it if pauses matter more than CPU time."""
+"""The collector's generation-0 threshold while serving (CPython's: 700; docs/live-gateway.md, "Implementation
+notes"). Lower it if pauses matter more than CPU time."""
 
 
 @contextlib.contextmanager
 def serving_gc(gen0_threshold: int = GC_GEN0_THRESHOLD) -> Iterator[None]:
-    """The garbage collector's settings while the gateway serves (docs/live-gateway.md, "Implementation
-    notes"): a full collection and ``gc.freeze()`` on entry, the generation-0 threshold raised to
-    ``gen0_threshold`` (a higher one kept); unfrozen and restored on exit. Process-wide."""
+    """While serving: a full collection and ``gc.freeze()``, the generation-0 threshold raised to
+    ``gen0_threshold``; unfrozen and restored on exit. Process-wide."""
     before = gc.get_threshold()
     gc.collect()  # no garbage frozen: it would never be freed
     gc.freeze()
@@ -82,9 +71,7 @@ def serving_gc(gen0_threshold: int = GC_GEN0_THRESHOLD) -> Iterator[None]:
 
 
 class GatewayApp(FastAPI):
-    """FastAPI with the hot routes' fast path in front (``gateway.live.fastpath``): a ``POST`` to a
-    pass-through path goes to it first (it hands what it does not serve back to the framework), everything
-    else to FastAPI as usual. ``fast_path`` off: every request goes through the framework."""
+    """FastAPI with the hot routes' fast path (``gateway.live.fastpath``) in front of a ``POST`` to them."""
 
     fast: FastPath | None = None
 
@@ -100,8 +87,7 @@ class GatewayApp(FastAPI):
 def create_app(
     make_gateway: Callable[[], Awaitable[Gateway]], *, max_body_bytes: int = 1 << 20, fast_path: bool = True
 ) -> FastAPI:
-    """The ASGI app. ``make_gateway`` builds the (unstarted) service inside the lifespan; ``fast_path``
-    serves the pass-through routes without the framework (``gateway.live.fastpath``; same answers)."""
+    """The ASGI app; ``make_gateway`` builds the (unstarted) service inside the lifespan."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -146,28 +132,16 @@ def create_app(
     return app
 
 
-DOCS_CSP = "; ".join(
-    (
-        "default-src 'self'",
-        "script-src 'self' 'unsafe-inline' 'unsafe-eval'",
-        "style-src 'self' 'unsafe-inline'",
-        "img-src 'self' data: blob:",
-        "font-src 'self' data:",
-        "connect-src 'self'",
-        "worker-src 'self' blob:",
-        "object-src 'none'",
-        "base-uri 'self'",
-        "form-action 'self'",
-    )
+DOCS_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; "
+    "object-src 'none'; base-uri 'self'; form-action 'self'"
 )
-"""The ``Content-Security-Policy`` of ``/docs`` and ``/redoc``: nothing loads from outside the gateway (it
-keeps ReDoc's bundle from fetching Redocly's logo from its CDN); inline styles, ``eval`` and ``blob:``
-workers are what the unmodified bundles need."""
+"""The ``Content-Security-Policy`` of ``/docs`` and ``/redoc``: nothing loads from outside the gateway (inline
+styles, ``eval`` and ``blob:`` workers are what the unmodified bundles need)."""
 
 
 def _serve_docs(app: FastAPI) -> None:
-    """``/docs`` and ``/redoc`` with their scripts and styles from ``STATIC_DIR`` and nothing loaded from
-    elsewhere (``DOCS_CSP``): they work offline."""
     app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="docs-static")
     headers = {"Content-Security-Policy": DOCS_CSP}
 
@@ -196,12 +170,8 @@ def _serve_docs(app: FastAPI) -> None:
 
 
 def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
-    """The OpenAPI document, with the running gateway's limits as ``maximum``/``maxItems``/``maxLength``, and
-    the benchmark-only call fields only when the gateway is in benchmark mode (``benchmark: true``).
-
-    Before the gateway has started the document is built without limits or benchmark fields (and not cached),
-    so a client never sees limits other than the ones the routes enforce.
-    """
+    """The OpenAPI document with the running gateway's limits, and the benchmark-only call fields only in
+    benchmark mode; before the gateway started, without either (and not cached)."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     doc = get_openapi(
@@ -218,28 +188,25 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
     if not isinstance(gw, Gateway):
         return doc
     lim = gw.cfg.limits
-    call = schemas.get("WorkflowCall", {}).get("properties", {})
-    for name in ("prompt_tokens", "max_tokens", "min_tokens", "expected_output_tokens"):
-        _set(call.get(name), "integer", "maximum", lim.max_tokens)
-    seg = schemas.get("SharedPrefixSegment", {}).get("properties", {})
-    _set(seg.get("tokens"), "integer", "maximum", lim.max_tokens)  # a segment fits in prompt_tokens
+
+    def props(model: str) -> dict[str, Any]:
+        found: dict[str, Any] = schemas.get(model, {}).get("properties", {})
+        return found
+
+    call = props("WorkflowCall")
     if "max_tokens" in call:  # the default is capped at the limit too (routers.workflows)
         call["max_tokens"]["default"] = min(call["max_tokens"].get("default", lim.max_tokens), lim.max_tokens)
-    _set(
-        schemas.get("WorkflowRequest", {}).get("properties", {}).get("calls"),
-        "array",
-        "maxItems",
-        lim.max_calls_per_workflow,
-    )
-    chat_req = schemas.get("ChatCompletionRequest", {}).get("properties", {})
-    for name in ("max_tokens", "max_completion_tokens"):
-        _set(chat_req.get(name), "integer", "maximum", lim.max_tokens)
-    completion_req = schemas.get("CompletionRequest", {}).get("properties", {})
-    _set(completion_req.get("max_tokens"), "integer", "maximum", lim.max_tokens)
+    limited = [(call, ("prompt_tokens", "max_tokens", "min_tokens", "expected_output_tokens"))]
+    limited += [(props("SharedPrefixSegment"), ("tokens",)), (props("CompletionRequest"), ("max_tokens",))]
+    limited += [(props("ChatCompletionRequest"), ("max_tokens", "max_completion_tokens"))]
+    for fields, names in limited:
+        for name in names:
+            _set(fields.get(name), "integer", "maximum", lim.max_tokens)
+    _set(props("WorkflowRequest").get("calls"), "array", "maxItems", lim.max_calls_per_workflow)
     t2s = getattr(app.state, "text2sql", None)
     settings = getattr(t2s, "settings", None)
     if settings is not None:
-        t2s_req = schemas.get("Text2SqlRequest", {}).get("properties", {})
+        t2s_req = props("Text2SqlRequest")
         _set(t2s_req.get("question"), "string", "maxLength", settings.max_question_chars)
         _set(t2s_req.get("evidence"), "string", "maxLength", settings.max_evidence_chars)
     app.openapi_schema = doc
@@ -247,8 +214,7 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
 
 
 def _hide_benchmark_fields(schemas: dict[str, Any]) -> None:
-    """Leave ``workflows.BENCHMARK_FIELDS`` out of ``WorkflowCall`` (a gateway not in benchmark mode refuses
-    them): a call then needs ``messages``, and its examples are the chat ones of ``WorkflowRequest``."""
+    """Leave ``workflows.BENCHMARK_FIELDS`` out of ``WorkflowCall``: a call then needs ``messages``."""
     call = schemas.get("WorkflowCall")
     if call is None:
         return
@@ -272,14 +238,14 @@ def _set(schema: dict[str, Any] | None, type_: str, key: str, value: int) -> Non
 
 
 async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-    """Every error a route raises on purpose: its own status, type, param, headers and extra fields."""
+    """Every error a route raises on purpose."""
     if exc.status == 500:  # not a refusal or a worker's failure (those are counted elsewhere): a fault
         log.error("%s: %s", type(exc).__name__, exc.message)
     return error_response(exc)
 
 
 async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
-    """A core error that reached the edge unmapped: answered as ``gateway.live.httperrors`` maps it."""
+    """A core error that reached the edge unmapped (``gateway.live.httperrors``)."""
     return await _gateway_error(request, to_http(exc))
 
 
@@ -288,9 +254,8 @@ MAX_LISTED_PROBLEMS = 20
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 listing the problems (up to ``MAX_LISTED_PROBLEMS``, all under ``detail``; ``param`` the first one's
-    location), in the gateway's words where it has some (``schemas.problem_text``). A body that is not JSON
-    gets 422 saying where it breaks; one sent as another content type 415."""
+    """422 listing the problems in the gateway's words where it has some (all under ``detail``); a body that is
+    not JSON gets 422 saying where it breaks, one sent as another content type 415."""
     errors = exc.errors()
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
     loc = tuple(first.get("loc", ()))
@@ -319,9 +284,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 def _problems(errors: Sequence[Any]) -> list[tuple[str, str]]:
-    """``(location, words)`` per location, in order: the members of a union that failed at one location are
-    one problem (``a valid string or a valid list``), and an optional field's "should be None" is left out
-    when its other members say what was wrong."""
+    """``(location, words)`` per location: a union's failed members are one problem (an optional field's
+    "should be None" left out when others say what was wrong)."""
     by_loc: dict[str, list[tuple[str, str]]] = {}
     for e in errors:
         if not isinstance(e, dict):
@@ -344,10 +308,8 @@ def _line_column(doc: Any, pos: int | None) -> str:
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """The framework's own errors (404 unknown route, 405 wrong method) in the same shape.
-
-    A body the framework could not parse other than for its syntax (its 400, "There was an error parsing the
-    body") is a 422 naming why, as malformed JSON is: not UTF-8 text, or nested too deeply to parse."""
+    """The framework's own errors (404, 405) in the same shape; a body it could not parse (not UTF-8, nested too
+    deeply) is a 422 naming why."""
     cause = exc.__cause__
     if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError | RecursionError):
         raw = await request.body()
@@ -360,8 +322,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     )
 
 
-_JSON_TOKEN = re.compile(rb'"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)
-"""A JSON string (escapes included; a last one left open too) or a bracket: what the nesting scan reads."""
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)  # a JSON string or a bracket
 
 
 def _unreadable_json(raw: bytes, cause: BaseException) -> str:
@@ -403,9 +364,8 @@ _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", 
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
-    """``calls.0.max_tokens``: the location without ``body`` and pydantic's union member tags
-    (``list[Message]``, ``constrained-int``, ``function-after[...]``); a header is named by itself
-    (``x-hexflow-deadline-s``)."""
+    """``calls.0.max_tokens``: the location without ``body`` and pydantic's union member tags (a header by
+    itself)."""
     if loc and loc[0] in ("header", "query", "path", "cookie"):
         loc = loc[1:]
     parts = [

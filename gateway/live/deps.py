@@ -1,8 +1,5 @@
-"""What every route needs from a request: the running gateway, the tenant, a deadline, admission.
-
-All raise ``GatewayError``s: ``gw_of`` 503 while starting, ``auth`` 401, ``deadline_or_raise`` 422,
-``admit_or_raise`` 429/503, ``unicode_body`` 422, ``until_disconnect`` ``ClientDisconnected`` (499),
-``idempotent`` 400/422."""
+"""What every route needs from a request: the running gateway, the tenant, a deadline, admission (each
+raises ``GatewayError``s)."""
 
 from __future__ import annotations
 
@@ -27,8 +24,7 @@ from gateway.live.idempotency import HEADER, check_key, fingerprint
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 
-_GATEWAY_KEY = "hexflow.gateway"
-"""Where ``gw_of`` leaves the gateway in the request's ASGI scope, so the route finds it at once after ``auth``."""
+_GATEWAY_KEY = "hexflow.gateway"  # where gw_of leaves the gateway in the request's ASGI scope
 
 
 def gw_of(request: Request) -> Gateway:
@@ -45,9 +41,8 @@ def gw_of(request: Request) -> Gateway:
 
 
 class _BearerScheme(HTTPBearer):
-    """The bearer security scheme, as the OpenAPI document declares it, without a check of its own: ``auth``
-    reads the header itself, so FastAPI's parse of it (and the credentials model it builds) per request is
-    skipped. Only the scheme's description (``model``, ``scheme_name``) is used."""
+    """The bearer scheme as the OpenAPI document declares it, without a check of its own (``auth`` reads the
+    header itself: FastAPI's parse of it per request is skipped)."""
 
     async def __call__(self, request: HTTPConnection) -> HTTPAuthorizationCredentials | None:
         """Nothing: ``auth`` authenticates."""
@@ -63,8 +58,7 @@ BEARER = _BearerScheme(
 async def auth(
     request: Request, _scheme: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)] = None
 ) -> Tenant:
-    """Authenticate ``Authorization: Bearer <key>`` against the tenants store (``async``: a plain ``def``
-    dependency would cost a thread hop per request)."""
+    """Authenticate ``Authorization: Bearer <key>`` (``async``: a plain ``def`` costs a thread hop per request)."""
     gw = gw_of(request)
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
@@ -96,8 +90,7 @@ UI_DISABLED = (
 
 
 def check_admin(gw: Gateway, header: str) -> None:
-    """``Authorization: Bearer <admin key>`` (``admin.api_key_sha256``): 401 when the key is missing or not an
-    admin key (a tenant's key is not one), 404 when no admin key is configured (``UI_DISABLED``)."""
+    """``Authorization: Bearer <admin key>``: 401 when missing or not an admin key, 404 when none is configured."""
     keys = gw.admin_keys
     if not keys:
         raise NotFound(UI_DISABLED)
@@ -108,23 +101,23 @@ def check_admin(gw: Gateway, header: str) -> None:
         raise Unauthorized("not an admin key (admin.api_key_sha256 in the gateway's config file)")
 
 
-async def admin_auth(request: Request) -> None:
-    """The status page's data: an admin key is required (``check_admin``)."""
-    check_admin(gw_of(request), request.headers.get("authorization", ""))
+def _admin_dependency(switch: str | None) -> Callable[[Request], Awaitable[None]]:
+    """A dependency asking for an admin key always (``switch`` None) or when ``admin.<switch>`` is set."""
+
+    async def access(request: Request) -> None:
+        gw = gw_of(request)
+        if switch is None or getattr(gw.cfg.admin, switch):
+            check_admin(gw, request.headers.get("authorization", ""))
+
+    return access
 
 
-async def status_access(request: Request) -> None:
-    """``/v1/status``: open, or an admin key when ``admin.protect_status`` is set."""
-    gw = gw_of(request)
-    if gw.cfg.admin.protect_status:
-        check_admin(gw, request.headers.get("authorization", ""))
-
-
-async def metrics_access(request: Request) -> None:
-    """``/metrics``: open, or an admin key when ``admin.protect_metrics`` is set."""
-    gw = gw_of(request)
-    if gw.cfg.admin.protect_metrics:
-        check_admin(gw, request.headers.get("authorization", ""))
+admin_auth = _admin_dependency(None)
+"""The status page's data: an admin key is required (``check_admin``)."""
+status_access = _admin_dependency("protect_status")
+"""``/v1/status``: open, or an admin key when ``admin.protect_status`` is set."""
+metrics_access = _admin_dependency("protect_metrics")
+"""``/metrics``: open, or an admin key when ``admin.protect_metrics`` is set."""
 
 
 def deadline_or_raise(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> float:
@@ -135,10 +128,7 @@ def deadline_or_raise(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> 
 def admit_or_raise(
     gw: Gateway, tenant: Tenant, n_calls: int, plan: Sequence[StagePlan], deadline_s: float
 ) -> Admission:
-    """Admission control: ``Rejected`` (429 or 503 with Retry-After), counted as a rejected workflow.
-
-    ``plan`` (the expected stages) and ``deadline_s`` turn on the predicted-miss check; a best-effort
-    tenant's predicted miss is admitted at the lowest urgency (``Admission.best_effort``)."""
+    """Admission control (``Gateway.admit``): ``Rejected`` (429 or 503 with Retry-After) otherwise."""
     return gw.admit(tenant, n_calls, plan, deadline_s)
 
 
@@ -146,35 +136,15 @@ T = TypeVar("T")
 
 
 class ClientDisconnected(GatewayError):
-    """The client left before the answer was ready; its work was cancelled. Rendered as 499 (nginx's "client
-    closed request"), which nobody receives: the route ends through the one error handler."""
+    """The client left before the answer was ready; its work was cancelled (499, which nobody receives)."""
 
     status = 499
     error_type = "client_closed_request"
 
 
-async def wait_disconnect(request: Request) -> None:
-    """Return when the client has gone (``http.disconnect``). Call it only once the body has been read."""
-    await wait_disconnect_raw(request.receive)
-
-
-async def wait_disconnect_raw(receive: Receive) -> None:
-    """``wait_disconnect`` on an ASGI ``receive`` (the body read already)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` (in the route's own task) while watching the client; when the client leaves first,
-    cancel the work (its workflow is abandoned, counted ``cancelled``), let it unwind and raise
-    ``ClientDisconnected``. The body must have been read already."""
-    return await until_disconnect_raw(request.receive, work)
-
-
-async def until_disconnect_raw(receive: Receive, work: Awaitable[T]) -> T:
-    """``until_disconnect`` on an ASGI ``receive`` (the gateway's fast path has no ``Request``)."""
+async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Await ``work`` (in the route's own task) while watching the client on its ASGI ``receive`` (the body read
+    already); when the client leaves first, cancel the work, let it unwind and raise ``ClientDisconnected``."""
     route = asyncio.current_task()
     if route is None:  # not in a task (never under an ASGI server): nothing to cancel
         return await work
@@ -182,7 +152,8 @@ async def until_disconnect_raw(receive: Receive, work: Awaitable[T]) -> T:
 
     async def watch() -> None:
         nonlocal gone
-        await wait_disconnect_raw(receive)
+        while (await receive())["type"] != "http.disconnect":
+            pass
         gone = True
         route.cancel()
 
@@ -202,12 +173,11 @@ async def until_disconnect_raw(receive: Receive, work: Awaitable[T]) -> T:
 
 
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-"""A JSON escape of a UTF-16 surrogate; valid pairs (an escaped emoji) match too, so a match is checked."""
+"""A JSON escape of a UTF-16 surrogate (valid pairs match too: a match is checked)."""
 
 
 async def unicode_body(request: Request) -> None:
-    """422 for a JSON request body with a lone surrogate in a string (``"\\ud800"``): not Unicode text, it could
-    not be sent on. A regular-expression scan; only a body that escapes a surrogate is parsed."""
+    """422 for a JSON request body with a lone surrogate in a string (``"\\ud800"``): it could not be sent on."""
     if request.method not in ("POST", "PUT", "PATCH"):
         return
     raw = await request.body()
@@ -223,8 +193,8 @@ async def unicode_body(request: Request) -> None:
 
 
 def lone_surrogate_at(value: Any) -> str | None:
-    """The dotted path (``calls.0.id``; ``body`` for the root) of the first string in ``value``, key or
-    value, that holds a lone surrogate; None when there is none. Iterative: JSON may nest deeply."""
+    """The dotted path (``calls.0.id``; ``body`` for the root) of the first string in ``value``, key or value,
+    that holds a lone surrogate, or None (iterative: JSON may nest deeply)."""
     stack: list[tuple[str, Any]] = [("", value)]
     while stack:
         path, v = stack.pop()
@@ -254,16 +224,13 @@ def _is_text(s: str) -> bool:
 async def idempotent(
     request: Request, tenant: Tenant, body: BaseModel, work: Callable[[], Awaitable[Response]]
 ) -> Response:
-    """Run a route's ``work`` once per ``Idempotency-Key`` (``gateway.live.idempotency``), watching the client.
-
-    Without the header (or with ``idempotency.enabled: false``) the work simply runs. With it: 400 for a
-    malformed key, 422 for a key the tenant used for another request, else the first run's answer
-    (``Idempotent-Replayed: true`` when it was not made for this request)."""
+    """Run a route's ``work`` once per ``Idempotency-Key`` (``gateway.live.idempotency``), watching the client:
+    400 for a malformed key, 422 for a key reused for another request, else the first run's answer."""
     raw = request.headers.get(HEADER)
     store = gw_of(request).idempotency
     if raw is None or store is None:
-        return await until_disconnect(request, work())
+        return await until_disconnect(request.receive, work())
     key = check_key(raw)
     fp = fingerprint(request.url.path, body.model_dump(mode="json"))
-    stored, replayed = await until_disconnect(request, store.run(tenant.name, key, fp, work))
+    stored, replayed = await until_disconnect(request.receive, store.run(tenant.name, key, fp, work))
     return stored.response(replayed=replayed)

@@ -1,10 +1,9 @@
 """Worker discovery from Kubernetes: the gateway's worker list follows pods selected by label.
 
 A list, then a watch from its ``resourceVersion``, relisted every ``period_s``, on ``410 Gone`` and after
-an error (``watch: false``: lists only); each event reconciles the pool (``KubernetesDiscovery.reconcile``).
-The pod states, the reconcile rules and the RBAC needed: deploy/k8s/README.md ("Worker discovery") and
-docs/architecture.md. Workers of ``cluster.workers`` are never touched. The API client (also used by
-leader election) re-reads the service-account token on every request (projected tokens rotate)."""
+an error; each event reconciles the pool. Pod states, reconcile rules and RBAC: deploy/k8s/README.md
+("Worker discovery"). Workers of ``cluster.workers`` are never touched. The API client (leader election's
+too) re-reads the service-account token on every request (projected tokens rotate)."""
 
 from __future__ import annotations
 
@@ -70,11 +69,10 @@ class PodWorker:
     capacity: int | None
     ready: bool
     profile: str | None = None
-    """The profile label the pod names (``profile_annotation``); None: the catalogue's profile of ``gpu``."""
+    """The profile label the pod names; None: the catalogue's profile of ``gpu``."""
 
     def same_engine(self, info: WorkerInfo) -> bool:
-        """True when ``info`` is this pod's engine (same address, profile label and model; capacity may
-        differ, and so may the constants: the online refit changes them, not the label)."""
+        """True when ``info`` is this pod's engine (same address, profile label and model; capacity may differ)."""
         p = info.profile
         return (
             info.url == self.url
@@ -142,45 +140,26 @@ def pod_worker(pod: dict[str, Any], cfg: KubernetesDiscoveryConfig, default_mode
     return PodWorker(name, f"http://{host}:{port}", gpu, model, served, capacity, pod_ready(pod), profile)
 
 
-def pod_worker_info(
-    pod: dict[str, Any], cfg: KubernetesDiscoveryConfig, catalog: GpuCatalog, default_model: str, time_scale: float
-) -> tuple[PodWorker, WorkerInfo] | None:
-    """The worker of a pod and its scheduler profile; None while pending (no IP); ``PodError`` if unusable."""
-    pw = pod_worker(pod, cfg, default_model)
-    if pw is None:
-        return None
-    try:
-        info = entry_worker(catalog, pw, time_scale)
-    except UnknownNameError as exc:
-        raise PodError(str(exc)) from None
-    return pw, info
-
-
 def pod_state(
     pod: dict[str, Any], cfg: KubernetesDiscoveryConfig, catalog: GpuCatalog, default_model: str, time_scale: float
 ) -> tuple[str, tuple[PodWorker, WorkerInfo] | None, str]:
-    """``(state, worker, problem)``: state is one of ``POD_STATES`` (what ``hexflow_discovery_pods`` counts)."""
+    """``(state, (worker, its scheduler profile), problem)``: state is one of ``POD_STATES``."""
     try:
-        got = pod_worker_info(pod, cfg, catalog, default_model, time_scale)
-    except PodError as exc:
+        pw = pod_worker(pod, cfg, default_model)
+        if pw is None:
+            return "pending", None, ""
+        info = entry_worker(catalog, pw, time_scale)
+    except (PodError, UnknownNameError) as exc:
         return "invalid", None, str(exc)
-    if got is None:
-        return "pending", None, ""
-    return ("ready" if got[0].ready else "unready"), got, ""
+    return ("ready" if pw.ready else "unready"), (pw, info), ""
 
 
 # ------------------------------------------------------------------------------------------------ client
 
 
 class KubeApi:
-    """The two calls discovery needs: list and watch pods by label in one namespace.
-
-    Args:
-        base_url: the API server (``https://host:port``).
-        namespace: where the pods are.
-        token_file: bearer token, re-read on every request (absent file: no ``Authorization``).
-        ca_file: CA bundle for ``https`` (absent file: the system's CAs).
-        timeout_s: connect timeout, and the read timeout of a list."""
+    """The Kubernetes API calls discovery and leader election need, in one namespace (``token_file``: re-read
+    on every request; ``ca_file``: absent, the system's CAs; ``timeout_s``: connect, and a list's read)."""
 
     def __init__(
         self, base_url: str, namespace: str, *, token_file: str | None, ca_file: str | None, timeout_s: float
@@ -230,17 +209,14 @@ class KubeApi:
         text = (await resp.text())[:500]
         if resp.status == 410:
             raise WatchExpired(text)
-        if resp.status == 404:
-            raise KubeNotFound(f"HTTP 404 from the Kubernetes API: {text}")
-        if resp.status == 409:
-            raise KubeConflict(f"HTTP 409 from the Kubernetes API: {text}")
+        kind = {404: KubeNotFound, 409: KubeConflict}.get(resp.status, KubeApiError)
         hint = ""
         if resp.status in (401, 403):
             hint = (
                 " (check the service account and its Role: get/list/watch on pods; "
                 "get/create/update on leases with leader election)"
             )
-        raise KubeApiError(f"HTTP {resp.status} from the Kubernetes API{hint}: {text}")
+        raise kind(f"HTTP {resp.status} from the Kubernetes API{hint}: {text}")
 
     async def list_pods(self, selector: str) -> tuple[list[dict[str, Any]], str]:
         """The selected pods and the list's ``resourceVersion``."""
@@ -254,10 +230,7 @@ class KubeApi:
         return [p for p in body["items"] if isinstance(p, dict)], rv
 
     async def request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One JSON request to ``path`` (from the API root, e.g. ``/apis/coordination.k8s.io/v1/...``).
-
-        Raises ``KubeNotFound`` (404), ``KubeConflict`` (409) or ``KubeApiError``; bounded by ``timeout_s``.
-        """
+        """One JSON request to ``path`` (from the API root); ``KubeNotFound``, ``KubeConflict`` or ``KubeApiError``."""
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.timeout_s)
         headers = self._headers()
         if body is not None:
@@ -317,8 +290,7 @@ def default_api_url() -> str | None:
 
 
 def kube_api(section: str, cfg: KubernetesDiscoveryConfig | LeaderElectionConfig, timeout_s: float) -> KubeApi:
-    """An API client from a config section's connection settings (``section`` names it in the error):
-    ``cfg.api_url`` or the in-cluster default, ``cfg.namespace`` or the gateway's own. ``ValueError`` when no
+    """An API client from a config section's connection settings; ``ValueError`` (naming ``section``) when no
     API server URL is known."""
     base = cfg.api_url or default_api_url()
     if base is None:
@@ -348,17 +320,7 @@ def default_namespace() -> str:
 
 
 class KubernetesDiscovery:
-    """Keeps the pool's discovered workers in step with the selected pods.
-
-    Args:
-        cfg: the ``discovery.kubernetes`` section.
-        pool: the worker pool to add workers to and remove them from.
-        catalog: GPU catalogue (pods' GPU and model names are looked up here).
-        time_scale: multiplies every profile (emulated workers; 1 for real GPUs).
-        default_model: model profile when a pod names none.
-        metrics: the gateway's metrics (pods by state, errors).
-        api: the API client (default: built from ``cfg``; a test may pass its own).
-    """
+    """Keeps the pool's discovered workers in step with the pods ``cfg`` selects (``api``: default from ``cfg``)."""
 
     def __init__(
         self,

@@ -1,10 +1,7 @@
-"""The hot routes without the framework: ``POST /v1/chat/completions`` and ``POST /v1/completions`` served
-straight from ASGI through the same functions as ``routers.chat`` (docs/live-gateway.md, "Per-call
-overhead").
-
-It serves only a request it can accept as it is; every other one (anything the framework would refuse, or
-that it is unsure of) goes to the full app unchanged, its body replayed, so every refusal is the
-framework's own answer and later errors are the same ``GatewayError``s, rendered by the same function."""
+"""The hot routes without the framework: ``POST /v1/chat/completions`` and ``/v1/completions`` served straight
+from ASGI through ``routers.chat``'s functions (docs/live-gateway.md, "Per-call overhead"). A request it is
+not sure to accept as it is goes to the full app unchanged, its body replayed: every refusal is the
+framework's own."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import GatewayError, error_body
-from gateway.live.deps import SURROGATE_ESCAPE, until_disconnect_raw
+from gateway.live.deps import SURROGATE_ESCAPE, until_disconnect
 from gateway.live.logs import REQUEST_ID, WORKFLOW_ID, request_id
 from gateway.live.responses import JSONResponse, error_response
 from gateway.live.routers.chat import (
@@ -55,12 +52,7 @@ class _Fallback(Exception):
 
 
 class FastPath:
-    """Serves the pass-through routes from ASGI; ``full`` serves everything else.
-
-    Args:
-        full: the framework's app (and its middleware).
-        state: where the running gateway is found (``state.gateway``).
-        max_body_bytes: the body limit (a larger body goes to the full app, which answers 413)."""
+    """Serves the pass-through routes from ASGI; ``full`` (the framework's app) serves everything else."""
 
     def __init__(self, full: ASGIApp, state: Any, max_body_bytes: int) -> None:
         self.full = full
@@ -176,7 +168,7 @@ class FastPath:
         try:
             call = open_call(gw, tenant, route, req, deadline)
             if call.stream is None:
-                answer = answer_bytes(await until_disconnect_raw(receive, call.work))
+                answer = answer_bytes(await until_disconnect(receive, call.work))
                 await start(200, [(b"content-length", str(len(answer)).encode()), *_JSON_HEADERS])
                 await send({"type": "http.response.body", "body": answer})
                 return
@@ -191,7 +183,7 @@ class FastPath:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-            await until_disconnect_raw(receive, relay())
+            await until_disconnect(receive, relay())
         except GatewayError as exc:
             if started:  # the status line is sent; nothing more can be said (a stream's errors are events)
                 return

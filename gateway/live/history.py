@@ -1,17 +1,7 @@
-"""What the status page remembers of finished workflows: their outcomes and their calls' timings.
-
-Three small pieces, all bounded and all fed by ``Gateway`` when a workflow ends:
-
-* ``goodput_outcome``: the one rule that sorts an ended workflow into a ``GOODPUT_OUTCOMES`` value
-  (``hexflow_workflow_outcomes_total``; goodput is ``met``: by its deadline *with a valid answer*);
-* ``OutcomeWindow``: per tenant, the outcomes of the last ``window_s`` seconds in ``BUCKETS`` time
-  buckets (attainment, goodput per second, and a goodput series for a sparkline);
-* ``WorkflowHistory``: a ring buffer of the last finished workflows (core's ``WorkflowOutcome``, with at most
-  ``MAX_CALLS`` call outcomes each), from which the page shows the slowest with their timelines
-  (``status_entry``).
-
-Times are the gateway's clock (``time.monotonic`` live), passed in: nothing here reads a clock.
-"""
+"""What the status page remembers of finished workflows, bounded, fed by ``Gateway`` when one ends:
+``goodput_outcome`` (the rule behind ``hexflow_workflow_outcomes_total``), ``OutcomeWindow`` (per tenant, the
+outcomes of the last ``window_s`` seconds) and ``WorkflowHistory`` (the last finished workflows, for the
+slowest ones' timelines). Times are the gateway's clock, passed in."""
 
 from __future__ import annotations
 
@@ -41,14 +31,8 @@ MAX_CALLS = 64
 
 
 def goodput_outcome(status: str, *, valid: bool = True) -> str:
-    """The goodput outcome of an ended workflow.
-
-    ``status`` is the gateway's own (``hexflow_workflows_total``): ``met``, ``missed``, ``failed``,
-    ``cancelled``, ``shed`` or ``rejected``. ``missed`` is split by ``valid`` (its answer is usable): an
-    answer without valid SQL is ``no_valid_answer`` whenever it came (``met`` already means valid and in
-    time: ``deadline_met``), a valid one after the deadline ``late``. ``shed`` (admitted, then dropped before
-    it could finish late) counts as ``rejected``: the client was refused, with ``Retry-After``.
-    """
+    """The goodput outcome of an ended workflow of gateway ``status`` (``hexflow_workflows_total``'s): ``missed``
+    is ``late``, or ``no_valid_answer`` whenever the answer is not ``valid``; ``shed`` counts as ``rejected``."""
     if status == "met":
         return "met" if valid else "no_valid_answer"
     if status == "missed":
@@ -61,13 +45,8 @@ def goodput_outcome(status: str, *, valid: bool = True) -> str:
 
 
 class OutcomeWindow:
-    """Per tenant, how many workflows ended with each outcome in the last ``window_s`` seconds.
-
-    Counts go into the bucket of their time (``window_s / BUCKETS`` wide); a bucket older than the window
-    is dropped when it falls out. Memory: ``BUCKETS`` buckets of six counts per tenant seen; tenants
-    are the configured ones (names come from authenticated requests), so the map is as bounded as the
-    tenants file.
-    """
+    """Per tenant, how many workflows ended with each outcome in the last ``window_s`` seconds, in ``BUCKETS``
+    time buckets (tenants: the configured ones, so as bounded as the tenants file)."""
 
     def __init__(self, window_s: float) -> None:
         if not window_s > 0:

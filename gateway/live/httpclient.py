@@ -1,9 +1,7 @@
 """A small pooled HTTP/1.1 keep-alive client (``httptools`` parsing): the per-call path to the workers.
 
-Pooling, timeouts and reuse rules: docs/live-gateway.md ("Per-call overhead"). Errors are all
-``HttpError``: ``ConnectError`` (``timed_out`` when ``connect_s`` ran out), ``HeadersTimeout``,
-``IdleTimeout``, ``BodyTooLarge``, ``ConnectionBroken``; ``asyncio.CancelledError`` passes through, the
-connection closed."""
+Pooling, timeouts and reuse rules: docs/live-gateway.md ("The worker pool"). Every error is an ``HttpError``;
+``asyncio.CancelledError`` passes through, the connection closed."""
 
 from __future__ import annotations
 
@@ -64,10 +62,8 @@ class Prepared:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection: an asyncio protocol feeding ``httptools``, with one answer's state.
-
-    A failure is recorded as its class and message, not the exception (which would hold the frames that
-    hold this connection), and the socket aborted."""
+    """One keep-alive connection: an asyncio protocol feeding ``httptools``, with one answer's state. A failure
+    is kept as its class and message (an exception would hold frames that hold this connection)."""
 
     __slots__ = (
         "_buffered",
@@ -112,7 +108,6 @@ class _Connection(asyncio.Protocol):
         self._begin()
 
     def _begin(self) -> None:
-        """Forget the last answer (the state of the next one)."""
         self.status = 0
         self.content_type = b""
         self.content_length: int | None = None
@@ -135,8 +130,7 @@ class _Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        """Feed the parser. Bytes after a whole answer (or on an idle connection) answer no request: the
-        connection is closed, never reused."""
+        """Feed the parser; bytes after a whole answer (or on an idle connection) close the connection."""
         if self.busy and not self.done:
             try:
                 self._parser.feed_data(data)
@@ -151,7 +145,7 @@ class _Connection(asyncio.Protocol):
         self.abort()
 
     def eof_received(self) -> bool:
-        """The server closed its side: close ours too (``connection_lost`` follows)."""
+        """The server closed its side: close ours too."""
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -167,10 +161,10 @@ class _Connection(asyncio.Protocol):
             self._wake()
         self._client._closed(self)
 
-    # httptools callbacks (only these are defined: the parser calls only the callbacks a protocol has)
+    # httptools callbacks (the parser calls only the callbacks a protocol has)
 
     def on_message_begin(self) -> None:
-        """A second answer to one request is unsolicited: stop the parser (``data_received`` closes)."""
+        """A second answer to one request is unsolicited: stop the parser."""
         if self.done:
             raise ConnectionBroken("the server sent more than one answer to one request")
 
@@ -221,7 +215,6 @@ class _Connection(asyncio.Protocol):
     # the reader's side
 
     def _fail(self, kind: type[HttpError], message: str) -> None:
-        """Record the first failure, wake the reader, and abort the socket."""
         if self._error is None:
             self._error = (kind, message)
         self._wake()
@@ -233,8 +226,7 @@ class _Connection(asyncio.Protocol):
             w.set_result(True)
 
     async def wait(self, timeout: float | None) -> bool:
-        """Until a callback wakes the reader (True) or ``timeout`` seconds pass (False); one re-arming timer
-        serves every wait."""
+        """Until a callback wakes the reader (True) or ``timeout`` seconds pass (False; one re-arming timer)."""
         fut: asyncio.Future[bool] = self._loop.create_future()
         self._waiter = fut
         if timeout is None:
@@ -252,7 +244,6 @@ class _Connection(asyncio.Protocol):
             self._waiter = None
 
     def _on_timer(self) -> None:
-        """The timer fired: time the waiter out if its deadline passed, else re-arm for the deadline."""
         self._timer = None
         w = self._waiter
         if w is None or w.done() or self._deadline == math.inf:
@@ -263,7 +254,7 @@ class _Connection(asyncio.Protocol):
             self._timer = self._loop.call_at(self._deadline, self._on_timer)
 
     def stop_timer(self) -> None:
-        """Cancel the timer (the request is over; a live timer would keep the connection referenced)."""
+        """Cancel the timer (a live one would keep the connection referenced)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -286,7 +277,7 @@ class _Connection(asyncio.Protocol):
         return data
 
     def set_cap(self, cap: int) -> None:
-        """Refuse a body of more than ``cap`` bytes from now on (and at once, when more came already)."""
+        """Refuse a body of more than ``cap`` bytes (at once, when more came already)."""
         self._cap = cap
         if self._received > cap:
             self._fail(BodyTooLarge, f"answer is over the limit of {cap} bytes")
@@ -299,7 +290,7 @@ class _Connection(asyncio.Protocol):
         self._transport.write(data)
 
     def reusable(self) -> bool:
-        """Whether the answer was whole, read to its end, and the server keeps the connection open."""
+        """Whether the answer was whole and read, and the server keeps the connection open."""
         return self.done and self.drained and self.keep_alive and self._error is None and not self.closed
 
     def abort(self) -> None:
@@ -310,8 +301,7 @@ class _Connection(asyncio.Protocol):
 
 
 class Response:
-    """An answer whose status and headers came; read its body with ``read_chunk`` or ``read_all``, then
-    ``release`` it once (reused when read whole, closed otherwise)."""
+    """An answer whose status and headers came; read its body, then ``release`` it once."""
 
     __slots__ = ("_conn", "_released", "status")
 
@@ -332,8 +322,7 @@ class Response:
         return self._conn.content_length
 
     async def read_chunk(self, idle_s: float | None) -> bytes:
-        """The body's pieces that came since the last read, joined (b"" at its end), waiting at most
-        ``idle_s`` seconds for the next one (``IdleTimeout``)."""
+        """The body's pieces since the last read (b"" at its end), waiting at most ``idle_s`` for one."""
         conn = self._conn
         while True:
             conn.raise_error()
@@ -346,8 +335,7 @@ class Response:
                 raise IdleTimeout(f"the answer sent nothing for {idle_s:g} s")
 
     async def read_all(self, idle_s: float | None, cap: int) -> bytes:
-        """The whole body, each piece within ``idle_s`` seconds; ``BodyTooLarge`` for one over ``cap``
-        bytes (a declared length at once, else as soon as the bytes held pass the cap)."""
+        """The whole body, each piece within ``idle_s`` seconds; ``BodyTooLarge`` over ``cap`` bytes."""
         conn = self._conn
         n = conn.content_length
         if n is not None and n > cap:
@@ -373,13 +361,8 @@ class Response:
 
 
 class HttpClient:
-    """The pool of keep-alive connections, per origin, newest first. Create and use it in one event loop.
-
-    Args:
-        connect_s: the connect timeout (TCP, and TLS for ``https``).
-        keepalive_expiry_s: how long an idle connection may be reused after its last answer.
-        max_connections: the most connections open at once.
-        ssl_context: TLS settings (default: ``ssl.create_default_context()``)."""
+    """The pool of keep-alive connections, per origin, newest first; create and use it in one event loop
+    (``connect_s``: TCP and TLS; ``keepalive_expiry_s``: how long an idle connection may be reused)."""
 
     def __init__(
         self,
@@ -412,8 +395,7 @@ class HttpClient:
 
     @staticmethod
     def prepare(url: str, path: str, *, content_type: bytes = b"application/json") -> Prepared:
-        """The ``POST`` of ``path`` under the base ``url`` (``http://host:port[/prefix]``), up to its
-        ``Content-Length`` value."""
+        """The ``POST`` of ``path`` under the base ``url``, up to its ``Content-Length`` value."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -469,7 +451,6 @@ class HttpClient:
     # the pool
 
     def _pooled(self, origin: Origin) -> _Connection | None:
-        """The newest idle connection to ``origin`` that has not expired (older ones are closed)."""
         idle = self._idle.get(origin)
         if not idle:
             return None
@@ -482,7 +463,6 @@ class HttpClient:
         return None
 
     def _release(self, conn: _Connection) -> None:
-        """A request is over: pool its connection when reusable (and nobody waits for room), else close it."""
         if not conn.reusable() or self._closed_client or self._slot_waiters:
             conn.abort()
             return
@@ -497,7 +477,6 @@ class HttpClient:
         idle.append(conn)
 
     def _closed(self, conn: _Connection) -> None:
-        """A connection closed (``connection_lost``): out of the pool, and its room given to a waiter."""
         if not conn.busy:
             idle = self._idle.get(conn.origin)
             if idle is not None and conn in idle:
@@ -505,7 +484,6 @@ class HttpClient:
         self._give_back_slot()
 
     def _give_back_slot(self) -> None:
-        """One connection fewer is open: wake the first waiter for room."""
         self._open -= 1
         self._wake_slot_waiter()
 
@@ -517,7 +495,7 @@ class HttpClient:
                 break
 
     async def _take_slot(self) -> None:
-        """Room for one more connection: at the limit, close the oldest idle one, or wait for one to close."""
+        # At the limit: close the oldest idle connection, or wait for one to close.
         while self._open >= self.max_connections:
             if self._closed_client:
                 raise ConnectError("the client is closed")
@@ -536,7 +514,6 @@ class HttpClient:
         self._open += 1
 
     async def _connect(self, origin: Origin) -> _Connection:
-        """A new connection to ``origin`` within ``connect_s``."""
         if self._closed_client:
             raise ConnectError("the client is closed")
         await self._take_slot()

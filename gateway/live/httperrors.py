@@ -1,8 +1,5 @@
-"""The live edge's map from the core's domain errors (``gateway.errors.DomainError``) to HTTP answers, here
-and nowhere else: ``NoEligibleWorker`` 503, ``UnknownName`` 400, ``DagError`` 422 (``param``: the field at
-fault), ``PredictedMiss`` 429 (Retry-After: until the backlog drains enough), ``DeadlineTooShort`` 422
-(``min_deadline_s``), ``NoWorkerCanRun`` 503 (the health period), other ``AdmissionRefused`` 503 (a shed
-workflow), anything else 500."""
+"""The live edge's map from the core's domain errors (``gateway.errors.DomainError``) to HTTP answers, here and
+nowhere else."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``Idempotency-Key``: a client's retry of ``POST /v1/workflows`` or ``/v1/text2sql`` gets the first answer.
-
-The rules (per tenant and key; only a success or a 4xx stored; per replica; bounded memory):
-docs/live-gateway.md, "Retries and idempotency keys"."""
+"""``Idempotency-Key``: a client's retry of ``POST /v1/workflows`` or ``/v1/text2sql`` gets the first answer
+(the rules: docs/live-gateway.md, "Retries and idempotency keys")."""
 
 from __future__ import annotations
 
@@ -94,13 +92,8 @@ class _Entry:
 
 
 class IdempotencyStore:
-    """Answers by (tenant, key), for retries.
-
-    Args:
-        ttl_s: how long a finished answer is kept.
-        max_keys: most keys kept (running ones are never dropped).
-        max_bytes: most bytes of stored answers.
-        clock: monotonic seconds."""
+    """Answers by (tenant, key), for retries, within ``ttl_s``, ``max_keys`` and ``max_bytes`` (running ones are
+    never dropped)."""
 
     def __init__(self, ttl_s: float, max_keys: int, max_bytes: int, clock: Callable[[], float]) -> None:
         self.ttl_s = ttl_s
@@ -160,9 +153,8 @@ class IdempotencyStore:
     async def run(
         self, tenant: str, key: str, fp: str, work: Callable[[], Awaitable[Response]]
     ) -> tuple[StoredResponse, bool]:
-        """The answer for ``key`` and whether it is a replay. ``work`` (its ``GatewayError`` becomes the answer)
-        runs at most once at a time per key, in its own task; cancelling this call cancels it only when no
-        other request of the key waits."""
+        """The answer for ``key`` and whether it is a replay; ``work`` runs at most once at a time per key, in its own
+        task, cancelled only when no request of the key waits."""
         self._expire(self._clock())
         k = (tenant, key)
         entry = self._entries.get(k)

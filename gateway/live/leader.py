@@ -1,13 +1,7 @@
-"""Leader election among gateway replicas: one ``coordination.k8s.io/v1`` Lease, as client-go's leaderelection.
-
-Each round (every ``retry_period_s``, followers jittered up to 20%) reads the Lease: none -> create it
-(409: another won); held by another and seen unchanged for less than its ``leaseDurationSeconds`` ->
-follow; ours, released, or unchanged that long -> write ourselves as holder (PUT with the
-``resourceVersion`` read; 409: lost this round). Expiry is judged on this replica's monotonic clock, never
-by comparing ``renewTime`` with its wall clock. A take-over sets ``acquireTime`` and increments
-``leaseTransitions``. A leader that has not renewed for ``renew_deadline_s`` (< ``lease_duration_s``) steps
-down at once (``on_change(False)``); ``release`` gives the Lease up (no holder, one-second duration).
-docs/live-gateway.md, "High availability"."""
+"""Leader election among gateway replicas: one ``coordination.k8s.io/v1`` Lease, as client-go's leaderelection
+(docs/live-gateway.md, "High availability"). Expiry is judged on this replica's monotonic clock, never by
+comparing ``renewTime`` with its wall clock; a leader that has not renewed for ``renew_deadline_s`` steps
+down at once."""
 
 from __future__ import annotations
 
@@ -58,17 +52,8 @@ def _spec(lease: dict[str, Any]) -> dict[str, Any]:
 
 
 class LeaderElector:
-    """Acquires and renews the Lease; tells ``on_change`` when this replica starts or stops leading.
-
-    Args:
-        cfg: the ``leader_election`` section.
-        api: the Kubernetes API client (its namespace is the Lease's).
-        identity: this replica's ``holderIdentity``.
-        on_change: called with True when this replica becomes the leader, False when it stops.
-        clock: monotonic seconds (expiry and deadlines are judged on it).
-        wall: the wall clock written into ``renewTime`` and ``acquireTime``.
-        rng: the followers' jitter.
-    """
+    """Acquires and renews the Lease; tells ``on_change`` when this replica starts or stops leading (``clock``:
+    monotonic, for expiry; ``wall``: written into ``renewTime`` and ``acquireTime``)."""
 
     def __init__(
         self,

@@ -1,8 +1,5 @@
-"""The live gateway's lifecycle: start, leadership, tenants reload, the overload watch, drain and stop.
-
-``Lifecycle`` owns the background tasks (discovery, tenants reload, ``WorkflowRunner.shed_overdue`` every
-``SHED_PERIOD_S``, leader election; the alpha tuner and profile refit only while leading) and the gateway's
-``ready`` and ``draining`` flags."""
+"""The live gateway's lifecycle: start, leadership, tenants reload, the overload watch, drain and stop
+(``Lifecycle`` owns the background tasks and the gateway's ``ready`` and ``draining`` flags)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The gateway's log lines: plain text or JSON, each with the request id and workflow id where known.
-
-The ids travel in context variables (``REQUEST_ID``, ``WORKFLOW_ID``), set by ``RequestIdMiddleware`` (the
-client's sane ``X-Request-Id`` or a new one, echoed) and by the workflow and Text-to-SQL routes; tasks a
-request starts inherit them. ``configure_logging`` installs the root stderr handler (uvicorn's loggers
-propagate to it)."""
+"""The gateway's log lines: plain text or JSON, each with the request and workflow ids where known (context
+variables set by ``RequestIdMiddleware`` and the routes; tasks inherit them)."""
 
 from __future__ import annotations
 

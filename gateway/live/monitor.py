@@ -1,10 +1,6 @@
-"""Health probes and ``/metrics`` scrapes of the pool's workers: two background tasks the pool owns.
-
-Health (every ``health_period_s``): ``/health`` marks a worker up or, after ``failures_to_down``
-failures, down; parked calls that waited too long fail; an ejected worker past its back-off gets a probe
-call (``outliers.probe_call``), which re-admits it or extends the back-off. Scrape (every
-``scrape_period_s``): ``/metrics`` parsed by ``promparse``, kept on ``WorkerState`` and exported; dispatch
-is held while the engine is full and vLLM's queue grows (docs/architecture.md). On the event loop."""
+"""Health probes and ``/metrics`` scrapes of the pool's workers: two background tasks the pool owns, on the
+event loop. Health marks workers up or down, expires parked calls and probes ejected workers; a scrape is
+kept on ``WorkerState``, exported, and holds dispatch while the engine is full and vLLM's queue grows."""
 
 from __future__ import annotations
 
@@ -37,11 +33,7 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Task[Any]]) -> None:
 
 
 class WorkerMonitor:
-    """The health prober and the metrics scraper of one ``WorkerPool``.
-
-    Args:
-        pool: the pool whose workers are watched.
-        health_period_s, scrape_period_s: task periods; 0 disables a task (tests call its method)."""
+    """The health prober and the metrics scraper of one ``WorkerPool`` (a period of 0 disables a task)."""
 
     def __init__(self, pool: WorkerPool, *, health_period_s: float, scrape_period_s: float) -> None:
         self.pool = pool
@@ -146,10 +138,8 @@ class WorkerMonitor:
         await asyncio.gather(*(one(st) for st in pool.workers))
 
     def apply_scrape(self, st: WorkerState, m: WorkerMetrics) -> None:
-        """Record a scrape; hold dispatch to a worker whose engine cannot take more (KV cache at
-        ``HOLD_KV_USAGE`` or the batch at ``max_num_seqs``) while its waiting queue is non-zero and growing
-        between two scrapes (a worker exporting neither gauge: on the queue alone, non-zero in two scrapes
-        running and growing). A queue that waits with the engine far from full is not held."""
+        """Record a scrape; hold dispatch to a worker whose engine is full (KV cache at ``HOLD_KV_USAGE`` or the
+        batch at ``max_num_seqs``; without either gauge, a queue waiting twice) while its waiting queue grows."""
         prev = st.metrics.waiting if st.metrics is not None else None
         st.metrics = m
         st.scraped_at = self.pool.clock()

@@ -1,10 +1,6 @@
-"""Outlier ejection: the verdict on a worker whose recent calls fail or run slow far more than its peers'.
-
-The rules (``health.outlier``; the window, the peers, the typical ratio, the back-off) are in
-docs/architecture.md ("Failure handling"). Each call ending on a worker leaves one entry in its window:
-``None`` for a worker error, else observed / ``WorkerPool.under_load_s`` (for the tokens processed),
-clamped to ``RATIO_CLAMP``; refused connections, 4xx and cancelled calls leave none. The pool asks
-``OutlierDetector.judge`` after every call; the monitor probes an ejected worker. No I/O, no clock."""
+"""Outlier ejection: the verdict on a worker whose recent calls fail or run slow far more than its peers'
+(the rules: docs/architecture.md, "Failure handling"). A window entry per call: ``None`` for a worker error,
+else observed / ``WorkerPool.under_load_s``, clamped to ``RATIO_CLAMP``. No I/O, no clock."""
 
 from __future__ import annotations
 
@@ -38,9 +34,7 @@ class OutlierDetector:
         st.add_recent(ratio)
 
     def verdict(self, st: WorkerState, peers: Iterable[WorkerState]) -> str | None:
-        """Why ``st`` should be ejected, compared with ``peers`` (``st`` itself is skipped), or None.
-
-        O(peers) from each worker's window summary, so it can run after every call."""
+        """Why ``st`` should be ejected, compared with ``peers`` (``st`` skipped), or None (O(peers))."""
         cfg = self.cfg
         n = len(st.recent)
         if not cfg.enabled or n < cfg.min_calls:

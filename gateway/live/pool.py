@@ -1,9 +1,6 @@
-"""The worker pool: membership, dispatch, and the draining of worker queues into vLLM workers.
-
-The life of a call, failure handling and membership changes are in docs/live-gateway.md ("Failure
-handling", "The worker pool") and docs/architecture.md; health transitions live in ``pool_health.py``.
-Every way a sent call can end goes through ``WorkerPool._settle``. All state is touched only on the event
-loop (no locks)."""
+"""The worker pool: membership, dispatch, and the draining of worker queues into vLLM workers
+(docs/live-gateway.md, "The worker pool"); health transitions live in ``pool_health.py``. Every way a sent
+call can end goes through ``WorkerPool._settle``. State is touched only on the event loop (no locks)."""
 
 from __future__ import annotations
 
@@ -35,18 +32,9 @@ _PRIO_MAX = float(2**31 - 1)
 
 
 class WorkerPool(PoolHealth):
-    """Membership, dispatch, draining and failure handling around one ``Scheduler``.
-
-    Args:
-        scheduler: the policy engine, with the workers at start (touched only on the event loop).
-        transport: how calls, probes and scrapes reach workers.
-        metrics: the gateway's Prometheus metrics.
-        clock: the scheduler's clock (``time.monotonic`` live; a fake in parity tests).
-        max_attempts, failures_to_down, parked_timeout_s: failure handling.
-        health_period_s, scrape_period_s: the monitor's periods (0 disables a task, for tests).
-        remove_grace_s: how long a removed worker's in-flight calls may run before they are re-dispatched.
-        timeouts: the whole-call bound (default: defaults).
-        outlier: outlier ejection (default: its defaults)."""
+    """Membership, dispatch, draining and failure handling around one ``Scheduler`` (``clock``: the
+    scheduler's; the monitor's periods: 0 disables a task; ``remove_grace_s``: how long a removed worker's
+    in-flight calls may run before they are re-dispatched)."""
 
     def __init__(
         self,
@@ -79,8 +67,8 @@ class WorkerPool(PoolHealth):
         self.epoch = clock()
         self.parked: deque[LiveCall] = deque()
         self._running = False
-        # The context calls are sent in (each call's task gets a copy): the one the pool started in, never the
-        # context of the request whose submission or completion happened to drain the worker (its log ids).
+        # The context calls are sent in (a copy per task): the pool's own, never that of the request whose
+        # submission happened to drain the worker (its log ids).
         self._context = contextvars.copy_context()
         self._kicked: dict[WorkerState, None] = {}  # the workers with a drain pending, in the order kicked
         # The latest health changes, (time, worker name, what): down, up, ejected, readmitted, probe_failed.
@@ -141,7 +129,7 @@ class WorkerPool(PoolHealth):
     # ------------------------------------------------------------------ membership
 
     def add_worker(self, info: WorkerInfo, *, ready: bool = True) -> WorkerState:
-        """Add a worker at run time (the scheduler gives it its index); it takes calls at once when ready."""
+        """Add a worker at run time; it takes calls at once when ready."""
         if self.by_name(info.name) is not None:
             raise ValueError(f"a worker named {info.name!r} is already in the pool")
         idx = self.scheduler.add_worker(info, eligible=False)
@@ -193,10 +181,7 @@ class WorkerPool(PoolHealth):
         calls = list(st.inflight)
         if calls:
             log.warning(
-                "worker %s still has %d calls after %g s: re-dispatching them",
-                st.name,
-                len(calls),
-                self.remove_grace_s,
+                "worker %s still has %d calls after %g s: re-dispatching them", st.name, len(calls), self.remove_grace_s
             )
         for c in calls:
             c.requeue = True
@@ -269,8 +254,7 @@ class WorkerPool(PoolHealth):
             task.cancel()
             st = self.states.get(call.worker)
             if st is not None and call in st.inflight:
-                # A task cancelled before its first step never enters ``_execute`` (nor its ``try``): nothing would
-                # settle the call, and its slot would stay taken for good. Settled when the task ends, unless it was.
+                # A task cancelled before its first step never enters ``_execute``: settled when it ends instead.
                 task.add_done_callback(functools.partial(self._settle_unstarted, st, call), context=self._context)
 
     def _settle_unstarted(self, st: WorkerState, call: LiveCall, task: asyncio.Task[None]) -> None:
@@ -321,8 +305,8 @@ class WorkerPool(PoolHealth):
         return out
 
     def kick(self, st: WorkerState) -> None:
-        """Drain ``st`` once the code running now is done (so a burst is ordered by the queue discipline, not by
-        arrival). One drain per worker is pending at a time; none before ``start``."""
+        """Drain ``st`` once the code running now is done (a burst is ordered by the queue discipline, not by
+        arrival); one drain pending per worker, none before ``start``."""
         if self._running and st.drain is None:
             st.drain = asyncio.get_running_loop().call_soon(self._drain_due, st, context=self._context)
             self._kicked[st] = None
@@ -360,9 +344,8 @@ class WorkerPool(PoolHealth):
     # ------------------------------------------------------------------ execution
 
     def predicted_s(self, st: WorkerState, call: LiveCall, tokens: tuple[int, int] | None = None) -> float:
-        """The call's time on the worker as predicted when sent: the load-aware ``call.model_s``, at least the
-        lone-request latency. ``tokens``: the (prompt, completion) tokens it processed, when they differ from
-        the expected ones."""
+        """The call's time on the worker as predicted when sent (at least the lone-request latency); ``tokens``:
+        the (prompt, completion) tokens it processed, when they differ from the expected ones."""
         spec = call.spec
         est = self.scheduler.estimator
         n_in, n_out = (spec.input_tokens, spec.output_tokens) if tokens is None else tokens
@@ -371,9 +354,8 @@ class WorkerPool(PoolHealth):
         return model if model > base else base
 
     def under_load_s(self, st: WorkerState, call: LiveCall, now: float, tokens: tuple[int, int] | None = None) -> float:
-        """The call's time as the model would have predicted it knowing the load it ran under
-        (``LatencyModel.under_load_s``): what outlier ejection judges a worker's speed by. ``tokens``: the
-        (prompt, completion) tokens the call processed."""
+        """The call's time as predicted knowing the load it ran under (``LatencyModel.under_load_s``): what
+        outlier ejection judges a worker's speed by."""
         base = self.predicted_s(st, call, tokens)
         area0, prefill0, n0 = call.load_marks
         life = now - call.sent_at
@@ -394,16 +376,14 @@ class WorkerPool(PoolHealth):
                 except PriorityRefused:
                     if call.priority is None:
                         raise
-                    # The worker schedules first come, first served: the same call again, at once, without the
-                    # field (neither a failure nor an attempt), and no field to this worker from now on.
+                    # Sent again at once without the field (neither a failure nor an attempt).
                     self.refuse_priority(st)
                     call.priority = None
                     result = await self.transport.send(st.info, call)
         except asyncio.CancelledError as exc:
             if not self._settle(st, call, exc):
-                # The task keeps the error it ends with; its traceback would hold this frame (the call, the
-                # bound, both referring to the task) and the transport's frames (their timers refer to the task
-                # too): cycles only the collector frees. The call is settled, so nothing of that is needed.
+                # The task keeps the error it ends with: its traceback would hold frames referring to the task
+                # (cycles only the collector frees). The call is settled: nothing of that is needed.
                 call.task = None
                 del bound
                 raise exc.with_traceback(None) from None
@@ -418,8 +398,7 @@ class WorkerPool(PoolHealth):
         self._settle(st, call, result)
 
     def refuse_priority(self, st: WorkerState) -> None:
-        """``st`` refused vLLM's ``priority`` field (HTTP 400: started without ``--scheduling-policy priority``):
-        its calls go without it from now on (said once per worker, in the log, ``/v1/status`` and a gauge)."""
+        """``st`` refused vLLM's ``priority`` field: its calls go without it from now on (said once)."""
         if not st.priority_scheduling:
             return
         st.priority_scheduling = False
@@ -431,11 +410,8 @@ class WorkerPool(PoolHealth):
         )
 
     def _settle(self, st: WorkerState, call: LiveCall, outcome: CallResult | BaseException) -> bool:
-        """A sent call came back, failed or was cancelled: free its slot, deliver or retry, refill.
-
-        A ``WorkerError`` counts against the worker and is retried elsewhere up to ``max_attempts`` (then
-        ``CallFailed`` 502); a ``CallFailed`` is delivered as it is; a cancellation is re-dispatched when its
-        worker was removed (returns True), else failed with ``CallFailed`` 503."""
+        """A sent call came back, failed or was cancelled: free its slot, deliver or retry, refill. A cancellation
+        is re-dispatched when its worker was removed (returns True), else failed with ``CallFailed`` 503."""
         now = self.clock()
         st.advance_load(now)
         st.inflight.discard(call)
@@ -475,8 +451,7 @@ class WorkerPool(PoolHealth):
         return False
 
     def _after_call(self, st: WorkerState) -> None:
-        """A call left the worker: refill it at once (its callback has queued what it released), or finish its
-        removal once nothing is in flight."""
+        """A call left the worker: refill it at once, or finish its removal once nothing is in flight."""
         if st.removing:
             if not st.inflight:
                 self._finish_removal(st)
@@ -504,8 +479,7 @@ class WorkerPool(PoolHealth):
 
 
 def processed_tokens(call: LiveCall, result: CallResult) -> tuple[int, int]:
-    """The (prompt, completion) tokens ``call`` processed: those its worker reported (its answer's ``usage``),
-    each the expected one of ``call.spec`` where the worker reported none (a stream without usage)."""
+    """The (prompt, completion) tokens ``call`` processed: its answer's ``usage``, else the expected ones."""
     spec = call.spec
     return (
         result.prompt_tokens if result.prompt_tokens > 0 else spec.input_tokens,

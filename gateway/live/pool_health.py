@@ -1,7 +1,5 @@
-"""The pool's health transitions: outlier ejection and re-admission, down and up, parked calls' expiry.
-
-Each transition records an event, logs it and applies the worker's eligibility to the scheduler
-(``WorkerPool._sync``)."""
+"""The pool's health transitions: outlier ejection and re-admission, down and up, parked calls' expiry (each
+recorded, logged and applied to the scheduler)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ MAX_PROMPT_CHARS = 1 << 20
 
 def request_prompt(body: Mapping[str, Any]) -> str | list[int] | None:
     """The prompt of an OpenAI-style request body: a completion's ``prompt`` (text or token ids), or a chat's
-    messages rendered in order (role and text of each, as a chat template lays them out one after the
-    other). None when the body holds neither in a form worth hashing (a batch of prompts, no messages)."""
+    messages rendered in order; None when it holds neither in a form worth hashing."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return prompt[:MAX_PROMPT_CHARS]

@@ -1,8 +1,5 @@
-"""The live side of the online profile refit: a background task around ``gateway.profiling.refit.Refitter``.
-
-Every ``refit.interval_s``: copy the due workers' last calls and profile (on the loop), fit each in a
-thread, apply accepted fits on the loop (``Scheduler.set_profile``) unless the worker changed meanwhile.
-Counted in ``hexflow_profile_refits_total{worker,result}`` and logged; ``/v1/status`` shows the result."""
+"""The live side of the online profile refit: a background task around ``gateway.profiling.refit.Refitter``
+(fits in a thread, applied on the loop unless the worker changed; ``hexflow_profile_refits_total``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""JSON answers that cannot fail to encode: every response of the gateway, errors first of all.
-
-Starlette's ``JSONResponse`` raises on a lone surrogate (which ``json.loads`` accepts from a client);
-``JSONResponse`` here writes it back as its JSON escape. ``plain`` makes arbitrary values JSON-safe."""
+"""JSON answers that cannot fail to encode (Starlette's ``JSONResponse`` raises on a lone surrogate, which
+``json.loads`` accepts from a client); ``plain`` makes arbitrary values JSON-safe."""
 
 from __future__ import annotations
 

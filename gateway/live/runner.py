@@ -1,15 +1,9 @@
 """The live gateway's workflow runner: DAG workflows, online (stage by stage) workflows, and shedding.
 
-``WorkflowRunner.run_workflow`` executes one DAG workflow: it submits the calls that are ready, and each call's
-completion callback (run synchronously by the pool, before the worker is refilled) releases the calls that
-became ready, exactly as the simulator's result event does. ``open_workflow``/``run_stage``/``close_workflow``
-run a workflow whose stages the caller decides as it goes (the Text-to-SQL pipeline).
-
-Every admitted workflow's calls not yet settled are tracked (``pending``); ``shed_overdue`` asks core's
-``Admitter.overdue`` which of them to shed, demote or expire, and applies it here: a shed workflow's calls are
-cancelled and its client answered 503 with ``Retry-After`` (``gateway.live.httperrors`` maps the verdict).
-How a workflow ended is accounted by ``gateway.live.accounting``.
-"""
+A DAG's calls are released by each call's completion callback (run by the pool before the worker is
+refilled), as the simulator's result event does; an online workflow's stages are decided by its caller
+(Text-to-SQL). ``shed_overdue`` applies core's ``Admitter.overdue`` to the calls not yet settled
+(``pending``); how a workflow ended is accounted by ``gateway.live.accounting``."""
 
 from __future__ import annotations
 
@@ -60,15 +54,9 @@ LiveOutcome = CallOutcome[CallResult]
 
 @dataclass(eq=False)
 class _Execution:
-    """One DAG workflow being run (``WorkflowRunner.run_workflow``): its calls in flight, their outcomes, and the
-    callback that releases the successors of each call that returns.
-
-    The callback is a bound method, not a closure of ``run_workflow``: two closures that call each other
-    (submit the ready calls, and be called when one returns) reference each other through their cells, a
-    reference cycle per workflow that only the cyclic garbage collector frees. Here the references run one
-    way (a call's callback -> this -> the calls in ``live``) and ``live`` empties as calls settle, so a
-    finished workflow is freed by reference counting alone.
-    """
+    """One DAG workflow being run: its calls in flight, their outcomes, and the callback that releases the
+    successors of each call that returns (a bound method, not closures of ``run_workflow`` that would reference
+    each other: no reference cycle, so a finished workflow is freed by reference counting alone)."""
 
     runner: WorkflowRunner
     wf: DagWorkflow
@@ -120,8 +108,7 @@ class _Execution:
 
 @dataclass(slots=True)
 class _Online:
-    """An online workflow's id (the one its client got), the route it came by, and the outcomes of its calls so far
-    (the status page's timeline keeps the first ``MAX_CALLS`` submitted; None: not settled yet)."""
+    """An online workflow's client id, route and call outcomes so far (the first ``MAX_CALLS``; None: unsettled)."""
 
     wf_id: str | None
     route: str
@@ -136,11 +123,9 @@ class WorkflowRunner:
         self.accounting = Accounting(gw)
         self._ids = itertools.count(1)
         self._wids = itertools.count(1)
-        # Overload: every admitted workflow's calls not yet settled (shedding cancels them), and the shed ones
-        # with the error their clients get.
+        # Overload: every admitted workflow's unsettled calls, and the shed ones with their clients' error.
         self.pending: dict[Workflow, set[LiveCall]] = {}
         self.shed: dict[Workflow, Rejected] = {}
-        # Text-to-SQL workflows: the prediction each is watched with, the id its client got and its calls so far.
         self.plans: dict[Workflow, QuestionPlan] = {}
         self.online: dict[OnlineWorkflow, _Online] = {}
 
@@ -159,9 +144,8 @@ class WorkflowRunner:
         on_call_done: Callable[[LiveOutcome], None] | None = None,
         admission: Admission | None = None,
     ) -> WorkflowOutcome[CallResult]:
-        """Run a validated DAG to completion or first failure (``Gateway.run_workflow``): its outcome, with its
-        settled calls' outcomes in node order (``status`` ``ok`` or ``failed``). ``route``: the label of the route
-        that runs it (the status page's history)."""
+        """Run a validated, admitted DAG to completion or first failure; its settled calls' outcomes in node order.
+        ``Rejected`` (503) when shed; a cancelled caller abandons it (counted ``cancelled``)."""
         gw = self.gw
         now = gw.clock()
         wf = DagWorkflow.build(next(self._wids), tenant.name, now, now + deadline_s, nodes, template)
@@ -210,8 +194,8 @@ class WorkflowRunner:
         admission: Admission | None = None,
         wf_id: str | None = None,
     ) -> OnlineWorkflow:
-        """Start a workflow whose stages the caller decides as it goes (``Gateway.open_workflow``); ``route``: the
-        label of the route that runs it."""
+        """Start an admitted workflow whose stages the caller decides as it goes (``plan``: the question's
+        prediction; ``wf_id``: its client's id). Close it with ``close_workflow``; once shed, its calls fail."""
         now = self.gw.clock()
         template = None if plan is None else plan.template
         wf = OnlineWorkflow(next(self._wids), tenant.name, now, now + deadline_s, template)
@@ -223,9 +207,9 @@ class WorkflowRunner:
         return wf
 
     def close_workflow(
-        self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool, valid: bool, cancelled: bool
+        self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool = False, valid: bool = True, cancelled: bool = False
     ) -> float:
-        """Account an online workflow's end; returns its latency in seconds (``Gateway.close_workflow``)."""
+        """Account an online workflow's end (met when in time with a ``valid`` answer); returns its latency."""
         now = self.gw.clock()
         latency = now - wf.arrival
         if wf in self.shed:
@@ -242,8 +226,8 @@ class WorkflowRunner:
     async def run_stage(
         self, wf: OnlineWorkflow, kind: str, calls: list[tuple[CallSpec, CallRequest]]
     ) -> list[LiveOutcome]:
-        """Run one stage (calls in parallel) of an online workflow (``Gateway.run_stage``): one outcome per call,
-        in order (a failed call's carries its ``CallFailed``)."""
+        """Run one stage (calls in parallel) of an online workflow: one outcome per call, in order (a failed call's
+        carries its ``CallFailed``); a cancelled caller takes its calls back."""
         wf.begin_stage(kind, [spec for spec, _ in calls])
         online = self.online.get(wf)
         kept = online.outcomes if online is not None else []
@@ -264,8 +248,7 @@ class WorkflowRunner:
             self.gw.pool.drain_kicked()  # the stage's calls are queued: sent now
             outcomes = await asyncio.gather(*futures)
         except BaseException:
-            # Cancelled, or a submission failed part-way: take back every call already submitted, so none
-            # of the stage's calls keeps running for a caller that is gone.
+            # Cancelled, or a submission failed part-way: take back every call already submitted.
             for c in live:
                 self.gw.pool.cancel(c)
             raise
@@ -298,12 +281,8 @@ class WorkflowRunner:
         req: CallRequest,
         on_done: Callable[[LiveCall, CallResult | CallFailed], None],
     ) -> LiveCall:
-        """Make the call of one node or stage call and hand it to the pool.
-
-        The call is tracked as pending for its workflow until it settles (shedding cancels pending calls);
-        a best-effort workflow's call runs at the lowest urgency; a shed workflow's new call fails at once
-        (soon, not inside this call: the caller may still be registering it).
-        """
+        """Make the call of one node or stage call and hand it to the pool (pending until it settles); a shed
+        workflow's new call fails soon (not inside this call: the caller may still be registering it)."""
         gw = self.gw
         pending = self.pending.setdefault(wf, set())
         if gw.scheduler.prefix_aware and not spec.prefix:
@@ -344,8 +323,7 @@ class WorkflowRunner:
         return call
 
     def outcome(self, call: LiveCall, node: int, outcome: CallResult | CallFailed) -> LiveOutcome:
-        """A call's outcome when it returns or fails for good: worker, the last attempt's queue and run time,
-        attempts, and the answer or the error."""
+        """A call's outcome when it returns or fails for good (its last attempt's queue and run time)."""
         now = self.gw.clock()
         sent = call.sent_at
         ok = isinstance(outcome, CallResult)
@@ -407,9 +385,8 @@ class WorkflowRunner:
     # ------------------------------------------------------------------ overload: shedding
 
     def shed_overdue(self) -> tuple[int, int]:
-        """Apply core's overload re-check (``Admitter.overdue``) to every admitted workflow with pending calls:
-        shed (tenant ``on_predicted_miss: reject``), demote (``best_effort``) or expire a best-effort one past
-        ``admission.best_effort_max_age``. Returns (shed, demoted) counts."""
+        """Shed or demote every admitted workflow with pending calls that ``Admitter.overdue`` names; returns
+        (shed, demoted) counts."""
         gw = self.gw
 
         def rule(wf: Workflow) -> str | None:
@@ -428,8 +405,7 @@ class WorkflowRunner:
         return shed, demoted
 
     def _demote(self, v: ShedVerdict) -> None:
-        """Run a workflow at the lowest urgency: its queued calls move to the best-effort lane (its later calls
-        start there: the admitter counts it best effort)."""
+        """Move a workflow's queued calls to the best-effort lane (the admitter counts it best effort)."""
         for c in v.queued:
             # Off its queue first: the estimator counts a call by the lane it was queued in.
             if self.gw.scheduler.cancel(c):
@@ -438,9 +414,8 @@ class WorkflowRunner:
                 self.gw.pool.submit(c)
 
     def fail_workflow(self, wf: Workflow, err: Rejected) -> None:
-        """Fail a workflow early: every pending call is taken back (queued ones off their queues, in-flight
-        requests aborted, as a client's disconnect does) and answered with ``err``, which its runner turns
-        into the client's 503; its later calls fail with it at once."""
+        """Fail a workflow early: every pending call is taken back and answered with ``err`` (its client's 503);
+        its later calls fail with it at once."""
         self.shed[wf] = err
         calls = list(self.pending.get(wf, ()))
         callbacks = []

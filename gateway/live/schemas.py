@@ -1,8 +1,6 @@
-"""Request and response models of the gateway's HTTP API (OpenAPI is generated from these).
-
-Requests are strict (a wrong JSON type is a 422, never coerced); the chat requests keep OpenAI's open
-shape (``extra="allow"``), the gateway's own forbid unknown fields. ``gateway.live.app`` writes the
-configured limits into the document; rules JSON Schema cannot state are checked by the routes (422)."""
+"""Request and response models of the gateway's HTTP API (OpenAPI is generated from these). Requests are
+strict (a wrong JSON type is a 422, never coerced); the chat requests keep OpenAI's open shape, the gateway's
+own forbid unknown fields; rules JSON Schema cannot state are checked by the routes (422)."""
 
 from __future__ import annotations
 
@@ -14,9 +12,8 @@ from pydantic.json_schema import SkipJsonSchema
 
 KIND_PATTERN = r"^[A-Za-z0-9_.-]{1,48}$"
 NUMBER_PATTERN = r"^(-?(0|[1-9][0-9]{0,17})(\.[0-9]{1,17})?([eE][-+]?[0-9]{1,2})?)?$"
-"""A JSON number, or nothing, as a header value (``x-hexflow-deadline-s``; empty: as if not sent): what
-``float`` parses, less its extras (``inf``, ``nan``, ``1_0``, surrounding spaces), with an exponent of at
-most two digits, so that every value the pattern admits is a finite float."""
+"""A JSON number, or nothing, as a header value (``x-hexflow-deadline-s``), its exponent at most two digits:
+every value it admits is a finite float."""
 
 NOT_BLANK = r"\S"
 """A string with a character that is not whitespace."""
@@ -27,16 +24,13 @@ PATTERN_PROBLEMS: dict[str, str] = {
     KIND_PATTERN: "must be 1 to 48 letters, digits, '_', '.' or '-'",
 }
 """What a string that does not match one of the models' patterns is told, instead of the pattern itself."""
-
-TYPE_PROBLEMS: dict[str, str] = {
-    "finite_number": "must be a finite number (not NaN or Infinity)",
-}
-"""What a value that fails one of pydantic's checks (by its error ``type``) is told, in the gateway's words."""
+TYPE_PROBLEMS: dict[str, str] = {"finite_number": "must be a finite number (not NaN or Infinity)"}
+"""What a value that fails one of pydantic's checks (by its error ``type``) is told."""
 
 
 def problem_text(error: Mapping[str, Any]) -> str:
-    """The words for one of pydantic's validation ``error``s: the gateway's own where it has some (a pattern
-    of ``PATTERN_PROBLEMS``, a check of ``TYPE_PROBLEMS``), else pydantic's message."""
+    """The words for one of pydantic's validation ``error``s: the gateway's own where it has some, else
+    pydantic's message."""
     kind = error.get("type")
     ctx = error.get("ctx")
     if kind == "string_pattern_mismatch" and isinstance(ctx, Mapping):
@@ -52,8 +46,8 @@ OPEN = ConfigDict(strict=True, extra="allow")
 
 
 def integral(v: Any) -> Any:
-    """JSON Schema's ``integer`` includes ``37.0``: an integral float becomes the int; anything else is left
-    to the strict check (``"37"``, ``true`` and ``37.5`` stay errors)."""
+    """An integral float becomes the int (JSON Schema's ``integer`` includes ``37.0``); the rest is left to the
+    strict check."""
     if isinstance(v, float) and v.is_integer():
         return int(v)
     return v
@@ -62,7 +56,7 @@ def integral(v: Any) -> Any:
 Int = Annotated[int, BeforeValidator(integral)]
 """A strict int that also takes an integral JSON number (``37.0``), as JSON Schema's ``integer`` does."""
 PosInt = Annotated[int, Field(ge=1), BeforeValidator(integral)]
-"""A positive ``Int`` (the bound inside the type: on an optional field it then reaches the JSON schema)."""
+"""A positive ``Int`` (the bound inside the type reaches the JSON schema of an optional field too)."""
 
 
 # ----------------------------------------------------------------------------------------------- messages
@@ -200,8 +194,7 @@ class WorkflowCall(BaseModel):
     @field_validator("messages", "prompt_tokens", "shared_prefix", mode="before")
     @classmethod
     def _not_null(cls, v: Any) -> Any:
-        # Leave the field out instead: ``null`` would make "exactly one of" ambiguous (the schema's oneOf
-        # counts a present key).
+        # ``null`` would make "exactly one of" ambiguous (the schema's oneOf counts a present key).
         if v is None:
             raise ValueError("must not be null (leave the field out)")
         return v
@@ -463,8 +456,7 @@ class ErrorResponse(BaseModel):
 
 # ----------------------------------------------------------------------------------------------- statuses
 def sse_content(data: str) -> dict[str, Any]:
-    """The ``text/event-stream`` entry of a 200 that may stream: the schema of one event (OpenAPI 3.1 reads
-    ``schema`` of an event stream per event), ``data`` described as ``data``."""
+    """The ``text/event-stream`` entry of a 200 that may stream: the schema of one event, ``data`` described."""
     event = {
         "type": "object",
         "required": ["data"],
@@ -493,8 +485,8 @@ _STATUS_TEXT: dict[int, str] = {
 
 
 def route_responses(*statuses: int, ok: dict[str, Any] | None = None) -> dict[int | str, dict[str, Any]]:
-    """The ``responses=`` of a route: ``ok`` (its 200, when it differs from the response model's) and one
-    ``ErrorResponse`` entry per error status the route can answer, ``Retry-After`` declared on 429/503."""
+    """The ``responses=`` of a route: ``ok`` (its 200, when not the response model's) and an ``ErrorResponse``
+    entry per error status (``Retry-After`` on 429/503)."""
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
         if status == 200:

@@ -41,21 +41,18 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
     tenants = TenantStore.load(loaded.existing_tenants_path())
     cfg = loaded.cfg
     kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
-    if kube is not None and kube.api_url is None and default_api_url() is None:
-        raise ConfigError(
-            str(loaded.path),
-            "discovery.kubernetes.api_url",
-            "not set, and KUBERNETES_SERVICE_HOST is not in the environment (the gateway is not in a pod): "
-            "give the API server's URL",
-        )
     le = cfg.leader_election
-    if le.enabled and le.api_url is None and default_api_url() is None:
-        raise ConfigError(
-            str(loaded.path),
-            "leader_election.api_url",
-            "not set, and KUBERNETES_SERVICE_HOST is not in the environment (the gateway is not in a pod): "
-            "give the API server's URL, or turn leader_election off for a single replica",
-        )
+    for section, conf, advice in (
+        ("discovery.kubernetes", kube, ""),
+        ("leader_election", le if le.enabled else None, ", or turn leader_election off for a single replica"),
+    ):
+        if conf is not None and conf.api_url is None and default_api_url() is None:
+            raise ConfigError(
+                str(loaded.path),
+                f"{section}.api_url",
+                "not set, and KUBERNETES_SERVICE_HOST is not in the environment (the gateway is not in a pod): "
+                f"give the API server's URL{advice}",
+            )
     text2sql = Text2SqlService.from_config(cfg.text2sql, loaded.databases_path)  # a bad databases file fails now
 
     async def make() -> Gateway:
@@ -71,7 +68,7 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
             stream_idle_s=t.stream_idle_s,
             max_response_bytes=t.max_response_bytes,
         )
-        return _GatewayWithTransport(loaded, tenants, transport, background=background)
+        return Gateway(loaded, tenants, transport, background=background)
 
     app = create_app(make, max_body_bytes=cfg.limits.max_body_bytes)
     install_text2sql(app, text2sql)
@@ -105,21 +102,9 @@ def startup_summary(loaded: LoadedConfig, tenants: TenantStore, text2sql: Text2S
     return "\n".join(lines)
 
 
-class _GatewayWithTransport(Gateway):
-    """A gateway that closes its HTTP transport when stopped."""
-
-    async def stop(self) -> None:
-        await super().stop()
-        close = getattr(self.transport, "aclose", None)
-        if close is not None:
-            await close()
-
-
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server with the gateway's shutdown: drain first with the listener open, then exit.
-
-    The first stop signal starts the drain (``Gateway.begin_drain``); the tick (every 0.1 s) waits for the
-    in-flight workflows and sets ``should_exit`` when they finished or the grace ran out."""
+    """uvicorn's server with the gateway's shutdown: the first stop signal starts the drain with the listener
+    open; ``should_exit`` once it finished or the grace ran out."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
@@ -183,9 +168,8 @@ def serve(
     demo: bool = False,
     benchmark: bool = False,
 ) -> None:
-    """Run the gateway until SIGTERM/SIGINT. ``log_format`` overrides ``$HEXFLOW_LOG_FORMAT``, which overrides
-    the config's; ``demo``: serve the demo database (in a temporary folder) instead of ``databases_file``;
-    ``benchmark``: benchmark mode whatever the config says."""
+    """Run the gateway until SIGTERM/SIGINT (``log_format`` over ``$HEXFLOW_LOG_FORMAT`` over the config's;
+    ``demo``: the demo database in a temporary folder; ``benchmark``: benchmark mode)."""
     loaded = load_gateway_config(config_path, time_scale=time_scale, benchmark=benchmark)
     fmt = log_format or _env_log_format() or loaded.cfg.log_format
     # Bound first: a port in use is one line (ListenError) before anything has started or logged.
@@ -242,7 +226,7 @@ def _env_log_format() -> LogFormat | None:
     value = os.environ.get(LOG_FORMAT_ENV, "").strip().lower()
     if not value:
         return None
-    for fmt in LOG_FORMATS:
-        if value == fmt:
-            return fmt
+    fmt = next((f for f in LOG_FORMATS if f == value), None)
+    if fmt is not None:
+        return fmt
     raise ConfigError(LOG_FORMAT_ENV, "", f"expected text or json, got {value!r}")

@@ -1,9 +1,6 @@
-"""The gateway service: the coordinator the HTTP app is a face for.
-
-``Gateway`` owns the scheduler, the worker pool, the tenants store and the metrics, and hands the work to
-admission (``gateway.core.admission.Admitter``, shared with the simulator), the workflow runner
-(``gateway.live.runner``) and the lifecycle (``gateway.live.lifecycle``). Admission, shedding and
-demotion: docs/live-gateway.md ("Admission that keeps promises")."""
+"""The gateway service: ``Gateway`` owns the scheduler, the worker pool, the tenants store and the metrics,
+and hands the work to admission (``gateway.core.admission.Admitter``), the workflow runner and the lifecycle
+(docs/live-gateway.md, "Admission that keeps promises")."""
 
 from __future__ import annotations
 
@@ -15,12 +12,9 @@ from typing import Any
 
 from gateway.config.gateway import LoadedConfig
 from gateway.core.admission import Admission, AdmissionRefused, Admitter
-from gateway.core.dag import DagNode
 from gateway.core.degrade import QuestionPlan
 from gateway.core.predict import StagePlan
-from gateway.core.records import WorkflowOutcome
 from gateway.core.scheduler import Scheduler
-from gateway.core.workflow import CallSpec, OnlineWorkflow, WorkflowTemplate
 from gateway.errors import GatewayError, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
 from gateway.live.history import OutcomeWindow, WorkflowHistory
@@ -32,9 +26,9 @@ from gateway.live.lifecycle import Lifecycle
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import Clock, WorkerPool
 from gateway.live.refit import ProfileRefitTask
-from gateway.live.runner import CallRequest, LiveOutcome, WorkflowRunner, new_workflow_id
+from gateway.live.runner import WorkflowRunner
 from gateway.live.tenants import Tenant, TenantStore
-from gateway.live.transport import CallResult, Transport
+from gateway.live.transport import Transport
 from gateway.live.tuning import AlphaTuner, WindowRecorder
 from gateway.profiling.refit import profile_status
 
@@ -42,15 +36,8 @@ __all__ = ["Gateway"]
 
 
 class Gateway:
-    """The live gateway's state and operations (one per process).
-
-    Args:
-        loaded: the validated configuration.
-        tenants: the tenants store.
-        transport: how to reach workers (``stop`` closes it).
-        clock: the scheduling clock (``time.monotonic``; a fake one in parity tests).
-        background: start the background tasks (tests may turn them off).
-        kube_api, lease_api: Kubernetes API clients for discovery and leader election (default: from the config)."""
+    """The live gateway's state and operations (one per process); ``transport`` is closed by ``stop``,
+    ``background`` off (tests) starts no background task, the Kubernetes API clients default from the config."""
 
     def __init__(
         self,
@@ -100,6 +87,16 @@ class Gateway:
         self.refit = ProfileRefitTask(self, cfg.refit) if cfg.refit.enabled else None
         self.runner = WorkflowRunner(self)
         self.lifecycle = Lifecycle(self)
+        # The runner's and the lifecycle's operations, as the gateway's own (their docstrings say what they do).
+        self.run_workflow = self.runner.run_workflow
+        self.open_workflow = self.runner.open_workflow
+        self.close_workflow = self.runner.close_workflow
+        self.run_stage = self.runner.run_stage
+        self.shed_overdue = self.runner.shed_overdue
+        self.start = self.lifecycle.start
+        self.begin_drain = self.lifecycle.begin_drain
+        self.drain = self.lifecycle.drain
+        self.stop = self.lifecycle.stop
         # High availability: only the leader serves and runs the leader-only tasks (``Lifecycle.on_leadership``).
         self.elector: LeaderElector | None = None
         le = cfg.leader_election
@@ -173,26 +170,6 @@ class Gateway:
         """The last finished workflows with their calls' timings (the status page's)."""
         return self.runner.accounting.history
 
-    # ------------------------------------------------------------------ lifecycle
-
-    async def start(self) -> None:
-        """Start the pool and the background tasks (``Lifecycle.start``)."""
-        await self.lifecycle.start()
-
-    def begin_drain(self, grace_s: float) -> None:
-        """Stop intake now (``/readyz`` and new workflows answer 503) and start the grace period, counted once
-        from the first call."""
-        self.lifecycle.begin_drain(grace_s)
-
-    async def drain(self, grace_s: float) -> bool:
-        """Stop intake and wait for in-flight workflows until the grace period (``grace_s`` from the
-        first ``begin_drain``) is over; True when all finished."""
-        return await self.lifecycle.drain(grace_s)
-
-    async def stop(self) -> None:
-        """Stop background tasks and the pool (calls still in flight fail with 503); close the transport."""
-        await self.lifecycle.stop()
-
     # ------------------------------------------------------------------ admission
 
     def admit(
@@ -204,13 +181,9 @@ class Gateway:
         *,
         question: QuestionPlan | None = None,
     ) -> Admission:
-        """Admit a new workflow of ``n_calls`` calls, or raise ``Rejected`` (counted by tenant and reason).
-
-        ``plan`` and ``deadline_s`` turn on the predicted-miss check for a tenant with
-        ``predictive_admission``; a deadline shorter than the plan on idle workers is refused whatever the
-        tenant (``min_deadline_s``). ``question``: the Text-to-SQL prediction ``plan`` came from; one resting
-        on no observation is admitted without the deadline check. The answer owns the work it commits
-        (``Admission.release``): pass it on or release it."""
+        """Admit a new workflow of ``n_calls`` calls, or raise ``Rejected`` (counted by tenant and reason). ``plan``
+        and ``deadline_s`` turn on the predicted-miss check (``question``: the Text-to-SQL prediction it came from);
+        the answer owns the work it commits (``Admission.release``): pass it on or release it."""
         refusal: tuple[GatewayError, str] | None = self._refusal(tenant, n_calls)
         if refusal is None and plan is not None:
             try:
@@ -265,83 +238,6 @@ class Gateway:
                 1,
             ), "concurrency"
         return None
-
-    def shed_overdue(self) -> tuple[int, int]:
-        """Shed or demote every admitted workflow with a queued call predicted to finish after its deadline (a
-        best-effort one past ``admission.best_effort_max_age`` deadlines is shed even when running).
-        Returns (shed, demoted)."""
-        return self.runner.shed_overdue()
-
-    # ------------------------------------------------------------------ workflows
-
-    def new_workflow_id(self) -> str:
-        """A unique workflow id for responses."""
-        return new_workflow_id()
-
-    async def run_workflow(
-        self,
-        tenant: Tenant,
-        deadline_s: float,
-        nodes: list[DagNode],
-        requests: list[CallRequest],
-        *,
-        route: str,
-        template: WorkflowTemplate | None = None,
-        wf_id: str | None = None,
-        on_call_done: Callable[[LiveOutcome], None] | None = None,
-        admission: Admission | None = None,
-    ) -> WorkflowOutcome[CallResult]:
-        """Run a validated, admitted DAG (``admission``: its answer) to completion or first failure.
-
-        Raises ``Rejected`` (503) when shed. Cancelling the awaiting task abandons the workflow (calls
-        dropped or aborted, counted ``cancelled``, not recorded for the tuner)."""
-        return await self.runner.run_workflow(
-            tenant,
-            deadline_s,
-            nodes,
-            requests,
-            route=route,
-            template=template,
-            wf_id=wf_id,
-            on_call_done=on_call_done,
-            admission=admission,
-        )
-
-    def open_workflow(
-        self,
-        tenant: Tenant,
-        deadline_s: float,
-        plan: QuestionPlan | None,
-        *,
-        route: str,
-        admission: Admission | None = None,
-        wf_id: str | None = None,
-    ) -> OnlineWorkflow:
-        """Start an admitted workflow whose stages the caller decides as it goes (Text-to-SQL). ``plan``: the
-        question's prediction (stage budgets, the overload re-check); ``wf_id``: the id its client got.
-        Close it with ``close_workflow``; once shed, every call of it fails with the shed error."""
-        return self.runner.open_workflow(tenant, deadline_s, plan, route=route, admission=admission, wf_id=wf_id)
-
-    def close_workflow(
-        self,
-        wf: OnlineWorkflow,
-        tenant: Tenant,
-        *,
-        failed: bool = False,
-        valid: bool = True,
-        cancelled: bool = False,
-    ) -> float:
-        """Account an online workflow's end; returns its latency in seconds. ``cancelled`` and ``failed`` are
-        counted so and not recorded for the tuner; otherwise it is met when it finished in time with a
-        ``valid`` answer."""
-        return self.runner.close_workflow(wf, tenant, failed=failed, valid=valid, cancelled=cancelled)
-
-    async def run_stage(
-        self, wf: OnlineWorkflow, kind: str, calls: list[tuple[CallSpec, CallRequest]]
-    ) -> list[LiveOutcome]:
-        """Run one stage (calls in parallel) of an online workflow; returns each call's outcome. A cancelled
-        caller takes its calls back."""
-        return await self.runner.run_stage(wf, kind, calls)
 
     # ------------------------------------------------------------------ status
 

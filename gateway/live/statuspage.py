@@ -1,17 +1,6 @@
-"""The data of the live status page (``GET /ui/api/state``): one JSON snapshot the page polls.
-
-Built from what the gateway already keeps: the pool's workers (state, queues, KV use, the ratio of observed
-to predicted latency), the rolling per-tenant outcome window and the finished-workflow history
-(``gateway.live.history``), and the alpha tuner's runs. Times are seconds ago (``age_s``), so the page needs
-no clock of the server's. Its size is bounded: workers and tenants as configured, ``SLOWEST`` workflows of at
-most ``history.MAX_CALLS`` calls each, ``tuning.TUNING_HISTORY`` tuning runs.
-
-Per tenant the page shows two shares, both over the window, because either alone can flatter: ``attainment``
-(met over the workflows that ran to an end: the SLO as the Prometheus rules count it, blind to refusals) and
-``answered_in_time`` (met over every workflow that arrived and ended, refused, shed and cancelled ones
-included: what the tenant's clients saw). A tenant with 7 of 20 workflows refused and the 13 others in time
-reads 100 % and 65 %.
-"""
+"""The data of the live status page (``GET /ui/api/state``): one JSON snapshot the page polls, built from
+what the gateway already keeps, bounded in size; times are seconds ago (``age_s``). Per tenant it gives both
+``attainment`` and ``answered_in_time`` (docs/live-gateway.md, "The status page")."""
 
 from __future__ import annotations
 
@@ -63,15 +52,14 @@ def _worker(gw: Gateway, st: WorkerState, now: float) -> dict[str, Any]:
         # probe call decides when it comes back).
         "ejected": st.ejected,
         "ejected_reason": st.ejected_reason if st.ejected else None,
-        "ejected_for_s": None if st.ejected_until is None else round(max(st.ejected_until - now, 0.0), 3),
+        "ejected_for_s": st.ejected_for_s(now),
         "ejections": st.ejections,
     }
 
 
 def tenant_shares(summary: dict[str, Any]) -> dict[str, Any]:
-    """One tenant's window summary (``OutcomeWindow.summary``) with ``arrivals`` (workflows that arrived and
-    ended in the window, whatever the outcome) and ``answered_in_time`` (met over arrivals; None when none
-    arrived), beside its ``attainment`` (met over finished)."""
+    """A tenant's window summary with ``arrivals`` (every workflow that ended in it) and ``answered_in_time``
+    (met over arrivals; None when none arrived)."""
     arrivals = sum(summary["outcomes"].values())
     met = summary["outcomes"]["met"]
     return {**summary, "arrivals": arrivals, "answered_in_time": None if arrivals == 0 else met / arrivals}

@@ -1,8 +1,5 @@
-"""Tenants of the live gateway (``config/tenants.yaml``: API keys as SHA-256 digests, deadline ranges,
-weights, limits; models in ``gateway.config.tenants``).
-
-``TenantStore`` serves lookups and hot reload. Readers never lock: the state is one immutable snapshot,
-replaced by a single assignment on a successful reload."""
+"""Tenants of the live gateway (``config/tenants.yaml``; models in ``gateway.config.tenants``). ``TenantStore``
+serves lookups and hot reload: one immutable snapshot, replaced by a single assignment (readers never lock)."""
 
 from __future__ import annotations
 
@@ -80,10 +77,8 @@ class DeadlineOutOfRange(Unprocessable, ValueError):
 
 
 def check_deadline(tenant: Tenant, deadline_s: float | None) -> float:
-    """The effective deadline: the tenant's default for None, else ``deadline_s`` if finite and in range.
-
-    Raises ``DeadlineOutOfRange`` (a ``BadRequest`` and a ``ValueError``) otherwise.
-    """
+    """The effective deadline: the tenant's default for None, else ``deadline_s`` if finite and in range
+    (``DeadlineOutOfRange`` otherwise)."""
     if deadline_s is None:
         return tenant.default_deadline_s
     d = float(deadline_s)
@@ -204,10 +199,8 @@ class TenantStore:
     # ---------------------------------------------------------------------------------------------- reload
 
     def reload_if_changed(self) -> bool:
-        """Re-read the file if it changed; True when a new, valid version was swapped in.
-
-        The file's stat gates the read and its content's SHA-256 the parse. A failure (a missing file
-        too) is logged once, counted in ``reload_failures``, kept in ``last_error``; the old tenants stay."""
+        """Re-read the file if it changed (its stat gates the read, its SHA-256 the parse); True when a new, valid
+        version was swapped in. A failure is logged once and kept in ``last_error``; the old tenants stay."""
         if self._path is None:
             return False
         with self._lock:

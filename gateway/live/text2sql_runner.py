@@ -1,15 +1,7 @@
-"""The live gateway's side of the Text-to-SQL port: ``GatewayStageRunner`` runs a pipeline's stages on ``Gateway``.
-
-One runner per question: ``open`` starts an online workflow under the question's plan (``open_workflow``: its
-template sets the stage budgets, the overload re-check and shedding predict with it),
-``run_stage`` turns each ``StageCall`` into a ``/v1/chat/completions`` request scheduled as one stage
-(``run_stage``) and each call's record and outcome into a ``StageCallResult`` (a failed call keeps its
-status: 502 upstream, 503 no worker, 504 timeout, a worker's 4xx), ``remaining`` reads the gateway's
-clock, ``remaining_predictor`` is the scheduler's ``CompletionPredictor(scheduler, now).path_time`` (the
-prediction the simulator's degradation uses too), and ``close`` accounts the workflow (``close_workflow``:
-met, missed or failed) and answers with the same rule (``OnlineWorkflow.met``), so the response and the
-metrics agree; an abandoned question (``cancelled``) is counted cancelled.
-"""
+"""The live gateway's side of the Text-to-SQL port: ``GatewayStageRunner`` runs a pipeline's stages on
+``Gateway``, one online workflow per question (its plan sets the stage budgets, shedding and the prediction),
+each stage's calls as ``/v1/chat/completions`` requests. ``close`` accounts the workflow and answers with the
+same rule (``OnlineWorkflow.met``), so the response and the metrics agree."""
 
 from __future__ import annotations
 
@@ -28,9 +20,8 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 
 
 class GatewayStageRunner:
-    """``StageRunner`` on the live gateway, for one question of ``tenant`` (admission already passed;
-    ``route``: the label of the route that asks, on the status page; ``admission``: what admission decided, handed
-    on to the workflow; ``request_id``: the id the client gets)."""
+    """``StageRunner`` on the live gateway, for one admitted question of ``tenant`` (``route``: its status page
+    label; ``request_id``: the id the client gets)."""
 
     def __init__(
         self,
@@ -80,9 +71,7 @@ class GatewayStageRunner:
         return CompletionPredictor(self.gw.scheduler, self.gw.clock()).path_time
 
     def close(self, *, valid: bool, failed: bool = False, cancelled: bool = False) -> Closed:
-        """Account the workflow's end with the gateway (once; a second call returns the first answer).
-
-        ``cancelled`` (the client went away) is counted as cancelled, never met."""
+        """Account the workflow's end with the gateway once (a second call returns the first answer)."""
         if self._closed is not None:
             return self._closed
         wf = self._workflow()

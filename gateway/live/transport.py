@@ -1,38 +1,12 @@
 """How the gateway reaches workers: the ``Transport`` interface, its data types, and the HTTP one.
 
-``Transport`` is the one interface behind which all network I/O to workers sits (``send`` a call,
-``probe`` ``/health``, ``scrape`` ``/metrics``, ``aclose``); tests swap in a fake. ``LiveCall`` is what
-is sent (the scheduler's ``Call`` plus the request and its callback), ``CallResult`` what comes back.
-``HttpTransport`` is the production implementation: calls go over the gateway's own pooled keep-alive
-HTTP/1.1 client (``gateway.live.httpclient``, the per-call hot path), probes and scrapes over one shared
-aiohttp session.
-
-Timeouts, phase by phase (``timeouts`` in ``gateway.yaml``): ``HttpTransport`` bounds the TCP connect,
-a streaming call's wait for the response headers, and every gap between two chunks of an answer once
-its headers came (a stream's first event included); the pool bounds the whole call by what it should
-take (``WorkerPool``; a non-streaming answer's headers come with the answer, so the whole-call bound is
-theirs).
-
-Error classification (what the pool does with it):
-
-* connection refused or not made within ``connect_s``: ``WorkerError(refused=True)`` -> the worker is
-  marked down at once and the call retried on another worker;
-* a broken connection, a timed-out phase, HTTP 5xx/408/429, and every malformed answer (a body that is
-  not a JSON object with ``choices``, one larger than ``max_response_bytes``, a stream that is not
-  server-sent events or that ends without ``data: [DONE]``): ``WorkerError`` -> the call is retried on
-  another worker, and the failure counts against the worker (``failures_to_down``, outlier ejection);
-* HTTP 400 refusing vLLM's ``priority`` field (a worker started without ``--scheduling-policy
-  priority`` answers "Got priority N but Priority scheduling is not enabled." to every request whose
-  ``priority`` is not 0): ``PriorityRefused`` -> the pool sends that call again at once without the field,
-  and never sends the field to that worker again (``WorkerState.priority_scheduling``);
-* any other HTTP 4xx: ``CallFailed`` with the worker's status and OpenAI-style error body -> the caller
-  gets it (the request itself is wrong, e.g. longer than the model's context; retrying cannot help).
-
-Streaming calls forward the worker's server-sent-event bytes into ``LiveCall.stream`` as they arrive;
-once a byte has been forwarded the call is no longer retryable (``LiveCall.streamed``). The first chunk
-is checked before it is forwarded, so a worker that answers garbage to a streaming call loses only its
-own attempt.
-"""
+``Transport`` is the one interface behind which all network I/O to workers sits (tests swap in a fake).
+``HttpTransport`` sends calls over the gateway's own keep-alive client (``gateway.live.httpclient``, the
+per-call hot path) and probes and scrapes over one aiohttp session. Timeouts per phase and what is retried:
+docs/live-gateway.md ("Failure handling"); here, ``WorkerError`` is retried elsewhere (``refused=True``
+marks the worker down at once), ``PriorityRefused`` is sent again without vLLM's ``priority``, any other
+4xx is a ``CallFailed`` for the caller. A stream's first chunk is checked before it is forwarded; once a
+byte is forwarded the call is no longer retryable (``LiveCall.streamed``)."""
 
 from __future__ import annotations
 
@@ -50,8 +24,7 @@ from gateway.errors import CallFailed, WorkerError
 from gateway.live import httpclient
 
 PRIORITY_REFUSAL = b"priority scheduling is not enabled"
-"""What vLLM's 400 answer to a ``priority`` it does not schedule by says (lower case; its engine's check:
-"Got priority {priority} but Priority scheduling is not enabled.")."""
+"""What vLLM's 400 answer to a ``priority`` it does not schedule by says (lower case)."""
 
 
 class PriorityRefused(CallFailed):
@@ -61,11 +34,7 @@ class PriorityRefused(CallFailed):
 
 @dataclass(slots=True)
 class CallResult:
-    """A worker's answer to one call.
-
-    ``raw`` holds the worker's exact body bytes of a successful non-streaming answer (``body`` is their
-    parse), so that they can be passed on unchanged; None for a stream.
-    """
+    """A worker's answer to one call (``body``: its parse; None for a stream)."""
 
     body: dict[str, Any] | None
     prompt_tokens: int = 0
@@ -90,28 +59,12 @@ class CallResult:
 class LiveCall(Call):
     """A call of the live gateway: the scheduler's ``Call`` plus the request to send and its callback.
 
-    ``endpoint`` is ``/v1/chat/completions`` or ``/v1/completions``; ``body`` the request body without
-    ``model`` (the transport fills in the chosen worker's served model). ``on_done`` is called exactly
-    once, synchronously, with the result or the final ``CallFailed`` (before the worker is refilled, so
-    the successors of a call are queued before its slot is reused, as in the simulator). ``stream``
-    receives the worker's raw server-sent-event lines for a streaming pass-through; ``None`` when not
-    streaming.
-
-    Times: ``ready_at`` (the core's) is when the call was last queued; ``sent_at`` when its last attempt
-    was sent. ``sent_at`` equals the core's ``started_at`` while the call is in flight, but the scheduler
-    clears ``started_at`` when an attempt fails, and the call's record still needs the last attempt's
-    queue and run time, so the pool keeps ``sent_at`` (0.0: never sent).
-
-    ``failed_on`` names the workers whose attempts at the call failed: a retry goes elsewhere while any
-    other worker takes calls.
-
-    ``body_json`` is the transport's cache of ``body`` (less any ``model``) as JSON, made on the first
-    attempt so that a retry does not serialise the body again: ``body`` must not change once the call
-    was sent.
-
-    Not slotted: a slotted subclass would shadow the compiled ``Call``'s fields (native build) with slots of its
-    own, which the compiled scheduler never sees.
-    """
+    ``body`` goes without ``model`` (the worker's is filled in) and must not change once sent (``body_json``
+    caches it). ``on_done`` is called exactly once, synchronously, with the result or the final ``CallFailed``,
+    before the worker is refilled. ``stream`` receives a streaming pass-through's raw events. ``sent_at``: when
+    the last attempt was sent (the scheduler clears ``started_at`` on a failed attempt). ``failed_on``: the
+    workers whose attempts failed (a retry goes elsewhere). Not slotted: slots would shadow the compiled
+    ``Call``'s fields (native build)."""
 
     endpoint: str = "/v1/chat/completions"
     body: dict[str, Any] = field(default_factory=dict)
@@ -122,23 +75,18 @@ class LiveCall(Call):
     parked_at: float | None = None
     last_error: str = ""
     priority: int | None = 0
-    """vLLM's ``priority`` of the call's next attempt (lower runs sooner), set by the pool when it sends the call;
-    None sends none (its worker refused the field)."""
+    """vLLM's ``priority`` of the next attempt (lower runs sooner); None sends none (the worker refused it)."""
     task: asyncio.Task[None] | None = None
     worker_name: str = ""
     requeue: bool = False
     failed_on: set[str] = field(default_factory=set)
     body_json: bytes | None = None
     load_marks: tuple[float, float, int] = (0.0, 0.0, 0)
-    """The worker's load counters when this attempt was sent (``WorkerState.load_area``, ``prefill_sent``, and
-    its calls in flight with this one): what it returns with tells the load it ran under."""
+    """The worker's ``load_area``, ``prefill_sent`` and calls in flight when this attempt was sent."""
 
 
 class Transport(Protocol):
-    """How the pool talks to workers (``HttpTransport`` in production; a fake in tests).
-
-    The gateway owns its transport and closes it with ``aclose`` when it stops.
-    """
+    """How the pool talks to workers (``HttpTransport`` in production; a fake in tests); closed by ``aclose``."""
 
     async def send(self, worker: WorkerInfo, call: LiveCall) -> CallResult:
         """Run one call on the worker; raise ``WorkerError`` (retryable) or ``CallFailed`` (final)."""
@@ -158,27 +106,10 @@ class Transport(Protocol):
 
 
 class HttpTransport:
-    """The production transport: calls over ``httpclient.HttpClient``, probes and scrapes over aiohttp.
-
-    A call is the gateway's per-call hot path, so it goes over the gateway's own small HTTP/1.1 client
-    (``gateway.live.httpclient``): its request line and fixed headers are built once per worker and
-    endpoint, its body serialised once per call (``LiveCall.body_json``), and its answer parsed by
-    ``httptools``: aiohttp's client machinery (URL and header objects, a timer context per read) was a
-    large share of the gateway's CPU per call, httpx's more (docs/live-gateway.md, "The calls' HTTP
-    client"). Probes and scrapes (a few a second) stay on one aiohttp session. Keep-alive connections
-    expire after ``keepalive_expiry_s``, below the 5 s after which uvicorn and vLLM close idle connections
-    (so a request never races a server-side close). Both clients are created lazily inside the running loop.
-
-    Args:
-        connect_s: TCP connect timeout (a worker not reached in it counts as refused).
-        headers_s: a streaming call's longest wait for the response headers.
-        stream_idle_s: the longest gap between two chunks of an answer after its headers (a stream's
-            first event included).
-        max_response_bytes: the largest answer body read (a larger one is a worker error).
-        call_s: the longest any call may take here (the pool bounds each call more tightly): a
-            non-streaming call's wait for its answer's headers, and the longest gap between two chunks.
-        probe_timeout_s, scrape_timeout_s: timeouts of ``/health`` probes and ``/metrics`` scrapes.
-    """
+    """The production transport: calls over ``httpclient.HttpClient`` (docs/live-gateway.md, "The calls' HTTP
+    client"), probes and scrapes over one aiohttp session, both created lazily in the running loop. The timeouts
+    are ``timeouts`` of gateway.yaml (``call_s``: the longest any call may take here; the pool bounds each call
+    more tightly); ``keepalive_expiry_s`` stays below the 5 s after which uvicorn and vLLM close idle connections."""
 
     def __init__(
         self,
@@ -367,13 +298,8 @@ class HttpTransport:
 
 
 def _payload(call: LiveCall, model: bytes) -> bytes:
-    """The request body: ``{"priority": call.priority, **call.body, "model": model}`` as JSON.
-
-    The body is serialised once per call (``call.body_json``, without any ``model`` of its own) and the
-    two keys are spliced around it per attempt. As in that dict display, a ``priority`` of the body wins
-    over the call's, and the worker's model over any of the body's. A ``call.priority`` of None (a worker that
-    refused the field) sends no ``priority``, the body's included.
-    """
+    """``{"priority": call.priority, **call.body, "model": model}`` as JSON, the body serialised once per call
+    and the two keys spliced around it; a ``call.priority`` of None sends no ``priority``, the body's included."""
     body_json = call.body_json
     if body_json is None:
         body = call.body

@@ -1,10 +1,6 @@
-"""Background alpha re-tuning: replay the last finished workflows in the simulator, off the event loop.
-
-``WindowRecorder`` keeps the last ``tuning.window_workflows`` finished workflows; ``Retuner`` decides (no
-I/O: shared with ``hexflow bench tuner``): a run every ``tuning.every_workflows``, replaying the window
-(``tune_window``), applied only past ``tuning.hysteresis``. ``AlphaTuner`` runs it in a one-worker
-``spawn`` process pool every ``tuning.interval_s``; counted in ``hexflow_tuning_runs_total``.
-docs/live-gateway.md, "Alpha re-tuning"."""
+"""Background alpha re-tuning: replay the last finished workflows in the simulator, off the event loop
+(docs/live-gateway.md, "Alpha re-tuning"). ``WindowRecorder`` keeps the window, ``Retuner`` decides (no I/O;
+shared with ``hexflow bench tuner``), ``AlphaTuner`` runs it in a one-worker ``spawn`` process pool."""
 
 from __future__ import annotations
 

@@ -25,12 +25,8 @@ def typical_ratio(ratios: list[float]) -> float:
 
 @dataclass(slots=True, eq=False)
 class WorkerState:
-    """The pool's runtime state of one worker; its description is the scheduler's ``WorkerInfo``.
-
-    ``up`` (health), ``ready`` (discovery) and ``removing`` decide eligibility; ``drain`` is the pending
-    drain; ``metrics``, ``scraped_at``, ``held`` come from the monitor. ``recent`` is the outlier window
-    (``add_recent`` keeps its sums in step); ``ejected_until``/``ejected_reason``/``ejections`` and
-    ``readmitted_at``/``probing`` track ejection and re-admission."""
+    """The pool's runtime state of one worker (its description is the scheduler's ``WorkerInfo``): health,
+    readiness, removal, the monitor's scrape, the outlier window (``add_recent`` keeps its sums) and ejection."""
 
     index: int
     scheduler: Scheduler = field(repr=False)
@@ -120,14 +116,11 @@ class WorkerState:
         n = len(self.recent)
         return self.recent_failed / n if n else None
 
-    def recent_latency_ratio(self) -> float | None:
-        """The typical observed/predicted latency of the recent window's returned calls (None: none)."""
-        return self.recent_typical
-
     def status(self, now: float) -> dict[str, Any]:
         """This worker's entry of ``/v1/status``."""
         info, sched, w = self.info, self.scheduler, self.index
         ratios = sched.estimator.ratios(w, now)
+        err, ratio, m = self.recent_error_rate(), self.recent_typical, self.metrics
         return {
             "name": info.name,
             "url": info.url,
@@ -148,26 +141,17 @@ class WorkerState:
             "ejected_reason": self.ejected_reason if self.ejected else None,
             "ejections": self.ejections,
             "priority_scheduling": self.priority_scheduling,
-            "recent": self._recent_status(),
-            "vllm": self._scrape_status(now),
-        }
-
-    def _recent_status(self) -> dict[str, Any]:
-        err = self.recent_error_rate()
-        ratio = self.recent_latency_ratio()
-        return {
-            "calls": len(self.recent),
-            "error_rate": None if err is None else round(err, 4),
-            "latency_ratio": None if ratio is None else round(ratio, 4),
-        }
-
-    def _scrape_status(self, now: float) -> dict[str, Any] | None:
-        m = self.metrics
-        if m is None:
-            return None
-        return {
-            "running": m.running,
-            "waiting": m.waiting,
-            "kv_cache_usage": m.kv_cache_usage,
-            "age_s": None if self.scraped_at is None else round(now - self.scraped_at, 3),
+            "recent": {
+                "calls": len(self.recent),
+                "error_rate": None if err is None else round(err, 4),
+                "latency_ratio": None if ratio is None else round(ratio, 4),
+            },
+            "vllm": None
+            if m is None
+            else {
+                "running": m.running,
+                "waiting": m.waiting,
+                "kv_cache_usage": m.kv_cache_usage,
+                "age_s": None if self.scraped_at is None else round(now - self.scraped_at, 3),
+            },
         }

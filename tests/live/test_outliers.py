@@ -120,7 +120,7 @@ def test_ratios_are_clamped_when_recorded() -> None:
     assert (st.recent_failed, st.recent_returned) == (1, 2)
     assert st.recent_error_rate() == pytest.approx(1 / 3)
     st.clear_recent()
-    assert (st.recent_failed, st.recent_returned, st.recent_latency_ratio()) == (0, 0, None)
+    assert (st.recent_failed, st.recent_returned, st.recent_typical) == (0, 0, None)
 
 
 def test_backoff_doubles_up_to_its_cap_and_is_forgotten_after_a_long_admission() -> None:
@@ -369,7 +369,7 @@ async def test_a_worker_is_judged_by_its_speed_on_the_tokens_it_processed_not_by
         bad = pool.workers[0]
         assert bad.name == "a100-0" and bad.ejected is ejected, bad.status(clock.t)
         assert not any(st.ejected for st in pool.workers[1:])
-        ratio = bad.recent_latency_ratio()
+        ratio = bad.recent_typical
         assert ratio is not None and ratio == pytest.approx(slowness, rel=0.1)
     finally:
         await pool.stop()

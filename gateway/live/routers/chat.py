@@ -1,16 +1,13 @@
 """The OpenAI-compatible surface: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming too),
-``GET /v1/models``; each completion is a one-call workflow under the tenant's SLO.
-
-Errors: docs/live-gateway.md ("API"). The worker's answer is passed through as the bytes it sent (a stream
-chunk by chunk); a failure after a stream started is a last ``{"error": ...}`` event. ``open_call``,
-``answer_bytes``, ``first_event`` and ``events`` are shared with ``gateway.live.fastpath``."""
+``GET /v1/models``; each completion is a one-call workflow under the tenant's SLO, the worker's answer
+passed through as the bytes it sent (docs/live-gateway.md, "API"). Shared with ``gateway.live.fastpath``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import math
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -48,19 +45,12 @@ ROUTE = "chat"
 """The status page's label of this module's routes (chat and text completions, one call each)."""
 
 
-def served_models(gw: Gateway) -> tuple[str, ...]:
-    """The models the cluster's workers serve (workers being removed excluded), sorted."""
-    return gw.pool.served_models()
-
-
-def chat_input_tokens(body: dict[str, Any]) -> int:
-    """Estimated prompt tokens of a chat request body."""
-    return message_tokens(body["messages"])
-
-
-def completion_input_tokens(body: dict[str, Any]) -> int:
-    """Estimated prompt tokens of a completions request body: a text, token ids, or a list holding one text."""
-    prompt = body["prompt"]
+def input_tokens(body: dict[str, Any], field: str) -> int:
+    """Estimated prompt tokens of a request body's ``field``: chat messages, or a text, token ids, or a list
+    holding one text."""
+    prompt = body[field]
+    if field == "messages":
+        return message_tokens(prompt)
     if isinstance(prompt, str):
         return text_tokens(prompt)
     if isinstance(prompt[0], str):
@@ -70,28 +60,23 @@ def completion_input_tokens(body: dict[str, Any]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PassThrough:
-    """An OpenAI-compatible endpoint served as a one-call workflow: its path (the worker's too), its request
-    schema, how its prompt is counted and its default output budget."""
+    """An OpenAI-compatible endpoint served as a one-call workflow (its path is the worker's too)."""
 
     path: str
     schema: type[BaseModel]
-    input_tokens: Callable[[dict[str, Any]], int]
+    prompt_field: str
     default_output_tokens: int
 
 
-CHAT_COMPLETIONS = PassThrough(
-    "/v1/chat/completions", ChatCompletionRequest, chat_input_tokens, DEFAULT_CHAT_OUTPUT_TOKENS
-)
-COMPLETIONS = PassThrough(
-    "/v1/completions", CompletionRequest, completion_input_tokens, DEFAULT_COMPLETION_OUTPUT_TOKENS
-)
+CHAT_COMPLETIONS = PassThrough("/v1/chat/completions", ChatCompletionRequest, "messages", DEFAULT_CHAT_OUTPUT_TOKENS)
+COMPLETIONS = PassThrough("/v1/completions", CompletionRequest, "prompt", DEFAULT_COMPLETION_OUTPUT_TOKENS)
 PASS_THROUGH: dict[str, PassThrough] = {r.path: r for r in (CHAT_COMPLETIONS, COMPLETIONS)}
 """The pass-through endpoints by path."""
 
 
 def deadline_header_value(header: str | None) -> float | None:
-    """The deadline of an ``x-hexflow-deadline-s`` value that matched ``NUMBER_PATTERN`` (None: absent or
-    empty, as if not sent); 422 when it is not finite."""
+    """The deadline of an ``x-hexflow-deadline-s`` value that matched ``NUMBER_PATTERN`` (None: absent or empty);
+    422 when it is not finite."""
     if not header:
         return None
     deadline = float(header)  # the pattern admits only JSON numbers
@@ -111,23 +96,19 @@ DeadlineHeader = Annotated[
 
 @dataclass(slots=True)
 class OpenCall:
-    """A pass-through call admitted and ready to run: ``work`` (await it, or run it as a task) and, for a
-    stream, the queue the worker's events come through."""
+    """A pass-through call admitted and ready to run (``work``) and, for a stream, its events' queue."""
 
     work: Coroutine[Any, Any, WorkflowOutcome[CallResult]]
     stream: asyncio.Queue[bytes | None] | None
 
 
 def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, deadline_s: float | None) -> OpenCall:
-    """Check a validated request against the cluster and the limits, admit it, and make its one-call workflow.
-
-    Raises ``NotFound``, ``Unprocessable`` or ``Rejected``. The body sent on is the client's, unknown
-    fields as they are; a null in a known field means "the default" and is left out; ``model`` and
-    ``priority`` are the gateway's."""
+    """Check a validated request against the cluster and the limits, admit it, and make its one-call workflow
+    (the client's body sent on, a null known field left out; ``model`` and ``priority`` the gateway's)."""
     known = type(req).model_fields
     body = {k: v for k, v in req.model_dump(exclude_unset=True).items() if v is not None or k not in known}
     model = body.get("model")
-    served = served_models(gw)
+    served = gw.pool.served_models()
     if model is not None and served and model not in served:
         raise NotFound(f"the model {model!r} does not exist; served: {', '.join(served)}", param="model")
     limit = gw.cfg.limits.max_tokens
@@ -137,9 +118,9 @@ def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, d
             raise Unprocessable(f"{name}: {value} exceeds the limit of {limit}", param=name)
     mt = body.get("max_completion_tokens") or body.get("max_tokens")
     deadline = deadline_or_raise(gw, tenant, deadline_s)
-    n_in = route.input_tokens(body)
+    what = route.prompt_field
+    n_in = input_tokens(body, what)
     if n_in > limit:
-        what = "messages" if route is CHAT_COMPLETIONS else "prompt"
         raise Unprocessable(f"{what}: about {n_in} tokens exceed the limit of {limit}", param=what)
     fwd = {k: v for k, v in body.items() if k not in ("model", "priority")}
     queue: asyncio.Queue[bytes | None] | None = (
@@ -155,8 +136,7 @@ def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, d
 
 
 def answer_bytes(out: WorkflowOutcome[CallResult]) -> bytes:
-    """The worker's answer to a finished pass-through call, as the bytes it sent (``UpstreamError`` for a
-    failed call: the worker's own error answer where it gave one)."""
+    """The worker's answer to a finished pass-through call as the bytes it sent (``UpstreamError`` if failed)."""
     if out.error is not None:
         raise UpstreamError.answer(out.error)
     result = out.calls[0].answer
@@ -168,8 +148,8 @@ def answer_bytes(out: WorkflowOutcome[CallResult]) -> bytes:
 async def first_event(
     run: asyncio.Task[WorkflowOutcome[CallResult]], queue: asyncio.Queue[bytes | None]
 ) -> bytes | None:
-    """The stream's first chunk, or None when the call ended without one. An earlier error is raised
-    (``UpstreamError``); cancelled, the call is cancelled too and waited for."""
+    """The stream's first chunk, or None when the call ended without one (``UpstreamError`` when it failed);
+    cancelled, the call is cancelled too and waited for."""
     first = asyncio.ensure_future(queue.get())
     try:
         done, _ = await asyncio.wait({first, run}, return_when=asyncio.FIRST_COMPLETED)
@@ -191,8 +171,7 @@ async def events(
     run: asyncio.Task[WorkflowOutcome[CallResult]], queue: asyncio.Queue[bytes | None], head: bytes | None
 ) -> AsyncGenerator[bytes]:
     """The worker's stream as it comes (``head`` first), then an ``{"error": ...}`` event when the call failed
-    after the stream started (the status line is sent: the error can only be the stream's last event).
-    Leaving the iteration early (client gone) cancels the call."""
+    after it started; leaving early (client gone) cancels the call."""
     try:
         if head is not None:
             yield head
@@ -276,12 +255,11 @@ async def _serve(
     gw = gw_of(request)
     call = open_call(gw, tenant, route, req, deadline_header_value(deadline_header))
     if call.stream is None:
-        out = await until_disconnect(request, call.work)  # a client that leaves cancels the call
+        out = await until_disconnect(request.receive, call.work)  # a client that leaves cancels the call
         return Response(answer_bytes(out), media_type="application/json")
     run = asyncio.create_task(call.work)
-    # Until the first event the client's connection is watched here (the call may wait in a queue), after
-    # it by the streaming response: a client that leaves at any point cancels the call.
-    head = await until_disconnect(request, first_event(run, call.stream))
+    # Until the first event the client is watched here, after it by the streaming response.
+    head = await until_disconnect(request.receive, first_event(run, call.stream))
     return StreamingResponse(events(run, call.stream, head), media_type=EVENT_STREAM)
 
 
@@ -291,5 +269,5 @@ async def models(request: Request, tenant: TenantDep) -> dict[str, Any]:
     gw = gw_of(request)
     return {
         "object": "list",
-        "data": [{"id": m, "object": "model", "created": 0, "owned_by": "hexflow"} for m in served_models(gw)],
+        "data": [{"id": m, "object": "model", "created": 0, "owned_by": "hexflow"} for m in gw.pool.served_models()],
     }

@@ -1,9 +1,6 @@
-"""``POST /v1/text2sql``: a question in, the chosen SQL and its result out, within the tenant's deadline.
-
-Errors, streaming events and admission: docs/text2sql.md. The route admits the question with its plan
-(``Text2SqlPipeline.plan``), which also sets the stage budgets, the overload re-check, shedding and
-degradation. It owns a ``Text2SqlService`` (``install_text2sql`` puts it on ``app.state.text2sql`` and
-closes it once the gateway has stopped); calls run through ``GatewayStageRunner``."""
+"""``POST /v1/text2sql``: a question in, the chosen SQL and its result out, within the tenant's deadline
+(docs/text2sql.md). The route admits the question with its plan and owns a ``Text2SqlService``
+(``install_text2sql``); calls run through ``GatewayStageRunner``."""
 
 from __future__ import annotations
 
@@ -90,17 +87,7 @@ def _responses() -> dict[int | str, dict[str, Any]]:
     """A failed stage answers 502/503/504 with the result's body (``status: failed``, ``failed_stage``);
     the gateway's own refusals with an ``ErrorResponse``."""
     out = route_responses(
-        200,
-        400,
-        401,
-        404,
-        413,
-        415,
-        422,
-        429,
-        502,
-        503,
-        504,
+        *(200, 400, 401, 404, 413, 415, 422, 429, 502, 503, 504),
         ok={
             "model": Text2SqlResponse,
             "description": "The answer (``status``: ok, no_valid_sql, deadline_exceeded); with ``stream: true``, "

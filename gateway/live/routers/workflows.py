@@ -1,10 +1,6 @@
-"""``POST /v1/workflows``: a DAG of LLM calls under the tenant's deadline (``WorkflowRequest``); errors:
-docs/live-gateway.md ("API").
-
-In benchmark mode a call may give ``prompt_tokens`` (``BENCHMARK_FIELDS``): a synthetic token-id prompt
-(``synthetic_prompt``) of its ``shared_prefix`` segments, each derived from its name (scope ``global``)
-or its name and the workflow id (``workflow``), then filler of its own, so calls naming the same segments
-send the same leading tokens. Off benchmark mode they are refused (422) and left out of the OpenAPI document."""
+"""``POST /v1/workflows``: a DAG of LLM calls under the tenant's deadline (docs/live-gateway.md, "API"). In
+benchmark mode a call may give ``prompt_tokens`` (``BENCHMARK_FIELDS``): a synthetic token-id prompt of its
+``shared_prefix`` segments, then filler of its own; off benchmark mode they are refused (422)."""
 
 from __future__ import annotations
 
@@ -28,7 +24,7 @@ from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_o
 from gateway.live.idempotency import OPENAPI_PARAMETER
 from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
-from gateway.live.runner import CallRequest
+from gateway.live.runner import CallRequest, new_workflow_id
 from gateway.live.schemas import (
     CallReport,
     SharedPrefixSegment,
@@ -104,10 +100,8 @@ def synthetic_prompt(n: int, salt: int, prefix: Sequence[tuple[int, int]] = ()) 
 
 
 def _call_request(c: WorkflowCall, salt: int, workflow_id: str) -> tuple[CallRequest, int, int]:
-    """The worker request for a workflow call, with the (input, output) tokens the scheduler assumes.
-
-    ``salt``: the call's own (its synthetic filler); ``workflow_id``: keys its ``workflow``-scope segments.
-    """
+    """The worker request for a workflow call, with the (input, output) tokens the scheduler assumes (``salt``:
+    its synthetic filler's; ``workflow_id``: keys its ``workflow``-scope segments)."""
     body: dict[str, Any] = {"max_tokens": c.max_tokens}
     if c.min_tokens:
         body["min_tokens"] = c.min_tokens
@@ -216,7 +210,7 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
             f"calls: {len(req.calls)} calls exceed the limit of {lim.max_calls_per_workflow}", param="calls"
         )
     deadline = deadline_or_raise(gw, tenant, req.deadline_s)
-    wf_id = gw.new_workflow_id()
+    wf_id = new_workflow_id()
     WORKFLOW_ID.set(wf_id)  # this request's context (its log lines)
     salt = _key("salt", wf_id)
     nodes: list[DagNode] = []
