@@ -3,116 +3,45 @@
 from __future__ import annotations
 
 import argparse
-import json
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.bench.stats import table
 from gateway.cli.common import (
+    CLUSTER,
+    JSON,
+    LOG_DIR,
+    NO_PREFIX_CACHING,
+    PLOT,
+    POLICY_LIST,
+    QUIET,
+    SEED,
+    SLO_SCALE,
+    TIME_SCALE,
+    TRACE,
+    WORKFLOWS,
+    Command,
+    Opt,
     UsageError,
-    add_cluster_arg,
-    add_output_args,
-    add_prefix_caching_arg,
+    flag,
     int_arg,
     load_workers,
+    opt,
+    usage_errors,
     workload_queries,
+    write_json,
+    write_with,
 )
 
 if TYPE_CHECKING:
     from gateway.bench.burst import BurstReport
-    from gateway.cli.common import Subparsers
     from gateway.core.worker import WorkerInfo
+
+__all__ = ["BURST", "format_burst"]
 
 DEFAULT_PATTERNS = "azure-code,azure-conv,mooncake,burstgpt,servegen"
 DEFAULT_LOADS = "0.3,0.45,0.6"
-
-
-def add_bench_burst(sub: Subparsers) -> None:
-    """``hexflow bench burst``."""
-    from gateway.bench.burst import PATTERNS
-    from gateway.core.policy import policies_with_role
-
-    ours = policies_with_role("ours")
-
-    p = sub.add_parser(
-        "burst",
-        help="goodput of correct answers under recorded bursty arrivals, with and without degradation",
-        description="Replays recorded arrival patterns (from ../shared/data) rescaled to shares of the fluid "
-        "bound, with the trace's CHESS workflows; per policy: SLO attainment, goodput of correct answers "
-        "within the deadline, accuracy and the share of degraded workflows. hexgen+adaptive degrades "
-        "(tenant quality: adaptive); ratios are against the best baseline without degradation.",
-    )
-    p.add_argument(
-        "--trace",
-        default="trace1",
-        help="the CHESS workflows: trace name under ../shared/data/hexgen-traces, trace file, or chess-bird "
-        "(default: trace1)",
-    )
-    add_cluster_arg(p, "cluster file or name under config/clusters (default: paper-4gpu)")
-    p.add_argument(
-        "--slo-scale",
-        type=float,
-        default=3.0,
-        help="SLO = this x the cluster-mean single-request latency of the standard workflow (default: 3)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="first seed (default: 0)")
-    p.add_argument("--workflows", type=int, default=1000, help="workflows per run (default: 1000)")
-    add_prefix_caching_arg(p)
-    p.add_argument(
-        "--patterns",
-        default=DEFAULT_PATTERNS,
-        help=f"comma-separated arrival patterns: {', '.join(PATTERNS)}, poisson, or trace file paths "
-        f"(default: {DEFAULT_PATTERNS})",
-    )
-    p.add_argument("--loads", default=DEFAULT_LOADS, help=f"shares of the fluid bound (default: {DEFAULT_LOADS})")
-    p.add_argument(
-        "--policies",
-        default=",".join([*policies_with_role("baseline"), *ours, *(f"{p}+adaptive" for p in ours)]),
-        help="comma-separated policies, each optionally +adaptive or +fast (default: every baseline, hexgen, "
-        "hexgen+adaptive)",
-    )
-    p.add_argument("--seeds", default="3", help="seeds per point (default: 3)")
-    p.add_argument("--quality", default=None, help="quality model file (default: the packaged quality.yaml)")
-    p.add_argument("--steady", action="store_true", help="also run each load with Poisson arrivals")
-    add_output_args(p, "write every point as JSON here")
-    p.add_argument("--plot", default=None, help="write a PNG: goodput per pattern against load, and a timeline")
-    p.add_argument(
-        "--timeline",
-        default=None,
-        help="PATTERN:LOAD for the plot's timeline (default: the first pattern at the middle load)",
-    )
-    _add_live_options(p)
-    add_output_args(p, quiet="no progress bar")
-    p.set_defaults(func=cmd_bench_burst)
-
-
-def _add_live_options(p: argparse.ArgumentParser) -> None:
-    """``--live`` and the options that go with it."""
-    p.add_argument(
-        "--live",
-        action="store_true",
-        help="run the demo questions live (the gateway's Text-to-SQL pipeline on an emulated cluster answering "
-        "from the demo script) beside the simulator's prediction of the same run; the first of --patterns "
-        "and of --loads; --slo-scale is then in units of a demo question's latency",
-    )
-    p.add_argument(
-        "--time-scale",
-        type=float,
-        default=0.5,
-        help="with --live: wall seconds per modelled second of the emulated GPUs (default: 0.5)",
-    )
-    p.add_argument(
-        "--dump",
-        default=None,
-        help="with --live: write every question side by side (simulated and live: latency, knobs, each "
-        "degradation decision, each call's times) as JSON here",
-    )
-    p.add_argument("--log-dir", default=None, help="with --live: keep each run's configs and subprocess logs here")
-    p.add_argument(
-        "--simulate-only",
-        action="store_true",
-        help="with --live: only the simulator's prediction of the live run (seconds instead of the arrival span)",
-    )
 
 
 def _floats(name: str, text: str) -> list[float]:
@@ -139,15 +68,11 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
 
     seeds = int_arg("--seeds", str(args.seeds), minimum=1)
     workflows = int_arg("--workflows", str(args.workflows), minimum=2)
-    if not args.slo_scale > 0:
-        raise UsageError(f"--slo-scale: must be positive, got {args.slo_scale}")
     loads = _floats("--loads", args.loads)
     variants = [v.strip() for v in args.policies.split(",") if v.strip()]
-    for v in variants:
-        try:
+    with usage_errors("--policies: "):
+        for v in variants:
             parse_variant(v)
-        except ValueError as exc:
-            raise UsageError(f"--policies: {exc}") from None
     names = [n.strip() for n in args.patterns.split(",") if n.strip()]
     if args.steady and "poisson" not in names:
         names.append("poisson")
@@ -175,7 +100,7 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
         report = run_burst(base, patterns, loads, variants, quality, progress=bar.update, cluster=args.cluster)
     print(format_burst(report))
     if args.json:
-        _write(args.json, report.to_json())
+        write_json(args.json, report.to_json(), indent=1, end="", allow_nan=True)
     if args.plot:
         tl_name, tl_load = names[0], loads[len(loads) // 2]
         if args.timeline:
@@ -193,8 +118,7 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
             f"{trace} on {args.cluster}, SLO {args.slo_scale:g}x, {workflows} workflows x {seeds} seeds; "
             f"timeline: {tl_name} at {tl_load:g} x the fluid bound, seed {args.seed}"
         )
-        plot_burst(report, tl, Path(args.plot), title=title)
-        print(f"wrote {args.plot}")
+        write_with(args.plot, partial(plot_burst, report, tl, title=title))
     return 0
 
 
@@ -209,9 +133,6 @@ def _live(
 ) -> int:
     """``--live``: the demo questions live beside the simulator (``gateway.bench.burst_live``)."""
     from gateway.bench.burst_live import demo_quality, format_live_report, live_setup, run_live_burst
-
-    if not args.time_scale > 0:
-        raise UsageError(f"--time-scale: must be positive, got {args.time_scale}")
 
     def say(msg: str) -> None:
         if not args.quiet:
@@ -236,17 +157,10 @@ def _live(
     )
     print(format_live_report(report))
     if args.dump:
-        _write(args.dump, dump, indent=None)
+        write_json(args.dump, dump, indent=None, end="", allow_nan=True)
     if args.json:
-        _write(args.json, report.to_json())
+        write_json(args.json, report.to_json(), indent=1, end="", allow_nan=True)
     return 0
-
-
-def _write(path: str, doc: Any, indent: int | None = 1) -> None:
-    """Write ``doc`` as JSON to ``path`` (parents created) and say so."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=indent), encoding="utf-8")
-    print(f"wrote {path}")
 
 
 def format_burst(report: BurstReport) -> str:
@@ -282,3 +196,78 @@ def format_burst(report: BurstReport) -> str:
             table(["policy", "slo_attain", "good_share", "good_qps", "accuracy", "degraded", "vs best baseline"], rows)
         )
     return "\n".join(lines)
+
+
+def _burst_opts() -> tuple[Opt, ...]:
+    from gateway.bench.burst import PATTERNS
+    from gateway.core.policy import policies_with_role
+
+    ours = policies_with_role("ours")
+    policies = [*policies_with_role("baseline"), *ours, *(f"{p}+adaptive" for p in ours)]
+    return (
+        TRACE(
+            "the CHESS workflows: trace name under ../shared/data/hexgen-traces, trace file, or chess-bird",
+            default="trace1",
+        ),
+        CLUSTER,
+        SLO_SCALE("SLO = this x the cluster-mean single-request latency of the standard workflow", default=3.0),
+        SEED("first seed", type=int),
+        WORKFLOWS("workflows per run", type=int, default=1000),
+        NO_PREFIX_CACHING,
+        opt(
+            "--patterns",
+            str,
+            DEFAULT_PATTERNS,
+            f"comma-separated arrival patterns: {', '.join(PATTERNS)}, poisson, or trace file paths (default: "
+            f"{DEFAULT_PATTERNS})",
+        ),
+        opt("--loads", str, DEFAULT_LOADS, "shares of the fluid bound"),
+        POLICY_LIST(
+            "comma-separated policies, each optionally +adaptive or +fast (default: every baseline, hexgen, "
+            "hexgen+adaptive)",
+            default=",".join(policies),
+        ),
+        opt("--seeds", str, "3", "seeds per point"),
+        opt("--quality", str, None, "quality model file (default: the packaged quality.yaml)"),
+        flag("--steady", "also run each load with Poisson arrivals"),
+        JSON("write every point as JSON here"),
+        PLOT("write a PNG: goodput per pattern against load, and a timeline"),
+        opt(
+            "--timeline",
+            str,
+            None,
+            "PATTERN:LOAD for the plot's timeline (default: the first pattern at the middle load)",
+        ),
+        flag(
+            "--live",
+            "run the demo questions live (the gateway's Text-to-SQL pipeline on an emulated cluster answering from "
+            "the demo script) beside the simulator's prediction of the same run; the first of --patterns and of "
+            "--loads; --slo-scale is then in units of a demo question's latency",
+        ),
+        TIME_SCALE("with --live: wall seconds per modelled second of the emulated GPUs", default=0.5),
+        opt(
+            "--dump",
+            str,
+            None,
+            "with --live: write every question side by side (simulated and live: latency, knobs, each degradation "
+            "decision, each call's times) as JSON here",
+        ),
+        LOG_DIR("with --live: keep each run's configs and subprocess logs here"),
+        flag(
+            "--simulate-only",
+            "with --live: only the simulator's prediction of the live run (seconds instead of the arrival span)",
+        ),
+        QUIET,
+    )
+
+
+BURST = Command(
+    "burst",
+    cmd_bench_burst,
+    "goodput of correct answers under recorded bursty arrivals, with and without degradation",
+    "Replays recorded arrival patterns (from ../shared/data) rescaled to shares of the fluid bound, with the "
+    "trace's CHESS workflows; per policy: SLO attainment, goodput of correct answers within the deadline, accuracy "
+    "and the share of degraded workflows. hexgen+adaptive degrades (tenant quality: adaptive); ratios are against "
+    "the best baseline without degradation.",
+    _burst_opts,
+)

@@ -6,46 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway.cli.common import Subparsers, UsageError
+from gateway.cli.common import Command, UsageError, opt
 
-__all__ = ["add_config_reference", "add_tenants"]
-
-
-def add_config_reference(sub: Subparsers) -> None:
-    """``hexflow config-reference``."""
-    p = sub.add_parser(
-        "config-reference",
-        help="print the configuration reference (docs/configuration.md)",
-        description="Print the reference of every configuration key (gateway.yaml, tenants.yaml, databases, "
-        "cluster files, gpus.yaml), generated from the models that validate them: docs/configuration.md is "
-        "this output.",
-    )
-    p.set_defaults(func=cmd_config_reference)
-
-
-def add_tenants(sub: Subparsers) -> None:
-    """``hexflow tenants hash-key``."""
-    p = sub.add_parser(
-        "tenants",
-        help="tenant helpers (hash an API key for config/tenants.yaml)",
-        description="Helpers for the tenants file (config/tenants.yaml), which stores API keys only as hashes.",
-    )
-    tsub = p.add_subparsers(dest="tenants_command", required=True)
-    q = tsub.add_parser(
-        "hash-key",
-        help="print the SHA-256 hash of an API key (what tenants.yaml stores)",
-        description="Print the SHA-256 digest of an API key: what a tenant's api_key_sha256 (tenants.yaml) and "
-        "admin.api_key_sha256 (gateway.yaml) hold. To keep the key out of the shell's history, leave it out (or "
-        "give -): it is asked for twice without echo on a terminal, else read from the first line of standard "
-        "input (hexflow tenants hash-key < key.txt).",
-    )
-    q.add_argument(
-        "key",
-        nargs="?",
-        default=None,
-        help="the API key; leave it out, or give -, to type it without echo or pipe it on standard input",
-    )
-    q.set_defaults(func=cmd_hash_key)
+__all__ = ["CONFIG_REFERENCE", "TENANTS"]
 
 
 def cmd_config_reference(args: argparse.Namespace) -> int:
@@ -80,3 +43,37 @@ def _secret_key() -> str:
     if key and getpass.getpass("the same key again: ").strip() != key:
         raise UsageError("the two keys typed differ; nothing printed")
     return key
+
+
+CONFIG_REFERENCE = Command(
+    "config-reference",
+    cmd_config_reference,
+    "print the configuration reference (docs/configuration.md)",
+    "Print the reference of every configuration key (gateway.yaml, tenants.yaml, databases, cluster files, "
+    "gpus.yaml), generated from the models that validate them: docs/configuration.md is this output.",
+)
+HASH_KEY = Command(
+    "hash-key",
+    cmd_hash_key,
+    "print the SHA-256 hash of an API key (what tenants.yaml stores)",
+    "Print the SHA-256 digest of an API key: what a tenant's api_key_sha256 (tenants.yaml) and "
+    "admin.api_key_sha256 (gateway.yaml) hold. To keep the key out of the shell's history, leave it out (or give "
+    "-): it is asked for twice without echo on a terminal, else read from the first line of standard input "
+    "(hexflow tenants hash-key < key.txt).",
+    (
+        opt(
+            "key",
+            str,
+            None,
+            "the API key; leave it out, or give -, to type it without echo or pipe it on standard input",
+            nargs="?",
+        ),
+    ),
+)
+TENANTS = Command(
+    "tenants",
+    None,
+    "tenant helpers (hash an API key for config/tenants.yaml)",
+    "Helpers for the tenants file (config/tenants.yaml), which stores API keys only as hashes.",
+    subs=(HASH_KEY,),
+)

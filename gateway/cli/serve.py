@@ -8,10 +8,10 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from gateway.argtypes import port, positive_float
-from gateway.cli.common import Subparsers, UsageError
+from gateway.argtypes import port
+from gateway.cli.common import TIME_SCALE, Command, UsageError, flag, opt
 
-__all__ = ["HANDED_OVER", "add_discover", "add_emulate", "add_emulate_cluster", "add_serve"]
+__all__ = ["DISCOVER", "EMULATE", "EMULATE_CLUSTER", "HANDED_OVER", "SERVE"]
 
 
 def _emulate(argv: Sequence[str]) -> int:
@@ -28,78 +28,13 @@ def _emulate_cluster(argv: Sequence[str]) -> int:
 
 HANDED_OVER: dict[str, Callable[[Sequence[str]], int]] = {"emulate": _emulate, "emulate-cluster": _emulate_cluster}
 """Commands that parse their own arguments: ``hexflow NAME ARGS`` runs ``HANDED_OVER[NAME](ARGS)``."""
-
-
-def add_emulate(sub: Subparsers) -> None:
-    """``hexflow emulate`` (listed in the help only; ``main`` hands it over before parsing)."""
-    sub.add_parser("emulate", help="run an emulated vLLM worker (see `hexflow emulate --help`)", add_help=False)
-
-
-def add_emulate_cluster(sub: Subparsers) -> None:
-    """``hexflow emulate-cluster`` (listed in the help only; ``main`` hands it over before parsing)."""
-    sub.add_parser(
-        "emulate-cluster",
-        help="run every worker of a cluster as emulated workers (see `hexflow emulate-cluster --help`)",
-        add_help=False,
-    )
-
-
-def add_serve(sub: Subparsers) -> None:
-    """``hexflow serve``."""
-    p = sub.add_parser(
-        "serve",
-        help="run the live gateway (FastAPI) in front of vLLM workers",
-        description="Run the live gateway in front of the workers of --config (its cluster, or the pods its "
-        "Kubernetes discovery selects) on listen.host:listen.port, with the tenants of its tenants_file (re-read on "
-        "change). SIGTERM or SIGINT drains in-flight workflows for shutdown_grace_s, then exits 0. A bad config "
-        "or a port in use stops it before it serves, with one line and exit status 2.",
-    )
-    p.add_argument("--config", default="config/gateway.yaml", help="gateway.yaml (workers, policy, limits, tenants)")
-    p.add_argument("--host", default=None, help="bind address (default: the config's listen.host)")
-    p.add_argument("--port", type=port, default=None, help="port (default: the config's listen.port)")
-    p.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="least severe log level"
-    )
-    p.add_argument(
-        "--log-format",
-        default=None,
-        choices=["text", "json"],
-        help="log lines as text or JSON (one object per line, with request_id and workflow_id) "
-        "(default: $HEXFLOW_LOG_FORMAT, else the config's log_format, else text)",
-    )
-    p.add_argument(
-        "--time-scale",
-        type=positive_float,
-        default=None,
-        help="override the config's time_scale (emulated workers' --time-scale)",
-    )
-    p.add_argument(
-        "--demo",
-        action="store_true",
-        help="serve the demo database (demo_retail, written to a temporary folder) on /v1/text2sql, in place of "
-        "the config's databases_file; pair with hexflow emulate-cluster --demo",
-    )
-    p.add_argument(
-        "--benchmark",
-        action="store_true",
-        help="benchmark mode whatever the config says: /v1/workflows takes synthetic prompts of exact sizes "
-        "(prompt_tokens, shared_prefix, ignore_eos; what hexflow replay sends) and ablation policies run",
-    )
-    p.set_defaults(func=cmd_serve)
-
-
-def add_discover(sub: Subparsers) -> None:
-    """``hexflow discover``."""
-    p = sub.add_parser(
-        "discover",
-        help="list the worker pods the gateway's Kubernetes discovery selects, and what it makes of each",
-        description="Ask the Kubernetes API for the pods that --config's discovery.kubernetes section selects, and "
-        "print each pod's state as the gateway would see it (its URL, GPU, model, profile and capacity, or the "
-        "problem that keeps it out); exit 1 when the API fails.",
-    )
-    p.add_argument("--config", default="config/gateway.yaml", help="gateway.yaml with a discovery.kubernetes section")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=cmd_discover)
+EMULATE = Command("emulate", None, "run an emulated vLLM worker (see `hexflow emulate --help`)", None)
+EMULATE_CLUSTER = Command(
+    "emulate-cluster",
+    None,
+    "run every worker of a cluster as emulated workers (see `hexflow emulate-cluster --help`)",
+    None,
+)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -177,3 +112,52 @@ def cmd_discover(args: argparse.Namespace) -> int:
             what = "no IP yet"
         print(f"  {r['pod']:<32} {r['state']:<8} {what}")
     return 0
+
+
+CONFIG = opt("--config", str, "config/gateway.yaml", "gateway.yaml (workers, policy, limits, tenants)")
+SERVE = Command(
+    "serve",
+    cmd_serve,
+    "run the live gateway (FastAPI) in front of vLLM workers",
+    "Run the live gateway in front of the workers of --config (its cluster, or the pods its Kubernetes discovery "
+    "selects) on listen.host:listen.port, with the tenants of its tenants_file (re-read on change). SIGTERM or "
+    "SIGINT drains in-flight workflows for shutdown_grace_s, then exits 0. A bad config or a port in use stops it "
+    "before it serves, with one line and exit status 2.",
+    (
+        CONFIG,
+        opt("--host", str, None, "bind address (default: the config's listen.host)"),
+        opt("--port", port, None, "port (default: the config's listen.port)"),
+        opt("--log-level", str, "info", "least severe log level", choices=["debug", "info", "warning", "error"]),
+        opt(
+            "--log-format",
+            str,
+            None,
+            "log lines as text or JSON (one object per line, with request_id and workflow_id) (default: "
+            "$HEXFLOW_LOG_FORMAT, else the config's log_format, else text)",
+            choices=["text", "json"],
+        ),
+        TIME_SCALE("override the config's time_scale (emulated workers' --time-scale)", default=None),
+        flag(
+            "--demo",
+            "serve the demo database (demo_retail, written to a temporary folder) on /v1/text2sql, in place of the "
+            "config's databases_file; pair with hexflow emulate-cluster --demo",
+        ),
+        flag(
+            "--benchmark",
+            "benchmark mode whatever the config says: /v1/workflows takes synthetic prompts of exact sizes "
+            "(prompt_tokens, shared_prefix, ignore_eos; what hexflow replay sends) and ablation policies run",
+        ),
+    ),
+)
+DISCOVER = Command(
+    "discover",
+    cmd_discover,
+    "list the worker pods the gateway's Kubernetes discovery selects, and what it makes of each",
+    "Ask the Kubernetes API for the pods that --config's discovery.kubernetes section selects, and print each pod's "
+    "state as the gateway would see it (its URL, GPU, model, profile and capacity, or the problem that keeps it "
+    "out); exit 1 when the API fails.",
+    (
+        CONFIG("gateway.yaml with a discovery.kubernetes section"),
+        flag("--json", "print JSON instead of a table"),
+    ),
+)

@@ -4,62 +4,43 @@ bench tuner`` (the background tuner against the best fixed alpha in hindsight, `
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from pathlib import Path
 
-from gateway.argtypes import fractions, nonneg_int, positive_float, positive_int
+from gateway.argtypes import fractions, positive_int
 from gateway.bench.stats import fmt, table
 from gateway.cli.common import (
-    Subparsers,
+    CLUSTER,
+    JOBS,
+    JSON,
+    POLICY,
+    QUIET,
+    RATE,
+    SEED,
+    SLO_SCALE,
+    Command,
+    Opt,
     UsageError,
-    add_cluster_arg,
-    add_output_args,
-    add_workload_args,
+    as_null,
+    flag,
     int_arg,
     load_workers,
+    opt,
     positive_float_arg,
     setup_from_args,
     show,
+    usage_errors,
+    workload_opts,
+    write_json,
 )
 from gateway.core.policy import get_policy
 
-__all__ = ["add_bench_tuner", "add_tune", "cmd_bench_tuner", "cmd_tune"]
+__all__ = ["BENCH_TUNER", "TUNE", "cmd_bench_tuner", "cmd_tune"]
 
 WARMUP = 500
 """Workflows before the measured ones (default): the largest default window fills first."""
 MEASURED = 1500
 """Workflows measured per run (default)."""
-
-
-def add_bench_tuner(sub: Subparsers) -> None:
-    """``hexflow bench tuner``."""
-    from gateway.bench.tuner import LOAD, TRACES, WINDOWS
-
-    p = sub.add_parser(
-        "tuner",
-        help="the alpha tuner as the live gateway runs it, against the best fixed alpha in hindsight",
-        description="Per trace: the best fixed alpha in hindsight over a long run near capacity, the tuner run "
-        "as live (trailing window of N workflows, re-tuned every K) for several window sizes, and the wall "
-        "time of one re-tune. Missing traces fall back to the built-in chess-bird workload.",
-    )
-    p.add_argument("--traces", default=",".join(TRACES), help="comma-separated trace names or files")
-    p.add_argument("--trace-dir", default=None, help="where trace names are looked up (default ../shared/data/...)")
-    add_cluster_arg(p)
-    p.add_argument("--policy", default="hexgen", help="the policy whose alpha is tuned")
-    p.add_argument("--slo-scale", type=positive_float, default=3.0, help="SLO = this x the standard workflow's latency")
-    p.add_argument("--load", default=str(LOAD), help="rate as a fraction of the policy's capacity (default alpha)")
-    p.add_argument("--windows", default=",".join(map(str, WINDOWS)), help="window sizes (workflows), comma-separated")
-    p.add_argument("--every", default=None, help="re-tune every this many finished workflows (default: the gateway's)")
-    p.add_argument("--warmup", default=str(WARMUP), help="workflows before the measured ones")
-    p.add_argument("--measured", default=str(MEASURED), help="workflows measured per run")
-    p.add_argument("--seeds", default="1", help="arrival sequences per trace (seeds 0..n-1 from --seed)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="first seed of the arrival sequences")
-    p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="runs in parallel processes")
-    add_output_args(p, quiet="no progress bar")
-    add_output_args(p, "write the report as JSON here")
-    p.set_defaults(func=cmd_bench_tuner)
 
 
 def cmd_bench_tuner(args: argparse.Namespace) -> int:
@@ -94,92 +75,53 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
         notes.append(f"note: no trace folder {folder.name}/; measured the built-in chess-bird workload instead")
         traces = [CHESS_BIRD]
     workers = load_workers(args.cluster)
+    n = warmup + measured
     setups = [
-        load_setup(
-            t,
-            cluster=workers,
-            n_workflows=warmup + measured,
-            slo_scale=args.slo_scale,
-            seed=args.seed,
-            trace_dir=trace_dir,
-        )
+        load_setup(t, cluster=workers, n_workflows=n, slo_scale=args.slo_scale, seed=args.seed, trace_dir=trace_dir)
         for t in traces
     ]
     seeds = [args.seed + i for i in range(n_seeds)]
     steps = bench_steps(len(setups), n_seeds, len(tuning.grid or ALPHA_GRID), len(windows))
-    with tqdm(total=steps, desc="bench tuner", unit="run", disable=args.quiet or None, leave=False) as bar:
-        try:
-            report = run_tuner_bench(
-                setups,
-                policy=args.policy,
-                warmup=warmup,
-                windows=windows,
-                seeds=seeds,
-                tuning=tuning,
-                load=load,
-                jobs=args.jobs,
-                progress=bar.update,
-            )
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+    with (
+        tqdm(total=steps, desc="bench tuner", unit="run", disable=args.quiet or None, leave=False) as bar,
+        usage_errors(),
+    ):
+        report = run_tuner_bench(
+            setups,
+            policy=args.policy,
+            warmup=warmup,
+            windows=windows,
+            seeds=seeds,
+            tuning=tuning,
+            load=load,
+            jobs=args.jobs,
+            progress=bar.update,
+        )
     report.notes += notes
     show(format_tuner_report(report, args.cluster), args.json, report.to_json)
     return 0
 
 
-def add_tune(sub: Subparsers) -> None:
-    """``hexflow tune``."""
-    p = sub.add_parser(
-        "tune",
-        help="tune alpha on a window of traffic by simulation",
-        description="Replay a window of workflows in the simulator once per alpha of a grid (what the gateway's "
-        "background tuner does with its recent traffic) and print each alpha's P50, P95 and SLO attainment, and "
-        "the alpha chosen.",
-    )
-    add_workload_args(p, workflows=400)
-    p.add_argument("--policy", default="hexgen", help="the policy whose alpha is tuned")
-    p.add_argument(
-        "--rate", type=positive_float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)"
-    )
-    p.add_argument(
-        "--window",
-        type=positive_int,
-        default=None,
-        help="workflows in the window: the first N of the run (default: the gateway's tuning.window_workflows)",
-    )
-    p.add_argument(
-        "--grid", type=fractions, default=None, help="alphas in [0, 1] to try, comma-separated (default 0, 0.1, ..., 1)"
-    )
-    p.add_argument("--no-smooth", action="store_true", help="pick the raw minimum P95, not the neighbourhood mean")
-    p.set_defaults(func=cmd_tune)
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune alpha on a window of traffic; print the table of all grid points."""
     from gateway.bench.simbench import fluid_bound
+    from gateway.config.operations import TuningConfig
     from gateway.sim.tune import ALPHA_GRID, tune_alpha
 
     policy = get_policy(args.policy)
     if not policy.uses_alpha:
         raise UsageError(f"--policy: {policy.name} does not use alpha")
     setup = setup_from_args(args)
-    rate = (
-        args.rate
-        if args.rate is not None
-        else round(0.6 * fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching), 4)
-    )
-    wfs = setup.workflows(rate)
-    from gateway.config.operations import TuningConfig
-
-    n = TuningConfig().window_workflows if args.window is None else args.window
-    window = wfs[:n]
-    grid = ALPHA_GRID if not args.grid else tuple(args.grid)
+    rate = args.rate
+    if rate is None:
+        rate = round(0.6 * fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching), 4)
+    window = setup.workflows(rate)[: TuningConfig().window_workflows if args.window is None else args.window]
     t0 = time.perf_counter()
     res = tune_alpha(
         setup.workers,
         policy.name,
         window,
-        grid=grid,
+        grid=ALPHA_GRID if not args.grid else tuple(args.grid),
         seed=args.seed,
         smooth=not args.no_smooth,
         prefix_caching=setup.prefix_caching,
@@ -200,19 +142,60 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(table(["alpha", "p50_s", "p95_s", "slo", "chosen"], rows))
     print(f"alpha = {res.alpha:.2f}  (tuned in {wall:.2f} s)")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "alpha": res.alpha,
-                    "rate_qps": rate,
-                    "window_workflows": len(window),
-                    "seconds": wall,
-                    "points": [{"alpha": p.alpha, **p.summary.as_dict()} for p in res.points],
-                },
-                indent=2,
-                default=lambda x: None,
-            )
-            + "\n"
-        )
+        points = [{"alpha": p.alpha, **p.summary.as_dict()} for p in res.points]
+        doc = {"alpha": res.alpha, "rate_qps": rate, "window_workflows": len(window), "seconds": wall, "points": points}
+        write_json(args.json, doc, say=False, allow_nan=True, default=as_null)
     return 0
+
+
+def _bench_tuner_opts() -> tuple[Opt, ...]:
+    from gateway.bench.tuner import LOAD, TRACES, WINDOWS
+
+    return (
+        opt("--traces", str, ",".join(TRACES), "comma-separated trace names or files"),
+        opt("--trace-dir", str, None, "where trace names are looked up (default ../shared/data/...)"),
+        CLUSTER,
+        POLICY("the policy whose alpha is tuned"),
+        SLO_SCALE(default=3.0),
+        opt("--load", str, str(LOAD), "rate as a fraction of the policy's capacity (default alpha)"),
+        opt("--windows", str, ",".join(map(str, WINDOWS)), "window sizes (workflows), comma-separated"),
+        opt("--every", str, None, "re-tune every this many finished workflows (default: the gateway's)"),
+        opt("--warmup", str, str(WARMUP), "workflows before the measured ones"),
+        opt("--measured", str, str(MEASURED), "workflows measured per run"),
+        opt("--seeds", str, "1", "arrival sequences per trace (seeds 0..n-1 from --seed)"),
+        SEED("first seed of the arrival sequences"),
+        JOBS,
+        QUIET,
+        JSON,
+    )
+
+
+BENCH_TUNER = Command(
+    "tuner",
+    cmd_bench_tuner,
+    "the alpha tuner as the live gateway runs it, against the best fixed alpha in hindsight",
+    "Per trace: the best fixed alpha in hindsight over a long run near capacity, the tuner run as live (trailing "
+    "window of N workflows, re-tuned every K) for several window sizes, and the wall time of one re-tune. Missing "
+    "traces fall back to the built-in chess-bird workload.",
+    _bench_tuner_opts,
+)
+TUNE = Command(
+    "tune",
+    cmd_tune,
+    "tune alpha on a window of traffic by simulation",
+    "Replay a window of workflows in the simulator once per alpha of a grid (what the gateway's background tuner "
+    "does with its recent traffic) and print each alpha's P50, P95 and SLO attainment, and the alpha chosen.",
+    (
+        *workload_opts(400),
+        POLICY("the policy whose alpha is tuned"),
+        RATE,
+        opt(
+            "--window",
+            positive_int,
+            None,
+            "workflows in the window: the first N of the run (default: the gateway's tuning.window_workflows)",
+        ),
+        opt("--grid", fractions, None, "alphas in [0, 1] to try, comma-separated (default 0, 0.1, ..., 1)"),
+        flag("--no-smooth", "pick the raw minimum P95, not the neighbourhood mean"),
+    ),
+)
