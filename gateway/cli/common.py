@@ -61,6 +61,11 @@ def flag(name: str, help: str) -> Opt:
     return Opt(name, {"action": "store_true", "help": help})
 
 
+def optional_path(text: str) -> Path | None:
+    """A path option's ``type``: None for an empty value."""
+    return Path(text) if text else None
+
+
 @dataclass(frozen=True)
 class Command:
     """A subcommand: ``hexflow NAME`` (or ``hexflow GROUP NAME``) runs ``func`` with its ``opts`` parsed; ``subs``
@@ -108,8 +113,9 @@ SEEDS = opt("--seeds", positive_int, 3, "seeds per point")
 REL_TOL = opt("--rel-tol", unit_open_fraction, 0.01, "relative precision of each capacity, in (0, 1)")
 JOBS = opt("--jobs", positive_int, min(2, os.cpu_count() or 1), "runs in parallel processes")
 TIME_SCALE = opt("--time-scale", positive_float, 0.05, "wall seconds per modelled second (emulated)")
-LOG_DIR = opt("--log-dir", str, None, "keep subprocess logs and configs here")
+LOG_DIR = opt("--log-dir", optional_path, None, "keep subprocess logs and configs here")
 PLOT = opt("--plot", str, None, "write a PNG of the results")
+SHARE = opt("--share", positive_float, None, "the gateway's admission.sustainable_share", dest="admission_share")
 JSON = opt("--json", str, None, "write the report as JSON here")
 QUIET = flag("--quiet", "no progress bar")
 WORKER = opt("--worker", str, None, "the worker's base URL (e.g. http://10.0.0.5:8000)", required=True)
@@ -145,7 +151,7 @@ def workload_opts(workflows: int | None, *, slo: Opt | None = None, cluster: boo
         ),
         opt(
             "--arrivals",
-            str,
+            optional_path,
             None,
             "replay the arrival pattern of a CSV with a timestamp column (Azure LLM trace format), rescaled to --rate",
         ),
@@ -153,6 +159,11 @@ def workload_opts(workflows: int | None, *, slo: Opt | None = None, cluster: boo
         hedge,
         JSON("write results as JSON here"),
     )
+
+
+def pick(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The options ``names`` as keywords, for a function whose parameters have the options' names."""
+    return {name: getattr(args, name) for name in names}
 
 
 def load_workers(cluster: str) -> list[WorkerInfo]:
@@ -185,9 +196,10 @@ def gateway_key(args: argparse.Namespace) -> str:
 @contextmanager
 def usage_errors(prefix: str = "", *also: type[Exception]) -> Iterator[None]:
     """Turn a ``ValueError`` (or one of ``also``) raised inside into a ``UsageError`` (its message after ``prefix``)."""
+    kinds: tuple[type[Exception], ...] = (ValueError, *also)
     try:
         yield
-    except (ValueError, *also) as exc:
+    except kinds as exc:
         raise UsageError(f"{prefix}{exc}") from None
 
 
@@ -276,7 +288,7 @@ def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
         seed=args.seed,
         cv=args.cv,
         tenants=tenants_arg(args.tenants),
-        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
+        arrivals_csv=args.arrivals,
         n_seeds=n_seeds,
         prefix_caching=args.prefix_caching,
         hedge=HedgeSettings() if getattr(args, "hedge", False) else None,

@@ -7,7 +7,6 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from gateway.argtypes import positive_float
@@ -23,6 +22,7 @@ from gateway.cli.common import (
     flag,
     int_arg,
     opt,
+    pick,
     show,
     tenants_arg,
     usage_errors,
@@ -101,28 +101,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         queries=queries,
         trace=trace,
         n_workflows=args.workflows,
-        seed=args.seed,
         n_seeds=seeds,
-        cv=args.cv,
         tenants=tenants_arg(args.tenants),
-        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
-        prefix_caching=args.prefix_caching,
+        arrivals_csv=args.arrivals,
+        **pick(args, "seed", "cv", "prefix_caching"),
     )
     with usage_errors():
         spec = PlanSpec(
-            model=args.model,
             gpus=tuple(gpus),
             rate_qps=args.rate,
             slo_s=slo_s,
             slo_reference=slo_ref,
-            policy=args.policy,
-            alpha=args.alpha,
             max_workers=max_workers,
-            objective=args.objective,
             budget_usd_per_hour=args.budget,
-            target=args.target,
             find_margin=not args.no_margin,
-            rel_tol=args.rel_tol,
+            **pick(args, "model", "policy", "alpha", "objective", "target", "rel_tol"),
         )
         if args.quiet:
             report = run_plan(catalog, workload, spec)

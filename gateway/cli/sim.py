@@ -9,12 +9,11 @@ import math
 import statistics
 import time
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.argtypes import positive_float, positive_floats, positive_int
+from gateway.argtypes import fractions, positive_float, positive_floats, positive_int
 from gateway.bench.stats import fmt, table
-from gateway.cli import burst, calibrate, overload, text2sql, tuner
+from gateway.cli import bench, calibrate, text2sql
 from gateway.cli.common import (
     ALPHA,
     BENCH_WORKFLOWS,
@@ -33,6 +32,7 @@ from gateway.cli.common import (
     as_null,
     flag,
     opt,
+    pick,
     policy_names,
     setup_from_args,
     workload_opts,
@@ -65,15 +65,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     rate = args.rate if args.rate is not None else round(0.6 * bound, 4)
     wfs = setup.workflows(rate)
     t0 = time.perf_counter()
-    sim = Simulator(
-        setup.workers,
-        args.policy,
-        alpha=args.alpha,
-        seed=args.seed,
-        admission=args.admission,
-        prefix_caching=setup.prefix_caching,
-        hedge=setup.hedge,
-    )
+    run_with = pick(args, "alpha", "seed", "admission")
+    sim = Simulator(setup.workers, args.policy, **run_with, prefix_caching=setup.prefix_caching, hedge=setup.hedge)
     res = sim.run(wfs)
     wall = time.perf_counter() - t0
     rows, summaries = _tenant_summaries(res, wfs)
@@ -182,8 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             rates=rates,
             fixed_alpha=args.alpha,
             find_capacity=not args.no_capacity,
-            rel_tol=args.rel_tol,
-            jobs=args.jobs,
+            **pick(args, "rel_tol", "jobs"),
             progress=bar.update,
         )
     print(format_bench_report(report, args.cluster))
@@ -299,16 +291,11 @@ def cmd_bench_live(args: argparse.Namespace) -> int:
         args.cluster,
         args.trace,
         policies,
-        time_scale=args.time_scale,
         workflows=args.workflows if args.workflows is not None else LIVE_BENCH_WORKFLOWS,
         rate_qps=rate,
-        slo_scale=args.slo_scale,
-        seed=args.seed,
-        alpha=args.alpha,
-        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
-        cv=args.cv,
+        arrivals_csv=args.arrivals,
         progress=not args.quiet,
-        log_dir=Path(args.log_dir) if args.log_dir else None,
+        **pick(args, "time_scale", "slo_scale", "seed", "alpha", "cv", "log_dir"),
     )
     print(format_live_report(report))
     write_with(args.json, report.write_json)
@@ -328,9 +315,7 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
     results = []
     for cluster in clusters:
         args.cluster = cluster
-        results += measure_speed(
-            cluster, setup_from_args(args), policies, load=args.load, repeats=repeats, rate=args.rate
-        )
+        results += measure_speed(cluster, setup_from_args(args), policies, **pick(args, "load", "repeats", "rate"))
     rows = [
         [
             r.cluster,
@@ -354,6 +339,52 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
     print(table(["cluster", "workers", "policy", "rate_qps", "calls", "wall_s", "calls/s", "calls/cpu_s"], rows))
     if args.json:
         write_json(args.json, [r.as_dict() for r in results], allow_nan=True)
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Tune alpha on a window of traffic; print the table of all grid points."""
+    from gateway.bench.simbench import fluid_bound
+    from gateway.config.operations import TuningConfig
+    from gateway.sim.tune import ALPHA_GRID, tune_alpha
+
+    policy = get_policy(args.policy)
+    if not policy.uses_alpha:
+        raise UsageError(f"--policy: {policy.name} does not use alpha")
+    setup = setup_from_args(args)
+    rate = args.rate
+    if rate is None:
+        rate = round(0.6 * fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching), 4)
+    window = setup.workflows(rate)[: TuningConfig().window_workflows if args.window is None else args.window]
+    t0 = time.perf_counter()
+    res = tune_alpha(
+        setup.workers,
+        policy.name,
+        window,
+        grid=ALPHA_GRID if not args.grid else tuple(args.grid),
+        seed=args.seed,
+        smooth=not args.no_smooth,
+        prefix_caching=setup.prefix_caching,
+    )
+    wall = time.perf_counter() - t0
+    rows = [
+        [
+            f"{p.alpha:.2f}",
+            fmt(p.summary.p50_s),
+            fmt(p.summary.p95_s),
+            f"{p.summary.slo_attainment:.3f}",
+            "<-" if p.alpha == res.alpha else "",
+        ]
+        for p in res.points
+    ]
+    span = window[-1].arrival - window[0].arrival
+    print(f"window: {len(window)} workflows over {span:.0f} s at {rate:g} qps on {args.cluster}")
+    print(table(["alpha", "p50_s", "p95_s", "slo", "chosen"], rows))
+    print(f"alpha = {res.alpha:.2f}  (tuned in {wall:.2f} s)")
+    if args.json:
+        points = [{"alpha": p.alpha, **p.summary.as_dict()} for p in res.points]
+        doc = {"alpha": res.alpha, "rate_qps": rate, "window_workflows": len(window), "seconds": wall, "points": points}
+        write_json(args.json, doc, say=False, allow_nan=True, default=as_null)
     return 0
 
 
@@ -414,15 +445,15 @@ BENCH = Command(
         LOG_DIR("--live: keep subprocess logs and configs here (default: a temporary folder)"),
     ),
     (
-        overload.OVERLOAD,
-        overload.ADMISSION,
-        tuner.BENCH_TUNER,
+        bench.OVERLOAD,
+        bench.ADMISSION,
+        bench.TUNER,
         calibrate.FIDELITY,
         calibrate.FIDELITY_VLLM,
         calibrate.OPEN_LOOP,
         calibrate.MISLABEL,
         text2sql.QUALITY,
-        burst.BURST,
+        bench.BURST,
         text2sql.REFUSALS,
     ),
 )
@@ -445,5 +476,25 @@ SIM_SPEED = Command(
             "instruction counter wants, docs/benchmarks.md)",
         ),
         opt("--repeats", positive_int, 3, "runs per point; the fastest counts"),
+    ),
+)
+TUNE = Command(
+    "tune",
+    cmd_tune,
+    "tune alpha on a window of traffic by simulation",
+    "Replay a window of workflows in the simulator once per alpha of a grid (what the gateway's background tuner "
+    "does with its recent traffic) and print each alpha's P50, P95 and SLO attainment, and the alpha chosen.",
+    (
+        *workload_opts(400),
+        POLICY("the policy whose alpha is tuned"),
+        RATE,
+        opt(
+            "--window",
+            positive_int,
+            None,
+            "workflows in the window: the first N of the run (default: the gateway's tuning.window_workflows)",
+        ),
+        opt("--grid", fractions, None, "alphas in [0, 1] to try, comma-separated (default 0, 0.1, ..., 1)"),
+        flag("--no-smooth", "pick the raw minimum P95, not the neighbourhood mean"),
     ),
 )

@@ -22,6 +22,7 @@ from gateway.cli.common import (
     gateway_key,
     int_arg,
     opt,
+    pick,
     positive_float_arg,
     show,
     write_json,
@@ -75,15 +76,8 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
         which = "with" if admission else "without"
         print(f"[{done[0]}/{total}] rate {rate:g}/s seed {seed} {which} admission", file=sys.stderr, flush=True)
 
-    points = run_refusal_bench(
-        rates,
-        questions=args.questions,
-        seeds=seeds,
-        cluster=args.cluster,
-        time_scale=args.time_scale,
-        share=args.share,
-        progress=progress,
-    )
+    names = ("questions", "cluster", "time_scale", "share")
+    points = run_refusal_bench(rates, seeds=seeds, **pick(args, *names), progress=progress)
     show(format_refusal_bench(points), args.json, lambda: {"points": [dataclasses.asdict(p) for p in points]})
     return 0
 
@@ -112,14 +106,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run the Text-to-SQL demo end to end on emulated workers."""
     from gateway.bench.demo import DEFAULT_RATE, format_legend, format_summary, run_demo
 
-    rep = run_demo(
-        args.questions,
-        cluster=args.cluster,
-        time_scale=args.time_scale,
-        seed=args.seed,
-        quiet=args.quiet,
-        rate=args.rate if args.rate is not None else DEFAULT_RATE,
-    )
+    rate = args.rate if args.rate is not None else DEFAULT_RATE
+    rep = run_demo(args.questions, **pick(args, "cluster", "time_scale", "seed", "quiet"), rate=rate)
     print()
     print(format_summary(rep))
     if not args.quiet:
