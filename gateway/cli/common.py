@@ -69,9 +69,9 @@ def optional_path(text: str) -> Path | None:
 @dataclass(frozen=True)
 class Command:
     """A subcommand: ``hexflow NAME`` (or ``hexflow GROUP NAME``) runs ``func`` with its ``opts`` parsed; ``subs``
-        are its own subcommands (needed unless it has a ``func``); ``opts`` may be a function, called when the parser is
-    built (for defaults whose import is slow). ``func`` None and no ``subs``: a command handed over
-        before parsing (listed in the help only)."""
+    are its own subcommands (required when there is no ``func``). ``opts`` may be a function, called when the
+    parser is built (for defaults whose import is slow). No ``func`` and no ``subs``: a command handed over before
+    parsing, listed in the help only."""
 
     name: str
     func: Handler | None
@@ -284,13 +284,10 @@ def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
         queries=queries,
         trace=name,
         n_workflows=args.workflows,
-        slo_scale=args.slo_scale,
-        seed=args.seed,
-        cv=args.cv,
         tenants=tenants_arg(args.tenants),
         arrivals_csv=args.arrivals,
         n_seeds=n_seeds,
-        prefix_caching=args.prefix_caching,
+        **pick(args, "slo_scale", "seed", "cv", "prefix_caching"),
         hedge=HedgeSettings() if getattr(args, "hedge", False) else None,
     )
 
