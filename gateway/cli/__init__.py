@@ -2,46 +2,46 @@
 
 Bad input stops the command with one line naming the command, the file and the field, and exit status 2,
 never a traceback; a bad number or list stops at parse time (``gateway.argtypes``). Each command group
-registers its subparsers in its own module; this one orders them for the help, checks the shared
-arguments, and turns a ``GatewayError`` or ``UsageError`` into one line."""
+declares its commands (``common.Command``) in its own module; this one orders them for the help and turns a
+``GatewayError`` or ``UsageError`` into one line."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from gateway import __version__
 from gateway.argtypes import HelpFormatter
-from gateway.cli import calibrate, config, measure, plan, serve, sim, text2sql, tuner
-from gateway.cli.common import Subparsers, UsageError
+from gateway.cli import calibrate, live, plan, sim, text2sql
+from gateway.cli.common import Command, UsageError
 from gateway.errors import DomainError, GatewayError
 
 __all__ = ["DESCRIPTION", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 EXIT_USAGE = 2
 
-_COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
-    sim.add_simulate,
-    sim.add_bench,
-    tuner.add_tune,
-    sim.add_sim_speed,
-    plan.add_plan,
-    serve.add_emulate,
-    serve.add_emulate_cluster,
-    serve.add_serve,
-    measure.add_replay,
-    measure.add_overhead,
-    calibrate.add_calibrate,
-    text2sql.add_demo,
-    text2sql.add_eval,
-    text2sql.add_databases,
-    text2sql.add_answers,
-    serve.add_discover,
-    config.add_config_reference,
-    config.add_tenants,
+_COMMANDS: tuple[Command, ...] = (
+    sim.SIMULATE,
+    sim.BENCH,
+    sim.TUNE,
+    sim.SIM_SPEED,
+    plan.PLAN,
+    live.EMULATE,
+    live.EMULATE_CLUSTER,
+    live.SERVE,
+    live.REPLAY,
+    live.OVERHEAD,
+    calibrate.CALIBRATE,
+    text2sql.DEMO,
+    text2sql.EVAL,
+    text2sql.DATABASES,
+    text2sql.ANSWERS,
+    live.DISCOVER,
+    live.CONFIG_REFERENCE,
+    live.TENANTS,
 )
-"""Every command's registration, in the order ``hexflow --help`` lists them."""
+"""Every command, in the order ``hexflow --help`` lists them."""
 
 
 DESCRIPTION = """\
@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hexflow", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"hexflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in _COMMANDS:
-        add(sub)
+    for command in _COMMANDS:
+        command.add(sub)
     for p in _walk(parser):
         p.formatter_class = HelpFormatter
         p.set_defaults(prog=p.prog)
@@ -78,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hexflow`` console script."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] and args_list[0] in serve.HANDED_OVER:
+    if args_list[:1] and args_list[0] in live.HANDED_OVER:
         # The emulated workers have their own argument sets; hand over unchanged.
-        return serve.HANDED_OVER[args_list[0]](args_list[1:])
+        return live.HANDED_OVER[args_list[0]](args_list[1:])
     parser = build_parser()
     args = parser.parse_args(args_list)  # bad values stop here, with the subcommand's usage (common.py's types)
     prog = getattr(args, "prog", "hexflow")

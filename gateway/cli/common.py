@@ -1,18 +1,22 @@
-"""What several command groups share: the usage error and the simulator commands' workload arguments (the
-``type=`` validators are ``gateway.argtypes``'s, so a bad value stops at parse time with exit status 2)."""
+"""What the command groups share: the usage error, the option table (``Opt``, ``Command``: each option declared
+once and picked by name) and the workload helpers. The ``type=`` validators are ``gateway.argtypes``'s, so a bad
+value stops at parse time with exit status 2."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from gateway.argtypes import nonneg_int, positive_float, positive_int
-from gateway.core.policy import get_policy
+from gateway.argtypes import fraction, nonneg_int, positive_float, positive_int, unit_open_fraction
+from gateway.core.policy import POLICIES, get_policy
 from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec
 
@@ -25,11 +29,141 @@ BENCH_WORKFLOWS = 1000
 """Workflows per simulated ``bench`` run (default)."""
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-"""The ``add_subparsers`` result each command module registers its commands on."""
+"""The ``add_subparsers`` result commands are registered on."""
+
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+"""What a command runs with the parsed arguments; its result is the exit status."""
 
 
 class UsageError(Exception):
     """Bad command-line input detected after parsing."""
+
+
+@dataclass(frozen=True)
+class Opt:
+    """One option: its flag and ``add_argument``'s keywords. ``OPT(help, **changes)`` is a copy with another help
+    (when given) and other keywords (``default=...``)."""
+
+    flag: str
+    kw: dict[str, Any]
+
+    def __call__(self, help: str | None = None, **changes: Any) -> Opt:
+        return Opt(self.flag, {**self.kw, **({"help": help} if help else {}), **changes})
+
+
+def opt(flag: str, type: Callable[[str], Any], default: Any, help: str, **kw: Any) -> Opt:
+    """An option taking a value (``type`` ``str``: kept as typed)."""
+    return Opt(flag, {"default": default, "help": help, **kw, **({} if type is str else {"type": type})})
+
+
+def flag(name: str, help: str) -> Opt:
+    """A switch (``store_true``)."""
+    return Opt(name, {"action": "store_true", "help": help})
+
+
+def optional_path(text: str) -> Path | None:
+    """A path option's ``type``: None for an empty value."""
+    return Path(text) if text else None
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: ``hexflow NAME`` (or ``hexflow GROUP NAME``) runs ``func`` with its ``opts`` parsed; ``subs``
+    are its own subcommands (required when there is no ``func``). ``opts`` may be a function, called when the
+    parser is built (for defaults whose import is slow). No ``func`` and no ``subs``: a command handed over before
+    parsing, listed in the help only."""
+
+    name: str
+    func: Handler | None
+    help: str
+    description: str | None
+    opts: Sequence[Opt] | Callable[[], Sequence[Opt]] = ()
+    subs: Sequence[Command] = ()
+
+    def add(self, sub: Subparsers) -> None:
+        """Register the command (and its subcommands) on ``sub``."""
+        listed_only = self.func is None and not self.subs
+        p = sub.add_parser(self.name, help=self.help, description=self.description, add_help=not listed_only)
+        for o in self.opts() if callable(self.opts) else self.opts:
+            p.add_argument(o.flag, **o.kw)
+        if self.func is not None:
+            p.set_defaults(func=self.func)
+        if self.subs:
+            group = p.add_subparsers(dest=f"{self.name}_command", required=self.func is None)
+            for c in self.subs:
+                c.add(group)
+
+
+TRACE = opt(
+    "--trace",
+    str,
+    "chess-bird",
+    "trace file, trace name (looked up in ../shared/data/hexgen-traces next to the repository, or in "
+    "$HEXFLOW_TRACE_DIR), or chess-bird (built in)",
+)
+CLUSTER = opt("--cluster", str, "paper-4gpu", "cluster file or name under config/clusters")
+SLO_SCALE = opt("--slo-scale", positive_float, 5.0, "deadline = this x the standard workflow's latency")
+SEED = opt("--seed", nonneg_int, 0, "seed of the workload and arrivals")
+WORKFLOWS = opt("--workflows", positive_int, None, "workflows per run (a trace is cycled)")
+POLICY = opt("--policy", str, "hexgen", f"one of: {', '.join(POLICIES)}")
+POLICY_LIST = opt("--policies", str, "hexgen", "comma-separated policies")
+RATE = opt("--rate", positive_float, None, "arrival rate, workflows/s (default 0.6 x fluid bound)")
+ALPHA = opt("--alpha", fraction, None, "fixed alpha (default: tuned once per policy)")
+SEEDS = opt("--seeds", positive_int, 3, "seeds per point")
+REL_TOL = opt("--rel-tol", unit_open_fraction, 0.01, "relative precision of each capacity, in (0, 1)")
+JOBS = opt("--jobs", positive_int, min(2, os.cpu_count() or 1), "runs in parallel processes")
+TIME_SCALE = opt("--time-scale", positive_float, 0.05, "wall seconds per modelled second (emulated)")
+LOG_DIR = opt("--log-dir", optional_path, None, "keep subprocess logs and configs here")
+PLOT = opt("--plot", str, None, "write a PNG of the results")
+SHARE = opt("--share", positive_float, None, "the gateway's admission.sustainable_share", dest="admission_share")
+JSON = opt("--json", str, None, "write the report as JSON here")
+QUIET = flag("--quiet", "no progress bar")
+WORKER = opt("--worker", str, None, "the worker's base URL (e.g. http://10.0.0.5:8000)", required=True)
+MODEL = opt("--model", str, None, "the served model name (and the profile's model key)", required=True)
+GATEWAY = opt("--gateway", str, "http://127.0.0.1:8080", "the gateway's base URL")
+API_KEY = opt("--api-key", str, None, "the tenant's API key (default: $HEXFLOW_API_KEY)")
+NO_PREFIX_CACHING = flag(
+    "--no-prefix-caching",
+    "engines without prefix caching (vLLM caches prompt prefixes by default; so does the simulator)",
+)(dest="prefix_caching", action="store_false")
+
+
+def workload_opts(workflows: int | None, *, slo: Opt | None = None, cluster: bool = True) -> tuple[Opt, ...]:
+    """The workload options of simulate, bench, tune, sim-speed, plan and bench admission (``setup_from_args``
+    reads them); ``slo`` replaces ``--slo-scale``, ``cluster`` False leaves out ``--cluster``."""
+    hedge = flag(
+        "--hedge",
+        "hedge a straggling critical-path call on a free worker, first answer wins (off by default: it did not "
+        "raise capacity; docs/benchmarks.md)",
+    )
+    return (
+        TRACE,
+        *([CLUSTER] if cluster else []),
+        slo or SLO_SCALE("SLO = this x the cluster-mean single-request latency of the standard workflow"),
+        SEED,
+        WORKFLOWS(default=workflows),
+        opt("--cv", positive_float, 1.0, "coefficient of variation of inter-arrivals (1: Poisson)"),
+        opt(
+            "--tenants",
+            str,
+            None,
+            "tenant mix, e.g. gold:share=0.3:slo_scale=0.6,chat:kind=chat:share=0.2:deadline_s=20",
+        ),
+        opt(
+            "--arrivals",
+            optional_path,
+            None,
+            "replay the arrival pattern of a CSV with a timestamp column (Azure LLM trace format), rescaled to --rate",
+        ),
+        NO_PREFIX_CACHING,
+        hedge,
+        JSON("write results as JSON here"),
+    )
+
+
+def pick(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The options ``names`` as keywords, for a function whose parameters have the options' names."""
+    return {name: getattr(args, name) for name in names}
 
 
 def load_workers(cluster: str) -> list[WorkerInfo]:
@@ -49,26 +183,24 @@ def policy_names(text: str) -> list[str]:
     return names
 
 
-def add_cluster_arg(p: argparse.ArgumentParser, help: str = "cluster file or name under config/clusters") -> None:
-    """``--cluster`` (default paper-4gpu) with ``help``."""
-    p.add_argument("--cluster", default="paper-4gpu", help=help)
+def gateway_key(args: argparse.Namespace) -> str:
+    """``--api-key`` (else ``$HEXFLOW_API_KEY``), stripped, after checking it and ``--gateway``."""
+    key = (args.api_key or os.environ.get("HEXFLOW_API_KEY", "")).strip()
+    if not key:
+        raise UsageError("--api-key: give the tenant's API key (or set HEXFLOW_API_KEY)")
+    if not args.gateway.startswith(("http://", "https://")):
+        raise UsageError(f"--gateway: expected a URL like http://127.0.0.1:8080, got {args.gateway!r}")
+    return key
 
 
-def add_emulation_args(p: argparse.ArgumentParser) -> None:
-    """``--cluster`` and ``--time-scale`` of the commands that start an emulated cluster for the demo."""
-    add_cluster_arg(p, "cluster file or name to emulate")
-    p.add_argument("--time-scale", type=positive_float, default=0.25, help="emulated GPUs run this much of real time")
-
-
-def add_output_args(
-    p: argparse.ArgumentParser, json: str | None = None, quiet: str | None = None, *, required: bool = False
-) -> None:
-    """``--json PATH`` (when ``json``, its help) then ``--quiet`` (when ``quiet``, its help); ``required`` makes
-    ``--json`` required."""
-    if json is not None:
-        p.add_argument("--json", required=required, help=json)
-    if quiet is not None:
-        p.add_argument("--quiet", action="store_true", help=quiet)
+@contextmanager
+def usage_errors(prefix: str = "", *also: type[Exception]) -> Iterator[None]:
+    """Turn a ``ValueError`` (or one of ``also``) raised inside into a ``UsageError`` (its message after ``prefix``)."""
+    kinds: tuple[type[Exception], ...] = (ValueError, *also)
+    try:
+        yield
+    except kinds as exc:
+        raise UsageError(f"{prefix}{exc}") from None
 
 
 def show(text: str, json_path: str | None, doc: Callable[[], Any]) -> None:
@@ -78,58 +210,33 @@ def show(text: str, json_path: str | None, doc: Callable[[], Any]) -> None:
         write_json(json_path, doc())
 
 
-def add_prefix_caching_arg(p: argparse.ArgumentParser) -> None:
-    """``--no-prefix-caching`` (``args.prefix_caching`` False)."""
-    p.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="engines without prefix caching (vLLM caches prompt prefixes by default; so does the simulator)",
-    )
+def write_json(path: str, doc: Any, *, say: bool = True, end: str = "\n", **dumps: Any) -> None:
+    """Write ``doc`` as JSON to ``path`` (parents created; by default indented by 2, strict: no NaN) and, with
+    ``say``, print that it did."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, **{"indent": 2, "allow_nan": False, **dumps}) + end, encoding="utf-8")
+    if say:
+        print(f"wrote {path}")
 
 
-def add_workload_args(
-    p: argparse.ArgumentParser, *, workflows: int, cluster: bool = True, slo_help: str | None = None
-) -> None:
-    """The workload arguments of simulate, bench, tune and plan. ``cluster`` False leaves out ``--cluster``;
-    ``slo_help`` replaces the help of ``--slo-scale``."""
-    p.add_argument(
-        "--trace",
-        default="chess-bird",
-        help="trace file, trace name (looked up in ../shared/data/hexgen-traces next to the repository, or in "
-        "$HEXFLOW_TRACE_DIR), or chess-bird (built in)",
-    )
-    if cluster:
-        add_cluster_arg(p)
-    p.add_argument(
-        "--slo-scale",
-        type=positive_float,
-        default=5.0,
-        help=slo_help or "SLO = this x the cluster-mean single-request latency of the standard workflow",
-    )
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the workload and arrivals")
-    p.add_argument("--workflows", type=positive_int, default=workflows, help="workflows per run (a trace is cycled)")
-    p.add_argument(
-        "--cv", type=positive_float, default=1.0, help="coefficient of variation of inter-arrivals (1: Poisson)"
-    )
-    p.add_argument(
-        "--tenants",
-        default=None,
-        help="tenant mix, e.g. gold:share=0.3:slo_scale=0.6,chat:kind=chat:share=0.2:deadline_s=20",
-    )
-    p.add_argument(
-        "--arrivals",
-        default=None,
-        help="replay the arrival pattern of a CSV with a timestamp column (Azure LLM trace format), rescaled to --rate",
-    )
-    add_prefix_caching_arg(p)
-    p.add_argument(
-        "--hedge",
-        action="store_true",
-        help="hedge a straggling critical-path call on a free worker, first answer wins (off by default: it did "
-        "not raise capacity; docs/benchmarks.md)",
-    )
-    add_output_args(p, "write results as JSON here")
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` (parents created) and say so."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text, encoding="utf-8")
+    print(f"wrote {path}")
+
+
+def as_null(_: object) -> None:
+    """``json.dumps``' ``default`` that writes what JSON cannot hold as null."""
+    return None
+
+
+def write_with(path: str | None, write: Callable[[Path], object]) -> None:
+    """With ``path`` (``--json``, ``--plot``), ``write`` there and say so."""
+    if path:
+        write(Path(path))
+        print(f"wrote {path}")
 
 
 def int_arg(name: str, text: str, *, minimum: int) -> int:
@@ -137,7 +244,7 @@ def int_arg(name: str, text: str, *, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise UsageError(f"{name}: expected an integer >= {minimum}, got {text!r}") from None
+        value = minimum - 1
     if value < minimum:
         raise UsageError(f"{name}: expected an integer >= {minimum}, got {text!r}")
     return value
@@ -165,45 +272,31 @@ def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[Call
     return name, queries
 
 
-def write_json(path: str, doc: Any) -> None:
-    """Write a report's JSON document to ``path`` (parents created; strict JSON: no NaN) and say so."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    print(f"wrote {path}")
-
-
 def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
-    """The benchmark scenario ``add_workload_args``' options describe (``n_seeds`` seeds from ``--seed``)."""
+    """The benchmark scenario ``workload_opts``' options describe (``n_seeds`` seeds from ``--seed``)."""
     from gateway.bench.simbench import Setup
     from gateway.sim.simulator import HedgeSettings
 
     workers = load_workers(args.cluster)
     name, queries = workload_queries(args.trace, args.workflows, args.seed)
-    tenants = tenants_arg(args.tenants)
     return Setup(
         workers=workers,
         queries=queries,
         trace=name,
         n_workflows=args.workflows,
-        slo_scale=args.slo_scale,
-        seed=args.seed,
-        cv=args.cv,
-        tenants=tenants,
-        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
+        tenants=tenants_arg(args.tenants),
+        arrivals_csv=args.arrivals,
         n_seeds=n_seeds,
-        prefix_caching=args.prefix_caching,
+        **pick(args, "slo_scale", "seed", "cv", "prefix_caching"),
         hedge=HedgeSettings() if getattr(args, "hedge", False) else None,
     )
 
 
 def tenants_arg(text: str | None) -> list[TenantSpec] | None:
-    """``--tenants`` (``add_workload_args``) parsed; None when not given."""
+    """``--tenants`` parsed; None when not given."""
     from gateway.sim.workload import parse_tenants
 
     if not text:
         return None
-    try:
+    with usage_errors("--tenants: "):
         return parse_tenants(text)
-    except ValueError as exc:
-        raise UsageError(f"--tenants: {exc}") from None

@@ -4,89 +4,41 @@ arrival rate, found on the simulator, with its margin (``gateway.bench.plan`` ha
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from gateway.argtypes import fraction, positive_float
+from gateway.argtypes import positive_float
 from gateway.bench.stats import fmt, table
 from gateway.cli.common import (
-    Subparsers,
+    ALPHA,
+    POLICY,
+    QUIET,
+    REL_TOL,
+    SLO_SCALE,
+    Command,
     UsageError,
-    add_workload_args,
+    flag,
     int_arg,
+    opt,
+    pick,
     show,
     tenants_arg,
+    usage_errors,
+    workload_opts,
     workload_queries,
 )
-from gateway.core.policy import POLICIES, get_policy
+from gateway.core.policy import get_policy
 from gateway.errors import UnknownNameError
 
 if TYPE_CHECKING:
     from gateway.bench.plan import Candidate, PlanReport
 
-__all__ = ["PLAN_WORKFLOWS", "ProgressLines", "add_plan", "format_plan_report"]
+__all__ = ["PLAN", "PLAN_WORKFLOWS", "ProgressLines", "format_plan_report"]
 
 PLAN_WORKFLOWS = 1000
 """Workflows per simulated run of ``plan`` (default)."""
-
-
-def add_plan(sub: Subparsers) -> None:
-    """``hexflow plan``."""
-    p = sub.add_parser(
-        "plan",
-        help="the cheapest mix of workers from the GPU catalogue that meets an SLO at a rate (simulated)",
-        description="Search mixes of the given GPU types (each worker one engine of the model, as config/gpus.yaml "
-        "sizes it), cheapest first; skip those whose fluid bound is below the rate; simulate the rest at the rate "
-        "until one meets the SLO on every seed. Prints that mix, its margin (its own capacity over the rate) and "
-        "the cheaper mixes that did not make it. Exit 0: found; 1: no mix within the budget or --max-workers "
-        "meets the SLO; 2: bad input.",
-    )
-    add_workload_args(
-        p,
-        workflows=PLAN_WORKFLOWS,
-        cluster=False,
-        slo_help="SLO = this x the standard workflow's lone latency on one worker of the catalogue's reference "
-        "GPU (calibration.reference_gpu; the first of --gpus when the model has no profile there); the same "
-        "deadline for every mix (default 5)",
-    )
-    p.add_argument("--rate", type=positive_float, required=True, help="arrival rate to plan for, workflows/s")
-    p.add_argument("--gpus", required=True, help="GPU types the mix may use, comma-separated (e.g. A100,L40S)")
-    p.add_argument("--model", default="llama-3.1-70b", help="served model (default llama-3.1-70b)")
-    p.add_argument("--slo-s", type=positive_float, default=None, help="SLO in seconds (overrides --slo-scale)")
-    p.add_argument(
-        "--budget",
-        type=positive_float,
-        default=None,
-        help="most USD per hour the mix may cost (worker price: the GPU's usd_per_hour x its tp); "
-        "mixes above it are not tried",
-    )
-    p.add_argument(
-        "--objective",
-        choices=("cost", "workers"),
-        default=None,
-        help="order mixes by cost (USD/h) or worker count (default: cost when every GPU has a price)",
-    )
-    p.add_argument("--max-workers", default="16", help="most workers in a mix (default 16)")
-    p.add_argument("--policy", default="hexgen", help=f"one of: {', '.join(POLICIES)} (default hexgen)")
-    p.add_argument("--alpha", type=fraction, default=None, help="WB alpha (default: the policy's)")
-    p.add_argument("--seeds", default="3", help="seeds per mix; a mix must meet the SLO on every one (default 3)")
-    p.add_argument("--target", type=positive_float, default=0.95, help="SLO attainment a mix must reach (default 0.95)")
-    p.add_argument(
-        "--rel-tol", type=positive_float, default=0.01, help="relative precision of the margin (default 0.01)"
-    )
-    p.add_argument("--no-margin", action="store_true", help="skip the answer's capacity search")
-    p.add_argument("--show", default="5", help="cheaper mixes listed before the answer (default 5)")
-    p.add_argument("--catalog", default=None, help="GPU catalogue file (default: the packaged config/gpus.yaml)")
-    p.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no progress on stderr (a bar on a terminal, else a line per step and every few seconds)",
-    )
-    p.set_defaults(func=cmd_plan)
 
 
 class ProgressLines:
@@ -118,11 +70,6 @@ class ProgressLines:
         print(f"... {now - self.t0:.0f} s, {runs} done: {self.step}", file=self.stream, flush=True)
 
 
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and not (value > 0 and math.isfinite(value)):
-        raise UsageError(f"{name}: must be a positive number, got {value}")
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     """Run the plan; print the table; write ``--json``; exit 1 when no mix meets the SLO."""
     from tqdm import tqdm
@@ -133,13 +80,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     if not gpus:
         raise UsageError("--gpus: give at least one GPU type, e.g. --gpus A100,L40S")
-    _positive("--rate", args.rate)
-    _positive("--slo-s", args.slo_s)
-    _positive("--budget", args.budget)
     if not 0 < args.target <= 1:
         raise UsageError(f"--target: must be in (0, 1], got {args.target}")
-    if not 0 < args.rel_tol < 1:
-        raise UsageError(f"--rel-tol: must be in (0, 1), got {args.rel_tol}")
     max_workers = int_arg("--max-workers", str(args.max_workers), minimum=1)
     seeds = int_arg("--seeds", str(args.seeds), minimum=1)
     n_show = int_arg("--show", str(args.show), minimum=0)
@@ -147,10 +89,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     catalog = load_gpu_catalog(args.catalog)
     if args.model not in catalog.models:
         raise UsageError(f"--model: unknown model {args.model!r}; known: {', '.join(sorted(catalog.models))}")
-    try:
+    with usage_errors("--gpus: ", UnknownNameError):
         gpu_options(catalog, args.model, gpus)
-    except (ValueError, UnknownNameError) as exc:
-        raise UsageError(f"--gpus: {exc}") from None
     if args.slo_s is not None:
         slo_s, slo_ref = args.slo_s, "given (--slo-s)"
     else:
@@ -161,28 +101,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         queries=queries,
         trace=trace,
         n_workflows=args.workflows,
-        seed=args.seed,
         n_seeds=seeds,
-        cv=args.cv,
         tenants=tenants_arg(args.tenants),
-        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
-        prefix_caching=args.prefix_caching,
+        arrivals_csv=args.arrivals,
+        **pick(args, "seed", "cv", "prefix_caching"),
     )
-    try:
+    with usage_errors():
         spec = PlanSpec(
-            model=args.model,
             gpus=tuple(gpus),
             rate_qps=args.rate,
             slo_s=slo_s,
             slo_reference=slo_ref,
-            policy=args.policy,
-            alpha=args.alpha,
             max_workers=max_workers,
-            objective=args.objective,
             budget_usd_per_hour=args.budget,
-            target=args.target,
             find_margin=not args.no_margin,
-            rel_tol=args.rel_tol,
+            **pick(args, "model", "policy", "alpha", "objective", "target", "rel_tol"),
         )
         if args.quiet:
             report = run_plan(catalog, workload, spec)
@@ -192,8 +125,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else:  # a pipe or a log: a bar would draw nothing there for minutes
             lines = ProgressLines(sys.stderr)
             report = run_plan(catalog, workload, spec, progress=lines.update, describe=lines.describe)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     show(format_plan_report(report, show=n_show), args.json, report.to_json)
     return 0 if report.answer is not None else 1
 
@@ -285,3 +216,53 @@ def format_plan_report(report: PlanReport, *, show: int = 5) -> str:
         f"{report.simulations} simulated runs, {report.seconds:.1f} s"
     )
     return "\n".join(lines)
+
+
+PLAN = Command(
+    "plan",
+    cmd_plan,
+    "the cheapest mix of workers from the GPU catalogue that meets an SLO at a rate (simulated)",
+    "Search mixes of the given GPU types (each worker one engine of the model, as config/gpus.yaml sizes it), "
+    "cheapest first; skip those whose fluid bound is below the rate; simulate the rest at the rate until one meets "
+    "the SLO on every seed. Prints that mix, its margin (its own capacity over the rate) and the cheaper mixes that "
+    "did not make it. Exit 0: found; 1: no mix within the budget or --max-workers meets the SLO; 2: bad input.",
+    (
+        *workload_opts(
+            PLAN_WORKFLOWS,
+            cluster=False,
+            slo=SLO_SCALE(
+                "SLO = this x the standard workflow's lone latency on one worker of the catalogue's reference GPU "
+                "(calibration.reference_gpu; the first of --gpus when the model has no profile there); the same "
+                "deadline for every mix"
+            ),
+        ),
+        opt("--rate", positive_float, None, "arrival rate to plan for, workflows/s", required=True),
+        opt("--gpus", str, None, "GPU types the mix may use, comma-separated (e.g. A100,L40S)", required=True),
+        opt("--model", str, "llama-3.1-70b", "served model"),
+        opt("--slo-s", positive_float, None, "SLO in seconds (overrides --slo-scale)"),
+        opt(
+            "--budget",
+            positive_float,
+            None,
+            "most USD per hour the mix may cost (worker price: the GPU's usd_per_hour x its tp); mixes above it are "
+            "not tried",
+        ),
+        opt(
+            "--objective",
+            str,
+            None,
+            "order mixes by cost (USD/h) or worker count (default: cost when every GPU has a price)",
+            choices=("cost", "workers"),
+        ),
+        opt("--max-workers", str, "16", "most workers in a mix"),
+        POLICY,
+        ALPHA("WB alpha (default: the policy's)"),
+        opt("--seeds", str, "3", "seeds per mix; a mix must meet the SLO on every one"),
+        opt("--target", positive_float, 0.95, "SLO attainment a mix must reach"),
+        REL_TOL("relative precision of the margin"),
+        flag("--no-margin", "skip the answer's capacity search"),
+        opt("--show", str, "5", "cheaper mixes listed before the answer"),
+        opt("--catalog", str, None, "GPU catalogue file (default: the packaged config/gpus.yaml)"),
+        QUIET("no progress on stderr (a bar on a terminal, else a line per step and every few seconds)"),
+    ),
+)

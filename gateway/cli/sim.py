@@ -5,31 +5,40 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
 import time
-from pathlib import Path
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from gateway.argtypes import fraction, positive_float, positive_floats, positive_int, unit_open_fraction
+from gateway.argtypes import fractions, positive_float, positive_floats, positive_int
 from gateway.bench.stats import fmt, table
-from gateway.cli.burst import add_bench_burst
-from gateway.cli.calibrate import add_bench_fidelity, add_bench_fidelity_vllm, add_bench_mislabel, add_bench_open_loop
+from gateway.cli import bench, calibrate, text2sql
 from gateway.cli.common import (
+    ALPHA,
     BENCH_WORKFLOWS,
-    Subparsers,
+    JOBS,
+    LOG_DIR,
+    PLOT,
+    POLICY,
+    POLICY_LIST,
+    QUIET,
+    RATE,
+    REL_TOL,
+    SEEDS,
+    TIME_SCALE,
+    Command,
     UsageError,
-    add_output_args,
-    add_workload_args,
-    int_arg,
+    as_null,
+    flag,
+    opt,
+    pick,
     policy_names,
     setup_from_args,
+    workload_opts,
+    write_json,
+    write_with,
 )
-from gateway.cli.overload import add_bench_admission, add_bench_overload
-from gateway.cli.text2sql import add_bench_quality, add_bench_refusals
-from gateway.cli.tuner import add_bench_tuner
 from gateway.core.policy import POLICIES, get_policy
 
 if TYPE_CHECKING:
@@ -37,138 +46,10 @@ if TYPE_CHECKING:
     from gateway.core.workflow import StagedWorkflow
     from gateway.sim.simulator import SimResult
 
-__all__ = [
-    "LIVE_BENCH_WORKFLOWS",
-    "add_bench",
-    "add_sim_speed",
-    "add_simulate",
-]
+__all__ = ["BENCH", "LIVE_BENCH_WORKFLOWS", "SIMULATE", "SIM_SPEED"]
 
 LIVE_BENCH_WORKFLOWS = 150
 """Workflows per policy of ``bench --live`` (default): each is replayed in real time."""
-
-
-def add_simulate(sub: Subparsers) -> None:
-    """``hexflow simulate``."""
-    p = sub.add_parser(
-        "simulate",
-        help="one policy, one run on the simulator",
-        description="Run one scheduling policy on the cluster simulator for one workload (a trace or the built-in "
-        "chess-bird generator) at one arrival rate, and print P50/P95/P99 latency, SLO attainment and the "
-        "cluster's fluid bound, per tenant when there are several; --engines adds each engine's time per workflow.",
-    )
-    add_workload_args(p, workflows=400)
-    p.add_argument("--policy", default="hexgen", help=f"one of: {', '.join(POLICIES)}")
-    p.add_argument(
-        "--rate", type=positive_float, default=None, help="arrival rate, workflows/s (default 0.6 x fluid bound)"
-    )
-    p.add_argument("--alpha", type=fraction, default=None, help="WB alpha in [0, 1] (default: the policy's)")
-    p.add_argument(
-        "--admission",
-        action="store_true",
-        help="admit each workflow as the live gateway does (predicted completion within 90%% of the deadline)",
-    )
-    p.add_argument(
-        "--engines",
-        action="store_true",
-        help="print where each engine's time went per completed workflow (iteration base, tokens, the rest), its "
-        "busy share and mean batch, beside the fluid bound's solution (always in --json)",
-    )
-    p.set_defaults(func=cmd_simulate)
-
-
-def add_bench(sub: Subparsers) -> None:
-    """``hexflow bench`` (and ``bench --live``)."""
-    p = sub.add_parser(
-        "bench",
-        help="policies side by side: P50/P95/P99, SLO attainment, capacity",
-        description="Run several policies side by side on the cluster simulator over several seeds: P50/P95/P99 "
-        "latency and SLO attainment at a grid of rates, each policy's capacity (the highest rate with >= 95 percent "
-        "SLO attainment, found by bisection) and the cluster's fluid bound; --live runs them on a live gateway "
-        "over emulated workers instead. The subcommands below are the other benchmarks.",
-    )
-    add_workload_args(p, workflows=1000)
-    p.add_argument(
-        "--policies",
-        default=",".join(POLICIES),
-        help=f"comma-separated, from: {', '.join(POLICIES)} (default: all)",
-    )
-    p.add_argument("--seeds", type=positive_int, default=3, help="seeds per point, each a capacity search")
-    p.add_argument(
-        "--rel-tol", type=unit_open_fraction, default=0.01, help="relative precision of each capacity, in (0, 1)"
-    )
-    p.add_argument(
-        "--rate",
-        type=positive_floats,
-        default=None,
-        help="also measure at these rates, workflows/s, comma-separated (with --no-capacity: only these; "
-        "without --rate a grid of 0.2-0.7 x the fluid bound); with --live: one rate",
-    )
-    p.add_argument(
-        "--alpha",
-        type=fraction,
-        default=None,
-        help="fixed alpha (default: tuned once, on a separate seed, at the best baseline's capacity)",
-    )
-    p.add_argument("--plot", default=None, help="write a PNG of P95 and SLO attainment against rate")
-    p.add_argument("--no-capacity", action="store_true", help="skip the capacity bisection")
-    add_output_args(p, quiet="no progress bar")
-    p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="policies run in parallel")
-    p.add_argument(
-        "--live",
-        action="store_true",
-        help="run each policy on the live gateway over an emulated cluster and compare with the simulator "
-        f"(default {LIVE_BENCH_WORKFLOWS} workflows, rate 0.55 x the fluid bound)",
-    )
-    p.add_argument("--time-scale", type=positive_float, default=0.05, help="--live: real seconds per modelled second")
-    p.add_argument(
-        "--log-dir", default=None, help="--live: keep subprocess logs and configs here (default: a temporary folder)"
-    )
-    p.set_defaults(func=cmd_bench, workflows=None)
-    bench_sub = p.add_subparsers(
-        dest="bench_command",
-        metavar="{overload,admission,tuner,fidelity,fidelity-vllm,open-loop,mislabel,quality,burst,refusals}",
-        required=False,
-    )
-    add_bench_overload(bench_sub)
-    add_bench_admission(bench_sub)
-    add_bench_tuner(bench_sub)
-    add_bench_fidelity(bench_sub)
-    add_bench_fidelity_vllm(bench_sub)
-    add_bench_open_loop(bench_sub)
-    add_bench_mislabel(bench_sub)
-    add_bench_quality(bench_sub)
-    add_bench_burst(bench_sub)
-    add_bench_refusals(bench_sub)
-
-
-def add_sim_speed(sub: Subparsers) -> None:
-    """``hexflow sim-speed``."""
-    p = sub.add_parser(
-        "sim-speed",
-        help="the simulator's own speed: simulated calls/s per cluster and policy",
-        description="Measure the simulator itself: simulated LLM calls per second of wall and CPU time for each "
-        "policy on each cluster, under load (compare a native build's with `make native`).",
-    )
-    add_workload_args(p, workflows=1000)
-    p.add_argument(
-        "--clusters",
-        default="paper-4gpu,mixed-64",
-        help="comma-separated cluster files or names (default paper-4gpu,mixed-64; --cluster is ignored)",
-    )
-    p.add_argument("--policies", default="hexgen,lw-fcfs", help="comma-separated (default hexgen,lw-fcfs)")
-    p.add_argument(
-        "--load", type=positive_float, default=0.7, help="arrival rate as a fraction of the fluid bound (default 0.7)"
-    )
-    p.add_argument(
-        "--rate",
-        type=positive_float,
-        default=None,
-        help="arrival rate in workflows/s instead of --load (no fluid bound solved: what a run under "
-        "valgrind's instruction counter wants, docs/benchmarks.md)",
-    )
-    p.add_argument("--repeats", type=positive_int, default=3, help="runs per point; the fastest counts")
-    p.set_defaults(func=cmd_sim_speed)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -184,15 +65,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     rate = args.rate if args.rate is not None else round(0.6 * bound, 4)
     wfs = setup.workflows(rate)
     t0 = time.perf_counter()
-    sim = Simulator(
-        setup.workers,
-        args.policy,
-        alpha=args.alpha,
-        seed=args.seed,
-        admission=args.admission,
-        prefix_caching=setup.prefix_caching,
-        hedge=setup.hedge,
-    )
+    run_with = pick(args, "alpha", "seed", "admission")
+    sim = Simulator(setup.workers, args.policy, **run_with, prefix_caching=setup.prefix_caching, hedge=setup.hedge)
     res = sim.run(wfs)
     wall = time.perf_counter() - t0
     rows, summaries = _tenant_summaries(res, wfs)
@@ -226,8 +100,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "engines": engines,
             "calls_per_s": res.num_calls / max(wall, 1e-9),
         }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2, default=lambda x: None) + "\n")
+        write_json(args.json, out, say=False, allow_nan=True, default=as_null)
     return 0
 
 
@@ -286,11 +159,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from gateway.bench.sidebyside import GRID_FRACTIONS, bench_steps, plot_report, run_bench
 
     policies = policy_names(args.policies)
-    seeds = int_arg("--seeds", str(args.seeds), minimum=1)
-    rel_tol = args.rel_tol
-    if not 0 < rel_tol < 1:
-        raise UsageError("--rel-tol: must be in (0, 1)")
-    setup = setup_from_args(args, n_seeds=seeds)
+    setup = setup_from_args(args, n_seeds=args.seeds)
     rates: list[float] | None = args.rate
     if args.no_capacity and rates is None:
         shares = ", ".join(f"{f:g}" for f in GRID_FRACTIONS)
@@ -306,17 +175,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             rates=rates,
             fixed_alpha=args.alpha,
             find_capacity=not args.no_capacity,
-            rel_tol=rel_tol,
-            jobs=args.jobs,
+            **pick(args, "rel_tol", "jobs"),
             progress=bar.update,
         )
     print(format_bench_report(report, args.cluster))
-    if args.json:
-        report.write_json(Path(args.json))
-        print(f"wrote {args.json}")
-    if args.plot:
-        plot_report(report, Path(args.plot))
-        print(f"wrote {args.plot}")
+    write_with(args.json, report.write_json)
+    write_with(args.plot, partial(plot_report, report))
     return 0
 
 
@@ -423,30 +287,19 @@ def cmd_bench_live(args: argparse.Namespace) -> int:
         if len(args.rate) > 1:
             raise UsageError(f"--rate: with --live give one rate in workflows/s, got {len(args.rate)}")
         rate = args.rate[0]
-    if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
-        raise UsageError("--time-scale: must be a positive number")
     report = run_live_bench(
         args.cluster,
         args.trace,
         policies,
-        time_scale=args.time_scale,
         workflows=args.workflows if args.workflows is not None else LIVE_BENCH_WORKFLOWS,
         rate_qps=rate,
-        slo_scale=args.slo_scale,
-        seed=args.seed,
-        alpha=args.alpha,
-        arrivals_csv=Path(args.arrivals) if args.arrivals else None,
-        cv=args.cv,
+        arrivals_csv=args.arrivals,
         progress=not args.quiet,
-        log_dir=Path(args.log_dir) if args.log_dir else None,
+        **pick(args, "time_scale", "slo_scale", "seed", "alpha", "cv", "log_dir"),
     )
     print(format_live_report(report))
-    if args.json:
-        report.write_json(Path(args.json))
-        print(f"wrote {args.json}")
-    if args.plot:
-        plot_live_report(report, Path(args.plot))
-        print(f"wrote {args.plot}")
+    write_with(args.json, report.write_json)
+    write_with(args.plot, partial(plot_live_report, report))
     return 0
 
 
@@ -458,15 +311,11 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
     clusters = [c.strip() for c in args.clusters.split(",") if c.strip()]
     if not clusters:
         raise UsageError("--clusters: give at least one cluster")
-    repeats = int_arg("--repeats", str(args.repeats), minimum=1)
-    if not (args.load > 0 and math.isfinite(args.load)):
-        raise UsageError("--load: must be a positive number")
+    repeats = args.repeats
     results = []
     for cluster in clusters:
         args.cluster = cluster
-        results += measure_speed(
-            cluster, setup_from_args(args), policies, load=args.load, repeats=repeats, rate=args.rate
-        )
+        results += measure_speed(cluster, setup_from_args(args), policies, **pick(args, "load", "repeats", "rate"))
     rows = [
         [
             r.cluster,
@@ -489,7 +338,163 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
     )
     print(table(["cluster", "workers", "policy", "rate_qps", "calls", "wall_s", "calls/s", "calls/cpu_s"], rows))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, [r.as_dict() for r in results], allow_nan=True)
     return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Tune alpha on a window of traffic; print the table of all grid points."""
+    from gateway.bench.simbench import fluid_bound
+    from gateway.config.operations import TuningConfig
+    from gateway.sim.tune import ALPHA_GRID, tune_alpha
+
+    policy = get_policy(args.policy)
+    if not policy.uses_alpha:
+        raise UsageError(f"--policy: {policy.name} does not use alpha")
+    setup = setup_from_args(args)
+    rate = args.rate
+    if rate is None:
+        rate = round(0.6 * fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching), 4)
+    window = setup.workflows(rate)[: TuningConfig().window_workflows if args.window is None else args.window]
+    t0 = time.perf_counter()
+    res = tune_alpha(
+        setup.workers,
+        policy.name,
+        window,
+        grid=ALPHA_GRID if not args.grid else tuple(args.grid),
+        seed=args.seed,
+        smooth=not args.no_smooth,
+        prefix_caching=setup.prefix_caching,
+    )
+    wall = time.perf_counter() - t0
+    rows = [
+        [
+            f"{p.alpha:.2f}",
+            fmt(p.summary.p50_s),
+            fmt(p.summary.p95_s),
+            f"{p.summary.slo_attainment:.3f}",
+            "<-" if p.alpha == res.alpha else "",
+        ]
+        for p in res.points
+    ]
+    span = window[-1].arrival - window[0].arrival
+    print(f"window: {len(window)} workflows over {span:.0f} s at {rate:g} qps on {args.cluster}")
+    print(table(["alpha", "p50_s", "p95_s", "slo", "chosen"], rows))
+    print(f"alpha = {res.alpha:.2f}  (tuned in {wall:.2f} s)")
+    if args.json:
+        points = [{"alpha": p.alpha, **p.summary.as_dict()} for p in res.points]
+        doc = {"alpha": res.alpha, "rate_qps": rate, "window_workflows": len(window), "seconds": wall, "points": points}
+        write_json(args.json, doc, say=False, allow_nan=True, default=as_null)
+    return 0
+
+
+SIMULATE = Command(
+    "simulate",
+    cmd_simulate,
+    "one policy, one run on the simulator",
+    "Run one scheduling policy on the cluster simulator for one workload (a trace or the built-in chess-bird "
+    "generator) at one arrival rate, and print P50/P95/P99 latency, SLO attainment and the cluster's fluid bound, "
+    "per tenant when there are several; --engines adds each engine's time per workflow.",
+    (
+        *workload_opts(400),
+        POLICY,
+        RATE,
+        ALPHA("WB alpha in [0, 1] (default: the policy's)"),
+        flag(
+            "--admission",
+            "admit each workflow as the live gateway does (predicted completion within 90%% of the deadline)",
+        ),
+        flag(
+            "--engines",
+            "print where each engine's time went per completed workflow (iteration base, tokens, the rest), its "
+            "busy share and mean batch, beside the fluid bound's solution (always in --json)",
+        ),
+    ),
+)
+BENCH = Command(
+    "bench",
+    cmd_bench,
+    "policies side by side: P50/P95/P99, SLO attainment, capacity",
+    "Run several policies side by side on the cluster simulator over several seeds: P50/P95/P99 latency and SLO "
+    "attainment at a grid of rates, each policy's capacity (the highest rate with >= 95 percent SLO attainment, "
+    "found by bisection) and the cluster's fluid bound; --live runs them on a live gateway over emulated workers "
+    "instead. The subcommands below are the other benchmarks.",
+    (
+        *workload_opts(None),
+        POLICY_LIST(f"comma-separated, from: {', '.join(POLICIES)} (default: all)", default=",".join(POLICIES)),
+        SEEDS("seeds per point, each a capacity search"),
+        REL_TOL,
+        opt(
+            "--rate",
+            positive_floats,
+            None,
+            "also measure at these rates, workflows/s, comma-separated (with --no-capacity: only these; without "
+            "--rate a grid of 0.2-0.7 x the fluid bound); with --live: one rate",
+        ),
+        ALPHA("fixed alpha (default: tuned once, on a separate seed, at the best baseline's capacity)"),
+        PLOT("write a PNG of P95 and SLO attainment against rate"),
+        flag("--no-capacity", "skip the capacity bisection"),
+        QUIET,
+        JOBS("policies run in parallel"),
+        flag(
+            "--live",
+            "run each policy on the live gateway over an emulated cluster and compare with the simulator "
+            f"(default {LIVE_BENCH_WORKFLOWS} workflows, rate 0.55 x the fluid bound)",
+        ),
+        TIME_SCALE("--live: real seconds per modelled second"),
+        LOG_DIR("--live: keep subprocess logs and configs here (default: a temporary folder)"),
+    ),
+    (
+        bench.OVERLOAD,
+        bench.ADMISSION,
+        bench.TUNER,
+        calibrate.FIDELITY,
+        calibrate.FIDELITY_VLLM,
+        calibrate.OPEN_LOOP,
+        calibrate.MISLABEL,
+        text2sql.QUALITY,
+        bench.BURST,
+        text2sql.REFUSALS,
+    ),
+)
+SIM_SPEED = Command(
+    "sim-speed",
+    cmd_sim_speed,
+    "the simulator's own speed: simulated calls/s per cluster and policy",
+    "Measure the simulator itself: simulated LLM calls per second of wall and CPU time for each policy on each "
+    "cluster, under load (compare a native build's with `make native`).",
+    (
+        *workload_opts(1000),
+        opt("--clusters", str, "paper-4gpu,mixed-64", "comma-separated cluster files or names (--cluster is ignored)"),
+        POLICY_LIST(default="hexgen,lw-fcfs"),
+        opt("--load", positive_float, 0.7, "arrival rate as a fraction of the fluid bound"),
+        opt(
+            "--rate",
+            positive_float,
+            None,
+            "arrival rate in workflows/s instead of --load (no fluid bound solved: what a run under valgrind's "
+            "instruction counter wants, docs/benchmarks.md)",
+        ),
+        opt("--repeats", positive_int, 3, "runs per point; the fastest counts"),
+    ),
+)
+TUNE = Command(
+    "tune",
+    cmd_tune,
+    "tune alpha on a window of traffic by simulation",
+    "Replay a window of workflows in the simulator once per alpha of a grid (what the gateway's background tuner "
+    "does with its recent traffic) and print each alpha's P50, P95 and SLO attainment, and the alpha chosen.",
+    (
+        *workload_opts(400),
+        POLICY("the policy whose alpha is tuned"),
+        RATE,
+        opt(
+            "--window",
+            positive_int,
+            None,
+            "workflows in the window: the first N of the run (default: the gateway's tuning.window_workflows)",
+        ),
+        opt("--grid", fractions, None, "alphas in [0, 1] to try, comma-separated (default 0, 0.1, ..., 1)"),
+        flag("--no-smooth", "pick the raw minimum P95, not the neighbourhood mean"),
+    ),
+)

@@ -4,45 +4,45 @@ parsed by the commands, not argparse, so bad values stop with one line (exit 2).
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 from pathlib import Path
 
-from gateway.argtypes import nonneg_int, positive_float, positive_floats, positive_int
+from gateway.argtypes import positive_float, positive_floats, positive_int
 from gateway.cli.common import (
-    Subparsers,
+    API_KEY,
+    CLUSTER,
+    GATEWAY,
+    JSON,
+    QUIET,
+    SEED,
+    TIME_SCALE,
+    Command,
     UsageError,
-    add_emulation_args,
-    add_output_args,
+    flag,
+    gateway_key,
     int_arg,
+    opt,
+    pick,
     positive_float_arg,
     show,
+    write_json,
+    write_text,
 )
 
-__all__ = ["add_answers", "add_bench_quality", "add_bench_refusals", "add_databases", "add_demo", "add_eval"]
+__all__ = ["ANSWERS", "DATABASES", "DEMO", "EVAL", "QUALITY", "REFUSALS"]
 
 QUALITY_OUT = "gateway/config/quality.yaml"
 """Where ``bench quality --out`` writes the packaged quality model (from the repository root)."""
 
 
-def add_demo(sub: Subparsers) -> None:
-    """``hexflow demo``."""
-    p = sub.add_parser(
-        "demo",
-        help="the main job: emulated cluster + gateway, demo questions from two tenants through /v1/text2sql",
-        description="Write the demo database, start an emulated cluster and a gateway in front of it, send demo "
-        "questions from two tenants with different deadlines through POST /v1/text2sql, print every answer and an "
-        "SLO summary per tenant, check each answer against the gold result, and stop what it started.",
-    )
-    p.add_argument("--questions", type=positive_int, default=24, help="questions to ask (cycled over the demo set)")
-    p.add_argument(
-        "--rate", type=positive_float, default=None, help="questions sent per second, tenants alternating (default 20)"
-    )
-    add_emulation_args(p)
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the demo data, scripted answers and emulation")
-    add_output_args(p, "write every answer and the summary as JSON here", "print only the summary")
-    p.set_defaults(func=cmd_demo)
+def _wrong_fraction(text: str) -> float:
+    try:
+        fraction = float(text)
+    except ValueError:
+        fraction = math.nan
+    if not 0.0 <= fraction <= 1.0:
+        raise UsageError(f"--wrong-fraction: expected a number in [0, 1], got {text!r}")
+    return fraction
 
 
 def _seeds(text: str) -> list[int]:
@@ -55,31 +55,6 @@ def _seeds(text: str) -> list[int]:
 
 REFUSAL_RATES = "10,20,30,45,60"
 """``hexflow bench refusals``'s default load points (questions a second, both tenants together)."""
-
-
-def add_bench_refusals(sub: Subparsers) -> None:
-    """``hexflow bench refusals``."""
-    p = sub.add_parser(
-        "refusals",
-        help="how often admission refuses a demo question that would have met its deadline, per load",
-        description="Run the demo (emulated cluster, gateway, both tenants) at each rate, once with admission (each "
-        "question refused for its deadline sent again at once without admission: a false refusal when it met the "
-        "deadline) and once without (every question unprotected: is the rate below the cluster's capacity?), per "
-        "seed; print per rate and tenant the share met without admission, the shares refused and falsely refused, "
-        "and the share met with admission.",
-    )
-    p.add_argument("--rates", type=positive_floats, default=None, help=f"questions a second (default {REFUSAL_RATES})")
-    p.add_argument("--questions", type=positive_int, default=300, help="questions per run")
-    p.add_argument("--seeds", default="0", help="seeds of the demo data and emulation, comma-separated")
-    add_emulation_args(p)
-    p.add_argument(
-        "--share",
-        type=positive_float,
-        default=None,
-        help="the gateway's admission.sustainable_share, at most 1 (default: the gateway's default)",
-    )
-    add_output_args(p, "write the figures per rate and tenant as JSON here")
-    p.set_defaults(func=cmd_bench_refusals)
 
 
 def cmd_bench_refusals(args: argparse.Namespace) -> int:
@@ -101,88 +76,10 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
         which = "with" if admission else "without"
         print(f"[{done[0]}/{total}] rate {rate:g}/s seed {seed} {which} admission", file=sys.stderr, flush=True)
 
-    points = run_refusal_bench(
-        rates,
-        questions=args.questions,
-        seeds=seeds,
-        cluster=args.cluster,
-        time_scale=args.time_scale,
-        share=args.share,
-        progress=progress,
-    )
+    names = ("questions", "cluster", "time_scale", "share")
+    points = run_refusal_bench(rates, seeds=seeds, **pick(args, *names), progress=progress)
     show(format_refusal_bench(points), args.json, lambda: {"points": [dataclasses.asdict(p) for p in points]})
     return 0
-
-
-def add_eval(sub: Subparsers) -> None:
-    """``hexflow eval``."""
-    p = sub.add_parser(
-        "eval",
-        help="execution accuracy of a running gateway on a Spider-format dataset",
-        description="Send the questions of a Spider-format dataset (dev.json) to a running gateway's "
-        "POST /v1/text2sql and report execution accuracy (the answer's result against the gold SQL's, on the "
-        "dataset's SQLite databases) and latency.",
-    )
-    p.add_argument("--dataset", required=True, help="folder with dev.json and database/<db_id>/<db_id>.sqlite")
-    p.add_argument("--gateway", default="http://127.0.0.1:8080", help="the gateway's base URL")
-    p.add_argument("--api-key", default=None, help="the tenant's API key (default: $HEXFLOW_API_KEY)")
-    p.add_argument("--limit", default=None, help="only the first N questions of dev.json")
-    p.add_argument("--concurrency", default="8", help="questions in flight at once")
-    p.add_argument("--deadline-s", default=None, help="deadline of every question (default: the tenant's)")
-    p.add_argument("--timeout-s", default="600", help="per-request timeout, wall seconds")
-    add_output_args(p, "write the report (with every question) as JSON here", "no progress bar", required=True)
-    p.set_defaults(func=cmd_eval)
-
-
-def add_databases(sub: Subparsers) -> None:
-    """``hexflow databases``."""
-    p = sub.add_parser(
-        "databases",
-        help="write the databases file (for hexflow serve) of a Spider-format dataset or of the demo database; "
-        "or --check one",
-        description="Write the databases file that a gateway's databases_file names (the databases /v1/text2sql "
-        "may query) for a Spider-format dataset, or write the demo database and its file; with --check, check "
-        "every database a databases file lists: one line each, ok or unavailable and why (exit 1 if any is not).",
-    )
-    p.add_argument(
-        "--check",
-        default=None,
-        metavar="FILE",
-        help="instead of writing: connect to every database of this databases file as the gateway would "
-        "(PostgreSQL: and check the role is a least-privilege reader) and print ok or unavailable and why "
-        "for each; exit status 1 when one is unavailable",
-    )
-    p.add_argument("--spider", default=None, help="dataset folder with database/<db_id>/<db_id>.sqlite")
-    p.add_argument(
-        "--demo",
-        action="store_true",
-        help="instead of --spider: the demo database (demo_retail.sqlite, as hexflow demo writes it) next to --out",
-    )
-    p.add_argument("--out", default=None, help="the databases YAML to write")
-    p.add_argument("--statement-timeout-s", default="5", help="per-query time limit of each database")
-    p.add_argument("--max-rows", default=None, help="row cap of each result (default 1000; raise it for evaluation)")
-    p.add_argument("--seed", default=None, help="--demo only: seed of the demo data (default 0, as hexflow demo)")
-    p.set_defaults(func=cmd_databases)
-
-
-def add_answers(sub: Subparsers) -> None:
-    """``hexflow answers``."""
-    p = sub.add_parser(
-        "answers",
-        help="write scripted answers (hexflow emulate --answers) of a Spider-format dataset or of the demo questions",
-        description="Write the scripted answers that emulated workers give the Text-to-SQL pipeline's prompts "
-        "(hexflow emulate --answers): the gold SQL of each question of a Spider-format dataset or of the demo, "
-        "with some wrong first candidates so that revision runs.",
-    )
-    p.add_argument("--spider", default=None, help="dataset folder with dev.json")
-    p.add_argument(
-        "--demo", action="store_true", help="instead of --spider: the demo questions (those hexflow demo asks)"
-    )
-    p.add_argument("--out", default=None, help="the answers JSON to write")
-    p.add_argument("--wrong-fraction", default="0.25", help="share of questions with a wrong first candidate")
-    p.add_argument("--seed", default="0", help="which questions get a wrong candidate (--demo: also the data's seed)")
-    p.add_argument("--limit", default=None, help="--spider only: the first N questions of dev.json")
-    p.set_defaults(func=cmd_answers)
 
 
 def _dataset_dir(name: str, text: str | None, *, needs_dev_json: bool) -> Path:
@@ -209,14 +106,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run the Text-to-SQL demo end to end on emulated workers."""
     from gateway.bench.demo import DEFAULT_RATE, format_legend, format_summary, run_demo
 
-    rep = run_demo(
-        args.questions,
-        cluster=args.cluster,
-        time_scale=args.time_scale,
-        seed=args.seed,
-        quiet=args.quiet,
-        rate=args.rate if args.rate is not None else DEFAULT_RATE,
-    )
+    rate = args.rate if args.rate is not None else DEFAULT_RATE
+    rep = run_demo(args.questions, **pick(args, "cluster", "time_scale", "seed", "quiet"), rate=rate)
     print()
     print(format_summary(rep))
     if not args.quiet:
@@ -230,9 +121,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"(met their deadline sent again without admission); {rep.wall_s:.0f} s wall"
     )
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rep.as_dict(), indent=2, default=str))
+        write_json(args.json, rep.as_dict(), say=False, end="", allow_nan=True, default=str)
     return 0
 
 
@@ -243,11 +132,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gateway.bench.text2sql_eval import evaluate, format_report, spider_items
 
     dataset = _dataset_dir("--dataset", args.dataset, needs_dev_json=True)
-    key = (args.api_key or os.environ.get("HEXFLOW_API_KEY", "")).strip()
-    if not key:
-        raise UsageError("--api-key: give the tenant's API key (or set HEXFLOW_API_KEY)")
-    if not args.gateway.startswith(("http://", "https://")):
-        raise UsageError(f"--gateway: expected a URL like http://127.0.0.1:8080, got {args.gateway!r}")
+    key = gateway_key(args)
     limit = None if args.limit is None else int_arg("--limit", args.limit, minimum=1)
     concurrency = int_arg("--concurrency", args.concurrency, minimum=1)
     deadline = None if args.deadline_s is None else positive_float_arg("--deadline-s", args.deadline_s)
@@ -291,14 +176,7 @@ def cmd_databases(args: argparse.Namespace) -> int:
     timeout = positive_float_arg("--statement-timeout-s", args.statement_timeout_s)
     if not args.out:
         raise UsageError("--out: give the databases file to write")
-    max_rows = None
-    if args.max_rows is not None:
-        try:
-            max_rows = int(args.max_rows)
-        except ValueError:
-            raise UsageError(f"--max-rows: not an integer: {args.max_rows!r}") from None
-        if max_rows < 1:
-            raise UsageError("--max-rows must be at least 1")
+    max_rows = None if args.max_rows is None else int_arg("--max-rows", args.max_rows, minimum=1)
     if args.seed is not None and not demo:
         raise UsageError("--seed: only with --demo (a Spider dataset's databases are files, not generated)")
     seed = 0 if args.seed is None else int_arg("--seed", args.seed, minimum=0)
@@ -347,12 +225,7 @@ def cmd_answers(args: argparse.Namespace) -> int:
 
     demo = _demo_or_spider(args, "the demo questions")
     dataset = None if demo else _dataset_dir("--spider", args.spider, needs_dev_json=True)
-    try:
-        fraction = float(args.wrong_fraction)
-    except ValueError:
-        fraction = math.nan
-    if not 0.0 <= fraction <= 1.0:
-        raise UsageError(f"--wrong-fraction: expected a number in [0, 1], got {args.wrong_fraction!r}")
+    fraction = _wrong_fraction(args.wrong_fraction)
     seed = int_arg("--seed", args.seed, minimum=0)
     if demo and args.limit is not None:
         raise UsageError("--limit: only with --spider (--demo writes every demo question)")
@@ -369,37 +242,12 @@ def cmd_answers(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_bench_quality(sub: Subparsers) -> None:
-    """``hexflow bench quality``."""
-    p = sub.add_parser(
-        "quality",
-        help="accuracy of the Text-to-SQL pipeline at every knob setting (scripted answers, in-process)",
-        description="Run the real Text-to-SQL pipeline in-process with scripted answers (as the emulator gives "
-        "them) over the demo questions and, with --spider, Spider dev on its SQLite databases, once per knob "
-        "setting (candidates, revision cap, unit tests and evaluation) and seed; print the accuracy per setting "
-        f"and, with --out, write it as the quality model the degradation policy reads ({QUALITY_OUT}).",
-    )
-    p.add_argument("--spider", default=None, help="Spider-layout folder (dev.json, database/); default: demo only")
-    p.add_argument("--spider-limit", default=None, help="the first N questions of dev.json (default: all)")
-    p.add_argument("--seeds", default="0,1,2", help="seeds of the wrong-candidate assignment, comma-separated")
-    p.add_argument("--wrong-fraction", default="0.25", help="share of questions with a wrong first candidate")
-    p.add_argument("--max-candidates", default="3", help="measure up to this many candidates (default 3)")
-    p.add_argument("--out", default=None, help=f"write the quality file here (the packaged one: {QUALITY_OUT})")
-    add_output_args(p, quiet="no progress bar")
-    p.set_defaults(func=cmd_bench_quality)
-
-
 def cmd_bench_quality(args: argparse.Namespace) -> int:
     """Measure accuracy per knob setting; print the table, write the quality file with ``--out``."""
     from gateway.bench.quality import format_report, run_quality
 
     seeds = _seeds(args.seeds)
-    try:
-        fraction = float(args.wrong_fraction)
-    except ValueError:
-        fraction = math.nan
-    if not 0.0 <= fraction <= 1.0:
-        raise UsageError(f"--wrong-fraction: expected a number in [0, 1], got {args.wrong_fraction!r}")
+    fraction = _wrong_fraction(args.wrong_fraction)
     max_k = int_arg("--max-candidates", args.max_candidates, minimum=1)
     if max_k > 8:
         raise UsageError(f"--max-candidates: at most 8 (the pipeline's limit), got {max_k}")
@@ -422,8 +270,132 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
     )
     print(format_report(report))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report.to_yaml(), encoding="utf-8")
-        print(f"wrote {out}")
+        write_text(args.out, report.to_yaml())
     return 0
+
+
+EMULATION = (
+    CLUSTER("cluster file or name to emulate"),
+    TIME_SCALE("emulated GPUs run this much of real time", default=0.25),
+)
+WRONG_FRACTION = opt("--wrong-fraction", str, "0.25", "share of questions with a wrong first candidate")
+DEMO = Command(
+    "demo",
+    cmd_demo,
+    "the main job: emulated cluster + gateway, demo questions from two tenants through /v1/text2sql",
+    "Write the demo database, start an emulated cluster and a gateway in front of it, send demo questions from two "
+    "tenants with different deadlines through POST /v1/text2sql, print every answer and an SLO summary per tenant, "
+    "check each answer against the gold result, and stop what it started.",
+    (
+        opt("--questions", positive_int, 24, "questions to ask (cycled over the demo set)"),
+        opt("--rate", positive_float, None, "questions sent per second, tenants alternating (default 20)"),
+        *EMULATION,
+        SEED("seed of the demo data, scripted answers and emulation"),
+        JSON("write every answer and the summary as JSON here"),
+        QUIET("print only the summary"),
+    ),
+)
+REFUSALS = Command(
+    "refusals",
+    cmd_bench_refusals,
+    "how often admission refuses a demo question that would have met its deadline, per load",
+    "Run the demo (emulated cluster, gateway, both tenants) at each rate, once with admission (each question "
+    "refused for its deadline sent again at once without admission: a false refusal when it met the deadline) and "
+    "once without (every question unprotected: is the rate below the cluster's capacity?), per seed; print per "
+    "rate and tenant the share met without admission, the shares refused and falsely refused, and the share met "
+    "with admission.",
+    (
+        opt("--rates", positive_floats, None, f"questions a second (default {REFUSAL_RATES})"),
+        opt("--questions", positive_int, 300, "questions per run"),
+        opt("--seeds", str, "0", "seeds of the demo data and emulation, comma-separated"),
+        *EMULATION,
+        opt(
+            "--share",
+            positive_float,
+            None,
+            "the gateway's admission.sustainable_share, at most 1 (default: the gateway's default)",
+        ),
+        JSON("write the figures per rate and tenant as JSON here"),
+    ),
+)
+EVAL = Command(
+    "eval",
+    cmd_eval,
+    "execution accuracy of a running gateway on a Spider-format dataset",
+    "Send the questions of a Spider-format dataset (dev.json) to a running gateway's POST /v1/text2sql and report "
+    "execution accuracy (the answer's result against the gold SQL's, on the dataset's SQLite databases) and "
+    "latency.",
+    (
+        opt("--dataset", str, None, "folder with dev.json and database/<db_id>/<db_id>.sqlite", required=True),
+        GATEWAY,
+        API_KEY,
+        opt("--limit", str, None, "only the first N questions of dev.json"),
+        opt("--concurrency", str, "8", "questions in flight at once"),
+        opt("--deadline-s", str, None, "deadline of every question (default: the tenant's)"),
+        opt("--timeout-s", str, "600", "per-request timeout, wall seconds"),
+        JSON("write the report (with every question) as JSON here", required=True),
+        QUIET,
+    ),
+)
+DATABASES = Command(
+    "databases",
+    cmd_databases,
+    "write the databases file (for hexflow serve) of a Spider-format dataset or of the demo database; or --check one",
+    "Write the databases file that a gateway's databases_file names (the databases /v1/text2sql may query) for a "
+    "Spider-format dataset, or write the demo database and its file; with --check, check every database a "
+    "databases file lists: one line each, ok or unavailable and why (exit 1 if any is not).",
+    (
+        opt(
+            "--check",
+            str,
+            None,
+            "instead of writing: connect to every database of this databases file as the gateway would "
+            "(PostgreSQL: and check the role is a least-privilege reader) and print ok or unavailable and why for "
+            "each; exit status 1 when one is unavailable",
+            metavar="FILE",
+        ),
+        opt("--spider", str, None, "dataset folder with database/<db_id>/<db_id>.sqlite"),
+        flag(
+            "--demo",
+            "instead of --spider: the demo database (demo_retail.sqlite, as hexflow demo writes it) next to --out",
+        ),
+        opt("--out", str, None, "the databases YAML to write"),
+        opt("--statement-timeout-s", str, "5", "per-query time limit of each database"),
+        opt("--max-rows", str, None, "row cap of each result (default 1000; raise it for evaluation)"),
+        opt("--seed", str, None, "--demo only: seed of the demo data (default 0, as hexflow demo)"),
+    ),
+)
+ANSWERS = Command(
+    "answers",
+    cmd_answers,
+    "write scripted answers (hexflow emulate --answers) of a Spider-format dataset or of the demo questions",
+    "Write the scripted answers that emulated workers give the Text-to-SQL pipeline's prompts (hexflow emulate "
+    "--answers): the gold SQL of each question of a Spider-format dataset or of the demo, with some wrong first "
+    "candidates so that revision runs.",
+    (
+        opt("--spider", str, None, "dataset folder with dev.json"),
+        flag("--demo", "instead of --spider: the demo questions (those hexflow demo asks)"),
+        opt("--out", str, None, "the answers JSON to write"),
+        WRONG_FRACTION,
+        opt("--seed", str, "0", "which questions get a wrong candidate (--demo: also the data's seed)"),
+        opt("--limit", str, None, "--spider only: the first N questions of dev.json"),
+    ),
+)
+QUALITY = Command(
+    "quality",
+    cmd_bench_quality,
+    "accuracy of the Text-to-SQL pipeline at every knob setting (scripted answers, in-process)",
+    "Run the real Text-to-SQL pipeline in-process with scripted answers (as the emulator gives them) over the demo "
+    "questions and, with --spider, Spider dev on its SQLite databases, once per knob setting (candidates, revision "
+    "cap, unit tests and evaluation) and seed; print the accuracy per setting and, with --out, write it as the "
+    f"quality model the degradation policy reads ({QUALITY_OUT}).",
+    (
+        opt("--spider", str, None, "Spider-layout folder (dev.json, database/); default: demo only"),
+        opt("--spider-limit", str, None, "the first N questions of dev.json (default: all)"),
+        opt("--seeds", str, "0,1,2", "seeds of the wrong-candidate assignment, comma-separated"),
+        WRONG_FRACTION,
+        opt("--max-candidates", str, "3", "measure up to this many candidates"),
+        opt("--out", str, None, f"write the quality file here (the packaged one: {QUALITY_OUT})"),
+        QUIET,
+    ),
+)
