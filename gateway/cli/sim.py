@@ -1,6 +1,6 @@
 """The simulator's commands: ``simulate`` (one policy, one run), ``bench`` (policies side by side, or with
-``--live`` on the live gateway next to the simulator; ``bench tuner`` lives in ``gateway.cli.tuner``), ``tune``
-(``gateway.cli.tuner``) and ``sim-speed`` (how many calls per second the simulator itself runs)."""
+``--live`` on the live gateway next to the simulator; the other ``bench`` subcommands are in ``gateway.cli.bench``),
+``tune`` and ``sim-speed`` (how many calls per second the simulator itself runs)."""
 
 from __future__ import annotations
 
