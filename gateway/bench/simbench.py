@@ -20,7 +20,7 @@ from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec, StagedWorkflow, WorkflowTemplate
 from gateway.errors import ConfigError
 from gateway.sim.metrics import Summary, summarize
-from gateway.sim.simulator import HedgeSettings, SimResult, Simulator
+from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
 from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals
 from gateway.sim.workload.arrivals import pattern_arrivals
@@ -82,8 +82,6 @@ class Setup:
     deadline_rule: bool = False
     """Text-to-SQL workflows follow the live pipeline's deadline rule (``KnobbedWorkflow``): for replays of the
     gateway's own pipeline (``hexflow bench burst --live``)."""
-    hedge: HedgeSettings | None = None
-    """Hedge straggling critical-path calls in every run (``gateway.sim.simulator.HedgeSettings``)."""
     admission_share: float | None = None
     """Admit each workflow as the live gateway does, at this share of the full-batch throughput
     (``Simulator(admission_share=...)``); None: every workflow is admitted."""
@@ -187,7 +185,6 @@ def simulate(
         alpha=alpha,
         seed=s,
         prefix_caching=setup.prefix_caching,
-        hedge=setup.hedge,
         admission=share is not None,
         admission_share=share if share is not None else SUSTAINABLE_SHARE,
         admission_miss=setup.admission_miss,

@@ -131,11 +131,6 @@ NO_PREFIX_CACHING = flag(
 def workload_opts(workflows: int | None, *, slo: Opt | None = None, cluster: bool = True) -> tuple[Opt, ...]:
     """The workload options of simulate, bench, tune, sim-speed, plan and bench admission (``setup_from_args``
     reads them); ``slo`` replaces ``--slo-scale``, ``cluster`` False leaves out ``--cluster``."""
-    hedge = flag(
-        "--hedge",
-        "hedge a straggling critical-path call on a free worker, first answer wins (off by default: it did not "
-        "raise capacity; docs/benchmarks.md)",
-    )
     return (
         TRACE,
         *([CLUSTER] if cluster else []),
@@ -156,7 +151,6 @@ def workload_opts(workflows: int | None, *, slo: Opt | None = None, cluster: boo
             "replay the arrival pattern of a CSV with a timestamp column (Azure LLM trace format), rescaled to --rate",
         ),
         NO_PREFIX_CACHING,
-        hedge,
         JSON("write results as JSON here"),
     )
 
@@ -275,7 +269,6 @@ def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[Call
 def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
     """The benchmark scenario ``workload_opts``' options describe (``n_seeds`` seeds from ``--seed``)."""
     from gateway.bench.simbench import Setup
-    from gateway.sim.simulator import HedgeSettings
 
     workers = load_workers(args.cluster)
     name, queries = workload_queries(args.trace, args.workflows, args.seed)
@@ -288,7 +281,6 @@ def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
         arrivals_csv=args.arrivals,
         n_seeds=n_seeds,
         **pick(args, "slo_scale", "seed", "cv", "prefix_caching"),
-        hedge=HedgeSettings() if getattr(args, "hedge", False) else None,
     )
 
 

@@ -66,7 +66,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     wfs = setup.workflows(rate)
     t0 = time.perf_counter()
     run_with = pick(args, "alpha", "seed", "admission")
-    sim = Simulator(setup.workers, args.policy, **run_with, prefix_caching=setup.prefix_caching, hedge=setup.hedge)
+    sim = Simulator(setup.workers, args.policy, **run_with, prefix_caching=setup.prefix_caching)
     res = sim.run(wfs)
     wall = time.perf_counter() - t0
     rows, summaries = _tenant_summaries(res, wfs)
@@ -76,8 +76,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     print(table(["tenant", "workflows", "p50_s", "p95_s", "p99_s", "slo", "tput_qps"], rows))
     print(f"simulated {res.num_calls} calls in {wall:.2f} s wall ({res.num_calls / max(wall, 1e-9):,.0f} calls/s)")
-    if setup.hedge is not None:
-        print(f"hedged {sim.hedges} straggling calls; the copy answered first {sim.hedges_won} times")
     engines = None
     run_time = engine_time_of(sim, res)
     if run_time:

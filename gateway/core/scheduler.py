@@ -241,16 +241,6 @@ class Scheduler:
         self._seq += 1
         call.seq = self._seq
 
-    def submit_to(self, call: Call, worker: int, now: float) -> None:
-        """Queue ``call`` on an eligible ``worker`` without choosing (a hedge copy)."""
-        if not (0 <= worker < len(self.eligible) and self.eligible[worker]):
-            raise ValueError(f"worker {worker} is not eligible for dispatch")
-        self._budget(call, now)
-        spec = call.spec
-        call.t_comp = self.estimator.t_comp(worker, spec.kind, spec.input_tokens, spec.output_tokens, now)
-        call.cached = 0
-        self._enqueue(call, worker, now)
-
     def abandon(self, call: Call, now: float) -> None:
         """Forget a call whose answer is no longer wanted: off its queue, or its slot freed without learning."""
         if self.cancel(call):

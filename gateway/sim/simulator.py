@@ -25,30 +25,7 @@ from gateway.sim.events import Event, EventHeap
 _ARRIVAL = 0
 _WAKE = 1
 _RESULT = 2
-_HEDGE = 3
 _CHECK = 4
-
-
-@dataclass(frozen=True)
-class HedgeSettings:
-    """Hedging a straggling critical-path call (off unless ``Simulator(hedge=...)``).
-
-    Checked once, after ``after`` x its ``t_comp``: a running call its workflow alone waits on gets a copy on a
-    free, idle worker predicted to finish in under ``gain`` x what the original has left. First answer wins.
-    """
-
-    after: float = 1.5
-    gain: float = 0.7
-
-    def __post_init__(self) -> None:
-        if not (self.after > 0 and math.isfinite(self.after)):
-            raise ValueError(f"hedge after must be a positive number, got {self.after}")
-        if not 0 < self.gain <= 1:
-            raise ValueError(f"hedge gain must be in (0, 1], got {self.gain}")
-
-    def __reduce__(self) -> tuple[type[HedgeSettings], tuple[float, float]]:
-        # Pickled by its fields: a frozen dataclass compiled by mypyc cannot be unpickled by setting attributes.
-        return (type(self), (self.after, self.gain))
 
 
 @dataclass
@@ -76,7 +53,7 @@ class Simulator:
 
     ``admission``: the live gateway's admission and re-check, with the live settings' counterparts (``admission_*``,
     ``best_effort_*``; ``admission_warm=False``: lenient until verified). ``engine_profiles``: what the engines
-    really run (mislabelled workers). ``refit``: online profile refits. ``hedge``: ``HedgeSettings``.
+    really run (mislabelled workers). ``refit``: online profile refits.
     """
 
     def __init__(
@@ -98,7 +75,6 @@ class Simulator:
         prefix_caching: bool = False,
         engine_profiles: Sequence[PerfProfile] | None = None,
         refit: RefitSettings | Refitter | None = None,
-        hedge: HedgeSettings | None = None,
     ) -> None:
         if not 0.0 < admission_headroom <= 1.0:
             raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
@@ -134,9 +110,6 @@ class Simulator:
             self.refitter.attach(self.scheduler)
         self.record_calls = record_calls
         self.horizon_s = horizon_s
-        self.hedge = hedge
-        self.hedges = 0
-        self.hedges_won = 0
 
     def run(self, workflows: Sequence[Workflow]) -> SimResult:
         """Simulate until every workflow finished (or the horizon); return the records."""
@@ -154,9 +127,7 @@ class _Run:
         self.overhead = [p.request_overhead_s for p in sim.engine_profiles]
         self.refitter = sim.refitter
         self.next_refit = self.refitter.s.interval_s if self.refitter is not None else math.inf
-        self.hedge = sim.hedge
-        # By call id: a hedged call's other copy, and the calls taken back (whose answers are ignored).
-        self.twins: dict[int, Call] = {}
+        # The ids of the calls taken back (a shed workflow's), whose answers are ignored.
         self.abandoned: set[int] = set()
         self.record_calls = sim.record_calls
         self.seq = 0
@@ -207,8 +178,6 @@ class _Run:
                 self.on_wake(ev.worker, ev.version, now)
             elif kind == _RESULT:
                 self.on_result(cast(Call, ev.payload), ev.worker, now)
-            elif kind == _HEDGE:
-                self.try_hedge(cast(Call, ev.payload), now)
             elif kind == _CHECK:
                 self.on_check(now)
             else:
@@ -231,7 +200,6 @@ class _Run:
         sched = self.sched
         eng = self.engines[w]
         cap = self.caps[w]
-        hedge = self.hedge
         added = False
         while sched.inflight(w) < cap:
             c = sched.pop_next(w, t)
@@ -239,8 +207,6 @@ class _Run:
                 break
             eng.add(c)
             added = True
-            if hedge is not None and c.id not in self.twins:
-                self.push(t + hedge.after * max(c.t_comp, 1e-6), _HEDGE, c, w, 0)
         if added and eng.kick(t):
             self.push(eng.wake_at, _WAKE, None, w, eng.version)
 
@@ -316,11 +282,9 @@ class _Run:
 
     def on_result(self, c: Call, w: int, now: float) -> None:
         """The gateway sees a call return: the slot frees, the estimator learns, the next calls are submitted."""
-        # (The emptiness tests spare the common path, no hedging or shedding, a boxed-id lookup.)
+        # (The emptiness test spares the common path, no shedding, a boxed-id lookup.)
         if self.abandoned and c.id in self.abandoned:
-            return  # its twin answered first (or its workflow was shed); its slot was freed then
-        if self.twins and c.id in self.twins:
-            self.settle(c, now)
+            return  # its workflow was shed; its slot was freed then
         sched = self.sched
         sched.on_finish(c, now)
         refitter = self.refitter
@@ -409,9 +373,6 @@ class _Run:
         self.pending -= 1
         for c in self.watched.pop(wf, []):
             self.cancel(c, now)
-            twin = self.twins.get(c.id)
-            if twin is not None:
-                self.cancel(twin, now)
         assert self.admitter is not None
         self.admitter.ended(wf)
 
@@ -427,50 +388,3 @@ class _Run:
             if eng.cancel(c, now):
                 self.push(eng.wake_at, _WAKE, None, c.worker, eng.version)
             self.fill(c.worker, now)
-
-    def remaining_of(self, c: Call, t: float) -> float:
-        """What a running call has left (``HedgeSettings``)."""
-        produced, first = self.engines[c.worker].progress(c, t)
-        elapsed = t - (c.started_at if c.started_at is not None else t)
-        if first is None or produced < 1:
-            return elapsed
-        left = c.spec.output_tokens - produced
-        return left * (t - first) / max(produced - 1, 1)
-
-    def try_hedge(self, c: Call, t: float) -> None:
-        """Send a copy of a straggling critical-path call to a free worker predicted to finish it sooner."""
-        hedge = self.hedge
-        assert hedge is not None
-        if c.finished_at is not None or c.id in self.abandoned or c.id in self.twins:
-            return
-        if c.workflow.pending_calls != 1:
-            return
-        sched = self.sched
-        caps = self.caps
-        spec = c.spec
-        free = [
-            v
-            for v in sched.eligible_workers()
-            if v != c.worker and sched.inflight(v) < caps[v] and sched.queue_len(v) == 0
-        ]
-        if not free:
-            return
-        t_comp, t_queue, _, _ = sched.estimator.snapshot(free, spec.kind, spec.input_tokens, spec.output_tokens, t)
-        best = min(range(len(free)), key=lambda i: t_queue[i] + t_comp[i])
-        if t_queue[best] + t_comp[best] >= hedge.gain * self.remaining_of(c, t):
-            return
-        self.call_id += 1
-        copy = Call(self.call_id, c.workflow, spec, t)
-        self.twins[copy.id], self.twins[c.id] = c, copy
-        sched.submit_to(copy, free[best], t)
-        self.sim.hedges += 1
-        self.fill(free[best], t)
-
-    def settle(self, c: Call, t: float) -> None:
-        """``c`` answered first: abandon its twin and free the twin's slot."""
-        twin = self.twins.get(c.id)
-        if twin is None or twin.id in self.abandoned or twin.finished_at is not None:
-            return
-        if c.id > twin.id:
-            self.sim.hedges_won += 1
-        self.cancel(twin, t)

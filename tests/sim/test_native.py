@@ -75,7 +75,7 @@ def test_value_types_and_results_survive_pickling() -> None:
     from gateway.core.prefix import PrefixSeg
     from gateway.core.samples import CallSample
     from gateway.core.workflow import CallSpec
-    from gateway.sim.simulator import HedgeSettings, Simulator
+    from gateway.sim.simulator import Simulator
     from gateway.sim.workload import load_queries
 
     workers = load_cluster("paper-4gpu")
@@ -83,7 +83,6 @@ def test_value_types_and_results_survive_pickling() -> None:
         workers[0].profile,
         PrefixSeg("schema", 1200, per_query=True),
         CallSample(800, 40, 3, 2500.0, 120.0, 1.25, 17.5),
-        HedgeSettings(after=2.0, gain=0.5),
         CallSpec("revise", 1800, 120, (PrefixSeg("schema", 1200, per_query=True),)),
         DagCallSpec("evaluate", 900, 30, (), node=4),
     ]
