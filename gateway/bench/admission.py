@@ -14,19 +14,6 @@ from gateway.bench.simbench import Bench, Setup, simulate, tuned_alpha
 from gateway.bench.stats import Spread, fmt, json_safe, pyplot, run_header, save_figure, spread, table
 from gateway.core.policy import get_policy
 
-__all__ = [
-    "DEFAULT_LOADS",
-    "DEFAULT_VARIANTS",
-    "AdmissionPoint",
-    "AdmissionReport",
-    "Variant",
-    "bench_steps",
-    "format_admission_report",
-    "parse_variant",
-    "plot_admission_report",
-    "run_admission_bench",
-]
-
 ProgressFn = Callable[[int], object]
 
 DEFAULT_LOADS = (0.8, 0.9, 1.0, 1.5, 2.0, 5.0)

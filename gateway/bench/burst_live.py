@@ -35,17 +35,6 @@ from gateway.text2sql.port import StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts
 from workers.scripted import AnswersResponder
 
-__all__ = [
-    "LiveBurstReport",
-    "LiveVariant",
-    "demo_latency",
-    "demo_quality",
-    "live_setup",
-    "record_demo",
-    "record_demo_queries",
-    "run_live_burst",
-]
-
 TENANT = "default"
 _FAR = 1e9
 

@@ -23,18 +23,6 @@ from gateway.config.gateway import LoadedConfig, load_gateway_config
 from gateway.config.tenants import hash_key
 from gateway.errors import GatewayError
 
-__all__ = [
-    "BENCH_TENANT",
-    "ChildProcess",
-    "StartError",
-    "cluster_process",
-    "free_port",
-    "gateway_process",
-    "probe",
-    "write_gateway_config",
-    "write_tenants_file",
-]
-
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 BENCH_TENANT = "bench"

@@ -31,19 +31,6 @@ from gateway.text2sql.prompt_templates import Prompts
 from workers.emulator import GenRequest, chat_prompt_tokens, count_tokens
 from workers.scripted import AnswersResponder
 
-__all__ = [
-    "FULL",
-    "QualityError",
-    "QualityItem",
-    "QualityReport",
-    "ScriptedStageRunner",
-    "demo_items",
-    "format_report",
-    "quality_grid",
-    "run_quality",
-    "spider_quality_items",
-]
-
 FULL = Knobs(candidates=2, max_revisions=10, evaluate=True)
 """The pipeline's default knobs (``config/gateway.yaml`` ``text2sql``), full quality."""
 _FAR = 1e9  # the bench's deadline, seconds: never reached (its clock counts one second per stage)

@@ -30,8 +30,6 @@ from gateway.config import ClusterConfig, build_workers, load_cluster_config, lo
 from gateway.config.gpus import load_profiles_file
 from gateway.core.worker import WorkerInfo
 
-__all__ = ["Rig", "bench_folder", "bench_tenant", "cluster_workers", "live_rig", "sampling", "say_stderr", "scheduled"]
-
 T = TypeVar("T")
 
 
