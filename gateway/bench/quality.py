@@ -127,12 +127,12 @@ class _Set:
 
 @dataclass
 class QualityReport:
-    """Correct answers per setting, per source (summed over seeds): see ``rows`` and ``to_yaml``."""
+    """Correct answers per setting, per source (summed over seeds): see ``rows`` and ``to_yaml``. ``asked``:
+    questions asked per source at each setting, summed over the seeds."""
 
     settings: list[Knobs]
     seeds: list[int]
     asked: dict[str, int] = field(default_factory=dict)
-    """Questions asked per source at each setting, summed over the seeds."""
     correct: dict[Knobs, dict[str, int]] = field(default_factory=dict)
     wrong_fraction: float = 0.25
     command: str = ""
@@ -264,10 +264,7 @@ async def _measure(
                     cfg = DatabaseConfig.model_validate({"url": f"sqlite:///{it.db_path.resolve().as_posix()}"})
                     dbs[it.db_path] = open_database(it.db_id, cfg)
             for k in settings:
-                pipe = Text2SqlPipeline(
-                    PipelineConfig(candidates=k.candidates, max_revisions=k.max_revisions, evaluate=k.evaluate),
-                    prompts,
-                )
+                pipe = Text2SqlPipeline(PipelineConfig(**asdict(k)), prompts)
                 ok = 0
                 for it, g in runnable:
                     ok += await _ask(pipe, dbs[it.db_path], responder, it, g)
