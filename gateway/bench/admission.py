@@ -14,19 +14,6 @@ from gateway.bench.simbench import Bench, Setup, simulate, tuned_alpha
 from gateway.bench.stats import Spread, fmt, json_safe, pyplot, run_header, save_figure, spread, table
 from gateway.core.policy import get_policy
 
-__all__ = [
-    "DEFAULT_LOADS",
-    "DEFAULT_VARIANTS",
-    "AdmissionPoint",
-    "AdmissionReport",
-    "Variant",
-    "bench_steps",
-    "format_admission_report",
-    "parse_variant",
-    "plot_admission_report",
-    "run_admission_bench",
-]
-
 ProgressFn = Callable[[int], object]
 
 DEFAULT_LOADS = (0.8, 0.9, 1.0, 1.5, 2.0, 5.0)
@@ -65,12 +52,13 @@ def parse_variant(text: str) -> Variant:
 
 @dataclass(frozen=True)
 class AdmissionPoint:
-    """One run: a policy and a variant at one rate on one seed."""
+    """One run: a policy and a variant at one rate (``load`` x the reference rate) on one seed.
+    ``met_admitted``: met among the admitted (neither refused nor demoted); ``shed``: admitted, then shed by
+    the overload re-check (predicted past the deadline, or best effort past its age limit), counted as missed."""
 
     policy: str
     variant: str
     load: float
-    """The rate as a multiple of the reference rate."""
     rate_qps: float
     seed: int
     arrived: int
@@ -78,10 +66,7 @@ class AdmissionPoint:
     demoted: int
     met: int
     met_admitted: int
-    """Met among the admitted (neither refused nor demoted)."""
     shed: int = 0
-    """Admitted, then shed by the overload re-check (predicted past the deadline, or best effort past its age
-    limit): counted as missed."""
 
     @property
     def attainment(self) -> float:
@@ -168,11 +153,9 @@ def _point(
 ) -> AdmissionPoint:
     _, res, n = simulate(setup, policy, rate, alpha=alpha, seed=seed)
     low = set(res.demoted)
-    met = sum(1 for r in res.workflows if r.met)
-    met_admitted = sum(1 for r in res.workflows if r.met and r.wid not in low)
-    return AdmissionPoint(
-        policy, variant, load, rate, seed, n, len(res.rejected), len(low), met, met_admitted, len(res.shed)
-    )
+    met = [r.wid for r in res.workflows if r.met]
+    counts = (n, len(res.rejected), len(low), len(met), sum(1 for w in met if w not in low), len(res.shed))
+    return AdmissionPoint(policy, variant, load, rate, seed, *counts)
 
 
 def _check_arguments(policies: Sequence[str], variants: Sequence[Variant], loads: Sequence[float]) -> list[str]:
@@ -271,9 +254,8 @@ def format_admission_report(r: AdmissionReport) -> str:
         for v in r.variants:
             c = r.capacity[(p, v.name)]
             rel = f"{c.mean / off.mean:.3f}x" if off is not None and off.mean > 0 else "-"
-            rows.append(
-                [p, v.name, f"{c.mean:.4f}", f"{c.min:.4f}-{c.max:.4f}", " ".join(f"{x:.4f}" for x in c.values), rel]
-            )
+            per_seed = " ".join(f"{x:.4f}" for x in c.values)
+            rows.append([p, v.name, f"{c.mean:.4f}", f"{c.min:.4f}-{c.max:.4f}", per_seed, rel])
     lines.append(table(["policy", "admission", "capacity", "min-max", "per_seed", "vs off"], rows, left=2))
     lines.append("")
     lines.append(

@@ -23,24 +23,10 @@ from gateway.sim.degrade import KnobbedWorkflow
 from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.workload import TenantSpec
 
-__all__ = [
-    "PATTERNS",
-    "BurstPoint",
-    "BurstReport",
-    "Outcome",
-    "is_baseline",
-    "outcome",
-    "parse_variant",
-    "resolve_pattern",
-    "run_burst",
-    "timeline",
-]
-
 DATA_DIR_ENV = "HEXFLOW_DATA_DIR"
-"""The environment variable naming another shared data folder (an installed, non-editable copy: ``make native``)."""
+"""Names another shared data folder (an installed, non-editable copy: ``make native``)."""
 SHARED_DATA = Path(os.environ.get(DATA_DIR_ENV) or Path(__file__).resolve().parents[2].parent / "shared" / "data")
-"""Where the recorded patterns are looked up by name: ``$HEXFLOW_DATA_DIR``, else ``../shared/data`` next to the
-repository."""
+"""Where recorded patterns are looked up by name: ``$HEXFLOW_DATA_DIR``, else ``../shared/data`` by the repository."""
 
 PATTERNS: dict[str, str] = {
     "azure-code": "azure-llm-2023/AzureLLMInferenceTrace_code.csv",
@@ -99,7 +85,7 @@ def is_baseline(variant: str) -> bool:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One run's figures."""
+    """One run's figures (``correct_met``: correct answers within the deadline, weighted by accuracy)."""
 
     arrived: int
     met: int
@@ -131,20 +117,10 @@ class Outcome:
 
 def outcome(res: SimResult, arrived: int, span_s: float, quality: QualityModel, full_accuracy: float) -> Outcome:
     """Summarise one run: a workflow that never finished counts as arrived and missed."""
-    met = 0
-    correct = 0.0
-    acc_sum = 0.0
-    degraded = 0
-    for r in res.workflows:
-        acc = quality.accuracy(r.knobs) if r.knobs is not None else full_accuracy
-        acc_sum += acc
-        if r.degraded:
-            degraded += 1
-        if r.met:
-            met += 1
-            correct += acc
-    n = len(res.workflows)
-    return Outcome(arrived, met, correct, acc_sum / n if n else 0.0, degraded, span_s)
+    accs = [quality.accuracy(r.knobs) if r.knobs is not None else full_accuracy for r in res.workflows]
+    correct = sum((a for a, r in zip(accs, res.workflows, strict=True) if r.met), 0.0)
+    met, degraded = sum(r.met for r in res.workflows), sum(r.degraded for r in res.workflows)
+    return Outcome(arrived, met, correct, sum(accs) / len(accs) if accs else 0.0, degraded, span_s)
 
 
 _FIGURES = {
@@ -358,16 +334,9 @@ def plot_burst(report: BurstReport, tl: Timeline | None, path: Path, *, title: s
         variants = list(dict.fromkeys(p.variant for p in report.points if p.pattern == name))
         for v in variants:
             pts = sorted((p for p in report.points if p.pattern == name and p.variant == v), key=lambda p: p.load)
+            ys = [p.mean(lambda o: o.goodput_share) for p in pts]
             style = "-" if v.startswith("hexgen") else "--"
-            width = 2.2 if "+" in v else 1.2
-            ax.plot(
-                [p.load for p in pts],
-                [p.mean(lambda o: o.goodput_share) for p in pts],
-                style,
-                marker="o",
-                linewidth=width,
-                label=v,
-            )
+            ax.plot([p.load for p in pts], ys, style, marker="o", linewidth=2.2 if "+" in v else 1.2, label=v)
         ax.set_title(f"{name}: correct answers in time")
         ax.set_xlabel("load (share of the fluid bound)")
         ax.set_ylabel("share of arrivals")
@@ -387,24 +356,20 @@ def plot_burst(report: BurstReport, tl: Timeline | None, path: Path, *, title: s
         ax2.bar(tl.starts, tl.arrival_qps, width=tl.window_s, align="edge", alpha=0.18, color="grey")
         ax2.set_ylabel("arrivals/s (grey bars)")
         for v, ys in tl.attainment.items():
-            xs, vs = valid(ys)
-            ax.plot(xs, vs, marker="o", markersize=3, label=v, linewidth=2.0 if "+" in v else 1.0, zorder=3)
+            ax.plot(*valid(ys), marker="o", markersize=3, label=v, linewidth=2.0 if "+" in v else 1.0, zorder=3)
         ax.set_zorder(ax2.get_zorder() + 1)
         ax.patch.set_visible(False)
-        ax.set_title("through a burst: SLO attainment by arrival time")
-        ax.set_xlabel("arrival time (s)")
-        ax.set_ylim(0, 1.02)
         ax.legend(fontsize=7, loc="lower left")
-        ax = flat[len(patterns) + 1]
+        deg = flat[len(patterns) + 1]
         for v, ys in tl.degraded.items():
             if any(y > 0 for y in ys if not math.isnan(y)):
-                xs, vs = valid(ys)
-                ax.plot(xs, vs, marker="o", markersize=3, label=v)
-        ax.set_title("degraded share by arrival time")
-        ax.set_xlabel("arrival time (s)")
-        ax.set_ylim(0, 1.02)
-        if ax.lines:
-            ax.legend(fontsize=7)
+                deg.plot(*valid(ys), marker="o", markersize=3, label=v)
+        if deg.lines:
+            deg.legend(fontsize=7)
+        for a, what in ((ax, "through a burst: SLO attainment"), (deg, "degraded share")):
+            a.set_title(f"{what} by arrival time")
+            a.set_xlabel("arrival time (s)")
+            a.set_ylim(0, 1.02)
     for ax in flat[panels:]:
         ax.axis("off")
     if title:

@@ -1,6 +1,6 @@
 """``hexflow bench burst --live``: degradation under a recorded burst, live through the Text-to-SQL pipeline on
 emulated workers answering from the demo script, beside the simulator's run of the same recorded workload
-(``record_demo_queries``), accuracy model, arrivals and deadlines. Method: docs/benchmarks.md "Live, beside
+(``record_demo``), accuracy model, arrivals and deadlines. Method: docs/benchmarks.md "Live, beside
 the simulator"."""
 
 from __future__ import annotations
@@ -35,17 +35,6 @@ from gateway.text2sql.port import StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts
 from workers.scripted import AnswersResponder
 
-__all__ = [
-    "LiveBurstReport",
-    "LiveVariant",
-    "demo_latency",
-    "demo_quality",
-    "live_setup",
-    "record_demo",
-    "record_demo_queries",
-    "run_live_burst",
-]
-
 TENANT = "default"
 _FAR = 1e9
 
@@ -67,14 +56,9 @@ class _Recorder(ScriptedStageRunner):
         return out
 
 
-def record_demo_queries(seed: int = 0, wrong_fraction: float = 0.25) -> list[list[CallSpec]]:
-    """Every demo question's calls at full quality, as the emulator runs them."""
-    return record_demo(seed, wrong_fraction)[0]
-
-
 def record_demo(seed: int = 0, wrong_fraction: float = 0.25) -> tuple[list[list[CallSpec]], WorkflowTemplate]:
-    """``record_demo_queries``, and the template the live pipeline predicts with once it has answered every
-    demo question (its own ``plan_for``: the pipeline's stages fitted to the questions' shapes)."""
+    """Every demo question's calls at full quality, as the emulator runs them, and the template the live
+    pipeline predicts with once it has answered every demo question (its ``plan_for``)."""
     template: list[WorkflowTemplate] = []
 
     async def record(db_path: Path) -> list[list[CallSpec]]:
@@ -152,19 +136,13 @@ class LiveBurstReport:
                 "degraded_share": sum(o.degraded for o in outs) / n,
             }
 
-        return {
-            **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "variants"},
-            "variants": [
-                {
-                    "variant": v.variant,
-                    "live": fig(v.live),
-                    "sim": fig(v.sim),
-                    "ratio_live": self.ratio(v, "live"),
-                    "ratio_sim": self.ratio(v, "sim"),
-                }
-                for v in self.variants
-            ],
-        }
+        worlds = ("live", "sim")
+        variants = [
+            {"variant": v.variant, **{w: fig(getattr(v, w)) for w in worlds}}
+            | {f"ratio_{w}": self.ratio(v, w) for w in worlds}
+            for v in self.variants
+        ]
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "variants"}, "variants": variants}
 
 
 def format_live_report(rep: LiveBurstReport) -> str:
@@ -237,7 +215,7 @@ def run_live_burst(
     simulate_only: bool = False,
 ) -> LiveBurstReport:
     """Run every variant live (one emulated cluster and gateway per run) and in the simulator, per seed of
-    ``base`` (whose ``queries`` are ``record_demo_queries(answers_seed)``), at ``load`` of the fluid bound.
+    ``base`` (whose ``queries`` are ``record_demo(answers_seed)``'s), at ``load`` of the fluid bound.
 
     ``dump``: when a list, one entry per variant and seed is appended with every question side by side
     (``question_records``): what the simulator and the live gateway each did with it. ``log_dir``: keep each
@@ -264,18 +242,11 @@ def run_live_burst(
             if dump is not None:
                 records = question_records(wfs, res, [q.question for q in asked], [g[3] for g in got])
                 dump.append({"variant": variant, "seed": s, "time_scale": time_scale, "questions": records})
-            lv.live.append(_live_outcome(got, span))
+            met, correct = sum(m for m, *_ in got), sum(c for _, c, _, _ in got)
+            correct_met = float(sum(m and c for m, c, _, _ in got))
+            lv.live.append(Outcome(len(got), met, correct_met, correct / len(got), sum(d for *_, d, _ in got), span))
         report.variants.append(lv)
     return report
-
-
-def _live_outcome(got: Sequence[tuple[bool, bool, bool, dict[str, Any]]], span: float) -> Outcome:
-    """The live side of one run, as ``Outcome`` counts it."""
-    correct_met = sum(m and c for m, c, _, _ in got)
-    correct = sum(c for _, c, _, _ in got)
-    return Outcome(
-        len(got), sum(m for m, *_ in got), float(correct_met), correct / len(got), sum(d for *_, d, _ in got), span
-    )
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,9 @@ LEGEND = {
 
 @dataclass
 class DemoAnswer:
-    """One question's outcome."""
+    """One question's outcome: ``rows`` its first ``ROWS_KEPT``; ``refused`` by admission (429, or 422 for a
+    deadline no wait can meet), then ``unchecked_met``: whether it met its deadline sent again at once without
+    admission."""
 
     tenant: str
     question: str
@@ -70,11 +72,8 @@ class DemoAnswer:
     error: str | None = None
     columns: list[str] = field(default_factory=list)
     rows: list[list[Any]] = field(default_factory=list)
-    """The first ``ROWS_KEPT`` rows of the answer."""
     refused: bool = False
-    """Admission refused it (429, or 422 for a deadline no wait can meet)."""
     unchecked_met: bool | None = None
-    """Refused: whether the same question, sent again at once without admission, met its deadline."""
 
 
 @dataclass
@@ -125,21 +124,18 @@ def write_demo_tenants(path: Path) -> None:
     """The packaged tenants file plus, for each tenant, a twin ``<name>-unchecked`` without predictive admission
     (key ``unchecked_key(name)``): refused questions are sent again through it to check the refusal."""
     doc = yaml.safe_load((CONFIG_DIR / "tenants.yaml").read_text())
-    twins = []
-    for t in doc["tenants"]:
-        twin = {**t, "name": f"{t['name']}-unchecked", "predictive_admission": False}
-        twin["api_key_sha256"] = [hash_key(unchecked_key(t["name"]))]
-        twins.append(twin)
-    doc["tenants"] += twins
+    doc["tenants"] += [
+        {**t, "name": f"{t['name']}-unchecked", "predictive_admission": False}
+        | {"api_key_sha256": [hash_key(unchecked_key(t["name"]))]}
+        for t in doc["tenants"]
+    ]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 def _refused(r: httpx.Response | None, data: dict[str, Any]) -> bool:
     """Admission refused the question for its deadline (the body's ``reason``): a 429 (predicted to miss), or a
     422 (no wait can meet it). Refusals at a configured bound (queue, concurrency) are not predictions."""
-    if r is None:
-        return False
-    return r.status_code in (422, 429) and data.get("reason") == "deadline"
+    return r is not None and r.status_code in (422, 429) and data.get("reason") == "deadline"
 
 
 async def post_question(
@@ -312,15 +308,9 @@ def run_demo(
             databases_file="databases.yaml", admission_share=share,
         ) as rig:  # fmt: skip
             say(f"demo: gateway {rig.url} in front of {len(rig.worker_urls)} workers; asking...")
-
-            def show(a: DemoAnswer) -> None:
-                say(format_answer(a))
-
-            answers = asyncio.run(_send_all(rig.url, chosen, folder / f"{DB_ID}.sqlite", show, rate, admission))
-    rep = DemoReport(questions=len(chosen), time_scale=time_scale, cluster=cluster, answers=answers)
-    rep.summary = summarize_answers(answers)
-    rep.wall_s = time.monotonic() - t0
-    return rep
+            db = folder / f"{DB_ID}.sqlite"
+            answers = asyncio.run(_send_all(rig.url, chosen, db, lambda a: say(format_answer(a)), rate, admission))
+    return DemoReport(len(chosen), time_scale, cluster, answers, summarize_answers(answers), time.monotonic() - t0)
 
 
 @dataclass
@@ -329,8 +319,8 @@ class RefusalPoint:
 
     rate: float
     seeds: list[int]
-    with_admission: dict[str, dict[str, float]] = field(default_factory=dict)
-    without_admission: dict[str, dict[str, float]] = field(default_factory=dict)
+    with_admission: dict[str, dict[str, float]]
+    without_admission: dict[str, dict[str, float]]
 
 
 def _pooled(reports: list[DemoReport]) -> dict[str, dict[str, float]]:
@@ -371,16 +361,13 @@ def run_refusal_bench(
     demo = functools.partial(run_demo, questions, cluster=cluster, time_scale=time_scale, quiet=True, share=share)
     out: list[RefusalPoint] = []
     for rate in rates:
-        point = RefusalPoint(rate, seeds)
         runs: dict[bool, list[DemoReport]] = {True: [], False: []}
         for seed in seeds:
             for admission in (True, False):
                 runs[admission].append(demo(seed=seed, rate=rate, admission=admission))
                 if progress is not None:
                     progress(rate, seed, admission)
-        point.with_admission = _pooled(runs[True])
-        point.without_admission = _pooled(runs[False])
-        out.append(point)
+        out.append(RefusalPoint(rate, seeds, _pooled(runs[True]), _pooled(runs[False])))
     return out
 
 

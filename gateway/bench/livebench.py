@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -22,18 +24,6 @@ from gateway.core.worker import WorkerInfo
 from gateway.errors import GatewayError
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import Simulator
-
-__all__ = [
-    "DEFAULT_RATE_FRACTION",
-    "LiveBenchError",
-    "LiveBenchReport",
-    "PolicyRun",
-    "format_live_report",
-    "plot_live_report",
-    "run_live_bench",
-    "simulate_jittered",
-    "simulate_workload",
-]
 
 DEFAULT_RATE_FRACTION = 0.55
 """Default arrival rate as a fraction of the fluid bound."""
@@ -85,21 +75,14 @@ def simulate_jittered(
     """P50/P95/P99/SLO bands over ``replicas`` runs: the exact prediction, and runs with every arrival (and its
     deadline) delayed by an independent uniform ``[0, jitter_s)`` modelled seconds (a live run's wall-clock
     noise). A live figure inside the band is as good as the simulator can predict it."""
-    import random
-    import statistics
-
     figures: dict[str, list[float]] = {"p50_s": [], "p95_s": [], "p99_s": [], "slo_attainment": []}
     for k in range(replicas):
         rng = random.Random(seed * 1009 + k)
-        dags = []
-        for w in workload:
-            d = w.dag()
-            j = rng.uniform(0.0, jitter_s) if k else 0.0
-            dags.append(d.shifted(d.arrival + j, d.deadline + j))
-        s = summarize(
-            Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=prefix_caching).run(dags),
-            total=len(workload),
-        )
+        dags = [w.dag() for w in workload]
+        jitter = [rng.uniform(0.0, jitter_s) if k else 0.0 for _ in dags]
+        dags = [d.shifted(d.arrival + j, d.deadline + j) for d, j in zip(dags, jitter, strict=True)]
+        sim = Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=prefix_caching)
+        s = summarize(sim.run(dags), total=len(workload))
         for key, values in figures.items():
             values.append(float(getattr(s, key)))
     return {k: Band(min(v), statistics.median(v), max(v)) for k, v in figures.items()}
@@ -188,7 +171,8 @@ class LiveBenchReport:
 
 @dataclass(frozen=True)
 class _Bench:
-    """What every policy's run of one live benchmark shares."""
+    """What every policy's run of one live benchmark shares (``rig``: ``live_rig``'s keywords besides the
+    policy and alpha)."""
 
     cluster: str
     workers: list[WorkerInfo]
@@ -200,7 +184,6 @@ class _Bench:
     prefix_caching: bool
     progress: bool
     rig: dict[str, Any]
-    """``live_rig``'s keywords besides the policy and alpha."""
 
 
 def run_live_bench(
@@ -288,11 +271,9 @@ def _run_policy(
     with live_rig(
         folder, policy, b.cluster, time_scale=b.time_scale, policy=policy, alpha=a, seed=b.seed, **b.rig
     ) as rig:
+        opts: dict[str, Any] = {"trace": b.setup.trace, "rate_qps": b.rate, "progress": b.progress}
+        run = replay(b.workload, gateway=rig.url, api_key=key, time_scale=b.time_scale, desc=f"{policy} live", **opts)
         try:
-            opts: dict[str, Any] = {"trace": b.setup.trace, "rate_qps": b.rate, "progress": b.progress}
-            run = replay(
-                b.workload, gateway=rig.url, api_key=key, time_scale=b.time_scale, desc=f"{policy} live", **opts
-            )
             rep = asyncio.run(run)
         except GatewayError as exc:
             raise LiveBenchError(f"{policy}: {exc}") from None
@@ -339,13 +320,8 @@ def format_live_report(rep: LiveBenchReport) -> str:
     lines.append(table([*headers, "p95_live/sim", "slo_live/sim"], rows))
     gains = rep.gains_vs_rr_fcfs()
     if gains:
-        lines.append("P95 gain over rr-fcfs (rr-fcfs P95 / policy P95):")
-        lines.append(
-            table(
-                ["policy", "live", "sim"],
-                [[p, f"{fmt(g['p95_live'], 2)}x", f"{fmt(g['p95_sim'], 2)}x"] for p, g in gains.items()],
-            )
-        )
+        rows = [[p, f"{fmt(g['p95_live'], 2)}x", f"{fmt(g['p95_sim'], 2)}x"] for p, g in gains.items()]
+        lines += ["P95 gain over rr-fcfs (rr-fcfs P95 / policy P95):", table(["policy", "live", "sim"], rows)]
     lines.append(f"wall time {rep.wall_s:.0f} s")
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_se
 from gateway.bench.rig import Rig, bench_folder, bench_tenant, live_rig, sampling, say_stderr
 from gateway.bench.simbench import Setup
 from gateway.bench.stats import fmt, table
-from gateway.config import ClusterConfig, build_workers, load_cluster, load_cluster_config, load_gpu_catalog
+from gateway.config import ClusterConfig, GpuCatalog, build_workers, load_cluster, load_cluster_config, load_gpu_catalog
 from gateway.core.profile import PerfProfile
 from gateway.core.records import CallOutcome
 from gateway.core.scheduler import Scheduler
@@ -32,19 +32,6 @@ from gateway.sim.metrics import summarize
 from gateway.sim.simulator import Simulator
 from gateway.sim.workload.traces import load_queries
 
-__all__ = [
-    "CONVERGED",
-    "LiveMislabelReport",
-    "LiveMislabelRun",
-    "MislabelReport",
-    "MislabelRun",
-    "RefitEvent",
-    "format_live_mislabel_report",
-    "format_mislabel_report",
-    "run_mislabel",
-    "run_mislabel_live",
-]
-
 CONVERGED = 1.25
 """A profile has converged when its predicted standard-workflow latency is within this factor of the engine's."""
 
@@ -54,7 +41,8 @@ DEFAULT_SETTINGS = RefitSettings(interval_s=30.0, min_calls=100, window_calls=60
 
 @dataclass(frozen=True, slots=True)
 class RefitEvent:
-    """One refit attempt of a run."""
+    """One refit attempt of a run; ``latency_ratio``: the worker's predicted standard-workflow latency after it
+    over its engine's."""
 
     t: float
     calls: int
@@ -63,12 +51,12 @@ class RefitEvent:
     current_error: float | None
     fit_error: float | None
     latency_ratio: float
-    """The worker's predicted standard-workflow latency after the attempt over its engine's."""
 
 
 @dataclass
 class MislabelRun:
-    """One simulated run: shares per window, outcomes, refits, ratios."""
+    """One simulated run: shares per window, outcomes, refits, the watched worker's ``(time, kind -> ratio)``
+    at every refit check."""
 
     name: str
     windows: list[list[float]]
@@ -80,7 +68,6 @@ class MislabelRun:
     final_latency_ratio: float
     refits: list[RefitEvent] = field(default_factory=list)
     ratios: list[tuple[float, dict[str, float]]] = field(default_factory=list)
-    """``(time, kind -> ratio)`` of the mislabelled worker at every refit check."""
     converged_after_calls: int | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -171,14 +158,8 @@ def run_mislabel(
     catalog = load_gpu_catalog()
     workers = load_cluster(cluster, catalog)
     names = [w.name for w in workers]
-    if worker not in names:
-        raise ValueError(f"unknown worker {worker!r} in {cluster}; workers: {', '.join(names)}")
-    w = names.index(worker)
-    model = workers[w].profile.model
-    labels = sorted(catalog.profiles.get(model, {}))
-    if label not in labels:
-        raise ValueError(f"no {model} profile labelled {label!r}; known: {', '.join(labels)}")
-    lab = catalog.profile(label, model)
+    w = _check_label(catalog, cluster, [(x.name, x.profile.model) for x in workers], worker, label)
+    lab = catalog.profile(label, workers[w].profile.model)
     mis = list(workers)
     mis[w] = replace(workers[w], profile=lab, capacity=lab.derived_capacity(), profile_source="catalogue")
     queries = load_queries("chess-bird", n_workflows, random.Random(seed + 1))
@@ -196,6 +177,19 @@ def run_mislabel(
         cluster, worker, label, rate, n_workflows, window, s, names, constants_of(workers[w].profile)[:4],
         constants_of(lab)[:4], workflow_latency(lab) / ref, runs,
     )  # fmt: skip
+
+
+def _check_label(catalog: GpuCatalog, cluster: str, workers: list[tuple[str, str]], worker: str, label: str) -> int:
+    """The index of ``worker`` among the cluster's ``(name, model)``; ``ValueError`` for an unknown worker or
+    label."""
+    names = [n for n, _ in workers]
+    if worker not in names:
+        raise ValueError(f"unknown worker {worker!r} in {cluster}; workers: {', '.join(names)}")
+    model = workers[names.index(worker)][1]
+    if label not in catalog.profiles.get(model, {}):
+        known = ", ".join(sorted(catalog.profiles.get(model, {})))
+        raise ValueError(f"no {model} profile labelled {label!r}; known: {known}")
+    return names.index(worker)
 
 
 def _simulated_run(
@@ -329,11 +323,12 @@ def format_mislabel_report(rep: MislabelReport) -> str:
 
 @dataclass
 class LiveMislabelRun:
-    """One live run: the mislabelled worker's share of completed calls per window, outcomes, refits."""
+    """One live run: the mislabelled worker's share of completed calls per window (``(end of window in modelled
+    s, share, calls)``), outcomes, refits, the times the gateway's outlier detection ejected it (a mislabelled
+    worker looks slow to it), and what ``/v1/status`` said about it at every poll."""
 
     name: str
     windows: list[tuple[float, float, int]]
-    """``(end of window in modelled s, the worker's share of the calls completed in it, calls)``."""
     late_share: float
     slo_attainment: float
     p95_s: float
@@ -341,9 +336,7 @@ class LiveMislabelRun:
     refit_attempts: int
     final_profile: dict[str, Any]
     ejections: int = 0
-    """Times the gateway's outlier detection ejected the worker (a mislabelled worker looks slow to it)."""
     points: list[dict[str, Any]] = field(default_factory=list)
-    """What ``/v1/status`` said about the worker at every poll (modelled time, completed, profile, ratios)."""
 
     def to_json(self) -> dict[str, Any]:
         """The run as plain data."""
@@ -443,14 +436,10 @@ def run_mislabel_live(
     log_dir: Path | None = None,
     say: Any = None,
 ) -> LiveMislabelReport:
-    """The mislabel benchmark through the live gateway over the emulated cluster (``--live``).
-
-    Three runs of the same replayed workload (the simulated runs' ``correct``, ``mislabel`` and
-    ``mislabel+refit``): the emulated workers run their own GPUs' profiles; the gateway's cluster file
-    names ``profile: LABEL`` for the mislabelled worker (and only the third run has ``refit`` on, with the
-    settings' interval in modelled seconds). The worker's share is measured on completed calls, polled
-    from ``/v1/status`` every ``window_s / 4`` modelled seconds. Subprocess logs go to ``log_dir``.
-    """
+    """The mislabel benchmark through the live gateway over the emulated cluster (``--live``): the simulated
+    runs' ``correct``, ``mislabel`` and ``mislabel+refit`` on one replayed workload, the gateway's cluster file
+    naming ``profile: LABEL`` for the worker, the share measured on completed calls polled from ``/v1/status``
+    every ``window_s / 4`` modelled seconds. Subprocess logs go to ``log_dir``."""
     log = say if say is not None else say_stderr
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time scale must be a positive number, got {time_scale}")
@@ -480,7 +469,13 @@ def run_mislabel_live(
             ) as rig:
                 poll_s = window_s * time_scale / 4
                 rep, points = asyncio.run(_replay_and_poll(workload, rig, key, time_scale, poll_s, worker, name))
-            run = runs[name] = _live_run(name, rep, points, worker, window_s)
+            last = points[-1] if points else {}
+            prof = last.get("profile") or {}
+            ref = prof.get("refit") or {}
+            refits = int(ref.get("applied", 0)), int(ref.get("attempts", 0))
+            windows, late = _live_windows(points, worker, window_s), _late_share(points, worker)
+            outcome = (late, rep.slo_attainment, rep.p95_s, *refits, prof, int(last.get("ejections") or 0), points)
+            run = runs[name] = LiveMislabelRun(name, windows, *outcome)
             log(f"{name}: late share {run.late_share:.3f}, SLO {run.slo_attainment:.3f}, refits {run.refits_applied}")
     return LiveMislabelReport(
         right.name, worker, label, rate, len(workload), time_scale, s, runs, time.monotonic() - t_start
@@ -493,34 +488,14 @@ def _labelled_cluster(cluster: str, worker: str, label: str) -> tuple[ClusterCon
     catalog = load_gpu_catalog()
     right = load_cluster_config(cluster, catalog)
     expanded = right.expanded()
-    names = [rw.name for rw in expanded]
-    if worker not in names:
-        raise ValueError(f"unknown worker {worker!r} in {cluster}; workers: {', '.join(names)}")
-    idx = names.index(worker)
+    idx = _check_label(catalog, cluster, [(rw.name, rw.model) for rw in expanded], worker, label)
     # The cluster file entry the worker was expanded from.
     entry = bisect.bisect_right(list(itertools.accumulate(wc.count for wc in right.workers)), idx)
     if right.workers[entry].count != 1:
         raise ValueError(f"{worker} is one of {right.workers[entry].count} workers of one entry: label a lone one")
-    model = expanded[idx].model
-    if label not in catalog.profiles.get(model, {}):
-        known = ", ".join(sorted(catalog.profiles.get(model, {})))
-        raise ValueError(f"no {model} profile labelled {label!r}; known: {known}")
     entries = list(right.workers)
     entries[entry] = entries[entry].model_copy(update={"profile": label, "name": worker})
     return right, right.model_copy(update={"workers": entries})
-
-
-def _live_run(
-    name: str, rep: ReplayReport, points: list[dict[str, Any]], worker: str, window_s: float
-) -> LiveMislabelRun:
-    """A live run's figures from its replay and its polls."""
-    last = points[-1] if points else {}
-    prof = last.get("profile") or {}
-    ref = prof.get("refit") or {}
-    windows, late = _live_windows(points, worker, window_s), _late_share(points, worker)
-    refits = int(ref.get("applied", 0)), int(ref.get("attempts", 0))
-    ejections = int(last.get("ejections") or 0)
-    return LiveMislabelRun(name, windows, late, rep.slo_attainment, rep.p95_s, *refits, prof, ejections, points)
 
 
 def format_live_mislabel_report(rep: LiveMislabelReport) -> str:

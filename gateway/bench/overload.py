@@ -32,8 +32,6 @@ from gateway.bench.simbench import fluid_bound
 from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
 from gateway.core.predict import SUSTAINABLE_SHARE
 
-__all__ = ["OverloadReport", "PhaseReport", "format_report", "plot_report", "run_overload"]
-
 RSS_PERIOD_S = 0.25
 TENANT = "overload"
 
@@ -84,7 +82,8 @@ class PhaseReport:
 
 @dataclass
 class OverloadReport:
-    """The run: its setting, every phase, the RSS samples and the goal checks."""
+    """The run: its setting (``admission_share``: the gateway's ``admission.sustainable_share``), every phase,
+    the gateway's RSS samples ((wall seconds since the start, MB)) and the goal checks."""
 
     cluster: str
     time_scale: float
@@ -94,10 +93,8 @@ class OverloadReport:
     deadline_wall_s: float
     predictive: bool
     admission_share: float = SUSTAINABLE_SHARE
-    """The gateway's ``admission.sustainable_share``."""
     phases: list[PhaseReport] = field(default_factory=list)
     rss: list[tuple[float, float]] = field(default_factory=list)
-    """(wall seconds since the start, MB) samples of the gateway process."""
     wall_s: float = 0.0
 
     @property
@@ -291,10 +288,10 @@ def run_overload(
             folder, "overload", cluster, time_scale=time_scale, seed=seed, admission_share=admission_share
         ) as rig:
             answers, rss, wall = asyncio.run(_drive(rig, key, bodies, schedule, timeout_s=4 * deadline_wall + 60.0))
-    report.rss = rss
-    report.wall_s = wall
     ends = [p.start for p in phases[1:]] + [wall]
     report.phases = [_phase_report(p, answers, rss, end) for p, end in zip(phases, ends, strict=True)]
+    report.rss = rss
+    report.wall_s = wall
     return report
 
 
@@ -337,9 +334,8 @@ def plot_report(rep: OverloadReport, path: Path) -> None:
         ts, ms = zip(*rep.rss, strict=True)
         ax.plot(ts, ms, lw=1.2, color="tab:blue", label="gateway RSS")
     for p in rep.phases:
-        ax.axvspan(
-            p.start_s, p.start_s + p.window_s, alpha=0.15, color="tab:red" if p.name != "capacity" else "tab:green"
-        )
+        color = "tab:red" if p.name != "capacity" else "tab:green"
+        ax.axvspan(p.start_s, p.start_s + p.window_s, alpha=0.15, color=color)
     ax.set_xlabel("wall seconds")
     ax.set_ylabel("RSS (MB)")
     ax.set_ylim(bottom=0)

@@ -4,6 +4,7 @@ workers once (``engines``) and buckets call types (``BOUND_BUCKET_RATIO``); ever
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -23,22 +24,6 @@ from gateway.core.workflow import CallSpec
 from gateway.errors import UnknownNameError
 from gateway.sim.workload import TenantSpec
 
-__all__ = [
-    "BOUND_BUCKET_RATIO",
-    "BOUND_MAX_GROUPS",
-    "MAX_MIXES",
-    "Candidate",
-    "GpuOption",
-    "Objective",
-    "PlanReport",
-    "PlanSpec",
-    "Workload",
-    "enumerate_mixes",
-    "gpu_options",
-    "reference_slo",
-    "run_plan",
-]
-
 Objective = Literal["cost", "workers"]
 Verdict = Literal["pruned", "failed", "met"]
 
@@ -52,13 +37,12 @@ BOUND_MAX_GROUPS = 200
 
 @dataclass(frozen=True)
 class GpuOption:
-    """One GPU type a plan may use: its workers' profile size and price."""
+    """One GPU type a plan may use: ``tp`` GPUs per worker (from the profile) and the price of one worker for
+    an hour (the GPU's price times ``tp``; None when unpriced)."""
 
     gpu: str
     tp: int
-    """GPUs per worker (engine), from the profile."""
     usd_per_hour: float | None
-    """Price of one worker for an hour (the GPU's price times ``tp``); None when unpriced."""
 
 
 def gpu_options(catalog: GpuCatalog, model: str, gpus: Sequence[str]) -> list[GpuOption]:
@@ -118,42 +102,42 @@ class Workload:
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """What a plan is asked: the model, the GPU types, the rate and SLO, and how to search."""
+    """What a plan is asked: the model, the GPU types, the rate and SLO (``slo_reference``: how it was set, for
+    the report), and how to search (``objective`` None: ``cost`` when every type has a price, else ``workers``)."""
 
     model: str
     gpus: tuple[str, ...]
     rate_qps: float
     slo_s: float
     slo_reference: str = ""
-    """How ``slo_s`` was set (for the report), e.g. ``5 x standard workflow on A100``."""
     policy: str = "hexgen"
     alpha: float | None = None
     max_workers: int = 16
     objective: Objective | None = None
-    """None: ``cost`` when every type has a price, else ``workers``."""
     budget_usd_per_hour: float | None = None
     target: float = TARGET
     find_margin: bool = True
     rel_tol: float = REL_TOL
 
     def __post_init__(self) -> None:
-        if not (self.rate_qps > 0 and math.isfinite(self.rate_qps)):
-            raise ValueError(f"rate must be a positive number, got {self.rate_qps}")
-        if not (self.slo_s > 0 and math.isfinite(self.slo_s)):
-            raise ValueError(f"SLO must be a positive number of seconds, got {self.slo_s}")
-        if self.max_workers < 1:
-            raise ValueError(f"max workers must be at least 1, got {self.max_workers}")
-        if not 0 < self.target <= 1:
-            raise ValueError(f"target SLO attainment must be in (0, 1], got {self.target}")
-        if self.budget_usd_per_hour is not None and not (
-            self.budget_usd_per_hour > 0 and math.isfinite(self.budget_usd_per_hour)
-        ):
-            raise ValueError(f"budget must be a positive number of USD per hour, got {self.budget_usd_per_hour}")
-        if not 0 < self.rel_tol < 1:
-            raise ValueError(f"rel_tol must be in (0, 1), got {self.rel_tol}")
-        if self.objective not in (None, "cost", "workers"):
-            raise ValueError(f"objective must be cost or workers, got {self.objective!r}")
+        budget = self.budget_usd_per_hour
+        checks = (
+            (_positive(self.rate_qps), f"rate must be a positive number, got {self.rate_qps}"),
+            (_positive(self.slo_s), f"SLO must be a positive number of seconds, got {self.slo_s}"),
+            (self.max_workers >= 1, f"max workers must be at least 1, got {self.max_workers}"),
+            (0 < self.target <= 1, f"target SLO attainment must be in (0, 1], got {self.target}"),
+            (budget is None or _positive(budget), f"budget must be a positive number of USD per hour, got {budget}"),
+            (0 < self.rel_tol < 1, f"rel_tol must be in (0, 1), got {self.rel_tol}"),
+            (self.objective in (None, "cost", "workers"), f"objective must be cost or workers, got {self.objective!r}"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
         get_policy(self.policy)
+
+
+def _positive(x: float) -> bool:
+    return x > 0 and math.isfinite(x)
 
 
 def enumerate_mixes(k: int, max_workers: int) -> Iterator[tuple[int, ...]]:
@@ -174,19 +158,17 @@ def _n_mixes(k: int, max_workers: int) -> int:
 
 @dataclass
 class Candidate:
-    """One mix the plan considered and what became of it."""
+    """One mix the plan considered and what became of it: its fluid bound (``BOUND_BUCKET_RATIO`` buckets),
+    its verdict (``pruned``: fluid bound below the rate, not simulated; ``failed``; ``met``), and SLO attainment
+    and P95 per seed simulated (which stop at the first seed below the target)."""
 
     counts: tuple[int, ...]
     gpus: tuple[str, ...]
     usd_per_hour: float | None
     bound_qps: float
-    """Its fluid bound (``BOUND_BUCKET_RATIO`` buckets), workflows/s."""
     verdict: Verdict
-    """``pruned`` (fluid bound below the rate: not simulated), ``failed`` or ``met``."""
     attainment: list[float] = field(default_factory=list)
-    """SLO attainment per seed simulated (stops at the first seed below the target)."""
     p95_s: list[float] = field(default_factory=list)
-    """P95 end-to-end latency per seed simulated."""
 
     @property
     def workers(self) -> int:
@@ -220,7 +202,9 @@ class Candidate:
 
 @dataclass
 class PlanReport:
-    """What ``run_plan`` found (``to_json`` documents the fields)."""
+    """What ``run_plan`` found (``to_json`` documents the fields). ``considered``: every mix in order, the last
+    the answer when there is one; ``capacity_per_seed``: empty without an answer or a margin search;
+    ``over_budget``: mixes not tried for costing more than the budget."""
 
     spec: PlanSpec
     objective: Objective
@@ -230,13 +214,10 @@ class PlanReport:
     seeds: list[int]
     prefix_caching: bool
     considered: list[Candidate]
-    """Every mix considered, in order; the last is the answer when there is one."""
     answer: Candidate | None
     capacity_per_seed: list[float]
-    """The answer's capacity on every seed (empty without an answer or a margin search)."""
     total_mixes: int
     over_budget: int
-    """Mixes not tried because they cost more than the budget."""
     programs_solved: int
     simulations: int
     seconds: float = 0.0
@@ -400,13 +381,11 @@ class _Search:
 
     def workers_of(self, counts: tuple[int, ...]) -> list[WorkerInfo]:
         """The mix's workers, uniquely named."""
-        out: list[WorkerInfo] = []
-        for g, n in zip(self.gpus, counts, strict=True):
-            for _ in range(n):
-                out.append(
-                    make_worker(self.catalog, name=f"{g}-{len(out)}", gpu=g, model=self.spec.model, capacity=None)
-                )
-        return out
+        gpus = [g for g, n in zip(self.gpus, counts, strict=True) for _ in range(n)]
+        return [
+            make_worker(self.catalog, name=f"{g}-{i}", gpu=g, model=self.spec.model, capacity=None)
+            for i, g in enumerate(gpus)
+        ]
 
     def count(self, n: int) -> None:
         """``n`` more simulations ran."""
@@ -442,18 +421,11 @@ class _Search:
         caps: list[float] = []
         if bench is None:
             return caps
+        capacity = functools.partial(
+            bench.capacity, spec.policy, answer.bound_qps, alpha=spec.alpha, target=spec.target
+        )
         for s in bench.setup.seeds:
             if self.describe is not None:
                 self.describe(f"margin of {answer.label}, seed {s}")
-            caps.append(
-                bench.capacity(
-                    spec.policy,
-                    answer.bound_qps,
-                    seed=s,
-                    alpha=spec.alpha,
-                    guess=caps[-1] if caps else spec.rate_qps,
-                    target=spec.target,
-                    rel_tol=spec.rel_tol,
-                )
-            )
+            caps.append(capacity(seed=s, guess=caps[-1] if caps else spec.rate_qps, rel_tol=spec.rel_tol))
         return caps

@@ -23,18 +23,6 @@ from gateway.config.gateway import LoadedConfig, load_gateway_config
 from gateway.config.tenants import hash_key
 from gateway.errors import GatewayError
 
-__all__ = [
-    "BENCH_TENANT",
-    "ChildProcess",
-    "StartError",
-    "cluster_process",
-    "free_port",
-    "gateway_process",
-    "probe",
-    "write_gateway_config",
-    "write_tenants_file",
-]
-
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 BENCH_TENANT = "bench"
@@ -55,13 +43,9 @@ def write_tenants_file(
     predictive: bool = False,
     **settings: Any,
 ) -> Path:
-    """A tenants file with one tenant (``name``) whose key is ``api_key`` and whose limits never bind.
-
-    Any deadline from a millisecond to a year is accepted; ``deadline_s`` is the default. Predictive
-    admission is off by default: a live run is compared with the simulator admitting every workflow, so the
-    gateway must admit every workflow too (``hexflow bench overload`` turns it on). ``settings``: further
-    fields of the tenant (``on_predicted_miss``, ``quality``).
-    """
+    """A tenants file with one tenant (``name``) whose key is ``api_key`` and whose limits never bind (any
+    deadline from a millisecond to a year; ``deadline_s`` the default). Predictive admission is off unless asked:
+    the simulator a live run is compared with admits every workflow. ``settings``: further tenant fields."""
     lo, hi = 1e-3, 3.2e7
     tenant = {
         "name": name,

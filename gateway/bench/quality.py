@@ -31,19 +31,6 @@ from gateway.text2sql.prompt_templates import Prompts
 from workers.emulator import GenRequest, chat_prompt_tokens, count_tokens
 from workers.scripted import AnswersResponder
 
-__all__ = [
-    "FULL",
-    "QualityError",
-    "QualityItem",
-    "QualityReport",
-    "ScriptedStageRunner",
-    "demo_items",
-    "format_report",
-    "quality_grid",
-    "run_quality",
-    "spider_quality_items",
-]
-
 FULL = Knobs(candidates=2, max_revisions=10, evaluate=True)
 """The pipeline's default knobs (``config/gateway.yaml`` ``text2sql``), full quality."""
 _FAR = 1e9  # the bench's deadline, seconds: never reached (its clock counts one second per stage)
@@ -140,12 +127,12 @@ class _Set:
 
 @dataclass
 class QualityReport:
-    """Correct answers per setting, per source (summed over seeds): see ``rows`` and ``to_yaml``."""
+    """Correct answers per setting, per source (summed over seeds): see ``rows`` and ``to_yaml``. ``asked``:
+    questions asked per source at each setting, summed over the seeds."""
 
     settings: list[Knobs]
     seeds: list[int]
     asked: dict[str, int] = field(default_factory=dict)
-    """Questions asked per source at each setting, summed over the seeds."""
     correct: dict[Knobs, dict[str, int]] = field(default_factory=dict)
     wrong_fraction: float = 0.25
     command: str = ""
@@ -277,10 +264,7 @@ async def _measure(
                     cfg = DatabaseConfig.model_validate({"url": f"sqlite:///{it.db_path.resolve().as_posix()}"})
                     dbs[it.db_path] = open_database(it.db_id, cfg)
             for k in settings:
-                pipe = Text2SqlPipeline(
-                    PipelineConfig(candidates=k.candidates, max_revisions=k.max_revisions, evaluate=k.evaluate),
-                    prompts,
-                )
+                pipe = Text2SqlPipeline(PipelineConfig(**asdict(k)), prompts)
                 ok = 0
                 for it, g in runnable:
                     ok += await _ask(pipe, dbs[it.db_path], responder, it, g)

@@ -30,8 +30,6 @@ from gateway.config import ClusterConfig, build_workers, load_cluster_config, lo
 from gateway.config.gpus import load_profiles_file
 from gateway.core.worker import WorkerInfo
 
-__all__ = ["Rig", "bench_folder", "bench_tenant", "cluster_workers", "live_rig", "sampling", "say_stderr", "scheduled"]
-
 T = TypeVar("T")
 
 
@@ -133,12 +131,9 @@ def live_rig(
     **config: Any,
 ) -> Iterator[Rig]:
     """The emulated cluster ``cluster`` at ``time_scale`` (with ``emulator_args``), or the running
-    ``worker_urls`` as they are, and a gateway in front of them with ``policy``, ``alpha`` and ``seed``.
-
-    ``gateway_cluster``: the cluster the gateway is told (default: ``cluster`` as its file says; a benchmark
-    may label a worker otherwise); ``config``: further keywords of ``write_gateway_config``. Both processes
-    are stopped when the block ends, however it ends.
-    """
+    ``worker_urls``, and a gateway in front with ``policy``, ``alpha``, ``seed``, told ``gateway_cluster``
+    (default: ``cluster`` as its file says) and further ``write_gateway_config`` keywords (``config``). Both
+    processes are stopped when the block ends, however it ends."""
     with contextlib.ExitStack() as stack:
         if worker_urls is None:
             _, urls = stack.enter_context(cluster_process(cluster, time_scale, folder, tag, emulator_args))

@@ -30,19 +30,17 @@ from gateway.bench.stats import Spread, finite_or_none, pyplot, run_header, save
 from gateway.core.policy import get_policy
 from gateway.sim.metrics import Summary
 
-__all__ = ["GRID_FRACTIONS", "BenchReport", "PolicyResult", "bench_steps", "plot_report", "run_bench", "run_parallel"]
-
 T = TypeVar("T")
 
 
 @dataclass
 class PolicyResult:
-    """What one policy achieved: its alpha, per-seed capacities, and every run it made."""
+    """What one policy achieved: its alpha, per-seed capacities (empty when no capacity search ran), and every
+    run it made."""
 
     policy: str
     alpha: float | None
     capacity_per_seed: list[float]
-    """Empty when no capacity search ran."""
     points: list[PointResult]
 
     @property
@@ -62,7 +60,9 @@ class PolicyResult:
 
 @dataclass
 class BenchReport:
-    """Everything ``hexflow bench`` reports (``to_json`` documents the fields)."""
+    """Everything ``hexflow bench`` reports (``to_json`` documents the fields). ``engine_time``: ours and the best
+    baseline at the reference rate, on the first seed, each engine's time per workflow; ``bound_time``: the same
+    at the fluid bound's solution."""
 
     trace: str
     cluster: list[str]
@@ -78,9 +78,7 @@ class BenchReport:
     rates: list[float]
     seconds: float = 0.0
     engine_time: dict[str, list[EngineTime]] = field(default_factory=dict)
-    """Ours and the best baseline at the reference rate, on the first seed: each engine's time per workflow."""
     bound_time: list[EngineTime] = field(default_factory=list)
-    """The same at the fluid bound's solution."""
 
     @property
     def capacity_qps(self) -> dict[str, float]:
@@ -144,6 +142,11 @@ class BenchReport:
         best = self.best_baseline
         ours = next((p for p in self.policies if get_policy(p).role == "ours"), None)
         ours_ratio = self.ratio_vs_best_baseline(ours) if ours else None
+        engine = {
+            "seed": self.seeds[0],
+            "bound": [e.to_json() for e in self.bound_time],
+            "policies": {p: [e.to_json() for e in rows] for p, rows in self.engine_time.items()},
+        }
         return {
             **run_header(self),
             "tune_seed": self.tune_seed,
@@ -157,15 +160,7 @@ class BenchReport:
             "ratio_vs_best_baseline": num(ours_ratio[0]) if ours_ratio else None,
             "reference_rate_qps": ref,
             "capacity_qps": self.capacity_qps,
-            "engine_time_at_reference": (
-                {
-                    "seed": self.seeds[0],
-                    "bound": [e.to_json() for e in self.bound_time],
-                    "policies": {p: [e.to_json() for e in rows] for p, rows in self.engine_time.items()},
-                }
-                if self.engine_time
-                else None
-            ),
+            "engine_time_at_reference": engine if self.engine_time else None,
             "policies": {name: self._policy_json(name, ref) for name in self.policies},
             "rates": self.rates,
             "seconds": self.seconds,
@@ -214,15 +209,14 @@ GRID_FRACTIONS: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 
 @dataclass(frozen=True)
 class _Task:
-    """One policy's work in one phase (a worker process's job)."""
+    """One policy's work in one phase (a worker process's job): ``alpha`` None runs the policy's default (or
+    none); ``tune_rate`` tunes alpha there first; ``coarse_tune``: no tuning rate is known yet, tune at a coarse
+    capacity estimate of the policy itself."""
 
     policy: str
     alpha: float | None
-    """Alpha to run with (None: the policy's default, or no alpha)."""
     tune_rate: float | None
-    """Tune alpha at this rate first (alpha-reading policies without a fixed alpha)."""
     coarse_tune: bool
-    """No tuning rate is known yet: tune at a coarse capacity estimate of the policy itself."""
     find_capacity: bool
     rates: tuple[float, ...]
     rel_tol: float
@@ -355,20 +349,10 @@ def run_bench(
     elif find_capacity and progress is not None:
         progress(len(plain))  # no reference rate: phase 3 has nothing to do
     report_tune = next((o.tune_rate for p, o in outcomes.items() if p in tuned), None)
-    report = BenchReport(
-        trace=setup.trace,
-        cluster=[w.profile.gpu for w in setup.workers],
-        slo_scale=setup.slo_scale,
-        slo_s=setup.slo_s,
-        fluid_bound_qps=bound,
-        policies={p: PolicyResult(p, outcomes[p].alpha, outcomes[p].capacities, outcomes[p].points) for p in policies},
-        seeds=setup.seeds,
-        tune_seed=setup.tune_seed,
-        tune_rate_qps=report_tune,
-        n_workflows=setup.n_workflows,
-        rel_tol=rel_tol,
-        rates=grid,
-    )
+    results = {p: PolicyResult(p, outcomes[p].alpha, outcomes[p].capacities, outcomes[p].points) for p in policies}
+    head = (setup.trace, [w.profile.gpu for w in setup.workers], setup.slo_scale, setup.slo_s, bound, results)
+    run = (setup.seeds, setup.tune_seed, report_tune, setup.n_workflows, rel_tol, grid)
+    report = BenchReport(*head, *run)
     _add_engine_time(report, setup, policies)
     report.seconds = time.perf_counter() - t0
     return report

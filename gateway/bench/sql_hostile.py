@@ -33,8 +33,6 @@ from gateway.bench.stats import fmt, percentile, table
 from gateway.text2sql.db import DatabaseConfig, PostgresDatabase, QueryFailed, SqliteDatabase
 from gateway.text2sql.db.base import Database
 
-__all__ = ["PAYLOADS", "PayloadResult", "main", "run"]
-
 _RECURSE = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {n}) "
 PAYLOADS: dict[str, dict[str, str]] = {
     "sqlite": {

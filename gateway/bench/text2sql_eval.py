@@ -27,20 +27,6 @@ from gateway.bench.stats import percentile, table
 from gateway.errors import GatewayError
 from gateway.text2sql.evaluate import ExecutionAccuracy, execute_sqlite, gold_is_ordered, results_match
 
-__all__ = [
-    "DATABASE_FOLDERS",
-    "EvalError",
-    "EvalItem",
-    "EvalItems",
-    "EvalReport",
-    "ItemRecord",
-    "database_files",
-    "evaluate",
-    "format_report",
-    "spider_items",
-    "write_databases_file",
-]
-
 DATABASE_FOLDERS: tuple[str, ...] = ("database", "dev_databases")
 """Where a dataset keeps ``<db_id>/<db_id>.sqlite`` (Spider, BIRD); the first that exists is used."""
 _DB_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -116,16 +102,9 @@ def spider_items(dataset_dir: Path | str, limit: int | None = None) -> EvalItems
             skipped[db_id] += 1
             continue
         evidence, difficulty = raw.get("evidence"), raw.get("difficulty")
-        items.append(
-            EvalItem(
-                db_id=db_id,
-                question=question,
-                gold=gold,
-                db_path=files[db_id],
-                evidence=evidence if isinstance(evidence, str) and evidence.strip() else None,
-                difficulty=str(difficulty) if difficulty is not None else None,
-            )
-        )
+        evidence = evidence if isinstance(evidence, str) and evidence.strip() else None
+        difficulty = str(difficulty) if difficulty is not None else None
+        items.append(EvalItem(db_id, question, gold, files[db_id], evidence, difficulty))
     return EvalItems(items, dict(sorted(skipped.items())))
 
 
@@ -142,16 +121,17 @@ def write_databases_file(
     if not files:
         where = " or ".join(f"{Path(dataset_dir) / d}/<db_id>/<db_id>.sqlite" for d in DATABASE_FOLDERS)
         raise EvalError(f"no database found: expected {where}")
-    entries: dict[str, dict[str, Any]] = {}
-    for db_id, f in files.items():
-        entry: dict[str, Any] = {
+    name = Path(dataset_dir).resolve().name
+    cap = {} if max_rows is None else {"max_rows": max_rows}
+    entries = {
+        db_id: {
             "url": f"sqlite:///{f.as_posix()}",
-            "description": f"{Path(dataset_dir).resolve().name}: {db_id}",
+            "description": f"{name}: {db_id}",
             "statement_timeout_s": statement_timeout_s,
         }
-        if max_rows is not None:
-            entry["max_rows"] = max_rows
-        entries[db_id] = entry
+        | cap
+        for db_id, f in files.items()
+    }
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump({"databases": entries}, sort_keys=True), encoding="utf-8")
@@ -163,19 +143,17 @@ def write_databases_file(
 
 @dataclass
 class ItemRecord:
-    """One question's outcome."""
+    """One question's outcome: ``status`` the pipeline's (``ok``, ``no_valid_sql``, ...) or ``http_<code>`` /
+    ``client_error``, ``http_status`` 0 when no HTTP response came back, ``latency_s`` the client's wall time."""
 
     question: str
     db_id: str
     status: str
-    """The pipeline's status (``ok``, ``no_valid_sql``, ...), or ``http_<code>`` / ``client_error``."""
     http_status: int
-    """0 when no HTTP response came back."""
     correct: bool
     sql: str | None
     gold: str
     latency_s: float
-    """Client-side wall time of the request."""
     gateway_latency_s: float | None = None
     local_s: float | None = None
     revisions: int = 0
@@ -350,20 +328,15 @@ async def _ask(client: httpx.AsyncClient, item: EvalItem, deadline_s: float | No
     try:
         r = await client.post("/v1/text2sql", json=body, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        elapsed = time.monotonic() - t
-        head = (item.question, item.db_id, "client_error", 0, False, None, item.gold, elapsed)
-        return ItemRecord(*head, difficulty=item.difficulty, error=error)
+        head = (item.question, item.db_id, "client_error", 0, False, None, item.gold, time.monotonic() - t)
+        return ItemRecord(*head, difficulty=item.difficulty, error=f"{type(exc).__name__}: {exc}")
     elapsed = time.monotonic() - t
     try:
         data = r.json()
     except ValueError:
         data = None
-    if not isinstance(data, dict):
-        data = {}
-    status = data.get("status")
-    if not isinstance(status, str):
-        status = f"http_{r.status_code}"
+    data = data if isinstance(data, dict) else {}
+    status = data["status"] if isinstance(data.get("status"), str) else f"http_{r.status_code}"
     sql = data.get("sql") if isinstance(data.get("sql"), str) else None
     rec = ItemRecord(
         *(item.question, item.db_id, status, r.status_code, False, sql, item.gold, elapsed),

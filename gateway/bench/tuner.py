@@ -61,11 +61,10 @@ def _measured(res: SimResult, warmup: int, total: int) -> Summary:
 
 @dataclass(frozen=True)
 class FixedRun:
-    """One alpha held for the whole run."""
+    """One alpha held for the whole run; ``summary`` over the measured workflows."""
 
     alpha: float
     summary: Summary
-    """Over the measured workflows."""
 
 
 def run_fixed(setup: Setup, policy: str, rate: float, alpha: float, warmup: int) -> FixedRun:
@@ -76,32 +75,28 @@ def run_fixed(setup: Setup, policy: str, rate: float, alpha: float, warmup: int)
 
 @dataclass(frozen=True)
 class Retune:
-    """One tuning run during a tuned run."""
+    """One tuning run during a tuned run: its virtual time, workflows replayed, the alpha chosen, whether it
+    was applied, the alpha in force after it, and the wall time of ``tune_window``."""
 
     time_s: float
-    """Virtual time of the run."""
     window: int
-    """Workflows replayed."""
     chosen: float
     applied: bool
     alpha: float
-    """Alpha in force after the run."""
     seconds: float
-    """Wall time of ``tune_window``."""
 
 
 @dataclass(frozen=True)
 class TunedRun:
-    """The sequence under the live tuner with one window size."""
+    """The sequence under the live tuner with one window size: ``summary`` over the measured workflows,
+    ``initial_alpha`` the policy's default (in force until the first applied re-tune), ``skipped`` the runs
+    that were due but found fewer than ``min_workflows`` in the window."""
 
     window: int
     summary: Summary
-    """Over the measured workflows."""
     initial_alpha: float
-    """The policy's default alpha, in force until the first applied re-tune."""
     retunes: tuple[Retune, ...]
     skipped: int
-    """Runs that were due but found fewer than ``min_workflows`` in the window."""
 
     def full_window_seconds(self) -> list[float]:
         """Wall times of the re-tunes that replayed a full window."""
@@ -212,30 +207,22 @@ class TraceResult:
         best = self.best
         default = self.fixed_at(self.default_alpha)
         doc = {k: getattr(self, k) for k in ("trace", "seed", "fluid_bound_qps", "capacity_qps", "rate_qps", "slo_s")}
+        figures = ("p50_s", "p95_s", "p99_s", "slo_attainment")
         return {
             **doc,
             "default_alpha": self.default_alpha,
             "best_alpha": best.alpha,
             "best_p95_s": num(best.summary.p95_s),
             "default_gap_vs_best": num(self.gap(default.summary.p95_s)) if default else None,
-            "fixed": [
-                {
-                    "alpha": r.alpha,
-                    **{k: num(getattr(r.summary, k)) for k in ("p50_s", "p95_s", "p99_s", "slo_attainment")},
-                }
-                for r in self.fixed
-            ],
+            "fixed": [{"alpha": r.alpha, **{k: num(getattr(r.summary, k)) for k in figures}} for r in self.fixed],
             "tuned": [self._tuned_json(t) for t in self.tuned],
         }
 
     def _tuned_json(self, t: TunedRun) -> dict[str, Any]:
         num = finite_or_none
         secs = t.full_window_seconds()
-        stats: dict[str, Callable[[list[float]], float]] = {
-            "mean": statistics.fmean,
-            "median": statistics.median,
-            "max": max,
-        }
+        stats: dict[str, Callable[[list[float]], float]] = {"mean": statistics.fmean, "median": statistics.median}
+        stats["max"] = max
         return {
             "window_workflows": t.window,
             "p95_s": num(t.summary.p95_s),
@@ -326,13 +313,6 @@ def _check_question(pol: Policy, setups: Sequence[Setup], windows: Sequence[int]
             raise ValueError(f"warmup must leave measured workflows: {warmup} of {s.n_workflows}")
 
 
-def _with_window(base: TuningConfig, n: int) -> TuningConfig:
-    """``base`` with a window of ``n`` workflows (its minimum capped at ``n``)."""
-    return TuningConfig.model_validate(
-        {**base.model_dump(), "window_workflows": n, "min_workflows": min(base.min_workflows, n)}
-    )
-
-
 def run_tuner_bench(
     setups: Sequence[Setup],
     *,
@@ -355,7 +335,9 @@ def run_tuner_bench(
     pol = get_policy(policy)
     _check_question(pol, setups, windows, load, warmup)
     base = tuning if tuning is not None else TuningConfig()
-    cfgs = [_with_window(base, n) for n in windows]
+    # One config per window size, its minimum capped at the window.
+    sized = [{"window_workflows": n, "min_workflows": min(base.min_workflows, n)} for n in windows]
+    cfgs = [TuningConfig.model_validate(base.model_dump() | w) for w in sized]
     grid = Retuner(base, WindowRecorder(1)).grid()
 
     caps = run_parallel(jobs, [(_capacity, (s, policy, rel_tol)) for s in setups], progress)
@@ -379,19 +361,9 @@ def run_tuner_bench(
         args = (s.bound.rate_qps, caps[i], rates[i], s.slo_s, pol.default_alpha, fixed, tuned)
         traces.append(TraceResult(s.trace, s.seed, *args))
     first = setups[0]
-    return TunerReport(
-        cluster=[w.profile.gpu for w in first.workers],
-        policy=policy,
-        slo_scale=first.slo_scale,
-        load=load,
-        warmup=warmup,
-        measured=first.n_workflows - warmup,
-        seeds=sorted({s.seed for _, s in runs}),
-        tuning=base,
-        traces=traces,
-        jobs=jobs,
-        seconds=time.perf_counter() - t0,
-    )
+    head = ([w.profile.gpu for w in first.workers], policy, first.slo_scale, load, warmup, first.n_workflows - warmup)
+    seeds_run = sorted({s.seed for _, s in runs})
+    return TunerReport(*head, seeds_run, base, traces, jobs, time.perf_counter() - t0)
 
 
 def format_tuner_report(report: TunerReport, cluster: str) -> str:

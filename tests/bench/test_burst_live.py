@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.bench.burst_live import demo_latency, live_setup, record_demo, record_demo_queries
+from gateway.bench.burst_live import demo_latency, live_setup, record_demo
 from gateway.cli.common import load_workers
 from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST
 from gateway.text2sql.demo import demo_questions
 
 
 def test_the_demo_workload_is_recorded_call_by_call() -> None:
-    queries = record_demo_queries(seed=0)
+    queries = record_demo(seed=0)[0]
     assert len(queries) == len(demo_questions())
     kinds = {c.kind for q in queries for c in q}
     assert (
@@ -26,7 +26,7 @@ def test_the_demo_workload_is_recorded_call_by_call() -> None:
         assert all(c.input_tokens > 0 and 0 < c.output_tokens <= 4096 for c in q)
     # A wrong first candidate that fails or returns nothing is revised: some questions have revise rounds.
     assert any(c.kind == REVISE for q in queries for c in q)
-    assert record_demo_queries(seed=0) == queries  # deterministic
+    assert record_demo(seed=0)[0] == queries  # deterministic
 
 
 def test_a_live_setup_measures_deadlines_in_demo_questions() -> None:
