@@ -145,11 +145,6 @@ class CompletionPredictor:
         # cycle only the garbage collector frees).
         self._cost: CostFn | None = None
 
-    @property
-    def backlog_s(self) -> float:
-        """The smallest queue wait among eligible workers (``inf`` with none)."""
-        return min(self._tq, default=math.inf)
-
     def _t_comp(self, spec: CallSpec) -> list[float]:
         key = (spec.kind, spec.input_tokens, spec.output_tokens)
         v = self._tc.get(key)

@@ -40,10 +40,6 @@ class KnobbedWorkflow(StagedWorkflow):
         if self.plan_template is not None:
             self._plan_cursor = TemplateCursor(self.plan_template)
 
-    def fresh(self) -> KnobbedWorkflow:
-        """An unstarted copy (same id, tenant, times, stages and policy)."""
-        return self.shifted(self.arrival, self.deadline)
-
     def shifted(self, arrival: float, deadline: float) -> KnobbedWorkflow:
         """An unstarted copy with new arrival and deadline times."""
         return KnobbedWorkflow(
