@@ -13,18 +13,6 @@ from gateway.core.estimates import Estimator
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import Call, CallSpec, CostFn, PhaseSpec, Workflow, WorkflowTemplate
 
-__all__ = [
-    "SUSTAINABLE_SHARE",
-    "CompletionPredictor",
-    "QueueCalibration",
-    "StagePlan",
-    "ThroughputMeter",
-    "calls_plan",
-    "cluster_call_time",
-    "dag_plan",
-    "template_plan",
-]
-
 _NOTHING_AFTER = (0, 0.0, 0.0, 0.0)
 SUSTAINABLE_SHARE = 0.25
 """The share of the full-batch throughput that work ahead of a workflow (backlog, committed work) is forecast to get."""

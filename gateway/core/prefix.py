@@ -11,19 +11,6 @@ from dataclasses import dataclass
 from gateway.core.pickled import field_values
 from gateway.core.tokens import CHARS_PER_TOKEN
 
-__all__ = [
-    "BLOCK_TOKENS",
-    "Holders",
-    "Key",
-    "PrefixIndex",
-    "PrefixSeg",
-    "best_case_cached",
-    "cached_tokens",
-    "match_holders",
-    "prompt_prefix",
-    "segment_keys",
-]
-
 BLOCK_TOKENS = 16
 """vLLM's KV block size (``--block-size``) on GPUs, the default of ``PerfProfile.block_tokens``: the unit of
 prefix reuse (vLLM's CPU backend uses 128)."""

@@ -8,8 +8,6 @@ from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, knob_plan
 from gateway.core.predict import CompletionPredictor
 from gateway.core.workflow import CANDIDATE, REVISE, CallSpec, StagedWorkflow, TemplateCursor, WorkflowTemplate
 
-__all__ = ["KnobbedWorkflow"]
-
 
 @dataclass(eq=False)
 class KnobbedWorkflow(StagedWorkflow):

@@ -15,15 +15,6 @@ from typing import TextIO
 
 from gateway.errors import ConfigError
 
-__all__ = [
-    "gamma_arrivals",
-    "jsonl_arrivals",
-    "pattern_arrivals",
-    "poisson_arrivals",
-    "replay_arrivals",
-    "servegen_arrivals",
-]
-
 
 def _check_positive(name: str, value: float | None) -> None:
     if value is not None and not (value > 0 and math.isfinite(value)):
