@@ -22,20 +22,6 @@ from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import Call, CallSpec, OnlineWorkflow, Workflow
 from gateway.errors import DomainError
 
-__all__ = [
-    "ADMISSION_HEADROOM",
-    "SHED_PERIOD_S",
-    "Admission",
-    "AdmissionRefused",
-    "Admitter",
-    "DeadlineTooShort",
-    "NoWorkerCanRun",
-    "PredictedMiss",
-    "ShedVerdict",
-    "round_up",
-    "whole_seconds",
-]
-
 ADMISSION_HEADROOM = 0.9
 """The default share of a deadline a predicted completion must fit in (``admission.headroom``)."""
 SHED_PERIOD_S = 0.2

@@ -41,7 +41,7 @@ class DagNode:
     """The parts of the call's prompt other calls share (``CallSpec.prefix``)."""
 
 
-def _topo_order(nodes: Sequence[DagNode]) -> list[int]:
+def topo_order(nodes: Sequence[DagNode]) -> list[int]:
     """Indices in a topological order; raises ``DagError`` on a problem."""
     index: dict[str, int] = {}
     for i, n in enumerate(nodes):
@@ -81,7 +81,7 @@ def validate_nodes(nodes: Sequence[DagNode]) -> None:
     """Raise ``DagError`` naming the first problem of a node list (empty, duplicate id, dangling, cycle)."""
     if not nodes:
         raise DagError("calls", "a workflow needs at least one call")
-    _topo_order(nodes)
+    topo_order(nodes)
 
 
 _ONE_ORDER: tuple[int, ...] = (0,)
@@ -119,22 +119,19 @@ class DagWorkflow(Workflow):
         """Validate ``nodes`` (raises ``DagError``) and build an unstarted workflow."""
         if not nodes:
             raise DagError("calls", "a workflow needs at least one call")
+        wf = cls(wid, tenant, arrival, deadline, tuple(nodes), template)
         if len(nodes) == 1 and not nodes[0].depends_on:
             # One call (every chat completion): nothing to sort or index, the same workflow as below.
-            wf = cls(wid, tenant, arrival, deadline, tuple(nodes), template)
             wf._order, wf._deps, wf._children = _ONE_ORDER, _ONE_DEPS, _ONE_DEPS
-            wf._reset()
-            return wf
-        order = _topo_order(nodes)
-        wf = cls(wid, tenant, arrival, deadline, tuple(nodes), template)
-        wf._order = tuple(order)
-        index = {n.id: i for i, n in enumerate(nodes)}
-        wf._deps = tuple(tuple(sorted({index[d] for d in n.depends_on})) for n in nodes)
-        children: list[list[int]] = [[] for _ in nodes]
-        for i, deps in enumerate(wf._deps):
-            for d in deps:
-                children[d].append(i)
-        wf._children = tuple(tuple(c) for c in children)
+        else:
+            wf._order = tuple(topo_order(nodes))
+            index = {n.id: i for i, n in enumerate(nodes)}
+            wf._deps = tuple(tuple(sorted({index[d] for d in n.depends_on})) for n in nodes)
+            children: list[list[int]] = [[] for _ in nodes]
+            for i, deps in enumerate(wf._deps):
+                for d in deps:
+                    children[d].append(i)
+            wf._children = tuple(tuple(c) for c in children)
         wf._reset()
         return wf
 

@@ -11,20 +11,6 @@ from typing import Literal
 from gateway.core.predict import StagePlan, template_plan
 from gateway.core.workflow import CANDIDATE, EVALUATE, REVISE, UNIT_TEST, UNIT_TESTER, PhaseSpec, WorkflowTemplate
 
-__all__ = [
-    "FLOOR",
-    "QUALITY_MODES",
-    "Decision",
-    "Degrader",
-    "Knobs",
-    "QualityMode",
-    "QualityModel",
-    "QuestionPlan",
-    "degraded_steps",
-    "knob_grid",
-    "knob_plan",
-]
-
 QualityMode = Literal["full", "adaptive", "fast"]
 QUALITY_MODES: tuple[QualityMode, ...] = ("full", "adaptive", "fast")
 

@@ -111,10 +111,6 @@ class Estimator:
         """The profile's lone-request latency, uncorrected (the unit of stage budgets)."""
         return self._models[self._group[worker]].lone_s(input_tokens, output_tokens)
 
-    def mean_base_latency(self, workers: Sequence[int], input_tokens: int, output_tokens: int) -> float:
-        """Mean of ``base_latency`` over ``workers`` (0.0 for none): the reference cost of stage budgets."""
-        return self.mean_base_latency_runs(self.group_runs(workers), input_tokens, output_tokens)
-
     def group_runs(self, workers: Sequence[int]) -> list[tuple[int, int]]:
         """``workers`` as runs of one profile group, in order: (group, how many in a row)."""
         group = self._group
@@ -133,7 +129,8 @@ class Estimator:
         return runs
 
     def mean_base_latency_runs(self, runs: list[tuple[int, int]], input_tokens: int, output_tokens: int) -> float:
-        """``mean_base_latency`` of the workers that ``runs`` (``group_runs``) stand for: the same float."""
+        """Mean ``base_latency`` of the workers that ``runs`` (``group_runs``) stand for (0.0 for none): the reference
+        cost of stage budgets."""
         total = 0.0
         n = 0
         models = self._models
@@ -195,19 +192,6 @@ class Estimator:
                 rate += 1.0 / gpu
         return rate
 
-    def backlog_s(self, worker: int, now: float) -> float:
-        """Engine seconds outstanding on ``worker``: queued ``gpu_s`` plus what is left of the in-flight calls'."""
-        load = self.loads[worker]
-        return self._backlog(load, load.queued_gpu_s, now)
-
-    @staticmethod
-    def _backlog(load: WorkerLoad, queued_gpu: float, now: float) -> float:
-        if not load.inflight or load.inflight_service_sum <= 0.0:
-            return queued_gpu
-        left = (load.inflight_end_sum - load.inflight * now) / load.inflight_service_sum
-        left = min(max(left, 0.1), 1.0)
-        return queued_gpu + load.inflight_gpu_s * left
-
     def t_comp(
         self, worker: int, kind: str, input_tokens: int, output_tokens: int, now: float, cached: int = 0
     ) -> float:
@@ -223,8 +207,9 @@ class Estimator:
     def queue_view(
         self, workers: Sequence[int], now: float, after: Sequence[tuple[int, float, float, float]] | None = None
     ) -> tuple[list[float], list[float]]:
-        """``t_queue`` and ``backlog_s`` of each of ``workers``; ``after``: per worker, the (calls, prefill s, engine
-        s, ``t_comp`` s) queued that a new call would go before, left out."""
+        """``t_queue`` and the engine seconds outstanding (queued ``gpu_s`` plus what is left of the in-flight calls')
+        of each of ``workers``; ``after``: per worker, the (calls, prefill s, engine s, ``t_comp`` s) queued that a new
+        call would go before, left out."""
         t_queue: list[float] = []
         backlog: list[float] = []
         loads = self.loads
@@ -243,15 +228,11 @@ class Estimator:
                 queued_gpu = max(queued_gpu - gpu_after, 0.0)
             m = models[group[w]]
             t_queue.append(m.queue_s(load, now, queued, queued_prefill, later_work))
-            backlog.append(self._backlog(load, queued_gpu, now))
+            if load.inflight and load.inflight_service_sum > 0.0:
+                left = (load.inflight_end_sum - load.inflight * now) / load.inflight_service_sum
+                queued_gpu += load.inflight_gpu_s * min(max(left, 0.1), 1.0)
+            backlog.append(queued_gpu)
         return t_queue, backlog
-
-    def harm(self, worker: int, input_tokens: int) -> float:
-        """Delay a call's prompt imposes on ``worker``'s calls in flight: ``prefill * inflight``."""
-        n = self.loads[worker].inflight
-        if not n:
-            return 0.0
-        return self.prefill_s(worker, input_tokens) * n
 
     def snapshot(
         self,
@@ -273,18 +254,12 @@ class Estimator:
             for i in range(n_ws):
                 rows[ws[i]].credit = cached[i]
         self.scan(ws, kind, input_tokens, output_tokens, now, credited=cached is not None)
-        return self.columns(ws)
-
-    def columns(self, workers: list[int]) -> tuple[list[float], list[float], list[float], list[int]]:
-        """``t_comp``, ``t_queue``, ``harm`` and calls in flight of ``workers``' rows, as aligned lists."""
-        n_ws = len(workers)
-        rows = self.rows
         t_comp: list[float] = [0.0] * n_ws
         t_queue: list[float] = [0.0] * n_ws
         harm: list[float] = [0.0] * n_ws
         inflight: list[int] = [0] * n_ws
         for i in range(n_ws):
-            r = rows[workers[i]]
+            r = rows[ws[i]]
             t_comp[i] = r.t_comp
             t_queue[i] = r.t_queue
             harm[i] = r.harm

@@ -8,22 +8,10 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.core.dag import DagNode
+from gateway.core.dag import DagNode, topo_order
 from gateway.core.estimates import Estimator
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import Call, CallSpec, CostFn, PhaseSpec, Workflow, WorkflowTemplate
-
-__all__ = [
-    "SUSTAINABLE_SHARE",
-    "CompletionPredictor",
-    "QueueCalibration",
-    "StagePlan",
-    "ThroughputMeter",
-    "calls_plan",
-    "cluster_call_time",
-    "dag_plan",
-    "template_plan",
-]
 
 _NOTHING_AFTER = (0, 0.0, 0.0, 0.0)
 SUSTAINABLE_SHARE = 0.25
@@ -69,25 +57,14 @@ def template_plan(
 
 
 def dag_plan(nodes: Sequence[DagNode]) -> tuple[StagePlan, ...]:
-    """The nodes of a (valid) DAG grouped by depth: the critical path when levels are balanced, else a bound."""
+    """The nodes of a valid DAG grouped by depth: the critical path when levels are balanced, else a bound."""
     index = {n.id: i for i, n in enumerate(nodes)}
-    depth: list[int | None] = [None] * len(nodes)
-    for start in range(len(nodes)):
-        if depth[start] is not None:
-            continue
-        stack = [start]
-        while stack:  # iterative: a DAG may be a long chain
-            i = stack[-1]
-            deps = [index[d] for d in nodes[i].depends_on if d in index]
-            todo = [d for d in deps if depth[d] is None]
-            if todo:
-                stack.extend(todo)
-                continue
-            stack.pop()
-            depth[i] = 1 + max((depth[d] or 0 for d in deps), default=-1)
+    depth = [0] * len(nodes)
+    for i in topo_order(nodes):
+        depth[i] = 1 + max((depth[index[d]] for d in nodes[i].depends_on), default=-1)
     levels: dict[int, list[CallSpec]] = defaultdict(list)
     for n, d in zip(nodes, depth, strict=True):
-        levels[d or 0].append(CallSpec(n.kind, n.input_tokens, n.output_tokens))
+        levels[d].append(CallSpec(n.kind, n.input_tokens, n.output_tokens))
     return tuple(StagePlan(tuple(levels[k])) for k in sorted(levels))
 
 
@@ -144,11 +121,6 @@ class CompletionPredictor:
         # ``call_cost`` as one object (cost caches keyed by it stay warm); made on first use (a bound method is a
         # cycle only the garbage collector frees).
         self._cost: CostFn | None = None
-
-    @property
-    def backlog_s(self) -> float:
-        """The smallest queue wait among eligible workers (``inf`` with none)."""
-        return min(self._tq, default=math.inf)
 
     def _t_comp(self, spec: CallSpec) -> list[float]:
         key = (spec.kind, spec.input_tokens, spec.output_tokens)

@@ -9,23 +9,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from gateway.core.pickled import field_values
-
-__all__ = [
-    "BLOCK_TOKENS",
-    "CHARS_PER_TOKEN",
-    "Holders",
-    "Key",
-    "PrefixIndex",
-    "PrefixSeg",
-    "best_case_cached",
-    "cached_tokens",
-    "match_holders",
-    "prompt_prefix",
-    "segment_keys",
-]
-
-CHARS_PER_TOKEN = 4
-"""Characters per token assumed for text prompts (the gateway's token estimate uses the same ratio)."""
+from gateway.core.tokens import CHARS_PER_TOKEN
 
 BLOCK_TOKENS = 16
 """vLLM's KV block size (``--block-size``) on GPUs, the default of ``PerfProfile.block_tokens``: the unit of

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, fields, replace
 
 from gateway.core.pickled import field_values
 from gateway.core.prefix import BLOCK_TOKENS
@@ -120,22 +120,10 @@ CONSTANTS: tuple[str, ...] = (
 
 
 def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
-    """A ``PerfProfile`` from the same-named attributes of ``source`` (missing optional ones: 0 or the default)."""
-    return PerfProfile(
-        gpu,
-        model,
-        getattr(source, "iter_base_s"),  # noqa: B009 (the names of CONSTANTS, spelled out for the type checker)
-        getattr(source, "token_s"),  # noqa: B009
-        getattr(source, "ctx_s"),  # noqa: B009
-        getattr(source, "request_overhead_s"),  # noqa: B009
-        getattr(source, "kv_capacity_tokens"),  # noqa: B009
-        getattr(source, "max_num_seqs"),  # noqa: B009
-        getattr(source, "max_batched_tokens"),  # noqa: B009
-        getattr(source, "attn_s", 0.0),
-        getattr(source, "block_tokens", BLOCK_TOKENS),
-        getattr(source, "seq_s", 0.0),
-        getattr(source, "admit_s", 0.0),
-    )
+    """A ``PerfProfile`` from the same-named attributes of ``source`` (missing optional ones: their defaults)."""
+    optional = {f.name: f.default for f in fields(PerfProfile) if f.default is not MISSING}
+    values = [getattr(source, k, optional[k]) if k in optional else getattr(source, k) for k in CONSTANTS]
+    return PerfProfile(gpu, model, *values)
 
 
 def iterations_within(a: float, g: float, elapsed: float) -> int:

@@ -7,6 +7,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from gateway.core.workflow import Call
@@ -292,13 +293,10 @@ def _vtc_family() -> QueueFactory:
 
 
 def _keyed_family(key: Callable[[Call], float]) -> QueueFamily:
-    """The family of queues ordered by ``key`` (a named function: mypyc compiles no nested lambdas)."""
+    """The family of queues ordered by ``key``."""
 
     def family() -> QueueFactory:
-        def make() -> WorkerQueue:
-            return KeyedQueue(key)
-
-        return make
+        return partial(KeyedQueue, key)
 
     return family
 

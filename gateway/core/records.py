@@ -10,8 +10,6 @@ from gateway.core.degrade import Knobs
 from gateway.core.workflow import deadline_met
 from gateway.errors import CallFailed
 
-__all__ = ["CallOutcome", "WorkflowOutcome"]
-
 A = TypeVar("A")
 
 

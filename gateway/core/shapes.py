@@ -10,17 +10,6 @@ from dataclasses import dataclass
 
 from gateway.core.workflow import PhaseSpec, WorkflowTemplate
 
-__all__ = [
-    "CLIP",
-    "INPUT_SCALE_LIMIT",
-    "MIN_QUESTIONS",
-    "OutputWindow",
-    "QuestionSample",
-    "ShapeWindow",
-    "fit",
-    "robust_mean",
-]
-
 CLIP = 0.05
 """The share of the highest values ``robust_mean`` clips."""
 MIN_QUESTIONS = 5

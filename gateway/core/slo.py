@@ -9,9 +9,6 @@ def stage_budget(deadline: float, now: float, stage_cost: float, remaining_cost:
     """Budget in seconds for a stage of expected cost ``stage_cost`` followed by ``remaining_cost`` (both 0: all)."""
     left = deadline - now
     total = stage_cost + remaining_cost
-    if total <= 0.0:
-        return left
-    if left <= 0.0:
-        # Late: keep the overshoot, so later-arrived work does not jump ahead of it.
+    if total <= 0.0 or left <= 0.0:  # late: keep the overshoot, so later-arrived work does not jump ahead of it
         return left
     return left * stage_cost / total

@@ -4,9 +4,10 @@ only its *template*: the expected shape of the stages to come, ``gateway/config/
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from gateway.core.native import mypyc_attr
+from gateway.core.pickled import field_values
 from gateway.core.prefix import PrefixSeg, segment_keys
 
 CostFn = Callable[[str, int, int], float]
@@ -32,8 +33,7 @@ class CallSpec:
     prefix: tuple[PrefixSeg, ...] = ()
 
     def __reduce__(self) -> tuple[type[CallSpec], tuple[object, ...]]:
-        # Pickled by its fields: a frozen dataclass compiled by mypyc cannot be unpickled by setting attributes.
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return type(self), field_values(self)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -305,10 +305,6 @@ class StagedWorkflow(Workflow):
 
     def __post_init__(self) -> None:
         self._cursor = TemplateCursor(self.template)
-
-    def fresh(self) -> StagedWorkflow:
-        """An unstarted copy (same id, tenant, times and stages), for replaying a workload again."""
-        return StagedWorkflow(self.wid, self.tenant, self.arrival, self.deadline, self.stages, self.template)
 
     def shifted(self, arrival: float, deadline: float) -> StagedWorkflow:
         """An unstarted copy with new arrival and deadline times."""

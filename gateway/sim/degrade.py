@@ -8,8 +8,6 @@ from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, knob_plan
 from gateway.core.predict import CompletionPredictor
 from gateway.core.workflow import CANDIDATE, REVISE, CallSpec, StagedWorkflow, TemplateCursor, WorkflowTemplate
 
-__all__ = ["KnobbedWorkflow"]
-
 
 @dataclass(eq=False)
 class KnobbedWorkflow(StagedWorkflow):
@@ -39,10 +37,6 @@ class KnobbedWorkflow(StagedWorkflow):
         super().__post_init__()
         if self.plan_template is not None:
             self._plan_cursor = TemplateCursor(self.plan_template)
-
-    def fresh(self) -> KnobbedWorkflow:
-        """An unstarted copy (same id, tenant, times, stages and policy)."""
-        return self.shifted(self.arrival, self.deadline)
 
     def shifted(self, arrival: float, deadline: float) -> KnobbedWorkflow:
         """An unstarted copy with new arrival and deadline times."""

@@ -3,8 +3,6 @@ native build compares attributes, not tuples; it pops the order ``heapq`` would.
 
 from __future__ import annotations
 
-__all__ = ["Event", "EventHeap"]
-
 
 class Event:
     """One event: fires at ``t``; ``seq`` breaks ties (first pushed, first out) and must be unique per heap."""

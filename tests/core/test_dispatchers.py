@@ -7,7 +7,6 @@ import random
 import pytest
 
 from gateway.core.dispatchers import DISPATCHERS, Capabilities, DispatchView, WorkerEstimate, register_dispatcher
-from gateway.core.dispatchers.eft import EarliestFinish
 from gateway.core.dispatchers.llmd import LlmdScorer
 from gateway.core.dispatchers.lw import LeastWork
 from gateway.core.dispatchers.p2c import PowerOfTwo
@@ -128,7 +127,7 @@ def test_least_work_picks_least_outstanding_work(t_comp: list[float], t_queue: l
 def test_earliest_finish_picks_least_queue_plus_compute(
     name: str, t_comp: list[float], t_queue: list[float], expected: int
 ) -> None:
-    assert EarliestFinish().choose(view(t_comp, t_queue)) == expected, name
+    assert LeastWork(finish=True).choose(view(t_comp, t_queue)) == expected, name
 
 
 def test_round_robin_cycles_by_worker_index_and_skips_ineligible() -> None:
@@ -194,10 +193,10 @@ def test_each_dispatcher_declares_what_it_reads(name: str, caps: Capabilities) -
 
 @pytest.mark.parametrize(
     "d",
-    [WorkloadBalanced(), WorkloadBalanced(interference=1.0), LeastWork(), EarliestFinish()],
+    [WorkloadBalanced(), WorkloadBalanced(interference=1.0), LeastWork(), LeastWork(finish=True)],
     ids=["wb", "wbi", "lw", "eft"],
 )
-def test_a_dispatcher_reads_only_the_eligible_workers_rows(d: WorkloadBalanced | LeastWork | EarliestFinish) -> None:
+def test_a_dispatcher_reads_only_the_eligible_workers_rows(d: WorkloadBalanced | LeastWork) -> None:
     """The choice over a subset of the rows is the choice over those rows alone, ties included (equal values are
     drawn often); the position returned is in ``view.workers``."""
     rng = random.Random(7)

@@ -133,12 +133,11 @@ def test_a_stale_ratio_reads_as_unknown(fast: PerfProfile) -> None:
 
 def test_harm_is_the_prompts_prefill_times_the_calls_it_would_stall(fast: PerfProfile) -> None:
     est = Estimator([WorkerInfo("w", fast, 8)])
-    assert est.harm(0, 8000) == 0.0  # nothing in flight: nobody to stall
+    assert est.snapshot([0], LONG.kind, 8000, 400, 0.0)[2] == [0.0]  # nothing in flight: nobody to stall
     for i in range(3):
         sent(est, call(i, SHORT), 0.0)
-    assert est.harm(0, 8000) == pytest.approx(3 * LatencyModel(fast).prefill_s(8000))
     _, _, harm, _ = est.snapshot([0], LONG.kind, 8000, 400, 0.0)
-    assert harm == [pytest.approx(est.harm(0, 8000))]
+    assert harm == [pytest.approx(3 * LatencyModel(fast).prefill_s(8000))]
 
 
 def test_gpu_s_is_a_calls_share_of_a_full_workers_time(fast: PerfProfile) -> None:
@@ -149,18 +148,22 @@ def test_gpu_s_is_a_calls_share_of_a_full_workers_time(fast: PerfProfile) -> Non
     assert est.gpu_s(0, 8000, 1) == pytest.approx(LatencyModel(fast).prefill_s(8000))
 
 
-def test_backlog_s_counts_queued_work_and_what_is_left_of_work_in_flight(fast: PerfProfile) -> None:
+def test_backlog_counts_queued_work_and_what_is_left_of_work_in_flight(fast: PerfProfile) -> None:
     est = Estimator([WorkerInfo("w", fast, 8)])
-    assert est.backlog_s(0, 0.0) == 0.0
+
+    def backlog_s(now: float) -> float:
+        return est.queue_view([0], now)[1][0]
+
+    assert backlog_s(0.0) == 0.0
     c = sent(est, call(1, LONG), 0.0)
-    full = est.backlog_s(0, 0.0)
+    full = backlog_s(0.0)
     assert full == pytest.approx(c.gpu_s)
-    assert est.backlog_s(0, c.service_s / 2) == pytest.approx(full / 2)
-    assert est.backlog_s(0, 10 * c.service_s) == pytest.approx(full * 0.1)  # late, but still holding the worker
+    assert backlog_s(c.service_s / 2) == pytest.approx(full / 2)
+    assert backlog_s(10 * c.service_s) == pytest.approx(full * 0.1)  # late, but still holding the worker
     q = call(2, LONG)
     q.t_comp = 1.0
     est.enqueue(q, 0)
-    assert est.backlog_s(0, 0.0) == pytest.approx(full + q.gpu_s)
+    assert backlog_s(0.0) == pytest.approx(full + q.gpu_s)
     est.release(c, 0)
     est.dequeue(q, 0)
-    assert est.backlog_s(0, 0.0) == 0.0
+    assert backlog_s(0.0) == 0.0

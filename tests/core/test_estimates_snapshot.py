@@ -45,7 +45,7 @@ def test_snapshot_equals_the_per_worker_estimates_bit_for_bit() -> None:
                     t_comp, t_queue, harm, inflight = est.snapshot(workers, kind, n_in, n_out, now)
                     assert t_comp == [est.t_comp(w, kind, n_in, n_out, now) for w in workers]
                     assert t_queue == [est.t_queue(w, now) for w in workers]
-                    assert harm == [est.harm(w, n_in) for w in workers]
+                    assert harm == [est.prefill_s(w, n_in) * est.loads[w].inflight for w in workers]
                     assert inflight == [est.loads[w].inflight for w in workers]
 
 
@@ -55,7 +55,7 @@ def test_mean_base_latency_is_the_mean_of_the_per_worker_latencies() -> None:
         for n_in, n_out in ((1, 1), (308, 5), (11748, 678)):
             per_worker = [est.base_latency(w, n_in, n_out) for w in workers]
             expected = sum(per_worker) / len(workers) if workers else 0.0
-            assert est.mean_base_latency(workers, n_in, n_out) == expected
+            assert est.mean_base_latency_runs(est.group_runs(workers), n_in, n_out) == expected
 
 
 def test_a_capacity_change_reaches_the_snapshot() -> None:
@@ -75,7 +75,7 @@ def test_queue_view_equals_the_per_worker_queue_and_backlog_bit_for_bit() -> Non
             for at in (now, now + 0.5, now + 50.0):  # in-flight calls ahead of, at and past their predicted end
                 t_queue, backlog = est.queue_view(workers, at)
                 assert t_queue == [est.t_queue(w, at) for w in workers]
-                assert backlog == [est.backlog_s(w, at) for w in workers]
+                assert backlog == [est.queue_view([w], at)[1][0] for w in workers]
 
 
 def test_full_batch_rate_is_the_sum_of_the_per_worker_rates_bit_for_bit() -> None:

@@ -115,7 +115,7 @@ def test_fluid_bound_counts_the_backlog_the_committed_work_and_the_plans_own_wor
     assert p.cluster_call_time(BIG) == pytest.approx(1.0 / rate)
     assert p.plan_work(plan) == pytest.approx(2 * p.cluster_call_time(BIG) + p.cluster_call_time(SMALL))
     # The backlog: engine seconds queued on each worker, worked through by a balanced cluster.
-    backlog = sum(est.backlog_s(i, 0.0) for i in range(len(cluster))) / len(cluster)
+    backlog = sum(est.queue_view(range(len(cluster)), 0.0)[1]) / len(cluster)
     assert backlog == pytest.approx(12 * est.gpu_s(0, BIG.input_tokens, BIG.output_tokens) / 3, rel=0.5)
     assert p.fluid_time(plan) == pytest.approx(backlog / p.efficiency + p.plan_work(plan))
     assert idle.fluid_time(plan) == pytest.approx(idle.plan_work(plan))
@@ -163,7 +163,7 @@ def test_retry_after_is_when_the_backlog_has_drained_enough(
         assert r is None
     else:
         queues = [s.estimator.t_queue(w, 0.0) for w in range(3)]
-        top = max([*queues, sum(s.estimator.backlog_s(w, 0.0) for w in range(3)) / 3 + 5.0])
+        top = max([*queues, sum(s.estimator.queue_view(range(3), 0.0)[1]) / 3 + 5.0])
         assert r is not None and 0.0 < r <= top
         assert p.duration(plan, drained_s=r) <= deadline
         assert p.duration(plan, drained_s=max(r - 0.1, 0.0)) > deadline

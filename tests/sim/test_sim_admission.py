@@ -4,6 +4,7 @@ replayed, keeps its promises under overload where admitting everything keeps non
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -11,8 +12,14 @@ import pytest
 from gateway.bench.bound import fluid_bound
 from gateway.bench.simbench import Setup
 from gateway.config import load_cluster
+from gateway.core.workflow import StagedWorkflow
 from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.workload import load_queries
+
+
+def fresh(wfs: Sequence[StagedWorkflow]) -> list[StagedWorkflow]:
+    """Unstarted copies of ``wfs``, to run them again."""
+    return [w.shifted(w.arrival, w.deadline) for w in wfs]
 
 
 def overload(policy: str, admission: bool, factor: float = 5.0) -> tuple[int, int, int, float]:
@@ -44,8 +51,8 @@ def test_admission_off_changes_nothing() -> None:
     queries = load_queries("chess-bird", 60, random.Random(1))
     setup = Setup(workers=workers, queries=queries, trace="chess-bird", n_workflows=60, slo_scale=3.0, seed=1)
     wfs = setup.workflows(0.5 * fluid_bound(workers, queries))
-    a = Simulator(workers, "hexgen").run([w.fresh() for w in wfs])
-    b = Simulator(workers, "hexgen", admission=False).run([w.fresh() for w in wfs])
+    a = Simulator(workers, "hexgen").run(fresh(wfs))
+    b = Simulator(workers, "hexgen", admission=False).run(fresh(wfs))
     assert [(r.wid, r.finish) for r in a.workflows] == [(r.wid, r.finish) for r in b.workflows] and not b.rejected
 
 
@@ -105,8 +112,8 @@ def test_a_cold_start_admits_on_unchecked_forecasts_and_sheds_what_falls_behind(
     queries = load_queries("chess-bird", 300, random.Random(0))
     setup = Setup(workers=workers, queries=queries, trace="chess-bird", n_workflows=300, slo_scale=5.0)
     wfs = setup.workflows(5.0 * fluid_bound(workers, queries))
-    warm = Simulator(workers, "hexgen", admission=True).run([w.fresh() for w in wfs])
-    cold = Simulator(workers, "hexgen", admission=True, admission_warm=False).run([w.fresh() for w in wfs])
+    warm = Simulator(workers, "hexgen", admission=True).run(fresh(wfs))
+    cold = Simulator(workers, "hexgen", admission=True, admission_warm=False).run(fresh(wfs))
     assert len(cold.rejected) < len(warm.rejected) and cold.shed and not warm.shed
     assert len(cold.workflows) + len(cold.rejected) + len(cold.shed) == len(wfs) and cold.unfinished == 0
 
@@ -119,8 +126,8 @@ def test_best_effort_work_does_not_crowd_out_the_admitted_under_overload() -> No
     queries = load_queries("chess-bird", 300, random.Random(0))
     setup = Setup(workers=workers, queries=queries, trace="chess-bird", n_workflows=300, slo_scale=3.0)
     wfs = setup.workflows(2.0 * fluid_bound(workers, queries))
-    rej = Simulator(workers, "hexgen", admission=True).run([w.fresh() for w in wfs])
-    be = Simulator(workers, "hexgen", admission=True, admission_miss="best_effort").run([w.fresh() for w in wfs])
+    rej = Simulator(workers, "hexgen", admission=True).run(fresh(wfs))
+    be = Simulator(workers, "hexgen", admission=True, admission_miss="best_effort").run(fresh(wfs))
     met_rej = sum(1 for r in rej.workflows if r.met)
     low = set(be.demoted)
     kept = [r for r in be.workflows if r.wid not in low]

@@ -6,8 +6,6 @@ from gateway.core.dispatchers import eft, llmd, lw, p2c, rr, wb
 from gateway.core.dispatchers.base import (
     DISPATCHERS,
     Capabilities,
-    Dispatcher,
-    DispatcherEntry,
     DispatchView,
     Rng,
     WorkerEstimate,
@@ -19,8 +17,6 @@ __all__ = [
     "DISPATCHERS",
     "Capabilities",
     "DispatchView",
-    "Dispatcher",
-    "DispatcherEntry",
     "Rng",
     "WorkerEstimate",
     "eft",

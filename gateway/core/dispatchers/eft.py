@@ -1,22 +1,14 @@
 """``eft``: earliest finish time (HEFT's processor choice): the smallest ``t_queue + t_comp`` wins; ties go to the
-lower ``t_comp``, then the lower position."""
+lower ``t_comp``, then the lower position (``LeastWork(finish=True)``)."""
 
 from __future__ import annotations
 
-from gateway.core.dispatchers.base import Capabilities, DispatchView, Rng, register_dispatcher
-from gateway.core.dispatchers.lw import least_position
+from gateway.core.dispatchers.base import Capabilities, Rng, register_dispatcher
+from gateway.core.dispatchers.lw import LeastWork
 
 
-class EarliestFinish:
-    """HEFT-style earliest finish time: least predicted ``t_queue + t_comp``."""
-
-    def choose(self, view: DispatchView) -> int:
-        """Minimum ``t_queue + t_comp``; ties to the lower ``t_comp``, then the lower position."""
-        return least_position(view, True)
-
-
-def _make(rng: Rng) -> EarliestFinish:
-    return EarliestFinish()
+def _make(rng: Rng) -> LeastWork:
+    return LeastWork(finish=True)
 
 
 register_dispatcher("eft", _make, Capabilities())

@@ -7,53 +7,62 @@ import csv
 import json
 import math
 import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import TextIO
 
 from gateway.errors import ConfigError
 
-__all__ = [
-    "gamma_arrivals",
-    "jsonl_arrivals",
-    "pattern_arrivals",
-    "poisson_arrivals",
-    "replay_arrivals",
-    "servegen_arrivals",
-]
+
+def _check_positive(name: str, value: float | None) -> None:
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive number, got {value}")
 
 
-def _check_arrival_args(n: int, rate_qps: float) -> None:
-    if n < 0:
+def _check_count(n: int | None) -> None:
+    if n is not None and n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    if not (rate_qps > 0 and math.isfinite(rate_qps)):
-        raise ValueError(f"rate_qps must be a positive number, got {rate_qps}")
+
+
+def _renewal(n: int, start: float, gap: Callable[..., float], *params: float) -> list[float]:
+    """``n`` times, each ``gap(*params)`` after the one before (the first after ``start``)."""
+    out: list[float] = []
+    t = start
+    for _ in range(n):
+        t += gap(*params)
+        out.append(t)
+    return out
+
+
+@contextmanager
+def _trace_file(path: Path, format_name: str, newline: str | None = None) -> Iterator[TextIO]:
+    """``path`` open as UTF-8 text; a file that cannot be read or decoded raises ``ConfigError``."""
+    try:
+        with path.open(newline=newline, encoding="utf-8") as f:
+            yield f
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read the arrival trace: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "", f"expected a UTF-8 {format_name}") from exc
 
 
 def poisson_arrivals(n: int, rate_qps: float, rng: random.Random, start: float = 0.0) -> list[float]:
     """``n`` arrival times of a Poisson process of rate ``rate_qps`` (the first one gap after ``start``)."""
-    _check_arrival_args(n, rate_qps)
-    out: list[float] = []
-    t = start
-    for _ in range(n):
-        t += rng.expovariate(rate_qps)
-        out.append(t)
-    return out
+    _check_count(n)
+    _check_positive("rate_qps", rate_qps)
+    return _renewal(n, start, rng.expovariate, rate_qps)
 
 
 def gamma_arrivals(n: int, rate_qps: float, cv: float, rng: random.Random, start: float = 0.0) -> list[float]:
     """``n`` arrival times with Gamma gaps of mean ``1 / rate_qps`` and coefficient of variation ``cv`` (1:
     Poisson; larger: burstier)."""
-    _check_arrival_args(n, rate_qps)
-    if not (cv > 0 and math.isfinite(cv)):
-        raise ValueError(f"cv must be a positive number, got {cv}")
+    _check_count(n)
+    _check_positive("rate_qps", rate_qps)
+    _check_positive("cv", cv)
     shape = 1.0 / (cv * cv)
-    scale = 1.0 / (rate_qps * shape)
-    out: list[float] = []
-    t = start
-    for _ in range(n):
-        t += rng.gammavariate(shape, scale)
-        out.append(t)
-    return out
+    return _renewal(n, start, rng.gammavariate, shape, 1.0 / (rate_qps * shape))
 
 
 _TIME_COLUMNS = ("timestamp", "time", "arrival_time", "arrival")
@@ -88,23 +97,14 @@ def replay_arrivals(
     datetimes or seconds), times ``time_scale`` or rescaled to ``rate_qps``; ``ConfigError`` for a bad file."""
     if rate_qps is not None and time_scale is not None:
         raise ValueError("give rate_qps or time_scale, not both")
-    if rate_qps is not None and not (rate_qps > 0 and math.isfinite(rate_qps)):
-        raise ValueError(f"rate_qps must be a positive number, got {rate_qps}")
-    if time_scale is not None and not (time_scale > 0 and math.isfinite(time_scale)):
-        raise ValueError(f"time_scale must be a positive number, got {time_scale}")
-    if n is not None and n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    _check_positive("rate_qps", rate_qps)
+    _check_positive("time_scale", time_scale)
+    _check_count(n)
     where = str(path)
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            header = list(reader.fieldnames or [])
-            col = _time_column(header, column, where)
-            stamps = _read_times(reader, col, n, where)
-    except OSError as exc:
-        raise ConfigError(where, "", f"cannot read the arrival trace: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(where, "", "expected a UTF-8 CSV file") from exc
+    with _trace_file(path, "CSV file", newline="") as f:
+        reader = csv.DictReader(f)
+        col = _time_column(list(reader.fieldnames or []), column, where)
+        stamps = _read_times(reader, col, n, where)
     if not stamps:
         return []
     offsets = stamps
@@ -177,33 +177,28 @@ def jsonl_arrivals(path: Path, n: int | None = None, key: str = "timestamp") -> 
     out: list[float] = []
     first: float | None = None
     prev = 0.0
-    try:
-        with path.open(encoding="utf-8") as f:
-            for i, line in enumerate(f, start=1):
-                if n is not None and len(out) >= n:
-                    break
-                if not line.strip():
-                    continue
-                at = f"line {i}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(where, at, f"not valid JSON ({exc.msg})") from None
-                raw = obj.get(key) if isinstance(obj, dict) else None
-                if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
-                    raise ConfigError(where, f"{at}.{key}", f"expected a number, got {raw!r}")
-                t = float(raw)
-                if first is None:
-                    first = t
-                offset = t - first
-                if offset < prev:
-                    raise ConfigError(where, at, "expected non-decreasing times (the trace must be sorted)")
-                prev = offset
-                out.append(offset)
-    except OSError as exc:
-        raise ConfigError(where, "", f"cannot read the arrival trace: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(where, "", "expected a UTF-8 JSON-lines file") from exc
+    with _trace_file(path, "JSON-lines file") as f:
+        for i, line in enumerate(f, start=1):
+            if n is not None and len(out) >= n:
+                break
+            if not line.strip():
+                continue
+            at = f"line {i}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(where, at, f"not valid JSON ({exc.msg})") from None
+            raw = obj.get(key) if isinstance(obj, dict) else None
+            if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+                raise ConfigError(where, f"{at}.{key}", f"expected a number, got {raw!r}")
+            t = float(raw)
+            if first is None:
+                first = t
+            offset = t - first
+            if offset < prev:
+                raise ConfigError(where, at, "expected non-decreasing times (the trace must be sorted)")
+            prev = offset
+            out.append(offset)
     return out
 
 
@@ -216,36 +211,26 @@ def servegen_arrivals(path: Path, n: int, rng: random.Random) -> list[float]:
     does: per window, gaps from the fitted Gamma or Weibull; idle windows skipped, windows cycled."""
     where = str(path)
     windows: list[tuple[float, str, float, float]] = []
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            for i, row in enumerate(csv.reader(f), start=1):
-                if not row or not "".join(row).strip():
-                    continue
-                if len(row) < 6:
+    with _trace_file(path, "CSV file", newline="") as f:
+        for i, row in enumerate(csv.reader(f), start=1):
+            if not row or not "".join(row).strip():
+                continue
+            at = f"row {i}"
+            if len(row) < 6:
+                raise ConfigError(
+                    where, at, f"expected 6 fields (start, rate, cv, family, shape, scale), got {len(row)}"
+                )
+            try:
+                rate, shape, scale = float(row[1]), float(row[4]), float(row[5])
+            except ValueError:
+                raise ConfigError(where, at, "expected numbers in the rate, shape and scale fields") from None
+            family = row[3].strip()
+            if rate > 0:
+                if family not in ("Gamma", "Weibull") or not (shape > 0 and scale > 0):
                     raise ConfigError(
-                        where, f"row {i}", f"expected 6 fields (start, rate, cv, family, shape, scale), got {len(row)}"
+                        where, at, f"expected family Gamma or Weibull with positive parameters, got {family!r}"
                     )
-                try:
-                    rate = float(row[1])
-                    shape = float(row[4])
-                    scale = float(row[5])
-                except ValueError:
-                    raise ConfigError(
-                        where, f"row {i}", "expected numbers in the rate, shape and scale fields"
-                    ) from None
-                family = row[3].strip()
-                if rate > 0:
-                    if family not in ("Gamma", "Weibull") or not (shape > 0 and scale > 0):
-                        raise ConfigError(
-                            where,
-                            f"row {i}",
-                            f"expected family Gamma or Weibull with positive parameters, got {family!r}",
-                        )
-                    windows.append((rate, family, shape, scale))
-    except OSError as exc:
-        raise ConfigError(where, "", f"cannot read the arrival trace: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(where, "", "expected a UTF-8 CSV file") from exc
+                windows.append((rate, family, shape, scale))
     if not windows:
         raise ConfigError(where, "", "no window with traffic")
     out: list[float] = []
@@ -277,13 +262,8 @@ def pattern_arrivals(path: Path, n: int, rng: random.Random) -> list[float]:
     ServeGen client trace (a CSV without header), or a CSV with a time column (Azure LLM, BurstGPT)."""
     if path.suffix == ".jsonl":
         return jsonl_arrivals(path, n)
-    try:
-        with path.open(encoding="utf-8") as f:
-            head = f.readline()
-    except OSError as exc:
-        raise ConfigError(str(path), "", f"cannot read the arrival trace: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), "", "expected a UTF-8 text file") from exc
+    with _trace_file(path, "text file") as f:
+        head = f.readline()
     first = head.split(",")[0].strip()
     try:
         float(first)

@@ -15,8 +15,6 @@ from gateway.sim.workload.generator import sample_chat_call
 from gateway.sim.workload.tenants import TenantSpec
 from gateway.sim.workload.traces import to_stages
 
-__all__ = ["build_workload"]
-
 
 def build_workload(
     queries: Sequence[list[CallSpec]],

@@ -19,8 +19,6 @@ from gateway.core.workflow import (
     CallSpec,
 )
 
-__all__ = ["generate_chess_bird", "sample_chat_call"]
-
 # Measured from the five hexgen traces (419 queries, 8010 calls, equal weight per query). Skeleton:
 #   IR, [KEYWORDS], IR, IR, IR, CANDIDATE x2, REVISE x r,
 #       then UNIT_TESTER, UNIT_TEST, UNIT_TESTER, EVALUATE x e, UNIT_TESTER   (404 queries)

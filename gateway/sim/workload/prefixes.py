@@ -9,8 +9,6 @@ from dataclasses import replace
 from gateway.core.prefix import PrefixSeg
 from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TESTER, CallSpec
 
-__all__ = ["EVALUATE_TAIL", "KEYWORDS_TEMPLATE", "REVISE_TAIL", "chess_prefixes"]
-
 KEYWORDS_TEMPLATE = 512
 """Tokens of extract_keywords' fixed template counted as shared (every traced prompt is longer: 635+)."""
 REVISE_TAIL = 256

@@ -8,8 +8,6 @@ from typing import Literal, get_args
 
 from gateway.core.degrade import QUALITY_MODES, QualityMode
 
-__all__ = ["TenantKind", "TenantSpec", "parse_tenants"]
-
 TenantKind = Literal["text2sql", "chat"]
 
 _TENANT_KINDS: tuple[str, ...] = get_args(TenantKind)

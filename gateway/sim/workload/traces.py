@@ -16,19 +16,6 @@ from gateway.errors import ConfigError, UnknownNameError
 from gateway.sim.workload.generator import generate_chess_bird
 from gateway.sim.workload.prefixes import chess_prefixes
 
-__all__ = [
-    "CHESS_BIRD",
-    "SHARED_TRACE_DIR",
-    "TRACE_DIR_ENV",
-    "load_queries",
-    "load_trace",
-    "normalise_step",
-    "repeat_to",
-    "resolve_trace",
-    "to_stages",
-    "trace_names",
-]
-
 CHESS_BIRD = "chess-bird"
 """Name of the built-in synthetic CHESS-on-BIRD workload (``generate_chess_bird``)."""
 
