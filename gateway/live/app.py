@@ -196,7 +196,9 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
     call = props("WorkflowCall")
     if "max_tokens" in call:  # the default is capped at the limit too (routers.workflows)
         call["max_tokens"]["default"] = min(call["max_tokens"].get("default", lim.max_tokens), lim.max_tokens)
-    limited = [(call, ("prompt_tokens", "max_tokens", "min_tokens", "expected_output_tokens"))]
+    limited: list[tuple[dict[str, Any], tuple[str, ...]]] = [
+        (call, ("prompt_tokens", "max_tokens", "min_tokens", "expected_output_tokens"))
+    ]
     limited += [(props("SharedPrefixSegment"), ("tokens",)), (props("CompletionRequest"), ("max_tokens",))]
     limited += [(props("ChatCompletionRequest"), ("max_tokens", "max_completion_tokens"))]
     for fields, names in limited:
