@@ -24,8 +24,6 @@ from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
 
-__all__ = ["MAX_GROUPS", "FluidBound", "call_resources", "fluid_bound", "solve_fluid_bound"]
-
 MAX_GROUPS = 2000
 """Distinct call types solved exactly; more are merged into geometric buckets."""
 
@@ -34,21 +32,17 @@ _ROWS = 4  # constraints per worker: GPU time, slots, batched tokens, KV
 
 @dataclass(frozen=True)
 class FluidBound:
-    """The solved program: the bound and where it binds."""
+    """The solved program: the largest sustainable workflow rate (workflows/s), and per worker at it: calls/s
+    served, fraction of time busy (1.0: the worker limits it), that busy time split per engine into
+    per-iteration base, tokens and the rest (context, prefill attention, per-call host work), and calls in the
+    batch per iteration; ``groups``: call types (or buckets) in the program."""
 
     rate_qps: float
-    """The largest sustainable workflow rate (workflows/s)."""
     calls_per_s: tuple[float, ...]
-    """Per worker: calls/s it serves at the bound."""
     gpu_busy: tuple[float, ...]
-    """Per worker: fraction of time busy at the bound (1.0: the worker limits it)."""
     groups: int
-    """Call types (or buckets) in the program."""
     time_split: tuple[tuple[float, float, float], ...] = ()
-    """Per worker, per engine: the fraction of each second spent on per-iteration base, on tokens and on the
-    rest (context reads, prefill attention, per-call host work) at the bound; they add up to ``gpu_busy``."""
     seqs_per_iteration: tuple[float, ...] = ()
-    """Per worker: calls in the batch per iteration at the bound (slot-iterations over iterations)."""
 
 
 def call_resources(

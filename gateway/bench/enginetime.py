@@ -19,23 +19,19 @@ from gateway.sim.simulator import SimResult, Simulator
 
 @dataclass(frozen=True)
 class EngineTime:
-    """One engine's time per completed workflow (seconds of that engine), and how it batched."""
+    """One engine per completed workflow: calls served, and seconds of ``iter_base_s`` x iterations, of
+    ``token_s`` x batched tokens and of the rest (context, prefill attention, ``seq_s``); the share of the run
+    (or of each second at the bound) it was busy, calls per iteration, and the share of prompt tokens served
+    from its prefix cache (None at the bound)."""
 
     name: str
     calls: float
-    """Calls it served per workflow."""
     base_s: float
-    """Per-iteration base: ``iter_base_s`` x iterations."""
     token_s: float
-    """``token_s`` x batched tokens (prompt chunks it computed, decode tokens)."""
     other_s: float
-    """The rest of its busy time: context reads, prefill attention, per-call host work (``seq_s``)."""
     busy: float
-    """Share of the run (or of each second at the bound) it was busy."""
     batch: float
-    """Calls in the batch per iteration, on average."""
     prefix_hit: float | None = None
-    """Share of prompt tokens served from its prefix cache (None at the bound)."""
 
     @property
     def total_s(self) -> float:

@@ -12,8 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuShare", "HostSample", "HostUsage", "process_cpu_s", "sample", "usage"]
-
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 _BUSY = ("user", "nice", "system", "irq", "softirq")
 _TOP_OTHERS = 4

@@ -13,8 +13,6 @@ from typing import Any
 
 import httptools
 
-__all__ = ["NullWorker", "serve"]
-
 MODEL = "null-model"
 _ids = itertools.count()
 

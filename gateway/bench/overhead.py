@@ -189,7 +189,9 @@ def bracket_search(
 
 @dataclass
 class OverheadReport:
-    """The measured figures (latencies in ms; ``*_errors`` map a kind, see :func:`error_kind`, to a count)."""
+    """The measured figures (latencies in ms; ``*_errors`` map a kind, see :func:`error_kind`, to a count;
+    ``table``: with ``rates``, one side-by-side row per rate, these fields less the lists; ``worker_cpu_util``:
+    the worker's CPU over both streams, as a share of one core)."""
 
     rate: float
     duration_s: float
@@ -221,9 +223,7 @@ class OverheadReport:
     endpoint: str = "chat"
     worker: str = "null"
     table: list[dict[str, Any]] = field(default_factory=list)
-    """With ``rates``: one side-by-side measurement per rate (the fields above, less these lists)."""
     worker_cpu_util: float = math.nan
-    """The worker process's CPU over the measurement, as a share of one core (both streams' calls)."""
 
 
 @contextlib.contextmanager
@@ -302,14 +302,14 @@ async def _stream(
 
 @dataclass(frozen=True)
 class Measurement:
-    """One side-by-side run: both streams, and the gateway's CPU seconds over the wall seconds measured."""
+    """One side-by-side run: both streams, and the gateway's (and the worker's) CPU seconds over the wall
+    seconds measured."""
 
     gateway: StreamStats
     direct: StreamStats
     cpu_s: float
     wall_s: float
-    worker_cpu_s: float = math.nan
-    """The worker process's CPU seconds over the same wall seconds (NaN: not measured)."""
+    worker_cpu_s: float = math.nan  # NaN: not measured
 
     @property
     def cpu_ms_per_call(self) -> float:
@@ -318,12 +318,12 @@ class Measurement:
 
     @property
     def cpu_util(self) -> float:
-        """Gateway CPU utilisation over the measurement, as a share of one core (1.0 = one core busy)."""
+        """Gateway CPU over the measurement, as a share of one core (1.0 = one core busy)."""
         return self.cpu_s / self.wall_s if self.wall_s > 0 else math.nan
 
     @property
     def worker_cpu_util(self) -> float:
-        """The worker's CPU utilisation over the measurement, as a share of one core (NaN: not measured)."""
+        """The worker's CPU over the measurement, as a share of one core (NaN: not measured)."""
         return self.worker_cpu_s / self.wall_s if self.wall_s > 0 else math.nan
 
 
@@ -430,19 +430,9 @@ def run_overhead(
                 say(f"rate search: {r:.0f} calls/s for {span:g} s")
                 m = asyncio.run(measure(wurl, gateway, pid, r, span, direct=False, seed=seed, endpoint=endpoint))
                 g, reasons = m.gateway, shortfalls(m.gateway, span, p99_limit_ms)
-                report.search.append(
-                    {
-                        "rate": r,
-                        "ok": not reasons,
-                        "reasons": reasons,
-                        "offered": g.offered(span),
-                        "achieved": g.achieved(span),
-                        "p99_ms": g.pct(99),
-                        "cpu_ms_per_call": m.cpu_ms_per_call,
-                        "cpu_util": m.cpu_util,
-                        "errors": merge_errors(g.errors_by_kind),
-                    }
-                )
+                row = dict(rate=r, ok=not reasons, reasons=reasons, offered=g.offered(span), achieved=g.achieved(span))
+                row |= dict(p99_ms=g.pct(99), cpu_ms_per_call=m.cpu_ms_per_call, cpu_util=m.cpu_util)
+                report.search.append({**row, "errors": merge_errors(g.errors_by_kind)})
                 return not reasons
 
             report.max_rate = bracket_search(passes, rate, max_steps=search_steps).best

@@ -303,22 +303,11 @@ def format_report(rep: ReplayReport) -> str:
         f"HTTP status: {', '.join(f'{k} x{v}' for k, v in rep.by_status.items())}"
     )
     rows = [
-        [
-            "client",
-            fmt(rep.p50_s),
-            fmt(rep.p95_s),
-            fmt(rep.p99_s),
-            fmt(rep.mean_s),
-            fmt(rep.slo_attainment, 3),
-            fmt(rep.throughput_qps, 4),
-        ],
-        [
-            "gateway",
-            *(fmt(x) for x in (rep.gateway_p50_s, rep.gateway_p95_s, rep.gateway_p99_s)),
-            fmt(rep.gateway_mean_s),
-            "",
-            "",
-        ],
+        [side, *(fmt(getattr(rep, f"{pre}{k}_s")) for k in ("p50", "p95", "p99", "mean")), *extra]
+        for side, pre, extra in (
+            ("client", "", (fmt(rep.slo_attainment, 3), fmt(rep.throughput_qps, 4))),
+            ("gateway", "gateway_", ("", "")),
+        )
     ]
     foot = f"wall {rep.wall_s:.1f} s; latest send {rep.max_send_lag_s * 1000:.0f} ms behind schedule"
     return "\n".join([head, table(["latency", "p50_s", "p95_s", "p99_s", "mean_s", "slo", "tput_qps"], rows), foot])

@@ -15,8 +15,6 @@ from gateway.bench.simbench import Setup
 from gateway.bench.stats import positive
 from gateway.sim.simulator import Simulator
 
-__all__ = ["NATIVE_PROBES", "SpeedResult", "build_kind", "measure_speed"]
-
 NATIVE_PROBES = ("gateway.core.estimates", "gateway.core.scheduler", "gateway.sim.engine", "gateway.sim.simulator")
 """Modules the native build compiles (setup.py's ``NATIVE_MODULES`` holds them): how the build is told."""
 

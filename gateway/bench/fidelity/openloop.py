@@ -15,13 +15,11 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.fidelity.compare import p95, simulate_arrivals
+from gateway.bench.fidelity.compare import client_or_own, p95, simulate_arrivals
 from gateway.bench.replay import scale_queries, workload_queries
 from gateway.bench.stats import json_safe, positive, table
 from gateway.core.profile import PerfProfile
 from gateway.profiling.worker import ProbeWorker, send_arrivals
-
-__all__ = ["OpenLoopCall", "OpenLoopReport", "RateResult", "format_open_loop_report", "make_calls", "run_open_loop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +170,8 @@ async def run_open_loop(
     rep = OpenLoopReport(worker, model, profile, trace, token_scale, seed)
     url = worker.rstrip("/")
     deadline = time.monotonic() + budget_s
-    own = client is None
-    http = client or httpx.AsyncClient(limits=httpx.Limits(max_connections=max_inflight + 2), timeout=120.0)
-    try:
+    limits = httpx.Limits(max_connections=max_inflight + 2)
+    async with client_or_own(client, limits=limits, timeout=120.0) as http:
         for rate, plan in zip(rates, plans, strict=True):
             if time.monotonic() >= deadline:
                 break
@@ -185,9 +182,6 @@ async def run_open_loop(
             sim = simulate_arrivals(profile, [(c.at, c.prompt, c.output) for c in plan])
             done = all(math.isfinite(v) for v in live)
             rep.rates.append(RateResult(rate, plan, live, sim, waits, time.monotonic() - start, done))
-    finally:
-        if own:
-            await http.aclose()
     return rep
 
 

@@ -7,11 +7,11 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.bench import hostcpu
 from gateway.bench.fidelity.breakdown import EngineTimes, GapBreakdown, PathTimes, WorkerTimes
-from gateway.bench.fidelity.compare import gap_cells, live_gaps, within
+from gateway.bench.fidelity.compare import LiveGaps, gap_cells, within
 from gateway.bench.fidelity.vllm_servers import CHUNK, MAX_MODEL_LEN, TARGET, ServerCalibration
 from gateway.bench.livebench import LiveBenchReport, format_live_report
 from gateway.bench.stats import finite_or_none, fmt, json_safe, table
@@ -19,8 +19,11 @@ from gateway.sim.metrics import Summary
 
 
 @dataclass
-class VllmFidelityReport:
-    """The calibrations, the live-vs-simulated runs and the breakdown of each policy's gap."""
+class VllmFidelityReport(LiveGaps):
+    """The calibrations, the live-vs-simulated runs and the breakdown of each policy's gap (the target: P95)."""
+
+    TARGET: ClassVar[float] = TARGET
+    GAP_KEYS: ClassVar[tuple[str, ...]] = ("p95",)
 
     calibrations: list[ServerCalibration]
     live: LiveBenchReport
@@ -76,14 +79,6 @@ class VllmFidelityReport:
                         ratio[b.policy] = finite_or_none(lv.on_worker_s / sm.on_worker_s)
                 out[name] = {"cpus": list(cpus), **phases, "live_over_sim_on_worker": ratio}
         return out
-
-    def gaps(self) -> dict[str, dict[str, float]]:
-        """Policy -> live/simulated - 1 of P95 and SLO attainment."""
-        return live_gaps(self.live)
-
-    def within_target(self) -> bool:
-        """Every policy's live P95 within ``TARGET`` of the simulator's."""
-        return within((g["p95"] for g in self.gaps().values()), TARGET)
 
     def sim_prefix_hit_share(self) -> dict[str, float]:
         """Per server, the share of prompt tokens the simulated engines served from their prefix caches over
@@ -156,10 +151,8 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     for b in rep.breakdowns:
         lines += _breakdown_lines(b)
     lines += _engine_lines(rep) + _host_lines(rep)
-    grows = [[r.policy, *gap_cells(r, rep.gaps()[r.policy], 2)] for r in rep.live.runs]
-    lines.append(f"live against the simulator with the calibrated profiles (target: P95 within {TARGET:.0%}):")
-    lines.append(table(["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap"], grows))
-    lines.append("within target" if rep.within_target() else "NOT within target")
+    title = f"live against the simulator with the calibrated profiles (target: P95 within {TARGET:.0%}):"
+    lines += rep.gap_lines(title, 2, lambda _: [], [])
     if rep.after:
         lines += _drift_lines(rep)
     return "\n".join(lines)
