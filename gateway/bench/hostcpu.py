@@ -26,14 +26,12 @@ def _tick_s() -> float:
 
 @dataclass(frozen=True)
 class HostSample:
-    """One reading of ``/proc``: seconds per state of each CPU, and CPU seconds per process."""
+    """One reading of ``/proc`` at ``time.monotonic()`` ``at``: CPU number -> state (``_FIELDS``) -> seconds
+    since boot, and pid -> (process group, command name, user + system seconds)."""
 
     at: float
-    """``time.monotonic()`` when read."""
     cpus: dict[int, dict[str, float]]
-    """CPU number -> state (``_FIELDS``) -> seconds since boot."""
     procs: dict[int, tuple[int, str, float]]
-    """pid -> (process group, command name, user + system seconds)."""
 
 
 def _read_cpus(root: Path, tick: float) -> dict[int, dict[str, float]]:
@@ -50,9 +48,7 @@ def _read_cpus(root: Path, tick: float) -> dict[int, dict[str, float]]:
 
 def _read_procs(root: Path, tick: float) -> dict[int, tuple[int, str, float]]:
     procs: dict[int, tuple[int, str, float]] = {}
-    for entry in root.iterdir():
-        if not entry.name.isdigit():
-            continue
+    for entry in (e for e in root.iterdir() if e.name.isdigit()):
         with contextlib.suppress(OSError, ValueError, IndexError):
             procs[int(entry.name)] = _proc_stat(entry / "stat", tick)
     return procs
@@ -75,13 +71,10 @@ def sample(root: Path = Path("/proc")) -> HostSample | None:
     """Read the CPUs' and processes' times now; None where ``root`` cannot be read (not Linux)."""
     tick = _tick_s()
     try:
-        cpus = _read_cpus(root, tick)
-        procs = _read_procs(root, tick)
+        cpus, procs = _read_cpus(root, tick), _read_procs(root, tick)
     except OSError:
         return None
-    if not cpus:
-        return None
-    return HostSample(time.monotonic(), cpus, procs)
+    return HostSample(time.monotonic(), cpus, procs) if cpus else None
 
 
 @dataclass(frozen=True)
@@ -100,14 +93,13 @@ class CpuShare:
 
 @dataclass(frozen=True)
 class HostUsage:
-    """What the host did between two samples."""
+    """What the host did between two samples: each CPU's shares, the CPU seconds of the named process groups
+    (``usage``'s ``named``) and of the busiest others (command of one member, CPU seconds; most first)."""
 
     wall_s: float
     cpus: dict[int, CpuShare]
     groups: dict[str, float]
-    """Name -> CPU seconds of the named process groups (``usage``'s ``named``)."""
     others: list[tuple[str, float]] = field(default_factory=list)
-    """The busiest other process groups: (command of one member, CPU seconds), most first."""
 
     def cores(self, name: str) -> float:
         """A named group's CPU seconds per wall second (1.0: one CPU's worth)."""
@@ -151,12 +143,7 @@ def usage(before: HostSample, after: HostSample, named: Mapping[str, int]) -> Ho
         if total <= 0:
             continue
         # Shares of the CPU's own accounted time (it can differ from the wall clock by a tick or so).
-        cpus[c] = CpuShare(
-            busy=sum(d[k] for k in _BUSY) / total,
-            steal=d["steal"] / total,
-            iowait=d["iowait"] / total,
-            idle=d["idle"] / total,
-        )
+        cpus[c] = CpuShare(sum(d[k] for k in _BUSY) / total, d["steal"] / total, d["iowait"] / total, d["idle"] / total)
     per_group: dict[int, float] = {}
     names: dict[int, str] = {}
     for pid, (pgid, comm, cpu_s) in after.procs.items():

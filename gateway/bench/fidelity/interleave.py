@@ -70,13 +70,8 @@ class ScenarioResult:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {
-            "arrivals": [list(a) for a in self.arrivals],
-            "live_s": list(self.live_s),
-            "predicted_s": list(self.predicted_s),
-            "lone_s": list(self.lone_s),
-            "ratio": self.ratio,
-        }
+        times = {k: list(getattr(self, k)) for k in ("live_s", "predicted_s", "lone_s")}
+        return {"arrivals": [list(a) for a in self.arrivals], **times, "ratio": self.ratio}
 
 
 @dataclass(frozen=True)

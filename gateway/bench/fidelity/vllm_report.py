@@ -20,7 +20,11 @@ from gateway.sim.metrics import Summary
 
 @dataclass
 class VllmFidelityReport(LiveGaps):
-    """The calibrations, the live-vs-simulated runs and the breakdown of each policy's gap (the target: P95)."""
+    """The calibrations, the live-vs-simulated runs and the breakdown of each policy's gap (the target: P95).
+    ``load``: the rate as a share of the calibrated fluid bound (None: ``--rate`` given); ``engines``: each
+    server's own histograms; ``after`` (``--recalibrate-after``): each server calibrated again after the
+    replay, and ``sim_after`` the simulator with the engines at that speed (the scheduler still planning with
+    the profiles from before); ``host``: the host's CPUs during the replay (None: not measured)."""
 
     TARGET: ClassVar[float] = TARGET
     GAP_KEYS: ClassVar[tuple[str, ...]] = ("p95",)
@@ -30,16 +34,10 @@ class VllmFidelityReport(LiveGaps):
     breakdowns: list[GapBreakdown]
     token_scale: float
     load: float | None
-    """The arrival rate as a fraction of the calibrated cluster's fluid bound (None: ``--rate`` given)."""
     engines: dict[str, EngineTimes] = field(default_factory=dict)
-    """Per server: its own histograms over the live runs, beside the profile's lone split."""
     after: list[ServerCalibration] = field(default_factory=list)
-    """``--recalibrate-after``: each server calibrated again right after the replay (empty: not asked)."""
     sim_after: dict[str, Summary] = field(default_factory=dict)
-    """Policy -> the simulator's prediction with the engines at their after-replay speed (the scheduler
-    still planning with the profiles calibrated before, as the live gateway did)."""
     host: hostcpu.HostUsage | None = None
-    """What the host's CPUs did during the live replay (None: not measured, or not Linux)."""
 
     def drift(self) -> dict[str, float]:
         """Server -> its standard workflow's latency calibrated after the replay over before (1: no drift)."""
@@ -59,10 +57,8 @@ class VllmFidelityReport(LiveGaps):
         return out
 
     def host_by_server(self) -> dict[str, dict[str, Any]]:
-        """Server -> what ran on its CPUs while it was calibrated and during the replay (``cores``: its own
-        CPU seconds per second; ``beside``: the share of its pinned CPUs' time that went to anything else;
-        ``steal``: taken by the hypervisor), beside each policy's live/simulated mean time per call on it.
-        Empty where the host was not measured."""
+        """Server -> its CPUs while it was calibrated and during the replay (``cores``, ``beside``, ``steal``
+        as ``HostUsage`` has them), and each policy's live/simulated time per call on it; empty: not measured."""
         out: dict[str, dict[str, Any]] = {}
         for c in self.calibrations:
             name, cpus = c.server.name, c.server.cpus

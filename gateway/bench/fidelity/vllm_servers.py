@@ -39,8 +39,7 @@ class VllmServer:
     name: str
     omp_threads: int
     max_num_seqs: int
-    cpus: tuple[int, ...] = ()
-    """CPUs the server's processes are pinned to (empty: unpinned, sharing every CPU)."""
+    cpus: tuple[int, ...] = ()  # empty: unpinned, sharing every CPU
 
     @property
     def label(self) -> str:
@@ -95,18 +94,17 @@ _PROFILE_KEYS = ("iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s"
 
 @dataclass
 class ServerCalibration:
-    """One server: its options, URL and calibration, and the fitted profile."""
+    """One server: its options, URL, calibration and fitted profile; the standard workflow's lone latency
+    under it (at the benchmark's token scale), the requests the other servers completed meanwhile (0: they were
+    idle) and the host's CPUs meanwhile (None: not measured)."""
 
     server: VllmServer
     url: str
     result: CalibrationResult
     profile: PerfProfile
     standard_s: float
-    """The profile's lone latency of the standard workflow at the benchmark's token scale."""
     background_requests: int = 0
-    """Requests the other servers completed while this one was calibrated (0: calibrated with them idle)."""
     host: hostcpu.HostUsage | None = None
-    """What the host's CPUs did while this server was calibrated (None: not measured, or not Linux)."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
