@@ -157,7 +157,9 @@ def run_fidelity(
                     urls[i], resolved[i], truth_cat, model, budget_s=budget_s, settings=settings, progress=progress
                 )
                 entry = cal_doc["profiles"][model][g] = profile_entry(res, scale=time_scale)
-                calibrations.append(GpuCalibration(g, truth_cat.profile(g, model), _perf(g, model, entry), res))
+                # The calibrated profile read back from its entry, as the gateway reads it.
+                calibrated = profile_from(g, model, ProfileSpec.model_validate(entry))
+                calibrations.append(GpuCalibration(g, truth_cat.profile(g, model), calibrated, res))
         cal_path = _write_catalog(cal_doc, folder / "calibrated-gpus.yaml")
         live = run_live_bench(
             cluster,
@@ -189,11 +191,6 @@ def _calibrate_one(
             url, rw.served_model or model, gpu=rw.gpu, tp=spec.tp, budget_s=budget_s, settings=s, progress=progress
         )
     )
-
-
-def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
-    """The profile a catalogue entry (``profile_entry``'s, as written) gives, read as the gateway reads it."""
-    return profile_from(gpu, model, ProfileSpec.model_validate(entry))
 
 
 def _simulate_with(

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from gateway.bench import hostcpu
 from gateway.bench.fidelity.breakdown import EngineTimes, GapBreakdown, PathTimes, WorkerTimes
 from gateway.bench.fidelity.compare import LiveGaps, gap_cells, within
-from gateway.bench.fidelity.vllm_servers import CHUNK, MAX_MODEL_LEN, TARGET, ServerCalibration
+from gateway.bench.fidelity.vllm_servers import CHUNK, FITTED, MAX_MODEL_LEN, TARGET, ServerCalibration
 from gateway.bench.livebench import LiveBenchReport, format_live_report
 from gateway.bench.stats import finite_or_none, fmt, json_safe, table
 from gateway.sim.metrics import Summary
@@ -160,7 +160,7 @@ def _calibration_table(rep: VllmFidelityReport) -> str:
     for c in rep.calibrations:
         p, errs = c.profile, [abs(e) for e in c.result.errors()]
         s = c.server
-        consts = [f"{getattr(p, k):{'.4g' if k in ('iter_base_s', 'token_s') else '.3g'}}" for k in _FITTED]
+        consts = [f"{getattr(p, k):{'.4g' if k in ('iter_base_s', 'token_s') else '.3g'}}" for k in FITTED]
         fit = f"{statistics.median(errs):.1%} / {max(errs):.1%}" if errs else "-"
         probes = f"{len(c.result.measurements)} in {c.result.wall_s:.0f} s"
         cpus = ",".join(map(str, s.cpus)) or "-"
@@ -168,9 +168,6 @@ def _calibration_table(rep: VllmFidelityReport) -> str:
         rows[-1] += [fit, probes, fmt(c.standard_s, 2)]
     head = ["server", "threads", "seqs", "cpus", "iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s"]
     return table([*head, "overhead_s", "kv_tokens", "fit |err| med/max", "probes", "std wf s"], rows)
-
-
-_FITTED = ("iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "request_overhead_s")
 
 
 def _breakdown_lines(b: GapBreakdown) -> list[str]:

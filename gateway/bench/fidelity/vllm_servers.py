@@ -89,7 +89,8 @@ def parse_server(text: str, name: str) -> VllmServer:
     return VllmServer(name, threads, seqs, cpus)
 
 
-_PROFILE_KEYS = ("iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "request_overhead_s")
+FITTED = ("iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "request_overhead_s")
+"""The fitted constants of a server's profile, as its JSON and the calibration table list them."""
 
 
 @dataclass
@@ -119,7 +120,7 @@ class ServerCalibration:
             "cpus": list(self.server.cpus),
             "background_requests": self.background_requests,
             "max_batched_tokens": p.max_batched_tokens,
-            "profile": {k: getattr(p, k) for k in (*_PROFILE_KEYS, "kv_capacity_tokens", "block_tokens")},
+            "profile": {k: getattr(p, k) for k in (*FITTED, "kv_capacity_tokens", "block_tokens")},
             "probes": len(self.result.measurements),
             "probe_fits": self.result.probes_json(),
             "fit_median_abs_error": finite_or_none(statistics.median(errs)) if errs else None,
