@@ -59,19 +59,12 @@ def run_engine_time(
         raise ValueError(f"workflows must be at least 1, got {workflows}")
     out = []
     for name, p, st, counts in zip(names, profiles, stats, dispatch_counts, strict=True):
-        base, tok, other = p.busy_split(st.iterations, st.batched_tokens, st.busy_s)
-        out.append(
-            EngineTime(
-                name,
-                sum(counts.values()) / workflows,
-                base / workflows,
-                tok / workflows,
-                other / workflows,
-                st.busy_s / end_time if end_time > 0 else 0.0,
-                st.seq_iterations / st.iterations if st.iterations else 0.0,
-                st.prefix_hit_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,
-            )
-        )
+        split = p.busy_split(st.iterations, st.batched_tokens, st.busy_s)
+        calls, base, tok, other = (x / workflows for x in (sum(counts.values()), *split))
+        busy = st.busy_s / end_time if end_time > 0 else 0.0
+        batch = st.seq_iterations / st.iterations if st.iterations else 0.0
+        hit = st.prefix_hit_tokens / st.prompt_tokens if st.prompt_tokens else 0.0
+        out.append(EngineTime(name, calls, base, tok, other, busy, batch, hit))
     return out
 
 

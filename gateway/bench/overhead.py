@@ -28,14 +28,10 @@ from gateway.config import CONFIG_DIR
 from gateway.errors import GatewayError
 
 API_KEY = "demo-interactive-key"
-BODY = {
-    "messages": [{"role": "user", "content": "How many heads of the departments are older than 56 ?"}],
-    "max_tokens": 4,
-}
-COMPLETION_BODY = {"prompt": "-- How many heads of the departments are older than 56 ?\nSELECT", "max_tokens": 4}
+_QUESTION = "How many heads of the departments are older than 56 ?"
 ENDPOINTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "chat": ("/v1/chat/completions", BODY),
-    "completions": ("/v1/completions", COMPLETION_BODY),
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": _QUESTION}], "max_tokens": 4}),
+    "completions": ("/v1/completions", {"prompt": f"-- {_QUESTION}\nSELECT", "max_tokens": 4}),
 }
 """The endpoints ``hexflow overhead`` measures: name -> (path, request body)."""
 WORKERS = ("null", "emulator")
