@@ -34,8 +34,11 @@ ENDPOINTS: dict[str, tuple[str, dict[str, Any]]] = {
     "completions": ("/v1/completions", {"prompt": f"-- {_QUESTION}\nSELECT", "max_tokens": 4}),
 }
 """The endpoints ``hexflow overhead`` measures: name -> (path, request body)."""
-WORKERS = ("null", "emulator")
-"""The worker behind the gateway: the null worker (``gateway.bench.nullworker``) or the emulated A100."""
+WORKERS = {
+    "null": ["-m", "gateway.bench.nullworker"],
+    "emulator": ["-m", "workers.emulator", "--gpu", "A100", "--time-scale", "1e-4"],
+}
+"""The worker behind the gateway (name -> its command): the null worker or the emulated A100."""
 KEEP_UP_SHARE = 0.97
 """A stream keeps up when it achieves at least this share of the offered rate."""
 RIG_MAX_CONCURRENT = 4096
@@ -229,11 +232,8 @@ def rig(workdir: Path, *, capacity: int = 1024, worker: str = "null") -> Iterato
     if worker not in WORKERS:
         raise GatewayError(f"unknown worker {worker!r}; one of {', '.join(WORKERS)}")
     wport, gport = free_port(), free_port()
-    wcmd = ["-m", "gateway.bench.nullworker", "--port", str(wport)]
-    if worker == "emulator":
-        wcmd = ["-m", "workers.emulator", "--gpu", "A100", "--port", str(wport), "--time-scale", "1e-4"]
     wurl = f"http://127.0.0.1:{wport}"
-    wproc = ChildProcess("the worker", [sys.executable, *wcmd], workdir / "worker.log")
+    wproc = ChildProcess("the worker", [sys.executable, *WORKERS[worker], "--port", str(wport)], workdir / "worker.log")
     try:
         wproc.wait_until(lambda: probe(wurl, "/health"), "/health")
         # The demo tenants, with a concurrency bound far above what the rates here keep in flight: a stall of

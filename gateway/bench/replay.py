@@ -54,11 +54,6 @@ class ReplayWorkflow:
     deadline_s: float
     stages: tuple[Stage, ...]
 
-    @property
-    def num_calls(self) -> int:
-        """Calls in the workflow."""
-        return sum(len(s.calls) for s in self.stages)
-
     def stage_calls(self) -> list[tuple[CallSpec, ...]]:
         """The calls, stage by stage."""
         return [s.calls for s in self.stages]

@@ -153,7 +153,7 @@ def test_gap_breakdown_accounts_every_call_live_and_simulated(tmp_path: Path) ->
         )
     live = ReplayReport.from_results(results, gateway="-", trace="chess-bird", rate_qps=0.05, time_scale=1.0, wall_s=1)
     b = gap_breakdown(PolicyRun("hexgen", None, live, sim), workload, workers, seed=0)
-    n_calls = sum(w.num_calls for w in workload)
+    n_calls = sum(len(s.calls) for w in workload for s in w.stages)
     assert (b.workflows_live, b.workflows_sim, b.calls_live, b.calls_sim) == (3, 3, n_calls, n_calls)
     assert b.token_mismatches == 1
     assert set(b.workers_live) == {"a"} and b.workers_live["a"].calls == n_calls
