@@ -70,12 +70,9 @@ def measure_speed(
     ``rate`` workflows/s when given (the fluid bound's linear program is then not solved)."""
     if not load > 0:
         raise ValueError(f"load must be positive, got {load}")
-    if rate is not None:
-        positive("rate", rate)
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    if rate is None:
-        rate = load * setup.bound.rate_qps
+    rate = positive("rate", rate) if rate is not None else load * setup.bound.rate_qps
     out = []
     for policy in policies:
         runs: list[tuple[float, float, int]] = []
