@@ -1,12 +1,7 @@
 """The fluid bound: the highest workflow rate any scheduler could sustain on a cluster, as a linear program
-over the engines' own limits (GPU time, batch slots, batched tokens, KV cache) per worker and call type.
-
-Per call, lower bounds on what the engine spends on any schedule (``i`` prompt, ``o`` output tokens, chunk
-``B``, ``h`` cached prompt tokens): ``tokens = i + o - 1``, ``iters = ceil(i / B) + o - 1``, ``ctx`` the
-least context read (decode ``i .. i+o-2``, chunked prefill the short chunk first), attention ``pairs =
-(i (i + 1) - h (h + 1)) / 2``. Calls group by exact (input, output); beyond ``max_groups`` pairs they merge
-into geometric buckets with the componentwise minimum use, so it stays a relaxation. See docs/benchmarks.md
-"The fluid bound"."""
+over the engines' own limits (GPU time, batch slots, batched tokens, KV cache) per worker and call type, each
+call type at its least use of each (buckets of types at their members' least: still a relaxation). The
+program and the per-call bounds: docs/benchmarks.md "The fluid bound"."""
 
 from __future__ import annotations
 

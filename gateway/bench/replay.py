@@ -1,11 +1,8 @@
-"""Trace replay against a running gateway (``hexflow replay``): the workload ``hexflow bench`` simulates (same
-queries, arrivals and deadlines; ``replay_workload`` builds it without I/O, so a caller can simulate the
-identical workload with ``ReplayWorkflow.dag``) sent over HTTP in real time, each workflow at its arrival as
-``POST /v1/workflows``: its stages as a chain of exact-length synthetic calls with the prompt prefixes they
-share (``shared_prefix``), the CHESS template and its deadline. Wall seconds = modelled x ``time_scale``;
-every figure is in modelled seconds. Latency runs from a workflow's scheduled arrival to its response;
-429/503 answers are *rejected* (never retried), other failures *failed*; as in ``summarize``, a workflow
-that did not complete counts as infinitely late and a missed deadline."""
+"""Trace replay against a running gateway (``hexflow replay``): the workload ``hexflow bench`` simulates
+(``replay_workload`` builds it without I/O; ``ReplayWorkflow.dag`` simulates the same) sent in real time, each
+workflow at its arrival as ``POST /v1/workflows`` of exact-length synthetic calls. Figures in modelled seconds
+(wall = modelled x ``time_scale``), latency from the scheduled arrival; 429/503 are *rejected* (never retried),
+other failures *failed*; as in ``summarize``, a workflow that did not complete is infinitely late."""
 
 from __future__ import annotations
 
