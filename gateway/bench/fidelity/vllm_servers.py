@@ -56,11 +56,6 @@ class VllmServer:
             cpus=self.cpus,
         )
 
-    def spec(self) -> str:
-        """Its ``--server`` text."""
-        pinned = f"@{','.join(map(str, self.cpus))}" if self.cpus else ""
-        return f"{self.omp_threads}:{self.max_num_seqs}{pinned}"
-
 
 def default_servers(cpus: Sequence[int] | None = None) -> tuple[VllmServer, VllmServer]:
     """Two servers that differ in ``--max-num-seqs`` (4 and 2), one OMP thread each, each pinned to a CPU of
