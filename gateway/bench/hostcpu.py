@@ -155,7 +155,5 @@ def usage(before: HostSample, after: HostSample, named: Mapping[str, int]) -> Ho
             names[pgid] = "kernel threads" if pgid == 0 else comm
     groups = {name: per_group.get(pgid, 0.0) for name, pgid in named.items()}
     mine = set(named.values())
-    others = sorted(((names[g], s) for g, s in per_group.items() if g not in mine and s > 0), key=lambda x: -x[1])[
-        :_TOP_OTHERS
-    ]
-    return HostUsage(wall, cpus, groups, others)
+    others = sorted(((names[g], s) for g, s in per_group.items() if g not in mine and s > 0), key=lambda x: -x[1])
+    return HostUsage(wall, cpus, groups, others[:_TOP_OTHERS])
