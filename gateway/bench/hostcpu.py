@@ -86,10 +86,6 @@ class CpuShare:
     iowait: float
     idle: float
 
-    def to_json(self) -> dict[str, float]:
-        """The JSON view."""
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class HostUsage:
@@ -123,7 +119,7 @@ class HostUsage:
         """The JSON view."""
         return {
             "wall_s": self.wall_s,
-            "cpus": {str(c): s.to_json() for c, s in sorted(self.cpus.items())},
+            "cpus": {str(c): asdict(s) for c, s in sorted(self.cpus.items())},
             "groups_cpu_s": dict(self.groups),
             "others_cpu_s": [{"command": c, "cpu_s": s} for c, s in self.others],
         }
