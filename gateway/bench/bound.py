@@ -1,12 +1,7 @@
 """The fluid bound: the highest workflow rate any scheduler could sustain on a cluster, as a linear program
-over the engines' own limits (GPU time, batch slots, batched tokens, KV cache) per worker and call type.
-
-Per call, lower bounds on what the engine spends on any schedule (``i`` prompt, ``o`` output tokens, chunk
-``B``, ``h`` cached prompt tokens): ``tokens = i + o - 1``, ``iters = ceil(i / B) + o - 1``, ``ctx`` the
-least context read (decode ``i .. i+o-2``, chunked prefill the short chunk first), attention ``pairs =
-(i (i + 1) - h (h + 1)) / 2``. Calls group by exact (input, output); beyond ``max_groups`` pairs they merge
-into geometric buckets with the componentwise minimum use, so it stays a relaxation. See docs/benchmarks.md
-"The fluid bound"."""
+over the engines' own limits (GPU time, batch slots, batched tokens, KV cache) per worker and call type, each
+call type at its least use of each (buckets of types at their members' least: still a relaxation). The
+program and the per-call bounds: docs/benchmarks.md "The fluid bound"."""
 
 from __future__ import annotations
 
@@ -24,8 +19,6 @@ from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec
 
-__all__ = ["MAX_GROUPS", "FluidBound", "call_resources", "fluid_bound", "solve_fluid_bound"]
-
 MAX_GROUPS = 2000
 """Distinct call types solved exactly; more are merged into geometric buckets."""
 
@@ -34,21 +27,17 @@ _ROWS = 4  # constraints per worker: GPU time, slots, batched tokens, KV
 
 @dataclass(frozen=True)
 class FluidBound:
-    """The solved program: the bound and where it binds."""
+    """The solved program: the largest sustainable workflow rate (workflows/s), and per worker at it: calls/s
+    served, fraction of time busy (1.0: the worker limits it), that busy time split per engine into
+    per-iteration base, tokens and the rest (context, prefill attention, per-call host work), and calls in the
+    batch per iteration; ``groups``: call types (or buckets) in the program."""
 
     rate_qps: float
-    """The largest sustainable workflow rate (workflows/s)."""
     calls_per_s: tuple[float, ...]
-    """Per worker: calls/s it serves at the bound."""
     gpu_busy: tuple[float, ...]
-    """Per worker: fraction of time busy at the bound (1.0: the worker limits it)."""
     groups: int
-    """Call types (or buckets) in the program."""
     time_split: tuple[tuple[float, float, float], ...] = ()
-    """Per worker, per engine: the fraction of each second spent on per-iteration base, on tokens and on the
-    rest (context reads, prefill attention, per-call host work) at the bound; they add up to ``gpu_busy``."""
     seqs_per_iteration: tuple[float, ...] = ()
-    """Per worker: calls in the batch per iteration at the bound (slot-iterations over iterations)."""
 
 
 def call_resources(

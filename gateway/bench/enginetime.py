@@ -19,23 +19,19 @@ from gateway.sim.simulator import SimResult, Simulator
 
 @dataclass(frozen=True)
 class EngineTime:
-    """One engine's time per completed workflow (seconds of that engine), and how it batched."""
+    """One engine per completed workflow: calls served, and seconds of ``iter_base_s`` x iterations, of
+    ``token_s`` x batched tokens and of the rest (context, prefill attention, ``seq_s``); the share of the run
+    (or of each second at the bound) it was busy, calls per iteration, and the share of prompt tokens served
+    from its prefix cache (None at the bound)."""
 
     name: str
     calls: float
-    """Calls it served per workflow."""
     base_s: float
-    """Per-iteration base: ``iter_base_s`` x iterations."""
     token_s: float
-    """``token_s`` x batched tokens (prompt chunks it computed, decode tokens)."""
     other_s: float
-    """The rest of its busy time: context reads, prefill attention, per-call host work (``seq_s``)."""
     busy: float
-    """Share of the run (or of each second at the bound) it was busy."""
     batch: float
-    """Calls in the batch per iteration, on average."""
     prefix_hit: float | None = None
-    """Share of prompt tokens served from its prefix cache (None at the bound)."""
 
     @property
     def total_s(self) -> float:
@@ -63,19 +59,12 @@ def run_engine_time(
         raise ValueError(f"workflows must be at least 1, got {workflows}")
     out = []
     for name, p, st, counts in zip(names, profiles, stats, dispatch_counts, strict=True):
-        base, tok, other = p.busy_split(st.iterations, st.batched_tokens, st.busy_s)
-        out.append(
-            EngineTime(
-                name,
-                sum(counts.values()) / workflows,
-                base / workflows,
-                tok / workflows,
-                other / workflows,
-                st.busy_s / end_time if end_time > 0 else 0.0,
-                st.seq_iterations / st.iterations if st.iterations else 0.0,
-                st.prefix_hit_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,
-            )
-        )
+        split = p.busy_split(st.iterations, st.batched_tokens, st.busy_s)
+        calls, base, tok, other = (x / workflows for x in (sum(counts.values()), *split))
+        busy = st.busy_s / end_time if end_time > 0 else 0.0
+        batch = st.seq_iterations / st.iterations if st.iterations else 0.0
+        hit = st.prefix_hit_tokens / st.prompt_tokens if st.prompt_tokens else 0.0
+        out.append(EngineTime(name, calls, base, tok, other, busy, batch, hit))
     return out
 
 

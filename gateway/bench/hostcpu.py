@@ -12,8 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuShare", "HostSample", "HostUsage", "process_cpu_s", "sample", "usage"]
-
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 _BUSY = ("user", "nice", "system", "irq", "softirq")
 _TOP_OTHERS = 4
@@ -28,14 +26,12 @@ def _tick_s() -> float:
 
 @dataclass(frozen=True)
 class HostSample:
-    """One reading of ``/proc``: seconds per state of each CPU, and CPU seconds per process."""
+    """One reading of ``/proc`` at ``time.monotonic()`` ``at``: CPU number -> state (``_FIELDS``) -> seconds
+    since boot, and pid -> (process group, command name, user + system seconds)."""
 
     at: float
-    """``time.monotonic()`` when read."""
     cpus: dict[int, dict[str, float]]
-    """CPU number -> state (``_FIELDS``) -> seconds since boot."""
     procs: dict[int, tuple[int, str, float]]
-    """pid -> (process group, command name, user + system seconds)."""
 
 
 def _read_cpus(root: Path, tick: float) -> dict[int, dict[str, float]]:
@@ -52,9 +48,7 @@ def _read_cpus(root: Path, tick: float) -> dict[int, dict[str, float]]:
 
 def _read_procs(root: Path, tick: float) -> dict[int, tuple[int, str, float]]:
     procs: dict[int, tuple[int, str, float]] = {}
-    for entry in root.iterdir():
-        if not entry.name.isdigit():
-            continue
+    for entry in (e for e in root.iterdir() if e.name.isdigit()):
         with contextlib.suppress(OSError, ValueError, IndexError):
             procs[int(entry.name)] = _proc_stat(entry / "stat", tick)
     return procs
@@ -77,13 +71,10 @@ def sample(root: Path = Path("/proc")) -> HostSample | None:
     """Read the CPUs' and processes' times now; None where ``root`` cannot be read (not Linux)."""
     tick = _tick_s()
     try:
-        cpus = _read_cpus(root, tick)
-        procs = _read_procs(root, tick)
+        cpus, procs = _read_cpus(root, tick), _read_procs(root, tick)
     except OSError:
         return None
-    if not cpus:
-        return None
-    return HostSample(time.monotonic(), cpus, procs)
+    return HostSample(time.monotonic(), cpus, procs) if cpus else None
 
 
 @dataclass(frozen=True)
@@ -95,21 +86,16 @@ class CpuShare:
     iowait: float
     idle: float
 
-    def to_json(self) -> dict[str, float]:
-        """The JSON view."""
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class HostUsage:
-    """What the host did between two samples."""
+    """What the host did between two samples: each CPU's shares, the CPU seconds of the named process groups
+    (``usage``'s ``named``) and of the busiest others (command of one member, CPU seconds; most first)."""
 
     wall_s: float
     cpus: dict[int, CpuShare]
     groups: dict[str, float]
-    """Name -> CPU seconds of the named process groups (``usage``'s ``named``)."""
     others: list[tuple[str, float]] = field(default_factory=list)
-    """The busiest other process groups: (command of one member, CPU seconds), most first."""
 
     def cores(self, name: str) -> float:
         """A named group's CPU seconds per wall second (1.0: one CPU's worth)."""
@@ -133,7 +119,7 @@ class HostUsage:
         """The JSON view."""
         return {
             "wall_s": self.wall_s,
-            "cpus": {str(c): s.to_json() for c, s in sorted(self.cpus.items())},
+            "cpus": {str(c): asdict(s) for c, s in sorted(self.cpus.items())},
             "groups_cpu_s": dict(self.groups),
             "others_cpu_s": [{"command": c, "cpu_s": s} for c, s in self.others],
         }
@@ -153,12 +139,7 @@ def usage(before: HostSample, after: HostSample, named: Mapping[str, int]) -> Ho
         if total <= 0:
             continue
         # Shares of the CPU's own accounted time (it can differ from the wall clock by a tick or so).
-        cpus[c] = CpuShare(
-            busy=sum(d[k] for k in _BUSY) / total,
-            steal=d["steal"] / total,
-            iowait=d["iowait"] / total,
-            idle=d["idle"] / total,
-        )
+        cpus[c] = CpuShare(sum(d[k] for k in _BUSY) / total, d["steal"] / total, d["iowait"] / total, d["idle"] / total)
     per_group: dict[int, float] = {}
     names: dict[int, str] = {}
     for pid, (pgid, comm, cpu_s) in after.procs.items():
@@ -170,7 +151,5 @@ def usage(before: HostSample, after: HostSample, named: Mapping[str, int]) -> Ho
             names[pgid] = "kernel threads" if pgid == 0 else comm
     groups = {name: per_group.get(pgid, 0.0) for name, pgid in named.items()}
     mine = set(named.values())
-    others = sorted(((names[g], s) for g, s in per_group.items() if g not in mine and s > 0), key=lambda x: -x[1])[
-        :_TOP_OTHERS
-    ]
-    return HostUsage(wall, cpus, groups, others)
+    others = sorted(((names[g], s) for g, s in per_group.items() if g not in mine and s > 0), key=lambda x: -x[1])
+    return HostUsage(wall, cpus, groups, others[:_TOP_OTHERS])

@@ -13,8 +13,6 @@ from typing import Any
 
 import httptools
 
-__all__ = ["NullWorker", "serve"]
-
 MODEL = "null-model"
 _ids = itertools.count()
 
@@ -57,6 +55,11 @@ def _response(status: bytes, ctype: bytes, body: bytes, *, chunked: bool = False
 
 _MODELS = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0}]}).encode()
 _NOT_FOUND = _response(b"404 Not Found", b"application/json", b'{"error":{"message":"not found"}}')
+_GET = {
+    b"/health": _response(b"200 OK", b"application/json", b"{}"),
+    b"/v1/models": _response(b"200 OK", b"application/json", _MODELS),
+    b"/metrics": _response(b"200 OK", b"text/plain; version=0.0.4", b""),
+}
 
 
 class NullWorker(asyncio.Protocol):
@@ -99,14 +102,8 @@ class NullWorker(asyncio.Protocol):
                 out = _response(b"200 OK", b"text/event-stream", _stream(path, n), chunked=True)
             else:
                 out = _response(b"200 OK", b"application/json", _completion(path, n))
-        elif method == b"GET" and path == b"/health":
-            out = _response(b"200 OK", b"application/json", b"{}")
-        elif method == b"GET" and path == b"/v1/models":
-            out = _response(b"200 OK", b"application/json", _MODELS)
-        elif method == b"GET" and path == b"/metrics":
-            out = _response(b"200 OK", b"text/plain; version=0.0.4", b"")
         else:
-            out = _NOT_FOUND
+            out = _GET.get(path, _NOT_FOUND) if method == b"GET" else _NOT_FOUND
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(out)
             if not self.parser.should_keep_alive():

@@ -28,18 +28,17 @@ from gateway.config import CONFIG_DIR
 from gateway.errors import GatewayError
 
 API_KEY = "demo-interactive-key"
-BODY = {
-    "messages": [{"role": "user", "content": "How many heads of the departments are older than 56 ?"}],
-    "max_tokens": 4,
-}
-COMPLETION_BODY = {"prompt": "-- How many heads of the departments are older than 56 ?\nSELECT", "max_tokens": 4}
+_QUESTION = "How many heads of the departments are older than 56 ?"
 ENDPOINTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "chat": ("/v1/chat/completions", BODY),
-    "completions": ("/v1/completions", COMPLETION_BODY),
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": _QUESTION}], "max_tokens": 4}),
+    "completions": ("/v1/completions", {"prompt": f"-- {_QUESTION}\nSELECT", "max_tokens": 4}),
 }
 """The endpoints ``hexflow overhead`` measures: name -> (path, request body)."""
-WORKERS = ("null", "emulator")
-"""The worker behind the gateway: the null worker (``gateway.bench.nullworker``) or the emulated A100."""
+WORKERS = {
+    "null": ["-m", "gateway.bench.nullworker"],
+    "emulator": ["-m", "workers.emulator", "--gpu", "A100", "--time-scale", "1e-4"],
+}
+"""The worker behind the gateway (name -> its command): the null worker or the emulated A100."""
 KEEP_UP_SHARE = 0.97
 """A stream keeps up when it achieves at least this share of the offered rate."""
 RIG_MAX_CONCURRENT = 4096
@@ -189,7 +188,9 @@ def bracket_search(
 
 @dataclass
 class OverheadReport:
-    """The measured figures (latencies in ms; ``*_errors`` map a kind, see :func:`error_kind`, to a count)."""
+    """The measured figures (latencies in ms; ``*_errors`` map a kind, see :func:`error_kind`, to a count;
+    ``table``: with ``rates``, one side-by-side row per rate, these fields less the lists; ``worker_cpu_util``:
+    the worker's CPU over both streams, as a share of one core)."""
 
     rate: float
     duration_s: float
@@ -221,9 +222,7 @@ class OverheadReport:
     endpoint: str = "chat"
     worker: str = "null"
     table: list[dict[str, Any]] = field(default_factory=list)
-    """With ``rates``: one side-by-side measurement per rate (the fields above, less these lists)."""
     worker_cpu_util: float = math.nan
-    """The worker process's CPU over the measurement, as a share of one core (both streams' calls)."""
 
 
 @contextlib.contextmanager
@@ -233,11 +232,8 @@ def rig(workdir: Path, *, capacity: int = 1024, worker: str = "null") -> Iterato
     if worker not in WORKERS:
         raise GatewayError(f"unknown worker {worker!r}; one of {', '.join(WORKERS)}")
     wport, gport = free_port(), free_port()
-    wcmd = ["-m", "gateway.bench.nullworker", "--port", str(wport)]
-    if worker == "emulator":
-        wcmd = ["-m", "workers.emulator", "--gpu", "A100", "--port", str(wport), "--time-scale", "1e-4"]
     wurl = f"http://127.0.0.1:{wport}"
-    wproc = ChildProcess("the worker", [sys.executable, *wcmd], workdir / "worker.log")
+    wproc = ChildProcess("the worker", [sys.executable, *WORKERS[worker], "--port", str(wport)], workdir / "worker.log")
     try:
         wproc.wait_until(lambda: probe(wurl, "/health"), "/health")
         # The demo tenants, with a concurrency bound far above what the rates here keep in flight: a stall of
@@ -302,14 +298,14 @@ async def _stream(
 
 @dataclass(frozen=True)
 class Measurement:
-    """One side-by-side run: both streams, and the gateway's CPU seconds over the wall seconds measured."""
+    """One side-by-side run: both streams, and the gateway's (and the worker's) CPU seconds over the wall
+    seconds measured."""
 
     gateway: StreamStats
     direct: StreamStats
     cpu_s: float
     wall_s: float
-    worker_cpu_s: float = math.nan
-    """The worker process's CPU seconds over the same wall seconds (NaN: not measured)."""
+    worker_cpu_s: float = math.nan  # NaN: not measured
 
     @property
     def cpu_ms_per_call(self) -> float:
@@ -318,12 +314,12 @@ class Measurement:
 
     @property
     def cpu_util(self) -> float:
-        """Gateway CPU utilisation over the measurement, as a share of one core (1.0 = one core busy)."""
+        """Gateway CPU over the measurement, as a share of one core (1.0 = one core busy)."""
         return self.cpu_s / self.wall_s if self.wall_s > 0 else math.nan
 
     @property
     def worker_cpu_util(self) -> float:
-        """The worker's CPU utilisation over the measurement, as a share of one core (NaN: not measured)."""
+        """The worker's CPU over the measurement, as a share of one core (NaN: not measured)."""
         return self.worker_cpu_s / self.wall_s if self.wall_s > 0 else math.nan
 
 
@@ -430,19 +426,9 @@ def run_overhead(
                 say(f"rate search: {r:.0f} calls/s for {span:g} s")
                 m = asyncio.run(measure(wurl, gateway, pid, r, span, direct=False, seed=seed, endpoint=endpoint))
                 g, reasons = m.gateway, shortfalls(m.gateway, span, p99_limit_ms)
-                report.search.append(
-                    {
-                        "rate": r,
-                        "ok": not reasons,
-                        "reasons": reasons,
-                        "offered": g.offered(span),
-                        "achieved": g.achieved(span),
-                        "p99_ms": g.pct(99),
-                        "cpu_ms_per_call": m.cpu_ms_per_call,
-                        "cpu_util": m.cpu_util,
-                        "errors": merge_errors(g.errors_by_kind),
-                    }
-                )
+                row = dict(rate=r, ok=not reasons, reasons=reasons, offered=g.offered(span), achieved=g.achieved(span))
+                row |= dict(p99_ms=g.pct(99), cpu_ms_per_call=m.cpu_ms_per_call, cpu_util=m.cpu_util)
+                report.search.append({**row, "errors": merge_errors(g.errors_by_kind)})
                 return not reasons
 
             report.max_rate = bracket_search(passes, rate, max_steps=search_steps).best

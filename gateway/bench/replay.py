@@ -1,11 +1,8 @@
-"""Trace replay against a running gateway (``hexflow replay``): the workload ``hexflow bench`` simulates (same
-queries, arrivals and deadlines; ``replay_workload`` builds it without I/O, so a caller can simulate the
-identical workload with ``ReplayWorkflow.dag``) sent over HTTP in real time, each workflow at its arrival as
-``POST /v1/workflows``: its stages as a chain of exact-length synthetic calls with the prompt prefixes they
-share (``shared_prefix``), the CHESS template and its deadline. Wall seconds = modelled x ``time_scale``;
-every figure is in modelled seconds. Latency runs from a workflow's scheduled arrival to its response;
-429/503 answers are *rejected* (never retried), other failures *failed*; as in ``summarize``, a workflow
-that did not complete counts as infinitely late and a missed deadline."""
+"""Trace replay against a running gateway (``hexflow replay``): the workload ``hexflow bench`` simulates
+(``replay_workload`` builds it without I/O; ``ReplayWorkflow.dag`` simulates the same) sent in real time, each
+workflow at its arrival as ``POST /v1/workflows`` of exact-length synthetic calls. Figures in modelled seconds
+(wall = modelled x ``time_scale``), latency from the scheduled arrival; 429/503 are *rejected* (never retried),
+other failures *failed*; as in ``summarize``, a workflow that did not complete is infinitely late."""
 
 from __future__ import annotations
 
@@ -53,11 +50,6 @@ class ReplayWorkflow:
     arrival_s: float
     deadline_s: float
     stages: tuple[Stage, ...]
-
-    @property
-    def num_calls(self) -> int:
-        """Calls in the workflow."""
-        return sum(len(s.calls) for s in self.stages)
 
     def stage_calls(self) -> list[tuple[CallSpec, ...]]:
         """The calls, stage by stage."""
@@ -303,22 +295,11 @@ def format_report(rep: ReplayReport) -> str:
         f"HTTP status: {', '.join(f'{k} x{v}' for k, v in rep.by_status.items())}"
     )
     rows = [
-        [
-            "client",
-            fmt(rep.p50_s),
-            fmt(rep.p95_s),
-            fmt(rep.p99_s),
-            fmt(rep.mean_s),
-            fmt(rep.slo_attainment, 3),
-            fmt(rep.throughput_qps, 4),
-        ],
-        [
-            "gateway",
-            *(fmt(x) for x in (rep.gateway_p50_s, rep.gateway_p95_s, rep.gateway_p99_s)),
-            fmt(rep.gateway_mean_s),
-            "",
-            "",
-        ],
+        [side, *(fmt(getattr(rep, f"{pre}{k}_s")) for k in ("p50", "p95", "p99", "mean")), *extra]
+        for side, pre, extra in (
+            ("client", "", (fmt(rep.slo_attainment, 3), fmt(rep.throughput_qps, 4))),
+            ("gateway", "gateway_", ("", "")),
+        )
     ]
     foot = f"wall {rep.wall_s:.1f} s; latest send {rep.max_send_lag_s * 1000:.0f} ms behind schedule"
     return "\n".join([head, table(["latency", "p50_s", "p95_s", "p99_s", "mean_s", "slo", "tput_qps"], rows), foot])

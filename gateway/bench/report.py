@@ -15,12 +15,10 @@ from typing import Any
 from tqdm import tqdm
 
 from gateway.bench.sidebyside import BenchReport, plot_report, run_bench
-from gateway.bench.simbench import N_SEEDS, Setup, tuned_alpha
+from gateway.bench.simbench import N_SEEDS, Setup, run_point, tuned_alpha
 from gateway.config import load_cluster
 from gateway.core.policy import POLICIES
 from gateway.errors import GatewayError
-from gateway.sim.metrics import summarize
-from gateway.sim.simulator import Simulator
 from gateway.sim.tune import ALPHA_GRID
 from gateway.sim.workload import load_queries
 
@@ -30,11 +28,7 @@ TRACES = ("trace1", "trace2", "trace3", "financial", "formula1")
 def hindsight(setup: Setup, rate: float) -> dict[str, Any]:
     """Alpha tuned on the tuning seed's window against the best fixed alpha on the base seed's run."""
     tuned = tuned_alpha(setup, "hexgen", rate)
-    p95 = {}
-    for a in ALPHA_GRID:
-        sim = Simulator(setup.workers, "hexgen", alpha=a, seed=setup.seed, prefix_caching=setup.prefix_caching)
-        res = sim.run(setup.workflows(rate))
-        p95[a] = summarize(res, total=setup.n_workflows).p95_s
+    p95 = {a: run_point(setup, "hexgen", rate, alpha=a).p95_s for a in ALPHA_GRID}
     best = min(p95, key=lambda a: p95[a])
     return {
         "rate_qps": rate,

@@ -60,7 +60,12 @@ def standard_latency(workers: Sequence[WorkerInfo], calls: Sequence[CallSpec] = 
 @dataclass
 class Setup:
     """A benchmark scenario: cluster, queries, load shape, SLO, tenants and seeds (measured: ``seed`` to
-    ``seed + n_seeds - 1``; ``tune_seed`` apart from them)."""
+    ``seed + n_seeds - 1``; ``tune_seed`` apart from them). ``quality_model``: accuracy per knob setting, for
+    tenants whose workflows degrade; ``slo_unit_s``: what the SLO multiplies (default: the standard workflow's
+    cluster-mean latency); ``plan_template``: what degrading workflows plan their remaining stages with
+    (default: their own); ``deadline_rule``: Text-to-SQL workflows follow the live pipeline's deadline rule
+    (replays of the gateway's own pipeline); ``admission_share``, ``admission_miss``: admit each workflow as
+    the live gateway does (``Simulator``'s arguments; None: every workflow is admitted)."""
 
     workers: list[WorkerInfo]
     queries: list[list[CallSpec]]
@@ -74,19 +79,11 @@ class Setup:
     n_seeds: int = N_SEEDS
     prefix_caching: bool = False
     quality_model: QualityModel | None = None
-    """Accuracy per knob setting, for tenants whose workflows degrade (``TenantSpec.quality``)."""
     slo_unit_s: float | None = None
-    """The latency the SLO is a multiple of (default: the standard workflow's cluster-mean latency)."""
     plan_template: WorkflowTemplate | None = None
-    """What degrading workflows predict their remaining stages with (default: their own template)."""
     deadline_rule: bool = False
-    """Text-to-SQL workflows follow the live pipeline's deadline rule (``KnobbedWorkflow``): for replays of the
-    gateway's own pipeline (``hexflow bench burst --live``)."""
     admission_share: float | None = None
-    """Admit each workflow as the live gateway does, at this share of the full-batch throughput
-    (``Simulator(admission_share=...)``); None: every workflow is admitted."""
     admission_miss: str = "reject"
-    """With ``admission_share``: what a workflow predicted to miss gets (``Simulator(admission_miss=...)``)."""
     slo_s: float = field(init=False)
     _units: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False)
 
@@ -251,9 +248,8 @@ class Bench:
         target: float = TARGET,
         rel_tol: float = REL_TOL,
     ) -> float:
-        """Highest rate with SLO attainment >= ``target``, by geometric bisection to ``rel_tol``: ``ceiling`` when
-        even it is sustained, 0.0 when not even ``ceiling / 256`` is; the bracket starts at [0.25, 1] x
-        ``ceiling`` or around ``guess`` (x/÷ 1.08) and widens until it holds the crossing."""
+        """Highest rate with SLO attainment >= ``target``, by geometric bisection to ``rel_tol`` from [0.25, 1] x
+        ``ceiling`` or around ``guess`` (x/÷ 1.08); ``ceiling`` when it is sustained, 0.0 below ``ceiling / 256``."""
         if not (ceiling > 0 and math.isfinite(ceiling)):
             raise ValueError(f"capacity search needs a positive finite ceiling, got {ceiling}")
         if not 0 < rel_tol < 1:

@@ -15,8 +15,6 @@ from gateway.bench.simbench import Setup
 from gateway.bench.stats import positive
 from gateway.sim.simulator import Simulator
 
-__all__ = ["NATIVE_PROBES", "SpeedResult", "build_kind", "measure_speed"]
-
 NATIVE_PROBES = ("gateway.core.estimates", "gateway.core.scheduler", "gateway.sim.engine", "gateway.sim.simulator")
 """Modules the native build compiles (setup.py's ``NATIVE_MODULES`` holds them): how the build is told."""
 
@@ -72,12 +70,9 @@ def measure_speed(
     ``rate`` workflows/s when given (the fluid bound's linear program is then not solved)."""
     if not load > 0:
         raise ValueError(f"load must be positive, got {load}")
-    if rate is not None:
-        positive("rate", rate)
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    if rate is None:
-        rate = load * setup.bound.rate_qps
+    rate = positive("rate", rate) if rate is not None else load * setup.bound.rate_qps
     out = []
     for policy in policies:
         runs: list[tuple[float, float, int]] = []

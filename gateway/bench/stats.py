@@ -80,13 +80,8 @@ class Spread:
 
     def as_dict(self) -> dict[str, float | list[float | None] | None]:
         """For JSON: non-finite numbers become ``None``."""
-        return {
-            "mean": finite_or_none(self.mean),
-            "std": finite_or_none(self.std),
-            "min": finite_or_none(self.min),
-            "max": finite_or_none(self.max),
-            "per_seed": [finite_or_none(v) for v in self.values],
-        }
+        figures = {k: finite_or_none(getattr(self, k)) for k in ("mean", "std", "min", "max")}
+        return {**figures, "per_seed": [finite_or_none(v) for v in self.values]}
 
 
 def spread(values: Sequence[float]) -> Spread:

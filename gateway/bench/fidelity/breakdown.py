@@ -46,17 +46,16 @@ class WorkerTimes(_JsonView):
 
 @dataclass
 class PathTimes(_JsonView):
-    """Mean seconds of a workflow's latency along its chain of stages (per stage, its last call)."""
+    """Mean seconds of a workflow's latency along its chain of stages (per stage, its last call).
+    ``between_stages_s``: gateway time outside calls (live: the gateway's latency less its calls' chain; sim:
+    0); ``client_s``: client time outside the gateway (live: client latency less the gateway's; sim: 0)."""
 
     workflows: int = 0
     latency_s: float = math.nan
     queued_s: float = math.nan
     on_worker_s: float = math.nan
     between_stages_s: float = math.nan
-    """Gateway time not spent in a call: from a stage's last answer to the next stage's dispatch, and the
-    workflow's own setup and reply (live: the gateway's latency less its calls' chain; sim: 0)."""
     client_s: float = math.nan
-    """Client-side time outside the gateway (live: client latency less the gateway's; sim: 0)."""
 
 
 ENGINE_PHASES = (
@@ -65,8 +64,7 @@ ENGINE_PHASES = (
     ("decode", "vllm:request_decode_time_seconds"),
     ("e2e", "vllm:e2e_request_latency_seconds"),
 )
-"""vLLM's per-request histograms: waiting in the engine, prompt (arrival in the batch to first token),
-output (first to last token), and the API server's end to end."""
+"""vLLM's per-request histograms: in the engine's queue, prompt (to the first token), output, end to end."""
 PREFIX_COUNTERS = (
     ("prefix_queries", "vllm:prefix_cache_queries_total"),
     ("prefix_hits", "vllm:prefix_cache_hits_total"),
@@ -75,9 +73,8 @@ PREFIX_COUNTERS = (
 
 
 def engine_sums(text: str) -> dict[str, float]:
-    """``{phase: sum, phase_count: count}`` of ``ENGINE_PHASES`` in a server's ``/metrics`` text, and the
-    ``PREFIX_COUNTERS`` (summed over series; what the server does not export is left out).
-    ``MetricsParseError`` on bad text."""
+    """``{phase: sum, phase_count: count}`` of ``ENGINE_PHASES`` and the ``PREFIX_COUNTERS`` in a ``/metrics``
+    text, summed over series (what is not exported is left out); ``MetricsParseError`` on bad text."""
     samples = parse_families(text)
     out: dict[str, float] = {}
     for phase, name in ENGINE_PHASES:
@@ -93,18 +90,16 @@ def engine_sums(text: str) -> dict[str, float]:
 
 @dataclass
 class EngineTimes(_JsonView):
-    """What a server's own histograms say of the requests it finished during the live run: how many, and
-    the mean seconds of each of ``ENGINE_PHASES`` (NaN where not exported), beside the profile's lone
-    prediction of the same calls split into prompt (to the first token) and output."""
+    """A server's own histograms over the live run: requests finished, the mean seconds of each of
+    ``ENGINE_PHASES`` (NaN where not exported), the profile's lone prediction of the same calls split into
+    prompt and output, and the prompt tokens looked up in its prefix cache and found there (NaN: unknown)."""
 
     requests: float = 0.0
     mean_s: dict[str, float] = field(default_factory=dict)
     lone_prefill_s: float = math.nan
     lone_decode_s: float = math.nan
     prefix_queries: float = math.nan
-    """Prompt tokens the server looked up in its prefix cache during the run (NaN: not exported)."""
     prefix_hits: float = math.nan
-    """Of those, the tokens it found there."""
 
     @property
     def prefix_hit_share(self) -> float:
@@ -188,7 +183,10 @@ class KindTimes(_JsonView):
 
 @dataclass
 class GapBreakdown:
-    """What a policy's live run and its simulation spent their time on."""
+    """What a policy's live run and its simulation spent their time on. ``token_mismatches``: live calls whose
+    reported tokens differ from the requested ones; ``workflows_*``: every workflow accounted for (live:
+    completed, rejected or failed; sim: finished or not); ``kinds``: per call kind, the calls matched between
+    the two; ``prefix_sim``: per worker, the simulated engine's prompt tokens and prefix-cache hits."""
 
     policy: str
     workers_live: dict[str, WorkerTimes] = field(default_factory=dict)
@@ -198,15 +196,10 @@ class GapBreakdown:
     calls_live: int = 0
     calls_sim: int = 0
     token_mismatches: int = 0
-    """Live calls whose worker-reported prompt or completion tokens differ from the requested ones."""
     workflows_live: int = 0
-    """Workflows the live run accounts for (completed, rejected or failed)."""
     workflows_sim: int = 0
-    """Workflows the simulation accounts for (finished or unfinished)."""
     kinds: dict[str, KindTimes] = field(default_factory=dict)
-    """Per call kind, the calls matched between live and simulated (``KindTimes``)."""
     prefix_sim: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Per worker, the simulated engine's prompt tokens and those served from its prefix cache."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""

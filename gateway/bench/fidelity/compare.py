@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, ClassVar
+
+import httpx
 
 from gateway.bench.livebench import LiveBenchReport, PolicyRun
-from gateway.bench.stats import fmt
+from gateway.bench.stats import fmt, table
 from gateway.core.profile import PerfProfile
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow, Workflow
 from gateway.profiling.worker import Arrival
@@ -47,6 +50,16 @@ def simulate_arrivals(profile: PerfProfile, arrivals: Sequence[Arrival]) -> list
     return [done[i] - arrivals[i][0] + profile.request_overhead_s for i in range(len(arrivals))]
 
 
+@contextlib.asynccontextmanager
+async def client_or_own(client: httpx.AsyncClient | None, **options: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """``client`` (injected by tests) as it is, or a new ``httpx.AsyncClient(**options)`` closed on exit."""
+    if client is not None:
+        yield client
+        return
+    async with httpx.AsyncClient(**options) as own:
+        yield own
+
+
 def p95(xs: Sequence[float]) -> float:
     """The 95th percentile (nearest rank) of ``xs``."""
     s = sorted(xs)
@@ -68,6 +81,33 @@ def gap_cells(r: PolicyRun, g: dict[str, float], digits: int) -> list[str]:
     lv, sm = r.live, r.simulated
     p95s = [fmt(lv.p95_s, digits), fmt(sm.p95_s, digits), f"{g['p95']:+.1%}"]
     return [*p95s, fmt(lv.slo_attainment, 3), fmt(sm.slo_attainment, 3), f"{g['slo']:+.1%}"]
+
+
+GAP_HEAD = ["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap"]
+
+
+class LiveGaps:
+    """What a fidelity report shares: its live bench's gaps against the simulator, whether the ``GAP_KEYS``
+    gaps are within ``TARGET``, and the table of them."""
+
+    TARGET: ClassVar[float]
+    GAP_KEYS: ClassVar[tuple[str, ...]]
+    live: LiveBenchReport
+
+    def gaps(self) -> dict[str, dict[str, float]]:
+        """Policy -> live/simulated - 1 of P95 and SLO attainment."""
+        return live_gaps(self.live)
+
+    def within_target(self) -> bool:
+        """Every policy's ``GAP_KEYS`` gaps within ``TARGET`` of the simulator's."""
+        return within((g[k] for g in self.gaps().values() for k in self.GAP_KEYS), self.TARGET)
+
+    def gap_lines(self, title: str, digits: int, extra: Callable[[PolicyRun], list[str]], head: list[str]) -> list[str]:
+        """``title``, one row per policy (``gap_cells`` and ``extra``'s cells, ``head`` after ``GAP_HEAD``) and
+        the verdict."""
+        rows = [[r.policy, *gap_cells(r, self.gaps()[r.policy], digits), *extra(r)] for r in self.live.runs]
+        verdict = "within target" if self.within_target() else "NOT within target"
+        return [title, table([*GAP_HEAD, *head], rows), verdict]
 
 
 def simulate_runs(

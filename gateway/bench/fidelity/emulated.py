@@ -11,12 +11,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
-from gateway.bench.fidelity.compare import gap_cells, live_gaps, simulate_runs, within
-from gateway.bench.livebench import LiveBenchReport, format_live_report, run_live_bench
+from gateway.bench.fidelity.compare import LiveGaps, simulate_runs
+from gateway.bench.livebench import LiveBenchReport, PolicyRun, format_live_report, run_live_bench
 from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
 from gateway.bench.rig import bench_folder
@@ -79,21 +79,17 @@ class GpuCalibration:
 
 
 @dataclass
-class FidelityReport:
-    """The calibrations, the live-vs-simulated runs, and the simulator's figures with the truth profiles."""
+class FidelityReport(LiveGaps):
+    """The calibrations, the live-vs-simulated runs (the target: P95 and SLO attainment), and the simulator's
+    figures with the truth profiles."""
+
+    TARGET: ClassVar[float] = TARGET
+    GAP_KEYS: ClassVar[tuple[str, ...]] = ("p95", "slo")
 
     calibrations: list[GpuCalibration]
     live: LiveBenchReport
     truth_sim: dict[str, dict[str, float]]
     """Policy -> ``{"p95_s", "slo_attainment"}`` simulated with the truth profiles (reference)."""
-
-    def gaps(self) -> dict[str, dict[str, float]]:
-        """Policy -> live/simulated - 1 of P95 and SLO attainment (calibrated profiles)."""
-        return live_gaps(self.live)
-
-    def within_target(self) -> bool:
-        """Every policy's live P95 and SLO attainment within ``TARGET`` of the simulator's."""
-        return within((v for g in self.gaps().values() for v in (g["p95"], g["slo"])), TARGET)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (non-finite numbers become null)."""
@@ -161,7 +157,9 @@ def run_fidelity(
                     urls[i], resolved[i], truth_cat, model, budget_s=budget_s, settings=settings, progress=progress
                 )
                 entry = cal_doc["profiles"][model][g] = profile_entry(res, scale=time_scale)
-                calibrations.append(GpuCalibration(g, truth_cat.profile(g, model), _perf(g, model, entry), res))
+                # The calibrated profile read back from its entry, as the gateway reads it.
+                calibrated = profile_from(g, model, ProfileSpec.model_validate(entry))
+                calibrations.append(GpuCalibration(g, truth_cat.profile(g, model), calibrated, res))
         cal_path = _write_catalog(cal_doc, folder / "calibrated-gpus.yaml")
         live = run_live_bench(
             cluster,
@@ -195,11 +193,6 @@ def _calibrate_one(
     )
 
 
-def _perf(gpu: str, model: str, entry: dict[str, Any]) -> PerfProfile:
-    """The profile a catalogue entry (``profile_entry``'s, as written) gives, read as the gateway reads it."""
-    return profile_from(gpu, model, ProfileSpec.model_validate(entry))
-
-
 def _simulate_with(
     catalog: GpuCatalog, cluster: str, trace: str, live: LiveBenchReport, *, seed: int, slo_scale: float
 ) -> dict[str, dict[str, float]]:
@@ -230,12 +223,12 @@ def format_fidelity_report(rep: FidelityReport) -> str:
         probes = f"{len(c.result.measurements)} in {c.result.wall_s:.0f} s"
         rows.append([c.gpu, *cells, f"{c.workflow_error():+.1%}", f"{c.decode_error():+.1%}", probes])
     head = ["gpu", "iter_base_s", "token_s", "ctx_s", "overhead_s", "kv_tokens", "workflow", "decode 16x4k", "probes"]
-    grows = []
-    for r in rep.live.runs:
+
+    def truth(r: PolicyRun) -> list[str]:
         ts = rep.truth_sim.get(r.policy, {})
-        truth = [fmt(ts.get("p95_s", math.nan)), fmt(ts.get("slo_attainment", math.nan), 3)]
-        grows.append([r.policy, *gap_cells(r, rep.gaps()[r.policy], 1), *truth])
-    ghead = ["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap", "truth-sim p95", "truth-sim slo"]
+        return [fmt(ts.get("p95_s", math.nan)), fmt(ts.get("slo_attainment", math.nan), 3)]
+
+    title = f"live against the simulator with the calibrated profiles (target: within {TARGET:.0%}):"
     return "\n".join(
         [
             "calibrated profiles (modelled seconds) and their error against the truth the emulated workers ran:",
@@ -243,9 +236,7 @@ def format_fidelity_report(rep: FidelityReport) -> str:
             "",
             format_live_report(rep.live),
             "",
-            f"live against the simulator with the calibrated profiles (target: within {TARGET:.0%}):",
-            table(ghead, grows),
-            "within target" if rep.within_target() else "NOT within target",
+            *rep.gap_lines(title, 1, truth, ["truth-sim p95", "truth-sim slo"]),
         ]
     )
 

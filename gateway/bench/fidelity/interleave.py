@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.fidelity.compare import simulate_arrivals
+from gateway.bench.fidelity.compare import client_or_own, simulate_arrivals
 from gateway.bench.stats import table
 from gateway.core.profile import PerfProfile
 from gateway.profiling.plan import PlanSettings
@@ -70,13 +70,8 @@ class ScenarioResult:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {
-            "arrivals": [list(a) for a in self.arrivals],
-            "live_s": list(self.live_s),
-            "predicted_s": list(self.predicted_s),
-            "lone_s": list(self.lone_s),
-            "ratio": self.ratio,
-        }
+        times = {k: list(getattr(self, k)) for k in ("live_s", "predicted_s", "lone_s")}
+        return {"arrivals": [list(a) for a in self.arrivals], **times, "ratio": self.ratio}
 
 
 @dataclass(frozen=True)
@@ -125,15 +120,12 @@ async def check_interleaved(
     concurrency = max(1, min(settings.max_concurrency, settings.max_num_seqs))
     model_profile = replace(profile, max_num_seqs=concurrency)
     scenarios = make_scenarios(profile, settings, n, random.Random(seed), concurrency=concurrency)
-    own = client is None
-    http = client or httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=concurrency + 2), timeout=httpx.Timeout(60.0, connect=10.0)
-    )
-    w = ProbeWorker(http, worker, model)
     deadline = clock() + budget_s
     results: list[ScenarioResult] = []
     skipped = 0
-    try:
+    limits, timeout = httpx.Limits(max_connections=concurrency + 2), httpx.Timeout(60.0, connect=10.0)
+    async with client_or_own(client, limits=limits, timeout=timeout) as http:
+        w = ProbeWorker(http, worker, model)
         for k, arrivals in enumerate(scenarios):
             predicted = simulate_arrivals(model_profile, arrivals)
             makespan = max(a[0] + p for a, p in zip(arrivals, predicted, strict=True))
@@ -155,9 +147,6 @@ async def check_interleaved(
                 break  # the budget ended mid-scenario (or a request failed)
             lone = tuple(profile.single_latency(p, o) for _, p, o in arrivals)
             results.append(ScenarioResult(tuple(arrivals), tuple(run.latencies), tuple(predicted), lone))
-    finally:
-        if own:
-            await http.aclose()
     return InterleaveReport(concurrency, tuple(results), skipped)
 
 

@@ -15,13 +15,11 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.fidelity.compare import p95, simulate_arrivals
+from gateway.bench.fidelity.compare import client_or_own, p95, simulate_arrivals
 from gateway.bench.replay import scale_queries, workload_queries
 from gateway.bench.stats import json_safe, positive, table
 from gateway.core.profile import PerfProfile
 from gateway.profiling.worker import ProbeWorker, send_arrivals
-
-__all__ = ["OpenLoopCall", "OpenLoopReport", "RateResult", "format_open_loop_report", "make_calls", "run_open_loop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,28 +122,6 @@ class OpenLoopReport:
         }
 
 
-async def _send_all(
-    w: ProbeWorker, calls: Sequence[OpenLoopCall], *, max_inflight: int, deadline: float, progress: bool
-) -> tuple[list[float], int]:
-    """Send each call at its time (``send_arrivals``): its latency from its arrival (NaN if it failed or the
-    deadline came first), and how many waited in the client."""
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(calls), desc="open loop", unit="call", disable=not progress, leave=False)
-    try:
-        run = await send_arrivals(
-            w,
-            [(c.at, c.prompt, c.output) for c in calls],
-            max_inflight=max_inflight,
-            deadline=deadline,
-            clock=time.monotonic,
-            on_done=lambda: bar.update(1),
-        )
-    finally:
-        bar.close()
-    return run.latencies, run.client_waits
-
-
 async def run_open_loop(
     worker: str,
     model: str,
@@ -161,7 +137,10 @@ async def run_open_loop(
     client: httpx.AsyncClient | None = None,
     progress: bool = True,
 ) -> OpenLoopReport:
-    """Run the check at each rate in turn; ``client`` is injected for tests."""
+    """Run the check at each rate in turn (each call sent at its time by ``send_arrivals``: NaN when it failed
+    or the budget ended first); ``client`` is injected for tests."""
+    from tqdm import tqdm
+
     if max_inflight < 1:
         raise ValueError("max-inflight must be >= 1")
     if not (budget_s > 0 and math.isfinite(budget_s)):
@@ -172,22 +151,24 @@ async def run_open_loop(
     rep = OpenLoopReport(worker, model, profile, trace, token_scale, seed)
     url = worker.rstrip("/")
     deadline = time.monotonic() + budget_s
-    own = client is None
-    http = client or httpx.AsyncClient(limits=httpx.Limits(max_connections=max_inflight + 2), timeout=120.0)
-    try:
+    limits = httpx.Limits(max_connections=max_inflight + 2)
+    async with client_or_own(client, limits=limits, timeout=120.0) as http:
         for rate, plan in zip(rates, plans, strict=True):
             if time.monotonic() >= deadline:
                 break
-            start = time.monotonic()
-            live, waits = await _send_all(
-                ProbeWorker(http, url, model), plan, max_inflight=max_inflight, deadline=deadline, progress=progress
-            )
-            sim = simulate_arrivals(profile, [(c.at, c.prompt, c.output) for c in plan])
+            start, arrivals = time.monotonic(), [(c.at, c.prompt, c.output) for c in plan]
+            with tqdm(total=len(plan), desc="open loop", unit="call", disable=not progress, leave=False) as bar:
+                run = await send_arrivals(
+                    ProbeWorker(http, url, model),
+                    arrivals,
+                    max_inflight=max_inflight,
+                    deadline=deadline,
+                    clock=time.monotonic,
+                    on_done=lambda: bar.update(1),
+                )
+            live, sim = run.latencies, simulate_arrivals(profile, arrivals)
             done = all(math.isfinite(v) for v in live)
-            rep.rates.append(RateResult(rate, plan, live, sim, waits, time.monotonic() - start, done))
-    finally:
-        if own:
-            await http.aclose()
+            rep.rates.append(RateResult(rate, plan, live, sim, run.client_waits, time.monotonic() - start, done))
     return rep
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from workers import cpu_vllm
 
 @dataclass(frozen=True)
 class _Settings:
-    """What every round of one run shares."""
+    """What every round of one run shares (``run_fidelity_vllm``'s arguments)."""
 
     trace: str
     policies: Sequence[str]
@@ -67,7 +66,7 @@ class _Settings:
     def say(self, line: str) -> None:
         """A progress line on stderr (none when quiet)."""
         if self.progress:
-            print(line, file=sys.stderr, flush=True)
+            say_stderr(line)
 
     def check(self, seed: int, rounds: int) -> None:
         """``ValueError`` for a bad setting, or a round's workload that does not fit ``MAX_MODEL_LEN``."""
@@ -124,20 +123,8 @@ def run_fidelity_vllm(
     servers = default_servers() if servers is None else servers
     if len(servers) < 1 or len({s.name for s in servers}) != len(servers):
         raise ValueError("give at least one server, each with its own name")
-    cfg = _Settings(
-        trace=trace,
-        policies=policies,
-        workflows=workflows,
-        token_scale=token_scale,
-        load=load,
-        rate_qps=rate_qps,
-        budget_s=budget_s,
-        slo_scale=slo_scale,
-        calibrate_beside_load=calibrate_beside_load,
-        recalibrate_after=recalibrate_after,
-        repeats=calibration_repeats,
-        progress=progress,
-    )
+    workload = (trace, policies, workflows, token_scale, load, rate_qps, budget_s, slo_scale)
+    cfg = _Settings(*workload, calibrate_beside_load, recalibrate_after, calibration_repeats, progress)
     cfg.check(seed, rounds)
     paths = paths or cpu_vllm.Paths.default()
     ports = [base_port + i for i in range(len(servers))]

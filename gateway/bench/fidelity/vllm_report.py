@@ -7,36 +7,37 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.bench import hostcpu
 from gateway.bench.fidelity.breakdown import EngineTimes, GapBreakdown, PathTimes, WorkerTimes
-from gateway.bench.fidelity.compare import gap_cells, live_gaps, within
-from gateway.bench.fidelity.vllm_servers import CHUNK, MAX_MODEL_LEN, TARGET, ServerCalibration
+from gateway.bench.fidelity.compare import LiveGaps, gap_cells, within
+from gateway.bench.fidelity.vllm_servers import CHUNK, FITTED, MAX_MODEL_LEN, TARGET, ServerCalibration
 from gateway.bench.livebench import LiveBenchReport, format_live_report
 from gateway.bench.stats import finite_or_none, fmt, json_safe, table
 from gateway.sim.metrics import Summary
 
 
 @dataclass
-class VllmFidelityReport:
-    """The calibrations, the live-vs-simulated runs and the breakdown of each policy's gap."""
+class VllmFidelityReport(LiveGaps):
+    """The calibrations, the live-vs-simulated runs and the breakdown of each policy's gap (the target: P95).
+    ``load``: the rate as a share of the calibrated fluid bound (None: ``--rate`` given); ``engines``: each
+    server's own histograms; ``after`` (``--recalibrate-after``): each server calibrated again after the
+    replay, and ``sim_after`` the simulator with the engines at that speed (the scheduler still planning with
+    the profiles from before); ``host``: the host's CPUs during the replay (None: not measured)."""
+
+    TARGET: ClassVar[float] = TARGET
+    GAP_KEYS: ClassVar[tuple[str, ...]] = ("p95",)
 
     calibrations: list[ServerCalibration]
     live: LiveBenchReport
     breakdowns: list[GapBreakdown]
     token_scale: float
     load: float | None
-    """The arrival rate as a fraction of the calibrated cluster's fluid bound (None: ``--rate`` given)."""
     engines: dict[str, EngineTimes] = field(default_factory=dict)
-    """Per server: its own histograms over the live runs, beside the profile's lone split."""
     after: list[ServerCalibration] = field(default_factory=list)
-    """``--recalibrate-after``: each server calibrated again right after the replay (empty: not asked)."""
     sim_after: dict[str, Summary] = field(default_factory=dict)
-    """Policy -> the simulator's prediction with the engines at their after-replay speed (the scheduler
-    still planning with the profiles calibrated before, as the live gateway did)."""
     host: hostcpu.HostUsage | None = None
-    """What the host's CPUs did during the live replay (None: not measured, or not Linux)."""
 
     def drift(self) -> dict[str, float]:
         """Server -> its standard workflow's latency calibrated after the replay over before (1: no drift)."""
@@ -56,10 +57,8 @@ class VllmFidelityReport:
         return out
 
     def host_by_server(self) -> dict[str, dict[str, Any]]:
-        """Server -> what ran on its CPUs while it was calibrated and during the replay (``cores``: its own
-        CPU seconds per second; ``beside``: the share of its pinned CPUs' time that went to anything else;
-        ``steal``: taken by the hypervisor), beside each policy's live/simulated mean time per call on it.
-        Empty where the host was not measured."""
+        """Server -> its CPUs while it was calibrated and during the replay (``cores``, ``beside``, ``steal``
+        as ``HostUsage`` has them), and each policy's live/simulated time per call on it; empty: not measured."""
         out: dict[str, dict[str, Any]] = {}
         for c in self.calibrations:
             name, cpus = c.server.name, c.server.cpus
@@ -76,14 +75,6 @@ class VllmFidelityReport:
                         ratio[b.policy] = finite_or_none(lv.on_worker_s / sm.on_worker_s)
                 out[name] = {"cpus": list(cpus), **phases, "live_over_sim_on_worker": ratio}
         return out
-
-    def gaps(self) -> dict[str, dict[str, float]]:
-        """Policy -> live/simulated - 1 of P95 and SLO attainment."""
-        return live_gaps(self.live)
-
-    def within_target(self) -> bool:
-        """Every policy's live P95 within ``TARGET`` of the simulator's."""
-        return within((g["p95"] for g in self.gaps().values()), TARGET)
 
     def sim_prefix_hit_share(self) -> dict[str, float]:
         """Per server, the share of prompt tokens the simulated engines served from their prefix caches over
@@ -156,10 +147,8 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     for b in rep.breakdowns:
         lines += _breakdown_lines(b)
     lines += _engine_lines(rep) + _host_lines(rep)
-    grows = [[r.policy, *gap_cells(r, rep.gaps()[r.policy], 2)] for r in rep.live.runs]
-    lines.append(f"live against the simulator with the calibrated profiles (target: P95 within {TARGET:.0%}):")
-    lines.append(table(["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap"], grows))
-    lines.append("within target" if rep.within_target() else "NOT within target")
+    title = f"live against the simulator with the calibrated profiles (target: P95 within {TARGET:.0%}):"
+    lines += rep.gap_lines(title, 2, lambda _: [], [])
     if rep.after:
         lines += _drift_lines(rep)
     return "\n".join(lines)
@@ -171,7 +160,7 @@ def _calibration_table(rep: VllmFidelityReport) -> str:
     for c in rep.calibrations:
         p, errs = c.profile, [abs(e) for e in c.result.errors()]
         s = c.server
-        consts = [f"{getattr(p, k):{'.4g' if k in ('iter_base_s', 'token_s') else '.3g'}}" for k in _FITTED]
+        consts = [f"{getattr(p, k):{'.4g' if k in ('iter_base_s', 'token_s') else '.3g'}}" for k in FITTED]
         fit = f"{statistics.median(errs):.1%} / {max(errs):.1%}" if errs else "-"
         probes = f"{len(c.result.measurements)} in {c.result.wall_s:.0f} s"
         cpus = ",".join(map(str, s.cpus)) or "-"
@@ -179,9 +168,6 @@ def _calibration_table(rep: VllmFidelityReport) -> str:
         rows[-1] += [fit, probes, fmt(c.standard_s, 2)]
     head = ["server", "threads", "seqs", "cpus", "iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s"]
     return table([*head, "overhead_s", "kv_tokens", "fit |err| med/max", "probes", "std wf s"], rows)
-
-
-_FITTED = ("iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "request_overhead_s")
 
 
 def _breakdown_lines(b: GapBreakdown) -> list[str]:

@@ -39,8 +39,7 @@ class VllmServer:
     name: str
     omp_threads: int
     max_num_seqs: int
-    cpus: tuple[int, ...] = ()
-    """CPUs the server's processes are pinned to (empty: unpinned, sharing every CPU)."""
+    cpus: tuple[int, ...] = ()  # empty: unpinned, sharing every CPU
 
     @property
     def label(self) -> str:
@@ -56,11 +55,6 @@ class VllmServer:
             max_num_batched_tokens=CHUNK,
             cpus=self.cpus,
         )
-
-    def spec(self) -> str:
-        """Its ``--server`` text."""
-        pinned = f"@{','.join(map(str, self.cpus))}" if self.cpus else ""
-        return f"{self.omp_threads}:{self.max_num_seqs}{pinned}"
 
 
 def default_servers(cpus: Sequence[int] | None = None) -> tuple[VllmServer, VllmServer]:
@@ -90,23 +84,23 @@ def parse_server(text: str, name: str) -> VllmServer:
     return VllmServer(name, threads, seqs, cpus)
 
 
-_PROFILE_KEYS = ("iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "request_overhead_s")
+FITTED = ("iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "request_overhead_s")
+"""The fitted constants of a server's profile, as its JSON and the calibration table list them."""
 
 
 @dataclass
 class ServerCalibration:
-    """One server: its options, URL and calibration, and the fitted profile."""
+    """One server: its options, URL, calibration and fitted profile; the standard workflow's lone latency
+    under it (at the benchmark's token scale), the requests the other servers completed meanwhile (0: they were
+    idle) and the host's CPUs meanwhile (None: not measured)."""
 
     server: VllmServer
     url: str
     result: CalibrationResult
     profile: PerfProfile
     standard_s: float
-    """The profile's lone latency of the standard workflow at the benchmark's token scale."""
     background_requests: int = 0
-    """Requests the other servers completed while this one was calibrated (0: calibrated with them idle)."""
     host: hostcpu.HostUsage | None = None
-    """What the host's CPUs did while this server was calibrated (None: not measured, or not Linux)."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
@@ -121,7 +115,7 @@ class ServerCalibration:
             "cpus": list(self.server.cpus),
             "background_requests": self.background_requests,
             "max_batched_tokens": p.max_batched_tokens,
-            "profile": {k: getattr(p, k) for k in (*_PROFILE_KEYS, "kv_capacity_tokens", "block_tokens")},
+            "profile": {k: getattr(p, k) for k in (*FITTED, "kv_capacity_tokens", "block_tokens")},
             "probes": len(self.result.measurements),
             "probe_fits": self.result.probes_json(),
             "fit_median_abs_error": finite_or_none(statistics.median(errs)) if errs else None,
