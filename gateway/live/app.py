@@ -196,12 +196,15 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
     call = props("WorkflowCall")
     if "max_tokens" in call:  # the default is capped at the limit too (routers.workflows)
         call["max_tokens"]["default"] = min(call["max_tokens"].get("default", lim.max_tokens), lim.max_tokens)
-    limited = [(call, ("prompt_tokens", "max_tokens", "min_tokens", "expected_output_tokens"))]
-    limited += [(props("SharedPrefixSegment"), ("tokens",)), (props("CompletionRequest"), ("max_tokens",))]
-    limited += [(props("ChatCompletionRequest"), ("max_tokens", "max_completion_tokens"))]
-    for fields, names in limited:
+    limited = {
+        "WorkflowCall": ("prompt_tokens", "max_tokens", "min_tokens", "expected_output_tokens"),
+        "SharedPrefixSegment": ("tokens",),
+        "CompletionRequest": ("max_tokens",),
+        "ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
+    }
+    for model, names in limited.items():
         for name in names:
-            _set(fields.get(name), "integer", "maximum", lim.max_tokens)
+            _set(props(model).get(name), "integer", "maximum", lim.max_tokens)
     _set(props("WorkflowRequest").get("calls"), "array", "maxItems", lim.max_calls_per_workflow)
     t2s = getattr(app.state, "text2sql", None)
     settings = getattr(t2s, "settings", None)

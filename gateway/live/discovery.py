@@ -28,6 +28,7 @@ from gateway.config.operations import KubernetesDiscoveryConfig, LeaderElectionC
 from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError
 from gateway.live.metrics import GatewayMetrics
+from gateway.live.monitor import stopped_within
 from gateway.live.pool import WorkerPool
 
 log = logging.getLogger("hexflow.discovery")
@@ -451,7 +452,7 @@ class KubernetesDiscovery:
             try:
                 rv = await self.sync_once()
                 if not self.cfg.watch:
-                    await _sleep_or_stop(stop, period)
+                    await stopped_within(stop, period)
                     continue
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + period
@@ -470,7 +471,7 @@ class KubernetesDiscovery:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self.metrics.discovery_errors.inc()
                 log.warning("worker discovery failed: %s (retrying in %g s)", self.last_error, period)
-                await _sleep_or_stop(stop, period)
+                await stopped_within(stop, period)
 
     async def close(self) -> None:
         """Close the API client."""
@@ -490,8 +491,3 @@ class KubernetesDiscovery:
             "last_error": self.last_error,
             "invalid": dict(self._warned),
         }
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)

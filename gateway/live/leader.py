@@ -6,7 +6,6 @@ down at once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import os
@@ -22,6 +21,7 @@ import aiohttp
 
 from gateway.config.operations import LeaderElectionConfig
 from gateway.live.discovery import KubeApi, KubeApiError, KubeConflict, KubeNotFound, kube_api
+from gateway.live.monitor import stopped_within
 
 log = logging.getLogger("hexflow.leader")
 
@@ -193,8 +193,7 @@ class LeaderElector:
             wait = self.cfg.retry_period_s
             if not self.leading:
                 wait *= 1.0 + JITTER * self._rng.random()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
+            await stopped_within(stop, wait)
 
     async def release(self) -> None:
         """Give the Lease up (shutdown): stop leading now, then clear the holder (bounded; errors logged)."""

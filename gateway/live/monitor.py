@@ -32,6 +32,13 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Task[Any]]) -> None:
             await t
 
 
+async def stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait at most ``seconds`` for ``stop`` to be set; True when it is."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
 class WorkerMonitor:
     """The health prober and the metrics scraper of one ``WorkerPool`` (a period of 0 disables a task)."""
 

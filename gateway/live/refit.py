@@ -8,6 +8,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.core.worker import WorkerInfo
+from gateway.live.monitor import stopped_within
 from gateway.profiling.refit import FitOutcome, RefitSettings, Refitter, fit_job, profile_status
 
 if TYPE_CHECKING:
@@ -43,12 +44,7 @@ class ProfileRefitTask:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Every ``interval_s`` until ``stop`` is set: refit the workers that are due."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.refitter.s.interval_s)
-                return
-            except TimeoutError:
-                pass
+        while not await stopped_within(stop, self.refitter.s.interval_s):
             await self.refit_once()
 
     async def refit_once(self) -> list[str]:

@@ -20,6 +20,7 @@ from gateway.config.base import load_yaml_model
 from gateway.config.tenants import DEFAULT_TENANTS, TenantConfig, TenantsFile, hash_key
 from gateway.core.degrade import QualityMode
 from gateway.errors import ConfigError, Unprocessable
+from gateway.live.monitor import stopped_within
 
 log = logging.getLogger("hexflow.tenants")
 
@@ -249,11 +250,7 @@ class TenantStore:
         """Call ``reload_if_changed`` (in a thread) every ``period_s`` seconds until ``stop`` is set."""
         if not (math.isfinite(period_s) and period_s > 0):
             raise ValueError(f"period_s must be a positive number of seconds, got {period_s!r}")
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=period_s)
-            if stop.is_set():
-                return
+        while not await stopped_within(stop, period_s):
             try:
                 await asyncio.to_thread(self.reload_if_changed)
             except Exception:  # keep watching: the next change may be fine

@@ -22,6 +22,7 @@ from gateway.core.records import CallOutcome
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed, WorkerError
+from gateway.live.accounting import Running
 from gateway.live.runner import CallRequest, _Execution
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
@@ -140,10 +141,10 @@ async def test_a_finished_workflow_is_freed_without_the_cyclic_collector(tmp_pat
     executions: list[weakref.ref[_Execution]] = []
     begin = gw.runner.accounting.begin
 
-    def watch(ex: object, tenant: Tenant) -> None:
-        if isinstance(ex, _Execution):
-            executions.append(weakref.ref(ex))
-        begin(ex, tenant)
+    def watch(run: Running) -> None:
+        if isinstance(run, _Execution):
+            executions.append(weakref.ref(run))
+        begin(run)
 
     gw.runner.accounting.begin = watch  # type: ignore[method-assign]
     run = _scenarios(gw)[scenario]
