@@ -183,9 +183,9 @@ class KubeApi:
                     h["Authorization"] = f"Bearer {token}"
         return h
 
-    def _url(self, selector: str, **params: str) -> str:
+    def _pods(self, selector: str, **params: str) -> str:
         q = "&".join(f"{k}={quote(v, safe='')}" for k, v in {"labelSelector": selector, **params}.items())
-        return f"{self.base_url}/api/v1/namespaces/{quote(self.namespace, safe='')}/pods?{q}"
+        return f"/api/v1/namespaces/{quote(self.namespace, safe='')}/pods?{q}"
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -221,11 +221,8 @@ class KubeApi:
 
     async def list_pods(self, selector: str) -> tuple[list[dict[str, Any]], str]:
         """The selected pods and the list's ``resourceVersion``."""
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.timeout_s)
-        async with self._client().get(self._url(selector), headers=self._headers(), timeout=timeout) as resp:
-            await self._raise_for(resp)
-            body = await resp.json(content_type=None)
-        if not isinstance(body, dict) or not isinstance(body.get("items"), list):
+        body = await self.request_json("GET", self._pods(selector))
+        if not isinstance(body.get("items"), list):
             raise KubeApiError("the pod list is not a PodList")
         rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         return [p for p in body["items"] if isinstance(p, dict)], rv
@@ -250,7 +247,7 @@ class KubeApi:
         self, selector: str, resource_version: str, timeout_s: int
     ) -> AsyncGenerator[tuple[str, dict[str, Any]]]:
         """Watch events ``(type, object)`` after ``resource_version`` for up to ``timeout_s`` seconds."""
-        url = self._url(
+        url = self.base_url + self._pods(
             selector,
             watch="1",
             resourceVersion=resource_version,

@@ -382,17 +382,6 @@ class HttpClient:
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._closed_client = False
 
-    @property
-    def open_connections(self) -> int:
-        """Connections open or being opened (in use and idle)."""
-        return self._open
-
-    def idle_connections(self, origin: Origin | None = None) -> int:
-        """Idle connections in the pool (of one origin, or of all)."""
-        if origin is not None:
-            return len(self._idle.get(origin, ()))
-        return sum(len(v) for v in self._idle.values())
-
     @staticmethod
     def prepare(url: str, path: str, *, content_type: bytes = b"application/json") -> Prepared:
         """The ``POST`` of ``path`` under the base ``url``, up to its ``Content-Length`` value."""

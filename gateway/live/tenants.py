@@ -12,7 +12,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 
@@ -47,18 +47,8 @@ class Tenant:
     @classmethod
     def from_config(cls, c: TenantConfig) -> Tenant:
         """The tenant of one file entry."""
-        return cls(
-            c.name,
-            c.default_deadline_s,
-            c.min_deadline_s,
-            c.max_deadline_s,
-            c.priority_weight,
-            c.max_concurrent_workflows,
-            tuple(c.databases),
-            c.predictive_admission,
-            c.on_predicted_miss,
-            c.quality,
-        )
+        kept = {f.name: getattr(c, f.name) for f in fields(cls)}
+        return cls(**{**kept, "databases": tuple(c.databases)})
 
 
 class DeadlineOutOfRange(Unprocessable, ValueError):
