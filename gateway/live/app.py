@@ -119,11 +119,8 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
-    app.include_router(workflows.router)
-    app.include_router(chat.router)
-    app.include_router(ops.router)
-    app.include_router(text2sql.router)
-    app.include_router(ui.router)
+    for routes in (workflows, chat, ops, text2sql, ui):
+        app.include_router(routes.router)
     app.mount(ui.UI_STATIC_URL, StaticFiles(directory=ui.UI_DIR), name="ui-static")
     _serve_docs(app)
     app.openapi = lambda: openapi_with_limits(app)  # type: ignore[method-assign]
