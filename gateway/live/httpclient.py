@@ -383,8 +383,8 @@ class HttpClient:
         self._closed_client = False
 
     @staticmethod
-    def prepare(url: str, path: str, *, content_type: bytes = b"application/json") -> Prepared:
-        """The ``POST`` of ``path`` under the base ``url``, up to its ``Content-Length`` value."""
+    def prepare(url: str, path: str, *, content_type: bytes = b"application/json", method: str = "POST") -> Prepared:
+        """The ``method`` (``POST``) of ``path`` under the base ``url``, up to its ``Content-Length`` value."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -392,7 +392,7 @@ class HttpClient:
         host_header = parts.netloc.rpartition("@")[2]
         target = parts.path.rstrip("/") + path
         head = (
-            f"POST {target} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
+            f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
             + b"User-Agent: "
             + _USER_AGENT
             + b"\r\nAccept: */*\r\nContent-Type: "
