@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from gateway.core.worker import WorkerInfo
@@ -22,16 +23,8 @@ FIT_TIMEOUT_S = 30.0
 
 
 def refit_settings(cfg: RefitConfig) -> RefitSettings:
-    """The refit's settings from gateway.yaml's ``refit`` section."""
-    return RefitSettings(
-        interval_s=cfg.interval_s,
-        min_calls=cfg.min_calls,
-        window_calls=cfg.window_calls,
-        max_step=cfg.max_step,
-        max_drift=cfg.max_drift,
-        max_error=cfg.max_error,
-        min_gain=cfg.min_gain,
-    )
+    """The refit's settings from gateway.yaml's ``refit`` section (its fields of the same names)."""
+    return RefitSettings(**{f.name: getattr(cfg, f.name) for f in fields(RefitSettings)})
 
 
 class ProfileRefitTask:
