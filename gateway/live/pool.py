@@ -77,7 +77,7 @@ class WorkerPool(PoolHealth):
         self._served: tuple[str, ...] | None = None  # served_models(), until the membership changes
 
     def _new_state(self, index: int, scheduler: Scheduler, *, ready: bool = True) -> WorkerState:
-        return WorkerState(index, scheduler, ready=ready, recent=self.outliers.new_window())
+        return WorkerState(index, scheduler, ready=ready, recent=deque(maxlen=self.outliers.cfg.window))
 
     @property
     def workers(self) -> list[WorkerState]:
@@ -262,13 +262,6 @@ class WorkerPool(PoolHealth):
             call.task = None
             self._settle(st, call, asyncio.CancelledError())
 
-    def can_send(self, st: WorkerState) -> bool:
-        """In flight below capacity, and vLLM's own waiting queue not growing (unless idle)."""
-        n = self.scheduler.inflight(st.index)
-        if n >= st.info.capacity:
-            return False
-        return not (st.held and n > 0)
-
     def fill(self, st: WorkerState) -> list[LiveCall]:
         """Pop calls for a worker while it can take them; mark them in flight."""
         out: list[LiveCall] = []
@@ -276,7 +269,8 @@ class WorkerPool(PoolHealth):
             return out
         w = st.index
         name = st.name
-        # ``can_send`` before each call, written out: the capacity and the hold cannot change while filling.
+        # In flight below capacity, and vLLM's own waiting queue not growing (unless idle); the capacity and the
+        # hold cannot change while filling.
         load = self.scheduler.estimator.loads[w]
         cap = st.info.capacity
         held = st.held

@@ -22,17 +22,13 @@ FIT_TIMEOUT_S = 30.0
 """Longest wait for one worker's fit (the thread is left to finish; its outcome is then dropped)."""
 
 
-def refit_settings(cfg: RefitConfig) -> RefitSettings:
-    """The refit's settings from gateway.yaml's ``refit`` section (its fields of the same names)."""
-    return RefitSettings(**{f.name: getattr(cfg, f.name) for f in fields(RefitSettings)})
-
-
 class ProfileRefitTask:
     """Owns the ``Refitter`` of a gateway; ``run`` is the background loop, ``refit_once`` one pass."""
 
     def __init__(self, gateway: Gateway, cfg: RefitConfig) -> None:
         self.gw = gateway
-        self.refitter = Refitter(refit_settings(cfg))
+        # The refit's settings: gateway.yaml's ``refit`` fields of the same names.
+        self.refitter = Refitter(RefitSettings(**{f.name: getattr(cfg, f.name) for f in fields(RefitSettings)}))
         self.refitter.attach(gateway.scheduler)
 
     async def run(self, stop: asyncio.Event) -> None:
