@@ -68,8 +68,6 @@ class WorkerMonitor:
             await step()
             await asyncio.sleep(period_s)
 
-    # ------------------------------------------------------------------ health
-
     async def check_health(self, *, initial: bool = False) -> None:
         """Probe every worker once, concurrently; update up/down; expire parked calls. ``initial``: a worker that
         does not answer the first probe starts down."""
@@ -90,8 +88,6 @@ class WorkerMonitor:
         await asyncio.gather(*(one(st) for st in pool.workers if not st.removing))
         pool.expire_parked()
         self.probe_ejected()
-
-    # ------------------------------------------------------------------ re-admission of outliers
 
     def probe_ejected(self) -> list[asyncio.Task[None]]:
         """Start a probe call to every ejected worker whose back-off is over (one at a time per worker)."""
@@ -123,8 +119,6 @@ class WorkerMonitor:
                 pool.readmit(st)
         finally:
             st.probing = False
-
-    # ------------------------------------------------------------------ scrape
 
     async def scrape_all(self) -> None:
         """Scrape every worker's ``/metrics`` concurrently; update the waiting-queue hold."""

@@ -132,8 +132,6 @@ class TenantStore:
         store._seen_key, store._seen_sha = key, sha
         return store
 
-    # ---------------------------------------------------------------------------------------------- lookups
-
     @property
     def path(self) -> Path | None:
         """The file the tenants come from (None for a store built from a model)."""
@@ -186,8 +184,6 @@ class TenantStore:
     def check_deadline(self, tenant: Tenant, deadline_s: float | None) -> float:
         """The effective deadline of a request of ``tenant``; see ``check_deadline``."""
         return check_deadline(tenant, deadline_s)
-
-    # ---------------------------------------------------------------------------------------------- reload
 
     def reload_if_changed(self) -> bool:
         """Re-read the file if it changed (its stat gates the read, its SHA-256 the parse); True when a new, valid
