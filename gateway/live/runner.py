@@ -193,7 +193,7 @@ class WorkflowRunner:
         return wf
 
     def close_workflow(
-        self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool = False, valid: bool = True, cancelled: bool = False
+        self, wf: OnlineWorkflow, *, failed: bool = False, valid: bool = True, cancelled: bool = False
     ) -> float:
         """Account an online workflow's end (met when in time with a ``valid`` answer); returns its latency."""
         now = self.gw.clock()

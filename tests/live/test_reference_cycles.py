@@ -112,14 +112,14 @@ def _scenarios(gw: Gateway) -> dict[str, Callable[[], Awaitable[Any]]]:
     async def stage(prompts: list[str]) -> None:
         wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(len(prompts)), route="text2sql")
         await gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), _req(p)) for p in prompts])
-        gw.close_workflow(wf, TENANT)
+        gw.close_workflow(wf)
 
     async def stage_cancelled() -> None:
         wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(2), route="text2sql")
         try:
             await _cancel_after_start(gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), _req("hang"))] * 2))
         finally:
-            gw.close_workflow(wf, TENANT, cancelled=True)
+            gw.close_workflow(wf, cancelled=True)
 
     return {
         "met": dag(["ok"] * 4),
