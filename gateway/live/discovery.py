@@ -296,22 +296,16 @@ def kube_api(section: str, cfg: KubernetesDiscoveryConfig | LeaderElectionConfig
             f"{section}.api_url is not set and KUBERNETES_SERVICE_HOST is not in the environment "
             "(is the gateway running in a pod?)"
         )
-    namespace = cfg.namespace or default_namespace()
-    return KubeApi(base, namespace, token_file=cfg.token_file, ca_file=cfg.ca_file, timeout_s=timeout_s)
+    namespace = cfg.namespace
+    if not namespace:  # the gateway's own (from its service account), else ``default``
+        with contextlib.suppress(OSError):
+            namespace = (SA_DIR / "namespace").read_text().strip()
+    return KubeApi(base, namespace or "default", token_file=cfg.token_file, ca_file=cfg.ca_file, timeout_s=timeout_s)
 
 
 def api_from_config(cfg: KubernetesDiscoveryConfig) -> KubeApi:
     """The API client ``cfg`` describes (``ValueError`` when no API server URL is known)."""
     return kube_api("discovery.kubernetes", cfg, cfg.timeout_s)
-
-
-def default_namespace() -> str:
-    """The gateway's own namespace (from its service account), else ``default``."""
-    with contextlib.suppress(OSError):
-        ns = (SA_DIR / "namespace").read_text().strip()
-        if ns:
-            return ns
-    return "default"
 
 
 # ------------------------------------------------------------------------------------------------ discovery

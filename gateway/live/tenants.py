@@ -127,9 +127,11 @@ class TenantStore:
     @classmethod
     def load(cls, path: Path | str = DEFAULT_TENANTS) -> TenantStore:
         """Parse a tenants file; ``ConfigError`` (one line naming file and field) on a bad one."""
-        key, sha = _fingerprint(Path(path))
+        seen: tuple[_StatKey | None, str | None] = (None, None)
+        with contextlib.suppress(OSError):  # unreadable: the parse says why
+            seen = _stat_key(Path(path).stat()), hashlib.sha256(Path(path).read_bytes()).hexdigest()
         store = cls(load_yaml_model(path, TenantsFile), path)
-        store._seen_key, store._seen_sha = key, sha
+        store._seen_key, store._seen_sha = seen
         return store
 
     @property
@@ -241,12 +243,3 @@ class TenantStore:
                 await asyncio.to_thread(self.reload_if_changed)
             except Exception:  # keep watching: the next change may be fine
                 log.exception("tenants reload raised")
-
-
-def _fingerprint(path: Path) -> tuple[_StatKey | None, str | None]:
-    """The stat key and content SHA-256 of ``path``, or Nones where it cannot be read."""
-    try:
-        key = _stat_key(path.stat())
-        return key, hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None, None
