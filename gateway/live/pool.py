@@ -411,8 +411,10 @@ class WorkerPool(PoolHealth):
         st.inflight.discard(call)
         if isinstance(outcome, CallResult):
             observed = now - call.sent_at
-            tokens = processed_tokens(call, outcome)
-            # Judged for what it processed: a long answer the model chose to write is not a slow worker.
+            # Judged for what it processed (its answer's ``usage``, else the expected tokens): a long answer the
+            # model chose to write is not a slow worker.
+            spec = call.spec
+            tokens = (outcome.prompt_tokens or spec.input_tokens, outcome.completion_tokens or spec.output_tokens)
             self.scheduler.on_finish(call, now, observed_s=observed, tokens=tokens)
             st.failures = 0
             st.sent += 1
@@ -470,12 +472,3 @@ class WorkerPool(PoolHealth):
         """Per-worker state for ``/v1/status``."""
         now = self.clock()
         return [st.status(now) for st in self.workers]
-
-
-def processed_tokens(call: LiveCall, result: CallResult) -> tuple[int, int]:
-    """The (prompt, completion) tokens ``call`` processed: its answer's ``usage``, else the expected ones."""
-    spec = call.spec
-    return (
-        result.prompt_tokens if result.prompt_tokens > 0 else spec.input_tokens,
-        result.completion_tokens if result.completion_tokens > 0 else spec.output_tokens,
-    )
