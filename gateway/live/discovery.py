@@ -155,9 +155,6 @@ def pod_state(
     return ("ready" if pw.ready else "unready"), (pw, info), ""
 
 
-# ------------------------------------------------------------------------------------------------ client
-
-
 class KubeApi:
     """The Kubernetes API calls discovery and leader election need, in one namespace (``token_file``: re-read
     on every request; ``ca_file``: absent, the system's CAs; ``timeout_s``: connect, and a list's read)."""
@@ -308,9 +305,6 @@ def api_from_config(cfg: KubernetesDiscoveryConfig) -> KubeApi:
     return kube_api("discovery.kubernetes", cfg, cfg.timeout_s)
 
 
-# ------------------------------------------------------------------------------------------------ discovery
-
-
 class KubernetesDiscovery:
     """Keeps the pool's discovered workers in step with the pods ``cfg`` selects (``api``: default from ``cfg``)."""
 
@@ -344,8 +338,6 @@ class KubernetesDiscovery:
         self._again = False
         self._clock: Callable[[], float] = time.monotonic
         pool.on_removed = self._on_removed
-
-    # ------------------------------------------------------------------ reconcile
 
     def _on_removed(self, name: str) -> None:
         if name in self.managed:
@@ -422,8 +414,6 @@ class KubernetesDiscovery:
                 self.pods[name] = obj
             self.reconcile()
         return str(rv) if rv else None
-
-    # ------------------------------------------------------------------ loop
 
     async def sync_once(self) -> str:
         """List the pods and reconcile; returns the list's resourceVersion."""

@@ -214,8 +214,6 @@ class GatewayMetrics:
         for t in tenants:
             self.add_tenant(t)
 
-    # ---------------------------------------------------------------------------------------------- membership
-
     def add_worker(self, worker: str) -> None:
         """Create a new worker's series (discovery; it starts down until it takes calls)."""
         self._worker_series_at_zero(worker)
@@ -275,8 +273,6 @@ class GatewayMetrics:
     def _tenant_child(self, metric: _MetricT, tenant: str, **labels: str) -> _MetricT:
         return self._child(self._tenants, metric, tenant, tenant=tenant, **labels)
 
-    # ---------------------------------------------------------------------------------------------- per call
-
     def dispatch(self, worker: str, kind: str) -> None:
         """One dispatch decision."""
         self._worker_child(self.dispatches, worker, kind=self.kind(kind)).inc()
@@ -325,8 +321,6 @@ class GatewayMetrics:
         """A question of ``tenant`` ran with knob ``step`` (``DEGRADED_STEPS``) turned down."""
         if step in DEGRADED_STEPS:
             self.degraded_workflows.labels(tenant=tenant, step=step).inc()
-
-    # ---------------------------------------------------------------------------------------------- per event
 
     def call_failure(self, worker: str, reason: str) -> None:
         """A call failed on a worker."""

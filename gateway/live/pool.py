@@ -97,8 +97,6 @@ class WorkerPool(PoolHealth):
         """The worker called ``name`` (None when it is not, or no longer, in the pool)."""
         return next((st for st in self.states.values() if st.name == name), None)
 
-    # ------------------------------------------------------------------ lifecycle
-
     async def start(self) -> None:
         """Start draining the workers (calls submitted before are sent now) and the monitor's tasks."""
         self._running = True
@@ -125,8 +123,6 @@ class WorkerPool(PoolHealth):
     def healthy(self) -> int:
         """Workers currently taking calls (up, ready, not being removed)."""
         return sum(1 for st in self.states.values() if st.eligible)
-
-    # ------------------------------------------------------------------ membership
 
     def add_worker(self, info: WorkerInfo, *, ready: bool = True) -> WorkerState:
         """Add a worker at run time; it takes calls at once when ready."""
@@ -222,8 +218,6 @@ class WorkerPool(PoolHealth):
             for c in parked:
                 self.submit(c)
             self.kick(st)
-
-    # ------------------------------------------------------------------ dispatch
 
     def submit(self, call: LiveCall) -> None:
         """Dispatch a ready call to a worker's queue (or park it when no worker is up)."""
@@ -334,8 +328,6 @@ class WorkerPool(PoolHealth):
         context = self._context
         for c in self.fill(st):
             c.task = asyncio.create_task(self._execute(st, c), name=f"call-{c.id}", context=context.copy())
-
-    # ------------------------------------------------------------------ execution
 
     def predicted_s(self, st: WorkerState, call: LiveCall, tokens: tuple[int, int] | None = None) -> float:
         """The call's time on the worker as predicted when sent (at least the lone-request latency); ``tokens``:

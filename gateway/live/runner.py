@@ -117,8 +117,6 @@ class WorkflowRunner:
         self.plans: dict[Workflow, QuestionPlan] = {}
         self.online: dict[OnlineWorkflow, Running] = {}  # (its outcomes: the first ``MAX_CALLS`` calls')
 
-    # ------------------------------------------------------------------ DAG workflows
-
     async def run_workflow(
         self,
         tenant: Tenant,
@@ -167,8 +165,6 @@ class WorkflowRunner:
         else:
             self._finish(ex, "failed")
         return outcome
-
-    # ------------------------------------------------------------------ online workflows (stage by stage)
 
     def open_workflow(
         self,
@@ -258,8 +254,6 @@ class WorkflowRunner:
         if not fut.done():
             fut.set_result(out)
 
-    # ------------------------------------------------------------------ calls
-
     def submit(
         self,
         wf: Workflow,
@@ -341,8 +335,6 @@ class WorkflowRunner:
         self.plans.pop(wf, None)
         counted = valid and latency is not None and outcome in ("met", "missed")
         self.gw.admitter.ended(wf, latency if counted else None)
-
-    # ------------------------------------------------------------------ overload: shedding
 
     def shed_overdue(self) -> tuple[int, int]:
         """Shed or demote every admitted workflow with pending calls that ``Admitter.overdue`` names; returns

@@ -81,7 +81,6 @@ PosInt = Annotated[int, Field(ge=1), BeforeValidator(integral)]
 """A positive ``Int`` (the bound inside the type reaches the JSON schema of an optional field too)."""
 
 
-# ----------------------------------------------------------------------------------------------- messages
 class ContentPart(BaseModel):
     """One part of a message's content (``{"type": "text", "text": ...}``; other OpenAI part types pass)."""
 
@@ -100,7 +99,6 @@ class Message(BaseModel):
     content: str | list[ContentPart] | None = Field(None, description="A string, or a list of content parts.")
 
 
-# ----------------------------------------------------------------------------------------------- workflows
 def _no_default(schema: dict[str, Any]) -> None:
     """Leave ``default: null`` out of a field whose schema does not allow null."""
     schema.pop("default", None)
@@ -286,7 +284,6 @@ class WorkflowResponse(BaseModel):
     error: str | None = None
 
 
-# ----------------------------------------------------------------------------------------------- text2sql
 class Text2SqlRequest(BaseModel):
     """``POST /v1/text2sql``."""
 
@@ -364,7 +361,6 @@ class Text2SqlResponse(BaseModel):
     failed_stage: str | None = None
 
 
-# ----------------------------------------------------------------------------------------------- ops
 class Health(BaseModel):
     """``GET /healthz``."""
 
@@ -419,7 +415,6 @@ class GatewayStatus(Passed):
     workers: list[WorkerStatus]
 
 
-# ----------------------------------------------------------------------------------------------- errors
 class ErrorDetail(BaseModel):
     """OpenAI-style error object."""
 
@@ -438,7 +433,6 @@ class ErrorResponse(Passed):
     workflow: WorkflowResponse | None = None
 
 
-# ----------------------------------------------------------------------------------------------- statuses
 def sse_content(data: str) -> dict[str, Any]:
     """The ``text/event-stream`` entry of a 200 that may stream: the schema of one event, ``data`` described."""
     event = {
