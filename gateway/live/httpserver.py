@@ -13,8 +13,8 @@ __all__ = ["CoalescingTransport", "HttpProtocol"]
 
 class CoalescingTransport(asyncio.Transport):
     """A transport whose writes within one event-loop turn reach the wrapped transport as one write; closing
-    sends what is held first, aborting drops it, the write buffer size counts it. The methods in ``PASSED`` are
-    the wrapped transport's own, bound per connection."""
+    sends what is held first, aborting drops it, the write buffer size counts it (``writelines``: asyncio's, one
+    ``write``). The methods in ``PASSED`` are the wrapped transport's own, bound per connection."""
 
     PASSED = (
         "can_write_eof",
@@ -43,11 +43,6 @@ class CoalescingTransport(asyncio.Transport):
         if not self._held:
             self._loop.call_soon(self._flush)
         self._held.append(bytes(data))
-
-    def writelines(self, list_of_data: Any) -> None:
-        """Hold each item (see ``write``)."""
-        for data in list_of_data:
-            self.write(data)
 
     def _flush(self) -> None:
         held = self._held
