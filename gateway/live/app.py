@@ -140,30 +140,30 @@ styles, ``eval`` and ``blob:`` workers are what the unmodified bundles need)."""
 
 def _serve_docs(app: FastAPI) -> None:
     app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="docs-static")
-    headers = {"Content-Security-Policy": DOCS_CSP}
-
-    @app.get("/docs", include_in_schema=False)
-    async def swagger_ui() -> HTMLResponse:
-        page = get_swagger_ui_html(
-            openapi_url=app.openapi_url or "/openapi.json",
+    spec, icon = app.openapi_url or "/openapi.json", f"{STATIC_URL}/swagger-ui/favicon-32x32.png"
+    pages = {
+        "/docs": get_swagger_ui_html(
+            openapi_url=spec,
             title=f"{app.title} - Swagger UI",
             swagger_js_url=f"{STATIC_URL}/swagger-ui/swagger-ui-bundle.js",
             swagger_css_url=f"{STATIC_URL}/swagger-ui/swagger-ui.css",
-            swagger_favicon_url=f"{STATIC_URL}/swagger-ui/favicon-32x32.png",
+            swagger_favicon_url=icon,
             swagger_ui_parameters={"validatorUrl": None},  # no call to the public validator
-        )
-        return HTMLResponse(page.body, headers=headers)
-
-    @app.get("/redoc", include_in_schema=False)
-    async def redoc() -> HTMLResponse:
-        page = get_redoc_html(
-            openapi_url=app.openapi_url or "/openapi.json",
+        ).body,
+        "/redoc": get_redoc_html(
+            openapi_url=spec,
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{STATIC_URL}/redoc/redoc.standalone.js",
-            redoc_favicon_url=f"{STATIC_URL}/swagger-ui/favicon-32x32.png",
+            redoc_favicon_url=icon,
             with_google_fonts=False,
-        )
-        return HTMLResponse(page.body, headers=headers)
+        ).body,
+    }
+
+    async def page(request: Request) -> HTMLResponse:
+        return HTMLResponse(pages[request.scope["route"].path], headers={"Content-Security-Policy": DOCS_CSP})
+
+    for path in pages:
+        app.add_api_route(path, page, methods=["GET"], include_in_schema=False)
 
 
 def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
