@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.core.records import WorkflowOutcome
@@ -19,9 +19,21 @@ if TYPE_CHECKING:
     from gateway.live.runner import LiveOutcome
     from gateway.live.service import Gateway
 
-__all__ = ["Accounting"]
+__all__ = ["Accounting", "Running"]
 
 log = logging.getLogger("hexflow.gateway")
+
+
+@dataclass(eq=False, slots=True)
+class Running:
+    """A workflow while it runs, as ``Accounting`` counts it: its tenant, client id (``wf_id``), status page
+    label (``route``) and its calls' outcomes (None: not settled)."""
+
+    wf: Workflow
+    tenant: Tenant
+    route: str
+    wf_id: str | None
+    outcomes: list[LiveOutcome | None]
 
 
 class Accounting:
@@ -36,44 +48,45 @@ class Accounting:
         self.active_total = 0
         self.idle = asyncio.Event()
         self.idle.set()
-        self._running: set[object] = set()
+        self._running: set[Running] = set()
 
-    def begin(self, ex: object, tenant: Tenant) -> None:
-        """A workflow (``ex``: what stands for it while it runs) starts for ``tenant``."""
-        self.active[tenant.name] = self.active.get(tenant.name, 0) + 1
+    def begin(self, run: Running) -> None:
+        """A workflow starts for its tenant."""
+        tenant = run.tenant.name
+        self.active[tenant] = self.active.get(tenant, 0) + 1
         self.active_total += 1
         self.idle.clear()
         self.gw.metrics.active.set(self.active_total)
-        self._running.add(ex)
+        self._running.add(run)
 
-    def end(
-        self,
-        ex: object,
-        wf: Workflow,
-        tenant: Tenant,
-        outcome: str,
-        latency: float | None,
-        *,
-        valid: bool,
-        calls: Sequence[LiveOutcome | None],
-        wf_id: str | None,
-        route: str,
-    ) -> bool:
-        """``ex`` (running ``wf``) ended with ``outcome``; False when it was counted out already (``calls``: its calls'
-        outcomes, None: not settled; ``wf_id``: its client's id; ``route``: its status page label)."""
-        if ex not in self._running:
+    def end(self, run: Running, outcome: str, latency: float | None, *, valid: bool = True) -> bool:
+        """``run`` ended with ``outcome``; False when it was counted out already. Its goodput outcome goes to the
+        metrics and the window, its timeline to the history under its client's id (``wf_id``, else its request's
+        ``X-Request-Id``)."""
+        if run not in self._running:
             return False
-        self._running.discard(ex)
+        self._running.discard(run)
+        tenant, wf = run.tenant.name, run.wf
         if log.isEnabledFor(logging.DEBUG):  # (not formatting the latency for a line nobody reads)
             # (the request's context carries its request and workflow ids into this line: gateway.live.logs)
             tail = "" if latency is None else f" in {latency:.3f} s"
-            log.debug("workflow of tenant %s ended: %s%s", tenant.name, outcome, tail)
-        self._ended(wf, tenant.name, outcome, valid, calls, wf_id, route)
-        self.active[tenant.name] = max(self.active.get(tenant.name, 1) - 1, 0)
-        self.active_total -= 1
+            log.debug("workflow of tenant %s ended: %s%s", tenant, outcome, tail)
+        now = self.gw.clock()
         metrics = self.gw.metrics
+        goodput = goodput_outcome(outcome, valid=valid)
+        metrics.workflow_outcome(tenant, goodput)
+        self.outcome_window.add(tenant, goodput, now)
+        rid = REQUEST_ID.get()  # the X-Request-Id the client got (its request's context)
+        kept, n = kept_calls(run.outcomes)
+        wf_id = run.wf_id or rid or f"{run.route}-{wf.wid}"
+        ended = WorkflowOutcome(
+            wf.wid, tenant, wf.arrival, wf.deadline, now, goodput, kept, n, id=wf_id, route=run.route, request_id=rid
+        )
+        self.history.add(ended)
+        self.active[tenant] = max(self.active.get(tenant, 1) - 1, 0)
+        self.active_total -= 1
         metrics.active.set(self.active_total)
-        metrics.workflow_done(tenant.name, latency, outcome)
+        metrics.workflow_done(tenant, latency, outcome)
         if self.active_total == 0:
             self.idle.set()
         return True
@@ -85,37 +98,3 @@ class Accounting:
         metrics.rejection(tenant, reason)
         metrics.workflow_outcome(tenant, "rejected")
         self.outcome_window.add(tenant, "rejected", self.gw.clock())
-
-    def _ended(
-        self,
-        wf: Workflow,
-        tenant: str,
-        status: str,
-        valid: bool,
-        calls: Sequence[LiveOutcome | None],
-        wf_id: str | None,
-        route: str,
-    ) -> None:
-        """Account a workflow that ran and ended: its goodput outcome and its timeline in the history, under its
-        client's id (``wf_id``, else its request's ``X-Request-Id``)."""
-        now = self.gw.clock()
-        outcome = goodput_outcome(status, valid=valid)
-        self.gw.metrics.workflow_outcome(tenant, outcome)
-        self.outcome_window.add(tenant, outcome, now)
-        rid = REQUEST_ID.get()  # the X-Request-Id the client got (its request's context)
-        kept, n = kept_calls(calls)
-        self.history.add(
-            WorkflowOutcome(
-                wf.wid,
-                tenant,
-                wf.arrival,
-                wf.deadline,
-                now,
-                outcome,
-                kept,
-                n,
-                id=wf_id or rid or f"{route}-{wf.wid}",
-                route=route,
-                request_id=rid,
-            )
-        )

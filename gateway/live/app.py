@@ -119,11 +119,8 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
-    app.include_router(workflows.router)
-    app.include_router(chat.router)
-    app.include_router(ops.router)
-    app.include_router(text2sql.router)
-    app.include_router(ui.router)
+    for routes in (workflows, chat, ops, text2sql, ui):
+        app.include_router(routes.router)
     app.mount(ui.UI_STATIC_URL, StaticFiles(directory=ui.UI_DIR), name="ui-static")
     _serve_docs(app)
     app.openapi = lambda: openapi_with_limits(app)  # type: ignore[method-assign]
@@ -143,30 +140,30 @@ styles, ``eval`` and ``blob:`` workers are what the unmodified bundles need)."""
 
 def _serve_docs(app: FastAPI) -> None:
     app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="docs-static")
-    headers = {"Content-Security-Policy": DOCS_CSP}
-
-    @app.get("/docs", include_in_schema=False)
-    async def swagger_ui() -> HTMLResponse:
-        page = get_swagger_ui_html(
-            openapi_url=app.openapi_url or "/openapi.json",
+    spec, icon = app.openapi_url or "/openapi.json", f"{STATIC_URL}/swagger-ui/favicon-32x32.png"
+    pages = {
+        "/docs": get_swagger_ui_html(
+            openapi_url=spec,
             title=f"{app.title} - Swagger UI",
             swagger_js_url=f"{STATIC_URL}/swagger-ui/swagger-ui-bundle.js",
             swagger_css_url=f"{STATIC_URL}/swagger-ui/swagger-ui.css",
-            swagger_favicon_url=f"{STATIC_URL}/swagger-ui/favicon-32x32.png",
+            swagger_favicon_url=icon,
             swagger_ui_parameters={"validatorUrl": None},  # no call to the public validator
-        )
-        return HTMLResponse(page.body, headers=headers)
-
-    @app.get("/redoc", include_in_schema=False)
-    async def redoc() -> HTMLResponse:
-        page = get_redoc_html(
-            openapi_url=app.openapi_url or "/openapi.json",
+        ).body,
+        "/redoc": get_redoc_html(
+            openapi_url=spec,
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{STATIC_URL}/redoc/redoc.standalone.js",
-            redoc_favicon_url=f"{STATIC_URL}/swagger-ui/favicon-32x32.png",
+            redoc_favicon_url=icon,
             with_google_fonts=False,
-        )
-        return HTMLResponse(page.body, headers=headers)
+        ).body,
+    }
+
+    async def page(request: Request) -> HTMLResponse:
+        return HTMLResponse(pages[request.scope["route"].path], headers={"Content-Security-Policy": DOCS_CSP})
+
+    for path in pages:
+        app.add_api_route(path, page, methods=["GET"], include_in_schema=False)
 
 
 def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
@@ -196,14 +193,15 @@ def openapi_with_limits(app: FastAPI) -> dict[str, Any]:
     call = props("WorkflowCall")
     if "max_tokens" in call:  # the default is capped at the limit too (routers.workflows)
         call["max_tokens"]["default"] = min(call["max_tokens"].get("default", lim.max_tokens), lim.max_tokens)
-    limited: list[tuple[dict[str, Any], tuple[str, ...]]] = [
-        (call, ("prompt_tokens", "max_tokens", "min_tokens", "expected_output_tokens"))
-    ]
-    limited += [(props("SharedPrefixSegment"), ("tokens",)), (props("CompletionRequest"), ("max_tokens",))]
-    limited += [(props("ChatCompletionRequest"), ("max_tokens", "max_completion_tokens"))]
-    for fields, names in limited:
+    limited = {
+        "WorkflowCall": ("prompt_tokens", "max_tokens", "min_tokens", "expected_output_tokens"),
+        "SharedPrefixSegment": ("tokens",),
+        "CompletionRequest": ("max_tokens",),
+        "ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
+    }
+    for model, names in limited.items():
         for name in names:
-            _set(fields.get(name), "integer", "maximum", lim.max_tokens)
+            _set(props(model).get(name), "integer", "maximum", lim.max_tokens)
     _set(props("WorkflowRequest").get("calls"), "array", "maxItems", lim.max_calls_per_workflow)
     t2s = getattr(app.state, "text2sql", None)
     settings = getattr(t2s, "settings", None)

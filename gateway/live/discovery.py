@@ -28,6 +28,7 @@ from gateway.config.operations import KubernetesDiscoveryConfig, LeaderElectionC
 from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError
 from gateway.live.metrics import GatewayMetrics
+from gateway.live.monitor import stopped_within
 from gateway.live.pool import WorkerPool
 
 log = logging.getLogger("hexflow.discovery")
@@ -154,9 +155,6 @@ def pod_state(
     return ("ready" if pw.ready else "unready"), (pw, info), ""
 
 
-# ------------------------------------------------------------------------------------------------ client
-
-
 class KubeApi:
     """The Kubernetes API calls discovery and leader election need, in one namespace (``token_file``: re-read
     on every request; ``ca_file``: absent, the system's CAs; ``timeout_s``: connect, and a list's read)."""
@@ -182,9 +180,9 @@ class KubeApi:
                     h["Authorization"] = f"Bearer {token}"
         return h
 
-    def _url(self, selector: str, **params: str) -> str:
+    def _pods(self, selector: str, **params: str) -> str:
         q = "&".join(f"{k}={quote(v, safe='')}" for k, v in {"labelSelector": selector, **params}.items())
-        return f"{self.base_url}/api/v1/namespaces/{quote(self.namespace, safe='')}/pods?{q}"
+        return f"/api/v1/namespaces/{quote(self.namespace, safe='')}/pods?{q}"
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -220,11 +218,8 @@ class KubeApi:
 
     async def list_pods(self, selector: str) -> tuple[list[dict[str, Any]], str]:
         """The selected pods and the list's ``resourceVersion``."""
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.timeout_s)
-        async with self._client().get(self._url(selector), headers=self._headers(), timeout=timeout) as resp:
-            await self._raise_for(resp)
-            body = await resp.json(content_type=None)
-        if not isinstance(body, dict) or not isinstance(body.get("items"), list):
+        body = await self.request_json("GET", self._pods(selector))
+        if not isinstance(body.get("items"), list):
             raise KubeApiError("the pod list is not a PodList")
         rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         return [p for p in body["items"] if isinstance(p, dict)], rv
@@ -249,7 +244,7 @@ class KubeApi:
         self, selector: str, resource_version: str, timeout_s: int
     ) -> AsyncGenerator[tuple[str, dict[str, Any]]]:
         """Watch events ``(type, object)`` after ``resource_version`` for up to ``timeout_s`` seconds."""
-        url = self._url(
+        url = self.base_url + self._pods(
             selector,
             watch="1",
             resourceVersion=resource_version,
@@ -298,25 +293,16 @@ def kube_api(section: str, cfg: KubernetesDiscoveryConfig | LeaderElectionConfig
             f"{section}.api_url is not set and KUBERNETES_SERVICE_HOST is not in the environment "
             "(is the gateway running in a pod?)"
         )
-    namespace = cfg.namespace or default_namespace()
-    return KubeApi(base, namespace, token_file=cfg.token_file, ca_file=cfg.ca_file, timeout_s=timeout_s)
+    namespace = cfg.namespace
+    if not namespace:  # the gateway's own (from its service account), else ``default``
+        with contextlib.suppress(OSError):
+            namespace = (SA_DIR / "namespace").read_text().strip()
+    return KubeApi(base, namespace or "default", token_file=cfg.token_file, ca_file=cfg.ca_file, timeout_s=timeout_s)
 
 
 def api_from_config(cfg: KubernetesDiscoveryConfig) -> KubeApi:
     """The API client ``cfg`` describes (``ValueError`` when no API server URL is known)."""
     return kube_api("discovery.kubernetes", cfg, cfg.timeout_s)
-
-
-def default_namespace() -> str:
-    """The gateway's own namespace (from its service account), else ``default``."""
-    with contextlib.suppress(OSError):
-        ns = (SA_DIR / "namespace").read_text().strip()
-        if ns:
-            return ns
-    return "default"
-
-
-# ------------------------------------------------------------------------------------------------ discovery
 
 
 class KubernetesDiscovery:
@@ -352,8 +338,6 @@ class KubernetesDiscovery:
         self._again = False
         self._clock: Callable[[], float] = time.monotonic
         pool.on_removed = self._on_removed
-
-    # ------------------------------------------------------------------ reconcile
 
     def _on_removed(self, name: str) -> None:
         if name in self.managed:
@@ -431,8 +415,6 @@ class KubernetesDiscovery:
             self.reconcile()
         return str(rv) if rv else None
 
-    # ------------------------------------------------------------------ loop
-
     async def sync_once(self) -> str:
         """List the pods and reconcile; returns the list's resourceVersion."""
         items, rv = await self.api.list_pods(self.cfg.label_selector)
@@ -451,7 +433,7 @@ class KubernetesDiscovery:
             try:
                 rv = await self.sync_once()
                 if not self.cfg.watch:
-                    await _sleep_or_stop(stop, period)
+                    await stopped_within(stop, period)
                     continue
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + period
@@ -470,7 +452,7 @@ class KubernetesDiscovery:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self.metrics.discovery_errors.inc()
                 log.warning("worker discovery failed: %s (retrying in %g s)", self.last_error, period)
-                await _sleep_or_stop(stop, period)
+                await stopped_within(stop, period)
 
     async def close(self) -> None:
         """Close the API client."""
@@ -490,8 +472,3 @@ class KubernetesDiscovery:
             "last_error": self.last_error,
             "invalid": dict(self._warned),
         }
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)

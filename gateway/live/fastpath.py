@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import GatewayError, error_body
 from gateway.live.deps import SURROGATE_ESCAPE, until_disconnect
-from gateway.live.logs import REQUEST_ID, WORKFLOW_ID, request_id
+from gateway.live.logs import REQUEST_ID, WORKFLOW_ID, request_id, with_request_id
 from gateway.live.responses import JSONResponse, error_response
 from gateway.live.routers.chat import (
     EVENT_STREAM,
@@ -189,12 +189,12 @@ class FastPath:
                 return
             if exc.status == 500:
                 log.error("%s: %s", type(exc).__name__, exc.message)
-            await error_response(exc)(scope, receive, _with_id(send, rid))
+            await error_response(exc)(scope, receive, with_request_id(send, rid))
         except Exception as exc:
             log.exception("unexpected error: %r", exc)
             if not started:
                 body = error_body(500, f"internal error: {type(exc).__name__}", "internal_error")
-                await JSONResponse(body, status_code=500)(scope, receive, _with_id(send, rid))
+                await JSONResponse(body, status_code=500)(scope, receive, with_request_id(send, rid))
 
 
 def _replay(parts: list[bytes], more: bool, receive: Receive) -> Receive:
@@ -209,14 +209,3 @@ def _replay(parts: list[bytes], more: bool, receive: Receive) -> Receive:
         return await receive()
 
     return replay
-
-
-def _with_id(send: Send, rid: bytes) -> Send:
-    """``send`` with ``X-Request-Id`` added to the response's headers."""
-
-    async def sender(msg: Message) -> None:
-        if msg["type"] == "http.response.start":
-            msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid)]}
-        await send(msg)
-
-    return sender

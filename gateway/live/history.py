@@ -9,6 +9,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from operator import attrgetter
 from typing import Any
 
 from gateway.core.records import CallOutcome, WorkflowOutcome
@@ -188,15 +189,11 @@ def _lateness(w: WorkflowOutcome[Any]) -> float:
     return latency_s / deadline_s if deadline_s > 0 else latency_s
 
 
-def _ready(c: CallOutcome[Any]) -> float:
-    return c.ready
-
-
 def kept_calls(calls: Iterable[CallOutcome[Any] | None]) -> tuple[tuple[CallOutcome[Any], ...], int]:
     """The settled ``calls`` (None: not settled) sorted by ready time, at most ``MAX_CALLS`` of them, and how many
     settled in all (a ``WorkflowOutcome``'s ``calls`` and ``ncalls`` for the history). The kept ones hold no
     answer and no error: the history outlives them, and needs only their times."""
-    rows = sorted([c for c in calls if c is not None], key=_ready)
+    rows = sorted([c for c in calls if c is not None], key=attrgetter("ready"))
     kept = tuple(
         [c if c.answer is None and c.error is None else replace(c, answer=None, error=None) for c in rows[:MAX_CALLS]]
     )

@@ -382,20 +382,9 @@ class HttpClient:
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._closed_client = False
 
-    @property
-    def open_connections(self) -> int:
-        """Connections open or being opened (in use and idle)."""
-        return self._open
-
-    def idle_connections(self, origin: Origin | None = None) -> int:
-        """Idle connections in the pool (of one origin, or of all)."""
-        if origin is not None:
-            return len(self._idle.get(origin, ()))
-        return sum(len(v) for v in self._idle.values())
-
     @staticmethod
-    def prepare(url: str, path: str, *, content_type: bytes = b"application/json") -> Prepared:
-        """The ``POST`` of ``path`` under the base ``url``, up to its ``Content-Length`` value."""
+    def prepare(url: str, path: str, *, content_type: bytes = b"application/json", method: str = "POST") -> Prepared:
+        """The ``method`` (``POST``) of ``path`` under the base ``url``, up to its ``Content-Length`` value."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -403,7 +392,7 @@ class HttpClient:
         host_header = parts.netloc.rpartition("@")[2]
         target = parts.path.rstrip("/") + path
         head = (
-            f"POST {target} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
+            f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
             + b"User-Agent: "
             + _USER_AGENT
             + b"\r\nAccept: */*\r\nContent-Type: "

@@ -13,13 +13,28 @@ __all__ = ["CoalescingTransport", "HttpProtocol"]
 
 class CoalescingTransport(asyncio.Transport):
     """A transport whose writes within one event-loop turn reach the wrapped transport as one write; closing
-    sends what is held first, aborting drops it, the write buffer size counts it."""
+    sends what is held first, aborting drops it, the write buffer size counts it (``writelines``: asyncio's, one
+    ``write``). The methods in ``PASSED`` are the wrapped transport's own, bound per connection."""
+
+    PASSED = (
+        "can_write_eof",
+        "is_closing",
+        "get_extra_info",
+        "get_protocol",
+        "is_reading",
+        "pause_reading",
+        "resume_reading",
+        "set_write_buffer_limits",
+        "get_write_buffer_limits",
+    )
 
     def __init__(self, inner: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self._inner = inner
         self._loop = loop
         self._held: list[bytes] = []
+        for name in self.PASSED:
+            setattr(self, name, getattr(inner, name))
 
     def write(self, data: bytes | bytearray | memoryview[Any]) -> None:
         """Hold ``data`` until the end of this event-loop turn."""
@@ -28,11 +43,6 @@ class CoalescingTransport(asyncio.Transport):
         if not self._held:
             self._loop.call_soon(self._flush)
         self._held.append(bytes(data))
-
-    def writelines(self, list_of_data: Any) -> None:
-        """Hold each item (see ``write``)."""
-        for data in list_of_data:
-            self.write(data)
 
     def _flush(self) -> None:
         held = self._held
@@ -58,46 +68,10 @@ class CoalescingTransport(asyncio.Transport):
         self._flush()
         self._inner.write_eof()
 
-    def can_write_eof(self) -> bool:
-        """As the wrapped transport."""
-        return self._inner.can_write_eof()
-
-    def is_closing(self) -> bool:
-        """As the wrapped transport."""
-        return self._inner.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        """As the wrapped transport (``socket``, ``peername``, ``sockname``, ``sslcontext``, ...)."""
-        return self._inner.get_extra_info(name, default)
-
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        """As the wrapped transport (an upgraded connection)."""
+        """Send what is held, then switch the wrapped transport's protocol (an upgraded connection)."""
         self._flush()
         self._inner.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        """As the wrapped transport."""
-        return self._inner.get_protocol()
-
-    def is_reading(self) -> bool:
-        """As the wrapped transport."""
-        return self._inner.is_reading()
-
-    def pause_reading(self) -> None:
-        """As the wrapped transport (uvicorn's flow control)."""
-        self._inner.pause_reading()
-
-    def resume_reading(self) -> None:
-        """As the wrapped transport."""
-        self._inner.resume_reading()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        """As the wrapped transport."""
-        self._inner.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        """As the wrapped transport."""
-        return self._inner.get_write_buffer_limits()
 
     def get_write_buffer_size(self) -> int:
         """The wrapped transport's buffer plus what is held."""

@@ -6,7 +6,6 @@ down at once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import os
@@ -22,6 +21,7 @@ import aiohttp
 
 from gateway.config.operations import LeaderElectionConfig
 from gateway.live.discovery import KubeApi, KubeApiError, KubeConflict, KubeNotFound, kube_api
+from gateway.live.monitor import stopped_within
 
 log = logging.getLogger("hexflow.leader")
 
@@ -89,6 +89,11 @@ class LeaderElector:
         """The Lease collection's path in the API."""
         return f"/apis/coordination.k8s.io/v1/namespaces/{quote(self.api.namespace, safe='')}/leases"
 
+    @property
+    def lease_path(self) -> str:
+        """The Lease's path in the API."""
+        return f"{self.path}/{quote(self.cfg.lease_name, safe='')}"
+
     def _record(self, now_wall: str, old: dict[str, Any] | None) -> dict[str, Any]:
         """The spec this replica writes as holder: a renewal keeps acquireTime and transitions."""
         mine = old is not None and old.get("holderIdentity") == self.identity
@@ -112,9 +117,8 @@ class LeaderElector:
         """One round: True when this replica holds the Lease after it (acquired or renewed)."""
         now = self._clock()
         now_wall = micro_time(self._wall())
-        name = quote(self.cfg.lease_name, safe="")
         try:
-            lease = await self.api.request_json("GET", f"{self.path}/{name}")
+            lease = await self.api.request_json("GET", self.lease_path)
         except KubeNotFound:
             spec = self._record(now_wall, None)
             body = {
@@ -141,7 +145,7 @@ class LeaderElector:
         new_spec = self._record(now_wall, spec)
         lease["spec"] = new_spec  # metadata.resourceVersion stays: the update is refused if it changed
         try:
-            await self.api.request_json("PUT", f"{self.path}/{name}", lease)
+            await self.api.request_json("PUT", self.lease_path, lease)
         except KubeConflict:
             return False
         self._observe(new_spec, now)
@@ -193,8 +197,7 @@ class LeaderElector:
             wait = self.cfg.retry_period_s
             if not self.leading:
                 wait *= 1.0 + JITTER * self._rng.random()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
+            await stopped_within(stop, wait)
 
     async def release(self) -> None:
         """Give the Lease up (shutdown): stop leading now, then clear the holder (bounded; errors logged)."""
@@ -205,11 +208,8 @@ class LeaderElector:
         self._set_leading(False)
         if not was:
             return
-        name = quote(self.cfg.lease_name, safe="")
         try:
-            lease = await asyncio.wait_for(
-                self.api.request_json("GET", f"{self.path}/{name}"), self.cfg.renew_deadline_s
-            )
+            lease = await asyncio.wait_for(self.api.request_json("GET", self.lease_path), self.cfg.renew_deadline_s)
             spec = _spec(lease)
             if spec.get("holderIdentity") != self.identity:
                 return
@@ -221,8 +221,7 @@ class LeaderElector:
                 "renewTime": now_wall,
                 "leaseTransitions": spec.get("leaseTransitions") or 0,
             }
-            put = self.api.request_json("PUT", f"{self.path}/{name}", lease)
-            await asyncio.wait_for(put, self.cfg.renew_deadline_s)
+            await asyncio.wait_for(self.api.request_json("PUT", self.lease_path, lease), self.cfg.renew_deadline_s)
             log.info("%s released lease %s", self.identity, self.cfg.lease_name)
         except (KubeApiError, aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
             log.warning("could not release lease %s (it expires by itself): %s", self.cfg.lease_name, exc)

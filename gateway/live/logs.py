@@ -25,6 +25,7 @@ __all__ = [
     "RequestIdMiddleware",
     "configure_logging",
     "request_id",
+    "with_request_id",
 ]
 
 LogFormat = Literal["text", "json"]
@@ -126,14 +127,19 @@ class RequestIdMiddleware:
         rid = request_id(sent)
         token = REQUEST_ID.set(rid)
         wf_token = WORKFLOW_ID.set(None)  # a route sets it; reset below, so it never outlives the request
-
-        async def with_id(msg: Message) -> None:
-            if msg["type"] == "http.response.start":
-                msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid.encode())]}
-            await send(msg)
-
         try:
-            await self.app(scope, receive, with_id)
+            await self.app(scope, receive, with_request_id(send, rid.encode()))
         finally:
             WORKFLOW_ID.reset(wf_token)
             REQUEST_ID.reset(token)
+
+
+def with_request_id(send: Send, rid: bytes) -> Send:
+    """``send`` with ``X-Request-Id: rid`` added to the response's headers."""
+
+    async def sender(msg: Message) -> None:
+        if msg["type"] == "http.response.start":
+            msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid)]}
+        await send(msg)
+
+    return sender

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from prometheus_client import (
     CollectorRegistry,
@@ -49,75 +50,23 @@ RELOAD_RESULTS = ("ok", "failed")
 ATTAINMENT_WINDOW = 1000
 """Finished (met or missed) workflows per tenant that ``hexflow_slo_attainment_ratio`` is the share of."""
 
-# fmt: off
-_FAMILIES: tuple[tuple[str, type[Any], str, str, str, tuple[float, ...]], ...] = (
-    # attribute, type, name, labels, help, buckets (histograms)
-    ("workflow_latency", Histogram, "hexflow_workflow_latency_seconds", "tenant",
-     "End-to-end latency of finished workflows.", LATENCY_BUCKETS),
-    ("workflows", Counter, "hexflow_workflows", "tenant outcome",
-     "Workflows by outcome (met, missed, rejected, failed, cancelled, shed).", ()),
-    ("rejections", Counter, "hexflow_admission_rejections", "tenant reason",
-     "Workflows refused at admission, by reason (draining, not_leader, no_worker, queue_full, concurrency, "
-     "deadline).", ()),
-    ("demoted", Counter, "hexflow_workflows_demoted", "tenant when",
-     "Workflows predicted to miss their deadline run at the lowest urgency (when: admission, queued).", ()),
-    ("degraded_workflows", Counter, "hexflow_degraded_workflows", "tenant step",
-     "Text-to-SQL questions answered with a knob turned down to meet the deadline, per knob "
-     "(step: candidates, revisions, evaluation).", ()),
-    ("slo", Gauge, "hexflow_slo_attainment_ratio", "tenant",
-     "Share of the tenant's last 1000 finished workflows that met their deadline.", ()),
-    ("workflow_outcomes", Counter, "hexflow_workflow_outcomes", "tenant outcome",
-     "Workflows by goodput outcome (met, late, no_valid_answer, failed, rejected, cancelled).", ()),
-    ("goodput", Counter, "hexflow_goodput_workflows", "tenant",
-     "Workflows that met their deadline with a valid answer (goodput is its rate).", ()),
-    ("stage_latency", Histogram, "hexflow_stage_latency_seconds", "kind",
-     "One LLM call from ready to result (gateway queue wait + run).", CALL_BUCKETS),
-    ("call_run", Histogram, "hexflow_call_run_seconds", "kind worker",
-     "One LLM call from sent to result, per worker.", CALL_BUCKETS),
-    ("queue_wait_h", Histogram, "hexflow_queue_wait_seconds", "worker",
-     "Time a call waited in the worker's gateway queue.", CALL_BUCKETS),
-    ("queue_depth", Gauge, "hexflow_queue_depth", "worker", "Calls waiting in the worker's gateway queue.", ()),
-    ("inflight", Gauge, "hexflow_inflight", "worker", "Calls sent to the worker and not returned.", ()),
-    ("dispatches", Counter, "hexflow_dispatch", "worker kind", "Dispatch decisions.", ()),
-    ("estimate_ratio", Histogram, "hexflow_estimate_ratio", "worker",
-     "Observed over predicted call latency (1 = perfect estimate).", RATIO_BUCKETS),
-    ("up", Gauge, "hexflow_worker_up", "worker", "1 when the worker takes calls.", ()),
-    ("draining", Gauge, "hexflow_worker_draining", "worker",
-     "1 while discovery drains the worker (pod unready, terminating or deleted).", ()),
-    ("failures", Counter, "hexflow_call_failures", "worker reason", "Failed calls.", ()),
-    ("retries", Counter, "hexflow_call_retries", "worker", "Calls re-dispatched after a worker failed them.", ()),
-    ("ejections", Counter, "hexflow_worker_ejections", "worker",
-     "Outlier ejections of a worker (and failed re-admission probes).", ()),
-    ("priority", Gauge, "hexflow_worker_priority_scheduling", "worker",
-     "1 while calls to the worker carry vLLM's priority field; 0 once it refused the field "
-     "(started without --scheduling-policy priority).", ()),
-    ("scrape_failures", Counter, "hexflow_scrape_failures", "worker", "Failed scrapes of a worker's /metrics.", ()),
-    ("vllm_waiting", Gauge, "hexflow_worker_vllm_waiting", "worker",
-     "The worker's scraped vllm:num_requests_waiting.", ()),
-    ("vllm_running", Gauge, "hexflow_worker_vllm_running", "worker",
-     "The worker's scraped vllm:num_requests_running.", ()),
-    ("kv_usage", Gauge, "hexflow_worker_kv_cache_usage_ratio", "worker",
-     "The worker's scraped vllm:kv_cache_usage_perc (0-1).", ()),
-    ("profile_refits", Counter, "hexflow_profile_refits", "worker result",
-     "Online refits of a worker's profile constants.", ()),
-    ("profile_constant", Gauge, "hexflow_profile_constant", "worker constant",
-     "A time constant of the worker's profile in use, seconds.", ()),
-    ("alpha", Gauge, "hexflow_alpha", "", "The WB balance parameter in use.", ()),
-    ("tuning_runs", Counter, "hexflow_tuning_runs", "result", "Background alpha tuning runs.", ()),
-    ("tenant_reloads", Counter, "hexflow_tenant_reloads", "result", "Reloads of the tenants file.", ()),
-    ("parked", Gauge, "hexflow_parked_calls", "", "Calls waiting for any healthy worker.", ()),
-    ("active", Gauge, "hexflow_active_workflows", "", "Workflows in progress.", ()),
-    ("discovery_pods", Gauge, "hexflow_discovery_pods", "state",
-     "Selected worker pods by state (ready, unready, pending, invalid).", ()),
-    ("discovery_errors", Counter, "hexflow_discovery_errors", "", "Failed lists or watches of the Kubernetes API.", ()),
-    ("leader", Gauge, "hexflow_leader", "",
-     "1 while this replica serves (holds the Lease, or no leader election).", ()),
-    ("leader_changes", Counter, "hexflow_leader_changes", "event",
-     "This replica became (acquired) or stopped being (lost) the leader.", ()),
-)
-# fmt: on
 
 _MetricT = TypeVar("_MetricT", Counter, Gauge, Histogram)
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    kind: type[Any]
+    name: str
+    labels: str
+    doc: str
+    buckets: tuple[float, ...] = ()
+
+
+def _family(kind: type[_MetricT], name: str, labels: str, doc: str, buckets: tuple[float, ...] = ()) -> _MetricT:
+    """A metric family declared on ``GatewayMetrics`` (each instance gets the metric under the same attribute;
+    ``labels``: its label names, space-separated)."""
+    return cast(_MetricT, _Family(kind, name, labels, doc, buckets))
 
 
 class BoundedLabel:
@@ -162,44 +111,73 @@ _Children = dict[tuple[Any, ...], Any]
 
 
 class GatewayMetrics:
-    """Every metric the gateway exports (``_FAMILIES``), with small methods the pool and the app call."""
+    """Every metric the gateway exports (its ``_family`` attributes), with small methods the pool and the app call."""
 
-    workflow_latency: Histogram
-    workflows: Counter
-    rejections: Counter
-    demoted: Counter
-    degraded_workflows: Counter
-    slo: Gauge
-    workflow_outcomes: Counter
-    goodput: Counter
-    stage_latency: Histogram
-    call_run: Histogram
-    queue_wait_h: Histogram
-    queue_depth: Gauge
-    inflight: Gauge
-    dispatches: Counter
-    estimate_ratio: Histogram
-    up: Gauge
-    draining: Gauge
-    failures: Counter
-    retries: Counter
-    ejections: Counter
-    priority: Gauge
-    scrape_failures: Counter
-    vllm_waiting: Gauge
-    vllm_running: Gauge
-    kv_usage: Gauge
-    profile_refits: Counter
-    profile_constant: Gauge
-    alpha: Gauge
-    tuning_runs: Counter
-    tenant_reloads: Counter
-    parked: Gauge
-    active: Gauge
-    discovery_pods: Gauge
-    discovery_errors: Counter
-    leader: Gauge
-    leader_changes: Counter
+    # fmt: off
+    workflow_latency = _family(Histogram, "hexflow_workflow_latency_seconds", "tenant",
+        "End-to-end latency of finished workflows.", LATENCY_BUCKETS)
+    workflows = _family(Counter, "hexflow_workflows", "tenant outcome",
+        "Workflows by outcome (met, missed, rejected, failed, cancelled, shed).")
+    rejections = _family(Counter, "hexflow_admission_rejections", "tenant reason",
+        "Workflows refused at admission, by reason (draining, not_leader, no_worker, queue_full, concurrency, "
+        "deadline).")
+    demoted = _family(Counter, "hexflow_workflows_demoted", "tenant when",
+        "Workflows predicted to miss their deadline run at the lowest urgency (when: admission, queued).")
+    degraded_workflows = _family(Counter, "hexflow_degraded_workflows", "tenant step",
+        "Text-to-SQL questions answered with a knob turned down to meet the deadline, per knob "
+        "(step: candidates, revisions, evaluation).")
+    slo = _family(Gauge, "hexflow_slo_attainment_ratio", "tenant",
+        "Share of the tenant's last 1000 finished workflows that met their deadline.")
+    workflow_outcomes = _family(Counter, "hexflow_workflow_outcomes", "tenant outcome",
+        "Workflows by goodput outcome (met, late, no_valid_answer, failed, rejected, cancelled).")
+    goodput = _family(Counter, "hexflow_goodput_workflows", "tenant",
+        "Workflows that met their deadline with a valid answer (goodput is its rate).")
+    stage_latency = _family(Histogram, "hexflow_stage_latency_seconds", "kind",
+        "One LLM call from ready to result (gateway queue wait + run).", CALL_BUCKETS)
+    call_run = _family(Histogram, "hexflow_call_run_seconds", "kind worker",
+        "One LLM call from sent to result, per worker.", CALL_BUCKETS)
+    queue_wait_h = _family(Histogram, "hexflow_queue_wait_seconds", "worker",
+        "Time a call waited in the worker's gateway queue.", CALL_BUCKETS)
+    queue_depth = _family(Gauge, "hexflow_queue_depth", "worker", "Calls waiting in the worker's gateway queue.")
+    inflight = _family(Gauge, "hexflow_inflight", "worker", "Calls sent to the worker and not returned.")
+    dispatches = _family(Counter, "hexflow_dispatch", "worker kind", "Dispatch decisions.")
+    estimate_ratio = _family(Histogram, "hexflow_estimate_ratio", "worker",
+        "Observed over predicted call latency (1 = perfect estimate).", RATIO_BUCKETS)
+    up = _family(Gauge, "hexflow_worker_up", "worker", "1 when the worker takes calls.")
+    draining = _family(Gauge, "hexflow_worker_draining", "worker",
+        "1 while discovery drains the worker (pod unready, terminating or deleted).")
+    failures = _family(Counter, "hexflow_call_failures", "worker reason", "Failed calls.")
+    retries = _family(Counter, "hexflow_call_retries", "worker", "Calls re-dispatched after a worker failed them.")
+    ejections = _family(Counter, "hexflow_worker_ejections", "worker",
+        "Outlier ejections of a worker (and failed re-admission probes).")
+    priority = _family(Gauge, "hexflow_worker_priority_scheduling", "worker",
+        "1 while calls to the worker carry vLLM's priority field; 0 once it refused the field "
+        "(started without --scheduling-policy priority).")
+    scrape_failures = _family(Counter, "hexflow_scrape_failures", "worker", "Failed scrapes of a worker's /metrics.")
+    vllm_waiting = _family(Gauge, "hexflow_worker_vllm_waiting", "worker",
+        "The worker's scraped vllm:num_requests_waiting.")
+    vllm_running = _family(Gauge, "hexflow_worker_vllm_running", "worker",
+        "The worker's scraped vllm:num_requests_running.")
+    kv_usage = _family(Gauge, "hexflow_worker_kv_cache_usage_ratio", "worker",
+        "The worker's scraped vllm:kv_cache_usage_perc (0-1).")
+    profile_refits = _family(Counter, "hexflow_profile_refits", "worker result",
+        "Online refits of a worker's profile constants.")
+    profile_constant = _family(Gauge, "hexflow_profile_constant", "worker constant",
+        "A time constant of the worker's profile in use, seconds.")
+    alpha = _family(Gauge, "hexflow_alpha", "", "The WB balance parameter in use.")
+    tuning_runs = _family(Counter, "hexflow_tuning_runs", "result", "Background alpha tuning runs.")
+    tenant_reloads = _family(Counter, "hexflow_tenant_reloads", "result", "Reloads of the tenants file.")
+    parked = _family(Gauge, "hexflow_parked_calls", "", "Calls waiting for any healthy worker.")
+    active = _family(Gauge, "hexflow_active_workflows", "", "Workflows in progress.")
+    discovery_pods = _family(Gauge, "hexflow_discovery_pods", "state",
+        "Selected worker pods by state (ready, unready, pending, invalid).")
+    discovery_errors = _family(Counter, "hexflow_discovery_errors", "",
+        "Failed lists or watches of the Kubernetes API.")
+    leader = _family(Gauge, "hexflow_leader", "",
+        "1 while this replica serves (holds the Lease, or no leader election).")
+    leader_changes = _family(Counter, "hexflow_leader_changes", "event",
+        "This replica became (acquired) or stopped being (lost) the leader.")
+    # fmt: on
 
     def __init__(self, workers: list[str], tenants: list[str]) -> None:
         # No ``*_created`` series (twice the series for nothing a dashboard reads); the switch is process-wide,
@@ -211,12 +189,13 @@ class GatewayMetrics:
         PlatformCollector(registry=r)
         GCCollector(registry=r)
         self._per_worker: list[Counter | Gauge | Histogram] = []
-        for attr, cls, name, labels, doc, buckets in _FAMILIES:
-            extra = {"buckets": buckets} if buckets else {}
-            metric = cls(name, doc, labels.split(), registry=r, **extra)
-            setattr(self, attr, metric)
-            if "worker" in labels.split():
-                self._per_worker.append(metric)
+        for attr, f in vars(GatewayMetrics).items():
+            if isinstance(f, _Family):
+                extra = {"buckets": f.buckets} if f.buckets else {}
+                metric = f.kind(f.name, f.doc, f.labels.split(), registry=r, **extra)
+                setattr(self, attr, metric)
+                if "worker" in f.labels.split():
+                    self._per_worker.append(metric)
         self.kind = BoundedLabel()
         self._workers: dict[str, _Children] = {}
         self._tenants: dict[str, _Children] = {}
@@ -234,8 +213,6 @@ class GatewayMetrics:
             self.up.labels(worker=w).set(1)
         for t in tenants:
             self.add_tenant(t)
-
-    # ---------------------------------------------------------------------------------------------- membership
 
     def add_worker(self, worker: str) -> None:
         """Create a new worker's series (discovery; it starts down until it takes calls)."""
@@ -296,8 +273,6 @@ class GatewayMetrics:
     def _tenant_child(self, metric: _MetricT, tenant: str, **labels: str) -> _MetricT:
         return self._child(self._tenants, metric, tenant, tenant=tenant, **labels)
 
-    # ---------------------------------------------------------------------------------------------- per call
-
     def dispatch(self, worker: str, kind: str) -> None:
         """One dispatch decision."""
         self._worker_child(self.dispatches, worker, kind=self.kind(kind)).inc()
@@ -346,8 +321,6 @@ class GatewayMetrics:
         """A question of ``tenant`` ran with knob ``step`` (``DEGRADED_STEPS``) turned down."""
         if step in DEGRADED_STEPS:
             self.degraded_workflows.labels(tenant=tenant, step=step).inc()
-
-    # ---------------------------------------------------------------------------------------------- per event
 
     def call_failure(self, worker: str, reason: str) -> None:
         """A call failed on a worker."""

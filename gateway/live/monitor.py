@@ -32,6 +32,13 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Task[Any]]) -> None:
             await t
 
 
+async def stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait at most ``seconds`` for ``stop`` to be set; True when it is."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
 class WorkerMonitor:
     """The health prober and the metrics scraper of one ``WorkerPool`` (a period of 0 disables a task)."""
 
@@ -61,8 +68,6 @@ class WorkerMonitor:
             await step()
             await asyncio.sleep(period_s)
 
-    # ------------------------------------------------------------------ health
-
     async def check_health(self, *, initial: bool = False) -> None:
         """Probe every worker once, concurrently; update up/down; expire parked calls. ``initial``: a worker that
         does not answer the first probe starts down."""
@@ -83,8 +88,6 @@ class WorkerMonitor:
         await asyncio.gather(*(one(st) for st in pool.workers if not st.removing))
         pool.expire_parked()
         self.probe_ejected()
-
-    # ------------------------------------------------------------------ re-admission of outliers
 
     def probe_ejected(self) -> list[asyncio.Task[None]]:
         """Start a probe call to every ejected worker whose back-off is over (one at a time per worker)."""
@@ -116,8 +119,6 @@ class WorkerMonitor:
                 pool.readmit(st)
         finally:
             st.probing = False
-
-    # ------------------------------------------------------------------ scrape
 
     async def scrape_all(self) -> None:
         """Scrape every worker's ``/metrics`` concurrently; update the waiting-queue hold."""

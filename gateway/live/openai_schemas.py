@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
-from gateway.live.schemas import OPEN, Int, Message, PosInt, integral
+from gateway.live.schemas import OPEN, Int, Message, Passed, PosInt, integral, strict
 
 
 class StreamOptions(BaseModel):
@@ -44,12 +44,8 @@ class ChatCompletionRequest(_SamplingRequest):
     """``POST /v1/chat/completions``: OpenAI's request. Fields not listed here are passed to the worker
     as sent; ``model`` and ``priority`` are not (the gateway picks the worker and sets the priority)."""
 
-    model_config = ConfigDict(
-        strict=True,
-        extra="allow",
-        json_schema_extra={
-            "examples": [{"model": "llama-3.1-70b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}]
-        },
+    model_config = strict(
+        "allow", {"model": "llama-3.1-70b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
     )
 
     messages: list[Message] = Field(min_length=1, description="The conversation so far.")
@@ -57,39 +53,31 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: PosInt | None = Field(None, description="OpenAI's newer name of ``max_tokens``.")
 
 
-class ChatMessageOut(BaseModel):
+class ChatMessageOut(Passed):
     """The message of a choice."""
-
-    model_config = ConfigDict(extra="allow")
 
     role: str
     content: str | None = None
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(Passed):
     """One choice of a chat completion."""
-
-    model_config = ConfigDict(extra="allow")
 
     index: int
     message: ChatMessageOut
     finish_reason: str | None = None
 
 
-class Usage(BaseModel):
+class Usage(Passed):
     """Token counts of a completion."""
-
-    model_config = ConfigDict(extra="allow")
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
-class _CompletionObject(BaseModel):
+class _CompletionObject(Passed):
     """What a worker's completion objects share, passed through (vLLM adds fields of its own)."""
-
-    model_config = ConfigDict(extra="allow")
 
     id: str
     object: str
@@ -114,11 +102,7 @@ class CompletionRequest(_SamplingRequest):
     are passed to the worker as sent; ``model`` and ``priority`` are not (the gateway picks the worker and sets
     the priority)."""
 
-    model_config = ConfigDict(
-        strict=True,
-        extra="allow",
-        json_schema_extra={"examples": [{"model": "llama-3.1-70b", "prompt": "SELECT", "max_tokens": 8}]},
-    )
+    model_config = strict("allow", {"model": "llama-3.1-70b", "prompt": "SELECT", "max_tokens": 8})
 
     prompt: (
         Annotated[str, Field(min_length=1)]
@@ -129,10 +113,8 @@ class CompletionRequest(_SamplingRequest):
     echo: bool | None = None
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(Passed):
     """One choice of a completion."""
-
-    model_config = ConfigDict(extra="allow")
 
     index: int
     text: str

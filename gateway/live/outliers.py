@@ -5,7 +5,6 @@ else observed / ``WorkerPool.under_load_s``, clamped to ``RATIO_CLAMP``. No I/O,
 from __future__ import annotations
 
 import statistics
-from collections import deque
 from collections.abc import Iterable
 
 from gateway.config.gateway import OutlierConfig
@@ -21,10 +20,6 @@ class OutlierDetector:
 
     def __init__(self, cfg: OutlierConfig) -> None:
         self.cfg = cfg
-
-    def new_window(self) -> deque[float | None]:
-        """An empty window of ``cfg.window`` calls."""
-        return deque(maxlen=self.cfg.window)
 
     @staticmethod
     def record(st: WorkerState, ratio: float | None) -> None:

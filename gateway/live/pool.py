@@ -77,7 +77,7 @@ class WorkerPool(PoolHealth):
         self._served: tuple[str, ...] | None = None  # served_models(), until the membership changes
 
     def _new_state(self, index: int, scheduler: Scheduler, *, ready: bool = True) -> WorkerState:
-        return WorkerState(index, scheduler, ready=ready, recent=self.outliers.new_window())
+        return WorkerState(index, scheduler, ready=ready, recent=deque(maxlen=self.outliers.cfg.window))
 
     @property
     def workers(self) -> list[WorkerState]:
@@ -96,8 +96,6 @@ class WorkerPool(PoolHealth):
     def by_name(self, name: str) -> WorkerState | None:
         """The worker called ``name`` (None when it is not, or no longer, in the pool)."""
         return next((st for st in self.states.values() if st.name == name), None)
-
-    # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """Start draining the workers (calls submitted before are sent now) and the monitor's tasks."""
@@ -125,8 +123,6 @@ class WorkerPool(PoolHealth):
     def healthy(self) -> int:
         """Workers currently taking calls (up, ready, not being removed)."""
         return sum(1 for st in self.states.values() if st.eligible)
-
-    # ------------------------------------------------------------------ membership
 
     def add_worker(self, info: WorkerInfo, *, ready: bool = True) -> WorkerState:
         """Add a worker at run time; it takes calls at once when ready."""
@@ -223,8 +219,6 @@ class WorkerPool(PoolHealth):
                 self.submit(c)
             self.kick(st)
 
-    # ------------------------------------------------------------------ dispatch
-
     def submit(self, call: LiveCall) -> None:
         """Dispatch a ready call to a worker's queue (or park it when no worker is up)."""
         now = self.clock()
@@ -262,13 +256,6 @@ class WorkerPool(PoolHealth):
             call.task = None
             self._settle(st, call, asyncio.CancelledError())
 
-    def can_send(self, st: WorkerState) -> bool:
-        """In flight below capacity, and vLLM's own waiting queue not growing (unless idle)."""
-        n = self.scheduler.inflight(st.index)
-        if n >= st.info.capacity:
-            return False
-        return not (st.held and n > 0)
-
     def fill(self, st: WorkerState) -> list[LiveCall]:
         """Pop calls for a worker while it can take them; mark them in flight."""
         out: list[LiveCall] = []
@@ -276,7 +263,8 @@ class WorkerPool(PoolHealth):
             return out
         w = st.index
         name = st.name
-        # ``can_send`` before each call, written out: the capacity and the hold cannot change while filling.
+        # In flight below capacity, and vLLM's own waiting queue not growing (unless idle); the capacity and the
+        # hold cannot change while filling.
         load = self.scheduler.estimator.loads[w]
         cap = st.info.capacity
         held = st.held
@@ -340,8 +328,6 @@ class WorkerPool(PoolHealth):
         context = self._context
         for c in self.fill(st):
             c.task = asyncio.create_task(self._execute(st, c), name=f"call-{c.id}", context=context.copy())
-
-    # ------------------------------------------------------------------ execution
 
     def predicted_s(self, st: WorkerState, call: LiveCall, tokens: tuple[int, int] | None = None) -> float:
         """The call's time on the worker as predicted when sent (at least the lone-request latency); ``tokens``:
@@ -417,8 +403,10 @@ class WorkerPool(PoolHealth):
         st.inflight.discard(call)
         if isinstance(outcome, CallResult):
             observed = now - call.sent_at
-            tokens = processed_tokens(call, outcome)
-            # Judged for what it processed: a long answer the model chose to write is not a slow worker.
+            # Judged for what it processed (its answer's ``usage``, else the expected tokens): a long answer the
+            # model chose to write is not a slow worker.
+            spec = call.spec
+            tokens = (outcome.prompt_tokens or spec.input_tokens, outcome.completion_tokens or spec.output_tokens)
             self.scheduler.on_finish(call, now, observed_s=observed, tokens=tokens)
             st.failures = 0
             st.sent += 1
@@ -476,12 +464,3 @@ class WorkerPool(PoolHealth):
         """Per-worker state for ``/v1/status``."""
         now = self.clock()
         return [st.status(now) for st in self.workers]
-
-
-def processed_tokens(call: LiveCall, result: CallResult) -> tuple[int, int]:
-    """The (prompt, completion) tokens ``call`` processed: its answer's ``usage``, else the expected ones."""
-    spec = call.spec
-    return (
-        result.prompt_tokens if result.prompt_tokens > 0 else spec.input_tokens,
-        result.completion_tokens if result.completion_tokens > 0 else spec.output_tokens,
-    )

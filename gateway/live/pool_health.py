@@ -29,6 +29,8 @@ class PoolHealth:
     max_attempts: int
     failures_to_down: int
     states: dict[int, WorkerState]
+    _resubmit: Callable[[LiveCall], None]  # dispatch a failed call again
+    _sync: Callable[[WorkerState], None]  # apply a worker's eligibility to the scheduler
 
     def _worker_failed(self, st: WorkerState, call: LiveCall, reason: str, *, refused: bool) -> None:
         """``call`` failed on ``st``: count it, judge the worker (eject, mark down), then fail or retry the call."""
@@ -50,14 +52,6 @@ class PoolHealth:
         else:
             self.metrics.retry(st.name)
             self._resubmit(call)
-
-    def _resubmit(self, call: LiveCall) -> None:
-        """Dispatch a failed call again (``WorkerPool._resubmit``)."""
-        raise NotImplementedError
-
-    def _sync(self, st: WorkerState) -> None:
-        """Apply a worker's eligibility to the scheduler (``WorkerPool._sync``)."""
-        raise NotImplementedError
 
     def is_member(self, st: WorkerState) -> bool:
         """Whether ``st`` is still in the pool (not finished removing; not replaced under its name)."""
@@ -84,14 +78,8 @@ class PoolHealth:
 
     def eject(self, st: WorkerState, reason: str) -> None:
         """Take an outlier out of dispatch for its back-off (queue re-dispatched; in-flight calls finish)."""
-        now = self.clock()
-        length = self.outliers.backoff(st, now)
-        st.ejections += 1
-        st.ejected_until = now + length
         st.ejected_reason = reason
-        log.error("worker %s ejected for %g s: %s", st.name, length, reason)
-        self.events.append((now, st.name, "ejected"))
-        self.metrics.ejection(st.name)
+        log.error("worker %s ejected for %g s: %s", st.name, self._back_off(st, "ejected"), reason)
         self._sync(st)
 
     def readmit(self, st: WorkerState) -> None:
@@ -110,13 +98,18 @@ class PoolHealth:
         """A probe call failed: the worker stays ejected for another, longer back-off."""
         if not st.ejected:
             return
+        length = self._back_off(st, "probe_failed")
+        log.warning("worker %s stays ejected for %g s: its probe call failed: %s", st.name, length, reason)
+
+    def _back_off(self, st: WorkerState, event: str) -> float:
+        """Start ``st``'s next ejection back-off now (recorded as ``event``); returns its length."""
         now = self.clock()
         length = self.outliers.backoff(st, now)
         st.ejections += 1
         st.ejected_until = now + length
-        log.warning("worker %s stays ejected for %g s: its probe call failed: %s", st.name, length, reason)
-        self.events.append((now, st.name, "probe_failed"))
+        self.events.append((now, st.name, event))
         self.metrics.ejection(st.name)
+        return length
 
     def mark_down(self, st: WorkerState, reason: str) -> None:
         """Take a worker out of dispatch and re-dispatch its queue (in-flight calls finish or fail)."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from gateway.core.worker import WorkerInfo
+from gateway.live.monitor import stopped_within
 from gateway.profiling.refit import FitOutcome, RefitSettings, Refitter, fit_job, profile_status
 
 if TYPE_CHECKING:
@@ -20,35 +22,18 @@ FIT_TIMEOUT_S = 30.0
 """Longest wait for one worker's fit (the thread is left to finish; its outcome is then dropped)."""
 
 
-def refit_settings(cfg: RefitConfig) -> RefitSettings:
-    """The refit's settings from gateway.yaml's ``refit`` section."""
-    return RefitSettings(
-        interval_s=cfg.interval_s,
-        min_calls=cfg.min_calls,
-        window_calls=cfg.window_calls,
-        max_step=cfg.max_step,
-        max_drift=cfg.max_drift,
-        max_error=cfg.max_error,
-        min_gain=cfg.min_gain,
-    )
-
-
 class ProfileRefitTask:
     """Owns the ``Refitter`` of a gateway; ``run`` is the background loop, ``refit_once`` one pass."""
 
     def __init__(self, gateway: Gateway, cfg: RefitConfig) -> None:
         self.gw = gateway
-        self.refitter = Refitter(refit_settings(cfg))
+        # The refit's settings: gateway.yaml's ``refit`` fields of the same names.
+        self.refitter = Refitter(RefitSettings(**{f.name: getattr(cfg, f.name) for f in fields(RefitSettings)}))
         self.refitter.attach(gateway.scheduler)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Every ``interval_s`` until ``stop`` is set: refit the workers that are due."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.refitter.s.interval_s)
-                return
-            except TimeoutError:
-                pass
+        while not await stopped_within(stop, self.refitter.s.interval_s):
             await self.refit_once()
 
     async def refit_once(self) -> list[str]:

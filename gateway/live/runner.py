@@ -22,7 +22,7 @@ from gateway.core.prefix import prompt_prefix
 from gateway.core.records import CallOutcome, WorkflowOutcome
 from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate, deadline_met
 from gateway.errors import CallFailed, Rejected
-from gateway.live.accounting import Accounting
+from gateway.live.accounting import Accounting, Running
 from gateway.live.history import MAX_CALLS
 from gateway.live.prompts import request_prompt
 from gateway.live.tenants import Tenant
@@ -53,19 +53,16 @@ LiveOutcome = CallOutcome[CallResult]
 
 
 @dataclass(eq=False)
-class _Execution:
-    """One DAG workflow being run: its calls in flight, their outcomes, and the callback that releases the
-    successors of each call that returns (a bound method, not closures of ``run_workflow`` that would reference
-    each other: no reference cycle, so a finished workflow is freed by reference counting alone)."""
+class _Execution(Running):
+    """One DAG workflow being run: its calls in flight, and the callback that releases the successors of each
+    call that returns (a bound method, not closures of ``run_workflow`` that would reference each other: no
+    reference cycle, so a finished workflow is freed by reference counting alone)."""
 
-    runner: WorkflowRunner
     wf: DagWorkflow
+    runner: WorkflowRunner
     requests: list[CallRequest]
-    outcomes: list[LiveOutcome | None]
     done: asyncio.Future[None]
     on_call_done: Callable[[LiveOutcome], None] | None = None
-    wf_id: str | None = None
-    route: str = ""
     live: dict[int, LiveCall] = field(default_factory=dict)
     error: CallFailed | None = None
     abandoned: bool = False
@@ -106,15 +103,6 @@ class _Execution:
         self.live.clear()
 
 
-@dataclass(slots=True)
-class _Online:
-    """An online workflow's client id, route and call outcomes so far (the first ``MAX_CALLS``; None: unsettled)."""
-
-    wf_id: str | None
-    route: str
-    outcomes: list[LiveOutcome | None] = field(default_factory=list)
-
-
 class WorkflowRunner:
     """Runs the admitted workflows of one gateway (``gw``: its scheduler, pool, admitter and clock)."""
 
@@ -127,9 +115,7 @@ class WorkflowRunner:
         self.pending: dict[Workflow, set[LiveCall]] = {}
         self.shed: dict[Workflow, Rejected] = {}
         self.plans: dict[Workflow, QuestionPlan] = {}
-        self.online: dict[OnlineWorkflow, _Online] = {}
-
-    # ------------------------------------------------------------------ DAG workflows
+        self.online: dict[OnlineWorkflow, Running] = {}  # (its outcomes: the first ``MAX_CALLS`` calls')
 
     async def run_workflow(
         self,
@@ -149,11 +135,9 @@ class WorkflowRunner:
         gw = self.gw
         now = gw.clock()
         wf = DagWorkflow.build(next(self._wids), tenant.name, now, now + deadline_s, nodes, template)
-        loop = asyncio.get_running_loop()
-        outcomes: list[LiveOutcome | None] = [None] * len(nodes)
-        ex = _Execution(self, wf, requests, outcomes, loop.create_future(), on_call_done, wf_id, route)
-        acc = self.accounting
-        acc.begin(ex, tenant)
+        done = asyncio.get_running_loop().create_future()
+        ex = _Execution(wf, tenant, route, wf_id, [None] * len(nodes), self, requests, done, on_call_done)
+        self.accounting.begin(ex)
         gw.admitter.take(wf, admission)
         try:
             ex.launch(wf.start())
@@ -162,11 +146,11 @@ class WorkflowRunner:
         except BaseException as exc:  # cancelled (client gone), or a bug: abandon the workflow either way
             ex.abandoned = True
             ex.cancel_live()
-            self._finish_dag(ex, tenant, "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed", None)
+            self._finish(ex, "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed")
             raise
         shed = self.shed.get(wf)
         if shed is not None:
-            self._finish_dag(ex, tenant, "shed", None)
+            self._finish(ex, "shed")
             raise shed
         now = gw.clock()
         latency = now - wf.arrival
@@ -176,13 +160,11 @@ class WorkflowRunner:
             wf.wid, tenant.name, wf.arrival, wf.deadline, now, status, calls, len(nodes), ex.error, wf_id
         )
         if ex.error is None:
-            self._finish_dag(ex, tenant, "met" if deadline_met(latency, deadline_s) else "missed", latency)
+            self._finish(ex, "met" if deadline_met(latency, deadline_s) else "missed", latency)
             gw.recorder.record(wf)
         else:
-            self._finish_dag(ex, tenant, "failed", None)
+            self._finish(ex, "failed")
         return outcome
-
-    # ------------------------------------------------------------------ online workflows (stage by stage)
 
     def open_workflow(
         self,
@@ -199,27 +181,27 @@ class WorkflowRunner:
         now = self.gw.clock()
         template = None if plan is None else plan.template
         wf = OnlineWorkflow(next(self._wids), tenant.name, now, now + deadline_s, template)
-        self.accounting.begin(wf, tenant)
-        self.online[wf] = _Online(wf_id, route)
+        run = self.online[wf] = Running(wf, tenant, route, wf_id, [])
+        self.accounting.begin(run)
         self.gw.admitter.take(wf, admission)
         if plan is not None:
             self.plans[wf] = plan
         return wf
 
     def close_workflow(
-        self, wf: OnlineWorkflow, tenant: Tenant, *, failed: bool = False, valid: bool = True, cancelled: bool = False
+        self, wf: OnlineWorkflow, *, failed: bool = False, valid: bool = True, cancelled: bool = False
     ) -> float:
         """Account an online workflow's end (met when in time with a ``valid`` answer); returns its latency."""
         now = self.gw.clock()
         latency = now - wf.arrival
-        if wf in self.shed:
-            self._finish_online(wf, tenant, "shed", None)
-        elif cancelled:
-            self._finish_online(wf, tenant, "cancelled", None)
-        elif failed:
-            self._finish_online(wf, tenant, "failed", None)
-        else:
-            self._finish_online(wf, tenant, "met" if wf.met(now, valid=valid) else "missed", latency, valid=valid)
+        outcome = "shed" if wf in self.shed else "cancelled" if cancelled else "failed" if failed else ""
+        ended = not outcome
+        if ended:
+            outcome = "met" if wf.met(now, valid=valid) else "missed"
+        run = self.online.pop(wf, None)
+        if run is not None:  # (None: counted out already)
+            self._finish(run, outcome, latency if ended else None, valid=valid)
+        if ended:
             self.gw.recorder.record_online(wf)
         return latency
 
@@ -271,8 +253,6 @@ class WorkflowRunner:
         wf.stage_call_done()
         if not fut.done():
             fut.set_result(out)
-
-    # ------------------------------------------------------------------ calls
 
     def submit(
         self,
@@ -345,44 +325,16 @@ class WorkflowRunner:
             error=outcome if isinstance(outcome, CallFailed) else None,
         )
 
-    def _finish_dag(self, ex: _Execution, tenant: Tenant, outcome: str, latency: float | None) -> None:
-        self._finish(ex, ex.wf, tenant, outcome, latency, valid=True, calls=ex.outcomes, wf_id=ex.wf_id, route=ex.route)
-
-    def _finish_online(
-        self, wf: OnlineWorkflow, tenant: Tenant, outcome: str, latency: float | None, *, valid: bool = True
-    ) -> None:
-        kept = self.online.pop(wf, None)
-        if kept is None:  # (counted out already: ``_finish`` does nothing)
-            return
-        self._finish(
-            wf, wf, tenant, outcome, latency, valid=valid, calls=kept.outcomes, wf_id=kept.wf_id, route=kept.route
-        )
-
-    def _finish(
-        self,
-        ex: object,
-        wf: Workflow,
-        tenant: Tenant,
-        outcome: str,
-        latency: float | None,
-        *,
-        valid: bool,
-        calls: list[LiveOutcome | None],
-        wf_id: str | None,
-        route: str,
-    ) -> None:
+    def _finish(self, run: Running, outcome: str, latency: float | None = None, *, valid: bool = True) -> None:
         """A workflow ended: accounted once (``Accounting.end``), its overload state dropped."""
-        if not self.accounting.end(
-            ex, wf, tenant, outcome, latency, valid=valid, calls=calls, wf_id=wf_id, route=route
-        ):
+        if not self.accounting.end(run, outcome, latency, valid=valid):
             return
+        wf = run.wf
         self.pending.pop(wf, None)
         self.shed.pop(wf, None)
         self.plans.pop(wf, None)
         counted = valid and latency is not None and outcome in ("met", "missed")
         self.gw.admitter.ended(wf, latency if counted else None)
-
-    # ------------------------------------------------------------------ overload: shedding
 
     def shed_overdue(self) -> tuple[int, int]:
         """Shed or demote every admitted workflow with pending calls that ``Admitter.overdue`` names; returns

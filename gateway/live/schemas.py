@@ -41,8 +41,30 @@ def problem_text(error: Mapping[str, Any]) -> str:
     return words if words is not None else str(error.get("msg", "invalid value"))
 
 
-OPEN = ConfigDict(strict=True, extra="allow")
+def strict(extra: Literal["allow", "forbid"], *examples: JsonValue, **schema: JsonValue) -> ConfigDict:
+    """A request model's config: strict types, unknown fields refused or passed through (``extra``), and the
+    schema's ``examples`` and other keywords."""
+    more: dict[str, JsonValue] = {"examples": list(examples), **schema} if examples else dict(schema)
+    return ConfigDict(strict=True, extra=extra, json_schema_extra=more or None)
+
+
+OPEN = strict("allow")
 """Strict types, unknown fields passed through (OpenAI's open shapes)."""
+
+
+class Passed(BaseModel):
+    """A response model whose unknown fields are kept (a worker's objects, status sections)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+Deadline = Annotated[
+    float | None,
+    Field(
+        gt=0, allow_inf_nan=False, description="End-to-end deadline, within the tenant's range; default: the tenant's."
+    ),
+]
+"""A request's optional ``deadline_s``."""
 
 
 def integral(v: Any) -> Any:
@@ -59,7 +81,6 @@ PosInt = Annotated[int, Field(ge=1), BeforeValidator(integral)]
 """A positive ``Int`` (the bound inside the type reaches the JSON schema of an optional field too)."""
 
 
-# ----------------------------------------------------------------------------------------------- messages
 class ContentPart(BaseModel):
     """One part of a message's content (``{"type": "text", "text": ...}``; other OpenAI part types pass)."""
 
@@ -72,17 +93,12 @@ class ContentPart(BaseModel):
 class Message(BaseModel):
     """One chat message (OpenAI's shape; fields beside ``role`` and ``content`` are passed through)."""
 
-    model_config = ConfigDict(
-        strict=True,
-        extra="allow",
-        json_schema_extra={"examples": [{"role": "user", "content": "How many singers are there?"}]},
-    )
+    model_config = strict("allow", {"role": "user", "content": "How many singers are there?"})
 
     role: str = Field(min_length=1, max_length=32, description="``system``, ``user``, ``assistant``, ``tool``, ...")
     content: str | list[ContentPart] | None = Field(None, description="A string, or a list of content parts.")
 
 
-# ----------------------------------------------------------------------------------------------- workflows
 def _no_default(schema: dict[str, Any]) -> None:
     """Leave ``default: null`` out of a field whose schema does not allow null."""
     schema.pop("default", None)
@@ -105,11 +121,7 @@ class SharedPrefixSegment(BaseModel):
     order send the same leading token ids and the worker's prefix cache serves them (vLLM's automatic
     prefix caching)."""
 
-    model_config = ConfigDict(
-        strict=True,
-        extra="forbid",
-        json_schema_extra={"examples": [{"name": "sql_generation/template", "tokens": 1200, "scope": "global"}]},
-    )
+    model_config = strict("forbid", {"name": "sql_generation/template", "tokens": 1200, "scope": "global"})
 
     name: str = Field(
         min_length=1,
@@ -128,25 +140,20 @@ class WorkflowCall(BaseModel):
     """One LLM call of a workflow: either ``messages`` (chat) or, in benchmark mode only (``benchmark: true``
     in the gateway's config), a synthetic prompt of ``prompt_tokens``."""
 
-    model_config = ConfigDict(
-        strict=True,
-        extra="forbid",
-        json_schema_extra={
-            "oneOf": _ONE_PROMPT,
-            "examples": [
-                {"id": "link", "kind": "schema_linking", "prompt_tokens": 12, "max_tokens": 4},
-                {
-                    "id": "revise",
-                    "kind": "revise",
-                    "prompt_tokens": 40,
-                    "shared_prefix": [
-                        {"name": "revise/template", "tokens": 16, "scope": "global"},
-                        {"name": "schema+question", "tokens": 16, "scope": "workflow"},
-                    ],
-                    "max_tokens": 4,
-                },
+    model_config = strict(
+        "forbid",
+        {"id": "link", "kind": "schema_linking", "prompt_tokens": 12, "max_tokens": 4},
+        {
+            "id": "revise",
+            "kind": "revise",
+            "prompt_tokens": 40,
+            "shared_prefix": [
+                {"name": "revise/template", "tokens": 16, "scope": "global"},
+                {"name": "schema+question", "tokens": 16, "scope": "workflow"},
             ],
+            "max_tokens": 4,
         },
+        oneOf=_ONE_PROMPT,
     )
 
     id: Annotated[str, Field(min_length=1, max_length=64, description="Unique within the workflow.")]
@@ -217,39 +224,29 @@ class WorkflowCall(BaseModel):
 class WorkflowRequest(BaseModel):
     """``POST /v1/workflows``: a DAG of LLM calls run under the tenant's deadline."""
 
-    model_config = ConfigDict(
-        strict=True,
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
+    model_config = strict(
+        "forbid",
+        {
+            "calls": [
                 {
-                    "calls": [
-                        {
-                            "id": "link",
-                            "kind": "schema_linking",
-                            "messages": [{"role": "user", "content": "Which tables hold singers?"}],
-                            "max_tokens": 4,
-                        },
-                        {
-                            "id": "sql",
-                            "kind": "sql_generation",
-                            "depends_on": ["link"],
-                            "messages": [{"role": "user", "content": "Write the SQL."}],
-                            "max_tokens": 4,
-                        },
-                    ]
-                }
+                    "id": "link",
+                    "kind": "schema_linking",
+                    "messages": [{"role": "user", "content": "Which tables hold singers?"}],
+                    "max_tokens": 4,
+                },
+                {
+                    "id": "sql",
+                    "kind": "sql_generation",
+                    "depends_on": ["link"],
+                    "messages": [{"role": "user", "content": "Write the SQL."}],
+                    "max_tokens": 4,
+                },
             ]
         },
     )
 
     calls: list[WorkflowCall] = Field(min_length=1, description="The calls; dependencies form a DAG.")
-    deadline_s: float | None = Field(
-        None,
-        gt=0,
-        allow_inf_nan=False,
-        description="End-to-end deadline, within the tenant's range; default: the tenant's.",
-    )
+    deadline_s: Deadline = None
     template: Literal["chess"] | None = Field(
         None,
         description="Budget stages with this template's expectation instead of the DAG's own critical path "
@@ -287,25 +284,15 @@ class WorkflowResponse(BaseModel):
     error: str | None = None
 
 
-# ----------------------------------------------------------------------------------------------- text2sql
 class Text2SqlRequest(BaseModel):
     """``POST /v1/text2sql``."""
 
-    model_config = ConfigDict(
-        strict=True,
-        extra="forbid",
-        json_schema_extra={"examples": [{"question": "How many customers are there?", "db_id": "demo_retail"}]},
-    )
+    model_config = strict("forbid", {"question": "How many customers are there?", "db_id": "demo_retail"})
 
     question: str = Field(pattern=NOT_BLANK, description="The question in natural language (not blank).")
     db_id: str = Field(min_length=1, max_length=64, description="Which database (see the databases file).")
     evidence: str | None = Field(None, description="A hint (BIRD-style evidence), optional.")
-    deadline_s: float | None = Field(
-        None,
-        gt=0,
-        allow_inf_nan=False,
-        description="End-to-end deadline, within the tenant's range; default: the tenant's.",
-    )
+    deadline_s: Deadline = None
     stream: bool = Field(False, description="Send stage completions as server-sent events, the result last.")
 
 
@@ -374,7 +361,6 @@ class Text2SqlResponse(BaseModel):
     failed_stage: str | None = None
 
 
-# ----------------------------------------------------------------------------------------------- ops
 class Health(BaseModel):
     """``GET /healthz``."""
 
@@ -407,18 +393,14 @@ class Readiness(BaseModel):
     )
 
 
-class WorkerStatus(BaseModel):
+class WorkerStatus(Passed):
     """One worker in ``/v1/status`` (more fields than these: queues, estimates, metrics)."""
-
-    model_config = ConfigDict(extra="allow")
 
     name: str
 
 
-class GatewayStatus(BaseModel):
+class GatewayStatus(Passed):
     """``GET /v1/status``: workers, queues, in-flight calls, current alpha, tuning and discovery state."""
-
-    model_config = ConfigDict(extra="allow")
 
     policy: str
     alpha: float
@@ -433,7 +415,6 @@ class GatewayStatus(BaseModel):
     workers: list[WorkerStatus]
 
 
-# ----------------------------------------------------------------------------------------------- errors
 class ErrorDetail(BaseModel):
     """OpenAI-style error object."""
 
@@ -443,18 +424,15 @@ class ErrorDetail(BaseModel):
     code: int | str | None = None
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(Passed):
     """Every 4xx/5xx body: ``{"error": {...}}`` as OpenAI clients expect. A 422 from validation adds every
     problem under ``detail``; a failed workflow adds its report under ``workflow``."""
-
-    model_config = ConfigDict(extra="allow")
 
     error: ErrorDetail
     detail: list[Any] | None = None
     workflow: WorkflowResponse | None = None
 
 
-# ----------------------------------------------------------------------------------------------- statuses
 def sse_content(data: str) -> dict[str, Any]:
     """The ``text/event-stream`` entry of a 200 that may stream: the schema of one event, ``data`` described."""
     event = {

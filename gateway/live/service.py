@@ -143,8 +143,6 @@ class Gateway:
             api=kube_api,
         )
 
-    # ------------------------------------------------------------------ what the parts share
-
     @property
     def leading(self) -> bool:
         """True when this replica serves: leader election is off, or it holds the Lease."""
@@ -169,8 +167,6 @@ class Gateway:
     def history(self) -> WorkflowHistory:
         """The last finished workflows with their calls' timings (the status page's)."""
         return self.runner.accounting.history
-
-    # ------------------------------------------------------------------ admission
 
     def admit(
         self,
@@ -238,8 +234,6 @@ class Gateway:
                 1,
             ), "concurrency"
         return None
-
-    # ------------------------------------------------------------------ status
 
     def predicted_s(self, plan: Sequence[StagePlan]) -> float:
         """Seconds a workflow of ``plan`` admitted now is predicted to take (as admission predicts it; -1 when

@@ -28,32 +28,22 @@ def worker_state(st: WorkerState) -> str:
     return "up"
 
 
-def _worker(gw: Gateway, st: WorkerState, now: float) -> dict[str, Any]:
-    info, sched, w = st.info, gw.scheduler, st.index
-    m = st.metrics
-    ratios = sched.estimator.ratios(w, now)
+def _worker(st: WorkerState, now: float) -> dict[str, Any]:
+    """A worker as the page shows it: its ``/v1/status`` entry, reduced (``latency_ratio``: the outlier window's
+    typical observed/predicted latency; ``estimate_ratios``: the estimator's fresh corrections, per kind)."""
+    full, info = st.status(now), st.info
+    vllm = full["vllm"] or {}
     return {
         "name": info.name,
         "gpu": info.profile.gpu,
         "model": info.served_model or info.profile.model,
         "state": worker_state(st),
-        "capacity": info.capacity,
-        "queued": sched.queue_len(w),
-        "inflight": sched.inflight(w),
-        "kv_cache_usage": None if m is None else m.kv_cache_usage,
-        "scrape_age_s": None if st.scraped_at is None else round(now - st.scraped_at, 3),
-        # The outlier window's typical observed/predicted latency (1 = as predicted; None: no call yet), and the
-        # estimator's fresh per-kind corrections.
-        "latency_ratio": None if st.recent_typical is None else round(st.recent_typical, 4),
-        "estimate_ratios": {k: round(r, 4) for k, (r, _) in sorted(ratios.items())},
-        "completed": st.sent,
-        "failed": st.failed,
-        # Outlier ejection (as /v1/status has it): why, and for how long the back-off still runs (0: over, a
-        # probe call decides when it comes back).
-        "ejected": st.ejected,
-        "ejected_reason": st.ejected_reason if st.ejected else None,
-        "ejected_for_s": st.ejected_for_s(now),
-        "ejections": st.ejections,
+        **{k: full[k] for k in ("capacity", "queued", "inflight")},
+        "kv_cache_usage": vllm.get("kv_cache_usage"),
+        "scrape_age_s": vllm.get("age_s"),
+        "latency_ratio": full["recent"]["latency_ratio"],
+        "estimate_ratios": {k: r["ratio"] for k, r in sorted(full["estimate_ratios"].items())},
+        **{k: full[k] for k in ("completed", "failed", "ejected", "ejected_reason", "ejected_for_s", "ejections")},
     }
 
 
@@ -87,7 +77,7 @@ def page_state(gw: Gateway) -> dict[str, Any]:
         "parked_calls": len(gw.pool.parked),
         "window_s": window_s,
         "outcomes": list(GOODPUT_OUTCOMES),
-        "workers": [_worker(gw, st, now) for st in gw.pool.workers],
+        "workers": [_worker(st, now) for st in gw.pool.workers],
         "tenants": {
             name: tenant_shares(t)
             for name, t in gw.outcome_window.summary(now, (t.name for t in gw.tenants.tenants)).items()

@@ -12,7 +12,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 
@@ -20,6 +20,7 @@ from gateway.config.base import load_yaml_model
 from gateway.config.tenants import DEFAULT_TENANTS, TenantConfig, TenantsFile, hash_key
 from gateway.core.degrade import QualityMode
 from gateway.errors import ConfigError, Unprocessable
+from gateway.live.monitor import stopped_within
 
 log = logging.getLogger("hexflow.tenants")
 
@@ -46,18 +47,8 @@ class Tenant:
     @classmethod
     def from_config(cls, c: TenantConfig) -> Tenant:
         """The tenant of one file entry."""
-        return cls(
-            c.name,
-            c.default_deadline_s,
-            c.min_deadline_s,
-            c.max_deadline_s,
-            c.priority_weight,
-            c.max_concurrent_workflows,
-            tuple(c.databases),
-            c.predictive_admission,
-            c.on_predicted_miss,
-            c.quality,
-        )
+        kept = {f.name: getattr(c, f.name) for f in fields(cls)}
+        return cls(**{**kept, "databases": tuple(c.databases)})
 
 
 class DeadlineOutOfRange(Unprocessable, ValueError):
@@ -136,12 +127,12 @@ class TenantStore:
     @classmethod
     def load(cls, path: Path | str = DEFAULT_TENANTS) -> TenantStore:
         """Parse a tenants file; ``ConfigError`` (one line naming file and field) on a bad one."""
-        key, sha = _fingerprint(Path(path))
+        seen: tuple[_StatKey | None, str | None] = (None, None)
+        with contextlib.suppress(OSError):  # unreadable: the parse says why
+            seen = _stat_key(Path(path).stat()), hashlib.sha256(Path(path).read_bytes()).hexdigest()
         store = cls(load_yaml_model(path, TenantsFile), path)
-        store._seen_key, store._seen_sha = key, sha
+        store._seen_key, store._seen_sha = seen
         return store
-
-    # ---------------------------------------------------------------------------------------------- lookups
 
     @property
     def path(self) -> Path | None:
@@ -196,8 +187,6 @@ class TenantStore:
         """The effective deadline of a request of ``tenant``; see ``check_deadline``."""
         return check_deadline(tenant, deadline_s)
 
-    # ---------------------------------------------------------------------------------------------- reload
-
     def reload_if_changed(self) -> bool:
         """Re-read the file if it changed (its stat gates the read, its SHA-256 the parse); True when a new, valid
         version was swapped in. A failure is logged once and kept in ``last_error``; the old tenants stay."""
@@ -249,21 +238,8 @@ class TenantStore:
         """Call ``reload_if_changed`` (in a thread) every ``period_s`` seconds until ``stop`` is set."""
         if not (math.isfinite(period_s) and period_s > 0):
             raise ValueError(f"period_s must be a positive number of seconds, got {period_s!r}")
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=period_s)
-            if stop.is_set():
-                return
+        while not await stopped_within(stop, period_s):
             try:
                 await asyncio.to_thread(self.reload_if_changed)
             except Exception:  # keep watching: the next change may be fine
                 log.exception("tenants reload raised")
-
-
-def _fingerprint(path: Path) -> tuple[_StatKey | None, str | None]:
-    """The stat key and content SHA-256 of ``path``, or Nones where it cannot be read."""
-    try:
-        key = _stat_key(path.stat())
-        return key, hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None, None

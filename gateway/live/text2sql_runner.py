@@ -75,7 +75,7 @@ class GatewayStageRunner:
         if self._closed is not None:
             return self._closed
         wf = self._workflow()
-        latency = self.gw.close_workflow(wf, self.tenant, failed=failed, valid=valid, cancelled=cancelled)
+        latency = self.gw.close_workflow(wf, failed=failed, valid=valid, cancelled=cancelled)
         met = not failed and not cancelled and wf.met(wf.arrival + latency, valid=valid)
         self._closed = Closed(latency, met)
         return self._closed

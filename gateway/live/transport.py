@@ -2,11 +2,11 @@
 
 ``Transport`` is the one interface behind which all network I/O to workers sits (tests swap in a fake).
 ``HttpTransport`` sends calls over the gateway's own keep-alive client (``gateway.live.httpclient``, the
-per-call hot path) and probes and scrapes over one aiohttp session. Timeouts per phase and what is retried:
-docs/live-gateway.md ("Failure handling"); here, ``WorkerError`` is retried elsewhere (``refused=True``
-marks the worker down at once), ``PriorityRefused`` is sent again without vLLM's ``priority``, any other
-4xx is a ``CallFailed`` for the caller. A stream's first chunk is checked before it is forwarded; once a
-byte is forwarded the call is no longer retryable (``LiveCall.streamed``)."""
+per-call hot path), probes and scrapes over a second one (a full call pool never delays a probe). Timeouts
+per phase and what is retried: docs/live-gateway.md ("Failure handling"); here, ``WorkerError`` is retried
+elsewhere (``refused=True`` marks the worker down at once), ``PriorityRefused`` is sent again without vLLM's
+``priority``, any other 4xx is a ``CallFailed`` for the caller. A stream's first chunk is checked before it is
+forwarded; once a byte is forwarded the call is no longer retryable (``LiveCall.streamed``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import aiohttp
 
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
@@ -107,7 +105,7 @@ class Transport(Protocol):
 
 class HttpTransport:
     """The production transport: calls over ``httpclient.HttpClient`` (docs/live-gateway.md, "The calls' HTTP
-    client"), probes and scrapes over one aiohttp session, both created lazily in the running loop. The timeouts
+    client"), probes and scrapes over a pool of their own, both created lazily in the running loop. The timeouts
     are ``timeouts`` of gateway.yaml (``call_s``: the longest any call may take here; the pool bounds each call
     more tightly); ``keepalive_expiry_s`` stays below the 5 s after which uvicorn and vLLM close idle connections."""
 
@@ -131,25 +129,12 @@ class HttpTransport:
         self.max_response_bytes = max_response_bytes
         self.keepalive_expiry_s = keepalive_expiry_s
         self.max_connections = max_connections
-        self.probe_timeout = aiohttp.ClientTimeout(total=probe_timeout_s)
-        self.scrape_timeout = aiohttp.ClientTimeout(total=scrape_timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self.probe_timeout_s = probe_timeout_s
+        self.scrape_timeout_s = scrape_timeout_s
         self._client: httpclient.HttpClient | None = None
+        self._monitor: httpclient.HttpClient | None = None  # probes' and scrapes'
         # (worker url, endpoint, served model) -> the prepared request and the model's JSON
         self._targets: dict[tuple[str, str, str], tuple[httpclient.Prepared, bytes]] = {}
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        """The shared aiohttp session of probes and scrapes (created on first use, in the running loop)."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self.max_connections, limit_per_host=0, keepalive_timeout=self.keepalive_expiry_s
-                ),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_s, sock_read=self.call_s),
-                json_serialize=json.dumps,
-            )
-        return self._session
 
     @property
     def client(self) -> httpclient.HttpClient:
@@ -164,12 +149,10 @@ class HttpTransport:
 
     async def aclose(self) -> None:
         """Close the connection pools (idempotent)."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        for client in (self._client, self._monitor):
+            if client is not None:
+                await client.aclose()
+        self._client = self._monitor = None
 
     def _target(self, worker: WorkerInfo, endpoint: str) -> tuple[httpclient.Prepared, bytes]:
         """The prepared request of ``endpoint`` on ``worker`` and its served model as JSON (cached; a URL
@@ -216,32 +199,6 @@ class HttpTransport:
             raise WorkerError(f"transport error: {exc}") from exc
         return _result(r.status, content)
 
-    async def _read_body(self, r: aiohttp.ClientResponse) -> bytes:
-        """The whole body of a scrape, each chunk within ``stream_idle_s``, refused beyond
-        ``max_response_bytes`` before more of it is held."""
-        cap = self.max_response_bytes
-        if r.content_length is not None and r.content_length > cap:
-            raise WorkerError(f"answer of {r.content_length} bytes is over the limit of {cap}")
-        parts: list[bytes] = []
-        size = 0
-        while chunk := await self._next_chunk(r):
-            size += len(chunk)
-            if size > cap:
-                raise WorkerError(f"answer is over the limit of {cap} bytes")
-            parts.append(chunk)
-        return b"".join(parts)
-
-    async def _next_chunk(self, r: aiohttp.ClientResponse) -> bytes:
-        """The body's next chunk (b"" at its end), within ``stream_idle_s``."""
-        idle = asyncio.timeout(self.stream_idle_s)
-        try:
-            async with idle:
-                return await r.content.readany()
-        except TimeoutError as exc:
-            if idle.expired():
-                raise WorkerError(f"timed out: the answer sent nothing for {self.stream_idle_s:g} s") from exc
-            raise
-
     async def _relay_stream(self, r: httpclient.Response, call: LiveCall, idle_s: float) -> CallResult:
         assert call.stream is not None
         if r.content_type != "text/event-stream":
@@ -281,20 +238,33 @@ class HttpTransport:
             raise WorkerError("the stream ended before its last event (data: [DONE]): truncated")
         return CallResult(None, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
 
+    async def _get(self, worker: WorkerInfo, path: str, timeout_s: float) -> tuple[int, bytes]:
+        """The status and body of ``GET path`` on the worker within ``timeout_s`` (the body within
+        ``max_response_bytes``)."""
+        if self._monitor is None:
+            self._monitor = httpclient.HttpClient(connect_s=self.connect_s, keepalive_expiry_s=self.keepalive_expiry_s)
+        prepared = httpclient.HttpClient.prepare(worker.url, path, method="GET")
+        async with asyncio.timeout(timeout_s):
+            r = await self._monitor.request(prepared, b"", headers_s=None)
+            try:
+                return r.status, await r.read_all(None, self.max_response_bytes)
+            finally:
+                r.release()
+
     async def probe(self, worker: WorkerInfo) -> bool:
-        """GET /health."""
+        """GET /health: True on a 200."""
         try:
-            async with self.session.get(worker.url.rstrip("/") + "/health", timeout=self.probe_timeout) as r:
-                await r.read()
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+            status, _ = await self._get(worker, "/health", self.probe_timeout_s)
+        except (httpclient.HttpError, TimeoutError, ValueError):
             return False
+        return status == 200
 
     async def scrape(self, worker: WorkerInfo) -> str:
-        """GET /metrics (raises on failure, and on a text over ``max_response_bytes``)."""
-        async with self.session.get(worker.url.rstrip("/") + "/metrics", timeout=self.scrape_timeout) as r:
-            r.raise_for_status()
-            return (await self._read_body(r)).decode(r.charset or "utf-8", errors="replace")
+        """GET /metrics (raises on failure, an error status, and a text over ``max_response_bytes``)."""
+        status, body = await self._get(worker, "/metrics", self.scrape_timeout_s)
+        if status >= 400:
+            raise WorkerError(f"/metrics answered {status}")
+        return body.decode("utf-8", errors="replace")
 
 
 def _payload(call: LiveCall, model: bytes) -> bytes:

@@ -19,6 +19,7 @@ from gateway.config.workflows import TEMPLATES
 from gateway.core.dag import DagNode, DagWorkflow, chain_nodes
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import OnlineWorkflow, StagedWorkflow
+from gateway.live.monitor import stopped_within
 
 if TYPE_CHECKING:
     from gateway.config.operations import TuningConfig
@@ -185,12 +186,7 @@ class AlphaTuner:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Every ``interval_s`` until ``stop`` is set: tune when a run is due (``Retuner.due``)."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.cfg.interval_s)
-                return
-            except TimeoutError:
-                pass
+        while not await stopped_within(stop, self.cfg.interval_s):
             if self.retuner.due():
                 await self.tune_once()
 

@@ -111,16 +111,11 @@ class WorkerState:
         self.recent_failed = self.recent_returned = 0
         self.recent_typical = None
 
-    def recent_error_rate(self) -> float | None:
-        """The share of failed calls in the recent window (None when it is empty)."""
-        n = len(self.recent)
-        return self.recent_failed / n if n else None
-
     def status(self, now: float) -> dict[str, Any]:
         """This worker's entry of ``/v1/status``."""
         info, sched, w = self.info, self.scheduler, self.index
         ratios = sched.estimator.ratios(w, now)
-        err, ratio, m = self.recent_error_rate(), self.recent_typical, self.metrics
+        n, ratio, m = len(self.recent), self.recent_typical, self.metrics
         return {
             "name": info.name,
             "url": info.url,
@@ -142,8 +137,8 @@ class WorkerState:
             "ejections": self.ejections,
             "priority_scheduling": self.priority_scheduling,
             "recent": {
-                "calls": len(self.recent),
-                "error_rate": None if err is None else round(err, 4),
+                "calls": n,
+                "error_rate": round(self.recent_failed / n, 4) if n else None,
                 "latency_ratio": None if ratio is None else round(ratio, 4),
             },
             "vllm": None

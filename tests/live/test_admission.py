@@ -333,7 +333,7 @@ async def test_online_workflow_shed_fails_its_stage_and_later_calls(tmp_path: Pa
     # A stage the pipeline still tries fails at once, without reaching a queue.
     [again] = await gw.run_stage(wf, CALL.kind, [(CALL, CallRequest("/v1/chat/completions", {}))])
     assert again.error is not None and gw.scheduler.queue_len(0) == 0
-    gw.close_workflow(wf, t, failed=True)
+    gw.close_workflow(wf, failed=True)
     assert outcomes(gw, "rej", "shed") == 1 and gw.active_total == 0
 
 
@@ -477,6 +477,6 @@ async def test_an_admitted_workflow_that_answers_calibrates_later_forecasts(tmp_
         assert adm.predicted_s > adm.critical_s
         wf = gw.open_workflow(t, 1e4, plan, admission=adm, route="text2sql")
         clock.t += adm.critical_s + 0.5 * (adm.predicted_s - adm.critical_s)
-        gw.close_workflow(wf, t, valid=valid, failed=failed)
+        gw.close_workflow(wf, valid=valid, failed=failed)
         assert gw.admitter.calibration.samples == 1  # the first one only
     assert gw.admitter.calibration._ratios[0] == pytest.approx(0.5)

@@ -118,7 +118,7 @@ def test_ratios_are_clamped_when_recorded() -> None:
     OutlierDetector.record(st, None)
     assert list(st.recent) == [100.0, 0.01, None]
     assert (st.recent_failed, st.recent_returned) == (1, 2)
-    assert st.recent_error_rate() == pytest.approx(1 / 3)
+    assert st.status(0.0)["recent"]["error_rate"] == pytest.approx(0.3333)
     st.clear_recent()
     assert (st.recent_failed, st.recent_returned, st.recent_typical) == (0, 0, None)
 

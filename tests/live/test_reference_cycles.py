@@ -22,6 +22,7 @@ from gateway.core.records import CallOutcome
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed, WorkerError
+from gateway.live.accounting import Running
 from gateway.live.runner import CallRequest, _Execution
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
@@ -111,14 +112,14 @@ def _scenarios(gw: Gateway) -> dict[str, Callable[[], Awaitable[Any]]]:
     async def stage(prompts: list[str]) -> None:
         wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(len(prompts)), route="text2sql")
         await gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), _req(p)) for p in prompts])
-        gw.close_workflow(wf, TENANT)
+        gw.close_workflow(wf)
 
     async def stage_cancelled() -> None:
         wf = gw.open_workflow(TENANT, 50.0, None, admission=stage_admission(2), route="text2sql")
         try:
             await _cancel_after_start(gw.run_stage(wf, "k", [(CallSpec("k", 10, 2), _req("hang"))] * 2))
         finally:
-            gw.close_workflow(wf, TENANT, cancelled=True)
+            gw.close_workflow(wf, cancelled=True)
 
     return {
         "met": dag(["ok"] * 4),
@@ -140,10 +141,10 @@ async def test_a_finished_workflow_is_freed_without_the_cyclic_collector(tmp_pat
     executions: list[weakref.ref[_Execution]] = []
     begin = gw.runner.accounting.begin
 
-    def watch(ex: object, tenant: Tenant) -> None:
-        if isinstance(ex, _Execution):
-            executions.append(weakref.ref(ex))
-        begin(ex, tenant)
+    def watch(run: Running) -> None:
+        if isinstance(run, _Execution):
+            executions.append(weakref.ref(run))
+        begin(run)
 
     gw.runner.accounting.begin = watch  # type: ignore[method-assign]
     run = _scenarios(gw)[scenario]

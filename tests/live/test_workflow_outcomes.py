@@ -53,7 +53,7 @@ async def test_close_workflow_counts_met_only_for_a_valid_answer_by_the_deadline
     gw = _gateway(tmp_path, clock)
     wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     clock.t = finish
-    latency = gw.close_workflow(wf, TENANT, **kwargs)
+    latency = gw.close_workflow(wf, **kwargs)
     assert latency == finish
     assert {o: _count(gw, o) for o in ("met", "missed", "failed")} == {
         o: 1.0 if o == outcome else 0.0 for o in ("met", "missed", "failed")
@@ -79,7 +79,7 @@ async def test_close_workflow_counts_exactly_one_goodput_outcome(
     gw = _gateway(tmp_path, clock)
     wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     clock.t = finish
-    gw.close_workflow(wf, TENANT, **kwargs)
+    gw.close_workflow(wf, **kwargs)
     counts = {
         o: gw.metrics.registry.get_sample_value("hexflow_workflow_outcomes_total", {"tenant": "t", "outcome": o}) or 0.0
         for o in GOODPUT_OUTCOMES
@@ -96,7 +96,7 @@ async def test_a_shed_workflow_counts_as_rejected_for_goodput(tmp_path: Path) ->
     gw = _gateway(tmp_path, clock)
     wf = gw.open_workflow(TENANT, 10.0, None, route="text2sql")
     gw.runner.fail_workflow(wf, Rejected("shed", 503, 3))
-    gw.close_workflow(wf, TENANT)
+    gw.close_workflow(wf)
     assert _count(gw, "shed") == 1.0
     value = gw.metrics.registry.get_sample_value(
         "hexflow_workflow_outcomes_total", {"tenant": "t", "outcome": "rejected"}

@@ -199,23 +199,23 @@ async def events(
             run.cancel()
 
 
-_OPENAI_ERRORS = (200, 400, 401, 404, 413, 415, 422, 429, 502, 503, 504)
+def _responses(model: type[BaseModel], what: str, chunk: str) -> dict[int | str, dict[str, Any]]:
+    """A pass-through route's answers: the worker's ``what`` (``model``) or its stream of ``chunk`` events."""
+    ok = {
+        "model": model,
+        "description": f"The worker's {what}; with ``stream: true``, its server-sent events.",
+        "content": sse_content(
+            f'JSON of a {chunk} (the worker\'s), of an ``{{"error": ...}}`` as the last event after a failure, '
+            "or ``[DONE]``."
+        ),
+    }
+    return route_responses(200, 400, 401, 404, 413, 415, 422, 429, 502, 503, 504, ok=ok)
 
 
 @router.post(
     "/v1/chat/completions",
     response_model=None,
-    responses=route_responses(
-        *_OPENAI_ERRORS,
-        ok={
-            "model": ChatCompletion,
-            "description": "The worker's chat completion; with ``stream: true``, its server-sent events.",
-            "content": sse_content(
-                'JSON of a ``chat.completion.chunk`` (the worker\'s), of an ``{"error": ...}`` as the last event '
-                "after a failure, or ``[DONE]``."
-            ),
-        },
-    ),
+    responses=_responses(ChatCompletion, "chat completion", "``chat.completion.chunk``"),
 )
 async def chat(
     req: ChatCompletionRequest, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
@@ -230,17 +230,7 @@ async def chat(
 @router.post(
     "/v1/completions",
     response_model=None,
-    responses=route_responses(
-        *_OPENAI_ERRORS,
-        ok={
-            "model": Completion,
-            "description": "The worker's text completion; with ``stream: true``, its server-sent events.",
-            "content": sse_content(
-                'JSON of a ``text_completion`` chunk (the worker\'s), of an ``{"error": ...}`` as the last event '
-                "after a failure, or ``[DONE]``."
-            ),
-        },
-    ),
+    responses=_responses(Completion, "text completion", "``text_completion`` chunk"),
 )
 async def completions(
     req: CompletionRequest, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
