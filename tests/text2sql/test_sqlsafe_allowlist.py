@@ -11,8 +11,7 @@ import asyncpg
 import pytest
 
 from gateway.config.databases import DatabaseConfig
-from gateway.text2sql.db.base import Database
-from gateway.text2sql.db.results import QueryResult
+from gateway.text2sql.db.base import Database, QueryResult
 from gateway.text2sql.db.schema import SchemaInfo
 from gateway.text2sql.demo.questions import demo_questions
 from gateway.text2sql.sqlsafe import SqlRejected, check_sql, function_allowed

@@ -15,10 +15,8 @@ from typing import Any, ClassVar, Literal
 import asyncpg
 
 from gateway.config.databases import Dialect
-from gateway.text2sql.db.base import Database
-from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
+from gateway.text2sql.db.base import CappedRows, Database, DatabaseUnavailable, QueryFailed, QueryResult, too_large
 from gateway.text2sql.db.pgrole import ROLE_QUERY, role_problems
-from gateway.text2sql.db.results import CappedRows, QueryResult, too_large
 from gateway.text2sql.db.schema import ColumnInfo, ForeignKey, Scalar, SchemaInfo, TableInfo, quote_ident, sample_value
 
 _CONNECT_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
@@ -83,7 +81,7 @@ def _convert(rows: CappedRows, batch: list[Any], max_bytes: int) -> bool:
     rows.add(kept)
     if over and not rows.truncated:
         if not rows.rows:
-            raise QueryFailed("too_large", too_large(max_bytes))
+            raise too_large(max_bytes)
         rows.truncated = True
     return not rows.truncated
 

@@ -1,16 +1,18 @@
 """Introspected schemas (``SchemaInfo``, ``TableInfo``, ``ColumnInfo``, ``ForeignKey``), their prompt text
-(``serialize_schema``) and helpers shared by the SQLite and PostgreSQL introspection."""
+(``serialize_schema``) and the value conversions the SQLite and PostgreSQL engines share."""
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from gateway.config.databases import Dialect
-from gateway.text2sql.db.results import json_value
 
 Descriptions = Mapping[str, Mapping[str, str]]
 """Column descriptions of one database: table -> column -> text (names matched case-insensitively)."""
@@ -71,9 +73,24 @@ class SchemaInfo:
         low = name.lower()
         return next((t for t in self.tables if t.name.lower() == low), None)
 
-    def table_names(self) -> list[str]:
-        """Names of the tables, in order."""
-        return [t.name for t in self.tables]
+
+def json_value(v: object) -> Any:
+    """A value as JSON can carry it: bytes as hex, Decimal as float, date/time as ISO 8601, non-finite floats
+    as ``"inf"``/``"-inf"``/``"nan"``, arrays as lists, anything else ``str(v)``."""
+    if v is None or isinstance(v, bool | int | str):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else str(v)
+    if isinstance(v, bytes | bytearray | memoryview):
+        return bytes(v).hex()
+    if isinstance(v, decimal.Decimal):
+        f = float(v)
+        return f if math.isfinite(f) else str(f)
+    if isinstance(v, dt.date | dt.time):
+        return v.isoformat()
+    if isinstance(v, list | tuple):
+        return [json_value(x) for x in v]
+    return str(v)
 
 
 def sample_value(v: object) -> Scalar:

@@ -17,9 +17,7 @@ from typing import Any, ClassVar, Literal
 from urllib.parse import quote
 
 from gateway.config.databases import Dialect
-from gateway.text2sql.db.base import Database
-from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
-from gateway.text2sql.db.results import CappedRows, QueryResult, too_large
+from gateway.text2sql.db.base import CappedRows, Database, DatabaseUnavailable, QueryFailed, QueryResult, too_large
 from gateway.text2sql.db.schema import ColumnInfo, ForeignKey, Scalar, SchemaInfo, TableInfo, quote_ident, sample_value
 from gateway.text2sql.sqlsafe import is_dangerous_function
 
@@ -176,12 +174,12 @@ class SqliteDatabase(Database):
                     rows.add(batch)
                 return rows.result(start)
             except sqlite3.DataError:  # SQLITE_TOOBIG: a string or blob over SQLITE_LIMIT_LENGTH
-                raise QueryFailed("too_large", too_large(cfg.max_result_bytes)) from None
+                raise too_large(cfg.max_result_bytes) from None
             except (sqlite3.Error, sqlite3.Warning) as exc:
                 if deadline.fired or watchdog.fired:
                     raise QueryFailed("timeout", self._timeout_message()) from None
                 if printf.tripped or getattr(exc, "sqlite_errorcode", None) == _SQLITE_TOOBIG:
-                    raise QueryFailed("too_large", too_large(cfg.max_result_bytes)) from None
+                    raise too_large(cfg.max_result_bytes) from None
                 raise QueryFailed("error", str(exc) or type(exc).__name__) from None
             finally:
                 watchdog.stop()
