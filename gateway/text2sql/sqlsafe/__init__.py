@@ -7,20 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.text2sql.sqlsafe.allowlist import DANGEROUS_FUNCTIONS, function_allowed, is_dangerous_function
+from gateway.text2sql.sqlsafe.allowlist import is_dangerous_function
 from gateway.text2sql.sqlsafe.errors import SqlRejected
 from gateway.text2sql.sqlsafe.postgres import check_postgres
 from gateway.text2sql.sqlsafe.sqlite import check_sqlite
 
-__all__ = [
-    "DANGEROUS_FUNCTIONS",
-    "DEFAULT_POSTGRES_SCHEMAS",
-    "SUPPORTED_DIALECTS",
-    "SqlRejected",
-    "check_sql",
-    "function_allowed",
-    "is_dangerous_function",
-]
+__all__ = ["DEFAULT_POSTGRES_SCHEMAS", "SUPPORTED_DIALECTS", "SqlRejected", "check_sql", "is_dangerous_function"]
 
 SUPPORTED_DIALECTS: dict[str, str] = {"sqlite": "sqlite", "postgres": "postgres", "postgresql": "postgres"}
 """Accepted dialect names -> the dialect checked."""

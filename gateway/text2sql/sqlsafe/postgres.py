@@ -14,8 +14,6 @@ from pglast.parser import ParseError, scan
 from gateway.text2sql.sqlsafe.allowlist import POSTGRES_FUNCTIONS, POSTGRES_OPERATORS, POSTGRES_TYPES
 from gateway.text2sql.sqlsafe.errors import NOT_A_QUERY, SqlRejected, function_refused, one_statement, unparseable
 
-__all__ = ["check_postgres"]
-
 # fmt: off
 _ALLOWED_NODES = frozenset({
     "SelectStmt", "ResTarget", "ColumnRef", "A_Star", "A_Const", "String", "Integer", "Float", "Boolean",

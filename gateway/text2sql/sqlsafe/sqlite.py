@@ -15,8 +15,6 @@ from sqlglot.errors import ParseError, TokenError
 from gateway.text2sql.sqlsafe.allowlist import SQLITE_FUNCTIONS
 from gateway.text2sql.sqlsafe.errors import NOT_A_QUERY, SqlRejected, function_refused, one_statement, unparseable
 
-__all__ = ["check_sqlite"]
-
 
 def _names(*names: str) -> tuple[type[exp.Expr], ...]:
     """The sqlglot expression classes among ``names`` (some exist only in some sqlglot versions)."""
