@@ -1,12 +1,7 @@
-"""Scripted answers for the emulated worker, so the Text-to-SQL pipeline runs end to end without a model.
-
-File format (JSON): question text -> ``{"gold": SQL, "wrong": [SQL, ...], "keywords": [...], "db_id": ...,
-"note": ...}`` (only ``gold`` required). ``workers.scripted.AnswersResponder`` answers each stage from it:
-keywords, the gold's tables for schema linking, ``wrong[k]`` else gold for candidate k, gold for a revise,
-``VERDICT: correct`` iff the candidate equals the gold (``normalise_sql``). Whether a wrong candidate ends
-right must be found by executing it, never assumed. Builders: ``build_demo_answers`` (wrong first
-candidates of kinds ``error``, ``empty``, ``different``, checked on the demo database) and
-``answers_from_spider`` (``MUTATIONS`` of the gold, not executed)."""
+"""Scripted answers for the emulated worker (``workers.scripted``), so the Text-to-SQL pipeline runs end to end
+without a model: question text -> ``AnswerEntry`` (docs/text2sql.md, "Demo data and scripted answers").
+``build_demo_answers`` makes wrong first candidates checked on the demo database, ``answers_from_spider``
+``MUTATIONS`` of the gold (not executed: whether one ends right must be found by executing it)."""
 
 from __future__ import annotations
 
@@ -28,24 +23,10 @@ from gateway.text2sql.demo import DB_ID, demo_questions, load_sqlite
 from gateway.text2sql.demo.writers import write_text_atomic
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
 
-__all__ = [
-    "MUTATIONS",
-    "AnswerEntry",
-    "Answers",
-    "AnswersError",
-    "answers_from_spider",
-    "build_demo_answers",
-    "candidate_sql",
-    "load_answers",
-    "mutate_sql",
-    "normalise_sql",
-    "validate_answers",
-    "write_answers",
-]
-
 
 class AnswerEntry(TypedDict):
-    """One question's script: the gold SQL and, optionally, wrong candidates, keywords, db id and a note."""
+    """One question's script: the gold SQL (answers a revise; the evaluator says correct iff a candidate
+    equals it, ``normalise_sql``) and, optionally, wrong candidates by index, keywords, db id and a note."""
 
     gold: str
     wrong: NotRequired[list[str]]
@@ -370,32 +351,21 @@ def _entry(gold: str, db_id: str, wrong: tuple[str, str] | None) -> AnswerEntry:
 # ------------------------------------------------------------------------------------------ file I/O
 
 
-def _str_list(value: object, source: str, field: str) -> list[str]:
+_OPTIONAL = ("wrong", "keywords", "db_id", "note")
+_KEYS = frozenset({"gold", *_OPTIONAL})
+
+
+def _checked(key: str, value: object, source: str, field: str) -> object:
+    if key in ("db_id", "note"):
+        if not isinstance(value, str):
+            raise AnswersError(source, field, "expected a string")
+        return value
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise AnswersError(source, field, "expected a list of strings")
-    return list(value)
-
-
-def _sql_list(value: object, source: str, field: str) -> list[str]:
-    out = _str_list(value, source, field)
-    if not all(w.strip() for w in out):
+    items = [str(v) for v in value]
+    if key == "wrong" and not all(w.strip() for w in items):
         raise AnswersError(source, field, "empty SQL string")
-    return out
-
-
-def _str(value: object, source: str, field: str) -> str:
-    if not isinstance(value, str):
-        raise AnswersError(source, field, "expected a string")
-    return value
-
-
-_OPTIONAL: dict[str, Callable[[object, str, str], object]] = {
-    "wrong": _sql_list,
-    "keywords": _str_list,
-    "db_id": _str,
-    "note": _str,
-}
-_KEYS = frozenset({"gold", *_OPTIONAL})
+    return items
 
 
 def validate_answers(data: object, source: str = "<answers>") -> Answers:
@@ -415,7 +385,7 @@ def validate_answers(data: object, source: str = "<answers>") -> Answers:
         gold = raw.get("gold")
         if not isinstance(gold, str) or not gold.strip():
             raise AnswersError(source, f"{where}.gold", "expected a non-empty SQL string")
-        checked = {k: check(raw[k], source, f"{where}.{k}") for k, check in _OPTIONAL.items() if k in raw}
+        checked = {k: _checked(k, raw[k], source, f"{where}.{k}") for k in _OPTIONAL if k in raw}
         out[question] = cast(AnswerEntry, {"gold": gold, **checked})
     return out
 

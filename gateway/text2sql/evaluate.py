@@ -1,10 +1,4 @@
-"""Execution accuracy: does a predicted query return the gold query's result?
-
-``results_match`` compares cell by cell after normalising: numbers numerically (integers exactly, else
-within ``REL_TOL``/``ABS_TOL``; NaN equals NaN), dates and times as ISO text, strings and bytes exactly,
-same columns in the same order; rows as multisets unless ``ordered`` (``gold_is_ordered``: a top-level
-``ORDER BY``). ``ExecutionAccuracy`` accumulates outcomes; ``execute_sqlite`` runs a query read-only with
-a time limit."""
+"""Execution accuracy: does a predicted query return the gold query's result (``results_match``)?"""
 
 from __future__ import annotations
 
@@ -21,16 +15,6 @@ from pathlib import Path
 
 import sqlglot
 from sqlglot import exp
-
-__all__ = [
-    "ABS_TOL",
-    "REL_TOL",
-    "ExecutionAccuracy",
-    "execute_sqlite",
-    "gold_is_ordered",
-    "normalise_value",
-    "results_match",
-]
 
 REL_TOL = 1e-6
 """Relative tolerance for comparing non-integer numbers."""
@@ -118,7 +102,9 @@ def _groups_match(gold: list[tuple[int | float, ...]], pred: list[tuple[int | fl
 
 
 def results_match(gold_rows: Sequence[Row], pred_rows: Sequence[Row], *, ordered: bool) -> bool:
-    """Whether ``pred_rows`` is the same result as ``gold_rows`` (see the module doc for the rules)."""
+    """Whether ``pred_rows`` is the same result as ``gold_rows``, cell by cell after ``normalise_value``: numbers
+    numerically (integers exactly, else within ``REL_TOL``/``ABS_TOL``; NaN equals NaN), the rest exactly, same
+    columns in the same order; rows as multisets unless ``ordered`` (``gold_is_ordered``)."""
     if len(gold_rows) != len(pred_rows):
         return False
     gold = [_split(r) for r in gold_rows]
@@ -222,10 +208,8 @@ class ExecutionAccuracy:
 def execute_sqlite(
     path: Path, sql: str, *, timeout_s: float = 30.0, max_rows: int | None = None
 ) -> list[tuple[object, ...]]:
-    """Run ``sql`` read-only on the SQLite file ``path``; ``sqlite3.Error`` on failure or past ``timeout_s``.
-
-    Text that is not valid UTF-8 is decoded with replacement characters (some Spider databases hold it).
-    """
+    """Run ``sql`` read-only on the SQLite file ``path``; ``sqlite3.Error`` on failure or past ``timeout_s``
+    (invalid UTF-8, which some Spider databases hold, is replaced)."""
     conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
     conn.text_factory = lambda b: b.decode("utf-8", errors="replace")
     deadline = time.monotonic() + timeout_s

@@ -1,11 +1,5 @@
-"""Structured answers out of free-form model output: SQL, evaluator verdicts, keyword lists.
-
-``extract_sql``: the last ``sql``-tagged (or parseable untagged) fenced block, else the last statement
-starting ``SELECT``/``WITH name AS (`` found in the text (parseable ones first), trimmed; None when none.
-``extract_verdict``: True/False from a labelled verdict, else a verdict-only line, else any verdict word
-(the last in the best tier; ``not correct`` is incorrect); None when none. ``extract_list``: the first JSON
-list (or an object's list values), else comma/newline items without bullets, labels and quotes; deduplicated,
-at most ``MAX_ITEMS`` of ``MAX_ITEM_CHARS``. All three are pure and never raise on any ``str``."""
+"""Structured answers out of free-form model output: SQL, evaluator verdicts, keyword lists. All three
+extractors are pure and never raise on any ``str``."""
 
 from __future__ import annotations
 
@@ -14,8 +8,6 @@ import re
 
 import sqlglot
 from sqlglot import exp
-
-__all__ = ["MAX_ITEMS", "MAX_ITEM_CHARS", "extract_list", "extract_sql", "extract_verdict"]
 
 MAX_ITEMS = 100
 """At most this many items come out of ``extract_list``."""
@@ -172,7 +164,8 @@ def _best(found: list[tuple[int, int, str]]) -> str | None:
 
 
 def extract_sql(text: str) -> str | None:
-    """The SQL query in a model's answer, or ``None`` when it holds nothing SQL-like."""
+    """The SQL query in a model's answer: the last ``sql``-tagged (or parseable untagged) fenced block, else the
+    last statement starting ``SELECT``/``WITH name AS (`` (parseable ones first), trimmed; None when none."""
     try:
         return _extract_sql(text[:_MAX_SCAN_CHARS])
     except Exception:  # pragma: no cover - defensive: extraction must never fail a pipeline
@@ -236,7 +229,8 @@ def _verdict_of(match: re.Match[str]) -> bool:
 
 
 def extract_verdict(text: str) -> bool | None:
-    """An evaluator's verdict: ``True`` (correct), ``False`` (incorrect) or ``None`` (none found)."""
+    """An evaluator's verdict, True (correct) or False, from a labelled verdict, else a verdict-only line, else
+    any verdict word (the last in the best tier; ``not correct`` is incorrect); None when none."""
     try:
         text = text[-_MAX_SCAN_CHARS:]
         for pattern in (_LABELLED, _ALONE, _ANY):
@@ -312,7 +306,8 @@ def _split_items(text: str) -> list[str]:
 
 
 def extract_list(text: str) -> list[str]:
-    """The items of a list answer (JSON list preferred), deduplicated in order and capped."""
+    """The items of a list answer: the first JSON list (or an object's list values), else comma/newline items
+    without bullets, labels and quotes; deduplicated in order, at most ``MAX_ITEMS`` of ``MAX_ITEM_CHARS``."""
     try:
         text = text[:_MAX_SCAN_CHARS]
         items = _json_items(text)

@@ -17,6 +17,7 @@ from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult
 from gateway.text2sql.extract import extract_list, extract_sql, extract_verdict
 from gateway.text2sql.port import Closed, StageCall, StageCallError, StageRunner
+from gateway.text2sql.prompt_templates import Prompts
 from gateway.text2sql.result import Candidate, Degradation, StageReport, Text2SqlResult, select
 from gateway.text2sql.sqlsafe import SqlRejected
 
@@ -33,36 +34,23 @@ STRATEGIES: tuple[tuple[str, str], ...] = (
     ("direct", "Write the most direct query that answers the question."),
     ("step_by_step", "Identify the needed columns, the join path and the filters step by step, then write it."),
 )
-TEMPLATES = {
-    KEYWORDS: "extract_keywords",
-    IR: "schema_linking",
-    CANDIDATE: "candidate",
-    REVISE: "revise",
-    UNIT_TEST: "unit_tests",
-    EVALUATE: "evaluate",
-}
+TEMPLATES = dict(zip((KEYWORDS, IR, CANDIDATE, REVISE, UNIT_TEST, EVALUATE), Prompts.NAMES[1:], strict=True))
 """Each stage's prompt template (``Prompts`` name)."""
 EventFn = Callable[[dict[str, Any]], Awaitable[None]]
 """Called with each event of a streamed answer (a stage's calls as they finish)."""
-
-
-DEGRADED_STEPS: tuple[str, ...] = ("candidates", "revisions", "evaluation")
-"""The knobs a degraded question can have turned down (a bounded metric label)."""
+_KNOBS = {"candidates": "candidates", "revisions": "max_revisions", "evaluation": "evaluate"}
+DEGRADED_STEPS: tuple[str, ...] = tuple(_KNOBS)
+"""The knobs a degraded question can have turned down (a bounded metric label; each names a ``Knobs`` field)."""
 
 
 def degraded_by_step(full: Knobs, used: Knobs) -> list[tuple[str, str]]:
-    """``(step, words)`` for each knob ``used`` turned down from ``full`` (``DEGRADED_STEPS`` order; the words
-    are ``gateway.core.degrade.degraded_steps``')."""
+    """``(step, words)`` for each knob ``used`` turned down from ``full``, in ``DEGRADED_STEPS`` order."""
     out: list[tuple[str, str]] = []
     for step, knob in _KNOBS.items():
         words = degraded_steps(full, replace(full, **{knob: getattr(used, knob)}))
         if words:
             out.append((step, words[0]))
     return out
-
-
-_KNOBS = {"candidates": "candidates", "revisions": "max_revisions", "evaluation": "evaluate"}
-"""Each of ``DEGRADED_STEPS``: the ``Knobs`` field it names."""
 
 
 class StageFailed(Exception):
@@ -139,9 +127,8 @@ class QuestionRun:
         self.why: dict[str, tuple[str, Decision, float]] = {}  # step -> (boundary, decision, predicted full)
 
     def decide(self, at: str) -> None:
-        """Re-decide the knobs still open at a stage boundary (``at``: "arrival" or the stage just finished).
-
-        ``full`` mode keeps the configured knobs and asks for no prediction."""
+        """Re-decide the knobs still open at a stage boundary (``at``: "arrival" or the stage just finished);
+        ``full`` mode keeps the configured knobs."""
         if self.degrader.mode == "full":
             return
         options = self.degrader.options(
@@ -167,8 +154,8 @@ class QuestionRun:
                 self.why[step] = (at, decision, fullest)  # turned (further) down here: this decision is why
 
     def used(self) -> Knobs:
-        """The knobs as they ended: what was spent where it was, the decided ones elsewhere. A revision cap
-        counts only when it stopped a revision a candidate still needed (one that needed none lost nothing)."""
+        """The knobs as they ended: what was spent where it was, the decided ones elsewhere (a revision cap counts
+        only when it stopped a revision a candidate still needed)."""
         k = self.knobs
         cands = self.candidates_fixed if self.candidates_fixed is not None else k.candidates
         ev = self.evaluate_fixed if self.evaluate_fixed is not None else k.evaluate
@@ -182,17 +169,8 @@ class QuestionRun:
             if why is None:  # not turned down by a decision (cannot happen; never fail the answer for it)
                 continue
             at, d, fullest = why
-            out.append(
-                Degradation(
-                    step=step,
-                    detail=words,
-                    at=at,
-                    reason="quality mode fast" if self.degrader.mode == "fast" else "predicted to miss the deadline",
-                    predicted_full_s=fullest,
-                    predicted_s=d.predicted_s,
-                    time_left_s=d.time_left_s,
-                )
-            )
+            reason = "quality mode fast" if self.degrader.mode == "fast" else "predicted to miss the deadline"
+            out.append(Degradation(step, words, at, reason, fullest, d.predicted_s, d.time_left_s))
         return out
 
     def prompt(self, kind: str, **values: object) -> str:
@@ -206,21 +184,19 @@ class QuestionRun:
         """Run one stage of ``len(prompts)`` parallel calls; returns their output texts."""
         self.cursor.enter(kind)
         max_tokens = self.cfg.max_tokens[kind]
-        # Sized as the question's plan predicts it (the database's earlier questions, else the prior); a plan made
-        # before the model was observed guessed its outputs: sized by what it has been seen to write since.
+        # Sized as the question's plan predicts it; a plan made before the model was observed guessed its outputs:
+        # sized by what it has been seen to write since.
         expected = self.expected.get(kind, max_tokens)
         if not self.plan.observed:
             expected = self.p.outputs.expected(kind, max_tokens) or expected
         out_tokens = min(max_tokens, expected)
         scale = self.input_scale
-        calls = []
-        estimates = []
-        for text in prompts:
-            messages = ({"role": "system", "content": self.system}, {"role": "user", "content": text})
-            est = message_tokens(messages)
-            estimates.append(est)
-            n_in = max(1, round(est * scale))
-            calls.append(StageCall(messages, n_in, out_tokens, max_tokens, temperature=0.0))
+        messages = [({"role": "system", "content": self.system}, {"role": "user", "content": t}) for t in prompts]
+        estimates = [message_tokens(m) for m in messages]
+        calls = [
+            StageCall(m, max(1, round(est * scale)), out_tokens, max_tokens, temperature=0.0)
+            for m, est in zip(messages, estimates, strict=True)
+        ]
         results = await self.runner.run_stage(kind, calls)
         sizes = []
         for c, r, est in zip(calls, results, estimates, strict=True):
@@ -279,7 +255,7 @@ class QuestionRun:
         cand.result, cand.problem = res, None
 
     async def outcome(self) -> tuple[str, Candidate | None] | Failure:
-        """``go``, with a stage that failed on its worker or a database that failed as the ``Failure``."""
+        """``go``, a stage or a database that failed as the ``Failure``."""
         try:
             return await self.go()
         except StageFailed as exc:
@@ -379,7 +355,7 @@ def question_result(
     what ``run`` spent (None: it failed before its first stage) and the runner's verdict (``closed``)."""
     failure = outcome if isinstance(outcome, Failure) else None
     status, chosen = ("failed", None) if isinstance(outcome, Failure) else outcome
-    res = chosen.result if chosen is not None else None
+    res = chosen.result if chosen is not None and chosen.result is not None else QueryResult([], [], 0, False, 0.0)
     candidates = run.candidates if run is not None else []
     if failure is not None:
         error: str | None = failure.message
@@ -389,10 +365,10 @@ def question_result(
         id=request_id,
         status=status,
         sql=chosen.sql if chosen is not None else None,
-        columns=res.columns if res is not None else [],
-        rows=res.rows if res is not None else [],
-        row_count=res.row_count if res is not None else 0,
-        truncated=res.truncated if res is not None else False,
+        columns=res.columns,
+        rows=res.rows,
+        row_count=res.row_count,
+        truncated=res.truncated,
         candidates=[c.as_dict() for c in candidates],
         revisions=sum(c.revisions for c in candidates),
         stages=stages,

@@ -31,12 +31,8 @@ class InvalidQuestion(BadRequest):
 
 
 class Text2SqlService:
-    """The databases, the pipeline and the question limits of ``/v1/text2sql``.
-
-    Args:
-        settings: the gateway config's ``text2sql`` section.
-        registry: the databases (None: no ``databases_file``, every request is a 404).
-        pipeline: the pipeline, its prompt templates loaded."""
+    """The databases (``registry``; None: no ``databases_file``, every request is a 404), the pipeline and the
+    question limits (the gateway config's ``text2sql`` section) of ``/v1/text2sql``."""
 
     def __init__(self, settings: Text2SqlConfig, registry: DatabaseRegistry | None, pipeline: Text2SqlPipeline) -> None:
         self.settings = settings
