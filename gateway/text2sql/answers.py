@@ -43,8 +43,6 @@ class AnswersError(ConfigError, ValueError):
     """An answers file or mapping is invalid; the message names the file and the entry."""
 
 
-# ---------------------------------------------------------------------------------- normalisation
-
 _LITERAL_TYPES = frozenset({
     TokenType.STRING, TokenType.NATIONAL_STRING, TokenType.IDENTIFIER, TokenType.NUMBER, TokenType.BIT_STRING,
     TokenType.HEX_STRING, TokenType.BYTE_STRING,
@@ -83,8 +81,6 @@ def normalise_sql(sql: str) -> str:
         parts.append(text)
     return " ".join(parts)
 
-
-# -------------------------------------------------------------------------------------- mutations
 
 MUTATIONS: tuple[str, ...] = ("drop_where", "misspell_column", "change_operator", "limit_1_to_2")
 """The Spider mutations, in rotation order (``swap_aggregate``, ``flip_order``, ``misspell_table`` exist too)."""
@@ -227,9 +223,6 @@ def candidate_sql(entry: AnswerEntry, k: int) -> str:
     return wrong[k] if 0 <= k < len(wrong) and wrong[k] else entry["gold"]
 
 
-# ------------------------------------------------------------------------------------------- builders
-
-
 def _chosen(n: int, wrong_fraction: float, seed: int) -> list[int]:
     """Indices (sorted) of the ``round(wrong_fraction * n)`` questions that get a wrong candidate."""
     if not 0.0 <= wrong_fraction <= 1.0:
@@ -346,9 +339,6 @@ def _entry(gold: str, db_id: str, wrong: tuple[str, str] | None) -> AnswerEntry:
     if wrong is not None:
         entry["wrong"], entry["note"] = [wrong[0]], wrong[1]
     return entry
-
-
-# ------------------------------------------------------------------------------------------ file I/O
 
 
 _OPTIONAL = ("wrong", "keywords", "db_id", "note")

@@ -121,8 +121,6 @@ def results_match(gold_rows: Sequence[Row], pred_rows: Sequence[Row], *, ordered
     return all(_groups_match(nums, pred_groups[shape]) for shape, nums in gold_groups.items())
 
 
-# ------------------------------------------------------------------------------------------ ordering
-
 _STRING_LITERAL = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
 _PARENS = re.compile(r"\([^()]*\)")
 _ORDER_BY = re.compile(r"\border\s+by\b", re.IGNORECASE)
@@ -149,9 +147,6 @@ def gold_is_ordered(sql: str) -> bool:
     if isinstance(tree, exp.Query):
         return tree.args.get("order") is not None
     return _ordered_regex(sql)
-
-
-# ---------------------------------------------------------------------------------------- accounting
 
 
 @dataclass
@@ -200,9 +195,6 @@ class ExecutionAccuracy:
             "accuracy": self.accuracy,
             "by_difficulty": {k: self.by_difficulty[k].as_dict() for k in sorted(self.by_difficulty)},
         }
-
-
-# ----------------------------------------------------------------------------------------- execution
 
 
 def execute_sqlite(

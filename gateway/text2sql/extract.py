@@ -209,8 +209,6 @@ def _extract_sql(text: str) -> str | None:
     return _best(_candidates("\n\n".join(rest)))
 
 
-# ------------------------------------------------------------------------------------------ verdicts
-
 _POSITIVE = frozenset({"correct", "yes", "pass", "passed", "passes", "true", "valid", "right", "accept", "accepted"})
 _NEGATIVE = frozenset({"incorrect", "no", "fail", "failed", "fails", "false", "invalid", "wrong", "reject", "rejected"})
 _WORDS = "|".join(sorted(_POSITIVE | _NEGATIVE, key=len, reverse=True))
@@ -241,8 +239,6 @@ def extract_verdict(text: str) -> bool | None:
         return None
     return None
 
-
-# --------------------------------------------------------------------------------------------- lists
 
 _BULLET = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)]|\(\d{1,3}\))\s+")
 _LABEL = re.compile(r"^\s*[A-Za-z][A-Za-z _-]{0,40}:\s*")

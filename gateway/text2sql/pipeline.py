@@ -21,8 +21,8 @@ from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNI
 from gateway.text2sql.db import Database, DatabaseUnavailable, SchemaInfo, serialize_schema
 from gateway.text2sql.port import StageRunner
 from gateway.text2sql.prompt_templates import Prompts
-from gateway.text2sql.result import Candidate, StageReport, Text2SqlResult
-from gateway.text2sql.run import STRATEGIES, TEMPLATES, EventFn, Failure, QuestionRun, question_result
+from gateway.text2sql.result import Candidate, Text2SqlResult
+from gateway.text2sql.run import STRATEGIES, TEMPLATES, EventFn, Failure, QuestionRun
 
 _CHESS_OUTPUT = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
 DB_WINDOW = 100
@@ -237,28 +237,20 @@ class Text2SqlPipeline:
         """Answer one question with ``runner`` (fresh, unopened; opened first, the schema read inside the
         deadline, closed exactly once, also on cancellation); model, SQL and database problems are statuses,
         never raised. ``plan``: the prediction admission made (default: ``plan_for`` now)."""
-        degrader = self.degrader(quality_mode)
         if plan is None:
             plan = self.plan_for(db.db_id, quality_mode)
         started = time.perf_counter()
-        stages: list[StageReport] = []
+        values = {"question": question, "evidence": evidence or "none", "dialect": db.dialect}
+        run = QuestionRun(self, runner, db, values, on_event, self.degrader(quality_mode), plan)
         runner.open(deadline_s, plan)
-        run: QuestionRun | None = None
         outcome: tuple[str, Candidate | None] | Failure = Failure("open", "cancelled", 500)
         cancelled = False
         try:
             try:
-                schema_text = await self.schema_text(db)
+                values["schema"] = await self.schema_text(db)
             except DatabaseUnavailable as exc:
                 outcome = Failure("schema", str(exc), exc.status)
             else:
-                values = {
-                    "question": question,
-                    "evidence": evidence or "none",
-                    "schema": schema_text,
-                    "dialect": db.dialect,
-                }
-                run = QuestionRun(self, runner, db, values, stages, on_event, degrader, plan)
                 run.local_s = time.perf_counter() - started
                 outcome = await run.outcome()
         except asyncio.CancelledError:  # the caller gave up (the client went away): no further stage
@@ -267,7 +259,7 @@ class Text2SqlPipeline:
         finally:
             ok = isinstance(outcome, tuple) and outcome[0] == "ok"
             closed = runner.close(valid=ok, failed=isinstance(outcome, Failure), cancelled=cancelled)
-        if run is not None and ok:
+        if ok:
             # Only a valid answer is a sample: one the model could not answer ran every round it was allowed.
             self.record(db.db_id, QuestionSample.of(run.shape, evaluated=run.evaluated, prompt_sizes=run.prompt_sizes))
-        return question_result(request_id, outcome, run, stages, deadline_s, closed, quality_mode)
+        return run.result(request_id, outcome, deadline_s, closed)

@@ -93,18 +93,18 @@ class QuestionRun:
         runner: StageRunner,
         db: Database,
         values: dict[str, str],
-        stages: list[StageReport],
         on_event: EventFn | None,
         degrader: Degrader,
         plan: QuestionPlan,
     ) -> None:
-        """``values``: what every prompt of the question fills in (question, evidence, schema, dialect)."""
+        """``values``: what every prompt of the question fills in (question, evidence, dialect; the schema once
+        read)."""
         self.p = pipe
         self.cfg = pipe.cfg
         self.runner = runner
         self.db = db
         self.values = values
-        self.stages = stages
+        self.stages: list[StageReport] = []
         self.on_event = on_event
         self.candidates: list[Candidate] = []
         self.last_problem: str | None = None
@@ -341,44 +341,36 @@ class QuestionRun:
         for c, v in zip(valid, verdicts, strict=True):
             c.verdict = extract_verdict(v)
 
-
-def question_result(
-    request_id: str,
-    outcome: tuple[str, Candidate | None] | Failure,
-    run: QuestionRun | None,
-    stages: list[StageReport],
-    deadline_s: float,
-    closed: Closed,
-    quality_mode: str,
-) -> Text2SqlResult:
-    """The answer to one question: its run's ``outcome`` (a status and the chosen candidate, or the failure),
-    what ``run`` spent (None: it failed before its first stage) and the runner's verdict (``closed``)."""
-    failure = outcome if isinstance(outcome, Failure) else None
-    status, chosen = ("failed", None) if isinstance(outcome, Failure) else outcome
-    res = chosen.result if chosen is not None and chosen.result is not None else QueryResult([], [], 0, False, 0.0)
-    candidates = run.candidates if run is not None else []
-    if failure is not None:
-        error: str | None = failure.message
-    else:
-        error = None if status == "ok" or run is None else run.last_problem
-    return Text2SqlResult(
-        id=request_id,
-        status=status,
-        sql=chosen.sql if chosen is not None else None,
-        columns=res.columns,
-        rows=res.rows,
-        row_count=res.row_count,
-        truncated=res.truncated,
-        candidates=[c.as_dict() for c in candidates],
-        revisions=sum(c.revisions for c in candidates),
-        stages=stages,
-        deadline_s=deadline_s,
-        latency_s=closed.latency_s,
-        deadline_met=closed.deadline_met,
-        error=error,
-        failed_stage=failure.stage if failure is not None else None,
-        http_status=200 if failure is None else failure.status if failure.status >= 500 else 502,
-        local_s=run.local_s if run is not None and failure is None else 0.0,
-        degraded=run.degradations() if run is not None else [],
-        quality_mode=quality_mode,
-    )
+    def result(
+        self, request_id: str, outcome: tuple[str, Candidate | None] | Failure, deadline_s: float, closed: Closed
+    ) -> Text2SqlResult:
+        """The answer to the question: the run's ``outcome`` (a status and the chosen candidate, or the failure),
+        what it spent and the runner's verdict (``closed``)."""
+        failure = outcome if isinstance(outcome, Failure) else None
+        status, chosen = ("failed", None) if isinstance(outcome, Failure) else outcome
+        res = chosen.result if chosen is not None and chosen.result is not None else QueryResult([], [], 0, False, 0)
+        if failure is not None:
+            error: str | None = failure.message
+        else:
+            error = None if status == "ok" else self.last_problem
+        return Text2SqlResult(
+            id=request_id,
+            status=status,
+            sql=chosen.sql if chosen is not None else None,
+            columns=res.columns,
+            rows=res.rows,
+            row_count=res.row_count,
+            truncated=res.truncated,
+            candidates=[c.as_dict() for c in self.candidates],
+            revisions=sum(c.revisions for c in self.candidates),
+            stages=self.stages,
+            deadline_s=deadline_s,
+            latency_s=closed.latency_s,
+            deadline_met=closed.deadline_met,
+            error=error,
+            failed_stage=failure.stage if failure is not None else None,
+            http_status=200 if failure is None else failure.status if failure.status >= 500 else 502,
+            local_s=self.local_s if failure is None else 0.0,
+            degraded=self.degradations(),
+            quality_mode=self.degrader.mode,
+        )

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.config.databases import DatabaseConfig, DatabasesFile, Dialect, load_databases
+from gateway.config.databases import DatabaseConfig, DatabasesFile, load_databases
 from gateway.text2sql.db.base import Database, DatabaseUnavailable, QueryFailed, QueryResult, UnknownDatabase
 from gateway.text2sql.db.postgres import PostgresDatabase
 from gateway.text2sql.db.schema import (
@@ -21,7 +21,6 @@ from gateway.text2sql.db.schema import (
     serialize_schema,
 )
 from gateway.text2sql.db.sqlite import SqliteDatabase
-from gateway.text2sql.sqlsafe import SqlRejected
 
 __all__ = [
     "ColumnInfo",
@@ -30,14 +29,11 @@ __all__ = [
     "DatabaseRegistry",
     "DatabaseUnavailable",
     "DatabasesFile",
-    "Descriptions",
-    "Dialect",
     "ForeignKey",
     "PostgresDatabase",
     "QueryFailed",
     "QueryResult",
     "SchemaInfo",
-    "SqlRejected",
     "SqliteDatabase",
     "TableInfo",
     "UnknownDatabase",

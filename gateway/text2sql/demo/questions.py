@@ -1,5 +1,6 @@
-"""The demo dataset's gold questions (package data ``gateway/text2sql/data/demo_questions.json``, read once):
-``question``, ``difficulty``, ``query`` (portable gold SQL), optional ``evidence`` and ``query_pg``."""
+"""The demo dataset's gold questions (package data ``data/demo_questions.json``, read once). Gold queries run
+unchanged on both engines (``query_pg`` for the few that cannot), never select a raw DATE column and break
+``ORDER BY ... LIMIT`` ties on a key."""
 
 from __future__ import annotations
 
@@ -51,11 +52,7 @@ def parse_questions(data: Any, source: str = QUESTIONS_RESOURCE) -> tuple[DemoQu
                 raise ValueError(f"{source}: [{i}].{key}: expected a non-empty string")
         if item["difficulty"] not in get_args(Difficulty):
             raise ValueError(f"{source}: [{i}].difficulty: expected one of {', '.join(get_args(Difficulty))}")
-        out.append(
-            DemoQuestion(
-                item["question"], item["query"], item["difficulty"], item.get("evidence"), item.get("query_pg")
-            )
-        )
+        out.append(DemoQuestion(**item))
     return tuple(out)
 
 

@@ -8,8 +8,6 @@ import random
 
 from gateway.text2sql.demo.schema import TABLES, Value
 
-# ---------------------------------------------------------------------------------------------- data
-
 _FIRST_NAMES = (
     "Ana", "Ben", "Carla", "David", "Elena", "Felix", "Greta", "Hugo", "Ines", "Jonas", "Karin", "Luis",
     "Marta", "Nils", "Olga", "Pedro", "Rita", "Sven", "Tomas", "Ute", "Vera", "Walter", "Yara", "Zoe",

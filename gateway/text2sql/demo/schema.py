@@ -114,30 +114,18 @@ def create_table_sql(table: TableSpec, dialect: Dialect) -> str:
 
 def spider_tables_entry() -> dict[str, object]:
     """The demo database's schema as one Spider ``tables.json`` entry."""
-    column_names_original: list[list[object]] = [[-1, "*"]]
-    column_types = ["text"]
-    index: dict[tuple[str, str], int] = {}
-    primary_keys: list[int] = []
-    for t_idx, table in enumerate(TABLES):
-        for col in table.columns:
-            index[(table.name, col.name)] = len(column_names_original)
-            if col.name == table.primary_key:
-                primary_keys.append(len(column_names_original))
-            column_names_original.append([t_idx, col.name])
-            column_types.append(_SPIDER_TYPES[col.type])
-    foreign_keys = [
-        [index[(table.name, col.name)], index[col.references]]
-        for table in TABLES
-        for col in table.columns
-        if col.references is not None
-    ]
+    columns = [(-1, "*", "text")]
+    columns += [(t, c.name, _SPIDER_TYPES[c.type]) for t, table in enumerate(TABLES) for c in table.columns]
+    index = {(TABLES[t].name, name): i for i, (t, name, _) in enumerate(columns) if t >= 0}
     return {
         "db_id": DB_ID,
         "table_names_original": [t.name for t in TABLES],
         "table_names": [t.name.replace("_", " ") for t in TABLES],
-        "column_names_original": column_names_original,
-        "column_names": [[t, str(n).replace("_", " ")] for t, n in column_names_original],
-        "column_types": column_types,
-        "primary_keys": primary_keys,
-        "foreign_keys": foreign_keys,
+        "column_names_original": [[t, name] for t, name, _ in columns],
+        "column_names": [[t, name.replace("_", " ")] for t, name, _ in columns],
+        "column_types": [kind for _, _, kind in columns],
+        "primary_keys": [index[(t.name, t.primary_key)] for t in TABLES],
+        "foreign_keys": [
+            [index[(t.name, c.name)], index[c.references]] for t in TABLES for c in t.columns if c.references
+        ],
     }

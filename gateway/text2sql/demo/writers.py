@@ -74,8 +74,6 @@ def write_demo_databases(
 def _pg_literal(value: Value) -> str:
     if value is None:
         return "NULL"
-    if isinstance(value, bool):  # pragma: no cover - no booleans in the data
-        return "TRUE" if value else "FALSE"
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
