@@ -51,10 +51,7 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z_ \t\r\n]*")
 
 
 def _strip_semicolons(sql: str) -> str:
-    s = sql.strip()
-    while s.endswith(";"):
-        s = s[:-1].rstrip()
-    return s
+    return re.sub(r"[\s;]+$", "", sql.strip())
 
 
 def _tokens(sql: str) -> list[Token] | None:
@@ -165,12 +162,10 @@ def _swap_aggregate(sql: str, tokens: list[Token]) -> str | None:
 
 
 def _flip_order(sql: str, tokens: list[Token]) -> str | None:
-    for tok in tokens:
-        if tok.token_type == TokenType.DESC:
-            return _replace(sql, tok, "ASC")
-    for tok in tokens:
-        if tok.token_type == TokenType.ASC:
-            return _replace(sql, tok, "DESC")
+    for kind, new in ((TokenType.DESC, "ASC"), (TokenType.ASC, "DESC")):
+        for tok in tokens:
+            if tok.token_type == kind:
+                return _replace(sql, tok, new)
     return None
 
 
@@ -299,10 +294,8 @@ def build_demo_answers(seed: int = 0, wrong_fraction: float = 0.25) -> Answers:
 
 
 def answers_from_spider(dataset_dir: Path, *, wrong_fraction: float, seed: int, limit: int | None = None) -> Answers:
-    """Scripted answers for the first ``limit`` questions of a Spider-layout ``dev.json`` (see the module doc).
-
-    A question text that repeats (whitespace-normalised) keeps its first entry.
-    """
+    """Scripted answers for the first ``limit`` questions of a Spider-layout ``dev.json``; a question text that
+    repeats (whitespace-normalised) keeps its first entry."""
     path = Path(dataset_dir) / "dev.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -384,11 +377,9 @@ def load_answers(path: Path) -> Answers:
     """Read and validate an answers file; ``AnswersError`` (a ``ValueError``) names the file and entry."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise AnswersError(str(path), "", f"cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise AnswersError(str(path), "", f"not valid JSON: {exc}") from exc
     return validate_answers(data, str(path))

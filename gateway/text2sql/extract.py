@@ -3,6 +3,7 @@ extractors are pure and never raise on any ``str``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -158,9 +159,7 @@ def _candidates(text: str) -> list[tuple[int, int, str]]:
 
 
 def _best(found: list[tuple[int, int, str]]) -> str | None:
-    if not found:
-        return None
-    return max(found, key=lambda c: (c[0], c[1]))[2]
+    return max(found)[2] if found else None  # the strongest, then the last (positions differ)
 
 
 def extract_sql(text: str) -> str | None:
@@ -193,8 +192,7 @@ def _extract_sql(text: str) -> str | None:
                 continue
             sql = _best(_candidates(body))
             if sql is None:
-                stripped = _strip_sql(body)
-                sql = stripped if stripped and _parses(stripped) else None
+                sql = whole if whole and _parses(whole) else None
             if sql is not None:
                 blocks.append(sql)
         elif lang in _PLAIN_LANGS:
@@ -221,11 +219,6 @@ _ALONE = re.compile(rf"^[\s*_`\"'>#-]*(not\s+)?({_WORDS})[\s*_`\"'.!]*$", re.IGN
 _ANY = re.compile(rf"\b(not\s+)?({_WORDS})\b", re.IGNORECASE)
 
 
-def _verdict_of(match: re.Match[str]) -> bool:
-    positive = match.group(2).lower() in _POSITIVE
-    return positive != bool(match.group(1))
-
-
 def extract_verdict(text: str) -> bool | None:
     """An evaluator's verdict, True (correct) or False, from a labelled verdict, else a verdict-only line, else
     any verdict word (the last in the best tier; ``not correct`` is incorrect); None when none."""
@@ -234,7 +227,7 @@ def extract_verdict(text: str) -> bool | None:
         for pattern in (_LABELLED, _ALONE, _ANY):
             matches = list(pattern.finditer(text))
             if matches:
-                return _verdict_of(matches[-1])
+                return (matches[-1].group(2).lower() in _POSITIVE) != bool(matches[-1].group(1))
     except Exception:  # pragma: no cover - defensive
         return None
     return None
@@ -247,11 +240,7 @@ _MAX_JSON_TRIES = 50
 
 def _json_items(text: str) -> list[str] | None:
     decoder = json.JSONDecoder()
-    tries = 0
-    for m in re.finditer(r"[\[{]", text):
-        tries += 1
-        if tries > _MAX_JSON_TRIES:
-            break
+    for m in itertools.islice(re.finditer(r"[\[{]", text), _MAX_JSON_TRIES):
         try:
             value, _end = decoder.raw_decode(text, m.start())
         except Exception:
@@ -311,13 +300,4 @@ def extract_list(text: str) -> list[str]:
             items = _split_items(text)
     except Exception:  # pragma: no cover - defensive
         return []
-    out: list[str] = []
-    seen: set[str] = set()
-    for item in items:
-        item = item[:MAX_ITEM_CHARS]
-        if item and item not in seen:
-            seen.add(item)
-            out.append(item)
-            if len(out) >= MAX_ITEMS:
-                break
-    return out
+    return list(dict.fromkeys(item[:MAX_ITEM_CHARS] for item in items if item))[:MAX_ITEMS]

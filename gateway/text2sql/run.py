@@ -230,29 +230,23 @@ class QuestionRun:
     async def execute(self, cand: Candidate, text: str) -> None:
         """Extract, check and run a candidate's SQL; record the problem (if any) for a revision."""
         prev_sql, prev_problem = cand.sql, cand.problem
-        sql = extract_sql(text)
-        if sql is None:
-            cand.sql, cand.result, cand.problem = None, None, "The answer contained no SQL query."
+        cand.sql = extract_sql(text)
+        if cand.sql is None:
+            cand.result, cand.problem = None, "The answer contained no SQL query."
             return
-        cand.sql = sql
         try:
-            res = await self.db.execute(sql)  # checks the statement (sqlsafe) before it runs
-        except SqlRejected as exc:
-            cand.result, cand.problem = None, _refusal(exc)
+            res = await self.db.execute(cand.sql)  # checks the statement (sqlsafe) before it runs
+        except (SqlRejected, QueryFailed) as exc:
+            cand.result = None
+            cand.problem = _refusal(exc) if isinstance(exc, SqlRejected) else f"Executing it failed: {exc}"
             return
-        except QueryFailed as exc:
-            cand.result, cand.problem = None, f"Executing it failed: {exc}"
-            return
-        if res.row_count == 0:
-            # An empty result is suspicious and asked to be revised once; if the revision gives the same
-            # query back, the model stands by it and the empty result is the answer (some questions have
-            # one), instead of spending every remaining revision round on it.
-            confirmed = (
-                prev_problem == _EMPTY and prev_sql is not None and normalise_sql(prev_sql) == normalise_sql(sql)
-            )
-            cand.result, cand.problem = res, None if confirmed else _EMPTY
-            return
-        cand.result, cand.problem = res, None
+        # An empty result is suspicious and asked to be revised once; if the revision gives the same query back,
+        # the model stands by it and the empty result is the answer (some questions have one), instead of
+        # spending every remaining revision round on it.
+        confirmed = (
+            prev_problem == _EMPTY and prev_sql is not None and normalise_sql(prev_sql) == normalise_sql(cand.sql)
+        )
+        cand.result, cand.problem = res, _EMPTY if res.row_count == 0 and not confirmed else None
 
     async def outcome(self) -> tuple[str, Candidate | None] | Failure:
         """``go``, a stage or a database that failed as the ``Failure``."""
