@@ -4,6 +4,7 @@ revise rounds, unit tests, evaluation, degradation at every stage boundary, and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -138,13 +139,10 @@ class QuestionRun:
         )
         predict = self.runner.remaining_predictor()
         phase, rounds = self.cursor.phase, self.cursor.rounds
-        predicted: dict[Knobs, float] = {}
 
+        @functools.cache
         def duration(k: Knobs) -> float:
-            v = predicted.get(k)
-            if v is None:
-                v = predicted[k] = predict(self.plan.at(k, phase=phase, rounds_done=rounds))
-            return v
+            return predict(self.plan.at(k, phase=phase, rounds_done=rounds))
 
         decision = self.degrader.choose(options, duration, self.runner.remaining())
         before, self.knobs = self.knobs, decision.knobs
@@ -190,11 +188,10 @@ class QuestionRun:
         if not self.plan.observed:
             expected = self.p.outputs.expected(kind, max_tokens) or expected
         out_tokens = min(max_tokens, expected)
-        scale = self.input_scale
         messages = [({"role": "system", "content": self.system}, {"role": "user", "content": t}) for t in prompts]
         estimates = [message_tokens(m) for m in messages]
         calls = [
-            StageCall(m, max(1, round(est * scale)), out_tokens, max_tokens, temperature=0.0)
+            StageCall(m, max(1, round(est * self.input_scale)), out_tokens, max_tokens, temperature=0.0)
             for m, est in zip(messages, estimates, strict=True)
         ]
         results = await self.runner.run_stage(kind, calls)

@@ -26,7 +26,7 @@ from gateway.text2sql.demo import (
     write_spider_dataset,
     write_sqlite,
 )
-from gateway.text2sql.demo.questions import QUESTIONS_RESOURCE, parse_questions
+from gateway.text2sql.demo.schema import QUESTIONS_RESOURCE, parse_questions
 
 QUESTIONS = demo_questions()
 

@@ -13,7 +13,7 @@ import pytest
 from gateway.config.databases import DatabaseConfig
 from gateway.text2sql.db.base import Database, QueryResult
 from gateway.text2sql.db.schema import SchemaInfo
-from gateway.text2sql.demo.questions import demo_questions
+from gateway.text2sql.demo.schema import demo_questions
 from gateway.text2sql.sqlsafe import SqlRejected, check_sql
 from gateway.text2sql.sqlsafe.allowlist import POSTGRES_FUNCTIONS, SQLITE_FUNCTIONS
 

@@ -1,7 +1,5 @@
-"""PostgreSQL databases: an asyncpg pool, every query in a rolled-back ``READ ONLY`` transaction with a
-statement timeout (and a client backstop 2 s later), as a role ``pgrole`` accepts, wrapped by
-``capped_query`` so the server blanks rows past ``max_result_bytes``; rows converted in a thread.
-docs/text2sql.md ("Databases")."""
+"""PostgreSQL databases: an asyncpg pool of a role ``pgrole`` accepts, every query in a rolled-back ``READ ONLY``
+transaction with a statement timeout, capped by the server (``capped_query``) (docs/text2sql.md, "Databases")."""
 
 from __future__ import annotations
 
@@ -67,10 +65,8 @@ def capped_query(sql: str, columns: int, max_bytes: int) -> str:
 
 
 def _convert(rows: CappedRows, batch: list[Any], max_bytes: int) -> bool:
-    """Add ``batch`` (rows of ``capped_query``) to ``rows``; False once the server blanked a row.
-
-    Runs in a worker thread (``asyncio.to_thread``): conversion never holds the event loop.
-    """
+    """Add ``batch`` (rows of ``capped_query``) to ``rows``; False once the server blanked a row (run in a worker
+    thread: conversion never holds the event loop)."""
     kept: list[tuple[Any, ...]] = []
     over = False
     for r in batch:
@@ -234,10 +230,8 @@ class PostgresDatabase(Database):
         return self._schema_of(await self._in_readonly_transaction(read))
 
     async def _samples(self, conn: Any, table: str, column: str) -> tuple[Scalar, ...]:
-        """Up to ``sample_values`` distinct values, the smallest among the first rows of the table.
-
-        Runs in a savepoint: a column whose type has no equality or order (json, xml, ...) or a scan
-        that hits the statement timeout costs its samples, nothing more."""
+        """Up to ``sample_values`` distinct values, the smallest among the first rows of the table; in a savepoint,
+        so a column without equality or order (json, ...) or a scan past the timeout costs only its samples."""
         if not self.config.sample_values:
             return ()
         c = quote_ident(column)

@@ -1,7 +1,5 @@
-"""SQLite databases: a file opened read-only (``mode=ro``, ``query_only``, an authorizer allowing only
-reads and function calls), one connection per query in a worker thread, strings capped by
-``SQLITE_LIMIT_LENGTH``, the statement timeout held by a progress handler and a watchdog thread
-(docs/text2sql.md, "Databases")."""
+"""SQLite databases: a file opened read-only behind an authorizer, one connection per query in a worker thread,
+strings capped, the statement timeout held twice (docs/text2sql.md, "Databases")."""
 
 from __future__ import annotations
 

@@ -3,9 +3,15 @@ seed for SQLite and PostgreSQL, and its gold questions (docs/text2sql.md, "Demo 
 
 from __future__ import annotations
 
-from gateway.text2sql.demo.questions import DemoQuestion, demo_questions
 from gateway.text2sql.demo.rows import demo_rows
-from gateway.text2sql.demo.schema import DB_ID, create_table_sql, demo_tables, spider_tables_entry
+from gateway.text2sql.demo.schema import (
+    DB_ID,
+    DemoQuestion,
+    create_table_sql,
+    demo_questions,
+    demo_tables,
+    spider_tables_entry,
+)
 from gateway.text2sql.demo.writers import (
     load_sqlite,
     postgres_script,

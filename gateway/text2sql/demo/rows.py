@@ -118,10 +118,11 @@ def _employees(rng: random.Random) -> tuple[list[tuple[Value, ...]], _Staff]:
 
     ceo = hire("Chief Executive Officer", 4, None, (180_000, 220_000), (2010, 2011))
     directors = [hire("Director", d, ceo, (110_000, 160_000), (2011, 2016)) for d in range(1, len(_DEPARTMENTS) + 1)]
-    leads: list[tuple[int, int]] = []
-    for d, director in enumerate(directors, start=1):
-        for _ in range(2):
-            leads.append((d, hire("Team Lead", d, director, (62_000, 95_000), (2013, 2020))))
+    leads = [
+        (d, hire("Team Lead", d, director, (62_000, 95_000), (2013, 2020)))
+        for d, director in enumerate(directors, start=1)
+        for _ in range(2)
+    ]
     for n in range(38):
         d, lead = leads[n % len(leads)] if n < len(leads) else rng.choice(leads)
         hire(_DEPARTMENTS[d - 1][2], d, lead, (34_000, 78_000), (2015, 2024))
@@ -170,10 +171,8 @@ def _orders(
     unsold = set(rng.sample(range(1, _N_PRODUCTS + 1), 6))
     sellable = [p for p in range(1, _N_PRODUCTS + 1) if p not in unsold]
     store_ids = list(range(1, len(_STORE_CITIES) + 1))
-    staff_by_store: dict[int, list[int]] = {s: [] for s in store_ids}
-    for s_emp, s_dept, s_store, _s_title in staff:
-        if s_store is not None and s_dept == 1:  # sales staff take store orders
-            staff_by_store[s_store].append(s_emp)
+    # sales staff take store orders
+    staff_by_store = {s: [e for e, dept, store, _ in staff if store == s and dept == 1] for s in store_ids}
     online_staff = [s[0] for s in staff if s[1] == 6 and s[3] != "Director"]
     item_id = 0
     for order_id in range(1, _N_ORDERS + 1):

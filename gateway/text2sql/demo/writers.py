@@ -11,9 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from gateway.text2sql.demo.questions import demo_questions
 from gateway.text2sql.demo.rows import demo_rows
-from gateway.text2sql.demo.schema import DB_ID, TABLES, Value, create_table_sql, spider_tables_entry
+from gateway.text2sql.demo.schema import DB_ID, TABLES, Value, create_table_sql, demo_questions, spider_tables_entry
 
 
 def load_sqlite(conn: sqlite3.Connection, seed: int = 0) -> None:
