@@ -27,12 +27,10 @@ from gateway.text2sql.run import STRATEGIES, TEMPLATES, EventFn, Failure, Questi
 _CHESS_OUTPUT = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
 DB_WINDOW = 100
 """Answered questions per database its figures are fitted over (the most recent)."""
-POOLED_WINDOW = 300
-"""Answered questions, over every database, the model's revise rounds are fitted over."""
-OUTPUT_WINDOW = 500
-"""Calls per stage kind, over every database, the model's output lengths are fitted over."""
+_POOLED_WINDOW = 300  # answered questions, over every database, the model's revise rounds are fitted over
+_OUTPUT_WINDOW = 500  # calls per stage kind, over every database, the model's output lengths are fitted over
 PRIOR_REVISE_ROUNDS = 1.0
-"""Revise rounds a question is predicted to take before the model's own figure (``POOLED_WINDOW``) is known."""
+"""Revise rounds a question is predicted to take before the model's own figure (``_POOLED_WINDOW``) is known."""
 _TYPICAL = {
     "index": 0,
     "strategy": STRATEGIES[0][0],
@@ -86,8 +84,8 @@ class Text2SqlPipeline:
             mode: Degrader(mode, config.knobs, self.quality) for mode in ("full", "adaptive", "fast")
         }
         self.shapes: dict[str, ShapeWindow] = {}  # per database: its recent answered questions
-        self.pooled = ShapeWindow(POOLED_WINDOW, SKIPPABLE)  # every database's: the model's revise rounds
-        self.outputs = OutputWindow(OUTPUT_WINDOW)  # every database's calls: the model's output lengths
+        self.pooled = ShapeWindow(_POOLED_WINDOW, SKIPPABLE)  # every database's: the model's revise rounds
+        self.outputs = OutputWindow(_OUTPUT_WINDOW)  # every database's calls: the model's output lengths
         # per database: its schema as last introspected, serialised, and the prior's prompt tokens at it
         self._schemas: dict[str, tuple[SchemaInfo, str, dict[str, int]]] = {}
 

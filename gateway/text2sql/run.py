@@ -73,10 +73,8 @@ class Failure:
 
 
 def _preview(result: QueryResult, n: int) -> str:
-    lines = [" | ".join(result.columns)]
-    for row in result.rows[:n]:
-        lines.append(" | ".join("NULL" if v is None else str(v)[:60] for v in row))
-    return "\n".join(lines)
+    rows = [" | ".join("NULL" if v is None else str(v)[:60] for v in row) for row in result.rows[:n]]
+    return "\n".join([" | ".join(result.columns), *rows])
 
 
 def _refusal(exc: SqlRejected) -> str:

@@ -63,15 +63,15 @@ class Text2SqlService:
 
     def check_question(self, question: str, evidence: str | None) -> tuple[str, str]:
         """The question and evidence, stripped; ``InvalidQuestion`` (422) when empty or over the limits."""
-        lim = self.settings
-        q = question.strip()
+        q, ev = question.strip(), (evidence or "").strip()
         if not q:
             raise InvalidQuestion("question", "must not be empty")
-        if len(q) > lim.max_question_chars:
-            raise InvalidQuestion("question", f"{len(q)} characters exceed the limit of {lim.max_question_chars}")
-        ev = (evidence or "").strip()
-        if len(ev) > lim.max_evidence_chars:
-            raise InvalidQuestion("evidence", f"{len(ev)} characters exceed the limit of {lim.max_evidence_chars}")
+        for param, text, limit in (
+            ("question", q, self.settings.max_question_chars),
+            ("evidence", ev, self.settings.max_evidence_chars),
+        ):
+            if len(text) > limit:
+                raise InvalidQuestion(param, f"{len(text)} characters exceed the limit of {limit}")
         return q, ev
 
     async def close(self) -> None:

@@ -17,8 +17,7 @@ from gateway.errors import GatewayError, UnknownNameError
 from gateway.text2sql.db.schema import Descriptions, SchemaInfo, TableInfo, describe, json_value
 from gateway.text2sql.sqlsafe import check_sql
 
-FETCH_CHUNK = 256
-"""Rows fetched from a cursor at a time."""
+_FETCH_CHUNK = 256  # rows fetched from a cursor at a time
 
 
 class QueryFailed(GatewayError):
@@ -91,7 +90,7 @@ class CappedRows:
 
     def want(self) -> int:
         """How many more rows to fetch: up to one past the cap, to learn whether more exist."""
-        return 0 if self.truncated else min(FETCH_CHUNK, self.max_rows + 1 - len(self.rows))
+        return 0 if self.truncated else min(_FETCH_CHUNK, self.max_rows + 1 - len(self.rows))
 
     def add(self, batch: Iterable[Iterable[object]]) -> None:
         """Take rows until a cap is hit (then ``truncated`` is set and ``want()`` is 0)."""

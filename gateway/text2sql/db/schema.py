@@ -18,8 +18,7 @@ Descriptions = Mapping[str, Mapping[str, str]]
 """Column descriptions of one database: table -> column -> text (names matched case-insensitively)."""
 Scalar = int | float | str | bool | None
 
-SAMPLE_TEXT_CHARS = 40
-"""Text sample values longer than this are cut to this many characters."""
+_SAMPLE_TEXT_CHARS = 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,13 +78,11 @@ def json_value(v: object) -> Any:
     as ``"inf"``/``"-inf"``/``"nan"``, arrays as lists, anything else ``str(v)``."""
     if v is None or isinstance(v, bool | int | str):
         return v
-    if isinstance(v, float):
-        return v if math.isfinite(v) else str(v)
-    if isinstance(v, bytes | bytearray | memoryview):
-        return bytes(v).hex()
-    if isinstance(v, decimal.Decimal):
+    if isinstance(v, float | decimal.Decimal):
         f = float(v)
         return f if math.isfinite(f) else str(f)
+    if isinstance(v, bytes | bytearray | memoryview):
+        return bytes(v).hex()
     if isinstance(v, dt.date | dt.time):
         return v.isoformat()
     if isinstance(v, list | tuple):
@@ -94,12 +91,12 @@ def json_value(v: object) -> Any:
 
 
 def sample_value(v: object) -> Scalar:
-    """A sample value: JSON-safe, text cut to ``SAMPLE_TEXT_CHARS``."""
+    """A sample value: JSON-safe, text cut to ``_SAMPLE_TEXT_CHARS`` characters."""
     j = json_value(v)
     if isinstance(j, list):
         j = json.dumps(j, ensure_ascii=False)
     if isinstance(j, str):
-        return j[:SAMPLE_TEXT_CHARS]
+        return j[:_SAMPLE_TEXT_CHARS]
     return j  # type: ignore[no-any-return]
 
 
@@ -154,19 +151,14 @@ def _table_block(t: TableInfo, dialect: Dialect, examples: bool, descriptions: b
     items: list[tuple[str, str]] = []  # (definition, comment)
     single_pk = len(t.primary_key) == 1
     for c in t.columns:
-        parts = [_name(c.name, dialect)]
-        if c.type:
-            parts.append(c.type)
-        if c.primary_key and single_pk:
-            parts.append("PRIMARY KEY")
-        elif not c.nullable and not c.primary_key:
-            parts.append("NOT NULL")
+        key = "PRIMARY KEY" if c.primary_key and single_pk else "" if c.nullable or c.primary_key else "NOT NULL"
+        definition = " ".join(p for p in (_name(c.name, dialect), c.type, key) if p)
         notes: list[str] = []
         if descriptions and c.description:
             notes.append(_one_line(c.description))
         if examples and c.samples:
             notes.append("examples: " + ", ".join(_literal(v) for v in c.samples))
-        items.append((" ".join(parts), "; ".join(notes)))
+        items.append((definition, "; ".join(notes)))
     if len(t.primary_key) > 1:
         items.append((f"PRIMARY KEY ({', '.join(_name(c, dialect) for c in t.primary_key)})", ""))
     for fk in t.foreign_keys:
