@@ -113,13 +113,11 @@ class Text2SqlPipeline:
     def prior_inputs(self, schema_text: str, dialect: str) -> dict[str, int]:
         """Each stage's prompt tokens (estimated) for a typical question on a database whose serialised schema
         is ``schema_text``."""
-        render = self.prompts.render
-        system = render("system", dialect=dialect)
+        system = {"role": "system", "content": self.prompts.render("system", dialect=dialect)}
         values = {**_TYPICAL, "schema": schema_text, "dialect": dialect, "n": self.cfg.unit_tests}
-        texts = {kind: render(name, **values) for kind, name in TEMPLATES.items()}
         return {
-            k: message_tokens(({"role": "system", "content": system}, {"role": "user", "content": v}))
-            for k, v in texts.items()
+            kind: message_tokens((system, {"role": "user", "content": self.prompts.render(name, **values)}))
+            for kind, name in TEMPLATES.items()
         }
 
     async def schema_text(self, db: Database) -> str:
@@ -185,10 +183,9 @@ class Text2SqlPipeline:
 
     def record(self, db_id: str, sample: QuestionSample) -> None:
         """One question answered with a valid SQL on ``db_id``: a sample of its database and of the model."""
-        w = self.shapes.get(db_id)
-        if w is None:
-            w = self.shapes[db_id] = ShapeWindow(DB_WINDOW, SKIPPABLE)
-        w.add(sample)
+        if db_id not in self.shapes:
+            self.shapes[db_id] = ShapeWindow(DB_WINDOW, SKIPPABLE)
+        self.shapes[db_id].add(sample)
         self.pooled.add(sample)
 
     def status(
