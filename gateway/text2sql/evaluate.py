@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import sqlglot
 from sqlglot import exp
@@ -154,39 +155,34 @@ class _Tally:
     count: int = 0
     correct: int = 0
 
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "count": self.count,
-            "correct": self.correct,
-            "accuracy": self.correct / self.count if self.count else 0.0,
-        }
-
-
-@dataclass
-class ExecutionAccuracy:
-    """Running execution accuracy, overall and per difficulty (``easy``/``medium``/``hard``/...)."""
-
-    count: int = 0
-    correct: int = 0
-    errors: int = 0
-    by_difficulty: dict[str, _Tally] = field(default_factory=dict)
-
-    def add(self, correct: bool, difficulty: str | None = None, *, error: bool = False) -> None:
-        """Record one question: whether the prediction matched, its difficulty, whether it failed to run."""
-        self.count += 1
-        self.correct += int(correct)
-        self.errors += int(error)
-        if difficulty is not None:
-            tally = self.by_difficulty.setdefault(difficulty, _Tally())
-            tally.count += 1
-            tally.correct += int(correct)
-
     @property
     def accuracy(self) -> float:
         """Fraction of questions answered correctly (0.0 before any)."""
         return self.correct / self.count if self.count else 0.0
 
-    def as_dict(self) -> dict[str, object]:
+    def add(self, correct: bool) -> None:
+        self.count += 1
+        self.correct += int(correct)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "correct": self.correct, "accuracy": self.accuracy}
+
+
+@dataclass
+class ExecutionAccuracy(_Tally):
+    """Running execution accuracy, overall and per difficulty (``easy``/``medium``/``hard``/...)."""
+
+    errors: int = 0
+    by_difficulty: dict[str, _Tally] = field(default_factory=dict)
+
+    def add(self, correct: bool, difficulty: str | None = None, *, error: bool = False) -> None:
+        """Record one question: whether the prediction matched, its difficulty, whether it failed to run."""
+        super().add(correct)
+        self.errors += int(error)
+        if difficulty is not None:
+            self.by_difficulty.setdefault(difficulty, _Tally()).add(correct)
+
+    def as_dict(self) -> dict[str, Any]:
         """JSON view: count, correct, errors, accuracy and ``by_difficulty`` (sorted by name)."""
         return {
             "count": self.count,

@@ -438,7 +438,7 @@ async def test_registry_creates_databases_lazily_and_caches_them(sqlite_file: Pa
     )
     reg = DatabaseRegistry.from_file(path, descriptions={"shop": {"emp": {"name": "full name"}}})
     assert reg.ids() == ["remote", "shop"]
-    assert "shop" in reg
+    assert "shop" in reg.ids()
     shop = reg.get("shop")
     assert isinstance(shop, SqliteDatabase)
     assert reg.get("shop") is shop

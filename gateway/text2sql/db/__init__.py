@@ -82,9 +82,6 @@ class DatabaseRegistry:
         """The db_ids, sorted."""
         return sorted(self._configs)
 
-    def __contains__(self, db_id: object) -> bool:
-        return db_id in self._configs
-
     def config(self, db_id: str) -> DatabaseConfig:
         """The configuration of ``db_id`` (``UnknownDatabase`` when there is none)."""
         try:
