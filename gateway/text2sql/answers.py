@@ -122,9 +122,7 @@ def _drop_where(sql: str, tokens: list[Token]) -> str | None:
             start = tok
         elif depth == 0 and start is not None and tok.token_type in _CLAUSE_END:
             return (sql[: start.start].rstrip() + " " + sql[tok.start :]).strip()
-    if start is None:
-        return None
-    return sql[: start.start].rstrip()
+    return None if start is None else sql[: start.start].rstrip()
 
 
 def _misspell_named(kind: type[exp.Expression], sql: str, tokens: list[Token]) -> str | None:

@@ -137,15 +137,12 @@ def _candidates(text: str) -> list[tuple[int, int, str]]:
         m = _START.search(text, pos)
         if m is None:
             break
-        begin = m.start()
-        word = m.group(1)
-        line_start = text.rfind("\n", 0, begin) + 1
-        before = text[line_start:begin]
+        begin, word = m.start(), m.group(1)
+        before = text[text.rfind("\n", 0, begin) + 1 : begin]
         inline = begin > 0 and text[begin - 1] == "`" and not text.startswith("```", max(begin - 3, 0))
         at_start = bool(_LINE_PREFIX.match(before)) or before.rstrip().endswith(":") or inline
         is_with = word.lower() == "with"
-        ok = (at_start and bool(_WITH_CTE.match(text, begin))) if is_with else (at_start or word == "SELECT")
-        if not ok:
+        if not ((at_start and _WITH_CTE.match(text, begin)) if is_with else (at_start or word == "SELECT")):
             pos = m.end()
             continue
         raw, end = _scan_statement(text, begin, inline)

@@ -255,12 +255,19 @@ class QuestionRun:
     async def go(self) -> tuple[str, Candidate | None]:
         """Run the stages; the status (ok, no_valid_sql, deadline_exceeded) and the chosen candidate."""
         self.decide("arrival")
-        linked = await self._link(await self._keywords())
+        (keywords,) = await self.stage(KEYWORDS, [self.prompt(KEYWORDS)])
+        self.decide(KEYWORDS)
+        (linked,) = await self.stage(IR, [self.prompt(IR, keywords=json.dumps(extract_list(keywords)))])
+        self.decide(IR)
+        columns = ", ".join(extract_list(linked)) or "(all)"
         n = self.candidates_fixed = self.knobs.candidates
-        self.candidates = [Candidate(i, STRATEGIES[i % len(STRATEGIES)][0]) for i in range(n)]
-        await self.execute_all(
-            self.candidates, await self.stage(CANDIDATE, [self._candidate(c, linked) for c in self.candidates])
-        )
+        strategies = [STRATEGIES[i % len(STRATEGIES)] for i in range(n)]
+        self.candidates = [Candidate(i, name) for i, (name, _) in enumerate(strategies)]
+        prompts = [
+            self.prompt(CANDIDATE, index=i, strategy=name, strategy_text=text, linked=columns)
+            for i, (name, text) in enumerate(strategies)
+        ]
+        await self.execute_all(self.candidates, await self.stage(CANDIDATE, prompts))
         self.decide(CANDIDATE)
         await self._revisions()
         valid = [c for c in self.candidates if c.valid]
@@ -276,23 +283,6 @@ class QuestionRun:
         chosen = select(valid)
         self.local_s += time.perf_counter() - t
         return "ok", chosen
-
-    async def _keywords(self) -> list[str]:
-        """Stage 1: the question's keywords."""
-        (text,) = await self.stage(KEYWORDS, [self.prompt(KEYWORDS)])
-        self.decide(KEYWORDS)
-        return extract_list(text)
-
-    async def _link(self, keywords: list[str]) -> str:
-        """Stage 2: schema linking, the columns the question needs."""
-        (text,) = await self.stage(IR, [self.prompt(IR, keywords=json.dumps(keywords))])
-        self.decide(IR)
-        return ", ".join(extract_list(text)) or "(all)"
-
-    def _candidate(self, c: Candidate, linked: str) -> str:
-        """Stage 3's prompt of candidate ``c``: its strategy."""
-        strategy_text = STRATEGIES[c.index % len(STRATEGIES)][1]
-        return self.prompt(CANDIDATE, index=c.index, strategy=c.strategy, strategy_text=strategy_text, linked=linked)
 
     async def _revisions(self) -> None:
         """Stage 4: revise rounds, one stage per round, in parallel across the candidates that need one, up to
