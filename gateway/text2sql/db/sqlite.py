@@ -4,6 +4,7 @@ strings capped, the statement timeout held twice (docs/text2sql.md, "Databases")
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import re
 import sqlite3
@@ -243,13 +244,10 @@ def decode_text(data: bytes) -> str:
 
 
 def _foreign_keys(rows: Sequence[Sequence[Any]], pks: Mapping[str, tuple[str, ...]]) -> tuple[ForeignKey, ...]:
-    """``PRAGMA foreign_key_list`` rows (id, seq, table, from, to, ...) grouped into keys."""
-    grouped: dict[int, list[Sequence[Any]]] = {}
-    for r in rows:
-        grouped.setdefault(int(r[0]), []).append(r)
+    """``PRAGMA foreign_key_list`` rows (id, seq, table, from, to, ...; ordered by id, seq) grouped into keys."""
     out = []
-    for _, parts in sorted(grouped.items()):
-        parts.sort(key=lambda r: int(r[1]))
+    for _, group in itertools.groupby(rows, key=lambda r: int(r[0])):
+        parts = list(group)
         ref_table = str(parts[0][2])
         ref_cols: tuple[str, ...] = tuple(str(r[4]) for r in parts if r[4] is not None)
         if len(ref_cols) != len(parts):  # "REFERENCES t" without columns: the parent's primary key
