@@ -184,13 +184,8 @@ class ExecutionAccuracy(_Tally):
 
     def as_dict(self) -> dict[str, Any]:
         """JSON view: count, correct, errors, accuracy and ``by_difficulty`` (sorted by name)."""
-        return {
-            "count": self.count,
-            "correct": self.correct,
-            "errors": self.errors,
-            "accuracy": self.accuracy,
-            "by_difficulty": {k: self.by_difficulty[k].as_dict() for k in sorted(self.by_difficulty)},
-        }
+        view = {k: getattr(self, k) for k in ("count", "correct", "errors", "accuracy")}
+        return view | {"by_difficulty": {k: self.by_difficulty[k].as_dict() for k in sorted(self.by_difficulty)}}
 
 
 def execute_sqlite(
