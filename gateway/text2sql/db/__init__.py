@@ -91,13 +91,10 @@ class DatabaseRegistry:
 
     def get(self, db_id: str) -> Database:
         """The database ``db_id``, created on the first call and cached; ``UnknownDatabase`` if unknown."""
-        db = self._open.get(db_id)
-        if db is None:
-            db = open_database(
-                db_id, self.config(db_id), base_dir=self._base_dir, descriptions=self._descriptions.get(db_id)
-            )
-            self._open[db_id] = db
-        return db
+        if db_id not in self._open:
+            config, descriptions = self.config(db_id), self._descriptions.get(db_id)
+            self._open[db_id] = open_database(db_id, config, base_dir=self._base_dir, descriptions=descriptions)
+        return self._open[db_id]
 
     async def check(self) -> dict[str, str | None]:
         """Open every database as a query would (``Database.check``), all at once: db_id -> None when it

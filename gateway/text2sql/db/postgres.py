@@ -218,8 +218,7 @@ class PostgresDatabase(Database):
             columns: dict[str, list[ColumnInfo]] = {}
             kinds: dict[str, Literal["table", "view"]] = {}
             for relname, relkind, attname, typ, notnull in col_rows:
-                samples = await self._samples(conn, relname, attname)
-                in_pk = attname in pks.get(relname, ())
+                in_pk, samples = attname in pks.get(relname, ()), await self._samples(conn, relname, attname)
                 columns.setdefault(relname, []).append(ColumnInfo(attname, typ, in_pk, not notnull, samples))
                 kinds[relname] = "view" if relkind in ("v", "m") else "table"
             return [

@@ -175,11 +175,8 @@ def _table_block(t: TableInfo, dialect: Dialect, examples: bool, descriptions: b
 
 
 def serialize_schema(schema: SchemaInfo, *, max_chars: int | None = None) -> str:
-    """The schema as compact ``CREATE TABLE`` text for prompts (tables by name, columns in order, with type,
-    keys, and a ``-- description; examples`` comment): equal schemas, equal text.
-
-    With ``max_chars`` it shrinks to fit: examples go first, then descriptions, then tables from the end
-    (``-- N more tables omitted``); a first table alone over the budget is cut at ``max_chars``."""
+    """The schema as compact ``CREATE TABLE`` text for prompts (equal schemas, equal text); within ``max_chars``
+    by dropping examples, then descriptions, then tables from the end (a first table alone over it is cut)."""
     if max_chars is not None and max_chars < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
     blocks: list[str] = []

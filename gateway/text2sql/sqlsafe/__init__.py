@@ -18,10 +18,8 @@ _DIALECTS = {"sqlite": "sqlite", "postgres": "postgres", "postgresql": "postgres
 
 
 def check_sql(sql: str, dialect: str, *, schemas: Sequence[str] | None = None) -> str:
-    """Accept one read-only query in ``dialect`` ("sqlite" or "postgres"); return the text to run.
-
-    ``schemas``: the PostgreSQL schemas the query may read (default ``public``); ignored for SQLite
-    (``main`` only). Raises ``SqlRejected`` with a one-line reason, ``ValueError`` for an unknown dialect."""
+    """Accept one read-only query in ``dialect`` reading only ``schemas`` (PostgreSQL; default ``public``; SQLite:
+    ``main``); return the text to run, or raise ``SqlRejected`` (``ValueError`` for an unknown dialect)."""
     checked = _DIALECTS.get(dialect.lower())
     if checked is None:
         raise ValueError(f"unsupported SQL dialect {dialect!r}; supported: {', '.join(_DIALECTS)}")
