@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.config.databases import load_databases
 from gateway.config.gateway import Text2SqlConfig
 from gateway.errors import BadRequest
 from gateway.text2sql.db import Database, DatabaseRegistry, UnknownDatabase
@@ -42,9 +41,7 @@ class Text2SqlService:
     @classmethod
     def from_config(cls, settings: Text2SqlConfig, databases_path: Path | None) -> Text2SqlService:
         """Read the databases file (``ConfigError`` when it is invalid) and the prompt templates, now."""
-        registry = None
-        if databases_path is not None:
-            registry = DatabaseRegistry(load_databases(databases_path), base_dir=databases_path.parent)
+        registry = None if databases_path is None else DatabaseRegistry.from_file(databases_path)
         knobs = ("candidates", "max_revisions", "evaluate", "unit_tests", "schema_max_chars")
         config = PipelineConfig(**{k: getattr(settings, k) for k in knobs})
         return cls(settings, registry, Text2SqlPipeline(config, Prompts.load()))
