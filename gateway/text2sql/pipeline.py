@@ -111,8 +111,7 @@ class Text2SqlPipeline:
         return WorkflowTemplate("text2sql", tuple(phases))
 
     def prior_inputs(self, schema_text: str, dialect: str) -> dict[str, int]:
-        """Each stage's prompt tokens (estimated) for a typical question on a database whose serialised schema
-        is ``schema_text``."""
+        """Each stage's prompt tokens (estimated) for a typical question on a database of ``schema_text``."""
         system = {"role": "system", "content": self.prompts.render("system", dialect=dialect)}
         values = {**_TYPICAL, "schema": schema_text, "dialect": dialect, "n": self.cfg.unit_tests}
         return {

@@ -1,5 +1,4 @@
-"""What one question's run produces: ``Candidate``, ``StageReport``, ``Degradation``, ``Text2SqlResult`` (the
-body of ``POST /v1/text2sql``), and ``select`` (verdicts, then agreement of results, then order)."""
+"""What one question's run produces, up to ``Text2SqlResult`` (the body of ``POST /v1/text2sql``)."""
 
 from __future__ import annotations
 

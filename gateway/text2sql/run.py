@@ -1,5 +1,4 @@
-"""One question's run through the pipeline's stages (``QuestionRun``): prompts, SQL extraction and execution,
-revise rounds, unit tests, evaluation, degradation at every stage boundary, and what the run spent."""
+"""One question's run through the pipeline's stages (``QuestionRun``), degraded at every stage boundary."""
 
 from __future__ import annotations
 
@@ -96,8 +95,7 @@ class QuestionRun:
         degrader: Degrader,
         plan: QuestionPlan,
     ) -> None:
-        """``values``: what every prompt of the question fills in (question, evidence, dialect; the schema once
-        read)."""
+        """``values``: what every prompt of the question fills in (the schema added once read)."""
         self.p = pipe
         self.cfg = pipe.cfg
         self.runner = runner

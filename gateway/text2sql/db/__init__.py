@@ -66,8 +66,7 @@ class DatabaseRegistry:
         base_dir: Path | str | None = None,
         descriptions: Mapping[str, Descriptions] | None = None,
     ) -> None:
-        """``base_dir`` resolves relative SQLite paths (``load_databases`` already made them absolute);
-        ``descriptions`` maps db_id -> table -> column -> description."""
+        """``base_dir`` resolves relative SQLite paths; ``descriptions``: db_id -> table -> column -> text."""
         self._configs = dict(config.databases)
         self._base_dir = base_dir
         self._descriptions = dict(descriptions or {})

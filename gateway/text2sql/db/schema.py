@@ -1,5 +1,4 @@
-"""Introspected schemas (``SchemaInfo``, ``TableInfo``, ``ColumnInfo``, ``ForeignKey``), their prompt text
-(``serialize_schema``) and the value conversions the SQLite and PostgreSQL engines share."""
+"""Introspected schemas, their prompt text (``serialize_schema``) and the value conversions both engines share."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The demo database's rows: generated from a seed by ``random.Random`` over built-in word lists, so every
-machine builds the same data."""
+"""The demo database's rows, generated from a seed over built-in word lists (the same on every machine)."""
 
 from __future__ import annotations
 
@@ -67,8 +66,7 @@ _Staff = list[tuple[int, int, int | None, str]]
 
 
 def demo_rows(seed: int = 0) -> Rows:
-    """The rows of every table, generated from ``seed``: the same output on every call and machine (the
-    tables are drawn from one generator in a fixed order)."""
+    """The rows of every table, drawn from one generator seeded ``seed`` in a fixed order."""
     rng = random.Random(seed)
     rows: Rows = {t.name: [] for t in TABLES}
     _places(rng, rows)

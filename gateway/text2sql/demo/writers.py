@@ -1,5 +1,4 @@
-"""The demo dataset as files (a SQLite database, a databases file, a PostgreSQL script, the Spider layout),
-each written atomically (rewriting is harmless while a gateway reads them)."""
+"""The demo dataset as files, each written atomically (rewriting is harmless while a gateway reads them)."""
 
 from __future__ import annotations
 
