@@ -4,10 +4,9 @@ transaction with a statement timeout, capped by the server (``capped_query``) (d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import asyncpg
@@ -147,18 +146,6 @@ class PostgresDatabase(Database):
                 "Connect as a least-privilege reader (deploy/postgres/reader-role.sql)"
             )
 
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Any]:
-        pool = await self._get_pool()
-        try:
-            conn = await pool.acquire()
-        except _CONNECT_ERRORS as exc:
-            raise self._unavailable(exc) from None
-        try:
-            yield conn
-        finally:
-            await pool.release(conn)
-
     async def _in_readonly_transaction(self, fn: Callable[[Any], Any]) -> Any:
         """``await fn(conn)`` in a READ ONLY transaction with the statement timeout, always rolled back (what a
         read-only transaction may still do, ``lo_from_bytea``, ``pg_notify``, leaves no trace). Errors become
@@ -174,15 +161,21 @@ class PostgresDatabase(Database):
             except _RollBack as done:
                 return done.result
 
-        async with self._connection() as conn:
-            try:
-                return await asyncio.wait_for(body(conn), timeout + 2.0)
-            except (TimeoutError, asyncpg.QueryCanceledError):
-                raise QueryFailed("timeout", self._timeout_message()) from None
-            except (asyncpg.PostgresConnectionError, OSError) as exc:
-                raise self._unavailable(exc) from None
-            except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                raise QueryFailed("error", str(exc) or type(exc).__name__) from None
+        pool = await self._get_pool()
+        try:
+            conn = await pool.acquire()
+        except _CONNECT_ERRORS as exc:
+            raise self._unavailable(exc) from None
+        try:
+            return await asyncio.wait_for(body(conn), timeout + 2.0)
+        except (TimeoutError, asyncpg.QueryCanceledError):
+            raise QueryFailed("timeout", self._timeout_message()) from None
+        except (asyncpg.PostgresConnectionError, OSError) as exc:
+            raise self._unavailable(exc) from None
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise QueryFailed("error", str(exc) or type(exc).__name__) from None
+        finally:
+            await pool.release(conn)
 
     async def _run(self, sql: str) -> QueryResult:
         start = time.perf_counter()
