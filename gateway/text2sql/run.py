@@ -326,10 +326,7 @@ class QuestionRun:
         failure = outcome if isinstance(outcome, Failure) else None
         status, chosen = ("failed", None) if isinstance(outcome, Failure) else outcome
         res = chosen.result if chosen is not None and chosen.result is not None else QueryResult([], [], 0, False, 0)
-        if failure is not None:
-            error: str | None = failure.message
-        else:
-            error = None if status == "ok" else self.last_problem
+        error = failure.message if failure is not None else None if status == "ok" else self.last_problem
         return Text2SqlResult(
             id=request_id,
             status=status,
