@@ -103,18 +103,15 @@ def demo_tables() -> list[TableSpec]:
 def create_table_sql(table: TableSpec, dialect: Dialect) -> str:
     """``CREATE TABLE`` for ``table`` in ``dialect`` (primary key, NOT NULL and foreign keys included)."""
     types = _SQL_TYPES[dialect]
-    lines = []
-    for i, col in enumerate(table.columns):
-        line = f"    {col.name} {types[col.type]}"
-        if i == 0:
-            line += " PRIMARY KEY"
-        elif not col.nullable:
-            line += " NOT NULL"
-        lines.append(line)
-    for col in table.columns:
-        if col.references is not None:
-            ref_table, ref_col = col.references
-            lines.append(f"    FOREIGN KEY ({col.name}) REFERENCES {ref_table} ({ref_col})")
+    lines = [
+        f"    {c.name} {types[c.type]}" + (" PRIMARY KEY" if i == 0 else "" if c.nullable else " NOT NULL")
+        for i, c in enumerate(table.columns)
+    ]
+    lines += [
+        f"    FOREIGN KEY ({c.name}) REFERENCES {c.references[0]} ({c.references[1]})"
+        for c in table.columns
+        if c.references is not None
+    ]
     return f"CREATE TABLE {table.name} (\n" + ",\n".join(lines) + "\n)"
 
 
