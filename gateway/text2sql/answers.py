@@ -301,19 +301,15 @@ def answers_from_spider(dataset_dir: Path, *, wrong_fraction: float, seed: int, 
         raise AnswersError(str(path), "", f"cannot read the dataset: {exc}") from exc
     if not isinstance(data, list):
         raise AnswersError(str(path), "", "expected a JSON list of questions")
-    items: list[tuple[str, str, str]] = []
-    seen: set[str] = set()
+    firsts: dict[str, tuple[str, str, str]] = {}  # whitespace-normalised question -> its first item
     for i, item in enumerate(data if limit is None else data[: max(limit, 0)]):
         if not isinstance(item, dict) or not isinstance(item.get("question"), str) or not item.get("query"):
             raise AnswersError(str(path), f"[{i}]", "expected an object with 'question' and 'query'")
-        key = " ".join(item["question"].split())
-        if key in seen:
-            continue
-        seen.add(key)
-        items.append((item["question"], str(item["query"]), str(item.get("db_id", ""))))
-    chosen = _chosen(len(items), wrong_fraction, seed)
+        entry = (item["question"], str(item["query"]), str(item.get("db_id", "")))
+        firsts.setdefault(" ".join(item["question"].split()), entry)
+    chosen = _chosen(len(firsts), wrong_fraction, seed)
     answers: Answers = {}
-    for i, (question, gold, db_id) in enumerate(items):
+    for i, (question, gold, db_id) in enumerate(firsts.values()):
         made = None
         if i in chosen:
             j = chosen.index(i) % len(MUTATIONS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -126,9 +127,7 @@ def select(valid: list[Candidate]) -> Candidate:
     """The chosen candidate of ``valid`` (each has a result): evaluator verdicts first, then agreement of
     execution results, then order; ``ValueError`` for an empty list."""
     keys = {c.index: result_key(c.result) for c in valid if c.result is not None}
-    groups: dict[tuple[tuple[str, ...], ...], int] = {}
-    for k in keys.values():
-        groups[k] = groups.get(k, 0) + 1
+    groups = Counter(keys.values())
 
     def rank(c: Candidate) -> tuple[int, int, int]:
         verdict = 1 if c.verdict is True else (0 if c.verdict is None else -1)

@@ -157,14 +157,12 @@ class QuestionRun:
 
     def degradations(self) -> list[Degradation]:
         """What the final knobs skipped relative to full quality, each with the decision that skipped it."""
+        reason = "quality mode fast" if self.degrader.mode == "fast" else "predicted to miss the deadline"
         out = []
         for step, words in degraded_by_step(self.full, self.used()):
-            why = self.why.get(step)
-            if why is None:  # not turned down by a decision (cannot happen; never fail the answer for it)
-                continue
-            at, d, fullest = why
-            reason = "quality mode fast" if self.degrader.mode == "fast" else "predicted to miss the deadline"
-            out.append(Degradation(step, words, at, reason, fullest, d.predicted_s, d.time_left_s))
+            if step in self.why:  # always (only a decision turns a knob down); never fail the answer for it
+                at, d, fullest = self.why[step]
+                out.append(Degradation(step, words, at, reason, fullest, d.predicted_s, d.time_left_s))
         return out
 
     def prompt(self, kind: str, **values: object) -> str:
