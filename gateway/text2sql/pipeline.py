@@ -31,7 +31,7 @@ _POOLED_WINDOW = 300  # answered questions, over every database, the model's rev
 _OUTPUT_WINDOW = 500  # calls per stage kind, over every database, the model's output lengths are fitted over
 PRIOR_REVISE_ROUNDS = 1.0
 """Revise rounds a question is predicted to take before the model's own figure (``_POOLED_WINDOW``) is known."""
-_TYPICAL = {
+_TYPICAL = {  # a question's parts, to render the prior's prompts at a database's schema size
     "index": 0,
     "strategy": STRATEGIES[0][0],
     "strategy_text": STRATEGIES[0][1],
@@ -46,7 +46,6 @@ _TYPICAL = {
     "unit_tests": "1. The result has one row per customer.\n2. Every total is positive.\n3. Only 2023 orders count.",
     "preview": "name | total\nAda | 120.5\nBo | 99.0\nCy | 87.25",
 }
-"""Typical values of a question's parts, to render the prior's prompts at a database's schema size."""
 
 
 _STAGE_FIELDS = ("kind", "input_tokens", "output_tokens", "rounds", "width")

@@ -106,8 +106,7 @@ class QuestionRun:
         self.candidates: list[Candidate] = []
         self.last_problem: str | None = None
         self.local_s = 0.0
-        self.render = pipe.prompts.render
-        self.system = self.render("system", dialect=db.dialect)
+        self.system = pipe.prompts.render("system", dialect=db.dialect)
         self.degrader = degrader
         self.full = self.knobs = degrader.full
         self.plan = plan
@@ -167,7 +166,7 @@ class QuestionRun:
 
     def prompt(self, kind: str, **values: object) -> str:
         """The prompt of a ``kind`` stage: the question's own values, then ``values``."""
-        return self.render(TEMPLATES[kind], **self.values, **values)
+        return self.p.prompts.render(TEMPLATES[kind], **self.values, **values)
 
     def past_deadline(self) -> bool:
         return self.runner.remaining() < 0

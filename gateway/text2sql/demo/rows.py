@@ -61,8 +61,7 @@ def _money(cents: int) -> float:
 
 
 Rows = dict[str, list[tuple[Value, ...]]]
-_Staff = list[tuple[int, int, int | None, str]]
-"""(employee_id, department_id, store_id, job_title) of every employee."""
+_Staff = list[tuple[int, int, int | None, str]]  # (employee_id, department_id, store_id, job_title) of each
 
 
 def demo_rows(seed: int = 0) -> Rows:
