@@ -187,9 +187,7 @@ def _extract_sql(text: str) -> str | None:
                 # safety check refuses it and the model is asked to revise (a smuggled write never slips by).
                 blocks.append(whole)
                 continue
-            sql = _best(_candidates(body))
-            if sql is None:
-                sql = whole if whole and _parses(whole) else None
+            sql = _best(_candidates(body)) or (whole if whole and _parses(whole) else None)
             if sql is not None:
                 blocks.append(sql)
         elif lang in _PLAIN_LANGS:

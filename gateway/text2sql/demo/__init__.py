@@ -6,10 +6,10 @@ from __future__ import annotations
 from gateway.text2sql.demo.rows import demo_rows
 from gateway.text2sql.demo.schema import (
     DB_ID,
+    TABLES,
     DemoQuestion,
     create_table_sql,
     demo_questions,
-    demo_tables,
     spider_tables_entry,
 )
 from gateway.text2sql.demo.writers import (
@@ -22,11 +22,11 @@ from gateway.text2sql.demo.writers import (
 
 __all__ = [
     "DB_ID",
+    "TABLES",
     "DemoQuestion",
     "create_table_sql",
     "demo_questions",
     "demo_rows",
-    "demo_tables",
     "load_sqlite",
     "postgres_script",
     "spider_tables_entry",

@@ -61,7 +61,6 @@ def _money(cents: int) -> float:
 
 
 Rows = dict[str, list[tuple[Value, ...]]]
-_Staff = list[tuple[int, int, int | None, str]]  # (employee_id, department_id, store_id, job_title) of each
 
 
 def demo_rows(seed: int = 0) -> Rows:
@@ -69,10 +68,10 @@ def demo_rows(seed: int = 0) -> Rows:
     rng = random.Random(seed)
     rows: Rows = {t.name: [] for t in TABLES}
     _places(rng, rows)
-    rows["employees"], staff = _employees(rng)
+    rows["employees"] = _employees(rng)
     signups = _customers(rng, rows)
     price_cents = _products(rng, rows)
-    _orders(rng, rows, signups, price_cents, staff)
+    _orders(rng, rows, signups, price_cents)
     return rows
 
 
@@ -87,7 +86,7 @@ def _places(rng: random.Random, rows: Rows) -> None:
         rows["stores"].append((i, f"{city} {kind}", city, country_of[city], opened, rng.randrange(300, 2500, 10)))
 
 
-def _employees(rng: random.Random) -> tuple[list[tuple[Value, ...]], _Staff]:
+def _employees(rng: random.Random) -> list[tuple[Value, ...]]:
     """The employees: a CEO, one director per department, two team leads per department, then staff."""
     used_names: set[tuple[str, str]] = set()
 
@@ -100,7 +99,6 @@ def _employees(rng: random.Random) -> tuple[list[tuple[Value, ...]], _Staff]:
 
     store_ids = list(range(1, len(_STORE_CITIES) + 1))
     employees: list[tuple[Value, ...]] = []
-    staff: _Staff = []
 
     def hire(title: str, dept: int, manager: int | None, salary: tuple[int, int], years: tuple[int, int]) -> int:
         emp_id = len(employees) + 1
@@ -110,7 +108,6 @@ def _employees(rng: random.Random) -> tuple[list[tuple[Value, ...]], _Staff]:
         hired = _day(rng, dt.date(years[0], 1, 1), dt.date(years[1], 12, 31))
         pay = rng.randrange(salary[0], salary[1], 100)
         employees.append((emp_id, first, last, title, dept, store, manager, hired, pay))
-        staff.append((emp_id, dept, store, title))
         return emp_id
 
     ceo = hire("Chief Executive Officer", 4, None, (180_000, 220_000), (2010, 2011))
@@ -123,7 +120,7 @@ def _employees(rng: random.Random) -> tuple[list[tuple[Value, ...]], _Staff]:
     for n in range(38):
         d, lead = leads[n % len(leads)] if n < len(leads) else rng.choice(leads)
         hire(_DEPARTMENTS[d - 1][2], d, lead, (34_000, 78_000), (2015, 2024))
-    return employees, staff
+    return employees
 
 
 def _customers(rng: random.Random, rows: Rows) -> dict[int, dt.date]:
@@ -160,24 +157,23 @@ def _products(rng: random.Random, rows: Rows) -> dict[int, int]:
     return price_cents
 
 
-def _orders(
-    rng: random.Random, rows: Rows, signups: dict[int, dt.date], price_cents: dict[int, int], staff: _Staff
-) -> None:
+def _orders(rng: random.Random, rows: Rows, signups: dict[int, dt.date], price_cents: dict[int, int]) -> None:
     """The orders and their items: a tenth of the customers never order; a few products are never sold."""
     buyers = [c for c in signups if rng.random() >= 0.1]
     unsold = set(rng.sample(range(1, _N_PRODUCTS + 1), 6))
     sellable = [p for p in range(1, _N_PRODUCTS + 1) if p not in unsold]
     store_ids = list(range(1, len(_STORE_CITIES) + 1))
-    # sales staff take store orders
-    staff_by_store = {s: [e for e, dept, store, _ in staff if store == s and dept == 1] for s in store_ids}
-    online_staff = [s[0] for s in staff if s[1] == 6 and s[3] != "Director"]
+    staff = [(e[0], e[3], e[4], e[5]) for e in rows["employees"]]  # id, title, department, store
+    # sales staff take store orders; customer support (department 6) some online ones
+    staff_by_store = {s: [e for e, _, dept, store in staff if store == s and dept == 1] for s in store_ids}
+    online_staff = [e for e, title, dept, _ in staff if dept == 6 and title != "Director"]
     item_id = 0
     for order_id in range(1, _N_ORDERS + 1):
         cust = rng.choice(buyers)
         when = _day(rng, signups[cust], _LAST_DAY)
         status = rng.choice(_STATUSES)
         store: int | None = None
-        emp_id: int | None = None
+        emp_id: Value = None
         if rng.random() < 0.4:
             channel = "online"
             emp_id = rng.choice(online_staff) if rng.random() < 0.3 else None

@@ -66,7 +66,7 @@ def _table(name: str, columns: str) -> TableSpec:
     return TableSpec(name, tuple(specs))
 
 
-TABLES: tuple[TableSpec, ...] = (
+TABLES: tuple[TableSpec, ...] = (  # in an order that satisfies every foreign key
     _table("departments", "department_id INTEGER, name TEXT, budget REAL, city TEXT"),
     _table("stores", "store_id INTEGER, name TEXT, city TEXT, country TEXT, opened_date DATE, size_sqm INTEGER"),
     _table(
@@ -93,11 +93,6 @@ TABLES: tuple[TableSpec, ...] = (
         "quantity INTEGER, unit_price REAL",
     ),
 )
-
-
-def demo_tables() -> list[TableSpec]:
-    """The demo database's tables, in an order that satisfies every foreign key."""
-    return list(TABLES)
 
 
 def create_table_sql(table: TableSpec, dialect: Dialect) -> str:
@@ -150,12 +145,6 @@ class DemoQuestion:
     difficulty: Difficulty
     evidence: str | None = None
     query_pg: str | None = None
-
-    def sql_for(self, dialect: Dialect) -> str:
-        """The gold SQL to run on ``dialect``."""
-        if dialect == "postgres" and self.query_pg is not None:
-            return self.query_pg
-        return self.query
 
 
 def parse_questions(data: Any, source: str = QUESTIONS_RESOURCE) -> tuple[DemoQuestion, ...]:
