@@ -70,9 +70,7 @@ def write_demo_databases(
 def _pg_literal(value: Value) -> str:
     if value is None:
         return "NULL"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
+    if isinstance(value, int | float):
         return repr(value)
     return "'" + value.replace("'", "''") + "'"
 
