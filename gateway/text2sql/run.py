@@ -16,7 +16,7 @@ from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNI
 from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult
 from gateway.text2sql.extract import extract_list, extract_sql, extract_verdict
-from gateway.text2sql.port import Closed, StageCall, StageCallError, StageRunner
+from gateway.text2sql.port import Closed, StageCall, StageRunner
 from gateway.text2sql.prompt_templates import Prompts
 from gateway.text2sql.result import Candidate, Degradation, StageReport, Text2SqlResult, select
 from gateway.text2sql.sqlsafe import SqlRejected
@@ -53,18 +53,9 @@ def degraded_by_step(full: Knobs, used: Knobs) -> list[tuple[str, str]]:
     return out
 
 
-class StageFailed(Exception):
-    """A stage's call failed on its worker: the question fails at that stage."""
-
-    def __init__(self, stage: str, err: StageCallError) -> None:
-        super().__init__(f"stage {stage} failed: {err}")
-        self.stage = stage
-        self.err = err
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a run ended without an answer: the stage, the message and its HTTP status."""
+@dataclass(eq=False)
+class Failure(Exception):
+    """Why a run ended without an answer: the stage, the message and its HTTP status (a failed stage raises it)."""
 
     stage: str
     message: str
@@ -206,7 +197,7 @@ class QuestionRun:
             await self.on_event({"event": "stage", "kind": kind, "calls": [s.as_dict() for s in reports]})
         failure = next((r.error for r in results if r.error is not None), None)
         if failure is not None:
-            raise StageFailed(kind, failure)
+            raise Failure(kind, str(failure), failure.status)
         return [r.text or "" for r in results]
 
     async def execute_all(self, cands: list[Candidate], texts: list[str]) -> None:
@@ -242,8 +233,8 @@ class QuestionRun:
         """``go``, a stage or a database that failed as the ``Failure``."""
         try:
             return await self.go()
-        except StageFailed as exc:
-            return Failure(exc.stage, str(exc.err), exc.err.status)
+        except Failure as exc:
+            return exc
         except DatabaseUnavailable as exc:
             return Failure("execute", str(exc), exc.status)
 
