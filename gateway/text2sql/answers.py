@@ -193,15 +193,6 @@ def mutate_sql(sql: str, mutation: str) -> str | None:
     return out
 
 
-def _mutate_any(sql: str, order: list[str]) -> tuple[str, str] | None:
-    """The first mutation of ``order`` that applies: the wrong SQL and its note."""
-    for name in order:
-        out = mutate_sql(sql, name)
-        if out is not None:
-            return out, f"mutation: {name}"
-    return None
-
-
 def _keywords(sql: str) -> list[str]:
     """Literal values, then table and column names of ``sql``, deduplicated (at most 12)."""
     tokens = _tokens(sql) or []
@@ -313,7 +304,8 @@ def answers_from_spider(dataset_dir: Path, *, wrong_fraction: float, seed: int, 
         made = None
         if i in chosen:
             j = chosen.index(i) % len(MUTATIONS)
-            made = _mutate_any(gold, [*MUTATIONS[j:], *MUTATIONS[:j], "swap_aggregate", "flip_order", "misspell_table"])
+            order = [*MUTATIONS[j:], *MUTATIONS[:j], "swap_aggregate", "flip_order", "misspell_table"]
+            made = next(((sql, f"mutation: {n}") for n in order if (sql := mutate_sql(gold, n)) is not None), None)
         answers[question] = _entry(gold, db_id, made)
     return answers
 
