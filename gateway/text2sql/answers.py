@@ -1,12 +1,7 @@
-"""Scripted answers for the emulated worker, so the Text-to-SQL pipeline runs end to end without a model.
-
-File format (JSON): question text -> ``{"gold": SQL, "wrong": [SQL, ...], "keywords": [...], "db_id": ...,
-"note": ...}`` (only ``gold`` required). ``workers.scripted.AnswersResponder`` answers each stage from it:
-keywords, the gold's tables for schema linking, ``wrong[k]`` else gold for candidate k, gold for a revise,
-``VERDICT: correct`` iff the candidate equals the gold (``normalise_sql``). Whether a wrong candidate ends
-right must be found by executing it, never assumed. Builders: ``build_demo_answers`` (wrong first
-candidates of kinds ``error``, ``empty``, ``different``, checked on the demo database) and
-``answers_from_spider`` (``MUTATIONS`` of the gold, not executed)."""
+"""Scripted answers for the emulated worker (``workers.scripted``), so the Text-to-SQL pipeline runs end to end
+without a model: question text -> ``AnswerEntry`` (docs/text2sql.md, "Demo data and scripted answers").
+``build_demo_answers`` makes wrong first candidates checked on the demo database, ``answers_from_spider``
+``MUTATIONS`` of the gold (not executed: whether one ends right must be found by executing it)."""
 
 from __future__ import annotations
 
@@ -28,24 +23,10 @@ from gateway.text2sql.demo import DB_ID, demo_questions, load_sqlite
 from gateway.text2sql.demo.writers import write_text_atomic
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
 
-__all__ = [
-    "MUTATIONS",
-    "AnswerEntry",
-    "Answers",
-    "AnswersError",
-    "answers_from_spider",
-    "build_demo_answers",
-    "candidate_sql",
-    "load_answers",
-    "mutate_sql",
-    "normalise_sql",
-    "validate_answers",
-    "write_answers",
-]
-
 
 class AnswerEntry(TypedDict):
-    """One question's script: the gold SQL and, optionally, wrong candidates, keywords, db id and a note."""
+    """One question's script: the gold SQL (answers a revise; the evaluator says correct iff a candidate
+    equals it, ``normalise_sql``) and, optionally, wrong candidates by index, keywords, db id and a note."""
 
     gold: str
     wrong: NotRequired[list[str]]
@@ -62,8 +43,6 @@ class AnswersError(ConfigError, ValueError):
     """An answers file or mapping is invalid; the message names the file and the entry."""
 
 
-# ---------------------------------------------------------------------------------- normalisation
-
 _LITERAL_TYPES = frozenset({
     TokenType.STRING, TokenType.NATIONAL_STRING, TokenType.IDENTIFIER, TokenType.NUMBER, TokenType.BIT_STRING,
     TokenType.HEX_STRING, TokenType.BYTE_STRING,
@@ -72,10 +51,7 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z_ \t\r\n]*")
 
 
 def _strip_semicolons(sql: str) -> str:
-    s = sql.strip()
-    while s.endswith(";"):
-        s = s[:-1].rstrip()
-    return s
+    return re.sub(r"[\s;]+$", "", sql.strip())
 
 
 def _tokens(sql: str) -> list[Token] | None:
@@ -102,8 +78,6 @@ def normalise_sql(sql: str) -> str:
         parts.append(text)
     return " ".join(parts)
 
-
-# -------------------------------------------------------------------------------------- mutations
 
 MUTATIONS: tuple[str, ...] = ("drop_where", "misspell_column", "change_operator", "limit_1_to_2")
 """The Spider mutations, in rotation order (``swap_aggregate``, ``flip_order``, ``misspell_table`` exist too)."""
@@ -148,9 +122,7 @@ def _drop_where(sql: str, tokens: list[Token]) -> str | None:
             start = tok
         elif depth == 0 and start is not None and tok.token_type in _CLAUSE_END:
             return (sql[: start.start].rstrip() + " " + sql[tok.start :]).strip()
-    if start is None:
-        return None
-    return sql[: start.start].rstrip()
+    return None if start is None else sql[: start.start].rstrip()
 
 
 def _misspell_named(kind: type[exp.Expression], sql: str, tokens: list[Token]) -> str | None:
@@ -188,12 +160,10 @@ def _swap_aggregate(sql: str, tokens: list[Token]) -> str | None:
 
 
 def _flip_order(sql: str, tokens: list[Token]) -> str | None:
-    for tok in tokens:
-        if tok.token_type == TokenType.DESC:
-            return _replace(sql, tok, "ASC")
-    for tok in tokens:
-        if tok.token_type == TokenType.ASC:
-            return _replace(sql, tok, "DESC")
+    for kind, new in ((TokenType.DESC, "ASC"), (TokenType.ASC, "DESC")):
+        for tok in tokens:
+            if tok.token_type == kind:
+                return _replace(sql, tok, new)
     return None
 
 
@@ -223,15 +193,6 @@ def mutate_sql(sql: str, mutation: str) -> str | None:
     return out
 
 
-def _mutate_any(sql: str, order: list[str]) -> tuple[str, str] | None:
-    """The first mutation of ``order`` that applies: the wrong SQL and its note."""
-    for name in order:
-        out = mutate_sql(sql, name)
-        if out is not None:
-            return out, f"mutation: {name}"
-    return None
-
-
 def _keywords(sql: str) -> list[str]:
     """Literal values, then table and column names of ``sql``, deduplicated (at most 12)."""
     tokens = _tokens(sql) or []
@@ -244,9 +205,6 @@ def candidate_sql(entry: AnswerEntry, k: int) -> str:
     """The SQL the scripted model gives as candidate ``k``: ``wrong[k]`` if present, else the gold."""
     wrong = entry.get("wrong", [])
     return wrong[k] if 0 <= k < len(wrong) and wrong[k] else entry["gold"]
-
-
-# ------------------------------------------------------------------------------------------- builders
 
 
 def _chosen(n: int, wrong_fraction: float, seed: int) -> list[int]:
@@ -325,10 +283,8 @@ def build_demo_answers(seed: int = 0, wrong_fraction: float = 0.25) -> Answers:
 
 
 def answers_from_spider(dataset_dir: Path, *, wrong_fraction: float, seed: int, limit: int | None = None) -> Answers:
-    """Scripted answers for the first ``limit`` questions of a Spider-layout ``dev.json`` (see the module doc).
-
-    A question text that repeats (whitespace-normalised) keeps its first entry.
-    """
+    """Scripted answers for the first ``limit`` questions of a Spider-layout ``dev.json``; a question text that
+    repeats (whitespace-normalised) keeps its first entry."""
     path = Path(dataset_dir) / "dev.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -336,23 +292,20 @@ def answers_from_spider(dataset_dir: Path, *, wrong_fraction: float, seed: int, 
         raise AnswersError(str(path), "", f"cannot read the dataset: {exc}") from exc
     if not isinstance(data, list):
         raise AnswersError(str(path), "", "expected a JSON list of questions")
-    items: list[tuple[str, str, str]] = []
-    seen: set[str] = set()
+    firsts: dict[str, tuple[str, str, str]] = {}  # whitespace-normalised question -> its first item
     for i, item in enumerate(data if limit is None else data[: max(limit, 0)]):
         if not isinstance(item, dict) or not isinstance(item.get("question"), str) or not item.get("query"):
             raise AnswersError(str(path), f"[{i}]", "expected an object with 'question' and 'query'")
-        key = " ".join(item["question"].split())
-        if key in seen:
-            continue
-        seen.add(key)
-        items.append((item["question"], str(item["query"]), str(item.get("db_id", ""))))
-    chosen = _chosen(len(items), wrong_fraction, seed)
+        entry = (item["question"], str(item["query"]), str(item.get("db_id", "")))
+        firsts.setdefault(" ".join(item["question"].split()), entry)
+    chosen = _chosen(len(firsts), wrong_fraction, seed)
     answers: Answers = {}
-    for i, (question, gold, db_id) in enumerate(items):
+    for i, (question, gold, db_id) in enumerate(firsts.values()):
         made = None
         if i in chosen:
             j = chosen.index(i) % len(MUTATIONS)
-            made = _mutate_any(gold, [*MUTATIONS[j:], *MUTATIONS[:j], "swap_aggregate", "flip_order", "misspell_table"])
+            order = [*MUTATIONS[j:], *MUTATIONS[:j], "swap_aggregate", "flip_order", "misspell_table"]
+            made = next(((sql, f"mutation: {n}") for n in order if (sql := mutate_sql(gold, n)) is not None), None)
         answers[question] = _entry(gold, db_id, made)
     return answers
 
@@ -367,35 +320,21 @@ def _entry(gold: str, db_id: str, wrong: tuple[str, str] | None) -> AnswerEntry:
     return entry
 
 
-# ------------------------------------------------------------------------------------------ file I/O
+_OPTIONAL = ("wrong", "keywords", "db_id", "note")
+_KEYS = frozenset({"gold", *_OPTIONAL})
 
 
-def _str_list(value: object, source: str, field: str) -> list[str]:
+def _checked(key: str, value: object, source: str, field: str) -> object:
+    if key in ("db_id", "note"):
+        if not isinstance(value, str):
+            raise AnswersError(source, field, "expected a string")
+        return value
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise AnswersError(source, field, "expected a list of strings")
-    return list(value)
-
-
-def _sql_list(value: object, source: str, field: str) -> list[str]:
-    out = _str_list(value, source, field)
-    if not all(w.strip() for w in out):
+    items = [str(v) for v in value]
+    if key == "wrong" and not all(w.strip() for w in items):
         raise AnswersError(source, field, "empty SQL string")
-    return out
-
-
-def _str(value: object, source: str, field: str) -> str:
-    if not isinstance(value, str):
-        raise AnswersError(source, field, "expected a string")
-    return value
-
-
-_OPTIONAL: dict[str, Callable[[object, str, str], object]] = {
-    "wrong": _sql_list,
-    "keywords": _str_list,
-    "db_id": _str,
-    "note": _str,
-}
-_KEYS = frozenset({"gold", *_OPTIONAL})
+    return items
 
 
 def validate_answers(data: object, source: str = "<answers>") -> Answers:
@@ -415,7 +354,7 @@ def validate_answers(data: object, source: str = "<answers>") -> Answers:
         gold = raw.get("gold")
         if not isinstance(gold, str) or not gold.strip():
             raise AnswersError(source, f"{where}.gold", "expected a non-empty SQL string")
-        checked = {k: check(raw[k], source, f"{where}.{k}") for k, check in _OPTIONAL.items() if k in raw}
+        checked = {k: _checked(k, raw[k], source, f"{where}.{k}") for k in _OPTIONAL if k in raw}
         out[question] = cast(AnswerEntry, {"gold": gold, **checked})
     return out
 
@@ -424,11 +363,9 @@ def load_answers(path: Path) -> Answers:
     """Read and validate an answers file; ``AnswersError`` (a ``ValueError``) names the file and entry."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise AnswersError(str(path), "", f"cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise AnswersError(str(path), "", f"not valid JSON: {exc}") from exc
     return validate_answers(data, str(path))

@@ -1,10 +1,4 @@
-"""Execution accuracy: does a predicted query return the gold query's result?
-
-``results_match`` compares cell by cell after normalising: numbers numerically (integers exactly, else
-within ``REL_TOL``/``ABS_TOL``; NaN equals NaN), dates and times as ISO text, strings and bytes exactly,
-same columns in the same order; rows as multisets unless ``ordered`` (``gold_is_ordered``: a top-level
-``ORDER BY``). ``ExecutionAccuracy`` accumulates outcomes; ``execute_sqlite`` runs a query read-only with
-a time limit."""
+"""Execution accuracy: does a predicted query return the gold query's result (``results_match``)?"""
 
 from __future__ import annotations
 
@@ -18,19 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import sqlglot
 from sqlglot import exp
-
-__all__ = [
-    "ABS_TOL",
-    "REL_TOL",
-    "ExecutionAccuracy",
-    "execute_sqlite",
-    "gold_is_ordered",
-    "normalise_value",
-    "results_match",
-]
 
 REL_TOL = 1e-6
 """Relative tolerance for comparing non-integer numbers."""
@@ -118,7 +103,9 @@ def _groups_match(gold: list[tuple[int | float, ...]], pred: list[tuple[int | fl
 
 
 def results_match(gold_rows: Sequence[Row], pred_rows: Sequence[Row], *, ordered: bool) -> bool:
-    """Whether ``pred_rows`` is the same result as ``gold_rows`` (see the module doc for the rules)."""
+    """Whether ``pred_rows`` is the same result as ``gold_rows``, cell by cell after ``normalise_value``: numbers
+    numerically (integers exactly, else within ``REL_TOL``/``ABS_TOL``; NaN equals NaN), the rest exactly, same
+    columns in the same order; rows as multisets unless ``ordered`` (``gold_is_ordered``)."""
     if len(gold_rows) != len(pred_rows):
         return False
     gold = [_split(r) for r in gold_rows]
@@ -134,8 +121,6 @@ def results_match(gold_rows: Sequence[Row], pred_rows: Sequence[Row], *, ordered
         return False
     return all(_groups_match(nums, pred_groups[shape]) for shape, nums in gold_groups.items())
 
-
-# ------------------------------------------------------------------------------------------ ordering
 
 _STRING_LITERAL = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
 _PARENS = re.compile(r"\([^()]*\)")
@@ -165,67 +150,49 @@ def gold_is_ordered(sql: str) -> bool:
     return _ordered_regex(sql)
 
 
-# ---------------------------------------------------------------------------------------- accounting
-
-
 @dataclass
 class _Tally:
     count: int = 0
     correct: int = 0
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "count": self.count,
-            "correct": self.correct,
-            "accuracy": self.correct / self.count if self.count else 0.0,
-        }
-
-
-@dataclass
-class ExecutionAccuracy:
-    """Running execution accuracy, overall and per difficulty (``easy``/``medium``/``hard``/...)."""
-
-    count: int = 0
-    correct: int = 0
-    errors: int = 0
-    by_difficulty: dict[str, _Tally] = field(default_factory=dict)
-
-    def add(self, correct: bool, difficulty: str | None = None, *, error: bool = False) -> None:
-        """Record one question: whether the prediction matched, its difficulty, whether it failed to run."""
-        self.count += 1
-        self.correct += int(correct)
-        self.errors += int(error)
-        if difficulty is not None:
-            tally = self.by_difficulty.setdefault(difficulty, _Tally())
-            tally.count += 1
-            tally.correct += int(correct)
 
     @property
     def accuracy(self) -> float:
         """Fraction of questions answered correctly (0.0 before any)."""
         return self.correct / self.count if self.count else 0.0
 
-    def as_dict(self) -> dict[str, object]:
+    def add(self, correct: bool) -> None:
+        self.count += 1
+        self.correct += int(correct)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "correct": self.correct, "accuracy": self.accuracy}
+
+
+@dataclass
+class ExecutionAccuracy(_Tally):
+    """Running execution accuracy, overall and per difficulty (``easy``/``medium``/``hard``/...)."""
+
+    errors: int = 0
+    by_difficulty: dict[str, _Tally] = field(default_factory=dict)
+
+    def add(self, correct: bool, difficulty: str | None = None, *, error: bool = False) -> None:
+        """Record one question: whether the prediction matched, its difficulty, whether it failed to run."""
+        super().add(correct)
+        self.errors += int(error)
+        if difficulty is not None:
+            self.by_difficulty.setdefault(difficulty, _Tally()).add(correct)
+
+    def as_dict(self) -> dict[str, Any]:
         """JSON view: count, correct, errors, accuracy and ``by_difficulty`` (sorted by name)."""
-        return {
-            "count": self.count,
-            "correct": self.correct,
-            "errors": self.errors,
-            "accuracy": self.accuracy,
-            "by_difficulty": {k: self.by_difficulty[k].as_dict() for k in sorted(self.by_difficulty)},
-        }
-
-
-# ----------------------------------------------------------------------------------------- execution
+        view = {k: getattr(self, k) for k in ("count", "correct", "errors", "accuracy")}
+        return view | {"by_difficulty": {k: self.by_difficulty[k].as_dict() for k in sorted(self.by_difficulty)}}
 
 
 def execute_sqlite(
     path: Path, sql: str, *, timeout_s: float = 30.0, max_rows: int | None = None
 ) -> list[tuple[object, ...]]:
-    """Run ``sql`` read-only on the SQLite file ``path``; ``sqlite3.Error`` on failure or past ``timeout_s``.
-
-    Text that is not valid UTF-8 is decoded with replacement characters (some Spider databases hold it).
-    """
+    """Run ``sql`` read-only on the SQLite file ``path``; ``sqlite3.Error`` on failure or past ``timeout_s``
+    (invalid UTF-8, which some Spider databases hold, is replaced)."""
     conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
     conn.text_factory = lambda b: b.decode("utf-8", errors="replace")
     deadline = time.monotonic() + timeout_s

@@ -1,21 +1,14 @@
-"""Structured answers out of free-form model output: SQL, evaluator verdicts, keyword lists.
-
-``extract_sql``: the last ``sql``-tagged (or parseable untagged) fenced block, else the last statement
-starting ``SELECT``/``WITH name AS (`` found in the text (parseable ones first), trimmed; None when none.
-``extract_verdict``: True/False from a labelled verdict, else a verdict-only line, else any verdict word
-(the last in the best tier; ``not correct`` is incorrect); None when none. ``extract_list``: the first JSON
-list (or an object's list values), else comma/newline items without bullets, labels and quotes; deduplicated,
-at most ``MAX_ITEMS`` of ``MAX_ITEM_CHARS``. All three are pure and never raise on any ``str``."""
+"""Structured answers out of free-form model output: SQL, evaluator verdicts, keyword lists. All three
+extractors are pure and never raise on any ``str``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
 import sqlglot
 from sqlglot import exp
-
-__all__ = ["MAX_ITEMS", "MAX_ITEM_CHARS", "extract_list", "extract_sql", "extract_verdict"]
 
 MAX_ITEMS = 100
 """At most this many items come out of ``extract_list``."""
@@ -144,15 +137,12 @@ def _candidates(text: str) -> list[tuple[int, int, str]]:
         m = _START.search(text, pos)
         if m is None:
             break
-        begin = m.start()
-        word = m.group(1)
-        line_start = text.rfind("\n", 0, begin) + 1
-        before = text[line_start:begin]
+        begin, word = m.start(), m.group(1)
+        before = text[text.rfind("\n", 0, begin) + 1 : begin]
         inline = begin > 0 and text[begin - 1] == "`" and not text.startswith("```", max(begin - 3, 0))
         at_start = bool(_LINE_PREFIX.match(before)) or before.rstrip().endswith(":") or inline
         is_with = word.lower() == "with"
-        ok = (at_start and bool(_WITH_CTE.match(text, begin))) if is_with else (at_start or word == "SELECT")
-        if not ok:
+        if not ((at_start and _WITH_CTE.match(text, begin)) if is_with else (at_start or word == "SELECT")):
             pos = m.end()
             continue
         raw, end = _scan_statement(text, begin, inline)
@@ -166,13 +156,12 @@ def _candidates(text: str) -> list[tuple[int, int, str]]:
 
 
 def _best(found: list[tuple[int, int, str]]) -> str | None:
-    if not found:
-        return None
-    return max(found, key=lambda c: (c[0], c[1]))[2]
+    return max(found)[2] if found else None  # the strongest, then the last (positions differ)
 
 
 def extract_sql(text: str) -> str | None:
-    """The SQL query in a model's answer, or ``None`` when it holds nothing SQL-like."""
+    """The SQL query in a model's answer: the last ``sql``-tagged (or parseable untagged) fenced block, else the
+    last statement starting ``SELECT``/``WITH name AS (`` (parseable ones first), trimmed; None when none."""
     try:
         return _extract_sql(text[:_MAX_SCAN_CHARS])
     except Exception:  # pragma: no cover - defensive: extraction must never fail a pipeline
@@ -198,10 +187,7 @@ def _extract_sql(text: str) -> str | None:
                 # safety check refuses it and the model is asked to revise (a smuggled write never slips by).
                 blocks.append(whole)
                 continue
-            sql = _best(_candidates(body))
-            if sql is None:
-                stripped = _strip_sql(body)
-                sql = stripped if stripped and _parses(stripped) else None
+            sql = _best(_candidates(body)) or (whole if whole and _parses(whole) else None)
             if sql is not None:
                 blocks.append(sql)
         elif lang in _PLAIN_LANGS:
@@ -216,8 +202,6 @@ def _extract_sql(text: str) -> str | None:
     return _best(_candidates("\n\n".join(rest)))
 
 
-# ------------------------------------------------------------------------------------------ verdicts
-
 _POSITIVE = frozenset({"correct", "yes", "pass", "passed", "passes", "true", "valid", "right", "accept", "accepted"})
 _NEGATIVE = frozenset({"incorrect", "no", "fail", "failed", "fails", "false", "invalid", "wrong", "reject", "rejected"})
 _WORDS = "|".join(sorted(_POSITIVE | _NEGATIVE, key=len, reverse=True))
@@ -230,25 +214,19 @@ _ALONE = re.compile(rf"^[\s*_`\"'>#-]*(not\s+)?({_WORDS})[\s*_`\"'.!]*$", re.IGN
 _ANY = re.compile(rf"\b(not\s+)?({_WORDS})\b", re.IGNORECASE)
 
 
-def _verdict_of(match: re.Match[str]) -> bool:
-    positive = match.group(2).lower() in _POSITIVE
-    return positive != bool(match.group(1))
-
-
 def extract_verdict(text: str) -> bool | None:
-    """An evaluator's verdict: ``True`` (correct), ``False`` (incorrect) or ``None`` (none found)."""
+    """An evaluator's verdict, True (correct) or False, from a labelled verdict, else a verdict-only line, else
+    any verdict word (the last in the best tier; ``not correct`` is incorrect); None when none."""
     try:
         text = text[-_MAX_SCAN_CHARS:]
         for pattern in (_LABELLED, _ALONE, _ANY):
             matches = list(pattern.finditer(text))
             if matches:
-                return _verdict_of(matches[-1])
+                return (matches[-1].group(2).lower() in _POSITIVE) != bool(matches[-1].group(1))
     except Exception:  # pragma: no cover - defensive
         return None
     return None
 
-
-# --------------------------------------------------------------------------------------------- lists
 
 _BULLET = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)]|\(\d{1,3}\))\s+")
 _LABEL = re.compile(r"^\s*[A-Za-z][A-Za-z _-]{0,40}:\s*")
@@ -257,11 +235,7 @@ _MAX_JSON_TRIES = 50
 
 def _json_items(text: str) -> list[str] | None:
     decoder = json.JSONDecoder()
-    tries = 0
-    for m in re.finditer(r"[\[{]", text):
-        tries += 1
-        if tries > _MAX_JSON_TRIES:
-            break
+    for m in itertools.islice(re.finditer(r"[\[{]", text), _MAX_JSON_TRIES):
         try:
             value, _end = decoder.raw_decode(text, m.start())
         except Exception:
@@ -312,7 +286,8 @@ def _split_items(text: str) -> list[str]:
 
 
 def extract_list(text: str) -> list[str]:
-    """The items of a list answer (JSON list preferred), deduplicated in order and capped."""
+    """The items of a list answer: the first JSON list (or an object's list values), else comma/newline items
+    without bullets, labels and quotes; deduplicated in order, at most ``MAX_ITEMS`` of ``MAX_ITEM_CHARS``."""
     try:
         text = text[:_MAX_SCAN_CHARS]
         items = _json_items(text)
@@ -320,13 +295,4 @@ def extract_list(text: str) -> list[str]:
             items = _split_items(text)
     except Exception:  # pragma: no cover - defensive
         return []
-    out: list[str] = []
-    seen: set[str] = set()
-    for item in items:
-        item = item[:MAX_ITEM_CHARS]
-        if item and item not in seen:
-            seen.add(item)
-            out.append(item)
-            if len(out) >= MAX_ITEMS:
-                break
-    return out
+    return list(dict.fromkeys(item[:MAX_ITEM_CHARS] for item in items if item))[:MAX_ITEMS]

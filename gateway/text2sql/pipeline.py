@@ -21,21 +21,17 @@ from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNI
 from gateway.text2sql.db import Database, DatabaseUnavailable, SchemaInfo, serialize_schema
 from gateway.text2sql.port import StageRunner
 from gateway.text2sql.prompt_templates import Prompts
-from gateway.text2sql.result import Candidate, StageReport, Text2SqlResult
-from gateway.text2sql.run import STRATEGIES, TEMPLATES, EventFn, Failure, QuestionRun, question_result
+from gateway.text2sql.result import Candidate, Text2SqlResult
+from gateway.text2sql.run import STRATEGIES, TEMPLATES, EventFn, Failure, QuestionRun
 
 _CHESS_OUTPUT = {p.kind: p.output_tokens for p in CHESS_TEMPLATE.phases}
 DB_WINDOW = 100
 """Answered questions per database its figures are fitted over (the most recent)."""
-POOLED_WINDOW = 300
-"""Answered questions, over every database, the model's revise rounds are fitted over."""
-OUTPUT_WINDOW = 500
-"""Calls per stage kind, over every database, the model's output lengths are fitted over."""
+_POOLED_WINDOW = 300  # answered questions, over every database, the model's revise rounds are fitted over
+_OUTPUT_WINDOW = 500  # calls per stage kind, over every database, the model's output lengths are fitted over
 PRIOR_REVISE_ROUNDS = 1.0
-"""Revise rounds a question is predicted to take before any question was answered: the pipeline revises a
-wrong or empty first attempt, and most first attempts need at most one round; replaced by the model's own
-figure after the first answered questions (``POOLED_WINDOW``)."""
-_TYPICAL = {
+"""Revise rounds a question is predicted to take before the model's own figure (``_POOLED_WINDOW``) is known."""
+_TYPICAL = {  # a question's parts, to render the prior's prompts at a database's schema size
     "index": 0,
     "strategy": STRATEGIES[0][0],
     "strategy_text": STRATEGIES[0][1],
@@ -50,18 +46,16 @@ _TYPICAL = {
     "unit_tests": "1. The result has one row per customer.\n2. Every total is positive.\n3. Only 2023 orders count.",
     "preview": "name | total\nAda | 120.5\nBo | 99.0\nCy | 87.25",
 }
-"""Typical values of a question's parts, to render the prior's prompts at a database's schema size."""
 
 
+_STAGE_FIELDS = ("kind", "input_tokens", "output_tokens", "rounds", "width")
 _MAX_TOKENS = {KEYWORDS: 96, IR: 256, CANDIDATE: 768, REVISE: 768, UNIT_TEST: 256, EVALUATE: 96}
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """Stage counts and output budgets (tokens) of the pipeline: its full-quality knobs.
-
-    ``evaluate`` off (or a single candidate) skips unit-test generation and evaluation.
-    """
+    """Stage counts and output budgets (tokens) of the pipeline: its full-quality knobs (``evaluate`` off, or a
+    single candidate, skips unit tests and evaluation)."""
 
     candidates: int = 2
     max_revisions: int = 10
@@ -78,14 +72,8 @@ class PipelineConfig:
 
 
 class Text2SqlPipeline:
-    """Runs questions through the pipeline; one instance serves every request (it holds no per-run state).
-
-    Args:
-        config: stage counts and output budgets (the full-quality knobs).
-        prompts: the prompt templates (``Prompts.load()``: read once, at start-up).
-        quality: accuracy per knob setting, ranking the settings an ``adaptive`` tenant may get (default:
-            the packaged, measured ``gateway/config/quality.yaml``).
-    """
+    """Runs questions through the pipeline; one instance serves every request (no per-run state). ``quality``:
+    accuracy per knob setting, ranking an ``adaptive`` tenant's settings (default: ``gateway/config/quality.yaml``)."""
 
     def __init__(self, config: PipelineConfig, prompts: Prompts, quality: QualityModel | None = None) -> None:
         self.cfg = config
@@ -94,21 +82,16 @@ class Text2SqlPipeline:
         self.degraders: dict[str, Degrader] = {
             mode: Degrader(mode, config.knobs, self.quality) for mode in ("full", "adaptive", "fast")
         }
-        self.shapes: dict[str, ShapeWindow] = {}
-        """Per database: its recent answered questions (one entry per configured database: bounded)."""
-        self.pooled = ShapeWindow(POOLED_WINDOW, SKIPPABLE)
-        """Every database's recent answered questions: the model's revise rounds."""
-        self.outputs = OutputWindow(OUTPUT_WINDOW)
-        """Every database's recent calls as they return: the model's output lengths."""
+        self.shapes: dict[str, ShapeWindow] = {}  # per database: its recent answered questions
+        self.pooled = ShapeWindow(_POOLED_WINDOW, SKIPPABLE)  # every database's: the model's revise rounds
+        self.outputs = OutputWindow(_OUTPUT_WINDOW)  # every database's calls: the model's output lengths
+        # per database: its schema as last introspected, serialised, and the prior's prompt tokens at it
         self._schemas: dict[str, tuple[SchemaInfo, str, dict[str, int]]] = {}
-        """Per database: its schema as last introspected, serialised, and the prior's prompt tokens at it."""
 
     def structure(self, inputs: dict[str, int] | None = None) -> WorkflowTemplate:
-        """The pipeline's own stages at full quality, before any answered question: keywords, schema linking,
-        the candidates in parallel, revise rounds (``PRIOR_REVISE_ROUNDS``), then unit tests and one evaluation
-        per candidate when the configuration evaluates. Each call's output is the model's (``OutputWindow``),
-        before the model was observed its kind's budget capped at CHESS's mean output; its input
-        ``inputs[kind]`` (default: CHESS's)."""
+        """The pipeline's own stages at full quality before any answered question (``PRIOR_REVISE_ROUNDS``):
+        outputs the model's (``OutputWindow``; before it was observed, the budget capped at CHESS's mean),
+        inputs ``inputs[kind]`` (default: CHESS's)."""
         cfg = self.cfg
         knobs = cfg.knobs
 
@@ -127,20 +110,17 @@ class Text2SqlPipeline:
         return WorkflowTemplate("text2sql", tuple(phases))
 
     def prior_inputs(self, schema_text: str, dialect: str) -> dict[str, int]:
-        """Each stage's prompt tokens (estimated: characters / 4) for a typical question on a database whose
-        serialised schema is ``schema_text``: the prompts rendered with typical values of the question's parts."""
-        render = self.prompts.render
-        system = render("system", dialect=dialect)
+        """Each stage's prompt tokens (estimated) for a typical question on a database of ``schema_text``."""
+        system = {"role": "system", "content": self.prompts.render("system", dialect=dialect)}
         values = {**_TYPICAL, "schema": schema_text, "dialect": dialect, "n": self.cfg.unit_tests}
-        texts = {kind: render(name, **values) for kind, name in TEMPLATES.items()}
         return {
-            k: message_tokens(({"role": "system", "content": system}, {"role": "user", "content": v}))
-            for k, v in texts.items()
+            kind: message_tokens((system, {"role": "user", "content": self.prompts.render(name, **values)}))
+            for kind, name in TEMPLATES.items()
         }
 
     async def schema_text(self, db: Database) -> str:
-        """``db``'s schema serialised for the prompts (introspected once, as ``Database.schema`` caches it; the
-        text and the prior's prompt sizes at it are kept until the schema is introspected again)."""
+        """``db``'s schema serialised for the prompts (kept, with the prior's prompt sizes at it, while
+        ``Database.schema`` returns the same schema)."""
         schema = await db.schema()
         kept = self._schemas.get(db.db_id)
         if kept is None or kept[0] is not schema:
@@ -159,10 +139,9 @@ class Text2SqlPipeline:
         return 1.0 if scale is None else scale
 
     def plan_for(self, db_id: str, mode: QualityMode = "full") -> QuestionPlan:
-        """The prediction of the next question on ``db_id`` at quality ``mode`` (see the module docstring):
-        its template from the database's answered questions once it has ``MIN_QUESTIONS``, else the prior at
-        its schema size (as last introspected: ``schema_text``; CHESS's prompt sizes if never), and the
-        floor the mode may degrade to."""
+        """The prediction of the next question on ``db_id`` at quality ``mode``: fitted to the database's
+        answered questions once it has ``MIN_QUESTIONS``, else the prior at its schema size; with the floor the
+        mode may degrade to."""
         degrader = self.degrader(mode)
         kept = self._schemas.get(db_id)
         scale = self.input_scale(db_id)
@@ -194,19 +173,17 @@ class Text2SqlPipeline:
         return QuestionPlan(template, degrader.full, floor, source, observed)
 
     async def plan(self, db: Database, mode: QualityMode = "full") -> QuestionPlan:
-        """``plan_for`` with ``db``'s schema read first (once: it is cached), so that a database's first
-        question is predicted at its schema size. A database that cannot be read is predicted as before it
-        was (its question fails at its schema stage, as it would have)."""
+        """``plan_for`` with ``db``'s schema read first (once), so that its first question is predicted at its
+        schema size (a database that cannot be read fails at its schema stage)."""
         with contextlib.suppress(DatabaseUnavailable):
             await self.schema_text(db)
         return self.plan_for(db.db_id, mode)
 
     def record(self, db_id: str, sample: QuestionSample) -> None:
         """One question answered with a valid SQL on ``db_id``: a sample of its database and of the model."""
-        w = self.shapes.get(db_id)
-        if w is None:
-            w = self.shapes[db_id] = ShapeWindow(DB_WINDOW, SKIPPABLE)
-        w.add(sample)
+        if db_id not in self.shapes:
+            self.shapes[db_id] = ShapeWindow(DB_WINDOW, SKIPPABLE)
+        self.shapes[db_id].add(sample)
         self.pooled.add(sample)
 
     def status(
@@ -222,13 +199,7 @@ class Text2SqlPipeline:
                 "source": plan.source,
                 "answered_in_window": 0 if w is None else w.questions,
                 "stages": [
-                    {
-                        "kind": p.kind,
-                        "input_tokens": p.input_tokens,
-                        "output_tokens": p.output_tokens,
-                        "rounds": round(p.rounds, 3),
-                        "width": p.width,
-                    }
+                    {f: round(p.rounds, 3) if f == "rounds" else getattr(p, f) for f in _STAGE_FIELDS}
                     for p in plan.template.phases
                 ],
             }
@@ -256,33 +227,23 @@ class Text2SqlPipeline:
         quality_mode: QualityMode = "full",
         plan: QuestionPlan | None = None,
     ) -> Text2SqlResult:
-        """Answer one question with ``runner`` (fresh, unopened); never raises for model, SQL or database
-        problems (they are statuses). The runner is opened first (the deadline runs from arrival: fetching
-        the schema is part of the answer) and closed exactly once, also on cancellation. ``quality_mode``:
-        the tenant's (``full`` never degrades; ``adaptive`` and ``fast``: see the module docstring).
-        ``plan``: the question's prediction as admission made it (default: ``plan_for`` now)."""
-        degrader = self.degrader(quality_mode)
+        """Answer one question with ``runner`` (fresh, unopened; opened first, the schema read inside the
+        deadline, closed exactly once, also on cancellation); model, SQL and database problems are statuses,
+        never raised. ``plan``: the prediction admission made (default: ``plan_for`` now)."""
         if plan is None:
             plan = self.plan_for(db.db_id, quality_mode)
         started = time.perf_counter()
-        stages: list[StageReport] = []
+        values = {"question": question, "evidence": evidence or "none", "dialect": db.dialect}
+        run = QuestionRun(self, runner, db, values, on_event, self.degrader(quality_mode), plan)
         runner.open(deadline_s, plan)
-        run: QuestionRun | None = None
         outcome: tuple[str, Candidate | None] | Failure = Failure("open", "cancelled", 500)
         cancelled = False
         try:
             try:
-                schema_text = await self.schema_text(db)
+                values["schema"] = await self.schema_text(db)
             except DatabaseUnavailable as exc:
                 outcome = Failure("schema", str(exc), exc.status)
             else:
-                values = {
-                    "question": question,
-                    "evidence": evidence or "none",
-                    "schema": schema_text,
-                    "dialect": db.dialect,
-                }
-                run = QuestionRun(self, runner, db, values, stages, on_event, degrader, plan)
                 run.local_s = time.perf_counter() - started
                 outcome = await run.outcome()
         except asyncio.CancelledError:  # the caller gave up (the client went away): no further stage
@@ -291,8 +252,7 @@ class Text2SqlPipeline:
         finally:
             ok = isinstance(outcome, tuple) and outcome[0] == "ok"
             closed = runner.close(valid=ok, failed=isinstance(outcome, Failure), cancelled=cancelled)
-        if run is not None and ok:
-            # Answered with a valid SQL: its stages are a sample (one the model could not answer ran every round
-            # it was allowed; counted, it would stretch every later question's prediction).
+        if ok:
+            # Only a valid answer is a sample: one the model could not answer ran every round it was allowed.
             self.record(db.db_id, QuestionSample.of(run.shape, evaluated=run.evaluated, prompt_sizes=run.prompt_sizes))
-        return question_result(request_id, outcome, run, stages, deadline_s, closed, quality_mode)
+        return run.result(request_id, outcome, deadline_s, closed)

@@ -1,7 +1,6 @@
 """The port the Text-to-SQL pipeline needs from whatever runs its LLM calls: ``StageRunner`` (the live
-gateway's is ``gateway.live.text2sql_runner``; a test's can be a few lines). One runner serves one question:
-``open`` once, ``run_stage`` per stage, ``remaining``/``remaining_predictor`` for decisions, ``close`` exactly
-once. Everything the pipeline reads about time comes from the runner's clock, so it never mixes two clocks."""
+gateway's is ``gateway.live.text2sql_runner``). Everything the pipeline reads about time comes from the
+runner's clock, so it never mixes two clocks."""
 
 from __future__ import annotations
 
@@ -63,11 +62,11 @@ class Closed:
 
 
 class StageRunner(Protocol):
-    """Runs one question's LLM calls under its deadline (see the module docstring)."""
+    """Runs one question's LLM calls under its deadline: ``open`` once, ``run_stage`` per stage,
+    ``remaining``/``remaining_predictor`` for decisions, ``close`` exactly once."""
 
     def open(self, deadline_s: float, plan: QuestionPlan) -> None:
-        """Start the workflow now; its deadline is ``deadline_s`` from now, its stages predicted by ``plan``
-        (the question's one prediction: its stage budgets follow it). Called once, first."""
+        """Start the workflow now, its deadline ``deadline_s`` from now, its stages predicted by ``plan``."""
 
     async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
         """Run one stage (``calls`` in parallel); one result per call, in order. Never raises for a failed

@@ -1,5 +1,4 @@
-"""The pipeline's prompt templates (``gateway/text2sql/prompts/*.txt``, ``$name`` placeholders).
-``Prompts.load()`` reads them (blocking: at start-up only); ``Prompts(templates)`` takes them ready-made."""
+"""The pipeline's prompt templates (``gateway/text2sql/prompts/*.txt``, ``$name`` placeholders)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ class Prompts:
 
     @classmethod
     def load(cls) -> Prompts:
-        """The package's templates (``gateway/text2sql/prompts/<name>.txt``)."""
+        """The package's templates (blocking: read at start-up only)."""
         base = resources.files("gateway.text2sql") / "prompts"
         return cls({n: Template((base / f"{n}.txt").read_text(encoding="utf-8")) for n in cls.NAMES})
 

@@ -1,13 +1,15 @@
-"""What one question's run produces: ``Candidate``, ``StageReport``, ``Degradation``, ``Text2SqlResult`` (the
-body of ``POST /v1/text2sql``), and ``select`` (verdicts, then agreement of results, then order)."""
+"""What one question's run produces, up to ``Text2SqlResult`` (the body of ``POST /v1/text2sql``)."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from gateway.text2sql.db import QueryResult
+
+_CANDIDATE_KEYS = ("index", "strategy", "sql", "valid", "row_count", "problem", "revisions", "verdict")
 
 
 @dataclass
@@ -29,16 +31,8 @@ class Candidate:
 
     def as_dict(self) -> dict[str, Any]:
         """The response view."""
-        return {
-            "index": self.index,
-            "strategy": self.strategy,
-            "sql": self.sql,
-            "valid": self.valid,
-            "row_count": None if self.result is None else self.result.row_count,
-            "problem": self.problem,
-            "revisions": self.revisions,
-            "verdict": self.verdict,
-        }
+        derived = {"valid": self.valid, "row_count": None if self.result is None else self.result.row_count}
+        return {k: derived[k] if k in derived else getattr(self, k) for k in _CANDIDATE_KEYS}
 
 
 @dataclass
@@ -62,11 +56,9 @@ class StageReport:
 
 @dataclass(frozen=True)
 class Degradation:
-    """One knob turned down from full quality, and the decision that did it.
-
-    ``step``: candidates, revisions or evaluation; ``at``: "arrival" or the stage kind just finished;
-    ``predicted_full_s``/``predicted_s``: the remaining duration predicted with the fullest knobs still
-    open / with those chosen; ``time_left_s``: to the deadline then (runner clock)."""
+    """One knob turned down from full quality (``step``), and the decision that did it: ``at`` "arrival" or the
+    stage just finished, the remaining seconds predicted with the fullest knobs still open and with those
+    chosen, the seconds left to the deadline then (runner clock)."""
 
     step: str
     detail: str
@@ -103,13 +95,9 @@ class Text2SqlResult:
     latency_s: float
     deadline_met: bool
     local_s: float = 0.0
-    """Wall time of the work outside LLM calls: schema, SQL extraction, checks, execution, selection (on a
-    busy event loop it includes waiting for the loop). A stopwatch of its own (``time.perf_counter``), never
-    compared with the runner's clock."""
+    """Wall time of the work outside LLM calls (``time.perf_counter``, never compared with the runner's clock)."""
     quality_mode: str = "full"
-    """The tenant's quality mode: full, adaptive or fast."""
     degraded: list[Degradation] = field(default_factory=list)
-    """The knobs turned down to meet the deadline (empty: full quality)."""
     error: str | None = None
     failed_stage: str | None = None
     http_status: int = 200
@@ -136,14 +124,10 @@ def result_key(result: QueryResult) -> tuple[tuple[str, ...], ...]:
 
 
 def select(valid: list[Candidate]) -> Candidate:
-    """The chosen candidate: evaluator verdicts first, then agreement of execution results, then order.
-
-    Every candidate in ``valid`` has a result (``Candidate.valid``); ``ValueError`` for an empty list.
-    """
+    """The chosen candidate of ``valid`` (each has a result): evaluator verdicts first, then agreement of
+    execution results, then order; ``ValueError`` for an empty list."""
     keys = {c.index: result_key(c.result) for c in valid if c.result is not None}
-    groups: dict[tuple[tuple[str, ...], ...], int] = {}
-    for k in keys.values():
-        groups[k] = groups.get(k, 0) + 1
+    groups = Counter(keys.values())
 
     def rank(c: Candidate) -> tuple[int, int, int]:
         verdict = 1 if c.verdict is True else (0 if c.verdict is None else -1)

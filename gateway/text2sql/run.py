@@ -1,9 +1,9 @@
-"""One question's run through the pipeline's stages (``QuestionRun``): prompts, SQL extraction and execution,
-revise rounds, unit tests, evaluation, degradation at every stage boundary, and what the run spent."""
+"""One question's run through the pipeline's stages (``QuestionRun``), degraded at every stage boundary."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -16,7 +16,8 @@ from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNI
 from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult
 from gateway.text2sql.extract import extract_list, extract_sql, extract_verdict
-from gateway.text2sql.port import Closed, StageCall, StageCallError, StageRunner
+from gateway.text2sql.port import Closed, StageCall, StageRunner
+from gateway.text2sql.prompt_templates import Prompts
 from gateway.text2sql.result import Candidate, Degradation, StageReport, Text2SqlResult, select
 from gateway.text2sql.sqlsafe import SqlRejected
 
@@ -33,26 +34,17 @@ STRATEGIES: tuple[tuple[str, str], ...] = (
     ("direct", "Write the most direct query that answers the question."),
     ("step_by_step", "Identify the needed columns, the join path and the filters step by step, then write it."),
 )
-TEMPLATES = {
-    KEYWORDS: "extract_keywords",
-    IR: "schema_linking",
-    CANDIDATE: "candidate",
-    REVISE: "revise",
-    UNIT_TEST: "unit_tests",
-    EVALUATE: "evaluate",
-}
+TEMPLATES = dict(zip((KEYWORDS, IR, CANDIDATE, REVISE, UNIT_TEST, EVALUATE), Prompts.NAMES[1:], strict=True))
 """Each stage's prompt template (``Prompts`` name)."""
 EventFn = Callable[[dict[str, Any]], Awaitable[None]]
 """Called with each event of a streamed answer (a stage's calls as they finish)."""
-
-
-DEGRADED_STEPS: tuple[str, ...] = ("candidates", "revisions", "evaluation")
-"""The knobs a degraded question can have turned down (a bounded metric label)."""
+_KNOBS = {"candidates": "candidates", "revisions": "max_revisions", "evaluation": "evaluate"}
+DEGRADED_STEPS: tuple[str, ...] = tuple(_KNOBS)
+"""The knobs a degraded question can have turned down (a bounded metric label; each names a ``Knobs`` field)."""
 
 
 def degraded_by_step(full: Knobs, used: Knobs) -> list[tuple[str, str]]:
-    """``(step, words)`` for each knob ``used`` turned down from ``full`` (``DEGRADED_STEPS`` order; the words
-    are ``gateway.core.degrade.degraded_steps``')."""
+    """``(step, words)`` for each knob ``used`` turned down from ``full``, in ``DEGRADED_STEPS`` order."""
     out: list[tuple[str, str]] = []
     for step, knob in _KNOBS.items():
         words = degraded_steps(full, replace(full, **{knob: getattr(used, knob)}))
@@ -61,22 +53,9 @@ def degraded_by_step(full: Knobs, used: Knobs) -> list[tuple[str, str]]:
     return out
 
 
-_KNOBS = {"candidates": "candidates", "revisions": "max_revisions", "evaluation": "evaluate"}
-"""Each of ``DEGRADED_STEPS``: the ``Knobs`` field it names."""
-
-
-class StageFailed(Exception):
-    """A stage's call failed on its worker: the question fails at that stage."""
-
-    def __init__(self, stage: str, err: StageCallError) -> None:
-        super().__init__(f"stage {stage} failed: {err}")
-        self.stage = stage
-        self.err = err
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a run ended without an answer: the stage, the message and its HTTP status."""
+@dataclass(eq=False)
+class Failure(Exception):
+    """Why a run ended without an answer: the stage, the message and its HTTP status (a failed stage raises it)."""
 
     stage: str
     message: str
@@ -84,10 +63,8 @@ class Failure:
 
 
 def _preview(result: QueryResult, n: int) -> str:
-    lines = [" | ".join(result.columns)]
-    for row in result.rows[:n]:
-        lines.append(" | ".join("NULL" if v is None else str(v)[:60] for v in row))
-    return "\n".join(lines)
+    rows = [" | ".join("NULL" if v is None else str(v)[:60] for v in row) for row in result.rows[:n]]
+    return "\n".join([" | ".join(result.columns), *rows])
 
 
 def _refusal(exc: SqlRejected) -> str:
@@ -105,24 +82,22 @@ class QuestionRun:
         runner: StageRunner,
         db: Database,
         values: dict[str, str],
-        stages: list[StageReport],
         on_event: EventFn | None,
         degrader: Degrader,
         plan: QuestionPlan,
     ) -> None:
-        """``values``: what every prompt of the question fills in (question, evidence, schema, dialect)."""
+        """``values``: what every prompt of the question fills in (the schema added once read)."""
         self.p = pipe
         self.cfg = pipe.cfg
         self.runner = runner
         self.db = db
         self.values = values
-        self.stages = stages
+        self.stages: list[StageReport] = []
         self.on_event = on_event
         self.candidates: list[Candidate] = []
         self.last_problem: str | None = None
         self.local_s = 0.0
-        self.render = pipe.prompts.render
-        self.system = self.render("system", dialect=db.dialect)
+        self.system = pipe.prompts.render("system", dialect=db.dialect)
         self.degrader = degrader
         self.full = self.knobs = degrader.full
         self.plan = plan
@@ -139,9 +114,8 @@ class QuestionRun:
         self.why: dict[str, tuple[str, Decision, float]] = {}  # step -> (boundary, decision, predicted full)
 
     def decide(self, at: str) -> None:
-        """Re-decide the knobs still open at a stage boundary (``at``: "arrival" or the stage just finished).
-
-        ``full`` mode keeps the configured knobs and asks for no prediction."""
+        """Re-decide the knobs still open at a stage boundary (``at``: "arrival" or the stage just finished);
+        ``full`` mode keeps the configured knobs."""
         if self.degrader.mode == "full":
             return
         options = self.degrader.options(
@@ -151,13 +125,10 @@ class QuestionRun:
         )
         predict = self.runner.remaining_predictor()
         phase, rounds = self.cursor.phase, self.cursor.rounds
-        predicted: dict[Knobs, float] = {}
 
+        @functools.cache
         def duration(k: Knobs) -> float:
-            v = predicted.get(k)
-            if v is None:
-                v = predicted[k] = predict(self.plan.at(k, phase=phase, rounds_done=rounds))
-            return v
+            return predict(self.plan.at(k, phase=phase, rounds_done=rounds))
 
         decision = self.degrader.choose(options, duration, self.runner.remaining())
         before, self.knobs = self.knobs, decision.knobs
@@ -167,8 +138,8 @@ class QuestionRun:
                 self.why[step] = (at, decision, fullest)  # turned (further) down here: this decision is why
 
     def used(self) -> Knobs:
-        """The knobs as they ended: what was spent where it was, the decided ones elsewhere. A revision cap
-        counts only when it stopped a revision a candidate still needed (one that needed none lost nothing)."""
+        """The knobs as they ended: what was spent where it was, the decided ones elsewhere (a revision cap counts
+        only when it stopped a revision a candidate still needed)."""
         k = self.knobs
         cands = self.candidates_fixed if self.candidates_fixed is not None else k.candidates
         ev = self.evaluate_fixed if self.evaluate_fixed is not None else k.evaluate
@@ -176,28 +147,17 @@ class QuestionRun:
 
     def degradations(self) -> list[Degradation]:
         """What the final knobs skipped relative to full quality, each with the decision that skipped it."""
+        reason = "quality mode fast" if self.degrader.mode == "fast" else "predicted to miss the deadline"
         out = []
         for step, words in degraded_by_step(self.full, self.used()):
-            why = self.why.get(step)
-            if why is None:  # not turned down by a decision (cannot happen; never fail the answer for it)
-                continue
-            at, d, fullest = why
-            out.append(
-                Degradation(
-                    step=step,
-                    detail=words,
-                    at=at,
-                    reason="quality mode fast" if self.degrader.mode == "fast" else "predicted to miss the deadline",
-                    predicted_full_s=fullest,
-                    predicted_s=d.predicted_s,
-                    time_left_s=d.time_left_s,
-                )
-            )
+            if step in self.why:  # always (only a decision turns a knob down); never fail the answer for it
+                at, d, fullest = self.why[step]
+                out.append(Degradation(step, words, at, reason, fullest, d.predicted_s, d.time_left_s))
         return out
 
     def prompt(self, kind: str, **values: object) -> str:
         """The prompt of a ``kind`` stage: the question's own values, then ``values``."""
-        return self.render(TEMPLATES[kind], **self.values, **values)
+        return self.p.prompts.render(TEMPLATES[kind], **self.values, **values)
 
     def past_deadline(self) -> bool:
         return self.runner.remaining() < 0
@@ -206,21 +166,18 @@ class QuestionRun:
         """Run one stage of ``len(prompts)`` parallel calls; returns their output texts."""
         self.cursor.enter(kind)
         max_tokens = self.cfg.max_tokens[kind]
-        # Sized as the question's plan predicts it (the database's earlier questions, else the prior); a plan made
-        # before the model was observed guessed its outputs: sized by what it has been seen to write since.
+        # Sized as the question's plan predicts it; a plan made before the model was observed guessed its outputs:
+        # sized by what it has been seen to write since.
         expected = self.expected.get(kind, max_tokens)
         if not self.plan.observed:
             expected = self.p.outputs.expected(kind, max_tokens) or expected
         out_tokens = min(max_tokens, expected)
-        scale = self.input_scale
-        calls = []
-        estimates = []
-        for text in prompts:
-            messages = ({"role": "system", "content": self.system}, {"role": "user", "content": text})
-            est = message_tokens(messages)
-            estimates.append(est)
-            n_in = max(1, round(est * scale))
-            calls.append(StageCall(messages, n_in, out_tokens, max_tokens, temperature=0.0))
+        messages = [({"role": "system", "content": self.system}, {"role": "user", "content": t}) for t in prompts]
+        estimates = [message_tokens(m) for m in messages]
+        calls = [
+            StageCall(m, max(1, round(est * self.input_scale)), out_tokens, max_tokens, temperature=0.0)
+            for m, est in zip(messages, estimates, strict=True)
+        ]
         results = await self.runner.run_stage(kind, calls)
         sizes = []
         for c, r, est in zip(calls, results, estimates, strict=True):
@@ -240,7 +197,7 @@ class QuestionRun:
             await self.on_event({"event": "stage", "kind": kind, "calls": [s.as_dict() for s in reports]})
         failure = next((r.error for r in results if r.error is not None), None)
         if failure is not None:
-            raise StageFailed(kind, failure)
+            raise Failure(kind, str(failure), failure.status)
         return [r.text or "" for r in results]
 
     async def execute_all(self, cands: list[Candidate], texts: list[str]) -> None:
@@ -254,48 +211,49 @@ class QuestionRun:
     async def execute(self, cand: Candidate, text: str) -> None:
         """Extract, check and run a candidate's SQL; record the problem (if any) for a revision."""
         prev_sql, prev_problem = cand.sql, cand.problem
-        sql = extract_sql(text)
-        if sql is None:
-            cand.sql, cand.result, cand.problem = None, None, "The answer contained no SQL query."
+        cand.sql = extract_sql(text)
+        if cand.sql is None:
+            cand.result, cand.problem = None, "The answer contained no SQL query."
             return
-        cand.sql = sql
         try:
-            res = await self.db.execute(sql)  # checks the statement (sqlsafe) before it runs
-        except SqlRejected as exc:
-            cand.result, cand.problem = None, _refusal(exc)
+            res = await self.db.execute(cand.sql)  # checks the statement (sqlsafe) before it runs
+        except (SqlRejected, QueryFailed) as exc:
+            cand.result = None
+            cand.problem = _refusal(exc) if isinstance(exc, SqlRejected) else f"Executing it failed: {exc}"
             return
-        except QueryFailed as exc:
-            cand.result, cand.problem = None, f"Executing it failed: {exc}"
-            return
-        if res.row_count == 0:
-            # An empty result is suspicious and asked to be revised once; if the revision gives the same
-            # query back, the model stands by it and the empty result is the answer (some questions have
-            # one), instead of spending every remaining revision round on it.
-            confirmed = (
-                prev_problem == _EMPTY and prev_sql is not None and normalise_sql(prev_sql) == normalise_sql(sql)
-            )
-            cand.result, cand.problem = res, None if confirmed else _EMPTY
-            return
-        cand.result, cand.problem = res, None
+        # An empty result is suspicious and asked to be revised once; if the revision gives the same query back,
+        # the model stands by it and the empty result is the answer (some questions have one), instead of
+        # spending every remaining revision round on it.
+        confirmed = (
+            prev_problem == _EMPTY and prev_sql is not None and normalise_sql(prev_sql) == normalise_sql(cand.sql)
+        )
+        cand.result, cand.problem = res, _EMPTY if res.row_count == 0 and not confirmed else None
 
     async def outcome(self) -> tuple[str, Candidate | None] | Failure:
-        """``go``, with a stage that failed on its worker or a database that failed as the ``Failure``."""
+        """``go``, a stage or a database that failed as the ``Failure``."""
         try:
             return await self.go()
-        except StageFailed as exc:
-            return Failure(exc.stage, str(exc.err), exc.err.status)
+        except Failure as exc:
+            return exc
         except DatabaseUnavailable as exc:
             return Failure("execute", str(exc), exc.status)
 
     async def go(self) -> tuple[str, Candidate | None]:
         """Run the stages; the status (ok, no_valid_sql, deadline_exceeded) and the chosen candidate."""
         self.decide("arrival")
-        linked = await self._link(await self._keywords())
+        (keywords,) = await self.stage(KEYWORDS, [self.prompt(KEYWORDS)])
+        self.decide(KEYWORDS)
+        (linked,) = await self.stage(IR, [self.prompt(IR, keywords=json.dumps(extract_list(keywords)))])
+        self.decide(IR)
+        columns = ", ".join(extract_list(linked)) or "(all)"
         n = self.candidates_fixed = self.knobs.candidates
-        self.candidates = [Candidate(i, STRATEGIES[i % len(STRATEGIES)][0]) for i in range(n)]
-        await self.execute_all(
-            self.candidates, await self.stage(CANDIDATE, [self._candidate(c, linked) for c in self.candidates])
-        )
+        strategies = [STRATEGIES[i % len(STRATEGIES)] for i in range(n)]
+        self.candidates = [Candidate(i, name) for i, (name, _) in enumerate(strategies)]
+        prompts = [
+            self.prompt(CANDIDATE, index=i, strategy=name, strategy_text=text, linked=columns)
+            for i, (name, text) in enumerate(strategies)
+        ]
+        await self.execute_all(self.candidates, await self.stage(CANDIDATE, prompts))
         self.decide(CANDIDATE)
         await self._revisions()
         valid = [c for c in self.candidates if c.valid]
@@ -311,23 +269,6 @@ class QuestionRun:
         chosen = select(valid)
         self.local_s += time.perf_counter() - t
         return "ok", chosen
-
-    async def _keywords(self) -> list[str]:
-        """Stage 1: the question's keywords."""
-        (text,) = await self.stage(KEYWORDS, [self.prompt(KEYWORDS)])
-        self.decide(KEYWORDS)
-        return extract_list(text)
-
-    async def _link(self, keywords: list[str]) -> str:
-        """Stage 2: schema linking, the columns the question needs."""
-        (text,) = await self.stage(IR, [self.prompt(IR, keywords=json.dumps(keywords))])
-        self.decide(IR)
-        return ", ".join(extract_list(text)) or "(all)"
-
-    def _candidate(self, c: Candidate, linked: str) -> str:
-        """Stage 3's prompt of candidate ``c``: its strategy."""
-        strategy_text = STRATEGIES[c.index % len(STRATEGIES)][1]
-        return self.prompt(CANDIDATE, index=c.index, strategy=c.strategy, strategy_text=strategy_text, linked=linked)
 
     async def _revisions(self) -> None:
         """Stage 4: revise rounds, one stage per round, in parallel across the candidates that need one, up to
@@ -365,44 +306,33 @@ class QuestionRun:
         for c, v in zip(valid, verdicts, strict=True):
             c.verdict = extract_verdict(v)
 
-
-def question_result(
-    request_id: str,
-    outcome: tuple[str, Candidate | None] | Failure,
-    run: QuestionRun | None,
-    stages: list[StageReport],
-    deadline_s: float,
-    closed: Closed,
-    quality_mode: str,
-) -> Text2SqlResult:
-    """The answer to one question: its run's ``outcome`` (a status and the chosen candidate, or the failure),
-    what ``run`` spent (None: it failed before its first stage) and the runner's verdict (``closed``)."""
-    failure = outcome if isinstance(outcome, Failure) else None
-    status, chosen = ("failed", None) if isinstance(outcome, Failure) else outcome
-    res = chosen.result if chosen is not None else None
-    candidates = run.candidates if run is not None else []
-    if failure is not None:
-        error: str | None = failure.message
-    else:
-        error = None if status == "ok" or run is None else run.last_problem
-    return Text2SqlResult(
-        id=request_id,
-        status=status,
-        sql=chosen.sql if chosen is not None else None,
-        columns=res.columns if res is not None else [],
-        rows=res.rows if res is not None else [],
-        row_count=res.row_count if res is not None else 0,
-        truncated=res.truncated if res is not None else False,
-        candidates=[c.as_dict() for c in candidates],
-        revisions=sum(c.revisions for c in candidates),
-        stages=stages,
-        deadline_s=deadline_s,
-        latency_s=closed.latency_s,
-        deadline_met=closed.deadline_met,
-        error=error,
-        failed_stage=failure.stage if failure is not None else None,
-        http_status=200 if failure is None else failure.status if failure.status >= 500 else 502,
-        local_s=run.local_s if run is not None and failure is None else 0.0,
-        degraded=run.degradations() if run is not None else [],
-        quality_mode=quality_mode,
-    )
+    def result(
+        self, request_id: str, outcome: tuple[str, Candidate | None] | Failure, deadline_s: float, closed: Closed
+    ) -> Text2SqlResult:
+        """The answer to the question: the run's ``outcome`` (a status and the chosen candidate, or the failure),
+        what it spent and the runner's verdict (``closed``)."""
+        failure = outcome if isinstance(outcome, Failure) else None
+        status, chosen = ("failed", None) if isinstance(outcome, Failure) else outcome
+        res = chosen.result if chosen is not None and chosen.result is not None else QueryResult([], [], 0, False, 0)
+        error = failure.message if failure is not None else None if status == "ok" else self.last_problem
+        return Text2SqlResult(
+            id=request_id,
+            status=status,
+            sql=chosen.sql if chosen is not None else None,
+            columns=res.columns,
+            rows=res.rows,
+            row_count=res.row_count,
+            truncated=res.truncated,
+            candidates=[c.as_dict() for c in self.candidates],
+            revisions=sum(c.revisions for c in self.candidates),
+            stages=self.stages,
+            deadline_s=deadline_s,
+            latency_s=closed.latency_s,
+            deadline_met=closed.deadline_met,
+            error=error,
+            failed_stage=failure.stage if failure is not None else None,
+            http_status=200 if failure is None else failure.status if failure.status >= 500 else 502,
+            local_s=self.local_s if failure is None else 0.0,
+            degraded=self.degradations(),
+            quality_mode=self.degrader.mode,
+        )

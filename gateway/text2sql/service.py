@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.config.databases import load_databases
 from gateway.config.gateway import Text2SqlConfig
 from gateway.errors import BadRequest
 from gateway.text2sql.db import Database, DatabaseRegistry, UnknownDatabase
@@ -31,12 +30,8 @@ class InvalidQuestion(BadRequest):
 
 
 class Text2SqlService:
-    """The databases, the pipeline and the question limits of ``/v1/text2sql``.
-
-    Args:
-        settings: the gateway config's ``text2sql`` section.
-        registry: the databases (None: no ``databases_file``, every request is a 404).
-        pipeline: the pipeline, its prompt templates loaded."""
+    """The databases (``registry``; None: no ``databases_file``, every request is a 404), the pipeline and the
+    question limits (the gateway config's ``text2sql`` section) of ``/v1/text2sql``."""
 
     def __init__(self, settings: Text2SqlConfig, registry: DatabaseRegistry | None, pipeline: Text2SqlPipeline) -> None:
         self.settings = settings
@@ -46,9 +41,7 @@ class Text2SqlService:
     @classmethod
     def from_config(cls, settings: Text2SqlConfig, databases_path: Path | None) -> Text2SqlService:
         """Read the databases file (``ConfigError`` when it is invalid) and the prompt templates, now."""
-        registry = None
-        if databases_path is not None:
-            registry = DatabaseRegistry(load_databases(databases_path), base_dir=databases_path.parent)
+        registry = None if databases_path is None else DatabaseRegistry.from_file(databases_path)
         knobs = ("candidates", "max_revisions", "evaluate", "unit_tests", "schema_max_chars")
         config = PipelineConfig(**{k: getattr(settings, k) for k in knobs})
         return cls(settings, registry, Text2SqlPipeline(config, Prompts.load()))
@@ -67,15 +60,15 @@ class Text2SqlService:
 
     def check_question(self, question: str, evidence: str | None) -> tuple[str, str]:
         """The question and evidence, stripped; ``InvalidQuestion`` (422) when empty or over the limits."""
-        lim = self.settings
-        q = question.strip()
+        q, ev = question.strip(), (evidence or "").strip()
         if not q:
             raise InvalidQuestion("question", "must not be empty")
-        if len(q) > lim.max_question_chars:
-            raise InvalidQuestion("question", f"{len(q)} characters exceed the limit of {lim.max_question_chars}")
-        ev = (evidence or "").strip()
-        if len(ev) > lim.max_evidence_chars:
-            raise InvalidQuestion("evidence", f"{len(ev)} characters exceed the limit of {lim.max_evidence_chars}")
+        for param, text, limit in (
+            ("question", q, self.settings.max_question_chars),
+            ("evidence", ev, self.settings.max_evidence_chars),
+        ):
+            if len(text) > limit:
+                raise InvalidQuestion(param, f"{len(text)} characters exceed the limit of {limit}")
         return q, ev
 
     async def close(self) -> None:

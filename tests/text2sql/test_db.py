@@ -328,7 +328,7 @@ async def test_sqlite_schema(sqlite_file: Path) -> None:
     assert s.db_id == "shop"
     assert s.dialect == "sqlite"
     assert s.description == "a shop"
-    assert s.table_names() == ["big", "dept", "emp", "order items", "rich"]
+    assert [t.name for t in s.tables] == ["big", "dept", "emp", "order items", "rich"]
     emp = s.table("EMP")
     assert emp is not None
     assert [c.name for c in emp.columns] == ["id", "name", "dept_id", "salary", "photo", "note"]
@@ -354,7 +354,7 @@ async def test_sqlite_schema(sqlite_file: Path) -> None:
     assert await db.schema() is s
 
 
-async def test_sqlite_schema_is_cached_until_invalidated(sqlite_file: Path) -> None:
+async def test_sqlite_schema_is_cached(sqlite_file: Path) -> None:
     db = sqlite_db(sqlite_file)
     first = await db.schema()
     conn = sqlite3.connect(sqlite_file)
@@ -362,8 +362,6 @@ async def test_sqlite_schema_is_cached_until_invalidated(sqlite_file: Path) -> N
     conn.commit()
     conn.close()
     assert await db.schema() is first
-    db.invalidate()
-    assert "added" in (await db.schema()).table_names()
 
 
 async def test_serialize_schema_is_deterministic_and_has_examples(sqlite_file: Path) -> None:
@@ -440,7 +438,7 @@ async def test_registry_creates_databases_lazily_and_caches_them(sqlite_file: Pa
     )
     reg = DatabaseRegistry.from_file(path, descriptions={"shop": {"emp": {"name": "full name"}}})
     assert reg.ids() == ["remote", "shop"]
-    assert "shop" in reg
+    assert "shop" in reg.ids()
     shop = reg.get("shop")
     assert isinstance(shop, SqliteDatabase)
     assert reg.get("shop") is shop
@@ -668,7 +666,7 @@ async def test_pg_engine_errors_are_query_failed(pg_db: PostgresDatabase) -> Non
 async def test_pg_schema(pg_db: PostgresDatabase) -> None:
     s = await pg_db.schema()
     assert s.dialect == "postgres"
-    assert s.table_names() == ["dept", "emp", "Order Items"]
+    assert [t.name for t in s.tables] == ["dept", "emp", "Order Items"]
     emp = s.table("emp")
     assert emp is not None
     assert emp.primary_key == ("id",)
@@ -693,7 +691,7 @@ async def test_pg_schema_of_a_configured_schema(pg_ready: PgTestDb) -> None:
     db = PostgresDatabase("pg", DatabaseConfig.model_validate({"url": url, "schema": "other"}))
     try:
         s = await db.schema()
-        assert s.table_names() == ["thing"]
+        assert [t.name for t in s.tables] == ["thing"]
         thing = s.table("thing")
         assert thing is not None
         assert thing.foreign_keys == (ForeignKey(("emp_id",), "public.emp", ("id",)),)

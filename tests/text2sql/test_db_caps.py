@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 
 import gateway.text2sql.db.base as db_base
-import gateway.text2sql.db.results as results_module
 import gateway.text2sql.db.sqlite as sqlite_module
-from gateway.text2sql.db import DatabaseConfig, PostgresDatabase, QueryFailed, SqliteDatabase
+from gateway.text2sql.db import DatabaseConfig, PostgresDatabase, QueryFailed, SqliteDatabase, json_value
 from tests.text2sql.conftest import PgTestDb
 
 
@@ -163,7 +162,7 @@ def conversion_waits_for_the_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[_
     and the query fail. In a worker thread, the loop stays free and the coroutine completes meanwhile.
     """
     handshake = _Handshake(threading.Event(), threading.Event())
-    real = results_module.json_value
+    real = json_value
 
     def waiting(v: object) -> object:
         if not handshake.started.is_set():
@@ -171,7 +170,7 @@ def conversion_waits_for_the_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[_
             assert handshake.released.wait(timeout=10.0), "the event loop was blocked while rows were converted"
         return real(v)
 
-    monkeypatch.setattr(results_module, "json_value", waiting)
+    monkeypatch.setattr(db_base, "json_value", waiting)
     yield handshake
 
 

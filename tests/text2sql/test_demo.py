@@ -15,18 +15,18 @@ import sqlglot
 
 from gateway.text2sql.demo import (
     DB_ID,
+    TABLES,
     DemoQuestion,
     create_table_sql,
     demo_questions,
     demo_rows,
-    demo_tables,
     load_sqlite,
     postgres_script,
     spider_tables_entry,
     write_spider_dataset,
     write_sqlite,
 )
-from gateway.text2sql.demo.questions import QUESTIONS_RESOURCE, parse_questions
+from gateway.text2sql.demo.schema import QUESTIONS_RESOURCE, parse_questions
 
 QUESTIONS = demo_questions()
 
@@ -51,9 +51,9 @@ def test_rows_are_deterministic_and_depend_on_the_seed() -> None:
     assert demo_rows() == demo_rows(0)
     assert demo_rows(1) != demo_rows(0)
     rows = demo_rows()
-    assert set(rows) == {t.name for t in demo_tables()}
+    assert set(rows) == {t.name for t in TABLES}
     assert 2_000 <= sum(len(v) for v in rows.values()) <= 10_000
-    assert len(demo_tables()) == 7
+    assert len(TABLES) == 7
 
 
 def test_two_sqlite_files_hold_identical_contents(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_write_sqlite_overwrites_and_leaves_no_temporary_file(tmp_path: Path) ->
 
 def test_keys_hold_and_nullable_columns_hold_nulls(conn: sqlite3.Connection) -> None:
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
-    for table in demo_tables():
+    for table in TABLES:
         pk = table.primary_key
         total, distinct = conn.execute(f"SELECT COUNT(*), COUNT(DISTINCT {pk}) FROM {table.name}").fetchone()
         assert total == distinct > 0, table.name
@@ -132,11 +132,8 @@ def test_a_bad_questions_file_names_the_entry_and_the_field(data: object, proble
 def test_every_gold_query_answers_on_sqlite(conn: sqlite3.Connection, q: DemoQuestion) -> None:
     rows = conn.execute(q.query).fetchall()
     assert len(rows) >= 1
-    assert sqlglot.parse_one(q.sql_for("postgres"), read="postgres") is not None
-    if q.query_pg is None:
-        assert q.sql_for("postgres") == q.query
-    else:
-        assert q.sql_for("postgres") != q.sql_for("sqlite") == q.query
+    assert sqlglot.parse_one(q.query_pg or q.query, read="postgres") is not None
+    assert q.query_pg != q.query
 
 
 def test_ordered_gold_queries_have_unique_answers(conn: sqlite3.Connection) -> None:
@@ -149,12 +146,12 @@ def test_ordered_gold_queries_have_unique_answers(conn: sqlite3.Connection) -> N
 
 
 def test_create_table_sql_renders_each_dialect() -> None:
-    orders = next(t for t in demo_tables() if t.name == "orders")
+    orders = next(t for t in TABLES if t.name == "orders")
     lite, pg = create_table_sql(orders, "sqlite"), create_table_sql(orders, "postgres")
     assert "order_date TEXT NOT NULL" in lite and "order_date DATE NOT NULL" in pg
     assert "employee_id INTEGER," in pg and "order_id INTEGER PRIMARY KEY" in pg
     assert "FOREIGN KEY (customer_id) REFERENCES customers (customer_id)" in pg
-    products = next(t for t in demo_tables() if t.name == "products")
+    products = next(t for t in TABLES if t.name == "products")
     assert "price NUMERIC(12,2)" in create_table_sql(products, "postgres")
 
 
@@ -163,8 +160,8 @@ def test_postgres_script_creates_then_fills_every_table() -> None:
     assert script == postgres_script() and script.startswith("BEGIN;") and script.rstrip().endswith("COMMIT;")
     rows = demo_rows()
     created = [m.group(1) for m in re.finditer(r"^CREATE TABLE (\w+)", script, re.MULTILINE)]
-    assert created == [t.name for t in demo_tables()]
-    for table in demo_tables():
+    assert created == [t.name for t in TABLES]
+    for table in TABLES:
         inserted = sum(
             block.count("\n(")
             for block in re.findall(rf"^INSERT INTO {table.name} \(.*?;$", script, re.MULTILINE | re.DOTALL)
@@ -172,7 +169,7 @@ def test_postgres_script_creates_then_fills_every_table() -> None:
         assert inserted == len(rows[table.name]), table.name
     ddl = [s for s in script.split(";\n") if s.startswith("CREATE TABLE")]
     assert all(isinstance(sqlglot.parse_one(s, read="postgres"), sqlglot.exp.Create) for s in ddl)
-    assert len(ddl) == len(demo_tables())
+    assert len(ddl) == len(TABLES)
 
 
 def test_spider_layout_matches_the_sqlite_schema(tmp_path: Path) -> None:

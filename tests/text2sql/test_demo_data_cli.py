@@ -19,7 +19,7 @@ import yaml
 from gateway.cli import main
 from gateway.text2sql.answers import build_demo_answers, load_answers
 from gateway.text2sql.db import DatabaseRegistry, load_databases
-from gateway.text2sql.demo import DB_ID, demo_questions, demo_rows, demo_tables, write_sqlite
+from gateway.text2sql.demo import DB_ID, TABLES, demo_questions, demo_rows, write_sqlite
 from tests.cli_run import run_cli
 from workers.scripted import AnswersResponder
 
@@ -43,7 +43,7 @@ def test_databases_demo_writes_the_database_and_a_relative_databases_file(
     assert sorted(p.name for p in out.parent.iterdir()) == ["databases.yaml", f"{DB_ID}.sqlite"]  # no temp files
     # The tables and row counts of the demo data (seed 0), byte for byte the file hexflow demo writes.
     counts = _counts(db)
-    assert set(counts) == {t.name for t in demo_tables()}
+    assert set(counts) == {t.name for t in TABLES}
     assert counts == {name: len(rows) for name, rows in demo_rows(0).items()}
     assert counts["customers"] == 300 and counts["products"] == 80 and counts["orders"] == 1200
     assert db.read_bytes() == write_sqlite(tmp_path / "ref.sqlite", seed=0).read_bytes()

@@ -60,7 +60,7 @@ async def test_demo_on_postgres_refuses_writes_and_runaways(tmp_path: Path, pg: 
     answers: dict[str, Any] = {}
     attack_of: dict[str, str] = {}
     for i, q in enumerate(questions):
-        entry: dict[str, Any] = {"gold": q.sql_for("postgres")}
+        entry: dict[str, Any] = {"gold": (q.query_pg or q.query)}
         if i < len(ATTACKS):
             kind = list(ATTACKS)[i]
             entry["wrong"] = [ATTACKS[kind]]
@@ -78,7 +78,7 @@ async def test_demo_on_postgres_refuses_writes_and_runaways(tmp_path: Path, pg: 
 
             results = await asyncio.gather(*(ask(q) for q in questions))
     for q, out in zip(questions, results, strict=True):
-        gold_sql = q.sql_for("postgres")
+        gold_sql = q.query_pg or q.query
         assert out["status"] == "ok", (q.question, out)
         assert results_match(await _gold(pg.admin_url, gold_sql), out["rows"], ordered=gold_is_ordered(gold_sql))
         assert normalise_sql(out["sql"]) == normalise_sql(gold_sql)
@@ -105,7 +105,7 @@ async def test_a_superuser_database_is_503_with_the_reason_and_the_reader_one_wo
     (tmp_path / "databases.yaml").write_text(
         yaml.safe_dump({"databases": {"root_pg": {"url": pg.admin_url}, DB_ID: {"url": pg.url}}})
     )
-    responder = AnswersResponder({q.question: {"gold": q.sql_for("postgres")}})
+    responder = AnswersResponder({q.question: {"gold": (q.query_pg or q.query)}})
     async with emulators(["A100"], time_scale=0.01, responder=responder) as urls:
         cfg = write_config(tmp_path, urls, ["A100"], time_scale=0.01, databases_file="databases.yaml")
         async with gateway_client(cfg, key=BATCH_KEY) as (client, _):

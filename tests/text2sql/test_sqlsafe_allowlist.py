@@ -11,11 +11,10 @@ import asyncpg
 import pytest
 
 from gateway.config.databases import DatabaseConfig
-from gateway.text2sql.db.base import Database
-from gateway.text2sql.db.results import QueryResult
+from gateway.text2sql.db.base import Database, QueryResult
 from gateway.text2sql.db.schema import SchemaInfo
-from gateway.text2sql.demo.questions import demo_questions
-from gateway.text2sql.sqlsafe import SqlRejected, check_sql, function_allowed
+from gateway.text2sql.demo.schema import demo_questions
+from gateway.text2sql.sqlsafe import SqlRejected, check_sql
 from gateway.text2sql.sqlsafe.allowlist import POSTGRES_FUNCTIONS, SQLITE_FUNCTIONS
 
 SQLITE_ACCEPTED = [
@@ -387,11 +386,16 @@ def test_every_function_the_sqlite_engine_knows_is_allowed_exactly_when_listed()
     assert not wrong, wrong
 
 
-def test_function_allowed() -> None:
-    assert function_allowed("COUNT", "sqlite") and function_allowed("strftime", "sqlite")
-    assert not function_allowed("load_extension", "sqlite")
-    assert function_allowed("date_trunc", "postgres") and not function_allowed("DATE_TRUNC", "postgres")
-    assert not function_allowed("query_to_xml", "postgres")
+def test_function_names_sqlite_in_any_case_postgres_exactly() -> None:
+    check_sql("SELECT COUNT(*), strftime('%Y', 'now')", "sqlite")
+    check_sql("SELECT date_trunc('day', now())", "postgres")
+    for sql, dialect in [
+        ("SELECT load_extension('x')", "sqlite"),
+        ("""SELECT "DATE_TRUNC"('day', now())""", "postgres"),
+        ("SELECT query_to_xml('SELECT 1', true, true, '')", "postgres"),
+    ]:
+        with pytest.raises(SqlRejected, match="not allowed"):
+            check_sql(sql, dialect)
 
 
 def test_every_postgres_catalog_function_is_allowed_exactly_when_listed(pg_admin_url: str) -> None:

@@ -1,9 +1,5 @@
-"""The PostgreSQL role check: the gateway refuses to query as a role that can do more than read.
-
-``role_problems`` reads the login role and every role it is a member of (``pg_has_role(..., 'MEMBER')``,
-NOINHERIT included) and lists what disqualifies it: superuser, ``BYPASSRLS``, ``CREATEROLE``,
-``REPLICATION``, or a ``DANGEROUS_ROLES`` membership. Any problem makes the database unavailable (503);
-docs/text2sql.md ("PostgreSQL: the reader role, enforced"), ``deploy/postgres/reader-role.sql``."""
+"""The PostgreSQL role check: the gateway refuses to query as a role that can do more than read (docs/text2sql.md,
+"PostgreSQL: the reader role, enforced"; ``deploy/postgres/reader-role.sql``)."""
 
 from __future__ import annotations
 
@@ -41,10 +37,8 @@ ORDER BY r.rolname = session_user DESC, r.rolname
 
 
 def role_problems(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """What disqualifies the login role, from the rows of ``ROLE_QUERY`` (empty: the role may be used).
-
-    An attribute of a role the login role is a member of counts as its own (``SET ROLE`` reaches it).
-    """
+    """What disqualifies the login role, from the rows of ``ROLE_QUERY`` (empty: it may be used); an attribute
+    of a role it is a member of (NOINHERIT included) counts as its own, ``SET ROLE`` reaches it."""
     problems: list[str] = []
     for row in rows:
         name = str(row["rolname"])

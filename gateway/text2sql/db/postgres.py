@@ -1,24 +1,19 @@
-"""PostgreSQL databases: an asyncpg pool, every query in a rolled-back ``READ ONLY`` transaction with a
-statement timeout (and a client backstop 2 s later), as a role ``pgrole`` accepts, wrapped by
-``capped_query`` so the server blanks rows past ``max_result_bytes``; rows converted in a thread.
-docs/text2sql.md ("Databases")."""
+"""PostgreSQL databases: an asyncpg pool of a role ``pgrole`` accepts, every query in a rolled-back ``READ ONLY``
+transaction with a statement timeout, capped by the server (``capped_query``) (docs/text2sql.md, "Databases")."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import asyncpg
 
 from gateway.config.databases import Dialect
-from gateway.text2sql.db.base import Database
-from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
+from gateway.text2sql.db.base import CappedRows, Database, DatabaseUnavailable, QueryFailed, QueryResult, too_large
 from gateway.text2sql.db.pgrole import ROLE_QUERY, role_problems
-from gateway.text2sql.db.results import CappedRows, QueryResult, too_large
 from gateway.text2sql.db.schema import ColumnInfo, ForeignKey, Scalar, SchemaInfo, TableInfo, quote_ident, sample_value
 
 _CONNECT_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
@@ -69,10 +64,8 @@ def capped_query(sql: str, columns: int, max_bytes: int) -> str:
 
 
 def _convert(rows: CappedRows, batch: list[Any], max_bytes: int) -> bool:
-    """Add ``batch`` (rows of ``capped_query``) to ``rows``; False once the server blanked a row.
-
-    Runs in a worker thread (``asyncio.to_thread``): conversion never holds the event loop.
-    """
+    """Add ``batch`` (rows of ``capped_query``) to ``rows``; False once the server blanked a row (run in a worker
+    thread: conversion never holds the event loop)."""
     kept: list[tuple[Any, ...]] = []
     over = False
     for r in batch:
@@ -83,7 +76,7 @@ def _convert(rows: CappedRows, batch: list[Any], max_bytes: int) -> bool:
     rows.add(kept)
     if over and not rows.truncated:
         if not rows.rows:
-            raise QueryFailed("too_large", too_large(max_bytes))
+            raise too_large(max_bytes)
         rows.truncated = True
     return not rows.truncated
 
@@ -153,18 +146,6 @@ class PostgresDatabase(Database):
                 "Connect as a least-privilege reader (deploy/postgres/reader-role.sql)"
             )
 
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Any]:
-        pool = await self._get_pool()
-        try:
-            conn = await pool.acquire()
-        except _CONNECT_ERRORS as exc:
-            raise self._unavailable(exc) from None
-        try:
-            yield conn
-        finally:
-            await pool.release(conn)
-
     async def _in_readonly_transaction(self, fn: Callable[[Any], Any]) -> Any:
         """``await fn(conn)`` in a READ ONLY transaction with the statement timeout, always rolled back (what a
         read-only transaction may still do, ``lo_from_bytea``, ``pg_notify``, leaves no trace). Errors become
@@ -180,15 +161,21 @@ class PostgresDatabase(Database):
             except _RollBack as done:
                 return done.result
 
-        async with self._connection() as conn:
-            try:
-                return await asyncio.wait_for(body(conn), timeout + 2.0)
-            except (TimeoutError, asyncpg.QueryCanceledError):
-                raise QueryFailed("timeout", self._timeout_message()) from None
-            except (asyncpg.PostgresConnectionError, OSError) as exc:
-                raise self._unavailable(exc) from None
-            except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                raise QueryFailed("error", str(exc) or type(exc).__name__) from None
+        pool = await self._get_pool()
+        try:
+            conn = await pool.acquire()
+        except _CONNECT_ERRORS as exc:
+            raise self._unavailable(exc) from None
+        try:
+            return await asyncio.wait_for(body(conn), timeout + 2.0)
+        except (TimeoutError, asyncpg.QueryCanceledError):
+            raise QueryFailed("timeout", self._timeout_message()) from None
+        except (asyncpg.PostgresConnectionError, OSError) as exc:
+            raise self._unavailable(exc) from None
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise QueryFailed("error", str(exc) or type(exc).__name__) from None
+        finally:
+            await pool.release(conn)
 
     async def _run(self, sql: str) -> QueryResult:
         start = time.perf_counter()
@@ -224,8 +211,7 @@ class PostgresDatabase(Database):
             columns: dict[str, list[ColumnInfo]] = {}
             kinds: dict[str, Literal["table", "view"]] = {}
             for relname, relkind, attname, typ, notnull in col_rows:
-                samples = await self._samples(conn, relname, attname)
-                in_pk = attname in pks.get(relname, ())
+                in_pk, samples = attname in pks.get(relname, ()), await self._samples(conn, relname, attname)
                 columns.setdefault(relname, []).append(ColumnInfo(attname, typ, in_pk, not notnull, samples))
                 kinds[relname] = "view" if relkind in ("v", "m") else "table"
             return [
@@ -236,10 +222,8 @@ class PostgresDatabase(Database):
         return self._schema_of(await self._in_readonly_transaction(read))
 
     async def _samples(self, conn: Any, table: str, column: str) -> tuple[Scalar, ...]:
-        """Up to ``sample_values`` distinct values, the smallest among the first rows of the table.
-
-        Runs in a savepoint: a column whose type has no equality or order (json, xml, ...) or a scan
-        that hits the statement timeout costs its samples, nothing more."""
+        """Up to ``sample_values`` distinct values, the smallest among the first rows of the table; in a savepoint,
+        so a column without equality or order (json, ...) or a scan past the timeout costs only its samples."""
         if not self.config.sample_values:
             return ()
         c = quote_ident(column)

@@ -1,23 +1,23 @@
-"""Introspected schemas (``SchemaInfo``, ``TableInfo``, ``ColumnInfo``, ``ForeignKey``), their prompt text
-(``serialize_schema``) and helpers shared by the SQLite and PostgreSQL introspection."""
+"""Introspected schemas, their prompt text (``serialize_schema``) and the value conversions both engines share."""
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from gateway.config.databases import Dialect
-from gateway.text2sql.db.results import json_value
 
 Descriptions = Mapping[str, Mapping[str, str]]
 """Column descriptions of one database: table -> column -> text (names matched case-insensitively)."""
 Scalar = int | float | str | bool | None
 
-SAMPLE_TEXT_CHARS = 40
-"""Text sample values longer than this are cut to this many characters."""
+_SAMPLE_TEXT_CHARS = 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +71,31 @@ class SchemaInfo:
         low = name.lower()
         return next((t for t in self.tables if t.name.lower() == low), None)
 
-    def table_names(self) -> list[str]:
-        """Names of the tables, in order."""
-        return [t.name for t in self.tables]
+
+def json_value(v: object) -> Any:
+    """A value as JSON can carry it: bytes as hex, Decimal as float, date/time as ISO 8601, non-finite floats
+    as ``"inf"``/``"-inf"``/``"nan"``, arrays as lists, anything else ``str(v)``."""
+    if v is None or isinstance(v, bool | int | str):
+        return v
+    if isinstance(v, float | decimal.Decimal):
+        f = float(v)
+        return f if math.isfinite(f) else str(f)
+    if isinstance(v, bytes | bytearray | memoryview):
+        return bytes(v).hex()
+    if isinstance(v, dt.date | dt.time):
+        return v.isoformat()
+    if isinstance(v, list | tuple):
+        return [json_value(x) for x in v]
+    return str(v)
 
 
 def sample_value(v: object) -> Scalar:
-    """A sample value: JSON-safe, text cut to ``SAMPLE_TEXT_CHARS``."""
+    """A sample value: JSON-safe, text cut to ``_SAMPLE_TEXT_CHARS`` characters."""
     j = json_value(v)
     if isinstance(j, list):
         j = json.dumps(j, ensure_ascii=False)
     if isinstance(j, str):
-        return j[:SAMPLE_TEXT_CHARS]
+        return j[:_SAMPLE_TEXT_CHARS]
     return j  # type: ignore[no-any-return]
 
 
@@ -137,19 +150,14 @@ def _table_block(t: TableInfo, dialect: Dialect, examples: bool, descriptions: b
     items: list[tuple[str, str]] = []  # (definition, comment)
     single_pk = len(t.primary_key) == 1
     for c in t.columns:
-        parts = [_name(c.name, dialect)]
-        if c.type:
-            parts.append(c.type)
-        if c.primary_key and single_pk:
-            parts.append("PRIMARY KEY")
-        elif not c.nullable and not c.primary_key:
-            parts.append("NOT NULL")
+        key = "PRIMARY KEY" if c.primary_key and single_pk else "" if c.nullable or c.primary_key else "NOT NULL"
+        definition = " ".join(p for p in (_name(c.name, dialect), c.type, key) if p)
         notes: list[str] = []
         if descriptions and c.description:
             notes.append(_one_line(c.description))
         if examples and c.samples:
             notes.append("examples: " + ", ".join(_literal(v) for v in c.samples))
-        items.append((" ".join(parts), "; ".join(notes)))
+        items.append((definition, "; ".join(notes)))
     if len(t.primary_key) > 1:
         items.append((f"PRIMARY KEY ({', '.join(_name(c, dialect) for c in t.primary_key)})", ""))
     for fk in t.foreign_keys:
@@ -166,11 +174,8 @@ def _table_block(t: TableInfo, dialect: Dialect, examples: bool, descriptions: b
 
 
 def serialize_schema(schema: SchemaInfo, *, max_chars: int | None = None) -> str:
-    """The schema as compact ``CREATE TABLE`` text for prompts (tables by name, columns in order, with type,
-    keys, and a ``-- description; examples`` comment): equal schemas, equal text.
-
-    With ``max_chars`` it shrinks to fit: examples go first, then descriptions, then tables from the end
-    (``-- N more tables omitted``); a first table alone over the budget is cut at ``max_chars``."""
+    """The schema as compact ``CREATE TABLE`` text for prompts (equal schemas, equal text); within ``max_chars``
+    by dropping examples, then descriptions, then tables from the end (a first table alone over it is cut)."""
     if max_chars is not None and max_chars < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
     blocks: list[str] = []

@@ -1,11 +1,10 @@
-"""SQLite databases: a file opened read-only (``mode=ro``, ``query_only``, an authorizer allowing only
-reads and function calls), one connection per query in a worker thread, strings capped by
-``SQLITE_LIMIT_LENGTH``, the statement timeout held by a progress handler and a watchdog thread
-(docs/text2sql.md, "Databases")."""
+"""SQLite databases: a file opened read-only behind an authorizer, one connection per query in a worker thread,
+strings capped, the statement timeout held twice (docs/text2sql.md, "Databases")."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import re
 import sqlite3
@@ -17,9 +16,7 @@ from typing import Any, ClassVar, Literal
 from urllib.parse import quote
 
 from gateway.config.databases import Dialect
-from gateway.text2sql.db.base import Database
-from gateway.text2sql.db.errors import DatabaseUnavailable, QueryFailed
-from gateway.text2sql.db.results import CappedRows, QueryResult, too_large
+from gateway.text2sql.db.base import CappedRows, Database, DatabaseUnavailable, QueryFailed, QueryResult, too_large
 from gateway.text2sql.db.schema import ColumnInfo, ForeignKey, Scalar, SchemaInfo, TableInfo, quote_ident, sample_value
 from gateway.text2sql.sqlsafe import is_dangerous_function
 
@@ -176,12 +173,12 @@ class SqliteDatabase(Database):
                     rows.add(batch)
                 return rows.result(start)
             except sqlite3.DataError:  # SQLITE_TOOBIG: a string or blob over SQLITE_LIMIT_LENGTH
-                raise QueryFailed("too_large", too_large(cfg.max_result_bytes)) from None
+                raise too_large(cfg.max_result_bytes) from None
             except (sqlite3.Error, sqlite3.Warning) as exc:
                 if deadline.fired or watchdog.fired:
                     raise QueryFailed("timeout", self._timeout_message()) from None
                 if printf.tripped or getattr(exc, "sqlite_errorcode", None) == _SQLITE_TOOBIG:
-                    raise QueryFailed("too_large", too_large(cfg.max_result_bytes)) from None
+                    raise too_large(cfg.max_result_bytes) from None
                 raise QueryFailed("error", str(exc) or type(exc).__name__) from None
             finally:
                 watchdog.stop()
@@ -247,13 +244,10 @@ def decode_text(data: bytes) -> str:
 
 
 def _foreign_keys(rows: Sequence[Sequence[Any]], pks: Mapping[str, tuple[str, ...]]) -> tuple[ForeignKey, ...]:
-    """``PRAGMA foreign_key_list`` rows (id, seq, table, from, to, ...) grouped into keys."""
-    grouped: dict[int, list[Sequence[Any]]] = {}
-    for r in rows:
-        grouped.setdefault(int(r[0]), []).append(r)
+    """``PRAGMA foreign_key_list`` rows (id, seq, table, from, to, ...; ordered by id, seq) grouped into keys."""
     out = []
-    for _, parts in sorted(grouped.items()):
-        parts.sort(key=lambda r: int(r[1]))
+    for _, group in itertools.groupby(rows, key=lambda r: int(r[0])):
+        parts = list(group)
         ref_table = str(parts[0][2])
         ref_cols: tuple[str, ...] = tuple(str(r[4]) for r in parts if r[4] is not None)
         if len(ref_cols) != len(parts):  # "REFERENCES t" without columns: the parent's primary key

@@ -1,5 +1,4 @@
-"""The demo database's rows: generated from a seed by ``random.Random`` over built-in word lists, so every
-machine builds the same data."""
+"""The demo database's rows, generated from a seed over built-in word lists (the same on every machine)."""
 
 from __future__ import annotations
 
@@ -7,8 +6,6 @@ import datetime as dt
 import random
 
 from gateway.text2sql.demo.schema import TABLES, Value
-
-# ---------------------------------------------------------------------------------------------- data
 
 _FIRST_NAMES = (
     "Ana", "Ben", "Carla", "David", "Elena", "Felix", "Greta", "Hugo", "Ines", "Jonas", "Karin", "Luis",
@@ -64,20 +61,17 @@ def _money(cents: int) -> float:
 
 
 Rows = dict[str, list[tuple[Value, ...]]]
-_Staff = list[tuple[int, int, int | None, str]]
-"""(employee_id, department_id, store_id, job_title) of every employee."""
 
 
 def demo_rows(seed: int = 0) -> Rows:
-    """The rows of every table, generated from ``seed``: the same output on every call and machine (the
-    tables are drawn from one generator in a fixed order)."""
+    """The rows of every table, drawn from one generator seeded ``seed`` in a fixed order."""
     rng = random.Random(seed)
     rows: Rows = {t.name: [] for t in TABLES}
     _places(rng, rows)
-    rows["employees"], staff = _employees(rng)
+    rows["employees"] = _employees(rng)
     signups = _customers(rng, rows)
     price_cents = _products(rng, rows)
-    _orders(rng, rows, signups, price_cents, staff)
+    _orders(rng, rows, signups, price_cents)
     return rows
 
 
@@ -92,7 +86,7 @@ def _places(rng: random.Random, rows: Rows) -> None:
         rows["stores"].append((i, f"{city} {kind}", city, country_of[city], opened, rng.randrange(300, 2500, 10)))
 
 
-def _employees(rng: random.Random) -> tuple[list[tuple[Value, ...]], _Staff]:
+def _employees(rng: random.Random) -> list[tuple[Value, ...]]:
     """The employees: a CEO, one director per department, two team leads per department, then staff."""
     used_names: set[tuple[str, str]] = set()
 
@@ -105,7 +99,6 @@ def _employees(rng: random.Random) -> tuple[list[tuple[Value, ...]], _Staff]:
 
     store_ids = list(range(1, len(_STORE_CITIES) + 1))
     employees: list[tuple[Value, ...]] = []
-    staff: _Staff = []
 
     def hire(title: str, dept: int, manager: int | None, salary: tuple[int, int], years: tuple[int, int]) -> int:
         emp_id = len(employees) + 1
@@ -115,19 +108,19 @@ def _employees(rng: random.Random) -> tuple[list[tuple[Value, ...]], _Staff]:
         hired = _day(rng, dt.date(years[0], 1, 1), dt.date(years[1], 12, 31))
         pay = rng.randrange(salary[0], salary[1], 100)
         employees.append((emp_id, first, last, title, dept, store, manager, hired, pay))
-        staff.append((emp_id, dept, store, title))
         return emp_id
 
     ceo = hire("Chief Executive Officer", 4, None, (180_000, 220_000), (2010, 2011))
     directors = [hire("Director", d, ceo, (110_000, 160_000), (2011, 2016)) for d in range(1, len(_DEPARTMENTS) + 1)]
-    leads: list[tuple[int, int]] = []
-    for d, director in enumerate(directors, start=1):
-        for _ in range(2):
-            leads.append((d, hire("Team Lead", d, director, (62_000, 95_000), (2013, 2020))))
+    leads = [
+        (d, hire("Team Lead", d, director, (62_000, 95_000), (2013, 2020)))
+        for d, director in enumerate(directors, start=1)
+        for _ in range(2)
+    ]
     for n in range(38):
         d, lead = leads[n % len(leads)] if n < len(leads) else rng.choice(leads)
         hire(_DEPARTMENTS[d - 1][2], d, lead, (34_000, 78_000), (2015, 2024))
-    return employees, staff
+    return employees
 
 
 def _customers(rng: random.Random, rows: Rows) -> dict[int, dt.date]:
@@ -164,26 +157,23 @@ def _products(rng: random.Random, rows: Rows) -> dict[int, int]:
     return price_cents
 
 
-def _orders(
-    rng: random.Random, rows: Rows, signups: dict[int, dt.date], price_cents: dict[int, int], staff: _Staff
-) -> None:
+def _orders(rng: random.Random, rows: Rows, signups: dict[int, dt.date], price_cents: dict[int, int]) -> None:
     """The orders and their items: a tenth of the customers never order; a few products are never sold."""
     buyers = [c for c in signups if rng.random() >= 0.1]
     unsold = set(rng.sample(range(1, _N_PRODUCTS + 1), 6))
     sellable = [p for p in range(1, _N_PRODUCTS + 1) if p not in unsold]
     store_ids = list(range(1, len(_STORE_CITIES) + 1))
-    staff_by_store: dict[int, list[int]] = {s: [] for s in store_ids}
-    for s_emp, s_dept, s_store, _s_title in staff:
-        if s_store is not None and s_dept == 1:  # sales staff take store orders
-            staff_by_store[s_store].append(s_emp)
-    online_staff = [s[0] for s in staff if s[1] == 6 and s[3] != "Director"]
+    staff = [(e[0], e[3], e[4], e[5]) for e in rows["employees"]]  # id, title, department, store
+    # sales staff take store orders; customer support (department 6) some online ones
+    staff_by_store = {s: [e for e, _, dept, store in staff if store == s and dept == 1] for s in store_ids}
+    online_staff = [e for e, title, dept, _ in staff if dept == 6 and title != "Director"]
     item_id = 0
     for order_id in range(1, _N_ORDERS + 1):
         cust = rng.choice(buyers)
         when = _day(rng, signups[cust], _LAST_DAY)
         status = rng.choice(_STATUSES)
         store: int | None = None
-        emp_id: int | None = None
+        emp_id: Value = None
         if rng.random() < 0.4:
             channel = "online"
             emp_id = rng.choice(online_staff) if rng.random() < 0.3 else None

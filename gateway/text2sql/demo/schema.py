@@ -1,9 +1,15 @@
-"""The demo database's schema: seven tables in one portable spec, rendered per dialect and for Spider."""
+"""The demo dataset's definition: the database's seven tables in one portable spec, rendered per dialect and for
+Spider, and its gold questions (package data ``data/demo_questions.json``, read once). Gold queries run unchanged
+on both engines (``query_pg`` for the few that cannot), never select a raw DATE column and break
+``ORDER BY ... LIMIT`` ties on a key."""
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
-from typing import Literal, cast
+from importlib import resources
+from typing import Any, Literal, cast, get_args
 
 DB_ID = "demo_retail"
 """The database id of the demo dataset (Spider ``db_id``)."""
@@ -60,7 +66,7 @@ def _table(name: str, columns: str) -> TableSpec:
     return TableSpec(name, tuple(specs))
 
 
-TABLES: tuple[TableSpec, ...] = (
+TABLES: tuple[TableSpec, ...] = (  # in an order that satisfies every foreign key
     _table("departments", "department_id INTEGER, name TEXT, budget REAL, city TEXT"),
     _table("stores", "store_id INTEGER, name TEXT, city TEXT, country TEXT, opened_date DATE, size_sqm INTEGER"),
     _table(
@@ -89,55 +95,84 @@ TABLES: tuple[TableSpec, ...] = (
 )
 
 
-def demo_tables() -> list[TableSpec]:
-    """The demo database's tables, in an order that satisfies every foreign key."""
-    return list(TABLES)
-
-
 def create_table_sql(table: TableSpec, dialect: Dialect) -> str:
     """``CREATE TABLE`` for ``table`` in ``dialect`` (primary key, NOT NULL and foreign keys included)."""
     types = _SQL_TYPES[dialect]
-    lines = []
-    for i, col in enumerate(table.columns):
-        line = f"    {col.name} {types[col.type]}"
-        if i == 0:
-            line += " PRIMARY KEY"
-        elif not col.nullable:
-            line += " NOT NULL"
-        lines.append(line)
-    for col in table.columns:
-        if col.references is not None:
-            ref_table, ref_col = col.references
-            lines.append(f"    FOREIGN KEY ({col.name}) REFERENCES {ref_table} ({ref_col})")
+    lines = [
+        f"    {c.name} {types[c.type]}" + (" PRIMARY KEY" if i == 0 else "" if c.nullable else " NOT NULL")
+        for i, c in enumerate(table.columns)
+    ]
+    lines += [
+        f"    FOREIGN KEY ({c.name}) REFERENCES {c.references[0]} ({c.references[1]})"
+        for c in table.columns
+        if c.references is not None
+    ]
     return f"CREATE TABLE {table.name} (\n" + ",\n".join(lines) + "\n)"
 
 
 def spider_tables_entry() -> dict[str, object]:
     """The demo database's schema as one Spider ``tables.json`` entry."""
-    column_names_original: list[list[object]] = [[-1, "*"]]
-    column_types = ["text"]
-    index: dict[tuple[str, str], int] = {}
-    primary_keys: list[int] = []
-    for t_idx, table in enumerate(TABLES):
-        for col in table.columns:
-            index[(table.name, col.name)] = len(column_names_original)
-            if col.name == table.primary_key:
-                primary_keys.append(len(column_names_original))
-            column_names_original.append([t_idx, col.name])
-            column_types.append(_SPIDER_TYPES[col.type])
-    foreign_keys = [
-        [index[(table.name, col.name)], index[col.references]]
-        for table in TABLES
-        for col in table.columns
-        if col.references is not None
-    ]
+    columns = [(-1, "*", "text")]
+    columns += [(t, c.name, _SPIDER_TYPES[c.type]) for t, table in enumerate(TABLES) for c in table.columns]
+    index = {(TABLES[t].name, name): i for i, (t, name, _) in enumerate(columns) if t >= 0}
     return {
         "db_id": DB_ID,
         "table_names_original": [t.name for t in TABLES],
         "table_names": [t.name.replace("_", " ") for t in TABLES],
-        "column_names_original": column_names_original,
-        "column_names": [[t, str(n).replace("_", " ")] for t, n in column_names_original],
-        "column_types": column_types,
-        "primary_keys": primary_keys,
-        "foreign_keys": foreign_keys,
+        "column_names_original": [[t, name] for t, name, _ in columns],
+        "column_names": [[t, name.replace("_", " ")] for t, name, _ in columns],
+        "column_types": [kind for _, _, kind in columns],
+        "primary_keys": [index[(t.name, t.primary_key)] for t in TABLES],
+        "foreign_keys": [
+            [index[(t.name, c.name)], index[c.references]] for t in TABLES for c in t.columns if c.references
+        ],
     }
+
+
+Difficulty = Literal["easy", "medium", "hard"]
+QUESTIONS_RESOURCE = "data/demo_questions.json"
+"""Where the questions live, relative to the ``gateway.text2sql`` package."""
+_FIELDS = {"question", "difficulty", "evidence", "query", "query_pg"}
+_REQUIRED = {"question", "difficulty", "query"}
+
+
+@dataclass(frozen=True)
+class DemoQuestion:
+    """A gold question: English text, gold SQL (portable; ``query_pg`` overrides it for PostgreSQL)."""
+
+    question: str
+    query: str
+    difficulty: Difficulty
+    evidence: str | None = None
+    query_pg: str | None = None
+
+
+def parse_questions(data: Any, source: str = QUESTIONS_RESOURCE) -> tuple[DemoQuestion, ...]:
+    """Questions from the parsed JSON (a list of objects); ``ValueError`` naming the entry and field otherwise."""
+    if not isinstance(data, list):
+        raise ValueError(f"{source}: expected a list of questions")
+    out: list[DemoQuestion] = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise ValueError(f"{source}: [{i}]: expected an object")
+        unknown, missing = set(item) - _FIELDS, _REQUIRED - set(item)
+        if unknown or missing:
+            raise ValueError(f"{source}: [{i}]: unknown fields {sorted(unknown)}, missing fields {sorted(missing)}")
+        for key, value in item.items():
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{source}: [{i}].{key}: expected a non-empty string")
+        if item["difficulty"] not in get_args(Difficulty):
+            raise ValueError(f"{source}: [{i}].difficulty: expected one of {', '.join(get_args(Difficulty))}")
+        out.append(DemoQuestion(**item))
+    return tuple(out)
+
+
+@functools.cache
+def _load() -> tuple[DemoQuestion, ...]:
+    text = (resources.files("gateway.text2sql") / QUESTIONS_RESOURCE).read_text(encoding="utf-8")
+    return parse_questions(json.loads(text))
+
+
+def demo_questions() -> list[DemoQuestion]:
+    """The gold questions of the demo dataset (at least 60), easy to hard."""
+    return list(_load())

@@ -1,5 +1,4 @@
-"""The demo dataset as files (a SQLite database, a databases file, a PostgreSQL script, the Spider layout),
-each written atomically (rewriting is harmless while a gateway reads them)."""
+"""The demo dataset as files, each written atomically (rewriting is harmless while a gateway reads them)."""
 
 from __future__ import annotations
 
@@ -11,9 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from gateway.text2sql.demo.questions import demo_questions
 from gateway.text2sql.demo.rows import demo_rows
-from gateway.text2sql.demo.schema import DB_ID, TABLES, Value, create_table_sql, spider_tables_entry
+from gateway.text2sql.demo.schema import DB_ID, TABLES, Value, create_table_sql, demo_questions, spider_tables_entry
 
 
 def load_sqlite(conn: sqlite3.Connection, seed: int = 0) -> None:
@@ -60,11 +58,9 @@ def write_demo_databases(
         raise ValueError(f"{out}: that is where the database goes; name the databases file e.g. databases.yaml")
     db = write_sqlite(out.parent / f"{DB_ID}.sqlite", seed)
     db.chmod(0o644)
+    limits = {"statement_timeout_s": statement_timeout_s, "max_rows": max_rows}
     entry: dict[str, object] = {"url": f"sqlite:///{db.name}", "description": "demo retail"}
-    if statement_timeout_s is not None:
-        entry["statement_timeout_s"] = statement_timeout_s
-    if max_rows is not None:
-        entry["max_rows"] = max_rows
+    entry |= {k: v for k, v in limits.items() if v is not None}
     text = "# The demo database of HexGen-Flow (hexflow databases --demo); the path is relative to this file.\n"
     text += yaml.safe_dump({"databases": {DB_ID: entry}}, sort_keys=False)
     write_text_atomic(out, text)
@@ -74,11 +70,7 @@ def write_demo_databases(
 def _pg_literal(value: Value) -> str:
     if value is None:
         return "NULL"
-    if isinstance(value, bool):  # pragma: no cover - no booleans in the data
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
+    if isinstance(value, int | float):
         return repr(value)
     return "'" + value.replace("'", "''") + "'"
 
@@ -112,12 +104,11 @@ def write_spider_dataset(out_dir: Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_sqlite(out_dir / "database" / DB_ID / f"{DB_ID}.sqlite", seed)
-    dev: list[dict[str, str]] = []
-    for q in demo_questions():
-        item = {"db_id": DB_ID, "question": q.question, "query": q.query, "difficulty": q.difficulty}
-        if q.evidence is not None:
-            item["evidence"] = q.evidence
-        dev.append(item)
+    dev = [
+        {"db_id": DB_ID, "question": q.question, "query": q.query, "difficulty": q.difficulty}
+        | ({} if q.evidence is None else {"evidence": q.evidence})
+        for q in demo_questions()
+    ]
     write_text_atomic(out_dir / "dev.json", json.dumps(dev, indent=2) + "\n")
     write_text_atomic(out_dir / "tables.json", json.dumps([spider_tables_entry()], indent=2) + "\n")
     return out_dir

@@ -7,41 +7,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.text2sql.sqlsafe.allowlist import DANGEROUS_FUNCTIONS, function_allowed, is_dangerous_function
+from gateway.text2sql.sqlsafe.allowlist import is_dangerous_function
 from gateway.text2sql.sqlsafe.errors import SqlRejected
 from gateway.text2sql.sqlsafe.postgres import check_postgres
 from gateway.text2sql.sqlsafe.sqlite import check_sqlite
 
-__all__ = [
-    "DANGEROUS_FUNCTIONS",
-    "DEFAULT_POSTGRES_SCHEMAS",
-    "SUPPORTED_DIALECTS",
-    "SqlRejected",
-    "check_sql",
-    "function_allowed",
-    "is_dangerous_function",
-]
+__all__ = ["SqlRejected", "check_sql", "is_dangerous_function"]
 
-SUPPORTED_DIALECTS: dict[str, str] = {"sqlite": "sqlite", "postgres": "postgres", "postgresql": "postgres"}
-"""Accepted dialect names -> the dialect checked."""
-
-DEFAULT_POSTGRES_SCHEMAS: tuple[str, ...] = ("public",)
-"""The schemas a PostgreSQL query may read when the caller names none."""
+_DIALECTS = {"sqlite": "sqlite", "postgres": "postgres", "postgresql": "postgres"}  # accepted name -> checked
 
 
 def check_sql(sql: str, dialect: str, *, schemas: Sequence[str] | None = None) -> str:
-    """Accept one read-only query in ``dialect`` ("sqlite" or "postgres"); return the text to run.
-
-    ``schemas``: the PostgreSQL schemas the query may read (default ``public``); ignored for SQLite
-    (``main`` only). Raises ``SqlRejected`` with a one-line reason, ``ValueError`` for an unknown dialect."""
-    checked = SUPPORTED_DIALECTS.get(dialect.lower())
+    """Accept one read-only query in ``dialect`` reading only ``schemas`` (PostgreSQL; default ``public``; SQLite:
+    ``main``); return the text to run, or raise ``SqlRejected`` (``ValueError`` for an unknown dialect)."""
+    checked = _DIALECTS.get(dialect.lower())
     if checked is None:
-        raise ValueError(f"unsupported SQL dialect {dialect!r}; supported: {', '.join(SUPPORTED_DIALECTS)}")
+        raise ValueError(f"unsupported SQL dialect {dialect!r}; supported: {', '.join(_DIALECTS)}")
     if not sql.strip():
         raise SqlRejected("empty SQL: expected one read-only query")
     try:
         if checked == "sqlite":
             return check_sqlite(sql)
-        return check_postgres(sql, tuple(schemas) if schemas is not None else DEFAULT_POSTGRES_SCHEMAS)
+        return check_postgres(sql, tuple(schemas) if schemas is not None else ("public",))
     except RecursionError:  # the parser's: a query nested too deeply to check is refused, never run
         raise SqlRejected("cannot parse SQL: the query is nested too deeply") from None

@@ -1,22 +1,8 @@
 """What a model-written query may use, per dialect: functions, types and operators (allowlists, not
-blocklists; names as the engine's parser spells them, lower case). ``DANGEROUS_FUNCTIONS`` is the short
-blocklist the SQLite authorizer still applies (defence in depth); the static check does not use it."""
+blocklists; names as the engine's parser spells them, lower case), and the short blocklist the SQLite
+authorizer still applies (``is_dangerous_function``, defence in depth)."""
 
 from __future__ import annotations
-
-__all__ = [
-    "DANGEROUS_FUNCTIONS",
-    "FUNCTION_KINDS",
-    "POSTGRES_FUNCTIONS",
-    "POSTGRES_OPERATORS",
-    "POSTGRES_TYPES",
-    "SQLITE_FUNCTIONS",
-    "function_allowed",
-    "is_dangerous_function",
-]
-
-FUNCTION_KINDS = "aggregate, string, date/time, math, conversion, conditional and window functions"
-"""How a refusal describes the allowlist, in one phrase."""
 
 # fmt: off
 _COMMON = {
@@ -102,20 +88,9 @@ _EXACT_FUNCTIONS: frozenset[str] = frozenset({
 })
 # fmt: on
 
-DANGEROUS_FUNCTIONS: tuple[str, ...] = tuple(sorted(_EXACT_FUNCTIONS)) + tuple(f"{p}*" for p in _PREFIX_FUNCTIONS)
-"""The SQLite authorizer's blocklist (lower case; ``*`` marks a prefix). The static check does not use it: a
-function that is not on the allowlist is refused whether or not it is here."""
-
-
-def function_allowed(name: str, dialect: str) -> bool:
-    """Whether a query in ``dialect`` may call the unqualified function ``name``: any case for SQLite, exact
-    for PostgreSQL (its parser folds unquoted names, so ``"UPPER"`` is another function)."""
-    if dialect == "sqlite":
-        return name.lower() in SQLITE_FUNCTIONS
-    return name in POSTGRES_FUNCTIONS
-
 
 def is_dangerous_function(name: str) -> bool:
-    """Whether ``name`` (any case) is on ``DANGEROUS_FUNCTIONS`` (the SQLite authorizer's second wall)."""
+    """Whether ``name`` (any case) is on the SQLite authorizer's blocklist (the second wall; the static check
+    refuses every function off the allowlist, listed here or not)."""
     low = name.lower()
     return low in _EXACT_FUNCTIONS or low.startswith(_PREFIX_FUNCTIONS)

@@ -6,19 +6,17 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from gateway.errors import BadRequest
-from gateway.text2sql.sqlsafe.allowlist import FUNCTION_KINDS
-
-__all__ = ["NOT_A_QUERY", "SqlRejected", "function_refused", "one_line", "one_statement", "unparseable"]
 
 T = TypeVar("T")
+_FUNCTION_KINDS = "aggregate, string, date/time, math, conversion, conditional and window functions"
 
 NOT_A_QUERY = "only read-only queries (SELECT, WITH, VALUES) may run; found {}"
-"""The reason for a statement that is not a query (``{}``: its keyword, read from the text)."""
+"""The reason for a statement that is not a query (``{}``: its keyword)."""
 
 
 class SqlRejected(BadRequest):
-    """The SQL is not a single read-only query; ``reason`` says what was found, in our words. ``detail``: the
-    parser's own description when the text did not parse (never part of the message)."""
+    """The SQL is not a single read-only query; ``reason``: what was found, in our words; ``detail``: the
+    parser's own words when the text did not parse (never part of the message)."""
 
     def __init__(self, reason: str, *, detail: str | None = None) -> None:
         self.reason = reason
@@ -29,24 +27,22 @@ class SqlRejected(BadRequest):
 def function_refused(name: str, dialect: str, why: str = "") -> SqlRejected:
     """The refusal of a call of ``name`` (as written, e.g. ``public.pg_sleep``) in a ``dialect`` query."""
     reason = f"calling function {name}() is not allowed"
-    reason += f": {why}" if why else f": not on the {dialect} allowlist ({FUNCTION_KINDS})"
+    reason += f": {why}" if why else f": not on the {dialect} allowlist ({_FUNCTION_KINDS})"
     return SqlRejected(reason)
 
 
-def one_line(text: str, limit: int) -> str:
-    """``text`` on one line (blanks collapsed), at most ``limit`` characters."""
+def _one_line(text: str, limit: int) -> str:
     return " ".join(text.split())[:limit]
 
 
 def unparseable(dialect: str, exc: Exception, detail: str, near: object, line: object, col: object) -> SqlRejected:
-    """Our reason for a text that does not parse (where the parser stopped, when known); the parser's own
-    words (``detail``) kept apart."""
+    """Our reason for a text that does not parse (where the parser stopped, when known), ``detail`` apart."""
     reason = f"cannot parse SQL: not one valid {dialect} query"
     if isinstance(near, str) and near.strip():
-        reason += f"; parsing stopped at {one_line(near, 40)!r}"
+        reason += f"; parsing stopped at {_one_line(near, 40)!r}"
     if isinstance(line, int) and isinstance(col, int):
         reason += f" (line {line}, column {col})"
-    return SqlRejected(reason, detail=one_line(detail, 200) or type(exc).__name__)
+    return SqlRejected(reason, detail=_one_line(detail, 200) or type(exc).__name__)
 
 
 def one_statement(statements: Sequence[T], kind: Callable[[T], str]) -> T:

@@ -14,8 +14,6 @@ from pglast.parser import ParseError, scan
 from gateway.text2sql.sqlsafe.allowlist import POSTGRES_FUNCTIONS, POSTGRES_OPERATORS, POSTGRES_TYPES
 from gateway.text2sql.sqlsafe.errors import NOT_A_QUERY, SqlRejected, function_refused, one_statement, unparseable
 
-__all__ = ["check_postgres"]
-
 # fmt: off
 _ALLOWED_NODES = frozenset({
     "SelectStmt", "ResTarget", "ColumnRef", "A_Star", "A_Const", "String", "Integer", "Float", "Boolean",
@@ -162,15 +160,10 @@ def _check_operator(name: Sequence[object] | None) -> None:
         raise SqlRejected(f"operator {'.'.join(names)} is not allowed in a query")
 
 
-def _tokens(sql: str) -> list[tuple[int, int, str]]:
-    """(start, end, token name) of ``sql``'s tokens, character offsets, end inclusive."""
-    return [(t.start, t.end, t.name) for t in scan(sql)]
-
-
 def _first_word(sql: str, start: int = 0, end: int | None = None) -> str:
-    for s, e, name in _tokens(sql):
-        if s >= start and (end is None or s < end) and name not in _SKIPPED_TOKENS:
-            return sql[s : e + 1][:30].upper()
+    for t in scan(sql):  # offsets in characters, end inclusive
+        if t.start >= start and (end is None or t.start < end) and t.name not in _SKIPPED_TOKENS:
+            return sql[t.start : t.end + 1][:30].upper()
     return ""
 
 
@@ -207,5 +200,5 @@ def check_postgres(sql: str, schemas: Sequence[str]) -> str:
         kind = type(root).__name__
         raise SqlRejected(NOT_A_QUERY.format(_WRITES.get(kind) or _first_word(sql) or kind.upper()))
     _Checker(schemas).walk(root)
-    kept = [(s, e) for s, e, name in _tokens(sql) if name not in _SKIPPED_TOKENS]
-    return sql[: kept[-1][1] + 1].strip() if kept else sql.strip()
+    ends = [t.end for t in scan(sql) if t.name not in _SKIPPED_TOKENS]
+    return sql[: ends[-1] + 1].strip() if ends else sql.strip()

@@ -1,8 +1,6 @@
-"""The SQLite check (sqlglot): one query, no write, functions from the allowlist, tables of ``main`` only.
-
-A call is judged by its name as written (sqlglot records where it stands); the few call forms built
-without a recorded name (``CAST``, ``CASE``, ``TRIM``, ``->``, ``CURRENT_DATE``, ...) are mapped by
-class below, any other refused."""
+"""The SQLite check (sqlglot): one query, no write, functions from the allowlist, tables of ``main`` only. A call
+is judged by its name as written (sqlglot records where it stands); the few call forms built without a recorded
+name (``CAST``, ``CASE``, ``->``, ...) are mapped by class below, any other refused."""
 
 from __future__ import annotations
 
@@ -14,8 +12,6 @@ from sqlglot.errors import ParseError, TokenError
 
 from gateway.text2sql.sqlsafe.allowlist import SQLITE_FUNCTIONS
 from gateway.text2sql.sqlsafe.errors import NOT_A_QUERY, SqlRejected, function_refused, one_statement, unparseable
-
-__all__ = ["check_sqlite"]
 
 
 def _names(*names: str) -> tuple[type[exp.Expr], ...]:
@@ -66,11 +62,11 @@ def _keyword(node: exp.Expr) -> str:
     return _FORBIDDEN.get(type(node).__name__) or type(node).__name__.upper()
 
 
+_LOCKS = {(True, True): "FOR NO KEY UPDATE", (True, False): "FOR UPDATE", (False, True): "FOR KEY SHARE"}
+
+
 def _lock_text(lock: exp.Expr) -> str:
-    update, key = bool(lock.args.get("update")), bool(lock.args.get("key"))
-    if update:
-        return "FOR NO KEY UPDATE" if key else "FOR UPDATE"
-    return "FOR KEY SHARE" if key else "FOR SHARE"
+    return _LOCKS.get((bool(lock.args.get("update")), bool(lock.args.get("key"))), "FOR SHARE")
 
 
 def _first_word(sql: str) -> str:
