@@ -256,26 +256,28 @@ class GatewayMetrics:
         for t in [t for t in self._tenants if t not in names]:
             del self._tenants[t]
 
-    def _child(self, owners: dict[str, _Children], metric: _MetricT, owner: str, **labels: str) -> _MetricT:
-        """``metric.labels(...)`` for a worker's or tenant's series, cached with its ``owner``."""
+    @staticmethod
+    def _child(owners: dict[str, _Children], by: str, metric: _MetricT, owner: str, label: str, value: str) -> _MetricT:
+        """``metric.labels(...)`` for an owner's series (``by``: worker or tenant; ``label``: the family's other
+        label, if any), cached with its owner: ``labels()`` validates and locks on every call."""
         cache = owners.get(owner)
         if cache is None:
             cache = owners[owner] = {}
-        key = (metric, *labels.values())  # metrics hash by identity
+        key = (metric, value)  # metrics hash by identity
         c = cache.get(key)
         if c is None:
-            c = cache[key] = metric.labels(**labels)
+            c = cache[key] = metric.labels(**({by: owner, label: value} if label else {by: owner}))
         return c
 
-    def _worker_child(self, metric: _MetricT, worker: str, **labels: str) -> _MetricT:
-        return self._child(self._workers, metric, worker, worker=worker, **labels)
+    def _worker_child(self, metric: _MetricT, worker: str, label: str = "", value: str = "") -> _MetricT:
+        return self._child(self._workers, "worker", metric, worker, label, value)
 
-    def _tenant_child(self, metric: _MetricT, tenant: str, **labels: str) -> _MetricT:
-        return self._child(self._tenants, metric, tenant, tenant=tenant, **labels)
+    def _tenant_child(self, metric: _MetricT, tenant: str, label: str = "", value: str = "") -> _MetricT:
+        return self._child(self._tenants, "tenant", metric, tenant, label, value)
 
     def dispatch(self, worker: str, kind: str) -> None:
         """One dispatch decision."""
-        self._worker_child(self.dispatches, worker, kind=self.kind(kind)).inc()
+        self._worker_child(self.dispatches, worker, "kind", self.kind(kind)).inc()
 
     def queue_wait(self, worker: str, seconds: float) -> None:
         """A call left the worker's gateway queue."""
@@ -288,13 +290,13 @@ class GatewayMetrics:
         if stage is None:
             stage = self._stage[k] = self.stage_latency.labels(kind=k)
         stage.observe(max(total_s, 0.0))
-        self._worker_child(self.call_run, worker, kind=k).observe(max(run_s, 0.0))
+        self._worker_child(self.call_run, worker, "kind", k).observe(max(run_s, 0.0))
         if predicted_s > 0:
             self._worker_child(self.estimate_ratio, worker).observe(run_s / predicted_s)
 
     def workflow_done(self, tenant: str, latency_s: float | None, outcome: str) -> None:
         """A workflow ended with ``outcome`` (one of ``OUTCOMES``); only met and missed count towards attainment."""
-        self._tenant_child(self.workflows, tenant, outcome=outcome).inc()
+        self._tenant_child(self.workflows, tenant, "outcome", outcome).inc()
         if latency_s is not None:
             self._tenant_child(self.workflow_latency, tenant).observe(latency_s)
         if outcome in ("met", "missed"):
@@ -305,17 +307,17 @@ class GatewayMetrics:
 
     def workflow_outcome(self, tenant: str, outcome: str) -> None:
         """A workflow ended with goodput ``outcome`` (one of ``history.GOODPUT_OUTCOMES``); ``met`` is goodput."""
-        self._tenant_child(self.workflow_outcomes, tenant, outcome=outcome).inc()
+        self._tenant_child(self.workflow_outcomes, tenant, "outcome", outcome).inc()
         if outcome == "met":
             self._tenant_child(self.goodput, tenant).inc()
 
     def rejection(self, tenant: str, reason: str) -> None:
         """A workflow of ``tenant`` refused at admission, and why (one of ``REJECT_REASONS``)."""
-        self._tenant_child(self.rejections, tenant, reason=reason).inc()
+        self._tenant_child(self.rejections, tenant, "reason", reason).inc()
 
     def demotion(self, tenant: str, when: str) -> None:
         """A workflow of ``tenant`` demoted to the lowest urgency (``when``: one of ``DEMOTED_WHEN``)."""
-        self._tenant_child(self.demoted, tenant, when=when).inc()
+        self._tenant_child(self.demoted, tenant, "when", when).inc()
 
     def degraded(self, tenant: str, step: str) -> None:
         """A question of ``tenant`` ran with knob ``step`` (``DEGRADED_STEPS``) turned down."""
@@ -324,7 +326,7 @@ class GatewayMetrics:
 
     def call_failure(self, worker: str, reason: str) -> None:
         """A call failed on a worker."""
-        self._worker_child(self.failures, worker, reason=reason).inc()
+        self._worker_child(self.failures, worker, "reason", reason).inc()
 
     def retry(self, worker: str) -> None:
         """A call failed by ``worker`` is re-dispatched."""
