@@ -197,8 +197,20 @@ def run_admission_bench(
     bound = base.bound.rate_qps
     alphas: dict[str, float | None] = {p: None for p in policies}
     setups = {v.name: replace(base, admission_share=v.share, admission_miss=v.miss) for v in variants}
-    head = (setup.trace, [w.name for w in setup.workers], setup.slo_scale, base.slo_s, setup.n_workflows, base.seeds)
-    report = AdmissionReport(*head, list(policies), list(variants), alphas, bound, math.nan, list(loads))
+    report = AdmissionReport(
+        trace=setup.trace,
+        cluster=[w.name for w in setup.workers],
+        slo_scale=setup.slo_scale,
+        slo_s=base.slo_s,
+        n_workflows=setup.n_workflows,
+        seeds=base.seeds,
+        policies=list(policies),
+        variants=list(variants),
+        alphas=alphas,
+        bound_qps=bound,
+        reference_qps=math.nan,
+        loads=list(loads),
+    )
 
     ref_variant = "off" if "off" in names else names[0]
 

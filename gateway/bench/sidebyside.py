@@ -350,9 +350,20 @@ def run_bench(
         progress(len(plain))  # no reference rate: phase 3 has nothing to do
     report_tune = next((o.tune_rate for p, o in outcomes.items() if p in tuned), None)
     results = {p: PolicyResult(p, outcomes[p].alpha, outcomes[p].capacities, outcomes[p].points) for p in policies}
-    head = (setup.trace, [w.profile.gpu for w in setup.workers], setup.slo_scale, setup.slo_s, bound, results)
-    run = (setup.seeds, setup.tune_seed, report_tune, setup.n_workflows, rel_tol, grid)
-    report = BenchReport(*head, *run)
+    report = BenchReport(
+        trace=setup.trace,
+        cluster=[w.profile.gpu for w in setup.workers],
+        slo_scale=setup.slo_scale,
+        slo_s=setup.slo_s,
+        fluid_bound_qps=bound,
+        policies=results,
+        seeds=setup.seeds,
+        tune_seed=setup.tune_seed,
+        tune_rate_qps=report_tune,
+        n_workflows=setup.n_workflows,
+        rel_tol=rel_tol,
+        rates=grid,
+    )
     _add_engine_time(report, setup, policies)
     report.seconds = time.perf_counter() - t0
     return report

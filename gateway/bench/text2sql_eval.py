@@ -328,8 +328,18 @@ async def _ask(client: httpx.AsyncClient, item: EvalItem, deadline_s: float | No
     try:
         r = await client.post("/v1/text2sql", json=body, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        head = (item.question, item.db_id, "client_error", 0, False, None, item.gold, time.monotonic() - t)
-        return ItemRecord(*head, difficulty=item.difficulty, error=f"{type(exc).__name__}: {exc}")
+        return ItemRecord(
+            item.question,
+            item.db_id,
+            status="client_error",
+            http_status=0,
+            correct=False,
+            sql=None,
+            gold=item.gold,
+            latency_s=time.monotonic() - t,
+            difficulty=item.difficulty,
+            error=f"{type(exc).__name__}: {exc}",
+        )
     elapsed = time.monotonic() - t
     try:
         data = r.json()

@@ -358,12 +358,33 @@ def run_tuner_bench(
     for j, (i, s) in enumerate(runs):
         tuned = sorted(results[j * nt : (j + 1) * nt], key=lambda t: t.window)
         fixed = sorted(results[len(runs) * nt + j * nf :][:nf], key=lambda f: f.alpha)
-        args = (s.bound.rate_qps, caps[i], rates[i], s.slo_s, pol.default_alpha, fixed, tuned)
-        traces.append(TraceResult(s.trace, s.seed, *args))
+        traces.append(
+            TraceResult(
+                trace=s.trace,
+                seed=s.seed,
+                fluid_bound_qps=s.bound.rate_qps,
+                capacity_qps=caps[i],
+                rate_qps=rates[i],
+                slo_s=s.slo_s,
+                default_alpha=pol.default_alpha,
+                fixed=fixed,
+                tuned=tuned,
+            )
+        )
     first = setups[0]
-    head = ([w.profile.gpu for w in first.workers], policy, first.slo_scale, load, warmup, first.n_workflows - warmup)
-    seeds_run = sorted({s.seed for _, s in runs})
-    return TunerReport(*head, seeds_run, base, traces, jobs, time.perf_counter() - t0)
+    return TunerReport(
+        cluster=[w.profile.gpu for w in first.workers],
+        policy=policy,
+        slo_scale=first.slo_scale,
+        load=load,
+        warmup=warmup,
+        measured=first.n_workflows - warmup,
+        seeds=sorted({s.seed for _, s in runs}),
+        tuning=base,
+        traces=traces,
+        jobs=jobs,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def format_tuner_report(report: TunerReport, cluster: str) -> str:

@@ -123,8 +123,20 @@ def run_fidelity_vllm(
     servers = default_servers() if servers is None else servers
     if len(servers) < 1 or len({s.name for s in servers}) != len(servers):
         raise ValueError("give at least one server, each with its own name")
-    workload = (trace, policies, workflows, token_scale, load, rate_qps, budget_s, slo_scale)
-    cfg = _Settings(*workload, calibrate_beside_load, recalibrate_after, calibration_repeats, progress)
+    cfg = _Settings(
+        trace=trace,
+        policies=policies,
+        workflows=workflows,
+        token_scale=token_scale,
+        load=load,
+        rate_qps=rate_qps,
+        budget_s=budget_s,
+        slo_scale=slo_scale,
+        calibrate_beside_load=calibrate_beside_load,
+        recalibrate_after=recalibrate_after,
+        repeats=calibration_repeats,
+        progress=progress,
+    )
     cfg.check(seed, rounds)
     paths = paths or cpu_vllm.Paths.default()
     ports = [base_port + i for i in range(len(servers))]
