@@ -180,17 +180,10 @@ class UpstreamError(GatewayError):
     """A workflow failed on a worker: a worker's 4xx is answered with its status, anything else 502/503/504;
     ``error_type`` defaults to ``upstream_error`` for 5xx and ``invalid_request_error`` for 4xx."""
 
-    def __init__(
-        self,
-        message: str,
-        status: int,
-        *,
-        error_type: str | None = None,
-        param: str | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        error_type = error_type or ("upstream_error" if status >= 500 else "invalid_request_error")
-        super().__init__(message, status=status, error_type=error_type, param=param, extra=extra)
+    def __init__(self, message: str, status: int, **given: Any) -> None:
+        """``given``: ``GatewayError``'s other keywords (``error_type``, ``param``, ``extra``)."""
+        error_type = "upstream_error" if status >= 500 else "invalid_request_error"
+        super().__init__(message, status=status, **{"error_type": error_type, **given})
 
     @classmethod
     def answer(cls, failed: CallFailed) -> UpstreamError:
