@@ -22,6 +22,7 @@ from gateway.errors import ConfigError
 from gateway.text2sql.demo import DB_ID, demo_questions, load_sqlite
 from gateway.text2sql.demo.writers import write_text_atomic
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
+from gateway.text2sql.extract import parse_sqlite
 
 
 class AnswerEntry(TypedDict):
@@ -103,11 +104,8 @@ def _misspell(name: str) -> str:
 
 
 def _names(sql: str, kind: type[exp.Expression]) -> list[str]:
-    try:
-        tree = sqlglot.parse_one(sql, read="sqlite")
-    except Exception:
-        return []
-    return [n.name.lower() for n in tree.find_all(kind) if n.name]
+    tree = parse_sqlite(sql)
+    return [] if tree is None else [n.name.lower() for n in tree.find_all(kind) if n.name]
 
 
 def _drop_where(sql: str, tokens: list[Token]) -> str | None:
