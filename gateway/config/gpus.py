@@ -220,10 +220,6 @@ class GpuCatalog(_Strict):
         out._from_file = self._from_file | {(m, label) for m, per in overlay.profiles.items() for label in per}
         return out
 
-    def profile_labels(self, model: str) -> list[str]:
-        """The labels a worker serving ``model`` may name as its ``profile`` (GPU types and overlay labels)."""
-        return sorted(self.profiles.get(model, {}))
-
     def named_profile(self, label: str, model: str) -> tuple[PerfProfile, str]:
         """The profile ``label`` of ``model`` and where it comes from (``file`` for an overlay entry, else
         ``catalogue``); its ``gpu`` is the label. ``UnknownNameError`` lists the labels known for the model."""
@@ -231,12 +227,8 @@ class GpuCatalog(_Strict):
             raise UnknownNameError("model", model, list(self.models))
         spec = self.profiles.get(model, {}).get(label)
         if spec is None:
-            raise UnknownNameError(f"profile of {model}", label, self.profile_labels(model))
+            raise UnknownNameError(f"profile of {model}", label, list(self.profiles.get(model, {})))
         return profile_from(label, model, spec), ("file" if (model, label) in self._from_file else "catalogue")
-
-    def profile_names(self) -> list[str]:
-        """Every ``GPU/model`` pair that has a profile."""
-        return sorted(f"{g}/{m}" for m, per_gpu in self.profiles.items() for g in per_gpu)
 
     def profile_spec(self, gpu: str, model: str) -> ProfileSpec:
         """The raw constants of ``gpu`` serving ``model``; ``UnknownNameError`` when there are none."""
@@ -246,7 +238,8 @@ class GpuCatalog(_Strict):
             raise UnknownNameError("GPU", gpu, list(self.gpus))
         spec = self.profiles.get(model, {}).get(gpu)
         if spec is None:
-            raise UnknownNameError("profile", f"{gpu}/{model}", self.profile_names())
+            pairs = [f"{g}/{m}" for m, per_gpu in self.profiles.items() for g in per_gpu]
+            raise UnknownNameError("profile", f"{gpu}/{model}", pairs)
         return spec
 
     def worker_usd_per_hour(self, gpu: str, model: str) -> float | None:
