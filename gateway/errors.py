@@ -29,6 +29,7 @@ so the CLI prints one line and exits 2."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -97,7 +98,7 @@ class _Unknown(Exception):
         super().__init__(unknown_name_message(what, name, self.known, hint))
 
 
-def unknown_name_message(what: str, name: str, known: list[str], hint: str = "") -> str:
+def unknown_name_message(what: str, name: str, known: Iterable[str], hint: str = "") -> str:
     """``unknown <what> '<name>'; known: a, b`` (``known`` sorted), then ``hint`` as a sentence."""
     return f"unknown {what} {name!r}; known: {', '.join(sorted(known))}" + (f". {hint}" if hint else "")
 

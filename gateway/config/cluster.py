@@ -17,7 +17,7 @@ from gateway.config.base import CLUSTERS_DIR, FieldError, Name, _known, _Strict,
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog
 from gateway.core.profile import time_scaled
 from gateway.core.worker import WorkerInfo
-from gateway.errors import UnknownNameError
+from gateway.errors import UnknownNameError, unknown_name_message
 
 
 def _catalog_from(info: ValidationInfo) -> GpuCatalog | None:
@@ -36,7 +36,7 @@ def _in_catalog(what: str) -> AfterValidator:
         cat = _catalog_from(info)
         known = None if cat is None else cat.gpus if what == "GPU" else cat.models
         if known is not None and v not in known:
-            raise ValueError(f"unknown {what} {v!r}; known: {_known(known)}")
+            raise ValueError(unknown_name_message(what, v, known))
         return v
 
     return AfterValidator(check)

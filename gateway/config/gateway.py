@@ -23,7 +23,7 @@ from gateway.core.policy import POLICIES, production_policy
 from gateway.core.predict import SUSTAINABLE_SHARE
 from gateway.core.scheduler import BEST_EFFORT_SHARE
 from gateway.core.worker import WorkerInfo
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, unknown_name_message
 
 
 class ListenConfig(_Strict):
@@ -260,7 +260,7 @@ class GatewayConfig(_Strict):
     @classmethod
     def _known_policy(cls, v: str) -> str:
         if v not in POLICIES:
-            raise ValueError(f"unknown policy {v!r}; known: {', '.join(sorted(POLICIES))}")
+            raise ValueError(unknown_name_message("policy", v, POLICIES))
         return v
 
     @model_validator(mode="after")

@@ -21,7 +21,7 @@ from gateway.config.base import (
 )
 from gateway.core.prefix import BLOCK_TOKENS
 from gateway.core.profile import PerfProfile, profile_from
-from gateway.errors import UnknownNameError
+from gateway.errors import UnknownNameError, unknown_name_message
 
 
 class GpuSpec(_Strict):
@@ -188,7 +188,7 @@ class GpuCatalog(_Strict):
         checks += [(f"calibration.tp.{m}.per_gpu.{g}", g, *gpus) for m, r in cal.tp.items() for g in r.per_gpu]
         for field, name, known, what in checks:
             if name not in known:
-                raise FieldError(field, f"unknown {what} {name!r}; known: {_known(known)}")
+                raise FieldError(field, unknown_name_message(what, name, known))
         for g, pub in cal.published.items():
             for kind in pub.steps:
                 if kind not in cal.steps:
@@ -212,7 +212,7 @@ class GpuCatalog(_Strict):
         a worker names them with ``profile`` (``hexflow calibrate --gpu LABEL`` chose the label)."""
         for m in overlay.profiles:
             if m not in self.models:
-                raise FieldError(f"profiles.{m}", f"unknown model {m!r}; known: {_known(self.models)}")
+                raise FieldError(f"profiles.{m}", unknown_name_message("model", m, self.models))
         merged = {m: dict(per) for m, per in self.profiles.items()}
         for m, per in overlay.profiles.items():
             merged.setdefault(m, {}).update(per)
