@@ -113,7 +113,7 @@ class CappedRows:
         return QueryResult(self.columns, self.rows, len(self.rows), self.truncated, time.perf_counter() - start)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)  # the default repr: a repr of the config would show its URL's password
 class Database(ABC):
     """A database the pipeline may query: read-only, time- and size-limited, schema cached. ``base_dir``
     resolves a relative SQLite path; ``descriptions``: table -> column -> description."""
@@ -124,8 +124,8 @@ class Database(ABC):
     _: KW_ONLY
     base_dir: Path | str | None = None
     descriptions: Descriptions | None = None
-    _schema: SchemaInfo | None = field(default=None, init=False, repr=False)
-    _schema_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    _schema: SchemaInfo | None = field(default=None, init=False)
+    _schema_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     async def execute(self, sql: str) -> QueryResult:
         """Check ``sql`` (``SqlRejected``), then run it; ``QueryFailed``, ``DatabaseUnavailable``."""
