@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Generic, TypeVar
 
 _T = TypeVar("_T")
@@ -37,21 +38,17 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
+@dataclass(frozen=True)
 class _Range(Generic[_N]):
     """A finite ``kind`` number within ``[lo, hi]`` (``open_lo``, ``open_hi``: that bound excluded)."""
 
-    def __init__(
-        self,
-        kind: type[_N],
-        what: str,
-        lo: float,
-        hi: float = math.inf,
-        *,
-        open_lo: bool = False,
-        open_hi: bool = False,
-    ) -> None:
-        self.kind: type[_N] = kind
-        self.what, self.lo, self.hi, self.open_lo, self.open_hi = what, lo, hi, open_lo, open_hi
+    kind: type[_N]
+    what: str
+    lo: float
+    hi: float = math.inf
+    _: KW_ONLY
+    open_lo: bool = False
+    open_hi: bool = False
 
     def __call__(self, text: str) -> _N:
         try:

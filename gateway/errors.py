@@ -29,6 +29,7 @@ so the CLI prints one line and exits 2."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -97,7 +98,7 @@ class _Unknown(Exception):
         super().__init__(unknown_name_message(what, name, self.known, hint))
 
 
-def unknown_name_message(what: str, name: str, known: list[str], hint: str = "") -> str:
+def unknown_name_message(what: str, name: str, known: Iterable[str], hint: str = "") -> str:
     """``unknown <what> '<name>'; known: a, b`` (``known`` sorted), then ``hint`` as a sentence."""
     return f"unknown {what} {name!r}; known: {', '.join(sorted(known))}" + (f". {hint}" if hint else "")
 
@@ -180,17 +181,10 @@ class UpstreamError(GatewayError):
     """A workflow failed on a worker: a worker's 4xx is answered with its status, anything else 502/503/504;
     ``error_type`` defaults to ``upstream_error`` for 5xx and ``invalid_request_error`` for 4xx."""
 
-    def __init__(
-        self,
-        message: str,
-        status: int,
-        *,
-        error_type: str | None = None,
-        param: str | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        error_type = error_type or ("upstream_error" if status >= 500 else "invalid_request_error")
-        super().__init__(message, status=status, error_type=error_type, param=param, extra=extra)
+    def __init__(self, message: str, status: int, **given: Any) -> None:
+        """``given``: ``GatewayError``'s other keywords (``error_type``, ``param``, ``extra``)."""
+        error_type = "upstream_error" if status >= 500 else "invalid_request_error"
+        super().__init__(message, status=status, **{"error_type": error_type, **given})
 
     @classmethod
     def answer(cls, failed: CallFailed) -> UpstreamError:

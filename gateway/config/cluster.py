@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Annotated, Protocol
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, model_validator
 
 from gateway.config.base import CLUSTERS_DIR, FieldError, Name, _known, _Strict, load_yaml_model
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog
 from gateway.core.profile import time_scaled
 from gateway.core.worker import WorkerInfo
-from gateway.errors import UnknownNameError
+from gateway.errors import UnknownNameError, unknown_name_message
 
 
 def _catalog_from(info: ValidationInfo) -> GpuCatalog | None:
@@ -29,14 +29,22 @@ def _catalog_from(info: ValidationInfo) -> GpuCatalog | None:
     return None
 
 
-def _known_name(v: str, info: ValidationInfo, what: str) -> str:
-    """``v`` when the validation context's catalogue (if any) knows it as a ``what`` ("GPU" or "model")."""
-    cat = _catalog_from(info)
-    if cat is not None:
-        known = cat.gpus if what == "GPU" else cat.models
-        if v not in known:
-            raise ValueError(f"unknown {what} {v!r}; known: {_known(known)}")
-    return v
+def _in_catalog(what: str) -> AfterValidator:
+    """A name the validation context's catalogue (if any) must know as a ``what`` ("GPU" or "model")."""
+
+    def check(v: str, info: ValidationInfo) -> str:
+        cat = _catalog_from(info)
+        known = None if cat is None else cat.gpus if what == "GPU" else cat.models
+        if known is not None and v not in known:
+            raise ValueError(unknown_name_message(what, v, known))
+        return v
+
+    return AfterValidator(check)
+
+
+KnownModel = Annotated[str, _in_catalog("model")]
+GpuName = Annotated[str, Field(min_length=1), _in_catalog("GPU")]
+ModelName = Annotated[str, Field(min_length=1), _in_catalog("model")]
 
 
 class WorkerConfig(_Strict):
@@ -47,8 +55,8 @@ class WorkerConfig(_Strict):
         description="Worker name; default '<gpu>-<index>' (index in the expanded list). "
         "With count > 1 a given name becomes '<name>-<k>'.",
     )
-    gpu: str = Field(min_length=1, description="GPU type, a key of gpus.yaml's 'gpus'.")
-    model: str | None = Field(None, min_length=1, description="Served model; default: the cluster's.")
+    gpu: GpuName = Field(description="GPU type, a key of gpus.yaml's 'gpus'.")
+    model: ModelName | None = Field(None, description="Served model; default: the cluster's.")
     capacity: int | None = Field(
         None,
         ge=1,
@@ -72,16 +80,6 @@ class WorkerConfig(_Strict):
         "in gateway.yaml's profiles_file (e.g. what 'hexflow calibrate --gpu LABEL --out FILE' wrote); "
         "default: the catalogue's profile of 'gpu'.",
     )
-
-    @field_validator("gpu")
-    @classmethod
-    def _known_gpu(cls, v: str, info: ValidationInfo) -> str:
-        return _known_name(v, info, "GPU")
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return v if v is None else _known_name(v, info, "model")
 
     @model_validator(mode="after")
     def _one_url_one_worker(self) -> WorkerConfig:
@@ -113,18 +111,12 @@ class ClusterConfig(_Strict):
 
     name: Name = Field(description="Cluster name (used in reports).")
     description: str = Field("", description="Free text: where the setting comes from.")
-    model: str = Field(
+    model: ModelName = Field(
         "llama-3.1-70b",
-        min_length=1,
         validate_default=True,
         description="Model served unless a worker overrides.",
     )
     workers: list[WorkerConfig] = Field(min_length=1, description="The workers, in scheduler order.")
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, v: str, info: ValidationInfo) -> str:
-        return _known_name(v, info, "model")
 
     @model_validator(mode="after")
     def _check_workers(self, info: ValidationInfo) -> ClusterConfig:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from gateway.config.base import load_yaml_model
+from gateway.config.base import _Strict, load_yaml_model
 
 Dialect = Literal["sqlite", "postgres"]
 DbId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
@@ -27,10 +27,10 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-class DatabaseConfig(BaseModel):
+class DatabaseConfig(_Strict):
     """One database: where it is and the limits every query on it runs under."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # merged with _Strict's
 
     url: str = Field(
         description="sqlite:///relative/path.sqlite, sqlite:////absolute/path.sqlite, "
@@ -103,10 +103,8 @@ class DatabaseConfig(BaseModel):
         return _redact(self.url)
 
 
-class DatabasesFile(BaseModel):
+class DatabasesFile(_Strict):
     """A databases file: db_id -> ``DatabaseConfig``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     databases: dict[DbId, DatabaseConfig] = Field(min_length=1, description="db_id -> database.")
 

@@ -23,7 +23,7 @@ from gateway.core.policy import POLICIES, production_policy
 from gateway.core.predict import SUSTAINABLE_SHARE
 from gateway.core.scheduler import BEST_EFFORT_SHARE
 from gateway.core.worker import WorkerInfo
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, unknown_name_message
 
 
 class ListenConfig(_Strict):
@@ -260,7 +260,7 @@ class GatewayConfig(_Strict):
     @classmethod
     def _known_policy(cls, v: str) -> str:
         if v not in POLICIES:
-            raise ValueError(f"unknown policy {v!r}; known: {', '.join(sorted(POLICIES))}")
+            raise ValueError(unknown_name_message("policy", v, POLICIES))
         return v
 
     @model_validator(mode="after")
@@ -289,10 +289,10 @@ def _resolve(base: Path, name: str) -> Path:
 class LoadedConfig:
     """A validated gateway config with its resolved paths, catalogue and scheduler workers."""
 
-    def __init__(self, cfg: GatewayConfig, base_dir: Path, catalog: GpuCatalog) -> None:
+    def __init__(self, cfg: GatewayConfig, path: Path, catalog: GpuCatalog) -> None:
         self.cfg = cfg
-        self.base_dir = base_dir
-        self.path = base_dir / "gateway.yaml"
+        self.path = path
+        self.base_dir = path.parent
         self.catalog = catalog
         self.resolved = cfg.cluster.expanded() if cfg.cluster is not None else []
         self.workers: list[WorkerInfo] = (
@@ -355,6 +355,4 @@ def load_gateway_config(path: Path | str, *, time_scale: float | None = None, be
         if not time_scale > 0:
             raise ConfigError(str(path), "time_scale", f"must be positive, got {time_scale}")
         cfg = cfg.model_copy(update={"time_scale": time_scale})
-    loaded = LoadedConfig(cfg, path.parent, catalog)
-    loaded.path = path
-    return loaded
+    return LoadedConfig(cfg, path, catalog)

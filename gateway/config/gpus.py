@@ -21,7 +21,7 @@ from gateway.config.base import (
 )
 from gateway.core.prefix import BLOCK_TOKENS
 from gateway.core.profile import PerfProfile, profile_from
-from gateway.errors import UnknownNameError
+from gateway.errors import UnknownNameError, unknown_name_message
 
 
 class GpuSpec(_Strict):
@@ -188,7 +188,7 @@ class GpuCatalog(_Strict):
         checks += [(f"calibration.tp.{m}.per_gpu.{g}", g, *gpus) for m, r in cal.tp.items() for g in r.per_gpu]
         for field, name, known, what in checks:
             if name not in known:
-                raise FieldError(field, f"unknown {what} {name!r}; known: {_known(known)}")
+                raise FieldError(field, unknown_name_message(what, name, known))
         for g, pub in cal.published.items():
             for kind in pub.steps:
                 if kind not in cal.steps:
@@ -212,17 +212,13 @@ class GpuCatalog(_Strict):
         a worker names them with ``profile`` (``hexflow calibrate --gpu LABEL`` chose the label)."""
         for m in overlay.profiles:
             if m not in self.models:
-                raise FieldError(f"profiles.{m}", f"unknown model {m!r}; known: {_known(self.models)}")
+                raise FieldError(f"profiles.{m}", unknown_name_message("model", m, self.models))
         merged = {m: dict(per) for m, per in self.profiles.items()}
         for m, per in overlay.profiles.items():
             merged.setdefault(m, {}).update(per)
         out = self.model_copy(update={"profiles": merged})
         out._from_file = self._from_file | {(m, label) for m, per in overlay.profiles.items() for label in per}
         return out
-
-    def profile_labels(self, model: str) -> list[str]:
-        """The labels a worker serving ``model`` may name as its ``profile`` (GPU types and overlay labels)."""
-        return sorted(self.profiles.get(model, {}))
 
     def named_profile(self, label: str, model: str) -> tuple[PerfProfile, str]:
         """The profile ``label`` of ``model`` and where it comes from (``file`` for an overlay entry, else
@@ -231,12 +227,8 @@ class GpuCatalog(_Strict):
             raise UnknownNameError("model", model, list(self.models))
         spec = self.profiles.get(model, {}).get(label)
         if spec is None:
-            raise UnknownNameError(f"profile of {model}", label, self.profile_labels(model))
+            raise UnknownNameError(f"profile of {model}", label, list(self.profiles.get(model, {})))
         return profile_from(label, model, spec), ("file" if (model, label) in self._from_file else "catalogue")
-
-    def profile_names(self) -> list[str]:
-        """Every ``GPU/model`` pair that has a profile."""
-        return sorted(f"{g}/{m}" for m, per_gpu in self.profiles.items() for g in per_gpu)
 
     def profile_spec(self, gpu: str, model: str) -> ProfileSpec:
         """The raw constants of ``gpu`` serving ``model``; ``UnknownNameError`` when there are none."""
@@ -246,7 +238,8 @@ class GpuCatalog(_Strict):
             raise UnknownNameError("GPU", gpu, list(self.gpus))
         spec = self.profiles.get(model, {}).get(gpu)
         if spec is None:
-            raise UnknownNameError("profile", f"{gpu}/{model}", self.profile_names())
+            pairs = [f"{g}/{m}" for m, per_gpu in self.profiles.items() for g in per_gpu]
+            raise UnknownNameError("profile", f"{gpu}/{model}", pairs)
         return spec
 
     def worker_usd_per_hour(self, gpu: str, model: str) -> float | None:

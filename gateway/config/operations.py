@@ -4,10 +4,10 @@ holds the file's model and its request-path sections)."""
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from gateway.config.base import FieldError, PosFloat, Share, _at_most, _Strict
-from gateway.config.cluster import _known_name
+from gateway.config.cluster import KnownModel
 from gateway.config.tenants import KeyHash
 
 
@@ -162,16 +162,13 @@ class KubernetesDiscoveryConfig(_KubeApiSettings):
         description="Pod annotation (or label) naming the performance profile: a label of the pod's model in the "
         "catalogue or in profiles_file (default: the catalogue's profile of the GPU label).",
     )
-    default_model: str | None = Field(None, description="Model profile when a pod names none (default: cluster's).")
+    default_model: KnownModel | None = Field(
+        None, description="Model profile when a pod names none (default: cluster's)."
+    )
     default_capacity: int | None = Field(
         None, ge=1, le=1024, description="In-flight limit when a pod names none; default: derived from its profile."
     )
     default_port: int = Field(8000, ge=1, le=65535, description="Port when a pod names none.")
-
-    @field_validator("default_model")
-    @classmethod
-    def _known_model(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return v if v is None else _known_name(v, info, "model")
 
 
 class DiscoveryConfig(_Strict):

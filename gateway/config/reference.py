@@ -15,14 +15,22 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-FILES: tuple[tuple[str, str, str], ...] = (
-    ("config/gateway.yaml", "gateway.config.gateway", "GatewayConfig"),
-    ("config/tenants.yaml", "gateway.config.tenants", "TenantsFile"),
-    ("databases file (gateway.yaml `databases_file`)", "gateway.config.databases", "DatabasesFile"),
-    ("config/clusters/*.yaml", "gateway.config.cluster", "ClusterConfig"),
-    ("config/gpus.yaml", "gateway.config.gpus", "GpuCatalog"),
-    ("gateway/config/workflows.yaml (packaged data)", "gateway.config.workflows", "WorkflowsFile"),
-    ("gateway/config/quality.yaml (packaged data: hexflow bench quality)", "gateway.config.quality", "QualityFile"),
+from gateway.config.cluster import ClusterConfig
+from gateway.config.databases import DatabasesFile
+from gateway.config.gateway import GatewayConfig
+from gateway.config.gpus import GpuCatalog
+from gateway.config.quality import QualityFile
+from gateway.config.tenants import TenantsFile
+from gateway.config.workflows import WorkflowsFile
+
+FILES: tuple[tuple[str, type[BaseModel]], ...] = (
+    ("config/gateway.yaml", GatewayConfig),
+    ("config/tenants.yaml", TenantsFile),
+    ("databases file (gateway.yaml `databases_file`)", DatabasesFile),
+    ("config/clusters/*.yaml", ClusterConfig),
+    ("config/gpus.yaml", GpuCatalog),
+    ("gateway/config/workflows.yaml (packaged data)", WorkflowsFile),
+    ("gateway/config/quality.yaml (packaged data: hexflow bench quality)", QualityFile),
 )
 
 
@@ -93,8 +101,6 @@ def _section(model: type[BaseModel], path: str, seen: set[type[BaseModel]], out:
 
 def reference() -> str:
     """The whole configuration reference as Markdown."""
-    import importlib
-
     out = [
         "# Configuration reference",
         "",
@@ -102,8 +108,7 @@ def reference() -> str:
         "is validated once at start; an invalid one stops the command with one line naming the file and field.",
         "",
     ]
-    for title, module, cls in FILES:
-        model = getattr(importlib.import_module(module), cls)
+    for title, model in FILES:
         out.append(f"## {title}\n")
         _section(model, "", {model}, out)
     return "\n".join(out).rstrip() + "\n"

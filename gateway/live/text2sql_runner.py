@@ -14,7 +14,7 @@ from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.live.runner import CallRequest, LiveOutcome
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
-from gateway.text2sql.port import Closed, RemainingPredictor, StageCall, StageCallError, StageCallResult
+from gateway.text2sql.port import Closed, RemainingPredictor, StageCall, StageCallResult
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 
@@ -88,7 +88,7 @@ def _request(call: StageCall) -> CallRequest:
 
 def _result(o: LiveOutcome) -> StageCallResult:
     if o.error is not None:
-        return StageCallResult(o.worker_name, o.queued_s, o.run_s, error=StageCallError(str(o.error), o.error.status))
+        return StageCallResult(o.worker_name, o.queued_s, o.run_s, error=o.error)
     outcome = o.answer
     assert outcome is not None  # a live call that did not fail carries the worker's response
     return StageCallResult(

@@ -18,10 +18,11 @@ from typing import NotRequired, TypedDict, cast
 import sqlglot
 from sqlglot import Token, TokenType, exp
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, unknown_name_message
 from gateway.text2sql.demo import DB_ID, demo_questions, load_sqlite
 from gateway.text2sql.demo.writers import write_text_atomic
 from gateway.text2sql.evaluate import gold_is_ordered, results_match
+from gateway.text2sql.extract import parse_sqlite
 
 
 class AnswerEntry(TypedDict):
@@ -103,11 +104,8 @@ def _misspell(name: str) -> str:
 
 
 def _names(sql: str, kind: type[exp.Expression]) -> list[str]:
-    try:
-        tree = sqlglot.parse_one(sql, read="sqlite")
-    except Exception:
-        return []
-    return [n.name.lower() for n in tree.find_all(kind) if n.name]
+    tree = parse_sqlite(sql)
+    return [] if tree is None else [n.name.lower() for n in tree.find_all(kind) if n.name]
 
 
 def _drop_where(sql: str, tokens: list[Token]) -> str | None:
@@ -350,7 +348,7 @@ def validate_answers(data: object, source: str = "<answers>") -> Answers:
             raise AnswersError(source, where, "expected an object with a 'gold' SQL string")
         unknown = sorted(set(raw) - _KEYS)
         if unknown:
-            raise AnswersError(source, where, f"unknown key {unknown[0]!r}; known: {', '.join(sorted(_KEYS))}")
+            raise AnswersError(source, where, unknown_name_message("key", unknown[0], _KEYS))
         gold = raw.get("gold")
         if not isinstance(gold, str) or not gold.strip():
             raise AnswersError(source, f"{where}.gold", "expected a non-empty SQL string")

@@ -14,8 +14,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import sqlglot
 from sqlglot import exp
+
+from gateway.text2sql.extract import parse_sqlite
 
 REL_TOL = 1e-6
 """Relative tolerance for comparing non-integer numbers."""
@@ -139,10 +140,7 @@ def _ordered_regex(sql: str) -> bool:
 
 def gold_is_ordered(sql: str) -> bool:
     """Whether ``sql`` orders its result: a top-level ``ORDER BY`` (sqlglot; a regex when it cannot parse)."""
-    try:
-        tree = sqlglot.parse_one(sql, read="sqlite")
-    except Exception:
-        return _ordered_regex(sql)
+    tree = parse_sqlite(sql)
     while isinstance(tree, exp.Subquery):
         tree = tree.this
     if isinstance(tree, exp.Query):

@@ -121,12 +121,16 @@ def _statements(sql: str) -> int:
         return 0
 
 
-def _parses(sql: str) -> bool:
+def parse_sqlite(sql: str) -> exp.Expr | None:
+    """``sql`` parsed as SQLite by sqlglot; None when it does not parse."""
     try:
-        tree = sqlglot.parse_one(sql, read="sqlite")
+        return sqlglot.parse_one(sql, read="sqlite")
     except Exception:
-        return False
-    return isinstance(tree, exp.Query)
+        return None
+
+
+def _parses(sql: str) -> bool:
+    return isinstance(parse_sqlite(sql), exp.Query)
 
 
 def _candidates(text: str) -> list[tuple[int, int, str]]:

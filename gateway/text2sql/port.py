@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from gateway.core.degrade import QuestionPlan
 from gateway.core.predict import StagePlan
-from gateway.errors import GatewayError
+from gateway.errors import CallFailed
 
 RemainingPredictor = Callable[[Sequence[StagePlan]], float]
 """Seconds a workflow's remaining stages (a plan) are predicted to take from one instant on."""
@@ -28,27 +28,17 @@ class StageCall:
     temperature: float = 0.0
 
 
-class StageCallError(GatewayError):
-    """A call of a stage failed after the runner's retries; ``status``: 502 upstream error, 503 no worker,
-    504 timeout."""
-
-    error_type = "upstream_error"
-
-    def __init__(self, message: str, status: int = 502) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 @dataclass(frozen=True, slots=True)
 class StageCallResult:
-    """What came back for one call: the text or the error, where and how long it ran, and the worker's own
-    token counts (its ``usage``; None when it gave none)."""
+    """What came back for one call: the text or the error (after the runner's retries; its ``status``: 502
+    upstream error, 503 no worker, 504 timeout), where and how long it ran, and the worker's own token counts
+    (its ``usage``; None when it gave none)."""
 
     worker: str | None
     queued_s: float
     run_s: float
     text: str | None = None
-    error: StageCallError | None = None
+    error: CallFailed | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 

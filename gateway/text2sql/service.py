@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.config.gateway import Text2SqlConfig
-from gateway.errors import BadRequest
+from gateway.errors import Unprocessable
 from gateway.text2sql.db import Database, DatabaseRegistry, UnknownDatabase
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.prompt_templates import Prompts
@@ -19,14 +19,11 @@ NO_DATABASES = (
 )
 
 
-class InvalidQuestion(BadRequest):
+class InvalidQuestion(Unprocessable):
     """A question or evidence the route refuses (422); ``param`` is the field at fault."""
 
-    status = 422
-
     def __init__(self, param: str, problem: str) -> None:
-        super().__init__(f"{param}: {problem}")
-        self.param = param
+        super().__init__(f"{param}: {problem}", param=param)
 
 
 class Text2SqlService:

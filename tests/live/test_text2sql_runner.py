@@ -23,7 +23,7 @@ from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.text2sql_runner import GatewayStageRunner
 from gateway.live.transport import CallResult, LiveCall
-from gateway.text2sql.port import StageCall, StageCallError, StageRunner
+from gateway.text2sql.port import StageCall, StageRunner
 from tests.fakes import FakeClock
 from tests.live.fake_transport import FakeTransport, fake_gateway
 from tests.live.harness import write_config
@@ -88,7 +88,7 @@ async def test_stage_calls_become_chat_requests_and_outcomes_come_back_per_call(
     assert runner.remaining() == 10.0
     results = await runner.run_stage("generate_candidate", [call("hello", 40, 20, 64), call("refuse", 50, 30, 96)])
     assert results[0].text == "echo hello" and results[0].error is None and results[0].worker == "a100-0"
-    assert results[1].text is None and isinstance(results[1].error, StageCallError)
+    assert results[1].text is None and isinstance(results[1].error, CallFailed)
     assert results[1].error.status == 400 and str(results[1].error) == "the worker refused the request"
     assert all(r.run_s > 0 for r in results)
     endpoints = {endpoint for endpoint, _, _ in transport.sent}

@@ -18,6 +18,7 @@ from gateway.core.degrade import QuestionPlan
 from gateway.core.shapes import MIN_QUESTIONS
 from gateway.core.tokens import message_tokens
 from gateway.core.workflow import deadline_met
+from gateway.errors import CallFailed
 from gateway.text2sql.db import Database, DatabaseConfig, open_database
 from gateway.text2sql.demo import write_sqlite
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
@@ -25,7 +26,6 @@ from gateway.text2sql.port import (
     Closed,
     RemainingPredictor,
     StageCall,
-    StageCallError,
     StageCallResult,
     StageRunner,
 )
@@ -60,7 +60,7 @@ class FakeRunner:
 
     script: Script
     stage_s: float = 1.0
-    fail: dict[str, StageCallError] = field(default_factory=dict)
+    fail: dict[str, CallFailed] = field(default_factory=dict)
     block_on: str | None = None
     now: float = 100.0
     deadline: float | None = None
@@ -223,7 +223,7 @@ async def test_past_the_deadline_without_a_valid_candidate_the_status_says_so(
 async def test_a_failed_call_fails_the_question_with_its_status(
     pipeline: Text2SqlPipeline, demo_db: Database, status: int
 ) -> None:
-    runner = _runner(fail={"generate_candidate": StageCallError("worker said no", status)})
+    runner = _runner(fail={"generate_candidate": CallFailed("worker said no", status)})
     out = await pipeline.answer(runner, demo_db, QUESTION, "", 60.0, request_id="r6")
     assert out.status == "failed" and out.failed_stage == "generate_candidate"
     assert out.http_status == (status if status >= 500 else 502)

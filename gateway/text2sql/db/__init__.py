@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from gateway.config.databases import DatabaseConfig, DatabasesFile, load_databases
 from gateway.text2sql.db.base import Database, DatabaseUnavailable, QueryFailed, QueryResult, UnknownDatabase
@@ -44,16 +45,11 @@ __all__ = [
 ]
 
 
-def open_database(
-    db_id: str,
-    config: DatabaseConfig,
-    *,
-    base_dir: Path | str | None = None,
-    descriptions: Descriptions | None = None,
-) -> Database:
-    """The ``Database`` for ``config``'s dialect (no I/O: files and servers are opened on first use)."""
+def open_database(db_id: str, config: DatabaseConfig, **options: Any) -> Database:
+    """The ``Database`` for ``config``'s dialect (no I/O: files and servers are opened on first use); ``options``:
+    ``Database``'s ``base_dir`` and ``descriptions``."""
     kind = SqliteDatabase if config.dialect == "sqlite" else PostgresDatabase
-    return kind(db_id, config, base_dir=base_dir, descriptions=descriptions)
+    return kind(db_id, config, **options)
 
 
 class DatabaseRegistry:

@@ -8,7 +8,7 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -113,26 +113,19 @@ class CappedRows:
         return QueryResult(self.columns, self.rows, len(self.rows), self.truncated, time.perf_counter() - start)
 
 
+@dataclass(eq=False, repr=False)  # the default repr: a repr of the config would show its URL's password
 class Database(ABC):
-    """A database the pipeline may query: read-only, time- and size-limited, schema cached."""
+    """A database the pipeline may query: read-only, time- and size-limited, schema cached. ``base_dir``
+    resolves a relative SQLite path; ``descriptions``: table -> column -> description."""
 
     dialect: ClassVar[Dialect]
-
-    def __init__(
-        self,
-        db_id: str,
-        config: DatabaseConfig,
-        *,
-        base_dir: Path | str | None = None,
-        descriptions: Descriptions | None = None,
-    ) -> None:
-        """``base_dir`` resolves a relative SQLite path; ``descriptions``: table -> column -> description."""
-        self.db_id = db_id
-        self.config = config
-        self.base_dir = base_dir
-        self.descriptions = descriptions
-        self._schema: SchemaInfo | None = None
-        self._schema_lock = asyncio.Lock()
+    db_id: str
+    config: DatabaseConfig
+    _: KW_ONLY
+    base_dir: Path | str | None = None
+    descriptions: Descriptions | None = None
+    _schema: SchemaInfo | None = field(default=None, init=False)
+    _schema_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     async def execute(self, sql: str) -> QueryResult:
         """Check ``sql`` (``SqlRejected``), then run it; ``QueryFailed``, ``DatabaseUnavailable``."""
