@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from gateway.core.profile import CONSTANTS, PerfProfile, time_scaled
+from gateway.profiling.fit import round_sig
 from gateway.profiling.probe import CalibrationResult
 
 PREFIX_ON_RATIO = 0.8
@@ -22,10 +23,6 @@ PREFIX_ON_RATIO = 0.8
 
 
 _COUNTS = frozenset({"kv_capacity_tokens", "max_num_seqs", "max_batched_tokens", "block_tokens"})
-
-
-def _fmt_num(v: float) -> float:
-    return float(f"{v:.6g}")
 
 
 def profile_entry(
@@ -37,7 +34,7 @@ def profile_entry(
     entry: dict[str, Any] = {"tp": res.tp}
     for key in CONSTANTS:
         value = getattr(prof, key)
-        entry[key] = value if key in _COUNTS else _fmt_num(value)
+        entry[key] = value if key in _COUNTS else round_sig(value)
     entry["basis"] = f"measured: hexflow calibrate at {res.measured_at}, {len(res.fitted)} probes"
     return entry
 

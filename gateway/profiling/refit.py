@@ -17,6 +17,7 @@ from gateway.core.profile import PerfProfile
 from gateway.core.samples import CallSample
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
+from gateway.profiling.fit import round_sig
 from gateway.profiling.lpfit import l1_relative_fit
 
 FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
@@ -259,6 +260,6 @@ def profile_status(info: WorkerInfo) -> dict[str, Any]:
         "name": p.name,
         "source": info.profile_source,
         "constants": {
-            k: float(f"{v:.6g}") for k, v in zip((*FITTED, "attn_s", "seq_s", "admit_s"), constants_of(p), strict=True)
+            k: round_sig(v) for k, v in zip((*FITTED, "attn_s", "seq_s", "admit_s"), constants_of(p), strict=True)
         },
     }

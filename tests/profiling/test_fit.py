@@ -256,7 +256,7 @@ def test_a_published_step_below_the_floor_is_not_met_and_is_explained(catalog: G
     data["calibration"]["published"]["A100"]["steps"]["information_retriever"] = 0.05
     p = next(f for f in fit(data) if (f.gpu, f.model) == ("A100", MODEL))
     x, _, _ = floors(catalog, "A100", MODEL)
-    assert p.iter_base_s >= x * (1 - 1e-9)
+    assert p.profile.iter_base_s >= x * (1 - 1e-9)
     assert "information_retriever 0.05 s <" in explain(GpuCatalog.model_validate(data), p)
 
 
