@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.argtypes import nonneg_int, port, positive_float, positive_floats, positive_int
 from gateway.cli.common import (
@@ -37,6 +39,9 @@ from gateway.cli.common import (
     write_with,
 )
 
+if TYPE_CHECKING:
+    from gateway.profiling.probe import CalibrationResult
+
 __all__ = ["CALIBRATE", "FIDELITY", "FIDELITY_VLLM", "MISLABEL", "OPEN_LOOP"]
 
 BUDGET_S = opt("--budget-s", positive_float, 300.0, "wall seconds the probes may take")
@@ -46,7 +51,7 @@ REPLAYED = WORKFLOWS("workflows replayed per policy")
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Run the calibration, print the report and the profile entry (or write it to ``--out``)."""
-    from gateway.profiling.output import format_report, plot_fit, render_profile_yaml
+    from gateway.profiling.output import format_report, render_profile_yaml
     from gateway.profiling.plan import PlanSettings
     from gateway.profiling.probe import calibrate
 
@@ -81,6 +86,36 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         print(text, end="")
     return 0
+
+
+def plot_fit(res: CalibrationResult, path: Path) -> None:
+    """Measured against fitted latency, one point per probe, coloured by kind (log-log, with y = x)."""
+    from gateway.bench.stats import pyplot, save_figure
+
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(10, 4.2))
+    for kind, colour in (("lone", "tab:blue"), ("batch", "tab:orange"), ("prefix", "tab:green")):
+        ms = [m for m in res.measurements if m.probe.kind == kind]
+        if not ms:
+            continue
+        ax1.scatter([m.latency_s for m in ms], [m.fitted_s for m in ms], s=18, c=colour, label=kind)
+        if kind != "prefix":
+            ax2.scatter([m.latency_s for m in ms], [100 * m.error for m in ms], s=18, c=colour, label=kind)
+    lo = min(m.latency_s for m in res.measurements) * 0.8
+    hi = max(m.latency_s for m in res.measurements) * 1.25
+    ax1.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--")
+    ax1.set_xscale("log")
+    ax1.set_yscale("log")
+    ax1.set_xlabel("measured latency (s)")
+    ax1.set_ylabel("fitted latency (s)")
+    ax1.legend(fontsize=8)
+    ax2.axhline(0, color="grey", lw=1)
+    ax2.set_xscale("log")
+    ax2.set_xlabel("measured latency (s)")
+    ax2.set_ylabel("fit error (%)")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"hexflow calibrate: {res.gpu}/{res.model} at {res.worker}")
+    save_figure(fig, path)
 
 
 def cmd_bench_fidelity(args: argparse.Namespace) -> int:

@@ -116,16 +116,6 @@ class FittedProfile:
     """The fit behind this profile when it is fitted to published steps."""
     notes: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def gpu(self) -> str:
-        """The profile's GPU."""
-        return self.profile.gpu
-
-    @property
-    def model(self) -> str:
-        """The profile's model."""
-        return self.profile.model
-
     def rounded(self) -> ProfileDict:
         """The constants as written to ``gpus.yaml`` (``WRITTEN``): floats to 6 significant digits, the three
         hardware-bounded ones rounded up (so they stay at or above their floors)."""
@@ -138,7 +128,7 @@ class FittedProfile:
 
     def rounded_perf(self) -> PerfProfile:
         """The ``PerfProfile`` of the constants as written to ``gpus.yaml``."""
-        return profile_from(self.gpu, self.model, SimpleNamespace(**self.rounded()))
+        return profile_from(self.profile.gpu, self.profile.model, SimpleNamespace(**self.rounded()))
 
 
 def workflow_latency(p: PerfProfile, calls: Sequence[CallSpec] = STANDARD_WORKFLOW) -> float:
@@ -269,7 +259,7 @@ def fit_profiles(catalog_data: GpuCatalog | Mapping[str, Any]) -> Profiles:
     """
     out: Profiles = {}
     for p in fit(catalog_data):
-        out.setdefault(p.model, {})[p.gpu] = p.rounded()
+        out.setdefault(p.profile.model, {})[p.profile.gpu] = p.rounded()
     return out
 
 
@@ -294,17 +284,17 @@ class StepError:
 def step_errors(cat: GpuCatalog, p: FittedProfile) -> list[StepError]:
     """The published steps of ``p``'s GPU (calibration model only; else empty), fitted vs published."""
     cal = cat.calibration
-    if p.model != cal.model or p.gpu not in cal.published:
+    if p.profile.model != cal.model or p.profile.gpu not in cal.published:
         return []
     steps = calibration_steps(cat)
     perf = p.rounded_perf()
     floor = replace(perf, **asdict(p.floors), request_overhead_s=0.0)
     out = []
-    for kind, published in cal.published[p.gpu].steps.items():
+    for kind, published in cal.published[p.profile.gpu].steps.items():
         c = steps[kind]
         out.append(
             StepError(
-                gpu=p.gpu,
+                gpu=p.profile.gpu,
                 call=c,
                 published_s=published,
                 fitted_s=perf.single_latency(c.input_tokens, c.output_tokens),
@@ -322,7 +312,7 @@ def explain(cat: GpuCatalog, p: FittedProfile) -> str:
         return ""
     target = cat.calibration.target_error
     worst = max(rows, key=lambda r: abs(r.error))
-    head = f"{p.gpu}: largest |error| {abs(worst.error):.1%} ({worst.call.kind})"
+    head = f"{p.profile.gpu}: largest |error| {abs(worst.error):.1%} ({worst.call.kind})"
     eff = f"efficiencies: weights {p.mbu:.2f}, FLOP/s {p.mfu:.2f}, KV {p.kv_bu:.2f} of peak"
     if abs(worst.error) <= target:
         return f"{head} <= {target:.0%}; {eff}; overhead {p.profile.request_overhead_s:.3g} s."
@@ -379,10 +369,10 @@ def render_profiles_yaml(fits: Sequence[FittedProfile]) -> str:
     lines = ["profiles:"]
     model = None
     for p in fits:
-        if p.model != model:
-            model = p.model
+        if p.profile.model != model:
+            model = p.profile.model
             lines.append(f"  {model}:")
-        lines.append(f"    {p.gpu}:")
+        lines.append(f"    {p.profile.gpu}:")
         for k, v in p.rounded().items():
             text = f"      {k}: {_fmt(v)}"
             note = p.notes.get(k)
@@ -418,13 +408,13 @@ def render_report(cat: GpuCatalog, fits: Sequence[FittedProfile]) -> str:
     for p in fitted:
         for r in step_errors(cat, p):
             rows.append(
-                f"# {p.gpu:<7}{r.call.kind:<24}{r.call.input_tokens:>6}{r.call.output_tokens:>5}"
+                f"# {p.profile.gpu:<7}{r.call.kind:<24}{r.call.input_tokens:>6}{r.call.output_tokens:>5}"
                 f"{r.published_s:>11.4f}{r.fitted_s:>10.4f}{r.error:>+8.1%}{r.floor_s:>9.4f}"
             )
-        wf_pub = cal.published[p.gpu].workflow_s
+        wf_pub = cal.published[p.profile.gpu].workflow_s
         wf = workflow_latency(p.rounded_perf())
         label = f"standard workflow ({len(STANDARD_WORKFLOW)} calls)"
-        rows.append(f"# {p.gpu:<7}{label:<35}{wf_pub:>11.4f}{wf:>10.4f}{wf / wf_pub - 1:>+8.1%}")
+        rows.append(f"# {p.profile.gpu:<7}{label:<35}{wf_pub:>11.4f}{wf:>10.4f}{wf / wf_pub - 1:>+8.1%}")
     rows.append("#")
     for p in fitted:
         rows.extend(_comment_block(explain(cat, p)))
@@ -443,7 +433,7 @@ def render_report(cat: GpuCatalog, fits: Sequence[FittedProfile]) -> str:
         cand_s = f"{perf.single_latency(cand.input_tokens, cand.output_tokens):9.2f}" if cand else f"{'-':>9}"
         rows.append(
             "# "
-            f"{p.gpu + '/' + p.model:<22}{p.tp:>3}{perf.iter_base_s:>12.5g}{perf.token_s:>11.4g}{perf.ctx_s:>11.4g}"
+            f"{p.profile.name:<22}{p.tp:>3}{perf.iter_base_s:>12.5g}{perf.token_s:>11.4g}{perf.ctx_s:>11.4g}"
             f"{perf.request_overhead_s:>11.4g}{p.mbu:>6.2f}{p.mfu:>6.2f}{p.kv_bu:>6.2f}"
             f"{cand_s}{workflow_latency(perf):>9.2f}"
         )

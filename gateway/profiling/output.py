@@ -1,5 +1,5 @@
 """What ``hexflow calibrate`` writes and prints: the fitted profile as a ``gpus.yaml`` entry (a profiles
-overlay), the text report, and the plot of measured against fitted latency.
+overlay) and the text report.
 
 **Units.** Constants are in wall seconds as measured. An emulated worker at ``--time-scale s`` runs ``s``
 times its modelled time, so its constants come out ``s`` times its profile's (``scale`` divides them: the
@@ -9,7 +9,6 @@ catalogue of a gateway run at that time scale, as ``hexflow bench fidelity`` wri
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -104,39 +103,3 @@ def format_report(res: CalibrationResult) -> str:
     if others:
         lines.append(f"  {others} probes ran alongside others' requests: their latencies include a share of those")
     return "\n".join(lines)
-
-
-def plot_fit(res: CalibrationResult, path: Path) -> None:
-    """Measured against fitted latency, one point per probe, coloured by kind (log-log, with y = x)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for kind, colour in (("lone", "tab:blue"), ("batch", "tab:orange"), ("prefix", "tab:green")):
-        ms = [m for m in res.measurements if m.probe.kind == kind]
-        if not ms:
-            continue
-        ax1.scatter([m.latency_s for m in ms], [m.fitted_s for m in ms], s=18, c=colour, label=kind)
-        if kind != "prefix":
-            ax2.scatter([m.latency_s for m in ms], [100 * m.error for m in ms], s=18, c=colour, label=kind)
-    lo = min(m.latency_s for m in res.measurements) * 0.8
-    hi = max(m.latency_s for m in res.measurements) * 1.25
-    ax1.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--")
-    ax1.set_xscale("log")
-    ax1.set_yscale("log")
-    ax1.set_xlabel("measured latency (s)")
-    ax1.set_ylabel("fitted latency (s)")
-    ax1.legend(fontsize=8)
-    ax2.axhline(0, color="grey", lw=1)
-    ax2.set_xscale("log")
-    ax2.set_xlabel("measured latency (s)")
-    ax2.set_ylabel("fit error (%)")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"hexflow calibrate: {res.gpu}/{res.model} at {res.worker}")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
