@@ -15,6 +15,7 @@ import yaml
 
 from gateway.core.profile import CONSTANTS, PerfProfile, time_scaled
 from gateway.profiling.fit import round_sig
+from gateway.profiling.plan import FITTED
 from gateway.profiling.probe import CalibrationResult
 
 PREFIX_ON_RATIO = 0.8
@@ -75,15 +76,13 @@ def scaled_profile(res: CalibrationResult, scale: float, **kw: Any) -> PerfProfi
 
 def format_report(res: CalibrationResult) -> str:
     """The text ``hexflow calibrate`` prints: constants, KV capacity, prefix caching, fit error."""
-    x, t, c, o, a, q, h = res.constants
     errs = [abs(e) for e in res.errors()]
     worst = max(res.fitted, key=lambda m: abs(m.error))
     others = sum(1 for m in res.measurements if m.others_running)
     lines = [
         f"{res.worker} ({res.model}): {len(res.measurements)}/{res.planned} probes in {res.wall_s:.1f} s of a "
         f"{res.budget_s:g} s budget" + (" (stopped by the budget)" if res.stopped_by_budget else ""),
-        f"  iter_base_s {x:.6g}  token_s {t:.6g}  ctx_s {c:.6g}  request_overhead_s {o:.6g}  attn_s {a:.6g}  "
-        f"seq_s {q:.6g}  admit_s {h:.6g}  (wall seconds)",
+        "  " + "  ".join(f"{k} {v:.6g}" for k, v in zip(FITTED, res.constants, strict=True)) + "  (wall seconds)",
         f"  kv_capacity_tokens {res.kv_capacity_tokens if res.kv_capacity_tokens is not None else 'unknown'} "
         f"({res.kv_source}); block_tokens {res.block_tokens} ({res.block_source})",
         f"  fit: median |error| {statistics.median(errs):.1%}, largest {max(errs):.1%} "

@@ -156,10 +156,8 @@ class WorkerRefit:
     """``SampleLog.added`` at the last attempt (a new attempt waits for ``min_calls // 4`` more calls)."""
     last_at: float | None = None
     last_applied_at: float | None = None
-    last_result: str | None = None
-    last_reason: str = ""
-    current_error: float | None = None
-    fit_error: float | None = None
+    last: FitOutcome | None = None
+    """The last attempt's outcome, with the result and reason ``apply`` recorded."""
     applied: int = 0
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -217,8 +215,7 @@ class Refitter:
         else:
             reason = out.reason
         st = self._state(job.info)
-        st.last_at, st.last_result, st.last_reason = now, result, reason
-        st.current_error, st.fit_error = out.current_error, out.fit_error
+        st.last_at, st.last = now, replace(out, result=result, reason=reason)
         st.counts[result] = st.counts.get(result, 0) + 1
         if result == "applied" and out.profile is not None:
             sched.set_profile(w, out.profile, "refit")
@@ -240,12 +237,13 @@ class Refitter:
         if st is None:
             return {"attempts": 0}
         ages = {"last_attempt_age_s": st.last_at, "last_refit_age_s": st.last_applied_at}
-        errors = {"current_error": st.current_error, "fit_error": st.fit_error}
+        last = st.last
+        errors = {k: None if last is None else getattr(last, k) for k in ("current_error", "fit_error")}
         return {
             "attempts": sum(st.counts.values()),
             "applied": st.applied,
-            "last_result": st.last_result,
-            "last_reason": st.last_reason,
+            "last_result": None if last is None else last.result,
+            "last_reason": "" if last is None else last.reason,
             **{k: None if at is None else round(now - at, 3) for k, at in ages.items()},
             **{k: None if e is None else round(e, 4) for k, e in errors.items()},
             "configured_source": st.base_source,
