@@ -25,7 +25,6 @@ from gateway.bench.fidelity.vllm_servers import (
     MODEL,
     ServerCalibration,
     VllmServer,
-    calibrated_catalog,
     cluster_doc,
     default_servers,
     process_groups,
@@ -36,7 +35,8 @@ from gateway.bench.replay import replay_setup, replay_workload, scale_queries, w
 from gateway.bench.rig import bench_folder, say_stderr
 from gateway.bench.simbench import fluid_bound
 from gateway.bench.stats import positive
-from gateway.config import build_workers, load_cluster_config
+from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
+from gateway.config.gpus import load_profiles_file
 from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.profiling.fit import workflow_latency
 from gateway.profiling.output import profile_entry
@@ -162,7 +162,7 @@ def _round(
     profiles_path = _write_profiles(folder / "calibrated-profiles.yaml", calibrations)
     cluster_path = folder / "cluster.yaml"
     cluster_path.write_text(yaml.safe_dump(cluster_doc(servers), sort_keys=False))
-    catalog = calibrated_catalog(profiles_path)
+    catalog = load_gpu_catalog().with_profiles(load_profiles_file(profiles_path))
     workers = build_workers(load_cluster_config(cluster_path, catalog), catalog)
     setup = replay_setup(
         cfg.trace, workers, workflows=cfg.workflows, seed=seed, slo_scale=cfg.slo_scale, token_scale=cfg.token_scale

@@ -8,13 +8,10 @@ import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gateway.bench import hostcpu
 from gateway.bench.stats import finite_or_none
-from gateway.config import load_gpu_catalog
-from gateway.config.gpus import GpuCatalog, load_profiles_file
 from gateway.core.profile import PerfProfile
 from gateway.profiling.probe import CalibrationResult
 from workers import cpu_vllm
@@ -174,8 +171,3 @@ def cluster_doc(servers: Sequence[VllmServer]) -> dict[str, Any]:
             for s in servers
         ],
     }
-
-
-def calibrated_catalog(profiles: Path) -> GpuCatalog:
-    """The packaged catalogue with a profiles overlay merged over it."""
-    return load_gpu_catalog().with_profiles(load_profiles_file(profiles))
