@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import fields
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -132,23 +133,13 @@ def cmd_bench_fidelity(args: argparse.Namespace) -> int:
 def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
     """Run the real-vLLM fidelity benchmark; exit 1 when live P95 is off the simulator's by more than 10% (the
     median over ``--rounds``), 2 when the servers cannot be set up or started."""
-    from gateway.bench.fidelity.vllm import run_fidelity_vllm
+    from gateway.bench.fidelity.vllm import VllmSettings, run_fidelity_vllm
     from gateway.bench.fidelity.vllm_report import format_vllm_fidelity_series
     from gateway.bench.fidelity.vllm_servers import default_servers, parse_server
     from workers.cpu_vllm import CpuVllmError
 
-    names: tuple[str, ...] = (
-        "base_port",
-        "trace",
-        "workflows",
-        "token_scale",
-        "load",
-        "rate_qps",
-        "budget_s",
-        "slo_scale",
-        "seed",
-    )
-    names += ("rounds", "keep_servers", "recalibrate_after", "calibration_repeats", "log_dir")
+    # Every setting is an option of the same name but these three (options of other names and meanings).
+    settings = [f.name for f in fields(VllmSettings) if f.name not in ("policies", "calibrate_beside_load", "progress")]
     try:
         with usage_errors():
             servers = [parse_server(text, chr(ord("a") + i)) for i, text in enumerate(args.server or ())]
@@ -157,7 +148,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
                 policies=policy_names(args.policies),
                 progress=not args.quiet,
                 calibrate_beside_load=not args.calibrate_alone,
-                **pick(args, *names),
+                **pick(args, "base_port", "seed", "rounds", "keep_servers", "log_dir", *settings),
             )
     except CpuVllmError as exc:
         print(f"hexflow: {exc}")

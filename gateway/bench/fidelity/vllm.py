@@ -48,7 +48,7 @@ from workers import cpu_vllm
 
 
 @dataclass(frozen=True)
-class _Settings:
+class VllmSettings:
     """What every round of one run shares (``run_fidelity_vllm``'s keyword arguments, with their defaults)."""
 
     trace: str = "chess-bird"
@@ -106,7 +106,7 @@ def run_fidelity_vllm(
     """Start the servers, then ``rounds`` times (seeds ``seed``, ``seed + 1``, ...): calibrate afresh (the
     host's speed drifts), replay live, simulate, break the gap down; with ``recalibrate_after`` calibrate again
     after the replay and simulate with the engines at that speed too (the drift check). ``settings``: the
-    fields of ``_Settings`` (the workload, the load, the calibration), each defaulting as it does there.
+    fields of ``VllmSettings`` (the workload, the load, the calibration), each defaulting as it does there.
 
     ``ValueError`` for bad arguments or a scaled call over ``MAX_MODEL_LEN``, ``cpu_vllm.CpuVllmError`` when
     the servers cannot be set up or started. The servers are stopped at the end unless ``keep_servers``; logs,
@@ -114,7 +114,7 @@ def run_fidelity_vllm(
     servers = default_servers() if servers is None else servers
     if len(servers) < 1 or len({s.name for s in servers}) != len(servers):
         raise ValueError("give at least one server, each with its own name")
-    cfg = _Settings(**settings)
+    cfg = VllmSettings(**settings)
     cfg.check(seed, rounds)
     paths = paths or cpu_vllm.Paths.default()
     ports = [base_port + i for i in range(len(servers))]
@@ -149,7 +149,7 @@ def _round(
     servers: Sequence[VllmServer],
     urls: Sequence[str],
     folder: Path,
-    cfg: _Settings,
+    cfg: VllmSettings,
     *,
     seed: int,
     groups: Mapping[str, int] | None = None,
@@ -263,7 +263,7 @@ def _calibrate_all(
     servers: Sequence[VllmServer],
     urls: Sequence[str],
     calls: Sequence[tuple[int, int]],
-    cfg: _Settings,
+    cfg: VllmSettings,
     *,
     groups: Mapping[str, int] | None = None,
 ) -> list[ServerCalibration]:
