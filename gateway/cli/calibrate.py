@@ -56,8 +56,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from gateway.profiling.plan import PlanSettings
     from gateway.profiling.probe import calibrate
 
-    names = ("max_prompt", "max_output", "max_concurrency", "max_num_seqs", "max_batched_tokens", "repeats")
-    settings = PlanSettings(**pick(args, *names, "step_output"))
+    settings = PlanSettings(**pick(args, *(f.name for f in fields(PlanSettings))))
     with usage_errors():
         settings.validate()
         probe = calibrate(
