@@ -8,7 +8,6 @@ catalogue of a gateway run at that time scale, as ``hexflow bench fidelity`` wri
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import yaml
@@ -45,13 +44,13 @@ def render_profile_yaml(res: CalibrationResult, *, kv_capacity_tokens: int | Non
     Comment lines above it say what was measured, when, against what, and each probe's fit error.
     ``scale`` divides the time constants (an emulated worker's time scale: modelled seconds).
     """
-    errs = [abs(e) for e in res.errors()]
+    median, largest = res.error_spread()
     unit = "wall seconds" if scale == 1.0 else f"modelled seconds (wall seconds / time scale {scale:g})"
     lines = [
         f"# Measured by hexflow calibrate at {res.measured_at} against {res.worker} (model {res.model}):",
         f"# {len(res.measurements)} of {res.planned} planned probes in {res.wall_s:.0f} s (budget {res.budget_s:g} s)"
         f"{', stopped by the budget' if res.stopped_by_budget else ''}; {res.backoffs} back-offs; constants in {unit}.",
-        f"# Fit: L1 of relative error; median |error| {statistics.median(errs):.1%}, largest {max(errs):.1%}.",
+        f"# Fit: L1 of relative error; median |error| {median:.1%}, largest {largest:.1%}.",
         f"# kv_capacity_tokens: {res.kv_source if kv_capacity_tokens is None else 'given'}; block_tokens: "
         f"{res.block_source}; max_num_seqs and max_batched_tokens: as given (vLLM does not export them).",
         "#",
@@ -76,7 +75,7 @@ def scaled_profile(res: CalibrationResult, scale: float, **kw: Any) -> PerfProfi
 
 def format_report(res: CalibrationResult) -> str:
     """The text ``hexflow calibrate`` prints: constants, KV capacity, prefix caching, fit error."""
-    errs = [abs(e) for e in res.errors()]
+    median, largest = res.error_spread()
     worst = max(res.fitted, key=lambda m: abs(m.error))
     others = sum(1 for m in res.measurements if m.others_running)
     lines = [
@@ -85,7 +84,7 @@ def format_report(res: CalibrationResult) -> str:
         "  " + "  ".join(f"{k} {v:.6g}" for k, v in zip(FITTED, res.constants, strict=True)) + "  (wall seconds)",
         f"  kv_capacity_tokens {res.kv_capacity_tokens if res.kv_capacity_tokens is not None else 'unknown'} "
         f"({res.kv_source}); block_tokens {res.block_tokens} ({res.block_source})",
-        f"  fit: median |error| {statistics.median(errs):.1%}, largest {max(errs):.1%} "
+        f"  fit: median |error| {median:.1%}, largest {largest:.1%} "
         f"({worst.probe.kind} {worst.probe.concurrency}x{worst.prompt_tokens}+{worst.output_tokens})",
     ]
     if res.prefix_ratio is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -102,7 +101,7 @@ class ServerCalibration:
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
         p = self.profile
-        errs = [abs(e) for e in self.result.errors()]
+        median, largest = self.result.error_spread()
         return {
             "name": self.server.name,
             "label": self.server.label,
@@ -115,8 +114,8 @@ class ServerCalibration:
             "profile": {k: getattr(p, k) for k in (*FITTED, "kv_capacity_tokens", "block_tokens")},
             "probes": len(self.result.measurements),
             "probe_fits": self.result.probes_json(),
-            "fit_median_abs_error": finite_or_none(statistics.median(errs)) if errs else None,
-            "fit_max_abs_error": finite_or_none(max(errs)) if errs else None,
+            "fit_median_abs_error": finite_or_none(median),
+            "fit_max_abs_error": finite_or_none(largest),
             "calibration_wall_s": self.result.wall_s,
             "standard_workflow_s": self.standard_s,
             "host": self.host.to_json() if self.host is not None else None,
