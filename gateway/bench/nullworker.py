@@ -17,16 +17,17 @@ MODEL = "null-model"
 _ids = itertools.count()
 
 
+def _json(obj: str, n: int, choice: dict[str, Any], **extra: Any) -> bytes:
+    body = {"id": f"null-{n}", "object": obj, "created": 0, "model": MODEL, "choices": [choice], **extra}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def _completion(path: bytes, n: int) -> bytes:
     usage = {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}
     if path == b"/v1/completions":
-        choice: dict[str, Any] = {"index": 0, "text": " 1", "finish_reason": "length"}
-        obj = "text_completion"
-    else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": "SELECT 1"}, "finish_reason": "length"}
-        obj = "chat.completion"
-    body = {"id": f"null-{n}", "object": obj, "created": 0, "model": MODEL, "choices": [choice], "usage": usage}
-    return json.dumps(body, separators=(",", ":")).encode()
+        return _json("text_completion", n, {"index": 0, "text": " 1", "finish_reason": "length"}, usage=usage)
+    message = {"role": "assistant", "content": "SELECT 1"}
+    return _json("chat.completion", n, {"index": 0, "message": message, "finish_reason": "length"}, usage=usage)
 
 
 def _stream(path: bytes, n: int) -> bytes:
@@ -40,8 +41,7 @@ def _stream(path: bytes, n: int) -> bytes:
             else {"index": 0, "text": text}
         )
         choice["finish_reason"] = None if i == 0 else "length"
-        event = {"id": f"null-{n}", "object": obj, "created": 0, "model": MODEL, "choices": [choice]}
-        parts.append(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
+        parts.append(b"data: " + _json(obj, n, choice) + b"\n\n")
     parts.append(b"data: [DONE]\n\n")
     return b"".join(parts)
 

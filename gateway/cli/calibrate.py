@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import fields
 from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.argtypes import nonneg_int, port, positive_float, positive_floats, positive_int
 from gateway.cli.common import (
@@ -37,6 +40,9 @@ from gateway.cli.common import (
     write_with,
 )
 
+if TYPE_CHECKING:
+    from gateway.profiling.probe import CalibrationResult
+
 __all__ = ["CALIBRATE", "FIDELITY", "FIDELITY_VLLM", "MISLABEL", "OPEN_LOOP"]
 
 BUDGET_S = opt("--budget-s", positive_float, 300.0, "wall seconds the probes may take")
@@ -46,12 +52,11 @@ REPLAYED = WORKFLOWS("workflows replayed per policy")
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Run the calibration, print the report and the profile entry (or write it to ``--out``)."""
-    from gateway.profiling.output import format_report, plot_fit, render_profile_yaml
+    from gateway.profiling.output import format_report, render_profile_yaml
     from gateway.profiling.plan import PlanSettings
     from gateway.profiling.probe import calibrate
 
-    names = ("max_prompt", "max_output", "max_concurrency", "max_num_seqs", "max_batched_tokens", "repeats")
-    settings = PlanSettings(**pick(args, *names, "step_output"))
+    settings = PlanSettings(**pick(args, *(f.name for f in fields(PlanSettings))))
     with usage_errors():
         settings.validate()
         probe = calibrate(
@@ -83,6 +88,36 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def plot_fit(res: CalibrationResult, path: Path) -> None:
+    """Measured against fitted latency, one point per probe, coloured by kind (log-log, with y = x)."""
+    from gateway.bench.stats import pyplot, save_figure
+
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(10, 4.2))
+    for kind, colour in (("lone", "tab:blue"), ("batch", "tab:orange"), ("prefix", "tab:green")):
+        ms = [m for m in res.measurements if m.probe.kind == kind]
+        if not ms:
+            continue
+        ax1.scatter([m.latency_s for m in ms], [m.fitted_s for m in ms], s=18, c=colour, label=kind)
+        if kind != "prefix":
+            ax2.scatter([m.latency_s for m in ms], [100 * m.error for m in ms], s=18, c=colour, label=kind)
+    lo = min(m.latency_s for m in res.measurements) * 0.8
+    hi = max(m.latency_s for m in res.measurements) * 1.25
+    ax1.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--")
+    ax1.set_xscale("log")
+    ax1.set_yscale("log")
+    ax1.set_xlabel("measured latency (s)")
+    ax1.set_ylabel("fitted latency (s)")
+    ax1.legend(fontsize=8)
+    ax2.axhline(0, color="grey", lw=1)
+    ax2.set_xscale("log")
+    ax2.set_xlabel("measured latency (s)")
+    ax2.set_ylabel("fit error (%)")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"hexflow calibrate: {res.gpu}/{res.model} at {res.worker}")
+    save_figure(fig, path)
+
+
 def cmd_bench_fidelity(args: argparse.Namespace) -> int:
     """Run the fidelity benchmark; exit 1 when live P95 or SLO attainment is off the simulator's by > 5%."""
     from gateway.bench.fidelity.emulated import format_fidelity_report, run_fidelity
@@ -97,23 +132,13 @@ def cmd_bench_fidelity(args: argparse.Namespace) -> int:
 def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
     """Run the real-vLLM fidelity benchmark; exit 1 when live P95 is off the simulator's by more than 10% (the
     median over ``--rounds``), 2 when the servers cannot be set up or started."""
-    from gateway.bench.fidelity.vllm import run_fidelity_vllm
+    from gateway.bench.fidelity.vllm import VllmSettings, run_fidelity_vllm
     from gateway.bench.fidelity.vllm_report import format_vllm_fidelity_series
     from gateway.bench.fidelity.vllm_servers import default_servers, parse_server
     from workers.cpu_vllm import CpuVllmError
 
-    names: tuple[str, ...] = (
-        "base_port",
-        "trace",
-        "workflows",
-        "token_scale",
-        "load",
-        "rate_qps",
-        "budget_s",
-        "slo_scale",
-        "seed",
-    )
-    names += ("rounds", "keep_servers", "recalibrate_after", "calibration_repeats", "log_dir")
+    # Every setting is an option of the same name but these three (options of other names and meanings).
+    settings = [f.name for f in fields(VllmSettings) if f.name not in ("policies", "calibrate_beside_load", "progress")]
     try:
         with usage_errors():
             servers = [parse_server(text, chr(ord("a") + i)) for i, text in enumerate(args.server or ())]
@@ -122,7 +147,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
                 policies=policy_names(args.policies),
                 progress=not args.quiet,
                 calibrate_beside_load=not args.calibrate_alone,
-                **pick(args, *names),
+                **pick(args, "base_port", "seed", "rounds", "keep_servers", "log_dir", *settings),
             )
     except CpuVllmError as exc:
         print(f"hexflow: {exc}")

@@ -1,5 +1,5 @@
 """What ``hexflow calibrate`` writes and prints: the fitted profile as a ``gpus.yaml`` entry (a profiles
-overlay), the text report, and the plot of measured against fitted latency.
+overlay) and the text report.
 
 **Units.** Constants are in wall seconds as measured. An emulated worker at ``--time-scale s`` runs ``s``
 times its modelled time, so its constants come out ``s`` times its profile's (``scale`` divides them: the
@@ -8,13 +8,13 @@ catalogue of a gateway run at that time scale, as ``hexflow bench fidelity`` wri
 
 from __future__ import annotations
 
-import statistics
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gateway.core.profile import CONSTANTS, PerfProfile, time_scaled
+from gateway.profiling.fit import round_sig
+from gateway.profiling.plan import FITTED
 from gateway.profiling.probe import CalibrationResult
 
 PREFIX_ON_RATIO = 0.8
@@ -22,10 +22,6 @@ PREFIX_ON_RATIO = 0.8
 
 
 _COUNTS = frozenset({"kv_capacity_tokens", "max_num_seqs", "max_batched_tokens", "block_tokens"})
-
-
-def _fmt_num(v: float) -> float:
-    return float(f"{v:.6g}")
 
 
 def profile_entry(
@@ -37,7 +33,7 @@ def profile_entry(
     entry: dict[str, Any] = {"tp": res.tp}
     for key in CONSTANTS:
         value = getattr(prof, key)
-        entry[key] = value if key in _COUNTS else _fmt_num(value)
+        entry[key] = value if key in _COUNTS else round_sig(value)
     entry["basis"] = f"measured: hexflow calibrate at {res.measured_at}, {len(res.fitted)} probes"
     return entry
 
@@ -48,13 +44,13 @@ def render_profile_yaml(res: CalibrationResult, *, kv_capacity_tokens: int | Non
     Comment lines above it say what was measured, when, against what, and each probe's fit error.
     ``scale`` divides the time constants (an emulated worker's time scale: modelled seconds).
     """
-    errs = [abs(e) for e in res.errors()]
+    median, largest = res.error_spread()
     unit = "wall seconds" if scale == 1.0 else f"modelled seconds (wall seconds / time scale {scale:g})"
     lines = [
         f"# Measured by hexflow calibrate at {res.measured_at} against {res.worker} (model {res.model}):",
         f"# {len(res.measurements)} of {res.planned} planned probes in {res.wall_s:.0f} s (budget {res.budget_s:g} s)"
         f"{', stopped by the budget' if res.stopped_by_budget else ''}; {res.backoffs} back-offs; constants in {unit}.",
-        f"# Fit: L1 of relative error; median |error| {statistics.median(errs):.1%}, largest {max(errs):.1%}.",
+        f"# Fit: L1 of relative error; median |error| {median:.1%}, largest {largest:.1%}.",
         f"# kv_capacity_tokens: {res.kv_source if kv_capacity_tokens is None else 'given'}; block_tokens: "
         f"{res.block_source}; max_num_seqs and max_batched_tokens: as given (vLLM does not export them).",
         "#",
@@ -79,18 +75,16 @@ def scaled_profile(res: CalibrationResult, scale: float, **kw: Any) -> PerfProfi
 
 def format_report(res: CalibrationResult) -> str:
     """The text ``hexflow calibrate`` prints: constants, KV capacity, prefix caching, fit error."""
-    x, t, c, o, a, q, h = res.constants
-    errs = [abs(e) for e in res.errors()]
+    median, largest = res.error_spread()
     worst = max(res.fitted, key=lambda m: abs(m.error))
     others = sum(1 for m in res.measurements if m.others_running)
     lines = [
         f"{res.worker} ({res.model}): {len(res.measurements)}/{res.planned} probes in {res.wall_s:.1f} s of a "
         f"{res.budget_s:g} s budget" + (" (stopped by the budget)" if res.stopped_by_budget else ""),
-        f"  iter_base_s {x:.6g}  token_s {t:.6g}  ctx_s {c:.6g}  request_overhead_s {o:.6g}  attn_s {a:.6g}  "
-        f"seq_s {q:.6g}  admit_s {h:.6g}  (wall seconds)",
+        "  " + "  ".join(f"{k} {v:.6g}" for k, v in zip(FITTED, res.constants, strict=True)) + "  (wall seconds)",
         f"  kv_capacity_tokens {res.kv_capacity_tokens if res.kv_capacity_tokens is not None else 'unknown'} "
         f"({res.kv_source}); block_tokens {res.block_tokens} ({res.block_source})",
-        f"  fit: median |error| {statistics.median(errs):.1%}, largest {max(errs):.1%} "
+        f"  fit: median |error| {median:.1%}, largest {largest:.1%} "
         f"({worst.probe.kind} {worst.probe.concurrency}x{worst.prompt_tokens}+{worst.output_tokens})",
     ]
     if res.prefix_ratio is not None:
@@ -107,39 +101,3 @@ def format_report(res: CalibrationResult) -> str:
     if others:
         lines.append(f"  {others} probes ran alongside others' requests: their latencies include a share of those")
     return "\n".join(lines)
-
-
-def plot_fit(res: CalibrationResult, path: Path) -> None:
-    """Measured against fitted latency, one point per probe, coloured by kind (log-log, with y = x)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for kind, colour in (("lone", "tab:blue"), ("batch", "tab:orange"), ("prefix", "tab:green")):
-        ms = [m for m in res.measurements if m.probe.kind == kind]
-        if not ms:
-            continue
-        ax1.scatter([m.latency_s for m in ms], [m.fitted_s for m in ms], s=18, c=colour, label=kind)
-        if kind != "prefix":
-            ax2.scatter([m.latency_s for m in ms], [100 * m.error for m in ms], s=18, c=colour, label=kind)
-    lo = min(m.latency_s for m in res.measurements) * 0.8
-    hi = max(m.latency_s for m in res.measurements) * 1.25
-    ax1.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--")
-    ax1.set_xscale("log")
-    ax1.set_yscale("log")
-    ax1.set_xlabel("measured latency (s)")
-    ax1.set_ylabel("fitted latency (s)")
-    ax1.legend(fontsize=8)
-    ax2.axhline(0, color="grey", lw=1)
-    ax2.set_xscale("log")
-    ax2.set_xlabel("measured latency (s)")
-    ax2.set_ylabel("fit error (%)")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"hexflow calibrate: {res.gpu}/{res.model} at {res.worker}")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -53,16 +53,15 @@ class PlanSettings:
     """The long output of a step probe (its short one is a quarter of it)."""
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first setting out of range."""
-        for name in ("max_prompt", "max_output", "max_concurrency", "max_num_seqs", "repeats", "step_output"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 1")
-        if self.max_prompt < 32:
-            raise ValueError("max-prompt must be >= 32")
-        if self.max_batched_tokens < 16:
-            raise ValueError("max-batched-tokens must be >= 16")
-        if self.step_output < STEP_MIN_OUTPUT:
-            raise ValueError(f"step-output must be >= {STEP_MIN_OUTPUT}")
+        """Raise ``ValueError`` naming the first setting below its least value (``LEAST``)."""
+        for name, least in LEAST.items():
+            if getattr(self, name) < least:
+                raise ValueError(f"{name.replace('_', '-')} must be >= {least}")
+
+
+LEAST = {"max_prompt": 32, "max_output": 1, "max_concurrency": 1, "max_num_seqs": 1, "max_batched_tokens": 16}
+LEAST |= {"repeats": 1, "step_output": STEP_MIN_OUTPUT}
+"""The least value of each ``PlanSettings`` field."""
 
 
 def step_short(output: int) -> int:

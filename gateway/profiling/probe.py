@@ -123,9 +123,10 @@ class CalibrationResult:
         source = SimpleNamespace(**consts, **limits, kv_capacity_tokens=kv, block_tokens=self.block_tokens)
         return profile_from(self.gpu, self.model, source)
 
-    def errors(self) -> list[float]:
-        """Relative error of each fitted probe."""
-        return [m.error for m in self.fitted]
+    def error_spread(self) -> tuple[float, float]:
+        """The median and the largest ``|error|`` of the fitted probes (NaN without any)."""
+        errs = [abs(m.error) for m in self.fitted]
+        return (statistics.median(errs), max(errs)) if errs else (math.nan, math.nan)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (``--json``)."""

@@ -17,6 +17,7 @@ from gateway.core.profile import PerfProfile
 from gateway.core.samples import CallSample
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
+from gateway.profiling.fit import round_sig
 from gateway.profiling.lpfit import l1_relative_fit
 
 FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
@@ -155,10 +156,8 @@ class WorkerRefit:
     """``SampleLog.added`` at the last attempt (a new attempt waits for ``min_calls // 4`` more calls)."""
     last_at: float | None = None
     last_applied_at: float | None = None
-    last_result: str | None = None
-    last_reason: str = ""
-    current_error: float | None = None
-    fit_error: float | None = None
+    last: FitOutcome | None = None
+    """The last attempt's outcome, with the result and reason ``apply`` recorded."""
     applied: int = 0
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -216,8 +215,7 @@ class Refitter:
         else:
             reason = out.reason
         st = self._state(job.info)
-        st.last_at, st.last_result, st.last_reason = now, result, reason
-        st.current_error, st.fit_error = out.current_error, out.fit_error
+        st.last_at, st.last = now, replace(out, result=result, reason=reason)
         st.counts[result] = st.counts.get(result, 0) + 1
         if result == "applied" and out.profile is not None:
             sched.set_profile(w, out.profile, "refit")
@@ -239,12 +237,13 @@ class Refitter:
         if st is None:
             return {"attempts": 0}
         ages = {"last_attempt_age_s": st.last_at, "last_refit_age_s": st.last_applied_at}
-        errors = {"current_error": st.current_error, "fit_error": st.fit_error}
+        last = st.last
+        errors = {k: None if last is None else getattr(last, k) for k in ("current_error", "fit_error")}
         return {
             "attempts": sum(st.counts.values()),
             "applied": st.applied,
-            "last_result": st.last_result,
-            "last_reason": st.last_reason,
+            "last_result": None if last is None else last.result,
+            "last_reason": "" if last is None else last.reason,
             **{k: None if at is None else round(now - at, 3) for k, at in ages.items()},
             **{k: None if e is None else round(e, 4) for k, e in errors.items()},
             "configured_source": st.base_source,
@@ -259,6 +258,6 @@ def profile_status(info: WorkerInfo) -> dict[str, Any]:
         "name": p.name,
         "source": info.profile_source,
         "constants": {
-            k: float(f"{v:.6g}") for k, v in zip((*FITTED, "attn_s", "seq_s", "admit_s"), constants_of(p), strict=True)
+            k: round_sig(v) for k, v in zip((*FITTED, "attn_s", "seq_s", "admit_s"), constants_of(p), strict=True)
         },
     }

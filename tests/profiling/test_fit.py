@@ -150,7 +150,7 @@ def test_published_table_matches_shared_source_md() -> None:
 
 @pytest.mark.parametrize("gpu", sorted(PUBLISHED))
 def test_every_published_step_is_met_within_target_or_the_reason_is_documented(catalog: GpuCatalog, gpu: str) -> None:
-    p = next(f for f in fit(catalog) if (f.gpu, f.model) == (gpu, MODEL))
+    p = next(f for f in fit(catalog) if (f.profile.gpu, f.profile.model) == (gpu, MODEL))
     rows = step_errors(catalog, p)
     assert [r.call.kind for r in rows] == list(STEPS)
     # The rows use the profile as written in gpus.yaml.
@@ -254,9 +254,9 @@ def test_design_matrix_is_the_profiles_latency(catalog: GpuCatalog) -> None:
 def test_a_published_step_below_the_floor_is_not_met_and_is_explained(catalog: GpuCatalog) -> None:
     data = catalog.model_dump()
     data["calibration"]["published"]["A100"]["steps"]["information_retriever"] = 0.05
-    p = next(f for f in fit(data) if (f.gpu, f.model) == ("A100", MODEL))
+    p = next(f for f in fit(data) if (f.profile.gpu, f.profile.model) == ("A100", MODEL))
     x, _, _ = floors(catalog, "A100", MODEL)
-    assert p.iter_base_s >= x * (1 - 1e-9)
+    assert p.profile.iter_base_s >= x * (1 - 1e-9)
     assert "information_retriever 0.05 s <" in explain(GpuCatalog.model_validate(data), p)
 
 

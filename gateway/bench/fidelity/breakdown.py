@@ -7,16 +7,17 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from gateway.bench.livebench import PolicyRun
-from gateway.bench.replay import ReplayWorkflow
+from gateway.bench.replay import ReplayWorkflow, WorkflowResult
 from gateway.bench.stats import json_safe
 from gateway.core.profile import PerfProfile
+from gateway.live.schemas import CallReport
 from gateway.profiling.promparse import MetricsParseError, parse_families
 from gateway.sim.simulator import Simulator
 
@@ -157,11 +158,9 @@ def engine_accounting(
     wanted = _requested(workload)
     split: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for run in runs:
-        for res in run.live.results:
-            for c in res.calls if res.completed else ():
-                if (prof := profiles.get(c.worker or "")) is not None:
-                    _, n_in, n_out = wanted.get(res.wid, {}).get(c.id, (-1, c.prompt_tokens, c.completion_tokens))
-                    split[c.worker or ""].append(lone_split(prof, n_in, n_out))
+        for _, c, (_, n_in, n_out) in _live_calls(run, wanted):
+            if (prof := profiles.get(c.worker or "")) is not None:
+                split[c.worker or ""].append(lone_split(prof, n_in, n_out))
     out = {}
     for name, b, a in zip(names, before, after, strict=True):
         out[name] = t = EngineTimes.between(b, a)
@@ -237,6 +236,16 @@ def _requested(workload: Sequence[ReplayWorkflow]) -> dict[int, dict[str, tuple[
     }
 
 
+def _live_calls(
+    run: PolicyRun, wanted: Mapping[int, Mapping[str, tuple[int, int, int]]]
+) -> Iterator[tuple[WorkflowResult, CallReport, tuple[int, int, int]]]:
+    """Each call of ``run``'s completed workflows, with its workflow's result and what ``_requested`` says of it
+    (node -1 and the reported tokens where it says nothing)."""
+    for res in run.live.results:
+        for c in res.calls if res.completed else ():
+            yield res, c, wanted.get(res.wid, {}).get(c.id, (-1, c.prompt_tokens, c.completion_tokens))
+
+
 @dataclass
 class _Side:
     """One side's calls (live or simulated): per worker (queued, on worker, lone prediction), and per
@@ -282,11 +291,9 @@ def gap_breakdown(
     # Call by call: the same workflow's same node, live and simulated.
     sim_call = {(t.wid, t.node): (t.run_s, workers[t.worker].name) for t in res_sim.calls}
     matched: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)
-    for res in run.live.results:
-        for c in res.calls if res.completed else ():
-            req = wanted.get(res.wid, {}).get(c.id)
-            if (sim_c := sim_call.get((res.wid, req[0])) if req is not None else None) is not None:
-                matched[c.kind].append((c.run_s, sim_c[0], c.worker == sim_c[1]))
+    for res, c, (node, _, _) in _live_calls(run, wanted):
+        if (sim_c := sim_call.get((res.wid, node))) is not None:
+            matched[c.kind].append((c.run_s, sim_c[0], c.worker == sim_c[1]))
     out.kinds = {
         kind: KindTimes(len(v), _mean([x[0] for x in v]), _mean([x[1] for x in v]), sum(x[2] for x in v) / len(v))
         for kind, v in matched.items()
@@ -304,17 +311,13 @@ def _live_side(
     side = _Side()
     latency, gateway = {}, {}
     out.workflows_live = run.live.completed + run.live.rejected + run.live.failed
-    for res in run.live.results:
-        if not res.completed or not res.calls:
-            continue
-        for c in res.calls:
-            out.calls_live += 1
-            _, n_in, n_out = wanted.get(res.wid, {}).get(c.id, (-1, c.prompt_tokens, c.completion_tokens))
-            out.token_mismatches += (c.prompt_tokens, c.completion_tokens) != (n_in, n_out)
-            prof = profiles.get(c.worker or "")
-            lone = prof.single_latency(n_in, n_out) if prof is not None else math.nan
-            # A chain node id is ``c{stage}.{index}`` (``gateway.core.dag.chain_nodes``).
-            side.add(res.wid, int(c.id[1:].split(".", 1)[0]), c.worker or "?", c.queued_s, c.run_s, lone)
+    for res, c, (_, n_in, n_out) in _live_calls(run, wanted):
+        out.calls_live += 1
+        out.token_mismatches += (c.prompt_tokens, c.completion_tokens) != (n_in, n_out)
+        prof = profiles.get(c.worker or "")
+        lone = prof.single_latency(n_in, n_out) if prof is not None else math.nan
+        # A chain node id is ``c{stage}.{index}`` (``gateway.core.dag.chain_nodes``).
+        side.add(res.wid, int(c.id[1:].split(".", 1)[0]), c.worker or "?", c.queued_s, c.run_s, lone)
         latency[res.wid] = res.latency_s if res.latency_s is not None else math.nan
         gateway[res.wid] = res.gateway_latency_s if res.gateway_latency_s is not None else math.nan
     out.workers_live = side.workers()

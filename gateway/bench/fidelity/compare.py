@@ -66,11 +66,6 @@ def p95(xs: Sequence[float]) -> float:
     return s[min(len(s) - 1, math.ceil(0.95 * len(s)) - 1)]
 
 
-def live_gaps(live: LiveBenchReport) -> dict[str, dict[str, float]]:
-    """Policy -> live/simulated - 1 of P95 (``p95``) and SLO attainment (``slo``) of a live bench."""
-    return {r.policy: {"p95": r.p95_ratio - 1.0, "slo": r.slo_ratio - 1.0} for r in live.runs}
-
-
 def within(gaps: Iterable[float], target: float) -> bool:
     """Every gap finite and within ``target`` (true for none)."""
     return all(math.isfinite(g) and abs(g) <= target for g in gaps)
@@ -83,9 +78,6 @@ def gap_cells(r: PolicyRun, g: dict[str, float], digits: int) -> list[str]:
     return [*p95s, fmt(lv.slo_attainment, 3), fmt(sm.slo_attainment, 3), f"{g['slo']:+.1%}"]
 
 
-GAP_HEAD = ["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap"]
-
-
 class LiveGaps:
     """What a fidelity report shares: its live bench's gaps against the simulator, whether the ``GAP_KEYS``
     gaps are within ``TARGET``, and the table of them."""
@@ -95,19 +87,19 @@ class LiveGaps:
     live: LiveBenchReport
 
     def gaps(self) -> dict[str, dict[str, float]]:
-        """Policy -> live/simulated - 1 of P95 and SLO attainment."""
-        return live_gaps(self.live)
+        """Policy -> live/simulated - 1 of P95 (``p95``) and SLO attainment (``slo``)."""
+        return {r.policy: {"p95": r.p95_ratio - 1.0, "slo": r.slo_ratio - 1.0} for r in self.live.runs}
 
     def within_target(self) -> bool:
         """Every policy's ``GAP_KEYS`` gaps within ``TARGET`` of the simulator's."""
         return within((g[k] for g in self.gaps().values() for k in self.GAP_KEYS), self.TARGET)
 
     def gap_lines(self, title: str, digits: int, extra: Callable[[PolicyRun], list[str]], head: list[str]) -> list[str]:
-        """``title``, one row per policy (``gap_cells`` and ``extra``'s cells, ``head`` after ``GAP_HEAD``) and
-        the verdict."""
+        """``title``, one row per policy (``gap_cells`` and ``extra``'s cells, headed by ``head``) and the verdict."""
         rows = [[r.policy, *gap_cells(r, self.gaps()[r.policy], digits), *extra(r)] for r in self.live.runs]
         verdict = "within target" if self.within_target() else "NOT within target"
-        return [title, table([*GAP_HEAD, *head], rows), verdict]
+        gap_head = ["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap"]
+        return [title, table([*gap_head, *head], rows), verdict]
 
 
 def simulate_runs(

@@ -20,7 +20,7 @@ from gateway.bench.livebench import LiveBenchReport, PolicyRun, format_live_repo
 from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
 from gateway.bench.rig import bench_folder
-from gateway.bench.stats import fmt, json_safe, table
+from gateway.bench.stats import fmt, json_safe, positive, table
 from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, ProfileSpec
 from gateway.core.profile import PerfProfile, profile_from
@@ -136,8 +136,7 @@ def run_fidelity(
 ) -> FidelityReport:
     """Calibrate, replay live, simulate. Logs, the two catalogues and the configs go to ``log_dir`` (kept) or
     a temporary folder removed after a successful run."""
-    if not (time_scale > 0 and math.isfinite(time_scale)):
-        raise ValueError(f"time scale must be a positive number, got {time_scale}")
+    positive("time scale", time_scale)
     base = yaml.safe_load(Path(DEFAULT_GPU_CATALOG).read_text())
     resolved = load_cluster_config(cluster).expanded()
     gpus = list(dict.fromkeys(rw.gpu for rw in resolved))

@@ -6,7 +6,6 @@ Bounded as the calibration is (concurrency, back-off, time budget)."""
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import statistics
 import time
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 
 from gateway.bench.fidelity.compare import client_or_own, simulate_arrivals
-from gateway.bench.stats import table
+from gateway.bench.stats import positive, table
 from gateway.core.profile import PerfProfile
 from gateway.profiling.plan import PlanSettings
 from gateway.profiling.worker import Arrival, ProbeWorker, send_arrivals
@@ -115,8 +114,7 @@ async def check_interleaved(
     simulated engine under ``profile`` (the fitted one, in the worker's wall seconds)."""
     if n < 1:
         raise ValueError("the check needs at least one scenario")
-    if not (budget_s > 0 and math.isfinite(budget_s)):
-        raise ValueError("the check's budget must be a positive number of seconds")
+    positive("the check's budget (seconds)", budget_s)
     concurrency = max(1, min(settings.max_concurrency, settings.max_num_seqs))
     model_profile = replace(profile, max_num_seqs=concurrency)
     scenarios = make_scenarios(profile, settings, n, random.Random(seed), concurrency=concurrency)

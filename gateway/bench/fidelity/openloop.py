@@ -143,8 +143,7 @@ async def run_open_loop(
 
     if max_inflight < 1:
         raise ValueError("max-inflight must be >= 1")
-    if not (budget_s > 0 and math.isfinite(budget_s)):
-        raise ValueError("budget-s must be a positive number")
+    positive("budget-s", budget_s)
     if not rates:
         raise ValueError("give at least one rate")
     plans = [make_calls(trace, calls, r, token_scale, seed + i) for i, r in enumerate(rates)]

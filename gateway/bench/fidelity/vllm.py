@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -24,7 +25,6 @@ from gateway.bench.fidelity.vllm_servers import (
     MODEL,
     ServerCalibration,
     VllmServer,
-    calibrated_catalog,
     cluster_doc,
     default_servers,
     process_groups,
@@ -35,7 +35,8 @@ from gateway.bench.replay import replay_setup, replay_workload, scale_queries, w
 from gateway.bench.rig import bench_folder, say_stderr
 from gateway.bench.simbench import fluid_bound
 from gateway.bench.stats import positive
-from gateway.config import build_workers, load_cluster_config
+from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
+from gateway.config.gpus import load_profiles_file
 from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.profiling.fit import workflow_latency
 from gateway.profiling.output import profile_entry
@@ -47,21 +48,21 @@ from workers import cpu_vllm
 
 
 @dataclass(frozen=True)
-class _Settings:
-    """What every round of one run shares (``run_fidelity_vllm``'s arguments)."""
+class VllmSettings:
+    """What every round of one run shares (``run_fidelity_vllm``'s keyword arguments, with their defaults)."""
 
-    trace: str
-    policies: Sequence[str]
-    workflows: int
-    token_scale: float
-    load: float
-    rate_qps: float | None
-    budget_s: float
-    slo_scale: float
-    calibrate_beside_load: bool
-    recalibrate_after: bool
-    repeats: int
-    progress: bool
+    trace: str = "chess-bird"
+    policies: Sequence[str] = ("hexgen",)
+    workflows: int = 30
+    token_scale: float = 0.125
+    load: float = 0.5
+    rate_qps: float | None = None
+    budget_s: float = 120.0
+    slo_scale: float = 5.0
+    calibrate_beside_load: bool = True
+    recalibrate_after: bool = False
+    calibration_repeats: int = 2
+    progress: bool = True
 
     def say(self, line: str) -> None:
         """A progress line on stderr (none when quiet)."""
@@ -78,8 +79,8 @@ class _Settings:
         positive("budget", self.budget_s)
         if rounds < 1:
             raise ValueError(f"rounds must be at least 1, got {rounds}")
-        if self.repeats < 1:
-            raise ValueError(f"calibration repeats must be at least 1, got {self.repeats}")
+        if self.calibration_repeats < 1:
+            raise ValueError(f"calibration repeats must be at least 1, got {self.calibration_repeats}")
         for r in range(rounds):  # every round's workload fits, before anything starts
             _, queries = workload_queries(self.trace, self.workflows, seed + r)
             scaled = scale_queries(queries, self.token_scale)
@@ -95,27 +96,17 @@ def run_fidelity_vllm(
     *,
     servers: Sequence[VllmServer] | None = None,
     base_port: int = 18160,
-    trace: str = "chess-bird",
-    policies: Sequence[str] = ("hexgen",),
-    workflows: int = 30,
-    token_scale: float = 0.125,
-    load: float = 0.5,
-    rate_qps: float | None = None,
-    budget_s: float = 120.0,
-    slo_scale: float = 5.0,
     seed: int = 0,
     rounds: int = 1,
     keep_servers: bool = False,
-    calibrate_beside_load: bool = True,
-    recalibrate_after: bool = False,
-    calibration_repeats: int = 2,
     log_dir: Path | None = None,
-    progress: bool = True,
     paths: cpu_vllm.Paths | None = None,
+    **settings: Any,
 ) -> VllmFidelitySeries:
     """Start the servers, then ``rounds`` times (seeds ``seed``, ``seed + 1``, ...): calibrate afresh (the
     host's speed drifts), replay live, simulate, break the gap down; with ``recalibrate_after`` calibrate again
-    after the replay and simulate with the engines at that speed too (the drift check).
+    after the replay and simulate with the engines at that speed too (the drift check). ``settings``: the
+    fields of ``VllmSettings`` (the workload, the load, the calibration), each defaulting as it does there.
 
     ``ValueError`` for bad arguments or a scaled call over ``MAX_MODEL_LEN``, ``cpu_vllm.CpuVllmError`` when
     the servers cannot be set up or started. The servers are stopped at the end unless ``keep_servers``; logs,
@@ -123,20 +114,7 @@ def run_fidelity_vllm(
     servers = default_servers() if servers is None else servers
     if len(servers) < 1 or len({s.name for s in servers}) != len(servers):
         raise ValueError("give at least one server, each with its own name")
-    cfg = _Settings(
-        trace=trace,
-        policies=policies,
-        workflows=workflows,
-        token_scale=token_scale,
-        load=load,
-        rate_qps=rate_qps,
-        budget_s=budget_s,
-        slo_scale=slo_scale,
-        calibrate_beside_load=calibrate_beside_load,
-        recalibrate_after=recalibrate_after,
-        repeats=calibration_repeats,
-        progress=progress,
-    )
+    cfg = VllmSettings(**settings)
     cfg.check(seed, rounds)
     paths = paths or cpu_vllm.Paths.default()
     ports = [base_port + i for i in range(len(servers))]
@@ -171,7 +149,7 @@ def _round(
     servers: Sequence[VllmServer],
     urls: Sequence[str],
     folder: Path,
-    cfg: _Settings,
+    cfg: VllmSettings,
     *,
     seed: int,
     groups: Mapping[str, int] | None = None,
@@ -184,7 +162,7 @@ def _round(
     profiles_path = _write_profiles(folder / "calibrated-profiles.yaml", calibrations)
     cluster_path = folder / "cluster.yaml"
     cluster_path.write_text(yaml.safe_dump(cluster_doc(servers), sort_keys=False))
-    catalog = calibrated_catalog(profiles_path)
+    catalog = load_gpu_catalog().with_profiles(load_profiles_file(profiles_path))
     workers = build_workers(load_cluster_config(cluster_path, catalog), catalog)
     setup = replay_setup(
         cfg.trace, workers, workflows=cfg.workflows, seed=seed, slo_scale=cfg.slo_scale, token_scale=cfg.token_scale
@@ -285,7 +263,7 @@ def _calibrate_all(
     servers: Sequence[VllmServer],
     urls: Sequence[str],
     calls: Sequence[tuple[int, int]],
-    cfg: _Settings,
+    cfg: VllmSettings,
     *,
     groups: Mapping[str, int] | None = None,
 ) -> list[ServerCalibration]:
@@ -304,7 +282,7 @@ def _calibrate_all(
             max_concurrency=s.max_num_seqs,
             max_num_seqs=s.max_num_seqs,
             max_batched_tokens=CHUNK,
-            repeats=cfg.repeats,
+            repeats=cfg.calibration_repeats,
         )
         others = [u for u in urls if u != url] if cfg.calibrate_beside_load else []
         cfg.say(

@@ -158,10 +158,10 @@ def _calibration_table(rep: VllmFidelityReport) -> str:
     """One row per server: its options and fitted constants, the fit's error and the standard workflow."""
     rows = []
     for c in rep.calibrations:
-        p, errs = c.profile, [abs(e) for e in c.result.errors()]
+        p, (median, largest) = c.profile, c.result.error_spread()
         s = c.server
         consts = [f"{getattr(p, k):{'.4g' if k in ('iter_base_s', 'token_s') else '.3g'}}" for k in FITTED]
-        fit = f"{statistics.median(errs):.1%} / {max(errs):.1%}" if errs else "-"
+        fit = f"{median:.1%} / {largest:.1%}" if c.result.fitted else "-"
         probes = f"{len(c.result.measurements)} in {c.result.wall_s:.0f} s"
         cpus = ",".join(map(str, s.cpus)) or "-"
         rows.append([s.name, f"{s.omp_threads}", f"{s.max_num_seqs}", cpus, *consts, f"{p.kv_capacity_tokens}"])

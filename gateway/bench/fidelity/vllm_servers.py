@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gateway.bench import hostcpu
 from gateway.bench.stats import finite_or_none
-from gateway.config import load_gpu_catalog
-from gateway.config.gpus import GpuCatalog, load_profiles_file
 from gateway.core.profile import PerfProfile
 from gateway.profiling.probe import CalibrationResult
 from workers import cpu_vllm
@@ -105,7 +101,7 @@ class ServerCalibration:
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
         p = self.profile
-        errs = [abs(e) for e in self.result.errors()]
+        median, largest = self.result.error_spread()
         return {
             "name": self.server.name,
             "label": self.server.label,
@@ -118,8 +114,8 @@ class ServerCalibration:
             "profile": {k: getattr(p, k) for k in (*FITTED, "kv_capacity_tokens", "block_tokens")},
             "probes": len(self.result.measurements),
             "probe_fits": self.result.probes_json(),
-            "fit_median_abs_error": finite_or_none(statistics.median(errs)) if errs else None,
-            "fit_max_abs_error": finite_or_none(max(errs)) if errs else None,
+            "fit_median_abs_error": finite_or_none(median),
+            "fit_max_abs_error": finite_or_none(largest),
             "calibration_wall_s": self.result.wall_s,
             "standard_workflow_s": self.standard_s,
             "host": self.host.to_json() if self.host is not None else None,
@@ -174,8 +170,3 @@ def cluster_doc(servers: Sequence[VllmServer]) -> dict[str, Any]:
             for s in servers
         ],
     }
-
-
-def calibrated_catalog(profiles: Path) -> GpuCatalog:
-    """The packaged catalogue with a profiles overlay merged over it."""
-    return load_gpu_catalog().with_profiles(load_profiles_file(profiles))
