@@ -17,7 +17,6 @@ from gateway.core.predict import StagePlan
 from gateway.core.scheduler import Scheduler
 from gateway.errors import GatewayError, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
-from gateway.live.history import OutcomeWindow, WorkflowHistory
 from gateway.live.httperrors import to_http
 from gateway.live.idempotency import IdempotencyStore
 from gateway.live.leader import LeaderElector, default_identity
@@ -93,6 +92,10 @@ class Gateway:
         self.close_workflow = self.runner.close_workflow
         self.run_stage = self.runner.run_stage
         self.shed_overdue = self.runner.shed_overdue
+        self.outcome_window = self.runner.outcome_window
+        """Outcomes per tenant over the status page's rolling window."""
+        self.history = self.runner.history
+        """The last finished workflows with their calls' timings (the status page's)."""
         self.start = self.lifecycle.start
         self.begin_drain = self.lifecycle.begin_drain
         self.drain = self.lifecycle.drain
@@ -151,22 +154,12 @@ class Gateway:
     @property
     def active_total(self) -> int:
         """Workflows in progress."""
-        return self.runner.accounting.active_total
+        return self.runner.active_total
 
     @property
     def committed_s(self) -> float:
         """Cluster seconds of work admitted workflows have yet to submit (``Admitter.committed_s``)."""
         return self.admitter.committed_s
-
-    @property
-    def outcome_window(self) -> OutcomeWindow:
-        """Outcomes per tenant over the status page's rolling window."""
-        return self.runner.accounting.outcome_window
-
-    @property
-    def history(self) -> WorkflowHistory:
-        """The last finished workflows with their calls' timings (the status page's)."""
-        return self.runner.accounting.history
 
     def admit(
         self,
@@ -199,7 +192,7 @@ class Gateway:
                 return admission
         if refusal is not None:
             error, reason = refusal
-            self.runner.accounting.rejected(tenant.name, reason)
+            self.runner.rejected(tenant.name, reason)
             error.extra = {**(error.extra or {}), "reason": reason}  # (the body says why: REJECT_REASONS)
             raise error
         return Admission(plan=question)
@@ -224,7 +217,7 @@ class Gateway:
         queued = self.scheduler.queued_total()
         if queued + n_calls > lim.max_queued_calls:
             return Rejected(f"the gateway's queues are full ({queued} calls waiting)", 429, 2), "queue_full"
-        active = self.runner.accounting.active
+        active = self.runner.active
         if self.active_total >= lim.max_active_workflows:
             return Rejected(f"too many workflows in progress ({self.active_total})", 429, 2), "concurrency"
         if active.get(tenant.name, 0) >= tenant.max_concurrent_workflows:
@@ -258,7 +251,7 @@ class Gateway:
             "ready": self.ready and not self.draining and self.leading and self.pool.healthy > 0,
             "draining": self.draining,
             "active_workflows": self.active_total,
-            "active_by_tenant": {k: v for k, v in self.runner.accounting.active.items() if v},
+            "active_by_tenant": {k: v for k, v in self.runner.active.items() if v},
             "parked_calls": len(self.pool.parked),
             "overload": {
                 "committed_s": round(adm.committed_s, 6),

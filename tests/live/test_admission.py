@@ -205,7 +205,7 @@ async def test_concurrency_refusals_are_counted_by_reason(tmp_path: Path) -> Non
     clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     small = Tenant("rej", 60, 0.001, 1000, 1.0, 1)  # at most one workflow in progress
-    gw.runner.accounting.active["rej"] = 1
+    gw.runner.active["rej"] = 1
     with pytest.raises(Rejected) as info:
         gw.admit(small, 1, calls_plan([[CALL]]), 1e6)
     assert info.value.status == 429
