@@ -28,7 +28,6 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import DomainError, GatewayError, error_body
 from gateway.live.deps import unicode_body
 from gateway.live.fastpath import FAST_PATHS, FastPath
-from gateway.live.httperrors import to_http
 from gateway.live.logs import RequestIdMiddleware
 from gateway.live.middleware import BodyLimit
 from gateway.live.responses import JSONResponse, error_response, plain
@@ -115,7 +114,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(RequestIdMiddleware)  # outermost: even a 413 carries the id, and logs of every layer
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
-    app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
+    app.add_exception_handler(DomainError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
@@ -237,16 +236,9 @@ def _set(schema: dict[str, Any] | None, type_: str, key: str, value: int) -> Non
         _set(branch, type_, key, value)
 
 
-async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-    """Every error a route raises on purpose."""
-    if exc.status == 500:  # not a refusal or a worker's failure (those are counted elsewhere): a fault
-        log.error("%s: %s", type(exc).__name__, exc.message)
+async def _gateway_error(_: Request, exc: GatewayError | DomainError) -> JSONResponse:
+    """Every error a route raises on purpose (a core error that reached the edge unmapped: ``to_http``'s)."""
     return error_response(exc)
-
-
-async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
-    """A core error that reached the edge unmapped (``gateway.live.httperrors``)."""
-    return await _gateway_error(request, to_http(exc))
 
 
 MAX_LISTED_PROBLEMS = 20

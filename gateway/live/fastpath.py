@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import GatewayError
-from gateway.live.deps import SURROGATE_ESCAPE
+from gateway.live.deps import SURROGATE_ESCAPE, bearer_key
 from gateway.live.logs import REQUEST_ID, WORKFLOW_ID, request_id
 from gateway.live.routers.chat import PASS_THROUGH, PassThrough, deadline_header_value, serve
 from gateway.live.schemas import NUMBER_PATTERN
@@ -101,11 +101,8 @@ class FastPath:
         gw = getattr(self.state, "gateway", None)
         if not isinstance(gw, Gateway):
             raise _Fallback
-        scheme, _, key = head.get(b"authorization", b"").decode("latin-1").partition(" ")
-        key = key.strip()
-        if scheme.lower() != "bearer" or not key:
-            raise _Fallback
-        tenant = gw.tenants.authenticate(key)
+        key = bearer_key(head.get(b"authorization", b"").decode("latin-1"))
+        tenant = None if key is None else gw.tenants.authenticate(key)
         if tenant is None:
             raise _Fallback
         raw_deadline = head.get(b"x-hexflow-deadline-s")

@@ -25,8 +25,7 @@ from gateway.core.records import WorkflowOutcome
 from gateway.core.tokens import message_tokens, text_tokens
 from gateway.core.workflow import CHAT, CallSpec
 from gateway.errors import DomainError, GatewayError, NotFound, Unprocessable, UpstreamError, error_body
-from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
-from gateway.live.httperrors import to_http
+from gateway.live.deps import TenantDep, gw_of, until_disconnect
 from gateway.live.openai_schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelList
 from gateway.live.responses import JSONResponse, dumps, error_response
 from gateway.live.runner import CallRequest
@@ -125,7 +124,7 @@ def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, d
         if value is not None and value > limit:
             raise Unprocessable(f"{name}: {value} exceeds the limit of {limit}", param=name)
     mt = body.get("max_completion_tokens") or body.get("max_tokens")
-    deadline = deadline_or_raise(gw, tenant, deadline_s)
+    deadline = gw.tenants.check_deadline(tenant, deadline_s)
     what = route.prompt_field
     n_in = input_tokens(body, what)
     if n_in > limit:
@@ -136,7 +135,7 @@ def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, d
     )
     node = DagNode("chat", CHAT, n_in, mt or route.default_output_tokens)
     plan = calls_plan([[CallSpec(CHAT, node.input_tokens, node.output_tokens)]])
-    admission = admit_or_raise(gw, tenant, 1, plan, deadline)
+    admission = gw.admit(tenant, 1, plan, deadline)
     work = gw.run_workflow(
         tenant, deadline, [node], [CallRequest(route.path, fwd, queue)], route=ROUTE, admission=admission
     )
@@ -249,16 +248,13 @@ async def serve(
         await until_disconnect(receive, relay())
         return
     except (GatewayError, DomainError) as exc:
-        err = exc if isinstance(exc, GatewayError) else to_http(exc)
-        if err.status == 500:
-            log.error("%s: %s", type(err).__name__, err.message)
-        answer = error_response(err)
+        resp = error_response(exc)
     except Exception as exc:
         log.exception("unexpected error: %r", exc)
-        answer = JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), 500)
+        resp = JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), 500)
     if not started:  # once the status line is sent nothing more can be said (a stream's errors are events)
-        answer.raw_headers.extend(headers)
-        await answer(scope, receive, send)
+        resp.raw_headers.extend(headers)
+        await resp(scope, receive, send)
 
 
 class Served(Response):
