@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import gc
 import inspect
-import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -30,7 +29,7 @@ from gateway.live.deps import unicode_body
 from gateway.live.fastpath import FAST_PATHS, FastPath
 from gateway.live.logs import RequestIdMiddleware
 from gateway.live.middleware import BodyLimit
-from gateway.live.responses import JSONResponse, error_response, plain
+from gateway.live.responses import JSONResponse, error_response, internal_error, plain
 from gateway.live.routers import chat, ops, text2sql, ui, workflows
 from gateway.live.schemas import problem_text
 from gateway.live.service import Gateway
@@ -46,8 +45,6 @@ FASTAPI_TELEMETRY_OFF: dict[str, Any] = (
     else {}
 )
 """FastAPI's own OpenTelemetry instrumentation, off (it reads ``os.environ`` on every request)."""
-
-log = logging.getLogger("hexflow.app")
 
 GC_GEN0_THRESHOLD = 50_000
 """The collector's generation-0 threshold while serving (CPython's: 700; docs/live-gateway.md, "Implementation
@@ -347,9 +344,8 @@ def _unreadable_json(raw: bytes, cause: BaseException) -> str:
 
 
 async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
-    """500 naming only the exception's type (its message may hold a prompt); the traceback is logged."""
-    log.exception("unexpected error: %r", exc)
-    return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), status_code=500)
+    """Any other exception: ``internal_error``."""
+    return internal_error(exc)
 
 
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "constrained-int", "constrained-str"})

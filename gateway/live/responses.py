@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse as StarletteJSONResponse
 
-from gateway.errors import DomainError, GatewayError
+from gateway.errors import DomainError, GatewayError, error_body
 from gateway.live.httperrors import to_http
 
 log = logging.getLogger("hexflow.app")
@@ -53,3 +53,10 @@ def error_response(exc: GatewayError | DomainError) -> JSONResponse:
     if err.status == 500:
         log.error("%s: %s", type(err).__name__, err.message)
     return JSONResponse(err.response_body(), status_code=err.status, headers=err.headers)
+
+
+def internal_error(exc: Exception) -> JSONResponse:
+    """500 naming only the exception's type (its message may hold a prompt); the traceback is logged (call it
+    where ``exc`` is handled)."""
+    log.exception("unexpected error: %r", exc)
+    return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), status_code=500)

@@ -156,11 +156,6 @@ class Gateway:
         """Workflows in progress."""
         return self.runner.active_total
 
-    @property
-    def committed_s(self) -> float:
-        """Cluster seconds of work admitted workflows have yet to submit (``Admitter.committed_s``)."""
-        return self.admitter.committed_s
-
     def admit(
         self,
         tenant: Tenant,

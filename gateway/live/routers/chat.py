@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import math
 from collections.abc import AsyncGenerator, Coroutine, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from gateway.core.workflow import CHAT, CallSpec
 from gateway.errors import DomainError, GatewayError, NotFound, Unprocessable, UpstreamError, error_body
 from gateway.live.deps import TenantDep, gw_of, until_disconnect
 from gateway.live.openai_schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelList
-from gateway.live.responses import JSONResponse, dumps, error_response
+from gateway.live.responses import dumps, error_response, internal_error
 from gateway.live.runner import CallRequest
 from gateway.live.schemas import NUMBER_PATTERN, route_responses, sse_content
 from gateway.live.service import Gateway
@@ -43,8 +42,6 @@ STREAM_QUEUE_CHUNKS = 4096
 EVENT_STREAM = "text/event-stream"
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _SSE_HEADERS = [(b"content-type", f"{EVENT_STREAM}; charset=utf-8".encode())]
-
-log = logging.getLogger("hexflow.app")
 
 router = APIRouter()
 
@@ -250,8 +247,7 @@ async def serve(
     except (GatewayError, DomainError) as exc:
         resp = error_response(exc)
     except Exception as exc:
-        log.exception("unexpected error: %r", exc)
-        resp = JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), 500)
+        resp = internal_error(exc)
     if not started:  # once the status line is sent nothing more can be said (a stream's errors are events)
         resp.raw_headers.extend(headers)
         await resp(scope, receive, send)
