@@ -79,7 +79,6 @@ class _Execution(Running):
     runner: WorkflowRunner
     requests: list[CallRequest]
     done: asyncio.Future[None]
-    on_call_done: Callable[[LiveOutcome], None] | None = None
     live: dict[int, LiveCall] = field(default_factory=dict)
     error: CallFailed | None = None
     abandoned: bool = False
@@ -94,7 +93,7 @@ class _Execution(Running):
         """A call returned or failed for good: record it, then release its successors (or fail the workflow)."""
         spec = call.spec
         assert isinstance(spec, DagCallSpec)
-        rec = self.outcomes[spec.node] = self.runner.outcome(call, spec.node, outcome)
+        self.outcomes[spec.node] = self.runner.outcome(call, spec.node, outcome)
         self.live.pop(spec.node, None)
         if self.abandoned:  # a call that settled after its workflow was given up releases nothing
             return
@@ -105,8 +104,6 @@ class _Execution(Running):
                 if not self.done.done():
                     self.done.set_result(None)
             return
-        if self.on_call_done is not None:
-            self.on_call_done(rec)
         if self.error is not None:
             return
         self.launch(self.wf.complete(spec))
@@ -152,7 +149,6 @@ class WorkflowRunner:
         route: str,
         template: WorkflowTemplate | None = None,
         wf_id: str | None = None,
-        on_call_done: Callable[[LiveOutcome], None] | None = None,
         admission: Admission | None = None,
     ) -> WorkflowOutcome[CallResult]:
         """Run a validated, admitted DAG to completion or first failure; its settled calls' outcomes in node order.
@@ -161,7 +157,7 @@ class WorkflowRunner:
         now = gw.clock()
         wf = DagWorkflow.build(next(self._wids), tenant.name, now, now + deadline_s, nodes, template)
         done = asyncio.get_running_loop().create_future()
-        ex = _Execution(wf, tenant, route, wf_id, [None] * len(nodes), self, requests, done, on_call_done)
+        ex = _Execution(wf, tenant, route, wf_id, [None] * len(nodes), self, requests, done)
         self.begin(ex)
         gw.admitter.take(wf, admission)
         try:

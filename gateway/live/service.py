@@ -50,12 +50,10 @@ class Gateway:
         lease_api: KubeApi | None = None,
     ) -> None:
         cfg = loaded.cfg
-        self.loaded = loaded
         self.cfg = cfg
         self.tenants = tenants
         self.transport = transport
         self.clock = clock
-        self.epoch = clock()
         self.background = background
         self.draining = False
         self.ready = False
@@ -71,7 +69,7 @@ class Gateway:
         self.metrics.alpha.set(self.scheduler.alpha)
         self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in tenants.tenants})
         self.pool = self._make_pool(background)
-        self.discovery = self._make_discovery(kube_api)
+        self.discovery = self._make_discovery(loaded, kube_api)
         self.admitter = Admitter(
             self.scheduler,
             headroom=cfg.admission.headroom,
@@ -131,7 +129,7 @@ class Gateway:
             outlier=cfg.health.outlier,
         )
 
-    def _make_discovery(self, kube_api: KubeApi | None) -> KubernetesDiscovery | None:
+    def _make_discovery(self, loaded: LoadedConfig, kube_api: KubeApi | None) -> KubernetesDiscovery | None:
         cfg = self.cfg
         kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
         if kube is None:
@@ -139,9 +137,9 @@ class Gateway:
         return KubernetesDiscovery(
             kube,
             self.pool,
-            self.loaded.catalog,
+            loaded.catalog,
             time_scale=cfg.time_scale,
-            default_model=self.loaded.default_model,
+            default_model=loaded.default_model,
             metrics=self.metrics,
             api=kube_api,
         )

@@ -267,8 +267,17 @@ class Served(Response):
         await serve(*self.call, scope, receive, send)
 
 
-def _responses(model: type[BaseModel], what: str, chunk: str) -> dict[int | str, dict[str, Any]]:
-    """A pass-through route's answers: the worker's ``what`` (``model``) or its stream of ``chunk`` events."""
+def _pass_through_route(route: PassThrough, name: str, model: type[BaseModel], what: str, chunk: str, doc: str) -> None:
+    """Register ``route``'s ``POST`` (``name`` and ``doc``: its operation's): the worker's ``what`` (``model``) or
+    its stream of ``chunk`` events."""
+
+    async def endpoint(
+        req: BaseModel, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
+    ) -> Response:
+        return Served(gw_of(request), tenant, route, req, deadline_header_value(deadline_header))
+
+    endpoint.__name__, endpoint.__doc__ = name, doc
+    endpoint.__annotations__["req"] = route.schema  # the request model the framework validates and documents
     ok = {
         "model": model,
         "description": f"The worker's {what}; with ``stream: true``, its server-sent events.",
@@ -277,34 +286,29 @@ def _responses(model: type[BaseModel], what: str, chunk: str) -> dict[int | str,
             "or ``[DONE]``."
         ),
     }
-    return route_responses(200, 400, 401, 404, 413, 415, 422, 429, 502, 503, 504, ok=ok)
+    responses = route_responses(200, 400, 401, 404, 413, 415, 422, 429, 502, 503, 504, ok=ok)
+    router.post(route.path, response_model=None, responses=responses)(endpoint)
 
 
-@router.post(
-    "/v1/chat/completions",
-    response_model=None,
-    responses=_responses(ChatCompletion, "chat completion", "``chat.completion.chunk``"),
-)
-async def chat(
-    req: ChatCompletionRequest, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
-) -> Response:
+_pass_through_route(
+    CHAT_COMPLETIONS,
+    "chat",
+    ChatCompletion,
+    "chat completion",
+    "``chat.completion.chunk``",
     """OpenAI-compatible chat completions, scheduled as a one-call workflow under the tenant's SLO.
 
     The deadline: the tenant's default or the ``x-hexflow-deadline-s`` header. A client ``priority`` is
-    ignored; unknown fields go to the worker as sent."""
-    return Served(gw_of(request), tenant, CHAT_COMPLETIONS, req, deadline_header_value(deadline_header))
-
-
-@router.post(
-    "/v1/completions",
-    response_model=None,
-    responses=_responses(Completion, "text completion", "``text_completion`` chunk"),
+    ignored; unknown fields go to the worker as sent.""",
 )
-async def completions(
-    req: CompletionRequest, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
-) -> Response:
-    """OpenAI-compatible text completions (one prompt, ``n`` 1), scheduled like a chat completion."""
-    return Served(gw_of(request), tenant, COMPLETIONS, req, deadline_header_value(deadline_header))
+_pass_through_route(
+    COMPLETIONS,
+    "completions",
+    Completion,
+    "text completion",
+    "``text_completion`` chunk",
+    "OpenAI-compatible text completions (one prompt, ``n`` 1), scheduled like a chat completion.",
+)
 
 
 @router.get("/v1/models", response_model=ModelList, responses=route_responses(401, 503))
