@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import gc
 import inspect
-import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -28,10 +27,9 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import DomainError, GatewayError, error_body
 from gateway.live.deps import unicode_body
 from gateway.live.fastpath import FAST_PATHS, FastPath
-from gateway.live.httperrors import to_http
 from gateway.live.logs import RequestIdMiddleware
 from gateway.live.middleware import BodyLimit
-from gateway.live.responses import JSONResponse, error_response, plain
+from gateway.live.responses import JSONResponse, error_response, internal_error, plain
 from gateway.live.routers import chat, ops, text2sql, ui, workflows
 from gateway.live.schemas import problem_text
 from gateway.live.service import Gateway
@@ -47,8 +45,6 @@ FASTAPI_TELEMETRY_OFF: dict[str, Any] = (
     else {}
 )
 """FastAPI's own OpenTelemetry instrumentation, off (it reads ``os.environ`` on every request)."""
-
-log = logging.getLogger("hexflow.app")
 
 GC_GEN0_THRESHOLD = 50_000
 """The collector's generation-0 threshold while serving (CPython's: 700; docs/live-gateway.md, "Implementation
@@ -115,7 +111,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(RequestIdMiddleware)  # outermost: even a 413 carries the id, and logs of every layer
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
-    app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
+    app.add_exception_handler(DomainError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
@@ -237,16 +233,9 @@ def _set(schema: dict[str, Any] | None, type_: str, key: str, value: int) -> Non
         _set(branch, type_, key, value)
 
 
-async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-    """Every error a route raises on purpose."""
-    if exc.status == 500:  # not a refusal or a worker's failure (those are counted elsewhere): a fault
-        log.error("%s: %s", type(exc).__name__, exc.message)
+async def _gateway_error(_: Request, exc: GatewayError | DomainError) -> JSONResponse:
+    """Every error a route raises on purpose (a core error that reached the edge unmapped: ``to_http``'s)."""
     return error_response(exc)
-
-
-async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
-    """A core error that reached the edge unmapped (``gateway.live.httperrors``)."""
-    return await _gateway_error(request, to_http(exc))
 
 
 MAX_LISTED_PROBLEMS = 20
@@ -355,9 +344,8 @@ def _unreadable_json(raw: bytes, cause: BaseException) -> str:
 
 
 async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
-    """500 naming only the exception's type (its message may hold a prompt); the traceback is logged."""
-    log.exception("unexpected error: %r", exc)
-    return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), status_code=500)
+    """Any other exception: ``internal_error``."""
+    return internal_error(exc)
 
 
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "constrained-int", "constrained-str"})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
@@ -17,8 +17,6 @@ from starlette.requests import HTTPConnection
 from starlette.types import Receive
 
 from gateway.config.tenants import hash_key
-from gateway.core.admission import Admission
-from gateway.core.predict import StagePlan
 from gateway.errors import GatewayError, NotFound, ServiceUnavailable, Unauthorized, Unprocessable
 from gateway.live.idempotency import HEADER, check_key, fingerprint
 from gateway.live.service import Gateway
@@ -55,18 +53,24 @@ BEARER = _BearerScheme(
 """The OpenAPI security scheme of the authenticated routes (``auth`` checks the key itself)."""
 
 
+def bearer_key(header: str) -> str | None:
+    """The key of an ``Authorization`` value ``Bearer <key>`` (stripped), or None when it holds none."""
+    scheme, _, key = header.partition(" ")
+    key = key.strip()
+    return key if scheme.lower() == "bearer" and key else None
+
+
 async def auth(
     request: Request, _scheme: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)] = None
 ) -> Tenant:
     """Authenticate ``Authorization: Bearer <key>`` (``async``: a plain ``def`` costs a thread hop per request)."""
     gw = gw_of(request)
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = bearer_key(request.headers.get("authorization", ""))
+    if key is None:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    tenant = gw.tenants.authenticate(key.strip())
+    tenant = gw.tenants.authenticate(key)
     if tenant is None:
-        if gw.admin_keys and hash_key(key.strip()) in gw.admin_keys:
+        if gw.admin_keys and hash_key(key) in gw.admin_keys:
             raise Unauthorized(ADMIN_KEY_AS_TENANT)
         raise Unauthorized("unknown API key")
     return tenant
@@ -94,10 +98,10 @@ def check_admin(gw: Gateway, header: str) -> None:
     keys = gw.admin_keys
     if not keys:
         raise NotFound(UI_DISABLED)
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = bearer_key(header)
+    if key is None:
         raise Unauthorized("missing admin key: send 'Authorization: Bearer <admin key>'")
-    if hash_key(key.strip()) not in keys:
+    if hash_key(key) not in keys:
         raise Unauthorized("not an admin key (admin.api_key_sha256 in the gateway's config file)")
 
 
@@ -118,18 +122,6 @@ status_access = _admin_dependency("protect_status")
 """``/v1/status``: open, or an admin key when ``admin.protect_status`` is set."""
 metrics_access = _admin_dependency("protect_metrics")
 """``/metrics``: open, or an admin key when ``admin.protect_metrics`` is set."""
-
-
-def deadline_or_raise(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> float:
-    """The effective deadline; ``DeadlineOutOfRange`` (422, naming the tenant's range) otherwise."""
-    return gw.tenants.check_deadline(tenant, deadline_s)
-
-
-def admit_or_raise(
-    gw: Gateway, tenant: Tenant, n_calls: int, plan: Sequence[StagePlan], deadline_s: float
-) -> Admission:
-    """Admission control (``Gateway.admit``): ``Rejected`` (429 or 503 with Retry-After) otherwise."""
-    return gw.admit(tenant, n_calls, plan, deadline_s)
 
 
 T = TypeVar("T")

@@ -1,49 +1,32 @@
 """The hot routes without the framework: ``POST /v1/chat/completions`` and ``/v1/completions`` served straight
-from ASGI through ``routers.chat``'s functions (docs/live-gateway.md, "Per-call overhead"). A request it is
-not sure to accept as it is goes to the full app unchanged, its body replayed: every refusal is the
-framework's own."""
+from ASGI by ``routers.chat.serve``, which answers the routes too (docs/live-gateway.md, "Per-call overhead").
+A request it is not sure to accept as it is goes to the full app unchanged, its body replayed: every refusal
+is the framework's own."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import logging
 import re
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import GatewayError, error_body
-from gateway.live.deps import SURROGATE_ESCAPE, until_disconnect
-from gateway.live.logs import REQUEST_ID, WORKFLOW_ID, request_id, with_request_id
-from gateway.live.responses import JSONResponse, error_response
-from gateway.live.routers.chat import (
-    EVENT_STREAM,
-    PASS_THROUGH,
-    PassThrough,
-    answer_bytes,
-    deadline_header_value,
-    events,
-    first_event,
-    open_call,
-)
+from gateway.errors import GatewayError
+from gateway.live.deps import SURROGATE_ESCAPE, bearer_key
+from gateway.live.logs import REQUEST_ID, WORKFLOW_ID, request_id
+from gateway.live.routers.chat import PASS_THROUGH, PassThrough, deadline_header_value, serve
 from gateway.live.schemas import NUMBER_PATTERN
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 
 __all__ = ["FAST_PATHS", "FastPath"]
 
-log = logging.getLogger("hexflow.app")
-
 FAST_PATHS = frozenset(PASS_THROUGH)
 """The paths served by the fast path (``POST`` only)."""
 
 _DEADLINE = re.compile(NUMBER_PATTERN.encode())
 _JSON_TYPE = b"application/json"
-_JSON_HEADERS = [(b"content-type", _JSON_TYPE)]
-_SSE_HEADERS = [(b"content-type", f"{EVENT_STREAM}; charset=utf-8".encode())]
 _WATCHED = frozenset({b"content-type", b"content-length", b"authorization", b"x-request-id", b"x-hexflow-deadline-s"})
 
 
@@ -88,7 +71,7 @@ class FastPath:
         rid = request_id(head.get(b"x-request-id"))
         token, wf_token = REQUEST_ID.set(rid), WORKFLOW_ID.set(None)
         try:
-            await self._serve(gw, tenant, route, req, deadline, rid.encode(), scope, receive, send)
+            await serve(gw, tenant, route, req, deadline, scope, receive, send, [(b"x-request-id", rid.encode())])
         finally:
             WORKFLOW_ID.reset(wf_token)
             REQUEST_ID.reset(token)
@@ -118,11 +101,8 @@ class FastPath:
         gw = getattr(self.state, "gateway", None)
         if not isinstance(gw, Gateway):
             raise _Fallback
-        scheme, _, key = head.get(b"authorization", b"").decode("latin-1").partition(" ")
-        key = key.strip()
-        if scheme.lower() != "bearer" or not key:
-            raise _Fallback
-        tenant = gw.tenants.authenticate(key)
+        key = bearer_key(head.get(b"authorization", b"").decode("latin-1"))
+        tenant = None if key is None else gw.tenants.authenticate(key)
         if tenant is None:
             raise _Fallback
         raw_deadline = head.get(b"x-hexflow-deadline-s")
@@ -145,56 +125,6 @@ class FastPath:
         except GatewayError:
             raise _Fallback from None
         return gw, tenant, req, deadline
-
-    async def _serve(
-        self,
-        gw: Gateway,
-        tenant: Tenant,
-        route: PassThrough,
-        req: BaseModel,
-        deadline: float | None,
-        rid: bytes,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-    ) -> None:
-        started = False
-
-        async def start(status: int, headers: list[tuple[bytes, bytes]]) -> None:
-            nonlocal started
-            started = True
-            await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"x-request-id", rid)]})
-
-        try:
-            call = open_call(gw, tenant, route, req, deadline)
-            if call.stream is None:
-                answer = answer_bytes(await until_disconnect(receive, call.work))
-                await start(200, [(b"content-length", str(len(answer)).encode()), *_JSON_HEADERS])
-                await send({"type": "http.response.body", "body": answer})
-                return
-            queue = call.stream
-            run = asyncio.create_task(call.work)
-
-            async def relay() -> None:
-                head = await first_event(run, queue)
-                await start(200, _SSE_HEADERS)
-                async with contextlib.aclosing(events(run, queue, head)) as chunks:
-                    async for chunk in chunks:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-            await until_disconnect(receive, relay())
-        except GatewayError as exc:
-            if started:  # the status line is sent; nothing more can be said (a stream's errors are events)
-                return
-            if exc.status == 500:
-                log.error("%s: %s", type(exc).__name__, exc.message)
-            await error_response(exc)(scope, receive, with_request_id(send, rid))
-        except Exception as exc:
-            log.exception("unexpected error: %r", exc)
-            if not started:
-                body = error_body(500, f"internal error: {type(exc).__name__}", "internal_error")
-                await JSONResponse(body, status_code=500)(scope, receive, with_request_id(send, rid))
 
 
 def _replay(parts: list[bytes], more: bool, receive: Receive) -> Receive:

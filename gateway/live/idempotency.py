@@ -14,7 +14,6 @@ from typing import Any
 from starlette.responses import Response
 
 from gateway.errors import BadRequest, DomainError, GatewayError, Unprocessable
-from gateway.live.httperrors import to_http
 from gateway.live.responses import error_response
 
 HEADER = "Idempotency-Key"
@@ -135,7 +134,7 @@ class IdempotencyStore:
             try:
                 resp = StoredResponse.of(await work())
             except (GatewayError, DomainError) as exc:
-                resp = StoredResponse.of(error_response(exc if isinstance(exc, GatewayError) else to_http(exc)))
+                resp = StoredResponse.of(error_response(exc))
         except BaseException:
             self._drop(k, entry)
             raise

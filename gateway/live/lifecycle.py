@@ -87,7 +87,7 @@ class Lifecycle:
         assert self.drain_until is not None
         left = max(self.drain_until - time.monotonic(), 0.0)
         try:
-            await asyncio.wait_for(gw.runner.accounting.idle.wait(), left)
+            await asyncio.wait_for(gw.runner.idle.wait(), left)
         except TimeoutError:
             log.error("shutdown grace period over with %d workflows in progress", gw.active_total)
             return False

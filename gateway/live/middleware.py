@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import PayloadTooLarge
-from gateway.live.responses import dumps
+from gateway.live.responses import error_response
 
 
 class _BodyTooLarge(Exception):
@@ -32,7 +32,7 @@ class BodyLimit:
                 except ValueError:
                     declared = 0
                 if declared > self.max_bytes:
-                    await self._reject(send, declared)
+                    await self._reject(scope, receive, send, declared)
                     return
         seen = 0
         too_big = False
@@ -55,7 +55,7 @@ class BodyLimit:
                 started = True
                 if too_big:  # the app turned _BodyTooLarge into an answer of its own (FastAPI: 400)
                     replaced = True
-                    await self._reject(send, seen)
+                    await self._reject(scope, receive, send, seen)
                     return
             if not replaced:
                 await send(msg)
@@ -64,16 +64,8 @@ class BodyLimit:
             await self.app(scope, limited, guarded_send)
         except _BodyTooLarge:
             if not started:
-                await self._reject(send, seen)
+                await self._reject(scope, receive, send, seen)
 
-    async def _reject(self, send: Send, size: int) -> None:
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
         err = PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {self.max_bytes} bytes")
-        body = dumps(err.response_body())
-        await send(
-            {
-                "type": "http.response.start",
-                "status": err.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await error_response(err)(scope, receive, send)

@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import Any
 
 from starlette.responses import JSONResponse as StarletteJSONResponse
 
-from gateway.errors import GatewayError
+from gateway.errors import DomainError, GatewayError, error_body
+from gateway.live.httperrors import to_http
+
+log = logging.getLogger("hexflow.app")
 
 
 def dumps(content: Any) -> bytes:
@@ -42,6 +46,17 @@ def plain(value: Any) -> Any:
     return finite(json.loads(json.dumps(value, default=str)))
 
 
-def error_response(exc: GatewayError) -> JSONResponse:
-    """The answer for a ``GatewayError``: its body, status and headers."""
-    return JSONResponse(exc.response_body(), status_code=exc.status, headers=exc.headers)
+def error_response(exc: GatewayError | DomainError) -> JSONResponse:
+    """The answer for a ``GatewayError`` (a core ``DomainError`` mapped by ``httperrors.to_http``): its body, status
+    and headers. A 500 is logged: not a refusal or a worker's failure (those are counted elsewhere), a fault."""
+    err = exc if isinstance(exc, GatewayError) else to_http(exc)
+    if err.status == 500:
+        log.error("%s: %s", type(err).__name__, err.message)
+    return JSONResponse(err.response_body(), status_code=err.status, headers=err.headers)
+
+
+def internal_error(exc: Exception) -> JSONResponse:
+    """500 naming only the exception's type (its message may hold a prompt); the traceback is logged (call it
+    where ``exc`` is handled)."""
+    log.exception("unexpected error: %r", exc)
+    return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal_error"), status_code=500)

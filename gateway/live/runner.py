@@ -3,13 +3,16 @@
 A DAG's calls are released by each call's completion callback (run by the pool before the worker is
 refilled), as the simulator's result event does; an online workflow's stages are decided by its caller
 (Text-to-SQL). ``shed_overdue`` applies core's ``Admitter.overdue`` to the calls not yet settled
-(``pending``); how a workflow ended is accounted by ``gateway.live.accounting``."""
+(``pending``). ``begin`` counts a workflow in (admission bounds and the drain read the counts), ``_finish``
+counts it out once, whatever ended it, into the metrics, the rolling outcome window and the history
+(``gateway.live.history``)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import itertools
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -22,8 +25,8 @@ from gateway.core.prefix import prompt_prefix
 from gateway.core.records import CallOutcome, WorkflowOutcome
 from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTemplate, deadline_met
 from gateway.errors import CallFailed, Rejected
-from gateway.live.accounting import Accounting, Running
-from gateway.live.history import MAX_CALLS
+from gateway.live.history import MAX_CALLS, OutcomeWindow, WorkflowHistory, goodput_outcome, kept_calls
+from gateway.live.logs import REQUEST_ID
 from gateway.live.prompts import request_prompt
 from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult, LiveCall
@@ -31,7 +34,9 @@ from gateway.live.transport import CallResult, LiveCall
 if TYPE_CHECKING:
     from gateway.live.service import Gateway
 
-__all__ = ["CallRequest", "LiveOutcome", "WorkflowRunner", "new_workflow_id"]
+__all__ = ["CallRequest", "LiveOutcome", "Running", "WorkflowRunner", "new_workflow_id"]
+
+log = logging.getLogger("hexflow.gateway")
 
 
 def new_workflow_id() -> str:
@@ -52,6 +57,18 @@ LiveOutcome = CallOutcome[CallResult]
 """A live call's outcome: the worker's response is its ``answer``, a ``CallFailed`` its ``error``."""
 
 
+@dataclass(eq=False, slots=True)
+class Running:
+    """A workflow while it runs, as the runner counts it: its tenant, client id (``wf_id``), status page label
+    (``route``) and its calls' outcomes (None: not settled)."""
+
+    wf: Workflow
+    tenant: Tenant
+    route: str
+    wf_id: str | None
+    outcomes: list[LiveOutcome | None]
+
+
 @dataclass(eq=False)
 class _Execution(Running):
     """One DAG workflow being run: its calls in flight, and the callback that releases the successors of each
@@ -62,7 +79,6 @@ class _Execution(Running):
     runner: WorkflowRunner
     requests: list[CallRequest]
     done: asyncio.Future[None]
-    on_call_done: Callable[[LiveOutcome], None] | None = None
     live: dict[int, LiveCall] = field(default_factory=dict)
     error: CallFailed | None = None
     abandoned: bool = False
@@ -77,7 +93,7 @@ class _Execution(Running):
         """A call returned or failed for good: record it, then release its successors (or fail the workflow)."""
         spec = call.spec
         assert isinstance(spec, DagCallSpec)
-        rec = self.outcomes[spec.node] = self.runner.outcome(call, spec.node, outcome)
+        self.outcomes[spec.node] = self.runner.outcome(call, spec.node, outcome)
         self.live.pop(spec.node, None)
         if self.abandoned:  # a call that settled after its workflow was given up releases nothing
             return
@@ -88,8 +104,6 @@ class _Execution(Running):
                 if not self.done.done():
                     self.done.set_result(None)
             return
-        if self.on_call_done is not None:
-            self.on_call_done(rec)
         if self.error is not None:
             return
         self.launch(self.wf.complete(spec))
@@ -104,11 +118,19 @@ class _Execution(Running):
 
 
 class WorkflowRunner:
-    """Runs the admitted workflows of one gateway (``gw``: its scheduler, pool, admitter and clock)."""
+    """Runs the admitted workflows of one gateway (``gw``: its scheduler, pool, admitter and clock): the workflows
+    in progress and the memory of those that ended."""
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
-        self.accounting = Accounting(gw)
+        admin = gw.cfg.admin
+        self.outcome_window = OutcomeWindow(admin.window_s)
+        self.history = WorkflowHistory(admin.recent_workflows)
+        self.active: dict[str, int] = {}
+        self.active_total = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._running: set[Running] = set()
         self._ids = itertools.count(1)
         self._wids = itertools.count(1)
         # Overload: every admitted workflow's unsettled calls, and the shed ones with their clients' error.
@@ -127,7 +149,6 @@ class WorkflowRunner:
         route: str,
         template: WorkflowTemplate | None = None,
         wf_id: str | None = None,
-        on_call_done: Callable[[LiveOutcome], None] | None = None,
         admission: Admission | None = None,
     ) -> WorkflowOutcome[CallResult]:
         """Run a validated, admitted DAG to completion or first failure; its settled calls' outcomes in node order.
@@ -136,8 +157,8 @@ class WorkflowRunner:
         now = gw.clock()
         wf = DagWorkflow.build(next(self._wids), tenant.name, now, now + deadline_s, nodes, template)
         done = asyncio.get_running_loop().create_future()
-        ex = _Execution(wf, tenant, route, wf_id, [None] * len(nodes), self, requests, done, on_call_done)
-        self.accounting.begin(ex)
+        ex = _Execution(wf, tenant, route, wf_id, [None] * len(nodes), self, requests, done)
+        self.begin(ex)
         gw.admitter.take(wf, admission)
         try:
             ex.launch(wf.start())
@@ -182,7 +203,7 @@ class WorkflowRunner:
         template = None if plan is None else plan.template
         wf = OnlineWorkflow(next(self._wids), tenant.name, now, now + deadline_s, template)
         run = self.online[wf] = Running(wf, tenant, route, wf_id, [])
-        self.accounting.begin(run)
+        self.begin(run)
         self.gw.admitter.take(wf, admission)
         if plan is not None:
             self.plans[wf] = plan
@@ -325,16 +346,58 @@ class WorkflowRunner:
             error=outcome if isinstance(outcome, CallFailed) else None,
         )
 
+    def begin(self, run: Running) -> None:
+        """A workflow starts for its tenant."""
+        tenant = run.tenant.name
+        self.active[tenant] = self.active.get(tenant, 0) + 1
+        self.active_total += 1
+        self.idle.clear()
+        self.gw.metrics.active.set(self.active_total)
+        self._running.add(run)
+
     def _finish(self, run: Running, outcome: str, latency: float | None = None, *, valid: bool = True) -> None:
-        """A workflow ended: accounted once (``Accounting.end``), its overload state dropped."""
-        if not self.accounting.end(run, outcome, latency, valid=valid):
+        """``run`` ended with ``outcome``: counted out once (nothing when it was already), its overload state
+        dropped. Its goodput outcome goes to the metrics and the window, its timeline to the history under its
+        client's id (``wf_id``, else its request's ``X-Request-Id``)."""
+        if run not in self._running:
             return
-        wf = run.wf
+        self._running.discard(run)
+        gw, tenant, wf = self.gw, run.tenant.name, run.wf
+        if log.isEnabledFor(logging.DEBUG):  # (not formatting the latency for a line nobody reads)
+            # (the request's context carries its request and workflow ids into this line: gateway.live.logs)
+            tail = "" if latency is None else f" in {latency:.3f} s"
+            log.debug("workflow of tenant %s ended: %s%s", tenant, outcome, tail)
+        now = gw.clock()
+        metrics = gw.metrics
+        goodput = goodput_outcome(outcome, valid=valid)
+        metrics.workflow_outcome(tenant, goodput)
+        self.outcome_window.add(tenant, goodput, now)
+        rid = REQUEST_ID.get()  # the X-Request-Id the client got (its request's context)
+        kept, n = kept_calls(run.outcomes)
+        wf_id = run.wf_id or rid or f"{run.route}-{wf.wid}"
+        ended = WorkflowOutcome(
+            wf.wid, tenant, wf.arrival, wf.deadline, now, goodput, kept, n, id=wf_id, route=run.route, request_id=rid
+        )
+        self.history.add(ended)
+        self.active[tenant] = max(self.active.get(tenant, 1) - 1, 0)
+        self.active_total -= 1
+        metrics.active.set(self.active_total)
+        metrics.workflow_done(tenant, latency, outcome)
+        if self.active_total == 0:
+            self.idle.set()
         self.pending.pop(wf, None)
         self.shed.pop(wf, None)
         self.plans.pop(wf, None)
         counted = valid and latency is not None and outcome in ("met", "missed")
-        self.gw.admitter.ended(wf, latency if counted else None)
+        gw.admitter.ended(wf, latency if counted else None)
+
+    def rejected(self, tenant: str, reason: str) -> None:
+        """Count a workflow refused at admission, and why (one of ``metrics.REJECT_REASONS``)."""
+        metrics = self.gw.metrics
+        metrics.workflow_done(tenant, None, "rejected")
+        metrics.rejection(tenant, reason)
+        metrics.workflow_outcome(tenant, "rejected")
+        self.outcome_window.add(tenant, "rejected", self.gw.clock())
 
     def shed_overdue(self) -> tuple[int, int]:
         """Shed or demote every admitted workflow with pending calls that ``Admitter.overdue`` names; returns

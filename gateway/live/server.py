@@ -36,7 +36,7 @@ LOG_FORMAT_ENV = "HEXFLOW_LOG_FORMAT"
 """The environment variable that chooses the log format (text or json) over the config's ``log_format``."""
 
 
-def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
+def build_app(loaded: LoadedConfig) -> FastAPI:
     """The ASGI app for a loaded config (tenants are loaded now, so a bad file fails before serving)."""
     tenants = TenantStore.load(loaded.existing_tenants_path())
     cfg = loaded.cfg
@@ -68,7 +68,7 @@ def build_app(loaded: LoadedConfig, *, background: bool = True) -> FastAPI:
             stream_idle_s=t.stream_idle_s,
             max_response_bytes=t.max_response_bytes,
         )
-        return Gateway(loaded, tenants, transport, background=background)
+        return Gateway(loaded, tenants, transport)
 
     app = create_app(make, max_body_bytes=cfg.limits.max_body_bytes)
     install_text2sql(app, text2sql)

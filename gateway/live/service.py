@@ -17,7 +17,6 @@ from gateway.core.predict import StagePlan
 from gateway.core.scheduler import Scheduler
 from gateway.errors import GatewayError, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
-from gateway.live.history import OutcomeWindow, WorkflowHistory
 from gateway.live.httperrors import to_http
 from gateway.live.idempotency import IdempotencyStore
 from gateway.live.leader import LeaderElector, default_identity
@@ -51,12 +50,10 @@ class Gateway:
         lease_api: KubeApi | None = None,
     ) -> None:
         cfg = loaded.cfg
-        self.loaded = loaded
         self.cfg = cfg
         self.tenants = tenants
         self.transport = transport
         self.clock = clock
-        self.epoch = clock()
         self.background = background
         self.draining = False
         self.ready = False
@@ -72,7 +69,7 @@ class Gateway:
         self.metrics.alpha.set(self.scheduler.alpha)
         self.scheduler.set_tenant_weights({t.name: t.priority_weight for t in tenants.tenants})
         self.pool = self._make_pool(background)
-        self.discovery = self._make_discovery(kube_api)
+        self.discovery = self._make_discovery(loaded, kube_api)
         self.admitter = Admitter(
             self.scheduler,
             headroom=cfg.admission.headroom,
@@ -93,6 +90,10 @@ class Gateway:
         self.close_workflow = self.runner.close_workflow
         self.run_stage = self.runner.run_stage
         self.shed_overdue = self.runner.shed_overdue
+        self.outcome_window = self.runner.outcome_window
+        """Outcomes per tenant over the status page's rolling window."""
+        self.history = self.runner.history
+        """The last finished workflows with their calls' timings (the status page's)."""
         self.start = self.lifecycle.start
         self.begin_drain = self.lifecycle.begin_drain
         self.drain = self.lifecycle.drain
@@ -128,7 +129,7 @@ class Gateway:
             outlier=cfg.health.outlier,
         )
 
-    def _make_discovery(self, kube_api: KubeApi | None) -> KubernetesDiscovery | None:
+    def _make_discovery(self, loaded: LoadedConfig, kube_api: KubeApi | None) -> KubernetesDiscovery | None:
         cfg = self.cfg
         kube = cfg.discovery.kubernetes if cfg.discovery is not None else None
         if kube is None:
@@ -136,9 +137,9 @@ class Gateway:
         return KubernetesDiscovery(
             kube,
             self.pool,
-            self.loaded.catalog,
+            loaded.catalog,
             time_scale=cfg.time_scale,
-            default_model=self.loaded.default_model,
+            default_model=loaded.default_model,
             metrics=self.metrics,
             api=kube_api,
         )
@@ -151,22 +152,7 @@ class Gateway:
     @property
     def active_total(self) -> int:
         """Workflows in progress."""
-        return self.runner.accounting.active_total
-
-    @property
-    def committed_s(self) -> float:
-        """Cluster seconds of work admitted workflows have yet to submit (``Admitter.committed_s``)."""
-        return self.admitter.committed_s
-
-    @property
-    def outcome_window(self) -> OutcomeWindow:
-        """Outcomes per tenant over the status page's rolling window."""
-        return self.runner.accounting.outcome_window
-
-    @property
-    def history(self) -> WorkflowHistory:
-        """The last finished workflows with their calls' timings (the status page's)."""
-        return self.runner.accounting.history
+        return self.runner.active_total
 
     def admit(
         self,
@@ -199,7 +185,7 @@ class Gateway:
                 return admission
         if refusal is not None:
             error, reason = refusal
-            self.runner.accounting.rejected(tenant.name, reason)
+            self.runner.rejected(tenant.name, reason)
             error.extra = {**(error.extra or {}), "reason": reason}  # (the body says why: REJECT_REASONS)
             raise error
         return Admission(plan=question)
@@ -224,7 +210,7 @@ class Gateway:
         queued = self.scheduler.queued_total()
         if queued + n_calls > lim.max_queued_calls:
             return Rejected(f"the gateway's queues are full ({queued} calls waiting)", 429, 2), "queue_full"
-        active = self.runner.accounting.active
+        active = self.runner.active
         if self.active_total >= lim.max_active_workflows:
             return Rejected(f"too many workflows in progress ({self.active_total})", 429, 2), "concurrency"
         if active.get(tenant.name, 0) >= tenant.max_concurrent_workflows:
@@ -258,7 +244,7 @@ class Gateway:
             "ready": self.ready and not self.draining and self.leading and self.pool.healthy > 0,
             "draining": self.draining,
             "active_workflows": self.active_total,
-            "active_by_tenant": {k: v for k, v in self.runner.accounting.active.items() if v},
+            "active_by_tenant": {k: v for k, v in self.runner.active.items() if v},
             "parked_calls": len(self.pool.parked),
             "overload": {
                 "committed_s": round(adm.committed_s, 6),

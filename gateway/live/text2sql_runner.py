@@ -6,6 +6,7 @@ same rule (``OnlineWorkflow.met``), so the response and the metrics agree."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 
 from gateway.core.admission import Admission
 from gateway.core.degrade import QuestionPlan
@@ -19,26 +20,19 @@ from gateway.text2sql.port import Closed, RemainingPredictor, StageCall, StageCa
 CHAT_ENDPOINT = "/v1/chat/completions"
 
 
+@dataclass(eq=False)
 class GatewayStageRunner:
     """``StageRunner`` on the live gateway, for one admitted question of ``tenant`` (``route``: its status page
     label; ``request_id``: the id the client gets)."""
 
-    def __init__(
-        self,
-        gateway: Gateway,
-        tenant: Tenant,
-        *,
-        route: str,
-        admission: Admission | None = None,
-        request_id: str | None = None,
-    ) -> None:
-        self.gw = gateway
-        self.tenant = tenant
-        self.route = route
-        self.admission = admission
-        self.request_id = request_id
-        self._wf: OnlineWorkflow | None = None
-        self._closed: Closed | None = None
+    gw: Gateway
+    tenant: Tenant
+    _: KW_ONLY
+    route: str
+    admission: Admission | None = None
+    request_id: str | None = None
+    _wf: OnlineWorkflow | None = field(default=None, init=False)
+    _closed: Closed | None = field(default=None, init=False)
 
     def _workflow(self) -> OnlineWorkflow:
         if self._wf is None:

@@ -13,7 +13,7 @@ from gateway.config.gateway import load_gateway_config
 from gateway.config.tenants import hash_key
 from gateway.core.dag import DagNode
 from gateway.core.predict import dag_plan
-from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of
+from gateway.live.deps import TenantDep, gw_of
 from gateway.live.runner import CallRequest
 from gateway.live.server import build_app
 from tests.live.harness import INTERACTIVE_KEY, emulators, write_config
@@ -30,9 +30,9 @@ router = APIRouter()
 async def echo(request: Request, tenant: TenantDep) -> dict[str, Any]:
     """Ask a worker to say a few words back: a one-call workflow under the tenant's deadline."""
     gw = gw_of(request)
-    deadline = deadline_or_raise(gw, tenant, None)
+    deadline = gw.tenants.check_deadline(tenant, None)
     nodes = [DagNode("say", "echo", 8, 4)]
-    admission = admit_or_raise(gw, tenant, len(nodes), dag_plan(nodes), deadline)
+    admission = gw.admit(tenant, len(nodes), dag_plan(nodes), deadline)
     req = CallRequest("/v1/completions", {"prompt": "say hello", "max_tokens": 4})
     out = await gw.run_workflow(tenant, deadline, nodes, [req], route=ROUTE, admission=admission)
     return {"status": out.status, "worker": out.calls[0].worker_name if out.calls else None}

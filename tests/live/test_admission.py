@@ -185,7 +185,7 @@ async def test_a_deadline_shorter_than_the_critical_path_is_a_client_error_namin
     adm = gw.admit(tenant(gw, who), 1, plan, shortest)
     assert not adm.best_effort
     adm.release()
-    assert gw.committed_s == 0.0
+    assert gw.admitter.committed_s == 0.0
 
 
 async def test_an_unobserved_plan_is_not_refused_on_its_guess(tmp_path: Path) -> None:
@@ -194,7 +194,7 @@ async def test_an_unobserved_plan_is_not_refused_on_its_guess(tmp_path: Path) ->
     gw = make_gateway(tmp_path, clock)
     guess = QuestionPlan(CHESS_TEMPLATE, FULL, FULL, observed=False)
     adm = gw.admit(tenant(gw, "rej"), 1, guess.rest(), 0.01, question=guess)
-    assert not adm.best_effort and adm.plan is guess and gw.committed_s > 0.0
+    assert not adm.best_effort and adm.plan is guess and gw.admitter.committed_s > 0.0
     adm.release()
     with pytest.raises(Unprocessable, match="cannot be met"):
         known = QuestionPlan(CHESS_TEMPLATE, FULL, FULL)
@@ -205,7 +205,7 @@ async def test_concurrency_refusals_are_counted_by_reason(tmp_path: Path) -> Non
     clock = FakeClock(100.0)
     gw = make_gateway(tmp_path, clock)
     small = Tenant("rej", 60, 0.001, 1000, 1.0, 1)  # at most one workflow in progress
-    gw.runner.accounting.active["rej"] = 1
+    gw.runner.active["rej"] = 1
     with pytest.raises(Rejected) as info:
         gw.admit(small, 1, calls_plan([[CALL]]), 1e6)
     assert info.value.status == 429
@@ -425,8 +425,8 @@ async def test_the_configured_sustainable_share_sets_what_admission_forecasts(tm
     for gw in (loose, tight):  # an admitted workflow's work still to come: the fluid term decides
         verify(gw)
         gw.admit(tenant(gw, "rej"), 320, big, 1e6)
-    committed = tight.committed_s
-    assert committed == loose.committed_s > 0.0
+    committed = tight.admitter.committed_s
+    assert committed == loose.admitter.committed_s > 0.0
     at_one = CompletionPredictor(loose.scheduler, clock.t, committed_s=committed, efficiency=1.0).duration(plan)
     at_quarter = CompletionPredictor(tight.scheduler, clock.t, committed_s=committed).duration(plan)
     assert at_quarter > at_one
@@ -452,9 +452,9 @@ async def test_an_unverified_forecast_refuses_only_what_cannot_make_it_at_full_t
     committed = calls_plan([[CALL] * 8] * 10)
     gw.admit(tenant(gw, "off"), 80, committed, 1.0)  # admitted work due before anything below: ahead of it
     plan = calls_plan([[CALL]] * 3)
-    cautious = CompletionPredictor(gw.scheduler, clock.t, committed_s=gw.committed_s).duration(plan)
+    cautious = CompletionPredictor(gw.scheduler, clock.t, committed_s=gw.admitter.committed_s).duration(plan)
     bound = CompletionPredictor(
-        gw.scheduler, clock.t, committed_s=gw.committed_s, efficiency=1.0, later_queue_weight=0.0
+        gw.scheduler, clock.t, committed_s=gw.admitter.committed_s, efficiency=1.0, later_queue_weight=0.0
     ).duration(plan)
     assert bound < cautious
     deadline = (bound + cautious) / 2 / ADMISSION_HEADROOM

@@ -22,8 +22,7 @@ from gateway.core.records import CallOutcome
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, OnlineWorkflow
 from gateway.errors import CallFailed, WorkerError
-from gateway.live.accounting import Running
-from gateway.live.runner import CallRequest, _Execution
+from gateway.live.runner import CallRequest, Running, _Execution
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult, LiveCall
@@ -139,14 +138,14 @@ async def test_a_finished_workflow_is_freed_without_the_cyclic_collector(tmp_pat
     gw = fake_gateway(cfg, Scripted())
     await gw.start()
     executions: list[weakref.ref[_Execution]] = []
-    begin = gw.runner.accounting.begin
+    begin = gw.runner.begin
 
     def watch(run: Running) -> None:
         if isinstance(run, _Execution):
             executions.append(weakref.ref(run))
         begin(run)
 
-    gw.runner.accounting.begin = watch  # type: ignore[method-assign]
+    gw.runner.begin = watch  # type: ignore[method-assign]
     run = _scenarios(gw)[scenario]
     try:
         await run()  # warm up (lazily built caches, first-use state) before counting

@@ -87,7 +87,7 @@ async def test_an_adaptive_tenant_is_admitted_when_its_floor_fits(tmp_path: Path
             # One question first, in no hurry: the model is observed (a plan before that is a guess, not refused on).
             warm = await client.post("/v1/text2sql", json={"question": q, "db_id": DB_ID, "deadline_s": 60})
             assert warm.status_code == 200, warm.text
-            pred = CompletionPredictor(gw.scheduler, gw.clock(), committed_s=gw.committed_s)
+            pred = CompletionPredictor(gw.scheduler, gw.clock(), committed_s=gw.admitter.committed_s)
             service = app.state.text2sql
             db = service.registry.get(DB_ID)
             full_plan, floor_plan = [await service.pipeline.plan(db, m) for m in ("full", "adaptive")]

@@ -62,7 +62,7 @@ async def test_committed_work_is_released_when_a_question_fails_before_its_workf
 
         def spy(*a: Any, **kw: Any) -> Any:
             adm = admit(*a, **kw)
-            seen.append(gw.committed_s)
+            seen.append(gw.admitter.committed_s)
             return adm
 
         gw.admit = spy
@@ -72,7 +72,7 @@ async def test_committed_work_is_released_when_a_question_fails_before_its_workf
             assert r.status_code == (200 if stream else 500)
         await client.aclose()
         assert len(seen) == 2 and all(c > 0.0 for c in seen), "admission committed the question's work"
-        assert gw.committed_s == 0.0 and gw.active_total == 0
+        assert gw.admitter.committed_s == 0.0 and gw.active_total == 0
 
 
 async def test_a_streamed_question_that_fails_inside_the_gateway_ends_with_an_error_event(tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ async def test_work_due_later_is_not_ahead_under_a_deadline_ordered_queue(
     for _ in range(40):  # batch workflows admitted with a 30-minute deadline, none of their calls submitted yet
         adm = gw.admit(batch, 2, calls_plan([[call, call]] * 3), 1800.0)
         gw.open_workflow(batch, 1800.0, None, admission=adm, route="text2sql")
-    assert gw.committed_s > 0.0
+    assert gw.admitter.committed_s > 0.0
     one = calls_plan([[call]] * 3)
     alone = CompletionPredictor(gw.scheduler, gw.clock()).duration(one)
     deadline = 3 * alone / loaded.cfg.admission.headroom

@@ -5,26 +5,28 @@ passed through as the bytes it sent (docs/live-gateway.md, "API"). Shared with `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
-from collections.abc import AsyncGenerator, Coroutine
+from collections.abc import AsyncGenerator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, StringConstraints
 from pydantic.json_schema import SkipJsonSchema
+from starlette.types import Receive, Scope, Send
 
 from gateway.core.dag import DagNode
 from gateway.core.predict import calls_plan
 from gateway.core.records import WorkflowOutcome
 from gateway.core.tokens import message_tokens, text_tokens
 from gateway.core.workflow import CHAT, CallSpec
-from gateway.errors import NotFound, Unprocessable, UpstreamError, error_body
-from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, until_disconnect
+from gateway.errors import DomainError, GatewayError, NotFound, Unprocessable, UpstreamError, error_body
+from gateway.live.deps import TenantDep, gw_of, until_disconnect
 from gateway.live.openai_schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelList
-from gateway.live.responses import dumps
+from gateway.live.responses import dumps, error_response, internal_error
 from gateway.live.runner import CallRequest
 from gateway.live.schemas import NUMBER_PATTERN, route_responses, sse_content
 from gateway.live.service import Gateway
@@ -38,6 +40,8 @@ DEFAULT_COMPLETION_OUTPUT_TOKENS = 16
 STREAM_QUEUE_CHUNKS = 4096
 """Most chunks of a worker's stream held for a client that reads slowly (the relay then waits)."""
 EVENT_STREAM = "text/event-stream"
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+_SSE_HEADERS = [(b"content-type", f"{EVENT_STREAM}; charset=utf-8".encode())]
 
 router = APIRouter()
 
@@ -117,7 +121,7 @@ def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, d
         if value is not None and value > limit:
             raise Unprocessable(f"{name}: {value} exceeds the limit of {limit}", param=name)
     mt = body.get("max_completion_tokens") or body.get("max_tokens")
-    deadline = deadline_or_raise(gw, tenant, deadline_s)
+    deadline = gw.tenants.check_deadline(tenant, deadline_s)
     what = route.prompt_field
     n_in = input_tokens(body, what)
     if n_in > limit:
@@ -128,7 +132,7 @@ def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, d
     )
     node = DagNode("chat", CHAT, n_in, mt or route.default_output_tokens)
     plan = calls_plan([[CallSpec(CHAT, node.input_tokens, node.output_tokens)]])
-    admission = admit_or_raise(gw, tenant, 1, plan, deadline)
+    admission = gw.admit(tenant, 1, plan, deadline)
     work = gw.run_workflow(
         tenant, deadline, [node], [CallRequest(route.path, fwd, queue)], route=ROUTE, admission=admission
     )
@@ -199,8 +203,81 @@ async def events(
             run.cancel()
 
 
-def _responses(model: type[BaseModel], what: str, chunk: str) -> dict[int | str, dict[str, Any]]:
-    """A pass-through route's answers: the worker's ``what`` (``model``) or its stream of ``chunk`` events."""
+async def serve(
+    gw: Gateway,
+    tenant: Tenant,
+    route: PassThrough,
+    req: BaseModel,
+    deadline_s: float | None,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """Answer a validated pass-through request over ASGI, for the fast path and the routes alike: the worker's
+    bytes or its stream (a client that leaves cancels the call), or the answer of an error raised before the
+    status line was sent (``headers``: more headers of every answer)."""
+    started = False
+
+    async def start(status: int, head: list[tuple[bytes, bytes]]) -> None:
+        nonlocal started
+        started = True
+        await send({"type": "http.response.start", "status": status, "headers": [*head, *headers]})
+
+    try:
+        call = open_call(gw, tenant, route, req, deadline_s)
+        if call.stream is None:
+            answer = answer_bytes(await until_disconnect(receive, call.work))
+            await start(200, [(b"content-length", str(len(answer)).encode()), *_JSON_HEADERS])
+            await send({"type": "http.response.body", "body": answer})
+            return
+        queue = call.stream
+        run = asyncio.create_task(call.work)
+
+        async def relay() -> None:
+            head = await first_event(run, queue)
+            await start(200, _SSE_HEADERS)
+            async with contextlib.aclosing(events(run, queue, head)) as chunks:
+                async for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        await until_disconnect(receive, relay())
+        return
+    except (GatewayError, DomainError) as exc:
+        resp = error_response(exc)
+    except Exception as exc:
+        resp = internal_error(exc)
+    if not started:  # once the status line is sent nothing more can be said (a stream's errors are events)
+        resp.raw_headers.extend(headers)
+        await resp(scope, receive, send)
+
+
+class Served(Response):
+    """What a pass-through route returns: ``serve`` answers when the framework sends it."""
+
+    def __init__(
+        self, gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, deadline_s: float | None
+    ) -> None:
+        super().__init__()
+        self.call = (gw, tenant, route, req, deadline_s)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the call."""
+        await serve(*self.call, scope, receive, send)
+
+
+def _pass_through_route(route: PassThrough, name: str, model: type[BaseModel], what: str, chunk: str, doc: str) -> None:
+    """Register ``route``'s ``POST`` (``name`` and ``doc``: its operation's): the worker's ``what`` (``model``) or
+    its stream of ``chunk`` events."""
+
+    async def endpoint(
+        req: BaseModel, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
+    ) -> Response:
+        return Served(gw_of(request), tenant, route, req, deadline_header_value(deadline_header))
+
+    endpoint.__name__, endpoint.__doc__ = name, doc
+    endpoint.__annotations__["req"] = route.schema  # the request model the framework validates and documents
     ok = {
         "model": model,
         "description": f"The worker's {what}; with ``stream: true``, its server-sent events.",
@@ -209,48 +286,29 @@ def _responses(model: type[BaseModel], what: str, chunk: str) -> dict[int | str,
             "or ``[DONE]``."
         ),
     }
-    return route_responses(200, 400, 401, 404, 413, 415, 422, 429, 502, 503, 504, ok=ok)
+    responses = route_responses(200, 400, 401, 404, 413, 415, 422, 429, 502, 503, 504, ok=ok)
+    router.post(route.path, response_model=None, responses=responses)(endpoint)
 
 
-@router.post(
-    "/v1/chat/completions",
-    response_model=None,
-    responses=_responses(ChatCompletion, "chat completion", "``chat.completion.chunk``"),
-)
-async def chat(
-    req: ChatCompletionRequest, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
-) -> Response:
+_pass_through_route(
+    CHAT_COMPLETIONS,
+    "chat",
+    ChatCompletion,
+    "chat completion",
+    "``chat.completion.chunk``",
     """OpenAI-compatible chat completions, scheduled as a one-call workflow under the tenant's SLO.
 
     The deadline: the tenant's default or the ``x-hexflow-deadline-s`` header. A client ``priority`` is
-    ignored; unknown fields go to the worker as sent."""
-    return await _serve(request, tenant, CHAT_COMPLETIONS, req, deadline_header)
-
-
-@router.post(
-    "/v1/completions",
-    response_model=None,
-    responses=_responses(Completion, "text completion", "``text_completion`` chunk"),
+    ignored; unknown fields go to the worker as sent.""",
 )
-async def completions(
-    req: CompletionRequest, request: Request, tenant: TenantDep, deadline_header: DeadlineHeader = None
-) -> Response:
-    """OpenAI-compatible text completions (one prompt, ``n`` 1), scheduled like a chat completion."""
-    return await _serve(request, tenant, COMPLETIONS, req, deadline_header)
-
-
-async def _serve(
-    request: Request, tenant: Tenant, route: PassThrough, req: BaseModel, deadline_header: str | None
-) -> Response:
-    gw = gw_of(request)
-    call = open_call(gw, tenant, route, req, deadline_header_value(deadline_header))
-    if call.stream is None:
-        out = await until_disconnect(request.receive, call.work)  # a client that leaves cancels the call
-        return Response(answer_bytes(out), media_type="application/json")
-    run = asyncio.create_task(call.work)
-    # Until the first event the client is watched here, after it by the streaming response.
-    head = await until_disconnect(request.receive, first_event(run, call.stream))
-    return StreamingResponse(events(run, call.stream, head), media_type=EVENT_STREAM)
+_pass_through_route(
+    COMPLETIONS,
+    "completions",
+    Completion,
+    "text completion",
+    "``text_completion`` chunk",
+    "OpenAI-compatible text completions (one prompt, ``n`` 1), scheduled like a chat completion.",
+)
 
 
 @router.get("/v1/models", response_model=ModelList, responses=route_responses(401, 503))

@@ -19,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.core.admission import Admission
 from gateway.core.degrade import QuestionPlan
 from gateway.errors import GatewayError, Unprocessable, error_body
-from gateway.live.deps import TenantDep, deadline_or_raise, gw_of, idempotent
+from gateway.live.deps import TenantDep, gw_of, idempotent
 from gateway.live.idempotency import HEADER, OPENAPI_PARAMETER
 from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
@@ -109,12 +109,6 @@ def _responses() -> dict[int | str, dict[str, Any]]:
     return out
 
 
-def _count_degraded(gw: Gateway, tenant: str, result: Text2SqlResult) -> None:
-    """One ``hexflow_degraded_workflows_total`` per knob the question ran with turned down."""
-    for d in result.degraded:
-        gw.metrics.degraded(tenant, d.step)
-
-
 @dataclass(frozen=True)
 class _Admitted:
     """A question checked and admitted: what answering it needs."""
@@ -135,29 +129,38 @@ class _Admitted:
         on_event: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     ) -> Text2SqlResult:
         """Run the pipeline for the question on its own runner (its workflow takes the admission over when it
-        opens), predicted by the plan admission used."""
+        opens), predicted by the plan admission used; the admission is released after it, whatever happens,
+        and each knob it ran with turned down counted (``hexflow_degraded_workflows_total``)."""
+        WORKFLOW_ID.set(self.request_id)  # this request's context (its log lines)
         runner = GatewayStageRunner(gw, tenant, route=ROUTE, admission=self.admission, request_id=self.request_id)
-        return await service.pipeline.answer(
-            runner,
-            self.db,
-            self.question,
-            self.evidence,
-            self.deadline_s,
-            request_id=self.request_id,
-            on_event=on_event,
-            quality_mode=tenant.quality,
-            plan=self.plan,
-        )
+        try:
+            result = await service.pipeline.answer(
+                runner,
+                self.db,
+                self.question,
+                self.evidence,
+                self.deadline_s,
+                request_id=self.request_id,
+                on_event=on_event,
+                quality_mode=tenant.quality,
+                plan=self.plan,
+            )
+        finally:
+            self.admission.release()
+        for d in result.degraded:
+            gw.metrics.degraded(tenant.name, d.step)
+        return result
 
 
 async def _admit(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, tenant: Tenant) -> _Admitted:
     """Check the question and admit it, predicted by its plan (``Text2SqlPipeline.plan``) at the tenant's floor.
 
-    The answer owns the admission's committed work: the caller releases it on every path (``finally``)."""
+    The answer owns the admission's committed work: ``_Admitted.answer`` releases it (a stream that never
+    started it, too)."""
     db = service.database(req.db_id, tenant=tenant.name, allows=tenant.allows)
     _check_lengths(service, req)
     question, evidence = service.check_question(req.question, req.evidence)
-    deadline = deadline_or_raise(gw, tenant, req.deadline_s)
+    deadline = gw.tenants.check_deadline(tenant, req.deadline_s)
     plan = await service.pipeline.plan(db, tenant.quality)
     admission = gw.admit(tenant, 1, plan.rest(), deadline, question=plan)
     return _Admitted(db, question, evidence, deadline, plan, admission, f"t2s-{uuid.uuid4().hex[:16]}")
@@ -165,13 +168,8 @@ async def _admit(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, te
 
 async def _answer(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, tenant: Tenant) -> Response:
     """Admit and answer one question (the route's work without streaming, once per idempotency key)."""
-    a = await _admit(gw, service, req, tenant)
-    try:
-        WORKFLOW_ID.set(a.request_id)  # this request's context (its log lines)
-        result = await a.answer(gw, service, tenant)
-    finally:
-        a.admission.release()
-    _count_degraded(gw, tenant.name, result)
+    admitted = await _admit(gw, service, req, tenant)
+    result = await admitted.answer(gw, service, tenant)
     return JSONResponse(result.as_dict(), status_code=result.http_status)
 
 
@@ -215,14 +213,12 @@ async def text2sql(req: Text2SqlRequest, request: Request, tenant: TenantDep) ->
     async def produce() -> None:
         try:
             result = await a.answer(gw, service, tenant, on_event)
-            _count_degraded(gw, tenant.name, result)
             await events.put({"event": "result", **result.as_dict()})
         except Exception as exc:  # never a stream that ends in [DONE] with neither a result nor an error
             if not isinstance(exc, GatewayError):
                 log.exception("question %s failed", a.request_id)
             await events.put(_error_event(exc, a.request_id))
         finally:
-            a.admission.release()
             await events.put(None)
 
     task = asyncio.create_task(produce())

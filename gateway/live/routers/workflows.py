@@ -20,7 +20,7 @@ from gateway.core.records import WorkflowOutcome
 from gateway.core.tokens import message_tokens
 from gateway.core.workflow import deadline_met
 from gateway.errors import Unprocessable, UpstreamError
-from gateway.live.deps import TenantDep, admit_or_raise, deadline_or_raise, gw_of, idempotent
+from gateway.live.deps import TenantDep, gw_of, idempotent
 from gateway.live.idempotency import OPENAPI_PARAMETER
 from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
@@ -209,7 +209,7 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
         raise Unprocessable(
             f"calls: {len(req.calls)} calls exceed the limit of {lim.max_calls_per_workflow}", param="calls"
         )
-    deadline = deadline_or_raise(gw, tenant, req.deadline_s)
+    deadline = gw.tenants.check_deadline(tenant, req.deadline_s)
     wf_id = new_workflow_id()
     WORKFLOW_ID.set(wf_id)  # this request's context (its log lines)
     salt = _key("salt", wf_id)
@@ -235,7 +235,7 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
         nodes.append(DagNode(c.id, c.kind, n_in, n_out, tuple(c.depends_on), shared))
         requests.append(cr)
     validate_nodes(nodes)  # DagError: 422 naming the call
-    admission = admit_or_raise(gw, tenant, len(nodes), dag_plan(nodes), deadline)
+    admission = gw.admit(tenant, len(nodes), dag_plan(nodes), deadline)
     template = TEMPLATES[req.template] if req.template else None
     # A client that leaves cancels the workflow (queued calls dropped, worker requests aborted).
     out = await gw.run_workflow(
