@@ -20,7 +20,7 @@ import httpx
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
 from gateway.bench.rig import Rig, bench_folder, bench_tenant, live_rig, sampling, say_stderr
 from gateway.bench.simbench import Setup
-from gateway.bench.stats import fmt, table
+from gateway.bench.stats import fmt, json_safe, positive, table
 from gateway.config import ClusterConfig, GpuCatalog, build_workers, load_cluster, load_cluster_config, load_gpu_catalog
 from gateway.core.profile import PerfProfile
 from gateway.core.records import CallOutcome
@@ -54,15 +54,30 @@ class RefitEvent:
 
 
 @dataclass
-class MislabelRun:
-    """One simulated run: shares per window, outcomes, refits, the watched worker's ``(time, kind -> ratio)``
-    at every refit check."""
+class _Run:
+    """What a simulated and a live run both report: the watched worker's share per window, its share of the
+    second half of the calls, SLO attainment and P95."""
 
     name: str
-    windows: list[list[float]]
+    windows: list[Any]
     late_share: float
     slo_attainment: float
     p95_s: float
+
+    def outcome_cells(self) -> list[str]:
+        """Late share, SLO and P95 as printed."""
+        return [f"{self.late_share:.3f}", fmt(self.slo_attainment, 3), fmt(self.p95_s)]
+
+    def to_json(self) -> dict[str, Any]:
+        """The run as plain data (non-finite numbers null)."""
+        return json_safe(asdict(self))
+
+
+@dataclass
+class MislabelRun(_Run):
+    """One simulated run: shares per window, outcomes, refits, the watched worker's ``(time, kind -> ratio)``
+    at every refit check."""
+
     calls: int
     final_constants: tuple[float, float, float, float]
     final_latency_ratio: float
@@ -72,42 +87,59 @@ class MislabelRun:
 
     def to_json(self) -> dict[str, Any]:
         """The run as plain data."""
-        return {
-            **asdict(self),
-            "p95_s": self.p95_s if math.isfinite(self.p95_s) else None,
-            "ratios": [{"t": t, "ratios": r} for t, r in self.ratios],
-        }
+        return {**super().to_json(), "ratios": [{"t": t, "ratios": r} for t, r in self.ratios]}
 
 
 @dataclass
-class MislabelReport:
-    """The four runs and the setting."""
+class _Report:
+    """What a simulated and a live report both hold: the scenario and the runs by name."""
 
     cluster: str
     worker: str
     label: str
     rate_qps: float
     workflows: int
-    window: int
     settings: RefitSettings
+    runs: dict[str, Any]
+
+    def _share_closer(self) -> bool:
+        """mislabel+refit's late share is nearer the correct run's than mislabel's."""
+        right = self.runs["correct"].late_share
+        return abs(self.runs["mislabel+refit"].late_share - right) < abs(self.runs["mislabel"].late_share - right)
+
+    def refit_helped(self) -> bool:
+        """The refit moved the worker's late share toward the correct run's."""
+        return self._share_closer()
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain data."""
+        runs = {k: r.to_json() for k, r in self.runs.items()}
+        return {**asdict(self), "runs": runs, "refit_helped": self.refit_helped()}
+
+    def verdict(self) -> str:
+        """The closing line's verdict."""
+        return "refit helped" if self.refit_helped() else "refit did NOT bring the share back"
+
+
+@dataclass
+class MislabelReport(_Report):
+    """The four simulated runs and the setting."""
+
+    window: int
     worker_names: list[str]
     engine_constants: tuple[float, float, float, float]
     label_constants: tuple[float, float, float, float]
     label_latency_ratio: float
-    runs: dict[str, MislabelRun]
 
     def refit_helped(self) -> bool:
         """The refit moved the late share toward the correct run's and the profile converged."""
-        right = self.runs["correct"].late_share
-        fixed = self.runs["mislabel+refit"]
-        closer = abs(fixed.late_share - right) < abs(self.runs["mislabel"].late_share - right)
-        return closer and fixed.converged_after_calls is not None
+        return self._share_closer() and self.runs["mislabel+refit"].converged_after_calls is not None
 
     def to_json(self) -> dict[str, Any]:
         """The report as plain data."""
-        doc = asdict(self)
-        doc.update(workers=doc.pop("worker_names"), runs={k: r.to_json() for k, r in self.runs.items()})
-        return {**doc, "refit_helped": self.refit_helped()}
+        doc = super().to_json()
+        doc["workers"] = doc.pop("worker_names")
+        return doc
 
 
 class _Recording(Refitter):
@@ -150,8 +182,7 @@ def run_mislabel(
     policy: str = "hexgen",
 ) -> MislabelReport:
     """Simulate the four runs (``RUNS``). ``ValueError`` for an unknown worker or label."""
-    if not (rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"rate must be a positive number, got {rate}")
+    positive("rate", rate)
     if n_workflows < 10 or window < 10:
         raise ValueError("at least 10 workflows and windows of at least 10 calls are needed")
     s = settings if settings is not None else DEFAULT_SETTINGS
@@ -174,8 +205,8 @@ def run_mislabel(
         for name, ws, refit in plans
     }
     return MislabelReport(
-        cluster, worker, label, rate, n_workflows, window, s, names, constants_of(workers[w].profile)[:4],
-        constants_of(lab)[:4], workflow_latency(lab) / ref, runs,
+        cluster, worker, label, rate, n_workflows, s, runs, window, names, constants_of(workers[w].profile)[:4],
+        constants_of(lab)[:4], workflow_latency(lab) / ref,
     )  # fmt: skip
 
 
@@ -262,10 +293,6 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def _outcome_cells(r: MislabelRun | LiveMislabelRun) -> list[str]:
-    return [f"{r.late_share:.3f}", fmt(r.slo_attainment, 3), fmt(r.p95_s)]
-
-
 def format_mislabel_report(rep: MislabelReport) -> str:
     """The text ``hexflow bench mislabel`` prints."""
     w = rep.worker_names.index(rep.worker)
@@ -284,7 +311,7 @@ def format_mislabel_report(rep: MislabelReport) -> str:
     for name, r in rep.runs.items():
         converged = "-" if r.converged_after_calls is None else str(r.converged_after_calls)
         applied = str(sum(1 for e in r.refits if e.result == "applied"))
-        row = [name, *_outcome_cells(r), f"{r.final_latency_ratio:.2f}", converged, applied]
+        row = [name, *r.outcome_cells(), f"{r.final_latency_ratio:.2f}", converged, applied]
         rows.append(row)
     heads = ["run", "late share", "SLO", "P95 s", "latency ratio", "converged after calls", "refits applied"]
     lines.append(table(heads, rows))
@@ -312,60 +339,33 @@ def format_mislabel_report(rep: MislabelReport) -> str:
         mb = sum(b.values()) / len(b) if b else 1.0
         pairs.append(f"{t:.0f}s {ma:.2f}/{mb:.2f}")
     lines.append("  " + ", ".join(pairs[:24]) + (" ..." if len(pairs) > 24 else ""))
-    verdict = "refit helped" if rep.refit_helped() else "refit did NOT bring the share back"
     lines += [
         "",
         f"late share: correct {rep.runs['correct'].late_share:.3f}, mislabel {mis.late_share:.3f}, "
-        f"mislabel+refit {fixed.late_share:.3f}: {verdict}",
+        f"mislabel+refit {fixed.late_share:.3f}: {rep.verdict()}",
     ]
     return "\n".join(lines)
 
 
 @dataclass
-class LiveMislabelRun:
+class LiveMislabelRun(_Run):
     """One live run: the mislabelled worker's share of completed calls per window (``(end of window in modelled
     s, share, calls)``), outcomes, refits, the times the gateway's outlier detection ejected it (a mislabelled
     worker looks slow to it), and what ``/v1/status`` said about it at every poll."""
 
-    name: str
-    windows: list[tuple[float, float, int]]
-    late_share: float
-    slo_attainment: float
-    p95_s: float
     refits_applied: int
     refit_attempts: int
     final_profile: dict[str, Any]
     ejections: int = 0
     points: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        """The run as plain data."""
-        return {**asdict(self), "p95_s": self.p95_s if math.isfinite(self.p95_s) else None}
-
 
 @dataclass
-class LiveMislabelReport:
+class LiveMislabelReport(_Report):
     """The live runs and the setting."""
 
-    cluster: str
-    worker: str
-    label: str
-    rate_qps: float
-    workflows: int
     time_scale: float
-    settings: RefitSettings
-    runs: dict[str, LiveMislabelRun]
     wall_s: float
-
-    def refit_helped(self) -> bool:
-        """The refit moved the worker's late share toward the correct run's."""
-        right = self.runs["correct"].late_share
-        return abs(self.runs["mislabel+refit"].late_share - right) < abs(self.runs["mislabel"].late_share - right)
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as plain data."""
-        runs = {k: r.to_json() for k, r in self.runs.items()}
-        return {**asdict(self), "runs": runs, "refit_helped": self.refit_helped()}
 
 
 async def _replay_and_poll(
@@ -441,8 +441,7 @@ def run_mislabel_live(
     naming ``profile: LABEL`` for the worker, the share measured on completed calls polled from ``/v1/status``
     every ``window_s / 4`` modelled seconds. Subprocess logs go to ``log_dir``."""
     log = say if say is not None else say_stderr
-    if not (time_scale > 0 and math.isfinite(time_scale)):
-        raise ValueError(f"time scale must be a positive number, got {time_scale}")
+    positive("time scale", time_scale)
     if not (rate > 0 and math.isfinite(rate)) or not window_s > 0:
         raise ValueError("rate and window must be positive")
     s = settings if settings is not None else DEFAULT_SETTINGS
@@ -478,7 +477,7 @@ def run_mislabel_live(
             run = runs[name] = LiveMislabelRun(name, windows, *outcome)
             log(f"{name}: late share {run.late_share:.3f}, SLO {run.slo_attainment:.3f}, refits {run.refits_applied}")
     return LiveMislabelReport(
-        right.name, worker, label, rate, len(workload), time_scale, s, runs, time.monotonic() - t_start
+        right.name, worker, label, rate, len(workload), s, runs, time_scale, time.monotonic() - t_start
     )
 
 
@@ -515,9 +514,8 @@ def format_live_mislabel_report(rep: LiveMislabelReport) -> str:
         base = (r.final_profile.get("constants") or {}).get("iter_base_s", math.nan)
         source = str(r.final_profile.get("source", "-"))
         refits = f"{r.refits_applied}/{r.refit_attempts}"
-        rows.append([name, *_outcome_cells(r), source, f"{base:.4g}", refits, str(r.ejections)])
+        rows.append([name, *r.outcome_cells(), source, f"{base:.4g}", refits, str(r.ejections)])
     head = ["run", "late share", "SLO", "P95 s", "profile source", "iter_base_s", "refits applied", "ejections"]
     lines.append(table(head, rows))
-    verdict = "refit helped" if rep.refit_helped() else "refit did NOT bring the share back"
-    lines += ["", f"late share: {', '.join(f'{k} {r.late_share:.3f}' for k, r in rep.runs.items())}: {verdict}"]
+    lines += ["", f"late share: {', '.join(f'{k} {r.late_share:.3f}' for k, r in rep.runs.items())}: {rep.verdict()}"]
     return "\n".join(lines)
