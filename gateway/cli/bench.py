@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from functools import partial
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -367,6 +368,10 @@ def _live(
     return 0
 
 
+_BURST_FIGURES = (("attainment", 3), ("goodput_share", 3), ("goodput_qps", 4), ("accuracy", 3), ("degraded_share", 3))
+"""``bench burst``'s columns after the policy: ``Outcome`` figures (means over the seeds) and their decimals."""
+
+
 def format_burst(report: BurstReport) -> str:
     """One table per (pattern, load): the variants' figures and their ratio to the best baseline."""
     lines = [
@@ -380,16 +385,9 @@ def format_burst(report: BurstReport) -> str:
         rows = []
         for p in report.at(pattern, load):
             r = report.ratio(pattern, load, p.variant)
+            figures = (f"{p.mean(attrgetter(k)):.{digits}f}" for k, digits in _BURST_FIGURES)
             rows.append(
-                [
-                    p.variant,
-                    f"{p.mean(lambda o: o.attainment):.3f}",
-                    f"{p.mean(lambda o: o.goodput_share):.3f}",
-                    f"{p.mean(lambda o: o.goodput_qps):.4f}",
-                    f"{p.mean(lambda o: o.accuracy):.3f}",
-                    f"{p.mean(lambda o: o.degraded_share):.3f}",
-                    "-" if r is None else f"{r[0]:.2f}x (" + ", ".join(f"{x:.2f}" for x in r[1]) + ")",
-                ]
+                [p.variant, *figures, "-" if r is None else f"{r[0]:.2f}x ({', '.join(f'{x:.2f}' for x in r[1])})"]
             )
         lines.append("")
         lines.append(

@@ -133,23 +133,14 @@ def _usd(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def _row(c: Candidate, rate: float, answer: bool) -> list[str]:
-    att = c.min_attainment
-    if c.verdict == "pruned":
-        verdict = "pruned: bound < rate"
-    elif c.verdict == "failed":
-        verdict = "missed the SLO"
-    else:
-        verdict = "meets the SLO  <- answer" if answer else "meets the SLO"
-    return [
-        c.label,
-        verdict,
-        str(c.workers),
-        _usd(c.usd_per_hour),
-        f"{c.bound_qps:.4f}",
-        "-" if att is None else f"{att:.3f}",
-        fmt(max(c.p95_s)) if c.p95_s else "-",
-    ]
+_VERDICTS = {"pruned": "pruned: bound < rate", "failed": "missed the SLO", "met": "meets the SLO"}
+
+
+def _row(c: Candidate, answer: bool) -> list[str]:
+    verdict = _VERDICTS[c.verdict] + ("  <- answer" if answer else "")
+    att = "-" if c.min_attainment is None else f"{c.min_attainment:.3f}"
+    p95 = fmt(max(c.p95_s)) if c.p95_s else "-"
+    return [c.label, verdict, str(c.workers), _usd(c.usd_per_hour), f"{c.bound_qps:.4f}", att, p95]
 
 
 def format_plan_report(report: PlanReport, *, show: int = 5) -> str:
@@ -177,9 +168,9 @@ def format_plan_report(report: PlanReport, *, show: int = 5) -> str:
         f"mixes: {report.total_mixes} of up to {s.max_workers} workers, by {report.objective} "
         f"(a worker: {per_worker}){budget}"
     )
-    rows = [_row(c, s.rate_qps, False) for c in report.next_cheaper(show)]
+    rows = [_row(c, False) for c in report.next_cheaper(show)]
     if report.answer is not None:
-        rows.append(_row(report.answer, s.rate_qps, True))
+        rows.append(_row(report.answer, True))
     if rows:
         lines += ["", table(["mix", "verdict", "workers", "usd/h", "bound_qps", "slo_min", "p95_s"], rows, left=2)]
     lines.append("")
