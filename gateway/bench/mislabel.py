@@ -39,6 +39,22 @@ RUNS = ("correct", "correct+refit", "mislabel", "mislabel+refit")
 DEFAULT_SETTINGS = RefitSettings(interval_s=30.0, min_calls=100, window_calls=600)
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """What the simulated and the live benchmark share: which worker of which cluster is labelled with which
+    GPU's profile, the traffic (chess-bird workflows per second, seed) and the refit's settings."""
+
+    cluster: str = "paper-4gpu"
+    worker: str = "L40S-3"
+    label: str = "A100"
+    rate: float = 0.2
+    seed: int = 0
+    settings: RefitSettings = DEFAULT_SETTINGS
+
+    def __post_init__(self) -> None:
+        positive("rate", self.rate)
+
+
 @dataclass(frozen=True, slots=True)
 class RefitEvent:
     """One refit attempt of a run; ``latency_ratio``: the worker's predicted standard-workflow latency after it
@@ -170,22 +186,13 @@ def _converged_after(events: Sequence[RefitEvent], start_ratio: float) -> int | 
 
 
 def run_mislabel(
-    *,
-    cluster: str = "paper-4gpu",
-    worker: str = "L40S-3",
-    label: str = "A100",
-    rate: float = 0.2,
-    n_workflows: int = 400,
-    window: int = 500,
-    seed: int = 0,
-    settings: RefitSettings | None = None,
-    policy: str = "hexgen",
+    scenario: Scenario | None = None, *, n_workflows: int = 400, window: int = 500, policy: str = "hexgen"
 ) -> MislabelReport:
     """Simulate the four runs (``RUNS``). ``ValueError`` for an unknown worker or label."""
-    positive("rate", rate)
+    sc = scenario if scenario is not None else Scenario()
     if n_workflows < 10 or window < 10:
         raise ValueError("at least 10 workflows and windows of at least 10 calls are needed")
-    s = settings if settings is not None else DEFAULT_SETTINGS
+    cluster, worker, label, seed = sc.cluster, sc.worker, sc.label, sc.seed
     catalog = load_gpu_catalog()
     workers = load_cluster(cluster, catalog)
     names = [w.name for w in workers]
@@ -201,12 +208,12 @@ def run_mislabel(
     plans = [("correct", workers, False), ("correct+refit", workers, True), ("mislabel", mis, False)]
     plans.append(("mislabel+refit", mis, True))
     runs = {
-        name: _simulated_run(name, ws, refit, setup, rate, w, window, s, policy, [x.profile for x in workers])
+        name: _simulated_run(name, ws, refit, setup, sc, w, window, policy, [x.profile for x in workers])
         for name, ws, refit in plans
     }
     return MislabelReport(
-        cluster, worker, label, rate, n_workflows, s, runs, window, names, constants_of(workers[w].profile)[:4],
-        constants_of(lab)[:4], workflow_latency(lab) / ref,
+        cluster, worker, label, sc.rate, n_workflows, sc.settings, runs, window, names,
+        constants_of(workers[w].profile)[:4], constants_of(lab)[:4], workflow_latency(lab) / ref,
     )  # fmt: skip
 
 
@@ -228,20 +235,19 @@ def _simulated_run(
     ws: list[WorkerInfo],
     refit: bool,
     setup: Setup,
-    rate: float,
+    sc: Scenario,
     w: int,
     window: int,
-    s: RefitSettings,
     policy: str,
     truth: list[PerfProfile],
 ) -> MislabelRun:
     """One simulated run on workers ``ws`` whose engines run ``truth``, worker ``w`` watched."""
     ref = workflow_latency(truth[w])
-    rec = _Recording(s, w, refit)
+    rec = _Recording(sc.settings, w, refit)
     sim = Simulator(
         ws, policy, seed=setup.seed, record_calls=True, prefix_caching=True, engine_profiles=truth, refit=rec
     )
-    wfs = setup.workflows(rate)
+    wfs = setup.workflows(sc.rate)
     res = sim.run(wfs)
     summ = summarize(res, total=len(wfs))
     calls = sorted(res.calls, key=lambda c: c.ready)
@@ -423,16 +429,11 @@ def _late_share(points: Sequence[dict[str, Any]], worker: str) -> float:
 
 
 def run_mislabel_live(
+    scenario: Scenario | None = None,
     *,
-    cluster: str = "paper-4gpu",
-    worker: str = "L40S-3",
-    label: str = "A100",
-    rate: float = 0.2,
     n_workflows: int = 200,
     time_scale: float = 0.05,
     window_s: float = 100.0,
-    seed: int = 0,
-    settings: RefitSettings | None = None,
     log_dir: Path | None = None,
     say: Any = None,
 ) -> LiveMislabelReport:
@@ -441,15 +442,15 @@ def run_mislabel_live(
     naming ``profile: LABEL`` for the worker, the share measured on completed calls polled from ``/v1/status``
     every ``window_s / 4`` modelled seconds. Subprocess logs go to ``log_dir``."""
     log = say if say is not None else say_stderr
+    sc = scenario if scenario is not None else Scenario()
     positive("time scale", time_scale)
-    if not (rate > 0 and math.isfinite(rate)) or not window_s > 0:
-        raise ValueError("rate and window must be positive")
-    s = settings if settings is not None else DEFAULT_SETTINGS
+    positive("window", window_s)
+    cluster, worker, label, seed, s = sc.cluster, sc.worker, sc.label, sc.seed, sc.settings
     right, wrong = _labelled_cluster(cluster, worker, label)
     setup = replay_setup(
         "chess-bird", build_workers(right, load_gpu_catalog()), workflows=n_workflows, seed=seed, slo_scale=3.0
     )
-    workload = replay_workload(setup, rate)
+    workload = replay_workload(setup, sc.rate)
     refit = {
         "interval_s": s.interval_s * time_scale,
         "min_calls": max(s.min_calls, 20),
@@ -477,7 +478,7 @@ def run_mislabel_live(
             run = runs[name] = LiveMislabelRun(name, windows, *outcome)
             log(f"{name}: late share {run.late_share:.3f}, SLO {run.slo_attainment:.3f}, refits {run.refits_applied}")
     return LiveMislabelReport(
-        right.name, worker, label, rate, len(workload), s, runs, time_scale, time.monotonic() - t_start
+        right.name, worker, label, sc.rate, len(workload), s, runs, time_scale, time.monotonic() - t_start
     )
 
 
