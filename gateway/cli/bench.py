@@ -263,16 +263,12 @@ TUNER = Command(
 
 
 def _floats(name: str, text: str) -> list[float]:
-    out: list[float] = []
-    for part in text.split(","):
-        try:
-            v = float(part)
-        except ValueError:
-            raise UsageError(f"{name}: expected comma-separated numbers, got {part!r}") from None
-        if not 0 < v <= 2:
-            raise UsageError(f"{name}: each load must be a share of the fluid bound in (0, 2], got {v}")
-        out.append(v)
-    return out
+    """``--loads``: comma-separated shares of the fluid bound in (0, 2], else a ``UsageError`` naming ``name``."""
+    with usage_errors(f"{name}: ", argparse.ArgumentTypeError):
+        loads = positive_floats(text)
+    if max(loads) > 2:
+        raise UsageError(f"{name}: each load must be a share of the fluid bound in (0, 2], got {max(loads)}")
+    return loads
 
 
 def cmd_bench_burst(args: argparse.Namespace) -> int:
@@ -304,9 +300,9 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
         return _live(args, workers, patterns[0], loads[0], variants, workflows, seeds)
     trace, queries = workload_queries(args.trace, workflows, args.seed)
     base = Setup(
-        workers=workers,
-        queries=queries,
-        trace=trace,
+        workers,
+        queries,
+        trace,
         n_workflows=workflows,
         n_seeds=seeds,
         **pick(args, "slo_scale", "seed", "prefix_caching"),
