@@ -237,18 +237,17 @@ def run_burst(
     variants: Sequence[str],
     quality: QualityModel,
     *,
-    full_accuracy: float | None = None,
     progress: Callable[[int], object] | None = None,
     cluster: str = "",
 ) -> BurstReport:
     """Measure every variant at every (pattern, load) on every seed of ``base``.
 
-    ``loads`` are shares of ``base``'s fluid bound; ``full_accuracy`` defaults to the model's accuracy at
-    the pipeline's full setting.
+    ``loads`` are shares of ``base``'s fluid bound; a workflow that did not degrade is as accurate as the model
+    at the pipeline's full setting.
     """
     from gateway.core.degrade import Knobs
 
-    acc_full = full_accuracy if full_accuracy is not None else quality.accuracy(Knobs(2, 10, True))
+    acc_full = quality.accuracy(Knobs(2, 10, True))
     bound = base.bound.rate_qps
     parsed = [(v, *parse_variant(v)) for v in variants]
     points: list[BurstPoint] = []
@@ -285,11 +284,9 @@ def timeline(
     variants: Sequence[str],
     quality: QualityModel,
     *,
-    seed: int | None = None,
     windows: int = 40,
 ) -> Timeline:
-    """One seed's run of each variant, cut into ``windows`` windows of arrival time (see ``Timeline``)."""
-    s = base.seed if seed is None else seed
+    """The base seed's run of each variant, cut into ``windows`` windows of arrival time (see ``Timeline``)."""
     starts: list[float] = []
     att: dict[str, list[float]] = {}
     deg: dict[str, list[float]] = {}
@@ -297,7 +294,7 @@ def timeline(
     width = 0.0
     for variant in variants:
         policy, mode = parse_variant(variant)
-        wfs, res, span = simulate_once(_setup_for(base, pattern, mode, quality), policy, rate, s)
+        wfs, res, span = simulate_once(_setup_for(base, pattern, mode, quality), policy, rate, base.seed)
         t0 = wfs[0].arrival
         width = max(span / windows, 1e-9)
         by_id = {r.wid: r for r in res.workflows}
