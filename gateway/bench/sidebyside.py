@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.bench.enginetime import EngineTime, bound_engine_time
+from gateway.bench.enginetime import EngineTime, bound_engine_time, engine_time_of
 from gateway.bench.simbench import (
     REL_TOL,
     TARGET,
@@ -23,7 +23,7 @@ from gateway.bench.simbench import (
     PointResult,
     ProgressFn,
     Setup,
-    engine_time_at,
+    simulate,
     tuned_alpha,
 )
 from gateway.bench.stats import Spread, finite_or_none, pyplot, run_header, save_figure, spread
@@ -378,7 +378,7 @@ def _add_engine_time(report: BenchReport, setup: Setup, policies: Sequence[str])
     if ref is None or not math.isfinite(setup.bound.rate_qps):
         return
     for p in dict.fromkeys(x for x in (ours, best) if x is not None):
-        rows = engine_time_at(setup, p, ref, alpha=report.policies[p].alpha)
+        rows = engine_time_of(*simulate(setup, p, ref, alpha=report.policies[p].alpha)[:2])
         if rows:
             report.engine_time[p] = rows
     if report.engine_time:
