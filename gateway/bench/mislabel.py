@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 
@@ -106,8 +106,11 @@ class MislabelRun(_Run):
         return {**super().to_json(), "ratios": [{"t": t, "ratios": r} for t, r in self.ratios]}
 
 
+R = TypeVar("R", bound=_Run)
+
+
 @dataclass
-class _Report:
+class _Report(Generic[R]):
     """What a simulated and a live report both hold: the scenario and the runs by name."""
 
     cluster: str
@@ -116,7 +119,7 @@ class _Report:
     rate_qps: float
     workflows: int
     settings: RefitSettings
-    runs: dict[str, Any]
+    runs: dict[str, R]
 
     def _share_closer(self) -> bool:
         """mislabel+refit's late share is nearer the correct run's than mislabel's."""
@@ -138,7 +141,7 @@ class _Report:
 
 
 @dataclass
-class MislabelReport(_Report):
+class MislabelReport(_Report[MislabelRun]):
     """The four simulated runs and the setting."""
 
     window: int
@@ -367,7 +370,7 @@ class LiveMislabelRun(_Run):
 
 
 @dataclass
-class LiveMislabelReport(_Report):
+class LiveMislabelReport(_Report[LiveMislabelRun]):
     """The live runs and the setting."""
 
     time_scale: float
