@@ -314,14 +314,12 @@ def format_mislabel_report(rep: MislabelReport) -> str:
         f"share of {rep.worker} per window of {rep.window} calls (dispatch order):",
     ]
     cells = {name: [f"{x[w]:.3f}" for x in rep.runs[name].windows] for name in RUNS}
-    lines.append(_windows_table("calls", lambda i: f"{i * rep.window}-{(i + 1) * rep.window - 1}", cells))
-    lines.append("")
+    lines += [_windows_table("calls", lambda i: f"{i * rep.window}-{(i + 1) * rep.window - 1}", cells), ""]
     rows = []
     for name, r in rep.runs.items():
         converged = "-" if r.converged_after_calls is None else str(r.converged_after_calls)
         applied = str(sum(1 for e in r.refits if e.result == "applied"))
-        row = [name, *r.outcome_cells(), f"{r.final_latency_ratio:.2f}", converged, applied]
-        rows.append(row)
+        rows.append([name, *r.outcome_cells(), f"{r.final_latency_ratio:.2f}", converged, applied])
     heads = ["run", "late share", "SLO", "P95 s", "latency ratio", "converged after calls", "refits applied"]
     lines.append(table(heads, rows))
     fixed = rep.runs["mislabel+refit"]
@@ -511,8 +509,7 @@ def format_live_mislabel_report(rep: LiveMislabelReport) -> str:
         f"share of {rep.worker} in the calls completed per window (modelled seconds):",
     ]
     cells = {name: [f"{x[1]:.3f} ({x[2]})" for x in r.windows] for name, r in rep.runs.items()}
-    lines.append(_windows_table("window", lambda i: str(i + 1), cells))
-    lines.append("")
+    lines += [_windows_table("window", lambda i: str(i + 1), cells), ""]
     rows = []
     for name, r in rep.runs.items():
         base = (r.final_profile.get("constants") or {}).get("iter_base_s", math.nan)
