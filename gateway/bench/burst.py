@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from operator import attrgetter
@@ -298,23 +299,20 @@ def timeline(
         t0 = wfs[0].arrival
         width = max(span / windows, 1e-9)
         by_id = {r.wid: r for r in res.workflows}
-        n = [0] * windows
-        met = [0] * windows
-        dg = [0] * windows
-        for wf in wfs:
-            k = min(int((wf.arrival - t0) / width), windows - 1)
-            n[k] += 1
-            r = by_id.get(wf.wid)
-            if r is not None and r.met:
-                met[k] += 1
-            if r is not None and r.degraded:
-                dg[k] += 1
-        att[variant] = [m / c if c else math.nan for m, c in zip(met, n, strict=True)]
-        deg[variant] = [d / c if c else math.nan for d, c in zip(dg, n, strict=True)]
+        slots = [(min(int((wf.arrival - t0) / width), windows - 1), by_id.get(wf.wid)) for wf in wfs]
+        att[variant], deg[variant] = _window_shares(slots, windows, "met"), _window_shares(slots, windows, "degraded")
         if not qps:
+            n = Counter(k for k, _ in slots)
             starts = [k * width for k in range(windows)]
-            qps = [c / width for c in n]
+            qps = [n[k] / width for k in range(windows)]
     return Timeline(width, starts, qps, att, deg)
+
+
+def _window_shares(slots: Sequence[tuple[int, Any]], windows: int, flag: str) -> list[float]:
+    """Per window, the share of its arrivals (``(window, outcome or None)``) whose outcome has ``flag`` set (NaN
+    for a window without arrivals)."""
+    n, hits = Counter(k for k, _ in slots), Counter(k for k, r in slots if r is not None and getattr(r, flag))
+    return [hits[k] / n[k] if n[k] else math.nan for k in range(windows)]
 
 
 def plot_burst(report: BurstReport, tl: Timeline | None, path: Path, *, title: str = "") -> None:
