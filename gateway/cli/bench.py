@@ -286,9 +286,9 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
         return _live(args, workers, patterns[0], loads[0], variants, workflows, seeds)
     trace, queries = workload_queries(args.trace, workflows, args.seed)
     base = Setup(
-        workers,
-        queries,
-        trace,
+        workers=workers,
+        queries=queries,
+        trace=trace,
         n_workflows=workflows,
         n_seeds=seeds,
         **pick(args, "slo_scale", "seed", "prefix_caching"),
