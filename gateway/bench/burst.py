@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from operator import attrgetter
@@ -237,18 +238,17 @@ def run_burst(
     variants: Sequence[str],
     quality: QualityModel,
     *,
-    full_accuracy: float | None = None,
     progress: Callable[[int], object] | None = None,
     cluster: str = "",
 ) -> BurstReport:
     """Measure every variant at every (pattern, load) on every seed of ``base``.
 
-    ``loads`` are shares of ``base``'s fluid bound; ``full_accuracy`` defaults to the model's accuracy at
-    the pipeline's full setting.
+    ``loads`` are shares of ``base``'s fluid bound; a workflow that did not degrade is as accurate as the model
+    at the pipeline's full setting.
     """
     from gateway.core.degrade import Knobs
 
-    acc_full = full_accuracy if full_accuracy is not None else quality.accuracy(Knobs(2, 10, True))
+    acc_full = quality.accuracy(Knobs(2, 10, True))
     bound = base.bound.rate_qps
     parsed = [(v, *parse_variant(v)) for v in variants]
     points: list[BurstPoint] = []
@@ -285,11 +285,9 @@ def timeline(
     variants: Sequence[str],
     quality: QualityModel,
     *,
-    seed: int | None = None,
     windows: int = 40,
 ) -> Timeline:
-    """One seed's run of each variant, cut into ``windows`` windows of arrival time (see ``Timeline``)."""
-    s = base.seed if seed is None else seed
+    """The base seed's run of each variant, cut into ``windows`` windows of arrival time (see ``Timeline``)."""
     starts: list[float] = []
     att: dict[str, list[float]] = {}
     deg: dict[str, list[float]] = {}
@@ -297,27 +295,24 @@ def timeline(
     width = 0.0
     for variant in variants:
         policy, mode = parse_variant(variant)
-        wfs, res, span = simulate_once(_setup_for(base, pattern, mode, quality), policy, rate, s)
+        wfs, res, span = simulate_once(_setup_for(base, pattern, mode, quality), policy, rate, base.seed)
         t0 = wfs[0].arrival
         width = max(span / windows, 1e-9)
         by_id = {r.wid: r for r in res.workflows}
-        n = [0] * windows
-        met = [0] * windows
-        dg = [0] * windows
-        for wf in wfs:
-            k = min(int((wf.arrival - t0) / width), windows - 1)
-            n[k] += 1
-            r = by_id.get(wf.wid)
-            if r is not None and r.met:
-                met[k] += 1
-            if r is not None and r.degraded:
-                dg[k] += 1
-        att[variant] = [m / c if c else math.nan for m, c in zip(met, n, strict=True)]
-        deg[variant] = [d / c if c else math.nan for d, c in zip(dg, n, strict=True)]
+        slots = [(min(int((wf.arrival - t0) / width), windows - 1), by_id.get(wf.wid)) for wf in wfs]
+        att[variant], deg[variant] = _window_shares(slots, windows, "met"), _window_shares(slots, windows, "degraded")
         if not qps:
+            n = Counter(k for k, _ in slots)
             starts = [k * width for k in range(windows)]
-            qps = [c / width for c in n]
+            qps = [n[k] / width for k in range(windows)]
     return Timeline(width, starts, qps, att, deg)
+
+
+def _window_shares(slots: Sequence[tuple[int, Any]], windows: int, flag: str) -> list[float]:
+    """Per window, the share of its arrivals (``(window, outcome or None)``) whose outcome has ``flag`` set (NaN
+    for a window without arrivals)."""
+    n, hits = Counter(k for k, _ in slots), Counter(k for k, r in slots if r is not None and getattr(r, flag))
+    return [hits[k] / n[k] if n[k] else math.nan for k in range(windows)]
 
 
 def plot_burst(report: BurstReport, tl: Timeline | None, path: Path, *, title: str = "") -> None:

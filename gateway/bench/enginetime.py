@@ -112,16 +112,11 @@ def format_engine_time(run: Sequence[EngineTime], bound: Sequence[EngineTime]) -
     def seconds(r: EngineTime, b: EngineTime) -> list[str]:
         return [_pair(getattr(r, k), getattr(b, k)) for k in ("calls", "base_s", "token_s", "other_s", "total_s")]
 
-    rows = [
-        [
-            r.name,
-            *seconds(r, b),
-            f"{r.busy:.1%} / {b.busy:.1%}",
-            _pair(r.batch, b.batch, 1),
-            f"{r.prefix_hit:.1%}" if r.prefix_hit is not None else "-",
-        ]
-        for r, b in zip(run, bound, strict=True)
-    ]
+    def row(r: EngineTime, b: EngineTime) -> list[str]:
+        hit = f"{r.prefix_hit:.1%}" if r.prefix_hit is not None else "-"
+        return [r.name, *seconds(r, b), f"{r.busy:.1%} / {b.busy:.1%}", _pair(r.batch, b.batch, 1), hit]
+
+    rows = [row(r, b) for r, b in zip(run, bound, strict=True)]
     run_all, bound_all = _summed("all", run), _summed("all", bound)
     rows.append(["all", *seconds(run_all, bound_all), "", "", ""])
     head = ["engine", "calls/wf", "base s/wf", "tokens s/wf", "other s/wf", "busy s/wf", "busy", "batch", "prefix hit"]

@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
 from gateway.bench.rig import Rig, bench_folder, bench_tenant, live_rig, sampling, say_stderr
 from gateway.bench.simbench import Setup
-from gateway.bench.stats import fmt, table
+from gateway.bench.stats import fmt, json_safe, positive, table
 from gateway.config import ClusterConfig, GpuCatalog, build_workers, load_cluster, load_cluster_config, load_gpu_catalog
 from gateway.core.profile import PerfProfile
 from gateway.core.records import CallOutcome
@@ -39,6 +39,22 @@ RUNS = ("correct", "correct+refit", "mislabel", "mislabel+refit")
 DEFAULT_SETTINGS = RefitSettings(interval_s=30.0, min_calls=100, window_calls=600)
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """What the simulated and the live benchmark share: which worker of which cluster is labelled with which
+    GPU's profile, the traffic (chess-bird workflows per second, seed) and the refit's settings."""
+
+    cluster: str = "paper-4gpu"
+    worker: str = "L40S-3"
+    label: str = "A100"
+    rate: float = 0.2
+    seed: int = 0
+    settings: RefitSettings = DEFAULT_SETTINGS
+
+    def __post_init__(self) -> None:
+        positive("rate", self.rate)
+
+
 @dataclass(frozen=True, slots=True)
 class RefitEvent:
     """One refit attempt of a run; ``latency_ratio``: the worker's predicted standard-workflow latency after it
@@ -54,15 +70,30 @@ class RefitEvent:
 
 
 @dataclass
-class MislabelRun:
-    """One simulated run: shares per window, outcomes, refits, the watched worker's ``(time, kind -> ratio)``
-    at every refit check."""
+class _Run:
+    """What a simulated and a live run both report: the watched worker's share per window, its share of the
+    second half of the calls, SLO attainment and P95."""
 
     name: str
-    windows: list[list[float]]
+    windows: list[Any]
     late_share: float
     slo_attainment: float
     p95_s: float
+
+    def outcome_cells(self) -> list[str]:
+        """Late share, SLO and P95 as printed."""
+        return [f"{self.late_share:.3f}", fmt(self.slo_attainment, 3), fmt(self.p95_s)]
+
+    def to_json(self) -> dict[str, Any]:
+        """The run as plain data (non-finite numbers null)."""
+        return json_safe(asdict(self))
+
+
+@dataclass
+class MislabelRun(_Run):
+    """One simulated run: shares per window, outcomes, refits, the watched worker's ``(time, kind -> ratio)``
+    at every refit check."""
+
     calls: int
     final_constants: tuple[float, float, float, float]
     final_latency_ratio: float
@@ -72,42 +103,62 @@ class MislabelRun:
 
     def to_json(self) -> dict[str, Any]:
         """The run as plain data."""
-        return {
-            **asdict(self),
-            "p95_s": self.p95_s if math.isfinite(self.p95_s) else None,
-            "ratios": [{"t": t, "ratios": r} for t, r in self.ratios],
-        }
+        return {**super().to_json(), "ratios": [{"t": t, "ratios": r} for t, r in self.ratios]}
+
+
+R = TypeVar("R", bound=_Run)
 
 
 @dataclass
-class MislabelReport:
-    """The four runs and the setting."""
+class _Report(Generic[R]):
+    """What a simulated and a live report both hold: the scenario and the runs by name."""
 
     cluster: str
     worker: str
     label: str
     rate_qps: float
     workflows: int
-    window: int
     settings: RefitSettings
+    runs: dict[str, R]
+
+    def _share_closer(self) -> bool:
+        """mislabel+refit's late share is nearer the correct run's than mislabel's."""
+        right = self.runs["correct"].late_share
+        return abs(self.runs["mislabel+refit"].late_share - right) < abs(self.runs["mislabel"].late_share - right)
+
+    def refit_helped(self) -> bool:
+        """The refit moved the worker's late share toward the correct run's."""
+        return self._share_closer()
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain data."""
+        runs = {k: r.to_json() for k, r in self.runs.items()}
+        return {**asdict(self), "runs": runs, "refit_helped": self.refit_helped()}
+
+    def verdict(self) -> str:
+        """The closing line's verdict."""
+        return "refit helped" if self.refit_helped() else "refit did NOT bring the share back"
+
+
+@dataclass
+class MislabelReport(_Report[MislabelRun]):
+    """The four simulated runs and the setting."""
+
+    window: int
     worker_names: list[str]
     engine_constants: tuple[float, float, float, float]
     label_constants: tuple[float, float, float, float]
     label_latency_ratio: float
-    runs: dict[str, MislabelRun]
 
     def refit_helped(self) -> bool:
         """The refit moved the late share toward the correct run's and the profile converged."""
-        right = self.runs["correct"].late_share
-        fixed = self.runs["mislabel+refit"]
-        closer = abs(fixed.late_share - right) < abs(self.runs["mislabel"].late_share - right)
-        return closer and fixed.converged_after_calls is not None
+        return self._share_closer() and self.runs["mislabel+refit"].converged_after_calls is not None
 
     def to_json(self) -> dict[str, Any]:
         """The report as plain data."""
-        doc = asdict(self)
-        doc.update(workers=doc.pop("worker_names"), runs={k: r.to_json() for k, r in self.runs.items()})
-        return {**doc, "refit_helped": self.refit_helped()}
+        doc = super().to_json()
+        doc["workers"] = doc.pop("worker_names")
+        return doc
 
 
 class _Recording(Refitter):
@@ -138,23 +189,13 @@ def _converged_after(events: Sequence[RefitEvent], start_ratio: float) -> int | 
 
 
 def run_mislabel(
-    *,
-    cluster: str = "paper-4gpu",
-    worker: str = "L40S-3",
-    label: str = "A100",
-    rate: float = 0.2,
-    n_workflows: int = 400,
-    window: int = 500,
-    seed: int = 0,
-    settings: RefitSettings | None = None,
-    policy: str = "hexgen",
+    scenario: Scenario | None = None, *, n_workflows: int = 400, window: int = 500, policy: str = "hexgen"
 ) -> MislabelReport:
     """Simulate the four runs (``RUNS``). ``ValueError`` for an unknown worker or label."""
-    if not (rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"rate must be a positive number, got {rate}")
+    sc = scenario if scenario is not None else Scenario()
     if n_workflows < 10 or window < 10:
         raise ValueError("at least 10 workflows and windows of at least 10 calls are needed")
-    s = settings if settings is not None else DEFAULT_SETTINGS
+    cluster, worker, label, seed = sc.cluster, sc.worker, sc.label, sc.seed
     catalog = load_gpu_catalog()
     workers = load_cluster(cluster, catalog)
     names = [w.name for w in workers]
@@ -170,12 +211,12 @@ def run_mislabel(
     plans = [("correct", workers, False), ("correct+refit", workers, True), ("mislabel", mis, False)]
     plans.append(("mislabel+refit", mis, True))
     runs = {
-        name: _simulated_run(name, ws, refit, setup, rate, w, window, s, policy, [x.profile for x in workers])
+        name: _simulated_run(name, ws, refit, setup, sc, w, window, policy, [x.profile for x in workers])
         for name, ws, refit in plans
     }
     return MislabelReport(
-        cluster, worker, label, rate, n_workflows, window, s, names, constants_of(workers[w].profile)[:4],
-        constants_of(lab)[:4], workflow_latency(lab) / ref, runs,
+        cluster, worker, label, sc.rate, n_workflows, sc.settings, runs, window, names,
+        constants_of(workers[w].profile)[:4], constants_of(lab)[:4], workflow_latency(lab) / ref,
     )  # fmt: skip
 
 
@@ -197,20 +238,19 @@ def _simulated_run(
     ws: list[WorkerInfo],
     refit: bool,
     setup: Setup,
-    rate: float,
+    sc: Scenario,
     w: int,
     window: int,
-    s: RefitSettings,
     policy: str,
     truth: list[PerfProfile],
 ) -> MislabelRun:
     """One simulated run on workers ``ws`` whose engines run ``truth``, worker ``w`` watched."""
     ref = workflow_latency(truth[w])
-    rec = _Recording(s, w, refit)
+    rec = _Recording(sc.settings, w, refit)
     sim = Simulator(
         ws, policy, seed=setup.seed, record_calls=True, prefix_caching=True, engine_profiles=truth, refit=rec
     )
-    wfs = setup.workflows(rate)
+    wfs = setup.workflows(sc.rate)
     res = sim.run(wfs)
     summ = summarize(res, total=len(wfs))
     calls = sorted(res.calls, key=lambda c: c.ready)
@@ -262,10 +302,6 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def _outcome_cells(r: MislabelRun | LiveMislabelRun) -> list[str]:
-    return [f"{r.late_share:.3f}", fmt(r.slo_attainment, 3), fmt(r.p95_s)]
-
-
 def format_mislabel_report(rep: MislabelReport) -> str:
     """The text ``hexflow bench mislabel`` prints."""
     w = rep.worker_names.index(rep.worker)
@@ -278,14 +314,12 @@ def format_mislabel_report(rep: MislabelReport) -> str:
         f"share of {rep.worker} per window of {rep.window} calls (dispatch order):",
     ]
     cells = {name: [f"{x[w]:.3f}" for x in rep.runs[name].windows] for name in RUNS}
-    lines.append(_windows_table("calls", lambda i: f"{i * rep.window}-{(i + 1) * rep.window - 1}", cells))
-    lines.append("")
+    lines += [_windows_table("calls", lambda i: f"{i * rep.window}-{(i + 1) * rep.window - 1}", cells), ""]
     rows = []
     for name, r in rep.runs.items():
         converged = "-" if r.converged_after_calls is None else str(r.converged_after_calls)
         applied = str(sum(1 for e in r.refits if e.result == "applied"))
-        row = [name, *_outcome_cells(r), f"{r.final_latency_ratio:.2f}", converged, applied]
-        rows.append(row)
+        rows.append([name, *r.outcome_cells(), f"{r.final_latency_ratio:.2f}", converged, applied])
     heads = ["run", "late share", "SLO", "P95 s", "latency ratio", "converged after calls", "refits applied"]
     lines.append(table(heads, rows))
     fixed = rep.runs["mislabel+refit"]
@@ -312,60 +346,33 @@ def format_mislabel_report(rep: MislabelReport) -> str:
         mb = sum(b.values()) / len(b) if b else 1.0
         pairs.append(f"{t:.0f}s {ma:.2f}/{mb:.2f}")
     lines.append("  " + ", ".join(pairs[:24]) + (" ..." if len(pairs) > 24 else ""))
-    verdict = "refit helped" if rep.refit_helped() else "refit did NOT bring the share back"
     lines += [
         "",
         f"late share: correct {rep.runs['correct'].late_share:.3f}, mislabel {mis.late_share:.3f}, "
-        f"mislabel+refit {fixed.late_share:.3f}: {verdict}",
+        f"mislabel+refit {fixed.late_share:.3f}: {rep.verdict()}",
     ]
     return "\n".join(lines)
 
 
 @dataclass
-class LiveMislabelRun:
+class LiveMislabelRun(_Run):
     """One live run: the mislabelled worker's share of completed calls per window (``(end of window in modelled
     s, share, calls)``), outcomes, refits, the times the gateway's outlier detection ejected it (a mislabelled
     worker looks slow to it), and what ``/v1/status`` said about it at every poll."""
 
-    name: str
-    windows: list[tuple[float, float, int]]
-    late_share: float
-    slo_attainment: float
-    p95_s: float
     refits_applied: int
     refit_attempts: int
     final_profile: dict[str, Any]
     ejections: int = 0
     points: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        """The run as plain data."""
-        return {**asdict(self), "p95_s": self.p95_s if math.isfinite(self.p95_s) else None}
-
 
 @dataclass
-class LiveMislabelReport:
+class LiveMislabelReport(_Report[LiveMislabelRun]):
     """The live runs and the setting."""
 
-    cluster: str
-    worker: str
-    label: str
-    rate_qps: float
-    workflows: int
     time_scale: float
-    settings: RefitSettings
-    runs: dict[str, LiveMislabelRun]
     wall_s: float
-
-    def refit_helped(self) -> bool:
-        """The refit moved the worker's late share toward the correct run's."""
-        right = self.runs["correct"].late_share
-        return abs(self.runs["mislabel+refit"].late_share - right) < abs(self.runs["mislabel"].late_share - right)
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as plain data."""
-        runs = {k: r.to_json() for k, r in self.runs.items()}
-        return {**asdict(self), "runs": runs, "refit_helped": self.refit_helped()}
 
 
 async def _replay_and_poll(
@@ -423,16 +430,11 @@ def _late_share(points: Sequence[dict[str, Any]], worker: str) -> float:
 
 
 def run_mislabel_live(
+    scenario: Scenario | None = None,
     *,
-    cluster: str = "paper-4gpu",
-    worker: str = "L40S-3",
-    label: str = "A100",
-    rate: float = 0.2,
     n_workflows: int = 200,
     time_scale: float = 0.05,
     window_s: float = 100.0,
-    seed: int = 0,
-    settings: RefitSettings | None = None,
     log_dir: Path | None = None,
     say: Any = None,
 ) -> LiveMislabelReport:
@@ -441,16 +443,15 @@ def run_mislabel_live(
     naming ``profile: LABEL`` for the worker, the share measured on completed calls polled from ``/v1/status``
     every ``window_s / 4`` modelled seconds. Subprocess logs go to ``log_dir``."""
     log = say if say is not None else say_stderr
-    if not (time_scale > 0 and math.isfinite(time_scale)):
-        raise ValueError(f"time scale must be a positive number, got {time_scale}")
-    if not (rate > 0 and math.isfinite(rate)) or not window_s > 0:
-        raise ValueError("rate and window must be positive")
-    s = settings if settings is not None else DEFAULT_SETTINGS
+    sc = scenario if scenario is not None else Scenario()
+    positive("time scale", time_scale)
+    positive("window", window_s)
+    cluster, worker, label, seed, s = sc.cluster, sc.worker, sc.label, sc.seed, sc.settings
     right, wrong = _labelled_cluster(cluster, worker, label)
     setup = replay_setup(
         "chess-bird", build_workers(right, load_gpu_catalog()), workflows=n_workflows, seed=seed, slo_scale=3.0
     )
-    workload = replay_workload(setup, rate)
+    workload = replay_workload(setup, sc.rate)
     refit = {
         "interval_s": s.interval_s * time_scale,
         "min_calls": max(s.min_calls, 20),
@@ -478,7 +479,7 @@ def run_mislabel_live(
             run = runs[name] = LiveMislabelRun(name, windows, *outcome)
             log(f"{name}: late share {run.late_share:.3f}, SLO {run.slo_attainment:.3f}, refits {run.refits_applied}")
     return LiveMislabelReport(
-        right.name, worker, label, rate, len(workload), time_scale, s, runs, time.monotonic() - t_start
+        right.name, worker, label, sc.rate, len(workload), s, runs, time_scale, time.monotonic() - t_start
     )
 
 
@@ -508,16 +509,14 @@ def format_live_mislabel_report(rep: LiveMislabelReport) -> str:
         f"share of {rep.worker} in the calls completed per window (modelled seconds):",
     ]
     cells = {name: [f"{x[1]:.3f} ({x[2]})" for x in r.windows] for name, r in rep.runs.items()}
-    lines.append(_windows_table("window", lambda i: str(i + 1), cells))
-    lines.append("")
+    lines += [_windows_table("window", lambda i: str(i + 1), cells), ""]
     rows = []
     for name, r in rep.runs.items():
         base = (r.final_profile.get("constants") or {}).get("iter_base_s", math.nan)
         source = str(r.final_profile.get("source", "-"))
         refits = f"{r.refits_applied}/{r.refit_attempts}"
-        rows.append([name, *_outcome_cells(r), source, f"{base:.4g}", refits, str(r.ejections)])
+        rows.append([name, *r.outcome_cells(), source, f"{base:.4g}", refits, str(r.ejections)])
     head = ["run", "late share", "SLO", "P95 s", "profile source", "iter_base_s", "refits applied", "ejections"]
     lines.append(table(head, rows))
-    verdict = "refit helped" if rep.refit_helped() else "refit did NOT bring the share back"
-    lines += ["", f"late share: {', '.join(f'{k} {r.late_share:.3f}' for k, r in rep.runs.items())}: {verdict}"]
+    lines += ["", f"late share: {', '.join(f'{k} {r.late_share:.3f}' for k, r in rep.runs.items())}: {rep.verdict()}"]
     return "\n".join(lines)

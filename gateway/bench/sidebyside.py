@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.bench.enginetime import EngineTime, bound_engine_time
+from gateway.bench.enginetime import EngineTime, bound_engine_time, engine_time_of
 from gateway.bench.simbench import (
     REL_TOL,
     TARGET,
@@ -23,10 +23,10 @@ from gateway.bench.simbench import (
     PointResult,
     ProgressFn,
     Setup,
-    engine_time_at,
+    simulate,
     tuned_alpha,
 )
-from gateway.bench.stats import Spread, finite_or_none, pyplot, run_header, save_figure, spread
+from gateway.bench.stats import Spread, json_safe, pyplot, run_header, save_figure, spread
 from gateway.core.policy import get_policy
 from gateway.sim.metrics import Summary
 
@@ -137,7 +137,6 @@ class BenchReport:
         """The JSON document: the fluid bound, the best baseline and its capacity (the reference rate), ours and
         its ratio to it, per policy its role, alpha, capacity per seed, share of the bound, P95 at the
         reference rate and gain there, and every run in ``results``. Non-finite numbers are null."""
-        num = finite_or_none
         ref = self.reference_rate_qps
         best = self.best_baseline
         ours = next((p for p in self.policies if get_policy(p).role == "ours"), None)
@@ -147,7 +146,7 @@ class BenchReport:
             "bound": [e.to_json() for e in self.bound_time],
             "policies": {p: [e.to_json() for e in rows] for p, rows in self.engine_time.items()},
         }
-        return {
+        doc = {
             **run_header(self),
             "tune_seed": self.tune_seed,
             "tune_rate_qps": self.tune_rate_qps,
@@ -157,7 +156,7 @@ class BenchReport:
             "best_baseline": best,
             "best_baseline_capacity_qps": ref,
             "ours": ours,
-            "ratio_vs_best_baseline": num(ours_ratio[0]) if ours_ratio else None,
+            "ratio_vs_best_baseline": ours_ratio[0] if ours_ratio else None,
             "reference_rate_qps": ref,
             "capacity_qps": self.capacity_qps,
             "engine_time_at_reference": engine if self.engine_time else None,
@@ -166,10 +165,10 @@ class BenchReport:
             "seconds": self.seconds,
             "results": [self._run_json(p) for p in self.results],
         }
+        return json_safe(doc)
 
     def _policy_json(self, name: str, ref: float | None) -> dict[str, Any]:
         """One policy's entry of ``policies`` (``to_json``)."""
-        num = finite_or_none
         r = self.policies[name]
         cap = r.capacity
         ratio = self.ratio_vs_best_baseline(name)
@@ -179,12 +178,10 @@ class BenchReport:
             "role": r.role,
             "alpha": r.alpha,
             "capacity_qps": cap.as_dict() if cap else None,
-            "share_of_fluid_bound": num(cap.mean / self.fluid_bound_qps) if cap else None,
-            "ratio_vs_best_baseline": (
-                {"mean": num(ratio[0]), "per_seed": [num(x) for x in ratio[1]]} if ratio else None
-            ),
+            "share_of_fluid_bound": cap.mean / self.fluid_bound_qps if cap else None,
+            "ratio_vs_best_baseline": {"mean": ratio[0], "per_seed": ratio[1]} if ratio else None,
             "p95_at_reference_s": p95.as_dict() if p95 else None,
-            "p95_gain_vs_best_baseline": num(gain),
+            "p95_gain_vs_best_baseline": gain,
         }
 
     def _run_json(self, p: PointResult) -> dict[str, Any]:
@@ -193,7 +190,7 @@ class BenchReport:
         figures = ("p50_s", "p95_s", "p99_s", "mean_s", "slo_attainment", "throughput_qps")
         return {
             **{"policy": p.policy, "trace": self.trace, "seed": p.seed, "rate_qps": p.rate_qps, "alpha": p.alpha},
-            **{k: finite_or_none(getattr(s, k)) for k in figures},
+            **{k: getattr(s, k) for k in figures},
             **{"workflows": s.workflows, "completed": s.completed, "calls": s.calls},
         }
 
@@ -378,7 +375,7 @@ def _add_engine_time(report: BenchReport, setup: Setup, policies: Sequence[str])
     if ref is None or not math.isfinite(setup.bound.rate_qps):
         return
     for p in dict.fromkeys(x for x in (ours, best) if x is not None):
-        rows = engine_time_at(setup, p, ref, alpha=report.policies[p].alpha)
+        rows = engine_time_of(*simulate(setup, p, ref, alpha=report.policies[p].alpha)[:2])
         if rows:
             report.engine_time[p] = rows
     if report.engine_time:

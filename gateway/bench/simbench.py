@@ -12,7 +12,6 @@ from functools import cached_property
 from pathlib import Path
 
 from gateway.bench.bound import FluidBound, fluid_bound, solve_fluid_bound
-from gateway.bench.enginetime import EngineTime, engine_time_of
 from gateway.config.workflows import STANDARD_WORKFLOW
 from gateway.core.degrade import QualityModel
 from gateway.core.predict import SUSTAINABLE_SHARE
@@ -187,15 +186,6 @@ def simulate(
         admission_miss=setup.admission_miss,
     )
     return sim, sim.run(wfs), len(wfs)
-
-
-def engine_time_at(
-    setup: Setup, policy: str, rate: float, *, alpha: float | None = None, seed: int | None = None
-) -> list[EngineTime]:
-    """Where each engine's time went per completed workflow (``gateway.bench.enginetime``) in one run of
-    ``policy`` at ``rate`` on one seed (default: the setup's); empty when no workflow completed."""
-    sim, res, _ = simulate(setup, policy, rate, alpha=alpha, seed=seed)
-    return engine_time_of(sim, res)
 
 
 def tuned_alpha(setup: Setup, policy: str, rate: float, grid: Sequence[float] = ALPHA_GRID) -> float:

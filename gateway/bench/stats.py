@@ -19,6 +19,17 @@ def fmt(x: float, digits: int = 1) -> str:
     return f"{x:.{digits}f}" if math.isfinite(x) else ("inf" if x == math.inf else "-")
 
 
+def cells(obj: Any, columns: str) -> list[str]:
+    """Table cells of ``obj``'s attributes, ``columns`` like ``"name calls rate_qps:.4f"`` (each ``attr:spec``,
+    formatted as ``format(value, spec)``; a float that is not finite as ``fmt`` writes it)."""
+    out = []
+    for col in columns.split():
+        attr, _, spec = col.partition(":")
+        v = getattr(obj, attr)
+        out.append(fmt(v) if isinstance(v, float) and not math.isfinite(v) else format(v, spec))
+    return out
+
+
 def positive(what: str, x: float) -> float:
     """``x`` if it is a positive finite number, else ``ValueError("{what} must be a positive number, got x")``."""
     if not (x > 0 and math.isfinite(x)):

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.bench.sidebyside import run_parallel
 from gateway.bench.simbench import Bench, Setup
-from gateway.bench.stats import finite_or_none, fmt, table
+from gateway.bench.stats import fmt, json_safe, table
 from gateway.config.operations import TuningConfig
 from gateway.core.policy import Policy, get_policy
 from gateway.core.scheduler import Scheduler, WorkerInfo
@@ -203,7 +203,6 @@ class TraceResult:
 
     def to_json(self) -> dict[str, Any]:
         """Fixed runs, the best, and per window: P95, SLO, gap, re-tunes (time, window, chosen, applied, s)."""
-        num = finite_or_none
         best = self.best
         default = self.fixed_at(self.default_alpha)
         doc = {k: getattr(self, k) for k in ("trace", "seed", "fluid_bound_qps", "capacity_qps", "rate_qps", "slo_s")}
@@ -212,27 +211,26 @@ class TraceResult:
             **doc,
             "default_alpha": self.default_alpha,
             "best_alpha": best.alpha,
-            "best_p95_s": num(best.summary.p95_s),
-            "default_gap_vs_best": num(self.gap(default.summary.p95_s)) if default else None,
-            "fixed": [{"alpha": r.alpha, **{k: num(getattr(r.summary, k)) for k in figures}} for r in self.fixed],
+            "best_p95_s": best.summary.p95_s,
+            "default_gap_vs_best": self.gap(default.summary.p95_s) if default else None,
+            "fixed": [{"alpha": r.alpha, **{k: getattr(r.summary, k) for k in figures}} for r in self.fixed],
             "tuned": [self._tuned_json(t) for t in self.tuned],
         }
 
     def _tuned_json(self, t: TunedRun) -> dict[str, Any]:
-        num = finite_or_none
         secs = t.full_window_seconds()
         stats: dict[str, Callable[[list[float]], float]] = {"mean": statistics.fmean, "median": statistics.median}
         stats["max"] = max
         return {
             "window_workflows": t.window,
-            "p95_s": num(t.summary.p95_s),
-            "slo_attainment": num(t.summary.slo_attainment),
-            "gap_vs_best": num(self.gap(t.summary.p95_s)),
+            "p95_s": t.summary.p95_s,
+            "slo_attainment": t.summary.slo_attainment,
+            "gap_vs_best": self.gap(t.summary.p95_s),
             "within_target": bool(self.gap(t.summary.p95_s) <= TARGET_GAP),
             "retunes": len(t.retunes),
             "applied": sum(r.applied for r in t.retunes),
             "skipped": t.skipped,
-            "retune_seconds": {k: num(f(secs)) if secs else None for k, f in stats.items()} | {"count": len(secs)},
+            "retune_seconds": {k: f(secs) if secs else None for k, f in stats.items()} | {"count": len(secs)},
             "alphas": [
                 {"time_s": r.time_s, "window": r.window, "chosen": r.chosen, "applied": r.applied} for r in t.retunes
             ],
@@ -269,23 +267,22 @@ class TunerReport:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (non-finite numbers are null): parameters, ``by_window`` and every trace."""
-        return {
-            **{k: getattr(self, k) for k in ("cluster", "policy", "slo_scale")},
-            "load_of_capacity": self.load,
-            "warmup_workflows": self.warmup,
-            "measured_workflows": self.measured,
-            "seeds": self.seeds,
-            "target_gap": TARGET_GAP,
-            "tuning": self.tuning.model_dump(exclude={"window_workflows"}),
-            "jobs": self.jobs,
-            "seconds": self.seconds,
-            "notes": self.notes,
-            "by_window": {
-                str(n): {k: (v if isinstance(v, bool) else finite_or_none(v)) for k, v in d.items()}
-                for n, d in self.by_window().items()
-            },
-            "traces": [t.to_json() for t in self.traces],
-        }
+        return json_safe(
+            {
+                **{k: getattr(self, k) for k in ("cluster", "policy", "slo_scale")},
+                "load_of_capacity": self.load,
+                "warmup_workflows": self.warmup,
+                "measured_workflows": self.measured,
+                "seeds": self.seeds,
+                "target_gap": TARGET_GAP,
+                "tuning": self.tuning.model_dump(exclude={"window_workflows"}),
+                "jobs": self.jobs,
+                "seconds": self.seconds,
+                "notes": self.notes,
+                "by_window": {str(n): d for n, d in self.by_window().items()},
+                "traces": [t.to_json() for t in self.traces],
+            }
+        )
 
 
 def _capacity(setup: Setup, policy: str, rel_tol: float) -> float:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 from functools import partial
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.argtypes import nonneg_float, positive_float, positive_floats, positive_int
+from gateway.argtypes import nonneg_float, nonneg_int, positive_float, positive_floats, positive_int
 from gateway.bench.stats import table
 from gateway.cli.common import (
     ALPHA,
@@ -41,7 +42,6 @@ from gateway.cli.common import (
     opt,
     pick,
     policy_names,
-    positive_float_arg,
     setup_from_args,
     show,
     usage_errors,
@@ -179,16 +179,10 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
     from gateway.sim.workload import CHESS_BIRD
     from gateway.sim.workload.traces import SHARED_TRACE_DIR
 
-    load = positive_float_arg("--load", args.load)
-    warmup = int_arg("--warmup", args.warmup, minimum=0)
-    measured = int_arg("--measured", args.measured, minimum=1)
-    n_seeds = int_arg("--seeds", args.seeds, minimum=1)
     windows = [int_arg("--windows", w.strip(), minimum=10) for w in args.windows.split(",") if w.strip()]
     if not windows:
         raise UsageError("--windows: give at least one window size")
-    tuning = TuningConfig()
-    if args.every is not None:
-        tuning = TuningConfig(every_workflows=int_arg("--every", args.every, minimum=1))
+    tuning = TuningConfig() if args.every is None else TuningConfig(every_workflows=args.every)
     traces = [t.strip() for t in args.traces.split(",") if t.strip()]
     if not traces:
         raise UsageError("--traces: give at least one trace")
@@ -201,27 +195,20 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
         notes.append(f"note: no trace folder {folder.name}/; measured the built-in chess-bird workload instead")
         traces = [CHESS_BIRD]
     workers = load_workers(args.cluster)
-    n = warmup + measured
+    n = args.warmup + args.measured
     setups = [
         load_setup(t, cluster=workers, n_workflows=n, slo_scale=args.slo_scale, seed=args.seed, trace_dir=trace_dir)
         for t in traces
     ]
-    seeds = [args.seed + i for i in range(n_seeds)]
-    steps = bench_steps(len(setups), n_seeds, len(tuning.grid or ALPHA_GRID), len(windows))
+    seeds = [args.seed + i for i in range(args.seeds)]
+    tuner_options = ("policy", "warmup", "load", "jobs")
+    steps = bench_steps(len(setups), args.seeds, len(tuning.grid or ALPHA_GRID), len(windows))
     with (
         tqdm(total=steps, desc="bench tuner", unit="run", disable=args.quiet or None, leave=False) as bar,
         usage_errors(),
     ):
         report = run_tuner_bench(
-            setups,
-            policy=args.policy,
-            warmup=warmup,
-            windows=windows,
-            seeds=seeds,
-            tuning=tuning,
-            load=load,
-            jobs=args.jobs,
-            progress=bar.update,
+            setups, windows=windows, seeds=seeds, tuning=tuning, progress=bar.update, **pick(args, *tuner_options)
         )
     report.notes += notes
     show(format_tuner_report(report, args.cluster), args.json, report.to_json)
@@ -237,12 +224,12 @@ def _bench_tuner_opts() -> tuple[Opt, ...]:
         CLUSTER,
         POLICY("the policy whose alpha is tuned"),
         SLO_SCALE(default=3.0),
-        opt("--load", str, str(LOAD), "rate as a fraction of the policy's capacity (default alpha)"),
+        opt("--load", positive_float, LOAD, "rate as a fraction of the policy's capacity (default alpha)"),
         opt("--windows", str, ",".join(map(str, WINDOWS)), "window sizes (workflows), comma-separated"),
-        opt("--every", str, None, "re-tune every this many finished workflows (default: the gateway's)"),
-        opt("--warmup", str, str(WARMUP), "workflows before the measured ones"),
-        opt("--measured", str, str(MEASURED), "workflows measured per run"),
-        opt("--seeds", str, "1", "arrival sequences per trace (seeds 0..n-1 from --seed)"),
+        opt("--every", positive_int, None, "re-tune every this many finished workflows (default: the gateway's)"),
+        opt("--warmup", nonneg_int, WARMUP, "workflows before the measured ones"),
+        opt("--measured", positive_int, MEASURED, "workflows measured per run"),
+        opt("--seeds", positive_int, 1, "arrival sequences per trace (seeds 0..n-1 from --seed)"),
         SEED("first seed of the arrival sequences"),
         JOBS,
         QUIET,
@@ -262,16 +249,12 @@ TUNER = Command(
 
 
 def _floats(name: str, text: str) -> list[float]:
-    out: list[float] = []
-    for part in text.split(","):
-        try:
-            v = float(part)
-        except ValueError:
-            raise UsageError(f"{name}: expected comma-separated numbers, got {part!r}") from None
-        if not 0 < v <= 2:
-            raise UsageError(f"{name}: each load must be a share of the fluid bound in (0, 2], got {v}")
-        out.append(v)
-    return out
+    """``--loads``: comma-separated shares of the fluid bound in (0, 2], else a ``UsageError`` naming ``name``."""
+    with usage_errors(f"{name}: ", argparse.ArgumentTypeError):
+        loads = positive_floats(text)
+    if max(loads) > 2:
+        raise UsageError(f"{name}: each load must be a share of the fluid bound in (0, 2], got {max(loads)}")
+    return loads
 
 
 def cmd_bench_burst(args: argparse.Namespace) -> int:
@@ -367,6 +350,10 @@ def _live(
     return 0
 
 
+_BURST_FIGURES = (("attainment", 3), ("goodput_share", 3), ("goodput_qps", 4), ("accuracy", 3), ("degraded_share", 3))
+"""``bench burst``'s columns after the policy: ``Outcome`` figures (means over the seeds) and their decimals."""
+
+
 def format_burst(report: BurstReport) -> str:
     """One table per (pattern, load): the variants' figures and their ratio to the best baseline."""
     lines = [
@@ -380,16 +367,9 @@ def format_burst(report: BurstReport) -> str:
         rows = []
         for p in report.at(pattern, load):
             r = report.ratio(pattern, load, p.variant)
+            figures = (f"{p.mean(attrgetter(k)):.{digits}f}" for k, digits in _BURST_FIGURES)
             rows.append(
-                [
-                    p.variant,
-                    f"{p.mean(lambda o: o.attainment):.3f}",
-                    f"{p.mean(lambda o: o.goodput_share):.3f}",
-                    f"{p.mean(lambda o: o.goodput_qps):.4f}",
-                    f"{p.mean(lambda o: o.accuracy):.3f}",
-                    f"{p.mean(lambda o: o.degraded_share):.3f}",
-                    "-" if r is None else f"{r[0]:.2f}x (" + ", ".join(f"{x:.2f}" for x in r[1]) + ")",
-                ]
+                [p.variant, *figures, "-" if r is None else f"{r[0]:.2f}x ({', '.join(f'{x:.2f}' for x in r[1])})"]
             )
         lines.append("")
         lines.append(

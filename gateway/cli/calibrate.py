@@ -184,6 +184,7 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
     from gateway.bench.mislabel import (
         LiveMislabelReport,
         MislabelReport,
+        Scenario,
         format_live_mislabel_report,
         format_mislabel_report,
         run_mislabel,
@@ -192,17 +193,17 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
     from gateway.profiling.refit import RefitSettings
 
     rep: LiveMislabelReport | MislabelReport
-    scenario = pick(args, "cluster", "worker", "label", "rate", "seed")
     with usage_errors():
         settings = RefitSettings(**pick(args, "interval_s", "min_calls", "window_calls", "max_step"))
+        scenario = Scenario(**pick(args, "cluster", "worker", "label", "rate", "seed"), settings=settings)
         if args.live:
             n = 200 if args.workflows is None else args.workflows
             live = pick(args, "time_scale", "window_s", "log_dir")
-            rep = run_mislabel_live(**scenario, **live, n_workflows=n, settings=settings)
+            rep = run_mislabel_live(scenario, **live, n_workflows=n)
             print(format_live_mislabel_report(rep))
         else:
             n = 400 if args.workflows is None else args.workflows
-            rep = run_mislabel(**scenario, n_workflows=n, window=args.window, settings=settings)
+            rep = run_mislabel(scenario, n_workflows=n, window=args.window)
             print(format_mislabel_report(rep))
     if args.json:
         write_json(args.json, rep.to_json())

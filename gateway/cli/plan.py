@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from gateway.argtypes import positive_float
+from gateway.argtypes import nonneg_int, positive_float, positive_int
 from gateway.bench.stats import fmt, table
 from gateway.cli.common import (
     ALPHA,
@@ -20,7 +20,6 @@ from gateway.cli.common import (
     Command,
     UsageError,
     flag,
-    int_arg,
     opt,
     pick,
     show,
@@ -82,9 +81,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError("--gpus: give at least one GPU type, e.g. --gpus A100,L40S")
     if not 0 < args.target <= 1:
         raise UsageError(f"--target: must be in (0, 1], got {args.target}")
-    max_workers = int_arg("--max-workers", str(args.max_workers), minimum=1)
-    seeds = int_arg("--seeds", str(args.seeds), minimum=1)
-    n_show = int_arg("--show", str(args.show), minimum=0)
     get_policy(args.policy)
     catalog = load_gpu_catalog(args.catalog)
     if args.model not in catalog.models:
@@ -101,7 +97,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         queries=queries,
         trace=trace,
         n_workflows=args.workflows,
-        n_seeds=seeds,
+        n_seeds=args.seeds,
         tenants=tenants_arg(args.tenants),
         arrivals_csv=args.arrivals,
         **pick(args, "seed", "cv", "prefix_caching"),
@@ -112,7 +108,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             rate_qps=args.rate,
             slo_s=slo_s,
             slo_reference=slo_ref,
-            max_workers=max_workers,
+            max_workers=args.max_workers,
             budget_usd_per_hour=args.budget,
             find_margin=not args.no_margin,
             **pick(args, "model", "policy", "alpha", "objective", "target", "rel_tol"),
@@ -125,7 +121,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else:  # a pipe or a log: a bar would draw nothing there for minutes
             lines = ProgressLines(sys.stderr)
             report = run_plan(catalog, workload, spec, progress=lines.update, describe=lines.describe)
-    show(format_plan_report(report, show=n_show), args.json, report.to_json)
+    show(format_plan_report(report, show=args.show), args.json, report.to_json)
     return 0 if report.answer is not None else 1
 
 
@@ -133,23 +129,14 @@ def _usd(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def _row(c: Candidate, rate: float, answer: bool) -> list[str]:
-    att = c.min_attainment
-    if c.verdict == "pruned":
-        verdict = "pruned: bound < rate"
-    elif c.verdict == "failed":
-        verdict = "missed the SLO"
-    else:
-        verdict = "meets the SLO  <- answer" if answer else "meets the SLO"
-    return [
-        c.label,
-        verdict,
-        str(c.workers),
-        _usd(c.usd_per_hour),
-        f"{c.bound_qps:.4f}",
-        "-" if att is None else f"{att:.3f}",
-        fmt(max(c.p95_s)) if c.p95_s else "-",
-    ]
+_VERDICTS = {"pruned": "pruned: bound < rate", "failed": "missed the SLO", "met": "meets the SLO"}
+
+
+def _row(c: Candidate, answer: bool) -> list[str]:
+    verdict = _VERDICTS[c.verdict] + ("  <- answer" if answer else "")
+    att = "-" if c.min_attainment is None else f"{c.min_attainment:.3f}"
+    p95 = fmt(max(c.p95_s)) if c.p95_s else "-"
+    return [c.label, verdict, str(c.workers), _usd(c.usd_per_hour), f"{c.bound_qps:.4f}", att, p95]
 
 
 def format_plan_report(report: PlanReport, *, show: int = 5) -> str:
@@ -177,9 +164,9 @@ def format_plan_report(report: PlanReport, *, show: int = 5) -> str:
         f"mixes: {report.total_mixes} of up to {s.max_workers} workers, by {report.objective} "
         f"(a worker: {per_worker}){budget}"
     )
-    rows = [_row(c, s.rate_qps, False) for c in report.next_cheaper(show)]
+    rows = [_row(c, False) for c in report.next_cheaper(show)]
     if report.answer is not None:
-        rows.append(_row(report.answer, s.rate_qps, True))
+        rows.append(_row(report.answer, True))
     if rows:
         lines += ["", table(["mix", "verdict", "workers", "usd/h", "bound_qps", "slo_min", "p95_s"], rows, left=2)]
     lines.append("")
@@ -254,14 +241,14 @@ PLAN = Command(
             "order mixes by cost (USD/h) or worker count (default: cost when every GPU has a price)",
             choices=("cost", "workers"),
         ),
-        opt("--max-workers", str, "16", "most workers in a mix"),
+        opt("--max-workers", positive_int, 16, "most workers in a mix"),
         POLICY,
         ALPHA("WB alpha (default: the policy's)"),
-        opt("--seeds", str, "3", "seeds per mix; a mix must meet the SLO on every one"),
+        opt("--seeds", positive_int, 3, "seeds per mix; a mix must meet the SLO on every one"),
         opt("--target", positive_float, 0.95, "SLO attainment a mix must reach"),
         REL_TOL("relative precision of the margin"),
         flag("--no-margin", "skip the answer's capacity search"),
-        opt("--show", str, "5", "cheaper mixes listed before the answer"),
+        opt("--show", nonneg_int, 5, "cheaper mixes listed before the answer"),
         opt("--catalog", str, None, "GPU catalogue file (default: the packaged config/gpus.yaml)"),
         QUIET("no progress on stderr (a bar on a terminal, else a line per step and every few seconds)"),
     ),

@@ -12,7 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gateway.argtypes import fractions, positive_float, positive_floats, positive_int
-from gateway.bench.stats import fmt, table
+from gateway.bench.stats import cells, fmt, table
 from gateway.cli import bench, calibrate, text2sql
 from gateway.cli.common import (
     ALPHA,
@@ -113,15 +113,7 @@ def _tenant_summaries(res: SimResult, wfs: list[StagedWorkflow]) -> tuple[list[l
         s = summarize(res, total=sum(1 for w in wfs if t is None or w.tenant == t), tenant=t)
         summaries[t or "all"] = s.as_dict()
         rows.append(
-            [
-                t or "all",
-                str(s.workflows),
-                fmt(s.p50_s),
-                fmt(s.p95_s),
-                fmt(s.p99_s),
-                f"{s.slo_attainment:.3f}",
-                fmt(s.throughput_qps, 4),
-            ]
+            [t or "all", *cells(s, "workflows p50_s:.1f p95_s:.1f p99_s:.1f slo_attainment:.3f throughput_qps:.4f")]
         )
     return rows, summaries
 
@@ -257,19 +249,10 @@ def _rate_table(report: BenchReport, rate: float, title: str) -> list[str]:
         runs = report.policies[p].at(rate)
         if not runs:
             continue
-        mean = {k: statistics.fmean(getattr(x.summary, k) for x in runs) for k in ("p50_s", "p95_s", "p99_s")}
+        mean = [fmt(statistics.fmean(getattr(x.summary, k) for x in runs)) for k in ("p50_s", "p95_s", "p99_s")]
         slo = statistics.fmean(x.summary.slo_attainment for x in runs)
         gain = report.p95_gain_vs_best(p, rate)
-        rows.append(
-            [
-                p,
-                fmt(mean["p50_s"]),
-                fmt(mean["p95_s"]),
-                fmt(mean["p99_s"]),
-                f"{slo:.3f}",
-                f"{gain:.2f}x" if gain else "-",
-            ]
-        )
+        rows.append([p, *mean, f"{slo:.3f}", f"{gain:.2f}x" if gain else "-"])
     return [title, table(["policy", "p50_s", "p95_s", "p99_s", "slo", "p95_gain_vs_best"], rows)]
 
 
@@ -314,19 +297,8 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
     for cluster in clusters:
         args.cluster = cluster
         results += measure_speed(cluster, setup_from_args(args), policies, **pick(args, "load", "repeats", "rate"))
-    rows = [
-        [
-            r.cluster,
-            str(r.workers),
-            r.policy,
-            f"{r.rate_qps:.4f}",
-            str(r.calls),
-            f"{r.wall_s:.2f}",
-            f"{r.calls_per_s:,.0f}",
-            f"{r.calls_per_cpu_s:,.0f}",
-        ]
-        for r in results
-    ]
+    columns = "cluster workers policy rate_qps:.4f calls wall_s:.2f calls_per_s:,.0f calls_per_cpu_s:,.0f"
+    rows = [cells(r, columns) for r in results]
     from gateway.bench.simspeed import build_kind
 
     print(
@@ -365,16 +337,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         prefix_caching=setup.prefix_caching,
     )
     wall = time.perf_counter() - t0
-    rows = [
-        [
-            f"{p.alpha:.2f}",
-            fmt(p.summary.p50_s),
-            fmt(p.summary.p95_s),
-            f"{p.summary.slo_attainment:.3f}",
-            "<-" if p.alpha == res.alpha else "",
-        ]
-        for p in res.points
-    ]
+    columns = "p50_s:.1f p95_s:.1f slo_attainment:.3f"
+    rows = [[f"{p.alpha:.2f}", *cells(p.summary, columns), "<-" if p.alpha == res.alpha else ""] for p in res.points]
     span = window[-1].arrival - window[0].arrival
     print(f"window: {len(window)} workflows over {span:.0f} s at {rate:g} qps on {args.cluster}")
     print(table(["alpha", "p50_s", "p95_s", "slo", "chosen"], rows))

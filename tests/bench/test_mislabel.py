@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.bench.mislabel import run_mislabel
+from gateway.bench.mislabel import Scenario, run_mislabel
 from gateway.cli import main
 
 
 def test_in_the_simulator_a_mislabelled_worker_is_refitted_and_its_dispatch_share_falls_back() -> None:
-    rep = run_mislabel(cluster="paper-4gpu", worker="L40S-3", label="A100", rate=0.2, n_workflows=150, window=400)
+    scenario = Scenario(cluster="paper-4gpu", worker="L40S-3", label="A100", rate=0.2)
+    rep = run_mislabel(scenario, n_workflows=150, window=400)
     truth, label = rep.engine_constants, rep.label_constants
     assert label[0] / truth[0] < 0.6  # the label's decode step is about half the engine's
     fixed = rep.runs["mislabel+refit"]
@@ -77,9 +78,8 @@ def test_the_live_mislabel_benchmark_runs_three_gateways_and_reports_each(tmp_pa
     from gateway.bench.mislabel import run_mislabel_live
     from gateway.profiling.refit import RefitSettings
 
-    rep = run_mislabel_live(
-        n_workflows=20, window_s=50.0, settings=RefitSettings(interval_s=20, min_calls=20, window_calls=200), say=print
-    )
+    settings = RefitSettings(interval_s=20, min_calls=20, window_calls=200)
+    rep = run_mislabel_live(Scenario(settings=settings), n_workflows=20, window_s=50.0, say=print)
     assert list(rep.runs) == ["correct", "mislabel", "mislabel+refit"]
     for name, run in rep.runs.items():
         assert run.windows and run.points, name
