@@ -95,6 +95,6 @@ class Accounting:
         """Count a workflow refused at admission, and why (one of ``metrics.REJECT_REASONS``)."""
         metrics = self.gw.metrics
         metrics.workflow_done(tenant, None, "rejected")
-        metrics.rejection(tenant, reason)
+        metrics.for_tenant(metrics.rejections, tenant, reason).inc()
         metrics.workflow_outcome(tenant, "rejected")
         self.outcome_window.add(tenant, "rejected", self.gw.clock())

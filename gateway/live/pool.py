@@ -206,8 +206,9 @@ class WorkerPool(PoolHealth):
         ok = st.eligible
         was = self.scheduler.eligible[st.index]
         self.scheduler.set_eligible(st.index, ok)
-        self.metrics.worker_up(st.name, ok)
-        self.metrics.worker_draining(st.name, st.removing or not st.ready)
+        m = self.metrics
+        m.for_worker(m.up, st.name).set(1 if ok else 0)
+        m.for_worker(m.draining, st.name).set(1 if st.removing or not st.ready else 0)
         if was and not ok:
             for c in self.scheduler.drain_worker(st.index):
                 assert isinstance(c, LiveCall)
@@ -230,7 +231,8 @@ class WorkerPool(PoolHealth):
             return
         call.parked_at = None
         st = self.states[w]
-        self.metrics.dispatch(st.name, call.kind)
+        m = self.metrics
+        m.for_worker(m.dispatches, st.name, m.kind(call.kind)).inc()
         self.kick(st)
 
     def cancel(self, call: LiveCall) -> None:
@@ -284,7 +286,7 @@ class WorkerPool(PoolHealth):
                 # vLLM's priority (lower runs sooner): the queue key in ms since the pool started, so a
                 # worker run with --scheduling-policy priority orders its own waiting queue the same way.
                 c.priority = int(max(min((c.key - self.epoch) * 1000.0, _PRIO_MAX), -_PRIO_MAX))
-            self.metrics.queue_wait(name, now - c.ready_at)
+            self.metrics.for_worker(self.metrics.queue_wait_h, name).observe(max(now - c.ready_at, 0.0))
             st.advance_load(now)
             st.inflight.add(c)
             st.prefill_sent += c.prefill_s
@@ -388,7 +390,7 @@ class WorkerPool(PoolHealth):
         if not st.priority_scheduling:
             return
         st.priority_scheduling = False
-        self.metrics.priority_scheduling(st.name, False)
+        self.metrics.for_worker(self.metrics.priority, st.name).set(0)
         log.warning(
             "worker %s refuses vLLM's priority field (started without --scheduling-policy priority): its calls "
             "are sent without it from now on, and its own waiting queue runs first come, first served",
@@ -422,7 +424,7 @@ class WorkerPool(PoolHealth):
                     # The worker was removed with this call still running: run it elsewhere, lose nothing.
                     call.requeue = False
                     call.attempts -= 1
-                    self.metrics.retry(st.name)
+                    self.metrics.for_worker(self.metrics.retries, st.name).inc()
                     self._after_call(st)
                     self.submit(call)
                     return True
@@ -430,7 +432,7 @@ class WorkerPool(PoolHealth):
             elif isinstance(outcome, WorkerError):
                 self._worker_failed(st, call, str(outcome), refused=outcome.refused)
             elif isinstance(outcome, CallFailed):
-                self.metrics.call_failure(st.name, "rejected")
+                self.metrics.for_worker(self.metrics.failures, st.name, "rejected").inc()
                 self._deliver(call, outcome)
             else:
                 log.error("call %s on %s failed unexpectedly", call.id, st.name, exc_info=outcome)

@@ -38,7 +38,7 @@ class PoolHealth:
         st.failed += 1
         call.last_error = f"{st.name}: {reason}"
         call.failed_on.add(st.name)
-        self.metrics.call_failure(st.name, "worker_error")
+        self.metrics.for_worker(self.metrics.failures, st.name, "worker_error").inc()
         log.warning("call %s failed on worker %s (attempt %d): %s", call.id, st.name, call.attempts, reason)
         if not refused:  # a refused connection is a worker gone (restarting), not an outlier: health handles it
             self.outliers.record(st, None)
@@ -50,7 +50,7 @@ class PoolHealth:
         elif call.attempts >= self.max_attempts:
             self._deliver(call, CallFailed(f"call failed after {call.attempts} attempts; last: {call.last_error}", 502))
         else:
-            self.metrics.retry(st.name)
+            self.metrics.for_worker(self.metrics.retries, st.name).inc()
             self._resubmit(call)
 
     def is_member(self, st: WorkerState) -> bool:
@@ -108,7 +108,7 @@ class PoolHealth:
         st.ejections += 1
         st.ejected_until = now + length
         self.events.append((now, st.name, event))
-        self.metrics.ejection(st.name)
+        self.metrics.for_worker(self.metrics.ejections, st.name).inc()
         return length
 
     def mark_down(self, st: WorkerState, reason: str) -> None:

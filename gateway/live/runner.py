@@ -349,7 +349,7 @@ class WorkflowRunner:
         for v in gw.admitter.overdue(gw.clock(), self.pending, rule, plans=self.plans, skip=self.shed):
             if v.action == "demote":
                 self._demote(v)
-                gw.metrics.demotion(v.wf.tenant, "queued")
+                gw.metrics.for_tenant(gw.metrics.demoted, v.wf.tenant, "queued").inc()
                 demoted += 1
             else:
                 self.fail_workflow(v.wf, Rejected(v.message, 503, v.retry_after_s))

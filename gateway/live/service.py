@@ -195,7 +195,7 @@ class Gateway:
                 refusal = to_http(exc, health_period_s=self.cfg.health.period_s), "deadline"
             else:
                 if admission.best_effort:
-                    self.metrics.demotion(tenant.name, "admission")
+                    self.metrics.for_tenant(self.metrics.demoted, tenant.name, "admission").inc()
                 return admission
         if refusal is not None:
             error, reason = refusal
