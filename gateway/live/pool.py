@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from gateway.config.gateway import OutlierConfig, TimeoutsConfig
+from gateway.config.gateway import GatewayConfig
 from gateway.core.latency import decode_steps
 from gateway.core.scheduler import NoEligibleWorker, Scheduler
 from gateway.core.worker import WorkerInfo
@@ -32,38 +32,33 @@ _PRIO_MAX = float(2**31 - 1)
 
 
 class WorkerPool(PoolHealth):
-    """Membership, dispatch, draining and failure handling around one ``Scheduler`` (``clock``: the
-    scheduler's; the monitor's periods: 0 disables a task; ``remove_grace_s``: how long a removed worker's
-    in-flight calls may run before they are re-dispatched)."""
+    """Membership, dispatch, draining and failure handling around one ``Scheduler``, with gateway.yaml's settings
+    (``clock``: the scheduler's; ``background``: run the health and scrape tasks; ``remove_grace_s``: how long a
+    removed worker's in-flight calls may run before they are re-dispatched)."""
 
     def __init__(
         self,
         scheduler: Scheduler,
         transport: Transport,
         metrics: GatewayMetrics,
+        cfg: GatewayConfig,
         *,
         clock: Clock = time.monotonic,
-        max_attempts: int = 3,
-        failures_to_down: int = 2,
-        parked_timeout_s: float = 60.0,
-        health_period_s: float = 2.0,
-        scrape_period_s: float = 1.0,
-        remove_grace_s: float = 120.0,
-        timeouts: TimeoutsConfig | None = None,
-        outlier: OutlierConfig | None = None,
+        background: bool = True,
     ) -> None:
-        self.timeouts = timeouts if timeouts is not None else TimeoutsConfig()
-        self.outliers = OutlierDetector(outlier if outlier is not None else OutlierConfig())
+        self.timeouts = cfg.timeouts
+        self.outliers = OutlierDetector(cfg.health.outlier)
         self.states: dict[int, WorkerState] = {i: self._new_state(i, scheduler) for i in scheduler.members()}
         self.scheduler = scheduler
         self.transport = transport
         self.metrics = metrics
         self.clock = clock
-        self.max_attempts = max_attempts
-        self.failures_to_down = failures_to_down
-        self.parked_timeout_s = parked_timeout_s
-        self.remove_grace_s = remove_grace_s
-        self.monitor = WorkerMonitor(self, health_period_s=health_period_s, scrape_period_s=scrape_period_s)
+        self.max_attempts = cfg.retries.max_attempts
+        self.failures_to_down = cfg.health.failures_to_down
+        self.parked_timeout_s = cfg.limits.parked_timeout_s
+        self.remove_grace_s = cfg.discovery.remove_grace_s if cfg.discovery is not None else 120.0
+        periods = (cfg.health.period_s, cfg.scrape.period_s) if background else (0.0, 0.0)
+        self.monitor = WorkerMonitor(self, health_period_s=periods[0], scrape_period_s=periods[1])
         self.epoch = clock()
         self.parked: deque[LiveCall] = deque()
         self._running = False

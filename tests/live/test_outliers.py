@@ -12,7 +12,7 @@ import pytest
 
 from gateway.config import load_gpu_catalog
 from gateway.config.cluster import make_worker
-from gateway.config.gateway import OutlierConfig, TimeoutsConfig, load_gateway_config
+from gateway.config.gateway import OutlierConfig, load_gateway_config
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
@@ -52,7 +52,7 @@ def _pool(tmp: Path, t: Scripted, n: int = 2, *, outlier: OutlierConfig | None =
         t,
         workers=n,
         policy="rr-fcfs",
-        timeouts=TimeoutsConfig(**timeouts),
+        timeouts=timeouts,
         outlier=outlier or OutlierConfig(min_calls=3, window=10),
     )
 
