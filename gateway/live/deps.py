@@ -22,7 +22,7 @@ from gateway.core.predict import StagePlan
 from gateway.errors import GatewayError, NotFound, ServiceUnavailable, Unauthorized, Unprocessable
 from gateway.live.idempotency import HEADER, check_key, fingerprint
 from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant
+from gateway.live.tenants import Tenant, check_deadline
 
 _GATEWAY_KEY = "hexflow.gateway"  # where gw_of leaves the gateway in the request's ASGI scope
 
@@ -122,7 +122,7 @@ metrics_access = _admin_dependency("protect_metrics")
 
 def deadline_or_raise(gw: Gateway, tenant: Tenant, deadline_s: float | None) -> float:
     """The effective deadline; ``DeadlineOutOfRange`` (422, naming the tenant's range) otherwise."""
-    return gw.tenants.check_deadline(tenant, deadline_s)
+    return check_deadline(tenant, deadline_s)
 
 
 def admit_or_raise(

@@ -202,7 +202,7 @@ class WorkflowRunner:
         if run is not None:  # (None: counted out already)
             self._finish(run, outcome, latency if ended else None, valid=valid)
         if ended:
-            self.gw.recorder.record_online(wf)
+            self.gw.recorder.record(wf)
         return latency
 
     async def run_stage(
