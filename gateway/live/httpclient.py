@@ -383,8 +383,11 @@ class HttpClient:
         self._closed_client = False
 
     @staticmethod
-    def prepare(url: str, path: str, *, content_type: bytes = b"application/json", method: str = "POST") -> Prepared:
-        """The ``method`` (``POST``) of ``path`` under the base ``url``, up to its ``Content-Length`` value."""
+    def prepare(
+        url: str, path: str, *, content_type: bytes = b"application/json", method: str = "POST", headers: bytes = b""
+    ) -> Prepared:
+        """The ``method`` (``POST``) of ``path`` under the base ``url``, up to its ``Content-Length`` value
+        (``headers``: more header lines, each ending in CRLF)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -395,7 +398,9 @@ class HttpClient:
             f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
             + b"User-Agent: "
             + _USER_AGENT
-            + b"\r\nAccept: */*\r\nContent-Type: "
+            + b"\r\nAccept: */*\r\n"
+            + headers
+            + b"Content-Type: "
             + content_type
             + b"\r\nContent-Length: "
         )

@@ -18,10 +18,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-
 from gateway.config.operations import LeaderElectionConfig
 from gateway.live.discovery import KubeApi, KubeApiError, KubeConflict, KubeNotFound, kube_api
+from gateway.live.httpclient import HttpError
 from gateway.live.monitor import stopped_within
 
 log = logging.getLogger("hexflow.leader")
@@ -170,7 +169,7 @@ class LeaderElector:
             held = await asyncio.wait_for(self.try_acquire_or_renew(), max(left, 0.05))
         except asyncio.CancelledError:
             raise
-        except (KubeApiError, aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+        except (KubeApiError, HttpError, TimeoutError, ValueError, OSError) as exc:
             self.errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:500]
             log.warning("lease %s: %s", self.cfg.lease_name, self.last_error)
@@ -219,7 +218,7 @@ class LeaderElector:
             }
             await asyncio.wait_for(self.api.request_json("PUT", self.lease_path, lease), self.cfg.renew_deadline_s)
             log.info("%s released lease %s", self.identity, self.cfg.lease_name)
-        except (KubeApiError, aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+        except (KubeApiError, HttpError, TimeoutError, ValueError, OSError) as exc:
             log.warning("could not release lease %s (it expires by itself): %s", self.cfg.lease_name, exc)
 
     def status(self) -> dict[str, Any]:
