@@ -9,7 +9,7 @@ import asyncio
 import math
 import ssl
 from collections import deque
-from typing import Final, cast
+from typing import Final, NamedTuple, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -51,14 +51,11 @@ Origin = tuple[str, str, int]
 """(scheme, host, port) of a server: the key of a pool of connections."""
 
 
-class Prepared:
+class Prepared(NamedTuple):
     """A request's bytes up to its ``Content-Length`` value, and where to send it (``HttpClient.prepare``)."""
 
-    __slots__ = ("head", "origin")
-
-    def __init__(self, origin: Origin, head: bytes) -> None:
-        self.origin = origin
-        self.head = head
+    origin: Origin
+    head: bytes
 
 
 class _Connection(asyncio.Protocol):

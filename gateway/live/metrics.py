@@ -213,23 +213,19 @@ class GatewayMetrics:
         for result in RELOAD_RESULTS:
             self.tenant_reloads.labels(result=result)
         for w in workers:
-            self._worker_series_at_zero(w)
-            self.up.labels(worker=w).set(1)
+            self.add_worker(w, up=True)
         for t in tenants:
             self.add_tenant(t)
 
-    def add_worker(self, worker: str) -> None:
-        """Create a new worker's series (discovery; it starts down until it takes calls)."""
-        self._worker_series_at_zero(worker)
-        self.up.labels(worker=worker).set(0)
-
-    def _worker_series_at_zero(self, worker: str) -> None:
+    def add_worker(self, worker: str, *, up: bool = False) -> None:
+        """Create a worker's series (``up``: a configured worker's; discovery's start down until they take calls)."""
         self.draining.labels(worker=worker).set(0)
         self.priority.labels(worker=worker).set(1)
         for metric in (self.queue_depth, self.inflight, self.retries, self.ejections, self.scrape_failures):
             metric.labels(worker=worker)
         for reason in CALL_FAILURE_REASONS:
             self.failures.labels(worker=worker, reason=reason)
+        self.up.labels(worker=worker).set(1 if up else 0)
 
     def remove_worker(self, worker: str) -> None:
         """Delete every series of a worker that left the pool (and the children cached for it)."""
