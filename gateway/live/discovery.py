@@ -25,7 +25,7 @@ from gateway.config.cluster import entry_worker
 from gateway.config.operations import KubernetesDiscoveryConfig, LeaderElectionConfig
 from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError
-from gateway.live.httpclient import HttpClient, Response
+from gateway.live.httpclient import HttpClient, Prepared
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.monitor import stopped_within
 from gateway.live.pool import WorkerPool
@@ -36,6 +36,10 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POD_STATES = ("ready", "unready", "pending", "invalid")
 _MAX_LINE = 4 << 20  # one watch event (a pod object) is a few KiB; refuse absurd ones
 _MAX_BODY = 256 << 20  # a list of many pods
+_RBAC_HINT = (
+    " (check the service account and its Role: get/list/watch on pods; get/create/update on leases with leader "
+    "election)"
+)
 
 
 class KubeApiError(Exception):
@@ -185,28 +189,11 @@ class KubeApi:
         q = "&".join(f"{k}={quote(v, safe='')}" for k, v in {"labelSelector": selector, **params}.items())
         return f"/api/v1/namespaces/{quote(self.namespace, safe='')}/pods?{q}"
 
-    async def _request(self, method: str, path: str, body: bytes, headers_s: float) -> Response:
-        """The answer's status and headers; ``KubeApiError`` and its kinds on an error status (the body read)."""
+    def _prepare(self, method: str, path: str) -> tuple[HttpClient, Prepared]:
+        """The client (created on first use, in the running loop) and the request, with the token read now."""
         if self._client is None:
             self._client = HttpClient(connect_s=self.timeout_s, max_connections=4, ssl_context=self._ssl)
-        prepared = HttpClient.prepare(self.base_url, path, method=method, headers=self._auth())
-        r = await self._client.request(prepared, body, headers_s=headers_s)
-        if r.status < 400:
-            return r
-        try:
-            text = (await r.read_all(self.timeout_s, _MAX_LINE)).decode(errors="replace")[:500]
-        finally:
-            r.release()
-        if r.status == 410:
-            raise WatchExpired(text)
-        kind = {404: KubeNotFound, 409: KubeConflict}.get(r.status, KubeApiError)
-        hint = ""
-        if r.status in (401, 403):
-            hint = (
-                " (check the service account and its Role: get/list/watch on pods; "
-                "get/create/update on leases with leader election)"
-            )
-        raise kind(f"HTTP {r.status} from the Kubernetes API{hint}: {text}")
+        return self._client, HttpClient.prepare(self.base_url, path, method=method, headers=self._auth())
 
     async def close(self) -> None:
         """Close the HTTP client's connections."""
@@ -225,12 +212,10 @@ class KubeApi:
     async def request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """One JSON request to ``path`` (from the API root); ``KubeNotFound``, ``KubeConflict`` or ``KubeApiError``."""
         data = b"" if body is None else json.dumps(body).encode()
+        client, prepared = self._prepare(method, path)
         async with asyncio.timeout(self.timeout_s):
-            r = await self._request(method, path, data, self.timeout_s)
-            try:
-                raw = await r.read_all(self.timeout_s, _MAX_BODY)
-            finally:
-                r.release()
+            status, raw = await client.fetch(prepared, data, headers_s=None, idle_s=None, cap=_MAX_BODY)
+        _raise_for(status, raw)
         out = json.loads(raw)
         if not isinstance(out, dict):
             raise KubeApiError(f"the answer to {method} {path} is not a JSON object")
@@ -249,8 +234,11 @@ class KubeApi:
         )
         # The server ends the watch after timeoutSeconds; the read timeout only guards a hung server.
         idle_s = timeout_s + self.timeout_s
-        r = await self._request("GET", path, b"", idle_s)
+        client, prepared = self._prepare("GET", path)
+        r = await client.request(prepared, b"", headers_s=idle_s)
         try:
+            if r.status >= 400:
+                _raise_for(r.status, await r.read_all(self.timeout_s, _MAX_LINE))
             pending = b""
             while chunk := await r.read_chunk(idle_s):
                 *lines, pending = (pending + chunk).split(b"\n")
@@ -274,6 +262,18 @@ class KubeApi:
                     yield kind, obj
         finally:
             r.release()
+
+
+def _raise_for(status: int, body: bytes) -> None:
+    """``KubeApiError`` (or the kind the status says) for an error status of the API."""
+    if status < 400:
+        return
+    text = body.decode(errors="replace")[:500]
+    if status == 410:
+        raise WatchExpired(text)
+    kind = {404: KubeNotFound, 409: KubeConflict}.get(status, KubeApiError)
+    hint = _RBAC_HINT if status in (401, 403) else ""
+    raise kind(f"HTTP {status} from the Kubernetes API{hint}: {text}")
 
 
 def default_api_url() -> str | None:

@@ -425,6 +425,16 @@ class HttpClient:
             raise
         return Response(conn)
 
+    async def fetch(
+        self, prepared: Prepared, body: bytes, *, headers_s: float | None, idle_s: float | None, cap: int
+    ) -> tuple[int, bytes]:
+        """``request``, then the status and the whole body (``Response.read_all``), the connection released."""
+        r = await self.request(prepared, body, headers_s=headers_s)
+        try:
+            return r.status, await r.read_all(idle_s, cap)
+        finally:
+            r.release()
+
     async def aclose(self) -> None:
         """Close the idle connections; those in use close when released. Idempotent."""
         self._closed_client = True

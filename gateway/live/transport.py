@@ -231,11 +231,7 @@ class HttpTransport:
             self._monitor = httpclient.HttpClient(connect_s=t.connect_s, keepalive_expiry_s=t.keepalive_expiry_s)
         prepared = httpclient.HttpClient.prepare(worker.url, path, method="GET")
         async with asyncio.timeout(timeout_s):
-            r = await self._monitor.request(prepared, b"", headers_s=None)
-            try:
-                return r.status, await r.read_all(None, t.max_response_bytes)
-            finally:
-                r.release()
+            return await self._monitor.fetch(prepared, b"", headers_s=None, idle_s=None, cap=t.max_response_bytes)
 
     async def probe(self, worker: WorkerInfo) -> bool:
         """GET /health: True on a 200."""
