@@ -409,7 +409,7 @@ class WorkerPool:
             st.sent += 1
             self.metrics.call_done(st.name, call.kind, now - call.ready_at, observed, call.t_comp)
             predicted = self.under_load_s(st, call, now, tokens)
-            self.outliers.record(st, observed / predicted if predicted > 0 else 1.0)
+            st.add_recent(observed / predicted if predicted > 0 else 1.0)
             self._deliver(call, outcome)
             self._judge(st)
         else:
@@ -471,7 +471,7 @@ class WorkerPool:
         self.metrics.for_worker(self.metrics.failures, st.name, "worker_error").inc()
         log.warning("call %s failed on worker %s (attempt %d): %s", call.id, st.name, call.attempts, reason)
         if not refused:  # a refused connection is a worker gone (restarting), not an outlier: health handles it
-            self.outliers.record(st, None)
+            st.add_recent(None)
             self._judge(st)
         if refused or st.failures >= self.failures_to_down:
             self.mark_down(st, reason)
