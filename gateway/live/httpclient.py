@@ -313,11 +313,6 @@ class Response:
         raw = self._conn.content_type.partition(b";")[0].strip().lower()
         return raw.decode("latin-1") if raw else "application/octet-stream"
 
-    @property
-    def content_length(self) -> int | None:
-        """The ``Content-Length`` the server gave (None for a chunked or read-until-close body)."""
-        return self._conn.content_length
-
     async def read_chunk(self, idle_s: float | None) -> bytes:
         """The body's pieces since the last read (b"" at its end), waiting at most ``idle_s`` for one."""
         conn = self._conn
