@@ -154,7 +154,7 @@ class _Watched(StagedWorkflow):
         """Record the workflow in the window once its last call returned (as the live gateway does)."""
         nxt = super().complete(spec)
         if self.done:
-            self.tuner.recorder.record_online(self)
+            self.tuner.recorder.record(self)
         return nxt
 
 

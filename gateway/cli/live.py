@@ -84,10 +84,9 @@ def cmd_discover(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    import aiohttp
-
     from gateway.config.gateway import load_gateway_config
     from gateway.live.discovery import KubeApiError, api_from_config, pod_state
+    from gateway.live.httpclient import HttpError
 
     loaded = load_gateway_config(args.config)
     kube = loaded.cfg.discovery.kubernetes if loaded.cfg.discovery is not None else None
@@ -121,7 +120,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
     try:
         rows = asyncio.run(list_once())
-    except (KubeApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+    except (KubeApiError, HttpError, OSError, TimeoutError, ValueError) as exc:
         print(f"hexflow: the Kubernetes API at {api.base_url} failed: {exc}", file=sys.stderr)
         return 1
     if args.json:

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-
 from gateway.config import GpuCatalog
 from gateway.config.cluster import entry_worker
 from gateway.config.operations import KubernetesDiscoveryConfig, LeaderElectionConfig
 from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError
+from gateway.live.httpclient import HttpClient, Prepared
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.monitor import stopped_within
 from gateway.live.pool import WorkerPool
@@ -36,6 +35,11 @@ log = logging.getLogger("hexflow.discovery")
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POD_STATES = ("ready", "unready", "pending", "invalid")
 _MAX_LINE = 4 << 20  # one watch event (a pod object) is a few KiB; refuse absurd ones
+_MAX_BODY = 256 << 20  # a list of many pods
+_RBAC_HINT = (
+    " (check the service account and its Role: get/list/watch on pods; get/create/update on leases with leader "
+    "election)"
+)
 
 
 class KubeApiError(Exception):
@@ -156,8 +160,9 @@ def pod_state(
 
 
 class KubeApi:
-    """The Kubernetes API calls discovery and leader election need, in one namespace (``token_file``: re-read
-    on every request; ``ca_file``: absent, the system's CAs; ``timeout_s``: connect, and a list's read)."""
+    """The Kubernetes API calls discovery and leader election need, in one namespace, over the gateway's own HTTP
+    client (``token_file``: re-read on every request; ``ca_file``: absent, the system's CAs; ``timeout_s``: connect,
+    and a request's whole answer; a watch's stream gets a gap of its ``timeout_s`` more)."""
 
     def __init__(
         self, base_url: str, namespace: str, *, token_file: str | None, ca_file: str | None, timeout_s: float
@@ -166,55 +171,35 @@ class KubeApi:
         self.namespace = namespace
         self.token_file = token_file
         self.timeout_s = timeout_s
-        self._ssl: ssl.SSLContext | bool = True
+        self._ssl: ssl.SSLContext | None = None
         if ca_file and Path(ca_file).is_file():
             self._ssl = ssl.create_default_context(cafile=ca_file)
-        self._session: aiohttp.ClientSession | None = None
+        self._client: HttpClient | None = None
 
-    def _headers(self) -> dict[str, str]:
-        h = {"Accept": "application/json"}
+    def _auth(self) -> bytes:
+        """The ``Authorization`` header line of the token file's token, read now (none without a token)."""
         if self.token_file:
             with contextlib.suppress(OSError):
                 token = Path(self.token_file).read_text().strip()
-                if token:
-                    h["Authorization"] = f"Bearer {token}"
-        return h
+                if token and token.isascii() and token.isprintable():
+                    return f"Authorization: Bearer {token}\r\n".encode()
+        return b""
 
     def _pods(self, selector: str, **params: str) -> str:
         q = "&".join(f"{k}={quote(v, safe='')}" for k, v in {"labelSelector": selector, **params}.items())
         return f"/api/v1/namespaces/{quote(self.namespace, safe='')}/pods?{q}"
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=4),
-                read_bufsize=1 << 16,
-                max_line_size=_MAX_LINE,
-                max_field_size=1 << 16,
-            )
-        return self._session
+    def _prepare(self, method: str, path: str) -> tuple[HttpClient, Prepared]:
+        """The client (created on first use, in the running loop) and the request, with the token read now."""
+        if self._client is None:
+            self._client = HttpClient(connect_s=self.timeout_s, max_connections=4, ssl_context=self._ssl)
+        return self._client, HttpClient.prepare(self.base_url, path, method=method, headers=self._auth())
 
     async def close(self) -> None:
-        """Close the HTTP session."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    @staticmethod
-    async def _raise_for(resp: aiohttp.ClientResponse) -> None:
-        if resp.status < 400:
-            return
-        text = (await resp.text())[:500]
-        if resp.status == 410:
-            raise WatchExpired(text)
-        kind = {404: KubeNotFound, 409: KubeConflict}.get(resp.status, KubeApiError)
-        hint = ""
-        if resp.status in (401, 403):
-            hint = (
-                " (check the service account and its Role: get/list/watch on pods; "
-                "get/create/update on leases with leader election)"
-            )
-        raise kind(f"HTTP {resp.status} from the Kubernetes API{hint}: {text}")
+        """Close the HTTP client's connections."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     async def list_pods(self, selector: str) -> tuple[list[dict[str, Any]], str]:
         """The selected pods and the list's ``resourceVersion``."""
@@ -226,16 +211,12 @@ class KubeApi:
 
     async def request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """One JSON request to ``path`` (from the API root); ``KubeNotFound``, ``KubeConflict`` or ``KubeApiError``."""
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.timeout_s)
-        headers = self._headers()
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        data = None if body is None else json.dumps(body).encode()
-        async with self._client().request(
-            method, self.base_url + path, headers=headers, data=data, timeout=timeout
-        ) as resp:
-            await self._raise_for(resp)
-            out = await resp.json(content_type=None)
+        data = b"" if body is None else json.dumps(body).encode()
+        client, prepared = self._prepare(method, path)
+        async with asyncio.timeout(self.timeout_s):
+            status, raw = await client.fetch(prepared, data, headers_s=None, idle_s=None, cap=_MAX_BODY)
+        _raise_for(status, raw)
+        out = json.loads(raw)
         if not isinstance(out, dict):
             raise KubeApiError(f"the answer to {method} {path} is not a JSON object")
         return out
@@ -244,7 +225,7 @@ class KubeApi:
         self, selector: str, resource_version: str, timeout_s: int
     ) -> AsyncGenerator[tuple[str, dict[str, Any]]]:
         """Watch events ``(type, object)`` after ``resource_version`` for up to ``timeout_s`` seconds."""
-        url = self.base_url + self._pods(
+        path = self._pods(
             selector,
             watch="1",
             resourceVersion=resource_version,
@@ -252,26 +233,47 @@ class KubeApi:
             timeoutSeconds=str(timeout_s),
         )
         # The server ends the watch after timeoutSeconds; the read timeout only guards a hung server.
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout_s, sock_read=timeout_s + self.timeout_s)
-        async with self._client().get(url, headers=self._headers(), timeout=timeout) as resp:
-            await self._raise_for(resp)
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line:
-                    continue
-                try:
-                    ev = json.loads(line)
-                except ValueError as exc:
-                    raise KubeApiError(f"a watch event is not JSON: {exc}") from exc
-                if not isinstance(ev, dict) or not isinstance(ev.get("object"), dict):
-                    raise KubeApiError("a watch event has no object")
-                kind, obj = str(ev.get("type")), ev["object"]
-                if kind == "ERROR":
-                    code = obj.get("code")
-                    if code == 410:
-                        raise WatchExpired(str(obj.get("message", "resource version expired")))
-                    raise KubeApiError(f"watch error {code}: {obj.get('message')}")
-                yield kind, obj
+        idle_s = timeout_s + self.timeout_s
+        client, prepared = self._prepare("GET", path)
+        r = await client.request(prepared, b"", headers_s=idle_s)
+        try:
+            if r.status >= 400:
+                _raise_for(r.status, await r.read_all(self.timeout_s, _MAX_LINE))
+            pending = b""
+            while chunk := await r.read_chunk(idle_s):
+                *lines, pending = (pending + chunk).split(b"\n")
+                if len(pending) > _MAX_LINE:
+                    raise KubeApiError(f"a watch event is over {_MAX_LINE} bytes")
+                for raw in lines:
+                    if not raw.strip():
+                        continue
+                    try:
+                        ev = json.loads(raw)
+                    except ValueError as exc:
+                        raise KubeApiError(f"a watch event is not JSON: {exc}") from exc
+                    if not isinstance(ev, dict) or not isinstance(ev.get("object"), dict):
+                        raise KubeApiError("a watch event has no object")
+                    kind, obj = str(ev.get("type")), ev["object"]
+                    if kind == "ERROR":
+                        code = obj.get("code")
+                        if code == 410:
+                            raise WatchExpired(str(obj.get("message", "resource version expired")))
+                        raise KubeApiError(f"watch error {code}: {obj.get('message')}")
+                    yield kind, obj
+        finally:
+            r.release()
+
+
+def _raise_for(status: int, body: bytes) -> None:
+    """``KubeApiError`` (or the kind the status says) for an error status of the API."""
+    if status < 400:
+        return
+    text = body.decode(errors="replace")[:500]
+    if status == 410:
+        raise WatchExpired(text)
+    kind = {404: KubeNotFound, 409: KubeConflict}.get(status, KubeApiError)
+    hint = _RBAC_HINT if status in (401, 403) else ""
+    raise kind(f"HTTP {status} from the Kubernetes API{hint}: {text}")
 
 
 def default_api_url() -> str | None:

@@ -9,7 +9,7 @@ import asyncio
 import math
 import ssl
 from collections import deque
-from typing import Final, cast
+from typing import Final, NamedTuple, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -51,14 +51,11 @@ Origin = tuple[str, str, int]
 """(scheme, host, port) of a server: the key of a pool of connections."""
 
 
-class Prepared:
+class Prepared(NamedTuple):
     """A request's bytes up to its ``Content-Length`` value, and where to send it (``HttpClient.prepare``)."""
 
-    __slots__ = ("head", "origin")
-
-    def __init__(self, origin: Origin, head: bytes) -> None:
-        self.origin = origin
-        self.head = head
+    origin: Origin
+    head: bytes
 
 
 class _Connection(asyncio.Protocol):
@@ -316,11 +313,6 @@ class Response:
         raw = self._conn.content_type.partition(b";")[0].strip().lower()
         return raw.decode("latin-1") if raw else "application/octet-stream"
 
-    @property
-    def content_length(self) -> int | None:
-        """The ``Content-Length`` the server gave (None for a chunked or read-until-close body)."""
-        return self._conn.content_length
-
     async def read_chunk(self, idle_s: float | None) -> bytes:
         """The body's pieces since the last read (b"" at its end), waiting at most ``idle_s`` for one."""
         conn = self._conn
@@ -383,8 +375,11 @@ class HttpClient:
         self._closed_client = False
 
     @staticmethod
-    def prepare(url: str, path: str, *, content_type: bytes = b"application/json", method: str = "POST") -> Prepared:
-        """The ``method`` (``POST``) of ``path`` under the base ``url``, up to its ``Content-Length`` value."""
+    def prepare(
+        url: str, path: str, *, content_type: bytes = b"application/json", method: str = "POST", headers: bytes = b""
+    ) -> Prepared:
+        """The ``method`` (``POST``) of ``path`` under the base ``url``, up to its ``Content-Length`` value
+        (``headers``: more header lines, each ending in CRLF)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -395,7 +390,9 @@ class HttpClient:
             f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
             + b"User-Agent: "
             + _USER_AGENT
-            + b"\r\nAccept: */*\r\nContent-Type: "
+            + b"\r\nAccept: */*\r\n"
+            + headers
+            + b"Content-Type: "
             + content_type
             + b"\r\nContent-Length: "
         )
@@ -422,6 +419,16 @@ class HttpClient:
             conn.abort()
             raise
         return Response(conn)
+
+    async def fetch(
+        self, prepared: Prepared, body: bytes, *, headers_s: float | None, idle_s: float | None, cap: int
+    ) -> tuple[int, bytes]:
+        """``request``, then the status and the whole body (``Response.read_all``), the connection released."""
+        r = await self.request(prepared, body, headers_s=headers_s)
+        try:
+            return r.status, await r.read_all(idle_s, cap)
+        finally:
+            r.release()
 
     async def aclose(self) -> None:
         """Close the idle connections; those in use close when released. Idempotent."""

@@ -13,14 +13,14 @@ import random
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-
 from gateway.config.operations import LeaderElectionConfig
 from gateway.live.discovery import KubeApi, KubeApiError, KubeConflict, KubeNotFound, kube_api
+from gateway.live.httpclient import HttpError
 from gateway.live.monitor import stopped_within
 
 log = logging.getLogger("hexflow.leader")
@@ -51,38 +51,33 @@ def _spec(lease: dict[str, Any]) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {}
 
 
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(eq=False)
 class LeaderElector:
     """Acquires and renews the Lease; tells ``on_change`` when this replica starts or stops leading (``clock``:
     monotonic, for expiry; ``wall``: written into ``renewTime`` and ``acquireTime``)."""
 
-    def __init__(
-        self,
-        cfg: LeaderElectionConfig,
-        api: KubeApi,
-        identity: str,
-        on_change: Callable[[bool], None],
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
-        rng: random.Random | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.api = api
-        self.identity = identity
-        self.on_change = on_change
-        self._clock = clock
-        self._wall = wall
-        self._rng = rng if rng is not None else random.Random()
-        self.leading = False
-        self.holder: str | None = None
-        self.renewed_at: float | None = None
-        self.observed: dict[str, Any] | None = None
-        self.observed_at: float | None = None
-        self.acquired = 0
-        self.lost = 0
-        self.errors = 0
-        self.last_error: str | None = None
-        self._released = False
+    cfg: LeaderElectionConfig
+    api: KubeApi
+    identity: str
+    on_change: Callable[[bool], None]
+    _: KW_ONLY
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], datetime] = _utc_now
+    rng: random.Random = field(default_factory=random.Random)
+    leading: bool = field(default=False, init=False)
+    holder: str | None = field(default=None, init=False)
+    renewed_at: float | None = field(default=None, init=False)
+    observed: dict[str, Any] | None = field(default=None, init=False)
+    observed_at: float | None = field(default=None, init=False)
+    acquired: int = field(default=0, init=False)
+    lost: int = field(default=0, init=False)
+    errors: int = field(default=0, init=False)
+    last_error: str | None = field(default=None, init=False)
+    _released: bool = field(default=False, init=False)
 
     @property
     def path(self) -> str:
@@ -115,8 +110,8 @@ class LeaderElector:
 
     async def try_acquire_or_renew(self) -> bool:
         """One round: True when this replica holds the Lease after it (acquired or renewed)."""
-        now = self._clock()
-        now_wall = micro_time(self._wall())
+        now = self.clock()
+        now_wall = micro_time(self.wall())
         try:
             lease = await self.api.request_json("GET", self.lease_path)
         except KubeNotFound:
@@ -165,7 +160,7 @@ class LeaderElector:
 
     async def step(self) -> None:
         """One round, bounded by the time left to the renew deadline; steps down when it has passed."""
-        now = self._clock()
+        now = self.clock()
         left = self.cfg.renew_deadline_s
         if self.leading and self.renewed_at is not None:
             left = self.cfg.renew_deadline_s - (now - self.renewed_at)
@@ -174,7 +169,7 @@ class LeaderElector:
             held = await asyncio.wait_for(self.try_acquire_or_renew(), max(left, 0.05))
         except asyncio.CancelledError:
             raise
-        except (KubeApiError, aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+        except (KubeApiError, HttpError, TimeoutError, ValueError, OSError) as exc:
             self.errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:500]
             log.warning("lease %s: %s", self.cfg.lease_name, self.last_error)
@@ -186,7 +181,7 @@ class LeaderElector:
         elif self.leading and (
             (self.holder is not None and self.holder != self.identity)
             or self.renewed_at is None
-            or self._clock() - self.renewed_at >= self.cfg.renew_deadline_s
+            or self.clock() - self.renewed_at >= self.cfg.renew_deadline_s
         ):
             self._set_leading(False)
 
@@ -196,7 +191,7 @@ class LeaderElector:
             await self.step()
             wait = self.cfg.retry_period_s
             if not self.leading:
-                wait *= 1.0 + JITTER * self._rng.random()
+                wait *= 1.0 + JITTER * self.rng.random()
             await stopped_within(stop, wait)
 
     async def release(self) -> None:
@@ -213,7 +208,7 @@ class LeaderElector:
             spec = _spec(lease)
             if spec.get("holderIdentity") != self.identity:
                 return
-            now_wall = micro_time(self._wall())
+            now_wall = micro_time(self.wall())
             lease["spec"] = {
                 "holderIdentity": None,
                 "leaseDurationSeconds": 1,
@@ -223,12 +218,12 @@ class LeaderElector:
             }
             await asyncio.wait_for(self.api.request_json("PUT", self.lease_path, lease), self.cfg.renew_deadline_s)
             log.info("%s released lease %s", self.identity, self.cfg.lease_name)
-        except (KubeApiError, aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+        except (KubeApiError, HttpError, TimeoutError, ValueError, OSError) as exc:
             log.warning("could not release lease %s (it expires by itself): %s", self.cfg.lease_name, exc)
 
     def status(self) -> dict[str, Any]:
         """What ``/v1/status`` shows of leader election."""
-        now = self._clock()
+        now = self.clock()
         return {
             "identity": self.identity,
             "leading": self.leading,

@@ -106,12 +106,13 @@ class _Attainment:
         return self.met / len(window)
 
 
-_Children = dict[tuple[Any, ...], Any]
-"""Labelled children by (metric, other label values): ``labels()`` validates and locks on every call."""
+_Children = dict[tuple[Any, str], Any]
+"""Labelled children by (metric, other label value): ``labels()`` validates and locks on every call."""
 
 
 class GatewayMetrics:
-    """Every metric the gateway exports (its ``_family`` attributes), with small methods the pool and the app call."""
+    """Every metric the gateway exports (its ``_family`` attributes): a worker's or a tenant's series through
+    ``for_worker``/``for_tenant``, and the few records that touch several series."""
 
     # fmt: off
     workflow_latency = _family(Histogram, "hexflow_workflow_latency_seconds", "tenant",
@@ -188,14 +189,17 @@ class GatewayMetrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
-        self._per_worker: list[Counter | Gauge | Histogram] = []
+        # A worker's or tenant's family -> (that label, its other label or ""): what ``for_worker`` and
+        # ``for_tenant`` fill in.
+        self._labels: dict[Any, tuple[str, str]] = {}
         for attr, f in vars(GatewayMetrics).items():
             if isinstance(f, _Family):
                 extra = {"buckets": f.buckets} if f.buckets else {}
-                metric = f.kind(f.name, f.doc, f.labels.split(), registry=r, **extra)
+                labels = f.labels.split()
+                metric = f.kind(f.name, f.doc, labels, registry=r, **extra)
                 setattr(self, attr, metric)
-                if "worker" in f.labels.split():
-                    self._per_worker.append(metric)
+                for by in {"worker", "tenant"} & set(labels):
+                    self._labels[metric] = (by, "".join(x for x in labels if x != by))
         self.kind = BoundedLabel()
         self._workers: dict[str, _Children] = {}
         self._tenants: dict[str, _Children] = {}
@@ -209,29 +213,26 @@ class GatewayMetrics:
         for result in RELOAD_RESULTS:
             self.tenant_reloads.labels(result=result)
         for w in workers:
-            self._worker_series_at_zero(w)
-            self.up.labels(worker=w).set(1)
+            self.add_worker(w, up=True)
         for t in tenants:
             self.add_tenant(t)
 
-    def add_worker(self, worker: str) -> None:
-        """Create a new worker's series (discovery; it starts down until it takes calls)."""
-        self._worker_series_at_zero(worker)
-        self.up.labels(worker=worker).set(0)
-
-    def _worker_series_at_zero(self, worker: str) -> None:
+    def add_worker(self, worker: str, *, up: bool = False) -> None:
+        """Create a worker's series (``up``: a configured worker's; discovery's start down until they take calls)."""
         self.draining.labels(worker=worker).set(0)
         self.priority.labels(worker=worker).set(1)
         for metric in (self.queue_depth, self.inflight, self.retries, self.ejections, self.scrape_failures):
             metric.labels(worker=worker)
         for reason in CALL_FAILURE_REASONS:
             self.failures.labels(worker=worker, reason=reason)
+        self.up.labels(worker=worker).set(1 if up else 0)
 
     def remove_worker(self, worker: str) -> None:
         """Delete every series of a worker that left the pool (and the children cached for it)."""
         self._workers.pop(worker, None)
-        for m in self._per_worker:
-            m.remove_by_labels({"worker": worker})
+        for m, (by, _) in self._labels.items():
+            if by == "worker":
+                m.remove_by_labels({"worker": worker})
 
     def add_tenant(self, tenant: str) -> None:
         """Create a tenant's series at zero (so dashboards show it before its first workflow)."""
@@ -256,32 +257,25 @@ class GatewayMetrics:
         for t in [t for t in self._tenants if t not in names]:
             del self._tenants[t]
 
-    @staticmethod
-    def _child(owners: dict[str, _Children], by: str, metric: _MetricT, owner: str, label: str, value: str) -> _MetricT:
-        """``metric.labels(...)`` for an owner's series (``by``: worker or tenant; ``label``: the family's other
-        label, if any), cached with its owner: ``labels()`` validates and locks on every call."""
+    def _child(self, owners: dict[str, _Children], metric: _MetricT, owner: str, value: str) -> _MetricT:
         cache = owners.get(owner)
         if cache is None:
             cache = owners[owner] = {}
         key = (metric, value)  # metrics hash by identity
         c = cache.get(key)
         if c is None:
+            by, label = self._labels[metric]
             c = cache[key] = metric.labels(**({by: owner, label: value} if label else {by: owner}))
         return c
 
-    def _worker_child(self, metric: _MetricT, worker: str, label: str = "", value: str = "") -> _MetricT:
-        return self._child(self._workers, "worker", metric, worker, label, value)
+    def for_worker(self, metric: _MetricT, worker: str, value: str = "") -> _MetricT:
+        """``metric``'s series of ``worker`` (``value``: of the family's other label, if it has one), cached per
+        worker: ``labels()`` validates and locks on every call."""
+        return self._child(self._workers, metric, worker, value)
 
-    def _tenant_child(self, metric: _MetricT, tenant: str, label: str = "", value: str = "") -> _MetricT:
-        return self._child(self._tenants, "tenant", metric, tenant, label, value)
-
-    def dispatch(self, worker: str, kind: str) -> None:
-        """One dispatch decision."""
-        self._worker_child(self.dispatches, worker, "kind", self.kind(kind)).inc()
-
-    def queue_wait(self, worker: str, seconds: float) -> None:
-        """A call left the worker's gateway queue."""
-        self._worker_child(self.queue_wait_h, worker).observe(max(seconds, 0.0))
+    def for_tenant(self, metric: _MetricT, tenant: str, value: str = "") -> _MetricT:
+        """``metric``'s series of ``tenant`` (as ``for_worker``)."""
+        return self._child(self._tenants, metric, tenant, value)
 
     def call_done(self, worker: str, kind: str, total_s: float, run_s: float, predicted_s: float) -> None:
         """A call returned."""
@@ -290,81 +284,41 @@ class GatewayMetrics:
         if stage is None:
             stage = self._stage[k] = self.stage_latency.labels(kind=k)
         stage.observe(max(total_s, 0.0))
-        self._worker_child(self.call_run, worker, "kind", k).observe(max(run_s, 0.0))
+        self.for_worker(self.call_run, worker, k).observe(max(run_s, 0.0))
         if predicted_s > 0:
-            self._worker_child(self.estimate_ratio, worker).observe(run_s / predicted_s)
+            self.for_worker(self.estimate_ratio, worker).observe(run_s / predicted_s)
 
     def workflow_done(self, tenant: str, latency_s: float | None, outcome: str) -> None:
         """A workflow ended with ``outcome`` (one of ``OUTCOMES``); only met and missed count towards attainment."""
-        self._tenant_child(self.workflows, tenant, "outcome", outcome).inc()
+        self.for_tenant(self.workflows, tenant, outcome).inc()
         if latency_s is not None:
-            self._tenant_child(self.workflow_latency, tenant).observe(latency_s)
+            self.for_tenant(self.workflow_latency, tenant).observe(latency_s)
         if outcome in ("met", "missed"):
             recent = self._recent.get(tenant)
             if recent is None:
                 recent = self._recent[tenant] = _Attainment()
-            self._tenant_child(self.slo, tenant).set(recent.add(outcome == "met"))
+            self.for_tenant(self.slo, tenant).set(recent.add(outcome == "met"))
 
     def workflow_outcome(self, tenant: str, outcome: str) -> None:
         """A workflow ended with goodput ``outcome`` (one of ``history.GOODPUT_OUTCOMES``); ``met`` is goodput."""
-        self._tenant_child(self.workflow_outcomes, tenant, "outcome", outcome).inc()
+        self.for_tenant(self.workflow_outcomes, tenant, outcome).inc()
         if outcome == "met":
-            self._tenant_child(self.goodput, tenant).inc()
-
-    def rejection(self, tenant: str, reason: str) -> None:
-        """A workflow of ``tenant`` refused at admission, and why (one of ``REJECT_REASONS``)."""
-        self._tenant_child(self.rejections, tenant, "reason", reason).inc()
-
-    def demotion(self, tenant: str, when: str) -> None:
-        """A workflow of ``tenant`` demoted to the lowest urgency (``when``: one of ``DEMOTED_WHEN``)."""
-        self._tenant_child(self.demoted, tenant, "when", when).inc()
+            self.for_tenant(self.goodput, tenant).inc()
 
     def degraded(self, tenant: str, step: str) -> None:
         """A question of ``tenant`` ran with knob ``step`` (``DEGRADED_STEPS``) turned down."""
         if step in DEGRADED_STEPS:
-            self.degraded_workflows.labels(tenant=tenant, step=step).inc()
-
-    def call_failure(self, worker: str, reason: str) -> None:
-        """A call failed on a worker."""
-        self._worker_child(self.failures, worker, "reason", reason).inc()
-
-    def retry(self, worker: str) -> None:
-        """A call failed by ``worker`` is re-dispatched."""
-        self._worker_child(self.retries, worker).inc()
-
-    def ejection(self, worker: str) -> None:
-        """A worker was ejected as an outlier, or stays ejected after a failed probe call."""
-        self._worker_child(self.ejections, worker).inc()
-
-    def priority_scheduling(self, worker: str, on: bool) -> None:
-        """Calls to ``worker`` carry vLLM's priority field (``on``) or no longer do (it refused the field)."""
-        self._worker_child(self.priority, worker).set(1 if on else 0)
-
-    def worker_up(self, worker: str, up: bool) -> None:
-        """A worker went up or down."""
-        self._worker_child(self.up, worker).set(1 if up else 0)
-
-    def worker_draining(self, worker: str, draining: bool) -> None:
-        """Discovery started or stopped draining a worker."""
-        self._worker_child(self.draining, worker).set(1 if draining else 0)
+            self.for_tenant(self.degraded_workflows, tenant, step).inc()
 
     def worker_gauges(self, worker: str, queued: int, inflight: int) -> None:
         """A worker's point-in-time queue depth and calls in flight (before a scrape of ``/metrics``)."""
-        self._worker_child(self.queue_depth, worker).set(queued)
-        self._worker_child(self.inflight, worker).set(inflight)
-
-    def profile_refit(self, worker: str, result: str) -> None:
-        """Count one refit attempt of a worker's profile (applied, kept, rejected, skipped, failed)."""
-        self.profile_refits.labels(worker=worker, result=result).inc()
+        self.for_worker(self.queue_depth, worker).set(queued)
+        self.for_worker(self.inflight, worker).set(inflight)
 
     def profile_constants(self, worker: str, constants: dict[str, float]) -> None:
         """The worker's profile constants in use (``constant`` label: the ``PerfProfile`` field)."""
         for name, value in constants.items():
-            self.profile_constant.labels(worker=worker, constant=name).set(value)
-
-    def scrape_failure(self, worker: str) -> None:
-        """A scrape of the worker's /metrics failed."""
-        self._worker_child(self.scrape_failures, worker).inc()
+            self.for_worker(self.profile_constant, worker, name).set(value)
 
     def scraped(self, worker: str, m: WorkerMetrics) -> None:
         """Export the vLLM gauges of a fresh scrape."""
@@ -374,7 +328,7 @@ class GatewayMetrics:
             (self.kv_usage, m.kv_cache_usage),
         ):
             if value is not None:
-                self._worker_child(gauge, worker).set(value)
+                self.for_worker(gauge, worker).set(value)
 
     def render(self, refresh: Callable[[], None] | None = None) -> bytes:
         """The exposition text (``refresh`` updates point-in-time gauges first)."""

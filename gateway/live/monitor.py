@@ -130,7 +130,7 @@ class WorkerMonitor:
                 m = parse_worker_metrics(text, st.info.served_model)
             except Exception as exc:  # unreachable, an error status, or a text that does not parse
                 if pool.is_member(st):
-                    pool.metrics.scrape_failure(st.name)
+                    pool.metrics.for_worker(pool.metrics.scrape_failures, st.name).inc()
                 log.debug("scrape of %s failed: %s", st.name, exc)
                 return
             if pool.is_member(st):  # removed while the scrape was in flight: its series are gone for good

@@ -1,6 +1,7 @@
 """Outlier ejection: the verdict on a worker whose recent calls fail or run slow far more than its peers'
 (the rules: docs/architecture.md, "Failure handling"). A window entry per call: ``None`` for a worker error,
-else observed / ``WorkerPool.under_load_s``, clamped to ``RATIO_CLAMP``. No I/O, no clock."""
+else observed / ``WorkerPool.under_load_s``, clamped to ``RATIO_CLAMP`` (``WorkerState.add_recent``). No I/O, no
+clock."""
 
 from __future__ import annotations
 
@@ -12,21 +13,12 @@ from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.live.transport import LiveCall
 from gateway.live.worker_state import WorkerState
 
-RATIO_CLAMP = 100.0
-
 
 class OutlierDetector:
-    """Keeps the workers' windows and judges them against their peers (see the module doc)."""
+    """Judges the workers' windows against their peers' (see the module doc)."""
 
     def __init__(self, cfg: OutlierConfig) -> None:
         self.cfg = cfg
-
-    @staticmethod
-    def record(st: WorkerState, ratio: float | None) -> None:
-        """One call ended on ``st``: ``None`` when it failed, else its observed/predicted latency."""
-        if ratio is not None:
-            ratio = min(max(ratio, 1.0 / RATIO_CLAMP), RATIO_CLAMP)
-        st.add_recent(ratio)
 
     def verdict(self, st: WorkerState, peers: Iterable[WorkerState]) -> str | None:
         """Why ``st`` should be ejected, compared with ``peers`` (``st`` skipped), or None (O(peers))."""

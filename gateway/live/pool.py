@@ -1,6 +1,7 @@
 """The worker pool: membership, dispatch, and the draining of worker queues into vLLM workers
-(docs/live-gateway.md, "The worker pool"); health transitions live in ``pool_health.py``. Every way a sent
-call can end goes through ``WorkerPool._settle``. State is touched only on the event loop (no locks)."""
+(docs/live-gateway.md, "The worker pool"), and its workers' health transitions: outlier ejection and
+re-admission, down and up, parked calls' expiry. Every way a sent call can end goes through
+``WorkerPool._settle``. State is touched only on the event loop (no locks)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from gateway.config.gateway import OutlierConfig, TimeoutsConfig
+from gateway.config.gateway import GatewayConfig
 from gateway.core.latency import decode_steps
 from gateway.core.scheduler import NoEligibleWorker, Scheduler
 from gateway.core.worker import WorkerInfo
@@ -21,7 +22,6 @@ from gateway.errors import CallFailed, WorkerError
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.monitor import WorkerMonitor, cancel_and_wait
 from gateway.live.outliers import OutlierDetector
-from gateway.live.pool_health import PoolHealth
 from gateway.live.transport import CallResult, LiveCall, PriorityRefused, Transport
 from gateway.live.worker_state import WorkerState
 
@@ -31,39 +31,34 @@ Clock = Callable[[], float]
 _PRIO_MAX = float(2**31 - 1)
 
 
-class WorkerPool(PoolHealth):
-    """Membership, dispatch, draining and failure handling around one ``Scheduler`` (``clock``: the
-    scheduler's; the monitor's periods: 0 disables a task; ``remove_grace_s``: how long a removed worker's
-    in-flight calls may run before they are re-dispatched)."""
+class WorkerPool:
+    """Membership, dispatch, draining and failure handling around one ``Scheduler``, with gateway.yaml's settings
+    (``clock``: the scheduler's; ``background``: run the health and scrape tasks; ``remove_grace_s``: how long a
+    removed worker's in-flight calls may run before they are re-dispatched)."""
 
     def __init__(
         self,
         scheduler: Scheduler,
         transport: Transport,
         metrics: GatewayMetrics,
+        cfg: GatewayConfig,
         *,
         clock: Clock = time.monotonic,
-        max_attempts: int = 3,
-        failures_to_down: int = 2,
-        parked_timeout_s: float = 60.0,
-        health_period_s: float = 2.0,
-        scrape_period_s: float = 1.0,
-        remove_grace_s: float = 120.0,
-        timeouts: TimeoutsConfig | None = None,
-        outlier: OutlierConfig | None = None,
+        background: bool = True,
     ) -> None:
-        self.timeouts = timeouts if timeouts is not None else TimeoutsConfig()
-        self.outliers = OutlierDetector(outlier if outlier is not None else OutlierConfig())
+        self.timeouts = cfg.timeouts
+        self.outliers = OutlierDetector(cfg.health.outlier)
         self.states: dict[int, WorkerState] = {i: self._new_state(i, scheduler) for i in scheduler.members()}
         self.scheduler = scheduler
         self.transport = transport
         self.metrics = metrics
         self.clock = clock
-        self.max_attempts = max_attempts
-        self.failures_to_down = failures_to_down
-        self.parked_timeout_s = parked_timeout_s
-        self.remove_grace_s = remove_grace_s
-        self.monitor = WorkerMonitor(self, health_period_s=health_period_s, scrape_period_s=scrape_period_s)
+        self.max_attempts = cfg.retries.max_attempts
+        self.failures_to_down = cfg.health.failures_to_down
+        self.parked_timeout_s = cfg.limits.parked_timeout_s
+        self.remove_grace_s = cfg.discovery.remove_grace_s if cfg.discovery is not None else 120.0
+        periods = (cfg.health.period_s, cfg.scrape.period_s) if background else (0.0, 0.0)
+        self.monitor = WorkerMonitor(self, health_period_s=periods[0], scrape_period_s=periods[1])
         self.epoch = clock()
         self.parked: deque[LiveCall] = deque()
         self._running = False
@@ -206,8 +201,9 @@ class WorkerPool(PoolHealth):
         ok = st.eligible
         was = self.scheduler.eligible[st.index]
         self.scheduler.set_eligible(st.index, ok)
-        self.metrics.worker_up(st.name, ok)
-        self.metrics.worker_draining(st.name, st.removing or not st.ready)
+        m = self.metrics
+        m.for_worker(m.up, st.name).set(1 if ok else 0)
+        m.for_worker(m.draining, st.name).set(1 if st.removing or not st.ready else 0)
         if was and not ok:
             for c in self.scheduler.drain_worker(st.index):
                 assert isinstance(c, LiveCall)
@@ -230,7 +226,8 @@ class WorkerPool(PoolHealth):
             return
         call.parked_at = None
         st = self.states[w]
-        self.metrics.dispatch(st.name, call.kind)
+        m = self.metrics
+        m.for_worker(m.dispatches, st.name, m.kind(call.kind)).inc()
         self.kick(st)
 
     def cancel(self, call: LiveCall) -> None:
@@ -284,7 +281,7 @@ class WorkerPool(PoolHealth):
                 # vLLM's priority (lower runs sooner): the queue key in ms since the pool started, so a
                 # worker run with --scheduling-policy priority orders its own waiting queue the same way.
                 c.priority = int(max(min((c.key - self.epoch) * 1000.0, _PRIO_MAX), -_PRIO_MAX))
-            self.metrics.queue_wait(name, now - c.ready_at)
+            self.metrics.for_worker(self.metrics.queue_wait_h, name).observe(max(now - c.ready_at, 0.0))
             st.advance_load(now)
             st.inflight.add(c)
             st.prefill_sent += c.prefill_s
@@ -388,7 +385,7 @@ class WorkerPool(PoolHealth):
         if not st.priority_scheduling:
             return
         st.priority_scheduling = False
-        self.metrics.priority_scheduling(st.name, False)
+        self.metrics.for_worker(self.metrics.priority, st.name).set(0)
         log.warning(
             "worker %s refuses vLLM's priority field (started without --scheduling-policy priority): its calls "
             "are sent without it from now on, and its own waiting queue runs first come, first served",
@@ -412,7 +409,7 @@ class WorkerPool(PoolHealth):
             st.sent += 1
             self.metrics.call_done(st.name, call.kind, now - call.ready_at, observed, call.t_comp)
             predicted = self.under_load_s(st, call, now, tokens)
-            self.outliers.record(st, observed / predicted if predicted > 0 else 1.0)
+            st.add_recent(observed / predicted if predicted > 0 else 1.0)
             self._deliver(call, outcome)
             self._judge(st)
         else:
@@ -422,7 +419,7 @@ class WorkerPool(PoolHealth):
                     # The worker was removed with this call still running: run it elsewhere, lose nothing.
                     call.requeue = False
                     call.attempts -= 1
-                    self.metrics.retry(st.name)
+                    self.metrics.for_worker(self.metrics.retries, st.name).inc()
                     self._after_call(st)
                     self.submit(call)
                     return True
@@ -430,7 +427,7 @@ class WorkerPool(PoolHealth):
             elif isinstance(outcome, WorkerError):
                 self._worker_failed(st, call, str(outcome), refused=outcome.refused)
             elif isinstance(outcome, CallFailed):
-                self.metrics.call_failure(st.name, "rejected")
+                self.metrics.for_worker(self.metrics.failures, st.name, "rejected").inc()
                 self._deliver(call, outcome)
             else:
                 log.error("call %s on %s failed unexpectedly", call.id, st.name, exc_info=outcome)
@@ -464,3 +461,120 @@ class WorkerPool(PoolHealth):
         """Per-worker state for ``/v1/status``."""
         now = self.clock()
         return [st.status(now) for st in self.workers]
+
+    def _worker_failed(self, st: WorkerState, call: LiveCall, reason: str, *, refused: bool) -> None:
+        """``call`` failed on ``st``: count it, judge the worker (eject, mark down), then fail or retry the call."""
+        st.failures += 1
+        st.failed += 1
+        call.last_error = f"{st.name}: {reason}"
+        call.failed_on.add(st.name)
+        self.metrics.for_worker(self.metrics.failures, st.name, "worker_error").inc()
+        log.warning("call %s failed on worker %s (attempt %d): %s", call.id, st.name, call.attempts, reason)
+        if not refused:  # a refused connection is a worker gone (restarting), not an outlier: health handles it
+            st.add_recent(None)
+            self._judge(st)
+        if refused or st.failures >= self.failures_to_down:
+            self.mark_down(st, reason)
+        if call.streamed:
+            self._deliver(call, CallFailed(f"worker {st.name} failed mid-stream: {reason}", 502))
+        elif call.attempts >= self.max_attempts:
+            self._deliver(call, CallFailed(f"call failed after {call.attempts} attempts; last: {call.last_error}", 502))
+        else:
+            self.metrics.for_worker(self.metrics.retries, st.name).inc()
+            self._resubmit(call)
+
+    def is_member(self, st: WorkerState) -> bool:
+        """Whether ``st`` is still in the pool (not finished removing; not replaced under its name)."""
+        return self.states.get(st.index) is st
+
+    def _deliver(self, call: LiveCall, outcome: CallResult | CallFailed) -> None:
+        """Run the call's callback once (a failing callback is logged, never lost in the pool)."""
+        cb, call.on_done = call.on_done, None
+        if cb is None:
+            return
+        try:
+            cb(call, outcome)
+        except Exception:
+            log.exception("completion handler of call %s failed", call.id)
+
+    def _judge(self, st: WorkerState) -> None:
+        """Eject ``st`` when its recent calls make it an outlier among the workers taking calls (a worker
+        marked down is judged too: the health probe that brings it back may pass while its calls fail)."""
+        if st.ejected or st.removing or not self.is_member(st):
+            return
+        reason = self.outliers.judge(st, list(self.states.values()))
+        if reason is not None:
+            self.eject(st, reason)
+
+    def eject(self, st: WorkerState, reason: str) -> None:
+        """Take an outlier out of dispatch for its back-off (queue re-dispatched; in-flight calls finish)."""
+        st.ejected_reason = reason
+        log.error("worker %s ejected for %g s: %s", st.name, self._back_off(st, "ejected"), reason)
+        self._sync(st)
+
+    def readmit(self, st: WorkerState) -> None:
+        """A probe call answered: the ejected worker takes calls again, with a clean window."""
+        if not st.ejected:
+            return
+        st.ejected_until = None
+        st.clear_recent()
+        st.failures = 0
+        st.readmitted_at = self.clock()
+        log.info("worker %s re-admitted: its probe call answered", st.name)
+        self.events.append((st.readmitted_at, st.name, "readmitted"))
+        self._sync(st)
+
+    def probe_failed(self, st: WorkerState, reason: str) -> None:
+        """A probe call failed: the worker stays ejected for another, longer back-off."""
+        if not st.ejected:
+            return
+        length = self._back_off(st, "probe_failed")
+        log.warning("worker %s stays ejected for %g s: its probe call failed: %s", st.name, length, reason)
+
+    def _back_off(self, st: WorkerState, event: str) -> float:
+        """Start ``st``'s next ejection back-off now (recorded as ``event``); returns its length."""
+        now = self.clock()
+        length = self.outliers.backoff(st, now)
+        st.ejections += 1
+        st.ejected_until = now + length
+        self.events.append((now, st.name, event))
+        self.metrics.for_worker(self.metrics.ejections, st.name).inc()
+        return length
+
+    def mark_down(self, st: WorkerState, reason: str) -> None:
+        """Take a worker out of dispatch and re-dispatch its queue (in-flight calls finish or fail)."""
+        if not st.up:
+            return
+        if not st.removing:
+            log.error("worker %s marked down: %s", st.name, reason)
+        st.up = False
+        self.events.append((self.clock(), st.name, "down"))
+        self._sync(st)
+
+    def mark_up(self, st: WorkerState) -> None:
+        """Put a worker back into dispatch and re-dispatch parked calls."""
+        st.failures = 0
+        if st.up:
+            return
+        log.info("worker %s is up again", st.name)
+        st.up = True
+        self.events.append((self.clock(), st.name, "up"))
+        self._sync(st)
+
+    def expire_parked(self) -> None:
+        """Fail parked calls that waited longer than ``parked_timeout_s`` for a healthy worker."""
+        now = self.clock()
+        keep: deque[LiveCall] = deque()
+        for c in self.parked:
+            if c.parked_at is not None and now - c.parked_at > self.parked_timeout_s:
+                self._deliver(
+                    c,
+                    CallFailed(
+                        f"no healthy worker for {self.parked_timeout_s:g} s"
+                        + (f"; last error: {c.last_error}" if c.last_error else ""),
+                        status=503,
+                    ),
+                )
+            else:
+                keep.append(c)
+        self.parked = keep

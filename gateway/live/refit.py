@@ -48,7 +48,7 @@ class ProfileRefitTask:
             old = job.info.profile
             result = self.refitter.apply(gw.scheduler, out, gw.clock())
             name = job.info.name
-            gw.metrics.profile_refit(name, result)
+            gw.metrics.for_worker(gw.metrics.profile_refits, name, result).inc()
             if result == "applied" and out.profile is not None:
                 new = out.profile
                 log.info(

@@ -223,7 +223,7 @@ class WorkflowRunner:
         if run is not None:  # (None: counted out already)
             self._finish(run, outcome, latency if ended else None, valid=valid)
         if ended:
-            self.gw.recorder.record_online(wf)
+            self.gw.recorder.record(wf)
         return latency
 
     async def run_stage(
@@ -395,7 +395,7 @@ class WorkflowRunner:
         """Count a workflow refused at admission, and why (one of ``metrics.REJECT_REASONS``)."""
         metrics = self.gw.metrics
         metrics.workflow_done(tenant, None, "rejected")
-        metrics.rejection(tenant, reason)
+        metrics.for_tenant(metrics.rejections, tenant, reason).inc()
         metrics.workflow_outcome(tenant, "rejected")
         self.outcome_window.add(tenant, "rejected", self.gw.clock())
 
@@ -412,7 +412,7 @@ class WorkflowRunner:
         for v in gw.admitter.overdue(gw.clock(), self.pending, rule, plans=self.plans, skip=self.shed):
             if v.action == "demote":
                 self._demote(v)
-                gw.metrics.demotion(v.wf.tenant, "queued")
+                gw.metrics.for_tenant(gw.metrics.demoted, v.wf.tenant, "queued").inc()
                 demoted += 1
             else:
                 self.fail_workflow(v.wf, Rejected(v.message, 503, v.retry_after_s))

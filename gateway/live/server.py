@@ -56,17 +56,8 @@ def build_app(loaded: LoadedConfig) -> FastAPI:
     text2sql = Text2SqlService.from_config(cfg.text2sql, loaded.databases_path)  # a bad databases file fails now
 
     async def make() -> Gateway:
-        t = cfg.timeouts
         transport = HttpTransport(
-            connect_s=t.connect_s,
-            call_s=t.call_s,
-            keepalive_expiry_s=t.keepalive_expiry_s,
-            max_connections=t.max_connections,
-            probe_timeout_s=cfg.health.timeout_s,
-            scrape_timeout_s=cfg.scrape.timeout_s,
-            headers_s=t.headers_s,
-            stream_idle_s=t.stream_idle_s,
-            max_response_bytes=t.max_response_bytes,
+            cfg.timeouts, probe_timeout_s=cfg.health.timeout_s, scrape_timeout_s=cfg.scrape.timeout_s
         )
         return Gateway(loaded, tenants, transport)
 

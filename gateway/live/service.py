@@ -113,20 +113,8 @@ class Gateway:
         """More sections of ``/v1/status`` by name (the Text-to-SQL route adds its databases' predictions)."""
 
     def _make_pool(self, background: bool) -> WorkerPool:
-        cfg = self.cfg
         return WorkerPool(
-            self.scheduler,
-            self.transport,
-            self.metrics,
-            clock=self.clock,
-            max_attempts=cfg.retries.max_attempts,
-            failures_to_down=cfg.health.failures_to_down,
-            parked_timeout_s=cfg.limits.parked_timeout_s,
-            health_period_s=cfg.health.period_s if background else 0.0,
-            scrape_period_s=cfg.scrape.period_s if background else 0.0,
-            remove_grace_s=cfg.discovery.remove_grace_s if cfg.discovery is not None else 120.0,
-            timeouts=cfg.timeouts,
-            outlier=cfg.health.outlier,
+            self.scheduler, self.transport, self.metrics, self.cfg, clock=self.clock, background=background
         )
 
     def _make_discovery(self, loaded: LoadedConfig, kube_api: KubeApi | None) -> KubernetesDiscovery | None:
@@ -181,7 +169,7 @@ class Gateway:
                 refusal = to_http(exc, health_period_s=self.cfg.health.period_s), "deadline"
             else:
                 if admission.best_effort:
-                    self.metrics.demotion(tenant.name, "admission")
+                    self.metrics.for_tenant(self.metrics.demoted, tenant.name, "admission").inc()
                 return admission
         if refusal is not None:
             error, reason = refusal

@@ -183,10 +183,6 @@ class TenantStore:
         """The tenant called ``name``, or None."""
         return self._state.by_name.get(name)
 
-    def check_deadline(self, tenant: Tenant, deadline_s: float | None) -> float:
-        """The effective deadline of a request of ``tenant``; see ``check_deadline``."""
-        return check_deadline(tenant, deadline_s)
-
     def reload_if_changed(self) -> bool:
         """Re-read the file if it changed (its stat gates the read, its SHA-256 the parse); True when a new, valid
         version was swapped in. A failure is logged once and kept in ``last_error``; the old tenants stay."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.config.gateway import TimeoutsConfig
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
 from gateway.errors import CallFailed, WorkerError
@@ -105,30 +106,14 @@ class Transport(Protocol):
 
 class HttpTransport:
     """The production transport: calls over ``httpclient.HttpClient`` (docs/live-gateway.md, "The calls' HTTP
-    client"), probes and scrapes over a pool of their own, both created lazily in the running loop. The timeouts
-    are ``timeouts`` of gateway.yaml (``call_s``: the longest any call may take here; the pool bounds each call
-    more tightly); ``keepalive_expiry_s`` stays below the 5 s after which uvicorn and vLLM close idle connections."""
+    client"), probes and scrapes over a pool of their own, both created lazily in the running loop. ``timeouts``:
+    gateway.yaml's (``call_s``: the longest any call may take here; the pool bounds each call more tightly;
+    ``keepalive_expiry_s`` stays below the 5 s after which uvicorn and vLLM close idle connections)."""
 
     def __init__(
-        self,
-        *,
-        connect_s: float = 2.0,
-        call_s: float = 900.0,
-        keepalive_expiry_s: float = 4.0,
-        max_connections: int = 2048,
-        probe_timeout_s: float = 2.0,
-        scrape_timeout_s: float = 2.0,
-        headers_s: float = 30.0,
-        stream_idle_s: float = 60.0,
-        max_response_bytes: int = 32 << 20,
+        self, timeouts: TimeoutsConfig | None = None, *, probe_timeout_s: float = 2.0, scrape_timeout_s: float = 2.0
     ) -> None:
-        self.connect_s = connect_s
-        self.call_s = call_s
-        self.headers_s = headers_s
-        self.stream_idle_s = stream_idle_s
-        self.max_response_bytes = max_response_bytes
-        self.keepalive_expiry_s = keepalive_expiry_s
-        self.max_connections = max_connections
+        self.timeouts = timeouts if timeouts is not None else TimeoutsConfig()
         self.probe_timeout_s = probe_timeout_s
         self.scrape_timeout_s = scrape_timeout_s
         self._client: httpclient.HttpClient | None = None
@@ -140,10 +125,9 @@ class HttpTransport:
     def client(self) -> httpclient.HttpClient:
         """The calls' connection pool (created on first use, in the running loop)."""
         if self._client is None:
+            t = self.timeouts
             self._client = httpclient.HttpClient(
-                connect_s=self.connect_s,
-                keepalive_expiry_s=self.keepalive_expiry_s,
-                max_connections=self.max_connections,
+                connect_s=t.connect_s, keepalive_expiry_s=t.keepalive_expiry_s, max_connections=t.max_connections
             )
         return self._client
 
@@ -173,21 +157,22 @@ class HttpTransport:
         """POST the call to the worker; stream it through when ``call.stream`` is set."""
         prepared, model = self._target(worker, call.endpoint)
         streaming = call.stream is not None
+        t = self.timeouts
         # A streaming answer's headers come before generation (vLLM sends them at once); a plain
         # answer's come with it, under the pool's whole-call bound.
-        headers_s = self.headers_s if streaming else self.call_s
-        idle_s = min(self.stream_idle_s, self.call_s)
+        headers_s = t.headers_s if streaming else t.call_s
+        idle_s = min(t.stream_idle_s, t.call_s)
         try:
             r = await self.client.request(prepared, _payload(call, model), headers_s=headers_s)
             try:
                 if streaming and r.status == 200:
                     return await self._relay_stream(r, call, idle_s)
-                content = await r.read_all(idle_s, self.max_response_bytes)
+                content = await r.read_all(idle_s, t.max_response_bytes)
             finally:
                 r.release()
         except httpclient.ConnectError as exc:
             if exc.timed_out:
-                raise WorkerError(f"cannot connect within {self.connect_s:g} s", refused=True) from exc
+                raise WorkerError(f"cannot connect within {t.connect_s:g} s", refused=True) from exc
             raise WorkerError(f"cannot connect: {exc}", refused=True) from exc
         except httpclient.HeadersTimeout as exc:
             raise WorkerError(f"timed out: no response headers within {headers_s:g} s") from exc
@@ -241,15 +226,12 @@ class HttpTransport:
     async def _get(self, worker: WorkerInfo, path: str, timeout_s: float) -> tuple[int, bytes]:
         """The status and body of ``GET path`` on the worker within ``timeout_s`` (the body within
         ``max_response_bytes``)."""
+        t = self.timeouts
         if self._monitor is None:
-            self._monitor = httpclient.HttpClient(connect_s=self.connect_s, keepalive_expiry_s=self.keepalive_expiry_s)
+            self._monitor = httpclient.HttpClient(connect_s=t.connect_s, keepalive_expiry_s=t.keepalive_expiry_s)
         prepared = httpclient.HttpClient.prepare(worker.url, path, method="GET")
         async with asyncio.timeout(timeout_s):
-            r = await self._monitor.request(prepared, b"", headers_s=None)
-            try:
-                return r.status, await r.read_all(None, self.max_response_bytes)
-            finally:
-                r.release()
+            return await self._monitor.fetch(prepared, b"", headers_s=None, idle_s=None, cap=t.max_response_bytes)
 
     async def probe(self, worker: WorkerInfo) -> bool:
         """GET /health: True on a 200."""

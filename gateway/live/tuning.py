@@ -56,21 +56,14 @@ class WindowRecorder:
         self.total = 0
         self._entries: deque[WindowEntry] = deque(maxlen=size)
 
-    def _add(self, entry: WindowEntry) -> None:
-        self._entries.append(entry)
-        self.total += 1
-
-    def record(self, wf: DagWorkflow) -> None:
-        """Record a finished workflow."""
-        name = wf.template.name if wf.template is not None else None
-        self._add(WindowEntry(wf.arrival, wf.deadline, wf.tenant, wf.nodes, name))
-
-    def record_online(self, wf: OnlineWorkflow | StagedWorkflow) -> None:
-        """Record a finished workflow of stages (online, or staged in a simulation) as the chain of its stages."""
-        nodes = tuple(chain_nodes([st.calls for st in wf.stages]))
-        name = wf.template.name if wf.template is not None else None
+    def record(self, wf: DagWorkflow | OnlineWorkflow | StagedWorkflow) -> None:
+        """Record a finished workflow (one of stages, online or staged in a simulation, as the chain of its
+        stages; one that ran none is left out)."""
+        nodes = wf.nodes if isinstance(wf, DagWorkflow) else tuple(chain_nodes([st.calls for st in wf.stages]))
         if nodes:
-            self._add(WindowEntry(wf.arrival, wf.deadline, wf.tenant, nodes, name))
+            name = wf.template.name if wf.template is not None else None
+            self._entries.append(WindowEntry(wf.arrival, wf.deadline, wf.tenant, nodes, name))
+            self.total += 1
 
     def snapshot(self, now: float) -> list[WindowEntry]:
         """The window at ``now``, oldest arrival first (the replay's order); stale entries are dropped."""

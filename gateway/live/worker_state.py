@@ -13,6 +13,9 @@ from gateway.core.worker import WorkerInfo
 from gateway.live.transport import LiveCall
 from gateway.profiling.promparse import WorkerMetrics
 
+RATIO_CLAMP = 100.0
+"""The outlier window's bounds on a ratio (and on its inverse)."""
+
 
 def typical_ratio(ratios: list[float]) -> float:
     """The mean of ``ratios`` without their largest tenth (at least one of two or more): one stall
@@ -91,9 +94,10 @@ class WorkerState:
             return None
         return {"name": self.name, "reason": self.ejected_reason, "ejected_for_s": self.ejected_for_s(now)}
 
-    def add_recent(self, entry: float | None) -> None:
-        """Append one call to the recent window and refresh its summary (failed, returned, typical ratio)."""
-        self.recent.append(entry)
+    def add_recent(self, ratio: float | None) -> None:
+        """One call ended: ``None`` when it failed, else its observed/predicted latency (clamped to
+        ``RATIO_CLAMP``); appended to the recent window, whose summary is refreshed (failed, returned, typical)."""
+        self.recent.append(None if ratio is None else min(max(ratio, 1.0 / RATIO_CLAMP), RATIO_CLAMP))
         ok = [x for x in self.recent if x is not None]
         self.recent_returned = len(ok)
         self.recent_failed = len(self.recent) - len(ok)

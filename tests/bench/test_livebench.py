@@ -16,7 +16,7 @@ import pytest
 from gateway.bench import procs
 from gateway.bench.procs import write_gateway_config, write_tenants_file
 from gateway.config import build_workers, load_cluster_config
-from gateway.live.tenants import TenantStore
+from gateway.live.tenants import TenantStore, check_deadline
 from tests.cli_run import run_cli
 from tests.emulator_process import free_port
 
@@ -117,7 +117,7 @@ def test_written_gateway_config_loads_and_the_tenant_accepts_the_key(tmp_path: P
     assert tenant is not None and tenant.max_concurrent_workflows == 500
     # The simulator it is compared with admits every workflow: so does the gateway's bench tenant.
     assert tenant.predictive_admission is False
-    assert store.check_deadline(tenant, 0.01) == pytest.approx(0.01)
+    assert check_deadline(tenant, 0.01) == pytest.approx(0.01)
     assert store.authenticate("other") is None
     with pytest.raises(ValueError, match="4 workers but 3 urls"):
         write_gateway_config(

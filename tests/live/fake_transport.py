@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.config.gateway import load_gateway_config
+from gateway.config.gateway import OutlierConfig, load_gateway_config
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
@@ -72,20 +72,22 @@ def fake_pool(
     *,
     workers: int = 1,
     policy: str = "hexgen",
-    **pool_kw: Any,
+    outlier: OutlierConfig | None = None,
+    **sections: Any,
 ) -> WorkerPool:
     """A pool of ``workers`` A100 workers (capacity 4, unreachable URLs) that talks only to ``transport``, on
-    ``clock``; the health and scrape loops off; ``pool_kw`` go to ``WorkerPool`` (timeouts, outlier, ...)."""
+    ``clock``; the health and scrape loops off; ``outlier``: outlier ejection's settings (the defaults when None);
+    ``sections``: more gateway.yaml sections (``limits``, ``timeouts``, ...) as dicts."""
     urls = [f"http://127.0.0.1:{i + 1}" for i in range(workers)]
-    loaded = load_gateway_config(write_config(tmp, urls, ["A100"] * workers))
+    health = {"outlier": (outlier or OutlierConfig()).model_dump()}
+    loaded = load_gateway_config(write_config(tmp, urls, ["A100"] * workers, health=health, **sections))
     return WorkerPool(
         Scheduler(loaded.workers, policy, random.Random(0)),
         transport,
         GatewayMetrics([w.name for w in loaded.workers], []),
+        loaded.cfg,
         clock=clock,
-        health_period_s=0,
-        scrape_period_s=0,
-        **pool_kw,
+        background=False,
     )
 
 

@@ -16,6 +16,7 @@ from gateway.core.predict import dag_plan
 from gateway.live.deps import TenantDep, gw_of
 from gateway.live.runner import CallRequest
 from gateway.live.server import build_app
+from gateway.live.tenants import check_deadline
 from tests.live.harness import INTERACTIVE_KEY, emulators, write_config
 
 # ---------------------------------------------------------------- the route's module (file 1 of 2)
@@ -30,7 +31,7 @@ router = APIRouter()
 async def echo(request: Request, tenant: TenantDep) -> dict[str, Any]:
     """Ask a worker to say a few words back: a one-call workflow under the tenant's deadline."""
     gw = gw_of(request)
-    deadline = gw.tenants.check_deadline(tenant, None)
+    deadline = check_deadline(tenant, None)
     nodes = [DagNode("say", "echo", 8, 4)]
     admission = gw.admit(tenant, len(nodes), dag_plan(nodes), deadline)
     req = CallRequest("/v1/completions", {"prompt": "say hello", "max_tokens": 4})

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.config.gateway import TimeoutsConfig
 from gateway.errors import WorkerError
 from gateway.live.pool import WorkerPool
 from gateway.live.transport import HttpTransport, LiveCall, _looks_like_sse, _result, _sse_head_known
@@ -212,7 +213,7 @@ async def test_http_transport_sorts_every_broken_answer_as_a_worker_error(
     marked streamed only once a well-formed first event went to the client."""
     async with chaos_worker("A100", mode, time_scale=0.01) as (url, _):
         worker = worker_at(tmp_path, url)
-        t = HttpTransport(headers_s=0.5, stream_idle_s=0.5)
+        t = HttpTransport(TimeoutsConfig(headers_s=0.5, stream_idle_s=0.5))
         call = _call(stream)
         try:
             if error is None:
@@ -230,7 +231,7 @@ async def test_http_transport_sorts_every_broken_answer_as_a_worker_error(
 async def test_http_transport_refuses_an_answer_over_max_response_bytes(tmp_path: Path) -> None:
     async with chaos_worker("A100", "healthy", time_scale=0.01) as (url, _):
         worker = worker_at(tmp_path, url)
-        t = HttpTransport(max_response_bytes=1024)
+        t = HttpTransport(TimeoutsConfig(max_response_bytes=1024))
         try:
             with pytest.raises(WorkerError, match="over the limit of 1024"):
                 await t.send(worker, _call(False, max_tokens=400))

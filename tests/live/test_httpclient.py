@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gateway.config.gateway import TimeoutsConfig
 from gateway.errors import WorkerError
 from gateway.live.httpclient import (
     BodyTooLarge,
@@ -500,7 +501,7 @@ async def test_the_transport_sorts_client_failures_as_worker_errors(tmp_path: Pa
         await server.request(reader)
         writer.write(answer()[:-20])
 
-    t = HttpTransport(connect_s=1.0)
+    t = HttpTransport(TimeoutsConfig(connect_s=1.0))
     try:
         with pytest.raises(WorkerError, match="cannot connect") as info:
             await t.send(worker_at(tmp_path, f"http://127.0.0.1:{free_port()}"), chat_call({}))

@@ -31,7 +31,7 @@ class Replica:
     def __init__(self, kube: FakeKube, name: str, clock: FakeClock, cfg: LeaderElectionConfig = CFG) -> None:
         self.changes: list[bool] = []
         self.api = KubeApi(kube.url, "hexflow", token_file=None, ca_file=None, timeout_s=2)
-        self.api._headers = lambda: {"Accept": "application/json", "Authorization": "Bearer test-token"}  # type: ignore[method-assign]
+        self.api._auth = lambda: b"Authorization: Bearer test-token\r\n"  # type: ignore[method-assign]
         self.el = LeaderElector(cfg, self.api, name, self.changes.append, clock=clock, wall=clock.wall)
 
 

@@ -15,13 +15,13 @@ def _value(m: GatewayMetrics, name: str, labels: dict[str, str]) -> float | None
 def test_cached_children_are_the_labelled_series() -> None:
     m = GatewayMetrics(["w"], ["t"])
     for _ in range(3):
-        m.dispatch("w", "k")
-        m.queue_wait("w", 0.5)
+        m.for_worker(m.dispatches, "w", "k").inc()
+        m.for_worker(m.queue_wait_h, "w").observe(0.5)
         m.call_done("w", "k", 2.0, 1.0, 0.5)
-    m.call_failure("w", "rejected")
-    m.retry("w")
-    m.rejection("t", "queue_full")
-    m.demotion("t", "queued")
+    m.for_worker(m.failures, "w", "rejected").inc()
+    m.for_worker(m.retries, "w").inc()
+    m.for_tenant(m.rejections, "t", "queue_full").inc()
+    m.for_tenant(m.demoted, "t", "queued").inc()
     assert _value(m, "hexflow_dispatch_total", {"worker": "w", "kind": "k"}) == 3
     assert _value(m, "hexflow_queue_wait_seconds_count", {"worker": "w"}) == 3
     assert _value(m, "hexflow_stage_latency_seconds_sum", {"kind": "k"}) == 6.0
@@ -33,7 +33,7 @@ def test_cached_children_are_the_labelled_series() -> None:
     assert _value(m, "hexflow_workflows_demoted_total", {"tenant": "t", "when": "queued"}) == 1
     # The cache holds what labels() returns: counting through either is counting one series.
     m.dispatches.labels(worker="w", kind="k").inc()
-    m.dispatch("w", "k")
+    m.for_worker(m.dispatches, "w", "k").inc()
     assert _value(m, "hexflow_dispatch_total", {"worker": "w", "kind": "k"}) == 5
 
 
@@ -48,15 +48,15 @@ def test_a_series_appears_only_once_touched() -> None:
 
 def test_a_removed_worker_comes_back_with_fresh_series() -> None:
     m = GatewayMetrics(["w"], [])
-    m.dispatch("w", "k")
+    m.for_worker(m.dispatches, "w", "k").inc()
     m.call_done("w", "k", 1.0, 1.0, 1.0)
     m.remove_worker("w")
     assert _value(m, "hexflow_dispatch_total", {"worker": "w", "kind": "k"}) is None
     assert _value(m, "hexflow_worker_up", {"worker": "w"}) is None
     m.add_worker("w")  # discovery: the same name again
-    m.dispatch("w", "k")
+    m.for_worker(m.dispatches, "w", "k").inc()
     m.call_done("w", "k", 1.0, 1.0, 1.0)
-    m.worker_up("w", True)
+    m.for_worker(m.up, "w").set(1)
     # Written to the registry's new series, not to the children cached before the removal.
     assert _value(m, "hexflow_dispatch_total", {"worker": "w", "kind": "k"}) == 1
     assert _value(m, "hexflow_call_run_seconds_count", {"kind": "k", "worker": "w"}) == 1

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.config import load_gpu_catalog
 from gateway.config.cluster import make_worker
-from gateway.config.gateway import OutlierConfig, TimeoutsConfig, load_gateway_config
+from gateway.config.gateway import OutlierConfig, load_gateway_config
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
@@ -52,7 +52,7 @@ def _pool(tmp: Path, t: Scripted, n: int = 2, *, outlier: OutlierConfig | None =
         t,
         workers=n,
         policy="rr-fcfs",
-        timeouts=TimeoutsConfig(**timeouts),
+        timeouts=timeouts,
         outlier=outlier or OutlierConfig(min_calls=3, window=10),
     )
 
@@ -113,9 +113,9 @@ def test_latency_is_compared_with_the_workers_of_the_same_profile_when_they_have
 
 def test_ratios_are_clamped_when_recorded() -> None:
     st = _state(0, [])
-    OutlierDetector.record(st, 1e9)
-    OutlierDetector.record(st, 0.0)
-    OutlierDetector.record(st, None)
+    st.add_recent(1e9)
+    st.add_recent(0.0)
+    st.add_recent(None)
     assert list(st.recent) == [100.0, 0.01, None]
     assert (st.recent_failed, st.recent_returned) == (1, 2)
     assert st.status(0.0)["recent"]["error_rate"] == pytest.approx(0.3333)

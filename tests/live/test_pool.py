@@ -23,7 +23,7 @@ async def test_parked_calls_wait_for_a_worker_then_fail_with_503(
     caplog.set_level("INFO", logger="hexflow")
     t = Hold()
     clock = FakeClock()
-    pool = fake_pool(tmp_path, t, clock, parked_timeout_s=5.0)
+    pool = fake_pool(tmp_path, t, clock, limits={"parked_timeout_s": 5.0})
     await pool.start()
     st = pool.workers[0]
     try:

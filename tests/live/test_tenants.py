@@ -188,11 +188,11 @@ def test_deadline_range() -> None:
     store = TenantStore.load(REPO_TENANTS)
     t = store.get("interactive")
     assert t is not None
-    assert store.check_deadline(t, None) == 120.0
-    assert store.check_deadline(t, 30) == 30.0
-    assert store.check_deadline(t, 5) == 5.0 and store.check_deadline(t, 600) == 600.0
+    assert check_deadline(t, None) == 120.0
+    assert check_deadline(t, 30) == 30.0
+    assert check_deadline(t, 5) == 5.0 and check_deadline(t, 600) == 600.0
     with pytest.raises(DeadlineOutOfRange, match=r"deadline_s=4.5 is outside tenant interactive's range \[5, 600\]"):
-        store.check_deadline(t, 4.5)
+        check_deadline(t, 4.5)
     with pytest.raises(DeadlineOutOfRange, match=r"deadline_s=601 is outside"):
         check_deadline(t, 601)
     for bad in (float("nan"), float("inf"), float("-inf")):

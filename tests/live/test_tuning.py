@@ -43,8 +43,8 @@ def test_a_recorded_window_pickles_and_rebuilds_identical_workflows() -> None:
     online.begin_stage(CANDIDATE, [CallSpec(CANDIDATE, 1000, 80), CallSpec(CANDIDATE, 900, 70)])
     recorder = WindowRecorder(size=10, max_age_s=60.0)
     recorder.record(dag)
-    recorder.record_online(online)
-    recorder.record_online(OnlineWorkflow(9, "chat", 13.0, 30.0))  # ran no stage: not recorded
+    recorder.record(online)
+    recorder.record(OnlineWorkflow(9, "chat", 13.0, 30.0))  # ran no stage: not recorded
     window = recorder.snapshot(now=15.0)
 
     assert [e.nodes for e in window] == [dag.nodes, tuple(chain_nodes([st.calls for st in online.stages]))]

@@ -30,7 +30,7 @@ from gateway.live.responses import dumps, error_response, internal_error
 from gateway.live.runner import CallRequest
 from gateway.live.schemas import NUMBER_PATTERN, route_responses, sse_content
 from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant
+from gateway.live.tenants import Tenant, check_deadline
 from gateway.live.transport import CallResult
 
 DEADLINE_HEADER = "x-hexflow-deadline-s"
@@ -121,7 +121,7 @@ def open_call(gw: Gateway, tenant: Tenant, route: PassThrough, req: BaseModel, d
         if value is not None and value > limit:
             raise Unprocessable(f"{name}: {value} exceeds the limit of {limit}", param=name)
     mt = body.get("max_completion_tokens") or body.get("max_tokens")
-    deadline = gw.tenants.check_deadline(tenant, deadline_s)
+    deadline = check_deadline(tenant, deadline_s)
     what = route.prompt_field
     n_in = input_tokens(body, what)
     if n_in > limit:

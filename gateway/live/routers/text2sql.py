@@ -25,7 +25,7 @@ from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
 from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
 from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant
+from gateway.live.tenants import Tenant, check_deadline
 from gateway.live.text2sql_runner import GatewayStageRunner
 from gateway.text2sql.db import Database, UnknownDatabase
 from gateway.text2sql.result import Text2SqlResult
@@ -160,7 +160,7 @@ async def _admit(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, te
     db = service.database(req.db_id, tenant=tenant.name, allows=tenant.allows)
     _check_lengths(service, req)
     question, evidence = service.check_question(req.question, req.evidence)
-    deadline = gw.tenants.check_deadline(tenant, req.deadline_s)
+    deadline = check_deadline(tenant, req.deadline_s)
     plan = await service.pipeline.plan(db, tenant.quality)
     admission = gw.admit(tenant, 1, plan.rest(), deadline, question=plan)
     return _Admitted(db, question, evidence, deadline, plan, admission, f"t2s-{uuid.uuid4().hex[:16]}")

@@ -34,7 +34,7 @@ from gateway.live.schemas import (
     route_responses,
 )
 from gateway.live.service import Gateway
-from gateway.live.tenants import Tenant
+from gateway.live.tenants import Tenant, check_deadline
 from gateway.live.transport import CallResult
 
 SYNTHETIC_VOCAB = (100, 1100)
@@ -209,7 +209,7 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
         raise Unprocessable(
             f"calls: {len(req.calls)} calls exceed the limit of {lim.max_calls_per_workflow}", param="calls"
         )
-    deadline = gw.tenants.check_deadline(tenant, req.deadline_s)
+    deadline = check_deadline(tenant, req.deadline_s)
     wf_id = new_workflow_id()
     WORKFLOW_ID.set(wf_id)  # this request's context (its log lines)
     salt = _key("salt", wf_id)
