@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 
 from gateway.bench.burst import Outcome, _setup_for, is_baseline, outcome, parse_variant, simulate_once
-from gateway.bench.demo import gold_rows, post_question, question_body, write_demo_files
-from gateway.bench.quality import FULL, ScriptedStageRunner, demo_items, run_quality
+from gateway.bench.demo import write_demo_files
+from gateway.bench.quality import FAR, FULL, ScriptedStageRunner, demo_items, run_quality
 from gateway.bench.rig import bench_folder, bench_tenant, live_rig, scheduled
 from gateway.bench.simbench import Setup
+from gateway.bench.text2sql_eval import matches_gold, post_question, question_body
 from gateway.config.databases import DatabaseConfig
 from gateway.core.degrade import QualityModel
 from gateway.core.shapes import MIN_QUESTIONS
@@ -29,31 +30,12 @@ from gateway.sim.simulator import SimResult
 from gateway.text2sql.answers import build_demo_answers
 from gateway.text2sql.db import open_database
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
-from gateway.text2sql.evaluate import gold_is_ordered, results_match
+from gateway.text2sql.evaluate import execute_sqlite
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
-from gateway.text2sql.port import StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts
 from workers.scripted import AnswersResponder
 
 TENANT = "default"
-_FAR = 1e9
-
-
-class _Recorder(ScriptedStageRunner):
-    """The scripted runner, recording each call as the emulator will run it."""
-
-    def __init__(self, responder: AnswersResponder) -> None:
-        super().__init__(responder)
-        self.calls: list[CallSpec] = []
-
-    async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
-        """Answer from the script (as the base runner) and record every call's shape as the emulator counts
-        it (the base runner's usage)."""
-        out = await super().run_stage(kind, calls)
-        for r in out:
-            assert r.prompt_tokens is not None and r.completion_tokens is not None
-            self.calls.append(CallSpec(kind, r.prompt_tokens, r.completion_tokens))
-        return out
 
 
 def record_demo(seed: int = 0, wrong_fraction: float = 0.25) -> tuple[list[list[CallSpec]], WorkflowTemplate]:
@@ -68,8 +50,8 @@ def record_demo(seed: int = 0, wrong_fraction: float = 0.25) -> tuple[list[list[
         out: list[list[CallSpec]] = []
         try:
             for it in demo_items(db_path):
-                runner = _Recorder(responder)
-                await pipe.answer(runner, db, it.question, it.evidence, _FAR, request_id="record")
+                runner = ScriptedStageRunner(responder)
+                await pipe.answer(runner, db, it.question, it.evidence, FAR, request_id="record")
                 out.append(runner.calls)
         finally:
             await db.close()
@@ -173,16 +155,16 @@ async def _ask_all(
     """Ask each question at its arrival time; per question (met, correct, degraded, what the answer said:
     status, latency, the degradation decisions and each call's queueing and running time)."""
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=256, keepalive_expiry=4.0)
-    gold = {sql: gold_rows(db_path, sql) for sql in {q.query for q in questions}}
+    gold = {sql: execute_sqlite(db_path, sql) for sql in {q.query for q in questions}}
 
     async def one(client: httpx.AsyncClient, q: Any) -> tuple[bool, bool, bool, dict[str, Any]]:
-        r, data = await post_question(client, url, key, question_body(q, deadline_wall))
+        r, data = await post_question(client, question_body(q.question, DB_ID, q.evidence, deadline_wall), key)
         if r is None or not data:
             why = data.get("error") if r is None else f"HTTP {r.status_code}: not a JSON object"
             return False, False, False, {"error": why}
         ok = data.get("status") == "ok"
         met = ok and bool(data.get("deadline_met"))
-        correct = ok and results_match(gold[q.query], data.get("rows") or [], ordered=gold_is_ordered(q.query))
+        correct = ok and matches_gold(q.query, gold[q.query], data.get("rows") or [])
         rec = {k: data.get(k) for k in ("status", "latency_s", "local_s", "deadline_met", "revisions", "degraded")}
         rec["correct"] = correct
         rec["calls"] = [
@@ -190,12 +172,12 @@ async def _ask_all(
         ]
         return met, correct, bool(data.get("degraded")), rec
 
-    async with httpx.AsyncClient(timeout=max(120.0, 4 * deadline_wall), limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=max(120.0, 4 * deadline_wall), limits=limits) as client:
         # Warm-up, not counted: the pipeline predicts with its prior until it has answered MIN_QUESTIONS
         # questions on the database; the simulator predicts with the fitted template from
         # the start. A few questions one at a time, with a deadline that never binds, close that gap.
         for q in questions[:MIN_QUESTIONS]:
-            await post_question(client, url, key, question_body(q, 100 * deadline_wall))
+            await post_question(client, question_body(q.question, DB_ID, q.evidence, 100 * deadline_wall), key)
         return await scheduled(arrivals_wall, lambda i: one(client, questions[i]))
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,11 +19,12 @@ import yaml
 
 from gateway.bench.rig import bench_folder, live_rig, scheduled
 from gateway.bench.stats import percentile, table
+from gateway.bench.text2sql_eval import matches_gold, post_question, question_body
 from gateway.config import CONFIG_DIR
 from gateway.config.tenants import hash_key
 from gateway.text2sql.answers import build_demo_answers, write_answers
 from gateway.text2sql.demo import demo_questions, write_demo_databases
-from gateway.text2sql.evaluate import gold_is_ordered, results_match
+from gateway.text2sql.evaluate import execute_sqlite
 
 DB_ID = "demo_retail"
 TENANTS = (("interactive", "demo-interactive-key", 6.0), ("batch", "demo-batch-key", 30.0))
@@ -92,12 +92,6 @@ class DemoReport:
         return {**asdict(self), "legend": dict(LEGEND)}
 
 
-def gold_rows(db_path: Path, sql: str) -> list[list[Any]]:
-    """The rows ``sql`` gives on the demo database at ``db_path`` (read-only)."""
-    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as conn:
-        return [list(r) for r in conn.execute(sql).fetchall()]
-
-
 def write_demo_files(folder: Path, seed: int) -> Path:
     """The demo database (``databases.yaml`` naming ``<DB_ID>.sqlite``) and the emulated model's scripted answers
     in ``folder``; returns the answers file (the emulator's ``--answers``)."""
@@ -105,14 +99,6 @@ def write_demo_files(folder: Path, seed: int) -> Path:
     answers = folder / "answers.json"
     write_answers(answers, build_demo_answers(seed=seed))
     return answers
-
-
-def question_body(q: Any, deadline_s: float) -> dict[str, Any]:
-    """The ``POST /v1/text2sql`` body of demo question ``q`` with a deadline of ``deadline_s`` wall seconds."""
-    body: dict[str, Any] = {"question": q.question, "db_id": DB_ID, "deadline_s": deadline_s}
-    if q.evidence:
-        body["evidence"] = q.evidence
-    return body
 
 
 def unchecked_key(tenant: str) -> str:
@@ -138,40 +124,22 @@ def _refused(r: httpx.Response | None, data: dict[str, Any]) -> bool:
     return r is not None and r.status_code in (422, 429) and data.get("reason") == "deadline"
 
 
-async def post_question(
-    client: httpx.AsyncClient, url: str, key: str, body: dict[str, Any]
-) -> tuple[httpx.Response | None, dict[str, Any]]:
-    """POST a question; the response and its JSON body (``{}`` when not a JSON object). A connection that failed
-    is no response (None) and an ``error`` naming why, so one lost connection never ends the demo."""
-    try:
-        r = await client.post(f"{url}/v1/text2sql", json=body, headers={"Authorization": f"Bearer {key}"})
-    except httpx.TransportError as exc:
-        return None, {"error": f"{type(exc).__name__}: {exc}"}
-    try:
-        data = r.json()
-    except ValueError:
-        data = {}
-    return r, data if isinstance(data, dict) else {}
-
-
-async def _ask(
-    client: httpx.AsyncClient, url: str, key: str, tenant: str, q: Any, deadline_s: float, db_path: Path
-) -> DemoAnswer:
-    body = question_body(q, deadline_s)
+async def _ask(client: httpx.AsyncClient, key: str, tenant: str, q: Any, deadline_s: float, db: Path) -> DemoAnswer:
+    body = question_body(q.question, DB_ID, q.evidence, deadline_s)
     t = time.monotonic()
-    r, data = await post_question(client, url, key, body)
+    r, data = await post_question(client, body, key)
     elapsed = time.monotonic() - t
     refused = _refused(r, data)
     unchecked_met = None
     if refused:  # was the refusal right? the same question at once, without admission
-        _, again = await post_question(client, url, unchecked_key(tenant), body)
+        _, again = await post_question(client, body, unchecked_key(tenant))
         unchecked_met = again.get("status") == "ok" and bool(again.get("deadline_met"))
     code = 0 if r is None else r.status_code  # (0: no response, the connection failed)
     error = data.get("error")
     kind = error.get("type") if isinstance(error, dict) else None
     status = str(data.get("status") or kind or ("connection_error" if r is None else f"http {code}"))
     rows = data.get("rows") or []
-    correct = status == "ok" and results_match(gold_rows(db_path, q.query), rows, ordered=gold_is_ordered(q.query))
+    correct = status == "ok" and matches_gold(q.query, execute_sqlite(db, q.query), rows)
     counts = (int(data.get("row_count") or 0), int(data.get("revisions") or 0), float(data.get("latency_s") or elapsed))
     return DemoAnswer(
         *(tenant, q.question, status, code, data.get("sql"), *counts, deadline_s, bool(data.get("deadline_met"))),
@@ -195,13 +163,11 @@ async def _send_all(
     """Ask the questions in a steady stream at ``rate`` a second, tenants alternating; ``on_answer`` sees each
     answer as it comes. ``admission`` off: every question through its tenant's twin without admission."""
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
-    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as client:
 
         async def one(i: int) -> DemoAnswer:
             tenant, key, deadline = TENANTS[i % len(TENANTS)]
-            a = await _ask(
-                client, url, key if admission else unchecked_key(tenant), tenant, questions[i], deadline, db_path
-            )
+            a = await _ask(client, key if admission else unchecked_key(tenant), tenant, questions[i], deadline, db_path)
             on_answer(a)
             return a
 

@@ -16,15 +16,16 @@ from typing import Any
 import yaml
 
 from gateway.bench.stats import table
-from gateway.bench.text2sql_eval import EvalError, spider_items
+from gateway.bench.text2sql_eval import EvalError, matches_gold, spider_items
 from gateway.config.databases import DatabaseConfig
 from gateway.core.degrade import Knobs, QuestionPlan, knob_grid
 from gateway.core.predict import StagePlan
+from gateway.core.workflow import CallSpec
 from gateway.errors import GatewayError
 from gateway.text2sql.answers import Answers, answers_from_spider, build_demo_answers
 from gateway.text2sql.db import Database, open_database
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
-from gateway.text2sql.evaluate import execute_sqlite, gold_is_ordered, results_match
+from gateway.text2sql.evaluate import execute_sqlite
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.port import Closed, RemainingPredictor, StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts
@@ -33,7 +34,7 @@ from workers.scripted import AnswersResponder
 
 FULL = Knobs(candidates=2, max_revisions=10, evaluate=True)
 """The pipeline's default knobs (``config/gateway.yaml`` ``text2sql``), full quality."""
-_FAR = 1e9  # the bench's deadline, seconds: never reached (its clock counts one second per stage)
+FAR = 1e9  # the bench's deadline, seconds: never reached (its clock counts one second per stage)
 
 
 class QualityError(GatewayError):
@@ -50,7 +51,8 @@ def quality_grid(max_candidates: int = 3, full: Knobs = FULL) -> list[Knobs]:
 class ScriptedStageRunner:
     """A ``StageRunner`` in-process: every call is answered by a scripted model (``AnswersResponder``) from
     the prompt text the emulator would see (the messages' contents joined by a space), a call that the
-    script does not cover gets an empty answer. Its clock counts one second per stage; nothing waits."""
+    script does not cover gets an empty answer. Its clock counts one second per stage; nothing waits.
+    ``calls``: every call's shape as the emulator counts it, in order."""
 
     def __init__(self, responder: AnswersResponder) -> None:
         self.responder = responder
@@ -58,6 +60,7 @@ class ScriptedStageRunner:
         self.deadline: float | None = None
         self.closed: Closed | None = None
         self.kinds: list[str] = []
+        self.calls: list[CallSpec] = []
 
     def open(self, deadline_s: float, plan: QuestionPlan) -> None:
         """Start the question (its deadline ``deadline_s`` from the clock's zero)."""
@@ -81,11 +84,12 @@ class ScriptedStageRunner:
             out.append(
                 StageCallResult("scripted", 0.0, 0.0, text=answer or "", prompt_tokens=n_in, completion_tokens=n_out)
             )
+            self.calls.append(CallSpec(kind, n_in, n_out))
         return out
 
     def remaining(self) -> float:
         """Seconds to the deadline on the stage clock."""
-        return (self.deadline if self.deadline is not None else _FAR) - self.now
+        return (self.deadline if self.deadline is not None else FAR) - self.now
 
     def remaining_predictor(self) -> RemainingPredictor:
         """One second per remaining stage round (the bench's clock; no queues)."""
@@ -241,8 +245,8 @@ async def _ask(
     pipe: Text2SqlPipeline, db: Database, responder: AnswersResponder, item: QualityItem, gold: list[tuple[object, ...]]
 ) -> bool:
     runner = ScriptedStageRunner(responder)
-    res = await pipe.answer(runner, db, item.question, item.evidence, _FAR, request_id="quality")
-    return res.status == "ok" and results_match(gold, res.rows, ordered=gold_is_ordered(item.gold))
+    res = await pipe.answer(runner, db, item.question, item.evidence, FAR, request_id="quality")
+    return res.status == "ok" and matches_gold(item.gold, gold, res.rows)
 
 
 async def _measure(
