@@ -18,7 +18,7 @@ import httpx
 from gateway.bench.burst import Outcome, _setup_for, is_baseline, outcome, parse_variant, simulate_once
 from gateway.bench.demo import write_demo_files
 from gateway.bench.quality import FAR, FULL, ScriptedStageRunner, demo_items, run_quality
-from gateway.bench.rig import bench_folder, bench_tenant, live_rig, scheduled
+from gateway.bench.rig import LiveSettings, bench_tenant, scheduled
 from gateway.bench.simbench import Setup
 from gateway.bench.text2sql_eval import matches_gold, post_question, question_body
 from gateway.config.databases import DatabaseConfig
@@ -51,7 +51,7 @@ def record_demo(seed: int = 0, wrong_fraction: float = 0.25) -> tuple[list[list[
         try:
             for it in demo_items(db_path):
                 runner = ScriptedStageRunner(responder)
-                await pipe.answer(runner, db, it.question, it.evidence, FAR, request_id="record")
+                await pipe.answer(runner, db, it.question, it.evidence or "", FAR, request_id="record")
                 out.append(runner.calls)
         finally:
             await db.close()
@@ -218,9 +218,10 @@ def run_live_burst(
             lv.sim.append(outcome(res, len(wfs), span, quality, acc_full))
             if simulate_only:
                 continue
-            run = _LiveRun(variant, policy, mode, s, cluster, time_scale, base.slo_s * time_scale, answers_seed)
             folder = None if log_dir is None else log_dir / f"{variant.replace('+', '-')}-seed{s}"
-            asked, got = run.ask(wfs, base.seed, folder, progress or (lambda _m: None))
+            live = LiveSettings(cluster, time_scale, s, folder)
+            run = _LiveRun(variant, policy, mode, live, base.slo_s * time_scale, answers_seed)
+            asked, got = run.ask(wfs, base.seed, progress or (lambda _m: None))
             if dump is not None:
                 records = question_records(wfs, res, [q.question for q in asked], [g[3] for g in got])
                 dump.append({"variant": variant, "seed": s, "time_scale": time_scale, "questions": records})
@@ -238,24 +239,23 @@ class _LiveRun:
     variant: str
     policy: str
     mode: str
-    seed: int
-    cluster: str
-    time_scale: float
+    live: LiveSettings
     deadline_wall: float
     answers_seed: int
 
     def ask(
-        self, wfs: Sequence[Any], base_seed: int, log_dir: Path | None, say: Callable[[str], None]
+        self, wfs: Sequence[Any], base_seed: int, say: Callable[[str], None]
     ) -> tuple[list[Any], list[tuple[bool, bool, bool, dict[str, Any]]]]:
         """The questions asked (the k-th the one the simulator's k-th workflow replays) and their answers."""
         questions = demo_questions()
         order = list(range(len(questions)))
-        if self.seed != base_seed:
-            random.Random(self.seed).shuffle(order)
+        seed, time_scale = self.live.seed, self.live.time_scale
+        if seed != base_seed:
+            random.Random(seed).shuffle(order)
         asked = [questions[order[i % len(order)]] for i in range(len(wfs))]
-        arrivals = [(w.arrival - wfs[0].arrival) * self.time_scale for w in wfs]
-        say(f"{self.variant} seed {self.seed}: {len(wfs)} questions live over {arrivals[-1]:.0f} s")
-        with bench_folder(log_dir, "hexflow-burst-live-") as folder:
+        arrivals = [(w.arrival - wfs[0].arrival) * time_scale for w in wfs]
+        say(f"{self.variant} seed {seed}: {len(wfs)} questions live over {arrivals[-1]:.0f} s")
+        with self.live.folder("hexflow-burst-live-") as folder:
             answers = write_demo_files(folder, self.answers_seed)
             key = bench_tenant(
                 folder, deadline_s=self.deadline_wall, max_concurrent_workflows=100_000, name=TENANT, quality=self.mode
@@ -263,10 +263,8 @@ class _LiveRun:
             # Engines without prefix caching, as the simulator runs them here (the recorded calls carry no
             # prefix chains; the emulator caches prompt prefixes by default, as vLLM does).
             emu_args = ["--answers", str(answers), "--no-enable-prefix-caching"]
-            with live_rig(
-                folder, "burst", self.cluster, time_scale=self.time_scale, policy=self.policy, seed=self.seed,
-                emulator_args=emu_args, databases_file="databases.yaml", prefix_caching=False,
-            ) as rig:  # fmt: skip
+            config = {"databases_file": "databases.yaml", "prefix_caching": False}
+            with self.live.rig(folder, "burst", policy=self.policy, emulator_args=emu_args, **config) as rig:
                 db = folder / f"{DB_ID}.sqlite"
                 return asked, asyncio.run(_ask_all(rig.url, key, asked, arrivals, self.deadline_wall, db))
 

@@ -10,14 +10,14 @@ import functools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from gateway.bench.rig import bench_folder, live_rig, scheduled
+from gateway.bench.rig import LiveSettings, scheduled
 from gateway.bench.stats import percentile, table
 from gateway.bench.text2sql_eval import matches_gold, post_question, question_body
 from gateway.config import CONFIG_DIR
@@ -28,6 +28,8 @@ from gateway.text2sql.evaluate import execute_sqlite
 
 DB_ID = "demo_retail"
 TENANTS = (("interactive", "demo-interactive-key", 6.0), ("batch", "demo-batch-key", 30.0))
+DEMO_RIG = LiveSettings("paper-4gpu", time_scale=0.25)
+"""The demo's cluster, emulated at a quarter of real time."""
 DEFAULT_RATE = 20.0
 """Questions a second the demo sends (alternating tenants)."""
 ROWS_KEPT = 10
@@ -241,19 +243,17 @@ def format_answer(a: DemoAnswer) -> str:
 
 def run_demo(
     questions: int = 24,
+    live: LiveSettings = DEMO_RIG,
     *,
-    cluster: str = "paper-4gpu",
-    time_scale: float = 0.25,
-    seed: int = 0,
     quiet: bool = False,
     rate: float = DEFAULT_RATE,
     admission: bool = True,
     share: float | None = None,
 ) -> DemoReport:
-    """Start the emulated cluster and the gateway, ask the questions (``rate`` a second, alternating tenants),
-    stop everything; return the report. ``admission`` off: every question goes through its tenant's twin without
-    predictive admission (``hexflow bench refusals`` finds the cluster's capacity so). ``share``: the gateway's
-    ``admission.sustainable_share`` (None: the default)."""
+    """Start the emulated cluster and the gateway of ``live``, ask the questions (``rate`` a second, alternating
+    tenants), stop everything; return the report. ``admission`` off: every question goes through its tenant's twin
+    without predictive admission (``hexflow bench refusals`` finds the cluster's capacity so). ``share``: the
+    gateway's ``admission.sustainable_share`` (None: the default)."""
     all_q = demo_questions()
     if not questions >= 1:
         raise ValueError("--questions must be at least 1")
@@ -262,21 +262,20 @@ def run_demo(
     chosen = [all_q[i % len(all_q)] for i in range(questions)]
     say = (lambda _m: None) if quiet else print
     t0 = time.monotonic()
-    with bench_folder(None, "hexflow-demo-") as folder:
-        emulator_args = ["--answers", str(write_demo_files(folder, seed))]
+    with live.folder("hexflow-demo-") as folder:
+        emulator_args = ["--answers", str(write_demo_files(folder, live.seed))]
         write_demo_tenants(folder / "tenants.yaml")
         say(
             f"demo: database {DB_ID}.sqlite, {len(chosen)} questions, "
-            f"cluster {cluster} (emulated, time scale {time_scale:g})"
+            f"cluster {live.cluster} (emulated, time scale {live.time_scale:g})"
         )
-        with live_rig(
-            folder, "demo", cluster, time_scale=time_scale, seed=seed, emulator_args=emulator_args,
-            databases_file="databases.yaml", admission_share=share,
-        ) as rig:  # fmt: skip
+        config = {"databases_file": "databases.yaml", "admission_share": share}
+        with live.rig(folder, "demo", emulator_args=emulator_args, **config) as rig:
             say(f"demo: gateway {rig.url} in front of {len(rig.worker_urls)} workers; asking...")
             db = folder / f"{DB_ID}.sqlite"
             answers = asyncio.run(_send_all(rig.url, chosen, db, lambda a: say(format_answer(a)), rate, admission))
-    return DemoReport(len(chosen), time_scale, cluster, answers, summarize_answers(answers), time.monotonic() - t0)
+    summary = summarize_answers(answers)
+    return DemoReport(len(chosen), live.time_scale, live.cluster, answers, summary, time.monotonic() - t0)
 
 
 @dataclass
@@ -311,26 +310,25 @@ def _pooled(reports: list[DemoReport]) -> dict[str, dict[str, float]]:
 
 def run_refusal_bench(
     rates: list[float],
+    live: LiveSettings = DEMO_RIG,
     *,
     questions: int = 300,
     seeds: list[int] | None = None,
-    cluster: str = "paper-4gpu",
-    time_scale: float = 0.25,
     share: float | None = None,
     progress: Any = None,
 ) -> list[RefusalPoint]:
     """``hexflow bench refusals``: the demo at each rate (questions a second, tenants alternating), once with
     admission (each refused question sent again without it: a false refusal when that met its deadline) and once
-    without (every question through the tenants' twins: what the cluster does unprotected), per seed. ``share``:
-    the gateway's ``admission.sustainable_share`` (None: the default)."""
+    without (every question through the tenants' twins: what the cluster does unprotected), per seed (``live``'s
+    seed replaced). ``share``: the gateway's ``admission.sustainable_share`` (None: the default)."""
     seeds = list(seeds or [0])
-    demo = functools.partial(run_demo, questions, cluster=cluster, time_scale=time_scale, quiet=True, share=share)
+    demo = functools.partial(run_demo, questions, quiet=True, share=share)
     out: list[RefusalPoint] = []
     for rate in rates:
         runs: dict[bool, list[DemoReport]] = {True: [], False: []}
         for seed in seeds:
             for admission in (True, False):
-                runs[admission].append(demo(seed=seed, rate=rate, admission=admission))
+                runs[admission].append(demo(replace(live, seed=seed), rate=rate, admission=admission))
                 if progress is not None:
                     progress(rate, seed, admission)
         out.append(RefusalPoint(rate, seeds, _pooled(runs[True]), _pooled(runs[False])))

@@ -1,6 +1,7 @@
 """One live rig for every live benchmark: ``bench_folder`` (``log_dir`` kept, or a temporary folder removed
 after a run that went well), ``bench_tenant``, ``live_rig`` (the emulated cluster or running workers and a
-gateway in front, tuning off, stopped on the way out) and the load helpers ``scheduled`` and ``sampling``."""
+gateway in front, tuning off, stopped on the way out), ``LiveSettings`` (what a benchmark's runs share) and the
+load helpers ``scheduled`` and ``sampling``."""
 
 from __future__ import annotations
 
@@ -156,6 +157,26 @@ def live_rig(
         )
         proc, url = stack.enter_context(gateway_process(path, port, len(urls), folder, tag))
         yield Rig(folder, url, urls, proc)
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """What every run of a live benchmark shares: the emulated ``cluster`` at ``time_scale``, the gateway's (and
+    the emulation's) ``seed``, where logs go (``log_dir``: ``bench_folder``) and the progress sink ``say``."""
+
+    cluster: str
+    time_scale: float
+    seed: int = 0
+    log_dir: Path | None = None
+    say: Callable[[str], None] = say_stderr
+
+    def folder(self, prefix: str) -> contextlib.AbstractContextManager[Path]:
+        """``bench_folder`` of ``log_dir`` (a temporary one named ``prefix...`` without it)."""
+        return bench_folder(self.log_dir, prefix, self.say)
+
+    def rig(self, folder: Path, tag: str, **config: Any) -> contextlib.AbstractContextManager[Rig]:
+        """``live_rig`` of this cluster, time scale and seed; ``config``: its other keywords."""
+        return live_rig(folder, tag, self.cluster, time_scale=self.time_scale, seed=self.seed, **config)
 
 
 async def scheduled(times: Sequence[float], fn: Callable[[int], Awaitable[T]]) -> list[T]:

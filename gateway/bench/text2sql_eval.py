@@ -337,7 +337,8 @@ async def _check_gateway(client: httpx.AsyncClient) -> None:
         raise EvalError(str(exc)) from None
 
 
-def _gold_rows(item: EvalItem) -> tuple[list[tuple[object, ...]] | None, str | None]:
+def gold_rows(item: EvalItem) -> tuple[list[tuple[object, ...]] | None, str | None]:
+    """The gold query's rows, or None and why it failed here."""
     try:
         return execute_sqlite(item.db_path, item.gold), None
     except Exception as exc:  # sqlite3.Error, or a file that went away
@@ -372,7 +373,7 @@ async def _ask(client: httpx.AsyncClient, item: EvalItem, deadline_s: float | No
         error=_error_text(data),
     )
     if status == "ok" and code == 200:
-        gold, problem = await asyncio.to_thread(_gold_rows, item)
+        gold, problem = await asyncio.to_thread(gold_rows, item)
         rows = data.get("rows")
         if gold is None:
             rec.error = problem

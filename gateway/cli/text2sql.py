@@ -63,6 +63,7 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
     import sys
 
     from gateway.bench.demo import format_refusal_bench, run_refusal_bench
+    from gateway.bench.rig import LiveSettings
 
     seeds = _seeds(args.seeds)
     rates = args.rates if args.rates is not None else positive_floats(REFUSAL_RATES)
@@ -76,8 +77,8 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
         which = "with" if admission else "without"
         print(f"[{done[0]}/{total}] rate {rate:g}/s seed {seed} {which} admission", file=sys.stderr, flush=True)
 
-    names = ("questions", "cluster", "time_scale", "share")
-    points = run_refusal_bench(rates, seeds=seeds, **pick(args, *names), progress=progress)
+    live = LiveSettings(**pick(args, "cluster", "time_scale"))
+    points = run_refusal_bench(rates, live, seeds=seeds, **pick(args, "questions", "share"), progress=progress)
     show(format_refusal_bench(points), args.json, lambda: {"points": [dataclasses.asdict(p) for p in points]})
     return 0
 
@@ -105,9 +106,12 @@ def _demo_or_spider(args: argparse.Namespace, what: str) -> bool:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the Text-to-SQL demo end to end on emulated workers."""
     from gateway.bench.demo import DEFAULT_RATE, format_legend, format_summary, run_demo
+    from gateway.bench.rig import LiveSettings
 
     rate = args.rate if args.rate is not None else DEFAULT_RATE
-    rep = run_demo(args.questions, **pick(args, "cluster", "time_scale", "seed", "quiet"), rate=rate)
+    rep = run_demo(
+        args.questions, LiveSettings(**pick(args, "cluster", "time_scale", "seed")), quiet=args.quiet, rate=rate
+    )
     print()
     print(format_summary(rep))
     if not args.quiet:
