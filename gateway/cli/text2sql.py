@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any
 
 from gateway.argtypes import positive_float, positive_floats, positive_int
 from gateway.cli.common import (
@@ -138,25 +139,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     dataset = _dataset_dir("--dataset", args.dataset, needs_dev_json=True)
     key = gateway_key(args)
     limit = None if args.limit is None else int_arg("--limit", args.limit, minimum=1)
-    concurrency = int_arg("--concurrency", args.concurrency, minimum=1)
-    deadline = None if args.deadline_s is None else positive_float_arg("--deadline-s", args.deadline_s)
-    timeout = positive_float_arg("--timeout-s", args.timeout_s)
+    settings: dict[str, Any] = {  # evaluate's keywords
+        "concurrency": int_arg("--concurrency", args.concurrency, minimum=1),
+        "deadline_s": None if args.deadline_s is None else positive_float_arg("--deadline-s", args.deadline_s),
+        "timeout_s": positive_float_arg("--timeout-s", args.timeout_s),
+    }
     if not args.json:
         raise UsageError("--json: give the file to write the report to")
     items = spider_items(dataset, limit)
     if not items:
         raise UsageError(f"--dataset: no runnable question in {dataset} (no database file for any of them)")
-    report = asyncio.run(
-        evaluate(
-            items,
-            gateway=args.gateway,
-            api_key=key,
-            concurrency=concurrency,
-            deadline_s=deadline,
-            timeout_s=timeout,
-            progress=not args.quiet,
-        )
-    )
+    report = asyncio.run(evaluate(items, gateway=args.gateway, api_key=key, progress=not args.quiet, **settings))
     print(format_report(report))
     print(f"wrote {report.write_json(args.json)}")
     return 0
