@@ -19,7 +19,7 @@ from gateway.bench.burst import Outcome, _setup_for, is_baseline, outcome, parse
 from gateway.bench.demo import write_demo_files
 from gateway.bench.quality import FAR, FULL, ScriptedStageRunner, demo_items, run_quality
 from gateway.bench.rig import LiveSettings, bench_tenant, scheduled
-from gateway.bench.simbench import Setup
+from gateway.bench.simbench import Setup, standard_latency
 from gateway.bench.text2sql_eval import matches_gold, post_question, question_body
 from gateway.config.databases import DatabaseConfig
 from gateway.core.degrade import QualityModel
@@ -305,10 +305,6 @@ def live_setup(
 
 
 def demo_latency(workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]]) -> float:
-    """The cluster-mean single-request latency of a recorded demo question, averaged over the questions
-    (each call alone on an idle worker, one after the other): the unit of a live burst run's deadline."""
-    total = 0.0
-    for w in workers:
-        for q in queries:
-            total += sum(w.profile.single_latency(c.input_tokens, c.output_tokens) for c in q)
-    return total / (len(workers) * len(queries))
+    """The cluster-mean single-request latency of a recorded demo question (``standard_latency``), averaged over
+    the questions: the unit of a live burst run's deadline."""
+    return sum(standard_latency(workers, q) for q in queries) / len(queries)
