@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 
 from gateway.bench.burst import Outcome, _setup_for, is_baseline, outcome, parse_variant, simulate_once
-from gateway.bench.demo import gold_rows, post_question, question_body, write_demo_files
-from gateway.bench.quality import FULL, ScriptedStageRunner, demo_items, run_quality
-from gateway.bench.rig import bench_folder, bench_tenant, live_rig, scheduled
-from gateway.bench.simbench import Setup
+from gateway.bench.demo import write_demo_files
+from gateway.bench.quality import FAR, FULL, ScriptedStageRunner, demo_items, run_quality
+from gateway.bench.rig import LiveSettings, bench_tenant, scheduled
+from gateway.bench.simbench import Setup, standard_latency
+from gateway.bench.text2sql_eval import matches_gold, post_question, question_body
 from gateway.config.databases import DatabaseConfig
 from gateway.core.degrade import QualityModel
 from gateway.core.shapes import MIN_QUESTIONS
@@ -29,31 +30,12 @@ from gateway.sim.simulator import SimResult
 from gateway.text2sql.answers import build_demo_answers
 from gateway.text2sql.db import open_database
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
-from gateway.text2sql.evaluate import gold_is_ordered, results_match
+from gateway.text2sql.evaluate import execute_sqlite
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
-from gateway.text2sql.port import StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts
 from workers.scripted import AnswersResponder
 
 TENANT = "default"
-_FAR = 1e9
-
-
-class _Recorder(ScriptedStageRunner):
-    """The scripted runner, recording each call as the emulator will run it."""
-
-    def __init__(self, responder: AnswersResponder) -> None:
-        super().__init__(responder)
-        self.calls: list[CallSpec] = []
-
-    async def run_stage(self, kind: str, calls: Sequence[StageCall]) -> list[StageCallResult]:
-        """Answer from the script (as the base runner) and record every call's shape as the emulator counts
-        it (the base runner's usage)."""
-        out = await super().run_stage(kind, calls)
-        for r in out:
-            assert r.prompt_tokens is not None and r.completion_tokens is not None
-            self.calls.append(CallSpec(kind, r.prompt_tokens, r.completion_tokens))
-        return out
 
 
 def record_demo(seed: int = 0, wrong_fraction: float = 0.25) -> tuple[list[list[CallSpec]], WorkflowTemplate]:
@@ -68,8 +50,8 @@ def record_demo(seed: int = 0, wrong_fraction: float = 0.25) -> tuple[list[list[
         out: list[list[CallSpec]] = []
         try:
             for it in demo_items(db_path):
-                runner = _Recorder(responder)
-                await pipe.answer(runner, db, it.question, it.evidence, _FAR, request_id="record")
+                runner = ScriptedStageRunner(responder)
+                await pipe.answer(runner, db, it.question, it.evidence or "", FAR, request_id="record")
                 out.append(runner.calls)
         finally:
             await db.close()
@@ -173,16 +155,16 @@ async def _ask_all(
     """Ask each question at its arrival time; per question (met, correct, degraded, what the answer said:
     status, latency, the degradation decisions and each call's queueing and running time)."""
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=256, keepalive_expiry=4.0)
-    gold = {sql: gold_rows(db_path, sql) for sql in {q.query for q in questions}}
+    gold = {sql: execute_sqlite(db_path, sql) for sql in {q.query for q in questions}}
 
     async def one(client: httpx.AsyncClient, q: Any) -> tuple[bool, bool, bool, dict[str, Any]]:
-        r, data = await post_question(client, url, key, question_body(q, deadline_wall))
+        r, data = await post_question(client, question_body(q.question, DB_ID, q.evidence, deadline_wall), key)
         if r is None or not data:
             why = data.get("error") if r is None else f"HTTP {r.status_code}: not a JSON object"
             return False, False, False, {"error": why}
         ok = data.get("status") == "ok"
         met = ok and bool(data.get("deadline_met"))
-        correct = ok and results_match(gold[q.query], data.get("rows") or [], ordered=gold_is_ordered(q.query))
+        correct = ok and matches_gold(q.query, gold[q.query], data.get("rows") or [])
         rec = {k: data.get(k) for k in ("status", "latency_s", "local_s", "deadline_met", "revisions", "degraded")}
         rec["correct"] = correct
         rec["calls"] = [
@@ -190,12 +172,12 @@ async def _ask_all(
         ]
         return met, correct, bool(data.get("degraded")), rec
 
-    async with httpx.AsyncClient(timeout=max(120.0, 4 * deadline_wall), limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=max(120.0, 4 * deadline_wall), limits=limits) as client:
         # Warm-up, not counted: the pipeline predicts with its prior until it has answered MIN_QUESTIONS
         # questions on the database; the simulator predicts with the fitted template from
         # the start. A few questions one at a time, with a deadline that never binds, close that gap.
         for q in questions[:MIN_QUESTIONS]:
-            await post_question(client, url, key, question_body(q, 100 * deadline_wall))
+            await post_question(client, question_body(q.question, DB_ID, q.evidence, 100 * deadline_wall), key)
         return await scheduled(arrivals_wall, lambda i: one(client, questions[i]))
 
 
@@ -236,9 +218,10 @@ def run_live_burst(
             lv.sim.append(outcome(res, len(wfs), span, quality, acc_full))
             if simulate_only:
                 continue
-            run = _LiveRun(variant, policy, mode, s, cluster, time_scale, base.slo_s * time_scale, answers_seed)
             folder = None if log_dir is None else log_dir / f"{variant.replace('+', '-')}-seed{s}"
-            asked, got = run.ask(wfs, base.seed, folder, progress or (lambda _m: None))
+            live = LiveSettings(cluster, time_scale, s, folder)
+            run = _LiveRun(variant, policy, mode, live, base.slo_s * time_scale, answers_seed)
+            asked, got = run.ask(wfs, base.seed, progress or (lambda _m: None))
             if dump is not None:
                 records = question_records(wfs, res, [q.question for q in asked], [g[3] for g in got])
                 dump.append({"variant": variant, "seed": s, "time_scale": time_scale, "questions": records})
@@ -256,24 +239,23 @@ class _LiveRun:
     variant: str
     policy: str
     mode: str
-    seed: int
-    cluster: str
-    time_scale: float
+    live: LiveSettings
     deadline_wall: float
     answers_seed: int
 
     def ask(
-        self, wfs: Sequence[Any], base_seed: int, log_dir: Path | None, say: Callable[[str], None]
+        self, wfs: Sequence[Any], base_seed: int, say: Callable[[str], None]
     ) -> tuple[list[Any], list[tuple[bool, bool, bool, dict[str, Any]]]]:
         """The questions asked (the k-th the one the simulator's k-th workflow replays) and their answers."""
         questions = demo_questions()
         order = list(range(len(questions)))
-        if self.seed != base_seed:
-            random.Random(self.seed).shuffle(order)
+        seed, time_scale = self.live.seed, self.live.time_scale
+        if seed != base_seed:
+            random.Random(seed).shuffle(order)
         asked = [questions[order[i % len(order)]] for i in range(len(wfs))]
-        arrivals = [(w.arrival - wfs[0].arrival) * self.time_scale for w in wfs]
-        say(f"{self.variant} seed {self.seed}: {len(wfs)} questions live over {arrivals[-1]:.0f} s")
-        with bench_folder(log_dir, "hexflow-burst-live-") as folder:
+        arrivals = [(w.arrival - wfs[0].arrival) * time_scale for w in wfs]
+        say(f"{self.variant} seed {seed}: {len(wfs)} questions live over {arrivals[-1]:.0f} s")
+        with self.live.folder("hexflow-burst-live-") as folder:
             answers = write_demo_files(folder, self.answers_seed)
             key = bench_tenant(
                 folder, deadline_s=self.deadline_wall, max_concurrent_workflows=100_000, name=TENANT, quality=self.mode
@@ -281,10 +263,8 @@ class _LiveRun:
             # Engines without prefix caching, as the simulator runs them here (the recorded calls carry no
             # prefix chains; the emulator caches prompt prefixes by default, as vLLM does).
             emu_args = ["--answers", str(answers), "--no-enable-prefix-caching"]
-            with live_rig(
-                folder, "burst", self.cluster, time_scale=self.time_scale, policy=self.policy, seed=self.seed,
-                emulator_args=emu_args, databases_file="databases.yaml", prefix_caching=False,
-            ) as rig:  # fmt: skip
+            config = {"databases_file": "databases.yaml", "prefix_caching": False}
+            with self.live.rig(folder, "burst", policy=self.policy, emulator_args=emu_args, **config) as rig:
                 db = folder / f"{DB_ID}.sqlite"
                 return asked, asyncio.run(_ask_all(rig.url, key, asked, arrivals, self.deadline_wall, db))
 
@@ -325,10 +305,6 @@ def live_setup(
 
 
 def demo_latency(workers: Sequence[WorkerInfo], queries: Sequence[Sequence[CallSpec]]) -> float:
-    """The cluster-mean single-request latency of a recorded demo question, averaged over the questions
-    (each call alone on an idle worker, one after the other): the unit of a live burst run's deadline."""
-    total = 0.0
-    for w in workers:
-        for q in queries:
-            total += sum(w.profile.single_latency(c.input_tokens, c.output_tokens) for c in q)
-    return total / (len(workers) * len(queries))
+    """The cluster-mean single-request latency of a recorded demo question (``standard_latency``), averaged over
+    the questions: the unit of a live burst run's deadline."""
+    return sum(standard_latency(workers, q) for q in queries) / len(queries)

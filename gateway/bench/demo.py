@@ -8,26 +8,28 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from gateway.bench.rig import bench_folder, live_rig, scheduled
+from gateway.bench.rig import LiveSettings, scheduled
 from gateway.bench.stats import percentile, table
+from gateway.bench.text2sql_eval import matches_gold, post_question, question_body
 from gateway.config import CONFIG_DIR
 from gateway.config.tenants import hash_key
 from gateway.text2sql.answers import build_demo_answers, write_answers
 from gateway.text2sql.demo import demo_questions, write_demo_databases
-from gateway.text2sql.evaluate import gold_is_ordered, results_match
+from gateway.text2sql.evaluate import execute_sqlite
 
 DB_ID = "demo_retail"
 TENANTS = (("interactive", "demo-interactive-key", 6.0), ("batch", "demo-batch-key", 30.0))
+DEMO_RIG = LiveSettings("paper-4gpu", time_scale=0.25)
+"""The demo's cluster, emulated at a quarter of real time."""
 DEFAULT_RATE = 20.0
 """Questions a second the demo sends (alternating tenants)."""
 ROWS_KEPT = 10
@@ -92,12 +94,6 @@ class DemoReport:
         return {**asdict(self), "legend": dict(LEGEND)}
 
 
-def gold_rows(db_path: Path, sql: str) -> list[list[Any]]:
-    """The rows ``sql`` gives on the demo database at ``db_path`` (read-only)."""
-    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as conn:
-        return [list(r) for r in conn.execute(sql).fetchall()]
-
-
 def write_demo_files(folder: Path, seed: int) -> Path:
     """The demo database (``databases.yaml`` naming ``<DB_ID>.sqlite``) and the emulated model's scripted answers
     in ``folder``; returns the answers file (the emulator's ``--answers``)."""
@@ -105,14 +101,6 @@ def write_demo_files(folder: Path, seed: int) -> Path:
     answers = folder / "answers.json"
     write_answers(answers, build_demo_answers(seed=seed))
     return answers
-
-
-def question_body(q: Any, deadline_s: float) -> dict[str, Any]:
-    """The ``POST /v1/text2sql`` body of demo question ``q`` with a deadline of ``deadline_s`` wall seconds."""
-    body: dict[str, Any] = {"question": q.question, "db_id": DB_ID, "deadline_s": deadline_s}
-    if q.evidence:
-        body["evidence"] = q.evidence
-    return body
 
 
 def unchecked_key(tenant: str) -> str:
@@ -138,40 +126,22 @@ def _refused(r: httpx.Response | None, data: dict[str, Any]) -> bool:
     return r is not None and r.status_code in (422, 429) and data.get("reason") == "deadline"
 
 
-async def post_question(
-    client: httpx.AsyncClient, url: str, key: str, body: dict[str, Any]
-) -> tuple[httpx.Response | None, dict[str, Any]]:
-    """POST a question; the response and its JSON body (``{}`` when not a JSON object). A connection that failed
-    is no response (None) and an ``error`` naming why, so one lost connection never ends the demo."""
-    try:
-        r = await client.post(f"{url}/v1/text2sql", json=body, headers={"Authorization": f"Bearer {key}"})
-    except httpx.TransportError as exc:
-        return None, {"error": f"{type(exc).__name__}: {exc}"}
-    try:
-        data = r.json()
-    except ValueError:
-        data = {}
-    return r, data if isinstance(data, dict) else {}
-
-
-async def _ask(
-    client: httpx.AsyncClient, url: str, key: str, tenant: str, q: Any, deadline_s: float, db_path: Path
-) -> DemoAnswer:
-    body = question_body(q, deadline_s)
+async def _ask(client: httpx.AsyncClient, key: str, tenant: str, q: Any, deadline_s: float, db: Path) -> DemoAnswer:
+    body = question_body(q.question, DB_ID, q.evidence, deadline_s)
     t = time.monotonic()
-    r, data = await post_question(client, url, key, body)
+    r, data = await post_question(client, body, key)
     elapsed = time.monotonic() - t
     refused = _refused(r, data)
     unchecked_met = None
     if refused:  # was the refusal right? the same question at once, without admission
-        _, again = await post_question(client, url, unchecked_key(tenant), body)
+        _, again = await post_question(client, body, unchecked_key(tenant))
         unchecked_met = again.get("status") == "ok" and bool(again.get("deadline_met"))
     code = 0 if r is None else r.status_code  # (0: no response, the connection failed)
     error = data.get("error")
     kind = error.get("type") if isinstance(error, dict) else None
     status = str(data.get("status") or kind or ("connection_error" if r is None else f"http {code}"))
     rows = data.get("rows") or []
-    correct = status == "ok" and results_match(gold_rows(db_path, q.query), rows, ordered=gold_is_ordered(q.query))
+    correct = status == "ok" and matches_gold(q.query, execute_sqlite(db, q.query), rows)
     counts = (int(data.get("row_count") or 0), int(data.get("revisions") or 0), float(data.get("latency_s") or elapsed))
     return DemoAnswer(
         *(tenant, q.question, status, code, data.get("sql"), *counts, deadline_s, bool(data.get("deadline_met"))),
@@ -195,13 +165,11 @@ async def _send_all(
     """Ask the questions in a steady stream at ``rate`` a second, tenants alternating; ``on_answer`` sees each
     answer as it comes. ``admission`` off: every question through its tenant's twin without admission."""
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
-    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as client:
 
         async def one(i: int) -> DemoAnswer:
             tenant, key, deadline = TENANTS[i % len(TENANTS)]
-            a = await _ask(
-                client, url, key if admission else unchecked_key(tenant), tenant, questions[i], deadline, db_path
-            )
+            a = await _ask(client, key if admission else unchecked_key(tenant), tenant, questions[i], deadline, db_path)
             on_answer(a)
             return a
 
@@ -275,19 +243,17 @@ def format_answer(a: DemoAnswer) -> str:
 
 def run_demo(
     questions: int = 24,
+    live: LiveSettings = DEMO_RIG,
     *,
-    cluster: str = "paper-4gpu",
-    time_scale: float = 0.25,
-    seed: int = 0,
     quiet: bool = False,
     rate: float = DEFAULT_RATE,
     admission: bool = True,
     share: float | None = None,
 ) -> DemoReport:
-    """Start the emulated cluster and the gateway, ask the questions (``rate`` a second, alternating tenants),
-    stop everything; return the report. ``admission`` off: every question goes through its tenant's twin without
-    predictive admission (``hexflow bench refusals`` finds the cluster's capacity so). ``share``: the gateway's
-    ``admission.sustainable_share`` (None: the default)."""
+    """Start the emulated cluster and the gateway of ``live``, ask the questions (``rate`` a second, alternating
+    tenants), stop everything; return the report. ``admission`` off: every question goes through its tenant's twin
+    without predictive admission (``hexflow bench refusals`` finds the cluster's capacity so). ``share``: the
+    gateway's ``admission.sustainable_share`` (None: the default)."""
     all_q = demo_questions()
     if not questions >= 1:
         raise ValueError("--questions must be at least 1")
@@ -296,21 +262,20 @@ def run_demo(
     chosen = [all_q[i % len(all_q)] for i in range(questions)]
     say = (lambda _m: None) if quiet else print
     t0 = time.monotonic()
-    with bench_folder(None, "hexflow-demo-") as folder:
-        emulator_args = ["--answers", str(write_demo_files(folder, seed))]
+    with live.folder("hexflow-demo-") as folder:
+        emulator_args = ["--answers", str(write_demo_files(folder, live.seed))]
         write_demo_tenants(folder / "tenants.yaml")
         say(
             f"demo: database {DB_ID}.sqlite, {len(chosen)} questions, "
-            f"cluster {cluster} (emulated, time scale {time_scale:g})"
+            f"cluster {live.cluster} (emulated, time scale {live.time_scale:g})"
         )
-        with live_rig(
-            folder, "demo", cluster, time_scale=time_scale, seed=seed, emulator_args=emulator_args,
-            databases_file="databases.yaml", admission_share=share,
-        ) as rig:  # fmt: skip
+        config = {"databases_file": "databases.yaml", "admission_share": share}
+        with live.rig(folder, "demo", emulator_args=emulator_args, **config) as rig:
             say(f"demo: gateway {rig.url} in front of {len(rig.worker_urls)} workers; asking...")
             db = folder / f"{DB_ID}.sqlite"
             answers = asyncio.run(_send_all(rig.url, chosen, db, lambda a: say(format_answer(a)), rate, admission))
-    return DemoReport(len(chosen), time_scale, cluster, answers, summarize_answers(answers), time.monotonic() - t0)
+    summary = summarize_answers(answers)
+    return DemoReport(len(chosen), live.time_scale, live.cluster, answers, summary, time.monotonic() - t0)
 
 
 @dataclass
@@ -345,26 +310,25 @@ def _pooled(reports: list[DemoReport]) -> dict[str, dict[str, float]]:
 
 def run_refusal_bench(
     rates: list[float],
+    live: LiveSettings = DEMO_RIG,
     *,
     questions: int = 300,
     seeds: list[int] | None = None,
-    cluster: str = "paper-4gpu",
-    time_scale: float = 0.25,
     share: float | None = None,
     progress: Any = None,
 ) -> list[RefusalPoint]:
     """``hexflow bench refusals``: the demo at each rate (questions a second, tenants alternating), once with
     admission (each refused question sent again without it: a false refusal when that met its deadline) and once
-    without (every question through the tenants' twins: what the cluster does unprotected), per seed. ``share``:
-    the gateway's ``admission.sustainable_share`` (None: the default)."""
+    without (every question through the tenants' twins: what the cluster does unprotected), per seed (``live``'s
+    seed replaced). ``share``: the gateway's ``admission.sustainable_share`` (None: the default)."""
     seeds = list(seeds or [0])
-    demo = functools.partial(run_demo, questions, cluster=cluster, time_scale=time_scale, quiet=True, share=share)
+    demo = functools.partial(run_demo, questions, quiet=True, share=share)
     out: list[RefusalPoint] = []
     for rate in rates:
         runs: dict[bool, list[DemoReport]] = {True: [], False: []}
         for seed in seeds:
             for admission in (True, False):
-                runs[admission].append(demo(seed=seed, rate=rate, admission=admission))
+                runs[admission].append(demo(replace(live, seed=seed), rate=rate, admission=admission))
                 if progress is not None:
                     progress(rate, seed, admission)
         out.append(RefusalPoint(rate, seeds, _pooled(runs[True]), _pooled(runs[False])))

@@ -10,13 +10,13 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
-from gateway.bench.rig import bench_folder, bench_tenant, cluster_workers, live_rig, say_stderr
+from gateway.bench.rig import LiveSettings, bench_tenant, cluster_workers, say_stderr
 from gateway.bench.simbench import Setup, fluid_bound, tuned_alpha
 from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
 from gateway.core.policy import get_policy
@@ -171,16 +171,14 @@ class LiveBenchReport:
 
 @dataclass(frozen=True)
 class _Bench:
-    """What every policy's run of one live benchmark shares (``rig``: ``live_rig``'s keywords besides the
+    """What every policy's run of one live benchmark shares (``rig``: ``live_rig``'s other keywords besides the
     policy and alpha)."""
 
-    cluster: str
+    live: LiveSettings
     workers: list[WorkerInfo]
     setup: Setup
     workload: list[ReplayWorkflow]
     rate: float
-    time_scale: float
-    seed: int
     prefix_caching: bool
     progress: bool
     rig: dict[str, Any]
@@ -217,7 +215,7 @@ def run_live_bench(
     trace's token counts; ``prefix_caching``: whether the workers cache prompt prefixes. Logs and configs go
     to ``log_dir`` (``bench_folder``); ``log`` takes one line of progress (default: stderr).
     """
-    say = log if log is not None else say_stderr
+    live = LiveSettings(cluster, time_scale, seed, log_dir, log if log is not None else say_stderr)
     for p in policies:
         get_policy(p)
     if not (time_scale > 0 and math.isfinite(time_scale)):
@@ -241,44 +239,37 @@ def run_live_bench(
         "profiles_file": profiles_file.resolve() if profiles_file is not None else None,
         "prefix_caching": prefix_caching,
     }
-    bench = _Bench(cluster, workers, setup, workload, rate, time_scale, seed, prefix_caching, progress, rig)
+    bench = _Bench(live, workers, setup, workload, rate, prefix_caching, progress, rig)
     t_start = time.monotonic()
-    with bench_folder(log_dir, "hexflow-livebench-", say) as folder:
+    with live.folder("hexflow-livebench-") as folder:
         key = bench_tenant(folder, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale)
-        runs = [_run_policy(bench, policy, alpha, folder, key, say) for policy in policies]
+        runs = [_run_policy(bench, policy, alpha, folder, key) for policy in policies]
     return LiveBenchReport(
         cluster_cfg.name, [w.profile.gpu for w in workers], setup.trace, time_scale, rate, bound, slo_scale,
         setup.slo_s, len(workload), seed, runs, time.monotonic() - t_start,
     )  # fmt: skip
 
 
-def _run_policy(
-    b: _Bench, policy: str, alpha: float | None, folder: Path, key: str, say: Callable[[str], None]
-) -> PolicyRun:
+def _run_policy(b: _Bench, policy: str, alpha: float | None, folder: Path, key: str) -> PolicyRun:
     """One policy: its alpha (tuned unless given), the simulator's prediction and jitter band, the live run."""
     a = alpha
     if a is None and get_policy(policy).uses_alpha:
         a = tuned_alpha(b.setup, policy, b.rate)
-    sim, sim_counts = simulate_workload(
-        b.workers, b.workload, policy, alpha=a, seed=b.seed, prefix_caching=b.prefix_caching
-    )
-    band = simulate_jittered(
-        b.workers, b.workload, policy, alpha=a, seed=b.seed, jitter_s=JITTER_WALL_S / b.time_scale,
-        prefix_caching=b.prefix_caching,
-    )  # fmt: skip
+    time_scale = b.live.time_scale
+    kw: dict[str, Any] = {"alpha": a, "seed": b.live.seed, "prefix_caching": b.prefix_caching}
+    sim, sim_counts = simulate_workload(b.workers, b.workload, policy, **kw)
+    band = simulate_jittered(b.workers, b.workload, policy, jitter_s=JITTER_WALL_S / time_scale, **kw)
     what = "the gateway" if b.rig["worker_urls"] is not None else "the emulated cluster and the gateway"
-    say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting {what}")
-    with live_rig(
-        folder, policy, b.cluster, time_scale=b.time_scale, policy=policy, alpha=a, seed=b.seed, **b.rig
-    ) as rig:
+    b.live.say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting {what}")
+    with b.live.rig(folder, policy, policy=policy, alpha=a, **b.rig) as rig:
         opts: dict[str, Any] = {"trace": b.setup.trace, "rate_qps": b.rate, "progress": b.progress}
-        run = replay(b.workload, gateway=rig.url, api_key=key, time_scale=b.time_scale, desc=f"{policy} live", **opts)
+        run = replay(b.workload, gateway=rig.url, api_key=key, time_scale=time_scale, desc=f"{policy} live", **opts)
         try:
             rep = asyncio.run(run)
         except GatewayError as exc:
             raise LiveBenchError(f"{policy}: {exc}") from None
         live_counts = rig.completed_per_worker()
-    say(
+    b.live.say(
         f"{policy}: live P95 {fmt(rep.p95_s)} s, SLO {fmt(rep.slo_attainment, 3)}; "
         f"simulated P95 {fmt(sim.p95_s)} s, SLO {fmt(sim.slo_attainment, 3)} ({rep.wall_s:.0f} s wall)"
     )

@@ -10,7 +10,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -18,16 +18,7 @@ from typing import Any
 import httpx
 
 from gateway.bench.replay import replay_setup, replay_workload
-from gateway.bench.rig import (
-    Rig,
-    bench_folder,
-    bench_tenant,
-    cluster_workers,
-    live_rig,
-    sampling,
-    say_stderr,
-    scheduled,
-)
+from gateway.bench.rig import LiveSettings, Rig, bench_tenant, cluster_workers, sampling, scheduled
 from gateway.bench.simbench import fluid_bound
 from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
 from gateway.core.predict import SUSTAINABLE_SHARE
@@ -229,9 +220,8 @@ def _phase_report(p: Phase, answers: Sequence[Answer], rss: Sequence[tuple[float
 
 
 def run_overload(
+    live: LiveSettings,
     *,
-    cluster: str = "paper-4gpu",
-    time_scale: float = 0.05,
     capacity_fraction: float = 0.75,
     factor: float = 5.0,
     capacity_s: float = 40.0,
@@ -241,12 +231,9 @@ def run_overload(
     slo_scale: float = 5.0,
     predictive: bool = True,
     admission_share: float | None = None,
-    seed: int = 0,
-    log_dir: Path | None = None,
-    say: Callable[[str], None] | None = None,
 ) -> OverloadReport:
-    """Run the capacity phase and the bursts and return its report."""
-    say = say if say is not None else say_stderr
+    """Run the capacity phase and the bursts on ``live``'s rig and return its report."""
+    time_scale, seed = live.time_scale, live.seed
     for name, v in (("time_scale", time_scale), ("capacity_fraction", capacity_fraction), ("factor", factor)):
         if not (v > 0 and math.isfinite(v)):
             raise ValueError(f"{name} must be a positive number, got {v}")
@@ -254,7 +241,7 @@ def run_overload(
         raise ValueError(f"the admission share must be in (0, 1], got {admission_share}")
     if bursts < 1 or capacity_s <= 0 or burst_s <= 0 or quiet_s < 0:
         raise ValueError("bursts >= 1, capacity_s > 0, burst_s > 0 and quiet_s >= 0 are required")
-    cluster_cfg, workers = cluster_workers(cluster)
+    cluster_cfg, workers = cluster_workers(live.cluster)
     probe = replay_setup("chess-bird", workers, workflows=50, seed=seed, slo_scale=slo_scale)
     bound = fluid_bound(workers, probe.queries)
     rate_cap_model = capacity_fraction * bound
@@ -270,7 +257,7 @@ def run_overload(
     )
     bodies = [json.dumps(w.body(time_scale)).encode() for w in replay_workload(setup, rate_cap_model)]
     deadline_wall = setup.slo_s * time_scale
-    say(
+    live.say(
         f"fluid bound {bound:.4g} wf/s (modelled); capacity rate {rate_cap_model:.4g} wf/s "
         f"= {cap_rate_wall:.3g}/s wall; "
         f"overload {factor:g}x in {bursts} bursts of {burst_s:g} s; deadline {deadline_wall:.3g} s wall; "
@@ -279,14 +266,12 @@ def run_overload(
     share = admission_share if admission_share is not None else SUSTAINABLE_SHARE
     setting = (time_scale, bound, rate_cap_model, factor, deadline_wall, predictive, share)
     report = OverloadReport(cluster_cfg.name, *setting)
-    with bench_folder(log_dir, "hexflow-overload-", say) as folder:
+    with live.folder("hexflow-overload-") as folder:
         key = bench_tenant(
             folder, deadline_s=deadline_wall, max_concurrent_workflows=100_000, name=TENANT, predictive=predictive,
             on_predicted_miss="reject",
         )  # fmt: skip
-        with live_rig(
-            folder, "overload", cluster, time_scale=time_scale, seed=seed, admission_share=admission_share
-        ) as rig:
+        with live.rig(folder, "overload", admission_share=admission_share) as rig:
             answers, rss, wall = asyncio.run(_drive(rig, key, bodies, schedule, timeout_s=4 * deadline_wall + 60.0))
     ends = [p.start for p in phases[1:]] + [wall]
     report.phases = [_phase_report(p, answers, rss, end) for p, end in zip(phases, ends, strict=True)]

@@ -20,47 +20,15 @@ import yaml
 
 from gateway.config import REPO_ROOT, ClusterConfig, load_cluster_config
 from gateway.config.gateway import LoadedConfig, load_gateway_config
-from gateway.config.tenants import hash_key
 from gateway.errors import GatewayError
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-BENCH_TENANT = "bench"
 _WORKER_LINE = re.compile(r"^(\S+) (https?://\S+) (\S+)$")
 
 
 class StartError(GatewayError):
     """A child process (the emulated cluster, the gateway) exited or did not become ready in time."""
-
-
-def write_tenants_file(
-    path: Path,
-    api_key: str,
-    *,
-    max_concurrent_workflows: int,
-    deadline_s: float,
-    name: str = BENCH_TENANT,
-    predictive: bool = False,
-    **settings: Any,
-) -> Path:
-    """A tenants file with one tenant (``name``) whose key is ``api_key`` and whose limits never bind (any
-    deadline from a millisecond to a year; ``deadline_s`` the default). Predictive admission is off unless asked:
-    the simulator a live run is compared with admits every workflow. ``settings``: further tenant fields."""
-    lo, hi = 1e-3, 3.2e7
-    tenant = {
-        "name": name,
-        "api_key_sha256": [hash_key(api_key)],
-        "default_deadline_s": min(max(deadline_s, lo), hi),
-        "min_deadline_s": lo,
-        "max_deadline_s": hi,
-        "priority_weight": 1,
-        "max_concurrent_workflows": max(1, max_concurrent_workflows),
-        "predictive_admission": predictive,
-        **settings,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({"tenants": [tenant]}, sort_keys=False))
-    return path
 
 
 def write_gateway_config(

@@ -16,15 +16,15 @@ from typing import Any
 import yaml
 
 from gateway.bench.stats import table
-from gateway.bench.text2sql_eval import EvalError, spider_items
+from gateway.bench.text2sql_eval import EvalError, EvalItem, gold_rows, matches_gold, spider_items
 from gateway.config.databases import DatabaseConfig
 from gateway.core.degrade import Knobs, QuestionPlan, knob_grid
 from gateway.core.predict import StagePlan
+from gateway.core.workflow import CallSpec
 from gateway.errors import GatewayError
 from gateway.text2sql.answers import Answers, answers_from_spider, build_demo_answers
 from gateway.text2sql.db import Database, open_database
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
-from gateway.text2sql.evaluate import execute_sqlite, gold_is_ordered, results_match
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.port import Closed, RemainingPredictor, StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts
@@ -33,7 +33,7 @@ from workers.scripted import AnswersResponder
 
 FULL = Knobs(candidates=2, max_revisions=10, evaluate=True)
 """The pipeline's default knobs (``config/gateway.yaml`` ``text2sql``), full quality."""
-_FAR = 1e9  # the bench's deadline, seconds: never reached (its clock counts one second per stage)
+FAR = 1e9  # the bench's deadline, seconds: never reached (its clock counts one second per stage)
 
 
 class QualityError(GatewayError):
@@ -50,7 +50,8 @@ def quality_grid(max_candidates: int = 3, full: Knobs = FULL) -> list[Knobs]:
 class ScriptedStageRunner:
     """A ``StageRunner`` in-process: every call is answered by a scripted model (``AnswersResponder``) from
     the prompt text the emulator would see (the messages' contents joined by a space), a call that the
-    script does not cover gets an empty answer. Its clock counts one second per stage; nothing waits."""
+    script does not cover gets an empty answer. Its clock counts one second per stage; nothing waits.
+    ``calls``: every call's shape as the emulator counts it, in order."""
 
     def __init__(self, responder: AnswersResponder) -> None:
         self.responder = responder
@@ -58,6 +59,7 @@ class ScriptedStageRunner:
         self.deadline: float | None = None
         self.closed: Closed | None = None
         self.kinds: list[str] = []
+        self.calls: list[CallSpec] = []
 
     def open(self, deadline_s: float, plan: QuestionPlan) -> None:
         """Start the question (its deadline ``deadline_s`` from the clock's zero)."""
@@ -81,11 +83,12 @@ class ScriptedStageRunner:
             out.append(
                 StageCallResult("scripted", 0.0, 0.0, text=answer or "", prompt_tokens=n_in, completion_tokens=n_out)
             )
+            self.calls.append(CallSpec(kind, n_in, n_out))
         return out
 
     def remaining(self) -> float:
         """Seconds to the deadline on the stage clock."""
-        return (self.deadline if self.deadline is not None else _FAR) - self.now
+        return (self.deadline if self.deadline is not None else FAR) - self.now
 
     def remaining_predictor(self) -> RemainingPredictor:
         """One second per remaining stage round (the bench's clock; no queues)."""
@@ -103,25 +106,13 @@ class ScriptedStageRunner:
         return self.closed
 
 
-@dataclass(frozen=True, slots=True)
-class QualityItem:
-    """One question as the bench asks it: its source, text, evidence, gold SQL and database file."""
-
-    source: str
-    question: str
-    evidence: str
-    gold: str
-    db_id: str
-    db_path: Path
-
-
 @dataclass
 class _Set:
     """The questions of one source under one seed, with their script."""
 
     source: str
     seed: int
-    items: list[QualityItem]
+    items: list[EvalItem]
     answers: Answers
 
 
@@ -205,12 +196,12 @@ def format_report(report: QualityReport) -> str:
 # --------------------------------------------------------------------------------------------- questions
 
 
-def demo_items(db_path: Path) -> list[QualityItem]:
+def demo_items(db_path: Path) -> list[EvalItem]:
     """The demo questions on the demo database file ``db_path``."""
-    return [QualityItem("demo", q.question, q.evidence or "", q.query, DB_ID, db_path) for q in demo_questions()]
+    return [EvalItem(DB_ID, q.question, q.query, db_path, q.evidence) for q in demo_questions()]
 
 
-def spider_quality_items(dataset_dir: Path, limit: int | None) -> list[QualityItem]:
+def spider_quality_items(dataset_dir: Path, limit: int | None) -> list[EvalItem]:
     """The first ``limit`` questions of a Spider-layout ``dev.json`` whose database file exists."""
     try:
         items = spider_items(dataset_dir, limit)
@@ -223,26 +214,19 @@ def spider_quality_items(dataset_dir: Path, limit: int | None) -> list[QualityIt
         if key in seen:  # the script keeps a repeated question's first entry; so do we
             continue
         seen.add(key)
-        out.append(QualityItem("spider-dev", it.question, it.evidence or "", it.gold, it.db_id, it.db_path))
+        out.append(it)
     return out
 
 
 # ------------------------------------------------------------------------------------------------ running
 
 
-def _gold_rows(item: QualityItem) -> list[tuple[object, ...]] | None:
-    try:
-        return execute_sqlite(item.db_path, item.gold)
-    except Exception:  # sqlite3.Error: a gold query that does not run here is left out (counted wrong never)
-        return None
-
-
 async def _ask(
-    pipe: Text2SqlPipeline, db: Database, responder: AnswersResponder, item: QualityItem, gold: list[tuple[object, ...]]
+    pipe: Text2SqlPipeline, db: Database, responder: AnswersResponder, item: EvalItem, gold: list[tuple[object, ...]]
 ) -> bool:
     runner = ScriptedStageRunner(responder)
-    res = await pipe.answer(runner, db, item.question, item.evidence, _FAR, request_id="quality")
-    return res.status == "ok" and results_match(gold, res.rows, ordered=gold_is_ordered(item.gold))
+    res = await pipe.answer(runner, db, item.question, item.evidence or "", FAR, request_id="quality")
+    return res.status == "ok" and matches_gold(item.gold, gold, res.rows)
 
 
 async def _measure(
@@ -256,8 +240,9 @@ async def _measure(
     try:
         for s in sets:
             responder = AnswersResponder(dict(s.answers))
-            golds = await asyncio.gather(*(asyncio.to_thread(_gold_rows, it) for it in s.items))
-            runnable = [(it, g) for it, g in zip(s.items, golds, strict=True) if g is not None]
+            # A gold query that does not run here leaves its question out (never counted wrong).
+            golds = await asyncio.gather(*(asyncio.to_thread(gold_rows, it) for it in s.items))
+            runnable = [(it, g) for it, (g, _) in zip(s.items, golds, strict=True) if g is not None]
             report.asked[s.source] = report.asked.get(s.source, 0) + len(runnable)
             for it, _ in runnable:
                 if it.db_path not in dbs:

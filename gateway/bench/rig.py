@@ -1,6 +1,7 @@
 """One live rig for every live benchmark: ``bench_folder`` (``log_dir`` kept, or a temporary folder removed
 after a run that went well), ``bench_tenant``, ``live_rig`` (the emulated cluster or running workers and a
-gateway in front, tuning off, stopped on the way out) and the load helpers ``scheduled`` and ``sampling``."""
+gateway in front, tuning off, stopped on the way out), ``LiveSettings`` (what a benchmark's runs share) and the
+load helpers ``scheduled`` and ``sampling``."""
 
 from __future__ import annotations
 
@@ -17,20 +18,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import yaml
 
-from gateway.bench.procs import (
-    ChildProcess,
-    cluster_process,
-    free_port,
-    gateway_process,
-    write_gateway_config,
-    write_tenants_file,
-)
+from gateway.bench.procs import ChildProcess, cluster_process, free_port, gateway_process, write_gateway_config
 from gateway.config import ClusterConfig, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import load_profiles_file
+from gateway.config.tenants import hash_key
 from gateway.core.worker import WorkerInfo
 
 T = TypeVar("T")
+BENCH_TENANT = "bench"
 
 
 def say_stderr(line: str) -> None:
@@ -47,17 +44,11 @@ class Rig:
     worker_urls: list[str]
     gateway: ChildProcess
 
-    def status(self, timeout_s: float = 5.0) -> dict[str, Any]:
-        """The gateway's ``/v1/status`` (``httpx.HTTPError``/``ValueError`` when it cannot be read)."""
-        doc = httpx.get(f"{self.url}/v1/status", timeout=timeout_s).json()
-        if not isinstance(doc, dict):
-            raise ValueError("/v1/status is not a JSON object")
-        return doc
-
     def completed_per_worker(self) -> dict[str, int]:
         """Calls each worker completed, from ``/v1/status`` (empty if it cannot be read)."""
         try:
-            return {str(w["name"]): int(w["completed"]) for w in self.status()["workers"]}
+            workers = httpx.get(f"{self.url}/v1/status", timeout=5.0).json()["workers"]
+            return {str(w["name"]): int(w["completed"]) for w in workers}
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return {}
 
@@ -92,13 +83,34 @@ def bench_folder(log_dir: Path | None, prefix: str, say: Callable[[str], None] =
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def bench_tenant(folder: Path, *, deadline_s: float, max_concurrent_workflows: int, **tenant: Any) -> str:
-    """Write ``folder/tenants.yaml`` with one tenant (``gateway.bench.procs.write_tenants_file``) under a fresh
-    throw-away key; returns the key."""
+def bench_tenant(
+    folder: Path,
+    *,
+    deadline_s: float,
+    max_concurrent_workflows: int,
+    name: str = BENCH_TENANT,
+    predictive: bool = False,
+    **settings: Any,
+) -> str:
+    """Write ``folder/tenants.yaml`` with one tenant (``name``) under a fresh throw-away key, returned, whose limits
+    never bind (any deadline from a millisecond to a year; ``deadline_s`` the default). Predictive admission is
+    off unless asked: the simulator a live run is compared with admits every workflow. ``settings``: further
+    tenant fields."""
     key = secrets.token_urlsafe(24)
-    write_tenants_file(
-        folder / "tenants.yaml", key, max_concurrent_workflows=max_concurrent_workflows, deadline_s=deadline_s, **tenant
-    )
+    lo, hi = 1e-3, 3.2e7
+    tenant = {
+        "name": name,
+        "api_key_sha256": [hash_key(key)],
+        "default_deadline_s": min(max(deadline_s, lo), hi),
+        "min_deadline_s": lo,
+        "max_deadline_s": hi,
+        "priority_weight": 1,
+        "max_concurrent_workflows": max(1, max_concurrent_workflows),
+        "predictive_admission": predictive,
+        **settings,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [tenant]}, sort_keys=False))
     return key
 
 
@@ -156,6 +168,26 @@ def live_rig(
         )
         proc, url = stack.enter_context(gateway_process(path, port, len(urls), folder, tag))
         yield Rig(folder, url, urls, proc)
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """What every run of a live benchmark shares: the emulated ``cluster`` at ``time_scale``, the gateway's (and
+    the emulation's) ``seed``, where logs go (``log_dir``: ``bench_folder``) and the progress sink ``say``."""
+
+    cluster: str
+    time_scale: float
+    seed: int = 0
+    log_dir: Path | None = None
+    say: Callable[[str], None] = say_stderr
+
+    def folder(self, prefix: str) -> contextlib.AbstractContextManager[Path]:
+        """``bench_folder`` of ``log_dir`` (a temporary one named ``prefix...`` without it)."""
+        return bench_folder(self.log_dir, prefix, self.say)
+
+    def rig(self, folder: Path, tag: str, **config: Any) -> contextlib.AbstractContextManager[Rig]:
+        """``live_rig`` of this cluster, time scale and seed; ``config``: its other keywords."""
+        return live_rig(folder, tag, self.cluster, time_scale=self.time_scale, seed=self.seed, **config)
 
 
 async def scheduled(times: Sequence[float], fn: Callable[[int], Awaitable[T]]) -> list[T]:

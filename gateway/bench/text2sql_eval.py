@@ -295,6 +295,39 @@ def format_report(report: EvalReport) -> str:
 # ------------------------------------------------------------------------------------------ running
 
 
+def question_body(question: str, db_id: str, evidence: str | None, deadline_s: float | None) -> dict[str, Any]:
+    """The ``POST /v1/text2sql`` body of a question (its evidence and deadline, wall seconds, when given)."""
+    body: dict[str, Any] = {"question": question, "db_id": db_id}
+    if evidence:
+        body["evidence"] = evidence
+    if deadline_s is not None:
+        body["deadline_s"] = deadline_s
+    return body
+
+
+async def post_question(
+    client: httpx.AsyncClient, body: dict[str, Any], key: str | None = None
+) -> tuple[httpx.Response | None, dict[str, Any]]:
+    """POST a question to the client's gateway (as ``key`` when given); the response and its JSON body (``{}``
+    when not a JSON object). A request that got no answer is no response (None) and an ``error`` naming why, so
+    one lost connection never ends a run."""
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    try:
+        r = await client.post("/v1/text2sql", json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        return None, {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        data = r.json()
+    except ValueError:
+        data = {}
+    return r, data if isinstance(data, dict) else {}
+
+
+def matches_gold(gold_sql: str, gold: Sequence[Sequence[object]], rows: Sequence[Sequence[object]]) -> bool:
+    """Whether ``rows`` are the gold query's result ``gold`` (in order when the gold query orders them)."""
+    return results_match(gold, rows, ordered=gold_is_ordered(gold_sql))
+
+
 async def _check_gateway(client: httpx.AsyncClient) -> None:
     from gateway.bench.replay import ReplayError, check_gateway
 
@@ -304,7 +337,8 @@ async def _check_gateway(client: httpx.AsyncClient) -> None:
         raise EvalError(str(exc)) from None
 
 
-def _gold_rows(item: EvalItem) -> tuple[list[tuple[object, ...]] | None, str | None]:
+def gold_rows(item: EvalItem) -> tuple[list[tuple[object, ...]] | None, str | None]:
+    """The gold query's rows, or None and why it failed here."""
     try:
         return execute_sqlite(item.db_path, item.gold), None
     except Exception as exc:  # sqlite3.Error, or a file that went away
@@ -318,38 +352,17 @@ def _error_text(data: Mapping[str, Any]) -> str | None:
     return None if err is None else str(err)
 
 
-async def _ask(client: httpx.AsyncClient, item: EvalItem, deadline_s: float | None, timeout_s: float) -> ItemRecord:
-    body: dict[str, Any] = {"question": item.question, "db_id": item.db_id}
-    if item.evidence:
-        body["evidence"] = item.evidence
-    if deadline_s is not None:
-        body["deadline_s"] = deadline_s
+async def _ask(client: httpx.AsyncClient, item: EvalItem, deadline_s: float | None) -> ItemRecord:
     t = time.monotonic()
-    try:
-        r = await client.post("/v1/text2sql", json=body, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        return ItemRecord(
-            item.question,
-            item.db_id,
-            status="client_error",
-            http_status=0,
-            correct=False,
-            sql=None,
-            gold=item.gold,
-            latency_s=time.monotonic() - t,
-            difficulty=item.difficulty,
-            error=f"{type(exc).__name__}: {exc}",
-        )
+    r, data = await post_question(client, question_body(item.question, item.db_id, item.evidence, deadline_s))
     elapsed = time.monotonic() - t
-    try:
-        data = r.json()
-    except ValueError:
-        data = None
-    data = data if isinstance(data, dict) else {}
-    status = data["status"] if isinstance(data.get("status"), str) else f"http_{r.status_code}"
+    code = 0 if r is None else r.status_code
+    status = data.get("status")
+    if not isinstance(status, str):
+        status = "client_error" if r is None else f"http_{code}"
     sql = data.get("sql") if isinstance(data.get("sql"), str) else None
     rec = ItemRecord(
-        *(item.question, item.db_id, status, r.status_code, False, sql, item.gold, elapsed),
+        *(item.question, item.db_id, status, code, False, sql, item.gold, elapsed),
         gateway_latency_s=_float(data.get("latency_s")),
         local_s=_float(data.get("local_s")),
         revisions=int(data.get("revisions") or 0),
@@ -359,13 +372,13 @@ async def _ask(client: httpx.AsyncClient, item: EvalItem, deadline_s: float | No
         difficulty=item.difficulty,
         error=_error_text(data),
     )
-    if status == "ok" and r.status_code == 200:
-        gold, problem = await asyncio.to_thread(_gold_rows, item)
+    if status == "ok" and code == 200:
+        gold, problem = await asyncio.to_thread(gold_rows, item)
         rows = data.get("rows")
         if gold is None:
             rec.error = problem
         elif isinstance(rows, list):
-            rec.correct = results_match(gold, rows, ordered=gold_is_ordered(item.gold))
+            rec.correct = matches_gold(item.gold, gold, rows)
     return rec
 
 
@@ -409,7 +422,7 @@ async def evaluate(
 
             async def one(i: int, item: EvalItem) -> None:
                 async with sem:
-                    rec = records[i] = await _ask(client, item, deadline_s, timeout_s)
+                    rec = records[i] = await _ask(client, item, deadline_s)
                 tally[rec.correct] += 1
                 bar.set_postfix(acc=f"{tally[True] / tally.total():.3f}", refresh=False)
                 bar.update(1)

@@ -68,12 +68,12 @@ DEFAULT_LOADS = "0.3,0.45,0.6"
 def cmd_bench_overload(args: argparse.Namespace) -> int:
     """Run the overload benchmark; print the report; exit 1 when a goal of the issue is not met."""
     from gateway.bench.overload import format_report, plot_report, run_overload
+    from gateway.bench.rig import LiveSettings
 
-    names = ("cluster", "time_scale", "capacity_fraction", "factor", "capacity_s", "burst_s", "quiet_s", "bursts")
+    names = ("capacity_fraction", "factor", "capacity_s", "burst_s", "quiet_s", "bursts", "slo_scale")
+    live = LiveSettings(**pick(args, "cluster", "time_scale", "seed", "log_dir"))
     with usage_errors():
-        rep = run_overload(
-            **pick(args, *names, "slo_scale", "admission_share", "seed", "log_dir"), predictive=not args.no_predictive
-        )
+        rep = run_overload(live, **pick(args, *names, "admission_share"), predictive=not args.no_predictive)
     show(format_report(rep), args.json, rep.to_json)
     write_with(args.plot, partial(plot_report, rep))
     return 0 if all(rep.checks().values()) else 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any
 
 from gateway.argtypes import positive_float, positive_floats, positive_int
 from gateway.cli.common import (
@@ -63,6 +64,7 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
     import sys
 
     from gateway.bench.demo import format_refusal_bench, run_refusal_bench
+    from gateway.bench.rig import LiveSettings
 
     seeds = _seeds(args.seeds)
     rates = args.rates if args.rates is not None else positive_floats(REFUSAL_RATES)
@@ -76,8 +78,8 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
         which = "with" if admission else "without"
         print(f"[{done[0]}/{total}] rate {rate:g}/s seed {seed} {which} admission", file=sys.stderr, flush=True)
 
-    names = ("questions", "cluster", "time_scale", "share")
-    points = run_refusal_bench(rates, seeds=seeds, **pick(args, *names), progress=progress)
+    live = LiveSettings(**pick(args, "cluster", "time_scale"))
+    points = run_refusal_bench(rates, live, seeds=seeds, **pick(args, "questions", "share"), progress=progress)
     show(format_refusal_bench(points), args.json, lambda: {"points": [dataclasses.asdict(p) for p in points]})
     return 0
 
@@ -105,9 +107,12 @@ def _demo_or_spider(args: argparse.Namespace, what: str) -> bool:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the Text-to-SQL demo end to end on emulated workers."""
     from gateway.bench.demo import DEFAULT_RATE, format_legend, format_summary, run_demo
+    from gateway.bench.rig import LiveSettings
 
     rate = args.rate if args.rate is not None else DEFAULT_RATE
-    rep = run_demo(args.questions, **pick(args, "cluster", "time_scale", "seed", "quiet"), rate=rate)
+    rep = run_demo(
+        args.questions, LiveSettings(**pick(args, "cluster", "time_scale", "seed")), quiet=args.quiet, rate=rate
+    )
     print()
     print(format_summary(rep))
     if not args.quiet:
@@ -134,25 +139,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     dataset = _dataset_dir("--dataset", args.dataset, needs_dev_json=True)
     key = gateway_key(args)
     limit = None if args.limit is None else int_arg("--limit", args.limit, minimum=1)
-    concurrency = int_arg("--concurrency", args.concurrency, minimum=1)
-    deadline = None if args.deadline_s is None else positive_float_arg("--deadline-s", args.deadline_s)
-    timeout = positive_float_arg("--timeout-s", args.timeout_s)
+    settings: dict[str, Any] = {  # evaluate's keywords
+        "concurrency": int_arg("--concurrency", args.concurrency, minimum=1),
+        "deadline_s": None if args.deadline_s is None else positive_float_arg("--deadline-s", args.deadline_s),
+        "timeout_s": positive_float_arg("--timeout-s", args.timeout_s),
+    }
     if not args.json:
         raise UsageError("--json: give the file to write the report to")
     items = spider_items(dataset, limit)
     if not items:
         raise UsageError(f"--dataset: no runnable question in {dataset} (no database file for any of them)")
-    report = asyncio.run(
-        evaluate(
-            items,
-            gateway=args.gateway,
-            api_key=key,
-            concurrency=concurrency,
-            deadline_s=deadline,
-            timeout_s=timeout,
-            progress=not args.quiet,
-        )
-    )
+    report = asyncio.run(evaluate(items, gateway=args.gateway, api_key=key, progress=not args.quiet, **settings))
     print(format_report(report))
     print(f"wrote {report.write_json(args.json)}")
     return 0

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from gateway.bench import procs
-from gateway.bench.procs import write_gateway_config, write_tenants_file
+from gateway.bench.procs import write_gateway_config
+from gateway.bench.rig import bench_tenant
 from gateway.config import build_workers, load_cluster_config
 from gateway.live.tenants import TenantStore, check_deadline
 from tests.cli_run import run_cli
@@ -84,7 +85,8 @@ def test_bad_live_bench_arguments_exit_2(extra: list[str], expected: str, capsys
 
 
 def test_written_gateway_config_loads_and_the_tenant_accepts_the_key(tmp_path: Path) -> None:
-    tenants = write_tenants_file(tmp_path / "t.yaml", "secret-key", max_concurrent_workflows=500, deadline_s=2.5)
+    key = bench_tenant(tmp_path, max_concurrent_workflows=500, deadline_s=2.5)
+    tenants = tmp_path / "tenants.yaml"
     urls = [f"http://127.0.0.1:{9000 + i}" for i in range(4)]
     loaded = write_gateway_config(
         "paper-4gpu",
@@ -113,7 +115,7 @@ def test_written_gateway_config_loads_and_the_tenant_accepts_the_key(tmp_path: P
         0.05 * build_workers(load_cluster_config("paper-4gpu"), loaded.catalog)[0].profile.iter_base_s
     )
     store = TenantStore.load(loaded.tenants_path)
-    tenant = store.authenticate("secret-key")
+    tenant = store.authenticate(key)
     assert tenant is not None and tenant.max_concurrent_workflows == 500
     # The simulator it is compared with admits every workflow: so does the gateway's bench tenant.
     assert tenant.predictive_admission is False
