@@ -267,17 +267,8 @@ class Estimator:
             for i in range(n_ws):
                 rows[ws[i]].credit = cached[i]
         self.scan(ws, kind, input_tokens, output_tokens, now, credited=cached is not None)
-        t_comp: list[float] = [0.0] * n_ws
-        t_queue: list[float] = [0.0] * n_ws
-        harm: list[float] = [0.0] * n_ws
-        inflight: list[int] = [0] * n_ws
-        for i in range(n_ws):
-            r = rows[ws[i]]
-            t_comp[i] = r.t_comp
-            t_queue[i] = r.t_queue
-            harm[i] = r.harm
-            inflight[i] = r.inflight
-        return t_comp, t_queue, harm, inflight
+        rs = [rows[w] for w in ws]
+        return [r.t_comp for r in rs], [r.t_queue for r in rs], [r.harm for r in rs], [r.inflight for r in rs]
 
     def scan(
         self,
