@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
 from gateway.core.degrade import QuestionPlan
@@ -73,29 +73,24 @@ class NoWorkerCanRun(AdmissionRefused):
         super().__init__("no worker can run the workflow now", 1)
 
 
+@dataclass(slots=True, eq=False)
 class Admission:
     """A workflow admitted: a token owning the cluster seconds it commits (``work_s``) until its workflow takes
-    them over (``Admitter.take``) or ``release`` hands them back. ``predicted_s``, ``critical_s``: nan for none."""
+    them over (``Admitter.take``) or ``release`` hands them back to its ``owner``. ``predicted_s``, ``critical_s``:
+    nan for none."""
 
-    __slots__ = ("_owner", "_state", "best_effort", "critical_s", "plan", "predicted_s", "work_s")
+    best_effort: bool = False
+    work_s: float = 0.0
+    _: KW_ONLY
+    plan: QuestionPlan | None = None
+    owner: Admitter | None = field(default=None, repr=False)
+    predicted_s: float = math.nan
+    critical_s: float = math.nan
+    _state: str = field(init=False, default="done")
 
-    def __init__(
-        self,
-        best_effort: bool = False,
-        work_s: float = 0.0,
-        *,
-        plan: QuestionPlan | None = None,
-        owner: Admitter | None = None,
-        predicted_s: float = math.nan,
-        critical_s: float = math.nan,
-    ) -> None:
-        self.best_effort = best_effort
-        self.work_s = work_s
-        self.plan = plan
-        self.predicted_s = predicted_s
-        self.critical_s = critical_s
-        self._owner = owner
-        self._state = "held" if owner is not None and work_s > 0.0 else "done"
+    def __post_init__(self) -> None:
+        if self.owner is not None and self.work_s > 0.0:
+            self._state = "held"
 
     def take(self) -> float:
         """A workflow takes the committed seconds over; returns them (0 when released already or never held)."""
@@ -109,8 +104,8 @@ class Admission:
         if self._state != "held":
             return
         self._state = "released"
-        if self._owner is not None:
-            self._owner.uncommit(self.work_s)
+        if self.owner is not None:
+            self.owner.uncommit(self.work_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,36 +124,28 @@ TenantRule = Callable[[Workflow], str | None]
 """What the re-check does with a workflow predicted to miss: ``"reject"``, ``"best_effort"`` or None (not watched)."""
 
 
+@dataclass(eq=False)
 class Admitter:
     """Admission and the work it committed, on one scheduler (one per driver). ``retry_after``: compute a refusal's
     exact wait (the simulator answers no client). ``lenient_start``: until the forecast is verified, refuse only
     what cannot make it at full throughput with nothing queued after its first stage."""
 
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        *,
-        headroom: float = ADMISSION_HEADROOM,
-        sustainable_share: float = SUSTAINABLE_SHARE,
-        best_effort_max_age: float | None = None,
-        retry_after: bool = True,
-        lenient_start: bool = True,
-    ) -> None:
-        self.scheduler = scheduler
-        self.retry_after = retry_after
-        self.lenient_start = lenient_start
-        self.headroom = headroom
-        self.sustainable_share = sustainable_share
-        self.best_effort_max_age = best_effort_max_age
-        self.throughput = ThroughputMeter()
-        self.calibration = QueueCalibration()
-        self.committed_s = 0.0
-        """Cluster seconds admitted workflows have yet to submit: the fluid bound of admission."""
-        self.best_effort: set[Workflow] = set()
-        self._work_left: dict[Workflow, float] = {}
-        self._held = 0  # tokens holding committed work no workflow has taken over yet, and their seconds
-        self._held_s = 0.0
-        self._predicted: dict[Workflow, tuple[float, float]] = {}
+    scheduler: Scheduler
+    _: KW_ONLY
+    headroom: float = ADMISSION_HEADROOM
+    sustainable_share: float = SUSTAINABLE_SHARE
+    best_effort_max_age: float | None = None
+    retry_after: bool = True
+    lenient_start: bool = True
+    throughput: ThroughputMeter = field(init=False, default_factory=ThroughputMeter)
+    calibration: QueueCalibration = field(init=False, default_factory=QueueCalibration)
+    committed_s: float = field(init=False, default=0.0)
+    """Cluster seconds admitted workflows have yet to submit: the fluid bound of admission."""
+    best_effort: set[Workflow] = field(init=False, default_factory=set)
+    _work_left: dict[Workflow, float] = field(init=False, default_factory=dict)
+    _held: int = field(init=False, default=0)  # tokens holding committed work no workflow has taken over yet
+    _held_s: float = field(init=False, default=0.0)  # and their seconds
+    _predicted: dict[Workflow, tuple[float, float]] = field(init=False, default_factory=dict)
 
     def efficiency(self, now: float) -> float:
         """The share of the full-batch throughput the work ahead is forecast to drain at: the configured share,

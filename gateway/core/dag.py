@@ -197,11 +197,6 @@ class DagWorkflow(Workflow):
         return self._started and self._finished == len(self.nodes)
 
     @property
-    def pending_calls(self) -> int:
-        """Nodes released and not yet finished."""
-        return self._n_released - self._finished
-
-    @property
     def num_calls(self) -> int:
         """Number of nodes."""
         return len(self.nodes)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Final
 
 from gateway.core.dispatchers import WorkerEstimate
-from gateway.core.latency import LatencyModel, WorkerLoad, decode_steps, mean_context
+from gateway.core.latency import CACHE_LIMIT, LatencyModel, WorkerLoad, decode_steps, mean_context
 from gateway.core.profile import PerfProfile
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call
+
+INF: Final = float("inf")
+"""What ``scan`` returns for no workers (a module constant: not parsed per call)."""
 
 
 @dataclass(slots=True)
@@ -46,34 +50,44 @@ class Estimator:
         self._by_kind: dict[str, list[Ratio | None]] = {}
         """Learned ratios by kind, then worker (None: none learned)."""
         self._models: list[LatencyModel] = []
-        """One latency model per distinct profile, its memos shared; ``_group[w]`` is worker w's position here."""
-        self._group: list[int] = []
+        """One latency model per distinct profile among the workers (their memos shared), in first-use order."""
+        self._model_of: list[LatencyModel] = []
+        """Per worker, its profile's model in ``_models``."""
+        self._prefills: dict[int, list[float]] = {}
+        """Per prompt length, each of ``_models``' ``prefill_s`` (``_set_prefill``)."""
         for w in range(len(self.workers)):
             self._index_worker(w)
 
     def _index_worker(self, worker: int) -> None:
-        """(Re)build slot ``worker``'s profile group (reusing one no worker uses), capacity and batch limit."""
+        """(Re)build slot ``worker``'s model (one of its profile's if any), capacity and batch limit."""
         info = self.workers[worker]
-        p = info.profile
-        g = next((i for i, m in enumerate(self._models) if m.profile == p), -1)
-        if g < 0:
-            others = {gg for w, gg in enumerate(self._group) if w != worker}
-            g = next((gg for gg in range(len(self._models)) if gg not in others), len(self._models))
-            if g == len(self._models):
-                self._models.append(LatencyModel(p))
-            else:
-                self._models[g] = LatencyModel(p)
+        m = next((m for m in self._models if m.profile == info.profile), None)
+        if m is None:
+            m = LatencyModel(info.profile)
+        if worker < len(self._model_of):
+            self._model_of[worker] = m
+        else:
+            self._model_of.append(m)
+        self._models = list({id(x): x for x in self._model_of}.values())
+        self._prefills = {}
         load = self.loads[worker]
         load.capacity = info.capacity
-        load.limit = self._models[g].batch_limit(info.capacity)
-        if worker < len(self._group):
-            self._group[worker] = g
-        else:
-            self._group.append(g)
+        load.limit = m.batch_limit(info.capacity)
+
+    def _set_prefill(self, input_tokens: int) -> None:
+        """Set every model's ``pre`` to its ``prefill_s(input_tokens)`` (once per call, not once per worker)."""
+        pres = self._prefills.get(input_tokens)
+        models = self._models
+        if pres is None:
+            pres = [m.prefill_s(input_tokens) for m in models]
+            if len(self._prefills) < CACHE_LIMIT:
+                self._prefills[input_tokens] = pres
+        for i in range(len(models)):
+            models[i].pre = pres[i]
 
     def model(self, worker: int) -> LatencyModel:
         """The latency model of ``worker``'s profile."""
-        return self._models[self._group[worker]]
+        return self._model_of[worker]
 
     def add_worker(self, info: WorkerInfo) -> int:
         """Append a worker with fresh estimates; returns its index."""
@@ -109,34 +123,35 @@ class Estimator:
 
     def base_latency(self, worker: int, input_tokens: int, output_tokens: int) -> float:
         """The profile's lone-request latency, uncorrected (the unit of stage budgets)."""
-        return self._models[self._group[worker]].lone_s(input_tokens, output_tokens)
+        return self._model_of[worker].lone_s(input_tokens, output_tokens)
 
-    def group_runs(self, workers: Sequence[int]) -> list[tuple[int, int]]:
-        """``workers`` as runs of one profile group, in order: (group, how many in a row)."""
-        group = self._group
-        runs: list[tuple[int, int]] = []
-        last = -1
+    def group_runs(self, workers: Sequence[int]) -> list[tuple[LatencyModel, int]]:
+        """``workers`` as runs of one profile's model, in order: (model, how many in a row)."""
+        model_of = self._model_of
+        runs: list[tuple[LatencyModel, int]] = []
+        last: LatencyModel | None = None
         count = 0
         for w in workers:
-            g = group[w]
-            if g != last:
-                if count:
+            m = model_of[w]
+            if m is not last:
+                if last is not None:
                     runs.append((last, count))
-                last, count = g, 0
+                last, count = m, 0
             count += 1
-        if count:
+        if last is not None:
             runs.append((last, count))
         return runs
 
-    def mean_base_latency_runs(self, runs: list[tuple[int, int]], input_tokens: int, output_tokens: int) -> float:
+    def mean_base_latency_runs(
+        self, runs: list[tuple[LatencyModel, int]], input_tokens: int, output_tokens: int
+    ) -> float:
         """Mean ``base_latency`` of the workers that ``runs`` (``group_runs``) stand for (0.0 for none): the reference
         cost of stage budgets."""
         total = 0.0
         n = 0
-        models = self._models
-        for g, count in runs:
+        for m, count in runs:
             # Not through the model's memo: the caller keeps the mean (a miss here is a miss there).
-            v = models[g].profile.single_latency(input_tokens, output_tokens)
+            v = m.profile.single_latency(input_tokens, output_tokens)
             for _ in range(count):  # added one by one, as worker by worker: the same float
                 total += v
             n += count
@@ -144,7 +159,7 @@ class Estimator:
 
     def prefill_s(self, worker: int, input_tokens: int) -> float:
         """The profile's prefill seconds for a prompt of ``input_tokens`` on ``worker``."""
-        return self._models[self._group[worker]].prefill_s(input_tokens)
+        return self._model_of[worker].prefill_s(input_tokens)
 
     def ratio(self, worker: int, kind: str, now: float) -> float:
         """The current correction factor for (worker, kind); 1.0 when unknown or stale."""
@@ -156,13 +171,13 @@ class Estimator:
 
     def _own(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
         """Uncorrected time of a call once its prompt is up, in the batch it would join (``compute_s``)."""
-        m = self._models[self._group[worker]]
+        m = self._model_of[worker]
         extra = mean_context(input_tokens, output_tokens)
         return m.compute_s(m.prefill_s(input_tokens - cached), decode_steps(output_tokens), self.loads[worker], extra)
 
     def gpu_s(self, worker: int, input_tokens: int, output_tokens: int, cached: int = 0) -> float:
         """Engine seconds a call takes of ``worker``'s throughput at full batch (``cached`` tokens not prefilled)."""
-        m = self._models[self._group[worker]]
+        m = self._model_of[worker]
         return m.gpu_s(
             m.prefill_s(input_tokens - cached),
             decode_steps(output_tokens),
@@ -176,18 +191,17 @@ class Estimator:
         """Calls of this shape per second that ``workers`` complete together at full batch: sum of 1/(gpu_s x ratio)."""
         out = decode_steps(output_tokens)
         mid = mean_context(input_tokens, output_tokens)
-        models = self._models
-        pres = [m.prefill_s(input_tokens) for m in models]
-        group = self._group
+        self._set_prefill(input_tokens)
+        model_of = self._model_of
         loads = self.loads
         by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
         rate = 0.0
         for w in workers:
-            g = group[w]
+            m = model_of[w]
             r = by_kind[w] if by_kind is not None else None
             rv = 1.0 if r is None or now - r.updated_at > max_age else r.value
-            gpu = models[g].gpu_s(pres[g], out, mid, loads[w].limit) * rv
+            gpu = m.gpu_s(m.pre, out, mid, loads[w].limit) * rv
             if gpu > 0:
                 rate += 1.0 / gpu
         return rate
@@ -201,7 +215,7 @@ class Estimator:
     def t_queue(self, worker: int, now: float) -> float:
         """Predicted wait of a call sent to ``worker`` now before its prompt is processed."""
         load = self.loads[worker]
-        m = self._models[self._group[worker]]
+        m = self._model_of[worker]
         return m.queue_s(load, now, load.queued, load.queued_prefill_s, 0.0)
 
     def queue_view(
@@ -213,8 +227,7 @@ class Estimator:
         t_queue: list[float] = []
         backlog: list[float] = []
         loads = self.loads
-        models = self._models
-        group = self._group
+        model_of = self._model_of
         for i, w in enumerate(workers):
             load = loads[w]
             queued = load.queued
@@ -226,7 +239,7 @@ class Estimator:
                 queued = max(queued - n_after, 0)
                 queued_prefill = max(queued_prefill - pre_after, 0.0)
                 queued_gpu = max(queued_gpu - gpu_after, 0.0)
-            m = models[group[w]]
+            m = model_of[w]
             t_queue.append(m.queue_s(load, now, queued, queued_prefill, later_work))
             if load.inflight and load.inflight_service_sum > 0.0:
                 left = (load.inflight_end_sum - load.inflight * now) / load.inflight_service_sum
@@ -254,17 +267,8 @@ class Estimator:
             for i in range(n_ws):
                 rows[ws[i]].credit = cached[i]
         self.scan(ws, kind, input_tokens, output_tokens, now, credited=cached is not None)
-        t_comp: list[float] = [0.0] * n_ws
-        t_queue: list[float] = [0.0] * n_ws
-        harm: list[float] = [0.0] * n_ws
-        inflight: list[int] = [0] * n_ws
-        for i in range(n_ws):
-            r = rows[ws[i]]
-            t_comp[i] = r.t_comp
-            t_queue[i] = r.t_queue
-            harm[i] = r.harm
-            inflight[i] = r.inflight
-        return t_comp, t_queue, harm, inflight
+        rs = [rows[w] for w in ws]
+        return [r.t_comp for r in rs], [r.t_queue for r in rs], [r.harm for r in rs], [r.inflight for r in rs]
 
     def scan(
         self,
@@ -280,21 +284,19 @@ class Estimator:
         ``credited``: each row's ``credit`` (cached prompt tokens) is left out of the prefill."""
         extra = mean_context(input_tokens, output_tokens)
         out = decode_steps(output_tokens)
-        models = self._models
-        pres = [m.prefill_s(input_tokens) for m in models]
+        self._set_prefill(input_tokens)
+        model_of = self._model_of
         loads = self.loads
         rows = self.rows
-        group = self._group
         by_kind = self._by_kind.get(kind)
         max_age = self.max_age_s
-        least = float("inf")
-        # The prefill of the uncached rest, remembered for the last (profile, cached) pair (they come in runs).
-        last_g = -1
+        least = INF
+        # The prefill of the uncached rest, remembered for the last (model, cached) pair (they come in runs).
+        last_m: LatencyModel | None = None
         last_c = -1
         last_pre = 0.0
         for w in workers:
-            g = group[w]
-            m = models[g]
+            m = model_of[w]
             load = loads[w]
             row = rows[w]
             r = by_kind[w] if by_kind is not None else None
@@ -302,11 +304,11 @@ class Estimator:
             busy = load.inflight
             c = row.credit if credited else 0
             if not c:
-                pre = pres[g]
+                pre = m.pre
             else:
-                if c != last_c or g != last_g:
+                if c != last_c or m is not last_m:
                     last_pre = m.prefill_s(input_tokens - c)
-                    last_g = g
+                    last_m = m
                     last_c = c
                 pre = last_pre
             tc = m.compute_s(pre, out, load, extra) * rv

@@ -62,7 +62,7 @@ def prefill_token_s(profile: PerfProfile) -> float:
 class LatencyModel:
     """The latency estimates of one engine profile (lone latencies and prefill times memoised by token count)."""
 
-    __slots__ = ("_lone", "_prefill", "base", "ctx_s", "overhead", "profile", "tok")
+    __slots__ = ("_lone", "_prefill", "base", "ctx_s", "overhead", "pre", "profile", "tok")
 
     def __init__(self, profile: PerfProfile) -> None:
         self.profile = profile
@@ -72,6 +72,8 @@ class LatencyModel:
         self.overhead = profile.request_overhead_s
         self._prefill: dict[int, float] = {}
         self._lone: dict[tuple[int, int], float] = {}
+        self.pre = 0.0
+        """``prefill_s`` of the prompt being estimated on every worker (set once per call by ``Estimator``)."""
 
     def batch_limit(self, capacity: int) -> int:
         """The largest batch a worker of ``capacity`` concurrent calls runs: ``min(capacity, max_num_seqs)``."""

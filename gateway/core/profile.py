@@ -61,7 +61,8 @@ class PerfProfile:
         with ``attn_s``, computing its attention pairs); the iteration that ends it yields the first token."""
         chunk = self.max_batched_tokens
         n = input_tokens if input_tokens > 1 else 1
-        full, rest = divmod(n, chunk)
+        full = n // chunk  # not divmod: a generic call in the native build
+        rest = n % chunk
         n_chunks = full + (1 if rest else 0)
         # Context read while prefilling chunk i is the i*chunk tokens already in the KV cache.
         t = (

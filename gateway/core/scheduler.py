@@ -10,6 +10,7 @@ from functools import partial
 
 from gateway.core.dispatchers import DispatchView, Rng, get_dispatcher
 from gateway.core.estimates import Estimator
+from gateway.core.latency import LatencyModel
 from gateway.core.policy import Policy, get_policy
 from gateway.core.prefix import Holders, PrefixIndex, cached_tokens, match_holders
 from gateway.core.profile import PerfProfile
@@ -76,7 +77,7 @@ class Scheduler:
         self._n_eligible = len(self.workers)
         self._eligible_idx: list[int] | None = None  # ``eligible_workers()``, until eligibility changes
         self._members_idx: list[int] | None = None  # ``members()``, until membership changes
-        self._member_runs: list[tuple[int, int]] | None = None  # their profile groups' runs, as long
+        self._member_runs: list[tuple[LatencyModel, int]] | None = None  # their profile groups' runs, as long
         self._seq = 0
         self._queued = 0  # calls in every worker queue: each push and each pop or removal counted here
         self._ref_cache: dict[tuple[int, int], float] = {}

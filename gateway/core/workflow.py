@@ -175,11 +175,6 @@ class Workflow:
         """True once every call of the workflow has finished."""
         raise NotImplementedError
 
-    @property
-    def pending_calls(self) -> int:
-        """Calls released and not yet completed (what the workflow waits on now); -1 when unknown."""
-        return -1
-
     def stage_cost(self, spec: CallSpec, cost: CostFn) -> float:
         """Expected duration of the stage ``spec`` belongs to (parallel calls count once)."""
         return cost(spec.kind, spec.input_tokens, spec.output_tokens)
@@ -340,11 +335,6 @@ class StagedWorkflow(Workflow):
         return self._index >= len(self.stages)
 
     @property
-    def pending_calls(self) -> int:
-        """Calls of the current stage not yet completed."""
-        return self._pending
-
-    @property
     def num_calls(self) -> int:
         """Total calls of the workflow (known to the driver, not used by the scheduler)."""
         return sum(len(s.calls) for s in self.stages)
@@ -390,11 +380,6 @@ class OnlineWorkflow(Workflow):
     def done(self) -> bool:
         """No call in flight (the driver decides when the workflow is over)."""
         return self._pending == 0
-
-    @property
-    def pending_calls(self) -> int:
-        """Calls in flight."""
-        return self._pending
 
     def expected_remaining(self, cost: CostFn) -> float:
         """Expected cost after the current stage, from the template (0 without a template)."""

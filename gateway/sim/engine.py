@@ -188,15 +188,10 @@ class SimEngine:
         if not self.busy:
             self._drop(r)
             return False  # the simulator replans with ``kick`` after its wake-up, as after ``on_wake``
-        elapsed = now - self._seg_start
-        k = iterations_within(self._seg_first, self._seg_growth, elapsed)
-        if self._seg_time(k) < elapsed:
-            k += 1
-        if k >= self._seg_k:
+        t = self._cut(now)
+        if t < 0.0:
             self._cancel_at_wake.append(r)  # the segment ends first: drop it then
             return False
-        t = self._seg_start + self._seg_time(k)
-        self._apply(k, t)
         self._drop(r)
         self.busy = False
         if self._plan(t):
@@ -239,15 +234,21 @@ class SimEngine:
             return self._plan(now)
         if not self._can_admit():
             return False  # nothing could enter at the next boundary anyway
+        t = self._cut(now)
+        return t >= 0.0 and self._plan(t)  # (the segment ending first: admission happens then)
+
+    def _cut(self, now: float) -> float:
+        """Apply the running segment up to the first iteration boundary at or after ``now`` (mid-iteration: when the
+        current iteration ends) and return its time; -1.0 when the segment ends first (nothing applied)."""
         elapsed = now - self._seg_start
         k = iterations_within(self._seg_first, self._seg_growth, elapsed)
         if self._seg_time(k) < elapsed:
-            k += 1  # mid-iteration: the admission happens when the current iteration ends
+            k += 1
         if k >= self._seg_k:
-            return False  # the segment ends first; admission happens then
+            return -1.0
         t = self._seg_start + self._seg_time(k)
         self._apply(k, t)
-        return self._plan(t)
+        return t
 
     def on_wake(self, now: float) -> list[Call]:
         """The planned segment ended at ``now``: apply it and return the calls that finished (the engine is left

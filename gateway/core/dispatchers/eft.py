@@ -3,12 +3,7 @@ lower ``t_comp``, then the lower position (``LeastWork(finish=True)``)."""
 
 from __future__ import annotations
 
-from gateway.core.dispatchers.base import Capabilities, Rng, register_dispatcher
+from gateway.core.dispatchers.base import Capabilities, register_dispatcher
 from gateway.core.dispatchers.lw import LeastWork
 
-
-def _make(rng: Rng) -> LeastWork:
-    return LeastWork(finish=True)
-
-
-register_dispatcher("eft", _make, Capabilities())
+register_dispatcher("eft", lambda _rng: LeastWork(finish=True), Capabilities())

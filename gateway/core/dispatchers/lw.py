@@ -3,7 +3,7 @@ ties go to the lower ``t_comp``, then the lower position."""
 
 from __future__ import annotations
 
-from gateway.core.dispatchers.base import Capabilities, DispatchView, Rng, register_dispatcher
+from gateway.core.dispatchers.base import Capabilities, DispatchView, register_dispatcher
 
 
 class LeastWork:
@@ -32,8 +32,4 @@ class LeastWork:
         return best
 
 
-def _make(rng: Rng) -> LeastWork:
-    return LeastWork()
-
-
-register_dispatcher("lw", _make, Capabilities())
+register_dispatcher("lw", lambda _rng: LeastWork(), Capabilities())

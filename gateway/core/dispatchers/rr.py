@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.core.dispatchers.base import Capabilities, DispatchView, Rng, register_dispatcher
+from gateway.core.dispatchers.base import Capabilities, DispatchView, register_dispatcher
 
 
 class RoundRobin:
@@ -23,8 +23,4 @@ class RoundRobin:
         return pos
 
 
-def _make(rng: Rng) -> RoundRobin:
-    return RoundRobin()
-
-
-register_dispatcher("rr", _make, Capabilities())
+register_dispatcher("rr", lambda _rng: RoundRobin(), Capabilities())

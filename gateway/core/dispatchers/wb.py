@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from gateway.core.dispatchers.base import Capabilities, DispatchView, Rng, register_dispatcher
+from gateway.core.dispatchers.base import Capabilities, DispatchView, register_dispatcher
 
 
 class WorkloadBalanced:
@@ -46,13 +46,5 @@ class WorkloadBalanced:
         return best
 
 
-def _make_wb(rng: Rng) -> WorkloadBalanced:
-    return WorkloadBalanced()
-
-
-def _make_wbi(rng: Rng) -> WorkloadBalanced:
-    return WorkloadBalanced(interference=1.0)
-
-
-register_dispatcher("wb", _make_wb, Capabilities(uses_alpha=True))
-register_dispatcher("wbi", _make_wbi, Capabilities(uses_alpha=True))
+register_dispatcher("wb", lambda _rng: WorkloadBalanced(), Capabilities(uses_alpha=True))
+register_dispatcher("wbi", lambda _rng: WorkloadBalanced(interference=1.0), Capabilities(uses_alpha=True))
