@@ -3,6 +3,7 @@ behind an httpx client (``emulated_client``)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -22,8 +23,10 @@ __all__ = ["emulated_client", "emulator_process", "emulator_subprocess", "free_p
 @asynccontextmanager
 async def emulated_client(profile: PerfProfile, model: str, time_scale: float) -> AsyncIterator[httpx.AsyncClient]:
     """An emulated worker with ``profile`` in this process (its lifespan run), behind an httpx client (any
-    base URL reaches it)."""
-    app = create_app(EmulatorConfig(profile=profile, served_model_name=model, time_scale=time_scale))
+    base URL reaches it). Its clock is the running loop's: on ``tests.fakes.virtual_time_loop`` it runs in
+    virtual time."""
+    clock = asyncio.get_running_loop().time
+    app = create_app(EmulatorConfig(profile=profile, served_model_name=model, time_scale=time_scale, clock=clock))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, timeout=60.0) as client:

@@ -38,7 +38,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -273,6 +273,7 @@ class _Metrics:
     def __init__(self, engine: RealTimeEngine, model_name: str, lag: LagMonitor) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_EngineMetrics(engine, model_name, lag))
+        self.engine = engine
         labels = ["model_name", "engine"]
         self.labels = {"model_name": model_name, "engine": "0"}
         r = self.registry
@@ -328,7 +329,7 @@ class _Metrics:
         self.prompt_tokens.labels(**lab).inc(prompt_tokens)
         self.generation_tokens.labels(**lab).inc(output_tokens)
         self.success.labels(**lab, finished_reason=reason).inc()
-        end = ticket.engine_done_real if ticket.engine_done_real is not None else time.monotonic()
+        end = ticket.engine_done_real if ticket.engine_done_real is not None else self.engine.now()
         self.e2e.labels(**lab).observe(end - ticket.arrived_real)
         if ticket.first_token_real is not None:
             self.ttft.labels(**lab).observe(ticket.first_token_real - ticket.arrived_real)
@@ -355,6 +356,10 @@ class EmulatorConfig:
     """A request whose prompt plus ``max_tokens`` exceeds ``max_model_len`` is a 400 (the vLLM releases that
     check it) instead of having its ``max_tokens`` cut to what fits (vLLM 0.32.0, observed:
     tests/vllm_cpu/REAL_VLLM_NOTES.md)."""
+    clock: Callable[[], float] = time.monotonic
+    """The real clock the engine model runs against, and every time the worker reports is read from. It must
+    be the event loop's clock (``loop.time``; the default equals it): the engine sleeps on the loop. Tests
+    inject a virtual-time loop's ``time``, so latencies are the model's whatever the machine's load."""
 
 
 class Emulator:
@@ -367,6 +372,7 @@ class Emulator:
             time_scale=cfg.time_scale,
             priority_scheduling=cfg.priority_scheduling,
             prefix_caching=cfg.prefix_caching,
+            clock=cfg.clock,
         )
         self.lag = LagMonitor()
         self.metrics = _Metrics(self.engine, cfg.served_model_name, self.lag)
@@ -607,7 +613,7 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-async def _finished(ticket: Ticket, overhead: float) -> None:
+async def _finished(engine: RealTimeEngine, ticket: Ticket, overhead: float) -> None:
     """Wait until the engine finished the request, plus the request overhead."""
     while not ticket.done:
         ticket.changed.clear()
@@ -615,14 +621,14 @@ async def _finished(ticket: Ticket, overhead: float) -> None:
     if overhead > 0:
         # The overhead counts from the model's finish time, not from when the driver noticed it,
         # so event-loop lag on a busy machine is absorbed instead of added to every response.
-        done_at = ticket.engine_done_real if ticket.engine_done_real is not None else time.monotonic()
-        await asyncio.sleep(max(done_at + overhead - time.monotonic(), 0.0))
+        done_at = ticket.engine_done_real if ticket.engine_done_real is not None else engine.now()
+        await asyncio.sleep(max(done_at + overhead - engine.now(), 0.0))
 
 
 async def _finished_unless_gone(emu: Emulator, request: Request, ticket: Ticket, overhead: float) -> bool:
     """Wait for the request's end while watching its connection, as vLLM's ``with_cancellation`` does;
     False when the client left first."""
-    work = asyncio.ensure_future(_finished(ticket, overhead))
+    work = asyncio.ensure_future(_finished(emu.engine, ticket, overhead))
     gone = asyncio.ensure_future(_client_gone(request))
     try:
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)

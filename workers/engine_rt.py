@@ -92,6 +92,10 @@ class RealTimeEngine:
         self.advances = 0
 
     # -- clocks -------------------------------------------------------------------------------
+    def now(self) -> float:
+        """The real clock's reading now."""
+        return self._clock()
+
     def vnow(self) -> float:
         """Virtual (model) time now."""
         return (self._clock() - self._t0) / self.time_scale

@@ -49,7 +49,8 @@ def l1_relative_fit(
     )
     if res.status != 0:
         raise ValueError(f"the fit failed: {res.message}")
-    return tuple(float(v) for v in res.x[:k] / scale)
+    # The solver keeps its bounds only to its tolerance (a constant at 0 can come back as -6e-20): clip to them.
+    return tuple(float(v) for v in np.clip(res.x[:k] / scale, lo, hi))
 
 
 def minimax_fit(

@@ -3,6 +3,7 @@ recovery of non-catalogue constants from an emulated worker."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
@@ -32,7 +33,7 @@ from gateway.profiling.probe import CalibrationResult, calibrate
 from gateway.profiling.worker import ProbeWorker
 from gateway.sim.engine import SimEngine
 from tests.emulator_process import emulated_client, emulator_process
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, virtual_time_loop
 from workers.emulator import KV_BLOCK_SIZE
 
 MODEL = "llama-3.1-70b"
@@ -274,7 +275,10 @@ async def test_calibration_assumes_vllms_gpu_block_size_where_the_worker_does_no
 # Recovery of unknown constants from an emulated worker
 # --------------------------------------------------------------------------------------------------
 
-TIME_SCALE = 0.25  # model seconds per real second: slow enough that a busy 2-core host does not swamp the timings
+TIME_SCALE = 0.25
+"""Real seconds per model second. The in-process calibration runs in virtual time, where no scale is too fast;
+the command-line one calibrates a worker process in real time, slowly enough that a busy 2-core host does not
+swamp its timings."""
 HELD_OUT = [(300, 40), (1500, 60), (700, 20), (100, 100), (3000, 30)]
 """Lone requests the plan does not send (prompt, output): the fitted profile must predict them."""
 TOLERANCE = 0.15
@@ -285,13 +289,24 @@ def emulated(profile: PerfProfile) -> AbstractAsyncContextManager[httpx.AsyncCli
 
 
 @pytest.mark.parametrize("seq_share", [0.0, 0.06])
-async def test_calibration_recovers_an_emulated_workers_unknown_constants(seq_share: float) -> None:
+def test_calibration_recovers_an_emulated_workers_unknown_constants(seq_share: float) -> None:
     """And a per-call step cost (``seq_s``, here a share of ``iter_base_s``: 0.06 makes a step of 8 decoding
     calls 48% slower than without it, as on vLLM's CPU server) where the worker has one."""
     truth = replace(unknown_profile(), seq_s=seq_share * unknown_profile().iter_base_s)
     settings = PlanSettings(max_prompt=2048, max_output=64, max_concurrency=8, repeats=1, step_output=64)
-    async with emulated(truth) as client:
-        res = await calibrate("http://emulator", MODEL, gpu="A100", budget_s=120.0, settings=settings, client=client)
+
+    async def calibrate_emulated() -> CalibrationResult:
+        async with emulated(truth) as client:
+            clock = asyncio.get_running_loop().time
+            return await calibrate(
+                "http://emulator", MODEL, gpu="A100", budget_s=120.0, settings=settings, client=client, clock=clock
+            )
+
+    # In virtual time: the worker's model and the calibration's clock are the loop's, and only the model moves
+    # it, so what is measured is the model's latencies however busy the machine (in real time, event-loop
+    # lag on a loaded 2-core host added to every measured latency, and the fit came out over TOLERANCE).
+    with asyncio.Runner(loop_factory=virtual_time_loop) as runner:
+        res = runner.run(calibrate_emulated())
     fitted = scaled_profile(res, TIME_SCALE)
     for prompt, out in HELD_OUT:
         want, got = truth.single_latency(prompt, out), fitted.single_latency(prompt, out)
