@@ -11,7 +11,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -218,12 +218,21 @@ class TenantStore:
         log.error("tenants reload failed, keeping generation %d: %s", self._state.generation, problem)
         return False
 
-    async def watch(self, period_s: float, stop: asyncio.Event) -> None:
-        """Call ``reload_if_changed`` (in a thread) every ``period_s`` seconds until ``stop`` is set."""
+    async def watch(
+        self, period_s: float, stop: asyncio.Event, on_reload: Callable[[bool], None] | None = None
+    ) -> None:
+        """Call ``reload_if_changed`` (in a thread) every ``period_s`` seconds until ``stop`` is set;
+        ``on_reload(ok)`` after each reload that swapped a new version in (True) or failed (False)."""
         if not (math.isfinite(period_s) and period_s > 0):
             raise ValueError(f"period_s must be a positive number of seconds, got {period_s!r}")
+        before = (self.generation, self.reload_failures)
         while not await stopped_within(stop, period_s):
             try:
-                await asyncio.to_thread(self.reload_if_changed)
+                changed = await asyncio.to_thread(self.reload_if_changed)
             except Exception:  # keep watching: the next change may be fine
                 log.exception("tenants reload raised")
+                continue
+            after = (self.generation, self.reload_failures)
+            if after != before and on_reload is not None:
+                on_reload(changed)
+            before = after
