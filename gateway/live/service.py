@@ -17,7 +17,6 @@ from gateway.core.predict import StagePlan
 from gateway.core.scheduler import Scheduler
 from gateway.errors import GatewayError, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
-from gateway.live.httperrors import to_http
 from gateway.live.idempotency import IdempotencyStore
 from gateway.live.leader import LeaderElector, default_identity
 from gateway.live.leader import lease_api as make_lease_api
@@ -25,6 +24,7 @@ from gateway.live.lifecycle import Lifecycle
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import Clock, WorkerPool
 from gateway.live.refit import ProfileRefitTask
+from gateway.live.responses import to_http
 from gateway.live.runner import WorkflowRunner
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import Transport
