@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gateway.core.admission import SHED_PERIOD_S
-from gateway.live.monitor import cancel_and_wait
+from gateway.live.monitor import cancel_and_wait, stopped_within
 
 if TYPE_CHECKING:
     from gateway.live.service import Gateway
@@ -126,8 +126,7 @@ class Lifecycle:
             gw.scheduler.set_tenant_weights({t.name: t.priority_weight for t in tenants})
 
     async def _shed_loop(self) -> None:
-        while not self.stopping.is_set():
-            await asyncio.sleep(SHED_PERIOD_S)
+        while not await stopped_within(self.stopping, SHED_PERIOD_S):
             try:
                 self.gw.shed_overdue()
             except Exception:  # keep watching: a bug here must not stop the gateway's protection
