@@ -16,7 +16,7 @@ a ``DomainError``.
     ├── CallFailed                a call could not be completed (its ``status``)
     └── WorkerError               a worker failed a call: the pool retries elsewhere
 
-    DomainError                   what happened in the core's terms, no HTTP status (``gateway.live.httperrors``
+    DomainError                   what happened in the core's terms, no HTTP status (``gateway.live.responses.to_http``
     │                             maps each to its answer)
     ├── NoEligibleWorker          every worker is down or draining: 503
     ├── UnknownName               an unknown policy, dispatcher or queue discipline: 400
@@ -154,7 +154,7 @@ class ServiceUnavailable(GatewayError):
 
 class DomainError(Exception):
     """Something that happened, said in the core's terms, with no HTTP status: the live edge
-    (``gateway.live.httperrors``) maps each to the answer a client gets."""
+    (``gateway.live.responses.to_http``) maps each to the answer a client gets."""
 
 
 class NoEligibleWorker(DomainError, RuntimeError):

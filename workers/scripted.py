@@ -23,9 +23,12 @@ import json
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.emulator import FillerResponder, GenRequest
+
+if TYPE_CHECKING:
+    from gateway.text2sql.answers import AnswerEntry
 
 _TASK = re.compile(r"^\s*### Task:\s*(\S+)\s*$", re.MULTILINE)
 _QUESTION = re.compile(r"^\s*Question:\s*(.+?)\s*$", re.MULTILINE)
@@ -44,7 +47,7 @@ class AnswersResponder(FillerResponder):
     """Answers the pipeline's prompts from an answers file (see the module doc)."""
 
     def __init__(self, answers: dict[str, Any]) -> None:
-        self.answers = {" ".join(q.split()): a for q, a in answers.items()}
+        self.answers: dict[str, AnswerEntry] = {" ".join(q.split()): a for q, a in answers.items()}
 
     @classmethod
     def from_file(cls, path: Path | str) -> AnswersResponder:
@@ -79,10 +82,10 @@ class AnswersResponder(FillerResponder):
             tables = list(dict.fromkeys(t.lower() for t in _TABLES.findall(gold)))
             return json.dumps([f"{t}.*" for t in tables])
         if task == "generate_candidate":
+            from gateway.text2sql.answers import candidate_sql
+
             c_m = _CANDIDATE.search(text)
-            k = int(c_m.group(1)) if c_m else 0
-            wrong = entry.get("wrong") or []
-            sql = str(wrong[k]) if k < len(wrong) and wrong[k] else gold
+            sql = candidate_sql(entry, int(c_m.group(1)) if c_m else 0)
             return f"Here is the query.\n```sql\n{sql}\n```"
         if task == "revise":
             return f"The corrected query:\n```sql\n{gold}\n```"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import Annotated
 
 from pydantic import AfterValidator, Field, ValidationInfo, model_validator
 
@@ -216,27 +216,8 @@ def make_worker(
     return entry_worker(catalog, ResolvedWorker(name, gpu, model, capacity, url, served_model, profile), time_scale)
 
 
-class WorkerEntry(Protocol):
-    """What names one worker: a cluster file's ``ResolvedWorker`` or a discovered pod's ``PodWorker``."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def gpu(self) -> str: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def capacity(self) -> int | None: ...
-    @property
-    def url(self) -> str | None: ...
-    @property
-    def served_model(self) -> str | None: ...
-    @property
-    def profile(self) -> str | None: ...
-
-
-def entry_worker(catalog: GpuCatalog, w: WorkerEntry, time_scale: float = 1.0) -> WorkerInfo:
-    """``make_worker`` of the worker ``w`` names."""
+def entry_worker(catalog: GpuCatalog, w: ResolvedWorker, time_scale: float = 1.0) -> WorkerInfo:
+    """``make_worker`` of ``w`` (a cluster file's worker or a discovered pod's ``PodWorker``)."""
     if w.profile is None:
         perf, source = catalog.profile(w.gpu, w.model), "catalogue"
     else:

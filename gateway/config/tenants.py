@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from gateway.config.base import CONFIG_DIR, FieldError, PosFloat, _Strict
+from gateway.core.degrade import QualityMode
 
 DEFAULT_TENANTS = CONFIG_DIR / "tenants.yaml"
 """The tenants file of the checkout (or of ``$HEXFLOW_CONFIG_DIR``)."""
@@ -70,7 +71,7 @@ class TenantConfig(_Strict):
         "shed as soon as its queued calls can no longer make it (503 with Retry-After; counted 'shed'). "
         "best_effort: admitted (or kept) at the lowest urgency: its calls wait behind every other call.",
     )
-    quality: Literal["full", "adaptive", "fast"] = Field(
+    quality: QualityMode = Field(
         "full",
         description="Answer quality of /v1/text2sql under load. full: always the configured pipeline "
         "(text2sql.candidates, max_revisions, unit tests and evaluation). adaptive: at arrival and at each stage "

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 from gateway.config import GpuCatalog
-from gateway.config.cluster import entry_worker
+from gateway.config.cluster import ResolvedWorker, entry_worker
 from gateway.config.operations import KubernetesDiscoveryConfig, LeaderElectionConfig
 from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError
@@ -63,18 +63,10 @@ class PodError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class PodWorker:
-    """What a pod says about the worker it runs."""
+class PodWorker(ResolvedWorker):
+    """What a pod says about the worker it runs (``profile`` None: the catalogue's profile of ``gpu``)."""
 
-    name: str
-    url: str
-    gpu: str
-    model: str
-    served_model: str
-    capacity: int | None
-    ready: bool
-    profile: str | None = None
-    """The profile label the pod names; None: the catalogue's profile of ``gpu``."""
+    ready: bool = False
 
     def same_engine(self, info: WorkerInfo) -> bool:
         """True when ``info`` is this pod's engine (same address, profile label and model; capacity may differ)."""
@@ -142,7 +134,8 @@ def pod_worker(pod: dict[str, Any], cfg: KubernetesDiscoveryConfig, default_mode
     host = f"[{ip}]" if ":" in str(ip) else str(ip)
     served = ann.get(cfg.served_model_annotation) or model
     profile = ann.get(cfg.profile_annotation) or labels.get(cfg.profile_annotation) or None
-    return PodWorker(name, f"http://{host}:{port}", gpu, model, served, capacity, pod_ready(pod), profile)
+    url = f"http://{host}:{port}"
+    return PodWorker(name, gpu, model, capacity, url, served, profile, ready=pod_ready(pod))
 
 
 def pod_state(

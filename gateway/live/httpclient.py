@@ -438,9 +438,7 @@ class HttpClient:
         for conn in idle:
             conn.abort()
         while self._slot_waiters:
-            w = self._slot_waiters.popleft()
-            if not w.done():
-                w.set_result(None)
+            self._wake_slot_waiter()
         if idle:
             await asyncio.sleep(0)  # the aborted sockets close in the loop's next step: let them
 

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gateway.core.admission import SHED_PERIOD_S
-from gateway.live.monitor import cancel_and_wait
+from gateway.live.monitor import cancel_and_wait, stopped_within
 
 if TYPE_CHECKING:
     from gateway.live.service import Gateway
@@ -42,7 +42,8 @@ class Lifecycle:
                 await asyncio.wait_for(gw.discovery.synced.wait(), gw.discovery.cfg.timeout_s)
         if gw.background:
             await gw.pool.monitor.check_health(initial=True)
-            self.tasks.append(asyncio.create_task(self._tenants_loop(), name="tenants-watch"))
+            watch = gw.tenants.watch(gw.cfg.tenants_reload_s, self.stopping, self._tenants_reloaded)
+            self.tasks.append(asyncio.create_task(watch, name="tenants-watch"))
             self.tasks.append(asyncio.create_task(self._shed_loop(), name="overload-shedding"))
         if gw.elector is not None:
             self.tasks.append(asyncio.create_task(gw.elector.run(self.stopping), name="leader-election"))
@@ -114,26 +115,18 @@ class Lifecycle:
         await gw.pool.stop()
         await gw.transport.aclose()
 
-    async def _tenants_loop(self) -> None:
+    def _tenants_reloaded(self, ok: bool) -> None:
+        """A reload of the tenants file swapped a new version in (``ok``) or failed (``TenantStore`` logs it)."""
         gw = self.gw
-        tenants = gw.tenants
-        before = (tenants.generation, tenants.reload_failures)
-        while not self.stopping.is_set():
-            await asyncio.sleep(gw.cfg.tenants_reload_s)
-            changed = await asyncio.to_thread(tenants.reload_if_changed)
-            after = (tenants.generation, tenants.reload_failures)
-            if after != before:
-                gw.metrics.tenant_reloads.labels(result="ok" if changed else "failed").inc()
-                if changed:
-                    gw.metrics.set_tenants(t.name for t in tenants.tenants)
-                    gw.outcome_window.forget(t.name for t in tenants.tenants)
-                    gw.scheduler.set_tenant_weights({t.name: t.priority_weight for t in tenants.tenants})
-                    # (TenantStore logs the reload, once)
-            before = after
+        gw.metrics.tenant_reloads.labels(result="ok" if ok else "failed").inc()
+        if ok:
+            tenants = gw.tenants.tenants
+            gw.metrics.set_tenants(t.name for t in tenants)
+            gw.outcome_window.forget(t.name for t in tenants)
+            gw.scheduler.set_tenant_weights({t.name: t.priority_weight for t in tenants})
 
     async def _shed_loop(self) -> None:
-        while not self.stopping.is_set():
-            await asyncio.sleep(SHED_PERIOD_S)
+        while not await stopped_within(self.stopping, SHED_PERIOD_S):
             try:
                 self.gw.shed_overdue()
             except Exception:  # keep watching: a bug here must not stop the gateway's protection

@@ -27,10 +27,9 @@ from prometheus_client import (
 
 from gateway.live.history import GOODPUT_OUTCOMES
 from gateway.profiling.promparse import WorkerMetrics
+from gateway.text2sql.port import DEGRADED_STEPS
 
 MAX_KINDS = 32
-DEGRADED_STEPS = ("candidates", "revisions", "evaluation")
-"""The knobs a degraded Text-to-SQL question can have turned down (``gateway.text2sql.run``'s)."""
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 3600)
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900)
 RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5, 10)

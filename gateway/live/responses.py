@@ -1,5 +1,6 @@
 """JSON answers that cannot fail to encode (Starlette's ``JSONResponse`` raises on a lone surrogate, which
-``json.loads`` accepts from a client); ``plain`` makes arbitrary values JSON-safe."""
+``json.loads`` accepts from a client); ``plain`` makes arbitrary values JSON-safe; ``to_http``, the live edge's
+map from the core's domain errors (``gateway.errors.DomainError``) to HTTP answers, here and nowhere else."""
 
 from __future__ import annotations
 
@@ -10,8 +11,19 @@ from typing import Any
 
 from starlette.responses import JSONResponse as StarletteJSONResponse
 
-from gateway.errors import DomainError, GatewayError, error_body
-from gateway.live.httperrors import to_http
+from gateway.core.admission import AdmissionRefused, DeadlineTooShort, NoWorkerCanRun, PredictedMiss
+from gateway.core.dag import DagError
+from gateway.errors import (
+    BadRequest,
+    DomainError,
+    GatewayError,
+    NoEligibleWorker,
+    Rejected,
+    ServiceUnavailable,
+    UnknownName,
+    Unprocessable,
+    error_body,
+)
 
 log = logging.getLogger("hexflow.app")
 
@@ -46,8 +58,27 @@ def plain(value: Any) -> Any:
     return finite(json.loads(json.dumps(value, default=str)))
 
 
+def to_http(exc: DomainError, *, health_period_s: float = 1.0) -> GatewayError:
+    """The HTTP error a client gets for ``exc`` (``health_period_s``: when a worker may be back)."""
+    if isinstance(exc, NoEligibleWorker):
+        return ServiceUnavailable(str(exc), retry_after_s=1)
+    if isinstance(exc, UnknownName):
+        return BadRequest(str(exc))
+    if isinstance(exc, DagError):
+        return Unprocessable(str(exc), param=exc.param)
+    if isinstance(exc, DeadlineTooShort):
+        return Unprocessable(str(exc), param="deadline_s", extra={"min_deadline_s": exc.min_deadline_s})
+    if isinstance(exc, PredictedMiss):
+        return Rejected(str(exc), 429, exc.retry_after_s)
+    if isinstance(exc, NoWorkerCanRun):
+        return Rejected(str(exc), 503, max(1, round(health_period_s)))
+    if isinstance(exc, AdmissionRefused):
+        return Rejected(str(exc), 503, exc.retry_after_s)
+    return GatewayError(str(exc))
+
+
 def error_response(exc: GatewayError | DomainError) -> JSONResponse:
-    """The answer for a ``GatewayError`` (a core ``DomainError`` mapped by ``httperrors.to_http``): its body, status
+    """The answer for a ``GatewayError`` (a core ``DomainError`` mapped by ``to_http``): its body, status
     and headers. A 500 is logged: not a refusal or a worker's failure (those are counted elsewhere), a fault."""
     err = exc if isinstance(exc, GatewayError) else to_http(exc)
     if err.status == 500:

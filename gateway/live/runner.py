@@ -14,7 +14,7 @@ import functools
 import itertools
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -27,14 +27,13 @@ from gateway.core.workflow import CallSpec, OnlineWorkflow, Workflow, WorkflowTe
 from gateway.errors import CallFailed, Rejected
 from gateway.live.history import MAX_CALLS, OutcomeWindow, WorkflowHistory, goodput_outcome, kept_calls
 from gateway.live.logs import REQUEST_ID
-from gateway.live.prompts import request_prompt
 from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult, LiveCall
 
 if TYPE_CHECKING:
     from gateway.live.service import Gateway
 
-__all__ = ["CallRequest", "LiveOutcome", "Running", "WorkflowRunner", "new_workflow_id"]
+__all__ = ["CallRequest", "LiveOutcome", "Running", "WorkflowRunner", "new_workflow_id", "request_prompt"]
 
 log = logging.getLogger("hexflow.gateway")
 
@@ -51,6 +50,43 @@ class CallRequest:
     endpoint: str
     body: dict[str, Any]
     stream: asyncio.Queue[bytes | None] | None = None
+
+
+MAX_PROMPT_CHARS = 1 << 20
+"""Of a request's prompt, as the prefix index hashes it (``gateway.core.prefix.prompt_prefix``): text beyond
+this many characters is not looked at (a shared prefix sits at the start)."""
+
+
+def request_prompt(body: Mapping[str, Any]) -> str | list[int] | None:
+    """The prompt of an OpenAI-style request body: a completion's ``prompt`` (text or token ids), or a chat's
+    messages rendered in order; None when it holds neither in a form worth hashing."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt[:MAX_PROMPT_CHARS]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    parts: list[str] = []
+    size = 0
+    for m in messages:
+        if not isinstance(m, Mapping):
+            continue
+        text = _content_text(m.get("content"))
+        parts.append(f"<|{m.get('role', '')}|>{text}")
+        size += len(text)
+        if size >= MAX_PROMPT_CHARS:
+            break
+    return "".join(parts)[:MAX_PROMPT_CHARS] or None
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: the text ones, in order
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return ""
 
 
 LiveOutcome = CallOutcome[CallResult]

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from gateway.core.degrade import QualityMode
+
 KIND_PATTERN = r"^[A-Za-z0-9_.-]{1,48}$"
 NUMBER_PATTERN = r"^(-?(0|[1-9][0-9]{0,17})(\.[0-9]{1,17})?([eE][-+]?[0-9]{1,2})?)?$"
 """A JSON number, or nothing, as a header value (``x-hexflow-deadline-s``), its exponent at most two digits:
@@ -351,9 +353,7 @@ class Text2SqlResponse(BaseModel):
     latency_s: float
     deadline_met: bool
     local_s: float
-    quality_mode: Literal["full", "adaptive", "fast"] = Field(
-        description="The tenant's quality mode (tenants.yaml `quality`)."
-    )
+    quality_mode: QualityMode = Field(description="The tenant's quality mode (tenants.yaml `quality`).")
     degraded: list[Text2SqlDegradation] = Field(
         description="Knobs turned down to meet the deadline (empty: full quality), each with the decision why."
     )

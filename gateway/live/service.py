@@ -17,7 +17,6 @@ from gateway.core.predict import StagePlan
 from gateway.core.scheduler import Scheduler
 from gateway.errors import GatewayError, Rejected
 from gateway.live.discovery import KubeApi, KubernetesDiscovery
-from gateway.live.httperrors import to_http
 from gateway.live.idempotency import IdempotencyStore
 from gateway.live.leader import LeaderElector, default_identity
 from gateway.live.leader import lease_api as make_lease_api
@@ -25,6 +24,7 @@ from gateway.live.lifecycle import Lifecycle
 from gateway.live.metrics import GatewayMetrics
 from gateway.live.pool import Clock, WorkerPool
 from gateway.live.refit import ProfileRefitTask
+from gateway.live.responses import to_http
 from gateway.live.runner import WorkflowRunner
 from gateway.live.tenants import Tenant, TenantStore
 from gateway.live.transport import Transport
@@ -137,6 +137,18 @@ class Gateway:
         """True when this replica serves: leader election is off, or it holds the Lease."""
         return self.elector is None or self.elector.leading
 
+    def unready_reason(self, *, leadership: bool = True) -> str | None:
+        """Why this replica is not ready (``/readyz``'s reason), None when it is: ``starting``, ``shutting
+        down``, ``not the leader`` (only with ``leadership``: the status page shows a follower as its own
+        workers see it, ready or not) or ``no healthy worker``."""
+        if not self.ready:
+            return "starting"
+        if self.draining:
+            return "shutting down"
+        if leadership and not self.leading:
+            return "not the leader"
+        return "no healthy worker" if self.pool.healthy == 0 else None
+
     @property
     def active_total(self) -> int:
         """Workflows in progress."""
@@ -229,7 +241,7 @@ class Gateway:
         return {
             "policy": self.scheduler.policy.name,
             "alpha": self.scheduler.alpha,
-            "ready": self.ready and not self.draining and self.leading and self.pool.healthy > 0,
+            "ready": self.unready_reason() is None,
             "draining": self.draining,
             "active_workflows": self.active_total,
             "active_by_tenant": {k: v for k, v in self.runner.active.items() if v},

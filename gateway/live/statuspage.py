@@ -71,7 +71,7 @@ def page_state(gw: Gateway) -> dict[str, Any]:
         "policy": gw.scheduler.policy.name,
         "alpha": gw.scheduler.alpha,
         "uses_alpha": gw.scheduler.policy.uses_alpha,
-        "ready": gw.ready and not gw.draining and gw.pool.healthy > 0,
+        "ready": gw.unready_reason(leadership=False) is None,
         "draining": gw.draining,
         "active_workflows": gw.active_total,
         "parked_calls": len(gw.pool.parked),

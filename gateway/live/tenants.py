@@ -11,7 +11,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -116,13 +116,16 @@ class TenantStore:
     """The tenants in force: ``TenantStore.load(path)``, or ``TenantStore(config)`` without a file."""
 
     def __init__(self, config: TenantsFile, path: Path | str | None = None) -> None:
-        self._path = None if path is None else Path(path)
+        self.path = None if path is None else Path(path)
+        """The file the tenants come from (None for a store built from a model)."""
         self._state = _Snapshot.build(config, 0)
         self._lock = threading.Lock()  # one reload at a time; readers never take it
         self._seen_key: _StatKey | None = None  # stat of the file last looked at; None: missing/unread
         self._seen_sha: str | None = None  # SHA-256 of the content last parsed (good or bad)
-        self._last_error: str | None = None
-        self._reload_failures = 0
+        self.last_error: str | None = None
+        """Why the latest reload failed; None once a reload succeeds (or none has failed)."""
+        self.reload_failures = 0
+        """Reloads that failed since the store was built (each broken version of the file counts once)."""
 
     @classmethod
     def load(cls, path: Path | str = DEFAULT_TENANTS) -> TenantStore:
@@ -135,11 +138,6 @@ class TenantStore:
         return store
 
     @property
-    def path(self) -> Path | None:
-        """The file the tenants come from (None for a store built from a model)."""
-        return self._path
-
-    @property
     def tenants(self) -> tuple[Tenant, ...]:
         """The tenants in force, in file order."""
         return self._state.tenants
@@ -148,16 +146,6 @@ class TenantStore:
     def generation(self) -> int:
         """0 after loading; +1 on each successful reload."""
         return self._state.generation
-
-    @property
-    def last_error(self) -> str | None:
-        """Why the latest reload failed; None once a reload succeeds (or none has failed)."""
-        return self._last_error
-
-    @property
-    def reload_failures(self) -> int:
-        """Reloads that failed since the store was built (each broken version of the file counts once)."""
-        return self._reload_failures
 
     def authenticate(self, api_key: str) -> Tenant | None:
         """The tenant owning ``api_key`` (looked up by SHA-256 digest), or None. The last ``AUTH_CACHE_SIZE`` valid
@@ -186,56 +174,65 @@ class TenantStore:
     def reload_if_changed(self) -> bool:
         """Re-read the file if it changed (its stat gates the read, its SHA-256 the parse); True when a new, valid
         version was swapped in. A failure is logged once and kept in ``last_error``; the old tenants stay."""
-        if self._path is None:
+        if self.path is None:
             return False
         with self._lock:
             try:
-                st = self._path.stat()
+                st = self.path.stat()
             except OSError as exc:
                 if self._seen_key is None and self._seen_sha is None:
                     return False  # still missing: reported already
                 self._seen_key, self._seen_sha = None, None
                 problem = "file not found" if isinstance(exc, FileNotFoundError) else f"cannot stat the file: {exc}"
-                return self._fail(str(ConfigError(str(self._path), "", problem)))
+                return self._fail(str(ConfigError(str(self.path), "", problem)))
             key = _stat_key(st)
             if key == self._seen_key:
                 return False
             try:
-                data = self._path.read_bytes()
+                data = self.path.read_bytes()
             except OSError as exc:
                 self._seen_key, self._seen_sha = key, None
-                return self._fail(str(ConfigError(str(self._path), "", f"cannot read the file: {exc}")))
+                return self._fail(str(ConfigError(str(self.path), "", f"cannot read the file: {exc}")))
             self._seen_key = key
             sha = hashlib.sha256(data).hexdigest()
             if sha == self._seen_sha:
                 return False
             self._seen_sha = sha
             try:
-                config = load_yaml_model(self._path, TenantsFile)
+                config = load_yaml_model(self.path, TenantsFile)
             except ConfigError as exc:
                 return self._fail(str(exc))
             self._state = _Snapshot.build(config, self._state.generation + 1)  # the one atomic swap
-            self._last_error = None
+            self.last_error = None
             log.info(
                 "tenants reloaded from %s: generation %d, %d tenants",
-                self._path,
+                self.path,
                 self._state.generation,
                 len(self._state.tenants),
             )
             return True
 
     def _fail(self, problem: str) -> bool:
-        self._last_error = problem
-        self._reload_failures += 1
+        self.last_error = problem
+        self.reload_failures += 1
         log.error("tenants reload failed, keeping generation %d: %s", self._state.generation, problem)
         return False
 
-    async def watch(self, period_s: float, stop: asyncio.Event) -> None:
-        """Call ``reload_if_changed`` (in a thread) every ``period_s`` seconds until ``stop`` is set."""
+    async def watch(
+        self, period_s: float, stop: asyncio.Event, on_reload: Callable[[bool], None] | None = None
+    ) -> None:
+        """Call ``reload_if_changed`` (in a thread) every ``period_s`` seconds until ``stop`` is set;
+        ``on_reload(ok)`` after each reload that swapped a new version in (True) or failed (False)."""
         if not (math.isfinite(period_s) and period_s > 0):
             raise ValueError(f"period_s must be a positive number of seconds, got {period_s!r}")
+        before = (self.generation, self.reload_failures)
         while not await stopped_within(stop, period_s):
             try:
-                await asyncio.to_thread(self.reload_if_changed)
+                changed = await asyncio.to_thread(self.reload_if_changed)
             except Exception:  # keep watching: the next change may be fine
                 log.exception("tenants reload raised")
+                continue
+            after = (self.generation, self.reload_failures)
+            if after != before and on_reload is not None:
+                on_reload(changed)
+            before = after

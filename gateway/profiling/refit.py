@@ -17,13 +17,9 @@ from gateway.core.profile import PerfProfile
 from gateway.core.samples import CallSample
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
-from gateway.profiling.fit import round_sig
+from gateway.profiling.fit import FITTED, round_sig
 from gateway.profiling.lpfit import l1_relative_fit
-
-FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s")
-"""The constants the refit changes. The rows' further columns (``attn_s``, ``seq_s``, ``admit_s``) are held at
-the profile's: completed calls do not say where their cached prefixes ended, decoding calls are collinear with
-``token_s``'s decode share, and a call's intake with ``request_overhead_s`` (``hexflow calibrate`` measures them)."""
+from gateway.profiling.plan import FITTED as COLUMNS
 
 RESULTS = ("applied", "kept", "rejected", "skipped", "failed")
 """Outcome labels of one refit attempt (``hexflow_profile_refits_total{result}``)."""
@@ -65,7 +61,7 @@ def sample_rows(samples: Sequence[CallSample], model: LatencyModel) -> tuple[np.
 
 
 def constants_of(p: PerfProfile) -> tuple[float, float, float, float, float, float, float]:
-    """The profile's ``FITTED`` constants, then its ``attn_s``, ``seq_s`` and ``admit_s`` (the columns of
+    """The profile's ``COLUMNS`` constants (``FITTED``, then ``attn_s``, ``seq_s`` and ``admit_s``: the columns of
     ``sample_rows``)."""
     return (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s, p.admit_s)
 
@@ -78,8 +74,10 @@ def median_error(a: np.ndarray, y: np.ndarray, x: Sequence[float]) -> float:
 def refit_bounds(
     current: PerfProfile, base: PerfProfile, max_step: float, max_drift: float
 ) -> tuple[list[float], list[float]]:
-    """Per ``FITTED`` constant: within ``max_step`` x of the current value and ``max_drift`` x of the base;
-    then ``attn_s``, ``seq_s`` and ``admit_s``, held at the current values."""
+    """Per ``FITTED`` constant (the ones the refit changes): within ``max_step`` x of the current value and
+    ``max_drift`` x of the base; then ``attn_s``, ``seq_s`` and ``admit_s``, held at the current values:
+    completed calls do not say where their cached prefixes ended, decoding calls are collinear with ``token_s``'s
+    decode share, and a call's intake with ``request_overhead_s`` (``hexflow calibrate`` measures them)."""
     lower: list[float] = []
     upper: list[float] = []
     k = len(FITTED)
@@ -257,7 +255,5 @@ def profile_status(info: WorkerInfo) -> dict[str, Any]:
     return {
         "name": p.name,
         "source": info.profile_source,
-        "constants": {
-            k: round_sig(v) for k, v in zip((*FITTED, "attn_s", "seq_s", "admit_s"), constants_of(p), strict=True)
-        },
+        "constants": {k: round_sig(v) for k, v in zip(COLUMNS, constants_of(p), strict=True)},
     }

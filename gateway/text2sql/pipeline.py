@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.config.quality import QUALITY
 from gateway.config.workflows import CHESS_TEMPLATE
-from gateway.core.degrade import SKIPPABLE, Degrader, Knobs, QualityMode, QualityModel, QuestionPlan
+from gateway.core.degrade import QUALITY_MODES, SKIPPABLE, Degrader, Knobs, QualityMode, QualityModel, QuestionPlan
 from gateway.core.shapes import OutputWindow, QuestionSample, ShapeWindow, fit
 from gateway.core.tokens import message_tokens
 from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNIT_TEST, PhaseSpec, WorkflowTemplate
@@ -80,7 +80,7 @@ class Text2SqlPipeline:
         self.prompts = prompts
         self.quality = quality if quality is not None else QUALITY
         self.degraders: dict[str, Degrader] = {
-            mode: Degrader(mode, config.knobs, self.quality) for mode in ("full", "adaptive", "fast")
+            mode: Degrader(mode, config.knobs, self.quality) for mode in QUALITY_MODES
         }
         self.shapes: dict[str, ShapeWindow] = {}  # per database: its recent answered questions
         self.pooled = ShapeWindow(_POOLED_WINDOW, SKIPPABLE)  # every database's: the model's revise rounds

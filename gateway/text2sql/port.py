@@ -12,6 +12,9 @@ from gateway.core.degrade import QuestionPlan
 from gateway.core.predict import StagePlan
 from gateway.errors import CallFailed
 
+DEGRADED_STEPS = ("candidates", "revisions", "evaluation")
+"""The knobs a degraded question can have turned down (``Degradation.step``; the gateway's bounded label of
+``hexflow_degraded_workflows_total``)."""
 RemainingPredictor = Callable[[Sequence[StagePlan]], float]
 """Seconds a workflow's remaining stages (a plan) are predicted to take from one instant on."""
 

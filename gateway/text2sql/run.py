@@ -16,7 +16,7 @@ from gateway.core.workflow import CANDIDATE, EVALUATE, IR, KEYWORDS, REVISE, UNI
 from gateway.text2sql.answers import normalise_sql
 from gateway.text2sql.db import Database, DatabaseUnavailable, QueryFailed, QueryResult
 from gateway.text2sql.extract import extract_list, extract_sql, extract_verdict
-from gateway.text2sql.port import Closed, StageCall, StageRunner
+from gateway.text2sql.port import DEGRADED_STEPS, Closed, StageCall, StageRunner
 from gateway.text2sql.prompt_templates import Prompts
 from gateway.text2sql.result import Candidate, Degradation, StageReport, Text2SqlResult, select
 from gateway.text2sql.sqlsafe import SqlRejected
@@ -38,9 +38,8 @@ TEMPLATES = dict(zip((KEYWORDS, IR, CANDIDATE, REVISE, UNIT_TEST, EVALUATE), Pro
 """Each stage's prompt template (``Prompts`` name)."""
 EventFn = Callable[[dict[str, Any]], Awaitable[None]]
 """Called with each event of a streamed answer (a stage's calls as they finish)."""
-_KNOBS = {"candidates": "candidates", "revisions": "max_revisions", "evaluation": "evaluate"}
-DEGRADED_STEPS: tuple[str, ...] = tuple(_KNOBS)
-"""The knobs a degraded question can have turned down (a bounded metric label; each names a ``Knobs`` field)."""
+_KNOBS = dict(zip(DEGRADED_STEPS, ("candidates", "max_revisions", "evaluate"), strict=True))
+"""The ``Knobs`` field each degraded step names."""
 
 
 def degraded_by_step(full: Knobs, used: Knobs) -> list[tuple[str, str]]:

@@ -56,16 +56,17 @@ class Text2SqlService:
         return self.registry.get(db_id)
 
     def check_question(self, question: str, evidence: str | None) -> tuple[str, str]:
-        """The question and evidence, stripped; ``InvalidQuestion`` (422) when empty or over the limits."""
-        q, ev = question.strip(), (evidence or "").strip()
-        if not q:
-            raise InvalidQuestion("question", "must not be empty")
+        """The question and evidence, stripped; ``InvalidQuestion`` (422) when over the limits as sent (the
+        ``maxLength`` the OpenAPI document states) or empty once stripped."""
         for param, text, limit in (
-            ("question", q, self.settings.max_question_chars),
-            ("evidence", ev, self.settings.max_evidence_chars),
+            ("question", question, self.settings.max_question_chars),
+            ("evidence", evidence or "", self.settings.max_evidence_chars),
         ):
             if len(text) > limit:
                 raise InvalidQuestion(param, f"{len(text)} characters exceed the limit of {limit}")
+        q, ev = question.strip(), (evidence or "").strip()
+        if not q:
+            raise InvalidQuestion("question", "must not be empty")
         return q, ev
 
     async def close(self) -> None:

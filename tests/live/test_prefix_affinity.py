@@ -10,8 +10,7 @@ import pytest
 
 from gateway.core.dag import DagNode
 from gateway.core.worker import WorkerInfo
-from gateway.live.prompts import request_prompt
-from gateway.live.runner import CallRequest
+from gateway.live.runner import CallRequest, request_prompt
 from gateway.live.tenants import Tenant
 from gateway.live.transport import CallResult, LiveCall
 from tests.fakes import FakeClock

@@ -17,9 +17,9 @@ from gateway.core.degrade import FLOOR, Knobs, QualityModel
 from gateway.core.predict import StagePlan
 from gateway.text2sql.db import Database
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
-from gateway.text2sql.port import RemainingPredictor, StageRunner
+from gateway.text2sql.port import DEGRADED_STEPS, RemainingPredictor, StageRunner
 from gateway.text2sql.prompt_templates import Prompts
-from gateway.text2sql.run import DEGRADED_STEPS, degraded_by_step
+from gateway.text2sql.run import degraded_by_step
 from tests.text2sql.test_pipeline import (
     GOLD,
     QUESTION,
@@ -205,6 +205,7 @@ def test_degraded_steps_name_each_knob_turned_down() -> None:
 
 
 def test_the_metric_labels_are_the_pipelines_steps() -> None:
-    from gateway.live.metrics import DEGRADED_STEPS as METRIC_STEPS
+    from gateway.live.metrics import GatewayMetrics
 
-    assert METRIC_STEPS == DEGRADED_STEPS
+    (family,) = GatewayMetrics([], ["t"]).degraded_workflows.collect()
+    assert [s.labels["step"] for s in family.samples if s.name.endswith("_total")] == list(DEGRADED_STEPS)

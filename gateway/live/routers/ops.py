@@ -50,20 +50,18 @@ async def readyz(request: Request) -> JSONResponse:
     The workers ejected as outliers, if any, are listed with why and for how long (``ejected_workers``): a
     replica stays ready while others take calls, and this says what capacity it is missing."""
     gw = getattr(request.app.state, "gateway", None)
-    if not isinstance(gw, Gateway) or not gw.ready:
-        return JSONResponse({"ready": False, "reason": "starting"}, status_code=503)
-    if gw.draining:
-        return JSONResponse({"ready": False, "reason": "shutting down"}, status_code=503)
-    if not gw.leading:  # a follower replica: the Service must not route to it
+    reason = gw.unready_reason() if isinstance(gw, Gateway) else "starting"
+    if not isinstance(gw, Gateway) or reason in ("starting", "shutting down"):
+        return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+    if reason == "not the leader":  # a follower replica: the Service must not route to it
         leader = gw.elector.holder if gw.elector is not None else None
-        return JSONResponse({"ready": False, "reason": "not the leader", "leader": leader}, status_code=503)
-    pool = gw.pool
-    now = pool.clock()
-    ejected = [e for st in pool.workers if (e := st.ejection(now)) is not None]
+        return JSONResponse({"ready": False, "reason": reason, "leader": leader}, status_code=503)
+    now = gw.pool.clock()
+    ejected = [e for st in gw.pool.workers if (e := st.ejection(now)) is not None]
     extra: dict[str, Any] = {"ejected_workers": ejected} if ejected else {}
-    if pool.healthy == 0:
-        return JSONResponse({"ready": False, "reason": "no healthy worker", **extra}, status_code=503)
-    return JSONResponse({"ready": True, "healthy_workers": pool.healthy, **extra})
+    if reason is not None:
+        return JSONResponse({"ready": False, "reason": reason, **extra}, status_code=503)
+    return JSONResponse({"ready": True, "healthy_workers": gw.pool.healthy, **extra})
 
 
 @router.get(

@@ -29,7 +29,7 @@ from gateway.live.tenants import Tenant, check_deadline
 from gateway.live.text2sql_runner import GatewayStageRunner
 from gateway.text2sql.db import Database, UnknownDatabase
 from gateway.text2sql.result import Text2SqlResult
-from gateway.text2sql.service import NO_DATABASES, InvalidQuestion, Text2SqlService
+from gateway.text2sql.service import NO_DATABASES, Text2SqlService
 
 router = APIRouter()
 
@@ -70,17 +70,6 @@ def _service(request: Request) -> Text2SqlService:
     if not isinstance(service, Text2SqlService):
         raise UnknownDatabase("", [], message=NO_DATABASES)
     return service
-
-
-def _check_lengths(service: Text2SqlService, req: Text2SqlRequest) -> None:
-    """The question and evidence as sent within their limits (the ``maxLength`` the document states):
-    ``check_question`` measures them stripped."""
-    for name, text, limit in (
-        ("question", req.question, service.settings.max_question_chars),
-        ("evidence", req.evidence or "", service.settings.max_evidence_chars),
-    ):
-        if len(text) > limit:
-            raise InvalidQuestion(name, f"{len(text)} characters exceed the limit of {limit}")
 
 
 def _responses() -> dict[int | str, dict[str, Any]]:
@@ -158,7 +147,6 @@ async def _admit(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, te
     The answer owns the admission's committed work: ``_Admitted.answer`` releases it (a stream that never
     started it, too)."""
     db = service.database(req.db_id, tenant=tenant.name, allows=tenant.allows)
-    _check_lengths(service, req)
     question, evidence = service.check_question(req.question, req.evidence)
     deadline = check_deadline(tenant, req.deadline_s)
     plan = await service.pipeline.plan(db, tenant.quality)
