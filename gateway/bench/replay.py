@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import math
-import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, deadline_met
 from gateway.errors import GatewayError
 from gateway.live.schemas import CallReport
-from gateway.sim.workload import CHESS_BIRD, TenantSpec, load_queries, resolve_trace
+from gateway.sim.workload import TenantSpec, workload_queries
 
 REJECTED_STATUSES = frozenset({429, 503})
 """Admission refusals: counted as rejected, never retried."""
@@ -101,14 +100,6 @@ def shared_prefix(prefix: Sequence[PrefixSeg]) -> list[dict[str, Any]]:
         for seg in prefix
         if seg.tokens > 0
     ]
-
-
-def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
-    """The workload's name and queries as ``hexflow bench`` draws them: ``chess-bird`` generates ``n`` queries
-    from ``random.Random(seed)``; a trace is loaded as recorded (``build_workload`` cycles it)."""
-    src = resolve_trace(trace)
-    name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
-    return name, load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
 
 
 def scale_queries(queries: Sequence[Sequence[CallSpec]], scale: float) -> list[list[CallSpec]]:

@@ -5,7 +5,6 @@ Method and results: docs/benchmarks.md ("Alpha tuner")."""
 from __future__ import annotations
 
 import math
-import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +22,7 @@ from gateway.core.workflow import CallSpec, StagedWorkflow
 from gateway.live.tuning import Retuner, WindowRecorder, tune_window
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import SimResult, Simulator
-from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
+from gateway.sim.workload import workload_queries
 
 TRACES: tuple[str, ...] = ("trace1", "financial", "trace3")
 """The traces measured by default (``../shared/data/hexgen-traces``; chess-bird when absent)."""
@@ -47,9 +46,7 @@ def load_setup(
     trace_dir: Path | None = None,
 ) -> Setup:
     """A one-seed ``Setup`` for a trace name or path (``chess-bird``: the built-in generator)."""
-    src = resolve_trace(trace, trace_dir)
-    name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
-    queries = load_queries(trace, n_workflows if src == CHESS_BIRD else None, random.Random(seed), trace_dir)
+    name, queries = workload_queries(trace, n_workflows, seed, trace_dir)
     return Setup(list(cluster), queries, name, n_workflows=n_workflows, slo_scale=slo_scale, seed=seed, n_seeds=1)
 
 

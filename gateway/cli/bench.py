@@ -46,7 +46,6 @@ from gateway.cli.common import (
     show,
     usage_errors,
     workload_opts,
-    workload_queries,
     write_json,
     write_with,
 )
@@ -265,6 +264,7 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
     from gateway.bench.simbench import Setup
     from gateway.config.quality import load_quality
     from gateway.errors import GatewayError
+    from gateway.sim.workload import workload_queries
 
     seeds = int_arg("--seeds", str(args.seeds), minimum=1)
     workflows = int_arg("--workflows", str(args.workflows), minimum=2)

@@ -8,7 +8,6 @@ import argparse
 import json
 import math
 import os
-import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +17,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from gateway.argtypes import fraction, nonneg_int, positive_float, positive_int, unit_open_fraction
 from gateway.core.policy import POLICIES, get_policy
 from gateway.core.scheduler import WorkerInfo
-from gateway.core.workflow import CallSpec
 
 if TYPE_CHECKING:
     from gateway.bench.simbench import Setup
@@ -255,20 +253,10 @@ def positive_float_arg(name: str, text: str) -> float:
     return value
 
 
-def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
-    """(workload name, queries) of ``--trace``: the built-in generator makes exactly ``n`` queries (from
-    ``seed``); a trace file is replayed as recorded (runs cycle it to their number of workflows)."""
-    from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
-
-    src = resolve_trace(trace)
-    name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
-    queries = load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
-    return name, queries
-
-
 def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
     """The benchmark scenario ``workload_opts``' options describe (``n_seeds`` seeds from ``--seed``)."""
     from gateway.bench.simbench import Setup
+    from gateway.sim.workload import workload_queries
 
     workers = load_workers(args.cluster)
     name, queries = workload_queries(args.trace, args.workflows, args.seed)

@@ -26,7 +26,6 @@ from gateway.cli.common import (
     tenants_arg,
     usage_errors,
     workload_opts,
-    workload_queries,
 )
 from gateway.core.policy import get_policy
 from gateway.errors import UnknownNameError
@@ -75,6 +74,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from gateway.bench.plan import PlanSpec, Workload, gpu_options, reference_slo, run_plan
     from gateway.config.gpus import load_gpu_catalog
+    from gateway.sim.workload import workload_queries
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     if not gpus:

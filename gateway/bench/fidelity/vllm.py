@@ -31,7 +31,7 @@ from gateway.bench.fidelity.vllm_servers import (
     start_servers,
 )
 from gateway.bench.livebench import run_live_bench
-from gateway.bench.replay import replay_setup, replay_workload, scale_queries, workload_queries
+from gateway.bench.replay import replay_setup, replay_workload, scale_queries
 from gateway.bench.rig import bench_folder, say_stderr
 from gateway.bench.simbench import fluid_bound
 from gateway.bench.stats import positive
@@ -44,6 +44,7 @@ from gateway.profiling.plan import CalibrationError, PlanSettings, Probe
 from gateway.profiling.probe import CalibrationResult, calibrate
 from gateway.profiling.worker import ProbeWorker
 from gateway.sim.metrics import Summary
+from gateway.sim.workload import workload_queries
 from workers import cpu_vllm
 
 
