@@ -4,7 +4,6 @@ workers once (``engines``) and buckets call types (``BOUND_BUCKET_RATIO``); ever
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import time
@@ -418,14 +417,15 @@ class _Search:
     def margin(self, answer: Candidate) -> list[float]:
         """The answer's capacity per seed, on the bench of the mix it was judged on."""
         spec, bench = self.spec, self.bench
-        caps: list[float] = []
         if bench is None:
-            return caps
-        capacity = functools.partial(
-            bench.capacity, spec.policy, answer.bound_qps, alpha=spec.alpha, target=spec.target
+            return []
+        describe = self.describe
+        return bench.capacities(
+            spec.policy,
+            answer.bound_qps,
+            alpha=spec.alpha,
+            guess=spec.rate_qps,
+            target=spec.target,
+            rel_tol=spec.rel_tol,
+            before=None if describe is None else lambda s: describe(f"margin of {answer.label}, seed {s}"),
         )
-        for s in bench.setup.seeds:
-            if self.describe is not None:
-                self.describe(f"margin of {answer.label}, seed {s}")
-            caps.append(capacity(seed=s, guess=caps[-1] if caps else spec.rate_qps, rel_tol=spec.rel_tol))
-        return caps

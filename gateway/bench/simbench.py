@@ -269,6 +269,29 @@ class Bench:
                 hi = mid
         return lo
 
+    def capacities(
+        self,
+        policy: str,
+        ceiling: float,
+        *,
+        alpha: float | None = None,
+        guess: float | None = None,
+        target: float = TARGET,
+        rel_tol: float = REL_TOL,
+        before: Callable[[int], object] | None = None,
+    ) -> list[float]:
+        """``capacity`` on every seed of the setup, each seed's search bracketed by the previous seed's capacity
+        (the first seed's by ``guess``); ``before(seed)`` is called before each search."""
+        caps: list[float] = []
+        for s in self.setup.seeds:
+            if before is not None:
+                before(s)
+            guess = caps[-1] if caps else guess
+            caps.append(
+                self.capacity(policy, ceiling, seed=s, alpha=alpha, guess=guess, target=target, rel_tol=rel_tol)
+            )
+        return caps
+
     def points(self) -> list[PointResult]:
         """Every measurement so far, sorted by policy, rate, then seed."""
         return sorted(self._cache.values(), key=lambda p: (p.policy, p.rate_qps, p.seed))

@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from gateway.sim.metrics import percentile
 
-__all__ = ["Spread", "finite_or_none", "fmt", "json_safe", "percentile", "pyplot", "save_figure", "spread", "table"]
+__all__ = [
+    "RunHeader",
+    "Spread",
+    "finite_or_none",
+    "fmt",
+    "json_safe",
+    "percentile",
+    "pyplot",
+    "save_figure",
+    "spread",
+    "table",
+]
 
 
 def fmt(x: float, digits: int = 1) -> str:
@@ -55,9 +66,20 @@ def _safe(v: Any) -> Any:
     return [_safe(x) for x in v] if isinstance(v, list | tuple) else v
 
 
-def run_header(report: Any) -> dict[str, Any]:
-    """What a simulated benchmark's JSON opens with: ``report``'s trace, cluster, SLO, workflows and seeds."""
-    return {k: getattr(report, k) for k in ("trace", "cluster", "slo_scale", "slo_s", "n_workflows", "seeds")}
+@dataclass
+class RunHeader:
+    """What a simulated benchmark's report (and its JSON) opens with: trace, cluster, SLO, workflows and seeds."""
+
+    trace: str
+    cluster: list[str]
+    slo_scale: float
+    slo_s: float
+    n_workflows: int
+    seeds: list[int]
+
+    def header(self) -> dict[str, Any]:
+        """The header fields, in the order above: the JSON document's first keys."""
+        return {f.name: getattr(self, f.name) for f in fields(RunHeader)}
 
 
 def pyplot() -> Any:
