@@ -22,7 +22,7 @@ from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
 from gateway.core.policy import get_policy
 from gateway.core.worker import WorkerInfo
 from gateway.errors import GatewayError
-from gateway.sim.metrics import Summary, summarize
+from gateway.sim.metrics import LatencySummary, Summary, summarize
 from gateway.sim.simulator import Simulator
 
 DEFAULT_RATE_FRACTION = 0.55
@@ -280,7 +280,7 @@ def _band_cell(b: Band, digits: int) -> str:
     return f"{fmt(b.low, digits)}-{fmt(b.high, digits)}"
 
 
-def _summary_cells(x: ReplayReport | Summary) -> list[str]:
+def _summary_cells(x: LatencySummary) -> list[str]:
     """P50/P95/P99, SLO attainment, throughput and completed/sent of a live or simulated run."""
     latency = [fmt(v) for v in (x.p50_s, x.p95_s, x.p99_s)]
     return [*latency, fmt(x.slo_attainment, 3), fmt(x.throughput_qps, 4), f"{x.completed}/{x.workflows}"]
