@@ -13,7 +13,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from gateway.core.workflow import CallSpec, Stage, deadline_met
 from gateway.errors import GatewayError
 from gateway.live.schemas import CallReport
 from gateway.sim.metrics import LatencySummary, latency_summary
-from gateway.sim.workload import TenantSpec, workload_queries
+from gateway.sim.workload import TenantSpec
 
 REJECTED_STATUSES = frozenset({429, 503})
 """Admission refusals: counted as rejected, never retried."""
@@ -138,24 +138,13 @@ def replay_setup(
     """The bench scenario a replay sends: the simulator's ``Setup`` with the same arguments. The SLO is
     ``slo_scale`` x the standard workflow's cluster-mean latency on ``workers`` (the unscaled profiles), with
     its tokens times ``token_scale`` as every call's (``scale_queries``); ``deadline_s``: one fixed deadline."""
-    name, queries = workload_queries(trace, workflows, seed)
-    unit = None
-    if token_scale != 1.0:
-        queries = scale_queries(queries, token_scale)
-        unit = standard_latency(workers, scale_queries([STANDARD_WORKFLOW], token_scale)[0])
     tenants = None if deadline_s is None else [TenantSpec("default", deadline_s=deadline_s)]
-    return Setup(
-        workers=list(workers),
-        queries=queries,
-        trace=name,
-        n_workflows=workflows,
-        slo_scale=slo_scale,
-        seed=seed,
-        cv=cv,
-        tenants=tenants,
-        arrivals_csv=arrivals_csv,
-        slo_unit_s=unit,
-    )
+    options: dict[str, Any] = {"slo_scale": slo_scale, "cv": cv, "tenants": tenants, "arrivals_csv": arrivals_csv}
+    setup = Setup.of_trace(trace, workers, n_workflows=workflows, seed=seed, **options)
+    if token_scale == 1.0:
+        return setup
+    unit = standard_latency(workers, scale_queries([STANDARD_WORKFLOW], token_scale)[0])
+    return replace(setup, queries=scale_queries(setup.queries, token_scale), slo_unit_s=unit)
 
 
 def replay_workload(setup: Setup, rate_qps: float) -> list[ReplayWorkflow]:

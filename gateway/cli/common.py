@@ -256,14 +256,10 @@ def positive_float_arg(name: str, text: str) -> float:
 def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
     """The benchmark scenario ``workload_opts``' options describe (``n_seeds`` seeds from ``--seed``)."""
     from gateway.bench.simbench import Setup
-    from gateway.sim.workload import workload_queries
 
-    workers = load_workers(args.cluster)
-    name, queries = workload_queries(args.trace, args.workflows, args.seed)
-    return Setup(
-        workers=workers,
-        queries=queries,
-        trace=name,
+    return Setup.of_trace(
+        args.trace,
+        load_workers(args.cluster),
         n_workflows=args.workflows,
         tenants=tenants_arg(args.tenants),
         arrivals_csv=args.arrivals,

@@ -72,9 +72,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Run the plan; print the table; write ``--json``; exit 1 when no mix meets the SLO."""
     from tqdm import tqdm
 
-    from gateway.bench.plan import PlanSpec, Workload, gpu_options, reference_slo, run_plan
+    from gateway.bench.plan import PlanSpec, gpu_options, reference_slo, run_plan
+    from gateway.bench.simbench import Setup
     from gateway.config.gpus import load_gpu_catalog
-    from gateway.sim.workload import workload_queries
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     if not gpus:
@@ -92,10 +92,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         slo_s, ref = reference_slo(catalog, args.model, gpus, args.slo_scale)
         slo_ref = f"{args.slo_scale:g} x the standard workflow alone on one {ref} worker"
-    trace, queries = workload_queries(args.trace, args.workflows, args.seed)
-    workload = Workload(
-        queries=queries,
-        trace=trace,
+    workload = Setup.of_trace(
+        args.trace,
+        [],
         n_workflows=args.workflows,
         n_seeds=args.seeds,
         tenants=tenants_arg(args.tenants),
