@@ -121,10 +121,16 @@ def plot_fit(res: CalibrationResult, path: Path) -> None:
 def cmd_bench_fidelity(args: argparse.Namespace) -> int:
     """Run the fidelity benchmark; exit 1 when live P95 or SLO attainment is off the simulator's by > 5%."""
     from gateway.bench.fidelity.emulated import format_fidelity_report, run_fidelity
+    from gateway.bench.rig import LiveSettings
 
-    names = ("cluster", "trace", "workflows", "time_scale", "budget_s", "slo_scale", "seed", "log_dir")
+    live = LiveSettings(**pick(args, "cluster", "time_scale", "seed", "log_dir"))
     with usage_errors():
-        rep = run_fidelity(**pick(args, *names), policies=policy_names(args.policies), progress=not args.quiet)
+        rep = run_fidelity(
+            live,
+            **pick(args, "trace", "workflows", "budget_s", "slo_scale"),
+            policies=policy_names(args.policies),
+            progress=not args.quiet,
+        )
     show(format_fidelity_report(rep), args.json, rep.to_json)
     return 0 if rep.within_target() else 1
 
