@@ -5,7 +5,6 @@ seed. Method: docs/benchmarks.md "Live beside the simulator"."""
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import statistics
@@ -18,7 +17,7 @@ from typing import Any
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
 from gateway.bench.rig import LiveSettings, bench_tenant, cluster_workers
 from gateway.bench.simbench import Setup, fluid_bound, tuned_alpha
-from gateway.bench.stats import fmt, json_safe, positive, pyplot, save_figure, table
+from gateway.bench.stats import fmt, json_safe, positive, pyplot, save_figure, save_json, table
 from gateway.core.policy import get_policy
 from gateway.core.worker import WorkerInfo
 from gateway.errors import GatewayError
@@ -165,8 +164,7 @@ class LiveBenchReport:
 
     def write_json(self, path: Path) -> None:
         """Write ``to_json()`` (strict JSON)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
+        save_json(path, self.to_json())
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from gateway.bench.simbench import Setup, standard_latency
-from gateway.bench.stats import fmt, json_safe, positive, table
+from gateway.bench.stats import fmt, json_safe, positive, save_json, table
 from gateway.config.workflows import CHESS_TEMPLATE, STANDARD_WORKFLOW
 from gateway.core.dag import DagWorkflow, chain_nodes
 from gateway.core.prefix import PrefixSeg
@@ -252,8 +252,7 @@ class ReplayReport(LatencySummary):
 
     def write_json(self, path: Path) -> None:
         """Write ``to_json()`` (strict JSON: no NaN or Infinity)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
+        save_json(path, self.to_json())
 
 
 def format_report(rep: ReplayReport) -> str:

@@ -3,7 +3,6 @@ and plot; the method is docs/benchmarks.md ("Method"), the scenario and runs ``s
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import statistics
@@ -26,7 +25,7 @@ from gateway.bench.simbench import (
     simulate,
     tuned_alpha,
 )
-from gateway.bench.stats import RunHeader, Spread, json_safe, pyplot, save_figure, spread
+from gateway.bench.stats import RunHeader, Spread, json_safe, pyplot, save_figure, save_json, spread
 from gateway.core.policy import get_policy
 from gateway.sim.metrics import Summary
 
@@ -190,8 +189,7 @@ class BenchReport(RunHeader):
 
     def write_json(self, path: Path) -> None:
         """Write the JSON document (no NaN/Infinity: non-finite numbers become null)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
+        save_json(path, self.to_json())
 
 
 GRID_FRACTIONS: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)

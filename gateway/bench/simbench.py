@@ -292,22 +292,18 @@ class Bench:
         policy: str,
         ceiling: float,
         *,
-        alpha: float | None = None,
         guess: float | None = None,
-        target: float = TARGET,
-        rel_tol: float = REL_TOL,
-        before: Callable[[int], object] | None = None,
+        before: ProgressFn | None = None,
+        **search: Any,
     ) -> list[float]:
-        """``capacity`` on every seed of the setup, each seed's search bracketed by the previous seed's capacity
-        (the first seed's by ``guess``); ``before(seed)`` is called before each search."""
+        """``capacity`` (``search``: its alpha, target, rel_tol) on every seed of the setup, each seed's search
+        bracketed by the previous seed's capacity (the first seed's by ``guess``); ``before(seed)`` is called
+        before each search."""
         caps: list[float] = []
         for s in self.setup.seeds:
             if before is not None:
                 before(s)
-            guess = caps[-1] if caps else guess
-            caps.append(
-                self.capacity(policy, ceiling, seed=s, alpha=alpha, guess=guess, target=target, rel_tol=rel_tol)
-            )
+            caps.append(self.capacity(policy, ceiling, seed=s, guess=caps[-1] if caps else guess, **search))
         return caps
 
     def points(self) -> list[PointResult]:

@@ -3,6 +3,7 @@ are summarised alike), number format, text tables, strict-JSON records, plots.""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -20,6 +21,7 @@ __all__ = [
     "percentile",
     "pyplot",
     "save_figure",
+    "save_json",
     "spread",
     "table",
 ]
@@ -98,6 +100,15 @@ def save_figure(fig: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     pyplot().close(fig)
+
+
+def save_json(path: Path | str, doc: Any, *, end: str = "\n", **dumps: Any) -> Path:
+    """Write ``doc`` as JSON to ``path``, its folder made (by default indented by 2 and strict: no NaN or
+    Infinity); returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, **{"indent": 2, "allow_nan": False, **dumps}) + end, encoding="utf-8")
+    return out
 
 
 @dataclass(frozen=True)

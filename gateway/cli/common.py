@@ -5,7 +5,6 @@ value stops at parse time with exit status 2."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from gateway.argtypes import fraction, nonneg_int, positive_float, positive_int, unit_open_fraction
+from gateway.bench.stats import save_json
 from gateway.core.policy import POLICIES, get_policy
 from gateway.core.scheduler import WorkerInfo
 
@@ -205,9 +205,7 @@ def show(text: str, json_path: str | None, doc: Callable[[], Any]) -> None:
 def write_json(path: str, doc: Any, *, say: bool = True, end: str = "\n", **dumps: Any) -> None:
     """Write ``doc`` as JSON to ``path`` (parents created; by default indented by 2, strict: no NaN) and, with
     ``say``, print that it did."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, **{"indent": 2, "allow_nan": False, **dumps}) + end, encoding="utf-8")
+    save_json(path, doc, end=end, **dumps)
     if say:
         print(f"wrote {path}")
 
