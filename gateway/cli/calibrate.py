@@ -206,13 +206,12 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
             n = 200 if args.workflows is None else args.workflows
             live = pick(args, "time_scale", "window_s", "log_dir")
             rep = run_mislabel_live(scenario, **live, n_workflows=n)
-            print(format_live_mislabel_report(rep))
+            text = format_live_mislabel_report(rep)
         else:
             n = 400 if args.workflows is None else args.workflows
             rep = run_mislabel(scenario, n_workflows=n, window=args.window)
-            print(format_mislabel_report(rep))
-    if args.json:
-        write_json(args.json, rep.to_json())
+            text = format_mislabel_report(rep)
+    show(text, args.json, rep.to_json)
     return 0 if rep.refit_helped() else 1
 
 
