@@ -288,22 +288,17 @@ class Bench:
         return lo
 
     def capacities(
-        self,
-        policy: str,
-        ceiling: float,
-        *,
-        guess: float | None = None,
-        before: ProgressFn | None = None,
-        **search: Any,
+        self, policy: str, ceiling: float, *, before: ProgressFn | None = None, **search: Any
     ) -> list[float]:
-        """``capacity`` (``search``: its alpha, target, rel_tol) on every seed of the setup, each seed's search
-        bracketed by the previous seed's capacity (the first seed's by ``guess``); ``before(seed)`` is called
-        before each search."""
+        """``capacity`` (``search``: its alpha, guess, target, rel_tol) on every seed of the setup, each seed's
+        search bracketed by the previous seed's capacity (the first seed's by ``guess``); ``before(seed)`` is
+        called before each search."""
         caps: list[float] = []
         for s in self.setup.seeds:
             if before is not None:
                 before(s)
-            caps.append(self.capacity(policy, ceiling, seed=s, guess=caps[-1] if caps else guess, **search))
+            caps.append(self.capacity(policy, ceiling, seed=s, **search))
+            search["guess"] = caps[-1]
         return caps
 
     def points(self) -> list[PointResult]:
