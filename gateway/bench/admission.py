@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.simbench import Bench, Setup, simulate, tuned_alpha
-from gateway.bench.stats import Spread, fmt, json_safe, pyplot, run_header, save_figure, spread, table
+from gateway.bench.stats import RunHeader, Spread, fmt, json_safe, pyplot, save_figure, spread, table
 from gateway.core.policy import get_policy
 
 ProgressFn = Callable[[int], object]
@@ -96,15 +96,9 @@ class AdmissionPoint:
 
 
 @dataclass
-class AdmissionReport:
+class AdmissionReport(RunHeader):
     """Capacities and the load sweep of every (policy, variant)."""
 
-    trace: str
-    cluster: list[str]
-    slo_scale: float
-    slo_s: float
-    n_workflows: int
-    seeds: list[int]
     policies: list[str]
     variants: list[Variant]
     alphas: dict[str, float | None]
@@ -126,7 +120,7 @@ class AdmissionReport:
     def to_json(self) -> dict[str, Any]:
         """Everything, per seed, for ``--json``."""
         return {
-            **run_header(self),
+            **self.header(),
             "policies": self.policies,
             "variants": [asdict(v) for v in self.variants],
             "alphas": self.alphas,
@@ -214,15 +208,11 @@ def run_admission_bench(
 
     ref_variant = "off" if "off" in names else names[0]
 
+    tick = None if progress is None else lambda _seed: progress(1)
+
     def capacities(p: str) -> None:
         for v in variants:
-            bench = Bench(setups[v.name])
-            caps: list[float] = []
-            for s in base.seeds:
-                guess = caps[-1] if caps else None
-                caps.append(bench.capacity(p, bound, seed=s, alpha=alphas[p], guess=guess, rel_tol=rel_tol))
-                if progress is not None:
-                    progress(1)
+            caps = Bench(setups[v.name]).capacities(p, bound, alpha=alphas[p], rel_tol=rel_tol, before=tick)
             report.capacity[(p, v.name)] = spread(caps)
 
     # Capacities first, the policies that read no alpha before those that do: alpha is tuned once per policy,

@@ -5,7 +5,6 @@ seed. Method: docs/benchmarks.md "Live beside the simulator"."""
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import statistics
@@ -16,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
-from gateway.bench.rig import LiveSettings, bench_tenant, cluster_workers, say_stderr
+from gateway.bench.rig import LiveSettings, bench_tenant, cluster_workers
 from gateway.bench.simbench import Setup, fluid_bound, tuned_alpha
-from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
+from gateway.bench.stats import fmt, json_safe, positive, pyplot, save_figure, save_json, table
 from gateway.core.policy import get_policy
 from gateway.core.worker import WorkerInfo
 from gateway.errors import GatewayError
-from gateway.sim.metrics import Summary, summarize
+from gateway.sim.metrics import LatencySummary, Summary, summarize
 from gateway.sim.simulator import Simulator
 
 DEFAULT_RATE_FRACTION = 0.55
@@ -165,8 +164,7 @@ class LiveBenchReport:
 
     def write_json(self, path: Path) -> None:
         """Write ``to_json()`` (strict JSON)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
+        save_json(path, self.to_json())
 
 
 @dataclass(frozen=True)
@@ -185,21 +183,17 @@ class _Bench:
 
 
 def run_live_bench(
-    cluster: str,
+    live: LiveSettings,
     trace: str,
     policies: Sequence[str],
     *,
-    time_scale: float,
     workflows: int,
     rate_qps: float | None = None,
     slo_scale: float = 5.0,
-    seed: int = 0,
     alpha: float | None = None,
     arrivals_csv: Path | None = None,
     cv: float = 1.0,
     progress: bool = True,
-    log_dir: Path | None = None,
-    log: Any = None,
     gpu_catalog: Path | None = None,
     emulator_catalog: Path | None = None,
     profiles_file: Path | None = None,
@@ -207,20 +201,18 @@ def run_live_bench(
     token_scale: float = 1.0,
     prefix_caching: bool = True,
 ) -> LiveBenchReport:
-    """Measure every policy live and predict it by simulation.
+    """Measure every policy live (``live``: the emulated cluster, time scale, seed, logs) and predict it by
+    simulation.
 
     ``gpu_catalog``, ``profiles_file``: what the gateway and the simulator read; ``emulator_catalog``: what the
     emulated workers run (default: ``gpu_catalog``; ``hexflow bench fidelity`` differs). ``worker_urls``:
     workers already running (in cluster order) instead of the emulated cluster. ``token_scale`` scales the
-    trace's token counts; ``prefix_caching``: whether the workers cache prompt prefixes. Logs and configs go
-    to ``log_dir`` (``bench_folder``); ``log`` takes one line of progress (default: stderr).
+    trace's token counts; ``prefix_caching``: whether the workers cache prompt prefixes.
     """
-    live = LiveSettings(cluster, time_scale, seed, log_dir, log if log is not None else say_stderr)
     for p in policies:
         get_policy(p)
-    if not (time_scale > 0 and math.isfinite(time_scale)):
-        raise ValueError(f"time scale must be a positive number, got {time_scale}")
-    cluster_cfg, workers = cluster_workers(cluster, gpu_catalog, profiles_file)
+    time_scale, seed = positive("time scale", live.time_scale), live.seed
+    cluster_cfg, workers = cluster_workers(live.cluster, gpu_catalog, profiles_file)
     if worker_urls is not None and len(worker_urls) != len(workers):
         raise ValueError(f"the cluster has {len(workers)} workers but {len(worker_urls)} worker urls were given")
     setup = replay_setup(
@@ -280,7 +272,7 @@ def _band_cell(b: Band, digits: int) -> str:
     return f"{fmt(b.low, digits)}-{fmt(b.high, digits)}"
 
 
-def _summary_cells(x: ReplayReport | Summary) -> list[str]:
+def _summary_cells(x: LatencySummary) -> list[str]:
     """P50/P95/P99, SLO attainment, throughput and completed/sent of a live or simulated run."""
     latency = [fmt(v) for v in (x.p50_s, x.p95_s, x.p99_s)]
     return [*latency, fmt(x.slo_attainment, 3), fmt(x.throughput_qps, 4), f"{x.completed}/{x.workflows}"]

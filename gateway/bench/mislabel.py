@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
-from gateway.bench.rig import Rig, bench_folder, bench_tenant, live_rig, sampling, say_stderr
+from gateway.bench.rig import LiveSettings, Rig, bench_tenant, sampling, say_stderr
 from gateway.bench.simbench import Setup
 from gateway.bench.stats import fmt, json_safe, positive, table
 from gateway.config import ClusterConfig, GpuCatalog, build_workers, load_cluster, load_cluster_config, load_gpu_catalog
@@ -436,20 +436,20 @@ def run_mislabel_live(
     time_scale: float = 0.05,
     window_s: float = 100.0,
     log_dir: Path | None = None,
-    say: Any = None,
+    say: Callable[[str], None] = say_stderr,
 ) -> LiveMislabelReport:
     """The mislabel benchmark through the live gateway over the emulated cluster (``--live``): the simulated
     runs' ``correct``, ``mislabel`` and ``mislabel+refit`` on one replayed workload, the gateway's cluster file
     naming ``profile: LABEL`` for the worker, the share measured on completed calls polled from ``/v1/status``
     every ``window_s / 4`` modelled seconds. Subprocess logs go to ``log_dir``."""
-    log = say if say is not None else say_stderr
     sc = scenario if scenario is not None else Scenario()
     positive("time scale", time_scale)
     positive("window", window_s)
-    cluster, worker, label, seed, s = sc.cluster, sc.worker, sc.label, sc.seed, sc.settings
-    right, wrong = _labelled_cluster(cluster, worker, label)
+    worker, label, s = sc.worker, sc.label, sc.settings
+    live = LiveSettings(sc.cluster, time_scale, sc.seed, log_dir, say)
+    right, wrong = _labelled_cluster(sc.cluster, worker, label)
     setup = replay_setup(
-        "chess-bird", build_workers(right, load_gpu_catalog()), workflows=n_workflows, seed=seed, slo_scale=3.0
+        "chess-bird", build_workers(right, load_gpu_catalog()), workflows=n_workflows, seed=sc.seed, slo_scale=3.0
     )
     workload = replay_workload(setup, sc.rate)
     refit = {
@@ -460,14 +460,12 @@ def run_mislabel_live(
     }
     runs: dict[str, LiveMislabelRun] = {}
     t_start = time.monotonic()
-    with bench_folder(log_dir, "hexflow-mislabel-", log) as folder:
+    with live.folder("hexflow-mislabel-") as folder:
         key = bench_tenant(folder, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale)
         for name, cfg, on in (("correct", right, False), ("mislabel", wrong, False), ("mislabel+refit", wrong, True)):
-            log(f"{name}: starting the emulated cluster and the gateway")
+            say(f"{name}: starting the emulated cluster and the gateway")
             sections = {"refit": {"enabled": on, **refit}}
-            with live_rig(
-                folder, name, cluster, time_scale=time_scale, seed=seed, gateway_cluster=cfg, sections=sections
-            ) as rig:
+            with live.rig(folder, name, gateway_cluster=cfg, sections=sections) as rig:
                 poll_s = window_s * time_scale / 4
                 rep, points = asyncio.run(_replay_and_poll(workload, rig, key, time_scale, poll_s, worker, name))
             last = points[-1] if points else {}
@@ -477,7 +475,7 @@ def run_mislabel_live(
             windows, late = _live_windows(points, worker, window_s), _late_share(points, worker)
             outcome = (late, rep.slo_attainment, rep.p95_s, *refits, prof, int(last.get("ejections") or 0), points)
             run = runs[name] = LiveMislabelRun(name, windows, *outcome)
-            log(f"{name}: late share {run.late_share:.3f}, SLO {run.slo_attainment:.3f}, refits {run.refits_applied}")
+            say(f"{name}: late share {run.late_share:.3f}, SLO {run.slo_attainment:.3f}, refits {run.refits_applied}")
     return LiveMislabelReport(
         right.name, worker, label, sc.rate, len(workload), s, runs, time_scale, time.monotonic() - t_start
     )

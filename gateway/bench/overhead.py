@@ -23,7 +23,7 @@ import yaml
 from gateway.bench.hostcpu import process_cpu_s
 from gateway.bench.procs import ChildProcess, free_port, gateway_process, probe
 from gateway.bench.rig import bench_folder
-from gateway.bench.stats import json_safe, percentile
+from gateway.bench.stats import json_safe, percentile, save_json
 from gateway.config import CONFIG_DIR
 from gateway.errors import GatewayError
 
@@ -495,5 +495,4 @@ def format_report(rep: OverheadReport) -> str:
 
 def write_json(rep: OverheadReport, path: Path) -> None:
     """Write the report as JSON (NaN, for a stream with no successful call, is written as null)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(json_safe(asdict(rep)), indent=2))
+    save_json(path, json_safe(asdict(rep)), end="")

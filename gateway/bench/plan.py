@@ -4,13 +4,11 @@ workers once (``engines``) and buckets call types (``BOUND_BUCKET_RATIO``); ever
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from gateway.bench.bound import solve_fluid_bound
@@ -20,9 +18,7 @@ from gateway.config.cluster import make_worker
 from gateway.config.gpus import GpuCatalog
 from gateway.core.policy import get_policy
 from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import CallSpec
 from gateway.errors import UnknownNameError
-from gateway.sim.workload import TenantSpec
 
 Objective = Literal["cost", "workers"]
 Verdict = Literal["pruned", "failed", "met"]
@@ -75,29 +71,6 @@ def reference_slo(catalog: GpuCatalog, model: str, gpus: Sequence[str], slo_scal
         ref = gpus[0]
     worker = make_worker(catalog, name=f"{ref}-ref", gpu=ref, model=model, capacity=None)
     return slo_scale * standard_latency([worker]), ref
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What every candidate runs: queries, arrivals, tenants, seeds, prefix caching (``Setup`` less the
-    workers and the SLO)."""
-
-    queries: list[list[CallSpec]]
-    trace: str
-    n_workflows: int
-    seed: int = 0
-    n_seeds: int = 3
-    cv: float = 1.0
-    tenants: list[TenantSpec] | None = None
-    arrivals_csv: Path | None = None
-    prefix_caching: bool = True
-
-    def setup(self, workers: list[WorkerInfo], slo_s: float) -> Setup:
-        """The benchmark setup of this workload on ``workers``, its SLO fixed at ``slo_s`` seconds."""
-        s = Setup(workers=workers, **{f.name: getattr(self, f.name) for f in fields(self)})
-        # Setup derives its SLO from its own workers; a plan holds every candidate to the same one.
-        s.slo_s = slo_s
-        return s
 
 
 @dataclass(frozen=True)
@@ -285,15 +258,21 @@ def _objective(spec: PlanSpec, options: Sequence[GpuOption]) -> Objective:
     return spec.objective or ("cost" if priced else "workers")
 
 
+def on_mix(workload: Setup, workers: list[WorkerInfo], slo_s: float) -> Setup:
+    """``workload`` on ``workers``, its SLO ``slo_s`` (not derived from the workers: one for every mix)."""
+    return replace(workload, workers=workers, slo_scale=1.0, slo_unit_s=slo_s)
+
+
 def run_plan(
     catalog: GpuCatalog,
-    workload: Workload,
+    workload: Setup,
     spec: PlanSpec,
     *,
     progress: Callable[[int], object] | None = None,
     describe: Callable[[str], object] | None = None,
 ) -> PlanReport:
-    """Search the mixes of ``spec.gpus`` and return what was found; ``progress`` gets 1 after each simulated
+    """Search the mixes of ``spec.gpus`` for ``workload`` (each mix replaces its workers, ``spec`` its SLO) and
+    return what was found; ``progress`` gets 1 after each simulated
     run, ``describe`` what is simulated. ``ValueError``/``UnknownNameError`` for a question that cannot be
     planned (unprofiled GPUs, a cost objective or budget without prices, too many mixes)."""
     t0 = time.perf_counter()
@@ -334,7 +313,7 @@ class _Search:
     def __init__(
         self,
         catalog: GpuCatalog,
-        workload: Workload,
+        workload: Setup,
         spec: PlanSpec,
         options: Sequence[GpuOption],
         progress: Callable[[int], object] | None,
@@ -346,7 +325,7 @@ class _Search:
         self.progress, self.describe = progress, describe
         # One template worker per type; each mix gets fresh, uniquely named copies.
         self.templates = [make_worker(catalog, name=g, gpu=g, model=spec.model, capacity=None) for g in self.gpus]
-        self.base = workload.setup([self.templates[0]], spec.slo_s)
+        self.base = on_mix(workload, [self.templates[0]], spec.slo_s)
         self.bound_mix = [[c for stage in wf.stages for c in stage.calls] for wf in self.base.workflows(1.0)]
         self.programs = 0
         self.sims = 0
@@ -400,7 +379,7 @@ class _Search:
         cand = Candidate(counts, self.gpus, self.cost(counts), fb, "pruned")
         if fb < spec.rate_qps:
             return cand
-        setup = self.workload.setup(self.workers_of(counts), spec.slo_s)
+        setup = on_mix(self.workload, self.workers_of(counts), spec.slo_s)
         self.bench = Bench(setup, progress=self.count)
         verdict: Verdict = "met"
         for s in setup.seeds:
@@ -418,14 +397,15 @@ class _Search:
     def margin(self, answer: Candidate) -> list[float]:
         """The answer's capacity per seed, on the bench of the mix it was judged on."""
         spec, bench = self.spec, self.bench
-        caps: list[float] = []
         if bench is None:
-            return caps
-        capacity = functools.partial(
-            bench.capacity, spec.policy, answer.bound_qps, alpha=spec.alpha, target=spec.target
+            return []
+        describe = self.describe
+        return bench.capacities(
+            spec.policy,
+            answer.bound_qps,
+            alpha=spec.alpha,
+            guess=spec.rate_qps,
+            target=spec.target,
+            rel_tol=spec.rel_tol,
+            before=None if describe is None else lambda s: describe(f"margin of {answer.label}, seed {s}"),
         )
-        for s in bench.setup.seeds:
-            if self.describe is not None:
-                self.describe(f"margin of {answer.label}, seed {s}")
-            caps.append(capacity(seed=s, guess=caps[-1] if caps else spec.rate_qps, rel_tol=spec.rel_tol))
-        return caps

@@ -10,18 +10,17 @@ import asyncio
 import contextlib
 import json
 import math
-import random
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from gateway.bench.simbench import Setup, standard_latency
-from gateway.bench.stats import fmt, json_safe, percentile, positive, table
+from gateway.bench.stats import fmt, json_safe, positive, save_json, table
 from gateway.config.workflows import CHESS_TEMPLATE, STANDARD_WORKFLOW
 from gateway.core.dag import DagWorkflow, chain_nodes
 from gateway.core.prefix import PrefixSeg
@@ -29,7 +28,8 @@ from gateway.core.scheduler import WorkerInfo
 from gateway.core.workflow import CallSpec, Stage, deadline_met
 from gateway.errors import GatewayError
 from gateway.live.schemas import CallReport
-from gateway.sim.workload import CHESS_BIRD, TenantSpec, load_queries, resolve_trace
+from gateway.sim.metrics import LatencySummary, latency_summary
+from gateway.sim.workload import TenantSpec
 
 REJECTED_STATUSES = frozenset({429, 503})
 """Admission refusals: counted as rejected, never retried."""
@@ -103,14 +103,6 @@ def shared_prefix(prefix: Sequence[PrefixSeg]) -> list[dict[str, Any]]:
     ]
 
 
-def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
-    """The workload's name and queries as ``hexflow bench`` draws them: ``chess-bird`` generates ``n`` queries
-    from ``random.Random(seed)``; a trace is loaded as recorded (``build_workload`` cycles it)."""
-    src = resolve_trace(trace)
-    name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
-    return name, load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
-
-
 def scale_queries(queries: Sequence[Sequence[CallSpec]], scale: float) -> list[list[CallSpec]]:
     """Every call's prompt and output lengths times ``scale`` (rounded, at least 1 token), and its shared
     prefix segments with them (never beyond the scaled prompt), so a trace fits a small model's context."""
@@ -146,24 +138,13 @@ def replay_setup(
     """The bench scenario a replay sends: the simulator's ``Setup`` with the same arguments. The SLO is
     ``slo_scale`` x the standard workflow's cluster-mean latency on ``workers`` (the unscaled profiles), with
     its tokens times ``token_scale`` as every call's (``scale_queries``); ``deadline_s``: one fixed deadline."""
-    name, queries = workload_queries(trace, workflows, seed)
-    unit = None
-    if token_scale != 1.0:
-        queries = scale_queries(queries, token_scale)
-        unit = standard_latency(workers, scale_queries([STANDARD_WORKFLOW], token_scale)[0])
     tenants = None if deadline_s is None else [TenantSpec("default", deadline_s=deadline_s)]
-    return Setup(
-        workers=list(workers),
-        queries=queries,
-        trace=name,
-        n_workflows=workflows,
-        slo_scale=slo_scale,
-        seed=seed,
-        cv=cv,
-        tenants=tenants,
-        arrivals_csv=arrivals_csv,
-        slo_unit_s=unit,
-    )
+    options: dict[str, Any] = {"slo_scale": slo_scale, "cv": cv, "tenants": tenants, "arrivals_csv": arrivals_csv}
+    setup = Setup.of_trace(trace, workers, n_workflows=workflows, seed=seed, **options)
+    if token_scale == 1.0:
+        return setup
+    unit = standard_latency(workers, scale_queries([STANDARD_WORKFLOW], token_scale)[0])
+    return replace(setup, queries=scale_queries(setup.queries, token_scale), slo_unit_s=unit)
 
 
 def replay_workload(setup: Setup, rate_qps: float) -> list[ReplayWorkflow]:
@@ -200,25 +181,17 @@ class WorkflowResult:
         return self.latency_s is not None and deadline_met(self.latency_s, self.deadline_s, valid=self.completed)
 
 
-@dataclass
-class ReplayReport:
+@dataclass(frozen=True)
+class ReplayReport(LatencySummary):
     """Headline figures of a replay, in modelled seconds, client-side and as the gateway saw them."""
 
     gateway: str
     trace: str
     rate_qps: float
     time_scale: float
-    workflows: int
-    completed: int
     rejected: int
     failed: int
     by_status: dict[str, int]
-    p50_s: float
-    p95_s: float
-    p99_s: float
-    mean_s: float
-    slo_attainment: float
-    throughput_qps: float
     gateway_p50_s: float
     gateway_p95_s: float
     gateway_p99_s: float
@@ -239,36 +212,34 @@ class ReplayReport:
         time_scale: float,
         wall_s: float,
     ) -> ReplayReport:
-        """Summarise per-workflow results (percentiles padded as ``gateway.sim.metrics.summarize`` pads them)."""
+        """Summarise per-workflow results (``latency_summary``, as the simulator's runs)."""
         n = len(results)
         done = [r for r in results if r.completed]
-        figures: dict[str, Any] = {}
-        for pre, key in (("", "latency_s"), ("gateway_", "gateway_latency_s")):
-            xs = sorted(x for r in done if (x := getattr(r, key)) is not None)
-            padded = xs + [math.inf] * (n - len(xs))
-            figures |= {f"{pre}p{q}_s": percentile(padded, q) for q in (50, 95, 99)}
-            figures[f"{pre}mean_s"] = sum(xs) / len(xs) if xs else math.nan
         statuses = Counter("error" if r.status == TRANSPORT_ERROR else str(r.status) for r in results)
         rejected = sum(1 for r in results if r.status in REJECTED_STATUSES)
         span = max(r.finish_s or 0.0 for r in done) - min(r.arrival_s for r in done) if done else 0.0
+        client = latency_summary(
+            [r.latency_s for r in done if r.latency_s is not None], n, sum(r.met for r in done), span
+        )
+        seen = latency_summary([x for r in done if (x := r.gateway_latency_s) is not None], n, 0, span)
         deadlines = {round(r.deadline_s, 9) for r in results}
         return cls(
+            **vars(client),
             gateway=gateway,
             trace=trace,
             rate_qps=rate_qps,
             time_scale=time_scale,
-            workflows=n,
-            completed=len(done),
             rejected=rejected,
             failed=n - len(done) - rejected,
             by_status=dict(sorted(statuses.items())),
-            slo_attainment=sum(1 for r in done if r.met) / n if n else math.nan,
-            throughput_qps=len(done) / span if span > 0 else math.nan,
+            gateway_p50_s=seen.p50_s,
+            gateway_p95_s=seen.p95_s,
+            gateway_p99_s=seen.p99_s,
+            gateway_mean_s=seen.mean_s,
             wall_s=wall_s,
             max_send_lag_s=max((r.send_lag_s for r in results), default=0.0),
             deadline_s=results[0].deadline_s if len(deadlines) == 1 else None,
             results=list(results),
-            **figures,
         )
 
     def to_json(self, *, with_results: bool = True) -> dict[str, Any]:
@@ -281,8 +252,7 @@ class ReplayReport:
 
     def write_json(self, path: Path) -> None:
         """Write ``to_json()`` (strict JSON: no NaN or Infinity)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
+        save_json(path, self.to_json())
 
 
 def format_report(rep: ReplayReport) -> str:

@@ -3,7 +3,6 @@ and plot; the method is docs/benchmarks.md ("Method"), the scenario and runs ``s
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import statistics
@@ -26,7 +25,7 @@ from gateway.bench.simbench import (
     simulate,
     tuned_alpha,
 )
-from gateway.bench.stats import Spread, json_safe, pyplot, run_header, save_figure, spread
+from gateway.bench.stats import RunHeader, Spread, json_safe, pyplot, save_figure, save_json, spread
 from gateway.core.policy import get_policy
 from gateway.sim.metrics import Summary
 
@@ -59,21 +58,15 @@ class PolicyResult:
 
 
 @dataclass
-class BenchReport:
+class BenchReport(RunHeader):
     """Everything ``hexflow bench`` reports (``to_json`` documents the fields). ``engine_time``: ours and the best
     baseline at the reference rate, on the first seed, each engine's time per workflow; ``bound_time``: the same
     at the fluid bound's solution."""
 
-    trace: str
-    cluster: list[str]
-    slo_scale: float
-    slo_s: float
     fluid_bound_qps: float
     policies: dict[str, PolicyResult]
-    seeds: list[int]
     tune_seed: int
     tune_rate_qps: float | None
-    n_workflows: int
     rel_tol: float
     rates: list[float]
     seconds: float = 0.0
@@ -147,7 +140,7 @@ class BenchReport:
             "policies": {p: [e.to_json() for e in rows] for p, rows in self.engine_time.items()},
         }
         doc = {
-            **run_header(self),
+            **self.header(),
             "tune_seed": self.tune_seed,
             "tune_rate_qps": self.tune_rate_qps,
             "rel_tol": self.rel_tol,
@@ -196,8 +189,7 @@ class BenchReport:
 
     def write_json(self, path: Path) -> None:
         """Write the JSON document (no NaN/Infinity: non-finite numbers become null)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
+        save_json(path, self.to_json())
 
 
 GRID_FRACTIONS: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
@@ -240,11 +232,7 @@ def _policy_task(setup: Setup, task: _Task) -> _Outcome:
         alpha = tuned_alpha(setup, task.policy, tune_rate)
     caps: list[float] = []
     if task.find_capacity:
-        for s in setup.seeds:
-            guess = caps[-1] if caps else None
-            caps.append(
-                bench.capacity(task.policy, task.ceiling, seed=s, alpha=alpha, guess=guess, rel_tol=task.rel_tol)
-            )
+        caps = bench.capacities(task.policy, task.ceiling, alpha=alpha, rel_tol=task.rel_tol)
     for r in task.rates:
         for s in setup.seeds:
             bench.point(task.policy, r, seed=s, alpha=alpha)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from gateway.bench.bound import FluidBound, fluid_bound, solve_fluid_bound
 from gateway.config.workflows import STANDARD_WORKFLOW
@@ -21,7 +22,7 @@ from gateway.errors import ConfigError
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
-from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals
+from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals, workload_queries
 from gateway.sim.workload.arrivals import pattern_arrivals
 
 __all__ = [
@@ -91,8 +92,25 @@ class Setup:
             raise ValueError(f"n_workflows must be at least 1, got {self.n_workflows}")
         if self.n_seeds < 1:
             raise ValueError(f"n_seeds must be at least 1, got {self.n_seeds}")
-        unit = self.slo_unit_s if self.slo_unit_s is not None else standard_latency(self.workers)
+        unit = self.slo_unit_s
+        if unit is None:  # without workers (a plan's workload, put on each mix's): no SLO of its own
+            unit = standard_latency(self.workers) if self.workers else math.nan
         self.slo_s = self.slo_scale * unit
+
+    @classmethod
+    def of_trace(
+        cls,
+        trace: str,
+        workers: Sequence[WorkerInfo],
+        *,
+        n_workflows: int,
+        seed: int = 0,
+        trace_dir: Path | None = None,
+        **options: Any,
+    ) -> Setup:
+        """The setup of workload ``trace`` (``workload_queries``) on ``workers``; ``options``: its other fields."""
+        name, queries = workload_queries(trace, n_workflows, seed, trace_dir)
+        return cls(list(workers), queries, name, n_workflows=n_workflows, seed=seed, **options)
 
     @property
     def seeds(self) -> list[int]:
@@ -268,6 +286,20 @@ class Bench:
             else:
                 hi = mid
         return lo
+
+    def capacities(
+        self, policy: str, ceiling: float, *, before: ProgressFn | None = None, **search: Any
+    ) -> list[float]:
+        """``capacity`` (``search``: its alpha, guess, target, rel_tol) on every seed of the setup, each seed's
+        search bracketed by the previous seed's capacity (the first seed's by ``guess``); ``before(seed)`` is
+        called before each search."""
+        caps: list[float] = []
+        for s in self.setup.seeds:
+            if before is not None:
+                before(s)
+            caps.append(self.capacity(policy, ceiling, seed=s, **search))
+            search["guess"] = caps[-1]
+        return caps
 
     def points(self) -> list[PointResult]:
         """Every measurement so far, sorted by policy, rate, then seed."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.client
-import json
 import math
 import os
 import resource
@@ -29,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from gateway.bench.stats import fmt, percentile, table
+from gateway.bench.stats import fmt, percentile, save_json, table
 from gateway.text2sql.db import DatabaseConfig, PostgresDatabase, QueryFailed, SqliteDatabase
 from gateway.text2sql.db.base import Database
 
@@ -225,9 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results, probes = asyncio.run(run(args.timeout_s, None if args.no_pg else args.pg_admin_url, Path(tmp)))
     print(format_results(results, probes))
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+        save_json(args.json, [asdict(r) for r in results], allow_nan=True)
     return 0
 
 

@@ -3,15 +3,28 @@ are summarised alike), number format, text tables, strict-JSON records, plots.""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from gateway.sim.metrics import percentile
 
-__all__ = ["Spread", "finite_or_none", "fmt", "json_safe", "percentile", "pyplot", "save_figure", "spread", "table"]
+__all__ = [
+    "RunHeader",
+    "Spread",
+    "finite_or_none",
+    "fmt",
+    "json_safe",
+    "percentile",
+    "pyplot",
+    "save_figure",
+    "save_json",
+    "spread",
+    "table",
+]
 
 
 def fmt(x: float, digits: int = 1) -> str:
@@ -55,9 +68,20 @@ def _safe(v: Any) -> Any:
     return [_safe(x) for x in v] if isinstance(v, list | tuple) else v
 
 
-def run_header(report: Any) -> dict[str, Any]:
-    """What a simulated benchmark's JSON opens with: ``report``'s trace, cluster, SLO, workflows and seeds."""
-    return {k: getattr(report, k) for k in ("trace", "cluster", "slo_scale", "slo_s", "n_workflows", "seeds")}
+@dataclass
+class RunHeader:
+    """What a simulated benchmark's report (and its JSON) opens with: trace, cluster, SLO, workflows and seeds."""
+
+    trace: str
+    cluster: list[str]
+    slo_scale: float
+    slo_s: float
+    n_workflows: int
+    seeds: list[int]
+
+    def header(self) -> dict[str, Any]:
+        """The header fields, in the order above: the JSON document's first keys."""
+        return {f.name: getattr(self, f.name) for f in fields(RunHeader)}
 
 
 def pyplot() -> Any:
@@ -76,6 +100,15 @@ def save_figure(fig: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     pyplot().close(fig)
+
+
+def save_json(path: Path | str, doc: Any, *, end: str = "\n", **dumps: Any) -> Path:
+    """Write ``doc`` as JSON to ``path``, its folder made (by default indented by 2 and strict: no NaN or
+    Infinity); returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, **{"indent": 2, "allow_nan": False, **dumps}) + end, encoding="utf-8")
+    return out
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.bench.stats import percentile, table
+from gateway.bench.stats import percentile, save_json, table
 from gateway.errors import GatewayError
 from gateway.text2sql.evaluate import ExecutionAccuracy, execute_sqlite, gold_is_ordered, results_match
 
@@ -251,10 +251,7 @@ class EvalReport:
 
     def write_json(self, path: Path | str) -> Path:
         """Write ``as_dict()`` as JSON (strict: no NaN); returns the path."""
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(self.as_dict(), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
-        return out
+        return save_json(path, self.as_dict(), ensure_ascii=False)
 
 
 def _num(x: float) -> float | None:

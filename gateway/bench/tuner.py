@@ -5,12 +5,10 @@ Method and results: docs/benchmarks.md ("Alpha tuner")."""
 from __future__ import annotations
 
 import math
-import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from gateway.bench.sidebyside import run_parallel
@@ -23,7 +21,6 @@ from gateway.core.workflow import CallSpec, StagedWorkflow
 from gateway.live.tuning import Retuner, WindowRecorder, tune_window
 from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import SimResult, Simulator
-from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
 
 TRACES: tuple[str, ...] = ("trace1", "financial", "trace3")
 """The traces measured by default (``../shared/data/hexgen-traces``; chess-bird when absent)."""
@@ -35,22 +32,6 @@ TARGET_GAP = 0.03
 """Issue 13's target: tuned P95 within 3% of the best fixed alpha's."""
 
 ProgressFn = Callable[[int], object]
-
-
-def load_setup(
-    trace: str,
-    *,
-    cluster: Sequence[WorkerInfo],
-    n_workflows: int,
-    slo_scale: float,
-    seed: int,
-    trace_dir: Path | None = None,
-) -> Setup:
-    """A one-seed ``Setup`` for a trace name or path (``chess-bird``: the built-in generator)."""
-    src = resolve_trace(trace, trace_dir)
-    name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
-    queries = load_queries(trace, n_workflows if src == CHESS_BIRD else None, random.Random(seed), trace_dir)
-    return Setup(list(cluster), queries, name, n_workflows=n_workflows, slo_scale=slo_scale, seed=seed, n_seeds=1)
 
 
 def _measured(res: SimResult, warmup: int, total: int) -> Summary:

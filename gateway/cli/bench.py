@@ -46,7 +46,6 @@ from gateway.cli.common import (
     show,
     usage_errors,
     workload_opts,
-    workload_queries,
     write_json,
     write_with,
 )
@@ -173,7 +172,8 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
     """Run the tuner benchmark, print its tables, write its JSON."""
     from tqdm import tqdm
 
-    from gateway.bench.tuner import bench_steps, format_tuner_report, load_setup, run_tuner_bench
+    from gateway.bench.simbench import Setup
+    from gateway.bench.tuner import bench_steps, format_tuner_report, run_tuner_bench
     from gateway.config.operations import TuningConfig
     from gateway.sim.tune import ALPHA_GRID
     from gateway.sim.workload import CHESS_BIRD
@@ -197,7 +197,9 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
     workers = load_workers(args.cluster)
     n = args.warmup + args.measured
     setups = [
-        load_setup(t, cluster=workers, n_workflows=n, slo_scale=args.slo_scale, seed=args.seed, trace_dir=trace_dir)
+        Setup.of_trace(
+            t, workers, n_workflows=n, slo_scale=args.slo_scale, seed=args.seed, n_seeds=1, trace_dir=trace_dir
+        )
         for t in traces
     ]
     seeds = [args.seed + i for i in range(args.seeds)]
@@ -284,11 +286,9 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
     workers = load_workers(args.cluster)
     if args.live:
         return _live(args, workers, patterns[0], loads[0], variants, workflows, seeds)
-    trace, queries = workload_queries(args.trace, workflows, args.seed)
-    base = Setup(
-        workers=workers,
-        queries=queries,
-        trace=trace,
+    base = Setup.of_trace(
+        args.trace,
+        workers,
         n_workflows=workflows,
         n_seeds=seeds,
         **pick(args, "slo_scale", "seed", "prefix_caching"),
@@ -313,7 +313,7 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
         shown = [v for v in variants if v.startswith("hexgen") or (best is not None and v == best.variant)]
         tl = timeline(base, tl_path, tl_load * report.bound_qps, shown or variants, quality, windows=30)
         title = (
-            f"{trace} on {args.cluster}, SLO {args.slo_scale:g}x, {workflows} workflows x {seeds} seeds; "
+            f"{base.trace} on {args.cluster}, SLO {args.slo_scale:g}x, {workflows} workflows x {seeds} seeds; "
             f"timeline: {tl_name} at {tl_load:g} x the fluid bound, seed {args.seed}"
         )
         write_with(args.plot, partial(plot_burst, report, tl, title=title))

@@ -121,10 +121,16 @@ def plot_fit(res: CalibrationResult, path: Path) -> None:
 def cmd_bench_fidelity(args: argparse.Namespace) -> int:
     """Run the fidelity benchmark; exit 1 when live P95 or SLO attainment is off the simulator's by > 5%."""
     from gateway.bench.fidelity.emulated import format_fidelity_report, run_fidelity
+    from gateway.bench.rig import LiveSettings
 
-    names = ("cluster", "trace", "workflows", "time_scale", "budget_s", "slo_scale", "seed", "log_dir")
+    live = LiveSettings(**pick(args, "cluster", "time_scale", "seed", "log_dir"))
     with usage_errors():
-        rep = run_fidelity(**pick(args, *names), policies=policy_names(args.policies), progress=not args.quiet)
+        rep = run_fidelity(
+            live,
+            **pick(args, "trace", "workflows", "budget_s", "slo_scale"),
+            policies=policy_names(args.policies),
+            progress=not args.quiet,
+        )
     show(format_fidelity_report(rep), args.json, rep.to_json)
     return 0 if rep.within_target() else 1
 
@@ -200,13 +206,12 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
             n = 200 if args.workflows is None else args.workflows
             live = pick(args, "time_scale", "window_s", "log_dir")
             rep = run_mislabel_live(scenario, **live, n_workflows=n)
-            print(format_live_mislabel_report(rep))
+            text = format_live_mislabel_report(rep)
         else:
             n = 400 if args.workflows is None else args.workflows
             rep = run_mislabel(scenario, n_workflows=n, window=args.window)
-            print(format_mislabel_report(rep))
-    if args.json:
-        write_json(args.json, rep.to_json())
+            text = format_mislabel_report(rep)
+    show(text, args.json, rep.to_json)
     return 0 if rep.refit_helped() else 1
 
 

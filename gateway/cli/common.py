@@ -5,10 +5,8 @@ value stops at parse time with exit status 2."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from gateway.argtypes import fraction, nonneg_int, positive_float, positive_int, unit_open_fraction
+from gateway.bench.stats import save_json
 from gateway.core.policy import POLICIES, get_policy
 from gateway.core.scheduler import WorkerInfo
-from gateway.core.workflow import CallSpec
 
 if TYPE_CHECKING:
     from gateway.bench.simbench import Setup
@@ -207,9 +205,7 @@ def show(text: str, json_path: str | None, doc: Callable[[], Any]) -> None:
 def write_json(path: str, doc: Any, *, say: bool = True, end: str = "\n", **dumps: Any) -> None:
     """Write ``doc`` as JSON to ``path`` (parents created; by default indented by 2, strict: no NaN) and, with
     ``say``, print that it did."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, **{"indent": 2, "allow_nan": False, **dumps}) + end, encoding="utf-8")
+    save_json(path, doc, end=end, **dumps)
     if say:
         print(f"wrote {path}")
 
@@ -255,27 +251,13 @@ def positive_float_arg(name: str, text: str) -> float:
     return value
 
 
-def workload_queries(trace: str, n: int, seed: int) -> tuple[str, list[list[CallSpec]]]:
-    """(workload name, queries) of ``--trace``: the built-in generator makes exactly ``n`` queries (from
-    ``seed``); a trace file is replayed as recorded (runs cycle it to their number of workflows)."""
-    from gateway.sim.workload import CHESS_BIRD, load_queries, resolve_trace
-
-    src = resolve_trace(trace)
-    name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
-    queries = load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed))
-    return name, queries
-
-
 def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
     """The benchmark scenario ``workload_opts``' options describe (``n_seeds`` seeds from ``--seed``)."""
     from gateway.bench.simbench import Setup
 
-    workers = load_workers(args.cluster)
-    name, queries = workload_queries(args.trace, args.workflows, args.seed)
-    return Setup(
-        workers=workers,
-        queries=queries,
-        trace=name,
+    return Setup.of_trace(
+        args.trace,
+        load_workers(args.cluster),
         n_workflows=args.workflows,
         tenants=tenants_arg(args.tenants),
         arrivals_csv=args.arrivals,

@@ -26,7 +26,6 @@ from gateway.cli.common import (
     tenants_arg,
     usage_errors,
     workload_opts,
-    workload_queries,
 )
 from gateway.core.policy import get_policy
 from gateway.errors import UnknownNameError
@@ -73,7 +72,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Run the plan; print the table; write ``--json``; exit 1 when no mix meets the SLO."""
     from tqdm import tqdm
 
-    from gateway.bench.plan import PlanSpec, Workload, gpu_options, reference_slo, run_plan
+    from gateway.bench.plan import PlanSpec, gpu_options, reference_slo, run_plan
+    from gateway.bench.simbench import Setup
     from gateway.config.gpus import load_gpu_catalog
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
@@ -92,10 +92,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         slo_s, ref = reference_slo(catalog, args.model, gpus, args.slo_scale)
         slo_ref = f"{args.slo_scale:g} x the standard workflow alone on one {ref} worker"
-    trace, queries = workload_queries(args.trace, args.workflows, args.seed)
-    workload = Workload(
-        queries=queries,
-        trace=trace,
+    workload = Setup.of_trace(
+        args.trace,
+        [],
         n_workflows=args.workflows,
         n_seeds=args.seeds,
         tenants=tenants_arg(args.tenants),

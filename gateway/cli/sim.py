@@ -259,6 +259,7 @@ def _rate_table(report: BenchReport, rate: float, title: str) -> list[str]:
 def cmd_bench_live(args: argparse.Namespace) -> int:
     """``bench --live``: each policy on the live gateway over an emulated cluster, and its simulation."""
     from gateway.bench.livebench import format_live_report, plot_live_report, run_live_bench
+    from gateway.bench.rig import LiveSettings
 
     policies = policy_names(args.policies)
     if args.tenants:
@@ -269,14 +270,14 @@ def cmd_bench_live(args: argparse.Namespace) -> int:
             raise UsageError(f"--rate: with --live give one rate in workflows/s, got {len(args.rate)}")
         rate = args.rate[0]
     report = run_live_bench(
-        args.cluster,
+        LiveSettings(**pick(args, "cluster", "time_scale", "seed", "log_dir")),
         args.trace,
         policies,
         workflows=args.workflows if args.workflows is not None else LIVE_BENCH_WORKFLOWS,
         rate_qps=rate,
         arrivals_csv=args.arrivals,
         progress=not args.quiet,
-        **pick(args, "time_scale", "slo_scale", "seed", "alpha", "cv", "log_dir"),
+        **pick(args, "slo_scale", "alpha", "cv"),
     )
     print(format_live_report(report))
     write_with(args.json, report.write_json)

@@ -31,8 +31,8 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 @dataclass(frozen=True)
-class Summary:
-    """Headline figures of one run."""
+class LatencySummary:
+    """Headline figures of a run of ``workflows`` workflows, live or simulated (``latency_summary``)."""
 
     workflows: int
     completed: int
@@ -42,6 +42,30 @@ class Summary:
     mean_s: float
     slo_attainment: float
     throughput_qps: float
+
+
+def latency_summary(latencies: Sequence[float], total: int, met: int, span: float) -> LatencySummary:
+    """The figures of ``total`` workflows of which those with ``latencies`` completed (``met`` of them within
+    their deadline) from the first arrival to the last finish (``span``): percentiles with the others infinitely
+    late, the mean over the completed ones, throughput of the completed ones over ``span``."""
+    lat = sorted(latencies)
+    padded = lat + [math.inf] * (total - len(lat))
+    return LatencySummary(
+        workflows=total,
+        completed=len(lat),
+        p50_s=percentile(padded, 50),
+        p95_s=percentile(padded, 95),
+        p99_s=percentile(padded, 99),
+        mean_s=sum(lat) / len(lat) if lat else math.nan,
+        slo_attainment=met / total if total else math.nan,
+        throughput_qps=len(lat) / span if span > 0 else math.nan,
+    )
+
+
+@dataclass(frozen=True)
+class Summary(LatencySummary):
+    """Headline figures of one simulated run, with its number of calls."""
+
     calls: int
 
     def as_dict(self) -> dict[str, float | int]:
@@ -53,25 +77,6 @@ def summarize(result: SimResult, total: int | None = None, tenant: str | None = 
     """Summarise a run of ``total`` workflows (default: finished + unfinished); unfinished ones are infinitely late."""
     recs: list[WorkflowOutcome[None]] = [r for r in result.workflows if tenant is None or r.tenant == tenant]
     n_total = total if total is not None else len(recs) + (result.unfinished if tenant is None else 0)
-    lat = sorted(r.latency for r in recs)
-    missing = n_total - len(recs)
-    # Unfinished workflows are treated as later than every finished one.
-    padded = lat + [math.inf] * missing
-    met = sum(1 for r in recs if r.met)
-    if recs:
-        first = min(r.arrival for r in recs)
-        last = max(r.finish for r in recs)
-        span = last - first
-    else:
-        span = 0.0
-    return Summary(
-        workflows=n_total,
-        completed=len(recs),
-        p50_s=percentile(padded, 50),
-        p95_s=percentile(padded, 95),
-        p99_s=percentile(padded, 99),
-        mean_s=sum(lat) / len(lat) if lat else math.nan,
-        slo_attainment=met / n_total if n_total else math.nan,
-        throughput_qps=len(recs) / span if span > 0 else math.nan,
-        calls=result.num_calls,
-    )
+    span = max(r.finish for r in recs) - min(r.arrival for r in recs) if recs else 0.0
+    figures = latency_summary([r.latency for r in recs], n_total, sum(1 for r in recs if r.met), span)
+    return Summary(**vars(figures), calls=result.num_calls)

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gateway.bench.fidelity.emulated import FACTOR_SETS, format_fidelity_report, perturbed_catalog, run_fidelity
+from gateway.bench.rig import LiveSettings
 from gateway.config import DEFAULT_GPU_CATALOG, load_gpu_catalog
 from gateway.profiling.plan import PlanSettings
 
@@ -41,10 +42,9 @@ def test_fidelity_calibrates_every_gpu_type_then_compares_live_with_the_simulati
     # A relative log folder (as `--log-dir out/x` gives): the gateway it starts must still find its files.
     monkeypatch.chdir(tmp_path.parent)
     rep = run_fidelity(
+        LiveSettings("paper-4gpu", 0.02, log_dir=Path(tmp_path.name)),
         workflows=4,
-        time_scale=0.02,
         budget_s=20.0,
-        log_dir=Path(tmp_path.name),
         progress=False,
         settings=settings,
     )

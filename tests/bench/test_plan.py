@@ -14,13 +14,13 @@ from gateway.bench.bound import solve_fluid_bound
 from gateway.bench.plan import (
     PlanReport,
     PlanSpec,
-    Workload,
     enumerate_mixes,
     gpu_options,
+    on_mix,
     reference_slo,
     run_plan,
 )
-from gateway.bench.simbench import run_point, standard_latency
+from gateway.bench.simbench import Setup, run_point, standard_latency
 from gateway.config import GpuCatalog, load_gpu_catalog, make_worker
 from gateway.errors import UnknownNameError
 from gateway.sim.workload import generate_chess_bird
@@ -36,8 +36,9 @@ def catalog() -> GpuCatalog:
 
 
 @pytest.fixture(scope="module")
-def workload() -> Workload:
-    return Workload(generate_chess_bird(60, random.Random(0)), "chess-bird", n_workflows=60, n_seeds=1)
+def workload() -> Setup:
+    queries = generate_chess_bird(60, random.Random(0))
+    return Setup([], queries, "chess-bird", n_workflows=60, n_seeds=1, prefix_caching=True)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def slo_s(catalog: GpuCatalog) -> float:
 
 
 @pytest.fixture(scope="module")
-def report(catalog: GpuCatalog, workload: Workload, slo_s: float) -> PlanReport:
+def report(catalog: GpuCatalog, workload: Setup, slo_s: float) -> PlanReport:
     spec = PlanSpec(model=MODEL, gpus=("A100", "L40S"), rate_qps=RATE, slo_s=slo_s, max_workers=4)
     return run_plan(catalog, workload, spec)
 
@@ -95,7 +96,7 @@ def test_gpu_options_name_unknown_and_unprofiled_gpus(catalog: GpuCatalog) -> No
 
 
 def test_cost_needs_a_price_on_every_gpu_and_workers_is_the_fallback(
-    catalog: GpuCatalog, workload: Workload, slo_s: float
+    catalog: GpuCatalog, workload: Setup, slo_s: float
 ) -> None:
     data = catalog.model_dump()
     data["gpus"]["L40S"]["usd_per_hour"] = None
@@ -128,7 +129,7 @@ def test_plan_tries_mixes_cheapest_first_and_stops_at_the_first_that_meets(repor
 
 
 def test_the_answer_meets_the_slo_when_simulated_again_and_the_cheaper_mixes_do_not(
-    catalog: GpuCatalog, workload: Workload, slo_s: float, report: PlanReport
+    catalog: GpuCatalog, workload: Setup, slo_s: float, report: PlanReport
 ) -> None:
     def attainment(counts: tuple[int, ...]) -> float:
         workers = [
@@ -136,7 +137,7 @@ def test_the_answer_meets_the_slo_when_simulated_again_and_the_cheaper_mixes_do_
             for i, (g, n) in enumerate(zip([o.gpu for o in report.options], counts, strict=True))
             for k in range(n)
         ]
-        setup = workload.setup(workers, slo_s)
+        setup = on_mix(workload, workers, slo_s)
         return run_point(setup, "hexgen", RATE, seed=setup.seeds[0]).slo_attainment
 
     assert report.answer is not None
@@ -154,7 +155,7 @@ def test_the_answer_meets_the_slo_when_simulated_again_and_the_cheaper_mixes_do_
 
 
 def test_a_budget_below_the_answer_finds_nothing_and_names_the_best_attainment(
-    catalog: GpuCatalog, workload: Workload, slo_s: float, report: PlanReport
+    catalog: GpuCatalog, workload: Setup, slo_s: float, report: PlanReport
 ) -> None:
     assert report.answer is not None and report.answer.usd_per_hour is not None
     budget = report.answer.usd_per_hour - 0.01

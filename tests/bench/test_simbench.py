@@ -181,7 +181,20 @@ def fake_report(caps: dict[str, list[float]]) -> BenchReport:
         p: PolicyResult(p, None, c, [PointResult(p, 0.1, s, None, summary) for s in range(len(c))])
         for p, c in caps.items()
     }
-    return BenchReport("t", ["A"], 3.0, 100.0, 1.0, pols, [0, 1], 1000, None, 10, 0.01, [])
+    return BenchReport(
+        trace="t",
+        cluster=["A"],
+        slo_scale=3.0,
+        slo_s=100.0,
+        fluid_bound_qps=1.0,
+        policies=pols,
+        seeds=[0, 1],
+        tune_seed=1000,
+        tune_rate_qps=None,
+        n_workflows=10,
+        rel_tol=0.01,
+        rates=[],
+    )
 
 
 def test_best_baseline_is_never_an_ablation_or_ours() -> None:

@@ -14,7 +14,6 @@ from gateway.bench.tuner import (
     TARGET_GAP,
     bench_steps,
     format_tuner_report,
-    load_setup,
     run_fixed,
     run_tuned,
     run_tuner_bench,
@@ -30,7 +29,7 @@ WARMUP = 20
 
 @pytest.fixture(scope="module")
 def setup() -> Setup:
-    return load_setup("chess-bird", cluster=load_cluster("paper-4gpu"), n_workflows=80, slo_scale=3.0, seed=0)
+    return Setup.of_trace("chess-bird", load_cluster("paper-4gpu"), n_workflows=80, slo_scale=3.0, seed=0, n_seeds=1)
 
 
 RATE = 0.09

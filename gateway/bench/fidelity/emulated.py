@@ -9,7 +9,7 @@ import asyncio
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,7 +19,7 @@ from gateway.bench.fidelity.compare import LiveGaps, simulate_runs
 from gateway.bench.livebench import LiveBenchReport, PolicyRun, format_live_report, run_live_bench
 from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
-from gateway.bench.rig import bench_folder
+from gateway.bench.rig import LiveSettings
 from gateway.bench.stats import fmt, json_safe, positive, table
 from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, ProfileSpec
@@ -117,26 +117,26 @@ class FidelityReport(LiveGaps):
         )
 
 
+FIDELITY_RIG = LiveSettings("paper-4gpu", time_scale=0.05)
+"""The emulated cluster ``run_fidelity`` measures by default."""
+
 _CONSTANTS = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "kv_capacity_tokens")
 
 
 def run_fidelity(
+    live: LiveSettings = FIDELITY_RIG,
     *,
-    cluster: str = "paper-4gpu",
     trace: str = "chess-bird",
     policies: Sequence[str] = ("hexgen",),
     workflows: int = 150,
-    time_scale: float = 0.05,
     budget_s: float = 90.0,
     slo_scale: float = 5.0,
-    seed: int = 0,
-    log_dir: Path | None = None,
     progress: bool = True,
     settings: PlanSettings | None = None,
 ) -> FidelityReport:
-    """Calibrate, replay live, simulate. Logs, the two catalogues and the configs go to ``log_dir`` (kept) or
-    a temporary folder removed after a successful run."""
-    positive("time scale", time_scale)
+    """Calibrate, replay live, simulate. Logs, the two catalogues and the configs go to ``live.log_dir`` (kept)
+    or a temporary folder removed after a successful run."""
+    cluster, time_scale = live.cluster, positive("time scale", live.time_scale)
     base = yaml.safe_load(Path(DEFAULT_GPU_CATALOG).read_text())
     resolved = load_cluster_config(cluster).expanded()
     gpus = list(dict.fromkeys(rw.gpu for rw in resolved))
@@ -144,7 +144,7 @@ def run_fidelity(
     if len(models) != 1:
         raise ValueError(f"{cluster}: the fidelity benchmark needs one model, the cluster serves {sorted(models)}")
     model = models.pop()
-    with bench_folder(log_dir, "hexflow-fidelity-") as folder:
+    with live.folder("hexflow-fidelity-") as folder:
         truth_path = _write_catalog(perturbed_catalog(base, model, gpus), folder / "truth-gpus.yaml")
         truth_cat = load_gpu_catalog(truth_path)
         cal_doc = yaml.safe_load(yaml.safe_dump(base))
@@ -160,21 +160,18 @@ def run_fidelity(
                 calibrated = profile_from(g, model, ProfileSpec.model_validate(entry))
                 calibrations.append(GpuCalibration(g, truth_cat.profile(g, model), calibrated, res))
         cal_path = _write_catalog(cal_doc, folder / "calibrated-gpus.yaml")
-        live = run_live_bench(
-            cluster,
+        runs = run_live_bench(
+            replace(live, log_dir=folder / "live"),
             trace,
             policies,
-            time_scale=time_scale,
             workflows=workflows,
             slo_scale=slo_scale,
-            seed=seed,
             progress=progress,
-            log_dir=folder / "live",
             gpu_catalog=cal_path,
             emulator_catalog=truth_path,
         )
-        truth_sim = _simulate_with(truth_cat, cluster, trace, live, seed=seed, slo_scale=slo_scale)
-    return FidelityReport(calibrations, live, truth_sim)
+        truth_sim = _simulate_with(truth_cat, cluster, trace, runs, seed=live.seed, slo_scale=slo_scale)
+    return FidelityReport(calibrations, runs, truth_sim)
 
 
 def _calibrate_one(

@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 
 from gateway.bench.fidelity.compare import client_or_own, p95, simulate_arrivals
-from gateway.bench.replay import scale_queries, workload_queries
+from gateway.bench.replay import scale_queries
 from gateway.bench.stats import json_safe, positive, table
 from gateway.core.profile import PerfProfile
 from gateway.profiling.worker import ProbeWorker, send_arrivals
+from gateway.sim.workload import workload_queries
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,8 +31,8 @@ from gateway.bench.fidelity.vllm_servers import (
     start_servers,
 )
 from gateway.bench.livebench import run_live_bench
-from gateway.bench.replay import replay_setup, replay_workload, scale_queries, workload_queries
-from gateway.bench.rig import bench_folder, say_stderr
+from gateway.bench.replay import replay_setup, replay_workload, scale_queries
+from gateway.bench.rig import LiveSettings, bench_folder, say_stderr
 from gateway.bench.simbench import fluid_bound
 from gateway.bench.stats import positive
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
@@ -44,6 +44,7 @@ from gateway.profiling.plan import CalibrationError, PlanSettings, Probe
 from gateway.profiling.probe import CalibrationResult, calibrate
 from gateway.profiling.worker import ProbeWorker
 from gateway.sim.metrics import Summary
+from gateway.sim.workload import workload_queries
 from workers import cpu_vllm
 
 
@@ -173,16 +174,13 @@ def _round(
     before = scrape_engines(urls)
     h0 = hostcpu.sample() if groups is not None else None
     live = run_live_bench(
-        str(cluster_path),
+        LiveSettings(str(cluster_path), 1.0, seed, folder / "live"),
         cfg.trace,
         cfg.policies,
-        time_scale=1.0,
         workflows=cfg.workflows,
         rate_qps=rate,
         slo_scale=cfg.slo_scale,
-        seed=seed,
         progress=cfg.progress,
-        log_dir=folder / "live",
         profiles_file=profiles_path,
         worker_urls=urls,
         token_scale=cfg.token_scale,

@@ -7,7 +7,7 @@ from gateway.sim.workload.arrivals import gamma_arrivals, poisson_arrivals
 from gateway.sim.workload.build import build_workload
 from gateway.sim.workload.generator import generate_chess_bird
 from gateway.sim.workload.tenants import TenantSpec, parse_tenants
-from gateway.sim.workload.traces import CHESS_BIRD, load_queries, resolve_trace, to_stages
+from gateway.sim.workload.traces import CHESS_BIRD, load_queries, resolve_trace, to_stages, workload_queries
 
 __all__ = [
     "CHESS_BIRD",
@@ -20,4 +20,5 @@ __all__ = [
     "poisson_arrivals",
     "resolve_trace",
     "to_stages",
+    "workload_queries",
 ]

@@ -140,6 +140,14 @@ def load_queries(
     return queries if n is None else repeat_to(queries, n)
 
 
+def workload_queries(trace: str, n: int, seed: int, trace_dir: Path | None = None) -> tuple[str, list[list[CallSpec]]]:
+    """The workload's name and queries as ``hexflow bench`` draws them: ``chess-bird`` generates ``n`` queries
+    from ``random.Random(seed)``; a trace is loaded as recorded (``build_workload`` cycles it)."""
+    src = resolve_trace(trace, trace_dir)
+    name = CHESS_BIRD if src == CHESS_BIRD else Path(src).stem
+    return name, load_queries(trace, n if src == CHESS_BIRD else None, random.Random(seed), trace_dir)
+
+
 def repeat_to(queries: Sequence[list[CallSpec]], n: int) -> list[list[CallSpec]]:
     """Exactly ``n`` queries: ``queries`` cycled in order (query i is ``queries[i % len(queries)]``)."""
     if n < 0:
