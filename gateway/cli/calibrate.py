@@ -17,6 +17,7 @@ from gateway.cli.common import (
     CLUSTER,
     JSON,
     LOG_DIR,
+    MODEL,
     PLOT,
     POLICY_LIST,
     QUIET,
@@ -24,6 +25,7 @@ from gateway.cli.common import (
     SLO_SCALE,
     TIME_SCALE,
     TRACE,
+    WORKER,
     WORKFLOWS,
     Command,
     UsageError,
@@ -44,8 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CALIBRATE", "FIDELITY", "FIDELITY_VLLM", "MISLABEL", "OPEN_LOOP"]
 
-WORKER = opt("--worker", str, None, "the worker's base URL (e.g. http://10.0.0.5:8000)", required=True)
-MODEL = opt("--model", str, None, "the served model name (and the profile's model key)", required=True)
 BUDGET_S = opt("--budget-s", positive_float, 300.0, "wall seconds the probes may take")
 TOKEN_SCALE = opt("--token-scale", positive_float, 0.125, "multiply every call's token counts by this")
 REPLAYED = WORKFLOWS("workflows replayed per policy")

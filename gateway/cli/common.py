@@ -117,6 +117,8 @@ LOG_DIR = opt("--log-dir", optional_path, None, "keep subprocess logs and config
 PLOT = opt("--plot", str, None, "write a PNG of the results")
 JSON = opt("--json", str, None, "write the report as JSON here")
 QUIET = flag("--quiet", "no progress bar")
+WORKER = opt("--worker", str, None, "the worker's base URL (e.g. http://10.0.0.5:8000)", required=True)
+MODEL = opt("--model", str, None, "the served model name (and the profile's model key)", required=True)
 GATEWAY = opt("--gateway", str, "http://127.0.0.1:8080", "the gateway's base URL")
 API_KEY = opt("--api-key", str, None, "the tenant's API key (default: $HEXFLOW_API_KEY)")
 NO_PREFIX_CACHING = flag(
