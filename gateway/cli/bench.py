@@ -28,7 +28,6 @@ from gateway.cli.common import (
     REL_TOL,
     SEED,
     SEEDS,
-    SHARE,
     SLO_SCALE,
     TIME_SCALE,
     TRACE,
@@ -38,6 +37,8 @@ from gateway.cli.common import (
     UsageError,
     flag,
     int_arg,
+    listed,
+    live_settings,
     load_workers,
     opt,
     pick,
@@ -67,15 +68,13 @@ DEFAULT_LOADS = "0.3,0.45,0.6"
 def cmd_bench_overload(args: argparse.Namespace) -> int:
     """Run the overload benchmark; print the report; exit 1 when a goal of the issue is not met."""
     from gateway.bench.overload import format_report, plot_report, run_overload
-    from gateway.bench.rig import LiveSettings
 
     names = ("capacity_fraction", "factor", "capacity_s", "burst_s", "quiet_s", "bursts", "slo_scale")
-    live = LiveSettings(**pick(args, "cluster", "time_scale", "seed", "log_dir"))
     with usage_errors():
-        rep = run_overload(live, **pick(args, *names, "admission_share"), predictive=not args.no_predictive)
-    show(format_report(rep), args.json, rep.to_json)
-    write_with(args.plot, partial(plot_report, rep))
-    return 0 if all(rep.checks().values()) else 1
+        rep = run_overload(
+            live_settings(args), **pick(args, *names, "admission_share"), predictive=not args.no_predictive
+        )
+    return show(args, format_report(rep), rep.to_json, plot=partial(plot_report, rep), ok=all(rep.checks().values()))
 
 
 def cmd_bench_admission(args: argparse.Namespace) -> int:
@@ -92,9 +91,9 @@ def cmd_bench_admission(args: argparse.Namespace) -> int:
 
     policies = policy_names(args.policies)
     with usage_errors("--variants: "):
-        variants = [parse_variant(v) for v in args.variants.split(",") if v.strip()]
-    if not variants:
-        raise UsageError("--variants: give at least one (off, reject@SHARE, best_effort@SHARE)")
+        variants = [
+            parse_variant(v) for v in listed("--variants", args.variants, "(off, reject@SHARE, best_effort@SHARE)")
+        ]
     setup = setup_from_args(args, n_seeds=args.seeds)
     steps = bench_steps(len(policies), len(variants), len(args.loads), args.seeds)
     with (
@@ -104,9 +103,7 @@ def cmd_bench_admission(args: argparse.Namespace) -> int:
         report = run_admission_bench(
             setup, policies=policies, variants=variants, **pick(args, "loads", "alpha", "rel_tol"), progress=bar.update
         )
-    show(format_admission_report(report), args.json, report.to_json)
-    write_with(args.plot, partial(plot_admission_report, report))
-    return 0
+    return show(args, format_admission_report(report), report.to_json, plot=partial(plot_admission_report, report))
 
 
 OVERLOAD = Command(
@@ -126,7 +123,13 @@ OVERLOAD = Command(
         opt("--bursts", positive_int, 3, "overload bursts"),
         SLO_SCALE,
         flag("--no-predictive", "turn predictive admission off (concurrency limits only)"),
-        SHARE("the gateway's admission.sustainable_share, in (0, 1] (default: the gateway's default, 0.25)"),
+        opt(
+            "--share",
+            positive_float,
+            None,
+            "the gateway's admission.sustainable_share, in (0, 1] (default: the gateway's default, 0.25)",
+            dest="admission_share",
+        ),
         SEED,
         LOG_DIR,
         JSON,
@@ -179,13 +182,9 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
     from gateway.sim.workload import CHESS_BIRD
     from gateway.sim.workload.traces import SHARED_TRACE_DIR
 
-    windows = [int_arg("--windows", w.strip(), minimum=10) for w in args.windows.split(",") if w.strip()]
-    if not windows:
-        raise UsageError("--windows: give at least one window size")
+    windows = [int_arg("--windows", w, minimum=10) for w in listed("--windows", args.windows, "window size")]
     tuning = TuningConfig() if args.every is None else TuningConfig(every_workflows=args.every)
-    traces = [t.strip() for t in args.traces.split(",") if t.strip()]
-    if not traces:
-        raise UsageError("--traces: give at least one trace")
+    traces = listed("--traces", args.traces, "trace")
     trace_dir = Path(args.trace_dir) if args.trace_dir else None
     folder = trace_dir if trace_dir is not None else SHARED_TRACE_DIR
     notes = []
@@ -213,8 +212,7 @@ def cmd_bench_tuner(args: argparse.Namespace) -> int:
             setups, windows=windows, seeds=seeds, tuning=tuning, progress=bar.update, **pick(args, *tuner_options)
         )
     report.notes += notes
-    show(format_tuner_report(report, args.cluster), args.json, report.to_json)
-    return 0
+    return show(args, format_tuner_report(report, args.cluster), report.to_json)
 
 
 def _bench_tuner_opts() -> tuple[Opt, ...]:
@@ -271,11 +269,11 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
     seeds = int_arg("--seeds", str(args.seeds), minimum=1)
     workflows = int_arg("--workflows", str(args.workflows), minimum=2)
     loads = _floats("--loads", args.loads)
-    variants = [v.strip() for v in args.policies.split(",") if v.strip()]
+    variants = listed("--policies", args.policies)
     with usage_errors("--policies: "):
         for v in variants:
             parse_variant(v)
-    names = [n.strip() for n in args.patterns.split(",") if n.strip()]
+    names = listed("--patterns", args.patterns)
     if args.steady and "poisson" not in names:
         names.append("poisson")
     try:

@@ -30,6 +30,7 @@ from gateway.cli.common import (
     Command,
     UsageError,
     flag,
+    live_settings,
     opt,
     pick,
     policy_names,
@@ -121,18 +122,15 @@ def plot_fit(res: CalibrationResult, path: Path) -> None:
 def cmd_bench_fidelity(args: argparse.Namespace) -> int:
     """Run the fidelity benchmark; exit 1 when live P95 or SLO attainment is off the simulator's by > 5%."""
     from gateway.bench.fidelity.emulated import format_fidelity_report, run_fidelity
-    from gateway.bench.rig import LiveSettings
 
-    live = LiveSettings(**pick(args, "cluster", "time_scale", "seed", "log_dir"))
     with usage_errors():
         rep = run_fidelity(
-            live,
+            live_settings(args),
             **pick(args, "trace", "workflows", "budget_s", "slo_scale"),
             policies=policy_names(args.policies),
             progress=not args.quiet,
         )
-    show(format_fidelity_report(rep), args.json, rep.to_json)
-    return 0 if rep.within_target() else 1
+    return show(args, format_fidelity_report(rep), rep.to_json, ok=rep.within_target())
 
 
 def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
@@ -158,8 +156,7 @@ def cmd_bench_fidelity_vllm(args: argparse.Namespace) -> int:
     except CpuVllmError as exc:
         print(f"hexflow: {exc}")
         return 2
-    show(format_vllm_fidelity_series(rep), args.json, rep.to_json)
-    return 0 if rep.within_target() else 1
+    return show(args, format_vllm_fidelity_series(rep), rep.to_json, ok=rep.within_target())
 
 
 def cmd_bench_open_loop(args: argparse.Namespace) -> int:
@@ -181,8 +178,7 @@ def cmd_bench_open_loop(args: argparse.Namespace) -> int:
     with usage_errors():
         run = run_open_loop(args.worker, args.model, profile, **pick(args, *names), progress=not args.quiet)
         rep = asyncio.run(run)
-    show(format_open_loop_report(rep), args.json, rep.to_json)
-    return 0
+    return show(args, format_open_loop_report(rep), rep.to_json)
 
 
 def cmd_bench_mislabel(args: argparse.Namespace) -> int:
@@ -211,8 +207,7 @@ def cmd_bench_mislabel(args: argparse.Namespace) -> int:
             n = 400 if args.workflows is None else args.workflows
             rep = run_mislabel(scenario, n_workflows=n, window=args.window)
             text = format_mislabel_report(rep)
-    show(text, args.json, rep.to_json)
-    return 0 if rep.refit_helped() else 1
+    return show(args, text, rep.to_json, ok=rep.refit_helped())
 
 
 CALIBRATE = Command(

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from gateway.argtypes import fraction, nonneg_int, positive_float, positive_int, unit_open_fraction
 from gateway.bench.stats import save_json
@@ -19,12 +19,15 @@ from gateway.core.policy import POLICIES, get_policy
 from gateway.core.scheduler import WorkerInfo
 
 if TYPE_CHECKING:
+    from gateway.bench.rig import LiveSettings
     from gateway.bench.simbench import Setup
     from gateway.sim.workload import TenantSpec
 
 
 BENCH_WORKFLOWS = 1000
 """Workflows per simulated ``bench`` run (default)."""
+
+_N = TypeVar("_N", int, float)
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 """The ``add_subparsers`` result commands are registered on."""
@@ -105,7 +108,6 @@ SEED = opt("--seed", nonneg_int, 0, "seed of the workload and arrivals")
 WORKFLOWS = opt("--workflows", positive_int, None, "workflows per run (a trace is cycled)")
 POLICY = opt("--policy", str, "hexgen", f"one of: {', '.join(POLICIES)}")
 POLICY_LIST = opt("--policies", str, "hexgen", "comma-separated policies")
-RATE = opt("--rate", positive_float, None, "arrival rate, workflows/s (default 0.6 x fluid bound)")
 ALPHA = opt("--alpha", fraction, None, "fixed alpha (default: tuned once per policy)")
 SEEDS = opt("--seeds", positive_int, 3, "seeds per point")
 REL_TOL = opt("--rel-tol", unit_open_fraction, 0.01, "relative precision of each capacity, in (0, 1)")
@@ -113,7 +115,6 @@ JOBS = opt("--jobs", positive_int, min(2, os.cpu_count() or 1), "runs in paralle
 TIME_SCALE = opt("--time-scale", positive_float, 0.05, "wall seconds per modelled second (emulated)")
 LOG_DIR = opt("--log-dir", optional_path, None, "keep subprocess logs and configs here")
 PLOT = opt("--plot", str, None, "write a PNG of the results")
-SHARE = opt("--share", positive_float, None, "the gateway's admission.sustainable_share", dest="admission_share")
 JSON = opt("--json", str, None, "write the report as JSON here")
 QUIET = flag("--quiet", "no progress bar")
 WORKER = opt("--worker", str, None, "the worker's base URL (e.g. http://10.0.0.5:8000)", required=True)
@@ -165,11 +166,18 @@ def load_workers(cluster: str) -> list[WorkerInfo]:
     return load_cluster(cluster)
 
 
+def listed(name: str, text: str, what: str | None = None) -> list[str]:
+    """The items of the comma-separated option ``name``, stripped; with ``what``, a ``UsageError`` ("NAME: give at
+    least one WHAT") when there is none."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if what is not None and not items:
+        raise UsageError(f"{name}: give at least one {what}")
+    return items
+
+
 def policy_names(text: str) -> list[str]:
     """The policies of a comma-separated list, each checked (an unknown one raises ``GatewayError``)."""
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
-        raise UsageError("--policies: give at least one policy")
+    names = listed("--policies", text, "policy")
     for n in names:
         get_policy(n)
     return names
@@ -195,11 +203,25 @@ def usage_errors(prefix: str = "", *also: type[Exception]) -> Iterator[None]:
         raise UsageError(f"{prefix}{exc}") from None
 
 
-def show(text: str, json_path: str | None, doc: Callable[[], Any]) -> None:
-    """Print a report's ``text``; with ``json_path``, write ``doc()`` there (``write_json``)."""
+def show(
+    args: argparse.Namespace,
+    text: str,
+    doc: Callable[[], Any] | None = None,
+    *,
+    write: Callable[[Path], object] | None = None,
+    plot: Callable[[Path], object] | None = None,
+    ok: bool = True,
+) -> int:
+    """How a report ends: print its ``text``; with ``--json``, write ``doc()`` there (``write_json``), or have
+    ``write`` write it; with ``--plot``, ``plot`` there. The exit status: 0 when ``ok``, else 1."""
     print(text)
-    if json_path:
-        write_json(json_path, doc())
+    if write is not None:
+        write_with(args.json, write)
+    elif args.json and doc is not None:
+        write_json(args.json, doc())
+    if plot is not None:
+        write_with(args.plot, plot)
+    return 0 if ok else 1
 
 
 def write_json(path: str, doc: Any, *, say: bool = True, end: str = "\n", **dumps: Any) -> None:
@@ -217,11 +239,6 @@ def write_text(path: str, text: str) -> None:
     print(f"wrote {path}")
 
 
-def as_null(_: object) -> None:
-    """``json.dumps``' ``default`` that writes what JSON cannot hold as null."""
-    return None
-
-
 def write_with(path: str | None, write: Callable[[Path], object]) -> None:
     """With ``path`` (``--json``, ``--plot``), ``write`` there and say so."""
     if path:
@@ -229,35 +246,43 @@ def write_with(path: str | None, write: Callable[[Path], object]) -> None:
         print(f"wrote {path}")
 
 
+def number_arg(name: str, text: str, kind: Callable[[str], _N], what: str, ok: Callable[[_N], bool]) -> _N:
+    """``text`` as a finite ``kind`` that is ``ok``, else a ``UsageError``: "NAME: expected WHAT, got 'TEXT'"."""
+    try:
+        value: _N | None = kind(text)
+    except ValueError:
+        value = None
+    if value is None or (isinstance(value, float) and not math.isfinite(value)) or not ok(value):
+        raise UsageError(f"{name}: expected {what}, got {text!r}")
+    return value
+
+
 def int_arg(name: str, text: str, *, minimum: int) -> int:
     """``text`` as an integer >= ``minimum``, else a ``UsageError`` naming the option ``name``."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise UsageError(f"{name}: expected an integer >= {minimum}, got {text!r}")
-    return value
+    return number_arg(name, text, int, f"an integer >= {minimum}", lambda v: v >= minimum)
 
 
 def positive_float_arg(name: str, text: str) -> float:
     """``text`` as a finite positive number, else a ``UsageError`` naming the option ``name``."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{name}: expected a positive number, got {text!r}")
-    return value
+    return number_arg(name, text, float, "a positive number", lambda v: v > 0)
+
+
+def live_settings(args: argparse.Namespace) -> LiveSettings:
+    """A live benchmark's ``LiveSettings`` from those of its options the command has (``--cluster``,
+    ``--time-scale``, ``--seed``, ``--log-dir``)."""
+    from gateway.bench.rig import LiveSettings
+
+    return LiveSettings(**pick(args, *(n for n in ("cluster", "time_scale", "seed", "log_dir") if hasattr(args, n))))
 
 
 def setup_from_args(args: argparse.Namespace, n_seeds: int = 1) -> Setup:
-    """The benchmark scenario ``workload_opts``' options describe (``n_seeds`` seeds from ``--seed``)."""
+    """The benchmark scenario ``workload_opts``' options describe (``n_seeds`` seeds from ``--seed``); without
+    ``--cluster`` (``plan``'s workload, put on each mix), no workers."""
     from gateway.bench.simbench import Setup
 
     return Setup.of_trace(
         args.trace,
-        load_workers(args.cluster),
+        load_workers(args.cluster) if hasattr(args, "cluster") else [],
         n_workflows=args.workflows,
         tenants=tenants_arg(args.tenants),
         arrivals_csv=args.arrivals,

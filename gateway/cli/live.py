@@ -30,8 +30,8 @@ from gateway.cli.common import (
     opt,
     optional_path,
     pick,
+    show,
     usage_errors,
-    write_with,
 )
 
 __all__ = [
@@ -156,9 +156,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             **pick(args, "time_scale", "timeout_s", "concurrency_limit"),
         )
     )
-    print(format_report(report))
-    write_with(args.json, report.write_json)
-    return 0
+    return show(args, format_report(report), write=report.write_json)
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:

@@ -20,10 +20,11 @@ from gateway.cli.common import (
     Command,
     UsageError,
     flag,
+    listed,
     opt,
     pick,
+    setup_from_args,
     show,
-    tenants_arg,
     usage_errors,
     workload_opts,
 )
@@ -73,12 +74,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from gateway.bench.plan import PlanSpec, gpu_options, reference_slo, run_plan
-    from gateway.bench.simbench import Setup
     from gateway.config.gpus import load_gpu_catalog
 
-    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
-    if not gpus:
-        raise UsageError("--gpus: give at least one GPU type, e.g. --gpus A100,L40S")
+    gpus = listed("--gpus", args.gpus, "GPU type, e.g. --gpus A100,L40S")
     if not 0 < args.target <= 1:
         raise UsageError(f"--target: must be in (0, 1], got {args.target}")
     get_policy(args.policy)
@@ -92,15 +90,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         slo_s, ref = reference_slo(catalog, args.model, gpus, args.slo_scale)
         slo_ref = f"{args.slo_scale:g} x the standard workflow alone on one {ref} worker"
-    workload = Setup.of_trace(
-        args.trace,
-        [],
-        n_workflows=args.workflows,
-        n_seeds=args.seeds,
-        tenants=tenants_arg(args.tenants),
-        arrivals_csv=args.arrivals,
-        **pick(args, "seed", "cv", "prefix_caching"),
-    )
+    workload = setup_from_args(args, n_seeds=args.seeds)
     with usage_errors():
         spec = PlanSpec(
             gpus=tuple(gpus),
@@ -120,8 +110,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else:  # a pipe or a log: a bar would draw nothing there for minutes
             lines = ProgressLines(sys.stderr)
             report = run_plan(catalog, workload, spec, progress=lines.update, describe=lines.describe)
-    show(format_plan_report(report, show=args.show), args.json, report.to_json)
-    return 0 if report.answer is not None else 1
+    return show(args, format_plan_report(report, show=args.show), report.to_json, ok=report.answer is not None)
 
 
 def _usd(x: float | None) -> str:

@@ -23,21 +23,21 @@ from gateway.cli.common import (
     POLICY,
     POLICY_LIST,
     QUIET,
-    RATE,
     REL_TOL,
     SEEDS,
     TIME_SCALE,
     Command,
     UsageError,
-    as_null,
     flag,
+    listed,
+    live_settings,
     opt,
     pick,
     policy_names,
     setup_from_args,
+    show,
     workload_opts,
     write_json,
-    write_with,
 )
 from gateway.core.policy import POLICIES, get_policy
 
@@ -50,6 +50,7 @@ __all__ = ["BENCH", "LIVE_BENCH_WORKFLOWS", "SIMULATE", "SIM_SPEED"]
 
 LIVE_BENCH_WORKFLOWS = 150
 """Workflows per policy of ``bench --live`` (default): each is replayed in real time."""
+RATE = opt("--rate", positive_float, None, "arrival rate, workflows/s (default 0.6 x fluid bound)")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -98,8 +99,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "engines": engines,
             "calls_per_s": res.num_calls / max(wall, 1e-9),
         }
-        write_json(args.json, out, say=False, allow_nan=True, default=as_null)
+        _write_run(args.json, out)
     return 0
+
+
+def _write_run(path: str, doc: dict[str, Any]) -> None:
+    """``simulate``'s and ``tune``'s ``--json``, silently: what JSON cannot hold as null."""
+    write_json(path, doc, say=False, allow_nan=True, default=lambda _: None)
 
 
 def _tenant_summaries(res: SimResult, wfs: list[StagedWorkflow]) -> tuple[list[list[str]], dict[str, dict[str, Any]]]:
@@ -168,10 +174,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             **pick(args, "rel_tol", "jobs"),
             progress=bar.update,
         )
-    print(format_bench_report(report, args.cluster))
-    write_with(args.json, report.write_json)
-    write_with(args.plot, partial(plot_report, report))
-    return 0
+    return show(
+        args, format_bench_report(report, args.cluster), write=report.write_json, plot=partial(plot_report, report)
+    )
 
 
 def format_bench_report(report: BenchReport, cluster: str) -> str:
@@ -259,7 +264,6 @@ def _rate_table(report: BenchReport, rate: float, title: str) -> list[str]:
 def cmd_bench_live(args: argparse.Namespace) -> int:
     """``bench --live``: each policy on the live gateway over an emulated cluster, and its simulation."""
     from gateway.bench.livebench import format_live_report, plot_live_report, run_live_bench
-    from gateway.bench.rig import LiveSettings
 
     policies = policy_names(args.policies)
     if args.tenants:
@@ -270,7 +274,7 @@ def cmd_bench_live(args: argparse.Namespace) -> int:
             raise UsageError(f"--rate: with --live give one rate in workflows/s, got {len(args.rate)}")
         rate = args.rate[0]
     report = run_live_bench(
-        LiveSettings(**pick(args, "cluster", "time_scale", "seed", "log_dir")),
+        live_settings(args),
         args.trace,
         policies,
         workflows=args.workflows if args.workflows is not None else LIVE_BENCH_WORKFLOWS,
@@ -279,10 +283,7 @@ def cmd_bench_live(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         **pick(args, "slo_scale", "alpha", "cv"),
     )
-    print(format_live_report(report))
-    write_with(args.json, report.write_json)
-    write_with(args.plot, partial(plot_live_report, report))
-    return 0
+    return show(args, format_live_report(report), write=report.write_json, plot=partial(plot_live_report, report))
 
 
 def cmd_sim_speed(args: argparse.Namespace) -> int:
@@ -290,9 +291,7 @@ def cmd_sim_speed(args: argparse.Namespace) -> int:
     from gateway.bench.simspeed import measure_speed
 
     policies = policy_names(args.policies)
-    clusters = [c.strip() for c in args.clusters.split(",") if c.strip()]
-    if not clusters:
-        raise UsageError("--clusters: give at least one cluster")
+    clusters = listed("--clusters", args.clusters, "cluster")
     repeats = args.repeats
     results = []
     for cluster in clusters:
@@ -347,7 +346,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.json:
         points = [{"alpha": p.alpha, **p.summary.as_dict()} for p in res.points]
         doc = {"alpha": res.alpha, "rate_qps": rate, "window_workflows": len(window), "seconds": wall, "points": points}
-        write_json(args.json, doc, say=False, allow_nan=True, default=as_null)
+        _write_run(args.json, doc)
     return 0
 
 

@@ -4,7 +4,6 @@ parsed by the commands, not argparse, so bad values stop with one line (exit 2).
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ from gateway.cli.common import (
     flag,
     gateway_key,
     int_arg,
+    live_settings,
+    number_arg,
     opt,
     pick,
     positive_float_arg,
@@ -37,13 +38,7 @@ QUALITY_OUT = "gateway/config/quality.yaml"
 
 
 def _wrong_fraction(text: str) -> float:
-    try:
-        fraction = float(text)
-    except ValueError:
-        fraction = math.nan
-    if not 0.0 <= fraction <= 1.0:
-        raise UsageError(f"--wrong-fraction: expected a number in [0, 1], got {text!r}")
-    return fraction
+    return number_arg("--wrong-fraction", text, float, "a number in [0, 1]", lambda v: 0.0 <= v <= 1.0)
 
 
 def _seeds(text: str) -> list[int]:
@@ -64,7 +59,6 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
     import sys
 
     from gateway.bench.demo import format_refusal_bench, run_refusal_bench
-    from gateway.bench.rig import LiveSettings
 
     seeds = _seeds(args.seeds)
     rates = args.rates if args.rates is not None else positive_floats(REFUSAL_RATES)
@@ -78,10 +72,10 @@ def cmd_bench_refusals(args: argparse.Namespace) -> int:
         which = "with" if admission else "without"
         print(f"[{done[0]}/{total}] rate {rate:g}/s seed {seed} {which} admission", file=sys.stderr, flush=True)
 
-    live = LiveSettings(**pick(args, "cluster", "time_scale"))
-    points = run_refusal_bench(rates, live, seeds=seeds, **pick(args, "questions", "share"), progress=progress)
-    show(format_refusal_bench(points), args.json, lambda: {"points": [dataclasses.asdict(p) for p in points]})
-    return 0
+    points = run_refusal_bench(
+        rates, live_settings(args), seeds=seeds, **pick(args, "questions", "share"), progress=progress
+    )
+    return show(args, format_refusal_bench(points), lambda: {"points": [dataclasses.asdict(p) for p in points]})
 
 
 def _dataset_dir(name: str, text: str | None, *, needs_dev_json: bool) -> Path:
@@ -95,24 +89,21 @@ def _dataset_dir(name: str, text: str | None, *, needs_dev_json: bool) -> Path:
     return path
 
 
-def _demo_or_spider(args: argparse.Namespace, what: str) -> bool:
-    """True for ``--demo``, False for ``--spider``; a usage error unless exactly one of them is given."""
+def _spider_or_demo(args: argparse.Namespace, what: str, *, needs_dev_json: bool) -> Path | None:
+    """The ``--spider`` dataset, or None for ``--demo``; a usage error unless exactly one of them is given."""
     if args.demo and args.spider is not None:
         raise UsageError("--demo and --spider exclude each other: give one of them")
     if not args.demo and args.spider is None:
         raise UsageError(f"give --spider DIR (a Spider-format dataset) or --demo ({what})")
-    return bool(args.demo)
+    return None if args.demo else _dataset_dir("--spider", args.spider, needs_dev_json=needs_dev_json)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the Text-to-SQL demo end to end on emulated workers."""
     from gateway.bench.demo import DEFAULT_RATE, format_legend, format_summary, run_demo
-    from gateway.bench.rig import LiveSettings
 
     rate = args.rate if args.rate is not None else DEFAULT_RATE
-    rep = run_demo(
-        args.questions, LiveSettings(**pick(args, "cluster", "time_scale", "seed")), quiet=args.quiet, rate=rate
-    )
+    rep = run_demo(args.questions, live_settings(args), quiet=args.quiet, rate=rate)
     print()
     print(format_summary(rep))
     if not args.quiet:
@@ -168,13 +159,12 @@ def cmd_databases(args: argparse.Namespace) -> int:
     from gateway.bench.text2sql_eval import write_databases_file
     from gateway.text2sql.demo import write_demo_databases
 
-    demo = _demo_or_spider(args, "the project's demo database")
-    dataset = None if demo else _dataset_dir("--spider", args.spider, needs_dev_json=False)
+    dataset = _spider_or_demo(args, "the project's demo database", needs_dev_json=False)
     timeout = positive_float_arg("--statement-timeout-s", args.statement_timeout_s)
     if not args.out:
         raise UsageError("--out: give the databases file to write")
     max_rows = None if args.max_rows is None else int_arg("--max-rows", args.max_rows, minimum=1)
-    if args.seed is not None and not demo:
+    if args.seed is not None and dataset is not None:
         raise UsageError("--seed: only with --demo (a Spider dataset's databases are files, not generated)")
     seed = 0 if args.seed is None else int_arg("--seed", args.seed, minimum=0)
     if dataset is None:
@@ -220,11 +210,10 @@ def cmd_answers(args: argparse.Namespace) -> int:
     """Write scripted answers (gold SQL, some wrong first candidates) of a Spider-format dataset or of the demo."""
     from gateway.text2sql.answers import answers_from_spider, build_demo_answers, write_answers
 
-    demo = _demo_or_spider(args, "the demo questions")
-    dataset = None if demo else _dataset_dir("--spider", args.spider, needs_dev_json=True)
+    dataset = _spider_or_demo(args, "the demo questions", needs_dev_json=True)
     fraction = _wrong_fraction(args.wrong_fraction)
     seed = int_arg("--seed", args.seed, minimum=0)
-    if demo and args.limit is not None:
+    if dataset is None and args.limit is not None:
         raise UsageError("--limit: only with --spider (--demo writes every demo question)")
     limit = None if args.limit is None else int_arg("--limit", args.limit, minimum=1)
     if not args.out:
