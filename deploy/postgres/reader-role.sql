@@ -5,7 +5,7 @@
 -- check and its READ ONLY transactions. The gateway refuses a role that is a superuser, has BYPASSRLS,
 -- CREATEROLE or REPLICATION, or is a member of pg_read_server_files, pg_write_server_files,
 -- pg_execute_server_program, pg_signal_backend, pg_read_all_data, pg_write_all_data,
--- pg_read_all_settings, pg_read_all_stats or pg_monitor (gateway/text2sql/db/pgrole.py);
+-- pg_read_all_settings, pg_read_all_stats or pg_monitor (gateway/text2sql/db/postgres.py, role_problems);
 -- `hexflow databases --check FILE` says whether a configured role passes.
 --
 -- Run it once per database, as a superuser (temp_file_limit can only be set by one), with psql:

@@ -20,7 +20,7 @@ from gateway.bench.demo import write_demo_files
 from gateway.bench.quality import FAR, FULL, ScriptedStageRunner, demo_items, run_quality
 from gateway.bench.rig import LiveSettings, bench_tenant, scheduled
 from gateway.bench.simbench import Setup, standard_latency
-from gateway.bench.text2sql_eval import matches_gold, post_question, question_body
+from gateway.bench.text2sql_eval import post_question, question_body
 from gateway.config.databases import DatabaseConfig
 from gateway.core.degrade import QualityModel
 from gateway.core.shapes import MIN_QUESTIONS
@@ -30,7 +30,7 @@ from gateway.sim.simulator import SimResult
 from gateway.text2sql.answers import build_demo_answers
 from gateway.text2sql.db import open_database
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
-from gateway.text2sql.evaluate import execute_sqlite
+from gateway.text2sql.evaluate import execute_sqlite, matches_gold
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.prompt_templates import Prompts
 from workers.scripted import AnswersResponder

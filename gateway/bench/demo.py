@@ -19,12 +19,12 @@ import yaml
 
 from gateway.bench.rig import LiveSettings, scheduled
 from gateway.bench.stats import percentile, table
-from gateway.bench.text2sql_eval import matches_gold, post_question, question_body
+from gateway.bench.text2sql_eval import post_question, question_body
 from gateway.config import CONFIG_DIR
 from gateway.config.tenants import hash_key
 from gateway.text2sql.answers import build_demo_answers, write_answers
 from gateway.text2sql.demo import demo_questions, write_demo_databases
-from gateway.text2sql.evaluate import execute_sqlite
+from gateway.text2sql.evaluate import execute_sqlite, matches_gold
 
 DB_ID = "demo_retail"
 TENANTS = (("interactive", "demo-interactive-key", 6.0), ("batch", "demo-batch-key", 30.0))

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from gateway.bench.stats import table
-from gateway.bench.text2sql_eval import EvalError, EvalItem, gold_rows, matches_gold, spider_items
+from gateway.bench.text2sql_eval import EvalError, EvalItem, gold_rows, spider_items
 from gateway.config.databases import DatabaseConfig
 from gateway.core.degrade import Knobs, QuestionPlan, knob_grid
 from gateway.core.predict import StagePlan
@@ -25,6 +25,7 @@ from gateway.errors import GatewayError
 from gateway.text2sql.answers import Answers, answers_from_spider, build_demo_answers
 from gateway.text2sql.db import Database, open_database
 from gateway.text2sql.demo import DB_ID, demo_questions, write_sqlite
+from gateway.text2sql.evaluate import matches_gold
 from gateway.text2sql.pipeline import PipelineConfig, Text2SqlPipeline
 from gateway.text2sql.port import Closed, RemainingPredictor, StageCall, StageCallResult
 from gateway.text2sql.prompt_templates import Prompts
@@ -207,15 +208,10 @@ def spider_quality_items(dataset_dir: Path, limit: int | None) -> list[EvalItem]
         items = spider_items(dataset_dir, limit)
     except EvalError as exc:
         raise QualityError(str(exc)) from None
-    seen: set[str] = set()
-    out = []
+    firsts: dict[str, EvalItem] = {}  # the script keeps a repeated question's first entry; so do we
     for it in items:
-        key = " ".join(it.question.split())
-        if key in seen:  # the script keeps a repeated question's first entry; so do we
-            continue
-        seen.add(key)
-        out.append(it)
-    return out
+        firsts.setdefault(" ".join(it.question.split()), it)
+    return list(firsts.values())
 
 
 # ------------------------------------------------------------------------------------------------ running

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import math
 import os
@@ -23,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -115,8 +116,9 @@ async def _health(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     writer.close()
 
 
-async def _pg_setup(admin_url: str) -> tuple[str, str, str]:
-    """A throw-away database and a login role with CONNECT only: (admin URL of it, reader URL, role)."""
+@contextlib.asynccontextmanager
+async def _pg_reader(admin_url: str) -> AsyncIterator[str]:
+    """A throw-away database and a login role with CONNECT only, dropped when the block ends: the reader's URL."""
     import asyncpg
 
     name, role, password = f"hexflow_b_{uuid.uuid4().hex[:10]}", f"hexflow_b_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
@@ -127,24 +129,29 @@ async def _pg_setup(admin_url: str) -> tuple[str, str, str]:
             f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}' NOSUPERUSER NOCREATEROLE NOREPLICATION NOBYPASSRLS"
         )
         await conn.execute(f'GRANT CONNECT ON DATABASE "{name}" TO "{role}"')
+        parts = urlsplit(admin_url)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        yield urlunsplit(parts._replace(path=f"/{name}", netloc=f"{role}:{password}@{host}"))
     finally:
-        await conn.close()
-    parts = urlsplit(admin_url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    db_admin = urlunsplit(parts._replace(path=f"/{name}"))
-    reader = urlunsplit(parts._replace(path=f"/{name}", netloc=f"{role}:{password}@{host}"))
-    return db_admin, reader, role
-
-
-async def _pg_teardown(admin_url: str, db_admin: str, role: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_url, timeout=5)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{urlsplit(db_admin).path.strip("/")}" WITH (FORCE)')
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
-    finally:
         await conn.close()
+
+
+async def _payload(engine: str, name: str, db: Database, sql: str, prober: _Prober) -> PayloadResult:
+    """Run one payload: its outcome, wall time, RSS and the health probes sent meanwhile."""
+    t0 = time.monotonic()
+    try:
+        r = await db._run(sql)
+        outcome = f"ok ({r.row_count} rows{', truncated' if r.truncated else ''})"
+    except QueryFailed as exc:
+        outcome = exc.kind
+    t1 = time.monotonic()
+    await asyncio.sleep(0.05)
+    probes = prober.between(t0, t1)
+    health = (percentile(probes, 99) if probes else math.nan, max(probes, default=math.nan), len(probes))
+    print(f"  {engine:8} {name:28} {outcome:10} {t1 - t0:6.2f} s", file=sys.stderr, flush=True)
+    return PayloadResult(engine, name, outcome, t1 - t0, _rss_mb(), _peak_rss_mb(), *health)
 
 
 async def run(timeout_s: float, pg_admin_url: str | None, workdir: Path) -> tuple[list[PayloadResult], list[float]]:
@@ -161,38 +168,24 @@ async def run(timeout_s: float, pg_admin_url: str | None, workdir: Path) -> tupl
     dbs: dict[str, Database] = {
         "sqlite": SqliteDatabase("bench", DatabaseConfig(url=f"sqlite:///{path}", statement_timeout_s=timeout_s))
     }
-    pg: tuple[str, str, str] | None = None
-    if pg_admin_url is not None:
-        try:
-            pg = await _pg_setup(pg_admin_url)
-        except Exception as exc:
-            print(f"PostgreSQL skipped: {exc}", file=sys.stderr)
-        else:
-            dbs["postgres"] = PostgresDatabase("bench", DatabaseConfig(url=pg[1], statement_timeout_s=timeout_s))
     results: list[PayloadResult] = []
-    try:
-        await asyncio.sleep(0.2)
-        for engine, db in dbs.items():
-            for name, sql in PAYLOADS[engine].items():
-                t0 = time.monotonic()
-                try:
-                    r = await db._run(sql)
-                    outcome = f"ok ({r.row_count} rows{', truncated' if r.truncated else ''})"
-                except QueryFailed as exc:
-                    outcome = exc.kind
-                t1 = time.monotonic()
-                await asyncio.sleep(0.05)
-                probes = prober.between(t0, t1)
-                health = (percentile(probes, 99) if probes else math.nan, max(probes, default=math.nan), len(probes))
-                results.append(PayloadResult(engine, name, outcome, t1 - t0, _rss_mb(), _peak_rss_mb(), *health))
-                print(f"  {engine:8} {name:28} {outcome:10} {t1 - t0:6.2f} s", file=sys.stderr, flush=True)
-    finally:
-        prober.stop.set()
-        server.close()
-        for db in dbs.values():
-            await db.close()
-        if pg is not None and pg_admin_url is not None:
-            await _pg_teardown(pg_admin_url, pg[0], pg[2])
+    async with contextlib.AsyncExitStack() as pg:
+        if pg_admin_url is not None:
+            try:
+                reader = await pg.enter_async_context(_pg_reader(pg_admin_url))
+            except Exception as exc:
+                print(f"PostgreSQL skipped: {exc}", file=sys.stderr)
+            else:
+                dbs["postgres"] = PostgresDatabase("bench", DatabaseConfig(url=reader, statement_timeout_s=timeout_s))
+        try:
+            await asyncio.sleep(0.2)
+            for engine, db in dbs.items():
+                results += [await _payload(engine, name, db, sql, prober) for name, sql in PAYLOADS[engine].items()]
+        finally:
+            prober.stop.set()
+            server.close()
+            for db in dbs.values():
+                await db.close()
     return results, [ms for _, ms in prober.samples]
 
 

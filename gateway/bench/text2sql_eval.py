@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
 import time
 from collections import Counter
@@ -23,9 +22,9 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.bench.stats import percentile, save_json, table
+from gateway.bench.stats import finite_or_none, percentile, save_json, table
 from gateway.errors import GatewayError
-from gateway.text2sql.evaluate import ExecutionAccuracy, execute_sqlite, gold_is_ordered, results_match
+from gateway.text2sql.evaluate import ExecutionAccuracy, Tally, execute_sqlite, matches_gold
 
 DATABASE_FOLDERS: tuple[str, ...] = ("database", "dev_databases")
 """Where a dataset keeps ``<db_id>/<db_id>.sqlite`` (Spider, BIRD); the first that exists is used."""
@@ -197,14 +196,12 @@ class EvalReport:
             acc.add(r.correct, r.difficulty, error=r.status != "ok")
         return acc
 
-    def by_db(self) -> dict[str, dict[str, float]]:
+    def by_db(self) -> dict[str, dict[str, Any]]:
         """db_id -> count, correct, accuracy (sorted by db_id)."""
-        out: dict[str, dict[str, float]] = {}
-        for db_id in sorted({r.db_id for r in self.items}):
-            mine = [r for r in self.items if r.db_id == db_id]
-            ok = sum(r.correct for r in mine)
-            out[db_id] = {"count": len(mine), "correct": ok, "accuracy": ok / len(mine)}
-        return out
+        tallies: dict[str, Tally] = {}
+        for r in sorted(self.items, key=lambda r: r.db_id):
+            tallies.setdefault(r.db_id, Tally()).add(r.correct)
+        return {db_id: t.as_dict() for db_id, t in tallies.items()}
 
     def statuses(self) -> dict[str, int]:
         """Status -> questions (most common first)."""
@@ -223,7 +220,7 @@ class EvalReport:
         }
         n = self.n
         return {
-            **{f"{k}_p{q}_s": _num(percentile(v, q)) for k, v in lat.items() for q in (50, 95)},
+            **{f"{k}_p{q}_s": finite_or_none(percentile(v, q)) for k, v in lat.items() for q in (50, 95)},
             "deadline_met": sum(r.deadline_met for r in self.items) / n if n else None,
             "revisions_mean": sum(r.revisions for r in self.items) / n if n else None,
             "truncated": sum(r.truncated for r in self.items),
@@ -252,10 +249,6 @@ class EvalReport:
     def write_json(self, path: Path | str) -> Path:
         """Write ``as_dict()`` as JSON (strict: no NaN); returns the path."""
         return save_json(path, self.as_dict(), ensure_ascii=False)
-
-
-def _num(x: float) -> float | None:
-    return None if math.isnan(x) else x
 
 
 def _f(x: float | None, fmt: str) -> str:
@@ -318,11 +311,6 @@ async def post_question(
     except ValueError:
         data = {}
     return r, data if isinstance(data, dict) else {}
-
-
-def matches_gold(gold_sql: str, gold: Sequence[Sequence[object]], rows: Sequence[Sequence[object]]) -> bool:
-    """Whether ``rows`` are the gold query's result ``gold`` (in order when the gold query orders them)."""
-    return results_match(gold, rows, ordered=gold_is_ordered(gold_sql))
 
 
 async def _check_gateway(client: httpx.AsyncClient) -> None:

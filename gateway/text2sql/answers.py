@@ -21,7 +21,7 @@ from sqlglot import Token, TokenType, exp
 from gateway.errors import ConfigError, unknown_name_message
 from gateway.text2sql.demo import DB_ID, demo_questions, load_sqlite
 from gateway.text2sql.demo.writers import write_text_atomic
-from gateway.text2sql.evaluate import gold_is_ordered, results_match
+from gateway.text2sql.evaluate import matches_gold
 from gateway.text2sql.extract import parse_sqlite
 
 
@@ -237,7 +237,6 @@ _KINDS = ("error", "empty", "different")
 def _demo_wrong(conn: sqlite3.Connection, gold: str, kind: str, j: int) -> tuple[str, str] | None:
     """A wrong candidate of ``kind`` (verified by executing it) and its note, or None."""
     gold_rows = _run(conn, gold) or []
-    ordered = gold_is_ordered(gold)
     if kind == "error":
         for name in ("misspell_column", "misspell_table"):
             sql = mutate_sql(gold, name)
@@ -253,7 +252,7 @@ def _demo_wrong(conn: sqlite3.Connection, gold: str, kind: str, j: int) -> tuple
         for name in names:
             sql = mutate_sql(gold, name)
             rows = None if sql is None else _run(conn, sql)
-            if sql is not None and rows and not results_match(gold_rows, rows, ordered=ordered):
+            if sql is not None and rows and not matches_gold(gold, gold_rows, rows):
                 return sql, f"different: {name} (returns other rows)"
     return None
 

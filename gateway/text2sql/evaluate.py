@@ -148,8 +148,15 @@ def gold_is_ordered(sql: str) -> bool:
     return _ordered_regex(sql)
 
 
+def matches_gold(gold_sql: str, gold: Sequence[Row], rows: Sequence[Row]) -> bool:
+    """Whether ``rows`` are the gold query's result ``gold`` (in order when the gold query orders them)."""
+    return results_match(gold, rows, ordered=gold_is_ordered(gold_sql))
+
+
 @dataclass
-class _Tally:
+class Tally:
+    """Questions counted and answered correctly."""
+
     count: int = 0
     correct: int = 0
 
@@ -167,18 +174,18 @@ class _Tally:
 
 
 @dataclass
-class ExecutionAccuracy(_Tally):
+class ExecutionAccuracy(Tally):
     """Running execution accuracy, overall and per difficulty (``easy``/``medium``/``hard``/...)."""
 
     errors: int = 0
-    by_difficulty: dict[str, _Tally] = field(default_factory=dict)
+    by_difficulty: dict[str, Tally] = field(default_factory=dict)
 
     def add(self, correct: bool, difficulty: str | None = None, *, error: bool = False) -> None:
         """Record one question: whether the prediction matched, its difficulty, whether it failed to run."""
         super().add(correct)
         self.errors += int(error)
         if difficulty is not None:
-            self.by_difficulty.setdefault(difficulty, _Tally()).add(correct)
+            self.by_difficulty.setdefault(difficulty, Tally()).add(correct)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON view: count, correct, errors, accuracy and ``by_difficulty`` (sorted by name)."""

@@ -21,7 +21,7 @@ from gateway.text2sql.db import (
     DatabaseUnavailable,
     PostgresDatabase,
 )
-from gateway.text2sql.db.pgrole import DANGEROUS_ROLES, role_problems
+from gateway.text2sql.db.postgres import DANGEROUS_ROLES, role_problems
 from tests.text2sql.conftest import PgTestDb
 
 
