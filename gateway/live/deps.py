@@ -166,6 +166,7 @@ async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
 
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 """A JSON escape of a UTF-16 surrogate (valid pairs match too: a match is checked)."""
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # in a parsed string: a lone one (a pair decodes to one character)
 
 
 async def unicode_body(request: Request) -> None:
@@ -191,26 +192,16 @@ def lone_surrogate_at(value: Any) -> str | None:
     while stack:
         path, v = stack.pop()
         if isinstance(v, str):
-            if not _is_text(v):
+            if _SURROGATE.search(v):
                 return path or "body"
         elif isinstance(v, dict):
-            items = list(v.items())
-            for k, child in reversed(items):
-                sub = f"{path}.{k}" if path else str(k)
-                if not _is_text(str(k)):
+            for k, child in reversed(list(v.items())):
+                if _SURROGATE.search(str(k)):
                     return path or "body"
-                stack.append((sub, child))
+                stack.append((f"{path}.{k}" if path else str(k), child))
         elif isinstance(v, list):
             stack.extend((f"{path}.{i}" if path else str(i), child) for i, child in reversed(list(enumerate(v))))
     return None
-
-
-def _is_text(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 async def idempotent(

@@ -20,15 +20,11 @@ _USER_AGENT: Final = b"hexgen-flow"
 
 
 class HttpError(Exception):
-    """A request failed (the subclass says how)."""
+    """A request failed (the subclass says how; the message is what the caller's own error says)."""
 
 
 class ConnectError(HttpError):
     """No connection was made: refused, unreachable, a TLS failure, or not within the connect timeout."""
-
-    def __init__(self, message: str, *, timed_out: bool = False) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
 
 
 class HeadersTimeout(HttpError):
@@ -324,7 +320,7 @@ class Response:
                 conn.drained = True
                 return b""
             if not await conn.wait(idle_s):
-                raise IdleTimeout(f"the answer sent nothing for {idle_s:g} s")
+                raise IdleTimeout(f"timed out: the answer sent nothing for {idle_s:g} s")
 
     async def read_all(self, idle_s: float | None, cap: int) -> bytes:
         """The whole body, each piece within ``idle_s`` seconds; ``BodyTooLarge`` over ``cap`` bytes."""
@@ -411,7 +407,7 @@ class HttpClient:
                     conn.raise_error()
                     left = None if deadline is None else deadline - self.loop.time()
                     if (left is not None and left <= 0) or not await conn.wait(left):
-                        raise HeadersTimeout(f"no answer headers within {headers_s:g} s")
+                        raise HeadersTimeout(f"timed out: no response headers within {headers_s:g} s")
             conn.raise_error()
         except BaseException:
             conn.stop_timer()
@@ -492,7 +488,7 @@ class HttpClient:
         # At the limit: close the oldest idle connection, or wait for one to close.
         while self._open >= self.max_connections:
             if self._closed_client:
-                raise ConnectError("the client is closed")
+                raise ConnectError("cannot connect: the client is closed")
             oldest = min((v[0] for v in self._idle.values() if v), key=lambda c: c.idle_since, default=None)
             if oldest is not None:
                 self._idle[oldest.origin].pop(0)
@@ -509,7 +505,7 @@ class HttpClient:
 
     async def _connect(self, origin: Origin) -> _Connection:
         if self._closed_client:
-            raise ConnectError("the client is closed")
+            raise ConnectError("cannot connect: the client is closed")
         await self._take_slot()
         scheme, host, port = origin
         conn = _Connection(self, origin)
@@ -528,8 +524,8 @@ class HttpClient:
             else:
                 conn.abort()
             if isinstance(exc, TimeoutError) and bound.expired():
-                raise ConnectError(f"not connected within {self.connect_s:g} s", timed_out=True) from None
+                raise ConnectError(f"cannot connect within {self.connect_s:g} s") from None
             if isinstance(exc, OSError):
-                raise ConnectError(str(exc) or type(exc).__name__) from exc
+                raise ConnectError(f"cannot connect: {str(exc) or type(exc).__name__}") from exc
             raise
         return conn

@@ -462,17 +462,27 @@ _STATUS_TEXT: dict[int, str] = {
 }
 
 
-def route_responses(*statuses: int, ok: dict[str, Any] | None = None) -> dict[int | str, dict[str, Any]]:
+ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorResponse"}
+"""The JSON schema of an error body, by reference (where a route states its error content itself)."""
+
+
+def route_responses(
+    *statuses: int, ok: dict[str, Any] | None = None, schema: dict[str, Any] | None = None, more: str = ""
+) -> dict[int | str, dict[str, Any]]:
     """The ``responses=`` of a route: ``ok`` (its 200, when not the response model's) and an ``ErrorResponse``
-    entry per error status (``Retry-After`` on 429/503)."""
+    entry per error status (``Retry-After`` on 429/503); with ``schema``, the error statuses' JSON body is
+    that schema instead (stated, not the model's), and their descriptions end with ``more``."""
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
         if status == 200:
             if ok is not None:
                 out[200] = ok
             continue
-        entry: dict[str, Any] = {"model": ErrorResponse, "description": _STATUS_TEXT[status]}
+        entry: dict[str, Any] = {"model": ErrorResponse} if schema is None else {}
+        entry["description"] = _STATUS_TEXT[status] + more
         if status in (429, 503):
             entry["headers"] = _RETRY_AFTER
+        if schema is not None:
+            entry["content"] = {"application/json": {"schema": schema}}
         out[status] = entry
     return out

@@ -163,8 +163,9 @@ def serve(
     ``demo``: the demo database in a temporary folder; ``benchmark``: benchmark mode)."""
     loaded = load_gateway_config(config_path, time_scale=time_scale, benchmark=benchmark)
     fmt = log_format or _env_log_format() or loaded.cfg.log_format
+    host, port = host or loaded.cfg.listen.host, loaded.cfg.listen.port if port is None else port
     # Bound first: a port in use is one line (ListenError) before anything has started or logged.
-    sock = listen_socket(host or loaded.cfg.listen.host, loaded.cfg.listen.port if port is None else port)
+    sock = listen_socket(host, port)
     with sock, tempfile.TemporaryDirectory(prefix="hexflow-serve-demo-") as tmp:
         if demo:
             databases = write_demo_databases(Path(tmp) / "databases.yaml")
@@ -173,14 +174,13 @@ def serve(
         # Only now: a bad config or tenants file has been reported (one line, by the CLI) without touching
         # the process's logging.
         configure_logging(log_level, fmt)
-        cfg = loaded.cfg
         config = uvicorn.Config(
             app,
-            host=host or cfg.listen.host,
-            port=cfg.listen.port if port is None else port,
+            host=host,
+            port=port,
             log_level=log_level,
             log_config=None,  # uvicorn's loggers propagate to the handler configure_logging installed
-            timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 1,
+            timeout_graceful_shutdown=int(loaded.cfg.shutdown_grace_s) + 1,
             timeout_keep_alive=5,
             access_log=False,
             http=HttpProtocol,  # uvicorn's httptools protocol, a response's writes sent as one

@@ -170,18 +170,10 @@ class HttpTransport:
                 content = await r.read_all(idle_s, t.max_response_bytes)
             finally:
                 r.release()
-        except httpclient.ConnectError as exc:
-            if exc.timed_out:
-                raise WorkerError(f"cannot connect within {t.connect_s:g} s", refused=True) from exc
-            raise WorkerError(f"cannot connect: {exc}", refused=True) from exc
-        except httpclient.HeadersTimeout as exc:
-            raise WorkerError(f"timed out: no response headers within {headers_s:g} s") from exc
-        except httpclient.IdleTimeout as exc:
-            raise WorkerError(f"timed out: the answer sent nothing for {idle_s:g} s") from exc
-        except httpclient.BodyTooLarge as exc:
-            raise WorkerError(str(exc)) from exc
-        except httpclient.HttpError as exc:
+        except httpclient.ConnectionBroken as exc:
             raise WorkerError(f"transport error: {exc}") from exc
+        except httpclient.HttpError as exc:  # its message says what failed (a connection not made: refused)
+            raise WorkerError(str(exc), refused=isinstance(exc, httpclient.ConnectError)) from exc
         return _result(r.status, content)
 
     async def _relay_stream(self, r: httpclient.Response, call: LiveCall, idle_s: float) -> CallResult:

@@ -10,7 +10,7 @@ from fastapi.responses import PlainTextResponse
 
 from gateway.live.deps import gw_of, metrics_access, status_access
 from gateway.live.responses import JSONResponse
-from gateway.live.schemas import GatewayStatus, Health, Readiness, route_responses
+from gateway.live.schemas import ERROR_SCHEMA, GatewayStatus, Health, Readiness, route_responses
 from gateway.live.service import Gateway
 
 router = APIRouter()
@@ -72,13 +72,7 @@ async def readyz(request: Request) -> JSONResponse:
             "description": "Prometheus text exposition format 0.0.4.",
             "content": {"text/plain": {"schema": {"type": "string"}}},
         },
-        **{
-            status: {  # as JSON, like every error (the route's own class is text/plain)
-                **{k: v for k, v in route_responses(status)[status].items() if k != "model"},
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
-            }
-            for status in (401, 503)
-        },
+        **route_responses(401, 503, schema=ERROR_SCHEMA),  # as JSON, like every error (the route's is text/plain)
     },
     dependencies=[Depends(metrics_access)],
 )

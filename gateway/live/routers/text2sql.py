@@ -23,7 +23,7 @@ from gateway.live.deps import TenantDep, gw_of, idempotent
 from gateway.live.idempotency import HEADER, OPENAPI_PARAMETER
 from gateway.live.logs import WORKFLOW_ID
 from gateway.live.responses import JSONResponse
-from gateway.live.schemas import Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
+from gateway.live.schemas import ERROR_SCHEMA, Text2SqlRequest, Text2SqlResponse, route_responses, sse_content
 from gateway.live.service import Gateway
 from gateway.live.tenants import Tenant, check_deadline
 from gateway.live.text2sql_runner import GatewayStageRunner
@@ -75,8 +75,10 @@ def _service(request: Request) -> Text2SqlService:
 def _responses() -> dict[int | str, dict[str, Any]]:
     """A failed stage answers 502/503/504 with the result's body (``status: failed``, ``failed_stage``);
     the gateway's own refusals with an ``ErrorResponse``."""
-    out = route_responses(
-        *(200, 400, 401, 404, 413, 415, 422, 429, 502, 503, 504),
+    either = {"anyOf": [{"$ref": "#/components/schemas/Text2SqlResponse"}, ERROR_SCHEMA]}
+    failed = " A stage that failed answers the result (``status: failed``, ``failed_stage``)."
+    ok = route_responses(
+        *(200, 400, 401, 404, 413, 415, 422, 429),
         ok={
             "model": Text2SqlResponse,
             "description": "The answer (``status``: ok, no_valid_sql, deadline_exceeded); with ``stream: true``, "
@@ -87,15 +89,7 @@ def _responses() -> dict[int | str, dict[str, Any]]:
             ),
         },
     )
-    either = {
-        "anyOf": [{"$ref": "#/components/schemas/Text2SqlResponse"}, {"$ref": "#/components/schemas/ErrorResponse"}]
-    }
-    for status in (502, 503, 504):
-        entry = {k: v for k, v in out[status].items() if k != "model"}
-        entry["description"] += " A stage that failed answers the result (``status: failed``, ``failed_stage``)."
-        entry["content"] = {"application/json": {"schema": either}}
-        out[status] = entry
-    return out
+    return {**ok, **route_responses(502, 503, 504, schema=either, more=failed)}
 
 
 @dataclass(frozen=True)

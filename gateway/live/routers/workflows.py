@@ -185,9 +185,11 @@ def _check_benchmark_fields(i: int, c: WorkflowCall) -> None:
             )
 
 
-def _check_limit(i: int, name: str, value: int, limit: int) -> None:
+def _check_limit(i: int, name: str, value: int, limit: int, *, estimate: bool = False) -> None:
+    """422 when call ``i``'s ``name`` is over ``limit`` (``estimate``: tokens estimated, named as an estimate)."""
     if value > limit:
-        raise Unprocessable(f"calls.{i}.{name}: {value} exceeds the limit of {limit}", param=f"calls.{i}.{name}")
+        over = f"about {value} tokens exceed" if estimate else f"{value} exceeds"
+        raise Unprocessable(f"calls.{i}.{name}: {over} the limit of {limit}", param=f"calls.{i}.{name}")
 
 
 @router.post(
@@ -222,11 +224,8 @@ async def _run(gw: Gateway, req: WorkflowRequest, tenant: Tenant) -> Response:
         if c.prompt_tokens is not None:  # checked before a synthetic prompt of that length is built
             _check_limit(i, "prompt_tokens", c.prompt_tokens, lim.max_tokens)
         cr, n_in, n_out = _call_request(c, salt + i, wf_id)
-        if c.messages is not None and n_in > lim.max_tokens:  # an estimate: named as one
-            raise Unprocessable(
-                f"calls.{i}.messages: about {n_in} tokens exceed the limit of {lim.max_tokens}",
-                param=f"calls.{i}.messages",
-            )
+        if c.messages is not None:
+            _check_limit(i, "messages", n_in, lim.max_tokens, estimate=True)
         _check_limit(i, "prompt_tokens", n_in, lim.max_tokens)
         _check_limit(i, "max_tokens", c.max_tokens, lim.max_tokens)
         if c.expected_output_tokens is not None:  # unbounded, it would predict a workflow no deadline fits
