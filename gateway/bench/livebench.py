@@ -43,10 +43,15 @@ def simulate_workload(
     alpha: float | None,
     seed: int,
     prefix_caching: bool = True,
+    jitter: Sequence[float] | None = None,
 ) -> tuple[Summary, dict[str, int]]:
-    """The simulator's prediction for a replay workload: summary and calls dispatched per worker."""
+    """The simulator's prediction for a replay workload: summary and calls dispatched per worker; ``jitter``:
+    modelled seconds each arrival (and its deadline) is delayed by."""
+    dags = [w.dag() for w in workload]
+    if jitter is not None:
+        dags = [d.shifted(d.arrival + j, d.deadline + j) for d, j in zip(dags, jitter, strict=True)]
     sim = Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=prefix_caching)
-    res = sim.run([w.dag() for w in workload])
+    res = sim.run(dags)
     counts = {w.name: sum(c.values()) for w, c in zip(workers, res.dispatch_counts, strict=True)}
     return summarize(res, total=len(workload)), counts
 
@@ -70,21 +75,19 @@ def simulate_jittered(
     jitter_s: float,
     replicas: int = JITTER_REPLICAS,
     prefix_caching: bool = True,
-) -> dict[str, Band]:
-    """P50/P95/P99/SLO bands over ``replicas`` runs: the exact prediction, and runs with every arrival (and its
-    deadline) delayed by an independent uniform ``[0, jitter_s)`` modelled seconds (a live run's wall-clock
-    noise). A live figure inside the band is as good as the simulator can predict it."""
-    figures: dict[str, list[float]] = {"p50_s": [], "p95_s": [], "p99_s": [], "slo_attainment": []}
+) -> tuple[Summary, dict[str, int], dict[str, Band]]:
+    """The exact prediction (``simulate_workload``) and the P50/P95/P99/SLO bands over ``replicas`` runs: the
+    exact one, and runs with every arrival (and its deadline) delayed by an independent uniform ``[0,
+    jitter_s)`` modelled seconds (a live run's wall-clock noise). A live figure inside the band is as good as
+    the simulator can predict it."""
+    kw: dict[str, Any] = {"alpha": alpha, "seed": seed, "prefix_caching": prefix_caching}
+    runs = []
     for k in range(replicas):
         rng = random.Random(seed * 1009 + k)
-        dags = [w.dag() for w in workload]
-        jitter = [rng.uniform(0.0, jitter_s) if k else 0.0 for _ in dags]
-        dags = [d.shifted(d.arrival + j, d.deadline + j) for d, j in zip(dags, jitter, strict=True)]
-        sim = Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=prefix_caching)
-        s = summarize(sim.run(dags), total=len(workload))
-        for key, values in figures.items():
-            values.append(float(getattr(s, key)))
-    return {k: Band(min(v), statistics.median(v), max(v)) for k, v in figures.items()}
+        jitter = [rng.uniform(0.0, jitter_s) for _ in workload] if k else None
+        runs.append(simulate_workload(workers, workload, policy, jitter=jitter, **kw))
+    figures = {k: [float(getattr(s, k)) for s, _ in runs] for k in ("p50_s", "p95_s", "p99_s", "slo_attainment")}
+    return *runs[0], {k: Band(min(v), statistics.median(v), max(v)) for k, v in figures.items()}
 
 
 @dataclass
@@ -177,7 +180,6 @@ class _Bench:
     setup: Setup
     workload: list[ReplayWorkflow]
     rate: float
-    prefix_caching: bool
     progress: bool
     rig: dict[str, Any]
 
@@ -231,7 +233,7 @@ def run_live_bench(
         "profiles_file": profiles_file.resolve() if profiles_file is not None else None,
         "prefix_caching": prefix_caching,
     }
-    bench = _Bench(live, workers, setup, workload, rate, prefix_caching, progress, rig)
+    bench = _Bench(live, workers, setup, workload, rate, progress, rig)
     t_start = time.monotonic()
     with live.folder("hexflow-livebench-") as folder:
         key = bench_tenant(folder, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale)
@@ -248,9 +250,8 @@ def _run_policy(b: _Bench, policy: str, alpha: float | None, folder: Path, key: 
     if a is None and get_policy(policy).uses_alpha:
         a = tuned_alpha(b.setup, policy, b.rate)
     time_scale = b.live.time_scale
-    kw: dict[str, Any] = {"alpha": a, "seed": b.live.seed, "prefix_caching": b.prefix_caching}
-    sim, sim_counts = simulate_workload(b.workers, b.workload, policy, **kw)
-    band = simulate_jittered(b.workers, b.workload, policy, jitter_s=JITTER_WALL_S / time_scale, **kw)
+    kw: dict[str, Any] = {"alpha": a, "seed": b.live.seed, "prefix_caching": b.rig["prefix_caching"]}
+    sim, sim_counts, band = simulate_jittered(b.workers, b.workload, policy, jitter_s=JITTER_WALL_S / time_scale, **kw)
     what = "the gateway" if b.rig["worker_urls"] is not None else "the emulated cluster and the gateway"
     b.live.say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting {what}")
     with b.live.rig(folder, policy, policy=policy, alpha=a, **b.rig) as rig:
