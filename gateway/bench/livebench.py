@@ -1,4 +1,4 @@
-"""``hexflow bench --live``: policies measured on the real gateway over an emulated cluster (``live_rig``,
+"""``hexflow bench --live``: policies measured on the real gateway over an emulated cluster (``LiveSettings.rig``,
 replayed by ``gateway.bench.replay``), beside the simulator's run of the same workflows, policy, alpha and
 seed. Method: docs/benchmarks.md "Live beside the simulator"."""
 
@@ -172,7 +172,7 @@ class LiveBenchReport:
 
 @dataclass(frozen=True)
 class _Bench:
-    """What every policy's run of one live benchmark shares (``rig``: ``live_rig``'s other keywords besides the
+    """What every policy's run of one live benchmark shares (``rig``: ``LiveSettings.rig``'s other keywords besides the
     policy and alpha)."""
 
     live: LiveSettings
