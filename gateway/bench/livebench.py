@@ -70,22 +70,20 @@ def simulate_jittered(
     workload: Sequence[ReplayWorkflow],
     policy: str,
     *,
-    alpha: float | None,
     seed: int,
     jitter_s: float,
     replicas: int = JITTER_REPLICAS,
-    prefix_caching: bool = True,
+    **options: Any,
 ) -> tuple[Summary, dict[str, int], dict[str, Band]]:
-    """The exact prediction (``simulate_workload``) and the P50/P95/P99/SLO bands over ``replicas`` runs: the
-    exact one, and runs with every arrival (and its deadline) delayed by an independent uniform ``[0,
-    jitter_s)`` modelled seconds (a live run's wall-clock noise). A live figure inside the band is as good as
-    the simulator can predict it."""
-    kw: dict[str, Any] = {"alpha": alpha, "seed": seed, "prefix_caching": prefix_caching}
+    """The exact prediction (``simulate_workload``, ``options``: its alpha and prefix caching) and the
+    P50/P95/P99/SLO bands over ``replicas`` runs: the exact one, and runs with every arrival (and its deadline)
+    delayed by an independent uniform ``[0, jitter_s)`` modelled seconds (a live run's wall-clock noise). A
+    live figure inside the band is as good as the simulator can predict it."""
     runs = []
     for k in range(replicas):
         rng = random.Random(seed * 1009 + k)
         jitter = [rng.uniform(0.0, jitter_s) for _ in workload] if k else None
-        runs.append(simulate_workload(workers, workload, policy, jitter=jitter, **kw))
+        runs.append(simulate_workload(workers, workload, policy, seed=seed, jitter=jitter, **options))
     figures = {k: [float(getattr(s, k)) for s, _ in runs] for k in ("p50_s", "p95_s", "p99_s", "slo_attainment")}
     return *runs[0], {k: Band(min(v), statistics.median(v), max(v)) for k, v in figures.items()}
 
