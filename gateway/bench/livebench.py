@@ -17,7 +17,7 @@ from typing import Any
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
 from gateway.bench.rig import LiveSettings, bench_tenant, cluster_workers
 from gateway.bench.simbench import Setup, fluid_bound, tuned_alpha
-from gateway.bench.stats import fmt, json_safe, positive, pyplot, save_figure, save_json, table
+from gateway.bench.stats import cells, fmt, json_safe, positive, pyplot, save_figure, save_json, table
 from gateway.core.policy import get_policy
 from gateway.core.worker import WorkerInfo
 from gateway.errors import GatewayError
@@ -273,8 +273,8 @@ def _band_cell(b: Band, digits: int) -> str:
 
 def _summary_cells(x: LatencySummary) -> list[str]:
     """P50/P95/P99, SLO attainment, throughput and completed/sent of a live or simulated run."""
-    latency = [fmt(v) for v in (x.p50_s, x.p95_s, x.p99_s)]
-    return [*latency, fmt(x.slo_attainment, 3), fmt(x.throughput_qps, 4), f"{x.completed}/{x.workflows}"]
+    figures = cells(x, "p50_s:.1f p95_s:.1f p99_s:.1f slo_attainment:.3f throughput_qps:.4f")
+    return [*figures, f"{x.completed}/{x.workflows}"]
 
 
 def format_live_report(rep: LiveBenchReport) -> str:
