@@ -148,7 +148,7 @@ class LiveSettings:
         hexgen, ``alpha`` None, ``tenants_file`` ``tenants.yaml``); logs and configs in ``folder``, named by
         ``tag``. Both processes are stopped when the block ends, however it ends."""
         worker_urls, emulator_args = config.pop("worker_urls", None), config.pop("emulator_args", ())
-        cluster = config.pop("gateway_cluster", None) or self.cluster
+        told = config.pop("gateway_cluster", None)
         gateway = {"policy": "hexgen", "alpha": None, "tenants_file": "tenants.yaml", **config}
         with contextlib.ExitStack() as stack:
             if worker_urls is None:
@@ -158,7 +158,7 @@ class LiveSettings:
                 urls = list(worker_urls)
             port, path = free_port(), folder / f"gateway-{tag}.yaml"
             write_gateway_config(
-                cluster,
+                told if told is not None else self.cluster,
                 urls,
                 path,
                 time_scale=self.time_scale,
