@@ -1,4 +1,4 @@
-"""``hexflow bench --live``: policies measured on the real gateway over an emulated cluster (``live_rig``,
+"""``hexflow bench --live``: policies measured on the real gateway over an emulated cluster (``LiveSettings.rig``,
 replayed by ``gateway.bench.replay``), beside the simulator's run of the same workflows, policy, alpha and
 seed. Method: docs/benchmarks.md "Live beside the simulator"."""
 
@@ -17,7 +17,7 @@ from typing import Any
 from gateway.bench.replay import ReplayReport, ReplayWorkflow, replay, replay_setup, replay_workload
 from gateway.bench.rig import LiveSettings, bench_tenant, cluster_workers
 from gateway.bench.simbench import Setup, fluid_bound, tuned_alpha
-from gateway.bench.stats import fmt, json_safe, positive, pyplot, save_figure, save_json, table
+from gateway.bench.stats import cells, fmt, json_safe, positive, pyplot, save_figure, save_json, table
 from gateway.core.policy import get_policy
 from gateway.core.worker import WorkerInfo
 from gateway.errors import GatewayError
@@ -43,10 +43,15 @@ def simulate_workload(
     alpha: float | None,
     seed: int,
     prefix_caching: bool = True,
+    jitter: Sequence[float] | None = None,
 ) -> tuple[Summary, dict[str, int]]:
-    """The simulator's prediction for a replay workload: summary and calls dispatched per worker."""
+    """The simulator's prediction for a replay workload: summary and calls dispatched per worker; ``jitter``:
+    modelled seconds each arrival (and its deadline) is delayed by."""
+    dags = [w.dag() for w in workload]
+    if jitter is not None:
+        dags = [d.shifted(d.arrival + j, d.deadline + j) for d, j in zip(dags, jitter, strict=True)]
     sim = Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=prefix_caching)
-    res = sim.run([w.dag() for w in workload])
+    res = sim.run(dags)
     counts = {w.name: sum(c.values()) for w, c in zip(workers, res.dispatch_counts, strict=True)}
     return summarize(res, total=len(workload)), counts
 
@@ -65,26 +70,22 @@ def simulate_jittered(
     workload: Sequence[ReplayWorkflow],
     policy: str,
     *,
-    alpha: float | None,
     seed: int,
     jitter_s: float,
     replicas: int = JITTER_REPLICAS,
-    prefix_caching: bool = True,
-) -> dict[str, Band]:
-    """P50/P95/P99/SLO bands over ``replicas`` runs: the exact prediction, and runs with every arrival (and its
-    deadline) delayed by an independent uniform ``[0, jitter_s)`` modelled seconds (a live run's wall-clock
-    noise). A live figure inside the band is as good as the simulator can predict it."""
-    figures: dict[str, list[float]] = {"p50_s": [], "p95_s": [], "p99_s": [], "slo_attainment": []}
+    **options: Any,
+) -> tuple[Summary, dict[str, int], dict[str, Band]]:
+    """The exact prediction (``simulate_workload``, ``options``: its alpha and prefix caching) and the
+    P50/P95/P99/SLO bands over ``replicas`` runs: the exact one, and runs with every arrival (and its deadline)
+    delayed by an independent uniform ``[0, jitter_s)`` modelled seconds (a live run's wall-clock noise). A
+    live figure inside the band is as good as the simulator can predict it."""
+    runs = []
     for k in range(replicas):
         rng = random.Random(seed * 1009 + k)
-        dags = [w.dag() for w in workload]
-        jitter = [rng.uniform(0.0, jitter_s) if k else 0.0 for _ in dags]
-        dags = [d.shifted(d.arrival + j, d.deadline + j) for d, j in zip(dags, jitter, strict=True)]
-        sim = Simulator(workers, policy, alpha=alpha, seed=seed, prefix_caching=prefix_caching)
-        s = summarize(sim.run(dags), total=len(workload))
-        for key, values in figures.items():
-            values.append(float(getattr(s, key)))
-    return {k: Band(min(v), statistics.median(v), max(v)) for k, v in figures.items()}
+        jitter = [rng.uniform(0.0, jitter_s) for _ in workload] if k else None
+        runs.append(simulate_workload(workers, workload, policy, seed=seed, jitter=jitter, **options))
+    figures = {k: [float(getattr(s, k)) for s, _ in runs] for k in ("p50_s", "p95_s", "p99_s", "slo_attainment")}
+    return *runs[0], {k: Band(min(v), statistics.median(v), max(v)) for k, v in figures.items()}
 
 
 @dataclass
@@ -169,7 +170,7 @@ class LiveBenchReport:
 
 @dataclass(frozen=True)
 class _Bench:
-    """What every policy's run of one live benchmark shares (``rig``: ``live_rig``'s other keywords besides the
+    """What every policy's run of one live benchmark shares (``rig``: ``LiveSettings.rig``'s other keywords besides the
     policy and alpha)."""
 
     live: LiveSettings
@@ -177,7 +178,6 @@ class _Bench:
     setup: Setup
     workload: list[ReplayWorkflow]
     rate: float
-    prefix_caching: bool
     progress: bool
     rig: dict[str, Any]
 
@@ -231,7 +231,7 @@ def run_live_bench(
         "profiles_file": profiles_file.resolve() if profiles_file is not None else None,
         "prefix_caching": prefix_caching,
     }
-    bench = _Bench(live, workers, setup, workload, rate, prefix_caching, progress, rig)
+    bench = _Bench(live, workers, setup, workload, rate, progress, rig)
     t_start = time.monotonic()
     with live.folder("hexflow-livebench-") as folder:
         key = bench_tenant(folder, max_concurrent_workflows=len(workload) + 1, deadline_s=setup.slo_s * time_scale)
@@ -248,9 +248,8 @@ def _run_policy(b: _Bench, policy: str, alpha: float | None, folder: Path, key: 
     if a is None and get_policy(policy).uses_alpha:
         a = tuned_alpha(b.setup, policy, b.rate)
     time_scale = b.live.time_scale
-    kw: dict[str, Any] = {"alpha": a, "seed": b.live.seed, "prefix_caching": b.prefix_caching}
-    sim, sim_counts = simulate_workload(b.workers, b.workload, policy, **kw)
-    band = simulate_jittered(b.workers, b.workload, policy, jitter_s=JITTER_WALL_S / time_scale, **kw)
+    kw: dict[str, Any] = {"alpha": a, "seed": b.live.seed, "prefix_caching": b.rig["prefix_caching"]}
+    sim, sim_counts, band = simulate_jittered(b.workers, b.workload, policy, jitter_s=JITTER_WALL_S / time_scale, **kw)
     what = "the gateway" if b.rig["worker_urls"] is not None else "the emulated cluster and the gateway"
     b.live.say(f"{policy}: alpha {'-' if a is None else f'{a:g}'}; starting {what}")
     with b.live.rig(folder, policy, policy=policy, alpha=a, **b.rig) as rig:
@@ -274,8 +273,8 @@ def _band_cell(b: Band, digits: int) -> str:
 
 def _summary_cells(x: LatencySummary) -> list[str]:
     """P50/P95/P99, SLO attainment, throughput and completed/sent of a live or simulated run."""
-    latency = [fmt(v) for v in (x.p50_s, x.p95_s, x.p99_s)]
-    return [*latency, fmt(x.slo_attainment, 3), fmt(x.throughput_qps, 4), f"{x.completed}/{x.workflows}"]
+    figures = cells(x, "p50_s:.1f p95_s:.1f p99_s:.1f slo_attainment:.3f throughput_qps:.4f")
+    return [*figures, f"{x.completed}/{x.workflows}"]
 
 
 def format_live_report(rep: LiveBenchReport) -> str:

@@ -20,7 +20,7 @@ import httpx
 from gateway.bench.replay import replay_setup, replay_workload
 from gateway.bench.rig import LiveSettings, Rig, bench_tenant, cluster_workers, sampling, scheduled
 from gateway.bench.simbench import fluid_bound
-from gateway.bench.stats import fmt, json_safe, pyplot, save_figure, table
+from gateway.bench.stats import cells, fmt, json_safe, positive, pyplot, save_figure, table
 from gateway.core.predict import SUSTAINABLE_SHARE
 
 RSS_PERIOD_S = 0.25
@@ -235,8 +235,7 @@ def run_overload(
     """Run the capacity phase and the bursts on ``live``'s rig and return its report."""
     time_scale, seed = live.time_scale, live.seed
     for name, v in (("time_scale", time_scale), ("capacity_fraction", capacity_fraction), ("factor", factor)):
-        if not (v > 0 and math.isfinite(v)):
-            raise ValueError(f"{name} must be a positive number, got {v}")
+        positive(name, v)
     if admission_share is not None and not 0.0 < admission_share <= 1.0:
         raise ValueError(f"the admission share must be in (0, 1], got {admission_share}")
     if bursts < 1 or capacity_s <= 0 or burst_s <= 0 or quiet_s < 0:
@@ -289,11 +288,9 @@ def format_report(rep: OverloadReport) -> str:
     rows = []
     for p in rep.phases:
         ra = "-" if p.retry_after_min is None else f"{p.retry_after_min}-{p.retry_after_max}"
-        counts = [str(n) for n in (p.sent, p.accepted, p.rejected, p.shed, p.met)]
         rss = "/".join(_mb(x) for x in (p.rss_start_mb, p.rss_peak_mb, p.rss_end_mb))
-        rows.append(
-            [p.name, f"{p.rate_wall:.2f}", *counts, fmt(p.met_of_accepted * 100, 1), f"{p.goodput:.3f}", ra, rss]
-        )
+        counts = cells(p, "name rate_wall:.2f sent accepted rejected shed met")
+        rows.append([*counts, fmt(p.met_of_accepted * 100, 1), f"{p.goodput:.3f}", ra, rss])
     mode = f"predictive (share {rep.admission_share:g})" if rep.predictive else "concurrency only"
     head = (
         f"cluster {rep.cluster}, time scale {rep.time_scale:g}, admission "

@@ -1,6 +1,6 @@
 """One live rig for every live benchmark: ``bench_folder`` (``log_dir`` kept, or a temporary folder removed
-after a run that went well), ``bench_tenant``, ``live_rig`` (the emulated cluster or running workers and a
-gateway in front, tuning off, stopped on the way out), ``LiveSettings`` (what a benchmark's runs share) and the
+after a run that went well), ``bench_tenant``, ``LiveSettings`` (what a benchmark's runs share) and its ``rig``
+(the emulated cluster or running workers and a gateway in front, tuning off, stopped on the way out), and the
 load helpers ``scheduled`` and ``sampling``."""
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ def say_stderr(line: str) -> None:
 class Rig:
     """A running gateway in front of its workers."""
 
-    folder: Path
     url: str
     worker_urls: list[str]
     gateway: ChildProcess
@@ -126,50 +125,6 @@ def cluster_workers(
     return cluster_cfg, build_workers(cluster_cfg, catalog)
 
 
-@contextlib.contextmanager
-def live_rig(
-    folder: Path,
-    tag: str,
-    cluster: str,
-    *,
-    time_scale: float,
-    policy: str = "hexgen",
-    alpha: float | None = None,
-    seed: int = 0,
-    tenants_file: str | Path = "tenants.yaml",
-    gateway_cluster: ClusterConfig | None = None,
-    emulator_args: Sequence[str] = (),
-    worker_urls: Sequence[str] | None = None,
-    **config: Any,
-) -> Iterator[Rig]:
-    """The emulated cluster ``cluster`` at ``time_scale`` (with ``emulator_args``), or the running
-    ``worker_urls``, and a gateway in front with ``policy``, ``alpha``, ``seed``, told ``gateway_cluster``
-    (default: ``cluster`` as its file says) and further ``write_gateway_config`` keywords (``config``). Both
-    processes are stopped when the block ends, however it ends."""
-    with contextlib.ExitStack() as stack:
-        if worker_urls is None:
-            _, urls = stack.enter_context(cluster_process(cluster, time_scale, folder, tag, emulator_args))
-        else:
-            urls = list(worker_urls)
-        port = free_port()
-        path = folder / f"gateway-{tag}.yaml"
-        write_gateway_config(
-            gateway_cluster if gateway_cluster is not None else cluster,
-            urls,
-            path,
-            policy=policy,
-            alpha=alpha,
-            time_scale=time_scale,
-            tuning_enabled=False,
-            tenants_file=tenants_file,
-            port=port,
-            seed=seed,
-            **config,
-        )
-        proc, url = stack.enter_context(gateway_process(path, port, len(urls), folder, tag))
-        yield Rig(folder, url, urls, proc)
-
-
 @dataclass(frozen=True)
 class LiveSettings:
     """What every run of a live benchmark shares: the emulated ``cluster`` at ``time_scale``, the gateway's (and
@@ -185,9 +140,35 @@ class LiveSettings:
         """``bench_folder`` of ``log_dir`` (a temporary one named ``prefix...`` without it)."""
         return bench_folder(self.log_dir, prefix, self.say)
 
-    def rig(self, folder: Path, tag: str, **config: Any) -> contextlib.AbstractContextManager[Rig]:
-        """``live_rig`` of this cluster, time scale and seed; ``config``: its other keywords."""
-        return live_rig(folder, tag, self.cluster, time_scale=self.time_scale, seed=self.seed, **config)
+    @contextlib.contextmanager
+    def rig(self, folder: Path, tag: str, **config: Any) -> Iterator[Rig]:
+        """The live rig: this emulated cluster at this time scale (with ``emulator_args``), or the running
+        ``worker_urls``, and a gateway in front with this seed, told ``gateway_cluster`` (default: the cluster
+        as its file says) and the other ``write_gateway_config`` keywords in ``config`` (``policy`` default
+        hexgen, ``alpha`` None, ``tenants_file`` ``tenants.yaml``); logs and configs in ``folder``, named by
+        ``tag``. Both processes are stopped when the block ends, however it ends."""
+        worker_urls, emulator_args = config.pop("worker_urls", None), config.pop("emulator_args", ())
+        told = config.pop("gateway_cluster", None)
+        gateway = {"policy": "hexgen", "alpha": None, "tenants_file": "tenants.yaml", **config}
+        with contextlib.ExitStack() as stack:
+            if worker_urls is None:
+                emulated = cluster_process(self.cluster, self.time_scale, folder, tag, emulator_args)
+                urls = stack.enter_context(emulated)[1]
+            else:
+                urls = list(worker_urls)
+            port, path = free_port(), folder / f"gateway-{tag}.yaml"
+            write_gateway_config(
+                told if told is not None else self.cluster,
+                urls,
+                path,
+                time_scale=self.time_scale,
+                tuning_enabled=False,
+                port=port,
+                seed=self.seed,
+                **gateway,
+            )
+            proc, url = stack.enter_context(gateway_process(path, port, len(urls), folder, tag))
+            yield Rig(url, urls, proc)
 
 
 async def scheduled(times: Sequence[float], fn: Callable[[int], Awaitable[T]]) -> list[T]:
