@@ -153,7 +153,7 @@ def _breakdown_lines(b: GapBreakdown) -> list[str]:
     for name in sorted(set(b.workers_live) | set(b.workers_sim)):
         lv, sm = b.workers_live.get(name, WorkerTimes()), b.workers_sim.get(name, WorkerTimes())
         cells = [f"{lv.calls}/{sm.calls}", _pair(lv.queued_s, sm.queued_s), _pair(lv.on_worker_s, sm.on_worker_s)]
-        lone = [fmt(lv.lone_s, 3), _ratio(lv.on_worker_s, lv.lone_s)]
+        lone = [fmt(lv.lone_predicted_s, 3), _ratio(lv.on_worker_s, lv.lone_predicted_s)]
         wrows.append([name, *cells, _ratio(lv.on_worker_s, sm.on_worker_s), *lone])
     head = ["worker", "calls live/sim", "queued live/sim", "on worker live/sim", "live/sim", "lone pred", "live/lone"]
     lines += [table(head, wrows), "mean workflow latency along its chain of stages:", _path_table(b)]
