@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -20,7 +21,6 @@ from typing import Any
 import aiohttp
 import yaml
 
-from gateway.bench.hostcpu import process_cpu_s
 from gateway.bench.procs import ChildProcess, free_port, gateway_process, probe
 from gateway.bench.rig import bench_folder
 from gateway.bench.stats import json_safe, percentile, save_json
@@ -65,6 +65,13 @@ def merge_errors(*counts: dict[str, int]) -> dict[str, int]:
     for c in counts:
         total.update(c)
     return {k: total[k] for k in sorted(total, key=lambda k: (not k.isdigit(), k)) if total[k]}
+
+
+def process_cpu_s(pid: int) -> float:
+    """A live process's user + system CPU seconds (all its threads), from ``/proc/PID/stat``."""
+    tail = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    # After the command: state, ppid, ..., utime (field 14 of the line), stime (15), in clock ticks.
+    return (int(tail[11]) + int(tail[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass

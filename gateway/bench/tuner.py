@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.bench.sidebyside import run_parallel
-from gateway.bench.simbench import Bench, Setup
+from gateway.bench.simbench import Bench, Setup, simulate
 from gateway.bench.stats import fmt, json_safe, table
 from gateway.config.operations import TuningConfig
 from gateway.core.policy import Policy, get_policy
@@ -50,8 +50,7 @@ class FixedRun:
 
 def run_fixed(setup: Setup, policy: str, rate: float, alpha: float, warmup: int) -> FixedRun:
     """The whole sequence at a fixed alpha, summarised over the workflows after the warm-up."""
-    res = Simulator(setup.workers, policy, alpha=alpha, seed=setup.seed).run(setup.workflows(rate))
-    return FixedRun(alpha, _measured(res, warmup, setup.n_workflows))
+    return FixedRun(alpha, _measured(simulate(setup, policy, rate, alpha=alpha)[1], warmup, setup.n_workflows))
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,11 @@ class TunedRun:
     def full_window_seconds(self) -> list[float]:
         """Wall times of the re-tunes that replayed a full window."""
         return [r.seconds for r in self.retunes if r.window == self.window]
+
+    @property
+    def applied(self) -> int:
+        """Re-tunes whose alpha was applied."""
+        return sum(r.applied for r in self.retunes)
 
 
 class _LiveTuner:
@@ -209,7 +213,7 @@ class TraceResult:
             "gap_vs_best": self.gap(t.summary.p95_s),
             "within_target": bool(self.gap(t.summary.p95_s) <= TARGET_GAP),
             "retunes": len(t.retunes),
-            "applied": sum(r.applied for r in t.retunes),
+            "applied": t.applied,
             "skipped": t.skipped,
             "retune_seconds": {k: f(secs) if secs else None for k, f in stats.items()} | {"count": len(secs)},
             "alphas": [
@@ -412,7 +416,7 @@ def _tuned_table(report: TunerReport) -> str:
             secs = r.full_window_seconds()
             gap = t.gap(r.summary.p95_s)
             head = [t.trace, str(t.seed), str(r.window), fmt(r.summary.p95_s), f"{r.summary.slo_attainment:.3f}"]
-            retunes = f"{len(r.retunes)} ({sum(x.applied for x in r.retunes)})"
+            retunes = f"{len(r.retunes)} ({r.applied})"
             tune_s = [f"{statistics.median(secs):.2f}", f"{max(secs):.2f}"] if secs else ["-", "-"]
             alphas = " ".join(f"{a:g}" for a in _alpha_path(r))
             rows.append([*head, f"{gap:+.1%}", "yes" if gap <= TARGET_GAP else "no", retunes, alphas, *tune_s])

@@ -14,8 +14,6 @@ import yaml
 from gateway.bench.fidelity import vllm_report
 from gateway.bench.fidelity.breakdown import (
     EngineTimes,
-    GapBreakdown,
-    WorkerTimes,
     engine_sums,
     gap_breakdown,
     lone_split,
@@ -32,7 +30,6 @@ from gateway.bench.fidelity.vllm_servers import (
     default_servers,
     parse_server,
 )
-from gateway.bench.hostcpu import CpuShare, HostUsage
 from gateway.bench.livebench import PolicyRun, simulate_workload
 from gateway.bench.replay import ReplayReport, WorkflowResult, replay_setup, replay_workload
 from gateway.config import build_workers, load_cluster_config, load_gpu_catalog
@@ -293,45 +290,3 @@ def test_a_round_recalibrated_after_its_replay_reports_drift_and_the_bracket() -
     )
     assert series.rounds_bracketed() == {"hexgen": 1}
     assert series.to_json()["summary"]["hexgen"]["rounds_bracketed"] == 1
-
-
-def test_the_host_table_says_what_else_ran_on_each_servers_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    def host(a_cpu_s: float, cpu0_busy: float, steal: float) -> HostUsage:
-        return HostUsage(
-            10.0,
-            {0: CpuShare(cpu0_busy, steal, 0.0, 1 - cpu0_busy - steal), 1: CpuShare(0.5, 0.0, 0.0, 0.5)},
-            {"a": a_cpu_s, "b": 4.0, "bench": 3.0},
-            [("postgres", 0.5)],
-        )
-
-    def cal(name: str, cpus: tuple[int, ...], h: HostUsage) -> ServerCalibration:
-        return ServerCalibration(VllmServer(name, 1, 2, cpus), "http://x", None, None, 1.0, 0, h)  # type: ignore[arg-type]
-
-    rep = _Round({"hexgen": (13.0, 10.0)})
-    rep.calibrations = [cal("a", (0,), host(9.0, 0.95, 0.0)), cal("b", (), host(9.0, 0.95, 0.0))]
-    rep.host = host(6.0, 0.9, 0.05)  # during the replay 3 of CPU 0's 9 busy seconds were not server a's
-    rep.breakdowns = [
-        GapBreakdown(
-            "hexgen",
-            workers_live={"a": WorkerTimes(5, 0.0, 3.0, 1.0)},
-            workers_sim={"a": WorkerTimes(5, 0.0, 2.0, 1.0)},
-        )
-    ]
-    by = rep.host_by_server()
-    assert by["a"]["calibration"] == {"cores": pytest.approx(0.9), "beside": pytest.approx(0.05), "steal": 0.0}
-    assert by["a"]["replay"] == {
-        "cores": pytest.approx(0.6),
-        "beside": pytest.approx(0.3),
-        "steal": pytest.approx(0.05),
-    }
-    assert by["a"]["live_over_sim_on_worker"] == {"hexgen": pytest.approx(1.5)}
-    assert by["b"]["replay"]["beside"] == 0.0 and by["b"]["live_over_sim_on_worker"] == {}  # unpinned, no calls
-    text = "\n".join(vllm_report._host_lines(rep))
-    assert "0.90 / 5% / 0%" in text and "0.60 / 30% / 5%" in text and "0.40 / - / -" in text
-    assert "the gateway and the replay client 0.30 cores" in text and "postgres 0.05" in text
-    monkeypatch.setattr(vllm_report, "format_vllm_fidelity_report", lambda rep: "<round>")
-    series = VllmFidelitySeries([rep, rep])
-    assert "what else ran on each server's CPUs" in format_vllm_fidelity_series(series)
-    # Not measured (not Linux): no table, nothing in the JSON view.
-    bare = _Round({"hexgen": (13.0, 10.0)})
-    assert bare.host_by_server() == {} and vllm_report._host_lines(bare) == []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -19,12 +21,20 @@ from gateway.bench.overhead import (
     error_kind,
     format_report,
     merge_errors,
+    process_cpu_s,
     run_overhead,
     shortfalls,
     write_json,
 )
 from gateway.bench.stats import percentile
 from gateway.errors import GatewayError
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
+def test_process_cpu_s_reads_this_process() -> None:
+    x = sum(i * i for i in range(300_000))  # some CPU time of our own
+    t = os.times()
+    assert x > 0 and process_cpu_s(os.getpid()) == pytest.approx(t.user + t.system, abs=0.05)
 
 
 def test_overhead_smoke() -> None:

@@ -97,13 +97,3 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
     usable = sorted(os.sched_getaffinity(0))
     if len(usable) >= 2:
         assert [c.server.cpus for c in rep.calibrations] == [(usable[0],), (usable[1],)]
-    # The host's CPUs were measured during each calibration and the replay: each server's process group used
-    # CPU time in both (the accounting finds the servers' processes), and so did the gateway and the client.
-    by_server = doc["host_by_server"]
-    assert set(by_server) == {"a", "b"}
-    for name in ("a", "b"):
-        assert by_server[name]["calibration"]["cores"] > 0 and by_server[name]["replay"]["cores"] > 0
-    assert rep.host is not None and rep.host.groups["bench"] > 0
-    assert "what else ran" not in format_vllm_fidelity_report(rep) and "the host's CPUs" in format_vllm_fidelity_report(
-        rep
-    )

@@ -36,13 +36,7 @@ class WorkerTimes(_JsonView):
     calls: int = 0
     queued_s: float = math.nan
     on_worker_s: float = math.nan
-    lone_s: float = math.nan
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON view (``lone_s`` as ``lone_predicted_s``)."""
-        doc = super().to_json()
-        doc["lone_predicted_s"] = doc.pop("lone_s")
-        return doc
+    lone_predicted_s: float = math.nan
 
 
 @dataclass
@@ -203,6 +197,7 @@ class GapBreakdown:
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
         workers = sorted(set(self.workers_live) | set(self.workers_sim))
+        sides = (("live", self.workers_live), ("sim", self.workers_sim))
         return {
             "policy": self.policy,
             "workflows_live": self.workflows_live,
@@ -211,16 +206,12 @@ class GapBreakdown:
             "calls_sim": self.calls_sim,
             "token_mismatches": self.token_mismatches,
             "per_worker": {
-                name: {side: times.get(name, WorkerTimes()).to_json() for side, times in self._workers()}
-                for name in workers
+                name: {side: times.get(name, WorkerTimes()).to_json() for side, times in sides} for name in workers
             },
             "per_workflow_mean": {"live": self.path_live.to_json(), "sim": self.path_sim.to_json()},
             "per_kind": {k: v.to_json() for k, v in sorted(self.kinds.items())},
             "prefix_sim": {name: {"prompt_tokens": q, "hit_tokens": h} for name, (q, h) in self.prefix_sim.items()},
         }
-
-    def _workers(self) -> tuple[tuple[str, dict[str, WorkerTimes]], ...]:
-        return ("live", self.workers_live), ("sim", self.workers_sim)
 
 
 def _mean(xs: Sequence[float]) -> float:

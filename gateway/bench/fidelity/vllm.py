@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.bench import hostcpu
 from gateway.bench.fidelity.breakdown import engine_accounting, gap_breakdown, scrape_engines
 from gateway.bench.fidelity.compare import simulate_runs
 from gateway.bench.fidelity.vllm_report import VllmFidelityReport, VllmFidelitySeries
@@ -27,7 +26,6 @@ from gateway.bench.fidelity.vllm_servers import (
     VllmServer,
     cluster_doc,
     default_servers,
-    process_groups,
     start_servers,
 )
 from gateway.bench.livebench import run_live_bench
@@ -127,12 +125,11 @@ def run_fidelity_vllm(
             cpu_vllm.setup(paths)
             cpu_vllm.build_model(paths)
             urls = start_servers([s.options() for s in servers], base_port, paths, cfg.say)
-            groups = process_groups(servers, ports, paths)
             for i in range(rounds):
                 if rounds > 1:
                     cfg.say(f"round {i + 1} of {rounds} (seed {seed + i})")
                 sub = folder / f"round-{i + 1}" if rounds > 1 else folder
-                reports.append(_round(servers, urls, sub, cfg, seed=seed + i, groups=groups))
+                reports.append(_round(servers, urls, sub, cfg, seed=seed + i))
         finally:
             if not keep_servers:
                 cpu_vllm.stop_servers(ports, paths=paths)
@@ -153,13 +150,12 @@ def _round(
     cfg: VllmSettings,
     *,
     seed: int,
-    groups: Mapping[str, int] | None = None,
 ) -> VllmFidelityReport:
     """One round on running servers: calibrate each, replay ``workflows`` of seed ``seed`` live, simulate."""
     folder.mkdir(parents=True, exist_ok=True)
     _, queries = workload_queries(cfg.trace, cfg.workflows, seed)
     calls = sorted({(c.input_tokens, c.output_tokens) for q in scale_queries(queries, cfg.token_scale) for c in q})
-    calibrations = _calibrate_all(servers, urls, calls, cfg, groups=groups)
+    calibrations = _calibrate_all(servers, urls, calls, cfg)
     profiles_path = _write_profiles(folder / "calibrated-profiles.yaml", calibrations)
     cluster_path = folder / "cluster.yaml"
     cluster_path.write_text(yaml.safe_dump(cluster_doc(servers), sort_keys=False))
@@ -172,7 +168,6 @@ def _round(
     rate = cfg.rate_qps if cfg.rate_qps is not None else round(cfg.load * bound, 6)
     cfg.say(f"replaying {cfg.workflows} workflows at {rate:.4g}/s ({rate / bound:.2f} x the calibrated fluid bound)")
     before = scrape_engines(urls)
-    h0 = hostcpu.sample() if groups is not None else None
     live = run_live_bench(
         LiveSettings(str(cluster_path), 1.0, seed, folder / "live"),
         cfg.trace,
@@ -185,7 +180,6 @@ def _round(
         worker_urls=urls,
         token_scale=cfg.token_scale,
     )
-    host = _host_usage(h0, groups)
     workload = replay_workload(setup, rate)
     engines = engine_accounting([s.name for s in servers], before, scrape_engines(urls), live.runs, workload, workers)
     breakdowns = [gap_breakdown(r, workload, workers, seed=seed) for r in live.runs]
@@ -193,21 +187,13 @@ def _round(
     sim_after: dict[str, Summary] = {}
     if cfg.recalibrate_after:
         cfg.say("calibrating each server again after the replay (drift)")
-        recal = _calibrate_all(servers, urls, calls, cfg, groups=groups)
+        recal = _calibrate_all(servers, urls, calls, cfg)
         _write_profiles(folder / "calibrated-profiles-after.yaml", recal)
         sim_after = simulate_runs(
             live, workers, lambda: [w.dag() for w in workload], seed=seed, engine_profiles=[c.profile for c in recal]
         )
     load = None if cfg.rate_qps is not None else cfg.load
-    return VllmFidelityReport(calibrations, live, breakdowns, cfg.token_scale, load, engines, recal, sim_after, host)
-
-
-def _host_usage(h0: hostcpu.HostSample | None, groups: Mapping[str, int] | None) -> hostcpu.HostUsage | None:
-    """What the host's CPUs did since ``h0`` (None where not measured)."""
-    if h0 is None or groups is None:
-        return None
-    h1 = hostcpu.sample()
-    return hostcpu.usage(h0, h1, groups) if h1 is not None else None
+    return VllmFidelityReport(calibrations, live, breakdowns, cfg.token_scale, load, engines, recal, sim_after)
 
 
 async def _background_load(
@@ -262,13 +248,10 @@ def _calibrate_all(
     urls: Sequence[str],
     calls: Sequence[tuple[int, int]],
     cfg: VllmSettings,
-    *,
-    groups: Mapping[str, int] | None = None,
 ) -> list[ServerCalibration]:
     """Calibrate each server in turn, prompts and outputs up to the workload's longest. With
     ``calibrate_beside_load`` the others meanwhile serve the workload's calls (two at a time each), as in the
-    replay (on a CPU one server's work slows the others). ``groups`` (name -> process group, the benchmark's as
-    ``bench``): measure what the host's CPUs did during each calibration (``ServerCalibration.host``)."""
+    replay (on a CPU one server's work slows the others)."""
     standard = scale_queries([STANDARD_WORKFLOW], cfg.token_scale)[0]
     longest_in = max(c[0] for c in calls)
     longest_out = max(c[1] for c in calls)
@@ -288,10 +271,8 @@ def _calibrate_all(
             f"{'CPUs ' + ','.join(map(str, s.cpus)) if s.cpus else 'unpinned'}) at {url} "
             f"within {cfg.budget_s:g} s{', the others under load' if others else ''}"
         )
-        h0 = hostcpu.sample() if groups is not None else None
         res, served = asyncio.run(_calibrate_beside(url, others, calls, s.label, cfg.budget_s, settings, cfg.progress))
-        host = _host_usage(h0, groups)
         prof = res.profile()
-        out.append(ServerCalibration(s, url, res, prof, workflow_latency(prof, standard), served, host))
+        out.append(ServerCalibration(s, url, res, prof, workflow_latency(prof, standard), served))
         cfg.say(f"{s.name}: standard workflow (tokens x {cfg.token_scale:g}) {out[-1].standard_s:.2f} s alone")
     return out

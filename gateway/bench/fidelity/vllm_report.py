@@ -1,5 +1,5 @@
 """The report of ``hexflow bench fidelity-vllm``: one round (its calibrations, the live-against-simulated runs,
-the breakdown of the gap, the drift check, the host) and a series of rounds, as JSON and as text."""
+the breakdown of the gap, the drift check) and a series of rounds, as JSON and as text."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gateway.bench import hostcpu
 from gateway.bench.fidelity.breakdown import EngineTimes, GapBreakdown, PathTimes, WorkerTimes
 from gateway.bench.fidelity.compare import LiveGaps, gap_cells, within
 from gateway.bench.fidelity.vllm_servers import CHUNK, FITTED, MAX_MODEL_LEN, TARGET, ServerCalibration
@@ -24,7 +23,7 @@ class VllmFidelityReport(LiveGaps):
     ``load``: the rate as a share of the calibrated fluid bound (None: ``--rate`` given); ``engines``: each
     server's own histograms; ``after`` (``--recalibrate-after``): each server calibrated again after the
     replay, and ``sim_after`` the simulator with the engines at that speed (the scheduler still planning with
-    the profiles from before); ``host``: the host's CPUs during the replay (None: not measured)."""
+    the profiles from before)."""
 
     TARGET: ClassVar[float] = TARGET
     GAP_KEYS: ClassVar[tuple[str, ...]] = ("p95",)
@@ -37,7 +36,6 @@ class VllmFidelityReport(LiveGaps):
     engines: dict[str, EngineTimes] = field(default_factory=dict)
     after: list[ServerCalibration] = field(default_factory=list)
     sim_after: dict[str, Summary] = field(default_factory=dict)
-    host: hostcpu.HostUsage | None = None
 
     def drift(self) -> dict[str, float]:
         """Server -> its standard workflow's latency calibrated after the replay over before (1: no drift)."""
@@ -54,26 +52,6 @@ class VllmFidelityReport(LiveGaps):
             if (after := self.sim_after.get(r.policy)) is not None:
                 lo, hi = sorted((r.simulated.p95_s, after.p95_s))
                 out[r.policy] = lo * (1 - TARGET) <= r.live.p95_s <= hi * (1 + TARGET)
-        return out
-
-    def host_by_server(self) -> dict[str, dict[str, Any]]:
-        """Server -> its CPUs while it was calibrated and during the replay (``cores``, ``beside``, ``steal``
-        as ``HostUsage`` has them), and each policy's live/simulated time per call on it; empty: not measured."""
-        out: dict[str, dict[str, Any]] = {}
-        for c in self.calibrations:
-            name, cpus = c.server.name, c.server.cpus
-            phases = {
-                phase: {"cores": h.cores(name), "beside": h.beside(name, cpus), "steal": h.steal(cpus)}
-                for phase, h in (("calibration", c.host), ("replay", self.host))
-                if h is not None
-            }
-            if phases:
-                ratio: dict[str, float | None] = {}
-                for b in self.breakdowns:
-                    lv, sm = b.workers_live.get(name), b.workers_sim.get(name)
-                    if lv is not None and sm is not None and sm.on_worker_s > 0:
-                        ratio[b.policy] = finite_or_none(lv.on_worker_s / sm.on_worker_s)
-                out[name] = {"cpus": list(cpus), **phases, "live_over_sim_on_worker": ratio}
         return out
 
     def sim_prefix_hit_share(self) -> dict[str, float]:
@@ -112,8 +90,6 @@ class VllmFidelityReport(LiveGaps):
             "breakdown": [b.to_json() for b in self.breakdowns],
             "engines": {name: t.to_json() for name, t in self.engines.items()},
             "live_bench": self.live.to_json(),
-            "host": self.host.to_json() if self.host is not None else None,
-            "host_by_server": self.host_by_server(),
             "after": after if self.after else None,
         }
 
@@ -130,10 +106,6 @@ def _pair(a: float, b: float, digits: int = 3) -> str:
     return f"{fmt(a, digits)}/{fmt(b, digits)}"
 
 
-def _ratios(h: dict[str, Any]) -> str:
-    return " ".join(fmt(v, 2) if v is not None else "-" for v in h["live_over_sim_on_worker"].values()) or "-"
-
-
 def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     """The tables ``hexflow bench fidelity-vllm`` prints."""
     lines = [
@@ -146,7 +118,7 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     ]
     for b in rep.breakdowns:
         lines += _breakdown_lines(b)
-    lines += _engine_lines(rep) + _host_lines(rep)
+    lines += _engine_lines(rep)
     title = f"live against the simulator with the calibrated profiles (target: P95 within {TARGET:.0%}):"
     lines += rep.gap_lines(title, 2, lambda _: [], [])
     if rep.after:
@@ -181,7 +153,7 @@ def _breakdown_lines(b: GapBreakdown) -> list[str]:
     for name in sorted(set(b.workers_live) | set(b.workers_sim)):
         lv, sm = b.workers_live.get(name, WorkerTimes()), b.workers_sim.get(name, WorkerTimes())
         cells = [f"{lv.calls}/{sm.calls}", _pair(lv.queued_s, sm.queued_s), _pair(lv.on_worker_s, sm.on_worker_s)]
-        lone = [fmt(lv.lone_s, 3), _ratio(lv.on_worker_s, lv.lone_s)]
+        lone = [fmt(lv.lone_predicted_s, 3), _ratio(lv.on_worker_s, lv.lone_predicted_s)]
         wrows.append([name, *cells, _ratio(lv.on_worker_s, sm.on_worker_s), *lone])
     head = ["worker", "calls live/sim", "queued live/sim", "on worker live/sim", "live/sim", "lone pred", "live/lone"]
     lines += [table(head, wrows), "mean workflow latency along its chain of stages:", _path_table(b)]
@@ -251,39 +223,6 @@ def _drift_lines(rep: VllmFidelityReport) -> list[str]:
     ]
 
 
-def _host_lines(rep: VllmFidelityReport) -> list[str]:
-    """The host table of one round (none where the host was not measured)."""
-    by_server = rep.host_by_server()
-    if not by_server:
-        return []
-    rows = []
-    for name, h in by_server.items():
-        cells = [name, ",".join(map(str, h["cpus"])) or "-"]
-        for phase in ("calibration", "replay"):
-            ph = h.get(phase)
-            if not ph:
-                cells.append("-")
-            elif not h["cpus"]:  # unpinned: what else ran on its CPUs is not known
-                cells.append(f"{ph['cores']:.2f} / - / -")
-            else:
-                cells.append(f"{ph['cores']:.2f} / {_share(ph['beside'])} / {_share(ph['steal'])}")
-        rows.append([*cells, _ratios(h)])
-    head = ["server", "cpus", "calibration cores/beside/steal", "replay cores/beside/steal", "on worker live/sim"]
-    lines = [
-        "the host's CPUs while each server was calibrated and during the replay (cores: the server's CPU seconds "
-        "per second; beside: the share of its CPUs' time that went to anything else; steal: taken by the "
-        "hypervisor):",
-        table(head, rows),
-    ]
-    if rep.host is not None:
-        others = ", ".join(f"{c} {s / rep.host.wall_s:.2f}" for c, s in rep.host.others) or "none"
-        lines.append(
-            f"during the replay: the gateway and the replay client {rep.host.cores('bench'):.2f} cores; the busiest "
-            f"other process groups (cores): {others}"
-        )
-    return [*lines, ""]
-
-
 @dataclass
 class VllmFidelitySeries:
     """Rounds of the benchmark on the same servers, each a calibration and the replay right after it. On a
@@ -349,22 +288,15 @@ def format_vllm_fidelity_series(series: VllmFidelitySeries) -> str:
     if n == 1:
         return format_vllm_fidelity_report(series.rounds[0])
     parts = []
-    rows, hrows = [], []
+    rows = []
     for i, rep in enumerate(series.rounds):
         parts += [f"=== round {i + 1} of {n} (seed {series.seed + i})", format_vllm_fidelity_report(rep), ""]
         for r in rep.live.runs:
             rows.append([str(i + 1), str(series.seed + i), r.policy, *gap_cells(r, rep.gaps()[r.policy], 2)[:5]])
-        for name, h in rep.host_by_server().items():
-            cal, rep_h = h.get("calibration") or {}, h.get("replay") or {}
-            shares = [_share(cal.get("beside")), _share(rep_h.get("beside")), _share(rep_h.get("steal"))]
-            hrows.append([str(i + 1), name, *shares, _ratios(h)])
     parts.append(
         f"the rounds side by side (each: a fresh calibration, then its replay; target: P95 within {TARGET:.0%}):"
     )
     parts.append(table(["round", "seed", "policy", "live p95", "sim p95", "gap", "live slo", "sim slo"], rows))
-    if hrows:
-        parts.append("what else ran on each server's CPUs, calibration against replay, and its live/sim time per call:")
-        parts.append(table(["round", "server", "beside calib", "beside replay", "steal replay", "live/sim"], hrows))
     med, within_n = series.median_p95_gap(), series.rounds_within()
     for p in med:
         parts.append(f"{p}: median P95 gap {med[p]:+.1%} over {n} rounds; {within_n[p]} of them within {TARGET:.0%}")

@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.bench import hostcpu
 from gateway.bench.stats import finite_or_none
 from gateway.core.profile import PerfProfile
 from gateway.profiling.probe import CalibrationResult
@@ -87,8 +86,8 @@ FITTED = ("iter_base_s", "token_s", "ctx_s", "attn_s", "seq_s", "admit_s", "requ
 @dataclass
 class ServerCalibration:
     """One server: its options, URL, calibration and fitted profile; the standard workflow's lone latency
-    under it (at the benchmark's token scale), the requests the other servers completed meanwhile (0: they were
-    idle) and the host's CPUs meanwhile (None: not measured)."""
+    under it (at the benchmark's token scale) and the requests the other servers completed meanwhile (0: they
+    were idle)."""
 
     server: VllmServer
     url: str
@@ -96,7 +95,6 @@ class ServerCalibration:
     profile: PerfProfile
     standard_s: float
     background_requests: int = 0
-    host: hostcpu.HostUsage | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON view."""
@@ -118,7 +116,6 @@ class ServerCalibration:
             "fit_max_abs_error": finite_or_none(largest),
             "calibration_wall_s": self.result.wall_s,
             "standard_workflow_s": self.standard_s,
-            "host": self.host.to_json() if self.host is not None else None,
         }
 
 
@@ -141,15 +138,6 @@ def start_servers(
         except cpu_vllm.CpuVllmError:
             cpu_vllm.stop_servers(ports, paths=paths)
             raise
-
-
-def process_groups(servers: Sequence[VllmServer], ports: Sequence[int], paths: cpu_vllm.Paths) -> dict[str, int]:
-    """Name -> process group to account the host's CPU time to: each server's (its own session: the group is
-    its pid) and this process's as ``bench`` (the replay client and the gateway it starts)."""
-    pids = {info.port: info.pid for info in cpu_vllm.status(paths)}
-    groups = {s.name: pids[port] for s, port in zip(servers, ports, strict=True) if port in pids}
-    groups["bench"] = os.getpgid(0)
-    return groups
 
 
 def cluster_doc(servers: Sequence[VllmServer]) -> dict[str, Any]:
