@@ -298,7 +298,6 @@ FIDELITY_VLLM = Command(
         SEED("seed of the workload and arrivals (of the first round)"),
         opt("--rounds", positive_int, 1, "rounds (calibration, replay; seeds --seed, --seed+1, ...): the median gap"),
         flag("--calibrate-alone", "calibrate each server with the others idle (default: serving the workload)"),
-        flag("--recalibrate-after", "calibrate again after each replay and simulate at that speed too (drift)"),
         opt("--calibration-repeats", positive_int, 2, "rounds of each calibration's probe plan (calibrate --repeats)"),
         flag("--keep-servers", "leave the servers running at the end"),
         LOG_DIR("keep logs, the profiles overlay and the cluster file here"),

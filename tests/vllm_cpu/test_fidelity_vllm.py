@@ -1,8 +1,7 @@
 """``hexflow bench fidelity-vllm`` at smoke size against real vLLM on the CPU: two servers of their own
 (ports ``HEXFLOW_VLLM_CPU_FIDELITY_PORT`` and the next, default 18170), each calibrated within a short
 budget, a handful of workflows replayed through the gateway and simulated. Behaviour only: both servers
-calibrated (before the replay and again after it), every workflow and call accounted for live and simulated,
-the JSON fields. No timing is
+calibrated, every workflow and call accounted for live and simulated, the JSON fields. No timing is
 asserted (the figures are the benchmark's output, docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
             budget_s=30.0,
             log_dir=tmp_path,
             progress=False,
-            recalibrate_after=True,
         )
     except cpu_vllm.CpuVllmError as exc:
         pytest.fail(f"could not start the real vLLM servers: {exc}", pytrace=False)
@@ -49,14 +47,6 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
         spec = overlay.profiles[MODEL][c.server.label]
         assert spec.max_num_seqs == c.server.max_num_seqs and spec.basis.startswith("measured")
         assert c.background_requests > 0  # the other server served the workload meanwhile
-    # Calibrated again after the replay: the drift of each, and the prediction at that speed.
-    assert [c.server.name for c in rep.after] == ["a", "b"]
-    assert all(len(c.result.measurements) >= 4 for c in rep.after)
-    assert set(rep.drift()) == {"a", "b"} and all(d > 0 for d in rep.drift().values())
-    assert set(rep.sim_after) == {"hexgen"} and rep.sim_after["hexgen"].workflows == WORKFLOWS
-    assert set(rep.bracketed()) == {"hexgen"}
-    after_overlay = load_profiles_file(tmp_path / "calibrated-profiles-after.yaml")
-    assert set(after_overlay.profiles[MODEL]) == {"vllm-cpu-a", "vllm-cpu-b"}
     # The gateway's workers named those profiles, and the servers were stopped.
     gw = yaml.safe_load((tmp_path / "live" / "gateway-hexgen.yaml").read_text())
     assert [w["profile"] for w in gw["cluster"]["workers"]] == ["vllm-cpu-a", "vllm-cpu-b"]
@@ -83,7 +73,6 @@ def test_fidelity_against_real_vllm_calibrates_both_servers_and_accounts_every_w
     series_doc = json.loads(json.dumps(series.to_json(), allow_nan=False))
     assert series_doc["summary"]["hexgen"]["p95_gaps"] == [doc["gaps"]["hexgen"]["p95"]]
     assert series_doc["within_target"] == series.within_target() == rep.within_target()
-    assert doc["after"]["bracketed"] == rep.bracketed() and set(doc["after"]["drift"]) == {"a", "b"}
     # The servers' own histograms cover the live run: at least the calls the gateway reported on each.
     reported = {name: sum(1 for r in done for c in r.calls if c.worker == name) for name in ("a", "b")}
     for name, times in rep.engines.items():

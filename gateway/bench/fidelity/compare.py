@@ -14,11 +14,9 @@ import httpx
 from gateway.bench.livebench import LiveBenchReport, PolicyRun
 from gateway.bench.stats import fmt, table
 from gateway.core.profile import PerfProfile
-from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow, Workflow
+from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow
 from gateway.profiling.worker import Arrival
 from gateway.sim.engine import SimEngine
-from gateway.sim.metrics import Summary, summarize
-from gateway.sim.simulator import Simulator
 
 
 def simulate_arrivals(profile: PerfProfile, arrivals: Sequence[Arrival]) -> list[float]:
@@ -100,23 +98,3 @@ class LiveGaps:
         verdict = "within target" if self.within_target() else "NOT within target"
         gap_head = ["policy", "live p95", "sim p95", "gap", "live slo", "sim slo", "gap"]
         return [title, table([*gap_head, *head], rows), verdict]
-
-
-def simulate_runs(
-    live: LiveBenchReport,
-    workers: Sequence[Any],
-    workload: Callable[[], Sequence[Workflow]],
-    *,
-    seed: int,
-    engine_profiles: Sequence[PerfProfile] | None = None,
-) -> dict[str, Summary]:
-    """Policy -> the simulator's summary of ``workload()`` (built afresh for each policy) with each live
-    run's policy and alpha; ``engine_profiles``: what the engines run, if not the workers' profiles."""
-    out = {}
-    for r in live.runs:
-        dags = workload()
-        sim = Simulator(
-            workers, r.policy, alpha=r.alpha, seed=seed, prefix_caching=True, engine_profiles=engine_profiles
-        )
-        out[r.policy] = summarize(sim.run(dags), total=len(dags))
-    return out

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from gateway.bench.fidelity.compare import LiveGaps, simulate_runs
+from gateway.bench.fidelity.compare import LiveGaps
 from gateway.bench.livebench import LiveBenchReport, PolicyRun, format_live_report, run_live_bench
 from gateway.bench.procs import cluster_process
 from gateway.bench.replay import replay_setup, replay_workload
@@ -24,11 +24,12 @@ from gateway.bench.stats import fmt, json_safe, positive, table
 from gateway.config import DEFAULT_GPU_CATALOG, build_workers, load_cluster_config, load_gpu_catalog
 from gateway.config.gpus import GpuCatalog, ProfileSpec
 from gateway.core.profile import PerfProfile, profile_from
-from gateway.core.workflow import Workflow
 from gateway.profiling.fit import workflow_latency
 from gateway.profiling.output import profile_entry
 from gateway.profiling.plan import PlanSettings
 from gateway.profiling.probe import CalibrationResult, calibrate
+from gateway.sim.metrics import summarize
+from gateway.sim.simulator import Simulator
 
 TARGET = 0.05
 """Largest relative gap between live and simulated P95 and SLO attainment (issue 14)."""
@@ -192,20 +193,23 @@ def _calibrate_one(
 def _simulate_with(
     catalog: GpuCatalog, cluster: str, trace: str, live: LiveBenchReport, *, seed: int, slo_scale: float
 ) -> dict[str, dict[str, float]]:
-    """The simulator on the live runs' workload (same rate, seeds, alpha) with ``catalog``'s profiles; the
-    deadlines are the live bench's (the calibrated catalogue's SLO), so both predictions face the same one."""
+    """The simulator on the live runs' workload (same rate, seeds, alpha: each policy's run afresh) with
+    ``catalog``'s profiles; the deadlines are the live bench's (the calibrated catalogue's SLO), so both
+    predictions face the same one."""
     workers = build_workers(load_cluster_config(cluster, catalog), catalog)
     setup = replay_setup(trace, workers, workflows=live.workflows, seed=seed, slo_scale=slo_scale)
     factor = live.slo_s / setup.slo_s if setup.slo_s > 0 else 1.0
     workload = replay_workload(setup, live.rate_qps)
 
-    def dags() -> list[Workflow]:
-        return [
+    out = {}
+    for r in live.runs:
+        dags = [
             d.shifted(d.arrival, d.arrival + (d.deadline - d.arrival) * factor) for d in (w.dag() for w in workload)
         ]
-
-    sums = simulate_runs(live, workers, dags, seed=seed)
-    return {p: {"p95_s": float(s.p95_s), "slo_attainment": float(s.slo_attainment)} for p, s in sums.items()}
+        sim = Simulator(workers, r.policy, alpha=r.alpha, seed=seed, prefix_caching=True)
+        s = summarize(sim.run(dags), total=len(dags))
+        out[r.policy] = {"p95_s": float(s.p95_s), "slo_attainment": float(s.slo_attainment)}
+    return out
 
 
 def format_fidelity_report(rep: FidelityReport) -> str:

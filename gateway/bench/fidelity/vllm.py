@@ -16,7 +16,6 @@ import httpx
 import yaml
 
 from gateway.bench.fidelity.breakdown import engine_accounting, gap_breakdown, scrape_engines
-from gateway.bench.fidelity.compare import simulate_runs
 from gateway.bench.fidelity.vllm_report import VllmFidelityReport, VllmFidelitySeries
 from gateway.bench.fidelity.vllm_servers import (
     CHUNK,
@@ -41,7 +40,6 @@ from gateway.profiling.output import profile_entry
 from gateway.profiling.plan import CalibrationError, PlanSettings, Probe
 from gateway.profiling.probe import CalibrationResult, calibrate
 from gateway.profiling.worker import ProbeWorker
-from gateway.sim.metrics import Summary
 from gateway.sim.workload import workload_queries
 from workers import cpu_vllm
 
@@ -59,7 +57,6 @@ class VllmSettings:
     budget_s: float = 120.0
     slo_scale: float = 5.0
     calibrate_beside_load: bool = True
-    recalibrate_after: bool = False
     calibration_repeats: int = 2
     progress: bool = True
 
@@ -103,9 +100,8 @@ def run_fidelity_vllm(
     **settings: Any,
 ) -> VllmFidelitySeries:
     """Start the servers, then ``rounds`` times (seeds ``seed``, ``seed + 1``, ...): calibrate afresh (the
-    host's speed drifts), replay live, simulate, break the gap down; with ``recalibrate_after`` calibrate again
-    after the replay and simulate with the engines at that speed too (the drift check). ``settings``: the
-    fields of ``VllmSettings`` (the workload, the load, the calibration), each defaulting as it does there.
+    host's speed drifts), replay live, simulate, break the gap down. ``settings``: the fields of
+    ``VllmSettings`` (the workload, the load, the calibration), each defaulting as it does there.
 
     ``ValueError`` for bad arguments or a scaled call over ``MAX_MODEL_LEN``, ``cpu_vllm.CpuVllmError`` when
     the servers cannot be set up or started. The servers are stopped at the end unless ``keep_servers``; logs,
@@ -183,17 +179,8 @@ def _round(
     workload = replay_workload(setup, rate)
     engines = engine_accounting([s.name for s in servers], before, scrape_engines(urls), live.runs, workload, workers)
     breakdowns = [gap_breakdown(r, workload, workers, seed=seed) for r in live.runs]
-    recal: list[ServerCalibration] = []
-    sim_after: dict[str, Summary] = {}
-    if cfg.recalibrate_after:
-        cfg.say("calibrating each server again after the replay (drift)")
-        recal = _calibrate_all(servers, urls, calls, cfg)
-        _write_profiles(folder / "calibrated-profiles-after.yaml", recal)
-        sim_after = simulate_runs(
-            live, workers, lambda: [w.dag() for w in workload], seed=seed, engine_profiles=[c.profile for c in recal]
-        )
     load = None if cfg.rate_qps is not None else cfg.load
-    return VllmFidelityReport(calibrations, live, breakdowns, cfg.token_scale, load, engines, recal, sim_after)
+    return VllmFidelityReport(calibrations, live, breakdowns, cfg.token_scale, load, engines)
 
 
 async def _background_load(

@@ -1,5 +1,5 @@
 """The report of ``hexflow bench fidelity-vllm``: one round (its calibrations, the live-against-simulated runs,
-the breakdown of the gap, the drift check) and a series of rounds, as JSON and as text."""
+the breakdown of the gap) and a series of rounds, as JSON and as text."""
 
 from __future__ import annotations
 
@@ -14,16 +14,13 @@ from gateway.bench.fidelity.compare import LiveGaps, gap_cells, within
 from gateway.bench.fidelity.vllm_servers import CHUNK, FITTED, MAX_MODEL_LEN, TARGET, ServerCalibration
 from gateway.bench.livebench import LiveBenchReport, format_live_report
 from gateway.bench.stats import finite_or_none, fmt, json_safe, table
-from gateway.sim.metrics import Summary
 
 
 @dataclass
 class VllmFidelityReport(LiveGaps):
     """The calibrations, the live-vs-simulated runs and the breakdown of each policy's gap (the target: P95).
     ``load``: the rate as a share of the calibrated fluid bound (None: ``--rate`` given); ``engines``: each
-    server's own histograms; ``after`` (``--recalibrate-after``): each server calibrated again after the
-    replay, and ``sim_after`` the simulator with the engines at that speed (the scheduler still planning with
-    the profiles from before)."""
+    server's own histograms."""
 
     TARGET: ClassVar[float] = TARGET
     GAP_KEYS: ClassVar[tuple[str, ...]] = ("p95",)
@@ -34,25 +31,6 @@ class VllmFidelityReport(LiveGaps):
     token_scale: float
     load: float | None
     engines: dict[str, EngineTimes] = field(default_factory=dict)
-    after: list[ServerCalibration] = field(default_factory=list)
-    sim_after: dict[str, Summary] = field(default_factory=dict)
-
-    def drift(self) -> dict[str, float]:
-        """Server -> its standard workflow's latency calibrated after the replay over before (1: no drift)."""
-        return {
-            b.server.name: a.standard_s / b.standard_s if b.standard_s > 0 else math.nan
-            for b, a in zip(self.calibrations, self.after, strict=False)
-        }
-
-    def bracketed(self) -> dict[str, bool]:
-        """Policy -> whether live P95 lies between the predictions with the engines at their speed before
-        and after the replay, widened by ``TARGET`` on each side (only with ``--recalibrate-after``)."""
-        out = {}
-        for r in self.live.runs:
-            if (after := self.sim_after.get(r.policy)) is not None:
-                lo, hi = sorted((r.simulated.p95_s, after.p95_s))
-                out[r.policy] = lo * (1 - TARGET) <= r.live.p95_s <= hi * (1 + TARGET)
-        return out
 
     def sim_prefix_hit_share(self) -> dict[str, float]:
         """Per server, the share of prompt tokens the simulated engines served from their prefix caches over
@@ -71,12 +49,6 @@ class VllmFidelityReport(LiveGaps):
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (non-finite numbers become null)."""
-        after = {
-            "servers": [c.to_json() for c in self.after],
-            "drift": json_safe(self.drift()),
-            "sim_p95_s": {p: finite_or_none(s.p95_s) for p, s in self.sim_after.items()},
-            "bracketed": self.bracketed(),
-        }
         return {
             "target_p95": TARGET,
             "within_target": self.within_target(),
@@ -90,7 +62,6 @@ class VllmFidelityReport(LiveGaps):
             "breakdown": [b.to_json() for b in self.breakdowns],
             "engines": {name: t.to_json() for name, t in self.engines.items()},
             "live_bench": self.live.to_json(),
-            "after": after if self.after else None,
         }
 
 
@@ -121,8 +92,6 @@ def format_vllm_fidelity_report(rep: VllmFidelityReport) -> str:
     lines += _engine_lines(rep)
     title = f"live against the simulator with the calibrated profiles (target: P95 within {TARGET:.0%}):"
     lines += rep.gap_lines(title, 2, lambda _: [], [])
-    if rep.after:
-        lines += _drift_lines(rep)
     return "\n".join(lines)
 
 
@@ -202,27 +171,6 @@ def _engine_lines(rep: VllmFidelityReport) -> list[str]:
     ]
 
 
-def _drift_lines(rep: VllmFidelityReport) -> list[str]:
-    """The drift check (``--recalibrate-after``): each server before and after, and the bracket."""
-    drows = [
-        [b.server.name, fmt(b.standard_s, 2), fmt(a.standard_s, 2), f"{d - 1:+.1%}" if math.isfinite(d) else "-"]
-        for (b, a), d in zip(zip(rep.calibrations, rep.after, strict=False), rep.drift().values(), strict=False)
-    ]
-    brows = []
-    for r in rep.live.runs:
-        if (after := rep.sim_after.get(r.policy)) is not None:
-            p95s = [fmt(x, 2) for x in (r.live.p95_s, r.simulated.p95_s, after.p95_s)]
-            brows.append([r.policy, *p95s, "yes" if rep.bracketed()[r.policy] else "no"])
-    return [
-        "",
-        "drift: each server calibrated again right after the replay (standard workflow alone, seconds):",
-        table(["server", "before", "after", "change"], drows),
-        "live P95 against the simulator with the engines at their speed before and after the replay (the "
-        f"scheduler planning with the before profiles; bracketed: live within them, +-{TARGET:.0%}):",
-        table(["policy", "live p95", "sim p95 before", "sim p95 after", "bracketed"], brows),
-    ]
-
-
 @dataclass
 class VllmFidelitySeries:
     """Rounds of the benchmark on the same servers, each a calibration and the replay right after it. On a
@@ -251,15 +199,6 @@ class VllmFidelitySeries:
         """Policy -> how many rounds had their P95 gap within ``TARGET``."""
         return {p: sum(within([g], TARGET) for g in gs) for p, gs in self.p95_gaps().items()}
 
-    def rounds_bracketed(self) -> dict[str, int]:
-        """Policy -> rounds whose live P95 lay between the before and after predictions (``bracketed``);
-        empty without ``--recalibrate-after``."""
-        out: dict[str, int] = {}
-        for rep in self.rounds:
-            for policy, ok in rep.bracketed().items():
-                out[policy] = out.get(policy, 0) + int(ok)
-        return out
-
     def within_target(self) -> bool:
         """Every policy's median P95 gap within ``TARGET`` (one round: that round's gap)."""
         med = self.median_p95_gap()
@@ -272,7 +211,6 @@ class VllmFidelitySeries:
                 "p95_gaps": [finite_or_none(g) for g in gs],
                 "median_p95_gap": finite_or_none(self.median_p95_gap()[p]),
                 "rounds_within": self.rounds_within()[p],
-                "rounds_bracketed": self.rounds_bracketed().get(p),
             }
             for p, gs in self.p95_gaps().items()
         }
@@ -300,10 +238,5 @@ def format_vllm_fidelity_series(series: VllmFidelitySeries) -> str:
     med, within_n = series.median_p95_gap(), series.rounds_within()
     for p in med:
         parts.append(f"{p}: median P95 gap {med[p]:+.1%} over {n} rounds; {within_n[p]} of them within {TARGET:.0%}")
-    for p, k in series.rounds_bracketed().items():
-        parts.append(
-            f"{p}: live P95 between the predictions with the engines at their speed before and after the replay "
-            f"(+-{TARGET:.0%}) in {k} of {n} rounds"
-        )
     parts.append("within target (median)" if series.within_target() else "NOT within target (median)")
     return "\n".join(parts)
