@@ -22,9 +22,8 @@ import httpx
 import numpy as np
 
 from gateway.core.prefix import BLOCK_TOKENS
-from gateway.core.profile import PerfProfile, profile_from
+from gateway.core.profile import TIME_CONSTANTS, PerfProfile, profile_from
 from gateway.profiling.plan import (
-    FITTED,
     CalibrationError,
     PlanSettings,
     Probe,
@@ -116,7 +115,7 @@ class CalibrationResult:
                 "rerun with --kv-tokens N"
             )
         x, t, *_ = self.constants
-        consts = dict(zip(FITTED, self.constants, strict=True))
+        consts = dict(zip(TIME_CONSTANTS, self.constants, strict=True))
         consts.update(iter_base_s=max(x, MIN_POSITIVE), token_s=max(t, MIN_POSITIVE))
         s = self.settings
         limits = {"max_num_seqs": s.max_num_seqs, "max_batched_tokens": s.max_batched_tokens}
@@ -131,7 +130,7 @@ class CalibrationResult:
     def to_json(self) -> dict[str, Any]:
         """The JSON document (``--json``)."""
         doc = {k: getattr(self, k) for k in ("worker", "model", "gpu", "tp", "measured_at")}
-        doc["constants"] = dict(zip(FITTED, self.constants, strict=True))
+        doc["constants"] = dict(zip(TIME_CONSTANTS, self.constants, strict=True))
         doc |= {k: getattr(self, k) for k in ("kv_capacity_tokens", "kv_source", "block_tokens", "block_source")}
         doc |= {"max_num_seqs": self.settings.max_num_seqs, "max_batched_tokens": self.settings.max_batched_tokens}
         doc |= {"prefix_ratio": _finite(self.prefix_ratio), "prefix_hits_tokens": _finite(self.prefix_hits_tokens)}
