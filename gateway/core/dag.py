@@ -144,10 +144,6 @@ class DagWorkflow(Workflow):
         self._remaining_cache = None
         self._n_released = 0
 
-    def fresh(self) -> DagWorkflow:
-        """An unstarted copy with the same times."""
-        return self.shifted(self.arrival, self.deadline)
-
     def shifted(self, arrival: float, deadline: float) -> DagWorkflow:
         """An unstarted copy with new arrival and deadline times (validation is not repeated)."""
         wf = DagWorkflow(self.wid, self.tenant, arrival, deadline, self.nodes, self.template)

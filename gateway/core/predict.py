@@ -207,10 +207,6 @@ class CompletionPredictor:
         """Seconds ``plan`` takes on an idle cluster (no queue anywhere): a floor for any deadline."""
         return sum(st.rounds * self.stage_time(st.calls, queue_weight=0.0) for st in plan)
 
-    def completion(self, plan: Sequence[StagePlan]) -> float:
-        """Predicted absolute completion time of ``plan`` started now."""
-        return self.now + self.duration(plan)
-
     def retry_after_s(self, plan: Sequence[StagePlan], deadline_s: float, *, tolerance_s: float = 0.05) -> float | None:
         """How long until the backlog has drained enough for ``plan`` to fit in ``deadline_s`` (a lower bound, by
         bisection): 0 when it fits now, None when it does not fit with every queue empty."""
