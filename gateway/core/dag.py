@@ -102,7 +102,6 @@ class DagWorkflow(Workflow):
     _released: list[bool] = field(default_factory=list, repr=False)
     _finished: int = field(default=0, repr=False)
     _started: bool = field(default=False, repr=False)
-    _cursor: TemplateCursor = field(default_factory=lambda: TemplateCursor(None), repr=False)
     _remaining_cache: tuple[object, int, float] | None = field(default=None, repr=False)
     _n_released: int = field(default=0, repr=False)
 

@@ -161,6 +161,8 @@ class Workflow:
     tenant: str
     arrival: float
     deadline: float
+    _cursor: TemplateCursor = field(default_factory=lambda: TemplateCursor(None), init=False, repr=False)
+    """Where the workflow stands in its template (a subclass with a template sets it)."""
 
     def start(self) -> list[CallSpec]:
         """Calls ready at arrival."""
@@ -180,8 +182,8 @@ class Workflow:
         return cost(spec.kind, spec.input_tokens, spec.output_tokens)
 
     def expected_remaining(self, cost: CostFn) -> float:
-        """Expected duration of the stages after the current one, from the template only."""
-        raise NotImplementedError
+        """Expected duration of the stages after the current one, from the template only (0 without one)."""
+        return self._cursor.remaining(cost)
 
     def remaining(self, now: float) -> float:
         """Seconds left before the deadline at ``now`` (negative once it has passed)."""
@@ -296,7 +298,6 @@ class StagedWorkflow(Workflow):
     template: WorkflowTemplate | None = None
     _index: int = field(default=-1, repr=False)
     _pending: int = field(default=0, repr=False)
-    _cursor: TemplateCursor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._cursor = TemplateCursor(self.template)
@@ -339,10 +340,6 @@ class StagedWorkflow(Workflow):
         """Total calls of the workflow (known to the driver, not used by the scheduler)."""
         return sum(len(s.calls) for s in self.stages)
 
-    def expected_remaining(self, cost: CostFn) -> float:
-        """Expected cost after the current stage, from the template (0 without a template)."""
-        return self._cursor.remaining(cost)
-
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(eq=False)
@@ -353,7 +350,6 @@ class OnlineWorkflow(Workflow):
     template: WorkflowTemplate | None = None
     stages: list[Stage] = field(default_factory=list)
     _pending: int = field(default=0, repr=False)
-    _cursor: TemplateCursor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._cursor = TemplateCursor(self.template)
@@ -380,10 +376,6 @@ class OnlineWorkflow(Workflow):
     def done(self) -> bool:
         """No call in flight (the driver decides when the workflow is over)."""
         return self._pending == 0
-
-    def expected_remaining(self, cost: CostFn) -> float:
-        """Expected cost after the current stage, from the template (0 without a template)."""
-        return self._cursor.remaining(cost)
 
     @property
     def position(self) -> tuple[int, int]:
