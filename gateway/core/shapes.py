@@ -7,7 +7,6 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from gateway.core.workflow import PhaseSpec, WorkflowTemplate
 
@@ -59,16 +58,6 @@ class QuestionSample:
         )
 
 
-class ShapeSummary(NamedTuple):
-    """Per stage kind, robust means over a window: a call's input and output tokens, calls per stage, and stages
-    per question (the evaluation kinds over the questions that evaluated)."""
-
-    inputs: dict[str, float]
-    outputs: dict[str, float]
-    widths: dict[str, float]
-    rounds: dict[str, float]
-
-
 class ShapeWindow:
     """The last ``maxlen`` answered questions and their robust summaries (cached until the next ``add``);
     ``skippable``: kinds that run only when a question evaluates (rounds counted over those that did)."""
@@ -78,7 +67,7 @@ class ShapeWindow:
             raise ValueError(f"maxlen must be >= 1, got {maxlen}")
         self._samples: deque[QuestionSample] = deque(maxlen=maxlen)
         self.skippable = skippable
-        self._cache: ShapeSummary | None = None
+        self._cache: dict[str, dict[str, float]] | None = None
 
     @property
     def questions(self) -> int:
@@ -95,8 +84,7 @@ class ShapeWindow:
         self._samples.append(sample)
         self._cache = None
 
-    def summary(self) -> ShapeSummary:
-        """The window's robust summaries (computed once per ``add``)."""
+    def _summary(self) -> dict[str, dict[str, float]]:
         if self._cache is not None:
             return self._cache
         inputs: dict[str, list[float]] = {}
@@ -128,13 +116,29 @@ class ShapeWindow:
                 if kind not in self.skippable or s.evaluated
             ]
             rounds[kind] = robust_mean([float(v) for v in among]) if among else 0.0
-        self._cache = ShapeSummary(
-            {k: robust_mean(v) for k, v in inputs.items() if v},
-            {k: robust_mean(v) for k, v in outputs.items() if v},
-            {k: robust_mean(v) for k, v in widths.items()},
-            rounds,
-        )
+        self._cache = {
+            "inputs": {k: robust_mean(v) for k, v in inputs.items() if v},
+            "outputs": {k: robust_mean(v) for k, v in outputs.items() if v},
+            "widths": {k: robust_mean(v) for k, v in widths.items()},
+            "rounds": rounds,
+        }
         return self._cache
+
+    def inputs(self) -> dict[str, float]:
+        """Per kind: a call's input tokens (robust mean)."""
+        return self._summary()["inputs"]
+
+    def outputs(self) -> dict[str, float]:
+        """Per kind: a call's output tokens (robust mean)."""
+        return self._summary()["outputs"]
+
+    def widths(self) -> dict[str, float]:
+        """Per kind: calls per stage (robust mean)."""
+        return self._summary()["widths"]
+
+    def rounds(self) -> dict[str, float]:
+        """Per kind: stages per question (robust mean; the evaluation kinds over the questions that evaluated)."""
+        return self._summary()["rounds"]
 
     @property
     def input_scale(self) -> float | None:
@@ -163,7 +167,7 @@ def fit(
     kinds) for each phase's kind; phases sharing a kind keep their share of its rounds."""
     if window.questions == 0:
         return base
-    ins, outs, widths, rnds = window.summary()
+    ins, outs, widths, rnds = window.inputs(), window.outputs(), window.widths(), window.rounds()
     base_rounds: dict[str, float] = {}
     for p in base.phases:
         base_rounds[p.kind] = base_rounds.get(p.kind, 0.0) + p.rounds

@@ -81,17 +81,17 @@ def test_the_window_forgets_old_questions() -> None:
     w = ShapeWindow(MIN_QUESTIONS, SKIPPABLE)
     for _ in range(MIN_QUESTIONS):
         w.add(sample([(CANDIDATE, [(5000, 600)])], evaluated=False))
-    assert w.summary().outputs[CANDIDATE] == 600
+    assert w.outputs()[CANDIDATE] == 600
     for _ in range(MIN_QUESTIONS):
         w.add(sample([(CANDIDATE, [(500, 12)])], evaluated=False))
-    assert w.summary().outputs[CANDIDATE] == 12 and w.questions == MIN_QUESTIONS
+    assert w.outputs()[CANDIDATE] == 12 and w.questions == MIN_QUESTIONS
 
 
 def test_input_scale_is_the_workers_count_over_the_estimate_within_limits() -> None:
     w = ShapeWindow(10)
-    assert CANDIDATE not in w.summary().outputs and w.input_scale is None
+    assert CANDIDATE not in w.outputs() and w.input_scale is None
     w.add(QuestionSample.of([(CANDIDATE, [(500, 10), (500, 14)])], evaluated=False, prompt_sizes=[(1000, 500)] * 2))
-    assert w.summary().outputs[CANDIDATE] == 12
+    assert w.outputs()[CANDIDATE] == 12
     assert w.input_scale == pytest.approx(0.5)
     w.add(QuestionSample.of([], evaluated=False, prompt_sizes=[(10, 10**6), (0, 5), (5, 0)]))  # a worker lying
     assert w.input_scale == INPUT_SCALE_LIMIT
