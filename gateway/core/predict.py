@@ -287,9 +287,8 @@ class QueueCalibration:
     def add(self, latency_s: float, predicted_s: float, critical_s: float) -> None:
         """An admitted workflow ended with a valid answer after ``latency_s`` (ignored without a queueing excess)."""
         excess = predicted_s - critical_s
-        if not (math.isfinite(excess) and math.isfinite(latency_s)) or excess < self.MIN_EXCESS * critical_s:
-            return
-        if excess <= 0.0:
+        finite = math.isfinite(excess) and math.isfinite(latency_s)
+        if not finite or excess <= 0.0 or excess < self.MIN_EXCESS * critical_s:
             return
         self._ratios.append(max(latency_s - critical_s, 0.0) / excess)
         self._factor = None
