@@ -240,9 +240,7 @@ class _Run:
                 if not await self.measure(probe, load, guess, remaining):
                     self.res.stopped_by_budget = True
                     break
-            load = await self.w.load()
-            if load is not None and load.prefix_hits_total is not None:
-                self.prefix_hits.append(load.prefix_hits_total)
+            self.note(await self.w.load())  # the prefix-cache hits after the last probe
         finally:
             bar.close()
 
