@@ -8,7 +8,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.core.dag import DagNode, topo_order
+from gateway.core.dag import DagNode, graph
 from gateway.core.estimates import Estimator
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import Call, CallSpec, CostFn, PhaseSpec, Workflow, WorkflowTemplate
@@ -58,10 +58,10 @@ def template_plan(
 
 def dag_plan(nodes: Sequence[DagNode]) -> tuple[StagePlan, ...]:
     """The nodes of a valid DAG grouped by depth: the critical path when levels are balanced, else a bound."""
-    index = {n.id: i for i, n in enumerate(nodes)}
+    order, deps, _ = graph(nodes)
     depth = [0] * len(nodes)
-    for i in topo_order(nodes):
-        depth[i] = 1 + max((depth[index[d]] for d in nodes[i].depends_on), default=-1)
+    for i in order:
+        depth[i] = 1 + max((depth[d] for d in deps[i]), default=-1)
     levels: dict[int, list[CallSpec]] = defaultdict(list)
     for n, d in zip(nodes, depth, strict=True):
         levels[d].append(CallSpec(n.kind, n.input_tokens, n.output_tokens))
