@@ -3,6 +3,7 @@ only its *template*: the expected shape of the stages to come, ``gateway/config/
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -386,16 +387,9 @@ class OnlineWorkflow(Workflow):
 def group_calls(calls: Sequence[CallSpec], parallel_kinds: frozenset[str]) -> list[Stage]:
     """Group a flat call list into stages: consecutive calls of a parallel kind form one stage."""
     stages: list[Stage] = []
-    run: list[CallSpec] = []
-    for c in calls:
-        if run and c.kind == run[0].kind and c.kind in parallel_kinds:
-            run.append(c)
-            continue
-        if run:
-            stages.append(Stage(run[0].kind, tuple(run)))
-        run = [c]
-    if run:
-        stages.append(Stage(run[0].kind, tuple(run)))
+    for kind, run in itertools.groupby(calls, key=lambda c: c.kind):
+        group = tuple(run)
+        stages += [Stage(kind, group)] if kind in parallel_kinds else [Stage(kind, (c,)) for c in group]
     return stages
 
 
