@@ -9,10 +9,10 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, Self, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.errors import ConfigError
 
@@ -47,15 +47,18 @@ def _known(names: typing.Iterable[str]) -> str:
     return ", ".join(sorted(names))
 
 
-def _at_most(model: BaseModel, field: str, bound: str) -> None:
-    """``FieldError`` at ``field`` when its value exceeds the value of the field ``bound``."""
-    value, limit = getattr(model, field), getattr(model, bound)
-    if value > limit:
-        raise FieldError(field, f"must not exceed {bound} ({limit:g}), got {value:g}")
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    at_most: ClassVar[dict[str, str]] = {}
+    """Fields whose value must not exceed another field's: field -> that field (checked after validation)."""
+
+    @model_validator(mode="after")
+    def _ordered_fields(self) -> Self:
+        for field, bound in self.at_most.items():
+            value, limit = getattr(self, field), getattr(self, bound)
+            if value > limit:
+                raise FieldError(field, f"must not exceed {bound} ({limit:g}), got {value:g}")
+        return self
 
 
 def _dotted(loc: tuple[int | str, ...]) -> str:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gateway.config.base import FieldError, Fraction, PosFloat, Share, _at_most, _Strict, load_yaml_model
+from gateway.config.base import FieldError, Fraction, PosFloat, Share, _Strict, load_yaml_model
 from gateway.config.cluster import ClusterConfig, build_workers
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog, load_profiles_file
 from gateway.config.operations import (
@@ -144,12 +144,7 @@ class OutlierConfig(_Strict):
     max_ejection_s: PosFloat = Field(300.0, description="Longest ejection; also how long a re-admission is remembered.")
     max_ejected_fraction: Fraction = Field(0.5, description="Largest share of the workers ejected at once.")
     probe_timeout_s: PosFloat = Field(10.0, description="Timeout of the probe call that re-admits a worker.")
-
-    @model_validator(mode="after")
-    def _sizes(self) -> OutlierConfig:
-        _at_most(self, "min_calls", "window")
-        _at_most(self, "base_ejection_s", "max_ejection_s")
-        return self
+    at_most = {"min_calls": "window", "base_ejection_s": "max_ejection_s"}  # noqa: RUF012 (read only)
 
 
 class HealthConfig(_Strict):

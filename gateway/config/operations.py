@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from gateway.config.base import FieldError, PosFloat, Share, _at_most, _Strict
+from gateway.config.base import FieldError, PosFloat, Share, _Strict
 from gateway.config.cluster import KnownModel
 from gateway.config.tenants import KeyHash
 
@@ -58,10 +58,7 @@ class TuningConfig(_Strict):
                     )
         return data
 
-    @model_validator(mode="after")
-    def _sizes(self) -> TuningConfig:
-        _at_most(self, "min_workflows", "window_workflows")
-        return self
+    at_most = {"min_workflows": "window_workflows"}  # noqa: RUF012 (read only)
 
 
 class RefitConfig(_Strict):
@@ -98,9 +95,10 @@ class RefitConfig(_Strict):
         description="A fit is applied only if its error is below the current profile's by this fraction.",
     )
 
+    at_most = {"min_calls": "window_calls"}  # noqa: RUF012 (read only)
+
     @model_validator(mode="after")
-    def _ordered(self) -> RefitConfig:
-        _at_most(self, "min_calls", "window_calls")
+    def _drift(self) -> RefitConfig:
         if self.max_drift < self.max_step:
             raise FieldError("max_drift", f"{self.max_drift:g} is below max_step ({self.max_step:g})")
         return self

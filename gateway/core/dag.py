@@ -41,27 +41,29 @@ class DagNode:
     """The parts of the call's prompt other calls share (``CallSpec.prefix``)."""
 
 
-def topo_order(nodes: Sequence[DagNode]) -> list[int]:
-    """Indices in a topological order; raises ``DagError`` on a problem."""
+Graph = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
+"""A node list's topological order, each node's dependencies (ascending) and its dependants, by index."""
+
+
+def graph(nodes: Sequence[DagNode]) -> Graph:
+    """The ``Graph`` of a node list; raises ``DagError`` on a problem."""
     index: dict[str, int] = {}
     for i, n in enumerate(nodes):
         if n.id in index:
             raise DagError(f"calls.{i}.id", f"duplicate call id {n.id!r} (also calls.{index[n.id]})")
         index[n.id] = i
-    indeg = [0] * len(nodes)
+    deps: list[tuple[int, ...]] = []
     children: list[list[int]] = [[] for _ in nodes]
     for i, n in enumerate(nodes):
-        seen: set[str] = set()
         for d in n.depends_on:
             if d == n.id:
                 raise DagError(f"calls.{i}.depends_on", f"call {n.id!r} depends on itself")
             if d not in index:
                 raise DagError(f"calls.{i}.depends_on", f"call {n.id!r} depends on unknown call {d!r}")
-            if d in seen:
-                continue
-            seen.add(d)
-            indeg[i] += 1
-            children[index[d]].append(i)
+        deps.append(tuple(sorted({index[d] for d in n.depends_on})))
+        for j in deps[-1]:
+            children[j].append(i)
+    indeg = [len(ds) for ds in deps]
     order = [i for i in range(len(nodes)) if indeg[i] == 0]
     head = 0
     while head < len(order):
@@ -74,14 +76,14 @@ def topo_order(nodes: Sequence[DagNode]) -> list[int]:
         stuck = sorted(nodes[i].id for i in range(len(nodes)) if indeg[i] > 0)
         shown = ", ".join(repr(s) for s in stuck[:5]) + (", ..." if len(stuck) > 5 else "")
         raise DagError("calls", f"the dependencies form a cycle through {shown}")
-    return order
+    return tuple(order), tuple(deps), tuple(tuple(c) for c in children)
 
 
 def validate_nodes(nodes: Sequence[DagNode]) -> None:
     """Raise ``DagError`` naming the first problem of a node list (empty, duplicate id, dangling, cycle)."""
     if not nodes:
         raise DagError("calls", "a workflow needs at least one call")
-    topo_order(nodes)
+    graph(nodes)
 
 
 _ONE_ORDER: tuple[int, ...] = (0,)
@@ -102,7 +104,6 @@ class DagWorkflow(Workflow):
     _released: list[bool] = field(default_factory=list, repr=False)
     _finished: int = field(default=0, repr=False)
     _started: bool = field(default=False, repr=False)
-    _cursor: TemplateCursor = field(default_factory=lambda: TemplateCursor(None), repr=False)
     _remaining_cache: tuple[object, int, float] | None = field(default=None, repr=False)
     _n_released: int = field(default=0, repr=False)
 
@@ -124,14 +125,7 @@ class DagWorkflow(Workflow):
             # One call (every chat completion): nothing to sort or index, the same workflow as below.
             wf._order, wf._deps, wf._children = _ONE_ORDER, _ONE_DEPS, _ONE_DEPS
         else:
-            wf._order = tuple(topo_order(nodes))
-            index = {n.id: i for i, n in enumerate(nodes)}
-            wf._deps = tuple(tuple(sorted({index[d] for d in n.depends_on})) for n in nodes)
-            children: list[list[int]] = [[] for _ in nodes]
-            for i, deps in enumerate(wf._deps):
-                for d in deps:
-                    children[d].append(i)
-            wf._children = tuple(tuple(c) for c in children)
+            wf._order, wf._deps, wf._children = graph(nodes)
         wf._reset()
         return wf
 
@@ -143,10 +137,6 @@ class DagWorkflow(Workflow):
         self._cursor = TemplateCursor(self.template)
         self._remaining_cache = None
         self._n_released = 0
-
-    def fresh(self) -> DagWorkflow:
-        """An unstarted copy with the same times."""
-        return self.shifted(self.arrival, self.deadline)
 
     def shifted(self, arrival: float, deadline: float) -> DagWorkflow:
         """An unstarted copy with new arrival and deadline times (validation is not repeated)."""

@@ -8,7 +8,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.core.dag import DagNode, topo_order
+from gateway.core.dag import DagNode, graph
 from gateway.core.estimates import Estimator
 from gateway.core.scheduler import Scheduler
 from gateway.core.workflow import Call, CallSpec, CostFn, PhaseSpec, Workflow, WorkflowTemplate
@@ -58,10 +58,10 @@ def template_plan(
 
 def dag_plan(nodes: Sequence[DagNode]) -> tuple[StagePlan, ...]:
     """The nodes of a valid DAG grouped by depth: the critical path when levels are balanced, else a bound."""
-    index = {n.id: i for i, n in enumerate(nodes)}
+    order, deps, _ = graph(nodes)
     depth = [0] * len(nodes)
-    for i in topo_order(nodes):
-        depth[i] = 1 + max((depth[index[d]] for d in nodes[i].depends_on), default=-1)
+    for i in order:
+        depth[i] = 1 + max((depth[d] for d in deps[i]), default=-1)
     levels: dict[int, list[CallSpec]] = defaultdict(list)
     for n, d in zip(nodes, depth, strict=True):
         levels[d].append(CallSpec(n.kind, n.input_tokens, n.output_tokens))
@@ -207,10 +207,6 @@ class CompletionPredictor:
         """Seconds ``plan`` takes on an idle cluster (no queue anywhere): a floor for any deadline."""
         return sum(st.rounds * self.stage_time(st.calls, queue_weight=0.0) for st in plan)
 
-    def completion(self, plan: Sequence[StagePlan]) -> float:
-        """Predicted absolute completion time of ``plan`` started now."""
-        return self.now + self.duration(plan)
-
     def retry_after_s(self, plan: Sequence[StagePlan], deadline_s: float, *, tolerance_s: float = 0.05) -> float | None:
         """How long until the backlog has drained enough for ``plan`` to fit in ``deadline_s`` (a lower bound, by
         bisection): 0 when it fits now, None when it does not fit with every queue empty."""
@@ -291,9 +287,8 @@ class QueueCalibration:
     def add(self, latency_s: float, predicted_s: float, critical_s: float) -> None:
         """An admitted workflow ended with a valid answer after ``latency_s`` (ignored without a queueing excess)."""
         excess = predicted_s - critical_s
-        if not (math.isfinite(excess) and math.isfinite(latency_s)) or excess < self.MIN_EXCESS * critical_s:
-            return
-        if excess <= 0.0:
+        finite = math.isfinite(excess) and math.isfinite(latency_s)
+        if not finite or excess <= 0.0 or excess < self.MIN_EXCESS * critical_s:
             return
         self._ratios.append(max(latency_s - critical_s, 0.0) / excess)
         self._factor = None

@@ -118,6 +118,9 @@ CONSTANTS: tuple[str, ...] = (
     "admit_s",
 )
 """The fields of ``PerfProfile`` besides its name, in its order: what a config entry or a fit provides."""
+TIME_CONSTANTS: tuple[str, ...] = tuple(k for k in CONSTANTS if k.endswith("_s"))
+"""The constants in seconds (the rest are counts), in the order of a fit's coefficient row
+(``LatencyModel.sample_terms``, ``gateway.profiling.plan``)."""
 
 
 def profile_from(gpu: str, model: str, source: object) -> PerfProfile:
@@ -150,13 +153,4 @@ def time_scaled(profile: PerfProfile, scale: float) -> PerfProfile:
         raise ValueError(f"time scale must be positive, got {scale}")
     if scale == 1.0:
         return profile
-    return replace(
-        profile,
-        iter_base_s=profile.iter_base_s * scale,
-        token_s=profile.token_s * scale,
-        ctx_s=profile.ctx_s * scale,
-        request_overhead_s=profile.request_overhead_s * scale,
-        attn_s=profile.attn_s * scale,
-        seq_s=profile.seq_s * scale,
-        admit_s=profile.admit_s * scale,
-    )
+    return replace(profile, **{k: getattr(profile, k) * scale for k in TIME_CONSTANTS})

@@ -287,22 +287,8 @@ def register_queue(name: str, family: QueueFamily, *, deadline_ordered: bool = F
     QUEUES[name] = QueueDiscipline(name, laned, deadline_ordered)
 
 
-def _vtc_family() -> QueueFactory:
-    counters = VtcCounters()
-    return lambda: VtcQueue(counters)
-
-
-def _keyed_family(key: Callable[[Call], float]) -> QueueFamily:
-    """The family of queues ordered by ``key``."""
-
-    def family() -> QueueFactory:
-        return partial(KeyedQueue, key)
-
-    return family
-
-
 register_queue("fcfs", lambda: FcfsQueue)
-register_queue("urgency", _keyed_family(urgency_key), deadline_ordered=True)
-register_queue("edf", _keyed_family(edf_key), deadline_ordered=True)
-register_queue("llf", _keyed_family(llf_key), deadline_ordered=True)
-register_queue("vtc", _vtc_family)
+register_queue("urgency", lambda: partial(KeyedQueue, urgency_key), deadline_ordered=True)
+register_queue("edf", lambda: partial(KeyedQueue, edf_key), deadline_ordered=True)
+register_queue("llf", lambda: partial(KeyedQueue, llf_key), deadline_ordered=True)
+register_queue("vtc", lambda: partial(VtcQueue, VtcCounters()))  # one counter set per scheduler

@@ -378,12 +378,9 @@ class Scheduler:
 
     def drain_worker(self, worker: int) -> list[Call]:
         """Take every queued call off a worker (it left or went down) so the driver can resubmit them."""
-        q = self.queues[worker]
-        out = list(q)
+        out = list(self.queues[worker])
         for c in out:
-            q.remove(c)
-            self._queued -= 1
-            self.estimator.dequeue(c, worker)
+            self.cancel(c)
         return out
 
     def queued_due_after(

@@ -3,6 +3,7 @@ only its *template*: the expected shape of the stages to come, ``gateway/config/
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -161,6 +162,8 @@ class Workflow:
     tenant: str
     arrival: float
     deadline: float
+    _cursor: TemplateCursor = field(default_factory=lambda: TemplateCursor(None), init=False, repr=False)
+    """Where the workflow stands in its template (a subclass with a template sets it)."""
 
     def start(self) -> list[CallSpec]:
         """Calls ready at arrival."""
@@ -180,8 +183,8 @@ class Workflow:
         return cost(spec.kind, spec.input_tokens, spec.output_tokens)
 
     def expected_remaining(self, cost: CostFn) -> float:
-        """Expected duration of the stages after the current one, from the template only."""
-        raise NotImplementedError
+        """Expected duration of the stages after the current one, from the template only (0 without one)."""
+        return self._cursor.remaining(cost)
 
     def remaining(self, now: float) -> float:
         """Seconds left before the deadline at ``now`` (negative once it has passed)."""
@@ -296,7 +299,6 @@ class StagedWorkflow(Workflow):
     template: WorkflowTemplate | None = None
     _index: int = field(default=-1, repr=False)
     _pending: int = field(default=0, repr=False)
-    _cursor: TemplateCursor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._cursor = TemplateCursor(self.template)
@@ -339,10 +341,6 @@ class StagedWorkflow(Workflow):
         """Total calls of the workflow (known to the driver, not used by the scheduler)."""
         return sum(len(s.calls) for s in self.stages)
 
-    def expected_remaining(self, cost: CostFn) -> float:
-        """Expected cost after the current stage, from the template (0 without a template)."""
-        return self._cursor.remaining(cost)
-
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(eq=False)
@@ -353,7 +351,6 @@ class OnlineWorkflow(Workflow):
     template: WorkflowTemplate | None = None
     stages: list[Stage] = field(default_factory=list)
     _pending: int = field(default=0, repr=False)
-    _cursor: TemplateCursor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._cursor = TemplateCursor(self.template)
@@ -381,10 +378,6 @@ class OnlineWorkflow(Workflow):
         """No call in flight (the driver decides when the workflow is over)."""
         return self._pending == 0
 
-    def expected_remaining(self, cost: CostFn) -> float:
-        """Expected cost after the current stage, from the template (0 without a template)."""
-        return self._cursor.remaining(cost)
-
     @property
     def position(self) -> tuple[int, int]:
         """(phase of its current stage, rounds of it so far); (-1, 0) before its first stage."""
@@ -394,16 +387,9 @@ class OnlineWorkflow(Workflow):
 def group_calls(calls: Sequence[CallSpec], parallel_kinds: frozenset[str]) -> list[Stage]:
     """Group a flat call list into stages: consecutive calls of a parallel kind form one stage."""
     stages: list[Stage] = []
-    run: list[CallSpec] = []
-    for c in calls:
-        if run and c.kind == run[0].kind and c.kind in parallel_kinds:
-            run.append(c)
-            continue
-        if run:
-            stages.append(Stage(run[0].kind, tuple(run)))
-        run = [c]
-    if run:
-        stages.append(Stage(run[0].kind, tuple(run)))
+    for kind, run in itertools.groupby(calls, key=lambda c: c.kind):
+        group = tuple(run)
+        stages += [Stage(kind, group)] if kind in parallel_kinds else [Stage(kind, (c,)) for c in group]
     return stages
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy import sparse
@@ -12,6 +13,14 @@ from scipy.optimize import linprog
 
 Vector = tuple[float, float, float, float]
 """``(iter_base_s, token_s, ctx_s, request_overhead_s)``."""
+
+
+def _abs_lp(m: Any, slack: Any, cost: np.ndarray, bounds: Sequence[tuple[float, float | None]]) -> Any:
+    """HiGHS's solution of ``min cost . [z, s]`` subject to ``-slack s <= m z - 1 <= slack s``, row by row."""
+    m, slack = sparse.csr_matrix(m), sparse.csr_matrix(slack)
+    ones = np.ones(m.shape[0])
+    a_ub = sparse.vstack([sparse.hstack([m, -slack]), sparse.hstack([-m, -slack])], format="csr")
+    return linprog(cost, A_ub=a_ub, b_ub=np.r_[ones, -ones], bounds=bounds, method="highs")
 
 
 def l1_relative_fit(
@@ -35,18 +44,9 @@ def l1_relative_fit(
     # Solve for u = x * scale with columns of unit magnitude: the constants span 8 orders of magnitude.
     scale = np.max(np.abs(m), axis=0)
     scale[scale == 0] = 1.0
-    mm = sparse.csr_matrix(m / scale)
     n = len(y)
-    eye = sparse.identity(n, format="csr")
-    ones = np.ones(n)
     bounds = [(lo_i * s, None if math.isinf(hi_i) else hi_i * s) for lo_i, hi_i, s in zip(lo, hi, scale, strict=True)]
-    res = linprog(
-        np.r_[np.zeros(k), ones],
-        A_ub=sparse.vstack([sparse.hstack([mm, -eye]), sparse.hstack([-mm, -eye])], format="csr"),
-        b_ub=np.r_[ones, -ones],
-        bounds=[*bounds] + [(0.0, None)] * n,
-        method="highs",
-    )
+    res = _abs_lp(m / scale, sparse.identity(n), np.r_[np.zeros(k), np.ones(n)], bounds + [(0.0, None)] * n)
     if res.status != 0:
         raise ValueError(f"the fit failed: {res.message}")
     # The solver keeps its bounds only to its tolerance (a constant at 0 can come back as -6e-20): clip to them.
@@ -65,27 +65,13 @@ def minimax_fit(
     sc = np.asarray(scale, dtype=float)
     m = a / y[:, None] * sc
     bounds = [(lo / s, hi / s) for lo, hi, s in zip(lower, upper, sc, strict=True)]
-    ones = np.ones(n)
     # Phase 1: min e  subject to  -e <= m z - 1 <= e.
-    r1 = linprog(
-        np.r_[np.zeros(4), 1.0],
-        A_ub=np.r_[np.c_[m, -ones], np.c_[-m, -ones]],
-        b_ub=np.r_[ones, -ones],
-        bounds=[*bounds, (0.0, None)],
-        method="highs",
-    )
+    r1 = _abs_lp(m, np.ones((n, 1)), np.r_[np.zeros(4), 1.0], [*bounds, (0.0, None)])
     if r1.status != 0:
         raise ValueError(f"{where}: the fit failed: {r1.message}")
     e = float(r1.x[4])
     # Phase 2: min sum d  subject to  -d <= m z - 1 <= d,  d <= e (the minimax error stays reached).
-    eye = np.eye(n)
-    r2 = linprog(
-        np.r_[np.zeros(4), ones],
-        A_ub=np.r_[np.c_[m, -eye], np.c_[-m, -eye]],
-        b_ub=np.r_[ones, -ones],
-        bounds=[*bounds] + [(0.0, e * (1 + 1e-9) + 1e-12)] * n,
-        method="highs",
-    )
+    r2 = _abs_lp(m, np.eye(n), np.r_[np.zeros(4), np.ones(n)], [*bounds] + [(0.0, e * (1 + 1e-9) + 1e-12)] * n)
     x = r2.x[:4] * sc if r2.status == 0 else r1.x[:4] * sc
     err = float(np.max(np.abs(a @ x / y - 1.0)))
     return (float(x[0]), float(x[1]), float(x[2]), float(x[3])), err

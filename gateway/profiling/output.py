@@ -12,16 +12,12 @@ from typing import Any
 
 import yaml
 
-from gateway.core.profile import CONSTANTS, PerfProfile, time_scaled
+from gateway.core.profile import CONSTANTS, TIME_CONSTANTS, PerfProfile, time_scaled
 from gateway.profiling.fit import round_sig
-from gateway.profiling.plan import FITTED
 from gateway.profiling.probe import CalibrationResult
 
 PREFIX_ON_RATIO = 0.8
 """Without a hit counter: a repeated prompt faster than this fraction of its first send reads as cached."""
-
-
-_COUNTS = frozenset({"kv_capacity_tokens", "max_num_seqs", "max_batched_tokens", "block_tokens"})
 
 
 def profile_entry(
@@ -33,7 +29,7 @@ def profile_entry(
     entry: dict[str, Any] = {"tp": res.tp}
     for key in CONSTANTS:
         value = getattr(prof, key)
-        entry[key] = value if key in _COUNTS else round_sig(value)
+        entry[key] = round_sig(value) if key in TIME_CONSTANTS else value
     entry["basis"] = f"measured: hexflow calibrate at {res.measured_at}, {len(res.fitted)} probes"
     return entry
 
@@ -78,10 +74,11 @@ def format_report(res: CalibrationResult) -> str:
     median, largest = res.error_spread()
     worst = max(res.fitted, key=lambda m: abs(m.error))
     others = sum(1 for m in res.measurements if m.others_running)
+    constants = "  ".join(f"{k} {v:.6g}" for k, v in zip(TIME_CONSTANTS, res.constants, strict=True))
     lines = [
         f"{res.worker} ({res.model}): {len(res.measurements)}/{res.planned} probes in {res.wall_s:.1f} s of a "
         f"{res.budget_s:g} s budget" + (" (stopped by the budget)" if res.stopped_by_budget else ""),
-        "  " + "  ".join(f"{k} {v:.6g}" for k, v in zip(FITTED, res.constants, strict=True)) + "  (wall seconds)",
+        f"  {constants}  (wall seconds)",
         f"  kv_capacity_tokens {res.kv_capacity_tokens if res.kv_capacity_tokens is not None else 'unknown'} "
         f"({res.kv_source}); block_tokens {res.block_tokens} ({res.block_source})",
         f"  fit: median |error| {median:.1%}, largest {largest:.1%} "

@@ -9,17 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.core.workflow import CallSpec
 from gateway.errors import GatewayError
-from gateway.profiling.fit import design_matrix
 from gateway.profiling.lpfit import l1_relative_fit
 
 STEP_MIN_OUTPUT = 8
 """The shortest long output of a step probe (shorter, and its difference of latencies is mostly noise)."""
-FITTED = ("iter_base_s", "token_s", "ctx_s", "request_overhead_s", "attn_s", "seq_s", "admit_s")
-"""The profile's constants the fit measures, in the order of a probe's coefficient row."""
 Vector = tuple[float, float, float, float, float, float, float]
-"""The fitted constants in ``FITTED``'s order."""
+"""The fitted constants in ``TIME_CONSTANTS``' order (a probe's coefficient row's)."""
 
 
 class CalibrationError(GatewayError):
@@ -109,7 +105,7 @@ def make_plan(s: PlanSettings) -> list[Probe]:
 
 
 def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
-    """Coefficients of ``FITTED`` in the mean latency of ``n`` requests of one shape that arrive together, from
+    """Coefficients of ``TIME_CONSTANTS`` in the mean latency of ``n`` requests of one shape that arrive together, from
     their iteration schedule (as ``gateway.sim.engine`` runs it). The schedule depends on the token counts only,
     so each latency is linear in the constants: the overhead, every iteration's ``t_iter`` terms, and ``n``
     intakes (``admit_s``: all are admitted in the first iteration). With ``n = 1``: ``PerfProfile.single_latency``.
@@ -155,9 +151,9 @@ def batch_features(n: int, prompt: int, output: int, chunk: int) -> np.ndarray:
 
 
 def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int, short: int | None = None) -> np.ndarray:
-    """The coefficient row of one measured probe (a lone probe: ``PerfProfile.single_latency``; a batch:
-    ``batch_features``; a ``step`` probe: its long and short batches' rows differenced over their outputs' difference,
-    ``short`` defaulting to ``step_short(output)``)."""
+    """The coefficient row of one measured probe (a lone probe or a batch: ``batch_features``; a ``step`` probe: its
+    long and short batches' rows differenced over their outputs' difference, ``short`` defaulting to
+    ``step_short(output)``)."""
     if kind == "step":
         lo = step_short(output) if short is None else short
         if not 1 <= lo < output:
@@ -166,19 +162,13 @@ def probe_features(kind: str, n: int, prompt: int, output: int, chunk: int, shor
             output - lo
         )
         return diff
-    if n == 1:
-        calls = [CallSpec(kind, max(prompt, 1), max(output, 1))]
-        return np.append(np.asarray(design_matrix(calls, chunk, attention=True, seq=True)[0], dtype=float), 1.0)
-    return batch_features(n, prompt, output, chunk)
+    return batch_features(n, max(prompt, 1), max(output, 1), chunk)
 
 
 def fit_constants(a: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
     """Coefficients ``>= 0`` minimising the sum of ``|a x / y - 1|`` (an L1 fit of relative errors; a
     linear program, ``gateway.profiling.lpfit.l1_relative_fit``), one per column of ``a``. Raises
     ``CalibrationError`` when there is nothing to fit or the solver fails."""
-    k = a.shape[1] if a.ndim == 2 else 0
-    if len(y) == 0 or k == 0 or a.shape[0] != len(y) or not np.all(y > 0):
-        raise CalibrationError("no measured probe to fit (every probe failed or the budget ended first)")
     try:
         return l1_relative_fit(a, y)
     except ValueError as exc:

@@ -22,9 +22,8 @@ import httpx
 import numpy as np
 
 from gateway.core.prefix import BLOCK_TOKENS
-from gateway.core.profile import PerfProfile, profile_from
+from gateway.core.profile import TIME_CONSTANTS, PerfProfile, profile_from
 from gateway.profiling.plan import (
-    FITTED,
     CalibrationError,
     PlanSettings,
     Probe,
@@ -34,8 +33,8 @@ from gateway.profiling.plan import (
     probe_features,
     step_short,
 )
-from gateway.profiling.promparse import KV_CACHE_USAGE
-from gateway.profiling.worker import CACHE_CONFIG_INFO, ProbeWorker, WorkerLoad
+from gateway.profiling.promparse import CACHE_CONFIG_INFO, KV_CACHE_USAGE, WorkerMetrics
+from gateway.profiling.worker import ProbeWorker
 
 MIN_POSITIVE = 1e-12
 """``iter_base_s`` and ``token_s`` must be positive in ``gpus.yaml``; a fit at 0 is written as this."""
@@ -116,7 +115,7 @@ class CalibrationResult:
                 "rerun with --kv-tokens N"
             )
         x, t, *_ = self.constants
-        consts = dict(zip(FITTED, self.constants, strict=True))
+        consts = dict(zip(TIME_CONSTANTS, self.constants, strict=True))
         consts.update(iter_base_s=max(x, MIN_POSITIVE), token_s=max(t, MIN_POSITIVE))
         s = self.settings
         limits = {"max_num_seqs": s.max_num_seqs, "max_batched_tokens": s.max_batched_tokens}
@@ -131,7 +130,7 @@ class CalibrationResult:
     def to_json(self) -> dict[str, Any]:
         """The JSON document (``--json``)."""
         doc = {k: getattr(self, k) for k in ("worker", "model", "gpu", "tp", "measured_at")}
-        doc["constants"] = dict(zip(FITTED, self.constants, strict=True))
+        doc["constants"] = dict(zip(TIME_CONSTANTS, self.constants, strict=True))
         doc |= {k: getattr(self, k) for k in ("kv_capacity_tokens", "kv_source", "block_tokens", "block_source")}
         doc |= {"max_num_seqs": self.settings.max_num_seqs, "max_batched_tokens": self.settings.max_batched_tokens}
         doc |= {"prefix_ratio": _finite(self.prefix_ratio), "prefix_hits_tokens": _finite(self.prefix_hits_tokens)}
@@ -207,16 +206,16 @@ class _Run:
         if self.bar is not None:
             self.bar.set_postfix_str(f"backing off: {waiting:g} waiting")
 
-    def note(self, load: WorkerLoad | None) -> bool:
+    def note(self, load: WorkerMetrics | None) -> bool:
         """Keep what the worker's metrics said; False when others' requests still queue (the budget ended
         while backing off)."""
         if load is None:
             return True
         self.res.metrics_available = True
-        self.kv_found = self.kv_found if load.kv_tokens is None else load.kv_tokens
+        self.kv_found = self.kv_found if load.kv_capacity_tokens is None else load.kv_capacity_tokens
         self.block_found = self.block_found if load.block_tokens is None else load.block_tokens
-        if load.prefix_hits is not None:
-            self.prefix_hits.append(load.prefix_hits)
+        if load.prefix_hits_total is not None:
+            self.prefix_hits.append(load.prefix_hits_total)
         return load.queued <= 0
 
     async def run(self, plan: Sequence[Probe], progress: bool) -> None:
@@ -241,13 +240,11 @@ class _Run:
                 if not await self.measure(probe, load, guess, remaining):
                     self.res.stopped_by_budget = True
                     break
-            load = await self.w.load()
-            if load is not None and load.prefix_hits is not None:
-                self.prefix_hits.append(load.prefix_hits)
+            self.note(await self.w.load())  # the prefix-cache hits after the last probe
         finally:
             bar.close()
 
-    async def measure(self, probe: Probe, load: WorkerLoad | None, guess: float | None, remaining: float) -> bool:
+    async def measure(self, probe: Probe, load: WorkerMetrics | None, guess: float | None, remaining: float) -> bool:
         """Send one probe and keep its measurement; False when the budget ended during it."""
         w, clock = self.w, self.clock
         watch: asyncio.Task[int | None] | None = None
@@ -396,11 +393,11 @@ async def _watch_usage(
     t0 = clock()
     await sleep(predicted_s / 2)
     load = await w.load()
-    if load is None or not load.kv_usage or load.running is None or load.running < 1:
+    if load is None or not load.kv_cache_usage or load.running is None or load.running < 1:
         return None
     x, t, c, o, a, q, h = constants
     n, p = probe.concurrency, probe.prompt
     elapsed = clock() - t0 - o - n * h - (x + t * n * p + a * n * p * (p + 1) / 2)
     step = x + (t + q) * n + c * n * p
     k = min(probe.output, max(0.0, elapsed / step)) if step > 0 else 0.0
-    return int(load.running * (p + k) / load.kv_usage)
+    return int(load.running * (p + k) / load.kv_cache_usage)

@@ -5,6 +5,7 @@ name (suffixes such as ``_total`` kept, ``_created`` ignored). Malformed text ra
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -21,6 +22,10 @@ GENERATION_TOKENS = "vllm:generation_tokens_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 REQUEST_SUCCESS = "vllm:request_success_total"
 E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+"""An info metric whose labels give the engine's KV capacity (``kv_cache_size_tokens``; before vLLM 0.32
+``num_gpu_blocks`` x ``block_size``) and block size."""
 
 _MAX_MESSAGE = 200
 
@@ -35,8 +40,10 @@ class WorkerMetrics:
 
     Requests running and waiting in the engines, KV-cache usage (0..1, ``vllm:kv_cache_usage_perc`` or the older
     ``vllm:gpu_cache_usage_perc``: the mean over engines), and counters since the worker started: prefill tokens,
-    generated tokens, preemptions (KV cache full), requests finished (any ``finished_reason``), and the sum and
-    count of finished requests' end-to-end latencies (seconds). Other values are summed over their series.
+    generated tokens, preemptions (KV cache full), requests finished (any ``finished_reason``), the sum and
+    count of finished requests' end-to-end latencies (seconds) and prompt tokens served from the prefix cache.
+    Other values are summed over their series. ``kv_capacity_tokens`` and ``block_tokens``: the engine's, from
+    ``vllm:cache_config_info`` (of any model).
     """
 
     running: float | None
@@ -48,6 +55,14 @@ class WorkerMetrics:
     request_success_total: float | None
     e2e_latency_sum: float | None
     e2e_latency_count: float | None
+    prefix_hits_total: float | None = None
+    kv_capacity_tokens: int | None = None
+    block_tokens: int | None = None
+
+    @property
+    def queued(self) -> float:
+        """Requests waiting on the worker (0 where it does not say)."""
+        return self.waiting or 0.0
 
 
 def _families(text: str) -> Iterator[Metric]:
@@ -90,11 +105,14 @@ class _Samples:
         self.values: dict[str, list[float]] = {}
         self.present: set[str] = set()
         self.declared: set[str] = set()
+        self.cache_config: list[dict[str, str]] = []
         for family in _families(text):
             self.declared.update(_declared(family))
             for s in family.samples:
                 if s.name.endswith("_created"):
                     continue
+                if s.name == CACHE_CONFIG_INFO:
+                    self.cache_config.append(s.labels)
                 self.present.add(s.name)
                 if model is None or s.labels.get("model_name") == model:
                     self.values.setdefault(s.name, []).append(float(s.value))
@@ -121,6 +139,21 @@ class _Samples:
         return float(sum(vals) / len(vals)) if vals else 0.0
 
 
+def _cache_config(rows: list[dict[str, str]]) -> tuple[int | None, int | None]:
+    """(KV capacity in tokens, block size) from ``vllm:cache_config_info``'s labels; None: absent or below 1."""
+    kv: int | None = None
+    block: int | None = None
+    for labels in rows:
+        with contextlib.suppress(KeyError, ValueError):
+            block = int(labels["block_size"])
+        with contextlib.suppress(KeyError, ValueError):
+            kv = int(labels["kv_cache_size_tokens"])
+            continue
+        with contextlib.suppress(KeyError, ValueError):
+            kv = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+    return (None if kv is None or kv < 1 else kv), (None if block is None or block < 1 else block)
+
+
 def parse_worker_metrics(text: str, model: str | None = None) -> WorkerMetrics:
     """The load and counters of a vLLM worker from its ``/metrics`` text.
 
@@ -132,6 +165,7 @@ def parse_worker_metrics(text: str, model: str | None = None) -> WorkerMetrics:
     kv = s.mean(KV_CACHE_USAGE)
     if kv is None:
         kv = s.mean(KV_CACHE_USAGE_OLD)
+    kv_tokens, block = _cache_config(s.cache_config)
     return WorkerMetrics(
         running=s.sum(RUNNING),
         waiting=s.sum(WAITING),
@@ -142,4 +176,7 @@ def parse_worker_metrics(text: str, model: str | None = None) -> WorkerMetrics:
         request_success_total=s.sum(REQUEST_SUCCESS),
         e2e_latency_sum=s.sum(f"{E2E_LATENCY}_sum"),
         e2e_latency_count=s.sum(f"{E2E_LATENCY}_count"),
+        prefix_hits_total=s.sum(PREFIX_HITS),
+        kv_capacity_tokens=kv_tokens,
+        block_tokens=block,
     )

@@ -13,13 +13,12 @@ from typing import Any
 import numpy as np
 
 from gateway.core.latency import LatencyModel
-from gateway.core.profile import PerfProfile
+from gateway.core.profile import TIME_CONSTANTS, PerfProfile
 from gateway.core.samples import CallSample
 from gateway.core.scheduler import Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.profiling.fit import FITTED, round_sig
 from gateway.profiling.lpfit import l1_relative_fit
-from gateway.profiling.plan import FITTED as COLUMNS
 
 RESULTS = ("applied", "kept", "rejected", "skipped", "failed")
 """Outcome labels of one refit attempt (``hexflow_profile_refits_total{result}``)."""
@@ -61,7 +60,7 @@ def sample_rows(samples: Sequence[CallSample], model: LatencyModel) -> tuple[np.
 
 
 def constants_of(p: PerfProfile) -> tuple[float, float, float, float, float, float, float]:
-    """The profile's ``COLUMNS`` constants (``FITTED``, then ``attn_s``, ``seq_s`` and ``admit_s``: the columns of
+    """The profile's ``TIME_CONSTANTS`` (``FITTED``, then ``attn_s``, ``seq_s`` and ``admit_s``: the columns of
     ``sample_rows``)."""
     return (p.iter_base_s, p.token_s, p.ctx_s, p.request_overhead_s, p.attn_s, p.seq_s, p.admit_s)
 
@@ -255,5 +254,5 @@ def profile_status(info: WorkerInfo) -> dict[str, Any]:
     return {
         "name": p.name,
         "source": info.profile_source,
-        "constants": {k: round_sig(v) for k, v in zip(COLUMNS, constants_of(p), strict=True)},
+        "constants": {k: round_sig(v) for k, v in zip(TIME_CONSTANTS, constants_of(p), strict=True)},
     }

@@ -8,28 +8,17 @@ worker's own ``usage`` counts are returned."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import random
 import secrets
-import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
 
 from gateway.profiling.plan import CalibrationError, Probe
-from gateway.profiling.promparse import (
-    KV_CACHE_USAGE,
-    KV_CACHE_USAGE_OLD,
-    RUNNING,
-    WAITING,
-    MetricsParseError,
-    parse_families,
-)
+from gateway.profiling.promparse import MetricsParseError, WorkerMetrics, parse_worker_metrics
 
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 TOKEN_ID_RANGE = (100, 1100)
@@ -39,51 +28,6 @@ small ones (the tiny CPU test model has 3072); the range of the gateway's synthe
 
 Arrival = tuple[float, int, int]
 """One request of a timed stream: (offset from the stream's start in seconds, prompt tokens, output tokens)."""
-
-
-@dataclass
-class WorkerLoad:
-    """What a worker's ``/metrics`` said: its load, its KV capacity and block size, its prefix-cache hits."""
-
-    running: float | None
-    waiting: float | None
-    kv_usage: float | None
-    kv_tokens: int | None
-    prefix_hits: float | None
-    block_tokens: int | None = None
-
-    @property
-    def queued(self) -> float:
-        """Others' requests waiting on the worker (0 where it does not say)."""
-        return self.waiting or 0.0
-
-
-def load_from(text: str) -> WorkerLoad:
-    """A worker's load from its ``/metrics`` text (``MetricsParseError`` on bad text)."""
-    fam = parse_families(text)
-
-    def total(name: str) -> float | None:
-        rows = fam.get(name)
-        return sum(v for _, v in rows) if rows else None
-
-    usage_rows = fam.get(KV_CACHE_USAGE) or fam.get(KV_CACHE_USAGE_OLD)
-    usage = statistics.fmean(v for _, v in usage_rows) if usage_rows else None
-    kv: int | None = None
-    block: int | None = None
-    for labels, _ in fam.get(CACHE_CONFIG_INFO, []):
-        with contextlib.suppress(KeyError, ValueError):
-            block = int(labels["block_size"])
-        # vLLM 0.32 labels the capacity in tokens; older versions give blocks and the block size.
-        with contextlib.suppress(KeyError, ValueError):
-            kv = int(labels["kv_cache_size_tokens"])
-            continue
-        with contextlib.suppress(KeyError, ValueError):
-            kv = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
-    if kv is not None and kv < 1:
-        kv = None
-    if block is not None and block < 1:
-        block = None
-    return WorkerLoad(total(RUNNING), total(WAITING), usage, kv, total(PREFIX_HITS), block)
 
 
 class ProbeWorker:
@@ -97,13 +41,13 @@ class ProbeWorker:
         """Salts every prompt of this calibration: a second calibration of the same worker must not hit the
         blocks the first one left in its prefix cache."""
 
-    async def load(self) -> WorkerLoad | None:
+    async def load(self) -> WorkerMetrics | None:
         """The worker's ``/metrics`` now (None when it has none or does not answer)."""
         try:
             r = await self.client.get(f"{self.url}/metrics", timeout=5.0)
             if r.status_code != 200:
                 return None
-            return load_from(r.text)
+            return parse_worker_metrics(r.text)
         except (httpx.HTTPError, MetricsParseError):
             return None
 
@@ -113,7 +57,7 @@ class ProbeWorker:
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]],
         on_wait: Callable[[float, float], None] | None = None,
-    ) -> WorkerLoad | None:
+    ) -> WorkerMetrics | None:
         """The worker's load once none of others' requests wait on it: while some do, back off (1 s,
         doubling up to 30 s; ``on_wait(waiting, seconds)`` before each wait) until ``deadline``, when the
         last read, still showing waiting requests, is returned. None when the worker has no metrics."""

@@ -57,7 +57,6 @@ class EngineStats:
     max_running: int = 0
     max_kv: int = 0
     busy_s: float = 0.0
-    segments: int = 0
     prompt_tokens: int = 0
     prefix_hit_tokens: int = 0
     evicted_tokens: int = 0
@@ -411,7 +410,6 @@ class SimEngine:
         self.busy = True
         self.version += 1
         self.wake_at = now + self._seg_time(k)
-        self.stats.segments += 1
         return True
 
     def _add_attention(self, tok: int) -> None:

@@ -30,10 +30,6 @@ class TuneResult:
     alpha: float
     points: tuple[TunePoint, ...]
 
-    def best(self) -> TunePoint:
-        """The grid point of the chosen alpha."""
-        return next(p for p in self.points if p.alpha == self.alpha)
-
 
 def _smoothed(points: Sequence[TunePoint]) -> list[float]:
     """Each point's P95 averaged with its neighbours on the (sorted) grid; inf stays inf."""

@@ -73,7 +73,7 @@ async def test_live_path_takes_the_simulators_decisions(tmp_path: Path, policy: 
         for i, (a, st) in enumerate(zip(arrivals, stages, strict=True))
     ]
     sim = Simulator(workers, policy, alpha=0.3 if policy == "hexgen" else None, seed=0, record_calls=True)
-    res = sim.run([d.fresh() for d in dags])
+    res = sim.run([d.shifted(d.arrival, d.deadline) for d in dags])
     assert res.unfinished == 0
     assert max(sim.scheduler.queue_len(i) for i in range(4)) == 0
     queued_somewhere = any(c.queued_s > 1e-9 for c in res.calls)

@@ -4,10 +4,11 @@ Azure's or BurstGPT's, Mooncake's JSON lines, ServeGen's fits; ``pattern_arrival
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -104,7 +105,7 @@ def replay_arrivals(
     with _trace_file(path, "CSV file", newline="") as f:
         reader = csv.DictReader(f)
         col = _time_column(list(reader.fieldnames or []), column, where)
-        stamps = _read_times(reader, col, n, where)
+        stamps = _offsets(_read_times(reader, col, where), n, where)
     if not stamps:
         return []
     offsets = stamps
@@ -135,26 +136,28 @@ def _time_column(header: list[str], column: str | None, where: str) -> str:
     )
 
 
-def _read_times(reader: csv.DictReader[str], col: str, n: int | None, where: str) -> list[float]:
-    """Offsets from the first row, checking every row parses and time never goes backwards."""
-    out: list[float] = []
-    first: float | datetime | None = None
-    prev = 0.0
+def _read_times(reader: csv.DictReader[str], col: str, where: str) -> Iterator[tuple[str, float | datetime]]:
+    """Each row's time in column ``col``, with where it stands (for ``_offsets``)."""
     for row_index, row in enumerate(reader, start=1):
-        if n is not None and row_index > n:
-            break
         raw = row.get(col)
         at = f"row {row_index} column {col}"
         try:
             if raw is None:
                 raise ValueError("missing")
-            value = _parse_time(raw)
+            yield at, _parse_time(raw)
         except ValueError:
             raise ConfigError(
                 where,
                 at,
                 f"expected seconds or a timestamp like 2023-11-16 18:15:46.6805900, got {raw!r}",
             ) from None
+
+
+def _offsets(times: Iterable[tuple[str, float | datetime]], n: int | None, where: str) -> list[float]:
+    """The first ``n`` times as offsets from the first one, checking they keep its format and never go backwards."""
+    out: list[float] = []
+    first: float | datetime | None = None
+    for at, value in itertools.islice(times, n):
         if first is None:
             first = value
         if isinstance(value, datetime) and isinstance(first, datetime):
@@ -163,9 +166,8 @@ def _read_times(reader: csv.DictReader[str], col: str, n: int | None, where: str
             offset = value - first
         else:
             raise ConfigError(where, at, "expected the same time format as the first row")
-        if offset < prev:
+        if out and offset < out[-1]:
             raise ConfigError(where, at, "expected non-decreasing times (the trace must be sorted)")
-        prev = offset
         out.append(offset)
     return out
 
@@ -174,13 +176,9 @@ def jsonl_arrivals(path: Path, n: int | None = None, key: str = "timestamp") -> 
     """Arrival offsets (in the file's time unit) from a JSON-lines trace such as Mooncake's (``timestamp``
     in milliseconds), 0.0 first; only the first ``n`` lines when given. Times must not go backwards."""
     where = str(path)
-    out: list[float] = []
-    first: float | None = None
-    prev = 0.0
-    with _trace_file(path, "JSON-lines file") as f:
-        for i, line in enumerate(f, start=1):
-            if n is not None and len(out) >= n:
-                break
+
+    def times(lines: Iterable[str]) -> Iterator[tuple[str, float | datetime]]:
+        for i, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             at = f"line {i}"
@@ -191,15 +189,10 @@ def jsonl_arrivals(path: Path, n: int | None = None, key: str = "timestamp") -> 
             raw = obj.get(key) if isinstance(obj, dict) else None
             if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
                 raise ConfigError(where, f"{at}.{key}", f"expected a number, got {raw!r}")
-            t = float(raw)
-            if first is None:
-                first = t
-            offset = t - first
-            if offset < prev:
-                raise ConfigError(where, at, "expected non-decreasing times (the trace must be sorted)")
-            prev = offset
-            out.append(offset)
-    return out
+            yield at, float(raw)
+
+    with _trace_file(path, "JSON-lines file") as f:
+        return _offsets(times(f), n, where)
 
 
 SERVEGEN_WINDOW_S = 600.0

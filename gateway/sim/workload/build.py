@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -37,11 +38,8 @@ def build_workload(
         raise ValueError(f"slo_s must be a positive number, got {slo_s}")
     if not queries and any(t.kind == "text2sql" for t in tenants):
         raise ValueError("a text2sql tenant needs at least one query")
-    cumulative: list[float] = []
-    total = 0.0
-    for t in tenants:
-        total += t.share
-        cumulative.append(total)
+    cumulative = list(itertools.accumulate(t.share for t in tenants))
+    total = cumulative[-1]
     full_knobs = full if full is not None else Knobs(2, 10, True)
     degraders: dict[str, Degrader] = {}
     for t in tenants:

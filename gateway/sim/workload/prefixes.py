@@ -3,6 +3,7 @@ docs/benchmarks.md, "Prefix caching")."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -24,28 +25,17 @@ def chess_prefixes(query: Sequence[CallSpec]) -> list[CallSpec]:
     revise_shared = min(revise) - REVISE_TAIL if revise else 0
     evaluate_shared = min(evaluate) - EVALUATE_TAIL if evaluate else 0
     out: list[CallSpec] = []
-    i = 0
-    n = len(query)
-    while i < n:
-        c = query[i]
-        if c.kind == CANDIDATE:
-            j = i
-            while j < n and query[j].kind == CANDIDATE:
-                j += 1
-            group = list(query[i:j])
-            longest = max(x.input_tokens for x in group)
-            shortest = min(x.input_tokens for x in group)
-            gap = longest - shortest
-            for x in group:
-                if not x.prefix and gap > 0 and x.input_tokens == longest:
-                    x = replace(x, prefix=(PrefixSeg(f"{CANDIDATE}/longer-template", gap),))
-                out.append(x)
-            i = j
+    for kind, run in itertools.groupby(query, key=lambda c: c.kind):
+        group = list(run)
+        if kind != CANDIDATE:
+            out += [c if c.prefix else _with_prefix(c, revise_shared, evaluate_shared) for c in group]
             continue
-        if not c.prefix:
-            c = _with_prefix(c, revise_shared, evaluate_shared)
-        out.append(c)
-        i += 1
+        longest = max(x.input_tokens for x in group)
+        gap = longest - min(x.input_tokens for x in group)
+        shared = (PrefixSeg(f"{CANDIDATE}/longer-template", gap),)
+        out += [
+            replace(x, prefix=shared) if not x.prefix and gap > 0 and x.input_tokens == longest else x for x in group
+        ]
     return out
 
 

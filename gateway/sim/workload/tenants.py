@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 from gateway.core.degrade import QUALITY_MODES, QualityMode
 
@@ -34,9 +34,10 @@ class TenantSpec:
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"tenant {self.name!r}: {key} must be a positive number, got {value}")
         if self.kind not in _TENANT_KINDS:
-            raise ValueError(f"tenant {self.name!r}: kind must be one of {', '.join(_TENANT_KINDS)}")
+            raise ValueError(f"tenant {self.name!r}: kind must be text2sql or chat, got {self.kind!r}")
         if self.quality not in QUALITY_MODES:
-            raise ValueError(f"tenant {self.name!r}: quality must be one of {', '.join(QUALITY_MODES)}")
+            modes = ", ".join(QUALITY_MODES)
+            raise ValueError(f"tenant {self.name!r}: quality must be one of {modes}, got {self.quality!r}")
 
     def relative_deadline(self, slo_s: float) -> float:
         """Seconds from arrival to deadline, given the workload's base SLO."""
@@ -88,28 +89,14 @@ def _tenant_from_fields(name: str, part: str, values: dict[str, str]) -> TenantS
                 numbers[key] = float(values[key])
             except ValueError:
                 raise ValueError(f"tenant spec part {part!r}: {key} must be a number, got {values[key]!r}") from None
-    kind_text = values.get("kind", "text2sql")
-    kind: TenantKind
-    if kind_text == "text2sql":
-        kind = "text2sql"
-    elif kind_text == "chat":
-        kind = "chat"
-    else:
-        raise ValueError(f"tenant spec part {part!r}: kind must be text2sql or chat, got {kind_text!r}")
-    quality_text = values.get("quality", "full")
-    quality: QualityMode | None = next((m for m in QUALITY_MODES if m == quality_text), None)
-    if quality is None:
-        raise ValueError(
-            f"tenant spec part {part!r}: quality must be one of {', '.join(QUALITY_MODES)}, got {quality_text!r}"
-        )
     try:
         return TenantSpec(
             name,
             deadline_s=numbers.get("deadline_s"),
             slo_scale=numbers.get("slo_scale"),
             share=numbers.get("share", 1.0),
-            kind=kind,
-            quality=quality,
+            kind=cast(TenantKind, values.get("kind", "text2sql")),  # both checked by TenantSpec
+            quality=cast(QualityMode, values.get("quality", "full")),
         )
     except ValueError as exc:
         raise ValueError(f"tenant spec part {part!r}: {exc}") from None
