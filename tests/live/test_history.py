@@ -154,6 +154,12 @@ def test_kept_calls_are_sorted_by_ready_time_and_capped() -> None:
     assert first["waited_s"] == 0.5 and first["ran_s"] == 0.5 and not first["over_budget"]
 
 
+def test_kept_calls_drop_the_answer_and_error_and_keep_every_other_field() -> None:
+    c = CallOutcome(1, 2, "k", 1.0, 5.0, 3, "w", 2.0, 1.0, 3.0, 2, 4.0, 4.5, False, answer="a", error=CallFailed("x"))
+    (kept,), n = kept_calls([c])
+    assert n == 1 and kept == replace(c, answer=None, error=None)
+
+
 def test_a_call_never_sent_waited_until_it_failed() -> None:
     wf = _wf(1, 4.0, finished=4.0, calls=(_call(1.0, None, 4.0, ok=False),))
     [c] = status_entry(wf, 4.0)["calls"]
