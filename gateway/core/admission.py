@@ -1,5 +1,6 @@
 """Admission, one implementation for both drivers: ``admit`` (an ``Admission`` token or ``AdmissionRefused``),
-``take`` at start, ``submitted`` per call, ``overdue`` periodically (shed, demote or expire), ``ended``. Pure."""
+``take`` at start, ``submitted`` per call, ``overdue`` periodically (shed, demote or expire), ``ended``; and the
+admission of the systems the baselines stand for (``SaturationGate``, ``QueueGate``). Pure."""
 
 from __future__ import annotations
 
@@ -118,6 +119,40 @@ class ShedVerdict:
     message: str = ""
     retry_after_s: int = 1
     queued: tuple[Call, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SaturationGate:
+    """llm-d's flow control (gateway-api-inference-extension's saturation detector, its defaults): a sheddable
+    request is refused while every eligible worker is saturated, its waiting queue at ``queue_depth`` calls or
+    more or its KV cache at ``kv_util`` or more."""
+
+    queue_depth: int = 5
+    kv_util: float = 0.8
+
+    def refuses(self, scheduler: Scheduler) -> bool:
+        """True while no eligible worker has room (a pool without workers refuses too)."""
+        loads = scheduler.estimator.loads
+        for w in scheduler.eligible_workers():
+            kv = loads[w].inflight_kv / scheduler.workers[w].profile.kv_capacity_tokens
+            if scheduler.queue_len(w) < self.queue_depth and kv < self.kv_util:
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGate:
+    """A queue-length 429: a new workflow is refused while the queues hold ``max_queued`` calls or more."""
+
+    max_queued: int
+
+    def __post_init__(self) -> None:
+        if self.max_queued < 1:
+            raise ValueError(f"max_queued must be at least 1, got {self.max_queued}")
+
+    def refuses(self, scheduler: Scheduler) -> bool:
+        """True while the queues are at or over the limit."""
+        return scheduler.queued_total() >= self.max_queued
 
 
 TenantRule = Callable[[Workflow], str | None]

@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, knob_plan
 from gateway.core.predict import CompletionPredictor
-from gateway.core.workflow import CANDIDATE, REVISE, CallSpec, StagedWorkflow, TemplateCursor, WorkflowTemplate
+from gateway.core.workflow import (
+    CANDIDATE,
+    REVISE,
+    CallSpec,
+    Stage,
+    StagedWorkflow,
+    TemplateCursor,
+    WorkflowTemplate,
+)
+
+
+def knobbed_calls(stages: Sequence[Stage], knobs: Knobs) -> list[CallSpec]:
+    """The calls of traced ``stages`` that a workflow run at ``knobs`` from its arrival issues (as
+    ``KnobbedWorkflow`` releases them, without the deadline rule)."""
+    return [c for st in knobbed_stages(stages, knobs) for c in st]
+
+
+def knobbed_stages(stages: Sequence[Stage], knobs: Knobs) -> list[Sequence[CallSpec]]:
+    """``knobbed_calls`` stage by stage."""
+    out: list[Sequence[CallSpec]] = []
+    revisions = 0
+    run: int | None = None
+    for st in stages:
+        if st.kind == REVISE:
+            if revisions >= knobs.max_revisions:
+                continue
+            revisions += 1
+        elif st.kind in SKIPPABLE and not (knobs.evaluate and (run or knobs.candidates) >= 2):
+            continue
+        calls = st.calls
+        if st.kind == CANDIDATE:
+            run = min(knobs.candidates, len(calls)) if run is None else run
+            calls = calls[:run]
+        out.append(calls)
+    return out
 
 
 @dataclass(eq=False)
