@@ -61,7 +61,7 @@ def test_variants_parse() -> None:
     assert parse_variant("hexgen+adaptive+admit") == Variant("hexgen", "adaptive", True)
     assert parse_variant("edf+admit") == Variant("edf", "full", True)
     for bad in ("nope+adaptive", "hexgen+best", "hexgen+admit+adaptive", "hexgen+admit+admit", "hexgen+fast+adaptive"):
-        with pytest.raises(ValueError, match="variant|policy"):
+        with pytest.raises(ValueError, match=r"variant|policy"):
             parse_variant(bad)
     # Each system's own admission: ours predicts, llm-d sheds when saturated, the others refuse at a queue length.
     assert [parse_variant(f"{p}+admit").admission for p in ("hexgen", "llmd", "edf")] == [
