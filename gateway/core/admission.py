@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Literal
 
-from gateway.core.degrade import QuestionPlan
+from gateway.core.degrade import BurstRegime, Knobs, QuestionPlan, knob_grid
 from gateway.core.predict import (
     SUSTAINABLE_SHARE,
     CompletionPredictor,
@@ -163,7 +163,9 @@ TenantRule = Callable[[Workflow], str | None]
 class Admitter:
     """Admission and the work it committed, on one scheduler (one per driver). ``retry_after``: compute a refusal's
     exact wait (the simulator answers no client). ``lenient_start``: until the forecast is verified, refuse only
-    what cannot make it at full throughput with nothing queued after its first stage."""
+    what cannot make it at full throughput with nothing queued after its first stage. ``regime``: degradation
+    ahead of the backlog (every workflow admitted with a deadline counts; a degrading question is capped in a
+    burst)."""
 
     scheduler: Scheduler
     _: KW_ONLY
@@ -172,6 +174,7 @@ class Admitter:
     best_effort_max_age: float | None = None
     retry_after: bool = True
     lenient_start: bool = True
+    regime: BurstRegime | None = None
     throughput: ThroughputMeter = field(init=False, default_factory=ThroughputMeter)
     calibration: QueueCalibration = field(init=False, default_factory=QueueCalibration)
     committed_s: float = field(init=False, default=0.0)
@@ -209,14 +212,17 @@ class Admitter:
         ordered = deadline_s is not None and QUEUES[sched.policy.queue].deadline_ordered
         due = now + (deadline_s or 0.0)
         after = sched.queued_due_after(due) if ordered else None
-        pred = CompletionPredictor(
-            sched,
-            now,
-            committed_s=self._committed_ahead(due) if ordered else self.committed_s,
-            efficiency=self.efficiency(now),
-            after=after,
-        )
+        committed = self._committed_ahead(due) if ordered else self.committed_s
+        efficiency = self.efficiency(now)
+        pred = CompletionPredictor(sched, now, committed_s=committed, efficiency=efficiency, after=after)
         work = pred.plan_work(plan)
+        reg = self.regime
+        if reg is not None and deadline_s is not None:
+            question = self._burst(now, deadline_s, pred, work, question)
+            if question is not None and question.ceiling is not None and reg.capacity > efficiency:
+                # A question capped by a burst degrades further if the backlog drains slower than forecast: it is
+                # forecast at the capacity the burst is measured against, not the share full-quality promises need.
+                pred = CompletionPredictor(sched, now, committed_s=committed, efficiency=reg.capacity, after=after)
         predicted, critical = pred.duration(plan), pred.critical_path(plan)
         if deadline_s is not None and checked:
             judge, forecast = pred, predicted
@@ -244,6 +250,29 @@ class Admitter:
         self._held += 1
         self._held_s += work
         return Admission(work_s=work, plan=question, owner=self, predicted_s=predicted, critical_s=critical)
+
+    def _burst(
+        self, now: float, deadline_s: float, pred: CompletionPredictor, work: float, question: QuestionPlan | None
+    ) -> QuestionPlan | None:
+        """Count an arrival in the burst regime (its work at full quality); a degrading question comes back with
+        the burst's cap on it."""
+        reg = self.regime
+        assert reg is not None
+        quality = question.quality if question is not None else None
+        if question is None or quality is None or question.full == question.floor:
+            reg.arrival(now, work if question is None else pred.plan_work(question.at(question.full)), deadline_s)
+            return question
+        cost: dict[Knobs, float] = {}
+
+        def at(k: Knobs) -> float:
+            v = cost.get(k)
+            if v is None:
+                v = cost[k] = pred.plan_work(question.at(k))
+            return v
+
+        reg.arrival(now, at(question.full), deadline_s)
+        cap = reg.cap(knob_grid(question.full, question.floor), at, quality)
+        return question if cap is None else replace(question, ceiling=cap)
 
     def _miss(
         self,

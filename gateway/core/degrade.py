@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,13 @@ def degraded_steps(full: Knobs, used: Knobs) -> list[str]:
     if full.evaluate and not used.evaluate:
         out.append("unit tests and evaluation skipped")
     return out
+
+
+def cap_options(options: Sequence[Knobs], ceiling: Knobs | None) -> list[Knobs]:
+    """``options`` within ``ceiling`` (None: all of them; none within: the last, the least work)."""
+    if ceiling is None:
+        return list(options)
+    return [k for k in options if k.within(ceiling)] or list(options[-1:])
 
 
 def knob_grid(full: Knobs, floor: Knobs = FLOOR) -> list[Knobs]:
@@ -231,6 +239,14 @@ class QuestionPlan:
     floor: Knobs
     source: str = ""
     observed: bool = True
+    ceiling: Knobs | None = None
+    """The most work a burst lets the question get (``BurstRegime``; None: up to ``full``)."""
+    quality: QualityModel | None = None
+    """Accuracy per setting (what a burst's cap weighs); None: the question does not degrade."""
+
+    def capped(self, options: Sequence[Knobs]) -> list[Knobs]:
+        """``options`` within the ``ceiling`` (``cap_options``)."""
+        return cap_options(options, self.ceiling)
 
     def rest(self, *, phase: int = -1, rounds_done: int = 0) -> tuple[StagePlan, ...]:
         """The stages still to run after round ``rounds_done`` of phase ``phase`` (-1: all of them) at the floor."""
@@ -241,3 +257,93 @@ class QuestionPlan:
         return knob_plan(
             self.template, knobs, phase=phase, rounds_done=rounds_done, full_candidates=self.full.candidates
         )
+
+
+BURST_CAPACITY = 0.9
+"""Cluster seconds of work per second (the latency model's full-batch throughput is 1) that arrivals may bring
+before a burst caps their settings (``BurstRegime``); docs/benchmarks.md "Bursts" has the measurement."""
+BURST_WINDOW = 0.5
+"""``BurstRegime``'s arrival window, in the arriving workflow's deadlines."""
+BURST_EXIT = 0.8
+"""A burst ends when the arrivals' full-quality work stays at most this share of the capacity (``hold``)."""
+
+
+@dataclass(eq=False)
+class BurstRegime:
+    """Degradation ahead of the backlog: the full-quality work arriving per second (over the last ``BURST_WINDOW``
+    of the arriving workflow's deadline) against the ``capacity`` the cluster sustains. A burst starts when it
+    exceeds the capacity; in one, a degrading arrival is capped at the most accurate setting whose work, at the
+    arrivals' rate, fits (none fits: the most correct answers per engine-second), the cap only ever lowered within
+    a burst; the burst ends once the work has stayed at most ``BURST_EXIT`` of the capacity for a deadline (so it
+    never flaps). Pure: the driver passes time, work and the settings' accuracy. ``capacity``: as
+    ``BURST_CAPACITY``."""
+
+    capacity: float = BURST_CAPACITY
+    max_arrivals: int = 100_000
+    in_burst: bool = field(init=False, default=False)
+    bursts: int = field(init=False, default=0)
+    """Bursts entered so far."""
+    capped: int = field(init=False, default=0)
+    """Arrivals whose setting a burst capped below their full quality."""
+    ceiling: Knobs | None = field(init=False, default=None)
+    """The current burst's cap (None outside a burst, or before a degrading arrival in it)."""
+    load: float = field(init=False, default=0.0)
+    """The arriving full-quality work per second over the capacity, at the last arrival."""
+    _times: list[float] = field(init=False, default_factory=list)
+    _cum: list[float] = field(init=False, default_factory=list)  # work arrived up to and including each arrival
+    _start: int = field(init=False, default=0)  # the oldest arrival kept
+    _calm_since: float | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if not (self.capacity > 0 and math.isfinite(self.capacity)):
+            raise ValueError(f"capacity must be positive and finite, got {self.capacity}")
+
+    def arrival(self, now: float, work_s: float, deadline_s: float) -> None:
+        """Count an arrival at ``now`` bringing ``work_s`` cluster seconds at full quality, due ``deadline_s`` later;
+        enter or leave a burst."""
+        total = self._cum[-1] if self._cum else 0.0
+        self._cum.append(total + (max(work_s, 0.0) if math.isfinite(work_s) else 0.0))
+        self._times.append(now)
+        if len(self._times) - self._start > self.max_arrivals:
+            self._start += 1
+            if self._start > self.max_arrivals:  # compact: the lists stay within twice the bound
+                del self._times[: self._start - 1], self._cum[: self._start - 1]
+                self._start = 1
+        window = max(BURST_WINDOW * deadline_s, 1e-9)
+        self.load = self._rate(now, window) / self.capacity
+        if not self.in_burst:
+            if self.load > 1.0:
+                self.in_burst, self.ceiling, self._calm_since = True, None, None
+                self.bursts += 1
+            return
+        if self.load > BURST_EXIT:
+            self._calm_since = None
+            return
+        if self._calm_since is None:
+            self._calm_since = now
+        if now - self._calm_since >= deadline_s:
+            self.in_burst, self.ceiling = False, None
+
+    def _rate(self, now: float, window: float) -> float:
+        """Work arrived per second over the last ``window`` seconds (of the arrivals kept)."""
+        i = bisect.bisect_right(self._times, now - window, lo=self._start)
+        before = self._cum[i - 1] if i > 0 else 0.0
+        return (self._cum[-1] - before) / window
+
+    def cap(self, options: Sequence[Knobs], work: Callable[[Knobs], float], quality: QualityModel) -> Knobs | None:
+        """The cap of a degrading arrival just counted (``arrival``), None outside a burst. ``options``: its
+        settings, fullest first; ``work``: its cluster seconds at a setting; ``quality``: their accuracy."""
+        if not self.in_burst or not options:
+            return None
+        scale = 1.0 / self.load if self.load > 0 else 1.0  # the share of its full work that fits at this rate
+        full_work = work(options[0])
+        fits = [k for k in options if work(k) <= scale * full_work]
+        if fits:
+            pick = max(fits, key=lambda k: (quality.accuracy(k), -work(k)))
+        else:
+            pick = max(options, key=lambda k: quality.accuracy(k) / max(work(k), 1e-12))
+        if self.ceiling is None or pick.within(self.ceiling):  # (only ever lowered within a burst)
+            self.ceiling = pick
+        if self.ceiling != options[0]:
+            self.capped += 1
+        return self.ceiling

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, knob_plan
+from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, cap_options, knob_plan
 from gateway.core.predict import CompletionPredictor
 from gateway.core.workflow import (
     CANDIDATE,
@@ -63,6 +63,8 @@ class KnobbedWorkflow(StagedWorkflow):
     """When a list: every decision as ``(time, stage kind just finished or "arrival", decision)``."""
     deadline_rule: bool = False
     """The live pipeline's deadline rule: past the deadline no new ``revise`` round, unit test or evaluation starts."""
+    ceiling: Knobs | None = field(default=None, repr=False)
+    """The most work a burst lets it get (set at admission: ``BurstRegime``)."""
     clock: float = field(default=0.0, repr=False)
     """The simulator's time when the current stage's last call returned (set before ``complete``)."""
     _eval_begun: bool = field(default=False, init=False, repr=False)
@@ -156,6 +158,7 @@ class KnobbedWorkflow(StagedWorkflow):
             revisions_done=self.revisions_run,
             evaluate_fixed=self.evaluate_run,
         )
+        opts = cap_options(opts, self.ceiling)
         template = self.plan_template if self.plan_template is not None else self.template
         cur = self._plan_cursor if self._plan_cursor is not None else self._cursor
         phase, rounds = cur.phase, cur.rounds

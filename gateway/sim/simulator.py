@@ -18,6 +18,7 @@ from gateway.core.admission import (
     QueueGate,
     SaturationGate,
 )
+from gateway.core.degrade import BURST_CAPACITY, BurstRegime, QuestionPlan
 from gateway.core.policy import Policy
 from gateway.core.predict import SUSTAINABLE_SHARE, CompletionPredictor, calls_plan
 from gateway.core.profile import PerfProfile
@@ -62,7 +63,8 @@ class Simulator:
     ``admission``: the live gateway's admission and re-check, with the live settings' counterparts (``admission_*``,
     ``best_effort_*``; ``admission_warm=False``: lenient until verified). ``engine_profiles``: what the engines
     really run (mislabelled workers). ``refit``: online profile refits. ``gate``: the admission of the system a
-    baseline stands for, asked at each arrival (``SaturationGate``, ``QueueGate``).
+    baseline stands for, asked at each arrival (``SaturationGate``, ``QueueGate``). ``burst_capacity``: with
+    admission, degrade ahead of the backlog (``BurstRegime`` at that capacity; None: off).
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class Simulator:
         engine_profiles: Sequence[PerfProfile] | None = None,
         refit: RefitSettings | Refitter | None = None,
         gate: SaturationGate | QueueGate | None = None,
+        burst_capacity: float | None = BURST_CAPACITY,
     ) -> None:
         if not 0.0 < admission_headroom <= 1.0:
             raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
@@ -106,7 +109,7 @@ class Simulator:
         # One run's admission (a fresh one per run), with the live settings' counterparts.
         self.make_admitter: Callable[[], Admitter] | None = None
         if admission:
-            self.make_admitter = partial(
+            settings = partial(
                 Admitter,
                 self.scheduler,
                 headroom=admission_headroom,
@@ -115,6 +118,8 @@ class Simulator:
                 retry_after=False,
                 lenient_start=not admission_warm,
             )
+            cap = burst_capacity
+            self.make_admitter = lambda: settings(regime=None if cap is None else BurstRegime(cap))
         truth = [w.profile for w in self.workers] if engine_profiles is None else list(engine_profiles)
         if len(truth) != len(self.workers):
             raise ValueError(f"engine_profiles: {len(truth)} profiles for {len(self.workers)} workers")
@@ -339,18 +344,29 @@ class _Run:
         adm = self.admitter
         assert adm is not None
         if isinstance(wf, StagedWorkflow):
+            question = None
             if isinstance(wf, KnobbedWorkflow) and wf.degrader is not None:
                 # As the live pipeline admits a question: at its tenant's floor (``QuestionPlan.rest``).
-                plan = calls_plan(knobbed_stages(wf.stages, wf.degrader.grid[-1]))
+                deg = wf.degrader
+                plan = calls_plan(knobbed_stages(wf.stages, deg.grid[-1]))
+                template = wf.plan_template if wf.plan_template is not None else wf.template
+                if template is not None:
+                    question = QuestionPlan(template, wf.full, deg.grid[-1], quality=deg.quality)
             else:
                 plan = calls_plan([st.calls for st in wf.stages])
             try:
                 admission = adm.admit(
-                    now, plan, wf.deadline - now, best_effort_on_miss=self.sim.admission_miss == "best_effort"
+                    now,
+                    plan,
+                    wf.deadline - now,
+                    best_effort_on_miss=self.sim.admission_miss == "best_effort",
+                    question=question,
                 )
             except AdmissionRefused:
                 self.rejected.append(wf.wid)
                 return False
+            if isinstance(wf, KnobbedWorkflow) and admission.plan is not None:
+                wf.ceiling = admission.plan.ceiling
             if admission.best_effort:
                 self.demoted.append(wf.wid)
             adm.take(wf, admission)
