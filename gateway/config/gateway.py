@@ -19,6 +19,7 @@ from gateway.config.operations import (
     RefitConfig,
     TuningConfig,
 )
+from gateway.core.degrade import BURST_CAPACITY
 from gateway.core.policy import POLICIES, production_policy
 from gateway.core.predict import SUSTAINABLE_SHARE
 from gateway.core.scheduler import BEST_EFFORT_SHARE
@@ -70,6 +71,15 @@ class AdmissionConfig(_Strict):
         "fewer than this share of its slots, at least one, are in flight. vLLM does not preempt a running call "
         "for a more urgent one: best-effort calls started on busy workers slowed the urgent ones until most "
         "arrivals were predicted to miss (docs/benchmarks.md 'Admission').",
+    )
+    burst_capacity: float | None = Field(
+        BURST_CAPACITY,
+        gt=0.0,
+        le=2.0,
+        description="Degradation ahead of the backlog: a burst starts when the work arriving per second at full "
+        "quality exceeds this many cluster seconds per second (the latency model's full-batch throughput is 1); in "
+        "a burst, adaptive tenants' questions are capped at the setting whose work fits, before the queues build "
+        "(what it buys: hexflow bench burst, docs/benchmarks.md 'Bursts'). null: off.",
     )
     best_effort_max_age: float | None = Field(
         4.0,

@@ -218,7 +218,7 @@ class Admitter:
         work = pred.plan_work(plan)
         reg = self.regime
         if reg is not None and deadline_s is not None:
-            question = self._burst(now, deadline_s, pred, work, question)
+            question = self._burst(now, deadline_s, pred, plan, work, question)
             if question is not None and question.ceiling is not None and reg.capacity > efficiency:
                 # A question capped by a burst degrades further if the backlog drains slower than forecast: it is
                 # forecast at the capacity the burst is measured against, not the share full-quality promises need.
@@ -252,15 +252,24 @@ class Admitter:
         return Admission(work_s=work, plan=question, owner=self, predicted_s=predicted, critical_s=critical)
 
     def _burst(
-        self, now: float, deadline_s: float, pred: CompletionPredictor, work: float, question: QuestionPlan | None
+        self,
+        now: float,
+        deadline_s: float,
+        pred: CompletionPredictor,
+        plan: Sequence[StagePlan],
+        work: float,
+        question: QuestionPlan | None,
     ) -> QuestionPlan | None:
         """Count an arrival in the burst regime (its work at full quality); a degrading question comes back with
         the burst's cap on it."""
         reg = self.regime
         assert reg is not None
         quality = question.quality if question is not None else None
+        allowed = self.headroom * deadline_s
         if question is None or quality is None or question.full == question.floor:
-            reg.arrival(now, work if question is None else pred.plan_work(question.at(question.full)), deadline_s)
+            full = plan if question is None else question.at(question.full)
+            full_work = work if question is None else pred.plan_work(full)
+            reg.arrival(now, full_work, deadline_s, pred.duration(full) / allowed)
             return question
         cost: dict[Knobs, float] = {}
 
@@ -270,7 +279,8 @@ class Admitter:
                 v = cost[k] = pred.plan_work(question.at(k))
             return v
 
-        reg.arrival(now, at(question.full), deadline_s)
+        pressure = pred.duration(question.at(question.full)) / allowed
+        reg.arrival(now, at(question.full), deadline_s, pressure)
         cap = reg.cap(knob_grid(question.full, question.floor), at, quality)
         return question if cap is None else replace(question, ceiling=cap)
 

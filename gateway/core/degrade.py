@@ -264,6 +264,11 @@ BURST_CAPACITY = 0.9
 before a burst caps their settings (``BurstRegime``); docs/benchmarks.md "Bursts" has the measurement."""
 BURST_WINDOW = 0.5
 """``BurstRegime``'s arrival window, in the arriving workflow's deadlines."""
+BURST_MIN_WINDOW_S = 30.0
+"""``BurstRegime``'s shortest arrival window, in seconds (a rate needs several arrivals, whatever the deadline)."""
+BURST_PRESSURE = 0.5
+"""A burst starts only when the arrival is predicted at full quality to take more than this share of the time
+admission allows it (the backlog is already forming, not a passing blip of arrivals)."""
 BURST_EXIT = 0.8
 """A burst ends when the arrivals' full-quality work stays at most this share of the capacity (``hold``)."""
 
@@ -271,11 +276,12 @@ BURST_EXIT = 0.8
 @dataclass(eq=False)
 class BurstRegime:
     """Degradation ahead of the backlog: the full-quality work arriving per second (over the last ``BURST_WINDOW``
-    of the arriving workflow's deadline) against the ``capacity`` the cluster sustains. A burst starts when it
-    exceeds the capacity; in one, a degrading arrival is capped at the most accurate setting whose work, at the
+    of the arriving workflow's deadline, at least ``BURST_MIN_WINDOW_S``) against the ``capacity`` the cluster
+    sustains. A burst starts when it exceeds the capacity while the backlog ahead of arrivals is forming
+    (``BURST_PRESSURE``); in one, a degrading arrival is capped at the most accurate setting whose work, at the
     arrivals' rate, fits (none fits: the most correct answers per engine-second), the cap only ever lowered within
-    a burst; the burst ends once the work has stayed at most ``BURST_EXIT`` of the capacity for a deadline (so it
-    never flaps). Pure: the driver passes time, work and the settings' accuracy. ``capacity``: as
+    a burst; the burst ends once the work has stayed at most ``BURST_EXIT`` of the capacity for twice the window
+    (so it never flaps). Pure: the driver passes time, work and the settings' accuracy. ``capacity``: as
     ``BURST_CAPACITY``."""
 
     capacity: float = BURST_CAPACITY
@@ -293,14 +299,17 @@ class BurstRegime:
     _cum: list[float] = field(init=False, default_factory=list)  # work arrived up to and including each arrival
     _start: int = field(init=False, default=0)  # the oldest arrival kept
     _calm_since: float | None = field(init=False, default=None)
+    _full: Knobs | None = field(init=False, default=None)  # the last capped question's full setting
+    _window: float = field(init=False, default=BURST_MIN_WINDOW_S)  # the last arrival's window
 
     def __post_init__(self) -> None:
         if not (self.capacity > 0 and math.isfinite(self.capacity)):
             raise ValueError(f"capacity must be positive and finite, got {self.capacity}")
 
-    def arrival(self, now: float, work_s: float, deadline_s: float) -> None:
+    def arrival(self, now: float, work_s: float, deadline_s: float, pressure: float = math.inf) -> None:
         """Count an arrival at ``now`` bringing ``work_s`` cluster seconds at full quality, due ``deadline_s`` later;
-        enter or leave a burst."""
+        enter or leave a burst. ``pressure``: its predicted completion at full quality over the time admission
+        allows it (a burst starts only above ``BURST_PRESSURE``: work already ahead of it, not a passing blip)."""
         total = self._cum[-1] if self._cum else 0.0
         self._cum.append(total + (max(work_s, 0.0) if math.isfinite(work_s) else 0.0))
         self._times.append(now)
@@ -309,10 +318,16 @@ class BurstRegime:
             if self._start > self.max_arrivals:  # compact: the lists stay within twice the bound
                 del self._times[: self._start - 1], self._cum[: self._start - 1]
                 self._start = 1
-        window = max(BURST_WINDOW * deadline_s, 1e-9)
-        self.load = self._rate(now, window) / self.capacity
+        self._window = max(BURST_WINDOW * deadline_s, BURST_MIN_WINDOW_S)
+        self.settle(now, pressure)
+
+    def settle(self, now: float, pressure: float = 0.0) -> None:
+        """Re-read the load at ``now`` and enter (above ``pressure``'s threshold too) or leave a burst."""
+        if not self._times:
+            return
+        self.load = self._rate(now, self._window) / self.capacity
         if not self.in_burst:
-            if self.load > 1.0:
+            if self.load > 1.0 and pressure > BURST_PRESSURE:
                 self.in_burst, self.ceiling, self._calm_since = True, None, None
                 self.bursts += 1
             return
@@ -321,7 +336,7 @@ class BurstRegime:
             return
         if self._calm_since is None:
             self._calm_since = now
-        if now - self._calm_since >= deadline_s:
+        if now - self._calm_since >= self._window / BURST_WINDOW:
             self.in_burst, self.ceiling = False, None
 
     def _rate(self, now: float, window: float) -> float:
@@ -344,6 +359,23 @@ class BurstRegime:
             pick = max(options, key=lambda k: quality.accuracy(k) / max(work(k), 1e-12))
         if self.ceiling is None or pick.within(self.ceiling):  # (only ever lowered within a burst)
             self.ceiling = pick
+        self._full = options[0]
         if self.ceiling != options[0]:
             self.capped += 1
         return self.ceiling
+
+    def status(self, now: float) -> dict[str, object]:
+        """What the status page shows at ``now``: whether a burst is on, the load, the cap and what it trades."""
+        self.settle(now)
+        c, full = self.ceiling, self._full
+        return {
+            "in_burst": self.in_burst,
+            "load": round(self.load, 4),
+            "capacity": self.capacity,
+            "bursts": self.bursts,
+            "capped_questions": self.capped,
+            "ceiling": None
+            if c is None
+            else {"candidates": c.candidates, "max_revisions": c.max_revisions, "evaluate": c.evaluate},
+            "trades": degraded_steps(full, c) if c is not None and full is not None else [],
+        }
