@@ -75,11 +75,12 @@ class AdmissionConfig(_Strict):
     burst_capacity: float | None = Field(
         BURST_CAPACITY,
         gt=0.0,
-        le=2.0,
-        description="Degradation ahead of the backlog: a burst starts when the work arriving per second at full "
-        "quality exceeds this many cluster seconds per second (the latency model's full-batch throughput is 1); in "
-        "a burst, adaptive tenants' questions are capped at the setting whose work fits, before the queues build "
-        "(what it buys: hexflow bench burst, docs/benchmarks.md 'Bursts'). null: off.",
+        le=100.0,
+        description="Degradation ahead of the backlog: a burst starts when the full-quality work arriving per second "
+        "(over the last half deadline) exceeds this many cluster seconds per second of the latency model (every "
+        "worker at full batch is 1) while the backlog ahead of arrivals is forming; in a burst, adaptive tenants' "
+        "questions are capped at the most accurate setting whose work fits, before the queues build "
+        "(docs/text2sql.md, 'Bursts: degrading ahead of the backlog'; what it buys: hexflow bench burst). null: off.",
     )
     best_effort_max_age: float | None = Field(
         4.0,

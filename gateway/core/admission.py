@@ -25,6 +25,10 @@ from gateway.errors import DomainError
 
 ADMISSION_HEADROOM = 0.9
 """The default share of a deadline a predicted completion must fit in (``admission.headroom``)."""
+BURST_EFFICIENCY = 0.9
+"""The share of the full-batch throughput a question capped by a burst is forecast at (``Admitter.admit``): what
+the cluster drains saturated (docs/benchmarks.md, "Bursts"), where full-quality promises need
+``SUSTAINABLE_SHARE``."""
 SHED_PERIOD_S = 0.2
 """How often a driver re-checks admitted workflows (``Admitter.overdue``), in its clock's seconds."""
 RETRY_TOLERANCE_S = 0.05
@@ -218,11 +222,13 @@ class Admitter:
         work = pred.plan_work(plan)
         reg = self.regime
         if reg is not None and deadline_s is not None:
-            question = self._burst(now, deadline_s, pred, plan, work, question)
-            if question is not None and question.ceiling is not None and reg.capacity > efficiency:
-                # A question capped by a burst degrades further if the backlog drains slower than forecast: it is
-                # forecast at the capacity the burst is measured against, not the share full-quality promises need.
-                pred = CompletionPredictor(sched, now, committed_s=committed, efficiency=reg.capacity, after=after)
+            # The burst regime reads the backlog as it drains saturated, not at the share full-quality promises need.
+            drained = max(efficiency, BURST_EFFICIENCY)
+            saturated = CompletionPredictor(sched, now, committed_s=committed, efficiency=drained, after=after)
+            question = self._burst(now, deadline_s, saturated, plan, work, question)
+            if question is not None and question.ceiling is not None:
+                # A question capped by a burst degrades further if the backlog drains slower than forecast.
+                pred = saturated
         predicted, critical = pred.duration(plan), pred.critical_path(plan)
         if deadline_s is not None and checked:
             judge, forecast = pred, predicted

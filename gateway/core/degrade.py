@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from gateway.core.predict import StagePlan, template_plan
@@ -259,30 +259,31 @@ class QuestionPlan:
         )
 
 
-BURST_CAPACITY = 0.9
-"""Cluster seconds of work per second (the latency model's full-batch throughput is 1) that arrivals may bring
-before a burst caps their settings (``BurstRegime``); docs/benchmarks.md "Bursts" has the measurement."""
+BURST_CAPACITY = 1.5
+"""Cluster seconds of full-quality work per second (the latency model's: every worker at full batch is 1) that
+arrivals may bring before a burst caps their settings (``admission.burst_capacity``). The model counts no prefix
+cache and sizes calls by their plan, so what the cluster sustains reads above 1 (docs/benchmarks.md, "Bursts")."""
 BURST_WINDOW = 0.5
 """``BurstRegime``'s arrival window, in the arriving workflow's deadlines."""
 BURST_MIN_WINDOW_S = 30.0
-"""``BurstRegime``'s shortest arrival window, in seconds (a rate needs several arrivals, whatever the deadline)."""
+"""``BurstRegime``'s shortest window, in seconds (a rate needs several arrivals, whatever the deadline)."""
 BURST_PRESSURE = 0.5
-"""A burst starts only when the arrival is predicted at full quality to take more than this share of the time
-admission allows it (the backlog is already forming, not a passing blip of arrivals)."""
+"""A burst starts only when the arrival is predicted at full quality, behind the backlog drained saturated, to
+take more than this share of the time admission allows it (the backlog is forming, not a passing blip)."""
 BURST_EXIT = 0.8
-"""A burst ends when the arrivals' full-quality work stays at most this share of the capacity (``hold``)."""
+"""A burst ends once the work arriving over the last deadline is at most this share of the capacity."""
 
 
 @dataclass(eq=False)
 class BurstRegime:
-    """Degradation ahead of the backlog: the full-quality work arriving per second (over the last ``BURST_WINDOW``
-    of the arriving workflow's deadline, at least ``BURST_MIN_WINDOW_S``) against the ``capacity`` the cluster
-    sustains. A burst starts when it exceeds the capacity while the backlog ahead of arrivals is forming
-    (``BURST_PRESSURE``); in one, a degrading arrival is capped at the most accurate setting whose work, at the
-    arrivals' rate, fits (none fits: the most correct answers per engine-second), the cap only ever lowered within
-    a burst; the burst ends once the work has stayed at most ``BURST_EXIT`` of the capacity for twice the window
-    (so it never flaps). Pure: the driver passes time, work and the settings' accuracy. ``capacity``: as
-    ``BURST_CAPACITY``."""
+    """Degradation ahead of the backlog. A burst starts when the full-quality work arriving per second (over the
+    last ``BURST_WINDOW`` of the arriving workflow's deadline, at least ``BURST_MIN_WINDOW_S``) exceeds the
+    ``capacity`` while the backlog ahead of arrivals is forming (``BURST_PRESSURE``). In a burst a degrading arrival
+    is capped at the setting with the most correct answers per arrival: its accuracy times the share of the arrivals
+    the capacity serves at it (the goodput bound's choice under a burst; ties: the least work), the cap only ever
+    lowered within a burst; the burst ends, at the earliest a deadline after it started, once the work arriving
+    over the last deadline is at most ``BURST_EXIT`` of the capacity, so it never flaps. Pure: the driver passes
+    time, work and the settings' accuracy."""
 
     capacity: float = BURST_CAPACITY
     max_arrivals: int = 100_000
@@ -294,11 +295,11 @@ class BurstRegime:
     ceiling: Knobs | None = field(init=False, default=None)
     """The current burst's cap (None outside a burst, or before a degrading arrival in it)."""
     load: float = field(init=False, default=0.0)
-    """The arriving full-quality work per second over the capacity, at the last arrival."""
+    """The full-quality work arriving per second over the capacity, at the last arrival or status read."""
     _times: list[float] = field(init=False, default_factory=list)
     _cum: list[float] = field(init=False, default_factory=list)  # work arrived up to and including each arrival
     _start: int = field(init=False, default=0)  # the oldest arrival kept
-    _calm_since: float | None = field(init=False, default=None)
+    _entered: float = field(init=False, default=0.0)  # when the current burst started
     _full: Knobs | None = field(init=False, default=None)  # the last capped question's full setting
     _window: float = field(init=False, default=BURST_MIN_WINDOW_S)  # the last arrival's window
 
@@ -309,7 +310,7 @@ class BurstRegime:
     def arrival(self, now: float, work_s: float, deadline_s: float, pressure: float = math.inf) -> None:
         """Count an arrival at ``now`` bringing ``work_s`` cluster seconds at full quality, due ``deadline_s`` later;
         enter or leave a burst. ``pressure``: its predicted completion at full quality over the time admission
-        allows it (a burst starts only above ``BURST_PRESSURE``: work already ahead of it, not a passing blip)."""
+        allows it."""
         total = self._cum[-1] if self._cum else 0.0
         self._cum.append(total + (max(work_s, 0.0) if math.isfinite(work_s) else 0.0))
         self._times.append(now)
@@ -322,21 +323,18 @@ class BurstRegime:
         self.settle(now, pressure)
 
     def settle(self, now: float, pressure: float = 0.0) -> None:
-        """Re-read the load at ``now`` and enter (above ``pressure``'s threshold too) or leave a burst."""
+        """Re-read the load at ``now`` and enter (with ``pressure`` above its threshold) or leave a burst."""
         if not self._times:
             return
-        self.load = self._rate(now, self._window) / self.capacity
+        w = self._window
+        self.load = self._rate(now, w) / self.capacity
         if not self.in_burst:
             if self.load > 1.0 and pressure > BURST_PRESSURE:
-                self.in_burst, self.ceiling, self._calm_since = True, None, None
+                self.in_burst, self.ceiling, self._entered = True, None, now
                 self.bursts += 1
             return
-        if self.load > BURST_EXIT:
-            self._calm_since = None
-            return
-        if self._calm_since is None:
-            self._calm_since = now
-        if now - self._calm_since >= self._window / BURST_WINDOW:
+        hold = w / BURST_WINDOW
+        if now - self._entered >= hold and self._rate(now, hold) <= BURST_EXIT * self.capacity:
             self.in_burst, self.ceiling = False, None
 
     def _rate(self, now: float, window: float) -> float:
@@ -350,13 +348,15 @@ class BurstRegime:
         settings, fullest first; ``work``: its cluster seconds at a setting; ``quality``: their accuracy."""
         if not self.in_burst or not options:
             return None
-        scale = 1.0 / self.load if self.load > 0 else 1.0  # the share of its full work that fits at this rate
         full_work = work(options[0])
-        fits = [k for k in options if work(k) <= scale * full_work]
-        if fits:
-            pick = max(fits, key=lambda k: (quality.accuracy(k), -work(k)))
-        else:
-            pick = max(options, key=lambda k: quality.accuracy(k) / max(work(k), 1e-12))
+
+        def goodput(k: Knobs) -> tuple[float, float]:
+            # Correct answers per arrival at k: its accuracy, times the share of arrivals the capacity serves at k.
+            w = work(k)
+            served = min(1.0, full_work / (self.load * w)) if self.load * w > 0 else 1.0
+            return quality.accuracy(k) * served, -w
+
+        pick = max(options, key=goodput)
         if self.ceiling is None or pick.within(self.ceiling):  # (only ever lowered within a burst)
             self.ceiling = pick
         self._full = options[0]
@@ -374,8 +374,6 @@ class BurstRegime:
             "capacity": self.capacity,
             "bursts": self.bursts,
             "capped_questions": self.capped,
-            "ceiling": None
-            if c is None
-            else {"candidates": c.candidates, "max_revisions": c.max_revisions, "evaluate": c.evaluate},
+            "ceiling": None if c is None else asdict(c),
             "trades": degraded_steps(full, c) if c is not None and full is not None else [],
         }

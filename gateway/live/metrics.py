@@ -169,7 +169,7 @@ class GatewayMetrics:
     tenant_reloads = _family(Counter, "hexflow_tenant_reloads", "result", "Reloads of the tenants file.")
     parked = _family(Gauge, "hexflow_parked_calls", "", "Calls waiting for any healthy worker.")
     burst_active = _family(Gauge, "hexflow_burst_active", "",
-        "1 while the gateway is in a burst regime (admission.burst_capacity exceeded by the arriving work).")
+        "1 while the gateway is in a burst regime (docs/text2sql.md, 'Bursts').")
     burst_load = _family(Gauge, "hexflow_burst_load_ratio", "",
         "Full-quality work arriving per second over admission.burst_capacity, at the last arrival.")
     bursts = _family(Counter, "hexflow_bursts", "", "Burst regimes entered.")

@@ -61,13 +61,26 @@ def test_the_cap_is_the_most_accurate_setting_that_fits_and_only_ever_lowered_wi
     assert reg.in_burst and reg.cap(OPTIONS, WORK.__getitem__, Q) == FLOOR
 
 
-def test_a_mild_burst_caps_at_a_setting_that_fits_the_rate() -> None:
+def test_the_cap_serves_the_most_correct_answers_per_arrival() -> None:
+    """Accuracy times the share of arrivals the capacity serves at a setting: a mild burst keeps what costs no
+    accuracy (here: no setting short of full keeps evaluation, so one candidate without it, the most accurate that
+    serves them all), never a setting that serves as many less accurately."""
     reg = BurstRegime(capacity=1.0)
-    _feed(reg, 0.0, 40, 4.0)  # 1.25 s/s of full work: a fifth over the capacity
-    assert reg.in_burst
+    _feed(reg, 0.0, 40, 4.0)  # 1.25 s/s of full work: a quarter over the capacity
+    assert reg.in_burst and reg.load == pytest.approx(1.25, rel=0.1)
     cap = reg.cap(OPTIONS, WORK.__getitem__, Q)
-    assert cap is not None and WORK[cap] <= WORK[FULL] / reg.load
-    assert Q.accuracy(cap) == max(Q.accuracy(k) for k in OPTIONS if WORK[k] <= WORK[FULL] / reg.load)
+
+    def correct(k: Knobs) -> float:
+        return Q.accuracy(k) * min(1.0, WORK[FULL] / (reg.load * WORK[k]))
+
+    assert cap is not None and correct(cap) == max(correct(k) for k in OPTIONS)
+    assert cap == Knobs(1, 10, False)
+
+
+def test_below_the_capacity_nothing_is_capped() -> None:
+    reg = BurstRegime(capacity=1.0)
+    _feed(reg, 0.0, 200, 6.0)  # 0.83 s/s, pressure high: still no burst
+    assert not reg.in_burst and reg.cap(OPTIONS, WORK.__getitem__, Q) is None and reg.capped == 0
 
 
 def test_a_question_keeps_its_cap_and_bad_arguments_are_refused() -> None:
