@@ -397,7 +397,9 @@ def _burst_opts() -> tuple[Opt, ...]:
     from gateway.core.policy import policies_with_role
 
     ours = policies_with_role("ours")
-    policies = [*policies_with_role("baseline"), *ours, *(f"{p}+adaptive" for p in ours)]
+    base = policies_with_role("baseline")
+    policies = [*base, *(f"{p}+admit" for p in base), *(f"{p}{v}" for p in ours for v in ("", "+adaptive"))]
+    policies += [f"{p}{v}+admit" for p in ours for v in ("", "+adaptive")]
     return (
         TRACE(
             "the CHESS workflows: trace name under ../shared/data/hexgen-traces, trace file, or chess-bird",
@@ -417,8 +419,9 @@ def _burst_opts() -> tuple[Opt, ...]:
         ),
         opt("--loads", str, DEFAULT_LOADS, "shares of the fluid bound"),
         POLICY_LIST(
-            "comma-separated policies, each optionally +adaptive or +fast (default: every baseline, hexgen, "
-            "hexgen+adaptive)",
+            "comma-separated policies, each optionally +adaptive or +fast, then optionally +admit (its system's "
+            "admission: ours predictive, llm-d's saturation shedding, the others a queue-length 429) (default: every "
+            "baseline with and without its admission, hexgen and hexgen+adaptive with and without)",
             default=",".join(policies),
         ),
         opt("--seeds", str, "3", "seeds per point"),
