@@ -229,3 +229,56 @@ def fluid_bound(
     """The largest workflow rate (workflows/s) any scheduler could sustain on ``workers`` for the mix
     ``queries``: ``solve_fluid_bound(...).rate_qps``."""
     return solve_fluid_bound(workers, queries, prefix_caching=prefix_caching).rate_qps
+
+
+def burst_goodput_bound(
+    arrivals: Sequence[float],
+    deadline_s: float,
+    settings: Sequence[tuple[float, float]],
+    *,
+    windows: int = 60,
+) -> float:
+    """The most correct answers within their deadline any scheduler could give the workflows arriving at
+    ``arrivals`` (each due ``deadline_s`` after it), from the fluid bound of each knob setting: ``settings`` holds
+    (accuracy, fluid-bound rate in workflows/s) per setting. A linear program over ``windows`` windows of arrival
+    time: each window's arrivals are refused or served at a mix of settings, and the workflows of any run of
+    consecutive windows, arriving between its first and last arrival and due by the last one's deadline, fit in
+    that span's cluster time (a workflow at a setting takes 1 / its rate of it). Every schedule meets these
+    constraints, so the program bounds them all (with each workflow at its mix's mean work)."""
+    usable = [(a, r) for a, r in settings if r > 0 and math.isfinite(r) and a > 0]
+    if not arrivals or not usable:
+        return 0.0
+    t = np.sort(np.asarray(arrivals, dtype=np.float64))
+    width = max(float(t[-1] - t[0]) / windows, 1e-9)
+    slot = np.minimum(((t - t[0]) / width).astype(np.int64), windows - 1)
+    n = np.bincount(slot, minlength=windows).astype(np.float64)
+    keep = np.flatnonzero(n)  # windows with arrivals
+    first = np.array([t[slot == w][0] for w in keep])
+    last = np.array([t[slot == w][-1] for w in keep])
+    m, k = len(keep), len(usable)
+    acc = np.array([a for a, _ in usable])
+    work = np.array([1.0 / r for _, r in usable])
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    b: list[float] = []
+    r = 0
+    for u in range(m):  # arrivals per window: sum_k y[w, k] <= n[w]
+        rows.append(np.full(k, r))
+        cols.append(u * k + np.arange(k))
+        vals.append(np.ones(k))
+        b.append(float(n[keep[u]]))
+        r += 1
+    for u in range(m):  # cluster time of windows u..v
+        for v in range(u, m):
+            span = (v - u + 1) * k
+            rows.append(np.full(span, r))
+            cols.append(u * k + np.arange(span))
+            vals.append(np.tile(work, v - u + 1))
+            b.append(float(last[v] + deadline_s - first[u]))
+            r += 1
+    a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(r, m * k))
+    sol = linprog(-np.tile(acc, m), A_ub=a_ub.tocsr(), b_ub=np.array(b), method="highs")
+    if sol.status != 0:
+        raise RuntimeError(f"burst goodput-bound program not solved: {sol.message}")
+    return float(-sol.fun)

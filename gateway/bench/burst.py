@@ -1,7 +1,9 @@
-"""``hexflow bench burst``: goodput of correct answers under recorded bursty arrivals (``PATTERNS``) rescaled
-to a share of the fluid bound, per policy with and without degradation (``gateway.core.degrade``); SLO
-attainment, accuracy-weighted goodput, accuracy and degraded share, and a per-window ``timeline``. Method
-and figures: docs/benchmarks.md "Bursts"."""
+"""``hexflow bench burst``: goodput of correct answers under recorded bursty arrivals (``PATTERNS``) and flash
+crowds rescaled to a share of the fluid bound, per policy with and without degradation (``gateway.core.degrade``)
+and admission (each system's own: ``Policy.admission``); SLO attainment, accuracy-weighted goodput, accuracy,
+degraded and refused shares, each variant's share of the goodput bound under bursts
+(``gateway.bench.bound.burst_goodput_bound``), and a per-window ``timeline``. Method and figures:
+docs/benchmarks.md "Bursts"."""
 
 from __future__ import annotations
 
@@ -15,12 +17,15 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.bound import burst_goodput_bound, solve_fluid_bound
+from gateway.bench.quality import FULL
 from gateway.bench.simbench import Setup
 from gateway.bench.stats import Spread, pyplot, save_figure, spread
-from gateway.core.degrade import QUALITY_MODES, QualityMode, QualityModel
-from gateway.core.policy import POLICIES, get_policy
+from gateway.core.admission import QueueGate, SaturationGate
+from gateway.core.degrade import QUALITY_MODES, Knobs, QualityMode, QualityModel, knob_grid
+from gateway.core.policy import POLICIES, AdmissionStyle, get_policy
 from gateway.errors import ConfigError, UnknownNameError
-from gateway.sim.degrade import KnobbedWorkflow
+from gateway.sim.degrade import KnobbedWorkflow, knobbed_calls
 from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.workload import TenantSpec
 
@@ -40,14 +45,24 @@ PATTERNS: dict[str, str] = {
 
 STEADY = "poisson"
 """The pattern name of steady Poisson arrivals (the no-degradation check)."""
+FLASH = "flash"
+"""The pattern name of generated flash crowds (``gateway.sim.workload.arrivals.flash_arrivals``)."""
+
+Pattern = Path | str | None
+"""Where a pattern's arrivals come from: a trace file, ``FLASH`` or None (Poisson)."""
+
+QUEUE_LIMITS = (2, 5, 10, 20, 50)
+"""Queue-length 429 limits tried per worker (``QueueGate``): the best on the tuning seed is measured."""
 
 
-def resolve_pattern(name: str, data_dir: Path | None = None) -> Path | None:
-    """The file of a pattern name (``PATTERNS``) or a path; None for ``poisson``. An unknown name, or a
-    known one whose file is absent (no ``../shared/data``), raises ``UnknownNameError`` saying where
-    patterns come from."""
+def resolve_pattern(name: str, data_dir: Path | None = None) -> Pattern:
+    """The file of a pattern name (``PATTERNS``) or a path; None for ``poisson``, ``FLASH`` for ``flash``. An
+    unknown name, or a known one whose file is absent (no ``../shared/data``), raises ``UnknownNameError``
+    saying where patterns come from."""
     if name == STEADY:
         return None
+    if name == FLASH:
+        return FLASH
     base = SHARED_DATA if data_dir is None else data_dir
     rel = PATTERNS.get(name)
     if rel is not None:
@@ -63,25 +78,46 @@ def resolve_pattern(name: str, data_dir: Path | None = None) -> Path | None:
     path = Path(name)
     if path.is_file():
         return path
-    raise UnknownNameError("arrival pattern (or trace file)", name, [STEADY, *PATTERNS])
+    raise UnknownNameError("arrival pattern (or trace file)", name, [STEADY, FLASH, *PATTERNS])
 
 
-def parse_variant(text: str) -> tuple[str, QualityMode]:
-    """``policy`` or ``policy+mode`` (``hexgen+adaptive``) -> (policy, quality mode); ``ValueError`` if bad."""
-    policy, plus, mode = text.partition("+")
+@dataclass(frozen=True)
+class Variant:
+    """A measured variant: a policy, its tenant's quality mode, and whether its system's admission is on."""
+
+    policy: str
+    mode: QualityMode = "full"
+    admit: bool = False
+
+    @property
+    def admission(self) -> AdmissionStyle | None:
+        """How the variant admits work (``Policy.admission``), None without admission."""
+        return get_policy(self.policy).admission if self.admit else None
+
+
+def parse_variant(text: str) -> Variant:
+    """``policy[+mode][+admit]`` (``hexgen+adaptive+admit``); ``ValueError`` if bad."""
+    policy, *parts = text.split("+")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} in {text!r}; known: {', '.join(POLICIES)}")
-    if not plus:
-        return policy, "full"
-    for m in QUALITY_MODES:
-        if m == mode:
-            return policy, m
-    raise ValueError(f"unknown quality mode {mode!r} in {text!r}; known: {', '.join(QUALITY_MODES)}")
+    mode: QualityMode = "full"
+    admit = False
+    for part in parts:
+        if part == "admit" and not admit:
+            admit = True
+            continue
+        m = next((m for m in QUALITY_MODES if m == part), None)
+        if m is None or mode != "full" or admit:
+            raise ValueError(f"bad variant {text!r}: expected policy[+mode][+admit], modes: {', '.join(QUALITY_MODES)}")
+        mode = m
+    return Variant(policy, mode, admit)
 
 
 def is_baseline(variant: str) -> bool:
-    """The variant's policy is a baseline (``Policy.role``: what a user could deploy instead of ours)."""
-    return get_policy(parse_variant(variant)[0]).role == "baseline"
+    """The variant is a baseline as deployed: a baseline policy (``Policy.role``: what a user could deploy instead
+    of ours) at full quality, with or without its system's admission."""
+    v = parse_variant(variant)
+    return get_policy(v.policy).role == "baseline" and v.mode == "full"
 
 
 @dataclass(frozen=True)
@@ -94,6 +130,12 @@ class Outcome:
     accuracy: float
     degraded: int
     span_s: float
+    refused: int = 0
+    """Refused at arrival (counted as arrived and not answered)."""
+    shed: int = 0
+    """Admitted, then shed by the overload re-check."""
+    bound: float = math.nan
+    """The goodput bound's correct answers in time for these arrivals (``burst_goodput_bound``)."""
 
     @property
     def attainment(self) -> float:
@@ -115,13 +157,26 @@ class Outcome:
         """Degraded / arrived."""
         return self.degraded / self.arrived if self.arrived else 0.0
 
+    @property
+    def refused_share(self) -> float:
+        """Refused at arrival or shed / arrived."""
+        return (self.refused + self.shed) / self.arrived if self.arrived else 0.0
 
-def outcome(res: SimResult, arrived: int, span_s: float, quality: QualityModel, full_accuracy: float) -> Outcome:
-    """Summarise one run: a workflow that never finished counts as arrived and missed."""
+    @property
+    def bound_share(self) -> float:
+        """Correct answers in time / the goodput bound's (NaN without a bound)."""
+        return self.correct_met / self.bound if self.bound > 0 else math.nan
+
+
+def outcome(
+    res: SimResult, arrived: int, span_s: float, quality: QualityModel, full_accuracy: float, bound: float = math.nan
+) -> Outcome:
+    """Summarise one run: a workflow that never finished, was refused or shed counts as arrived and missed."""
     accs = [quality.accuracy(r.knobs) if r.knobs is not None else full_accuracy for r in res.workflows]
     correct = sum((a for a, r in zip(accs, res.workflows, strict=True) if r.met), 0.0)
     met, degraded = sum(r.met for r in res.workflows), sum(r.degraded for r in res.workflows)
-    return Outcome(arrived, met, correct, sum(accs) / len(accs) if accs else 0.0, degraded, span_s)
+    acc = sum(accs) / len(accs) if accs else 0.0
+    return Outcome(arrived, met, correct, acc, degraded, span_s, len(res.rejected), len(res.shed), bound)
 
 
 _FIGURES = {
@@ -130,6 +185,8 @@ _FIGURES = {
     "goodput_correct_share": "goodput_share",
     "accuracy": "accuracy",
     "degraded_share": "degraded_share",
+    "refused_share": "refused_share",
+    "bound_share": "bound_share",
 }
 """JSON name -> ``Outcome`` figure, reported as the mean over the seeds."""
 
@@ -143,6 +200,8 @@ class BurstPoint:
     rate_qps: float
     variant: str
     outcomes: list[Outcome] = field(default_factory=list)
+    queue_limit: int | None = None
+    """The queue-length 429 limit measured (tuned on the tuning seed), for a variant with ``QueueGate``."""
 
     def mean(self, fn: Callable[[Outcome], float]) -> float:
         """Mean of ``fn`` over the seeds."""
@@ -171,8 +230,9 @@ class BurstReport:
         return [p for p in self.points if p.pattern == pattern and p.load == load]
 
     def best_baseline(self, pattern: str, load: float) -> BurstPoint | None:
-        """The baseline (full quality) with the most goodput of correct answers at this pattern and load."""
-        base = [p for p in self.at(pattern, load) if "+" not in p.variant and is_baseline(p.variant)]
+        """The baseline as deployed (``is_baseline``) with the most goodput of correct answers at this pattern and
+        load."""
+        base = [p for p in self.at(pattern, load) if is_baseline(p.variant)]
         return max(base, key=lambda p: p.mean(lambda o: o.correct_met), default=None)
 
     def ratio(self, pattern: str, load: float, variant: str) -> tuple[float, list[float]] | None:
@@ -207,33 +267,77 @@ class BurstReport:
             "best_baseline": best.variant if best is not None else None,
             "ratio_vs_best_baseline": r[0] if r is not None else None,
             "ratio_per_seed": r[1] if r is not None else None,
+            "queue_limit": p.queue_limit,
             "per_seed": [asdict(o) for o in p.outcomes],
         }
 
 
-def _setup_for(base: Setup, pattern_path: Path | None, mode: QualityMode, quality: QualityModel) -> Setup:
+def _setup_for(base: Setup, pattern: Pattern, mode: QualityMode, quality: QualityModel) -> Setup:
     """``base`` with the pattern's arrivals (Poisson when None), one tenant at ``mode`` and ``quality``."""
     tenants = [TenantSpec("default", quality=mode)]
-    return replace(base, arrivals_csv=pattern_path, cv=1.0, tenants=tenants, quality_model=quality)
+    path = pattern if isinstance(pattern, Path) else None
+    flash = pattern == FLASH
+    return replace(base, arrivals_csv=path, flash=flash, cv=1.0, tenants=tenants, quality_model=quality)
 
 
 def simulate_once(
-    st: Setup, policy: str, rate: float, seed: int, *, log: bool = False
+    st: Setup, variant: Variant, rate: float, seed: int, *, queue_limit: int | None = None, log: bool = False
 ) -> tuple[list[Any], SimResult, float]:
-    """One seed's workflows at ``rate``, their run under ``policy`` and their arrival span. ``log``: each
-    degrading workflow records its decisions (``KnobbedWorkflow.log``)."""
+    """One seed's workflows at ``rate``, their run under ``variant`` and their arrival span (``queue_limit``: a
+    ``QueueGate``'s, for a variant that admits by queue length). ``log``: each degrading workflow records its
+    decisions (``KnobbedWorkflow.log``)."""
     wfs = st.workflows(rate, seed)
     if log:
         for w in wfs:
             if isinstance(w, KnobbedWorkflow):
                 w.log = []
-    res = Simulator(st.workers, policy, seed=seed, prefix_caching=st.prefix_caching).run(wfs)
+    style = variant.admission
+    gate: SaturationGate | QueueGate | None = None
+    if style == "saturation":
+        gate = SaturationGate()
+    elif style == "queue":
+        gate = QueueGate(queue_limit if queue_limit is not None else QUEUE_LIMITS[-1] * len(st.workers))
+    sim = Simulator(
+        st.workers,
+        variant.policy,
+        seed=seed,
+        prefix_caching=st.prefix_caching,
+        admission=style == "predictive",
+        admission_miss=st.admission_miss,
+        gate=gate,
+    )
+    res = sim.run(wfs)
     return wfs, res, (wfs[-1].arrival - wfs[0].arrival) if len(wfs) > 1 else 0.0
+
+
+def setting_bounds(base: Setup, quality: QualityModel, full: Knobs = FULL) -> list[tuple[Knobs, float, float]]:
+    """Per knob setting of the pipeline's grid: (knobs, accuracy, the fluid bound's rate of the base seed's
+    workflows run at it)."""
+    wfs = base.workflows(1.0)
+    out: list[tuple[Knobs, float, float]] = []
+    for k in knob_grid(full):
+        mix = [knobbed_calls(wf.stages, k) for wf in wfs]
+        rate = solve_fluid_bound(base.workers, mix, prefix_caching=base.prefix_caching).rate_qps
+        out.append((k, quality.accuracy(k), rate))
+    return out
+
+
+def _queue_limit(st: Setup, variant: Variant, rate: float, quality: QualityModel, tune_seed: int) -> int:
+    """The ``QUEUE_LIMITS`` entry (times the workers) with the most correct answers in time on the tuning seed."""
+    best, best_correct = 0, -1.0
+    acc_full = quality.accuracy(FULL)
+    for per_worker in QUEUE_LIMITS:
+        limit = per_worker * len(st.workers)
+        wfs, res, span = simulate_once(st, variant, rate, tune_seed, queue_limit=limit)
+        correct = outcome(res, len(wfs), span, quality, acc_full).correct_met
+        if correct > best_correct:
+            best, best_correct = limit, correct
+    return best
 
 
 def run_burst(
     base: Setup,
-    patterns: Sequence[tuple[str, Path | None]],
+    patterns: Sequence[tuple[str, Pattern]],
     loads: Sequence[float],
     variants: Sequence[str],
     quality: QualityModel,
@@ -244,23 +348,29 @@ def run_burst(
     """Measure every variant at every (pattern, load) on every seed of ``base``.
 
     ``loads`` are shares of ``base``'s fluid bound; a workflow that did not degrade is as accurate as the model
-    at the pipeline's full setting.
+    at the pipeline's full setting. A variant admitting by queue length runs at the ``QUEUE_LIMITS`` entry best
+    on the tuning seed at that point. Each seed's arrivals get their goodput bound.
     """
-    from gateway.core.degrade import Knobs
-
-    acc_full = quality.accuracy(Knobs(2, 10, True))
+    acc_full = quality.accuracy(FULL)
     bound = base.bound.rate_qps
-    parsed = [(v, *parse_variant(v)) for v in variants]
+    settings = [(a, r) for _, a, r in setting_bounds(base, quality)]
+    parsed = [(v, parse_variant(v)) for v in variants]
     points: list[BurstPoint] = []
     for name, path in patterns:
         for load in loads:
             rate = load * bound
-            for variant, policy, mode in parsed:
-                st = _setup_for(base, path, mode, quality)
-                pt = BurstPoint(name, load, rate, variant)
+            full_st = _setup_for(base, path, "full", quality)
+            bounds = {}
+            for s in base.seeds:
+                arrivals = [wf.arrival for wf in full_st.workflows(rate, s)]
+                bounds[s] = burst_goodput_bound(arrivals, base.slo_s, settings)
+            for variant, v in parsed:
+                st = _setup_for(base, path, v.mode, quality)
+                limit = _queue_limit(st, v, rate, quality, base.tune_seed) if v.admission == "queue" else None
+                pt = BurstPoint(name, load, rate, variant, queue_limit=limit)
                 for s in base.seeds:
-                    wfs, res, span = simulate_once(st, policy, rate, s)
-                    pt.outcomes.append(outcome(res, len(wfs), span, quality, acc_full))
+                    wfs, res, span = simulate_once(st, v, rate, s, queue_limit=limit)
+                    pt.outcomes.append(outcome(res, len(wfs), span, quality, acc_full, bounds[s]))
                     if progress is not None:
                         progress(1)
                 points.append(pt)
@@ -280,7 +390,7 @@ class Timeline:
 
 def timeline(
     base: Setup,
-    pattern: Path | None,
+    pattern: Pattern,
     rate: float,
     variants: Sequence[str],
     quality: QualityModel,
@@ -294,8 +404,10 @@ def timeline(
     qps: list[float] = []
     width = 0.0
     for variant in variants:
-        policy, mode = parse_variant(variant)
-        wfs, res, span = simulate_once(_setup_for(base, pattern, mode, quality), policy, rate, base.seed)
+        v = parse_variant(variant)
+        st = _setup_for(base, pattern, v.mode, quality)
+        limit = _queue_limit(st, v, rate, quality, base.tune_seed) if v.admission == "queue" else None
+        wfs, res, span = simulate_once(st, v, rate, base.seed, queue_limit=limit)
         t0 = wfs[0].arrival
         width = max(span / windows, 1e-9)
         by_id = {r.wid: r for r in res.workflows}

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.burst import Outcome, _setup_for, is_baseline, outcome, parse_variant, simulate_once
+from gateway.bench.burst import Outcome, Pattern, _setup_for, is_baseline, outcome, parse_variant, simulate_once
 from gateway.bench.demo import write_demo_files
 from gateway.bench.quality import FAR, FULL, ScriptedStageRunner, demo_items, run_quality
 from gateway.bench.rig import LiveSettings, bench_tenant, scheduled
@@ -183,7 +183,7 @@ async def _ask_all(
 
 def run_live_burst(
     base: Setup,
-    pattern: tuple[str, Path | None],
+    pattern: tuple[str, Pattern],
     load: float,
     variants: Sequence[str],
     quality: QualityModel,
@@ -210,11 +210,14 @@ def run_live_burst(
     acc_full = quality.accuracy(FULL)
     report = LiveBurstReport(name, load, rate, base.slo_s, time_scale, cluster, base.n_workflows, base.seeds, [])
     for variant in variants:
-        policy, mode = parse_variant(variant)
+        v = parse_variant(variant)
+        if v.admit:
+            raise ValueError(f"{variant}: the live comparison runs without admission (+admit) for now")
+        policy, mode = v.policy, v.mode
         lv = LiveVariant(variant)
         st = _setup_for(base, path, mode, quality)
         for s in base.seeds:
-            wfs, res, span = simulate_once(st, policy, rate, s, log=dump is not None)
+            wfs, res, span = simulate_once(st, v, rate, s, log=dump is not None)
             lv.sim.append(outcome(res, len(wfs), span, quality, acc_full))
             if simulate_only:
                 continue

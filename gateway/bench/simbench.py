@@ -23,7 +23,7 @@ from gateway.sim.metrics import Summary, summarize
 from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.tune import ALPHA_GRID, tune_alpha
 from gateway.sim.workload import TenantSpec, build_workload, gamma_arrivals, poisson_arrivals, workload_queries
-from gateway.sim.workload.arrivals import pattern_arrivals
+from gateway.sim.workload.arrivals import flash_arrivals, pattern_arrivals
 
 __all__ = [
     "N_SEEDS",
@@ -60,12 +60,13 @@ def standard_latency(workers: Sequence[WorkerInfo], calls: Sequence[CallSpec] = 
 @dataclass
 class Setup:
     """A benchmark scenario: cluster, queries, load shape, SLO, tenants and seeds (measured: ``seed`` to
-    ``seed + n_seeds - 1``; ``tune_seed`` apart from them). ``quality_model``: accuracy per knob setting, for
-    tenants whose workflows degrade; ``slo_unit_s``: what the SLO multiplies (default: the standard workflow's
-    cluster-mean latency); ``plan_template``: what degrading workflows plan their remaining stages with
-    (default: their own); ``deadline_rule``: Text-to-SQL workflows follow the live pipeline's deadline rule
-    (replays of the gateway's own pipeline); ``admission_share``, ``admission_miss``: admit each workflow as
-    the live gateway does (``Simulator``'s arguments; None: every workflow is admitted)."""
+        ``seed + n_seeds - 1``; ``tune_seed`` apart from them). ``quality_model``: accuracy per knob setting, for
+        tenants whose workflows degrade; ``slo_unit_s``: what the SLO multiplies (default: the standard workflow's
+        cluster-mean latency); ``plan_template``: what degrading workflows plan their remaining stages with
+        (default: their own); ``deadline_rule``: Text-to-SQL workflows follow the live pipeline's deadline rule
+        (replays of the gateway's own pipeline); ``admission_share``, ``admission_miss``: admit each workflow as
+        the live gateway does (``Simulator``'s arguments; None: every workflow is admitted); ``flash``: flash-crowd
+    arrivals (``flash_arrivals``) instead of ``arrivals_csv``'s or Poisson."""
 
     workers: list[WorkerInfo]
     queries: list[list[CallSpec]]
@@ -76,6 +77,7 @@ class Setup:
     cv: float = 1.0
     tenants: list[TenantSpec] | None = None
     arrivals_csv: Path | None = None
+    flash: bool = False
     n_seeds: int = N_SEEDS
     prefix_caching: bool = False
     quality_model: QualityModel | None = None
@@ -133,10 +135,14 @@ class Setup:
         a = self._units.get(seed)
         if a is None:
             rng = random.Random(seed)
-            if self.arrivals_csv is not None:
-                # A recorded pattern (a bounded number of rows), rescaled to a mean of 1/s; another window
-                # (seed) starts at another offset into the recording.
-                rows = pattern_arrivals(self.arrivals_csv, max(4 * self.n_workflows, 4000), random.Random(self.seed))
+            if self.arrivals_csv is not None or self.flash:
+                # A recorded (or generated) pattern of a bounded number of rows, rescaled to a mean of 1/s; another
+                # window (seed) starts at another offset into it.
+                n_rows = max(4 * self.n_workflows, 4000)
+                if self.arrivals_csv is None:
+                    rows = flash_arrivals(n_rows, random.Random(self.seed))
+                else:
+                    rows = pattern_arrivals(self.arrivals_csv, n_rows, random.Random(self.seed))
                 if len(rows) < 2:
                     raise ConfigError(str(self.arrivals_csv), "", "needs at least two arrival rows")
                 start = 0 if seed == self.seed else (seed * 7919) % len(rows)

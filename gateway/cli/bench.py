@@ -6,6 +6,7 @@ arrivals)."""
 from __future__ import annotations
 
 import argparse
+import math
 from functools import partial
 from operator import attrgetter
 from pathlib import Path
@@ -52,7 +53,7 @@ from gateway.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from gateway.bench.burst import BurstReport
+    from gateway.bench.burst import BurstReport, Pattern
     from gateway.core.worker import WorkerInfo
 
 __all__ = ["ADMISSION", "BURST", "OVERLOAD", "TUNER", "format_burst"]
@@ -321,7 +322,7 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
 def _live(
     args: argparse.Namespace,
     workers: list[WorkerInfo],
-    pattern: tuple[str, Path | None],
+    pattern: tuple[str, Pattern],
     load: float,
     variants: list[str],
     workflows: int,
@@ -348,7 +349,15 @@ def _live(
     return 0
 
 
-_BURST_FIGURES = (("attainment", 3), ("goodput_share", 3), ("goodput_qps", 4), ("accuracy", 3), ("degraded_share", 3))
+_BURST_FIGURES = (
+    ("attainment", 3),
+    ("goodput_share", 3),
+    ("goodput_qps", 4),
+    ("accuracy", 3),
+    ("degraded_share", 3),
+    ("refused_share", 3),
+    ("bound_share", 3),
+)
 """``bench burst``'s columns after the policy: ``Outcome`` figures (means over the seeds) and their decimals."""
 
 
@@ -370,13 +379,14 @@ def format_burst(report: BurstReport) -> str:
                 [p.variant, *figures, "-" if r is None else f"{r[0]:.2f}x ({', '.join(f'{x:.2f}' for x in r[1])})"]
             )
         lines.append("")
+        points = report.at(pattern, load)
+        bound = points[0].mean(lambda o: o.bound / o.arrived if o.arrived else math.nan) if points else math.nan
         lines.append(
-            f"{pattern} at {load:g} x the fluid bound ({load * report.bound_qps:.4f}/s); best baseline: "
-            f"{best.variant if best else '-'}"
+            f"{pattern} at {load:g} x the fluid bound ({load * report.bound_qps:.4f}/s); goodput bound under bursts: "
+            f"{bound:.3f} of arrivals; best baseline: {best.variant if best else '-'}"
         )
-        lines.append(
-            table(["policy", "slo_attain", "good_share", "good_qps", "accuracy", "degraded", "vs best baseline"], rows)
-        )
+        head = ["policy", "slo_attain", "good_share", "good_qps", "accuracy", "degraded", "refused", "of_bound"]
+        lines.append(table([*head, "vs best baseline"], rows))
     return "\n".join(lines)
 
 
@@ -385,7 +395,9 @@ def _burst_opts() -> tuple[Opt, ...]:
     from gateway.core.policy import policies_with_role
 
     ours = policies_with_role("ours")
-    policies = [*policies_with_role("baseline"), *ours, *(f"{p}+adaptive" for p in ours)]
+    base = policies_with_role("baseline")
+    policies = [*base, *(f"{p}+admit" for p in base), *(f"{p}{v}" for p in ours for v in ("", "+adaptive"))]
+    policies += [f"{p}{v}+admit" for p in ours for v in ("", "+adaptive")]
     return (
         TRACE(
             "the CHESS workflows: trace name under ../shared/data/hexgen-traces, trace file, or chess-bird",
@@ -400,13 +412,14 @@ def _burst_opts() -> tuple[Opt, ...]:
             "--patterns",
             str,
             DEFAULT_PATTERNS,
-            f"comma-separated arrival patterns: {', '.join(PATTERNS)}, poisson, or trace file paths (default: "
+            f"comma-separated arrival patterns: {', '.join(PATTERNS)}, flash, poisson, or trace file paths (default: "
             f"{DEFAULT_PATTERNS})",
         ),
         opt("--loads", str, DEFAULT_LOADS, "shares of the fluid bound"),
         POLICY_LIST(
-            "comma-separated policies, each optionally +adaptive or +fast (default: every baseline, hexgen, "
-            "hexgen+adaptive)",
+            "comma-separated policies, each optionally +adaptive or +fast, then optionally +admit (its system's "
+            "admission: ours predictive, llm-d's saturation shedding, the others a queue-length 429) (default: every "
+            "baseline with and without its admission, hexgen and hexgen+adaptive with and without)",
             default=",".join(policies),
         ),
         opt("--seeds", str, "3", "seeds per point"),

@@ -19,6 +19,7 @@ from gateway.config.operations import (
     RefitConfig,
     TuningConfig,
 )
+from gateway.core.degrade import BURST_CAPACITY
 from gateway.core.policy import POLICIES, production_policy
 from gateway.core.predict import SUSTAINABLE_SHARE
 from gateway.core.scheduler import BEST_EFFORT_SHARE
@@ -70,6 +71,16 @@ class AdmissionConfig(_Strict):
         "fewer than this share of its slots, at least one, are in flight. vLLM does not preempt a running call "
         "for a more urgent one: best-effort calls started on busy workers slowed the urgent ones until most "
         "arrivals were predicted to miss (docs/benchmarks.md 'Admission').",
+    )
+    burst_capacity: float | None = Field(
+        BURST_CAPACITY,
+        gt=0.0,
+        le=100.0,
+        description="Degradation ahead of the backlog: a burst starts when the full-quality work arriving per second "
+        "(over the last half deadline) exceeds this many cluster seconds per second of the latency model (every "
+        "worker at full batch is 1) while the backlog ahead of arrivals is forming; in a burst, adaptive tenants' "
+        "questions are capped at the most accurate setting whose work fits, before the queues build "
+        "(docs/text2sql.md, 'Bursts: degrading ahead of the backlog'; what it buys: hexflow bench burst). null: off.",
     )
     best_effort_max_age: float | None = Field(
         4.0,

@@ -1,14 +1,15 @@
 """Admission, one implementation for both drivers: ``admit`` (an ``Admission`` token or ``AdmissionRefused``),
-``take`` at start, ``submitted`` per call, ``overdue`` periodically (shed, demote or expire), ``ended``. Pure."""
+``take`` at start, ``submitted`` per call, ``overdue`` periodically (shed, demote or expire), ``ended``; and the
+admission of the systems the baselines stand for (``SaturationGate``, ``QueueGate``). Pure."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Literal
 
-from gateway.core.degrade import QuestionPlan
+from gateway.core.degrade import BurstRegime, Knobs, QuestionPlan, knob_grid
 from gateway.core.predict import (
     SUSTAINABLE_SHARE,
     CompletionPredictor,
@@ -24,6 +25,10 @@ from gateway.errors import DomainError
 
 ADMISSION_HEADROOM = 0.9
 """The default share of a deadline a predicted completion must fit in (``admission.headroom``)."""
+BURST_EFFICIENCY = 0.9
+"""The share of the full-batch throughput a question capped by a burst is forecast at (``Admitter.admit``): what
+the cluster drains saturated (docs/benchmarks.md, "Bursts"), where full-quality promises need
+``SUSTAINABLE_SHARE``."""
 SHED_PERIOD_S = 0.2
 """How often a driver re-checks admitted workflows (``Admitter.overdue``), in its clock's seconds."""
 RETRY_TOLERANCE_S = 0.05
@@ -120,6 +125,40 @@ class ShedVerdict:
     queued: tuple[Call, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class SaturationGate:
+    """llm-d's flow control (gateway-api-inference-extension's saturation detector, its defaults): a sheddable
+    request is refused while every eligible worker is saturated, its waiting queue at ``queue_depth`` calls or
+    more or its KV cache at ``kv_util`` or more."""
+
+    queue_depth: int = 5
+    kv_util: float = 0.8
+
+    def refuses(self, scheduler: Scheduler) -> bool:
+        """True while no eligible worker has room (a pool without workers refuses too)."""
+        loads = scheduler.estimator.loads
+        for w in scheduler.eligible_workers():
+            kv = loads[w].inflight_kv / scheduler.workers[w].profile.kv_capacity_tokens
+            if scheduler.queue_len(w) < self.queue_depth and kv < self.kv_util:
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGate:
+    """A queue-length 429: a new workflow is refused while the queues hold ``max_queued`` calls or more."""
+
+    max_queued: int
+
+    def __post_init__(self) -> None:
+        if self.max_queued < 1:
+            raise ValueError(f"max_queued must be at least 1, got {self.max_queued}")
+
+    def refuses(self, scheduler: Scheduler) -> bool:
+        """True while the queues are at or over the limit."""
+        return scheduler.queued_total() >= self.max_queued
+
+
 TenantRule = Callable[[Workflow], str | None]
 """What the re-check does with a workflow predicted to miss: ``"reject"``, ``"best_effort"`` or None (not watched)."""
 
@@ -128,7 +167,9 @@ TenantRule = Callable[[Workflow], str | None]
 class Admitter:
     """Admission and the work it committed, on one scheduler (one per driver). ``retry_after``: compute a refusal's
     exact wait (the simulator answers no client). ``lenient_start``: until the forecast is verified, refuse only
-    what cannot make it at full throughput with nothing queued after its first stage."""
+    what cannot make it at full throughput with nothing queued after its first stage. ``regime``: degradation
+    ahead of the backlog (every workflow admitted with a deadline counts; a degrading question is capped in a
+    burst)."""
 
     scheduler: Scheduler
     _: KW_ONLY
@@ -137,6 +178,7 @@ class Admitter:
     best_effort_max_age: float | None = None
     retry_after: bool = True
     lenient_start: bool = True
+    regime: BurstRegime | None = None
     throughput: ThroughputMeter = field(init=False, default_factory=ThroughputMeter)
     calibration: QueueCalibration = field(init=False, default_factory=QueueCalibration)
     committed_s: float = field(init=False, default=0.0)
@@ -174,14 +216,19 @@ class Admitter:
         ordered = deadline_s is not None and QUEUES[sched.policy.queue].deadline_ordered
         due = now + (deadline_s or 0.0)
         after = sched.queued_due_after(due) if ordered else None
-        pred = CompletionPredictor(
-            sched,
-            now,
-            committed_s=self._committed_ahead(due) if ordered else self.committed_s,
-            efficiency=self.efficiency(now),
-            after=after,
-        )
+        committed = self._committed_ahead(due) if ordered else self.committed_s
+        efficiency = self.efficiency(now)
+        pred = CompletionPredictor(sched, now, committed_s=committed, efficiency=efficiency, after=after)
         work = pred.plan_work(plan)
+        reg = self.regime
+        if reg is not None and deadline_s is not None:
+            # The burst regime reads the backlog as it drains saturated, not at the share full-quality promises need.
+            drained = max(efficiency, BURST_EFFICIENCY)
+            saturated = CompletionPredictor(sched, now, committed_s=committed, efficiency=drained, after=after)
+            question = self._burst(now, deadline_s, saturated, plan, work, question)
+            if question is not None and question.ceiling is not None:
+                # A question capped by a burst degrades further if the backlog drains slower than forecast.
+                pred = saturated
         predicted, critical = pred.duration(plan), pred.critical_path(plan)
         if deadline_s is not None and checked:
             judge, forecast = pred, predicted
@@ -209,6 +256,39 @@ class Admitter:
         self._held += 1
         self._held_s += work
         return Admission(work_s=work, plan=question, owner=self, predicted_s=predicted, critical_s=critical)
+
+    def _burst(
+        self,
+        now: float,
+        deadline_s: float,
+        pred: CompletionPredictor,
+        plan: Sequence[StagePlan],
+        work: float,
+        question: QuestionPlan | None,
+    ) -> QuestionPlan | None:
+        """Count an arrival in the burst regime (its work at full quality); a degrading question comes back with
+        the burst's cap on it."""
+        reg = self.regime
+        assert reg is not None
+        quality = question.quality if question is not None else None
+        allowed = self.headroom * deadline_s
+        if question is None or quality is None or question.full == question.floor:
+            full = plan if question is None else question.at(question.full)
+            full_work = work if question is None else pred.plan_work(full)
+            reg.arrival(now, full_work, deadline_s, pred.duration(full) / allowed)
+            return question
+        cost: dict[Knobs, float] = {}
+
+        def at(k: Knobs) -> float:
+            v = cost.get(k)
+            if v is None:
+                v = cost[k] = pred.plan_work(question.at(k))
+            return v
+
+        pressure = pred.duration(question.at(question.full)) / allowed
+        reg.arrival(now, at(question.full), deadline_s, pressure)
+        cap = reg.cap(knob_grid(question.full, question.floor), at, quality)
+        return question if cap is None else replace(question, ceiling=cap)
 
     def _miss(
         self,

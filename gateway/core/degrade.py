@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from gateway.core.predict import StagePlan, template_plan
@@ -55,6 +56,13 @@ def degraded_steps(full: Knobs, used: Knobs) -> list[str]:
     if full.evaluate and not used.evaluate:
         out.append("unit tests and evaluation skipped")
     return out
+
+
+def cap_options(options: Sequence[Knobs], ceiling: Knobs | None) -> list[Knobs]:
+    """``options`` within ``ceiling`` (None: all of them; none within: the last, the least work)."""
+    if ceiling is None:
+        return list(options)
+    return [k for k in options if k.within(ceiling)] or list(options[-1:])
 
 
 def knob_grid(full: Knobs, floor: Knobs = FLOOR) -> list[Knobs]:
@@ -231,6 +239,14 @@ class QuestionPlan:
     floor: Knobs
     source: str = ""
     observed: bool = True
+    ceiling: Knobs | None = None
+    """The most work a burst lets the question get (``BurstRegime``; None: up to ``full``)."""
+    quality: QualityModel | None = None
+    """Accuracy per setting (what a burst's cap weighs); None: the question does not degrade."""
+
+    def capped(self, options: Sequence[Knobs]) -> list[Knobs]:
+        """``options`` within the ``ceiling`` (``cap_options``)."""
+        return cap_options(options, self.ceiling)
 
     def rest(self, *, phase: int = -1, rounds_done: int = 0) -> tuple[StagePlan, ...]:
         """The stages still to run after round ``rounds_done`` of phase ``phase`` (-1: all of them) at the floor."""
@@ -241,3 +257,123 @@ class QuestionPlan:
         return knob_plan(
             self.template, knobs, phase=phase, rounds_done=rounds_done, full_candidates=self.full.candidates
         )
+
+
+BURST_CAPACITY = 1.5
+"""Cluster seconds of full-quality work per second (the latency model's: every worker at full batch is 1) that
+arrivals may bring before a burst caps their settings (``admission.burst_capacity``). The model counts no prefix
+cache and sizes calls by their plan, so what the cluster sustains reads above 1 (docs/benchmarks.md, "Bursts")."""
+BURST_WINDOW = 0.5
+"""``BurstRegime``'s arrival window, in the arriving workflow's deadlines."""
+BURST_MIN_WINDOW_S = 30.0
+"""``BurstRegime``'s shortest window, in seconds (a rate needs several arrivals, whatever the deadline)."""
+BURST_PRESSURE = 0.5
+"""A burst starts only when the arrival is predicted at full quality, behind the backlog drained saturated, to
+take more than this share of the time admission allows it (the backlog is forming, not a passing blip)."""
+BURST_EXIT = 0.8
+"""A burst ends once the work arriving over the last deadline is at most this share of the capacity."""
+
+
+@dataclass(eq=False)
+class BurstRegime:
+    """Degradation ahead of the backlog. A burst starts when the full-quality work arriving per second (over the
+    last ``BURST_WINDOW`` of the arriving workflow's deadline, at least ``BURST_MIN_WINDOW_S``) exceeds the
+    ``capacity`` while the backlog ahead of arrivals is forming (``BURST_PRESSURE``). In a burst a degrading arrival
+    is capped at the setting with the most correct answers per arrival: its accuracy times the share of the arrivals
+    the capacity serves at it (the goodput bound's choice under a burst; ties: the least work), the cap only ever
+    lowered within a burst; the burst ends, at the earliest a deadline after it started, once the work arriving
+    over the last deadline is at most ``BURST_EXIT`` of the capacity, so it never flaps. Pure: the driver passes
+    time, work and the settings' accuracy."""
+
+    capacity: float = BURST_CAPACITY
+    max_arrivals: int = 100_000
+    in_burst: bool = field(init=False, default=False)
+    bursts: int = field(init=False, default=0)
+    """Bursts entered so far."""
+    capped: int = field(init=False, default=0)
+    """Arrivals whose setting a burst capped below their full quality."""
+    ceiling: Knobs | None = field(init=False, default=None)
+    """The current burst's cap (None outside a burst, or before a degrading arrival in it)."""
+    load: float = field(init=False, default=0.0)
+    """The full-quality work arriving per second over the capacity, at the last arrival or status read."""
+    _times: list[float] = field(init=False, default_factory=list)
+    _cum: list[float] = field(init=False, default_factory=list)  # work arrived up to and including each arrival
+    _start: int = field(init=False, default=0)  # the oldest arrival kept
+    _entered: float = field(init=False, default=0.0)  # when the current burst started
+    _full: Knobs | None = field(init=False, default=None)  # the last capped question's full setting
+    _window: float = field(init=False, default=BURST_MIN_WINDOW_S)  # the last arrival's window
+
+    def __post_init__(self) -> None:
+        if not (self.capacity > 0 and math.isfinite(self.capacity)):
+            raise ValueError(f"capacity must be positive and finite, got {self.capacity}")
+
+    def arrival(self, now: float, work_s: float, deadline_s: float, pressure: float = math.inf) -> None:
+        """Count an arrival at ``now`` bringing ``work_s`` cluster seconds at full quality, due ``deadline_s`` later;
+        enter or leave a burst. ``pressure``: its predicted completion at full quality over the time admission
+        allows it."""
+        total = self._cum[-1] if self._cum else 0.0
+        self._cum.append(total + (max(work_s, 0.0) if math.isfinite(work_s) else 0.0))
+        self._times.append(now)
+        if len(self._times) - self._start > self.max_arrivals:
+            self._start += 1
+            if self._start > self.max_arrivals:  # compact: the lists stay within twice the bound
+                del self._times[: self._start - 1], self._cum[: self._start - 1]
+                self._start = 1
+        self._window = max(BURST_WINDOW * deadline_s, BURST_MIN_WINDOW_S)
+        self.settle(now, pressure)
+
+    def settle(self, now: float, pressure: float = 0.0) -> None:
+        """Re-read the load at ``now`` and enter (with ``pressure`` above its threshold) or leave a burst."""
+        if not self._times:
+            return
+        w = self._window
+        self.load = self._rate(now, w) / self.capacity
+        if not self.in_burst:
+            if self.load > 1.0 and pressure > BURST_PRESSURE:
+                self.in_burst, self.ceiling, self._entered = True, None, now
+                self.bursts += 1
+            return
+        hold = w / BURST_WINDOW
+        if now - self._entered >= hold and self._rate(now, hold) <= BURST_EXIT * self.capacity:
+            self.in_burst, self.ceiling = False, None
+
+    def _rate(self, now: float, window: float) -> float:
+        """Work arrived per second over the last ``window`` seconds (of the arrivals kept)."""
+        i = bisect.bisect_right(self._times, now - window, lo=self._start)
+        before = self._cum[i - 1] if i > 0 else 0.0
+        return (self._cum[-1] - before) / window
+
+    def cap(self, options: Sequence[Knobs], work: Callable[[Knobs], float], quality: QualityModel) -> Knobs | None:
+        """The cap of a degrading arrival just counted (``arrival``), None outside a burst. ``options``: its
+        settings, fullest first; ``work``: its cluster seconds at a setting; ``quality``: their accuracy."""
+        if not self.in_burst or not options:
+            return None
+        full_work = work(options[0])
+
+        def goodput(k: Knobs) -> tuple[float, float]:
+            # Correct answers per arrival at k: its accuracy, times the share of arrivals the capacity serves at k.
+            w = work(k)
+            served = min(1.0, full_work / (self.load * w)) if self.load * w > 0 else 1.0
+            return quality.accuracy(k) * served, -w
+
+        pick = max(options, key=goodput)
+        if self.ceiling is None or pick.within(self.ceiling):  # (only ever lowered within a burst)
+            self.ceiling = pick
+        self._full = options[0]
+        if self.ceiling != options[0]:
+            self.capped += 1
+        return self.ceiling
+
+    def status(self, now: float) -> dict[str, object]:
+        """What the status page shows at ``now``: whether a burst is on, the load, the cap and what it trades."""
+        self.settle(now)
+        c, full = self.ceiling, self._full
+        return {
+            "in_burst": self.in_burst,
+            "load": round(self.load, 4),
+            "capacity": self.capacity,
+            "bursts": self.bursts,
+            "capped_questions": self.capped,
+            "ceiling": None if c is None else asdict(c),
+            "trades": degraded_steps(full, c) if c is not None and full is not None else [],
+        }

@@ -14,6 +14,11 @@ from gateway.errors import UnknownName
 Role = Literal["ours", "baseline", "ablation"]
 """What a policy is in a comparison (module docstring)."""
 
+AdmissionStyle = Literal["predictive", "saturation", "queue"]
+"""How a policy's system admits work under overload: ours predicts each workflow's completion
+(``gateway.core.admission.Admitter``); llm-d's flow control sheds sheddable requests while the pool is saturated
+(``SaturationGate``); the others refuse at a queue length (``QueueGate``, the live ``limits.max_queued_calls``)."""
+
 PRODUCTION_ROLES: tuple[Role, ...] = ("ours", "baseline")
 """The roles a deployment may run without the benchmark switch (``production_policy``)."""
 
@@ -33,6 +38,8 @@ class Policy:
     counts cached tokens out of the call's prefill on each worker (only where the engines cache prefixes)."""
     prefix_credit: float = 1.0
     """How many times their own prefill a call's cached tokens are worth when the dispatcher compares workers."""
+    admission: AdmissionStyle = "queue"
+    """How the system the policy stands for admits work under overload (``gateway.core.admission``)."""
 
     @property
     def capabilities(self) -> Capabilities:
@@ -99,6 +106,7 @@ for _p in (
         default_alpha=0.3,
         prefix_aware=True,
         prefix_credit=3.0,
+        admission="predictive",
     ),
     Policy(
         "hexgen-paper", "wb", "urgency", "HexGen-Flow as published (no interference or prefix term)", "ablation", 0.3
@@ -120,6 +128,7 @@ for _p in (
         "llm-d inference scheduler (prefix-cache 3 + queue 2 + KV-utilisation 2 scorers)",
         "baseline",
         prefix_aware=True,
+        admission="saturation",
     ),
 ):
     register_policy(_p)

@@ -168,6 +168,13 @@ class GatewayMetrics:
     tuning_runs = _family(Counter, "hexflow_tuning_runs", "result", "Background alpha tuning runs.")
     tenant_reloads = _family(Counter, "hexflow_tenant_reloads", "result", "Reloads of the tenants file.")
     parked = _family(Gauge, "hexflow_parked_calls", "", "Calls waiting for any healthy worker.")
+    burst_active = _family(Gauge, "hexflow_burst_active", "",
+        "1 while the gateway is in a burst regime (docs/text2sql.md, 'Bursts').")
+    burst_load = _family(Gauge, "hexflow_burst_load_ratio", "",
+        "Full-quality work arriving per second over admission.burst_capacity, at the last arrival.")
+    bursts = _family(Counter, "hexflow_bursts", "", "Burst regimes entered.")
+    burst_capped = _family(Counter, "hexflow_burst_capped_questions", "",
+        "Questions whose setting a burst capped below full quality at arrival.")
     active = _family(Gauge, "hexflow_active_workflows", "", "Workflows in progress.")
     discovery_pods = _family(Gauge, "hexflow_discovery_pods", "state",
         "Selected worker pods by state (ready, unready, pending, invalid).")

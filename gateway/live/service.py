@@ -12,7 +12,7 @@ from typing import Any
 
 from gateway.config.gateway import LoadedConfig
 from gateway.core.admission import Admission, AdmissionRefused, Admitter
-from gateway.core.degrade import QuestionPlan
+from gateway.core.degrade import BurstRegime, QuestionPlan
 from gateway.core.predict import StagePlan
 from gateway.core.scheduler import Scheduler
 from gateway.errors import GatewayError, Rejected
@@ -75,8 +75,10 @@ class Gateway:
             headroom=cfg.admission.headroom,
             sustainable_share=cfg.admission.sustainable_share,
             best_effort_max_age=cfg.admission.best_effort_max_age,
+            regime=None if cfg.admission.burst_capacity is None else BurstRegime(cfg.admission.burst_capacity),
         )
         """Admission and the work it committed (``gateway.core.admission``)."""
+        self._burst_counts = (0, 0)  # the burst regime's counts the metrics have seen
         self.recorder = WindowRecorder(cfg.tuning.window_workflows, cfg.tuning.max_age_s)
         self.admin_keys = frozenset(cfg.admin.api_key_sha256)
         """SHA-256 digests of the operators' keys (``admin.api_key_sha256``); empty: the status page is off."""
@@ -234,6 +236,16 @@ class Gateway:
             self.metrics.worker_gauges(st.name, self.scheduler.queue_len(i), self.scheduler.inflight(i))
             self.metrics.profile_constants(st.name, profile_status(st.info)["constants"])
         self.metrics.parked.set(len(self.pool.parked))
+        reg = self.admitter.regime
+        if reg is not None:
+            reg.settle(self.clock())
+            m = self.metrics
+            m.burst_active.set(1.0 if reg.in_burst else 0.0)
+            m.burst_load.set(reg.load)
+            bursts, capped = self._burst_counts
+            m.bursts.inc(reg.bursts - bursts)
+            m.burst_capped.inc(reg.capped - capped)
+            self._burst_counts = (reg.bursts, reg.capped)
 
     def status(self) -> dict[str, Any]:
         """What ``/v1/status`` shows."""
@@ -250,6 +262,7 @@ class Gateway:
                 "committed_s": round(adm.committed_s, 6),
                 "best_effort_workflows": len(adm.best_effort),
                 "calibration": {"factor": round(adm.calibration.factor, 6), "samples": adm.calibration.samples},
+                "burst": None if adm.regime is None else adm.regime.status(self.clock()),
             },
             "tenants": {"generation": self.tenants.generation, "last_error": self.tenants.last_error},
             "tuning": None if self.tuner is None else self.tuner.status(),

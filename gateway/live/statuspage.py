@@ -75,6 +75,7 @@ def page_state(gw: Gateway) -> dict[str, Any]:
         "draining": gw.draining,
         "active_workflows": gw.active_total,
         "parked_calls": len(gw.pool.parked),
+        "burst": None if gw.admitter.regime is None else gw.admitter.regime.status(now),
         "window_s": window_s,
         "outcomes": list(GOODPUT_OUTCOMES),
         "workers": [_worker(st, now) for st in gw.pool.workers],

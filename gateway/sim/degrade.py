@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, knob_plan
+from gateway.core.degrade import SKIPPABLE, Decision, Degrader, Knobs, cap_options, knob_plan
 from gateway.core.predict import CompletionPredictor
-from gateway.core.workflow import CANDIDATE, REVISE, CallSpec, StagedWorkflow, TemplateCursor, WorkflowTemplate
+from gateway.core.workflow import (
+    CANDIDATE,
+    REVISE,
+    CallSpec,
+    Stage,
+    StagedWorkflow,
+    TemplateCursor,
+    WorkflowTemplate,
+)
+
+
+def knobbed_calls(stages: Sequence[Stage], knobs: Knobs) -> list[CallSpec]:
+    """The calls of traced ``stages`` that a workflow run at ``knobs`` from its arrival issues (as
+    ``KnobbedWorkflow`` releases them, without the deadline rule)."""
+    return [c for st in knobbed_stages(stages, knobs) for c in st]
+
+
+def knobbed_stages(stages: Sequence[Stage], knobs: Knobs) -> list[Sequence[CallSpec]]:
+    """``knobbed_calls`` stage by stage."""
+    out: list[Sequence[CallSpec]] = []
+    revisions = 0
+    run: int | None = None
+    for st in stages:
+        if st.kind == REVISE:
+            if revisions >= knobs.max_revisions:
+                continue
+            revisions += 1
+        elif st.kind in SKIPPABLE and not (knobs.evaluate and (run or knobs.candidates) >= 2):
+            continue
+        calls = st.calls
+        if st.kind == CANDIDATE:
+            run = min(knobs.candidates, len(calls)) if run is None else run
+            calls = calls[:run]
+        out.append(calls)
+    return out
 
 
 @dataclass(eq=False)
@@ -28,6 +63,8 @@ class KnobbedWorkflow(StagedWorkflow):
     """When a list: every decision as ``(time, stage kind just finished or "arrival", decision)``."""
     deadline_rule: bool = False
     """The live pipeline's deadline rule: past the deadline no new ``revise`` round, unit test or evaluation starts."""
+    ceiling: Knobs | None = field(default=None, repr=False)
+    """The most work a burst lets it get (set at admission: ``BurstRegime``)."""
     clock: float = field(default=0.0, repr=False)
     """The simulator's time when the current stage's last call returned (set before ``complete``)."""
     _eval_begun: bool = field(default=False, init=False, repr=False)
@@ -121,6 +158,7 @@ class KnobbedWorkflow(StagedWorkflow):
             revisions_done=self.revisions_run,
             evaluate_fixed=self.evaluate_run,
         )
+        opts = cap_options(opts, self.ceiling)
         template = self.plan_template if self.plan_template is not None else self.template
         cur = self._plan_cursor if self._plan_cursor is not None else self._cursor
         phase, rounds = cur.phase, cur.rounds

@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import cast
 
-from gateway.core.admission import ADMISSION_HEADROOM, SHED_PERIOD_S, AdmissionRefused, Admitter
+from gateway.core.admission import (
+    ADMISSION_HEADROOM,
+    SHED_PERIOD_S,
+    AdmissionRefused,
+    Admitter,
+    QueueGate,
+    SaturationGate,
+)
+from gateway.core.degrade import BURST_CAPACITY, BurstRegime, QuestionPlan
 from gateway.core.policy import Policy
 from gateway.core.predict import SUSTAINABLE_SHARE, CompletionPredictor, calls_plan
 from gateway.core.profile import PerfProfile
@@ -19,7 +27,7 @@ from gateway.core.scheduler import BEST_EFFORT_SHARE, Scheduler
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow
 from gateway.profiling.refit import FitOutcome, RefitSettings, Refitter
-from gateway.sim.degrade import KnobbedWorkflow
+from gateway.sim.degrade import KnobbedWorkflow, knobbed_stages
 from gateway.sim.engine import EngineStats, SimEngine
 from gateway.sim.events import Event, EventHeap
 
@@ -54,7 +62,9 @@ class Simulator:
 
     ``admission``: the live gateway's admission and re-check, with the live settings' counterparts (``admission_*``,
     ``best_effort_*``; ``admission_warm=False``: lenient until verified). ``engine_profiles``: what the engines
-    really run (mislabelled workers). ``refit``: online profile refits.
+    really run (mislabelled workers). ``refit``: online profile refits. ``gate``: the admission of the system a
+    baseline stands for, asked at each arrival (``SaturationGate``, ``QueueGate``). ``burst_capacity``: with
+    admission, degrade ahead of the backlog (``BurstRegime`` at that capacity; None: off).
     """
 
     def __init__(
@@ -76,6 +86,8 @@ class Simulator:
         prefix_caching: bool = False,
         engine_profiles: Sequence[PerfProfile] | None = None,
         refit: RefitSettings | Refitter | None = None,
+        gate: SaturationGate | QueueGate | None = None,
+        burst_capacity: float | None = BURST_CAPACITY,
     ) -> None:
         if not 0.0 < admission_headroom <= 1.0:
             raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
@@ -97,7 +109,7 @@ class Simulator:
         # One run's admission (a fresh one per run), with the live settings' counterparts.
         self.make_admitter: Callable[[], Admitter] | None = None
         if admission:
-            self.make_admitter = partial(
+            settings = partial(
                 Admitter,
                 self.scheduler,
                 headroom=admission_headroom,
@@ -106,6 +118,8 @@ class Simulator:
                 retry_after=False,
                 lenient_start=not admission_warm,
             )
+            cap = burst_capacity
+            self.make_admitter = lambda: settings(regime=None if cap is None else BurstRegime(cap))
         truth = [w.profile for w in self.workers] if engine_profiles is None else list(engine_profiles)
         if len(truth) != len(self.workers):
             raise ValueError(f"engine_profiles: {len(truth)} profiles for {len(self.workers)} workers")
@@ -118,6 +132,7 @@ class Simulator:
             self.refitter.attach(self.scheduler)
         self.record_calls = record_calls
         self.horizon_s = horizon_s
+        self.gate = gate
 
     def run(self, workflows: Sequence[Workflow]) -> SimResult:
         """Simulate until every workflow finished (or the horizon); return the records."""
@@ -244,6 +259,11 @@ class _Run:
 
     def on_arrival(self, wf: Workflow, now: float) -> None:
         """A workflow arrives: admission (when on), then its first calls."""
+        gate = self.sim.gate
+        if gate is not None and gate.refuses(self.sched):
+            self.rejected.append(wf.wid)
+            self.pending -= 1
+            return
         if self.admitter is not None and not self.admit(wf, now):
             self.pending -= 1
             return
@@ -324,14 +344,29 @@ class _Run:
         adm = self.admitter
         assert adm is not None
         if isinstance(wf, StagedWorkflow):
-            plan = calls_plan([st.calls for st in wf.stages])
+            question = None
+            if isinstance(wf, KnobbedWorkflow) and wf.degrader is not None:
+                # As the live pipeline admits a question: at its tenant's floor (``QuestionPlan.rest``).
+                deg = wf.degrader
+                plan = calls_plan(knobbed_stages(wf.stages, deg.grid[-1]))
+                template = wf.plan_template if wf.plan_template is not None else wf.template
+                if template is not None:
+                    question = QuestionPlan(template, wf.full, deg.grid[-1], quality=deg.quality)
+            else:
+                plan = calls_plan([st.calls for st in wf.stages])
             try:
                 admission = adm.admit(
-                    now, plan, wf.deadline - now, best_effort_on_miss=self.sim.admission_miss == "best_effort"
+                    now,
+                    plan,
+                    wf.deadline - now,
+                    best_effort_on_miss=self.sim.admission_miss == "best_effort",
+                    question=question,
                 )
             except AdmissionRefused:
                 self.rejected.append(wf.wid)
                 return False
+            if isinstance(wf, KnobbedWorkflow) and admission.plan is not None:
+                wf.ceiling = admission.plan.ceiling
             if admission.best_effort:
                 self.demoted.append(wf.wid)
             adm.take(wf, admission)

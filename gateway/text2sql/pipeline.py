@@ -170,7 +170,8 @@ class Text2SqlPipeline:
             template = base
         floor = degrader.full if mode == "full" else degrader.grid[-1]
         observed = self.outputs.observed or (mine is not None and mine.ready)
-        return QuestionPlan(template, degrader.full, floor, source, observed)
+        quality = self.quality if mode == "adaptive" else None  # (a burst caps only a question that degrades)
+        return QuestionPlan(template, degrader.full, floor, source, observed, quality=quality)
 
     async def plan(self, db: Database, mode: QualityMode = "full") -> QuestionPlan:
         """``plan_for`` with ``db``'s schema read first (once), so that its first question is predicted at its

@@ -117,10 +117,12 @@ class QuestionRun:
         ``full`` mode keeps the configured knobs."""
         if self.degrader.mode == "full":
             return
-        options = self.degrader.options(
-            candidates_fixed=self.candidates_fixed,
-            revisions_done=self.revisions_done,
-            evaluate_fixed=self.evaluate_fixed,
+        options = self.plan.capped(  # (within a burst's cap, when one capped the question at admission)
+            self.degrader.options(
+                candidates_fixed=self.candidates_fixed,
+                revisions_done=self.revisions_done,
+                evaluate_fixed=self.evaluate_fixed,
+            )
         )
         predict = self.runner.remaining_predictor()
         phase, rounds = self.cursor.phase, self.cursor.rounds
@@ -147,11 +149,15 @@ class QuestionRun:
     def degradations(self) -> list[Degradation]:
         """What the final knobs skipped relative to full quality, each with the decision that skipped it."""
         reason = "quality mode fast" if self.degrader.mode == "fast" else "predicted to miss the deadline"
+        cap = self.plan.ceiling
         out = []
         for step, words in degraded_by_step(self.full, self.used()):
             if step in self.why:  # always (only a decision turns a knob down); never fail the answer for it
                 at, d, fullest = self.why[step]
-                out.append(Degradation(step, words, at, reason, fullest, d.predicted_s, d.time_left_s))
+                why = reason
+                if cap is not None and getattr(cap, _KNOBS[step]) < getattr(self.full, _KNOBS[step]):
+                    why = "capped in a burst (the arriving work exceeded admission.burst_capacity)"
+                out.append(Degradation(step, words, at, why, fullest, d.predicted_s, d.time_left_s))
         return out
 
     def prompt(self, kind: str, **values: object) -> str:

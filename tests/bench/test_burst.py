@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from gateway.bench.burst import (
+    FLASH,
     BurstReport,
+    Variant,
+    is_baseline,
     parse_variant,
     plot_burst,
     resolve_pattern,
@@ -52,16 +56,28 @@ def _setup(n: int = 120) -> Setup:
 
 
 def test_variants_parse() -> None:
-    assert parse_variant("hexgen") == ("hexgen", "full")
-    assert parse_variant("llf+adaptive") == ("llf", "adaptive")
-    with pytest.raises(ValueError, match="unknown policy"):
-        parse_variant("nope+adaptive")
-    with pytest.raises(ValueError, match="quality mode"):
-        parse_variant("hexgen+best")
+    assert parse_variant("hexgen") == Variant("hexgen", "full", False)
+    assert parse_variant("llf+adaptive") == Variant("llf", "adaptive", False)
+    assert parse_variant("hexgen+adaptive+admit") == Variant("hexgen", "adaptive", True)
+    assert parse_variant("edf+admit") == Variant("edf", "full", True)
+    for bad in ("nope+adaptive", "hexgen+best", "hexgen+admit+adaptive", "hexgen+admit+admit", "hexgen+fast+adaptive"):
+        with pytest.raises(ValueError, match=r"variant|policy"):
+            parse_variant(bad)
+    # Each system's own admission: ours predicts, llm-d sheds when saturated, the others refuse at a queue length.
+    assert [parse_variant(f"{p}+admit").admission for p in ("hexgen", "llmd", "edf")] == [
+        "predictive",
+        "saturation",
+        "queue",
+    ]
+    assert parse_variant("edf").admission is None
+    # A baseline as deployed: full quality, its admission on or off; never ours, never a degrading baseline.
+    assert is_baseline("edf") and is_baseline("llmd+admit")
+    assert not is_baseline("hexgen+admit") and not is_baseline("edf+adaptive")
 
 
 def test_patterns_resolve_or_say_where_they_come_from(tmp_path: Path) -> None:
     assert resolve_pattern("poisson") is None
+    assert resolve_pattern("flash") == FLASH  # generated: needs no shared data
     with pytest.raises(ConfigError, match="shared data folder"):
         resolve_pattern("mooncake", data_dir=tmp_path)
     with pytest.raises(UnknownNameError):
@@ -177,3 +193,38 @@ def test_cli_errors_are_one_line(args: list[str], message: str, capsys: pytest.C
     assert rc != 0
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_admission_refuses_in_a_burst_and_the_goodput_bound_bounds_every_variant(tmp_path: Path) -> None:
+    """Refused workflows count as arrivals not answered; no variant answers more correctly in time than the bound."""
+    setup = _setup()
+    variants = ["lw-fcfs", "edf+admit", "llmd+admit", "hexgen", "hexgen+admit", "hexgen+adaptive+admit"]
+    rep = run_burst(setup, [("bursts", _bursty(tmp_path))], [0.6], variants, Q)
+    pts = {p.variant: p for p in rep.at("bursts", 0.6)}
+    for p in rep.points:
+        for o in p.outcomes:
+            assert o.arrived == setup.n_workflows
+            assert o.met + o.refused + o.shed <= o.arrived
+            assert 0.0 < o.bound <= o.arrived
+            assert o.correct_met <= o.bound + 1e-6, p.variant
+    assert pts["hexgen+admit"].mean(lambda o: o.refused_share) > 0
+    assert pts["lw-fcfs"].mean(lambda o: o.refused_share) == 0
+    # A queue-length 429 runs at the limit best on the tuning seed; the others have none.
+    limit = pts["edf+admit"].queue_limit
+    assert limit is not None and limit % len(setup.workers) == 0
+    assert pts["llmd+admit"].queue_limit is None
+    # The best baseline may be one with its admission on.
+    best = rep.best_baseline("bursts", 0.6)
+    assert best is not None and is_baseline(best.variant)
+    doc = rep.to_json()["points"]
+    assert all(0.0 <= d["bound_share"] <= 1.0 + 1e-9 for d in doc)
+
+
+def test_flash_crowds_need_no_shared_data() -> None:
+    """The generated flash-crowd pattern: calm spells and bursts, the same arrivals for the same seed."""
+    setup = _setup(n=300)
+    rep = run_burst(setup, [("flash", FLASH)], [0.45], ["lw-fcfs"], Q)
+    assert rep.points[0].outcomes[0].arrived == 300
+    st = replace(setup, flash=True)
+    a, b = st.workflows(1.0, 0), replace(setup, flash=True).workflows(1.0, 0)
+    assert [w.arrival for w in a] == [w.arrival for w in b]

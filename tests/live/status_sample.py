@@ -134,6 +134,15 @@ def sample_state() -> dict[str, Any]:
         "draining": False,
         "active_workflows": 14,
         "parked_calls": 0,
+        "burst": {
+            "in_burst": True,
+            "load": 2.41,
+            "capacity": 0.9,
+            "bursts": 1,
+            "capped_questions": 37,
+            "ceiling": {"candidates": 1, "max_revisions": 1, "evaluate": False},
+            "trades": ["candidates 2 -> 1", "revision rounds capped at 1 (of 10)", "unit tests and evaluation skipped"],
+        },
         "window_s": window_s,
         "outcomes": list(GOODPUT_OUTCOMES),
         "workers": [

@@ -240,3 +240,4 @@ async def test_the_browser_tests_sample_state_has_the_gateways_shape(tmp_path: P
         assert _shape(sample[key]) == _shape(real[key]), key
     assert _shape(sample["tenants"]["interactive"]) == _shape(real["tenants"]["interactive"])
     assert {k for k in sample["tuning"] if k != "history"} == {k for k in real["tuning"] if k != "history"}
+    assert set(sample["burst"]) == set(real["burst"]) and real["burst"]["in_burst"] is False

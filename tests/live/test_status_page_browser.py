@@ -333,6 +333,11 @@ async def test_layout_holds_at_800_px_wide(tmp_path: Path) -> None:
     async with _browser() as browser:
         for width in (800, 1280):
             page = await _sample_page(browser, width, errors)
+            # A burst in progress is announced in the header with what it trades (the sample's).
+            badge = page.locator("#burst")
+            assert await badge.is_visible()
+            assert "37 questions capped (candidates 2 -> 1;" in (await badge.text_content() or "")
+            assert await page.locator("#load").text_content() == "2.41×"
             overflow = await page.evaluate(
                 """() => {
                   const doc = document.documentElement;

@@ -97,3 +97,34 @@ async def test_an_adaptive_tenant_is_admitted_when_its_floor_fits(tmp_path: Path
             deadline = (floor + full) / 2 / ADMISSION_HEADROOM
             r = await client.post("/v1/text2sql", json={"question": q, "db_id": DB_ID, "deadline_s": deadline})
             assert r.status_code == status, r.text
+
+
+async def test_a_burst_caps_an_adaptive_tenants_questions_and_says_so(tmp_path: Path) -> None:
+    """Arriving work over ``admission.burst_capacity`` with the backlog forming (here: a deadline no forecast
+    fits): the gateway is in a burst, caps the adaptive tenant's question, and says so in the answer, the status
+    and the metrics; a full tenant's question counts as arriving work but is never capped."""
+    _setup(tmp_path, "adaptive")
+    responder = AnswersResponder(dict(build_demo_answers()))
+    q = demo_questions()[0].question
+    async with emulators(["A100"], time_scale=0.01, responder=responder) as urls:
+        cfg = write_config(
+            tmp_path,
+            urls,
+            ["A100"],
+            time_scale=0.01,
+            databases_file="databases.yaml",
+            admission={"burst_capacity": 1e-6},
+        )
+        async with gateway_client(cfg, key=BATCH_KEY) as (client, _):
+            r = await client.post("/v1/text2sql", json={"question": q, "db_id": DB_ID, "deadline_s": 0.01})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            status = (await client.get("/v1/status")).json()
+            metrics = (await client.get("/metrics")).text
+    reasons = {d["step"]: d["reason"] for d in body["degraded"]}
+    assert reasons["candidates"].startswith("capped in a burst")
+    burst = status["overload"]["burst"]
+    assert burst["in_burst"] is True and burst["bursts"] == 1 and burst["capped_questions"] == 1
+    assert burst["load"] > 1 and "candidates 2 -> 1" in burst["trades"]
+    assert "hexflow_burst_active 1.0" in metrics and "hexflow_bursts_total 1.0" in metrics
+    assert "hexflow_burst_capped_questions_total 1.0" in metrics

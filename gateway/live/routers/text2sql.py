@@ -145,6 +145,7 @@ async def _admit(gw: Gateway, service: Text2SqlService, req: Text2SqlRequest, te
     deadline = check_deadline(tenant, req.deadline_s)
     plan = await service.pipeline.plan(db, tenant.quality)
     admission = gw.admit(tenant, 1, plan.rest(), deadline, question=plan)
+    plan = admission.plan or plan  # (with a burst's cap on it, when one capped the question)
     return _Admitted(db, question, evidence, deadline, plan, admission, f"t2s-{uuid.uuid4().hex[:16]}")
 
 

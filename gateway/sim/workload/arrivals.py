@@ -1,5 +1,6 @@
 """Arrival processes in seconds: Poisson, Gamma (by coefficient of variation) and recorded patterns (CSV such as
-Azure's or BurstGPT's, Mooncake's JSON lines, ServeGen's fits; ``pattern_arrivals`` picks by format)."""
+Azure's or BurstGPT's, Mooncake's JSON lines, ServeGen's fits; ``pattern_arrivals`` picks by format) and flash
+crowds (``flash_arrivals``, a Markov-modulated Poisson process)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,37 @@ def poisson_arrivals(n: int, rate_qps: float, rng: random.Random, start: float =
     _check_count(n)
     _check_positive("rate_qps", rate_qps)
     return _renewal(n, start, rng.expovariate, rate_qps)
+
+
+FLASH_CALM = 0.2 / 0.45
+"""A flash crowd's calm rate over its mean rate (0.2 of a cluster's bound when the mean is 0.45 of it)."""
+FLASH_BURST = 2.4 / 0.45
+"""A flash crowd's burst rate over its mean rate (2.4 of the bound when the mean is 0.45 of it)."""
+FLASH_BURST_LEN = 142.0
+"""A burst's mean length in mean inter-arrival times (about 760 arrivals: ten minutes at 0.45 of paper-4gpu's
+bound); the calm spells' mean length makes the long-run mean rate 1."""
+
+
+def flash_arrivals(n: int, rng: random.Random, *, mean_rate: float = 1.0) -> list[float]:
+    """``n`` arrival times of a flash-crowd pattern at ``mean_rate``: a Markov-modulated Poisson process that
+    alternates calm spells (``FLASH_CALM`` x the mean rate) and bursts (``FLASH_BURST`` x it) of exponential
+    lengths (bursts ``FLASH_BURST_LEN`` mean gaps on average), starting calm at a random point of its spell."""
+    _check_count(n)
+    _check_positive("mean_rate", mean_rate)
+    p = (1.0 - FLASH_CALM) / (FLASH_BURST - FLASH_CALM)  # the share of time in bursts that makes the mean 1
+    lengths = (FLASH_BURST_LEN * (1.0 - p) / p / mean_rate, FLASH_BURST_LEN / mean_rate)
+    rates = (FLASH_CALM * mean_rate, FLASH_BURST * mean_rate)
+    out: list[float] = []
+    t, state = 0.0, 0
+    end = rng.uniform(0.0, lengths[0])
+    while len(out) < n:
+        t += rng.expovariate(rates[state])
+        while t >= end:  # the state changed before this arrival: memoryless, so draw it again from there
+            t, state = end, 1 - state
+            end = t + rng.expovariate(1.0 / lengths[state])
+            t += rng.expovariate(rates[state])
+        out.append(t)
+    return out
 
 
 def gamma_arrivals(n: int, rate_qps: float, cv: float, rng: random.Random, start: float = 0.0) -> list[float]:

@@ -206,6 +206,7 @@ function render(s) {
   $("alpha-head").textContent = s.uses_alpha ? num(s.alpha) : "n/a";
   $("active").textContent = s.active_workflows;
   $("parked").textContent = s.parked_calls;
+  renderBurst(s.burst);
   $("window").textContent = s.window_s >= 120 ? Math.round(s.window_s / 60) + " min" : s.window_s + " s";
   renderWorkers(s.workers);
   renderTenants(s.tenants, s.outcomes);
@@ -330,6 +331,17 @@ function renderTenants(tenants, order) {
   });
   $("tenants").replaceChildren(...cards);
   if (!cards.length) $("tenants").append(el("p", { class: "empty", text: "no tenants" }));
+}
+
+// The burst regime (admission.burst_capacity): the load, and while a burst is on, what it trades.
+function renderBurst(b) {
+  $("load").textContent = b ? num(b.load) + "×" : "n/a";
+  const badge = $("burst");
+  badge.hidden = !(b && b.in_burst);
+  if (!b || !b.in_burst) return;
+  const trades = b.trades.length ? b.trades.join("; ") : "nothing yet";
+  badge.textContent = `burst: ${b.capped_questions} questions capped (${trades})`;
+  badge.title = `burst regime ${b.bursts}: the arriving work is ${num(b.load)}× what the cluster sustains`;
 }
 
 function renderTuning(s) {
