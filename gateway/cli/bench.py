@@ -274,6 +274,11 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
     with usage_errors("--policies: "):
         for v in variants:
             parse_variant(v)
+    if args.live:
+        if args.policies == ",".join(_burst_policies()):
+            variants = _burst_policies(admit=False)
+        elif any(parse_variant(v).admit for v in variants):
+            raise UsageError("--policies: --live runs without admission for now; drop +admit")
     names = listed("--patterns", args.patterns)
     if args.steady and "poisson" not in names:
         names.append("poisson")
@@ -390,14 +395,19 @@ def format_burst(report: BurstReport) -> str:
     return "\n".join(lines)
 
 
-def _burst_opts() -> tuple[Opt, ...]:
-    from gateway.bench.burst import PATTERNS
+def _burst_policies(*, admit: bool = True) -> list[str]:
+    """``bench burst``'s default variants: every baseline, hexgen and hexgen+adaptive, each with and without its
+    admission (``admit``; ``--live`` runs without)."""
     from gateway.core.policy import policies_with_role
 
-    ours = policies_with_role("ours")
-    base = policies_with_role("baseline")
-    policies = [*base, *(f"{p}+admit" for p in base), *(f"{p}{v}" for p in ours for v in ("", "+adaptive"))]
-    policies += [f"{p}{v}+admit" for p in ours for v in ("", "+adaptive")]
+    ours = [f"{p}{v}" for p in policies_with_role("ours") for v in ("", "+adaptive")]
+    variants = [*policies_with_role("baseline"), *ours]
+    return [*variants, *(f"{v}+admit" for v in variants)] if admit else variants
+
+
+def _burst_opts() -> tuple[Opt, ...]:
+    from gateway.bench.burst import PATTERNS
+
     return (
         TRACE(
             "the CHESS workflows: trace name under ../shared/data/hexgen-traces, trace file, or chess-bird",
@@ -420,7 +430,7 @@ def _burst_opts() -> tuple[Opt, ...]:
             "comma-separated policies, each optionally +adaptive or +fast, then optionally +admit (its system's "
             "admission: ours predictive, llm-d's saturation shedding, the others a queue-length 429) (default: every "
             "baseline with and without its admission, hexgen and hexgen+adaptive with and without)",
-            default=",".join(policies),
+            default=",".join(_burst_policies()),
         ),
         opt("--seeds", str, "3", "seeds per point"),
         opt("--quality", str, None, "quality model file (default: the packaged quality.yaml)"),
