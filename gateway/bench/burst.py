@@ -322,7 +322,7 @@ def setting_bounds(base: Setup, quality: QualityModel, full: Knobs = FULL) -> li
     return out
 
 
-def _queue_limit(st: Setup, variant: Variant, rate: float, quality: QualityModel, tune_seed: int) -> int:
+def tuned_queue_limit(st: Setup, variant: Variant, rate: float, quality: QualityModel, tune_seed: int) -> int:
     """The ``QUEUE_LIMITS`` entry (times the workers) with the most correct answers in time on the tuning seed."""
     best, best_correct = 0, -1.0
     acc_full = quality.accuracy(FULL)
@@ -366,7 +366,7 @@ def run_burst(
                 bounds[s] = burst_goodput_bound(arrivals, base.slo_s, settings)
             for variant, v in parsed:
                 st = _setup_for(base, path, v.mode, quality)
-                limit = _queue_limit(st, v, rate, quality, base.tune_seed) if v.admission == "queue" else None
+                limit = tuned_queue_limit(st, v, rate, quality, base.tune_seed) if v.admission == "queue" else None
                 pt = BurstPoint(name, load, rate, variant, queue_limit=limit)
                 for s in base.seeds:
                     wfs, res, span = simulate_once(st, v, rate, s, queue_limit=limit)
@@ -406,7 +406,7 @@ def timeline(
     for variant in variants:
         v = parse_variant(variant)
         st = _setup_for(base, pattern, v.mode, quality)
-        limit = _queue_limit(st, v, rate, quality, base.tune_seed) if v.admission == "queue" else None
+        limit = tuned_queue_limit(st, v, rate, quality, base.tune_seed) if v.admission == "queue" else None
         wfs, res, span = simulate_once(st, v, rate, base.seed, queue_limit=limit)
         t0 = wfs[0].arrival
         width = max(span / windows, 1e-9)

@@ -15,7 +15,16 @@ from typing import Any
 
 import httpx
 
-from gateway.bench.burst import Outcome, Pattern, _setup_for, is_baseline, outcome, parse_variant, simulate_once
+from gateway.bench.burst import (
+    Outcome,
+    Pattern,
+    _setup_for,
+    is_baseline,
+    outcome,
+    parse_variant,
+    simulate_once,
+    tuned_queue_limit,
+)
 from gateway.bench.demo import write_demo_files
 from gateway.bench.quality import FAR, FULL, ScriptedStageRunner, demo_items, run_quality
 from gateway.bench.rig import LiveSettings, bench_tenant, scheduled
@@ -211,19 +220,21 @@ def run_live_burst(
     report = LiveBurstReport(name, load, rate, base.slo_s, time_scale, cluster, base.n_workflows, base.seeds, [])
     for variant in variants:
         v = parse_variant(variant)
-        if v.admit:
-            raise ValueError(f"{variant}: the live comparison runs without admission (+admit) for now")
+        if v.admission == "saturation":
+            raise ValueError(f"{variant}: llm-d's flow control (saturation shedding) runs in the simulator only")
         policy, mode = v.policy, v.mode
         lv = LiveVariant(variant)
         st = _setup_for(base, path, mode, quality)
+        # A queue-length 429 runs at the limit best in the simulator's tuning seed, live as simulated.
+        limit = tuned_queue_limit(st, v, rate, quality, base.tune_seed) if v.admission == "queue" else None
         for s in base.seeds:
-            wfs, res, span = simulate_once(st, v, rate, s, log=dump is not None)
+            wfs, res, span = simulate_once(st, v, rate, s, queue_limit=limit, log=dump is not None)
             lv.sim.append(outcome(res, len(wfs), span, quality, acc_full))
             if simulate_only:
                 continue
             folder = None if log_dir is None else log_dir / f"{variant.replace('+', '-')}-seed{s}"
             live = LiveSettings(cluster, time_scale, s, folder)
-            run = _LiveRun(variant, policy, mode, live, base.slo_s * time_scale, answers_seed)
+            run = _LiveRun(variant, policy, mode, live, base.slo_s * time_scale, answers_seed, v.admission, limit)
             asked, got = run.ask(wfs, base.seed, progress or (lambda _m: None))
             if dump is not None:
                 records = question_records(wfs, res, [q.question for q in asked], [g[3] for g in got])
@@ -245,6 +256,9 @@ class _LiveRun:
     live: LiveSettings
     deadline_wall: float
     answers_seed: int
+    admission: str | None = None
+    """``Variant.admission``: ``predictive`` turns the tenant's on; ``queue`` sets ``limits.max_queued_calls``."""
+    max_queued: int | None = None
 
     def ask(
         self, wfs: Sequence[Any], base_seed: int, say: Callable[[str], None]
@@ -261,12 +275,19 @@ class _LiveRun:
         with self.live.folder("hexflow-burst-live-") as folder:
             answers = write_demo_files(folder, self.answers_seed)
             key = bench_tenant(
-                folder, deadline_s=self.deadline_wall, max_concurrent_workflows=100_000, name=TENANT, quality=self.mode
+                folder,
+                deadline_s=self.deadline_wall,
+                max_concurrent_workflows=100_000,
+                name=TENANT,
+                quality=self.mode,
+                predictive=self.admission == "predictive",
             )
             # Engines without prefix caching, as the simulator runs them here (the recorded calls carry no
             # prefix chains; the emulator caches prompt prefixes by default, as vLLM does).
             emu_args = ["--answers", str(answers), "--no-enable-prefix-caching"]
-            config = {"databases_file": "databases.yaml", "prefix_caching": False}
+            config: dict[str, Any] = {"databases_file": "databases.yaml", "prefix_caching": False}
+            if self.max_queued is not None:
+                config["sections"] = {"limits": {"max_queued_calls": self.max_queued}}
             with self.live.rig(folder, "burst", policy=self.policy, emulator_args=emu_args, **config) as rig:
                 db = folder / f"{DB_ID}.sqlite"
                 return asked, asyncio.run(_ask_all(rig.url, key, asked, arrivals, self.deadline_wall, db))

@@ -277,8 +277,8 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
     if args.live:
         if args.policies == ",".join(_burst_policies()):
             variants = _burst_policies(admit=False)
-        elif any(parse_variant(v).admit for v in variants):
-            raise UsageError("--policies: --live runs without admission for now; drop +admit")
+        elif any(parse_variant(v).admission == "saturation" for v in variants):
+            raise UsageError("--policies: llm-d's flow control (llmd+admit) runs in the simulator only, not --live")
     names = listed("--patterns", args.patterns)
     if args.steady and "poisson" not in names:
         names.append("poisson")
@@ -397,7 +397,7 @@ def format_burst(report: BurstReport) -> str:
 
 def _burst_policies(*, admit: bool = True) -> list[str]:
     """``bench burst``'s default variants: every baseline, hexgen and hexgen+adaptive, each with and without its
-    admission (``admit``; ``--live`` runs without)."""
+    admission (``admit``; ``--live`` runs without: llm-d's flow control is simulated only)."""
     from gateway.core.policy import policies_with_role
 
     ours = [f"{p}{v}" for p in policies_with_role("ours") for v in ("", "+adaptive")]

@@ -184,7 +184,7 @@ def test_cli_runs_a_small_burst_bench(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--policies", "hexgen+best"], "--policies"),
         (["--patterns", "no-such-pattern"], "arrival pattern"),
         (["--seeds", "0"], "--seeds"),
-        (["--live", "--policies", "hexgen+adaptive+admit"], "without admission"),
+        (["--live", "--policies", "llmd+admit"], "simulator only"),
     ],
 )
 def test_cli_errors_are_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,3 +75,20 @@ def test_a_small_live_burst_runs_beside_its_simulation() -> None:
         assert q["live"]["status"] in ("ok", "no_valid_sql", "deadline_exceeded", "failed"), q["live"]
         assert q["live"]["calls"], "the live answer lists its calls"
     assert "hexgen+adaptive" in format_live_report(rep)
+
+
+def test_each_systems_admission_runs_live_beside_its_simulation() -> None:
+    """Ours with its predictive admission (and the burst regime), a baseline with a queue-length 429 at the limit
+    tuned in the simulator: a dozen questions each, every one accounted in both worlds."""
+    from gateway.bench.burst_live import run_live_burst
+    from gateway.core.degrade import Knobs, QualityModel, knob_grid
+
+    workers = load_workers("paper-4gpu")
+    base = live_setup(workers, workflows=12, slo_scale=3.0, seed=0, n_seeds=1)
+    quality = QualityModel({k: 1.0 - 0.01 * i for i, k in enumerate(knob_grid(Knobs(2, 10, True)))}, "smoke")
+    variants = ["hexgen+adaptive+admit", "edf+admit"]
+    rep = run_live_burst(base, ("flash", "flash"), 0.45, variants, quality, cluster="paper-4gpu", time_scale=0.1)
+    assert [v.variant for v in rep.variants] == variants
+    for v in rep.variants:
+        assert [o.arrived for o in v.live] == [12] and [o.arrived for o in v.sim] == [12]
+        assert v.sim[0].met + v.sim[0].refused + v.sim[0].shed <= 12
