@@ -108,8 +108,9 @@ class LiveBurstReport:
         return sum(o.correct_met for o in outs) / arrived if arrived else 0.0
 
     def ratio(self, v: LiveVariant, world: str) -> float | None:
-        """``v``'s goodput over the best baseline's (the baselines at full quality), in one world."""
-        base = [b for b in self.variants if "+" not in b.variant and is_baseline(b.variant)]
+        """``v``'s goodput over the best baseline's (the baselines at full quality, with or without their
+        admission), in one world."""
+        base = [b for b in self.variants if is_baseline(b.variant)]
         if not base:
             return None
         best = max(self.goodput(b, world) for b in base)
@@ -125,6 +126,7 @@ class LiveBurstReport:
                 "goodput_correct_share": sum(o.correct_met for o in outs) / n,
                 "accuracy": sum(o.accuracy * o.arrived for o in outs) / n,
                 "degraded_share": sum(o.degraded for o in outs) / n,
+                "refused_share": sum(o.refused + o.shed for o in outs) / n,
             }
 
         worlds = ("live", "sim")
@@ -137,13 +139,15 @@ class LiveBurstReport:
 
 
 def format_live_report(rep: LiveBurstReport) -> str:
-    """A table: per variant, live and simulated attainment, goodput, accuracy, degraded share and ratio."""
+    """A table: per variant, live and simulated attainment, goodput, accuracy, degraded and refused shares and
+    ratio."""
     doc = rep.to_json()
     lines = [
         f"{rep.pattern} at {rep.load:g} of the fluid bound ({rep.rate_qps:.3f} questions/s modelled), "
         f"deadline {rep.slo_s:.1f} s modelled, {rep.workflows} questions x {len(rep.seeds)} seeds, "
         f"{rep.cluster} emulated at time scale {rep.time_scale:g}",
-        f"  {'variant':<20} {'world':<5} {'SLO':>6} {'goodput':>8} {'accuracy':>8} {'degraded':>8} {'vs best':>8}",
+        f"  {'variant':<22} {'world':<5} {'SLO':>6} {'goodput':>8} {'accuracy':>8} {'degraded':>8} {'refused':>8} "
+        f"{'vs best':>8}",
     ]
     for v, lv in zip(doc["variants"], rep.variants, strict=True):
         for world in ("live", "sim"):
@@ -152,8 +156,9 @@ def format_live_report(rep: LiveBurstReport) -> str:
             f = v[world]
             r = v[f"ratio_{world}"]
             lines.append(
-                f"  {v['variant']:<20} {world:<5} {f['slo_attainment']:6.3f} {f['goodput_correct_share']:8.3f} "
-                f"{f['accuracy']:8.3f} {f['degraded_share']:8.3f} {'' if r is None else f'{r:7.2f}x':>8}"
+                f"  {v['variant']:<22} {world:<5} {f['slo_attainment']:6.3f} {f['goodput_correct_share']:8.3f} "
+                f"{f['accuracy']:8.3f} {f['degraded_share']:8.3f} {f['refused_share']:8.3f} "
+                f"{'' if r is None else f'{r:7.2f}x':>8}"
             )
     return "\n".join(lines)
 
@@ -175,6 +180,8 @@ async def _ask_all(
         met = ok and bool(data.get("deadline_met"))
         correct = ok and matches_gold(q.query, gold[q.query], data.get("rows") or [])
         rec = {k: data.get(k) for k in ("status", "latency_s", "local_s", "deadline_met", "revisions", "degraded")}
+        if r.status_code in (429, 503):  # refused at admission or shed: an arrival not answered
+            rec["refused"] = r.status_code
         rec["correct"] = correct
         rec["calls"] = [
             [c.get("kind"), c.get("worker"), c.get("queued_s"), c.get("run_s")] for c in data.get("stages") or []
@@ -241,7 +248,10 @@ def run_live_burst(
                 dump.append({"variant": variant, "seed": s, "time_scale": time_scale, "questions": records})
             met, correct = sum(m for m, *_ in got), sum(c for _, c, _, _ in got)
             correct_met = float(sum(m and c for m, c, _, _ in got))
-            lv.live.append(Outcome(len(got), met, correct_met, correct / len(got), sum(d for *_, d, _ in got), span))
+            refused = sum(1 for *_, rec in got if "refused" in rec)
+            accuracy = correct / max(len(got) - refused, 1)  # (of the answered, as the simulator counts it)
+            degraded = sum(d for *_, d, _ in got)
+            lv.live.append(Outcome(len(got), met, correct_met, accuracy, degraded, span, refused))
         report.variants.append(lv)
     return report
 
