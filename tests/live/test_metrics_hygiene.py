@@ -3,6 +3,8 @@ gauges that hold fractions, and every outcome/reason/result-labelled counter cre
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.live.metrics import (
     CALL_FAILURE_REASONS,
     DEMOTED_WHEN,
@@ -38,7 +40,8 @@ def test_gauges_holding_fractions_end_in_ratio() -> None:
     assert "hexflow_slo_attainment" not in fam and "hexflow_worker_kv_cache_usage" not in fam
     m = GatewayMetrics(["w"], ["t"])
     m.workflow_done("t", 1.0, "met")
-    m.scraped("w", WorkerMetrics(**{**dict.fromkeys(WorkerMetrics.__dataclass_fields__), "kv_cache_usage": 0.25}))
+    nothing: dict[str, Any] = dict.fromkeys(WorkerMetrics.__dataclass_fields__)
+    m.scraped("w", WorkerMetrics(**{**nothing, "kv_cache_usage": 0.25}))
     fam = parse_families(m.render().decode())
     assert fam["hexflow_slo_attainment_ratio"] == [({"tenant": "t"}, 1.0)]
     assert fam["hexflow_worker_kv_cache_usage_ratio"] == [({"worker": "w"}, 0.25)]
