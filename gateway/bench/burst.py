@@ -322,8 +322,11 @@ def setting_bounds(base: Setup, quality: QualityModel, full: Knobs = FULL) -> li
     return out
 
 
-def tuned_queue_limit(st: Setup, variant: Variant, rate: float, quality: QualityModel, tune_seed: int) -> int:
-    """The ``QUEUE_LIMITS`` entry (times the workers) with the most correct answers in time on the tuning seed."""
+def tuned_queue_limit(st: Setup, variant: Variant, rate: float, quality: QualityModel, tune_seed: int) -> int | None:
+    """For a variant admitting by queue length, the ``QUEUE_LIMITS`` entry (times the workers) with the most
+    correct answers in time on the tuning seed; None for any other."""
+    if variant.admission != "queue":
+        return None
     best, best_correct = 0, -1.0
     acc_full = quality.accuracy(FULL)
     for per_worker in QUEUE_LIMITS:
@@ -366,7 +369,7 @@ def run_burst(
                 bounds[s] = burst_goodput_bound(arrivals, base.slo_s, settings)
             for variant, v in parsed:
                 st = _setup_for(base, path, v.mode, quality)
-                limit = tuned_queue_limit(st, v, rate, quality, base.tune_seed) if v.admission == "queue" else None
+                limit = tuned_queue_limit(st, v, rate, quality, base.tune_seed)
                 pt = BurstPoint(name, load, rate, variant, queue_limit=limit)
                 for s in base.seeds:
                     wfs, res, span = simulate_once(st, v, rate, s, queue_limit=limit)
@@ -406,7 +409,7 @@ def timeline(
     for variant in variants:
         v = parse_variant(variant)
         st = _setup_for(base, pattern, v.mode, quality)
-        limit = tuned_queue_limit(st, v, rate, quality, base.tune_seed) if v.admission == "queue" else None
+        limit = tuned_queue_limit(st, v, rate, quality, base.tune_seed)
         wfs, res, span = simulate_once(st, v, rate, base.seed, queue_limit=limit)
         t0 = wfs[0].arrival
         width = max(span / windows, 1e-9)

@@ -233,7 +233,7 @@ def run_live_burst(
         lv = LiveVariant(variant)
         st = _setup_for(base, path, mode, quality)
         # A queue-length 429 runs at the limit best in the simulator's tuning seed, live as simulated.
-        limit = tuned_queue_limit(st, v, rate, quality, base.tune_seed) if v.admission == "queue" else None
+        limit = tuned_queue_limit(st, v, rate, quality, base.tune_seed)
         for s in base.seeds:
             wfs, res, span = simulate_once(st, v, rate, s, queue_limit=limit, log=dump is not None)
             lv.sim.append(outcome(res, len(wfs), span, quality, acc_full))

@@ -60,12 +60,12 @@ def standard_latency(workers: Sequence[WorkerInfo], calls: Sequence[CallSpec] = 
 @dataclass
 class Setup:
     """A benchmark scenario: cluster, queries, load shape, SLO, tenants and seeds (measured: ``seed`` to
-        ``seed + n_seeds - 1``; ``tune_seed`` apart from them). ``quality_model``: accuracy per knob setting, for
-        tenants whose workflows degrade; ``slo_unit_s``: what the SLO multiplies (default: the standard workflow's
-        cluster-mean latency); ``plan_template``: what degrading workflows plan their remaining stages with
-        (default: their own); ``deadline_rule``: Text-to-SQL workflows follow the live pipeline's deadline rule
-        (replays of the gateway's own pipeline); ``admission_share``, ``admission_miss``: admit each workflow as
-        the live gateway does (``Simulator``'s arguments; None: every workflow is admitted); ``flash``: flash-crowd
+    ``seed + n_seeds - 1``; ``tune_seed`` apart from them). ``quality_model``: accuracy per knob setting, for
+    tenants whose workflows degrade; ``slo_unit_s``: what the SLO multiplies (default: the standard workflow's
+    cluster-mean latency); ``plan_template``: what degrading workflows plan their remaining stages with
+    (default: their own); ``deadline_rule``: Text-to-SQL workflows follow the live pipeline's deadline rule
+    (replays of the gateway's own pipeline); ``admission_share``, ``admission_miss``: admit each workflow as
+    the live gateway does (``Simulator``'s arguments; None: every workflow is admitted); ``flash``: flash-crowd
     arrivals (``flash_arrivals``) instead of ``arrivals_csv``'s or Poisson."""
 
     workers: list[WorkerInfo]

@@ -4,12 +4,13 @@ admission of the systems the baselines stand for (``SaturationGate``, ``QueueGat
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Literal
 
-from gateway.core.degrade import BurstRegime, Knobs, QuestionPlan, knob_grid
+from gateway.core.degrade import BurstRegime, QuestionPlan, knob_grid
 from gateway.core.predict import (
     SUSTAINABLE_SHARE,
     CompletionPredictor,
@@ -225,7 +226,7 @@ class Admitter:
             # The burst regime reads the backlog as it drains saturated, not at the share full-quality promises need.
             drained = max(efficiency, BURST_EFFICIENCY)
             saturated = CompletionPredictor(sched, now, committed_s=committed, efficiency=drained, after=after)
-            question = self._burst(now, deadline_s, saturated, plan, work, question)
+            question = self._burst(now, deadline_s, saturated, plan, question)
             if question is not None and question.ceiling is not None:
                 # A question capped by a burst degrades further if the backlog drains slower than forecast.
                 pred = saturated
@@ -263,31 +264,18 @@ class Admitter:
         deadline_s: float,
         pred: CompletionPredictor,
         plan: Sequence[StagePlan],
-        work: float,
         question: QuestionPlan | None,
     ) -> QuestionPlan | None:
         """Count an arrival in the burst regime (its work at full quality); a degrading question comes back with
         the burst's cap on it."""
         reg = self.regime
         assert reg is not None
-        quality = question.quality if question is not None else None
-        allowed = self.headroom * deadline_s
-        if question is None or quality is None or question.full == question.floor:
-            full = plan if question is None else question.at(question.full)
-            full_work = work if question is None else pred.plan_work(full)
-            reg.arrival(now, full_work, deadline_s, pred.duration(full) / allowed)
+        full = plan if question is None else question.at(question.full)
+        reg.arrival(now, pred.plan_work(full), deadline_s, pred.duration(full) / (self.headroom * deadline_s))
+        if question is None or question.quality is None or question.full == question.floor:
             return question
-        cost: dict[Knobs, float] = {}
-
-        def at(k: Knobs) -> float:
-            v = cost.get(k)
-            if v is None:
-                v = cost[k] = pred.plan_work(question.at(k))
-            return v
-
-        pressure = pred.duration(question.at(question.full)) / allowed
-        reg.arrival(now, at(question.full), deadline_s, pressure)
-        cap = reg.cap(knob_grid(question.full, question.floor), at, quality)
+        work = functools.cache(lambda k: pred.plan_work(question.at(k)))
+        cap = reg.cap(knob_grid(question.full, question.floor), work, question.quality)
         return question if cap is None else replace(question, ceiling=cap)
 
     def _miss(

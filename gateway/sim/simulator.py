@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import cast
 
 from gateway.core.admission import (
@@ -91,11 +90,17 @@ class Simulator:
     ) -> None:
         if not 0.0 < admission_headroom <= 1.0:
             raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
+        self.admission = admission
+        self.admission_headroom = admission_headroom
         if admission_miss not in ("reject", "best_effort"):
             raise ValueError(f"admission_miss must be 'reject' or 'best_effort', got {admission_miss!r}")
         self.admission_miss = admission_miss
         if not 0.0 < admission_share <= 1.0:
             raise ValueError(f"admission_share must be in (0, 1], got {admission_share}")
+        self.admission_share = admission_share
+        self.best_effort_max_age = best_effort_max_age
+        self.admission_warm = admission_warm
+        self.burst_capacity = burst_capacity
         self.workers = list(workers)
         self.prefix_caching = prefix_caching
         self.scheduler = Scheduler(
@@ -106,20 +111,6 @@ class Simulator:
             prefix_caching=prefix_caching,
             best_effort_share=best_effort_share,
         )
-        # One run's admission (a fresh one per run), with the live settings' counterparts.
-        self.make_admitter: Callable[[], Admitter] | None = None
-        if admission:
-            settings = partial(
-                Admitter,
-                self.scheduler,
-                headroom=admission_headroom,
-                sustainable_share=admission_share,
-                best_effort_max_age=best_effort_max_age,
-                retry_after=False,
-                lenient_start=not admission_warm,
-            )
-            cap = burst_capacity
-            self.make_admitter = lambda: settings(regime=None if cap is None else BurstRegime(cap))
         truth = [w.profile for w in self.workers] if engine_profiles is None else list(engine_profiles)
         if len(truth) != len(self.workers):
             raise ValueError(f"engine_profiles: {len(truth)} profiles for {len(self.workers)} workers")
@@ -166,7 +157,18 @@ class _Run:
         self.call_id = 0
         self.pending = len(workflows)
         self.now = 0.0
-        self.admitter = sim.make_admitter() if sim.make_admitter is not None else None
+        self.admitter: Admitter | None = None
+        if sim.admission:
+            cap = sim.burst_capacity
+            self.admitter = Admitter(
+                self.sched,
+                headroom=sim.admission_headroom,
+                sustainable_share=sim.admission_share,
+                best_effort_max_age=sim.best_effort_max_age,
+                retry_after=False,
+                lenient_start=not sim.admission_warm,
+                regime=None if cap is None else BurstRegime(cap),
+            )
         self.watched: dict[Workflow, list[Call]] = {}  # admitted workflows' calls not yet returned
         self.checking = False
         self.rejected: list[int] = []
