@@ -168,10 +168,9 @@ TenantRule = Callable[[Workflow], str | None]
 class Admitter:
     """Admission and the work it committed, on one scheduler (one per driver). ``retry_after``: compute a refusal's
     exact wait (the simulator answers no client). ``lenient_start``: until the forecast is verified, refuse only
-    what cannot make it at full throughput with nothing queued after its first stage. ``regime``: the offered
-    load and degradation ahead of the backlog (every workflow admitted with a deadline counts; while the arrivals
-    are calm the work ahead is forecast at full throughput, not at ``sustainable_share``; a degrading question is
-    capped in a burst)."""
+    what cannot make it at full throughput with nothing queued after its first stage. ``regime``: degradation
+    ahead of the backlog (every workflow admitted with a deadline counts; a degrading question is capped in a
+    burst)."""
 
     scheduler: Scheduler
     _: KW_ONLY
@@ -221,6 +220,7 @@ class Admitter:
         committed = self._committed_ahead(due) if ordered else self.committed_s
         efficiency = self.efficiency(now)
         pred = CompletionPredictor(sched, now, committed_s=committed, efficiency=efficiency, after=after)
+        work = pred.plan_work(plan)
         reg = self.regime
         if reg is not None and deadline_s is not None:
             # The burst regime reads the backlog as it drains saturated, not at the share full-quality promises need.
@@ -230,11 +230,6 @@ class Admitter:
             if question is not None and question.ceiling is not None:
                 # A question capped by a burst degrades further if the backlog drains slower than forecast.
                 pred = saturated
-            elif reg.calm:
-                # Calm (the offered load below the capacity, no backlog forming): the work ahead drains at the cluster's
-                # full throughput (the sustainable share is for overload, where promises made at full throughput break).
-                pred = CompletionPredictor(sched, now, committed_s=committed, efficiency=1.0, after=after)
-        work = pred.plan_work(plan)
         predicted, critical = pred.duration(plan), pred.critical_path(plan)
         if deadline_s is not None and checked:
             judge, forecast = pred, predicted

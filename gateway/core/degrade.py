@@ -272,26 +272,18 @@ BURST_PRESSURE = 0.5
 take more than this share of the time admission allows it (the backlog is forming, not a passing blip)."""
 BURST_EXIT = 0.8
 """A burst ends once the work arriving over the last deadline is at most this share of the capacity."""
-BURST_SUDDEN_Z = 2.0
-"""Standard errors by which the last 8, 16, 32, ... arrivals must exceed the capacity to read overloaded before
-the window's mean does (the test runs at several lengths, so it asks more than the window's one)."""
 
 
 @dataclass(eq=False)
 class BurstRegime:
-    """The offered load against the capacity, and degradation ahead of the backlog. The arrivals are *overloaded*
-    while the full-quality work arriving per second (over the last ``BURST_WINDOW`` of the arriving workflow's
-    deadline, at least ``BURST_MIN_WINDOW_S``) exceeds the ``capacity`` by more than one standard error of a
-    Poisson stream of that work (``sqrt(sum of each arrival's work squared)`` over the window): a steady load below
-    the capacity rarely reads overloaded however much each window's count fluctuates; a sudden overload reads
-    within a few arrivals (``_recent_excess``). While they are not and no backlog is forming (``calm``), admission
-    forecasts at the cluster's full throughput (``Admitter``). A burst starts when they are overloaded while the
-    backlog ahead of arrivals is forming (``BURST_PRESSURE``). In a burst a degrading arrival is capped at the
-    setting with the most correct answers per arrival: its accuracy times the share of the arrivals the capacity
-    serves at it (the goodput bound's choice under a burst; ties: the least work), the cap only ever lowered within
-    a burst; the burst ends, at the earliest a deadline after it started, once the work arriving over the last
-    deadline is at most ``BURST_EXIT`` of the capacity, so it never flaps. Pure: the driver passes time, work and
-    the settings' accuracy."""
+    """Degradation ahead of the backlog. A burst starts when the full-quality work arriving per second (over the
+    last ``BURST_WINDOW`` of the arriving workflow's deadline, at least ``BURST_MIN_WINDOW_S``) exceeds the
+    ``capacity`` while the backlog ahead of arrivals is forming (``BURST_PRESSURE``). In a burst a degrading arrival
+    is capped at the setting with the most correct answers per arrival: its accuracy times the share of the arrivals
+    the capacity serves at it (the goodput bound's choice under a burst; ties: the least work), the cap only ever
+    lowered within a burst; the burst ends, at the earliest a deadline after it started, once the work arriving
+    over the last deadline is at most ``BURST_EXIT`` of the capacity, so it never flaps. Pure: the driver passes
+    time, work and the settings' accuracy."""
 
     capacity: float = BURST_CAPACITY
     max_arrivals: int = 100_000
@@ -304,14 +296,8 @@ class BurstRegime:
     """The current burst's cap (None outside a burst, or before a degrading arrival in it)."""
     load: float = field(init=False, default=0.0)
     """The full-quality work arriving per second over the capacity, at the last arrival or status read."""
-    overloaded: bool = field(init=False, default=False)
-    """Whether that load exceeds the capacity by more than its standard error, at the last arrival or status read."""
-    calm: bool = field(init=False, default=False)
-    """Not overloaded over a whole window of arrivals seen (a gateway just started knows no load yet), no backlog
-    forming ahead of the last arrival (its pressure at most ``BURST_PRESSURE``) and not in a burst."""
     _times: list[float] = field(init=False, default_factory=list)
     _cum: list[float] = field(init=False, default_factory=list)  # work arrived up to and including each arrival
-    _cum2: list[float] = field(init=False, default_factory=list)  # and its square
     _start: int = field(init=False, default=0)  # the oldest arrival kept
     _entered: float = field(init=False, default=0.0)  # when the current burst started
     _full: Knobs | None = field(init=False, default=None)  # the last capped question's full setting
@@ -325,54 +311,31 @@ class BurstRegime:
         """Count an arrival at ``now`` bringing ``work_s`` cluster seconds at full quality, due ``deadline_s`` later;
         enter or leave a burst. ``pressure``: its predicted completion at full quality over the time admission
         allows it."""
-        w = max(work_s, 0.0) if math.isfinite(work_s) else 0.0
-        self._cum.append((self._cum[-1] if self._cum else 0.0) + w)
-        self._cum2.append((self._cum2[-1] if self._cum2 else 0.0) + w * w)
+        total = self._cum[-1] if self._cum else 0.0
+        self._cum.append(total + (max(work_s, 0.0) if math.isfinite(work_s) else 0.0))
         self._times.append(now)
         if len(self._times) - self._start > self.max_arrivals:
             self._start += 1
             if self._start > self.max_arrivals:  # compact: the lists stay within twice the bound
-                del self._times[: self._start - 1], self._cum[: self._start - 1], self._cum2[: self._start - 1]
+                del self._times[: self._start - 1], self._cum[: self._start - 1]
                 self._start = 1
         self._window = max(BURST_WINDOW * deadline_s, BURST_MIN_WINDOW_S)
         self.settle(now, pressure)
-        self.calm = self.calm and pressure <= BURST_PRESSURE
 
     def settle(self, now: float, pressure: float = 0.0) -> None:
         """Re-read the load at ``now`` and enter (with ``pressure`` above its threshold) or leave a burst."""
         if not self._times:
             return
         w = self._window
-        i = bisect.bisect_right(self._times, now - w, lo=self._start)
-        work = self._cum[-1] - (self._cum[i - 1] if i > 0 else 0.0)
-        spread = math.sqrt(max(self._cum2[-1] - (self._cum2[i - 1] if i > 0 else 0.0), 0.0))
-        self.load = work / (w * self.capacity)
-        self.overloaded = work - spread > w * self.capacity or self._recent_excess(now, i)
-        self.calm = not self.overloaded and now - self._times[0] >= w
+        self.load = self._rate(now, w) / self.capacity
         if not self.in_burst:
-            if self.overloaded and pressure > BURST_PRESSURE:
+            if self.load > 1.0 and pressure > BURST_PRESSURE:
                 self.in_burst, self.ceiling, self._entered = True, None, now
                 self.bursts += 1
-                self.calm = False
             return
-        self.calm = False
         hold = w / BURST_WINDOW
         if now - self._entered >= hold and self._rate(now, hold) <= BURST_EXIT * self.capacity:
             self.in_burst, self.ceiling = False, None
-
-    def _recent_excess(self, now: float, first: int) -> bool:
-        """Whether the last 8, 16, 32, ... arrivals (within the window from ``first``) brought more work than the
-        capacity over the time since the arrival before them, by more than ``BURST_SUDDEN_Z`` standard errors: a sudden
-        overload reads within a few arrivals, before the window's mean moves."""
-        z, n, k = BURST_SUDDEN_Z, len(self._times), 8
-        while n - k - 1 >= max(first, self._start):
-            j = n - k - 1  # the arrival before the last k
-            work = self._cum[-1] - self._cum[j]
-            spread = math.sqrt(max(self._cum2[-1] - self._cum2[j], 0.0))
-            if work - z * spread > self.capacity * (now - self._times[j]):
-                return True
-            k *= 2
-        return False
 
     def _rate(self, now: float, window: float) -> float:
         """Work arrived per second over the last ``window`` seconds (of the arrivals kept)."""
@@ -408,7 +371,6 @@ class BurstRegime:
         return {
             "in_burst": self.in_burst,
             "load": round(self.load, 4),
-            "overloaded": self.overloaded,
             "capacity": self.capacity,
             "bursts": self.bursts,
             "capped_questions": self.capped,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from gateway.core.degrade import (
@@ -68,7 +66,7 @@ def test_the_cap_serves_the_most_correct_answers_per_arrival() -> None:
     accuracy (here: no setting short of full keeps evaluation, so one candidate without it, the most accurate that
     serves them all), never a setting that serves as many less accurately."""
     reg = BurstRegime(capacity=1.0)
-    _feed(reg, 0.0, 160, 0.5, work=0.625)  # 1.25 s/s of full work: a quarter over the capacity, 60 arrivals a window
+    _feed(reg, 0.0, 40, 4.0)  # 1.25 s/s of full work: a quarter over the capacity
     assert reg.in_burst and reg.load == pytest.approx(1.25, rel=0.1)
     cap = reg.cap(OPTIONS, WORK.__getitem__, Q)
 
@@ -77,28 +75,6 @@ def test_the_cap_serves_the_most_correct_answers_per_arrival() -> None:
 
     assert cap is not None and correct(cap) == max(correct(k) for k in OPTIONS)
     assert cap == Knobs(1, 10, False)
-
-
-def test_a_steady_load_near_capacity_rarely_reads_overloaded_and_a_burst_does() -> None:
-    """Poisson arrivals at 0.9 of the capacity, about five a window: the raw load crosses 1 in a quarter of the
-    arrivals; overloaded (an excess beyond one standard error) is rare. At three times the capacity it holds from
-    the first window on."""
-    rng = random.Random(0)
-    reg = BurstRegime(capacity=1.0)
-    t, above, overloaded, n = 0.0, 0, 0, 2000
-    for _ in range(n):
-        t += rng.expovariate(0.18)
-        reg.arrival(t, 5.0, 60.0, pressure=0.0)
-        above += reg.load > 1.0
-        overloaded += reg.overloaded
-    assert above > 0.2 * n and overloaded < 0.08 * n
-    seen = []
-    for _ in range(300):
-        t += rng.expovariate(0.6)
-        reg.arrival(t, 5.0, 60.0, pressure=0.0)
-        seen.append(reg.overloaded)
-    assert sum(seen[30:]) > 0.95 * len(seen[30:]) and not reg.in_burst  # (no backlog forming: no burst)
-    assert reg.status(t)["overloaded"] is True
 
 
 def test_below_the_capacity_nothing_is_capped() -> None:

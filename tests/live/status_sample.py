@@ -137,7 +137,6 @@ def sample_state() -> dict[str, Any]:
         "burst": {
             "in_burst": True,
             "load": 2.41,
-            "overloaded": True,
             "capacity": 0.9,
             "bursts": 1,
             "capped_questions": 37,

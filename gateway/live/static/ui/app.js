@@ -336,8 +336,6 @@ function renderTenants(tenants, order) {
 // The burst regime (admission.burst_capacity): the load, and while a burst is on, what it trades.
 function renderBurst(b) {
   $("load").textContent = b ? num(b.load) + "×" : "n/a";
-  // Overloaded: above the capacity beyond a steady load's fluctuation (admission then forecasts conservatively).
-  $("load").classList.toggle("over", !!(b && b.overloaded));
   const badge = $("burst");
   badge.hidden = !(b && b.in_burst);
   if (!b || !b.in_burst) return;
