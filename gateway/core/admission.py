@@ -13,6 +13,7 @@ from typing import Literal
 from gateway.core.degrade import BurstRegime, QuestionPlan, knob_grid
 from gateway.core.predict import (
     SUSTAINABLE_SHARE,
+    CacheShare,
     CompletionPredictor,
     QueueCalibration,
     StagePlan,
@@ -181,6 +182,7 @@ class Admitter:
     lenient_start: bool = True
     regime: BurstRegime | None = None
     throughput: ThroughputMeter = field(init=False, default_factory=ThroughputMeter)
+    cache: CacheShare = field(init=False, default_factory=CacheShare)
     calibration: QueueCalibration = field(init=False, default_factory=QueueCalibration)
     committed_s: float = field(init=False, default=0.0)
     """Cluster seconds admitted workflows have yet to submit: the fluid bound of admission."""
@@ -198,7 +200,9 @@ class Admitter:
 
     def predictor(self, now: float) -> CompletionPredictor:
         """A predictor of what a workflow admitted now would take (the status page's load figures)."""
-        return CompletionPredictor(self.scheduler, now, committed_s=self.committed_s, efficiency=self.efficiency(now))
+        return CompletionPredictor(
+            self.scheduler, now, committed_s=self.committed_s * self.cache.factor, efficiency=self.efficiency(now)
+        )
 
     def admit(
         self,
@@ -217,7 +221,7 @@ class Admitter:
         ordered = deadline_s is not None and QUEUES[sched.policy.queue].deadline_ordered
         due = now + (deadline_s or 0.0)
         after = sched.queued_due_after(due) if ordered else None
-        committed = self._committed_ahead(due) if ordered else self.committed_s
+        committed = (self._committed_ahead(due) if ordered else self.committed_s) * self.cache.factor
         efficiency = self.efficiency(now)
         pred = CompletionPredictor(sched, now, committed_s=committed, efficiency=efficiency, after=after)
         work = pred.plan_work(plan)
@@ -271,7 +275,12 @@ class Admitter:
         reg = self.regime
         assert reg is not None
         full = plan if question is None else question.at(question.full)
-        reg.arrival(now, pred.plan_work(full), deadline_s, pred.duration(full) / (self.headroom * deadline_s))
+        reg.arrival(
+            now,
+            pred.plan_work(full) * self.cache.factor,
+            deadline_s,
+            pred.duration(full) / (self.headroom * deadline_s),
+        )
         if question is None or question.quality is None or question.full == question.floor:
             return question
         work = functools.cache(lambda k: pred.plan_work(question.at(k)))
@@ -343,9 +352,13 @@ class Admitter:
         """Whether ``wf`` still holds committed work (its submissions count down ``committed_s``)."""
         return wf in self._work_left
 
-    def completed(self, now: float, engine_s: float) -> None:
-        """A call completed: its work (engine seconds at full batch) feeds the throughput meter."""
-        self.throughput.add(now, engine_s)
+    def completed(self, now: float, call: Call) -> None:
+        """A call completed: its work (engine seconds at full batch, the cache credited) feeds the throughput meter,
+        and with its work uncredited the cache share."""
+        self.throughput.add(now, call.gpu_s)
+        if 0 <= call.worker < len(self.scheduler.workers):
+            s = call.spec
+            self.cache.add(call.gpu_s, self.scheduler.estimator.gpu_s(call.worker, s.input_tokens, s.output_tokens))
 
     def ended(self, wf: Workflow, latency_s: float | None = None) -> None:
         """``wf`` ended: its commitment is released; ``latency_s`` (a valid answer, met or missed) calibrates."""

@@ -261,8 +261,9 @@ class QuestionPlan:
 
 BURST_CAPACITY = 1.5
 """Cluster seconds of full-quality work per second (the latency model's: every worker at full batch is 1) that
-arrivals may bring before a burst caps their settings (``admission.burst_capacity``). The model counts no prefix
-cache and sizes calls by their plan, so what the cluster sustains reads above 1 (docs/benchmarks.md, "Bursts")."""
+arrivals may bring before a burst caps their settings (``admission.burst_capacity``), net of the prefix cache
+(``CacheShare``). Calls are sized by their plan, so what the cluster sustains reads above 1 (docs/benchmarks.md,
+"Bursts")."""
 BURST_WINDOW = 0.5
 """``BurstRegime``'s arrival window, in the arriving workflow's deadlines."""
 BURST_MIN_WINDOW_S = 30.0

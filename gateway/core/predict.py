@@ -318,6 +318,39 @@ class QueueCalibration:
         return critical_s + (target_s - critical_s) / self.factor
 
 
+class CacheShare:
+    """The engine time calls took with the prefix cache the estimator credited them (``Call.gpu_s``) over what they
+    would have taken without it, over the last ``window`` completed calls (1 before ``min_calls``): what scales a
+    plan's work, which counts no cache, to what the cluster spends on it."""
+
+    def __init__(self, window: int = 500, min_calls: int = 20) -> None:
+        if window < 1 or min_calls < 1:
+            raise ValueError("window and min_calls must be >= 1")
+        self.min_calls = min_calls
+        self._calls: deque[tuple[float, float]] = deque(maxlen=window)
+        self._with = 0.0
+        self._without = 0.0
+
+    def add(self, with_cache_s: float, without_cache_s: float) -> None:
+        """A call completed: its engine seconds with the cache credited, and without it."""
+        if not (0.0 <= with_cache_s <= without_cache_s and math.isfinite(without_cache_s) and without_cache_s > 0):
+            return
+        if len(self._calls) == self._calls.maxlen:
+            old_with, old_without = self._calls[0]
+            self._with -= old_with
+            self._without -= old_without
+        self._calls.append((with_cache_s, without_cache_s))
+        self._with += with_cache_s
+        self._without += without_cache_s
+
+    @property
+    def factor(self) -> float:
+        """With over without, in (0, 1] (1 before ``min_calls`` calls)."""
+        if len(self._calls) < self.min_calls or self._without <= 0.0:
+            return 1.0
+        return min(max(self._with / self._without, 1e-3), 1.0)
+
+
 class ThroughputMeter:
     """The work the cluster was seen to complete per second (engine seconds, over the last ``window_s``)."""
 

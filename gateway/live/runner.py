@@ -334,7 +334,7 @@ class WorkflowRunner:
         def settled(c: LiveCall, outcome: CallResult | CallFailed) -> None:
             pending.discard(c)
             if isinstance(outcome, CallResult):
-                gw.admitter.completed(gw.clock(), c.gpu_s)
+                gw.admitter.completed(gw.clock(), c)
             on_done(c, outcome)
 
         call = LiveCall(

@@ -314,7 +314,7 @@ class _Run:
             self.sim.refits.extend((now, r, out) for r, out in refitter.step(sched, now))
         wf = c.workflow
         if self.admitter is not None:
-            self.admitter.completed(now, c.gpu_s)
+            self.admitter.completed(now, c)
             calls = self.watched.get(wf)
             if calls is not None and c in calls:
                 calls.remove(c)

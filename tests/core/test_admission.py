@@ -17,6 +17,7 @@ from gateway.core.admission import (
     round_up,
     whole_seconds,
 )
+from gateway.core.degrade import BurstRegime
 from gateway.core.predict import CompletionPredictor, calls_plan
 from gateway.core.scheduler import Scheduler, WorkerInfo
 from gateway.core.workflow import Call, CallSpec, Stage, StagedWorkflow, Workflow
@@ -120,3 +121,24 @@ def test_the_overload_recheck_sheds_demotes_and_expires(cluster: list[WorkerInfo
     assert adm.overdue(0.1, pending, lambda wf: None) == []  # not watched (no predictive admission)
     expired = adm.overdue(2.5, pending, lambda wf: "reject", skip={late})
     assert [(v.wf, v.action) for v in expired] == [(low, "expire")] and expired[0].retry_after_s == 1
+
+
+def test_committed_and_arriving_work_count_the_prefix_cache_completed_calls_were_credited(
+    cluster: list[WorkerInfo],
+) -> None:
+    adm = _admitter(cluster, regime=BurstRegime(capacity=1.0))
+    est = adm.scheduler.estimator
+    wf = _flow(1, 0.0, 1e6)
+    for i in range(40):  # half of every prompt came from the cache
+        c = Call(i, wf, BIG, 0.0)
+        c.worker, c.cached = 0, BIG.input_tokens // 2
+        c.gpu_s = est.gpu_s(0, BIG.input_tokens, BIG.output_tokens, c.cached)
+        adm.completed(1.0, c)
+    share = adm.cache.factor
+    assert share == pytest.approx(est.gpu_s(0, 8000, 400, 4000) / est.gpu_s(0, 8000, 400)) and share < 0.9
+    work = CompletionPredictor(adm.scheduler, 2.0).plan_work(PLAN)
+    adm.admit(2.0, PLAN, 60.0)  # (a window of 30 s)
+    assert adm.committed_s == pytest.approx(work), "committed in the plan's units"
+    assert adm.predictor(2.0).committed_s == pytest.approx(work * share), "forecast net of the cache"
+    assert adm.regime is not None
+    assert adm.regime.load == pytest.approx(work * share / 30.0), "the burst regime reads arriving work net of it"

@@ -10,6 +10,7 @@ import pytest
 from gateway.config.workflows import CHESS_TEMPLATE
 from gateway.core.dag import DagNode
 from gateway.core.predict import (
+    CacheShare,
     CompletionPredictor,
     QueueCalibration,
     StagePlan,
@@ -334,3 +335,19 @@ def test_the_throughput_meter_reads_work_per_worker_second_over_its_window() -> 
     assert m.share(100.0, 4) == 0.0
     m.add(100.0, math.nan)
     assert m.share(100.0, 0) == 0.0
+
+
+def test_the_cache_share_reads_work_with_the_cache_over_without_over_its_window() -> None:
+    m = CacheShare(window=4, min_calls=2)
+    m.add(1.0, 2.0)
+    assert m.factor == 1.0, "one call is not enough to read"
+    m.add(3.0, 4.0)
+    assert m.factor == pytest.approx(4.0 / 6.0)
+    for bad in ((5.0, 4.0), (1.0, 0.0), (-1.0, 2.0), (1.0, math.inf), (math.nan, 1.0)):
+        m.add(*bad)
+    assert m.factor == pytest.approx(4.0 / 6.0), "a sample no cache could give is ignored"
+    for _ in range(4):
+        m.add(1.0, 1.0)
+    assert m.factor == 1.0, "only the last window counts"
+    with pytest.raises(ValueError, match="window"):
+        CacheShare(window=0)
