@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, model_validator
 
 from gateway.config.base import CLUSTERS_DIR, FieldError, Name, _known, _Strict, load_yaml_model
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog
 from gateway.core.profile import time_scaled
+from gateway.core.transfer import BETWEEN_NODES, LINK_PRESETS, SAME_NODE, Interconnect, Link, Role
 from gateway.core.worker import WorkerInfo
 from gateway.errors import UnknownNameError, unknown_name_message
 
@@ -81,6 +82,18 @@ class WorkerConfig(_Strict):
         "default: the catalogue's profile of 'gpu'.",
     )
 
+    role: Literal["colocated", "prefill", "decode"] = Field(
+        "colocated",
+        description="Under prefill/decode disaggregation: 'prefill' runs split calls' prompts, 'decode' their "
+        "decodes once the KV blocks arrived, 'colocated' whole calls (docs/architecture.md, 'Prefill/decode "
+        "disaggregation').",
+    )
+    node: Name | None = Field(
+        None,
+        description="The machine the worker runs on: workers of one node share links.same_node (default: a "
+        "node of its own).",
+    )
+
     @model_validator(mode="after")
     def _one_url_one_worker(self) -> WorkerConfig:
         if self.url is not None and self.count > 1:
@@ -104,6 +117,41 @@ class ResolvedWorker:
     url: str | None
     served_model: str | None = None
     profile: str | None = None
+    role: Role = "colocated"
+    node: str | None = None
+
+
+class LinkConfig(_Strict):
+    """A link's payload bandwidth and per-transfer latency."""
+
+    gbps: float = Field(gt=0, le=1e6, description="Payload bandwidth, gigabits per second.")
+    latency_ms: float = Field(0.0, ge=0, le=60_000, description="Per-transfer latency (setup, first byte), ms.")
+
+    def link(self) -> Link:
+        """The core ``Link``."""
+        return Link(self.gbps, self.latency_ms / 1000.0)
+
+
+LinkPreset = Literal["nvlink", "pcie4", "pcie5", "network-100g", "network-200g", "network-400g"]
+
+
+def _link(v: LinkPreset | LinkConfig) -> Link:
+    return LINK_PRESETS[v] if isinstance(v, str) else v.link()
+
+
+class LinkPair(_Strict):
+    """The link between two named workers, either direction."""
+
+    workers: tuple[Name, Name] = Field(description="The two workers' names (after expansion).")
+    link: LinkPreset | LinkConfig = Field(description="A preset name or {gbps, latency_ms}.")
+
+
+class LinksConfig(_Strict):
+    """How KV blocks move between workers (prefill/decode disaggregation)."""
+
+    same_node: LinkPreset | LinkConfig = Field(SAME_NODE, description="Between two workers of one node.")
+    between_nodes: LinkPreset | LinkConfig = Field(BETWEEN_NODES, description="Between workers of different nodes.")
+    pairs: list[LinkPair] = Field(default_factory=list, description="Links pinned per pair of workers.")
 
 
 class ClusterConfig(_Strict):
@@ -117,6 +165,11 @@ class ClusterConfig(_Strict):
         description="Model served unless a worker overrides.",
     )
     workers: list[WorkerConfig] = Field(min_length=1, description="The workers, in scheduler order.")
+    links: LinksConfig = Field(
+        default_factory=LinksConfig,
+        description="The links split calls' KV blocks cross (presets: nvlink, pcie4, pcie5, network-100g, "
+        "network-200g, network-400g).",
+    )
 
     @model_validator(mode="after")
     def _check_workers(self, info: ValidationInfo) -> ClusterConfig:
@@ -144,7 +197,20 @@ class ClusterConfig(_Strict):
                     f"duplicate worker name {rw.name!r} (also worker {seen[rw.name]} after expansion)",
                 )
             seen[rw.name] = i
+        for k, pair in enumerate(self.links.pairs):
+            for name in pair.workers:
+                if name not in seen:
+                    raise FieldError(f"links.pairs.{k}.workers", unknown_name_message("worker", name, list(seen)))
+            if pair.workers[0] == pair.workers[1]:
+                raise FieldError(f"links.pairs.{k}.workers", "a link joins two different workers")
         return self
+
+    def interconnect(self) -> Interconnect:
+        """The links between the expanded workers (``gateway.core.transfer.Interconnect``)."""
+        nodes = {rw.name: rw.node for rw in self.expanded() if rw.node is not None}
+        links = self.links
+        pairs = {frozenset(p.workers): _link(p.link) for p in links.pairs}
+        return Interconnect(nodes, _link(links.same_node), _link(links.between_nodes), pairs)
 
     def _expand(self) -> list[tuple[int, ResolvedWorker]]:
         out: list[tuple[int, ResolvedWorker]] = []
@@ -153,7 +219,8 @@ class ClusterConfig(_Strict):
                 index = len(out)
                 base = f"{w.gpu}-{index}" if w.name is None else w.name
                 name = base if w.name is None or w.count == 1 else f"{base}-{k}"
-                rw = ResolvedWorker(name, w.gpu, w.model or self.model, w.capacity, w.url, w.served_model, w.profile)
+                model = w.model or self.model
+                rw = ResolvedWorker(name, w.gpu, model, w.capacity, w.url, w.served_model, w.profile, w.role, w.node)
                 out.append((entry, rw))
         return out
 
@@ -229,6 +296,9 @@ def entry_worker(catalog: GpuCatalog, w: ResolvedWorker, time_scale: float = 1.0
         url=w.url or "",
         served_model=w.served_model or w.model,
         profile_source=source,
+        role=w.role,
+        node=w.node or "",
+        kv_bytes_per_token=catalog.models[w.model].kv_bytes_per_token,
     )
 
 

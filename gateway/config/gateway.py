@@ -284,6 +284,12 @@ class GatewayConfig(_Strict):
         for i, w in enumerate(self.cluster.workers if self.cluster is not None else []):
             if w.url is None:
                 raise FieldError(f"cluster.workers.{i}.url", "every live worker needs a url (http://host:port)")
+            if w.role != "colocated":
+                raise FieldError(
+                    f"cluster.workers.{i}.role",
+                    "prefill/decode roles run in the simulator (hexflow bench); the live gateway runs every worker "
+                    "colocated for now: remove the role",
+                )
         return self
 
 

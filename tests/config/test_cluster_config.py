@@ -18,6 +18,7 @@ from gateway.config import (
     load_yaml_model,
     resolve_cluster_path,
 )
+from gateway.core.transfer import LINK_PRESETS, Link
 from gateway.errors import ConfigError, UnknownNameError
 
 CLUSTER_FILES = sorted(CLUSTERS_DIR.glob("*.yaml"))
@@ -120,6 +121,58 @@ def test_count_expands_named_entries_and_workers_may_override_the_model(tmp_path
         "llama-3.1-70b",
         "llama-3.1-8b",
     ]
+
+
+def test_roles_nodes_and_links_come_from_the_cluster_file(tmp_path: Path, catalog: GpuCatalog) -> None:
+    path = write(
+        tmp_path,
+        "name: pd\nworkers:\n"
+        "  - {gpu: H100, name: p, count: 2, role: prefill, node: n1}\n"
+        "  - {gpu: A100, name: d, role: decode, node: n1}\n"
+        "  - {gpu: L40S, name: c}\n"
+        "links:\n  between_nodes: {gbps: 50, latency_ms: 3}\n"
+        "  pairs:\n    - {workers: [p-1, c], link: pcie4}\n",
+    )
+    cfg = load_cluster_config(path, catalog)
+    workers = build_workers(cfg, catalog)
+    assert [(w.name, w.role, w.node) for w in workers] == [
+        ("p-0", "prefill", "n1"),
+        ("p-1", "prefill", "n1"),
+        ("d", "decode", "n1"),
+        ("c", "colocated", ""),
+    ]
+    assert {w.kv_bytes_per_token for w in workers} == {catalog.models["llama-3.1-70b"].kv_bytes_per_token}
+    assert catalog.models["llama-3.1-70b"].kv_bytes_per_token == 80 * 8 * 128 * 2 * 2
+    net = cfg.interconnect()
+    assert net.link("p-0", "d") == LINK_PRESETS["nvlink"], "one node: the default same-node link"
+    assert net.link("p-0", "c") == Link(50.0, 0.003), "different nodes: the file's between-nodes link"
+    assert net.link("c", "p-1") == LINK_PRESETS["pcie4"], "a pinned pair, either direction"
+    assert net.link("c", "c") is None
+
+
+@pytest.mark.parametrize(
+    ("links", "field", "problem"),
+    [
+        ("  pairs:\n    - {workers: [w, nope], link: nvlink}\n", "links.pairs.0.workers", "unknown worker 'nope'"),
+        ("  pairs:\n    - {workers: [w, w], link: nvlink}\n", "links.pairs.0.workers", "two different workers"),
+        ("  same_node: {gbps: 0}\n", "links.same_node", ""),
+        ("  same_node: infiniband\n", "links.same_node", ""),
+    ],
+)
+def test_a_bad_link_is_a_config_error_naming_the_field(
+    tmp_path: Path, catalog: GpuCatalog, links: str, field: str, problem: str
+) -> None:
+    path = write(tmp_path, "name: x\nworkers:\n  - {gpu: A100, name: w}\n  - {gpu: A100, name: v}\nlinks:\n" + links)
+    with pytest.raises(ConfigError) as info:
+        load_cluster(path, catalog)
+    assert info.value.field.startswith(field) and problem in info.value.problem
+
+
+def test_a_bad_role_is_a_config_error(tmp_path: Path, catalog: GpuCatalog) -> None:
+    path = write(tmp_path, "name: x\nworkers:\n  - {gpu: A100, role: both}\n")
+    with pytest.raises(ConfigError) as info:
+        load_cluster(path, catalog)
+    assert info.value.field == "workers.0.role"
 
 
 def test_resolve_cluster_path_maps_a_bare_name_into_config_clusters() -> None:

@@ -22,6 +22,7 @@ from tests.live.harness import write_config
             "gateway.yaml: tenants_file: file not found: 'missing.yaml' is ",
         ),
         (lambda t: t + "bogus: 1\n", "bogus"),
+        (lambda t: t.replace("    gpu: A100", "    gpu: A100\n    role: prefill"), "cluster.workers.0.role"),
         (lambda t: t.replace("tenants_reload_s: 0.1", "tenants_reload_s: -1"), "tenants_reload_s"),
     ],
 )
