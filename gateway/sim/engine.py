@@ -21,6 +21,7 @@ class _Running:
         "finish_d",
         "held",
         "hit",
+        "hold_kv",
         "join_d",
         "keys",
         "kv",
@@ -29,6 +30,7 @@ class _Running:
         "prefill_done_at",
         "priority",
         "prompt_left",
+        "remote",
         "stored_from",
     )
 
@@ -47,6 +49,9 @@ class _Running:
         self.held: list[Key] = []  # cache entries this call pins while it runs
         self.hit = 0  # prompt tokens served from the cache
         self.stored_from = 0  # held[stored_from:]: the segments this call brought into the cache
+        self.hold_kv = False  # a split call's prefill: its KV stays reserved after it finishes, until ``release``
+        # A split call's decode: (latency, seconds per token) of the link its KV arrives over (None: not remote).
+        self.remote: tuple[float, float] | None = None
 
 
 @dataclass(slots=True)
@@ -63,12 +68,22 @@ class EngineStats:
     cancelled: int = 0
     batched_tokens: int = 0
     seq_iterations: int = 0
+    loaded_tokens: int = 0
+    """Prompt tokens whose KV a split call's decode received from its prefill engine."""
+    max_held_kv: int = 0
+    """Most KV tokens held at once for split calls' transfers after their prefill finished."""
 
 
 @dataclass(eq=False)
 class SimEngine:
     """One simulated vLLM server: the simulator calls ``add``, ``kick`` and ``on_wake``. ``priority_scheduling``:
-    waiting calls by (priority, arrival), as vLLM's ``--scheduling-policy priority`` (no preemption)."""
+    waiting calls by (priority, arrival), as vLLM's ``--scheduling-policy priority`` (no preemption).
+
+    Split calls (prefill/decode disaggregation, as vLLM's KV connectors run them): a prefill (``add(...,
+    prefill_only=True)``) stops after its first token and keeps its KV reserved until ``release``; a decode
+    (``add(..., remote=(latency, s_per_token))``) takes a slot and its whole KV at admission, then waits while the
+    prompt's KV not in its own prefix cache arrives (``started_loads`` says when) and joins the decoding batch at
+    ``loaded``."""
 
     profile: PerfProfile
     index: int = 0
@@ -99,6 +114,11 @@ class SimEngine:
         self._order = 0
         self._states: dict[int, _Running] = {}
         self._cancel_at_wake: list[_Running] = []
+        self._loading: dict[int, _Running] = {}  # split decodes admitted, their KV still arriving
+        self._loads: list[tuple[Call, float]] = []  # loads started since ``started_loads`` was last asked
+        self._joined: list[_Running] = []  # loaded while a segment ran: they join the batch at its end
+        self._held_kv: dict[int, int] = {}  # finished split prefills' KV, kept for their transfer
+        self._held_total = 0
         # Prefix cache: key -> [tokens, running calls holding it], least recently used first.
         self._cache: OrderedDict[Key, list[int]] = OrderedDict()
         self._evictable = 0  # tokens of cache entries no running call holds (they live in free KV)
@@ -115,7 +135,7 @@ class SimEngine:
 
     @property
     def running(self) -> int:
-        """Calls admitted into the batch (prefilling or decoding)."""
+        """Calls admitted into the batch (prefilling or decoding, or split decodes whose KV is arriving)."""
         return self._running
 
     @property
@@ -123,13 +143,30 @@ class SimEngine:
         """KV-cache tokens reserved by running calls."""
         return self._kv_used
 
-    def add(self, call: Call, priority: int = 0) -> None:
-        """Put a call into the engine's waiting queue; ``kick`` afterwards to let it in."""
+    def add(
+        self,
+        call: Call,
+        priority: int = 0,
+        *,
+        prefill_only: bool = False,
+        remote: tuple[float, float] | None = None,
+    ) -> None:
+        """Put a call into the engine's waiting queue; ``kick`` afterwards to let it in. ``prefill_only``: a split
+        call's prefill (its first token; KV kept until ``release``); ``remote``: a split call's decode, its KV
+        arriving over a link of (latency s, s per token)."""
         s = call.spec
         n_in = s.input_tokens if s.input_tokens > 1 else 1
         n_out = s.output_tokens if s.output_tokens > 1 else 1
+        if prefill_only:
+            if remote is not None:
+                raise ValueError("a call is either a split call's prefill or its decode")
+            n_out = 1
+        elif remote is not None and n_out < 2:
+            raise ValueError("a split call's decode needs at least 2 output tokens (the prefill gave the first)")
         self._order += 1
         r = _Running(call, n_in, n_out, n_in + n_out, priority=priority, order=self._order)
+        r.hold_kv = prefill_only
+        r.remote = remote
         if self.prefix_caching and s.prefix:
             r.keys = call.prefix_keys
         self._states[call.id] = r
@@ -201,7 +238,12 @@ class SimEngine:
     def _drop(self, r: _Running) -> None:
         """Take a running call out of the batch: its context, KV, slot and cache pins."""
         n_in = r.kv - r.out_tokens
-        if r.join_d < 0:  # still prefilling
+        if r.remote is not None and r.join_d < 0:  # a split decode whose KV is still arriving
+            self._loading.pop(r.call.id, None)
+            if r in self._joined:
+                self._joined.remove(r)
+            ctx = 0
+        elif r.join_d < 0:  # still prefilling
             self._prefill.remove(r)
             self._prefill_left -= r.prompt_left
             ctx = n_in - r.prompt_left
@@ -254,6 +296,10 @@ class SimEngine:
         unplanned until ``kick``)."""
         done = self._apply(self._seg_k, now)
         self.busy = False
+        if self._joined:
+            for r in self._joined:
+                self._join(r, now)
+            self._joined.clear()
         if self._cancel_at_wake:
             for r in self._cancel_at_wake:
                 if r.call.id in self._states:  # not finished in the segment
@@ -264,7 +310,8 @@ class SimEngine:
     def _can_admit(self) -> bool:
         if not self.waiting or self._running >= self.profile.max_num_seqs:
             return False
-        return self._kv_used + self.waiting[0].kv <= self.profile.kv_capacity_tokens or self._running == 0
+        alone = self._running == 0 and not self._held_total
+        return self._kv_used + self.waiting[0].kv <= self.profile.kv_capacity_tokens or alone
 
     def _seg_time(self, k: int) -> float:
         return k * self._seg_first + self._seg_growth * k * (k - 1) / 2.0
@@ -274,18 +321,23 @@ class SimEngine:
         max_seqs = self.profile.max_num_seqs
         while self.waiting and self._running < max_seqs:
             r = self.waiting[0]
-            # A call larger than the whole cache still runs alone rather than deadlocking the engine.
-            if self._kv_used + r.kv > cap and self._running > 0:
+            # A call larger than the whole cache still runs alone rather than deadlocking the engine (once the KV
+            # held for transfers is released).
+            if self._kv_used + r.kv > cap and (self._running > 0 or self._held_total):
                 break
             self.waiting.popleft()
             r.admitted_at = now
             self._intake += self._admit_s
-            self.stats.prompt_tokens += r.prompt_left
+            if r.remote is None:
+                self.stats.prompt_tokens += r.prompt_left
             if r.keys:
                 self._hit(r)
                 self._store(r)
-            self._prefill.append(r)
-            self._prefill_left += r.prompt_left
+            if r.remote is None:
+                self._prefill.append(r)
+                self._prefill_left += r.prompt_left
+            else:
+                self._start_load(r, now)
             self._kv_used += r.kv
             self._running += 1
         st = self.stats
@@ -295,6 +347,68 @@ class SimEngine:
             st.max_kv = self._kv_used
         if self._evictable > cap - self._kv_used:
             self._evict(cap - self._kv_used)
+
+    def _start_load(self, r: _Running, now: float) -> None:
+        """A split call's decode admitted at ``now``: the prompt's KV not in the cache starts arriving."""
+        remote = r.remote
+        assert remote is not None
+        tokens = r.prompt_left
+        if r.hit:
+            self._ctx_total -= r.hit  # (context from the join on)
+        latency, per_token = remote
+        until = now + latency + tokens * per_token if tokens > 0 else now
+        self.stats.loaded_tokens += tokens
+        r.prompt_left = 0
+        self._loading[r.call.id] = r
+        self._loads.append((r.call, until))
+
+    def started_loads(self) -> list[tuple[Call, float]]:
+        """The split decodes admitted since last asked, each with when its KV will have arrived (the simulator
+        calls ``loaded`` then)."""
+        out = self._loads
+        self._loads = []
+        return out
+
+    def loaded(self, call: Call, now: float) -> bool:
+        """A split call's KV arrived at ``now``: it joins the decoding batch at the next iteration boundary. True
+        when a new wake-up time was set, as ``kick``."""
+        r = self._loading.pop(call.id, None)
+        if r is None:
+            return False
+        if not self.busy:
+            self._join(r, now)
+            return self._plan(now)
+        t = self._cut(now)
+        if t < 0.0:
+            self._joined.append(r)  # the segment ends first: it joins then (``on_wake``)
+            return False
+        self._join(r, t)
+        self.busy = False
+        return self._plan(t)
+
+    def _join(self, r: _Running, now: float) -> None:
+        """A split call's decode starts at ``now``: its prompt is context, its first token came from the prefill."""
+        r.prefill_done_at = now
+        r.join_d = self._d
+        self._ctx_total += r.kv - r.out_tokens
+        r.finish_d = self._d + r.out_tokens - 1
+        self._seq += 1
+        heapq.heappush(self._decode, (r.finish_d, self._seq, r))
+
+    def release(self, call: Call) -> bool:
+        """A split call's KV reached its decode engine: the KV its prefill kept here is freed. True when calls wait
+        that it may let in (``kick`` then)."""
+        kv = self._held_kv.pop(call.id, None)
+        if kv is None:
+            return False
+        self._kv_used -= kv
+        self._held_total -= kv
+        return bool(self.waiting)
+
+    @property
+    def held_kv(self) -> int:
+        """KV tokens kept for split calls' transfers after their prefill finished."""
+        return self._held_total
 
     def _hit(self, r: _Running) -> None:
         """At admission: pin the cached leading segments of ``r``'s prompt and skip their prefill."""
@@ -366,7 +480,7 @@ class SimEngine:
 
     def _plan(self, now: float) -> bool:
         self._admit(now)
-        if self._running == 0:
+        if self._running == 0 or (not self._prefill and not self._decode):  # (or only split decodes' KV arriving)
             self.busy = False
             return False
         b = len(self._decode)
@@ -471,6 +585,12 @@ class SimEngine:
     def _finish(self, r: _Running, done: list[Call]) -> None:
         # prompt (kv - out) plus the out - 1 decoded tokens
         self._leave(r, r.kv - 1)
+        if r.hold_kv:  # a split call's prefill: its KV stays until its decode engine has it (``release``)
+            self._kv_used += r.kv
+            self._held_kv[r.call.id] = r.kv
+            self._held_total += r.kv
+            if self._held_total > self.stats.max_held_kv:  # noqa: PLR1730 (hot path: no builtin call)
+                self.stats.max_held_kv = self._held_total
         done.append(r.call)
 
     def _leave(self, r: _Running, ctx: int) -> None:
