@@ -29,9 +29,9 @@ _ROWS = 4  # constraints per worker: GPU time, slots, batched tokens, KV
 @dataclass(frozen=True)
 class FluidBound:
     """The solved program: the largest sustainable workflow rate (workflows/s), and per worker at it: calls/s
-    served (whole, or split calls' decode legs), fraction of time busy (1.0: the worker limits it), that busy time split per engine into
-    per-iteration base, tokens and the rest (context, prefill attention, per-call host work), and calls in the
-    batch per iteration; ``groups``: call types (or buckets) in the program."""
+    served (whole, or split calls' decode legs), fraction of time busy (1.0: the worker limits it), that busy time
+    split per engine into per-iteration base, tokens and the rest (context, prefill attention, per-call host work),
+    and calls in the batch per iteration; ``groups``: call types (or buckets) in the program."""
 
     rate_qps: float
     calls_per_s: tuple[float, ...]
