@@ -356,7 +356,7 @@ class Admitter:
         """A call completed: its work (engine seconds at full batch, the cache credited) feeds the throughput meter,
         and with its work uncredited the cache share."""
         self.throughput.add(now, call.gpu_s)
-        if 0 <= call.worker < len(self.scheduler.workers):
+        if call.leg != 2 and 0 <= call.worker < len(self.scheduler.workers):  # (a decode leg's prompt came over)
             s = call.spec
             self.cache.add(call.gpu_s, self.scheduler.estimator.gpu_s(call.worker, s.input_tokens, s.output_tokens))
 

@@ -40,6 +40,11 @@ class Policy:
     """How many times their own prefill a call's cached tokens are worth when the dispatcher compares workers."""
     admission: AdmissionStyle = "queue"
     """How the system the policy stands for admits work under overload (``gateway.core.admission``)."""
+    split_threshold: int | None = None
+    """Prefill/decode disaggregation as llm-d's pd-profile-handler does it: the decode worker is chosen first (among
+    ``decode`` and ``colocated`` workers); a call whose prompt, less what that worker holds, exceeds this many
+    tokens has its prefill on a ``prefill`` worker (chosen by the same dispatcher), when there is one. None: never
+    split (``prefill`` workers then run nothing)."""
 
     @property
     def capabilities(self) -> Capabilities:
@@ -125,10 +130,12 @@ for _p in (
         "llmd",
         "llmd",
         "fcfs",
-        "llm-d inference scheduler (prefix-cache 3 + queue 2 + KV-utilisation 2 scorers)",
+        "llm-d inference scheduler (prefix-cache 3 + queue 2 + KV-utilisation 2 scorers; P/D split over the "
+        "cluster's prefill workers, pd-profile-handler threshold 0)",
         "baseline",
         prefix_aware=True,
         admission="saturation",
+        split_threshold=0,
     ),
 ):
     register_policy(_p)

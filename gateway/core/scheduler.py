@@ -18,7 +18,7 @@ from gateway.core.queues import QUEUES, LanedQueue
 from gateway.core.samples import SampleLog, sample_of
 from gateway.core.slo import stage_budget
 from gateway.core.worker import WorkerInfo
-from gateway.core.workflow import Call
+from gateway.core.workflow import Call, CallSpec
 from gateway.errors import NoEligibleWorker
 
 __all__ = ["BEST_EFFORT_SHARE", "NoEligibleWorker", "Scheduler", "WorkerInfo"]
@@ -76,6 +76,7 @@ class Scheduler:
         self._all = list(range(len(self.workers)))
         self._n_eligible = len(self.workers)
         self._eligible_idx: list[int] | None = None  # ``eligible_workers()``, until eligibility changes
+        self._role_idx: tuple[list[int], list[int]] | None = None  # (whole-call, prefill) workers, likewise
         self._members_idx: list[int] | None = None  # ``members()``, until membership changes
         self._member_runs: list[tuple[LatencyModel, int]] | None = None  # their profile groups' runs, as long
         self._seq = 0
@@ -84,6 +85,8 @@ class Scheduler:
         self.dispatch_counts: list[dict[str, int]] = [{} for _ in self.workers]
         self.samples: SampleLog | None = None
         """Completed calls per worker for the profile refit; None (off) until ``keep_samples``."""
+        self.last_leg: Call | None = None
+        """The prefill leg the last ``submit`` queued for a split call (None: it queued the call whole)."""
         # A new cost object per membership (a partial compares by identity): templates' cost caches start afresh.
         self._cost = partial(self.reference_cost)
 
@@ -108,6 +111,17 @@ class Scheduler:
             idx = self._all if self._n_eligible == len(ok) else [i for i, e in enumerate(ok) if e]
             self._eligible_idx = idx
         return idx
+
+    def _roles(self) -> tuple[list[int], list[int]]:
+        """The eligible workers that run whole calls and split calls' decodes (roles ``colocated`` and ``decode``),
+        and those that run split calls' prefills (role ``prefill``); shared lists: read them only."""
+        r = self._role_idx
+        if r is None:
+            idx = self.eligible_workers()
+            infos = self.workers
+            pre = [w for w in idx if infos[w].role == "prefill"]
+            r = self._role_idx = (idx if not pre else [w for w in idx if infos[w].role != "prefill"], pre)
+        return r
 
     def add_worker(self, info: WorkerInfo, *, eligible: bool = True) -> int:
         """Give a new worker a slot (a freed one if any); returns its index."""
@@ -166,6 +180,7 @@ class Scheduler:
     def _membership_changed(self) -> None:
         self._all = list(range(len(self.workers)))
         self._eligible_idx = None
+        self._role_idx = None
         self._members_idx = None
         self._member_runs = None
         self._ref_cache = {}
@@ -205,17 +220,63 @@ class Scheduler:
         self.eligible[worker] = eligible and self.member[worker]
         self._n_eligible = sum(self.eligible)
         self._eligible_idx = None
+        self._role_idx = None
 
     def submit(self, call: Call, now: float) -> int:
-        """Compute the call's stage budget, choose a worker, and queue the call there."""
+        """Compute the call's stage budget, choose a worker, and queue the call there; returns that worker. Where
+        the policy splits it (``Policy.split_threshold``; a call of one output token never is), its prefill leg is
+        queued instead (a new ``Call`` with the same id, ``leg`` 1, its ``parent`` the call, ``decode_on`` the
+        decode worker) and the prefill worker returned (and kept in ``last_leg``, None after a whole call): the
+        driver runs the leg, then ``submit_decode``."""
         self._budget(call, now)
-        w = self._choose_best_effort(call, now) if call.best_effort else self._choose(call, now)
+        self.last_leg = None
+        if call.best_effort:
+            w = self._choose_best_effort(call, now)
+        else:
+            whole, pre = self._roles()
+            w = self._choose(call, now, whole)
+            th = self.policy.split_threshold
+            spec = call.spec
+            if pre and th is not None and spec.output_tokens > 1 and spec.input_tokens - call.cached > th:
+                leg = self._prefill_leg(call, w)
+                p = self._choose(leg, now, pre)
+                self._enqueue(leg, p, now)
+                self.last_leg = leg
+                return p
         self._enqueue(call, w, now)
         return w
 
+    def _prefill_leg(self, call: Call, decode_on: int) -> Call:
+        """The prefill leg of ``call`` (its prompt and first token), to decode on ``decode_on``; budgeted as it."""
+        s = call.spec
+        leg = Call(call.id, call.workflow, CallSpec(s.kind, s.input_tokens, 1, s.prefix), call.ready_at, call.seq)
+        leg.leg, leg.parent, leg.decode_on, leg._prefix_keys = 1, call, decode_on, call._prefix_keys
+        leg.stage_cost, leg.remaining_cost, leg.budget = call.stage_cost, call.remaining_cost, call.budget
+        return leg
+
+    def submit_decode(self, leg: Call, now: float) -> Call:
+        """A split call's prefill leg returned: queue its decode leg (the parent's spec, ``leg`` 2, its prompt
+        counted as cached but for one token) on the worker chosen with the prefill, or, no longer eligible, on the
+        best decode worker now; returns the decode leg."""
+        parent = leg.parent
+        if parent is None or leg.leg != 1:
+            raise ValueError("submit_decode takes a split call's prefill leg")
+        s = parent.spec
+        dec = Call(parent.id, parent.workflow, s, now, parent.seq, leg=2, parent=parent)
+        dec._prefix_keys = parent._prefix_keys
+        self._budget(dec, now)
+        whole, _ = self._roles()
+        w = leg.decode_on
+        if w not in whole:
+            w = self._choose(dec, now, whole)
+        dec.cached = max(s.input_tokens - 1, 0)
+        dec.t_comp = self.estimator.t_comp(w, s.kind, s.input_tokens, s.output_tokens, now, dec.cached)
+        self._enqueue(dec, w, now)
+        return dec
+
     def _choose_best_effort(self, call: Call, now: float) -> int:
         """The worker where a best-effort call would be done soonest in its own lane (the policy is not asked)."""
-        idx = self.eligible_workers()
+        idx = self._roles()[0]
         if not idx:
             raise NoEligibleWorker("no eligible worker")
         est = self.estimator
@@ -250,10 +311,11 @@ class Scheduler:
             self._release(call, now)
             call.finished_at = now
 
-    def _choose(self, call: Call, now: float) -> int:
+    def _choose(self, call: Call, now: float, idx: list[int] | None = None) -> int:
         est = self.estimator
         spec = call.spec
-        idx = self.eligible_workers()
+        if idx is None:
+            idx = self._roles()[0]
         if not idx:
             raise NoEligibleWorker("no eligible worker")
         keys = call.prefix_keys if self.prefix_aware and spec.prefix else None

@@ -73,6 +73,12 @@ class Call:
     best_effort: bool = False
     """Run at the lowest urgency, behind every other call of its worker's queue."""
     _prefix_keys: list[tuple[int, int]] | None = None
+    leg: int = 0
+    """Prefill/decode disaggregation: 0 a whole call; 1 a split call's prefill (its first token), 2 its decode."""
+    parent: Call | None = None
+    """A leg's call as the workflow asked for it (the leg's own ``spec`` may differ: a prefill's has one output)."""
+    decode_on: int = -1
+    """A prefill leg's decode worker, chosen with it."""
 
     def __init__(
         self,
@@ -100,6 +106,9 @@ class Call:
         cached: int = 0,
         best_effort: bool = False,
         _prefix_keys: list[tuple[int, int]] | None = None,
+        leg: int = 0,
+        parent: Call | None = None,
+        decode_on: int = -1,
     ) -> None:
         # Written out: mypyc runs a compiled dataclass's generated ``__init__`` interpreted (a tenth of a simulated
         # call). The generated one's parameters, in field order (tests/core/test_workflow.py checks).
@@ -127,6 +136,9 @@ class Call:
         self.cached = cached
         self.best_effort = best_effort
         self._prefix_keys = _prefix_keys
+        self.leg = leg
+        self.parent = parent
+        self.decode_on = decode_on
 
     @property
     def prefix_keys(self) -> list[tuple[int, int]]:

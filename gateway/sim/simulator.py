@@ -23,6 +23,7 @@ from gateway.core.predict import SUSTAINABLE_SHARE, CompletionPredictor, calls_p
 from gateway.core.profile import PerfProfile
 from gateway.core.records import CallOutcome, WorkflowOutcome
 from gateway.core.scheduler import BEST_EFFORT_SHARE, Scheduler
+from gateway.core.transfer import Interconnect
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec, StagedWorkflow, Workflow
 from gateway.profiling.refit import FitOutcome, RefitSettings, Refitter
@@ -34,6 +35,7 @@ _ARRIVAL = 0
 _WAKE = 1
 _RESULT = 2
 _CHECK = 4
+_LOADED = 5
 
 
 @dataclass
@@ -63,7 +65,9 @@ class Simulator:
     ``best_effort_*``; ``admission_warm=False``: lenient until verified). ``engine_profiles``: what the engines
     really run (mislabelled workers). ``refit``: online profile refits. ``gate``: the admission of the system a
     baseline stands for, asked at each arrival (``SaturationGate``, ``QueueGate``). ``burst_capacity``: with
-    admission, degrade ahead of the backlog (``BurstRegime`` at that capacity; None: off).
+    admission, degrade ahead of the backlog (``BurstRegime`` at that capacity; None: off). ``interconnect``: the
+    links split calls' KV crosses (prefill/decode disaggregation: the workers' roles and the policy's
+    ``split_threshold``; default ``Interconnect()``: NVLink within a named node, 100 Gb/s between nodes).
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class Simulator:
         refit: RefitSettings | Refitter | None = None,
         gate: SaturationGate | QueueGate | None = None,
         burst_capacity: float | None = BURST_CAPACITY,
+        interconnect: Interconnect | None = None,
     ) -> None:
         if not 0.0 < admission_headroom <= 1.0:
             raise ValueError(f"admission_headroom must be in (0, 1], got {admission_headroom}")
@@ -124,6 +129,15 @@ class Simulator:
         self.record_calls = record_calls
         self.horizon_s = horizon_s
         self.gate = gate
+        net = Interconnect() if interconnect is None else interconnect
+        # Per (prefill worker, decode worker): a split call's KV transfer as (latency s, s per prompt token).
+        self.transfer: list[list[tuple[float, float]]] = [
+            [
+                (0.0, 0.0) if link is None else (link.latency_s, w.kv_bytes_per_token * 8.0 / (link.gbps * 1e9))
+                for link in row
+            ]
+            for w, row in zip(self.workers, net.matrix([w.name for w in self.workers]), strict=True)
+        ]
 
     def run(self, workflows: Sequence[Workflow]) -> SimResult:
         """Simulate until every workflow finished (or the horizon); return the records."""
@@ -170,6 +184,8 @@ class _Run:
                 regime=None if cap is None else BurstRegime(cap),
             )
         self.watched: dict[Workflow, list[Call]] = {}  # admitted workflows' calls not yet returned
+        self.legs: dict[int, Call] = {}  # split calls by id: the leg running now (prefill, then decode)
+        self.held: dict[int, tuple[int, Call]] = {}  # split calls by id: (worker, prefill leg) holding its KV
         self.checking = False
         self.rejected: list[int] = []
         self.demoted: list[int] = []
@@ -196,6 +212,8 @@ class _Run:
                 self.on_result(cast(Call, ev.payload), ev.worker, now)
             elif kind == _CHECK:
                 self.on_check(now)
+            elif kind == _LOADED:
+                self.on_loaded(cast(Call, ev.payload), ev.worker, now)
             else:
                 self.on_arrival(cast(Workflow, ev.payload), now)
         return SimResult(
@@ -221,10 +239,49 @@ class _Run:
             c = sched.pop_next(w, t)
             if c is None:
                 break
-            eng.add(c)
+            if c.leg:
+                if c.leg == 1 and c.parent is not None:
+                    c.parent.started_at = t  # (the call as asked is running: what the overload re-check reads)
+                self.add_leg(eng, c)
+            else:
+                eng.add(c)
             added = True
-        if added and eng.kick(t):
+        if added:
+            self.kick(w, t)
+
+    def kick(self, w: int, t: float) -> None:
+        """Replan engine ``w`` at ``t`` (``SimEngine.kick``): its next wake-up and the KV loads it started."""
+        eng = self.engines[w]
+        if eng.kick(t):
             self.push(eng.wake_at, _WAKE, None, w, eng.version)
+        self.loads(w)
+
+    def loads(self, w: int) -> None:
+        """Schedule the arrival of the KV of the split decodes engine ``w`` admitted."""
+        for c, until in self.engines[w].started_loads():
+            self.push(until, _LOADED, c, w, 0)
+
+    def add_leg(self, eng: SimEngine, c: Call) -> None:
+        """A split call's leg into its engine: a prefill keeps its KV; a decode's arrives from its prefill's."""
+        if c.leg == 1:
+            eng.add(c, prefill_only=True)
+        else:
+            pw = self.held[c.id][0]
+            eng.add(c, remote=self.sim.transfer[pw][c.worker])
+
+    def on_loaded(self, c: Call, w: int, now: float) -> None:
+        """A split decode's KV arrived: it joins its batch; its prefill engine frees the KV it kept."""
+        eng = self.engines[w]
+        if eng.loaded(c, now):
+            self.push(eng.wake_at, _WAKE, None, w, eng.version)
+        self.loads(w)
+        self.release(c.id, now)
+
+    def release(self, cid: int, now: float) -> None:
+        """The KV a split call's prefill leg kept is freed (transferred, or the call taken back)."""
+        held = self.held.pop(cid, None)
+        if held is not None and self.engines[held[0]].release(held[1]):
+            self.kick(held[0], now)
 
     def on_wake(self, w: int, version: int, now: float) -> None:
         """An engine's iteration boundary: its finished calls return after the per-request overhead."""
@@ -235,24 +292,26 @@ class _Run:
         o = self.overhead[w]
         for c in finished:
             self.push(now + o, _RESULT, c, w, 0)
-            if self.record_calls:
+            if self.record_calls and c.leg != 1:
                 self.call_records.append(self.outcome(c, w, now, now + o))
-        if not eng.busy and eng.kick(now):
-            self.push(eng.wake_at, _WAKE, None, w, eng.version)
+        if not eng.busy:
+            self.kick(w, now)
 
     def outcome(self, c: Call, w: int, engine_done: float, result: float) -> CallOutcome[None]:
-        """A returned call's outcome: its engine finished at ``engine_done``, the gateway saw it at ``result``."""
-        started = c.started_at if c.started_at is not None else engine_done
+        """A returned call's outcome: its engine finished at ``engine_done``, the gateway saw it at ``result`` (a
+        split call's from its decode leg, ready and started as the call asked for: its prefill leg's)."""
+        asked = c.parent if c.parent is not None else c
+        started = asked.started_at if asked.started_at is not None else engine_done
         return CallOutcome(
             c.workflow.wid,
             getattr(c.spec, "node", -1),
             c.kind,
-            c.ready_at,
+            asked.ready_at,
             result,
             w,
             self.names[w],
             started,
-            started - c.ready_at,
+            started - asked.ready_at,
             result - started,
             1,
             c.budget,
@@ -295,6 +354,9 @@ class _Run:
             if watched is not None:
                 watched.append(c)
             w = sched.submit(c, t)
+            leg = sched.last_leg
+            if leg is not None:  # split: its prefill leg was queued
+                self.legs[c.id] = leg
             if w not in touched:
                 touched.append(w)
         self.ncalls[wf.wid] = self.ncalls.get(wf.wid, 0) + len(specs)
@@ -305,6 +367,8 @@ class _Run:
         """The gateway sees a call return: the slot frees, the estimator learns, the next calls are submitted."""
         # (The emptiness test spares the common path, no shedding, a boxed-id lookup.)
         if self.abandoned and c.id in self.abandoned:
+            if c.leg == 1 and self.engines[w].release(c):  # a shed split call's prefill: the KV it kept
+                self.kick(w, now)
             return  # its workflow was shed; its slot was freed then
         sched = self.sched
         sched.on_finish(c, now)
@@ -312,12 +376,18 @@ class _Run:
         if now >= self.next_refit and refitter is not None:
             self.next_refit = now + refitter.s.interval_s
             self.sim.refits.extend((now, r, out) for r, out in refitter.step(sched, now))
+        if c.leg == 1:
+            self.on_prefilled(c, w, now)
+            return
         wf = c.workflow
+        if c.leg == 2:
+            self.legs.pop(c.id, None)
         if self.admitter is not None:
             self.admitter.completed(now, c)
             calls = self.watched.get(wf)
-            if calls is not None and c in calls:
-                calls.remove(c)
+            asked = c.parent if c.parent is not None else c
+            if calls is not None and asked in calls:
+                calls.remove(asked)
         if isinstance(wf, KnobbedWorkflow):
             wf.clock = now
             if wf.degrader is not None and wf.last_of_stage:
@@ -328,6 +398,16 @@ class _Run:
         self.fill(w, now)
         if not nxt and wf.done:
             self.finished(wf, now)
+
+    def on_prefilled(self, leg: Call, w: int, now: float) -> None:
+        """A split call's prefill leg returned: its KV stays on ``w`` until its decode leg, queued now, has it."""
+        if self.admitter is not None:
+            self.admitter.completed(now, leg)
+        self.held[leg.id] = (w, leg)
+        dec = self.sched.submit_decode(leg, now)
+        self.legs[leg.id] = dec
+        self.fill(dec.worker, now)
+        self.fill(w, now)
 
     def finished(self, wf: Workflow, now: float) -> None:
         """A workflow's last call returned: its record (and, with admission, its end of commitment)."""
@@ -416,6 +496,8 @@ class _Run:
         """Take a call back: off its queue, or out of its engine at the next iteration boundary (its slot freed)."""
         if c.id in self.abandoned or c.finished_at is not None:
             return
+        c = self.legs.pop(c.id, c)  # a split call: the leg running now
+        self.release(c.id, now)  # and the KV its prefill leg kept
         was_running = c.started_at is not None
         self.abandoned.add(c.id)
         self.sched.abandon(c, now)
@@ -423,4 +505,5 @@ class _Run:
             eng = self.engines[c.worker]
             if eng.cancel(c, now):
                 self.push(eng.wake_at, _WAKE, None, c.worker, eng.version)
+            self.loads(c.worker)
             self.fill(c.worker, now)
