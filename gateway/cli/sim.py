@@ -59,21 +59,32 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gateway.bench.enginetime import bound_engine_time, engine_time_of, format_engine_time
     from gateway.sim.simulator import Simulator
 
+    from gateway.config import load_cluster_config
+
     get_policy(args.policy)
     setup = setup_from_args(args)
+    net = load_cluster_config(args.cluster).interconnect()
     solved = solve_fluid_bound(setup.workers, setup.queries, prefix_caching=setup.prefix_caching)
     bound = solved.rate_qps
+    links = net.matrix([w.name for w in setup.workers])
+    split = solve_fluid_bound(
+        setup.workers, setup.queries, prefix_caching=setup.prefix_caching, split=True, links=links
+    )
     rate = args.rate if args.rate is not None else round(0.6 * bound, 4)
     wfs = setup.workflows(rate)
     t0 = time.perf_counter()
     run_with = pick(args, "alpha", "seed", "admission")
-    sim = Simulator(setup.workers, args.policy, **run_with, prefix_caching=setup.prefix_caching)
+    sim = Simulator(setup.workers, args.policy, **run_with, prefix_caching=setup.prefix_caching, interconnect=net)
     res = sim.run(wfs)
     wall = time.perf_counter() - t0
     rows, summaries = _tenant_summaries(res, wfs)
     print(
         f"{setup.trace} on {args.cluster} [{', '.join(w.profile.gpu for w in setup.workers)}], policy {args.policy}"
         f", rate {rate:g} qps (fluid bound {bound:.4f}), SLO {setup.slo_s:.1f} s"
+    )
+    print(
+        f"fluid bound with split calls (prefill/decode disaggregation within the cluster file's roles and links): "
+        f"{split.rate_qps:.4f} ({split.rate_qps / bound:.3f}x; {split.split_share:.0%} of the calls split)"
     )
     print(table(["tenant", "workflows", "p50_s", "p95_s", "p99_s", "slo", "tput_qps"], rows))
     print(f"simulated {res.num_calls} calls in {wall:.2f} s wall ({res.num_calls / max(wall, 1e-9):,.0f} calls/s)")
@@ -94,6 +105,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "alpha": args.alpha,
             "slo_s": setup.slo_s,
             "fluid_bound_qps": bound,
+            "fluid_bound_split_qps": split.rate_qps,
             "summary": summaries,
             "admission": admitted,
             "engines": engines,
