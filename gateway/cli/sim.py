@@ -57,9 +57,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """One policy, one run: headline figures, per tenant when there are several."""
     from gateway.bench.bound import solve_fluid_bound
     from gateway.bench.enginetime import bound_engine_time, engine_time_of, format_engine_time
-    from gateway.sim.simulator import Simulator
-
     from gateway.config import load_cluster_config
+    from gateway.sim.simulator import Simulator
 
     get_policy(args.policy)
     setup = setup_from_args(args)
