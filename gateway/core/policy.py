@@ -45,6 +45,11 @@ class Policy:
     ``decode`` and ``colocated`` workers); a call whose prompt, less what that worker holds, exceeds this many
     tokens has its prefill on a ``prefill`` worker (chosen by the same dispatcher), when there is one. None: never
     split (``prefill`` workers then run nothing)."""
+    split_predicted: bool = False
+    """Prefill/decode disaggregation from the latency model: with the decode worker chosen as for a whole call, a
+    call is split onto a ``prefill`` worker when its predicted completion there (the prefill worker's queue and
+    prompt time, the KV transfer, the decode alone) plus the delay its prompt imposes on the calls running there
+    beats the whole call's on the decode worker (``Scheduler.submit``)."""
 
     @property
     def capabilities(self) -> Capabilities:
@@ -112,6 +117,7 @@ for _p in (
         prefix_aware=True,
         prefix_credit=3.0,
         admission="predictive",
+        split_predicted=True,
     ),
     Policy(
         "hexgen-paper", "wb", "urgency", "HexGen-Flow as published (no interference or prefix term)", "ablation", 0.3

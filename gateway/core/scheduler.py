@@ -17,6 +17,7 @@ from gateway.core.profile import PerfProfile
 from gateway.core.queues import QUEUES, LanedQueue
 from gateway.core.samples import SampleLog, sample_of
 from gateway.core.slo import stage_budget
+from gateway.core.transfer import Interconnect, transfer_table
 from gateway.core.worker import WorkerInfo
 from gateway.core.workflow import Call, CallSpec
 from gateway.errors import NoEligibleWorker
@@ -48,6 +49,7 @@ class Scheduler:
         max_age_s: float = 600.0,
         prefix_caching: bool = False,
         best_effort_share: float = BEST_EFFORT_SHARE,
+        interconnect: Interconnect | None = None,
     ) -> None:
         if not 0.0 < best_effort_share <= 1.0:
             raise ValueError(f"best_effort_share must be in (0, 1], got {best_effort_share}")
@@ -87,6 +89,10 @@ class Scheduler:
         """Completed calls per worker for the profile refit; None (off) until ``keep_samples``."""
         self.last_leg: Call | None = None
         """The prefill leg the last ``submit`` queued for a split call (None: it queued the call whole)."""
+        self.interconnect = interconnect
+        self.links: list[list[tuple[float, float]]] = []
+        """Per (prefill worker, decode worker): a split call's KV transfer, (latency s, s per prompt token)."""
+        self._links_changed()
         # A new cost object per membership (a partial compares by identity): templates' cost caches start afresh.
         self._cost = partial(self.reference_cost)
 
@@ -177,7 +183,11 @@ class Scheduler:
             self.samples = SampleLog(window)
         return self.samples
 
+    def _links_changed(self) -> None:
+        self.links = transfer_table(self.workers, self.interconnect)
+
     def _membership_changed(self) -> None:
+        self._links_changed()
         self._all = list(range(len(self.workers)))
         self._eligible_idx = None
         self._role_idx = None
@@ -235,16 +245,49 @@ class Scheduler:
         else:
             whole, pre = self._roles()
             w = self._choose(call, now, whole)
-            th = self.policy.split_threshold
-            spec = call.spec
-            if pre and th is not None and spec.output_tokens > 1 and spec.input_tokens - call.cached > th:
-                leg = self._prefill_leg(call, w)
-                p = self._choose(leg, now, pre)
-                self._enqueue(leg, p, now)
-                self.last_leg = leg
-                return p
+            if pre and call.spec.output_tokens > 1:
+                leg = self._split(call, w, pre, now)
+                if leg is not None:
+                    p = leg.worker
+                    self._enqueue(leg, p, now)
+                    self.last_leg = leg
+                    return p
         self._enqueue(call, w, now)
         return w
+
+    def _split(self, call: Call, w: int, pre: list[int], now: float) -> Call | None:
+        """The prefill leg of ``call`` on its chosen prefill worker (``worker`` set) when the policy splits it to
+        decode on ``w`` (whose estimates ``_choose`` just filled), else None."""
+        policy = self.policy
+        spec = call.spec
+        th = policy.split_threshold
+        if th is not None:
+            if spec.input_tokens - call.cached <= th:
+                return None
+            leg = self._prefill_leg(call, w)
+            leg.worker = self._choose(leg, now, pre)
+            return leg
+        if not policy.split_predicted:
+            return None
+        est = self.estimator
+        row = est.rows[w]
+        whole = row.t_queue + call.t_comp + row.harm
+        leg = self._prefill_leg(call, w)
+        p = self._choose(leg, now, pre, record=False)
+        prow = est.rows[p]
+        decode = est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, now, spec.input_tokens - 1)
+        split = prow.t_queue + leg.t_comp + prow.harm + self.transfer_s(p, w, spec.input_tokens) + row.t_queue
+        if split + decode >= whole:
+            return None
+        if self.prefix_aware and spec.prefix:
+            self.prefix_index[p].record(leg.prefix_keys, now)
+        leg.worker = p
+        return leg
+
+    def transfer_s(self, src: int, dst: int, tokens: int) -> float:
+        """Seconds to move ``tokens`` prompt tokens' KV from worker ``src`` to ``dst`` (``links``)."""
+        latency, per_token = self.links[src][dst]
+        return latency + tokens * per_token if src != dst and tokens > 0 else 0.0
 
     def _prefill_leg(self, call: Call, decode_on: int) -> Call:
         """The prefill leg of ``call`` (its prompt and first token), to decode on ``decode_on``; budgeted as it."""
@@ -311,7 +354,7 @@ class Scheduler:
             self._release(call, now)
             call.finished_at = now
 
-    def _choose(self, call: Call, now: float, idx: list[int] | None = None) -> int:
+    def _choose(self, call: Call, now: float, idx: list[int] | None = None, *, record: bool = True) -> int:
         est = self.estimator
         spec = call.spec
         if idx is None:
@@ -341,7 +384,8 @@ class Scheduler:
             if row.credit != row.cached:
                 call.t_comp = est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, now, row.cached)
             # Usable from now on by later calls to this worker: vLLM caches a block when it schedules it.
-            self.prefix_index[w].record(keys, now)
+            if record:
+                self.prefix_index[w].record(keys, now)
         else:
             call.cached = 0
         return w

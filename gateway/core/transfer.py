@@ -7,12 +7,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 Role = Literal["colocated", "prefill", "decode"]
 ROLES: tuple[Role, ...] = ("colocated", "prefill", "decode")
 """``colocated``: prompts and decodes on one engine (vLLM as usual); ``prefill``: only the prompts of split calls
 (and whole calls when nothing else can run them); ``decode``: split calls' decodes after their KV arrived."""
+
+
+class WorkerInfoLike(Protocol):
+    """What a transfer table reads of a worker (``WorkerInfo``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def kv_bytes_per_token(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,3 +96,20 @@ def transfer_s(tokens: int, bytes_per_token: int, link: Link | None) -> float:
     if link is None or tokens <= 0:
         return 0.0
     return link.seconds(float(tokens) * bytes_per_token)
+
+
+def transfer_table(
+    workers: Sequence[WorkerInfoLike], net: Interconnect | None = None
+) -> list[list[tuple[float, float]]]:
+    """Per (source, destination) worker: a transfer's (latency s, s per prompt token) at the source's KV bytes per
+    token (``net`` None: ``Interconnect`` over the workers' nodes, its default links)."""
+    if net is None:
+        net = Interconnect({w.name: w.node for w in workers if w.node})
+    matrix = net.matrix([w.name for w in workers])
+    return [
+        [
+            (0.0, 0.0) if link is None else (link.latency_s, w.kv_bytes_per_token * 8.0 / (link.gbps * 1e9))
+            for link in row
+        ]
+        for w, row in zip(workers, matrix, strict=True)
+    ]

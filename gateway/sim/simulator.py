@@ -67,7 +67,7 @@ class Simulator:
     baseline stands for, asked at each arrival (``SaturationGate``, ``QueueGate``). ``burst_capacity``: with
     admission, degrade ahead of the backlog (``BurstRegime`` at that capacity; None: off). ``interconnect``: the
     links split calls' KV crosses (prefill/decode disaggregation: the workers' roles and the policy's
-    ``split_threshold``; default ``Interconnect()``: NVLink within a named node, 100 Gb/s between nodes).
+    ``split_threshold``; default: NVLink within a worker's node, 100 Gb/s between nodes).
     """
 
     def __init__(
@@ -115,6 +115,7 @@ class Simulator:
             alpha=alpha,
             prefix_caching=prefix_caching,
             best_effort_share=best_effort_share,
+            interconnect=interconnect,
         )
         truth = [w.profile for w in self.workers] if engine_profiles is None else list(engine_profiles)
         if len(truth) != len(self.workers):
@@ -129,15 +130,8 @@ class Simulator:
         self.record_calls = record_calls
         self.horizon_s = horizon_s
         self.gate = gate
-        net = Interconnect() if interconnect is None else interconnect
         # Per (prefill worker, decode worker): a split call's KV transfer as (latency s, s per prompt token).
-        self.transfer: list[list[tuple[float, float]]] = [
-            [
-                (0.0, 0.0) if link is None else (link.latency_s, w.kv_bytes_per_token * 8.0 / (link.gbps * 1e9))
-                for link in row
-            ]
-            for w, row in zip(self.workers, net.matrix([w.name for w in self.workers]), strict=True)
-        ]
+        self.transfer = self.scheduler.links
 
     def run(self, workflows: Sequence[Workflow]) -> SimResult:
         """Simulate until every workflow finished (or the horizon); return the records."""
@@ -186,6 +180,14 @@ class _Run:
         self.watched: dict[Workflow, list[Call]] = {}  # admitted workflows' calls not yet returned
         self.legs: dict[int, Call] = {}  # split calls by id: the leg running now (prefill, then decode)
         self.held: dict[int, tuple[int, Call]] = {}  # split calls by id: (worker, prefill leg) holding its KV
+        self.link_free: dict[tuple[int, int], float] = {}  # when each link (``link_keys``) is next free
+        nodes = [w.node for w in sim.workers]
+        # The two ends a transfer from worker a to worker b occupies: within a node the pair's link (once), between
+        # nodes a's outgoing and b's incoming network interface.
+        self.link_keys = [
+            [((a, b), (a, b)) if nodes[a] and nodes[a] == nodes[b] else ((a, -1), (-2, b)) for b in range(len(nodes))]
+            for a in range(len(nodes))
+        ]
         self.checking = False
         self.rejected: list[int] = []
         self.demoted: list[int] = []
@@ -257,9 +259,20 @@ class _Run:
         self.loads(w)
 
     def loads(self, w: int) -> None:
-        """Schedule the arrival of the KV of the split decodes engine ``w`` admitted."""
-        for c, until in self.engines[w].started_loads():
-            self.push(until, _LOADED, c, w, 0)
+        """Schedule the arrival of the KV of the split decodes engine ``w`` admitted: one transfer at a time per
+        link, first come first served (a link between nodes is each side's network interface, in and out; one
+        within a node the pair's own)."""
+        eng = self.engines[w]
+        for c, until in eng.started_loads():
+            src = self.held[c.id][0]
+            start = eng.call_state(c)[0]
+            if start is None:  # (always set: the engine admitted it)
+                start = until
+            a, b = self.link_keys[src][w]
+            begin = max(start, self.link_free.get(a, 0.0), self.link_free.get(b, 0.0))
+            done = begin + (until - start)
+            self.link_free[a] = self.link_free[b] = done
+            self.push(done, _LOADED, c, w, 0)
 
     def add_leg(self, eng: SimEngine, c: Call) -> None:
         """A split call's leg into its engine: a prefill keeps its KV; a decode's arrives from its prefill's."""

@@ -16,6 +16,7 @@ from gateway.config import load_cluster
 from gateway.core.records import CallOutcome
 from gateway.core.transfer import Interconnect, Link
 from gateway.core.worker import WorkerInfo
+from gateway.core.workflow import CallSpec, Stage, StagedWorkflow
 from gateway.sim.simulator import SimResult, Simulator
 from gateway.sim.workload import generate_chess_bird
 
@@ -94,3 +95,34 @@ def test_shed_split_calls_leave_no_kv_behind(pd_cluster: list[WorkerInfo]) -> No
     assert res.unfinished == 0
     for eng in sim.engines:
         assert eng.kv_used == 0 and eng.held_kv == 0 and eng.running == 0
+
+
+def _hexgen(workers: list[WorkerInfo], link: Link, rate_fraction: float = 0.5) -> SimResult:
+    setup = Setup(workers, QUERIES, "chess-bird", n_workflows=len(QUERIES))
+    rate = rate_fraction * fluid_bound(workers, QUERIES)
+    net = Interconnect(same_node=link, between_nodes=link)
+    return Simulator(workers, "hexgen", seed=0, interconnect=net).run(setup.workflows(rate, 0))
+
+
+def test_hexgen_splits_where_the_latency_model_says_it_pays(pd_cluster: list[WorkerInfo]) -> None:
+    pre = next(i for i, w in enumerate(pd_cluster) if w.role == "prefill")
+    fast = _hexgen(pd_cluster, Link(100.0, 0.002))
+    assert fast.unfinished == 0
+    assert fast.engine_stats[pre].prompt_tokens > 0, "some prompts go to the prefill worker"
+    assert any(st.prompt_tokens > 0 for i, st in enumerate(fast.engine_stats) if i != pre), "and some stay whole"
+    # Over a link that would take minutes per prompt nothing is worth splitting.
+    slow = _hexgen(pd_cluster, Link(0.01, 0.0))
+    assert slow.engine_stats[pre].prompt_tokens == 0 and all(st.loaded_tokens == 0 for st in slow.engine_stats)
+
+
+def test_transfers_over_one_network_interface_take_turns(pd_cluster: list[WorkerInfo]) -> None:
+    """Two calls prefilled together on the one prefill worker: over a slow network the second's KV leaves only
+    after the first's (its interface is one queue), whatever decode worker each goes to."""
+    spec = CallSpec("generate_candidate", 8000, 10)
+    wfs = [StagedWorkflow(i, "t", 0.0, 1e6, [Stage(spec.kind, (spec,))]) for i in range(2)]
+    link = Link(5.0)
+    one = 8000 * pd_cluster[0].kv_bytes_per_token * 8 / 5e9  # seconds per prompt's KV
+    net = Interconnect(same_node=link, between_nodes=link)
+    res = Simulator(pd_cluster, "llmd", seed=0, interconnect=net).run(wfs)
+    finish = sorted(r.finish for r in res.workflows)
+    assert one > 3.0 and finish[1] - finish[0] > 0.9 * one
