@@ -152,6 +152,7 @@ def test_calls_written_out_init_takes_every_field_in_order_with_its_default() ->
         "spec": spec,
         "ready_at": 1.25,
         "_prefix_keys": [(1, 2)],
+        "parent": Call(3, wf, spec, 0.5),
     }
 
     def value(i: int, default: object) -> object:
