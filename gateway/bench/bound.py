@@ -249,36 +249,10 @@ def solve_fluid_bound(
     n_x = n_w * n_g
     n_var = a_ub.shape[1]
     b_ub = np.array([float(mult[w]) if r == 0 else 0.0 for w in range(n_w) for r in range(_ROWS)])
-    g_idx = np.arange(n_g)
-    w_idx = np.arange(n_w)
-    x_cols = (1 + w_idx[None, :] * n_g + g_idx[:, None]).reshape(-1)  # by group, then worker
-    # Every call type is served: sum_w x[w, g] (+ p[w, g]) - per_wf[g] * lambda = 0.
-    eq_rows = [np.repeat(g_idx, n_w), g_idx]
-    eq_cols = [x_cols, np.zeros(n_g, int)]
-    eq_vals = [np.ones(n_x), -per_wf]
-    n_eq = n_g
-    bounds: list[tuple[float, float | None]] = [(0.0, None)] * n_var
-    if split:
-        p_cols, d_cols = x_cols + n_x + n_w, x_cols + 2 * n_x + n_w
-        eq_rows += [np.repeat(g_idx, n_w), np.repeat(g_idx + n_g, n_w), np.repeat(g_idx + n_g, n_w)]
-        eq_cols += [p_cols, p_cols, d_cols]
-        eq_vals += [np.ones(n_x), np.ones(n_x), -np.ones(n_x)]  # and every prefill leg has its decode leg
-        n_eq += n_g
-        for w, info in enumerate(workers):
-            off = w * n_g
-            never = info.kv_bytes_per_token <= 0 and links is not None
-            for g in range(n_g):
-                if info.role == "prefill":
-                    bounds[1 + off + g] = bounds[1 + 2 * n_x + n_w + off + g] = (0.0, 0.0)
-                if info.role == "decode" or never:
-                    bounds[1 + n_x + n_w + off + g] = (0.0, 0.0)
-                if never:
-                    bounds[1 + 2 * n_x + n_w + off + g] = (0.0, 0.0)
-        if links is not None:
-            a_ub, b_ub = _link_rows(workers, mult, links, (n_in, n_cached), group, n_g, a_ub, b_ub)
-    a_eq = coo_matrix(
-        (np.concatenate(eq_vals), (np.concatenate(eq_rows), np.concatenate(eq_cols))), shape=(n_eq, n_var)
-    )
+    a_eq, bounds = _served_rows(workers, per_wf, n_var, split=split, sized=links is not None)
+    if split and links is not None:
+        a_ub, b_ub = _link_rows(workers, mult, links, (n_in, n_cached), group, n_g, a_ub, b_ub)
+    n_eq = a_eq.shape[0]
     c = np.zeros(n_var)
     c[0] = -1.0
     sol = linprog(
@@ -301,6 +275,44 @@ def solve_fluid_bound(
     return FluidBound(
         float(sol.x[0]), tuple(float(v) for v in served), tuple(busy), n_g, tuple(parts), tuple(seqs), split_share
     )
+
+
+def _served_rows(
+    workers: Sequence[WorkerInfo], per_wf: np.ndarray, n_var: int, *, split: bool, sized: bool
+) -> tuple[coo_matrix, list[tuple[float, float | None]]]:
+    """The equality rows (every call type served at ``per_wf`` x lambda, whole or as a prefill leg; with ``split``
+    every prefill leg with its decode leg) and each variable's bounds (the workers' roles; ``sized``: a worker
+    whose KV size is unknown runs no leg)."""
+    n_w, n_g = len(workers), len(per_wf)
+    n_x = n_w * n_g
+    g_idx = np.arange(n_g)
+    x_cols = (1 + np.arange(n_w)[None, :] * n_g + g_idx[:, None]).reshape(-1)  # by group, then worker
+    # Every call type is served: sum_w x[w, g] (+ p[w, g]) - per_wf[g] * lambda = 0.
+    eq_rows = [np.repeat(g_idx, n_w), g_idx]
+    eq_cols = [x_cols, np.zeros(n_g, int)]
+    eq_vals = [np.ones(n_x), -per_wf]
+    n_eq = n_g
+    bounds: list[tuple[float, float | None]] = [(0.0, None)] * n_var
+    if split:
+        p_cols, d_cols = x_cols + n_x + n_w, x_cols + 2 * n_x + n_w
+        eq_rows += [np.repeat(g_idx, n_w), np.repeat(g_idx + n_g, n_w), np.repeat(g_idx + n_g, n_w)]
+        eq_cols += [p_cols, p_cols, d_cols]
+        eq_vals += [np.ones(n_x), np.ones(n_x), -np.ones(n_x)]  # and every prefill leg has its decode leg
+        n_eq += n_g
+        for w, info in enumerate(workers):
+            off = w * n_g
+            never = info.kv_bytes_per_token <= 0 and sized
+            for g in range(n_g):
+                if info.role == "prefill":
+                    bounds[1 + off + g] = bounds[1 + 2 * n_x + n_w + off + g] = (0.0, 0.0)
+                if info.role == "decode" or never:
+                    bounds[1 + n_x + n_w + off + g] = (0.0, 0.0)
+                if never:
+                    bounds[1 + 2 * n_x + n_w + off + g] = (0.0, 0.0)
+    a_eq = coo_matrix(
+        (np.concatenate(eq_vals), (np.concatenate(eq_rows), np.concatenate(eq_cols))), shape=(n_eq, n_var)
+    )
+    return a_eq, bounds
 
 
 def _link_rows(

@@ -337,7 +337,7 @@ class SimEngine:
                 self._prefill.append(r)
                 self._prefill_left += r.prompt_left
             else:
-                self._start_load(r, now)
+                self._start_load(r, now, r.remote)
             self._kv_used += r.kv
             self._running += 1
         st = self.stats
@@ -348,25 +348,19 @@ class SimEngine:
         if self._evictable > cap - self._kv_used:
             self._evict(cap - self._kv_used)
 
-    def _start_load(self, r: _Running, now: float) -> None:
-        """A split call's decode admitted at ``now``: the prompt's KV not in the cache starts arriving."""
-        remote = r.remote
-        assert remote is not None
+    def _start_load(self, r: _Running, now: float, link: tuple[float, float]) -> None:
+        """A split call's decode admitted at ``now``: the prompt's KV not in the cache starts arriving over ``link``."""
         tokens = r.prompt_left
-        if r.hit:
-            self._ctx_total -= r.hit  # (context from the join on)
-        latency, per_token = remote
-        until = now + latency + tokens * per_token if tokens > 0 else now
+        self._ctx_total -= r.hit  # (its cached prefix is context from the join on)
         self.stats.loaded_tokens += tokens
         r.prompt_left = 0
         self._loading[r.call.id] = r
-        self._loads.append((r.call, until))
+        self._loads.append((r.call, now + link[0] + tokens * link[1] if tokens > 0 else now))
 
     def started_loads(self) -> list[tuple[Call, float]]:
         """The split decodes admitted since last asked, each with when its KV will have arrived (the simulator
         calls ``loaded`` then)."""
-        out = self._loads
-        self._loads = []
+        out, self._loads = self._loads, []
         return out
 
     def loaded(self, call: Call, now: float) -> bool:
