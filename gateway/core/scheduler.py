@@ -276,7 +276,8 @@ class Scheduler:
         p = self._choose(leg, now, pre, record=False)
         prow = est.rows[p]
         decode = est.t_comp(w, spec.kind, spec.input_tokens, spec.output_tokens, now, spec.input_tokens - 1)
-        split = prow.t_queue + leg.t_comp + prow.harm + self.transfer_s(p, w, spec.input_tokens) + row.t_queue
+        moved = self.transfer_s(p, w, spec.input_tokens - call.cached)  # (what the decode worker does not hold)
+        split = prow.t_queue + leg.t_comp + prow.harm + moved + row.t_queue
         if split + decode >= whole:
             return None
         if self.prefix_aware and spec.prefix:
