@@ -16,8 +16,8 @@ from pydantic import AfterValidator, Field, ValidationInfo, model_validator
 from gateway.config.base import CLUSTERS_DIR, FieldError, Name, _known, _Strict, load_yaml_model
 from gateway.config.gpus import GpuCatalog, load_gpu_catalog
 from gateway.core.profile import time_scaled
-from gateway.core.transfer import BETWEEN_NODES, LINK_PRESETS, SAME_NODE, Interconnect, Link, Role
-from gateway.core.worker import WorkerInfo
+from gateway.core.transfer import BETWEEN_NODES, LINK_PRESETS, SAME_NODE, Interconnect, Link
+from gateway.core.worker import Role, WorkerInfo
 from gateway.errors import UnknownNameError, unknown_name_message
 
 

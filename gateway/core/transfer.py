@@ -1,29 +1,15 @@
-"""Prefill/decode disaggregation's vocabulary: a worker's ``Role``, the ``Link`` a split call's KV blocks cross
-between two workers, the ``Interconnect`` that answers it per pair, and a transfer's time (docs/architecture.md,
-"Prefill/decode disaggregation"). Pure."""
+"""Prefill/decode disaggregation's links: the ``Link`` a split call's KV blocks cross between two workers, the
+``Interconnect`` that answers it per pair, and the ``transfer_table`` the scheduler times transfers by
+(docs/architecture.md, "Prefill/decode disaggregation"; a worker's role is ``WorkerInfo.role``). Pure."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal, Protocol
+from typing import Final
 
-Role = Literal["colocated", "prefill", "decode"]
-ROLES: tuple[Role, ...] = ("colocated", "prefill", "decode")
-"""``colocated``: prompts and decodes on one engine (vLLM as usual); ``prefill``: only the prompts of split calls
-(and whole calls when nothing else can run them); ``decode``: split calls' decodes after their KV arrived."""
-
-
-class WorkerInfoLike(Protocol):
-    """What a transfer table reads of a worker (``WorkerInfo``)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def node(self) -> str: ...
-    @property
-    def kv_bytes_per_token(self) -> int: ...
+from gateway.core.worker import WorkerInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +26,16 @@ class Link:
         if not (self.latency_s >= 0.0 and math.isfinite(self.latency_s)):
             raise ValueError(f"a link's latency must be >= 0 and finite, got {self.latency_s} s")
 
+    @property
+    def per_byte_s(self) -> float:
+        """Seconds per byte of payload."""
+        return 8.0 / (self.gbps * 1e9)
+
     def seconds(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` over the link (latency included; nothing to move: 0)."""
         if nbytes <= 0.0:
             return 0.0
-        return self.latency_s + nbytes * 8.0 / (self.gbps * 1e9)
+        return self.latency_s + nbytes * self.per_byte_s
 
 
 LINK_PRESETS: dict[str, Link] = {
@@ -91,25 +82,13 @@ class Interconnect:
         return [[self.link(a, b) for b in names] for a in names]
 
 
-def transfer_s(tokens: int, bytes_per_token: int, link: Link | None) -> float:
-    """Seconds to move ``tokens`` tokens' KV over ``link`` (0 on the same worker or with nothing to move)."""
-    if link is None or tokens <= 0:
-        return 0.0
-    return link.seconds(float(tokens) * bytes_per_token)
-
-
-def transfer_table(
-    workers: Sequence[WorkerInfoLike], net: Interconnect | None = None
-) -> list[list[tuple[float, float]]]:
+def transfer_table(workers: Sequence[WorkerInfo], net: Interconnect | None = None) -> list[list[tuple[float, float]]]:
     """Per (source, destination) worker: a transfer's (latency s, s per prompt token) at the source's KV bytes per
     token (``net`` None: ``Interconnect`` over the workers' nodes, its default links)."""
     if net is None:
         net = Interconnect({w.name: w.node for w in workers if w.node})
     matrix = net.matrix([w.name for w in workers])
     return [
-        [
-            (0.0, 0.0) if link is None else (link.latency_s, w.kv_bytes_per_token * 8.0 / (link.gbps * 1e9))
-            for link in row
-        ]
+        [(0.0, 0.0) if link is None else (link.latency_s, w.kv_bytes_per_token * link.per_byte_s) for link in row]
         for w, row in zip(workers, matrix, strict=True)
     ]

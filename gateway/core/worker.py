@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from gateway.core.profile import PerfProfile
-from gateway.core.transfer import ROLES, Role
+
+Role = Literal["colocated", "prefill", "decode"]
+ROLES: tuple[Role, ...] = ("colocated", "prefill", "decode")
+"""Under prefill/decode disaggregation (``gateway.core.transfer``): ``colocated`` runs whole calls (vLLM as usual);
+``prefill`` only split calls' prompts; ``decode`` split calls' decodes after their KV arrived, and whole calls."""
 
 
 @dataclass(frozen=True, slots=True)

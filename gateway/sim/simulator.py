@@ -130,8 +130,6 @@ class Simulator:
         self.record_calls = record_calls
         self.horizon_s = horizon_s
         self.gate = gate
-        # Per (prefill worker, decode worker): a split call's KV transfer as (latency s, s per prompt token).
-        self.transfer = self.scheduler.links
 
     def run(self, workflows: Sequence[Workflow]) -> SimResult:
         """Simulate until every workflow finished (or the horizon); return the records."""
@@ -280,7 +278,7 @@ class _Run:
             eng.add(c, prefill_only=True)
         else:
             pw = self.held[c.id][0]
-            eng.add(c, remote=self.sim.transfer[pw][c.worker])
+            eng.add(c, remote=self.sched.links[pw][c.worker])
 
     def on_loaded(self, c: Call, w: int, now: float) -> None:
         """A split decode's KV arrived: it joins its batch; its prefill engine frees the KV it kept."""

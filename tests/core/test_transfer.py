@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gateway.core.profile import PerfProfile
-from gateway.core.transfer import LINK_PRESETS, Interconnect, Link, transfer_s
+from gateway.core.transfer import LINK_PRESETS, Interconnect, Link
 from gateway.core.worker import WorkerInfo
 
 
@@ -16,8 +16,8 @@ def test_a_transfer_takes_its_latency_plus_its_bytes_over_the_bandwidth() -> Non
     assert link.seconds(0.0) == 0.0
     assert link.seconds(12.5e9) == pytest.approx(1.002), "100 Gb/s moves 12.5 GB a second"
     kv = 80 * 8 * 128 * 2 * 2  # Llama-3.1-70B in BF16
-    assert transfer_s(10_000, kv, link) == pytest.approx(0.002 + 10_000 * kv * 8 / 100e9)
-    assert transfer_s(10_000, kv, None) == 0.0 and transfer_s(0, kv, link) == 0.0
+    assert link.seconds(10_000 * kv) == pytest.approx(0.002 + 10_000 * kv * 8 / 100e9)
+    assert link.per_byte_s == pytest.approx(8 / 100e9)
     assert LINK_PRESETS["nvlink"].seconds(1e9) < LINK_PRESETS["pcie4"].seconds(1e9)
     assert LINK_PRESETS["pcie4"].seconds(1e9) < LINK_PRESETS["network-100g"].seconds(1e9)
 
